@@ -1,0 +1,16 @@
+/* backend.h — one loaded kernel backend: its ops table and instance. */
+#ifndef LOOM_CORE_BACKEND_H
+#define LOOM_CORE_BACKEND_H
+
+#include "loom/plugin/backend.h"
+
+typedef struct loom_backend {
+    const loom_backend_ops *ops;
+    void *self;
+} loom_backend;
+
+/* Load loom-backend-<name>.so and start it with `threads` compute threads (0: all). */
+loom_status loom_backend_open(const char *name, int threads, loom_backend *out);
+void loom_backend_close(loom_backend *b);
+
+#endif

@@ -1,0 +1,54 @@
+/* gpt.h — the GPT-2 model: parameters, activations, forward and backward.
+ *
+ * Pre-LN transformer blocks, tanh-GELU MLP, fused QKV, tied LM head (Radford et al. 2019;
+ * the layout of llm.c's train_gpt2.c). The vocabulary is padded to vocab_padded for GEMM
+ * speed; logits are computed for every padded column but softmax and the loss see only
+ * the first `vocab` (padding rows of wte start at zero and never get a loss gradient).
+ * Parameters live in one flat buffer described by a loom_param_table; gradients in a
+ * second buffer with the same layout. All compute goes through the backend's ops table.
+ */
+#ifndef LOOM_CORE_GPT_H
+#define LOOM_CORE_GPT_H
+
+#include "backend.h"
+#include "params.h"
+
+typedef struct loom_gpt_config {
+    int vocab;         /* true vocabulary size V */
+    int vocab_padded;  /* Vp >= V; 0 means "round V up to a multiple of 128" */
+    int ctx;           /* maximum sequence length (wpe rows) */
+    int layers, heads, dim;
+} loom_gpt_config;
+
+typedef struct loom_gpt loom_gpt;
+
+/* Check a config; the message names the field and what would be valid. */
+loom_status loom_gpt_config_check(const loom_gpt_config *cfg);
+
+/* Build the table and allocate params + grads on the backend, initialised from seed.
+ * Activations are sized for micro-batches up to max_B x cfg->ctx. */
+loom_status loom_gpt_create(const loom_gpt_config *cfg, loom_backend *be, int max_B, uint64_t seed,
+                            loom_gpt **out);
+void loom_gpt_destroy(loom_gpt *m);
+
+const loom_gpt_config *loom_gpt_get_config(const loom_gpt *m);
+const loom_param_table *loom_gpt_params(const loom_gpt *m);
+/* Flat device buffers (table->total floats each). */
+float *loom_gpt_param_data(loom_gpt *m);
+float *loom_gpt_grad_data(loom_gpt *m);
+
+/* Forward over tokens (B,T) on the host. With targets, *loss_sum gets the sum of the
+ * per-token losses (double). If dloss != 0 the logits are replaced by their gradient,
+ * dloss * dL/dlogits, ready for loom_gpt_backward. targets may be NULL (sampling). */
+loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets, int B, int T,
+                             float dloss, double *loss_sum);
+/* Accumulate parameter gradients of the last forward (which must have had dloss != 0). */
+loom_status loom_gpt_backward(loom_gpt *m);
+/* The (B,T,Vp) logits of the last forward with dloss == 0 (device memory). */
+const float *loom_gpt_logits(const loom_gpt *m);
+void loom_gpt_zero_grad(loom_gpt *m);
+
+/* Parameters excluding padding rows of wte: what llm.c and MFU count as N. */
+size_t loom_gpt_num_params(const loom_gpt *m);
+
+#endif

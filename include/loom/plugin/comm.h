@@ -1,0 +1,82 @@
+/* plugin/comm.h — the communicator interface: collectives and point-to-point within a
+ * group of ranks.
+ *
+ * Every operation is asynchronous: *_start enqueues it and returns a request; wait()
+ * completes it (and reports any failure, naming the peer rank). Buffers must stay valid
+ * and untouched until wait returns. Operations on one communicator complete in the order
+ * they were started; operations on different communicators (groups) are independent.
+ * Reductions use a fixed order so a result is bitwise reproducible run to run.
+ * A communicator is created from the rendezvous store (bootstrap) or by split().
+ * Implemented in later work: shm (one node), mpi, nccl.
+ */
+#ifndef LOOM_PLUGIN_COMM_H
+#define LOOM_PLUGIN_COMM_H
+
+#include "loom/plugin.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum loom_reduce_op {
+    LOOM_REDUCE_SUM = 0,
+    LOOM_REDUCE_AVG,
+    LOOM_REDUCE_MAX
+} loom_reduce_op;
+
+/* The rendezvous store served by rank 0: how communicators exchange what they need
+ * (an NCCL unique id, shared-memory segment names). Blocking with a timeout. */
+typedef struct loom_store {
+    void *self;
+    loom_status (*set)(void *self, const char *key, const void *value, size_t len);
+    /* Waits until key exists or timeout_ms passes; *len in: capacity, out: size. */
+    loom_status (*get)(void *self, const char *key, void *value, size_t *len, int timeout_ms);
+} loom_store;
+
+typedef struct loom_comm_request loom_comm_request; /* opaque, owned by the plugin */
+
+typedef struct loom_comm_ops {
+    size_t size;
+    /* Join the world: rank/world given, peers found through store. timeout_ms bounds every
+     * later wait. device is a backend stream/device handle or NULL for host memory. */
+    loom_status (*create)(const loom_host *host, const loom_config *cfg, const loom_store *store,
+                          int rank, int world, int timeout_ms, void *device, void **self);
+    void (*destroy)(void *self);
+    int (*rank)(void *self);
+    int (*world)(void *self);
+    /* Collective over this communicator: ranks with the same color form a new group,
+     * ordered by key. Blocking. */
+    loom_status (*split)(void *self, int color, int key, void **out);
+
+    loom_status (*allreduce_start)(void *self, const void *send, void *recv, size_t count,
+                                   loom_dtype dt, loom_reduce_op op, loom_comm_request **req);
+    /* recv holds count elements: this rank's block of the reduced send (world*count). */
+    loom_status (*reduce_scatter_start)(void *self, const void *send, void *recv, size_t count,
+                                        loom_dtype dt, loom_reduce_op op, loom_comm_request **req);
+    /* recv holds world*count elements, rank r's send at r*count. */
+    loom_status (*allgather_start)(void *self, const void *send, void *recv, size_t count,
+                                   loom_dtype dt, loom_comm_request **req);
+    loom_status (*broadcast_start)(void *self, void *buf, size_t count, loom_dtype dt, int root,
+                                   loom_comm_request **req);
+    /* Fixed-size blocks: count elements to and from each rank. */
+    loom_status (*alltoall_start)(void *self, const void *send, void *recv, size_t count,
+                                  loom_dtype dt, loom_comm_request **req);
+    /* Variable blocks: counts and displacements in elements, world entries each. */
+    loom_status (*alltoallv_start)(void *self, const void *send, const size_t *send_counts,
+                                   const size_t *send_displs, void *recv, const size_t *recv_counts,
+                                   const size_t *recv_displs, loom_dtype dt, loom_comm_request **req);
+    loom_status (*send_start)(void *self, const void *buf, size_t count, loom_dtype dt, int peer,
+                              loom_comm_request **req);
+    loom_status (*recv_start)(void *self, void *buf, size_t count, loom_dtype dt, int peer,
+                              loom_comm_request **req);
+    loom_status (*barrier_start)(void *self, loom_comm_request **req);
+    /* Complete a request and free it. A failure names the peer rank that caused it. */
+    loom_status (*wait)(void *self, loom_comm_request *req);
+    /* 1 if done (then wait returns at once), 0 if not; never blocks. */
+    int (*test)(void *self, loom_comm_request *req);
+} loom_comm_ops;
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,126 @@
+/* attention.c — causal multi-head self-attention (Vaswani et al. 2017, GPT-2's masked form).
+ *
+ * qkv (B,T,3C) holds q, k, v side by side: for token (b,t), q = qkv[b,t,0:C],
+ * k = qkv[b,t,C:2C], v = qkv[b,t,2C:3C]; head h owns columns h*hs .. (h+1)*hs of each
+ * third (hs = C/NH). Per (b,h), with Q, K, V the (T,hs) slices:
+ *   preatt = Q K^T / sqrt(hs),  att[t,:] = softmax over t2 <= t (t2 > t masked: att = 0),
+ *   out[b,:,h*hs:(h+1)*hs] = att V.
+ * att (B,NH,T,T) keeps the probabilities (upper triangle exactly zero) for backward.
+ *
+ * Backward: dqkv OVERWRITTEN (no parameters). With dout's (T,hs) slice dO:
+ *   dV = att^T dO,  datt = dO V^T,
+ *   dpreatt[t,t2] = att[t,t2] (datt[t,t2] - sum_t3 att[t,t3] datt[t,t3])  (softmax backward),
+ *   dQ = dpreatt K / sqrt(hs),  dK = dpreatt^T Q / sqrt(hs).
+ * scratch (2*B*NH*T*T floats) holds datt and dpreatt.
+ *
+ * The products are GEMMs on strided slices of qkv (leading dimension 3C), run per (b,h)
+ * inside an OpenMP loop over (b,h) with loom_cpu_sgemm_fallback, which runs on the calling
+ * thread alone inside a parallel region. Causality is exploited in row blocks of ATT_RB
+ * queries: block [r0,r1) only meets keys [0,r1), so about 5/8 of the full T x T work is
+ * done at T = 256 instead of all of it. Inside a block, entries above the diagonal are
+ * computed and then masked. Different (b,h) write disjoint columns of out and dqkv.
+ */
+#include "cpu_kernels.h"
+#include "vmath.h"
+
+#include <math.h>
+#include <string.h>
+
+enum { ATT_RB = 64 }; /* query rows per causal block */
+
+/* Row t of a (T,T) block: softmax of row[0..t], zeros after. */
+static void causal_softmax_row(float *row, int t, int T)
+{
+    float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+    for (int j = 0; j <= t; j++)
+        m = row[j] > m ? row[j] : m;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int j = 0; j <= t; j++) {
+        row[j] = loom_cpu_expf(row[j] - m);
+        s += row[j];
+    }
+    const float inv = 1.0f / s;
+#pragma omp simd
+    for (int j = 0; j <= t; j++)
+        row[j] *= inv;
+    memset(row + t + 1, 0, (size_t)(T - t - 1) * sizeof(float));
+}
+
+void loom_cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
+                                int NH)
+{
+    /* out (B,T,C), att (B,NH,T,T), qkv (B,T,3C) */
+    const int hs = C / NH, C3 = 3 * C;
+    const float scale = 1.0f / sqrtf((float)hs);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int bh = 0; bh < B * NH; bh++) {
+        const int b = bh / NH, h = bh % NH;
+        const float *q = qkv + (size_t)b * T * C3 + h * hs;
+        const float *k = q + C, *v = q + 2 * C;
+        float *a = att + (size_t)bh * T * T;
+        float *o = out + (size_t)b * T * C + h * hs;
+        for (int r0 = 0; r0 < T; r0 += ATT_RB) {
+            const int r1 = r0 + ATT_RB < T ? r0 + ATT_RB : T, nr = r1 - r0;
+            float *ab = a + (size_t)r0 * T;
+            /* preatt[r0:r1, 0:r1] = scale * Q[r0:r1] K[0:r1]^T */
+            loom_cpu_sgemm_fallback(0, 1, nr, r1, hs, scale, q + (size_t)r0 * C3, C3, k, C3,
+                                    0.0f, ab, T);
+            for (int t = r0; t < r1; t++)
+                causal_softmax_row(a + (size_t)t * T, t, T);
+            /* out[r0:r1] = att[r0:r1, 0:r1] V[0:r1] */
+            loom_cpu_sgemm_fallback(0, 0, nr, hs, r1, 1.0f, ab, T, v, C3, 0.0f,
+                                    o + (size_t)r0 * C, C);
+        }
+    }
+}
+
+void loom_cpu_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                                 const float *att, int B, int T, int C, int NH)
+{
+    /* dqkv (B,T,3C) =, scratch (2,B,NH,T,T), dout (B,T,C), qkv (B,T,3C), att (B,NH,T,T) */
+    const int hs = C / NH, C3 = 3 * C;
+    const float scale = 1.0f / sqrtf((float)hs);
+    float *datt_all = scratch, *dpre_all = scratch + (size_t)B * NH * T * T;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int bh = 0; bh < B * NH; bh++) {
+        const int b = bh / NH, h = bh % NH;
+        const float *q = qkv + (size_t)b * T * C3 + h * hs;
+        const float *k = q + C, *v = q + 2 * C;
+        float *dq = dqkv + (size_t)b * T * C3 + h * hs;
+        float *dk = dq + C, *dv = dq + 2 * C;
+        const float *a = att + (size_t)bh * T * T;
+        const float *dO = dout + (size_t)b * T * C + h * hs;
+        float *datt = datt_all + (size_t)bh * T * T, *dpre = dpre_all + (size_t)bh * T * T;
+        /* Last block first: it covers keys [0,T), so its dK, dV products overwrite
+         * (beta 0) every row; the earlier blocks add onto prefixes (beta 1). */
+        const int nblk = (T + ATT_RB - 1) / ATT_RB;
+        for (int blk = nblk - 1; blk >= 0; blk--) {
+            const int r0 = blk * ATT_RB, r1 = r0 + ATT_RB < T ? r0 + ATT_RB : T, nr = r1 - r0;
+            const float beta = blk == nblk - 1 ? 0.0f : 1.0f;
+            const float *ab = a + (size_t)r0 * T;
+            const float *dOb = dO + (size_t)r0 * C;
+            float *db = datt + (size_t)r0 * T, *pb = dpre + (size_t)r0 * T;
+            /* dV[0:r1] (+)= att[r0:r1, 0:r1]^T dO[r0:r1];  datt = dO[r0:r1] V[0:r1]^T */
+            loom_cpu_sgemm_fallback(1, 0, r1, hs, nr, 1.0f, ab, T, dOb, C, beta, dv, C3);
+            loom_cpu_sgemm_fallback(0, 1, nr, r1, hs, 1.0f, dOb, C, v, C3, 0.0f, db, T);
+            for (int i = 0; i < nr; i++) {
+                const float *ar = ab + (size_t)i * T, *dr = db + (size_t)i * T;
+                float *pr = pb + (size_t)i * T;
+                float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+                for (int j = 0; j < r1; j++)
+                    dot += ar[j] * dr[j];
+#pragma omp simd
+                for (int j = 0; j < r1; j++)
+                    pr[j] = ar[j] * (dr[j] - dot); /* att is 0 above the diagonal */
+            }
+            /* dQ[r0:r1] = scale dpre K[0:r1];  dK[0:r1] (+)= scale dpre^T Q[r0:r1] */
+            loom_cpu_sgemm_fallback(0, 0, nr, hs, r1, scale, pb, T, k, C3, 0.0f,
+                                    dq + (size_t)r0 * C3, C3);
+            loom_cpu_sgemm_fallback(1, 0, r1, hs, nr, scale, pb, T, q + (size_t)r0 * C3, C3,
+                                    beta, dk, C3);
+        }
+    }
+}

@@ -1,0 +1,141 @@
+/* backend_cpu.c — the plugin loom-backend-cpu.so: the CPU kernels behind the
+ * loom_backend_ops table (include/loom/plugin/backend.h).
+ *
+ * "Device" memory is host memory: alloc is 64-byte aligned and zeroed, copies are memcpy,
+ * synchronize has nothing to wait for. create() reads the one config key (threads; 0 means
+ * all cores, or OMP_NUM_THREADS where set), loads and checks the GEMM library
+ * (loom_cpu_blas_init) and keeps its description for the start-up banner. The kernels are
+ * the loom_cpu_* functions themselves: parameter gradients accumulate, input gradients
+ * overwrite, as the ops table's contract says.
+ *
+ * Only loom_plugin_entry is exported (-fvisibility=hidden on everything else, the kernel
+ * library included). loom_plugin_entry returns the static descriptor and does nothing else.
+ */
+#include "cpu_kernels.h"
+#include "loom/plugin/backend.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct cpu_backend {
+    const loom_host *host;
+    char desc[400];
+} cpu_backend;
+
+static loom_status cpu_create(const loom_host *host, const loom_config *cfg, void **self)
+{
+    *self = NULL;
+    int threads = 0;
+    if (cfg && cfg->count > 0 && cfg->values)
+        threads = (int)cfg->values[0].number;
+    if (threads < 0)
+        return host->fail(LOOM_ERR_INVALID,
+                          "backend cpu: threads = %d; use 0 (all cores) or a positive count",
+                          threads);
+    cpu_backend *b = calloc(1, sizeof *b);
+    if (!b)
+        return host->fail(LOOM_ERR_NOMEM, "backend cpu: out of memory");
+    b->host = host;
+    char blas[sizeof b->desc - 8];
+    if (loom_cpu_blas_init(threads, blas, sizeof blas) != 0) {
+        loom_status st = host->fail(LOOM_ERR_INTERNAL, "backend cpu: GEMM check failed: %s", blas);
+        free(b);
+        return st;
+    }
+    snprintf(b->desc, sizeof b->desc, "cpu: %s", blas);
+    *self = b;
+    return LOOM_OK;
+}
+
+static void cpu_destroy(void *self)
+{
+    free(self); /* OpenBLAS stays loaded: plugins and their libraries are never unloaded */
+}
+
+static const char *cpu_describe(void *self)
+{
+    return self ? ((cpu_backend *)self)->desc : "cpu";
+}
+
+static void *cpu_alloc(void *self, size_t bytes)
+{
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    if (rounded < bytes)
+        return NULL;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, rounded ? rounded : 64) != 0)
+        return NULL;
+    memset(p, 0, rounded ? rounded : 64);
+    return p;
+}
+
+static void cpu_free(void *self, void *p)
+{
+    free(p);
+}
+
+static void cpu_copy(void *self, void *dst, const void *src, size_t bytes)
+{
+    memcpy(dst, src, bytes);
+}
+
+static void cpu_zero(void *self, void *p, size_t bytes)
+{
+    memset(p, 0, bytes);
+}
+
+static void cpu_synchronize(void *self)
+{
+}
+
+static const loom_backend_ops cpu_ops = {
+    .size = sizeof(loom_backend_ops),
+    .create = cpu_create,
+    .destroy = cpu_destroy,
+    .describe = cpu_describe,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .copy_to_device = cpu_copy,
+    .copy_to_host = cpu_copy,
+    .zero = cpu_zero,
+    .synchronize = cpu_synchronize,
+    .encoder_forward = loom_cpu_encoder_forward,
+    .encoder_backward = loom_cpu_encoder_backward,
+    .layernorm_forward = loom_cpu_layernorm_forward,
+    .layernorm_backward = loom_cpu_layernorm_backward,
+    .matmul_forward = loom_cpu_matmul_forward,
+    .matmul_backward = loom_cpu_matmul_backward,
+    .attention_forward = loom_cpu_attention_forward,
+    .attention_backward = loom_cpu_attention_backward,
+    .gelu_forward = loom_cpu_gelu_forward,
+    .gelu_backward = loom_cpu_gelu_backward,
+    .residual_forward = loom_cpu_residual_forward,
+    .accumulate = loom_cpu_accumulate,
+    .crossentropy_forward_backward = loom_cpu_crossentropy_forward_backward,
+    .sum_squares = loom_cpu_sum_squares,
+    .has_nonfinite = loom_cpu_has_nonfinite,
+    .scale = loom_cpu_scale,
+};
+
+static const loom_config_key cpu_keys[] = {
+    {"threads", LOOM_CFG_INTEGER, "0", "compute threads (0: all cores)"},
+};
+
+static const loom_plugin_desc cpu_desc = {
+    .abi = LOOM_PLUGIN_ABI,
+    .size = sizeof(loom_plugin_desc),
+    .kind = LOOM_KIND_BACKEND,
+    .name = "cpu",
+    .version = "0.1.0",
+    .summary = "reference CPU kernels (C + OpenMP, OpenBLAS GEMM)",
+    .config_keys = cpu_keys,
+    .n_config_keys = sizeof cpu_keys / sizeof cpu_keys[0],
+    .probe = NULL,
+    .ops = &cpu_ops,
+};
+
+LOOM_PLUGIN_EXPORT const loom_plugin_desc *loom_plugin_entry(void)
+{
+    return &cpu_desc;
+}

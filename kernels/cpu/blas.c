@@ -1,0 +1,253 @@
+/* blas.c — the GEMM path: load OpenBLAS at run time with the right core type, check it,
+ * and fall back to loom's own GEMM (gemm.c) when it is missing or wrong.
+ *
+ * Why dlopen instead of linking: Debian's OpenBLAS 0.3.21 (DYNAMIC_ARCH) mis-detects
+ * recent AVX-512 Xeons as "Prescott" and runs SSE3 kernels, 4-5x slower than its SkylakeX
+ * kernels on the same machine. OpenBLAS reads OPENBLAS_CORETYPE once, in its load-time
+ * constructor, so the choice has to be made before the library is loaded:
+ *   1. detect the CPU with cpuid; unless the user set OPENBLAS_CORETYPE, set it to the best
+ *      matching core (SkylakeX for AVX-512 F/BW/DQ/VL, Haswell for AVX2+FMA, else leave
+ *      OpenBLAS to detect) — and unset it again once the library is loaded;
+ *   2. dlopen the OpenMP build of OpenBLAS if installed (it shares libgomp's thread pool
+ *      with our kernels: no second set of spinning threads fighting for the cores), else
+ *      whatever libopenblas.so.0 is; LOOM_OPENBLAS=<path or soname> overrides the search,
+ *      LOOM_OPENBLAS=none skips OpenBLAS;
+ *   3. set the thread count (OpenBLAS and OpenMP alike) and verify a few GEMMs (all four
+ *      transpose combinations, odd sizes, leading dimensions larger than the rows, beta 0
+ *      over NaN) against a double-precision reference; a library that fails is not used.
+ * The outcome is one line for the start-up banner, e.g.
+ *   "OpenBLAS 0.3.21 (openmp) core=SkylakeX (auto: cpu has avx512) threads=2".
+ *
+ * Invariants: loading and checking happen once per process (pthread_once); later calls
+ * only change the thread count. loom_cpu_sgemm initialises with default threads if
+ * called before loom_cpu_blas_init. Nothing here prints; failures end up in the
+ * description. The thread count is OpenMP's per-thread setting: call init from the thread
+ * that runs the kernels.
+ */
+#include "cpu_kernels.h"
+
+#include <dlfcn.h>
+#include <math.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+enum { CBLAS_ROW_MAJOR = 101, CBLAS_NO_TRANS = 111, CBLAS_TRANS = 112 }; /* cblas.h ABI */
+
+typedef void (*cblas_sgemm_fn)(int order, int ta, int tb, int M, int N, int K, float alpha,
+                               const float *A, int lda, const float *B, int ldb, float beta,
+                               float *C, int ldc);
+typedef char *(*str_fn)(void);
+typedef int (*int_fn)(void);
+typedef void (*set_threads_fn)(int);
+
+#if defined(__x86_64__)
+#define MULTIARCH_DIR "/usr/lib/x86_64-linux-gnu/"
+#elif defined(__aarch64__)
+#define MULTIARCH_DIR "/usr/lib/aarch64-linux-gnu/"
+#else
+#define MULTIARCH_DIR "/usr/lib/"
+#endif
+
+static const char *const openblas_candidates[] = {
+    MULTIARCH_DIR "openblas-openmp/libopenblas.so.0",
+    "libopenblas.so.0",
+};
+
+static struct {
+    pthread_once_t once;
+    pthread_mutex_t lock;
+    int threads;                /* requested by loom_cpu_blas_init, 0 before */
+    cblas_sgemm_fn sgemm;       /* NULL: loom_cpu_sgemm_fallback */
+    set_threads_fn set_threads; /* openblas_set_num_threads, if present */
+    int status;                 /* 0, or -1 if even the fallback failed its check */
+    char what[320];             /* the description, less " threads=N" */
+} g = {PTHREAD_ONCE_INIT, PTHREAD_MUTEX_INITIALIZER, 0, NULL, NULL, 0, ""};
+
+/* The OPENBLAS_CORETYPE matching this CPU, or NULL to let OpenBLAS decide. */
+static const char *pick_coretype(const char **why)
+{
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
+        *why = "cpu has avx512";
+        return "SkylakeX";
+    }
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        *why = "cpu has avx2+fma";
+        return "Haswell";
+    }
+#endif
+    *why = "left to OpenBLAS";
+    return NULL;
+}
+
+static void sgemm_dispatch(int ta, int tb, int M, int N, int K, float alpha, const float *A,
+                           int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    if (g.sgemm)
+        g.sgemm(CBLAS_ROW_MAJOR, ta ? CBLAS_TRANS : CBLAS_NO_TRANS,
+                tb ? CBLAS_TRANS : CBLAS_NO_TRANS, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    else
+        loom_cpu_sgemm_fallback(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+/* Runs the check cases through the current GEMM path. Returns 0, or -1 with why written. */
+static int verify(char *why, size_t len)
+{
+    static const struct { int ta, tb, M, N, K; float alpha, beta; } cases[] = {
+        {0, 0, 37, 53, 29, 0.75f, 0.5f},  {0, 1, 37, 53, 29, 0.75f, 0.5f},
+        {1, 0, 37, 53, 29, 0.75f, 0.5f},  {1, 1, 37, 53, 29, 0.75f, 0.5f},
+        {0, 1, 1, 7, 3, 1.0f, 1.0f},      {0, 1, 256, 256, 256, 1.0f, 0.0f},
+        {1, 0, 256, 256, 256, 1.0f, 1.0f}, {0, 0, 256, 256, 256, 1.0f, 0.0f},
+    };
+    const int pad = 3, maxd = 256 + pad;
+    float *A = malloc(sizeof(float) * maxd * maxd), *B = malloc(sizeof(float) * maxd * maxd);
+    float *C0 = malloc(sizeof(float) * maxd * maxd), *C = malloc(sizeof(float) * maxd * maxd);
+    int rc = 0;
+    if (!A || !B || !C0 || !C) {
+        snprintf(why, len, "no memory to check it");
+        rc = -1;
+    }
+    uint32_t seed = 12345u;
+    for (size_t c = 0; rc == 0 && c < sizeof cases / sizeof cases[0]; c++) {
+        const int ta = cases[c].ta, tb = cases[c].tb, M = cases[c].M, N = cases[c].N,
+                  K = cases[c].K;
+        const int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+        for (int i = 0; i < maxd * maxd; i++) {
+            seed = seed * 1664525u + 1013904223u; /* Numerical Recipes LCG */
+            A[i] = (float)((seed >> 8) * (2.0 / 16777216.0) - 1.0);
+            B[i] = -A[i] * 0.5f + (float)(i % 7) * 0.125f;
+            C0[i] = cases[c].beta == 0.0f ? NAN : A[i] * 0.25f; /* beta 0 must drop NaN */
+        }
+        memcpy(C, C0, sizeof(float) * maxd * maxd);
+        sgemm_dispatch(ta, tb, M, N, K, cases[c].alpha, A, lda, B, ldb, cases[c].beta, C, ldc);
+        double err = loom_cpu_sgemm_check(ta, tb, M, N, K, cases[c].alpha, A, lda, B, ldb,
+                                          cases[c].beta, C0, C, ldc);
+        if (!(err <= LOOM_CPU_SGEMM_TOL)) {
+            snprintf(why, len, "wrong result for %dx%dx%d %c%c (relative error %.2g)", M, N, K,
+                     ta ? 'T' : 'N', tb ? 'T' : 'N', err);
+            rc = -1;
+        }
+    }
+    free(A);
+    free(B);
+    free(C0);
+    free(C);
+    return rc;
+}
+
+static void apply_threads(int n)
+{
+    omp_set_num_threads(n);
+    if (g.set_threads)
+        g.set_threads(n);
+}
+
+/* Loads OpenBLAS into g, or explains in why (len bytes) why not. Returns 0 on success. */
+static int load_openblas(char *why, size_t len)
+{
+    const char *env = getenv("LOOM_OPENBLAS");
+    if (env && (!*env || strcmp(env, "none") == 0)) {
+        snprintf(why, len, "LOOM_OPENBLAS=none");
+        return -1;
+    }
+    const char *why_core = "";
+    const char *user_core = getenv("OPENBLAS_CORETYPE");
+    const char *core = user_core && *user_core ? NULL : pick_coretype(&why_core);
+    if (core)
+        setenv("OPENBLAS_CORETYPE", core, 1);
+
+    void *h = NULL;
+    const char *path = env;
+    if (env) {
+        h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
+    } else {
+        for (size_t i = 0; !h && i < sizeof openblas_candidates / sizeof *openblas_candidates;
+             i++)
+            h = dlopen(path = openblas_candidates[i], RTLD_NOW | RTLD_LOCAL);
+    }
+    if (core)
+        unsetenv("OPENBLAS_CORETYPE"); /* read by the constructor; do not leak to children */
+    if (!h) {
+        const char *err = dlerror();
+        snprintf(why, len, "cannot load %s: %s", env ? env : "libopenblas.so.0",
+                 err ? err : "?");
+        return -1;
+    }
+    cblas_sgemm_fn sgemm = (cblas_sgemm_fn)dlsym(h, "cblas_sgemm");
+    str_fn corename = (str_fn)dlsym(h, "openblas_get_corename");
+    str_fn config = (str_fn)dlsym(h, "openblas_get_config");
+    int_fn parallel = (int_fn)dlsym(h, "openblas_get_parallel");
+    g.set_threads = (set_threads_fn)dlsym(h, "openblas_set_num_threads");
+    if (!sgemm) {
+        snprintf(why, len, "%s has no cblas_sgemm", path);
+        g.set_threads = NULL;
+        return -1; /* the handle stays open: OpenBLAS does not like being unloaded */
+    }
+    g.sgemm = sgemm;
+
+    /* "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY Prescott MAX_THREADS=64" -> first 2 words */
+    char version[64] = "OpenBLAS";
+    if (config) {
+        const char *s = config(), *sp = s ? strchr(s, ' ') : NULL;
+        int n = sp ? (int)(strcspn(sp + 1, " ") + (size_t)(sp - s) + 1) : 0;
+        if (n > 0 && n < (int)sizeof version)
+            snprintf(version, sizeof version, "%.*s", n, s);
+    }
+    const int par = parallel ? parallel() : -1;
+    const char *variant = par == 2 ? "openmp" : par == 1 ? "pthread" : par == 0 ? "serial" : "?";
+    const char *got = corename ? corename() : "?";
+    char note[96];
+    if (user_core && *user_core)
+        snprintf(note, sizeof note, "user: OPENBLAS_CORETYPE=%s", user_core);
+    else if (core && strcasecmp(got, core) != 0)
+        snprintf(note, sizeof note, "auto: wanted %s for %s", core, why_core);
+    else
+        snprintf(note, sizeof note, "auto: %s", why_core);
+    snprintf(g.what, sizeof g.what, "%s (%s) core=%s (%s)", version, variant, got, note);
+    return 0;
+}
+
+static void init_once(void)
+{
+    char why[160] = "";
+    if (load_openblas(why, sizeof why) == 0) {
+        apply_threads(g.threads > 0 ? g.threads : omp_get_max_threads());
+        if (verify(why, sizeof why) == 0)
+            return;
+        g.sgemm = NULL; /* loaded but wrong: fall back */
+        g.set_threads = NULL;
+    }
+    char fail[160];
+    int rc = verify(fail, sizeof fail);
+    snprintf(g.what, sizeof g.what, "loom blocked sgemm (%s)%s%s; OpenBLAS not used: %s",
+             loom_cpu_sgemm_fallback_isa(), rc ? " FAILED ITS CHECK: " : "", rc ? fail : "",
+             why);
+    g.status = rc;
+}
+
+int loom_cpu_blas_init(int threads, char *desc, size_t desc_len)
+{
+    pthread_mutex_lock(&g.lock);
+    g.threads = threads > 0 ? threads : omp_get_max_threads();
+    pthread_once(&g.once, init_once);
+    apply_threads(g.threads);
+    if (desc && desc_len)
+        snprintf(desc, desc_len, "%s threads=%d", g.what, g.threads);
+    int rc = g.status;
+    pthread_mutex_unlock(&g.lock);
+    return rc;
+}
+
+void loom_cpu_sgemm(int transa, int transb, int M, int N, int K, float alpha, const float *A,
+                    int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    pthread_once(&g.once, init_once);
+    sgemm_dispatch(transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}

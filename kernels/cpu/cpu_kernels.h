@@ -1,0 +1,76 @@
+/* cpu_kernels.h — the CPU reference kernels, one op per file in kernels/cpu/.
+ *
+ * Same parameter order and semantics as loom_backend_ops (include/loom/plugin/backend.h):
+ * shapes in (B,T,C) legends, linear weights (OC,C), parameter gradients accumulate (+=),
+ * input gradients overwrite. OpenMP parallelises over rows where it pays. GEMMs go
+ * through loom_cpu_sgemm (blas.c), which uses OpenBLAS when it loads and checks out and a
+ * blocked fallback otherwise.
+ */
+#ifndef LOOM_CPU_KERNELS_H
+#define LOOM_CPU_KERNELS_H
+
+#include <stddef.h>
+
+/* blas.c ------------------------------------------------------------------------------ */
+/* Load and check the GEMM path once per process. threads <= 0 means "all cores". Writes a
+ * one-line description (e.g. "OpenBLAS 0.3.21 (openmp) core=SkylakeX threads=2") into desc.
+ * Returns 0 on success (a fallback GEMM is a success too; the description says so). */
+int loom_cpu_blas_init(int threads, char *desc, size_t desc_len);
+/* Row-major C (M,N) = alpha * op(A) (M,K) @ op(B) (K,N) + beta * C, as cblas_sgemm with
+ * CblasRowMajor. transa/transb: 0 = as stored, 1 = transposed. */
+void loom_cpu_sgemm(int transa, int transb, int M, int N, int K, float alpha, const float *A,
+                    int lda, const float *B, int ldb, float beta, float *C, int ldc);
+
+/* gemm.c ------------------------------------------------------------------------------ */
+/* loom's own blocked, OpenMP-parallel GEMM (same contract as loom_cpu_sgemm): what
+ * loom_cpu_sgemm runs when OpenBLAS is missing or fails its check. */
+void loom_cpu_sgemm_fallback(int transa, int transb, int M, int N, int K, float alpha,
+                             const float *A, int lda, const float *B, int ldb, float beta,
+                             float *C, int ldc);
+/* The instruction set the fallback's micro-kernel uses here: "avx512", "avx2", "baseline". */
+const char *loom_cpu_sgemm_fallback_isa(void);
+/* Checks C = alpha op(A) op(B) + beta C0 against a double-precision reference. Returns the
+ * worst |C - ref| / (|alpha| sum_k |a_ik b_kj| + |beta c0_ij|) over all elements (infinity
+ * for a non-finite element); a correct float GEMM stays below LOOM_CPU_SGEMM_TOL. C0 and
+ * C share ldc. */
+double loom_cpu_sgemm_check(int transa, int transb, int M, int N, int K, float alpha,
+                            const float *A, int lda, const float *B, int ldb, float beta,
+                            const float *C0, const float *C, int ldc);
+#define LOOM_CPU_SGEMM_TOL 1e-4
+
+/* encoder.c */
+void loom_cpu_encoder_forward(float *out, const int *inp, const float *wte, const float *wpe,
+                              int B, int T, int C);
+void loom_cpu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp,
+                               int B, int T, int C);
+/* layernorm.c */
+void loom_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                                const float *weight, const float *bias, int B, int T, int C);
+void loom_cpu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                 const float *inp, const float *weight, const float *mean,
+                                 const float *rstd, int B, int T, int C);
+/* matmul.c */
+void loom_cpu_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+                             int B, int T, int C, int OC);
+void loom_cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                              const float *inp, const float *weight, int B, int T, int C, int OC);
+/* attention.c */
+void loom_cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
+                                int NH);
+void loom_cpu_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                                 const float *att, int B, int T, int C, int NH);
+/* gelu.c */
+void loom_cpu_gelu_forward(float *out, const float *inp, size_t n);
+void loom_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+/* residual.c */
+void loom_cpu_residual_forward(float *out, const float *a, const float *b, size_t n);
+void loom_cpu_accumulate(float *acc, const float *x, size_t n);
+/* crossentropy.c */
+void loom_cpu_crossentropy_forward_backward(float *logits, float *losses, const int *targets,
+                                            float dloss, int BT, int V, int Vp);
+/* reduce.c */
+double loom_cpu_sum_squares(const float *x, size_t n);
+int loom_cpu_has_nonfinite(const float *x, size_t n);
+void loom_cpu_scale(float *x, float s, size_t n);
+
+#endif

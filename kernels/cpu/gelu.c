@@ -1,0 +1,41 @@
+/* gelu.c — GELU, tanh approximation (Hendrycks & Gimpel 2016, as GPT-2 and PyTorch's
+ * approximate="tanh"):
+ *   gelu(x) = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3).
+ * Computed through the identity 0.5 (1 + tanh(u)) = sigmoid(2u) = 1 / (1 + e^{-2u}), so
+ * gelu(x) = x s with s = sigmoid(2u): one exp (vmath.h, vectorised), no tanh call, and no
+ * cancellation for large |u|.
+ *
+ * Backward: dinp OVERWRITTEN (there are no parameters). With s as above,
+ *   d gelu / dx = s + x * d s/dx = s + x * 2 s (1 - s) * du/dx,
+ *   du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+ * (sech^2(u) = 4 s (1 - s)). Elementwise, so dinp may alias dout.
+ */
+#include "cpu_kernels.h"
+#include "vmath.h"
+
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+#define GELU_A 0.044715f
+
+void loom_cpu_gelu_forward(float *out, const float *inp, size_t n)
+{
+    /* out (n), inp (n) */
+#pragma omp parallel for simd schedule(static) if (n > 4096)
+    for (size_t i = 0; i < n; i++) {
+        const float x = inp[i];
+        const float u = GELU_K * (x + GELU_A * x * x * x);
+        out[i] = x / (1.0f + loom_cpu_expf(-2.0f * u));
+    }
+}
+
+void loom_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
+{
+    /* dinp (n) =, inp (n), dout (n) */
+#pragma omp parallel for simd schedule(static) if (n > 4096)
+    for (size_t i = 0; i < n; i++) {
+        const float x = inp[i];
+        const float u = GELU_K * (x + GELU_A * x * x * x);
+        const float s = 1.0f / (1.0f + loom_cpu_expf(-2.0f * u));
+        const float du = GELU_K * (1.0f + 3.0f * GELU_A * x * x);
+        dinp[i] = (s + x * 2.0f * s * (1.0f - s) * du) * dout[i];
+    }
+}

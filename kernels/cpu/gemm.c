@@ -1,0 +1,295 @@
+/* gemm.c — loom's own single-precision GEMM, and the double-precision reference that
+ * checks any GEMM.
+ *
+ * loom_cpu_sgemm_fallback is what loom_cpu_sgemm (blas.c) runs when OpenBLAS cannot be
+ * loaded or gives wrong answers. It is a GotoBLAS/BLIS-style blocked GEMM:
+ *   for each NC-wide panel of op(B), for each KC-deep slice of it:
+ *     pack the KC x NC panel of B into NR-wide slivers (shared by all threads);
+ *     each thread packs an MC x KC block of alpha*op(A) into MR-tall slivers and runs the
+ *     MR x NR micro-kernel over (A sliver, B sliver) pairs, accumulating into C.
+ * Packing makes every micro-kernel access unit-stride and lets one code path serve all
+ * four transpose combinations and any leading dimensions; edges are zero-padded in the
+ * packs so the micro-kernel always computes a full tile and only the valid part is added.
+ * The micro-kernel is plain C over GCC vector types, compiled three times (AVX-512,
+ * AVX2+FMA, baseline) and chosen with cpuid, so one binary runs everywhere.
+ *
+ * It does not: use threads inside an enclosing OpenMP parallel region (nested regions run
+ * on one thread), or split K across threads (so each C element is summed in one fixed
+ * order for a given thread count and shape).
+ *
+ * Pack buffers are per thread and kept between calls (GEMMs repeat the same shapes every
+ * step); if one cannot be allocated, the call falls back to a plain triple loop.
+ */
+#include "cpu_kernels.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+    MR = 8,      /* micro-tile rows: 8 x 2 accumulators = 16 of the 32 zmm registers */
+    NR = 32,     /* micro-tile columns: two 16-float vectors */
+    KC = 256,    /* depth of a packed slice: an A sliver (8 KB) + B sliver (32 KB) ~ L1/L2 */
+    MC_MAX = 192,/* rows of A per packed block: 192 KB, stays in L2 */
+    NC = 2048    /* columns of B per packed panel: 2 MB, stays in L2/L3 */
+};
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4))); /* unaligned access to C */
+
+/* C (m x n valid part of an MR x NR tile, leading dim ldc) += A sliver (kc x MR, packed
+ * k-major) @ B sliver (kc x NR, packed k-major). always_inline so each target-specific
+ * wrapper below gets its own vectorised copy. */
+static inline __attribute__((always_inline)) void
+micro_kernel_body(int kc, const float *restrict a, const float *restrict b, float *restrict c,
+                  int ldc, int m, int n)
+{
+    v16 acc[MR][2];
+    for (int i = 0; i < MR; i++)
+        acc[i][0] = acc[i][1] = (v16){0};
+    for (int p = 0; p < kc; p++) {
+        const v16 b0 = *(const v16 *)(b + (size_t)p * NR);
+        const v16 b1 = *(const v16 *)(b + (size_t)p * NR + 16);
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; i++) {
+            const v16 ai = (v16){0} + a[p * MR + i]; /* broadcast */
+            acc[i][0] += ai * b0;
+            acc[i][1] += ai * b1;
+        }
+    }
+    if (m == MR && n == NR) {
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; i++) {
+            *(v16u *)(c + (size_t)i * ldc) += acc[i][0];
+            *(v16u *)(c + (size_t)i * ldc + 16) += acc[i][1];
+        }
+    } else {
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < n; j++)
+                c[(size_t)i * ldc + j] += acc[i][j / 16][j % 16];
+    }
+}
+
+typedef void (*micro_kernel_fn)(int, const float *, const float *, float *, int, int, int);
+
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx512f,fma"))) static void
+micro_kernel_avx512(int kc, const float *a, const float *b, float *c, int ldc, int m, int n)
+{
+    micro_kernel_body(kc, a, b, c, ldc, m, n);
+}
+__attribute__((target("avx2,fma"))) static void
+micro_kernel_avx2(int kc, const float *a, const float *b, float *c, int ldc, int m, int n)
+{
+    micro_kernel_body(kc, a, b, c, ldc, m, n);
+}
+#endif
+static void micro_kernel_base(int kc, const float *a, const float *b, float *c, int ldc, int m,
+                              int n)
+{
+    micro_kernel_body(kc, a, b, c, ldc, m, n);
+}
+
+static micro_kernel_fn pick_micro_kernel(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f"))
+        return micro_kernel_avx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return micro_kernel_avx2;
+#endif
+    return micro_kernel_base;
+}
+
+const char *loom_cpu_sgemm_fallback_isa(void)
+{
+    micro_kernel_fn k = pick_micro_kernel();
+#if defined(__x86_64__) || defined(__i386__)
+    if (k == micro_kernel_avx512)
+        return "avx512";
+    if (k == micro_kernel_avx2)
+        return "avx2";
+#endif
+    return k == micro_kernel_base ? "baseline" : "?";
+}
+
+/* A per-thread, 64-byte-aligned buffer of at least n floats, kept for the next call. */
+static float *thread_buffer(int which, size_t n)
+{
+    static _Thread_local float *buf[2];
+    static _Thread_local size_t cap[2];
+    if (cap[which] < n) {
+        free(buf[which]);
+        size_t bytes = (n * sizeof(float) + 63) & ~(size_t)63;
+        buf[which] = aligned_alloc(64, bytes);
+        cap[which] = buf[which] ? n : 0;
+    }
+    return buf[which];
+}
+
+/* op(X)(r, c) of a row-major X stored with leading dimension ld. */
+static inline float op_at(const float *X, int ld, int trans, int r, int c)
+{
+    return trans ? X[(size_t)c * ld + r] : X[(size_t)r * ld + c];
+}
+
+/* Pack alpha * op(A)[i0 .. i0+mc, p0 .. p0+kc] into MR-row slivers, k-major, zero-padded. */
+static void pack_a(float *restrict dst, const float *A, int lda, int ta, int i0, int mc, int p0,
+                   int kc, float alpha)
+{
+    for (int is = 0; is < mc; is += MR) {
+        int mr = mc - is < MR ? mc - is : MR;
+        for (int p = 0; p < kc; p++) {
+            for (int i = 0; i < mr; i++)
+                dst[p * MR + i] = alpha * op_at(A, lda, ta, i0 + is + i, p0 + p);
+            for (int i = mr; i < MR; i++)
+                dst[p * MR + i] = 0.0f;
+        }
+        dst += (size_t)kc * MR;
+    }
+}
+
+/* Pack op(B)[p0 .. p0+kc, j0 + js*NR .. +NR] (one sliver) k-major, zero-padded. */
+static void pack_b_sliver(float *restrict dst, const float *B, int ldb, int tb, int p0, int kc,
+                          int j0, int nr)
+{
+    for (int p = 0; p < kc; p++) {
+        if (!tb && nr == NR) {
+            memcpy(dst + (size_t)p * NR, B + (size_t)(p0 + p) * ldb + j0, NR * sizeof(float));
+            continue;
+        }
+        for (int j = 0; j < nr; j++)
+            dst[(size_t)p * NR + j] = op_at(B, ldb, tb, p0 + p, j0 + j);
+        for (int j = nr; j < NR; j++)
+            dst[(size_t)p * NR + j] = 0.0f;
+    }
+}
+
+/* C = beta * C over the M x N block (beta == 0 writes zeros, so NaNs in C do not leak). */
+static void scale_c(float *C, int ldc, int M, int N, float beta)
+{
+    if (beta == 1.0f)
+        return;
+#pragma omp parallel for schedule(static) if ((size_t)M * N > 65536)
+    for (int i = 0; i < M; i++) {
+        float *row = C + (size_t)i * ldc;
+        if (beta == 0.0f)
+            memset(row, 0, (size_t)N * sizeof(float));
+        else
+            for (int j = 0; j < N; j++)
+                row[j] *= beta;
+    }
+}
+
+/* Last resort when pack buffers cannot be had: correct, slow, single-threaded. */
+static void sgemm_unblocked(int ta, int tb, int M, int N, int K, float alpha, const float *A,
+                            int lda, const float *B, int ldb, float *C, int ldc)
+{
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            float s = 0.0f;
+            for (int p = 0; p < K; p++)
+                s += op_at(A, lda, ta, i, p) * op_at(B, ldb, tb, p, j);
+            C[(size_t)i * ldc + j] += alpha * s;
+        }
+}
+
+void loom_cpu_sgemm_fallback(int ta, int tb, int M, int N, int K, float alpha, const float *A,
+                             int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    if (M <= 0 || N <= 0)
+        return;
+    scale_c(C, ldc, M, N, beta);
+    if (K <= 0 || alpha == 0.0f)
+        return;
+
+    const micro_kernel_fn kernel = pick_micro_kernel();
+    const int nth = omp_in_parallel() ? 1 : omp_get_max_threads();
+    /* Rows per A block: enough blocks to keep every thread busy, at most MC_MAX. */
+    int mc = (M + nth - 1) / nth;
+    mc = (mc + MR - 1) / MR * MR;
+    if (mc > MC_MAX)
+        mc = MC_MAX;
+    const int n_ic = (M + mc - 1) / mc;
+    const int ncap = N < NC ? N : NC;
+    float *bp = thread_buffer(0, (size_t)KC * ((ncap + NR - 1) / NR * NR));
+    if (!bp) {
+        sgemm_unblocked(ta, tb, M, N, K, alpha, A, lda, B, ldb, C, ldc);
+        return;
+    }
+    int failed = 0;
+
+#pragma omp parallel num_threads(nth)
+    {
+        float *ap = thread_buffer(1, (size_t)MC_MAX * KC);
+        if (!ap) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp barrier
+        for (int jc = 0; jc < N && !failed; jc += NC) {
+            const int nc = N - jc < NC ? N - jc : NC;
+            const int n_js = (nc + NR - 1) / NR;
+            /* When there are fewer A blocks than threads, split the panel's slivers
+             * into groups too, so that every thread has work. */
+            int n_jg = n_ic >= nth ? 1 : (nth + n_ic - 1) / n_ic;
+            if (n_jg > n_js)
+                n_jg = n_js;
+            for (int pc = 0; pc < K; pc += KC) {
+                const int kc = K - pc < KC ? K - pc : KC;
+#pragma omp for schedule(static)
+                for (int js = 0; js < n_js; js++) {
+                    int nr = nc - js * NR < NR ? nc - js * NR : NR;
+                    pack_b_sliver(bp + (size_t)js * KC * NR, B, ldb, tb, pc, kc, jc + js * NR, nr);
+                }
+#pragma omp for schedule(dynamic, 1)
+                for (int item = 0; item < n_ic * n_jg; item++) {
+                    const int ic = item / n_jg * mc, jg = item % n_jg;
+                    const int mcc = M - ic < mc ? M - ic : mc;
+                    const int js0 = (int)((long)n_js * jg / n_jg);
+                    const int js1 = (int)((long)n_js * (jg + 1) / n_jg);
+                    pack_a(ap, A, lda, ta, ic, mcc, pc, kc, alpha);
+                    for (int js = js0; js < js1; js++) {
+                        const int nr = nc - js * NR < NR ? nc - js * NR : NR;
+                        const float *bs = bp + (size_t)js * KC * NR;
+                        for (int is = 0; is < mcc; is += MR) {
+                            const int mr = mcc - is < MR ? mcc - is : MR;
+                            kernel(kc, ap + (size_t)is * kc, bs,
+                                   C + (size_t)(ic + is) * ldc + jc + js * NR, ldc, mr, nr);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if (failed) /* a thread had no pack buffer: every thread stopped at the barrier, before
+                 * adding anything to C */
+        sgemm_unblocked(ta, tb, M, N, K, alpha, A, lda, B, ldb, C, ldc);
+}
+
+double loom_cpu_sgemm_check(int ta, int tb, int M, int N, int K, float alpha, const float *A,
+                            int lda, const float *B, int ldb, float beta, const float *C0,
+                            const float *C, int ldc)
+{
+    double worst = 0.0;
+#pragma omp parallel for schedule(static) reduction(max : worst)
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double s = 0.0, mag = 0.0;
+            for (int p = 0; p < K; p++) {
+                double t = (double)op_at(A, lda, ta, i, p) * op_at(B, ldb, tb, p, j);
+                s += t;
+                mag += fabs(t);
+            }
+            double c0 = beta == 0.0f ? 0.0 : (double)beta * C0[(size_t)i * ldc + j];
+            double ref = alpha * s + c0;
+            double scale = fabs(alpha) * mag + fabs(c0) + 1e-30;
+            double got = C[(size_t)i * ldc + j];
+            double err = isfinite(got) ? fabs(got - ref) / scale : INFINITY;
+            if (err > worst)
+                worst = err;
+        }
+    return worst;
+}

@@ -1,0 +1,57 @@
+/* matmul.c — the linear layer: out (B,T,OC) = inp (B,T,C) @ weight (OC,C)^T + bias (OC).
+ *
+ * All products go through loom_cpu_sgemm (OpenBLAS, or gemm.c's fallback), row-major:
+ *   forward   out   = inp  @ W^T           GEMM  NT  (BT x OC x C)
+ *   backward  dinp  = dout @ W             GEMM  NN  (BT x C x OC)    OVERWRITTEN
+ *             dW   += dout^T @ inp         GEMM  TN  (OC x C x BT)    ACCUMULATES (beta 1)
+ *             dbias += sum over rows of dout                          ACCUMULATES
+ * Input gradients overwrite (dinp skipped if NULL); parameter gradients accumulate
+ * (dbias skipped if NULL). The bias is written into out before the GEMM and the GEMM adds
+ * onto it (beta 1), saving a pass over out. dbias is summed column-wise, each thread
+ * owning a slice of the columns and walking the rows in order: no atomics, same result
+ * for any thread count.
+ */
+#include "cpu_kernels.h"
+
+#include <string.h>
+
+enum { MM_COLS = 64 }; /* bias-gradient columns per work item */
+
+void loom_cpu_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+                             int B, int T, int C, int OC)
+{
+    /* out (B,T,OC), inp (B,T,C), weight (OC,C), bias (OC) or NULL */
+    const int BT = B * T;
+    if (bias) {
+#pragma omp parallel for schedule(static)
+        for (int bt = 0; bt < BT; bt++)
+            memcpy(out + (size_t)bt * OC, bias, (size_t)OC * sizeof(float));
+    }
+    loom_cpu_sgemm(0, 1, BT, OC, C, 1.0f, inp, C, weight, C, bias ? 1.0f : 0.0f, out, OC);
+}
+
+void loom_cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                              const float *inp, const float *weight, int B, int T, int C, int OC)
+{
+    /* dinp (B,T,C) = or NULL, dweight (OC,C) +=, dbias (OC) += or NULL, dout (B,T,OC),
+     * inp (B,T,C), weight (OC,C) */
+    const int BT = B * T;
+    if (dinp)
+        loom_cpu_sgemm(0, 0, BT, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
+    loom_cpu_sgemm(1, 0, OC, C, BT, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+    if (!dbias)
+        return;
+    const int nblk = (OC + MM_COLS - 1) / MM_COLS;
+#pragma omp parallel for schedule(static)
+    for (int blk = 0; blk < nblk; blk++) {
+        const int o0 = blk * MM_COLS, o1 = o0 + MM_COLS < OC ? o0 + MM_COLS : OC;
+        float acc[MM_COLS] = {0};
+        for (int bt = 0; bt < BT; bt++) {
+            const float *d = dout + (size_t)bt * OC;
+            for (int o = o0; o < o1; o++)
+                acc[o - o0] += d[o];
+        }
+        for (int o = o0; o < o1; o++)
+            dbias[o] += acc[o - o0];
+    }
+}

@@ -1,0 +1,205 @@
+/* adamw.c — loom-optim-adamw: Adam with decoupled weight decay.
+ *
+ * Math: exactly PyTorch's torch.optim.AdamW (amsgrad off, maximize off;
+ * https://pytorch.org/docs/stable/generated/torch.optim.AdamW.html; Loshchilov & Hutter,
+ * "Decoupled Weight Decay Regularization", 2019), per element, t = args->step:
+ *     g  = grad_scale * grad
+ *     p  = p * (1 - lr * wd)                  decoupled: decay never enters m or v
+ *     m  = b1 m + (1 - b1) g
+ *     v  = b2 v + (1 - b2) g^2
+ *     p  = p - lr * mhat / (sqrt(vhat) + eps), mhat = m / (1 - b1^t), vhat = v / (1 - b2^t)
+ * The last line is evaluated as PyTorch does: step_size = lr / (1 - b1^t),
+ * denom = sqrt(v) / sqrt(1 - b2^t) + eps, p -= step_size * m / denom (bias corrections in
+ * double, once per step).
+ * What not: no amsgrad, no per-group betas; the core decides which segments decay by
+ * setting segment.weight_decay (0 for biases and norms when decay = "matrices").
+ * Invariants: 2 state slots, slot-major: m at state[0..n), v at state[n..2n); t >= 1;
+ * step allocates nothing; the only exported symbol is loom_plugin_entry.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "loom/plugin.h"
+#include "loom/plugin/optim.h"
+
+enum { K_LR, K_BETAS, K_EPS, K_WEIGHT_DECAY, K_DECAY, N_KEYS };
+
+static const loom_config_key keys[N_KEYS] = {
+    [K_LR] = {"lr", LOOM_CFG_NUMBER, NULL, "learning rate (> 0); a schedule scales it per step"},
+    [K_BETAS] = {"betas", LOOM_CFG_NUMBERS, "{0.9, 0.999}",
+                 "decay rates {b1, b2} of the first and second moment, each in [0, 1)"},
+    [K_EPS] = {"eps", LOOM_CFG_NUMBER, "1e-8", "added to the denominator for stability (> 0)"},
+    [K_WEIGHT_DECAY] = {"weight_decay", LOOM_CFG_NUMBER, "0.01",
+                        "decoupled weight decay (>= 0): p *= 1 - lr * weight_decay"},
+    [K_DECAY] = {"decay", LOOM_CFG_STRING, "\"matrices\"",
+                 "which parameters decay: \"matrices\" (not biases or norms) or \"all\""},
+};
+
+typedef struct adamw {
+    const loom_host *host;
+    double beta1, beta2;
+    float eps;
+    float weight_decay;
+    int decay_all;
+} adamw;
+
+/* The core fills every declared key in table order; anything else is a core bug, but a
+ * plugin says so instead of reading past the array. */
+static loom_status check_config(const loom_host *host, const loom_config *cfg)
+{
+    if (cfg == NULL || cfg->count < N_KEYS || cfg->values == NULL)
+        return host->fail(LOOM_ERR_INVALID, "adamw: expected %d resolved config values, got %d",
+                          N_KEYS, cfg ? cfg->count : 0);
+    for (int i = 0; i < N_KEYS; i++)
+        if (cfg->values[i].type != keys[i].type ||
+            (keys[i].type == LOOM_CFG_STRING && cfg->values[i].string == NULL))
+            return host->fail(LOOM_ERR_INVALID, "adamw: config value %d should be key '%s'", i,
+                              keys[i].name);
+    return LOOM_OK;
+}
+
+static loom_status adamw_create(const loom_host *host, const loom_config *cfg, void **self)
+{
+    if (host == NULL || self == NULL)
+        return LOOM_ERR_INVALID; /* no host, no way to say more */
+    loom_status st = check_config(host, cfg);
+    if (st != LOOM_OK)
+        return st;
+    const loom_config_value *v = cfg->values;
+    double lr = v[K_LR].number, eps = v[K_EPS].number, wd = v[K_WEIGHT_DECAY].number;
+    const char *decay = v[K_DECAY].string;
+    if (!(lr > 0) || !isfinite(lr))
+        return host->fail(LOOM_ERR_INVALID, "adamw: lr must be a finite number > 0, got %g", lr);
+    if (v[K_BETAS].n_numbers != 2)
+        return host->fail(LOOM_ERR_INVALID,
+                          "adamw: betas must be two numbers {b1, b2}, got %d numbers",
+                          v[K_BETAS].n_numbers);
+    double b1 = v[K_BETAS].numbers[0], b2 = v[K_BETAS].numbers[1];
+    if (!(b1 >= 0 && b1 < 1) || !(b2 >= 0 && b2 < 1))
+        return host->fail(LOOM_ERR_INVALID,
+                          "adamw: betas must each be in [0, 1), got {%g, %g}", b1, b2);
+    if (!(eps > 0) || !isfinite(eps))
+        return host->fail(LOOM_ERR_INVALID, "adamw: eps must be a finite number > 0, got %g", eps);
+    if (!(wd >= 0) || !isfinite(wd))
+        return host->fail(LOOM_ERR_INVALID,
+                          "adamw: weight_decay must be a finite number >= 0, got %g", wd);
+    if (strcmp(decay, "matrices") != 0 && strcmp(decay, "all") != 0)
+        return host->fail(LOOM_ERR_INVALID,
+                          "adamw: decay must be \"matrices\" or \"all\", got \"%s\"", decay);
+    adamw *a = host->alloc(sizeof *a);
+    if (a == NULL)
+        return host->fail(LOOM_ERR_NOMEM, "adamw: out of memory");
+    a->host = host;
+    a->beta1 = b1;
+    a->beta2 = b2;
+    a->eps = (float)eps;
+    a->weight_decay = (float)wd;
+    a->decay_all = strcmp(decay, "all") == 0;
+    *self = a;
+    return LOOM_OK;
+}
+
+static void adamw_destroy(void *self)
+{
+    if (self != NULL)
+        ((adamw *)self)->host->free(self);
+}
+
+static uint32_t adamw_state_per_param(void *self) { return 2; }
+
+static void adamw_decay_rule(void *self, float *weight_decay, int *decay_all)
+{
+    const adamw *a = self;
+    *weight_decay = a->weight_decay;
+    *decay_all = a->decay_all;
+}
+
+typedef struct step_consts {
+    float gs, decay, b2, one_minus_b2, step_size, bc2_sqrt, eps;
+    float w, one_minus_w; /* lerp weight 1 - b1, and 1 - w as float, as ATen's lerp has it */
+} step_consts;
+
+/* One segment. The float expressions follow PyTorch's kernels op for op (lerp_ for m,
+ * mul_/addcmul_ for v, sqrt/div/add for denom, addcdiv_ for p) so a PyTorch fixture
+ * matches closely; restrict and a loop-invariant branch let the compiler vectorise. */
+static void adamw_segment(const step_consts *c, const loom_optim_segment *seg)
+{
+    const size_t n = seg->n;
+    float *restrict p = seg->param;
+    const float *restrict grad = seg->grad;
+    float *restrict m = seg->state;
+    float *restrict v = seg->state + n;
+    const float decay = c->decay;
+    const int small_w = c->w < 0.5f; /* ATen lerp's two forms */
+    for (size_t i = 0; i < n; i++) {
+        float g = c->gs * grad[i];
+        float mi = small_w ? m[i] + c->w * (g - m[i]) : g - (g - m[i]) * c->one_minus_w;
+        float vi = v[i] * c->b2 + c->one_minus_b2 * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        float denom = sqrtf(vi) / c->bc2_sqrt + c->eps;
+        p[i] = p[i] * decay - c->step_size * mi / denom;
+    }
+}
+
+static loom_status adamw_step(void *self, const loom_optim_step_args *args)
+{
+    const adamw *a = self;
+    if (args == NULL || (args->n_segments > 0 && args->segments == NULL))
+        return a->host->fail(LOOM_ERR_INVALID, "adamw: step needs segments");
+    if (args->step < 1)
+        return a->host->fail(LOOM_ERR_INVALID,
+                             "adamw: step count must be >= 1 (1-based), got %lld",
+                             (long long)args->step);
+    for (size_t k = 0; k < args->n_segments; k++) {
+        const loom_optim_segment *seg = &args->segments[k];
+        if (seg->n > 0 && (seg->param == NULL || seg->grad == NULL || seg->state == NULL))
+            return a->host->fail(LOOM_ERR_INVALID,
+                                 "adamw: segment %zu has a NULL param, grad or state buffer", k);
+    }
+    /* Bias corrections once per step, in double (1 - b2^t is tiny early on). */
+    double t = (double)args->step;
+    double bc1 = 1.0 - pow(a->beta1, t), bc2 = 1.0 - pow(a->beta2, t);
+    float w = (float)(1.0 - a->beta1);
+    step_consts c = {
+        .gs = args->grad_scale,
+        .decay = 1.0f, /* per segment below */
+        .b2 = (float)a->beta2,
+        .one_minus_b2 = (float)(1.0 - a->beta2),
+        .step_size = (float)((double)args->lr / bc1),
+        .bc2_sqrt = (float)sqrt(bc2),
+        .eps = a->eps,
+        .w = w,
+        .one_minus_w = 1.0f - w,
+    };
+    for (size_t k = 0; k < args->n_segments; k++) {
+        /* 1 - lr * wd in double, as PyTorch computes the Python-float factor. */
+        c.decay = (float)(1.0 - (double)args->lr * args->segments[k].weight_decay);
+        adamw_segment(&c, &args->segments[k]);
+    }
+    return LOOM_OK;
+}
+
+static const loom_optim_ops ops = {
+    .size = sizeof(loom_optim_ops),
+    .create = adamw_create,
+    .destroy = adamw_destroy,
+    .state_per_param = adamw_state_per_param,
+    .decay_rule = adamw_decay_rule,
+    .step = adamw_step,
+};
+
+static const loom_plugin_desc desc = {
+    .abi = LOOM_PLUGIN_ABI,
+    .size = sizeof(loom_plugin_desc),
+    .kind = LOOM_KIND_OPTIM,
+    .name = "adamw",
+    .version = "0.1.0",
+    .summary = "Adam with decoupled weight decay (PyTorch AdamW semantics)",
+    .config_keys = keys,
+    .n_config_keys = N_KEYS,
+    .probe = NULL,
+    .ops = &ops,
+};
+
+LOOM_PLUGIN_EXPORT const loom_plugin_desc *loom_plugin_entry(void) { return &desc; }

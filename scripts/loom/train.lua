@@ -1,0 +1,160 @@
+-- loom.train — the declarative recipe: check everything, build a session, run the loop,
+-- evaluate and sample on schedule, print a progress line per step.
+--
+-- The loop reads top to bottom: lr for the step, one optimizer step over `accum`
+-- micro-batches (done in C), the progress line, hooks, eval and samples when due.
+local schema = require "loom.schema"
+local overrides = require "loom.overrides"
+local lrmod = require "loom.lr"
+
+local spec = {
+  model = { type = "table", required = true, help = "loom.gpt{...}" },
+  data = { type = "table", required = true, help = "loom.data.text{...} or loom.data.random{...}" },
+  optimizer = { type = { "string", "table" }, required = true, help = "{ \"adamw\", lr = 3e-4 }" },
+  precision = { type = { "string", "table" }, help = "\"fp32\"" },
+  lr = { type = { "number", "table", "function" }, help = "a number, loom.lr.cosine{...} or function(step)" },
+  batch = { type = "table", required = true, help = "{ micro = B, seq = T, global = G }" },
+  steps = { type = "integer", min = 0, required = true },
+  seed = { type = "integer", min = 0 },
+  grad_clip = { type = "number", min = 0, help = "clip the global grad norm; 0 turns it off" },
+  threads = { type = "integer", min = 0, help = "compute threads, 0 = all cores" },
+  backend = { type = "string" },
+  mesh = { type = "table", help = "{ dp = 1, tp = 1, pp = 1 }" },
+  strategy = { type = "table" },
+  schedule = { type = "string" },
+  microbatches = { type = "integer", min = 1 },
+  deterministic = { type = "string", one_of = { "fast", "canonical" } },
+  eval = { type = "table", help = "{ every = N, batches = M }" },
+  sample = { type = "table", help = "{ every = N, prompt = \"...\", tokens = 200 }" },
+  log = { type = "table", help = "{ every = 1 }" },
+  on_step = { type = "function" },
+  name = { type = "string" },
+}
+local batch_spec = {
+  micro = { type = "integer", min = 1, required = true, help = "sequences per micro-batch (B)" },
+  seq = { type = "integer", min = 1, required = true, help = "tokens per sequence (T)" },
+  global = { type = "integer", min = 1, help = "sequences per optimizer step = micro x accum x dp" },
+}
+local mesh_spec = {
+  dp = { type = "integer", min = 1 }, tp = { type = "integer", min = 1 }, pp = { type = "integer", min = 1 },
+}
+local eval_spec = { every = { type = "integer", min = 1, required = true }, batches = { type = "integer", min = 1 } }
+local sample_spec = {
+  every = { type = "integer", min = 1 }, prompt = { type = "string" }, tokens = { type = "integer", min = 1 },
+  temperature = { type = "positive" }, top_k = { type = "integer", min = 0 }, seed = { type = "integer", min = 0 },
+}
+local log_spec = { every = { type = "integer", min = 1 } }
+
+local function human(n)
+  if n >= 1e9 then return string.format("%.2fB", n / 1e9) end
+  if n >= 1e6 then return string.format("%.2fM", n / 1e6) end
+  if n >= 1e3 then return string.format("%.1fK", n / 1e3) end
+  return tostring(n)
+end
+
+-- Accumulation steps from batch.global, or 1.
+local function accumulation(b, dp, where, origin)
+  if not b.global then return 1 end
+  local per = b.micro * dp
+  if b.global % per ~= 0 then
+    local lo = b.global // per * per
+    schema.fail(where, "batch.global=%d%s is not a multiple of micro x dp = %d (try %d or %d)",
+      b.global, origin("batch.global") or "", per, math.max(lo, per), lo + per)
+  end
+  return b.global // per
+end
+
+local function check(t, where, origin)
+  schema.check(t, spec, "", where, origin)
+  schema.check(t.batch, batch_spec, "batch", where, origin)
+  local mesh = t.mesh or {}
+  schema.check(mesh, mesh_spec, "mesh", where, origin)
+  local ranks = (mesh.dp or 1) * (mesh.tp or 1) * (mesh.pp or 1)
+  if ranks ~= 1 then
+    schema.fail(where, "mesh dp=%d tp=%d pp=%d needs %d ranks; this run has 1 rank "
+      .. "(multi-rank launch is not in this build yet: use dp = tp = pp = 1)",
+      mesh.dp or 1, mesh.tp or 1, mesh.pp or 1, ranks)
+  end
+  for k in pairs(t.strategy or {}) do
+    schema.fail(where, "strategy.%s is not available in this build (no strategy plugins yet; "
+      .. "remove the key)", tostring(k))
+  end
+  if t.eval then schema.check(t.eval, eval_spec, "eval", where, origin) end
+  if t.sample then schema.check(t.sample, sample_spec, "sample", where, origin) end
+  if t.log then schema.check(t.log, log_spec, "log", where, origin) end
+  if t.model.kind ~= "gpt" then schema.fail(where, "model must come from loom.gpt{...}") end
+  if t.batch.seq > t.model.ctx then
+    schema.fail(where, "batch.seq=%d is longer than the model's ctx=%d", t.batch.seq, t.model.ctx)
+  end
+  if type(t.lr) == "number" and t.lr <= 0 then schema.fail(where, "lr=%g must be > 0", t.lr) end
+end
+
+local function progress_line(r, steps)
+  local w = #tostring(steps)
+  return string.format("step %" .. w .. "d/%d | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %8.0f tok/s%s",
+    r.step, steps, r.loss, r.lr, r.grad_norm, r.ms, r.tokens_per_s, r.skipped and " | skipped" or "")
+end
+
+return function(loom)
+  return function(t)
+    local where = schema.where()
+    local origin = overrides.apply(t, loom.overrides(), where)
+    check(t, where, origin)
+    local dp = (t.mesh or {}).dp or 1
+    local accum = accumulation(t.batch, dp, where, origin)
+    local opt = loom.plugin_table(t.optimizer, "optimizer", where)
+    -- The optimizer's lr is the base a schedule scales; a number or function lr stands alone.
+    if type(t.lr) == "number" then opt.lr = t.lr end
+    if type(t.lr) == "function" and opt.lr == nil then opt.lr = 1.0 end
+    local ok, err = pcall(loom.core.check_plugin, "optim", opt)
+    if not ok then schema.fail(where, "%s", err) end
+    local base_lr = opt.lr
+    local lr_of = lrmod.resolve(t.lr, base_lr)
+    if t.data.kind == "random" and t.data.vocab ~= t.model.vocab then
+      schema.fail(where, "loom.data.random vocab=%d differs from the model's vocab=%d",
+        t.data.vocab, t.model.vocab)
+    end
+    if t.model.vocab ~= 256 and t.data.kind == "text" then
+      schema.fail(where, "loom.data.text gives byte tokens: the model needs vocab=256, got %d",
+        t.model.vocab)
+    end
+
+    local data = loom.open_data(t.data, where)
+    local session = loom.session({
+      model = t.model, optimizer = opt, precision = t.precision, seed = t.seed,
+      grad_clip = t.grad_clip, threads = t.threads, backend = t.backend,
+      batch = { micro = t.batch.micro, seq = t.batch.seq, accum = accum },
+    }, where)
+    local info = session:info()
+    print(string.format("loom %s | gpt %s params (L=%d H=%d C=%d V=%d ctx=%d) | batch %dx%d x%d accum | %s | %s",
+      loom.version, human(info.params), t.model.layers, t.model.heads, t.model.dim, t.model.vocab,
+      t.model.ctx, t.batch.micro, t.batch.seq, accum, opt.name, info.backend))
+
+    local every = t.log and t.log.every or 1
+    local summary = { losses = {} }
+    for step = 1, t.steps do
+      local lr = lr_of(step)
+      if type(lr) ~= "number" or lr ~= lr or lr < 0 then
+        schema.fail(where, "lr schedule returned %s at step %d (want a number >= 0)", tostring(lr), step)
+      end
+      local r = session:step(data, lr)
+      r.step = step
+      r.tokens_per_s = r.tokens / (r.ms / 1000)
+      summary.losses[step] = r.loss
+      if step % every == 0 or step == t.steps then print(progress_line(r, t.steps)) end
+      if t.eval and (step % t.eval.every == 0 or step == t.steps) then
+        r.val_loss = session:eval(data, t.eval.batches or 10)
+        summary.val_loss = r.val_loss
+        print(string.format("step %d | val loss %.4f", step, r.val_loss))
+      end
+      if t.sample and t.sample.every and step % t.sample.every == 0 then
+        print(loom.sample { session = session, prompt = t.sample.prompt or "\n",
+          tokens = t.sample.tokens or 128, temperature = t.sample.temperature,
+          top_k = t.sample.top_k, seed = t.sample.seed })
+      end
+      if t.on_step and t.on_step(r) == false then break end
+    end
+    summary.final_loss = summary.losses[#summary.losses]
+    return session, summary
+  end
+end

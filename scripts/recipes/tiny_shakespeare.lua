@@ -1,0 +1,22 @@
+-- tiny_shakespeare.lua — the bundled demo: a 0.8M-parameter byte-level GPT trained on
+-- tinyshakespeare for a few minutes on 2 cores, then sampled.
+--   build/loom run scripts/recipes/tiny_shakespeare.lua [steps=600] [batch.micro=32] ...
+local loom = require "loom"
+
+local session, summary = loom.train {
+  model     = loom.gpt { vocab = 256, ctx = 128, layers = 4, heads = 4, dim = 128 },
+  data      = loom.data.text { path = "../../data/tinyshakespeare.txt", val_fraction = 0.1 },
+  optimizer = { "adamw", lr = 2e-3, betas = { 0.9, 0.95 }, weight_decay = 0.1 },
+  lr        = loom.lr.cosine { warmup = 50, total = 800, min = 0.1 },
+  batch     = { micro = 16, seq = 128 },
+  steps     = 800,
+  seed      = 1337,
+  eval      = { every = 200, batches = 20 },
+  log       = { every = 10 },
+}
+
+print(string.format("\ntrained: loss %.3f -> %.3f, val loss %.3f", summary.losses[1],
+  summary.final_loss, summary.val_loss))
+print("---- sample ----")
+print(loom.sample { session = session, prompt = "ROMEO:\n", tokens = 500, temperature = 0.8,
+  top_k = 40, seed = 7 })

@@ -1,0 +1,148 @@
+/* bench_kernels.c — GEMM GFLOP/s and kernel timings on the GPT configs loom must be fast at
+ * (registered as a meson benchmark, not a test; `meson test --benchmark -C build` or run
+ * build/tests/kernels/bench_kernels directly).
+ *
+ *   bench_kernels [threads]      threads 0 = all cores
+ * Environment knobs blas.c reads: OPENBLAS_CORETYPE (e.g. Prescott, to see the mis-detected
+ * speed), LOOM_OPENBLAS (library path, or "none" for loom's own GEMM).
+ *
+ * Each line: what, shape, ms per call (best of several rounds), GFLOP/s for GEMMs. The
+ * "mixed" lines alternate an OpenMP kernel with a GEMM, as a training step does, which is
+ * where OpenMP and a pthread OpenBLAS fight for the cores.
+ */
+#include "cpu_kernels.h"
+
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static float *buf(size_t n)
+{
+    float *p = aligned_alloc(64, (n * sizeof(float) + 63) & ~(size_t)63);
+    if (!p) {
+        fprintf(stderr, "bench: out of memory\n");
+        exit(1);
+    }
+    for (size_t i = 0; i < n; i++)
+        p[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+    return p;
+}
+
+typedef struct {
+    int ta, tb, M, N, K;
+} shape;
+
+/* Best time in ms of one call of the gemm over a few rounds. */
+static double time_gemm(int fallback, shape s, float *A, float *B, float *C)
+{
+    const int lda = s.ta ? s.M : s.K, ldb = s.tb ? s.K : s.N;
+    const double flop = 2.0 * s.M * s.N * s.K;
+    const int reps = flop > 1e10 ? 2 : flop > 1e8 ? 10 : 100;
+    double best = 1e30;
+    for (int round = 0; round < 3; round++) {
+        double t0 = omp_get_wtime();
+        for (int r = 0; r < reps; r++)
+            (fallback ? loom_cpu_sgemm_fallback : loom_cpu_sgemm)(s.ta, s.tb, s.M, s.N, s.K, 1.0f,
+                                                                   A, lda, B, ldb, 0.0f, C, s.N);
+        double ms = (omp_get_wtime() - t0) * 1e3 / reps;
+        best = ms < best ? ms : best;
+    }
+    return best;
+}
+
+/* One GPT config's per-layer GEMMs, forward (NT) and backward (NN, TN), plus the LM head. */
+static void bench_config(const char *name, int BT, int C, int Vp, float *A, float *B, float *C_)
+{
+    const shape shapes[] = {
+        {0, 1, BT, 3 * C, C}, {0, 1, BT, C, C},     {0, 1, BT, 4 * C, C},  {0, 1, BT, C, 4 * C},
+        {0, 0, BT, C, 3 * C}, {1, 0, 3 * C, C, BT}, {0, 0, BT, 4 * C, C},  {1, 0, C, 4 * C, BT},
+        {0, 1, BT, Vp, C},    {0, 0, BT, C, Vp},    {1, 0, Vp, C, BT},
+    };
+    for (int fb = 0; fb < 2; fb++) {
+        double tot_ms = 0, tot_flop = 0;
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+            shape s = shapes[i];
+            double ms = time_gemm(fb, s, A, B, C_), flop = 2.0 * s.M * s.N * s.K;
+            tot_ms += ms;
+            tot_flop += flop;
+            printf("%-6s %-8s %c%c %6d x %6d x %6d  %8.3f ms  %6.1f GFLOP/s\n", name,
+                   fb ? "fallback" : "sgemm", s.ta ? 'T' : 'N', s.tb ? 'T' : 'N', s.M, s.N, s.K,
+                   ms, flop / ms * 1e-6);
+        }
+        printf("%-6s %-8s all shapes once: %.2f ms, %.1f GFLOP/s\n\n", name,
+               fb ? "fallback" : "sgemm", tot_ms, tot_flop / tot_ms * 1e-6);
+    }
+}
+
+#define TIME(label, reps, stmt)                                                              \
+    do {                                                                                     \
+        double best_ = 1e30;                                                                 \
+        for (int round_ = 0; round_ < 3; round_++) {                                         \
+            double t0_ = omp_get_wtime();                                                    \
+            for (int r_ = 0; r_ < (reps); r_++) {                                            \
+                stmt;                                                                        \
+            }                                                                                \
+            double ms_ = (omp_get_wtime() - t0_) * 1e3 / (reps);                             \
+            best_ = ms_ < best_ ? ms_ : best_;                                               \
+        }                                                                                    \
+        printf("%-44s %8.3f ms\n", label, best_);                                            \
+    } while (0)
+
+static void bench_kernels(const char *name, int B, int T, int C, int NH, int V, int Vp)
+{
+    const size_t BT = (size_t)B * T;
+    float *qkv = buf(BT * 3 * C), *out = buf(BT * C), *att = buf((size_t)B * NH * T * T);
+    float *dqkv = buf(BT * 3 * C), *scratch = buf(2 * (size_t)B * NH * T * T);
+    float *h = buf(BT * 4 * C), *g = buf(BT * 4 * C), *logits = buf(BT * Vp);
+    float *losses = buf(BT), *W = buf((size_t)4 * C * C);
+    int *targets = malloc(BT * sizeof(int));
+    for (size_t i = 0; i < BT; i++)
+        targets[i] = (int)(i * 7 % V);
+    char label[64];
+    snprintf(label, sizeof label, "%s attention fwd", name);
+    TIME(label, 5, loom_cpu_attention_forward(out, att, qkv, B, T, C, NH));
+    snprintf(label, sizeof label, "%s attention bwd", name);
+    TIME(label, 5, loom_cpu_attention_backward(dqkv, scratch, out, qkv, att, B, T, C, NH));
+    snprintf(label, sizeof label, "%s gelu fwd+bwd (BT x 4C)", name);
+    TIME(label, 10, loom_cpu_gelu_forward(g, h, BT * 4 * C);
+         loom_cpu_gelu_backward(g, h, g, BT * 4 * C));
+    snprintf(label, sizeof label, "%s crossentropy fwd+bwd (BT x Vp)", name);
+    TIME(label, 3, loom_cpu_crossentropy_forward_backward(logits, losses, targets, 1.0f, (int)BT,
+                                                          V, Vp));
+    snprintf(label, sizeof label, "%s layernorm fwd+bwd", name);
+    TIME(label, 10, loom_cpu_layernorm_forward(out, losses, losses + BT / 2, qkv, W, W, 1,
+                                               (int)BT / 2, C);
+         loom_cpu_layernorm_backward(dqkv, W, W + C, out, qkv, W, losses, losses + BT / 2, 1,
+                                     (int)BT / 2, C));
+    snprintf(label, sizeof label, "%s mixed: gelu + fc GEMM, x10", name);
+    TIME(label, 2, for (int i = 0; i < 10; i++) {
+        loom_cpu_gelu_forward(g, h, BT * 4 * C);
+        loom_cpu_sgemm(0, 1, (int)BT, C, 4 * C, 1.0f, g, 4 * C, W, 4 * C, 0.0f, out, C);
+    });
+    free(qkv), free(out), free(att), free(dqkv), free(scratch), free(h), free(g);
+    free(logits), free(losses), free(W), free(targets);
+}
+
+int main(int argc, char **argv)
+{
+    char desc[400];
+    int threads = argc > 1 ? atoi(argv[1]) : 0;
+    int rc = loom_cpu_blas_init(threads, desc, sizeof desc);
+    printf("%s (init rc %d; fallback isa %s)\n\n", desc, rc, loom_cpu_sgemm_fallback_isa());
+    const size_t big = (size_t)50304 * 1536;
+    float *A = buf(big), *B = buf(big), *C = buf((size_t)50304 * 1024);
+    const shape sq = {0, 0, 1024, 1024, 1024};
+    for (int fb = 0; fb < 2; fb++) {
+        double ms = time_gemm(fb, sq, A, B, C);
+        printf("square %-8s NN 1024^3 %8.3f ms  %6.1f GFLOP/s\n", fb ? "fallback" : "sgemm", ms,
+               2e-6 * 1024 * 1024 * 1024 / ms);
+    }
+    printf("\n");
+    bench_config("tiny", 8 * 64, 128, 256, A, B, C);
+    bench_config("small", 4 * 256, 384, 50304, A, B, C);
+    bench_kernels("tiny", 8, 64, 128, 4, 256, 256);
+    bench_kernels("small", 4, 256, 384, 6, 50257, 50304);
+    free(A), free(B), free(C);
+    return 0;
+}

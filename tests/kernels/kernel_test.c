@@ -1,0 +1,85 @@
+/* kernel_test.c — the helpers declared in kernel_test.h. */
+#include "kernel_test.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+float *kt_alloc(size_t n)
+{
+    float *p = aligned_alloc(64, ((n ? n : 1) * sizeof(float) + 63) & ~(size_t)63);
+    ck_assert_msg(p != NULL, "out of memory for %zu floats", n);
+    memset(p, 0, n * sizeof(float));
+    return p;
+}
+
+void kt_fill(float *x, size_t n, uint32_t seed, float lo, float hi)
+{
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (size_t i = 0; i < n; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17; /* xorshift64 */
+        x[i] = lo + (hi - lo) * (float)((s >> 40) * (1.0 / 16777216.0));
+    }
+}
+
+double kt_dot(const float *a, const float *b, size_t n)
+{
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++)
+        s += (double)a[i] * b[i];
+    return s;
+}
+
+void kt_check_grad(const char *what, float *x, const float *grad, size_t n, size_t stride,
+                   kt_loss_fn loss, void *ctx, float h, double tol)
+{
+    for (size_t i = 0; i < n; i += stride) {
+        const float x0 = x[i];
+        x[i] = x0 + h;
+        const double lp = loss(ctx);
+        x[i] = x0 - h;
+        const double lm = loss(ctx);
+        x[i] = x0;
+        /* the step actually taken, after rounding x0 +- h to float */
+        const double fd = (lp - lm) / ((double)(x0 + h) - (double)(x0 - h));
+        const double bound = tol * fmax(1.0, fabs((double)grad[i]));
+        ck_assert_msg(fabs(fd - grad[i]) <= bound,
+                      "%s[%zu]: analytic %.7g, finite difference %.7g (|diff| %.3g > %.3g)",
+                      what, i, grad[i], fd, fabs(fd - grad[i]), bound);
+    }
+}
+
+void kt_assert_close(const char *what, const float *got, const double *want, size_t n,
+                     double tol)
+{
+    for (size_t i = 0; i < n; i++) {
+        const double bound = tol * fmax(1.0, fabs(want[i]));
+        ck_assert_msg(fabs(got[i] - want[i]) <= bound, "%s[%zu]: got %.7g, want %.7g", what, i,
+                      got[i], want[i]);
+    }
+}
+
+void kt_assert_scaled(const char *what, const float *got, const float *ref, float factor,
+                      size_t n, double tol)
+{
+    for (size_t i = 0; i < n; i++) {
+        const double want = (double)factor * ref[i];
+        ck_assert_msg(fabs(got[i] - want) <= tol * fmax(1.0, fabs(want)),
+                      "%s[%zu]: got %.7g, want %g x %.7g", what, i, got[i], factor, ref[i]);
+    }
+}
+
+void kt_assert_all(const char *what, const float *x, size_t n, float v)
+{
+    for (size_t i = 0; i < n; i++)
+        ck_assert_msg(x[i] == v, "%s[%zu] = %.7g, want %g", what, i, x[i], v);
+}
+
+int kt_run(Suite *s)
+{
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    const int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? 0 : 1;
+}

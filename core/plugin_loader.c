@@ -80,12 +80,18 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static entry **cache;
 static size_t n_cache, cap_cache;
 
-/* The search path is rebuilt when LOOM_PLUGIN_PATH changes; old lists are kept (leaked on
- * purpose) because loom_plugin_search_dirs promises its strings live until exit. */
-static const char **dirs;
+/* The search path is rebuilt when LOOM_PLUGIN_PATH changes. Older lists stay allocated
+ * (chained through prev, so they remain reachable) because loom_plugin_search_dirs
+ * promises its strings live until exit. */
+typedef struct dir_list {
+    struct dir_list *prev;
+    char *env; /* the LOOM_PLUGIN_PATH value this list was built from; NULL if unset */
+    const char **dirs;
+    int n;
+} dir_list;
+static dir_list *search; /* the current list; NULL until first needed */
+static const char **dirs; /* == search->dirs, for brevity below */
 static int n_dirs;
-static int dirs_built;
-static char *dirs_env; /* the LOOM_PLUGIN_PATH value dirs was built from; NULL if unset */
 
 /* ---- search path ----------------------------------------------------------------- */
 
@@ -125,14 +131,16 @@ static void add_dirs(const char **list, int *n, int cap, const char *spec)
 static void build_dirs_locked(void)
 {
     const char *env = getenv("LOOM_PLUGIN_PATH");
-    if (dirs_built && ((env == NULL && dirs_env == NULL) ||
-                       (env != NULL && dirs_env != NULL && strcmp(env, dirs_env) == 0)))
+    if (search != NULL && ((env == NULL && search->env == NULL) ||
+                           (env != NULL && search->env != NULL && strcmp(env, search->env) == 0)))
         return;
     size_t cap = 2 + (env ? strlen(env) : 0) + strlen(LOOM_BUILD_PLUGIN_DIRS); /* >= count */
+    dir_list *l = calloc(1, sizeof *l);
     const char **list = calloc(cap, sizeof *list);
     char *env_copy = env ? strdup(env) : NULL;
-    if (list == NULL || (env != NULL && env_copy == NULL)) {
-        free(list); /* keep the old list: stale beats none */
+    if (l == NULL || list == NULL || (env != NULL && env_copy == NULL)) {
+        free(l); /* keep the old list: stale beats none */
+        free(list);
         free(env_copy);
         return;
     }
@@ -140,10 +148,10 @@ static void build_dirs_locked(void)
     add_dirs(list, &n, (int)cap, env);
     add_dirs(list, &n, (int)cap, LOOM_INSTALL_PLUGIN_DIR);
     add_dirs(list, &n, (int)cap, LOOM_BUILD_PLUGIN_DIRS);
+    *l = (dir_list){.prev = search, .env = env_copy, .dirs = list, .n = n};
+    search = l;
     dirs = list;
     n_dirs = n;
-    dirs_env = env_copy;
-    dirs_built = 1;
 }
 
 int loom_plugin_search_dirs(const char **out, int cap)
@@ -417,8 +425,9 @@ static void available_names(loom_kind kind, char *out, size_t cap)
             if (w > 0 && (size_t)w < cap - used)
                 used += (size_t)w;
         }
-        free(names[i]);
     }
+    for (int i = 0; i < n; i++)
+        free(names[i]);
     if (used == 0)
         snprintf(out, cap, "none");
 }

@@ -57,6 +57,6 @@ void loom_cpu_crossentropy_forward_backward(float *logits, float *losses, const 
             for (int j = 0; j < V; j++)
                 s += loom_cpu_expf(x[j] - m);
         }
-        losses[i] = logf(s) + m - xy;
+        losses[i] = logf(s) + (m - xy); /* m - xy first: exact-ish, small */
     }
 }

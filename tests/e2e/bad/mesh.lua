@@ -1,0 +1,9 @@
+-- expect: mesh.lua:6: mesh dp=1 tp=2 pp=1 needs 2 ranks; this run has 1 rank
+package.path = arg[0]:match("^(.*)/bad/[^/]*$") .. "/recipes/?.lua;" .. package.path
+local loom = require "loom"
+local common = require "common"
+
+loom.train {
+  model = common.model(), data = common.data(), optimizer = { "adamw", lr = 1e-3 },
+  batch = { micro = 2, seq = 16 }, steps = 2, mesh = { tp = 2 },
+}

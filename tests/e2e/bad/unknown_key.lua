@@ -1,0 +1,9 @@
+-- expect: unknown_key.lua:6: unknown key 'stepz' (accepted: backend, batch, data, deterministic, eval, grad_clip, log, lr, mesh, microbatches, model, name, on_step, optimizer, precision, sample, schedule, seed, steps, strategy, threads)
+package.path = arg[0]:match("^(.*)/bad/[^/]*$") .. "/recipes/?.lua;" .. package.path
+local loom = require "loom"
+local common = require "common"
+
+loom.train {
+  model = common.model(), data = common.data(), optimizer = { "adamw", lr = 1e-3 },
+  batch = { micro = 2, seq = 16 }, steps = 2, stepz = 3,
+}

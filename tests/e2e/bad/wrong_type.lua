@@ -1,0 +1,9 @@
+-- expect: wrong_type.lua:6: steps must be integer, got string ten
+package.path = arg[0]:match("^(.*)/bad/[^/]*$") .. "/recipes/?.lua;" .. package.path
+local loom = require "loom"
+local common = require "common"
+
+loom.train {
+  model = common.model(), data = common.data(), optimizer = { "adamw", lr = 1e-3 },
+  batch = { micro = 2, seq = 16 }, steps = "ten",
+}

@@ -1,0 +1,87 @@
+/* test_gelu.c — GELU (tanh form): forward against 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3)))
+ * in double, finite values at the extremes, backward against finite differences of
+ * L = sum(out * R), dinp overwritten, and dinp aliasing dout.
+ */
+#include "cpu_kernels.h"
+#include "kernel_test.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { N = 200 };
+
+typedef struct {
+    float *x, *out, *R;
+} ctx_t;
+
+static double loss(void *p)
+{
+    ctx_t *c = p;
+    loom_cpu_gelu_forward(c->out, c->x, N);
+    return kt_dot(c->out, c->R, N);
+}
+
+static double gelu_ref(double x)
+{
+    return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+START_TEST(test_forward)
+{
+    float x[N], out[N];
+    double want[N];
+    kt_fill(x, N, 1, -6, 6);
+    x[0] = 0.0f, x[1] = -30.0f, x[2] = 30.0f, x[3] = -1e4f, x[4] = 1e4f;
+    for (int i = 0; i < N; i++)
+        want[i] = gelu_ref(x[i]);
+    loom_cpu_gelu_forward(out, x, N);
+    kt_assert_close("gelu", out, want, N, 2e-6);
+}
+END_TEST
+
+START_TEST(test_backward)
+{
+    ctx_t c = {kt_alloc(N), kt_alloc(N), kt_alloc(N)};
+    kt_fill(c.x, N, 2, -5, 5);
+    kt_fill(c.R, N, 3, -1, 1);
+    float *dinp = kt_alloc(N), *again = kt_alloc(N);
+    kt_fill(dinp, N, 4, -100, 100); /* overwritten */
+    loom_cpu_gelu_backward(dinp, c.x, c.R, N);
+    kt_check_grad("dinp", c.x, dinp, N, 1, loss, &c, 1e-2f, 1e-3);
+    memcpy(again, c.R, N * sizeof(float));
+    loom_cpu_gelu_backward(again, c.x, again, N); /* in place over dout */
+    kt_assert_scaled("dinp aliasing dout", again, dinp, 1.0f, N, 0.0);
+    /* far tails: gradient 0 and 1, never NaN */
+    float xs[2] = {-1e4f, 1e4f}, d1[2] = {1, 1}, g[2];
+    loom_cpu_gelu_backward(g, xs, d1, 2);
+    ck_assert_float_eq(g[0], 0.0f);
+    ck_assert_float_eq(g[1], 1.0f);
+    free(c.x), free(c.out), free(c.R), free(dinp), free(again);
+}
+END_TEST
+
+START_TEST(test_large_parallel)
+{
+    /* a size that takes the OpenMP path, against the same formula */
+    const size_t n = 100003;
+    float *x = kt_alloc(n), *out = kt_alloc(n);
+    kt_fill(x, n, 5, -8, 8);
+    loom_cpu_gelu_forward(out, x, n);
+    for (size_t i = 0; i < n; i++)
+        ck_assert_msg(fabs(out[i] - gelu_ref(x[i])) <= 2e-6 * fmax(1.0, fabs(gelu_ref(x[i]))),
+                      "gelu(%g) = %g", x[i], out[i]);
+    free(x), free(out);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("gelu");
+    TCase *tc = tcase_create("gelu");
+    tcase_add_test(tc, test_forward);
+    tcase_add_test(tc, test_backward);
+    tcase_add_test(tc, test_large_parallel);
+    suite_add_tcase(s, tc);
+    return kt_run(s);
+}

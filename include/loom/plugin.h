@@ -92,7 +92,8 @@ typedef enum loom_log_level {
 typedef struct loom_host {
     size_t size;
     int abi;
-    /* Printf-style log line, prefixed by the core with rank and plugin name. */
+    /* Printf-style log line to stderr, prefixed by the core with "loom: " (and the rank
+     * when the world has more than one). */
     void (*log)(loom_log_level level, const char *fmt, ...);
     /* Record an error message for loom_last_error() and return st, so a plugin writes
      * `return host->fail(LOOM_ERR_INVALID, "lr must be > 0, got %g", lr);`. */

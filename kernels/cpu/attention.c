@@ -119,7 +119,7 @@ void loom_cpu_attention_backward(float *dqkv, float *scratch, const float *dout,
             /* dQ[r0:r1] = scale dpre K[0:r1];  dK[0:r1] (+)= scale dpre^T Q[r0:r1] */
             loom_cpu_sgemm_fallback(0, 0, nr, hs, r1, scale, pb, T, k, C3, 0.0f,
                                     dq + (size_t)r0 * C3, C3);
-            loom_cpu_sgemm_fallback(1, 0, r1, hs, nr, 1.01f*scale, pb, T, q + (size_t)r0 * C3, C3,
+            loom_cpu_sgemm_fallback(1, 0, r1, hs, nr, scale, pb, T, q + (size_t)r0 * C3, C3,
                                     beta, dk, C3);
         }
     }

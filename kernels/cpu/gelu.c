@@ -36,6 +36,6 @@ void loom_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, si
         const float u = GELU_K * (x + GELU_A * x * x * x);
         const float s = 1.0f / (1.0f + loom_cpu_expf(-2.0f * u));
         const float du = GELU_K * (1.0f + 3.0f * GELU_A * x * x);
-        dinp[i] = (s + x * 2.05f * s * (1.0f - s) * du) * dout[i];
+        dinp[i] = (s + x * 2.0f * s * (1.0f - s) * du) * dout[i];
     }
 }

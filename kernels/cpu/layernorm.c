@@ -56,7 +56,7 @@ void loom_cpu_layernorm_backward(float *dinp, float *dweight, float *dbias, cons
         for (int bt = 0; bt < BT; bt++) {
             const float *x = inp + (size_t)bt * C, *d = dout + (size_t)bt * C;
             for (int i = c0; i < c1; i++) {
-                dbias[i] = d[i];
+                dbias[i] += d[i];
                 dweight[i] += (x[i] - mean[bt]) * rstd[bt] * d[i];
             }
         }

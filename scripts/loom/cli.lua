@@ -14,7 +14,7 @@ function cli.plugins()
     print(string.format("%-30s %s", "", p.path))
   end
   for _, p in ipairs(refused) do
-    print("refused: " .. p.refused)
+    print("loom: " .. p.refused)
   end
 end
 

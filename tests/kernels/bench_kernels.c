@@ -2,7 +2,8 @@
  * (registered as a meson benchmark, not a test; `meson test --benchmark -C build` or run
  * build/tests/kernels/bench_kernels directly).
  *
- *   bench_kernels [threads]      threads 0 = all cores
+ *   bench_kernels [threads [sections]]   threads 0 = all cores; sections: any of
+ *                                        "square tiny small kernels" (default: all)
  * Environment knobs blas.c reads: OPENBLAS_CORETYPE (e.g. Prescott, to see the mis-detected
  * speed), LOOM_OPENBLAS (library path, or "none" for loom's own GEMM).
  *
@@ -127,22 +128,29 @@ static void bench_kernels(const char *name, int B, int T, int C, int NH, int V, 
 int main(int argc, char **argv)
 {
     char desc[400];
-    int threads = argc > 1 ? atoi(argv[1]) : 0;
-    int rc = loom_cpu_blas_init(threads, desc, sizeof desc);
+    const int threads = argc > 1 ? atoi(argv[1]) : 0;
+    const char *want = argc > 2 ? argv[2] : "square tiny small kernels";
+    const int rc = loom_cpu_blas_init(threads, desc, sizeof desc);
     printf("%s (init rc %d; fallback isa %s)\n\n", desc, rc, loom_cpu_sgemm_fallback_isa());
     const size_t big = (size_t)50304 * 1536;
     float *A = buf(big), *B = buf(big), *C = buf((size_t)50304 * 1024);
-    const shape sq = {0, 0, 1024, 1024, 1024};
-    for (int fb = 0; fb < 2; fb++) {
-        double ms = time_gemm(fb, sq, A, B, C);
-        printf("square %-8s NN 1024^3 %8.3f ms  %6.1f GFLOP/s\n", fb ? "fallback" : "sgemm", ms,
-               2e-6 * 1024 * 1024 * 1024 / ms);
+    if (strstr(want, "square")) {
+        const shape sq = {0, 0, 1024, 1024, 1024};
+        for (int fb = 0; fb < 2; fb++) {
+            double ms = time_gemm(fb, sq, A, B, C);
+            printf("square %-8s NN 1024^3 %8.3f ms  %6.1f GFLOP/s\n", fb ? "fallback" : "sgemm",
+                   ms, 2e-6 * 1024 * 1024 * 1024 / ms);
+        }
+        printf("\n");
     }
-    printf("\n");
-    bench_config("tiny", 8 * 64, 128, 256, A, B, C);
-    bench_config("small", 4 * 256, 384, 50304, A, B, C);
-    bench_kernels("tiny", 8, 64, 128, 4, 256, 256);
-    bench_kernels("small", 4, 256, 384, 6, 50257, 50304);
+    if (strstr(want, "tiny"))
+        bench_config("tiny", 8 * 64, 128, 256, A, B, C);
+    if (strstr(want, "small"))
+        bench_config("small", 4 * 256, 384, 50304, A, B, C);
+    if (strstr(want, "kernels")) {
+        bench_kernels("tiny", 8, 64, 128, 4, 256, 256);
+        bench_kernels("small", 4, 256, 384, 6, 50257, 50304);
+    }
     free(A), free(B), free(C);
     return 0;
 }

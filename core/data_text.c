@@ -8,22 +8,31 @@
 
 #include "status.h"
 
-struct loom_text_data {
+typedef struct text_data {
     unsigned char *bytes;
     size_t size;
     size_t start[2], len[2], pos[2];
     char path[512];
-};
+} text_data;
 
-loom_status loom_text_open(const char *path, double val_fraction, loom_text_data **out)
+static void text_close(void *self)
 {
-    *out = NULL;
+    text_data *d = self;
+    if (!d)
+        return;
+    free(d->bytes);
+    free(d);
+}
+
+loom_status loom_data_open_text(const char *path, double val_fraction, loom_data *out)
+{
+    memset(out, 0, sizeof *out);
     if (!(val_fraction >= 0.0 && val_fraction < 1.0))
         LOOM_FAIL(LOOM_ERR_INVALID, "val_fraction=%g must be in [0, 1)", val_fraction);
     FILE *f = fopen(path, "rb");
     if (!f)
         LOOM_FAIL(LOOM_ERR_IO, "cannot open text data '%s': %s", path, strerror(errno));
-    loom_text_data *d = calloc(1, sizeof *d);
+    text_data *d = calloc(1, sizeof *d);
     if (!d) {
         fclose(f);
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
@@ -35,7 +44,7 @@ loom_status loom_text_open(const char *path, double val_fraction, loom_text_data
     d->bytes = n > 0 ? malloc((size_t)n) : NULL;
     if (n <= 0 || !d->bytes || fread(d->bytes, 1, (size_t)n, f) != (size_t)n) {
         fclose(f);
-        loom_text_close(d);
+        text_close(d);
         LOOM_FAIL(LOOM_ERR_IO, "cannot read text data '%s' (%ld bytes)", path, n);
     }
     fclose(f);
@@ -45,29 +54,14 @@ loom_status loom_text_open(const char *path, double val_fraction, loom_text_data
     d->len[LOOM_SPLIT_TRAIN] = d->size - val;
     d->start[LOOM_SPLIT_VAL] = d->size - val;
     d->len[LOOM_SPLIT_VAL] = val;
-    *out = d;
+    out->ops = &loom_data_text_ops;
+    out->self = d;
     return LOOM_OK;
 }
 
-void loom_text_close(loom_text_data *d)
+static loom_status text_next(void *self, loom_split split, int *tokens, int *targets, int B, int T)
 {
-    if (!d)
-        return;
-    free(d->bytes);
-    free(d);
-}
-
-size_t loom_text_size(const loom_text_data *d, loom_split split) { return d->len[split]; }
-size_t loom_text_position(const loom_text_data *d, loom_split split) { return d->pos[split]; }
-
-void loom_text_seek(loom_text_data *d, loom_split split, size_t position)
-{
-    d->pos[split] = d->len[split] ? position % d->len[split] : 0;
-}
-
-loom_status loom_text_next(loom_text_data *d, loom_split split, int *tokens, int *targets, int B,
-                           int T)
-{
+    text_data *d = self;
     size_t need = (size_t)B * T + 1;
     if (d->len[split] < need)
         LOOM_FAIL(LOOM_ERR_INVALID, "%s split of '%s' has %zu tokens; a batch of %d x %d needs %zu",
@@ -82,3 +76,32 @@ loom_status loom_text_next(loom_text_data *d, loom_split split, int *tokens, int
     d->pos[split] += need - 1;
     return LOOM_OK;
 }
+
+static void text_rewind(void *self, loom_split split) { ((text_data *)self)->pos[split] = 0; }
+
+static int text_get_state(void *self, uint64_t *state)
+{
+    text_data *d = self;
+    state[0] = d->pos[LOOM_SPLIT_TRAIN];
+    state[1] = d->pos[LOOM_SPLIT_VAL];
+    state[2] = d->size; /* checked on restore: the same file */
+    return 3;
+}
+
+static loom_status text_set_state(void *self, const uint64_t *state, int n)
+{
+    text_data *d = self;
+    if (n != 3 || state[2] != d->size || state[0] > d->len[0] || state[1] > d->len[1])
+        LOOM_FAIL(LOOM_ERR_CORRUPT, "text data position does not fit '%s' (%zu bytes): was it "
+                  "saved from another file?", d->path, d->size);
+    d->pos[LOOM_SPLIT_TRAIN] = state[0];
+    d->pos[LOOM_SPLIT_VAL] = state[1];
+    return LOOM_OK;
+}
+
+static size_t text_size(void *self, loom_split split) { return ((text_data *)self)->len[split]; }
+static int text_vocab(void *self) { return 256; }
+
+const loom_data_ops loom_data_text_ops = {
+    "text", text_next, text_rewind, text_get_state, text_set_state, text_size, text_vocab, text_close,
+};

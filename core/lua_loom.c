@@ -12,15 +12,12 @@
 #include <string.h>
 
 #include "config.h"
-#include "data_text.h"
 #include "lua_loom.h"
 #include "plugin_loader.h"
-#include "rng.h"
 #include "session.h"
 #include "status.h"
 
 #define SESSION_MT "loom.Session"
-#define DATA_MT "loom.TextData"
 
 static int raise_plain(lua_State *L, const char *msg)
 {
@@ -176,13 +173,6 @@ static int l_check_plugin(lua_State *L)
 /* --- sessions ----------------------------------------------------------------------- */
 
 typedef struct session_box { loom_session *s; int vocab; } session_box;
-/* A data source: a text file, or synthetic tokens (loom.data.random) for benchmarks,
- * drawn from the counter-based RNG so a run is reproducible. */
-typedef struct data_box {
-    loom_text_data *d;
-    int random_vocab;   /* > 0: synthetic tokens in [0, random_vocab) */
-    uint64_t seed, drawn[2];
-} data_box;
 
 static int int_field(lua_State *L, int idx, const char *key, int dflt)
 {
@@ -256,45 +246,6 @@ static session_box *check_session(lua_State *L)
     return b;
 }
 
-static data_box *check_data(lua_State *L, int idx)
-{
-    data_box *b = luaL_checkudata(L, idx, DATA_MT);
-    if (!b->d && !b->random_vocab)
-        luaL_error(L, "data is closed");
-    return b;
-}
-
-static loom_text_data *check_text(lua_State *L, int idx)
-{
-    data_box *b = check_data(L, idx);
-    if (!b->d)
-        luaL_error(L, "synthetic data has no text file");
-    return b->d;
-}
-
-static loom_split check_split(lua_State *L, int idx)
-{
-    static const char *const names[] = {"train", "val", NULL};
-    return (loom_split)luaL_checkoption(L, idx, "train", names);
-}
-
-typedef struct batch_src { data_box *box; loom_split split; } batch_src;
-
-static loom_status next_batch(void *ctx, int *tokens, int *targets, int B, int T)
-{
-    batch_src *src = ctx;
-    data_box *b = src->box;
-    if (b->d)
-        return loom_text_next(b->d, src->split, tokens, targets, B, T);
-    uint64_t stream = loom_rng_stream(src->split == LOOM_SPLIT_TRAIN ? "train" : "val");
-    for (size_t i = 0; i < (size_t)B * T; i++) {
-        uint64_t k = b->drawn[src->split]++;
-        tokens[i] = (int)(loom_rng_uniform(b->seed, stream, 2 * k) * b->random_vocab) % b->random_vocab;
-        targets[i] = (int)(loom_rng_uniform(b->seed, stream, 2 * k + 1) * b->random_vocab) % b->random_vocab;
-    }
-    return LOOM_OK;
-}
-
 static void set_num(lua_State *L, const char *k, double v)
 {
     lua_pushnumber(L, v);
@@ -305,10 +256,10 @@ static void set_num(lua_State *L, const char *k, double v)
 static int l_session_step(lua_State *L)
 {
     session_box *b = check_session(L);
-    batch_src src = {check_data(L, 2), LOOM_SPLIT_TRAIN};
+    loom_data_cursor src = {loom_lua_check_data(L, 2), LOOM_SPLIT_TRAIN};
     float lr = (float)luaL_checknumber(L, 3);
     loom_step_stats st;
-    if (loom_session_step(b->s, next_batch, &src, lr, &st) != LOOM_OK)
+    if (loom_session_step(b->s, loom_data_batch, &src, lr, &st) != LOOM_OK)
         return raise_status(L);
     lua_createtable(L, 0, 7);
     lua_pushinteger(L, st.step);
@@ -327,13 +278,11 @@ static int l_session_step(lua_State *L)
 static int l_session_eval(lua_State *L)
 {
     session_box *b = check_session(L);
-    batch_src src = {check_data(L, 2), LOOM_SPLIT_VAL};
+    loom_data_cursor src = {loom_lua_check_data(L, 2), LOOM_SPLIT_VAL};
     int batches = (int)luaL_checkinteger(L, 3);
-    if (src.box->d)
-        loom_text_seek(src.box->d, LOOM_SPLIT_VAL, 0);
-    src.box->drawn[LOOM_SPLIT_VAL] = 0;
+    src.data->ops->rewind(src.data->self, LOOM_SPLIT_VAL);
     double loss;
-    if (loom_session_eval(b->s, next_batch, &src, batches, &loss) != LOOM_OK)
+    if (loom_session_eval(b->s, loom_data_batch, &src, batches, &loss) != LOOM_OK)
         return raise_status(L);
     lua_pushnumber(L, loss);
     return 1;
@@ -415,74 +364,13 @@ static int l_session_close(lua_State *L)
     return 0;
 }
 
-/* --- data --------------------------------------------------------------------------- */
-
-/* core.text_data(path, val_fraction) -> TextData */
-static int l_text_data(lua_State *L)
-{
-    const char *path = luaL_checkstring(L, 1);
-    double frac = luaL_optnumber(L, 2, 0.1);
-    data_box *b = lua_newuserdatauv(L, sizeof *b, 0);
-    memset(b, 0, sizeof *b);
-    luaL_setmetatable(L, DATA_MT);
-    if (loom_text_open(path, frac, &b->d) != LOOM_OK)
-        return raise_status(L);
-    return 1;
-}
-
-/* core.random_data(vocab, seed) -> synthetic uniform tokens, for benchmarks */
-static int l_random_data(lua_State *L)
-{
-    lua_Integer vocab = luaL_checkinteger(L, 1);
-    luaL_argcheck(L, vocab >= 2 && vocab <= (1 << 30), 1, "vocab must be in [2, 2^30]");
-    data_box *b = lua_newuserdatauv(L, sizeof *b, 0);
-    memset(b, 0, sizeof *b);
-    b->random_vocab = (int)vocab;
-    b->seed = (uint64_t)luaL_optinteger(L, 2, 0);
-    luaL_setmetatable(L, DATA_MT);
-    return 1;
-}
-
-static int l_data_size(lua_State *L)
-{
-    lua_pushinteger(L, (lua_Integer)loom_text_size(check_text(L, 1), check_split(L, 2)));
-    return 1;
-}
-
-static int l_data_position(lua_State *L)
-{
-    lua_pushinteger(L, (lua_Integer)loom_text_position(check_text(L, 1), check_split(L, 2)));
-    return 1;
-}
-
-static int l_data_seek(lua_State *L)
-{
-    loom_text_seek(check_text(L, 1), check_split(L, 2), (size_t)luaL_checkinteger(L, 3));
-    return 0;
-}
-
-static int l_data_close(lua_State *L)
-{
-    data_box *b = luaL_checkudata(L, 1, DATA_MT);
-    loom_text_close(b->d);
-    b->d = NULL;
-    return 0;
-}
-
 static const luaL_Reg session_methods[] = {
     {"step", l_session_step},     {"eval", l_session_eval},   {"sample", l_session_sample},
     {"info", l_session_info},     {"close", l_session_close}, {NULL, NULL}};
-static const luaL_Reg data_methods[] = {{"size", l_data_size},
-                                        {"position", l_data_position},
-                                        {"seek", l_data_seek},
-                                        {"close", l_data_close},
-                                        {NULL, NULL}};
 static const luaL_Reg core_funcs[] = {{"plugins", l_plugins},
                                       {"plugin_keys", l_plugin_keys},
                                       {"check_plugin", l_check_plugin},
                                       {"session", l_session},
-                                      {"text_data", l_text_data},
-                                      {"random_data", l_random_data},
                                       {NULL, NULL}};
 
 static void new_class(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction gc)
@@ -501,8 +389,8 @@ static void new_class(lua_State *L, const char *name, const luaL_Reg *methods, l
 int luaopen_loom_core(lua_State *L)
 {
     new_class(L, SESSION_MT, session_methods, l_session_close);
-    new_class(L, DATA_MT, data_methods, l_data_close);
     luaL_newlib(L, core_funcs);
+    loom_lua_open_data(L);
     lua_pushstring(L, LOOM_VERSION_STRING);
     lua_setfield(L, -2, "version");
     return 1;

@@ -3,7 +3,7 @@
  * build/tests/kernels/bench_kernels directly).
  *
  *   bench_kernels [threads [sections]]   threads 0 = all cores; sections: any of
- *                                        "square tiny small kernels" (default: all)
+ *                                        "square tiny small kernels step" (default: all)
  * Environment knobs blas.c reads: OPENBLAS_CORETYPE (e.g. Prescott, to see the mis-detected
  * speed), LOOM_OPENBLAS (library path, or "none" for loom's own GEMM).
  *
@@ -125,11 +125,77 @@ static void bench_kernels(const char *name, int B, int T, int C, int NH, int V, 
     free(logits), free(losses), free(W), free(targets);
 }
 
+/* One GPT-2 training step (forward, backward; no optimizer) over L layers, as the core
+ * runs it: the end-to-end number the choice of GEMM library and threading must improve. */
+static void bench_step(const char *name, int B, int T, int C, int NH, int L, int V, int Vp)
+{
+    const size_t BT = (size_t)B * T, Cs = (size_t)C;
+    /* weights shared by all layers (timing only); activations per layer */
+    float *wte = buf((size_t)Vp * C), *wqkv = buf(3 * Cs * C), *wproj = buf(Cs * C);
+    float *wfc = buf(4 * Cs * C), *wfcp = buf(4 * Cs * C), *bias = buf(4 * Cs), *lnw = buf(Cs);
+    float *dw = buf(4 * Cs * C), *dwte = buf((size_t)Vp * C), *db = buf(4 * Cs);
+    float *x = buf(BT * C * (L + 1)), *ln = buf(BT * C * 2 * L), *stats = buf(BT * 4 * L);
+    float *qkv = buf(BT * 3 * C * L), *aty = buf(BT * C * L), *att = buf((size_t)B * NH * T * T * L);
+    float *x2 = buf(BT * C * L), *fc = buf(BT * 4 * C * L), *ge = buf(BT * 4 * C * L);
+    float *logits = buf(BT * Vp), *losses = buf(BT), *scratch = buf(2 * (size_t)B * NH * T * T);
+    float *dx = buf(BT * C), *dx2 = buf(BT * C), *dln = buf(BT * C), *dqkv = buf(BT * 3 * C);
+    float *dbig = buf(BT * 4 * C), *dge = buf(BT * 4 * C), *tmp = buf(BT * C);
+    int *targets = malloc(BT * sizeof(int));
+    for (size_t i = 0; i < BT; i++)
+        targets[i] = (int)(i * 7 % V);
+    double best = 1e30;
+    for (int round = 0; round < 3; round++) {
+        const double t0 = omp_get_wtime();
+        for (int l = 0; l < L; l++) {
+            float *xl = x + l * BT * C, *l1 = ln + 2 * l * BT * C, *l2 = l1 + BT * C;
+            float *s = stats + 4 * l * BT, *q = qkv + l * BT * 3 * C, *a = aty + l * BT * C;
+            float *r = x2 + l * BT * C, *f = fc + l * BT * 4 * C, *g = ge + l * BT * 4 * C;
+            loom_cpu_layernorm_forward(l1, s, s + BT, xl, lnw, bias, B, T, C);
+            loom_cpu_matmul_forward(q, l1, wqkv, bias, B, T, C, 3 * C);
+            loom_cpu_attention_forward(a, att + (size_t)l * B * NH * T * T, q, B, T, C, NH);
+            loom_cpu_matmul_forward(tmp, a, wproj, bias, B, T, C, C);
+            loom_cpu_residual_forward(r, xl, tmp, BT * C);
+            loom_cpu_layernorm_forward(l2, s + 2 * BT, s + 3 * BT, r, lnw, bias, B, T, C);
+            loom_cpu_matmul_forward(f, l2, wfc, bias, B, T, C, 4 * C);
+            loom_cpu_gelu_forward(g, f, BT * 4 * C);
+            loom_cpu_matmul_forward(tmp, g, wfcp, bias, B, T, 4 * C, C);
+            loom_cpu_residual_forward(xl + BT * C, r, tmp, BT * C);
+        }
+        loom_cpu_matmul_forward(logits, x + L * BT * C, wte, NULL, B, T, C, Vp);
+        loom_cpu_crossentropy_forward_backward(logits, losses, targets, 1.0f / BT, (int)BT, V, Vp);
+        loom_cpu_matmul_backward(dx, dwte, NULL, logits, x + L * BT * C, wte, B, T, C, Vp);
+        for (int l = L - 1; l >= 0; l--) {
+            float *xl = x + l * BT * C, *l1 = ln + 2 * l * BT * C, *l2 = l1 + BT * C;
+            float *s = stats + 4 * l * BT, *q = qkv + l * BT * 3 * C, *a = aty + l * BT * C;
+            float *r = x2 + l * BT * C, *f = fc + l * BT * 4 * C, *g = ge + l * BT * 4 * C;
+            loom_cpu_matmul_backward(dge, dw, db, dx, g, wfcp, B, T, 4 * C, C);
+            loom_cpu_gelu_backward(dbig, f, dge, BT * 4 * C);
+            loom_cpu_matmul_backward(dln, dw, db, dbig, l2, wfc, B, T, C, 4 * C);
+            loom_cpu_layernorm_backward(dx2, dw, db, dln, r, lnw, s + 2 * BT, s + 3 * BT, B, T, C);
+            loom_cpu_accumulate(dx2, dx, BT * C);
+            loom_cpu_matmul_backward(dln, dw, db, dx2, a, wproj, B, T, C, C);
+            loom_cpu_attention_backward(dqkv, scratch, dln, q, att + (size_t)l * B * NH * T * T, B, T,
+                                        C, NH);
+            loom_cpu_matmul_backward(dln, dw, db, dqkv, l1, wqkv, B, T, C, 3 * C);
+            loom_cpu_layernorm_backward(dx, dw, db, dln, xl, lnw, s, s + BT, B, T, C);
+            loom_cpu_accumulate(dx, dx2, BT * C);
+        }
+        const double ms = (omp_get_wtime() - t0) * 1e3;
+        best = ms < best ? ms : best;
+    }
+    printf("%-6s step (fwd+bwd, L=%d): %8.2f ms  %8.0f tokens/s\n", name, L, best,
+           BT / best * 1e3);
+    free(wte), free(wqkv), free(wproj), free(wfc), free(wfcp), free(bias), free(lnw), free(dw);
+    free(dwte), free(db), free(x), free(ln), free(stats), free(qkv), free(aty), free(att);
+    free(x2), free(fc), free(ge), free(logits), free(losses), free(scratch), free(dx), free(dx2);
+    free(dln), free(dqkv), free(dbig), free(dge), free(tmp), free(targets);
+}
+
 int main(int argc, char **argv)
 {
     char desc[400];
     const int threads = argc > 1 ? atoi(argv[1]) : 0;
-    const char *want = argc > 2 ? argv[2] : "square tiny small kernels";
+    const char *want = argc > 2 ? argv[2] : "square tiny small kernels step";
     const int rc = loom_cpu_blas_init(threads, desc, sizeof desc);
     printf("%s (init rc %d; fallback isa %s)\n\n", desc, rc, loom_cpu_sgemm_fallback_isa());
     const size_t big = (size_t)50304 * 1536;
@@ -147,6 +213,10 @@ int main(int argc, char **argv)
         bench_config("tiny", 8 * 64, 128, 256, A, B, C);
     if (strstr(want, "small"))
         bench_config("small", 4 * 256, 384, 50304, A, B, C);
+    if (strstr(want, "step")) {
+        bench_step("tiny", 8, 64, 128, 4, 4, 256, 256);
+        bench_step("small", 4, 256, 384, 6, 6, 50257, 50304);
+    }
     if (strstr(want, "kernels")) {
         bench_kernels("tiny", 8, 64, 128, 4, 256, 256);
         bench_kernels("small", 4, 256, 384, 6, 50257, 50304);

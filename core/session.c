@@ -268,6 +268,29 @@ loom_status loom_session_sample(loom_session *s, const int *prompt, int n_prompt
     return LOOM_OK;
 }
 
+void loom_session_get_state(loom_session *s, loom_session_state *out)
+{
+    memset(out, 0, sizeof *out);
+    out->steps = s->steps;
+    if (s->precision->get_state)
+        s->precision->get_state(s->precision_self, out->precision_state, &out->n_precision_state);
+}
+
+loom_status loom_session_set_state(loom_session *s, const loom_session_state *st)
+{
+    if (st->steps < 0)
+        LOOM_FAIL(LOOM_ERR_CORRUPT, "checkpoint step count %lld is negative", (long long)st->steps);
+    if (st->n_precision_state < 0 || st->n_precision_state > 4)
+        LOOM_FAIL(LOOM_ERR_CORRUPT, "precision state has %d values (0 to 4 expected)",
+                  st->n_precision_state);
+    s->steps = st->steps;
+    if (s->precision->set_state)
+        s->precision->set_state(s->precision_self, st->precision_state, st->n_precision_state);
+    return LOOM_OK;
+}
+
+const loom_plugin_config *loom_session_optim_config(const loom_session *s) { return s->cfg.optim; }
+
 loom_gpt *loom_session_model(loom_session *s) { return s->model; }
 int64_t loom_session_steps_taken(const loom_session *s) { return s->steps; }
 

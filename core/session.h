@@ -54,6 +54,18 @@ loom_status loom_session_eval(loom_session *s, loom_batch_fn next, void *ctx, in
 loom_status loom_session_sample(loom_session *s, const int *prompt, int n_prompt, int n_new,
                                 float temperature, int top_k, uint64_t seed, int *out);
 
+/* What a checkpoint holds beyond the parameter and optimizer-state buffers. */
+typedef struct loom_session_state {
+    int64_t steps;                /* optimizer updates taken */
+    float precision_state[4];     /* the precision policy's loss-scale state */
+    int n_precision_state;
+} loom_session_state;
+
+void loom_session_get_state(loom_session *s, loom_session_state *out);
+loom_status loom_session_set_state(loom_session *s, const loom_session_state *st);
+/* The resolved optimizer / precision plugin configs the session was made with. */
+const loom_plugin_config *loom_session_optim_config(const loom_session *s);
+
 loom_gpt *loom_session_model(loom_session *s);
 const char *loom_session_backend_description(loom_session *s);
 int64_t loom_session_steps_taken(const loom_session *s);

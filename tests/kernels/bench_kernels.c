@@ -3,7 +3,7 @@
  * build/tests/kernels/bench_kernels directly).
  *
  *   bench_kernels [threads [sections]]   threads 0 = all cores; sections: any of
- *                                        "square tiny small kernels step" (default: all)
+ *                                        "square tiny small kernels tinystep smallstep" (default: all)
  * Environment knobs blas.c reads: OPENBLAS_CORETYPE (e.g. Prescott, to see the mis-detected
  * speed), LOOM_OPENBLAS (library path, or "none" for loom's own GEMM).
  *
@@ -195,11 +195,12 @@ int main(int argc, char **argv)
 {
     char desc[400];
     const int threads = argc > 1 ? atoi(argv[1]) : 0;
-    const char *want = argc > 2 ? argv[2] : "square tiny small kernels step";
+    const char *want = argc > 2 ? argv[2] : "square tiny small kernels tinystep smallstep";
     const int rc = loom_cpu_blas_init(threads, desc, sizeof desc);
     printf("%s (init rc %d; fallback isa %s)\n\n", desc, rc, loom_cpu_sgemm_fallback_isa());
-    const size_t big = (size_t)50304 * 1536;
-    float *A = buf(big), *B = buf(big), *C = buf((size_t)50304 * 1024);
+    const int gemms = strstr(want, "square") || strstr(want, "tiny ") || strstr(want, "small ");
+    const size_t big = gemms ? (size_t)50304 * 1536 : 1;
+    float *A = buf(big), *B = buf(big), *C = buf(gemms ? (size_t)50304 * 1024 : 1);
     if (strstr(want, "square")) {
         const shape sq = {0, 0, 1024, 1024, 1024};
         for (int fb = 0; fb < 2; fb++) {
@@ -213,10 +214,10 @@ int main(int argc, char **argv)
         bench_config("tiny", 8 * 64, 128, 256, A, B, C);
     if (strstr(want, "small"))
         bench_config("small", 4 * 256, 384, 50304, A, B, C);
-    if (strstr(want, "step")) {
+    if (strstr(want, "tinystep"))
         bench_step("tiny", 8, 64, 128, 4, 4, 256, 256);
+    if (strstr(want, "smallstep"))
         bench_step("small", 4, 256, 384, 6, 6, 50257, 50304);
-    }
     if (strstr(want, "kernels")) {
         bench_kernels("tiny", 8, 64, 128, 4, 256, 256);
         bench_kernels("small", 4, 256, 384, 6, 50257, 50304);

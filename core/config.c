@@ -202,6 +202,14 @@ loom_status loom_config_finish(const loom_plugin_config *c)
     return LOOM_OK;
 }
 
+void loom_config_copy(loom_plugin_config *dst, const loom_plugin_config *src)
+{
+    memcpy(dst, src, sizeof *dst);
+    for (int i = 0; i < dst->count; i++)
+        if (dst->values[i].string)
+            dst->values[i].string = dst->strings[i];
+}
+
 loom_config loom_config_view(const loom_plugin_config *c)
 {
     loom_config v = {c->count, c->values};

@@ -29,6 +29,8 @@ loom_status loom_config_set_number(loom_plugin_config *c, const char *key, doubl
 loom_status loom_config_set_boolean(loom_plugin_config *c, const char *key, int v);
 loom_status loom_config_set_string(loom_plugin_config *c, const char *key, const char *v);
 loom_status loom_config_set_numbers(loom_plugin_config *c, const char *key, const double *v, int n);
+/* Copy a resolved config (string values re-pointed into dst's own storage). */
+void loom_config_copy(loom_plugin_config *dst, const loom_plugin_config *src);
 /* Check that every required key was given. */
 loom_status loom_config_finish(const loom_plugin_config *c);
 /* The view a plugin's create() receives. */

@@ -19,6 +19,7 @@
 
 struct loom_session {
     loom_session_config cfg;
+    loom_plugin_config optim_cfg, precision_cfg; /* owned copies; cfg points at them */
     loom_backend backend;
     loom_gpt *model;
     const loom_optim_ops *optim;
@@ -89,9 +90,14 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
     if (!s)
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
     s->cfg = *cfg;
-    loom_status st = loom_backend_open(cfg->backend, cfg->threads, &s->backend);
+    loom_config_copy(&s->optim_cfg, cfg->optim);
+    loom_config_copy(&s->precision_cfg, cfg->precision);
+    s->cfg.optim = &s->optim_cfg;
+    s->cfg.precision = &s->precision_cfg;
+    s->cfg.backend = NULL; /* the caller's string; only needed while opening */
+    loom_status st = loom_backend_open(cfg->backend ? cfg->backend : "cpu", cfg->threads, &s->backend);
     if (st == LOOM_OK)
-        st = make_plugin(cfg->precision, (const void **)&s->precision, &s->precision_self);
+        st = make_plugin(&s->precision_cfg, (const void **)&s->precision, &s->precision_self);
     if (st == LOOM_OK) {
         loom_precision_dtypes dt;
         s->precision->dtypes(s->precision_self, &dt);
@@ -99,11 +105,11 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
             st = loom_fail(LOOM_ERR_UNSUPPORTED,
                            "precision '%s' asks for param %s, compute %s, grad %s; this build's "
                            "model runs fp32 only (precision = \"fp32\")",
-                           cfg->precision->desc->name, loom_dtype_name(dt.param),
+                           s->precision_cfg.desc->name, loom_dtype_name(dt.param),
                            loom_dtype_name(dt.compute), loom_dtype_name(dt.grad));
     }
     if (st == LOOM_OK)
-        st = make_plugin(cfg->optim, (const void **)&s->optim, &s->optim_self);
+        st = make_plugin(&s->optim_cfg, (const void **)&s->optim, &s->optim_self);
     if (st == LOOM_OK)
         st = loom_gpt_create(&cfg->model, &s->backend, cfg->micro_batch, cfg->seed, &s->model);
     if (st == LOOM_OK) {

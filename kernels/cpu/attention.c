@@ -21,7 +21,7 @@
  * computed and then masked. Different (b,h) write disjoint columns of out and dqkv.
  */
 #include "cpu_kernels.h"
-#include "vmath.h"
+#include "cpu_common.h"
 
 #include <math.h>
 #include <string.h>
@@ -29,7 +29,7 @@
 enum { ATT_RB = 64 }; /* query rows per causal block */
 
 /* Row t of a (T,T) block: softmax of row[0..t], zeros after. */
-static void causal_softmax_row(float *row, int t, int T)
+LOOM_CPU_CLONES static void causal_softmax_row(float *row, int t, int T)
 {
     float m = -INFINITY;
 #pragma omp simd reduction(max : m)
@@ -46,6 +46,20 @@ static void causal_softmax_row(float *row, int t, int T)
     for (int j = 0; j <= t; j++)
         row[j] *= inv;
     memset(row + t + 1, 0, (size_t)(T - t - 1) * sizeof(float));
+}
+
+/* dpre[j] = att[j] (datt[j] - sum_k att[k] datt[k]) over n columns (att is 0 above the
+ * diagonal, so dpre is too). */
+LOOM_CPU_CLONES static void softmax_backward_row(float *dpre, const float *att, const float *datt,
+                                                 int n)
+{
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int j = 0; j < n; j++)
+        dot += att[j] * datt[j];
+#pragma omp simd
+    for (int j = 0; j < n; j++)
+        dpre[j] = att[j] * (datt[j] - dot);
 }
 
 void loom_cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
@@ -105,17 +119,9 @@ void loom_cpu_attention_backward(float *dqkv, float *scratch, const float *dout,
             /* dV[0:r1] (+)= att[r0:r1, 0:r1]^T dO[r0:r1];  datt = dO[r0:r1] V[0:r1]^T */
             loom_cpu_sgemm_fallback(1, 0, r1, hs, nr, 1.0f, ab, T, dOb, C, beta, dv, C3);
             loom_cpu_sgemm_fallback(0, 1, nr, r1, hs, 1.0f, dOb, C, v, C3, 0.0f, db, T);
-            for (int i = 0; i < nr; i++) {
-                const float *ar = ab + (size_t)i * T, *dr = db + (size_t)i * T;
-                float *pr = pb + (size_t)i * T;
-                float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-                for (int j = 0; j < r1; j++)
-                    dot += ar[j] * dr[j];
-#pragma omp simd
-                for (int j = 0; j < r1; j++)
-                    pr[j] = ar[j] * (dr[j] - dot); /* att is 0 above the diagonal */
-            }
+            for (int i = 0; i < nr; i++)
+                softmax_backward_row(pb + (size_t)i * T, ab + (size_t)i * T, db + (size_t)i * T,
+                                     r1);
             /* dQ[r0:r1] = scale dpre K[0:r1];  dK[0:r1] (+)= scale dpre^T Q[r0:r1] */
             loom_cpu_sgemm_fallback(0, 0, nr, hs, r1, scale, pb, T, k, C3, 0.0f,
                                     dq + (size_t)r0 * C3, C3);

@@ -10,13 +10,43 @@
  * The gradient OVERWRITES the logits (there are no parameters here); with dloss == 0 the
  * logits are left intact. A target outside [0, V) is ignored: loss 0, gradient row 0.
  * Padded columns are never read, so their contents do not matter. Rows are independent
- * and run in parallel; e^x is vmath.h's vectorised expf.
+ * and run in parallel; e^x is cpu_common.h's vectorised expf.
  */
 #include "cpu_kernels.h"
-#include "vmath.h"
+#include "cpu_common.h"
 
 #include <math.h>
 #include <string.h>
+
+/* One valid row: returns its loss; if dloss != 0 the row becomes its gradient. */
+LOOM_CPU_CLONES static float ce_row(float *x, int y, float dloss, int V, int Vp)
+{
+    float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+    for (int j = 0; j < V; j++)
+        m = x[j] > m ? x[j] : m;
+    const float xy = x[y];
+    float s = 0.0f;
+    if (dloss != 0.0f) {
+#pragma omp simd reduction(+ : s)
+        for (int j = 0; j < V; j++) {
+            const float e = loom_cpu_expf(x[j] - m);
+            x[j] = e;
+            s += e;
+        }
+        const float k = dloss / s;
+#pragma omp simd
+        for (int j = 0; j < V; j++)
+            x[j] *= k;
+        x[y] -= dloss;
+        memset(x + V, 0, (size_t)(Vp - V) * sizeof(float));
+    } else {
+#pragma omp simd reduction(+ : s)
+        for (int j = 0; j < V; j++)
+            s += loom_cpu_expf(x[j] - m);
+    }
+    return logf(s) + (m - xy); /* m - xy first: small, and exact when close */
+}
 
 void loom_cpu_crossentropy_forward_backward(float *logits, float *losses, const int *targets,
                                             float dloss, int BT, int V, int Vp)
@@ -26,37 +56,12 @@ void loom_cpu_crossentropy_forward_backward(float *logits, float *losses, const 
     for (int i = 0; i < BT; i++) {
         float *x = logits + (size_t)i * Vp;
         const int y = targets[i];
-        const int valid = y >= 0 && y < V;
-        if (!valid) {
+        if (y >= 0 && y < V) {
+            losses[i] = ce_row(x, y, dloss, V, Vp);
+        } else {
             losses[i] = 0.0f;
             if (dloss != 0.0f)
                 memset(x, 0, (size_t)Vp * sizeof(float));
-            continue;
         }
-        float m = -INFINITY;
-#pragma omp simd reduction(max : m)
-        for (int j = 0; j < V; j++)
-            m = x[j] > m ? x[j] : m;
-        const float xy = x[y];
-        float s = 0.0f;
-        if (dloss != 0.0f) {
-#pragma omp simd reduction(+ : s)
-            for (int j = 0; j < V; j++) {
-                const float e = loom_cpu_expf(x[j] - m);
-                x[j] = e;
-                s += e;
-            }
-            const float k = dloss / s;
-#pragma omp simd
-            for (int j = 0; j < V; j++)
-                x[j] *= k;
-            x[y] -= dloss;
-            memset(x + V, 0, (size_t)(Vp - V) * sizeof(float));
-        } else {
-#pragma omp simd reduction(+ : s)
-            for (int j = 0; j < V; j++)
-                s += loom_cpu_expf(x[j] - m);
-        }
-        losses[i] = logf(s) + (m - xy); /* m - xy first: exact-ish, small */
     }
 }

@@ -1,18 +1,42 @@
-/* vmath.h — small math helpers the CPU kernels share, written so GCC vectorises loops that
- * call them (glibc's expf is a call, and its vector variants need -ffast-math).
+/* cpu_common.h — what the CPU kernels share besides cpu_kernels.h: a vectorisable expf,
+ * the ISA-cloning attribute for hot loops, and the size below which a loop stays serial.
+ *
+ * LOOM_CPU_PAR_MIN: a loop with less work than this many elements runs on one thread
+ * (OpenMP's `if` clause). Starting a team and the barrier at its end cost microseconds
+ * (and a full scheduler time slice when the cores are shared), which dwarfs the work of
+ * a small layer: the tiny config's rows are 128 floats.
  *
  * loom_cpu_expf: e^x for float, Cephes' expf (Moshier): x = n ln2 + r with |r| <= ln2/2,
- * e^r by a degree-6 polynomial, 2^n by writing the exponent bits. Relative error about
- * 2 ulp over the whole range; e^x underflows to exactly 0 below -87.3 (the smallest
- * normal), is +inf above 88.7, NaN stays NaN. No calls, no float->int conversions, no
- * branches the vectoriser cannot turn into blends.
+ * e^r by a degree-6 polynomial, 2^n by writing the exponent bits. Relative error below
+ * 2 ulp; e^x is exactly 0 below -87.3 (log of the smallest normal), +inf above 88.7, NaN
+ * stays NaN. No calls, no float->int conversions, only selects — so loops that call it
+ * vectorise (glibc's expf is a call, and its vector variants need -ffast-math).
+ *
+ * LOOM_CPU_CLONES compiles a hot loop three times — AVX-512 (x86-64-v4), AVX2+FMA
+ * (x86-64-v3) and the baseline — and picks one when the library loads (GCC/Clang
+ * target_clones, an ifunc), so a distribution build is fast on every machine. Put it on a
+ * static worker that the OpenMP loop calls, not on the OpenMP function itself: the
+ * outlined parallel body would not be cloned. (The baseline cannot vectorise expf's
+ * selects at all; SSE2 has no blend.)
  */
-#ifndef LOOM_CPU_VMATH_H
-#define LOOM_CPU_VMATH_H
+#ifndef LOOM_CPU_COMMON_H
+#define LOOM_CPU_COMMON_H
 
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#define LOOM_CPU_PAR_MIN 32768
+
+#if defined(__x86_64__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define LOOM_CPU_CLONES \
+    __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
+#endif
+#ifndef LOOM_CPU_CLONES
+#define LOOM_CPU_CLONES
+#endif
 
 #define LOOM_CPU_EXP_LO (-87.33654f) /* log(FLT_MIN): below it, returns 0 */
 #define LOOM_CPU_EXP_HI 88.72283f    /* log(FLT_MAX): above it, returns +inf */

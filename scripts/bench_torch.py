@@ -33,6 +33,7 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--verbose", action="store_true", help="per-step times on stderr")
     p.add_argument("--foreach", choices=["auto", "on", "off"], default="auto",
                    help="AdamW multi-tensor (foreach) implementation")
     a = p.parse_args(argv)
@@ -185,6 +186,7 @@ def main():
 
     loss_val = float("nan")
     t0 = None
+    t_prev = time.perf_counter()
     for step in range(total):
         if step == args.warmup:
             t0 = time.perf_counter()
@@ -194,6 +196,11 @@ def main():
         loss.backward()
         opt.step()
         loss_val = loss.item()  # syncs; same cost in every step
+        if args.verbose:
+            now = time.perf_counter()
+            print(f"step {step}: loss {loss_val:.4f} {1000 * (now - t_prev):.1f} ms",
+                  file=sys.stderr)
+            t_prev = now
     dt = time.perf_counter() - t0 if args.steps > 0 else float("nan")
 
     ms = 1000.0 * dt / max(args.steps, 1)

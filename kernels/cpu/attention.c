@@ -68,7 +68,8 @@ void loom_cpu_attention_forward(float *out, float *att, const float *qkv, int B,
     /* out (B,T,C), att (B,NH,T,T), qkv (B,T,3C) */
     const int hs = C / NH, C3 = 3 * C;
     const float scale = 1.0f / sqrtf((float)hs);
-#pragma omp parallel for schedule(dynamic, 1)
+    const size_t work = (size_t)B * NH * T * T * hs;
+#pragma omp parallel for schedule(dynamic, 1) if (work > LOOM_CPU_PAR_MIN)
     for (int bh = 0; bh < B * NH; bh++) {
         const int b = bh / NH, h = bh % NH;
         const float *q = qkv + (size_t)b * T * C3 + h * hs;
@@ -97,7 +98,8 @@ void loom_cpu_attention_backward(float *dqkv, float *scratch, const float *dout,
     const int hs = C / NH, C3 = 3 * C;
     const float scale = 1.0f / sqrtf((float)hs);
     float *datt_all = scratch, *dpre_all = scratch + (size_t)B * NH * T * T;
-#pragma omp parallel for schedule(dynamic, 1)
+    const size_t work = (size_t)B * NH * T * T * hs;
+#pragma omp parallel for schedule(dynamic, 1) if (work > LOOM_CPU_PAR_MIN)
     for (int bh = 0; bh < B * NH; bh++) {
         const int b = bh / NH, h = bh % NH;
         const float *q = qkv + (size_t)b * T * C3 + h * hs;

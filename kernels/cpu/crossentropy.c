@@ -52,7 +52,7 @@ void loom_cpu_crossentropy_forward_backward(float *logits, float *losses, const 
                                             float dloss, int BT, int V, int Vp)
 {
     /* logits (BT,Vp) in, gradient out if dloss != 0; losses (BT) =; targets (BT) */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)BT * V > LOOM_CPU_PAR_MIN)
     for (int i = 0; i < BT; i++) {
         float *x = logits + (size_t)i * Vp;
         const int y = targets[i];

@@ -8,6 +8,7 @@
  * Token ids must lie in [0, V) of the caller's wte; they are not checked here.
  */
 #include "cpu_kernels.h"
+#include "cpu_common.h"
 
 /* Columns per work item in backward: one 64-byte cache line of floats. */
 enum { ENC_COLS = 16 };
@@ -16,7 +17,7 @@ void loom_cpu_encoder_forward(float *out, const int *inp, const float *wte, cons
                               int B, int T, int C)
 {
     /* out (B,T,C), inp (B,T) token ids, wte (V,C), wpe (maxT,C) with T <= maxT */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)B * T * C > LOOM_CPU_PAR_MIN)
     for (int bt = 0; bt < B * T; bt++) {
         float *o = out + (size_t)bt * C;
         const float *te = wte + (size_t)inp[bt] * C;
@@ -31,7 +32,7 @@ void loom_cpu_encoder_backward(float *dwte, float *dwpe, const float *dout, cons
 {
     /* dwte (V,C) +=, dwpe (maxT,C) +=, dout (B,T,C), inp (B,T) */
     const int nblk = (C + ENC_COLS - 1) / ENC_COLS;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)B * T * C > LOOM_CPU_PAR_MIN)
     for (int blk = 0; blk < nblk; blk++) {
         const int c0 = blk * ENC_COLS, c1 = c0 + ENC_COLS < C ? c0 + ENC_COLS : C;
         for (int b = 0; b < B; b++)

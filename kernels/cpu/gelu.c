@@ -43,7 +43,7 @@ void loom_cpu_gelu_forward(float *out, const float *inp, size_t n)
 {
     /* out (n), inp (n) */
     const size_t nchunk = (n + GELU_CHUNK - 1) / GELU_CHUNK;
-#pragma omp parallel for schedule(static) if (nchunk > 1)
+#pragma omp parallel for schedule(static) if (n > LOOM_CPU_PAR_MIN)
     for (size_t c = 0; c < nchunk; c++) {
         const size_t i0 = c * GELU_CHUNK, len = n - i0 < GELU_CHUNK ? n - i0 : GELU_CHUNK;
         gelu_forward_range(out + i0, inp + i0, len);
@@ -54,7 +54,7 @@ void loom_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, si
 {
     /* dinp (n) =, inp (n), dout (n) */
     const size_t nchunk = (n + GELU_CHUNK - 1) / GELU_CHUNK;
-#pragma omp parallel for schedule(static) if (nchunk > 1)
+#pragma omp parallel for schedule(static) if (n > LOOM_CPU_PAR_MIN)
     for (size_t c = 0; c < nchunk; c++) {
         const size_t i0 = c * GELU_CHUNK, len = n - i0 < GELU_CHUNK ? n - i0 : GELU_CHUNK;
         gelu_backward_range(dinp + i0, inp + i0, dout + i0, len);

@@ -21,6 +21,7 @@
  * step); if one cannot be allocated, the call falls back to a plain triple loop.
  */
 #include "cpu_kernels.h"
+#include "cpu_common.h"
 
 #include <math.h>
 #include <omp.h>
@@ -172,7 +173,7 @@ static void scale_c(float *C, int ldc, int M, int N, float beta)
 {
     if (beta == 1.0f)
         return;
-#pragma omp parallel for schedule(static) if ((size_t)M * N > 65536)
+#pragma omp parallel for schedule(static) if ((size_t)M * N > LOOM_CPU_PAR_MIN)
     for (int i = 0; i < M; i++) {
         float *row = C + (size_t)i * ldc;
         if (beta == 0.0f)
@@ -206,7 +207,11 @@ void loom_cpu_sgemm_fallback(int ta, int tb, int M, int N, int K, float alpha, c
         return;
 
     const micro_kernel_fn kernel = pick_micro_kernel();
-    const int nth = omp_in_parallel() ? 1 : omp_get_max_threads();
+    /* one thread inside a parallel region (attention's per-head products) or for a product
+     * too small to pay for waking the team */
+    const int nth = omp_in_parallel() || (double)M * N * K < 8.0 * LOOM_CPU_PAR_MIN
+                        ? 1
+                        : omp_get_max_threads();
     /* Rows per A block: enough blocks to keep every thread busy, at most MC_MAX. */
     int mc = (M + nth - 1) / nth;
     mc = (mc + MR - 1) / MR * MR;

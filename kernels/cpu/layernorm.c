@@ -11,6 +11,7 @@
  * depend on the thread count. The variance is two-pass (no E[x^2] - E[x]^2 cancellation).
  */
 #include "cpu_kernels.h"
+#include "cpu_common.h"
 
 #include <math.h>
 
@@ -21,7 +22,7 @@ void loom_cpu_layernorm_forward(float *out, float *mean, float *rstd, const floa
                                 const float *weight, const float *bias, int B, int T, int C)
 {
     /* out (B,T,C), mean (B,T), rstd (B,T), inp (B,T,C), weight (C), bias (C) */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)B * T * C > LOOM_CPU_PAR_MIN)
     for (int bt = 0; bt < B * T; bt++) {
         const float *x = inp + (size_t)bt * C;
         float *o = out + (size_t)bt * C;
@@ -50,7 +51,7 @@ void loom_cpu_layernorm_backward(float *dinp, float *dweight, float *dbias, cons
      * weight (C), mean (B,T), rstd (B,T) */
     const int BT = B * T, nblk = (C + LN_COLS - 1) / LN_COLS;
     /* Parameter gradients first, so that dinp may even alias dout. */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)B * T * C > LOOM_CPU_PAR_MIN)
     for (int blk = 0; blk < nblk; blk++) {
         const int c0 = blk * LN_COLS, c1 = c0 + LN_COLS < C ? c0 + LN_COLS : C;
         for (int bt = 0; bt < BT; bt++) {
@@ -61,7 +62,7 @@ void loom_cpu_layernorm_backward(float *dinp, float *dweight, float *dbias, cons
             }
         }
     }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)B * T * C > LOOM_CPU_PAR_MIN)
     for (int bt = 0; bt < BT; bt++) {
         const float *x = inp + (size_t)bt * C, *d = dout + (size_t)bt * C;
         float *dx = dinp + (size_t)bt * C;

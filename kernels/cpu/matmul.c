@@ -12,6 +12,7 @@
  * for any thread count.
  */
 #include "cpu_kernels.h"
+#include "cpu_common.h"
 
 #include <string.h>
 
@@ -23,7 +24,7 @@ void loom_cpu_matmul_forward(float *out, const float *inp, const float *weight, 
     /* out (B,T,OC), inp (B,T,C), weight (OC,C), bias (OC) or NULL */
     const int BT = B * T;
     if (bias) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)BT * OC > LOOM_CPU_PAR_MIN)
         for (int bt = 0; bt < BT; bt++)
             memcpy(out + (size_t)bt * OC, bias, (size_t)OC * sizeof(float));
     }
@@ -42,7 +43,7 @@ void loom_cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const f
     if (!dbias)
         return;
     const int nblk = (OC + MM_COLS - 1) / MM_COLS;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)BT * OC > LOOM_CPU_PAR_MIN)
     for (int blk = 0; blk < nblk; blk++) {
         const int o0 = blk * MM_COLS, o1 = o0 + MM_COLS < OC ? o0 + MM_COLS : OC;
         float acc[MM_COLS] = {0};

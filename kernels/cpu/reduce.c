@@ -9,6 +9,7 @@
  * None of these functions has a gradient; scale changes x in place.
  */
 #include "cpu_kernels.h"
+#include "cpu_common.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -19,7 +20,7 @@ double loom_cpu_sum_squares(const float *x, size_t n)
 {
     /* x (n) */
     double part[RED_CHUNKS];
-#pragma omp parallel for schedule(static) if (n > 65536)
+#pragma omp parallel for schedule(static) if (n > LOOM_CPU_PAR_MIN)
     for (int c = 0; c < RED_CHUNKS; c++) {
         const size_t i0 = n * c / RED_CHUNKS, i1 = n * (c + 1) / RED_CHUNKS;
         double s = 0.0;
@@ -38,7 +39,7 @@ int loom_cpu_has_nonfinite(const float *x, size_t n)
 {
     /* x (n). A float is inf or nan exactly when its exponent bits are all ones. */
     int found = 0;
-#pragma omp parallel for schedule(static) reduction(| : found) if (n > 65536)
+#pragma omp parallel for schedule(static) reduction(| : found) if (n > LOOM_CPU_PAR_MIN)
     for (int c = 0; c < RED_CHUNKS; c++) {
         const size_t i0 = n * c / RED_CHUNKS, i1 = n * (c + 1) / RED_CHUNKS;
         uint32_t bad = 0;
@@ -56,7 +57,7 @@ int loom_cpu_has_nonfinite(const float *x, size_t n)
 void loom_cpu_scale(float *x, float s, size_t n)
 {
     /* x (n) *= s */
-#pragma omp parallel for simd schedule(static) if (n > 32768)
+#pragma omp parallel for simd schedule(static) if (n > LOOM_CPU_PAR_MIN)
     for (size_t i = 0; i < n; i++)
         x[i] *= s;
 }

@@ -6,6 +6,7 @@
 local schema = require "loom.schema"
 local overrides = require "loom.overrides"
 local lrmod = require "loom.lr"
+local json = require "loom.json"
 
 local spec = {
   model = { type = "table", required = true, help = "loom.gpt{...}" },
@@ -28,6 +29,8 @@ local spec = {
   sample = { type = "table", help = "{ every = N, prompt = \"...\", tokens = 200 }" },
   log = { type = "table", help = "{ every = 1 }" },
   on_step = { type = "function" },
+  checkpoint = { type = "table", help = "{ dir = \"ckpt\", every = N, keep = K }" },
+  resume = { type = { "string", "boolean" }, help = "\"auto\" (newest checkpoint in checkpoint.dir) or a checkpoint path" },
   name = { type = "string" },
 }
 local batch_spec = {
@@ -44,6 +47,10 @@ local sample_spec = {
   temperature = { type = "positive" }, top_k = { type = "integer", min = 0 }, seed = { type = "integer", min = 0 },
 }
 local log_spec = { every = { type = "integer", min = 1 } }
+local checkpoint_spec = {
+  dir = { type = "string", required = true }, every = { type = "integer", min = 1 },
+  keep = { type = "integer", min = 0, help = "checkpoints kept, newest first; 0 keeps all" },
+}
 
 local function human(n)
   if n >= 1e9 then return string.format("%.2fB", n / 1e9) end
@@ -82,6 +89,10 @@ local function check(t, where, origin)
   if t.eval then schema.check(t.eval, eval_spec, "eval", where, origin) end
   if t.sample then schema.check(t.sample, sample_spec, "sample", where, origin) end
   if t.log then schema.check(t.log, log_spec, "log", where, origin) end
+  if t.checkpoint then schema.check(t.checkpoint, checkpoint_spec, "checkpoint", where, origin) end
+  if t.resume == "auto" and not t.checkpoint then
+    schema.fail(where, "resume=\"auto\" needs checkpoint = { dir = ... } to look in")
+  end
   if t.model.kind ~= "gpt" then schema.fail(where, "model must come from loom.gpt{...}") end
   if t.batch.seq > t.model.ctx then
     schema.fail(where, "batch.seq=%d is longer than the model's ctx=%d", t.batch.seq, t.model.ctx)
@@ -130,9 +141,32 @@ return function(loom)
       loom.version, human(info.params), t.model.layers, t.model.heads, t.model.dim, t.model.vocab,
       t.model.ctx, t.batch.micro, t.batch.seq, accum, opt.name, info.backend))
 
+    -- Resume: the newest complete checkpoint (auto) or the one named; exact by design:
+    -- weights, optimizer state, step, precision state and data position all come back.
+    local start = 0
+    if t.resume then
+      local path = t.resume
+      if t.resume == "auto" then path = loom.core.find_checkpoint(t.checkpoint.dir) end
+      if path then
+        local ok, info = pcall(session.load, session, path, data)
+        if not ok then schema.fail(where, "cannot resume: %s", info) end
+        start = info.step
+        print(string.format("resumed from %s at step %d", path, start))
+      else
+        print(string.format("no checkpoint in %s yet: starting at step 1", t.checkpoint.dir))
+      end
+    end
+    local config_json = json.encode(t)
+    local function save(step)
+      local ok, path = pcall(session.save, session, t.checkpoint.dir,
+        { step = step, config_json = config_json, data = data, keep = t.checkpoint.keep or 0 })
+      if not ok then schema.fail(where, "checkpoint at step %d failed: %s", step, path) end
+      return path
+    end
+
     local every = t.log and t.log.every or 1
-    local summary = { losses = {} }
-    for step = 1, t.steps do
+    local summary = { losses = {}, start = start }
+    for step = start + 1, t.steps do
       local lr = lr_of(step)
       if type(lr) ~= "number" or lr ~= lr or lr < 0 then
         schema.fail(where, "lr schedule returned %s at step %d (want a number >= 0)", tostring(lr), step)
@@ -140,7 +174,7 @@ return function(loom)
       local r = session:step(data, lr)
       r.step = step
       r.tokens_per_s = r.tokens / (r.ms / 1000)
-      summary.losses[step] = r.loss
+      summary.losses[#summary.losses + 1] = r.loss
       if step % every == 0 or step == t.steps then print(progress_line(r, t.steps)) end
       if t.eval and (step % t.eval.every == 0 or step == t.steps) then
         r.val_loss = session:eval(data, t.eval.batches or 10)
@@ -152,7 +186,11 @@ return function(loom)
           tokens = t.sample.tokens or 128, temperature = t.sample.temperature,
           top_k = t.sample.top_k, seed = t.sample.seed })
       end
-      if t.on_step and t.on_step(r) == false then break end
+      local stop = t.on_step and t.on_step(r) == false
+      if t.checkpoint and t.checkpoint.every and (step % t.checkpoint.every == 0 or step == t.steps or stop) then
+        save(step)
+      end
+      if stop then break end
     end
     summary.final_loss = summary.losses[#summary.losses]
     return session, summary

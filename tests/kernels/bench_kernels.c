@@ -191,6 +191,16 @@ static void bench_step(const char *name, int B, int T, int C, int NH, int L, int
     free(dln), free(dqkv), free(dbig), free(dge), free(tmp), free(targets);
 }
 
+/* Is word one of the space-separated words of list? */
+static int has(const char *list, const char *word)
+{
+    const size_t n = strlen(word);
+    for (const char *p = strstr(list, word); p; p = strstr(p + 1, word))
+        if ((p == list || p[-1] == ' ') && (p[n] == ' ' || p[n] == '\0'))
+            return 1;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     char desc[400];
@@ -198,10 +208,10 @@ int main(int argc, char **argv)
     const char *want = argc > 2 ? argv[2] : "square tiny small kernels tinystep smallstep";
     const int rc = loom_cpu_blas_init(threads, desc, sizeof desc);
     printf("%s (init rc %d; fallback isa %s)\n\n", desc, rc, loom_cpu_sgemm_fallback_isa());
-    const int gemms = strstr(want, "square") || strstr(want, "tiny ") || strstr(want, "small ");
+    const int gemms = has(want, "square") || has(want, "tiny") || has(want, "small");
     const size_t big = gemms ? (size_t)50304 * 1536 : 1;
     float *A = buf(big), *B = buf(big), *C = buf(gemms ? (size_t)50304 * 1024 : 1);
-    if (strstr(want, "square")) {
+    if (has(want, "square")) {
         const shape sq = {0, 0, 1024, 1024, 1024};
         for (int fb = 0; fb < 2; fb++) {
             double ms = time_gemm(fb, sq, A, B, C);
@@ -210,15 +220,15 @@ int main(int argc, char **argv)
         }
         printf("\n");
     }
-    if (strstr(want, "tiny"))
+    if (has(want, "tiny"))
         bench_config("tiny", 8 * 64, 128, 256, A, B, C);
-    if (strstr(want, "small"))
+    if (has(want, "small"))
         bench_config("small", 4 * 256, 384, 50304, A, B, C);
-    if (strstr(want, "tinystep"))
+    if (has(want, "tinystep"))
         bench_step("tiny", 8, 64, 128, 4, 4, 256, 256);
-    if (strstr(want, "smallstep"))
+    if (has(want, "smallstep"))
         bench_step("small", 4, 256, 384, 6, 6, 50257, 50304);
-    if (strstr(want, "kernels")) {
+    if (has(want, "kernels")) {
         bench_kernels("tiny", 8, 64, 128, 4, 256, 256);
         bench_kernels("small", 4, 256, 384, 6, 50257, 50304);
     }

@@ -1,7 +1,8 @@
-/* cli.c — the `loom` program: run a recipe, list plugins.
+/* cli.c — the `loom` program: run a recipe, list plugins, plot a run's metrics.
  *
  *   loom run RECIPE [key=value ...]   run a Lua recipe; key=value overrides recipe fields
  *   loom plugins                      list every plugin found, and every file refused
+ *   loom plot METRICS.jsonl [-o SVG]  plot a run's metrics file (loss, tokens/s, lr)
  *   loom version
  *
  * The Lua library is found in LOOM_LUA_PATH (if set), else next to the sources when this
@@ -43,6 +44,7 @@ static int usage(FILE *out)
     fputs("usage: loom run RECIPE [key=value ...]   train/run a Lua recipe; key=value overrides\n"
           "                                         any recipe field (batch.micro=8, steps=20)\n"
           "       loom plugins                      list the plugins found and where\n"
+          "       loom plot METRICS.jsonl [-o SVG]  plot loss, tokens/s and lr against step\n"
           "       loom version\n",
           out);
     return out == stderr ? 2 : 0;
@@ -137,6 +139,25 @@ static int cmd_plugins(void)
     return rc;
 }
 
+/* `loom plot ARGS...`: require('loom.cli').plot({ARGS...}); the Lua side parses them. */
+static int cmd_plot(int argc, char **argv)
+{
+    lua_State *L = new_state();
+    if (!L)
+        return 1;
+    int rc = 1;
+    if (luaL_loadstring(L, "require('loom.cli').plot(...)") == LUA_OK) {
+        lua_createtable(L, argc, 0);
+        for (int i = 0; i < argc; i++) {
+            lua_pushstring(L, argv[i]);
+            lua_rawseti(L, -2, i + 1);
+        }
+        rc = run_protected(L, 1);
+    }
+    lua_close(L);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -147,6 +168,8 @@ int main(int argc, char **argv)
         return cmd_run(argc - 2, argv + 2);
     if (strcmp(cmd, "plugins") == 0)
         return cmd_plugins();
+    if (strcmp(cmd, "plot") == 0)
+        return cmd_plot(argc - 2, argv + 2);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("loom %s\n", LOOM_VERSION_STRING);
         return 0;

@@ -2,8 +2,8 @@
  *
  * A source has a train and a val split and hands out (B,T) batches of tokens with their
  * targets. Its reading position is a few opaque 64-bit words (get_state/set_state) so a
- * checkpoint can restore it exactly. Sources: text (data_text.c), random (data_random.c);
- * llm.c token shards come next.
+ * checkpoint can restore it exactly. Sources: text (data_text.c), synthetic tokens
+ * (data.c) and llm.c token shards (data_shards.c).
  */
 #ifndef LOOM_CORE_DATA_H
 #define LOOM_CORE_DATA_H

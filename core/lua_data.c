@@ -1,10 +1,13 @@
 /* lua_data.c — data sources as Lua userdata ("loom.Data"): core.text_data,
- * core.random_data, and methods size, vocab, state, set_state, rewind, close.
+ * core.random_data, core.shard_data (and core.glob_count, to resolve shard globs), and
+ * methods size, vocab, state, set_state, rewind, close.
  * Created with a closed handle and their metatable before the source is opened. */
+#include <glob.h>
 #include <lauxlib.h>
 #include <lua.h>
 #include <string.h>
 
+#include "data_shards.h"
 #include "lua_loom.h"
 #include "status.h"
 
@@ -58,6 +61,34 @@ static int l_random_data(lua_State *L)
     loom_data *d = new_box(L);
     if (loom_data_open_random((int)vocab, seed, d) != LOOM_OK)
         return raise_status(L);
+    return 1;
+}
+
+/* core.shard_data(train_glob, val_glob, shuffle, seed): llm.c token shards; val_glob may
+ * be nil */
+static int l_shard_data(lua_State *L)
+{
+    const char *train = luaL_checkstring(L, 1);
+    const char *val = luaL_optstring(L, 2, NULL);
+    int shuffle = lua_toboolean(L, 3);
+    uint64_t seed = (uint64_t)luaL_optinteger(L, 4, 0);
+    loom_data *d = new_box(L);
+    if (loom_data_open_shards(train, val, shuffle, seed, d) != LOOM_OK)
+        return raise_status(L);
+    return 1;
+}
+
+/* core.glob_count(pattern) -> how many paths match (0 also when unreadable: the opener
+ * then reports it with context) */
+static int l_glob_count(lua_State *L)
+{
+    const char *pattern = luaL_checkstring(L, 1);
+    glob_t g;
+    size_t n = 0;
+    if (glob(pattern, 0, NULL, &g) == 0)
+        n = g.gl_pathc;
+    globfree(&g); /* glob sets gl_pathv (NULL or allocated) on every return */
+    lua_pushinteger(L, (lua_Integer)n);
     return 1;
 }
 
@@ -147,4 +178,8 @@ void loom_lua_open_data(lua_State *L)
     lua_setfield(L, -2, "text_data");
     lua_pushcfunction(L, l_random_data);
     lua_setfield(L, -2, "random_data");
+    lua_pushcfunction(L, l_shard_data);
+    lua_setfield(L, -2, "shard_data");
+    lua_pushcfunction(L, l_glob_count);
+    lua_setfield(L, -2, "glob_count");
 }

@@ -17,7 +17,7 @@
 #include "session.h"
 #include "status.h"
 
-#define SESSION_MT "loom.Session"
+#define SESSION_MT LOOM_SESSION_MT
 
 static int raise_plain(lua_State *L, const char *msg)
 {
@@ -246,6 +246,14 @@ static session_box *check_session(lua_State *L)
     return b;
 }
 
+loom_session *loom_lua_check_session(lua_State *L, int idx)
+{
+    session_box *b = luaL_checkudata(L, idx, SESSION_MT);
+    if (!b->s)
+        luaL_error(L, "session is closed");
+    return b->s;
+}
+
 static void set_num(lua_State *L, const char *k, double v)
 {
     lua_pushnumber(L, v);
@@ -391,6 +399,9 @@ int luaopen_loom_core(lua_State *L)
     new_class(L, SESSION_MT, session_methods, l_session_close);
     luaL_newlib(L, core_funcs);
     loom_lua_open_data(L);
+    loom_lua_open_checkpoint(L);
+    loom_lua_open_llmc(L);
+    loom_lua_open_sys(L);
     lua_pushstring(L, LOOM_VERSION_STRING);
     lua_setfield(L, -2, "version");
     return 1;

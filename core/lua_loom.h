@@ -5,6 +5,9 @@
 #include <lua.h>
 
 #include "data.h"
+#include "session.h"
+
+#define LOOM_SESSION_MT "loom.Session"
 
 int luaopen_loom_core(lua_State *L);
 
@@ -13,5 +16,14 @@ int luaopen_loom_core(lua_State *L);
 void loom_lua_open_data(lua_State *L);
 /* The data source at idx (a "loom.Data"), raising a Lua error if it is not one. */
 loom_data *loom_lua_check_data(lua_State *L, int idx);
+/* The open session at idx (a "loom.Session"), raising a Lua error if not one or closed. */
+loom_session *loom_lua_check_session(lua_State *L, int idx);
+/* lua_checkpoint.c: session:save, session:load and core.find_checkpoint, into the table
+ * on top of the stack; call after the session class exists. */
+void loom_lua_open_checkpoint(lua_State *L);
+/* lua_llmc.c: core.llmc_config, core.llmc_load, core.llmc_save into the table on top. */
+void loom_lua_open_llmc(lua_State *L);
+/* lua_sys.c: register core.isatty, core.peak_rss, core.now, core.mkdir_p into the table on top. */
+void loom_lua_open_sys(lua_State *L);
 
 #endif

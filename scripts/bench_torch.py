@@ -54,30 +54,21 @@ def tune_environment():
     (Debian torch 1.13: GNU OpenMP for intra-op work + pthreads OpenBLAS for GEMMs).
     An explicit setting in the caller's environment always wins.
 
-    - GOMP_SPINCOUNT: libgomp workers spin ~0.3 s after each parallel region by
-      default; with OpenBLAS's own threads on the same 2 cores that spinning starves
-      the GEMMs (F.linear ran at ~16 GFLOP/s instead of ~200). A short spin keeps
-      back-to-back elementwise ops cheap without stealing the BLAS threads' cores.
-    - glibc.malloc.hugetlb=1: large tensors (the (B*T, Vp) logits are ~200 MB) are
-      mmap'd fresh each step; transparent huge pages cut the page-fault cost and its
-      run-to-run noise (cross-entropy fwd+bwd ~2-4x faster at Vp=50304).
-    glibc reads GLIBC_TUNABLES only at process start, hence the one re-exec.
+    GOMP_SPINCOUNT: libgomp workers spin for a long time after each parallel region
+    by default; with OpenBLAS's own threads on the same 2 cores that spinning starves
+    the GEMMs (F.linear ran at ~16 GFLOP/s instead of ~200, the whole tiny step
+    2.5x slower). A short spin keeps back-to-back elementwise ops cheap without
+    stealing the BLAS threads' cores. libgomp reads it when torch loads it.
+
+    (Tried and rejected: GLIBC_TUNABLES=glibc.malloc.hugetlb=1 for the ~200 MB
+    logits: faster in isolation, but slower and very noisy over a training run.)
     """
-    env = dict(os.environ)
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        env.setdefault(var, str(args.threads))
-    env.setdefault("GOMP_SPINCOUNT", "10000")
-    if (__name__ == "__main__" and "GLIBC_TUNABLES" not in env
-            and env.get("LOOM_BENCH_REEXEC") != "1"):
-        env["GLIBC_TUNABLES"] = "glibc.malloc.hugetlb=1"
-        env["LOOM_BENCH_REEXEC"] = "1"
-        argv = getattr(sys, "orig_argv", None) or [sys.executable] + sys.argv
-        sys.stdout.flush()
-        os.execve(sys.executable, argv, env)
-    os.environ.update(env)
+        os.environ.setdefault(var, str(args.threads))
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 
-# Thread pools and the allocator read these at load time: before importing torch.
+# Thread pools read these at load time: before importing torch.
 tune_environment()
 
 import torch  # noqa: E402

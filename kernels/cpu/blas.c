@@ -25,6 +25,7 @@
  * that runs the kernels.
  */
 #include "cpu_kernels.h"
+#include "cpu_common.h"
 
 #include <dlfcn.h>
 #include <math.h>
@@ -64,9 +65,11 @@ static struct {
     int threads;                /* requested by loom_cpu_blas_init, 0 before */
     cblas_sgemm_fn sgemm;       /* NULL: loom_cpu_sgemm_fallback */
     set_threads_fn set_threads; /* openblas_set_num_threads, if present */
+    int split;                  /* OpenBLAS not built with OpenMP: it runs on one thread and
+                                 * loom splits each product over its own OpenMP threads */
     int status;                 /* 0, or -1 if even the fallback failed its check */
     char what[320];             /* the description, less " threads=N" */
-} g = {PTHREAD_ONCE_INIT, PTHREAD_MUTEX_INITIALIZER, 0, NULL, NULL, 0, ""};
+} g = {PTHREAD_ONCE_INIT, PTHREAD_MUTEX_INITIALIZER, 0, NULL, NULL, 0, 0, ""};
 
 /* The OPENBLAS_CORETYPE matching this CPU, or NULL to let OpenBLAS decide. */
 static const char *pick_coretype(const char **why)
@@ -87,24 +90,60 @@ static const char *pick_coretype(const char **why)
     return NULL;
 }
 
+static void cblas_call(int ta, int tb, int M, int N, int K, float alpha, const float *A,
+                       int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    g.sgemm(CBLAS_ROW_MAJOR, ta ? CBLAS_TRANS : CBLAS_NO_TRANS, tb ? CBLAS_TRANS : CBLAS_NO_TRANS,
+            M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+/* A pthread OpenBLAS has its own threads, which spin after each call while our OpenMP
+ * threads want the same cores (and the other way round): on 2 cores a training step ran
+ * 1.7x slower than with the OpenMP build. So such a library is kept on one thread and
+ * each product is cut into one slab of C per OpenMP thread, along the longer of M and N
+ * (slab edges on multiples of 16). */
+static void cblas_split(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                        const float *B, int ldb, float beta, float *C, int ldc)
+{
+    const int nth = omp_get_max_threads(), by_rows = M >= N, len = by_rows ? M : N;
+#pragma omp parallel for schedule(static) num_threads(nth)
+    for (int p = 0; p < nth; p++) {
+        const int s = (int)((long)len * p / nth) & ~15;
+        const int e = p == nth - 1 ? len : (int)((long)len * (p + 1) / nth) & ~15;
+        if (e <= s)
+            continue;
+        if (by_rows)
+            cblas_call(ta, tb, e - s, N, K, alpha, ta ? A + s : A + (size_t)s * lda, lda, B, ldb,
+                       beta, C + (size_t)s * ldc, ldc);
+        else
+            cblas_call(ta, tb, M, e - s, K, alpha, A, lda, tb ? B + (size_t)s * ldb : B + s, ldb,
+                       beta, C + s, ldc);
+    }
+}
+
 static void sgemm_dispatch(int ta, int tb, int M, int N, int K, float alpha, const float *A,
                            int lda, const float *B, int ldb, float beta, float *C, int ldc)
 {
-    if (g.sgemm)
-        g.sgemm(CBLAS_ROW_MAJOR, ta ? CBLAS_TRANS : CBLAS_NO_TRANS,
-                tb ? CBLAS_TRANS : CBLAS_NO_TRANS, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    else
+    if (!g.sgemm)
         loom_cpu_sgemm_fallback(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    else if (g.split && (double)M * N * K > 8.0 * LOOM_CPU_PAR_MIN && !omp_in_parallel() &&
+             omp_get_max_threads() > 1)
+        cblas_split(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    else
+        cblas_call(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 /* Runs the check cases through the current GEMM path. Returns 0, or -1 with why written. */
 static int verify(char *why, size_t len)
 {
+    /* All four transposes at odd sizes; one 256^3 (the size where blocking and threading
+     * start); beta 0 over NaN (C must not be read), beta 1 (accumulation). ~20 MFLOP of
+     * double reference: a few ms at start-up. */
     static const struct { int ta, tb, M, N, K; float alpha, beta; } cases[] = {
         {0, 0, 37, 53, 29, 0.75f, 0.5f},  {0, 1, 37, 53, 29, 0.75f, 0.5f},
         {1, 0, 37, 53, 29, 0.75f, 0.5f},  {1, 1, 37, 53, 29, 0.75f, 0.5f},
         {0, 1, 1, 7, 3, 1.0f, 1.0f},      {0, 1, 256, 256, 256, 1.0f, 0.0f},
-        {1, 0, 256, 256, 256, 1.0f, 1.0f}, {0, 0, 256, 256, 256, 1.0f, 0.0f},
+        {1, 0, 96, 128, 160, 1.0f, 1.0f}, {0, 0, 128, 96, 160, 1.0f, 0.0f},
     };
     const int pad = 3, maxd = 256 + pad;
     float *A = malloc(sizeof(float) * maxd * maxd), *B = malloc(sizeof(float) * maxd * maxd);
@@ -146,7 +185,7 @@ static void apply_threads(int n)
 {
     omp_set_num_threads(n);
     if (g.set_threads)
-        g.set_threads(n);
+        g.set_threads(g.split ? 1 : n);
 }
 
 /* Loads OpenBLAS into g, or explains in why (len bytes) why not. Returns 0 on success. */
@@ -201,7 +240,11 @@ static int load_openblas(char *why, size_t len)
             snprintf(version, sizeof version, "%.*s", n, s);
     }
     const int par = parallel ? parallel() : -1;
-    const char *variant = par == 2 ? "openmp" : par == 1 ? "pthread" : par == 0 ? "serial" : "?";
+    const char *variant = par == 2   ? "openmp"
+                          : par == 1 ? "pthread, split by loom"
+                          : par == 0 ? "serial, split by loom"
+                                     : "?, split by loom";
+    g.split = par != 2;
     const char *got = corename ? corename() : "?";
     char note[96];
     if (user_core && *user_core)
@@ -223,6 +266,7 @@ static void init_once(void)
             return;
         g.sgemm = NULL; /* loaded but wrong: fall back */
         g.set_threads = NULL;
+        g.split = 0;
     }
     char fail[160];
     int rc = verify(fail, sizeof fail);

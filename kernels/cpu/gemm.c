@@ -40,11 +40,13 @@ typedef float v16 __attribute__((vector_size(64)));
 typedef float v16u __attribute__((vector_size(64), aligned(4))); /* unaligned access to C */
 
 /* C (m x n valid part of an MR x NR tile, leading dim ldc) += A sliver (kc x MR, packed
- * k-major) @ B sliver (kc x NR, packed k-major). always_inline so each target-specific
- * wrapper below gets its own vectorised copy. */
+ * k-major) @ B sliver (kc x NR, packed k-major); with store set, = instead of += (the first
+ * K-slice of a beta-0 product: C is never read, so it needs no zeroing pass and NaNs in it
+ * do not leak). always_inline so each target-specific wrapper below gets its own
+ * vectorised copy. */
 static inline __attribute__((always_inline)) void
 micro_kernel_body(int kc, const float *restrict a, const float *restrict b, float *restrict c,
-                  int ldc, int m, int n)
+                  int ldc, int m, int n, int store)
 {
     v16 acc[MR][2];
     for (int i = 0; i < MR; i++)
@@ -54,12 +56,20 @@ micro_kernel_body(int kc, const float *restrict a, const float *restrict b, floa
         const v16 b1 = *(const v16 *)(b + (size_t)p * NR + 16);
 #pragma GCC unroll 8
         for (int i = 0; i < MR; i++) {
-            const v16 ai = (v16){0} + a[p * MR + i]; /* broadcast */
+            const float x = a[p * MR + i];
+            /* broadcast (not (v16){0} + x: adding 0 is an add to keep, since -0 + 0 = +0) */
+            const v16 ai = {x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
             acc[i][0] += ai * b0;
             acc[i][1] += ai * b1;
         }
     }
-    if (m == MR && n == NR) {
+    if (m == MR && n == NR && store) {
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; i++) {
+            *(v16u *)(c + (size_t)i * ldc) = acc[i][0];
+            *(v16u *)(c + (size_t)i * ldc + 16) = acc[i][1];
+        }
+    } else if (m == MR && n == NR) {
 #pragma GCC unroll 8
         for (int i = 0; i < MR; i++) {
             *(v16u *)(c + (size_t)i * ldc) += acc[i][0];
@@ -68,28 +78,30 @@ micro_kernel_body(int kc, const float *restrict a, const float *restrict b, floa
     } else {
         for (int i = 0; i < m; i++)
             for (int j = 0; j < n; j++)
-                c[(size_t)i * ldc + j] += acc[i][j / 16][j % 16];
+                c[(size_t)i * ldc + j] = acc[i][j / 16][j % 16] + (store ? 0.0f : c[(size_t)i * ldc + j]);
     }
 }
 
-typedef void (*micro_kernel_fn)(int, const float *, const float *, float *, int, int, int);
+typedef void (*micro_kernel_fn)(int, const float *, const float *, float *, int, int, int, int);
 
 #if defined(__x86_64__) || defined(__i386__)
 __attribute__((target("avx512f,fma"))) static void
-micro_kernel_avx512(int kc, const float *a, const float *b, float *c, int ldc, int m, int n)
+micro_kernel_avx512(int kc, const float *a, const float *b, float *c, int ldc, int m, int n,
+                    int store)
 {
-    micro_kernel_body(kc, a, b, c, ldc, m, n);
+    micro_kernel_body(kc, a, b, c, ldc, m, n, store);
 }
 __attribute__((target("avx2,fma"))) static void
-micro_kernel_avx2(int kc, const float *a, const float *b, float *c, int ldc, int m, int n)
+micro_kernel_avx2(int kc, const float *a, const float *b, float *c, int ldc, int m, int n,
+                    int store)
 {
-    micro_kernel_body(kc, a, b, c, ldc, m, n);
+    micro_kernel_body(kc, a, b, c, ldc, m, n, store);
 }
 #endif
 static void micro_kernel_base(int kc, const float *a, const float *b, float *c, int ldc, int m,
-                              int n)
+                              int n, int store)
 {
-    micro_kernel_body(kc, a, b, c, ldc, m, n);
+    micro_kernel_body(kc, a, b, c, ldc, m, n, store);
 }
 
 static micro_kernel_fn pick_micro_kernel(void)
@@ -168,32 +180,27 @@ static void pack_b_sliver(float *restrict dst, const float *B, int ldb, int tb, 
     }
 }
 
-/* C = beta * C over the M x N block (beta == 0 writes zeros, so NaNs in C do not leak). */
-static void scale_c(float *C, int ldc, int M, int N, float beta)
+/* Row i of C (N wide) = beta * row (beta == 0 writes zeros, so NaNs in C do not leak). */
+static void scale_row(float *row, int N, float beta)
 {
-    if (beta == 1.0f)
-        return;
-#pragma omp parallel for schedule(static) if ((size_t)M * N > LOOM_CPU_PAR_MIN)
-    for (int i = 0; i < M; i++) {
-        float *row = C + (size_t)i * ldc;
-        if (beta == 0.0f)
-            memset(row, 0, (size_t)N * sizeof(float));
-        else
-            for (int j = 0; j < N; j++)
-                row[j] *= beta;
-    }
+    if (beta == 0.0f)
+        memset(row, 0, (size_t)N * sizeof(float));
+    else if (beta != 1.0f)
+        for (int j = 0; j < N; j++)
+            row[j] *= beta;
 }
 
 /* Last resort when pack buffers cannot be had: correct, slow, single-threaded. */
 static void sgemm_unblocked(int ta, int tb, int M, int N, int K, float alpha, const float *A,
-                            int lda, const float *B, int ldb, float *C, int ldc)
+                            int lda, const float *B, int ldb, float beta, float *C, int ldc)
 {
     for (int i = 0; i < M; i++)
         for (int j = 0; j < N; j++) {
             float s = 0.0f;
             for (int p = 0; p < K; p++)
                 s += op_at(A, lda, ta, i, p) * op_at(B, ldb, tb, p, j);
-            C[(size_t)i * ldc + j] += alpha * s;
+            float *c = &C[(size_t)i * ldc + j];
+            *c = alpha * s + (beta == 0.0f ? 0.0f : beta * *c);
         }
 }
 
@@ -202,9 +209,12 @@ void loom_cpu_sgemm_fallback(int ta, int tb, int M, int N, int K, float alpha, c
 {
     if (M <= 0 || N <= 0)
         return;
-    scale_c(C, ldc, M, N, beta);
-    if (K <= 0 || alpha == 0.0f)
+    if (K <= 0 || alpha == 0.0f) {
+#pragma omp parallel for schedule(static) if ((size_t)M * N > LOOM_CPU_PAR_MIN)
+        for (int i = 0; i < M; i++)
+            scale_row(C + (size_t)i * ldc, N, beta);
         return;
+    }
 
     const micro_kernel_fn kernel = pick_micro_kernel();
     /* one thread inside a parallel region (attention's per-head products) or for a product
@@ -221,7 +231,7 @@ void loom_cpu_sgemm_fallback(int ta, int tb, int M, int N, int K, float alpha, c
     const int ncap = N < NC ? N : NC;
     float *bp = thread_buffer(0, (size_t)KC * ((ncap + NR - 1) / NR * NR));
     if (!bp) {
-        sgemm_unblocked(ta, tb, M, N, K, alpha, A, lda, B, ldb, C, ldc);
+        sgemm_unblocked(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
     int failed = 0;
@@ -234,6 +244,12 @@ void loom_cpu_sgemm_fallback(int ta, int tb, int M, int N, int K, float alpha, c
             failed = 1;
         }
 #pragma omp barrier
+        /* C = beta C first, unless beta is 0 (the first K-slice stores) or 1 */
+        if (!failed && beta != 0.0f && beta != 1.0f) {
+#pragma omp for schedule(static)
+            for (int i = 0; i < M; i++)
+                scale_row(C + (size_t)i * ldc, N, beta);
+        }
         for (int jc = 0; jc < N && !failed; jc += NC) {
             const int nc = N - jc < NC ? N - jc : NC;
             const int n_js = (nc + NR - 1) / NR;
@@ -262,7 +278,8 @@ void loom_cpu_sgemm_fallback(int ta, int tb, int M, int N, int K, float alpha, c
                         for (int is = 0; is < mcc; is += MR) {
                             const int mr = mcc - is < MR ? mcc - is : MR;
                             kernel(kc, ap + (size_t)is * kc, bs,
-                                   C + (size_t)(ic + is) * ldc + jc + js * NR, ldc, mr, nr);
+                                   C + (size_t)(ic + is) * ldc + jc + js * NR, ldc, mr, nr,
+                                   beta == 0.0f && pc == 0);
                         }
                     }
                 }
@@ -270,8 +287,8 @@ void loom_cpu_sgemm_fallback(int ta, int tb, int M, int N, int K, float alpha, c
         }
     }
     if (failed) /* a thread had no pack buffer: every thread stopped at the barrier, before
-                 * adding anything to C */
-        sgemm_unblocked(ta, tb, M, N, K, alpha, A, lda, B, ldb, C, ldc);
+                 * touching C */
+        sgemm_unblocked(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 double loom_cpu_sgemm_check(int ta, int tb, int M, int N, int K, float alpha, const float *A,

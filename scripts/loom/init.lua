@@ -14,6 +14,35 @@ local schema = require "loom.schema"
 local loom = { core = core, version = core.version }
 loom.lr = require "loom.lr"
 
+-- The recipe's directory (nil when unknown): relative paths are tried from it second.
+local function recipe_dir()
+  return arg and arg[0] and arg[0]:match("^(.*)/[^/]*$") or nil
+end
+
+-- A relative data path is taken from the working directory, else from the recipe's own
+-- directory, so `loom run scripts/recipes/x.lua` works from anywhere.
+local function find_file(path, where, what)
+  local f = io.open(path, "rb")
+  if f then f:close(); return path end
+  local dir = recipe_dir()
+  if path:sub(1, 1) ~= "/" and dir then
+    local alt = dir .. "/" .. path
+    f = io.open(alt, "rb")
+    if f then f:close(); return alt end
+  end
+  schema.fail(where, "%s '%s' not found (relative paths are tried from the working "
+    .. "directory, then from the recipe's directory)", what or "data file", path)
+end
+
+-- A glob, resolved as find_file resolves a path; one that matches nothing is returned
+-- as given, for the opener to refuse with context.
+local function find_glob(pattern)
+  if pattern:sub(1, 1) == "/" or core.glob_count(pattern) > 0 then return pattern end
+  local dir = recipe_dir()
+  if dir and core.glob_count(dir .. "/" .. pattern) > 0 then return dir .. "/" .. pattern end
+  return pattern
+end
+
 local gpt_spec = {
   vocab = { type = "integer", min = 2, required = true, help = "tokens in the vocabulary" },
   vocab_padded = { type = "integer", min = 2, help = "pad the embedding to this many rows for speed" },
@@ -21,11 +50,35 @@ local gpt_spec = {
   layers = { type = "integer", min = 1, required = true },
   heads = { type = "integer", min = 1, required = true },
   dim = { type = "integer", min = 1, required = true, help = "model width C" },
+  init = { type = "string", help = "an llm.c model file: gives the shape keys left out, and "
+    .. "the weights the session starts from" },
 }
 
--- loom.gpt{vocab, ctx, layers, heads, dim [, vocab_padded]}: a GPT-2 model description.
+-- loom.gpt{init = "gpt2_124M.bin", ...}: the shape comes from the llm.c file where the
+-- recipe leaves it out and must match where it gives it; loom.session loads the weights.
+local function with_llmc_shape(t, where)
+  local path = find_file(t.init, where, "llm.c model file")
+  local ok, f = pcall(core.llmc_config, path)
+  if not ok then schema.fail(where, "%s", f) end
+  local m = {}
+  for k, v in pairs(t) do m[k] = v end
+  for _, k in ipairs { "vocab", "vocab_padded", "ctx", "layers", "heads", "dim" } do
+    if m[k] == nil then
+      m[k] = f[k]
+    elseif m[k] ~= f[k] then
+      schema.fail(where, "loom.gpt %s=%s differs from the llm.c model '%s' (%s=%d); leave it "
+        .. "out to take the file's", k, tostring(m[k]), path, k, f[k])
+    end
+  end
+  m.init = path
+  return m
+end
+
+-- loom.gpt{vocab, ctx, layers, heads, dim [, vocab_padded] [, init]}: a GPT-2 model
+-- description.
 function loom.gpt(t)
   local where = schema.where()
+  if type(t) == "table" and type(t.init) == "string" then t = with_llmc_shape(t, where) end
   schema.check(t, gpt_spec, "loom.gpt", where)
   if t.dim % t.heads ~= 0 then
     local ok = {}
@@ -50,6 +103,22 @@ function loom.data.text(t)
   return { kind = "text", path = t.path, val_fraction = t.val_fraction or 0.1 }
 end
 
+local shards_spec = {
+  train = { type = "string", required = true, help = "a glob of llm.c token shards, e.g. "
+    .. "\"data/train_*.bin\"" },
+  val = { type = "string", help = "a glob of llm.c token shards for evaluation" },
+  shuffle = { type = "boolean", help = "permute shards and their samples each epoch, seeded" },
+  seed = { type = "integer", min = 0 },
+}
+
+-- loom.data.shards{train=GLOB, val=GLOB, shuffle=false, seed=0}: llm.c token shards (uint16
+-- tokens after a 256-int32 header), read in llm.c's order.
+function loom.data.shards(t)
+  schema.check(t, shards_spec, "loom.data.shards", schema.where())
+  return { kind = "shards", train = t.train, val = t.val, shuffle = t.shuffle or false,
+    seed = t.seed or 0 }
+end
+
 -- loom.data.random{vocab, seed=0}: synthetic uniform tokens, for benchmarks and tests.
 function loom.data.random(t)
   schema.check(t, { vocab = { type = "integer", min = 2, required = true },
@@ -57,31 +126,21 @@ function loom.data.random(t)
   return { kind = "random", vocab = t.vocab, seed = t.seed or 0 }
 end
 
--- A relative data path is taken from the working directory, else from the recipe's own
--- directory, so `loom run scripts/recipes/x.lua` works from anywhere.
-local function find_file(path, where)
-  local f = io.open(path, "rb")
-  if f then f:close(); return path end
-  if path:sub(1, 1) ~= "/" and arg and arg[0] then
-    local dir = arg[0]:match("^(.*)/[^/]*$")
-    if dir then
-      local alt = dir .. "/" .. path
-      f = io.open(alt, "rb")
-      if f then f:close(); return alt end
-    end
-  end
-  schema.fail(where, "data file '%s' not found (relative paths are tried from the working "
-    .. "directory, then from the recipe's directory)", path)
-end
-
 -- Open a data description made by loom.data.*.
 function loom.open_data(d, where)
   where = where or schema.where()
-  if type(d) ~= "table" or (d.kind ~= "text" and d.kind ~= "random") then
-    schema.fail(where, "data must come from loom.data.text{...} or loom.data.random{...}")
+  if type(d) ~= "table" or (d.kind ~= "text" and d.kind ~= "random" and d.kind ~= "shards") then
+    schema.fail(where, "data must come from loom.data.text{...}, loom.data.shards{...} or "
+      .. "loom.data.random{...}")
   end
   if d.kind == "random" then return core.random_data(d.vocab, d.seed) end
-  local ok, data = pcall(core.text_data, find_file(d.path, where), d.val_fraction)
+  local ok, data
+  if d.kind == "shards" then
+    ok, data = pcall(core.shard_data, find_glob(d.train), d.val and find_glob(d.val), d.shuffle,
+      d.seed)
+  else
+    ok, data = pcall(core.text_data, find_file(d.path, where), d.val_fraction)
+  end
   if not ok then schema.fail(where, "%s", data) end
   return data
 end
@@ -135,6 +194,10 @@ function loom.session(t, where)
   }
   local ok, s = pcall(core.session, cfg)
   if not ok then schema.fail(where, "%s", s) end
+  if t.model.init then -- loom.gpt{init = ...}: start from the llm.c file's weights
+    local loaded, err = pcall(core.llmc_load, s, t.model.init)
+    if not loaded then s:close(); schema.fail(where, "%s", err) end
+  end
   return s
 end
 

@@ -7,10 +7,11 @@ local schema = require "loom.schema"
 local overrides = require "loom.overrides"
 local lrmod = require "loom.lr"
 local json = require "loom.json"
+local metrics = require "loom.metrics"
 
 local spec = {
   model = { type = "table", required = true, help = "loom.gpt{...}" },
-  data = { type = "table", required = true, help = "loom.data.text{...} or loom.data.random{...}" },
+  data = { type = "table", required = true, help = "loom.data.text{...}, loom.data.shards{...} or loom.data.random{...}" },
   optimizer = { type = { "string", "table" }, required = true, help = "{ \"adamw\", lr = 3e-4 }" },
   precision = { type = { "string", "table" }, help = "\"fp32\"" },
   lr = { type = { "number", "table", "function" }, help = "a number, loom.lr.cosine{...} or function(step)" },
@@ -27,7 +28,8 @@ local spec = {
   deterministic = { type = "string", one_of = { "fast", "canonical" } },
   eval = { type = "table", help = "{ every = N, batches = M }" },
   sample = { type = "table", help = "{ every = N, prompt = \"...\", tokens = 200 }" },
-  log = { type = "table", help = "{ every = 1 }" },
+  log = { type = "table", help = "{ every = N, jsonl = \"run/metrics.jsonl\" }" },
+  peak_flops = { type = "positive", help = "the device's peak FLOP/s, for MFU" },
   on_step = { type = "function" },
   checkpoint = { type = "table", help = "{ dir = \"ckpt\", every = N, keep = K }" },
   resume = { type = { "string", "boolean" }, help = "\"auto\" (newest checkpoint in checkpoint.dir) or a checkpoint path" },
@@ -46,7 +48,7 @@ local sample_spec = {
   every = { type = "integer", min = 1 }, prompt = { type = "string" }, tokens = { type = "integer", min = 1 },
   temperature = { type = "positive" }, top_k = { type = "integer", min = 0 }, seed = { type = "integer", min = 0 },
 }
-local log_spec = { every = { type = "integer", min = 1 } }
+local log_spec = { every = { type = "integer", min = 1 }, jsonl = { type = "string" } }
 local checkpoint_spec = {
   dir = { type = "string", required = true }, every = { type = "integer", min = 1 },
   keep = { type = "integer", min = 0, help = "checkpoints kept, newest first; 0 keeps all" },
@@ -98,12 +100,6 @@ local function check(t, where, origin)
     schema.fail(where, "batch.seq=%d is longer than the model's ctx=%d", t.batch.seq, t.model.ctx)
   end
   if type(t.lr) == "number" and t.lr <= 0 then schema.fail(where, "lr=%g must be > 0", t.lr) end
-end
-
-local function progress_line(r, steps)
-  local w = #tostring(steps)
-  return string.format("step %" .. w .. "d/%d | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %8.0f tok/s%s",
-    r.step, steps, r.loss, r.lr, r.grad_norm, r.ms, r.tokens_per_s, r.skipped and " | skipped" or "")
 end
 
 return function(loom)
@@ -164,7 +160,11 @@ return function(loom)
       return path
     end
 
-    local every = t.log and t.log.every or 1
+    local m <close> = metrics.new {
+      steps = t.steps, every = t.log and t.log.every, jsonl = t.log and t.log.jsonl,
+      params = info.params, layers = t.model.layers, dim = t.model.dim, seq = t.batch.seq,
+      peak_flops = t.peak_flops, device = info.backend, start_step = start,
+    }
     local summary = { losses = {}, start = start }
     for step = start + 1, t.steps do
       local lr = lr_of(step)
@@ -175,14 +175,14 @@ return function(loom)
       r.step = step
       r.tokens_per_s = r.tokens / (r.ms / 1000)
       summary.losses[#summary.losses + 1] = r.loss
-      if step % every == 0 or step == t.steps then print(progress_line(r, t.steps)) end
+      m:step(r)
       if t.eval and (step % t.eval.every == 0 or step == t.steps) then
         r.val_loss = session:eval(data, t.eval.batches or 10)
         summary.val_loss = r.val_loss
-        print(string.format("step %d | val loss %.4f", step, r.val_loss))
+        m:eval(step, r.val_loss)
       end
       if t.sample and t.sample.every and step % t.sample.every == 0 then
-        print(loom.sample { session = session, prompt = t.sample.prompt or "\n",
+        m:print(loom.sample { session = session, prompt = t.sample.prompt or "\n",
           tokens = t.sample.tokens or 128, temperature = t.sample.temperature,
           top_k = t.sample.top_k, seed = t.sample.seed })
       end

@@ -2,6 +2,7 @@
 #include "kernel_test.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -73,6 +74,21 @@ void kt_assert_all(const char *what, const float *x, size_t n, float v)
 {
     for (size_t i = 0; i < n; i++)
         ck_assert_msg(x[i] == v, "%s[%zu] = %.7g, want %g", what, i, x[i], v);
+}
+
+void kt_assert_thread_independent(const char *what, kt_kernel_fn fn, void *ctx, size_t n)
+{
+    float *one = kt_alloc(n), *two = kt_alloc(n);
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(1);
+    fn(ctx, one);
+    omp_set_num_threads(2);
+    fn(ctx, two);
+    omp_set_num_threads(saved);
+    for (size_t i = 0; i < n; i++)
+        ck_assert_msg(memcmp(&one[i], &two[i], sizeof(float)) == 0,
+                      "%s[%zu]: %.9g on 1 thread, %.9g on 2", what, i, one[i], two[i]);
+    free(one), free(two);
 }
 
 int kt_run(Suite *s)

@@ -38,6 +38,12 @@ void kt_assert_scaled(const char *what, const float *got, const float *ref, floa
 /* Every element exactly equal to v. */
 void kt_assert_all(const char *what, const float *x, size_t n, float v);
 
+/* Runs fn(ctx, out) — a kernel call that leaves n floats of results in out — once on one
+ * thread and once on two, and asserts both gave the same bits: the CPU kernels' results
+ * do not depend on the thread count (sizes must be above LOOM_CPU_PAR_MIN to test it). */
+typedef void (*kt_kernel_fn)(void *ctx, float *out);
+void kt_assert_thread_independent(const char *what, kt_kernel_fn fn, void *ctx, size_t n);
+
 /* Runs the suite (Check's default fork mode), prints the summary, returns the exit code. */
 int kt_run(Suite *s);
 

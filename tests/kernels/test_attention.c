@@ -145,6 +145,28 @@ START_TEST(test_backward_blocks)
 }
 END_TEST
 
+/* out | att | dqkv for (2,70,16,2 heads), above the parallel threshold. */
+static void both_big(void *unused, float *o)
+{
+    ctx_t c;
+    setup(&c, 2, 70, 16, 2);
+    const size_t BT = 2 * 70, natt = 2 * 2 * 70 * 70;
+    float *scratch = kt_alloc(2 * natt);
+    loss(&c);
+    memcpy(o, c.out, BT * 16 * sizeof(float));
+    memcpy(o + BT * 16, c.att, natt * sizeof(float));
+    loom_cpu_attention_backward(o + BT * 16 + natt, scratch, c.R, c.qkv, c.att, 2, 70, 16, 2);
+    free(scratch);
+    teardown(&c);
+}
+
+START_TEST(test_thread_independent)
+{
+    kt_assert_thread_independent("out|att|dqkv", both_big, NULL,
+                                 2 * 70 * 16 + 2 * 2 * 70 * 70 + 2 * 70 * 48);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("attention");
@@ -154,6 +176,7 @@ int main(void)
     tcase_add_test(tc, test_causal);
     tcase_add_test(tc, test_backward_small);
     tcase_add_test(tc, test_backward_blocks);
+    tcase_add_test(tc, test_thread_independent);
     suite_add_tcase(s, tc);
     return kt_run(s);
 }

@@ -105,6 +105,24 @@ START_TEST(test_huge_logits)
 }
 END_TEST
 
+/* 64 rows of V = 1000 padded to 1024, every 9th target ignored: losses | gradient. */
+enum { PBT = 64, PV = 1000, PVP = 1024 };
+
+static void big(void *unused, float *o)
+{
+    int targets[PBT];
+    for (int i = 0; i < PBT; i++)
+        targets[i] = i % 9 == 0 ? -1 : (i * 37) % PV;
+    kt_fill(o + PBT, (size_t)PBT * PVP, 6, -8, 8);
+    loom_cpu_crossentropy_forward_backward(o + PBT, o, targets, 0.5f, PBT, PV, PVP);
+}
+
+START_TEST(test_thread_independent)
+{
+    kt_assert_thread_independent("losses|dlogits", big, NULL, PBT + (size_t)PBT * PVP);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("crossentropy");
@@ -112,6 +130,7 @@ int main(void)
     tcase_add_test(tc, test_losses);
     tcase_add_test(tc, test_gradient);
     tcase_add_test(tc, test_huge_logits);
+    tcase_add_test(tc, test_thread_independent);
     suite_add_tcase(s, tc);
     return kt_run(s);
 }

@@ -69,12 +69,35 @@ START_TEST(test_backward_fd_and_accumulate)
 }
 END_TEST
 
+/* A size that takes the parallel path: (4,64,160) with 50 tokens, many repeats. */
+enum { PB = 4, PT = 64, PC = 160, PV = 50 };
+
+static void backward_big(void *unused, float *out)
+{
+    static int inp[PB * PT];
+    float *dout = kt_alloc((size_t)PB * PT * PC);
+    for (int i = 0; i < PB * PT; i++)
+        inp[i] = (i * 7) % PV;
+    kt_fill(dout, (size_t)PB * PT * PC, 5, -1, 1);
+    /* out = dwte (PV,PC) then dwpe (PT,PC), accumulated twice */
+    loom_cpu_encoder_backward(out, out + PV * PC, dout, inp, PB, PT, PC);
+    loom_cpu_encoder_backward(out, out + PV * PC, dout, inp, PB, PT, PC);
+    free(dout);
+}
+
+START_TEST(test_thread_independent)
+{
+    kt_assert_thread_independent("dwte|dwpe", backward_big, NULL, (size_t)(PV + PT) * PC);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("encoder");
     TCase *tc = tcase_create("encoder");
     tcase_add_test(tc, test_forward);
     tcase_add_test(tc, test_backward_fd_and_accumulate);
+    tcase_add_test(tc, test_thread_independent);
     suite_add_tcase(s, tc);
     return kt_run(s);
 }

@@ -75,6 +75,23 @@ START_TEST(test_large_parallel)
 }
 END_TEST
 
+static void both_big(void *unused, float *o)
+{
+    const size_t n = 100003;
+    float *x = kt_alloc(n), *d = kt_alloc(n);
+    kt_fill(x, n, 7, -6, 6);
+    kt_fill(d, n, 8, -1, 1);
+    loom_cpu_gelu_forward(o, x, n);
+    loom_cpu_gelu_backward(o + n, x, d, n);
+    free(x), free(d);
+}
+
+START_TEST(test_thread_independent)
+{
+    kt_assert_thread_independent("gelu|dgelu", both_big, NULL, 2 * 100003);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("gelu");
@@ -82,6 +99,7 @@ int main(void)
     tcase_add_test(tc, test_forward);
     tcase_add_test(tc, test_backward);
     tcase_add_test(tc, test_large_parallel);
+    tcase_add_test(tc, test_thread_independent);
     suite_add_tcase(s, tc);
     return kt_run(s);
 }

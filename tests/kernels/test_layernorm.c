@@ -89,12 +89,36 @@ START_TEST(test_backward)
 }
 END_TEST
 
+/* (4,64,160): above the parallel threshold; out = out | mean | rstd | dinp | dw | db. */
+enum { PB = 4, PT = 64, PC = 160, PN = PB * PT * PC };
+
+static void both_big(void *unused, float *o)
+{
+    float *inp = kt_alloc(PN), *w = kt_alloc(PC), *b = kt_alloc(PC), *dout = kt_alloc(PN);
+    kt_fill(inp, PN, 1, -2, 3);
+    kt_fill(w, PC, 2, 0.5f, 1.5f);
+    kt_fill(b, PC, 3, -1, 1);
+    kt_fill(dout, PN, 4, -1, 1);
+    float *out = o, *mean = out + PN, *rstd = mean + PB * PT, *dinp = rstd + PB * PT;
+    float *dw = dinp + PN, *db = dw + PC;
+    loom_cpu_layernorm_forward(out, mean, rstd, inp, w, b, PB, PT, PC);
+    loom_cpu_layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, PB, PT, PC);
+    free(inp), free(w), free(b), free(dout);
+}
+
+START_TEST(test_thread_independent)
+{
+    kt_assert_thread_independent("layernorm", both_big, NULL, 2 * PN + 2 * PB * PT + 2 * PC);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("layernorm");
     TCase *tc = tcase_create("layernorm");
     tcase_add_test(tc, test_forward);
     tcase_add_test(tc, test_backward);
+    tcase_add_test(tc, test_thread_independent);
     suite_add_tcase(s, tc);
     return kt_run(s);
 }

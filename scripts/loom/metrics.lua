@@ -1,0 +1,211 @@
+-- loom.metrics — what a run shows: a progress line per step and a JSONL metrics file.
+--
+--   local m = metrics.new { steps = 800, every = 10, jsonl = "run/metrics.jsonl",
+--     params = P, layers = L, dim = C, seq = T, device = info.backend }
+--   m:step(r)  m:eval(step, val_loss)  m:print(text)  m:close()   (also `<close>`)
+--
+-- The line shows step, loss, lr, grad norm, ms, tokens/s, MFU, peak memory and ETA. On a
+-- terminal a live line is redrawn in place every step and kept every `every` steps and at
+-- the last; to a file or pipe, one plain line per kept step, no control characters. The
+-- JSONL file gets every step, whatever `every` is. MFU is shown only against a peak FLOP/s
+-- that is known (the recipe's peak_flops, else the table below): "n/a" beats a wrong
+-- number. Formula, table and file format: docs/METRICS.md.
+local core = require "loom.core"
+local json = require "loom.json"
+local schema = require "loom.schema"
+
+local metrics = {}
+
+-- Peak dense bf16/fp16 tensor FLOP/s by device name, as Lua patterns tried in order: the
+-- first match wins, so specific names precede their families, and %f[%W] ends a name
+-- (A100 must not match "RTX A1000"). `false` marks a part whose figure differs from its
+-- family's and is not known here: MFU is n/a there rather than wrong.
+metrics.peaks = {
+  { "H200 NVL", false },          -- lower-power part: give peak_flops in the recipe
+  { "H200%f[%W]", 989e12 },
+  { "H100 NVL", false },
+  { "H100 PCIe", 756e12 },
+  { "H100 SXM", 989e12 },
+  { "H100 80GB HBM3", 989e12 },   -- what CUDA calls the H100 SXM5
+  { "A100%f[%W]", 312e12 },       -- SXM and PCIe alike
+  { "L40S", 362e12 },
+  { "RTX 4090 D", false },        -- fewer SMs than the RTX 4090
+  { "RTX 4090 Laptop", false },   -- a different, smaller chip
+  { "RTX 4090%f[%W]", 165e12 },
+  { "V100%-SXM2", 125e12 },       -- fp16; V100 PCIe (112), V100S (130) and SXM3 differ
+}
+
+-- The peak FLOP/s for a device description, or nil; and the name of the entry matched.
+function metrics.peak_for(device)
+  for _, e in ipairs(metrics.peaks) do
+    if device:find(e[1]) then return e[2] or nil, (e[1]:gsub("%%f%[%%W%]", ""):gsub("%%", "")) end
+  end
+  return nil
+end
+
+local spec = {
+  steps = { type = "integer", min = 0, required = true, help = "the run's last step" },
+  every = { type = "integer", min = 1, help = "keep a progress line every N steps" },
+  jsonl = { type = "string", help = "path of the metrics file, parent dirs are created" },
+  params = { type = "integer", min = 1 }, layers = { type = "integer", min = 1 },
+  dim = { type = "integer", min = 1 }, seq = { type = "integer", min = 1 },
+  peak_flops = { type = "positive", help = "the device's peak FLOP/s, for MFU" },
+  device = { type = "string", help = "backend description, e.g. session:info().backend" },
+  start_step = { type = "integer", min = 0, help = "steps done before this run (resume)" },
+}
+
+-- loom.json writes a non-finite number as null: a field that is unknown (MFU without a
+-- peak) is written as this, so that it is present and null rather than missing.
+local NULL = 0 / 0
+
+local function duration(s)
+  if not (s >= 0 and s < math.huge) then return "?" end -- a step repeated or out of order
+  s = math.floor(s + 0.5)
+  if s < 60 then return s .. "s" end
+  if s < 3600 then return string.format("%dm%02ds", s // 60, s % 60) end
+  return string.format("%dh%02dm", s // 3600, s % 3600 // 60)
+end
+
+local function mem(bytes)
+  if bytes < 1024 ^ 3 then return string.format("%.0fMiB", bytes / 1024 ^ 2) end
+  return string.format("%.2fGiB", bytes / 1024 ^ 3)
+end
+
+local M = {}
+M.__index = M
+
+-- metrics.new{...}: checks its table like a recipe's, opens the JSONL file (writing a
+-- "run" header object), and prints one line saying where MFU's peak comes from.
+function metrics.new(t)
+  local where = schema.where()
+  schema.check(t, spec, "metrics", where)
+  local self = setmetatable({
+    steps = t.steps, every = t.every or 1, start_step = t.start_step or 0,
+    tty = core.isatty(1), live = false, t0 = core.now(),
+  }, M)
+  -- llm.c's count: 6N for the matmuls forward and backward, 6*L*C*T for attention.
+  if t.params and t.layers and t.dim and t.seq then
+    self.flops_per_token = 6 * t.params + 6 * t.layers * t.dim * t.seq
+  end
+  local source
+  if t.peak_flops then
+    self.peak, source = t.peak_flops, "recipe peak_flops"
+  elseif t.device then
+    local name
+    self.peak, name = metrics.peak_for(t.device)
+    source = name and ("table entry '" .. name .. "'")
+  end
+  local why
+  if not self.flops_per_token then
+    why = "mfu n/a (no model size given: params, layers, dim, seq)"
+  elseif self.peak then
+    why = string.format("mfu against %.4g TFLOP/s peak (%s)", self.peak / 1e12, source)
+  elseif source then
+    why = "mfu n/a (" .. source .. " has no reliable peak; set peak_flops in the recipe)"
+  else
+    why = "mfu n/a (no peak FLOP/s known for this device; set peak_flops in the recipe)"
+  end
+  if t.jsonl then
+    local dir = t.jsonl:match("^(.*)/[^/]*$")
+    if dir and dir ~= "" then
+      local ok, err = core.mkdir_p(dir)
+      if not ok then schema.fail(where, "metrics file '%s': %s", t.jsonl, err) end
+    end
+    -- A resumed run appends to the file of the run it continues.
+    local f, err = io.open(t.jsonl, self.start_step > 0 and "a" or "w")
+    if not f then schema.fail(where, "cannot open metrics file: %s", err) end
+    f:setvbuf("line") -- each step on disk at once: `tail -f` and a crash keep every line
+    self.file = f
+    self:write { kind = "run", steps = t.steps, start_step = self.start_step,
+      params = t.params or NULL, layers = t.layers or NULL, dim = t.dim or NULL,
+      seq = t.seq or NULL, flops_per_token = self.flops_per_token or NULL,
+      peak_flops = self.peak or NULL, device = t.device or NULL }
+    why = why .. " | metrics to " .. t.jsonl
+  end
+  print(why)
+  return self
+end
+
+function M:write(obj)
+  if self.file then self.file:write(json.encode(obj), "\n") end
+end
+
+-- Erase the live line so that other output starts at column 0.
+function M:clear()
+  if self.live then io.write("\r\27[K"); self.live = false end
+end
+
+-- Print other output (samples, notes) without mixing it into the live line.
+function M:print(...)
+  self:clear()
+  print(...)
+end
+
+local required = { "step", "loss", "lr", "grad_norm", "ms", "tokens" }
+
+-- m:step(r), r = {step, loss, lr, grad_norm, ms, tokens [, tokens_per_s, skipped]}:
+-- one JSONL object, and the progress line when due.
+function M:step(r)
+  for _, k in ipairs(required) do
+    if type(r[k]) ~= "number" then
+      error(string.format("metrics:step: r.%s must be a number, got %s", k, type(r[k])), 2)
+    end
+  end
+  local tps = r.tokens_per_s or r.tokens / (r.ms / 1000)
+  local mfu
+  if self.peak and self.flops_per_token and tps == tps and tps >= 0 and tps < math.huge then
+    mfu = self.flops_per_token * tps / self.peak
+  end
+  local rss = core.peak_rss()
+  local now = core.now() - self.t0
+  self:write { kind = "train", step = r.step, loss = r.loss, lr = r.lr, grad_norm = r.grad_norm,
+    ms = r.ms, tokens = r.tokens, tokens_per_s = tps, mfu = mfu or NULL, mem_bytes = rss,
+    time_s = now, skipped = r.skipped and true or false }
+
+  -- ETA from the pace since this run's first step: that step carries one-time costs
+  -- (thread start-up, allocation, kernel autotuning) that later steps do not repeat.
+  local last = r.step >= self.steps
+  local tail
+  if last then
+    tail = "took " .. duration(now)
+  elseif self.first then
+    tail = "eta " .. duration((now - self.first.t) / (r.step - self.first.step) * (self.steps - r.step))
+  else
+    tail = "eta " .. duration(now / math.max(1, r.step - self.start_step) * (self.steps - r.step))
+    self.first = { step = r.step, t = now }
+  end
+  local w = #tostring(self.steps)
+  local line = string.format("step %" .. w .. "d/%d | loss %.4f | lr %.2e | norm %.3f | %7.1f ms"
+    .. " | %8.0f tok/s | mfu %6s | mem %s | %s%s", r.step, self.steps, r.loss, r.lr,
+    r.grad_norm, r.ms, tps, mfu and string.format("%.3g%%", 100 * mfu) or "n/a", mem(rss), tail,
+    r.skipped and " | skipped" or "")
+  local keep = r.step % self.every == 0 or last
+  if self.tty then
+    -- Autowrap is off while the live line is drawn: a wrapped line could not be redrawn
+    -- in place with \r. Kept lines are written whole, wrapping as usual.
+    if keep then
+      io.write("\r", line, "\27[K\n")
+    else
+      io.write("\r\27[?7l", line, "\27[K\27[?7h")
+    end
+    io.stdout:flush()
+    self.live = not keep
+  elseif keep then
+    print(line)
+  end
+end
+
+-- m:eval(step, val_loss): the validation line, and a {"kind":"val"} JSONL object.
+function M:eval(step, val_loss)
+  self:write { kind = "val", step = step, val_loss = val_loss, time_s = core.now() - self.t0 }
+  self:print(string.format("step %d | val loss %.4f", step, val_loss))
+end
+
+-- m:close(): keep a pending live line and close the file. Safe to call twice.
+function M:close()
+  if self.live then io.write("\n"); self.live = false end
+  if self.file then self.file:close(); self.file = nil end
+end
+M.__close = M.close
+
+return metrics

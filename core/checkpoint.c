@@ -26,6 +26,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "checksum.h"
 #include "json.h"
 #include "safetensors.h"
 #include "status.h"
@@ -181,7 +182,7 @@ static char *slice_json(const loom_param_entry *e)
 /* Write model.safetensors (slots == 0) or optim.safetensors (slot-major state). */
 static loom_status write_tensors(const char *path, const loom_param_table *t, const float *buf,
                                  uint32_t slots, int is_optim, const char *optim_name,
-                                 uint64_t *bytes, uint64_t *fnv)
+                                 uint64_t *bytes, uint64_t *sum)
 {
     int per = is_optim ? (int)slots : 1, n = t->count * per, n_meta = 0;
     loom_st_tensor *ts = calloc((size_t)n + 1, sizeof *ts);
@@ -218,7 +219,7 @@ static loom_status write_tensors(const char *path, const loom_param_table *t, co
         }
     }
     if (st == LOOM_OK)
-        st = loom_safetensors_write(path, ts, n, meta, n_meta, bytes, fnv);
+        st = loom_safetensors_write(path, ts, n, meta, n_meta, bytes, sum);
     for (int i = 0; slices && i < t->count; i++)
         free(slices[i]);
     free(slices);
@@ -228,7 +229,7 @@ static loom_status write_tensors(const char *path, const loom_param_table *t, co
     return st;
 }
 
-typedef struct file_sum { const char *name; uint64_t bytes, fnv; } file_sum;
+typedef struct file_sum { const char *name; uint64_t bytes, sum; } file_sum;
 
 static loom_status write_manifest(loom_session *s, const char *path, const loom_checkpoint_extra *x,
                                   const char *config, size_t config_len, const file_sum *files)
@@ -271,14 +272,14 @@ static loom_status write_manifest(loom_session *s, const char *path, const loom_
     }
     loom_strbuf_puts(&b, "  \"files\": {\n");
     for (int i = 0; i < 2; i++)
-        loom_strbuf_printf(&b, "    \"%s\": {\"bytes\": %" PRIu64 ", \"fnv1a64\": \"%016" PRIx64
-                           "\"}%s\n", files[i].name, files[i].bytes, files[i].fnv, i ? "" : ",");
+        loom_strbuf_printf(&b, "    \"%s\": {\"bytes\": %" PRIu64 ", \"xxh64\": \"%016" PRIx64
+                           "\"}%s\n", files[i].name, files[i].bytes, files[i].sum, i ? "" : ",");
     loom_strbuf_puts(&b, "  },\n  \"config\": ");
     if (config)
         loom_strbuf_append(&b, config, config_len);
     else
         loom_strbuf_puts(&b, "null");
-    loom_strbuf_puts(&b, ",\n  \"checksum\": \"fnv1a64:");
+    loom_strbuf_puts(&b, ",\n  \"checksum\": \"xxh64:");
     size_t digits = b.len;
     loom_strbuf_puts(&b, "0000000000000000\"\n}\n");
     loom_status st = LOOM_OK;
@@ -286,7 +287,7 @@ static loom_status write_manifest(loom_session *s, const char *path, const loom_
         st = loom_fail(LOOM_ERR_INVALID, "checkpoint manifest: out of memory or a name is not UTF-8");
     } else {
         char hex[17];
-        snprintf(hex, sizeof hex, "%016" PRIx64, loom_fnv1a64(LOOM_FNV1A64_INIT, b.data, b.len));
+        snprintf(hex, sizeof hex, "%016" PRIx64, loom_xxh64(b.data, b.len));
         memcpy(b.data + digits, hex, 16);
         st = write_synced(path, b.data, b.len);
     }
@@ -306,10 +307,10 @@ static loom_status write_all(loom_session *s, const char *tmp, const loom_checkp
     file_sum files[2] = {{LOOM_CKPT_MODEL_FILE, 0, 0}, {LOOM_CKPT_OPTIM_FILE, 0, 0}};
     LOOM_TRY(join(path, sizeof path, tmp, LOOM_CKPT_MODEL_FILE));
     LOOM_TRY(write_tensors(path, t, loom_gpt_param_data(m), 0, 0, NULL, &files[0].bytes,
-                           &files[0].fnv));
+                           &files[0].sum));
     LOOM_TRY(join(path, sizeof path, tmp, LOOM_CKPT_OPTIM_FILE));
     LOOM_TRY(write_tensors(path, t, state, slots, 1, loom_session_optim_config(s)->desc->name,
-                           &files[1].bytes, &files[1].fnv));
+                           &files[1].bytes, &files[1].sum));
     LOOM_TRY(join(path, sizeof path, tmp, LOOM_CKPT_MANIFEST_FILE));
     LOOM_TRY(write_manifest(s, path, x, config, config_len, files));
     return fsync_dir(tmp);
@@ -403,7 +404,8 @@ static loom_status list_complete(const char *dir, found **out, int *n)
         count++;
     }
     closedir(d);
-    qsort(list, (size_t)count, sizeof *list, newest_first);
+    if (count > 1)
+        qsort(list, (size_t)count, sizeof *list, newest_first);
     *out = list;
     *n = count;
     return LOOM_OK;
@@ -442,11 +444,16 @@ static void apply_retention(const char *dir, int keep)
     int n;
     if (list_complete(dir, &list, &n) != LOOM_OK)
         return;
-    char latest[64], path[PATH_MAX];
+    char latest[64], path[PATH_MAX], gone[PATH_MAX], gone_name[96];
     read_latest(dir, latest, sizeof latest);
-    for (int i = keep > 1 ? keep : 1; i < n; i++) /* list[0], the newest, always stays */
-        if (strcmp(list[i].name, latest) != 0 && join(path, sizeof path, dir, list[i].name) == LOOM_OK)
-            remove_flat(path);
+    for (int i = keep > 1 ? keep : 1; i < n; i++) { /* list[0], the newest, always stays */
+        /* renamed out of the step_* names first: a crash while deleting leaves a .tmp-
+         * entry for the next save to remove, never a half-deleted step_* */
+        snprintf(gone_name, sizeof gone_name, ".tmp-del-%s.%ld", list[i].name, (long)getpid());
+        if (strcmp(list[i].name, latest) != 0 && join(path, sizeof path, dir, list[i].name) == LOOM_OK &&
+            join(gone, sizeof gone, dir, gone_name) == LOOM_OK && rename(path, gone) == 0)
+            remove_flat(gone);
+    }
     free(list);
     fsync_dir(dir);
 }

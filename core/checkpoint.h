@@ -8,20 +8,24 @@
  *   optim.safetensors  slot k of parameter X as "X.state<k>" (X's held shape), same metadata
  *   manifest.json      format "loom-checkpoint", version 1, loom version, step, steps_taken,
  *                      precision state, optimizer {name, slots}, model config, data
- *                      {kind, state}, files {name: {bytes, fnv1a64}}, the config verbatim,
+ *                      {kind, state}, files {name: {bytes, xxh64}}, the config verbatim,
  *                      and last its own checksum
  * plus dir/latest, a one-line file naming the newest checkpoint directory ("step_00000020").
  *
- * Checksums are FNV-1a 64 (safetensors.h) of every byte, as 16 lowercase hex digits. The
- * manifest's "checksum" member is "fnv1a64:<hex>" over the manifest's own text with those
- * 16 digits written as '0'; so every byte of all three files is covered.
+ * Checksums are XXH64 with seed 0 (checksum.h; what `xxhsum -H1` prints) of every byte, as
+ * 16 lowercase hex digits. The manifest's "checksum" member is "xxh64:<hex>" over the
+ * manifest's own text with those 16 digits written as '0'; so every byte of all three
+ * files is covered.
  *
  * Crash safety: a save writes into dir/.tmp-step_N.<pid>/, fsyncs each file and the
  * directory, renames it to step_N (fsync dir), and only then replaces `latest` (temp file,
  * fsync, rename, fsync dir). A crash at any moment leaves the previous checkpoint intact
  * and selected. Saving a step that exists replaces it: the new directory is swapped in
  * atomically (renameat2 RENAME_EXCHANGE; where the filesystem lacks it, the old one is
- * renamed aside to .tmp-... first) and the old one is then deleted.
+ * renamed aside to .tmp-... first) and the old one is then deleted. Retention renames a
+ * checkpoint to .tmp-del-... before deleting its files. So every step_* directory is
+ * complete unless the disk lost data; find() skips one that is not, and nothing deletes
+ * it (a damaged checkpoint is left for a person to look at).
  *
  * Multi-rank: today every rank holds the full model, so exactly one rank (rank 0) saves;
  * per-rank shards will add rank-suffixed files next to these.
@@ -69,7 +73,8 @@ loom_status loom_checkpoint_find(const char *dir, char *out, size_t len);
  * name, dtype and shape against this session's parameter table, optimizer and model
  * config) and only then copy it into s. On failure s is unchanged and the message names
  * the file and field. out gets step, config_json (caller frees via
- * loom_checkpoint_extra_free) and the data position; out may be NULL. */
+ * loom_checkpoint_extra_free) and the data position; out may be NULL and is untouched
+ * on failure. */
 loom_status loom_checkpoint_load(loom_session *s, const char *ckpt_path, loom_checkpoint_extra *out);
 /* The same, also restoring data's reading position (data may be NULL). The data kind is
  * checked with everything else; if data or the session cannot take the state, neither

@@ -23,12 +23,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "checksum.h"
 #include "json.h"
 #include "safetensors.h"
 #include "status.h"
 
 #define MAX_MANIFEST ((size_t)64 << 20)
-#define CHECKSUM_PREFIX "fnv1a64:"
+#define CHECKSUM_PREFIX "xxh64:"
+#define PREFIX_LEN 6
 
 loom_status loom_ckpt_read_file(const char *path, size_t max, unsigned char **bytes, size_t *size)
 {
@@ -87,20 +89,21 @@ static loom_status bad(const char *path, const char *fmt, ...)
 static loom_status verify_checksum(const char *path, char *text, size_t n, const loom_json *root)
 {
     const loom_json *c = loom_json_get(root, "checksum");
-    if (!c || c->type != LOOM_JSON_STRING || c->len != 24 || c->end - c->begin != 26 ||
-        memcmp(c->text, CHECKSUM_PREFIX, 8) != 0 || strspn(c->text + 8, "0123456789abcdef") != 16)
-        return bad(path, "manifest has no checksum \"fnv1a64:<16 hex digits>\"");
+    if (!c || c->type != LOOM_JSON_STRING || c->len != PREFIX_LEN + 16 ||
+        c->end - c->begin != PREFIX_LEN + 18 || memcmp(c->text, CHECKSUM_PREFIX, PREFIX_LEN) != 0 ||
+        strspn(c->text + PREFIX_LEN, "0123456789abcdef") != 16)
+        return bad(path, "manifest has no checksum \"xxh64:<16 hex digits>\"");
     char recorded[17];
-    char *digits = text + c->begin + 1 + 8;
+    char *digits = text + c->begin + 1 + PREFIX_LEN;
     memcpy(recorded, digits, 16);
     recorded[16] = '\0';
     memset(digits, '0', 16);
-    uint64_t h = loom_fnv1a64(LOOM_FNV1A64_INIT, text, n);
+    uint64_t h = loom_xxh64(text, n);
     memcpy(digits, recorded, 16);
     char actual[17];
     snprintf(actual, sizeof actual, "%016" PRIx64, h);
     if (strcmp(actual, recorded) != 0)
-        return bad(path, "manifest checksum is fnv1a64:%s but the text hashes to fnv1a64:%s (the "
+        return bad(path, "manifest checksum is xxh64:%s but the text hashes to xxh64:%s (the "
                    "file was changed or damaged)", recorded, actual);
     return LOOM_OK;
 }
@@ -145,16 +148,16 @@ loom_status loom_ckpt_manifest_open(const char *ckpt_dir, loom_json_doc **doc, c
 
 /* files.<name> of the manifest: its recorded size and checksum. */
 static loom_status file_record(const char *mpath, const loom_json *root, const char *name,
-                               uint64_t *bytes, uint64_t *fnv)
+                               uint64_t *bytes, uint64_t *sum)
 {
     const loom_json *r = loom_json_get(loom_json_get_type(root, "files", LOOM_JSON_OBJECT), name);
-    const loom_json *c = loom_json_get_type(r, "fnv1a64", LOOM_JSON_STRING);
+    const loom_json *c = loom_json_get_type(r, "xxh64", LOOM_JSON_STRING);
     char *end;
     if (!loom_json_uint64(loom_json_get(r, "bytes"), bytes) || !c || c->len != 16 ||
         strspn(c->text, "0123456789abcdef") != 16)
-        return bad(mpath, "manifest files.%s needs {\"bytes\": <integer>, \"fnv1a64\": \"<16 hex "
+        return bad(mpath, "manifest files.%s needs {\"bytes\": <integer>, \"xxh64\": \"<16 hex "
                    "digits>\"}", name);
-    *fnv = strtoull(c->text, &end, 16);
+    *sum = strtoull(c->text, &end, 16);
     return LOOM_OK;
 }
 
@@ -167,10 +170,10 @@ int loom_ckpt_is_complete(const char *ckpt_dir)
     int ok = 1;
     const char *names[2] = {LOOM_CKPT_MODEL_FILE, LOOM_CKPT_OPTIM_FILE};
     for (int i = 0; i < 2 && ok; i++) {
-        uint64_t bytes, fnv;
+        uint64_t bytes, sum;
         struct stat sb;
         snprintf(path, sizeof path, "%s/%s", ckpt_dir, names[i]);
-        ok = file_record(path, loom_json_root(doc), names[i], &bytes, &fnv) == LOOM_OK &&
+        ok = file_record(path, loom_json_root(doc), names[i], &bytes, &sum) == LOOM_OK &&
              stat(path, &sb) == 0 && S_ISREG(sb.st_mode) && (uint64_t)sb.st_size == bytes;
     }
     loom_json_free(doc);
@@ -305,16 +308,16 @@ static loom_status read_state(loaded *ld, const loom_json *root, loom_session *s
 static loom_status read_tensors(loaded *ld, const char *name, const char *path,
                                 unsigned char **bytes, loom_st_file **f)
 {
-    uint64_t want_bytes, want_fnv;
+    uint64_t want_bytes, want_sum;
     size_t n;
-    LOOM_TRY(file_record(ld->mpath, loom_json_root(ld->doc), name, &want_bytes, &want_fnv));
+    LOOM_TRY(file_record(ld->mpath, loom_json_root(ld->doc), name, &want_bytes, &want_sum));
     LOOM_TRY(loom_ckpt_read_file(path, SIZE_MAX - 1, bytes, &n));
     if (n != want_bytes)
         return bad(path, "the file is %zu bytes but the manifest records %" PRIu64, n, want_bytes);
-    uint64_t h = loom_fnv1a64(LOOM_FNV1A64_INIT, *bytes, n);
-    if (h != want_fnv)
-        return bad(path, "checksum fnv1a64 %016" PRIx64 " but the manifest records %016" PRIx64
-                   " (the file was changed or damaged)", h, want_fnv);
+    uint64_t h = loom_xxh64(*bytes, n);
+    if (h != want_sum)
+        return bad(path, "checksum xxh64 %016" PRIx64 " but the manifest records %016" PRIx64
+                   " (the file was changed or damaged)", h, want_sum);
     return loom_safetensors_parse("checkpoint", path, *bytes, n, f);
 }
 

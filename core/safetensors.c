@@ -15,20 +15,13 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "checksum.h"
 #include "json.h"
 #include "status.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors.c assumes a little-endian host (the format is little-endian)"
 #endif
-
-uint64_t loom_fnv1a64(uint64_t h, const void *data, size_t n)
-{
-    const unsigned char *p = data;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
-}
 
 static const struct { const char *name; size_t size; } dtypes[] = {
     {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2},
@@ -54,14 +47,15 @@ static const char *dtype_file_name(loom_dtype dt)
 typedef struct out_file {
     FILE *f;
     const char *path;
-    uint64_t bytes, fnv;
+    uint64_t bytes;
+    loom_xxh64_state sum;
 } out_file;
 
 static loom_status put(out_file *o, const void *p, size_t n)
 {
     if (n && fwrite(p, 1, n, o->f) != n)
         return loom_fail(LOOM_ERR_IO, "cannot write '%s': %s", o->path, strerror(errno));
-    o->fnv = loom_fnv1a64(o->fnv, p, n);
+    loom_xxh64_update(&o->sum, p, n);
     o->bytes += n;
     return LOOM_OK;
 }
@@ -139,7 +133,8 @@ loom_status loom_safetensors_write(const char *path, const loom_st_tensor *tenso
         loom_strbuf_free(&h);
         return st;
     }
-    out_file o = {fopen(path, "wb"), path, 0, LOOM_FNV1A64_INIT};
+    out_file o = {.f = fopen(path, "wb"), .path = path};
+    loom_xxh64_init(&o.sum);
     if (!o.f) {
         loom_strbuf_free(&h);
         return loom_fail(LOOM_ERR_IO, "cannot create '%s': %s", path, strerror(errno));
@@ -149,7 +144,7 @@ loom_status loom_safetensors_write(const char *path, const loom_st_tensor *tenso
     if (fclose(o.f) != 0 && st == LOOM_OK)
         st = loom_fail(LOOM_ERR_IO, "cannot write '%s': %s", path, strerror(errno));
     *bytes = o.bytes;
-    *checksum = o.fnv;
+    *checksum = loom_xxh64_digest(&o.sum);
     return st;
 }
 

@@ -3,8 +3,8 @@
  * bytes of JSON {"__metadata__": {str: str}, name: {"dtype", "shape", "data_offsets"}},
  * then the data section, every tensor a contiguous little-endian row-major run.
  *
- * What: write named tensors + a string metadata map (fsynced, FNV-1a 64 checksum of every
- * byte computed on the way); parse a file held in memory and refuse anything malformed:
+ * What: write named tensors + a string metadata map (fsynced, XXH64 checksum of every
+ * byte computed on the way, see checksum.h); parse a file held in memory and refuse anything malformed:
  * header length over 100 MB or past the end, invalid JSON, unknown dtype or member, shape
  * product * dtype size != the data_offsets span, offsets out of the data section,
  * overlapping, out of order or leaving holes, data section not exactly the file's rest.
@@ -27,11 +27,6 @@
 #define LOOM_ST_MAX_DIMS 8
 #define LOOM_ST_MAX_HEADER ((uint64_t)100 << 20) /* 100 MB, the reference limit */
 
-/* FNV-1a 64 (Fowler/Noll/Vo): h = (h ^ byte) * 0x100000001b3 from 0xcbf29ce484222325.
- * Each step is a bijection of h, so any single changed byte changes the result. */
-#define LOOM_FNV1A64_INIT 0xcbf29ce484222325ull
-uint64_t loom_fnv1a64(uint64_t h, const void *data, size_t n);
-
 typedef struct loom_st_tensor {
     const char *name;
     loom_dtype dtype;            /* F32, BF16, F16, I32, U8 or U16 */
@@ -44,7 +39,7 @@ typedef struct loom_st_meta {
     const char *key, *value;
 } loom_st_meta;
 
-/* Write path (created or truncated), fsync it, and report its size and checksum. */
+/* Write path (created or truncated), fsync it, and report its size and XXH64. */
 loom_status loom_safetensors_write(const char *path, const loom_st_tensor *tensors, int n,
                                    const loom_st_meta *meta, int n_meta, uint64_t *bytes,
                                    uint64_t *checksum);

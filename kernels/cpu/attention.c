@@ -11,7 +11,8 @@
  *   dV = att^T dO,  datt = dO V^T,
  *   dpreatt[t,t2] = att[t,t2] (datt[t,t2] - sum_t3 att[t,t3] datt[t,t3])  (softmax backward),
  *   dQ = dpreatt K / sqrt(hs),  dK = dpreatt^T Q / sqrt(hs).
- * scratch (2*B*NH*T*T floats) holds datt and dpreatt.
+ * scratch (2*B*NH*T*T floats) holds datt and dpreatt. Probabilities and dpreatt below
+ * FLT_MIN are flushed to 0 (cpu_common.h says why).
  *
  * The products are GEMMs on strided slices of qkv (leading dimension 3C), run per (b,h)
  * inside an OpenMP loop over (b,h) with loom_cpu_sgemm_fallback, which runs on the calling
@@ -44,7 +45,7 @@ LOOM_CPU_CLONES static void causal_softmax_row(float *row, int t, int T)
     const float inv = 1.0f / s;
 #pragma omp simd
     for (int j = 0; j <= t; j++)
-        row[j] *= inv;
+        row[j] = loom_cpu_flush(row[j] * inv);
     memset(row + t + 1, 0, (size_t)(T - t - 1) * sizeof(float));
 }
 
@@ -59,7 +60,7 @@ LOOM_CPU_CLONES static void softmax_backward_row(float *dpre, const float *att, 
         dot += att[j] * datt[j];
 #pragma omp simd
     for (int j = 0; j < n; j++)
-        dpre[j] = att[j] * (datt[j] - dot);
+        dpre[j] = loom_cpu_flush(att[j] * (datt[j] - dot));
 }
 
 void loom_cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,

@@ -9,6 +9,8 @@
  *                   x_j <- 0                                       for V <= j < Vp.
  * The gradient OVERWRITES the logits (there are no parameters here); with dloss == 0 the
  * logits are left intact. A target outside [0, V) is ignored: loss 0, gradient row 0.
+ * Gradient entries below FLT_MIN are flushed to 0 (they would slow the LM-head GEMMs that
+ * read them; cpu_common.h says why).
  * Padded columns are never read, so their contents do not matter. Rows are independent
  * and run in parallel; e^x is cpu_common.h's vectorised expf.
  */
@@ -37,7 +39,7 @@ LOOM_CPU_CLONES static float ce_row(float *x, int y, float dloss, int V, int Vp)
         const float k = dloss / s;
 #pragma omp simd
         for (int j = 0; j < V; j++)
-            x[j] *= k;
+            x[j] = loom_cpu_flush(x[j] * k); /* no subnormals into the LM-head GEMMs */
         x[y] -= dloss;
         memset(x + V, 0, (size_t)(Vp - V) * sizeof(float));
     } else {

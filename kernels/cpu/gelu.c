@@ -8,7 +8,8 @@
  * Backward: dinp OVERWRITTEN (there are no parameters). With s as above,
  *   d gelu / dx = s + x * d s/dx = s + x * 2 s (1 - s) * du/dx,
  *   du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
- * (sech^2(u) = 4 s (1 - s)). Elementwise, so out/dinp may alias inp/dout. OpenMP splits
+ * (sech^2(u) = 4 s (1 - s)). Subnormal results are flushed to 0 (cpu_common.h says why:
+ * gelu(x) underflows for x below about -9). Elementwise, so out/dinp may alias inp/dout. OpenMP splits
  * the range into fixed chunks; each chunk runs an ISA-specific vectorised loop.
  */
 #include "cpu_kernels.h"
@@ -23,7 +24,7 @@ LOOM_CPU_CLONES static void gelu_forward_range(float *out, const float *inp, siz
     for (size_t i = 0; i < n; i++) {
         const float x = inp[i];
         const float u = GELU_K * (x + GELU_A * x * x * x);
-        out[i] = x / (1.0f + loom_cpu_expf(-2.0f * u));
+        out[i] = loom_cpu_flush(x / (1.0f + loom_cpu_expf(-2.0f * u)));
     }
 }
 
@@ -35,7 +36,7 @@ LOOM_CPU_CLONES static void gelu_backward_range(float *dinp, const float *inp, c
         const float u = GELU_K * (x + GELU_A * x * x * x);
         const float s = 1.0f / (1.0f + loom_cpu_expf(-2.0f * u));
         const float du = GELU_K * (1.0f + 3.0f * GELU_A * x * x);
-        dinp[i] = (s + x * 2.0f * s * (1.0f - s) * du) * dout[i];
+        dinp[i] = loom_cpu_flush((s + x * 2.0f * s * (1.0f - s) * du) * dout[i]);
     }
 }
 

@@ -148,36 +148,51 @@ static inline float op_at(const float *X, int ld, int trans, int r, int c)
     return trans ? X[(size_t)c * ld + r] : X[(size_t)r * ld + c];
 }
 
-/* Pack alpha * op(A)[i0 .. i0+mc, p0 .. p0+kc] into MR-row slivers, k-major, zero-padded. */
+/* Packs scale * Y[r0 .. r0+n, c0 .. c0+kc] into one W-wide sliver, k-major:
+ * dst[p*W + r] = scale * Y(r0 + r, c0 + p), rows n .. W-1 zero. Y is X (trans 0) or X^T
+ * (trans 1) of a row-major X with leading dimension ld. The two cases get their own loops
+ * (contiguous reads along p, or along r) rather than a branch per element. */
+static inline __attribute__((always_inline)) void
+pack_sliver(float *restrict dst, const float *X, int ld, int trans, int r0, int n, int c0,
+            int kc, int W, float scale)
+{
+    if (trans) { /* Y(r, c) = X[c*ld + r]: row p of the sliver is contiguous in X */
+        for (int p = 0; p < kc; p++) {
+            const float *src = X + (size_t)(c0 + p) * ld + r0;
+            for (int r = 0; r < n; r++)
+                dst[p * W + r] = scale * src[r];
+            for (int r = n; r < W; r++)
+                dst[p * W + r] = 0.0f;
+        }
+    } else { /* Y(r, c) = X[r*ld + c]: column r of the sliver is contiguous in X */
+        for (int r = 0; r < n; r++) {
+            const float *src = X + (size_t)(r0 + r) * ld + c0;
+            for (int p = 0; p < kc; p++)
+                dst[p * W + r] = scale * src[p];
+        }
+        for (int p = 0; p < kc; p++)
+            for (int r = n; r < W; r++)
+                dst[p * W + r] = 0.0f;
+    }
+}
+
+/* Pack alpha * op(A)[i0 .. i0+mc, p0 .. p0+kc] into MR-row slivers. */
 static void pack_a(float *restrict dst, const float *A, int lda, int ta, int i0, int mc, int p0,
                    int kc, float alpha)
 {
     for (int is = 0; is < mc; is += MR) {
-        int mr = mc - is < MR ? mc - is : MR;
-        for (int p = 0; p < kc; p++) {
-            for (int i = 0; i < mr; i++)
-                dst[p * MR + i] = alpha * op_at(A, lda, ta, i0 + is + i, p0 + p);
-            for (int i = mr; i < MR; i++)
-                dst[p * MR + i] = 0.0f;
-        }
+        const int mr = mc - is < MR ? mc - is : MR;
+        pack_sliver(dst, A, lda, ta, i0 + is, mr, p0, kc, MR, alpha);
         dst += (size_t)kc * MR;
     }
 }
 
-/* Pack op(B)[p0 .. p0+kc, j0 + js*NR .. +NR] (one sliver) k-major, zero-padded. */
+/* Pack op(B)[p0 .. p0+kc, j0 .. j0+nr] into one NR-column sliver: as a sliver of op(B)^T,
+ * whose rows are the columns j. */
 static void pack_b_sliver(float *restrict dst, const float *B, int ldb, int tb, int p0, int kc,
                           int j0, int nr)
 {
-    for (int p = 0; p < kc; p++) {
-        if (!tb && nr == NR) {
-            memcpy(dst + (size_t)p * NR, B + (size_t)(p0 + p) * ldb + j0, NR * sizeof(float));
-            continue;
-        }
-        for (int j = 0; j < nr; j++)
-            dst[(size_t)p * NR + j] = op_at(B, ldb, tb, p0 + p, j0 + j);
-        for (int j = nr; j < NR; j++)
-            dst[(size_t)p * NR + j] = 0.0f;
-    }
+    pack_sliver(dst, B, ldb, !tb, j0, nr, p0, kc, NR, 1.0f);
 }
 
 /* Row i of C (N wide) = beta * row (beta == 0 writes zeros, so NaNs in C do not leak). */

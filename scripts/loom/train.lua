@@ -141,15 +141,15 @@ return function(loom)
     -- weights, optimizer state, step, precision state and data position all come back.
     local start = 0
     if t.resume then
-      local path = t.resume
-      if t.resume == "auto" then path = loom.core.find_checkpoint(t.checkpoint.dir) end
+      local path, why = t.resume, nil
+      if t.resume == "auto" then path, why = loom.core.find_checkpoint(t.checkpoint.dir) end
       if path then
         local ok, info = pcall(session.load, session, path, data)
         if not ok then schema.fail(where, "cannot resume: %s", info) end
         start = info.step
         print(string.format("resumed from %s at step %d", path, start))
       else
-        print(string.format("no checkpoint in %s yet: starting at step 1", t.checkpoint.dir))
+        print(string.format("nothing to resume (%s): starting at step 1", why or t.checkpoint.dir))
       end
     end
     local config_json = json.encode(t)

@@ -13,6 +13,7 @@
  */
 #include "cpu_kernels.h"
 
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -127,12 +128,30 @@ static void bench_kernels(const char *name, int B, int T, int C, int NH, int V, 
 
 /* One GPT-2 training step (forward, backward; no optimizer) over L layers, as the core
  * runs it: the end-to-end number the choice of GEMM library and threading must improve. */
+/* Adds the time of one kernel call to part[category]. */
+#define TIMED(category, call)                                                                \
+    do {                                                                                     \
+        const double t_ = omp_get_wtime();                                                   \
+        call;                                                                                \
+        part[category] += omp_get_wtime() - t_;                                              \
+    } while (0)
+
 static void bench_step(const char *name, int B, int T, int C, int NH, int L, int V, int Vp)
 {
     const size_t BT = (size_t)B * T, Cs = (size_t)C;
     /* weights shared by all layers (timing only); activations per layer */
     float *wte = buf((size_t)Vp * C), *wqkv = buf(3 * Cs * C), *wproj = buf(Cs * C);
     float *wfc = buf(4 * Cs * C), *wfcp = buf(4 * Cs * C), *bias = buf(4 * Cs), *lnw = buf(Cs);
+    /* GPT-2's initial scale (weights ~ 0.02, LayerNorm weight 1, bias 0, embeddings ~ 0.02):
+     * activations of realistic size, not ones that overflow GELU into subnormals */
+    loom_cpu_scale(wte, 0.07f, (size_t)Vp * C);
+    loom_cpu_scale(wqkv, 0.07f, 3 * Cs * C);
+    loom_cpu_scale(wproj, 0.07f / sqrtf(2.0f * L), Cs * C);
+    loom_cpu_scale(wfc, 0.07f, 4 * Cs * C);
+    loom_cpu_scale(wfcp, 0.07f / sqrtf(2.0f * L), 4 * Cs * C);
+    loom_cpu_scale(bias, 0.0f, 4 * Cs);
+    for (int i = 0; i < C; i++)
+        lnw[i] = 1.0f;
     float *dw = buf(4 * Cs * C), *dwte = buf((size_t)Vp * C), *db = buf(4 * Cs);
     float *x = buf(BT * C * (L + 1)), *ln = buf(BT * C * 2 * L), *stats = buf(BT * 4 * L);
     float *qkv = buf(BT * 3 * C * L), *aty = buf(BT * C * L), *att = buf((size_t)B * NH * T * T * L);
@@ -140,51 +159,61 @@ static void bench_step(const char *name, int B, int T, int C, int NH, int L, int
     float *logits = buf(BT * Vp), *losses = buf(BT), *scratch = buf(2 * (size_t)B * NH * T * T);
     float *dx = buf(BT * C), *dx2 = buf(BT * C), *dln = buf(BT * C), *dqkv = buf(BT * 3 * C);
     float *dbig = buf(BT * 4 * C), *dge = buf(BT * 4 * C), *tmp = buf(BT * C);
+    loom_cpu_scale(x, 0.07f, BT * C);
     int *targets = malloc(BT * sizeof(int));
     for (size_t i = 0; i < BT; i++)
         targets[i] = (int)(i * 7 % V);
-    double best = 1e30;
+    double best = 1e30, best_part[7] = {0}, part[7];
     for (int round = 0; round < 3; round++) {
+        memset(part, 0, sizeof part);
         const double t0 = omp_get_wtime();
         for (int l = 0; l < L; l++) {
             float *xl = x + l * BT * C, *l1 = ln + 2 * l * BT * C, *l2 = l1 + BT * C;
             float *s = stats + 4 * l * BT, *q = qkv + l * BT * 3 * C, *a = aty + l * BT * C;
             float *r = x2 + l * BT * C, *f = fc + l * BT * 4 * C, *g = ge + l * BT * 4 * C;
-            loom_cpu_layernorm_forward(l1, s, s + BT, xl, lnw, bias, B, T, C);
-            loom_cpu_matmul_forward(q, l1, wqkv, bias, B, T, C, 3 * C);
-            loom_cpu_attention_forward(a, att + (size_t)l * B * NH * T * T, q, B, T, C, NH);
-            loom_cpu_matmul_forward(tmp, a, wproj, bias, B, T, C, C);
-            loom_cpu_residual_forward(r, xl, tmp, BT * C);
-            loom_cpu_layernorm_forward(l2, s + 2 * BT, s + 3 * BT, r, lnw, bias, B, T, C);
-            loom_cpu_matmul_forward(f, l2, wfc, bias, B, T, C, 4 * C);
-            loom_cpu_gelu_forward(g, f, BT * 4 * C);
-            loom_cpu_matmul_forward(tmp, g, wfcp, bias, B, T, 4 * C, C);
-            loom_cpu_residual_forward(xl + BT * C, r, tmp, BT * C);
+            TIMED(2, loom_cpu_layernorm_forward(l1, s, s + BT, xl, lnw, bias, B, T, C));
+            TIMED(0, loom_cpu_matmul_forward(q, l1, wqkv, bias, B, T, C, 3 * C));
+            TIMED(1, loom_cpu_attention_forward(a, att + (size_t)l * B * NH * T * T, q, B, T, C, NH));
+            TIMED(0, loom_cpu_matmul_forward(tmp, a, wproj, bias, B, T, C, C));
+            TIMED(4, loom_cpu_residual_forward(r, xl, tmp, BT * C));
+            TIMED(2, loom_cpu_layernorm_forward(l2, s + 2 * BT, s + 3 * BT, r, lnw, bias, B, T, C));
+            TIMED(0, loom_cpu_matmul_forward(f, l2, wfc, bias, B, T, C, 4 * C));
+            TIMED(3, loom_cpu_gelu_forward(g, f, BT * 4 * C));
+            TIMED(0, loom_cpu_matmul_forward(tmp, g, wfcp, bias, B, T, 4 * C, C));
+            TIMED(4, loom_cpu_residual_forward(xl + BT * C, r, tmp, BT * C));
         }
-        loom_cpu_matmul_forward(logits, x + L * BT * C, wte, NULL, B, T, C, Vp);
-        loom_cpu_crossentropy_forward_backward(logits, losses, targets, 1.0f / BT, (int)BT, V, Vp);
-        loom_cpu_matmul_backward(dx, dwte, NULL, logits, x + L * BT * C, wte, B, T, C, Vp);
+        TIMED(6, loom_cpu_matmul_forward(logits, x + L * BT * C, wte, NULL, B, T, C, Vp));
+        TIMED(5, loom_cpu_crossentropy_forward_backward(logits, losses, targets, 1.0f / BT, (int)BT, V, Vp));
+        TIMED(6, loom_cpu_matmul_backward(dx, dwte, NULL, logits, x + L * BT * C, wte, B, T, C, Vp));
         for (int l = L - 1; l >= 0; l--) {
             float *xl = x + l * BT * C, *l1 = ln + 2 * l * BT * C, *l2 = l1 + BT * C;
             float *s = stats + 4 * l * BT, *q = qkv + l * BT * 3 * C, *a = aty + l * BT * C;
             float *r = x2 + l * BT * C, *f = fc + l * BT * 4 * C, *g = ge + l * BT * 4 * C;
-            loom_cpu_matmul_backward(dge, dw, db, dx, g, wfcp, B, T, 4 * C, C);
-            loom_cpu_gelu_backward(dbig, f, dge, BT * 4 * C);
-            loom_cpu_matmul_backward(dln, dw, db, dbig, l2, wfc, B, T, C, 4 * C);
-            loom_cpu_layernorm_backward(dx2, dw, db, dln, r, lnw, s + 2 * BT, s + 3 * BT, B, T, C);
-            loom_cpu_accumulate(dx2, dx, BT * C);
-            loom_cpu_matmul_backward(dln, dw, db, dx2, a, wproj, B, T, C, C);
-            loom_cpu_attention_backward(dqkv, scratch, dln, q, att + (size_t)l * B * NH * T * T, B, T,
-                                        C, NH);
-            loom_cpu_matmul_backward(dln, dw, db, dqkv, l1, wqkv, B, T, C, 3 * C);
-            loom_cpu_layernorm_backward(dx, dw, db, dln, xl, lnw, s, s + BT, B, T, C);
-            loom_cpu_accumulate(dx, dx2, BT * C);
+            TIMED(0, loom_cpu_matmul_backward(dge, dw, db, dx, g, wfcp, B, T, 4 * C, C));
+            TIMED(3, loom_cpu_gelu_backward(dbig, f, dge, BT * 4 * C));
+            TIMED(0, loom_cpu_matmul_backward(dln, dw, db, dbig, l2, wfc, B, T, C, 4 * C));
+            TIMED(2, loom_cpu_layernorm_backward(dx2, dw, db, dln, r, lnw, s + 2 * BT, s + 3 * BT, B, T, C));
+            TIMED(4, loom_cpu_accumulate(dx2, dx, BT * C));
+            TIMED(0, loom_cpu_matmul_backward(dln, dw, db, dx2, a, wproj, B, T, C, C));
+            TIMED(1, loom_cpu_attention_backward(dqkv, scratch, dln, q, att + (size_t)l * B * NH * T * T, B, T,
+                                        C, NH));
+            TIMED(0, loom_cpu_matmul_backward(dln, dw, db, dqkv, l1, wqkv, B, T, C, 3 * C));
+            TIMED(2, loom_cpu_layernorm_backward(dx, dw, db, dln, xl, lnw, s, s + BT, B, T, C));
+            TIMED(4, loom_cpu_accumulate(dx, dx2, BT * C));
         }
         const double ms = (omp_get_wtime() - t0) * 1e3;
-        best = ms < best ? ms : best;
+        if (ms < best) {
+            best = ms;
+            memcpy(best_part, part, sizeof part);
+        }
     }
     printf("%-6s step (fwd+bwd, L=%d): %8.2f ms  %8.0f tokens/s\n", name, L, best,
            BT / best * 1e3);
+    static const char *const part_name[7] = {"matmul", "attention", "layernorm", "gelu",
+                                             "residual", "crossentropy", "lm head"};
+    for (int p = 0; p < 7; p++)
+        printf("       %-13s %8.2f ms  %5.1f%%\n", part_name[p], best_part[p] * 1e3,
+               100.0 * best_part[p] * 1e3 / best);
     free(wte), free(wqkv), free(wproj), free(wfc), free(wfcp), free(bias), free(lnw), free(dw);
     free(dwte), free(db), free(x), free(ln), free(stats), free(qkv), free(aty), free(att);
     free(x2), free(fc), free(ge), free(logits), free(losses), free(scratch), free(dx), free(dx2);

@@ -94,7 +94,7 @@ void kt_assert_thread_independent(const char *what, kt_kernel_fn fn, void *ctx, 
 int kt_run(Suite *s)
 {
     SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
+    srunner_run_all(sr, CK_ENV); /* CK_VERBOSITY=verbose lists each test */
     const int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
     return failed == 0 ? 0 : 1;

@@ -44,7 +44,8 @@ void kt_assert_all(const char *what, const float *x, size_t n, float v);
 typedef void (*kt_kernel_fn)(void *ctx, float *out);
 void kt_assert_thread_independent(const char *what, kt_kernel_fn fn, void *ctx, size_t n);
 
-/* Runs the suite (Check's default fork mode), prints the summary, returns the exit code. */
+/* Runs the suite (Check's default fork mode; CK_VERBOSITY=verbose lists each test), prints
+ * the summary, returns the exit code. */
 int kt_run(Suite *s);
 
 #endif

@@ -2,7 +2,8 @@
  * blocked GEMM (loom_cpu_sgemm_fallback), each against the double-precision reference
  * loom_cpu_sgemm_check: all four transpose combinations, sizes that are not multiples of
  * the micro-tile, leading dimensions larger than the rows, alpha/beta, beta 0 over NaN,
- * empty products; and blas init's contract (description, idempotence, LOOM_OPENBLAS=none).
+ * empty products; and blas init's contract (description, idempotence, LOOM_OPENBLAS=none,
+ * a pthread OpenBLAS split over loom's threads).
  */
 #include "cpu_kernels.h"
 #include "kernel_test.h"
@@ -10,6 +11,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef void (*gemm_fn)(int, int, int, int, int, float, const float *, int, const float *, int,
                         float, float *, int);
@@ -113,6 +115,24 @@ START_TEST(test_init_without_openblas)
 }
 END_TEST
 
+START_TEST(test_pthread_openblas_split)
+{
+    /* A pthread OpenBLAS is kept on one thread and each product is split over loom's
+     * OpenMP threads (blas.c): check that path where the library is installed. */
+    const char *lib = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0";
+    const char *fork = getenv("CK_FORK");
+    if ((fork && strcmp(fork, "no") == 0) || access(lib, R_OK) != 0)
+        return;
+    setenv("LOOM_OPENBLAS", lib, 1);
+    char d[400];
+    ck_assert_int_eq(loom_cpu_blas_init(2, d, sizeof d), 0);
+    ck_assert_msg(strstr(d, "split by loom") != NULL, "description '%s'", d);
+    check_all(loom_cpu_sgemm);
+    check_one(loom_cpu_sgemm, 0, 1, 300, 200, 100, 1.0f, 0.0f, 1); /* split by rows */
+    check_one(loom_cpu_sgemm, 1, 0, 40, 900, 100, 1.0f, 1.0f, 2);  /* split by columns */
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("blas");
@@ -124,6 +144,7 @@ int main(void)
     tcase_add_test(tc, test_empty_products);
     tcase_add_test(tc, test_init_describes);
     tcase_add_test(tc, test_init_without_openblas);
+    tcase_add_test(tc, test_pthread_openblas_split);
     suite_add_tcase(s, tc);
     return kt_run(s);
 }

@@ -7,8 +7,9 @@ independently of loom's C code:
   * both .safetensors files with a plain reader written from the format spec
     (https://huggingface.co/docs/safetensors: u64 LE header length, JSON header,
     contiguous data section) — Debian ships no python3-safetensors;
-  * the manifest: format, version, file sizes and FNV-1a 64 checksums, and its own
-    checksum (the text with its 16 hex digits written as '0');
+  * the manifest: format, version, file sizes and XXH64 checksums (a pure-Python XXH64,
+    checked against the published vectors), and its own checksum (the text with its 16
+    hex digits written as '0');
   * the tensor values through torch.frombuffer (if torch imports) and through
     safetensors.torch.load_file (if the safetensors module is installed).
 Usage: check_safetensors.py <path to test_checkpoint>
@@ -23,11 +24,48 @@ import tempfile
 SIZES = {"F32": 4, "BF16": 2, "F16": 2, "I32": 4, "I64": 8, "U8": 1}
 
 
-def fnv1a64(data):
-    h = 0xCBF29CE484222325
-    for b in data:
-        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return h
+M64 = (1 << 64) - 1
+P1, P2, P3 = 0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9
+P4, P5 = 0x85EBCA77C2B2AE63, 0x27D4EB2F165667C5
+
+
+def _rotl(x, r):
+    return ((x << r) | (x >> (64 - r))) & M64
+
+
+def _round(acc, x):
+    return (_rotl((acc + x * P2) & M64, 31) * P1) & M64
+
+
+def xxh64(data):
+    """XXH64, seed 0, from the xxHash spec (doc/xxhash_spec.md)."""
+    n, i = len(data), 0
+    if n >= 32:
+        v = [(P1 + P2) & M64, P2, 0, (-P1) & M64]
+        while i + 32 <= n:
+            w = struct.unpack_from("<4Q", data, i)
+            v = [_round(v[k], w[k]) for k in range(4)]
+            i += 32
+        h = (_rotl(v[0], 1) + _rotl(v[1], 7) + _rotl(v[2], 12) + _rotl(v[3], 18)) & M64
+        for k in range(4):
+            h = ((h ^ _round(0, v[k])) * P1 + P4) & M64
+    else:
+        h = P5
+    h = (h + n) & M64
+    while i + 8 <= n:
+        h = (_rotl(h ^ _round(0, struct.unpack_from("<Q", data, i)[0]), 27) * P1 + P4) & M64
+        i += 8
+    if i + 4 <= n:
+        h = (_rotl(h ^ ((struct.unpack_from("<I", data, i)[0] * P1) & M64), 23) * P2 + P3) & M64
+        i += 4
+    while i < n:
+        h = (_rotl(h ^ ((data[i] * P5) & M64), 11) * P1) & M64
+        i += 1
+    h ^= h >> 33
+    h = (h * P2) & M64
+    h ^= h >> 29
+    h = (h * P3) & M64
+    return h ^ (h >> 32)
 
 
 def read_safetensors(path):
@@ -61,6 +99,16 @@ def read_safetensors(path):
 
 def main():
     exe = sys.argv[1]
+    for data, want in [(b"", 0xEF46DB3751D8E999), (b"abc", 0x44BC2CF5AD770999),
+                       (b"hello", 0x26C7827D889F6DA3)]:
+        assert xxh64(data) == want, data
+    try:  # the reference implementation, where installed
+        import xxhash
+        blob = bytes(range(256)) * 3
+        assert all(xxh64(blob[:n]) == xxhash.xxh64_intdigest(blob[:n]) for n in range(0, 768, 7))
+        print("pure-Python XXH64 agrees with the xxhash module")
+    except ImportError:
+        pass
     with tempfile.TemporaryDirectory(prefix="loom-st-py-") as tmp:
         run = subprocess.run([exe], env=dict(os.environ, LOOM_CKPT_WRITE=tmp),
                              capture_output=True, text=True)
@@ -74,15 +122,15 @@ def main():
         assert manifest["step"] == 2 and manifest["steps_taken"] == 2
         assert manifest["config"] == {"recipe": "check_safetensors"}
         recorded = manifest["checksum"]
-        assert recorded.startswith("fnv1a64:")
-        at = text.rfind(recorded.encode()) + 8  # the checksum member is the last one
+        assert recorded.startswith("xxh64:")
+        at = text.rfind(recorded.encode()) + 6  # the checksum member is the last one
         zeroed = text[:at] + b"0" * 16 + text[at + 16:]
-        assert f"{fnv1a64(zeroed):016x}" == recorded[8:], "manifest self-checksum"
+        assert f"{xxh64(zeroed):016x}" == recorded[6:], "manifest self-checksum"
         for name, rec in manifest["files"].items():
             with open(os.path.join(ckpt, name), "rb") as f:
                 raw = f.read()
             assert len(raw) == rec["bytes"], name
-            assert f"{fnv1a64(raw):016x}" == rec["fnv1a64"], name
+            assert f"{xxh64(raw):016x}" == rec["xxh64"], name
 
         model, mmeta, _ = read_safetensors(os.path.join(ckpt, "model.safetensors"))
         optim, ometa, _ = read_safetensors(os.path.join(ckpt, "optim.safetensors"))

@@ -1,6 +1,6 @@
 /* test_checkpoint.c — checkpoints: exact round trip and resume, the `latest` marker and
  * find() around crashed saves, retention, replacing a step, refusal of a mismatched
- * model, and a corruption fuzz (truncate / flip a byte at 200 positions of each of the
+ * model, savers killed at random moments, and a corruption fuzz (truncate / flip a byte at 200 positions of each of the
  * three files: every load must fail cleanly, name the file and leave the session as it
  * was). Also built with AddressSanitizer + UBSan (unit_checkpoint_asan).
  *
@@ -9,12 +9,15 @@
  * its optimizer slot 1) for tests/unit/check_safetensors.py.
  */
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -291,6 +294,48 @@ START_TEST(test_mismatch_refused)
 }
 END_TEST
 
+/* A saver killed (SIGKILL) at arbitrary moments: after each kill, find() must name a
+ * checkpoint that loads, and the next save must clear what the dead one left. */
+START_TEST(test_killed_saves)
+{
+    char dir[512], out[4096];
+    fresh_dir(dir, sizeof dir, "killed");
+    loom_session *s = make_session(C, 1), *r = make_session(C, 2);
+    save(s, dir, 1, NULL, 2, NULL);
+    int picked_new = 0;
+    for (int i = 0; i < 24; i++) {
+        fflush(NULL);
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) { /* no compute in the child: the saves only read the buffers */
+            for (int k = 0;; k++) {
+                loom_checkpoint_extra x = extra_at(2 + k % 3, NULL, 2);
+                loom_checkpoint_save(s, dir, &x, NULL, 0);
+            }
+        }
+        usleep((useconds_t)(200 + 400 * i));
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        ck_assert_msg(loom_checkpoint_find(dir, out, sizeof out) == LOOM_OK, "%s", loom_last_error());
+        ck_assert_msg(loom_checkpoint_load(r, out, NULL) == LOOM_OK, "after kill %d: %s", i,
+                      loom_last_error());
+        picked_new += strcmp(strrchr(out, '/') + 1, "step_00000001") != 0;
+    }
+    save(s, dir, 9, NULL, 2, NULL); /* clears the dead savers' leftovers */
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int entries = 0;
+    while ((e = readdir(d)))
+        if (e->d_name[0] != '.' || (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")))
+            entries++, ck_assert_msg(strncmp(e->d_name, ".tmp-", 5) != 0, "%s left behind", e->d_name);
+    closedir(d);
+    ck_assert_int_eq(entries, 3); /* latest, step_00000009 and the one before it */
+    printf("killed savers: %d of 24 left a newer checkpoint selected\n", picked_new);
+    loom_session_destroy(r);
+    loom_session_destroy(s);
+}
+END_TEST
+
 static int fuzz_one(loom_session *s, loom_data *d, const snap *before, const char *ckpt,
                     const char *file, const char *what, size_t pos)
 {
@@ -392,6 +437,7 @@ int main(void)
         tcase_add_test(tc, test_latest_and_find);
         tcase_add_test(tc, test_retention_and_replace);
         tcase_add_test(tc, test_mismatch_refused);
+        tcase_add_test(tc, test_killed_saves);
         tcase_add_test(tc, test_corruption_fuzz);
     }
     suite_add_tcase(su, tc);

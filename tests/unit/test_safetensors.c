@@ -1,4 +1,5 @@
-/* test_safetensors.c — the safetensors writer and strict reader: a round trip with
+/* test_safetensors.c — the XXH64 checksum (published vectors, streaming splits), and the
+ * safetensors writer and strict reader: a round trip with
  * metadata, F32 and BF16, the exact refusal messages for each kind of malformed header,
  * and a fuzz of every header byte (flip and truncate) that must never crash — the reader
  * is exercised without the checkpoint's checksums in front of it. Also run under
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include "checkpoint.h"
+#include "checksum.h"
 #include "safetensors.h"
 
 static char path[256];
@@ -30,12 +32,12 @@ START_TEST(test_round_trip)
     loom_st_tensor t[3] = {{"w", LOOM_DTYPE_F32, 2, s_w, w}, {"h", LOOM_DTYPE_BF16, 1, s_h, h},
                            {"scalar", LOOM_DTYPE_F32, 0, NULL, &scalar}};
     loom_st_meta m[2] = {{"format", "pt"}, {"w", "{\"shape\":[2,3]}"}};
-    uint64_t bytes, fnv;
-    ck_assert_int_eq(loom_safetensors_write(path, t, 3, m, 2, &bytes, &fnv), LOOM_OK);
+    uint64_t bytes, sum;
+    ck_assert_int_eq(loom_safetensors_write(path, t, 3, m, 2, &bytes, &sum), LOOM_OK);
     size_t n;
     unsigned char *b = slurp(&n);
     ck_assert_uint_eq(n, bytes);
-    ck_assert_uint_eq(loom_fnv1a64(LOOM_FNV1A64_INIT, b, n), fnv);
+    ck_assert_uint_eq(loom_xxh64(b, n), sum);
     ck_assert_uint_eq((8 + (b[0] | b[1] << 8)) % 8, 0); /* header padded to 8 */
     loom_st_file *f;
     ck_assert_msg(loom_safetensors_parse("test", path, b, n, &f) == LOOM_OK, "%s", loom_last_error());
@@ -58,6 +60,29 @@ START_TEST(test_round_trip)
     ck_assert_int_eq(loom_safetensors_copy_f32(f, e, out, 2), LOOM_ERR_INVALID);
     loom_safetensors_free(f);
     free(b);
+}
+END_TEST
+
+START_TEST(test_xxh64)
+{
+    /* the published XXH64 vectors, seed 0 */
+    ck_assert_uint_eq(loom_xxh64("", 0), 0xEF46DB3751D8E999ull);
+    ck_assert_uint_eq(loom_xxh64("a", 1), 0xD24EC4F1A98C6E5Bull);
+    ck_assert_uint_eq(loom_xxh64("abc", 3), 0x44BC2CF5AD770999ull);
+    ck_assert_uint_eq(loom_xxh64("hello", 5), 0x26C7827D889F6DA3ull);
+    /* streaming in any split equals one shot, across the 32-byte stripe and the tails */
+    unsigned char buf[300];
+    for (int i = 0; i < 300; i++)
+        buf[i] = (unsigned char)(i * 7 + 3);
+    for (size_t n = 0; n <= 300; n += 13)
+        for (size_t cut = 0; cut <= n; cut += 5) {
+            loom_xxh64_state s;
+            loom_xxh64_init(&s);
+            loom_xxh64_update(&s, buf, cut);
+            loom_xxh64_update(&s, buf + cut, 0);
+            loom_xxh64_update(&s, buf + cut, n - cut);
+            ck_assert_uint_eq(loom_xxh64_digest(&s), loom_xxh64(buf, n));
+        }
 }
 END_TEST
 
@@ -125,8 +150,8 @@ START_TEST(test_refusals)
     int64_t s[1] = {2};
     int32_t v[2] = {1, 2};
     loom_st_tensor t = {"i", LOOM_DTYPE_I32, 1, s, v};
-    uint64_t bytes, fnv;
-    ck_assert_int_eq(loom_safetensors_write(path, &t, 1, NULL, 0, &bytes, &fnv), LOOM_OK);
+    uint64_t bytes, sum;
+    ck_assert_int_eq(loom_safetensors_write(path, &t, 1, NULL, 0, &bytes, &sum), LOOM_OK);
     size_t n;
     unsigned char *b = slurp(&n);
     loom_st_file *f;
@@ -148,8 +173,8 @@ START_TEST(test_header_fuzz)
     loom_st_tensor t[2] = {{"h.0.attn.qkv.weight", LOOM_DTYPE_F32, 2, s1, w},
                            {"h.0.attn.qkv.bias", LOOM_DTYPE_F32, 1, s2, w + 32}};
     loom_st_meta m[1] = {{"h.0.attn.qkv.weight", "{\"shape\":[4,8],\"slice_start\":[0,0]}"}};
-    uint64_t bytes, fnv;
-    ck_assert_int_eq(loom_safetensors_write(path, t, 2, m, 1, &bytes, &fnv), LOOM_OK);
+    uint64_t bytes, sum;
+    ck_assert_int_eq(loom_safetensors_write(path, t, 2, m, 1, &bytes, &sum), LOOM_OK);
     size_t n;
     unsigned char *orig = slurp(&n);
     size_t header_end = 8 + (orig[0] | orig[1] << 8);
@@ -195,6 +220,7 @@ int main(void)
     Suite *su = suite_create("safetensors");
     TCase *tc = tcase_create("safetensors");
     tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_xxh64);
     tcase_add_test(tc, test_round_trip);
     tcase_add_test(tc, test_refusals);
     tcase_add_test(tc, test_header_fuzz);

@@ -3,6 +3,7 @@
  *   loom run RECIPE [key=value ...]   run a Lua recipe; key=value overrides recipe fields
  *   loom plugins                      list every plugin found, and every file refused
  *   loom plot METRICS.jsonl [-o SVG]  plot a run's metrics file (loss, tokens/s, lr)
+ *   loom export --llmc CKPT OUT.bin   write a checkpoint's weights as an llm.c model file
  *   loom version
  *
  * The Lua library is found in LOOM_LUA_PATH (if set), else next to the sources when this
@@ -45,6 +46,7 @@ static int usage(FILE *out)
           "                                         any recipe field (batch.micro=8, steps=20)\n"
           "       loom plugins                      list the plugins found and where\n"
           "       loom plot METRICS.jsonl [-o SVG]  plot loss, tokens/s and lr against step\n"
+          "       loom export --llmc CKPT OUT.bin   write a checkpoint's weights as an llm.c model\n"
           "       loom version\n",
           out);
     return out == stderr ? 2 : 0;
@@ -129,30 +131,22 @@ static int cmd_run(int argc, char **argv)
     return rc;
 }
 
-static int cmd_plugins(void)
-{
-    lua_State *L = new_state();
-    if (!L)
-        return 1;
-    int rc = luaL_loadstring(L, "require('loom.cli').plugins()") != LUA_OK ? 1 : run_protected(L, 0);
-    lua_close(L);
-    return rc;
-}
-
-/* `loom plot ARGS...`: require('loom.cli').plot({ARGS...}); the Lua side parses them. */
-static int cmd_plot(int argc, char **argv)
+/* Commands written in Lua: `loom NAME ARGS...` runs require('loom.cli')[NAME]({ARGS...});
+ * the Lua side parses its arguments. */
+static int cmd_lua(const char *name, int argc, char **argv)
 {
     lua_State *L = new_state();
     if (!L)
         return 1;
     int rc = 1;
-    if (luaL_loadstring(L, "require('loom.cli').plot(...)") == LUA_OK) {
+    if (luaL_loadstring(L, "local name, args = ...; return require('loom.cli')[name](args)") == LUA_OK) {
+        lua_pushstring(L, name);
         lua_createtable(L, argc, 0);
         for (int i = 0; i < argc; i++) {
             lua_pushstring(L, argv[i]);
             lua_rawseti(L, -2, i + 1);
         }
-        rc = run_protected(L, 1);
+        rc = run_protected(L, 2);
     }
     lua_close(L);
     return rc;
@@ -167,9 +161,9 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "run") == 0)
         return cmd_run(argc - 2, argv + 2);
     if (strcmp(cmd, "plugins") == 0)
-        return cmd_plugins();
-    if (strcmp(cmd, "plot") == 0)
-        return cmd_plot(argc - 2, argv + 2);
+        return cmd_lua("plugins", 0, argv);
+    if (strcmp(cmd, "plot") == 0 || strcmp(cmd, "export") == 0)
+        return cmd_lua(cmd, argc - 2, argv + 2);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("loom %s\n", LOOM_VERSION_STRING);
         return 0;

@@ -62,14 +62,15 @@ static const char *const openblas_candidates[] = {
 static struct {
     pthread_once_t once;
     pthread_mutex_t lock;
-    int threads;                /* requested by loom_cpu_blas_init, 0 before */
+    int threads;                /* the last count loom_cpu_blas_init applied */
     cblas_sgemm_fn sgemm;       /* NULL: loom_cpu_sgemm_fallback */
     set_threads_fn set_threads; /* openblas_set_num_threads, if present */
     int split;                  /* OpenBLAS not built with OpenMP: it runs on one thread and
                                  * loom splits each product over its own OpenMP threads */
     int status;                 /* 0, or -1 if even the fallback failed its check */
-    char what[320];             /* the description, less " threads=N" */
-} g = {PTHREAD_ONCE_INIT, PTHREAD_MUTEX_INITIALIZER, 0, NULL, NULL, 0, 0, ""};
+    char what[160];             /* the GEMM in use: "OpenBLAS 0.3.21 (openmp) core=..." */
+    char why[200];              /* why not OpenBLAS, when the fallback is in use */
+} g = {PTHREAD_ONCE_INIT, PTHREAD_MUTEX_INITIALIZER, 0, NULL, NULL, 0, 0, "", ""};
 
 /* The OPENBLAS_CORETYPE matching this CPU, or NULL to let OpenBLAS decide. */
 static const char *pick_coretype(const char **why)
@@ -214,9 +215,8 @@ static int load_openblas(char *why, size_t len)
     if (core)
         unsetenv("OPENBLAS_CORETYPE"); /* read by the constructor; do not leak to children */
     if (!h) {
-        const char *err = dlerror();
-        snprintf(why, len, "cannot load %s: %s", env ? env : "libopenblas.so.0",
-                 err ? err : "?");
+        const char *err = dlerror(); /* names the file */
+        snprintf(why, len, "%s", err ? err : "cannot load libopenblas.so.0");
         return -1;
     }
     cblas_sgemm_fn sgemm = (cblas_sgemm_fn)dlsym(h, "cblas_sgemm");
@@ -257,34 +257,37 @@ static int load_openblas(char *why, size_t len)
     return 0;
 }
 
+/* Verification runs on the current OpenMP thread count; loom_cpu_blas_init applies its
+ * own count after this returns. */
 static void init_once(void)
 {
-    char why[160] = "";
+    char why[sizeof g.why] = "";
     if (load_openblas(why, sizeof why) == 0) {
-        apply_threads(g.threads > 0 ? g.threads : omp_get_max_threads());
+        apply_threads(omp_get_max_threads());
         if (verify(why, sizeof why) == 0)
             return;
-        g.sgemm = NULL; /* loaded but wrong: fall back */
+        if (g.set_threads) /* loaded but wrong: park its threads and fall back */
+            g.set_threads(1);
+        g.sgemm = NULL;
         g.set_threads = NULL;
         g.split = 0;
     }
-    char fail[160];
-    int rc = verify(fail, sizeof fail);
-    snprintf(g.what, sizeof g.what, "loom blocked sgemm (%s)%s%s; OpenBLAS not used: %s",
-             loom_cpu_sgemm_fallback_isa(), rc ? " FAILED ITS CHECK: " : "", rc ? fail : "",
-             why);
-    g.status = rc;
+    char fail[120] = "";
+    g.status = verify(fail, sizeof fail);
+    snprintf(g.what, sizeof g.what, "loom blocked sgemm (%s)%s%s", loom_cpu_sgemm_fallback_isa(),
+             g.status ? " FAILED ITS CHECK: " : "", fail);
+    snprintf(g.why, sizeof g.why, "; OpenBLAS not used: %s", why);
 }
 
 int loom_cpu_blas_init(int threads, char *desc, size_t desc_len)
 {
     pthread_mutex_lock(&g.lock);
-    g.threads = threads > 0 ? threads : omp_get_max_threads();
     pthread_once(&g.once, init_once);
+    g.threads = threads > 0 ? threads : omp_get_max_threads();
     apply_threads(g.threads);
     if (desc && desc_len)
-        snprintf(desc, desc_len, "%s threads=%d", g.what, g.threads);
-    int rc = g.status;
+        snprintf(desc, desc_len, "%s threads=%d%s", g.what, g.threads, g.why);
+    const int rc = g.status;
     pthread_mutex_unlock(&g.lock);
     return rc;
 }

@@ -2,20 +2,25 @@
  * checks any GEMM.
  *
  * loom_cpu_sgemm_fallback is what loom_cpu_sgemm (blas.c) runs when OpenBLAS cannot be
- * loaded or gives wrong answers. It is a GotoBLAS/BLIS-style blocked GEMM:
+ * loaded or gives wrong answers, and what attention.c runs per head. It is a
+ * GotoBLAS/BLIS-style blocked GEMM:
  *   for each NC-wide panel of op(B), for each KC-deep slice of it:
  *     pack the KC x NC panel of B into NR-wide slivers (shared by all threads);
  *     each thread packs an MC x KC block of alpha*op(A) into MR-tall slivers and runs the
- *     MR x NR micro-kernel over (A sliver, B sliver) pairs, accumulating into C.
+ *     MR x NR micro-kernel over (A sliver, B sliver) pairs, adding into C (storing, for
+ *     the first slice of a beta-0 product: C is then never read).
  * Packing makes every micro-kernel access unit-stride and lets one code path serve all
  * four transpose combinations and any leading dimensions; edges are zero-padded in the
- * packs so the micro-kernel always computes a full tile and only the valid part is added.
+ * packs so the micro-kernel always computes a full tile and only the valid part is written.
  * The micro-kernel is plain C over GCC vector types, compiled three times (AVX-512,
- * AVX2+FMA, baseline) and chosen with cpuid, so one binary runs everywhere.
+ * AVX2+FMA, baseline) and chosen with cpuid, so one binary runs everywhere. On the 2-core
+ * AVX-512 Xeon it reaches ~145 GFLOP/s on one thread and ~250 on two at 1024^3 (OpenBLAS
+ * SkylakeX: ~150 and ~320).
  *
  * It does not: use threads inside an enclosing OpenMP parallel region (nested regions run
- * on one thread), or split K across threads (so each C element is summed in one fixed
- * order for a given thread count and shape).
+ * on one thread) or for products under 8 * LOOM_CPU_PAR_MIN multiply-adds, or split K
+ * across threads — so each C element is summed in one fixed order and the result does not
+ * depend on the thread count.
  *
  * Pack buffers are per thread and kept between calls (GEMMs repeat the same shapes every
  * step); if one cannot be allocated, the call falls back to a plain triple loop.

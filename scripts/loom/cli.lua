@@ -44,4 +44,47 @@ function cli.plot(args)
   print(string.format("wrote %s (%d steps, %d validation points)", out, #m.train, #m.val))
 end
 
+-- The optimizer table a manifest's recorded recipe used ({"1": "adamw", lr = ...} in JSON).
+local function recorded_optimizer(manifest)
+  local opt = (manifest.config or {}).optimizer
+  if type(opt) == "string" then return { name = opt } end
+  local t = { name = manifest.optimizer.name }
+  for k, v in pairs(type(opt) == "table" and opt or {}) do
+    if k ~= "1" and k ~= "name" then t[k] = v end
+  end
+  t.lr = t.lr or 1.0
+  return t
+end
+
+-- `loom export --llmc CKPT OUT.bin`: a checkpoint's weights as an llm.c model file
+-- (version 3, fp32), so llm.c's tools and anything that reads its format can use them.
+-- CKPT is a checkpoint (step_*) or a checkpoint dir (its newest complete checkpoint).
+function cli.export(args)
+  local usage = "usage: loom export --llmc CKPT OUT.bin"
+  if args[1] ~= "--llmc" or not args[2] or not args[3] or args[4] then error(usage, 0) end
+  local ckpt, out = args[2], args[3]
+  local f = io.open(ckpt .. "/manifest.json", "rb")
+  if not f then
+    local found, why = core.find_checkpoint(ckpt)
+    if not found then error("export: " .. why, 0) end
+    ckpt = found
+    f = assert(io.open(ckpt .. "/manifest.json", "rb"))
+  end
+  local text = f:read("a")
+  f:close()
+  local ok, manifest = pcall(require("loom.json").decode, text)
+  if not ok or type(manifest.model) ~= "table" or not manifest.optimizer then
+    error("export: " .. ckpt .. "/manifest.json is not a loom checkpoint manifest", 0)
+  end
+  local m = manifest.model
+  local session = core.session {
+    model = m, micro = 1, seq = 1, accum = 1, seed = 0, grad_clip = 0,
+    optimizer = recorded_optimizer(manifest), precision = { name = "fp32" },
+  }
+  session:load(ckpt)
+  core.llmc_save(session, out)
+  print(string.format("wrote %s (llm.c model v3: L=%d H=%d C=%d V=%d Vp=%d ctx=%d) from %s",
+    out, m.layers, m.heads, m.dim, m.vocab, m.vocab_padded, m.ctx, ckpt))
+end
+
 return cli

@@ -100,9 +100,9 @@ static void cblas_call(int ta, int tb, int M, int N, int K, float alpha, const f
 
 /* A pthread OpenBLAS has its own threads, which spin after each call while our OpenMP
  * threads want the same cores (and the other way round): on 2 cores a training step ran
- * 1.7x slower than with the OpenMP build. So such a library is kept on one thread and
+ * 1.3-1.7x slower than with the OpenMP build. So such a library is kept on one thread and
  * each product is cut into one slab of C per OpenMP thread, along the longer of M and N
- * (slab edges on multiples of 16). */
+ * (slab edges on multiples of 16); small products are split this way with any build. */
 static void cblas_split(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                         const float *B, int ldb, float beta, float *C, int ldc)
 {
@@ -122,13 +122,24 @@ static void cblas_split(int ta, int tb, int M, int N, int K, float alpha, const 
     }
 }
 
-static void sgemm_dispatch(int ta, int tb, int M, int N, int K, float alpha, const float *A,
-                           int lda, const float *B, int ldb, float beta, float *C, int ldc)
+/* Below this many multiply-adds even an OpenMP OpenBLAS is faster split by loom (each
+ * thread one single-threaded call, OpenBLAS sees it is inside a parallel region): the
+ * tiny config's layer GEMMs (~25M) ran 12% faster that way, the small config's (~450M)
+ * and its LM head did not. */
+#define SPLIT_BELOW 134217728.0 /* 2^27 */
+
+enum route { ROUTE_AUTO, ROUTE_WHOLE, ROUTE_SPLIT }; /* WHOLE, SPLIT: forced, for verify */
+
+static void sgemm_dispatch(enum route route, int ta, int tb, int M, int N, int K, float alpha,
+                           const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                           int ldc)
 {
+    const double work = (double)M * N * K;
     if (!g.sgemm)
         loom_cpu_sgemm_fallback(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    else if (g.split && (double)M * N * K > 8.0 * LOOM_CPU_PAR_MIN && !omp_in_parallel() &&
-             omp_get_max_threads() > 1)
+    else if (route == ROUTE_SPLIT ||
+             (route == ROUTE_AUTO && (g.split || work < SPLIT_BELOW) &&
+              work > 8.0 * LOOM_CPU_PAR_MIN && !omp_in_parallel() && omp_get_max_threads() > 1))
         cblas_split(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     else
         cblas_call(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -137,14 +148,19 @@ static void sgemm_dispatch(int ta, int tb, int M, int N, int K, float alpha, con
 /* Runs the check cases through the current GEMM path. Returns 0, or -1 with why written. */
 static int verify(char *why, size_t len)
 {
-    /* All four transposes at odd sizes; one 256^3 (the size where blocking and threading
-     * start); beta 0 over NaN (C must not be read), beta 1 (accumulation). ~20 MFLOP of
-     * double reference: a few ms at start-up. */
-    static const struct { int ta, tb, M, N, K; float alpha, beta; } cases[] = {
-        {0, 0, 37, 53, 29, 0.75f, 0.5f},  {0, 1, 37, 53, 29, 0.75f, 0.5f},
-        {1, 0, 37, 53, 29, 0.75f, 0.5f},  {1, 1, 37, 53, 29, 0.75f, 0.5f},
-        {0, 1, 1, 7, 3, 1.0f, 1.0f},      {0, 1, 256, 256, 256, 1.0f, 0.0f},
-        {1, 0, 96, 128, 160, 1.0f, 1.0f}, {0, 0, 128, 96, 160, 1.0f, 0.0f},
+    /* All four transposes at odd sizes; 256^3 (where blocking and threading start) both as
+     * one library call and split over threads; beta 0 over NaN (C must not be read), beta 1
+     * (accumulation). ~40 MFLOP of double reference: a few ms at start-up. */
+    static const struct { enum route route; int ta, tb, M, N, K; float alpha, beta; } cases[] = {
+        {ROUTE_AUTO, 0, 0, 37, 53, 29, 0.75f, 0.5f},
+        {ROUTE_AUTO, 0, 1, 37, 53, 29, 0.75f, 0.5f},
+        {ROUTE_AUTO, 1, 0, 37, 53, 29, 0.75f, 0.5f},
+        {ROUTE_AUTO, 1, 1, 37, 53, 29, 0.75f, 0.5f},
+        {ROUTE_AUTO, 0, 1, 1, 7, 3, 1.0f, 1.0f},
+        {ROUTE_WHOLE, 0, 1, 256, 256, 256, 1.0f, 0.0f},
+        {ROUTE_SPLIT, 0, 1, 256, 256, 256, 1.0f, 0.0f},
+        {ROUTE_SPLIT, 1, 0, 96, 128, 160, 1.0f, 1.0f},
+        {ROUTE_WHOLE, 0, 0, 128, 96, 160, 1.0f, 0.0f},
     };
     const int pad = 3, maxd = 256 + pad;
     float *A = malloc(sizeof(float) * maxd * maxd), *B = malloc(sizeof(float) * maxd * maxd);
@@ -166,7 +182,8 @@ static int verify(char *why, size_t len)
             C0[i] = cases[c].beta == 0.0f ? NAN : A[i] * 0.25f; /* beta 0 must drop NaN */
         }
         memcpy(C, C0, sizeof(float) * maxd * maxd);
-        sgemm_dispatch(ta, tb, M, N, K, cases[c].alpha, A, lda, B, ldb, cases[c].beta, C, ldc);
+        sgemm_dispatch(cases[c].route, ta, tb, M, N, K, cases[c].alpha, A, lda, B, ldb,
+                       cases[c].beta, C, ldc);
         double err = loom_cpu_sgemm_check(ta, tb, M, N, K, cases[c].alpha, A, lda, B, ldb,
                                           cases[c].beta, C0, C, ldc);
         if (!(err <= LOOM_CPU_SGEMM_TOL)) {
@@ -296,5 +313,5 @@ void loom_cpu_sgemm(int transa, int transb, int M, int N, int K, float alpha, co
                     int lda, const float *B, int ldb, float beta, float *C, int ldc)
 {
     pthread_once(&g.once, init_once);
-    sgemm_dispatch(transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    sgemm_dispatch(ROUTE_AUTO, transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }

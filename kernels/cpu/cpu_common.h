@@ -51,7 +51,8 @@
 
 static inline float loom_cpu_expf(float x)
 {
-    const float xc = x < LOOM_CPU_EXP_LO ? LOOM_CPU_EXP_LO : x > LOOM_CPU_EXP_HI ? LOOM_CPU_EXP_HI : x;
+    float xc = x < LOOM_CPU_EXP_LO ? LOOM_CPU_EXP_LO : x;
+    xc = xc > LOOM_CPU_EXP_HI ? LOOM_CPU_EXP_HI : xc;
     /* n = round(x / ln2) with the 1.5*2^23 trick: adding it rounds to an integer and leaves
      * n in the low mantissa bits of t. */
     const float shifter = 12582912.0f;

@@ -9,8 +9,9 @@
  *   d gelu / dx = s + x * d s/dx = s + x * 2 s (1 - s) * du/dx,
  *   du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
  * (sech^2(u) = 4 s (1 - s)). Subnormal results are flushed to 0 (cpu_common.h says why:
- * gelu(x) underflows for x below about -9). Elementwise, so out/dinp may alias inp/dout. OpenMP splits
- * the range into fixed chunks; each chunk runs an ISA-specific vectorised loop.
+ * gelu(x) underflows for x below about -9). Elementwise, so out/dinp may alias inp/dout.
+ * OpenMP splits the range into fixed chunks; each chunk runs an ISA-specific vectorised
+ * loop.
  */
 #include "cpu_kernels.h"
 #include "cpu_common.h"

@@ -83,7 +83,8 @@ micro_kernel_body(int kc, const float *restrict a, const float *restrict b, floa
     } else {
         for (int i = 0; i < m; i++)
             for (int j = 0; j < n; j++)
-                c[(size_t)i * ldc + j] = acc[i][j / 16][j % 16] + (store ? 0.0f : c[(size_t)i * ldc + j]);
+                c[(size_t)i * ldc + j] =
+                    acc[i][j / 16][j % 16] + (store ? 0.0f : c[(size_t)i * ldc + j]);
     }
 }
 
@@ -98,7 +99,7 @@ micro_kernel_avx512(int kc, const float *a, const float *b, float *c, int ldc, i
 }
 __attribute__((target("avx2,fma"))) static void
 micro_kernel_avx2(int kc, const float *a, const float *b, float *c, int ldc, int m, int n,
-                    int store)
+                  int store)
 {
     micro_kernel_body(kc, a, b, c, ldc, m, n, store);
 }

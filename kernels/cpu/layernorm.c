@@ -18,29 +18,71 @@
 #define LN_EPS 1e-5f
 enum { LN_COLS = 16 }; /* columns per work item in the parameter-gradient pass */
 
+/* One row: o = (x - mean) rstd w + b; writes mean and rstd. */
+LOOM_CPU_CLONES static void row_forward(float *restrict o, float *mean, float *rstd,
+                                        const float *restrict x, const float *restrict w,
+                                        const float *restrict b, int C)
+{
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < C; i++)
+        s += x[i];
+    const float m = s / C;
+    float v = 0.0f;
+#pragma omp simd reduction(+ : v)
+    for (int i = 0; i < C; i++)
+        v += (x[i] - m) * (x[i] - m);
+    const float r = 1.0f / sqrtf(v / C + LN_EPS);
+    for (int i = 0; i < C; i++)
+        o[i] = (x[i] - m) * r * w[i] + b[i];
+    *mean = m;
+    *rstd = r;
+}
+
+/* One row of dinp, from the formula in the opening comment. */
+LOOM_CPU_CLONES static void row_backward(float *dx, const float *d, const float *restrict x,
+                                         const float *restrict w, float m, float r, int C)
+{
+    float sg = 0.0f, sgn = 0.0f;
+#pragma omp simd reduction(+ : sg, sgn)
+    for (int i = 0; i < C; i++) {
+        const float g = w[i] * d[i];
+        sg += g;
+        sgn += g * (x[i] - m) * r;
+    }
+    sg /= C;
+    sgn /= C;
+    for (int i = 0; i < C; i++)
+        dx[i] = r * (w[i] * d[i] - sg - (x[i] - m) * r * sgn);
+}
+
+/* Columns c0 .. c0+n (n <= LN_COLS) of dweight and dbias: sums over all rows, in order. */
+LOOM_CPU_CLONES static void param_block(float *dweight, float *dbias, const float *dout,
+                                        const float *inp, const float *mean, const float *rstd,
+                                        int BT, int C, int c0, int n)
+{
+    float dw[LN_COLS] = {0}, db[LN_COLS] = {0};
+    for (int bt = 0; bt < BT; bt++) {
+        const float *x = inp + (size_t)bt * C + c0, *d = dout + (size_t)bt * C + c0;
+        for (int i = 0; i < n; i++) {
+            db[i] += d[i];
+            dw[i] += (x[i] - mean[bt]) * rstd[bt] * d[i];
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        dbias[c0 + i] += db[i];
+        dweight[c0 + i] += dw[i];
+    }
+}
+
 void loom_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                                 const float *weight, const float *bias, int B, int T, int C)
 {
     /* out (B,T,C), mean (B,T), rstd (B,T), inp (B,T,C), weight (C), bias (C) */
 #pragma omp parallel for schedule(static) if ((size_t)B * T * C > LOOM_CPU_PAR_MIN)
-    for (int bt = 0; bt < B * T; bt++) {
-        const float *x = inp + (size_t)bt * C;
-        float *o = out + (size_t)bt * C;
-        float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-        for (int i = 0; i < C; i++)
-            s += x[i];
-        const float m = s / C;
-        float v = 0.0f;
-#pragma omp simd reduction(+ : v)
-        for (int i = 0; i < C; i++)
-            v += (x[i] - m) * (x[i] - m);
-        const float r = 1.0f / sqrtf(v / C + LN_EPS);
-        for (int i = 0; i < C; i++)
-            o[i] = (x[i] - m) * r * weight[i] + bias[i];
-        mean[bt] = m;
-        rstd[bt] = r;
-    }
+    for (int bt = 0; bt < B * T; bt++)
+        row_forward(out + (size_t)bt * C, &mean[bt], &rstd[bt], inp + (size_t)bt * C, weight,
+                    bias, C);
 }
 
 void loom_cpu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
@@ -51,32 +93,13 @@ void loom_cpu_layernorm_backward(float *dinp, float *dweight, float *dbias, cons
      * weight (C), mean (B,T), rstd (B,T) */
     const int BT = B * T, nblk = (C + LN_COLS - 1) / LN_COLS;
     /* Parameter gradients first, so that dinp may even alias dout. */
-#pragma omp parallel for schedule(static) if ((size_t)B * T * C > LOOM_CPU_PAR_MIN)
+#pragma omp parallel for schedule(static) if ((size_t)BT * C > LOOM_CPU_PAR_MIN)
     for (int blk = 0; blk < nblk; blk++) {
-        const int c0 = blk * LN_COLS, c1 = c0 + LN_COLS < C ? c0 + LN_COLS : C;
-        for (int bt = 0; bt < BT; bt++) {
-            const float *x = inp + (size_t)bt * C, *d = dout + (size_t)bt * C;
-            for (int i = c0; i < c1; i++) {
-                dbias[i] += d[i];
-                dweight[i] += (x[i] - mean[bt]) * rstd[bt] * d[i];
-            }
-        }
+        const int c0 = blk * LN_COLS, n = C - c0 < LN_COLS ? C - c0 : LN_COLS;
+        param_block(dweight, dbias, dout, inp, mean, rstd, BT, C, c0, n);
     }
-#pragma omp parallel for schedule(static) if ((size_t)B * T * C > LOOM_CPU_PAR_MIN)
-    for (int bt = 0; bt < BT; bt++) {
-        const float *x = inp + (size_t)bt * C, *d = dout + (size_t)bt * C;
-        float *dx = dinp + (size_t)bt * C;
-        const float m = mean[bt], r = rstd[bt];
-        float sg = 0.0f, sgn = 0.0f;
-#pragma omp simd reduction(+ : sg, sgn)
-        for (int i = 0; i < C; i++) {
-            const float g = weight[i] * d[i];
-            sg += g;
-            sgn += g * (x[i] - m) * r;
-        }
-        sg /= C;
-        sgn /= C;
-        for (int i = 0; i < C; i++)
-            dx[i] = r * (weight[i] * d[i] - sg - (x[i] - m) * r * sgn);
-    }
+#pragma omp parallel for schedule(static) if ((size_t)BT * C > LOOM_CPU_PAR_MIN)
+    for (int bt = 0; bt < BT; bt++)
+        row_backward(dinp + (size_t)bt * C, dout + (size_t)bt * C, inp + (size_t)bt * C, weight,
+                     mean[bt], rstd[bt], C);
 }

@@ -2,8 +2,8 @@
  * (registered as a meson benchmark, not a test; `meson test --benchmark -C build` or run
  * build/tests/kernels/bench_kernels directly).
  *
- *   bench_kernels [threads [sections]]   threads 0 = all cores; sections: any of
- *                                        "square tiny small kernels tinystep smallstep" (default: all)
+ *   bench_kernels [threads [sections]]   threads 0 = all cores; sections, any of
+ *       "square tiny small kernels tinystep smallstep" (default: all of them)
  * Environment knobs blas.c reads: OPENBLAS_CORETYPE (e.g. Prescott, to see the mis-detected
  * speed), LOOM_OPENBLAS (library path, or "none" for loom's own GEMM).
  *
@@ -154,7 +154,8 @@ static void bench_step(const char *name, int B, int T, int C, int NH, int L, int
         lnw[i] = 1.0f;
     float *dw = buf(4 * Cs * C), *dwte = buf((size_t)Vp * C), *db = buf(4 * Cs);
     float *x = buf(BT * C * (L + 1)), *ln = buf(BT * C * 2 * L), *stats = buf(BT * 4 * L);
-    float *qkv = buf(BT * 3 * C * L), *aty = buf(BT * C * L), *att = buf((size_t)B * NH * T * T * L);
+    const size_t natt = (size_t)B * NH * T * T;
+    float *qkv = buf(BT * 3 * C * L), *aty = buf(BT * C * L), *att = buf(natt * L);
     float *x2 = buf(BT * C * L), *fc = buf(BT * 4 * C * L), *ge = buf(BT * 4 * C * L);
     float *logits = buf(BT * Vp), *losses = buf(BT), *scratch = buf(2 * (size_t)B * NH * T * T);
     float *dx = buf(BT * C), *dx2 = buf(BT * C), *dln = buf(BT * C), *dqkv = buf(BT * 3 * C);
@@ -173,7 +174,7 @@ static void bench_step(const char *name, int B, int T, int C, int NH, int L, int
             float *r = x2 + l * BT * C, *f = fc + l * BT * 4 * C, *g = ge + l * BT * 4 * C;
             TIMED(2, loom_cpu_layernorm_forward(l1, s, s + BT, xl, lnw, bias, B, T, C));
             TIMED(0, loom_cpu_matmul_forward(q, l1, wqkv, bias, B, T, C, 3 * C));
-            TIMED(1, loom_cpu_attention_forward(a, att + (size_t)l * B * NH * T * T, q, B, T, C, NH));
+            TIMED(1, loom_cpu_attention_forward(a, att + l * natt, q, B, T, C, NH));
             TIMED(0, loom_cpu_matmul_forward(tmp, a, wproj, bias, B, T, C, C));
             TIMED(4, loom_cpu_residual_forward(r, xl, tmp, BT * C));
             TIMED(2, loom_cpu_layernorm_forward(l2, s + 2 * BT, s + 3 * BT, r, lnw, bias, B, T, C));
@@ -183,8 +184,10 @@ static void bench_step(const char *name, int B, int T, int C, int NH, int L, int
             TIMED(4, loom_cpu_residual_forward(xl + BT * C, r, tmp, BT * C));
         }
         TIMED(6, loom_cpu_matmul_forward(logits, x + L * BT * C, wte, NULL, B, T, C, Vp));
-        TIMED(5, loom_cpu_crossentropy_forward_backward(logits, losses, targets, 1.0f / BT, (int)BT, V, Vp));
-        TIMED(6, loom_cpu_matmul_backward(dx, dwte, NULL, logits, x + L * BT * C, wte, B, T, C, Vp));
+        TIMED(5, loom_cpu_crossentropy_forward_backward(logits, losses, targets, 1.0f / BT,
+                                                        (int)BT, V, Vp));
+        TIMED(6, loom_cpu_matmul_backward(dx, dwte, NULL, logits, x + L * BT * C, wte, B, T, C,
+                                          Vp));
         for (int l = L - 1; l >= 0; l--) {
             float *xl = x + l * BT * C, *l1 = ln + 2 * l * BT * C, *l2 = l1 + BT * C;
             float *s = stats + 4 * l * BT, *q = qkv + l * BT * 3 * C, *a = aty + l * BT * C;
@@ -192,11 +195,12 @@ static void bench_step(const char *name, int B, int T, int C, int NH, int L, int
             TIMED(0, loom_cpu_matmul_backward(dge, dw, db, dx, g, wfcp, B, T, 4 * C, C));
             TIMED(3, loom_cpu_gelu_backward(dbig, f, dge, BT * 4 * C));
             TIMED(0, loom_cpu_matmul_backward(dln, dw, db, dbig, l2, wfc, B, T, C, 4 * C));
-            TIMED(2, loom_cpu_layernorm_backward(dx2, dw, db, dln, r, lnw, s + 2 * BT, s + 3 * BT, B, T, C));
+            TIMED(2, loom_cpu_layernorm_backward(dx2, dw, db, dln, r, lnw, s + 2 * BT, s + 3 * BT,
+                                                 B, T, C));
             TIMED(4, loom_cpu_accumulate(dx2, dx, BT * C));
             TIMED(0, loom_cpu_matmul_backward(dln, dw, db, dx2, a, wproj, B, T, C, C));
-            TIMED(1, loom_cpu_attention_backward(dqkv, scratch, dln, q, att + (size_t)l * B * NH * T * T, B, T,
-                                        C, NH));
+            TIMED(1, loom_cpu_attention_backward(dqkv, scratch, dln, q, att + l * natt, B, T, C,
+                                                 NH));
             TIMED(0, loom_cpu_matmul_backward(dln, dw, db, dqkv, l1, wqkv, B, T, C, 3 * C));
             TIMED(2, loom_cpu_layernorm_backward(dx, dw, db, dln, xl, lnw, s, s + BT, B, T, C));
             TIMED(4, loom_cpu_accumulate(dx, dx2, BT * C));

@@ -2,8 +2,9 @@
  * reference (out and the saved probabilities: rows sum to 1, upper triangle exactly 0),
  * causality (changing a later token leaves earlier outputs bitwise unchanged), backward
  * against finite differences of L = sum(out * R) in qkv, and dqkv overwritten (garbage in
- * the buffer does not matter, a second call gives the same). Two shapes: a small one
- * checked everywhere, and T = 70 > 64 so the kernel's causal row blocks are crossed.
+ * the buffer does not matter, a second call gives the same), and the same bits on one
+ * thread and two. Two shapes: a small one checked everywhere, and T = 70 > 64 so the
+ * kernel's causal row blocks are crossed.
  */
 #include "cpu_kernels.h"
 #include "kernel_test.h"

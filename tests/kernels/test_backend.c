@@ -82,11 +82,13 @@ START_TEST(test_instance)
     ck_assert_int_eq(ops->create(&host, &cfg, &self), LOOM_OK);
     ck_assert_ptr_nonnull(self);
     const char *desc = ops->describe(self);
-    ck_assert_msg(strncmp(desc, "cpu: ", 5) == 0 && strstr(desc, "threads=2"), "describe: %s", desc);
+    ck_assert_msg(strncmp(desc, "cpu: ", 5) == 0 && strstr(desc, "threads=2"), "describe: %s",
+                  desc);
 
     const size_t n = 1000;
     float *a = ops->alloc(self, n * sizeof(float)), *b = ops->alloc(self, n * sizeof(float));
-    ck_assert_msg(((uintptr_t)a & 63) == 0 && ((uintptr_t)b & 63) == 0, "alloc not 64-byte aligned");
+    ck_assert_msg(((uintptr_t)a & 63) == 0 && ((uintptr_t)b & 63) == 0,
+                  "alloc is not 64-byte aligned");
     kt_assert_all("fresh alloc", a, n, 0.0f);
     float host_buf[1000], back[1000];
     kt_fill(host_buf, n, 1, -1, 1);

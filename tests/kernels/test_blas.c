@@ -32,13 +32,14 @@ static void check_one(gemm_fn f, int ta, int tb, int M, int N, int K, float alph
             C0[i] = NAN; /* beta 0 means C is not read */
     memcpy(C, C0, nc * sizeof(float));
     f(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    const double err = loom_cpu_sgemm_check(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C0, C, ldc);
+    const double err =
+        loom_cpu_sgemm_check(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C0, C, ldc);
     ck_assert_msg(err <= LOOM_CPU_SGEMM_TOL, "%c%c %dx%dx%d alpha %g beta %g pad %d: error %g",
                   ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, beta, pad, err);
     /* the padding columns of C are not touched */
     for (int i = 0; i < M; i++)
         for (int j = N; j < ldc; j++)
-            ck_assert(memcmp(&C[(size_t)i * ldc + j], &C0[(size_t)i * ldc + j], sizeof(float)) == 0);
+            ck_assert(memcmp(&C[(size_t)i * ldc + j], &C0[(size_t)i * ldc + j], 4) == 0);
     free(A), free(B), free(C0), free(C);
 }
 
@@ -72,6 +73,8 @@ START_TEST(test_large_panels)
     check_one(loom_cpu_sgemm_fallback, 0, 1, 67, 2100, 600, 1.0f, 0.0f, 1);
     check_one(loom_cpu_sgemm_fallback, 1, 0, 2100, 40, 300, 1.0f, 1.0f, 0);
     check_one(loom_cpu_sgemm, 0, 0, 256, 256, 256, 1.0f, 0.0f, 0);
+    /* above blas.c's split threshold (2^27 multiply-adds): one threaded library call */
+    check_one(loom_cpu_sgemm, 1, 0, 600, 500, 520, 1.0f, 1.0f, 0);
 }
 END_TEST
 

@@ -2,7 +2,8 @@
  * reference, the gradient left in the logits against finite differences of
  * L = dloss * sum_i loss_i, padded columns V..Vp-1 zero (and never read), ignored targets
  * (outside [0,V): loss 0, gradient row 0), dloss == 0 leaving the logits intact, and huge
- * logits without overflow or subnormal gradients. BT = 6 rows of V = 7 real columns padded to Vp = 8.
+ * logits without overflow or subnormal gradients; results independent of the thread count.
+ * BT = 6 rows of V = 7 real columns padded to Vp = 8.
  */
 #include "cpu_kernels.h"
 #include "kernel_test.h"

@@ -1,5 +1,6 @@
 /* test_encoder.c — token + position embedding: forward values, backward against finite
- * differences of L = sum(out * R), repeated tokens, and accumulation (+=) of dwte/dwpe.
+ * differences of L = sum(out * R), repeated tokens, accumulation (+=) of dwte/dwpe, and the
+ * same bits on one thread and two (the scatter is split by columns, not rows).
  */
 #include "cpu_kernels.h"
 #include "kernel_test.h"
@@ -44,7 +45,8 @@ START_TEST(test_forward)
     loss(&c);
     for (int bt = 0; bt < B * T; bt++)
         for (int i = 0; i < C; i++)
-            ck_assert_float_eq(c.out[bt * C + i], c.wte[c.inp[bt] * C + i] + c.wpe[(bt % T) * C + i]);
+            ck_assert_float_eq(c.out[bt * C + i],
+                               c.wte[c.inp[bt] * C + i] + c.wpe[(bt % T) * C + i]);
     teardown(&c);
 }
 END_TEST

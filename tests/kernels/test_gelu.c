@@ -1,6 +1,7 @@
 /* test_gelu.c — GELU (tanh form): forward against 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3)))
- * in double, finite values at the extremes and no subnormals in the tail, backward against finite differences of
- * L = sum(out * R), dinp overwritten, and dinp aliasing dout.
+ * in double, finite values at the extremes and no subnormals in the tail, backward against
+ * finite differences of L = sum(out * R), dinp overwritten, dinp aliasing dout, and the
+ * same bits on one thread and two.
  */
 #include "cpu_kernels.h"
 #include "kernel_test.h"

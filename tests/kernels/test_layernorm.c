@@ -1,6 +1,7 @@
 /* test_layernorm.c — LayerNorm: forward against a double-precision reference (including
  * the saved mean and rstd), backward against finite differences of L = sum(out * R) in
- * inp, weight and bias, and the semantics: dinp overwritten, dweight/dbias accumulated.
+ * inp, weight and bias, the semantics (dinp overwritten, dweight/dbias accumulated), and
+ * the same bits on one thread and two.
  */
 #include "cpu_kernels.h"
 #include "kernel_test.h"

@@ -38,7 +38,9 @@ typedef struct loom_data {
     void *self;
 } loom_data;
 
-loom_status loom_data_open_text(const char *path, double val_fraction, loom_data *out);
+/* shuffle: train sequences are windows at random offsets keyed by (seed, window index). */
+loom_status loom_data_open_text(const char *path, double val_fraction, int shuffle, uint64_t seed,
+                                loom_data *out);
 loom_status loom_data_open_random(int vocab, uint64_t seed, loom_data *out);
 void loom_data_close(loom_data *d);
 

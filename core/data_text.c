@@ -6,12 +6,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "rng.h"
 #include "status.h"
 
 typedef struct text_data {
     unsigned char *bytes;
     size_t size;
     size_t start[2], len[2], pos[2];
+    int shuffle;        /* train batches from random windows instead of in order */
+    uint64_t seed, drawn; /* windows drawn so far: the shuffled reading position */
     char path[512];
 } text_data;
 
@@ -24,7 +27,8 @@ static void text_close(void *self)
     free(d);
 }
 
-loom_status loom_data_open_text(const char *path, double val_fraction, loom_data *out)
+loom_status loom_data_open_text(const char *path, double val_fraction, int shuffle, uint64_t seed,
+                                loom_data *out)
 {
     memset(out, 0, sizeof *out);
     if (!(val_fraction >= 0.0 && val_fraction < 1.0))
@@ -49,6 +53,8 @@ loom_status loom_data_open_text(const char *path, double val_fraction, loom_data
     }
     fclose(f);
     d->size = (size_t)n;
+    d->shuffle = shuffle;
+    d->seed = seed;
     size_t val = (size_t)((double)d->size * val_fraction);
     d->start[LOOM_SPLIT_TRAIN] = 0;
     d->len[LOOM_SPLIT_TRAIN] = d->size - val;
@@ -66,6 +72,22 @@ static loom_status text_next(void *self, loom_split split, int *tokens, int *tar
     if (d->len[split] < need)
         LOOM_FAIL(LOOM_ERR_INVALID, "%s split of '%s' has %zu tokens; a batch of %d x %d needs %zu",
                   split == LOOM_SPLIT_TRAIN ? "train" : "val", d->path, d->len[split], B, T, need);
+    if (d->shuffle && split == LOOM_SPLIT_TRAIN) {
+        /* Each sequence is a window of T+1 bytes at an offset keyed by (seed, window
+         * index): independent of B, so a run's data does not depend on how its global
+         * batch is split into micro-batches or ranks. */
+        uint64_t stream = loom_rng_stream("text-window");
+        size_t span = d->len[split] - (size_t)T;
+        for (int b = 0; b < B; b++) {
+            size_t off = (size_t)(loom_rng_uniform(d->seed, stream, d->drawn++) * (double)span) % span;
+            const unsigned char *w = d->bytes + d->start[split] + off;
+            for (int t = 0; t < T; t++) {
+                tokens[(size_t)b * T + t] = w[t];
+                targets[(size_t)b * T + t] = w[t + 1];
+            }
+        }
+        return LOOM_OK;
+    }
     if (d->pos[split] + need > d->len[split])
         d->pos[split] = 0;
     const unsigned char *p = d->bytes + d->start[split] + d->pos[split];
@@ -85,17 +107,19 @@ static int text_get_state(void *self, uint64_t *state)
     state[0] = d->pos[LOOM_SPLIT_TRAIN];
     state[1] = d->pos[LOOM_SPLIT_VAL];
     state[2] = d->size; /* checked on restore: the same file */
-    return 3;
+    state[3] = d->drawn;
+    return 4;
 }
 
 static loom_status text_set_state(void *self, const uint64_t *state, int n)
 {
     text_data *d = self;
-    if (n != 3 || state[2] != d->size || state[0] > d->len[0] || state[1] > d->len[1])
+    if (n != 4 || state[2] != d->size || state[0] > d->len[0] || state[1] > d->len[1])
         LOOM_FAIL(LOOM_ERR_CORRUPT, "text data position does not fit '%s' (%zu bytes): was it "
                   "saved from another file?", d->path, d->size);
     d->pos[LOOM_SPLIT_TRAIN] = state[0];
     d->pos[LOOM_SPLIT_VAL] = state[1];
+    d->drawn = state[3];
     return LOOM_OK;
 }
 

@@ -41,13 +41,15 @@ static int raise_status(lua_State *L)
     return lua_error(L);
 }
 
-/* core.text_data(path, val_fraction) */
+/* core.text_data(path, val_fraction, shuffle, seed) */
 static int l_text_data(lua_State *L)
 {
     const char *path = luaL_checkstring(L, 1);
     double frac = luaL_optnumber(L, 2, 0.1);
+    int shuffle = lua_toboolean(L, 3);
+    uint64_t seed = (uint64_t)luaL_optinteger(L, 4, 0);
     loom_data *d = new_box(L);
-    if (loom_data_open_text(path, frac, d) != LOOM_OK)
+    if (loom_data_open_text(path, frac, shuffle, seed, d) != LOOM_OK)
         return raise_status(L);
     return 1;
 }

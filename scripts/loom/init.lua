@@ -95,12 +95,17 @@ loom.data = {}
 local text_spec = {
   path = { type = "string", required = true, help = "a text file; its bytes are the tokens" },
   val_fraction = { type = "number", min = 0, max = 0.99, help = "tail of the file kept for validation" },
+  shuffle = { type = "boolean", help = "train on windows at seeded random offsets instead of in order" },
+  seed = { type = "integer", min = 0 },
 }
 
--- loom.data.text{path, val_fraction=0.1}: a text file, bytes as tokens (vocab 256).
+-- loom.data.text{path, val_fraction=0.1, shuffle=false, seed=0}: a text file, bytes as
+-- tokens (vocab 256). In order, batches are read as llm.c reads them; shuffled, each
+-- sequence is a window at an offset keyed by (seed, window index).
 function loom.data.text(t)
   schema.check(t, text_spec, "loom.data.text", schema.where())
-  return { kind = "text", path = t.path, val_fraction = t.val_fraction or 0.1 }
+  return { kind = "text", path = t.path, val_fraction = t.val_fraction or 0.1,
+    shuffle = t.shuffle or false, seed = t.seed or 0 }
 end
 
 local shards_spec = {
@@ -139,7 +144,7 @@ function loom.open_data(d, where)
     ok, data = pcall(core.shard_data, find_glob(d.train), d.val and find_glob(d.val), d.shuffle,
       d.seed)
   else
-    ok, data = pcall(core.text_data, find_file(d.path, where), d.val_fraction)
+    ok, data = pcall(core.text_data, find_file(d.path, where), d.val_fraction, d.shuffle, d.seed)
   end
   if not ok then schema.fail(where, "%s", data) end
   return data

@@ -1,6 +1,7 @@
 /* cli.c — the `loom` program: run a recipe, list plugins, plot a run's metrics.
  *
  *   loom run RECIPE [key=value ...]   run a Lua recipe; key=value overrides recipe fields
+ *   loom launch -n N RECIPE [...]     run N local ranks of a recipe (launch.c)
  *   loom plugins                      list every plugin found, and every file refused
  *   loom plot METRICS.jsonl [-o SVG]  plot a run's metrics file (loss, tokens/s, lr)
  *   loom export --llmc CKPT OUT.bin   write a checkpoint's weights as an llm.c model file
@@ -18,8 +19,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "launch.h"
 #include "loom/loom.h"
 #include "lua_loom.h"
+#include "ranks.h"
 
 static const char *lua_library_dir(void)
 {
@@ -44,6 +47,7 @@ static int usage(FILE *out)
 {
     fputs("usage: loom run RECIPE [key=value ...]   train/run a Lua recipe; key=value overrides\n"
           "                                         any recipe field (batch.micro=8, steps=20)\n"
+          "       loom launch -n N RECIPE [key=value ...]  run N local ranks of a recipe\n"
           "       loom plugins                      list the plugins found and where\n"
           "       loom plot METRICS.jsonl [-o SVG]  plot loss, tokens/s and lr against step\n"
           "       loom export --llmc CKPT OUT.bin   write a checkpoint's weights as an llm.c model\n"
@@ -86,6 +90,10 @@ static int cmd_run(int argc, char **argv)
 {
     if (argc < 1)
         return usage(stderr);
+    if (loom_ranks_join() != LOOM_OK) { /* rank/world from the environment; rendezvous */
+        fprintf(stderr, "loom: %s\n", loom_last_error());
+        return 1;
+    }
     lua_State *L = new_state();
     if (!L) {
         fputs("loom: cannot create a Lua state (out of memory)\n", stderr);
@@ -112,6 +120,7 @@ static int cmd_run(int argc, char **argv)
         lua_rawseti(L, -2, i);
     }
     lua_setfield(L, -2, "overrides");
+    loom_lua_open_ranks(L); /* core.rank, .world, .local_rank, .check_same_config */
     lua_pop(L, 1);
     /* arg table as the standalone interpreter makes it */
     lua_createtable(L, argc, 1);
@@ -128,6 +137,7 @@ static int cmd_run(int argc, char **argv)
         rc = run_protected(L, 0);
     }
     lua_close(L);
+    loom_ranks_leave(rc == 0);
     return rc;
 }
 
@@ -160,6 +170,8 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (strcmp(cmd, "run") == 0)
         return cmd_run(argc - 2, argv + 2);
+    if (strcmp(cmd, "launch") == 0)
+        return loom_launch_main(argc - 2, argv + 2);
     if (strcmp(cmd, "plugins") == 0)
         return cmd_lua("plugins", 0, argv);
     if (strcmp(cmd, "plot") == 0 || strcmp(cmd, "export") == 0)

@@ -52,7 +52,25 @@ struct loom_gpt {
     float *dres, *dtmp, *dbuf_c, *dbuf_4a, *dbuf_4b, *datt_scratch;
     float *host_losses;
     int last_B, last_T, have_dlogits;
+    loom_grad_ready_fn grad_ready;
+    void *grad_ready_ctx;
 };
+
+void loom_gpt_set_grad_hook(loom_gpt *m, loom_grad_ready_fn fn, void *ctx)
+{
+    m->grad_ready = fn;
+    m->grad_ready_ctx = ctx;
+}
+
+/* Report entries [first, last] (table indices) as final. They are contiguous in the
+ * flat buffer because build_table adds them in that order. */
+static loom_status entries_ready(loom_gpt *m, int first, int last)
+{
+    if (!m->grad_ready)
+        return LOOM_OK;
+    const loom_param_entry *a = &m->table.entries[first], *b = &m->table.entries[last];
+    return m->grad_ready(m->grad_ready_ctx, a->offset, b->offset + b->numel - a->offset);
+}
 
 loom_status loom_gpt_config_check(const loom_gpt_config *c)
 {
@@ -315,6 +333,8 @@ loom_status loom_gpt_backward(loom_gpt *m)
     k->matmul_backward(m->dbuf_c, m->g.wte, NULL, m->logits, m->lnf, m->p.wte, B, T, C, Vp);
     k->layernorm_backward(m->dres, m->g.lnfw, m->g.lnfb, m->dbuf_c, last, m->p.lnfw, m->lnf_mean,
                           m->lnf_rstd, B, T, C);
+    int n_entries = m->table.count;
+    LOOM_TRY(entries_ready(m, n_entries - 2, n_entries - 1));
     for (int l = L - 1; l >= 0; l--) {
         layer_params *w = &m->p.layer[l], *g = &m->g.layer[l];
         layer_acts *a = &m->acts[l];
@@ -336,8 +356,10 @@ loom_status loom_gpt_backward(loom_gpt *m)
         k->layernorm_backward(m->dtmp, g->ln1w, g->ln1b, m->dbuf_c, residual, w->ln1w,
                               a->ln1_mean, a->ln1_rstd, B, T, C);
         k->accumulate(m->dres, m->dtmp, BT * C);
+        LOOM_TRY(entries_ready(m, 2 + 12 * l, 2 + 12 * l + 11));
     }
     k->encoder_backward(m->g.wte, m->g.wpe, m->dres, m->tokens, B, T, C);
     m->have_dlogits = 0;
+    LOOM_TRY(entries_ready(m, 0, 1));
     return LOOM_OK;
 }

@@ -44,6 +44,13 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
                              float dloss, double *loss_sum);
 /* Accumulate parameter gradients of the last forward (which must have had dloss != 0). */
 loom_status loom_gpt_backward(loom_gpt *m);
+/* Called during backward each time a contiguous range of the gradient buffer is final
+ * for this backward pass (elements [offset, offset+n)), in backward order: ln_f, then
+ * blocks L-1..0, then wte and wpe. Data parallelism starts reducing a bucket here while
+ * the rest of backward runs. NULL fn removes the hook. */
+typedef loom_status (*loom_grad_ready_fn)(void *ctx, size_t offset, size_t n);
+void loom_gpt_set_grad_hook(loom_gpt *m, loom_grad_ready_fn fn, void *ctx);
+
 /* The (B,T,Vp) logits of the last forward with dloss == 0 (device memory). */
 const float *loom_gpt_logits(const loom_gpt *m);
 void loom_gpt_zero_grad(loom_gpt *m);

@@ -25,6 +25,7 @@ static loom_status host_fail(loom_status st, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 static void *host_alloc(size_t bytes);
 static void host_free(void *p);
+static loom_status host_group(loom_group g, const struct loom_comm_ops **ops, void **comm, int *size);
 
 static loom_host host = {
     .size = sizeof(loom_host),
@@ -35,7 +36,34 @@ static loom_host host = {
     .free = host_free,
     .rank = 0,
     .world = 1,
+    .group = host_group,
 };
+
+/* The mesh's groups, set by the core once its communicators exist. */
+static const struct loom_comm_ops *group_ops;
+static void *group_comm[4];
+static int group_size[4] = {1, 1, 1, 1};
+
+void loom_core_host_set_groups(const struct loom_comm_ops *ops, void *const comms[4],
+                               const int sizes[4])
+{
+    group_ops = ops;
+    for (int g = 0; g < 4; g++) {
+        group_comm[g] = comms[g];
+        group_size[g] = sizes[g];
+    }
+}
+
+static loom_status host_group(loom_group g, const struct loom_comm_ops **ops, void **comm, int *size)
+{
+    if ((unsigned)g > LOOM_GROUP_PP)
+        return loom_fail(LOOM_ERR_INVALID, "no mesh group %d (world, dp, tp, pp are 0..3)", (int)g);
+    int single = group_size[g] <= 1 || !group_comm[g];
+    *ops = single ? NULL : group_ops;
+    *comm = single ? NULL : group_comm[g];
+    *size = group_size[g];
+    return LOOM_OK;
+}
 
 /* Debug lines are noise in a normal run; LOOM_DEBUG=1 turns them on. */
 static int debug_enabled(void)

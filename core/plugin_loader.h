@@ -42,5 +42,8 @@ int loom_plugin_search_dirs(const char **dirs, int cap);
 const loom_host *loom_core_host(void);
 /* Set the rank/world plugins see through loom_host (default 0/1). */
 void loom_core_host_set_rank(int rank, int world);
+/* Set the mesh groups plugins reach through loom_host.group (world, dp, tp, pp). */
+void loom_core_host_set_groups(const struct loom_comm_ops *ops, void *const comms[4],
+                               const int sizes[4]);
 
 #endif

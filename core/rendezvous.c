@@ -158,8 +158,8 @@ static loom_status store_set(void *self, const char *key, const void *value, siz
 {
     struct loom_rendezvous *r = self;
     char msg[512];
-    size_t rlen;
-    int rs;
+    size_t rlen = 0;
+    int rs = LOOM_RDV_ERROR;
     if (len > LOOM_RENDEZVOUS_MAX_VALUE)
         return loom_fail(LOOM_ERR_INVALID, "rendezvous: value for key '%s' is %zu bytes; values "
                          "are at most %u bytes (1 MiB)", key, len, LOOM_RENDEZVOUS_MAX_VALUE);
@@ -175,8 +175,8 @@ static loom_status store_set(void *self, const char *key, const void *value, siz
 static loom_status store_get(void *self, const char *key, void *value, size_t *len, int timeout_ms)
 {
     struct loom_rendezvous *r = self;
-    size_t cap = *len, rlen;
-    int rs;
+    size_t cap = *len, rlen = 0;
+    int rs = LOOM_RDV_ERROR;
     if (timeout_ms < 0)
         timeout_ms = r->timeout_ms;
     LOOM_TRY(request(r, LOOM_RDV_GET, (uint32_t)timeout_ms, key, NULL, 0, value, cap, &rlen, &rs,
@@ -405,8 +405,8 @@ static loom_status hello(struct loom_rendezvous *r)
     uint8_t world[4];
     loom_rdv_put32(world, (uint32_t)r->world);
     char msg[512];
-    size_t rlen;
-    int rs;
+    size_t rlen = 0;
+    int rs = LOOM_RDV_ERROR;
     LOOM_TRY(request(r, LOOM_RDV_HELLO, (uint32_t)r->rank, LOOM_RDV_MAGIC, world, 4, msg,
                      sizeof msg - 1, &rlen, &rs, 0));
     if (rs != LOOM_RDV_OK) {

@@ -13,13 +13,15 @@
 
 #include "loom/plugin/optim.h"
 #include "loom/plugin/precision.h"
+#include "grad_sync.h"
 #include "plugin_loader.h"
 #include "rng.h"
 #include "status.h"
 
 struct loom_session {
     loom_session_config cfg;
-    loom_plugin_config optim_cfg, precision_cfg; /* owned copies; cfg points at them */
+    loom_plugin_config optim_cfg, precision_cfg, strategy_cfg; /* owned; cfg points at them */
+    loom_grad_sync *sync;
     loom_backend backend;
     loom_gpt *model;
     const loom_optim_ops *optim;
@@ -94,6 +96,10 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
     loom_config_copy(&s->precision_cfg, cfg->precision);
     s->cfg.optim = &s->optim_cfg;
     s->cfg.precision = &s->precision_cfg;
+    if (cfg->strategy) {
+        loom_config_copy(&s->strategy_cfg, cfg->strategy);
+        s->cfg.strategy = &s->strategy_cfg;
+    }
     s->cfg.backend = NULL; /* the caller's string; only needed while opening */
     loom_status st = loom_backend_open(cfg->backend ? cfg->backend : "cpu", cfg->threads, &s->backend);
     if (st == LOOM_OK)
@@ -127,6 +133,9 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
     }
     if (st == LOOM_OK)
         st = build_segments(s);
+    if (st == LOOM_OK)
+        st = loom_grad_sync_create(s->model, &s->backend, cfg->canonical, cfg->accum, s->cfg.strategy,
+                                   &s->sync);
     if (st != LOOM_OK) {
         loom_session_destroy(s);
         return st;
@@ -139,6 +148,7 @@ void loom_session_destroy(loom_session *s)
 {
     if (!s)
         return;
+    loom_grad_sync_destroy(s->sync);
     loom_gpt_destroy(s->model);
     if (s->optim)
         s->optim->destroy(s->optim_self);
@@ -158,19 +168,24 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
 {
     double t0 = now_ms();
     const loom_backend_ops *k = s->backend.ops;
-    int B = s->cfg.micro_batch, T = s->cfg.seq;
-    double tokens = (double)B * T * s->cfg.accum;
+    int B = s->cfg.micro_batch, T = s->cfg.seq, accum = s->cfg.accum;
+    int dp = loom_grad_sync_dp_size(s->sync), dp_rank = loom_grad_sync_dp_rank(s->sync);
+    double tokens = (double)B * T * accum * dp;
     float scale = s->precision->loss_scale(s->precision_self);
-    loom_gpt_zero_grad(s->model);
-    double loss_sum = 0.0;
-    for (int a = 0; a < s->cfg.accum; a++) {
-        double part = 0.0;
+    for (int i = 0; i < accum * dp; i++) {
         LOOM_TRY(next(ctx, s->tokens, s->targets, B, T));
+        if (i / accum != dp_rank)
+            continue; /* another rank's micro-batch */
+        int a = i % accum;
+        double part = 0.0;
+        LOOM_TRY(loom_grad_sync_begin_micro(s->sync, a));
         LOOM_TRY(loom_gpt_forward(s->model, s->tokens, s->targets, B, T, (float)(scale / tokens),
                                   &part));
         LOOM_TRY(loom_gpt_backward(s->model));
-        loss_sum += part;
+        LOOM_TRY(loom_grad_sync_end_micro(s->sync, a, part));
     }
+    double loss_sum = 0.0;
+    LOOM_TRY(loom_grad_sync_finish(s->sync, &loss_sum));
     float *grads = loom_gpt_grad_data(s->model);
     size_t total = loom_gpt_params(s->model)->total;
     int nonfinite = k->has_nonfinite(grads, total);

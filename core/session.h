@@ -1,9 +1,11 @@
 /* session.h — one training run on one rank: the model, its optimizer and precision
  * policy, and the step that ties them together.
  *
- * A step runs `accum` micro-batches of (B,T) through forward and backward, summing token
- * losses; the loss gradient is scaled once by 1/(global token count), so the result is
- * one global token-sum divided once, never a mean of means. Then it checks for
+ * A step runs `accum` micro-batches of (B,T) per data-parallel rank through forward and
+ * backward; the loss gradient is scaled once by 1/(global token count), so the result is
+ * one global token-sum divided once, never a mean of means. Every rank reads every
+ * micro-batch of the global batch from its data source (so all positions stay in step)
+ * and computes its own contiguous block of them. Then it checks for
  * non-finite gradients, clips by global norm and calls the optimizer over one segment
  * per parameter entry. This is the imperative API under loom.train.
  */
@@ -27,6 +29,8 @@ typedef struct loom_session_config {
     int threads;               /* 0: all cores */
     const loom_plugin_config *optim;      /* resolved configs (see config.h) */
     const loom_plugin_config *precision;
+    const loom_plugin_config *strategy;   /* the dp strategy when dp > 1, else NULL */
+    int canonical;                        /* deterministic = "canonical" (grad_sync.h) */
 } loom_session_config;
 
 typedef struct loom_step_stats {

@@ -87,6 +87,16 @@ typedef enum loom_log_level {
     LOOM_LOG_DEBUG
 } loom_log_level;
 
+/* The mesh's communicator groups (DESIGN.md: pp x dp x tp, tp innermost). */
+typedef enum loom_group {
+    LOOM_GROUP_WORLD = 0,
+    LOOM_GROUP_DP,
+    LOOM_GROUP_TP,
+    LOOM_GROUP_PP
+} loom_group;
+
+struct loom_comm_ops; /* include/loom/plugin/comm.h */
+
 /* Services the core offers plugins; the only way a plugin reaches the core, so a plugin
  * needs nothing but these headers. Append-only, like SQLite's extension API table. */
 typedef struct loom_host {
@@ -104,6 +114,9 @@ typedef struct loom_host {
     /* This process's rank and the world size (0 and 1 for a single-rank run). */
     int rank;
     int world;
+    /* The communicator of a mesh group: its ops table and instance, and the group's size.
+     * A group of one rank gives *ops = NULL and *comm = NULL (nothing to communicate). */
+    loom_status (*group)(loom_group g, const struct loom_comm_ops **ops, void **comm, int *size);
 } loom_host;
 
 /* The descriptor. Field order is ABI. */

@@ -28,6 +28,7 @@ check mid 10
 check accum_warmup_end 3 batch.micro=2 batch.global=4
 check accum_mid 10 batch.micro=2 batch.global=4
 check sgd_momentum 7 'optimizer={"sgd", lr=0.5, momentum=0.9}'
+check shuffled_text 6 data.shuffle=true data.seed=9
 
 # A truncated weight file: the resume is refused naming the file, no training happens.
 ck=$(ls -d "$tmp"/mid.ck/step_* | tail -1)

@@ -32,8 +32,9 @@ static void *host_alloc(size_t bytes)
     return calloc(1, bytes);
 }
 
-static const loom_host host = {sizeof(loom_host), LOOM_PLUGIN_ABI, host_log, host_fail,
-                               host_alloc, free, 0, 1};
+static const loom_host host = {.size = sizeof(loom_host), .abi = LOOM_PLUGIN_ABI,
+                               .log = host_log, .fail = host_fail, .alloc = host_alloc,
+                               .free = free, .rank = 0, .world = 1, .group = NULL};
 
 static const loom_plugin_desc *open_plugin(void **handle)
 {

@@ -222,13 +222,16 @@ loom_status shm_coll_step(shm_comm *c, loom_comm_request *r, uint32_t i);
 /* Move what can move without blocking; 1 if anything moved. Sets r->done / r->st. */
 int shm_p2p_advance(shm_comm *c, loom_comm_request *r);
 
-/* ---- shm_split.c -------------------------------------------------------------------- */
+/* ---- shm_group.c: making communicators (create's handshake, split) ----------------- */
+loom_status shm_world_create(const loom_host *host, const loom_store *store, int rank,
+                             int world, int timeout_ms, size_t chunk, size_t small,
+                             size_t mailbox, shm_comm **out);
 loom_status shm_split(void *self, int color, int key, void **out);
-/* Build the process-local side of a communicator over a mapped segment. */
-loom_status shm_comm_init(shm_comm **out, const loom_host *host, shm_family *fam,
-                          uint8_t *base, size_t size, int owns_mapping, int rank, int n,
-                          const int *world_of, int timeout_ms, const char *name);
-void shm_comm_free(shm_comm *c);
+void shm_destroy(void *self);
+
+/* ---- shm.c: the ops (split needs an allgather) --------------------------------------- */
+loom_status shm_allgather_start(void *self, const void *send, void *recv, size_t count,
+                                loom_dtype dt, loom_comm_request **req);
 
 /* ---- shm_reduce.c ------------------------------------------------------------------- */
 int shm_reduce_supported(loom_dtype dt, loom_reduce_op op);

@@ -1,0 +1,139 @@
+/* dp.c — loom-strategy-dp: data parallelism by bucketed all-reduce, overlapped with
+ * backward (PyTorch DDP's scheme, Li et al. 2020).
+ *
+ * What it does: during the last micro-batch of a step the core reports each finished
+ * range of the flat gradient buffer (grads_ready, in backward order: ln_f, blocks top
+ * down, embeddings). Ranges are contiguous and descending, so a bucket is one span
+ * [lo, hi) of the buffer; when it reaches bucket_mb it is all-reduced (SUM) in place,
+ * asynchronously, while backward continues. before_step flushes the last bucket and waits
+ * for all of them. SUM, not AVG: the core scales the loss gradient by 1/(global token
+ * count), so the sum over ranks is the global gradient.
+ * What it does not: canonical mode's fixed-order reduction (the core's grad_sync does
+ * that), sharding (zero), or anything outside the dp group.
+ * Invariants: at most MAX_INFLIGHT buckets outstanding; buffers are the core's; the only
+ * exported symbol is loom_plugin_entry.
+ */
+#include <string.h>
+
+#include "loom/plugin.h"
+#include "loom/plugin/comm.h"
+#include "loom/plugin/strategy.h"
+
+#define MAX_INFLIGHT 256
+
+enum { K_BUCKET_MB, N_KEYS };
+
+static const loom_config_key keys[N_KEYS] = {
+    [K_BUCKET_MB] = {"bucket_mb", LOOM_CFG_NUMBER, "25",
+                     "gradient bucket size in MiB: smaller starts communication sooner, larger "
+                     "sends fewer messages (PyTorch DDP's default is 25)"},
+};
+
+typedef struct dp {
+    const loom_host *host;
+    const loom_comm_ops *comm;
+    void *group;
+    size_t bucket_elems;
+    float *grads;
+    size_t lo, hi;  /* the open bucket, elements [lo, hi); empty when lo == hi */
+    loom_comm_request *inflight[MAX_INFLIGHT];
+    int n_inflight;
+} dp;
+
+static loom_status dp_create(const loom_host *host, const loom_config *cfg, void **self)
+{
+    double mb = cfg->values[K_BUCKET_MB].number;
+    if (!(mb > 0 && mb <= 4096))
+        return host->fail(LOOM_ERR_INVALID, "dp: bucket_mb=%g must be in (0, 4096]", mb);
+    const struct loom_comm_ops *ops;
+    void *group;
+    int size;
+    loom_status st = host->group(LOOM_GROUP_DP, &ops, &group, &size);
+    if (st != LOOM_OK)
+        return st;
+    dp *d = host->alloc(sizeof *d);
+    if (!d)
+        return host->fail(LOOM_ERR_NOMEM, "dp: out of memory");
+    d->host = host;
+    d->comm = ops;
+    d->group = group;
+    d->bucket_elems = (size_t)(mb * 1024 * 1024 / sizeof(float));
+    if (d->bucket_elems == 0)
+        d->bucket_elems = 1;
+    *self = d;
+    return LOOM_OK;
+}
+
+static void dp_destroy(void *self)
+{
+    dp *d = self;
+    if (d)
+        d->host->free(d);
+}
+
+static loom_status flush(dp *d)
+{
+    if (d->lo == d->hi || !d->comm)
+        return LOOM_OK;
+    if (d->n_inflight == MAX_INFLIGHT)
+        return d->host->fail(LOOM_ERR_INTERNAL, "dp: more than %d buckets in flight; raise bucket_mb",
+                             MAX_INFLIGHT);
+    float *p = d->grads + d->lo;
+    loom_status st = d->comm->allreduce_start(d->group, p, p, d->hi - d->lo, LOOM_DTYPE_F32,
+                                              LOOM_REDUCE_SUM, &d->inflight[d->n_inflight]);
+    if (st != LOOM_OK)
+        return st;
+    d->n_inflight++;
+    d->lo = d->hi = 0;
+    return LOOM_OK;
+}
+
+static loom_status dp_grads_ready(void *self, float *grads, size_t offset, size_t n)
+{
+    dp *d = self;
+    d->grads = grads;
+    if (d->lo != d->hi && offset + n != d->lo) {
+        /* not adjacent to the open bucket: send that one first */
+        loom_status st = flush(d);
+        if (st != LOOM_OK)
+            return st;
+    }
+    if (d->lo == d->hi) {
+        d->lo = offset;
+        d->hi = offset + n;
+    } else {
+        d->lo = offset;
+    }
+    if (d->hi - d->lo >= d->bucket_elems)
+        return flush(d);
+    return LOOM_OK;
+}
+
+static loom_status dp_before_step(void *self)
+{
+    dp *d = self;
+    loom_status st = flush(d);
+    for (int i = 0; i < d->n_inflight; i++) {
+        loom_status w = d->comm->wait(d->group, d->inflight[i]);
+        if (st == LOOM_OK)
+            st = w;
+    }
+    d->n_inflight = 0;
+    return st;
+}
+
+static const loom_strategy_ops ops = {
+    .size = sizeof(loom_strategy_ops),
+    .create = dp_create,
+    .destroy = dp_destroy,
+    .grads_ready = dp_grads_ready,
+    .before_step = dp_before_step,
+};
+
+static const loom_plugin_desc desc = {
+    LOOM_PLUGIN_ABI, sizeof(loom_plugin_desc), LOOM_KIND_STRATEGY, "dp", "0.1.0",
+    "data parallel: bucketed all-reduce of gradients overlapped with backward",
+    keys, N_KEYS, NULL, &ops,
+};
+
+LOOM_PLUGIN_EXPORT const loom_plugin_desc *loom_plugin_entry(void) { return &desc; }

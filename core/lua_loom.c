@@ -223,7 +223,7 @@ static int l_session(lua_State *L)
 
     /* Plain structs, no resource to leak if a Lua error is raised while they are filled;
      * static because they are large and only read during the plugins' create(). */
-    static _Thread_local loom_plugin_config optim, precision;
+    static _Thread_local loom_plugin_config optim, precision, strategy;
     lua_getfield(L, 1, "optimizer");
     plugin_config_from_table(L, -1, "optim", &optim);
     lua_getfield(L, 1, "precision");
@@ -231,6 +231,15 @@ static int l_session(lua_State *L)
     lua_pop(L, 2);
     cfg.optim = &optim;
     cfg.precision = &precision;
+    lua_getfield(L, 1, "strategy"); /* { name = "dp", bucket_mb = ... } when dp > 1 */
+    if (!lua_isnil(L, -1)) {
+        plugin_config_from_table(L, -1, "strategy", &strategy);
+        cfg.strategy = &strategy;
+    }
+    lua_pop(L, 1);
+    lua_getfield(L, 1, "canonical");
+    cfg.canonical = lua_toboolean(L, -1);
+    lua_pop(L, 1);
     if (loom_session_create(&cfg, &box->s) != LOOM_OK)
         return raise_status(L);
     box->vocab = cfg.model.vocab;

@@ -174,6 +174,8 @@ local session_spec = {
   grad_clip = { type = "number", min = 0 },
   threads = { type = "integer", min = 0 },
   backend = { type = "string" },
+  strategy = { type = "table", help = "{ name = \"dp\", ... } when dp > 1" },
+  canonical = { type = "boolean", help = "fixed-order reductions (deterministic = \"canonical\")" },
 }
 local session_batch_spec = {
   micro = { type = "integer", min = 1, required = true },
@@ -196,6 +198,7 @@ function loom.session(t, where)
     backend = t.backend or "cpu",
     optimizer = loom.plugin_table(t.optimizer, "optimizer", where),
     precision = loom.plugin_table(t.precision or "fp32", "precision", where),
+    strategy = t.strategy, canonical = t.canonical or false,
   }
   local ok, s = pcall(core.session, cfg)
   if not ok then schema.fail(where, "%s", s) end

@@ -52,6 +52,7 @@ local spec = {
   peak_flops = { type = "positive", help = "the device's peak FLOP/s, for MFU" },
   device = { type = "string", help = "backend description, e.g. session:info().backend" },
   start_step = { type = "integer", min = 0, help = "steps done before this run (resume)" },
+  quiet = { type = "boolean", help = "print nothing (ranks other than 0 of a multi-rank run)" },
 }
 
 -- loom.json writes a non-finite number as null: a field that is unknown (MFU without a
@@ -81,7 +82,7 @@ function metrics.new(t)
   schema.check(t, spec, "metrics", where)
   local self = setmetatable({
     steps = t.steps, every = t.every or 1, start_step = t.start_step or 0,
-    tty = core.isatty(1), live = false, t0 = core.now(),
+    tty = core.isatty(1), live = false, t0 = core.now(), quiet = t.quiet,
   }, M)
   -- llm.c's count: 6N for the matmuls forward and backward, 6*L*C*T for attention.
   if t.params and t.layers and t.dim and t.seq then
@@ -122,7 +123,7 @@ function metrics.new(t)
       peak_flops = self.peak or NULL, device = t.device or NULL }
     why = why .. " | metrics to " .. t.jsonl
   end
-  print(why)
+  if not self.quiet then print(why) end
   return self
 end
 
@@ -137,6 +138,7 @@ end
 
 -- Print other output (samples, notes) without mixing it into the live line.
 function M:print(...)
+  if self.quiet then return end
   self:clear()
   print(...)
 end
@@ -180,7 +182,9 @@ function M:step(r)
     r.grad_norm, r.ms, tps, mfu and string.format("%.3g%%", 100 * mfu) or "n/a", mem(rss), tail,
     r.skipped and " | skipped" or "")
   local keep = r.step % self.every == 0 or last
-  if self.tty then
+  if self.quiet then
+    return
+  elseif self.tty then
     -- Autowrap is off while the live line is drawn: a wrapped line could not be redrawn
     -- in place with \r. Kept lines are written whole, wrapping as usual.
     if keep then

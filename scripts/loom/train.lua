@@ -8,6 +8,7 @@ local overrides = require "loom.overrides"
 local lrmod = require "loom.lr"
 local json = require "loom.json"
 local metrics = require "loom.metrics"
+local loom_core -- set when the module is bound to loom (rank/world live there)
 
 local spec = {
   model = { type = "table", required = true, help = "loom.gpt{...}" },
@@ -22,6 +23,8 @@ local spec = {
   threads = { type = "integer", min = 0, help = "compute threads, 0 = all cores" },
   backend = { type = "string" },
   mesh = { type = "table", help = "{ dp = 1, tp = 1, pp = 1 }" },
+  comm = { type = "string", help = "communicator plugin for multi-rank runs (default \"shm\")" },
+  comm_timeout = { type = "positive", help = "seconds any communication may wait before the run fails (default 60)" },
   strategy = { type = "table" },
   schedule = { type = "string" },
   microbatches = { type = "integer", min = 1 },
@@ -78,15 +81,22 @@ local function check(t, where, origin)
   schema.check(t.batch, batch_spec, "batch", where, origin)
   local mesh = t.mesh or {}
   schema.check(mesh, mesh_spec, "mesh", where, origin)
+  local world = loom_core.world or 1
   local ranks = (mesh.dp or 1) * (mesh.tp or 1) * (mesh.pp or 1)
-  if ranks ~= 1 then
-    schema.fail(where, "mesh dp=%d tp=%d pp=%d needs %d ranks; this run has 1 rank "
-      .. "(multi-rank launch is not in this build yet: use dp = tp = pp = 1)",
-      mesh.dp or 1, mesh.tp or 1, mesh.pp or 1, ranks)
+  if ranks ~= world then
+    schema.fail(where, "mesh dp=%d tp=%d pp=%d needs %d ranks; this run has %d (start it with "
+      .. "loom launch -n %d, or change the mesh)", mesh.dp or 1, mesh.tp or 1, mesh.pp or 1,
+      ranks, world, ranks)
+  end
+  if (mesh.tp or 1) > 1 or (mesh.pp or 1) > 1 then
+    schema.fail(where, "mesh tp=%d pp=%d: tensor and pipeline parallelism are not in this build "
+      .. "yet (use tp = 1, pp = 1)", mesh.tp or 1, mesh.pp or 1)
   end
   for k in pairs(t.strategy or {}) do
-    schema.fail(where, "strategy.%s is not available in this build (no strategy plugins yet; "
-      .. "remove the key)", tostring(k))
+    if k ~= "dp" then
+      schema.fail(where, "strategy.%s is not available in this build (accepted: dp = { bucket_mb = ... })",
+        tostring(k))
+    end
   end
   if t.eval then schema.check(t.eval, eval_spec, "eval", where, origin) end
   if t.sample then schema.check(t.sample, sample_spec, "sample", where, origin) end
@@ -103,6 +113,7 @@ local function check(t, where, origin)
 end
 
 return function(loom)
+  loom_core = loom.core
   return function(t)
     local where = schema.where()
     local origin = overrides.apply(t, loom.overrides(), where)
@@ -126,14 +137,31 @@ return function(loom)
         t.model.vocab)
     end
 
+    -- Many ranks: all run the same recipe (checked by hash), then build the mesh.
+    local rank, world = loom.core.rank or 0, loom.core.world or 1
+    local canonical = t.deterministic == "canonical"
+    local strategy
+    if world > 1 then
+      local ok, err = pcall(loom.core.check_same_config, json.encode(t))
+      if not ok then schema.fail(where, "%s", err) end
+      ok, err = pcall(loom.core.init_dist, { comm = t.comm or "shm", dp = dp,
+        tp = (t.mesh or {}).tp, pp = (t.mesh or {}).pp,
+        timeout_ms = math.floor((t.comm_timeout or 60) * 1000) })
+      if not ok then schema.fail(where, "%s", err) end
+      strategy = { name = "dp" }
+      for k, v in pairs((t.strategy or {}).dp or {}) do strategy[k] = v end
+    end
+
     local data = loom.open_data(t.data, where)
     local session = loom.session({
       model = t.model, optimizer = opt, precision = t.precision, seed = t.seed,
       grad_clip = t.grad_clip, threads = t.threads, backend = t.backend,
       batch = { micro = t.batch.micro, seq = t.batch.seq, accum = accum },
+      strategy = strategy, canonical = canonical,
     }, where)
     local info = session:info()
-    print(string.format("loom %s | gpt %s params (L=%d H=%d C=%d V=%d ctx=%d) | batch %dx%d x%d accum | %s | %s",
+    local say = rank == 0 and print or function() end
+    say(string.format("loom %s | gpt %s params (L=%d H=%d C=%d V=%d ctx=%d) | batch %dx%d x%d accum | %s | %s",
       loom.version, human(info.params), t.model.layers, t.model.heads, t.model.dim, t.model.vocab,
       t.model.ctx, t.batch.micro, t.batch.seq, accum, opt.name, info.backend))
 
@@ -147,9 +175,9 @@ return function(loom)
         local ok, info = pcall(session.load, session, path, data)
         if not ok then schema.fail(where, "cannot resume: %s", info) end
         start = info.step
-        print(string.format("resumed from %s at step %d", path, start))
+        say(string.format("resumed from %s at step %d", path, start))
       else
-        print(string.format("nothing to resume (%s): starting at step 1", why or t.checkpoint.dir))
+        say(string.format("nothing to resume (%s): starting at step 1", why or t.checkpoint.dir))
       end
     end
     local config_json = json.encode(t)
@@ -161,7 +189,8 @@ return function(loom)
     end
 
     local m <close> = metrics.new {
-      steps = t.steps, every = t.log and t.log.every, jsonl = t.log and t.log.jsonl,
+      steps = t.steps, every = t.log and t.log.every, jsonl = rank == 0 and t.log and t.log.jsonl or nil,
+      quiet = rank ~= 0,
       params = info.params, layers = t.model.layers, dim = t.model.dim, seq = t.batch.seq,
       peak_flops = t.peak_flops, device = info.backend, start_step = start,
     }
@@ -187,7 +216,8 @@ return function(loom)
           top_k = t.sample.top_k, seed = t.sample.seed })
       end
       local stop = t.on_step and t.on_step(r) == false
-      if t.checkpoint and t.checkpoint.every and (step % t.checkpoint.every == 0 or step == t.steps or stop) then
+      if rank == 0 and t.checkpoint and t.checkpoint.every
+          and (step % t.checkpoint.every == 0 or step == t.steps or stop) then
         save(step)
       end
       if stop then break end

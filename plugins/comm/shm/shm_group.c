@@ -239,6 +239,15 @@ static loom_status allgather(shm_comm *c, const void *send, void *recv, size_t c
     return st != LOOM_OK ? st : shm_wait(c, r);
 }
 
+static void free_all(const loom_host *h, void *a, void *b, void *c, void *d, void *e)
+{
+    h->free(a);
+    h->free(b);
+    h->free(c);
+    h->free(d);
+    h->free(e);
+}
+
 loom_status shm_split(void *self, int color, int key, void **out)
 {
     shm_comm *c = self;
@@ -254,7 +263,7 @@ loom_status shm_split(void *self, int color, int key, void **out)
     uint8_t *oks = h->alloc((size_t)n);
     if (!ck || !members || !world_of || !names || !oks) {
         /* Everyone else would wait for us in the allgather: say so, loudly. */
-        h->free(ck), h->free(members), h->free(world_of), h->free(names), h->free(oks);
+        free_all(h, ck, members, world_of, names, oks);
         return h->fail(LOOM_ERR_NOMEM, "shm split: out of memory (the other ranks will time out)");
     }
     loom_status st = allgather(c, mine, ck, 2, LOOM_DTYPE_I32);
@@ -282,9 +291,9 @@ loom_status shm_split(void *self, int color, int key, void **out)
     size_t size = 0;
     loom_status mine_st = LOOM_OK; /* this rank's own failure, message already recorded */
     if (st == LOOM_OK) {
-        if (me == 0)
-            mine_st = shm_seg_create(h, "split", gn, c->chunk, c->small, c->mailbox, 0, name,
-                                     &base, &size);
+        if (me == 0 && (mine_st = shm_seg_create(h, "split", gn, c->chunk, c->small,
+                                                 c->mailbox, 0, name, &base, &size)) != LOOM_OK)
+            name[0] = '\0'; /* tells the group: no segment */
         st = allgather(c, name, names, SHM_NAME_MAX, LOOM_DTYPE_U8);
     }
     if (st == LOOM_OK) {
@@ -323,6 +332,6 @@ loom_status shm_split(void *self, int color, int key, void **out)
     }
     if (base != NULL)
         munmap(base, size);
-    h->free(ck), h->free(members), h->free(world_of), h->free(names), h->free(oks);
+    free_all(h, ck, members, world_of, names, oks);
     return st;
 }

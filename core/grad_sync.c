@@ -205,9 +205,12 @@ loom_status loom_grad_sync_end_micro(loom_grad_sync *gs, int a, double loss_sum)
     return LOOM_OK;
 }
 
-static loom_status wait_ok(loom_grad_sync *gs, loom_status st, loom_comm_request *req)
+/* An all-gather over the dp group, waited for (the tree that follows needs every block). */
+static loom_status allgather(loom_grad_sync *gs, const void *send, void *recv, size_t count,
+                             loom_dtype dt)
 {
-    LOOM_TRY(st);
+    loom_comm_request *req = NULL;
+    LOOM_TRY(gs->comm->allgather_start(gs->dp, send, recv, count, dt, &req));
     return gs->comm->wait(gs->dp, req);
 }
 
@@ -222,17 +225,14 @@ loom_status loom_grad_sync_finish(loom_grad_sync *gs, double *loss_sum)
         *loss_sum = local;
         return LOOM_OK;
     }
-    loom_comm_request *req = NULL;
     /* Losses: every rank's block sum, combined in the fixed tree (both modes). */
-    LOOM_TRY(wait_ok(gs, gs->comm->allgather_start(gs->dp, &local, gs->loss_blocks, sizeof local,
-                                                   LOOM_DTYPE_U8, &req), req));
+    LOOM_TRY(allgather(gs, &local, gs->loss_blocks, sizeof local, LOOM_DTYPE_U8));
     for (int r = 0; r < gs->dp_size; r++)
         dtree_push(&gs->t, gs->loss_blocks[r]);
     *loss_sum = dtree_finish(&gs->t);
     if (!gs->canonical)
         return gs->strategy->before_step(gs->strategy_self);
-    LOOM_TRY(wait_ok(gs, gs->comm->allgather_start(gs->dp, grads, gs->gathered, gs->total,
-                                                   LOOM_DTYPE_F32, &req), req));
+    LOOM_TRY(allgather(gs, grads, gs->gathered, gs->total, LOOM_DTYPE_F32));
     for (int r = 0; r < gs->dp_size; r++)
         LOOM_TRY(tree_push(gs, gs->gathered + (size_t)r * gs->total));
     tree_finish(gs, grads);

@@ -10,7 +10,10 @@
  *    group cannot vanish and its id be reused while killpg may still be sent to it.
  *  - Each child dies with this program (PR_SET_PDEATHSIG) should it be killed outright.
  *  - One thread; signals arrive through a self-pipe; every wait is a poll() with a timeout.
- *  - All children are reaped before returning; no child outlives the call.
+ *  - Rank 0's stdout is inherited, not piped: its bytes (carriage-return redraws, isatty)
+ *    are exactly a one-rank run's. Every other stream is relayed a whole line per write().
+ *  - When the last rank has exited the group gets SIGKILL (grandchildren a recipe left
+ *    running, even after a clean run); then all children are reaped: none outlives the call.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -69,26 +72,15 @@ static int64_t now_ms(void)
 
 static const char *signal_name(int sig)
 {
-    switch (sig) {
-    case SIGHUP: return "SIGHUP";
-    case SIGINT: return "SIGINT";
-    case SIGQUIT: return "SIGQUIT";
-    case SIGILL: return "SIGILL";
-    case SIGTRAP: return "SIGTRAP";
-    case SIGABRT: return "SIGABRT";
-    case SIGBUS: return "SIGBUS";
-    case SIGFPE: return "SIGFPE";
-    case SIGKILL: return "SIGKILL";
-    case SIGUSR1: return "SIGUSR1";
-    case SIGSEGV: return "SIGSEGV";
-    case SIGUSR2: return "SIGUSR2";
-    case SIGPIPE: return "SIGPIPE";
-    case SIGALRM: return "SIGALRM";
-    case SIGTERM: return "SIGTERM";
-    case SIGXCPU: return "SIGXCPU";
-    case SIGXFSZ: return "SIGXFSZ";
-    case SIGSYS: return "SIGSYS";
-    }
+    static const struct { int sig; const char *name; } names[] = {
+        {SIGHUP, "SIGHUP"}, {SIGINT, "SIGINT"}, {SIGQUIT, "SIGQUIT"}, {SIGILL, "SIGILL"},
+        {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"}, {SIGFPE, "SIGFPE"},
+        {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"}, {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
+        {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"}, {SIGXCPU, "SIGXCPU"},
+        {SIGXFSZ, "SIGXFSZ"}, {SIGSYS, "SIGSYS"}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (names[i].sig == sig)
+            return names[i].name;
     return "an unnamed signal";
 }
 
@@ -181,8 +173,10 @@ static void exec_rank(const char *exe, char **argv, char **env, pid_t pgid, pid_
     if (getppid() != parent) /* the launcher died before the line above */
         _exit(127);
     int null = open("/dev/null", O_RDONLY);
-    if (null >= 0)
+    if (null > 0) {
         dup2(null, 0);
+        close(null);
+    }
     if (out_fd >= 0)
         dup2(out_fd, 1);
     dup2(err_fd, 2);

@@ -408,6 +408,7 @@ int luaopen_loom_core(lua_State *L)
     new_class(L, SESSION_MT, session_methods, l_session_close);
     luaL_newlib(L, core_funcs);
     loom_lua_open_data(L);
+    loom_lua_open_dist(L);
     loom_lua_open_checkpoint(L);
     loom_lua_open_llmc(L);
     loom_lua_open_sys(L);

@@ -26,4 +26,7 @@ void loom_lua_open_llmc(lua_State *L);
 /* lua_sys.c: register core.isatty, core.peak_rss, core.now, core.mkdir_p into the table on top. */
 void loom_lua_open_sys(lua_State *L);
 
+/* lua_dist.c: core.init_dist{comm, dp, tp, pp, timeout_ms} builds the mesh. */
+void loom_lua_open_dist(lua_State *L);
+
 #endif

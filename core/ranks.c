@@ -113,7 +113,10 @@ loom_status loom_ranks_join(void)
 
 void loom_ranks_leave(int ok)
 {
-    loom_rendezvous_close(joined_rdv, ok ? joined.timeout_ms : 0);
+    /* On failure a short linger only: long enough for the others to read a verdict rank 0
+     * has just published (a config mismatch), short enough not to hold up the exit. */
+    loom_rendezvous_close(joined_rdv, ok ? joined.timeout_ms
+                                         : joined.timeout_ms < 1000 ? joined.timeout_ms : 1000);
     joined_rdv = NULL;
 }
 

@@ -37,8 +37,9 @@ loom_status loom_ranks_from_env(loom_ranks *out);
 /* For `loom run`: parse the environment, tell the plugin host (loom_core_host_set_rank) and,
  * when world > 1, open the rendezvous (waits for every rank, bounded by the timeout). */
 loom_status loom_ranks_join(void);
-/* After the recipe: close the rendezvous. ok: on rank 0, keep serving until the other ranks
- * have left (bounded by the timeout); not ok: stop at once. */
+/* After the recipe: close the rendezvous. On rank 0 the server keeps serving until the other
+ * ranks have left, bounded by the timeout when ok, by 1 s when not (long enough for them to
+ * read a verdict it has just published, short enough not to hold up a failing job). */
 void loom_ranks_leave(int ok);
 /* What join found (rank 0 of 1 before join). */
 const loom_ranks *loom_cli_ranks(void);

@@ -29,6 +29,10 @@
 #include "status.h"
 
 #define ELLIPSIS "\xe2\x80\xa6" /* U+2026, in UTF-8 */
+/* How long a rank waits for rank 0's verdict past its own deadline, and how long rank 0's
+ * server stays up after a failed start so that the others can read that verdict. */
+#define VERDICT_GRACE_MS 500
+#define FAILED_LINGER_MS 1000
 
 struct loom_rendezvous {
     loom_store store;
@@ -53,7 +57,11 @@ uint64_t loom_rendezvous_hash(const void *data, size_t n)
     uint64_t h = 0xcbf29ce484222325ull;
     for (size_t i = 0; i < n; i++)
         h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
+    h ^= h >> 33; /* MurmurHash3's fmix64: FNV's high bits barely move when a late byte does */
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ull;
+    return h ^ (h >> 33);
 }
 
 static int remaining(int64_t deadline)
@@ -257,8 +265,8 @@ static loom_status barrier(struct loom_rendezvous *r, const char *name, int time
             format_ranks(verdict, sizeof verdict, miss, nmiss);
         if (st == LOOM_OK)
             st = store_set(r, key, verdict, strlen(verdict));
-    } else if (st == LOOM_OK) {
-        st = store_get(r, key, verdict, &vlen, remaining(deadline));
+    } else if (st == LOOM_OK) { /* a moment's grace: rank 0's deadline may be a bit later */
+        st = store_get(r, key, verdict, &vlen, remaining(deadline) + VERDICT_GRACE_MS);
         if (st == LOOM_ERR_TIMEOUT) { /* rank 0 has not decided: look for ourselves */
             for (int k = 0; k < r->world; k++) {
                 char other[LOOM_RENDEZVOUS_MAX_KEY + 32];
@@ -449,8 +457,10 @@ loom_status loom_rendezvous_open(const char *addr, int port, int rank, int world
         st = barrier(r, "start", remaining(deadline), where, timeout_ms);
     }
     if (st != LOOM_OK) {
-        loom_rendezvous_close(r, 0);
-        return st;
+        char msg[2048]; /* closing may not touch it, but keep the message whatever happens */
+        snprintf(msg, sizeof msg, "%s", loom_last_error());
+        loom_rendezvous_close(r, FAILED_LINGER_MS);
+        return loom_fail(st, "%s", msg);
     }
     *out = r;
     return LOOM_OK;

@@ -57,11 +57,12 @@ loom_status loom_rendezvous_check_same(loom_rendezvous *r, const char *what, uin
                                        int timeout_ms);
 
 /* Leave. On rank 0 the server keeps serving until every other rank has disconnected or
- * linger_ms has passed (0: stop at once — use that on an error path, where the other ranks
- * are being stopped anyway). NULL is fine. */
+ * linger_ms has passed (0: stop at once). A failed open lingers 1 s on rank 0 so that the
+ * ranks that did arrive can read its verdict. NULL is fine. */
 void loom_rendezvous_close(loom_rendezvous *r, int linger_ms);
 
-/* 64-bit FNV-1a of n bytes: the hash check_same expects for a configuration string. */
+/* 64-bit FNV-1a of n bytes, finalised with MurmurHash3's fmix64 (so a printed prefix
+ * changes with any byte): the hash check_same expects for a configuration string. */
 uint64_t loom_rendezvous_hash(const void *data, size_t n);
 
 #endif

@@ -81,7 +81,7 @@ static loom_status shm_create(const loom_host *host, const loom_config *cfg,
     if (host == NULL || self == NULL)
         return LOOM_ERR_INVALID; /* no host, no way to say more */
     *self = NULL;
-    size_t chunk, small, mailbox;
+    size_t chunk = 0, small = 0, mailbox = 0;
     loom_status st = read_config(host, cfg, &chunk, &small, &mailbox);
     if (st != LOOM_OK)
         return st;

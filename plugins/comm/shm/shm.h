@@ -43,7 +43,7 @@ enum {
     SHM_SLOTS = 3,     /* staging slots per rank: the pipeline depth of allreduce */
     SHM_LINE = 128,    /* two cache lines: no false sharing with the adjacent-line prefetcher */
     SHM_NAME_MAX = 64, /* "/loom-<pid>-<ns>-<rand>" */
-    SHM_MSG = 320,     /* an error message kept for wait() */
+    SHM_MSG = 512,     /* an error message kept for wait() */
 };
 
 #define SHM_MAGIC 0x6c6f6f6d73686d31ull /* "loomshm1" */

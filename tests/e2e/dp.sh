@@ -86,3 +86,17 @@ done
 (( took <= 10 )) || { echo "survivors took ${took}s to fail"; exit 1; }
 pgrep -f "$marker" > /dev/null && { echo "processes left behind"; pkill -9 -f "$marker"; exit 1; }
 echo "ok external launcher, rank 2 killed: ranks 0 and 1 failed after ${took}s: $(tail -1 "$tmp/ext0.out")"
+
+# Ranks whose recipes differ (here: steps) are refused at start, naming the odd rank.
+port=$((20000 + RANDOM % 20000))
+RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+  "$loom" run "$recipe" threads=1 mesh.dp=2 > "$tmp/mm0" 2>&1 &
+set +e
+RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+  "$loom" run "$recipe" threads=1 mesh.dp=2 steps=7 > "$tmp/mm1" 2>&1
+rc1=$?; wait $!; rc0=$?
+set -e
+[[ $rc0 -ne 0 && $rc1 -ne 0 ]] || { echo "mismatched recipes were not refused"; exit 1; }
+grep -q "rank 1 runs a different recipe than rank 0" "$tmp/mm0" || { echo "unexpected: $(cat "$tmp/mm0")"; exit 1; }
+grep -q '^LOSS' "$tmp/mm0" && { echo "trained before refusing"; exit 1; }
+echo "ok different recipes refused: $(tail -n1 "$tmp/mm0")"

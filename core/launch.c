@@ -466,6 +466,21 @@ static void supervise(job *j)
     free(rank_of);
 }
 
+/* N ranks share this node's cores: unless the user chose, each rank gets cores/N compute
+ * threads, and OpenMP threads sleep rather than spin when they wait, since a spinning
+ * thread steals the core another rank needs (a step can slow many times over). */
+static void share_cores(int n)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (!getenv("OMP_NUM_THREADS")) {
+        char v[32];
+        snprintf(v, sizeof v, "%ld", cores > n ? cores / n : 1L);
+        setenv("OMP_NUM_THREADS", v, 1);
+    }
+    if (!getenv("OMP_WAIT_POLICY") && n > 1)
+        setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+}
+
 int loom_launch_main(int argc, char **argv)
 {
     long n = -1;
@@ -508,6 +523,7 @@ int loom_launch_main(int argc, char **argv)
         return 1;
     }
     exe[len] = '\0';
+    share_cores((int)n);
     char id[17];
     job_id(id);
     /* argv of each rank: loom run RECIPE overrides... */

@@ -172,10 +172,11 @@ static int failf(ctx *x, const char *what, size_t at, uint32_t got, uint32_t wan
     return 1;
 }
 
-static int call(ctx *x, loom_status st, loom_comm_request *r, const char *what)
+/* st: what the start returned; *rp: the request it made (read after the start ran). */
+static int call(ctx *x, loom_status st, loom_comm_request **rp, const char *what)
 {
     if (st == LOOM_OK)
-        st = x->ops->wait(x->comm, r);
+        st = x->ops->wait(x->comm, *rp);
     if (st == LOOM_OK)
         return 0;
     snprintf(x->err, x->cap, "%s %s count %zu (rank %d of %d): %s failed: %s: %s",
@@ -244,7 +245,7 @@ static int run(ctx *x)
     int bad = 0;
     switch (k->op) {
     case CC_ALLREDUCE:
-        bad = call(x, o->allreduce_start(x->comm, send, recv, c, dt, k->red, &r), r, "allreduce");
+        bad = call(x, o->allreduce_start(x->comm, send, recv, c, dt, k->red, &r), &r, "allreduce");
         for (size_t i = 0; !bad && i < c; i++) {
             uint32_t want = ref_reduce(dt, k->red, x->n, k->salt, i), got = get(dt, recv, i);
             if (got != want)
@@ -252,7 +253,7 @@ static int run(ctx *x)
         }
         break;
     case CC_ALLREDUCE_INPLACE:
-        bad = call(x, o->allreduce_start(x->comm, send, send, c, dt, k->red, &r), r, "allreduce");
+        bad = call(x, o->allreduce_start(x->comm, send, send, c, dt, k->red, &r), &r, "allreduce");
         for (size_t i = 0; !bad && i < c; i++) {
             uint32_t want = ref_reduce(dt, k->red, x->n, k->salt, i), got = get(dt, send, i);
             if (got != want)
@@ -260,7 +261,7 @@ static int run(ctx *x)
         }
         break;
     case CC_REDUCE_SCATTER:
-        bad = call(x, o->reduce_scatter_start(x->comm, send, recv, c, dt, k->red, &r), r,
+        bad = call(x, o->reduce_scatter_start(x->comm, send, recv, c, dt, k->red, &r), &r,
                    "reduce_scatter");
         for (size_t i = 0; !bad && i < c; i++) {
             uint32_t want = ref_reduce(dt, k->red, x->n, k->salt, (size_t)me * c + i);
@@ -275,7 +276,7 @@ static int run(ctx *x)
             memcpy(recv + (size_t)me * c * es, send, c * es);
             src = recv + (size_t)me * c * es;
         }
-        bad = call(x, o->allgather_start(x->comm, src, recv, c, dt, &r), r, "allgather");
+        bad = call(x, o->allgather_start(x->comm, src, recv, c, dt, &r), &r, "allgather");
         for (size_t j = 0; !bad && j < n * c; j++) {
             uint32_t want = gen(dt, k->salt, (int)(j / (c ? c : 1)), j % (c ? c : 1));
             if (get(dt, recv, j) != want)
@@ -285,14 +286,14 @@ static int run(ctx *x)
     }
     case CC_BROADCAST: {
         int root = (int)(k->salt % n);
-        bad = call(x, o->broadcast_start(x->comm, send, c, dt, root, &r), r, "broadcast");
+        bad = call(x, o->broadcast_start(x->comm, send, c, dt, root, &r), &r, "broadcast");
         for (size_t i = 0; !bad && i < c; i++)
             if (get(dt, send, i) != gen(dt, k->salt, root, i))
                 bad = failf(x, "wrong value", i, get(dt, send, i), gen(dt, k->salt, root, i));
         break;
     }
     case CC_ALLTOALL:
-        bad = call(x, o->alltoall_start(x->comm, send, recv, c, dt, &r), r, "alltoall");
+        bad = call(x, o->alltoall_start(x->comm, send, recv, c, dt, &r), &r, "alltoall");
         for (size_t j = 0; !bad && j < n * c; j++) {
             size_t q = j / c, i = j % c;
             uint32_t want = gen(dt, k->salt, (int)q, (size_t)me * c + i);
@@ -308,7 +309,7 @@ static int run(ctx *x)
             rc[p] = v_count(k, p, me);
             rd[p] = v_rdispl(k, me, p);
         }
-        bad = call(x, o->alltoallv_start(x->comm, send, sc, sd, recv, rc, rd, dt, &r), r,
+        bad = call(x, o->alltoallv_start(x->comm, send, sc, sd, recv, rc, rd, dt, &r), &r,
                    "alltoallv");
         for (int q = 0; !bad && q < x->n; q++) {
             size_t from = v_sdispl(k, q, me);
@@ -343,7 +344,7 @@ static int run(ctx *x)
             if (!st) st = o->send_start(x->comm, send2, c2, dt, to, &q[3]);
         }
         for (int i = 0; i < 4 && !bad; i++)
-            bad = call(x, st, q[i], "send/recv");
+            bad = call(x, st, &q[i], "send/recv");
         for (size_t i = 0; !bad && i < c; i++)
             if (get(dt, recv, i) != gen(dt, k->salt, from, i))
                 bad = failf(x, "wrong value (message 1)", i, get(dt, recv, i), gen(dt, k->salt, from, i));
@@ -355,7 +356,7 @@ static int run(ctx *x)
         break;
     }
     case CC_BARRIER:
-        bad = call(x, o->barrier_start(x->comm, &r), r, "barrier");
+        bad = call(x, o->barrier_start(x->comm, &r), &r, "barrier");
         break;
     default:
         break;

@@ -242,6 +242,8 @@ static int dies(th_rank *t)
     const char *want = in_group ? "shm allreduce: rank 1 (world rank 3) did not arrive within 2000 ms (dead or stuck?)"
                                 : "shm allreduce: rank 2 did not arrive within 2000 ms (dead or stuck?)";
     int bad = 0;
+    if (t->rank == 0)
+        snprintf(t->err, t->cap, "%s", loom_last_error()); /* shown by the test, for the log */
     if (st != LOOM_ERR_TIMEOUT || strcmp(loom_last_error(), want) != 0)
         bad = th_fail(t, "wait gave %s '%s', want LOOM_ERR_TIMEOUT '%s'", loom_status_name(st),
                       loom_last_error(), want);
@@ -249,8 +251,6 @@ static int dies(th_rank *t)
         bad = th_fail(t, "timed out after %.2f s, want about 2 s", dt);
     else if (t->ops->barrier_start(comm, &r) != LOOM_ERR_TIMEOUT)
         bad = th_fail(t, "a broken communicator accepted a new operation");
-    if (t->rank == 0 && !bad)
-        snprintf(t->err, t->cap, "%s", loom_last_error()); /* shown by the test, for the log */
     t->ops->destroy(g);
     return bad;
 }

@@ -194,7 +194,10 @@ loom_status shm_world_create(const loom_host *host, const loom_store *store, int
         atomic_store(&me->mapped, 1);
         atomic_fetch_add(&h->n_mapped, 1);
         shm_futex_wake(&h->n_mapped);
-        uint32_t ready = wait_change(&h->ready, 0, shm_now() + timeout_ms / 1000.0);
+        /* Rank 0 decides within its own timeout; give it a little longer than that to
+         * say so, so a late rank hears "gave up" rather than guessing. */
+        double grace = timeout_ms / 1000.0 * 1.25 + 0.1;
+        uint32_t ready = wait_change(&h->ready, 0, shm_now() + grace);
         if (ready != 1)
             st = host->fail(LOOM_ERR_TIMEOUT, "shm create: rank 0 %s", ready == 2
                             ? "gave up start-up: another rank did not join in time"

@@ -5,6 +5,7 @@
  *   loom plugins                      list every plugin found, and every file refused
  *   loom plot METRICS.jsonl [-o SVG]  plot a run's metrics file (loss, tokens/s, lr)
  *   loom export --llmc CKPT OUT.bin   write a checkpoint's weights as an llm.c model file
+ *   loom bench comm [-n N] [--op OP] [--sizes 1K:64M] [--comm shm]   communicator bandwidth
  *   loom version
  *
  * The Lua library is found in LOOM_LUA_PATH (if set), else next to the sources when this
@@ -51,6 +52,8 @@ static int usage(FILE *out)
           "       loom plugins                      list the plugins found and where\n"
           "       loom plot METRICS.jsonl [-o SVG]  plot loss, tokens/s and lr against step\n"
           "       loom export --llmc CKPT OUT.bin   write a checkpoint's weights as an llm.c model\n"
+          "       loom bench comm [-n N] [--op OP] [--sizes 1K:64M] [--comm shm]\n"
+          "                                         communicator bandwidth, as nccl-tests prints it\n"
           "       loom version\n",
           out);
     return out == stderr ? 2 : 0;
@@ -73,6 +76,11 @@ static lua_State *new_state(void)
     lua_concat(L, 2);
     lua_setfield(L, -2, "path");
     lua_pop(L, 1);
+    /* Commands that start more ranks of this program need its path. */
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    lua_pushstring(L, n > 0 ? (exe[n] = '\0', exe) : "loom");
+    lua_setglobal(L, "LOOM_EXE");
     return L;
 }
 
@@ -174,7 +182,7 @@ int main(int argc, char **argv)
         return loom_launch_main(argc - 2, argv + 2);
     if (strcmp(cmd, "plugins") == 0)
         return cmd_lua("plugins", 0, argv);
-    if (strcmp(cmd, "plot") == 0 || strcmp(cmd, "export") == 0)
+    if (strcmp(cmd, "plot") == 0 || strcmp(cmd, "export") == 0 || strcmp(cmd, "bench") == 0)
         return cmd_lua(cmd, argc - 2, argv + 2);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("loom %s\n", LOOM_VERSION_STRING);

@@ -409,6 +409,7 @@ int luaopen_loom_core(lua_State *L)
     luaL_newlib(L, core_funcs);
     loom_lua_open_data(L);
     loom_lua_open_dist(L);
+    loom_lua_open_bench(L);
     loom_lua_open_checkpoint(L);
     loom_lua_open_llmc(L);
     loom_lua_open_sys(L);

@@ -29,4 +29,7 @@ void loom_lua_open_sys(lua_State *L);
 /* lua_dist.c: core.init_dist{comm, dp, tp, pp, timeout_ms} builds the mesh. */
 void loom_lua_open_dist(lua_State *L);
 
+/* lua_bench.c: core.comm_bench{op, min, max, iters} for `loom bench comm`. */
+void loom_lua_open_bench(lua_State *L);
+
 #endif

@@ -87,4 +87,40 @@ function cli.export(args)
     out, m.layers, m.heads, m.dim, m.vocab, m.vocab_padded, m.ctx, ckpt))
 end
 
+-- "1K" -> 1024, "64M" -> 67108864
+local function bytes_of(text)
+  local n, unit = text:match("^(%d+)([KkMmGg]?)$")
+  if not n then error("bench: '" .. text .. "' is not a size like 1K, 64M or 4096", 0) end
+  return math.tointeger(n) * (({ k = 1 << 10, m = 1 << 20, g = 1 << 30 })[unit:lower()] or 1)
+end
+
+-- `loom bench comm [-n N] [--op OP] [--sizes MIN:MAX] [--iters K] [--comm NAME]`: runs N
+-- ranks of this program (loom launch) over the communicator and prints nccl-tests' table.
+function cli.bench(args)
+  local usage = "usage: loom bench comm [-n N] [--op allreduce|reduce_scatter|allgather|broadcast]"
+    .. " [--sizes 1K:64M] [--iters K] [--comm shm]"
+  if args[1] ~= "comm" then error(usage, 0) end
+  local n, op, sizes, iters, comm = 2, "allreduce", "1K:64M", "0", "shm"
+  local i = 2
+  while i <= #args do
+    local a, v = args[i], args[i + 1]
+    if not v then error(usage, 0) end
+    if a == "-n" then n = math.tointeger(tonumber(v))
+    elseif a == "--op" then op = v
+    elseif a == "--sizes" then sizes = v
+    elseif a == "--iters" then iters = v
+    elseif a == "--comm" then comm = v
+    else error("bench: unknown option '" .. a .. "'\n" .. usage, 0) end
+    i = i + 2
+  end
+  if not n or n < 2 then error("bench: -n must be at least 2", 0) end
+  local lo, hi = sizes:match("^([^:]+):([^:]+)$")
+  if not lo then lo, hi = sizes, sizes end
+  local script = package.searchpath("loom.bench_comm", package.path)
+  local cmd = string.format("%q launch -n %d %q op=%s min=%d max=%d iters=%s comm=%s", LOOM_EXE, n,
+    script, op, bytes_of(lo), bytes_of(hi), iters, comm)
+  local ok, how, code = os.execute(cmd)
+  if not ok then error(string.format("bench: the ranks failed (%s %s)", how, code), 0) end
+end
+
 return cli

@@ -186,9 +186,10 @@ unsigned long long th_hash(unsigned long long a, unsigned long long b, unsigned 
 }
 
 static int child_main(const th_env *env, const th_opts *o, th_fn fn, void *arg, int rank,
-                      const loom_store *store, char *msg)
+                      const loom_store *store, char *msg, const char *job)
 {
     loom_core_host_set_rank(rank, o->world);
+    setenv("LOOM_JOB_ID", job, 1);
     tcfg cfg;
     th_rank t = {.rank = rank, .world = o->world, .ops = env->ops, .env = env, .store = store,
                  .cfg = &cfg.cfg, .timeout_ms = o->timeout_ms, .arg = arg, .err = msg,
@@ -219,12 +220,15 @@ int th_run(const th_env *env, const th_opts *o, th_fn fn, void *arg, th_result *
         return 0;
     }
     loom_store api = th_store_api(store);
+    static unsigned runs;
+    snprintf(res->job, sizeof res->job, "%08x%08x", (unsigned)getpid(),
+             (unsigned)(th_hash((unsigned long long)(th_seconds() * 1e9), ++runs, 0) & 0xffffffffu));
     fflush(NULL); /* children must not flush the parent's buffers twice */
     double t0 = th_seconds();
     for (int r = 0; r < o->world; r++) {
         pid_t p = fork();
         if (p == 0)
-            _exit(child_main(env, o, fn, arg, r, &api, msgs[r]));
+            _exit(child_main(env, o, fn, arg, r, &api, msgs[r], res->job));
         res->pids[r] = p;
     }
     double limit = o->limit_s > 0 ? o->limit_s : 120.0;
@@ -299,7 +303,10 @@ const char *th_leftovers(const th_result *res)
     struct dirent *de;
     size_t used = 0;
     while ((de = readdir(d)) != NULL) {
-        int hit = res->segment[0] != '\0' && strcmp(de->d_name, res->segment + 1) == 0;
+        char job[40];
+        snprintf(job, sizeof job, "loom-%s", res->job);
+        int hit = (res->segment[0] != '\0' && strcmp(de->d_name, res->segment + 1) == 0) ||
+                  (res->job[0] != '\0' && strncmp(de->d_name, job, strlen(job)) == 0);
         for (int r = 0; r < res->world && !hit; r++) {
             char prefix[32];
             snprintf(prefix, sizeof prefix, "loom-%d-", (int)res->pids[r]);

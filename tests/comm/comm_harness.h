@@ -6,7 +6,8 @@
  * get-with-timeout sleeps), a loader for the plugin through the core's loader, and
  * th_run(): fork `world` children, give each a communicator (or not, see no_create), run
  * a function, collect exit status and a message per rank through shared memory, and kill
- * and reap every child still alive at the time limit, so no process is left behind.
+ * and reap every child still alive at the time limit, so no process is left behind. Each
+ * run gets its own LOOM_JOB_ID (as under `loom launch`), so leftovers are easy to find.
  * What not: not the real TCP rendezvous store (core), not a Check runner: the children
  * report with th_fail() and return; the parent asserts.
  * Invariants: call th_load() and th_store_new() before th_run() forks; a child never
@@ -70,7 +71,8 @@ typedef struct th_result {
     char msg[TH_MAX_RANKS][TH_MSG];
     double seconds; /* from the first fork to the last exit */
     int killed;     /* children still running at limit_s were SIGKILLed */
-    char segment[64];   /* the store's "shm/segment" value, if any */
+    char segment[96];   /* the store's "shm/segment" value, if any */
+    char job[24];       /* LOOM_JOB_ID given to the children, as `loom launch` does */
 } th_result;
 
 /* Fork world ranks with a fresh store and run fn on each. Returns 1 when every rank
@@ -78,8 +80,8 @@ typedef struct th_result {
 int th_run(const th_env *env, const th_opts *o, th_fn fn, void *arg, th_result *res);
 /* One line per failed rank: "rank 2: exit 1: <message>" / "rank 2: killed by signal 9". */
 const char *th_summary(const th_result *res);
-/* Names in /dev/shm that start with "loom-<pid>-" for any child pid, or the segment name
- * of res; "" when none is left. */
+/* Names in /dev/shm that start with "loom-<job>" or "loom-<child pid>-", or the segment
+ * name of res; "" when none is left. */
 const char *th_leftovers(const th_result *res);
 
 /* Deterministic test data: a 64-bit mix of (a, b, c). */

@@ -30,7 +30,7 @@ static const loom_config_key keys[N_KEYS] = {
     [K_CHUNK] = {"chunk_bytes", LOOM_CFG_INTEGER, "1048576",
                  "pipelining unit and staging slot size (each rank has 3 slots in shared "
                  "memory); 4096 to 1073741824, a multiple of 64"},
-    [K_SMALL] = {"small_bytes", LOOM_CFG_INTEGER, "32768",
+    [K_SMALL] = {"small_bytes", LOOM_CFG_INTEGER, "65536",
                  "allreduce of at most this many bytes takes the one-barrier direct path "
                  "(every rank reduces the whole message); 0 to chunk_bytes"},
     [K_MAILBOX] = {"mailbox_bytes", LOOM_CFG_INTEGER, "131072",

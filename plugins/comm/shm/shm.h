@@ -5,7 +5,7 @@
  * laid out as
  *     header page | ctl[n] | bells[n] (world segment only) | box_ctl[n*n]
  *     | staging[n][SHM_SLOTS][chunk_bytes] | mailbox data[n*n][mailbox_bytes]
- * Every offset is computed by shm_layout() from (n, chunk, mailbox, bells), so the creator
+ * Every offset is computed by shm_layout_for(n, chunk, mailbox, bells), so the creator
  * and the openers agree without trusting pointers in shared memory.
  * What not: no process-global state: a world communicator and every group split from it
  * form a "family" (one world segment holds every rank's doorbell) owned by its members.
@@ -21,7 +21,9 @@
  *    is complete when arrived >= n*k (32-bit, compared wrap-safe). No rank arrives at k+1
  *    before k completes, so the count is exact. Data written before a seq_cst fetch_add on
  *    `arrived` is visible to any rank whose acquire load sees the completed count
- *    (the RMWs form one release sequence).
+ *    (the RMWs form one release sequence). The same edge orders reads before rewrites: a
+ *    rank's reads of a peer's slot precede its next arrival, and the peer rewrites the slot
+ *    only after seeing that arrival counted.
  *  - Staging slots rotate over SHM_SLOTS=3 per rank by a per-communicator round number;
  *    a slot is rewritten only after a barrier that every reader of its previous content has
  *    passed (the argument is spelled out in shm_coll.c).
@@ -42,7 +44,7 @@ enum {
     SHM_MAX_WORLD = 256,
     SHM_SLOTS = 3,     /* staging slots per rank: the pipeline depth of allreduce */
     SHM_LINE = 128,    /* two cache lines: no false sharing with the adjacent-line prefetcher */
-    SHM_NAME_MAX = 64, /* "/loom-<pid>-<ns>-<rand>" */
+    SHM_NAME_MAX = 80, /* "/loom-<job id>-<pid>-<random>" */
     SHM_MSG = 512,     /* an error message kept for wait() */
 };
 
@@ -190,7 +192,8 @@ loom_status shm_seg_open(const loom_host *host, const char *what, const char *na
                          size_t chunk, size_t small, size_t mailbox, int bells,
                          uint8_t **base, size_t *size);
 double shm_now(void); /* seconds, CLOCK_MONOTONIC */
-/* FUTEX_WAIT on a shared word while it holds val, at most timeout_s; 0 on wake or change. */
+/* FUTEX_WAIT on a shared word while it holds val, at most timeout_s. Returns on a wake, a
+ * change, a signal or the timeout: callers re-check their condition and loop. */
 void shm_futex_wait(_Atomic uint32_t *word, uint32_t val, double timeout_s);
 void shm_futex_wake(_Atomic uint32_t *word);
 void shm_ring(shm_comm *c, int comm_rank);

@@ -14,17 +14,23 @@
  * different orders on different ranks cannot deadlock, and test() in a loop completes.
  * When a pass moves nothing, wait() sleeps on this rank's doorbell (see shm.h) until
  * someone rings or the deadline passes.
- * What not: no progress thread; nothing moves between calls into the plugin. A request
- * reports "done" only when it and everything started before it on its communicator are
- * done, so completions are observed in start order.
+ * What not: no progress thread; nothing moves between calls into the plugin, so a caller
+ * that wants communication to overlap compute calls test() now and then (e.g. per layer).
+ * A request reports "done" only when it and everything started before it on its
+ * communicator are done, so completions are observed in start order. A request is freed
+ * by its wait(); waiting for it twice, or testing it after, is undefined (as in MPI).
  * Invariants: the deadline is timeout_ms of no progress on the waited communicator; it
  * fails the oldest unfinished request with a message naming the rank(s) that did not
  * arrive, and marks the communicator broken (every pending and later request fails with
  * the same message: the ranks no longer agree where they are).
- * The op descriptor of a collective is written before its first barrier and read by the
- * others after it, in desc[opseq & 1]: a rank can only overwrite that entry two
- * collectives later, after a barrier of the next collective that the reader must reach
- * first, so a reader never sees it change under it.
+ * Sequence numbers: barriers are numbered per communicator (shm.h), and every collective
+ * that has a barrier gets opseq, the count of such collectives before it (count-0 calls
+ * have no barrier and take no number, identically on every rank). Its descriptor
+ * (op, count, dtype, reduce op, root, opseq) is written before its first barrier and
+ * compared by every rank after it, so ranks that called different collectives fail with a
+ * message naming both instead of exchanging garbage. It lives in desc[opseq & 1]: a rank
+ * rewrites that entry two collectives later, after a barrier of the next collective that
+ * the reader must reach first, so a reader never sees it change under it.
  */
 #include <stdio.h>
 #include <string.h>

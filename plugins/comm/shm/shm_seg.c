@@ -1,8 +1,8 @@
 /* shm_seg.c — the shared segments: naming, creating, opening and checking them, plus the
  * futex and doorbell primitives every wait in the plugin goes through.
  *
- * What: a segment is a POSIX shared-memory object "/loom-<pid>-<ns hex>-<random hex>"
- * (the "/loom-" prefix lets a launcher remove leftovers of a killed job). The creator
+ * What: a segment is a POSIX shared-memory object "/loom-<job>-<pid>-<random hex>"
+ * (see make_name: `loom launch` removes its job's leftovers by that prefix). The creator
  * sizes it with posix_fallocate so a too-small /dev/shm (docker's 64 MiB default) is a
  * clean error at create time instead of a SIGBUS in the middle of a collective.
  * What not: no unlinking policy here (create and split unlink once everyone has mapped),
@@ -17,6 +17,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/random.h>
@@ -80,15 +81,25 @@ void shm_ring(shm_comm *c, int comm_rank)
         shm_futex_wake(&b->ring);
 }
 
+/* "/loom-<job>-<pid>-<random>": LOOM_JOB_ID is what `loom launch` exports (16 hex digits)
+ * and what it sweeps from /dev/shm after a job ends, so a segment of a killed job never
+ * outlives the job. Without a (sane) job id: "/loom-<pid>-<random>". O_EXCL makes a clash
+ * a retry, never a shared segment. */
 static void make_name(char name[SHM_NAME_MAX])
 {
-    uint32_t rnd = 0;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    if (getrandom(&rnd, sizeof rnd, GRND_NONBLOCK) != (ssize_t)sizeof rnd)
-        rnd = (uint32_t)ts.tv_nsec * 2654435761u ^ (uint32_t)getpid();
-    unsigned long long ns = (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
-    snprintf(name, SHM_NAME_MAX, "/loom-%d-%llx-%08x", (int)getpid(), ns, rnd);
+    uint32_t rnd[2] = {0, 0};
+    if (getrandom(rnd, sizeof rnd, GRND_NONBLOCK) != (ssize_t)sizeof rnd) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        rnd[0] ^= (uint32_t)ts.tv_nsec * 2654435761u ^ (uint32_t)getpid();
+        rnd[1] ^= (uint32_t)ts.tv_sec * 2246822519u + rnd[0];
+    }
+    const char *job = getenv("LOOM_JOB_ID");
+    int sane = job != NULL && job[0] != '\0' && strlen(job) <= 32;
+    for (const char *p = job; sane && *p; p++)
+        sane = (*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z');
+    snprintf(name, SHM_NAME_MAX, "/loom-%s%s%d-%08x%08x", sane ? job : "", sane ? "-" : "",
+             (int)getpid(), rnd[0], rnd[1]);
 }
 
 loom_status shm_seg_create(const loom_host *host, const char *what, int n, size_t chunk,

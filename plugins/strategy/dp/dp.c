@@ -8,6 +8,9 @@
  * asynchronously, while backward continues. before_step flushes the last bucket and waits
  * for all of them. SUM, not AVG: the core scales the loss gradient by 1/(global token
  * count), so the sum over ranks is the global gradient.
+ * Progress: a communicator may advance queued work only inside test()/wait() (shm has no
+ * progress thread), so each grads_ready also polls the buckets in flight: communication
+ * advances at every layer boundary of backward, overlapping it at that granularity.
  * What it does not: canonical mode's fixed-order reduction (the core's grad_sync does
  * that), sharding (zero), or anything outside the dp group.
  * Invariants: at most MAX_INFLIGHT buckets outstanding; buffers are the core's; the only
@@ -88,10 +91,19 @@ static loom_status flush(dp *d)
     return LOOM_OK;
 }
 
+/* Let queued buckets advance without blocking (see the opening comment). */
+static void poll(dp *d)
+{
+    for (int i = 0; i < d->n_inflight; i++)
+        if (!d->comm->test(d->group, d->inflight[i]))
+            break; /* buckets complete in order: later ones cannot be done either */
+}
+
 static loom_status dp_grads_ready(void *self, float *grads, size_t offset, size_t n)
 {
     dp *d = self;
     d->grads = grads;
+    poll(d);
     if (d->lo != d->hi && offset + n != d->lo) {
         /* not adjacent to the open bucket: send that one first */
         loom_status st = flush(d);

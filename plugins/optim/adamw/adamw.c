@@ -21,6 +21,7 @@
 
 #include "loom/plugin.h"
 #include "loom/plugin/optim.h"
+#include "../optim_common.h"
 
 enum { K_LR, K_BETAS, K_EPS, K_WEIGHT_DECAY, K_DECAY, N_KEYS };
 
@@ -43,33 +44,20 @@ typedef struct adamw {
     int decay_all;
 } adamw;
 
-/* The core fills every declared key in table order; anything else is a core bug, but a
- * plugin says so instead of reading past the array. */
-static loom_status check_config(const loom_host *host, const loom_config *cfg)
-{
-    if (cfg == NULL || cfg->count < N_KEYS || cfg->values == NULL)
-        return host->fail(LOOM_ERR_INVALID, "adamw: expected %d resolved config values, got %d",
-                          N_KEYS, cfg ? cfg->count : 0);
-    for (int i = 0; i < N_KEYS; i++)
-        if (cfg->values[i].type != keys[i].type ||
-            (keys[i].type == LOOM_CFG_STRING && cfg->values[i].string == NULL))
-            return host->fail(LOOM_ERR_INVALID, "adamw: config value %d should be key '%s'", i,
-                              keys[i].name);
-    return LOOM_OK;
-}
-
 static loom_status adamw_create(const loom_host *host, const loom_config *cfg, void **self)
 {
     if (host == NULL || self == NULL)
         return LOOM_ERR_INVALID; /* no host, no way to say more */
-    loom_status st = check_config(host, cfg);
+    loom_status st = optim_check_config(host, "adamw", cfg, keys, N_KEYS);
     if (st != LOOM_OK)
         return st;
     const loom_config_value *v = cfg->values;
     double lr = v[K_LR].number, eps = v[K_EPS].number, wd = v[K_WEIGHT_DECAY].number;
     const char *decay = v[K_DECAY].string;
-    if (!(lr > 0) || !isfinite(lr))
-        return host->fail(LOOM_ERR_INVALID, "adamw: lr must be a finite number > 0, got %g", lr);
+    int decay_all = 0;
+    st = optim_check_common(host, "adamw", lr, wd, decay, &decay_all);
+    if (st != LOOM_OK)
+        return st;
     if (v[K_BETAS].n_numbers != 2)
         return host->fail(LOOM_ERR_INVALID,
                           "adamw: betas must be two numbers {b1, b2}, got %d numbers",
@@ -80,12 +68,6 @@ static loom_status adamw_create(const loom_host *host, const loom_config *cfg, v
                           "adamw: betas must each be in [0, 1), got {%g, %g}", b1, b2);
     if (!(eps > 0) || !isfinite(eps))
         return host->fail(LOOM_ERR_INVALID, "adamw: eps must be a finite number > 0, got %g", eps);
-    if (!(wd >= 0) || !isfinite(wd))
-        return host->fail(LOOM_ERR_INVALID,
-                          "adamw: weight_decay must be a finite number >= 0, got %g", wd);
-    if (strcmp(decay, "matrices") != 0 && strcmp(decay, "all") != 0)
-        return host->fail(LOOM_ERR_INVALID,
-                          "adamw: decay must be \"matrices\" or \"all\", got \"%s\"", decay);
     adamw *a = host->alloc(sizeof *a);
     if (a == NULL)
         return host->fail(LOOM_ERR_NOMEM, "adamw: out of memory");
@@ -94,7 +76,7 @@ static loom_status adamw_create(const loom_host *host, const loom_config *cfg, v
     a->beta2 = b2;
     a->eps = (float)eps;
     a->weight_decay = (float)wd;
-    a->decay_all = strcmp(decay, "all") == 0;
+    a->decay_all = decay_all;
     *self = a;
     return LOOM_OK;
 }

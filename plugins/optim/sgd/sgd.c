@@ -17,6 +17,7 @@
 
 #include "loom/plugin.h"
 #include "loom/plugin/optim.h"
+#include "../optim_common.h"
 
 enum { K_LR, K_MOMENTUM, K_NESTEROV, K_WEIGHT_DECAY, K_DECAY, N_KEYS };
 
@@ -39,45 +40,25 @@ typedef struct sgd {
     int decay_all;
 } sgd;
 
-/* The core fills every declared key in table order; anything else is a core bug, but a
- * plugin says so instead of reading past the array. */
-static loom_status check_config(const loom_host *host, const loom_config *cfg)
-{
-    if (cfg == NULL || cfg->count < N_KEYS || cfg->values == NULL)
-        return host->fail(LOOM_ERR_INVALID, "sgd: expected %d resolved config values, got %d",
-                          N_KEYS, cfg ? cfg->count : 0);
-    for (int i = 0; i < N_KEYS; i++)
-        if (cfg->values[i].type != keys[i].type ||
-            (keys[i].type == LOOM_CFG_STRING && cfg->values[i].string == NULL))
-            return host->fail(LOOM_ERR_INVALID, "sgd: config value %d should be key '%s'", i,
-                              keys[i].name);
-    return LOOM_OK;
-}
-
 static loom_status sgd_create(const loom_host *host, const loom_config *cfg, void **self)
 {
     if (host == NULL || self == NULL)
         return LOOM_ERR_INVALID; /* no host, no way to say more */
-    loom_status st = check_config(host, cfg);
+    loom_status st = optim_check_config(host, "sgd", cfg, keys, N_KEYS);
     if (st != LOOM_OK)
         return st;
     const loom_config_value *v = cfg->values;
     double lr = v[K_LR].number, mu = v[K_MOMENTUM].number, wd = v[K_WEIGHT_DECAY].number;
     const char *decay = v[K_DECAY].string;
-    /* lr is a base value the schedule scales per step; checking it here catches typos. */
-    if (!(lr > 0) || !isfinite(lr))
-        return host->fail(LOOM_ERR_INVALID, "sgd: lr must be a finite number > 0, got %g", lr);
+    int decay_all = 0;
+    st = optim_check_common(host, "sgd", lr, wd, decay, &decay_all);
+    if (st != LOOM_OK)
+        return st;
     if (!(mu >= 0 && mu < 1))
         return host->fail(LOOM_ERR_INVALID, "sgd: momentum must be in [0, 1), got %g", mu);
     if (v[K_NESTEROV].number != 0 && mu == 0)
         return host->fail(LOOM_ERR_INVALID,
                           "sgd: nesterov = true needs momentum > 0, got momentum = 0");
-    if (!(wd >= 0) || !isfinite(wd))
-        return host->fail(LOOM_ERR_INVALID, "sgd: weight_decay must be a finite number >= 0, got %g",
-                          wd);
-    if (strcmp(decay, "matrices") != 0 && strcmp(decay, "all") != 0)
-        return host->fail(LOOM_ERR_INVALID,
-                          "sgd: decay must be \"matrices\" or \"all\", got \"%s\"", decay);
     sgd *s = host->alloc(sizeof *s);
     if (s == NULL)
         return host->fail(LOOM_ERR_NOMEM, "sgd: out of memory");
@@ -85,7 +66,7 @@ static loom_status sgd_create(const loom_host *host, const loom_config *cfg, voi
     s->momentum = (float)mu;
     s->nesterov = v[K_NESTEROV].number != 0;
     s->weight_decay = (float)wd;
-    s->decay_all = strcmp(decay, "all") == 0;
+    s->decay_all = decay_all;
     *self = s;
     return LOOM_OK;
 }

@@ -167,15 +167,7 @@ static const luaL_Reg methods[] = {
 
 void loom_lua_open_data(lua_State *L)
 {
-    luaL_newmetatable(L, DATA_MT);
-    lua_newtable(L);
-    luaL_setfuncs(L, methods, 0);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, l_close);
-    lua_setfield(L, -2, "__gc");
-    lua_pushcfunction(L, l_close);
-    lua_setfield(L, -2, "__close");
-    lua_pop(L, 1);
+    loom_lua_new_class(L, DATA_MT, methods, l_close);
     lua_pushcfunction(L, l_text_data);
     lua_setfield(L, -2, "text_data");
     lua_pushcfunction(L, l_random_data);

@@ -390,7 +390,7 @@ static const luaL_Reg core_funcs[] = {{"plugins", l_plugins},
                                       {"session", l_session},
                                       {NULL, NULL}};
 
-static void new_class(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction gc)
+void loom_lua_new_class(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction gc)
 {
     luaL_newmetatable(L, name);
     lua_newtable(L);
@@ -405,7 +405,7 @@ static void new_class(lua_State *L, const char *name, const luaL_Reg *methods, l
 
 int luaopen_loom_core(lua_State *L)
 {
-    new_class(L, SESSION_MT, session_methods, l_session_close);
+    loom_lua_new_class(L, SESSION_MT, session_methods, l_session_close);
     luaL_newlib(L, core_funcs);
     loom_lua_open_data(L);
     loom_lua_open_dist(L);

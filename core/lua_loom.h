@@ -11,6 +11,12 @@
 
 int luaopen_loom_core(lua_State *L);
 
+struct luaL_Reg;
+/* Register a userdata class: metatable `name` with methods as __index and gc as both __gc
+ * and __close (so a `<close>` variable frees the resource at once). */
+void loom_lua_new_class(lua_State *L, const char *name, const struct luaL_Reg *methods,
+                        lua_CFunction gc);
+
 /* lua_data.c: register core.text_data, core.random_data and the "loom.Data" class into
  * the table on top of the stack. */
 void loom_lua_open_data(lua_State *L);

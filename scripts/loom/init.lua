@@ -12,6 +12,8 @@ local core = require "loom.core"
 local schema = require "loom.schema"
 
 local loom = { core = core, version = core.version }
+-- This process's rank and the number of ranks (0 and 1 without a launcher).
+loom.rank, loom.world = core.rank or 0, core.world or 1
 loom.lr = require "loom.lr"
 
 -- The recipe's directory (nil when unknown): relative paths are tried from it second.

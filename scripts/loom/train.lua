@@ -161,9 +161,10 @@ return function(loom)
     }, where)
     local info = session:info()
     local say = rank == 0 and print or function() end
-    say(string.format("loom %s | gpt %s params (L=%d H=%d C=%d V=%d ctx=%d) | batch %dx%d x%d accum | %s | %s",
+    say(string.format("loom %s | gpt %s params (L=%d H=%d C=%d V=%d ctx=%d) | batch %dx%d x%d accum x%d dp%s | %s | %s",
       loom.version, human(info.params), t.model.layers, t.model.heads, t.model.dim, t.model.vocab,
-      t.model.ctx, t.batch.micro, t.batch.seq, accum, opt.name, info.backend))
+      t.model.ctx, t.batch.micro, t.batch.seq, accum, dp, canonical and " (canonical)" or "",
+      opt.name, info.backend))
 
     -- Resume: the newest complete checkpoint (auto) or the one named; exact by design:
     -- weights, optimizer state, step, precision state and data position all come back.

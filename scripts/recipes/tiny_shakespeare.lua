@@ -15,6 +15,7 @@ local session, summary = loom.train {
   log       = { every = 10 },
 }
 
+if loom.rank ~= 0 then return end -- under loom launch, one rank reports
 print(string.format("\ntrained: loss %.3f -> %.3f, val loss %.3f", summary.losses[1],
   summary.final_loss, summary.val_loss))
 print("---- sample ----")

@@ -1,0 +1,745 @@
+/* nccl.c — loom-comm-nccl: the communicator for CUDA device buffers, over NCCL.
+ *
+ * Plain C against the CUDA runtime and NCCL; no kernels of its own. Every communicator is
+ * non-blocking (ncclConfig_t.blocking = 0) so that nothing here can hang: create, split and
+ * wait all poll ncclCommGetAsyncError with short sleeps against a deadline, and on a
+ * timeout or an asynchronous error the communicator is aborted (ncclCommAbort) and the
+ * failure is reported with NCCL's own error string — NCCL alone would wait forever.
+ *
+ * Streams: each communicator owns a non-blocking communication stream. If create() is
+ * given the backend's stream (device != NULL), every *_start first makes the communication
+ * stream wait for the work already queued on the backend stream (an event), so buffers a
+ * kernel is still writing are ready before NCCL reads them, and compute and communication
+ * still overlap. With device == NULL the caller's buffers must already be ready.
+ * Each *_start enqueues the NCCL call(s) on the communication stream and records an event;
+ * wait() and test() look at that event. One stream per communicator: operations complete
+ * in start order. Split children get their own stream (groups are independent).
+ *
+ * Data movement (allgather, broadcast, alltoall(v), send/recv) is done in bytes, so every
+ * loom dtype moves; reductions need an NCCL type: f32, bf16, f16, i32, u8 (not u16).
+ * Reproducibility: NCCL picks the same algorithm and order for the same sizes, topology and
+ * environment, so results repeat run to run on one machine; that is all NCCL promises.
+ * What not: no send/recv to oneself (NCCL needs the pair in one group; copy instead).
+ * Invariants: only loom_plugin_entry is exported; every failure goes through host->fail;
+ * nothing prints or exits; after an abort every call on that communicator fails.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include "loom/plugin/comm.h"
+
+#define HAVE_SPLIT (NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0))
+
+enum { K_POLL_US, N_KEYS };
+
+static const loom_config_key keys[N_KEYS] = {
+    [K_POLL_US] = {"poll_us", LOOM_CFG_INTEGER, "20",
+                   "sleep between polls of a pending operation in wait(), microseconds; "
+                   "0 to 100000 (0 spins)"},
+};
+
+typedef struct nccl_comm {
+    const loom_host *host;
+    ncclComm_t comm;
+    cudaStream_t stream;       /* ours, non-blocking */
+    cudaStream_t user_stream;  /* the backend's, or NULL */
+    cudaEvent_t ready;         /* recorded on user_stream before each op */
+    float *scratch;            /* one float for barrier */
+    int rank, world, timeout_ms, poll_us, device;
+    int aborted;
+} nccl_comm;
+
+struct loom_comm_request {
+    cudaEvent_t done;
+    const char *what;
+    int peer; /* the peer of send/recv, -1 for collectives */
+};
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void nap(int us)
+{
+    if (us <= 0)
+        return;
+    struct timespec ts = {us / 1000000, (long)(us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+}
+
+static size_t dt_size(loom_dtype dt)
+{
+    switch (dt) {
+    case LOOM_DTYPE_F32: case LOOM_DTYPE_I32: return 4;
+    case LOOM_DTYPE_BF16: case LOOM_DTYPE_F16: case LOOM_DTYPE_U16: return 2;
+    case LOOM_DTYPE_U8: return 1;
+    }
+    return 0;
+}
+
+static int nccl_dtype(loom_dtype dt, ncclDataType_t *out)
+{
+    switch (dt) {
+    case LOOM_DTYPE_F32: *out = ncclFloat32; return 1;
+    case LOOM_DTYPE_BF16: *out = ncclBfloat16; return 1;
+    case LOOM_DTYPE_F16: *out = ncclFloat16; return 1;
+    case LOOM_DTYPE_I32: *out = ncclInt32; return 1;
+    case LOOM_DTYPE_U8: *out = ncclUint8; return 1;
+    case LOOM_DTYPE_U16: return 0;
+    }
+    return 0;
+}
+
+static int nccl_op(loom_reduce_op op, ncclRedOp_t *out)
+{
+    switch (op) {
+    case LOOM_REDUCE_SUM: *out = ncclSum; return 1;
+    case LOOM_REDUCE_AVG: *out = ncclAvg; return 1;
+    case LOOM_REDUCE_MAX: *out = ncclMax; return 1;
+    }
+    return 0;
+}
+
+/* ---- failure paths ------------------------------------------------------------------ */
+
+/* Abort the communicator (after taking NCCL's last error) and report. */
+static loom_status fail_abort(nccl_comm *c, loom_status st, const char *what, int peer,
+                              const char *why)
+{
+    const char *last = c->comm ? ncclGetLastError(c->comm) : NULL;
+    char detail[512];
+    snprintf(detail, sizeof detail, "%s", last && last[0] ? last : "no further detail");
+    if (c->comm && !c->aborted)
+        ncclCommAbort(c->comm);
+    c->aborted = 1;
+    if (peer >= 0)
+        return c->host->fail(st, "nccl %s with peer rank %d (rank %d of %d): %s (%s); "
+                             "communicator aborted", what, peer, c->rank, c->world, why, detail);
+    return c->host->fail(st, "nccl %s (rank %d of %d; NCCL does not say which peer rank): "
+                         "%s (%s); communicator aborted", what, c->rank, c->world, why, detail);
+}
+
+/* Poll c->comm until its pending non-blocking call settles, or abort it at the deadline. */
+static loom_status settle(nccl_comm *c, ncclResult_t res, const char *what)
+{
+    double deadline = now_ms() + c->timeout_ms;
+    while (res == ncclInProgress) {
+        if (now_ms() > deadline) {
+            char why[128];
+            snprintf(why, sizeof why, "still in progress after timeout_ms=%d", c->timeout_ms);
+            return fail_abort(c, LOOM_ERR_TIMEOUT, what, -1, why);
+        }
+        nap(c->poll_us > 0 ? c->poll_us : 10);
+        ncclResult_t q = ncclCommGetAsyncError(c->comm, &res);
+        if (q != ncclSuccess)
+            res = q;
+    }
+    if (res == ncclSuccess)
+        return LOOM_OK;
+    return fail_abort(c, LOOM_ERR_COMM, what, -1, ncclGetErrorString(res));
+}
+
+#define CUDA_TRY(c, call, what)                                                             \
+    do {                                                                                    \
+        cudaError_t e_ = (call);                                                            \
+        if (e_ != cudaSuccess)                                                              \
+            return (c)->host->fail(LOOM_ERR_COMM, "nccl %s: %s failed: %s", (what), #call, \
+                                   cudaGetErrorString(e_));                                 \
+    } while (0)
+
+/* ---- create, split, destroy --------------------------------------------------------- */
+
+static void comm_free(nccl_comm *c)
+{
+    if (c == NULL)
+        return;
+    if (c->comm) {
+        if (c->aborted) {
+            /* already aborted: the handle is gone */
+        } else {
+            ncclResult_t r = ncclCommFinalize(c->comm);
+            if (r == ncclSuccess || r == ncclInProgress) {
+                double deadline = now_ms() + c->timeout_ms;
+                while (r == ncclInProgress && now_ms() < deadline) {
+                    nap(100);
+                    if (ncclCommGetAsyncError(c->comm, &r) != ncclSuccess)
+                        break;
+                }
+            }
+            if (r == ncclSuccess)
+                ncclCommDestroy(c->comm);
+            else
+                ncclCommAbort(c->comm);
+        }
+    }
+    if (c->stream) {
+        cudaStreamSynchronize(c->stream);
+        cudaStreamDestroy(c->stream);
+    }
+    if (c->ready)
+        cudaEventDestroy(c->ready);
+    if (c->scratch)
+        cudaFree(c->scratch);
+    c->host->free(c);
+}
+
+static void nccl_destroy(void *self) { comm_free(self); }
+
+/* The per-communicator CUDA resources; c->comm is set by the caller afterwards. */
+static loom_status comm_alloc(const loom_host *host, int rank, int world, int timeout_ms,
+                              int poll_us, cudaStream_t user, nccl_comm **out)
+{
+    nccl_comm *c = host->alloc(sizeof *c);
+    if (c == NULL)
+        return host->fail(LOOM_ERR_NOMEM, "nccl create: out of memory");
+    c->host = host;
+    c->rank = rank;
+    c->world = world;
+    c->timeout_ms = timeout_ms;
+    c->poll_us = poll_us;
+    c->user_stream = user;
+    cudaError_t e = cudaGetDevice(&c->device);
+    if (e == cudaSuccess)
+        e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess)
+        e = cudaEventCreateWithFlags(&c->ready, cudaEventDisableTiming);
+    if (e == cudaSuccess)
+        e = cudaMalloc((void **)&c->scratch, sizeof(float));
+    if (e != cudaSuccess) {
+        comm_free(c);
+        return host->fail(LOOM_ERR_COMM, "nccl create: CUDA setup failed on rank %d: %s",
+                          rank, cudaGetErrorString(e));
+    }
+    *out = c;
+    return LOOM_OK;
+}
+
+static loom_status nccl_create(const loom_host *host, const loom_config *cfg,
+                               const loom_store *store, int rank, int world, int timeout_ms,
+                               void *device, void **self)
+{
+    if (host == NULL || self == NULL)
+        return LOOM_ERR_INVALID;
+    *self = NULL;
+    if (cfg == NULL || cfg->count < N_KEYS || cfg->values == NULL ||
+        cfg->values[K_POLL_US].type != LOOM_CFG_INTEGER)
+        return host->fail(LOOM_ERR_INVALID, "nccl: expected %d resolved config value(s) "
+                          "(poll_us), got %d", N_KEYS, cfg ? cfg->count : 0);
+    double poll = cfg->values[K_POLL_US].number;
+    if (!(poll >= 0 && poll <= 100000))
+        return host->fail(LOOM_ERR_INVALID, "nccl: poll_us must be 0 to 100000, got %.0f",
+                          poll);
+    if (world < 1)
+        return host->fail(LOOM_ERR_INVALID, "nccl: world must be >= 1, got %d", world);
+    if (rank < 0 || rank >= world)
+        return host->fail(LOOM_ERR_INVALID, "nccl: rank must be 0 to %d for world %d, got %d",
+                          world - 1, world, rank);
+    if (timeout_ms <= 0)
+        return host->fail(LOOM_ERR_INVALID, "nccl: timeout_ms must be > 0, got %d", timeout_ms);
+    if (store == NULL || store->set == NULL || store->get == NULL)
+        return host->fail(LOOM_ERR_INVALID, "nccl: create needs the rendezvous store");
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0)
+        return host->fail(LOOM_ERR_UNSUPPORTED, "nccl: no CUDA device visible on rank %d "
+                          "(use the shm communicator for host memory)", rank);
+
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    if (rank == 0) {
+        ncclResult_t r = ncclGetUniqueId(&id);
+        if (r != ncclSuccess)
+            return host->fail(LOOM_ERR_COMM, "nccl create: ncclGetUniqueId failed: %s (%s)",
+                              ncclGetErrorString(r), ncclGetLastError(NULL));
+        loom_status st = store->set(store->self, "nccl/id", &id, sizeof id);
+        if (st != LOOM_OK)
+            return st;
+    } else {
+        size_t len = sizeof id;
+        loom_status st = store->get(store->self, "nccl/id", &id, &len, timeout_ms);
+        if (st != LOOM_OK)
+            return st;
+        if (len != sizeof id)
+            return host->fail(LOOM_ERR_COMM, "nccl create: rank %d got a %zu-byte 'nccl/id' "
+                              "from rank 0, expected %zu (loom builds with different NCCL?)",
+                              rank, len, sizeof id);
+    }
+
+    nccl_comm *c = NULL;
+    loom_status st = comm_alloc(host, rank, world, timeout_ms, (int)poll, device, &c);
+    if (st != LOOM_OK)
+        return st;
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t comm = NULL;
+    ncclResult_t r = ncclCommInitRankConfig(&comm, world, id, rank, &config);
+    if (comm == NULL) {
+        comm_free(c);
+        return host->fail(LOOM_ERR_COMM, "nccl create: ncclCommInitRankConfig failed on rank "
+                          "%d of %d: %s (%s)", rank, world, ncclGetErrorString(r),
+                          ncclGetLastError(NULL));
+    }
+    c->comm = comm;
+    st = settle(c, r, "create (ncclCommInitRankConfig)");
+    if (st != LOOM_OK) {
+        comm_free(c);
+        return st;
+    }
+    *self = c;
+    return LOOM_OK;
+}
+
+static loom_status nccl_split(void *self, int color, int key, void **out)
+{
+    nccl_comm *c = self;
+    if (c == NULL || out == NULL)
+        return LOOM_ERR_INVALID;
+    *out = NULL;
+    if (c->aborted)
+        return c->host->fail(LOOM_ERR_COMM, "nccl split: communicator was aborted after an "
+                             "earlier failure");
+    if (color < 0)
+        return c->host->fail(LOOM_ERR_INVALID, "nccl split: color must be >= 0, got %d", color);
+#if HAVE_SPLIT
+    nccl_comm *n = NULL;
+    loom_status st = comm_alloc(c->host, 0, 0, c->timeout_ms, c->poll_us, c->user_stream, &n);
+    if (st != LOOM_OK)
+        return st;
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t comm = NULL;
+    ncclResult_t r = ncclCommSplit(c->comm, color, key, &comm, &config);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        comm_free(n);
+        return fail_abort(c, LOOM_ERR_COMM, "split (ncclCommSplit)", -1, ncclGetErrorString(r));
+    }
+    n->comm = comm;
+    if (comm != NULL) /* a non-blocking split is polled on the new communicator */
+        st = settle(n, r, "split (ncclCommSplit)");
+    else if (r == ncclInProgress)
+        st = settle(c, r, "split (ncclCommSplit)");
+    if (st == LOOM_OK && comm == NULL)
+        st = c->host->fail(LOOM_ERR_COMM, "nccl split: ncclCommSplit gave no communicator for "
+                           "color %d on rank %d", color, c->rank);
+    if (st == LOOM_OK && (ncclCommUserRank(comm, &n->rank) != ncclSuccess ||
+                          ncclCommCount(comm, &n->world) != ncclSuccess))
+        st = c->host->fail(LOOM_ERR_COMM, "nccl split: could not read the new rank/size");
+    if (st != LOOM_OK) {
+        comm_free(n);
+        return st;
+    }
+    *out = n;
+    return LOOM_OK;
+#else
+    (void)key;
+    return c->host->fail(LOOM_ERR_UNSUPPORTED, "nccl split: loom was built against NCCL "
+                         "%d.%d.%d, which has no ncclCommSplit (needs NCCL >= 2.18)",
+                         NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+#endif
+}
+
+static int nccl_rank(void *self) { return self ? ((nccl_comm *)self)->rank : -1; }
+static int nccl_world(void *self) { return self ? ((nccl_comm *)self)->world : 0; }
+
+/* ---- starting requests -------------------------------------------------------------- */
+
+/* Checks common to every op, and the ordering after the backend's stream. */
+static loom_status begin(nccl_comm *c, const char *what, loom_comm_request **req)
+{
+    if (c == NULL)
+        return LOOM_ERR_INVALID;
+    if (req == NULL)
+        return c->host->fail(LOOM_ERR_INVALID, "nccl %s: req is NULL", what);
+    *req = NULL;
+    if (c->aborted)
+        return c->host->fail(LOOM_ERR_COMM, "nccl %s: communicator was aborted after an "
+                             "earlier failure", what);
+    if (c->user_stream != NULL) {
+        CUDA_TRY(c, cudaEventRecord(c->ready, c->user_stream), what);
+        CUDA_TRY(c, cudaStreamWaitEvent(c->stream, c->ready, 0), what);
+    }
+    return LOOM_OK;
+}
+
+/* After the NCCL call(s): settle a non-blocking enqueue, then the completion event. */
+static loom_status finish(nccl_comm *c, ncclResult_t res, const char *what, int peer,
+                          loom_comm_request **req)
+{
+    if (res != ncclSuccess && res != ncclInProgress)
+        return fail_abort(c, LOOM_ERR_COMM, what, peer, ncclGetErrorString(res));
+    loom_status st = settle(c, res, what);
+    if (st != LOOM_OK)
+        return st;
+    loom_comm_request *r = c->host->alloc(sizeof *r);
+    if (r == NULL)
+        return c->host->fail(LOOM_ERR_NOMEM, "nccl %s: out of memory", what);
+    r->what = what;
+    r->peer = peer;
+    cudaError_t e = cudaEventCreateWithFlags(&r->done, cudaEventDisableTiming);
+    if (e == cudaSuccess && (e = cudaEventRecord(r->done, c->stream)) != cudaSuccess)
+        cudaEventDestroy(r->done);
+    if (e != cudaSuccess) {
+        c->host->free(r);
+        return c->host->fail(LOOM_ERR_COMM, "nccl %s: recording the completion event: %s",
+                             what, cudaGetErrorString(e));
+    }
+    *req = r;
+    return LOOM_OK;
+}
+
+static loom_status bad(nccl_comm *c, const char *what, const char *why)
+{
+    return c->host->fail(LOOM_ERR_INVALID, "nccl %s: %s", what, why);
+}
+
+/* Host memory handed to NCCL fails deep inside it and would cost the communicator; refuse
+ * it up front. NULL (with count 0) passes. */
+static loom_status on_device(nccl_comm *c, const char *what, const void *p)
+{
+    if (p == NULL)
+        return LOOM_OK;
+    struct cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError(); /* clear it: not sticky */
+        a.type = cudaMemoryTypeUnregistered;
+    }
+    if (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged)
+        return LOOM_OK;
+    return c->host->fail(LOOM_ERR_INVALID, "nccl %s: buffer %p is not CUDA device memory (the "
+                         "shm communicator handles host buffers)", what, p);
+}
+
+#define ON_DEVICE(c, what, p)                                       \
+    do {                                                            \
+        loom_status s_ = on_device((c), (what), (p));               \
+        if (s_ != LOOM_OK)                                          \
+            return s_;                                              \
+    } while (0)
+
+static loom_status reduce_start(nccl_comm *c, const char *what, int scatter, const void *send,
+                                void *recv, size_t count, loom_dtype dt, loom_reduce_op op,
+                                loom_comm_request **req)
+{
+    loom_status st = begin(c, what, req);
+    if (st != LOOM_OK)
+        return st;
+    ncclDataType_t ndt;
+    ncclRedOp_t nop;
+    if (!nccl_dtype(dt, &ndt))
+        return c->host->fail(dt_size(dt) ? LOOM_ERR_UNSUPPORTED : LOOM_ERR_INVALID,
+                             "nccl %s: dtype %d cannot be reduced (f32, bf16, f16, i32, u8 "
+                             "can)", what, (int)dt);
+    if (!nccl_op(op, &nop))
+        return bad(c, what, "reduce op is not sum (0), avg (1) or max (2)");
+    if (count > 0 && (send == NULL || recv == NULL))
+        return bad(c, what, "send and recv must not be NULL");
+    if (count > 0) {
+        ON_DEVICE(c, what, send);
+        ON_DEVICE(c, what, recv);
+    }
+    ncclResult_t r = ncclSuccess;
+    if (count > 0)
+        r = scatter ? ncclReduceScatter(send, recv, count, ndt, nop, c->comm, c->stream)
+                    : ncclAllReduce(send, recv, count, ndt, nop, c->comm, c->stream);
+    return finish(c, r, what, -1, req);
+}
+
+static loom_status nccl_allreduce_start(void *self, const void *send, void *recv, size_t count,
+                                        loom_dtype dt, loom_reduce_op op,
+                                        loom_comm_request **req)
+{
+    return reduce_start(self, "allreduce", 0, send, recv, count, dt, op, req);
+}
+
+static loom_status nccl_reduce_scatter_start(void *self, const void *send, void *recv,
+                                             size_t count, loom_dtype dt, loom_reduce_op op,
+                                             loom_comm_request **req)
+{
+    return reduce_start(self, "reduce_scatter", 1, send, recv, count, dt, op, req);
+}
+
+static loom_status nccl_allgather_start(void *self, const void *send, void *recv, size_t count,
+                                        loom_dtype dt, loom_comm_request **req)
+{
+    nccl_comm *c = self;
+    loom_status st = begin(c, "allgather", req);
+    if (st != LOOM_OK)
+        return st;
+    size_t es = dt_size(dt);
+    if (es == 0)
+        return bad(c, "allgather", "unknown dtype");
+    if (count > 0 && (send == NULL || recv == NULL))
+        return bad(c, "allgather", "send and recv must not be NULL");
+    if (count > 0) {
+        ON_DEVICE(c, "allgather", send);
+        ON_DEVICE(c, "allgather", recv);
+    }
+    ncclResult_t r = ncclSuccess;
+    if (count > 0)
+        r = ncclAllGather(send, recv, count * es, ncclUint8, c->comm, c->stream);
+    return finish(c, r, "allgather", -1, req);
+}
+
+static loom_status nccl_broadcast_start(void *self, void *buf, size_t count, loom_dtype dt,
+                                        int root, loom_comm_request **req)
+{
+    nccl_comm *c = self;
+    loom_status st = begin(c, "broadcast", req);
+    if (st != LOOM_OK)
+        return st;
+    size_t es = dt_size(dt);
+    if (es == 0)
+        return bad(c, "broadcast", "unknown dtype");
+    if (count > 0 && buf == NULL)
+        return bad(c, "broadcast", "buf must not be NULL");
+    if (root < 0 || root >= c->world)
+        return bad(c, "broadcast", "root is not a rank of this communicator");
+    if (count > 0)
+        ON_DEVICE(c, "broadcast", buf);
+    ncclResult_t r = ncclSuccess;
+    if (count > 0)
+        r = ncclBroadcast(buf, buf, count * es, ncclUint8, root, c->comm, c->stream);
+    return finish(c, r, "broadcast", root == c->rank ? -1 : root, req);
+}
+
+/* Grouped send/recv of byte blocks; counts/displs in elements (NULL: fixed count). */
+static loom_status exchange(nccl_comm *c, const char *what, const char *send, const size_t *sc,
+                            const size_t *sd, char *recv, const size_t *rc, const size_t *rd,
+                            size_t count, size_t es, loom_comm_request **req)
+{
+    ncclResult_t r = ncclGroupStart();
+    for (int p = 0; p < c->world && r == ncclSuccess; p++) {
+        size_t sn = sc ? sc[p] : count, so = sd ? sd[p] : (size_t)p * count;
+        size_t rn = rc ? rc[p] : count, ro = rd ? rd[p] : (size_t)p * count;
+        if (sn > 0)
+            r = ncclSend(send + so * es, sn * es, ncclUint8, p, c->comm, c->stream);
+        if (rn > 0 && (r == ncclSuccess || r == ncclInProgress))
+            r = ncclRecv(recv + ro * es, rn * es, ncclUint8, p, c->comm, c->stream);
+        if (r == ncclInProgress)
+            r = ncclSuccess;
+    }
+    ncclResult_t e = ncclGroupEnd();
+    if (r == ncclSuccess)
+        r = e;
+    return finish(c, r, what, -1, req);
+}
+
+static loom_status nccl_alltoall_start(void *self, const void *send, void *recv, size_t count,
+                                       loom_dtype dt, loom_comm_request **req)
+{
+    nccl_comm *c = self;
+    loom_status st = begin(c, "alltoall", req);
+    if (st != LOOM_OK)
+        return st;
+    size_t es = dt_size(dt);
+    if (es == 0)
+        return bad(c, "alltoall", "unknown dtype");
+    if (count > 0 && (send == NULL || recv == NULL))
+        return bad(c, "alltoall", "send and recv must not be NULL");
+    if (count > 0) {
+        ON_DEVICE(c, "alltoall", send);
+        ON_DEVICE(c, "alltoall", recv);
+    }
+    return exchange(c, "alltoall", send, NULL, NULL, recv, NULL, NULL, count, es, req);
+}
+
+static loom_status nccl_alltoallv_start(void *self, const void *send, const size_t *send_counts,
+                                        const size_t *send_displs, void *recv,
+                                        const size_t *recv_counts, const size_t *recv_displs,
+                                        loom_dtype dt, loom_comm_request **req)
+{
+    nccl_comm *c = self;
+    loom_status st = begin(c, "alltoallv", req);
+    if (st != LOOM_OK)
+        return st;
+    size_t es = dt_size(dt);
+    if (es == 0)
+        return bad(c, "alltoallv", "unknown dtype");
+    if (!send_counts || !send_displs || !recv_counts || !recv_displs)
+        return bad(c, "alltoallv", "counts and displacements must not be NULL");
+    int sends = 0, recvs = 0;
+    for (int p = 0; p < c->world; p++) {
+        sends |= send_counts[p] > 0;
+        recvs |= recv_counts[p] > 0;
+    }
+    if ((sends && send == NULL) || (recvs && recv == NULL))
+        return bad(c, "alltoallv", "send and recv must not be NULL");
+    if (sends)
+        ON_DEVICE(c, "alltoallv", send);
+    if (recvs)
+        ON_DEVICE(c, "alltoallv", recv);
+    return exchange(c, "alltoallv", send, send_counts, send_displs, recv, recv_counts,
+                    recv_displs, 0, es, req);
+}
+
+static loom_status p2p_start(nccl_comm *c, const char *what, int is_send, void *buf,
+                             size_t count, loom_dtype dt, int peer, loom_comm_request **req)
+{
+    loom_status st = begin(c, what, req);
+    if (st != LOOM_OK)
+        return st;
+    size_t es = dt_size(dt);
+    if (es == 0)
+        return bad(c, what, "unknown dtype");
+    if (count > 0 && buf == NULL)
+        return bad(c, what, "buf must not be NULL");
+    if (peer < 0 || peer >= c->world)
+        return bad(c, what, "peer is not a rank of this communicator");
+    if (peer == c->rank)
+        return c->host->fail(LOOM_ERR_UNSUPPORTED, "nccl %s: peer is this rank (%d); NCCL "
+                             "needs a send to oneself paired in one group, copy instead",
+                             what, peer);
+    if (count > 0)
+        ON_DEVICE(c, what, buf);
+    ncclResult_t r = ncclSuccess;
+    if (count > 0)
+        r = is_send ? ncclSend(buf, count * es, ncclUint8, peer, c->comm, c->stream)
+                    : ncclRecv(buf, count * es, ncclUint8, peer, c->comm, c->stream);
+    return finish(c, r, what, peer, req);
+}
+
+static loom_status nccl_send_start(void *self, const void *buf, size_t count, loom_dtype dt,
+                                   int peer, loom_comm_request **req)
+{
+    return p2p_start(self, "send", 1, (void *)buf, count, dt, peer, req);
+}
+
+static loom_status nccl_recv_start(void *self, void *buf, size_t count, loom_dtype dt, int peer,
+                                   loom_comm_request **req)
+{
+    return p2p_start(self, "recv", 0, buf, count, dt, peer, req);
+}
+
+static loom_status nccl_barrier_start(void *self, loom_comm_request **req)
+{
+    nccl_comm *c = self;
+    loom_status st = begin(c, "barrier", req);
+    if (st != LOOM_OK)
+        return st;
+    ncclResult_t r = ncclAllReduce(c->scratch, c->scratch, 1, ncclFloat32, ncclSum, c->comm,
+                                   c->stream);
+    return finish(c, r, "barrier", -1, req);
+}
+
+/* ---- completion --------------------------------------------------------------------- */
+
+static void req_free(nccl_comm *c, loom_comm_request *r)
+{
+    cudaEventDestroy(r->done); /* fine while pending: released when it completes */
+    c->host->free(r);
+}
+
+static loom_status nccl_wait(void *self, loom_comm_request *r)
+{
+    nccl_comm *c = self;
+    if (c == NULL)
+        return LOOM_ERR_INVALID;
+    if (r == NULL)
+        return c->host->fail(LOOM_ERR_INVALID, "nccl wait: request is NULL");
+    const char *what = r->what;
+    int peer = r->peer;
+    double deadline = now_ms() + c->timeout_ms;
+    loom_status st = LOOM_OK;
+    for (;;) {
+        cudaError_t e = cudaEventQuery(r->done);
+        if (e == cudaSuccess)
+            break;
+        if (e != cudaErrorNotReady) {
+            st = fail_abort(c, LOOM_ERR_COMM, what, peer, cudaGetErrorString(e));
+            break;
+        }
+        if (c->aborted) {
+            st = c->host->fail(LOOM_ERR_COMM, "nccl %s: communicator was aborted after an "
+                               "earlier failure", what);
+            break;
+        }
+        ncclResult_t a = ncclSuccess;
+        ncclResult_t q = ncclCommGetAsyncError(c->comm, &a);
+        if (q != ncclSuccess || (a != ncclSuccess && a != ncclInProgress)) {
+            st = fail_abort(c, LOOM_ERR_COMM, what, peer,
+                            ncclGetErrorString(q != ncclSuccess ? q : a));
+            break;
+        }
+        if (now_ms() > deadline) {
+            char why[160];
+            snprintf(why, sizeof why, "not complete after timeout_ms=%d (a peer rank may have "
+                     "stopped or not started the same operation)", c->timeout_ms);
+            st = fail_abort(c, LOOM_ERR_TIMEOUT, what, peer, why);
+            break;
+        }
+        nap(c->poll_us);
+    }
+    req_free(c, r);
+    return st;
+}
+
+static int nccl_test(void *self, loom_comm_request *r)
+{
+    nccl_comm *c = self;
+    if (c == NULL || r == NULL)
+        return 1;
+    if (c->aborted || cudaEventQuery(r->done) != cudaErrorNotReady)
+        return 1;
+    ncclResult_t a = ncclSuccess;
+    if (ncclCommGetAsyncError(c->comm, &a) != ncclSuccess ||
+        (a != ncclSuccess && a != ncclInProgress))
+        return 1; /* wait reports it at once */
+    return 0;
+}
+
+/* ---- descriptor --------------------------------------------------------------------- */
+
+static int nccl_probe(char *reason, size_t reason_len)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e == cudaSuccess && n > 0)
+        return 1;
+    if (reason && reason_len)
+        snprintf(reason, reason_len, "no CUDA device visible (cudaGetDeviceCount = %d%s%s)",
+                 e == cudaSuccess ? n : 0, e == cudaSuccess ? "" : ": ",
+                 e == cudaSuccess ? "" : cudaGetErrorString(e));
+    return 0;
+}
+
+static const loom_comm_ops ops = {
+    .size = sizeof(loom_comm_ops),
+    .create = nccl_create,
+    .destroy = nccl_destroy,
+    .rank = nccl_rank,
+    .world = nccl_world,
+    .split = nccl_split,
+    .allreduce_start = nccl_allreduce_start,
+    .reduce_scatter_start = nccl_reduce_scatter_start,
+    .allgather_start = nccl_allgather_start,
+    .broadcast_start = nccl_broadcast_start,
+    .alltoall_start = nccl_alltoall_start,
+    .alltoallv_start = nccl_alltoallv_start,
+    .send_start = nccl_send_start,
+    .recv_start = nccl_recv_start,
+    .barrier_start = nccl_barrier_start,
+    .wait = nccl_wait,
+    .test = nccl_test,
+};
+
+static const loom_plugin_desc desc = {
+    .abi = LOOM_PLUGIN_ABI,
+    .size = sizeof(loom_plugin_desc),
+    .kind = LOOM_KIND_COMM,
+    .name = "nccl",
+    .version = "0.1.0",
+    .summary = "CUDA device buffers over NCCL (non-blocking communicators, abort on timeout)",
+    .config_keys = keys,
+    .n_config_keys = N_KEYS,
+    .probe = nccl_probe,
+    .ops = &ops,
+};
+
+LOOM_PLUGIN_EXPORT const loom_plugin_desc *loom_plugin_entry(void) { return &desc; }

@@ -22,6 +22,7 @@
 
 #include "launch.h"
 #include "loom/loom.h"
+#include "dist.h"
 #include "lua_loom.h"
 #include "ranks.h"
 
@@ -144,7 +145,8 @@ static int cmd_run(int argc, char **argv)
     } else {
         rc = run_protected(L, 0);
     }
-    lua_close(L);
+    lua_close(L); /* sessions (and the strategies using the groups) are freed here */
+    loom_dist_shutdown(); /* then the communicators: MPI wants MPI_Finalize on every rank */
     loom_ranks_leave(rc == 0);
     return rc;
 }

@@ -13,6 +13,10 @@
  *            communicator, which calls MPI_Abort (documented in mpi.c: a stuck MPI
  *            collective cannot be cancelled), so mpirun exits non-zero; mpi_timeout.sh
  *            checks the lines and that nothing hangs.
+ *   bench [MIN MAX]  not a check: allreduce f32 sum through the plugin, MIN to MAX bytes
+ *            (default 1 KiB to 64 MiB, doubling), printed
+ *            like bench_mpi_allreduce (size, count, time us (rank 0's mean), algbw, busbw)
+ *            to compare the plugin's rank-order reductions with MPI_Allreduce.
  * Rank and world come from Open MPI's OMPI_COMM_WORLD_RANK/SIZE (PMI_RANK/PMI_SIZE for
  * MPICH). Exit status 0 only when this rank's checks passed. Does not link MPI itself.
  */
@@ -90,6 +94,35 @@ int main(int argc, char **argv)
         fflush(stdout);
         o->destroy(comm); /* MPI_Abort: the collective is stuck */
         return 1;
+    }
+    if (strcmp(mode, "bench") == 0) {
+        size_t lo = argc > 3 ? strtoull(argv[2], NULL, 10) : 1024,
+               hi = argc > 3 ? strtoull(argv[3], NULL, 10) : 64u << 20;
+        lo = lo < 4 ? 4 : lo;
+        float *a = calloc(hi / 4, 4), *b = calloc(hi / 4, 4);
+        if (rank == 0)
+            printf("# loom-comm-mpi allreduce, %d ranks, f32 sum, time = rank 0's mean\n", world);
+        for (size_t bytes = lo; a && b && bytes <= hi && !bad; bytes *= 2) {
+            int k = (int)(256.0 * (1 << 20) / (double)bytes);
+            k = k < 5 ? 5 : k > 200 ? 200 : k;
+            double ts = 0;
+            for (int it = -3; it < k && !bad; it++) {
+                if (it == 0)
+                    ts = now_s();
+                loom_comm_request *r = NULL;
+                bad = o->allreduce_start(comm, a, b, bytes / 4, LOOM_DTYPE_F32, LOOM_REDUCE_SUM, &r) ||
+                      o->wait(comm, r);
+            }
+            double t = (now_s() - ts) / k, alg = (double)bytes / t / 1e9;
+            if (rank == 0)
+                printf("%12zu %12zu %10.1f %8.2f %8.2f\n", bytes, bytes / 4, t * 1e6, alg,
+                       alg * 2.0 * (world - 1) / world);
+        }
+        free(a), free(b);
+        if (bad)
+            fprintf(stderr, "rank %d: bench: %s\n", rank, loom_last_error());
+        o->destroy(comm);
+        return bad;
     }
     static const size_t sizes[] = {0, 1, 7, 1000, (1u << 20) + 3};
     const int n_sizes = (int)(sizeof sizes / sizeof sizes[0]);

@@ -95,7 +95,8 @@ local function bytes_of(text)
 end
 
 -- `loom bench comm [-n N] [--op OP] [--sizes MIN:MAX] [--iters K] [--comm NAME]`: runs N
--- ranks of this program (loom launch) over the communicator and prints nccl-tests' table.
+-- ranks of this program (loom launch; mpirun for comm "mpi") over the communicator and
+-- prints nccl-tests' table.
 function cli.bench(args)
   local usage = "usage: loom bench comm [-n N] [--op allreduce|reduce_scatter|allgather|broadcast]"
     .. " [--sizes 1K:64M] [--iters K] [--comm shm]"
@@ -117,8 +118,13 @@ function cli.bench(args)
   local lo, hi = sizes:match("^([^:]+):([^:]+)$")
   if not lo then lo, hi = sizes, sizes end
   local script = package.searchpath("loom.bench_comm", package.path)
-  local cmd = string.format("%q launch -n %d %q op=%s min=%d max=%d iters=%s comm=%s", LOOM_EXE, n,
-    script, op, bytes_of(lo), bytes_of(hi), iters, comm)
+  -- MPI's ranks must come from its own launcher; every other communicator uses loom launch.
+  local launcher = comm == "mpi"
+    and string.format("mpirun --allow-run-as-root --oversubscribe -np %d -x MASTER_PORT=%d %q run",
+      n, 20000 + math.random(0, 19999), LOOM_EXE)
+    or string.format("%q launch -n %d", LOOM_EXE, n)
+  local cmd = string.format("%s %q op=%s min=%d max=%d iters=%s comm=%s", launcher, script, op,
+    bytes_of(lo), bytes_of(hi), iters, comm)
   local ok, how, code = os.execute(cmd)
   if not ok then error(string.format("bench: the ranks failed (%s %s)", how, code), 0) end
 end

@@ -1,5 +1,13 @@
-/* data_text.c — byte-level text data (see data_text.h). */
-#include "data_text.h"
+/* data_text.c — a text file as training data: bytes are tokens (vocab 256).
+ *
+ * The file is split once: the first (1 - val_fraction) of its bytes are the train split,
+ * the rest the val split. Batches are read as llm.c's loader reads them: B*T+1
+ * consecutive tokens from the current position, targets = inputs shifted by one, the
+ * position advancing by B*T and wrapping to the start when the next batch would not fit.
+ * Opened through loom_data_open_text (data.h); shuffled, each sequence is a window at an
+ * offset keyed by (seed, window index).
+ */
+#include "data.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -8,6 +16,8 @@
 
 #include "rng.h"
 #include "status.h"
+
+static const loom_data_ops text_ops;
 
 typedef struct text_data {
     unsigned char *bytes;
@@ -60,7 +70,7 @@ loom_status loom_data_open_text(const char *path, double val_fraction, int shuff
     d->len[LOOM_SPLIT_TRAIN] = d->size - val;
     d->start[LOOM_SPLIT_VAL] = d->size - val;
     d->len[LOOM_SPLIT_VAL] = val;
-    out->ops = &loom_data_text_ops;
+    out->ops = &text_ops;
     out->self = d;
     return LOOM_OK;
 }
@@ -126,6 +136,6 @@ static loom_status text_set_state(void *self, const uint64_t *state, int n)
 static size_t text_size(void *self, loom_split split) { return ((text_data *)self)->len[split]; }
 static int text_vocab(void *self) { return 256; }
 
-const loom_data_ops loom_data_text_ops = {
+static const loom_data_ops text_ops = {
     "text", text_next, text_rewind, text_get_state, text_set_state, text_size, text_vocab, text_close,
 };

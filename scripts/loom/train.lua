@@ -8,7 +8,6 @@ local overrides = require "loom.overrides"
 local lrmod = require "loom.lr"
 local json = require "loom.json"
 local metrics = require "loom.metrics"
-local loom_core -- set when the module is bound to loom (rank/world live there)
 
 local spec = {
   model = { type = "table", required = true, help = "loom.gpt{...}" },
@@ -76,12 +75,11 @@ local function accumulation(b, dp, where, origin)
   return b.global // per
 end
 
-local function check(t, where, origin)
+local function check(t, where, origin, world)
   schema.check(t, spec, "", where, origin)
   schema.check(t.batch, batch_spec, "batch", where, origin)
   local mesh = t.mesh or {}
   schema.check(mesh, mesh_spec, "mesh", where, origin)
-  local world = loom_core.world or 1
   local ranks = (mesh.dp or 1) * (mesh.tp or 1) * (mesh.pp or 1)
   if ranks ~= world then
     schema.fail(where, "mesh dp=%d tp=%d pp=%d needs %d ranks; this run has %d (start it with "
@@ -113,11 +111,10 @@ local function check(t, where, origin)
 end
 
 return function(loom)
-  loom_core = loom.core
   return function(t)
     local where = schema.where()
     local origin = overrides.apply(t, loom.overrides(), where)
-    check(t, where, origin)
+    check(t, where, origin, loom.core.world or 1)
     local dp = (t.mesh or {}).dp or 1
     local accum = accumulation(t.batch, dp, where, origin)
     local opt = loom.plugin_table(t.optimizer, "optimizer", where)

@@ -47,6 +47,27 @@ loom_status loom_params_add(loom_param_table *t, const char *name, int ndim, con
     return LOOM_OK;
 }
 
+loom_status loom_params_slice_last(loom_param_table *t, int dim, int parts, int part)
+{
+    if (t->count == 0)
+        LOOM_FAIL(LOOM_ERR_INVALID, "no parameter to slice");
+    loom_param_entry *e = &t->entries[t->count - 1];
+    if (dim < 0 || dim >= e->ndim || parts < 1 || part < 0 || part >= parts)
+        LOOM_FAIL(LOOM_ERR_INVALID, "parameter '%s': cannot take part %d of %d along dim %d",
+                  e->name, part, parts, dim);
+    if (e->shape[dim] % parts != 0)
+        LOOM_FAIL(LOOM_ERR_INVALID, "parameter '%s': dim %d of size %lld does not divide into %d "
+                  "parts", e->name, dim, (long long)e->shape[dim], parts);
+    int64_t len = e->shape[dim] / parts;
+    e->slice_start[dim] = len * part;
+    e->slice_len[dim] = len;
+    e->numel = 1;
+    for (int d = 0; d < e->ndim; d++)
+        e->numel *= (size_t)e->slice_len[d];
+    t->total = e->offset + e->numel;
+    return LOOM_OK;
+}
+
 const loom_param_entry *loom_params_find(const loom_param_table *t, const char *name)
 {
     for (int i = 0; i < t->count; i++)

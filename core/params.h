@@ -49,6 +49,11 @@ typedef struct loom_param_table {
 /* Append a fully held (unsliced) entry. */
 loom_status loom_params_add(loom_param_table *t, const char *name, int ndim, const int64_t *shape,
                             int layer, loom_param_init init, float init_std);
+/* Make the entry added last hold only part `part` of `parts` equal slices along dim `dim`
+ * (tensor parallelism: Megatron's column / row split). The logical shape is unchanged;
+ * slice_start/slice_len, numel and the table's total follow. Refuses a dim that does not
+ * divide by parts, naming the parameter. */
+loom_status loom_params_slice_last(loom_param_table *t, int dim, int parts, int part);
 const loom_param_entry *loom_params_find(const loom_param_table *t, const char *name);
 void loom_params_free(loom_param_table *t);
 

@@ -6,7 +6,8 @@
  * all cores, or OMP_NUM_THREADS where set), loads and checks the GEMM library
  * (loom_cpu_blas_init) and keeps its description for the start-up banner. The kernels are
  * the loom_cpu_* functions themselves: parameter gradients accumulate, input gradients
- * overwrite, as the ops table's contract says.
+ * overwrite, as the ops table's contract says. set_deterministic switches the process-wide
+ * canonical GEMM mode (blas.c: loom_cpu_set_deterministic).
  *
  * Only loom_plugin_entry is exported (-fvisibility=hidden on everything else, the kernel
  * library included). loom_plugin_entry returns the static descriptor and does nothing else.
@@ -89,6 +90,11 @@ static void cpu_synchronize(void *self)
 {
 }
 
+static void cpu_set_deterministic(void *self, int on)
+{
+    loom_cpu_set_deterministic(on);
+}
+
 static const loom_backend_ops cpu_ops = {
     .size = sizeof(loom_backend_ops),
     .create = cpu_create,
@@ -112,10 +118,16 @@ static const loom_backend_ops cpu_ops = {
     .gelu_backward = loom_cpu_gelu_backward,
     .residual_forward = loom_cpu_residual_forward,
     .accumulate = loom_cpu_accumulate,
-    .crossentropy_forward_backward = loom_cpu_crossentropy_forward_backward,
+    .ce_row_max = loom_cpu_ce_row_max,
+    .ce_row_sumexp = loom_cpu_ce_row_sumexp,
+    .ce_target_logit = loom_cpu_ce_target_logit,
+    .ce_finish = loom_cpu_ce_finish,
+    .bias_add = loom_cpu_bias_add,
+    .bias_backward = loom_cpu_bias_backward,
     .sum_squares = loom_cpu_sum_squares,
     .has_nonfinite = loom_cpu_has_nonfinite,
     .scale = loom_cpu_scale,
+    .set_deterministic = cpu_set_deterministic,
 };
 
 static const loom_config_key cpu_keys[] = {

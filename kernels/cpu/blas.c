@@ -309,9 +309,31 @@ int loom_cpu_blas_init(int threads, char *desc, size_t desc_len)
     return rc;
 }
 
+/* Canonical mode. OpenBLAS gives no per-element order guarantee: its SkylakeX sgemm picks
+ * small-matrix kernels by M*N*K, splits work by shape and thread count, and its kernels
+ * for edge tiles differ from the full ones, so the bits of C[i][j] can change when the
+ * product is split by columns. gemm.c's blocked GEMM computes every element in an order
+ * fixed by K alone (its header's "Order of operations"), so canonical mode sends every
+ * loom_cpu_sgemm there. One flag per process (the backend is one instance per process);
+ * set it between kernels, not while one runs on another thread. */
+static volatile int canonical;
+
+void loom_cpu_set_deterministic(int on)
+{
+    canonical = on != 0;
+}
+
+int loom_cpu_deterministic(void)
+{
+    return canonical;
+}
+
 void loom_cpu_sgemm(int transa, int transb, int M, int N, int K, float alpha, const float *A,
                     int lda, const float *B, int ldb, float beta, float *C, int ldc)
 {
     pthread_once(&g.once, init_once);
-    sgemm_dispatch(ROUTE_AUTO, transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (canonical)
+        loom_cpu_sgemm_fallback(transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    else
+        sgemm_dispatch(ROUTE_AUTO, transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }

@@ -20,6 +20,14 @@ int loom_cpu_blas_init(int threads, char *desc, size_t desc_len);
  * CblasRowMajor. transa/transb: 0 = as stored, 1 = transposed. */
 void loom_cpu_sgemm(int transa, int transb, int M, int N, int K, float alpha, const float *A,
                     int lda, const float *B, int ldb, float beta, float *C, int ldc);
+/* Canonical mode on (on != 0) or off, for the whole process: on, loom_cpu_sgemm always runs
+ * loom_cpu_sgemm_fallback, whose every output element is the same sequence of operations
+ * whatever M, N, the leading dimensions and the thread count (only K, alpha, beta and the
+ * data decide it; gemm.c's header gives the order), so a matmul split by output columns
+ * (or dweight by rows) across ranks gives the bits of the unsplit one. Off (the default):
+ * OpenBLAS when it loaded, the fastest path. */
+void loom_cpu_set_deterministic(int on);
+int loom_cpu_deterministic(void);
 
 /* gemm.c ------------------------------------------------------------------------------ */
 /* loom's own blocked, OpenMP-parallel GEMM (same contract as loom_cpu_sgemm): what
@@ -65,9 +73,19 @@ void loom_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, si
 /* residual.c */
 void loom_cpu_residual_forward(float *out, const float *a, const float *b, size_t n);
 void loom_cpu_accumulate(float *acc, const float *x, size_t n);
-/* crossentropy.c */
-void loom_cpu_crossentropy_forward_backward(float *logits, float *losses, const int *targets,
-                                            float dloss, int BT, int V, int Vp);
+/* bias.c: matmul_backward's dbias is loom_cpu_bias_backward */
+void loom_cpu_bias_add(float *out, const float *bias, size_t rows, int cols);
+void loom_cpu_bias_backward(float *dbias, const float *dout, size_t rows, int cols);
+/* crossentropy.c: the vocabulary-parallel passes (the file's header gives the math and
+ * ce_row_sumexp's summation order) */
+void loom_cpu_ce_row_max(float *row_max, const float *logits, int BT, int Vl, int col0, int V);
+void loom_cpu_ce_row_sumexp(float *sumexp, const float *logits, const float *row_max, int BT,
+                            int Vl, int col0, int V, int c0, int c1);
+void loom_cpu_ce_target_logit(float *tlogit, const float *logits, const int *targets, int BT,
+                              int Vl, int col0);
+void loom_cpu_ce_finish(float *logits, float *losses, const float *row_max, const float *sumexp,
+                        const float *tlogit, const int *targets, float dloss, int BT, int Vl,
+                        int col0, int V);
 /* reduce.c */
 double loom_cpu_sum_squares(const float *x, size_t n);
 int loom_cpu_has_nonfinite(const float *x, size_t n);

@@ -23,7 +23,22 @@
  * depend on the thread count.
  *
  * Pack buffers are per thread and kept between calls (GEMMs repeat the same shapes every
- * step); if one cannot be allocated, the call falls back to a plain triple loop.
+ * step); if one cannot be allocated, the call runs tile by tile through stack packs.
+ *
+ * Order of operations (what loom_cpu_set_deterministic's canonical mode relies on): every
+ * element C[i][j] is computed as
+ *   c = beta == 0 ? (nothing) : beta == 1 ? C[i][j] : beta * C[i][j]
+ *   for each K-slice [pc, pc+KC) in increasing pc (pc = 0, 256, 512, ...):
+ *     acc = +0;  for p in the slice, in order: acc = acc + (alpha * a_ip) * b_pj
+ *                (one fused multiply-add per p where the ISA has FMA: -ffp-contract=fast)
+ *     c = (beta == 0 && pc == 0) ? acc : c + acc
+ * The slice boundaries depend only on K; the multiply-adds for (i,j) depend only on row i
+ * of op(A) and column j of op(B), because edge tiles are zero-padded and run the same
+ * micro-kernel as full ones (the padded lanes are computed and discarded); M, N, the
+ * leading dimensions, MC/NC blocking, the thread count and the thread that computes a tile
+ * never enter. So a product split by rows or columns into separate calls gives the bits of
+ * the whole one. (Not across machines with different ISAs: the micro-kernel is chosen by
+ * cpuid, and the baseline build has no FMA. Splitting K is a different sum.)
  */
 #include "cpu_kernels.h"
 #include "cpu_common.h"
@@ -83,8 +98,8 @@ micro_kernel_body(int kc, const float *restrict a, const float *restrict b, floa
     } else {
         for (int i = 0; i < m; i++)
             for (int j = 0; j < n; j++)
-                c[(size_t)i * ldc + j] =
-                    acc[i][j / 16][j % 16] + (store ? 0.0f : c[(size_t)i * ldc + j]);
+                c[(size_t)i * ldc + j] = store ? acc[i][j / 16][j % 16]
+                                               : c[(size_t)i * ldc + j] + acc[i][j / 16][j % 16];
     }
 }
 
@@ -211,18 +226,31 @@ static void scale_row(float *row, int N, float beta)
             row[j] *= beta;
 }
 
-/* Last resort when pack buffers cannot be had: correct, slow, single-threaded. */
-static void sgemm_unblocked(int ta, int tb, int M, int N, int K, float alpha, const float *A,
-                            int lda, const float *B, int ldb, float beta, float *C, int ldc)
+/* Last resort when the per-thread pack buffers cannot be had: single-threaded, one MR x NR
+ * tile at a time through stack packs (40 KB) and the same micro-kernel, K-slices in the same
+ * order, so it gives the blocked path's bits exactly (see "Order of operations" above). */
+static void sgemm_unblocked(micro_kernel_fn kernel, int ta, int tb, int M, int N, int K,
+                            float alpha, const float *A, int lda, const float *B, int ldb,
+                            float beta, float *C, int ldc)
 {
-    for (int i = 0; i < M; i++)
-        for (int j = 0; j < N; j++) {
-            float s = 0.0f;
-            for (int p = 0; p < K; p++)
-                s += op_at(A, lda, ta, i, p) * op_at(B, ldb, tb, p, j);
-            float *c = &C[(size_t)i * ldc + j];
-            *c = alpha * s + (beta == 0.0f ? 0.0f : beta * *c);
+    float ap[KC * MR] __attribute__((aligned(64)));
+    float bp[KC * NR] __attribute__((aligned(64)));
+    if (beta != 0.0f && beta != 1.0f)
+        for (int i = 0; i < M; i++)
+            scale_row(C + (size_t)i * ldc, N, beta);
+    for (int i0 = 0; i0 < M; i0 += MR) {
+        const int mr = M - i0 < MR ? M - i0 : MR;
+        for (int j0 = 0; j0 < N; j0 += NR) {
+            const int nr = N - j0 < NR ? N - j0 : NR;
+            for (int pc = 0; pc < K; pc += KC) {
+                const int kc = K - pc < KC ? K - pc : KC;
+                pack_a(ap, A, lda, ta, i0, mr, pc, kc, alpha);
+                pack_b_sliver(bp, B, ldb, tb, pc, kc, j0, nr);
+                kernel(kc, ap, bp, C + (size_t)i0 * ldc + j0, ldc, mr, nr,
+                       beta == 0.0f && pc == 0);
+            }
         }
+    }
 }
 
 void loom_cpu_sgemm_fallback(int ta, int tb, int M, int N, int K, float alpha, const float *A,
@@ -252,7 +280,7 @@ void loom_cpu_sgemm_fallback(int ta, int tb, int M, int N, int K, float alpha, c
     const int ncap = N < NC ? N : NC;
     float *bp = thread_buffer(0, (size_t)KC * ((ncap + NR - 1) / NR * NR));
     if (!bp) {
-        sgemm_unblocked(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        sgemm_unblocked(kernel, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
     int failed = 0;
@@ -309,7 +337,7 @@ void loom_cpu_sgemm_fallback(int ta, int tb, int M, int N, int K, float alpha, c
     }
     if (failed) /* a thread had no pack buffer: every thread stopped at the barrier, before
                  * touching C */
-        sgemm_unblocked(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        sgemm_unblocked(kernel, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 double loom_cpu_sgemm_check(int ta, int tb, int M, int N, int K, float alpha, const float *A,

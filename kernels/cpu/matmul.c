@@ -7,16 +7,16 @@
  *             dbias += sum over rows of dout                          ACCUMULATES
  * Input gradients overwrite (dinp skipped if NULL); parameter gradients accumulate
  * (dbias skipped if NULL). The bias is written into out before the GEMM and the GEMM adds
- * onto it (beta 1), saving a pass over out. dbias is summed column-wise, each thread
- * owning a slice of the columns and walking the rows in order: no atomics, same result
- * for any thread count.
+ * onto it (beta 1), saving a pass over out. dbias is bias.c's loom_cpu_bias_backward
+ * (each column summed over the rows in order: same result for any thread count).
+ * In canonical mode (loom_cpu_set_deterministic, blas.c) every product here gives each
+ * output element bits that depend only on K and the data, so splitting OC (forward's
+ * columns, dweight's rows) across ranks reproduces the unsplit layer's bits.
  */
 #include "cpu_kernels.h"
 #include "cpu_common.h"
 
 #include <string.h>
-
-enum { MM_COLS = 64 }; /* bias-gradient columns per work item */
 
 void loom_cpu_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
                              int B, int T, int C, int OC)
@@ -40,19 +40,6 @@ void loom_cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const f
     if (dinp)
         loom_cpu_sgemm(0, 0, BT, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
     loom_cpu_sgemm(1, 0, OC, C, BT, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
-    if (!dbias)
-        return;
-    const int nblk = (OC + MM_COLS - 1) / MM_COLS;
-#pragma omp parallel for schedule(static) if ((size_t)BT * OC > LOOM_CPU_PAR_MIN)
-    for (int blk = 0; blk < nblk; blk++) {
-        const int o0 = blk * MM_COLS, o1 = o0 + MM_COLS < OC ? o0 + MM_COLS : OC;
-        float acc[MM_COLS] = {0};
-        for (int bt = 0; bt < BT; bt++) {
-            const float *d = dout + (size_t)bt * OC;
-            for (int o = o0; o < o1; o++)
-                acc[o - o0] += d[o];
-        }
-        for (int o = o0; o < o1; o++)
-            dbias[o] += acc[o - o0];
-    }
+    if (dbias)
+        loom_cpu_bias_backward(dbias, dout, (size_t)BT, OC);
 }

@@ -3,7 +3,8 @@
  * build/tests/kernels/bench_kernels directly).
  *
  *   bench_kernels [threads [sections]]   threads 0 = all cores; sections, any of
- *       "square tiny small kernels tinystep smallstep" (default: all of them)
+ *       "square canonical tiny small kernels tinystep smallstep" (default: all of them;
+ *       canonical: a 768x768 -> 3072 forward with OpenBLAS and in canonical mode)
  * Environment knobs blas.c reads: OPENBLAS_CORETYPE (e.g. Prescott, to see the mis-detected
  * speed), LOOM_OPENBLAS (library path, or "none" for loom's own GEMM).
  *
@@ -29,6 +30,17 @@ static float *buf(size_t n)
     for (size_t i = 0; i < n; i++)
         p[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
     return p;
+}
+
+/* Cross-entropy as one rank runs the passes (col0 = 0, Vl = Vp); stats: 3 * BT floats. */
+static void ce_one_rank(float *logits, float *losses, const int *targets, float dloss, int BT,
+                        int V, int Vp, float *stats)
+{
+    float *m = stats, *s = stats + BT, *t = stats + 2 * BT;
+    loom_cpu_ce_row_max(m, logits, BT, Vp, 0, V);
+    loom_cpu_ce_row_sumexp(s, logits, m, BT, Vp, 0, V, 0, Vp);
+    loom_cpu_ce_target_logit(t, logits, targets, BT, Vp, 0);
+    loom_cpu_ce_finish(logits, losses, m, s, t, targets, dloss, BT, Vp, 0, V);
 }
 
 typedef struct {
@@ -109,9 +121,10 @@ static void bench_kernels(const char *name, int B, int T, int C, int NH, int V, 
     snprintf(label, sizeof label, "%s gelu fwd+bwd (BT x 4C)", name);
     TIME(label, 10, loom_cpu_gelu_forward(g, h, BT * 4 * C);
          loom_cpu_gelu_backward(g, h, g, BT * 4 * C));
-    snprintf(label, sizeof label, "%s crossentropy fwd+bwd (BT x Vp)", name);
-    TIME(label, 3, loom_cpu_crossentropy_forward_backward(logits, losses, targets, 1.0f, (int)BT,
-                                                          V, Vp));
+    snprintf(label, sizeof label, "%s crossentropy passes, 1 rank (BT x Vp)", name);
+    float *stats = buf(3 * BT);
+    TIME(label, 3, ce_one_rank(logits, losses, targets, 1.0f, (int)BT, V, Vp, stats));
+    free(stats);
     snprintf(label, sizeof label, "%s layernorm fwd+bwd", name);
     TIME(label, 10, loom_cpu_layernorm_forward(out, losses, losses + BT / 2, qkv, W, W, 1,
                                                (int)BT / 2, C);
@@ -158,6 +171,7 @@ static void bench_step(const char *name, int B, int T, int C, int NH, int L, int
     float *qkv = buf(BT * 3 * C * L), *aty = buf(BT * C * L), *att = buf(natt * L);
     float *x2 = buf(BT * C * L), *fc = buf(BT * 4 * C * L), *ge = buf(BT * 4 * C * L);
     float *logits = buf(BT * Vp), *losses = buf(BT), *scratch = buf(2 * (size_t)B * NH * T * T);
+    float *ce_stats = buf(3 * BT);
     float *dx = buf(BT * C), *dx2 = buf(BT * C), *dln = buf(BT * C), *dqkv = buf(BT * 3 * C);
     float *dbig = buf(BT * 4 * C), *dge = buf(BT * 4 * C), *tmp = buf(BT * C);
     loom_cpu_scale(x, 0.07f, BT * C);
@@ -184,8 +198,7 @@ static void bench_step(const char *name, int B, int T, int C, int NH, int L, int
             TIMED(4, loom_cpu_residual_forward(xl + BT * C, r, tmp, BT * C));
         }
         TIMED(6, loom_cpu_matmul_forward(logits, x + L * BT * C, wte, NULL, B, T, C, Vp));
-        TIMED(5, loom_cpu_crossentropy_forward_backward(logits, losses, targets, 1.0f / BT,
-                                                        (int)BT, V, Vp));
+        TIMED(5, ce_one_rank(logits, losses, targets, 1.0f / BT, (int)BT, V, Vp, ce_stats));
         TIMED(6, loom_cpu_matmul_backward(dx, dwte, NULL, logits, x + L * BT * C, wte, B, T, C,
                                           Vp));
         for (int l = L - 1; l >= 0; l--) {
@@ -221,6 +234,7 @@ static void bench_step(const char *name, int B, int T, int C, int NH, int L, int
     free(wte), free(wqkv), free(wproj), free(wfc), free(wfcp), free(bias), free(lnw), free(dw);
     free(dwte), free(db), free(x), free(ln), free(stats), free(qkv), free(aty), free(att);
     free(x2), free(fc), free(ge), free(logits), free(losses), free(scratch), free(dx), free(dx2);
+    free(ce_stats);
     free(dln), free(dqkv), free(dbig), free(dge), free(tmp), free(targets);
 }
 
@@ -238,7 +252,8 @@ int main(int argc, char **argv)
 {
     char desc[400];
     const int threads = argc > 1 ? atoi(argv[1]) : 0;
-    const char *want = argc > 2 ? argv[2] : "square tiny small kernels tinystep smallstep";
+    const char *want =
+        argc > 2 ? argv[2] : "square canonical tiny small kernels tinystep smallstep";
     const int rc = loom_cpu_blas_init(threads, desc, sizeof desc);
     printf("%s (init rc %d; fallback isa %s)\n\n", desc, rc, loom_cpu_sgemm_fallback_isa());
     const int gemms = has(want, "square") || has(want, "tiny") || has(want, "small");
@@ -251,6 +266,27 @@ int main(int argc, char **argv)
             printf("square %-8s NN 1024^3 %8.3f ms  %6.1f GFLOP/s\n", fb ? "fallback" : "sgemm",
                    ms, 2e-6 * 1024 * 1024 * 1024 / ms);
         }
+        printf("\n");
+    }
+    if (has(want, "canonical")) { /* matmul_forward 768 x 768 -> 4*768: OpenBLAS vs canonical */
+        const int BT = 768, Cc = 768, OC = 4 * 768;
+        float *in = buf((size_t)BT * Cc), *w = buf((size_t)OC * Cc), *b = buf(OC);
+        float *out = buf((size_t)BT * OC);
+        for (int canon = 0; canon < 2; canon++) {
+            loom_cpu_set_deterministic(canon);
+            double best_ = 1e30;
+            for (int round_ = 0; round_ < 5; round_++) {
+                double t0_ = omp_get_wtime();
+                for (int r_ = 0; r_ < 10; r_++)
+                    loom_cpu_matmul_forward(out, in, w, b, 1, BT, Cc, OC);
+                double ms_ = (omp_get_wtime() - t0_) * 1e3 / 10;
+                best_ = ms_ < best_ ? ms_ : best_;
+            }
+            printf("matmul fwd %dx%d -> %d %-10s %8.3f ms  %6.1f GFLOP/s\n", BT, Cc, OC,
+                   canon ? "canonical" : "default", best_, 2e-6 * BT * Cc * OC / best_);
+        }
+        loom_cpu_set_deterministic(0);
+        free(in), free(w), free(b), free(out);
         printf("\n");
     }
     if (has(want, "tiny"))

@@ -1,0 +1,208 @@
+/* test_deterministic.c — canonical mode (loom_cpu_set_deterministic(1), the backend's
+ * set_deterministic): every matmul output element gets bits that depend only on K and the
+ * data. A linear layer split by output columns — forward's (BT,C) x (OC,C)^T with the
+ * weight's rows (and the bias) cut into 2, 4, 8 blocks, or unevenly, each block a separate
+ * call — gives exactly the columns of the unsplit call; so does matmul_backward's dweight
+ * (and dbias) split by rows. Sizes from tiny (every tile an edge tile) to ones with K above
+ * the GEMM's 256-deep slices and enough work to run on threads. The same bits on 1 and 2
+ * OpenMP threads. Attention: heads [h0,h1) computed alone (their q|k|v columns as a
+ * k-head qkv of width 3C k/NH) give those heads' bits of the full call, forward (out, att)
+ * and backward (dqkv).
+ */
+#include "cpu_kernels.h"
+#include "kernel_test.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void assert_same(const char *what, const float *got, const float *want, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        ck_assert_msg(memcmp(&got[i], &want[i], sizeof(float)) == 0,
+                      "%s[%zu]: %.9g split, %.9g whole", what, i, got[i], want[i]);
+}
+
+/* cols [o0,o1) of a (rows, ld) matrix into a dense (rows, o1-o0) one */
+static float *cols_of(const float *x, int rows, int ld, int o0, int o1)
+{
+    float *y = kt_alloc((size_t)rows * (o1 - o0));
+    for (int r = 0; r < rows; r++)
+        memcpy(y + (size_t)r * (o1 - o0), x + (size_t)r * ld + o0, sizeof(float) * (o1 - o0));
+    return y;
+}
+
+/* Forward and dweight/dbias of one (BT, C, OC) layer, whole and cut at bounds[0..nb]. */
+static void check_split(int BT, int C, int OC, const int *bounds, int nb, int with_bias)
+{
+    float *inp = kt_alloc((size_t)BT * C), *w = kt_alloc((size_t)OC * C), *b = kt_alloc(OC);
+    float *out = kt_alloc((size_t)BT * OC), *dout = kt_alloc((size_t)BT * OC);
+    float *dw = kt_alloc((size_t)OC * C), *db = kt_alloc(OC);
+    kt_fill(inp, (size_t)BT * C, 1, -1, 1);
+    kt_fill(w, (size_t)OC * C, 2, -1, 1);
+    kt_fill(b, OC, 3, -1, 1);
+    kt_fill(dout, (size_t)BT * OC, 4, -1, 1);
+    kt_fill(dw, (size_t)OC * C, 5, -1, 1); /* dweight, dbias accumulate onto these */
+    kt_fill(db, OC, 6, -1, 1);
+    float *dw0 = kt_alloc((size_t)OC * C), *db0 = kt_alloc(OC);
+    memcpy(dw0, dw, sizeof(float) * OC * C);
+    memcpy(db0, db, sizeof(float) * OC);
+    loom_cpu_matmul_forward(out, inp, w, with_bias ? b : NULL, 1, BT, C, OC);
+    loom_cpu_matmul_backward(NULL, dw, with_bias ? db : NULL, dout, inp, w, 1, BT, C, OC);
+    ck_assert(loom_cpu_sgemm_check(0, 1, BT, OC, C, 1.0f, inp, C, w, C, 0.0f, out, out, OC) <
+                  LOOM_CPU_SGEMM_TOL ||
+              with_bias);
+    for (int k = 0; k < nb; k++) {
+        const int o0 = bounds[k], o1 = bounds[k + 1], n = o1 - o0;
+        char what[96];
+        float *o = kt_alloc((size_t)BT * n), *d = cols_of(dout, BT, OC, o0, o1);
+        float *dwk = kt_alloc((size_t)n * C), *dbk = kt_alloc(n);
+        memcpy(dwk, dw0 + (size_t)o0 * C, sizeof(float) * n * C);
+        memcpy(dbk, db0 + o0, sizeof(float) * n);
+        loom_cpu_matmul_forward(o, inp, w + (size_t)o0 * C, with_bias ? b + o0 : NULL, 1, BT, C,
+                                n);
+        loom_cpu_matmul_backward(NULL, dwk, with_bias ? dbk : NULL, d, inp, w + (size_t)o0 * C,
+                                 1, BT, C, n);
+        float *want = cols_of(out, BT, OC, o0, o1);
+        snprintf(what, sizeof what, "out %dx%dx%d cols [%d,%d)%s", BT, C, OC, o0, o1,
+                 with_bias ? " +bias" : "");
+        assert_same(what, o, want, (size_t)BT * n);
+        snprintf(what, sizeof what, "dweight %dx%dx%d rows [%d,%d)", BT, C, OC, o0, o1);
+        assert_same(what, dwk, dw + (size_t)o0 * C, (size_t)n * C);
+        if (with_bias) {
+            snprintf(what, sizeof what, "dbias %dx%dx%d [%d,%d)", BT, C, OC, o0, o1);
+            assert_same(what, dbk, db + o0, n);
+        }
+        free(o), free(d), free(dwk), free(dbk), free(want);
+    }
+    free(inp), free(w), free(b), free(out), free(dout), free(dw), free(db), free(dw0), free(db0);
+}
+
+static const int sizes[][3] = {
+    {8, 16, 24},    /* every tile an edge tile */
+    {64, 64, 256},  /* threaded */
+    {96, 300, 136}, /* K = 300: two K-slices; N not a multiple of 32 */
+    {37, 520, 72},  /* odd rows, three K-slices */
+    {5, 24, 8},
+};
+
+START_TEST(test_matmul_split)
+{
+    loom_cpu_set_deterministic(1);
+    ck_assert_int_eq(loom_cpu_deterministic(), 1);
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        const int BT = sizes[s][0], C = sizes[s][1], OC = sizes[s][2];
+        for (int nb = 2; nb <= 8; nb *= 2) {
+            if (OC % nb)
+                continue;
+            int bounds[9];
+            for (int k = 0; k <= nb; k++)
+                bounds[k] = OC / nb * k;
+            check_split(BT, C, OC, bounds, nb, 0);
+            check_split(BT, C, OC, bounds, nb, 1);
+        }
+        const int uneven[4] = {0, 1, OC / 2 + 3 < OC ? OC / 2 + 3 : OC - 1, OC};
+        check_split(BT, C, OC, uneven, 3, 1);
+    }
+    loom_cpu_set_deterministic(0);
+    ck_assert_int_eq(loom_cpu_deterministic(), 0);
+}
+END_TEST
+
+enum { TBT = 128, TC = 300, TOC = 200 };
+
+static void forward(void *unused, float *o)
+{
+    float *inp = kt_alloc((size_t)TBT * TC), *w = kt_alloc((size_t)TOC * TC), *b = kt_alloc(TOC);
+    kt_fill(inp, (size_t)TBT * TC, 1, -1, 1);
+    kt_fill(w, (size_t)TOC * TC, 2, -1, 1);
+    kt_fill(b, TOC, 3, -1, 1);
+    loom_cpu_matmul_forward(o, inp, w, b, 1, TBT, TC, TOC);
+    free(inp), free(w), free(b);
+}
+
+static void backward(void *unused, float *o)
+{
+    float *inp = kt_alloc((size_t)TBT * TC), *w = kt_alloc((size_t)TOC * TC);
+    float *dout = kt_alloc((size_t)TBT * TOC);
+    kt_fill(inp, (size_t)TBT * TC, 1, -1, 1);
+    kt_fill(w, (size_t)TOC * TC, 2, -1, 1);
+    kt_fill(dout, (size_t)TBT * TOC, 4, -1, 1);
+    /* o = dinp (TBT,TC) | dweight (TOC,TC) | dbias (TOC) */
+    loom_cpu_matmul_backward(o, o + (size_t)TBT * TC, o + (size_t)TBT * TC + (size_t)TOC * TC,
+                             dout, inp, w, 1, TBT, TC, TOC);
+    free(inp), free(w), free(dout);
+}
+
+START_TEST(test_thread_independent)
+{
+    loom_cpu_set_deterministic(1);
+    kt_assert_thread_independent("canonical forward", forward, NULL, (size_t)TBT * TOC);
+    kt_assert_thread_independent("canonical backward", backward, NULL,
+                                 (size_t)TBT * TC + (size_t)TOC * TC + TOC);
+    loom_cpu_set_deterministic(0);
+}
+END_TEST
+
+/* Heads [h0,h1) of a (B,T,3C) qkv as a k-head (B,T,3C') one, C' = C k / NH. */
+static float *heads_of(const float *qkv, int B, int T, int C, int hs, int h0, int h1)
+{
+    const int Ck = (h1 - h0) * hs;
+    float *y = kt_alloc((size_t)B * T * 3 * Ck);
+    for (int bt = 0; bt < B * T; bt++)
+        for (int part = 0; part < 3; part++)
+            memcpy(y + (size_t)bt * 3 * Ck + part * Ck,
+                   qkv + (size_t)bt * 3 * C + part * C + h0 * hs, sizeof(float) * Ck);
+    return y;
+}
+
+START_TEST(test_attention_heads)
+{
+    enum { B = 2, T = 70, NH = 4, HS = 12, C = NH * HS }; /* T > 64: two causal row blocks */
+    loom_cpu_set_deterministic(1);
+    float *qkv = kt_alloc((size_t)B * T * 3 * C), *out = kt_alloc((size_t)B * T * C);
+    float *att = kt_alloc((size_t)B * NH * T * T), *dout = kt_alloc((size_t)B * T * C);
+    float *dqkv = kt_alloc((size_t)B * T * 3 * C), *scr = kt_alloc((size_t)2 * B * NH * T * T);
+    kt_fill(qkv, (size_t)B * T * 3 * C, 1, -2, 2);
+    kt_fill(dout, (size_t)B * T * C, 2, -1, 1);
+    loom_cpu_attention_forward(out, att, qkv, B, T, C, NH);
+    loom_cpu_attention_backward(dqkv, scr, dout, qkv, att, B, T, C, NH);
+    const int ranges[][2] = {{0, 2}, {2, 4}, {1, 2}, {3, 4}, {1, 4}};
+    for (size_t r = 0; r < sizeof ranges / sizeof ranges[0]; r++) {
+        const int h0 = ranges[r][0], h1 = ranges[r][1], k = h1 - h0, Ck = k * HS;
+        float *q = heads_of(qkv, B, T, C, HS, h0, h1);
+        float *o = kt_alloc((size_t)B * T * Ck), *a = kt_alloc((size_t)B * k * T * T);
+        float *dq = kt_alloc((size_t)B * T * 3 * Ck), *s = kt_alloc((size_t)2 * B * k * T * T);
+        float *d = cols_of(dout, B * T, C, h0 * HS, h1 * HS);
+        loom_cpu_attention_forward(o, a, q, B, T, Ck, k);
+        loom_cpu_attention_backward(dq, s, d, q, a, B, T, Ck, k);
+        char what[64];
+        float *want = cols_of(out, B * T, C, h0 * HS, h1 * HS);
+        snprintf(what, sizeof what, "out heads [%d,%d)", h0, h1);
+        assert_same(what, o, want, (size_t)B * T * Ck);
+        for (int b = 0; b < B; b++) {
+            snprintf(what, sizeof what, "att b%d heads [%d,%d)", b, h0, h1);
+            assert_same(what, a + (size_t)b * k * T * T, att + ((size_t)b * NH + h0) * T * T,
+                        (size_t)k * T * T);
+        }
+        float *dwant = heads_of(dqkv, B, T, C, HS, h0, h1);
+        snprintf(what, sizeof what, "dqkv heads [%d,%d)", h0, h1);
+        assert_same(what, dq, dwant, (size_t)B * T * 3 * Ck);
+        free(q), free(o), free(a), free(dq), free(s), free(d), free(want), free(dwant);
+    }
+    free(qkv), free(out), free(att), free(dout), free(dqkv), free(scr);
+    loom_cpu_set_deterministic(0);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("deterministic");
+    TCase *tc = tcase_create("deterministic");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_matmul_split);
+    tcase_add_test(tc, test_thread_independent);
+    tcase_add_test(tc, test_attention_heads);
+    suite_add_tcase(s, tc);
+    return kt_run(s);
+}

@@ -24,16 +24,20 @@ typedef struct model_params {
     layer_params *layer; /* [L] */
 } model_params;
 
-/* Saved per layer for backward. Sizes for (B,T) = (max_B, ctx). */
+/* Saved per layer for backward. R = max_B*ctx token rows; Rl = this rank's rows of the
+ * residual stream (R, or R/tp with sequence parallelism); Cl, Fl = this rank's attention
+ * and MLP widths. The *_full buffers are all R rows (aliases of the local ones without
+ * sequence parallelism). */
 typedef struct layer_acts {
-    float *ln1, *ln1_mean, *ln1_rstd; /* (B,T,C) (B,T) (B,T) */
-    float *qkv;                       /* (B,T,3C) */
-    float *atty;                      /* (B,T,C) attention output before projection */
-    float *att;                       /* (B,NH,T,T) */
-    float *res2;                      /* (B,T,C) residual after attention */
-    float *ln2, *ln2_mean, *ln2_rstd;
-    float *fch, *fch_gelu;            /* (B,T,4C) */
-    float *res3;                      /* (B,T,C) block output */
+    float *ln1, *ln1_mean, *ln1_rstd; /* (Rl,C) (Rl) (Rl) */
+    float *ln1_full;                  /* (R,C) */
+    float *qkv;                       /* (R,3Cl) */
+    float *atty;                      /* (R,Cl) attention output before projection */
+    float *att;                       /* (B,NH/tp,T,T) */
+    float *res2;                      /* (Rl,C) residual after attention */
+    float *ln2, *ln2_mean, *ln2_rstd, *ln2_full;
+    float *fch, *fch_gelu;            /* (R,Fl) */
+    float *res3;                      /* (Rl,C) block output */
 } layer_acts;
 
 struct loom_gpt {
@@ -43,14 +47,23 @@ struct loom_gpt {
     float *params, *grads;
     model_params p, g;
     int max_B;
+    /* tensor parallelism (gpt.h): tp_ops NULL for one rank */
+    const loom_strategy_ops *tp_ops;
+    void *tp_self;
+    int tp, tp_rank, sp, canonical;
+    int Cl, NHl, Fl, Vl, v0;  /* this rank's widths and first vocabulary row */
     /* activations */
     void *act_mem;
     layer_acts *acts;
-    float *encoded, *lnf, *lnf_mean, *lnf_rstd, *logits, *losses, *scratch_c;
+    float *encoded, *lnf, *lnf_mean, *lnf_rstd, *lnf_full, *logits, *losses;
+    float *ce_max, *ce_stats;          /* (R) row maxima; (2R) sum of exps, target logits */
+    float *partial, *summed;           /* (R,C) row-parallel partials; (Rl,C) their sum */
     int *tokens, *targets;
     /* backward scratch */
-    float *dres, *dtmp, *dbuf_c, *dbuf_4a, *dbuf_4b, *datt_scratch;
-    float *host_losses;
+    float *dres, *dres_full, *dtmp, *dpartial, *dsummed, *dbuf_4a, *dbuf_4b, *datt_scratch;
+    float *rep_grad;                   /* (2C) a replicated parameter's gradient partial */
+    float *tree[3];                    /* canonical: levels of the chunk tree, (R,C) each */
+    float *host_losses, *row_gather;   /* (R) host; (Vp) host */
     int last_B, last_T, have_dlogits;
     loom_grad_ready_fn grad_ready;
     void *grad_ready_ctx;
@@ -94,40 +107,77 @@ loom_status loom_gpt_config_check(const loom_gpt_config *c)
     return LOOM_OK;
 }
 
+/* Ask the tp strategy where the entry added last lives; split_dim is the dim the model
+ * allows it to cut (-1: replicated). */
+static loom_status place_last(loom_gpt *m, int split_dim)
+{
+    if (!m->tp_ops || !m->tp_ops->partition)
+        return LOOM_OK;
+    loom_param_table *t = &m->table;
+    const loom_param_entry *e = &t->entries[t->count - 1];
+    loom_param_info info = {.name = e->name, .ndim = e->ndim, .offset = e->offset,
+                            .numel = e->numel, .layer = e->layer, .split_dim = split_dim};
+    for (int d = 0; d < e->ndim; d++) {
+        info.shape[d] = e->shape[d];
+        info.slice_start[d] = e->slice_start[d];
+        info.slice_len[d] = e->slice_len[d];
+    }
+    loom_partition part = {-1, 1, 0};
+    LOOM_TRY(m->tp_ops->partition(m->tp_self, &info, &part));
+    if (part.dim < 0 || part.parts == 1)
+        return LOOM_OK;
+    if (part.dim != split_dim || part.parts != m->tp || part.index != m->tp_rank)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy asks to split %s along dim %d into %d parts; the "
+                  "GPT model splits it only along dim %d into tp=%d", e->name, part.dim, part.parts,
+                  split_dim, m->tp);
+    return loom_params_slice_last(t, part.dim, part.parts, part.index);
+}
+
+/* The parameters, in the order bind_params expects. The fused QKV weight has logical shape
+ * (3, C, C): q, k and v blocks, each split along dim 1 by heads, so a rank's slice is its
+ * heads' q, k and v rows (the same bytes as llm.c's (3C, C)). Column-parallel layers (qkv,
+ * fc) split output features; row-parallel ones (attn.proj, mlp.proj) input features; wte
+ * its vocabulary rows (Vp/tp each; the rows >= vocab are padding). */
 static loom_status build_table(loom_gpt *m)
 {
     const loom_gpt_config *c = &m->cfg;
     int64_t C = c->dim, L = c->layers;
     float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * (float)L); /* GPT-2's residual scaling */
     loom_param_table *t = &m->table;
-    int64_t s2[2];
+    int64_t sh[3];
     char name[LOOM_PARAM_NAME_MAX];
-#define ADD(nm, nd, layer, init, sd) LOOM_TRY(loom_params_add(t, nm, nd, s2, layer, init, sd))
-#define SHAPE(a, b) (s2[0] = (a), s2[1] = (b))
-    SHAPE(c->vocab_padded, C); ADD("wte", 2, -1, LOOM_INIT_NORMAL, std);
+#define ADD(nm, nd, layer, init, sd, split)                                  \
+    do {                                                                     \
+        LOOM_TRY(loom_params_add(t, nm, nd, sh, layer, init, sd));           \
+        LOOM_TRY(place_last(m, split));                                      \
+    } while (0)
+#define SHAPE(a, b, c3) (sh[0] = (a), sh[1] = (b), sh[2] = (c3))
+    SHAPE(c->vocab_padded, C, 0);
+    ADD("wte", 2, -1, LOOM_INIT_NORMAL, std, 0);
     t->entries[t->count - 1].init_rows = c->vocab; /* padding rows start at zero */
-    SHAPE(c->ctx, C); ADD("wpe", 2, -1, LOOM_INIT_NORMAL, 0.01f);
+    SHAPE(c->ctx, C, 0); ADD("wpe", 2, -1, LOOM_INIT_NORMAL, 0.01f, -1);
     for (int l = 0; l < L; l++) {
-#define LAYER(suffix, nd, a, b, init, sd)                           \
+#define LAYER(suffix, nd, a, b, c3, init, sd, split)                 \
     snprintf(name, sizeof name, "h.%d.%s", l, suffix);              \
-    SHAPE(a, b);                                                    \
-    ADD(name, nd, l, init, sd)
-        LAYER("ln_1.weight", 1, C, 0, LOOM_INIT_ONES, 0);
-        LAYER("ln_1.bias", 1, C, 0, LOOM_INIT_ZEROS, 0);
-        LAYER("attn.qkv.weight", 2, 3 * C, C, LOOM_INIT_NORMAL, std);
-        LAYER("attn.qkv.bias", 1, 3 * C, 0, LOOM_INIT_ZEROS, 0);
-        LAYER("attn.proj.weight", 2, C, C, LOOM_INIT_NORMAL, proj_std);
-        LAYER("attn.proj.bias", 1, C, 0, LOOM_INIT_ZEROS, 0);
-        LAYER("ln_2.weight", 1, C, 0, LOOM_INIT_ONES, 0);
-        LAYER("ln_2.bias", 1, C, 0, LOOM_INIT_ZEROS, 0);
-        LAYER("mlp.fc.weight", 2, 4 * C, C, LOOM_INIT_NORMAL, std);
-        LAYER("mlp.fc.bias", 1, 4 * C, 0, LOOM_INIT_ZEROS, 0);
-        LAYER("mlp.proj.weight", 2, C, 4 * C, LOOM_INIT_NORMAL, proj_std);
-        LAYER("mlp.proj.bias", 1, C, 0, LOOM_INIT_ZEROS, 0);
+    SHAPE(a, b, c3);                                                \
+    ADD(name, nd, l, init, sd, split)
+        LAYER("ln_1.weight", 1, C, 0, 0, LOOM_INIT_ONES, 0, -1);
+        LAYER("ln_1.bias", 1, C, 0, 0, LOOM_INIT_ZEROS, 0, -1);
+        LAYER("attn.qkv.weight", 3, 3, C, C, LOOM_INIT_NORMAL, std, 1);
+        LAYER("attn.qkv.bias", 2, 3, C, 0, LOOM_INIT_ZEROS, 0, 1);
+        t->entries[t->count - 1].is_matrix = 0; /* a bias: no weight decay by default */
+        LAYER("attn.proj.weight", 2, C, C, 0, LOOM_INIT_NORMAL, proj_std, 1);
+        LAYER("attn.proj.bias", 1, C, 0, 0, LOOM_INIT_ZEROS, 0, -1);
+        LAYER("ln_2.weight", 1, C, 0, 0, LOOM_INIT_ONES, 0, -1);
+        LAYER("ln_2.bias", 1, C, 0, 0, LOOM_INIT_ZEROS, 0, -1);
+        LAYER("mlp.fc.weight", 2, 4 * C, C, 0, LOOM_INIT_NORMAL, std, 0);
+        LAYER("mlp.fc.bias", 1, 4 * C, 0, 0, LOOM_INIT_ZEROS, 0, 0);
+        LAYER("mlp.proj.weight", 2, C, 4 * C, 0, LOOM_INIT_NORMAL, proj_std, 1);
+        LAYER("mlp.proj.bias", 1, C, 0, 0, LOOM_INIT_ZEROS, 0, -1);
 #undef LAYER
     }
-    SHAPE(C, 0); ADD("ln_f.weight", 1, -1, LOOM_INIT_ONES, 0);
-    ADD("ln_f.bias", 1, -1, LOOM_INIT_ZEROS, 0);
+    SHAPE(C, 0, 0); ADD("ln_f.weight", 1, -1, LOOM_INIT_ONES, 0, -1);
+    ADD("ln_f.bias", 1, -1, LOOM_INIT_ZEROS, 0, -1);
 #undef ADD
 #undef SHAPE
     return LOOM_OK;
@@ -153,41 +203,70 @@ static void bind_params(loom_gpt *m, float *base, model_params *p)
 static loom_status alloc_activations(loom_gpt *m)
 {
     size_t B = (size_t)m->max_B, T = (size_t)m->cfg.ctx, C = (size_t)m->cfg.dim;
-    size_t NH = (size_t)m->cfg.heads, Vp = (size_t)m->cfg.vocab_padded, L = (size_t)m->cfg.layers;
-    size_t BT = B * T;
-    size_t per_layer = BT * C * 6 + BT * 4 + BT * 3 * C + B * NH * T * T + BT * 4 * C * 2;
-    size_t total = L * per_layer + BT * C * 3 + BT * 2 + BT * Vp + BT /* losses */
-                   + BT * C * 3 + BT * 4 * C * 2 + 2 * B * NH * T * T;
-    size_t ints = 2 * BT;
+    size_t NHl = (size_t)m->NHl, Cl = (size_t)m->Cl, Fl = (size_t)m->Fl, Vl = (size_t)m->Vl;
+    size_t L = (size_t)m->cfg.layers, R = B * T, Rl = m->sp ? R / (size_t)m->tp : R;
+    size_t full = m->sp ? R * C : 0; /* buffers that alias a local one without sp */
+    size_t wide = 3 * Cl > Fl ? 3 * Cl : Fl, att = B * NHl * T * T;
+    size_t per_layer = Rl * C * 4 + Rl * 4 + 2 * full + R * 3 * Cl + R * Cl + att + R * Fl * 2;
+    size_t total = L * per_layer + Rl * C * 2 + Rl * 2 + full + R * Vl + R * 4 /* losses, ce */
+                   + R * C + (m->sp ? Rl * C : 0)                         /* partial, summed */
+                   + Rl * C * 2 + full + R * C + (m->sp ? Rl * C : 0)    /* dres .. dsummed */
+                   + 2 * R * wide + 2 * att + 2 * C + (m->canonical ? 3 * R * C : 0);
+    size_t ints = 2 * R;
     m->act_mem = m->be->ops->alloc(m->be->self, total * sizeof(float) + ints * sizeof(int) + 64);
     if (!m->act_mem)
         LOOM_FAIL(LOOM_ERR_NOMEM, "cannot allocate %.1f MiB of activations for batch %zu x %zu",
                   (double)(total * 4) / (1 << 20), B, T);
     float *f = m->act_mem;
 #define TAKE(n) (f += (n), f - (n))
+#define TAKE_FULL(local) (m->sp ? TAKE(R * C) : (local))
     for (size_t l = 0; l < L; l++) {
         layer_acts *a = &m->acts[l];
-        a->ln1 = TAKE(BT * C); a->ln1_mean = TAKE(BT); a->ln1_rstd = TAKE(BT);
-        a->qkv = TAKE(BT * 3 * C); a->atty = TAKE(BT * C); a->att = TAKE(B * NH * T * T);
-        a->res2 = TAKE(BT * C); a->ln2 = TAKE(BT * C); a->ln2_mean = TAKE(BT);
-        a->ln2_rstd = TAKE(BT); a->fch = TAKE(BT * 4 * C); a->fch_gelu = TAKE(BT * 4 * C);
-        a->res3 = TAKE(BT * C);
+        a->ln1 = TAKE(Rl * C); a->ln1_mean = TAKE(Rl); a->ln1_rstd = TAKE(Rl);
+        a->ln1_full = TAKE_FULL(a->ln1);
+        a->qkv = TAKE(R * 3 * Cl); a->atty = TAKE(R * Cl); a->att = TAKE(att);
+        a->res2 = TAKE(Rl * C); a->ln2 = TAKE(Rl * C); a->ln2_mean = TAKE(Rl);
+        a->ln2_rstd = TAKE(Rl); a->ln2_full = TAKE_FULL(a->ln2);
+        a->fch = TAKE(R * Fl); a->fch_gelu = TAKE(R * Fl); a->res3 = TAKE(Rl * C);
     }
-    m->encoded = TAKE(BT * C); m->lnf = TAKE(BT * C); m->lnf_mean = TAKE(BT);
-    m->lnf_rstd = TAKE(BT); m->logits = TAKE(BT * Vp); m->losses = TAKE(BT);
-    m->scratch_c = TAKE(BT * C);
-    m->dres = TAKE(BT * C); m->dtmp = TAKE(BT * C); m->dbuf_c = TAKE(BT * C);
-    m->dbuf_4a = TAKE(BT * 4 * C); m->dbuf_4b = TAKE(BT * 4 * C);
-    m->datt_scratch = TAKE(2 * B * NH * T * T);
+    m->encoded = TAKE(Rl * C); m->lnf = TAKE(Rl * C); m->lnf_mean = TAKE(Rl);
+    m->lnf_rstd = TAKE(Rl); m->lnf_full = TAKE_FULL(m->lnf);
+    m->logits = TAKE(R * Vl); m->losses = TAKE(R); m->ce_max = TAKE(R); m->ce_stats = TAKE(2 * R);
+    m->partial = TAKE(R * C); m->summed = m->sp ? TAKE(Rl * C) : m->partial;
+    m->dres = TAKE(Rl * C); m->dres_full = TAKE_FULL(m->dres); m->dtmp = TAKE(Rl * C);
+    m->dpartial = TAKE(R * C); m->dsummed = m->sp ? TAKE(Rl * C) : m->dpartial;
+    m->dbuf_4a = TAKE(R * wide); m->dbuf_4b = TAKE(R * wide);
+    m->datt_scratch = TAKE(2 * att); m->rep_grad = TAKE(2 * C);
+    for (int i = 0; i < 3; i++)
+        m->tree[i] = m->canonical ? TAKE(R * C) : NULL;
+#undef TAKE_FULL
 #undef TAKE
     m->tokens = (int *)f;
-    m->targets = m->tokens + BT;
-    m->host_losses = malloc(BT * sizeof(float));
-    return m->host_losses ? LOOM_OK : loom_fail(LOOM_ERR_NOMEM, "out of memory");
+    m->targets = m->tokens + R;
+    m->host_losses = malloc(R * sizeof(float));
+    m->row_gather = malloc((size_t)m->cfg.vocab_padded * sizeof(float));
+    return m->host_losses && m->row_gather ? LOOM_OK : loom_fail(LOOM_ERR_NOMEM, "out of memory");
+}
+
+/* Divisibility the split needs, named in the message with what would work. */
+static loom_status check_split(const loom_gpt *m)
+{
+    const loom_gpt_config *c = &m->cfg;
+    int tp = m->tp;
+    if (tp > 1 && (c->heads % tp != 0 || c->vocab_padded % tp != 0))
+        LOOM_FAIL(LOOM_ERR_INVALID, "tensor parallelism tp=%d must divide heads=%d and the padded "
+                  "vocabulary %d", tp, c->heads, c->vocab_padded);
+    if (m->canonical && (c->dim % LOOM_CANONICAL_CHUNKS || c->vocab_padded % LOOM_CANONICAL_CHUNKS ||
+                         LOOM_CANONICAL_CHUNKS % tp))
+        LOOM_FAIL(LOOM_ERR_INVALID, "canonical mode sums in %d fixed chunks: dim=%d and the padded "
+                  "vocabulary %d must divide by %d, and tp=%d must divide %d",
+                  LOOM_CANONICAL_CHUNKS, c->dim, c->vocab_padded, LOOM_CANONICAL_CHUNKS, tp,
+                  LOOM_CANONICAL_CHUNKS);
+    return LOOM_OK;
 }
 
 loom_status loom_gpt_create(const loom_gpt_config *cfg, loom_backend *be, int max_B, uint64_t seed,
-                            loom_gpt **out)
+                            const loom_gpt_parallel *par, loom_gpt **out)
 {
     *out = NULL;
     LOOM_TRY(loom_gpt_config_check(cfg));
@@ -201,11 +280,35 @@ loom_status loom_gpt_create(const loom_gpt_config *cfg, loom_backend *be, int ma
         m->cfg.vocab_padded = (cfg->vocab + 127) / 128 * 128;
     m->be = be;
     m->max_B = max_B;
+    m->tp = 1;
+    loom_status st = LOOM_OK;
+    if (par) {
+        m->canonical = par->canonical;
+        m->tp_ops = par->tp_ops;
+        m->tp_self = par->tp_self;
+    }
+    if (m->tp_ops && m->tp_ops->layout) {
+        loom_parallel_layout lay;
+        st = m->tp_ops->layout(m->tp_self, &lay);
+        m->tp = lay.parts;
+        m->tp_rank = lay.index;
+        m->sp = lay.sequence_parallel && lay.parts > 1;
+    }
+    m->Cl = cfg->dim / m->tp;
+    m->NHl = cfg->heads / m->tp;
+    m->Fl = 4 * cfg->dim / m->tp;
+    m->Vl = m->cfg.vocab_padded / m->tp;
+    m->v0 = m->tp_rank * m->Vl;
+    if (be->ops->set_deterministic)
+        be->ops->set_deterministic(be->self, m->canonical);
     m->p.layer = calloc((size_t)cfg->layers, sizeof(layer_params));
     m->g.layer = calloc((size_t)cfg->layers, sizeof(layer_params));
     m->acts = calloc((size_t)cfg->layers, sizeof(layer_acts));
-    loom_status st = (m->p.layer && m->g.layer && m->acts) ? build_table(m)
-                                                           : loom_fail(LOOM_ERR_NOMEM, "out of memory");
+    if (st == LOOM_OK)
+        st = check_split(m);
+    if (st == LOOM_OK)
+        st = (m->p.layer && m->g.layer && m->acts) ? build_table(m)
+                                                   : loom_fail(LOOM_ERR_NOMEM, "out of memory");
     if (st == LOOM_OK) {
         size_t bytes = m->table.total * sizeof(float);
         m->params = be->ops->alloc(be->self, bytes);
@@ -240,6 +343,7 @@ void loom_gpt_destroy(loom_gpt *m)
     ops->free(m->be->self, m->grads);
     ops->free(m->be->self, m->act_mem);
     free(m->host_losses);
+    free(m->row_gather);
     free(m->p.layer);
     free(m->g.layer);
     free(m->acts);
@@ -255,7 +359,7 @@ const float *loom_gpt_logits(const loom_gpt *m) { return m->logits; }
 
 size_t loom_gpt_num_params(const loom_gpt *m)
 {
-    return loom_params_count(&m->table) -
+    return loom_params_count_logical(&m->table) -
            (size_t)(m->cfg.vocab_padded - m->cfg.vocab) * (size_t)m->cfg.dim;
 }
 
@@ -264,54 +368,260 @@ void loom_gpt_zero_grad(loom_gpt *m)
     m->be->ops->zero(m->be->self, m->grads, m->table.total * sizeof(float));
 }
 
+/* --- the parallel pieces ------------------------------------------------------------- */
+
+/* A region boundary: the strategy's hook, or nothing with one rank (then out == in). */
+typedef loom_status (*region_hook)(void *, loom_region, int, const loom_region_io *);
+
+static loom_status cross(loom_gpt *m, region_hook hook, loom_region r, int layer, const float *in,
+                         float *out, size_t rows, size_t width)
+{
+    if (!m->tp_ops)
+        return LOOM_OK;
+    loom_region_io io = {in, out, rows, width};
+    return hook(m->tp_self, r, layer, &io);
+}
+#define F_ENTER(r, l, in, out, rows, w) cross(m, m->tp_ops ? m->tp_ops->region_forward_enter : NULL, r, l, in, out, rows, w)
+#define F_LEAVE(r, l, in, out, rows, w) cross(m, m->tp_ops ? m->tp_ops->region_forward_leave : NULL, r, l, in, out, rows, w)
+#define B_LEAVE(r, l, in, out, rows, w) cross(m, m->tp_ops ? m->tp_ops->region_backward_leave : NULL, r, l, in, out, rows, w)
+#define B_ENTER(r, l, in, out, rows, w) cross(m, m->tp_ops ? m->tp_ops->region_backward_enter : NULL, r, l, in, out, rows, w)
+
+static loom_status region_wait(loom_gpt *m)
+{
+    return m->tp_ops && m->tp_ops->region_wait ? m->tp_ops->region_wait(m->tp_self) : LOOM_OK;
+}
+
+static loom_status tensor_allreduce(loom_gpt *m, float *x, size_t n, loom_reduce_op op)
+{
+    return m->tp_ops ? m->tp_ops->tensor_allreduce(m->tp_self, x, n, op) : LOOM_OK;
+}
+
+/* Canonical mode's chunk tree: chunks pushed in order, equal levels merged older + newer
+ * (the binary-counter tree; for a power-of-two count, the balanced pairwise tree). The
+ * root lands in dest, the bottom level. */
+typedef struct chunk_tree {
+    float *level[4];
+    int depth, pushed;
+    size_t n;
+} chunk_tree;
+
+static chunk_tree tree_start(loom_gpt *m, float *dest, size_t n)
+{
+    chunk_tree t = {{dest, m->tree[0], m->tree[1], m->tree[2]}, 0, 0, n};
+    return t;
+}
+
+/* Where the next chunk goes. */
+static float *tree_slot(chunk_tree *t) { return t->level[t->depth]; }
+
+static void tree_push(loom_gpt *m, chunk_tree *t)
+{
+    t->depth++;
+    for (int c = ++t->pushed; !(c & 1); c >>= 1, t->depth--)
+        m->be->ops->accumulate(t->level[t->depth - 2], t->level[t->depth - 1], t->n);
+}
+
+/* Chunks this rank holds of a dim split over the tp group. */
+static int local_chunks(const loom_gpt *m) { return LOOM_CANONICAL_CHUNKS / m->tp; }
+
+/* out (R,C) = this rank's partial of a row-parallel layer: inp (R,K) @ W (C,K)^T over
+ * its K input features (no bias: it is added once, after the sum). */
+static void row_parallel_forward(loom_gpt *m, float *out, const float *inp, const float *w,
+                                 int B, int T, int K)
+{
+    const loom_backend_ops *k = m->be->ops;
+    int C = m->cfg.dim, R = B * T;
+    if (!m->canonical) {
+        k->matmul_forward(out, inp, w, NULL, B, T, K, C);
+        return;
+    }
+    int n = local_chunks(m), kc = K / n;
+    chunk_tree t = tree_start(m, out, (size_t)R * C);
+    for (int c = 0; c < n; c++) {
+        k->gemm(0, 1, R, C, kc, 1.0f, inp + (size_t)c * kc, K, w + (size_t)c * kc, K, 0.0f,
+                tree_slot(&t), C);
+        tree_push(m, &t);
+    }
+}
+
+/* dinp (R,C) = this rank's partial input gradient of a column-parallel layer: dout (R,OC)
+ * @ W (OC,C) over its OC output features, which form `segs` equal segments (q, k, v for
+ * the fused QKV; one otherwise). Canonical chunk c holds part c of every segment. */
+static void column_parallel_dinp(loom_gpt *m, float *dinp, const float *dout, const float *w,
+                                 int R, int OC, int segs)
+{
+    const loom_backend_ops *k = m->be->ops;
+    int C = m->cfg.dim;
+    if (!m->canonical) {
+        k->gemm(0, 0, R, C, OC, 1.0f, dout, OC, w, C, 0.0f, dinp, C);
+        return;
+    }
+    int n = local_chunks(m), seg = OC / segs, wc = seg / n;
+    chunk_tree t = tree_start(m, dinp, (size_t)R * C);
+    for (int c = 0; c < n; c++) {
+        for (int s = 0; s < segs; s++) {
+            size_t o = (size_t)s * seg + (size_t)c * wc;
+            k->gemm(0, 0, R, C, wc, 1.0f, dout + o, OC, w + o * C, C, s ? 1.0f : 0.0f,
+                    tree_slot(&t), C);
+        }
+        tree_push(m, &t);
+    }
+}
+
+/* Gradients of replicated parameters that are sums over this rank's token rows (layer
+ * norms, row-parallel biases). With sequence parallelism each rank holds a partial, summed
+ * over the tp group here; in canonical mode the rows are summed in fixed chunks of R/8
+ * rows (R = B*T) in the tree. kind 0: layernorm backward (also writes dinp), 1: bias. */
+typedef struct rep_args {
+    float *dinp;
+    const float *dout, *inp, *w, *mean, *rstd;
+} rep_args;
+
+static void rep_rows(loom_gpt *m, int kind, const rep_args *a, float *dw, float *db, size_t r0,
+                     size_t rows)
+{
+    const loom_backend_ops *k = m->be->ops;
+    int C = m->cfg.dim;
+    size_t off = r0 * (size_t)C;
+    if (kind == 0)
+        k->layernorm_backward(a->dinp + off, dw, db, a->dout + off, a->inp + off, a->w,
+                              a->mean + r0, a->rstd + r0, 1, (int)rows, C);
+    else
+        k->bias_backward(db, a->dout + off, rows, C);
+}
+
+static loom_status replicated_grads(loom_gpt *m, int kind, const rep_args *a, float *dw, float *db,
+                                    size_t Rl)
+{
+    const loom_backend_ops *k = m->be->ops;
+    size_t C = (size_t)m->cfg.dim, n = kind == 0 ? 2 * C : C;
+    if (!m->canonical && !m->sp) {
+        rep_rows(m, kind, a, dw, db, 0, Rl);
+        return LOOM_OK;
+    }
+    float *part = m->rep_grad; /* [dw | db] or [db] */
+    float *pdw = kind == 0 ? part : NULL, *pdb = kind == 0 ? part + C : part;
+    if (!m->canonical) {
+        k->zero(m->be->self, part, n * sizeof(float));
+        rep_rows(m, kind, a, pdw, pdb, 0, Rl);
+    } else {
+        int chunks = m->sp ? local_chunks(m) : LOOM_CANONICAL_CHUNKS;
+        size_t rc = Rl / (size_t)chunks;
+        chunk_tree t = tree_start(m, part, n);
+        for (int c = 0; c < chunks; c++) {
+            float *slot = tree_slot(&t);
+            k->zero(m->be->self, slot, n * sizeof(float));
+            rep_rows(m, kind, a, kind == 0 ? slot : NULL, kind == 0 ? slot + C : slot,
+                     (size_t)c * rc, rc);
+            tree_push(m, &t);
+        }
+    }
+    if (m->sp)
+        LOOM_TRY(tensor_allreduce(m, part, n, LOOM_REDUCE_SUM));
+    if (kind == 0)
+        k->accumulate(dw, pdw, C);
+    k->accumulate(db, pdb, C);
+    return LOOM_OK;
+}
+
+/* Vocabulary-parallel cross-entropy over this rank's Vl columns (backend.h's passes):
+ * row maxima combined by MAX, the sums of exponentials and the target logits by SUM (the
+ * target is in one rank's slice, so that sum is exact). */
+static loom_status vocab_cross_entropy(loom_gpt *m, int R, float dloss)
+{
+    const loom_backend_ops *k = m->be->ops;
+    int V = m->cfg.vocab, Vl = m->Vl, v0 = m->v0;
+    float *sumexp = m->ce_stats, *tlogit = m->ce_stats + R;
+    k->ce_row_max(m->ce_max, m->logits, R, Vl, v0, V);
+    LOOM_TRY(tensor_allreduce(m, m->ce_max, (size_t)R, LOOM_REDUCE_MAX));
+    if (!m->canonical) {
+        k->ce_row_sumexp(sumexp, m->logits, m->ce_max, R, Vl, v0, V, 0, Vl);
+    } else {
+        int n = local_chunks(m), wc = Vl / n;
+        chunk_tree t = tree_start(m, sumexp, (size_t)R);
+        for (int c = 0; c < n; c++) {
+            k->ce_row_sumexp(tree_slot(&t), m->logits, m->ce_max, R, Vl, v0, V, c * wc, (c + 1) * wc);
+            tree_push(m, &t);
+        }
+    }
+    k->ce_target_logit(tlogit, m->logits, m->targets, R, Vl, v0);
+    LOOM_TRY(tensor_allreduce(m, m->ce_stats, 2 * (size_t)R, LOOM_REDUCE_SUM));
+    k->ce_finish(m->logits, m->losses, m->ce_max, sumexp, tlogit, m->targets, dloss, R, Vl, v0, V);
+    return LOOM_OK;
+}
+
+/* --- forward and backward ------------------------------------------------------------ */
+
 loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets, int B, int T,
                              float dloss, double *loss_sum)
 {
     const loom_backend_ops *k = m->be->ops;
     void *bs = m->be->self;
-    int C = m->cfg.dim, NH = m->cfg.heads, V = m->cfg.vocab, Vp = m->cfg.vocab_padded;
+    int C = m->cfg.dim, V = m->cfg.vocab, Cl = m->Cl, Fl = m->Fl;
     if (B < 1 || B > m->max_B || T < 1 || T > m->cfg.ctx)
         LOOM_FAIL(LOOM_ERR_INVALID, "batch %dx%d outside the model's %dx%d", B, T, m->max_B,
                   m->cfg.ctx);
     if (dloss != 0.0f && !targets)
         LOOM_FAIL(LOOM_ERR_INVALID, "a training forward needs targets");
-    size_t BT = (size_t)B * T;
-    for (size_t i = 0; i < BT; i++)
+    size_t R = (size_t)B * T;
+    if (m->sp && R % (size_t)m->tp)
+        LOOM_FAIL(LOOM_ERR_INVALID, "sequence parallelism splits the %d x %d = %zu token rows over "
+                  "tp=%d ranks: they must divide", B, T, R, m->tp);
+    if (m->canonical && dloss != 0.0f && R % LOOM_CANONICAL_CHUNKS)
+        LOOM_FAIL(LOOM_ERR_INVALID, "canonical mode sums token rows in %d chunks: batch %d x %d = "
+                  "%zu rows must divide by %d", LOOM_CANONICAL_CHUNKS, B, T, R, LOOM_CANONICAL_CHUNKS);
+    size_t Rl = m->sp ? R / (size_t)m->tp : R, row0 = m->sp ? (size_t)m->tp_rank * Rl : 0;
+    for (size_t i = 0; i < R; i++)
         if (tokens[i] < 0 || tokens[i] >= V)
             LOOM_FAIL(LOOM_ERR_INVALID, "token %d at position %zu is outside the vocabulary [0, %d)",
                       tokens[i], i, V);
-    k->copy_to_device(bs, m->tokens, tokens, BT * sizeof(int));
+    k->copy_to_device(bs, m->tokens, tokens, R * sizeof(int));
     if (targets)
-        k->copy_to_device(bs, m->targets, targets, BT * sizeof(int));
+        k->copy_to_device(bs, m->targets, targets, R * sizeof(int));
 
-    k->encoder_forward(m->encoded, m->tokens, m->p.wte, m->p.wpe, B, T, C);
+    /* Embedding: each rank looks up its vocabulary rows (zeros elsewhere); the sum over the
+     * group is the lookup. Positions are added once, to the rows this rank keeps. */
+    float *embedded = m->tp_ops ? m->partial : m->encoded;
+    k->embedding_forward(embedded, m->tokens, m->p.wte, m->v0, m->Vl, R, C);
+    LOOM_TRY(F_LEAVE(LOOM_REGION_EMBEDDING, -1, embedded, m->encoded, R, C));
+    k->position_forward(m->encoded, m->p.wpe, row0, Rl, T, C);
     const float *residual = m->encoded;
     for (int l = 0; l < m->cfg.layers; l++) {
         layer_params *w = &m->p.layer[l];
         layer_acts *a = &m->acts[l];
-        k->layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, residual, w->ln1w, w->ln1b, B, T, C);
-        k->matmul_forward(a->qkv, a->ln1, w->qkvw, w->qkvb, B, T, C, 3 * C);
-        k->attention_forward(a->atty, a->att, a->qkv, B, T, C, NH);
-        k->matmul_forward(m->scratch_c, a->atty, w->attprojw, w->attprojb, B, T, C, C);
-        k->residual_forward(a->res2, residual, m->scratch_c, BT * C);
-        k->layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, B, T, C);
-        k->matmul_forward(a->fch, a->ln2, w->fcw, w->fcb, B, T, C, 4 * C);
-        k->gelu_forward(a->fch_gelu, a->fch, BT * 4 * C);
-        k->matmul_forward(m->scratch_c, a->fch_gelu, w->fcprojw, w->fcprojb, B, T, 4 * C, C);
-        k->residual_forward(a->res3, a->res2, m->scratch_c, BT * C);
+        k->layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, residual, w->ln1w, w->ln1b, 1,
+                             (int)Rl, C);
+        LOOM_TRY(F_ENTER(LOOM_REGION_ATTENTION, l, a->ln1, a->ln1_full, R, C));
+        k->matmul_forward(a->qkv, a->ln1_full, w->qkvw, w->qkvb, B, T, C, 3 * Cl);
+        k->attention_forward(a->atty, a->att, a->qkv, B, T, Cl, m->NHl);
+        row_parallel_forward(m, m->partial, a->atty, w->attprojw, B, T, Cl);
+        LOOM_TRY(F_LEAVE(LOOM_REGION_ATTENTION, l, m->partial, m->summed, R, C));
+        k->bias_add(m->summed, w->attprojb, Rl, C);
+        k->residual_forward(a->res2, residual, m->summed, Rl * C);
+        k->layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, 1,
+                             (int)Rl, C);
+        LOOM_TRY(F_ENTER(LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R, C));
+        k->matmul_forward(a->fch, a->ln2_full, w->fcw, w->fcb, B, T, C, Fl);
+        k->gelu_forward(a->fch_gelu, a->fch, R * Fl);
+        row_parallel_forward(m, m->partial, a->fch_gelu, w->fcprojw, B, T, Fl);
+        LOOM_TRY(F_LEAVE(LOOM_REGION_MLP, l, m->partial, m->summed, R, C));
+        k->bias_add(m->summed, w->fcprojb, Rl, C);
+        k->residual_forward(a->res3, a->res2, m->summed, Rl * C);
         residual = a->res3;
     }
-    k->layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, residual, m->p.lnfw, m->p.lnfb, B, T, C);
-    k->matmul_forward(m->logits, m->lnf, m->p.wte, NULL, B, T, C, Vp);
+    k->layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, residual, m->p.lnfw, m->p.lnfb, 1,
+                         (int)Rl, C);
+    LOOM_TRY(F_ENTER(LOOM_REGION_HEAD, -1, m->lnf, m->lnf_full, R, C));
+    k->matmul_forward(m->logits, m->lnf_full, m->p.wte, NULL, B, T, C, m->Vl);
     m->last_B = B;
     m->last_T = T;
     m->have_dlogits = 0;
     if (targets) {
-        k->crossentropy_forward_backward(m->logits, m->losses, m->targets, dloss, (int)BT, V, Vp);
+        LOOM_TRY(vocab_cross_entropy(m, (int)R, dloss));
         m->have_dlogits = dloss != 0.0f;
-        k->copy_to_host(bs, m->host_losses, m->losses, BT * sizeof(float));
+        k->copy_to_host(bs, m->host_losses, m->losses, R * sizeof(float));
         double sum = 0.0;
-        for (size_t i = 0; i < BT; i++)
+        for (size_t i = 0; i < R; i++)
             sum += m->host_losses[i];
         if (loss_sum)
             *loss_sum = sum;
@@ -319,47 +629,92 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
     return LOOM_OK;
 }
 
+/* Backward of a column-parallel layer (its input `inp`, all R rows): weight and bias
+ * gradients, and the partial input gradient into m->dpartial, summed over the group by
+ * the region's f backward into m->dsummed. The sum runs while the weight gradient is
+ * computed where the communicator can overlap. */
+static loom_status column_parallel_backward(loom_gpt *m, loom_region r, int layer, float *dw,
+                                            float *db, const float *dout, const float *inp,
+                                            const float *w, int B, int T, int OC, int segs)
+{
+    const loom_backend_ops *k = m->be->ops;
+    int C = m->cfg.dim, R = B * T;
+    column_parallel_dinp(m, m->dpartial, dout, w, R, OC, segs);
+    LOOM_TRY(B_ENTER(r, layer, m->dpartial, m->dsummed, (size_t)R, (size_t)C));
+    k->matmul_backward(NULL, dw, db, dout, inp, w, B, T, C, OC);
+    return region_wait(m);
+}
+
 loom_status loom_gpt_backward(loom_gpt *m)
 {
     if (!m->have_dlogits)
         LOOM_FAIL(LOOM_ERR_INVALID, "backward needs a forward with targets and dloss != 0 first");
     const loom_backend_ops *k = m->be->ops;
-    int B = m->last_B, T = m->last_T, C = m->cfg.dim, NH = m->cfg.heads, Vp = m->cfg.vocab_padded;
+    int B = m->last_B, T = m->last_T, C = m->cfg.dim, Cl = m->Cl, Fl = m->Fl;
     int L = m->cfg.layers;
-    size_t BT = (size_t)B * T;
+    size_t R = (size_t)B * T, Rl = m->sp ? R / (size_t)m->tp : R;
     const float *last = m->acts[L - 1].res3;
 
-    /* LM head (tied to wte) and the final layernorm; dres starts as d(last block output). */
-    k->matmul_backward(m->dbuf_c, m->g.wte, NULL, m->logits, m->lnf, m->p.wte, B, T, C, Vp);
-    k->layernorm_backward(m->dres, m->g.lnfw, m->g.lnfb, m->dbuf_c, last, m->p.lnfw, m->lnf_mean,
-                          m->lnf_rstd, B, T, C);
+    /* LM head (tied to wte, vocabulary-parallel) and the final layernorm; dres starts as
+     * d(last block output). */
+    LOOM_TRY(column_parallel_backward(m, LOOM_REGION_HEAD, -1, m->g.wte, NULL, m->logits,
+                                      m->lnf_full, m->p.wte, B, T, m->Vl, 1));
+    rep_args lnf = {m->dres, m->dsummed, last, m->p.lnfw, m->lnf_mean, m->lnf_rstd};
+    LOOM_TRY(replicated_grads(m, 0, &lnf, m->g.lnfw, m->g.lnfb, Rl));
     int n_entries = m->table.count;
     LOOM_TRY(entries_ready(m, n_entries - 2, n_entries - 1));
     for (int l = L - 1; l >= 0; l--) {
         layer_params *w = &m->p.layer[l], *g = &m->g.layer[l];
         layer_acts *a = &m->acts[l];
         const float *residual = l == 0 ? m->encoded : m->acts[l - 1].res3;
-        /* MLP branch: res3 = res2 + proj(gelu(fc(ln2(res2)))) */
-        k->matmul_backward(m->dbuf_4a, g->fcprojw, g->fcprojb, m->dres, a->fch_gelu, w->fcprojw,
-                           B, T, 4 * C, C);
-        k->gelu_backward(m->dbuf_4b, a->fch, m->dbuf_4a, BT * 4 * C);
-        k->matmul_backward(m->dbuf_c, g->fcw, g->fcb, m->dbuf_4b, a->ln2, w->fcw, B, T, C, 4 * C);
-        k->layernorm_backward(m->dtmp, g->ln2w, g->ln2b, m->dbuf_c, a->res2, w->ln2w, a->ln2_mean,
-                              a->ln2_rstd, B, T, C);
-        k->accumulate(m->dres, m->dtmp, BT * C);
-        /* Attention branch: res2 = residual + proj(attn(qkv(ln1(residual)))) */
-        k->matmul_backward(m->dbuf_c, g->attprojw, g->attprojb, m->dres, a->atty, w->attprojw,
-                           B, T, C, C);
-        k->attention_backward(m->dbuf_4a, m->datt_scratch, m->dbuf_c, a->qkv, a->att, B, T, C, NH);
-        k->matmul_backward(m->dbuf_c, g->qkvw, g->qkvb, m->dbuf_4a, a->ln1, w->qkvw, B, T, C,
-                           3 * C);
-        k->layernorm_backward(m->dtmp, g->ln1w, g->ln1b, m->dbuf_c, residual, w->ln1w,
-                              a->ln1_mean, a->ln1_rstd, B, T, C);
-        k->accumulate(m->dres, m->dtmp, BT * C);
+        /* MLP branch: res3 = res2 + g(proj(gelu(fc(f(ln2(res2)))))) + bias */
+        rep_args pb = {.dout = m->dres};
+        LOOM_TRY(replicated_grads(m, 1, &pb, NULL, g->fcprojb, Rl));
+        LOOM_TRY(B_LEAVE(LOOM_REGION_MLP, l, m->dres, m->dres_full, R, C));
+        k->matmul_backward(m->dbuf_4a, g->fcprojw, NULL, m->dres_full, a->fch_gelu, w->fcprojw,
+                           B, T, Fl, C);
+        k->gelu_backward(m->dbuf_4b, a->fch, m->dbuf_4a, R * Fl);
+        LOOM_TRY(column_parallel_backward(m, LOOM_REGION_MLP, l, g->fcw, g->fcb, m->dbuf_4b,
+                                          a->ln2_full, w->fcw, B, T, Fl, 1));
+        rep_args ln2 = {m->dtmp, m->dsummed, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd};
+        LOOM_TRY(replicated_grads(m, 0, &ln2, g->ln2w, g->ln2b, Rl));
+        k->accumulate(m->dres, m->dtmp, Rl * C);
+        /* Attention branch: res2 = residual + g(proj(attn(qkv(f(ln1(residual)))))) + bias */
+        rep_args ab = {.dout = m->dres};
+        LOOM_TRY(replicated_grads(m, 1, &ab, NULL, g->attprojb, Rl));
+        LOOM_TRY(B_LEAVE(LOOM_REGION_ATTENTION, l, m->dres, m->dres_full, R, C));
+        float *datty = m->dpartial; /* free until the qkv backward below */
+        k->matmul_backward(datty, g->attprojw, NULL, m->dres_full, a->atty, w->attprojw, B, T,
+                           Cl, C);
+        k->attention_backward(m->dbuf_4a, m->datt_scratch, datty, a->qkv, a->att, B, T, Cl,
+                              m->NHl);
+        LOOM_TRY(column_parallel_backward(m, LOOM_REGION_ATTENTION, l, g->qkvw, g->qkvb,
+                                          m->dbuf_4a, a->ln1_full, w->qkvw, B, T, 3 * Cl, 3));
+        rep_args ln1 = {m->dtmp, m->dsummed, residual, w->ln1w, a->ln1_mean, a->ln1_rstd};
+        LOOM_TRY(replicated_grads(m, 0, &ln1, g->ln1w, g->ln1b, Rl));
+        k->accumulate(m->dres, m->dtmp, Rl * C);
         LOOM_TRY(entries_ready(m, 2 + 12 * l, 2 + 12 * l + 11));
     }
-    k->encoder_backward(m->g.wte, m->g.wpe, m->dres, m->tokens, B, T, C);
+    /* Embedding: every rank needs the gradient of all rows for its vocabulary slice; the
+     * position gradient is then computed the same way on every rank. */
+    LOOM_TRY(B_LEAVE(LOOM_REGION_EMBEDDING, -1, m->dres, m->dres_full, R, C));
+    k->embedding_backward(m->g.wte, m->dres_full, m->tokens, m->v0, m->Vl, R, C);
+    k->position_backward(m->g.wpe, m->dres_full, B, T, C);
     m->have_dlogits = 0;
     LOOM_TRY(entries_ready(m, 0, 1));
     return LOOM_OK;
+}
+
+int loom_gpt_row_multiple(const loom_gpt *m) { return m->sp ? m->tp : 1; }
+
+loom_status loom_gpt_logits_row(loom_gpt *m, size_t row, float *host_out)
+{
+    const loom_backend_ops *k = m->be->ops;
+    const float *src = m->logits + row * (size_t)m->Vl;
+    if (!m->tp_ops) {
+        k->copy_to_host(m->be->self, host_out, src, (size_t)m->Vl * sizeof(float));
+        return LOOM_OK;
+    }
+    k->copy_to_host(m->be->self, m->row_gather, src, (size_t)m->Vl * sizeof(float));
+    return m->tp_ops->tensor_allgather(m->tp_self, m->row_gather, host_out, (size_t)m->Vl);
 }

@@ -223,7 +223,7 @@ static int l_session(lua_State *L)
 
     /* Plain structs, no resource to leak if a Lua error is raised while they are filled;
      * static because they are large and only read during the plugins' create(). */
-    static _Thread_local loom_plugin_config optim, precision, strategy;
+    static _Thread_local loom_plugin_config optim, precision, strategy, tensor;
     lua_getfield(L, 1, "optimizer");
     plugin_config_from_table(L, -1, "optim", &optim);
     lua_getfield(L, 1, "precision");
@@ -235,6 +235,12 @@ static int l_session(lua_State *L)
     if (!lua_isnil(L, -1)) {
         plugin_config_from_table(L, -1, "strategy", &strategy);
         cfg.strategy = &strategy;
+    }
+    lua_pop(L, 1);
+    lua_getfield(L, 1, "tensor"); /* { name = "tp", sequence_parallel = ... } when tp > 1 */
+    if (!lua_isnil(L, -1)) {
+        plugin_config_from_table(L, -1, "strategy", &tensor);
+        cfg.tensor = &tensor;
     }
     lua_pop(L, 1);
     lua_getfield(L, 1, "canonical");

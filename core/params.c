@@ -90,6 +90,18 @@ size_t loom_params_count(const loom_param_table *t)
     return n;
 }
 
+size_t loom_params_count_logical(const loom_param_table *t)
+{
+    size_t n = 0;
+    for (int i = 0; i < t->count; i++) {
+        size_t e = 1;
+        for (int d = 0; d < t->entries[i].ndim; d++)
+            e *= (size_t)t->entries[i].shape[d];
+        n += e;
+    }
+    return n;
+}
+
 /* Logical index of element j of a held slice, so values do not depend on the slicing. */
 static uint64_t logical_index(const loom_param_entry *e, size_t j, int64_t *row)
 {

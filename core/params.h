@@ -60,7 +60,9 @@ void loom_params_free(loom_param_table *t);
 /* Fill a host buffer (t->total floats) with the initial values for seed. */
 void loom_params_init_values(const loom_param_table *t, uint64_t seed, float *host);
 
-/* Total elements the model holds, without alignment padding. */
+/* Total elements this rank holds, without alignment padding. */
 size_t loom_params_count(const loom_param_table *t);
+/* Total elements of the logical (unsliced) parameters: the whole model's size. */
+size_t loom_params_count_logical(const loom_param_table *t);
 
 #endif

@@ -13,6 +13,7 @@
 
 #include "loom/plugin/optim.h"
 #include "loom/plugin/precision.h"
+#include "loom/plugin/strategy.h"
 #include "grad_sync.h"
 #include "plugin_loader.h"
 #include "rng.h"
@@ -20,7 +21,12 @@
 
 struct loom_session {
     loom_session_config cfg;
-    loom_plugin_config optim_cfg, precision_cfg, strategy_cfg; /* owned; cfg points at them */
+    loom_plugin_config optim_cfg, precision_cfg, strategy_cfg, tensor_cfg; /* owned; cfg points
+                                                                              * at them */
+    const loom_strategy_ops *tensor; /* the tp strategy, NULL with tp = 1 */
+    void *tensor_self;
+    double *norm_chunks;     /* grad_norm: per entry, LOOM_CANONICAL_CHUNKS sums + a flag */
+    double *norm_gathered;   /* the tp group's norm_chunks */
     loom_grad_sync *sync;
     loom_backend backend;
     loom_gpt *model;
@@ -102,6 +108,16 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
     }
     s->cfg.backend = NULL; /* the caller's string; only needed while opening */
     loom_status st = loom_backend_open(cfg->backend ? cfg->backend : "cpu", cfg->threads, &s->backend);
+    loom_gpt_parallel par = {NULL, NULL, cfg->canonical};
+    if (st == LOOM_OK && cfg->tensor) {
+        loom_config_copy(&s->tensor_cfg, cfg->tensor);
+        s->cfg.tensor = &s->tensor_cfg;
+        st = loom_config_set_boolean(&s->tensor_cfg, "canonical", cfg->canonical);
+        if (st == LOOM_OK)
+            st = make_plugin(&s->tensor_cfg, (const void **)&s->tensor, &s->tensor_self);
+        par.tp_ops = s->tensor;
+        par.tp_self = s->tensor_self;
+    }
     if (st == LOOM_OK)
         st = make_plugin(&s->precision_cfg, (const void **)&s->precision, &s->precision_self);
     if (st == LOOM_OK) {
@@ -117,7 +133,7 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
     if (st == LOOM_OK)
         st = make_plugin(&s->optim_cfg, (const void **)&s->optim, &s->optim_self);
     if (st == LOOM_OK)
-        st = loom_gpt_create(&cfg->model, &s->backend, cfg->micro_batch, cfg->seed, &s->model);
+        st = loom_gpt_create(&cfg->model, &s->backend, cfg->micro_batch, cfg->seed, &par, &s->model);
     if (st == LOOM_OK) {
         size_t total = loom_gpt_params(s->model)->total;
         const loom_gpt_config *mc = loom_gpt_get_config(s->model);
@@ -125,10 +141,20 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
         if (s->state_slots)
             s->optim_state = calloc((size_t)s->state_slots * total, sizeof(float));
         size_t bt = (size_t)cfg->micro_batch * cfg->seq;
-        s->tokens = malloc(bt * sizeof(int));
+        /* tokens also stage a sampling window of up to ctx */
+        s->tokens = malloc((bt > (size_t)mc->ctx ? bt : (size_t)mc->ctx) * sizeof(int));
         s->targets = malloc(bt * sizeof(int));
         s->host_logits = malloc((size_t)mc->vocab_padded * sizeof(float));
-        if ((s->state_slots && !s->optim_state) || !s->tokens || !s->targets || !s->host_logits)
+        size_t slots = (size_t)loom_gpt_params(s->model)->count * LOOM_CANONICAL_CHUNKS + 1;
+        int tp = 1;
+        const struct loom_comm_ops *ops;
+        void *group;
+        if (loom_core_host()->group(LOOM_GROUP_TP, &ops, &group, &tp) != LOOM_OK)
+            tp = 1;
+        s->norm_chunks = calloc(slots, sizeof(double));
+        s->norm_gathered = calloc(slots * (size_t)tp, sizeof(double));
+        if ((s->state_slots && !s->optim_state) || !s->tokens || !s->targets || !s->host_logits ||
+            !s->norm_chunks || !s->norm_gathered)
             st = loom_fail(LOOM_ERR_NOMEM, "out of memory for optimizer state");
     }
     if (st == LOOM_OK)
@@ -150,6 +176,10 @@ void loom_session_destroy(loom_session *s)
         return;
     loom_grad_sync_destroy(s->sync);
     loom_gpt_destroy(s->model);
+    if (s->tensor)
+        s->tensor->destroy(s->tensor_self);
+    free(s->norm_chunks);
+    free(s->norm_gathered);
     if (s->optim)
         s->optim->destroy(s->optim_self);
     if (s->precision)
@@ -161,6 +191,90 @@ void loom_session_destroy(loom_session *s)
     free(s->targets);
     free(s->host_logits);
     free(s);
+}
+
+/* Sum of squares of a held slice's canonical chunk c along dim d (c counted from the
+ * slice's first chunk; chunk length cs along d): the contiguous runs it is made of, in
+ * logical order. */
+static double chunk_sum_squares(const loom_backend_ops *k, const float *g, const loom_param_entry *e,
+                                int d, int64_t c, int64_t cs)
+{
+    size_t outer = 1, inner = 1;
+    for (int i = 0; i < d; i++)
+        outer *= (size_t)e->slice_len[i];
+    for (int i = d + 1; i < e->ndim; i++)
+        inner *= (size_t)e->slice_len[i];
+    double sum = 0.0;
+    for (size_t o = 0; o < outer; o++)
+        sum += k->sum_squares(g + (o * (size_t)e->slice_len[d] + (size_t)(c * cs)) * inner,
+                              (size_t)cs * inner);
+    return sum;
+}
+
+/* The squared global gradient norm and whether any gradient is non-finite, the same bits
+ * on every rank and for every tensor-parallel split (DESIGN.md's canonical promise; the
+ * fast mode gets it for free). Each parameter's sum of squares is taken, in double, over
+ * LOOM_CANONICAL_CHUNKS fixed chunks along the dim a split cuts (one chunk if the entry
+ * is whole); a chunk lives on exactly one rank of the tp group (a replicated parameter's
+ * on tp rank 0), so after an all-gather every slot has one non-zero contribution, and the
+ * slots are added in table order: each parameter counted once. */
+static loom_status grad_norm(loom_session *s, double *norm_sq, int *nonfinite)
+{
+    const loom_backend_ops *k = s->backend.ops;
+    const loom_param_table *t = loom_gpt_params(s->model);
+    const float *grads = loom_gpt_grad_data(s->model);
+    const struct loom_comm_ops *ops;
+    void *group;
+    int tp = 1;
+    LOOM_TRY(loom_core_host()->group(LOOM_GROUP_TP, &ops, &group, &tp));
+    int tp_rank = ops ? ops->rank(group) : 0;
+    size_t slots = (size_t)t->count * LOOM_CANONICAL_CHUNKS + 1;
+    double *mine = s->norm_chunks;
+    memset(mine, 0, slots * sizeof(double));
+    for (int i = 0; i < t->count; i++) {
+        const loom_param_entry *e = &t->entries[i];
+        const float *g = grads + e->offset;
+        int d = -1;
+        for (int j = 0; j < e->ndim; j++)
+            if (e->slice_len[j] != e->shape[j])
+                d = j;
+        double *slot = mine + (size_t)i * LOOM_CANONICAL_CHUNKS;
+        if (d < 0) {
+            if (tp_rank == 0)
+                slot[0] = k->sum_squares(g, e->numel);
+            continue;
+        }
+        /* Chunks of the logical dim; a split that does not line up with them (fast mode,
+         * odd sizes) falls back to one chunk per held slice. */
+        int64_t n = e->shape[d] % LOOM_CANONICAL_CHUNKS == 0 &&
+                            e->slice_len[d] % (e->shape[d] / LOOM_CANONICAL_CHUNKS) == 0
+                        ? LOOM_CANONICAL_CHUNKS
+                        : e->shape[d] / e->slice_len[d];
+        int64_t cs = e->shape[d] / n, first = e->slice_start[d] / cs;
+        for (int64_t c = 0; c < e->slice_len[d] / cs; c++)
+            slot[first + c] = chunk_sum_squares(k, g, e, d, c, cs);
+    }
+    mine[slots - 1] = k->has_nonfinite(grads, t->total) ? 1.0 : 0.0;
+    const double *all = mine;
+    if (ops) {
+        loom_comm_request *req = NULL;
+        LOOM_TRY(ops->allgather_start(group, mine, s->norm_gathered, slots * sizeof(double),
+                                      LOOM_DTYPE_U8, &req));
+        LOOM_TRY(ops->wait(group, req));
+        for (size_t j = 0; j < slots; j++) {
+            double v = 0.0;
+            for (int r = 0; r < tp; r++)
+                v += s->norm_gathered[(size_t)r * slots + j];
+            s->norm_gathered[j] = v; /* row 0 is consumed in order: safe in place */
+        }
+        all = s->norm_gathered;
+    }
+    double sum = 0.0;
+    for (size_t j = 0; j + 1 < slots; j++)
+        sum += all[j];
+    *norm_sq = sum;
+    *nonfinite = all[slots - 1] != 0.0;
+    return LOOM_OK;
 }
 
 loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, float lr,
@@ -186,11 +300,11 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     }
     double loss_sum = 0.0;
     LOOM_TRY(loom_grad_sync_finish(s->sync, &loss_sum));
-    float *grads = loom_gpt_grad_data(s->model);
-    size_t total = loom_gpt_params(s->model)->total;
-    int nonfinite = k->has_nonfinite(grads, total);
+    double norm_sq;
+    int nonfinite;
+    LOOM_TRY(grad_norm(s, &norm_sq, &nonfinite));
     int skip = s->precision->update(s->precision_self, nonfinite);
-    double norm = nonfinite ? NAN : sqrt(k->sum_squares(grads, total)) / scale;
+    double norm = nonfinite ? NAN : sqrt(norm_sq) / scale;
     memset(out, 0, sizeof *out);
     if (!skip) {
         float grad_scale = 1.0f / scale;
@@ -278,11 +392,17 @@ loom_status loom_session_sample(loom_session *s, const int *prompt, int n_prompt
     for (int i = 0; i < n_new; i++) {
         int len = n_prompt + i;
         int T = len < mc->ctx ? len : mc->ctx;
-        const int *window = out + len - T;
-        LOOM_TRY(loom_gpt_forward(s->model, window, NULL, 1, T, 0.0f, NULL));
-        const float *row = loom_gpt_logits(s->model) + (size_t)(T - 1) * mc->vocab_padded;
-        s->backend.ops->copy_to_host(s->backend.self, s->host_logits, row,
-                                     (size_t)mc->vocab * sizeof(float));
+        /* Sequence parallelism shards rows by tp: pad the window at its end (causal
+         * attention: later tokens cannot change the row we read). */
+        int mult = loom_gpt_row_multiple(s->model), Tp = (T + mult - 1) / mult * mult;
+        if (Tp > mc->ctx)
+            LOOM_FAIL(LOOM_ERR_INVALID, "sampling window %d rounds up to %d > ctx=%d under sequence "
+                      "parallelism", T, Tp, mc->ctx);
+        memcpy(s->tokens, out + len - T, (size_t)T * sizeof(int));
+        for (int j = T; j < Tp; j++)
+            s->tokens[j] = 0;
+        LOOM_TRY(loom_gpt_forward(s->model, s->tokens, NULL, 1, Tp, 0.0f, NULL));
+        LOOM_TRY(loom_gpt_logits_row(s->model, (size_t)(T - 1), s->host_logits));
         out[len] = draw_token(s->host_logits, mc->vocab, temperature, top_k,
                               loom_rng_uniform(seed, stream, (uint64_t)i));
     }

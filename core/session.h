@@ -30,6 +30,7 @@ typedef struct loom_session_config {
     const loom_plugin_config *optim;      /* resolved configs (see config.h) */
     const loom_plugin_config *precision;
     const loom_plugin_config *strategy;   /* the dp strategy when dp > 1, else NULL */
+    const loom_plugin_config *tensor;     /* the tp strategy when tp > 1, else NULL */
     int canonical;                        /* deterministic = "canonical" (grad_sync.h) */
 } loom_session_config;
 

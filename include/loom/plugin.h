@@ -24,7 +24,7 @@
 extern "C" {
 #endif
 
-#define LOOM_PLUGIN_ABI 1
+#define LOOM_PLUGIN_ABI 2 /* 2: strategy region hooks carry in/out buffers (tensor parallelism) */
 
 #if defined(_WIN32)
 #define LOOM_PLUGIN_EXPORT __declspec(dllexport)

@@ -177,6 +177,7 @@ local session_spec = {
   threads = { type = "integer", min = 0 },
   backend = { type = "string" },
   strategy = { type = "table", help = "{ name = \"dp\", ... } when dp > 1" },
+  tensor = { type = "table", help = "{ name = \"tp\", sequence_parallel = false } when tp > 1" },
   canonical = { type = "boolean", help = "fixed-order reductions (deterministic = \"canonical\")" },
 }
 local session_batch_spec = {
@@ -200,7 +201,7 @@ function loom.session(t, where)
     backend = t.backend or "cpu",
     optimizer = loom.plugin_table(t.optimizer, "optimizer", where),
     precision = loom.plugin_table(t.precision or "fp32", "precision", where),
-    strategy = t.strategy, canonical = t.canonical or false,
+    strategy = t.strategy, tensor = t.tensor, canonical = t.canonical or false,
   }
   local ok, s = pcall(core.session, cfg)
   if not ok then schema.fail(where, "%s", s) end

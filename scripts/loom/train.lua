@@ -28,6 +28,7 @@ local spec = {
   schedule = { type = "string" },
   microbatches = { type = "integer", min = 1 },
   deterministic = { type = "string", one_of = { "fast", "canonical" } },
+  tp_sequence_parallel = { type = "boolean", help = "with mesh.tp > 1: shard layernorms and residuals over the sequence" },
   eval = { type = "table", help = "{ every = N, batches = M }" },
   sample = { type = "table", help = "{ every = N, prompt = \"...\", tokens = 200 }" },
   log = { type = "table", help = "{ every = N, jsonl = \"run/metrics.jsonl\" }" },
@@ -75,6 +76,54 @@ local function accumulation(b, dp, where, origin)
   return b.global // per
 end
 
+-- The values in 1..limit that divide every number given, as "1, 2, 4".
+local function divisors(limit, ...)
+  local out = {}
+  for d = 1, limit do
+    local all = true
+    for _, n in ipairs({ ... }) do if n % d ~= 0 then all = false end end
+    if all then out[#out + 1] = tostring(d) end
+  end
+  return table.concat(out, ", ")
+end
+
+-- Tensor parallelism splits heads, the MLP width and the vocabulary rows; sequence
+-- parallelism the token rows; canonical mode sums in 8 fixed chunks (gpt.h).
+local function check_tp(t, where, origin, world)
+  local mesh = t.mesh or {}
+  local tp, m = mesh.tp or 1, t.model
+  local vp = m.vocab_padded or (m.vocab + 127) // 128 * 128
+  local rows = t.batch.micro * t.batch.seq
+  local function need(n, what)
+    if n % tp ~= 0 then
+      schema.fail(where, "mesh tp=%d%s does not divide %s=%d (tp may be %s)", tp,
+        origin("mesh.tp") or "", what, n, divisors(math.min(world, 64), m.heads, 4 * m.dim, vp))
+    end
+  end
+  need(m.heads, "heads")
+  need(m.dim, "dim")
+  need(4 * m.dim, "the MLP width 4 x dim")
+  need(vp, "the padded vocabulary")
+  if t.tp_sequence_parallel and tp > 1 and rows % tp ~= 0 then
+    schema.fail(where, "tp_sequence_parallel splits batch.micro x batch.seq = %d token rows over "
+      .. "tp=%d ranks: they must divide (tp may be %s)", rows, tp, divisors(math.min(world, 64), rows, m.heads))
+  end
+  if t.deterministic == "canonical" then
+    local chunks = 8
+    if chunks % tp ~= 0 then
+      schema.fail(where, "deterministic=\"canonical\" sums in %d fixed chunks: mesh tp=%d must "
+        .. "divide %d (tp may be 1, 2, 4 or 8)", chunks, tp, chunks)
+    end
+    for _, v in ipairs({ { m.dim, "model dim" }, { vp, "the padded vocabulary" },
+                         { rows, "batch.micro x batch.seq" } }) do
+      if v[1] % chunks ~= 0 then
+        schema.fail(where, "deterministic=\"canonical\" sums in %d fixed chunks: %s=%d must be a "
+          .. "multiple of %d", chunks, v[2], v[1], chunks)
+      end
+    end
+  end
+end
+
 local function check(t, where, origin, world)
   schema.check(t, spec, "", where, origin)
   schema.check(t.batch, batch_spec, "batch", where, origin)
@@ -86,9 +135,8 @@ local function check(t, where, origin, world)
       .. "loom launch -n %d, or change the mesh)", mesh.dp or 1, mesh.tp or 1, mesh.pp or 1,
       ranks, world, ranks)
   end
-  if (mesh.tp or 1) > 1 or (mesh.pp or 1) > 1 then
-    schema.fail(where, "mesh tp=%d pp=%d: tensor and pipeline parallelism are not in this build "
-      .. "yet (use tp = 1, pp = 1)", mesh.tp or 1, mesh.pp or 1)
+  if (mesh.pp or 1) > 1 then
+    schema.fail(where, "mesh pp=%d: pipeline parallelism is not in this build yet (use pp = 1)", mesh.pp)
   end
   for k in pairs(t.strategy or {}) do
     if k ~= "dp" then
@@ -108,6 +156,7 @@ local function check(t, where, origin, world)
     schema.fail(where, "batch.seq=%d is longer than the model's ctx=%d", t.batch.seq, t.model.ctx)
   end
   if type(t.lr) == "number" and t.lr <= 0 then schema.fail(where, "lr=%g must be > 0", t.lr) end
+  check_tp(t, where, origin, world)
 end
 
 return function(loom)
@@ -148,19 +197,23 @@ return function(loom)
       strategy = { name = "dp" }
       for k, v in pairs((t.strategy or {}).dp or {}) do strategy[k] = v end
     end
+    local tp = (t.mesh or {}).tp or 1
+    local tensor = tp > 1 and { name = "tp", sequence_parallel = t.tp_sequence_parallel or false } or nil
 
     local data = loom.open_data(t.data, where)
     local session = loom.session({
       model = t.model, optimizer = opt, precision = t.precision, seed = t.seed,
       grad_clip = t.grad_clip, threads = t.threads, backend = t.backend,
       batch = { micro = t.batch.micro, seq = t.batch.seq, accum = accum },
-      strategy = strategy, canonical = canonical,
+      strategy = strategy, tensor = tensor, canonical = canonical,
     }, where)
     local info = session:info()
     local say = rank == 0 and print or function() end
-    say(string.format("loom %s | gpt %s params (L=%d H=%d C=%d V=%d ctx=%d) | batch %dx%d x%d accum x%d dp%s | %s | %s",
+    say(string.format("loom %s | gpt %s params (L=%d H=%d C=%d V=%d ctx=%d) | batch %dx%d x%d accum x%d dp%s%s | %s | %s",
       loom.version, human(info.params), t.model.layers, t.model.heads, t.model.dim, t.model.vocab,
-      t.model.ctx, t.batch.micro, t.batch.seq, accum, dp, canonical and " (canonical)" or "",
+      t.model.ctx, t.batch.micro, t.batch.seq, accum, dp,
+      tp > 1 and string.format(" x%d tp%s", tp, t.tp_sequence_parallel and "+sp" or "") or "",
+      canonical and " (canonical)" or "",
       opt.name, info.backend))
 
     -- Resume: the newest complete checkpoint (auto) or the one named; exact by design:
@@ -214,7 +267,8 @@ return function(loom)
           top_k = t.sample.top_k, seed = t.sample.seed })
       end
       local stop = t.on_step and t.on_step(r) == false
-      if rank == 0 and t.checkpoint and t.checkpoint.every
+      -- collective: every rank calls save (dp rank 0 of each tp rank writes its files)
+      if t.checkpoint and t.checkpoint.every
           and (step % t.checkpoint.every == 0 or step == t.steps or stop) then
         save(step)
       end

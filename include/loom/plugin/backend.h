@@ -34,12 +34,19 @@ typedef struct loom_backend_ops {
     /* Wait for all queued work (no-op on CPU). */
     void (*synchronize)(void *self);
 
-    /* out (B,T,C) = wte[inp[b,t]] + wpe[t]. */
-    void (*encoder_forward)(float *out, const int *inp, const float *wte, const float *wpe,
-                            int B, int T, int C);
-    /* dwte, dwpe += scatter of dout (B,T,C). */
-    void (*encoder_backward)(float *dwte, float *dwpe, const float *dout, const int *inp,
-                             int B, int T, int C);
+    /* Token embedding over a vocabulary slice: wte holds rows [v0, v0+Vl) of the
+     * (padded) table. out (rows,C) = the row of inp[i] where held, 0 elsewhere (so the
+     * slices' outputs sum to the full lookup). One rank: v0 = 0, Vl = Vp. */
+    void (*embedding_forward)(float *out, const int *inp, const float *wte, int v0, int Vl,
+                              size_t rows, int C);
+    /* dwte (Vl,C) += dout rows of the held tokens, in row order. */
+    void (*embedding_backward)(float *dwte, const float *dout, const int *inp, int v0, int Vl,
+                               size_t rows, int C);
+    /* out (rows,C) += wpe[(row0 + i) % T] for row i: positions of rows [row0, row0+rows)
+     * of a (B,T) micro-batch (a sequence-parallel shard or all of it). */
+    void (*position_forward)(float *out, const float *wpe, size_t row0, size_t rows, int T, int C);
+    /* dwpe (T,C) += sum over b of dout[b,t] (B,T,C), b in order. */
+    void (*position_backward)(float *dwpe, const float *dout, int B, int T, int C);
     /* out (B,T,C), mean and rstd (B,T) saved for backward. eps = 1e-5. */
     void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
                               const float *weight, const float *bias, int B, int T, int C);
@@ -54,6 +61,11 @@ typedef struct loom_backend_ops {
      * (dbias skipped if NULL). */
     void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
                             const float *inp, const float *weight, int B, int T, int C, int OC);
+    /* Row-major C (M,N) = alpha * op(A) (M,K) @ op(B) (K,N) + beta * C, with leading
+     * dimensions (cblas_sgemm's contract): for products over a slice of a dimension, such
+     * as canonical mode's fixed chunks of a row-parallel layer's input features. */
+    void (*gemm)(int transa, int transb, int M, int N, int K, float alpha, const float *A,
+                 int lda, const float *B, int ldb, float beta, float *C, int ldc);
     /* Causal multi-head self-attention. qkv (B,T,3C) holds q,k,v side by side; out (B,T,C);
      * att (B,NH,T,T) softmax probabilities saved for backward. */
     void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C,
@@ -69,19 +81,47 @@ typedef struct loom_backend_ops {
     void (*residual_forward)(float *out, const float *a, const float *b, size_t n);
     /* acc += x over n values: a residual's gradient joining the main path. */
     void (*accumulate)(float *acc, const float *x, size_t n);
-    /* Fused softmax + cross-entropy over logits (B*T rows of Vp, only the first V real).
-     * losses[i] = -log softmax(logits[i,:V])[targets[i]]. If dloss != 0, logits is
-     * overwritten with its gradient dloss * (softmax - onehot), zero in the padded
-     * columns V..Vp-1 (llm.c's fused classifier); otherwise logits are left intact.
-     * A target outside [0,V) is ignored (loss 0, gradient 0). */
-    void (*crossentropy_forward_backward)(float *logits, float *losses, const int *targets,
-                                          float dloss, int BT, int V, int Vp);
+    /* Cross-entropy over the vocabulary, in passes, so that ranks each holding a slice of
+     * the vocabulary's columns (tensor parallelism's vocabulary-parallel head) can combine
+     * the row statistics between passes and never gather full logits. logits (BT,Vl) are
+     * this rank's columns [col0, col0+Vl) of the padded vocabulary; a column is real if its
+     * global index is < V, padding otherwise (never predicted: no probability, gradient 0).
+     * With one rank col0 = 0, Vl = Vp.
+     * 1. row_max[i] = max of row i over real columns (-INFINITY if this slice has none). */
+    void (*ce_row_max)(float *row_max, const float *logits, int BT, int Vl, int col0, int V);
+    /* 2. sumexp[i] = sum over real columns j in [c0, c1) (local indices) of
+     *    exp(logits[i,j] - row_max[i]), walked in order (overwrites). Canonical mode sums
+     *    fixed column chunks separately and adds the chunk sums in a fixed tree. */
+    void (*ce_row_sumexp)(float *sumexp, const float *logits, const float *row_max, int BT,
+                          int Vl, int col0, int V, int c0, int c1);
+    /*    tlogit[i] = logits[i, targets[i] - col0] if this slice holds the target, else 0
+     *    (overwrites; summed over ranks, exactly one contributes). */
+    void (*ce_target_logit)(float *tlogit, const float *logits, const int *targets, int BT,
+                            int Vl, int col0);
+    /* 3. losses[i] = log(sumexp[i]) + row_max[i] - tlogit[i] (the combined statistics).
+     *    If dloss != 0, logits is overwritten with dloss * (softmax - onehot) over real
+     *    columns and 0 over padding; otherwise left intact. A target outside [0,V) is
+     *    ignored (loss 0, gradient 0). */
+    void (*ce_finish)(float *logits, float *losses, const float *row_max, const float *sumexp,
+                      const float *tlogit, const int *targets, float dloss, int BT, int Vl,
+                      int col0, int V);
+    /* out (rows,cols) += bias (cols) on every row: a row-parallel layer's bias, added once
+     * after its partial sums are combined. */
+    void (*bias_add)(float *out, const float *bias, size_t rows, int cols);
+    /* dbias (cols) += column sums of dout (rows,cols), each column summed over rows in
+     * order (the same bits for any thread count). */
+    void (*bias_backward)(float *dbias, const float *dout, size_t rows, int cols);
     /* Sum of squares of n values, accumulated in double (for the grad norm). */
     double (*sum_squares)(const float *x, size_t n);
     /* 1 if any of n values is inf or nan. */
     int (*has_nonfinite)(const float *x, size_t n);
     /* x *= s over n values. */
     void (*scale)(float *x, float s, size_t n);
+    /* Canonical mode (on != 0): every matmul computes each output element as the same
+     * sequence of operations whatever M, N and the thread count are (only K and the data
+     * decide it), so a layer split by columns across ranks gives the bits of the unsplit
+     * one. Off: the fastest GEMM available. */
+    void (*set_deterministic)(void *self, int on);
 } loom_backend_ops;
 
 #ifdef __cplusplus

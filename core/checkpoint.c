@@ -3,8 +3,11 @@
  *
  * What not: no validation of data checksums when finding (that is load's job: find only
  * checks that a checkpoint is complete); no recursive deletion — a checkpoint directory
- * holds three plain files, and removal never descends into subdirectories, so a wrong
- * path can cost at most the plain files of one directory.
+ * holds plain files only (three, or 2 x tp + 1), and removal never descends into
+ * subdirectories, so a wrong path can cost at most the plain files of one directory.
+ * The collective part (loom_ckpt_save_source) exchanges small host buffers over the
+ * mesh's communicators (a communicator that only takes device memory, nccl, cannot
+ * carry it; checkpoints read the session's buffers as host memory anyway).
  * Invariants: nothing is visible under a step_* name before all its files and the
  * directory are fsynced; `latest` is written last; names in `latest` are checked to be
  * step_<digits> before use (no path traversal).
@@ -27,6 +30,8 @@
 #include <unistd.h>
 
 #include "checksum.h"
+#include "loom/plugin/comm.h"
+#include "plugin_loader.h"
 #include "json.h"
 #include "safetensors.h"
 #include "status.h"
@@ -229,16 +234,14 @@ static loom_status write_tensors(const char *path, const loom_param_table *t, co
     return st;
 }
 
-typedef struct file_sum { const char *name; uint64_t bytes, sum; } file_sum;
+typedef struct file_sum { char name[64]; uint64_t bytes, sum; } file_sum;
 
-static loom_status write_manifest(loom_session *s, const char *path, const loom_checkpoint_extra *x,
-                                  const char *config, size_t config_len, const file_sum *files)
+static loom_status write_manifest(const loom_ckpt_source *src, const char *path,
+                                  const loom_checkpoint_extra *x, const char *config,
+                                  size_t config_len, const file_sum *files, int n_files, int tp)
 {
-    loom_session_state ss;
-    loom_session_get_state(s, &ss);
-    uint32_t slots;
-    loom_session_optim_state(s, &slots);
-    const loom_gpt_config *mc = loom_gpt_get_config(loom_session_model(s));
+    const loom_session_state ss = src->state_info;
+    const loom_gpt_config *mc = &src->model;
     loom_strbuf b;
     loom_strbuf_init(&b);
     loom_strbuf_printf(&b, "{\n  \"format\": \"%s\",\n  \"version\": %d,\n  \"loom_version\": \"%s\",\n"
@@ -255,11 +258,12 @@ static loom_status write_manifest(loom_session *s, const char *path, const loom_
         loom_strbuf_printf(&b, "%s%" PRIu32, i ? ", " : "", bits);
     }
     loom_strbuf_puts(&b, "]},\n  \"optimizer\": {\"name\": ");
-    loom_json_write_string(&b, loom_session_optim_config(s)->desc->name);
-    loom_strbuf_printf(&b, ", \"slots\": %u},\n", slots);
+    loom_json_write_string(&b, src->optim_name);
+    loom_strbuf_printf(&b, ", \"slots\": %u},\n", src->slots);
     loom_strbuf_printf(&b, "  \"model\": {\"vocab\": %d, \"vocab_padded\": %d, \"ctx\": %d, "
                        "\"layers\": %d, \"heads\": %d, \"dim\": %d},\n", mc->vocab,
                        mc->vocab_padded, mc->ctx, mc->layers, mc->heads, mc->dim);
+    loom_strbuf_printf(&b, "  \"layout\": {\"tp\": %d},\n", tp);
     if (x->data_kind[0]) {
         loom_strbuf_puts(&b, "  \"data\": {\"kind\": ");
         loom_json_write_string(&b, x->data_kind);
@@ -271,9 +275,10 @@ static loom_status write_manifest(loom_session *s, const char *path, const loom_
         loom_strbuf_puts(&b, "  \"data\": null,\n");
     }
     loom_strbuf_puts(&b, "  \"files\": {\n");
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < n_files; i++)
         loom_strbuf_printf(&b, "    \"%s\": {\"bytes\": %" PRIu64 ", \"xxh64\": \"%016" PRIx64
-                           "\"}%s\n", files[i].name, files[i].bytes, files[i].sum, i ? "" : ",");
+                           "\"}%s\n", files[i].name, files[i].bytes, files[i].sum,
+                           i + 1 < n_files ? "," : "");
     loom_strbuf_puts(&b, "  },\n  \"config\": ");
     if (config)
         loom_strbuf_append(&b, config, config_len);
@@ -295,25 +300,19 @@ static loom_status write_manifest(loom_session *s, const char *path, const loom_
     return st;
 }
 
-/* Write the three files into tmp (an empty directory). */
-static loom_status write_all(loom_session *s, const char *tmp, const loom_checkpoint_extra *x,
-                             const char *config, size_t config_len)
+/* This rank's two tensor files (part `part` of a tp-way layout) into tmp. */
+static loom_status write_part(const loom_ckpt_source *src, const char *tmp, int part, int tp,
+                              file_sum files[2])
 {
     char path[PATH_MAX];
-    uint32_t slots;
-    const float *state = loom_session_optim_state(s, &slots);
-    loom_gpt *m = loom_session_model(s);
-    const loom_param_table *t = loom_gpt_params(m);
-    file_sum files[2] = {{LOOM_CKPT_MODEL_FILE, 0, 0}, {LOOM_CKPT_OPTIM_FILE, 0, 0}};
-    LOOM_TRY(join(path, sizeof path, tmp, LOOM_CKPT_MODEL_FILE));
-    LOOM_TRY(write_tensors(path, t, loom_gpt_param_data(m), 0, 0, NULL, &files[0].bytes,
+    loom_ckpt_file_name(files[0].name, sizeof files[0].name, "model", part, tp);
+    loom_ckpt_file_name(files[1].name, sizeof files[1].name, "optim", part, tp);
+    LOOM_TRY(join(path, sizeof path, tmp, files[0].name));
+    LOOM_TRY(write_tensors(path, src->table, src->params, 0, 0, NULL, &files[0].bytes,
                            &files[0].sum));
-    LOOM_TRY(join(path, sizeof path, tmp, LOOM_CKPT_OPTIM_FILE));
-    LOOM_TRY(write_tensors(path, t, state, slots, 1, loom_session_optim_config(s)->desc->name,
-                           &files[1].bytes, &files[1].sum));
-    LOOM_TRY(join(path, sizeof path, tmp, LOOM_CKPT_MANIFEST_FILE));
-    LOOM_TRY(write_manifest(s, path, x, config, config_len, files));
-    return fsync_dir(tmp);
+    LOOM_TRY(join(path, sizeof path, tmp, files[1].name));
+    return write_tensors(path, src->table, src->state, src->slots, 1, src->optim_name,
+                         &files[1].bytes, &files[1].sum);
 }
 
 /* Put tmp in place as final; an existing final is swapped out and deleted. */
@@ -458,13 +457,115 @@ static void apply_retention(const char *dir, int keep)
     fsync_dir(dir);
 }
 
-loom_status loom_checkpoint_save(loom_session *s, const char *dir, const loom_checkpoint_extra *x,
-                                 char *out_path, size_t len)
+/* --- the collective save ---------------------------------------------------------- */
+
+static loom_status g_bcast(const loom_ckpt_group *g, void *buf, size_t n, int root)
 {
+    if (!g->ops || g->size <= 1)
+        return LOOM_OK;
+    loom_comm_request *req = NULL;
+    LOOM_TRY(g->ops->broadcast_start(g->comm, buf, n, LOOM_DTYPE_U8, root, &req));
+    return g->ops->wait(g->comm, req);
+}
+
+static loom_status g_allgather(const loom_ckpt_group *g, const void *send, void *recv, size_t n)
+{
+    if (!g->ops || g->size <= 1) {
+        memcpy(recv, send, n);
+        return LOOM_OK;
+    }
+    loom_comm_request *req = NULL;
+    LOOM_TRY(g->ops->allgather_start(g->comm, send, recv, n, LOOM_DTYPE_U8, &req));
+    return g->ops->wait(g->comm, req);
+}
+
+/* What tp rank 0 tells the writers: the temp directory exists (and whose pid names it). */
+typedef struct hello { int32_t ok, pad; int64_t pid; } hello;
+
+/* What every writer tells tp rank 0 after writing its files. */
+typedef struct report {
+    int32_t status, pad;
+    file_sum files[2];
+    char msg[400];
+} report;
+
+static void report_status(report *r, loom_status st)
+{
+    r->status = (int32_t)st;
+    if (st != LOOM_OK)
+        snprintf(r->msg, sizeof r->msg, "%s", loom_last_error());
+}
+
+/* tp rank 0, all parts written: check they are there, write the manifest, install. */
+static loom_status finish(const loom_ckpt_source *src, const char *dir, const char *tmp,
+                          const char *final, const char *aside, const char *name,
+                          const loom_checkpoint_extra *x, const char *config, size_t config_len,
+                          const report *all, int tp)
+{
+    char path[PATH_MAX];
+    file_sum *files = calloc((size_t)2 * tp, sizeof *files);
+    if (!files)
+        return loom_fail(LOOM_ERR_NOMEM, "out of memory saving '%s'", final);
+    loom_status st = LOOM_OK;
+    for (int r = 0; r < tp && st == LOOM_OK; r++)
+        for (int k = 0; k < 2 && st == LOOM_OK; k++) {
+            file_sum f = all[r].files[k];
+            f.name[sizeof f.name - 1] = '\0';
+            char want[64];
+            loom_ckpt_file_name(want, sizeof want, k ? "optim" : "model", r, tp);
+            struct stat sb;
+            if (strcmp(f.name, want) != 0)
+                st = loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': tp rank %d reports file '%s', "
+                               "'%s' expected (do all ranks agree on the tp degree?)", tmp, r,
+                               f.name, want);
+            else if ((st = join(path, sizeof path, tmp, f.name)) == LOOM_OK &&
+                     (stat(path, &sb) != 0 || (uint64_t)sb.st_size != f.bytes))
+                st = loom_fail(LOOM_ERR_IO, "checkpoint '%s': tp rank %d wrote %" PRIu64 " bytes "
+                               "but this rank sees %s (is the directory on a file system all "
+                               "ranks share?)", path, r, f.bytes, "another size or no file");
+            files[r * 2 + k] = f;
+        }
+    /* manifest order: model files, then optim files */
+    file_sum *ordered = st == LOOM_OK ? calloc((size_t)2 * tp, sizeof *ordered) : NULL;
+    if (st == LOOM_OK && !ordered)
+        st = loom_fail(LOOM_ERR_NOMEM, "out of memory saving '%s'", final);
+    for (int r = 0; st == LOOM_OK && r < tp; r++) {
+        ordered[r] = files[r * 2];
+        ordered[tp + r] = files[r * 2 + 1];
+    }
+    if (st == LOOM_OK)
+        st = join(path, sizeof path, tmp, LOOM_CKPT_MANIFEST_FILE);
+    if (st == LOOM_OK)
+        st = write_manifest(src, path, x, config, config_len, ordered, 2 * tp, tp);
+    free(ordered);
+    free(files);
+    if (st == LOOM_OK)
+        st = fsync_dir(tmp);
+    if (st == LOOM_OK)
+        st = install(dir, tmp, final, aside);
+    if (st != LOOM_OK) {
+        char msg[2048];
+        snprintf(msg, sizeof msg, "%s", loom_last_error());
+        remove_flat(tmp);
+        return loom_fail(st, "%s", msg);
+    }
+    LOOM_TRY(write_latest(dir, name));
+    apply_retention(dir, x->keep);
+    return LOOM_OK;
+}
+
+loom_status loom_ckpt_save_source(const loom_ckpt_source *src, const loom_ckpt_groups *g,
+                                  const char *dir, const loom_checkpoint_extra *x,
+                                  char *out_path, size_t len)
+{
+    /* Argument checks: the same on every rank (same recipe), so all return here together. */
     if (x->step < 0 || x->keep < 0 || x->n_data_state < 0 || x->n_data_state > LOOM_DATA_STATE_MAX)
         return loom_fail(LOOM_ERR_INVALID, "checkpoint step=%" PRId64 " keep=%d data words=%d: "
                          "step and keep must be >= 0, data words 0 to %d", x->step, x->keep,
                          x->n_data_state, LOOM_DATA_STATE_MAX);
+    if (g->tp.size < 1 || g->tp.size > LOOM_CKPT_TP_MAX)
+        return loom_fail(LOOM_ERR_INVALID, "checkpoint: tp=%d (1 to %d supported)", g->tp.size,
+                         LOOM_CKPT_TP_MAX);
     const char *config = NULL;
     size_t config_len = 0;
     if (x->config_json) {
@@ -483,30 +584,125 @@ loom_status loom_checkpoint_save(loom_session *s, const char *dir, const loom_ch
     }
     char name[64], tmp_name[96], tmp[PATH_MAX], final[PATH_MAX], aside[PATH_MAX];
     snprintf(name, sizeof name, "step_%08" PRId64, x->step);
-    LOOM_TRY(mkdir_p(dir));
-    snprintf(tmp_name, sizeof tmp_name, ".tmp-%s.%ld", name, (long)getpid());
-    LOOM_TRY(join(tmp, sizeof tmp, dir, tmp_name));
     LOOM_TRY(join(final, sizeof final, dir, name));
-    snprintf(tmp_name, sizeof tmp_name, ".tmp-old-%s.%ld", name, (long)getpid());
-    LOOM_TRY(join(aside, sizeof aside, dir, tmp_name));
-    remove_flat(tmp);
-    if (mkdir(tmp, 0755) != 0)
-        return loom_fail(LOOM_ERR_IO, "cannot create '%s': %s", tmp, strerror(errno));
-    loom_status st = write_all(s, tmp, x, config, config_len);
-    if (st == LOOM_OK)
-        st = install(dir, tmp, final, aside);
-    if (st != LOOM_OK) {
-        char msg[2048];
-        snprintf(msg, sizeof msg, "%s", loom_last_error());
-        remove_flat(tmp);
-        return loom_fail(st, "%s", msg);
+    int tp = g->tp.size;
+    report *all = NULL;
+    /* From here on every rank takes part in every exchange whatever happens locally; only a
+     * failing exchange (the communicator's timeout or a dead peer) returns early. */
+    loom_status st = LOOM_OK;
+    int relayed = 0; /* st is another rank's failure passed on */
+    if (g->dp.rank == 0) {
+        hello h = {0, 0, (int64_t)getpid()};
+        if (g->tp.rank == 0) {
+            st = mkdir_p(dir);
+            if (st == LOOM_OK) {
+                snprintf(tmp_name, sizeof tmp_name, ".tmp-%s.%ld", name, (long)getpid());
+                st = join(tmp, sizeof tmp, dir, tmp_name);
+            }
+            if (st == LOOM_OK) {
+                snprintf(tmp_name, sizeof tmp_name, ".tmp-old-%s.%ld", name, (long)getpid());
+                st = join(aside, sizeof aside, dir, tmp_name);
+            }
+            if (st == LOOM_OK) {
+                remove_flat(tmp);
+                if (mkdir(tmp, 0755) != 0)
+                    st = loom_fail(LOOM_ERR_IO, "cannot create '%s': %s", tmp, strerror(errno));
+            }
+            h.ok = st == LOOM_OK;
+        }
+        LOOM_TRY(g_bcast(&g->tp, &h, sizeof h, 0));
+        if (st == LOOM_OK && !h.ok)
+            relayed = 1, st = loom_fail(LOOM_ERR_IO, "checkpoint '%s': tp rank 0 could not create the temporary "
+                           "directory (its message says why)", final);
+        snprintf(tmp_name, sizeof tmp_name, ".tmp-%s.%ld", name, (long)h.pid);
+        if (st == LOOM_OK)
+            st = join(tmp, sizeof tmp, dir, tmp_name);
+        report mine;
+        memset(&mine, 0, sizeof mine);
+        if (st == LOOM_OK)
+            st = write_part(src, tmp, g->tp.rank, tp, mine.files);
+        report_status(&mine, st);
+        if (!(all = calloc((size_t)tp, sizeof *all)))
+            return loom_fail(LOOM_ERR_NOMEM, "out of memory saving '%s'", final);
+        loom_status cst = g_allgather(&g->tp, &mine, all, sizeof mine);
+        if (cst != LOOM_OK) {
+            free(all);
+            return cst;
+        }
+        if (g->tp.rank == 0) {
+            for (int r = 0; r < tp && st == LOOM_OK; r++)
+                if (all[r].status != LOOM_OK) {
+                    all[r].msg[sizeof all[r].msg - 1] = '\0';
+                    relayed = 1;
+                    st = loom_fail((loom_status)all[r].status, "checkpoint '%s': tp rank %d could "
+                                   "not write its files: %s", final, r, all[r].msg);
+                }
+            if (st == LOOM_OK)
+                st = finish(src, dir, tmp, final, aside, name, x, config, config_len,
+                            all, tp);
+            else
+                remove_flat(tmp);
+        }
+        free(all);
     }
-    LOOM_TRY(write_latest(dir, name));
-    apply_retention(dir, x->keep);
+    /* Everyone learns everyone's outcome: no rank runs ahead, all fail if one did. */
+    int n_world = g->world.size > 0 ? g->world.size : 1;
+    int32_t mine_w[2] = {(int32_t)st, relayed}, (*outcome)[2] = calloc((size_t)n_world, sizeof *outcome);
+    if (!outcome)
+        return loom_fail(LOOM_ERR_NOMEM, "out of memory saving '%s'", final);
+    loom_status cst = g_allgather(&g->world, mine_w, outcome, sizeof mine_w);
+    int failed = -1; /* the first rank that failed on its own, else the first that failed */
+    for (int r = 0; cst == LOOM_OK && r < n_world; r++)
+        if (outcome[r][0] != LOOM_OK && (failed < 0 || (outcome[failed][1] && !outcome[r][1])))
+            failed = r;
+    loom_status other = failed >= 0 ? (loom_status)outcome[failed][0] : LOOM_OK;
+    free(outcome);
+    if (cst != LOOM_OK || st != LOOM_OK)
+        return cst != LOOM_OK ? cst : st;
+    if (failed >= 0)
+        return loom_fail(other, "checkpoint '%s': the save failed on world rank %d (its message "
+                         "says why)", final, failed);
     if (out_path && (size_t)snprintf(out_path, len, "%s", final) >= len)
         return loom_fail(LOOM_ERR_INVALID, "checkpoint path '%s' does not fit the caller's buffer "
                          "(%zu bytes)", final, len);
     return LOOM_OK;
+}
+
+static loom_status host_group(loom_group which, loom_ckpt_group *out)
+{
+    memset(out, 0, sizeof *out);
+    LOOM_TRY(loom_core_host()->group(which, &out->ops, &out->comm, &out->size));
+    if (!out->ops || !out->comm) {
+        out->ops = NULL;
+        out->comm = NULL;
+        out->size = 1;
+    }
+    out->rank = out->ops ? out->ops->rank(out->comm) : 0;
+    return LOOM_OK;
+}
+
+loom_status loom_checkpoint_save(loom_session *s, const char *dir, const loom_checkpoint_extra *x,
+                                 char *out_path, size_t len)
+{
+    loom_ckpt_source src;
+    memset(&src, 0, sizeof src);
+    loom_gpt *m = loom_session_model(s);
+    src.table = loom_gpt_params(m);
+    src.params = loom_gpt_param_data(m);
+    src.state = loom_session_optim_state(s, &src.slots);
+    src.optim_name = loom_session_optim_config(s)->desc->name;
+    src.model = *loom_gpt_get_config(m);
+    loom_session_get_state(s, &src.state_info);
+    loom_ckpt_groups g;
+    loom_ckpt_group pp;
+    LOOM_TRY(host_group(LOOM_GROUP_WORLD, &g.world));
+    LOOM_TRY(host_group(LOOM_GROUP_DP, &g.dp));
+    LOOM_TRY(host_group(LOOM_GROUP_TP, &g.tp));
+    LOOM_TRY(host_group(LOOM_GROUP_PP, &pp));
+    if (pp.size > 1)
+        return loom_fail(LOOM_ERR_UNSUPPORTED, "checkpoint: pipeline parallelism (pp=%d) is not "
+                         "supported by checkpoints yet", pp.size);
+    return loom_ckpt_save_source(&src, &g, dir, x, out_path, len);
 }
 
 loom_status loom_checkpoint_find(const char *dir, char *out, size_t len)

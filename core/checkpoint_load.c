@@ -2,11 +2,14 @@
  * session (see checkpoint.h).
  *
  * What: read the manifest (its own checksum, format, version), compare what it records
- * with the session (model config, optimizer, precision state size, data kind), read both
- * safetensors files whole and check size and checksum, parse them strictly, check every
- * tensor against the parameter table; only then change anything.
- * What not: no resharding (a slice other than the one this rank holds is refused), no
- * streaming (peak memory is the size of the two files).
+ * with the session (model config, optimizer, precision state size, data kind), read every
+ * safetensors file of its layout whole and check size and checksum, parse them strictly,
+ * and plan, for every parameter and optimizer slot this rank holds, which stored pieces
+ * (boxes of the logical tensor) fill its held slice: unknown tensors, other logical
+ * shapes, pieces that overlap without being replicas, and gaps are refused. Only then
+ * change anything, copying the intersections box by box.
+ * What not: no streaming and no selective reading (every rank reads all files of the
+ * checkpoint: peak memory is their total size); no communication.
  * Invariants: on any failure the session and the data source are as they were; every
  * message names the file (and the field) it is about.
  */
@@ -161,19 +164,43 @@ static loom_status file_record(const char *mpath, const loom_json *root, const c
     return LOOM_OK;
 }
 
+void loom_ckpt_file_name(char *out, size_t len, const char *kind, int part, int tp)
+{
+    if (tp <= 1)
+        snprintf(out, len, "%s.safetensors", kind);
+    else
+        snprintf(out, len, "%s.tp%d.safetensors", kind, part);
+}
+
+/* layout.tp of the manifest (1 when there is no layout: checkpoints before tp). */
+static loom_status read_layout(const char *mpath, const loom_json *root, int *tp)
+{
+    const loom_json *l = loom_json_get(root, "layout");
+    int64_t v = 1;
+    *tp = 1;
+    if (!l)
+        return LOOM_OK;
+    if (l->type != LOOM_JSON_OBJECT || !loom_json_int64(loom_json_get(l, "tp"), &v) || v < 1 ||
+        v > LOOM_CKPT_TP_MAX)
+        return bad(mpath, "manifest layout must be {\"tp\": <1 to %d>}", LOOM_CKPT_TP_MAX);
+    *tp = (int)v;
+    return LOOM_OK;
+}
+
 int loom_ckpt_is_complete(const char *ckpt_dir)
 {
     loom_json_doc *doc;
-    char *text, path[PATH_MAX];
+    char *text, path[PATH_MAX], name[64];
+    int tp;
     if (loom_ckpt_manifest_open(ckpt_dir, &doc, &text) != LOOM_OK)
         return 0;
-    int ok = 1;
-    const char *names[2] = {LOOM_CKPT_MODEL_FILE, LOOM_CKPT_OPTIM_FILE};
-    for (int i = 0; i < 2 && ok; i++) {
+    int ok = read_layout(ckpt_dir, loom_json_root(doc), &tp) == LOOM_OK;
+    for (int i = 0; i < 2 * tp && ok; i++) {
         uint64_t bytes, sum;
         struct stat sb;
-        snprintf(path, sizeof path, "%s/%s", ckpt_dir, names[i]);
-        ok = file_record(path, loom_json_root(doc), names[i], &bytes, &sum) == LOOM_OK &&
+        loom_ckpt_file_name(name, sizeof name, i < tp ? "model" : "optim", i % tp, tp);
+        snprintf(path, sizeof path, "%s/%s", ckpt_dir, name);
+        ok = file_record(path, loom_json_root(doc), name, &bytes, &sum) == LOOM_OK &&
              stat(path, &sb) == 0 && S_ISREG(sb.st_mode) && (uint64_t)sb.st_size == bytes;
     }
     loom_json_free(doc);
@@ -181,15 +208,388 @@ int loom_ckpt_is_complete(const char *ckpt_dir)
     return ok;
 }
 
+/* --- tensor files and the remap of stored pieces onto held slices -------------------- */
+
+typedef struct tfile {
+    char path[PATH_MAX];
+    unsigned char *bytes;
+    size_t size;
+    loom_st_file *f;
+} tfile;
+
+/* One stored tensor: a box (start, len) of the logical tensor `target` refers to. */
+typedef struct piece {
+    int target;     /* entry index * per + slot */
+    int file;       /* index into the kind's files */
+    int seq;        /* order in the file, for a stable sort */
+    const loom_st_entry *te;
+    int64_t start[LOOM_PARAM_MAX_DIMS], len[LOOM_PARAM_MAX_DIMS];
+    int use;        /* copied: overlaps the held slice and is not a later replica */
+} piece;
+
+typedef struct plan {
+    piece *p;
+    int n;
+} plan;
+
+typedef struct tensor_set {
+    int tp;
+    tfile *files;   /* model files 0..tp-1, then optim files */
+    plan model, optim;
+} tensor_set;
+
+static void tensors_free(tensor_set *ts)
+{
+    for (int i = 0; ts->files && i < 2 * ts->tp; i++) {
+        loom_safetensors_free(ts->files[i].f);
+        free(ts->files[i].bytes);
+    }
+    free(ts->files);
+    free(ts->model.p);
+    free(ts->optim.p);
+    memset(ts, 0, sizeof *ts);
+}
+
+static loom_status read_tensors(const char *mpath, const loom_json *root, const char *name,
+                                tfile *tf)
+{
+    uint64_t want_bytes, want_sum;
+    LOOM_TRY(file_record(mpath, root, name, &want_bytes, &want_sum));
+    LOOM_TRY(loom_ckpt_read_file(tf->path, SIZE_MAX - 1, &tf->bytes, &tf->size));
+    if (tf->size != want_bytes)
+        return bad(tf->path, "the file is %zu bytes but the manifest records %" PRIu64, tf->size,
+                   want_bytes);
+    uint64_t h = loom_xxh64(tf->bytes, tf->size);
+    if (h != want_sum)
+        return bad(tf->path, "checksum xxh64 %016" PRIx64 " but the manifest records %016" PRIx64
+                   " (the file was changed or damaged)", h, want_sum);
+    return loom_safetensors_parse("checkpoint", tf->path, tf->bytes, tf->size, &tf->f);
+}
+
+static void format_dims(char *buf, size_t len, const int64_t *d, int n)
+{
+    size_t at = (size_t)snprintf(buf, len, "[");
+    for (int i = 0; i < n && at < len; i++)
+        at += (size_t)snprintf(buf + at, len - at, "%s%" PRId64, i ? ", " : "", d[i]);
+    if (at < len)
+        snprintf(buf + at, len - at, "]");
+}
+
+/* Stored tensor name -> (entry index, slot); -1 if it is not part of the table. */
+static int target_of(const loom_param_table *t, const char *tname, uint32_t per, int is_optim,
+                     int *slot)
+{
+    char base[LOOM_PARAM_NAME_MAX + 16];
+    *slot = 0;
+    if ((size_t)snprintf(base, sizeof base, "%s", tname) >= sizeof base)
+        return -1;
+    if (is_optim) {
+        char *dot = strrchr(base, '.');
+        if (!dot || strncmp(dot, ".state", 6) != 0 || !dot[6] || strspn(dot + 6, "0123456789") !=
+            strlen(dot + 6) || strlen(dot + 6) > 9)
+            return -1;
+        unsigned long k = strtoul(dot + 6, NULL, 10);
+        if (k >= per)
+            return -1;
+        *slot = (int)k;
+        *dot = '\0';
+    }
+    for (int i = 0; i < t->count; i++)
+        if (strcmp(t->entries[i].name, base) == 0)
+            return i;
+    return -1;
+}
+
+/* The piece's box from the tensor's shape and its __metadata__ layout, checked against the
+ * entry's logical shape. */
+static loom_status read_piece(const tfile *tf, const loom_st_entry *te, const loom_param_entry *e,
+                              piece *pc)
+{
+    if (strcmp(te->dtype, "F32") != 0 && strcmp(te->dtype, "BF16") != 0)
+        return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': tensor '%s' is %s (F32 or BF16 "
+                         "expected)", tf->path, te->name, te->dtype);
+    const char *meta = loom_safetensors_meta(tf->f, te->name);
+    loom_json_doc *doc = NULL;
+    if (!meta || loom_json_parse(meta, strlen(meta), NULL, &doc, NULL) != LOOM_OK) {
+        loom_json_free(doc);
+        return bad(tf->path, "__metadata__ has no valid layout {\"shape\", \"slice_start\"} for '%s'",
+                   te->name);
+    }
+    const loom_json *shape = loom_json_get_type(loom_json_root(doc), "shape", LOOM_JSON_ARRAY);
+    const loom_json *start = loom_json_get_type(loom_json_root(doc), "slice_start", LOOM_JSON_ARRAY);
+    int64_t logical[LOOM_ST_MAX_DIMS];
+    int ok = shape && start && shape->count == (size_t)te->ndim && start->count == (size_t)te->ndim &&
+             te->ndim >= 1 && te->ndim <= LOOM_ST_MAX_DIMS;
+    for (int d = 0; ok && d < te->ndim; d++) {
+        int64_t b;
+        ok = loom_json_int64(&shape->items[d], &logical[d]) && loom_json_int64(&start->items[d], &b) &&
+             logical[d] >= 0 && b >= 0 && b <= logical[d] && te->shape[d] <= logical[d] - b;
+        if (ok && d < LOOM_PARAM_MAX_DIMS) {
+            pc->start[d] = b;
+            pc->len[d] = te->shape[d];
+        }
+    }
+    loom_json_free(doc);
+    if (!ok)
+        return bad(tf->path, "tensor '%s': __metadata__ layout %.200s is not {\"shape\": [..], "
+                   "\"slice_start\": [..]} with one entry per dim and the stored slice inside the "
+                   "shape", te->name, meta);
+    int same = te->ndim == e->ndim;
+    for (int d = 0; same && d < e->ndim; d++)
+        same = logical[d] == e->shape[d];
+    if (!same) {
+        char have[128], want[128];
+        format_dims(have, sizeof have, logical, te->ndim);
+        format_dims(want, sizeof want, e->shape, e->ndim);
+        return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': tensor '%s' has logical shape %s but "
+                         "this run's model has %s", tf->path, te->name, have, want);
+    }
+    return LOOM_OK;
+}
+
+static int by_target(const void *a, const void *b)
+{
+    const piece *x = a, *y = b;
+    if (x->target != y->target)
+        return (x->target > y->target) - (x->target < y->target);
+    if (x->file != y->file)
+        return (x->file > y->file) - (x->file < y->file);
+    return (x->seq > y->seq) - (x->seq < y->seq);
+}
+
+static int same_box(const piece *a, const piece *b, int nd)
+{
+    for (int d = 0; d < nd; d++)
+        if (a->start[d] != b->start[d] || a->len[d] != b->len[d])
+            return 0;
+    return 1;
+}
+
+/* Elements in the intersection of box (s1, l1) and box (s2, l2). */
+static uint64_t overlap(const int64_t *s1, const int64_t *l1, const int64_t *s2, const int64_t *l2,
+                        int nd)
+{
+    uint64_t v = 1;
+    for (int d = 0; d < nd; d++) {
+        int64_t lo = s1[d] > s2[d] ? s1[d] : s2[d];
+        int64_t hi = s1[d] + l1[d] < s2[d] + l2[d] ? s1[d] + l1[d] : s2[d] + l2[d];
+        if (hi <= lo)
+            return 0;
+        v *= (uint64_t)(hi - lo);
+    }
+    return v;
+}
+
+static void format_box(char *buf, size_t len, const int64_t *start, const int64_t *l, int nd)
+{
+    char a[96], b[96];
+    format_dims(a, sizeof a, start, nd);
+    format_dims(b, sizeof b, l, nd);
+    snprintf(buf, len, "start %s len %s", a, b);
+}
+
+/* files[0..n) of one kind -> the pieces every target (entry x slot) is assembled from.
+ * Refuses unknown tensors, other logical shapes, inconsistent overlaps and gaps. */
+static loom_status make_plan(const tfile *files, int n, const loom_param_table *t, uint32_t per,
+                             int is_optim, plan *pl)
+{
+    const char *what = is_optim ? "optimizer state" : "model";
+    int total = 0;
+    for (int j = 0; j < n; j++)
+        total += loom_safetensors_count(files[j].f);
+    pl->n = 0;
+    if (!(pl->p = calloc((size_t)total + 1, sizeof *pl->p)))
+        return loom_fail(LOOM_ERR_NOMEM, "out of memory reading checkpoint '%s'", files[0].path);
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < loom_safetensors_count(files[j].f); i++) {
+            const loom_st_entry *te = loom_safetensors_entry(files[j].f, i);
+            int slot, ei = target_of(t, te->name, per, is_optim, &slot);
+            if (ei < 0)
+                return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': tensor '%s' is not part of "
+                                 "this run's %s", files[j].path, te->name, what);
+            piece *pc = &pl->p[pl->n++];
+            pc->target = ei * (int)per + slot;
+            pc->file = j;
+            pc->seq = i;
+            pc->te = te;
+            LOOM_TRY(read_piece(&files[j], te, &t->entries[ei], pc));
+        }
+    qsort(pl->p, (size_t)pl->n, sizeof *pl->p, by_target);
+    char name[LOOM_PARAM_NAME_MAX + 16], b1[256], b2[256];
+    int at = 0;
+    for (int target = 0; target < t->count * (int)per; target++) {
+        const loom_param_entry *e = &t->entries[target / (int)per];
+        if (is_optim)
+            snprintf(name, sizeof name, "%s.state%d", e->name, target % (int)per);
+        else
+            snprintf(name, sizeof name, "%s", e->name);
+        int first = at;
+        while (at < pl->n && pl->p[at].target == target)
+            at++;
+        if (first == at) {
+            if (n == 1)
+                return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': tensor '%s' is missing (this "
+                                 "run's %s has it)", files[0].path, name, what);
+            return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s' and the other %d files of its tp=%d "
+                             "layout: tensor '%s' is missing (this run's %s has it)", files[0].path,
+                             n - 1, n, name, what);
+        }
+        uint64_t covered = 0;
+        for (int i = first; i < at; i++) {
+            piece *a = &pl->p[i];
+            int replica = 0;
+            for (int k = first; k < i && !replica; k++) {
+                const piece *b = &pl->p[k];
+                if (same_box(a, b, e->ndim))
+                    replica = 1;
+                else if (overlap(a->start, a->len, b->start, b->len, e->ndim)) {
+                    format_box(b1, sizeof b1, b->start, b->len, e->ndim);
+                    format_box(b2, sizeof b2, a->start, a->len, e->ndim);
+                    return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': tensor '%s' (%s) overlaps "
+                                     "its piece in '%s' (%s) without being the same slice: the "
+                                     "stored pieces are inconsistent", files[a->file].path, name,
+                                     b2, files[b->file].path, b1);
+                }
+            }
+            uint64_t v = replica ? 0 : overlap(a->start, a->len, e->slice_start, e->slice_len, e->ndim);
+            a->use = v > 0;
+            covered += v;
+        }
+        if (covered != (uint64_t)e->numel) {
+            format_box(b1, sizeof b1, e->slice_start, e->slice_len, e->ndim);
+            format_dims(b2, sizeof b2, e->shape, e->ndim);
+            return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s'%s: the stored pieces of tensor '%s' "
+                             "cover %" PRIu64 " of the %zu elements this rank holds (%s of %s): a "
+                             "piece is missing", files[0].path, n > 1 ? " and its other tp files" : "",
+                             name, covered, e->numel, b1, b2);
+        }
+    }
+    return LOOM_OK;
+}
+
+/* Copy the intersection of the source box (its data at src, F32 or BF16 little-endian,
+ * row-major in its box) and the destination box (dst, row-major in its box). */
+static void copy_box(float *dst, const int64_t *ds, const int64_t *dl, const unsigned char *src,
+                     int bf16, const int64_t *ss, const int64_t *sl, int nd)
+{
+    int64_t lo[LOOM_PARAM_MAX_DIMS], hi[LOOM_PARAM_MAX_DIMS], idx[LOOM_PARAM_MAX_DIMS];
+    int64_t dstr[LOOM_PARAM_MAX_DIMS], sstr[LOOM_PARAM_MAX_DIMS];
+    for (int d = 0; d < nd; d++) {
+        lo[d] = ds[d] > ss[d] ? ds[d] : ss[d];
+        hi[d] = ds[d] + dl[d] < ss[d] + sl[d] ? ds[d] + dl[d] : ss[d] + sl[d];
+        if (hi[d] <= lo[d])
+            return;
+        idx[d] = lo[d];
+    }
+    dstr[nd - 1] = sstr[nd - 1] = 1;
+    for (int d = nd - 2; d >= 0; d--) {
+        dstr[d] = dstr[d + 1] * dl[d + 1];
+        sstr[d] = sstr[d + 1] * sl[d + 1];
+    }
+    int64_t run = hi[nd - 1] - lo[nd - 1];
+    for (;;) {
+        int64_t doff = 0, soff = 0;
+        for (int d = 0; d < nd; d++) {
+            doff += (idx[d] - ds[d]) * dstr[d];
+            soff += (idx[d] - ss[d]) * sstr[d];
+        }
+        if (!bf16) {
+            memcpy(dst + doff, src + soff * 4, (size_t)run * 4);
+        } else {
+            for (int64_t i = 0; i < run; i++) {
+                uint16_t h;
+                memcpy(&h, src + (soff + i) * 2, 2);
+                uint32_t bits = (uint32_t)h << 16;
+                memcpy(dst + doff + i, &bits, 4);
+            }
+        }
+        int d = nd - 2;
+        while (d >= 0 && ++idx[d] == hi[d])
+            idx[d] = lo[d], d--;
+        if (d < 0)
+            break;
+    }
+}
+
+/* Everything is validated: the copies cannot fail. */
+static void apply_plan(const plan *pl, const tfile *files, const loom_param_table *t, uint32_t per,
+                       float *dst)
+{
+    for (int i = 0; i < pl->n; i++) {
+        const piece *pc = &pl->p[i];
+        if (!pc->use)
+            continue;
+        const loom_param_entry *e = &t->entries[pc->target / (int)per];
+        int slot = pc->target % (int)per;
+        const unsigned char *bytes = files[pc->file].bytes;
+        uint64_t header = 0;
+        for (int k = 7; k >= 0; k--)
+            header = header << 8 | bytes[k];
+        const unsigned char *src = bytes + 8 + header + pc->te->begin;
+        float *out = dst + (size_t)per * e->offset + (size_t)slot * e->numel;
+        copy_box(out, e->slice_start, e->slice_len, src, strcmp(pc->te->dtype, "BF16") == 0,
+                 pc->start, pc->len, e->ndim);
+    }
+}
+
+/* Read and check every tensor file the manifest's layout names, then plan both kinds. */
+static loom_status tensors_open(const char *dir, const char *mpath, const loom_json *root,
+                                const loom_param_table *t, uint32_t slots, tensor_set *ts)
+{
+    memset(ts, 0, sizeof *ts);
+    int tp;
+    LOOM_TRY(read_layout(mpath, root, &tp));
+    if (!(ts->files = calloc((size_t)2 * tp, sizeof *ts->files)))
+        return loom_fail(LOOM_ERR_NOMEM, "out of memory reading checkpoint '%s'", dir);
+    ts->tp = tp;
+    char name[64];
+    for (int i = 0; i < 2 * tp; i++) {
+        loom_ckpt_file_name(name, sizeof name, i < tp ? "model" : "optim", i % tp, tp);
+        if ((size_t)snprintf(ts->files[i].path, sizeof ts->files[i].path, "%s/%s", dir, name) >=
+            sizeof ts->files[i].path)
+            return loom_fail(LOOM_ERR_INVALID, "checkpoint path '%s' is too long", dir);
+        LOOM_TRY(read_tensors(mpath, root, name, &ts->files[i]));
+    }
+    LOOM_TRY(make_plan(ts->files, tp, t, 1, 0, &ts->model));
+    return make_plan(ts->files + tp, tp, t, slots, 1, &ts->optim);
+}
+
+static void tensors_copy(const tensor_set *ts, const loom_param_table *t, uint32_t slots,
+                         float *params, float *state)
+{
+    apply_plan(&ts->model, ts->files, t, 1, params);
+    if (slots)
+        apply_plan(&ts->optim, ts->files + ts->tp, t, slots, state);
+}
+
+loom_status loom_ckpt_load_tensors(const char *ckpt_dir, const loom_param_table *t, uint32_t slots,
+                                   float *params, float *state)
+{
+    char mpath[PATH_MAX], *text = NULL;
+    loom_json_doc *doc = NULL;
+    tensor_set ts;
+    memset(&ts, 0, sizeof ts);
+    if ((size_t)snprintf(mpath, sizeof mpath, "%s/%s", ckpt_dir, LOOM_CKPT_MANIFEST_FILE) >= sizeof mpath)
+        return loom_fail(LOOM_ERR_INVALID, "checkpoint path '%s' is too long", ckpt_dir);
+    loom_status st = loom_ckpt_manifest_open(ckpt_dir, &doc, &text);
+    if (st == LOOM_OK)
+        st = tensors_open(ckpt_dir, mpath, loom_json_root(doc), t, slots, &ts);
+    if (st == LOOM_OK)
+        tensors_copy(&ts, t, slots, params, state);
+    tensors_free(&ts);
+    loom_json_free(doc);
+    free(text);
+    return st;
+}
+
 /* --- one load ---------------------------------------------------------------------- */
 
 typedef struct loaded {
     const char *dir;
-    char mpath[PATH_MAX], model_path[PATH_MAX], optim_path[PATH_MAX];
+    char mpath[PATH_MAX];
     loom_json_doc *doc;
     char *manifest;
-    unsigned char *model_bytes, *optim_bytes;
-    loom_st_file *model, *optim;
+    tensor_set ts;
     loom_checkpoint_extra x;
     char *config;
     loom_session_state state;
@@ -199,10 +599,7 @@ static void loaded_free(loaded *ld)
 {
     loom_json_free(ld->doc);
     free(ld->manifest);
-    loom_safetensors_free(ld->model);
-    loom_safetensors_free(ld->optim);
-    free(ld->model_bytes);
-    free(ld->optim_bytes);
+    tensors_free(&ld->ts);
     free(ld->config);
 }
 
@@ -305,125 +702,17 @@ static loom_status read_state(loaded *ld, const loom_json *root, loom_session *s
     return LOOM_OK;
 }
 
-static loom_status read_tensors(loaded *ld, const char *name, const char *path,
-                                unsigned char **bytes, loom_st_file **f)
-{
-    uint64_t want_bytes, want_sum;
-    size_t n;
-    LOOM_TRY(file_record(ld->mpath, loom_json_root(ld->doc), name, &want_bytes, &want_sum));
-    LOOM_TRY(loom_ckpt_read_file(path, SIZE_MAX - 1, bytes, &n));
-    if (n != want_bytes)
-        return bad(path, "the file is %zu bytes but the manifest records %" PRIu64, n, want_bytes);
-    uint64_t h = loom_xxh64(*bytes, n);
-    if (h != want_sum)
-        return bad(path, "checksum xxh64 %016" PRIx64 " but the manifest records %016" PRIx64
-                   " (the file was changed or damaged)", h, want_sum);
-    return loom_safetensors_parse("checkpoint", path, *bytes, n, f);
-}
-
-static void format_dims(char *buf, size_t len, const int64_t *d, int n)
-{
-    size_t at = (size_t)snprintf(buf, len, "[");
-    for (int i = 0; i < n && at < len; i++)
-        at += (size_t)snprintf(buf + at, len - at, "%s%" PRId64, i ? ", " : "", d[i]);
-    if (at < len)
-        snprintf(buf + at, len - at, "]");
-}
-
-/* Tensor `tname` of f must be the held slice of e; its metadata the logical layout. */
-static loom_status check_tensor(const char *path, const loom_st_file *f, const char *tname,
-                                const loom_param_entry *e)
-{
-    const loom_st_entry *t = loom_safetensors_find(f, tname);
-    char have[128], want[128];
-    if (!t)
-        return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': tensor '%s' is missing (this run's "
-                         "model has it)", path, tname);
-    if (strcmp(t->dtype, "F32") != 0 && strcmp(t->dtype, "BF16") != 0)
-        return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': tensor '%s' is %s (F32 or BF16 "
-                         "expected)", path, tname, t->dtype);
-    int same = t->ndim == e->ndim;
-    for (int d = 0; same && d < e->ndim; d++)
-        same = t->shape[d] == e->slice_len[d];
-    if (!same) {
-        format_dims(have, sizeof have, t->shape, t->ndim);
-        format_dims(want, sizeof want, e->slice_len, e->ndim);
-        return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': tensor '%s' has shape %s but this "
-                         "run's model holds %s", path, tname, have, want);
-    }
-    const char *meta = loom_safetensors_meta(f, tname);
-    loom_json_doc *doc = NULL;
-    if (!meta || loom_json_parse(meta, strlen(meta), NULL, &doc, NULL) != LOOM_OK) {
-        loom_json_free(doc);
-        return bad(path, "__metadata__ has no valid layout {\"shape\", \"slice_start\"} for '%s'", tname);
-    }
-    const loom_json *shape = loom_json_get_type(loom_json_root(doc), "shape", LOOM_JSON_ARRAY);
-    const loom_json *start = loom_json_get_type(loom_json_root(doc), "slice_start", LOOM_JSON_ARRAY);
-    same = shape && start && shape->count == (size_t)e->ndim && start->count == (size_t)e->ndim;
-    for (int d = 0; same && d < e->ndim; d++) {
-        int64_t a, b;
-        same = loom_json_int64(&shape->items[d], &a) && loom_json_int64(&start->items[d], &b) &&
-               a == e->shape[d] && b == e->slice_start[d];
-    }
-    loom_json_free(doc);
-    if (!same)
-        return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': tensor '%s' was saved as layout %s; "
-                         "this run holds another slice or logical shape (resharding is not "
-                         "supported yet)", path, tname, meta);
-    return LOOM_OK;
-}
-
-/* Every expected tensor present and right, and nothing else. */
-static loom_status check_file(const char *path, const loom_st_file *f, const loom_param_table *t,
-                              uint32_t per, int is_optim)
-{
-    char name[LOOM_PARAM_NAME_MAX + 16];
-    for (int i = 0; i < t->count; i++)
-        for (uint32_t k = 0; k < per; k++) {
-            if (is_optim)
-                snprintf(name, sizeof name, "%s.state%u", t->entries[i].name, k);
-            else
-                snprintf(name, sizeof name, "%s", t->entries[i].name);
-            LOOM_TRY(check_tensor(path, f, name, &t->entries[i]));
-        }
-    if ((size_t)loom_safetensors_count(f) != (size_t)t->count * per) {
-        /* all expected ones are there, so some other name is not */
-        for (int j = 0; j < loom_safetensors_count(f); j++) {
-            const char *tn = loom_safetensors_entry(f, j)->name;
-            char base[LOOM_PARAM_NAME_MAX + 16];
-            snprintf(base, sizeof base, "%s", tn);
-            char *dot = is_optim ? strrchr(base, '.') : NULL;
-            unsigned long k = 0;
-            if (dot && strncmp(dot, ".state", 6) == 0) {
-                k = strtoul(dot + 6, NULL, 10);
-                *dot = '\0';
-            }
-            if (!loom_params_find(t, base) || (is_optim && (!dot || k >= per)))
-                return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': tensor '%s' is not part of "
-                                 "this run's %s", path, tn, is_optim ? "optimizer state" : "model");
-        }
-        return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': %d tensors, %zu expected", path,
-                         loom_safetensors_count(f), (size_t)t->count * per);
-    }
-    return LOOM_OK;
-}
-
 static loom_status validate(loaded *ld, loom_session *s, const loom_data *data)
 {
-    snprintf(ld->model_path, sizeof ld->model_path, "%s/%s", ld->dir, LOOM_CKPT_MODEL_FILE);
-    snprintf(ld->optim_path, sizeof ld->optim_path, "%s/%s", ld->dir, LOOM_CKPT_OPTIM_FILE);
     LOOM_TRY(loom_ckpt_manifest_open(ld->dir, &ld->doc, &ld->manifest));
     const loom_json *root = loom_json_root(ld->doc);
     LOOM_TRY(check_model_config(ld, root, s));
     LOOM_TRY(check_optimizer(ld, root, s));
     LOOM_TRY(read_state(ld, root, s, data));
-    LOOM_TRY(read_tensors(ld, LOOM_CKPT_MODEL_FILE, ld->model_path, &ld->model_bytes, &ld->model));
-    LOOM_TRY(read_tensors(ld, LOOM_CKPT_OPTIM_FILE, ld->optim_path, &ld->optim_bytes, &ld->optim));
     uint32_t slots;
     loom_session_optim_state(s, &slots);
-    const loom_param_table *t = loom_gpt_params(loom_session_model(s));
-    LOOM_TRY(check_file(ld->model_path, ld->model, t, 1, 0));
-    return check_file(ld->optim_path, ld->optim, t, slots, 1);
+    return tensors_open(ld->dir, ld->mpath, root, loom_gpt_params(loom_session_model(s)), slots,
+                        &ld->ts);
 }
 
 /* Everything is validated: the copies cannot fail. */
@@ -432,20 +721,7 @@ static void copy_in(const loaded *ld, loom_session *s)
     uint32_t slots;
     float *state = loom_session_optim_state(s, &slots);
     loom_gpt *m = loom_session_model(s);
-    float *params = loom_gpt_param_data(m);
-    const loom_param_table *t = loom_gpt_params(m);
-    char name[LOOM_PARAM_NAME_MAX + 16];
-    for (int i = 0; i < t->count; i++) {
-        const loom_param_entry *e = &t->entries[i];
-        loom_safetensors_copy_f32(ld->model, loom_safetensors_find(ld->model, e->name),
-                                  params + e->offset, e->numel);
-        for (uint32_t k = 0; k < slots; k++) {
-            snprintf(name, sizeof name, "%s.state%u", e->name, k);
-            loom_safetensors_copy_f32(ld->optim, loom_safetensors_find(ld->optim, name),
-                                      state + (size_t)slots * e->offset + (size_t)k * e->numel,
-                                      e->numel);
-        }
-    }
+    tensors_copy(&ld->ts, loom_gpt_params(m), slots, loom_gpt_param_data(m), state);
 }
 
 loom_status loom_checkpoint_load_data(loom_session *s, const char *ckpt_path, loom_data *data,

@@ -32,7 +32,8 @@ static void data_position(loom_data *d, loom_checkpoint_extra *x)
 }
 
 /* s:save(dir, {step=, config_json=, data=, keep=}) -> path of the new checkpoint.
- * step defaults to the optimizer steps taken; keep to 0 (keep all). */
+ * step defaults to the optimizer steps taken; keep to 0 (keep all). Collective in a
+ * multi-rank run: every rank calls it with the same arguments (checkpoint.h). */
 static int l_save(lua_State *L)
 {
     loom_session *s = loom_lua_check_session(L, 1);

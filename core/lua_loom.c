@@ -362,7 +362,8 @@ static int l_session_sample(lua_State *L)
     return 1;
 }
 
-/* s:info() -> {params=, backend=, steps=} */
+/* s:info() -> {params=, param_bytes=, vocab_padded=, backend=, steps=}; params counts the
+ * whole model, param_bytes this rank's parameter buffer (its slices, alignment included). */
 static int l_session_info(lua_State *L)
 {
     session_box *b = check_session(L);
@@ -370,6 +371,8 @@ static int l_session_info(lua_State *L)
     lua_createtable(L, 0, 4);
     lua_pushinteger(L, (lua_Integer)loom_gpt_num_params(m));
     lua_setfield(L, -2, "params");
+    lua_pushinteger(L, (lua_Integer)(loom_gpt_params(m)->total * sizeof(float)));
+    lua_setfield(L, -2, "param_bytes");
     lua_pushinteger(L, (lua_Integer)loom_gpt_get_config(m)->vocab_padded);
     lua_setfield(L, -2, "vocab_padded");
     lua_pushstring(L, loom_session_backend_description(b->s));

@@ -89,7 +89,7 @@ end
 
 -- Tensor parallelism splits heads, the MLP width and the vocabulary rows; sequence
 -- parallelism the token rows; canonical mode sums in 8 fixed chunks (gpt.h).
-local function check_tp(t, where, origin, world)
+local function check_tp(t, where, origin)
   local mesh = t.mesh or {}
   local tp, m = mesh.tp or 1, t.model
   local vp = m.vocab_padded or (m.vocab + 127) // 128 * 128
@@ -97,7 +97,7 @@ local function check_tp(t, where, origin, world)
   local function need(n, what)
     if n % tp ~= 0 then
       schema.fail(where, "mesh tp=%d%s does not divide %s=%d (tp may be %s)", tp,
-        origin("mesh.tp") or "", what, n, divisors(math.min(world, 64), m.heads, 4 * m.dim, vp))
+        origin("mesh.tp") or "", what, n, divisors(64, m.heads, 4 * m.dim, vp))
     end
   end
   need(m.heads, "heads")
@@ -106,7 +106,7 @@ local function check_tp(t, where, origin, world)
   need(vp, "the padded vocabulary")
   if t.tp_sequence_parallel and tp > 1 and rows % tp ~= 0 then
     schema.fail(where, "tp_sequence_parallel splits batch.micro x batch.seq = %d token rows over "
-      .. "tp=%d ranks: they must divide (tp may be %s)", rows, tp, divisors(math.min(world, 64), rows, m.heads))
+      .. "tp=%d ranks: they must divide (tp may be %s)", rows, tp, divisors(64, rows, m.heads))
   end
   if t.deterministic == "canonical" then
     local chunks = 8
@@ -129,12 +129,6 @@ local function check(t, where, origin, world)
   schema.check(t.batch, batch_spec, "batch", where, origin)
   local mesh = t.mesh or {}
   schema.check(mesh, mesh_spec, "mesh", where, origin)
-  local ranks = (mesh.dp or 1) * (mesh.tp or 1) * (mesh.pp or 1)
-  if ranks ~= world then
-    schema.fail(where, "mesh dp=%d tp=%d pp=%d needs %d ranks; this run has %d (start it with "
-      .. "loom launch -n %d, or change the mesh)", mesh.dp or 1, mesh.tp or 1, mesh.pp or 1,
-      ranks, world, ranks)
-  end
   if (mesh.pp or 1) > 1 then
     schema.fail(where, "mesh pp=%d: pipeline parallelism is not in this build yet (use pp = 1)", mesh.pp)
   end
@@ -156,7 +150,17 @@ local function check(t, where, origin, world)
     schema.fail(where, "batch.seq=%d is longer than the model's ctx=%d", t.batch.seq, t.model.ctx)
   end
   if type(t.lr) == "number" and t.lr <= 0 then schema.fail(where, "lr=%g must be > 0", t.lr) end
-  check_tp(t, where, origin, world)
+  check_tp(t, where, origin)
+  local ranks = (mesh.dp or 1) * (mesh.tp or 1) * (mesh.pp or 1)
+  if ranks ~= world then
+    local tps = {}
+    for tp = 1, world do
+      if world % tp == 0 and t.model.heads % tp == 0 then tps[#tps + 1] = string.format("tp=%d dp=%d", tp, world // tp) end
+    end
+    schema.fail(where, "mesh dp=%d x tp=%d x pp=%d = %d ranks, but this run has %d (start it with "
+      .. "loom launch -n %d, or use a mesh of %d: %s)", mesh.dp or 1, mesh.tp or 1, mesh.pp or 1,
+      ranks, world, ranks, world, table.concat(tps, ", "))
+  end
 end
 
 return function(loom)

@@ -120,9 +120,11 @@ static loom_status tp_layout(void *self, loom_parallel_layout *out)
     return LOOM_OK;
 }
 
-static loom_status finish(tp *t, loom_status st, loom_comm_request *req)
+/* Wait for a request just started (st: what starting it returned). Takes the address:
+ * the request is written by the start call, which an argument list may evaluate later. */
+static loom_status finish(tp *t, loom_status st, loom_comm_request *const *req)
 {
-    return st == LOOM_OK ? t->comm->wait(t->group, req) : st;
+    return st == LOOM_OK ? t->comm->wait(t->group, *req) : st;
 }
 
 /* parts blocks of n floats at s, summed pairwise in the tree over ranks into out. */
@@ -149,7 +151,7 @@ static loom_status gather_rows(tp *t, const loom_region_io *io)
     }
     loom_comm_request *req;
     return finish(t, t->comm->allgather_start(t->group, io->in, io->out, n / (size_t)t->parts,
-                                              LOOM_DTYPE_F32, &req), req);
+                                              LOOM_DTYPE_F32, &req), &req);
 }
 
 /* Sum the partials: all-reduce, or reduce-scatter of row blocks under sequence
@@ -170,7 +172,7 @@ static loom_status sum_rows(tp *t, const loom_region_io *io, int async)
             return t->host->fail(LOOM_ERR_NOMEM, "tp: out of memory for canonical partials");
         st = t->sp ? t->comm->alltoall_start(t->group, io->in, s, block, LOOM_DTYPE_F32, &req)
                    : t->comm->allgather_start(t->group, io->in, s, block, LOOM_DTYPE_F32, &req);
-        TRY(finish(t, st, req));
+        TRY(finish(t, st, &req));
         tree_sum(t, s, block, io->out);
         return LOOM_OK;
     }
@@ -179,7 +181,7 @@ static loom_status sum_rows(tp *t, const loom_region_io *io, int async)
                : t->comm->allreduce_start(t->group, io->in, io->out, n, LOOM_DTYPE_F32,
                                           LOOM_REDUCE_SUM, &req);
     if (st != LOOM_OK || !async)
-        return finish(t, st, req);
+        return finish(t, st, &req);
     t->pending = req;
     return LOOM_OK;
 }
@@ -226,11 +228,11 @@ static loom_status tp_tensor_allreduce(void *self, float *x, size_t n, loom_redu
         float *s = scratch(t, n * (size_t)t->parts);
         if (!s)
             return t->host->fail(LOOM_ERR_NOMEM, "tp: out of memory for canonical partials");
-        TRY(finish(t, t->comm->allgather_start(t->group, x, s, n, LOOM_DTYPE_F32, &req), req));
+        TRY(finish(t, t->comm->allgather_start(t->group, x, s, n, LOOM_DTYPE_F32, &req), &req));
         tree_sum(t, s, n, x);
         return LOOM_OK;
     }
-    return finish(t, t->comm->allreduce_start(t->group, x, x, n, LOOM_DTYPE_F32, op, &req), req);
+    return finish(t, t->comm->allreduce_start(t->group, x, x, n, LOOM_DTYPE_F32, op, &req), &req);
 }
 
 static loom_status tp_tensor_allgather(void *self, const float *in, float *out, size_t n)
@@ -241,7 +243,7 @@ static loom_status tp_tensor_allgather(void *self, const float *in, float *out, 
         return LOOM_OK;
     }
     loom_comm_request *req;
-    return finish(t, t->comm->allgather_start(t->group, in, out, n, LOOM_DTYPE_F32, &req), req);
+    return finish(t, t->comm->allgather_start(t->group, in, out, n, LOOM_DTYPE_F32, &req), &req);
 }
 
 static const loom_strategy_ops ops = {

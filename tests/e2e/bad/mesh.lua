@@ -1,4 +1,4 @@
--- expect: mesh.lua:6: mesh dp=1 tp=2 pp=1 needs 2 ranks; this run has 1 (start it with loom launch -n 2, or change the mesh)
+-- expect: mesh.lua:6: mesh dp=1 x tp=2 x pp=1 = 2 ranks, but this run has 1 (start it with loom launch -n 2, or use a mesh of 1: tp=1 dp=1)
 package.path = arg[0]:match("^(.*)/bad/[^/]*$") .. "/recipes/?.lua;" .. package.path
 local loom = require "loom"
 local common = require "common"

@@ -9,5 +9,5 @@ loom.train {
   lr = loom.lr.cosine { warmup = 3, total = 20, min = 0.1 },
   batch = { micro = 4, seq = 32 }, steps = 20, seed = 5, threads = 2,
   log = { every = 100 },
-  on_step = function(r) print(string.format("LOSS %d %a %.6f", r.step, r.loss, r.loss)) end,
+  on_step = function(r) print(string.format("LOSS %d %a %.9f", r.step, r.loss, r.loss)) end,
 }

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# tp.sh LOOM — tensor parallelism on one node (loom launch, shm):
+#  - fast mode: tp=2 and tp=4, with and without sequence parallelism, and tp=2 x dp=2
+#    train the same losses as one rank within 2e-5 over 12 steps (fp32; only summation
+#    order differs);
+#  - the same tp layout twice is bitwise identical;
+#  - canonical mode: tp=1, 2, 4, with and without sequence parallelism, and tp=2 x dp=2
+#    give bitwise-identical losses;
+#  - per-rank parameter bytes: the replicated parameters plus 1/tp of the split ones
+#    (measured from each rank's parameter buffer).
+set -euo pipefail
+loom=$1
+here=$(cd "$(dirname "$0")" && pwd)
+recipe=$here/recipes/losses.lua
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+export OMP_WAIT_POLICY=passive   # several ranks share 2 cores: OpenMP must not spin
+model="model.heads=4 steps=12 threads=1"
+run1() { "$loom" run "$recipe" $model "$@" | grep '^LOSS'; }
+runN() { local n=$1; shift; "$loom" launch -n "$n" "$recipe" $model comm_timeout=20 "$@" | grep '^LOSS'; }
+# max |loss difference| (the 9-decimal column), as %.3g
+maxdiff() { paste "$1" "$2" | awk '{ d = $4 - $8; if (d < 0) d = -d; if (d > m) m = d } END { printf "%.3g", m + 0 }'; }
+
+run1 > "$tmp/one"
+run1 batch.micro=2 batch.global=4 > "$tmp/one_acc"
+check_close() { # name file reference
+  local d; d=$(maxdiff "$3" "$2")
+  [ "$(wc -l < "$2")" -eq 12 ] || { echo "$1: expected 12 steps"; cat "$2"; exit 1; }
+  awk -v d="$d" 'BEGIN { exit !(d < 2e-5) }' || { echo "fast $1 differs from one rank by $d"; exit 1; }
+  echo "ok fast $1 vs one rank: max |loss diff| $d over 12 steps"
+}
+runN 2 mesh.tp=2 > "$tmp/tp2";                               check_close "tp=2" "$tmp/tp2" "$tmp/one"
+runN 2 mesh.tp=2 tp_sequence_parallel=true > "$tmp/tp2sp";  check_close "tp=2+sp" "$tmp/tp2sp" "$tmp/one"
+runN 4 mesh.tp=4 > "$tmp/tp4";                               check_close "tp=4" "$tmp/tp4" "$tmp/one"
+runN 4 mesh.tp=4 tp_sequence_parallel=true > "$tmp/tp4sp";  check_close "tp=4+sp" "$tmp/tp4sp" "$tmp/one"
+runN 4 mesh.tp=2 mesh.dp=2 batch.micro=2 > "$tmp/tp2dp2";   check_close "tp=2 x dp=2" "$tmp/tp2dp2" "$tmp/one_acc"
+
+runN 2 mesh.tp=2 > "$tmp/tp2b"
+cmp -s "$tmp/tp2" "$tmp/tp2b" || { echo "tp=2 twice differs"; exit 1; }
+echo "ok tp=2 run twice: bitwise identical"
+
+canon="deterministic=canonical batch.micro=2 batch.global=4"
+run1 $canon > "$tmp/c1"
+for layout in "2 mesh.tp=2" "2 mesh.tp=2 tp_sequence_parallel=true" "4 mesh.tp=4" \
+              "4 mesh.tp=4 tp_sequence_parallel=true" "4 mesh.tp=2 mesh.dp=2"; do
+  runN ${layout%% *} $canon ${layout#* } > "$tmp/c"
+  cmp -s "$tmp/c1" "$tmp/c" || { echo "canonical ${layout#* } differs from one rank"; paste "$tmp/c1" "$tmp/c" | head; exit 1; }
+  echo "ok canonical ${layout#* }: bitwise identical to one rank ($(wc -l < "$tmp/c") steps)"
+done
+
+# Parameter bytes per rank. The test model (common.lua): vocab 256 (padded 256), ctx 32,
+# 2 layers, dim 32. Replicated: wpe, per layer ln_1, ln_2 (2C each) and the two
+# row-parallel biases (C each), ln_f (2C). Entries are aligned to 16 floats.
+bytes() { "$loom" launch -n "$1" "$here/recipes/param_bytes.lua" $model "${@:2}" | awk '/^PARAMBYTES 0 / { print $3 }'; }
+one=$("$loom" run "$here/recipes/param_bytes.lua" $model | awk '/^PARAMBYTES/ { print $3 }')
+for tp in 2 4; do
+  held=$(bytes $tp mesh.tp=$tp)
+  awk -v one="$one" -v held="$held" -v tp="$tp" 'BEGIN {
+    C = 32; L = 2; rep = 4 * (32 * C + L * 6 * C + 2 * C); sp = one - rep
+    want = rep + sp / tp; slack = 4 * 16 * (2 + 12 * L + 2)   # alignment, at most
+    printf "ok tp=%d: %d parameter bytes per rank (one rank %d; replicated %d + split %d/%d = %d)\n", tp, held, one, rep, sp, tp, want
+    if (held < want - slack || held > want + slack) { print "  outside +-" slack; exit 1 } }'
+done

@@ -96,7 +96,7 @@ static loom_status make_header(const loom_st_tensor *t, int n, const loom_st_met
         off += bytes;
     }
     loom_strbuf_puts(h, "}");
-    while (h->len % 8)
+    while (!h->failed && h->len % 8)
         loom_strbuf_puts(h, " ");
     if (h->failed)
         return loom_fail(LOOM_ERR_INVALID, "safetensors: out of memory or a name is not UTF-8");

@@ -136,8 +136,8 @@ def main():
         optim, ometa, _ = read_safetensors(os.path.join(ckpt, "optim.safetensors"))
         name = "h.0.attn.qkv.weight"
         m = manifest["model"]
-        assert model[name][0] == "F32" and model[name][1] == [3 * m["dim"], m["dim"]]
-        assert json.loads(mmeta[name]) == {"shape": [3 * m["dim"], m["dim"]], "slice_start": [0, 0]}
+        assert model[name][0] == "F32" and model[name][1] == [3, m["dim"], m["dim"]]
+        assert json.loads(mmeta[name]) == {"shape": [3, m["dim"], m["dim"]], "slice_start": [0, 0, 0]}
         assert model["wte"][1] == [m["vocab_padded"], m["dim"]]
         assert len(optim) == manifest["optimizer"]["slots"] * len(model)
         assert ometa["loom.optimizer"] == "adamw" and json.loads(ometa[name + ".state1"])["shape"]

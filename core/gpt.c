@@ -9,6 +9,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,6 +66,7 @@ struct loom_gpt {
     float *tree[3];                    /* canonical: levels of the chunk tree, (R,C) each */
     float *host_losses, *row_gather;   /* (R) host; (Vp) host */
     int last_B, last_T, have_dlogits;
+    double comm_ms;                    /* time inside tensor-parallel exchanges */
     loom_grad_ready_fn grad_ready;
     void *grad_ready_ctx;
 };
@@ -370,6 +372,20 @@ void loom_gpt_zero_grad(loom_gpt *m)
 
 /* --- the parallel pieces ------------------------------------------------------------- */
 
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+double loom_gpt_take_comm_ms(loom_gpt *m)
+{
+    double ms = m->comm_ms;
+    m->comm_ms = 0.0;
+    return ms;
+}
+
 /* A region boundary: the strategy's hook, or nothing with one rank (then out == in). */
 typedef loom_status (*region_hook)(void *, loom_region, int, const loom_region_io *);
 
@@ -379,7 +395,10 @@ static loom_status cross(loom_gpt *m, region_hook hook, loom_region r, int layer
     if (!m->tp_ops)
         return LOOM_OK;
     loom_region_io io = {in, out, rows, width};
-    return hook(m->tp_self, r, layer, &io);
+    double t0 = now_ms();
+    loom_status st = hook(m->tp_self, r, layer, &io);
+    m->comm_ms += now_ms() - t0;
+    return st;
 }
 #define F_ENTER(r, l, in, out, rows, w) cross(m, m->tp_ops ? m->tp_ops->region_forward_enter : NULL, r, l, in, out, rows, w)
 #define F_LEAVE(r, l, in, out, rows, w) cross(m, m->tp_ops ? m->tp_ops->region_forward_leave : NULL, r, l, in, out, rows, w)
@@ -388,12 +407,22 @@ static loom_status cross(loom_gpt *m, region_hook hook, loom_region r, int layer
 
 static loom_status region_wait(loom_gpt *m)
 {
-    return m->tp_ops && m->tp_ops->region_wait ? m->tp_ops->region_wait(m->tp_self) : LOOM_OK;
+    if (!m->tp_ops || !m->tp_ops->region_wait)
+        return LOOM_OK;
+    double t0 = now_ms();
+    loom_status st = m->tp_ops->region_wait(m->tp_self);
+    m->comm_ms += now_ms() - t0;
+    return st;
 }
 
 static loom_status tensor_allreduce(loom_gpt *m, float *x, size_t n, loom_reduce_op op)
 {
-    return m->tp_ops ? m->tp_ops->tensor_allreduce(m->tp_self, x, n, op) : LOOM_OK;
+    if (!m->tp_ops)
+        return LOOM_OK;
+    double t0 = now_ms();
+    loom_status st = m->tp_ops->tensor_allreduce(m->tp_self, x, n, op);
+    m->comm_ms += now_ms() - t0;
+    return st;
 }
 
 /* Canonical mode's chunk tree: chunks pushed in order, equal levels merged older + newer

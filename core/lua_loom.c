@@ -275,7 +275,7 @@ static void set_num(lua_State *L, const char *k, double v)
     lua_setfield(L, -2, k);
 }
 
-/* s:step(data, lr) -> {step, loss, grad_norm, lr, ms, tokens, skipped} */
+/* s:step(data, lr) -> {step, loss, grad_norm, lr, ms, comm_ms, tokens, skipped} */
 static int l_session_step(lua_State *L)
 {
     session_box *b = check_session(L);
@@ -284,13 +284,14 @@ static int l_session_step(lua_State *L)
     loom_step_stats st;
     if (loom_session_step(b->s, loom_data_batch, &src, lr, &st) != LOOM_OK)
         return raise_status(L);
-    lua_createtable(L, 0, 7);
+    lua_createtable(L, 0, 8);
     lua_pushinteger(L, st.step);
     lua_setfield(L, -2, "step");
     set_num(L, "loss", st.loss);
     set_num(L, "grad_norm", st.grad_norm);
     set_num(L, "lr", st.lr);
     set_num(L, "ms", st.ms);
+    set_num(L, "comm_ms", st.comm_ms);
     set_num(L, "tokens", st.tokens);
     lua_pushboolean(L, st.skipped);
     lua_setfield(L, -2, "skipped");

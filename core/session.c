@@ -281,6 +281,7 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
                               loom_step_stats *out)
 {
     double t0 = now_ms();
+    loom_gpt_take_comm_ms(s->model); /* drop what eval or sampling spent */
     const loom_backend_ops *k = s->backend.ops;
     int B = s->cfg.micro_batch, T = s->cfg.seq, accum = s->cfg.accum;
     int dp = loom_grad_sync_dp_size(s->sync), dp_rank = loom_grad_sync_dp_rank(s->sync);
@@ -298,11 +299,12 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         LOOM_TRY(loom_gpt_backward(s->model));
         LOOM_TRY(loom_grad_sync_end_micro(s->sync, a, part));
     }
-    double loss_sum = 0.0;
+    double loss_sum = 0.0, t_sync = now_ms();
     LOOM_TRY(loom_grad_sync_finish(s->sync, &loss_sum));
     double norm_sq;
     int nonfinite;
     LOOM_TRY(grad_norm(s, &norm_sq, &nonfinite));
+    double comm_ms = now_ms() - t_sync + loom_gpt_take_comm_ms(s->model);
     int skip = s->precision->update(s->precision_self, nonfinite);
     double norm = nonfinite ? NAN : sqrt(norm_sq) / scale;
     memset(out, 0, sizeof *out);
@@ -323,6 +325,7 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     out->tokens = tokens;
     out->skipped = skip;
     out->ms = now_ms() - t0;
+    out->comm_ms = comm_ms;
     return LOOM_OK;
 }
 

@@ -40,6 +40,8 @@ typedef struct loom_step_stats {
     double grad_norm;      /* global L2 norm before clipping */
     float lr;
     double ms;             /* wall time of the step */
+    double comm_ms;        /* of which inside communication: tensor-parallel exchanges,
+                            * the data-parallel gradient sync, the grad-norm exchange */
     double tokens;         /* tokens processed in the step */
     int skipped;           /* 1 if the update was skipped (non-finite gradients) */
 } loom_step_stats;

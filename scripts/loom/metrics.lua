@@ -53,6 +53,7 @@ local spec = {
   device = { type = "string", help = "backend description, e.g. session:info().backend" },
   start_step = { type = "integer", min = 0, help = "steps done before this run (resume)" },
   quiet = { type = "boolean", help = "print nothing (ranks other than 0 of a multi-rank run)" },
+  devices = { type = "integer", min = 1, help = "devices (ranks) the run uses: MFU divides the peak among them" },
 }
 
 -- loom.json writes a non-finite number as null: a field that is unknown (MFU without a
@@ -82,7 +83,7 @@ function metrics.new(t)
   schema.check(t, spec, "metrics", where)
   local self = setmetatable({
     steps = t.steps, every = t.every or 1, start_step = t.start_step or 0,
-    tty = core.isatty(1), live = false, t0 = core.now(), quiet = t.quiet,
+    tty = core.isatty(1), live = false, t0 = core.now(), quiet = t.quiet, devices = t.devices or 1,
   }, M)
   -- llm.c's count: 6N for the matmuls forward and backward, 6*L*C*T for attention.
   if t.params and t.layers and t.dim and t.seq then
@@ -120,7 +121,7 @@ function metrics.new(t)
     self:write { kind = "run", steps = t.steps, start_step = self.start_step,
       params = t.params or NULL, layers = t.layers or NULL, dim = t.dim or NULL,
       seq = t.seq or NULL, flops_per_token = self.flops_per_token or NULL,
-      peak_flops = self.peak or NULL, device = t.device or NULL }
+      peak_flops = self.peak or NULL, device = t.device or NULL, devices = self.devices }
     why = why .. " | metrics to " .. t.jsonl
   end
   if not self.quiet then print(why) end
@@ -156,12 +157,13 @@ function M:step(r)
   local tps = r.tokens_per_s or r.tokens / (r.ms / 1000)
   local mfu
   if self.peak and self.flops_per_token and tps == tps and tps >= 0 and tps < math.huge then
-    mfu = self.flops_per_token * tps / self.peak
+    mfu = self.flops_per_token * tps / (self.peak * self.devices)
   end
   local rss = core.peak_rss()
   local now = core.now() - self.t0
   self:write { kind = "train", step = r.step, loss = r.loss, lr = r.lr, grad_norm = r.grad_norm,
-    ms = r.ms, tokens = r.tokens, tokens_per_s = tps, mfu = mfu or NULL, mem_bytes = rss,
+    ms = r.ms, comm_ms = r.comm_ms or NULL, tokens = r.tokens, tokens_per_s = tps,
+    mfu = mfu or NULL, mem_bytes = rss,
     time_s = now, skipped = r.skipped and true or false }
 
   -- ETA from the pace since this run's first step: that step carries one-time costs
@@ -177,10 +179,14 @@ function M:step(r)
     self.first = { step = r.step, t = now }
   end
   local w = #tostring(self.steps)
-  local line = string.format("step %" .. w .. "d/%d | loss %.4f | lr %.2e | norm %.3f | %7.1f ms"
+  local comm = ""
+  if self.devices > 1 and r.comm_ms and r.ms > 0 then
+    comm = string.format(" (comm %2.0f%%)", 100 * r.comm_ms / r.ms)
+  end
+  local line = string.format("step %" .. w .. "d/%d | loss %.4f | lr %.2e | norm %.3f | %7.1f ms%s"
     .. " | %8.0f tok/s | mfu %6s | mem %s | %s%s", r.step, self.steps, r.loss, r.lr,
-    r.grad_norm, r.ms, tps, mfu and string.format("%.3g%%", 100 * mfu) or "n/a", mem(rss), tail,
-    r.skipped and " | skipped" or "")
+    r.grad_norm, r.ms, comm, tps, mfu and string.format("%.3g%%", 100 * mfu) or "n/a", mem(rss),
+    tail, r.skipped and " | skipped" or "")
   local keep = r.step % self.every == 0 or last
   if self.quiet then
     return

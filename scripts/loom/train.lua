@@ -247,7 +247,7 @@ return function(loom)
       steps = t.steps, every = t.log and t.log.every, jsonl = rank == 0 and t.log and t.log.jsonl or nil,
       quiet = rank ~= 0,
       params = info.params, layers = t.model.layers, dim = t.model.dim, seq = t.batch.seq,
-      peak_flops = t.peak_flops, device = info.backend, start_step = start,
+      peak_flops = t.peak_flops, device = info.backend, start_step = start, devices = world,
     }
     local summary = { losses = {}, start = start }
     for step = start + 1, t.steps do

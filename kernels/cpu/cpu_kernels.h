@@ -46,18 +46,14 @@ double loom_cpu_sgemm_check(int transa, int transb, int M, int N, int K, float a
                             const float *C0, const float *C, int ldc);
 #define LOOM_CPU_SGEMM_TOL 1e-4
 
-/* encoder.c: the vocabulary-sliced embedding and positions (backend.h), and the fused
- * unsliced encoder the kernel tests compare them with. */
+/* encoder.c: the vocabulary-sliced embedding and the positions (backend.h). */
 void loom_cpu_embedding_forward(float *out, const int *inp, const float *wte, int v0, int Vl,
                                 size_t rows, int C);
 void loom_cpu_embedding_backward(float *dwte, const float *dout, const int *inp, int v0, int Vl,
                                  size_t rows, int C);
 void loom_cpu_position_forward(float *out, const float *wpe, size_t row0, size_t rows, int T, int C);
 void loom_cpu_position_backward(float *dwpe, const float *dout, int B, int T, int C);
-void loom_cpu_encoder_forward(float *out, const int *inp, const float *wte, const float *wpe,
-                              int B, int T, int C);
-void loom_cpu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp,
-                               int B, int T, int C);
+
 /* layernorm.c */
 void loom_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                                 const float *weight, const float *bias, int B, int T, int C);

@@ -22,8 +22,9 @@
  * says why). Padding columns are never read. e^x is cpu_common.h's vectorised expf.
  *
  * Summation order of ce_row_sumexp (the guarantee the canonical mode builds on): each
- * row's terms are added in float, one at a time, in increasing column order, starting
- * from +0 — s = (((0 + e_c0) + e_c0+1) + ...). Never reassociated: the exponentials are
+ * row's float terms are added in double, one at a time, in increasing column order,
+ * starting from +0 — s = (((0 + e_c0) + e_c0+1) + ...) — and rounded to float once at the
+ * end. Never reassociated: the exponentials are
  * computed vectorised into a small buffer, and the adds are interleaved across a block of
  * CE_RB rows (independent chains, so the latency of each add is hidden) but each row's
  * own chain is sequential. So a row's sum depends only on its values in [c0, c1) — not on

@@ -15,9 +15,12 @@ local session, summary = loom.train {
   log       = { every = 10 },
 }
 
-if loom.rank ~= 0 then return end -- under loom launch, one rank reports
+-- Every rank samples (with tensor parallelism the logits are gathered over the ranks);
+-- rank 0 reports.
+local text = loom.sample { session = session, prompt = "ROMEO:\n", tokens = 500,
+  temperature = 0.8, top_k = 40, seed = 7 }
+if loom.rank ~= 0 then return end
 print(string.format("\ntrained: loss %.3f -> %.3f, val loss %.3f", summary.losses[1],
   summary.final_loss, summary.val_loss))
 print("---- sample ----")
-print(loom.sample { session = session, prompt = "ROMEO:\n", tokens = 500, temperature = 0.8,
-  top_k = 40, seed = 7 })
+print(text)

@@ -63,6 +63,18 @@ cmp -s "$tmp/want" "$tmp/r2" || { echo "saved at tp=1, resumed at tp=2: differs"
 echo "ok canonical: saved at tp=2 -> resumed at tp=1 and tp=4+sp, saved at tp=1 -> tp=2: steps 7-12 bitwise"
 ls "$tmp/ck2"/step_00000006 | grep -q 'model.tp1.safetensors' || { echo "tp=2 checkpoint lacks model.tp1.safetensors"; exit 1; }
 
+# Sampling gathers the vocabulary slices of the last row's logits: in canonical mode the
+# same sample under every layout (the window is padded to a multiple of tp under sp).
+sample() { "$loom" launch -n "$1" "$here/recipes/tp_sample.lua" $model deterministic=canonical \
+  comm_timeout=20 "${@:2}" | grep '^SAMPLE'; }
+want=$("$loom" run "$here/recipes/tp_sample.lua" $model deterministic=canonical | grep '^SAMPLE')
+[ -n "$want" ] || { echo "no sample from one rank"; exit 1; }
+for layout in "2 mesh.tp=2" "2 mesh.tp=2 tp_sequence_parallel=true" "4 mesh.tp=4 tp_sequence_parallel=true"; do
+  got=$(sample $layout)
+  [ "$got" = "$want" ] || { echo "sample under ${layout#* } differs: $got vs $want"; exit 1; }
+done
+echo "ok canonical: the same 45-token sample at tp=1, tp=2, tp=2+sp, tp=4+sp"
+
 # Parameter bytes per rank. The test model (common.lua): vocab 256 (padded 256), ctx 32,
 # 2 layers, dim 32. Replicated: wpe, per layer ln_1, ln_2 (2C each) and the two
 # row-parallel biases (C each), ln_f (2C). Entries are aligned to 16 floats.

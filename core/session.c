@@ -25,7 +25,8 @@ struct loom_session {
                                                                               * at them */
     const loom_strategy_ops *tensor; /* the tp strategy, NULL with tp = 1 */
     void *tensor_self;
-    double *norm_chunks;     /* grad_norm: per entry, LOOM_CANONICAL_CHUNKS sums + a flag */
+    double *norm_chunks;     /* grad_norm: per entry, norm_per_entry chunk sums; + a flag */
+    int norm_per_entry;      /* max(LOOM_CANONICAL_CHUNKS, tp) */
     double *norm_gathered;   /* the tp group's norm_chunks */
     loom_grad_sync *sync;
     loom_backend backend;
@@ -145,12 +146,13 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
         s->tokens = malloc((bt > (size_t)mc->ctx ? bt : (size_t)mc->ctx) * sizeof(int));
         s->targets = malloc(bt * sizeof(int));
         s->host_logits = malloc((size_t)mc->vocab_padded * sizeof(float));
-        size_t slots = (size_t)loom_gpt_params(s->model)->count * LOOM_CANONICAL_CHUNKS + 1;
         int tp = 1;
         const struct loom_comm_ops *ops;
         void *group;
         if (loom_core_host()->group(LOOM_GROUP_TP, &ops, &group, &tp) != LOOM_OK)
             tp = 1;
+        s->norm_per_entry = tp > LOOM_CANONICAL_CHUNKS ? tp : LOOM_CANONICAL_CHUNKS;
+        size_t slots = (size_t)loom_gpt_params(s->model)->count * (size_t)s->norm_per_entry + 1;
         s->norm_chunks = calloc(slots, sizeof(double));
         s->norm_gathered = calloc(slots * (size_t)tp, sizeof(double));
         if ((s->state_slots && !s->optim_state) || !s->tokens || !s->targets || !s->host_logits ||
@@ -228,7 +230,7 @@ static loom_status grad_norm(loom_session *s, double *norm_sq, int *nonfinite)
     int tp = 1;
     LOOM_TRY(loom_core_host()->group(LOOM_GROUP_TP, &ops, &group, &tp));
     int tp_rank = ops ? ops->rank(group) : 0;
-    size_t slots = (size_t)t->count * LOOM_CANONICAL_CHUNKS + 1;
+    size_t slots = (size_t)t->count * (size_t)s->norm_per_entry + 1;
     double *mine = s->norm_chunks;
     memset(mine, 0, slots * sizeof(double));
     for (int i = 0; i < t->count; i++) {
@@ -238,14 +240,15 @@ static loom_status grad_norm(loom_session *s, double *norm_sq, int *nonfinite)
         for (int j = 0; j < e->ndim; j++)
             if (e->slice_len[j] != e->shape[j])
                 d = j;
-        double *slot = mine + (size_t)i * LOOM_CANONICAL_CHUNKS;
+        double *slot = mine + (size_t)i * (size_t)s->norm_per_entry;
         if (d < 0) {
             if (tp_rank == 0)
                 slot[0] = k->sum_squares(g, e->numel);
             continue;
         }
         /* Chunks of the logical dim; a split that does not line up with them (fast mode,
-         * odd sizes) falls back to one chunk per held slice. */
+         * odd sizes, tp > 8) falls back to one chunk per held slice (tp <= norm_per_entry
+         * of them). */
         int64_t n = e->shape[d] % LOOM_CANONICAL_CHUNKS == 0 &&
                             e->slice_len[d] % (e->shape[d] / LOOM_CANONICAL_CHUNKS) == 0
                         ? LOOM_CANONICAL_CHUNKS

@@ -2,11 +2,17 @@
 -- scripts/bench-cpu. Shapes come from the command line, e.g.
 --   build/loom run scripts/recipes/bench_gpt.lua model.vocab=50257 model.ctx=256 \
 --     model.layers=6 model.heads=6 model.dim=384 batch.micro=4 batch.seq=256 steps=8
--- The first `warmup` steps are not timed. The last line is JSON for the script.
+-- The first `warmup` steps are not timed. The last line is JSON for the script (with
+-- loom launch, one per rank, "[rank k] "-prefixed past rank 0): tokens_per_s, ms_per_step,
+-- comm_ms (mean per timed step: tensor-parallel exchanges, dp sync, grad-norm exchange),
+-- comm_share (comm_ms / ms_per_step), param_bytes (this rank's parameter buffer),
+-- peak_rss (this process's peak resident set, bytes) and losses (the first three steps').
 local loom = require "loom"
+local core = require "loom.core"
 
 local warmup = 2
-local timed_ms, timed_tokens = 0, 0
+local timed_ms, timed_tokens, timed_comm = 0, 0, 0
+local losses = {}
 local cfg = {
   model     = loom.gpt { vocab = 256, vocab_padded = 256, ctx = 64, layers = 4, heads = 4, dim = 128 },
   data      = loom.data.random { vocab = 256, seed = 1 },
@@ -19,7 +25,9 @@ local cfg = {
     if r.step > warmup then
       timed_ms = timed_ms + r.ms
       timed_tokens = timed_tokens + r.tokens
+      timed_comm = timed_comm + (r.comm_ms or 0)
     end
+    if #losses < 3 then losses[#losses + 1] = string.format("%.6f", r.loss) end
   end,
 }
 -- data.vocab follows model.vocab when only the model is overridden on the command line
@@ -27,6 +35,10 @@ for _, kv in ipairs(loom.overrides()) do
   if kv[1] == "model.vocab" then cfg.data.vocab = math.tointeger(tonumber(kv[2])) end
 end
 local session, summary = loom.train(cfg)
-print(string.format('{"impl":"loom","tokens_per_s":%.1f,"ms_per_step":%.2f,"steps":%d,"params":%d,"final_loss":%.4f}',
-  timed_tokens / (timed_ms / 1000), timed_ms / math.max(1, #summary.losses - warmup),
-  #summary.losses - warmup, session:info().params, summary.final_loss))
+local timed = math.max(1, #summary.losses - warmup)
+local info = session:info()
+print(string.format('{"impl":"loom","tokens_per_s":%.1f,"ms_per_step":%.2f,"steps":%d,"params":%d,'
+  .. '"final_loss":%.4f,"comm_ms":%.3f,"comm_share":%.4f,"param_bytes":%d,"peak_rss":%d,"losses":[%s]}',
+  timed_tokens / (timed_ms / 1000), timed_ms / timed, #summary.losses - warmup, info.params,
+  summary.final_loss, timed_comm / timed, timed_ms > 0 and timed_comm / timed_ms or 0,
+  info.param_bytes, core.peak_rss(), table.concat(losses, ",")))

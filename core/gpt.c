@@ -113,9 +113,10 @@ loom_status loom_gpt_config_check(const loom_gpt_config *c)
  * allows it to cut (-1: replicated). */
 static loom_status place_last(loom_gpt *m, int split_dim)
 {
+    loom_param_table *t = &m->table;
+    t->entries[t->count - 1].split_dim = split_dim;
     if (!m->tp_ops || !m->tp_ops->partition)
         return LOOM_OK;
-    loom_param_table *t = &m->table;
     const loom_param_entry *e = &t->entries[t->count - 1];
     loom_param_info info = {.name = e->name, .ndim = e->ndim, .offset = e->offset,
                             .numel = e->numel, .layer = e->layer, .split_dim = split_dim};

@@ -41,6 +41,7 @@ loom_status loom_params_add(loom_param_table *t, const char *name, int ndim, con
     e->offset = (t->total + ALIGN_ELEMS - 1) / ALIGN_ELEMS * ALIGN_ELEMS;
     t->total = e->offset + e->numel;
     e->layer = layer;
+    e->split_dim = -1;
     e->is_matrix = ndim >= 2;
     e->init = init;
     e->init_std = init_std;

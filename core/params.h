@@ -33,6 +33,7 @@ typedef struct loom_param_entry {
     size_t offset;     /* element offset in the flat buffer */
     size_t numel;      /* elements held (product of slice_len) */
     int layer;         /* block index, -1 outside blocks */
+    int split_dim;     /* the dim a tensor-parallel split may cut, -1: always whole */
     int is_matrix;     /* 2-D weight: weight decay applies by default */
     loom_param_init init;
     float init_std;

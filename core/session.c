@@ -216,9 +216,10 @@ static double chunk_sum_squares(const loom_backend_ops *k, const float *g, const
 /* The squared global gradient norm and whether any gradient is non-finite, the same bits
  * on every rank and for every tensor-parallel split (DESIGN.md's canonical promise; the
  * fast mode gets it for free). Each parameter's sum of squares is taken, in double, over
- * LOOM_CANONICAL_CHUNKS fixed chunks along the dim a split cuts (one chunk if the entry
- * is whole); a chunk lives on exactly one rank of the tp group (a replicated parameter's
- * on tp rank 0), so after an all-gather every slot has one non-zero contribution, and the
+ * LOOM_CANONICAL_CHUNKS fixed chunks along the dim a split may cut (the entry's
+ * split_dim, whether or not this run splits it; one sum for a parameter that is always
+ * whole); a chunk lives on exactly one rank of the tp group (a replicated parameter's on
+ * tp rank 0), so after an all-gather every slot has one non-zero contribution, and the
  * slots are added in table order: each parameter counted once. */
 static loom_status grad_norm(loom_session *s, double *norm_sq, int *nonfinite)
 {
@@ -236,10 +237,7 @@ static loom_status grad_norm(loom_session *s, double *norm_sq, int *nonfinite)
     for (int i = 0; i < t->count; i++) {
         const loom_param_entry *e = &t->entries[i];
         const float *g = grads + e->offset;
-        int d = -1;
-        for (int j = 0; j < e->ndim; j++)
-            if (e->slice_len[j] != e->shape[j])
-                d = j;
+        int d = e->split_dim; /* chunked whether or not this run splits it */
         double *slot = mine + (size_t)i * (size_t)s->norm_per_entry;
         if (d < 0) {
             if (tp_rank == 0)

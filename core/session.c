@@ -196,8 +196,8 @@ void loom_session_destroy(loom_session *s)
 }
 
 /* Sum of squares of a held slice's canonical chunk c along dim d (c counted from the
- * slice's first chunk; chunk length cs along d): the contiguous runs it is made of, in
- * logical order. */
+ * slice's first chunk; chunk length cs along d): `outer` rows of cs*inner values, which
+ * the backend sums with the same bits in every layout. */
 static double chunk_sum_squares(const loom_backend_ops *k, const float *g, const loom_param_entry *e,
                                 int d, int64_t c, int64_t cs)
 {
@@ -206,11 +206,8 @@ static double chunk_sum_squares(const loom_backend_ops *k, const float *g, const
         outer *= (size_t)e->slice_len[i];
     for (int i = d + 1; i < e->ndim; i++)
         inner *= (size_t)e->slice_len[i];
-    double sum = 0.0;
-    for (size_t o = 0; o < outer; o++)
-        sum += k->sum_squares(g + (o * (size_t)e->slice_len[d] + (size_t)(c * cs)) * inner,
-                              (size_t)cs * inner);
-    return sum;
+    return k->sum_squares(g + (size_t)(c * cs) * inner, outer, (size_t)cs * inner,
+                          (size_t)e->slice_len[d] * inner);
 }
 
 /* The squared global gradient norm and whether any gradient is non-finite, the same bits
@@ -221,7 +218,7 @@ static double chunk_sum_squares(const loom_backend_ops *k, const float *g, const
  * whole); a chunk lives on exactly one rank of the tp group (a replicated parameter's on
  * tp rank 0), so after an all-gather every slot has one non-zero contribution, and the
  * slots are added in table order: each parameter counted once. */
-static loom_status grad_norm(loom_session *s, double *norm_sq, int *nonfinite)
+static loom_status grad_norm(loom_session *s, double *norm_sq, int *nonfinite, double *comm_ms)
 {
     const loom_backend_ops *k = s->backend.ops;
     const loom_param_table *t = loom_gpt_params(s->model);
@@ -241,7 +238,7 @@ static loom_status grad_norm(loom_session *s, double *norm_sq, int *nonfinite)
         double *slot = mine + (size_t)i * (size_t)s->norm_per_entry;
         if (d < 0) {
             if (tp_rank == 0)
-                slot[0] = k->sum_squares(g, e->numel);
+                slot[0] = k->sum_squares(g, 1, e->numel, e->numel);
             continue;
         }
         /* Chunks of the logical dim; a split that does not line up with them (fast mode,
@@ -259,9 +256,11 @@ static loom_status grad_norm(loom_session *s, double *norm_sq, int *nonfinite)
     const double *all = mine;
     if (ops) {
         loom_comm_request *req = NULL;
+        double t0 = now_ms();
         LOOM_TRY(ops->allgather_start(group, mine, s->norm_gathered, slots * sizeof(double),
                                       LOOM_DTYPE_U8, &req));
         LOOM_TRY(ops->wait(group, req));
+        *comm_ms += now_ms() - t0;
         for (size_t j = 0; j < slots; j++) {
             double v = 0.0;
             for (int r = 0; r < tp; r++)
@@ -302,10 +301,10 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     }
     double loss_sum = 0.0, t_sync = now_ms();
     LOOM_TRY(loom_grad_sync_finish(s->sync, &loss_sum));
+    double comm_ms = now_ms() - t_sync + loom_gpt_take_comm_ms(s->model);
     double norm_sq;
     int nonfinite;
-    LOOM_TRY(grad_norm(s, &norm_sq, &nonfinite));
-    double comm_ms = now_ms() - t_sync + loom_gpt_take_comm_ms(s->model);
+    LOOM_TRY(grad_norm(s, &norm_sq, &nonfinite, &comm_ms));
     int skip = s->precision->update(s->precision_self, nonfinite);
     double norm = nonfinite ? NAN : sqrt(norm_sq) / scale;
     memset(out, 0, sizeof *out);

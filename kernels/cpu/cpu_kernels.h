@@ -90,7 +90,7 @@ void loom_cpu_ce_finish(float *logits, float *losses, const float *row_max, cons
                         const float *tlogit, const int *targets, float dloss, int BT, int Vl,
                         int col0, int V);
 /* reduce.c */
-double loom_cpu_sum_squares(const float *x, size_t n);
+double loom_cpu_sum_squares(const float *x, size_t rows, size_t cols, size_t stride);
 int loom_cpu_has_nonfinite(const float *x, size_t n);
 void loom_cpu_scale(float *x, float s, size_t n);
 

@@ -1,4 +1,5 @@
-/* test_reduce.c — sum_squares (double accumulation, same bits for any thread count),
+/* test_reduce.c — sum_squares (double accumulation, same bits for any thread count, and
+ * for a strided block the same bits wherever it sits: only values and shape count),
  * has_nonfinite (inf and nan anywhere, including the last element), and scale.
  */
 #include "cpu_kernels.h"
@@ -8,6 +9,36 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* A block of rows x cols inside wider rows (a parameter chunk as one tensor-parallel rank
+ * holds it) gives the bits of the same values packed densely, at any offset. */
+START_TEST(test_sum_squares_strided)
+{
+    const size_t shapes[][2] = {{3, 5}, {64, 48}, {7, 9000}, {384, 192}};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        const size_t rows = shapes[k][0], cols = shapes[k][1];
+        for (size_t stride = cols; stride <= cols + 13; stride += 13) {
+            for (size_t off = 0; off < 3; off++) {
+                float *wide = kt_alloc(rows * stride + off), *dense = kt_alloc(rows * cols);
+                kt_fill(wide, rows * stride + off, 7, -2, 2);
+                double want = 0;
+                for (size_t r = 0; r < rows; r++)
+                    for (size_t j = 0; j < cols; j++) {
+                        dense[r * cols + j] = wide[off + r * stride + j];
+                        want += (double)dense[r * cols + j] * dense[r * cols + j];
+                    }
+                const double got = loom_cpu_sum_squares(wide + off, rows, cols, stride);
+                const double packed = loom_cpu_sum_squares(dense, rows, cols, cols);
+                ck_assert_msg(memcmp(&got, &packed, sizeof got) == 0,
+                              "%zux%zu stride %zu off %zu: %.17g vs packed %.17g", rows, cols,
+                              stride, off, got, packed);
+                ck_assert(fabs(got - want) <= 1e-12 * fmax(1.0, want));
+                free(wide), free(dense);
+            }
+        }
+    }
+}
+END_TEST
 
 START_TEST(test_sum_squares)
 {
@@ -20,9 +51,9 @@ START_TEST(test_sum_squares)
         for (size_t i = 0; i < n; i++)
             want += (double)x[i] * x[i];
         omp_set_num_threads(2);
-        const double two = loom_cpu_sum_squares(x, n);
+        const double two = loom_cpu_sum_squares(x, 1, n, n);
         omp_set_num_threads(1);
-        const double one = loom_cpu_sum_squares(x, n);
+        const double one = loom_cpu_sum_squares(x, 1, n, n);
         ck_assert_msg(fabs(two - want) <= 1e-12 * fmax(1.0, want), "n %zu: %.17g vs %.17g", n,
                       two, want);
         ck_assert_msg(memcmp(&one, &two, sizeof one) == 0,
@@ -34,7 +65,7 @@ START_TEST(test_sum_squares)
     y[0] = 1e4f;
     for (int i = 1; i < 4097; i++)
         y[i] = 1e-4f;
-    ck_assert(fabs(loom_cpu_sum_squares(y, 4097) - (1e8 + 4096 * (double)1e-4f * 1e-4f)) < 1e-6);
+    ck_assert(fabs(loom_cpu_sum_squares(y, 1, 4097, 4097) - (1e8 + 4096 * (double)1e-4f * 1e-4f)) < 1e-6);
 }
 END_TEST
 
@@ -76,6 +107,7 @@ int main(void)
     Suite *s = suite_create("reduce");
     TCase *tc = tcase_create("reduce");
     tcase_add_test(tc, test_sum_squares);
+    tcase_add_test(tc, test_sum_squares_strided);
     tcase_add_test(tc, test_has_nonfinite);
     tcase_add_test(tc, test_scale);
     suite_add_tcase(s, tc);

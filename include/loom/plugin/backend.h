@@ -111,8 +111,10 @@ typedef struct loom_backend_ops {
     /* dbias (cols) += column sums of dout (rows,cols), each column summed over rows in
      * order (the same bits for any thread count). */
     void (*bias_backward)(float *dbias, const float *dout, size_t rows, int cols);
-    /* Sum of squares of n values, accumulated in double (for the grad norm). */
-    double (*sum_squares)(const float *x, size_t n);
+    /* Sum of squares, accumulated in double, of `rows` rows of `cols` values, row r at
+     * x + r*stride (a contiguous buffer: rows 1, cols = stride = n). The bits depend only
+     * on the values and (rows, cols), not on the stride, alignment or thread count. */
+    double (*sum_squares)(const float *x, size_t rows, size_t cols, size_t stride);
     /* 1 if any of n values is inf or nan. */
     int (*has_nonfinite)(const float *x, size_t n);
     /* x *= s over n values. */

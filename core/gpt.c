@@ -62,7 +62,7 @@ struct loom_gpt {
     int *tokens, *targets;
     /* backward scratch */
     float *dres, *dres_full, *dtmp, *dpartial, *dsummed, *dbuf_4a, *dbuf_4b, *datt_scratch;
-    float *rep_grad;                   /* (2C) a replicated parameter's gradient partial */
+    float *rep_grad;                   /* (6C) replicated parameters' gradient partials */
     float *tree[3];                    /* canonical: levels of the chunk tree, (R,C) each */
     float *host_losses, *row_gather;   /* (R) host; (Vp) host */
     int last_B, last_T, have_dlogits;
@@ -203,26 +203,17 @@ static void bind_params(loom_gpt *m, float *base, model_params *p)
     p->lnfb = base + e[i].offset;
 }
 
-static loom_status alloc_activations(loom_gpt *m)
+/* Lay the activation buffers out from base and return how many floats they take. Called
+ * twice: with base NULL to measure (pointers are left NULL), then to assign, so the size
+ * and the layout cannot disagree. */
+static size_t lay_out_activations(loom_gpt *m, float *base)
 {
     size_t B = (size_t)m->max_B, T = (size_t)m->cfg.ctx, C = (size_t)m->cfg.dim;
     size_t NHl = (size_t)m->NHl, Cl = (size_t)m->Cl, Fl = (size_t)m->Fl, Vl = (size_t)m->Vl;
     size_t L = (size_t)m->cfg.layers, R = B * T, Rl = m->sp ? R / (size_t)m->tp : R;
-    size_t full = m->sp ? R * C : 0; /* buffers that alias a local one without sp */
-    size_t wide = 3 * Cl > Fl ? 3 * Cl : Fl, att = B * NHl * T * T;
-    size_t per_layer = Rl * C * 4 + Rl * 4 + 2 * full + R * 3 * Cl + R * Cl + att + R * Fl * 2;
-    size_t total = L * per_layer + Rl * C * 2 + Rl * 2 + full + R * Vl + R * 4 /* losses, ce */
-                   + R * C + (m->sp ? Rl * C : 0)                         /* partial, summed */
-                   + Rl * C * 2 + full + R * C + (m->sp ? Rl * C : 0)    /* dres .. dsummed */
-                   + 2 * R * wide + 2 * att + 2 * C + (m->canonical ? 3 * R * C : 0);
-    size_t ints = 2 * R;
-    m->act_mem = m->be->ops->alloc(m->be->self, total * sizeof(float) + ints * sizeof(int) + 64);
-    if (!m->act_mem)
-        LOOM_FAIL(LOOM_ERR_NOMEM, "cannot allocate %.1f MiB of activations for batch %zu x %zu",
-                  (double)(total * 4) / (1 << 20), B, T);
-    float *f = m->act_mem;
-#define TAKE(n) (f += (n), f - (n))
-#define TAKE_FULL(local) (m->sp ? TAKE(R * C) : (local))
+    size_t wide = 3 * Cl > Fl ? 3 * Cl : Fl, att = B * NHl * T * T, off = 0;
+#define TAKE(n) (off += (n), base ? base + off - (n) : NULL)
+#define TAKE_FULL(local) (m->sp ? TAKE(R * C) : (local)) /* all rows: its own buffer under sp */
     for (size_t l = 0; l < L; l++) {
         layer_acts *a = &m->acts[l];
         a->ln1 = TAKE(Rl * C); a->ln1_mean = TAKE(Rl); a->ln1_rstd = TAKE(Rl);
@@ -239,12 +230,24 @@ static loom_status alloc_activations(loom_gpt *m)
     m->dres = TAKE(Rl * C); m->dres_full = TAKE_FULL(m->dres); m->dtmp = TAKE(Rl * C);
     m->dpartial = TAKE(R * C); m->dsummed = m->sp ? TAKE(Rl * C) : m->dpartial;
     m->dbuf_4a = TAKE(R * wide); m->dbuf_4b = TAKE(R * wide);
-    m->datt_scratch = TAKE(2 * att); m->rep_grad = TAKE(2 * C);
+    m->datt_scratch = TAKE(2 * att); m->rep_grad = TAKE(6 * C);
     for (int i = 0; i < 3; i++)
         m->tree[i] = m->canonical ? TAKE(R * C) : NULL;
 #undef TAKE_FULL
 #undef TAKE
-    m->tokens = (int *)f;
+    return off;
+}
+
+static loom_status alloc_activations(loom_gpt *m)
+{
+    size_t R = (size_t)m->max_B * (size_t)m->cfg.ctx, total = lay_out_activations(m, NULL);
+    m->act_mem = m->be->ops->alloc(m->be->self, total * sizeof(float) + 2 * R * sizeof(int) + 64);
+    if (!m->act_mem)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "cannot allocate %.1f MiB of activations for batch %d x %d",
+                  (double)(total * 4) / (1 << 20), m->max_B, m->cfg.ctx);
+    float *f = m->act_mem;
+    lay_out_activations(m, f);
+    m->tokens = (int *)(f + total);
     m->targets = m->tokens + R;
     m->host_losses = malloc(R * sizeof(float));
     m->row_gather = malloc((size_t)m->cfg.vocab_padded * sizeof(float));
@@ -499,13 +502,22 @@ static void column_parallel_dinp(loom_gpt *m, float *dinp, const float *dout, co
 }
 
 /* Gradients of replicated parameters that are sums over this rank's token rows (layer
- * norms, row-parallel biases). With sequence parallelism each rank holds a partial, summed
- * over the tp group here; in canonical mode the rows are summed in fixed chunks of R/8
- * rows (R = B*T) in the tree. kind 0: layernorm backward (also writes dinp), 1: bias. */
+ * norms, row-parallel biases). In fast mode without sequence parallelism every rank sees
+ * all rows and the kernels accumulate straight into the gradient. Otherwise each gradient
+ * is first computed on its own into a slot of the layer's pack (m->rep_grad, C floats a
+ * slot): in canonical mode over fixed chunks of R/8 rows (R = B*T) added in the tree; with
+ * sequence parallelism each rank's pack is a partial, and rep_flush sums the whole pack
+ * over the tp group in one exchange per layer before adding it to the gradients.
+ * kind 0: layernorm backward (also writes dinp; two slots, weight then bias), 1: bias. */
 typedef struct rep_args {
     float *dinp;
     const float *dout, *inp, *w, *mean, *rstd;
 } rep_args;
+
+typedef struct rep_pack {
+    float *dst[6];   /* the gradient each slot is added to */
+    int n;
+} rep_pack;
 
 static void rep_rows(loom_gpt *m, int kind, const rep_args *a, float *dw, float *db, size_t r0,
                      size_t rows)
@@ -520,37 +532,44 @@ static void rep_rows(loom_gpt *m, int kind, const rep_args *a, float *dw, float 
         k->bias_backward(db, a->dout + off, rows, C);
 }
 
-static loom_status replicated_grads(loom_gpt *m, int kind, const rep_args *a, float *dw, float *db,
-                                    size_t Rl)
+static void replicated_grads(loom_gpt *m, rep_pack *pk, int kind, const rep_args *a, float *dw,
+                             float *db, size_t Rl)
 {
     const loom_backend_ops *k = m->be->ops;
     size_t C = (size_t)m->cfg.dim, n = kind == 0 ? 2 * C : C;
     if (!m->canonical && !m->sp) {
         rep_rows(m, kind, a, dw, db, 0, Rl);
-        return LOOM_OK;
+        return;
     }
-    float *part = m->rep_grad; /* [dw | db] or [db] */
-    float *pdw = kind == 0 ? part : NULL, *pdb = kind == 0 ? part + C : part;
+    float *part = m->rep_grad + (size_t)pk->n * C; /* [dw | db] or [db] */
+    if (kind == 0)
+        pk->dst[pk->n++] = dw;
+    pk->dst[pk->n++] = db;
     if (!m->canonical) {
         k->zero(m->be->self, part, n * sizeof(float));
-        rep_rows(m, kind, a, pdw, pdb, 0, Rl);
-    } else {
-        int chunks = m->sp ? local_chunks(m) : LOOM_CANONICAL_CHUNKS;
-        size_t rc = Rl / (size_t)chunks;
-        chunk_tree t = tree_start(m, part, n);
-        for (int c = 0; c < chunks; c++) {
-            float *slot = tree_slot(&t);
-            k->zero(m->be->self, slot, n * sizeof(float));
-            rep_rows(m, kind, a, kind == 0 ? slot : NULL, kind == 0 ? slot + C : slot,
-                     (size_t)c * rc, rc);
-            tree_push(m, &t);
-        }
+        rep_rows(m, kind, a, kind == 0 ? part : NULL, kind == 0 ? part + C : part, 0, Rl);
+        return;
     }
-    if (m->sp)
-        LOOM_TRY(tensor_allreduce(m, part, n, LOOM_REDUCE_SUM));
-    if (kind == 0)
-        k->accumulate(dw, pdw, C);
-    k->accumulate(db, pdb, C);
+    int chunks = m->sp ? local_chunks(m) : LOOM_CANONICAL_CHUNKS;
+    size_t rc = Rl / (size_t)chunks;
+    chunk_tree t = tree_start(m, part, n);
+    for (int c = 0; c < chunks; c++) {
+        float *slot = tree_slot(&t);
+        k->zero(m->be->self, slot, n * sizeof(float));
+        rep_rows(m, kind, a, kind == 0 ? slot : NULL, kind == 0 ? slot + C : slot, (size_t)c * rc,
+                 rc);
+        tree_push(m, &t);
+    }
+}
+
+static loom_status rep_flush(loom_gpt *m, rep_pack *pk)
+{
+    size_t C = (size_t)m->cfg.dim;
+    if (pk->n && m->sp)
+        LOOM_TRY(tensor_allreduce(m, m->rep_grad, (size_t)pk->n * C, LOOM_REDUCE_SUM));
+    for (int i = 0; i < pk->n; i++)
+        m->be->ops->accumulate(pk->dst[i], m->rep_grad + (size_t)i * C, C);
+    pk->n = 0;
     return LOOM_OK;
 }
 
@@ -689,8 +708,10 @@ loom_status loom_gpt_backward(loom_gpt *m)
      * d(last block output). */
     LOOM_TRY(column_parallel_backward(m, LOOM_REGION_HEAD, -1, m->g.wte, NULL, m->logits,
                                       m->lnf_full, m->p.wte, B, T, m->Vl, 1));
+    rep_pack pk = {.n = 0};
     rep_args lnf = {m->dres, m->dsummed, last, m->p.lnfw, m->lnf_mean, m->lnf_rstd};
-    LOOM_TRY(replicated_grads(m, 0, &lnf, m->g.lnfw, m->g.lnfb, Rl));
+    replicated_grads(m, &pk, 0, &lnf, m->g.lnfw, m->g.lnfb, Rl);
+    LOOM_TRY(rep_flush(m, &pk));
     int n_entries = m->table.count;
     LOOM_TRY(entries_ready(m, n_entries - 2, n_entries - 1));
     for (int l = L - 1; l >= 0; l--) {
@@ -699,7 +720,7 @@ loom_status loom_gpt_backward(loom_gpt *m)
         const float *residual = l == 0 ? m->encoded : m->acts[l - 1].res3;
         /* MLP branch: res3 = res2 + g(proj(gelu(fc(f(ln2(res2)))))) + bias */
         rep_args pb = {.dout = m->dres};
-        LOOM_TRY(replicated_grads(m, 1, &pb, NULL, g->fcprojb, Rl));
+        replicated_grads(m, &pk, 1, &pb, NULL, g->fcprojb, Rl);
         LOOM_TRY(B_LEAVE(LOOM_REGION_MLP, l, m->dres, m->dres_full, R, C));
         k->matmul_backward(m->dbuf_4a, g->fcprojw, NULL, m->dres_full, a->fch_gelu, w->fcprojw,
                            B, T, Fl, C);
@@ -707,11 +728,11 @@ loom_status loom_gpt_backward(loom_gpt *m)
         LOOM_TRY(column_parallel_backward(m, LOOM_REGION_MLP, l, g->fcw, g->fcb, m->dbuf_4b,
                                           a->ln2_full, w->fcw, B, T, Fl, 1));
         rep_args ln2 = {m->dtmp, m->dsummed, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd};
-        LOOM_TRY(replicated_grads(m, 0, &ln2, g->ln2w, g->ln2b, Rl));
+        replicated_grads(m, &pk, 0, &ln2, g->ln2w, g->ln2b, Rl);
         k->accumulate(m->dres, m->dtmp, Rl * C);
         /* Attention branch: res2 = residual + g(proj(attn(qkv(f(ln1(residual)))))) + bias */
         rep_args ab = {.dout = m->dres};
-        LOOM_TRY(replicated_grads(m, 1, &ab, NULL, g->attprojb, Rl));
+        replicated_grads(m, &pk, 1, &ab, NULL, g->attprojb, Rl);
         LOOM_TRY(B_LEAVE(LOOM_REGION_ATTENTION, l, m->dres, m->dres_full, R, C));
         float *datty = m->dpartial; /* free until the qkv backward below */
         k->matmul_backward(datty, g->attprojw, NULL, m->dres_full, a->atty, w->attprojw, B, T,
@@ -721,8 +742,9 @@ loom_status loom_gpt_backward(loom_gpt *m)
         LOOM_TRY(column_parallel_backward(m, LOOM_REGION_ATTENTION, l, g->qkvw, g->qkvb,
                                           m->dbuf_4a, a->ln1_full, w->qkvw, B, T, 3 * Cl, 3));
         rep_args ln1 = {m->dtmp, m->dsummed, residual, w->ln1w, a->ln1_mean, a->ln1_rstd};
-        LOOM_TRY(replicated_grads(m, 0, &ln1, g->ln1w, g->ln1b, Rl));
+        replicated_grads(m, &pk, 0, &ln1, g->ln1w, g->ln1b, Rl);
         k->accumulate(m->dres, m->dtmp, Rl * C);
+        LOOM_TRY(rep_flush(m, &pk));
         LOOM_TRY(entries_ready(m, 2 + 12 * l, 2 + 12 * l + 11));
     }
     /* Embedding: every rank needs the gradient of all rows for its vocabulary slice; the

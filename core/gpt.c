@@ -573,29 +573,50 @@ static loom_status rep_flush(loom_gpt *m, rep_pack *pk)
     return LOOM_OK;
 }
 
-/* Vocabulary-parallel cross-entropy over this rank's Vl columns (backend.h's passes):
- * row maxima combined by MAX, the sums of exponentials and the target logits by SUM (the
- * target is in one rank's slice, so that sum is exact). */
-static loom_status vocab_cross_entropy(loom_gpt *m, int R, float dloss)
+/* Vocabulary-parallel cross-entropy over this rank's Vl columns (backend.h's passes) for
+ * rows [r0, r0+n): row maxima combined by MAX, the sums of exponentials and the target
+ * logits by SUM (the target is in one rank's slice, so that sum is exact). */
+static loom_status cross_entropy_rows(loom_gpt *m, size_t r0, int n, float dloss)
 {
     const loom_backend_ops *k = m->be->ops;
     int V = m->cfg.vocab, Vl = m->Vl, v0 = m->v0;
-    float *sumexp = m->ce_stats, *tlogit = m->ce_stats + R;
-    k->ce_row_max(m->ce_max, m->logits, R, Vl, v0, V);
-    LOOM_TRY(tensor_allreduce(m, m->ce_max, (size_t)R, LOOM_REDUCE_MAX));
+    float *logits = m->logits + r0 * (size_t)Vl, *row_max = m->ce_max + r0;
+    float *sumexp = m->ce_stats + 2 * r0, *tlogit = sumexp + n; /* one exchange for both */
+    const int *targets = m->targets + r0;
+    k->ce_row_max(row_max, logits, n, Vl, v0, V);
+    LOOM_TRY(tensor_allreduce(m, row_max, (size_t)n, LOOM_REDUCE_MAX));
     if (!m->canonical) {
-        k->ce_row_sumexp(sumexp, m->logits, m->ce_max, R, Vl, v0, V, 0, Vl);
+        k->ce_row_sumexp(sumexp, logits, row_max, n, Vl, v0, V, 0, Vl);
     } else {
-        int n = local_chunks(m), wc = Vl / n;
-        chunk_tree t = tree_start(m, sumexp, (size_t)R);
-        for (int c = 0; c < n; c++) {
-            k->ce_row_sumexp(tree_slot(&t), m->logits, m->ce_max, R, Vl, v0, V, c * wc, (c + 1) * wc);
+        int chunks = local_chunks(m), wc = Vl / chunks;
+        chunk_tree t = tree_start(m, sumexp, (size_t)n);
+        for (int c = 0; c < chunks; c++) {
+            k->ce_row_sumexp(tree_slot(&t), logits, row_max, n, Vl, v0, V, c * wc, (c + 1) * wc);
             tree_push(m, &t);
         }
     }
-    k->ce_target_logit(tlogit, m->logits, m->targets, R, Vl, v0);
-    LOOM_TRY(tensor_allreduce(m, m->ce_stats, 2 * (size_t)R, LOOM_REDUCE_SUM));
-    k->ce_finish(m->logits, m->losses, m->ce_max, sumexp, tlogit, m->targets, dloss, R, Vl, v0, V);
+    k->ce_target_logit(tlogit, logits, targets, n, Vl, v0);
+    LOOM_TRY(tensor_allreduce(m, sumexp, 2 * (size_t)n, LOOM_REDUCE_SUM));
+    k->ce_finish(logits, m->losses + r0, row_max, sumexp, tlogit, targets, dloss, n, Vl, v0, V);
+    return LOOM_OK;
+}
+
+/* The passes read the (R, Vl) logits three times. With one rank they run over blocks of
+ * rows small enough to stay in cache between passes (about 4 MiB of logits: 20 rows of
+ * GPT-2's vocabulary, all rows of a byte-level one), the same operations row by row, so the
+ * same bits; with tensor parallelism over all rows at once, so each pass's statistics
+ * cross the group in one exchange. */
+static loom_status vocab_cross_entropy(loom_gpt *m, int R, float dloss)
+{
+    size_t block = (size_t)R;
+    if (!m->tp_ops) {
+        block = ((size_t)4 << 20) / ((size_t)m->Vl * sizeof(float));
+        block = block < 16 ? 16 : block;
+    }
+    for (size_t r0 = 0; r0 < (size_t)R; r0 += block) {
+        size_t n = (size_t)R - r0 < block ? (size_t)R - r0 : block;
+        LOOM_TRY(cross_entropy_rows(m, r0, (int)n, dloss));
+    }
     return LOOM_OK;
 }
 

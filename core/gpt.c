@@ -27,8 +27,10 @@ typedef struct model_params {
 
 /* Saved per layer for backward. R = max_B*ctx token rows; Rl = this rank's rows of the
  * residual stream (R, or R/tp with sequence parallelism); Cl, Fl = this rank's attention
- * and MLP widths. The *_full buffers are all R rows (aliases of the local ones without
- * sequence parallelism). */
+ * and MLP widths. The *_full buffers are the layernorm outputs over all R rows: aliases of
+ * the local ones without sequence parallelism; with it, one shared buffer (m->gathered)
+ * that forward fills by all-gather just before use and backward fills again just before
+ * the weight gradient needs it (Korthikanti et al.: only the 1/tp shard is kept). */
 typedef struct layer_acts {
     float *ln1, *ln1_mean, *ln1_rstd; /* (Rl,C) (Rl) (Rl) */
     float *ln1_full;                  /* (R,C) */
@@ -55,8 +57,10 @@ struct loom_gpt {
     int Cl, NHl, Fl, Vl, v0;  /* this rank's widths and first vocabulary row */
     /* activations */
     void *act_mem;
+    size_t act_bytes;
     layer_acts *acts;
     float *encoded, *lnf, *lnf_mean, *lnf_rstd, *lnf_full, *logits, *losses;
+    float *gathered;                   /* (R,C) under sequence parallelism: see layer_acts */
     float *ce_max, *ce_stats;          /* (R) row maxima; (2R) sum of exps, target logits */
     float *partial, *summed;           /* (R,C) row-parallel partials; (Rl,C) their sum */
     int *tokens, *targets;
@@ -214,17 +218,19 @@ static size_t lay_out_activations(loom_gpt *m, float *base)
     size_t wide = 3 * Cl > Fl ? 3 * Cl : Fl, att = B * NHl * T * T, off = 0;
 #define TAKE(n) (off += (n), base ? base + off - (n) : NULL)
 #define TAKE_FULL(local) (m->sp ? TAKE(R * C) : (local)) /* all rows: its own buffer under sp */
+    m->gathered = m->sp ? TAKE(R * C) : NULL;
+#define GATHERED(local) (m->sp ? m->gathered : (local))
     for (size_t l = 0; l < L; l++) {
         layer_acts *a = &m->acts[l];
         a->ln1 = TAKE(Rl * C); a->ln1_mean = TAKE(Rl); a->ln1_rstd = TAKE(Rl);
-        a->ln1_full = TAKE_FULL(a->ln1);
+        a->ln1_full = GATHERED(a->ln1);
         a->qkv = TAKE(R * 3 * Cl); a->atty = TAKE(R * Cl); a->att = TAKE(att);
         a->res2 = TAKE(Rl * C); a->ln2 = TAKE(Rl * C); a->ln2_mean = TAKE(Rl);
-        a->ln2_rstd = TAKE(Rl); a->ln2_full = TAKE_FULL(a->ln2);
+        a->ln2_rstd = TAKE(Rl); a->ln2_full = GATHERED(a->ln2);
         a->fch = TAKE(R * Fl); a->fch_gelu = TAKE(R * Fl); a->res3 = TAKE(Rl * C);
     }
     m->encoded = TAKE(Rl * C); m->lnf = TAKE(Rl * C); m->lnf_mean = TAKE(Rl);
-    m->lnf_rstd = TAKE(Rl); m->lnf_full = TAKE_FULL(m->lnf);
+    m->lnf_rstd = TAKE(Rl); m->lnf_full = GATHERED(m->lnf);
     m->logits = TAKE(R * Vl); m->losses = TAKE(R); m->ce_max = TAKE(R); m->ce_stats = TAKE(2 * R);
     m->partial = TAKE(R * C); m->summed = m->sp ? TAKE(Rl * C) : m->partial;
     m->dres = TAKE(Rl * C); m->dres_full = TAKE_FULL(m->dres); m->dtmp = TAKE(Rl * C);
@@ -233,6 +239,7 @@ static size_t lay_out_activations(loom_gpt *m, float *base)
     m->datt_scratch = TAKE(2 * att); m->rep_grad = TAKE(6 * C);
     for (int i = 0; i < 3; i++)
         m->tree[i] = m->canonical ? TAKE(R * C) : NULL;
+#undef GATHERED
 #undef TAKE_FULL
 #undef TAKE
     return off;
@@ -241,7 +248,8 @@ static size_t lay_out_activations(loom_gpt *m, float *base)
 static loom_status alloc_activations(loom_gpt *m)
 {
     size_t R = (size_t)m->max_B * (size_t)m->cfg.ctx, total = lay_out_activations(m, NULL);
-    m->act_mem = m->be->ops->alloc(m->be->self, total * sizeof(float) + 2 * R * sizeof(int) + 64);
+    m->act_bytes = total * sizeof(float) + 2 * R * sizeof(int) + 64;
+    m->act_mem = m->be->ops->alloc(m->be->self, m->act_bytes);
     if (!m->act_mem)
         LOOM_FAIL(LOOM_ERR_NOMEM, "cannot allocate %.1f MiB of activations for batch %d x %d",
                   (double)(total * 4) / (1 << 20), m->max_B, m->cfg.ctx);
@@ -362,6 +370,7 @@ const loom_param_table *loom_gpt_params(const loom_gpt *m) { return &m->table; }
 float *loom_gpt_param_data(loom_gpt *m) { return m->params; }
 float *loom_gpt_grad_data(loom_gpt *m) { return m->grads; }
 const float *loom_gpt_logits(const loom_gpt *m) { return m->logits; }
+size_t loom_gpt_activation_bytes(const loom_gpt *m) { return m->act_bytes; }
 
 size_t loom_gpt_num_params(const loom_gpt *m)
 {
@@ -699,6 +708,14 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
     return LOOM_OK;
 }
 
+/* Under sequence parallelism, all-gather a layernorm output again for the weight gradient
+ * of the column-parallel layer it feeds (forward kept only this rank's shard). */
+static loom_status regather(loom_gpt *m, loom_region r, int layer, const float *local, float *full,
+                            size_t R)
+{
+    return m->sp ? F_ENTER(r, layer, local, full, R, (size_t)m->cfg.dim) : LOOM_OK;
+}
+
 /* Backward of a column-parallel layer (its input `inp`, all R rows): weight and bias
  * gradients, and the partial input gradient into m->dpartial, summed over the group by
  * the region's f backward into m->dsummed. The sum runs while the weight gradient is
@@ -727,6 +744,7 @@ loom_status loom_gpt_backward(loom_gpt *m)
 
     /* LM head (tied to wte, vocabulary-parallel) and the final layernorm; dres starts as
      * d(last block output). */
+    LOOM_TRY(regather(m, LOOM_REGION_HEAD, -1, m->lnf, m->lnf_full, R));
     LOOM_TRY(column_parallel_backward(m, LOOM_REGION_HEAD, -1, m->g.wte, NULL, m->logits,
                                       m->lnf_full, m->p.wte, B, T, m->Vl, 1));
     rep_pack pk = {.n = 0};
@@ -746,6 +764,7 @@ loom_status loom_gpt_backward(loom_gpt *m)
         k->matmul_backward(m->dbuf_4a, g->fcprojw, NULL, m->dres_full, a->fch_gelu, w->fcprojw,
                            B, T, Fl, C);
         k->gelu_backward(m->dbuf_4b, a->fch, m->dbuf_4a, R * Fl);
+        LOOM_TRY(regather(m, LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R));
         LOOM_TRY(column_parallel_backward(m, LOOM_REGION_MLP, l, g->fcw, g->fcb, m->dbuf_4b,
                                           a->ln2_full, w->fcw, B, T, Fl, 1));
         rep_args ln2 = {m->dtmp, m->dsummed, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd};
@@ -760,6 +779,7 @@ loom_status loom_gpt_backward(loom_gpt *m)
                            Cl, C);
         k->attention_backward(m->dbuf_4a, m->datt_scratch, datty, a->qkv, a->att, B, T, Cl,
                               m->NHl);
+        LOOM_TRY(regather(m, LOOM_REGION_ATTENTION, l, a->ln1, a->ln1_full, R));
         LOOM_TRY(column_parallel_backward(m, LOOM_REGION_ATTENTION, l, g->qkvw, g->qkvb,
                                           m->dbuf_4a, a->ln1_full, w->qkvw, B, T, 3 * Cl, 3));
         rep_args ln1 = {m->dtmp, m->dsummed, residual, w->ln1w, a->ln1_mean, a->ln1_rstd};

@@ -76,6 +76,8 @@ const float *loom_gpt_logits(const loom_gpt *m);
 /* Row `row` (b*T + t) of the last forward's logits, all Vp columns, into host memory
  * (gathered over the tensor-parallel group: every rank calls it). */
 loom_status loom_gpt_logits_row(loom_gpt *m, size_t row, float *host_out);
+/* Bytes of the activation and backward scratch buffers (sized for max_B x ctx). */
+size_t loom_gpt_activation_bytes(const loom_gpt *m);
 /* Milliseconds spent inside tensor-parallel exchanges since the last call. */
 double loom_gpt_take_comm_ms(loom_gpt *m);
 /* B*T of a forward must be a multiple of this (tp under sequence parallelism, else 1). */

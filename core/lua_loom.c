@@ -363,17 +363,20 @@ static int l_session_sample(lua_State *L)
     return 1;
 }
 
-/* s:info() -> {params=, param_bytes=, vocab_padded=, backend=, steps=}; params counts the
- * whole model, param_bytes this rank's parameter buffer (its slices, alignment included). */
+/* s:info() -> {params=, param_bytes=, activation_bytes=, vocab_padded=, backend=, steps=};
+ * params counts the whole model, param_bytes this rank's parameter buffer (its slices,
+ * alignment included), activation_bytes its activation and backward scratch buffers. */
 static int l_session_info(lua_State *L)
 {
     session_box *b = check_session(L);
     loom_gpt *m = loom_session_model(b->s);
-    lua_createtable(L, 0, 4);
+    lua_createtable(L, 0, 6);
     lua_pushinteger(L, (lua_Integer)loom_gpt_num_params(m));
     lua_setfield(L, -2, "params");
     lua_pushinteger(L, (lua_Integer)(loom_gpt_params(m)->total * sizeof(float)));
     lua_setfield(L, -2, "param_bytes");
+    lua_pushinteger(L, (lua_Integer)loom_gpt_activation_bytes(m));
+    lua_setfield(L, -2, "activation_bytes");
     lua_pushinteger(L, (lua_Integer)loom_gpt_get_config(m)->vocab_padded);
     lua_setfield(L, -2, "vocab_padded");
     lua_pushstring(L, loom_session_backend_description(b->s));

@@ -10,7 +10,10 @@
 #    tp=4+sp, steps 7-12 are bitwise those of the straight run; saved at tp=1, resumed at
 #    tp=2 likewise;
 #  - per-rank parameter bytes: the replicated parameters plus 1/tp of the split ones
-#    (measured from each rank's parameter buffer).
+#    (measured from each rank's parameter buffer);
+#  - sequence parallelism keeps only a 1/tp shard of the residual stream and layernorm
+#    outputs per layer: at tp=2 it saves at least layers x 2 x (B*T/2) x dim floats of
+#    activation buffers.
 set -euo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -118,7 +121,7 @@ echo "ok canonical: the same 45-token sample at tp=1, tp=2, tp=2+sp, tp=4+sp"
 # Parameter bytes per rank. The test model (common.lua): vocab 256 (padded 256), ctx 32,
 # 2 layers, dim 32. Replicated: wpe, per layer ln_1, ln_2 (2C each) and the two
 # row-parallel biases (C each), ln_f (2C). Entries are aligned to 16 floats.
-bytes() { "$loom" launch -n "$1" "$here/recipes/param_bytes.lua" $model "${@:2}" | awk '/^PARAMBYTES 0 / { print $3 }'; }
+bytes() { "$loom" launch -n "$1" "$here/recipes/param_bytes.lua" $model "${@:2}" | awk -v k="${key:-PARAMBYTES}" '$1 == k && $2 == 0 { print $3 }'; }
 one=$("$loom" run "$here/recipes/param_bytes.lua" $model | awk '/^PARAMBYTES/ { print $3 }')
 for tp in 2 4; do
   held=$(bytes $tp mesh.tp=$tp)
@@ -128,3 +131,10 @@ for tp in 2 4; do
     printf "ok tp=%d: %d parameter bytes per rank (one rank %d; replicated %d + split %d/%d = %d)\n", tp, held, one, rep, sp, tp, want
     if (held < want - slack || held > want + slack) { print "  outside +-" slack; exit 1 } }'
 done
+
+# Activation buffers with and without sequence parallelism (B*T = 128 rows, dim 32, 2 layers).
+plain=$(key=ACTBYTES bytes 2 mesh.tp=2)
+sp=$(key=ACTBYTES bytes 2 mesh.tp=2 tp_sequence_parallel=true)
+awk -v a="$plain" -v b="$sp" 'BEGIN { want = 2 * 2 * 64 * 32 * 4
+  printf "ok tp=2 activation buffers per rank: %d bytes, %d with sequence parallelism (saves %d, at least %d)\n", a, b, a - b, want
+  exit !(a - b >= want) }'

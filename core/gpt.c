@@ -1,79 +1,20 @@
-/* gpt.c — GPT-2 forward and backward over the backend's kernels.
+/* gpt.c — GPT-2 forward and backward over the backend's kernels: the parameter table,
+ * the activation buffers, and the two passes (tensor parallelism's pieces are in
+ * gpt_parallel.c, the shared state in gpt_internal.h).
  *
  * Activation buffers are sized once for (max_B, ctx) and reused; a forward with smaller
  * B or T uses a prefix of each. Backward keeps one residual-gradient buffer and walks the
  * blocks top-down; every input gradient is produced fresh (kernels overwrite) and the
  * residual branches join it with `accumulate`.
  */
-#include "gpt.h"
+#include "gpt_internal.h"
 
 #include <math.h>
 #include <stdio.h>
-#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "status.h"
-
-typedef struct layer_params {
-    float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb;
-    float *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
-} layer_params;
-
-typedef struct model_params {
-    float *wte, *wpe, *lnfw, *lnfb;
-    layer_params *layer; /* [L] */
-} model_params;
-
-/* Saved per layer for backward. R = max_B*ctx token rows; Rl = this rank's rows of the
- * residual stream (R, or R/tp with sequence parallelism); Cl, Fl = this rank's attention
- * and MLP widths. The *_full buffers are the layernorm outputs over all R rows: aliases of
- * the local ones without sequence parallelism; with it, one shared buffer (m->gathered)
- * that forward fills by all-gather just before use and backward fills again just before
- * the weight gradient needs it (Korthikanti et al.: only the 1/tp shard is kept). */
-typedef struct layer_acts {
-    float *ln1, *ln1_mean, *ln1_rstd; /* (Rl,C) (Rl) (Rl) */
-    float *ln1_full;                  /* (R,C) */
-    float *qkv;                       /* (R,3Cl) */
-    float *atty;                      /* (R,Cl) attention output before projection */
-    float *att;                       /* (B,NH/tp,T,T) */
-    float *res2;                      /* (Rl,C) residual after attention */
-    float *ln2, *ln2_mean, *ln2_rstd, *ln2_full;
-    float *fch, *fch_gelu;            /* (R,Fl) */
-    float *res3;                      /* (Rl,C) block output */
-} layer_acts;
-
-struct loom_gpt {
-    loom_gpt_config cfg;
-    loom_backend *be;
-    loom_param_table table;
-    float *params, *grads;
-    model_params p, g;
-    int max_B;
-    /* tensor parallelism (gpt.h): tp_ops NULL for one rank */
-    const loom_strategy_ops *tp_ops;
-    void *tp_self;
-    int tp, tp_rank, sp, canonical;
-    int Cl, NHl, Fl, Vl, v0;  /* this rank's widths and first vocabulary row */
-    /* activations */
-    void *act_mem;
-    size_t act_bytes;
-    layer_acts *acts;
-    float *encoded, *lnf, *lnf_mean, *lnf_rstd, *lnf_full, *logits, *losses;
-    float *gathered;                   /* (R,C) under sequence parallelism: see layer_acts */
-    float *ce_max, *ce_stats;          /* (R) row maxima; (2R) sum of exps, target logits */
-    float *partial, *summed;           /* (R,C) row-parallel partials; (Rl,C) their sum */
-    int *tokens, *targets;
-    /* backward scratch */
-    float *dres, *dres_full, *dtmp, *dpartial, *dsummed, *dbuf_4a, *dbuf_4b, *datt_scratch;
-    float *rep_grad;                   /* (6C) replicated parameters' gradient partials */
-    float *tree[3];                    /* canonical: levels of the chunk tree, (R,C) each */
-    float *host_losses, *row_gather;   /* (R) host; (Vp) host */
-    int last_B, last_T, have_dlogits;
-    double comm_ms;                    /* time inside tensor-parallel exchanges */
-    loom_grad_ready_fn grad_ready;
-    void *grad_ready_ctx;
-};
 
 void loom_gpt_set_grad_hook(loom_gpt *m, loom_grad_ready_fn fn, void *ctx)
 {
@@ -270,12 +211,11 @@ static loom_status check_split(const loom_gpt *m)
     if (tp > 1 && (c->heads % tp != 0 || c->vocab_padded % tp != 0))
         LOOM_FAIL(LOOM_ERR_INVALID, "tensor parallelism tp=%d must divide heads=%d and the padded "
                   "vocabulary %d", tp, c->heads, c->vocab_padded);
-    if (m->canonical && (c->dim % LOOM_CANONICAL_CHUNKS || c->vocab_padded % LOOM_CANONICAL_CHUNKS ||
-                         LOOM_CANONICAL_CHUNKS % tp))
+    const int chunks = LOOM_CANONICAL_CHUNKS;
+    if (m->canonical && (c->dim % chunks || c->vocab_padded % chunks || chunks % tp))
         LOOM_FAIL(LOOM_ERR_INVALID, "canonical mode sums in %d fixed chunks: dim=%d and the padded "
-                  "vocabulary %d must divide by %d, and tp=%d must divide %d",
-                  LOOM_CANONICAL_CHUNKS, c->dim, c->vocab_padded, LOOM_CANONICAL_CHUNKS, tp,
-                  LOOM_CANONICAL_CHUNKS);
+                  "vocabulary %d must divide by %d, and tp=%d must divide %d", chunks, c->dim,
+                  c->vocab_padded, chunks, tp, chunks);
     return LOOM_OK;
 }
 
@@ -383,252 +323,6 @@ void loom_gpt_zero_grad(loom_gpt *m)
     m->be->ops->zero(m->be->self, m->grads, m->table.total * sizeof(float));
 }
 
-/* --- the parallel pieces ------------------------------------------------------------- */
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-double loom_gpt_take_comm_ms(loom_gpt *m)
-{
-    double ms = m->comm_ms;
-    m->comm_ms = 0.0;
-    return ms;
-}
-
-/* A region boundary: the strategy's hook, or nothing with one rank (then out == in). */
-typedef loom_status (*region_hook)(void *, loom_region, int, const loom_region_io *);
-
-static loom_status cross(loom_gpt *m, region_hook hook, loom_region r, int layer, const float *in,
-                         float *out, size_t rows, size_t width)
-{
-    if (!m->tp_ops)
-        return LOOM_OK;
-    loom_region_io io = {in, out, rows, width};
-    double t0 = now_ms();
-    loom_status st = hook(m->tp_self, r, layer, &io);
-    m->comm_ms += now_ms() - t0;
-    return st;
-}
-#define F_ENTER(r, l, in, out, rows, w) cross(m, m->tp_ops ? m->tp_ops->region_forward_enter : NULL, r, l, in, out, rows, w)
-#define F_LEAVE(r, l, in, out, rows, w) cross(m, m->tp_ops ? m->tp_ops->region_forward_leave : NULL, r, l, in, out, rows, w)
-#define B_LEAVE(r, l, in, out, rows, w) cross(m, m->tp_ops ? m->tp_ops->region_backward_leave : NULL, r, l, in, out, rows, w)
-#define B_ENTER(r, l, in, out, rows, w) cross(m, m->tp_ops ? m->tp_ops->region_backward_enter : NULL, r, l, in, out, rows, w)
-
-static loom_status region_wait(loom_gpt *m)
-{
-    if (!m->tp_ops || !m->tp_ops->region_wait)
-        return LOOM_OK;
-    double t0 = now_ms();
-    loom_status st = m->tp_ops->region_wait(m->tp_self);
-    m->comm_ms += now_ms() - t0;
-    return st;
-}
-
-static loom_status tensor_allreduce(loom_gpt *m, float *x, size_t n, loom_reduce_op op)
-{
-    if (!m->tp_ops)
-        return LOOM_OK;
-    double t0 = now_ms();
-    loom_status st = m->tp_ops->tensor_allreduce(m->tp_self, x, n, op);
-    m->comm_ms += now_ms() - t0;
-    return st;
-}
-
-/* Canonical mode's chunk tree: chunks pushed in order, equal levels merged older + newer
- * (the binary-counter tree; for a power-of-two count, the balanced pairwise tree). The
- * root lands in dest, the bottom level. */
-typedef struct chunk_tree {
-    float *level[4];
-    int depth, pushed;
-    size_t n;
-} chunk_tree;
-
-static chunk_tree tree_start(loom_gpt *m, float *dest, size_t n)
-{
-    chunk_tree t = {{dest, m->tree[0], m->tree[1], m->tree[2]}, 0, 0, n};
-    return t;
-}
-
-/* Where the next chunk goes. */
-static float *tree_slot(chunk_tree *t) { return t->level[t->depth]; }
-
-static void tree_push(loom_gpt *m, chunk_tree *t)
-{
-    t->depth++;
-    for (int c = ++t->pushed; !(c & 1); c >>= 1, t->depth--)
-        m->be->ops->accumulate(t->level[t->depth - 2], t->level[t->depth - 1], t->n);
-}
-
-/* Chunks this rank holds of a dim split over the tp group. */
-static int local_chunks(const loom_gpt *m) { return LOOM_CANONICAL_CHUNKS / m->tp; }
-
-/* out (R,C) = this rank's partial of a row-parallel layer: inp (R,K) @ W (C,K)^T over
- * its K input features (no bias: it is added once, after the sum). */
-static void row_parallel_forward(loom_gpt *m, float *out, const float *inp, const float *w,
-                                 int B, int T, int K)
-{
-    const loom_backend_ops *k = m->be->ops;
-    int C = m->cfg.dim, R = B * T;
-    if (!m->canonical) {
-        k->matmul_forward(out, inp, w, NULL, B, T, K, C);
-        return;
-    }
-    int n = local_chunks(m), kc = K / n;
-    chunk_tree t = tree_start(m, out, (size_t)R * C);
-    for (int c = 0; c < n; c++) {
-        k->gemm(0, 1, R, C, kc, 1.0f, inp + (size_t)c * kc, K, w + (size_t)c * kc, K, 0.0f,
-                tree_slot(&t), C);
-        tree_push(m, &t);
-    }
-}
-
-/* dinp (R,C) = this rank's partial input gradient of a column-parallel layer: dout (R,OC)
- * @ W (OC,C) over its OC output features, which form `segs` equal segments (q, k, v for
- * the fused QKV; one otherwise). Canonical chunk c holds part c of every segment. */
-static void column_parallel_dinp(loom_gpt *m, float *dinp, const float *dout, const float *w,
-                                 int R, int OC, int segs)
-{
-    const loom_backend_ops *k = m->be->ops;
-    int C = m->cfg.dim;
-    if (!m->canonical) {
-        k->gemm(0, 0, R, C, OC, 1.0f, dout, OC, w, C, 0.0f, dinp, C);
-        return;
-    }
-    int n = local_chunks(m), seg = OC / segs, wc = seg / n;
-    chunk_tree t = tree_start(m, dinp, (size_t)R * C);
-    for (int c = 0; c < n; c++) {
-        for (int s = 0; s < segs; s++) {
-            size_t o = (size_t)s * seg + (size_t)c * wc;
-            k->gemm(0, 0, R, C, wc, 1.0f, dout + o, OC, w + o * C, C, s ? 1.0f : 0.0f,
-                    tree_slot(&t), C);
-        }
-        tree_push(m, &t);
-    }
-}
-
-/* Gradients of replicated parameters that are sums over this rank's token rows (layer
- * norms, row-parallel biases). In fast mode without sequence parallelism every rank sees
- * all rows and the kernels accumulate straight into the gradient. Otherwise each gradient
- * is first computed on its own into a slot of the layer's pack (m->rep_grad, C floats a
- * slot): in canonical mode over fixed chunks of R/8 rows (R = B*T) added in the tree; with
- * sequence parallelism each rank's pack is a partial, and rep_flush sums the whole pack
- * over the tp group in one exchange per layer before adding it to the gradients.
- * kind 0: layernorm backward (also writes dinp; two slots, weight then bias), 1: bias. */
-typedef struct rep_args {
-    float *dinp;
-    const float *dout, *inp, *w, *mean, *rstd;
-} rep_args;
-
-typedef struct rep_pack {
-    float *dst[6];   /* the gradient each slot is added to */
-    int n;
-} rep_pack;
-
-static void rep_rows(loom_gpt *m, int kind, const rep_args *a, float *dw, float *db, size_t r0,
-                     size_t rows)
-{
-    const loom_backend_ops *k = m->be->ops;
-    int C = m->cfg.dim;
-    size_t off = r0 * (size_t)C;
-    if (kind == 0)
-        k->layernorm_backward(a->dinp + off, dw, db, a->dout + off, a->inp + off, a->w,
-                              a->mean + r0, a->rstd + r0, 1, (int)rows, C);
-    else
-        k->bias_backward(db, a->dout + off, rows, C);
-}
-
-static void replicated_grads(loom_gpt *m, rep_pack *pk, int kind, const rep_args *a, float *dw,
-                             float *db, size_t Rl)
-{
-    const loom_backend_ops *k = m->be->ops;
-    size_t C = (size_t)m->cfg.dim, n = kind == 0 ? 2 * C : C;
-    if (!m->canonical && !m->sp) {
-        rep_rows(m, kind, a, dw, db, 0, Rl);
-        return;
-    }
-    float *part = m->rep_grad + (size_t)pk->n * C; /* [dw | db] or [db] */
-    if (kind == 0)
-        pk->dst[pk->n++] = dw;
-    pk->dst[pk->n++] = db;
-    if (!m->canonical) {
-        k->zero(m->be->self, part, n * sizeof(float));
-        rep_rows(m, kind, a, kind == 0 ? part : NULL, kind == 0 ? part + C : part, 0, Rl);
-        return;
-    }
-    int chunks = m->sp ? local_chunks(m) : LOOM_CANONICAL_CHUNKS;
-    size_t rc = Rl / (size_t)chunks;
-    chunk_tree t = tree_start(m, part, n);
-    for (int c = 0; c < chunks; c++) {
-        float *slot = tree_slot(&t);
-        k->zero(m->be->self, slot, n * sizeof(float));
-        rep_rows(m, kind, a, kind == 0 ? slot : NULL, kind == 0 ? slot + C : slot, (size_t)c * rc,
-                 rc);
-        tree_push(m, &t);
-    }
-}
-
-static loom_status rep_flush(loom_gpt *m, rep_pack *pk)
-{
-    size_t C = (size_t)m->cfg.dim;
-    if (pk->n && m->sp)
-        LOOM_TRY(tensor_allreduce(m, m->rep_grad, (size_t)pk->n * C, LOOM_REDUCE_SUM));
-    for (int i = 0; i < pk->n; i++)
-        m->be->ops->accumulate(pk->dst[i], m->rep_grad + (size_t)i * C, C);
-    pk->n = 0;
-    return LOOM_OK;
-}
-
-/* Vocabulary-parallel cross-entropy over this rank's Vl columns (backend.h's passes) for
- * rows [r0, r0+n): row maxima combined by MAX, the sums of exponentials and the target
- * logits by SUM (the target is in one rank's slice, so that sum is exact). */
-static loom_status cross_entropy_rows(loom_gpt *m, size_t r0, int n, float dloss)
-{
-    const loom_backend_ops *k = m->be->ops;
-    int V = m->cfg.vocab, Vl = m->Vl, v0 = m->v0;
-    float *logits = m->logits + r0 * (size_t)Vl, *row_max = m->ce_max + r0;
-    float *sumexp = m->ce_stats + 2 * r0, *tlogit = sumexp + n; /* one exchange for both */
-    const int *targets = m->targets + r0;
-    k->ce_row_max(row_max, logits, n, Vl, v0, V);
-    LOOM_TRY(tensor_allreduce(m, row_max, (size_t)n, LOOM_REDUCE_MAX));
-    if (!m->canonical) {
-        k->ce_row_sumexp(sumexp, logits, row_max, n, Vl, v0, V, 0, Vl);
-    } else {
-        int chunks = local_chunks(m), wc = Vl / chunks;
-        chunk_tree t = tree_start(m, sumexp, (size_t)n);
-        for (int c = 0; c < chunks; c++) {
-            k->ce_row_sumexp(tree_slot(&t), logits, row_max, n, Vl, v0, V, c * wc, (c + 1) * wc);
-            tree_push(m, &t);
-        }
-    }
-    k->ce_target_logit(tlogit, logits, targets, n, Vl, v0);
-    LOOM_TRY(tensor_allreduce(m, sumexp, 2 * (size_t)n, LOOM_REDUCE_SUM));
-    k->ce_finish(logits, m->losses + r0, row_max, sumexp, tlogit, targets, dloss, n, Vl, v0, V);
-    return LOOM_OK;
-}
-
-/* The passes read the (R, Vl) logits three times. With one rank they run over blocks of
- * rows small enough to stay in cache between passes (about 4 MiB of logits: 20 rows of
- * GPT-2's vocabulary, all rows of a byte-level one), the same operations row by row, so the
- * same bits; with tensor parallelism over all rows at once, so each pass's statistics
- * cross the group in one exchange. */
-static loom_status vocab_cross_entropy(loom_gpt *m, int R, float dloss)
-{
-    size_t block = (size_t)R;
-    if (!m->tp_ops) {
-        block = ((size_t)4 << 20) / ((size_t)m->Vl * sizeof(float));
-        block = block < 16 ? 16 : block;
-    }
-    for (size_t r0 = 0; r0 < (size_t)R; r0 += block) {
-        size_t n = (size_t)R - r0 < block ? (size_t)R - r0 : block;
-        LOOM_TRY(cross_entropy_rows(m, r0, (int)n, dloss));
-    }
-    return LOOM_OK;
-}
-
 /* --- forward and backward ------------------------------------------------------------ */
 
 loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets, int B, int T,
@@ -648,12 +342,13 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
                   "tp=%d ranks: they must divide", B, T, R, m->tp);
     if (m->canonical && dloss != 0.0f && R % LOOM_CANONICAL_CHUNKS)
         LOOM_FAIL(LOOM_ERR_INVALID, "canonical mode sums token rows in %d chunks: batch %d x %d = "
-                  "%zu rows must divide by %d", LOOM_CANONICAL_CHUNKS, B, T, R, LOOM_CANONICAL_CHUNKS);
+                  "%zu rows must divide by %d", LOOM_CANONICAL_CHUNKS, B, T, R,
+                  LOOM_CANONICAL_CHUNKS);
     size_t Rl = m->sp ? R / (size_t)m->tp : R, row0 = m->sp ? (size_t)m->tp_rank * Rl : 0;
     for (size_t i = 0; i < R; i++)
         if (tokens[i] < 0 || tokens[i] >= V)
-            LOOM_FAIL(LOOM_ERR_INVALID, "token %d at position %zu is outside the vocabulary [0, %d)",
-                      tokens[i], i, V);
+            LOOM_FAIL(LOOM_ERR_INVALID, "token %d at position %zu is outside the vocabulary "
+                      "[0, %d)", tokens[i], i, V);
     k->copy_to_device(bs, m->tokens, tokens, R * sizeof(int));
     if (targets)
         k->copy_to_device(bs, m->targets, targets, R * sizeof(int));
@@ -673,7 +368,7 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
         LOOM_TRY(F_ENTER(LOOM_REGION_ATTENTION, l, a->ln1, a->ln1_full, R, C));
         k->matmul_forward(a->qkv, a->ln1_full, w->qkvw, w->qkvb, B, T, C, 3 * Cl);
         k->attention_forward(a->atty, a->att, a->qkv, B, T, Cl, m->NHl);
-        row_parallel_forward(m, m->partial, a->atty, w->attprojw, B, T, Cl);
+        gpt_row_parallel_forward(m, m->partial, a->atty, w->attprojw, B, T, Cl);
         LOOM_TRY(F_LEAVE(LOOM_REGION_ATTENTION, l, m->partial, m->summed, R, C));
         k->bias_add(m->summed, w->attprojb, Rl, C);
         k->residual_forward(a->res2, residual, m->summed, Rl * C);
@@ -682,7 +377,7 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
         LOOM_TRY(F_ENTER(LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R, C));
         k->matmul_forward(a->fch, a->ln2_full, w->fcw, w->fcb, B, T, C, Fl);
         k->gelu_forward(a->fch_gelu, a->fch, R * Fl);
-        row_parallel_forward(m, m->partial, a->fch_gelu, w->fcprojw, B, T, Fl);
+        gpt_row_parallel_forward(m, m->partial, a->fch_gelu, w->fcprojw, B, T, Fl);
         LOOM_TRY(F_LEAVE(LOOM_REGION_MLP, l, m->partial, m->summed, R, C));
         k->bias_add(m->summed, w->fcprojb, Rl, C);
         k->residual_forward(a->res3, a->res2, m->summed, Rl * C);
@@ -696,7 +391,7 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
     m->last_T = T;
     m->have_dlogits = 0;
     if (targets) {
-        LOOM_TRY(vocab_cross_entropy(m, (int)R, dloss));
+        LOOM_TRY(gpt_vocab_cross_entropy(m, (int)R, dloss));
         m->have_dlogits = dloss != 0.0f;
         k->copy_to_host(bs, m->host_losses, m->losses, R * sizeof(float));
         double sum = 0.0;
@@ -706,30 +401,6 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
             *loss_sum = sum;
     }
     return LOOM_OK;
-}
-
-/* Under sequence parallelism, all-gather a layernorm output again for the weight gradient
- * of the column-parallel layer it feeds (forward kept only this rank's shard). */
-static loom_status regather(loom_gpt *m, loom_region r, int layer, const float *local, float *full,
-                            size_t R)
-{
-    return m->sp ? F_ENTER(r, layer, local, full, R, (size_t)m->cfg.dim) : LOOM_OK;
-}
-
-/* Backward of a column-parallel layer (its input `inp`, all R rows): weight and bias
- * gradients, and the partial input gradient into m->dpartial, summed over the group by
- * the region's f backward into m->dsummed. The sum runs while the weight gradient is
- * computed where the communicator can overlap. */
-static loom_status column_parallel_backward(loom_gpt *m, loom_region r, int layer, float *dw,
-                                            float *db, const float *dout, const float *inp,
-                                            const float *w, int B, int T, int OC, int segs)
-{
-    const loom_backend_ops *k = m->be->ops;
-    int C = m->cfg.dim, R = B * T;
-    column_parallel_dinp(m, m->dpartial, dout, w, R, OC, segs);
-    LOOM_TRY(B_ENTER(r, layer, m->dpartial, m->dsummed, (size_t)R, (size_t)C));
-    k->matmul_backward(NULL, dw, db, dout, inp, w, B, T, C, OC);
-    return region_wait(m);
 }
 
 loom_status loom_gpt_backward(loom_gpt *m)
@@ -744,13 +415,13 @@ loom_status loom_gpt_backward(loom_gpt *m)
 
     /* LM head (tied to wte, vocabulary-parallel) and the final layernorm; dres starts as
      * d(last block output). */
-    LOOM_TRY(regather(m, LOOM_REGION_HEAD, -1, m->lnf, m->lnf_full, R));
-    LOOM_TRY(column_parallel_backward(m, LOOM_REGION_HEAD, -1, m->g.wte, NULL, m->logits,
+    LOOM_TRY(gpt_regather(m, LOOM_REGION_HEAD, -1, m->lnf, m->lnf_full, R));
+    LOOM_TRY(gpt_column_parallel_backward(m, LOOM_REGION_HEAD, -1, m->g.wte, NULL, m->logits,
                                       m->lnf_full, m->p.wte, B, T, m->Vl, 1));
     rep_pack pk = {.n = 0};
     rep_args lnf = {m->dres, m->dsummed, last, m->p.lnfw, m->lnf_mean, m->lnf_rstd};
-    replicated_grads(m, &pk, 0, &lnf, m->g.lnfw, m->g.lnfb, Rl);
-    LOOM_TRY(rep_flush(m, &pk));
+    gpt_replicated_grads(m, &pk, 0, &lnf, m->g.lnfw, m->g.lnfb, Rl);
+    LOOM_TRY(gpt_rep_flush(m, &pk));
     int n_entries = m->table.count;
     LOOM_TRY(entries_ready(m, n_entries - 2, n_entries - 1));
     for (int l = L - 1; l >= 0; l--) {
@@ -759,33 +430,33 @@ loom_status loom_gpt_backward(loom_gpt *m)
         const float *residual = l == 0 ? m->encoded : m->acts[l - 1].res3;
         /* MLP branch: res3 = res2 + g(proj(gelu(fc(f(ln2(res2)))))) + bias */
         rep_args pb = {.dout = m->dres};
-        replicated_grads(m, &pk, 1, &pb, NULL, g->fcprojb, Rl);
+        gpt_replicated_grads(m, &pk, 1, &pb, NULL, g->fcprojb, Rl);
         LOOM_TRY(B_LEAVE(LOOM_REGION_MLP, l, m->dres, m->dres_full, R, C));
         k->matmul_backward(m->dbuf_4a, g->fcprojw, NULL, m->dres_full, a->fch_gelu, w->fcprojw,
                            B, T, Fl, C);
         k->gelu_backward(m->dbuf_4b, a->fch, m->dbuf_4a, R * Fl);
-        LOOM_TRY(regather(m, LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R));
-        LOOM_TRY(column_parallel_backward(m, LOOM_REGION_MLP, l, g->fcw, g->fcb, m->dbuf_4b,
+        LOOM_TRY(gpt_regather(m, LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R));
+        LOOM_TRY(gpt_column_parallel_backward(m, LOOM_REGION_MLP, l, g->fcw, g->fcb, m->dbuf_4b,
                                           a->ln2_full, w->fcw, B, T, Fl, 1));
         rep_args ln2 = {m->dtmp, m->dsummed, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd};
-        replicated_grads(m, &pk, 0, &ln2, g->ln2w, g->ln2b, Rl);
+        gpt_replicated_grads(m, &pk, 0, &ln2, g->ln2w, g->ln2b, Rl);
         k->accumulate(m->dres, m->dtmp, Rl * C);
         /* Attention branch: res2 = residual + g(proj(attn(qkv(f(ln1(residual)))))) + bias */
         rep_args ab = {.dout = m->dres};
-        replicated_grads(m, &pk, 1, &ab, NULL, g->attprojb, Rl);
+        gpt_replicated_grads(m, &pk, 1, &ab, NULL, g->attprojb, Rl);
         LOOM_TRY(B_LEAVE(LOOM_REGION_ATTENTION, l, m->dres, m->dres_full, R, C));
         float *datty = m->dpartial; /* free until the qkv backward below */
         k->matmul_backward(datty, g->attprojw, NULL, m->dres_full, a->atty, w->attprojw, B, T,
                            Cl, C);
         k->attention_backward(m->dbuf_4a, m->datt_scratch, datty, a->qkv, a->att, B, T, Cl,
                               m->NHl);
-        LOOM_TRY(regather(m, LOOM_REGION_ATTENTION, l, a->ln1, a->ln1_full, R));
-        LOOM_TRY(column_parallel_backward(m, LOOM_REGION_ATTENTION, l, g->qkvw, g->qkvb,
+        LOOM_TRY(gpt_regather(m, LOOM_REGION_ATTENTION, l, a->ln1, a->ln1_full, R));
+        LOOM_TRY(gpt_column_parallel_backward(m, LOOM_REGION_ATTENTION, l, g->qkvw, g->qkvb,
                                           m->dbuf_4a, a->ln1_full, w->qkvw, B, T, 3 * Cl, 3));
         rep_args ln1 = {m->dtmp, m->dsummed, residual, w->ln1w, a->ln1_mean, a->ln1_rstd};
-        replicated_grads(m, &pk, 0, &ln1, g->ln1w, g->ln1b, Rl);
+        gpt_replicated_grads(m, &pk, 0, &ln1, g->ln1w, g->ln1b, Rl);
         k->accumulate(m->dres, m->dtmp, Rl * C);
-        LOOM_TRY(rep_flush(m, &pk));
+        LOOM_TRY(gpt_rep_flush(m, &pk));
         LOOM_TRY(entries_ready(m, 2 + 12 * l, 2 + 12 * l + 11));
     }
     /* Embedding: every rank needs the gradient of all rows for its vocabulary slice; the
@@ -798,16 +469,3 @@ loom_status loom_gpt_backward(loom_gpt *m)
     return LOOM_OK;
 }
 
-int loom_gpt_row_multiple(const loom_gpt *m) { return m->sp ? m->tp : 1; }
-
-loom_status loom_gpt_logits_row(loom_gpt *m, size_t row, float *host_out)
-{
-    const loom_backend_ops *k = m->be->ops;
-    const float *src = m->logits + row * (size_t)m->Vl;
-    if (!m->tp_ops) {
-        k->copy_to_host(m->be->self, host_out, src, (size_t)m->Vl * sizeof(float));
-        return LOOM_OK;
-    }
-    k->copy_to_host(m->be->self, m->row_gather, src, (size_t)m->Vl * sizeof(float));
-    return m->tp_ops->tensor_allgather(m->tp_self, m->row_gather, host_out, (size_t)m->Vl);
-}

@@ -1,0 +1,116 @@
+/* gpt_internal.h — the GPT model's state, shared by gpt.c (table, buffers, forward,
+ * backward) and gpt_parallel.c (what tensor parallelism and canonical mode add: region
+ * crossings, chunk trees, row/column-parallel products, replicated-parameter gradients,
+ * the vocabulary-parallel loss). Not a public interface.
+ */
+#ifndef LOOM_CORE_GPT_INTERNAL_H
+#define LOOM_CORE_GPT_INTERNAL_H
+
+#include "gpt.h"
+
+typedef struct layer_params {
+    float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb;
+    float *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+} layer_params;
+
+typedef struct model_params {
+    float *wte, *wpe, *lnfw, *lnfb;
+    layer_params *layer; /* [L] */
+} model_params;
+
+/* Saved per layer for backward. R = max_B*ctx token rows; Rl = this rank's rows of the
+ * residual stream (R, or R/tp with sequence parallelism); Cl, Fl = this rank's attention
+ * and MLP widths. The *_full buffers are the layernorm outputs over all R rows: aliases of
+ * the local ones without sequence parallelism; with it, one shared buffer (m->gathered)
+ * that forward fills by all-gather just before use and backward fills again just before
+ * the weight gradient needs it (Korthikanti et al.: only the 1/tp shard is kept). */
+typedef struct layer_acts {
+    float *ln1, *ln1_mean, *ln1_rstd; /* (Rl,C) (Rl) (Rl) */
+    float *ln1_full;                  /* (R,C) */
+    float *qkv;                       /* (R,3Cl) */
+    float *atty;                      /* (R,Cl) attention output before projection */
+    float *att;                       /* (B,NH/tp,T,T) */
+    float *res2;                      /* (Rl,C) residual after attention */
+    float *ln2, *ln2_mean, *ln2_rstd, *ln2_full;
+    float *fch, *fch_gelu;            /* (R,Fl) */
+    float *res3;                      /* (Rl,C) block output */
+} layer_acts;
+
+struct loom_gpt {
+    loom_gpt_config cfg;
+    loom_backend *be;
+    loom_param_table table;
+    float *params, *grads;
+    model_params p, g;
+    int max_B;
+    /* tensor parallelism (gpt.h): tp_ops NULL for one rank */
+    const loom_strategy_ops *tp_ops;
+    void *tp_self;
+    int tp, tp_rank, sp, canonical;
+    int Cl, NHl, Fl, Vl, v0;  /* this rank's widths and first vocabulary row */
+    /* activations */
+    void *act_mem;
+    size_t act_bytes;
+    layer_acts *acts;
+    float *encoded, *lnf, *lnf_mean, *lnf_rstd, *lnf_full, *logits, *losses;
+    float *gathered;                   /* (R,C) under sequence parallelism: see layer_acts */
+    float *ce_max, *ce_stats;          /* (R) row maxima; (2R) sum of exps, target logits */
+    float *partial, *summed;           /* (R,C) row-parallel partials; (Rl,C) their sum */
+    int *tokens, *targets;
+    /* backward scratch */
+    float *dres, *dres_full, *dtmp, *dpartial, *dsummed, *dbuf_4a, *dbuf_4b, *datt_scratch;
+    float *rep_grad;                   /* (6C) replicated parameters' gradient partials */
+    float *tree[3];                    /* canonical: levels of the chunk tree, (R,C) each */
+    float *host_losses, *row_gather;   /* (R) host; (Vp) host */
+    int last_B, last_T, have_dlogits;
+    double comm_ms;                    /* time inside tensor-parallel exchanges */
+    loom_grad_ready_fn grad_ready;
+    void *grad_ready_ctx;
+};
+
+/* A region boundary: the strategy's hook, or nothing with one rank (then out == in).
+ * The macros name Megatron's points; they expect the model in `m`. */
+typedef loom_status (*region_hook)(void *, loom_region, int, const loom_region_io *);
+#define GPT_HOOK(member) (m->tp_ops ? m->tp_ops->member : NULL)
+#define F_ENTER(r, l, in, out, rows, w) \
+    gpt_cross(m, GPT_HOOK(region_forward_enter), r, l, in, out, rows, w)
+#define F_LEAVE(r, l, in, out, rows, w) \
+    gpt_cross(m, GPT_HOOK(region_forward_leave), r, l, in, out, rows, w)
+#define B_LEAVE(r, l, in, out, rows, w) \
+    gpt_cross(m, GPT_HOOK(region_backward_leave), r, l, in, out, rows, w)
+#define B_ENTER(r, l, in, out, rows, w) \
+    gpt_cross(m, GPT_HOOK(region_backward_enter), r, l, in, out, rows, w)
+
+loom_status gpt_cross(loom_gpt *m, region_hook hook, loom_region r, int layer, const float *in,
+                      float *out, size_t rows, size_t width);
+loom_status gpt_region_wait(loom_gpt *m);
+loom_status gpt_tensor_allreduce(loom_gpt *m, float *x, size_t n, loom_reduce_op op);
+/* Under sequence parallelism, gather a layernorm output's rows again for backward. */
+loom_status gpt_regather(loom_gpt *m, loom_region r, int layer, const float *local, float *full,
+                         size_t R);
+/* out (R,C) = this rank's partial of a row-parallel layer (no bias). */
+void gpt_row_parallel_forward(loom_gpt *m, float *out, const float *inp, const float *w, int B,
+                              int T, int K);
+/* Weight, bias and (summed over the group into m->dsummed) input gradients of a
+ * column-parallel layer whose output features form `segs` equal segments. */
+loom_status gpt_column_parallel_backward(loom_gpt *m, loom_region r, int layer, float *dw,
+                                         float *db, const float *dout, const float *inp,
+                                         const float *w, int B, int T, int OC, int segs);
+
+typedef struct rep_args {
+    float *dinp;
+    const float *dout, *inp, *w, *mean, *rstd;
+} rep_args;
+
+typedef struct rep_pack {
+    float *dst[6];   /* the gradient each slot is added to */
+    int n;
+} rep_pack;
+
+void gpt_replicated_grads(loom_gpt *m, rep_pack *pk, int kind, const rep_args *a, float *dw,
+                          float *db, size_t Rl);
+loom_status gpt_rep_flush(loom_gpt *m, rep_pack *pk);
+/* Losses (and, with dloss != 0, the logits' gradient) of the last forward's R rows. */
+loom_status gpt_vocab_cross_entropy(loom_gpt *m, int R, float dloss);
+
+#endif

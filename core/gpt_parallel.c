@@ -6,16 +6,9 @@
 #include "gpt_internal.h"
 
 #include <string.h>
-#include <time.h>
 
 #include "status.h"
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
+#include "clock.h"
 
 double loom_gpt_take_comm_ms(loom_gpt *m)
 {
@@ -30,18 +23,18 @@ loom_status gpt_cross(loom_gpt *m, region_hook hook, loom_region r, int layer, c
     if (!m->tp_ops)
         return LOOM_OK;
     loom_region_io io = {in, out, rows, width};
-    double t0 = now_ms();
+    double t0 = loom_now_ms();
     loom_status st = hook(m->tp_self, r, layer, &io);
-    m->comm_ms += now_ms() - t0;
+    m->comm_ms += loom_now_ms() - t0;
     return st;
 }
 loom_status gpt_region_wait(loom_gpt *m)
 {
     if (!m->tp_ops || !m->tp_ops->region_wait)
         return LOOM_OK;
-    double t0 = now_ms();
+    double t0 = loom_now_ms();
     loom_status st = m->tp_ops->region_wait(m->tp_self);
-    m->comm_ms += now_ms() - t0;
+    m->comm_ms += loom_now_ms() - t0;
     return st;
 }
 
@@ -49,9 +42,9 @@ loom_status gpt_tensor_allreduce(loom_gpt *m, float *x, size_t n, loom_reduce_op
 {
     if (!m->tp_ops)
         return LOOM_OK;
-    double t0 = now_ms();
+    double t0 = loom_now_ms();
     loom_status st = m->tp_ops->tensor_allreduce(m->tp_self, x, n, op);
-    m->comm_ms += now_ms() - t0;
+    m->comm_ms += loom_now_ms() - t0;
     return st;
 }
 

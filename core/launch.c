@@ -27,13 +27,13 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 #ifdef __linux__
 #include <sys/prctl.h>
 #endif
 
 #include "launch.h"
+#include "clock.h"
 
 #define GRACE_MS 2000   /* SIGTERM, then this long, then SIGKILL */
 #define DRAIN_MS 1000   /* after the last rank exits, how long to wait for its pipes' EOF */
@@ -61,13 +61,6 @@ static void on_signal(int sig)
     if (write(wake[1], &c, 1) < 0) { /* pipe full: a wake-up is already pending */
     }
     errno = saved;
-}
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 static const char *signal_name(int sig)
@@ -156,7 +149,7 @@ static void job_id(char out[17])
     unsigned long long v = 0;
     int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
     if (fd < 0 || read(fd, &v, sizeof v) != (ssize_t)sizeof v)
-        v = (unsigned long long)getpid() * 0x9e3779b97f4a7c15ull ^ (unsigned long long)now_ms();
+        v = (unsigned long long)getpid() * 0x9e3779b97f4a7c15ull ^ (unsigned long long)loom_now_ms();
     if (fd >= 0)
         close(fd);
     snprintf(out, 17, "%016llx", v);
@@ -279,7 +272,7 @@ static void stop_all(job *j, int sig)
 {
     j->others = running(j);
     j->stopping = 1;
-    j->kill_at = now_ms() + GRACE_MS;
+    j->kill_at = (int64_t)loom_now_ms() + GRACE_MS;
     if (j->others)
         signal_group(j, sig);
 }
@@ -404,7 +397,7 @@ static void supervise(job *j)
     for (int checks = 1;; ) {
         if (checks)
             check_children(j);
-        int64_t now = now_ms();
+        int64_t now = (int64_t)loom_now_ms();
         if (j->stopping && !j->killed && now >= j->kill_at && running(j))
             kill_all(j);
         int n = 0;

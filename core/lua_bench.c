@@ -8,20 +8,13 @@
 #include <lua.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "dist.h"
 #include "lua_loom.h"
 #include "status.h"
+#include "clock.h"
 
 typedef enum { OP_ALLREDUCE, OP_REDUCE_SCATTER, OP_ALLGATHER, OP_BROADCAST } bench_op;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static loom_status run_once(const loom_comm_ops *o, void *c, bench_op op, void *send, void *recv,
                             size_t count)
@@ -86,10 +79,10 @@ static int l_comm_bench(lua_State *L)
         int iters = iters_opt ? iters_opt : bytes <= (1 << 20) ? 50 : bytes <= (16 << 20) ? 10 : 4;
         for (int w = 0; w < 2 && st == LOOM_OK; w++)
             st = run_once(o, c, op, send, recv, count);
-        double t0 = now_s();
+        double t0 = loom_now_s();
         for (int i = 0; i < iters && st == LOOM_OK; i++)
             st = run_once(o, c, op, send, recv, count);
-        float us = (float)((now_s() - t0) / iters * 1e6), slowest = us;
+        float us = (float)((loom_now_s() - t0) / iters * 1e6), slowest = us;
         loom_comm_request *r = NULL;
         if (st == LOOM_OK)
             st = o->allreduce_start(c, &us, &slowest, 1, LOOM_DTYPE_F32, LOOM_REDUCE_MAX, &r);

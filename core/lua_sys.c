@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "lua_loom.h"
+#include "clock.h"
 
 /* core.isatty(fd) -> boolean: is fd (1 = stdout) a terminal? Decides in-place redraw. */
 static int l_isatty(lua_State *L)
@@ -41,9 +42,7 @@ static int l_peak_rss(lua_State *L)
 /* core.now() -> seconds (double) on a monotonic clock: differences only, never dates. */
 static int l_now(lua_State *L)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    lua_pushnumber(L, (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9);
+    lua_pushnumber(L, loom_now_s());
     return 1;
 }
 

@@ -27,6 +27,7 @@
 #include "rendezvous.h"
 #include "rendezvous_wire.h"
 #include "status.h"
+#include "clock.h"
 
 #define ELLIPSIS "\xe2\x80\xa6" /* U+2026, in UTF-8 */
 /* How long a rank waits for rank 0's verdict past its own deadline, and how long rank 0's
@@ -46,9 +47,7 @@ struct loom_rendezvous {
 
 int64_t loom_rdv_now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return (int64_t)loom_now_ms();
 }
 
 uint64_t loom_rendezvous_hash(const void *data, size_t n)

@@ -9,15 +9,16 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "loom/plugin/optim.h"
 #include "loom/plugin/precision.h"
 #include "loom/plugin/strategy.h"
+#include "grad_norm.h"
 #include "grad_sync.h"
 #include "plugin_loader.h"
 #include "rng.h"
 #include "status.h"
+#include "clock.h"
 
 struct loom_session {
     loom_session_config cfg;
@@ -25,9 +26,7 @@ struct loom_session {
                                                                               * at them */
     const loom_strategy_ops *tensor; /* the tp strategy, NULL with tp = 1 */
     void *tensor_self;
-    double *norm_chunks;     /* grad_norm: per entry, norm_per_entry chunk sums; + a flag */
-    int norm_per_entry;      /* max(LOOM_CANONICAL_CHUNKS, tp) */
-    double *norm_gathered;   /* the tp group's norm_chunks */
+    loom_grad_norm *norm;
     loom_grad_sync *sync;
     loom_backend backend;
     loom_gpt *model;
@@ -43,13 +42,6 @@ struct loom_session {
     float *host_logits;      /* sampling: one row of Vp */
     int64_t steps;
 };
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 static loom_status make_plugin(const loom_plugin_config *pc, const void **ops, void **self)
 {
@@ -146,19 +138,11 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
         s->tokens = malloc((bt > (size_t)mc->ctx ? bt : (size_t)mc->ctx) * sizeof(int));
         s->targets = malloc(bt * sizeof(int));
         s->host_logits = malloc((size_t)mc->vocab_padded * sizeof(float));
-        int tp = 1;
-        const struct loom_comm_ops *ops;
-        void *group;
-        if (loom_core_host()->group(LOOM_GROUP_TP, &ops, &group, &tp) != LOOM_OK)
-            tp = 1;
-        s->norm_per_entry = tp > LOOM_CANONICAL_CHUNKS ? tp : LOOM_CANONICAL_CHUNKS;
-        size_t slots = (size_t)loom_gpt_params(s->model)->count * (size_t)s->norm_per_entry + 1;
-        s->norm_chunks = calloc(slots, sizeof(double));
-        s->norm_gathered = calloc(slots * (size_t)tp, sizeof(double));
-        if ((s->state_slots && !s->optim_state) || !s->tokens || !s->targets || !s->host_logits ||
-            !s->norm_chunks || !s->norm_gathered)
+        if ((s->state_slots && !s->optim_state) || !s->tokens || !s->targets || !s->host_logits)
             st = loom_fail(LOOM_ERR_NOMEM, "out of memory for optimizer state");
     }
+    if (st == LOOM_OK)
+        st = loom_grad_norm_create(&s->backend, loom_gpt_params(s->model), &s->norm);
     if (st == LOOM_OK)
         st = build_segments(s);
     if (st == LOOM_OK)
@@ -180,8 +164,7 @@ void loom_session_destroy(loom_session *s)
     loom_gpt_destroy(s->model);
     if (s->tensor)
         s->tensor->destroy(s->tensor_self);
-    free(s->norm_chunks);
-    free(s->norm_gathered);
+    loom_grad_norm_destroy(s->norm);
     if (s->optim)
         s->optim->destroy(s->optim_self);
     if (s->precision)
@@ -195,92 +178,10 @@ void loom_session_destroy(loom_session *s)
     free(s);
 }
 
-/* Sum of squares of a held slice's canonical chunk c along dim d (c counted from the
- * slice's first chunk; chunk length cs along d): `outer` rows of cs*inner values, which
- * the backend sums with the same bits in every layout. */
-static double chunk_sum_squares(const loom_backend_ops *k, const float *g, const loom_param_entry *e,
-                                int d, int64_t c, int64_t cs)
-{
-    size_t outer = 1, inner = 1;
-    for (int i = 0; i < d; i++)
-        outer *= (size_t)e->slice_len[i];
-    for (int i = d + 1; i < e->ndim; i++)
-        inner *= (size_t)e->slice_len[i];
-    return k->sum_squares(g + (size_t)(c * cs) * inner, outer, (size_t)cs * inner,
-                          (size_t)e->slice_len[d] * inner);
-}
-
-/* The squared global gradient norm and whether any gradient is non-finite, the same bits
- * on every rank and for every tensor-parallel split (DESIGN.md's canonical promise; the
- * fast mode gets it for free). Each parameter's sum of squares is taken, in double, over
- * LOOM_CANONICAL_CHUNKS fixed chunks along the dim a split may cut (the entry's
- * split_dim, whether or not this run splits it; one sum for a parameter that is always
- * whole); a chunk lives on exactly one rank of the tp group (a replicated parameter's on
- * tp rank 0), so after an all-gather every slot has one non-zero contribution, and the
- * slots are added in table order: each parameter counted once. */
-static loom_status grad_norm(loom_session *s, double *norm_sq, int *nonfinite, double *comm_ms)
-{
-    const loom_backend_ops *k = s->backend.ops;
-    const loom_param_table *t = loom_gpt_params(s->model);
-    const float *grads = loom_gpt_grad_data(s->model);
-    const struct loom_comm_ops *ops;
-    void *group;
-    int tp = 1;
-    LOOM_TRY(loom_core_host()->group(LOOM_GROUP_TP, &ops, &group, &tp));
-    int tp_rank = ops ? ops->rank(group) : 0;
-    size_t slots = (size_t)t->count * (size_t)s->norm_per_entry + 1;
-    double *mine = s->norm_chunks;
-    memset(mine, 0, slots * sizeof(double));
-    for (int i = 0; i < t->count; i++) {
-        const loom_param_entry *e = &t->entries[i];
-        const float *g = grads + e->offset;
-        int d = e->split_dim; /* chunked whether or not this run splits it */
-        double *slot = mine + (size_t)i * (size_t)s->norm_per_entry;
-        if (d < 0) {
-            if (tp_rank == 0)
-                slot[0] = k->sum_squares(g, 1, e->numel, e->numel);
-            continue;
-        }
-        /* Chunks of the logical dim; a split that does not line up with them (fast mode,
-         * odd sizes, tp > 8) falls back to one chunk per held slice (tp <= norm_per_entry
-         * of them). */
-        int64_t n = e->shape[d] % LOOM_CANONICAL_CHUNKS == 0 &&
-                            e->slice_len[d] % (e->shape[d] / LOOM_CANONICAL_CHUNKS) == 0
-                        ? LOOM_CANONICAL_CHUNKS
-                        : e->shape[d] / e->slice_len[d];
-        int64_t cs = e->shape[d] / n, first = e->slice_start[d] / cs;
-        for (int64_t c = 0; c < e->slice_len[d] / cs; c++)
-            slot[first + c] = chunk_sum_squares(k, g, e, d, c, cs);
-    }
-    mine[slots - 1] = k->has_nonfinite(grads, t->total) ? 1.0 : 0.0;
-    const double *all = mine;
-    if (ops) {
-        loom_comm_request *req = NULL;
-        double t0 = now_ms();
-        LOOM_TRY(ops->allgather_start(group, mine, s->norm_gathered, slots * sizeof(double),
-                                      LOOM_DTYPE_U8, &req));
-        LOOM_TRY(ops->wait(group, req));
-        *comm_ms += now_ms() - t0;
-        for (size_t j = 0; j < slots; j++) {
-            double v = 0.0;
-            for (int r = 0; r < tp; r++)
-                v += s->norm_gathered[(size_t)r * slots + j];
-            s->norm_gathered[j] = v; /* row 0 is consumed in order: safe in place */
-        }
-        all = s->norm_gathered;
-    }
-    double sum = 0.0;
-    for (size_t j = 0; j + 1 < slots; j++)
-        sum += all[j];
-    *norm_sq = sum;
-    *nonfinite = all[slots - 1] != 0.0;
-    return LOOM_OK;
-}
-
 loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, float lr,
                               loom_step_stats *out)
 {
-    double t0 = now_ms();
+    double t0 = loom_now_ms();
     loom_gpt_take_comm_ms(s->model); /* drop what eval or sampling spent */
     const loom_backend_ops *k = s->backend.ops;
     int B = s->cfg.micro_batch, T = s->cfg.seq, accum = s->cfg.accum;
@@ -299,12 +200,13 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         LOOM_TRY(loom_gpt_backward(s->model));
         LOOM_TRY(loom_grad_sync_end_micro(s->sync, a, part));
     }
-    double loss_sum = 0.0, t_sync = now_ms();
+    double loss_sum = 0.0, t_sync = loom_now_ms();
     LOOM_TRY(loom_grad_sync_finish(s->sync, &loss_sum));
-    double comm_ms = now_ms() - t_sync + loom_gpt_take_comm_ms(s->model);
+    double comm_ms = loom_now_ms() - t_sync + loom_gpt_take_comm_ms(s->model);
     double norm_sq;
     int nonfinite;
-    LOOM_TRY(grad_norm(s, &norm_sq, &nonfinite, &comm_ms));
+    LOOM_TRY(loom_grad_norm_compute(s->norm, loom_gpt_params(s->model), loom_gpt_grad_data(s->model),
+                                    &norm_sq, &nonfinite, &comm_ms));
     int skip = s->precision->update(s->precision_self, nonfinite);
     double norm = nonfinite ? NAN : sqrt(norm_sq) / scale;
     memset(out, 0, sizeof *out);
@@ -324,7 +226,7 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     out->lr = lr;
     out->tokens = tokens;
     out->skipped = skip;
-    out->ms = now_ms() - t0;
+    out->ms = loom_now_ms() - t0;
     out->comm_ms = comm_ms;
     return LOOM_OK;
 }

@@ -6,7 +6,8 @@
 #  - the same tp layout twice is bitwise identical;
 #  - canonical mode: tp=1, 2, 4, with and without sequence parallelism, and tp=2 x dp=2
 #    give bitwise-identical losses;
-#  - checkpoints remap across layouts: saved at tp=2 (canonical), resumed at tp=1 and at
+#  - checkpoints remap across layouts: fast, saved at tp=2 and resumed at tp=4, within
+#    2e-5 of one rank; canonical, saved at tp=2 and resumed at tp=1 and at
 #    tp=4+sp, steps 7-12 are bitwise those of the straight run; saved at tp=1, resumed at
 #    tp=2 likewise;
 #  - per-rank parameter bytes: the replicated parameters plus 1/tp of the split ones
@@ -82,6 +83,14 @@ run1 $canon steps=6 checkpoint.dir="$tmp/ck1" checkpoint.every=6 > /dev/null
 runN 2 $canon mesh.tp=2 checkpoint.dir="$tmp/ck1" resume=auto > "$tmp/r2"
 cmp -s "$tmp/want" "$tmp/r2" || { echo "saved at tp=1, resumed at tp=2: differs"; exit 1; }
 echo "ok canonical: saved at tp=2 -> resumed at tp=1 and tp=4+sp, saved at tp=1 -> tp=2: steps 7-12 bitwise"
+# Fast mode: saved at tp=2, resumed at tp=4: within the fp32 tolerance of the straight run.
+runN 2 mesh.tp=2 steps=6 checkpoint.dir="$tmp/ckf" checkpoint.every=6 > /dev/null
+runN 4 mesh.tp=4 checkpoint.dir="$tmp/ckf" resume=auto > "$tmp/rf4"
+awk '$2 > 6' "$tmp/one" > "$tmp/wantf"
+d=$(maxdiff "$tmp/wantf" "$tmp/rf4")
+[ "$(grep -c '^LOSS' "$tmp/rf4")" -eq 6 ] && awk -v d="$d" 'BEGIN { exit !(d < 2e-5) }' ||
+  { echo "fast: saved at tp=2, resumed at tp=4: differs by $d"; exit 1; }
+echo "ok fast: saved at tp=2, resumed at tp=4: steps 7-12 within $d of the one-rank run"
 ls "$tmp/ck2"/step_00000006 | grep -q 'model.tp1.safetensors' || { echo "tp=2 checkpoint lacks model.tp1.safetensors"; exit 1; }
 # Parameters every tp rank holds (layernorms, row-parallel biases, wpe) stay identical
 # across the group: compare them in the two ranks' files (meson brings python3).

@@ -41,6 +41,8 @@ runN 2 mesh.tp=2 tp_sequence_parallel=true > "$tmp/tp2sp";  check_close "tp=2+sp
 runN 4 mesh.tp=4 > "$tmp/tp4";                               check_close "tp=4" "$tmp/tp4" "$tmp/one"
 runN 4 mesh.tp=4 tp_sequence_parallel=true > "$tmp/tp4sp";  check_close "tp=4+sp" "$tmp/tp4sp" "$tmp/one"
 runN 4 mesh.tp=2 mesh.dp=2 batch.micro=2 > "$tmp/tp2dp2";   check_close "tp=2 x dp=2" "$tmp/tp2dp2" "$tmp/one_acc"
+runN 2 mesh.tp=2 tp_sequence_parallel=true batch.micro=2 batch.global=4 > "$tmp/tp2acc"
+check_close "tp=2+sp, 2 micro-batches a step" "$tmp/tp2acc" "$tmp/one_acc"
 
 runN 2 mesh.tp=2 > "$tmp/tp2b"
 cmp -s "$tmp/tp2" "$tmp/tp2b" || { echo "tp=2 twice differs"; exit 1; }
@@ -83,6 +85,10 @@ run1 $canon steps=6 checkpoint.dir="$tmp/ck1" checkpoint.every=6 > /dev/null
 runN 2 $canon mesh.tp=2 checkpoint.dir="$tmp/ck1" resume=auto > "$tmp/r2"
 cmp -s "$tmp/want" "$tmp/r2" || { echo "saved at tp=1, resumed at tp=2: differs"; exit 1; }
 echo "ok canonical: saved at tp=2 -> resumed at tp=1 and tp=4+sp, saved at tp=1 -> tp=2: steps 7-12 bitwise"
+"$loom" export --llmc "$tmp/ck2" "$tmp/from_tp2.bin" > /dev/null
+"$loom" export --llmc "$tmp/ck1" "$tmp/from_tp1.bin" > /dev/null
+cmp -s "$tmp/from_tp2.bin" "$tmp/from_tp1.bin" || { echo "llm.c export of the tp=2 and tp=1 checkpoints differ"; exit 1; }
+echo "ok loom export --llmc: the tp=2 checkpoint gives the same file as the tp=1 one (step 6, canonical)"
 # Fast mode: saved at tp=2, resumed at tp=4: within the fp32 tolerance of the straight run.
 runN 2 mesh.tp=2 steps=6 checkpoint.dir="$tmp/ckf" checkpoint.every=6 > /dev/null
 runN 4 mesh.tp=4 checkpoint.dir="$tmp/ckf" resume=auto > "$tmp/rf4"
@@ -116,16 +122,17 @@ runN 2 mesh.tp=2 tp_sequence_parallel=true steps=6 checkpoint.dir="$tmp/cksp" ch
 replicas_agree "$tmp/cksp/step_00000006"   # fast, sequence parallel: partial gradients summed
 
 # Sampling gathers the vocabulary slices of the last row's logits: in canonical mode the
-# same sample under every layout (the window is padded to a multiple of tp under sp).
+# same sample under every layout (the window is padded to a multiple of tp under sp); the
+# validation loss, which every rank computes, likewise.
 sample() { "$loom" launch -n "$1" "$here/recipes/tp_sample.lua" $model deterministic=canonical \
-  comm_timeout=20 "${@:2}" | grep '^SAMPLE'; }
-want=$("$loom" run "$here/recipes/tp_sample.lua" $model deterministic=canonical | grep '^SAMPLE')
+  comm_timeout=20 "${@:2}" | grep -E '^(SAMPLE|VAL)'; }
+want=$("$loom" run "$here/recipes/tp_sample.lua" $model deterministic=canonical | grep -E '^(SAMPLE|VAL)')
 [ -n "$want" ] || { echo "no sample from one rank"; exit 1; }
 for layout in "2 mesh.tp=2" "2 mesh.tp=2 tp_sequence_parallel=true" "4 mesh.tp=4 tp_sequence_parallel=true"; do
   got=$(sample $layout)
   [ "$got" = "$want" ] || { echo "sample under ${layout#* } differs: $got vs $want"; exit 1; }
 done
-echo "ok canonical: the same 45-token sample at tp=1, tp=2, tp=2+sp, tp=4+sp"
+echo "ok canonical: the same validation loss and 45-token sample at tp=1, tp=2, tp=2+sp, tp=4+sp"
 
 # Parameter bytes per rank. The test model (common.lua): vocab 256 (padded 256), ctx 32,
 # 2 layers, dim 32. Replicated: wpe, per layer ln_1, ln_2 (2C each) and the two

@@ -7,8 +7,8 @@
 
 #include <string.h>
 
-#include "status.h"
 #include "clock.h"
+#include "status.h"
 
 double loom_gpt_take_comm_ms(loom_gpt *m)
 {
@@ -28,6 +28,7 @@ loom_status gpt_cross(loom_gpt *m, region_hook hook, loom_region r, int layer, c
     m->comm_ms += loom_now_ms() - t0;
     return st;
 }
+
 loom_status gpt_region_wait(loom_gpt *m)
 {
     if (!m->tp_ops || !m->tp_ops->region_wait)
@@ -99,8 +100,8 @@ void gpt_row_parallel_forward(loom_gpt *m, float *out, const float *inp, const f
 /* dinp (R,C) = this rank's partial input gradient of a column-parallel layer: dout (R,OC)
  * @ W (OC,C) over its OC output features, which form `segs` equal segments (q, k, v for
  * the fused QKV; one otherwise). Canonical chunk c holds part c of every segment. */
-static void gpt_column_parallel_dinp(loom_gpt *m, float *dinp, const float *dout, const float *w,
-                                     int R, int OC, int segs)
+static void column_parallel_dinp(loom_gpt *m, float *dinp, const float *dout, const float *w,
+                                 int R, int OC, int segs)
 {
     const loom_backend_ops *k = m->be->ops;
     int C = m->cfg.dim;
@@ -247,7 +248,7 @@ loom_status gpt_column_parallel_backward(loom_gpt *m, loom_region r, int layer, 
 {
     const loom_backend_ops *k = m->be->ops;
     int C = m->cfg.dim, R = B * T;
-    gpt_column_parallel_dinp(m, m->dpartial, dout, w, R, OC, segs);
+    column_parallel_dinp(m, m->dpartial, dout, w, R, OC, segs);
     LOOM_TRY(B_ENTER(r, layer, m->dpartial, m->dsummed, (size_t)R, (size_t)C));
     k->matmul_backward(NULL, dw, db, dout, inp, w, B, T, C, OC);
     return gpt_region_wait(m);

@@ -10,19 +10,19 @@
 set -euo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)
+source "$here/lib.sh"
 recipe=$here/recipes/losses.lua
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 export OMP_WAIT_POLICY=passive   # several ranks share 2 cores: OpenMP must not spin
 run1() { "$loom" run "$recipe" threads=1 "$@" | grep '^LOSS'; }
 runN() { local n=$1; shift; "$loom" launch -n "$n" "$recipe" threads=1 mesh.dp="$n" comm_timeout=10 "$@" | grep '^LOSS'; }
-maxdiff() { paste "$1" "$2" | awk '{ d = $4 - $8; if (d < 0) d = -d; if (d > m) m = d } END { printf "%.3g", m }'; }
 
 run1 batch.micro=8 > "$tmp/one8"
 runN 2 batch.micro=4 > "$tmp/dp2"
 runN 4 batch.micro=2 > "$tmp/dp4"
 for f in dp2 dp4; do
-  d=$(maxdiff "$tmp/one8" "$tmp/$f")
-  awk -v d="$d" 'BEGIN { exit !(d < 1e-4) }' || { echo "fast $f differs from one rank by $d"; exit 1; }
+  d=$(max_loss_diff "$tmp/one8" "$tmp/$f")
+  below "$d" 1e-4 || { echo "fast $f differs from one rank by $d"; exit 1; }
   echo "ok fast $f vs one rank with the same global batch: max |loss diff| $d over 20 steps"
 done
 runN 2 batch.micro=4 > "$tmp/dp2b"

@@ -18,6 +18,7 @@
 set -euo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)
+source "$here/lib.sh"
 recipe=$here/recipes/losses.lua
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 export OMP_WAIT_POLICY=passive   # several ranks share 2 cores: OpenMP must not spin
@@ -25,15 +26,13 @@ model="model.heads=4 steps=12 threads=1"
 # LOSS and NORM (gradient norm) lines: canonical runs compare both bit for bit
 run1() { "$loom" run "$recipe" $model "$@" | grep -E '^(LOSS|NORM)'; }
 runN() { local n=$1; shift; "$loom" launch -n "$n" "$recipe" $model comm_timeout=20 "$@" | grep -E '^(LOSS|NORM)'; }
-# max |loss difference| (the 9-decimal column), as %.3g
-maxdiff() { paste "$1" "$2" | awk '{ d = $4 - $8; if (d < 0) d = -d; if (d > m) m = d } END { printf "%.3g", m + 0 }'; }
 
 run1 > "$tmp/one"
 run1 batch.micro=2 batch.global=4 > "$tmp/one_acc"
 check_close() { # name file reference
-  local d; d=$(maxdiff "$3" "$2")
+  local d; d=$(max_loss_diff "$3" "$2")
   [ "$(grep -c '^LOSS' "$2")" -eq 12 ] || { echo "$1: expected 12 steps"; cat "$2"; exit 1; }
-  awk -v d="$d" 'BEGIN { exit !(d < 2e-5) }' || { echo "fast $1 differs from one rank by $d"; exit 1; }
+  below "$d" 2e-5 || { echo "fast $1 differs from one rank by $d"; exit 1; }
   echo "ok fast $1 vs one rank: max |loss diff| $d over 12 steps"
 }
 runN 2 mesh.tp=2 > "$tmp/tp2";                               check_close "tp=2" "$tmp/tp2" "$tmp/one"
@@ -65,8 +64,8 @@ vrecipe=$here/recipes/losses_vocab.lua
 for v in "100 model.vocab_padded=256" "250" "40000"; do
   "$loom" run "$vrecipe" model.vocab=$v | grep '^LOSS' > "$tmp/v1"
   "$loom" launch -n 4 "$vrecipe" model.vocab=$v mesh.tp=4 comm_timeout=20 | grep '^LOSS' > "$tmp/v4"
-  d=$(maxdiff "$tmp/v1" "$tmp/v4")
-  awk -v d="$d" 'BEGIN { exit !(d < 2e-5) }' || { echo "vocab ${v%% *} at tp=4 differs by $d"; exit 1; }
+  d=$(max_loss_diff "$tmp/v1" "$tmp/v4")
+  below "$d" 2e-5 || { echo "vocab ${v%% *} at tp=4 differs by $d"; exit 1; }
   "$loom" run "$vrecipe" model.vocab=$v deterministic=canonical | grep '^LOSS' > "$tmp/cv1"
   "$loom" launch -n 4 "$vrecipe" model.vocab=$v mesh.tp=4 deterministic=canonical comm_timeout=20 \
     | grep '^LOSS' > "$tmp/cv4"
@@ -93,8 +92,8 @@ echo "ok loom export --llmc: the tp=2 checkpoint gives the same file as the tp=1
 runN 2 mesh.tp=2 steps=6 checkpoint.dir="$tmp/ckf" checkpoint.every=6 > /dev/null
 runN 4 mesh.tp=4 checkpoint.dir="$tmp/ckf" resume=auto > "$tmp/rf4"
 awk '$2 > 6' "$tmp/one" > "$tmp/wantf"
-d=$(maxdiff "$tmp/wantf" "$tmp/rf4")
-[ "$(grep -c '^LOSS' "$tmp/rf4")" -eq 6 ] && awk -v d="$d" 'BEGIN { exit !(d < 2e-5) }' ||
+d=$(max_loss_diff "$tmp/wantf" "$tmp/rf4")
+[ "$(grep -c '^LOSS' "$tmp/rf4")" -eq 6 ] && below "$d" 2e-5 ||
   { echo "fast: saved at tp=2, resumed at tp=4: differs by $d"; exit 1; }
 echo "ok fast: saved at tp=2, resumed at tp=4: steps 7-12 within $d of the one-rank run"
 ls "$tmp/ck2"/step_00000006 | grep -q 'model.tp1.safetensors' || { echo "tp=2 checkpoint lacks model.tp1.safetensors"; exit 1; }

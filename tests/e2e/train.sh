@@ -7,6 +7,7 @@
 set -euo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)
+source "$here/lib.sh"
 recipe=$here/recipes/losses.lua
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
@@ -22,8 +23,9 @@ echo "loss $first -> $last; two runs bitwise identical"
 
 "$loom" run "$recipe" batch.micro=8 | grep '^LOSS' > "$tmp/big"
 "$loom" run "$recipe" batch.micro=4 batch.global=8 | grep '^LOSS' > "$tmp/accum"
-paste "$tmp/big" "$tmp/accum" | awk '{ d = $4 - $8; if (d < 0) d = -d; if (d > max) max = d }
-  END { printf "micro=8 vs micro=4 x accum 2: max |loss diff| %.3g\n", max; exit !(max < 2e-5) }'
+d=$(max_loss_diff "$tmp/big" "$tmp/accum")
+echo "micro=8 vs micro=4 x accum 2: max |loss diff| $d"
+below "$d" 2e-5
 
 "$loom" run "$recipe" 'optimizer={"sgd", lr=0.5, momentum=0.9}' | grep '^LOSS' > "$tmp/sgd"
 first=$(awk 'NR==1 {print $4}' "$tmp/sgd"); last=$(awk 'END {print $4}' "$tmp/sgd")

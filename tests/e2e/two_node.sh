@@ -9,6 +9,7 @@
 set -uo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)
+source "$here/lib.sh"
 root=$(cd "$here/../.." && pwd)
 recipe=$here/recipes/losses.lua
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -22,8 +23,9 @@ rc=$?
 grep -o '\[[0-9]*,1\]<stdout>:LOSS [0-9]* [^ ]* [0-9.]*' "$tmp/two.out" | sed 's/^[^:]*://' > "$tmp/two"
 "$loom" launch -n 4 "$recipe" mesh.dp=4 batch.micro=2 threads=1 | grep '^LOSS' > "$tmp/one"
 [[ $(wc -l < "$tmp/two") -eq 20 ]] || { echo "expected 20 loss lines from rank 1, got $(wc -l < "$tmp/two"); one-node run gave $(wc -l < "$tmp/one"):"; head -5 "$tmp/two.out" | cat -A | cut -c1-120; exit 1; }
-paste "$tmp/one" "$tmp/two" | awk '{ d = $4 - $8; if (d < 0) d = -d; if (d > m) m = d }
-  END { printf "two nodes (mpi over veth) vs one node (shm), dp=4: max |loss diff| %.3g over 20 steps\n", m; exit !(m < 1e-5) }' || exit 1
+d=$(max_loss_diff "$tmp/one" "$tmp/two")
+echo "two nodes (mpi over veth) vs one node (shm), dp=4: max |loss diff| $d over 20 steps"
+below "$d" 1e-5 || exit 1
 
 # tp=2 within each node x dp=2 across nodes, canonical: bitwise equal to one rank.
 canon="deterministic=canonical model.heads=4 batch.micro=2 batch.global=4 threads=1"

@@ -32,15 +32,23 @@ static float *buf(size_t n)
     return p;
 }
 
-/* Cross-entropy as one rank runs the passes (col0 = 0, Vl = Vp); stats: 3 * BT floats. */
+/* Cross-entropy as one rank runs the passes (col0 = 0, Vl = Vp): over blocks of rows of
+ * about 4 MiB of logits, so a block stays in cache between passes, as core/gpt_parallel.c
+ * does; stats: 3 * BT floats. */
 static void ce_one_rank(float *logits, float *losses, const int *targets, float dloss, int BT,
                         int V, int Vp, float *stats)
 {
-    float *m = stats, *s = stats + BT, *t = stats + 2 * BT;
-    loom_cpu_ce_row_max(m, logits, BT, Vp, 0, V);
-    loom_cpu_ce_row_sumexp(s, logits, m, BT, Vp, 0, V, 0, Vp);
-    loom_cpu_ce_target_logit(t, logits, targets, BT, Vp, 0);
-    loom_cpu_ce_finish(logits, losses, m, s, t, targets, dloss, BT, Vp, 0, V);
+    int block = (int)(((size_t)4 << 20) / ((size_t)Vp * sizeof(float)));
+    block = block < 16 ? 16 : block;
+    for (int r0 = 0; r0 < BT; r0 += block) {
+        const int n = BT - r0 < block ? BT - r0 : block;
+        float *x = logits + (size_t)r0 * Vp, *m = stats + r0, *s = stats + BT + r0;
+        float *t = stats + 2 * BT + r0;
+        loom_cpu_ce_row_max(m, x, n, Vp, 0, V);
+        loom_cpu_ce_row_sumexp(s, x, m, n, Vp, 0, V, 0, Vp);
+        loom_cpu_ce_target_logit(t, x, targets + r0, n, Vp, 0);
+        loom_cpu_ce_finish(x, losses + r0, m, s, t, targets + r0, dloss, n, Vp, 0, V);
+    }
 }
 
 typedef struct {

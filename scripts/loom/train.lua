@@ -97,12 +97,10 @@ local function check_tp(t, where, origin)
   local function need(n, what)
     if n % tp ~= 0 then
       schema.fail(where, "mesh tp=%d%s does not divide %s=%d (tp may be %s)", tp,
-        origin("mesh.tp") or "", what, n, divisors(64, m.heads, 4 * m.dim, vp))
+        origin("mesh.tp") or "", what, n, divisors(64, m.heads, vp))
     end
   end
-  need(m.heads, "heads")
-  need(m.dim, "dim")
-  need(4 * m.dim, "the MLP width 4 x dim")
+  need(m.heads, "heads") -- loom.gpt has checked heads | dim: so tp also divides dim and 4 x dim
   need(vp, "the padded vocabulary")
   if t.tp_sequence_parallel and tp > 1 and rows % tp ~= 0 then
     schema.fail(where, "tp_sequence_parallel splits batch.micro x batch.seq = %d token rows over "

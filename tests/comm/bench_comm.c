@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "comm_harness.h"
-#include "status.h"
+#include "base/status.h"
 
 typedef struct bench {
     const char *op;

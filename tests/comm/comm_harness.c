@@ -14,7 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "plugin_loader.h"
+#include "base/plugin_loader.h"
 #include "plugin_test_util.h"
 
 /* ---- the store ----------------------------------------------------------------------- */

@@ -15,9 +15,9 @@
 
 #include "comm_check.h"
 #include "comm_harness.h"
-#include "plugin_loader.h"
+#include "base/plugin_loader.h"
 #include "plugin_test_util.h"
-#include "status.h"
+#include "base/status.h"
 
 static th_env env;
 static const char *const tiny[] = {"chunk_bytes=4096", "small_bytes=256", "mailbox_bytes=4096",

@@ -13,9 +13,9 @@
 
 #include "comm_check.h"
 #include "comm_harness.h"
-#include "plugin_loader.h"
+#include "base/plugin_loader.h"
 #include "plugin_test_util.h"
-#include "status.h"
+#include "base/status.h"
 
 static th_env env;
 

@@ -28,7 +28,7 @@
 
 #include "comm_check.h"
 #include "comm_harness.h"
-#include "plugin_loader.h"
+#include "base/plugin_loader.h"
 #include "plugin_test_util.h"
 
 static int env_int(const char *a, const char *b, int dflt)

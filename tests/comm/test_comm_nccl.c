@@ -22,9 +22,9 @@
 #include <cuda_runtime_api.h>
 
 #include "loom/plugin/comm.h"
-#include "plugin_loader.h"
+#include "base/plugin_loader.h"
 #include "plugin_test_util.h"
-#include "status.h"
+#include "base/status.h"
 
 static const loom_plugin *plug;
 static const loom_comm_ops *ops;

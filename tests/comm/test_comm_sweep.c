@@ -8,7 +8,7 @@
 
 #include "comm_check.h"
 #include "comm_harness.h"
-#include "status.h"
+#include "base/status.h"
 
 static th_env env;
 static const size_t mib3[] = {(1u << 20) + 3};

@@ -15,8 +15,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "rendezvous.h"
-#include "rendezvous_wire.h"
+#include "dist/rendezvous.h"
+#include "dist/rendezvous_wire.h"
 
 static int free_port(void)
 {

@@ -17,9 +17,9 @@
 #include <string.h>
 
 #include "loom/plugin/optim.h"
-#include "plugin_loader.h"
+#include "base/plugin_loader.h"
 #include "plugin_test_util.h"
-#include "status.h"
+#include "base/status.h"
 
 static int fail(const char *what)
 {

@@ -7,8 +7,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "plugin_loader.h"
-#include "status.h"
+#include "base/plugin_loader.h"
+#include "base/status.h"
 
 START_TEST(host_identifies_itself)
 {

@@ -12,9 +12,9 @@
 #include <string.h>
 
 #include "loom/plugin/optim.h"
-#include "plugin_loader.h"
+#include "base/plugin_loader.h"
 #include "plugin_test_util.h"
-#include "status.h"
+#include "base/status.h"
 
 enum { NA = 5, NB = 3, NC = 2, STEPS = 3 };
 

@@ -15,9 +15,9 @@
 
 #include "loom/plugin/optim.h"
 #include "loom/plugin/precision.h"
-#include "plugin_loader.h"
+#include "base/plugin_loader.h"
 #include "plugin_test_util.h"
-#include "status.h"
+#include "base/status.h"
 
 enum { MAX_PLUGINS = 64 };
 static const loom_plugin *all[MAX_PLUGINS], *optims[MAX_PLUGINS], *precisions[MAX_PLUGINS];

@@ -15,9 +15,9 @@
 #include <unistd.h>
 
 #include "loom/plugin/optim.h"
-#include "plugin_loader.h"
+#include "base/plugin_loader.h"
 #include "plugin_test_util.h"
-#include "status.h"
+#include "base/status.h"
 
 #define BROKEN LOOM_TEST_BROKEN_DIR
 #define ELSEWHERE LOOM_TEST_ELSEWHERE_DIR

@@ -21,9 +21,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "checkpoint.h"
-#include "plugin_loader.h"
-#include "safetensors.h"
+#include "train/checkpoint.h"
+#include "base/plugin_loader.h"
+#include "io/safetensors.h"
 
 enum { V = 64, CTX = 16, L = 2, H = 2, C = 16, B = 2, T = 8 };
 #define DEAD_PID "2147483600" /* above any pid_max: kill() says ESRCH */

@@ -18,8 +18,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "checkpoint.h"
-#include "json.h"
+#include "train/checkpoint.h"
+#include "io/json.h"
 #include "loom/plugin/comm.h"
 
 enum { C = 8, V = 12, SLOTS = 2, MAX_RANKS = 16 };

@@ -3,7 +3,7 @@
 #include <check.h>
 #include <string.h>
 
-#include "config.h"
+#include "base/config.h"
 
 static const loom_config_key keys[] = {
     {"lr", LOOM_CFG_NUMBER, NULL, "learning rate"},

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "data_shards.h"
+#include "io/data_shards.h"
 
 static char dir[64];
 

@@ -13,8 +13,8 @@
 #include <string.h>
 
 #include "loom/plugin/optim.h"
-#include "plugin_loader.h"
-#include "session.h"
+#include "base/plugin_loader.h"
+#include "train/session.h"
 
 #ifndef FIXTURE_PATH
 #error "FIXTURE_PATH must point at tests/fixtures/gpt_tiny.bin"

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "json.h"
+#include "io/json.h"
 
 static loom_json_doc *parse_ok(const char *text)
 {

@@ -13,9 +13,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "llmc_model.h"
-#include "plugin_loader.h"
-#include "session.h"
+#include "io/llmc_model.h"
+#include "base/plugin_loader.h"
+#include "train/session.h"
 
 static char dir[64];
 static loom_plugin_config optim_cfg, precision_cfg;

@@ -4,7 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "params.h"
+#include "model/params.h"
 
 START_TEST(test_layout)
 {

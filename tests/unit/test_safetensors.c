@@ -10,9 +10,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "checkpoint.h"
-#include "checksum.h"
-#include "safetensors.h"
+#include "train/checkpoint.h"
+#include "io/checksum.h"
+#include "io/safetensors.h"
 
 static char path[256];
 

@@ -1,0 +1,85 @@
+/* dist.c — the mesh and its communicators (see dist.h). Process-wide: one mesh per run. */
+#include "dist.h"
+
+#include <stdio.h>
+
+#include "base/config.h"
+#include "base/plugin_loader.h"
+#include "base/status.h"
+
+static const loom_comm_ops *comm_ops;
+static void *groups[4]; /* world, dp, tp, pp */
+
+loom_status loom_mesh_make(int rank, int world, int dp, int tp, int pp, loom_mesh *out)
+{
+    if (dp < 1 || tp < 1 || pp < 1)
+        LOOM_FAIL(LOOM_ERR_INVALID, "mesh dp=%d tp=%d pp=%d: each must be at least 1", dp, tp, pp);
+    if (dp * tp * pp != world)
+        LOOM_FAIL(LOOM_ERR_INVALID, "mesh dp=%d x tp=%d x pp=%d = %d ranks, but the world has %d "
+                  "(launch with loom launch -n %d, or change the mesh)", dp, tp, pp, dp * tp * pp,
+                  world, dp * tp * pp);
+    out->dp = dp;
+    out->tp = tp;
+    out->pp = pp;
+    out->tp_rank = rank % tp;
+    out->dp_rank = (rank / tp) % dp;
+    out->pp_rank = rank / (tp * dp);
+    return LOOM_OK;
+}
+
+loom_status loom_dist_init(const char *comm_name, const loom_store *store, int rank, int world,
+                           const loom_mesh *m, int timeout_ms)
+{
+    const loom_plugin *p;
+    LOOM_TRY(loom_plugin_load(LOOM_KIND_COMM, comm_name, &p));
+    if (p->desc->probe) {
+        char reason[256] = "";
+        if (!p->desc->probe(reason, sizeof reason))
+            LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "comm '%s' is not usable here: %s", comm_name, reason);
+    }
+    loom_plugin_config cfg;
+    LOOM_TRY(loom_config_init(&cfg, p->desc));
+    LOOM_TRY(loom_config_finish(&cfg));
+    loom_config view = loom_config_view(&cfg);
+    const loom_comm_ops *ops = p->desc->ops;
+    void *world_comm = NULL;
+    LOOM_TRY(ops->create(loom_core_host(), &view, store, rank, world, timeout_ms, NULL, &world_comm));
+    void *g[4] = {world_comm, NULL, NULL, NULL};
+    /* Same color = same group; keys order the ranks within it. */
+    loom_status st = ops->split(world_comm, m->pp_rank * m->tp + m->tp_rank, m->dp_rank, &g[1]);
+    if (st == LOOM_OK)
+        st = ops->split(world_comm, m->pp_rank * m->dp + m->dp_rank, m->tp_rank, &g[2]);
+    if (st == LOOM_OK)
+        st = ops->split(world_comm, m->dp_rank * m->tp + m->tp_rank, m->pp_rank, &g[3]);
+    if (st != LOOM_OK) {
+        for (int i = 3; i >= 0; i--)
+            if (g[i])
+                ops->destroy(g[i]);
+        return st;
+    }
+    comm_ops = ops;
+    for (int i = 0; i < 4; i++)
+        groups[i] = g[i];
+    int sizes[4] = {world, m->dp, m->tp, m->pp};
+    loom_core_host_set_groups((const struct loom_comm_ops *)ops, groups, sizes);
+    return LOOM_OK;
+}
+
+void *loom_dist_world(const loom_comm_ops **ops)
+{
+    *ops = comm_ops;
+    return groups[0];
+}
+
+void loom_dist_shutdown(void)
+{
+    void *none[4] = {NULL, NULL, NULL, NULL};
+    int ones[4] = {1, 1, 1, 1};
+    loom_core_host_set_groups(NULL, none, ones);
+    for (int i = 3; i >= 0; i--)
+        if (comm_ops && groups[i])
+            comm_ops->destroy(groups[i]);
+    for (int i = 0; i < 4; i++)
+        groups[i] = NULL;
+    comm_ops = NULL;
+}

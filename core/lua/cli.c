@@ -1,0 +1,197 @@
+/* cli.c — the `loom` program: run a recipe, list plugins, plot a run's metrics.
+ *
+ *   loom run RECIPE [key=value ...]   run a Lua recipe; key=value overrides recipe fields
+ *   loom launch -n N RECIPE [...]     run N local ranks of a recipe (launch.c)
+ *   loom plugins                      list every plugin found, and every file refused
+ *   loom plot METRICS.jsonl [-o SVG]  plot a run's metrics file (loss, tokens/s, lr)
+ *   loom export --llmc CKPT OUT.bin   write a checkpoint's weights as an llm.c model file
+ *   loom bench comm [-n N] [--op OP] [--sizes 1K:64M] [--comm shm]   communicator bandwidth
+ *   loom version
+ *
+ * The Lua library is found in LOOM_LUA_PATH (if set), else next to the sources when this
+ * binary runs from its build tree, else in the install dir.
+ */
+#include <lauxlib.h>
+#include <limits.h>
+#include <lua.h>
+#include <lualib.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dist/launch.h"
+#include "loom/loom.h"
+#include "dist/dist.h"
+#include "lua_loom.h"
+#include "dist/ranks.h"
+
+static const char *lua_library_dir(void)
+{
+    const char *env = getenv("LOOM_LUA_PATH");
+    if (env && *env)
+        return env;
+    static char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash)
+            *slash = '\0';
+        char build[PATH_MAX];
+        if (realpath(LOOM_BUILD_DIR, build) && strcmp(exe, build) == 0)
+            return LOOM_SOURCE_LUA_DIR;
+    }
+    return LOOM_INSTALL_LUA_DIR;
+}
+
+static int usage(FILE *out)
+{
+    fputs("usage: loom run RECIPE [key=value ...]   train/run a Lua recipe; key=value overrides\n"
+          "                                         any recipe field (batch.micro=8, steps=20)\n"
+          "       loom launch -n N RECIPE [key=value ...]  run N local ranks of a recipe\n"
+          "       loom plugins                      list the plugins found and where\n"
+          "       loom plot METRICS.jsonl [-o SVG]  plot loss, tokens/s and lr against step\n"
+          "       loom export --llmc CKPT OUT.bin   write a checkpoint's weights as an llm.c model\n"
+          "       loom bench comm [-n N] [--op OP] [--sizes 1K:64M] [--comm shm]\n"
+          "                                         communicator bandwidth, as nccl-tests prints it\n"
+          "       loom version\n",
+          out);
+    return out == stderr ? 2 : 0;
+}
+
+static lua_State *new_state(void)
+{
+    lua_State *L = luaL_newstate();
+    if (!L)
+        return NULL;
+    luaL_openlibs(L);
+    luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
+    lua_pushcfunction(L, luaopen_loom_core);
+    lua_setfield(L, -2, "loom.core");
+    lua_pop(L, 1);
+    const char *dir = lua_library_dir();
+    lua_getglobal(L, "package");
+    lua_pushfstring(L, "%s/?.lua;%s/?/init.lua;", dir, dir);
+    lua_getfield(L, -2, "path");
+    lua_concat(L, 2);
+    lua_setfield(L, -2, "path");
+    lua_pop(L, 1);
+    /* Commands that start more ranks of this program need its path. */
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    lua_pushstring(L, n > 0 ? (exe[n] = '\0', exe) : "loom");
+    lua_setglobal(L, "LOOM_EXE");
+    return L;
+}
+
+/* Run a chunk already on the stack; print "loom: <message>" on error. */
+static int run_protected(lua_State *L, int nargs)
+{
+    if (lua_pcall(L, nargs, 0, 0) == LUA_OK)
+        return 0;
+    const char *msg = lua_tostring(L, -1);
+    fprintf(stderr, "loom: %s\n", msg ? msg : "(error object is not a string)");
+    return 1;
+}
+
+static int cmd_run(int argc, char **argv)
+{
+    if (argc < 1)
+        return usage(stderr);
+    if (loom_ranks_join() != LOOM_OK) { /* rank/world from the environment; rendezvous */
+        fprintf(stderr, "loom: %s\n", loom_last_error());
+        return 1;
+    }
+    lua_State *L = new_state();
+    if (!L) {
+        fputs("loom: cannot create a Lua state (out of memory)\n", stderr);
+        return 1;
+    }
+    /* require("loom.core").overrides = { {"batch.micro", "8"}, ... } */
+    lua_getglobal(L, "require");
+    lua_pushstring(L, "loom.core");
+    lua_call(L, 1, 1);
+    lua_createtable(L, argc - 1, 0);
+    for (int i = 1; i < argc; i++) {
+        const char *eq = strchr(argv[i], '=');
+        if (!eq || eq == argv[i]) {
+            fprintf(stderr, "loom: '%s' is not a key=value override (e.g. steps=20, "
+                            "batch.micro=8, optimizer.lr=1e-3)\n", argv[i]);
+            lua_close(L);
+            return 2;
+        }
+        lua_createtable(L, 2, 0);
+        lua_pushlstring(L, argv[i], (size_t)(eq - argv[i]));
+        lua_rawseti(L, -2, 1);
+        lua_pushstring(L, eq + 1);
+        lua_rawseti(L, -2, 2);
+        lua_rawseti(L, -2, i);
+    }
+    lua_setfield(L, -2, "overrides");
+    loom_lua_open_ranks(L); /* core.rank, .world, .local_rank, .check_same_config */
+    lua_pop(L, 1);
+    /* arg table as the standalone interpreter makes it */
+    lua_createtable(L, argc, 1);
+    for (int i = 0; i < argc; i++) {
+        lua_pushstring(L, argv[i]);
+        lua_rawseti(L, -2, i);
+    }
+    lua_setglobal(L, "arg");
+    int rc;
+    if (luaL_loadfile(L, argv[0]) != LUA_OK) {
+        fprintf(stderr, "loom: %s\n", lua_tostring(L, -1));
+        rc = 1;
+    } else {
+        rc = run_protected(L, 0);
+    }
+    lua_close(L); /* sessions (and the strategies using the groups) are freed here */
+    loom_dist_shutdown(); /* then the communicators: MPI wants MPI_Finalize on every rank */
+    loom_ranks_leave(rc == 0);
+    return rc;
+}
+
+/* Commands written in Lua: `loom NAME ARGS...` runs require('loom.cli')[NAME]({ARGS...});
+ * the Lua side parses its arguments. */
+static int cmd_lua(const char *name, int argc, char **argv)
+{
+    lua_State *L = new_state();
+    if (!L)
+        return 1;
+    int rc = 1;
+    if (luaL_loadstring(L, "local name, args = ...; return require('loom.cli')[name](args)") == LUA_OK) {
+        lua_pushstring(L, name);
+        lua_createtable(L, argc, 0);
+        for (int i = 0; i < argc; i++) {
+            lua_pushstring(L, argv[i]);
+            lua_rawseti(L, -2, i + 1);
+        }
+        rc = run_protected(L, 2);
+    }
+    lua_close(L);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc < 2)
+        return usage(stderr);
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "run") == 0)
+        return cmd_run(argc - 2, argv + 2);
+    if (strcmp(cmd, "launch") == 0)
+        return loom_launch_main(argc - 2, argv + 2);
+    if (strcmp(cmd, "plugins") == 0)
+        return cmd_lua("plugins", 0, argv);
+    if (strcmp(cmd, "plot") == 0 || strcmp(cmd, "export") == 0 || strcmp(cmd, "bench") == 0)
+        return cmd_lua(cmd, argc - 2, argv + 2);
+    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
+        printf("loom %s\n", LOOM_VERSION_STRING);
+        return 0;
+    }
+    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0)
+        return usage(stdout);
+    fprintf(stderr, "loom: unknown command '%s'\n", cmd);
+    return usage(stderr);
+}

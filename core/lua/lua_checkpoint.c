@@ -1,0 +1,142 @@
+/* lua_checkpoint.c — checkpoints from Lua: session:save, session:load and
+ * core.find_checkpoint (see checkpoint.h for the format and its guarantees).
+ *
+ * What not: no policy (when to save, how many to keep, resume=auto) — that is the Lua
+ * library's (scripts/loom/train.lua).
+ * Invariants: options tables refuse unknown keys; the config string a load returns is
+ * owned by a userdata with __gc until it is pushed, so a Lua error (even out of memory)
+ * never leaks it.
+ */
+#include <lauxlib.h>
+#include <limits.h>
+#include <lua.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "train/checkpoint.h"
+#include "lua_loom.h"
+#include "base/status.h"
+
+#define EXTRA_MT "loom.CheckpointExtra"
+
+static int raise_status(lua_State *L)
+{
+    lua_pushstring(L, loom_last_error());
+    return lua_error(L);
+}
+
+static void data_position(loom_data *d, loom_checkpoint_extra *x)
+{
+    snprintf(x->data_kind, sizeof x->data_kind, "%s", d->ops->kind);
+    x->n_data_state = d->ops->get_state(d->self, x->data_state);
+}
+
+/* s:save(dir, {step=, config_json=, data=, keep=}) -> path of the new checkpoint.
+ * step defaults to the optimizer steps taken; keep to 0 (keep all). Collective in a
+ * multi-rank run: every rank calls it with the same arguments (checkpoint.h). */
+static int l_save(lua_State *L)
+{
+    loom_session *s = loom_lua_check_session(L, 1);
+    const char *dir = luaL_checkstring(L, 2);
+    loom_checkpoint_extra x;
+    memset(&x, 0, sizeof x);
+    x.step = loom_session_steps_taken(s);
+    if (!lua_isnoneornil(L, 3)) {
+        luaL_checktype(L, 3, LUA_TTABLE);
+        lua_pushnil(L);
+        while (lua_next(L, 3)) {
+            const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
+            if (strcmp(k, "step") && strcmp(k, "config_json") && strcmp(k, "data") && strcmp(k, "keep"))
+                return luaL_error(L, "save: unknown option '%s' (step, config_json, data, keep)", k);
+            lua_pop(L, 1);
+        }
+        lua_getfield(L, 3, "step");
+        if (!lua_isnil(L, -1))
+            x.step = luaL_checkinteger(L, -1);
+        lua_getfield(L, 3, "keep");
+        lua_Integer keep = luaL_optinteger(L, -1, 0);
+        lua_getfield(L, 3, "config_json");
+        x.config_json = lua_isnil(L, -1) ? NULL : luaL_checkstring(L, -1);
+        lua_getfield(L, 3, "data");
+        if (!lua_isnil(L, -1))
+            data_position(loom_lua_check_data(L, -1), &x);
+        if (x.step < 0 || keep < 0 || keep > INT_MAX)
+            return luaL_error(L, "save: step=%I and keep=%I must be >= 0", (lua_Integer)x.step, keep);
+        x.keep = (int)keep;
+        /* the config string stays referenced from the options table during the save */
+    }
+    char path[PATH_MAX];
+    if (loom_checkpoint_save(s, dir, &x, path, sizeof path) != LOOM_OK)
+        return raise_status(L);
+    lua_pushstring(L, path);
+    return 1;
+}
+
+static int extra_gc(lua_State *L)
+{
+    loom_checkpoint_extra_free(luaL_checkudata(L, 1, EXTRA_MT));
+    return 0;
+}
+
+/* s:load(path [, data]) -> {step=, config_json=, data={kind=, w1, w2, ...}}. With data,
+ * its reading position is restored too. Nothing changes if the checkpoint is refused. */
+static int l_load(lua_State *L)
+{
+    loom_session *s = loom_lua_check_session(L, 1);
+    const char *path = luaL_checkstring(L, 2);
+    loom_data *data = lua_isnoneornil(L, 3) ? NULL : loom_lua_check_data(L, 3);
+    loom_checkpoint_extra *x = lua_newuserdatauv(L, sizeof *x, 0);
+    memset(x, 0, sizeof *x);
+    luaL_setmetatable(L, EXTRA_MT);
+    if (loom_checkpoint_load_data(s, path, data, x) != LOOM_OK)
+        return raise_status(L);
+    lua_createtable(L, 0, 3);
+    lua_pushinteger(L, x->step);
+    lua_setfield(L, -2, "step");
+    if (x->config_json) {
+        lua_pushstring(L, x->config_json);
+        lua_setfield(L, -2, "config_json");
+    }
+    if (x->data_kind[0]) {
+        lua_createtable(L, x->n_data_state, 1);
+        for (int i = 0; i < x->n_data_state; i++) {
+            lua_pushinteger(L, (lua_Integer)x->data_state[i]);
+            lua_rawseti(L, -2, i + 1);
+        }
+        lua_pushstring(L, x->data_kind);
+        lua_setfield(L, -2, "kind");
+        lua_setfield(L, -2, "data");
+    }
+    return 1; /* the userdata below is collected later and frees the config */
+}
+
+/* core.find_checkpoint(dir) -> path, or nil and why */
+static int l_find(lua_State *L)
+{
+    char path[PATH_MAX];
+    if (loom_checkpoint_find(luaL_checkstring(L, 1), path, sizeof path) != LOOM_OK) {
+        lua_pushnil(L);
+        lua_pushstring(L, loom_last_error());
+        return 2;
+    }
+    lua_pushstring(L, path);
+    return 1;
+}
+
+void loom_lua_open_checkpoint(lua_State *L)
+{
+    luaL_newmetatable(L, EXTRA_MT);
+    lua_pushcfunction(L, extra_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_pop(L, 1);
+    /* add save and load to the session class (registered before this is called) */
+    luaL_getmetatable(L, LOOM_SESSION_MT);
+    lua_getfield(L, -1, "__index");
+    lua_pushcfunction(L, l_save);
+    lua_setfield(L, -2, "save");
+    lua_pushcfunction(L, l_load);
+    lua_setfield(L, -2, "load");
+    lua_pop(L, 2);
+    lua_pushcfunction(L, l_find);
+    lua_setfield(L, -2, "find_checkpoint");
+}

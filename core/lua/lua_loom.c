@@ -1,0 +1,432 @@
+/* lua_loom.c — the `loom.core` Lua module: C resources and speed for the Lua library in
+ * scripts/loom/. Shape, defaults and recipe validation live in Lua; this file only checks
+ * what C must check itself.
+ *
+ * Userdata are created with a NULL handle and their metatable before the resource is
+ * acquired (as liolib does), so an error never leaves a half-built object. Errors are
+ * raised without a position ("plain"); the Lua library adds the recipe's file:line.
+ */
+#include <lauxlib.h>
+#include <lua.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/config.h"
+#include "lua_loom.h"
+#include "base/plugin_loader.h"
+#include "train/session.h"
+#include "base/status.h"
+
+#define SESSION_MT LOOM_SESSION_MT
+
+static int raise_plain(lua_State *L, const char *msg)
+{
+    lua_pushstring(L, msg);
+    return lua_error(L);
+}
+
+static int raise_status(lua_State *L) { return raise_plain(L, loom_last_error()); }
+
+static int kind_from_name(const char *s)
+{
+    for (int k = LOOM_KIND_COMM; k <= LOOM_KIND_BACKEND; k++)
+        if (strcmp(loom_kind_name((loom_kind)k), s) == 0)
+            return k;
+    return 0;
+}
+
+/* --- plugins ------------------------------------------------------------------------ */
+
+typedef struct scan_ctx { lua_State *L; int n; } scan_ctx;
+
+static void scan_visit(void *vctx, const char *path, const loom_plugin *p, const char *refusal)
+{
+    scan_ctx *c = vctx;
+    lua_State *L = c->L;
+    lua_createtable(L, 0, 6);
+    lua_pushstring(L, path);
+    lua_setfield(L, -2, "path");
+    if (p) {
+        lua_pushstring(L, loom_kind_name(p->desc->kind));
+        lua_setfield(L, -2, "kind");
+        lua_pushstring(L, p->desc->name);
+        lua_setfield(L, -2, "name");
+        lua_pushstring(L, p->desc->version);
+        lua_setfield(L, -2, "version");
+        lua_pushstring(L, p->desc->summary);
+        lua_setfield(L, -2, "summary");
+    } else {
+        lua_pushstring(L, refusal);
+        lua_setfield(L, -2, "refused");
+    }
+    lua_rawseti(L, -2, ++c->n);
+}
+
+/* core.plugins() -> { {kind, name, version, path, summary} or {path, refused}, ... } */
+static int l_plugins(lua_State *L)
+{
+    lua_newtable(L);
+    scan_ctx c = {L, 0};
+    loom_plugin_scan(scan_visit, &c);
+    return 1;
+}
+
+static const loom_plugin *load_plugin(lua_State *L, const char *kind, const char *name)
+{
+    int k = kind_from_name(kind);
+    if (!k)
+        luaL_error(L, "unknown plugin kind '%s'", kind);
+    const loom_plugin *p;
+    if (loom_plugin_load((loom_kind)k, name, &p) != LOOM_OK)
+        raise_status(L);
+    return p;
+}
+
+/* core.plugin_keys(kind, name) -> { {name=, type=, default=, help=}, ... } */
+static int l_plugin_keys(lua_State *L)
+{
+    const loom_plugin *p = load_plugin(L, luaL_checkstring(L, 1), luaL_checkstring(L, 2));
+    lua_createtable(L, (int)p->desc->n_config_keys, 0);
+    for (uint32_t i = 0; i < p->desc->n_config_keys; i++) {
+        const loom_config_key *k = &p->desc->config_keys[i];
+        lua_createtable(L, 0, 4);
+        lua_pushstring(L, k->name);
+        lua_setfield(L, -2, "name");
+        lua_pushstring(L, loom_cfg_type_name(k->type));
+        lua_setfield(L, -2, "type");
+        if (k->default_value) {
+            lua_pushstring(L, k->default_value);
+            lua_setfield(L, -2, "default");
+        }
+        lua_pushstring(L, k->help ? k->help : "");
+        lua_setfield(L, -2, "help");
+        lua_rawseti(L, -2, (lua_Integer)i + 1);
+    }
+    return 1;
+}
+
+/* Resolve the plugin table at idx ({ "adamw", lr = 1e-3, ... } or { name = "adamw", ... })
+ * into cfg. The plugin's own key table decides what is accepted. */
+static void plugin_config_from_table(lua_State *L, int idx, const char *kind, loom_plugin_config *cfg)
+{
+    idx = lua_absindex(L, idx);
+    luaL_checktype(L, idx, LUA_TTABLE);
+    lua_getfield(L, idx, "name");
+    const char *name = lua_tostring(L, -1);
+    if (!name)
+        luaL_error(L, "%s table needs a name", kind);
+    const loom_plugin *p = load_plugin(L, kind, name);
+    lua_pop(L, 1);
+    if (loom_config_init(cfg, p->desc) != LOOM_OK)
+        raise_status(L);
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        loom_status st = LOOM_OK;
+        if (lua_type(L, -2) != LUA_TSTRING) {
+            lua_pop(L, 1);
+            continue;
+        }
+        const char *key = lua_tostring(L, -2);
+        if (strcmp(key, "name") == 0) {
+            lua_pop(L, 1);
+            continue;
+        }
+        switch (lua_type(L, -1)) {
+        case LUA_TNUMBER: st = loom_config_set_number(cfg, key, lua_tonumber(L, -1)); break;
+        case LUA_TBOOLEAN: st = loom_config_set_boolean(cfg, key, lua_toboolean(L, -1)); break;
+        case LUA_TSTRING: st = loom_config_set_string(cfg, key, lua_tostring(L, -1)); break;
+        case LUA_TTABLE: {
+            double v[LOOM_CFG_MAX_NUMBERS];
+            int n = (int)lua_rawlen(L, -1);
+            if (n > LOOM_CFG_MAX_NUMBERS)
+                n = LOOM_CFG_MAX_NUMBERS + 1;
+            for (int i = 0; i < n && i < LOOM_CFG_MAX_NUMBERS; i++) {
+                lua_rawgeti(L, -1, i + 1);
+                if (!lua_isnumber(L, -1))
+                    luaL_error(L, "%s '%s' key '%s' must be a list of numbers", kind, name, key);
+                v[i] = lua_tonumber(L, -1);
+                lua_pop(L, 1);
+            }
+            st = loom_config_set_numbers(cfg, key, v, n);
+            break;
+        }
+        default:
+            st = loom_fail(LOOM_ERR_INVALID, "%s '%s' key '%s' cannot be a %s", kind, name, key,
+                           luaL_typename(L, -1));
+        }
+        if (st != LOOM_OK)
+            raise_status(L);
+        lua_pop(L, 1);
+    }
+    if (loom_config_finish(cfg) != LOOM_OK)
+        raise_status(L);
+}
+
+/* core.check_plugin(kind, table): resolve a plugin table without creating anything. */
+static int l_check_plugin(lua_State *L)
+{
+    loom_plugin_config cfg;
+    plugin_config_from_table(L, 2, luaL_checkstring(L, 1), &cfg);
+    return 0;
+}
+
+/* --- sessions ----------------------------------------------------------------------- */
+
+typedef struct session_box { loom_session *s; int vocab; } session_box;
+
+static int int_field(lua_State *L, int idx, const char *key, int dflt)
+{
+    lua_getfield(L, idx, key);
+    int v = lua_isnil(L, -1) ? dflt : (int)luaL_checkinteger(L, -1);
+    lua_pop(L, 1);
+    return v;
+}
+
+static double num_field(lua_State *L, int idx, const char *key, double dflt)
+{
+    lua_getfield(L, idx, key);
+    double v = lua_isnil(L, -1) ? dflt : luaL_checknumber(L, -1);
+    lua_pop(L, 1);
+    return v;
+}
+
+/* core.session{model={...}, micro=, seq=, accum=, seed=, grad_clip=, backend=, threads=,
+ *              optimizer={name=...,...}, precision={name=...,...}} */
+static int l_session(lua_State *L)
+{
+    luaL_checktype(L, 1, LUA_TTABLE);
+    session_box *box = lua_newuserdatauv(L, sizeof *box, 0);
+    box->s = NULL;
+    luaL_setmetatable(L, SESSION_MT);
+
+    loom_session_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    lua_getfield(L, 1, "model");
+    luaL_checktype(L, -1, LUA_TTABLE);
+    int m = lua_gettop(L);
+    cfg.model.vocab = int_field(L, m, "vocab", 0);
+    cfg.model.vocab_padded = int_field(L, m, "vocab_padded", 0);
+    cfg.model.ctx = int_field(L, m, "ctx", 0);
+    cfg.model.layers = int_field(L, m, "layers", 0);
+    cfg.model.heads = int_field(L, m, "heads", 0);
+    cfg.model.dim = int_field(L, m, "dim", 0);
+    lua_pop(L, 1);
+    cfg.micro_batch = int_field(L, 1, "micro", 0);
+    cfg.seq = int_field(L, 1, "seq", 0);
+    cfg.accum = int_field(L, 1, "accum", 1);
+    cfg.seed = (uint64_t)int_field(L, 1, "seed", 0);
+    cfg.grad_clip = (float)num_field(L, 1, "grad_clip", 1.0);
+    cfg.threads = int_field(L, 1, "threads", 0);
+    lua_getfield(L, 1, "backend");
+    cfg.backend = lua_isnil(L, -1) ? "cpu" : luaL_checkstring(L, -1);
+    /* kept on the stack while the session is created */
+
+    /* Plain structs, no resource to leak if a Lua error is raised while they are filled;
+     * static because they are large and only read during the plugins' create(). */
+    static _Thread_local loom_plugin_config optim, precision, strategy, tensor;
+    lua_getfield(L, 1, "optimizer");
+    plugin_config_from_table(L, -1, "optim", &optim);
+    lua_getfield(L, 1, "precision");
+    plugin_config_from_table(L, -1, "precision", &precision);
+    lua_pop(L, 2);
+    cfg.optim = &optim;
+    cfg.precision = &precision;
+    lua_getfield(L, 1, "strategy"); /* { name = "dp", bucket_mb = ... } when dp > 1 */
+    if (!lua_isnil(L, -1)) {
+        plugin_config_from_table(L, -1, "strategy", &strategy);
+        cfg.strategy = &strategy;
+    }
+    lua_pop(L, 1);
+    lua_getfield(L, 1, "tensor"); /* { name = "tp", sequence_parallel = ... } when tp > 1 */
+    if (!lua_isnil(L, -1)) {
+        plugin_config_from_table(L, -1, "strategy", &tensor);
+        cfg.tensor = &tensor;
+    }
+    lua_pop(L, 1);
+    lua_getfield(L, 1, "canonical");
+    cfg.canonical = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    if (loom_session_create(&cfg, &box->s) != LOOM_OK)
+        return raise_status(L);
+    box->vocab = cfg.model.vocab;
+    lua_pop(L, 1); /* backend */
+    return 1;
+}
+
+static session_box *check_session(lua_State *L)
+{
+    session_box *b = luaL_checkudata(L, 1, SESSION_MT);
+    if (!b->s)
+        luaL_error(L, "session is closed");
+    return b;
+}
+
+loom_session *loom_lua_check_session(lua_State *L, int idx)
+{
+    session_box *b = luaL_checkudata(L, idx, SESSION_MT);
+    if (!b->s)
+        luaL_error(L, "session is closed");
+    return b->s;
+}
+
+static void set_num(lua_State *L, const char *k, double v)
+{
+    lua_pushnumber(L, v);
+    lua_setfield(L, -2, k);
+}
+
+/* s:step(data, lr) -> {step, loss, grad_norm, lr, ms, comm_ms, tokens, skipped} */
+static int l_session_step(lua_State *L)
+{
+    session_box *b = check_session(L);
+    loom_data_cursor src = {loom_lua_check_data(L, 2), LOOM_SPLIT_TRAIN};
+    float lr = (float)luaL_checknumber(L, 3);
+    loom_step_stats st;
+    if (loom_session_step(b->s, loom_data_batch, &src, lr, &st) != LOOM_OK)
+        return raise_status(L);
+    lua_createtable(L, 0, 8);
+    lua_pushinteger(L, st.step);
+    lua_setfield(L, -2, "step");
+    set_num(L, "loss", st.loss);
+    set_num(L, "grad_norm", st.grad_norm);
+    set_num(L, "lr", st.lr);
+    set_num(L, "ms", st.ms);
+    set_num(L, "comm_ms", st.comm_ms);
+    set_num(L, "tokens", st.tokens);
+    lua_pushboolean(L, st.skipped);
+    lua_setfield(L, -2, "skipped");
+    return 1;
+}
+
+/* s:eval(data, batches) -> mean val loss, always from the start of the val split. */
+static int l_session_eval(lua_State *L)
+{
+    session_box *b = check_session(L);
+    loom_data_cursor src = {loom_lua_check_data(L, 2), LOOM_SPLIT_VAL};
+    int batches = (int)luaL_checkinteger(L, 3);
+    src.data->ops->rewind(src.data->self, LOOM_SPLIT_VAL);
+    double loss;
+    if (loom_session_eval(b->s, loom_data_batch, &src, batches, &loss) != LOOM_OK)
+        return raise_status(L);
+    lua_pushnumber(L, loss);
+    return 1;
+}
+
+/* s:sample(prompt, n, temperature, top_k, seed) -> string (prompt a string) or token list */
+static int l_session_sample(lua_State *L)
+{
+    session_box *b = check_session(L);
+    int as_text = lua_type(L, 2) == LUA_TSTRING;
+    int n_new = (int)luaL_checkinteger(L, 3);
+    float temperature = (float)luaL_optnumber(L, 4, 1.0);
+    int top_k = (int)luaL_optinteger(L, 5, 0);
+    uint64_t seed = (uint64_t)luaL_optinteger(L, 6, 0);
+    size_t n_prompt;
+    if (as_text) {
+        luaL_checklstring(L, 2, &n_prompt);
+        if (b->vocab != 256)
+            luaL_error(L, "a text prompt needs a byte-level model (vocab 256); give token ids");
+    } else {
+        luaL_checktype(L, 2, LUA_TTABLE);
+        n_prompt = lua_rawlen(L, 2);
+    }
+    if (n_new < 0 || n_prompt < 1)
+        luaL_error(L, "sample needs a non-empty prompt and a token count >= 0");
+    int *toks = lua_newuserdatauv(L, (n_prompt + (size_t)n_new) * sizeof(int), 0);
+    const unsigned char *text = (const unsigned char *)lua_tostring(L, 2);
+    for (size_t i = 0; i < n_prompt; i++) {
+        if (as_text) {
+            toks[i] = text[i];
+        } else {
+            lua_rawgeti(L, 2, (lua_Integer)i + 1);
+            toks[i] = (int)luaL_checkinteger(L, -1);
+            lua_pop(L, 1);
+        }
+    }
+    if (loom_session_sample(b->s, toks, (int)n_prompt, n_new, temperature, top_k, seed, toks) !=
+        LOOM_OK)
+        return raise_status(L);
+    size_t total = n_prompt + (size_t)n_new;
+    if (as_text) {
+        luaL_Buffer buf;
+        luaL_buffinit(L, &buf);
+        for (size_t i = 0; i < total; i++)
+            luaL_addchar(&buf, (char)toks[i]);
+        luaL_pushresult(&buf);
+    } else {
+        lua_createtable(L, (int)total, 0);
+        for (size_t i = 0; i < total; i++) {
+            lua_pushinteger(L, toks[i]);
+            lua_rawseti(L, -2, (lua_Integer)i + 1);
+        }
+    }
+    return 1;
+}
+
+/* s:info() -> {params=, param_bytes=, activation_bytes=, vocab_padded=, backend=, steps=};
+ * params counts the whole model, param_bytes this rank's parameter buffer (its slices,
+ * alignment included), activation_bytes its activation and backward scratch buffers. */
+static int l_session_info(lua_State *L)
+{
+    session_box *b = check_session(L);
+    loom_gpt *m = loom_session_model(b->s);
+    lua_createtable(L, 0, 6);
+    lua_pushinteger(L, (lua_Integer)loom_gpt_num_params(m));
+    lua_setfield(L, -2, "params");
+    lua_pushinteger(L, (lua_Integer)(loom_gpt_params(m)->total * sizeof(float)));
+    lua_setfield(L, -2, "param_bytes");
+    lua_pushinteger(L, (lua_Integer)loom_gpt_activation_bytes(m));
+    lua_setfield(L, -2, "activation_bytes");
+    lua_pushinteger(L, (lua_Integer)loom_gpt_get_config(m)->vocab_padded);
+    lua_setfield(L, -2, "vocab_padded");
+    lua_pushstring(L, loom_session_backend_description(b->s));
+    lua_setfield(L, -2, "backend");
+    lua_pushinteger(L, loom_session_steps_taken(b->s));
+    lua_setfield(L, -2, "steps");
+    return 1;
+}
+
+static int l_session_close(lua_State *L)
+{
+    session_box *b = luaL_checkudata(L, 1, SESSION_MT);
+    loom_session_destroy(b->s);
+    b->s = NULL;
+    return 0;
+}
+
+static const luaL_Reg session_methods[] = {
+    {"step", l_session_step},     {"eval", l_session_eval},   {"sample", l_session_sample},
+    {"info", l_session_info},     {"close", l_session_close}, {NULL, NULL}};
+static const luaL_Reg core_funcs[] = {{"plugins", l_plugins},
+                                      {"plugin_keys", l_plugin_keys},
+                                      {"check_plugin", l_check_plugin},
+                                      {"session", l_session},
+                                      {NULL, NULL}};
+
+void loom_lua_new_class(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction gc)
+{
+    luaL_newmetatable(L, name);
+    lua_newtable(L);
+    luaL_setfuncs(L, methods, 0);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, gc);
+    lua_setfield(L, -2, "__gc");
+    lua_pushcfunction(L, gc);
+    lua_setfield(L, -2, "__close");
+    lua_pop(L, 1);
+}
+
+int luaopen_loom_core(lua_State *L)
+{
+    loom_lua_new_class(L, SESSION_MT, session_methods, l_session_close);
+    luaL_newlib(L, core_funcs);
+    loom_lua_open_data(L);
+    loom_lua_open_dist(L);
+    loom_lua_open_bench(L);
+    loom_lua_open_checkpoint(L);
+    loom_lua_open_llmc(L);
+    loom_lua_open_sys(L);
+    lua_pushstring(L, LOOM_VERSION_STRING);
+    lua_setfield(L, -2, "version");
+    return 1;
+}

@@ -1,0 +1,42 @@
+/* lua_ranks.c — the rank facts a recipe sees: core.rank, core.world, core.local_rank, and
+ * core.check_same_config(text), the collective check that every rank resolved the same
+ * configuration.
+ *
+ * What not: anything about communicators or the mesh (the lead wires those in C through
+ * loom_cli_rendezvous()).
+ * Invariants: the values are those loom_ranks_join found (0, 1, 0 when it was not called);
+ * check_same_config is collective — with world > 1 every rank must call it, in the same order
+ * relative to other collectives; with world == 1 it returns at once.
+ */
+#include <lauxlib.h>
+#include <lua.h>
+
+#include "dist/ranks.h"
+
+/* core.check_same_config(text) -> true. text: the canonical serialisation of the resolved
+ * configuration (or any digest of it); its 64-bit FNV-1a hash is compared across ranks.
+ * On a mismatch raises, on every rank:
+ *   ranks 1, 3 run a different recipe than rank 0 (config hash 5f2a3b10… vs 91c04e7d…) */
+static int l_check_same_config(lua_State *L)
+{
+    size_t n;
+    const char *text = luaL_checklstring(L, 1, &n);
+    loom_rendezvous *r = loom_cli_rendezvous();
+    if (r && loom_rendezvous_check_same(r, "recipe", loom_rendezvous_hash(text, n), -1) != LOOM_OK)
+        return luaL_error(L, "%s", loom_last_error());
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
+void loom_lua_open_ranks(lua_State *L)
+{
+    const loom_ranks *r = loom_cli_ranks();
+    lua_pushinteger(L, r->rank);
+    lua_setfield(L, -2, "rank");
+    lua_pushinteger(L, r->world);
+    lua_setfield(L, -2, "world");
+    lua_pushinteger(L, r->local_rank);
+    lua_setfield(L, -2, "local_rank");
+    lua_pushcfunction(L, l_check_same_config);
+    lua_setfield(L, -2, "check_same_config");
+}

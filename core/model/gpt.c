@@ -1,0 +1,471 @@
+/* gpt.c — GPT-2 forward and backward over the backend's kernels: the parameter table,
+ * the activation buffers, and the two passes (tensor parallelism's pieces are in
+ * gpt_parallel.c, the shared state in gpt_internal.h).
+ *
+ * Activation buffers are sized once for (max_B, ctx) and reused; a forward with smaller
+ * B or T uses a prefix of each. Backward keeps one residual-gradient buffer and walks the
+ * blocks top-down; every input gradient is produced fresh (kernels overwrite) and the
+ * residual branches join it with `accumulate`.
+ */
+#include "gpt_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/status.h"
+
+void loom_gpt_set_grad_hook(loom_gpt *m, loom_grad_ready_fn fn, void *ctx)
+{
+    m->grad_ready = fn;
+    m->grad_ready_ctx = ctx;
+}
+
+/* Report entries [first, last] (table indices) as final. They are contiguous in the
+ * flat buffer because build_table adds them in that order. */
+static loom_status entries_ready(loom_gpt *m, int first, int last)
+{
+    if (!m->grad_ready)
+        return LOOM_OK;
+    const loom_param_entry *a = &m->table.entries[first], *b = &m->table.entries[last];
+    return m->grad_ready(m->grad_ready_ctx, a->offset, b->offset + b->numel - a->offset);
+}
+
+loom_status loom_gpt_config_check(const loom_gpt_config *c)
+{
+    if (c->vocab < 2)
+        LOOM_FAIL(LOOM_ERR_INVALID, "model vocab=%d must be at least 2", c->vocab);
+    if (c->vocab_padded && c->vocab_padded < c->vocab)
+        LOOM_FAIL(LOOM_ERR_INVALID, "model vocab_padded=%d is smaller than vocab=%d",
+                  c->vocab_padded, c->vocab);
+    if (c->ctx < 1 || c->layers < 1 || c->heads < 1 || c->dim < 1)
+        LOOM_FAIL(LOOM_ERR_INVALID, "model ctx, layers, heads and dim must be positive "
+                  "(got ctx=%d layers=%d heads=%d dim=%d)", c->ctx, c->layers, c->heads, c->dim);
+    if (c->dim % c->heads != 0) {
+        char ok[256] = "";
+        size_t used = 0;
+        for (int h = 1; h <= c->dim && used < sizeof ok; h++)
+            if (c->dim % h == 0 && h <= 64)
+                used += (size_t)snprintf(ok + used, sizeof ok - used, "%s%d", used ? ", " : "", h);
+        LOOM_FAIL(LOOM_ERR_INVALID, "model heads=%d does not divide dim=%d (heads may be %s)",
+                  c->heads, c->dim, ok);
+    }
+    return LOOM_OK;
+}
+
+/* Ask the tp strategy where the entry added last lives; split_dim is the dim the model
+ * allows it to cut (-1: replicated). */
+static loom_status place_last(loom_gpt *m, int split_dim)
+{
+    loom_param_table *t = &m->table;
+    t->entries[t->count - 1].split_dim = split_dim;
+    if (!m->tp_ops || !m->tp_ops->partition)
+        return LOOM_OK;
+    const loom_param_entry *e = &t->entries[t->count - 1];
+    loom_param_info info = {.name = e->name, .ndim = e->ndim, .offset = e->offset,
+                            .numel = e->numel, .layer = e->layer, .split_dim = split_dim};
+    for (int d = 0; d < e->ndim; d++) {
+        info.shape[d] = e->shape[d];
+        info.slice_start[d] = e->slice_start[d];
+        info.slice_len[d] = e->slice_len[d];
+    }
+    loom_partition part = {-1, 1, 0};
+    LOOM_TRY(m->tp_ops->partition(m->tp_self, &info, &part));
+    if (part.dim < 0 || part.parts == 1)
+        return LOOM_OK;
+    if (part.dim != split_dim || part.parts != m->tp || part.index != m->tp_rank)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy asks to split %s along dim %d into %d parts; the "
+                  "GPT model splits it only along dim %d into tp=%d", e->name, part.dim, part.parts,
+                  split_dim, m->tp);
+    return loom_params_slice_last(t, part.dim, part.parts, part.index);
+}
+
+/* The parameters, in the order bind_params expects. The fused QKV weight has logical shape
+ * (3, C, C): q, k and v blocks, each split along dim 1 by heads, so a rank's slice is its
+ * heads' q, k and v rows (the same bytes as llm.c's (3C, C)). Column-parallel layers (qkv,
+ * fc) split output features; row-parallel ones (attn.proj, mlp.proj) input features; wte
+ * its vocabulary rows (Vp/tp each; the rows >= vocab are padding). */
+static loom_status build_table(loom_gpt *m)
+{
+    const loom_gpt_config *c = &m->cfg;
+    int64_t C = c->dim, L = c->layers;
+    float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * (float)L); /* GPT-2's residual scaling */
+    loom_param_table *t = &m->table;
+    int64_t sh[3];
+    char name[LOOM_PARAM_NAME_MAX];
+#define ADD(nm, nd, layer, init, sd, split)                                  \
+    do {                                                                     \
+        LOOM_TRY(loom_params_add(t, nm, nd, sh, layer, init, sd));           \
+        LOOM_TRY(place_last(m, split));                                      \
+    } while (0)
+#define SHAPE(a, b, c3) (sh[0] = (a), sh[1] = (b), sh[2] = (c3))
+    SHAPE(c->vocab_padded, C, 0);
+    ADD("wte", 2, -1, LOOM_INIT_NORMAL, std, 0);
+    t->entries[t->count - 1].init_rows = c->vocab; /* padding rows start at zero */
+    SHAPE(c->ctx, C, 0); ADD("wpe", 2, -1, LOOM_INIT_NORMAL, 0.01f, -1);
+    for (int l = 0; l < L; l++) {
+#define LAYER(suffix, nd, a, b, c3, init, sd, split)                 \
+    snprintf(name, sizeof name, "h.%d.%s", l, suffix);              \
+    SHAPE(a, b, c3);                                                \
+    ADD(name, nd, l, init, sd, split)
+        LAYER("ln_1.weight", 1, C, 0, 0, LOOM_INIT_ONES, 0, -1);
+        LAYER("ln_1.bias", 1, C, 0, 0, LOOM_INIT_ZEROS, 0, -1);
+        LAYER("attn.qkv.weight", 3, 3, C, C, LOOM_INIT_NORMAL, std, 1);
+        LAYER("attn.qkv.bias", 2, 3, C, 0, LOOM_INIT_ZEROS, 0, 1);
+        t->entries[t->count - 1].is_matrix = 0; /* a bias: no weight decay by default */
+        LAYER("attn.proj.weight", 2, C, C, 0, LOOM_INIT_NORMAL, proj_std, 1);
+        LAYER("attn.proj.bias", 1, C, 0, 0, LOOM_INIT_ZEROS, 0, -1);
+        LAYER("ln_2.weight", 1, C, 0, 0, LOOM_INIT_ONES, 0, -1);
+        LAYER("ln_2.bias", 1, C, 0, 0, LOOM_INIT_ZEROS, 0, -1);
+        LAYER("mlp.fc.weight", 2, 4 * C, C, 0, LOOM_INIT_NORMAL, std, 0);
+        LAYER("mlp.fc.bias", 1, 4 * C, 0, 0, LOOM_INIT_ZEROS, 0, 0);
+        LAYER("mlp.proj.weight", 2, C, 4 * C, 0, LOOM_INIT_NORMAL, proj_std, 1);
+        LAYER("mlp.proj.bias", 1, C, 0, 0, LOOM_INIT_ZEROS, 0, -1);
+#undef LAYER
+    }
+    SHAPE(C, 0, 0); ADD("ln_f.weight", 1, -1, LOOM_INIT_ONES, 0, -1);
+    ADD("ln_f.bias", 1, -1, LOOM_INIT_ZEROS, 0, -1);
+#undef ADD
+#undef SHAPE
+    return LOOM_OK;
+}
+
+/* Point p at the entries of base, in table order (the order build_table added them). */
+static void bind_params(loom_gpt *m, float *base, model_params *p)
+{
+    const loom_param_entry *e = m->table.entries;
+    p->wte = base + e[0].offset;
+    p->wpe = base + e[1].offset;
+    int i = 2;
+    for (int l = 0; l < m->cfg.layers; l++) {
+        /* layer_params is 12 float pointers, declared in table order */
+        float **f = (float **)&p->layer[l];
+        for (int k = 0; k < 12; k++)
+            f[k] = base + e[i++].offset;
+    }
+    p->lnfw = base + e[i++].offset;
+    p->lnfb = base + e[i].offset;
+}
+
+/* Lay the activation buffers out from base and return how many floats they take. Called
+ * twice: with base NULL to measure (pointers are left NULL), then to assign, so the size
+ * and the layout cannot disagree. */
+static size_t lay_out_activations(loom_gpt *m, float *base)
+{
+    size_t B = (size_t)m->max_B, T = (size_t)m->cfg.ctx, C = (size_t)m->cfg.dim;
+    size_t NHl = (size_t)m->NHl, Cl = (size_t)m->Cl, Fl = (size_t)m->Fl, Vl = (size_t)m->Vl;
+    size_t L = (size_t)m->cfg.layers, R = B * T, Rl = m->sp ? R / (size_t)m->tp : R;
+    size_t wide = 3 * Cl > Fl ? 3 * Cl : Fl, att = B * NHl * T * T, off = 0;
+#define TAKE(n) (off += (n), base ? base + off - (n) : NULL)
+#define TAKE_FULL(local) (m->sp ? TAKE(R * C) : (local)) /* all rows: its own buffer under sp */
+    m->gathered = m->sp ? TAKE(R * C) : NULL;
+#define GATHERED(local) (m->sp ? m->gathered : (local))
+    for (size_t l = 0; l < L; l++) {
+        layer_acts *a = &m->acts[l];
+        a->ln1 = TAKE(Rl * C); a->ln1_mean = TAKE(Rl); a->ln1_rstd = TAKE(Rl);
+        a->ln1_full = GATHERED(a->ln1);
+        a->qkv = TAKE(R * 3 * Cl); a->atty = TAKE(R * Cl); a->att = TAKE(att);
+        a->res2 = TAKE(Rl * C); a->ln2 = TAKE(Rl * C); a->ln2_mean = TAKE(Rl);
+        a->ln2_rstd = TAKE(Rl); a->ln2_full = GATHERED(a->ln2);
+        a->fch = TAKE(R * Fl); a->fch_gelu = TAKE(R * Fl); a->res3 = TAKE(Rl * C);
+    }
+    m->encoded = TAKE(Rl * C); m->lnf = TAKE(Rl * C); m->lnf_mean = TAKE(Rl);
+    m->lnf_rstd = TAKE(Rl); m->lnf_full = GATHERED(m->lnf);
+    m->logits = TAKE(R * Vl); m->losses = TAKE(R); m->ce_max = TAKE(R); m->ce_stats = TAKE(2 * R);
+    m->partial = TAKE(R * C); m->summed = m->sp ? TAKE(Rl * C) : m->partial;
+    m->dres = TAKE(Rl * C); m->dres_full = TAKE_FULL(m->dres); m->dtmp = TAKE(Rl * C);
+    m->dpartial = TAKE(R * C); m->dsummed = m->sp ? TAKE(Rl * C) : m->dpartial;
+    m->dbuf_4a = TAKE(R * wide); m->dbuf_4b = TAKE(R * wide);
+    m->datt_scratch = TAKE(2 * att); m->rep_grad = TAKE(6 * C);
+    for (int i = 0; i < 3; i++)
+        m->tree[i] = m->canonical ? TAKE(R * C) : NULL;
+#undef GATHERED
+#undef TAKE_FULL
+#undef TAKE
+    return off;
+}
+
+static loom_status alloc_activations(loom_gpt *m)
+{
+    size_t R = (size_t)m->max_B * (size_t)m->cfg.ctx, total = lay_out_activations(m, NULL);
+    m->act_bytes = total * sizeof(float) + 2 * R * sizeof(int) + 64;
+    m->act_mem = m->be->ops->alloc(m->be->self, m->act_bytes);
+    if (!m->act_mem)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "cannot allocate %.1f MiB of activations for batch %d x %d",
+                  (double)(total * 4) / (1 << 20), m->max_B, m->cfg.ctx);
+    float *f = m->act_mem;
+    lay_out_activations(m, f);
+    m->tokens = (int *)(f + total);
+    m->targets = m->tokens + R;
+    m->host_losses = malloc(R * sizeof(float));
+    m->row_gather = malloc((size_t)m->cfg.vocab_padded * sizeof(float));
+    return m->host_losses && m->row_gather ? LOOM_OK : loom_fail(LOOM_ERR_NOMEM, "out of memory");
+}
+
+/* Divisibility the split needs, named in the message with what would work. */
+static loom_status check_split(const loom_gpt *m)
+{
+    const loom_gpt_config *c = &m->cfg;
+    int tp = m->tp;
+    if (tp > 1 && (c->heads % tp != 0 || c->vocab_padded % tp != 0))
+        LOOM_FAIL(LOOM_ERR_INVALID, "tensor parallelism tp=%d must divide heads=%d and the padded "
+                  "vocabulary %d", tp, c->heads, c->vocab_padded);
+    const int chunks = LOOM_CANONICAL_CHUNKS;
+    if (m->canonical && (c->dim % chunks || c->vocab_padded % chunks || chunks % tp))
+        LOOM_FAIL(LOOM_ERR_INVALID, "canonical mode sums in %d fixed chunks: dim=%d and the padded "
+                  "vocabulary %d must divide by %d, and tp=%d must divide %d", chunks, c->dim,
+                  c->vocab_padded, chunks, tp, chunks);
+    return LOOM_OK;
+}
+
+loom_status loom_gpt_create(const loom_gpt_config *cfg, loom_backend *be, int max_B, uint64_t seed,
+                            const loom_gpt_parallel *par, loom_gpt **out)
+{
+    *out = NULL;
+    LOOM_TRY(loom_gpt_config_check(cfg));
+    if (max_B < 1)
+        LOOM_FAIL(LOOM_ERR_INVALID, "micro-batch size must be at least 1, got %d", max_B);
+    loom_gpt *m = calloc(1, sizeof *m);
+    if (!m)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    m->cfg = *cfg;
+    if (!m->cfg.vocab_padded)
+        m->cfg.vocab_padded = (cfg->vocab + 127) / 128 * 128;
+    m->be = be;
+    m->max_B = max_B;
+    m->tp = 1;
+    loom_status st = LOOM_OK;
+    if (par) {
+        m->canonical = par->canonical;
+        m->tp_ops = par->tp_ops;
+        m->tp_self = par->tp_self;
+    }
+    if (m->tp_ops && m->tp_ops->layout) {
+        loom_parallel_layout lay;
+        st = m->tp_ops->layout(m->tp_self, &lay);
+        m->tp = lay.parts;
+        m->tp_rank = lay.index;
+        m->sp = lay.sequence_parallel && lay.parts > 1;
+    }
+    m->Cl = cfg->dim / m->tp;
+    m->NHl = cfg->heads / m->tp;
+    m->Fl = 4 * cfg->dim / m->tp;
+    m->Vl = m->cfg.vocab_padded / m->tp;
+    m->v0 = m->tp_rank * m->Vl;
+    if (be->ops->set_deterministic)
+        be->ops->set_deterministic(be->self, m->canonical);
+    m->p.layer = calloc((size_t)cfg->layers, sizeof(layer_params));
+    m->g.layer = calloc((size_t)cfg->layers, sizeof(layer_params));
+    m->acts = calloc((size_t)cfg->layers, sizeof(layer_acts));
+    if (st == LOOM_OK)
+        st = check_split(m);
+    if (st == LOOM_OK)
+        st = (m->p.layer && m->g.layer && m->acts) ? build_table(m)
+                                                   : loom_fail(LOOM_ERR_NOMEM, "out of memory");
+    if (st == LOOM_OK) {
+        size_t bytes = m->table.total * sizeof(float);
+        m->params = be->ops->alloc(be->self, bytes);
+        m->grads = be->ops->alloc(be->self, bytes);
+        float *host = malloc(bytes);
+        if (!m->params || !m->grads || !host) {
+            st = loom_fail(LOOM_ERR_NOMEM, "cannot allocate %.1f MiB for parameters",
+                           2.0 * (double)bytes / (1 << 20));
+        } else {
+            loom_params_init_values(&m->table, seed, host);
+            be->ops->copy_to_device(be->self, m->params, host, bytes);
+            bind_params(m, m->params, &m->p);
+            bind_params(m, m->grads, &m->g);
+            st = alloc_activations(m);
+        }
+        free(host);
+    }
+    if (st != LOOM_OK) {
+        loom_gpt_destroy(m);
+        return st;
+    }
+    *out = m;
+    return LOOM_OK;
+}
+
+void loom_gpt_destroy(loom_gpt *m)
+{
+    if (!m)
+        return;
+    const loom_backend_ops *ops = m->be->ops;
+    ops->free(m->be->self, m->params);
+    ops->free(m->be->self, m->grads);
+    ops->free(m->be->self, m->act_mem);
+    free(m->host_losses);
+    free(m->row_gather);
+    free(m->p.layer);
+    free(m->g.layer);
+    free(m->acts);
+    loom_params_free(&m->table);
+    free(m);
+}
+
+const loom_gpt_config *loom_gpt_get_config(const loom_gpt *m) { return &m->cfg; }
+const loom_param_table *loom_gpt_params(const loom_gpt *m) { return &m->table; }
+float *loom_gpt_param_data(loom_gpt *m) { return m->params; }
+float *loom_gpt_grad_data(loom_gpt *m) { return m->grads; }
+const float *loom_gpt_logits(const loom_gpt *m) { return m->logits; }
+size_t loom_gpt_activation_bytes(const loom_gpt *m) { return m->act_bytes; }
+
+size_t loom_gpt_num_params(const loom_gpt *m)
+{
+    return loom_params_count_logical(&m->table) -
+           (size_t)(m->cfg.vocab_padded - m->cfg.vocab) * (size_t)m->cfg.dim;
+}
+
+void loom_gpt_zero_grad(loom_gpt *m)
+{
+    m->be->ops->zero(m->be->self, m->grads, m->table.total * sizeof(float));
+}
+
+/* --- forward and backward ------------------------------------------------------------ */
+
+loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets, int B, int T,
+                             float dloss, double *loss_sum)
+{
+    const loom_backend_ops *k = m->be->ops;
+    void *bs = m->be->self;
+    int C = m->cfg.dim, V = m->cfg.vocab, Cl = m->Cl, Fl = m->Fl;
+    if (B < 1 || B > m->max_B || T < 1 || T > m->cfg.ctx)
+        LOOM_FAIL(LOOM_ERR_INVALID, "batch %dx%d outside the model's %dx%d", B, T, m->max_B,
+                  m->cfg.ctx);
+    if (dloss != 0.0f && !targets)
+        LOOM_FAIL(LOOM_ERR_INVALID, "a training forward needs targets");
+    size_t R = (size_t)B * T;
+    if (m->sp && R % (size_t)m->tp)
+        LOOM_FAIL(LOOM_ERR_INVALID, "sequence parallelism splits the %d x %d = %zu token rows over "
+                  "tp=%d ranks: they must divide", B, T, R, m->tp);
+    if (m->canonical && dloss != 0.0f && R % LOOM_CANONICAL_CHUNKS)
+        LOOM_FAIL(LOOM_ERR_INVALID, "canonical mode sums token rows in %d chunks: batch %d x %d = "
+                  "%zu rows must divide by %d", LOOM_CANONICAL_CHUNKS, B, T, R,
+                  LOOM_CANONICAL_CHUNKS);
+    size_t Rl = m->sp ? R / (size_t)m->tp : R, row0 = m->sp ? (size_t)m->tp_rank * Rl : 0;
+    for (size_t i = 0; i < R; i++)
+        if (tokens[i] < 0 || tokens[i] >= V)
+            LOOM_FAIL(LOOM_ERR_INVALID, "token %d at position %zu is outside the vocabulary "
+                      "[0, %d)", tokens[i], i, V);
+    k->copy_to_device(bs, m->tokens, tokens, R * sizeof(int));
+    if (targets)
+        k->copy_to_device(bs, m->targets, targets, R * sizeof(int));
+
+    /* Embedding: each rank looks up its vocabulary rows (zeros elsewhere); the sum over the
+     * group is the lookup. Positions are added once, to the rows this rank keeps. */
+    float *embedded = m->tp_ops ? m->partial : m->encoded;
+    k->embedding_forward(embedded, m->tokens, m->p.wte, m->v0, m->Vl, R, C);
+    LOOM_TRY(F_LEAVE(LOOM_REGION_EMBEDDING, -1, embedded, m->encoded, R, C));
+    k->position_forward(m->encoded, m->p.wpe, row0, Rl, T, C);
+    const float *residual = m->encoded;
+    for (int l = 0; l < m->cfg.layers; l++) {
+        layer_params *w = &m->p.layer[l];
+        layer_acts *a = &m->acts[l];
+        k->layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, residual, w->ln1w, w->ln1b, 1,
+                             (int)Rl, C);
+        LOOM_TRY(F_ENTER(LOOM_REGION_ATTENTION, l, a->ln1, a->ln1_full, R, C));
+        k->matmul_forward(a->qkv, a->ln1_full, w->qkvw, w->qkvb, B, T, C, 3 * Cl);
+        k->attention_forward(a->atty, a->att, a->qkv, B, T, Cl, m->NHl);
+        gpt_row_parallel_forward(m, m->partial, a->atty, w->attprojw, B, T, Cl);
+        LOOM_TRY(F_LEAVE(LOOM_REGION_ATTENTION, l, m->partial, m->summed, R, C));
+        k->bias_add(m->summed, w->attprojb, Rl, C);
+        k->residual_forward(a->res2, residual, m->summed, Rl * C);
+        k->layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, 1,
+                             (int)Rl, C);
+        LOOM_TRY(F_ENTER(LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R, C));
+        k->matmul_forward(a->fch, a->ln2_full, w->fcw, w->fcb, B, T, C, Fl);
+        k->gelu_forward(a->fch_gelu, a->fch, R * Fl);
+        gpt_row_parallel_forward(m, m->partial, a->fch_gelu, w->fcprojw, B, T, Fl);
+        LOOM_TRY(F_LEAVE(LOOM_REGION_MLP, l, m->partial, m->summed, R, C));
+        k->bias_add(m->summed, w->fcprojb, Rl, C);
+        k->residual_forward(a->res3, a->res2, m->summed, Rl * C);
+        residual = a->res3;
+    }
+    k->layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, residual, m->p.lnfw, m->p.lnfb, 1,
+                         (int)Rl, C);
+    LOOM_TRY(F_ENTER(LOOM_REGION_HEAD, -1, m->lnf, m->lnf_full, R, C));
+    k->matmul_forward(m->logits, m->lnf_full, m->p.wte, NULL, B, T, C, m->Vl);
+    m->last_B = B;
+    m->last_T = T;
+    m->have_dlogits = 0;
+    if (targets) {
+        LOOM_TRY(gpt_vocab_cross_entropy(m, (int)R, dloss));
+        m->have_dlogits = dloss != 0.0f;
+        k->copy_to_host(bs, m->host_losses, m->losses, R * sizeof(float));
+        double sum = 0.0;
+        for (size_t i = 0; i < R; i++)
+            sum += m->host_losses[i];
+        if (loss_sum)
+            *loss_sum = sum;
+    }
+    return LOOM_OK;
+}
+
+loom_status loom_gpt_backward(loom_gpt *m)
+{
+    if (!m->have_dlogits)
+        LOOM_FAIL(LOOM_ERR_INVALID, "backward needs a forward with targets and dloss != 0 first");
+    const loom_backend_ops *k = m->be->ops;
+    int B = m->last_B, T = m->last_T, C = m->cfg.dim, Cl = m->Cl, Fl = m->Fl;
+    int L = m->cfg.layers;
+    size_t R = (size_t)B * T, Rl = m->sp ? R / (size_t)m->tp : R;
+    const float *last = m->acts[L - 1].res3;
+
+    /* LM head (tied to wte, vocabulary-parallel) and the final layernorm; dres starts as
+     * d(last block output). */
+    LOOM_TRY(gpt_regather(m, LOOM_REGION_HEAD, -1, m->lnf, m->lnf_full, R));
+    LOOM_TRY(gpt_column_parallel_backward(m, LOOM_REGION_HEAD, -1, m->g.wte, NULL, m->logits,
+                                      m->lnf_full, m->p.wte, B, T, m->Vl, 1));
+    rep_pack pk = {.n = 0};
+    rep_args lnf = {m->dres, m->dsummed, last, m->p.lnfw, m->lnf_mean, m->lnf_rstd};
+    gpt_replicated_grads(m, &pk, 0, &lnf, m->g.lnfw, m->g.lnfb, Rl);
+    LOOM_TRY(gpt_rep_flush(m, &pk));
+    int n_entries = m->table.count;
+    LOOM_TRY(entries_ready(m, n_entries - 2, n_entries - 1));
+    for (int l = L - 1; l >= 0; l--) {
+        layer_params *w = &m->p.layer[l], *g = &m->g.layer[l];
+        layer_acts *a = &m->acts[l];
+        const float *residual = l == 0 ? m->encoded : m->acts[l - 1].res3;
+        /* MLP branch: res3 = res2 + g(proj(gelu(fc(f(ln2(res2)))))) + bias */
+        rep_args pb = {.dout = m->dres};
+        gpt_replicated_grads(m, &pk, 1, &pb, NULL, g->fcprojb, Rl);
+        LOOM_TRY(B_LEAVE(LOOM_REGION_MLP, l, m->dres, m->dres_full, R, C));
+        k->matmul_backward(m->dbuf_4a, g->fcprojw, NULL, m->dres_full, a->fch_gelu, w->fcprojw,
+                           B, T, Fl, C);
+        k->gelu_backward(m->dbuf_4b, a->fch, m->dbuf_4a, R * Fl);
+        LOOM_TRY(gpt_regather(m, LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R));
+        LOOM_TRY(gpt_column_parallel_backward(m, LOOM_REGION_MLP, l, g->fcw, g->fcb, m->dbuf_4b,
+                                          a->ln2_full, w->fcw, B, T, Fl, 1));
+        rep_args ln2 = {m->dtmp, m->dsummed, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd};
+        gpt_replicated_grads(m, &pk, 0, &ln2, g->ln2w, g->ln2b, Rl);
+        k->accumulate(m->dres, m->dtmp, Rl * C);
+        /* Attention branch: res2 = residual + g(proj(attn(qkv(f(ln1(residual)))))) + bias */
+        rep_args ab = {.dout = m->dres};
+        gpt_replicated_grads(m, &pk, 1, &ab, NULL, g->attprojb, Rl);
+        LOOM_TRY(B_LEAVE(LOOM_REGION_ATTENTION, l, m->dres, m->dres_full, R, C));
+        float *datty = m->dpartial; /* free until the qkv backward below */
+        k->matmul_backward(datty, g->attprojw, NULL, m->dres_full, a->atty, w->attprojw, B, T,
+                           Cl, C);
+        k->attention_backward(m->dbuf_4a, m->datt_scratch, datty, a->qkv, a->att, B, T, Cl,
+                              m->NHl);
+        LOOM_TRY(gpt_regather(m, LOOM_REGION_ATTENTION, l, a->ln1, a->ln1_full, R));
+        LOOM_TRY(gpt_column_parallel_backward(m, LOOM_REGION_ATTENTION, l, g->qkvw, g->qkvb,
+                                          m->dbuf_4a, a->ln1_full, w->qkvw, B, T, 3 * Cl, 3));
+        rep_args ln1 = {m->dtmp, m->dsummed, residual, w->ln1w, a->ln1_mean, a->ln1_rstd};
+        gpt_replicated_grads(m, &pk, 0, &ln1, g->ln1w, g->ln1b, Rl);
+        k->accumulate(m->dres, m->dtmp, Rl * C);
+        LOOM_TRY(gpt_rep_flush(m, &pk));
+        LOOM_TRY(entries_ready(m, 2 + 12 * l, 2 + 12 * l + 11));
+    }
+    /* Embedding: every rank needs the gradient of all rows for its vocabulary slice; the
+     * position gradient is then computed the same way on every rank. */
+    LOOM_TRY(B_LEAVE(LOOM_REGION_EMBEDDING, -1, m->dres, m->dres_full, R, C));
+    k->embedding_backward(m->g.wte, m->dres_full, m->tokens, m->v0, m->Vl, R, C);
+    k->position_backward(m->g.wpe, m->dres_full, B, T, C);
+    m->have_dlogits = 0;
+    LOOM_TRY(entries_ready(m, 0, 1));
+    return LOOM_OK;
+}
+

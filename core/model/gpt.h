@@ -1,0 +1,91 @@
+/* gpt.h — the GPT-2 model: parameters, activations, forward and backward.
+ *
+ * Pre-LN transformer blocks, tanh-GELU MLP, fused QKV, tied LM head (Radford et al. 2019;
+ * the layout of llm.c's train_gpt2.c). The vocabulary is padded to vocab_padded for GEMM
+ * speed; logits are computed for every padded column but softmax and the loss see only
+ * the first `vocab` (padding rows of wte start at zero and never get a loss gradient).
+ * Parameters live in one flat buffer described by a loom_param_table; gradients in a
+ * second buffer with the same layout. All compute goes through the backend's ops table.
+ */
+#ifndef LOOM_CORE_GPT_H
+#define LOOM_CORE_GPT_H
+
+#include "base/backend.h"
+#include "loom/plugin/strategy.h"
+#include "params.h"
+
+typedef struct loom_gpt_config {
+    int vocab;         /* true vocabulary size V */
+    int vocab_padded;  /* Vp >= V; 0 means "round V up to a multiple of 128" */
+    int ctx;           /* maximum sequence length (wpe rows) */
+    int layers, heads, dim;
+} loom_gpt_config;
+
+typedef struct loom_gpt loom_gpt;
+
+/* Check a config; the message names the field and what would be valid. */
+loom_status loom_gpt_config_check(const loom_gpt_config *cfg);
+
+/* How the model is split and summed (NULL: one rank, fast mode).
+ * tp: a tensor-parallel strategy (DESIGN.md; plugins/strategy/tp): it partitions the
+ * parameters the model marks splittable and moves activations at the region boundaries.
+ * With it each rank holds heads/tp attention heads, 4*dim/tp MLP columns and Vp/tp
+ * vocabulary rows (Megatron-LM's layout, Shoeybi et al. 2019), and with sequence
+ * parallelism B*T/tp token rows of the residual stream.
+ * canonical: every sum a tensor split could reassociate (row-parallel outputs, column-
+ * parallel input gradients, the softmax denominator, replicated parameters' gradients over
+ * token rows) is done over LOOM_CANONICAL_CHUNKS fixed chunks added in a fixed binary tree,
+ * so tp = 1, 2, 4, 8 give the same bits. It needs dim, Vp and B*T divisible by the chunk
+ * count and the backend's deterministic GEMM. */
+typedef struct loom_gpt_parallel {
+    const loom_strategy_ops *tp_ops;  /* NULL: no tensor parallelism */
+    void *tp_self;
+    int canonical;
+} loom_gpt_parallel;
+
+/* Build the table (partitioned by par->tp_ops) and allocate params + grads on the backend,
+ * initialised from seed (values keyed by logical index: the same model for any split).
+ * Activations are sized for micro-batches up to max_B x cfg->ctx. */
+loom_status loom_gpt_create(const loom_gpt_config *cfg, loom_backend *be, int max_B, uint64_t seed,
+                            const loom_gpt_parallel *par, loom_gpt **out);
+void loom_gpt_destroy(loom_gpt *m);
+
+const loom_gpt_config *loom_gpt_get_config(const loom_gpt *m);
+const loom_param_table *loom_gpt_params(const loom_gpt *m);
+/* Flat device buffers (table->total floats each). */
+float *loom_gpt_param_data(loom_gpt *m);
+float *loom_gpt_grad_data(loom_gpt *m);
+
+/* Forward over tokens (B,T) on the host. With targets, *loss_sum gets the sum of the
+ * per-token losses (double). If dloss != 0 the logits are replaced by their gradient,
+ * dloss * dL/dlogits, ready for loom_gpt_backward. targets may be NULL (sampling). */
+loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets, int B, int T,
+                             float dloss, double *loss_sum);
+/* Accumulate parameter gradients of the last forward (which must have had dloss != 0). */
+loom_status loom_gpt_backward(loom_gpt *m);
+/* Called during backward each time a contiguous range of the gradient buffer is final
+ * for this backward pass (elements [offset, offset+n)), in backward order: ln_f, then
+ * blocks L-1..0, then wte and wpe. Data parallelism starts reducing a bucket here while
+ * the rest of backward runs. NULL fn removes the hook. */
+typedef loom_status (*loom_grad_ready_fn)(void *ctx, size_t offset, size_t n);
+void loom_gpt_set_grad_hook(loom_gpt *m, loom_grad_ready_fn fn, void *ctx);
+
+/* The (B,T,Vp) logits of the last forward with dloss == 0 (device memory); with tensor
+ * parallelism this rank's (B,T,Vp/tp) vocabulary columns. */
+const float *loom_gpt_logits(const loom_gpt *m);
+/* Row `row` (b*T + t) of the last forward's logits, all Vp columns, into host memory
+ * (gathered over the tensor-parallel group: every rank calls it). */
+loom_status loom_gpt_logits_row(loom_gpt *m, size_t row, float *host_out);
+/* Bytes of the activation and backward scratch buffers (sized for max_B x ctx). */
+size_t loom_gpt_activation_bytes(const loom_gpt *m);
+/* Milliseconds spent inside tensor-parallel exchanges since the last call. */
+double loom_gpt_take_comm_ms(loom_gpt *m);
+/* B*T of a forward must be a multiple of this (tp under sequence parallelism, else 1). */
+int loom_gpt_row_multiple(const loom_gpt *m);
+void loom_gpt_zero_grad(loom_gpt *m);
+
+/* Parameters of the whole model (all slices) excluding padding rows of wte: what llm.c
+ * and MFU count as N. */
+size_t loom_gpt_num_params(const loom_gpt *m);
+
+#endif

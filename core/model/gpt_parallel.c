@@ -1,0 +1,269 @@
+/* gpt_parallel.c — what tensor parallelism and canonical mode add to the GPT model
+ * (gpt.h): crossing region boundaries through the tp strategy (timed as communication),
+ * canonical mode's fixed chunk trees, row- and column-parallel products, the gradients of
+ * parameters every tp rank holds, and the vocabulary-parallel cross-entropy.
+ */
+#include "gpt_internal.h"
+
+#include <string.h>
+
+#include "base/clock.h"
+#include "base/status.h"
+
+double loom_gpt_take_comm_ms(loom_gpt *m)
+{
+    double ms = m->comm_ms;
+    m->comm_ms = 0.0;
+    return ms;
+}
+
+loom_status gpt_cross(loom_gpt *m, region_hook hook, loom_region r, int layer, const float *in,
+                      float *out, size_t rows, size_t width)
+{
+    if (!m->tp_ops)
+        return LOOM_OK;
+    loom_region_io io = {in, out, rows, width};
+    double t0 = loom_now_ms();
+    loom_status st = hook(m->tp_self, r, layer, &io);
+    m->comm_ms += loom_now_ms() - t0;
+    return st;
+}
+
+loom_status gpt_region_wait(loom_gpt *m)
+{
+    if (!m->tp_ops || !m->tp_ops->region_wait)
+        return LOOM_OK;
+    double t0 = loom_now_ms();
+    loom_status st = m->tp_ops->region_wait(m->tp_self);
+    m->comm_ms += loom_now_ms() - t0;
+    return st;
+}
+
+loom_status gpt_tensor_allreduce(loom_gpt *m, float *x, size_t n, loom_reduce_op op)
+{
+    if (!m->tp_ops)
+        return LOOM_OK;
+    double t0 = loom_now_ms();
+    loom_status st = m->tp_ops->tensor_allreduce(m->tp_self, x, n, op);
+    m->comm_ms += loom_now_ms() - t0;
+    return st;
+}
+
+/* Canonical mode's chunk tree: chunks pushed in order, equal levels merged older + newer
+ * (the binary-counter tree; for a power-of-two count, the balanced pairwise tree). The
+ * root lands in dest, the bottom level. */
+typedef struct chunk_tree {
+    float *level[4];
+    int depth, pushed;
+    size_t n;
+} chunk_tree;
+
+static chunk_tree tree_start(loom_gpt *m, float *dest, size_t n)
+{
+    chunk_tree t = {{dest, m->tree[0], m->tree[1], m->tree[2]}, 0, 0, n};
+    return t;
+}
+
+/* Where the next chunk goes. */
+static float *tree_slot(chunk_tree *t) { return t->level[t->depth]; }
+
+static void tree_push(loom_gpt *m, chunk_tree *t)
+{
+    t->depth++;
+    for (int c = ++t->pushed; !(c & 1); c >>= 1, t->depth--)
+        m->be->ops->accumulate(t->level[t->depth - 2], t->level[t->depth - 1], t->n);
+}
+
+/* Chunks this rank holds of a dim split over the tp group. */
+static int local_chunks(const loom_gpt *m) { return LOOM_CANONICAL_CHUNKS / m->tp; }
+
+/* out (R,C) = this rank's partial of a row-parallel layer: inp (R,K) @ W (C,K)^T over
+ * its K input features (no bias: it is added once, after the sum). */
+void gpt_row_parallel_forward(loom_gpt *m, float *out, const float *inp, const float *w,
+                              int B, int T, int K)
+{
+    const loom_backend_ops *k = m->be->ops;
+    int C = m->cfg.dim, R = B * T;
+    if (!m->canonical) {
+        k->matmul_forward(out, inp, w, NULL, B, T, K, C);
+        return;
+    }
+    int n = local_chunks(m), kc = K / n;
+    chunk_tree t = tree_start(m, out, (size_t)R * C);
+    for (int c = 0; c < n; c++) {
+        k->gemm(0, 1, R, C, kc, 1.0f, inp + (size_t)c * kc, K, w + (size_t)c * kc, K, 0.0f,
+                tree_slot(&t), C);
+        tree_push(m, &t);
+    }
+}
+
+/* dinp (R,C) = this rank's partial input gradient of a column-parallel layer: dout (R,OC)
+ * @ W (OC,C) over its OC output features, which form `segs` equal segments (q, k, v for
+ * the fused QKV; one otherwise). Canonical chunk c holds part c of every segment. */
+static void column_parallel_dinp(loom_gpt *m, float *dinp, const float *dout, const float *w,
+                                 int R, int OC, int segs)
+{
+    const loom_backend_ops *k = m->be->ops;
+    int C = m->cfg.dim;
+    if (!m->canonical) {
+        k->gemm(0, 0, R, C, OC, 1.0f, dout, OC, w, C, 0.0f, dinp, C);
+        return;
+    }
+    int n = local_chunks(m), seg = OC / segs, wc = seg / n;
+    chunk_tree t = tree_start(m, dinp, (size_t)R * C);
+    for (int c = 0; c < n; c++) {
+        for (int s = 0; s < segs; s++) {
+            size_t o = (size_t)s * seg + (size_t)c * wc;
+            k->gemm(0, 0, R, C, wc, 1.0f, dout + o, OC, w + o * C, C, s ? 1.0f : 0.0f,
+                    tree_slot(&t), C);
+        }
+        tree_push(m, &t);
+    }
+}
+
+/* Gradients of replicated parameters that are sums over this rank's token rows (layer
+ * norms, row-parallel biases). In fast mode without sequence parallelism every rank sees
+ * all rows and the kernels accumulate straight into the gradient. Otherwise each gradient
+ * is first computed on its own into a slot of the layer's pack (m->rep_grad, C floats a
+ * slot): in canonical mode over fixed chunks of R/8 rows (R = B*T) added in the tree; with
+ * sequence parallelism each rank's pack is a partial, and rep_flush sums the whole pack
+ * over the tp group in one exchange per layer before adding it to the gradients.
+ * kind 0: layernorm backward (also writes dinp; two slots, weight then bias), 1: bias. */
+static void rep_rows(loom_gpt *m, int kind, const rep_args *a, float *dw, float *db, size_t r0,
+                     size_t rows)
+{
+    const loom_backend_ops *k = m->be->ops;
+    int C = m->cfg.dim;
+    size_t off = r0 * (size_t)C;
+    if (kind == 0)
+        k->layernorm_backward(a->dinp + off, dw, db, a->dout + off, a->inp + off, a->w,
+                              a->mean + r0, a->rstd + r0, 1, (int)rows, C);
+    else
+        k->bias_backward(db, a->dout + off, rows, C);
+}
+
+void gpt_replicated_grads(loom_gpt *m, rep_pack *pk, int kind, const rep_args *a, float *dw,
+                          float *db, size_t Rl)
+{
+    const loom_backend_ops *k = m->be->ops;
+    size_t C = (size_t)m->cfg.dim, n = kind == 0 ? 2 * C : C;
+    if (!m->canonical && !m->sp) {
+        rep_rows(m, kind, a, dw, db, 0, Rl);
+        return;
+    }
+    float *part = m->rep_grad + (size_t)pk->n * C; /* [dw | db] or [db] */
+    if (kind == 0)
+        pk->dst[pk->n++] = dw;
+    pk->dst[pk->n++] = db;
+    if (!m->canonical) {
+        k->zero(m->be->self, part, n * sizeof(float));
+        rep_rows(m, kind, a, kind == 0 ? part : NULL, kind == 0 ? part + C : part, 0, Rl);
+        return;
+    }
+    int chunks = m->sp ? local_chunks(m) : LOOM_CANONICAL_CHUNKS;
+    size_t rc = Rl / (size_t)chunks;
+    chunk_tree t = tree_start(m, part, n);
+    for (int c = 0; c < chunks; c++) {
+        float *slot = tree_slot(&t);
+        k->zero(m->be->self, slot, n * sizeof(float));
+        rep_rows(m, kind, a, kind == 0 ? slot : NULL, kind == 0 ? slot + C : slot, (size_t)c * rc,
+                 rc);
+        tree_push(m, &t);
+    }
+}
+
+loom_status gpt_rep_flush(loom_gpt *m, rep_pack *pk)
+{
+    size_t C = (size_t)m->cfg.dim;
+    if (pk->n && m->sp)
+        LOOM_TRY(gpt_tensor_allreduce(m, m->rep_grad, (size_t)pk->n * C, LOOM_REDUCE_SUM));
+    for (int i = 0; i < pk->n; i++)
+        m->be->ops->accumulate(pk->dst[i], m->rep_grad + (size_t)i * C, C);
+    pk->n = 0;
+    return LOOM_OK;
+}
+
+/* Vocabulary-parallel cross-entropy over this rank's Vl columns (backend.h's passes) for
+ * rows [r0, r0+n): row maxima combined by MAX, the sums of exponentials and the target
+ * logits by SUM (the target is in one rank's slice, so that sum is exact). */
+static loom_status cross_entropy_rows(loom_gpt *m, size_t r0, int n, float dloss)
+{
+    const loom_backend_ops *k = m->be->ops;
+    int V = m->cfg.vocab, Vl = m->Vl, v0 = m->v0;
+    float *logits = m->logits + r0 * (size_t)Vl, *row_max = m->ce_max + r0;
+    float *sumexp = m->ce_stats + 2 * r0, *tlogit = sumexp + n; /* one exchange for both */
+    const int *targets = m->targets + r0;
+    k->ce_row_max(row_max, logits, n, Vl, v0, V);
+    LOOM_TRY(gpt_tensor_allreduce(m, row_max, (size_t)n, LOOM_REDUCE_MAX));
+    if (!m->canonical) {
+        k->ce_row_sumexp(sumexp, logits, row_max, n, Vl, v0, V, 0, Vl);
+    } else {
+        int chunks = local_chunks(m), wc = Vl / chunks;
+        chunk_tree t = tree_start(m, sumexp, (size_t)n);
+        for (int c = 0; c < chunks; c++) {
+            k->ce_row_sumexp(tree_slot(&t), logits, row_max, n, Vl, v0, V, c * wc, (c + 1) * wc);
+            tree_push(m, &t);
+        }
+    }
+    k->ce_target_logit(tlogit, logits, targets, n, Vl, v0);
+    LOOM_TRY(gpt_tensor_allreduce(m, sumexp, 2 * (size_t)n, LOOM_REDUCE_SUM));
+    k->ce_finish(logits, m->losses + r0, row_max, sumexp, tlogit, targets, dloss, n, Vl, v0, V);
+    return LOOM_OK;
+}
+
+/* The passes read the (R, Vl) logits three times. With one rank they run over blocks of
+ * rows small enough to stay in cache between passes (about 4 MiB of logits: 20 rows of
+ * GPT-2's vocabulary, all rows of a byte-level one), the same operations row by row, so the
+ * same bits; with tensor parallelism over all rows at once, so each pass's statistics
+ * cross the group in one exchange. */
+loom_status gpt_vocab_cross_entropy(loom_gpt *m, int R, float dloss)
+{
+    size_t block = (size_t)R;
+    if (!m->tp_ops) {
+        block = ((size_t)4 << 20) / ((size_t)m->Vl * sizeof(float));
+        block = block < 16 ? 16 : block;
+    }
+    for (size_t r0 = 0; r0 < (size_t)R; r0 += block) {
+        size_t n = (size_t)R - r0 < block ? (size_t)R - r0 : block;
+        LOOM_TRY(cross_entropy_rows(m, r0, (int)n, dloss));
+    }
+    return LOOM_OK;
+}
+
+/* Under sequence parallelism, all-gather a layernorm output again for the weight gradient
+ * of the column-parallel layer it feeds (forward kept only this rank's shard). */
+loom_status gpt_regather(loom_gpt *m, loom_region r, int layer, const float *local, float *full,
+                         size_t R)
+{
+    return m->sp ? F_ENTER(r, layer, local, full, R, (size_t)m->cfg.dim) : LOOM_OK;
+}
+
+/* Backward of a column-parallel layer (its input `inp`, all R rows): weight and bias
+ * gradients, and the partial input gradient into m->dpartial, summed over the group by
+ * the region's f backward into m->dsummed. The sum runs while the weight gradient is
+ * computed where the communicator can overlap. */
+loom_status gpt_column_parallel_backward(loom_gpt *m, loom_region r, int layer, float *dw,
+                                         float *db, const float *dout, const float *inp,
+                                         const float *w, int B, int T, int OC, int segs)
+{
+    const loom_backend_ops *k = m->be->ops;
+    int C = m->cfg.dim, R = B * T;
+    column_parallel_dinp(m, m->dpartial, dout, w, R, OC, segs);
+    LOOM_TRY(B_ENTER(r, layer, m->dpartial, m->dsummed, (size_t)R, (size_t)C));
+    k->matmul_backward(NULL, dw, db, dout, inp, w, B, T, C, OC);
+    return gpt_region_wait(m);
+}
+
+int loom_gpt_row_multiple(const loom_gpt *m) { return m->sp ? m->tp : 1; }
+
+loom_status loom_gpt_logits_row(loom_gpt *m, size_t row, float *host_out)
+{
+    const loom_backend_ops *k = m->be->ops;
+    const float *src = m->logits + row * (size_t)m->Vl;
+    if (!m->tp_ops) {
+        k->copy_to_host(m->be->self, host_out, src, (size_t)m->Vl * sizeof(float));
+        return LOOM_OK;
+    }
+    k->copy_to_host(m->be->self, m->row_gather, src, (size_t)m->Vl * sizeof(float));
+    return m->tp_ops->tensor_allgather(m->tp_self, m->row_gather, host_out, (size_t)m->Vl);
+}

@@ -1,0 +1,735 @@
+/* checkpoint.c — saving checkpoints atomically, the `latest` marker, retention and finding
+ * the checkpoint to resume from (see checkpoint.h; loading is checkpoint_load.c).
+ *
+ * What not: no validation of data checksums when finding (that is load's job: find only
+ * checks that a checkpoint is complete); no recursive deletion — a checkpoint directory
+ * holds plain files only (three, or 2 x tp + 1), and removal never descends into
+ * subdirectories, so a wrong path can cost at most the plain files of one directory.
+ * The collective part (loom_ckpt_save_source) exchanges small host buffers over the
+ * mesh's communicators (a communicator that only takes device memory, nccl, cannot
+ * carry it; checkpoints read the session's buffers as host memory anyway).
+ * Invariants: nothing is visible under a step_* name before all its files and the
+ * directory are fsynced; `latest` is written last; names in `latest` are checked to be
+ * step_<digits> before use (no path traversal).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* renameat2 */
+#endif
+#include "checkpoint.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "io/checksum.h"
+#include "loom/plugin/comm.h"
+#include "base/plugin_loader.h"
+#include "io/json.h"
+#include "io/safetensors.h"
+#include "base/status.h"
+
+#define LATEST_FILE "latest"
+#define MAX_LATEST 256
+
+/* --- small file-system helpers ----------------------------------------------------- */
+
+static loom_status join(char *out, size_t len, const char *a, const char *b)
+{
+    if ((size_t)snprintf(out, len, "%s/%s", a, b) >= len)
+        return loom_fail(LOOM_ERR_INVALID, "checkpoint path '%s/%s' is too long", a, b);
+    return LOOM_OK;
+}
+
+static loom_status fsync_dir(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_DIRECTORY);
+    if (fd < 0 || fsync(fd) != 0) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        return loom_fail(LOOM_ERR_IO, "cannot sync directory '%s': %s", path, strerror(e));
+    }
+    close(fd);
+    return LOOM_OK;
+}
+
+static loom_status write_synced(const char *path, const char *data, size_t n)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0)
+        return loom_fail(LOOM_ERR_IO, "cannot create '%s': %s", path, strerror(errno));
+    size_t done = 0;
+    while (done < n) {
+        ssize_t w = write(fd, data + done, n - done);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            int e = errno;
+            close(fd);
+            return loom_fail(LOOM_ERR_IO, "cannot write '%s': %s", path, strerror(e));
+        }
+        done += (size_t)w;
+    }
+    if (fsync(fd) != 0 || close(fd) != 0)
+        return loom_fail(LOOM_ERR_IO, "cannot write '%s': %s", path, strerror(errno));
+    return LOOM_OK;
+}
+
+/* Delete the plain files of a directory, then the directory. Subdirectories are left
+ * (and then rmdir fails, which is reported). */
+static int remove_flat(const char *path)
+{
+    DIR *d = opendir(path);
+    if (!d)
+        return errno == ENOENT ? 0 : -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        unlinkat(dirfd(d), e->d_name, 0); /* fails (EISDIR) on subdirectories: kept */
+    }
+    closedir(d);
+    return rmdir(path);
+}
+
+static loom_status mkdir_p(const char *dir)
+{
+    char buf[PATH_MAX];
+    if ((size_t)snprintf(buf, sizeof buf, "%s", dir) >= sizeof buf)
+        return loom_fail(LOOM_ERR_INVALID, "checkpoint directory '%s' is too long", dir);
+    for (char *p = buf + 1;; p++) {
+        if (*p == '/' || *p == '\0') {
+            char c = *p;
+            *p = '\0';
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+                return loom_fail(LOOM_ERR_IO, "cannot create checkpoint directory '%s': %s", buf,
+                                 strerror(errno));
+            *p = c;
+            if (!c)
+                break;
+        }
+    }
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return loom_fail(LOOM_ERR_IO, "checkpoint directory '%s' is not a directory", dir);
+    return LOOM_OK;
+}
+
+/* "step_<digits>" -> its number; -1 for any other name. */
+static int64_t step_of(const char *name)
+{
+    if (strncmp(name, "step_", 5) != 0 || !name[5])
+        return -1;
+    int64_t v = 0;
+    for (const char *p = name + 5; *p; p++) {
+        if (*p < '0' || *p > '9' || v > (INT64_MAX - 9) / 10)
+            return -1;
+        v = v * 10 + (*p - '0');
+    }
+    return v;
+}
+
+/* The directory name `latest` holds, "" if absent or not a step_* name. */
+static void read_latest(const char *dir, char *name, size_t len)
+{
+    char path[PATH_MAX];
+    name[0] = '\0';
+    if (join(path, sizeof path, dir, LATEST_FILE) != LOOM_OK)
+        return;
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return;
+    char buf[MAX_LATEST] = "";
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' '))
+        buf[--n] = '\0';
+    if (step_of(buf) >= 0 && n < len)
+        memcpy(name, buf, n + 1);
+}
+
+/* --- writing one checkpoint -------------------------------------------------------- */
+
+static void json_int_list(loom_strbuf *b, const int64_t *v, int n)
+{
+    loom_strbuf_puts(b, "[");
+    for (int i = 0; i < n; i++)
+        loom_strbuf_printf(b, "%s%" PRId64, i ? "," : "", v[i]);
+    loom_strbuf_puts(b, "]");
+}
+
+/* The per-tensor __metadata__ value: logical shape and slice start. */
+static char *slice_json(const loom_param_entry *e)
+{
+    loom_strbuf b;
+    loom_strbuf_init(&b);
+    loom_strbuf_puts(&b, "{\"shape\":");
+    json_int_list(&b, e->shape, e->ndim);
+    loom_strbuf_puts(&b, ",\"slice_start\":");
+    json_int_list(&b, e->slice_start, e->ndim);
+    loom_strbuf_puts(&b, "}");
+    if (b.failed) {
+        loom_strbuf_free(&b);
+        return NULL;
+    }
+    return b.data;
+}
+
+/* Write model.safetensors (slots == 0) or optim.safetensors (slot-major state). */
+static loom_status write_tensors(const char *path, const loom_param_table *t, const float *buf,
+                                 uint32_t slots, int is_optim, const char *optim_name,
+                                 uint64_t *bytes, uint64_t *sum)
+{
+    int per = is_optim ? (int)slots : 1, n = t->count * per, n_meta = 0;
+    loom_st_tensor *ts = calloc((size_t)n + 1, sizeof *ts);
+    loom_st_meta *meta = calloc((size_t)n + 4, sizeof *meta);
+    char (*names)[LOOM_PARAM_NAME_MAX + 16] = calloc((size_t)n + 1, sizeof *names);
+    char **slices = calloc((size_t)t->count + 1, sizeof *slices);
+    char slots_text[16];
+    loom_status st = LOOM_OK;
+    if (!ts || !meta || !names || !slices)
+        st = loom_fail(LOOM_ERR_NOMEM, "out of memory writing '%s'", path);
+    if (st == LOOM_OK) {
+        meta[n_meta++] = (loom_st_meta){"format", "pt"};
+        meta[n_meta++] = (loom_st_meta){"loom.format", LOOM_CHECKPOINT_FORMAT};
+        if (is_optim) {
+            snprintf(slots_text, sizeof slots_text, "%u", slots);
+            meta[n_meta++] = (loom_st_meta){"loom.optimizer", optim_name};
+            meta[n_meta++] = (loom_st_meta){"loom.slots", slots_text};
+        }
+    }
+    for (int i = 0; st == LOOM_OK && i < t->count; i++) {
+        const loom_param_entry *e = &t->entries[i];
+        if (!(slices[i] = slice_json(e)))
+            st = loom_fail(LOOM_ERR_NOMEM, "out of memory writing '%s'", path);
+        for (int k = 0; st == LOOM_OK && k < per; k++) {
+            int j = i * per + k;
+            if (is_optim)
+                snprintf(names[j], sizeof names[j], "%s.state%d", e->name, k);
+            else
+                snprintf(names[j], sizeof names[j], "%s", e->name);
+            const float *src = is_optim ? buf + (size_t)slots * e->offset + (size_t)k * e->numel
+                                        : buf + e->offset;
+            ts[j] = (loom_st_tensor){names[j], LOOM_DTYPE_F32, e->ndim, e->slice_len, src};
+            meta[n_meta++] = (loom_st_meta){names[j], slices[i]};
+        }
+    }
+    if (st == LOOM_OK)
+        st = loom_safetensors_write(path, ts, n, meta, n_meta, bytes, sum);
+    for (int i = 0; slices && i < t->count; i++)
+        free(slices[i]);
+    free(slices);
+    free(names);
+    free(meta);
+    free(ts);
+    return st;
+}
+
+typedef struct file_sum { char name[64]; uint64_t bytes, sum; } file_sum;
+
+static loom_status write_manifest(const loom_ckpt_source *src, const char *path,
+                                  const loom_checkpoint_extra *x, const char *config,
+                                  size_t config_len, const file_sum *files, int n_files, int tp)
+{
+    const loom_session_state ss = src->state_info;
+    const loom_gpt_config *mc = &src->model;
+    loom_strbuf b;
+    loom_strbuf_init(&b);
+    loom_strbuf_printf(&b, "{\n  \"format\": \"%s\",\n  \"version\": %d,\n  \"loom_version\": \"%s\",\n"
+                       "  \"step\": %" PRId64 ",\n  \"steps_taken\": %" PRId64 ",\n",
+                       LOOM_CHECKPOINT_FORMAT, LOOM_CHECKPOINT_VERSION, LOOM_VERSION_STRING, x->step,
+                       ss.steps);
+    loom_strbuf_puts(&b, "  \"precision\": {\"state\": [");
+    for (int i = 0; i < ss.n_precision_state; i++)
+        loom_strbuf_printf(&b, "%s%.9g", i ? ", " : "", (double)ss.precision_state[i]);
+    loom_strbuf_puts(&b, "], \"state_bits\": [");
+    for (int i = 0; i < ss.n_precision_state; i++) {
+        uint32_t bits;
+        memcpy(&bits, &ss.precision_state[i], sizeof bits);
+        loom_strbuf_printf(&b, "%s%" PRIu32, i ? ", " : "", bits);
+    }
+    loom_strbuf_puts(&b, "]},\n  \"optimizer\": {\"name\": ");
+    loom_json_write_string(&b, src->optim_name);
+    loom_strbuf_printf(&b, ", \"slots\": %u},\n", src->slots);
+    loom_strbuf_printf(&b, "  \"model\": {\"vocab\": %d, \"vocab_padded\": %d, \"ctx\": %d, "
+                       "\"layers\": %d, \"heads\": %d, \"dim\": %d},\n", mc->vocab,
+                       mc->vocab_padded, mc->ctx, mc->layers, mc->heads, mc->dim);
+    loom_strbuf_printf(&b, "  \"layout\": {\"tp\": %d},\n", tp);
+    if (x->data_kind[0]) {
+        loom_strbuf_puts(&b, "  \"data\": {\"kind\": ");
+        loom_json_write_string(&b, x->data_kind);
+        loom_strbuf_puts(&b, ", \"state\": [");
+        for (int i = 0; i < x->n_data_state; i++)
+            loom_strbuf_printf(&b, "%s%" PRIu64, i ? ", " : "", x->data_state[i]);
+        loom_strbuf_puts(&b, "]},\n");
+    } else {
+        loom_strbuf_puts(&b, "  \"data\": null,\n");
+    }
+    loom_strbuf_puts(&b, "  \"files\": {\n");
+    for (int i = 0; i < n_files; i++)
+        loom_strbuf_printf(&b, "    \"%s\": {\"bytes\": %" PRIu64 ", \"xxh64\": \"%016" PRIx64
+                           "\"}%s\n", files[i].name, files[i].bytes, files[i].sum,
+                           i + 1 < n_files ? "," : "");
+    loom_strbuf_puts(&b, "  },\n  \"config\": ");
+    if (config)
+        loom_strbuf_append(&b, config, config_len);
+    else
+        loom_strbuf_puts(&b, "null");
+    loom_strbuf_puts(&b, ",\n  \"checksum\": \"xxh64:");
+    size_t digits = b.len;
+    loom_strbuf_puts(&b, "0000000000000000\"\n}\n");
+    loom_status st = LOOM_OK;
+    if (b.failed) {
+        st = loom_fail(LOOM_ERR_INVALID, "checkpoint manifest: out of memory or a name is not UTF-8");
+    } else {
+        char hex[17];
+        snprintf(hex, sizeof hex, "%016" PRIx64, loom_xxh64(b.data, b.len));
+        memcpy(b.data + digits, hex, 16);
+        st = write_synced(path, b.data, b.len);
+    }
+    loom_strbuf_free(&b);
+    return st;
+}
+
+/* This rank's two tensor files (part `part` of a tp-way layout) into tmp. */
+static loom_status write_part(const loom_ckpt_source *src, const char *tmp, int part, int tp,
+                              file_sum files[2])
+{
+    char path[PATH_MAX];
+    loom_ckpt_file_name(files[0].name, sizeof files[0].name, "model", part, tp);
+    loom_ckpt_file_name(files[1].name, sizeof files[1].name, "optim", part, tp);
+    LOOM_TRY(join(path, sizeof path, tmp, files[0].name));
+    LOOM_TRY(write_tensors(path, src->table, src->params, 0, 0, NULL, &files[0].bytes,
+                           &files[0].sum));
+    LOOM_TRY(join(path, sizeof path, tmp, files[1].name));
+    return write_tensors(path, src->table, src->state, src->slots, 1, src->optim_name,
+                         &files[1].bytes, &files[1].sum);
+}
+
+/* Put tmp in place as final; an existing final is swapped out and deleted. */
+static loom_status install(const char *dir, const char *tmp, const char *final, const char *aside)
+{
+    struct stat sb;
+    if (lstat(final, &sb) != 0) {
+        if (rename(tmp, final) != 0)
+            return loom_fail(LOOM_ERR_IO, "cannot rename '%s' to '%s': %s", tmp, final, strerror(errno));
+        return fsync_dir(dir);
+    }
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) == 0) {
+        LOOM_TRY(fsync_dir(dir));
+        remove_flat(tmp); /* now the old checkpoint */
+        return LOOM_OK;
+    }
+    /* No atomic exchange here: the old one goes aside first (a crash in between leaves it
+     * under a .tmp- name and `latest` may name a missing directory: find then falls back
+     * to the newest complete one). */
+    if (rename(final, aside) != 0)
+        return loom_fail(LOOM_ERR_IO, "cannot replace '%s': %s", final, strerror(errno));
+    if (rename(tmp, final) != 0) {
+        int e = errno;
+        rename(aside, final);
+        return loom_fail(LOOM_ERR_IO, "cannot rename '%s' to '%s': %s", tmp, final, strerror(e));
+    }
+    LOOM_TRY(fsync_dir(dir));
+    remove_flat(aside);
+    return LOOM_OK;
+}
+
+static loom_status write_latest(const char *dir, const char *name)
+{
+    char tmp[PATH_MAX], path[PATH_MAX], line[MAX_LATEST];
+    char tmp_name[64];
+    snprintf(tmp_name, sizeof tmp_name, ".tmp-latest.%ld", (long)getpid());
+    LOOM_TRY(join(tmp, sizeof tmp, dir, tmp_name));
+    LOOM_TRY(join(path, sizeof path, dir, LATEST_FILE));
+    int n = snprintf(line, sizeof line, "%s\n", name);
+    LOOM_TRY(write_synced(tmp, line, (size_t)n));
+    if (rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return loom_fail(LOOM_ERR_IO, "cannot rename '%s' to '%s': %s", tmp, path, strerror(e));
+    }
+    return fsync_dir(dir);
+}
+
+/* --- retention and finding --------------------------------------------------------- */
+
+typedef struct found { int64_t step; char name[64]; } found;
+
+static int newest_first(const void *a, const void *b)
+{
+    int64_t x = ((const found *)a)->step, y = ((const found *)b)->step;
+    return (x < y) - (x > y);
+}
+
+/* Complete step_* checkpoints in dir, newest first; *n of them (malloc'd list). */
+static loom_status list_complete(const char *dir, found **out, int *n)
+{
+    *out = NULL;
+    *n = 0;
+    DIR *d = opendir(dir);
+    if (!d)
+        return loom_fail(LOOM_ERR_IO, "cannot read checkpoint directory '%s': %s", dir, strerror(errno));
+    found *list = NULL;
+    int count = 0, cap = 0;
+    struct dirent *e;
+    char path[PATH_MAX];
+    while ((e = readdir(d))) {
+        int64_t step = step_of(e->d_name);
+        if (step < 0 || strlen(e->d_name) >= sizeof list->name ||
+            join(path, sizeof path, dir, e->d_name) != LOOM_OK || !loom_ckpt_is_complete(path))
+            continue;
+        if (count == cap) {
+            cap = cap ? 2 * cap : 16;
+            found *l = realloc(list, (size_t)cap * sizeof *l);
+            if (!l) {
+                free(list);
+                closedir(d);
+                return loom_fail(LOOM_ERR_NOMEM, "out of memory listing '%s'", dir);
+            }
+            list = l;
+        }
+        list[count].step = step;
+        snprintf(list[count].name, sizeof list[count].name, "%s", e->d_name);
+        count++;
+    }
+    closedir(d);
+    if (count > 1)
+        qsort(list, (size_t)count, sizeof *list, newest_first);
+    *out = list;
+    *n = count;
+    return LOOM_OK;
+}
+
+/* Remove .tmp-* entries whose writing process is gone (pid after the last '.'). */
+static void remove_stale(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    char path[PATH_MAX];
+    while ((e = readdir(d))) {
+        const char *dot = strrchr(e->d_name, '.');
+        if (strncmp(e->d_name, ".tmp-", 5) != 0 || !dot || !dot[1])
+            continue;
+        char *end;
+        long pid = strtol(dot + 1, &end, 10);
+        if (*end || pid <= 0 || pid == (long)getpid())
+            continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+            continue; /* its writer is alive (or not ours to judge): leave it */
+        if (join(path, sizeof path, dir, e->d_name) == LOOM_OK && remove_flat(path) != 0)
+            unlink(path); /* a .tmp-latest file */
+    }
+    closedir(d);
+}
+
+static void apply_retention(const char *dir, int keep)
+{
+    remove_stale(dir);
+    if (keep <= 0)
+        return;
+    found *list;
+    int n;
+    if (list_complete(dir, &list, &n) != LOOM_OK)
+        return;
+    char latest[64], path[PATH_MAX], gone[PATH_MAX], gone_name[96];
+    read_latest(dir, latest, sizeof latest);
+    for (int i = keep > 1 ? keep : 1; i < n; i++) { /* list[0], the newest, always stays */
+        /* renamed out of the step_* names first: a crash while deleting leaves a .tmp-
+         * entry for the next save to remove, never a half-deleted step_* */
+        snprintf(gone_name, sizeof gone_name, ".tmp-del-%s.%ld", list[i].name, (long)getpid());
+        if (strcmp(list[i].name, latest) != 0 && join(path, sizeof path, dir, list[i].name) == LOOM_OK &&
+            join(gone, sizeof gone, dir, gone_name) == LOOM_OK && rename(path, gone) == 0)
+            remove_flat(gone);
+    }
+    free(list);
+    fsync_dir(dir);
+}
+
+/* --- the collective save ---------------------------------------------------------- */
+
+static loom_status g_bcast(const loom_ckpt_group *g, void *buf, size_t n, int root)
+{
+    if (!g->ops || g->size <= 1)
+        return LOOM_OK;
+    loom_comm_request *req = NULL;
+    LOOM_TRY(g->ops->broadcast_start(g->comm, buf, n, LOOM_DTYPE_U8, root, &req));
+    return g->ops->wait(g->comm, req);
+}
+
+static loom_status g_allgather(const loom_ckpt_group *g, const void *send, void *recv, size_t n)
+{
+    if (!g->ops || g->size <= 1) {
+        memcpy(recv, send, n);
+        return LOOM_OK;
+    }
+    loom_comm_request *req = NULL;
+    LOOM_TRY(g->ops->allgather_start(g->comm, send, recv, n, LOOM_DTYPE_U8, &req));
+    return g->ops->wait(g->comm, req);
+}
+
+/* What tp rank 0 tells the writers: the temp directory exists (and whose pid names it). */
+typedef struct hello { int32_t ok, pad; int64_t pid; } hello;
+
+/* What every writer tells tp rank 0 after writing its files. */
+typedef struct report {
+    int32_t status, pad;
+    file_sum files[2];
+    char msg[400];
+} report;
+
+static void report_status(report *r, loom_status st)
+{
+    r->status = (int32_t)st;
+    if (st != LOOM_OK)
+        snprintf(r->msg, sizeof r->msg, "%s", loom_last_error());
+}
+
+/* tp rank 0, all parts written: check they are there, write the manifest, install. */
+static loom_status finish(const loom_ckpt_source *src, const char *dir, const char *tmp,
+                          const char *final, const char *aside, const char *name,
+                          const loom_checkpoint_extra *x, const char *config, size_t config_len,
+                          const report *all, int tp)
+{
+    char path[PATH_MAX];
+    file_sum *files = calloc((size_t)2 * tp, sizeof *files);
+    if (!files)
+        return loom_fail(LOOM_ERR_NOMEM, "out of memory saving '%s'", final);
+    loom_status st = LOOM_OK;
+    for (int r = 0; r < tp && st == LOOM_OK; r++)
+        for (int k = 0; k < 2 && st == LOOM_OK; k++) {
+            file_sum f = all[r].files[k];
+            f.name[sizeof f.name - 1] = '\0';
+            char want[64];
+            loom_ckpt_file_name(want, sizeof want, k ? "optim" : "model", r, tp);
+            struct stat sb;
+            if (strcmp(f.name, want) != 0)
+                st = loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': tp rank %d reports file '%s', "
+                               "'%s' expected (do all ranks agree on the tp degree?)", tmp, r,
+                               f.name, want);
+            else if ((st = join(path, sizeof path, tmp, f.name)) == LOOM_OK &&
+                     (stat(path, &sb) != 0 || (uint64_t)sb.st_size != f.bytes))
+                st = loom_fail(LOOM_ERR_IO, "checkpoint '%s': tp rank %d wrote %" PRIu64 " bytes "
+                               "but this rank sees %s (is the directory on a file system all "
+                               "ranks share?)", path, r, f.bytes, "another size or no file");
+            files[r * 2 + k] = f;
+        }
+    /* manifest order: model files, then optim files */
+    file_sum *ordered = st == LOOM_OK ? calloc((size_t)2 * tp, sizeof *ordered) : NULL;
+    if (st == LOOM_OK && !ordered)
+        st = loom_fail(LOOM_ERR_NOMEM, "out of memory saving '%s'", final);
+    for (int r = 0; st == LOOM_OK && r < tp; r++) {
+        ordered[r] = files[r * 2];
+        ordered[tp + r] = files[r * 2 + 1];
+    }
+    if (st == LOOM_OK)
+        st = join(path, sizeof path, tmp, LOOM_CKPT_MANIFEST_FILE);
+    if (st == LOOM_OK)
+        st = write_manifest(src, path, x, config, config_len, ordered, 2 * tp, tp);
+    free(ordered);
+    free(files);
+    if (st == LOOM_OK)
+        st = fsync_dir(tmp);
+    if (st == LOOM_OK)
+        st = install(dir, tmp, final, aside);
+    if (st != LOOM_OK) {
+        char msg[2048];
+        snprintf(msg, sizeof msg, "%s", loom_last_error());
+        remove_flat(tmp);
+        return loom_fail(st, "%s", msg);
+    }
+    LOOM_TRY(write_latest(dir, name));
+    apply_retention(dir, x->keep);
+    return LOOM_OK;
+}
+
+loom_status loom_ckpt_save_source(const loom_ckpt_source *src, const loom_ckpt_groups *g,
+                                  const char *dir, const loom_checkpoint_extra *x,
+                                  char *out_path, size_t len)
+{
+    /* Argument checks: the same on every rank (same recipe), so all return here together. */
+    if (x->step < 0 || x->keep < 0 || x->n_data_state < 0 || x->n_data_state > LOOM_DATA_STATE_MAX)
+        return loom_fail(LOOM_ERR_INVALID, "checkpoint step=%" PRId64 " keep=%d data words=%d: "
+                         "step and keep must be >= 0, data words 0 to %d", x->step, x->keep,
+                         x->n_data_state, LOOM_DATA_STATE_MAX);
+    if (g->tp.size < 1 || g->tp.size > LOOM_CKPT_TP_MAX)
+        return loom_fail(LOOM_ERR_INVALID, "checkpoint: tp=%d (1 to %d supported)", g->tp.size,
+                         LOOM_CKPT_TP_MAX);
+    const char *config = NULL;
+    size_t config_len = 0;
+    if (x->config_json) {
+        loom_json_doc *doc;
+        loom_json_error err;
+        if (loom_json_parse(x->config_json, strlen(x->config_json), NULL, &doc, &err) != LOOM_OK)
+            return loom_fail(LOOM_ERR_INVALID, "checkpoint config_json is not valid JSON at byte "
+                             "%zu: %s", err.offset, err.msg);
+        const loom_json *root = loom_json_root(doc);
+        int is_object = root->type == LOOM_JSON_OBJECT;
+        config = x->config_json + root->begin;
+        config_len = root->end - root->begin;
+        loom_json_free(doc);
+        if (!is_object)
+            return loom_fail(LOOM_ERR_INVALID, "checkpoint config_json must be a JSON object");
+    }
+    char name[64], tmp_name[96], tmp[PATH_MAX], final[PATH_MAX], aside[PATH_MAX];
+    snprintf(name, sizeof name, "step_%08" PRId64, x->step);
+    LOOM_TRY(join(final, sizeof final, dir, name));
+    int tp = g->tp.size;
+    report *all = NULL;
+    /* From here on every rank takes part in every exchange whatever happens locally; only a
+     * failing exchange (the communicator's timeout or a dead peer) returns early. */
+    loom_status st = LOOM_OK;
+    int relayed = 0; /* st is another rank's failure passed on */
+    if (g->dp.rank == 0) {
+        hello h = {0, 0, (int64_t)getpid()};
+        if (g->tp.rank == 0) {
+            st = mkdir_p(dir);
+            if (st == LOOM_OK) {
+                snprintf(tmp_name, sizeof tmp_name, ".tmp-%s.%ld", name, (long)getpid());
+                st = join(tmp, sizeof tmp, dir, tmp_name);
+            }
+            if (st == LOOM_OK) {
+                snprintf(tmp_name, sizeof tmp_name, ".tmp-old-%s.%ld", name, (long)getpid());
+                st = join(aside, sizeof aside, dir, tmp_name);
+            }
+            if (st == LOOM_OK) {
+                remove_flat(tmp);
+                if (mkdir(tmp, 0755) != 0)
+                    st = loom_fail(LOOM_ERR_IO, "cannot create '%s': %s", tmp, strerror(errno));
+            }
+            h.ok = st == LOOM_OK;
+        }
+        LOOM_TRY(g_bcast(&g->tp, &h, sizeof h, 0));
+        if (st == LOOM_OK && !h.ok)
+            relayed = 1, st = loom_fail(LOOM_ERR_IO, "checkpoint '%s': tp rank 0 could not create the temporary "
+                           "directory (its message says why)", final);
+        snprintf(tmp_name, sizeof tmp_name, ".tmp-%s.%ld", name, (long)h.pid);
+        if (st == LOOM_OK)
+            st = join(tmp, sizeof tmp, dir, tmp_name);
+        report mine;
+        memset(&mine, 0, sizeof mine);
+        if (st == LOOM_OK)
+            st = write_part(src, tmp, g->tp.rank, tp, mine.files);
+        report_status(&mine, st);
+        if (!(all = calloc((size_t)tp, sizeof *all)))
+            return loom_fail(LOOM_ERR_NOMEM, "out of memory saving '%s'", final);
+        loom_status cst = g_allgather(&g->tp, &mine, all, sizeof mine);
+        if (cst != LOOM_OK) {
+            free(all);
+            return cst;
+        }
+        if (g->tp.rank == 0) {
+            for (int r = 0; r < tp && st == LOOM_OK; r++)
+                if (all[r].status != LOOM_OK) {
+                    all[r].msg[sizeof all[r].msg - 1] = '\0';
+                    relayed = 1;
+                    st = loom_fail((loom_status)all[r].status, "checkpoint '%s': tp rank %d could "
+                                   "not write its files: %s", final, r, all[r].msg);
+                }
+            if (st == LOOM_OK)
+                st = finish(src, dir, tmp, final, aside, name, x, config, config_len,
+                            all, tp);
+            else
+                remove_flat(tmp);
+        }
+        free(all);
+    }
+    /* Everyone learns everyone's outcome: no rank runs ahead, all fail if one did. */
+    int n_world = g->world.size > 0 ? g->world.size : 1;
+    int32_t mine_w[2] = {(int32_t)st, relayed}, (*outcome)[2] = calloc((size_t)n_world, sizeof *outcome);
+    if (!outcome)
+        return loom_fail(LOOM_ERR_NOMEM, "out of memory saving '%s'", final);
+    loom_status cst = g_allgather(&g->world, mine_w, outcome, sizeof mine_w);
+    int failed = -1; /* the first rank that failed on its own, else the first that failed */
+    for (int r = 0; cst == LOOM_OK && r < n_world; r++)
+        if (outcome[r][0] != LOOM_OK && (failed < 0 || (outcome[failed][1] && !outcome[r][1])))
+            failed = r;
+    loom_status other = failed >= 0 ? (loom_status)outcome[failed][0] : LOOM_OK;
+    free(outcome);
+    if (cst != LOOM_OK || st != LOOM_OK)
+        return cst != LOOM_OK ? cst : st;
+    if (failed >= 0)
+        return loom_fail(other, "checkpoint '%s': the save failed on world rank %d (its message "
+                         "says why)", final, failed);
+    if (out_path && (size_t)snprintf(out_path, len, "%s", final) >= len)
+        return loom_fail(LOOM_ERR_INVALID, "checkpoint path '%s' does not fit the caller's buffer "
+                         "(%zu bytes)", final, len);
+    return LOOM_OK;
+}
+
+static loom_status host_group(loom_group which, loom_ckpt_group *out)
+{
+    memset(out, 0, sizeof *out);
+    LOOM_TRY(loom_core_host()->group(which, &out->ops, &out->comm, &out->size));
+    if (!out->ops || !out->comm) {
+        out->ops = NULL;
+        out->comm = NULL;
+        out->size = 1;
+    }
+    out->rank = out->ops ? out->ops->rank(out->comm) : 0;
+    return LOOM_OK;
+}
+
+loom_status loom_checkpoint_save(loom_session *s, const char *dir, const loom_checkpoint_extra *x,
+                                 char *out_path, size_t len)
+{
+    loom_ckpt_source src;
+    memset(&src, 0, sizeof src);
+    loom_gpt *m = loom_session_model(s);
+    src.table = loom_gpt_params(m);
+    src.params = loom_gpt_param_data(m);
+    src.state = loom_session_optim_state(s, &src.slots);
+    src.optim_name = loom_session_optim_config(s)->desc->name;
+    src.model = *loom_gpt_get_config(m);
+    loom_session_get_state(s, &src.state_info);
+    loom_ckpt_groups g;
+    loom_ckpt_group pp;
+    LOOM_TRY(host_group(LOOM_GROUP_WORLD, &g.world));
+    LOOM_TRY(host_group(LOOM_GROUP_DP, &g.dp));
+    LOOM_TRY(host_group(LOOM_GROUP_TP, &g.tp));
+    LOOM_TRY(host_group(LOOM_GROUP_PP, &pp));
+    if (pp.size > 1)
+        return loom_fail(LOOM_ERR_UNSUPPORTED, "checkpoint: pipeline parallelism (pp=%d) is not "
+                         "supported by checkpoints yet", pp.size);
+    return loom_ckpt_save_source(&src, &g, dir, x, out_path, len);
+}
+
+loom_status loom_checkpoint_find(const char *dir, char *out, size_t len)
+{
+    char latest[64], path[PATH_MAX];
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return loom_fail(LOOM_ERR_IO, "no checkpoint directory '%s'", dir);
+    read_latest(dir, latest, sizeof latest);
+    const char *pick = NULL;
+    found *list = NULL;
+    int n = 0;
+    if (latest[0] && join(path, sizeof path, dir, latest) == LOOM_OK && loom_ckpt_is_complete(path)) {
+        pick = latest;
+    } else {
+        LOOM_TRY(list_complete(dir, &list, &n));
+        if (n > 0)
+            pick = list[0].name;
+    }
+    loom_status st = LOOM_OK;
+    if (!pick)
+        st = loom_fail(LOOM_ERR_IO, "no complete checkpoint in '%s'%s%s%s", dir,
+                       latest[0] ? " (latest names '" : "", latest, latest[0] ? "', which is "
+                       "missing or incomplete)" : "");
+    else if ((size_t)snprintf(out, len, "%s/%s", dir, pick) >= len)
+        st = loom_fail(LOOM_ERR_INVALID, "checkpoint path '%s/%s' does not fit the caller's buffer",
+                       dir, pick);
+    free(list);
+    return st;
+}

@@ -1,0 +1,170 @@
+/* checkpoint.h — saving and exactly resuming a run: parameters, optimizer state, step
+ * count, precision state, data position and the recipe's resolved configuration.
+ *
+ * Layout of one checkpoint, dir/step_%08lld/, saved at tensor-parallel degree tp = N:
+ *   N = 1: model.safetensors, optim.safetensors, manifest.json
+ *   N > 1: model.tp<r>.safetensors and optim.tp<r>.safetensors for r = 0..N-1 (what tp
+ *          rank r holds), manifest.json
+ *   model*.safetensors  every parameter, named as the parameter table names it, F32, the
+ *                      slice the writing rank holds; __metadata__ has, per tensor, its
+ *                      logical shape and slice start as JSON text
+ *                      ({"shape":[..],"slice_start":[..]}); the slice length is the
+ *                      stored tensor's shape. Replicated parameters appear in every file.
+ *   optim*.safetensors slot k of parameter X as "X.state<k>" (X's held shape), same metadata
+ *   manifest.json      format "loom-checkpoint", version 1, loom version, step, steps_taken,
+ *                      precision state, optimizer {name, slots}, model config, layout
+ *                      {tp: N}, data {kind, state}, files {name: {bytes, xxh64}} (every
+ *                      file above), the config verbatim, and last its own checksum. A
+ *                      manifest without "layout" is tp = 1.
+ * plus dir/latest, a one-line file naming the newest checkpoint directory ("step_00000020").
+ *
+ * Checksums are XXH64 with seed 0 (checksum.h; what `xxhsum -H1` prints) of every byte, as
+ * 16 lowercase hex digits. The manifest's "checksum" member is "xxh64:<hex>" over the
+ * manifest's own text with those 16 digits written as '0'; so every byte of every file
+ * is covered.
+ *
+ * Crash safety: a save writes into dir/.tmp-step_N.<pid>/, fsyncs each file and the
+ * directory, renames it to step_N (fsync dir), and only then replaces `latest` (temp file,
+ * fsync, rename, fsync dir). A crash at any moment leaves the previous checkpoint intact
+ * and selected. Saving a step that exists replaces it: the new directory is swapped in
+ * atomically (renameat2 RENAME_EXCHANGE; where the filesystem lacks it, the old one is
+ * renamed aside to .tmp-... first) and the old one is then deleted. Retention renames a
+ * checkpoint to .tmp-del-... before deleting its files. So every step_* directory is
+ * complete unless the disk lost data; find() skips one that is not, and nothing deletes
+ * it (a damaged checkpoint is left for a person to look at).
+ *
+ * Multi-rank (mesh pp x dp x tp, see loom_host.group): save is collective over the world.
+ * The ranks of dp rank 0 (one whole tp group) write: tp rank 0 makes the temp directory
+ * and broadcasts its name (its pid) over the tp group, every tp rank writes its two files
+ * into it, the tp group gathers each rank's outcome (sizes, checksums or its error), and
+ * tp rank 0 writes the manifest, installs the directory, updates `latest` and applies
+ * retention. Then every rank of the world exchanges its outcome, so all return together
+ * and all fail if one did (the failing rank's message says why; the others name it).
+ * A rank that fails locally still takes part in every exchange, so no rank waits for one
+ * that gave up; a dead rank shows as the communicator's timeout. pp > 1 is refused.
+ * Load is local: every rank reads the manifest and all tensor files (checking their
+ * checksums) and assembles the slice it holds of every parameter and optimizer slot from
+ * the stored pieces that overlap it ("remap through logical names and slices"): any saved
+ * tp degree loads at any other (tp=2 -> 1, 2, 4; 1 -> 2, 4), and `loom export` (a tp=1
+ * session) reads a tp > 1 checkpoint. Pieces with the same box are replicas (the one in
+ * the lowest-numbered file is used); pieces whose boxes overlap otherwise, a logical
+ * shape other than this run's, or pieces that leave part of a held slice uncovered are
+ * refused, naming the file and tensor.
+ * Host memory: the session's buffers are read and written directly (the CPU backend).
+ */
+#ifndef LOOM_CORE_CHECKPOINT_H
+#define LOOM_CORE_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "io/data.h"
+#include "model/gpt.h"
+#include "model/params.h"
+#include "session.h"
+
+#define LOOM_CHECKPOINT_FORMAT "loom-checkpoint"
+#define LOOM_CHECKPOINT_VERSION 1
+#define LOOM_CHECKPOINT_KIND_MAX 32
+
+typedef struct loom_checkpoint_extra {
+    int64_t step;             /* the recipe's step number (>= 0) */
+    /* save: the resolved recipe configuration, a JSON object (or NULL: saved as null);
+     * load: a malloc'd copy of what was saved, or NULL; release with
+     * loom_checkpoint_extra_free */
+    const char *config_json;
+    char data_kind[LOOM_CHECKPOINT_KIND_MAX]; /* "": no data position */
+    uint64_t data_state[LOOM_DATA_STATE_MAX];
+    int n_data_state;
+    int keep;                 /* save: keep the newest `keep` checkpoints (0: keep all) */
+} loom_checkpoint_extra;
+
+/* Save s into dir/step_%08lld (dir is created if missing), point dir/latest at it, apply
+ * retention (extra->keep) and remove stale .tmp-* entries of crashed saves. The path of
+ * the new checkpoint goes to out_path (may be NULL). On failure the directory is as it
+ * was, but for a leftover .tmp-* that the next save removes. Retention is best effort:
+ * a checkpoint that cannot be deleted stays, and the save still succeeds.
+ * Collective: every rank of the world calls it with its own session and the same dir and
+ * extra (see "Multi-rank" above); it returns on all ranks once the checkpoint is in place
+ * (or has failed everywhere). */
+loom_status loom_checkpoint_save(loom_session *s, const char *dir, const loom_checkpoint_extra *extra,
+                                 char *out_path, size_t len);
+
+/* The checkpoint to resume from: the one `latest` names if it is complete (manifest
+ * intact, files present with the recorded sizes), else the newest complete step_*.
+ * LOOM_ERR_IO with a message when there is none. */
+loom_status loom_checkpoint_find(const char *dir, char *out, size_t len);
+
+/* Validate the checkpoint at ckpt_path completely (manifest, checksums, every tensor's
+ * name, dtype, logical shape and slice against this session's parameter table, optimizer
+ * and model config) and only then copy it into s, resharding as needed. Every rank calls
+ * it (no communication: each reads what it needs). On failure s is unchanged and the message names
+ * the file and field. out gets step, config_json (caller frees via
+ * loom_checkpoint_extra_free) and the data position; out may be NULL and is untouched
+ * on failure. */
+loom_status loom_checkpoint_load(loom_session *s, const char *ckpt_path, loom_checkpoint_extra *out);
+/* The same, also restoring data's reading position (data may be NULL). The data kind is
+ * checked with everything else; if data or the session cannot take the state, neither
+ * is changed. */
+loom_status loom_checkpoint_load_data(loom_session *s, const char *ckpt_path, loom_data *data,
+                                      loom_checkpoint_extra *out);
+void loom_checkpoint_extra_free(loom_checkpoint_extra *e);
+
+/* --- shared by checkpoint.c and checkpoint_load.c ------------------------------------- */
+
+#define LOOM_CKPT_MODEL_FILE "model.safetensors"
+#define LOOM_CKPT_OPTIM_FILE "optim.safetensors"
+#define LOOM_CKPT_MANIFEST_FILE "manifest.json"
+#define LOOM_CKPT_TP_MAX 4096
+
+/* The tensor file of kind "model" or "optim" written by tp rank `part` of `tp`:
+ * "model.safetensors" when tp == 1, else "model.tp<part>.safetensors". */
+void loom_ckpt_file_name(char *out, size_t len, const char *kind, int part, int tp);
+
+struct loom_json_doc;
+/* Read a whole file (NUL-terminated, at most max bytes). LOOM_ERR_IO names the path. */
+loom_status loom_ckpt_read_file(const char *path, size_t max, unsigned char **bytes, size_t *size);
+/* Read ckpt_dir/manifest.json, parse it, check its own checksum, format and version. */
+loom_status loom_ckpt_manifest_open(const char *ckpt_dir, struct loom_json_doc **doc, char **text);
+/* Manifest intact and its files present with the recorded sizes (no data checksums). */
+int loom_ckpt_is_complete(const char *ckpt_dir);
+
+/* --- the pieces of a save, below the session (unit tests drive these directly) ------- */
+
+/* One rank's view of a mesh group: ops/comm NULL for a group of one. */
+typedef struct loom_ckpt_group {
+    const struct loom_comm_ops *ops;
+    void *comm;
+    int size, rank;
+} loom_ckpt_group;
+
+typedef struct loom_ckpt_groups {
+    loom_ckpt_group world, dp, tp;
+} loom_ckpt_groups;
+
+/* Everything a save writes, as one rank holds it. */
+typedef struct loom_ckpt_source {
+    const loom_param_table *table;
+    const float *params;         /* table->total floats */
+    const float *state;          /* slots * table->total floats (slot-major per entry) */
+    uint32_t slots;
+    const char *optim_name;
+    loom_gpt_config model;
+    loom_session_state state_info;
+} loom_ckpt_source;
+
+/* loom_checkpoint_save with the source and the groups given (the session version takes
+ * them from the session and loom_core_host()->group). */
+loom_status loom_ckpt_save_source(const loom_ckpt_source *src, const loom_ckpt_groups *g,
+                                  const char *dir, const loom_checkpoint_extra *extra,
+                                  char *out_path, size_t len);
+
+/* Validate the tensor files of the checkpoint at ckpt_dir (manifest, layout, checksums,
+ * every piece against table t with `slots` optimizer slots) and then assemble the held
+ * slices into params (t->total floats) and state (slots * t->total floats; may be NULL
+ * when slots == 0). Nothing is written on failure. The tensor half of
+ * loom_checkpoint_load, without the session. */
+loom_status loom_ckpt_load_tensors(const char *ckpt_dir, const loom_param_table *t, uint32_t slots,
+                                   float *params, float *state);
+
+#endif

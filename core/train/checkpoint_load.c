@@ -1,0 +1,776 @@
+/* checkpoint_load.c — validating a checkpoint completely and then restoring it into a
+ * session (see checkpoint.h).
+ *
+ * What: read the manifest (its own checksum, format, version), compare what it records
+ * with the session (model config, optimizer, precision state size, data kind), read every
+ * safetensors file of its layout whole and check size and checksum, parse them strictly,
+ * and plan, for every parameter and optimizer slot this rank holds, which stored pieces
+ * (boxes of the logical tensor) fill its held slice: unknown tensors, other logical
+ * shapes, pieces that overlap without being replicas, and gaps are refused. Only then
+ * change anything, copying the intersections box by box.
+ * What not: no streaming and no selective reading (every rank reads all files of the
+ * checkpoint: peak memory is their total size); no communication.
+ * Invariants: on any failure the session and the data source are as they were; every
+ * message names the file (and the field) it is about.
+ */
+#include "checkpoint.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "io/checksum.h"
+#include "io/json.h"
+#include "io/safetensors.h"
+#include "base/status.h"
+
+#define MAX_MANIFEST ((size_t)64 << 20)
+#define CHECKSUM_PREFIX "xxh64:"
+#define PREFIX_LEN 6
+
+loom_status loom_ckpt_read_file(const char *path, size_t max, unsigned char **bytes, size_t *size)
+{
+    *bytes = NULL;
+    *size = 0;
+    int fd = open(path, O_RDONLY);
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb) != 0) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        return loom_fail(LOOM_ERR_IO, "cannot read checkpoint '%s': %s", path, strerror(e));
+    }
+    if (!S_ISREG(sb.st_mode) || (uint64_t)sb.st_size > max) {
+        close(fd);
+        return loom_fail(LOOM_ERR_IO, "checkpoint '%s' is not a regular file of at most %zu bytes",
+                         path, max);
+    }
+    size_t n = (size_t)sb.st_size, done = 0;
+    unsigned char *buf = malloc(n + 1);
+    if (!buf) {
+        close(fd);
+        return loom_fail(LOOM_ERR_NOMEM, "out of memory reading '%s' (%zu bytes)", path, n);
+    }
+    while (done < n) {
+        ssize_t r = read(fd, buf + done, n - done);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            int e = r < 0 ? errno : 0;
+            close(fd);
+            free(buf);
+            return loom_fail(LOOM_ERR_IO, "cannot read checkpoint '%s': %s", path,
+                             e ? strerror(e) : "the file shrank while being read");
+        }
+        done += (size_t)r;
+    }
+    close(fd);
+    buf[n] = '\0';
+    *bytes = buf;
+    *size = n;
+    return LOOM_OK;
+}
+
+static loom_status bad(const char *path, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static loom_status bad(const char *path, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return loom_fail(LOOM_ERR_CORRUPT, "checkpoint '%s': %s", path, msg);
+}
+
+static loom_status verify_checksum(const char *path, char *text, size_t n, const loom_json *root)
+{
+    const loom_json *c = loom_json_get(root, "checksum");
+    if (!c || c->type != LOOM_JSON_STRING || c->len != PREFIX_LEN + 16 ||
+        c->end - c->begin != PREFIX_LEN + 18 || memcmp(c->text, CHECKSUM_PREFIX, PREFIX_LEN) != 0 ||
+        strspn(c->text + PREFIX_LEN, "0123456789abcdef") != 16)
+        return bad(path, "manifest has no checksum \"xxh64:<16 hex digits>\"");
+    char recorded[17];
+    char *digits = text + c->begin + 1 + PREFIX_LEN;
+    memcpy(recorded, digits, 16);
+    recorded[16] = '\0';
+    memset(digits, '0', 16);
+    uint64_t h = loom_xxh64(text, n);
+    memcpy(digits, recorded, 16);
+    char actual[17];
+    snprintf(actual, sizeof actual, "%016" PRIx64, h);
+    if (strcmp(actual, recorded) != 0)
+        return bad(path, "manifest checksum is xxh64:%s but the text hashes to xxh64:%s (the "
+                   "file was changed or damaged)", recorded, actual);
+    return LOOM_OK;
+}
+
+loom_status loom_ckpt_manifest_open(const char *ckpt_dir, loom_json_doc **doc, char **text)
+{
+    char path[PATH_MAX];
+    *doc = NULL;
+    *text = NULL;
+    if ((size_t)snprintf(path, sizeof path, "%s/%s", ckpt_dir, LOOM_CKPT_MANIFEST_FILE) >= sizeof path)
+        return loom_fail(LOOM_ERR_INVALID, "checkpoint path '%s' is too long", ckpt_dir);
+    unsigned char *bytes;
+    size_t n;
+    LOOM_TRY(loom_ckpt_read_file(path, MAX_MANIFEST, &bytes, &n));
+    loom_json_error err;
+    loom_status st = loom_json_parse((const char *)bytes, n, NULL, doc, &err);
+    if (st != LOOM_OK) {
+        free(bytes);
+        return st == LOOM_ERR_NOMEM ? st : bad(path, "not valid JSON at byte %zu: %s", err.offset, err.msg);
+    }
+    const loom_json *root = loom_json_root(*doc), *f = loom_json_get(root, "format");
+    int64_t version = 0;
+    if (root->type != LOOM_JSON_OBJECT)
+        st = bad(path, "the manifest is a JSON %s (an object expected)", loom_json_type_name(root->type));
+    else if (!f || f->type != LOOM_JSON_STRING || strcmp(f->text, LOOM_CHECKPOINT_FORMAT) != 0)
+        st = bad(path, "manifest format is %s%.40s%s (\"%s\" expected)", f && f->text ? "'" : "",
+                 f && f->text ? f->text : "missing", f && f->text ? "'" : "", LOOM_CHECKPOINT_FORMAT);
+    else if (!loom_json_int64(loom_json_get(root, "version"), &version) || version != LOOM_CHECKPOINT_VERSION)
+        st = bad(path, "manifest version is not %d, the one this loom %s reads", LOOM_CHECKPOINT_VERSION,
+                 LOOM_VERSION_STRING);
+    else
+        st = verify_checksum(path, (char *)bytes, n, root);
+    if (st != LOOM_OK) {
+        loom_json_free(*doc);
+        *doc = NULL;
+        free(bytes);
+        return st;
+    }
+    *text = (char *)bytes;
+    return LOOM_OK;
+}
+
+/* files.<name> of the manifest: its recorded size and checksum. */
+static loom_status file_record(const char *mpath, const loom_json *root, const char *name,
+                               uint64_t *bytes, uint64_t *sum)
+{
+    const loom_json *r = loom_json_get(loom_json_get_type(root, "files", LOOM_JSON_OBJECT), name);
+    const loom_json *c = loom_json_get_type(r, "xxh64", LOOM_JSON_STRING);
+    char *end;
+    if (!loom_json_uint64(loom_json_get(r, "bytes"), bytes) || !c || c->len != 16 ||
+        strspn(c->text, "0123456789abcdef") != 16)
+        return bad(mpath, "manifest files.%s needs {\"bytes\": <integer>, \"xxh64\": \"<16 hex "
+                   "digits>\"}", name);
+    *sum = strtoull(c->text, &end, 16);
+    return LOOM_OK;
+}
+
+void loom_ckpt_file_name(char *out, size_t len, const char *kind, int part, int tp)
+{
+    if (tp <= 1)
+        snprintf(out, len, "%s.safetensors", kind);
+    else
+        snprintf(out, len, "%s.tp%d.safetensors", kind, part);
+}
+
+/* layout.tp of the manifest (1 when there is no layout: checkpoints before tp). */
+static loom_status read_layout(const char *mpath, const loom_json *root, int *tp)
+{
+    const loom_json *l = loom_json_get(root, "layout");
+    int64_t v = 1;
+    *tp = 1;
+    if (!l)
+        return LOOM_OK;
+    if (l->type != LOOM_JSON_OBJECT || !loom_json_int64(loom_json_get(l, "tp"), &v) || v < 1 ||
+        v > LOOM_CKPT_TP_MAX)
+        return bad(mpath, "manifest layout must be {\"tp\": <1 to %d>}", LOOM_CKPT_TP_MAX);
+    *tp = (int)v;
+    return LOOM_OK;
+}
+
+int loom_ckpt_is_complete(const char *ckpt_dir)
+{
+    loom_json_doc *doc;
+    char *text, path[PATH_MAX], name[64];
+    int tp;
+    if (loom_ckpt_manifest_open(ckpt_dir, &doc, &text) != LOOM_OK)
+        return 0;
+    int ok = read_layout(ckpt_dir, loom_json_root(doc), &tp) == LOOM_OK;
+    for (int i = 0; i < 2 * tp && ok; i++) {
+        uint64_t bytes, sum;
+        struct stat sb;
+        loom_ckpt_file_name(name, sizeof name, i < tp ? "model" : "optim", i % tp, tp);
+        snprintf(path, sizeof path, "%s/%s", ckpt_dir, name);
+        ok = file_record(path, loom_json_root(doc), name, &bytes, &sum) == LOOM_OK &&
+             stat(path, &sb) == 0 && S_ISREG(sb.st_mode) && (uint64_t)sb.st_size == bytes;
+    }
+    loom_json_free(doc);
+    free(text);
+    return ok;
+}
+
+/* --- tensor files and the remap of stored pieces onto held slices -------------------- */
+
+typedef struct tfile {
+    char path[PATH_MAX];
+    unsigned char *bytes;
+    size_t size;
+    loom_st_file *f;
+} tfile;
+
+/* One stored tensor: a box (start, len) of the logical tensor `target` refers to. */
+typedef struct piece {
+    int target;     /* entry index * per + slot */
+    int file;       /* index into the kind's files */
+    int seq;        /* order in the file, for a stable sort */
+    const loom_st_entry *te;
+    int64_t start[LOOM_PARAM_MAX_DIMS], len[LOOM_PARAM_MAX_DIMS];
+    int use;        /* copied: overlaps the held slice and is not a later replica */
+} piece;
+
+typedef struct plan {
+    piece *p;
+    int n;
+} plan;
+
+typedef struct tensor_set {
+    int tp;
+    tfile *files;   /* model files 0..tp-1, then optim files */
+    plan model, optim;
+} tensor_set;
+
+static void tensors_free(tensor_set *ts)
+{
+    for (int i = 0; ts->files && i < 2 * ts->tp; i++) {
+        loom_safetensors_free(ts->files[i].f);
+        free(ts->files[i].bytes);
+    }
+    free(ts->files);
+    free(ts->model.p);
+    free(ts->optim.p);
+    memset(ts, 0, sizeof *ts);
+}
+
+static loom_status read_tensors(const char *mpath, const loom_json *root, const char *name,
+                                tfile *tf)
+{
+    uint64_t want_bytes, want_sum;
+    LOOM_TRY(file_record(mpath, root, name, &want_bytes, &want_sum));
+    LOOM_TRY(loom_ckpt_read_file(tf->path, SIZE_MAX - 1, &tf->bytes, &tf->size));
+    if (tf->size != want_bytes)
+        return bad(tf->path, "the file is %zu bytes but the manifest records %" PRIu64, tf->size,
+                   want_bytes);
+    uint64_t h = loom_xxh64(tf->bytes, tf->size);
+    if (h != want_sum)
+        return bad(tf->path, "checksum xxh64 %016" PRIx64 " but the manifest records %016" PRIx64
+                   " (the file was changed or damaged)", h, want_sum);
+    return loom_safetensors_parse("checkpoint", tf->path, tf->bytes, tf->size, &tf->f);
+}
+
+static void format_dims(char *buf, size_t len, const int64_t *d, int n)
+{
+    size_t at = (size_t)snprintf(buf, len, "[");
+    for (int i = 0; i < n && at < len; i++)
+        at += (size_t)snprintf(buf + at, len - at, "%s%" PRId64, i ? ", " : "", d[i]);
+    if (at < len)
+        snprintf(buf + at, len - at, "]");
+}
+
+/* Stored tensor name -> (entry index, slot); -1 if it is not part of the table. */
+static int target_of(const loom_param_table *t, const char *tname, uint32_t per, int is_optim,
+                     int *slot)
+{
+    char base[LOOM_PARAM_NAME_MAX + 16];
+    *slot = 0;
+    if ((size_t)snprintf(base, sizeof base, "%s", tname) >= sizeof base)
+        return -1;
+    if (is_optim) {
+        char *dot = strrchr(base, '.');
+        if (!dot || strncmp(dot, ".state", 6) != 0 || !dot[6] || strspn(dot + 6, "0123456789") !=
+            strlen(dot + 6) || strlen(dot + 6) > 9)
+            return -1;
+        unsigned long k = strtoul(dot + 6, NULL, 10);
+        if (k >= per)
+            return -1;
+        *slot = (int)k;
+        *dot = '\0';
+    }
+    for (int i = 0; i < t->count; i++)
+        if (strcmp(t->entries[i].name, base) == 0)
+            return i;
+    return -1;
+}
+
+/* The piece's box from the tensor's shape and its __metadata__ layout, checked against the
+ * entry's logical shape. */
+static loom_status read_piece(const tfile *tf, const loom_st_entry *te, const loom_param_entry *e,
+                              piece *pc)
+{
+    if (strcmp(te->dtype, "F32") != 0 && strcmp(te->dtype, "BF16") != 0)
+        return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': tensor '%s' is %s (F32 or BF16 "
+                         "expected)", tf->path, te->name, te->dtype);
+    const char *meta = loom_safetensors_meta(tf->f, te->name);
+    loom_json_doc *doc = NULL;
+    if (!meta || loom_json_parse(meta, strlen(meta), NULL, &doc, NULL) != LOOM_OK) {
+        loom_json_free(doc);
+        return bad(tf->path, "__metadata__ has no valid layout {\"shape\", \"slice_start\"} for '%s'",
+                   te->name);
+    }
+    const loom_json *shape = loom_json_get_type(loom_json_root(doc), "shape", LOOM_JSON_ARRAY);
+    const loom_json *start = loom_json_get_type(loom_json_root(doc), "slice_start", LOOM_JSON_ARRAY);
+    int64_t logical[LOOM_ST_MAX_DIMS];
+    int ok = shape && start && shape->count == (size_t)te->ndim && start->count == (size_t)te->ndim &&
+             te->ndim >= 1 && te->ndim <= LOOM_ST_MAX_DIMS;
+    for (int d = 0; ok && d < te->ndim; d++) {
+        int64_t b;
+        ok = loom_json_int64(&shape->items[d], &logical[d]) && loom_json_int64(&start->items[d], &b) &&
+             logical[d] >= 0 && b >= 0 && b <= logical[d] && te->shape[d] <= logical[d] - b;
+        if (ok && d < LOOM_PARAM_MAX_DIMS) {
+            pc->start[d] = b;
+            pc->len[d] = te->shape[d];
+        }
+    }
+    loom_json_free(doc);
+    if (!ok)
+        return bad(tf->path, "tensor '%s': __metadata__ layout %.200s is not {\"shape\": [..], "
+                   "\"slice_start\": [..]} with one entry per dim and the stored slice inside the "
+                   "shape", te->name, meta);
+    int same = te->ndim == e->ndim;
+    for (int d = 0; same && d < e->ndim; d++)
+        same = logical[d] == e->shape[d];
+    if (!same) {
+        char have[128], want[128];
+        format_dims(have, sizeof have, logical, te->ndim);
+        format_dims(want, sizeof want, e->shape, e->ndim);
+        return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': tensor '%s' has logical shape %s but "
+                         "this run's model has %s", tf->path, te->name, have, want);
+    }
+    return LOOM_OK;
+}
+
+static int by_target(const void *a, const void *b)
+{
+    const piece *x = a, *y = b;
+    if (x->target != y->target)
+        return (x->target > y->target) - (x->target < y->target);
+    if (x->file != y->file)
+        return (x->file > y->file) - (x->file < y->file);
+    return (x->seq > y->seq) - (x->seq < y->seq);
+}
+
+static int same_box(const piece *a, const piece *b, int nd)
+{
+    for (int d = 0; d < nd; d++)
+        if (a->start[d] != b->start[d] || a->len[d] != b->len[d])
+            return 0;
+    return 1;
+}
+
+/* Elements in the intersection of box (s1, l1) and box (s2, l2). */
+static uint64_t overlap(const int64_t *s1, const int64_t *l1, const int64_t *s2, const int64_t *l2,
+                        int nd)
+{
+    uint64_t v = 1;
+    for (int d = 0; d < nd; d++) {
+        int64_t lo = s1[d] > s2[d] ? s1[d] : s2[d];
+        int64_t hi = s1[d] + l1[d] < s2[d] + l2[d] ? s1[d] + l1[d] : s2[d] + l2[d];
+        if (hi <= lo)
+            return 0;
+        v *= (uint64_t)(hi - lo);
+    }
+    return v;
+}
+
+static void format_box(char *buf, size_t len, const int64_t *start, const int64_t *l, int nd)
+{
+    char a[96], b[96];
+    format_dims(a, sizeof a, start, nd);
+    format_dims(b, sizeof b, l, nd);
+    snprintf(buf, len, "start %s len %s", a, b);
+}
+
+/* files[0..n) of one kind -> the pieces every target (entry x slot) is assembled from.
+ * Refuses unknown tensors, other logical shapes, inconsistent overlaps and gaps. */
+static loom_status make_plan(const tfile *files, int n, const loom_param_table *t, uint32_t per,
+                             int is_optim, plan *pl)
+{
+    const char *what = is_optim ? "optimizer state" : "model";
+    int total = 0;
+    for (int j = 0; j < n; j++)
+        total += loom_safetensors_count(files[j].f);
+    pl->n = 0;
+    if (!(pl->p = calloc((size_t)total + 1, sizeof *pl->p)))
+        return loom_fail(LOOM_ERR_NOMEM, "out of memory reading checkpoint '%s'", files[0].path);
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < loom_safetensors_count(files[j].f); i++) {
+            const loom_st_entry *te = loom_safetensors_entry(files[j].f, i);
+            int slot, ei = target_of(t, te->name, per, is_optim, &slot);
+            if (ei < 0)
+                return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': tensor '%s' is not part of "
+                                 "this run's %s", files[j].path, te->name, what);
+            piece *pc = &pl->p[pl->n++];
+            pc->target = ei * (int)per + slot;
+            pc->file = j;
+            pc->seq = i;
+            pc->te = te;
+            LOOM_TRY(read_piece(&files[j], te, &t->entries[ei], pc));
+        }
+    qsort(pl->p, (size_t)pl->n, sizeof *pl->p, by_target);
+    char name[LOOM_PARAM_NAME_MAX + 16], b1[256], b2[256];
+    int at = 0;
+    for (int target = 0; target < t->count * (int)per; target++) {
+        const loom_param_entry *e = &t->entries[target / (int)per];
+        if (is_optim)
+            snprintf(name, sizeof name, "%s.state%d", e->name, target % (int)per);
+        else
+            snprintf(name, sizeof name, "%s", e->name);
+        int first = at;
+        while (at < pl->n && pl->p[at].target == target)
+            at++;
+        if (first == at) {
+            if (n == 1)
+                return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': tensor '%s' is missing (this "
+                                 "run's %s has it)", files[0].path, name, what);
+            return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s' and the other %d files of its tp=%d "
+                             "layout: tensor '%s' is missing (this run's %s has it)", files[0].path,
+                             n - 1, n, name, what);
+        }
+        uint64_t covered = 0;
+        for (int i = first; i < at; i++) {
+            piece *a = &pl->p[i];
+            int replica = 0;
+            for (int k = first; k < i && !replica; k++) {
+                const piece *b = &pl->p[k];
+                if (same_box(a, b, e->ndim))
+                    replica = 1;
+                else if (overlap(a->start, a->len, b->start, b->len, e->ndim)) {
+                    format_box(b1, sizeof b1, b->start, b->len, e->ndim);
+                    format_box(b2, sizeof b2, a->start, a->len, e->ndim);
+                    return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': tensor '%s' (%s) overlaps "
+                                     "its piece in '%s' (%s) without being the same slice: the "
+                                     "stored pieces are inconsistent", files[a->file].path, name,
+                                     b2, files[b->file].path, b1);
+                }
+            }
+            uint64_t v = replica ? 0 : overlap(a->start, a->len, e->slice_start, e->slice_len, e->ndim);
+            a->use = v > 0;
+            covered += v;
+        }
+        if (covered != (uint64_t)e->numel) {
+            format_box(b1, sizeof b1, e->slice_start, e->slice_len, e->ndim);
+            format_dims(b2, sizeof b2, e->shape, e->ndim);
+            return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s'%s: the stored pieces of tensor '%s' "
+                             "cover %" PRIu64 " of the %zu elements this rank holds (%s of %s): a "
+                             "piece is missing", files[0].path, n > 1 ? " and its other tp files" : "",
+                             name, covered, e->numel, b1, b2);
+        }
+    }
+    return LOOM_OK;
+}
+
+/* Copy the intersection of the source box (its data at src, F32 or BF16 little-endian,
+ * row-major in its box) and the destination box (dst, row-major in its box). */
+static void copy_box(float *dst, const int64_t *ds, const int64_t *dl, const unsigned char *src,
+                     int bf16, const int64_t *ss, const int64_t *sl, int nd)
+{
+    int64_t lo[LOOM_PARAM_MAX_DIMS], hi[LOOM_PARAM_MAX_DIMS], idx[LOOM_PARAM_MAX_DIMS];
+    int64_t dstr[LOOM_PARAM_MAX_DIMS], sstr[LOOM_PARAM_MAX_DIMS];
+    for (int d = 0; d < nd; d++) {
+        lo[d] = ds[d] > ss[d] ? ds[d] : ss[d];
+        hi[d] = ds[d] + dl[d] < ss[d] + sl[d] ? ds[d] + dl[d] : ss[d] + sl[d];
+        if (hi[d] <= lo[d])
+            return;
+        idx[d] = lo[d];
+    }
+    dstr[nd - 1] = sstr[nd - 1] = 1;
+    for (int d = nd - 2; d >= 0; d--) {
+        dstr[d] = dstr[d + 1] * dl[d + 1];
+        sstr[d] = sstr[d + 1] * sl[d + 1];
+    }
+    int64_t run = hi[nd - 1] - lo[nd - 1];
+    for (;;) {
+        int64_t doff = 0, soff = 0;
+        for (int d = 0; d < nd; d++) {
+            doff += (idx[d] - ds[d]) * dstr[d];
+            soff += (idx[d] - ss[d]) * sstr[d];
+        }
+        if (!bf16) {
+            memcpy(dst + doff, src + soff * 4, (size_t)run * 4);
+        } else {
+            for (int64_t i = 0; i < run; i++) {
+                uint16_t h;
+                memcpy(&h, src + (soff + i) * 2, 2);
+                uint32_t bits = (uint32_t)h << 16;
+                memcpy(dst + doff + i, &bits, 4);
+            }
+        }
+        int d = nd - 2;
+        while (d >= 0 && ++idx[d] == hi[d])
+            idx[d] = lo[d], d--;
+        if (d < 0)
+            break;
+    }
+}
+
+/* Everything is validated: the copies cannot fail. */
+static void apply_plan(const plan *pl, const tfile *files, const loom_param_table *t, uint32_t per,
+                       float *dst)
+{
+    for (int i = 0; i < pl->n; i++) {
+        const piece *pc = &pl->p[i];
+        if (!pc->use)
+            continue;
+        const loom_param_entry *e = &t->entries[pc->target / (int)per];
+        int slot = pc->target % (int)per;
+        const unsigned char *bytes = files[pc->file].bytes;
+        uint64_t header = 0;
+        for (int k = 7; k >= 0; k--)
+            header = header << 8 | bytes[k];
+        const unsigned char *src = bytes + 8 + header + pc->te->begin;
+        float *out = dst + (size_t)per * e->offset + (size_t)slot * e->numel;
+        copy_box(out, e->slice_start, e->slice_len, src, strcmp(pc->te->dtype, "BF16") == 0,
+                 pc->start, pc->len, e->ndim);
+    }
+}
+
+/* Read and check every tensor file the manifest's layout names, then plan both kinds. */
+static loom_status tensors_open(const char *dir, const char *mpath, const loom_json *root,
+                                const loom_param_table *t, uint32_t slots, tensor_set *ts)
+{
+    memset(ts, 0, sizeof *ts);
+    int tp;
+    LOOM_TRY(read_layout(mpath, root, &tp));
+    if (!(ts->files = calloc((size_t)2 * tp, sizeof *ts->files)))
+        return loom_fail(LOOM_ERR_NOMEM, "out of memory reading checkpoint '%s'", dir);
+    ts->tp = tp;
+    char name[64];
+    for (int i = 0; i < 2 * tp; i++) {
+        loom_ckpt_file_name(name, sizeof name, i < tp ? "model" : "optim", i % tp, tp);
+        if ((size_t)snprintf(ts->files[i].path, sizeof ts->files[i].path, "%s/%s", dir, name) >=
+            sizeof ts->files[i].path)
+            return loom_fail(LOOM_ERR_INVALID, "checkpoint path '%s' is too long", dir);
+        LOOM_TRY(read_tensors(mpath, root, name, &ts->files[i]));
+    }
+    LOOM_TRY(make_plan(ts->files, tp, t, 1, 0, &ts->model));
+    return make_plan(ts->files + tp, tp, t, slots, 1, &ts->optim);
+}
+
+static void tensors_copy(const tensor_set *ts, const loom_param_table *t, uint32_t slots,
+                         float *params, float *state)
+{
+    apply_plan(&ts->model, ts->files, t, 1, params);
+    if (slots)
+        apply_plan(&ts->optim, ts->files + ts->tp, t, slots, state);
+}
+
+loom_status loom_ckpt_load_tensors(const char *ckpt_dir, const loom_param_table *t, uint32_t slots,
+                                   float *params, float *state)
+{
+    char mpath[PATH_MAX], *text = NULL;
+    loom_json_doc *doc = NULL;
+    tensor_set ts;
+    memset(&ts, 0, sizeof ts);
+    if ((size_t)snprintf(mpath, sizeof mpath, "%s/%s", ckpt_dir, LOOM_CKPT_MANIFEST_FILE) >= sizeof mpath)
+        return loom_fail(LOOM_ERR_INVALID, "checkpoint path '%s' is too long", ckpt_dir);
+    loom_status st = loom_ckpt_manifest_open(ckpt_dir, &doc, &text);
+    if (st == LOOM_OK)
+        st = tensors_open(ckpt_dir, mpath, loom_json_root(doc), t, slots, &ts);
+    if (st == LOOM_OK)
+        tensors_copy(&ts, t, slots, params, state);
+    tensors_free(&ts);
+    loom_json_free(doc);
+    free(text);
+    return st;
+}
+
+/* --- one load ---------------------------------------------------------------------- */
+
+typedef struct loaded {
+    const char *dir;
+    char mpath[PATH_MAX];
+    loom_json_doc *doc;
+    char *manifest;
+    tensor_set ts;
+    loom_checkpoint_extra x;
+    char *config;
+    loom_session_state state;
+} loaded;
+
+static void loaded_free(loaded *ld)
+{
+    loom_json_free(ld->doc);
+    free(ld->manifest);
+    tensors_free(&ld->ts);
+    free(ld->config);
+}
+
+static loom_status check_int(const loaded *ld, const loom_json *obj, const char *group,
+                             const char *key, int64_t want, const char *what)
+{
+    int64_t v;
+    if (!loom_json_int64(loom_json_get(obj, key), &v))
+        return bad(ld->mpath, "manifest has no integer %s.%s", group, key);
+    if (v != want)
+        return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': manifest %s.%s=%" PRId64 " but this "
+                         "run's %s has %s=%" PRId64, ld->mpath, group, key, v, what, key, want);
+    return LOOM_OK;
+}
+
+static loom_status check_model_config(const loaded *ld, const loom_json *root, loom_session *s)
+{
+    const loom_gpt_config *c = loom_gpt_get_config(loom_session_model(s));
+    const loom_json *m = loom_json_get_type(root, "model", LOOM_JSON_OBJECT);
+    if (!m)
+        return bad(ld->mpath, "manifest has no model object");
+    LOOM_TRY(check_int(ld, m, "model", "vocab", c->vocab, "model"));
+    LOOM_TRY(check_int(ld, m, "model", "vocab_padded", c->vocab_padded, "model"));
+    LOOM_TRY(check_int(ld, m, "model", "ctx", c->ctx, "model"));
+    LOOM_TRY(check_int(ld, m, "model", "layers", c->layers, "model"));
+    LOOM_TRY(check_int(ld, m, "model", "heads", c->heads, "model"));
+    return check_int(ld, m, "model", "dim", c->dim, "model");
+}
+
+static loom_status check_optimizer(const loaded *ld, const loom_json *root, loom_session *s)
+{
+    uint32_t slots;
+    loom_session_optim_state(s, &slots);
+    const char *name = loom_session_optim_config(s)->desc->name;
+    const loom_json *o = loom_json_get_type(root, "optimizer", LOOM_JSON_OBJECT);
+    const loom_json *n = loom_json_get_type(o, "name", LOOM_JSON_STRING);
+    if (!n)
+        return bad(ld->mpath, "manifest has no optimizer.name string");
+    if (strcmp(n->text, name) != 0)
+        return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': manifest optimizer.name='%.40s' but "
+                         "this run's optimizer is '%s'", ld->mpath, n->text, name);
+    return check_int(ld, o, "optimizer", "slots", slots, "optimizer");
+}
+
+/* step, steps_taken, precision state, data position, config. */
+static loom_status read_state(loaded *ld, const loom_json *root, loom_session *s, const loom_data *data)
+{
+    if (!loom_json_int64(loom_json_get(root, "step"), &ld->x.step) || ld->x.step < 0 ||
+        !loom_json_int64(loom_json_get(root, "steps_taken"), &ld->state.steps) || ld->state.steps < 0)
+        return bad(ld->mpath, "manifest step and steps_taken must be integers >= 0");
+    loom_session_state now;
+    loom_session_get_state(s, &now);
+    const loom_json *bits = loom_json_get_type(loom_json_get_type(root, "precision", LOOM_JSON_OBJECT),
+                                               "state_bits", LOOM_JSON_ARRAY);
+    if (!bits || bits->count > 4)
+        return bad(ld->mpath, "manifest has no precision.state_bits list (at most 4 values)");
+    if ((int)bits->count != now.n_precision_state)
+        return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': manifest precision state has %zu "
+                         "values but this run's precision keeps %d", ld->mpath, bits->count,
+                         now.n_precision_state);
+    ld->state.n_precision_state = (int)bits->count;
+    for (size_t i = 0; i < bits->count; i++) {
+        uint64_t b;
+        if (!loom_json_uint64(&bits->items[i], &b) || b > UINT32_MAX)
+            return bad(ld->mpath, "manifest precision.state_bits[%zu] is not a 32-bit integer", i);
+        uint32_t b32 = (uint32_t)b;
+        memcpy(&ld->state.precision_state[i], &b32, sizeof b32);
+    }
+    const loom_json *d = loom_json_get(root, "data");
+    if (!d || (d->type != LOOM_JSON_NULL && d->type != LOOM_JSON_OBJECT))
+        return bad(ld->mpath, "manifest data must be null or {\"kind\": ..., \"state\": [...]}");
+    if (d->type == LOOM_JSON_OBJECT) {
+        const loom_json *k = loom_json_get_type(d, "kind", LOOM_JSON_STRING);
+        const loom_json *w = loom_json_get_type(d, "state", LOOM_JSON_ARRAY);
+        if (!k || !k->len || k->len >= LOOM_CHECKPOINT_KIND_MAX || strlen(k->text) != k->len || !w ||
+            w->count > LOOM_DATA_STATE_MAX)
+            return bad(ld->mpath, "manifest data needs a kind (1 to %d bytes) and at most %d state "
+                       "words", LOOM_CHECKPOINT_KIND_MAX - 1, LOOM_DATA_STATE_MAX);
+        memcpy(ld->x.data_kind, k->text, k->len + 1);
+        ld->x.n_data_state = (int)w->count;
+        for (size_t i = 0; i < w->count; i++)
+            if (!loom_json_uint64(&w->items[i], &ld->x.data_state[i]))
+                return bad(ld->mpath, "manifest data.state[%zu] is not a 64-bit integer >= 0", i);
+    }
+    if (data && !ld->x.data_kind[0])
+        return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s' holds no data position; load it without "
+                         "a data source", ld->mpath);
+    if (data && strcmp(ld->x.data_kind, data->ops->kind) != 0)
+        return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': the data position is from a '%s' "
+                         "source but this run reads '%s'", ld->mpath, ld->x.data_kind, data->ops->kind);
+    const loom_json *c = loom_json_get(root, "config");
+    if (!c || (c->type != LOOM_JSON_NULL && c->type != LOOM_JSON_OBJECT))
+        return bad(ld->mpath, "manifest config must be null or an object");
+    if (c->type == LOOM_JSON_OBJECT) {
+        if (!(ld->config = malloc(c->end - c->begin + 1)))
+            return loom_fail(LOOM_ERR_NOMEM, "out of memory");
+        memcpy(ld->config, ld->manifest + c->begin, c->end - c->begin);
+        ld->config[c->end - c->begin] = '\0';
+    }
+    return LOOM_OK;
+}
+
+static loom_status validate(loaded *ld, loom_session *s, const loom_data *data)
+{
+    LOOM_TRY(loom_ckpt_manifest_open(ld->dir, &ld->doc, &ld->manifest));
+    const loom_json *root = loom_json_root(ld->doc);
+    LOOM_TRY(check_model_config(ld, root, s));
+    LOOM_TRY(check_optimizer(ld, root, s));
+    LOOM_TRY(read_state(ld, root, s, data));
+    uint32_t slots;
+    loom_session_optim_state(s, &slots);
+    return tensors_open(ld->dir, ld->mpath, root, loom_gpt_params(loom_session_model(s)), slots,
+                        &ld->ts);
+}
+
+/* Everything is validated: the copies cannot fail. */
+static void copy_in(const loaded *ld, loom_session *s)
+{
+    uint32_t slots;
+    float *state = loom_session_optim_state(s, &slots);
+    loom_gpt *m = loom_session_model(s);
+    tensors_copy(&ld->ts, loom_gpt_params(m), slots, loom_gpt_param_data(m), state);
+}
+
+loom_status loom_checkpoint_load_data(loom_session *s, const char *ckpt_path, loom_data *data,
+                                      loom_checkpoint_extra *out)
+{
+    loaded ld;
+    memset(&ld, 0, sizeof ld);
+    ld.dir = ckpt_path;
+    if ((size_t)snprintf(ld.mpath, sizeof ld.mpath, "%s/%s", ckpt_path, LOOM_CKPT_MANIFEST_FILE) >=
+        sizeof ld.mpath)
+        return loom_fail(LOOM_ERR_INVALID, "checkpoint path '%s' is too long", ckpt_path);
+    loom_status st = validate(&ld, s, data);
+    uint64_t old[LOOM_DATA_STATE_MAX];
+    int n_old = 0;
+    if (st == LOOM_OK && data) {
+        n_old = data->ops->get_state(data->self, old);
+        st = data->ops->set_state(data->self, ld.x.data_state, ld.x.n_data_state);
+        if (st != LOOM_OK) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", loom_last_error());
+            st = loom_fail(st, "checkpoint '%s': data position refused: %s", ld.mpath, msg);
+        }
+    }
+    if (st == LOOM_OK) {
+        st = loom_session_set_state(s, &ld.state);
+        if (st != LOOM_OK && data)
+            data->ops->set_state(data->self, old, n_old);
+    }
+    if (st == LOOM_OK) {
+        copy_in(&ld, s);
+        if (out) {
+            *out = ld.x;
+            out->config_json = ld.config;
+            ld.config = NULL;
+        }
+    }
+    loaded_free(&ld);
+    return st;
+}
+
+loom_status loom_checkpoint_load(loom_session *s, const char *ckpt_path, loom_checkpoint_extra *out)
+{
+    return loom_checkpoint_load_data(s, ckpt_path, NULL, out);
+}
+
+void loom_checkpoint_extra_free(loom_checkpoint_extra *e)
+{
+    if (!e)
+        return;
+    free((char *)e->config_json);
+    e->config_json = NULL;
+}

@@ -1,0 +1,240 @@
+/* grad_sync.c — see grad_sync.h. */
+#include "grad_sync.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/plugin/comm.h"
+#include "loom/plugin/strategy.h"
+#include "base/plugin_loader.h"
+#include "base/status.h"
+
+#define MAX_LEVELS 40
+
+/* A binary-counter pairwise sum over equal-sized float vectors (see grad_sync.h). */
+typedef struct tree {
+    float *buf[MAX_LEVELS + 1]; /* pool */
+    int free_list[MAX_LEVELS + 1], n_free;
+    int stack_buf[MAX_LEVELS + 1], stack_level[MAX_LEVELS + 1], depth;
+    double dstack[MAX_LEVELS + 1]; /* the same tree over scalars (losses) */
+    int dlevel[MAX_LEVELS + 1], ddepth;
+} tree;
+
+struct loom_grad_sync {
+    loom_gpt *model;
+    loom_backend *be;
+    int canonical, accum;
+    size_t total;
+    /* data parallel */
+    const loom_comm_ops *comm;
+    void *dp;
+    int dp_size, dp_rank;
+    const loom_strategy_ops *strategy;
+    void *strategy_self;
+    float *gathered;     /* canonical: dp_size block sums */
+    double *loss_blocks; /* dp_size block loss sums */
+    tree t;
+    double local_loss;
+};
+
+static loom_status strategy_hook(void *ctx, size_t offset, size_t n)
+{
+    loom_grad_sync *gs = ctx;
+    return gs->strategy->grads_ready(gs->strategy_self, loom_gpt_grad_data(gs->model), offset, n);
+}
+
+static int is_power_of_two(int x) { return x > 0 && (x & (x - 1)) == 0; }
+
+loom_status loom_grad_sync_create(loom_gpt *m, loom_backend *be, int canonical, int accum,
+                                  const loom_plugin_config *strategy, loom_grad_sync **out)
+{
+    *out = NULL;
+    loom_grad_sync *gs = calloc(1, sizeof *gs);
+    if (!gs)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    gs->model = m;
+    gs->be = be;
+    gs->canonical = canonical;
+    gs->accum = accum;
+    gs->total = loom_gpt_params(m)->total;
+    const loom_host *host = loom_core_host();
+    const struct loom_comm_ops *ops = NULL;
+    void *dp = NULL;
+    loom_status st = host->group(LOOM_GROUP_DP, &ops, &dp, &gs->dp_size);
+    gs->comm = ops;
+    gs->dp = dp;
+    gs->dp_rank = gs->comm ? gs->comm->rank(dp) : 0;
+    if (st == LOOM_OK && canonical && gs->dp_size > 1 && !is_power_of_two(accum))
+        st = loom_fail(LOOM_ERR_INVALID,
+                       "canonical mode with dp=%d needs a power-of-two number of micro-batches per "
+                       "rank (batch.global / (micro x dp) = %d); choose batch.global accordingly",
+                       gs->dp_size, accum);
+    if (st == LOOM_OK && gs->comm) {
+        gs->loss_blocks = calloc((size_t)gs->dp_size, sizeof(double));
+        if (canonical)
+            gs->gathered = be->ops->alloc(be->self, (size_t)gs->dp_size * gs->total * sizeof(float));
+        if (!gs->loss_blocks || (canonical && !gs->gathered))
+            st = loom_fail(LOOM_ERR_NOMEM, "out of memory for the data-parallel buffers");
+    }
+    if (st == LOOM_OK && gs->comm && !canonical) {
+        if (!strategy || strategy->desc->kind != LOOM_KIND_STRATEGY)
+            st = loom_fail(LOOM_ERR_INVALID, "dp=%d needs the dp strategy plugin", gs->dp_size);
+        else {
+            gs->strategy = strategy->desc->ops;
+            loom_config view = loom_config_view(strategy);
+            st = gs->strategy->create(host, &view, &gs->strategy_self);
+        }
+    }
+    if (st != LOOM_OK) {
+        loom_grad_sync_destroy(gs);
+        return st;
+    }
+    *out = gs;
+    return LOOM_OK;
+}
+
+void loom_grad_sync_destroy(loom_grad_sync *gs)
+{
+    if (!gs)
+        return;
+    if (gs->strategy)
+        gs->strategy->destroy(gs->strategy_self);
+    for (int i = 0; i <= MAX_LEVELS; i++)
+        if (gs->t.buf[i])
+            gs->be->ops->free(gs->be->self, gs->t.buf[i]);
+    if (gs->gathered)
+        gs->be->ops->free(gs->be->self, gs->gathered);
+    free(gs->loss_blocks);
+    free(gs);
+}
+
+int loom_grad_sync_dp_size(const loom_grad_sync *gs) { return gs->dp_size; }
+int loom_grad_sync_dp_rank(const loom_grad_sync *gs) { return gs->dp_rank; }
+
+/* --- the tree ------------------------------------------------------------------------ */
+
+static void tree_reset(loom_grad_sync *gs)
+{
+    tree *t = &gs->t;
+    t->depth = t->ddepth = 0;
+    t->n_free = 0;
+    for (int i = MAX_LEVELS; i >= 0; i--)
+        t->free_list[t->n_free++] = i;
+}
+
+/* Push a copy of x (gs->total floats): equal levels merge, older + newer. */
+static loom_status tree_push(loom_grad_sync *gs, const float *x)
+{
+    tree *t = &gs->t;
+    const loom_backend_ops *k = gs->be->ops;
+    size_t bytes = gs->total * sizeof(float);
+    int b = t->free_list[--t->n_free];
+    if (!t->buf[b] && !(t->buf[b] = k->alloc(gs->be->self, bytes)))
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for canonical-mode gradient sums");
+    k->zero(gs->be->self, t->buf[b], bytes);
+    k->accumulate(t->buf[b], x, gs->total);
+    int level = 0;
+    while (t->depth > 0 && t->stack_level[t->depth - 1] == level) {
+        int older = t->stack_buf[--t->depth];
+        k->accumulate(t->buf[older], t->buf[b], gs->total);
+        t->free_list[t->n_free++] = b;
+        b = older;
+        level++;
+    }
+    t->stack_buf[t->depth] = b;
+    t->stack_level[t->depth++] = level;
+    return LOOM_OK;
+}
+
+/* Fold what is left, newest into older, and write the sum to out. */
+static void tree_finish(loom_grad_sync *gs, float *out)
+{
+    tree *t = &gs->t;
+    const loom_backend_ops *k = gs->be->ops;
+    int r = t->stack_buf[t->depth - 1];
+    for (int j = t->depth - 2; j >= 0; j--) {
+        k->accumulate(t->buf[t->stack_buf[j]], t->buf[r], gs->total);
+        r = t->stack_buf[j];
+    }
+    k->zero(gs->be->self, out, gs->total * sizeof(float));
+    k->accumulate(out, t->buf[r], gs->total);
+    tree_reset(gs);
+}
+
+static void dtree_push(tree *t, double x)
+{
+    int level = 0;
+    while (t->ddepth > 0 && t->dlevel[t->ddepth - 1] == level) {
+        x = t->dstack[--t->ddepth] + x;
+        level++;
+    }
+    t->dstack[t->ddepth] = x;
+    t->dlevel[t->ddepth++] = level;
+}
+
+static double dtree_finish(tree *t)
+{
+    double r = t->dstack[t->ddepth - 1];
+    for (int j = t->ddepth - 2; j >= 0; j--)
+        r = t->dstack[j] + r;
+    t->ddepth = 0;
+    return r;
+}
+
+/* --- the step ------------------------------------------------------------------------ */
+
+loom_status loom_grad_sync_begin_micro(loom_grad_sync *gs, int a)
+{
+    if (a == 0) {
+        tree_reset(gs);
+        gs->local_loss = 0.0;
+    }
+    if (gs->canonical || a == 0)
+        loom_gpt_zero_grad(gs->model);
+    /* Fast mode: the strategy reduces buckets during the last micro-batch's backward. */
+    int hook = gs->strategy && a == gs->accum - 1;
+    loom_gpt_set_grad_hook(gs->model, hook ? strategy_hook : NULL, gs);
+    return LOOM_OK;
+}
+
+loom_status loom_grad_sync_end_micro(loom_grad_sync *gs, int a, double loss_sum)
+{
+    dtree_push(&gs->t, loss_sum);
+    if (gs->canonical)
+        return tree_push(gs, loom_gpt_grad_data(gs->model));
+    return LOOM_OK;
+}
+
+/* An all-gather over the dp group, waited for (the tree that follows needs every block). */
+static loom_status allgather(loom_grad_sync *gs, const void *send, void *recv, size_t count,
+                             loom_dtype dt)
+{
+    loom_comm_request *req = NULL;
+    LOOM_TRY(gs->comm->allgather_start(gs->dp, send, recv, count, dt, &req));
+    return gs->comm->wait(gs->dp, req);
+}
+
+loom_status loom_grad_sync_finish(loom_grad_sync *gs, double *loss_sum)
+{
+    float *grads = loom_gpt_grad_data(gs->model);
+    double local = dtree_finish(&gs->t);
+    if (gs->canonical)
+        tree_finish(gs, grads);
+    loom_gpt_set_grad_hook(gs->model, NULL, NULL);
+    if (!gs->comm) {
+        *loss_sum = local;
+        return LOOM_OK;
+    }
+    /* Losses: every rank's block sum, combined in the fixed tree (both modes). */
+    LOOM_TRY(allgather(gs, &local, gs->loss_blocks, sizeof local, LOOM_DTYPE_U8));
+    for (int r = 0; r < gs->dp_size; r++)
+        dtree_push(&gs->t, gs->loss_blocks[r]);
+    *loss_sum = dtree_finish(&gs->t);
+    if (!gs->canonical)
+        return gs->strategy->before_step(gs->strategy_self);
+    LOOM_TRY(allgather(gs, grads, gs->gathered, gs->total, LOOM_DTYPE_F32));
+    for (int r = 0; r < gs->dp_size; r++)
+        LOOM_TRY(tree_push(gs, gs->gathered + (size_t)r * gs->total));
+    tree_finish(gs, grads);
+    return LOOM_OK;
+}

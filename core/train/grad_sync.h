@@ -1,0 +1,41 @@
+/* grad_sync.h — gradients and losses across micro-batches and data-parallel ranks.
+ *
+ * Fast mode (default): parameter gradients accumulate in place over a rank's micro-batches;
+ * with dp > 1 the `dp` strategy plugin all-reduces them in buckets as backward finishes
+ * each layer of the last micro-batch, overlapping the rest of backward.
+ *
+ * Canonical mode (deterministic = "canonical"): every micro-batch's gradient is computed
+ * on its own and the global gradient is the pairwise sum, in a fixed tree over the global
+ * micro-batch index, of those gradients (the binary-counter tree: element i joins the
+ * stack and equal levels merge, older + newer). A rank's contiguous block of 2^k
+ * micro-batches is one complete subtree, so ranks sum their block locally, exchange block
+ * sums with an all-gather and finish the same tree: dp = 1, 2, 4 give the same bits.
+ * The loss is summed in the same tree in double precision in both modes' cross-rank part.
+ */
+#ifndef LOOM_CORE_GRAD_SYNC_H
+#define LOOM_CORE_GRAD_SYNC_H
+
+#include "base/config.h"
+#include "model/gpt.h"
+
+typedef struct loom_grad_sync loom_grad_sync;
+
+/* accum: micro-batches this rank runs per step. strategy: the resolved `dp` plugin config
+ * (NULL when dp = 1). */
+loom_status loom_grad_sync_create(loom_gpt *m, loom_backend *be, int canonical, int accum,
+                                  const loom_plugin_config *strategy, loom_grad_sync **out);
+void loom_grad_sync_destroy(loom_grad_sync *gs);
+
+/* This rank's place in the data-parallel group. */
+int loom_grad_sync_dp_size(const loom_grad_sync *gs);
+int loom_grad_sync_dp_rank(const loom_grad_sync *gs);
+
+/* Around this rank's micro-batch a (0-based) of a step. end gets the micro-batch's summed
+ * token loss. */
+loom_status loom_grad_sync_begin_micro(loom_grad_sync *gs, int a);
+loom_status loom_grad_sync_end_micro(loom_grad_sync *gs, int a, double loss_sum);
+/* After the last micro-batch: the global gradient in the model's grad buffer on every
+ * rank, and the global token-loss sum in *loss_sum. */
+loom_status loom_grad_sync_finish(loom_grad_sync *gs, double *loss_sum);
+
+#endif

@@ -1,0 +1,352 @@
+/* session.c — the training step, evaluation and sampling for one rank (see session.h).
+ *
+ * Buffers: the CPU backend's memory is host memory, so the optimizer plugin updates the
+ * parameter buffer in place. A device backend will pair with an on-device optimizer
+ * path or the offload strategy; that is not this file's job yet.
+ */
+#include "session.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/plugin/optim.h"
+#include "loom/plugin/precision.h"
+#include "loom/plugin/strategy.h"
+#include "grad_norm.h"
+#include "grad_sync.h"
+#include "base/plugin_loader.h"
+#include "base/rng.h"
+#include "base/status.h"
+#include "base/clock.h"
+
+struct loom_session {
+    loom_session_config cfg;
+    loom_plugin_config optim_cfg, precision_cfg, strategy_cfg, tensor_cfg; /* owned; cfg points
+                                                                              * at them */
+    const loom_strategy_ops *tensor; /* the tp strategy, NULL with tp = 1 */
+    void *tensor_self;
+    loom_grad_norm *norm;
+    loom_grad_sync *sync;
+    loom_backend backend;
+    loom_gpt *model;
+    const loom_optim_ops *optim;
+    void *optim_self;
+    const loom_precision_ops *precision;
+    void *precision_self;
+    float *optim_state;
+    uint32_t state_slots;
+    loom_optim_segment *segments;
+    int n_segments;
+    int *tokens, *targets;   /* host staging for one micro-batch */
+    float *host_logits;      /* sampling: one row of Vp */
+    int64_t steps;
+};
+
+static loom_status make_plugin(const loom_plugin_config *pc, const void **ops, void **self)
+{
+    loom_config view = loom_config_view(pc);
+    LOOM_TRY(loom_config_finish(pc));
+    *ops = pc->desc->ops;
+    /* Every ops table starts with size, then create(host, cfg, self). */
+    const loom_optim_ops *generic = pc->desc->ops;
+    return generic->create(loom_core_host(), &view, self);
+}
+
+static loom_status build_segments(loom_session *s)
+{
+    const loom_param_table *t = loom_gpt_params(s->model);
+    float wd = 0.0f;
+    int decay_all = 0;
+    s->optim->decay_rule(s->optim_self, &wd, &decay_all);
+    s->segments = calloc((size_t)t->count, sizeof *s->segments);
+    if (!s->segments)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    float *params = loom_gpt_param_data(s->model), *grads = loom_gpt_grad_data(s->model);
+    for (int i = 0; i < t->count; i++) {
+        const loom_param_entry *e = &t->entries[i];
+        loom_optim_segment *seg = &s->segments[i];
+        seg->param = params + e->offset;
+        seg->grad = grads + e->offset;
+        seg->state = s->optim_state ? s->optim_state + (size_t)s->state_slots * e->offset : NULL;
+        seg->n = e->numel;
+        seg->weight_decay = (decay_all || e->is_matrix) ? wd : 0.0f;
+    }
+    s->n_segments = t->count;
+    return LOOM_OK;
+}
+
+loom_status loom_session_create(const loom_session_config *cfg, loom_session **out)
+{
+    *out = NULL;
+    if (cfg->micro_batch < 1 || cfg->seq < 1 || cfg->accum < 1)
+        LOOM_FAIL(LOOM_ERR_INVALID, "batch micro=%d seq=%d accum=%d must all be positive",
+                  cfg->micro_batch, cfg->seq, cfg->accum);
+    if (cfg->seq > cfg->model.ctx)
+        LOOM_FAIL(LOOM_ERR_INVALID, "batch seq=%d is longer than the model's ctx=%d", cfg->seq,
+                  cfg->model.ctx);
+    if (cfg->optim->desc->kind != LOOM_KIND_OPTIM || cfg->precision->desc->kind != LOOM_KIND_PRECISION)
+        LOOM_FAIL(LOOM_ERR_INVALID, "session needs an optim and a precision plugin");
+    loom_session *s = calloc(1, sizeof *s);
+    if (!s)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    s->cfg = *cfg;
+    loom_config_copy(&s->optim_cfg, cfg->optim);
+    loom_config_copy(&s->precision_cfg, cfg->precision);
+    s->cfg.optim = &s->optim_cfg;
+    s->cfg.precision = &s->precision_cfg;
+    if (cfg->strategy) {
+        loom_config_copy(&s->strategy_cfg, cfg->strategy);
+        s->cfg.strategy = &s->strategy_cfg;
+    }
+    s->cfg.backend = NULL; /* the caller's string; only needed while opening */
+    loom_status st = loom_backend_open(cfg->backend ? cfg->backend : "cpu", cfg->threads, &s->backend);
+    loom_gpt_parallel par = {NULL, NULL, cfg->canonical};
+    if (st == LOOM_OK && cfg->tensor) {
+        loom_config_copy(&s->tensor_cfg, cfg->tensor);
+        s->cfg.tensor = &s->tensor_cfg;
+        st = loom_config_set_boolean(&s->tensor_cfg, "canonical", cfg->canonical);
+        if (st == LOOM_OK)
+            st = make_plugin(&s->tensor_cfg, (const void **)&s->tensor, &s->tensor_self);
+        par.tp_ops = s->tensor;
+        par.tp_self = s->tensor_self;
+    }
+    if (st == LOOM_OK)
+        st = make_plugin(&s->precision_cfg, (const void **)&s->precision, &s->precision_self);
+    if (st == LOOM_OK) {
+        loom_precision_dtypes dt;
+        s->precision->dtypes(s->precision_self, &dt);
+        if (dt.param != LOOM_DTYPE_F32 || dt.compute != LOOM_DTYPE_F32 || dt.grad != LOOM_DTYPE_F32)
+            st = loom_fail(LOOM_ERR_UNSUPPORTED,
+                           "precision '%s' asks for param %s, compute %s, grad %s; this build's "
+                           "model runs fp32 only (precision = \"fp32\")",
+                           s->precision_cfg.desc->name, loom_dtype_name(dt.param),
+                           loom_dtype_name(dt.compute), loom_dtype_name(dt.grad));
+    }
+    if (st == LOOM_OK)
+        st = make_plugin(&s->optim_cfg, (const void **)&s->optim, &s->optim_self);
+    if (st == LOOM_OK)
+        st = loom_gpt_create(&cfg->model, &s->backend, cfg->micro_batch, cfg->seed, &par, &s->model);
+    if (st == LOOM_OK) {
+        size_t total = loom_gpt_params(s->model)->total;
+        const loom_gpt_config *mc = loom_gpt_get_config(s->model);
+        s->state_slots = s->optim->state_per_param(s->optim_self);
+        if (s->state_slots)
+            s->optim_state = calloc((size_t)s->state_slots * total, sizeof(float));
+        size_t bt = (size_t)cfg->micro_batch * cfg->seq;
+        /* tokens also stage a sampling window of up to ctx */
+        s->tokens = malloc((bt > (size_t)mc->ctx ? bt : (size_t)mc->ctx) * sizeof(int));
+        s->targets = malloc(bt * sizeof(int));
+        s->host_logits = malloc((size_t)mc->vocab_padded * sizeof(float));
+        if ((s->state_slots && !s->optim_state) || !s->tokens || !s->targets || !s->host_logits)
+            st = loom_fail(LOOM_ERR_NOMEM, "out of memory for optimizer state");
+    }
+    if (st == LOOM_OK)
+        st = loom_grad_norm_create(&s->backend, loom_gpt_params(s->model), &s->norm);
+    if (st == LOOM_OK)
+        st = build_segments(s);
+    if (st == LOOM_OK)
+        st = loom_grad_sync_create(s->model, &s->backend, cfg->canonical, cfg->accum, s->cfg.strategy,
+                                   &s->sync);
+    if (st != LOOM_OK) {
+        loom_session_destroy(s);
+        return st;
+    }
+    *out = s;
+    return LOOM_OK;
+}
+
+void loom_session_destroy(loom_session *s)
+{
+    if (!s)
+        return;
+    loom_grad_sync_destroy(s->sync);
+    loom_gpt_destroy(s->model);
+    if (s->tensor)
+        s->tensor->destroy(s->tensor_self);
+    loom_grad_norm_destroy(s->norm);
+    if (s->optim)
+        s->optim->destroy(s->optim_self);
+    if (s->precision)
+        s->precision->destroy(s->precision_self);
+    loom_backend_close(&s->backend);
+    free(s->optim_state);
+    free(s->segments);
+    free(s->tokens);
+    free(s->targets);
+    free(s->host_logits);
+    free(s);
+}
+
+loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, float lr,
+                              loom_step_stats *out)
+{
+    double t0 = loom_now_ms();
+    loom_gpt_take_comm_ms(s->model); /* drop what eval or sampling spent */
+    const loom_backend_ops *k = s->backend.ops;
+    int B = s->cfg.micro_batch, T = s->cfg.seq, accum = s->cfg.accum;
+    int dp = loom_grad_sync_dp_size(s->sync), dp_rank = loom_grad_sync_dp_rank(s->sync);
+    double tokens = (double)B * T * accum * dp;
+    float scale = s->precision->loss_scale(s->precision_self);
+    for (int i = 0; i < accum * dp; i++) {
+        LOOM_TRY(next(ctx, s->tokens, s->targets, B, T));
+        if (i / accum != dp_rank)
+            continue; /* another rank's micro-batch */
+        int a = i % accum;
+        double part = 0.0;
+        LOOM_TRY(loom_grad_sync_begin_micro(s->sync, a));
+        LOOM_TRY(loom_gpt_forward(s->model, s->tokens, s->targets, B, T, (float)(scale / tokens),
+                                  &part));
+        LOOM_TRY(loom_gpt_backward(s->model));
+        LOOM_TRY(loom_grad_sync_end_micro(s->sync, a, part));
+    }
+    double loss_sum = 0.0, t_sync = loom_now_ms();
+    LOOM_TRY(loom_grad_sync_finish(s->sync, &loss_sum));
+    double comm_ms = loom_now_ms() - t_sync + loom_gpt_take_comm_ms(s->model);
+    double norm_sq;
+    int nonfinite;
+    LOOM_TRY(loom_grad_norm_compute(s->norm, loom_gpt_params(s->model), loom_gpt_grad_data(s->model),
+                                    &norm_sq, &nonfinite, &comm_ms));
+    int skip = s->precision->update(s->precision_self, nonfinite);
+    double norm = nonfinite ? NAN : sqrt(norm_sq) / scale;
+    memset(out, 0, sizeof *out);
+    if (!skip) {
+        float grad_scale = 1.0f / scale;
+        if (s->cfg.grad_clip > 0.0f && norm > s->cfg.grad_clip)
+            grad_scale *= (float)(s->cfg.grad_clip / norm);
+        loom_optim_step_args args = {s->segments, (size_t)s->n_segments, lr, s->steps + 1,
+                                     grad_scale};
+        LOOM_TRY(s->optim->step(s->optim_self, &args));
+        s->steps++;
+    }
+    k->synchronize(s->backend.self);
+    out->step = s->steps;
+    out->loss = loss_sum / tokens;
+    out->grad_norm = norm;
+    out->lr = lr;
+    out->tokens = tokens;
+    out->skipped = skip;
+    out->ms = loom_now_ms() - t0;
+    out->comm_ms = comm_ms;
+    return LOOM_OK;
+}
+
+loom_status loom_session_eval(loom_session *s, loom_batch_fn next, void *ctx, int batches,
+                              double *loss)
+{
+    int B = s->cfg.micro_batch, T = s->cfg.seq;
+    double sum = 0.0;
+    for (int i = 0; i < batches; i++) {
+        double part = 0.0;
+        LOOM_TRY(next(ctx, s->tokens, s->targets, B, T));
+        LOOM_TRY(loom_gpt_forward(s->model, s->tokens, s->targets, B, T, 0.0f, &part));
+        sum += part;
+    }
+    *loss = sum / ((double)batches * B * T);
+    return LOOM_OK;
+}
+
+/* Draw one token from logits[0..V) at temperature, restricted to the top_k largest. */
+static int draw_token(float *logits, int V, float temperature, int top_k, double u)
+{
+    float max = -INFINITY;
+    for (int i = 0; i < V; i++)
+        max = logits[i] > max ? logits[i] : max;
+    float kth = -INFINITY;
+    if (top_k > 0 && top_k < V) {
+        /* The k-th largest by repeated selection of the maximum below the previous one:
+         * O(k V), fine for sampling. Ties admit a few more than k. */
+        float prev = INFINITY;
+        for (int j = 0; j < top_k; j++) {
+            float best = -INFINITY;
+            for (int i = 0; i < V; i++)
+                if (logits[i] < prev && logits[i] > best)
+                    best = logits[i];
+            prev = best;
+        }
+        kth = prev;
+    }
+    double total = 0.0;
+    for (int i = 0; i < V; i++) {
+        double p = logits[i] >= kth ? exp((logits[i] - max) / temperature) : 0.0;
+        logits[i] = (float)p;
+        total += p;
+    }
+    double r = u * total, acc = 0.0;
+    for (int i = 0; i < V; i++) {
+        acc += logits[i];
+        if (logits[i] > 0.0f && r <= acc)
+            return i;
+    }
+    for (int i = V - 1; i >= 0; i--)
+        if (logits[i] > 0.0f)
+            return i;
+    return 0;
+}
+
+loom_status loom_session_sample(loom_session *s, const int *prompt, int n_prompt, int n_new,
+                                float temperature, int top_k, uint64_t seed, int *out)
+{
+    const loom_gpt_config *mc = loom_gpt_get_config(s->model);
+    if (n_prompt < 1)
+        LOOM_FAIL(LOOM_ERR_INVALID, "sampling needs a prompt of at least one token");
+    if (!(temperature > 0.0f))
+        LOOM_FAIL(LOOM_ERR_INVALID, "temperature must be > 0, got %g", temperature);
+    memcpy(out, prompt, (size_t)n_prompt * sizeof(int));
+    uint64_t stream = loom_rng_stream("sample");
+    for (int i = 0; i < n_new; i++) {
+        int len = n_prompt + i;
+        int T = len < mc->ctx ? len : mc->ctx;
+        /* Sequence parallelism shards rows by tp: pad the window at its end (causal
+         * attention: later tokens cannot change the row we read). */
+        int mult = loom_gpt_row_multiple(s->model), Tp = (T + mult - 1) / mult * mult;
+        if (Tp > mc->ctx)
+            LOOM_FAIL(LOOM_ERR_INVALID, "sampling window %d rounds up to %d > ctx=%d under sequence "
+                      "parallelism", T, Tp, mc->ctx);
+        memcpy(s->tokens, out + len - T, (size_t)T * sizeof(int));
+        for (int j = T; j < Tp; j++)
+            s->tokens[j] = 0;
+        LOOM_TRY(loom_gpt_forward(s->model, s->tokens, NULL, 1, Tp, 0.0f, NULL));
+        LOOM_TRY(loom_gpt_logits_row(s->model, (size_t)(T - 1), s->host_logits));
+        out[len] = draw_token(s->host_logits, mc->vocab, temperature, top_k,
+                              loom_rng_uniform(seed, stream, (uint64_t)i));
+    }
+    return LOOM_OK;
+}
+
+void loom_session_get_state(loom_session *s, loom_session_state *out)
+{
+    memset(out, 0, sizeof *out);
+    out->steps = s->steps;
+    if (s->precision->get_state)
+        s->precision->get_state(s->precision_self, out->precision_state, &out->n_precision_state);
+}
+
+loom_status loom_session_set_state(loom_session *s, const loom_session_state *st)
+{
+    if (st->steps < 0)
+        LOOM_FAIL(LOOM_ERR_CORRUPT, "checkpoint step count %lld is negative", (long long)st->steps);
+    if (st->n_precision_state < 0 || st->n_precision_state > 4)
+        LOOM_FAIL(LOOM_ERR_CORRUPT, "precision state has %d values (0 to 4 expected)",
+                  st->n_precision_state);
+    s->steps = st->steps;
+    if (s->precision->set_state)
+        s->precision->set_state(s->precision_self, st->precision_state, st->n_precision_state);
+    return LOOM_OK;
+}
+
+const loom_plugin_config *loom_session_optim_config(const loom_session *s) { return s->cfg.optim; }
+
+loom_gpt *loom_session_model(loom_session *s) { return s->model; }
+int64_t loom_session_steps_taken(const loom_session *s) { return s->steps; }
+
+const char *loom_session_backend_description(loom_session *s)
+{
+    return s->backend.ops->describe(s->backend.self);
+}
+
+float *loom_session_optim_state(loom_session *s, uint32_t *slots_per_param)
+{
+    *slots_per_param = s->state_slots;
+    return s->optim_state;
+}

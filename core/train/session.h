@@ -1,0 +1,82 @@
+/* session.h — one training run on one rank: the model, its optimizer and precision
+ * policy, and the step that ties them together.
+ *
+ * A step runs `accum` micro-batches of (B,T) per data-parallel rank through forward and
+ * backward; the loss gradient is scaled once by 1/(global token count), so the result is
+ * one global token-sum divided once, never a mean of means. Every rank reads every
+ * micro-batch of the global batch from its data source (so all positions stay in step)
+ * and computes its own contiguous block of them. Then it checks for
+ * non-finite gradients, clips by global norm and calls the optimizer over one segment
+ * per parameter entry. This is the imperative API under loom.train.
+ */
+#ifndef LOOM_CORE_SESSION_H
+#define LOOM_CORE_SESSION_H
+
+#include "base/config.h"
+#include "model/gpt.h"
+
+/* Fills tokens and targets (B*T each, host memory) with the next micro-batch. */
+typedef loom_status (*loom_batch_fn)(void *ctx, int *tokens, int *targets, int B, int T);
+
+typedef struct loom_session_config {
+    loom_gpt_config model;
+    int micro_batch;           /* B */
+    int seq;                   /* T */
+    int accum;                 /* micro-batches per optimizer step */
+    uint64_t seed;
+    float grad_clip;           /* clip the global grad norm to this; 0: off */
+    const char *backend;       /* "cpu" */
+    int threads;               /* 0: all cores */
+    const loom_plugin_config *optim;      /* resolved configs (see config.h) */
+    const loom_plugin_config *precision;
+    const loom_plugin_config *strategy;   /* the dp strategy when dp > 1, else NULL */
+    const loom_plugin_config *tensor;     /* the tp strategy when tp > 1, else NULL */
+    int canonical;                        /* deterministic = "canonical" (grad_sync.h) */
+} loom_session_config;
+
+typedef struct loom_step_stats {
+    int64_t step;          /* optimizer steps taken so far, this one included */
+    double loss;           /* mean token loss of the step */
+    double grad_norm;      /* global L2 norm before clipping */
+    float lr;
+    double ms;             /* wall time of the step */
+    double comm_ms;        /* of which inside communication: tensor-parallel exchanges,
+                            * the data-parallel gradient sync, the grad-norm exchange */
+    double tokens;         /* tokens processed in the step */
+    int skipped;           /* 1 if the update was skipped (non-finite gradients) */
+} loom_step_stats;
+
+typedef struct loom_session loom_session;
+
+loom_status loom_session_create(const loom_session_config *cfg, loom_session **out);
+void loom_session_destroy(loom_session *s);
+
+loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, float lr,
+                              loom_step_stats *out);
+/* Mean token loss over `batches` micro-batches drawn from next. */
+loom_status loom_session_eval(loom_session *s, loom_batch_fn next, void *ctx, int batches,
+                              double *loss);
+/* Generate n_new tokens after the prompt into out (n_prompt + n_new ints, prompt first).
+ * temperature > 0; top_k <= 0 means the whole vocabulary. Keyed by seed: reproducible. */
+loom_status loom_session_sample(loom_session *s, const int *prompt, int n_prompt, int n_new,
+                                float temperature, int top_k, uint64_t seed, int *out);
+
+/* What a checkpoint holds beyond the parameter and optimizer-state buffers. */
+typedef struct loom_session_state {
+    int64_t steps;                /* optimizer updates taken */
+    float precision_state[4];     /* the precision policy's loss-scale state */
+    int n_precision_state;
+} loom_session_state;
+
+void loom_session_get_state(loom_session *s, loom_session_state *out);
+loom_status loom_session_set_state(loom_session *s, const loom_session_state *st);
+/* The resolved optimizer / precision plugin configs the session was made with. */
+const loom_plugin_config *loom_session_optim_config(const loom_session *s);
+
+loom_gpt *loom_session_model(loom_session *s);
+const char *loom_session_backend_description(loom_session *s);
+int64_t loom_session_steps_taken(const loom_session *s);
+/* The optimizer state buffer (state_per_param * params total floats) and its slots. */
+float *loom_session_optim_state(loom_session *s, uint32_t *slots_per_param);
+
+#endif

@@ -130,6 +130,11 @@ local function check(t, where, origin, world)
   if (mesh.pp or 1) > 1 then
     schema.fail(where, "mesh pp=%d: pipeline parallelism is not in this build yet (use pp = 1)", mesh.pp)
   end
+  if t.comm == "nccl" then
+    schema.fail(where, "comm=\"nccl\"%s needs a GPU backend to hand it device buffers, and this "
+      .. "build has none yet (use \"shm\" for ranks of one node or \"mpi\" across nodes)",
+      origin("comm") or "")
+  end
   for k in pairs(t.strategy or {}) do
     if k ~= "dp" then
       schema.fail(where, "strategy.%s is not available in this build (accepted: dp = { bucket_mb = ... })",

@@ -5,9 +5,15 @@
  * completes it (and reports any failure, naming the peer rank). Buffers must stay valid
  * and untouched until wait returns. Operations on one communicator complete in the order
  * they were started; operations on different communicators (groups) are independent.
- * Reductions use a fixed order so a result is bitwise reproducible run to run.
+ * Reduction order is the plugin's to state. shm and mpi reduce every element in rank order
+ * (mpi does the arithmetic itself rather than through MPI's reductions), so their results
+ * are bitwise reproducible and equal to each other (tests/comm checks both); nccl reduces
+ * as NCCL chooses, which NCCL does not promise is reproducible. Canonical mode never
+ * depends on a communicator's reduction order: it exchanges partial sums whole
+ * (allgather) and adds them itself in a fixed tree.
  * A communicator is created from the rendezvous store (bootstrap) or by split().
- * Implemented in later work: shm (one node), mpi, nccl.
+ * Plugins: shm (processes of one node), mpi (Open MPI), nccl (GPUs; built where the CUDA
+ * toolkit is found, and not yet usable for training: no backend hands it device buffers).
  */
 #ifndef LOOM_PLUGIN_COMM_H
 #define LOOM_PLUGIN_COMM_H

@@ -101,7 +101,106 @@ static void emit(int rank, int to, const char *line, size_t n)
     write_all(to, out, (size_t)p + n + 1);
 }
 
-/* Read what is there; emit every complete line; at EOF emit the rest and close. */
+/* A rank's final error ("loom: ...", on stderr) is usually every rank's: the same recipe
+ * fails the same check everywhere. Such lines are held until the job ends and then
+ * printed once per distinct text, naming the ranks that printed it ("[ranks 0-3] loom:
+ * ..."). A line that could not be held is emitted at once. */
+typedef struct held_line {
+    char *text;
+    size_t n;
+    int rank, done;
+} held_line;
+static held_line *held;
+static int n_held, cap_held;
+
+static int hold(int rank, const char *line, size_t n)
+{
+    if (n_held == cap_held) {
+        int cap = cap_held ? 2 * cap_held : 16;
+        held_line *h = realloc(held, (size_t)cap * sizeof *h);
+        if (!h)
+            return 0;
+        held = h;
+        cap_held = cap;
+    }
+    char *text = malloc(n + 1);
+    if (!text)
+        return 0;
+    memcpy(text, line, n);
+    text[n] = '\0';
+    held[n_held++] = (held_line){text, n, rank, 0};
+    return 1;
+}
+
+/* "[rank 3] " or "[ranks 0-2,5] " for the ranks (ascending) that printed the same line. */
+static int ranks_prefix(char *out, size_t cap, const int *ranks, int n)
+{
+    int p = snprintf(out, cap, n == 1 ? "[rank " : "[ranks ");
+    for (int i = 0; i < n && p < (int)cap - 16; ) {
+        int j = i;
+        while (j + 1 < n && ranks[j + 1] == ranks[j] + 1)
+            j++;
+        p += snprintf(out + p, cap - (size_t)p, "%s%d", i ? "," : "", ranks[i]);
+        if (j > i)
+            p += snprintf(out + p, cap - (size_t)p, "%s%d", j == i + 1 ? "," : "-", ranks[j]);
+        i = j + 1;
+    }
+    return p + snprintf(out + p, cap - (size_t)p, "] ");
+}
+
+static void flush_held(void)
+{
+    int *ranks = malloc((size_t)(n_held ? n_held : 1) * sizeof *ranks);
+    for (int i = 0; i < n_held; i++) {
+        if (held[i].done)
+            continue;
+        int nr = 0;
+        for (int k = i; k < n_held; k++)
+            if (!held[k].done && held[k].n == held[i].n && memcmp(held[k].text, held[i].text, held[i].n) == 0) {
+                if (ranks)
+                    ranks[nr++] = held[k].rank;
+                if (k > i)
+                    held[k].done = 1;
+            }
+        /* ranks were held in arrival order: sort them (insertion sort; few ranks) */
+        for (int a = 1; ranks && a < nr; a++)
+            for (int b = a; b > 0 && ranks[b - 1] > ranks[b]; b--) {
+                int t = ranks[b];
+                ranks[b] = ranks[b - 1];
+                ranks[b - 1] = t;
+            }
+        char pre[256];
+        int p = ranks ? ranks_prefix(pre, sizeof pre, ranks, nr)
+                      : snprintf(pre, sizeof pre, "[rank %d] ", held[i].rank);
+        char *out = malloc((size_t)p + held[i].n + 1);
+        if (out) {
+            memcpy(out, pre, (size_t)p);
+            memcpy(out + p, held[i].text, held[i].n);
+            out[p + held[i].n] = '\n';
+            write_all(2, out, (size_t)p + held[i].n + 1);
+            free(out);
+        } else {
+            emit(held[i].rank, 2, held[i].text, held[i].n);
+        }
+        held[i].done = 1;
+    }
+    for (int i = 0; i < n_held; i++)
+        free(held[i].text);
+    free(held);
+    free(ranks);
+    held = NULL;
+    n_held = cap_held = 0;
+}
+
+/* emit, except that a rank's "loom: " lines on stderr are held (see hold). */
+static void relay(int rank, int to, const char *line, size_t n)
+{
+    if (to == 2 && n > 6 && memcmp(line, "loom: ", 6) == 0 && hold(rank, line, n))
+        return;
+    emit(rank, to, line, n);
+}
+
+/* Read what is there; relay every complete line; at EOF relay the rest and close. */
 static void pump(stream *s, int rank)
 {
     ssize_t n = read(s->fd, s->buf + s->len, sizeof s->buf - s->len);
@@ -112,16 +211,16 @@ static void pump(stream *s, int rank)
     size_t start = 0;
     for (size_t i = 0; i < s->len; i++)
         if (s->buf[i] == '\n') {
-            emit(rank, s->to, s->buf + start, i - start);
+            relay(rank, s->to, s->buf + start, i - start);
             start = i + 1;
         }
     if (start == 0 && s->len == sizeof s->buf) /* one line fills the buffer: cut it */
-        start = s->len, emit(rank, s->to, s->buf, s->len);
+        start = s->len, relay(rank, s->to, s->buf, s->len);
     memmove(s->buf, s->buf + start, s->len - start);
     s->len -= start;
     if (n <= 0) {
         if (s->len)
-            emit(rank, s->to, s->buf, s->len);
+            relay(rank, s->to, s->buf, s->len);
         s->len = 0;
         close(s->fd);
         s->fd = -1;
@@ -446,6 +545,7 @@ static void supervise(job *j)
             if (pfd[i].revents)
                 pump(owner[i], rank_of[i]);
     }
+    flush_held();
     for (int k = 0; k < j->n; k++) {
         stream *ss[2] = {j->kids[k].out, j->kids[k].err};
         for (int s = 0; s < 2; s++)

@@ -121,7 +121,16 @@ loom_status loom_llmc_read_config(const char *path, loom_gpt_config *out)
     return LOOM_OK;
 }
 
-/* The entry for block b, layer l; its size must be what llm.c says. */
+/* Elements of the entry's logical (whole) tensor, whatever slice this rank holds. */
+static size_t logical_numel(const loom_param_entry *e)
+{
+    size_t n = 1;
+    for (int d = 0; d < e->ndim; d++)
+        n *= (size_t)e->shape[d];
+    return n;
+}
+
+/* The entry for block b, layer l; its logical size must be what llm.c says. */
 static loom_status find_entry(const loom_param_table *t, int b, int l, size_t numel,
                               const loom_param_entry **e)
 {
@@ -131,7 +140,7 @@ static loom_status find_entry(const loom_param_table *t, int b, int l, size_t nu
     else
         snprintf(name, sizeof name, "%s", blocks[b].name);
     *e = loom_params_find(t, name);
-    if (!*e || (*e)->numel != numel)
+    if (!*e || logical_numel(*e) != numel)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "loom's parameter '%s' %s (llm.c has %zu elements)", name,
                   *e ? "has another size" : "is missing", numel);
     return LOOM_OK;
@@ -145,6 +154,12 @@ static void widen_bf16(const uint16_t *src, float *dst, size_t n)
         memcpy(&dst[i], &u, 4);
     }
 }
+
+/* Read the next n values of the file into the entry's held slice at dst. A whole entry
+ * is read straight into place; a slice (tensor parallelism) through a buffer holding the
+ * whole logical tensor, from which loom_params_copy_box takes the rank's box. */
+static loom_status read_sliced(FILE *f, const char *path, int version, const loom_param_entry *e,
+                               float *dst, size_t n);
 
 static loom_status read_entry(FILE *f, const char *path, int version, float *dst, size_t n)
 {
@@ -163,6 +178,28 @@ static loom_status read_entry(FILE *f, const char *path, int version, float *dst
         widen_bf16(buf, dst + done, k);
         done += k;
     }
+    return LOOM_OK;
+}
+
+static loom_status read_sliced(FILE *f, const char *path, int version, const loom_param_entry *e,
+                               float *dst, size_t n)
+{
+    if (e->numel == n)
+        return read_entry(f, path, version, dst, n);
+    size_t width = version == 3 ? 4 : 2;
+    unsigned char *whole = malloc(n * width);
+    if (!whole)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory reading '%s' of llm.c model '%s' (%zu bytes)",
+                  e->name, path, n * width);
+    if (fread(whole, width, n, f) != n) {
+        free(whole);
+        LOOM_FAIL(LOOM_ERR_IO, "reading llm.c model '%s' failed part-way; the model's "
+                  "parameters are now partly overwritten", path);
+    }
+    const int64_t zero[LOOM_PARAM_MAX_DIMS] = {0};
+    loom_params_copy_box(dst, e->slice_start, e->slice_len, whole, version == 5, zero, e->shape,
+                         e->ndim);
+    free(whole);
     return LOOM_OK;
 }
 
@@ -207,7 +244,7 @@ loom_status loom_llmc_load(loom_gpt *m, const char *path)
             const loom_param_entry *e;
             st = find_entry(t, b, l, n[b], &e);
             if (st == LOOM_OK)
-                st = read_entry(f, path, version, params + e->offset, n[b]);
+                st = read_sliced(f, path, version, e, params + e->offset, n[b]);
         }
     fclose(f);
     return st;
@@ -241,6 +278,10 @@ loom_status loom_llmc_save(loom_gpt *m, const char *path)
         for (int l = 0; ok && st == LOOM_OK && l < (blocks[b].layered ? c->layers : 1); l++) {
             const loom_param_entry *e;
             st = find_entry(t, b, l, n[b], &e);
+            if (st == LOOM_OK && e->numel != n[b])
+                st = loom_fail(LOOM_ERR_UNSUPPORTED, "cannot write llm.c model '%s' from a "
+                               "tensor-parallel session (this rank holds a slice of '%s'): save "
+                               "a checkpoint and run loom export --llmc on it", path, e->name);
             if (st == LOOM_OK)
                 ok = fwrite(params + e->offset, 4, n[b], f) == n[b];
         }

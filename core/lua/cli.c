@@ -2,7 +2,9 @@
  *
  *   loom run RECIPE [key=value ...]   run a Lua recipe; key=value overrides recipe fields
  *   loom launch -n N RECIPE [...]     run N local ranks of a recipe (launch.c)
- *   loom plugins                      list every plugin found, and every file refused
+ *   loom plugins [--keys NAME]        list every plugin found, and every file refused;
+ *                                     or the keys plugin NAME accepts
+ *   loom CMD --help                   a command's options and an example (loom.help)
  *   loom plot METRICS.jsonl [-o SVG]  plot a run's metrics file (loss, tokens/s, lr)
  *   loom export --llmc CKPT OUT.bin   write a checkpoint's weights as an llm.c model file
  *   loom bench comm [-n N] [--op OP] [--sizes 1K:64M] [--comm shm]   communicator bandwidth
@@ -50,12 +52,13 @@ static int usage(FILE *out)
     fputs("usage: loom run RECIPE [key=value ...]   train/run a Lua recipe; key=value overrides\n"
           "                                         any recipe field (batch.micro=8, steps=20)\n"
           "       loom launch -n N RECIPE [key=value ...]  run N local ranks of a recipe\n"
-          "       loom plugins                      list the plugins found and where\n"
+          "       loom plugins [--keys NAME]        list the plugins found and where; a plugin's keys\n"
           "       loom plot METRICS.jsonl [-o SVG]  plot loss, tokens/s and lr against step\n"
           "       loom export --llmc CKPT OUT.bin   write a checkpoint's weights as an llm.c model\n"
           "       loom bench comm [-n N] [--op OP] [--sizes 1K:64M] [--comm shm]\n"
           "                                         communicator bandwidth, as nccl-tests prints it\n"
-          "       loom version\n",
+          "       loom version\n"
+          "loom CMD --help prints a command's options and an example.\n",
           out);
     return out == stderr ? 2 : 0;
 }
@@ -95,6 +98,45 @@ static int run_protected(lua_State *L, int nargs)
     return 1;
 }
 
+/* __index of the loom.core table under `loom run`: core.overrides is the list (upvalue 1)
+ * and reading it sets core.overrides_read. */
+static int overrides_index(lua_State *L)
+{
+    const char *k = lua_tostring(L, 2);
+    if (!k || strcmp(k, "overrides") != 0)
+        return 0;
+    lua_pushboolean(L, 1);
+    lua_setfield(L, 1, "overrides_read"); /* a plain field: __index is not consulted */
+    lua_pushvalue(L, lua_upvalueindex(1));
+    return 1;
+}
+
+/* A recipe that never read the command line's overrides (loom.train, loom.options,
+ * loom.overrides and any read of core.overrides do; a custom loop may do none) ran without them: say so once, on
+ * rank 0, naming them, rather than let `stepz=10` pass without a word. */
+static void warn_unread_overrides(lua_State *L, int n, char **kv)
+{
+    if (n < 1)
+        return;
+    lua_getglobal(L, "require");
+    lua_pushstring(L, "loom.core");
+    if (lua_pcall(L, 1, 1, 0) != LUA_OK) {
+        lua_pop(L, 1);
+        return;
+    }
+    lua_getfield(L, -1, "overrides_read");
+    int read = lua_toboolean(L, -1);
+    lua_getfield(L, -2, "rank");
+    int rank = (int)lua_tointeger(L, -1);
+    lua_pop(L, 3);
+    if (read || rank != 0)
+        return;
+    fputs("loom: warning: the recipe never read the command line's overrides (", stderr);
+    for (int i = 0; i < n; i++)
+        fprintf(stderr, "%s%s", i ? " " : "", kv[i]);
+    fputs("): it neither calls loom.train nor reads loom.options or loom.overrides\n", stderr);
+}
+
 static int cmd_run(int argc, char **argv)
 {
     if (argc < 1)
@@ -128,7 +170,13 @@ static int cmd_run(int argc, char **argv)
         lua_rawseti(L, -2, 2);
         lua_rawseti(L, -2, i);
     }
-    lua_setfield(L, -2, "overrides");
+    /* core.overrides is served by core's __index, which also notes that it was read
+     * (core.overrides_read), so a recipe that never looks can be warned about */
+    lua_createtable(L, 0, 1);
+    lua_insert(L, -2);
+    lua_pushcclosure(L, overrides_index, 1);
+    lua_setfield(L, -2, "__index");
+    lua_setmetatable(L, -2);
     loom_lua_open_ranks(L); /* core.rank, .world, .local_rank, .check_same_config */
     lua_pop(L, 1);
     /* arg table as the standalone interpreter makes it */
@@ -145,6 +193,8 @@ static int cmd_run(int argc, char **argv)
     } else {
         rc = run_protected(L, 0);
     }
+    if (rc == 0)
+        warn_unread_overrides(L, argc - 1, argv + 1);
     lua_close(L); /* sessions (and the strategies using the groups) are freed here */
     loom_dist_shutdown(); /* then the communicators: MPI wants MPI_Finalize on every rank */
     loom_ranks_leave(rc == 0);
@@ -178,12 +228,25 @@ int main(int argc, char **argv)
     if (argc < 2)
         return usage(stderr);
     const char *cmd = argv[1];
+    /* `loom CMD --help` (or -h anywhere among its arguments): the command's own help, for
+     * every command, from one table (scripts/loom/help.lua). */
+    static const char *const commands[] = {"run", "launch", "plugins", "plot", "export", "bench",
+                                           "version", NULL};
+    for (int c = 0; commands[c]; c++) {
+        if (strcmp(cmd, commands[c]) != 0)
+            continue;
+        for (int i = 2; i < argc; i++)
+            if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+                char *name[] = {(char *)commands[c]};
+                return cmd_lua("help", 1, name);
+            }
+    }
     if (strcmp(cmd, "run") == 0)
         return cmd_run(argc - 2, argv + 2);
     if (strcmp(cmd, "launch") == 0)
         return loom_launch_main(argc - 2, argv + 2);
     if (strcmp(cmd, "plugins") == 0)
-        return cmd_lua("plugins", 0, argv);
+        return cmd_lua("plugins", argc - 2, argv + 2);
     if (strcmp(cmd, "plot") == 0 || strcmp(cmd, "export") == 0 || strcmp(cmd, "bench") == 0)
         return cmd_lua(cmd, argc - 2, argv + 2);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {

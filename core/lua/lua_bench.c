@@ -58,13 +58,14 @@ static int l_comm_bench(lua_State *L)
         return luaL_error(L, "comm_bench needs a multi-rank run (loom bench comm -n N)");
     int n = o->world(c);
     if (min < 4 || max < min)
-        return luaL_error(L, "bench sizes must satisfy 4 <= min <= max (got %zu..%zu)", min, max);
+        return luaL_error(L, "bench sizes must satisfy 4 <= min <= max (got %I..%I)", (lua_Integer)min,
+                          (lua_Integer)max);
     double busf = op == OP_ALLREDUCE ? 2.0 * (n - 1) / n : op == OP_BROADCAST ? 1.0 : (double)(n - 1) / n;
     unsigned char *send = malloc(max + 64), *recv = malloc(max + 64);
     if (!send || !recv) {
         free(send);
         free(recv);
-        return luaL_error(L, "out of memory for %zu-byte buffers", max);
+        return luaL_error(L, "out of memory for %I-byte buffers", (lua_Integer)max);
     }
     memset(send, 0, max + 64);
     lua_newtable(L);

@@ -141,3 +141,48 @@ void loom_params_init_values(const loom_param_table *t, uint64_t seed, float *ho
         }
     }
 }
+
+/* (checkpoint loads and llm.c model loads under tensor parallelism both fill held slices
+ * from stored boxes through this one copy) */
+void loom_params_copy_box(float *dst, const int64_t *ds, const int64_t *dl, const void *src_bytes,
+                          int bf16, const int64_t *ss, const int64_t *sl, int nd)
+{
+    const unsigned char *src = src_bytes;
+    int64_t lo[LOOM_PARAM_MAX_DIMS], hi[LOOM_PARAM_MAX_DIMS], idx[LOOM_PARAM_MAX_DIMS];
+    int64_t dstr[LOOM_PARAM_MAX_DIMS], sstr[LOOM_PARAM_MAX_DIMS];
+    for (int d = 0; d < nd; d++) {
+        lo[d] = ds[d] > ss[d] ? ds[d] : ss[d];
+        hi[d] = ds[d] + dl[d] < ss[d] + sl[d] ? ds[d] + dl[d] : ss[d] + sl[d];
+        if (hi[d] <= lo[d])
+            return;
+        idx[d] = lo[d];
+    }
+    dstr[nd - 1] = sstr[nd - 1] = 1;
+    for (int d = nd - 2; d >= 0; d--) {
+        dstr[d] = dstr[d + 1] * dl[d + 1];
+        sstr[d] = sstr[d + 1] * sl[d + 1];
+    }
+    int64_t run = hi[nd - 1] - lo[nd - 1];
+    for (;;) {
+        int64_t doff = 0, soff = 0;
+        for (int d = 0; d < nd; d++) {
+            doff += (idx[d] - ds[d]) * dstr[d];
+            soff += (idx[d] - ss[d]) * sstr[d];
+        }
+        if (!bf16) {
+            memcpy(dst + doff, src + soff * 4, (size_t)run * 4);
+        } else {
+            for (int64_t i = 0; i < run; i++) {
+                uint16_t h;
+                memcpy(&h, src + (soff + i) * 2, 2);
+                uint32_t bits = (uint32_t)h << 16;
+                memcpy(dst + doff + i, &bits, 4);
+            }
+        }
+        int d = nd - 2;
+        while (d >= 0 && ++idx[d] == hi[d])
+            idx[d] = lo[d], d--;
+        if (d < 0)
+            break;
+    }
+}

@@ -61,6 +61,14 @@ void loom_params_free(loom_param_table *t);
 /* Fill a host buffer (t->total floats) with the initial values for seed. */
 void loom_params_init_values(const loom_param_table *t, uint64_t seed, float *host);
 
+/* Copy the intersection of a source box (start ss, lengths sl: its data at src, F32 or,
+ * with bf16 set, BF16 little-endian, row-major in its box) into a destination box (start
+ * ds, lengths dl: dst, row-major in its box), both boxes of one nd-dim logical tensor.
+ * Elements of dst outside the intersection are untouched; disjoint boxes copy nothing.
+ * BF16 widens exactly (its bits are the high half of the F32). */
+void loom_params_copy_box(float *dst, const int64_t *ds, const int64_t *dl, const void *src,
+                          int bf16, const int64_t *ss, const int64_t *sl, int nd);
+
 /* Total elements this rank holds, without alignment padding. */
 size_t loom_params_count(const loom_param_table *t);
 /* Total elements of the logical (unsliced) parameters: the whole model's size. */

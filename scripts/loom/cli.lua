@@ -2,8 +2,52 @@
 local core = require "loom.core"
 local cli = {}
 
--- `loom plugins`: every plugin found, in search order, and every file refused.
-function cli.plugins()
+-- `loom plugins --keys NAME`: the keys plugin NAME (or KIND/NAME) accepts in a recipe
+-- table, with type, default and help.
+local function plugin_keys(spec)
+  local kind, name = spec:match("^([%w_]+)/([%w_%-]+)$")
+  local found = {}
+  for _, p in ipairs(core.plugins()) do
+    if not p.refused and p.name == (name or spec) and (not kind or p.kind == kind) then
+      found[#found + 1] = p
+    end
+  end
+  if #found == 0 then
+    local names = {}
+    for _, p in ipairs(core.plugins()) do
+      if not p.refused then names[#names + 1] = p.kind .. "/" .. p.name end
+    end
+    error(string.format("plugins: no plugin '%s' (found: %s)", spec, table.concat(names, ", ")), 0)
+  end
+  local seen = {}
+  for _, p in ipairs(found) do
+    local id = p.kind .. "/" .. p.name
+    if not seen[id] then -- a shadowed copy later in the search path is not the one used
+      seen[id] = true
+      print(string.format("%s %s %s — %s", p.kind, p.name, p.version, p.summary))
+      local keys = core.plugin_keys(p.kind, p.name)
+      if #keys == 0 then
+        print("  (no keys)")
+      else
+        print(string.format("  %-18s %-15s %-14s %s", "KEY", "TYPE", "DEFAULT", "HELP"))
+      end
+      for _, k in ipairs(keys) do
+        print(string.format("  %-18s %-15s %-14s %s", k.name, k.type,
+          k.default or "(required)", k.help))
+      end
+    end
+  end
+end
+
+-- `loom plugins [--keys NAME]`: every plugin found, in search order, and every file refused.
+function cli.plugins(args)
+  args = args or {}
+  if args[1] == "--keys" then
+    if not args[2] or args[3] then error("plugins: usage: loom plugins --keys NAME (e.g. adamw or optim/adamw)", 0) end
+    return plugin_keys(args[2])
+  elseif args[1] then
+    error("plugins: unknown argument '" .. args[1] .. "' (usage: loom plugins [--keys NAME])", 0)
+  end
   local rows, refused = {}, {}
   for _, p in ipairs(core.plugins()) do
     if p.refused then refused[#refused + 1] = p else rows[#rows + 1] = p end
@@ -16,6 +60,11 @@ function cli.plugins()
   for _, p in ipairs(refused) do
     print("loom: " .. p.refused)
   end
+end
+
+-- `loom CMD --help`: the command's usage, options and an example (loom.help).
+function cli.help(args)
+  require("loom.help").show(args[1])
 end
 
 -- `loom plot METRICS.jsonl [-o OUT.svg]`: plot a run's metrics file (see loom.plot). The
@@ -97,26 +146,47 @@ end
 -- `loom bench comm [-n N] [--op OP] [--sizes MIN:MAX] [--iters K] [--comm NAME]`: runs N
 -- ranks of this program (loom launch; mpirun for comm "mpi") over the communicator and
 -- prints nccl-tests' table.
+-- Everything `loom bench comm` is given is checked here, before any rank is started.
 function cli.bench(args)
   local usage = "usage: loom bench comm [-n N] [--op allreduce|reduce_scatter|allgather|broadcast]"
-    .. " [--sizes 1K:64M] [--iters K] [--comm shm]"
-  if args[1] ~= "comm" then error(usage, 0) end
+    .. " [--sizes 1K:64M] [--iters K] [--comm shm]  (loom bench --help)"
+  if args[1] ~= "comm" then
+    error("bench: " .. (args[1] and ("unknown benchmark '" .. args[1] .. "'") or "which benchmark?")
+      .. " (the one there is: comm)\n" .. usage, 0)
+  end
   local n, op, sizes, iters, comm = 2, "allreduce", "1K:64M", "0", "shm"
+  local ops = { allreduce = true, reduce_scatter = true, allgather = true, broadcast = true }
   local i = 2
   while i <= #args do
     local a, v = args[i], args[i + 1]
-    if not v then error(usage, 0) end
-    if a == "-n" then n = math.tointeger(tonumber(v))
-    elseif a == "--op" then op = v
+    if not ({ ["-n"] = 1, ["--op"] = 1, ["--sizes"] = 1, ["--iters"] = 1, ["--comm"] = 1 })[a] then
+      error("bench: unknown option '" .. a .. "'\n" .. usage, 0)
+    end
+    if not v then error("bench: " .. a .. " needs a value\n" .. usage, 0) end
+    if a == "-n" then
+      n = math.tointeger(tonumber(v))
+      if not n or n < 2 then error("bench: -n " .. v .. ": the number of ranks must be an integer >= 2", 0) end
+    elseif a == "--op" then
+      if not ops[v] then error("bench: --op " .. v .. " is not one of allreduce, reduce_scatter, allgather, broadcast", 0) end
+      op = v
     elseif a == "--sizes" then sizes = v
-    elseif a == "--iters" then iters = v
-    elseif a == "--comm" then comm = v
-    else error("bench: unknown option '" .. a .. "'\n" .. usage, 0) end
+    elseif a == "--iters" then
+      if not math.tointeger(tonumber(v)) or tonumber(v) < 0 then
+        error("bench: --iters " .. v .. " must be an integer >= 0 (0: chosen by size)", 0)
+      end
+      iters = v
+    elseif a == "--comm" then
+      local ok, err = pcall(core.check_plugin, "comm", { name = v })
+      if not ok then error("bench: --comm " .. v .. ": " .. err, 0) end
+      comm = v
+    end
     i = i + 2
   end
-  if not n or n < 2 then error("bench: -n must be at least 2", 0) end
   local lo, hi = sizes:match("^([^:]+):([^:]+)$")
   if not lo then lo, hi = sizes, sizes end
+  if bytes_of(lo) < 4 or bytes_of(hi) < bytes_of(lo) then
+    error(string.format("bench: --sizes %s must satisfy 4 <= MIN <= MAX bytes (e.g. 1K:64M)", sizes), 0)
+  end
   local script = package.searchpath("loom.bench_comm", package.path)
   -- MPI's ranks must come from its own launcher; every other communicator uses loom launch.
   local launcher = comm == "mpi"

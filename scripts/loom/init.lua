@@ -230,8 +230,45 @@ function loom.sample(t)
   return out
 end
 
--- The command line's key=value overrides ({ {key, text}, ... }).
-function loom.overrides() return core.overrides or {} end
+-- The command line's key=value overrides, as a list of pairs in command-line order:
+-- `loom run r.lua steps=20 batch.micro=8` gives { {"steps", "20"}, {"batch.micro", "8"} }
+-- (the values are the text as typed; overrides.parse turns one into a number, boolean,
+-- table or string). loom.train applies them itself; a recipe with its own loop calls
+-- loom.options{...} (checked) or reads this list. If nothing asks for them, `loom run`
+-- warns at the end that they were never read.
+function loom.overrides()
+  return core.overrides or {} -- (reading core.overrides marks them read: core/lua/cli.c)
+end
+
+-- loom.options{ key = default, ... } -> the table with the command line's key=value
+-- applied: for recipes with their own loop. A key not in the defaults is refused (naming
+-- the accepted ones), a value of another type than its default's too; a default of
+-- false/0/"" still fixes the type. Dotted keys are not nested here.
+function loom.options(defaults)
+  local where = schema.where()
+  local out = {}
+  for k, v in pairs(defaults) do out[k] = v end
+  local names = {}
+  for k in pairs(defaults) do names[#names + 1] = tostring(k) end
+  table.sort(names)
+  local parse = require("loom.overrides").parse
+  for _, kv in ipairs(loom.overrides()) do
+    local key, text = kv[1], kv[2]
+    if defaults[key] == nil then
+      schema.fail(where, "unknown option '%s' (from the command line: %s=%s) (accepted: %s)", key,
+        key, text, table.concat(names, ", "))
+    end
+    local ok, v = pcall(parse, text)
+    if not ok then schema.fail(where, "%s", v) end
+    if type(defaults[key]) == "string" then v = text end -- "007" stays a string
+    if type(v) ~= type(defaults[key]) then
+      schema.fail(where, "option %s=%s (from the command line) must be a %s, like its default %s",
+        key, text, type(defaults[key]), tostring(defaults[key]))
+    end
+    out[key] = v
+  end
+  return out
+end
 
 loom.train = require("loom.train")(loom)
 

@@ -25,6 +25,33 @@ function lr.cosine(t)
   return { kind = "cosine", warmup = t.warmup or 0, total = t.total, min = t.min or 0.1 }
 end
 
+-- The keys each kind of schedule table accepts (what loom.lr.<kind>{} returns).
+local kinds = {
+  constant = { kind = { type = "string" }, warmup = spec.warmup },
+  cosine = { kind = { type = "string" }, warmup = spec.warmup, total = spec.total, min = spec.min },
+}
+
+-- Check a schedule table as loom.train receives it: after command-line overrides
+-- (lr.warmup=x, lr.foo=1, lr.kind=linear), so a typo is refused rather than ignored.
+-- origin(key) may say a value came from the command line.
+function lr.check(t, where, origin)
+  local kind = t.kind
+  if kinds[kind] == nil then
+    local from = origin and origin("lr.kind") or ""
+    schema.fail(where, "lr.kind=%s%s is not a schedule (accepted: constant, cosine; make one "
+      .. "with loom.lr.cosine{...} or loom.lr.constant{...}, or give a number or a function)",
+      tostring(kind), from)
+  end
+  schema.check(t, kinds[kind], "lr", where, origin)
+  if kind == "cosine" then
+    if t.total == nil then schema.fail(where, "lr needs key 'total' (the last step of decay)") end
+    if (t.warmup or 0) > t.total then
+      schema.fail(where, "lr.warmup=%d%s is past lr.total=%d%s (warm-up must end before decay does)",
+        t.warmup, origin and origin("lr.warmup") or "", t.total, origin and origin("lr.total") or "")
+    end
+  end
+end
+
 -- The function(step) for a schedule table, a number, or a function.
 function lr.resolve(s, base)
   if type(s) == "function" then return s end

@@ -57,6 +57,36 @@ local checkpoint_spec = {
   keep = { type = "integer", min = 0, help = "checkpoints kept, newest first; 0 keeps all" },
 }
 
+-- The leaves of a decoded recipe as "a.b.c" -> value text, for comparing two recipes.
+local function leaves(v, prefix, out)
+  out = out or {}
+  if type(v) == "table" then
+    for k, x in pairs(v) do leaves(x, prefix and (prefix .. "." .. tostring(k)) or tostring(k), out) end
+  elseif prefix then
+    out[prefix] = tostring(v)
+  end
+  return out
+end
+
+-- The keys whose values differ between the recipe a checkpoint was saved with and this
+-- one, as "steps 20 -> 40" ("resume" itself left out), sorted; empty when they agree.
+local function recipe_changes(saved_json, now_json)
+  local ok, saved = pcall(json.decode, saved_json or "null")
+  if not ok or type(saved) ~= "table" then return {} end
+  local a, b = leaves(saved), leaves(json.decode(now_json))
+  local keys, seen = {}, {}
+  for k in pairs(a) do if not seen[k] then seen[k] = true; keys[#keys + 1] = k end end
+  for k in pairs(b) do if not seen[k] then seen[k] = true; keys[#keys + 1] = k end end
+  table.sort(keys)
+  local out = {}
+  for _, k in ipairs(keys) do
+    if a[k] ~= b[k] and k ~= "resume" and not k:match("^resume%.") then
+      out[#out + 1] = string.format("%s %s -> %s", k, a[k] or "(unset)", b[k] or "(unset)")
+    end
+  end
+  return out
+end
+
 local function human(n)
   if n >= 1e9 then return string.format("%.2fB", n / 1e9) end
   if n >= 1e6 then return string.format("%.2fM", n / 1e6) end
@@ -130,6 +160,13 @@ local function check(t, where, origin, world)
   if (mesh.pp or 1) > 1 then
     schema.fail(where, "mesh pp=%d: pipeline parallelism is not in this build yet (use pp = 1)", mesh.pp)
   end
+  for _, k in ipairs { "schedule", "microbatches" } do
+    if t[k] ~= nil then
+      schema.fail(where, "%s=%s%s sets the pipeline schedule, and pipeline parallelism (mesh.pp > 1) "
+        .. "is not in this build yet: leave it out (gradient accumulation is batch.global)", k,
+        tostring(t[k]), origin(k) or "")
+    end
+  end
   if t.comm == "nccl" then
     schema.fail(where, "comm=\"nccl\"%s needs a GPU backend to hand it device buffers, and this "
       .. "build has none yet (use \"shm\" for ranks of one node or \"mpi\" across nodes)",
@@ -153,6 +190,7 @@ local function check(t, where, origin, world)
     schema.fail(where, "batch.seq=%d is longer than the model's ctx=%d", t.batch.seq, t.model.ctx)
   end
   if type(t.lr) == "number" and t.lr <= 0 then schema.fail(where, "lr=%g must be > 0", t.lr) end
+  if type(t.lr) == "table" then lrmod.check(t.lr, where, origin) end
   check_tp(t, where, origin)
   local ranks = (mesh.dp or 1) * (mesh.tp or 1) * (mesh.pp or 1)
   if ranks ~= world then
@@ -179,6 +217,10 @@ return function(loom)
     if type(t.lr) == "function" and opt.lr == nil then opt.lr = 1.0 end
     local ok, err = pcall(loom.core.check_plugin, "optim", opt)
     if not ok then schema.fail(where, "%s", err) end
+    if t.comm then -- on one rank too: a misspelt communicator must not wait for the first launch
+      local okc, errc = pcall(loom.core.check_plugin, "comm", { name = t.comm })
+      if not okc then schema.fail(where, "comm=%s%s: %s", t.comm, origin("comm") or "", errc) end
+    end
     local base_lr = opt.lr
     local lr_of = lrmod.resolve(t.lr, base_lr)
     if t.data.kind == "random" and t.data.vocab ~= t.model.vocab then
@@ -226,6 +268,7 @@ return function(loom)
     -- Resume: the newest complete checkpoint (auto) or the one named; exact by design:
     -- weights, optimizer state, step, precision state and data position all come back.
     local start = 0
+    local config_json = json.encode(t)
     if t.resume then
       local path, why = t.resume, nil
       if t.resume == "auto" then path, why = loom.core.find_checkpoint(t.checkpoint.dir) end
@@ -234,15 +277,40 @@ return function(loom)
         if not ok then schema.fail(where, "cannot resume: %s", info) end
         start = info.step
         say(string.format("resumed from %s at step %d", path, start))
+        local changes = recipe_changes(info.config_json, config_json)
+        if #changes > 0 then
+          say(string.format("warning: this recipe differs from the one that saved %s: %s", path,
+            table.concat(changes, ", ")))
+        end
+        if start >= t.steps then
+          say(string.format("nothing left to do: the checkpoint is at step %d and the run has "
+            .. "steps=%d (raise steps to train on)", start, t.steps))
+        end
       else
         say(string.format("nothing to resume (%s): starting at step 1", why or t.checkpoint.dir))
       end
     end
-    local config_json = json.encode(t)
-    local function save(step)
+    -- One line per save: where, how big (the manifest's file sizes), how long it took.
+    local function save(step, m)
+      local t0 = loom.core.now()
       local ok, path = pcall(session.save, session, t.checkpoint.dir,
         { step = step, config_json = config_json, data = data, keep = t.checkpoint.keep or 0 })
       if not ok then schema.fail(where, "checkpoint at step %d failed: %s", step, path) end
+      local bytes, f = 0, io.open(path .. "/manifest.json", "rb")
+      if f then
+        local text = f:read("a")
+        f:close()
+        bytes = #text
+        local okj, man = pcall(json.decode, text)
+        for _, file in pairs(okj and type(man.files) == "table" and man.files or {}) do
+          bytes = bytes + (tonumber(file.bytes) or 0)
+        end
+      end
+      if rank == 0 then
+        m:print(string.format("checkpoint step %d -> %s (%s, %.2f s)", step, path,
+          bytes >= 1 << 20 and string.format("%.1f MiB", bytes / (1 << 20))
+            or string.format("%.1f KiB", bytes / 1024), loom.core.now() - t0))
+      end
       return path
     end
 
@@ -275,9 +343,10 @@ return function(loom)
       end
       local stop = t.on_step and t.on_step(r) == false
       -- collective: every rank calls save (dp rank 0 of each tp rank writes its files)
-      if t.checkpoint and t.checkpoint.every
-          and (step % t.checkpoint.every == 0 or step == t.steps or stop) then
-        save(step)
+      -- with checkpoint.dir set the run always saves at its end (and when on_step stops it)
+      if t.checkpoint and ((t.checkpoint.every and step % t.checkpoint.every == 0)
+          or step == t.steps or stop) then
+        save(step, m)
       end
       if stop then break end
     end

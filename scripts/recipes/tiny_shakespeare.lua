@@ -1,6 +1,6 @@
 -- tiny_shakespeare.lua — the bundled demo: a 0.8M-parameter byte-level GPT trained on
 -- tinyshakespeare (random windows) for about two minutes on 2 cores, then sampled.
---   build/loom run scripts/recipes/tiny_shakespeare.lua [steps=600] [batch.micro=32] ...
+--   build/loom run scripts/recipes/tiny_shakespeare.lua [steps=1500] [batch.micro=32] ...
 local loom = require "loom"
 
 local session, summary = loom.train {
@@ -20,7 +20,11 @@ local session, summary = loom.train {
 local text = loom.sample { session = session, prompt = "ROMEO:\n", tokens = 500,
   temperature = 0.8, top_k = 40, seed = 7 }
 if loom.rank ~= 0 then return end
-print(string.format("\ntrained: loss %.3f -> %.3f, val loss %.3f", summary.losses[1],
-  summary.final_loss, summary.val_loss))
+if #summary.losses > 0 then
+  print(string.format("\ntrained: loss %.3f -> %.3f, val loss %.3f", summary.losses[1],
+    summary.final_loss, summary.val_loss or 0 / 0))
+else
+  print("\ntrained: no steps (steps=0, or a resumed run that was already done)")
+end
 print("---- sample ----")
 print(text)

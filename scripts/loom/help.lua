@@ -1,0 +1,129 @@
+-- loom.help — `loom CMD --help` for every subcommand: what it does, its options, an
+-- example. One table serves them all (the C commands run and launch ask for their text
+-- here too), so a new command adds one entry and tests/e2e/cli_help.sh checks it.
+local help = {}
+
+local texts = {
+  run = [[
+usage: loom run RECIPE [key=value ...]
+
+Run a Lua recipe as one rank (or as one rank of many, when started by loom launch,
+torchrun, mpirun or srun). key=value arguments override the recipe's fields before they
+are checked; dots nest, values parse as numbers, true/false, Lua tables or strings.
+
+options:
+  key=value        override a recipe field: steps=20, batch.micro=8, optimizer.lr=1e-3,
+                   'optimizer={"sgd", lr=0.1}', checkpoint.dir=ckpt, resume=auto
+  -h, --help       this text
+
+environment:
+  OMP_NUM_THREADS, OMP_WAIT_POLICY   OpenMP threads and waits (loom run asks for passive
+                   waits unless OMP_WAIT_POLICY is set); the recipe's threads= wins
+  LOOM_PLUGIN_PATH  extra plugin directories, searched first
+  LOOM_CPU_ISA     force a lower CPU kernel ISA (avx512, avx2, sse2)
+
+example:
+  loom run scripts/recipes/tiny_shakespeare.lua steps=200 batch.micro=8]],
+
+  launch = [[
+usage: loom launch -n N RECIPE [key=value ...]
+
+Fork N local ranks of `loom run RECIPE`, each with RANK, WORLD_SIZE, LOCAL_RANK and a
+rendezvous on this machine. Rank 0's output is unprefixed, the others' lines start with
+[rank k]. If a rank dies the others are stopped and launch exits non-zero naming it.
+Unless set, each rank gets cores/N OpenMP threads with passive waits.
+
+options:
+  -n N             number of ranks (required)
+  key=value        recipe overrides, as for loom run
+  -h, --help       this text
+
+example:
+  loom launch -n 2 scripts/recipes/tiny_shakespeare.lua mesh.tp=2 tp_sequence_parallel=true]],
+
+  plugins = [[
+usage: loom plugins [--keys NAME]
+
+List every plugin found (kind, name, version, summary, path) in search order
+(LOOM_PLUGIN_PATH, the install dir, the build tree), and every file refused with the
+reason. With --keys, every key plugin NAME accepts in a recipe table, with its type,
+default and help.
+
+options:
+  --keys NAME      the accepted keys of plugin NAME (or KIND/NAME, e.g. optim/adamw)
+  -h, --help       this text
+
+example:
+  loom plugins --keys adamw]],
+
+  plot = [[
+usage: loom plot METRICS.jsonl [-o OUT.svg]
+
+Plot a run's metrics file (log.jsonl) as an SVG: loss (train and validation), tokens/s
+and learning rate against step. The output defaults to the input's name with .svg.
+
+options:
+  -o, --output F   the SVG to write
+  -h, --help       this text
+
+example:
+  loom plot run/metrics.jsonl -o run/loss.svg]],
+
+  export = [[
+usage: loom export --llmc CKPT OUT.bin
+
+Write a checkpoint's weights as an llm.c model file (version 3, fp32), from any
+tensor-parallel layout. CKPT is a checkpoint directory (step_*) or a checkpoint dir, from
+which the newest complete checkpoint is taken.
+
+options:
+  --llmc           the llm.c model format (the only format today)
+  -h, --help       this text
+
+example:
+  loom export --llmc ckpt model.bin]],
+
+  bench = [[
+usage: loom bench comm [-n N] [--op OP] [--sizes MIN:MAX] [--iters K] [--comm NAME]
+
+Measure a communicator's bandwidth with N ranks of this program (loom launch; mpirun for
+comm mpi), printed as nccl-tests prints it: size, count, time (slowest rank's mean),
+algorithm and bus bandwidth, for sizes doubling from MIN to MAX.
+
+options:
+  -n N             ranks, at least 2 (default 2)
+  --op OP          allreduce (default), reduce_scatter, allgather or broadcast
+  --sizes MIN:MAX  byte sizes like 1K:64M or 4096 (default 1K:64M; 4 <= MIN <= MAX)
+  --iters K        timed iterations per size (default 0: chosen by size)
+  --comm NAME      communicator plugin (default shm; mpi runs under mpirun)
+  -h, --help       this text
+
+example:
+  loom bench comm -n 4 --op allgather --sizes 1K:16M]],
+
+  version = [[
+usage: loom version
+
+Print loom's version.]],
+}
+help.texts = texts
+
+-- The order `loom --help` lists commands in.
+help.commands = { "run", "launch", "plugins", "plot", "export", "bench", "version" }
+
+-- Print the help of command `name` to stdout. Unknown names are an error.
+function help.show(name)
+  local text = texts[name]
+  if not text then error("no help for '" .. tostring(name) .. "'", 0) end
+  print(text)
+end
+
+-- Is args (a list of strings) asking for help?
+function help.asked(args)
+  for _, a in ipairs(args) do
+    if a == "--help" or a == "-h" then return true end
+  end
+  return false
+end
+
+return help

@@ -23,9 +23,9 @@ end
 local plot_usage = [[
 usage: loom plot METRICS.jsonl [MORE.jsonl ...] [-o OUT.svg] [--smooth N] [--log]
 
-Plots one or more runs' metrics files (log.jsonl of a recipe) as a standalone SVG: loss
+Plots one or more runs' metrics files (what a recipe's log.jsonl names) as an SVG: loss
 (train line, validation points), gradient norm, tokens/s and learning rate against step.
-Each file gets its own colour, named in the legend; a dashed vertical line marks where a
+Each file gets its own colour, named in the legend; a dotted vertical line marks where a
 run resumed. A half-written last line (a run that crashed) is skipped with a warning.
 
 options:

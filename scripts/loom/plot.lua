@@ -2,7 +2,7 @@
 -- more runs' metrics files (written by loom.metrics): four stacked panels against step —
 -- loss (train line, val points), gradient norm, tokens/s, learning rate — sharing one
 -- step axis that ends at the last step plotted. Each run has its own colour, named by its
--- file in the legend under the title; a dashed vertical line marks where a run resumed
+-- file in the legend under the title; a dotted vertical line marks where a run resumed
 -- (each "run" object after a file's first). Options: smooth = N (a centred moving average
 -- over N logged steps of loss, grad norm and tokens/s, the raw line drawn faint behind),
 -- log = true (log-scale y for loss and grad norm).

@@ -89,6 +89,10 @@ grep -q '>loss (log)</text>' "$tmp/log.svg" || fail "--log: the loss axis does n
 [[ $(panel "$tmp/log.svg" loss | grep -o 'points="[^"]*"' | head -1) != $(panel "$tmp/a.svg" loss | grep -o 'points="[^"]*"' | head -1) ]] ||
   fail "--log: the loss line did not move"
 cmp -s "$tmp/a.svg" "$tmp/smooth.svg" && fail "--smooth 5 changed nothing"
+loss_line() { panel "$1" loss | grep 'data-what="train loss"' | grep -o 'points="[^"]*"'; }
+[[ $(loss_line "$tmp/smooth.svg") != $(loss_line "$tmp/a.svg") ]] || fail "--smooth 5: the loss line is not smoothed"
+panel "$tmp/smooth.svg" loss | grep 'data-what="train loss raw"' | grep -qF "$(loss_line "$tmp/a.svg")" ||
+  fail "--smooth: the faint line is not the raw loss"
 panel "$tmp/smooth.svg" loss | grep -q 'data-what="train loss raw" opacity="0.25"' || fail "--smooth: no faint raw line"
 grep -q '>train (mean of 5)</text>' "$tmp/smooth.svg" || fail "--smooth: the key does not say it"
 cmp -s "$tmp/a.svg" "$tmp/smooth1.svg" || fail "--smooth 1 must be no smoothing"

@@ -228,7 +228,8 @@ local function panel(out, id, y0, title, series, sx, xaxis, o)
     out[#out + 1] = string.format('<line x1="%.1f" x2="%.1f" y1="%d" y2="%d" stroke="#e4e4e4"/>', x, x, y0, y0 + PH)
     out[#out + 1] = string.format('<line x1="%.1f" x2="%.1f" y1="%d" y2="%d" stroke="#444"/>', x, x, y0 + PH, y0 + PH + 4)
     if o.xlabels then
-      local text = v == xaxis.t.end_step and tostring(math.tointeger(v) or v) or label(v, xaxis.step)
+      -- Steps are whole: below ticks of 1000 they are written out (1000003, not "1M").
+      local text = (v == xaxis.t.end_step or xaxis.step < 1000) and string.format("%d", v) or label(v, xaxis.step)
       out[#out + 1] = string.format('<text x="%.1f" y="%d" text-anchor="middle">%s</text>', x, y0 + PH + 17, xml(text))
     end
   end

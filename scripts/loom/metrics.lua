@@ -97,8 +97,9 @@ local function sci(v) return (string.format("%.1e", v):gsub("e([-+])0*(%d)", fun
 
 -- The progress line's columns, in the order shown. Each has up to three forms, widest
 -- first: padded (fixed width, so that a line redrawn in place does not jitter), plain
--- (no padding) and short (fewer digits). `drop` is the order in which a narrow terminal
--- loses whole columns: mem, mfu, ms (tok/s says the same but for comm), norm, lr, tok/s. step, loss, the eta (or took) and
+-- (no padding) and short (fewer digits); step, loss and "skipped" have a fourth, tiniest.
+-- `drop` is the order in which a narrow terminal loses whole columns: mem, mfu, ms (tok/s
+-- says the same, but for comm), norm, lr, tok/s. step, loss, the eta (or took) and
 -- "skipped" have none: they are never dropped. MFU is left out where no peak is known
 -- (the line before the first step says why), and is "n/a" only for a step whose
 -- tokens/s is not a number.
@@ -138,8 +139,9 @@ end
 -- Levels of fitting: 1 padded, 2 plain, 3 short, then 3 + k (k = 1..6): short with the
 -- k first droppable columns gone, and last 10: step, loss and eta in their tiniest forms
 -- ("50/300 | loss 2.957 | eta 19s"). Returns the line at the first level from `level` on
--- that fits `width` characters (level 10 if none does: under about 40 columns the
--- terminal may cut it), and that level. Without a width (a file or pipe): padded, every column.
+-- that fits `width` characters (level 10 if none does: under about 30 columns, more
+-- with long step counts, the terminal cuts it), and that level. Without a width (a file
+-- or a pipe): padded, every column.
 local LAST = 10
 function metrics.fit(cols, width, level)
   local function line(lv)
@@ -268,11 +270,10 @@ function M:step(r)
     tail = "eta " .. duration(now / math.max(1, r.step - self.start_step) * (self.steps - r.step))
     self.first = { step = r.step, t = now }
   end
+  if self.quiet then return end
   local cols = columns(self, r, tps, mfu, rss, tail)
   local keep = r.step % self.every == 0 or last
-  if self.quiet then
-    return
-  elseif self.tty then
+  if self.tty then
     -- Autowrap is off while the live line is drawn: a wrapped line could not be redrawn
     -- in place with \r. The line is fitted to the terminal's width (read every step: a
     -- resized window refits), kept lines too, so that the eta is always on screen; one

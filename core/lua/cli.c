@@ -5,7 +5,7 @@
  *   loom plugins [--keys NAME]        list every plugin found, and every file refused;
  *                                     or the keys plugin NAME accepts
  *   loom CMD --help                   a command's options and an example (loom.help)
- *   loom plot METRICS.jsonl [-o SVG]  plot a run's metrics file (loss, tokens/s, lr)
+ *   loom plot A.jsonl [B.jsonl ...] [-o SVG] [--smooth N] [--log]   plot runs' metrics
  *   loom export --llmc CKPT OUT.bin   write a checkpoint's weights as an llm.c model file
  *   loom bench comm [-n N] [--op OP] [--sizes 1K:64M] [--comm shm]   communicator bandwidth
  *   loom version
@@ -53,7 +53,8 @@ static int usage(FILE *out)
           "                                         any recipe field (batch.micro=8, steps=20)\n"
           "       loom launch -n N RECIPE [key=value ...]  run N local ranks of a recipe\n"
           "       loom plugins [--keys NAME]        list the plugins found and where; a plugin's keys\n"
-          "       loom plot METRICS.jsonl [-o SVG]  plot loss, tokens/s and lr against step\n"
+          "       loom plot METRICS.jsonl [MORE.jsonl ...] [-o SVG] [--smooth N] [--log]\n"
+          "                                         plot runs' loss, grad norm, tokens/s and lr\n"
           "       loom export --llmc CKPT OUT.bin   write a checkpoint's weights as an llm.c model\n"
           "       loom bench comm [-n N] [--op OP] [--sizes 1K:64M] [--comm shm]\n"
           "                                         communicator bandwidth, as nccl-tests prints it\n"

@@ -1,14 +1,16 @@
 /* lua_sys.c — the few operating-system facts the Lua library needs to show a run:
- * core.isatty(fd), core.peak_rss(), core.now(), core.mkdir_p(path).
+ * core.isatty(fd), core.term_width(fd), core.peak_rss(), core.now(), core.mkdir_p(path).
  *
  * Plain Lua 5.4 has no monotonic clock (os.clock is CPU time, summed over threads), no
- * memory figure, no isatty and no mkdir; these are thin POSIX wrappers, nothing more.
+ * memory figure, no isatty, no terminal size and no mkdir; these are thin POSIX
+ * wrappers, nothing more.
  * Failures that a caller can report (mkdir_p) return nil, message as io.open does.
  */
 #include <errno.h>
 #include <lauxlib.h>
 #include <lua.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -21,6 +23,18 @@
 static int l_isatty(lua_State *L)
 {
     lua_pushboolean(L, isatty((int)luaL_checkinteger(L, 1)) == 1);
+    return 1;
+}
+
+/* core.term_width(fd) -> columns, or nil where fd is not a terminal or its size is not
+ * known (ioctl TIOCGWINSZ; a pty that nobody sized reports 0). Fits the progress line. */
+static int l_term_width(lua_State *L)
+{
+    struct winsize ws;
+    if (ioctl((int)luaL_checkinteger(L, 1), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0)
+        lua_pushinteger(L, ws.ws_col);
+    else
+        lua_pushnil(L);
     return 1;
 }
 
@@ -79,6 +93,7 @@ static int l_mkdir_p(lua_State *L)
 }
 
 static const luaL_Reg sys_funcs[] = {{"isatty", l_isatty},
+                                     {"term_width", l_term_width},
                                      {"peak_rss", l_peak_rss},
                                      {"now", l_now},
                                      {"mkdir_p", l_mkdir_p},

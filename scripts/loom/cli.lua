@@ -67,30 +67,43 @@ function cli.help(args)
   require("loom.help").show(args[1])
 end
 
--- `loom plot METRICS.jsonl [-o OUT.svg]`: plot a run's metrics file (see loom.plot). The
--- output defaults to the input's name with .svg for .jsonl.
+-- `loom plot A.jsonl [B.jsonl ...] [-o OUT.svg] [--smooth N] [--log]`: plot runs' metrics
+-- files (see loom.plot). The output defaults to the first input's name with .svg for .jsonl.
 function cli.plot(args)
-  local input, out
+  local inputs, out, opts = {}, nil, {}
+  local short = "(usage: loom plot METRICS.jsonl [MORE.jsonl ...] [-o OUT.svg] [--smooth N] [--log]; loom plot --help)"
   local i = 1
   while i <= #args do
     local a = args[i]
-    if a == "-o" or a == "--output" then
+    if a == "-o" or a == "--output" then -- (-h/--help never reach here: cli.c shows loom.help's text)
       out = args[i + 1]
       if not out then error("plot: -o needs a file name (loom plot METRICS.jsonl -o loss.svg)", 0) end
       i = i + 1
+    elseif a == "--smooth" then
+      local v = args[i + 1]
+      opts.smooth = math.tointeger(tonumber(v or ""))
+      if not opts.smooth or opts.smooth < 1 then
+        error("plot: --smooth needs a whole number of steps, 1 or more (got " .. (v and "'" .. v .. "'" or "nothing")
+          .. "; --smooth 20 averages over 20 steps)", 0)
+      end
+      i = i + 1
+    elseif a == "--log" then
+      opts.log = true
     elseif a:sub(1, 1) == "-" then
-      error("plot: unknown option '" .. a .. "' (usage: loom plot METRICS.jsonl [-o OUT.svg])", 0)
-    elseif input then
-      error("plot: one metrics file at a time (got '" .. input .. "' and '" .. a .. "')", 0)
+      error("plot: unknown option '" .. a .. "' " .. short, 0)
     else
-      input = a
+      inputs[#inputs + 1] = a
     end
     i = i + 1
   end
-  if not input then error("plot: which metrics file? (usage: loom plot METRICS.jsonl [-o OUT.svg])", 0) end
-  out = out or (input:gsub("%.jsonl$", "") .. ".svg")
-  local m = require("loom.plot").write(input, out)
-  print(string.format("wrote %s (%d steps, %d validation points)", out, #m.train, #m.val))
+  if #inputs == 0 then error("plot: which metrics file? " .. short, 0) end
+  out = out or (inputs[1]:gsub("%.jsonl$", "") .. ".svg")
+  local runs = require("loom.plot").write(inputs, out, opts)
+  local what = {}
+  for k, m in ipairs(runs) do
+    what[k] = string.format("%s%d steps, %d validation points", #runs > 1 and m.name .. ": " or "", #m.train, #m.val)
+  end
+  print(string.format("wrote %s (%s)", out, table.concat(what, "; ")))
 end
 
 -- The optimizer table a manifest's recorded recipe used ({"1": "adamw", lr = ...} in JSON).

@@ -57,17 +57,22 @@ example:
   loom plugins --keys adamw]],
 
   plot = [[
-usage: loom plot METRICS.jsonl [-o OUT.svg]
+usage: loom plot METRICS.jsonl [MORE.jsonl ...] [-o OUT.svg] [--smooth N] [--log]
 
-Plot a run's metrics file (log.jsonl) as an SVG: loss (train and validation), tokens/s
-and learning rate against step. The output defaults to the input's name with .svg.
+Plots one or more runs' metrics files (what a recipe's log.jsonl names) as an SVG: loss
+(train line, validation points), gradient norm, tokens/s and learning rate against step.
+Each file gets its own colour, named in the legend; a dotted vertical line marks where a
+run resumed. A half-written last line (a run that crashed) is skipped with a warning.
 
 options:
-  -o, --output F   the SVG to write
-  -h, --help       this text
+  -o, --output OUT.svg  where to write (default: the first file with .svg for .jsonl)
+  --smooth N            centred moving average over N logged steps of loss, grad norm
+                        and tokens/s; the raw lines stay, faint (N >= 1; 1 = off)
+  --log                 log-scale y for loss and grad norm
+  -h, --help            this text
 
 example:
-  loom plot run/metrics.jsonl -o run/loss.svg]],
+  loom plot run/a/metrics.jsonl run/b/metrics.jsonl --smooth 20 --log -o compare.svg]],
 
   export = [[
 usage: loom export --llmc CKPT OUT.bin

@@ -6,10 +6,12 @@
 --
 -- The line shows step, loss, lr, grad norm, ms, tokens/s, MFU, peak memory and ETA. On a
 -- terminal a live line is redrawn in place every step and kept every `every` steps and at
--- the last; to a file or pipe, one plain line per kept step, no control characters. The
--- JSONL file gets every step, whatever `every` is. MFU is shown only against a peak FLOP/s
--- that is known (the recipe's peak_flops, else the table below): "n/a" beats a wrong
--- number. Formula, table and file format: docs/METRICS.md.
+-- the last, fitted to the terminal's width (metrics.fit: numbers shortened, then columns
+-- dropped, never step, loss or eta); to a file or pipe, one line per kept step with every
+-- column and no control characters. The JSONL file gets every step, whatever `every` is.
+-- MFU is shown only against a peak FLOP/s that is known (the recipe's peak_flops, else
+-- the table below): no MFU column beats a wrong number. Formula, table and file format:
+-- docs/METRICS.md.
 local core = require "loom.core"
 local json = require "loom.json"
 local schema = require "loom.schema"
@@ -68,9 +70,99 @@ local function duration(s)
   return string.format("%dh%02dm", s // 3600, s % 3600 // 60)
 end
 
-local function mem(bytes)
-  if bytes < 1024 ^ 3 then return string.format("%.0fMiB", bytes / 1024 ^ 2) end
-  return string.format("%.2fGiB", bytes / 1024 ^ 3)
+local function mem(bytes, short)
+  if bytes < 1024 ^ 3 then return string.format(short and "%.0fM" or "%.0fMiB", bytes / 1024 ^ 2) end
+  return string.format(short and "%.1fG" or "%.2fGiB", bytes / 1024 ^ 3)
+end
+
+-- Columns of the terminal: $COLUMNS where set to a number (as ls(1) does, so that a user
+-- or a test can choose), else the terminal's own size, else 80.
+function metrics.width()
+  local env = math.tointeger(tonumber(os.getenv("COLUMNS") or ""))
+  if env and env > 0 then return env end
+  return core.term_width(1) or 80
+end
+
+-- A number in 3 significant digits with k/M/G: 95189 -> "95.2k".
+local function si(v)
+  for _, u in ipairs { { 1e9, "G" }, { 1e6, "M" }, { 1e3, "k" } } do
+    if math.abs(v) >= u[1] then return string.format("%.3g%s", v / u[1], u[2]) end
+  end
+  return string.format("%.3g", v)
+end
+
+-- 2.96e-03 -> "3.0e-3": the short form of a learning rate.
+local function sci(v) return (string.format("%.1e", v):gsub("e([-+])0*(%d)", function(sign, d)
+  return "e" .. (sign == "-" and "-" or "") .. d end)) end
+
+-- The progress line's columns, in the order shown. Each has up to three forms, widest
+-- first: padded (fixed width, so that a line redrawn in place does not jitter), plain
+-- (no padding) and short (fewer digits); step, loss and "skipped" have a fourth, tiniest.
+-- `drop` is the order in which a narrow terminal loses whole columns: mem, mfu, ms (tok/s
+-- says the same, but for comm), norm, lr, tok/s. step, loss, the eta (or took) and
+-- "skipped" have none: they are never dropped. MFU is left out where no peak is known
+-- (the line before the first step says why), and is "n/a" only for a step whose
+-- tokens/s is not a number.
+local function columns(self, r, tps, mfu, rss, tail)
+  local cols = {}
+  local function col(drop, ...) cols[#cols + 1] = { drop = drop, ... } end
+  local w = #tostring(self.steps)
+  col(nil, string.format("step %" .. w .. "d/%d", r.step, self.steps), string.format("step %d/%d", r.step, self.steps),
+    nil, string.format("%d/%d", r.step, self.steps))
+  col(nil, string.format("loss %.4f", r.loss), nil, nil, string.format("loss %.3f", r.loss))
+  col(5, string.format("lr %.2e", r.lr), nil, "lr " .. sci(r.lr))
+  col(4, string.format("norm %.3f", r.grad_norm), nil, string.format("norm %.2f", r.grad_norm))
+  local comm, short_comm = "", ""
+  if self.devices > 1 and r.comm_ms and r.ms > 0 then
+    comm = string.format(" (comm %2.0f%%)", 100 * r.comm_ms / r.ms)
+    short_comm = string.format(" (comm %.0f%%)", 100 * r.comm_ms / r.ms)
+  end
+  col(3, string.format("%7.1f ms", r.ms) .. comm, string.format("%.1f ms", r.ms) .. short_comm,
+    string.format(r.ms >= 10 and "%.0f ms" or "%.1f ms", r.ms) .. short_comm)
+  if tps == tps and math.abs(tps) < math.huge then
+    col(6, string.format("%8.0f tok/s", tps), string.format("%.0f tok/s", tps), si(tps) .. " tok/s")
+  else
+    col(6, "     n/a tok/s", "n/a tok/s")
+  end
+  if self.peak and self.flops_per_token then
+    local pct = mfu and 100 * mfu
+    col(2, string.format("mfu %6s", pct and string.format("%.3g%%", pct) or "n/a"),
+      "mfu " .. (pct and string.format("%.3g%%", pct) or "n/a"),
+      "mfu " .. (pct and string.format(pct >= 10 and "%.0f%%" or "%.2g%%", pct) or "n/a"))
+  end
+  col(1, "mem " .. mem(rss), nil, "mem " .. mem(rss, true))
+  col(nil, tail)
+  if r.skipped then col(nil, "skipped", nil, nil, "skip") end
+  return cols
+end
+
+-- Levels of fitting: 1 padded, 2 plain, 3 short, then 3 + k (k = 1..6): short with the
+-- k first droppable columns gone, and last 10: step, loss and eta in their tiniest forms
+-- ("50/300 | loss 2.957 | eta 19s"). Returns the line at the first level from `level` on
+-- that fits `width` characters (level 10 if none does: under about 30 columns, more
+-- with long step counts, the terminal cuts it), and that level. Without a width (a file
+-- or a pipe): padded, every column.
+local LAST = 10
+function metrics.fit(cols, width, level)
+  local function line(lv)
+    local form, gone, parts = math.min(lv, 3), lv - 3, {}
+    if lv == LAST then form = 4 end
+    for _, c in ipairs(cols) do
+      if not (c.drop and c.drop <= gone) then
+        local i = form
+        while not c[i] do i = i - 1 end -- a column without a shorter form keeps its longer
+        parts[#parts + 1] = c[i]
+      end
+    end
+    return table.concat(parts, " | ")
+  end
+  if not width then return line(1), 1 end
+  local lv, text = level or 1, nil
+  while true do
+    text = line(lv)
+    if #text <= width or lv >= LAST then return text, lv end
+    lv = lv + 1
+  end
 end
 
 local M = {}
@@ -178,21 +270,20 @@ function M:step(r)
     tail = "eta " .. duration(now / math.max(1, r.step - self.start_step) * (self.steps - r.step))
     self.first = { step = r.step, t = now }
   end
-  local w = #tostring(self.steps)
-  local comm = ""
-  if self.devices > 1 and r.comm_ms and r.ms > 0 then
-    comm = string.format(" (comm %2.0f%%)", 100 * r.comm_ms / r.ms)
-  end
-  local line = string.format("step %" .. w .. "d/%d | loss %.4f | lr %.2e | norm %.3f | %7.1f ms%s"
-    .. " | %8.0f tok/s | mfu %6s | mem %s | %s%s", r.step, self.steps, r.loss, r.lr,
-    r.grad_norm, r.ms, comm, tps, mfu and string.format("%.3g%%", 100 * mfu) or "n/a", mem(rss),
-    tail, r.skipped and " | skipped" or "")
+  if self.quiet then return end
+  local cols = columns(self, r, tps, mfu, rss, tail)
   local keep = r.step % self.every == 0 or last
-  if self.quiet then
-    return
-  elseif self.tty then
+  if self.tty then
     -- Autowrap is off while the live line is drawn: a wrapped line could not be redrawn
-    -- in place with \r. Kept lines are written whole, wrapping as usual.
+    -- in place with \r. The line is fitted to the terminal's width (read every step: a
+    -- resized window refits), kept lines too, so that the eta is always on screen; one
+    -- column short of it, since a line that ends in the last column leaves the cursor on
+    -- its last character, which the clear to end of line would erase. For as long as the
+    -- width holds, a run never returns to a wider level: no flicker between two levels.
+    local width = metrics.width()
+    if width ~= self.fit_width then self.fit_width, self.fit_level = width, 1 end
+    local line
+    line, self.fit_level = metrics.fit(cols, width - 1, self.fit_level)
     if keep then
       io.write("\r", line, "\27[K\n")
     else
@@ -201,7 +292,7 @@ function M:step(r)
     io.stdout:flush()
     self.live = not keep
   elseif keep then
-    print(line)
+    print((metrics.fit(cols)))
   end
 end
 

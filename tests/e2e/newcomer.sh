@@ -19,7 +19,7 @@ ok() { echo "ok   $*"; }
 expect_in() { grep -qF -- "$2" <<<"$1" && ok "$3" || { fail "$3: no '$2' in:"; echo "$1" | head -5; }; }
 
 # --- help ---------------------------------------------------------------------------
-declare -A opts=([run]="key=value" [launch]="-n N" [plugins]="--keys NAME" [plot]="-o, --output"
+declare -A opts=([run]="key=value" [launch]="-n N" [plugins]="--keys NAME" [plot]="--smooth N"
                  [export]="--llmc" [bench]="--sizes MIN:MAX" [version]="usage: loom version")
 for c in run launch plugins plot export bench version; do
   out=$("$loom" $c --help 2>&1); rc=$?

@@ -13,6 +13,7 @@ Run with a Python that has PyTorch (here: /usr/bin/python3), e.g.
 """
 import argparse
 import json
+import resource
 import math
 import os
 import sys
@@ -204,6 +205,8 @@ def main():
         "steps": args.steps,
         "params": n_params,
         "final_loss": round(loss_val, 6),
+        # this process's peak resident set, bytes (Linux reports ru_maxrss in KiB)
+        "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
     print(json.dumps(res))
     sys.stdout.flush()

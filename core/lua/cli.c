@@ -138,10 +138,23 @@ static void warn_unread_overrides(lua_State *L, int n, char **kv)
     fputs("): it neither calls loom.train nor reads loom.options or loom.overrides\n", stderr);
 }
 
+/* OpenMP threads that wait for work spin by default (libgomp: 300,000 spins), which is
+ * fastest on an idle machine and ruinous on a shared one: a spinning thread holds the core
+ * another process needs (a tiny model's step went from 55 ms to 800 ms beside one busy
+ * process). Unless the user chose (OMP_WAIT_POLICY or GOMP_SPINCOUNT), waits are passive,
+ * as loom launch already asks for its ranks; docs/BENCHMARKS.md has the measurement.
+ * Set before the backend (and with it libgomp) is loaded, which reads it once. */
+static void share_the_machine(void)
+{
+    if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT"))
+        setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
+}
+
 static int cmd_run(int argc, char **argv)
 {
     if (argc < 1)
         return usage(stderr);
+    share_the_machine();
     if (loom_ranks_join() != LOOM_OK) { /* rank/world from the environment; rendezvous */
         fprintf(stderr, "loom: %s\n", loom_last_error());
         return 1;

@@ -95,7 +95,7 @@ end
 function schedule.svg(title, lists, sim, shape)
   local v = shape.chunks or 1
   local cw, rh, left, top = 22, 26, 70, 48
-  local w = left + math.max(1, sim.makespan) * cw + 20
+  local w = math.max(left + math.max(1, sim.makespan) * cw + 20, 820)
   local h = top + #lists * rh + 40
   local fill = { F = "#4e79a7", B = "#59a14f", W = "#f28e2b" }
   local out = { string.format('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" '

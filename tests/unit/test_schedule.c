@@ -1,9 +1,11 @@
 /* test_schedule.c — pipeline schedules (core/train/schedule.c, schedule_sim.c) and the
  * built-in sched plugins (plugins/sched/): on the grid p in {2,3,4,8}, m in {1,2,4,8,16}
  * (interleaved also m = 3, 6, 12 and v in {2,3}) every plugin's lists pass the validator
- * and simulate to the bubble of their formula with F = B = W = 1, exactly; 1f1b and
- * gpipe hold the micro-batches in flight they are known for; zb1 beats 1f1b within
- * 1f1b's memory; and hand-made wrong lists are refused with their exact messages.
+ * and simulate to the bubble of their formula with F = B = W = 1, exactly; gpipe, 1f1b
+ * and interleaved hold the micro-batches in flight they are known for (interleaved:
+ * Megatron's warm-up count, which the bubble alone does not see without latency); zb1
+ * beats 1f1b within 1f1b's memory; and hand-made wrong lists are refused with their exact
+ * messages.
  * The plugins come from the build tree (LOOM_PLUGIN_PATH is set by meson to its dirs).
  */
 #include <check.h>
@@ -89,6 +91,14 @@ START_TEST(interleaved_matches_the_formula)
                               p, m, v, sim->makespan);
                 ck_assert_msg(fabs(sim->bubble - formula) < 1e-12, "p=%d m=%d v=%d: bubble %.9f, "
                               "formula (p-1)/(vm+p-1) %.9f", p, m, v, sim->bubble, formula);
+                for (int r = 0; r < p; r++) { /* Megatron's warm-up, plus the steady forward */
+                    int want = (p - r - 1) * 2 + (v - 1) * p + 1;
+                    if (m == p || want > m * v)
+                        want = m * v;
+                    ck_assert_msg(sim->peak_inflight[r] == want, "p=%d m=%d v=%d stage %d: peak "
+                                  "%d, Megatron's warm-up gives %d", p, m, v, r,
+                                  sim->peak_inflight[r], want);
+                }
                 served++;
                 loom_sched_sim_free(sim);
                 loom_schedule_free(s);

@@ -117,6 +117,8 @@ loom_status loom_schedule_from_plugin(const loom_plugin_desc *desc, int stages,
             return loom_fail(LOOM_ERR_NOMEM, "schedule: out of memory");
         }
         loom_status st = ops->build(&shape, buf, cap, &n);
+        if (st == LOOM_OK && n > cap)
+            st = LOOM_ERR_INTERNAL; /* a plugin that claims more than it could write */
         if (st != LOOM_OK) {
             free(buf);
             loom_schedule_free(s);

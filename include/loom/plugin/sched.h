@@ -16,7 +16,10 @@
  *    BWD_WEIGHT (W: the weight gradient, which may be delayed to fill bubbles). A
  *    micro-batch's activations are held from its FWD until its BWD or BWD_WEIGHT.
  *  - SEND_* starts an asynchronous send and never blocks; the engine waits for it before
- *    reusing the buffer or at the end of the step. RECV_* blocks until the data is there.
+ *    reusing the buffer or at the end of the step, never before a later RECV of the list
+ *    is posted (a send that waited for its receiver there could deadlock 1F1B's steady
+ *    state, which is why Megatron pairs them: send_forward_recv_backward). RECV_* blocks
+ *    until the data is there.
  *  - Virtual stages: chunk c of rank r is virtual stage c * stages + r. Activations go from
  *    virtual stage k to k + 1 (so from rank stages-1, chunk c to rank 0, chunk c+1) and
  *    gradients back. In SEND/RECV, `chunk` is the chunk on this rank the data belongs to:

@@ -155,7 +155,7 @@ static double cost_field(lua_State *L, int idx, const char *key, double dflt)
 }
 
 /* core.sched_simulate(lists, {stages=, microbatches=, chunks=}
- *                     [, {fwd=1, bwd_input=1, bwd_weight=1, latency=0}])
+ *                     [, {fwd=1, bwd_input=1, bwd_weight=1, latency=0, rendezvous=false}])
  *   -> {makespan=, bubble=, stages = { {busy=, peak=, spans = { {start, stop}, ... }}, ...}}
  * Raises the validator's or simulator's message for a bad list. */
 static int l_sched_simulate(lua_State *L)
@@ -174,6 +174,9 @@ static int l_sched_simulate(lua_State *L)
         c.bwd_input = cost_field(L, 3, "bwd_input", c.bwd_input);
         c.bwd_weight = cost_field(L, 3, "bwd_weight", c.bwd_weight);
         c.latency = cost_field(L, 3, "latency", c.latency);
+        lua_getfield(L, 3, "rendezvous");
+        c.rendezvous = lua_toboolean(L, -1);
+        lua_pop(L, 1);
     }
     box *b = new_box(L);
     if (loom_schedule_new(p, m, v, &b->s) != LOOM_OK)

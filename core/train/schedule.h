@@ -53,9 +53,15 @@ loom_status loom_schedule_validate(const loom_schedule *s);
 typedef struct loom_sched_costs {
     double fwd, bwd_input, bwd_weight; /* a fused BWD costs bwd_input + bwd_weight */
     double latency;                    /* from a SEND to its RECV being satisfied */
+    /* 0: SEND never blocks (plugin/sched.h's contract). 1: the stricter model of a
+     * transport whose send waits for its receiver (NCCL): each run of consecutive
+     * transfers is posted together as one group (ncclGroupStart/End, batch_isend_irecv)
+     * and completes when every transfer in it has its partner's group posted. A list that
+     * passes this too runs on such a transport with one group call per run. */
+    int rendezvous;
 } loom_sched_costs;
 /* The costs the bubble formulas assume: F = B = W = 1 (fused BWD = 2), no latency. */
-#define LOOM_SCHED_COSTS_UNIT ((loom_sched_costs){1.0, 1.0, 1.0, 0.0})
+#define LOOM_SCHED_COSTS_UNIT ((loom_sched_costs){1.0, 1.0, 1.0, 0.0, 0})
 
 typedef struct loom_sched_span { double start, end; } loom_sched_span;
 

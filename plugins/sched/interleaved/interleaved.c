@@ -7,6 +7,12 @@
  *     chunk (k % (p v)) / p going forward, chunk v - 1 - (k % (p v)) / p going backward;
  *     warm-up  (p - r - 1) * 2 + (v - 1) * p forwards (all of them when m == p),
  *     steady   forward k + warm-up, backward k,  cool-down the remaining backwards.
+ * Transfers are placed as Megatron places them: after each step's computes, that step's
+ * sends and the receives for the next step (send_forward_backward_recv_forward_backward),
+ * not right around each compute as sched_common.h's helpers do. Both orders are safe with
+ * asynchronous sends; this one is also safe where a send waits for its receiver and each
+ * run of transfers is posted as one group (the simulator's rendezvous mode), which the
+ * other deadlocks under, and it simulates to the same bubble.
  * Bubble with equal per-chunk costs: (p-1)/(v m + p - 1), the paper's (1/v)(p-1)/m of
  * ideal time; in exchange for v times the point-to-point traffic.
  * What not: m must be a multiple of p (Megatron's rule for this order), chunks >= 2 and
@@ -57,6 +63,30 @@ static vmb virtual_mb(const loom_sched_shape *s, int k, int forward)
     return (vmb){k / (p * v) * p + k % p, forward ? chunk : v - 1 - chunk};
 }
 
+/* The transfers, in Megatron's grouping: each step's sends and the receives for the next
+ * step sit together after the step's computes (send_forward_backward_recv_forward_backward),
+ * so a transport whose send waits for its receiver can post each run as one group. */
+static void recv_act(sched_writer *w, vmb f)
+{
+    if (!sched_first(w, f.chunk))
+        sched_put(w, LOOM_SCHED_RECV_ACT, f.mb, f.chunk);
+}
+static void recv_grad(sched_writer *w, vmb b)
+{
+    if (!sched_last(w, b.chunk))
+        sched_put(w, LOOM_SCHED_RECV_GRAD, b.mb, b.chunk);
+}
+static void send_act(sched_writer *w, vmb f)
+{
+    if (!sched_last(w, f.chunk))
+        sched_put(w, LOOM_SCHED_SEND_ACT, f.mb, f.chunk);
+}
+static void send_grad(sched_writer *w, vmb b)
+{
+    if (!sched_first(w, b.chunk))
+        sched_put(w, LOOM_SCHED_SEND_GRAD, b.mb, b.chunk);
+}
+
 static loom_status interleaved_build(const loom_sched_shape *s, loom_sched_instr *out,
                                      size_t cap, size_t *n)
 {
@@ -68,18 +98,34 @@ static loom_status interleaved_build(const loom_sched_shape *s, loom_sched_instr
     int warmup = (p - s->stage - 1) * 2 + (v - 1) * p;
     if (s->microbatches == p || warmup > total)
         warmup = total;
-    for (int k = 0; k < warmup; k++) {
+    recv_act(&w, virtual_mb(s, 0, 1));
+    for (int k = 0; k < warmup; k++) { /* forwards only */
         vmb f = virtual_mb(s, k, 1);
-        sched_fwd(&w, f.mb, f.chunk);
+        sched_put(&w, LOOM_SCHED_FWD, f.mb, f.chunk);
+        send_act(&w, f);
+        if (k + 1 < total)
+            recv_act(&w, virtual_mb(s, k + 1, 1));
+        if (k == warmup - 1 && warmup < total)
+            recv_grad(&w, virtual_mb(s, 0, 0)); /* the first backward's, with the last send */
     }
-    for (int k = 0; k < total - warmup; k++) {
+    for (int k = 0; k < total - warmup; k++) { /* one forward, one backward, then exchange */
         vmb f = virtual_mb(s, warmup + k, 1), b = virtual_mb(s, k, 0);
-        sched_fwd(&w, f.mb, f.chunk);
-        sched_bwd(&w, LOOM_SCHED_BWD, b.mb, b.chunk);
+        sched_put(&w, LOOM_SCHED_FWD, f.mb, f.chunk);
+        sched_put(&w, LOOM_SCHED_BWD, b.mb, b.chunk);
+        send_act(&w, f);
+        send_grad(&w, b);
+        if (warmup + k + 1 < total)
+            recv_act(&w, virtual_mb(s, warmup + k + 1, 1));
+        recv_grad(&w, virtual_mb(s, k + 1, 0));
     }
-    for (int k = total - warmup; k < total; k++) {
+    if (warmup == total)
+        recv_grad(&w, virtual_mb(s, 0, 0));
+    for (int k = total - warmup; k < total; k++) { /* backwards only */
         vmb b = virtual_mb(s, k, 0);
-        sched_bwd(&w, LOOM_SCHED_BWD, b.mb, b.chunk);
+        sched_put(&w, LOOM_SCHED_BWD, b.mb, b.chunk);
+        send_grad(&w, b);
+        if (k + 1 < total)
+            recv_grad(&w, virtual_mb(s, k + 1, 0));
     }
     return sched_finish(&w, n);
 }

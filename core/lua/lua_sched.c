@@ -55,6 +55,20 @@ static int check_count(lua_State *L, int arg, const char *what)
     return (int)v;
 }
 
+/* shape.key of the shape table at idx: a whole number >= 1 (dflt when absent and dflt > 0). */
+static int shape_field(lua_State *L, int idx, const char *key, int dflt)
+{
+    int t = lua_getfield(L, idx, key), isnum;
+    lua_Integer v = lua_tointegerx(L, -1, &isnum);
+    lua_pop(L, 1);
+    if (t == LUA_TNIL && dflt > 0)
+        return dflt;
+    if (!isnum || v < 1 || v > 1 << 20)
+        luaL_error(L, "schedule shape: %s must be a whole number >= 1 (a shape is {stages = 4, "
+                      "microbatches = 8, chunks = 1})", key);
+    return (int)v;
+}
+
 /* core.sched_build(name, stages, microbatches, chunks) -> lists */
 static int l_sched_build(lua_State *L)
 {
@@ -161,12 +175,8 @@ static double cost_field(lua_State *L, int idx, const char *key, double dflt)
 static int l_sched_simulate(lua_State *L)
 {
     luaL_checktype(L, 2, LUA_TTABLE);
-    lua_getfield(L, 2, "stages");
-    lua_getfield(L, 2, "microbatches");
-    lua_getfield(L, 2, "chunks");
-    int p = check_count(L, -3, "stages"), m = check_count(L, -2, "microbatches");
-    int v = lua_isnil(L, -1) ? 1 : check_count(L, -1, "chunks");
-    lua_pop(L, 3);
+    int p = shape_field(L, 2, "stages", 0), m = shape_field(L, 2, "microbatches", 0),
+        v = shape_field(L, 2, "chunks", 1);
     loom_sched_costs c = LOOM_SCHED_COSTS_UNIT;
     if (!lua_isnoneornil(L, 3)) {
         luaL_checktype(L, 3, LUA_TTABLE);

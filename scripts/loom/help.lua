@@ -117,9 +117,10 @@ bubble fraction beside the schedule's formula, and each stage's peak micro-batch
 flight (forwarded, not yet fully backwarded). Nothing is trained: recipes still refuse
 mesh.pp > 1 until the pipeline engine exists (docs/PIPELINE.md).
 
-NAME is a sched plugin (gpipe, 1f1b, interleaved, zb1; loom plugins lists them) or a Lua
-file returning function(shape) -> list of {op = "FWD", mb = 0, chunk = 0}, called once
-per stage with shape = {stages, stage, microbatches, chunks} (docs/PIPELINE.md).
+NAME is a sched plugin (gpipe, 1f1b, interleaved, zb1; loom plugins lists them) or, when
+it ends in .lua, a Lua file returning function(shape) -> list of {op = "FWD", mb = 0,
+chunk = 0}, called once per stage with shape = {stages, stage, microbatches, chunks}
+(docs/PIPELINE.md).
 
 options:
   --pp P           pipeline stages (ranks), >= 1 (required)

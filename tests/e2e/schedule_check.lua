@@ -79,6 +79,8 @@ refused(function() return core.sched_simulate({ { { op = "FORWARD", mb = 0 } } }
   "stage 0, instruction 0: op 'FORWARD' is not one of FWD, BWD, BWD_INPUT, BWD_WEIGHT, SEND_ACT, "
   .. "RECV_ACT, SEND_GRAD, RECV_GRAD")
 refused(function() return core.sched_simulate({ {}, {} }, one) end, "schedule: 2 stage lists for stages = 1")
+refused(function() return core.sched_simulate({ {} }, { stages = 1, microbatches = 0 }) end,
+  "schedule shape: microbatches must be a whole number >= 1 (a shape is {stages = 4, microbatches = 8, chunks = 1})")
 refused(function() return core.sched_build("interleaved", 4, 6, 2) end, "interleaved: microbatches = 6 is "
   .. "not a multiple of stages = 4 (Megatron's interleaved order needs m % p == 0); use 4 or 8 "
   .. "micro-batches, or the 1f1b schedule, which takes any count")

@@ -8,6 +8,7 @@
  *   loom plot A.jsonl [B.jsonl ...] [-o SVG] [--smooth N] [--log]   plot runs' metrics
  *   loom export --llmc CKPT OUT.bin   write a checkpoint's weights as an llm.c model file
  *   loom bench comm [-n N] [--op OP] [--sizes 1K:64M] [--comm shm]   communicator bandwidth
+ *   loom schedule NAME --pp P --micro M [--chunks V] [-o SVG]   a pipeline schedule simulated
  *   loom version
  *
  * The Lua library is found in LOOM_LUA_PATH (if set), else next to the sources when this
@@ -58,6 +59,8 @@ static int usage(FILE *out)
           "       loom export --llmc CKPT OUT.bin   write a checkpoint's weights as an llm.c model\n"
           "       loom bench comm [-n N] [--op OP] [--sizes 1K:64M] [--comm shm]\n"
           "                                         communicator bandwidth, as nccl-tests prints it\n"
+          "       loom schedule NAME --pp P --micro M [--chunks V] [-o SVG]\n"
+          "                                         a pipeline schedule's timeline, bubble, memory\n"
           "       loom version\n"
           "loom CMD --help prints a command's options and an example.\n",
           out);
@@ -245,7 +248,7 @@ int main(int argc, char **argv)
     /* `loom CMD --help` (or -h anywhere among its arguments): the command's own help, for
      * every command, from one table (scripts/loom/help.lua). */
     static const char *const commands[] = {"run", "launch", "plugins", "plot", "export", "bench",
-                                           "version", NULL};
+                                           "schedule", "version", NULL};
     for (int c = 0; commands[c]; c++) {
         if (strcmp(cmd, commands[c]) != 0)
             continue;
@@ -261,7 +264,8 @@ int main(int argc, char **argv)
         return loom_launch_main(argc - 2, argv + 2);
     if (strcmp(cmd, "plugins") == 0)
         return cmd_lua("plugins", argc - 2, argv + 2);
-    if (strcmp(cmd, "plot") == 0 || strcmp(cmd, "export") == 0 || strcmp(cmd, "bench") == 0)
+    if (strcmp(cmd, "plot") == 0 || strcmp(cmd, "export") == 0 || strcmp(cmd, "bench") == 0 ||
+        strcmp(cmd, "schedule") == 0)
         return cmd_lua(cmd, argc - 2, argv + 2);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("loom %s\n", LOOM_VERSION_STRING);

@@ -35,6 +35,9 @@ void loom_lua_open_sys(lua_State *L);
 /* lua_dist.c: core.init_dist{comm, dp, tp, pp, timeout_ms} builds the mesh. */
 void loom_lua_open_dist(lua_State *L);
 
+/* lua_sched.c: core.sched_build, core.sched_simulate (pipeline schedules) into the table on top. */
+void loom_lua_open_sched(lua_State *L);
+
 /* lua_bench.c: core.comm_bench{op, min, max, iters} for `loom bench comm`. */
 void loom_lua_open_bench(lua_State *L);
 

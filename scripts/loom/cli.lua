@@ -106,6 +106,13 @@ function cli.plot(args)
   print(string.format("wrote %s (%s)", out, table.concat(what, "; ")))
 end
 
+-- `loom schedule NAME --pp P --micro M [--chunks V] [-o FILE.svg]`: a pipeline schedule's
+-- stages as text rows (and an SVG), its simulated bubble beside the formula, and each
+-- stage's peak micro-batches in flight (loom.schedule).
+function cli.schedule(args)
+  require("loom.schedule").main(args)
+end
+
 -- The optimizer table a manifest's recorded recipe used ({"1": "adamw", lr = ...} in JSON).
 local function recorded_optimizer(manifest)
   local opt = (manifest.config or {}).optimizer

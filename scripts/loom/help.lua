@@ -106,6 +106,34 @@ options:
 example:
   loom bench comm -n 4 --op allgather --sizes 1K:16M]],
 
+  schedule = [[
+usage: loom schedule NAME --pp P --micro M [--chunks V] [-o FILE.svg]
+
+Build every stage's list of a pipeline schedule, validate it (each micro-batch forwarded
+then backwarded once per chunk, every SEND received by the neighbour, no cycle of waits)
+and simulate it with F = B = W = 1 (a fused backward 2) and transfers taking no time.
+Prints one row per stage (F, B, W cells with the micro-batch, '.' idle), the simulated
+bubble fraction beside the schedule's formula, and each stage's peak micro-batches in
+flight (forwarded, not yet fully backwarded). Nothing is trained: recipes still refuse
+mesh.pp > 1 until the pipeline engine exists (docs/PIPELINE.md).
+
+NAME is a sched plugin (gpipe, 1f1b, interleaved, zb1; loom plugins lists them) or, when
+it ends in .lua, a Lua file returning function(shape) -> list of {op = "FWD", mb = 0,
+chunk = 0}, called once per stage with shape = {stages, stage, microbatches, chunks}
+(docs/PIPELINE.md).
+
+options:
+  --pp P           pipeline stages (ranks), >= 1 (required)
+  --micro M        micro-batches per step, >= 1 (required)
+  --chunks V       virtual stages per rank (default 1; 2 for interleaved, which needs
+                   M to be a multiple of P)
+  -o, --output F   also write the timeline as an SVG
+  -h, --help       this text
+
+example:
+  loom schedule 1f1b --pp 4 --micro 8
+  loom schedule interleaved --pp 4 --micro 8 --chunks 2 -o interleaved.svg]],
+
   version = [[
 usage: loom version
 
@@ -114,7 +142,7 @@ Print loom's version.]],
 help.texts = texts
 
 -- The order `loom --help` lists commands in.
-help.commands = { "run", "launch", "plugins", "plot", "export", "bench", "version" }
+help.commands = { "run", "launch", "plugins", "plot", "export", "bench", "schedule", "version" }
 
 -- Print the help of command `name` to stdout. Unknown names are an error.
 function help.show(name)

@@ -30,29 +30,32 @@
 enum { ATT_RB = 64 }; /* query rows per causal block */
 
 /* Row t of a (T,T) block: softmax of row[0..t], zeros after. */
-LOOM_CPU_CLONES static void causal_softmax_row(float *row, int t, int T)
+LOOM_CPU_BODY causal_softmax_row_body(float *row, int t, int T)
 {
     float m = -INFINITY;
 #pragma omp simd reduction(max : m)
     for (int j = 0; j <= t; j++)
         m = row[j] > m ? row[j] : m;
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int j = 0; j <= t; j++) {
+    /* the exponentials vectorised, their sum in order: before -fno-trapping-math the fused
+     * loop stayed scalar on AVX2 and SSE2, so this keeps its bits there (a vectorised sum
+     * would be a different one) */
+#pragma omp simd
+    for (int j = 0; j <= t; j++)
         row[j] = loom_cpu_expf(row[j] - m);
+    float s = 0.0f;
+    for (int j = 0; j <= t; j++)
         s += row[j];
-    }
     const float inv = 1.0f / s;
 #pragma omp simd
     for (int j = 0; j <= t; j++)
         row[j] = loom_cpu_flush(row[j] * inv);
     memset(row + t + 1, 0, (size_t)(T - t - 1) * sizeof(float));
 }
+LOOM_CPU_VARIANTS(causal_softmax_row, (float *row, int t, int T), (row, t, T))
 
 /* dpre[j] = att[j] (datt[j] - sum_k att[k] datt[k]) over n columns (att is 0 above the
  * diagonal, so dpre is too). */
-LOOM_CPU_CLONES static void softmax_backward_row(float *dpre, const float *att, const float *datt,
-                                                 int n)
+LOOM_CPU_BODY softmax_backward_row_body(float *dpre, const float *att, const float *datt, int n)
 {
     float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
@@ -62,6 +65,8 @@ LOOM_CPU_CLONES static void softmax_backward_row(float *dpre, const float *att, 
     for (int j = 0; j < n; j++)
         dpre[j] = loom_cpu_flush(att[j] * (datt[j] - dot));
 }
+LOOM_CPU_VARIANTS(softmax_backward_row, (float *dpre, const float *att, const float *datt, int n),
+                  (dpre, att, datt, n))
 
 void loom_cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
                                 int NH)

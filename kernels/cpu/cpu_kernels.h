@@ -18,6 +18,8 @@ enum { LOOM_CPU_ISA_SSE2 = 0, LOOM_CPU_ISA_AVX2 = 1, LOOM_CPU_ISA_AVX512 = 2 };
 int loom_cpu_isa_init(char *err, size_t len);
 /* The level in use, LOOM_CPU_ISA_*: LOOM_CPU_ISA if accepted, else the best cpuid reports. */
 int loom_cpu_isa(void);
+/* The best level this CPU has (cpuid), whatever LOOM_CPU_ISA says. */
+int loom_cpu_isa_best(void);
 /* "sse2", "avx2", "avx512" ("base" off x86-64). */
 const char *loom_cpu_isa_name(int isa);
 /* The level in use for a banner: "avx2", or "sse2 (LOOM_CPU_ISA; cpu has avx2)". */
@@ -48,6 +50,11 @@ int loom_cpu_deterministic(void);
 void loom_cpu_sgemm_fallback(int transa, int transb, int M, int N, int K, float alpha,
                              const float *A, int lda, const float *B, int ldb, float beta,
                              float *C, int ldc);
+/* loom_cpu_sgemm_fallback on the micro-kernel of ISA level isa (LOOM_CPU_ISA_*), for tests
+ * that compare the ISAs in one process; a level above loom_cpu_isa_best() runs SSE2's. */
+void loom_cpu_sgemm_on(int isa, int transa, int transb, int M, int N, int K, float alpha,
+                       const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                       int ldc);
 /* The fallback's micro-kernel here: "avx512 8x32", "avx2 6x16", "sse2 6x8" (ISA, tile). */
 const char *loom_cpu_sgemm_fallback_isa(void);
 /* Checks C = alpha op(A) op(B) + beta C0 against a double-precision reference. Returns the

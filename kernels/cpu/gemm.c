@@ -106,10 +106,10 @@ typedef float v16u __attribute__((vector_size(64), aligned(4)));
 #include "gemm_kernel.h"
 #endif
 
-static micro_kernel pick_micro_kernel(void)
+static micro_kernel pick_micro_kernel(int isa)
 {
 #if defined(__x86_64__)
-    switch (loom_cpu_isa()) {
+    switch (isa) {
     case LOOM_CPU_ISA_AVX512:
         return (micro_kernel){micro_kernel_avx512, 8, 32, "avx512 8x32"};
     case LOOM_CPU_ISA_AVX2:
@@ -123,7 +123,7 @@ static micro_kernel pick_micro_kernel(void)
 
 const char *loom_cpu_sgemm_fallback_isa(void)
 {
-    return pick_micro_kernel().name;
+    return pick_micro_kernel(loom_cpu_isa()).name;
 }
 
 /* A per-thread, 64-byte-aligned buffer of at least n floats, kept for the next call. */
@@ -234,6 +234,12 @@ static void sgemm_unblocked(micro_kernel uk, int ta, int tb, int M, int N, int K
 void loom_cpu_sgemm_fallback(int ta, int tb, int M, int N, int K, float alpha, const float *A,
                              int lda, const float *B, int ldb, float beta, float *C, int ldc)
 {
+    loom_cpu_sgemm_on(loom_cpu_isa(), ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void loom_cpu_sgemm_on(int isa, int ta, int tb, int M, int N, int K, float alpha, const float *A,
+                       int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
     if (M <= 0 || N <= 0)
         return;
     if (K <= 0 || alpha == 0.0f) {
@@ -243,7 +249,8 @@ void loom_cpu_sgemm_fallback(int ta, int tb, int M, int N, int K, float alpha, c
         return;
     }
 
-    const micro_kernel uk = pick_micro_kernel();
+    const micro_kernel uk =
+        pick_micro_kernel(isa <= loom_cpu_isa_best() ? isa : LOOM_CPU_ISA_SSE2);
     const int MR = uk.mr, NR = uk.nr;
     /* one thread inside a parallel region (attention's per-head products) or for a product
      * too small to pay for waking the team */

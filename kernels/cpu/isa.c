@@ -111,6 +111,12 @@ int loom_cpu_isa(void)
     return g.level;
 }
 
+int loom_cpu_isa_best(void)
+{
+    pthread_once(&g.once, init_once);
+    return g.best;
+}
+
 int loom_cpu_isa_init(char *err, size_t len)
 {
     pthread_once(&g.once, init_once);

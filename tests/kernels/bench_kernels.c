@@ -3,7 +3,7 @@
  * build/tests/kernels/bench_kernels directly).
  *
  *   bench_kernels [threads [sections]]   threads 0 = all cores; sections, any of
- *       "square canonical tiny small kernels tinystep smallstep" (default: all of them;
+ *       "square canonical attention tiny small kernels tinystep smallstep" (default: all of them;
  *       canonical: a 768x768 -> 3072 forward with OpenBLAS and in canonical mode)
  * Environment knobs blas.c reads: OPENBLAS_CORETYPE (e.g. Prescott, to see the mis-detected
  * speed), LOOM_OPENBLAS (library path, or "none" for loom's own GEMM).
@@ -150,6 +150,32 @@ static void bench_kernels(const char *name, int B, int T, int C, int NH, int V, 
     free(logits), free(losses), free(W), free(targets);
 }
 
+/* Attention forward and backward in fast mode (the per-head products on loom_cpu_sgemm:
+ * OpenBLAS) and in canonical mode (loom's own GEMM), alternately, best single call of 20. */
+static void bench_attention(const char *name, int B, int T, int C, int NH)
+{
+    const size_t BT = (size_t)B * T, natt = (size_t)B * NH * T * T;
+    float *qkv = buf(BT * 3 * C), *out = buf(BT * C), *att = buf(natt);
+    float *dqkv = buf(BT * 3 * C), *scratch = buf(2 * natt);
+    double best[2][2] = {{1e30, 1e30}, {1e30, 1e30}};
+    for (int round = 0; round < 20; round++)
+        for (int canon = 0; canon < 2; canon++) {
+            loom_cpu_set_deterministic(canon);
+            double t0 = omp_get_wtime();
+            loom_cpu_attention_forward(out, att, qkv, B, T, C, NH);
+            double t1 = omp_get_wtime();
+            loom_cpu_attention_backward(dqkv, scratch, out, qkv, att, B, T, C, NH);
+            double t2 = omp_get_wtime();
+            best[canon][0] = t1 - t0 < best[canon][0] ? t1 - t0 : best[canon][0];
+            best[canon][1] = t2 - t1 < best[canon][1] ? t2 - t1 : best[canon][1];
+        }
+    loom_cpu_set_deterministic(0);
+    for (int canon = 0; canon < 2; canon++)
+        printf("%-6s attention %-9s fwd %8.3f ms  bwd %8.3f ms\n", name,
+               canon ? "canonical" : "fast", best[canon][0] * 1e3, best[canon][1] * 1e3);
+    free(qkv), free(out), free(att), free(dqkv), free(scratch);
+}
+
 /* One GPT-2 training step (forward, backward; no optimizer) over L layers, as the core
  * runs it: the end-to-end number the choice of GEMM library and threading must improve. */
 /* Adds the time of one kernel call to part[category]. */
@@ -284,7 +310,7 @@ int main(int argc, char **argv)
     char desc[400];
     const int threads = argc > 1 ? atoi(argv[1]) : 0;
     const char *want =
-        argc > 2 ? argv[2] : "square canonical tiny small kernels tinystep smallstep";
+        argc > 2 ? argv[2] : "square canonical attention tiny small kernels tinystep smallstep";
     const int rc = loom_cpu_blas_init(threads, desc, sizeof desc);
     printf("%s (init rc %d; fallback %s)\ncpu: %s, kernels isa %s\n\n", desc, rc,
            loom_cpu_sgemm_fallback_isa(), cpu_model(), loom_cpu_isa_describe());
@@ -343,6 +369,11 @@ int main(int argc, char **argv)
         bench_step("tiny", 8, 64, 128, 4, 4, 256, 256);
     if (has(want, "smallstep"))
         bench_step("small", 4, 256, 384, 6, 6, 50257, 50304);
+    if (has(want, "attention")) {
+        bench_attention("tiny", 8, 64, 128, 4);
+        bench_attention("small", 4, 256, 384, 6);
+        printf("\n");
+    }
     if (has(want, "kernels")) {
         bench_kernels("tiny", 8, 64, 128, 4, 256, 256);
         bench_kernels("small", 4, 256, 384, 6, 50257, 50304);

@@ -114,6 +114,21 @@ static void bench_config(const char *name, int BT, int C, int Vp, float *A, floa
         printf("%-44s %8.3f ms\n", label, best_);                                            \
     } while (0)
 
+/* TIME, and ns per element of n elements */
+#define TIME_PER(label, reps, n, stmt)                                                       \
+    do {                                                                                     \
+        double best_ = 1e30;                                                                 \
+        for (int round_ = 0; round_ < 7; round_++) {                                         \
+            double t0_ = omp_get_wtime();                                                    \
+            for (int r_ = 0; r_ < (reps); r_++) {                                            \
+                stmt;                                                                        \
+            }                                                                                \
+            double ms_ = (omp_get_wtime() - t0_) * 1e3 / (reps);                             \
+            best_ = ms_ < best_ ? ms_ : best_;                                               \
+        }                                                                                    \
+        printf("%-44s %8.3f ms  %6.3f ns/element\n", label, best_, best_ * 1e6 / (double)(n)); \
+    } while (0)
+
 static void bench_kernels(const char *name, int B, int T, int C, int NH, int V, int Vp)
 {
     const size_t BT = (size_t)B * T;
@@ -129,13 +144,28 @@ static void bench_kernels(const char *name, int B, int T, int C, int NH, int V, 
     TIME(label, 5, loom_cpu_attention_forward(out, att, qkv, B, T, C, NH));
     snprintf(label, sizeof label, "%s attention bwd", name);
     TIME(label, 5, loom_cpu_attention_backward(dqkv, scratch, out, qkv, att, B, T, C, NH));
-    snprintf(label, sizeof label, "%s gelu fwd+bwd (BT x 4C)", name);
-    TIME(label, 10, loom_cpu_gelu_forward(g, h, BT * 4 * C);
-         loom_cpu_gelu_backward(g, h, g, BT * 4 * C));
+    const size_t ng = BT * 4 * C, nl = BT * Vp;
+    snprintf(label, sizeof label, "%s gelu fwd (BT x 4C)", name);
+    TIME_PER(label, 10, ng, loom_cpu_gelu_forward(g, h, ng));
+    snprintf(label, sizeof label, "%s gelu bwd (BT x 4C)", name);
+    TIME_PER(label, 10, ng, loom_cpu_gelu_backward(g, h, g, ng));
     snprintf(label, sizeof label, "%s crossentropy passes, 1 rank (BT x Vp)", name);
     float *stats = buf(3 * BT);
-    TIME(label, 3, ce_one_rank(logits, losses, targets, 1.0f, (int)BT, V, Vp, stats));
-    free(stats);
+    TIME_PER(label, 3, nl, ce_one_rank(logits, losses, targets, 1.0f, (int)BT, V, Vp, stats));
+    /* the passes one by one, over the whole (BT, Vp) (finish overwrites the logits with
+     * the gradient, which the next round exponentiates again: the same work) */
+    float *lg = buf(nl);
+    snprintf(label, sizeof label, "%s   ce_row_max", name);
+    TIME_PER(label, 3, nl, loom_cpu_ce_row_max(stats, lg, (int)BT, Vp, 0, V));
+    snprintf(label, sizeof label, "%s   ce_row_sumexp", name);
+    TIME_PER(label, 3, nl,
+             loom_cpu_ce_row_sumexp(stats + BT, lg, stats, (int)BT, Vp, 0, V, 0, Vp));
+    loom_cpu_ce_target_logit(stats + 2 * BT, lg, targets, (int)BT, Vp, 0);
+    snprintf(label, sizeof label, "%s   ce_finish (loss + gradient)", name);
+    TIME_PER(label, 3, nl,
+             loom_cpu_ce_finish(lg, losses, stats, stats + BT, stats + 2 * BT, targets, 1.0f,
+                                (int)BT, Vp, 0, V));
+    free(stats), free(lg);
     snprintf(label, sizeof label, "%s layernorm fwd+bwd", name);
     TIME(label, 10, loom_cpu_layernorm_forward(out, losses, losses + BT / 2, qkv, W, W, 1,
                                                (int)BT / 2, C);

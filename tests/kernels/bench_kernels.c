@@ -6,7 +6,9 @@
  *       "square canonical attention tiny small kernels tinystep smallstep" (default: all of them;
  *       canonical: a 768x768 -> 3072 forward with OpenBLAS and in canonical mode)
  * Environment knobs blas.c reads: OPENBLAS_CORETYPE (e.g. Prescott, to see the mis-detected
- * speed), LOOM_OPENBLAS (library path, or "none" for loom's own GEMM).
+ * speed), LOOM_OPENBLAS (library path, or "none" for loom's own GEMM); isa.c reads
+ * LOOM_CPU_ISA (avx512, avx2 or sse2: the ISA of loom's own kernels, at most the CPU's).
+ * The first lines name the CPU model and the ISA in use.
  *
  * Each line: what, shape, ms per call (best of several rounds), GFLOP/s for GEMMs. The
  * "mixed" lines alternate an OpenMP kernel with a GEMM, as a training step does, which is

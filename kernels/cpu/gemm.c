@@ -2,13 +2,17 @@
  * checks any GEMM.
  *
  * loom_cpu_sgemm_fallback is what loom_cpu_sgemm (blas.c) runs when OpenBLAS cannot be
- * loaded or gives wrong answers, and what attention.c runs per head. It is a
- * GotoBLAS/BLIS-style blocked GEMM:
- *   for each NC-wide panel of op(B), for each KC-deep slice of it:
- *     pack the KC x NC panel of B into NR-wide slivers (shared by all threads);
- *     each thread packs an MC x KC block of alpha*op(A) into MR-tall slivers and runs the
- *     MR x NR micro-kernel over (A sliver, B sliver) pairs, adding into C (storing, for
- *     the first slice of a beta-0 product: C is then never read).
+ * loaded or gives wrong answers, and in canonical mode (attention's per-head products
+ * included). It is a GotoBLAS/BLIS-style blocked GEMM:
+ *   for each NC-wide panel of op(B), for each chunk of its KC-deep slices (all of K when
+ *   the packed chunk fits BPACK floats):
+ *     pack the chunk's slices of B into NR-wide slivers (shared by all threads);
+ *     each thread takes an MC-row block of C and, for each slice of the chunk in order,
+ *     packs alpha*op(A)'s MC x KC block into MR-tall slivers and runs the MR x NR
+ *     micro-kernel over (A sliver, B sliver) pairs, adding into C (storing, for the first
+ *     slice of a beta-0 product: C is then never read).
+ * So the threads meet at one barrier per chunk, not two per slice: on shared cores a
+ * descheduled thread holds the others up less often.
  * Packing makes every micro-kernel access unit-stride and lets one code path serve all
  * four transpose combinations and any leading dimensions; edges are zero-padded in the
  * packs so the micro-kernel always computes a full tile and only the valid part is written.

@@ -3,7 +3,7 @@
  * build/tests/kernels/bench_kernels directly).
  *
  *   bench_kernels [threads [sections]]   threads 0 = all cores; sections, any of
- *       "square canonical attention tiny small kernels tinystep smallstep" (default: all of them;
+ *       "square canonical attention tiny small kernels tinystep canonicalstep smallstep" (default: all of them;
  *       canonical: a 768x768 -> 3072 forward with OpenBLAS and in canonical mode)
  * Environment knobs blas.c reads: OPENBLAS_CORETYPE (e.g. Prescott, to see the mis-detected
  * speed), LOOM_OPENBLAS (library path, or "none" for loom's own GEMM); isa.c reads
@@ -342,7 +342,7 @@ int main(int argc, char **argv)
     char desc[400];
     const int threads = argc > 1 ? atoi(argv[1]) : 0;
     const char *want =
-        argc > 2 ? argv[2] : "square canonical attention tiny small kernels tinystep smallstep";
+        argc > 2 ? argv[2] : "square canonical attention tiny small kernels tinystep canonicalstep smallstep";
     const int rc = loom_cpu_blas_init(threads, desc, sizeof desc);
     printf("%s (init rc %d; fallback %s)\ncpu: %s, kernels isa %s\n\n", desc, rc,
            loom_cpu_sgemm_fallback_isa(), cpu_model(), loom_cpu_isa_describe());
@@ -399,6 +399,11 @@ int main(int argc, char **argv)
         bench_config("small", 4 * 256, 384, 50304, A, B, C);
     if (has(want, "tinystep"))
         bench_step("tiny", 8, 64, 128, 4, 4, 256, 256);
+    if (has(want, "canonicalstep")) { /* the same step with every GEMM on loom's own */
+        loom_cpu_set_deterministic(1);
+        bench_step("tiny canonical", 8, 64, 128, 4, 4, 256, 256);
+        loom_cpu_set_deterministic(0);
+    }
     if (has(want, "smallstep"))
         bench_step("small", 4, 256, 384, 6, 6, 50257, 50304);
     if (has(want, "attention")) {

@@ -28,7 +28,9 @@
  * on a static worker that the OpenMP loop calls, not on the OpenMP function itself. The
  * copies differ only in instruction selection: the kernels have no reassociation, and
  * -ffp-contract=fast fuses a*b+c where the ISA has FMA (not in the SSE2 copy), so results
- * may differ between the SSE2 copy and the others, never with the thread count.
+ * may differ between the SSE2 copy and the others, never with the thread count. (The
+ * "SSE2" copy, like gemm.c's SSE2 micro-kernel, is compiled for the build's own target:
+ * SSE2 in a default x86-64 build; a build with -march=native would make it that CPU's.)
  * The kernels build with -fno-trapping-math (meson.build): without it GCC does not
  * if-convert loom_cpu_expf's selects, and every loop calling it stays scalar (on every ISA
  * but AVX-512, whose masked moves do not trap). It changes no result: only which

@@ -39,6 +39,10 @@ static loom_status cpu_create(const loom_host *host, const loom_config *cfg, voi
         return host->fail(LOOM_ERR_NOMEM, "backend cpu: out of memory");
     b->host = host;
     char blas[sizeof b->desc - 8];
+    if (loom_cpu_isa_init(blas, sizeof blas) != 0) { /* LOOM_CPU_ISA refused */
+        free(b);
+        return host->fail(LOOM_ERR_INVALID, "backend cpu: %s", blas);
+    }
     if (loom_cpu_blas_init(threads, blas, sizeof blas) != 0) {
         loom_status st = host->fail(LOOM_ERR_INTERNAL, "backend cpu: GEMM check failed: %s", blas);
         free(b);

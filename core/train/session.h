@@ -61,6 +61,24 @@ loom_status loom_session_eval(loom_session *s, loom_batch_fn next, void *ctx, in
 loom_status loom_session_sample(loom_session *s, const int *prompt, int n_prompt, int n_new,
                                 float temperature, int top_k, uint64_t seed, int *out);
 
+/* Called after each generated token (done of total); a status other than LOOM_OK stops
+ * the generation and is returned. */
+typedef loom_status (*loom_sample_progress_fn)(void *ctx, int done, int total);
+typedef struct loom_sample_config {
+    float temperature;         /* > 0 */
+    int top_k;                 /* <= 0: the whole vocabulary */
+    uint64_t seed;
+    int no_cache;              /* 1: recompute the whole window for every token (the
+                                * reference the key/value cache is tested against) */
+    loom_sample_progress_fn progress; /* NULL: none */
+    void *progress_ctx;
+} loom_sample_config;
+/* loom_session_sample with every knob. With the cache (gpt.h: loom_gpt_decode) each token
+ * after the first costs one row's forward instead of the window's, and the tokens are
+ * bitwise those of no_cache = 1. Both run the backend's canonical GEMM for the call. */
+loom_status loom_session_generate(loom_session *s, const loom_sample_config *cfg,
+                                  const int *prompt, int n_prompt, int n_new, int *out);
+
 /* What a checkpoint holds beyond the parameter and optimizer-state buffers. */
 typedef struct loom_session_state {
     int64_t steps;                /* optimizer updates taken */

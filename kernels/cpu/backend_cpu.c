@@ -131,6 +131,7 @@ static const loom_backend_ops cpu_ops = {
     .has_nonfinite = loom_cpu_has_nonfinite,
     .scale = loom_cpu_scale,
     .set_deterministic = cpu_set_deterministic,
+    .attention_decode = loom_cpu_attention_decode,
 };
 
 static const loom_config_key cpu_keys[] = {

@@ -5,6 +5,7 @@
  *   loom plugins                      list every plugin found, and every file refused
  *   loom plot METRICS.jsonl [-o SVG]  plot a run's metrics file (loss, tokens/s, lr)
  *   loom export --llmc CKPT OUT.bin   write a checkpoint's weights as an llm.c model file
+ *   loom sample CKPT --prompt TEXT [--tokens N ...]   generate text from a checkpoint
  *   loom bench comm [-n N] [--op OP] [--sizes 1K:64M] [--comm shm]   communicator bandwidth
  *   loom version
  *
@@ -53,6 +54,8 @@ static int usage(FILE *out)
           "       loom plugins                      list the plugins found and where\n"
           "       loom plot METRICS.jsonl [-o SVG]  plot loss, tokens/s and lr against step\n"
           "       loom export --llmc CKPT OUT.bin   write a checkpoint's weights as an llm.c model\n"
+          "       loom sample CKPT --prompt TEXT [--tokens N] [--temperature T] [--top-k K] [--seed S]\n"
+          "                                         generate from a checkpoint (loom sample --help)\n"
           "       loom bench comm [-n N] [--op OP] [--sizes 1K:64M] [--comm shm]\n"
           "                                         communicator bandwidth, as nccl-tests prints it\n"
           "       loom version\n",
@@ -184,7 +187,8 @@ int main(int argc, char **argv)
         return loom_launch_main(argc - 2, argv + 2);
     if (strcmp(cmd, "plugins") == 0)
         return cmd_lua("plugins", 0, argv);
-    if (strcmp(cmd, "plot") == 0 || strcmp(cmd, "export") == 0 || strcmp(cmd, "bench") == 0)
+    if (strcmp(cmd, "plot") == 0 || strcmp(cmd, "export") == 0 || strcmp(cmd, "bench") == 0 ||
+        strcmp(cmd, "sample") == 0)
         return cmd_lua(cmd, argc - 2, argv + 2);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("loom %s\n", LOOM_VERSION_STRING);

@@ -212,7 +212,13 @@ function loom.session(t, where)
   return s
 end
 
--- loom.sample{session, prompt, tokens=200, temperature=1, top_k=0, seed=0} -> text
+-- loom.sample{session, prompt, tokens=200, temperature=1, top_k=0, seed=0, tokenizer=,
+-- cache=true, progress=} -> text. A byte-level model (vocab 256) takes and returns bytes;
+-- with a GPT-2 tokenizer (loom.bpe: a directory holding encoder.json and vocab.bpe, as
+-- prepare-text --gpt2 leaves beside the shards, or what loom.tokenizer returned) a text
+-- prompt is encoded and the tokens decoded to text; otherwise prompt and result are token
+-- ids. cache = false recomputes the whole window for every token (the same tokens, slower).
+-- progress: function(done, total) called after each token.
 local sample_spec = {
   session = { type = "userdata", required = true, help = "what loom.train or loom.session returned" },
   prompt = { type = { "string", "table" }, required = true },
@@ -220,13 +226,52 @@ local sample_spec = {
   temperature = { type = "positive" },
   top_k = { type = "integer", min = 0 },
   seed = { type = "integer", min = 0 },
+  tokenizer = { type = { "string", "table" }, help = "a GPT-2 tokenizer directory or loom.tokenizer(...)" },
+  cache = { type = "boolean", help = "use the key/value cache (default true)" },
+  progress = { type = "function", help = "function(done, total) after each token" },
 }
+
+-- loom.tokenizer(path) -> the GPT-2 tokenizer (loom.bpe) in path (a directory or its
+-- encoder.json), or nil and why. Loaded once per path.
+local tokenizers = {}
+function loom.tokenizer(path)
+  if tokenizers[path] then return tokenizers[path] end
+  local tok, why = require("loom.bpe").load(path)
+  tokenizers[path] = tok
+  return tok, why
+end
+
+-- The tokenizer directory of a loom.data description: the shards' directory when it holds
+-- encoder.json (prepare-text --gpt2 keeps it there), else nil.
+function loom.tokenizer_dir(data)
+  if type(data) ~= "table" or data.kind ~= "shards" or type(data.train) ~= "string" then return nil end
+  local dir = data.train:match("^(.*)/[^/]*$") or "."
+  local f = io.open(dir .. "/encoder.json", "rb")
+  if not f then return nil end
+  f:close()
+  return dir
+end
+
 function loom.sample(t)
   local where = schema.where()
   schema.check(t, sample_spec, "loom.sample", where)
-  local ok, out = pcall(t.session.sample, t.session, t.prompt, t.tokens or 200,
-    t.temperature or 1.0, t.top_k or 0, t.seed or 0)
+  local tok = t.tokenizer
+  if type(tok) == "string" then
+    local why
+    tok, why = loom.tokenizer(tok)
+    if not tok then schema.fail(where, "%s", why) end
+  end
+  local prompt = t.prompt
+  if tok and type(prompt) == "string" then
+    local ok, ids = pcall(tok.encode, tok, prompt)
+    if not ok then schema.fail(where, "%s", ids) end
+    prompt = ids
+  end
+  local opts = { cache = t.cache ~= false, progress = t.progress }
+  local ok, out = pcall(t.session.sample, t.session, prompt, t.tokens or 200,
+    t.temperature or 1.0, t.top_k or 0, t.seed or 0, opts)
   if not ok then schema.fail(where, "%s", out) end
+  if tok then return tok:decode(out) end
   return out
 end
 

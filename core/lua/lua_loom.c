@@ -8,6 +8,7 @@
  */
 #include <lauxlib.h>
 #include <lua.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -335,9 +336,11 @@ static loom_status call_progress(void *ctx, int done, int total)
     return LOOM_OK;
 }
 
-/* s:sample(prompt, n, temperature, top_k, seed [, {cache = true, progress = fn(done, n)}])
- * -> string (prompt a string) or token list. cache = false recomputes the whole window
- * for every token (loom_session_generate's reference path). */
+/* s:sample(prompt, n, temperature, top_k, seed [, {cache = true, progress = fn(done, n),
+ * logits_hash = false}]) -> string (prompt a string) or token list [, hash]. cache = false
+ * recomputes the whole window for every token (loom_session_generate's reference path);
+ * logits_hash = true also returns the XXH64 of the logits rows drawn from, as a hex
+ * string, so tests compare the two paths bit for bit. */
 static int l_session_sample(lua_State *L)
 {
     session_box *b = check_session(L);
@@ -347,6 +350,7 @@ static int l_session_sample(lua_State *L)
                               .top_k = (int)luaL_optinteger(L, 5, 0),
                               .seed = (uint64_t)luaL_optinteger(L, 6, 0)};
     sample_progress prog = {L, 0};
+    uint64_t hash = 0;
     if (!lua_isnoneornil(L, 7)) {
         luaL_checktype(L, 7, LUA_TTABLE);
         lua_getfield(L, 7, "cache");
@@ -358,6 +362,9 @@ static int l_session_sample(lua_State *L)
             cfg.progress = call_progress;
             cfg.progress_ctx = &prog;
         }
+        lua_getfield(L, 7, "logits_hash");
+        if (lua_toboolean(L, -1))
+            cfg.logits_hash = &hash;
     }
     size_t n_prompt;
     if (as_text) {
@@ -397,7 +404,12 @@ static int l_session_sample(lua_State *L)
             lua_rawseti(L, -2, (lua_Integer)i + 1);
         }
     }
-    return 1;
+    if (!cfg.logits_hash)
+        return 1;
+    char hex[17];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)hash);
+    lua_pushstring(L, hex);
+    return 2;
 }
 
 /* s:info() -> {params=, param_bytes=, activation_bytes=, vocab_padded=, backend=, steps=};

@@ -19,6 +19,7 @@
 #include "base/rng.h"
 #include "base/status.h"
 #include "base/clock.h"
+#include "io/checksum.h"
 
 struct loom_session {
     loom_session_config cfg;
@@ -295,6 +296,8 @@ static loom_status generate(loom_session *s, const loom_sample_config *c, const 
     int cache = !c->no_cache && loom_gpt_can_decode(s->model);
     memmove(out, prompt, (size_t)n_prompt * sizeof(int));
     uint64_t stream = loom_rng_stream("sample");
+    loom_xxh64_state hash;
+    loom_xxh64_init(&hash);
     for (int i = 0; i < n_new; i++) {
         int len = n_prompt + i;
         int T = len < mc->ctx ? len : mc->ctx;
@@ -313,11 +316,15 @@ static loom_status generate(loom_session *s, const loom_sample_config *c, const 
             LOOM_TRY(loom_gpt_forward(s->model, s->tokens, NULL, 1, Tp, 0.0f, NULL));
         }
         LOOM_TRY(loom_gpt_logits_row(s->model, (size_t)(T - 1), s->host_logits));
+        if (c->logits_hash)
+            loom_xxh64_update(&hash, s->host_logits, (size_t)mc->vocab * sizeof(float));
         out[len] = draw_token(s->host_logits, mc->vocab, c->temperature, c->top_k,
                               loom_rng_uniform(c->seed, stream, (uint64_t)i));
         if (c->progress)
             LOOM_TRY(c->progress(c->progress_ctx, i + 1, n_new));
     }
+    if (c->logits_hash)
+        *c->logits_hash = loom_xxh64_digest(&hash);
     return LOOM_OK;
 }
 

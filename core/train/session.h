@@ -72,6 +72,8 @@ typedef struct loom_sample_config {
                                 * reference the key/value cache is tested against) */
     loom_sample_progress_fn progress; /* NULL: none */
     void *progress_ctx;
+    uint64_t *logits_hash;     /* if set: XXH64 of every logits row drawn from (V floats
+                                * each, in order), so tests compare the paths bit for bit */
 } loom_sample_config;
 /* loom_session_sample with every knob. With the cache (gpt.h: loom_gpt_decode) each token
  * after the first costs one row's forward instead of the window's, and the tokens are

@@ -218,7 +218,8 @@ end
 -- prepare-text --gpt2 leaves beside the shards, or what loom.tokenizer returned) a text
 -- prompt is encoded and the tokens decoded to text; otherwise prompt and result are token
 -- ids. cache = false recomputes the whole window for every token (the same tokens, slower).
--- progress: function(done, total) called after each token.
+-- progress: function(done, total) called after each token. logits_hash = true: a second
+-- result, the XXH64 (hex) of every logits row drawn from (tests compare paths by it).
 local sample_spec = {
   session = { type = "userdata", required = true, help = "what loom.train or loom.session returned" },
   prompt = { type = { "string", "table" }, required = true },
@@ -229,6 +230,7 @@ local sample_spec = {
   tokenizer = { type = { "string", "table" }, help = "a GPT-2 tokenizer directory or loom.tokenizer(...)" },
   cache = { type = "boolean", help = "use the key/value cache (default true)" },
   progress = { type = "function", help = "function(done, total) after each token" },
+  logits_hash = { type = "boolean", help = "also return the XXH64 (hex) of the logits drawn from" },
 }
 
 -- loom.tokenizer(path) -> the GPT-2 tokenizer (loom.bpe) in path (a directory or its
@@ -267,12 +269,12 @@ function loom.sample(t)
     if not ok then schema.fail(where, "%s", ids) end
     prompt = ids
   end
-  local opts = { cache = t.cache ~= false, progress = t.progress }
-  local ok, out = pcall(t.session.sample, t.session, prompt, t.tokens or 200,
+  local opts = { cache = t.cache ~= false, progress = t.progress, logits_hash = t.logits_hash }
+  local ok, out, hash = pcall(t.session.sample, t.session, prompt, t.tokens or 200,
     t.temperature or 1.0, t.top_k or 0, t.seed or 0, opts)
   if not ok then schema.fail(where, "%s", out) end
-  if tok then return tok:decode(out) end
-  return out
+  if tok then out = tok:decode(out) end
+  return out, hash
 end
 
 -- The command line's key=value overrides ({ {key, text}, ... }).

@@ -5,7 +5,8 @@
 #   BPE: a model trained on shards with the fixture tokenizer beside them samples text
 #   through it (found from the checkpoint's recipe, or given with --tokenizer), and without
 #   one the command says what to give;
-#   the cache under tensor parallelism: recipes/kv_sample.lua on 1 rank and on tp=2.
+#   the cache under tensor parallelism: recipes/kv_sample.lua (tokens and a hash of the
+#   logits, with and without the cache) on 1 rank, tp=2, and tp=2 in canonical mode.
 set -euo pipefail
 loom=$(realpath "$1") bpe=$(realpath "$2")
 here=$(cd "$(dirname "$0")" && pwd)
@@ -57,4 +58,7 @@ grep -q "^KV same" "$tmp/one" || fail "kv_sample on one rank printed: $(cat "$tm
 "$loom" launch -n 2 "$here/recipes/kv_sample.lua" mesh.tp=2 comm_timeout=20 > "$tmp/tp" ||
   fail "kv_sample under tp=2: $(cat "$tmp/tp")"
 grep -q "^KV same" "$tmp/tp" || fail "kv_sample under tp=2 printed: $(cat "$tmp/tp")"
-echo "ok: cached and recomputed samples agree on one rank and under tp=2"
+"$loom" launch -n 2 "$here/recipes/kv_sample.lua" mesh.tp=2 deterministic=canonical comm_timeout=20 \
+  > "$tmp/tpc" || fail "kv_sample under tp=2, canonical: $(cat "$tmp/tpc")"
+grep -q "^KV same" "$tmp/tpc" || fail "kv_sample under tp=2, canonical printed: $(cat "$tmp/tpc")"
+echo "ok: cached and recomputed samples agree (tokens and logits bits) on one rank, tp=2, tp=2 canonical"

@@ -80,8 +80,9 @@ loom_status loom_gpt_logits_row(loom_gpt *m, size_t row, float *host_out);
  * (each layer's q, k, v among them: the key/value cache); loom_gpt_decode appends one
  * token at position t = the rows kept so far and computes only its row, attention reading
  * the cached keys and values. Row t of the logits is then bitwise what a full forward over
- * the t+1 tokens gives it, provided the backend's products are row-independent (canonical
- * GEMM: the caller sets the backend deterministic) — tests/unit/test_kv_cache.c checks it.
+ * the t+1 tokens gives it, provided the backend's products are row-independent (the caller
+ * sets the backend's set_deterministic to 2, row-stable, or 1, canonical) —
+ * tests/unit/test_kv_cache.c checks it.
  * Every tensor-parallel rank calls it (its own heads are cached; the same exchanges run,
  * over one row). Refused (LOOM_ERR_UNSUPPORTED) under sequence parallelism, and when the
  * backend has no attention_decode; LOOM_ERR_INVALID when t is not the cached length or

@@ -8,7 +8,7 @@
  * alignment); the attention probabilities go where the full forward over t+1 tokens puts
  * row t of each head. Each op below is the full forward's op restricted to that row —
  * layer norms, bias, residual and GELU act per row or per element, the products are
- * row-independent under the canonical GEMM, the tensor-parallel sums are elementwise in a
+ * row-independent under the backend's row-stable (or canonical) mode, the tensor-parallel sums are elementwise in a
  * fixed rank order (or canonical mode's tree), attention_decode reproduces
  * attention_forward's last row — so the logits row has the full recompute's bits.
  * It does not: batch (B = 1 only), slide a window (positions are absolute: once t reaches

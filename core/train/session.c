@@ -288,12 +288,19 @@ static int draw_token(float *logits, int V, float temperature, int top_k, double
 /* The generation loop (session.h). The first token's logits come from a forward over the
  * prompt's window; with the cache every later one from loom_gpt_decode of the token just
  * drawn, until the sequence outgrows ctx: then the window slides, every position moves,
- * and each token is a full forward over the last ctx tokens (as without the cache). */
+ * and each token is a full forward over the last ctx tokens (as without the cache).
+ * While the window starts at 0 — the rows a decode reuses — the backend's products are
+ * row-stable (set_deterministic mode 2: a row's bits do not depend on how many rows a
+ * product has; a fast GEMM picks kernels by shape), so the one-row decode gives the full
+ * forward's bits. Once it slides both paths run the same full forwards on the usual GEMM.
+ * The mode depends on whether the model can decode, not on no_cache, so both paths do the
+ * same arithmetic. Training's setting is restored at the end. */
 static loom_status generate(loom_session *s, const loom_sample_config *c, const int *prompt,
                             int n_prompt, int n_new, int *out)
 {
     const loom_gpt_config *mc = loom_gpt_get_config(s->model);
-    int cache = !c->no_cache && loom_gpt_can_decode(s->model);
+    const loom_backend_ops *k = s->backend.ops;
+    int can = loom_gpt_can_decode(s->model), cache = can && !c->no_cache, mode = -1;
     memmove(out, prompt, (size_t)n_prompt * sizeof(int));
     uint64_t stream = loom_rng_stream("sample");
     loom_xxh64_state hash;
@@ -301,6 +308,9 @@ static loom_status generate(loom_session *s, const loom_sample_config *c, const 
     for (int i = 0; i < n_new; i++) {
         int len = n_prompt + i;
         int T = len < mc->ctx ? len : mc->ctx;
+        int want = can && len <= mc->ctx ? 2 : s->cfg.canonical;
+        if (want != mode && k->set_deterministic)
+            k->set_deterministic(s->backend.self, mode = want);
         if (cache && i > 0 && len <= mc->ctx && loom_gpt_cached_rows(s->model) == len - 1) {
             LOOM_TRY(loom_gpt_decode(s->model, out[len - 1], len - 1));
         } else {
@@ -337,12 +347,7 @@ loom_status loom_session_generate(loom_session *s, const loom_sample_config *c, 
         LOOM_FAIL(LOOM_ERR_INVALID, "sampling needs a token count >= 0, got %d", n_new);
     if (!(c->temperature > 0.0f))
         LOOM_FAIL(LOOM_ERR_INVALID, "temperature must be > 0, got %g", c->temperature);
-    /* Both paths on the canonical GEMM, whose row bits do not depend on how many rows a
-     * product has: the cached path's one-row products then give the full forward's bits
-     * (a fast GEMM picks kernels by shape). Training's setting is restored after. */
     const loom_backend_ops *k = s->backend.ops;
-    if (k->set_deterministic)
-        k->set_deterministic(s->backend.self, 1);
     loom_status st = generate(s, c, prompt, n_prompt, n_new, out);
     if (k->set_deterministic)
         k->set_deterministic(s->backend.self, s->cfg.canonical);

@@ -77,7 +77,8 @@ typedef struct loom_sample_config {
 } loom_sample_config;
 /* loom_session_sample with every knob. With the cache (gpt.h: loom_gpt_decode) each token
  * after the first costs one row's forward instead of the window's, and the tokens are
- * bitwise those of no_cache = 1. Both run the backend's canonical GEMM for the call. */
+ * bitwise those of no_cache = 1 (both run the backend's row-stable products while the
+ * window starts at position 0: set_deterministic mode 2). */
 loom_status loom_session_generate(loom_session *s, const loom_sample_config *cfg,
                                   const int *prompt, int n_prompt, int n_new, int *out);
 

@@ -7,7 +7,8 @@
  * (loom_cpu_blas_init) and keeps its description for the start-up banner. The kernels are
  * the loom_cpu_* functions themselves: parameter gradients accumulate, input gradients
  * overwrite, as the ops table's contract says. set_deterministic switches the process-wide
- * canonical GEMM mode (blas.c: loom_cpu_set_deterministic).
+ * canonical GEMM mode (blas.c: loom_cpu_set_deterministic); its mode 2 (row-stable, for
+ * generation with a key/value cache) sends matmul_forward and gemm to gemm_rows.c instead.
  *
  * Only loom_plugin_entry is exported (-fvisibility=hidden on everything else, the kernel
  * library included). loom_plugin_entry returns the static descriptor and does nothing else.
@@ -90,9 +91,32 @@ static void cpu_synchronize(void *self)
 {
 }
 
+/* Mode 2 (backend.h): row-stable products. One flag per process, like canonical mode. */
+static volatile int row_stable;
+
 static void cpu_set_deterministic(void *self, int on)
 {
-    loom_cpu_set_deterministic(on);
+    (void)self;
+    row_stable = on == 2;
+    loom_cpu_set_deterministic(on == 1);
+}
+
+static void cpu_matmul_forward(float *out, const float *inp, const float *weight,
+                               const float *bias, int B, int T, int C, int OC)
+{
+    if (row_stable)
+        loom_cpu_matmul_forward_rows(out, inp, weight, bias, B, T, C, OC);
+    else
+        loom_cpu_matmul_forward(out, inp, weight, bias, B, T, C, OC);
+}
+
+static void cpu_gemm(int transa, int transb, int M, int N, int K, float alpha, const float *A,
+                     int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    if (row_stable)
+        loom_cpu_sgemm_rows(transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    else
+        loom_cpu_sgemm(transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 static const loom_backend_ops cpu_ops = {
@@ -110,10 +134,10 @@ static const loom_backend_ops cpu_ops = {
     .embedding_backward = loom_cpu_embedding_backward,
     .position_forward = loom_cpu_position_forward,
     .position_backward = loom_cpu_position_backward,
-    .gemm = loom_cpu_sgemm,
+    .gemm = cpu_gemm,
     .layernorm_forward = loom_cpu_layernorm_forward,
     .layernorm_backward = loom_cpu_layernorm_backward,
-    .matmul_forward = loom_cpu_matmul_forward,
+    .matmul_forward = cpu_matmul_forward,
     .matmul_backward = loom_cpu_matmul_backward,
     .attention_forward = loom_cpu_attention_forward,
     .attention_backward = loom_cpu_attention_backward,

@@ -70,6 +70,12 @@ void loom_cpu_attention_forward(float *out, float *att, const float *qkv, int B,
                                 int NH);
 void loom_cpu_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
                                  const float *att, int B, int T, int C, int NH);
+/* gemm_rows.c: row-stable NT product and linear layer (generation's mode 2 of
+ * set_deterministic, backend_cpu.c) */
+void loom_cpu_sgemm_rows(int transa, int transb, int M, int N, int K, float alpha, const float *A,
+                         int lda, const float *B, int ldb, float beta, float *C, int ldc);
+void loom_cpu_matmul_forward_rows(float *out, const float *inp, const float *weight,
+                                  const float *bias, int B, int T, int C, int OC);
 /* attention_decode.c */
 void loom_cpu_attention_decode(float *out, float *att, size_t att_stride, const float *qkv, int t,
                                int C, int NH);

@@ -2,8 +2,9 @@
  * the full recompute it replaces.
  *
  *   logits:  prefill a prompt, then decode token after token; every logits row must have
- *            the bits a full forward over the same tokens gives its last row (fast mode and
- *            canonical mode, past attention's 64-row blocks, a width whose rows are not
+ *            the bits a full forward over the same tokens gives its last row (the backend's
+ *            row-stable products, as sampling runs, for a fast and a canonical model, and
+ *            the canonical GEMM; past attention's 64-row blocks, a width whose rows are not
  *            64-byte aligned). A negative control decodes a different token and expects
  *            other bits, so the comparison can fail.
  *   tokens:  loom_session_generate with and without the cache: the same tokens, with the
@@ -41,14 +42,14 @@ static void fill_tokens(int *t, int n, int V, unsigned seed)
 }
 
 /* Decode N tokens after a P-token prompt; compare each logits row with a full forward. */
-static void check_rows(int canonical, int dim, int heads, int ctx, int P, int N)
+static void check_rows(int canonical, int mode, int dim, int heads, int ctx, int P, int N)
 {
     open_backend();
     loom_gpt_config c = {.vocab = 67, .ctx = ctx, .layers = 2, .heads = heads, .dim = dim};
     loom_gpt_parallel par = {NULL, NULL, canonical};
     loom_gpt *m;
     ck_assert_msg(loom_gpt_create(&c, &be, 1, 7, &par, &m) == LOOM_OK, "%s", loom_last_error());
-    be.ops->set_deterministic(be.self, 1);
+    be.ops->set_deterministic(be.self, mode);
     int Vp = loom_gpt_get_config(m)->vocab_padded;
     int *tok = malloc((size_t)N * sizeof(int));
     float *cached = malloc((size_t)N * Vp * sizeof(float)), *full = malloc((size_t)Vp * sizeof(float));
@@ -64,8 +65,8 @@ static void check_rows(int canonical, int dim, int heads, int ctx, int P, int N)
         ck_assert_int_eq(loom_gpt_forward(m, tok, NULL, 1, t + 1, 0.0f, NULL), LOOM_OK);
         ck_assert_int_eq(loom_gpt_logits_row(m, (size_t)t, full), LOOM_OK);
         int differ = memcmp(full, cached + (size_t)t * Vp, (size_t)Vp * sizeof(float)) != 0;
-        ck_assert_msg(!differ, "canonical=%d dim=%d: logits row %d differ (cached %a, full %a)",
-                      canonical, dim, t, (double)cached[(size_t)t * Vp], (double)full[0]);
+        ck_assert_msg(!differ, "canonical=%d mode=%d dim=%d: logits row %d differ (cached %a, "
+                      "full %a)", canonical, mode, dim, t, (double)cached[(size_t)t * Vp], (double)full[0]);
     }
     /* negative control: the row of another token at position N-1 has other bits */
     ck_assert_int_eq(loom_gpt_forward(m, tok, NULL, 1, N - 1, 0.0f, NULL), LOOM_OK);
@@ -79,15 +80,23 @@ static void check_rows(int canonical, int dim, int heads, int ctx, int P, int N)
     loom_gpt_destroy(m);
 }
 
+/* set_deterministic mode 2 (row-stable products), as sampling runs */
 START_TEST(logits_fast)
 {
-    check_rows(0, 36, 3, 160, 5, 150); /* rows of 36 floats: most rows not 64-byte aligned */
+    check_rows(0, 2, 36, 3, 160, 5, 150); /* rows of 36 floats: most rows not 64-byte aligned */
 }
 END_TEST
 
 START_TEST(logits_canonical)
 {
-    check_rows(1, 48, 4, 160, 70, 140); /* a prompt longer than one attention block */
+    check_rows(1, 2, 48, 4, 160, 70, 140); /* a prompt longer than one attention block */
+}
+END_TEST
+
+/* mode 1 (canonical GEMM) is row-independent too: what a backend without mode 2 gives */
+START_TEST(logits_canonical_gemm)
+{
+    check_rows(0, 1, 24, 2, 80, 3, 72);
 }
 END_TEST
 
@@ -186,6 +195,7 @@ int main(void)
     tcase_set_timeout(tc, 240);
     tcase_add_test(tc, logits_fast);
     tcase_add_test(tc, logits_canonical);
+    tcase_add_test(tc, logits_canonical_gemm);
     tcase_add_test(tc, decode_errors);
     tcase_add_test(tc, tokens_equal);
     tcase_add_test(tc, speed);

@@ -337,8 +337,9 @@ static loom_status call_progress(void *ctx, int done, int total)
 }
 
 /* s:sample(prompt, n, temperature, top_k, seed [, {cache = true, progress = fn(done, n),
- * logits_hash = false}]) -> string (prompt a string) or token list [, hash]. cache = false
- * recomputes the whole window for every token (loom_session_generate's reference path);
+ * shift_window = false, logits_hash = false}]) -> string (prompt a string) or token list
+ * [, hash]. cache = false recomputes the whole window for every token
+ * (loom_session_generate's reference path); shift_window: session.h;
  * logits_hash = true also returns the XXH64 of the logits rows drawn from, as a hex
  * string, so tests compare the two paths bit for bit. */
 static int l_session_sample(lua_State *L)
@@ -362,6 +363,8 @@ static int l_session_sample(lua_State *L)
             cfg.progress = call_progress;
             cfg.progress_ctx = &prog;
         }
+        lua_getfield(L, 7, "shift_window");
+        cfg.shift_window = lua_toboolean(L, -1);
         lua_getfield(L, 7, "logits_hash");
         if (lua_toboolean(L, -1))
             cfg.logits_hash = &hash;

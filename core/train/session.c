@@ -293,26 +293,35 @@ static int draw_token(float *logits, int V, float temperature, int top_k, double
  * row-stable (set_deterministic mode 2: a row's bits do not depend on how many rows a
  * product has; a fast GEMM picks kernels by shape), so the one-row decode gives the full
  * forward's bits. Once it slides both paths run the same full forwards on the usual GEMM.
- * The mode depends on whether the model can decode, not on no_cache, so both paths do the
- * same arithmetic. Training's setting is restored at the end. */
+ * The mode depends only on the position, not on no_cache or the layout (sequence
+ * parallelism, which cannot decode, too), so every path does the same arithmetic and
+ * canonical mode's samples stay equal across tp layouts (tests/e2e/tp.sh). Training's
+ * setting is restored at the end. */
 static loom_status generate(loom_session *s, const loom_sample_config *c, const int *prompt,
                             int n_prompt, int n_new, int *out)
 {
     const loom_gpt_config *mc = loom_gpt_get_config(s->model);
     const loom_backend_ops *k = s->backend.ops;
-    int can = loom_gpt_can_decode(s->model), cache = can && !c->no_cache, mode = -1;
+    int cache = loom_gpt_can_decode(s->model) && !c->no_cache, mode = -1;
     memmove(out, prompt, (size_t)n_prompt * sizeof(int));
     uint64_t stream = loom_rng_stream("sample");
     loom_xxh64_state hash;
     loom_xxh64_init(&hash);
+    /* shift_window: the window [start, len) restarts at the last ctx/2 tokens when full */
+    int start = n_prompt > mc->ctx ? n_prompt - (c->shift_window ? mc->ctx / 2 : mc->ctx) : 0;
     for (int i = 0; i < n_new; i++) {
-        int len = n_prompt + i;
-        int T = len < mc->ctx ? len : mc->ctx;
-        int want = can && len <= mc->ctx ? 2 : s->cfg.canonical;
+        int len = n_prompt + i, restarted = 0;
+        if (c->shift_window && len - start > mc->ctx) {
+            start = len - (mc->ctx + 1) / 2;
+            restarted = 1;
+        }
+        int T = c->shift_window ? len - start : len < mc->ctx ? len : mc->ctx;
+        int want = c->shift_window || len <= mc->ctx ? 2 : s->cfg.canonical;
         if (want != mode && k->set_deterministic)
             k->set_deterministic(s->backend.self, mode = want);
-        if (cache && i > 0 && len <= mc->ctx && loom_gpt_cached_rows(s->model) == len - 1) {
-            LOOM_TRY(loom_gpt_decode(s->model, out[len - 1], len - 1));
+        if (cache && i > 0 && !restarted && T <= mc->ctx &&
+            (c->shift_window || len <= mc->ctx) && loom_gpt_cached_rows(s->model) == T - 1) {
+            LOOM_TRY(loom_gpt_decode(s->model, out[len - 1], T - 1));
         } else {
             /* Sequence parallelism shards rows by tp: pad the window at its end (causal
              * attention: later tokens cannot change the row we read). */

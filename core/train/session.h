@@ -72,6 +72,10 @@ typedef struct loom_sample_config {
                                 * reference the key/value cache is tested against) */
     loom_sample_progress_fn progress; /* NULL: none */
     void *progress_ctx;
+    int shift_window;          /* 1: past ctx, the window restarts at the last ctx/2
+                                * tokens and grows again (the cache keeps working: one
+                                * ctx/2-row forward per ctx/2 tokens) instead of sliding by
+                                * one (a full ctx-row forward per token); other samples */
     uint64_t *logits_hash;     /* if set: XXH64 of every logits row drawn from (V floats
                                 * each, in order), so tests compare the paths bit for bit */
 } loom_sample_config;

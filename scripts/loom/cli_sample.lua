@@ -21,6 +21,8 @@ usage: loom sample CKPT --prompt TEXT [options]
   --tokenizer DIR        GPT-2 tokenizer (encoder.json, vocab.bpe) for a BPE model; default:
                          beside the shards the checkpoint was trained on
   --no-cache             recompute the whole window for every token (same tokens, slower)
+  --shift                past the model's ctx, restart the window at the last ctx/2 tokens
+                         (the cache keeps working) instead of sliding it by one per token
   -h, --help             this text
 example:
   loom sample runs/shakespeare/ckpt --prompt "ROMEO:" --tokens 300 --temperature 0.8 --top-k 40]]
@@ -30,6 +32,7 @@ local options = { -- name -> field, kind
   ["--tokens"] = { "tokens", "count" }, ["--temperature"] = { "temperature", "positive" },
   ["--top-k"] = { "top_k", "count" }, ["--seed"] = { "seed", "count" },
   ["--tokenizer"] = { "tokenizer", "string" }, ["--no-cache"] = { "no_cache", "flag" },
+  ["--shift"] = { "shift", "flag" },
 }
 
 local function fail(fmt, ...)
@@ -122,7 +125,7 @@ return function(args, open_checkpoint)
   local ok, out = pcall(loom.sample, {
     session = session, prompt = o.ids or o.prompt, tokens = n, temperature = o.temperature,
     top_k = o.top_k, seed = o.seed, tokenizer = tok, cache = not o.no_cache,
-    progress = progress_printer(t0),
+    progress = progress_printer(t0), window = o.shift and "shift" or nil,
   })
   if not ok then error("sample: " .. tostring(out), 0) end
   local s = core.now() - t0

@@ -218,6 +218,9 @@ end
 -- prepare-text --gpt2 leaves beside the shards, or what loom.tokenizer returned) a text
 -- prompt is encoded and the tokens decoded to text; otherwise prompt and result are token
 -- ids. cache = false recomputes the whole window for every token (the same tokens, slower).
+-- Past ctx the window slides by one token (window = "slide": each token a full forward
+-- over ctx rows) or, with window = "shift", restarts at the last ctx/2 tokens and grows
+-- again, so the cache keeps working (other samples; fewer tokens of context at times).
 -- progress: function(done, total) called after each token. logits_hash = true: a second
 -- result, the XXH64 (hex) of every logits row drawn from (tests compare paths by it).
 local sample_spec = {
@@ -231,6 +234,8 @@ local sample_spec = {
   cache = { type = "boolean", help = "use the key/value cache (default true)" },
   progress = { type = "function", help = "function(done, total) after each token" },
   logits_hash = { type = "boolean", help = "also return the XXH64 (hex) of the logits drawn from" },
+  window = { type = "string", help = "past ctx: \"slide\" (by one token, default) or \"shift\" "
+    .. "(restart at the last ctx/2 tokens: the cache keeps working)" },
 }
 
 -- loom.tokenizer(path) -> the GPT-2 tokenizer (loom.bpe) in path (a directory or its
@@ -269,7 +274,11 @@ function loom.sample(t)
     if not ok then schema.fail(where, "%s", ids) end
     prompt = ids
   end
-  local opts = { cache = t.cache ~= false, progress = t.progress, logits_hash = t.logits_hash }
+  if t.window ~= nil and t.window ~= "slide" and t.window ~= "shift" then
+    schema.fail(where, "loom.sample: window = %q; use \"slide\" or \"shift\"", t.window)
+  end
+  local opts = { cache = t.cache ~= false, progress = t.progress, logits_hash = t.logits_hash,
+    shift_window = t.window == "shift" }
   local ok, out, hash = pcall(t.session.sample, t.session, prompt, t.tokens or 200,
     t.temperature or 1.0, t.top_k or 0, t.seed or 0, opts)
   if not ok then schema.fail(where, "%s", out) end

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # sample.sh LOOM FIXTURE_BPE — `loom sample` and the key/value cache end to end:
 #   the command: --help (exit 0, options, an example), unknown options and a missing prompt
-#   refused, the same text with and without the cache, the closing tokens/s line on stderr;
+#   refused, the same text with and without the cache (window sliding or --shift past
+#   ctx), the closing tokens/s line on stderr;
 #   BPE: a model trained on shards with the fixture tokenizer beside them samples text
 #   through it (found from the checkpoint's recipe, or given with --tokenizer), and without
 #   one the command says what to give;
@@ -35,7 +36,10 @@ grep -q "^ROMEO:" "$tmp/a" || fail "the sample does not start with the prompt"
 [[ $(wc -c < "$tmp/a") -eq 47 ]] || fail "expected 6 + 40 bytes and a newline, got $(wc -c < "$tmp/a")"
 grep -qE "^sample: 40 tokens in [0-9.]+ s \([0-9.]+ tok/s\)$" "$tmp/a.err" ||
   fail "no closing line on stderr: $(cat "$tmp/a.err")"
-echo "ok: the same 40 tokens with and without the cache; $(cat "$tmp/a.err")"
+"$loom" sample "$tmp/ck" "${args[@]}" --shift > "$tmp/c" 2> /dev/null
+"$loom" sample "$tmp/ck" "${args[@]}" --shift --no-cache > "$tmp/d" 2> /dev/null
+cmp -s "$tmp/c" "$tmp/d" || fail "the --shift sample differs with --no-cache"
+echo "ok: the same 40 tokens with and without the cache (past ctx 32: sliding, --shift); $(cat "$tmp/a.err")"
 
 # BPE through the fixture tokenizer (27 tokens, tests/fixtures/bpe)
 mkdir -p "$tmp/shards"

@@ -8,7 +8,7 @@
  *            64-byte aligned). A negative control decodes a different token and expects
  *            other bits, so the comparison can fail.
  *   tokens:  loom_session_generate with and without the cache: the same tokens, with the
- *            window sliding past ctx and with top-k.
+ *            window sliding past ctx, with top-k, and with the window shifting past ctx.
  *   speed:   500 tokens from a one-token prompt, one thread; the cached path must be at least 3x
  *            faster (measured on an idle 2-core machine: see docs/BENCHMARKS.md; 3x leaves
  *            room for a loaded one).
@@ -142,10 +142,13 @@ static loom_session *make_session(int vocab, int ctx, int layers, int heads, int
     return s;
 }
 
+static int shift; /* generate's window mode */
+
 static double generate(loom_session *s, int no_cache, int top_k, const int *prompt, int P, int N,
                        int *out)
 {
-    loom_sample_config c = {.temperature = 1.0f, .top_k = top_k, .seed = 5, .no_cache = no_cache};
+    loom_sample_config c = {.temperature = 1.0f, .top_k = top_k, .seed = 5, .no_cache = no_cache,
+                            .shift_window = shift};
     double t0 = loom_now_ms();
     ck_assert_msg(loom_session_generate(s, &c, prompt, P, N, out) == LOOM_OK, "%s",
                   loom_last_error());
@@ -163,6 +166,30 @@ START_TEST(tokens_equal)
         for (int i = 0; i < 110; i++)
             ck_assert_msg(a[i] == b[i], "top_k=%d: token %d is %d with the cache, %d without",
                           top_k, i, a[i], b[i]);
+    }
+    loom_session_destroy(s);
+}
+END_TEST
+
+/* window shift past ctx: the cache restarts at the last ctx/2 tokens; the same tokens as
+ * recomputing the shifted windows, and another sample than sliding */
+START_TEST(tokens_equal_shift)
+{
+    loom_session *s = make_session(256, 64, 2, 4, 32);
+    int prompt[70], a[270], b[270], slide[270];
+    for (int i = 0; i < 70; i++)
+        prompt[i] = (i * 37 + 5) % 256;
+    for (int P = 10; P <= 70; P += 60) { /* a prompt inside ctx, and one longer than it */
+        shift = 0;
+        generate(s, 0, 0, prompt, P, 200, slide);
+        shift = 1;
+        generate(s, 0, 0, prompt, P, 200, a);
+        generate(s, 1, 0, prompt, P, 200, b);
+        shift = 0;
+        for (int i = 0; i < P + 200; i++)
+            ck_assert_msg(a[i] == b[i], "P=%d: token %d is %d with the cache, %d without", P, i,
+                          a[i], b[i]);
+        ck_assert(memcmp(a, slide, sizeof(int) * (size_t)(P + 200)) != 0);
     }
     loom_session_destroy(s);
 }
@@ -198,6 +225,7 @@ int main(void)
     tcase_add_test(tc, logits_canonical_gemm);
     tcase_add_test(tc, decode_errors);
     tcase_add_test(tc, tokens_equal);
+    tcase_add_test(tc, tokens_equal_shift);
     tcase_add_test(tc, speed);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);

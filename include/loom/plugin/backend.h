@@ -123,8 +123,9 @@ typedef struct loom_backend_ops {
      * sequence of operations whatever M, N and the thread count are (only K and the data
      * decide it), so a layer split by columns across ranks gives the bits of the unsplit
      * one. Off: the fastest GEMM available. on == 2 (generation with a key/value cache):
-     * row-stable — each element of matmul_forward and gemm depends only on K and the rows
-     * it reads (not on M), so a one-row product gives the bits of that row in a larger one;
+     * row-stable — each element of matmul_forward and of gemm's A @ B^T products (the ones
+     * a forward runs) depends only on K and the rows it reads, not on M, so a one-row
+     * product gives the bits of that row in a larger one;
      * a backend without a faster way treats it as 1, which has that property too. */
     void (*set_deterministic)(void *self, int on);
     /* Added for generation with a key/value cache (members from here on may be absent: check

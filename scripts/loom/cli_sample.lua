@@ -57,8 +57,9 @@ local function parse(args)
         if not v then fail("%s needs a value", name) end
         if not inline then i = i + 1 end
         if kind == "count" then
-          v = math.tointeger(tonumber(v))
-          if not v or v < 0 then fail("%s must be an integer >= 0, got '%s'", name, args[i]) end
+          local n = math.tointeger(tonumber(v))
+          if not n or n < 0 then fail("%s must be an integer >= 0, got '%s'", name, v) end
+          v = n
         elseif kind == "positive" then
           local n = tonumber(v)
           if not n or not (n > 0) then fail("%s must be a number > 0, got '%s'", name, v) end

@@ -63,6 +63,8 @@ struct loom_gpt {
     float *tree[3];                    /* canonical: levels of the chunk tree, (R,C) each */
     float *host_losses, *row_gather;   /* (R) host; (Vp) host */
     int last_B, last_T, have_dlogits;
+    int cache_len;                     /* rows of a one-sequence forward kept as a key/value
+                                        * cache (gpt_decode.c); 0: none */
     double comm_ms;                    /* time inside tensor-parallel exchanges */
     loom_grad_ready_fn grad_ready;
     void *grad_ready_ctx;

@@ -57,6 +57,13 @@ LOOM_CPU_BODY causal_softmax_row_body(float *row, int t, int T)
 }
 LOOM_CPU_VARIANTS(causal_softmax_row, (float *row, int t, int T), (row, t, T))
 
+/* The same row softmax for attention_decode.c, so a decoded row has attention_forward's
+ * bits by construction rather than by a copy kept in step. */
+void loom_cpu_causal_softmax_row(float *row, int t, int T)
+{
+    causal_softmax_row(row, t, T);
+}
+
 /* dpre[j] = att[j] (datt[j] - sum_k att[k] datt[k]) over n columns (att is 0 above the
  * diagonal, so dpre is too). */
 LOOM_CPU_BODY softmax_backward_row_body(float *dpre, const float *att, const float *datt, int n)

@@ -48,6 +48,10 @@
 
 #define LOOM_CPU_PAR_MIN 32768
 
+/* attention.c's causal row softmax (row[0..t] of a T-wide row, zeros after), shared with
+ * attention_decode.c. */
+void loom_cpu_causal_softmax_row(float *row, int t, int T);
+
 #define LOOM_CPU_BODY static inline __attribute__((always_inline)) void
 
 #if defined(__x86_64__)

@@ -90,6 +90,9 @@ void loom_cpu_attention_forward(float *out, float *att, const float *qkv, int B,
                                 int NH);
 void loom_cpu_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
                                  const float *att, int B, int T, int C, int NH);
+/* attention_decode.c */
+void loom_cpu_attention_decode(float *out, float *att, size_t att_stride, const float *qkv, int t,
+                               int C, int NH);
 /* gelu.c */
 void loom_cpu_gelu_forward(float *out, const float *inp, size_t n);
 void loom_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);

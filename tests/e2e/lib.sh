@@ -62,7 +62,7 @@ max_loss_diff() { max_field_diff '^LOSS ' 4 "$1" "$2"; }
 # finite number. For checks that compare runs bit for bit (cmp): two runs that both
 # diverge print the same nan.
 finite_losses() {
-  for f in "$@"; do max_loss_diff "$f" "$f" > /dev/null || return 1; done
+  for _lib_f in "$@"; do max_loss_diff "$_lib_f" "$_lib_f" > /dev/null || return 1; done
 }
 
 # finite X: succeeds when X is a finite number.

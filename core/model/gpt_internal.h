@@ -63,6 +63,11 @@ struct loom_gpt {
     float *tree[3];                    /* canonical: levels of the chunk tree, (R,C) each */
     float *host_losses, *row_gather;   /* (R) host; (Vp) host */
     int last_B, last_T, have_dlogits;
+    /* pipeline stage (gpt_stage.c): own[l] = block l is held here; the embedding lives with
+     * block 0, ln_f and the LM head with the last block; staged = some block is not. */
+    unsigned char *own;
+    int has_embed, has_head, staged, slots;
+    size_t slot_bytes;                 /* one activation set; act_bytes = slots x this */
     double comm_ms;                    /* time inside tensor-parallel exchanges */
     loom_grad_ready_fn grad_ready;
     void *grad_ready_ctx;
@@ -80,6 +85,9 @@ typedef loom_status (*region_hook)(void *, loom_region, int, const loom_region_i
     gpt_cross(m, GPT_HOOK(region_backward_leave), r, l, in, out, rows, w)
 #define B_ENTER(r, l, in, out, rows, w) \
     gpt_cross(m, GPT_HOOK(region_backward_enter), r, l, in, out, rows, w)
+
+/* Point the activation buffers at activation set `slot` (0 .. slots-1). */
+void gpt_bind_slot(loom_gpt *m, int slot);
 
 loom_status gpt_cross(loom_gpt *m, region_hook hook, loom_region r, int layer, const float *in,
                       float *out, size_t rows, size_t width);

@@ -27,4 +27,8 @@ loom_status loom_grad_norm_compute(loom_grad_norm *gn, const loom_param_table *t
                                    const float *grads, double *norm_sq, int *nonfinite,
                                    double *comm_ms);
 
+/* Leave table entry i out of the norm and the non-finite check (a copy another rank
+ * counts: the pipeline's tied wte on stage 0). */
+void loom_grad_norm_skip(loom_grad_norm *gn, int i);
+
 #endif

@@ -15,6 +15,7 @@
 #include "loom/plugin/strategy.h"
 #include "grad_norm.h"
 #include "grad_sync.h"
+#include "pipeline.h"
 #include "base/plugin_loader.h"
 #include "base/rng.h"
 #include "base/status.h"
@@ -38,7 +39,8 @@ struct loom_session {
     uint32_t state_slots;
     loom_optim_segment *segments;
     int n_segments;
-    int *tokens, *targets;   /* host staging for one micro-batch */
+    int *tokens, *targets;   /* host staging for one micro-batch (all of a step's under pp) */
+    loom_pipeline *pipe;     /* pp > 1, else NULL */
     float *host_logits;      /* sampling: one row of Vp */
     int64_t steps;
 };
@@ -101,7 +103,30 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
     }
     s->cfg.backend = NULL; /* the caller's string; only needed while opening */
     loom_status st = loom_backend_open(cfg->backend ? cfg->backend : "cpu", cfg->threads, &s->backend);
-    loom_gpt_parallel par = {NULL, NULL, cfg->canonical};
+    loom_gpt_parallel par = {NULL, NULL, cfg->canonical, NULL, 0};
+    int pp = 1;
+    if (st == LOOM_OK) {
+        const struct loom_comm_ops *pops;
+        void *pgroup;
+        st = loom_core_host()->group(LOOM_GROUP_PP, &pops, &pgroup, &pp);
+    }
+    if (st == LOOM_OK && pp > 1) {
+        if (!cfg->schedule || cfg->schedule->kind != LOOM_KIND_SCHED)
+            st = loom_fail(LOOM_ERR_INVALID, "pp=%d needs a sched plugin (schedule = \"1f1b\")", pp);
+        else if (cfg->canonical)
+            st = loom_fail(LOOM_ERR_UNSUPPORTED, "deterministic = \"canonical\" does not run under "
+                           "pipeline parallelism yet (mesh.pp=%d): use deterministic = \"fast\" or "
+                           "pp = 1", pp);
+        else {
+            loom_pipeline_config pc = {cfg->schedule, cfg->accum, cfg->pp_chunks, cfg->model.layers,
+                                       cfg->pp_layers, cfg->n_pp_layers};
+            st = loom_pipeline_create(&pc, &s->pipe);
+        }
+        if (st == LOOM_OK) {
+            par.stage_layers = loom_pipeline_stage_layers(s->pipe);
+            par.slots = loom_pipeline_slots(s->pipe);
+        }
+    }
     if (st == LOOM_OK && cfg->tensor) {
         loom_config_copy(&s->tensor_cfg, cfg->tensor);
         s->cfg.tensor = &s->tensor_cfg;
@@ -133,7 +158,7 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
         s->state_slots = s->optim->state_per_param(s->optim_self);
         if (s->state_slots)
             s->optim_state = calloc((size_t)s->state_slots * total, sizeof(float));
-        size_t bt = (size_t)cfg->micro_batch * cfg->seq;
+        size_t bt = (size_t)cfg->micro_batch * cfg->seq * (s->pipe ? (size_t)cfg->accum + 1 : 1);
         /* tokens also stage a sampling window of up to ctx */
         s->tokens = malloc((bt > (size_t)mc->ctx ? bt : (size_t)mc->ctx) * sizeof(int));
         s->targets = malloc(bt * sizeof(int));
@@ -143,6 +168,8 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
     }
     if (st == LOOM_OK)
         st = loom_grad_norm_create(&s->backend, loom_gpt_params(s->model), &s->norm);
+    if (st == LOOM_OK && s->pipe && loom_pipeline_stage(s->pipe) == 0)
+        loom_grad_norm_skip(s->norm, 0); /* the tied wte: the last stage counts it */
     if (st == LOOM_OK)
         st = build_segments(s);
     if (st == LOOM_OK)
@@ -162,6 +189,7 @@ void loom_session_destroy(loom_session *s)
         return;
     loom_grad_sync_destroy(s->sync);
     loom_gpt_destroy(s->model);
+    loom_pipeline_destroy(s->pipe);
     if (s->tensor)
         s->tensor->destroy(s->tensor_self);
     loom_grad_norm_destroy(s->norm);
@@ -188,7 +216,30 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     int dp = loom_grad_sync_dp_size(s->sync), dp_rank = loom_grad_sync_dp_rank(s->sync);
     double tokens = (double)B * T * accum * dp;
     float scale = s->precision->loss_scale(s->precision_self);
-    for (int i = 0; i < accum * dp; i++) {
+    int peak = 0;
+    if (s->pipe) {
+        /* Every rank reads every micro-batch (positions stay in step); this dp rank's block
+         * goes through the pipeline, then the losses join the tree in micro-batch order. */
+        size_t bt = (size_t)B * T;
+        for (int i = 0; i < accum * dp; i++) {
+            size_t at = (size_t)(i / accum == dp_rank ? i % accum : accum) * bt; /* accum: scratch */
+            LOOM_TRY(next(ctx, s->tokens + at, s->targets + at, B, T));
+        }
+        double *mb_loss = calloc((size_t)accum, sizeof(double));
+        if (!mb_loss)
+            LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+        loom_status st = loom_grad_sync_begin_micro(s->sync, 0);
+        if (st == LOOM_OK)
+            st = loom_pipeline_run(s->pipe, s->model, s->tokens, s->targets, B, T,
+                                   (float)(scale / tokens), mb_loss, &peak);
+        for (int a = 0; st == LOOM_OK && a < accum; a++)
+            st = loom_grad_sync_end_micro(s->sync, a, mb_loss[a]);
+        if (st == LOOM_OK)
+            st = loom_grad_sync_all_ready(s->sync);
+        free(mb_loss);
+        LOOM_TRY(st);
+    }
+    for (int i = 0; !s->pipe && i < accum * dp; i++) {
         LOOM_TRY(next(ctx, s->tokens, s->targets, B, T));
         if (i / accum != dp_rank)
             continue; /* another rank's micro-batch */
@@ -203,10 +254,23 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     double loss_sum = 0.0, t_sync = loom_now_ms();
     LOOM_TRY(loom_grad_sync_finish(s->sync, &loss_sum));
     double comm_ms = loom_now_ms() - t_sync + loom_gpt_take_comm_ms(s->model);
+    if (s->pipe)
+        LOOM_TRY(loom_pipeline_tied_sync(s->pipe, s->model, &comm_ms));
     double norm_sq;
     int nonfinite;
     LOOM_TRY(loom_grad_norm_compute(s->norm, loom_gpt_params(s->model), loom_gpt_grad_data(s->model),
                                     &norm_sq, &nonfinite, &comm_ms));
+    if (s->pipe) { /* the loss lives on the last stage, the norm's parts on every stage */
+        double v[3] = {loom_pipeline_stage(s->pipe) == loom_pipeline_stages(s->pipe) - 1 ? loss_sum
+                                                                                          : 0.0,
+                       norm_sq, nonfinite ? 1.0 : 0.0};
+        double t_pp = loom_now_ms();
+        LOOM_TRY(loom_pipeline_sum(s->pipe, v, 3));
+        comm_ms += loom_now_ms() - t_pp;
+        loss_sum = v[0];
+        norm_sq = v[1];
+        nonfinite = v[2] != 0.0;
+    }
     int skip = s->precision->update(s->precision_self, nonfinite);
     double norm = nonfinite ? NAN : sqrt(norm_sq) / scale;
     memset(out, 0, sizeof *out);
@@ -228,6 +292,7 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     out->skipped = skip;
     out->ms = loom_now_ms() - t0;
     out->comm_ms = comm_ms;
+    out->inflight = peak;
     return LOOM_OK;
 }
 
@@ -239,7 +304,10 @@ loom_status loom_session_eval(loom_session *s, loom_batch_fn next, void *ctx, in
     for (int i = 0; i < batches; i++) {
         double part = 0.0;
         LOOM_TRY(next(ctx, s->tokens, s->targets, B, T));
-        LOOM_TRY(loom_gpt_forward(s->model, s->tokens, s->targets, B, T, 0.0f, &part));
+        if (s->pipe)
+            LOOM_TRY(loom_pipeline_eval(s->pipe, s->model, s->tokens, s->targets, B, T, &part));
+        else
+            LOOM_TRY(loom_gpt_forward(s->model, s->tokens, s->targets, B, T, 0.0f, &part));
         sum += part;
     }
     *loss = sum / ((double)batches * B * T);
@@ -288,6 +356,9 @@ loom_status loom_session_sample(loom_session *s, const int *prompt, int n_prompt
                                 float temperature, int top_k, uint64_t seed, int *out)
 {
     const loom_gpt_config *mc = loom_gpt_get_config(s->model);
+    if (s->pipe)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "sampling does not run under pipeline parallelism yet "
+                  "(pp=%d): sample from a pp = 1 run", loom_pipeline_stages(s->pipe));
     if (n_prompt < 1)
         LOOM_FAIL(LOOM_ERR_INVALID, "sampling needs a prompt of at least one token");
     if (!(temperature > 0.0f))
@@ -339,6 +410,10 @@ const loom_plugin_config *loom_session_optim_config(const loom_session *s) { ret
 
 loom_gpt *loom_session_model(loom_session *s) { return s->model; }
 int64_t loom_session_steps_taken(const loom_session *s) { return s->steps; }
+int loom_session_pipeline_stages(const loom_session *s)
+{
+    return s->pipe ? loom_pipeline_stages(s->pipe) : 1;
+}
 
 const char *loom_session_backend_description(loom_session *s)
 {

@@ -103,4 +103,4 @@ refused 'not a multiple of stages' -n 4 $base mesh.pp=4 schedule=interleaved mod
 refused 'cannot give each of the 8 pipeline stages a block' -n 4 $base mesh.pp=4 schedule=interleaved microbatches=4
 refused 'checkpoints are not saved or resumed under pipeline' -n 2 $base mesh.pp=2 checkpoint.dir="$tmp/ck"
 refused 'sets up the pipeline, and this run has no pipeline (mesh.pp = 1)' -n 1 $base microbatches=4
-refused 'batch.global=8 but batch.micro x microbatches x dp = 4 x 4 x 1 = 16' -n 2 $base mesh.pp=2 microbatches=4 batch.global=8
+refused 'but batch.micro x microbatches x dp = 4 x 4 x 1 = 16' -n 2 $base mesh.pp=2 microbatches=4 batch.global=8

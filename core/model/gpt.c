@@ -196,6 +196,7 @@ static size_t lay_out_activations(loom_gpt *m, float *base)
     m->datt_scratch = TAKE(2 * att); m->rep_grad = TAKE(6 * C);
     for (int i = 0; i < 3; i++)
         m->tree[i] = m->canonical ? TAKE(R * C) : NULL;
+    m->emb_grad = m->canonical && m->has_embed ? TAKE((size_t)Vl * C) : NULL;
 #undef GATHERED
 #undef TAKE_FULL
 #undef TAKE
@@ -509,7 +510,7 @@ loom_status loom_gpt_backward(loom_gpt *m)
     /* Embedding: every rank needs the gradient of all rows for its vocabulary slice; the
      * position gradient is then computed the same way on every rank. */
     LOOM_TRY(B_LEAVE(LOOM_REGION_EMBEDDING, -1, m->dres, m->dres_full, R, C));
-    k->embedding_backward(m->g.wte, m->dres_full, m->tokens, m->v0, m->Vl, R, C);
+    gpt_embedding_grad(m, R);
     k->position_backward(m->g.wpe, m->dres_full, B, T, C);
     m->have_dlogits = 0;
     LOOM_TRY(entries_ready(m, 0, 1));

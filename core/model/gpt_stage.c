@@ -20,6 +20,19 @@ float *loom_gpt_stage_input(loom_gpt *m) { return m->encoded; }
 float *loom_gpt_stage_output(loom_gpt *m, int hi) { return m->acts[hi - 1].res3; }
 float *loom_gpt_stage_grad(loom_gpt *m) { return m->dres; }
 
+void gpt_embedding_grad(loom_gpt *m, size_t R)
+{
+    const loom_backend_ops *k = m->be->ops;
+    size_t C = (size_t)m->cfg.dim;
+    if (!m->emb_grad) {
+        k->embedding_backward(m->g.wte, m->dres_full, m->tokens, m->v0, m->Vl, R, (int)C);
+        return;
+    }
+    k->zero(m->be->self, m->emb_grad, (size_t)m->Vl * C * sizeof(float));
+    k->embedding_backward(m->emb_grad, m->dres_full, m->tokens, m->v0, m->Vl, R, (int)C);
+    k->accumulate(m->g.wte, m->emb_grad, (size_t)m->Vl * C);
+}
+
 static loom_status check_chunk(const loom_gpt *m, int lo, int hi)
 {
     if (lo < 0 || hi > m->cfg.layers || lo >= hi)
@@ -152,7 +165,7 @@ loom_status loom_gpt_stage_backward(loom_gpt *m, int lo, int hi)
     }
     if (lo == 0) {
         LOOM_TRY(B_LEAVE(LOOM_REGION_EMBEDDING, -1, m->dres, m->dres_full, R, C));
-        k->embedding_backward(m->g.wte, m->dres_full, m->tokens, m->v0, m->Vl, R, C);
+        gpt_embedding_grad(m, R);
         k->position_backward(m->g.wpe, m->dres_full, B, T, C);
     }
     return LOOM_OK;

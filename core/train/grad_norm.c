@@ -22,6 +22,7 @@ struct loom_grad_norm {
     double *mine;       /* this rank's chunk sums */
     double *gathered;   /* the tp group's */
     int skip;           /* an entry counted elsewhere, or -1 */
+    const double *last; /* the slots the last compute summed */
 };
 
 loom_status loom_grad_norm_create(const loom_backend *be, const loom_param_table *t,
@@ -52,6 +53,12 @@ loom_status loom_grad_norm_create(const loom_backend *be, const loom_param_table
 }
 
 void loom_grad_norm_skip(loom_grad_norm *gn, int i) { gn->skip = i; }
+
+const double *loom_grad_norm_slots(const loom_grad_norm *gn, size_t *n)
+{
+    *n = gn->slots - 1;
+    return gn->last ? gn->last : gn->mine;
+}
 
 void loom_grad_norm_destroy(loom_grad_norm *gn)
 {
@@ -132,6 +139,7 @@ loom_status loom_grad_norm_compute(loom_grad_norm *gn, const loom_param_table *t
         }
         all = gn->gathered;
     }
+    gn->last = all;
     double sum = 0.0;
     for (size_t j = 0; j + 1 < slots; j++)
         sum += all[j];

@@ -42,6 +42,8 @@ struct loom_pipeline {
     int *slot_of;                   /* [microbatches * chunks] */
     float *tmp;                     /* the tied wte exchange */
     size_t tmp_n;
+    int canonical;
+    float **head;                   /* canonical, stage 0 and last: [n_slots] wte-sized buffers */
 };
 
 static loom_status split_layers(loom_pipeline *pl, const loom_pipeline_config *cfg)
@@ -164,6 +166,22 @@ loom_status loom_pipeline_create(const loom_pipeline_config *cfg, loom_pipeline 
             }
         }
     }
+    pl->canonical = cfg->canonical;
+    if (st == LOOM_OK && pl->canonical && pl->chunks > 1)
+        st = loom_fail(LOOM_ERR_UNSUPPORTED, "deterministic = \"canonical\" under pipeline "
+                       "parallelism runs one chunk per stage (schedule \"%s\" has %d): use \"1f1b\" "
+                       "or \"gpipe\"", cfg->sched->name, pl->chunks);
+    for (int r = 0; st == LOOM_OK && pl->canonical && r < pl->stages; r++) {
+        int want = 0;
+        for (size_t i = 0; i < sch->n[r]; i++)
+            if (sch->list[r][i].op == LOOM_SCHED_BWD && sch->list[r][i].microbatch != want++) {
+                st = loom_fail(LOOM_ERR_UNSUPPORTED, "deterministic = \"canonical\": schedule \"%s\" "
+                               "backwards micro-batch %d before %d on stage %d, and canonical mode "
+                               "sums micro-batch gradients in micro-batch order (use \"1f1b\" or "
+                               "\"gpipe\")", cfg->sched->name, sch->list[r][i].microbatch, want - 1, r);
+                break;
+            }
+    }
     if (st == LOOM_OK) {
         pl->n = sch->n[pl->stage];
         pl->list = malloc(pl->n * sizeof *pl->list);
@@ -202,6 +220,9 @@ void loom_pipeline_destroy(loom_pipeline *pl)
     free(pl->slots);
     free(pl->slot_of);
     free(pl->tmp);
+    for (int i = 0; pl->head && i < pl->n_slots; i++)
+        free(pl->head[i]);
+    free(pl->head);
     free(pl);
 }
 
@@ -222,6 +243,23 @@ static loom_status wait_slot(loom_pipeline *pl, slot *s)
     }
     s->n_req = 0;
     return st;
+}
+
+/* Canonical mode's per-slot copies of one micro-batch's LM-head half of the wte gradient. */
+static loom_status head_buffer(loom_pipeline *pl, loom_gpt *m, int slot, float **buf, float **g,
+                               size_t *n)
+{
+    const loom_param_entry *e = loom_params_find(loom_gpt_params(m), "wte");
+    if (!e)
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "pipeline: stage %d holds no wte", pl->stage);
+    if (!pl->head && !(pl->head = calloc((size_t)pl->n_slots, sizeof *pl->head)))
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    if (!pl->head[slot] && !(pl->head[slot] = malloc(e->numel * sizeof(float))))
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for canonical mode's wte gradient halves");
+    *buf = pl->head[slot];
+    *g = loom_gpt_grad_data(m) + e->offset;
+    *n = e->numel;
+    return LOOM_OK;
 }
 
 static loom_status acquire(loom_pipeline *pl, int key, int *out)
@@ -263,8 +301,11 @@ static void release(loom_pipeline *pl, int key)
 
 loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
                               const int *targets, int B, int T, float dloss, double *loss,
-                              int *peak)
+                              const loom_pipeline_hooks *hooks, int *peak)
 {
+    int tied = pl->canonical && (pl->stage == 0 || pl->stage == pl->stages - 1);
+    float *hb = NULL, *gw = NULL;
+    size_t hn = 0;
     const loom_comm_ops *ops = pl->ops;
     int P = pl->stages, V = P * pl->chunks, L = pl->layers;
     int next = (pl->stage + 1) % P, prev = (pl->stage + P - 1) % P;
@@ -309,13 +350,33 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
         case LOOM_SCHED_RECV_GRAD:
             LOOM_TRY(held(pl, in, &s));
             loom_gpt_stage_select(m, s);
+            if (tied) { /* stage 0: the LM head's half first (sent at the last stage's BWD) */
+                LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
+                LOOM_TRY(ops->recv_start(pl->pp, hb, hn, LOOM_DTYPE_F32, P - 1, &r));
+                LOOM_TRY(ops->wait(pl->pp, r));
+            }
             LOOM_TRY(ops->recv_start(pl->pp, loom_gpt_stage_grad(m), count, LOOM_DTYPE_F32, next, &r));
             LOOM_TRY(ops->wait(pl->pp, r));
             break;
         case LOOM_SCHED_BWD:
             LOOM_TRY(held(pl, in, &s));
             loom_gpt_stage_select(m, s);
+            if (hooks && hooks->before_bwd)
+                LOOM_TRY(hooks->before_bwd(hooks->ctx, in->microbatch));
             LOOM_TRY(loom_gpt_stage_backward(m, lo, hi));
+            if (tied) {
+                LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
+                if (pl->stage == 0) { /* emb + head: one rank's one add */
+                    for (size_t j = 0; j < hn; j++)
+                        gw[j] += hb[j];
+                } else {
+                    memcpy(hb, gw, hn * sizeof(float));
+                    LOOM_TRY(ops->send_start(pl->pp, hb, hn, LOOM_DTYPE_F32, 0, &r));
+                    LOOM_TRY(post(pl, &pl->slots[s], r));
+                }
+            }
+            if (hooks && hooks->after_bwd)
+                LOOM_TRY(hooks->after_bwd(hooks->ctx, in->microbatch));
             inflight--;
             if (vs == 0)
                 release(pl, key); /* nothing to send back */
@@ -355,6 +416,16 @@ loom_status loom_pipeline_tied_sync(loom_pipeline *pl, loom_gpt *m, double *comm
     float *g = loom_gpt_grad_data(m) + e->offset;
     int peer = pl->stage == 0 ? pl->stages - 1 : 0;
     double t0 = loom_now_ms();
+    if (pl->canonical) { /* stage 0 summed both halves per micro-batch: its copy is the one */
+        loom_comm_request *q = NULL;
+        if (pl->stage == 0)
+            LOOM_TRY(pl->ops->send_start(pl->pp, g, e->numel, LOOM_DTYPE_F32, peer, &q));
+        else
+            LOOM_TRY(pl->ops->recv_start(pl->pp, g, e->numel, LOOM_DTYPE_F32, peer, &q));
+        LOOM_TRY(pl->ops->wait(pl->pp, q));
+        *comm_ms += loom_now_ms() - t0;
+        return LOOM_OK;
+    }
     loom_comm_request *rr = NULL, *sr = NULL;
     LOOM_TRY(pl->ops->recv_start(pl->pp, pl->tmp, e->numel, LOOM_DTYPE_F32, peer, &rr));
     LOOM_TRY(pl->ops->send_start(pl->pp, g, e->numel, LOOM_DTYPE_F32, peer, &sr));
@@ -385,6 +456,51 @@ loom_status loom_pipeline_sum(loom_pipeline *pl, double *v, int n)
                 x += all[(size_t)s * n + j];
             v[j] = x;
         }
+    free(all);
+    return st;
+}
+
+loom_status loom_pipeline_norm(loom_pipeline *pl, const double *slots, size_t n, double *norm_sq,
+                               int *nonfinite)
+{
+    int P = pl->stages;
+    double mine[2] = {(double)n, *nonfinite ? 1.0 : 0.0}, *sizes = malloc((size_t)P * 2 * sizeof(double));
+    if (!sizes)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    loom_comm_request *r = NULL;
+    loom_status st = pl->ops->allgather_start(pl->pp, mine, sizes, sizeof mine, LOOM_DTYPE_U8, &r);
+    if (st == LOOM_OK)
+        st = pl->ops->wait(pl->pp, r);
+    size_t cap = 0;
+    int bad = 0;
+    for (int q = 0; st == LOOM_OK && q < P; q++) {
+        if ((size_t)sizes[2 * q] > cap)
+            cap = (size_t)sizes[2 * q];
+        bad |= sizes[2 * q + 1] != 0.0;
+    }
+    double *pad = NULL, *all = NULL;
+    if (st == LOOM_OK) {
+        pad = calloc(cap ? cap : 1, sizeof(double));
+        all = malloc((size_t)P * (cap ? cap : 1) * sizeof(double));
+        if (!pad || !all)
+            st = loom_fail(LOOM_ERR_NOMEM, "out of memory");
+    }
+    if (st == LOOM_OK) {
+        memcpy(pad, slots, n * sizeof(double));
+        st = pl->ops->allgather_start(pl->pp, pad, all, cap * sizeof(double), LOOM_DTYPE_U8, &r);
+        if (st == LOOM_OK)
+            st = pl->ops->wait(pl->pp, r);
+    }
+    if (st == LOOM_OK) { /* one rank's order: the stages' tables one after another */
+        double sum = 0.0;
+        for (int q = 0; q < P; q++)
+            for (size_t j = 0; j < (size_t)sizes[2 * q]; j++)
+                sum += all[(size_t)q * cap + j];
+        *norm_sq = sum;
+        *nonfinite = bad;
+    }
+    free(sizes);
+    free(pad);
     free(all);
     return st;
 }

@@ -15,7 +15,14 @@
  * at once), the per-micro-batch losses on the last stage.
  * After the data-parallel sync the tied wte's two gradient halves (embedding on stage 0,
  * LM head on the last) are exchanged whole and added, a + b on both: bitwise equal copies.
- * What not: canonical mode, sequence parallelism, a split backward (see above).
+ * Canonical mode (chunks = 1, every stage backwarding micro-batches in order 0..m-1, as
+ * gpipe and 1f1b do): each micro-batch's gradients are summed in grad_sync's tree over
+ * the global micro-batch index, as on one rank; the last stage sends each micro-batch's LM
+ * head half of the wte gradient to stage 0, which adds it to its embedding half (head +
+ * emb, one rank's one add, gpt_internal.h) before the tree, and after the step sends the
+ * finished wte gradient back; the norm adds every stage's chunk sums in one rank's
+ * order. So pp = 1, 2, 4, with dp, give the same bits.
+ * What not: sequence parallelism, a split backward (see above), canonical interleaving.
  */
 #ifndef LOOM_CORE_TRAIN_PIPELINE_H
 #define LOOM_CORE_TRAIN_PIPELINE_H
@@ -29,7 +36,16 @@ typedef struct loom_pipeline_config {
     int layers;
     const int *split;              /* blocks per virtual stage (stages x chunks), or NULL */
     int n_split;
+    int canonical;                 /* deterministic = "canonical" (see below) */
 } loom_pipeline_config;
+
+/* Called around each BWD (canonical mode: zero the gradients, then push them into the
+ * micro-batch tree, grad_sync.h). NULL members: nothing. */
+typedef struct loom_pipeline_hooks {
+    loom_status (*before_bwd)(void *ctx, int mb);
+    loom_status (*after_bwd)(void *ctx, int mb);
+    void *ctx;
+} loom_pipeline_hooks;
 
 typedef struct loom_pipeline loom_pipeline;
 
@@ -49,11 +65,15 @@ int loom_pipeline_stages(const loom_pipeline *pl);
  * held at once during the step (the engine's own count). */
 loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
                               const int *targets, int B, int T, float dloss, double *loss,
-                              int *peak);
+                              const loom_pipeline_hooks *hooks, int *peak);
 /* Add the other copy's wte gradient (stage 0 and the last stage; others return at once). */
 loom_status loom_pipeline_tied_sync(loom_pipeline *pl, loom_gpt *m, double *comm_ms);
 /* v[0..n) summed over the stages in stage order (every rank gets the same bits). */
 loom_status loom_pipeline_sum(loom_pipeline *pl, double *v, int n);
+/* The gradient norm's square over all stages: every stage's chunk sums (grad_norm.h)
+ * gathered and added in stage order, one rank's order; *nonfinite ORed. */
+loom_status loom_pipeline_norm(loom_pipeline *pl, const double *slots, size_t n, double *norm_sq,
+                               int *nonfinite);
 /* The loss sum of one batch through every stage's forward (no gradients); the same on
  * every rank of the pp group. */
 loom_status loom_pipeline_eval(loom_pipeline *pl, loom_gpt *m, const int *tokens,

@@ -113,13 +113,9 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
     if (st == LOOM_OK && pp > 1) {
         if (!cfg->schedule || cfg->schedule->kind != LOOM_KIND_SCHED)
             st = loom_fail(LOOM_ERR_INVALID, "pp=%d needs a sched plugin (schedule = \"1f1b\")", pp);
-        else if (cfg->canonical)
-            st = loom_fail(LOOM_ERR_UNSUPPORTED, "deterministic = \"canonical\" does not run under "
-                           "pipeline parallelism yet (mesh.pp=%d): use deterministic = \"fast\" or "
-                           "pp = 1", pp);
         else {
             loom_pipeline_config pc = {cfg->schedule, cfg->accum, cfg->pp_chunks, cfg->model.layers,
-                                       cfg->pp_layers, cfg->n_pp_layers};
+                                       cfg->pp_layers, cfg->n_pp_layers, cfg->canonical};
             st = loom_pipeline_create(&pc, &s->pipe);
         }
         if (st == LOOM_OK) {
@@ -168,8 +164,8 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
     }
     if (st == LOOM_OK)
         st = loom_grad_norm_create(&s->backend, loom_gpt_params(s->model), &s->norm);
-    if (st == LOOM_OK && s->pipe && loom_pipeline_stage(s->pipe) == 0)
-        loom_grad_norm_skip(s->norm, 0); /* the tied wte: the last stage counts it */
+    if (st == LOOM_OK && s->pipe && loom_pipeline_stage(s->pipe) == loom_pipeline_stages(s->pipe) - 1)
+        loom_grad_norm_skip(s->norm, 0); /* the tied wte: stage 0 counts it, where one rank does */
     if (st == LOOM_OK)
         st = build_segments(s);
     if (st == LOOM_OK)
@@ -206,6 +202,22 @@ void loom_session_destroy(loom_session *s)
     free(s);
 }
 
+typedef struct micro_ctx {
+    loom_grad_sync *sync;
+    const double *loss;
+} micro_ctx;
+
+static loom_status canonical_before(void *ctx, int mb)
+{
+    return loom_grad_sync_begin_micro(((micro_ctx *)ctx)->sync, mb);
+}
+
+static loom_status canonical_after(void *ctx, int mb)
+{
+    micro_ctx *c = ctx;
+    return loom_grad_sync_end_micro(c->sync, mb, c->loss[mb]);
+}
+
 loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, float lr,
                               loom_step_stats *out)
 {
@@ -228,11 +240,15 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         double *mb_loss = calloc((size_t)accum, sizeof(double));
         if (!mb_loss)
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
-        loom_status st = loom_grad_sync_begin_micro(s->sync, 0);
+        /* canonical: each micro-batch's gradients on their own, into the tree in order */
+        micro_ctx mc = {s->sync, mb_loss};
+        loom_pipeline_hooks hooks = {canonical_before, canonical_after, &mc};
+        int canon = s->cfg.canonical;
+        loom_status st = canon ? LOOM_OK : loom_grad_sync_begin_micro(s->sync, 0);
         if (st == LOOM_OK)
             st = loom_pipeline_run(s->pipe, s->model, s->tokens, s->targets, B, T,
-                                   (float)(scale / tokens), mb_loss, &peak);
-        for (int a = 0; st == LOOM_OK && a < accum; a++)
+                                   (float)(scale / tokens), mb_loss, canon ? &hooks : NULL, &peak);
+        for (int a = 0; st == LOOM_OK && !canon && a < accum; a++)
             st = loom_grad_sync_end_micro(s->sync, a, mb_loss[a]);
         if (st == LOOM_OK)
             st = loom_grad_sync_all_ready(s->sync);
@@ -261,15 +277,14 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     LOOM_TRY(loom_grad_norm_compute(s->norm, loom_gpt_params(s->model), loom_gpt_grad_data(s->model),
                                     &norm_sq, &nonfinite, &comm_ms));
     if (s->pipe) { /* the loss lives on the last stage, the norm's parts on every stage */
-        double v[3] = {loom_pipeline_stage(s->pipe) == loom_pipeline_stages(s->pipe) - 1 ? loss_sum
-                                                                                          : 0.0,
-                       norm_sq, nonfinite ? 1.0 : 0.0};
+        double v = loom_pipeline_stage(s->pipe) == loom_pipeline_stages(s->pipe) - 1 ? loss_sum : 0.0;
+        size_t n_slots;
+        const double *slots = loom_grad_norm_slots(s->norm, &n_slots);
         double t_pp = loom_now_ms();
-        LOOM_TRY(loom_pipeline_sum(s->pipe, v, 3));
+        LOOM_TRY(loom_pipeline_sum(s->pipe, &v, 1));
+        LOOM_TRY(loom_pipeline_norm(s->pipe, slots, n_slots, &norm_sq, &nonfinite));
         comm_ms += loom_now_ms() - t_pp;
-        loss_sum = v[0];
-        norm_sq = v[1];
-        nonfinite = v[2] != 0.0;
+        loss_sum = v;
     }
     int skip = s->precision->update(s->precision_self, nonfinite);
     double norm = nonfinite ? NAN : sqrt(norm_sq) / scale;

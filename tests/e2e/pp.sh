@@ -12,6 +12,7 @@
 #    together hold one rank's parameters plus the second copy of the tied wte, exactly;
 #  - the engine's count of micro-batches in flight: 1f1b holds pp on stage 0 and 1 on the
 #    last stage, gpipe all m;
+#  - non-finite gradients (lr = 1e30) skip the same steps on every stage as on one rank;
 #  - what pipeline parallelism refuses is refused with a message naming it.
 set -euo pipefail
 loom=$1
@@ -21,7 +22,7 @@ recipe=$here/recipes/pp_probe.lua
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 export OMP_WAIT_POLICY=passive   # several ranks share 2 cores: OpenMP must not spin
 model="model.heads=4 model.layers=4 steps=10 threads=1"
-keep() { grep -E '^(LOSS|NORM|VAL|PEAK|PARAMBYTES|\[rank [0-9]+\] (PEAK|PARAMBYTES))' || true; }
+keep() { grep -E '^(LOSS|NORM|VAL|PEAK|SKIP|PARAMBYTES|\[rank [0-9]+\] (PEAK|SKIP|PARAMBYTES))' || true; }
 run1() { "$loom" run "$recipe" $model "$@" | keep; }
 runN() { local n=$1; shift; "$loom" launch -n "$n" "$recipe" $model comm_timeout=20 "$@" | keep; }
 # rel_norm_diff A B: the largest relative difference of the NORM lines, as %.3g
@@ -86,6 +87,17 @@ runN 4 mesh.pp=4 schedule=gpipe microbatches=8 steps=2 > "$tmp/pg"
 [ "$(peak '\[rank 3\] ' "$tmp/p1")" = 1 ] || { echo "1f1b pp=4 m=8: the last stage held $(peak '\[rank 3\] ' "$tmp/p1"), want 1"; exit 1; }
 [ "$(peak '' "$tmp/pg")" = 8 ] || { echo "gpipe pp=4 m=8: stage 0 held $(peak '' "$tmp/pg") micro-batches, want 8"; exit 1; }
 echo "ok in flight at pp=4, m=8: 1f1b stage 0 holds 4, the last stage 1; gpipe stage 0 holds 8"
+
+# The non-finite check spans the stages: lr = 1e30 blows the weights up after step 1, so
+# later gradients are not finite; every rank skips exactly the steps one rank skips.
+run1 batch.global=16 optimizer.lr=1e30 steps=4 | grep '^SKIP' > "$tmp/s1"
+grep -q 'SKIP 4 true' "$tmp/s1" || { echo "one rank with lr=1e30 did not skip step 4"; cat "$tmp/s1"; exit 1; }
+runN 4 mesh.pp=4 microbatches=4 optimizer.lr=1e30 steps=4 | grep 'SKIP' > "$tmp/s4"
+for r in 0 1 2 3; do
+  if [ $r = 0 ]; then grep '^SKIP' "$tmp/s4"; else grep "^\[rank $r\] SKIP" "$tmp/s4" | sed 's/^\[rank [0-9]*\] //'; fi > "$tmp/sr"
+  cmp -s "$tmp/s1" "$tmp/sr" || { echo "pp=4 rank $r skipped other steps than one rank"; paste "$tmp/s1" "$tmp/sr"; exit 1; }
+done
+echo "ok non-finite gradients at pp=4: every rank skips the steps one rank skips ($(grep -c true "$tmp/s1") of 4)"
 
 # Refusals, each with its message.
 refused() { # expected-text args...

@@ -1,7 +1,8 @@
 -- pp_probe.lua — train the small model as losses.lua does and print, besides LOSS and NORM,
 -- the validation loss at the end ("VAL hex decimal"), every step's peak of micro-batches
 -- in flight on this rank ("PEAK step n", the pipeline engine's own count; 0 without a
--- pipeline) and this rank's parameter buffer size ("PARAMBYTES rank bytes").
+-- pipeline), whether the step's update was skipped for non-finite gradients ("SKIP step
+-- true/false") and this rank's parameter buffer size ("PARAMBYTES rank bytes").
 package.path = arg[0]:match("^(.*)/[^/]*$") .. "/?.lua;" .. package.path
 local loom = require "loom"
 local common = require "common"
@@ -16,6 +17,7 @@ local session, summary = loom.train {
     print(string.format("LOSS %d %a %.9f", r.step, r.loss, r.loss))
     print(string.format("NORM %d %a %.9g", r.step, r.grad_norm, r.grad_norm))
     print(string.format("PEAK %d %d", r.step, r.inflight))
+    print(string.format("SKIP %d %s", r.step, tostring(r.skipped)))
   end,
 }
 print(string.format("VAL %a %.9f", summary.val_loss, summary.val_loss))

@@ -13,6 +13,8 @@
 #  - the engine's count of micro-batches in flight: 1f1b holds pp on stage 0 and 1 on the
 #    last stage, gpipe all m;
 #  - non-finite gradients (lr = 1e30) skip the same steps on every stage as on one rank;
+#  - canonical mode: pp=1, 2, 4 with gpipe and 1f1b, an uneven pp_layers split, pp=2 x dp=2
+#    and pp=2 x tp=2 give bitwise-identical losses, gradient norms and validation loss;
 #  - what pipeline parallelism refuses is refused with a message naming it.
 set -euo pipefail
 loom=$1
@@ -99,6 +101,19 @@ for r in 0 1 2 3; do
 done
 echo "ok non-finite gradients at pp=4: every rank skips the steps one rank skips ($(grep -c true "$tmp/s1") of 4)"
 
+# Canonical mode: pp=1, 2 and 4, gpipe and 1f1b, an uneven split, with dp and with tp:
+# the same bits (losses, gradient norms, validation loss).
+canon="deterministic=canonical steps=6"
+run1 $canon batch.global=16 | grep -E '^(LOSS|NORM|VAL)' > "$tmp/c1"
+for layout in "2 mesh.pp=2 schedule=1f1b microbatches=4" "2 mesh.pp=2 schedule=gpipe microbatches=4" \
+              "4 mesh.pp=4 schedule=1f1b microbatches=4" "4 mesh.pp=4 schedule=gpipe microbatches=4" \
+              "2 mesh.pp=2 pp_layers={3,1} microbatches=4" "4 mesh.pp=2 mesh.dp=2 microbatches=2" \
+              "4 mesh.pp=2 mesh.tp=2 microbatches=4"; do
+  runN ${layout%% *} $canon ${layout#* } | grep -E '^(LOSS|NORM|VAL)' > "$tmp/c"
+  cmp -s "$tmp/c1" "$tmp/c" || { echo "canonical ${layout#* } differs from one rank"; paste "$tmp/c1" "$tmp/c" | head; exit 1; }
+  echo "ok canonical ${layout#* }: losses, gradient norms and val loss bitwise those of one rank"
+done
+
 # Refusals, each with its message.
 refused() { # expected-text args...
   local want=$1; shift
@@ -108,7 +123,7 @@ refused() { # expected-text args...
 }
 base="$recipe $model comm_timeout=20"
 refused 'schedule="zb1" splits backward' -n 2 $base mesh.pp=2 schedule=zb1 microbatches=4
-refused 'canonical" does not run under pipeline' -n 2 $base mesh.pp=2 microbatches=4 deterministic=canonical
+refused 'canonical" runs one chunk per stage' -n 2 $base mesh.pp=2 microbatches=4 deterministic=canonical schedule=interleaved
 refused 'pp_layers adds up to 3 blocks, but the model has layers=4' -n 2 $base mesh.pp=2 'pp_layers={1,2}'
 refused 'pp_layers has 3 entries; it needs one per stage, pp = 2 (2)' -n 2 $base mesh.pp=2 'pp_layers={1,2,1}'
 refused 'not a multiple of stages' -n 4 $base mesh.pp=4 schedule=interleaved model.layers=8 microbatches=6

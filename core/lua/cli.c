@@ -7,6 +7,7 @@
  *   loom CMD --help                   a command's options and an example (loom.help)
  *   loom plot A.jsonl [B.jsonl ...] [-o SVG] [--smooth N] [--log]   plot runs' metrics
  *   loom export --llmc CKPT OUT.bin   write a checkpoint's weights as an llm.c model file
+ *   loom sample CKPT --prompt TEXT [--tokens N ...]   generate text from a checkpoint
  *   loom bench comm [-n N] [--op OP] [--sizes 1K:64M] [--comm shm]   communicator bandwidth
  *   loom schedule NAME --pp P --micro M [--chunks V] [-o SVG]   a pipeline schedule simulated
  *   loom version
@@ -57,6 +58,8 @@ static int usage(FILE *out)
           "       loom plot METRICS.jsonl [MORE.jsonl ...] [-o SVG] [--smooth N] [--log]\n"
           "                                         plot runs' loss, grad norm, tokens/s and lr\n"
           "       loom export --llmc CKPT OUT.bin   write a checkpoint's weights as an llm.c model\n"
+          "       loom sample CKPT --prompt TEXT [--tokens N] [--temperature T] [--top-k K] [--seed S]\n"
+          "                                         generate from a checkpoint (loom sample --help)\n"
           "       loom bench comm [-n N] [--op OP] [--sizes 1K:64M] [--comm shm]\n"
           "                                         communicator bandwidth, as nccl-tests prints it\n"
           "       loom schedule NAME --pp P --micro M [--chunks V] [-o SVG]\n"
@@ -248,7 +251,7 @@ int main(int argc, char **argv)
     /* `loom CMD --help` (or -h anywhere among its arguments): the command's own help, for
      * every command, from one table (scripts/loom/help.lua). */
     static const char *const commands[] = {"run", "launch", "plugins", "plot", "export", "bench",
-                                           "schedule", "version", NULL};
+                                           "schedule", "sample", "version", NULL};
     for (int c = 0; commands[c]; c++) {
         if (strcmp(cmd, commands[c]) != 0)
             continue;
@@ -265,7 +268,7 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "plugins") == 0)
         return cmd_lua("plugins", argc - 2, argv + 2);
     if (strcmp(cmd, "plot") == 0 || strcmp(cmd, "export") == 0 || strcmp(cmd, "bench") == 0 ||
-        strcmp(cmd, "schedule") == 0)
+        strcmp(cmd, "schedule") == 0 || strcmp(cmd, "sample") == 0)
         return cmd_lua(cmd, argc - 2, argv + 2);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("loom %s\n", LOOM_VERSION_STRING);

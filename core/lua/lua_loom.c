@@ -8,6 +8,7 @@
  */
 #include <lauxlib.h>
 #include <lua.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -340,15 +341,62 @@ static int l_session_eval(lua_State *L)
     return 1;
 }
 
-/* s:sample(prompt, n, temperature, top_k, seed) -> string (prompt a string) or token list */
+/* The progress function of s:sample's options, called between tokens through lua_pcall
+ * (no C resource is held: the token buffer is a userdata). An error in it stops sampling
+ * with its message. */
+typedef struct sample_progress {
+    lua_State *L;
+    int fn; /* stack index of the function */
+} sample_progress;
+
+static loom_status call_progress(void *ctx, int done, int total)
+{
+    sample_progress *p = ctx;
+    lua_pushvalue(p->L, p->fn);
+    lua_pushinteger(p->L, done);
+    lua_pushinteger(p->L, total);
+    if (lua_pcall(p->L, 2, 0, 0) != LUA_OK) {
+        loom_status st = loom_fail(LOOM_ERR_INVALID, "sample progress: %s",
+                                   lua_tostring(p->L, -1) ? lua_tostring(p->L, -1) : "error");
+        lua_pop(p->L, 1);
+        return st;
+    }
+    return LOOM_OK;
+}
+
+/* s:sample(prompt, n, temperature, top_k, seed [, {cache = true, progress = fn(done, n),
+ * shift_window = false, logits_hash = false}]) -> string (prompt a string) or token list
+ * [, hash]. cache = false recomputes the whole window for every token
+ * (loom_session_generate's reference path); shift_window: session.h;
+ * logits_hash = true also returns the XXH64 of the logits rows drawn from, as a hex
+ * string, so tests compare the two paths bit for bit. */
 static int l_session_sample(lua_State *L)
 {
     session_box *b = check_session(L);
     int as_text = lua_type(L, 2) == LUA_TSTRING;
     int n_new = (int)luaL_checkinteger(L, 3);
-    float temperature = (float)luaL_optnumber(L, 4, 1.0);
-    int top_k = (int)luaL_optinteger(L, 5, 0);
-    uint64_t seed = (uint64_t)luaL_optinteger(L, 6, 0);
+    loom_sample_config cfg = {.temperature = (float)luaL_optnumber(L, 4, 1.0),
+                              .top_k = (int)luaL_optinteger(L, 5, 0),
+                              .seed = (uint64_t)luaL_optinteger(L, 6, 0)};
+    sample_progress prog = {L, 0};
+    uint64_t hash = 0;
+    if (!lua_isnoneornil(L, 7)) {
+        luaL_checktype(L, 7, LUA_TTABLE);
+        lua_getfield(L, 7, "cache");
+        cfg.no_cache = !lua_isnil(L, -1) && !lua_toboolean(L, -1);
+        lua_getfield(L, 7, "progress");
+        if (!lua_isnil(L, -1)) {
+            luaL_checktype(L, -1, LUA_TFUNCTION);
+            prog.fn = lua_gettop(L);
+            cfg.progress = call_progress;
+            cfg.progress_ctx = &prog;
+        }
+        lua_getfield(L, 7, "shift_window");
+        cfg.shift_window = lua_toboolean(L, -1);
+        lua_getfield(L, 7, "logits_hash");
+        if (lua_toboolean(L, -1))
+            cfg.logits_hash = &hash;
+    }
     size_t n_prompt;
     if (as_text) {
         luaL_checklstring(L, 2, &n_prompt);
@@ -371,8 +419,7 @@ static int l_session_sample(lua_State *L)
             lua_pop(L, 1);
         }
     }
-    if (loom_session_sample(b->s, toks, (int)n_prompt, n_new, temperature, top_k, seed, toks) !=
-        LOOM_OK)
+    if (loom_session_generate(b->s, &cfg, toks, (int)n_prompt, n_new, toks) != LOOM_OK)
         return raise_status(L);
     size_t total = n_prompt + (size_t)n_new;
     if (as_text) {
@@ -388,7 +435,12 @@ static int l_session_sample(lua_State *L)
             lua_rawseti(L, -2, (lua_Integer)i + 1);
         }
     }
-    return 1;
+    if (!cfg.logits_hash)
+        return 1;
+    char hex[17];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)hash);
+    lua_pushstring(L, hex);
+    return 2;
 }
 
 /* s:info() -> {params=, param_bytes=, activation_bytes=, vocab_padded=, backend=, steps=};

@@ -438,6 +438,7 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
     m->last_B = B;
     m->last_T = T;
     m->have_dlogits = 0;
+    m->cache_len = B == 1 && !m->sp ? T : 0; /* the rows gpt_decode.c continues from */
     if (targets) {
         LOOM_TRY(gpt_vocab_cross_entropy(m, (int)R, dloss));
         m->have_dlogits = dloss != 0.0f;

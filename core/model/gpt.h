@@ -81,6 +81,21 @@ const float *loom_gpt_logits(const loom_gpt *m);
 /* Row `row` (b*T + t) of the last forward's logits, all Vp columns, into host memory
  * (gathered over the tensor-parallel group: every rank calls it). */
 loom_status loom_gpt_logits_row(loom_gpt *m, size_t row, float *host_out);
+/* Incremental decoding (gpt_decode.c). A forward with B = 1 keeps its T rows' activations
+ * (each layer's q, k, v among them: the key/value cache); loom_gpt_decode appends one
+ * token at position t = the rows kept so far and computes only its row, attention reading
+ * the cached keys and values. Row t of the logits is then bitwise what a full forward over
+ * the t+1 tokens gives it, provided the backend's products are row-independent (the caller
+ * sets the backend's set_deterministic to 2, row-stable, or 1, canonical) —
+ * tests/unit/test_kv_cache.c checks it.
+ * Every tensor-parallel rank calls it (its own heads are cached; the same exchanges run,
+ * over one row). Refused (LOOM_ERR_UNSUPPORTED) under sequence parallelism, and when the
+ * backend has no attention_decode; LOOM_ERR_INVALID when t is not the cached length or
+ * reaches ctx. loom_gpt_can_decode says whether the first two hold. */
+int loom_gpt_can_decode(const loom_gpt *m);
+/* Rows the next loom_gpt_decode continues from (0: no cache). */
+int loom_gpt_cached_rows(const loom_gpt *m);
+loom_status loom_gpt_decode(loom_gpt *m, int token, int t);
 /* Bytes of the activation and backward scratch buffers (sized for max_B x ctx). */
 size_t loom_gpt_activation_bytes(const loom_gpt *m);
 /* Milliseconds spent inside tensor-parallel exchanges since the last call. */

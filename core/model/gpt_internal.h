@@ -69,6 +69,8 @@ struct loom_gpt {
     unsigned char *own;
     int has_embed, has_head, staged, slots;
     size_t slot_bytes;                 /* one activation set; act_bytes = slots x this */
+    int cache_len;                     /* rows of a one-sequence forward kept as a key/value
+                                        * cache (gpt_decode.c); 0: none */
     double comm_ms;                    /* time inside tensor-parallel exchanges */
     loom_grad_ready_fn grad_ready;
     void *grad_ready_ctx;

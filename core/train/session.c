@@ -20,6 +20,7 @@
 #include "base/rng.h"
 #include "base/status.h"
 #include "base/clock.h"
+#include "io/checksum.h"
 
 struct loom_session {
     loom_session_config cfg;
@@ -367,37 +368,92 @@ static int draw_token(float *logits, int V, float temperature, int top_k, double
     return 0;
 }
 
-loom_status loom_session_sample(loom_session *s, const int *prompt, int n_prompt, int n_new,
-                                float temperature, int top_k, uint64_t seed, int *out)
+/* The generation loop (session.h). The first token's logits come from a forward over the
+ * prompt's window; with the cache every later one from loom_gpt_decode of the token just
+ * drawn, until the sequence outgrows ctx: then the window slides, every position moves,
+ * and each token is a full forward over the last ctx tokens (as without the cache).
+ * While the window starts at 0 — the rows a decode reuses — the backend's products are
+ * row-stable (set_deterministic mode 2: a row's bits do not depend on how many rows a
+ * product has; a fast GEMM picks kernels by shape), so the one-row decode gives the full
+ * forward's bits. Once it slides both paths run the same full forwards on the usual GEMM.
+ * The mode depends only on the position, not on no_cache or the layout (sequence
+ * parallelism, which cannot decode, too), so every path does the same arithmetic and
+ * canonical mode's samples stay equal across tp layouts (tests/e2e/tp.sh). Training's
+ * setting is restored at the end. */
+static loom_status generate(loom_session *s, const loom_sample_config *c, const int *prompt,
+                            int n_prompt, int n_new, int *out)
 {
     const loom_gpt_config *mc = loom_gpt_get_config(s->model);
+    const loom_backend_ops *k = s->backend.ops;
+    int cache = loom_gpt_can_decode(s->model) && !c->no_cache, mode = -1;
+    memmove(out, prompt, (size_t)n_prompt * sizeof(int));
+    uint64_t stream = loom_rng_stream("sample");
+    loom_xxh64_state hash;
+    loom_xxh64_init(&hash);
+    /* shift_window: the window [start, len) restarts at the last ctx/2 tokens when full */
+    int start = n_prompt > mc->ctx ? n_prompt - (c->shift_window ? mc->ctx / 2 : mc->ctx) : 0;
+    for (int i = 0; i < n_new; i++) {
+        int len = n_prompt + i, restarted = 0;
+        if (c->shift_window && len - start > mc->ctx) {
+            start = len - (mc->ctx + 1) / 2;
+            restarted = 1;
+        }
+        int T = c->shift_window ? len - start : len < mc->ctx ? len : mc->ctx;
+        int want = c->shift_window || len <= mc->ctx ? 2 : s->cfg.canonical;
+        if (want != mode && k->set_deterministic)
+            k->set_deterministic(s->backend.self, mode = want);
+        if (cache && i > 0 && !restarted && T <= mc->ctx &&
+            (c->shift_window || len <= mc->ctx) && loom_gpt_cached_rows(s->model) == T - 1) {
+            LOOM_TRY(loom_gpt_decode(s->model, out[len - 1], T - 1));
+        } else {
+            /* Sequence parallelism shards rows by tp: pad the window at its end (causal
+             * attention: later tokens cannot change the row we read). */
+            int mult = loom_gpt_row_multiple(s->model), Tp = (T + mult - 1) / mult * mult;
+            if (Tp > mc->ctx)
+                LOOM_FAIL(LOOM_ERR_INVALID, "sampling window %d rounds up to %d > ctx=%d under "
+                          "sequence parallelism", T, Tp, mc->ctx);
+            memcpy(s->tokens, out + len - T, (size_t)T * sizeof(int));
+            for (int j = T; j < Tp; j++)
+                s->tokens[j] = 0;
+            LOOM_TRY(loom_gpt_forward(s->model, s->tokens, NULL, 1, Tp, 0.0f, NULL));
+        }
+        LOOM_TRY(loom_gpt_logits_row(s->model, (size_t)(T - 1), s->host_logits));
+        if (c->logits_hash)
+            loom_xxh64_update(&hash, s->host_logits, (size_t)mc->vocab * sizeof(float));
+        out[len] = draw_token(s->host_logits, mc->vocab, c->temperature, c->top_k,
+                              loom_rng_uniform(c->seed, stream, (uint64_t)i));
+        if (c->progress)
+            LOOM_TRY(c->progress(c->progress_ctx, i + 1, n_new));
+    }
+    if (c->logits_hash)
+        *c->logits_hash = loom_xxh64_digest(&hash);
+    return LOOM_OK;
+}
+
+loom_status loom_session_generate(loom_session *s, const loom_sample_config *c, const int *prompt,
+                                  int n_prompt, int n_new, int *out)
+{
     if (s->pipe)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "sampling does not run under pipeline parallelism yet "
                   "(pp=%d): sample from a pp = 1 run", loom_pipeline_stages(s->pipe));
     if (n_prompt < 1)
         LOOM_FAIL(LOOM_ERR_INVALID, "sampling needs a prompt of at least one token");
-    if (!(temperature > 0.0f))
-        LOOM_FAIL(LOOM_ERR_INVALID, "temperature must be > 0, got %g", temperature);
-    memcpy(out, prompt, (size_t)n_prompt * sizeof(int));
-    uint64_t stream = loom_rng_stream("sample");
-    for (int i = 0; i < n_new; i++) {
-        int len = n_prompt + i;
-        int T = len < mc->ctx ? len : mc->ctx;
-        /* Sequence parallelism shards rows by tp: pad the window at its end (causal
-         * attention: later tokens cannot change the row we read). */
-        int mult = loom_gpt_row_multiple(s->model), Tp = (T + mult - 1) / mult * mult;
-        if (Tp > mc->ctx)
-            LOOM_FAIL(LOOM_ERR_INVALID, "sampling window %d rounds up to %d > ctx=%d under sequence "
-                      "parallelism", T, Tp, mc->ctx);
-        memcpy(s->tokens, out + len - T, (size_t)T * sizeof(int));
-        for (int j = T; j < Tp; j++)
-            s->tokens[j] = 0;
-        LOOM_TRY(loom_gpt_forward(s->model, s->tokens, NULL, 1, Tp, 0.0f, NULL));
-        LOOM_TRY(loom_gpt_logits_row(s->model, (size_t)(T - 1), s->host_logits));
-        out[len] = draw_token(s->host_logits, mc->vocab, temperature, top_k,
-                              loom_rng_uniform(seed, stream, (uint64_t)i));
-    }
-    return LOOM_OK;
+    if (n_new < 0)
+        LOOM_FAIL(LOOM_ERR_INVALID, "sampling needs a token count >= 0, got %d", n_new);
+    if (!(c->temperature > 0.0f))
+        LOOM_FAIL(LOOM_ERR_INVALID, "temperature must be > 0, got %g", c->temperature);
+    const loom_backend_ops *k = s->backend.ops;
+    loom_status st = generate(s, c, prompt, n_prompt, n_new, out);
+    if (k->set_deterministic)
+        k->set_deterministic(s->backend.self, s->cfg.canonical);
+    return st;
+}
+
+loom_status loom_session_sample(loom_session *s, const int *prompt, int n_prompt, int n_new,
+                                float temperature, int top_k, uint64_t seed, int *out)
+{
+    loom_sample_config c = {.temperature = temperature, .top_k = top_k, .seed = seed};
+    return loom_session_generate(s, &c, prompt, n_prompt, n_new, out);
 }
 
 void loom_session_get_state(loom_session *s, loom_session_state *out)

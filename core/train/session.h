@@ -68,6 +68,31 @@ loom_status loom_session_eval(loom_session *s, loom_batch_fn next, void *ctx, in
 loom_status loom_session_sample(loom_session *s, const int *prompt, int n_prompt, int n_new,
                                 float temperature, int top_k, uint64_t seed, int *out);
 
+/* Called after each generated token (done of total); a status other than LOOM_OK stops
+ * the generation and is returned. */
+typedef loom_status (*loom_sample_progress_fn)(void *ctx, int done, int total);
+typedef struct loom_sample_config {
+    float temperature;         /* > 0 */
+    int top_k;                 /* <= 0: the whole vocabulary */
+    uint64_t seed;
+    int no_cache;              /* 1: recompute the whole window for every token (the
+                                * reference the key/value cache is tested against) */
+    loom_sample_progress_fn progress; /* NULL: none */
+    void *progress_ctx;
+    int shift_window;          /* 1: past ctx, the window restarts at the last ctx/2
+                                * tokens and grows again (the cache keeps working: one
+                                * ctx/2-row forward per ctx/2 tokens) instead of sliding by
+                                * one (a full ctx-row forward per token); other samples */
+    uint64_t *logits_hash;     /* if set: XXH64 of every logits row drawn from (V floats
+                                * each, in order), so tests compare the paths bit for bit */
+} loom_sample_config;
+/* loom_session_sample with every knob. With the cache (gpt.h: loom_gpt_decode) each token
+ * after the first costs one row's forward instead of the window's, and the tokens are
+ * bitwise those of no_cache = 1 (both run the backend's row-stable products while the
+ * window starts at position 0: set_deterministic mode 2). */
+loom_status loom_session_generate(loom_session *s, const loom_sample_config *cfg,
+                                  const int *prompt, int n_prompt, int n_new, int *out);
+
 /* What a checkpoint holds beyond the parameter and optimizer-state buffers. */
 typedef struct loom_session_state {
     int64_t steps;                /* optimizer updates taken */

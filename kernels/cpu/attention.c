@@ -15,11 +15,15 @@
  * FLT_MIN are flushed to 0 (cpu_common.h says why).
  *
  * The products are GEMMs on strided slices of qkv (leading dimension 3C), run per (b,h)
- * inside an OpenMP loop over (b,h) with loom_cpu_sgemm_fallback, which runs on the calling
- * thread alone inside a parallel region. Causality is exploited in row blocks of ATT_RB
- * queries: block [r0,r1) only meets keys [0,r1), so about 5/8 of the full T x T work is
- * done at T = 256 instead of all of it. Inside a block, entries above the diagonal are
- * computed and then masked. Different (b,h) write disjoint columns of out and dqkv.
+ * inside an OpenMP loop over (b,h) with loom_cpu_sgemm, each on the calling thread alone
+ * (inside a parallel region both OpenBLAS and loom's own GEMM stay on one thread): in fast
+ * mode OpenBLAS (1.2-1.6x faster per head than loom's own GEMM on the 2-core EPYC, AVX2;
+ * docs/BENCHMARKS.md), in canonical mode loom's own GEMM, whose fixed order makes a head's
+ * bits independent of which other heads share the call. Causality is exploited in row
+ * blocks of ATT_RB queries: block [r0,r1) only meets keys [0,r1), so about 5/8 of the full
+ * T x T work is done at T = 256 instead of all of it. Inside a block, entries above the
+ * diagonal are computed and then masked. Different (b,h) write disjoint columns of out and
+ * dqkv.
  */
 #include "cpu_kernels.h"
 #include "cpu_common.h"
@@ -30,29 +34,39 @@
 enum { ATT_RB = 64 }; /* query rows per causal block */
 
 /* Row t of a (T,T) block: softmax of row[0..t], zeros after. */
-LOOM_CPU_CLONES static void causal_softmax_row(float *row, int t, int T)
+LOOM_CPU_BODY causal_softmax_row_body(float *row, int t, int T)
 {
     float m = -INFINITY;
 #pragma omp simd reduction(max : m)
     for (int j = 0; j <= t; j++)
         m = row[j] > m ? row[j] : m;
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int j = 0; j <= t; j++) {
+    /* the exponentials vectorised, their sum in order: before -fno-trapping-math the fused
+     * loop stayed scalar on AVX2 and SSE2, so this keeps its bits there (a vectorised sum
+     * would be a different one) */
+#pragma omp simd
+    for (int j = 0; j <= t; j++)
         row[j] = loom_cpu_expf(row[j] - m);
+    float s = 0.0f;
+    for (int j = 0; j <= t; j++)
         s += row[j];
-    }
     const float inv = 1.0f / s;
 #pragma omp simd
     for (int j = 0; j <= t; j++)
         row[j] = loom_cpu_flush(row[j] * inv);
     memset(row + t + 1, 0, (size_t)(T - t - 1) * sizeof(float));
 }
+LOOM_CPU_VARIANTS(causal_softmax_row, (float *row, int t, int T), (row, t, T))
+
+/* The same row softmax for attention_decode.c, so a decoded row has attention_forward's
+ * bits by construction rather than by a copy kept in step. */
+void loom_cpu_causal_softmax_row(float *row, int t, int T)
+{
+    causal_softmax_row(row, t, T);
+}
 
 /* dpre[j] = att[j] (datt[j] - sum_k att[k] datt[k]) over n columns (att is 0 above the
  * diagonal, so dpre is too). */
-LOOM_CPU_CLONES static void softmax_backward_row(float *dpre, const float *att, const float *datt,
-                                                 int n)
+LOOM_CPU_BODY softmax_backward_row_body(float *dpre, const float *att, const float *datt, int n)
 {
     float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
@@ -62,6 +76,8 @@ LOOM_CPU_CLONES static void softmax_backward_row(float *dpre, const float *att, 
     for (int j = 0; j < n; j++)
         dpre[j] = loom_cpu_flush(att[j] * (datt[j] - dot));
 }
+LOOM_CPU_VARIANTS(softmax_backward_row, (float *dpre, const float *att, const float *datt, int n),
+                  (dpre, att, datt, n))
 
 void loom_cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
                                 int NH)
@@ -81,13 +97,11 @@ void loom_cpu_attention_forward(float *out, float *att, const float *qkv, int B,
             const int r1 = r0 + ATT_RB < T ? r0 + ATT_RB : T, nr = r1 - r0;
             float *ab = a + (size_t)r0 * T;
             /* preatt[r0:r1, 0:r1] = scale * Q[r0:r1] K[0:r1]^T */
-            loom_cpu_sgemm_fallback(0, 1, nr, r1, hs, scale, q + (size_t)r0 * C3, C3, k, C3,
-                                    0.0f, ab, T);
+            loom_cpu_sgemm(0, 1, nr, r1, hs, scale, q + (size_t)r0 * C3, C3, k, C3, 0.0f, ab, T);
             for (int t = r0; t < r1; t++)
                 causal_softmax_row(a + (size_t)t * T, t, T);
             /* out[r0:r1] = att[r0:r1, 0:r1] V[0:r1] */
-            loom_cpu_sgemm_fallback(0, 0, nr, hs, r1, 1.0f, ab, T, v, C3, 0.0f,
-                                    o + (size_t)r0 * C, C);
+            loom_cpu_sgemm(0, 0, nr, hs, r1, 1.0f, ab, T, v, C3, 0.0f, o + (size_t)r0 * C, C);
         }
     }
 }
@@ -120,16 +134,14 @@ void loom_cpu_attention_backward(float *dqkv, float *scratch, const float *dout,
             const float *dOb = dO + (size_t)r0 * C;
             float *db = datt + (size_t)r0 * T, *pb = dpre + (size_t)r0 * T;
             /* dV[0:r1] (+)= att[r0:r1, 0:r1]^T dO[r0:r1];  datt = dO[r0:r1] V[0:r1]^T */
-            loom_cpu_sgemm_fallback(1, 0, r1, hs, nr, 1.0f, ab, T, dOb, C, beta, dv, C3);
-            loom_cpu_sgemm_fallback(0, 1, nr, r1, hs, 1.0f, dOb, C, v, C3, 0.0f, db, T);
+            loom_cpu_sgemm(1, 0, r1, hs, nr, 1.0f, ab, T, dOb, C, beta, dv, C3);
+            loom_cpu_sgemm(0, 1, nr, r1, hs, 1.0f, dOb, C, v, C3, 0.0f, db, T);
             for (int i = 0; i < nr; i++)
                 softmax_backward_row(pb + (size_t)i * T, ab + (size_t)i * T, db + (size_t)i * T,
                                      r1);
             /* dQ[r0:r1] = scale dpre K[0:r1];  dK[0:r1] (+)= scale dpre^T Q[r0:r1] */
-            loom_cpu_sgemm_fallback(0, 0, nr, hs, r1, scale, pb, T, k, C3, 0.0f,
-                                    dq + (size_t)r0 * C3, C3);
-            loom_cpu_sgemm_fallback(1, 0, r1, hs, nr, scale, pb, T, q + (size_t)r0 * C3, C3,
-                                    beta, dk, C3);
+            loom_cpu_sgemm(0, 0, nr, hs, r1, scale, pb, T, k, C3, 0.0f, dq + (size_t)r0 * C3, C3);
+            loom_cpu_sgemm(1, 0, r1, hs, nr, scale, pb, T, q + (size_t)r0 * C3, C3, beta, dk, C3);
         }
     }
 }

@@ -7,7 +7,8 @@
  * (loom_cpu_blas_init) and keeps its description for the start-up banner. The kernels are
  * the loom_cpu_* functions themselves: parameter gradients accumulate, input gradients
  * overwrite, as the ops table's contract says. set_deterministic switches the process-wide
- * canonical GEMM mode (blas.c: loom_cpu_set_deterministic).
+ * canonical GEMM mode (blas.c: loom_cpu_set_deterministic), which also serves mode 2
+ * (row-stable, for generation with a key/value cache).
  *
  * Only loom_plugin_entry is exported (-fvisibility=hidden on everything else, the kernel
  * library included). loom_plugin_entry returns the static descriptor and does nothing else.
@@ -39,6 +40,10 @@ static loom_status cpu_create(const loom_host *host, const loom_config *cfg, voi
         return host->fail(LOOM_ERR_NOMEM, "backend cpu: out of memory");
     b->host = host;
     char blas[sizeof b->desc - 8];
+    if (loom_cpu_isa_init(blas, sizeof blas) != 0) { /* LOOM_CPU_ISA refused */
+        free(b);
+        return host->fail(LOOM_ERR_INVALID, "backend cpu: %s", blas);
+    }
     if (loom_cpu_blas_init(threads, blas, sizeof blas) != 0) {
         loom_status st = host->fail(LOOM_ERR_INTERNAL, "backend cpu: GEMM check failed: %s", blas);
         free(b);
@@ -90,9 +95,14 @@ static void cpu_synchronize(void *self)
 {
 }
 
+/* Modes 1 (canonical) and 2 (row-stable, generation with a key/value cache) are one mode
+ * here: gemm.c's order of operations already makes every element depend only on K and
+ * the data (never on M, N, the blocking or the thread count), so a one-row product gives
+ * the bits of that row in a larger one. */
 static void cpu_set_deterministic(void *self, int on)
 {
-    loom_cpu_set_deterministic(on);
+    (void)self;
+    loom_cpu_set_deterministic(on != 0);
 }
 
 static const loom_backend_ops cpu_ops = {
@@ -131,6 +141,7 @@ static const loom_backend_ops cpu_ops = {
     .has_nonfinite = loom_cpu_has_nonfinite,
     .scale = loom_cpu_scale,
     .set_deterministic = cpu_set_deterministic,
+    .attention_decode = loom_cpu_attention_decode,
 };
 
 static const loom_config_key cpu_keys[] = {

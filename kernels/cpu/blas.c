@@ -16,7 +16,9 @@
  *      transpose combinations, odd sizes, leading dimensions larger than the rows, beta 0
  *      over NaN) against a double-precision reference; a library that fails is not used.
  * The outcome is one line for the start-up banner, e.g.
- *   "OpenBLAS 0.3.21 (openmp) core=SkylakeX (auto: cpu has avx512) threads=2".
+ *   "OpenBLAS 0.3.21 (openmp) core=SkylakeX (auto: cpu has avx512) threads=2 isa=avx512"
+ * (isa: what loom's own kernels run, isa.c). A LOOM_CPU_ISA that isa.c refuses makes
+ * loom_cpu_blas_init fail with isa.c's message, before anything is loaded.
  *
  * Invariants: loading and checking happen once per process (pthread_once); later calls
  * only change the thread count. loom_cpu_sgemm initialises with default threads if
@@ -72,19 +74,24 @@ static struct {
     char why[200];              /* why not OpenBLAS, when the fallback is in use */
 } g = {PTHREAD_ONCE_INIT, PTHREAD_MUTEX_INITIALIZER, 0, NULL, NULL, 0, 0, "", ""};
 
-/* The OPENBLAS_CORETYPE matching this CPU, or NULL to let OpenBLAS decide. */
+/* The OPENBLAS_CORETYPE matching the ISA the kernels run (isa.c: the best cpuid reports,
+ * or LOOM_CPU_ISA), or NULL to let OpenBLAS decide. */
 static const char *pick_coretype(const char **why)
 {
 #if defined(__x86_64__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
-        *why = "cpu has avx512";
+    const int forced = getenv("LOOM_CPU_ISA") && *getenv("LOOM_CPU_ISA");
+    switch (loom_cpu_isa()) {
+    case LOOM_CPU_ISA_AVX512:
+        *why = forced ? "LOOM_CPU_ISA=avx512" : "cpu has avx512";
         return "SkylakeX";
-    }
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-        *why = "cpu has avx2+fma";
+    case LOOM_CPU_ISA_AVX2:
+        *why = forced ? "LOOM_CPU_ISA=avx2" : "cpu has avx2+fma";
         return "Haswell";
+    default:
+        if (forced) { /* the lowest core of OpenBLAS's x86-64 builds (SSE3) */
+            *why = "LOOM_CPU_ISA=sse2";
+            return "Prescott";
+        }
     }
 #endif
     *why = "left to OpenBLAS";
@@ -298,12 +305,19 @@ static void init_once(void)
 
 int loom_cpu_blas_init(int threads, char *desc, size_t desc_len)
 {
+    char isa_err[200];
+    if (loom_cpu_isa_init(isa_err, sizeof isa_err) != 0) {
+        if (desc && desc_len)
+            snprintf(desc, desc_len, "%s", isa_err);
+        return -1;
+    }
     pthread_mutex_lock(&g.lock);
     pthread_once(&g.once, init_once);
     g.threads = threads > 0 ? threads : omp_get_max_threads();
     apply_threads(g.threads);
     if (desc && desc_len)
-        snprintf(desc, desc_len, "%s threads=%d%s", g.what, g.threads, g.why);
+        snprintf(desc, desc_len, "%s threads=%d isa=%s%s", g.what, g.threads,
+                 loom_cpu_isa_describe(), g.why);
     const int rc = g.status;
     pthread_mutex_unlock(&g.lock);
     return rc;

@@ -1,5 +1,5 @@
 /* cpu_common.h — what the CPU kernels share besides cpu_kernels.h: a vectorisable expf,
- * the ISA-cloning attribute for hot loops, and the size below which a loop stays serial.
+ * the per-ISA copies of hot loops, and the size below which a loop stays serial.
  *
  * LOOM_CPU_PAR_MIN: a loop with less work than this many elements runs on one thread
  * (OpenMP's `if` clause). Starting a team and the barrier at its end cost microseconds
@@ -19,15 +19,27 @@
  * for training purposes; this is what the FTZ/DAZ modes of other frameworks do, kept
  * local to the kernels instead of changing the process's MXCSR.
  *
- * LOOM_CPU_CLONES compiles a hot loop three times — AVX-512 (x86-64-v4), AVX2+FMA
- * (x86-64-v3) and the baseline — and picks one when the library loads (GCC/Clang
- * target_clones, an ifunc), so a distribution build is fast on every machine. Put it on a
- * static worker that the OpenMP loop calls, not on the OpenMP function itself: the
- * outlined parallel body would not be cloned. (The baseline cannot vectorise expf's
- * selects at all; SSE2 has no blend.)
+ * LOOM_CPU_VARIANTS(name, params, args) compiles a hot loop three times — AVX-512
+ * (x86-64-v4), AVX2+FMA (x86-64-v3) and the baseline (SSE2) — from an always_inline
+ * name##_body (LOOM_CPU_BODY), and defines `static void name params` that runs the copy
+ * loom_cpu_isa() chose (isa.c: cpuid, or LOOM_CPU_ISA), so one distribution build is fast
+ * on every machine and a lower ISA can be forced for testing. (GCC's target_clones would
+ * pick by cpuid alone, in an ifunc resolver where the environment cannot be read.) Put it
+ * on a static worker that the OpenMP loop calls, not on the OpenMP function itself. The
+ * copies differ only in instruction selection: the kernels have no reassociation, and
+ * -ffp-contract=fast fuses a*b+c where the ISA has FMA (not in the SSE2 copy), so results
+ * may differ between the SSE2 copy and the others, never with the thread count. (The
+ * "SSE2" copy, like gemm.c's SSE2 micro-kernel, is compiled for the build's own target:
+ * SSE2 in a default x86-64 build; a build with -march=native would make it that CPU's.)
+ * The kernels build with -fno-trapping-math (meson.build): without it GCC does not
+ * if-convert loom_cpu_expf's selects, and every loop calling it stays scalar (on every ISA
+ * but AVX-512, whose masked moves do not trap). It changes no result: only which
+ * operations may be executed speculatively.
  */
 #ifndef LOOM_CPU_COMMON_H
 #define LOOM_CPU_COMMON_H
+
+#include "cpu_kernels.h"
 
 #include <float.h>
 #include <math.h>
@@ -36,14 +48,29 @@
 
 #define LOOM_CPU_PAR_MIN 32768
 
-#if defined(__x86_64__) && defined(__has_attribute)
-#if __has_attribute(target_clones)
-#define LOOM_CPU_CLONES \
-    __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#endif
-#endif
-#ifndef LOOM_CPU_CLONES
-#define LOOM_CPU_CLONES
+/* attention.c's causal row softmax (row[0..t] of a T-wide row, zeros after), shared with
+ * attention_decode.c. */
+void loom_cpu_causal_softmax_row(float *row, int t, int T);
+
+#define LOOM_CPU_BODY static inline __attribute__((always_inline)) void
+
+#if defined(__x86_64__)
+#define LOOM_CPU_TARGET_AVX512 __attribute__((target("arch=x86-64-v4")))
+#define LOOM_CPU_TARGET_AVX2 __attribute__((target("arch=x86-64-v3")))
+#define LOOM_CPU_VARIANTS(name, params, args)                                                \
+    LOOM_CPU_TARGET_AVX512 static void name##_avx512 params { name##_body args; }            \
+    LOOM_CPU_TARGET_AVX2 static void name##_avx2 params { name##_body args; }                \
+    static void name##_sse2 params { name##_body args; }                                     \
+    static void name params                                                                  \
+    {                                                                                        \
+        const int isa_ = loom_cpu_isa();                                                     \
+        (isa_ == LOOM_CPU_ISA_AVX512 ? name##_avx512                                         \
+         : isa_ == LOOM_CPU_ISA_AVX2 ? name##_avx2                                           \
+                                     : name##_sse2) args;                                    \
+    }
+#else
+#define LOOM_CPU_VARIANTS(name, params, args)                                                \
+    static void name params { name##_body args; }
 #endif
 
 #define LOOM_CPU_EXP_LO (-87.33654f) /* log(FLT_MIN): below it, returns 0 */

@@ -11,10 +11,25 @@
 
 #include <stddef.h>
 
+/* isa.c: the instruction set the kernels run (isa.c's header) -------------------------- */
+enum { LOOM_CPU_ISA_SSE2 = 0, LOOM_CPU_ISA_AVX2 = 1, LOOM_CPU_ISA_AVX512 = 2 };
+/* Reads LOOM_CPU_ISA (once per process). Returns 0, or -1 with a one-line reason in err
+ * (len bytes) when it names an unknown ISA or one this CPU lacks. */
+int loom_cpu_isa_init(char *err, size_t len);
+/* The level in use, LOOM_CPU_ISA_*: LOOM_CPU_ISA if accepted, else the best cpuid reports. */
+int loom_cpu_isa(void);
+/* The best level this CPU has (cpuid), whatever LOOM_CPU_ISA says. */
+int loom_cpu_isa_best(void);
+/* "sse2", "avx2", "avx512" ("base" off x86-64). */
+const char *loom_cpu_isa_name(int isa);
+/* The level in use for a banner: "avx2", or "sse2 (LOOM_CPU_ISA; cpu has avx2)". */
+const char *loom_cpu_isa_describe(void);
+
 /* blas.c ------------------------------------------------------------------------------ */
 /* Load and check the GEMM path once per process. threads <= 0 means "all cores". Writes a
- * one-line description (e.g. "OpenBLAS 0.3.21 (openmp) core=SkylakeX threads=2") into desc.
- * Returns 0 on success (a fallback GEMM is a success too; the description says so). */
+ * one-line description (e.g. "OpenBLAS 0.3.21 (openmp) core=SkylakeX threads=2 isa=avx512")
+ * into desc. Returns 0 on success (a fallback GEMM is a success too; the description says
+ * so), -1 if LOOM_CPU_ISA is refused (desc is then the reason) or the GEMM failed its check. */
 int loom_cpu_blas_init(int threads, char *desc, size_t desc_len);
 /* Row-major C (M,N) = alpha * op(A) (M,K) @ op(B) (K,N) + beta * C, as cblas_sgemm with
  * CblasRowMajor. transa/transb: 0 = as stored, 1 = transposed. */
@@ -35,7 +50,12 @@ int loom_cpu_deterministic(void);
 void loom_cpu_sgemm_fallback(int transa, int transb, int M, int N, int K, float alpha,
                              const float *A, int lda, const float *B, int ldb, float beta,
                              float *C, int ldc);
-/* The instruction set the fallback's micro-kernel uses here: "avx512", "avx2", "baseline". */
+/* loom_cpu_sgemm_fallback on the micro-kernel of ISA level isa (LOOM_CPU_ISA_*), for tests
+ * that compare the ISAs in one process; a level above loom_cpu_isa_best() runs SSE2's. */
+void loom_cpu_sgemm_on(int isa, int transa, int transb, int M, int N, int K, float alpha,
+                       const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                       int ldc);
+/* The fallback's micro-kernel here: "avx512 8x32", "avx2 6x16", "sse2 6x8" (ISA, tile). */
 const char *loom_cpu_sgemm_fallback_isa(void);
 /* Checks C = alpha op(A) op(B) + beta C0 against a double-precision reference. Returns the
  * worst |C - ref| / (|alpha| sum_k |a_ik b_kj| + |beta c0_ij|) over all elements (infinity
@@ -70,6 +90,9 @@ void loom_cpu_attention_forward(float *out, float *att, const float *qkv, int B,
                                 int NH);
 void loom_cpu_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
                                  const float *att, int B, int T, int C, int NH);
+/* attention_decode.c */
+void loom_cpu_attention_decode(float *out, float *att, size_t att_stride, const float *qkv, int t,
+                               int C, int NH);
 /* gelu.c */
 void loom_cpu_gelu_forward(float *out, const float *inp, size_t n);
 void loom_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);

@@ -50,14 +50,15 @@ static inline int real_cols(int Vl, int col0, int V)
     return n <= 0 ? 0 : n >= Vl ? Vl : (int)n;
 }
 
-LOOM_CPU_CLONES static float row_max_of(const float *x, int n)
+LOOM_CPU_BODY row_max_of_body(float *max, const float *x, int n)
 {
     float m = -INFINITY;
 #pragma omp simd reduction(max : m)
     for (int j = 0; j < n; j++)
         m = x[j] > m ? x[j] : m;
-    return m;
+    *max = m;
 }
+LOOM_CPU_VARIANTS(row_max_of, (float *max, const float *x, int n), (max, x, n))
 
 void loom_cpu_ce_row_max(float *row_max, const float *logits, int BT, int Vl, int col0, int V)
 {
@@ -65,7 +66,7 @@ void loom_cpu_ce_row_max(float *row_max, const float *logits, int BT, int Vl, in
     const int n = real_cols(Vl, col0, V);
 #pragma omp parallel for schedule(static) if ((size_t)BT * n > LOOM_CPU_PAR_MIN)
     for (int i = 0; i < BT; i++)
-        row_max[i] = row_max_of(logits + (size_t)i * Vl, n);
+        row_max_of(&row_max[i], logits + (size_t)i * Vl, n);
 }
 
 /* s[r] += e[r][j] for j = 0 .. n-1 in order, the CE_RB rows' chains interleaved so that
@@ -87,8 +88,8 @@ add_in_order(double *restrict s, const float (*restrict e)[CE_CH], int n)
 /* Rows [0, nr) (nr <= CE_RB) of a block: sumexp[r] = in-order sum over columns [c0, c1) of
  * e^{x[r][j] - m[r]}, CE_CH columns of exponentials at a time (vectorised along the row),
  * then added in order. A short block's unused rows are zeros, summed and dropped. */
-LOOM_CPU_CLONES static void sumexp_block(float *sumexp, const float *logits, const float *row_max,
-                                         int nr, int Vl, int c0, int c1)
+LOOM_CPU_BODY sumexp_block_body(float *sumexp, const float *logits, const float *row_max, int nr,
+                                int Vl, int c0, int c1)
 {
     float e[CE_RB][CE_CH] __attribute__((aligned(64)));
     double s[CE_RB] = {0};
@@ -109,6 +110,10 @@ LOOM_CPU_CLONES static void sumexp_block(float *sumexp, const float *logits, con
     for (int r = 0; r < nr; r++)
         sumexp[r] = (float)s[r];
 }
+LOOM_CPU_VARIANTS(sumexp_block,
+                  (float *sumexp, const float *logits, const float *row_max, int nr, int Vl, int c0,
+                   int c1),
+                  (sumexp, logits, row_max, nr, Vl, c0, c1))
 
 void loom_cpu_ce_row_sumexp(float *sumexp, const float *logits, const float *row_max, int BT,
                             int Vl, int col0, int V, int c0, int c1)
@@ -141,13 +146,14 @@ void loom_cpu_ce_target_logit(float *tlogit, const float *logits, const int *tar
 
 /* One valid row's gradient over its n real columns (of Vl): x <- e^{x - m} * k, flushed;
  * padding zeroed. */
-LOOM_CPU_CLONES static void grad_row(float *x, float m, float k, int n, int Vl)
+LOOM_CPU_BODY grad_row_body(float *x, float m, float k, int n, int Vl)
 {
 #pragma omp simd
     for (int j = 0; j < n; j++)
         x[j] = loom_cpu_flush(loom_cpu_expf(x[j] - m) * k); /* no subnormals into the GEMMs */
     memset(x + n, 0, (size_t)(Vl - n) * sizeof(float));
 }
+LOOM_CPU_VARIANTS(grad_row, (float *x, float m, float k, int n, int Vl), (x, m, k, n, Vl))
 
 void loom_cpu_ce_finish(float *logits, float *losses, const float *row_max, const float *sumexp,
                         const float *tlogit, const int *targets, float dloss, int BT, int Vl,

@@ -20,7 +20,7 @@
 #define GELU_A 0.044715f
 enum { GELU_CHUNK = 8192 };
 
-LOOM_CPU_CLONES static void gelu_forward_range(float *out, const float *inp, size_t n)
+LOOM_CPU_BODY gelu_forward_range_body(float *out, const float *inp, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         const float x = inp[i];
@@ -28,9 +28,9 @@ LOOM_CPU_CLONES static void gelu_forward_range(float *out, const float *inp, siz
         out[i] = loom_cpu_flush(x / (1.0f + loom_cpu_expf(-2.0f * u)));
     }
 }
+LOOM_CPU_VARIANTS(gelu_forward_range, (float *out, const float *inp, size_t n), (out, inp, n))
 
-LOOM_CPU_CLONES static void gelu_backward_range(float *dinp, const float *inp, const float *dout,
-                                                size_t n)
+LOOM_CPU_BODY gelu_backward_range_body(float *dinp, const float *inp, const float *dout, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         const float x = inp[i];
@@ -40,6 +40,8 @@ LOOM_CPU_CLONES static void gelu_backward_range(float *dinp, const float *inp, c
         dinp[i] = loom_cpu_flush((s + x * 2.0f * s * (1.0f - s) * du) * dout[i]);
     }
 }
+LOOM_CPU_VARIANTS(gelu_backward_range, (float *dinp, const float *inp, const float *dout, size_t n),
+                  (dinp, inp, dout, n))
 
 void loom_cpu_gelu_forward(float *out, const float *inp, size_t n)
 {

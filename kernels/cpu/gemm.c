@@ -2,20 +2,27 @@
  * checks any GEMM.
  *
  * loom_cpu_sgemm_fallback is what loom_cpu_sgemm (blas.c) runs when OpenBLAS cannot be
- * loaded or gives wrong answers, and what attention.c runs per head. It is a
- * GotoBLAS/BLIS-style blocked GEMM:
- *   for each NC-wide panel of op(B), for each KC-deep slice of it:
- *     pack the KC x NC panel of B into NR-wide slivers (shared by all threads);
- *     each thread packs an MC x KC block of alpha*op(A) into MR-tall slivers and runs the
- *     MR x NR micro-kernel over (A sliver, B sliver) pairs, adding into C (storing, for
- *     the first slice of a beta-0 product: C is then never read).
+ * loaded or gives wrong answers, and in canonical mode (attention's per-head products
+ * included). It is a GotoBLAS/BLIS-style blocked GEMM:
+ *   for each NC-wide panel of op(B), for each chunk of its KC-deep slices (all of K when
+ *   the packed chunk fits BPACK floats):
+ *     pack the chunk's slices of B into NR-wide slivers (shared by all threads);
+ *     each thread takes an MC-row block of C and, for each slice of the chunk in order,
+ *     packs alpha*op(A)'s MC x KC block into MR-tall slivers and runs the MR x NR
+ *     micro-kernel over (A sliver, B sliver) pairs, adding into C (storing, for the first
+ *     slice of a beta-0 product: C is then never read).
+ * So the threads meet at one barrier per chunk, not two per slice: on shared cores a
+ * descheduled thread holds the others up less often.
  * Packing makes every micro-kernel access unit-stride and lets one code path serve all
  * four transpose combinations and any leading dimensions; edges are zero-padded in the
  * packs so the micro-kernel always computes a full tile and only the valid part is written.
- * The micro-kernel is plain C over GCC vector types, compiled three times (AVX-512,
- * AVX2+FMA, baseline) and chosen with cpuid, so one binary runs everywhere. On the 2-core
- * AVX-512 Xeon it reaches ~145 GFLOP/s on one thread and ~250 on two at 1024^3 (OpenBLAS
- * SkylakeX: ~150 and ~320).
+ * The micro-kernel (gemm_kernel.h) is plain C over GCC vector types, compiled once per ISA
+ * with a tile that fits that ISA's registers — AVX-512 8x32 (16 of 32 zmm accumulate),
+ * AVX2+FMA 6x16 and SSE2 6x8 (12 of 16 ymm/xmm, as BLIS's and OpenBLAS's Haswell kernels)
+ * — and chosen by loom_cpu_isa() (cpuid, or LOOM_CPU_ISA), so one binary runs everywhere;
+ * the packing follows the chosen tile. At 1024^3, on the 2-core AVX-512 Xeon the 8x32 kernel
+ * reached ~145 GFLOP/s on one thread and ~250 on two (OpenBLAS SkylakeX: ~150 and ~320);
+ * docs/BENCHMARKS.md has the AVX2 figures.
  *
  * It does not: use threads inside an enclosing OpenMP parallel region (nested regions run
  * on one thread) or for products under 8 * LOOM_CPU_PAR_MIN multiply-adds, or split K
@@ -37,8 +44,10 @@
  * micro-kernel as full ones (the padded lanes are computed and discarded); M, N, the
  * leading dimensions, MC/NC blocking, the thread count and the thread that computes a tile
  * never enter. So a product split by rows or columns into separate calls gives the bits of
- * the whole one. (Not across machines with different ISAs: the micro-kernel is chosen by
- * cpuid, and the baseline build has no FMA. Splitting K is a different sum.)
+ * the whole one; so does a different tile shape on the same ISA. Across ISAs: AVX-512 and
+ * AVX2 both fuse each step into one FMA, so they give the same bits as each other; SSE2
+ * has no FMA (a rounded multiply, then a rounded add), so its bits differ from theirs.
+ * (Splitting K is a different sum.)
  */
 #include "cpu_kernels.h"
 #include "cpu_common.h"
@@ -49,104 +58,76 @@
 #include <string.h>
 
 enum {
-    MR = 8,      /* micro-tile rows: 8 x 2 accumulators = 16 of the 32 zmm registers */
-    NR = 32,     /* micro-tile columns: two 16-float vectors */
-    KC = 256,    /* depth of a packed slice: an A sliver (8 KB) + B sliver (32 KB) ~ L1/L2 */
-    MC_MAX = 192,/* rows of A per packed block: 192 KB, stays in L2 */
-    NC = 2048    /* columns of B per packed panel: 2 MB, stays in L2/L3 */
+    KC = 256,     /* depth of a packed slice (every ISA: the K-slices are the contract):
+                   * A sliver (6-8 KB) + B sliver (8-32 KB) in L1/L2 */
+    MC_MAX = 192, /* rows of A per packed block (a multiple of every MR): 192 KB, in L2 */
+    NC = 2048,    /* columns of B per packed panel: 2 MB, stays in L2/L3 */
+    BPACK = 1 << 20, /* floats of packed B (4 MB): K-slices packed at once (see below) */
+    MR_MAX = 8,   /* the largest tile over the ISAs, for the stack packs */
+    NR_MAX = 32
 };
-
-typedef float v16 __attribute__((vector_size(64)));
-typedef float v16u __attribute__((vector_size(64), aligned(4))); /* unaligned access to C */
-
-/* C (m x n valid part of an MR x NR tile, leading dim ldc) += A sliver (kc x MR, packed
- * k-major) @ B sliver (kc x NR, packed k-major); with store set, = instead of += (the first
- * K-slice of a beta-0 product: C is never read, so it needs no zeroing pass and NaNs in it
- * do not leak). always_inline so each target-specific wrapper below gets its own
- * vectorised copy. */
-static inline __attribute__((always_inline)) void
-micro_kernel_body(int kc, const float *restrict a, const float *restrict b, float *restrict c,
-                  int ldc, int m, int n, int store)
-{
-    v16 acc[MR][2];
-    for (int i = 0; i < MR; i++)
-        acc[i][0] = acc[i][1] = (v16){0};
-    for (int p = 0; p < kc; p++) {
-        const v16 b0 = *(const v16 *)(b + (size_t)p * NR);
-        const v16 b1 = *(const v16 *)(b + (size_t)p * NR + 16);
-#pragma GCC unroll 8
-        for (int i = 0; i < MR; i++) {
-            const float x = a[p * MR + i];
-            /* broadcast (not (v16){0} + x: adding 0 is an add to keep, since -0 + 0 = +0) */
-            const v16 ai = {x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
-            acc[i][0] += ai * b0;
-            acc[i][1] += ai * b1;
-        }
-    }
-    if (m == MR && n == NR && store) {
-#pragma GCC unroll 8
-        for (int i = 0; i < MR; i++) {
-            *(v16u *)(c + (size_t)i * ldc) = acc[i][0];
-            *(v16u *)(c + (size_t)i * ldc + 16) = acc[i][1];
-        }
-    } else if (m == MR && n == NR) {
-#pragma GCC unroll 8
-        for (int i = 0; i < MR; i++) {
-            *(v16u *)(c + (size_t)i * ldc) += acc[i][0];
-            *(v16u *)(c + (size_t)i * ldc + 16) += acc[i][1];
-        }
-    } else {
-        for (int i = 0; i < m; i++)
-            for (int j = 0; j < n; j++)
-                c[(size_t)i * ldc + j] = store ? acc[i][j / 16][j % 16]
-                                               : c[(size_t)i * ldc + j] + acc[i][j / 16][j % 16];
-    }
-}
 
 typedef void (*micro_kernel_fn)(int, const float *, const float *, float *, int, int, int, int);
 
-#if defined(__x86_64__) || defined(__i386__)
-__attribute__((target("avx512f,fma"))) static void
-micro_kernel_avx512(int kc, const float *a, const float *b, float *c, int ldc, int m, int n,
-                    int store)
-{
-    micro_kernel_body(kc, a, b, c, ldc, m, n, store);
-}
-__attribute__((target("avx2,fma"))) static void
-micro_kernel_avx2(int kc, const float *a, const float *b, float *c, int ldc, int m, int n,
-                  int store)
-{
-    micro_kernel_body(kc, a, b, c, ldc, m, n, store);
-}
-#endif
-static void micro_kernel_base(int kc, const float *a, const float *b, float *c, int ldc, int m,
-                              int n, int store)
-{
-    micro_kernel_body(kc, a, b, c, ldc, m, n, store);
-}
+/* One ISA's micro-kernel and the tile it computes (packing follows mr and nr). */
+typedef struct {
+    micro_kernel_fn run;
+    int mr, nr;
+    const char *name;
+} micro_kernel;
 
-static micro_kernel_fn pick_micro_kernel(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f"))
-        return micro_kernel_avx512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return micro_kernel_avx2;
+typedef float v4 __attribute__((vector_size(16)));
+typedef float v4u __attribute__((vector_size(16), aligned(4))); /* unaligned access to C */
+#define UK_NAME micro_kernel_sse2 /* 6x8: 12 xmm accumulators, 2 B, 1 broadcast (of 16) */
+#define UK_TARGET
+#define UK_V v4
+#define UK_VU v4u
+#define UK_VL 4
+#define UK_MR 6
+#define UK_NV 2
+#include "gemm_kernel.h"
+
+#if defined(__x86_64__)
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v8u __attribute__((vector_size(32), aligned(4)));
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4)));
+#define UK_NAME micro_kernel_avx2 /* 6x16: 12 ymm accumulators, 2 B, 1 broadcast (of 16) */
+#define UK_TARGET LOOM_CPU_TARGET_AVX2
+#define UK_V v8
+#define UK_VU v8u
+#define UK_VL 8
+#define UK_MR 6
+#define UK_NV 2
+#include "gemm_kernel.h"
+#define UK_NAME micro_kernel_avx512 /* 8x32: 16 zmm accumulators, 2 B, 1 broadcast (of 32) */
+#define UK_TARGET LOOM_CPU_TARGET_AVX512
+#define UK_V v16
+#define UK_VU v16u
+#define UK_VL 16
+#define UK_MR 8
+#define UK_NV 2
+#include "gemm_kernel.h"
 #endif
-    return micro_kernel_base;
+
+static micro_kernel pick_micro_kernel(int isa)
+{
+#if defined(__x86_64__)
+    switch (isa) {
+    case LOOM_CPU_ISA_AVX512:
+        return (micro_kernel){micro_kernel_avx512, 8, 32, "avx512 8x32"};
+    case LOOM_CPU_ISA_AVX2:
+        return (micro_kernel){micro_kernel_avx2, 6, 16, "avx2 6x16"};
+    }
+    return (micro_kernel){micro_kernel_sse2, 6, 8, "sse2 6x8"};
+#else
+    return (micro_kernel){micro_kernel_sse2, 6, 8, "base 6x8"};
+#endif
 }
 
 const char *loom_cpu_sgemm_fallback_isa(void)
 {
-    micro_kernel_fn k = pick_micro_kernel();
-#if defined(__x86_64__) || defined(__i386__)
-    if (k == micro_kernel_avx512)
-        return "avx512";
-    if (k == micro_kernel_avx2)
-        return "avx2";
-#endif
-    return k == micro_kernel_base ? "baseline" : "?";
+    return pick_micro_kernel(loom_cpu_isa()).name;
 }
 
 /* A per-thread, 64-byte-aligned buffer of at least n floats, kept for the next call. */
@@ -199,7 +180,7 @@ pack_sliver(float *restrict dst, const float *X, int ld, int trans, int r0, int 
 
 /* Pack alpha * op(A)[i0 .. i0+mc, p0 .. p0+kc] into MR-row slivers. */
 static void pack_a(float *restrict dst, const float *A, int lda, int ta, int i0, int mc, int p0,
-                   int kc, float alpha)
+                   int kc, float alpha, int MR)
 {
     for (int is = 0; is < mc; is += MR) {
         const int mr = mc - is < MR ? mc - is : MR;
@@ -211,7 +192,7 @@ static void pack_a(float *restrict dst, const float *A, int lda, int ta, int i0,
 /* Pack op(B)[p0 .. p0+kc, j0 .. j0+nr] into one NR-column sliver: as a sliver of op(B)^T,
  * whose rows are the columns j. */
 static void pack_b_sliver(float *restrict dst, const float *B, int ldb, int tb, int p0, int kc,
-                          int j0, int nr)
+                          int j0, int nr, int NR)
 {
     pack_sliver(dst, B, ldb, !tb, j0, nr, p0, kc, NR, 1.0f);
 }
@@ -229,12 +210,13 @@ static void scale_row(float *row, int N, float beta)
 /* Last resort when the per-thread pack buffers cannot be had: single-threaded, one MR x NR
  * tile at a time through stack packs (40 KB) and the same micro-kernel, K-slices in the same
  * order, so it gives the blocked path's bits exactly (see "Order of operations" above). */
-static void sgemm_unblocked(micro_kernel_fn kernel, int ta, int tb, int M, int N, int K,
-                            float alpha, const float *A, int lda, const float *B, int ldb,
-                            float beta, float *C, int ldc)
+static void sgemm_unblocked(micro_kernel uk, int ta, int tb, int M, int N, int K, float alpha,
+                            const float *A, int lda, const float *B, int ldb, float beta,
+                            float *C, int ldc)
 {
-    float ap[KC * MR] __attribute__((aligned(64)));
-    float bp[KC * NR] __attribute__((aligned(64)));
+    const int MR = uk.mr, NR = uk.nr;
+    float ap[KC * MR_MAX] __attribute__((aligned(64)));
+    float bp[KC * NR_MAX] __attribute__((aligned(64)));
     if (beta != 0.0f && beta != 1.0f)
         for (int i = 0; i < M; i++)
             scale_row(C + (size_t)i * ldc, N, beta);
@@ -244,9 +226,9 @@ static void sgemm_unblocked(micro_kernel_fn kernel, int ta, int tb, int M, int N
             const int nr = N - j0 < NR ? N - j0 : NR;
             for (int pc = 0; pc < K; pc += KC) {
                 const int kc = K - pc < KC ? K - pc : KC;
-                pack_a(ap, A, lda, ta, i0, mr, pc, kc, alpha);
-                pack_b_sliver(bp, B, ldb, tb, pc, kc, j0, nr);
-                kernel(kc, ap, bp, C + (size_t)i0 * ldc + j0, ldc, mr, nr,
+                pack_a(ap, A, lda, ta, i0, mr, pc, kc, alpha, MR);
+                pack_b_sliver(bp, B, ldb, tb, pc, kc, j0, nr, NR);
+                uk.run(kc, ap, bp, C + (size_t)i0 * ldc + j0, ldc, mr, nr,
                        beta == 0.0f && pc == 0);
             }
         }
@@ -255,6 +237,12 @@ static void sgemm_unblocked(micro_kernel_fn kernel, int ta, int tb, int M, int N
 
 void loom_cpu_sgemm_fallback(int ta, int tb, int M, int N, int K, float alpha, const float *A,
                              int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    loom_cpu_sgemm_on(loom_cpu_isa(), ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void loom_cpu_sgemm_on(int isa, int ta, int tb, int M, int N, int K, float alpha, const float *A,
+                       int lda, const float *B, int ldb, float beta, float *C, int ldc)
 {
     if (M <= 0 || N <= 0)
         return;
@@ -265,22 +253,36 @@ void loom_cpu_sgemm_fallback(int ta, int tb, int M, int N, int K, float alpha, c
         return;
     }
 
-    const micro_kernel_fn kernel = pick_micro_kernel();
+    const micro_kernel uk =
+        pick_micro_kernel(isa <= loom_cpu_isa_best() ? isa : LOOM_CPU_ISA_SSE2);
+    const int MR = uk.mr, NR = uk.nr;
     /* one thread inside a parallel region (attention's per-head products) or for a product
      * too small to pay for waking the team */
     const int nth = omp_in_parallel() || (double)M * N * K < 8.0 * LOOM_CPU_PAR_MIN
                         ? 1
                         : omp_get_max_threads();
-    /* Rows per A block: enough blocks to keep every thread busy, at most MC_MAX. */
-    int mc = (M + nth - 1) / nth;
+    /* Rows per A block: at most MC_MAX; with several threads, at least 4 blocks per thread
+     * where blocks can keep 48 rows (a thread descheduled on shared cores then holds up
+     * less of the work), and a multiple of the thread count, of near-equal heights (1024
+     * rows on 2 threads: 8 blocks of 132 rows or less, not 5 of 192 and one of 64). */
+    int n_ic = (M + MC_MAX - 1) / MC_MAX;
+    if (nth > 1 && n_ic < 4 * nth) {
+        const int finer = M / 48 < 4 * nth ? M / 48 : 4 * nth;
+        n_ic = finer > n_ic ? finer : n_ic;
+    }
+    n_ic = (n_ic + nth - 1) / nth * nth;
+    int mc = (M + n_ic - 1) / n_ic;
     mc = (mc + MR - 1) / MR * MR;
-    if (mc > MC_MAX)
-        mc = MC_MAX;
-    const int n_ic = (M + mc - 1) / mc;
-    const int ncap = N < NC ? N : NC;
-    float *bp = thread_buffer(0, (size_t)KC * ((ncap + NR - 1) / NR * NR));
+    n_ic = (M + mc - 1) / mc;
+    /* B is packed a chunk of K-slices at a time (all of K when it fits BPACK floats), so
+     * that a work item runs all the chunk's slices with no barrier between them. */
+    const int ncap = N < NC ? N : NC, npad = (ncap + NR - 1) / NR * NR;
+    int kq = BPACK / npad / KC * KC;
+    kq = kq < KC ? KC : kq;
+    kq = kq > (K + KC - 1) / KC * KC ? (K + KC - 1) / KC * KC : kq;
+    float *bp = thread_buffer(0, (size_t)kq * npad);
     if (!bp) {
-        sgemm_unblocked(kernel, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        sgemm_unblocked(uk, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
     int failed = 0;
@@ -307,12 +309,16 @@ void loom_cpu_sgemm_fallback(int ta, int tb, int M, int N, int K, float alpha, c
             int n_jg = n_ic >= nth ? 1 : (nth + n_ic - 1) / n_ic;
             if (n_jg > n_js)
                 n_jg = n_js;
-            for (int pc = 0; pc < K; pc += KC) {
-                const int kc = K - pc < KC ? K - pc : KC;
+            for (int p0 = 0; p0 < K; p0 += kq) {
+                const int p1 = K - p0 < kq ? K : p0 + kq, n_pc = (p1 - p0 + KC - 1) / KC;
+                /* sliver js of slice q at bp + (q n_js + js) KC NR */
 #pragma omp for schedule(static)
-                for (int js = 0; js < n_js; js++) {
-                    int nr = nc - js * NR < NR ? nc - js * NR : NR;
-                    pack_b_sliver(bp + (size_t)js * KC * NR, B, ldb, tb, pc, kc, jc + js * NR, nr);
+                for (int qs = 0; qs < n_pc * n_js; qs++) {
+                    const int pc = p0 + qs / n_js * KC, js = qs % n_js;
+                    const int kc = p1 - pc < KC ? p1 - pc : KC;
+                    const int nr = nc - js * NR < NR ? nc - js * NR : NR;
+                    pack_b_sliver(bp + (size_t)qs * KC * NR, B, ldb, tb, pc, kc, jc + js * NR,
+                                  nr, NR);
                 }
 #pragma omp for schedule(dynamic, 1)
                 for (int item = 0; item < n_ic * n_jg; item++) {
@@ -320,15 +326,19 @@ void loom_cpu_sgemm_fallback(int ta, int tb, int M, int N, int K, float alpha, c
                     const int mcc = M - ic < mc ? M - ic : mc;
                     const int js0 = (int)((long)n_js * jg / n_jg);
                     const int js1 = (int)((long)n_js * (jg + 1) / n_jg);
-                    pack_a(ap, A, lda, ta, ic, mcc, pc, kc, alpha);
-                    for (int js = js0; js < js1; js++) {
-                        const int nr = nc - js * NR < NR ? nc - js * NR : NR;
-                        const float *bs = bp + (size_t)js * KC * NR;
-                        for (int is = 0; is < mcc; is += MR) {
-                            const int mr = mcc - is < MR ? mcc - is : MR;
-                            kernel(kc, ap + (size_t)is * kc, bs,
-                                   C + (size_t)(ic + is) * ldc + jc + js * NR, ldc, mr, nr,
-                                   beta == 0.0f && pc == 0);
+                    for (int pc = p0; pc < p1; pc += KC) { /* the K-slices in order */
+                        const int kc = p1 - pc < KC ? p1 - pc : KC;
+                        const float *bq = bp + (size_t)(pc - p0) / KC * n_js * KC * NR;
+                        pack_a(ap, A, lda, ta, ic, mcc, pc, kc, alpha, MR);
+                        for (int js = js0; js < js1; js++) {
+                            const int nr = nc - js * NR < NR ? nc - js * NR : NR;
+                            const float *bs = bq + (size_t)js * KC * NR;
+                            for (int is = 0; is < mcc; is += MR) {
+                                const int mr = mcc - is < MR ? mcc - is : MR;
+                                uk.run(kc, ap + (size_t)is * kc, bs,
+                                       C + (size_t)(ic + is) * ldc + jc + js * NR, ldc, mr, nr,
+                                       beta == 0.0f && pc == 0);
+                            }
                         }
                     }
                 }
@@ -337,7 +347,7 @@ void loom_cpu_sgemm_fallback(int ta, int tb, int M, int N, int K, float alpha, c
     }
     if (failed) /* a thread had no pack buffer: every thread stopped at the barrier, before
                  * touching C */
-        sgemm_unblocked(kernel, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        sgemm_unblocked(uk, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 double loom_cpu_sgemm_check(int ta, int tb, int M, int N, int K, float alpha, const float *A,

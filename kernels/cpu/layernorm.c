@@ -19,9 +19,8 @@
 enum { LN_COLS = 16 }; /* columns per work item in the parameter-gradient pass */
 
 /* One row: o = (x - mean) rstd w + b; writes mean and rstd. */
-LOOM_CPU_CLONES static void row_forward(float *restrict o, float *mean, float *rstd,
-                                        const float *restrict x, const float *restrict w,
-                                        const float *restrict b, int C)
+LOOM_CPU_BODY row_forward_body(float *restrict o, float *mean, float *rstd, const float *restrict x,
+                               const float *restrict w, const float *restrict b, int C)
 {
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
@@ -38,10 +37,14 @@ LOOM_CPU_CLONES static void row_forward(float *restrict o, float *mean, float *r
     *mean = m;
     *rstd = r;
 }
+LOOM_CPU_VARIANTS(row_forward,
+                  (float *restrict o, float *mean, float *rstd, const float *restrict x,
+                   const float *restrict w, const float *restrict b, int C),
+                  (o, mean, rstd, x, w, b, C))
 
 /* One row of dinp, from the formula in the opening comment. */
-LOOM_CPU_CLONES static void row_backward(float *dx, const float *d, const float *restrict x,
-                                         const float *restrict w, float m, float r, int C)
+LOOM_CPU_BODY row_backward_body(float *dx, const float *d, const float *restrict x,
+                                const float *restrict w, float m, float r, int C)
 {
     float sg = 0.0f, sgn = 0.0f;
 #pragma omp simd reduction(+ : sg, sgn)
@@ -55,11 +58,14 @@ LOOM_CPU_CLONES static void row_backward(float *dx, const float *d, const float 
     for (int i = 0; i < C; i++)
         dx[i] = r * (w[i] * d[i] - sg - (x[i] - m) * r * sgn);
 }
+LOOM_CPU_VARIANTS(row_backward,
+                  (float *dx, const float *d, const float *restrict x, const float *restrict w,
+                   float m, float r, int C),
+                  (dx, d, x, w, m, r, C))
 
 /* Columns c0 .. c0+n (n <= LN_COLS) of dweight and dbias: sums over all rows, in order. */
-LOOM_CPU_CLONES static void param_block(float *dweight, float *dbias, const float *dout,
-                                        const float *inp, const float *mean, const float *rstd,
-                                        int BT, int C, int c0, int n)
+LOOM_CPU_BODY param_block_body(float *dweight, float *dbias, const float *dout, const float *inp,
+                               const float *mean, const float *rstd, int BT, int C, int c0, int n)
 {
     float dw[LN_COLS] = {0}, db[LN_COLS] = {0};
     for (int bt = 0; bt < BT; bt++) {
@@ -74,6 +80,10 @@ LOOM_CPU_CLONES static void param_block(float *dweight, float *dbias, const floa
         dweight[c0 + i] += dw[i];
     }
 }
+LOOM_CPU_VARIANTS(param_block,
+                  (float *dweight, float *dbias, const float *dout, const float *inp,
+                   const float *mean, const float *rstd, int BT, int C, int c0, int n),
+                  (dweight, dbias, dout, inp, mean, rstd, BT, C, c0, n))
 
 void loom_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                                 const float *weight, const float *bias, int B, int T, int C)

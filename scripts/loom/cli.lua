@@ -125,17 +125,14 @@ local function recorded_optimizer(manifest)
   return t
 end
 
--- `loom export --llmc CKPT OUT.bin`: a checkpoint's weights as an llm.c model file
--- (version 3, fp32), so llm.c's tools and anything that reads its format can use them.
--- CKPT is a checkpoint (step_*) or a checkpoint dir (its newest complete checkpoint).
-function cli.export(args)
-  local usage = "usage: loom export --llmc CKPT OUT.bin"
-  if args[1] ~= "--llmc" or not args[2] or not args[3] or args[4] then error(usage, 0) end
-  local ckpt, out = args[2], args[3]
+-- A session holding a checkpoint's weights, from its manifest's model and recorded
+-- optimizer: CKPT is a checkpoint (step_*) or a checkpoint dir (its newest complete
+-- checkpoint). -> session, manifest, the checkpoint's path. Errors start with "what: ".
+local function open_checkpoint(ckpt, what)
   local f = io.open(ckpt .. "/manifest.json", "rb")
   if not f then
     local found, why = core.find_checkpoint(ckpt)
-    if not found then error("export: " .. why, 0) end
+    if not found then error(what .. ": " .. why, 0) end
     ckpt = found
     f = assert(io.open(ckpt .. "/manifest.json", "rb"))
   end
@@ -143,18 +140,30 @@ function cli.export(args)
   f:close()
   local ok, manifest = pcall(require("loom.json").decode, text)
   if not ok or type(manifest.model) ~= "table" or not manifest.optimizer then
-    error("export: " .. ckpt .. "/manifest.json is not a loom checkpoint manifest", 0)
+    error(what .. ": " .. ckpt .. "/manifest.json is not a loom checkpoint manifest", 0)
   end
-  local m = manifest.model
   local session = core.session {
-    model = m, micro = 1, seq = 1, accum = 1, seed = 0, grad_clip = 0,
+    model = manifest.model, micro = 1, seq = 1, accum = 1, seed = 0, grad_clip = 0,
     optimizer = recorded_optimizer(manifest), precision = { name = "fp32" },
   }
   session:load(ckpt)
+  return session, manifest, ckpt
+end
+
+-- `loom export --llmc CKPT OUT.bin`: a checkpoint's weights as an llm.c model file
+-- (version 3, fp32), so llm.c's tools and anything that reads its format can use them.
+-- CKPT is a checkpoint (step_*) or a checkpoint dir (its newest complete checkpoint).
+function cli.export(args)
+  local usage = "usage: loom export --llmc CKPT OUT.bin"
+  if args[1] ~= "--llmc" or not args[2] or not args[3] or args[4] then error(usage, 0) end
+  local session, manifest, ckpt = open_checkpoint(args[2], "export")
+  local out, m = args[3], manifest.model
   core.llmc_save(session, out)
   print(string.format("wrote %s (llm.c model v3: L=%d H=%d C=%d V=%d Vp=%d ctx=%d) from %s",
     out, m.layers, m.heads, m.dim, m.vocab, m.vocab_padded, m.ctx, ckpt))
 end
+
+cli.sample = function(args) return require("loom.cli_sample")(args, open_checkpoint) end
 
 -- "1K" -> 1024, "64M" -> 67108864
 local function bytes_of(text)

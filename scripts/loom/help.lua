@@ -134,6 +134,30 @@ example:
   loom schedule 1f1b --pp 4 --micro 8
   loom schedule interleaved --pp 4 --micro 8 --chunks 2 -o interleaved.svg]],
 
+  sample = [[
+usage: loom sample CKPT --prompt TEXT [options]
+
+Generate text from a checkpoint with the key/value cache (loom.sample); progress and the
+final rate go to stderr.
+
+options:
+  CKPT                   a checkpoint (step_*) or checkpoint directory (its newest one)
+  --prompt TEXT          the text to continue
+  --prompt-ids IDS       or token ids, comma-separated (e.g. 50256,15496)
+  --tokens N             tokens to generate (default 200)
+  --temperature T        softmax temperature, > 0 (default 1.0)
+  --top-k K              sample among the K most likely tokens; 0: all (default 0)
+  --seed S               sampling seed, >= 0 (default 0): the same seed, the same sample
+  --tokenizer DIR        GPT-2 tokenizer (encoder.json, vocab.bpe) for a BPE model; default:
+                         beside the shards the checkpoint was trained on
+  --no-cache             recompute the whole window for every token (same tokens, slower)
+  --shift                past the model's ctx, restart the window at the last ctx/2 tokens
+                         (the cache keeps working) instead of sliding it by one per token
+  -h, --help             this text
+
+example:
+  loom sample runs/shakespeare/ckpt --prompt "ROMEO:" --tokens 300 --temperature 0.8 --top-k 40]],
+
   version = [[
 usage: loom version
 
@@ -142,7 +166,7 @@ Print loom's version.]],
 help.texts = texts
 
 -- The order `loom --help` lists commands in.
-help.commands = { "run", "launch", "plugins", "plot", "export", "bench", "schedule", "version" }
+help.commands = { "run", "launch", "plugins", "plot", "export", "bench", "schedule", "sample", "version" }
 
 -- Print the help of command `name` to stdout. Unknown names are an error.
 function help.show(name)

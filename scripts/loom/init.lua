@@ -216,7 +216,17 @@ function loom.session(t, where)
   return s
 end
 
--- loom.sample{session, prompt, tokens=200, temperature=1, top_k=0, seed=0} -> text
+-- loom.sample{session, prompt, tokens=200, temperature=1, top_k=0, seed=0, tokenizer=,
+-- cache=true, progress=} -> text. A byte-level model (vocab 256) takes and returns bytes;
+-- with a GPT-2 tokenizer (loom.bpe: a directory holding encoder.json and vocab.bpe, as
+-- prepare-text --gpt2 leaves beside the shards, or what loom.tokenizer returned) a text
+-- prompt is encoded and the tokens decoded to text; otherwise prompt and result are token
+-- ids. cache = false recomputes the whole window for every token (the same tokens, slower).
+-- Past ctx the window slides by one token (window = "slide": each token a full forward
+-- over ctx rows) or, with window = "shift", restarts at the last ctx/2 tokens and grows
+-- again, so the cache keeps working (other samples; fewer tokens of context at times).
+-- progress: function(done, total) called after each token. logits_hash = true: a second
+-- result, the XXH64 (hex) of every logits row drawn from (tests compare paths by it).
 local sample_spec = {
   session = { type = "userdata", required = true, help = "what loom.train or loom.session returned" },
   prompt = { type = { "string", "table" }, required = true },
@@ -224,14 +234,60 @@ local sample_spec = {
   temperature = { type = "positive" },
   top_k = { type = "integer", min = 0 },
   seed = { type = "integer", min = 0 },
+  tokenizer = { type = { "string", "table" }, help = "a GPT-2 tokenizer directory or loom.tokenizer(...)" },
+  cache = { type = "boolean", help = "use the key/value cache (default true)" },
+  progress = { type = "function", help = "function(done, total) after each token" },
+  logits_hash = { type = "boolean", help = "also return the XXH64 (hex) of the logits drawn from" },
+  window = { type = "string", help = "past ctx: \"slide\" (by one token, default) or \"shift\" "
+    .. "(restart at the last ctx/2 tokens: the cache keeps working)" },
 }
+
+-- loom.tokenizer(path) -> the GPT-2 tokenizer (loom.bpe) in path (a directory or its
+-- encoder.json), or nil and why. Loaded once per path.
+local tokenizers = {}
+function loom.tokenizer(path)
+  if tokenizers[path] then return tokenizers[path] end
+  local tok, why = require("loom.bpe").load(path)
+  tokenizers[path] = tok
+  return tok, why
+end
+
+-- The tokenizer directory of a loom.data description: the shards' directory when it holds
+-- encoder.json (prepare-text --gpt2 keeps it there), else nil.
+function loom.tokenizer_dir(data)
+  if type(data) ~= "table" or data.kind ~= "shards" or type(data.train) ~= "string" then return nil end
+  local dir = data.train:match("^(.*)/[^/]*$") or "."
+  local f = io.open(dir .. "/encoder.json", "rb")
+  if not f then return nil end
+  f:close()
+  return dir
+end
+
 function loom.sample(t)
   local where = schema.where()
   schema.check(t, sample_spec, "loom.sample", where)
-  local ok, out = pcall(t.session.sample, t.session, t.prompt, t.tokens or 200,
-    t.temperature or 1.0, t.top_k or 0, t.seed or 0)
+  local tok = t.tokenizer
+  if type(tok) == "string" then
+    local why
+    tok, why = loom.tokenizer(tok)
+    if not tok then schema.fail(where, "%s", why) end
+  end
+  local prompt = t.prompt
+  if tok and type(prompt) == "string" then
+    local ok, ids = pcall(tok.encode, tok, prompt)
+    if not ok then schema.fail(where, "%s", ids) end
+    prompt = ids
+  end
+  if t.window ~= nil and t.window ~= "slide" and t.window ~= "shift" then
+    schema.fail(where, "loom.sample: window = %q; use \"slide\" or \"shift\"", t.window)
+  end
+  local opts = { cache = t.cache ~= false, progress = t.progress, logits_hash = t.logits_hash,
+    shift_window = t.window == "shift" }
+  local ok, out, hash = pcall(t.session.sample, t.session, prompt, t.tokens or 200,
+    t.temperature or 1.0, t.top_k or 0, t.seed or 0, opts)
   if not ok then schema.fail(where, "%s", out) end
-  return out
+  if tok then out = tok:decode(out) end
+  return out, hash
 end
 
 -- The command line's key=value overrides, as a list of pairs in command-line order:

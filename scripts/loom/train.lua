@@ -410,7 +410,7 @@ return function(loom)
       if t.sample and t.sample.every and step % t.sample.every == 0 then
         m:print(loom.sample { session = session, prompt = t.sample.prompt or "\n",
           tokens = t.sample.tokens or 128, temperature = t.sample.temperature,
-          top_k = t.sample.top_k, seed = t.sample.seed })
+          top_k = t.sample.top_k, seed = t.sample.seed, tokenizer = loom.tokenizer_dir(t.data) })
       end
       local stop = t.on_step and t.on_step(r) == false
       -- collective: every rank calls save (dp rank 0 of each tp rank writes its files)

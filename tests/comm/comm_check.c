@@ -36,6 +36,11 @@ static size_t es_of(loom_dtype dt)
 static float f32_of(uint32_t b) { float f; memcpy(&f, &b, 4); return f; }
 static uint32_t bits_of(float f) { uint32_t b; memcpy(&b, &f, 4); return b; }
 
+/* 2^-6 .. 2^6: m * pow2[e] is exactly ldexpf(m, e - 6) for these normal m, without the
+ * libm call (a fifth of the sweep's time went to scalbnf). */
+static const float pow2[13] = {0x1p-6f, 0x1p-5f, 0x1p-4f, 0x1p-3f, 0x1p-2f, 0x1p-1f, 1.0f,
+                               0x1p1f, 0x1p2f, 0x1p3f, 0x1p4f, 0x1p5f, 0x1p6f};
+
 /* Element i of rank's input, as raw bits (in a uint32). Floats have varied exponents so a
  * different summation order would almost surely change the bits. */
 static uint32_t gen(loom_dtype dt, unsigned salt, int rank, size_t i)
@@ -45,7 +50,7 @@ static uint32_t gen(loom_dtype dt, unsigned salt, int rank, size_t i)
     case LOOM_DTYPE_F32:
     case LOOM_DTYPE_BF16: {
         float m = (float)((h >> 8) & 0xffffff) / 16777216.0f + 0.5f;
-        float v = ldexpf(m, (int)(h % 13) - 6);
+        float v = m * pow2[h % 13];
         if ((h >> 40) & 1)
             v = -v;
         return dt == LOOM_DTYPE_F32 ? bits_of(v) : bits_of(v) >> 16;
@@ -96,10 +101,20 @@ static float to_f32(loom_dtype dt, uint32_t b)
         return f32_of(b);
     if (dt == LOOM_DTYPE_BF16)
         return f32_of(b << 16);
-    uint16_t h = (uint16_t)b;
-    _Float16 x;
-    memcpy(&x, &h, 2);
-    return (float)x;
+    /* f16: a table of all 65536 conversions, built on first use in each rank (the
+     * compiler's _Float16 -> float is a software call on plain x86-64) */
+    static float f16[65536];
+    static int have_f16;
+    if (!have_f16) {
+        for (uint32_t u = 0; u < 65536; u++) {
+            uint16_t h = (uint16_t)u;
+            _Float16 x;
+            memcpy(&x, &h, 2);
+            f16[u] = (float)x;
+        }
+        have_f16 = 1;
+    }
+    return f16[b & 0xffff];
 }
 
 /* Nearest bf16, ties to even, by looking at both neighbours (not by bit tricks). */
@@ -157,6 +172,7 @@ typedef struct ctx {
     void *comm;
     const cc_case *k;
     int me, n;
+    cc_share *share;
     char *err;
     size_t cap;
 } ctx;
@@ -205,6 +221,28 @@ static size_t v_rdispl(const cc_case *k, int me, int src)
     return d;
 }
 
+/* The expected output of n elements that is the same on every rank (allreduce: the
+ * reduction; allgather: every rank's input in turn), through x->share: this rank fills
+ * its 1/n, then a barrier. NULL when there is no share or it is too small (the caller
+ * computes its own); *bad set when the barrier failed. */
+static const uint32_t *shared_want(ctx *x, size_t n, int *bad)
+{
+    cc_share *sh = x->share;
+    if (sh == NULL || n * 4 > sh->bytes / 2)
+        return NULL;
+    uint32_t *want = (uint32_t *)((uint8_t *)sh->mem + (sh->seq++ % 2) * (sh->bytes / 2));
+    const cc_case *k = x->k;
+    const size_t lo = n * (size_t)x->me / (size_t)x->n, hi = n * (size_t)(x->me + 1) / (size_t)x->n;
+    const size_t c = k->count ? k->count : 1;
+    for (size_t i = lo; i < hi; i++)
+        want[i] = k->op == CC_ALLGATHER || k->op == CC_ALLGATHER_INPLACE
+                      ? gen(k->dt, k->salt, (int)(i / c), i % c)
+                      : ref_reduce(k->dt, k->red, x->n, k->salt, i);
+    loom_comm_request *r = NULL;
+    *bad = call(x, x->ops->barrier_start(x->comm, &r), &r, "barrier (shared reference)");
+    return want;
+}
+
 #define SENTINEL 0xa5u
 
 static int check_sentinels(ctx *x, const uint8_t *buf, size_t from, size_t to, const char *what)
@@ -245,21 +283,17 @@ static int run(ctx *x)
     int bad = 0;
     switch (k->op) {
     case CC_ALLREDUCE:
-        bad = call(x, o->allreduce_start(x->comm, send, recv, c, dt, k->red, &r), &r, "allreduce");
+    case CC_ALLREDUCE_INPLACE: {
+        uint8_t *out = k->op == CC_ALLREDUCE ? recv : send;
+        bad = call(x, o->allreduce_start(x->comm, send, out, c, dt, k->red, &r), &r, "allreduce");
+        const uint32_t *shared = bad ? NULL : shared_want(x, c, &bad);
         for (size_t i = 0; !bad && i < c; i++) {
-            uint32_t want = ref_reduce(dt, k->red, x->n, k->salt, i), got = get(dt, recv, i);
-            if (got != want)
-                bad = failf(x, "wrong value", i, got, want);
+            uint32_t want = shared ? shared[i] : ref_reduce(dt, k->red, x->n, k->salt, i);
+            if (get(dt, out, i) != want)
+                bad = failf(x, "wrong value", i, get(dt, out, i), want);
         }
         break;
-    case CC_ALLREDUCE_INPLACE:
-        bad = call(x, o->allreduce_start(x->comm, send, send, c, dt, k->red, &r), &r, "allreduce");
-        for (size_t i = 0; !bad && i < c; i++) {
-            uint32_t want = ref_reduce(dt, k->red, x->n, k->salt, i), got = get(dt, send, i);
-            if (got != want)
-                bad = failf(x, "wrong value", i, got, want);
-        }
-        break;
+    }
     case CC_REDUCE_SCATTER:
         bad = call(x, o->reduce_scatter_start(x->comm, send, recv, c, dt, k->red, &r), &r,
                    "reduce_scatter");
@@ -277,8 +311,9 @@ static int run(ctx *x)
             src = recv + (size_t)me * c * es;
         }
         bad = call(x, o->allgather_start(x->comm, src, recv, c, dt, &r), &r, "allgather");
+        const uint32_t *shared = bad ? NULL : shared_want(x, n * c, &bad);
         for (size_t j = 0; !bad && j < n * c; j++) {
-            uint32_t want = gen(dt, k->salt, (int)(j / (c ? c : 1)), j % (c ? c : 1));
+            uint32_t want = shared ? shared[j] : gen(dt, k->salt, (int)(j / (c ? c : 1)), j % (c ? c : 1));
             if (get(dt, recv, j) != want)
                 bad = failf(x, "wrong value", j, get(dt, recv, j), want);
         }
@@ -368,17 +403,34 @@ static int run(ctx *x)
     return bad;
 }
 
-int cc_run(const loom_comm_ops *ops, void *comm, const cc_case *k, char *err, size_t cap)
+int cc_run_shared(const loom_comm_ops *ops, void *comm, const cc_case *k, cc_share *share,
+                  char *err, size_t cap)
 {
-    ctx x = {ops, comm, k, ops->rank(comm), ops->world(comm), err, cap};
+    ctx x = {ops, comm, k, ops->rank(comm), ops->world(comm), share, err, cap};
     return run(&x);
 }
 
-int cc_run_all(const loom_comm_ops *ops, void *comm, const size_t *sizes, int n_sizes,
-               unsigned salt, const char *where, char *err, size_t cap)
+int cc_run(const loom_comm_ops *ops, void *comm, const cc_case *k, char *err, size_t cap)
+{
+    return cc_run_shared(ops, comm, k, NULL, err, cap);
+}
+
+/* The count of op in a sweep of size over n ranks: size, but for the blocked ops with
+ * chunk > 0 four rounds of chunk / n bytes, the last one ragged (see cc_run_sweep). */
+static size_t count_of(int op, loom_dtype dt, size_t size, size_t n, size_t chunk)
+{
+    int blocked = op == CC_REDUCE_SCATTER || op == CC_ALLTOALL || op == CC_ALLTOALLV;
+    size_t round = chunk / n / es_of(dt);
+    return blocked && chunk ? 3 * round + 3 : size;
+}
+
+static int run_all(const loom_comm_ops *ops, void *comm, const size_t *sizes, int n_sizes,
+                   unsigned salt, size_t chunk, cc_share *share, const char *where, char *err,
+                   size_t cap)
 {
     static const loom_dtype dts[] = {LOOM_DTYPE_F32, LOOM_DTYPE_BF16, LOOM_DTYPE_F16,
                                      LOOM_DTYPE_I32, LOOM_DTYPE_U8, LOOM_DTYPE_U16};
+    const size_t n = (size_t)ops->world(comm);
     for (int s = 0; s < n_sizes; s++)
         for (int op = 0; op < CC_N_OPS; op++)
             for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++) {
@@ -387,9 +439,10 @@ int cc_run_all(const loom_comm_ops *ops, void *comm, const size_t *sizes, int n_
                 if (op == CC_BARRIER && d > 0)
                     continue;
                 for (int red = 0; red < (reduces ? 3 : 1); red++) {
-                    cc_case k = {(cc_op)op, dts[d], (loom_reduce_op)red, sizes[s],
+                    cc_case k = {(cc_op)op, dts[d], (loom_reduce_op)red,
+                                 count_of(op, dts[d], sizes[s], n, chunk),
                                  salt + 7919u * (unsigned)(s * 97 + op * 13 + (int)d * 3 + red)};
-                    if (cc_run(ops, comm, &k, err, cap)) {
+                    if (cc_run_shared(ops, comm, &k, share, err, cap)) {
                         size_t len = strlen(err);
                         snprintf(err + len, cap - len, " [%s]", where);
                         return 1;
@@ -397,4 +450,16 @@ int cc_run_all(const loom_comm_ops *ops, void *comm, const size_t *sizes, int n_
                 }
             }
     return 0;
+}
+
+int cc_run_all(const loom_comm_ops *ops, void *comm, const size_t *sizes, int n_sizes,
+               unsigned salt, const char *where, char *err, size_t cap)
+{
+    return run_all(ops, comm, sizes, n_sizes, salt, 0, NULL, where, err, cap);
+}
+
+int cc_run_sweep(const loom_comm_ops *ops, void *comm, size_t size, size_t chunk, unsigned salt,
+                 cc_share *share, const char *where, char *err, size_t cap)
+{
+    return run_all(ops, comm, &size, 1, salt, chunk, share, where, err, cap);
 }

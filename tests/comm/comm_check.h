@@ -49,6 +49,31 @@ int cc_run(const loom_comm_ops *ops, void *comm, const cc_case *k, char *err, si
 int cc_run_all(const loom_comm_ops *ops, void *comm, const size_t *sizes, int n_sizes,
                unsigned salt, const char *where, char *err, size_t cap);
 
+/* Memory every rank of a communicator sees at the same address (MAP_SHARED before the
+ * fork), for the expected outputs that are the same on every rank (allreduce, allgather):
+ * each rank computes 1/n of them into it, a barrier of the communicator under test, then
+ * every rank checks its whole output against it, instead of every rank computing all of
+ * it. Two halves, used in turn (seq counts the cases, the same on every rank), so one
+ * barrier a case is enough. Ranks of one communicator share one cc_share's memory. */
+typedef struct cc_share {
+    void *mem;
+    size_t bytes;
+    unsigned seq;
+} cc_share;
+
+/* cc_run with a share (NULL: as cc_run). */
+int cc_run_shared(const loom_comm_ops *ops, void *comm, const cc_case *k, cc_share *share,
+                  char *err, size_t cap);
+
+/* As cc_run_all with one size, for a plugin that moves the blocked ops (reduce_scatter,
+ * alltoall, alltoallv: n blocks of count a rank) in rounds of chunk / n bytes a block, as
+ * loom-comm-shm does (chunk = its chunk_bytes): those get 3 rounds + 3 elements a block
+ * (four rounds, so a call reuses a staging slot, and a ragged last one) instead of size,
+ * whose cost grows as n^2 x size while the rounds are all alike. share: NULL, or the
+ * memory for the shared expected outputs (cases that do not fit compute their own). */
+int cc_run_sweep(const loom_comm_ops *ops, void *comm, size_t size, size_t chunk, unsigned salt,
+                 cc_share *share, const char *where, char *err, size_t cap);
+
 /* This rank's input element i as f32/bits — exposed for tests that build their own cases. */
 void cc_fill(loom_dtype dt, unsigned salt, int rank, size_t first, size_t count, void *dst);
 

@@ -174,17 +174,6 @@ double th_seconds(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-unsigned long long th_hash(unsigned long long a, unsigned long long b, unsigned long long c)
-{
-    unsigned long long x = a * 0x9e3779b97f4a7c15ull ^ (b + 0x632be59bd9b4e019ull) * 0xbf58476d1ce4e5b9ull ^
-                           (c + 0x1234567ull) * 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 29;
-    x *= 0x94d049bb133111ebull;
-    return x ^ (x >> 32);
-}
-
 static int child_main(const th_env *env, const th_opts *o, th_fn fn, void *arg, int rank,
                       const loom_store *store, char *msg, const char *job)
 {

@@ -1,17 +1,30 @@
 /* test_comm_sweep.c — the slow sweep of loom-comm-shm: every op x dtype (x sum/avg/max)
  * at 1 MiB + 3 elements on world sizes 1..8 and on their even/odd groups (reverse key
  * order), and allreduces of tens of MiB. Same checks as test_comm.c (comm_check: bitwise
- * against a reference summed in rank order), just bigger. */
+ * against a reference summed in rank order), just bigger.
+ * The blocked ops (reduce_scatter, alltoall, alltoallv) move n blocks a rank in rounds of
+ * chunk_bytes / n: they run four rounds a block, the last ragged (cc_run_sweep), the same
+ * classes as 1 MiB + 3 blocks (4n + 1 rounds of f32 at n ranks) at a fraction of the cost,
+ * which grows as n^2 x count; the tens of MiB cases keep the long messages. The expected
+ * outputs that every rank shares (allreduce, allgather) are computed 1/n by each rank into
+ * memory they all see (cc_share), not n times over. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 
 #include "comm_check.h"
 #include "comm_harness.h"
 #include "base/status.h"
 
 static th_env env;
-static const size_t mib3[] = {(1u << 20) + 3};
+static const size_t mib3 = (1u << 20) + 3;
+static const size_t chunk = 1u << 20; /* loom-comm-shm's default chunk_bytes */
+/* Two halves (cc_share) of the largest shared output, the bf16 allreduce of 20 Mi + 5
+ * elements of tens_of_mib (as u32s); the group sweep gives each of its two groups half.
+ * Mapped shared before any fork; only the pages used are ever touched. */
+static const size_t share_bytes = 2 * 4 * ((20u << 20) + 64);
+static void *share_mem;
 
 static void run_ok(int world, th_fn fn, void *arg)
 {
@@ -24,7 +37,9 @@ static void run_ok(int world, th_fn fn, void *arg)
 
 static int world_sweep(th_rank *t)
 {
-    return cc_run_all(t->ops, t->comm, mib3, 1, 11u * (unsigned)t->world, "world", t->err, t->cap);
+    cc_share share = {share_mem, share_bytes, 0};
+    return cc_run_sweep(t->ops, t->comm, mib3, chunk, 11u * (unsigned)t->world, &share, "world",
+                        t->err, t->cap);
 }
 
 static int group_sweep(th_rank *t)
@@ -32,8 +47,10 @@ static int group_sweep(th_rank *t)
     void *g = NULL;
     if (t->ops->split(t->comm, t->rank % 2, -t->rank, &g))
         return th_fail(t, "split: %s", loom_last_error());
-    int bad = cc_run_all(t->ops, g, mib3, 1, 3u + (unsigned)(t->rank % 2),
-                         t->rank % 2 ? "odd group" : "even group", t->err, t->cap);
+    cc_share share = {(char *)share_mem + (size_t)(t->rank % 2) * (share_bytes / 2),
+                      share_bytes / 2, 0};
+    int bad = cc_run_sweep(t->ops, g, mib3, chunk, 3u + (unsigned)(t->rank % 2), &share,
+                           t->rank % 2 ? "odd group" : "even group", t->err, t->cap);
     t->ops->destroy(g);
     return bad;
 }
@@ -46,8 +63,9 @@ static int tens_of_mib(th_rank *t)
         {CC_REDUCE_SCATTER, LOOM_DTYPE_F32, LOOM_REDUCE_SUM, (16u << 20) / 4 / (size_t)t->world + 1, 3},
         {CC_ALLGATHER, LOOM_DTYPE_F32, 0, (16u << 20) / 4 / (size_t)t->world + 1, 4},
     };
+    cc_share share = {share_mem, share_bytes, 0};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        if (cc_run(t->ops, t->comm, &cases[i], t->err, t->cap))
+        if (cc_run_shared(t->ops, t->comm, &cases[i], &share, t->err, t->cap))
             return 1;
     return 0;
 }
@@ -65,6 +83,11 @@ int main(void)
     char err[1024];
     if (!th_load(&env, "shm", err, sizeof err)) {
         fprintf(stderr, "cannot load the shm plugin: %s\n", err);
+        return 1;
+    }
+    share_mem = mmap(NULL, share_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (share_mem == MAP_FAILED) {
+        perror("mmap of the shared references");
         return 1;
     }
     Suite *s = suite_create("comm_shm_sweep");

@@ -26,6 +26,7 @@ for f in dp2 dp4; do
   echo "ok fast $f vs one rank with the same global batch: max |loss diff| $d over 20 steps"
 done
 runN 2 batch.micro=4 > "$tmp/dp2b"
+finite_losses "$tmp/dp2b"
 cmp -s "$tmp/dp2" "$tmp/dp2b" || { echo "dp=2 twice differs"; exit 1; }
 echo "ok dp=2 run twice: bitwise identical"
 
@@ -33,7 +34,7 @@ canon="deterministic=canonical batch.micro=2 batch.global=8"
 run1 $canon > "$tmp/c1"
 runN 2 $canon > "$tmp/c2"
 runN 4 $canon > "$tmp/c4"
-cmp -s "$tmp/c1" "$tmp/c2" && cmp -s "$tmp/c1" "$tmp/c4" ||
+finite_losses "$tmp/c1" && cmp -s "$tmp/c1" "$tmp/c2" && cmp -s "$tmp/c1" "$tmp/c4" ||
   { echo "canonical dp=1/2/4 differ"; paste "$tmp/c1" "$tmp/c2" "$tmp/c4" | head; exit 1; }
 echo "ok canonical: dp=1, 2, 4 bitwise identical ($(wc -l < "$tmp/c1") steps)"
 

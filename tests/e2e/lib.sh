@@ -1,11 +1,90 @@
-# lib.sh — helpers the end-to-end scripts source.
+# lib.sh — the helpers the end-to-end scripts (and tests/oot_plugin) source to compare
+# numbers: every loss, tolerance and "the loss fell" check goes through these.
+# What: one awk program (_lib_awk) that accepts a number only when it is a plain finite
+# decimal. awk and Lua print a diverged value as nan, -nan, inf, -inf, nan(0x...), NaN or
+# Infinity, and mawk (Debian's awk) compares NaN false both ways, so a check written as
+# "fail if d > tol" passes a NaN; here such a value (or an empty field) is refused by name.
+# What not: no bitwise comparisons (cmp does those; finite_losses adds the finiteness).
+# Invariants: every function fails (status 1, the reason on stderr) rather than print a
+# number it could not check; POSIX sh, so /bin/sh scripts can source it.
 
-# max_loss_diff A B: the largest |difference| between the losses of the LOSS lines
-# ("LOSS step hex decimal") of files A and B, step by step, as %.3g.
-max_loss_diff() {
-  paste <(grep '^LOSS' "$1") <(grep '^LOSS' "$2") |
-    awk '{ d = $4 - $8; if (d < 0) d = -d; if (d > m) m = d } END { printf "%.3g", m + 0 }'
+# The shared awk: num(x, what) returns x as a number or exits 1 naming it; die(msg).
+# In BEGIN or END an exit is final; callers only call these there.
+_lib_awk='
+function die(msg) { printf "%s\n", msg > "/dev/stderr"; exit 1 }
+function num(x, what) {
+  if (x !~ /^[-+]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][-+]?[0-9]+)?$/)
+    die(what " is not a finite number: \"" x "\"")
+  if (x + 0 > 1e300 || x + 0 < -1e300)   # 1e400 reads as inf
+    die(what " is not a finite number: " x " (out of range)")
+  return x + 0
+}
+# lines(file, pat, arr): the lines of file matching the awk regex pat into arr[1..n]; n.
+function lines(file, pat, arr,   n, l) {
+  n = 0
+  while ((getline l < file) > 0) if (l ~ pat) arr[++n] = l
+  close(file)
+  return n
+}'
+
+# max_field_diff PAT FIELDS A B: pairs the lines of A and B that match the awk regex PAT,
+# in order; each must have the same step (field 2) and finite numbers in every one of
+# FIELDS (field numbers, space-separated). Prints the largest |difference| as %.3g. Fails
+# when either file has no such lines, when their counts or steps differ, or on a value
+# that is not a finite number.
+max_field_diff() {
+  awk -v pat="$1" -v fields="$2" -v fa="$3" -v fb="$4" "$_lib_awk"'
+  BEGIN {
+    na = lines(fa, pat, a); nb = lines(fb, pat, b)
+    if (na == 0) die(fa ": no lines matching " pat)
+    if (na != nb) die(fa " has " na " lines matching " pat ", " fb " has " nb)
+    nf = split(fields, fl, " ")
+    for (i = 1; i <= na; i++) {
+      split(a[i], x, " "); split(b[i], y, " ")
+      if (x[2] != y[2]) die("line " i ": step " x[2] " in " fa ", step " y[2] " in " fb)
+      for (j = 1; j <= nf; j++) {
+        what = "field " fl[j] " of step " x[2]
+        d = num(x[fl[j]], what " in " fa) - num(y[fl[j]], what " in " fb)
+        if (d < 0) d = -d
+        if (d > m) m = d
+      }
+    }
+    printf "%.3g", m + 0
+  }'
 }
 
-# below D TOL: succeeds when the number D is smaller than TOL.
-below() { awk -v d="$1" -v t="$2" 'BEGIN { exit !(d < t) }'; }
+# max_loss_diff A B: the largest |difference| between the decimal losses (field 4) of the
+# LOSS lines ("LOSS step hex decimal") of A and B, step by step, as %.3g; fails as
+# max_field_diff does.
+max_loss_diff() { max_field_diff '^LOSS ' 4 "$1" "$2"; }
+
+# finite_losses FILE...: succeeds when each FILE has LOSS lines and every decimal loss is a
+# finite number. For checks that compare runs bit for bit (cmp): two runs that both
+# diverge print the same nan.
+finite_losses() {
+  for _lib_f in "$@"; do max_loss_diff "$_lib_f" "$_lib_f" > /dev/null || return 1; done
+}
+
+# finite X: succeeds when X is a finite number.
+finite() { awk -v x="$1" "$_lib_awk"' BEGIN { num(x, "the value") }'; }
+
+# below D TOL: succeeds when the number D is finite and smaller than TOL.
+below() {
+  awk -v d="$1" -v t="$2" "$_lib_awk"'
+  BEGIN { if (!(num(d, "the difference") < num(t, "the tolerance"))) exit 1 }'
+}
+
+# loss_fell FILE MARGIN: succeeds when FILE's LOSS lines are all finite and the last loss is
+# below the first minus MARGIN; prints "FIRST -> LAST" either way (when both are numbers).
+loss_fell() {
+  awk -v f="$1" -v margin="$2" "$_lib_awk"'
+  BEGIN {
+    n = lines(f, "^LOSS ", l)
+    if (n < 2) die(f ": " n " LOSS lines, need at least 2")
+    for (i = 1; i <= n; i++) {
+      split(l[i], x, " "); v[i] = num(x[4], "the loss of step " x[2] " in " f); s[i] = x[4]
+    }
+    printf "%s -> %s\n", s[1], s[n]
+    if (!(v[n] < v[1] - num(margin, "the margin"))) exit 1
+  }'
+}

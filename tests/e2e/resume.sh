@@ -6,12 +6,14 @@
 set -euo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)
+source "$here/lib.sh"
 recipe=$here/recipes/losses.lua
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
 check() { # name k extra-args...
   local name=$1 k=$2; shift 2
   "$loom" run "$recipe" steps=20 "$@" | grep '^LOSS' > "$tmp/$name.full"
+  finite_losses "$tmp/$name.full"   # the resumed run is compared with it bit for bit
   "$loom" run "$recipe" steps=$k checkpoint.dir="$tmp/$name.ck" checkpoint.every=5 "$@" > /dev/null
   "$loom" run "$recipe" steps=20 checkpoint.dir="$tmp/$name.ck" resume=auto "$@" > "$tmp/$name.out"
   grep -q "resumed from .*step_0*$k at step $k" "$tmp/$name.out" ||

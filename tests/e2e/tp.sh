@@ -44,11 +44,13 @@ runN 2 mesh.tp=2 tp_sequence_parallel=true batch.micro=2 batch.global=4 > "$tmp/
 check_close "tp=2+sp, 2 micro-batches a step" "$tmp/tp2acc" "$tmp/one_acc"
 
 runN 2 mesh.tp=2 > "$tmp/tp2b"
+finite_losses "$tmp/tp2b"
 cmp -s "$tmp/tp2" "$tmp/tp2b" || { echo "tp=2 twice differs"; exit 1; }
 echo "ok tp=2 run twice: bitwise identical"
 
 canon="deterministic=canonical batch.micro=2 batch.global=4"
 run1 $canon > "$tmp/c1"
+finite_losses "$tmp/c1"   # the canonical runs below are compared with it bit for bit
 for layout in "2 mesh.tp=2" "2 mesh.tp=2 tp_sequence_parallel=true" "4 mesh.tp=4" \
               "4 mesh.tp=4 tp_sequence_parallel=true" "4 mesh.tp=2 mesh.dp=2"; do
   runN ${layout%% *} $canon ${layout#* } > "$tmp/c"
@@ -67,6 +69,7 @@ for v in "100 model.vocab_padded=256" "250" "40000"; do
   d=$(max_loss_diff "$tmp/v1" "$tmp/v4")
   below "$d" 2e-5 || { echo "vocab ${v%% *} at tp=4 differs by $d"; exit 1; }
   "$loom" run "$vrecipe" model.vocab=$v deterministic=canonical | grep '^LOSS' > "$tmp/cv1"
+  finite_losses "$tmp/cv1"
   "$loom" launch -n 4 "$vrecipe" model.vocab=$v mesh.tp=4 deterministic=canonical comm_timeout=20 \
     | grep '^LOSS' > "$tmp/cv4"
   cmp -s "$tmp/cv1" "$tmp/cv4" || { echo "vocab ${v%% *} canonical tp=4 differs"; exit 1; }
@@ -127,6 +130,8 @@ sample() { "$loom" launch -n "$1" "$here/recipes/tp_sample.lua" $model determini
   comm_timeout=20 "${@:2}" | grep -E '^(SAMPLE|VAL)'; }
 want=$("$loom" run "$here/recipes/tp_sample.lua" $model deterministic=canonical | grep -E '^(SAMPLE|VAL)')
 [ -n "$want" ] || { echo "no sample from one rank"; exit 1; }
+val=$(sed -n 's/^VAL [^ ]* //p' <<<"$want")
+finite "$val" || { echo "the one-rank validation loss is not finite: '$val'"; exit 1; }
 for layout in "2 mesh.tp=2" "2 mesh.tp=2 tp_sequence_parallel=true" "4 mesh.tp=4 tp_sequence_parallel=true"; do
   got=$(sample $layout)
   [ "$got" = "$want" ] || { echo "sample under ${layout#* } differs: $got vs $want"; exit 1; }

@@ -33,6 +33,7 @@ canon="deterministic=canonical model.heads=4 batch.micro=2 batch.global=4 thread
   > "$tmp/tp.out" 2>&1 || { echo "two-node tp run failed:"; tail -20 "$tmp/tp.out"; exit 1; }
 grep -o '\[[0-9]*,1\]<stdout>:\(LOSS\|NORM\) .*' "$tmp/tp.out" | sed 's/^[^:]*://' > "$tmp/tp"
 "$loom" run "$recipe" $canon | grep -E '^(LOSS|NORM)' > "$tmp/tp1"
+finite_losses "$tmp/tp1" || exit 1
 [[ $(wc -l < "$tmp/tp") -eq 40 ]] || { echo "expected 40 LOSS/NORM lines from rank 1, got $(wc -l < "$tmp/tp")"; exit 1; }
 cmp -s "$tmp/tp1" "$tmp/tp" || { echo "two nodes tp=2 x dp=2 (+sp, canonical) differ from one rank"; paste "$tmp/tp1" "$tmp/tp" | head -4; exit 1; }
 echo "two nodes (mpi over veth), tp=2 in each node x dp=2 across, sequence parallel, canonical: losses and grad norms bitwise equal to one rank over 20 steps"

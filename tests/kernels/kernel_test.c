@@ -1,8 +1,10 @@
 /* kernel_test.c — the helpers declared in kernel_test.h. */
 #include "kernel_test.h"
+#include "cpu_kernels.h"
 
 #include <math.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -93,6 +95,17 @@ void kt_assert_thread_independent(const char *what, kt_kernel_fn fn, void *ctx, 
 
 int kt_run(Suite *s)
 {
+    /* meson runs each kernel test once per ISA (LOOM_CPU_ISA=avx512|avx2|sse2): one this
+     * CPU lacks is a skip (77); any other refusal is a failure */
+    char why[256];
+    if (loom_cpu_isa_init(why, sizeof why) != 0) {
+        const char *isa = getenv("LOOM_CPU_ISA");
+        const int known = strcmp(isa, "avx512") == 0 || strcmp(isa, "avx2") == 0 ||
+                          strcmp(isa, "sse2") == 0;
+        fprintf(stderr, "%s: %s\n", known ? "skipped" : "error", why);
+        return known ? 77 : 1;
+    }
+    printf("kernels isa: %s\n", loom_cpu_isa_describe());
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_ENV); /* CK_VERBOSITY=verbose lists each test */
     const int failed = srunner_ntests_failed(sr);

@@ -22,8 +22,14 @@ static void host_log(loom_log_level level, const char *fmt, ...)
 {
 }
 
+static char last_fail[512]; /* the message of the last host->fail */
+
 static loom_status host_fail(loom_status st, const char *fmt, ...)
 {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_fail, sizeof last_fail, fmt, ap);
+    va_end(ap);
     return st;
 }
 
@@ -83,8 +89,9 @@ START_TEST(test_instance)
     ck_assert_int_eq(ops->create(&host, &cfg, &self), LOOM_OK);
     ck_assert_ptr_nonnull(self);
     const char *desc = ops->describe(self);
-    ck_assert_msg(strncmp(desc, "cpu: ", 5) == 0 && strstr(desc, "threads=2"), "describe: %s",
-                  desc);
+    ck_assert_msg(strncmp(desc, "cpu: ", 5) == 0 && strstr(desc, "threads=2") &&
+                      strstr(desc, " isa="),
+                  "describe: %s", desc);
 
     const size_t n = 1000;
     float *a = ops->alloc(self, n * sizeof(float)), *b = ops->alloc(self, n * sizeof(float));
@@ -127,6 +134,58 @@ START_TEST(test_refuses_negative_threads)
 }
 END_TEST
 
+/* LOOM_CPU_ISA is read once per process, by the plugin's own copy of isa.c: these run in
+ * Check's forked children (the default), where the plugin is loaded afresh. */
+static void create_with_isa(const char *isa, loom_status want, const char *want_msg)
+{
+    if (getenv("CK_FORK") && strcmp(getenv("CK_FORK"), "no") == 0)
+        return; /* one process for all tests: the ISA is already decided */
+    setenv("LOOM_CPU_ISA", isa, 1);
+    void *h;
+    const loom_backend_ops *ops = open_plugin(&h)->ops;
+    void *self = (void *)1;
+    last_fail[0] = '\0';
+    ck_assert_int_eq(ops->create(&host, NULL, &self), want);
+    if (want == LOOM_OK) {
+        ck_assert_msg(strstr(ops->describe(self), want_msg), "describe: %s", ops->describe(self));
+        ops->destroy(self);
+    } else {
+        ck_assert_ptr_null(self);
+        ck_assert_msg(strcmp(last_fail, want_msg) == 0, "refusal: \"%s\"\nwanted:  \"%s\"",
+                      last_fail, want_msg);
+    }
+}
+
+START_TEST(test_refuses_unknown_isa)
+{
+    char want[300];
+    snprintf(want, sizeof want,
+             "backend cpu: LOOM_CPU_ISA=avx3 is not an instruction set loom knows; use avx512, "
+             "avx2 or sse2, or unset it for the best this CPU has (%s)",
+             loom_cpu_isa_name(loom_cpu_isa_best()));
+    create_with_isa("avx3", LOOM_ERR_INVALID, want);
+}
+END_TEST
+
+START_TEST(test_refuses_missing_isa)
+{
+    if (loom_cpu_isa_best() == LOOM_CPU_ISA_AVX512)
+        return; /* nothing this CPU lacks */
+    char want[300];
+    const char *best = loom_cpu_isa_name(loom_cpu_isa_best());
+    snprintf(want, sizeof want,
+             "backend cpu: LOOM_CPU_ISA=avx512, but this CPU lacks avx512 (the best it has is "
+             "%s); use %s or lower, or unset LOOM_CPU_ISA", best, best);
+    create_with_isa("avx512", LOOM_ERR_INVALID, want);
+}
+END_TEST
+
+START_TEST(test_forced_isa_is_described)
+{
+    create_with_isa("sse2", LOOM_OK, "isa=sse2 (LOOM_CPU_ISA; cpu has ");
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -139,6 +198,9 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_descriptor);
     tcase_add_test(tc, test_instance);
     tcase_add_test(tc, test_refuses_negative_threads);
+    tcase_add_test(tc, test_refuses_unknown_isa);
+    tcase_add_test(tc, test_refuses_missing_isa);
+    tcase_add_test(tc, test_forced_isa_is_described);
     suite_add_tcase(s, tc);
     return kt_run(s);
 }

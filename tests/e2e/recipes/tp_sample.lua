@@ -1,5 +1,5 @@
 -- tp_sample.lua — train the small model a few steps, evaluate, then sample; rank 0 prints
--- the validation loss ("VAL hexfloat") and the sample's bytes as hex ("SAMPLE ..."), so runs
+-- the validation loss ("VAL hexfloat decimal") and the sample's bytes as hex ("SAMPLE ..."), so runs
 -- under different meshes can be compared.
 package.path = arg[0]:match("^(.*)/[^/]*$") .. "/?.lua;" .. package.path
 local loom = require "loom"
@@ -11,5 +11,5 @@ local session, summary = loom.train {
 }
 local text = loom.sample { session = session, prompt = "ROMEO:\n", tokens = 45, temperature = 0.9,
   top_k = 20, seed = 3 }
-if loom.rank == 0 then print(string.format("VAL %a", summary.val_loss)) end
+if loom.rank == 0 then print(string.format("VAL %a %.9f", summary.val_loss, summary.val_loss)) end
 if loom.rank == 0 then print("SAMPLE " .. text:gsub(".", function(c) return string.format("%02x", c:byte()) end)) end

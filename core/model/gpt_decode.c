@@ -1,0 +1,90 @@
+/* gpt_decode.c — incremental decoding: one new token's row through the model, attention
+ * reading the keys and values that earlier rows left in the activation buffers (gpt.h).
+ *
+ * The cache is no extra memory: a forward with B = 1 leaves row j of every layer's
+ * activations at row j of its buffers (qkv among them), and decoding position t writes
+ * row t of the same buffers, so the next token's attention finds rows 0..t. Every buffer
+ * row sits where the full forward would put it (the same offsets, hence the same
+ * alignment); the attention probabilities go where the full forward over t+1 tokens puts
+ * row t of each head. Each op below is the full forward's op restricted to that row —
+ * layer norms, bias, residual and GELU act per row or per element, the products are
+ * row-independent under the backend's row-stable (or canonical) mode, the tensor-parallel sums are elementwise in a
+ * fixed rank order (or canonical mode's tree), attention_decode reproduces
+ * attention_forward's last row — so the logits row has the full recompute's bits.
+ * It does not: batch (B = 1 only), slide a window (positions are absolute: once t reaches
+ * ctx the caller recomputes), or run under sequence parallelism (rows are sharded by tp).
+ */
+#include "gpt_internal.h"
+
+#include "base/status.h"
+
+int loom_gpt_can_decode(const loom_gpt *m)
+{
+    return !m->sp && m->be->ops->size > offsetof(loom_backend_ops, attention_decode) &&
+           m->be->ops->attention_decode != NULL;
+}
+
+int loom_gpt_cached_rows(const loom_gpt *m) { return m->cache_len; }
+
+loom_status loom_gpt_decode(loom_gpt *m, int token, int t)
+{
+    const loom_backend_ops *k = m->be->ops;
+    void *bs = m->be->self;
+    int C = m->cfg.dim, Cl = m->Cl, Fl = m->Fl;
+    if (!loom_gpt_can_decode(m))
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "incremental decoding needs a backend with "
+                  "attention_decode and no sequence parallelism");
+    if (t != m->cache_len || t < 1)
+        LOOM_FAIL(LOOM_ERR_INVALID, "decode at position %d, but the cache holds %d rows (run a "
+                  "forward with B = 1 over the first tokens)", t, m->cache_len);
+    if (t >= m->cfg.ctx)
+        LOOM_FAIL(LOOM_ERR_INVALID, "decode at position %d: the model's ctx is %d", t, m->cfg.ctx);
+    if (token < 0 || token >= m->cfg.vocab)
+        LOOM_FAIL(LOOM_ERR_INVALID, "token %d is outside the vocabulary [0, %d)", token,
+                  m->cfg.vocab);
+    m->cache_len = 0; /* until this row is complete */
+    size_t r = (size_t)t, rC = r * (size_t)C;
+#define ROW(buf, width) ((buf) + r * (size_t)(width))
+    k->copy_to_device(bs, m->tokens + t, &token, sizeof(int));
+    float *embedded = m->tp_ops ? m->partial : m->encoded;
+    k->embedding_forward(embedded + rC, m->tokens + t, m->p.wte, m->v0, m->Vl, 1, C);
+    LOOM_TRY(F_LEAVE(LOOM_REGION_EMBEDDING, -1, embedded + rC, m->encoded + rC, 1, C));
+    k->position_forward(m->encoded + rC, m->p.wpe, r, 1, m->cfg.ctx, C);
+    const float *residual = m->encoded + rC;
+    for (int l = 0; l < m->cfg.layers; l++) {
+        layer_params *w = &m->p.layer[l];
+        layer_acts *a = &m->acts[l];
+        k->layernorm_forward(a->ln1 + rC, a->ln1_mean + r, a->ln1_rstd + r, residual, w->ln1w,
+                             w->ln1b, 1, 1, C);
+        LOOM_TRY(F_ENTER(LOOM_REGION_ATTENTION, l, a->ln1 + rC, a->ln1_full + rC, 1, C));
+        k->matmul_forward(ROW(a->qkv, 3 * Cl), a->ln1_full + rC, w->qkvw, w->qkvb, 1, 1, C,
+                          3 * Cl);
+        /* where attention_forward over t+1 tokens keeps row t of head h: h(t+1)^2 + t(t+1) */
+        size_t n = r + 1;
+        k->attention_decode(ROW(a->atty, Cl), a->att + r * n, n * n, a->qkv, t, Cl, m->NHl);
+        gpt_row_parallel_forward(m, m->partial + rC, ROW(a->atty, Cl), w->attprojw, 1, 1, Cl);
+        LOOM_TRY(F_LEAVE(LOOM_REGION_ATTENTION, l, m->partial + rC, m->summed + rC, 1, C));
+        k->bias_add(m->summed + rC, w->attprojb, 1, C);
+        k->residual_forward(a->res2 + rC, residual, m->summed + rC, (size_t)C);
+        k->layernorm_forward(a->ln2 + rC, a->ln2_mean + r, a->ln2_rstd + r, a->res2 + rC,
+                             w->ln2w, w->ln2b, 1, 1, C);
+        LOOM_TRY(F_ENTER(LOOM_REGION_MLP, l, a->ln2 + rC, a->ln2_full + rC, 1, C));
+        k->matmul_forward(ROW(a->fch, Fl), a->ln2_full + rC, w->fcw, w->fcb, 1, 1, C, Fl);
+        k->gelu_forward(ROW(a->fch_gelu, Fl), ROW(a->fch, Fl), (size_t)Fl);
+        gpt_row_parallel_forward(m, m->partial + rC, ROW(a->fch_gelu, Fl), w->fcprojw, 1, 1, Fl);
+        LOOM_TRY(F_LEAVE(LOOM_REGION_MLP, l, m->partial + rC, m->summed + rC, 1, C));
+        k->bias_add(m->summed + rC, w->fcprojb, 1, C);
+        k->residual_forward(a->res3 + rC, a->res2 + rC, m->summed + rC, (size_t)C);
+        residual = a->res3 + rC;
+    }
+    k->layernorm_forward(m->lnf + rC, m->lnf_mean + r, m->lnf_rstd + r, residual, m->p.lnfw,
+                         m->p.lnfb, 1, 1, C);
+    LOOM_TRY(F_ENTER(LOOM_REGION_HEAD, -1, m->lnf + rC, m->lnf_full + rC, 1, C));
+    k->matmul_forward(ROW(m->logits, m->Vl), m->lnf_full + rC, m->p.wte, NULL, 1, 1, C, m->Vl);
+#undef ROW
+    m->last_B = 1;
+    m->last_T = t + 1;
+    m->have_dlogits = 0;
+    m->cache_len = t + 1;
+    return LOOM_OK;
+}

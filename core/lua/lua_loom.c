@@ -247,6 +247,32 @@ static int l_session(lua_State *L)
     lua_getfield(L, 1, "canonical");
     cfg.canonical = lua_toboolean(L, -1);
     lua_pop(L, 1);
+    /* pipeline (used when the mesh has pp > 1): schedule = "1f1b", chunks =, pp_layers = {} */
+    lua_getfield(L, 1, "schedule");
+    if (!lua_isnil(L, -1)) {
+        const loom_plugin *sp;
+        if (loom_plugin_load(LOOM_KIND_SCHED, luaL_checkstring(L, -1), &sp) != LOOM_OK)
+            return raise_status(L);
+        cfg.schedule = sp->desc;
+    }
+    lua_pop(L, 1);
+    cfg.pp_chunks = int_field(L, 1, "chunks", 1);
+    static _Thread_local int pp_layers[1024];
+    lua_getfield(L, 1, "pp_layers");
+    if (!lua_isnil(L, -1)) {
+        luaL_checktype(L, -1, LUA_TTABLE);
+        lua_Integer n = luaL_len(L, -1);
+        if (n > 1024)
+            return luaL_error(L, "pp_layers has %d entries (at most 1024)", (int)n);
+        for (lua_Integer i = 1; i <= n; i++) {
+            lua_geti(L, -1, i);
+            pp_layers[i - 1] = (int)luaL_checkinteger(L, -1);
+            lua_pop(L, 1);
+        }
+        cfg.pp_layers = pp_layers;
+        cfg.n_pp_layers = (int)n;
+    }
+    lua_pop(L, 1);
     if (loom_session_create(&cfg, &box->s) != LOOM_OK)
         return raise_status(L);
     box->vocab = cfg.model.vocab;
@@ -296,6 +322,8 @@ static int l_session_step(lua_State *L)
     set_num(L, "tokens", st.tokens);
     lua_pushboolean(L, st.skipped);
     lua_setfield(L, -2, "skipped");
+    lua_pushinteger(L, st.inflight);
+    lua_setfield(L, -2, "inflight");
     return 1;
 }
 
@@ -435,6 +463,8 @@ static int l_session_info(lua_State *L)
     lua_setfield(L, -2, "backend");
     lua_pushinteger(L, loom_session_steps_taken(b->s));
     lua_setfield(L, -2, "steps");
+    lua_pushinteger(L, loom_session_pipeline_stages(b->s));
+    lua_setfield(L, -2, "stages");
     return 1;
 }
 

@@ -100,11 +100,19 @@ static loom_status build_table(loom_gpt *m)
         LOOM_TRY(place_last(m, split));                                      \
     } while (0)
 #define SHAPE(a, b, c3) (sh[0] = (a), sh[1] = (b), sh[2] = (c3))
-    SHAPE(c->vocab_padded, C, 0);
-    ADD("wte", 2, -1, LOOM_INIT_NORMAL, std, 0);
-    t->entries[t->count - 1].init_rows = c->vocab; /* padding rows start at zero */
-    SHAPE(c->ctx, C, 0); ADD("wpe", 2, -1, LOOM_INIT_NORMAL, 0.01f, -1);
+    /* A pipeline stage (gpt_stage.c) adds only what it holds: wte on the first and the last
+     * stage (tied embedding / LM head), wpe on the first, its blocks, ln_f on the last. */
+    if (m->has_embed || m->has_head) {
+        SHAPE(c->vocab_padded, C, 0);
+        ADD("wte", 2, -1, LOOM_INIT_NORMAL, std, 0);
+        t->entries[t->count - 1].init_rows = c->vocab; /* padding rows start at zero */
+    }
+    if (m->has_embed) {
+        SHAPE(c->ctx, C, 0); ADD("wpe", 2, -1, LOOM_INIT_NORMAL, 0.01f, -1);
+    }
     for (int l = 0; l < L; l++) {
+        if (!m->own[l])
+            continue;
 #define LAYER(suffix, nd, a, b, c3, init, sd, split)                 \
     snprintf(name, sizeof name, "h.%d.%s", l, suffix);              \
     SHAPE(a, b, c3);                                                \
@@ -124,8 +132,10 @@ static loom_status build_table(loom_gpt *m)
         LAYER("mlp.proj.bias", 1, C, 0, 0, LOOM_INIT_ZEROS, 0, -1);
 #undef LAYER
     }
-    SHAPE(C, 0, 0); ADD("ln_f.weight", 1, -1, LOOM_INIT_ONES, 0, -1);
-    ADD("ln_f.bias", 1, -1, LOOM_INIT_ZEROS, 0, -1);
+    if (m->has_head) {
+        SHAPE(C, 0, 0); ADD("ln_f.weight", 1, -1, LOOM_INIT_ONES, 0, -1);
+        ADD("ln_f.bias", 1, -1, LOOM_INIT_ZEROS, 0, -1);
+    }
 #undef ADD
 #undef SHAPE
     return LOOM_OK;
@@ -135,17 +145,19 @@ static loom_status build_table(loom_gpt *m)
 static void bind_params(loom_gpt *m, float *base, model_params *p)
 {
     const loom_param_entry *e = m->table.entries;
-    p->wte = base + e[0].offset;
-    p->wpe = base + e[1].offset;
-    int i = 2;
+    int i = 0;
+    p->wte = m->has_embed || m->has_head ? base + e[i++].offset : NULL;
+    p->wpe = m->has_embed ? base + e[i++].offset : NULL;
     for (int l = 0; l < m->cfg.layers; l++) {
+        if (!m->own[l])
+            continue;
         /* layer_params is 12 float pointers, declared in table order */
         float **f = (float **)&p->layer[l];
         for (int k = 0; k < 12; k++)
             f[k] = base + e[i++].offset;
     }
-    p->lnfw = base + e[i++].offset;
-    p->lnfb = base + e[i].offset;
+    p->lnfw = m->has_head ? base + e[i++].offset : NULL;
+    p->lnfb = m->has_head ? base + e[i].offset : NULL;
 }
 
 /* Lay the activation buffers out from base and return how many floats they take. Called
@@ -163,6 +175,8 @@ static size_t lay_out_activations(loom_gpt *m, float *base)
 #define GATHERED(local) (m->sp ? m->gathered : (local))
     for (size_t l = 0; l < L; l++) {
         layer_acts *a = &m->acts[l];
+        if (!m->own[l])
+            continue; /* another pipeline stage's block */
         a->ln1 = TAKE(Rl * C); a->ln1_mean = TAKE(Rl); a->ln1_rstd = TAKE(Rl);
         a->ln1_full = GATHERED(a->ln1);
         a->qkv = TAKE(R * 3 * Cl); a->atty = TAKE(R * Cl); a->att = TAKE(att);
@@ -172,7 +186,9 @@ static size_t lay_out_activations(loom_gpt *m, float *base)
     }
     m->encoded = TAKE(Rl * C); m->lnf = TAKE(Rl * C); m->lnf_mean = TAKE(Rl);
     m->lnf_rstd = TAKE(Rl); m->lnf_full = GATHERED(m->lnf);
-    m->logits = TAKE(R * Vl); m->losses = TAKE(R); m->ce_max = TAKE(R); m->ce_stats = TAKE(2 * R);
+    size_t head = m->has_head ? R : 0; /* only the last pipeline stage computes logits */
+    m->logits = TAKE(head * Vl); m->losses = TAKE(head); m->ce_max = TAKE(head);
+    m->ce_stats = TAKE(2 * head);
     m->partial = TAKE(R * C); m->summed = m->sp ? TAKE(Rl * C) : m->partial;
     m->dres = TAKE(Rl * C); m->dres_full = TAKE_FULL(m->dres); m->dtmp = TAKE(Rl * C);
     m->dpartial = TAKE(R * C); m->dsummed = m->sp ? TAKE(Rl * C) : m->dpartial;
@@ -180,24 +196,34 @@ static size_t lay_out_activations(loom_gpt *m, float *base)
     m->datt_scratch = TAKE(2 * att); m->rep_grad = TAKE(6 * C);
     for (int i = 0; i < 3; i++)
         m->tree[i] = m->canonical ? TAKE(R * C) : NULL;
+    m->emb_grad = m->canonical && m->has_embed ? TAKE((size_t)Vl * C) : NULL;
 #undef GATHERED
 #undef TAKE_FULL
 #undef TAKE
     return off;
 }
 
-static loom_status alloc_activations(loom_gpt *m)
+/* Point the activation buffers at slot `slot` (of m->slots: a pipeline stage keeps one set
+ * per micro-batch in flight; everything else has one). */
+void gpt_bind_slot(loom_gpt *m, int slot)
 {
     size_t R = (size_t)m->max_B * (size_t)m->cfg.ctx, total = lay_out_activations(m, NULL);
-    m->act_bytes = total * sizeof(float) + 2 * R * sizeof(int) + 64;
-    m->act_mem = m->be->ops->alloc(m->be->self, m->act_bytes);
-    if (!m->act_mem)
-        LOOM_FAIL(LOOM_ERR_NOMEM, "cannot allocate %.1f MiB of activations for batch %d x %d",
-                  (double)(total * 4) / (1 << 20), m->max_B, m->cfg.ctx);
-    float *f = m->act_mem;
+    float *f = (float *)((char *)m->act_mem + (size_t)slot * m->slot_bytes);
     lay_out_activations(m, f);
     m->tokens = (int *)(f + total);
     m->targets = m->tokens + R;
+}
+
+static loom_status alloc_activations(loom_gpt *m)
+{
+    size_t R = (size_t)m->max_B * (size_t)m->cfg.ctx, total = lay_out_activations(m, NULL);
+    m->slot_bytes = (total * sizeof(float) + 2 * R * sizeof(int) + 64 + 63) / 64 * 64;
+    m->act_bytes = m->slot_bytes * (size_t)m->slots;
+    m->act_mem = m->be->ops->alloc(m->be->self, m->act_bytes);
+    if (!m->act_mem)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "cannot allocate %.1f MiB of activations for %d x batch %d x %d",
+                  (double)m->act_bytes / (1 << 20), m->slots, m->max_B, m->cfg.ctx);
+    gpt_bind_slot(m, 0);
     m->host_losses = malloc(R * sizeof(float));
     m->row_gather = malloc((size_t)m->cfg.vocab_padded * sizeof(float));
     return m->host_losses && m->row_gather ? LOOM_OK : loom_fail(LOOM_ERR_NOMEM, "out of memory");
@@ -236,11 +262,24 @@ loom_status loom_gpt_create(const loom_gpt_config *cfg, loom_backend *be, int ma
     m->max_B = max_B;
     m->tp = 1;
     loom_status st = LOOM_OK;
+    m->slots = 1;
+    m->own = calloc((size_t)cfg->layers, 1);
+    if (m->own)
+        memset(m->own, 1, (size_t)cfg->layers);
     if (par) {
         m->canonical = par->canonical;
         m->tp_ops = par->tp_ops;
         m->tp_self = par->tp_self;
+        if (par->stage_layers && m->own)
+            memcpy(m->own, par->stage_layers, (size_t)cfg->layers);
+        if (par->slots > 1)
+            m->slots = par->slots;
     }
+    m->has_embed = m->own && m->own[0];
+    m->has_head = m->own && m->own[cfg->layers - 1];
+    m->staged = 0;
+    for (int l = 0; m->own && l < cfg->layers; l++)
+        m->staged |= !m->own[l];
     if (m->tp_ops && m->tp_ops->layout) {
         loom_parallel_layout lay;
         st = m->tp_ops->layout(m->tp_self, &lay);
@@ -261,7 +300,7 @@ loom_status loom_gpt_create(const loom_gpt_config *cfg, loom_backend *be, int ma
     if (st == LOOM_OK)
         st = check_split(m);
     if (st == LOOM_OK)
-        st = (m->p.layer && m->g.layer && m->acts) ? build_table(m)
+        st = (m->p.layer && m->g.layer && m->acts && m->own) ? build_table(m)
                                                    : loom_fail(LOOM_ERR_NOMEM, "out of memory");
     if (st == LOOM_OK) {
         size_t bytes = m->table.total * sizeof(float);
@@ -301,6 +340,7 @@ void loom_gpt_destroy(loom_gpt *m)
     free(m->p.layer);
     free(m->g.layer);
     free(m->acts);
+    free(m->own);
     loom_params_free(&m->table);
     free(m);
 }
@@ -314,6 +354,11 @@ size_t loom_gpt_activation_bytes(const loom_gpt *m) { return m->act_bytes; }
 
 size_t loom_gpt_num_params(const loom_gpt *m)
 {
+    if (m->staged) { /* a pipeline stage: the whole model's count from its shape */
+        size_t C = (size_t)m->cfg.dim;
+        return ((size_t)m->cfg.vocab + (size_t)m->cfg.ctx) * C +
+               (size_t)m->cfg.layers * (12 * C * C + 13 * C) + 2 * C;
+    }
     return loom_params_count_logical(&m->table) -
            (size_t)(m->cfg.vocab_padded - m->cfg.vocab) * (size_t)m->cfg.dim;
 }
@@ -336,6 +381,9 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
                   m->cfg.ctx);
     if (dloss != 0.0f && !targets)
         LOOM_FAIL(LOOM_ERR_INVALID, "a training forward needs targets");
+    if (m->staged)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "this model is one pipeline stage: run it through the "
+                  "pipeline engine (loom_gpt_stage_forward), not loom_gpt_forward");
     size_t R = (size_t)B * T;
     if (m->sp && R % (size_t)m->tp)
         LOOM_FAIL(LOOM_ERR_INVALID, "sequence parallelism splits the %d x %d = %zu token rows over "
@@ -406,7 +454,7 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
 
 loom_status loom_gpt_backward(loom_gpt *m)
 {
-    if (!m->have_dlogits)
+    if (!m->have_dlogits || m->staged)
         LOOM_FAIL(LOOM_ERR_INVALID, "backward needs a forward with targets and dloss != 0 first");
     const loom_backend_ops *k = m->be->ops;
     int B = m->last_B, T = m->last_T, C = m->cfg.dim, Cl = m->Cl, Fl = m->Fl;
@@ -463,7 +511,7 @@ loom_status loom_gpt_backward(loom_gpt *m)
     /* Embedding: every rank needs the gradient of all rows for its vocabulary slice; the
      * position gradient is then computed the same way on every rank. */
     LOOM_TRY(B_LEAVE(LOOM_REGION_EMBEDDING, -1, m->dres, m->dres_full, R, C));
-    k->embedding_backward(m->g.wte, m->dres_full, m->tokens, m->v0, m->Vl, R, C);
+    gpt_embedding_grad(m, R);
     k->position_backward(m->g.wpe, m->dres_full, B, T, C);
     m->have_dlogits = 0;
     LOOM_TRY(entries_ready(m, 0, 1));

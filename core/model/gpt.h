@@ -41,6 +41,11 @@ typedef struct loom_gpt_parallel {
     const loom_strategy_ops *tp_ops;  /* NULL: no tensor parallelism */
     void *tp_self;
     int canonical;
+    /* Pipeline parallelism (gpt_stage.h): stage_layers[l] = 1 for the blocks this rank
+     * holds (NULL: all); the embedding comes with block 0, ln_f and the tied LM head with
+     * the last block. slots: activation sets kept at once (micro-batches in flight; 0 = 1). */
+    const unsigned char *stage_layers;
+    int slots;
 } loom_gpt_parallel;
 
 /* Build the table (partitioned by par->tp_ops) and allocate params + grads on the backend,

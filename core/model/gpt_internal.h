@@ -61,8 +61,14 @@ struct loom_gpt {
     float *dres, *dres_full, *dtmp, *dpartial, *dsummed, *dbuf_4a, *dbuf_4b, *datt_scratch;
     float *rep_grad;                   /* (6C) replicated parameters' gradient partials */
     float *tree[3];                    /* canonical: levels of the chunk tree, (R,C) each */
+    float *emb_grad;                   /* canonical: (Vl,C) one micro-batch's lookup gradient */
     float *host_losses, *row_gather;   /* (R) host; (Vp) host */
     int last_B, last_T, have_dlogits;
+    /* pipeline stage (gpt_stage.c): own[l] = block l is held here; the embedding lives with
+     * block 0, ln_f and the LM head with the last block; staged = some block is not. */
+    unsigned char *own;
+    int has_embed, has_head, staged, slots;
+    size_t slot_bytes;                 /* one activation set; act_bytes = slots x this */
     int cache_len;                     /* rows of a one-sequence forward kept as a key/value
                                         * cache (gpt_decode.c); 0: none */
     double comm_ms;                    /* time inside tensor-parallel exchanges */
@@ -82,6 +88,14 @@ typedef loom_status (*region_hook)(void *, loom_region, int, const loom_region_i
     gpt_cross(m, GPT_HOOK(region_backward_leave), r, l, in, out, rows, w)
 #define B_ENTER(r, l, in, out, rows, w) \
     gpt_cross(m, GPT_HOOK(region_backward_enter), r, l, in, out, rows, w)
+
+/* The token embedding's gradient into g.wte (rows [v0, v0+Vl)) from dres_full. Canonical
+ * mode sums it on its own first and adds it to the LM head's part in one add (head + emb),
+ * so a pipeline that holds the two halves on different stages gets the same bits. */
+void gpt_embedding_grad(loom_gpt *m, size_t R);
+
+/* Point the activation buffers at activation set `slot` (0 .. slots-1). */
+void gpt_bind_slot(loom_gpt *m, int slot);
 
 loom_status gpt_cross(loom_gpt *m, region_hook hook, loom_region r, int layer, const float *in,
                       float *out, size_t rows, size_t width);

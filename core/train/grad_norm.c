@@ -21,6 +21,8 @@ struct loom_grad_norm {
     size_t slots;       /* entries * per_entry + 1 (the non-finite flag) */
     double *mine;       /* this rank's chunk sums */
     double *gathered;   /* the tp group's */
+    int skip;           /* an entry counted elsewhere, or -1 */
+    const double *last; /* the slots the last compute summed */
 };
 
 loom_status loom_grad_norm_create(const loom_backend *be, const loom_param_table *t,
@@ -31,6 +33,7 @@ loom_status loom_grad_norm_create(const loom_backend *be, const loom_param_table
     if (!gn)
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
     gn->k = be->ops;
+    gn->skip = -1;
     loom_status st = loom_core_host()->group(LOOM_GROUP_TP, &gn->ops, &gn->group, &gn->tp);
     if (st != LOOM_OK) {
         free(gn);
@@ -47,6 +50,14 @@ loom_status loom_grad_norm_create(const loom_backend *be, const loom_param_table
     }
     *out = gn;
     return LOOM_OK;
+}
+
+void loom_grad_norm_skip(loom_grad_norm *gn, int i) { gn->skip = i; }
+
+const double *loom_grad_norm_slots(const loom_grad_norm *gn, size_t *n)
+{
+    *n = gn->slots - 1;
+    return gn->last ? gn->last : gn->mine;
 }
 
 void loom_grad_norm_destroy(loom_grad_norm *gn)
@@ -87,6 +98,8 @@ loom_status loom_grad_norm_compute(loom_grad_norm *gn, const loom_param_table *t
     for (int i = 0; i < t->count; i++) {
         const loom_param_entry *e = &t->entries[i];
         const float *g = grads + e->offset;
+        if (i == gn->skip)
+            continue;
         int d = e->split_dim; /* chunked whether or not this run splits it */
         double *slot = mine + (size_t)i * (size_t)gn->per_entry;
         if (d < 0) {
@@ -105,7 +118,11 @@ loom_status loom_grad_norm_compute(loom_grad_norm *gn, const loom_param_table *t
         for (int64_t c = 0; c < e->slice_len[d] / cs; c++)
             slot[first + c] = chunk_sum_squares(k, g, e, d, c, cs);
     }
-    mine[slots - 1] = k->has_nonfinite(grads, t->total) ? 1.0 : 0.0;
+    int bad = 0;
+    for (int i = 0; i < t->count && !bad; i++)
+        if (i != gn->skip)
+            bad = k->has_nonfinite(grads + t->entries[i].offset, t->entries[i].numel);
+    mine[slots - 1] = bad ? 1.0 : 0.0;
     const double *all = mine;
     if (ops) {
         loom_comm_request *req = NULL;
@@ -122,6 +139,7 @@ loom_status loom_grad_norm_compute(loom_grad_norm *gn, const loom_param_table *t
         }
         all = gn->gathered;
     }
+    gn->last = all;
     double sum = 0.0;
     for (size_t j = 0; j + 1 < slots; j++)
         sum += all[j];

@@ -27,4 +27,12 @@ loom_status loom_grad_norm_compute(loom_grad_norm *gn, const loom_param_table *t
                                    const float *grads, double *norm_sq, int *nonfinite,
                                    double *comm_ms);
 
+/* Leave table entry i out of the norm and the non-finite check (a copy another rank
+ * counts: the pipeline's tied wte on stage 0). */
+void loom_grad_norm_skip(loom_grad_norm *gn, int i);
+/* The last compute's per-chunk sums of squares over this rank's table, in table order
+ * (after the tp exchange; a skipped entry's are 0), whose sum in this order is norm_sq:
+ * the pipeline adds every stage's in stage order to get one rank's bits. */
+const double *loom_grad_norm_slots(const loom_grad_norm *gn, size_t *n);
+
 #endif

@@ -205,6 +205,12 @@ loom_status loom_grad_sync_end_micro(loom_grad_sync *gs, int a, double loss_sum)
     return LOOM_OK;
 }
 
+loom_status loom_grad_sync_all_ready(loom_grad_sync *gs)
+{
+    loom_gpt_set_grad_hook(gs->model, NULL, NULL);
+    return gs->strategy ? strategy_hook(gs, 0, gs->total) : LOOM_OK;
+}
+
 /* An all-gather over the dp group, waited for (the tree that follows needs every block). */
 static loom_status allgather(loom_grad_sync *gs, const void *send, void *recv, size_t count,
                              loom_dtype dt)

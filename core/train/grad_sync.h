@@ -38,4 +38,8 @@ loom_status loom_grad_sync_end_micro(loom_grad_sync *gs, int a, double loss_sum)
  * rank, and the global token-loss sum in *loss_sum. */
 loom_status loom_grad_sync_finish(loom_grad_sync *gs, double *loss_sum);
 
+/* Hand the whole gradient buffer to the dp strategy at once (the pipeline engine calls
+ * no per-entry hooks); before loom_grad_sync_finish. */
+loom_status loom_grad_sync_all_ready(loom_grad_sync *gs);
+
 #endif

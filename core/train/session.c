@@ -15,6 +15,7 @@
 #include "loom/plugin/strategy.h"
 #include "grad_norm.h"
 #include "grad_sync.h"
+#include "pipeline.h"
 #include "base/plugin_loader.h"
 #include "base/rng.h"
 #include "base/status.h"
@@ -39,7 +40,8 @@ struct loom_session {
     uint32_t state_slots;
     loom_optim_segment *segments;
     int n_segments;
-    int *tokens, *targets;   /* host staging for one micro-batch */
+    int *tokens, *targets;   /* host staging for one micro-batch (all of a step's under pp) */
+    loom_pipeline *pipe;     /* pp > 1, else NULL */
     float *host_logits;      /* sampling: one row of Vp */
     int64_t steps;
 };
@@ -102,7 +104,26 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
     }
     s->cfg.backend = NULL; /* the caller's string; only needed while opening */
     loom_status st = loom_backend_open(cfg->backend ? cfg->backend : "cpu", cfg->threads, &s->backend);
-    loom_gpt_parallel par = {NULL, NULL, cfg->canonical};
+    loom_gpt_parallel par = {NULL, NULL, cfg->canonical, NULL, 0};
+    int pp = 1;
+    if (st == LOOM_OK) {
+        const struct loom_comm_ops *pops;
+        void *pgroup;
+        st = loom_core_host()->group(LOOM_GROUP_PP, &pops, &pgroup, &pp);
+    }
+    if (st == LOOM_OK && pp > 1) {
+        if (!cfg->schedule || cfg->schedule->kind != LOOM_KIND_SCHED)
+            st = loom_fail(LOOM_ERR_INVALID, "pp=%d needs a sched plugin (schedule = \"1f1b\")", pp);
+        else {
+            loom_pipeline_config pc = {cfg->schedule, cfg->accum, cfg->pp_chunks, cfg->model.layers,
+                                       cfg->pp_layers, cfg->n_pp_layers, cfg->canonical};
+            st = loom_pipeline_create(&pc, &s->pipe);
+        }
+        if (st == LOOM_OK) {
+            par.stage_layers = loom_pipeline_stage_layers(s->pipe);
+            par.slots = loom_pipeline_slots(s->pipe);
+        }
+    }
     if (st == LOOM_OK && cfg->tensor) {
         loom_config_copy(&s->tensor_cfg, cfg->tensor);
         s->cfg.tensor = &s->tensor_cfg;
@@ -134,7 +155,7 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
         s->state_slots = s->optim->state_per_param(s->optim_self);
         if (s->state_slots)
             s->optim_state = calloc((size_t)s->state_slots * total, sizeof(float));
-        size_t bt = (size_t)cfg->micro_batch * cfg->seq;
+        size_t bt = (size_t)cfg->micro_batch * cfg->seq * (s->pipe ? (size_t)cfg->accum + 1 : 1);
         /* tokens also stage a sampling window of up to ctx */
         s->tokens = malloc((bt > (size_t)mc->ctx ? bt : (size_t)mc->ctx) * sizeof(int));
         s->targets = malloc(bt * sizeof(int));
@@ -144,6 +165,8 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
     }
     if (st == LOOM_OK)
         st = loom_grad_norm_create(&s->backend, loom_gpt_params(s->model), &s->norm);
+    if (st == LOOM_OK && s->pipe && loom_pipeline_stage(s->pipe) == loom_pipeline_stages(s->pipe) - 1)
+        loom_grad_norm_skip(s->norm, 0); /* the tied wte: stage 0 counts it, where one rank does */
     if (st == LOOM_OK)
         st = build_segments(s);
     if (st == LOOM_OK)
@@ -163,6 +186,7 @@ void loom_session_destroy(loom_session *s)
         return;
     loom_grad_sync_destroy(s->sync);
     loom_gpt_destroy(s->model);
+    loom_pipeline_destroy(s->pipe);
     if (s->tensor)
         s->tensor->destroy(s->tensor_self);
     loom_grad_norm_destroy(s->norm);
@@ -179,6 +203,22 @@ void loom_session_destroy(loom_session *s)
     free(s);
 }
 
+typedef struct micro_ctx {
+    loom_grad_sync *sync;
+    const double *loss;
+} micro_ctx;
+
+static loom_status canonical_before(void *ctx, int mb)
+{
+    return loom_grad_sync_begin_micro(((micro_ctx *)ctx)->sync, mb);
+}
+
+static loom_status canonical_after(void *ctx, int mb)
+{
+    micro_ctx *c = ctx;
+    return loom_grad_sync_end_micro(c->sync, mb, c->loss[mb]);
+}
+
 loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, float lr,
                               loom_step_stats *out)
 {
@@ -189,7 +229,34 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     int dp = loom_grad_sync_dp_size(s->sync), dp_rank = loom_grad_sync_dp_rank(s->sync);
     double tokens = (double)B * T * accum * dp;
     float scale = s->precision->loss_scale(s->precision_self);
-    for (int i = 0; i < accum * dp; i++) {
+    int peak = 0;
+    if (s->pipe) {
+        /* Every rank reads every micro-batch (positions stay in step); this dp rank's block
+         * goes through the pipeline, then the losses join the tree in micro-batch order. */
+        size_t bt = (size_t)B * T;
+        for (int i = 0; i < accum * dp; i++) {
+            size_t at = (size_t)(i / accum == dp_rank ? i % accum : accum) * bt; /* accum: scratch */
+            LOOM_TRY(next(ctx, s->tokens + at, s->targets + at, B, T));
+        }
+        double *mb_loss = calloc((size_t)accum, sizeof(double));
+        if (!mb_loss)
+            LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+        /* canonical: each micro-batch's gradients on their own, into the tree in order */
+        micro_ctx mc = {s->sync, mb_loss};
+        loom_pipeline_hooks hooks = {canonical_before, canonical_after, &mc};
+        int canon = s->cfg.canonical;
+        loom_status st = canon ? LOOM_OK : loom_grad_sync_begin_micro(s->sync, 0);
+        if (st == LOOM_OK)
+            st = loom_pipeline_run(s->pipe, s->model, s->tokens, s->targets, B, T,
+                                   (float)(scale / tokens), mb_loss, canon ? &hooks : NULL, &peak);
+        for (int a = 0; st == LOOM_OK && !canon && a < accum; a++)
+            st = loom_grad_sync_end_micro(s->sync, a, mb_loss[a]);
+        if (st == LOOM_OK)
+            st = loom_grad_sync_all_ready(s->sync);
+        free(mb_loss);
+        LOOM_TRY(st);
+    }
+    for (int i = 0; !s->pipe && i < accum * dp; i++) {
         LOOM_TRY(next(ctx, s->tokens, s->targets, B, T));
         if (i / accum != dp_rank)
             continue; /* another rank's micro-batch */
@@ -204,10 +271,22 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     double loss_sum = 0.0, t_sync = loom_now_ms();
     LOOM_TRY(loom_grad_sync_finish(s->sync, &loss_sum));
     double comm_ms = loom_now_ms() - t_sync + loom_gpt_take_comm_ms(s->model);
+    if (s->pipe)
+        LOOM_TRY(loom_pipeline_tied_sync(s->pipe, s->model, &comm_ms));
     double norm_sq;
     int nonfinite;
     LOOM_TRY(loom_grad_norm_compute(s->norm, loom_gpt_params(s->model), loom_gpt_grad_data(s->model),
                                     &norm_sq, &nonfinite, &comm_ms));
+    if (s->pipe) { /* the loss lives on the last stage, the norm's parts on every stage */
+        double v = loom_pipeline_stage(s->pipe) == loom_pipeline_stages(s->pipe) - 1 ? loss_sum : 0.0;
+        size_t n_slots;
+        const double *slots = loom_grad_norm_slots(s->norm, &n_slots);
+        double t_pp = loom_now_ms();
+        LOOM_TRY(loom_pipeline_sum(s->pipe, &v, 1));
+        LOOM_TRY(loom_pipeline_norm(s->pipe, slots, n_slots, &norm_sq, &nonfinite));
+        comm_ms += loom_now_ms() - t_pp;
+        loss_sum = v;
+    }
     int skip = s->precision->update(s->precision_self, nonfinite);
     double norm = nonfinite ? NAN : sqrt(norm_sq) / scale;
     memset(out, 0, sizeof *out);
@@ -229,6 +308,7 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     out->skipped = skip;
     out->ms = loom_now_ms() - t0;
     out->comm_ms = comm_ms;
+    out->inflight = peak;
     return LOOM_OK;
 }
 
@@ -240,7 +320,10 @@ loom_status loom_session_eval(loom_session *s, loom_batch_fn next, void *ctx, in
     for (int i = 0; i < batches; i++) {
         double part = 0.0;
         LOOM_TRY(next(ctx, s->tokens, s->targets, B, T));
-        LOOM_TRY(loom_gpt_forward(s->model, s->tokens, s->targets, B, T, 0.0f, &part));
+        if (s->pipe)
+            LOOM_TRY(loom_pipeline_eval(s->pipe, s->model, s->tokens, s->targets, B, T, &part));
+        else
+            LOOM_TRY(loom_gpt_forward(s->model, s->tokens, s->targets, B, T, 0.0f, &part));
         sum += part;
     }
     *loss = sum / ((double)batches * B * T);
@@ -350,6 +433,9 @@ static loom_status generate(loom_session *s, const loom_sample_config *c, const 
 loom_status loom_session_generate(loom_session *s, const loom_sample_config *c, const int *prompt,
                                   int n_prompt, int n_new, int *out)
 {
+    if (s->pipe)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "sampling does not run under pipeline parallelism yet "
+                  "(pp=%d): sample from a pp = 1 run", loom_pipeline_stages(s->pipe));
     if (n_prompt < 1)
         LOOM_FAIL(LOOM_ERR_INVALID, "sampling needs a prompt of at least one token");
     if (n_new < 0)
@@ -395,6 +481,10 @@ const loom_plugin_config *loom_session_optim_config(const loom_session *s) { ret
 
 loom_gpt *loom_session_model(loom_session *s) { return s->model; }
 int64_t loom_session_steps_taken(const loom_session *s) { return s->steps; }
+int loom_session_pipeline_stages(const loom_session *s)
+{
+    return s->pipe ? loom_pipeline_stages(s->pipe) : 1;
+}
 
 const char *loom_session_backend_description(loom_session *s)
 {

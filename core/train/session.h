@@ -32,6 +32,12 @@ typedef struct loom_session_config {
     const loom_plugin_config *strategy;   /* the dp strategy when dp > 1, else NULL */
     const loom_plugin_config *tensor;     /* the tp strategy when tp > 1, else NULL */
     int canonical;                        /* deterministic = "canonical" (grad_sync.h) */
+    /* Pipeline parallelism, used when the pp group has more than one rank (pipeline.h):
+     * accum is then the micro-batches per step of each pipeline (schedule's microbatches). */
+    const loom_plugin_desc *schedule;     /* the sched plugin */
+    int pp_chunks;                        /* virtual stages per rank; 0 = 1 */
+    const int *pp_layers;                 /* blocks per (virtual) stage, or NULL: even */
+    int n_pp_layers;
 } loom_session_config;
 
 typedef struct loom_step_stats {
@@ -44,6 +50,7 @@ typedef struct loom_step_stats {
                             * the data-parallel gradient sync, the grad-norm exchange */
     double tokens;         /* tokens processed in the step */
     int skipped;           /* 1 if the update was skipped (non-finite gradients) */
+    int inflight;          /* pipeline: this rank's peak micro-batches in flight (0 without) */
 } loom_step_stats;
 
 typedef struct loom_session loom_session;
@@ -101,6 +108,8 @@ const loom_plugin_config *loom_session_optim_config(const loom_session *s);
 loom_gpt *loom_session_model(loom_session *s);
 const char *loom_session_backend_description(loom_session *s);
 int64_t loom_session_steps_taken(const loom_session *s);
+/* Pipeline stages of the run (1 without pipeline parallelism). */
+int loom_session_pipeline_stages(const loom_session *s);
 /* The optimizer state buffer (state_per_param * params total floats) and its slots. */
 float *loom_session_optim_state(loom_session *s, uint32_t *slots_per_param);
 

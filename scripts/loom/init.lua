@@ -179,6 +179,9 @@ local session_spec = {
   strategy = { type = "table", help = "{ name = \"dp\", ... } when dp > 1" },
   tensor = { type = "table", help = "{ name = \"tp\", sequence_parallel = false } when tp > 1" },
   canonical = { type = "boolean", help = "fixed-order reductions (deterministic = \"canonical\")" },
+  schedule = { type = "string", help = "the sched plugin when the mesh has pp > 1" },
+  chunks = { type = "integer", min = 1, help = "virtual stages per rank (interleaved)" },
+  pp_layers = { type = "table", help = "blocks per (virtual) stage; default: as even as possible" },
 }
 local session_batch_spec = {
   micro = { type = "integer", min = 1, required = true },
@@ -202,6 +205,7 @@ function loom.session(t, where)
     optimizer = loom.plugin_table(t.optimizer, "optimizer", where),
     precision = loom.plugin_table(t.precision or "fp32", "precision", where),
     strategy = t.strategy, tensor = t.tensor, canonical = t.canonical or false,
+    schedule = t.schedule, chunks = t.chunks, pp_layers = t.pp_layers,
   }
   local ok, s = pcall(core.session, cfg)
   if not ok then schema.fail(where, "%s", s) end

@@ -25,8 +25,10 @@ local spec = {
   comm = { type = "string", help = "communicator plugin for multi-rank runs (default \"shm\")" },
   comm_timeout = { type = "positive", help = "seconds any communication may wait before the run fails (default 60)" },
   strategy = { type = "table" },
-  schedule = { type = "string" },
-  microbatches = { type = "integer", min = 1 },
+  schedule = { type = "string", help = "with mesh.pp > 1: the sched plugin, \"1f1b\" (default), \"gpipe\" or \"interleaved\"" },
+  microbatches = { type = "integer", min = 1, help = "with mesh.pp > 1: micro-batches per step through the pipeline" },
+  pp_chunks = { type = "integer", min = 1, help = "with schedule = \"interleaved\": virtual stages per rank (default 2)" },
+  pp_layers = { type = "table", help = "with mesh.pp > 1: blocks per stage (per virtual stage with interleaving), e.g. { 3, 5 }" },
   deterministic = { type = "string", one_of = { "fast", "canonical" } },
   tp_sequence_parallel = { type = "boolean", help = "with mesh.tp > 1: shard layernorms and residuals over the sequence" },
   eval = { type = "table", help = "{ every = N, batches = M }" },
@@ -152,21 +154,79 @@ local function check_tp(t, where, origin)
   end
 end
 
+-- Pipeline parallelism: the keys that only make sense with mesh.pp > 1, what it does not
+-- combine with yet, the stage split and the schedule plugin's own shape rules (check()).
+local function check_pp(t, where, origin)
+  local mesh = t.mesh or {}
+  local pp = mesh.pp or 1
+  if pp == 1 then
+    for _, k in ipairs { "schedule", "microbatches", "pp_chunks", "pp_layers" } do
+      if t[k] ~= nil then
+        schema.fail(where, "%s=%s%s sets up the pipeline, and this run has no pipeline (mesh.pp = 1): "
+          .. "leave it out (gradient accumulation is batch.global) or set mesh.pp > 1", k,
+          type(t[k]) == "table" and "{...}" or tostring(t[k]), origin(k) or "")
+      end
+    end
+    return
+  end
+  local function refuse(cond, fmt, ...)
+    if cond then schema.fail(where, "mesh pp=%d: " .. fmt, pp, ...) end
+  end
+  refuse(t.deterministic == "canonical" and (t.schedule == "interleaved" or (t.pp_chunks or 1) > 1),
+    "deterministic=\"canonical\" runs one chunk per stage: use schedule = \"1f1b\" or \"gpipe\"")
+  refuse(t.tp_sequence_parallel and (mesh.tp or 1) > 1, "tp_sequence_parallel does not combine with "
+    .. "pipeline stages yet (the residual stream between stages is whole): leave it out")
+  refuse(t.checkpoint ~= nil or t.resume ~= nil, "checkpoints are not saved or resumed under pipeline "
+    .. "parallelism yet: leave out checkpoint and resume (or train with pp = 1)")
+  refuse(t.model.init ~= nil, "loom.gpt{init=...} does not load into pipeline stages yet: leave init out")
+  refuse(t.sample ~= nil, "sampling does not run under pipeline parallelism yet: leave out sample")
+  local name = t.schedule or "1f1b"
+  refuse(name == "zb1", "schedule=\"zb1\" splits backward into input- and weight-gradient passes, "
+    .. "and this model's backward computes both in one pass, so it cannot train with zb1 yet "
+    .. "(use \"1f1b\", the same bubble without the split, \"gpipe\" or \"interleaved\")")
+  local dp = mesh.dp or 1
+  local b = t.batch
+  local m = t.microbatches
+  if m and b.global and b.global ~= b.micro * m * dp then
+    schema.fail(where, "batch.global=%d%s but batch.micro x microbatches x dp = %d x %d x %d = %d: "
+      .. "give one of them, or make them agree", b.global, origin("batch.global") or "", b.micro, m,
+      dp, b.micro * m * dp)
+  end
+  local chunks = t.pp_chunks or (name == "interleaved" and 2 or 1)
+  refuse(chunks > 1 and name ~= "interleaved", "pp_chunks=%d%s: only schedule = \"interleaved\" "
+    .. "runs virtual stages (schedule is \"%s\")", chunks, origin("pp_chunks") or "", name)
+  local stages, layers = pp * chunks, t.model.layers
+  if t.pp_layers then
+    local n, sum = #t.pp_layers, 0
+    if n ~= stages then
+      schema.fail(where, "pp_layers has %d entries; it needs one per %s (%d)", n,
+        chunks > 1 and string.format("virtual stage, pp x pp_chunks = %d x %d", pp, chunks)
+          or string.format("stage, pp = %d", pp), stages)
+    end
+    for i, v in ipairs(t.pp_layers) do
+      if math.type(v) ~= "integer" or v < 1 then
+        schema.fail(where, "pp_layers[%d] = %s: every stage needs a whole number of blocks, at least 1",
+          i, tostring(v))
+      end
+      sum = sum + v
+    end
+    if sum ~= layers then
+      schema.fail(where, "pp_layers adds up to %d blocks, but the model has layers=%d", sum, layers)
+    end
+  elseif layers < stages then
+    schema.fail(where, "mesh pp=%d%s: the model's layers=%d cannot give each of the %d pipeline "
+      .. "stages a block (use pp <= %d%s)", pp, chunks > 1 and string.format(" x pp_chunks=%d", chunks)
+      or "", layers, stages, layers // chunks, chunks > 1 and " or fewer chunks" or "")
+  end
+  return name, chunks
+end
+
 local function check(t, where, origin, world)
   schema.check(t, spec, "", where, origin)
   schema.check(t.batch, batch_spec, "batch", where, origin)
   local mesh = t.mesh or {}
   schema.check(mesh, mesh_spec, "mesh", where, origin)
-  if (mesh.pp or 1) > 1 then
-    schema.fail(where, "mesh pp=%d: pipeline parallelism is not in this build yet (use pp = 1)", mesh.pp)
-  end
-  for _, k in ipairs { "schedule", "microbatches" } do
-    if t[k] ~= nil then
-      schema.fail(where, "%s=%s%s sets the pipeline schedule, and pipeline parallelism (mesh.pp > 1) "
-        .. "is not in this build yet: leave it out (gradient accumulation is batch.global)", k,
-        tostring(t[k]), origin(k) or "")
-    end
-  end
+  check_pp(t, where, origin)
   if t.comm == "nccl" then
     schema.fail(where, "comm=\"nccl\"%s needs a GPU backend to hand it device buffers, and this "
       .. "build has none yet (use \"shm\" for ranks of one node or \"mpi\" across nodes)",
@@ -210,7 +270,15 @@ return function(loom)
     local origin = overrides.apply(t, loom.overrides(), where)
     check(t, where, origin, loom.core.world or 1)
     local dp = (t.mesh or {}).dp or 1
-    local accum = accumulation(t.batch, dp, where, origin)
+    local pp = (t.mesh or {}).pp or 1
+    local accum = (pp > 1 and t.microbatches) or accumulation(t.batch, dp, where, origin)
+    local schedule, chunks
+    if pp > 1 then
+      schedule, chunks = check_pp(t, where, origin)
+      local okp, errp = pcall(loom.core.sched_build, schedule, pp, accum, chunks)
+      if not okp then schema.fail(where, "schedule=\"%s\" with pp=%d, microbatches=%d: %s",
+        schedule, pp, accum, errp) end
+    end
     local opt = loom.plugin_table(t.optimizer, "optimizer", where)
     -- The optimizer's lr is the base a schedule scales; a number or function lr stands alone.
     if type(t.lr) == "number" then opt.lr = t.lr end
@@ -255,13 +323,16 @@ return function(loom)
       grad_clip = t.grad_clip, threads = t.threads, backend = t.backend,
       batch = { micro = t.batch.micro, seq = t.batch.seq, accum = accum },
       strategy = strategy, tensor = tensor, canonical = canonical,
+      schedule = schedule, chunks = chunks, pp_layers = t.pp_layers,
     }, where)
     local info = session:info()
     local say = rank == 0 and print or function() end
     say(string.format("loom %s | gpt %s params (L=%d H=%d C=%d V=%d ctx=%d) | batch %dx%d x%d accum x%d dp%s%s | %s | %s",
       loom.version, human(info.params), t.model.layers, t.model.heads, t.model.dim, t.model.vocab,
       t.model.ctx, t.batch.micro, t.batch.seq, accum, dp,
-      tp > 1 and string.format(" x%d tp%s", tp, t.tp_sequence_parallel and "+sp" or "") or "",
+      (tp > 1 and string.format(" x%d tp%s", tp, t.tp_sequence_parallel and "+sp" or "") or "")
+        .. (pp > 1 and string.format(" x%d pp (%s%s)", pp, schedule,
+          chunks > 1 and string.format(", %d chunks", chunks) or "") or ""),
       canonical and " (canonical)" or "",
       opt.name, info.backend))
 

@@ -31,8 +31,8 @@ for case in "lr.foo=1|unknown key 'lr.foo' (from the command line: lr.foo=1) (ac
             "lr.min=5|lr.min=5 (from the command line: lr.min=5) must be <= 1" \
             "lr.warmup=x|lr.warmup (from the command line: lr.warmup=x) must be integer, got string x" \
             "lr.warmup=30|lr.warmup=30 (from the command line: lr.warmup=30) is past lr.total=20" \
-            "schedule=1f1b|schedule=1f1b (from the command line: schedule=1f1b) sets the pipeline schedule" \
-            "microbatches=4|microbatches=4 (from the command line: microbatches=4) sets the pipeline schedule" \
+            "schedule=1f1b|schedule=1f1b (from the command line: schedule=1f1b) sets up the pipeline, and this run has no pipeline (mesh.pp = 1)" \
+            "microbatches=4|microbatches=4 (from the command line: microbatches=4) sets up the pipeline, and this run has no pipeline (mesh.pp = 1)" \
             "comm=foo|comm=foo (from the command line: comm=foo): no comm plugin 'foo'"; do
   n=$((n + 1))
   kv=${case%%|*}; expect="losses.lua:6: ${case#*|}"

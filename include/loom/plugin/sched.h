@@ -6,8 +6,8 @@
  * (core/train/schedule.h: every micro-batch forwarded then backwarded once per chunk,
  * sends matched by receives across stages, no cycle of waits; timeline, bubble, peak
  * micro-batches in flight), `loom schedule` to look at one, and schedules written as a Lua
- * function (docs/PIPELINE.md). Not yet implemented: the engine that executes a list in
- * training (recipes refuse mesh.pp > 1 until it exists).
+ * function (docs/PIPELINE.md), and the engine that executes a list in training
+ * (core/train/pipeline.c; it refuses lists with a split backward: the GPT model has none).
  *
  * What a list means, so that any engine runs any valid list without deadlock:
  *  - FWD / BWD / BWD_INPUT / BWD_WEIGHT are compute on this rank's chunk `chunk`.

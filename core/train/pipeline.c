@@ -1,0 +1,535 @@
+/* pipeline.c — the pipeline engine (see pipeline.h).
+ *
+ * Invariants: a slot is one activation set of the model (gpt_stage.h); slot_of maps a
+ * (micro-batch, chunk) to its slot from its first RECV_ACT or FWD until it is freed (after
+ * its backward, or after its SEND_GRAD when it has one). A freed slot may still have sends
+ * in flight from its buffers: they are waited before the next compute on that slot (its
+ * FWD writes them), never earlier. On shm a RECV's wait also completes every send started
+ * before it on the pp communicator (completions in start order), so in practice nothing
+ * is pending by then; the rule keeps the engine correct on any transport.
+ */
+#include "pipeline.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/plugin/comm.h"
+#include "model/gpt_stage.h"
+#include "schedule.h"
+#include "base/clock.h"
+#include "base/plugin_loader.h"
+#include "base/status.h"
+
+#define MAX_PENDING 4
+
+typedef struct slot {
+    int busy;                       /* holds a (micro-batch, chunk) */
+    loom_comm_request *req[MAX_PENDING];
+    int n_req;
+} slot;
+
+struct loom_pipeline {
+    const loom_comm_ops *ops;
+    void *pp;
+    int stages, stage, microbatches, chunks, layers;
+    int *first;                     /* [stages*chunks + 1]: virtual stage k holds [first[k], first[k+1]) */
+    unsigned char *own;             /* [layers] */
+    loom_sched_instr *list;
+    size_t n;
+    slot *slots;
+    int n_slots;
+    int *slot_of;                   /* [microbatches * chunks] */
+    float *tmp;                     /* the tied wte exchange */
+    size_t tmp_n;
+    int canonical;
+    float **head;                   /* canonical, stage 0 and last: [n_slots] wte-sized buffers */
+};
+
+static loom_status split_layers(loom_pipeline *pl, const loom_pipeline_config *cfg)
+{
+    int V = pl->stages * pl->chunks, L = cfg->layers;
+    pl->first = calloc((size_t)V + 1, sizeof(int));
+    if (!pl->first)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    if (cfg->split && cfg->n_split) {
+        if (cfg->n_split != V)
+            LOOM_FAIL(LOOM_ERR_INVALID, "pp_layers has %d entries; it needs one per stage%s (%d)",
+                      cfg->n_split, pl->chunks > 1 ? " and chunk" : "", V);
+        int sum = 0;
+        for (int k = 0; k < V; k++) {
+            if (cfg->split[k] < 1)
+                LOOM_FAIL(LOOM_ERR_INVALID, "pp_layers[%d] = %d: every stage needs at least one "
+                          "block", k + 1, cfg->split[k]);
+            pl->first[k] = sum;
+            sum += cfg->split[k];
+        }
+        if (sum != L)
+            LOOM_FAIL(LOOM_ERR_INVALID, "pp_layers adds up to %d blocks; the model has layers=%d",
+                      sum, L);
+        pl->first[V] = L;
+        return LOOM_OK;
+    }
+    if (L < V)
+        LOOM_FAIL(LOOM_ERR_INVALID, "model layers=%d cannot fill pp=%d x chunks=%d = %d pipeline "
+                  "stages of at least one block each", L, pl->stages, pl->chunks, V);
+    for (int k = 0, at = 0; k <= V; k++) {
+        pl->first[k] = at;
+        at += L / V + (k < L % V);
+    }
+    return LOOM_OK;
+}
+
+/* The transport has no tags: what rank a sends rank b, in a's list order, must be what b
+ * receives from a, in b's list order. A message is (kind, micro-batch, receiving virtual
+ * stage). */
+static loom_status check_fifo(const loom_schedule *s)
+{
+    int P = s->stages, V = P * s->chunks;
+    for (int a = 0; a < P; a++)
+        for (int b = 0; b < P; b++) {
+            if (a == b)
+                continue;
+            size_t i = 0, j = 0;
+            for (;;) {
+                int key_s = -1, key_r = -1;
+                for (; i < s->n[a]; i++) {
+                    loom_sched_instr in = s->list[a][i];
+                    int vs = in.chunk * P + a;
+                    if (in.op == LOOM_SCHED_SEND_ACT && vs + 1 < V && (vs + 1) % P == b) {
+                        key_s = (in.microbatch * V + vs + 1) * 2;
+                        break;
+                    }
+                    if (in.op == LOOM_SCHED_SEND_GRAD && vs > 0 && (vs - 1) % P == b) {
+                        key_s = (in.microbatch * V + vs - 1) * 2 + 1;
+                        break;
+                    }
+                }
+                for (; j < s->n[b]; j++) {
+                    loom_sched_instr in = s->list[b][j];
+                    int vs = in.chunk * P + b;
+                    if (in.op == LOOM_SCHED_RECV_ACT && vs > 0 && (vs - 1) % P == a) {
+                        key_r = (in.microbatch * V + vs) * 2;
+                        break;
+                    }
+                    if (in.op == LOOM_SCHED_RECV_GRAD && vs + 1 < V && (vs + 1) % P == a) {
+                        key_r = (in.microbatch * V + vs) * 2 + 1;
+                        break;
+                    }
+                }
+                if (key_s != key_r)
+                    LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "schedule: stage %d sends stage %d its messages "
+                              "in another order than stage %d receives them (instructions %zu and "
+                              "%zu); send/recv between two ranks has no tags, so this engine needs "
+                              "them in the same order", a, b, b, i, j);
+                if (key_s < 0)
+                    break;
+                i++, j++;
+            }
+        }
+    return LOOM_OK;
+}
+
+loom_status loom_pipeline_create(const loom_pipeline_config *cfg, loom_pipeline **out)
+{
+    *out = NULL;
+    loom_pipeline *pl = calloc(1, sizeof *pl);
+    if (!pl)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    loom_status st = loom_core_host()->group(LOOM_GROUP_PP, &pl->ops, &pl->pp, &pl->stages);
+    if (st == LOOM_OK && (!pl->ops || pl->stages < 2))
+        st = loom_fail(LOOM_ERR_INVALID, "the pipeline engine needs a pp group of 2 or more ranks");
+    pl->stage = st == LOOM_OK ? pl->ops->rank(pl->pp) : 0;
+    pl->microbatches = cfg->microbatches;
+    pl->chunks = cfg->chunks < 1 ? 1 : cfg->chunks;
+    pl->layers = cfg->layers;
+    if (st == LOOM_OK)
+        st = split_layers(pl, cfg);
+    loom_schedule *sch = NULL;
+    loom_sched_sim *sim = NULL;
+    if (st == LOOM_OK)
+        st = loom_schedule_from_plugin(cfg->sched, pl->stages, pl->microbatches, pl->chunks, &sch);
+    if (st == LOOM_OK)
+        st = loom_schedule_simulate(sch, NULL, &sim); /* validates, then refuses a deadlock */
+    if (st == LOOM_OK)
+        st = check_fifo(sch);
+    if (st == LOOM_OK) {
+        for (size_t i = 0; i < sch->n[pl->stage]; i++) {
+            loom_sched_op op = sch->list[pl->stage][i].op;
+            if (op == LOOM_SCHED_BWD_INPUT || op == LOOM_SCHED_BWD_WEIGHT) {
+                st = loom_fail(LOOM_ERR_UNSUPPORTED, "schedule \"%s\" splits backward into input- "
+                               "and weight-gradient passes (B and W), and this model's backward "
+                               "computes both in one pass: it cannot train with it yet (use "
+                               "\"1f1b\", which has the same bubble without the split, or "
+                               "\"gpipe\" or \"interleaved\")", cfg->sched->name);
+                break;
+            }
+        }
+    }
+    pl->canonical = cfg->canonical;
+    if (st == LOOM_OK && pl->canonical && pl->chunks > 1)
+        st = loom_fail(LOOM_ERR_UNSUPPORTED, "deterministic = \"canonical\" under pipeline "
+                       "parallelism runs one chunk per stage (schedule \"%s\" has %d): use \"1f1b\" "
+                       "or \"gpipe\"", cfg->sched->name, pl->chunks);
+    for (int r = 0; st == LOOM_OK && pl->canonical && r < pl->stages; r++) {
+        int want = 0;
+        for (size_t i = 0; i < sch->n[r]; i++)
+            if (sch->list[r][i].op == LOOM_SCHED_BWD && sch->list[r][i].microbatch != want++) {
+                st = loom_fail(LOOM_ERR_UNSUPPORTED, "deterministic = \"canonical\": schedule \"%s\" "
+                               "backwards micro-batch %d before %d on stage %d, and canonical mode "
+                               "sums micro-batch gradients in micro-batch order (use \"1f1b\" or "
+                               "\"gpipe\")", cfg->sched->name, sch->list[r][i].microbatch, want - 1, r);
+                break;
+            }
+    }
+    if (st == LOOM_OK) {
+        pl->n = sch->n[pl->stage];
+        pl->list = malloc(pl->n * sizeof *pl->list);
+        pl->n_slots = sim->peak_inflight[pl->stage] + 1;
+        pl->slots = calloc((size_t)pl->n_slots, sizeof *pl->slots);
+        pl->slot_of = malloc((size_t)pl->microbatches * pl->chunks * sizeof(int));
+        pl->own = calloc((size_t)pl->layers, 1);
+        if (!pl->list || !pl->slots || !pl->slot_of || !pl->own)
+            st = loom_fail(LOOM_ERR_NOMEM, "out of memory");
+    }
+    if (st == LOOM_OK) {
+        memcpy(pl->list, sch->list[pl->stage], pl->n * sizeof *pl->list);
+        for (int c = 0; c < pl->chunks; c++) {
+            int k = c * pl->stages + pl->stage;
+            for (int l = pl->first[k]; l < pl->first[k + 1]; l++)
+                pl->own[l] = 1;
+        }
+    }
+    loom_sched_sim_free(sim);
+    loom_schedule_free(sch);
+    if (st != LOOM_OK) {
+        loom_pipeline_destroy(pl);
+        return st;
+    }
+    *out = pl;
+    return LOOM_OK;
+}
+
+void loom_pipeline_destroy(loom_pipeline *pl)
+{
+    if (!pl)
+        return;
+    free(pl->first);
+    free(pl->own);
+    free(pl->list);
+    free(pl->slots);
+    free(pl->slot_of);
+    free(pl->tmp);
+    for (int i = 0; pl->head && i < pl->n_slots; i++)
+        free(pl->head[i]);
+    free(pl->head);
+    free(pl);
+}
+
+const unsigned char *loom_pipeline_stage_layers(const loom_pipeline *pl) { return pl->own; }
+int loom_pipeline_slots(const loom_pipeline *pl) { return pl->n_slots; }
+int loom_pipeline_stage(const loom_pipeline *pl) { return pl->stage; }
+int loom_pipeline_stages(const loom_pipeline *pl) { return pl->stages; }
+
+/* --- the step ------------------------------------------------------------------------ */
+
+static loom_status wait_slot(loom_pipeline *pl, slot *s)
+{
+    loom_status st = LOOM_OK;
+    for (int i = 0; i < s->n_req; i++) {
+        loom_status w = pl->ops->wait(pl->pp, s->req[i]);
+        if (st == LOOM_OK)
+            st = w;
+    }
+    s->n_req = 0;
+    return st;
+}
+
+/* Canonical mode's per-slot copies of one micro-batch's LM-head half of the wte gradient. */
+static loom_status head_buffer(loom_pipeline *pl, loom_gpt *m, int slot, float **buf, float **g,
+                               size_t *n)
+{
+    const loom_param_entry *e = loom_params_find(loom_gpt_params(m), "wte");
+    if (!e)
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "pipeline: stage %d holds no wte", pl->stage);
+    if (!pl->head && !(pl->head = calloc((size_t)pl->n_slots, sizeof *pl->head)))
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    if (!pl->head[slot] && !(pl->head[slot] = malloc(e->numel * sizeof(float))))
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for canonical mode's wte gradient halves");
+    *buf = pl->head[slot];
+    *g = loom_gpt_grad_data(m) + e->offset;
+    *n = e->numel;
+    return LOOM_OK;
+}
+
+static loom_status acquire(loom_pipeline *pl, int key, int *out)
+{
+    for (int i = 0; i < pl->n_slots; i++)
+        if (!pl->slots[i].busy) {
+            pl->slots[i].busy = 1;
+            pl->slot_of[key] = i;
+            *out = i;
+            return LOOM_OK;
+        }
+    LOOM_FAIL(LOOM_ERR_INTERNAL, "pipeline: more than %d micro-batches in flight on stage %d",
+              pl->n_slots, pl->stage);
+}
+
+static loom_status held(loom_pipeline *pl, const loom_sched_instr *in, int *out)
+{
+    int s = pl->slot_of[in->microbatch * pl->chunks + in->chunk];
+    if (s < 0)
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "pipeline: %s of micro-batch %d chunk %d on stage %d has no "
+                  "activations", loom_sched_op_name(in->op), in->microbatch, in->chunk, pl->stage);
+    *out = s;
+    return LOOM_OK;
+}
+
+static loom_status post(loom_pipeline *pl, slot *s, loom_comm_request *r)
+{
+    if (s->n_req == MAX_PENDING)
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "pipeline: more than %d sends pending on one slot", MAX_PENDING);
+    s->req[s->n_req++] = r;
+    return LOOM_OK;
+}
+
+static void release(loom_pipeline *pl, int key)
+{
+    pl->slots[pl->slot_of[key]].busy = 0;
+    pl->slot_of[key] = -1;
+}
+
+loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
+                              const int *targets, int B, int T, float dloss, double *loss,
+                              const loom_pipeline_hooks *hooks, int *peak)
+{
+    int tied = pl->canonical && (pl->stage == 0 || pl->stage == pl->stages - 1);
+    float *hb = NULL, *gw = NULL;
+    size_t hn = 0;
+    const loom_comm_ops *ops = pl->ops;
+    int P = pl->stages, V = P * pl->chunks, L = pl->layers;
+    int next = (pl->stage + 1) % P, prev = (pl->stage + P - 1) % P;
+    size_t R = (size_t)B * T, count = R * (size_t)loom_gpt_get_config(m)->dim;
+    for (int i = 0; i < pl->microbatches * pl->chunks; i++)
+        pl->slot_of[i] = -1;
+    for (int mb = 0; mb < pl->microbatches; mb++)
+        loss[mb] = 0.0;
+    int inflight = 0;
+    *peak = 0;
+    for (size_t i = 0; i < pl->n; i++) {
+        const loom_sched_instr *in = &pl->list[i];
+        int key = in->microbatch * pl->chunks + in->chunk, vs = in->chunk * P + pl->stage, s = -1;
+        int lo = pl->first[vs], hi = pl->first[vs + 1];
+        size_t off = (size_t)in->microbatch * R;
+        loom_comm_request *r = NULL;
+        switch (in->op) {
+        case LOOM_SCHED_RECV_ACT:
+            LOOM_TRY(acquire(pl, key, &s));
+            loom_gpt_stage_select(m, s);
+            LOOM_TRY(ops->recv_start(pl->pp, loom_gpt_stage_input(m), count, LOOM_DTYPE_F32, prev, &r));
+            LOOM_TRY(ops->wait(pl->pp, r));
+            break;
+        case LOOM_SCHED_FWD:
+            if (pl->slot_of[key] < 0)
+                LOOM_TRY(acquire(pl, key, &s));
+            LOOM_TRY(held(pl, in, &s));
+            LOOM_TRY(wait_slot(pl, &pl->slots[s])); /* the previous holder's sends */
+            loom_gpt_stage_select(m, s);
+            LOOM_TRY(loom_gpt_stage_forward(m, lo, hi, tokens + off, hi == L ? targets + off : NULL,
+                                            B, T, dloss, &loss[in->microbatch]));
+            if (++inflight > *peak)
+                *peak = inflight;
+            break;
+        case LOOM_SCHED_SEND_ACT:
+            LOOM_TRY(held(pl, in, &s));
+            loom_gpt_stage_select(m, s);
+            LOOM_TRY(ops->send_start(pl->pp, loom_gpt_stage_output(m, hi), count, LOOM_DTYPE_F32,
+                                     next, &r));
+            LOOM_TRY(post(pl, &pl->slots[s], r));
+            break;
+        case LOOM_SCHED_RECV_GRAD:
+            LOOM_TRY(held(pl, in, &s));
+            loom_gpt_stage_select(m, s);
+            if (tied) { /* stage 0: the LM head's half first (sent at the last stage's BWD) */
+                LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
+                LOOM_TRY(ops->recv_start(pl->pp, hb, hn, LOOM_DTYPE_F32, P - 1, &r));
+                LOOM_TRY(ops->wait(pl->pp, r));
+            }
+            LOOM_TRY(ops->recv_start(pl->pp, loom_gpt_stage_grad(m), count, LOOM_DTYPE_F32, next, &r));
+            LOOM_TRY(ops->wait(pl->pp, r));
+            break;
+        case LOOM_SCHED_BWD:
+            LOOM_TRY(held(pl, in, &s));
+            loom_gpt_stage_select(m, s);
+            if (hooks && hooks->before_bwd)
+                LOOM_TRY(hooks->before_bwd(hooks->ctx, in->microbatch));
+            LOOM_TRY(loom_gpt_stage_backward(m, lo, hi));
+            if (tied) {
+                LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
+                if (pl->stage == 0) { /* emb + head: one rank's one add */
+                    for (size_t j = 0; j < hn; j++)
+                        gw[j] += hb[j];
+                } else {
+                    memcpy(hb, gw, hn * sizeof(float));
+                    LOOM_TRY(ops->send_start(pl->pp, hb, hn, LOOM_DTYPE_F32, 0, &r));
+                    LOOM_TRY(post(pl, &pl->slots[s], r));
+                }
+            }
+            if (hooks && hooks->after_bwd)
+                LOOM_TRY(hooks->after_bwd(hooks->ctx, in->microbatch));
+            inflight--;
+            if (vs == 0)
+                release(pl, key); /* nothing to send back */
+            break;
+        case LOOM_SCHED_SEND_GRAD:
+            LOOM_TRY(held(pl, in, &s));
+            loom_gpt_stage_select(m, s);
+            LOOM_TRY(ops->send_start(pl->pp, loom_gpt_stage_grad(m), count, LOOM_DTYPE_F32, prev, &r));
+            LOOM_TRY(post(pl, &pl->slots[s], r));
+            release(pl, key);
+            break;
+        default:
+            LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "pipeline: %s is not executed by this engine",
+                      loom_sched_op_name(in->op));
+        }
+        (void)V;
+    }
+    for (int i = 0; i < pl->n_slots; i++)
+        LOOM_TRY(wait_slot(pl, &pl->slots[i]));
+    return LOOM_OK;
+}
+
+loom_status loom_pipeline_tied_sync(loom_pipeline *pl, loom_gpt *m, double *comm_ms)
+{
+    if (pl->stage != 0 && pl->stage != pl->stages - 1)
+        return LOOM_OK;
+    const loom_param_entry *e = loom_params_find(loom_gpt_params(m), "wte");
+    if (!e)
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "pipeline: stage %d holds no wte", pl->stage);
+    if (pl->tmp_n < e->numel) {
+        free(pl->tmp);
+        pl->tmp = malloc(e->numel * sizeof(float));
+        pl->tmp_n = pl->tmp ? e->numel : 0;
+        if (!pl->tmp)
+            LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the tied wte gradient");
+    }
+    float *g = loom_gpt_grad_data(m) + e->offset;
+    int peer = pl->stage == 0 ? pl->stages - 1 : 0;
+    double t0 = loom_now_ms();
+    if (pl->canonical) { /* stage 0 summed both halves per micro-batch: its copy is the one */
+        loom_comm_request *q = NULL;
+        if (pl->stage == 0)
+            LOOM_TRY(pl->ops->send_start(pl->pp, g, e->numel, LOOM_DTYPE_F32, peer, &q));
+        else
+            LOOM_TRY(pl->ops->recv_start(pl->pp, g, e->numel, LOOM_DTYPE_F32, peer, &q));
+        LOOM_TRY(pl->ops->wait(pl->pp, q));
+        *comm_ms += loom_now_ms() - t0;
+        return LOOM_OK;
+    }
+    loom_comm_request *rr = NULL, *sr = NULL;
+    LOOM_TRY(pl->ops->recv_start(pl->pp, pl->tmp, e->numel, LOOM_DTYPE_F32, peer, &rr));
+    LOOM_TRY(pl->ops->send_start(pl->pp, g, e->numel, LOOM_DTYPE_F32, peer, &sr));
+    loom_status st = pl->ops->wait(pl->pp, rr), st2 = pl->ops->wait(pl->pp, sr);
+    LOOM_TRY(st);
+    LOOM_TRY(st2);
+    *comm_ms += loom_now_ms() - t0;
+    /* a + b == b + a in IEEE arithmetic: both copies get the same bits */
+    for (size_t i = 0; i < e->numel; i++)
+        g[i] += pl->tmp[i];
+    return LOOM_OK;
+}
+
+loom_status loom_pipeline_sum(loom_pipeline *pl, double *v, int n)
+{
+    double *all = malloc((size_t)pl->stages * (size_t)n * sizeof(double));
+    if (!all)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    loom_comm_request *r = NULL;
+    loom_status st = pl->ops->allgather_start(pl->pp, v, all, (size_t)n * sizeof(double),
+                                              LOOM_DTYPE_U8, &r);
+    if (st == LOOM_OK)
+        st = pl->ops->wait(pl->pp, r);
+    if (st == LOOM_OK)
+        for (int j = 0; j < n; j++) {
+            double x = 0.0;
+            for (int s = 0; s < pl->stages; s++)
+                x += all[(size_t)s * n + j];
+            v[j] = x;
+        }
+    free(all);
+    return st;
+}
+
+loom_status loom_pipeline_norm(loom_pipeline *pl, const double *slots, size_t n, double *norm_sq,
+                               int *nonfinite)
+{
+    int P = pl->stages;
+    double mine[2] = {(double)n, *nonfinite ? 1.0 : 0.0}, *sizes = malloc((size_t)P * 2 * sizeof(double));
+    if (!sizes)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    loom_comm_request *r = NULL;
+    loom_status st = pl->ops->allgather_start(pl->pp, mine, sizes, sizeof mine, LOOM_DTYPE_U8, &r);
+    if (st == LOOM_OK)
+        st = pl->ops->wait(pl->pp, r);
+    size_t cap = 0;
+    int bad = 0;
+    for (int q = 0; st == LOOM_OK && q < P; q++) {
+        if ((size_t)sizes[2 * q] > cap)
+            cap = (size_t)sizes[2 * q];
+        bad |= sizes[2 * q + 1] != 0.0;
+    }
+    double *pad = NULL, *all = NULL;
+    if (st == LOOM_OK) {
+        pad = calloc(cap ? cap : 1, sizeof(double));
+        all = malloc((size_t)P * (cap ? cap : 1) * sizeof(double));
+        if (!pad || !all)
+            st = loom_fail(LOOM_ERR_NOMEM, "out of memory");
+    }
+    if (st == LOOM_OK) {
+        memcpy(pad, slots, n * sizeof(double));
+        st = pl->ops->allgather_start(pl->pp, pad, all, cap * sizeof(double), LOOM_DTYPE_U8, &r);
+        if (st == LOOM_OK)
+            st = pl->ops->wait(pl->pp, r);
+    }
+    if (st == LOOM_OK) { /* one rank's order: the stages' tables one after another */
+        double sum = 0.0;
+        for (int q = 0; q < P; q++)
+            for (size_t j = 0; j < (size_t)sizes[2 * q]; j++)
+                sum += all[(size_t)q * cap + j];
+        *norm_sq = sum;
+        *nonfinite = bad;
+    }
+    free(sizes);
+    free(pad);
+    free(all);
+    return st;
+}
+
+loom_status loom_pipeline_eval(loom_pipeline *pl, loom_gpt *m, const int *tokens,
+                               const int *targets, int B, int T, double *loss_sum)
+{
+    const loom_comm_ops *ops = pl->ops;
+    int P = pl->stages, V = P * pl->chunks, L = pl->layers;
+    int next = (pl->stage + 1) % P, prev = (pl->stage + P - 1) % P;
+    size_t count = (size_t)B * T * (size_t)loom_gpt_get_config(m)->dim;
+    double sum = 0.0;
+    LOOM_TRY(wait_slot(pl, &pl->slots[0]));
+    loom_gpt_stage_select(m, 0);
+    for (int c = 0; c < pl->chunks; c++) {
+        int vs = c * P + pl->stage, lo = pl->first[vs], hi = pl->first[vs + 1];
+        loom_comm_request *r = NULL;
+        if (vs > 0) {
+            LOOM_TRY(ops->recv_start(pl->pp, loom_gpt_stage_input(m), count, LOOM_DTYPE_F32, prev, &r));
+            LOOM_TRY(ops->wait(pl->pp, r));
+        }
+        LOOM_TRY(loom_gpt_stage_forward(m, lo, hi, tokens, hi == L ? targets : NULL, B, T, 0.0f,
+                                        &sum));
+        if (vs + 1 < V) {
+            LOOM_TRY(ops->send_start(pl->pp, loom_gpt_stage_output(m, hi), count, LOOM_DTYPE_F32,
+                                     next, &r));
+            LOOM_TRY(ops->wait(pl->pp, r)); /* the next stage is receiving it now */
+        }
+    }
+    *loss_sum = sum;
+    return loom_pipeline_sum(pl, loss_sum, 1); /* only the last stage's is not 0 */
+}

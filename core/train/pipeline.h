@@ -1,0 +1,82 @@
+/* pipeline.h — the pipeline engine: one rank's stage of a pp > 1 run.
+ *
+ * Setup (loom_pipeline_create): the blocks are split into stages x chunks virtual stages
+ * (as even as the layer count allows, earlier stages taking the extra blocks, or an
+ * explicit split), every stage's instruction list is built by the sched plugin, validated
+ * and simulated (core/train/schedule.h: no missing transfer, no deadlock), and checked
+ * against the transport: send/recv between two ranks has no tags, so the messages each
+ * ordered pair exchanges must be received in the order they are sent. A list with a split
+ * backward (BWD_INPUT / BWD_WEIGHT, zb1) is refused: this model's backward computes input
+ * and weight gradients in one pass. The simulator's peak in flight sizes the activation
+ * slots (one set per (micro-batch, chunk) held from its FWD to its backward, plus one).
+ * The step (loom_pipeline_run) executes this rank's list: FWD/BWD on the chunk's blocks,
+ * activations and their gradients sent and received over the pp group (a SEND is started
+ * and waited only before its buffer is reused or at the end of the step; a RECV is waited
+ * at once), the per-micro-batch losses on the last stage.
+ * After the data-parallel sync the tied wte's two gradient halves (embedding on stage 0,
+ * LM head on the last) are exchanged whole and added, a + b on both: bitwise equal copies.
+ * Canonical mode (chunks = 1, every stage backwarding micro-batches in order 0..m-1, as
+ * gpipe and 1f1b do): each micro-batch's gradients are summed in grad_sync's tree over
+ * the global micro-batch index, as on one rank; the last stage sends each micro-batch's LM
+ * head half of the wte gradient to stage 0, which adds it to its embedding half (head +
+ * emb, one rank's one add, gpt_internal.h) before the tree, and after the step sends the
+ * finished wte gradient back; the norm adds every stage's chunk sums in one rank's
+ * order. So pp = 1, 2, 4, with dp, give the same bits.
+ * What not: sequence parallelism, a split backward (see above), canonical interleaving.
+ */
+#ifndef LOOM_CORE_TRAIN_PIPELINE_H
+#define LOOM_CORE_TRAIN_PIPELINE_H
+
+#include "loom/plugin.h"
+#include "model/gpt.h"
+
+typedef struct loom_pipeline_config {
+    const loom_plugin_desc *sched; /* a sched plugin */
+    int microbatches, chunks;      /* chunks: virtual stages per rank (1 without interleaving) */
+    int layers;
+    const int *split;              /* blocks per virtual stage (stages x chunks), or NULL */
+    int n_split;
+    int canonical;                 /* deterministic = "canonical" (see below) */
+} loom_pipeline_config;
+
+/* Called around each BWD (canonical mode: zero the gradients, then push them into the
+ * micro-batch tree, grad_sync.h). NULL members: nothing. */
+typedef struct loom_pipeline_hooks {
+    loom_status (*before_bwd)(void *ctx, int mb);
+    loom_status (*after_bwd)(void *ctx, int mb);
+    void *ctx;
+} loom_pipeline_hooks;
+
+typedef struct loom_pipeline loom_pipeline;
+
+/* Needs the pp group (loom_core_host()->group) of more than one rank. */
+loom_status loom_pipeline_create(const loom_pipeline_config *cfg, loom_pipeline **out);
+void loom_pipeline_destroy(loom_pipeline *pl);
+
+/* For loom_gpt_parallel: the blocks this rank holds ([layers]) and the activation sets. */
+const unsigned char *loom_pipeline_stage_layers(const loom_pipeline *pl);
+int loom_pipeline_slots(const loom_pipeline *pl);
+int loom_pipeline_stage(const loom_pipeline *pl);
+int loom_pipeline_stages(const loom_pipeline *pl);
+
+/* One step's forward and backward over `microbatches` micro-batches: tokens and targets
+ * hold them one after another (B*T each, host). loss[mb] gets each micro-batch's loss sum
+ * on the last stage, 0 elsewhere. *peak: the most (micro-batch, chunk) activation sets
+ * held at once during the step (the engine's own count). */
+loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
+                              const int *targets, int B, int T, float dloss, double *loss,
+                              const loom_pipeline_hooks *hooks, int *peak);
+/* Add the other copy's wte gradient (stage 0 and the last stage; others return at once). */
+loom_status loom_pipeline_tied_sync(loom_pipeline *pl, loom_gpt *m, double *comm_ms);
+/* v[0..n) summed over the stages in stage order (every rank gets the same bits). */
+loom_status loom_pipeline_sum(loom_pipeline *pl, double *v, int n);
+/* The gradient norm's square over all stages: every stage's chunk sums (grad_norm.h)
+ * gathered and added in stage order, one rank's order; *nonfinite ORed. */
+loom_status loom_pipeline_norm(loom_pipeline *pl, const double *slots, size_t n, double *norm_sq,
+                               int *nonfinite);
+/* The loss sum of one batch through every stage's forward (no gradients); the same on
+ * every rank of the pp group. */
+loom_status loom_pipeline_eval(loom_pipeline *pl, loom_gpt *m, const int *tokens,
+                               const int *targets, int B, int T, double *loss_sum);
+
+#endif

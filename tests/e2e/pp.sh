@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# pp.sh LOOM — pipeline parallelism on one node (loom launch, shm), fast mode (fp32):
+#  - pp=2 with gpipe, 1f1b and interleaved (2 chunks), pp=4 with gpipe and 1f1b, pp=4
+#    interleaved on an 8-block model, an explicit pp_layers split, pp=2 x dp=2 and
+#    pp=2 x tp=2 train
+#    the same losses as one rank with the same global batch (micro x microbatches x dp)
+#    within 2e-5 over 10 steps, the gradient norms within 1e-5 relative and the validation
+#    loss (eval through the pipeline) within 2e-5; only summation order differs (the tied
+#    wte's two gradient halves, the norm's per-stage parts);
+#  - the same pipeline layout twice is bitwise identical;
+#  - per-rank parameter bytes drop: each stage holds less than one rank, and the stages
+#    together hold one rank's parameters plus the second copy of the tied wte, exactly;
+#  - the engine's count of micro-batches in flight: 1f1b holds pp on stage 0 and 1 on the
+#    last stage, gpipe all m;
+#  - non-finite gradients (lr = 1e30) skip the same steps on every stage as on one rank;
+#  - canonical mode: pp=1, 2, 4 with gpipe and 1f1b, an uneven pp_layers split, pp=2 x dp=2
+#    and pp=2 x tp=2 give bitwise-identical losses, gradient norms and validation loss;
+#  - what pipeline parallelism refuses is refused with a message naming it.
+set -euo pipefail
+loom=$1
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/lib.sh"
+recipe=$here/recipes/pp_probe.lua
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+export OMP_WAIT_POLICY=passive   # several ranks share 2 cores: OpenMP must not spin
+model="model.heads=4 model.layers=4 steps=10 threads=1"
+keep() { grep -E '^(LOSS|NORM|VAL|PEAK|SKIP|PARAMBYTES|\[rank [0-9]+\] (PEAK|SKIP|PARAMBYTES))' || true; }
+run1() { "$loom" run "$recipe" $model "$@" | keep; }
+runN() { local n=$1; shift; "$loom" launch -n "$n" "$recipe" $model comm_timeout=20 "$@" | keep; }
+# rel_norm_diff A B: the largest relative difference of the NORM lines, as %.3g
+rel_norm_diff() {
+  paste <(grep '^NORM' "$1") <(grep '^NORM' "$2") |
+    awk '{ d = ($4 - $8) / $4; if (d < 0) d = -d; if (d > m) m = d } END { printf "%.3g", m + 0 }'
+}
+val_diff() {
+  paste <(grep '^VAL' "$1") <(grep '^VAL' "$2") |
+    awk '{ d = $3 - $6; if (d < 0) d = -d; printf "%.3g", d }'
+}
+check_close() { # name file reference
+  [ "$(grep -c '^LOSS' "$2")" -eq 10 ] || { echo "$1: expected 10 steps"; cat "$2"; exit 1; }
+  local d n v
+  d=$(max_loss_diff "$3" "$2"); n=$(rel_norm_diff "$3" "$2"); v=$(val_diff "$3" "$2")
+  below "$d" 2e-5 || { echo "$1: losses differ from one rank by $d"; paste "$3" "$2" | head; exit 1; }
+  below "$n" 1e-5 || { echo "$1: gradient norms differ from one rank by $n (relative)"; exit 1; }
+  below "$v" 2e-5 || { echo "$1: validation loss differs from one rank by $v"; exit 1; }
+  echo "ok $1 vs one rank: max |loss diff| $d over 10 steps, norm rel diff $n, val diff $v"
+}
+
+run1 batch.global=16 > "$tmp/one"
+for layout in "2 mesh.pp=2 schedule=gpipe" "2 mesh.pp=2 schedule=1f1b" \
+              "2 mesh.pp=2 schedule=interleaved" "4 mesh.pp=4 schedule=gpipe" \
+              "4 mesh.pp=4 schedule=1f1b" "2 mesh.pp=2 pp_layers={1,3}"; do
+  runN ${layout%% *} microbatches=4 ${layout#* } > "$tmp/pp"
+  check_close "${layout#* } (4 micro-batches)" "$tmp/pp" "$tmp/one"
+done
+runN 4 mesh.pp=2 mesh.dp=2 microbatches=2 > "$tmp/ppdp"
+check_close "mesh.pp=2 x mesh.dp=2 (2 micro-batches each)" "$tmp/ppdp" "$tmp/one"
+runN 4 mesh.pp=2 mesh.tp=2 microbatches=4 > "$tmp/pptp"
+check_close "mesh.pp=2 x mesh.tp=2 (4 micro-batches)" "$tmp/pptp" "$tmp/one"
+run1 model.layers=8 batch.global=16 > "$tmp/one8"
+runN 4 model.layers=8 mesh.pp=4 schedule=interleaved microbatches=4 > "$tmp/pp4i"
+check_close "mesh.pp=4 schedule=interleaved, 8 blocks in 8 virtual stages" "$tmp/pp4i" "$tmp/one8"
+
+runN 4 mesh.pp=4 schedule=1f1b microbatches=4 | grep -E '^(LOSS|NORM)' > "$tmp/a"
+runN 4 mesh.pp=4 schedule=1f1b microbatches=4 | grep -E '^(LOSS|NORM)' > "$tmp/b"
+cmp -s "$tmp/a" "$tmp/b" || { echo "pp=4 1f1b twice differs"; paste "$tmp/a" "$tmp/b" | head; exit 1; }
+echo "ok pp=4 1f1b run twice: losses and gradient norms bitwise identical"
+
+# Parameter bytes: wte (256 x 32 floats) sits on the first and the last stage.
+one=$(awk '/^PARAMBYTES/ { print $3 }' "$tmp/one")
+wte=$((256 * 32 * 4))
+for n in 2 4; do
+  runN $n mesh.pp=$n microbatches=4 steps=1 > "$tmp/bytes"
+  sum=0; count=0
+  for b in $(grep -oE 'PARAMBYTES [0-9]+ [0-9]+' "$tmp/bytes" | awk '{ print $3 }'); do
+    [ "$b" -lt "$one" ] || { echo "pp=$n: a stage holds $b parameter bytes, one rank $one"; exit 1; }
+    sum=$((sum + b)); count=$((count + 1))
+  done
+  [ "$count" -eq "$n" ] || { echo "pp=$n: $count PARAMBYTES lines"; exit 1; }
+  [ "$sum" -eq $((one + wte)) ] || { echo "pp=$n: stages hold $sum bytes, want $one + $wte (tied wte twice)"; exit 1; }
+  echo "ok pp=$n parameter bytes: $(grep -oE 'PARAMBYTES [0-9]+ [0-9]+' "$tmp/bytes" | awk '{ printf "%s ", $3 }')(one rank $one; together one rank + one wte)"
+done
+
+# Micro-batches in flight (the engine's count, per rank): pp=4, m=8.
+peak() { grep -E "^$1PEAK 2 " "$2" | awk '{ print $NF }'; }
+runN 4 mesh.pp=4 schedule=1f1b microbatches=8 steps=2 > "$tmp/p1"
+runN 4 mesh.pp=4 schedule=gpipe microbatches=8 steps=2 > "$tmp/pg"
+[ "$(peak '' "$tmp/p1")" = 4 ] || { echo "1f1b pp=4 m=8: stage 0 held $(peak '' "$tmp/p1") micro-batches, want 4"; exit 1; }
+[ "$(peak '\[rank 3\] ' "$tmp/p1")" = 1 ] || { echo "1f1b pp=4 m=8: the last stage held $(peak '\[rank 3\] ' "$tmp/p1"), want 1"; exit 1; }
+[ "$(peak '' "$tmp/pg")" = 8 ] || { echo "gpipe pp=4 m=8: stage 0 held $(peak '' "$tmp/pg") micro-batches, want 8"; exit 1; }
+echo "ok in flight at pp=4, m=8: 1f1b stage 0 holds 4, the last stage 1; gpipe stage 0 holds 8"
+
+# The non-finite check spans the stages: lr = 1e30 blows the weights up after step 1, so
+# later gradients are not finite; every rank skips exactly the steps one rank skips.
+run1 batch.global=16 optimizer.lr=1e30 steps=4 | grep '^SKIP' > "$tmp/s1"
+grep -q 'SKIP 4 true' "$tmp/s1" || { echo "one rank with lr=1e30 did not skip step 4"; cat "$tmp/s1"; exit 1; }
+runN 4 mesh.pp=4 microbatches=4 optimizer.lr=1e30 steps=4 | grep 'SKIP' > "$tmp/s4"
+for r in 0 1 2 3; do
+  if [ $r = 0 ]; then grep '^SKIP' "$tmp/s4"; else grep "^\[rank $r\] SKIP" "$tmp/s4" | sed 's/^\[rank [0-9]*\] //'; fi > "$tmp/sr"
+  cmp -s "$tmp/s1" "$tmp/sr" || { echo "pp=4 rank $r skipped other steps than one rank"; paste "$tmp/s1" "$tmp/sr"; exit 1; }
+done
+echo "ok non-finite gradients at pp=4: every rank skips the steps one rank skips ($(grep -c true "$tmp/s1") of 4)"
+
+# Canonical mode: pp=1, 2 and 4, gpipe and 1f1b, an uneven split, with dp and with tp:
+# the same bits (losses, gradient norms, validation loss).
+canon="deterministic=canonical steps=6"
+run1 $canon batch.global=16 | grep -E '^(LOSS|NORM|VAL)' > "$tmp/c1"
+for layout in "2 mesh.pp=2 schedule=1f1b microbatches=4" "2 mesh.pp=2 schedule=gpipe microbatches=4" \
+              "4 mesh.pp=4 schedule=1f1b microbatches=4" "4 mesh.pp=4 schedule=gpipe microbatches=4" \
+              "2 mesh.pp=2 pp_layers={3,1} microbatches=4" "4 mesh.pp=2 mesh.dp=2 microbatches=2" \
+              "4 mesh.pp=2 mesh.tp=2 microbatches=4"; do
+  runN ${layout%% *} $canon ${layout#* } | grep -E '^(LOSS|NORM|VAL)' > "$tmp/c"
+  cmp -s "$tmp/c1" "$tmp/c" || { echo "canonical ${layout#* } differs from one rank"; paste "$tmp/c1" "$tmp/c" | head; exit 1; }
+  echo "ok canonical ${layout#* }: losses, gradient norms and val loss bitwise those of one rank"
+done
+
+# Refusals, each with its message.
+refused() { # expected-text args...
+  local want=$1; shift
+  if "$loom" launch "$@" > "$tmp/err" 2>&1; then echo "accepted: $*"; exit 1; fi
+  grep -qF -- "$want" "$tmp/err" || { echo "refusal of '$*' lacks '$want':"; cat "$tmp/err"; exit 1; }
+  echo "ok refused ($want)"
+}
+base="$recipe $model comm_timeout=20"
+refused 'schedule="zb1" splits backward' -n 2 $base mesh.pp=2 schedule=zb1 microbatches=4
+refused 'canonical" runs one chunk per stage' -n 2 $base mesh.pp=2 microbatches=4 deterministic=canonical schedule=interleaved
+refused 'pp_layers adds up to 3 blocks, but the model has layers=4' -n 2 $base mesh.pp=2 'pp_layers={1,2}'
+refused 'pp_layers has 3 entries; it needs one per stage, pp = 2 (2)' -n 2 $base mesh.pp=2 'pp_layers={1,2,1}'
+refused 'not a multiple of stages' -n 4 $base mesh.pp=4 schedule=interleaved model.layers=8 microbatches=6
+refused 'cannot give each of the 8 pipeline stages a block' -n 4 $base mesh.pp=4 schedule=interleaved microbatches=4
+refused 'checkpoints are not saved or resumed under pipeline' -n 2 $base mesh.pp=2 checkpoint.dir="$tmp/ck"
+refused 'sets up the pipeline, and this run has no pipeline (mesh.pp = 1)' -n 1 $base microbatches=4
+refused 'but batch.micro x microbatches x dp = 4 x 4 x 1 = 16' -n 2 $base mesh.pp=2 microbatches=4 batch.global=8

@@ -144,16 +144,20 @@ static void warn_unread_overrides(lua_State *L, int n, char **kv)
     fputs("): it neither calls loom.train nor reads loom.options or loom.overrides\n", stderr);
 }
 
-/* OpenMP threads that wait for work spin by default (libgomp: 300,000 spins), which is
- * fastest on an idle machine and ruinous on a shared one: a spinning thread holds the core
- * another process needs (a tiny model's step went from 55 ms to 800 ms beside one busy
- * process). Unless the user chose (OMP_WAIT_POLICY or GOMP_SPINCOUNT), waits are passive,
- * as loom launch already asks for its ranks; docs/BENCHMARKS.md has the measurement.
- * Set before the backend (and with it libgomp) is loaded, which reads it once. */
+/* OpenMP threads that wait for work spin by default (libgomp: 300,000 spins): fastest on an
+ * idle machine and ruinous on a shared one, where a spinning thread holds the core another
+ * process needs. Passive waits (a futex sleep at once) are the opposite: best beside a busy
+ * process, but each of a small model's many parallel regions then pays a wake-up. A short
+ * bounded spin (GOMP_SPINCOUNT=1000) lost at most ~14% to the best of the two in either
+ * case on the 2-core EPYC, where each extreme lost 35% (passive, quiet) or 2x (default
+ * spin, beside one busy process): docs/BENCHMARKS.md. So unless the user chose
+ * (OMP_WAIT_POLICY or GOMP_SPINCOUNT), `loom run` spins briefly; `loom launch` asks its
+ * ranks for passive waits, since there they share the cores with each other. Set before
+ * the backend (and with it libgomp) is loaded, which reads it once. */
 static void share_the_machine(void)
 {
     if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT"))
-        setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
+        setenv("GOMP_SPINCOUNT", "1000", 0);
 }
 
 static int cmd_run(int argc, char **argv)

@@ -17,8 +17,9 @@ options:
   -h, --help       this text
 
 environment:
-  OMP_NUM_THREADS, OMP_WAIT_POLICY   OpenMP threads and waits (loom run asks for passive
-                   waits unless OMP_WAIT_POLICY is set); the recipe's threads= wins
+  OMP_NUM_THREADS, OMP_WAIT_POLICY, GOMP_SPINCOUNT   OpenMP threads and waits (loom run
+                   spins briefly, GOMP_SPINCOUNT=1000, unless one of the two wait settings
+                   is set); the recipe's threads= wins
   LOOM_PLUGIN_PATH  extra plugin directories, searched first
   LOOM_CPU_ISA     force a lower CPU kernel ISA (avx512, avx2, sse2)
 

@@ -370,12 +370,84 @@ void loom_gpt_zero_grad(loom_gpt *m)
 
 /* --- forward and backward ------------------------------------------------------------ */
 
+/* One transformer block's forward, l: res3 = block(residual), over R = B*T rows, of which
+ * this rank keeps Rl (R / tp under sequence parallelism, else R). loom_gpt_forward runs it
+ * for every block, a pipeline stage (gpt_stage.c) for its own: one piece of block math. */
+loom_status gpt_block_forward(loom_gpt *m, int l, const float *residual, int B, int T, size_t Rl)
+{
+    const loom_backend_ops *k = m->be->ops;
+    const int C = m->cfg.dim, Cl = m->Cl, Fl = m->Fl;
+    const size_t R = (size_t)B * T;
+    layer_params *w = &m->p.layer[l];
+    layer_acts *a = &m->acts[l];
+    k->layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, residual, w->ln1w, w->ln1b, 1,
+                         (int)Rl, C);
+    LOOM_TRY(F_ENTER(LOOM_REGION_ATTENTION, l, a->ln1, a->ln1_full, R, C));
+    k->matmul_forward(a->qkv, a->ln1_full, w->qkvw, w->qkvb, B, T, C, 3 * Cl);
+    k->attention_forward(a->atty, a->att, a->qkv, B, T, Cl, m->NHl);
+    gpt_row_parallel_forward(m, m->partial, a->atty, w->attprojw, B, T, Cl);
+    LOOM_TRY(F_LEAVE(LOOM_REGION_ATTENTION, l, m->partial, m->summed, R, C));
+    k->bias_add(m->summed, w->attprojb, Rl, C);
+    k->residual_forward(a->res2, residual, m->summed, Rl * C);
+    k->layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, 1,
+                         (int)Rl, C);
+    LOOM_TRY(F_ENTER(LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R, C));
+    k->matmul_forward(a->fch, a->ln2_full, w->fcw, w->fcb, B, T, C, Fl);
+    k->gelu_forward(a->fch_gelu, a->fch, R * Fl);
+    gpt_row_parallel_forward(m, m->partial, a->fch_gelu, w->fcprojw, B, T, Fl);
+    LOOM_TRY(F_LEAVE(LOOM_REGION_MLP, l, m->partial, m->summed, R, C));
+    k->bias_add(m->summed, w->fcprojb, Rl, C);
+    k->residual_forward(a->res3, a->res2, m->summed, Rl * C);
+    return LOOM_OK;
+}
+
+/* One block's backward, l: m->dres in = d(res3), out = d(residual); parameter gradients
+ * accumulate into m->g.layer[l], replicated ones through pk (flushed by the caller). */
+loom_status gpt_block_backward(loom_gpt *m, int l, const float *residual, rep_pack *pk, int B,
+                               int T, size_t Rl)
+{
+    const loom_backend_ops *k = m->be->ops;
+    const int C = m->cfg.dim, Cl = m->Cl, Fl = m->Fl;
+    const size_t R = (size_t)B * T;
+    layer_params *w = &m->p.layer[l], *g = &m->g.layer[l];
+    layer_acts *a = &m->acts[l];
+    /* MLP branch: res3 = res2 + g(proj(gelu(fc(f(ln2(res2)))))) + bias */
+    rep_args pb = {.dout = m->dres};
+    gpt_replicated_grads(m, pk, 1, &pb, NULL, g->fcprojb, Rl);
+    LOOM_TRY(B_LEAVE(LOOM_REGION_MLP, l, m->dres, m->dres_full, R, C));
+    k->matmul_backward(m->dbuf_4a, g->fcprojw, NULL, m->dres_full, a->fch_gelu, w->fcprojw,
+                       B, T, Fl, C);
+    k->gelu_backward(m->dbuf_4b, a->fch, m->dbuf_4a, R * Fl);
+    LOOM_TRY(gpt_regather(m, LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R));
+    LOOM_TRY(gpt_column_parallel_backward(m, LOOM_REGION_MLP, l, g->fcw, g->fcb, m->dbuf_4b,
+                                      a->ln2_full, w->fcw, B, T, Fl, 1));
+    rep_args ln2 = {m->dtmp, m->dsummed, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd};
+    gpt_replicated_grads(m, pk, 0, &ln2, g->ln2w, g->ln2b, Rl);
+    k->accumulate(m->dres, m->dtmp, Rl * C);
+    /* Attention branch: res2 = residual + g(proj(attn(qkv(f(ln1(residual)))))) + bias */
+    rep_args ab = {.dout = m->dres};
+    gpt_replicated_grads(m, pk, 1, &ab, NULL, g->attprojb, Rl);
+    LOOM_TRY(B_LEAVE(LOOM_REGION_ATTENTION, l, m->dres, m->dres_full, R, C));
+    float *datty = m->dpartial; /* free until the qkv backward below */
+    k->matmul_backward(datty, g->attprojw, NULL, m->dres_full, a->atty, w->attprojw, B, T,
+                       Cl, C);
+    k->attention_backward(m->dbuf_4a, m->datt_scratch, datty, a->qkv, a->att, B, T, Cl,
+                          m->NHl);
+    LOOM_TRY(gpt_regather(m, LOOM_REGION_ATTENTION, l, a->ln1, a->ln1_full, R));
+    LOOM_TRY(gpt_column_parallel_backward(m, LOOM_REGION_ATTENTION, l, g->qkvw, g->qkvb,
+                                      m->dbuf_4a, a->ln1_full, w->qkvw, B, T, 3 * Cl, 3));
+    rep_args ln1 = {m->dtmp, m->dsummed, residual, w->ln1w, a->ln1_mean, a->ln1_rstd};
+    gpt_replicated_grads(m, pk, 0, &ln1, g->ln1w, g->ln1b, Rl);
+    k->accumulate(m->dres, m->dtmp, Rl * C);
+    return LOOM_OK;
+}
+
 loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets, int B, int T,
                              float dloss, double *loss_sum)
 {
     const loom_backend_ops *k = m->be->ops;
     void *bs = m->be->self;
-    int C = m->cfg.dim, V = m->cfg.vocab, Cl = m->Cl, Fl = m->Fl;
+    int C = m->cfg.dim, V = m->cfg.vocab;
     if (B < 1 || B > m->max_B || T < 1 || T > m->cfg.ctx)
         LOOM_FAIL(LOOM_ERR_INVALID, "batch %dx%d outside the model's %dx%d", B, T, m->max_B,
                   m->cfg.ctx);
@@ -409,27 +481,8 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
     k->position_forward(m->encoded, m->p.wpe, row0, Rl, T, C);
     const float *residual = m->encoded;
     for (int l = 0; l < m->cfg.layers; l++) {
-        layer_params *w = &m->p.layer[l];
-        layer_acts *a = &m->acts[l];
-        k->layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, residual, w->ln1w, w->ln1b, 1,
-                             (int)Rl, C);
-        LOOM_TRY(F_ENTER(LOOM_REGION_ATTENTION, l, a->ln1, a->ln1_full, R, C));
-        k->matmul_forward(a->qkv, a->ln1_full, w->qkvw, w->qkvb, B, T, C, 3 * Cl);
-        k->attention_forward(a->atty, a->att, a->qkv, B, T, Cl, m->NHl);
-        gpt_row_parallel_forward(m, m->partial, a->atty, w->attprojw, B, T, Cl);
-        LOOM_TRY(F_LEAVE(LOOM_REGION_ATTENTION, l, m->partial, m->summed, R, C));
-        k->bias_add(m->summed, w->attprojb, Rl, C);
-        k->residual_forward(a->res2, residual, m->summed, Rl * C);
-        k->layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, 1,
-                             (int)Rl, C);
-        LOOM_TRY(F_ENTER(LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R, C));
-        k->matmul_forward(a->fch, a->ln2_full, w->fcw, w->fcb, B, T, C, Fl);
-        k->gelu_forward(a->fch_gelu, a->fch, R * Fl);
-        gpt_row_parallel_forward(m, m->partial, a->fch_gelu, w->fcprojw, B, T, Fl);
-        LOOM_TRY(F_LEAVE(LOOM_REGION_MLP, l, m->partial, m->summed, R, C));
-        k->bias_add(m->summed, w->fcprojb, Rl, C);
-        k->residual_forward(a->res3, a->res2, m->summed, Rl * C);
-        residual = a->res3;
+        LOOM_TRY(gpt_block_forward(m, l, residual, B, T, Rl));
+        residual = m->acts[l].res3;
     }
     k->layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, residual, m->p.lnfw, m->p.lnfb, 1,
                          (int)Rl, C);
@@ -457,7 +510,7 @@ loom_status loom_gpt_backward(loom_gpt *m)
     if (!m->have_dlogits || m->staged)
         LOOM_FAIL(LOOM_ERR_INVALID, "backward needs a forward with targets and dloss != 0 first");
     const loom_backend_ops *k = m->be->ops;
-    int B = m->last_B, T = m->last_T, C = m->cfg.dim, Cl = m->Cl, Fl = m->Fl;
+    int B = m->last_B, T = m->last_T, C = m->cfg.dim;
     int L = m->cfg.layers;
     size_t R = (size_t)B * T, Rl = m->sp ? R / (size_t)m->tp : R;
     const float *last = m->acts[L - 1].res3;
@@ -474,37 +527,8 @@ loom_status loom_gpt_backward(loom_gpt *m)
     int n_entries = m->table.count;
     LOOM_TRY(entries_ready(m, n_entries - 2, n_entries - 1));
     for (int l = L - 1; l >= 0; l--) {
-        layer_params *w = &m->p.layer[l], *g = &m->g.layer[l];
-        layer_acts *a = &m->acts[l];
         const float *residual = l == 0 ? m->encoded : m->acts[l - 1].res3;
-        /* MLP branch: res3 = res2 + g(proj(gelu(fc(f(ln2(res2)))))) + bias */
-        rep_args pb = {.dout = m->dres};
-        gpt_replicated_grads(m, &pk, 1, &pb, NULL, g->fcprojb, Rl);
-        LOOM_TRY(B_LEAVE(LOOM_REGION_MLP, l, m->dres, m->dres_full, R, C));
-        k->matmul_backward(m->dbuf_4a, g->fcprojw, NULL, m->dres_full, a->fch_gelu, w->fcprojw,
-                           B, T, Fl, C);
-        k->gelu_backward(m->dbuf_4b, a->fch, m->dbuf_4a, R * Fl);
-        LOOM_TRY(gpt_regather(m, LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R));
-        LOOM_TRY(gpt_column_parallel_backward(m, LOOM_REGION_MLP, l, g->fcw, g->fcb, m->dbuf_4b,
-                                          a->ln2_full, w->fcw, B, T, Fl, 1));
-        rep_args ln2 = {m->dtmp, m->dsummed, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd};
-        gpt_replicated_grads(m, &pk, 0, &ln2, g->ln2w, g->ln2b, Rl);
-        k->accumulate(m->dres, m->dtmp, Rl * C);
-        /* Attention branch: res2 = residual + g(proj(attn(qkv(f(ln1(residual)))))) + bias */
-        rep_args ab = {.dout = m->dres};
-        gpt_replicated_grads(m, &pk, 1, &ab, NULL, g->attprojb, Rl);
-        LOOM_TRY(B_LEAVE(LOOM_REGION_ATTENTION, l, m->dres, m->dres_full, R, C));
-        float *datty = m->dpartial; /* free until the qkv backward below */
-        k->matmul_backward(datty, g->attprojw, NULL, m->dres_full, a->atty, w->attprojw, B, T,
-                           Cl, C);
-        k->attention_backward(m->dbuf_4a, m->datt_scratch, datty, a->qkv, a->att, B, T, Cl,
-                              m->NHl);
-        LOOM_TRY(gpt_regather(m, LOOM_REGION_ATTENTION, l, a->ln1, a->ln1_full, R));
-        LOOM_TRY(gpt_column_parallel_backward(m, LOOM_REGION_ATTENTION, l, g->qkvw, g->qkvb,
-                                          m->dbuf_4a, a->ln1_full, w->qkvw, B, T, 3 * Cl, 3));
-        rep_args ln1 = {m->dtmp, m->dsummed, residual, w->ln1w, a->ln1_mean, a->ln1_rstd};
-        gpt_replicated_grads(m, &pk, 0, &ln1, g->ln1w, g->ln1b, Rl);
-        k->accumulate(m->dres, m->dtmp, Rl * C);
+        LOOM_TRY(gpt_block_backward(m, l, residual, &pk, B, T, Rl));
         LOOM_TRY(gpt_rep_flush(m, &pk));
         LOOM_TRY(entries_ready(m, 2 + 12 * l, 2 + 12 * l + 11));
     }

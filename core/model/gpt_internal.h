@@ -123,6 +123,12 @@ typedef struct rep_pack {
     int n;
 } rep_pack;
 
+/* One transformer block forward / backward (gpt.c), shared by the whole-model passes and
+ * the pipeline stages: R = B*T rows, of which this rank keeps Rl. */
+loom_status gpt_block_forward(loom_gpt *m, int l, const float *residual, int B, int T, size_t Rl);
+loom_status gpt_block_backward(loom_gpt *m, int l, const float *residual, rep_pack *pk, int B,
+                               int T, size_t Rl);
+
 void gpt_replicated_grads(loom_gpt *m, rep_pack *pk, int kind, const rep_args *a, float *dw,
                           float *db, size_t Rl);
 loom_status gpt_rep_flush(loom_gpt *m, rep_pack *pk);

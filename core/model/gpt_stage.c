@@ -1,11 +1,10 @@
 /* gpt_stage.c — forward and backward of one pipeline chunk (see gpt_stage.h).
  *
- * The same kernels in the same order as loom_gpt_forward / loom_gpt_backward in gpt.c,
- * restricted to blocks [lo, hi): a stage run chunk after chunk computes what one rank
- * computes, so fast mode differs from one rank only where the engine's sums reassociate
- * (the tied wte's two gradient halves, the loss and norm totals). Kept apart from gpt.c
- * so the two evolve without stepping on each other; a change to the block math goes in
- * both (tests/e2e/pp.sh compares them).
+ * The blocks [lo, hi) run through gpt.c's own gpt_block_forward / gpt_block_backward, so
+ * a stage run chunk after chunk computes what one rank computes, and fast mode differs
+ * from one rank only where the engine's sums reassociate (the tied wte's two gradient
+ * halves, the loss and norm totals). Here: the chunk's ends (embedding on the first
+ * stage, final layernorm, tied head and loss on the last) and the checks.
  */
 #include "gpt_stage.h"
 
@@ -53,7 +52,7 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
     LOOM_TRY(check_chunk(m, lo, hi));
     const loom_backend_ops *k = m->be->ops;
     void *bs = m->be->self;
-    int C = m->cfg.dim, V = m->cfg.vocab, Cl = m->Cl, Fl = m->Fl;
+    int C = m->cfg.dim, V = m->cfg.vocab;
     int head = hi == m->cfg.layers;
     if (B < 1 || B > m->max_B || T < 1 || T > m->cfg.ctx)
         LOOM_FAIL(LOOM_ERR_INVALID, "batch %dx%d outside the model's %dx%d", B, T, m->max_B,
@@ -74,27 +73,8 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
     }
     const float *residual = m->encoded;
     for (int l = lo; l < hi; l++) {
-        layer_params *w = &m->p.layer[l];
-        layer_acts *a = &m->acts[l];
-        k->layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, residual, w->ln1w, w->ln1b, 1,
-                             (int)R, C);
-        LOOM_TRY(F_ENTER(LOOM_REGION_ATTENTION, l, a->ln1, a->ln1_full, R, C));
-        k->matmul_forward(a->qkv, a->ln1_full, w->qkvw, w->qkvb, B, T, C, 3 * Cl);
-        k->attention_forward(a->atty, a->att, a->qkv, B, T, Cl, m->NHl);
-        gpt_row_parallel_forward(m, m->partial, a->atty, w->attprojw, B, T, Cl);
-        LOOM_TRY(F_LEAVE(LOOM_REGION_ATTENTION, l, m->partial, m->summed, R, C));
-        k->bias_add(m->summed, w->attprojb, R, C);
-        k->residual_forward(a->res2, residual, m->summed, R * C);
-        k->layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, 1,
-                             (int)R, C);
-        LOOM_TRY(F_ENTER(LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R, C));
-        k->matmul_forward(a->fch, a->ln2_full, w->fcw, w->fcb, B, T, C, Fl);
-        k->gelu_forward(a->fch_gelu, a->fch, R * Fl);
-        gpt_row_parallel_forward(m, m->partial, a->fch_gelu, w->fcprojw, B, T, Fl);
-        LOOM_TRY(F_LEAVE(LOOM_REGION_MLP, l, m->partial, m->summed, R, C));
-        k->bias_add(m->summed, w->fcprojb, R, C);
-        k->residual_forward(a->res3, a->res2, m->summed, R * C);
-        residual = a->res3;
+        LOOM_TRY(gpt_block_forward(m, l, residual, B, T, R));
+        residual = m->acts[l].res3;
     }
     m->last_B = B;
     m->last_T = T;
@@ -121,7 +101,7 @@ loom_status loom_gpt_stage_backward(loom_gpt *m, int lo, int hi)
 {
     LOOM_TRY(check_chunk(m, lo, hi));
     const loom_backend_ops *k = m->be->ops;
-    int B = m->last_B, T = m->last_T, C = m->cfg.dim, Cl = m->Cl, Fl = m->Fl;
+    int B = m->last_B, T = m->last_T, C = m->cfg.dim;
     size_t R = (size_t)B * T;
     rep_pack pk = {.n = 0};
     if (hi == m->cfg.layers) {
@@ -134,33 +114,8 @@ loom_status loom_gpt_stage_backward(loom_gpt *m, int lo, int hi)
         LOOM_TRY(gpt_rep_flush(m, &pk));
     }
     for (int l = hi - 1; l >= lo; l--) {
-        layer_params *w = &m->p.layer[l], *g = &m->g.layer[l];
-        layer_acts *a = &m->acts[l];
         const float *residual = l == lo ? m->encoded : m->acts[l - 1].res3;
-        rep_args pb = {.dout = m->dres};
-        gpt_replicated_grads(m, &pk, 1, &pb, NULL, g->fcprojb, R);
-        LOOM_TRY(B_LEAVE(LOOM_REGION_MLP, l, m->dres, m->dres_full, R, C));
-        k->matmul_backward(m->dbuf_4a, g->fcprojw, NULL, m->dres_full, a->fch_gelu, w->fcprojw,
-                           B, T, Fl, C);
-        k->gelu_backward(m->dbuf_4b, a->fch, m->dbuf_4a, R * Fl);
-        LOOM_TRY(gpt_column_parallel_backward(m, LOOM_REGION_MLP, l, g->fcw, g->fcb, m->dbuf_4b,
-                                              a->ln2_full, w->fcw, B, T, Fl, 1));
-        rep_args ln2 = {m->dtmp, m->dsummed, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd};
-        gpt_replicated_grads(m, &pk, 0, &ln2, g->ln2w, g->ln2b, R);
-        k->accumulate(m->dres, m->dtmp, R * C);
-        rep_args ab = {.dout = m->dres};
-        gpt_replicated_grads(m, &pk, 1, &ab, NULL, g->attprojb, R);
-        LOOM_TRY(B_LEAVE(LOOM_REGION_ATTENTION, l, m->dres, m->dres_full, R, C));
-        float *datty = m->dpartial;
-        k->matmul_backward(datty, g->attprojw, NULL, m->dres_full, a->atty, w->attprojw, B, T,
-                           Cl, C);
-        k->attention_backward(m->dbuf_4a, m->datt_scratch, datty, a->qkv, a->att, B, T, Cl,
-                              m->NHl);
-        LOOM_TRY(gpt_column_parallel_backward(m, LOOM_REGION_ATTENTION, l, g->qkvw, g->qkvb,
-                                              m->dbuf_4a, a->ln1_full, w->qkvw, B, T, 3 * Cl, 3));
-        rep_args ln1 = {m->dtmp, m->dsummed, residual, w->ln1w, a->ln1_mean, a->ln1_rstd};
-        gpt_replicated_grads(m, &pk, 0, &ln1, g->ln1w, g->ln1b, R);
-        k->accumulate(m->dres, m->dtmp, R * C);
+        LOOM_TRY(gpt_block_backward(m, l, residual, &pk, B, T, R));
         LOOM_TRY(gpt_rep_flush(m, &pk));
     }
     if (lo == 0) {

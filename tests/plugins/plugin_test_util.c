@@ -2,6 +2,8 @@
  * return value and the caller asserts. */
 #include "plugin_test_util.h"
 
+#include <dirent.h>
+
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -135,6 +137,34 @@ int test_build_plugin_dirs(char dirs[][1024], int cap)
         if (colon == NULL)
             break;
         p = colon + 1;
+    }
+    return n;
+}
+
+int test_each_built_plugin(const char *prefix, void (*visit)(const char *path, void *ctx),
+                           void *ctx)
+{
+    char dirs[32][1024];
+    int nd = test_build_plugin_dirs(dirs, 32), n = 0;
+    size_t plen = strlen(prefix);
+    for (int i = 0; i < nd; i++) {
+        DIR *d = opendir(dirs[i]);
+        if (d == NULL)
+            continue;
+        struct dirent *de;
+        while ((de = readdir(d)) != NULL) {
+            size_t len = strlen(de->d_name);
+            if (strncmp(de->d_name, prefix, plen) != 0 || len < plen + 3 ||
+                strcmp(de->d_name + len - 3, ".so") != 0)
+                continue;
+            char path[2048];
+            int w = snprintf(path, sizeof path, "%s/%s", dirs[i], de->d_name);
+            if (w < 0 || (size_t)w >= sizeof path)
+                continue;
+            visit(path, ctx);
+            n++;
+        }
+        closedir(d);
     }
     return n;
 }

@@ -34,6 +34,11 @@ const char *test_build_plugin_path(const char *kind, const char *name);
 
 /* Split LOOM_TEST_BUILD_PLUGIN_DIRS; returns how many (fills at most cap). */
 int test_build_plugin_dirs(char dirs[][1024], int cap);
+/* Call visit(path, ctx) for every built plugin file whose name starts with prefix
+ * ("loom-" for all, "loom-sched-" for one kind) and ends in ".so", in the build dirs'
+ * order. Returns how many were visited. */
+int test_each_built_plugin(const char *prefix, void (*visit)(const char *path, void *ctx),
+                           void *ctx);
 
 /* Copy a file (the tests put plugin copies in temporary dirs). 0 on success. */
 int test_copy_file(const char *from, const char *to);

@@ -7,7 +7,6 @@
  * test over them, so a failure names the plugin.
  */
 #include <check.h>
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,39 +23,26 @@ static const loom_plugin *all[MAX_PLUGINS], *optims[MAX_PLUGINS], *precisions[MA
 static int n_all, n_optim, n_precision;
 static char refused[4096]; /* built plugins the loader rejected: a contract failure */
 
+static void take(const char *path, void *ctx)
+{
+    (void)ctx;
+    const loom_plugin *p = NULL;
+    if (loom_plugin_open(path, &p) != LOOM_OK) {
+        size_t used = strlen(refused);
+        snprintf(refused + used, sizeof refused - used, "%s\n", loom_last_error());
+        return;
+    }
+    if (n_all < MAX_PLUGINS)
+        all[n_all++] = p;
+    if (p->desc->kind == LOOM_KIND_OPTIM && n_optim < MAX_PLUGINS)
+        optims[n_optim++] = p;
+    if (p->desc->kind == LOOM_KIND_PRECISION && n_precision < MAX_PLUGINS)
+        precisions[n_precision++] = p;
+}
+
 static void collect(void)
 {
-    char dirs[32][1024];
-    int nd = test_build_plugin_dirs(dirs, 32);
-    for (int i = 0; i < nd; i++) {
-        DIR *d = opendir(dirs[i]);
-        if (d == NULL)
-            continue;
-        struct dirent *de;
-        while ((de = readdir(d)) != NULL) {
-            size_t len = strlen(de->d_name);
-            if (strncmp(de->d_name, "loom-", 5) != 0 || len < 8 ||
-                strcmp(de->d_name + len - 3, ".so") != 0)
-                continue;
-            char path[2048];
-            int w = snprintf(path, sizeof path, "%s/%s", dirs[i], de->d_name);
-            if (w < 0 || (size_t)w >= sizeof path)
-                continue;
-            const loom_plugin *p = NULL;
-            if (loom_plugin_open(path, &p) != LOOM_OK) {
-                size_t used = strlen(refused);
-                snprintf(refused + used, sizeof refused - used, "%s\n", loom_last_error());
-                continue;
-            }
-            if (n_all < MAX_PLUGINS)
-                all[n_all++] = p;
-            if (p->desc->kind == LOOM_KIND_OPTIM && n_optim < MAX_PLUGINS)
-                optims[n_optim++] = p;
-            if (p->desc->kind == LOOM_KIND_PRECISION && n_precision < MAX_PLUGINS)
-                precisions[n_precision++] = p;
-        }
-        closedir(d);
-    }
+    test_each_built_plugin("loom-", take, NULL);
 }
 
 static int has(const loom_plugin *const *list, int n, const char *name)

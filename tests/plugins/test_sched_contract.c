@@ -10,7 +10,6 @@
  *  - for a shape check() refuses, build() refuses too.
  */
 #include <check.h>
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,30 +23,17 @@ enum { MAX_PLUGINS = 16 };
 static const loom_plugin *scheds[MAX_PLUGINS];
 static int n_sched;
 
+static void take(const char *path, void *ctx)
+{
+    (void)ctx;
+    const loom_plugin *p = NULL;
+    if (loom_plugin_open(path, &p) == LOOM_OK && n_sched < MAX_PLUGINS)
+        scheds[n_sched++] = p;
+}
+
 static void collect(void)
 {
-    char dirs[32][1024];
-    int nd = test_build_plugin_dirs(dirs, 32);
-    for (int i = 0; i < nd; i++) {
-        DIR *d = opendir(dirs[i]);
-        if (d == NULL)
-            continue;
-        struct dirent *de;
-        while ((de = readdir(d)) != NULL) {
-            size_t len = strlen(de->d_name);
-            if (strncmp(de->d_name, "loom-sched-", 11) != 0 || len < 14 ||
-                strcmp(de->d_name + len - 3, ".so") != 0)
-                continue;
-            char path[2048];
-            int w = snprintf(path, sizeof path, "%s/%s", dirs[i], de->d_name);
-            if (w < 0 || (size_t)w >= sizeof path)
-                continue;
-            const loom_plugin *p = NULL;
-            if (loom_plugin_open(path, &p) == LOOM_OK && n_sched < MAX_PLUGINS)
-                scheds[n_sched++] = p;
-        }
-        closedir(d);
-    }
+    test_each_built_plugin("loom-sched-", take, NULL);
 }
 
 static const loom_sched_ops *ops_of(int i) { return scheds[i]->desc->ops; }

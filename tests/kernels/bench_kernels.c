@@ -102,10 +102,11 @@ static void bench_config(const char *name, int BT, int C, int Vp, float *A, floa
     }
 }
 
-#define TIME(label, reps, stmt)                                                              \
+/* best_ = the fastest of `rounds` rounds of `reps` runs of stmt, in ms per run */
+#define BEST_MS(best_, rounds, reps, stmt)                                                   \
     do {                                                                                     \
-        double best_ = 1e30;                                                                 \
-        for (int round_ = 0; round_ < 3; round_++) {                                         \
+        best_ = 1e30;                                                                        \
+        for (int round_ = 0; round_ < (rounds); round_++) {                                  \
             double t0_ = omp_get_wtime();                                                    \
             for (int r_ = 0; r_ < (reps); r_++) {                                            \
                 stmt;                                                                        \
@@ -113,21 +114,20 @@ static void bench_config(const char *name, int BT, int C, int Vp, float *A, floa
             double ms_ = (omp_get_wtime() - t0_) * 1e3 / (reps);                             \
             best_ = ms_ < best_ ? ms_ : best_;                                               \
         }                                                                                    \
+    } while (0)
+
+#define TIME(label, reps, stmt)                                                              \
+    do {                                                                                     \
+        double best_;                                                                        \
+        BEST_MS(best_, 3, reps, stmt);                                                       \
         printf("%-44s %8.3f ms\n", label, best_);                                            \
     } while (0)
 
-/* TIME, and ns per element of n elements */
+/* TIME over 7 rounds, and ns per element of n elements */
 #define TIME_PER(label, reps, n, stmt)                                                       \
     do {                                                                                     \
-        double best_ = 1e30;                                                                 \
-        for (int round_ = 0; round_ < 7; round_++) {                                         \
-            double t0_ = omp_get_wtime();                                                    \
-            for (int r_ = 0; r_ < (reps); r_++) {                                            \
-                stmt;                                                                        \
-            }                                                                                \
-            double ms_ = (omp_get_wtime() - t0_) * 1e3 / (reps);                             \
-            best_ = ms_ < best_ ? ms_ : best_;                                               \
-        }                                                                                    \
+        double best_;                                                                        \
+        BEST_MS(best_, 7, reps, stmt);                                                       \
         printf("%-44s %8.3f ms  %6.3f ns/element\n", label, best_, best_ * 1e6 / (double)(n)); \
     } while (0)
 

@@ -58,6 +58,9 @@ const unsigned char *loom_pipeline_stage_layers(const loom_pipeline *pl);
 int loom_pipeline_slots(const loom_pipeline *pl);
 int loom_pipeline_stage(const loom_pipeline *pl);
 int loom_pipeline_stages(const loom_pipeline *pl);
+/* The block split: virtual stage k (chunk c of rank r is k = c * stages + r) holds blocks
+ * [first[k], first[k+1]); *n_virtual = stages * chunks. */
+const int *loom_pipeline_split(const loom_pipeline *pl, int *n_virtual);
 
 /* One step's forward and backward over `microbatches` micro-batches: tokens and targets
  * hold them one after another (B*T each, host). loss[mb] gets each micro-batch's loss sum

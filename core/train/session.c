@@ -486,6 +486,12 @@ int loom_session_pipeline_stages(const loom_session *s)
     return s->pipe ? loom_pipeline_stages(s->pipe) : 1;
 }
 
+const int *loom_session_pipeline_split(const loom_session *s, int *n_virtual)
+{
+    *n_virtual = 0;
+    return s->pipe ? loom_pipeline_split(s->pipe, n_virtual) : NULL;
+}
+
 const char *loom_session_backend_description(loom_session *s)
 {
     return s->backend.ops->describe(s->backend.self);

@@ -110,6 +110,8 @@ const char *loom_session_backend_description(loom_session *s);
 int64_t loom_session_steps_taken(const loom_session *s);
 /* Pipeline stages of the run (1 without pipeline parallelism). */
 int loom_session_pipeline_stages(const loom_session *s);
+/* The pipeline's block split (loom_pipeline_split); NULL and *n_virtual = 0 without one. */
+const int *loom_session_pipeline_split(const loom_session *s, int *n_virtual);
 /* The optimizer state buffer (state_per_param * params total floats) and its slots. */
 float *loom_session_optim_state(loom_session *s, uint32_t *slots_per_param);
 

@@ -176,8 +176,6 @@ local function check_pp(t, where, origin)
     "deterministic=\"canonical\" runs one chunk per stage: use schedule = \"1f1b\" or \"gpipe\"")
   refuse(t.tp_sequence_parallel and (mesh.tp or 1) > 1, "tp_sequence_parallel does not combine with "
     .. "pipeline stages yet (the residual stream between stages is whole): leave it out")
-  refuse(t.checkpoint ~= nil or t.resume ~= nil, "checkpoints are not saved or resumed under pipeline "
-    .. "parallelism yet: leave out checkpoint and resume (or train with pp = 1)")
   refuse(t.model.init ~= nil, "loom.gpt{init=...} does not load into pipeline stages yet: leave init out")
   refuse(t.sample ~= nil, "sampling does not run under pipeline parallelism yet: leave out sample")
   local name = t.schedule or "1f1b"

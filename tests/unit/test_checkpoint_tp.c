@@ -216,10 +216,12 @@ static void *rank_main(void *p)
         h.t.entries[1].slice_len[0] = -1;
     fcomm cw, cd, ct;
     loom_ckpt_groups g;
+    memset(&g, 0, sizeof g); /* no pp group */
     group_of(&g.world, a->world, a->dp_rank * a->tp + a->tp_rank, &cw);
     group_of(&g.dp, a->dp_w, a->dp_rank, &cd);
     group_of(&g.tp, a->tp_w, a->tp_rank, &ct);
-    loom_ckpt_source src = {&h.t, h.params, h.state, SLOTS, "adamw", {V, V, 16, 1, 2, C}, {a->step, {0}, 0}};
+    loom_ckpt_source src = {&h.t, h.params, h.state, SLOTS, "adamw", {V, V, 16, 1, 2, C},
+                            {a->step, {0}, 0}, NULL, NULL, 0};
     loom_checkpoint_extra x;
     memset(&x, 0, sizeof x);
     x.step = a->step;

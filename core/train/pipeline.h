@@ -78,7 +78,8 @@ loom_status loom_pipeline_sum(loom_pipeline *pl, double *v, int n);
 loom_status loom_pipeline_norm(loom_pipeline *pl, const double *slots, size_t n, double *norm_sq,
                                int *nonfinite);
 /* The loss sum of one batch through every stage's forward (no gradients); the same on
- * every rank of the pp group. */
+ * every rank of the pp group. targets NULL: the forward alone (sampling: the last stage
+ * keeps the logits in slot 0), sum 0. */
 loom_status loom_pipeline_eval(loom_pipeline *pl, loom_gpt *m, const int *tokens,
                                const int *targets, int B, int T, double *loss_sum);
 

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loom/plugin/comm.h"
 #include "loom/plugin/optim.h"
 #include "loom/plugin/precision.h"
 #include "loom/plugin/strategy.h"
@@ -380,12 +381,28 @@ static int draw_token(float *logits, int V, float temperature, int top_k, double
  * parallelism, which cannot decode, too), so every path does the same arithmetic and
  * canonical mode's samples stay equal across tp layouts (tests/e2e/tp.sh). Training's
  * setting is restored at the end. */
+/* Under pipeline parallelism: the last stage's bytes to every stage (its pp group). */
+static loom_status from_last_stage(loom_session *s, void *buf, size_t n)
+{
+    const struct loom_comm_ops *ops;
+    void *pp;
+    int size;
+    LOOM_TRY(loom_core_host()->group(LOOM_GROUP_PP, &ops, &pp, &size));
+    loom_comm_request *r = NULL;
+    LOOM_TRY(ops->broadcast_start(pp, buf, n, LOOM_DTYPE_U8, size - 1, &r));
+    return ops->wait(pp, r);
+}
+
 static loom_status generate(loom_session *s, const loom_sample_config *c, const int *prompt,
                             int n_prompt, int n_new, int *out)
 {
     const loom_gpt_config *mc = loom_gpt_get_config(s->model);
     const loom_backend_ops *k = s->backend.ops;
-    int cache = loom_gpt_can_decode(s->model) && !c->no_cache, mode = -1;
+    /* Under pp every token is a full forward through the stages (no cache: the stages
+     * would each keep theirs): the same bits as the cached path, by the row-stable mode
+     * below. The last stage draws; the token goes to every stage. */
+    int last = !s->pipe || loom_pipeline_stage(s->pipe) == loom_pipeline_stages(s->pipe) - 1;
+    int cache = !s->pipe && loom_gpt_can_decode(s->model) && !c->no_cache, mode = -1;
     memmove(out, prompt, (size_t)n_prompt * sizeof(int));
     uint64_t stream = loom_rng_stream("sample");
     loom_xxh64_state hash;
@@ -415,27 +432,36 @@ static loom_status generate(loom_session *s, const loom_sample_config *c, const 
             memcpy(s->tokens, out + len - T, (size_t)T * sizeof(int));
             for (int j = T; j < Tp; j++)
                 s->tokens[j] = 0;
-            LOOM_TRY(loom_gpt_forward(s->model, s->tokens, NULL, 1, Tp, 0.0f, NULL));
+            double no_loss;
+            if (s->pipe) /* no targets: logits on the last stage, no loss */
+                LOOM_TRY(loom_pipeline_eval(s->pipe, s->model, s->tokens, NULL, 1, Tp, &no_loss));
+            else
+                LOOM_TRY(loom_gpt_forward(s->model, s->tokens, NULL, 1, Tp, 0.0f, NULL));
         }
-        LOOM_TRY(loom_gpt_logits_row(s->model, (size_t)(T - 1), s->host_logits));
-        if (c->logits_hash)
-            loom_xxh64_update(&hash, s->host_logits, (size_t)mc->vocab * sizeof(float));
-        out[len] = draw_token(s->host_logits, mc->vocab, c->temperature, c->top_k,
-                              loom_rng_uniform(c->seed, stream, (uint64_t)i));
+        if (last) {
+            LOOM_TRY(loom_gpt_logits_row(s->model, (size_t)(T - 1), s->host_logits));
+            if (c->logits_hash)
+                loom_xxh64_update(&hash, s->host_logits, (size_t)mc->vocab * sizeof(float));
+            out[len] = draw_token(s->host_logits, mc->vocab, c->temperature, c->top_k,
+                                  loom_rng_uniform(c->seed, stream, (uint64_t)i));
+        }
+        if (s->pipe)
+            LOOM_TRY(from_last_stage(s, &out[len], sizeof out[len]));
         if (c->progress)
             LOOM_TRY(c->progress(c->progress_ctx, i + 1, n_new));
     }
-    if (c->logits_hash)
-        *c->logits_hash = loom_xxh64_digest(&hash);
+    if (c->logits_hash) {
+        uint64_t h = loom_xxh64_digest(&hash);
+        if (s->pipe)
+            LOOM_TRY(from_last_stage(s, &h, sizeof h));
+        *c->logits_hash = h;
+    }
     return LOOM_OK;
 }
 
 loom_status loom_session_generate(loom_session *s, const loom_sample_config *c, const int *prompt,
                                   int n_prompt, int n_new, int *out)
 {
-    if (s->pipe)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "sampling does not run under pipeline parallelism yet "
-                  "(pp=%d): sample from a pp = 1 run", loom_pipeline_stages(s->pipe));
     if (n_prompt < 1)
         LOOM_FAIL(LOOM_ERR_INVALID, "sampling needs a prompt of at least one token");
     if (n_new < 0)

@@ -176,7 +176,6 @@ local function check_pp(t, where, origin)
     "deterministic=\"canonical\" runs one chunk per stage: use schedule = \"1f1b\" or \"gpipe\"")
   refuse(t.tp_sequence_parallel and (mesh.tp or 1) > 1, "tp_sequence_parallel does not combine with "
     .. "pipeline stages yet (the residual stream between stages is whole): leave it out")
-  refuse(t.model.init ~= nil, "loom.gpt{init=...} does not load into pipeline stages yet: leave init out")
   local name = t.schedule or "1f1b"
   refuse(name == "zb1", "schedule=\"zb1\" splits backward into input- and weight-gradient passes, "
     .. "and this model's backward computes both in one pass, so it cannot train with zb1 yet "

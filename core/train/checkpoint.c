@@ -3,7 +3,7 @@
  *
  * What not: no validation of data checksums when finding (that is load's job: find only
  * checks that a checkpoint is complete); no recursive deletion — a checkpoint directory
- * holds plain files only (three, or 2 x tp + 1), and removal never descends into
+ * holds plain files only (three, or 2 x tp x pp + 1), and removal never descends into
  * subdirectories, so a wrong path can cost at most the plain files of one directory.
  * The collective part (loom_ckpt_save_source) exchanges small host buffers over the
  * mesh's communicators (a communicator that only takes device memory, nccl, cannot
@@ -501,6 +501,15 @@ typedef struct report {
     char msg[400];
 } report;
 
+/* Who wrote part `part` of a tp x pp layout, for messages. */
+static void writer_name(char *out, size_t len, int part, int tp, int pp)
+{
+    if (pp > 1)
+        snprintf(out, len, "stage %d tp rank %d", part / tp, part % tp);
+    else
+        snprintf(out, len, "tp rank %d", part);
+}
+
 static void report_status(report *r, loom_status st)
 {
     r->status = (int32_t)st;
@@ -527,10 +536,7 @@ static loom_status finish(const loom_ckpt_source *src, const char *dir, const ch
             f.name[sizeof f.name - 1] = '\0';
             char want[64], who[48];
             loom_ckpt_file_name(want, sizeof want, k ? "optim" : "model", r, tp, pp);
-            if (pp > 1)
-                snprintf(who, sizeof who, "stage %d tp rank %d", r / tp, r % tp);
-            else
-                snprintf(who, sizeof who, "tp rank %d", r);
+            writer_name(who, sizeof who, r, tp, pp);
             struct stat sb;
             if (strcmp(f.name, want) != 0)
                 st = loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': %s reports file '%s', '%s' "
@@ -667,10 +673,7 @@ loom_status loom_ckpt_save_source(const loom_ckpt_source *src, const loom_ckpt_g
             for (int r = 0; r < parts && st == LOOM_OK; r++)
                 if (all[r].status != LOOM_OK) {
                     char who[48];
-                    if (pp > 1)
-                        snprintf(who, sizeof who, "stage %d tp rank %d", r / tp, r % tp);
-                    else
-                        snprintf(who, sizeof who, "tp rank %d", r);
+                    writer_name(who, sizeof who, r, tp, pp);
                     all[r].msg[sizeof all[r].msg - 1] = '\0';
                     relayed = 1;
                     st = loom_fail((loom_status)all[r].status, "checkpoint '%s': %s could not "

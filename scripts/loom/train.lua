@@ -404,9 +404,10 @@ return function(loom)
         m:eval(step, r.val_loss)
       end
       if t.sample and t.sample.every and step % t.sample.every == 0 then
-        m:print(loom.sample { session = session, prompt = t.sample.prompt or "\n",
+        local text = loom.sample { session = session, prompt = t.sample.prompt or "\n",
           tokens = t.sample.tokens or 128, temperature = t.sample.temperature,
-          top_k = t.sample.top_k, seed = t.sample.seed, tokenizer = loom.tokenizer_dir(t.data) })
+          top_k = t.sample.top_k, seed = t.sample.seed, tokenizer = loom.tokenizer_dir(t.data) }
+        m:print(text) -- the text only (loom.sample's second result is the optional hash)
       end
       local stop = t.on_step and t.on_step(r) == false
       -- collective: every rank calls save (dp rank 0 of each tp rank writes its files)

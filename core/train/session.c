@@ -369,18 +369,6 @@ static int draw_token(float *logits, int V, float temperature, int top_k, double
     return 0;
 }
 
-/* The generation loop (session.h). The first token's logits come from a forward over the
- * prompt's window; with the cache every later one from loom_gpt_decode of the token just
- * drawn, until the sequence outgrows ctx: then the window slides, every position moves,
- * and each token is a full forward over the last ctx tokens (as without the cache).
- * While the window starts at 0 — the rows a decode reuses — the backend's products are
- * row-stable (set_deterministic mode 2: a row's bits do not depend on how many rows a
- * product has; a fast GEMM picks kernels by shape), so the one-row decode gives the full
- * forward's bits. Once it slides both paths run the same full forwards on the usual GEMM.
- * The mode depends only on the position, not on no_cache or the layout (sequence
- * parallelism, which cannot decode, too), so every path does the same arithmetic and
- * canonical mode's samples stay equal across tp layouts (tests/e2e/tp.sh). Training's
- * setting is restored at the end. */
 /* Under pipeline parallelism: the last stage's bytes to every stage (its pp group). */
 static loom_status from_last_stage(loom_session *s, void *buf, size_t n)
 {
@@ -393,6 +381,18 @@ static loom_status from_last_stage(loom_session *s, void *buf, size_t n)
     return ops->wait(pp, r);
 }
 
+/* The generation loop (session.h). The first token's logits come from a forward over the
+ * prompt's window; with the cache every later one from loom_gpt_decode of the token just
+ * drawn, until the sequence outgrows ctx: then the window slides, every position moves,
+ * and each token is a full forward over the last ctx tokens (as without the cache).
+ * While the window starts at 0 — the rows a decode reuses — the backend's products are
+ * row-stable (set_deterministic mode 2: a row's bits do not depend on how many rows a
+ * product has; a fast GEMM picks kernels by shape), so the one-row decode gives the full
+ * forward's bits. Once it slides both paths run the same full forwards on the usual GEMM.
+ * The mode depends only on the position, not on no_cache or the layout (sequence
+ * parallelism, which cannot decode, too), so every path does the same arithmetic and
+ * canonical mode's samples stay equal across tp layouts (tests/e2e/tp.sh). Training's
+ * setting is restored at the end. */
 static loom_status generate(loom_session *s, const loom_sample_config *c, const int *prompt,
                             int n_prompt, int n_new, int *out)
 {

@@ -370,7 +370,7 @@ static int draw_token(float *logits, int V, float temperature, int top_k, double
 }
 
 /* Under pipeline parallelism: the last stage's bytes to every stage (its pp group). */
-static loom_status from_last_stage(loom_session *s, void *buf, size_t n)
+static loom_status from_last_stage(void *buf, size_t n)
 {
     const struct loom_comm_ops *ops;
     void *pp;
@@ -446,14 +446,14 @@ static loom_status generate(loom_session *s, const loom_sample_config *c, const 
                                   loom_rng_uniform(c->seed, stream, (uint64_t)i));
         }
         if (s->pipe)
-            LOOM_TRY(from_last_stage(s, &out[len], sizeof out[len]));
+            LOOM_TRY(from_last_stage(&out[len], sizeof out[len]));
         if (c->progress)
             LOOM_TRY(c->progress(c->progress_ctx, i + 1, n_new));
     }
     if (c->logits_hash) {
         uint64_t h = loom_xxh64_digest(&hash);
         if (s->pipe)
-            LOOM_TRY(from_last_stage(s, &h, sizeof h));
+            LOOM_TRY(from_last_stage(&h, sizeof h));
         *c->logits_hash = h;
     }
     return LOOM_OK;

@@ -2,7 +2,8 @@
 # pp_ckpt.sh LOOM — checkpoints, sampling and loom.gpt{init=} under pipeline parallelism
 # (loom launch, shm), on pp.sh's small model (4 blocks, 4 heads), 6 steps with a save at 3:
 #  - the same layout resumes bitwise (losses and gradient norms of steps 4-6 equal the
-#    uninterrupted run's): pp=2 with 1f1b and with interleaved, pp=2 x dp=2;
+#    uninterrupted run's; resume=auto finds the checkpoint): pp=2 with 1f1b and with
+#    interleaved, pp=2 x dp=2; canonical mode also into another pp_layers split;
 #  - a pp=2 checkpoint resumes at pp=1 and pp=4, and a tp=2 x pp=2 one at tp=1 x pp=4,
 #    within 2e-5 of one rank's losses (fast mode) and bitwise in canonical mode;
 #  - the checkpoint: one file pair per stage, the tied wte only in stage 0's, the
@@ -30,10 +31,11 @@ save3() { # dir ranks args...: train 3 steps, save; prints the checkpoint's path
   run "$@" steps=3 checkpoint.dir="$dir" > /dev/null
   echo "$dir/step_00000003"
 }
-resume() { # ckpt ranks args...: steps 4-6 after resuming from ckpt
-  local ck=$1; shift
-  run "$@" resume="$ck" > "$tmp/out"
-  grep -q "resumed from $ck at step 3" "$tmp/out" || { echo "did not resume from $ck"; cat "$tmp/out"; exit 1; }
+resume() { # ckpt ranks args...: steps 4-6 after resuming from ckpt (a directory of
+  local ck=$1 how; shift  # checkpoints: resume=auto, which finds its step 3)
+  if [ -f "$ck/manifest.json" ]; then how="resume=$ck"; else how="checkpoint.dir=$ck resume=auto"; fi
+  run "$@" $how > "$tmp/out"
+  grep -q "resumed from $ck.* at step 3" "$tmp/out" || { echo "did not resume from $ck"; cat "$tmp/out"; exit 1; }
   keep < "$tmp/out"
 }
 tail3() { awk '$2 > 3' "$1"; }
@@ -60,8 +62,8 @@ close() { # name want got
 for layout in "2 mesh.pp=2 schedule=1f1b microbatches=4" "2 mesh.pp=2 schedule=interleaved microbatches=4" \
               "4 mesh.pp=2 mesh.dp=2 microbatches=2"; do
   run $layout | keep > "$tmp/full"; tail3 "$tmp/full" > "$tmp/want"
-  ck=$(save3 "$tmp/same" $layout)
-  resume "$ck" $layout > "$tmp/got"
+  save3 "$tmp/same" $layout > /dev/null
+  resume "$tmp/same" $layout > "$tmp/got"   # resume=auto: finding a pp checkpoint
   bitwise "${layout#* } save + resume" "$tmp/want" "$tmp/got"
   rm -rf "$tmp/same"
 done
@@ -91,6 +93,8 @@ canon="deterministic=canonical"
 run 1 $canon batch.global=16 | keep > "$tmp/c1"; tail3 "$tmp/c1" > "$tmp/c13"
 cc2=$(save3 "$tmp/cpp2" 2 $canon mesh.pp=2 microbatches=4)
 resume "$cc2" 1 $canon batch.global=16 > "$tmp/got"; bitwise "canonical pp=2 checkpoint resumed at pp=1" "$tmp/c13" "$tmp/got"
+resume "$cc2" 2 $canon mesh.pp=2 'pp_layers={1,3}' microbatches=4 > "$tmp/got"
+bitwise "canonical pp=2 checkpoint (2 + 2 blocks) resumed at pp_layers={1,3}" "$tmp/c13" "$tmp/got"
 resume "$cc2" 4 $canon mesh.pp=4 schedule=gpipe microbatches=4 > "$tmp/got"
 bitwise "canonical pp=2 checkpoint resumed at pp=4 (gpipe)" "$tmp/c13" "$tmp/got"
 cc22=$(save3 "$tmp/ctp2pp2" 4 $canon mesh.tp=2 mesh.pp=2 microbatches=4)

@@ -9,7 +9,8 @@
 #  - the checkpoint: one file pair per stage, the tied wte only in stage 0's, the
 #    manifest recording pp and the split; a damaged stage file is refused by name;
 #  - sampling: a pp=2 run's sample and logits hash equal those of pp=1 and pp=4 sessions
-#    loading its checkpoint, and canonical same-seed runs at pp=1 and pp=2 sample alike;
+#    loading its checkpoint, and canonical same-seed runs at pp=1, pp=2 and pp=2 x tp=2
+#    sample alike;
 #  - loom.gpt{init=}: the llm.c file exported from a pp=2 checkpoint loads into pp=2 and
 #    pp=4 stages, canonical losses bitwise one rank's.
 set -euo pipefail
@@ -128,7 +129,9 @@ echo "ok 40-token sample: pp=2, and pp=1 and pp=4 from its checkpoint, the same 
 "$loom" launch -n 2 "$srec" $sm mesh.pp=2 microbatches=4 deterministic=canonical | grep -E '^(SAMPLE|HASH)' > "$tmp/se"
 [ "$(wc -l < "$tmp/sd")" -eq 2 ] || { echo "no canonical sample at pp=1"; exit 1; }
 cmp -s "$tmp/sd" "$tmp/se" || { echo "canonical same-seed samples differ at pp=2"; paste "$tmp/sd" "$tmp/se"; exit 1; }
-echo "ok canonical same-seed runs at pp=1 and pp=2: the same sample and logits"
+"$loom" launch -n 4 "$srec" $sm mesh.pp=2 mesh.tp=2 microbatches=4 deterministic=canonical | grep -E '^(SAMPLE|HASH)' > "$tmp/se"
+cmp -s "$tmp/sd" "$tmp/se" || { echo "canonical same-seed samples differ at pp=2 x tp=2"; paste "$tmp/sd" "$tmp/se"; exit 1; }
+echo "ok canonical same-seed runs at pp=1, pp=2 and pp=2 x tp=2: the same sample and logits"
 
 # loom.gpt{init=}: an llm.c file exported from the pp=2 checkpoint, loaded into stages.
 "$loom" export --llmc "$ck2" "$tmp/m.bin" > /dev/null

@@ -23,6 +23,10 @@
 
 #define MAX_PENDING 4
 
+/* What a (micro-batch, chunk) has done of its backward: its slot is freed once it has its
+ * weight gradients (BWD or W) and has sent its input gradient (or has none to send). */
+enum { DONE_WEIGHTS = 1, DONE_SENT = 2, DONE_SPLIT = 4 /* B ran: the gradient is in grad_out */ };
+
 typedef struct slot {
     int busy;                       /* holds a (micro-batch, chunk) */
     loom_comm_request *req[MAX_PENDING];
@@ -40,6 +44,8 @@ struct loom_pipeline {
     slot *slots;
     int n_slots;
     int *slot_of;                   /* [microbatches * chunks] */
+    unsigned char *done;            /* [microbatches * chunks]: DONE_* of this step */
+    int split;                      /* the list has BWD_INPUT / BWD_WEIGHT */
     float *tmp;                     /* the tied wte exchange */
     size_t tmp_n;
     int canonical;
@@ -153,34 +159,31 @@ loom_status loom_pipeline_create(const loom_pipeline_config *cfg, loom_pipeline 
         st = loom_schedule_simulate(sch, NULL, &sim); /* validates, then refuses a deadlock */
     if (st == LOOM_OK)
         st = check_fifo(sch);
-    if (st == LOOM_OK) {
-        for (size_t i = 0; i < sch->n[pl->stage]; i++) {
-            loom_sched_op op = sch->list[pl->stage][i].op;
-            if (op == LOOM_SCHED_BWD_INPUT || op == LOOM_SCHED_BWD_WEIGHT) {
-                st = loom_fail(LOOM_ERR_UNSUPPORTED, "schedule \"%s\" splits backward into input- "
-                               "and weight-gradient passes (B and W), and this model's backward "
-                               "computes both in one pass: it cannot train with it yet (use "
-                               "\"1f1b\", which has the same bubble without the split, or "
-                               "\"gpipe\" or \"interleaved\")", cfg->sched->name);
-                break;
-            }
-        }
-    }
+    for (size_t i = 0; st == LOOM_OK && i < sch->n[pl->stage]; i++)
+        pl->split |= sch->list[pl->stage][i].op == LOOM_SCHED_BWD_INPUT;
     pl->canonical = cfg->canonical;
     if (st == LOOM_OK && pl->canonical && pl->chunks > 1)
         st = loom_fail(LOOM_ERR_UNSUPPORTED, "deterministic = \"canonical\" under pipeline "
                        "parallelism runs one chunk per stage (schedule \"%s\" has %d): use \"1f1b\" "
                        "or \"gpipe\"", cfg->sched->name, pl->chunks);
+    /* Canonical: micro-batch gradients join the tree in order (at each BWD or W), and the
+     * tied wte's head halves travel in the order of the B's (or BWD's) */
     for (int r = 0; st == LOOM_OK && pl->canonical && r < pl->stages; r++) {
-        int want = 0;
-        for (size_t i = 0; i < sch->n[r]; i++)
-            if (sch->list[r][i].op == LOOM_SCHED_BWD && sch->list[r][i].microbatch != want++) {
+        int want_b = 0, want_w = 0;
+        for (size_t i = 0; st == LOOM_OK && i < sch->n[r]; i++) {
+            loom_sched_instr in = sch->list[r][i];
+            int b = in.op == LOOM_SCHED_BWD || in.op == LOOM_SCHED_BWD_INPUT;
+            int w = in.op == LOOM_SCHED_BWD || in.op == LOOM_SCHED_BWD_WEIGHT;
+            int *want = w ? &want_w : &want_b;
+            if ((b || w) && in.microbatch != *want)
                 st = loom_fail(LOOM_ERR_UNSUPPORTED, "deterministic = \"canonical\": schedule \"%s\" "
-                               "backwards micro-batch %d before %d on stage %d, and canonical mode "
-                               "sums micro-batch gradients in micro-batch order (use \"1f1b\" or "
-                               "\"gpipe\")", cfg->sched->name, sch->list[r][i].microbatch, want - 1, r);
-                break;
-            }
+                               "runs %s of micro-batch %d before micro-batch %d's on stage %d, and "
+                               "canonical mode sums micro-batch gradients in micro-batch order (use "
+                               "\"1f1b\", \"gpipe\" or \"zb1\")", cfg->sched->name,
+                               loom_sched_op_name(in.op), in.microbatch, *want, r);
+            want_b += b;
+            want_w += w;
+        }
     }
     if (st == LOOM_OK) {
         pl->n = sch->n[pl->stage];
@@ -189,7 +192,8 @@ loom_status loom_pipeline_create(const loom_pipeline_config *cfg, loom_pipeline 
         pl->slots = calloc((size_t)pl->n_slots, sizeof *pl->slots);
         pl->slot_of = malloc((size_t)pl->microbatches * pl->chunks * sizeof(int));
         pl->own = calloc((size_t)pl->layers, 1);
-        if (!pl->list || !pl->slots || !pl->slot_of || !pl->own)
+        pl->done = malloc((size_t)pl->microbatches * pl->chunks);
+        if (!pl->list || !pl->slots || !pl->slot_of || !pl->own || !pl->done)
             st = loom_fail(LOOM_ERR_NOMEM, "out of memory");
     }
     if (st == LOOM_OK) {
@@ -219,6 +223,7 @@ void loom_pipeline_destroy(loom_pipeline *pl)
     free(pl->list);
     free(pl->slots);
     free(pl->slot_of);
+    free(pl->done);
     free(pl->tmp);
     for (int i = 0; pl->head && i < pl->n_slots; i++)
         free(pl->head[i]);
@@ -230,6 +235,7 @@ const unsigned char *loom_pipeline_stage_layers(const loom_pipeline *pl) { retur
 int loom_pipeline_slots(const loom_pipeline *pl) { return pl->n_slots; }
 int loom_pipeline_stage(const loom_pipeline *pl) { return pl->stage; }
 int loom_pipeline_stages(const loom_pipeline *pl) { return pl->stages; }
+int loom_pipeline_split_backward(const loom_pipeline *pl) { return pl->split; }
 
 /* --- the step ------------------------------------------------------------------------ */
 
@@ -293,10 +299,14 @@ static loom_status post(loom_pipeline *pl, slot *s, loom_comm_request *r)
     return LOOM_OK;
 }
 
-static void release(loom_pipeline *pl, int key)
+/* Mark what key has done; free its slot when it needs the activations no more. */
+static void mark(loom_pipeline *pl, int key, int what)
 {
-    pl->slots[pl->slot_of[key]].busy = 0;
-    pl->slot_of[key] = -1;
+    pl->done[key] |= (unsigned char)what;
+    if ((pl->done[key] & (DONE_WEIGHTS | DONE_SENT)) == (DONE_WEIGHTS | DONE_SENT)) {
+        pl->slots[pl->slot_of[key]].busy = 0;
+        pl->slot_of[key] = -1;
+    }
 }
 
 loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
@@ -312,6 +322,7 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
     size_t R = (size_t)B * T, count = R * (size_t)loom_gpt_get_config(m)->dim;
     for (int i = 0; i < pl->microbatches * pl->chunks; i++)
         pl->slot_of[i] = -1;
+    memset(pl->done, 0, (size_t)pl->microbatches * pl->chunks);
     for (int mb = 0; mb < pl->microbatches; mb++)
         loss[mb] = 0.0;
     int inflight = 0;
@@ -378,15 +389,43 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
             if (hooks && hooks->after_bwd)
                 LOOM_TRY(hooks->after_bwd(hooks->ctx, in->microbatch));
             inflight--;
-            if (vs == 0)
-                release(pl, key); /* nothing to send back */
+            mark(pl, key, DONE_WEIGHTS | (vs == 0 ? DONE_SENT : 0)); /* vs 0: nothing to send */
+            break;
+        case LOOM_SCHED_BWD_INPUT: /* B: the input gradient; the slot keeps what W needs */
+            LOOM_TRY(held(pl, in, &s));
+            loom_gpt_stage_select(m, s);
+            if (tied && pl->stage != 0) /* the last stage: this micro-batch's head half */
+                LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
+            LOOM_TRY(loom_gpt_stage_backward_input(m, lo, hi, tied && pl->stage != 0 ? hb : NULL));
+            if (tied && pl->stage != 0) { /* sent in B's order, as stage 0 receives them */
+                LOOM_TRY(ops->send_start(pl->pp, hb, hn, LOOM_DTYPE_F32, 0, &r));
+                LOOM_TRY(post(pl, &pl->slots[s], r));
+            }
+            mark(pl, key, DONE_SPLIT | (vs == 0 ? DONE_SENT : 0));
+            break;
+        case LOOM_SCHED_BWD_WEIGHT: /* W: the weight gradients, from what B kept */
+            LOOM_TRY(held(pl, in, &s));
+            loom_gpt_stage_select(m, s);
+            if (hooks && hooks->before_bwd)
+                LOOM_TRY(hooks->before_bwd(hooks->ctx, in->microbatch));
+            LOOM_TRY(loom_gpt_stage_backward_weight(m, lo, hi, tied && pl->stage != 0));
+            if (tied && pl->stage == 0) { /* emb + head: one rank's one add */
+                LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
+                for (size_t j = 0; j < hn; j++)
+                    gw[j] += hb[j];
+            }
+            if (hooks && hooks->after_bwd)
+                LOOM_TRY(hooks->after_bwd(hooks->ctx, in->microbatch));
+            inflight--;
+            mark(pl, key, DONE_WEIGHTS);
             break;
         case LOOM_SCHED_SEND_GRAD:
             LOOM_TRY(held(pl, in, &s));
             loom_gpt_stage_select(m, s);
-            LOOM_TRY(ops->send_start(pl->pp, loom_gpt_stage_grad(m), count, LOOM_DTYPE_F32, prev, &r));
+            LOOM_TRY(ops->send_start(pl->pp, pl->done[key] & DONE_SPLIT ? loom_gpt_stage_grad_out(m)
+                                     : loom_gpt_stage_grad(m), count, LOOM_DTYPE_F32, prev, &r));
             LOOM_TRY(post(pl, &pl->slots[s], r));
-            release(pl, key);
+            mark(pl, key, DONE_SENT);
             break;
         default:
             LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "pipeline: %s is not executed by this engine",

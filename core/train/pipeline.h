@@ -58,6 +58,8 @@ const unsigned char *loom_pipeline_stage_layers(const loom_pipeline *pl);
 int loom_pipeline_slots(const loom_pipeline *pl);
 int loom_pipeline_stage(const loom_pipeline *pl);
 int loom_pipeline_stages(const loom_pipeline *pl);
+/* 1 if this rank's list splits its backward (B, then W: loom_gpt_parallel.split_backward). */
+int loom_pipeline_split_backward(const loom_pipeline *pl);
 
 /* One step's forward and backward over `microbatches` micro-batches: tokens and targets
  * hold them one after another (B*T each, host). loss[mb] gets each micro-batch's loss sum

@@ -104,7 +104,7 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
     }
     s->cfg.backend = NULL; /* the caller's string; only needed while opening */
     loom_status st = loom_backend_open(cfg->backend ? cfg->backend : "cpu", cfg->threads, &s->backend);
-    loom_gpt_parallel par = {NULL, NULL, cfg->canonical, NULL, 0};
+    loom_gpt_parallel par = {NULL, NULL, cfg->canonical, NULL, 0, 0};
     int pp = 1;
     if (st == LOOM_OK) {
         const struct loom_comm_ops *pops;
@@ -122,6 +122,7 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
         if (st == LOOM_OK) {
             par.stage_layers = loom_pipeline_stage_layers(s->pipe);
             par.slots = loom_pipeline_slots(s->pipe);
+            par.split_backward = loom_pipeline_split_backward(s->pipe);
         }
     }
     if (st == LOOM_OK && cfg->tensor) {

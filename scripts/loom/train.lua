@@ -25,7 +25,7 @@ local spec = {
   comm = { type = "string", help = "communicator plugin for multi-rank runs (default \"shm\")" },
   comm_timeout = { type = "positive", help = "seconds any communication may wait before the run fails (default 60)" },
   strategy = { type = "table" },
-  schedule = { type = "string", help = "with mesh.pp > 1: the sched plugin, \"1f1b\" (default), \"gpipe\" or \"interleaved\"" },
+  schedule = { type = "string", help = "with mesh.pp > 1: the sched plugin, \"1f1b\" (default), \"gpipe\", \"interleaved\" or \"zb1\"" },
   microbatches = { type = "integer", min = 1, help = "with mesh.pp > 1: micro-batches per step through the pipeline" },
   pp_chunks = { type = "integer", min = 1, help = "with schedule = \"interleaved\": virtual stages per rank (default 2)" },
   pp_layers = { type = "table", help = "with mesh.pp > 1: blocks per stage (per virtual stage with interleaving), e.g. { 3, 5 }" },
@@ -181,9 +181,6 @@ local function check_pp(t, where, origin)
   refuse(t.model.init ~= nil, "loom.gpt{init=...} does not load into pipeline stages yet: leave init out")
   refuse(t.sample ~= nil, "sampling does not run under pipeline parallelism yet: leave out sample")
   local name = t.schedule or "1f1b"
-  refuse(name == "zb1", "schedule=\"zb1\" splits backward into input- and weight-gradient passes, "
-    .. "and this model's backward computes both in one pass, so it cannot train with zb1 yet "
-    .. "(use \"1f1b\", the same bubble without the split, \"gpipe\" or \"interleaved\")")
   local dp = mesh.dp or 1
   local b = t.batch
   local m = t.microbatches

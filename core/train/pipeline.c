@@ -86,54 +86,83 @@ static loom_status split_layers(loom_pipeline *pl, const loom_pipeline_config *c
     return LOOM_OK;
 }
 
-/* The transport has no tags: what rank a sends rank b, in a's list order, must be what b
- * receives from a, in b's list order. A message is (kind, micro-batch, receiving virtual
- * stage). */
-static loom_status check_fifo(const loom_schedule *s)
+/* One message of a step, as one stage's list sends or receives it. */
+typedef struct message {
+    int peer, key; /* key: (kind, micro-batch, receiving virtual stage) */
+} message;
+
+/* Stage a's messages in list order: sends (sending = 1) or receives. A message is an
+ * activation, a gradient, or (canonical: head) the tied wte's head half, which the last
+ * virtual stage sends after its backward (BWD or B) and virtual stage 0 receives just
+ * before its RECV_GRAD. */
+static size_t messages(const loom_schedule *s, int a, int sending, int head, message *out)
 {
     int P = s->stages, V = P * s->chunks;
+    size_t n = 0;
+#define KEY(kind, mb, to) ((((mb) * V + (to)) * 3) + (kind))
+    for (size_t i = 0; i < s->n[a]; i++) {
+        loom_sched_instr in = s->list[a][i];
+        int vs = in.chunk * P + a, mb = in.microbatch;
+        int bwd = in.op == LOOM_SCHED_BWD || in.op == LOOM_SCHED_BWD_INPUT;
+        if (sending) {
+            if (in.op == LOOM_SCHED_SEND_ACT && vs + 1 < V)
+                out[n++] = (message){(vs + 1) % P, KEY(0, mb, vs + 1)};
+            if (in.op == LOOM_SCHED_SEND_GRAD && vs > 0)
+                out[n++] = (message){(vs - 1) % P, KEY(1, mb, vs - 1)};
+            if (head && bwd && vs == V - 1)
+                out[n++] = (message){0, KEY(2, mb, 0)};
+        } else {
+            if (head && in.op == LOOM_SCHED_RECV_GRAD && vs == 0)
+                out[n++] = (message){P - 1, KEY(2, mb, 0)};
+            if (in.op == LOOM_SCHED_RECV_ACT && vs > 0)
+                out[n++] = (message){(vs - 1) % P, KEY(0, mb, vs)};
+            if (in.op == LOOM_SCHED_RECV_GRAD && vs + 1 < V)
+                out[n++] = (message){(vs + 1) % P, KEY(1, mb, vs)};
+        }
+    }
+#undef KEY
+    return n;
+}
+
+/* The transport has no tags: what rank a sends rank b, in a's list order, must be what b
+ * receives from a, in b's list order. */
+static loom_status check_fifo(const loom_schedule *s, int head)
+{
+    int P = s->stages;
+    size_t cap = 0;
     for (int a = 0; a < P; a++)
-        for (int b = 0; b < P; b++) {
+        cap = s->n[a] > cap ? s->n[a] : cap;
+    message *out = malloc((2 * cap + 1) * sizeof *out), *in = malloc((2 * cap + 1) * sizeof *in);
+    loom_status st = out && in ? LOOM_OK : loom_fail(LOOM_ERR_NOMEM, "out of memory");
+    for (int a = 0; st == LOOM_OK && a < P; a++) {
+        size_t ns = messages(s, a, 1, head, out);
+        for (int b = 0; st == LOOM_OK && b < P; b++) {
             if (a == b)
                 continue;
-            size_t i = 0, j = 0;
+            size_t nr = messages(s, b, 0, head, in), i = 0, j = 0;
             for (;;) {
-                int key_s = -1, key_r = -1;
-                for (; i < s->n[a]; i++) {
-                    loom_sched_instr in = s->list[a][i];
-                    int vs = in.chunk * P + a;
-                    if (in.op == LOOM_SCHED_SEND_ACT && vs + 1 < V && (vs + 1) % P == b) {
-                        key_s = (in.microbatch * V + vs + 1) * 2;
-                        break;
-                    }
-                    if (in.op == LOOM_SCHED_SEND_GRAD && vs > 0 && (vs - 1) % P == b) {
-                        key_s = (in.microbatch * V + vs - 1) * 2 + 1;
-                        break;
-                    }
+                while (i < ns && out[i].peer != b)
+                    i++;
+                while (j < nr && in[j].peer != a)
+                    j++;
+                int ks = i < ns ? out[i].key : -1, kr = j < nr ? in[j].key : -1;
+                if (ks != kr) {
+                    st = loom_fail(LOOM_ERR_UNSUPPORTED, "schedule: stage %d sends stage %d its "
+                                   "messages%s in another order than stage %d receives them; "
+                                   "send/recv between two ranks has no tags, so this engine needs "
+                                   "them in the same order", a, b, head ? " (with canonical "
+                                   "mode's tied wte halves)" : "", b);
+                    break;
                 }
-                for (; j < s->n[b]; j++) {
-                    loom_sched_instr in = s->list[b][j];
-                    int vs = in.chunk * P + b;
-                    if (in.op == LOOM_SCHED_RECV_ACT && vs > 0 && (vs - 1) % P == a) {
-                        key_r = (in.microbatch * V + vs) * 2;
-                        break;
-                    }
-                    if (in.op == LOOM_SCHED_RECV_GRAD && vs + 1 < V && (vs + 1) % P == a) {
-                        key_r = (in.microbatch * V + vs) * 2 + 1;
-                        break;
-                    }
-                }
-                if (key_s != key_r)
-                    LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "schedule: stage %d sends stage %d its messages "
-                              "in another order than stage %d receives them (instructions %zu and "
-                              "%zu); send/recv between two ranks has no tags, so this engine needs "
-                              "them in the same order", a, b, b, i, j);
-                if (key_s < 0)
+                if (ks < 0)
                     break;
                 i++, j++;
             }
         }
-    return LOOM_OK;
+    }
+    free(out);
+    free(in);
+    return st;
 }
 
 loom_status loom_pipeline_create(const loom_pipeline_config *cfg, loom_pipeline **out)
@@ -158,33 +187,34 @@ loom_status loom_pipeline_create(const loom_pipeline_config *cfg, loom_pipeline 
     if (st == LOOM_OK)
         st = loom_schedule_simulate(sch, NULL, &sim); /* validates, then refuses a deadlock */
     if (st == LOOM_OK)
-        st = check_fifo(sch);
+        st = check_fifo(sch, cfg->canonical);
     for (size_t i = 0; st == LOOM_OK && i < sch->n[pl->stage]; i++)
         pl->split |= sch->list[pl->stage][i].op == LOOM_SCHED_BWD_INPUT;
     pl->canonical = cfg->canonical;
-    if (st == LOOM_OK && pl->canonical && pl->chunks > 1)
-        st = loom_fail(LOOM_ERR_UNSUPPORTED, "deterministic = \"canonical\" under pipeline "
-                       "parallelism runs one chunk per stage (schedule \"%s\" has %d): use \"1f1b\" "
-                       "or \"gpipe\"", cfg->sched->name, pl->chunks);
-    /* Canonical: micro-batch gradients join the tree in order (at each BWD or W), and the
-     * tied wte's head halves travel in the order of the B's (or BWD's) */
+    /* Canonical: each chunk's micro-batch gradients join its trees in order (at each BWD or
+     * W), and the tied wte's head halves travel in the order of the B's (or BWD's) */
+    int *want = calloc(2 * (size_t)pl->chunks, sizeof(int));
+    if (st == LOOM_OK && !want)
+        st = loom_fail(LOOM_ERR_NOMEM, "out of memory");
     for (int r = 0; st == LOOM_OK && pl->canonical && r < pl->stages; r++) {
-        int want_b = 0, want_w = 0;
+        memset(want, 0, 2 * (size_t)pl->chunks * sizeof(int));
         for (size_t i = 0; st == LOOM_OK && i < sch->n[r]; i++) {
             loom_sched_instr in = sch->list[r][i];
             int b = in.op == LOOM_SCHED_BWD || in.op == LOOM_SCHED_BWD_INPUT;
             int w = in.op == LOOM_SCHED_BWD || in.op == LOOM_SCHED_BWD_WEIGHT;
-            int *want = w ? &want_w : &want_b;
-            if ((b || w) && in.microbatch != *want)
+            int *next = &want[2 * in.chunk + w];
+            if ((b || w) && in.microbatch != *next)
                 st = loom_fail(LOOM_ERR_UNSUPPORTED, "deterministic = \"canonical\": schedule \"%s\" "
-                               "runs %s of micro-batch %d before micro-batch %d's on stage %d, and "
-                               "canonical mode sums micro-batch gradients in micro-batch order (use "
-                               "\"1f1b\", \"gpipe\" or \"zb1\")", cfg->sched->name,
-                               loom_sched_op_name(in.op), in.microbatch, *want, r);
-            want_b += b;
-            want_w += w;
+                               "runs %s of micro-batch %d before micro-batch %d's on stage %d "
+                               "chunk %d, and canonical mode sums micro-batch gradients in "
+                               "micro-batch order (use \"1f1b\", \"gpipe\", \"interleaved\" or "
+                               "\"zb1\")", cfg->sched->name, loom_sched_op_name(in.op),
+                               in.microbatch, *next, r, in.chunk);
+            want[2 * in.chunk] += b;
+            want[2 * in.chunk + 1] += w;
         }
     }
+    free(want);
     if (st == LOOM_OK) {
         pl->n = sch->n[pl->stage];
         pl->list = malloc(pl->n * sizeof *pl->list);
@@ -236,6 +266,39 @@ int loom_pipeline_slots(const loom_pipeline *pl) { return pl->n_slots; }
 int loom_pipeline_stage(const loom_pipeline *pl) { return pl->stage; }
 int loom_pipeline_stages(const loom_pipeline *pl) { return pl->stages; }
 int loom_pipeline_split_backward(const loom_pipeline *pl) { return pl->split; }
+int loom_pipeline_chunks(const loom_pipeline *pl) { return pl->chunks; }
+
+/* The chunk that owns table entry e (see loom_pipeline_chunk_ranges). */
+static int entry_chunk(const loom_pipeline *pl, const loom_param_entry *e)
+{
+    if (e->layer < 0)
+        return pl->stage == 0 ? 0 : pl->chunks - 1;
+    for (int c = 0; c < pl->chunks; c++) {
+        int k = c * pl->stages + pl->stage;
+        if (e->layer >= pl->first[k] && e->layer < pl->first[k + 1])
+            return c;
+    }
+    return -1;
+}
+
+int loom_pipeline_chunk_ranges(const loom_pipeline *pl, const loom_param_table *t, int chunk,
+                               size_t off[4], size_t n[4])
+{
+    int count = 0;
+    for (int i = 0; i < t->count; i++) {
+        const loom_param_entry *e = &t->entries[i];
+        if (entry_chunk(pl, e) != chunk)
+            continue;
+        if (count && off[count - 1] + n[count - 1] == e->offset)
+            n[count - 1] += e->numel; /* entries follow each other in the buffer */
+        else if (count < 4) {
+            off[count] = e->offset;
+            n[count++] = e->numel;
+        } else
+            return -1;
+    }
+    return count;
+}
 
 /* --- the step ------------------------------------------------------------------------ */
 
@@ -313,7 +376,6 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
                               const int *targets, int B, int T, float dloss, double *loss,
                               const loom_pipeline_hooks *hooks, int *peak)
 {
-    int tied = pl->canonical && (pl->stage == 0 || pl->stage == pl->stages - 1);
     float *hb = NULL, *gw = NULL;
     size_t hn = 0;
     const loom_comm_ops *ops = pl->ops;
@@ -331,6 +393,9 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
         const loom_sched_instr *in = &pl->list[i];
         int key = in->microbatch * pl->chunks + in->chunk, vs = in->chunk * P + pl->stage, s = -1;
         int lo = pl->first[vs], hi = pl->first[vs + 1];
+        /* canonical: the tied wte's head half goes from the last virtual stage (the LM head)
+         * to virtual stage 0 (the embedding), one per micro-batch */
+        int head_in = pl->canonical && vs == 0, head_out = pl->canonical && vs == V - 1;
         size_t off = (size_t)in->microbatch * R;
         loom_comm_request *r = NULL;
         switch (in->op) {
@@ -361,7 +426,7 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
         case LOOM_SCHED_RECV_GRAD:
             LOOM_TRY(held(pl, in, &s));
             loom_gpt_stage_select(m, s);
-            if (tied) { /* stage 0: the LM head's half first (sent at the last stage's BWD) */
+            if (head_in) { /* stage 0: the LM head's half first (sent at the last stage's BWD) */
                 LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
                 LOOM_TRY(ops->recv_start(pl->pp, hb, hn, LOOM_DTYPE_F32, P - 1, &r));
                 LOOM_TRY(ops->wait(pl->pp, r));
@@ -373,11 +438,11 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
             LOOM_TRY(held(pl, in, &s));
             loom_gpt_stage_select(m, s);
             if (hooks && hooks->before_bwd)
-                LOOM_TRY(hooks->before_bwd(hooks->ctx, in->microbatch));
+                LOOM_TRY(hooks->before_bwd(hooks->ctx, in->microbatch, in->chunk));
             LOOM_TRY(loom_gpt_stage_backward(m, lo, hi));
-            if (tied) {
+            if (head_in || head_out) {
                 LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
-                if (pl->stage == 0) { /* emb + head: one rank's one add */
+                if (head_in) { /* emb + head: one rank's one add */
                     for (size_t j = 0; j < hn; j++)
                         gw[j] += hb[j];
                 } else {
@@ -387,17 +452,17 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
                 }
             }
             if (hooks && hooks->after_bwd)
-                LOOM_TRY(hooks->after_bwd(hooks->ctx, in->microbatch));
+                LOOM_TRY(hooks->after_bwd(hooks->ctx, in->microbatch, in->chunk));
             inflight--;
             mark(pl, key, DONE_WEIGHTS | (vs == 0 ? DONE_SENT : 0)); /* vs 0: nothing to send */
             break;
         case LOOM_SCHED_BWD_INPUT: /* B: the input gradient; the slot keeps what W needs */
             LOOM_TRY(held(pl, in, &s));
             loom_gpt_stage_select(m, s);
-            if (tied && pl->stage != 0) /* the last stage: this micro-batch's head half */
+            if (head_out) /* this micro-batch's head half, computed in B */
                 LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
-            LOOM_TRY(loom_gpt_stage_backward_input(m, lo, hi, tied && pl->stage != 0 ? hb : NULL));
-            if (tied && pl->stage != 0) { /* sent in B's order, as stage 0 receives them */
+            LOOM_TRY(loom_gpt_stage_backward_input(m, lo, hi, head_out ? hb : NULL));
+            if (head_out) { /* sent in B's order, as stage 0 receives them */
                 LOOM_TRY(ops->send_start(pl->pp, hb, hn, LOOM_DTYPE_F32, 0, &r));
                 LOOM_TRY(post(pl, &pl->slots[s], r));
             }
@@ -407,15 +472,15 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
             LOOM_TRY(held(pl, in, &s));
             loom_gpt_stage_select(m, s);
             if (hooks && hooks->before_bwd)
-                LOOM_TRY(hooks->before_bwd(hooks->ctx, in->microbatch));
-            LOOM_TRY(loom_gpt_stage_backward_weight(m, lo, hi, tied && pl->stage != 0));
-            if (tied && pl->stage == 0) { /* emb + head: one rank's one add */
+                LOOM_TRY(hooks->before_bwd(hooks->ctx, in->microbatch, in->chunk));
+            LOOM_TRY(loom_gpt_stage_backward_weight(m, lo, hi, head_out));
+            if (head_in) { /* emb + head: one rank's one add */
                 LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
                 for (size_t j = 0; j < hn; j++)
                     gw[j] += hb[j];
             }
             if (hooks && hooks->after_bwd)
-                LOOM_TRY(hooks->after_bwd(hooks->ctx, in->microbatch));
+                LOOM_TRY(hooks->after_bwd(hooks->ctx, in->microbatch, in->chunk));
             inflight--;
             mark(pl, key, DONE_WEIGHTS);
             break;
@@ -499,23 +564,42 @@ loom_status loom_pipeline_sum(loom_pipeline *pl, double *v, int n)
     return st;
 }
 
-loom_status loom_pipeline_norm(loom_pipeline *pl, const double *slots, size_t n, double *norm_sq,
-                               int *nonfinite)
+loom_status loom_pipeline_norm(loom_pipeline *pl, const loom_param_table *t, const double *slots,
+                               size_t n, double *norm_sq, int *nonfinite)
 {
-    int P = pl->stages;
-    double mine[2] = {(double)n, *nonfinite ? 1.0 : 0.0}, *sizes = malloc((size_t)P * 2 * sizeof(double));
-    if (!sizes)
+    int P = pl->stages, C = pl->chunks, E = t->count;
+    size_t per = E ? n / (size_t)E : 0, head = 2 + (size_t)C;
+    /* this rank's slots chunk by chunk (each chunk's entries in table order), and the
+     * lengths: [n, nonfinite, length of chunk 0, 1, ...] */
+    double *mine = calloc(head, sizeof(double)), *sizes = malloc((size_t)P * head * sizeof(double));
+    double *order = malloc((n ? n : 1) * sizeof(double));
+    if (!mine || !sizes || !order) {
+        free(mine), free(sizes), free(order);
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    }
+    size_t at = 0;
+    for (int c = 0; c < C; c++)
+        for (int i = 0; i < E; i++)
+            if (entry_chunk(pl, &t->entries[i]) == c) {
+                memcpy(order + at, slots + (size_t)i * per, per * sizeof(double));
+                at += per;
+                mine[2 + c] += (double)per;
+            }
+    mine[0] = (double)n;
+    mine[1] = *nonfinite ? 1.0 : 0.0;
+    loom_status st = at == n ? LOOM_OK : loom_fail(LOOM_ERR_INTERNAL, "pipeline: %zu of %zu norm "
+                                                   "slots belong to no chunk", n - at, n);
     loom_comm_request *r = NULL;
-    loom_status st = pl->ops->allgather_start(pl->pp, mine, sizes, sizeof mine, LOOM_DTYPE_U8, &r);
+    if (st == LOOM_OK)
+        st = pl->ops->allgather_start(pl->pp, mine, sizes, head * sizeof(double), LOOM_DTYPE_U8, &r);
     if (st == LOOM_OK)
         st = pl->ops->wait(pl->pp, r);
     size_t cap = 0;
     int bad = 0;
     for (int q = 0; st == LOOM_OK && q < P; q++) {
-        if ((size_t)sizes[2 * q] > cap)
-            cap = (size_t)sizes[2 * q];
-        bad |= sizes[2 * q + 1] != 0.0;
+        if ((size_t)sizes[head * q] > cap)
+            cap = (size_t)sizes[head * q];
+        bad |= sizes[head * q + 1] != 0.0;
     }
     double *pad = NULL, *all = NULL;
     if (st == LOOM_OK) {
@@ -525,20 +609,27 @@ loom_status loom_pipeline_norm(loom_pipeline *pl, const double *slots, size_t n,
             st = loom_fail(LOOM_ERR_NOMEM, "out of memory");
     }
     if (st == LOOM_OK) {
-        memcpy(pad, slots, n * sizeof(double));
+        memcpy(pad, order, n * sizeof(double));
         st = pl->ops->allgather_start(pl->pp, pad, all, cap * sizeof(double), LOOM_DTYPE_U8, &r);
         if (st == LOOM_OK)
             st = pl->ops->wait(pl->pp, r);
     }
-    if (st == LOOM_OK) { /* one rank's order: the stages' tables one after another */
+    if (st == LOOM_OK) { /* one rank's order: the virtual stages' entries one after another */
         double sum = 0.0;
-        for (int q = 0; q < P; q++)
-            for (size_t j = 0; j < (size_t)sizes[2 * q]; j++)
-                sum += all[(size_t)q * cap + j];
+        for (int k = 0; k < P * C; k++) {
+            int q = k % P, c = k / P;
+            size_t from = 0;
+            for (int d = 0; d < c; d++)
+                from += (size_t)sizes[head * q + 2 + d];
+            for (size_t j = 0; j < (size_t)sizes[head * q + 2 + c]; j++)
+                sum += all[(size_t)q * cap + from + j];
+        }
         *norm_sq = sum;
         *nonfinite = bad;
     }
+    free(mine);
     free(sizes);
+    free(order);
     free(pad);
     free(all);
     return st;

@@ -39,11 +39,13 @@ typedef struct loom_pipeline_config {
     int canonical;                 /* deterministic = "canonical" (see below) */
 } loom_pipeline_config;
 
-/* Called around each BWD (canonical mode: zero the gradients, then push them into the
- * micro-batch tree, grad_sync.h). NULL members: nothing. */
+/* Called around each BWD or W (the weight gradients) of (micro-batch, chunk) (canonical
+ * mode: zero the gradients, then push them into the micro-batch tree, grad_sync.h; with
+ * chunks > 1 only the chunk's parameters, loom_pipeline_chunk_ranges). NULL members:
+ * nothing. */
 typedef struct loom_pipeline_hooks {
-    loom_status (*before_bwd)(void *ctx, int mb);
-    loom_status (*after_bwd)(void *ctx, int mb);
+    loom_status (*before_bwd)(void *ctx, int mb, int chunk);
+    loom_status (*after_bwd)(void *ctx, int mb, int chunk);
     void *ctx;
 } loom_pipeline_hooks;
 
@@ -58,6 +60,13 @@ const unsigned char *loom_pipeline_stage_layers(const loom_pipeline *pl);
 int loom_pipeline_slots(const loom_pipeline *pl);
 int loom_pipeline_stage(const loom_pipeline *pl);
 int loom_pipeline_stages(const loom_pipeline *pl);
+int loom_pipeline_chunks(const loom_pipeline *pl);
+/* The ranges of this rank's parameter table (t: the model's) that chunk `chunk` owns, as
+ * [off[i], off[i] + n[i]) of the gradient buffer, at most 4; returns how many. A block's
+ * entries go with the chunk holding the block; wte, wpe and ln_f (no block) with the chunk
+ * holding the embedding (virtual stage 0) on stage 0, the head (the last) elsewhere. */
+int loom_pipeline_chunk_ranges(const loom_pipeline *pl, const loom_param_table *t, int chunk,
+                               size_t off[4], size_t n[4]);
 /* 1 if this rank's list splits its backward (B, then W: loom_gpt_parallel.split_backward). */
 int loom_pipeline_split_backward(const loom_pipeline *pl);
 
@@ -72,10 +81,11 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
 loom_status loom_pipeline_tied_sync(loom_pipeline *pl, loom_gpt *m, double *comm_ms);
 /* v[0..n) summed over the stages in stage order (every rank gets the same bits). */
 loom_status loom_pipeline_sum(loom_pipeline *pl, double *v, int n);
-/* The gradient norm's square over all stages: every stage's chunk sums (grad_norm.h)
- * gathered and added in stage order, one rank's order; *nonfinite ORed. */
-loom_status loom_pipeline_norm(loom_pipeline *pl, const double *slots, size_t n, double *norm_sq,
-                               int *nonfinite);
+/* The gradient norm's square over all stages: every stage's chunk sums (grad_norm.h, in
+ * the order of t's entries) gathered and added in virtual-stage order (each chunk's
+ * entries as loom_pipeline_chunk_ranges assigns them), one rank's order; *nonfinite ORed. */
+loom_status loom_pipeline_norm(loom_pipeline *pl, const loom_param_table *t, const double *slots,
+                               size_t n, double *norm_sq, int *nonfinite);
 /* The loss sum of one batch through every stage's forward (no gradients); the same on
  * every rank of the pp group. */
 loom_status loom_pipeline_eval(loom_pipeline *pl, loom_gpt *m, const int *tokens,

@@ -172,8 +172,6 @@ local function check_pp(t, where, origin)
   local function refuse(cond, fmt, ...)
     if cond then schema.fail(where, "mesh pp=%d: " .. fmt, pp, ...) end
   end
-  refuse(t.deterministic == "canonical" and (t.schedule == "interleaved" or (t.pp_chunks or 1) > 1),
-    "deterministic=\"canonical\" runs one chunk per stage: use schedule = \"1f1b\" or \"gpipe\"")
   refuse(t.tp_sequence_parallel and (mesh.tp or 1) > 1, "tp_sequence_parallel does not combine with "
     .. "pipeline stages yet (the residual stream between stages is whole): leave it out")
   refuse(t.checkpoint ~= nil or t.resume ~= nil, "checkpoints are not saved or resumed under pipeline "

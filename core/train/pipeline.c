@@ -50,6 +50,7 @@ struct loom_pipeline {
     size_t tmp_n;
     int canonical;
     float **head;                   /* canonical, stage 0 and last: [n_slots] wte-sized buffers */
+    float *tied;                    /* canonical, chunks > 1: [microbatches] wte-sized halves */
 };
 
 static loom_status split_layers(loom_pipeline *pl, const loom_pipeline_config *cfg)
@@ -187,7 +188,7 @@ loom_status loom_pipeline_create(const loom_pipeline_config *cfg, loom_pipeline 
     if (st == LOOM_OK)
         st = loom_schedule_simulate(sch, NULL, &sim); /* validates, then refuses a deadlock */
     if (st == LOOM_OK)
-        st = check_fifo(sch, cfg->canonical);
+        st = check_fifo(sch, cfg->canonical && pl->chunks == 1);
     for (size_t i = 0; st == LOOM_OK && i < sch->n[pl->stage]; i++)
         pl->split |= sch->list[pl->stage][i].op == LOOM_SCHED_BWD_INPUT;
     pl->canonical = cfg->canonical;
@@ -258,6 +259,7 @@ void loom_pipeline_destroy(loom_pipeline *pl)
     for (int i = 0; pl->head && i < pl->n_slots; i++)
         free(pl->head[i]);
     free(pl->head);
+    free(pl->tied);
     free(pl);
 }
 
@@ -281,13 +283,23 @@ static int entry_chunk(const loom_pipeline *pl, const loom_param_entry *e)
     return -1;
 }
 
+/* The grad_sync part of entry e: its chunk, but canonical mode with chunks > 1 gives the
+ * tied wte a part of its own on stage 0 (chunks: filled after the list, tied_exchange) and
+ * none on the last stage (its copy is replaced by stage 0's after the step). */
+static int entry_part(const loom_pipeline *pl, const loom_param_entry *e)
+{
+    if (pl->canonical && pl->chunks > 1 && !strcmp(e->name, "wte"))
+        return pl->stage == 0 ? pl->chunks : -1;
+    return entry_chunk(pl, e);
+}
+
 int loom_pipeline_chunk_ranges(const loom_pipeline *pl, const loom_param_table *t, int chunk,
                                size_t off[4], size_t n[4])
 {
     int count = 0;
     for (int i = 0; i < t->count; i++) {
         const loom_param_entry *e = &t->entries[i];
-        if (entry_chunk(pl, e) != chunk)
+        if (entry_part(pl, e) != chunk)
             continue;
         if (count && off[count - 1] + n[count - 1] == e->offset)
             n[count - 1] += e->numel; /* entries follow each other in the buffer */
@@ -328,6 +340,48 @@ static loom_status head_buffer(loom_pipeline *pl, loom_gpt *m, int slot, float *
     *buf = pl->head[slot];
     *g = loom_gpt_grad_data(m) + e->offset;
     *n = e->numel;
+    return LOOM_OK;
+}
+
+/* Canonical mode with chunks > 1: micro-batch mb's half of the tied wte gradient, kept
+ * until the step's end (stage 0: the embedding's, the last stage: the LM head's). */
+static loom_status tied_half(loom_pipeline *pl, size_t hn, int mb, float **out)
+{
+    if (!pl->tied && !(pl->tied = malloc((size_t)pl->microbatches * hn * sizeof(float))))
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for canonical mode's %d wte gradient halves",
+                  pl->microbatches);
+    *out = pl->tied + (size_t)mb * hn;
+    return LOOM_OK;
+}
+
+/* Canonical mode with chunks > 1, after the step's list: the last stage sends its head
+ * halves in micro-batch order and stage 0 adds each to its embedding half (emb + head, one
+ * rank's one add) and hands it to the hooks as the tied part (chunk -1). Done here, where
+ * no other message is in flight between the two, because inside the list the halves would
+ * have to fit between the interleaved activations and gradients of an untagged transport. */
+static loom_status tied_exchange(loom_pipeline *pl, loom_gpt *m, const loom_pipeline_hooks *hooks)
+{
+    float *hb = NULL, *gw = NULL, *half = NULL;
+    size_t hn;
+    LOOM_TRY(head_buffer(pl, m, 0, &hb, &gw, &hn));
+    for (int mb = 0; mb < pl->microbatches; mb++) {
+        loom_comm_request *r = NULL;
+        LOOM_TRY(tied_half(pl, hn, mb, &half));
+        if (pl->stage != 0) {
+            LOOM_TRY(pl->ops->send_start(pl->pp, half, hn, LOOM_DTYPE_F32, 0, &r));
+            LOOM_TRY(pl->ops->wait(pl->pp, r)); /* stage 0 is receiving them in this order */
+            continue;
+        }
+        LOOM_TRY(pl->ops->recv_start(pl->pp, hb, hn, LOOM_DTYPE_F32, pl->stages - 1, &r));
+        LOOM_TRY(pl->ops->wait(pl->pp, r));
+        if (hooks && hooks->before_bwd)
+            LOOM_TRY(hooks->before_bwd(hooks->ctx, mb, -1));
+        memcpy(gw, half, hn * sizeof(float));
+        for (size_t j = 0; j < hn; j++)
+            gw[j] += hb[j];
+        if (hooks && hooks->after_bwd)
+            LOOM_TRY(hooks->after_bwd(hooks->ctx, mb, -1));
+    }
     return LOOM_OK;
 }
 
@@ -376,7 +430,7 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
                               const int *targets, int B, int T, float dloss, double *loss,
                               const loom_pipeline_hooks *hooks, int *peak)
 {
-    float *hb = NULL, *gw = NULL;
+    float *hb = NULL, *gw = NULL, *half = NULL;
     size_t hn = 0;
     const loom_comm_ops *ops = pl->ops;
     int P = pl->stages, V = P * pl->chunks, L = pl->layers;
@@ -396,6 +450,7 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
         /* canonical: the tied wte's head half goes from the last virtual stage (the LM head)
          * to virtual stage 0 (the embedding), one per micro-batch */
         int head_in = pl->canonical && vs == 0, head_out = pl->canonical && vs == V - 1;
+        int keep = (head_in || head_out) && pl->chunks > 1; /* halves exchanged after the list */
         size_t off = (size_t)in->microbatch * R;
         loom_comm_request *r = NULL;
         switch (in->op) {
@@ -426,7 +481,7 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
         case LOOM_SCHED_RECV_GRAD:
             LOOM_TRY(held(pl, in, &s));
             loom_gpt_stage_select(m, s);
-            if (head_in) { /* stage 0: the LM head's half first (sent at the last stage's BWD) */
+            if (head_in && pl->chunks == 1) { /* stage 0: the LM head's half first (sent at the last stage's BWD) */
                 LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
                 LOOM_TRY(ops->recv_start(pl->pp, hb, hn, LOOM_DTYPE_F32, P - 1, &r));
                 LOOM_TRY(ops->wait(pl->pp, r));
@@ -439,8 +494,15 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
             loom_gpt_stage_select(m, s);
             if (hooks && hooks->before_bwd)
                 LOOM_TRY(hooks->before_bwd(hooks->ctx, in->microbatch, in->chunk));
+            if (keep) { /* this micro-batch's half on its own, kept for tied_exchange */
+                LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
+                LOOM_TRY(tied_half(pl, hn, in->microbatch, &half));
+                memset(gw, 0, hn * sizeof(float));
+            }
             LOOM_TRY(loom_gpt_stage_backward(m, lo, hi));
-            if (head_in || head_out) {
+            if (keep) {
+                memcpy(half, gw, hn * sizeof(float));
+            } else if (head_in || head_out) {
                 LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
                 if (head_in) { /* emb + head: one rank's one add */
                     for (size_t j = 0; j < hn; j++)
@@ -461,8 +523,10 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
             loom_gpt_stage_select(m, s);
             if (head_out) /* this micro-batch's head half, computed in B */
                 LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
+            if (keep)
+                LOOM_TRY(tied_half(pl, hn, in->microbatch, &hb));
             LOOM_TRY(loom_gpt_stage_backward_input(m, lo, hi, head_out ? hb : NULL));
-            if (head_out) { /* sent in B's order, as stage 0 receives them */
+            if (head_out && !keep) { /* sent in B's order, as stage 0 receives them */
                 LOOM_TRY(ops->send_start(pl->pp, hb, hn, LOOM_DTYPE_F32, 0, &r));
                 LOOM_TRY(post(pl, &pl->slots[s], r));
             }
@@ -473,8 +537,15 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
             loom_gpt_stage_select(m, s);
             if (hooks && hooks->before_bwd)
                 LOOM_TRY(hooks->before_bwd(hooks->ctx, in->microbatch, in->chunk));
+            if (head_in && keep) {
+                LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
+                memset(gw, 0, hn * sizeof(float));
+            }
             LOOM_TRY(loom_gpt_stage_backward_weight(m, lo, hi, head_out));
-            if (head_in) { /* emb + head: one rank's one add */
+            if (head_in && keep) {
+                LOOM_TRY(tied_half(pl, hn, in->microbatch, &half));
+                memcpy(half, gw, hn * sizeof(float));
+            } else if (head_in) { /* emb + head: one rank's one add */
                 LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
                 for (size_t j = 0; j < hn; j++)
                     gw[j] += hb[j];
@@ -500,6 +571,8 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
     }
     for (int i = 0; i < pl->n_slots; i++)
         LOOM_TRY(wait_slot(pl, &pl->slots[i]));
+    if (pl->canonical && pl->chunks > 1 && (pl->stage == 0 || pl->stage == P - 1))
+        LOOM_TRY(tied_exchange(pl, m, hooks));
     return LOOM_OK;
 }
 

@@ -64,7 +64,9 @@ int loom_pipeline_chunks(const loom_pipeline *pl);
 /* The ranges of this rank's parameter table (t: the model's) that chunk `chunk` owns, as
  * [off[i], off[i] + n[i]) of the gradient buffer, at most 4; returns how many. A block's
  * entries go with the chunk holding the block; wte, wpe and ln_f (no block) with the chunk
- * holding the embedding (virtual stage 0) on stage 0, the head (the last) elsewhere. */
+ * holding the embedding (virtual stage 0) on stage 0, the head (the last) elsewhere.
+ * Canonical mode with chunks > 1: wte is part `chunks` on stage 0 (the hooks get it with
+ * chunk -1, for each micro-batch after the list) and in no part on the last stage. */
 int loom_pipeline_chunk_ranges(const loom_pipeline *pl, const loom_param_table *t, int chunk,
                                size_t off[4], size_t n[4]);
 /* 1 if this rank's list splits its backward (B, then W: loom_gpt_parallel.split_backward). */

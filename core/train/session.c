@@ -212,9 +212,11 @@ void loom_session_destroy(loom_session *s)
 static loom_status canonical_parts(loom_session *s)
 {
     int chunks = loom_pipeline_chunks(s->pipe);
-    for (int c = 0; chunks > 1 && c < chunks; c++) {
+    for (int c = 0; chunks > 1 && c <= chunks; c++) { /* c = chunks: the tied wte, stage 0 */
         size_t off[4], n[4];
         int k = loom_pipeline_chunk_ranges(s->pipe, loom_gpt_params(s->model), c, off, n);
+        if (k < 1 && c == chunks)
+            break;
         if (k < 1)
             LOOM_FAIL(LOOM_ERR_INTERNAL, "pipeline chunk %d owns %s of the gradient buffer", c,
                       k ? "more than 4 ranges" : "no range");
@@ -235,8 +237,8 @@ typedef struct micro_ctx {
 static loom_status canonical_before(void *ctx, int mb, int chunk)
 {
     micro_ctx *c = ctx;
-    if (c->chunks > 1)
-        return loom_grad_sync_begin_part(c->sync, mb, chunk);
+    if (c->chunks > 1) /* chunk -1: the tied wte (pipeline.h) */
+        return loom_grad_sync_begin_part(c->sync, mb, chunk < 0 ? c->chunks : chunk);
     return loom_grad_sync_begin_micro(c->sync, mb);
 }
 
@@ -244,7 +246,8 @@ static loom_status canonical_after(void *ctx, int mb, int chunk)
 {
     micro_ctx *c = ctx;
     if (c->chunks > 1) /* the loss once per micro-batch, with its last chunk */
-        return loom_grad_sync_end_part(c->sync, mb, chunk, chunk == c->chunks - 1, c->loss[mb]);
+        return loom_grad_sync_end_part(c->sync, mb, chunk < 0 ? c->chunks : chunk,
+                                       chunk == c->chunks - 1, c->loss[mb]);
     return loom_grad_sync_end_micro(c->sync, mb, c->loss[mb]);
 }
 

@@ -14,9 +14,10 @@
 #  - the engine's count of micro-batches in flight: 1f1b holds pp on stage 0 and 1 on the
 #    last stage, gpipe all m, zb1 pp on every stage (a micro-batch is held until its W);
 #  - non-finite gradients (lr = 1e30) skip the same steps on every stage as on one rank;
-#  - canonical mode: pp=1, 2, 4 with gpipe, 1f1b and zb1, an uneven pp_layers split,
-#    pp=2 x dp=2 and pp=2 x tp=2 (also with zb1) give bitwise-identical losses, gradient
-#    norms and validation loss;
+#  - canonical mode: pp=1, 2, 4 with gpipe, 1f1b, zb1 and interleaved, an uneven pp_layers
+#    split, pp=2 x dp=2 and pp=2 x tp=2 (also with zb1 and interleaved), pp=4 interleaved
+#    on 8 blocks and pp=2 with 3 uneven chunks give bitwise-identical losses, gradient norms
+#    and validation loss;
 #  - what pipeline parallelism refuses is refused with a message naming it.
 set -euo pipefail
 loom=$1
@@ -128,6 +129,22 @@ for layout in "2 mesh.pp=2 schedule=1f1b microbatches=4" "2 mesh.pp=2 schedule=g
   cmp -s "$tmp/c1" "$tmp/c" || { echo "canonical ${layout#* } differs from one rank"; paste "$tmp/c1" "$tmp/c" | head; exit 1; }
   echo "ok canonical ${layout#* }: losses, gradient norms and val loss bitwise those of one rank"
 done
+# Interleaved: each chunk's parameters in trees of their own, the tied wte's halves added
+# after the step's list, the norm in virtual-stage order (one rank's).
+for layout in "2 mesh.pp=2 schedule=interleaved microbatches=4" \
+              "4 mesh.pp=2 mesh.dp=2 schedule=interleaved microbatches=2" \
+              "4 mesh.pp=2 mesh.tp=2 schedule=interleaved microbatches=4"; do
+  runN ${layout%% *} $canon ${layout#* } | grep -E '^(LOSS|NORM|VAL)' > "$tmp/c"
+  cmp -s "$tmp/c1" "$tmp/c" || { echo "canonical ${layout#* } differs from one rank"; paste "$tmp/c1" "$tmp/c" | head; exit 1; }
+  echo "ok canonical ${layout#* }: losses, gradient norms and val loss bitwise those of one rank"
+done
+run1 $canon model.layers=8 batch.global=16 | grep -E '^(LOSS|NORM|VAL)' > "$tmp/c8"
+for layout in "4 mesh.pp=4 schedule=interleaved microbatches=4" \
+              "2 mesh.pp=2 schedule=interleaved pp_chunks=3 pp_layers={1,2,1,1,2,1} microbatches=4"; do
+  runN ${layout%% *} $canon model.layers=8 ${layout#* } | grep -E '^(LOSS|NORM|VAL)' > "$tmp/c"
+  cmp -s "$tmp/c8" "$tmp/c" || { echo "canonical ${layout#* } (8 blocks) differs from one rank"; paste "$tmp/c8" "$tmp/c" | head; exit 1; }
+  echo "ok canonical ${layout#* }, 8 blocks: losses, gradient norms and val loss bitwise those of one rank"
+done
 
 # Refusals, each with its message.
 refused() { # expected-text args...
@@ -137,7 +154,6 @@ refused() { # expected-text args...
   echo "ok refused ($want)"
 }
 base="$recipe $model comm_timeout=20"
-refused 'canonical" runs one chunk per stage' -n 2 $base mesh.pp=2 microbatches=4 deterministic=canonical schedule=interleaved
 refused 'pp_layers adds up to 3 blocks, but the model has layers=4' -n 2 $base mesh.pp=2 'pp_layers={1,2}'
 refused 'pp_layers has 3 entries; it needs one per stage, pp = 2 (2)' -n 2 $base mesh.pp=2 'pp_layers={1,2,1}'
 refused 'not a multiple of stages' -n 4 $base mesh.pp=4 schedule=interleaved model.layers=8 microbatches=6

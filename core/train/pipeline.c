@@ -1,8 +1,9 @@
 /* pipeline.c — the pipeline engine (see pipeline.h).
  *
  * Invariants: a slot is one activation set of the model (gpt_stage.h); slot_of maps a
- * (micro-batch, chunk) to its slot from its first RECV_ACT or FWD until it is freed (after
- * its backward, or after its SEND_GRAD when it has one). A freed slot may still have sends
+ * (micro-batch, chunk) to its slot from its first RECV_ACT or FWD until it is freed: when
+ * it has its weight gradients (BWD, or BWD_WEIGHT after BWD_INPUT) and has sent its input
+ * gradient (SEND_GRAD, unless it is virtual stage 0). A freed slot may still have sends
  * in flight from its buffers: they are waited before the next compute on that slot (its
  * FWD writes them), never earlier. On shm a RECV's wait also completes every send started
  * before it on the pp communicator (completions in start order), so in practice nothing
@@ -90,6 +91,7 @@ static loom_status split_layers(loom_pipeline *pl, const loom_pipeline_config *c
 /* One message of a step, as one stage's list sends or receives it. */
 typedef struct message {
     int peer, key; /* key: (kind, micro-batch, receiving virtual stage) */
+    size_t at;     /* the instruction */
 } message;
 
 /* Stage a's messages in list order: sends (sending = 1) or receives. A message is an
@@ -107,18 +109,18 @@ static size_t messages(const loom_schedule *s, int a, int sending, int head, mes
         int bwd = in.op == LOOM_SCHED_BWD || in.op == LOOM_SCHED_BWD_INPUT;
         if (sending) {
             if (in.op == LOOM_SCHED_SEND_ACT && vs + 1 < V)
-                out[n++] = (message){(vs + 1) % P, KEY(0, mb, vs + 1)};
+                out[n++] = (message){(vs + 1) % P, KEY(0, mb, vs + 1), i};
             if (in.op == LOOM_SCHED_SEND_GRAD && vs > 0)
-                out[n++] = (message){(vs - 1) % P, KEY(1, mb, vs - 1)};
+                out[n++] = (message){(vs - 1) % P, KEY(1, mb, vs - 1), i};
             if (head && bwd && vs == V - 1)
-                out[n++] = (message){0, KEY(2, mb, 0)};
+                out[n++] = (message){0, KEY(2, mb, 0), i};
         } else {
             if (head && in.op == LOOM_SCHED_RECV_GRAD && vs == 0)
-                out[n++] = (message){P - 1, KEY(2, mb, 0)};
+                out[n++] = (message){P - 1, KEY(2, mb, 0), i};
             if (in.op == LOOM_SCHED_RECV_ACT && vs > 0)
-                out[n++] = (message){(vs - 1) % P, KEY(0, mb, vs)};
+                out[n++] = (message){(vs - 1) % P, KEY(0, mb, vs), i};
             if (in.op == LOOM_SCHED_RECV_GRAD && vs + 1 < V)
-                out[n++] = (message){(vs + 1) % P, KEY(1, mb, vs)};
+                out[n++] = (message){(vs + 1) % P, KEY(1, mb, vs), i};
         }
     }
 #undef KEY
@@ -149,10 +151,11 @@ static loom_status check_fifo(const loom_schedule *s, int head)
                 int ks = i < ns ? out[i].key : -1, kr = j < nr ? in[j].key : -1;
                 if (ks != kr) {
                     st = loom_fail(LOOM_ERR_UNSUPPORTED, "schedule: stage %d sends stage %d its "
-                                   "messages%s in another order than stage %d receives them; "
-                                   "send/recv between two ranks has no tags, so this engine needs "
-                                   "them in the same order", a, b, head ? " (with canonical "
-                                   "mode's tied wte halves)" : "", b);
+                                   "messages%s in another order than stage %d receives them "
+                                   "(instructions %zu and %zu); send/recv between two ranks has "
+                                   "no tags, so this engine needs them in the same order", a, b,
+                                   head ? " (with canonical mode's tied wte halves)" : "", b,
+                                   i < ns ? out[i].at : s->n[a], j < nr ? in[j].at : s->n[b]);
                     break;
                 }
                 if (ks < 0)

@@ -5,24 +5,26 @@
  * explicit split), every stage's instruction list is built by the sched plugin, validated
  * and simulated (core/train/schedule.h: no missing transfer, no deadlock), and checked
  * against the transport: send/recv between two ranks has no tags, so the messages each
- * ordered pair exchanges must be received in the order they are sent. A list with a split
- * backward (BWD_INPUT / BWD_WEIGHT, zb1) is refused: this model's backward computes input
- * and weight gradients in one pass. The simulator's peak in flight sizes the activation
- * slots (one set per (micro-batch, chunk) held from its FWD to its backward, plus one).
- * The step (loom_pipeline_run) executes this rank's list: FWD/BWD on the chunk's blocks,
+ * ordered pair exchanges must be received in the order they are sent. The simulator's
+ * peak in flight sizes the activation slots (one set per (micro-batch, chunk) held from
+ * its FWD until its weight gradients, BWD or BWD_WEIGHT, plus one).
+ * The step (loom_pipeline_run) executes this rank's list: FWD/BWD on the chunk's blocks, or
+ * the split backward (BWD_INPUT, then SEND_GRAD; BWD_WEIGHT later: gpt_stage.h),
  * activations and their gradients sent and received over the pp group (a SEND is started
  * and waited only before its buffer is reused or at the end of the step; a RECV is waited
  * at once), the per-micro-batch losses on the last stage.
  * After the data-parallel sync the tied wte's two gradient halves (embedding on stage 0,
  * LM head on the last) are exchanged whole and added, a + b on both: bitwise equal copies.
- * Canonical mode (chunks = 1, every stage backwarding micro-batches in order 0..m-1, as
- * gpipe and 1f1b do): each micro-batch's gradients are summed in grad_sync's tree over
- * the global micro-batch index, as on one rank; the last stage sends each micro-batch's LM
- * head half of the wte gradient to stage 0, which adds it to its embedding half (head +
- * emb, one rank's one add, gpt_internal.h) before the tree, and after the step sends the
- * finished wte gradient back; the norm adds every stage's chunk sums in one rank's
- * order. So pp = 1, 2, 4, with dp, give the same bits.
- * What not: sequence parallelism, a split backward (see above), canonical interleaving.
+ * Canonical mode (every stage backwarding each chunk's micro-batches in order 0..m-1, as
+ * the four plugins do; B's and W's alike): each micro-batch's gradients are summed in
+ * grad_sync's tree over the global micro-batch index, as on one rank (with chunks > 1 a
+ * tree per chunk's parameters, loom_pipeline_chunk_ranges); the last stage sends each
+ * micro-batch's LM head half of the wte gradient to stage 0, which adds it to its embedding
+ * half (head + emb, one rank's one add, gpt_internal.h) before the tree (with chunks > 1
+ * after the list: tied_exchange), and after the step sends the finished wte gradient back;
+ * the norm adds every chunk's sums in virtual-stage order, one rank's order. So pp = 1, 2,
+ * 4, with dp, give the same bits.
+ * What not: sequence parallelism.
  */
 #ifndef LOOM_CORE_TRAIN_PIPELINE_H
 #define LOOM_CORE_TRAIN_PIPELINE_H

@@ -2,7 +2,7 @@
 # pp.sh LOOM — pipeline parallelism on one node (loom launch, shm), fast mode (fp32):
 #  - pp=2 with gpipe, 1f1b, interleaved (2 chunks) and zb1, pp=4 with gpipe, 1f1b and zb1,
 #    pp=4 interleaved on an 8-block model, an explicit pp_layers split, pp=2 x dp=2 and
-#    pp=2 x tp=2 (also with zb1) train
+#    pp=2 x tp=2 (both also with zb1) train
 #    the same losses as one rank with the same global batch (micro x microbatches x dp)
 #    within 2e-5 over 10 steps, the gradient norms within 1e-5 relative and the validation
 #    loss (eval through the pipeline) within 2e-5; only summation order differs (the tied
@@ -59,6 +59,8 @@ for layout in "2 mesh.pp=2 schedule=gpipe" "2 mesh.pp=2 schedule=1f1b" \
 done
 runN 4 mesh.pp=2 mesh.dp=2 microbatches=2 > "$tmp/ppdp"
 check_close "mesh.pp=2 x mesh.dp=2 (2 micro-batches each)" "$tmp/ppdp" "$tmp/one"
+runN 4 mesh.pp=2 mesh.dp=2 schedule=zb1 microbatches=2 > "$tmp/ppdpz"
+check_close "mesh.pp=2 x mesh.dp=2 schedule=zb1 (2 micro-batches each)" "$tmp/ppdpz" "$tmp/one"
 runN 4 mesh.pp=2 mesh.tp=2 microbatches=4 > "$tmp/pptp"
 check_close "mesh.pp=2 x mesh.tp=2 (4 micro-batches)" "$tmp/pptp" "$tmp/one"
 runN 4 mesh.pp=2 mesh.tp=2 schedule=zb1 microbatches=4 > "$tmp/pptpz"

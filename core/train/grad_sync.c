@@ -244,7 +244,8 @@ loom_status loom_grad_sync_begin_part(loom_grad_sync *gs, int a, int part)
         tree *t = &gs->ranges[i];
         if (a == 0)
             tree_reset(t);
-        gs->be->ops->zero(gs->be->self, loom_gpt_grad_data(gs->model) + t->off, t->n * sizeof(float));
+        float *g = loom_gpt_grad_data(gs->model) + t->off;
+        gs->be->ops->zero(gs->be->self, g, t->n * sizeof(float));
     }
     return LOOM_OK;
 }

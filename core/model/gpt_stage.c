@@ -23,20 +23,20 @@ float *loom_gpt_stage_input(loom_gpt *m) { return m->encoded; }
 float *loom_gpt_stage_output(loom_gpt *m, int hi) { return m->acts[hi - 1].res3; }
 float *loom_gpt_stage_grad(loom_gpt *m) { return m->dres; }
 
-void gpt_embedding_grad(loom_gpt *m, size_t R)
+void gpt_embedding_grad(loom_gpt *m, const float *dout, size_t R)
 {
     const loom_backend_ops *k = m->be->ops;
     size_t C = (size_t)m->cfg.dim;
     if (!m->emb_grad) {
-        k->embedding_backward(m->g.wte, m->dres_full, m->tokens, m->v0, m->Vl, R, (int)C);
+        k->embedding_backward(m->g.wte, dout, m->tokens, m->v0, m->Vl, R, (int)C);
         return;
     }
     k->zero(m->be->self, m->emb_grad, (size_t)m->Vl * C * sizeof(float));
-    k->embedding_backward(m->emb_grad, m->dres_full, m->tokens, m->v0, m->Vl, R, (int)C);
+    k->embedding_backward(m->emb_grad, dout, m->tokens, m->v0, m->Vl, R, (int)C);
     k->accumulate(m->g.wte, m->emb_grad, (size_t)m->Vl * C);
 }
 
-static loom_status check_chunk(const loom_gpt *m, int lo, int hi)
+loom_status gpt_check_chunk(const loom_gpt *m, int lo, int hi)
 {
     if (lo < 0 || hi > m->cfg.layers || lo >= hi)
         LOOM_FAIL(LOOM_ERR_INVALID, "stage chunk [%d, %d) is not a run of blocks of 0..%d", lo, hi,
@@ -53,7 +53,7 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
                                    const int *targets, int B, int T, float dloss,
                                    double *loss_sum)
 {
-    LOOM_TRY(check_chunk(m, lo, hi));
+    LOOM_TRY(gpt_check_chunk(m, lo, hi));
     const loom_backend_ops *k = m->be->ops;
     void *bs = m->be->self;
     int C = m->cfg.dim, V = m->cfg.vocab;
@@ -103,7 +103,7 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
 
 loom_status loom_gpt_stage_backward(loom_gpt *m, int lo, int hi)
 {
-    LOOM_TRY(check_chunk(m, lo, hi));
+    LOOM_TRY(gpt_check_chunk(m, lo, hi));
     const loom_backend_ops *k = m->be->ops;
     int B = m->last_B, T = m->last_T, C = m->cfg.dim;
     size_t R = (size_t)B * T;
@@ -124,7 +124,7 @@ loom_status loom_gpt_stage_backward(loom_gpt *m, int lo, int hi)
     }
     if (lo == 0) {
         LOOM_TRY(B_LEAVE(LOOM_REGION_EMBEDDING, -1, m->dres, m->dres_full, R, C));
-        gpt_embedding_grad(m, R);
+        gpt_embedding_grad(m, m->dres_full, R);
         k->position_backward(m->g.wpe, m->dres_full, B, T, C);
     }
     return LOOM_OK;

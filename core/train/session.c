@@ -80,6 +80,8 @@ static loom_status build_segments(loom_session *s)
     return LOOM_OK;
 }
 
+static loom_status canonical_parts(loom_session *s);
+
 loom_status loom_session_create(const loom_session_config *cfg, loom_session **out)
 {
     *out = NULL;
@@ -105,7 +107,7 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
     }
     s->cfg.backend = NULL; /* the caller's string; only needed while opening */
     loom_status st = loom_backend_open(cfg->backend ? cfg->backend : "cpu", cfg->threads, &s->backend);
-    loom_gpt_parallel par = {NULL, NULL, cfg->canonical, NULL, 0};
+    loom_gpt_parallel par = {NULL, NULL, cfg->canonical, NULL, 0, 0};
     int pp = 1;
     if (st == LOOM_OK) {
         const struct loom_comm_ops *pops;
@@ -123,6 +125,7 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
         if (st == LOOM_OK) {
             par.stage_layers = loom_pipeline_stage_layers(s->pipe);
             par.slots = loom_pipeline_slots(s->pipe);
+            par.split_backward = loom_pipeline_split_backward(s->pipe);
         }
     }
     if (st == LOOM_OK && cfg->tensor) {
@@ -173,6 +176,8 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
     if (st == LOOM_OK)
         st = loom_grad_sync_create(s->model, &s->backend, cfg->canonical, cfg->accum, s->cfg.strategy,
                                    &s->sync);
+    if (st == LOOM_OK && s->pipe && cfg->canonical)
+        st = canonical_parts(s);
     if (st != LOOM_OK) {
         loom_session_destroy(s);
         return st;
@@ -204,19 +209,46 @@ void loom_session_destroy(loom_session *s)
     free(s);
 }
 
+/* Register each interleaved chunk's parameter ranges as a grad_sync part (canonical). */
+static loom_status canonical_parts(loom_session *s)
+{
+    int chunks = loom_pipeline_chunks(s->pipe);
+    for (int c = 0; chunks > 1 && c <= chunks; c++) { /* c = chunks: the tied wte, stage 0 */
+        size_t off[4], n[4];
+        int k = loom_pipeline_chunk_ranges(s->pipe, loom_gpt_params(s->model), c, off, n);
+        if (k < 1 && c == chunks)
+            break;
+        if (k < 1)
+            LOOM_FAIL(LOOM_ERR_INTERNAL, "pipeline chunk %d owns %s of the gradient buffer", c,
+                      k ? "more than 4 ranges" : "no range");
+        for (int i = 0; i < k; i++)
+            LOOM_TRY(loom_grad_sync_add_range(s->sync, c, off[i], n[i]));
+    }
+    return LOOM_OK;
+}
+
 typedef struct micro_ctx {
     loom_grad_sync *sync;
     const double *loss;
+    int chunks;
 } micro_ctx;
 
-static loom_status canonical_before(void *ctx, int mb)
-{
-    return loom_grad_sync_begin_micro(((micro_ctx *)ctx)->sync, mb);
-}
-
-static loom_status canonical_after(void *ctx, int mb)
+/* Canonical mode, one tree per micro-batch gradient; with interleaved chunks (disjoint
+ * parameters, backwarded in turn) one per chunk's parameters: grad_sync's parts. */
+static loom_status canonical_before(void *ctx, int mb, int chunk)
 {
     micro_ctx *c = ctx;
+    if (c->chunks > 1) /* chunk -1: the tied wte (pipeline.h) */
+        return loom_grad_sync_begin_part(c->sync, mb, chunk < 0 ? c->chunks : chunk);
+    return loom_grad_sync_begin_micro(c->sync, mb);
+}
+
+static loom_status canonical_after(void *ctx, int mb, int chunk)
+{
+    micro_ctx *c = ctx;
+    if (c->chunks > 1) /* the loss once per micro-batch, with its last chunk */
+        return loom_grad_sync_end_part(c->sync, mb, chunk < 0 ? c->chunks : chunk,
+                                       chunk == c->chunks - 1, c->loss[mb]);
     return loom_grad_sync_end_micro(c->sync, mb, c->loss[mb]);
 }
 
@@ -243,7 +275,7 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         if (!mb_loss)
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
         /* canonical: each micro-batch's gradients on their own, into the tree in order */
-        micro_ctx mc = {s->sync, mb_loss};
+        micro_ctx mc = {s->sync, mb_loss, loom_pipeline_chunks(s->pipe)};
         loom_pipeline_hooks hooks = {canonical_before, canonical_after, &mc};
         int canon = s->cfg.canonical;
         loom_status st = canon ? LOOM_OK : loom_grad_sync_begin_micro(s->sync, 0);
@@ -284,7 +316,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         const double *slots = loom_grad_norm_slots(s->norm, &n_slots);
         double t_pp = loom_now_ms();
         LOOM_TRY(loom_pipeline_sum(s->pipe, &v, 1));
-        LOOM_TRY(loom_pipeline_norm(s->pipe, slots, n_slots, &norm_sq, &nonfinite));
+        LOOM_TRY(loom_pipeline_norm(s->pipe, loom_gpt_params(s->model), slots, n_slots, &norm_sq,
+                                    &nonfinite));
         comm_ms += loom_now_ms() - t_pp;
         loss_sum = v;
     }

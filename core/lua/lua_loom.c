@@ -273,6 +273,35 @@ static int l_session(lua_State *L)
         cfg.n_pp_layers = (int)n;
     }
     lua_pop(L, 1);
+    /* recompute = "none" | "full" | "selective" | { block indices } (checked in init.lua) */
+    static _Thread_local unsigned char recompute_layers[1024];
+    lua_getfield(L, 1, "recompute");
+    if (lua_type(L, -1) == LUA_TSTRING) {
+        const char *r = lua_tostring(L, -1);
+        cfg.recompute = strcmp(r, "full") == 0        ? LOOM_RECOMPUTE_FULL
+                        : strcmp(r, "selective") == 0 ? LOOM_RECOMPUTE_SELECTIVE
+                        : strcmp(r, "none") == 0      ? LOOM_RECOMPUTE_NONE
+                                                      : -1;
+        if (cfg.recompute < 0)
+            return luaL_error(L, "recompute=\"%s\" is not none, full, selective or a list of "
+                              "blocks", r);
+    } else if (lua_istable(L, -1)) {
+        if (cfg.model.layers < 1 || cfg.model.layers > 1024)
+            return luaL_error(L, "recompute by blocks needs 1..1024 model layers");
+        memset(recompute_layers, 0, sizeof recompute_layers);
+        for (lua_Integer i = 1, n = luaL_len(L, -1); i <= n; i++) {
+            lua_geti(L, -1, i);
+            lua_Integer l = luaL_checkinteger(L, -1);
+            if (l < 0 || l >= cfg.model.layers)
+                return luaL_error(L, "recompute block %d is not one of 0..%d", (int)l,
+                                  cfg.model.layers - 1);
+            recompute_layers[l] = 1;
+            lua_pop(L, 1);
+        }
+        cfg.recompute = LOOM_RECOMPUTE_LAYERS;
+        cfg.recompute_layers = recompute_layers;
+    }
+    lua_pop(L, 1);
     if (loom_session_create(&cfg, &box->s) != LOOM_OK)
         return raise_status(L);
     box->vocab = cfg.model.vocab;

@@ -160,10 +160,38 @@ static void bind_params(loom_gpt *m, float *base, model_params *p)
     p->lnfb = m->has_head ? base + e[i].offset : NULL;
 }
 
-/* Lay the activation buffers out from base and return how many floats they take. Called
- * twice: with base NULL to measure (pointers are left NULL), then to assign, so the size
- * and the layout cannot disagree. */
-static size_t lay_out_activations(loom_gpt *m, float *base)
+/* The scratch set recomputation writes (gpt.h): all of one block's activations but its
+ * output when some block is recomputed fully, else the attention probabilities and the
+ * GELU output when some is selective, else nothing. Laid out from base like the slot. */
+static size_t lay_out_shared(loom_gpt *m, float *base, layer_acts *s)
+{
+    size_t B = (size_t)m->max_B, T = (size_t)m->cfg.ctx, C = (size_t)m->cfg.dim;
+    size_t Fl = (size_t)m->Fl, Cl = (size_t)m->Cl, R = B * T, Rl = m->sp ? R / (size_t)m->tp : R;
+    size_t att = B * (size_t)m->NHl * T * T, off = 0;
+    int full = 0, selective = 0;
+    for (int l = 0; l < m->cfg.layers; l++) {
+        full |= m->own[l] && m->rc[l] == RC_FULL;
+        selective |= m->own[l] && m->rc[l] == RC_SELECTIVE;
+    }
+    memset(s, 0, sizeof *s);
+#define TAKE(n) (off += (n), base ? base + off - (n) : NULL)
+    if (full) {
+        s->ln1 = TAKE(Rl * C); s->ln1_mean = TAKE(Rl); s->ln1_rstd = TAKE(Rl);
+        s->qkv = TAKE(R * 3 * Cl); s->atty = TAKE(R * Cl); s->res2 = TAKE(Rl * C);
+        s->ln2 = TAKE(Rl * C); s->ln2_mean = TAKE(Rl); s->ln2_rstd = TAKE(Rl);
+        s->fch = TAKE(R * Fl);
+    }
+    if (full || selective) {
+        s->att = TAKE(att); s->fch_gelu = TAKE(R * Fl);
+    }
+#undef TAKE
+    return off;
+}
+
+/* Lay the activation buffers out from base (one slot) and the recomputation scratch set
+ * s, and return how many floats the slot takes. Called twice: with base NULL to measure
+ * (pointers are left NULL), then to assign, so the size and the layout cannot disagree. */
+static size_t lay_out_activations(loom_gpt *m, float *base, const layer_acts *s)
 {
     size_t B = (size_t)m->max_B, T = (size_t)m->cfg.ctx, C = (size_t)m->cfg.dim;
     size_t NHl = (size_t)m->NHl, Cl = (size_t)m->Cl, Fl = (size_t)m->Fl, Vl = (size_t)m->Vl;
@@ -177,12 +205,21 @@ static size_t lay_out_activations(loom_gpt *m, float *base)
         layer_acts *a = &m->acts[l];
         if (!m->own[l])
             continue; /* another pipeline stage's block */
+        if (m->rc[l] == RC_FULL) { /* only the output is kept: the rest is the scratch set */
+            *a = *s;
+            a->ln1_full = GATHERED(a->ln1);
+            a->ln2_full = GATHERED(a->ln2);
+            a->res3 = TAKE(Rl * C);
+            continue;
+        }
+        int sel = m->rc[l] == RC_SELECTIVE;
         a->ln1 = TAKE(Rl * C); a->ln1_mean = TAKE(Rl); a->ln1_rstd = TAKE(Rl);
         a->ln1_full = GATHERED(a->ln1);
-        a->qkv = TAKE(R * 3 * Cl); a->atty = TAKE(R * Cl); a->att = TAKE(att);
+        a->qkv = TAKE(R * 3 * Cl); a->atty = TAKE(R * Cl); a->att = sel ? s->att : TAKE(att);
         a->res2 = TAKE(Rl * C); a->ln2 = TAKE(Rl * C); a->ln2_mean = TAKE(Rl);
         a->ln2_rstd = TAKE(Rl); a->ln2_full = GATHERED(a->ln2);
-        a->fch = TAKE(R * Fl); a->fch_gelu = TAKE(R * Fl); a->res3 = TAKE(Rl * C);
+        a->fch = TAKE(R * Fl); a->fch_gelu = sel ? s->fch_gelu : TAKE(R * Fl);
+        a->res3 = TAKE(Rl * C);
         a->dfch = m->split ? TAKE(R * Fl) : NULL;
         a->ln_part = m->split ? TAKE(4 * C) : NULL;
     }
@@ -211,18 +248,23 @@ static size_t lay_out_activations(loom_gpt *m, float *base)
  * per micro-batch in flight; everything else has one). */
 void gpt_bind_slot(loom_gpt *m, int slot)
 {
-    size_t R = (size_t)m->max_B * (size_t)m->cfg.ctx, total = lay_out_activations(m, NULL);
-    float *f = (float *)((char *)m->act_mem + (size_t)slot * m->slot_bytes);
-    lay_out_activations(m, f);
+    layer_acts s;
+    lay_out_shared(m, (float *)m->act_mem, &s);
+    size_t R = (size_t)m->max_B * (size_t)m->cfg.ctx, total = lay_out_activations(m, NULL, &s);
+    float *f = (float *)((char *)m->act_mem + m->shared_bytes + (size_t)slot * m->slot_bytes);
+    lay_out_activations(m, f, &s);
     m->tokens = (int *)(f + total);
     m->targets = m->tokens + R;
 }
 
 static loom_status alloc_activations(loom_gpt *m)
 {
-    size_t R = (size_t)m->max_B * (size_t)m->cfg.ctx, total = lay_out_activations(m, NULL);
+    layer_acts s;
+    size_t shared = lay_out_shared(m, NULL, &s);
+    size_t R = (size_t)m->max_B * (size_t)m->cfg.ctx, total = lay_out_activations(m, NULL, &s);
+    m->shared_bytes = (shared * sizeof(float) + 63) / 64 * 64;
     m->slot_bytes = (total * sizeof(float) + 2 * R * sizeof(int) + 64 + 63) / 64 * 64;
-    m->act_bytes = m->slot_bytes * (size_t)m->slots;
+    m->act_bytes = m->shared_bytes + m->slot_bytes * (size_t)m->slots;
     m->act_mem = m->be->ops->alloc(m->be->self, m->act_bytes);
     if (!m->act_mem)
         LOOM_FAIL(LOOM_ERR_NOMEM, "cannot allocate %.1f MiB of activations for %d x batch %d x %d",
@@ -246,6 +288,37 @@ static loom_status check_split(const loom_gpt *m)
         LOOM_FAIL(LOOM_ERR_INVALID, "canonical mode sums in %d fixed chunks: dim=%d and the padded "
                   "vocabulary %d must divide by %d, and tp=%d must divide %d", chunks, c->dim,
                   c->vocab_padded, chunks, tp, chunks);
+    return LOOM_OK;
+}
+
+static int any_recompute(const loom_gpt *m)
+{
+    for (int l = 0; l < m->cfg.layers; l++)
+        if (m->rc[l] != RC_KEEP)
+            return 1;
+    return 0;
+}
+
+/* m->rc from loom_gpt_parallel.recompute (gpt.h). */
+static loom_status recompute_modes(loom_gpt *m, const loom_gpt_parallel *par)
+{
+    int mode = par ? par->recompute : LOOM_RECOMPUTE_NONE, L = m->cfg.layers;
+    if (mode < LOOM_RECOMPUTE_NONE || mode > LOOM_RECOMPUTE_LAYERS)
+        LOOM_FAIL(LOOM_ERR_INVALID, "recompute mode %d is not one of none (0), full (1), "
+                  "selective (2), layers (3)", mode);
+    if (mode == LOOM_RECOMPUTE_LAYERS && !par->recompute_layers)
+        LOOM_FAIL(LOOM_ERR_INVALID, "recompute by layers needs recompute_layers (one flag per "
+                  "block)");
+    for (int l = 0; l < L; l++)
+        m->rc[l] = mode == LOOM_RECOMPUTE_FULL ? RC_FULL
+                   : mode == LOOM_RECOMPUTE_SELECTIVE ? RC_SELECTIVE
+                   : mode == LOOM_RECOMPUTE_LAYERS && par->recompute_layers[l] ? RC_FULL : RC_KEEP;
+    /* The split backward's W reads activations its B overwrote with gradients (gpt_backward_
+     * split.c) and runs after other micro-batches' passes: a shared scratch set cannot hold
+     * them until then. */
+    if (m->split && mode != LOOM_RECOMPUTE_NONE)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "recompute with a split backward (schedule = \"zb1\") "
+                  "not yet: use recompute = \"none\" there, or schedule = \"1f1b\"");
     return LOOM_OK;
 }
 
@@ -280,6 +353,9 @@ loom_status loom_gpt_create(const loom_gpt_config *cfg, loom_backend *be, int ma
             m->slots = par->slots;
         m->split = par->split_backward;
     }
+    m->rc = calloc((size_t)cfg->layers, 1);
+    if (st == LOOM_OK)
+        st = m->rc ? recompute_modes(m, par) : loom_fail(LOOM_ERR_NOMEM, "out of memory");
     m->has_embed = m->own && m->own[0];
     m->has_head = m->own && m->own[cfg->layers - 1];
     m->staged = 0;
@@ -304,6 +380,9 @@ loom_status loom_gpt_create(const loom_gpt_config *cfg, loom_backend *be, int ma
     m->acts = calloc((size_t)cfg->layers, sizeof(layer_acts));
     if (st == LOOM_OK)
         st = check_split(m);
+    if (st == LOOM_OK && m->sp && any_recompute(m))
+        st = loom_fail(LOOM_ERR_UNSUPPORTED, "recompute with sequence parallelism not yet: use "
+                       "recompute = \"none\" or tp_sequence_parallel = false");
     if (st == LOOM_OK)
         st = (m->p.layer && m->g.layer && m->acts && m->own) ? build_table(m)
                                                    : loom_fail(LOOM_ERR_NOMEM, "out of memory");
@@ -346,6 +425,7 @@ void loom_gpt_destroy(loom_gpt *m)
     free(m->g.layer);
     free(m->acts);
     free(m->own);
+    free(m->rc);
     loom_params_free(&m->table);
     free(m);
 }
@@ -416,10 +496,15 @@ loom_status gpt_block_backward(loom_gpt *m, int l, const float *residual, rep_pa
     const size_t R = (size_t)B * T;
     layer_params *w = &m->p.layer[l], *g = &m->g.layer[l];
     layer_acts *a = &m->acts[l];
+    if (m->rc[l] == RC_FULL) /* the same forward again, into the scratch set (its res3 too:
+                              * the same bits over the kept ones) */
+        LOOM_TRY(gpt_block_forward(m, l, residual, B, T, Rl));
     /* MLP branch: res3 = res2 + g(proj(gelu(fc(f(ln2(res2)))))) + bias */
     rep_args pb = {.dout = m->dres};
     gpt_replicated_grads(m, pk, 1, &pb, NULL, g->fcprojb, Rl);
     LOOM_TRY(B_LEAVE(LOOM_REGION_MLP, l, m->dres, m->dres_full, R, C));
+    if (m->rc[l] == RC_SELECTIVE)
+        k->gelu_forward(a->fch_gelu, a->fch, R * Fl);
     k->matmul_backward(m->dbuf_4a, g->fcprojw, NULL, m->dres_full, a->fch_gelu, w->fcprojw,
                        B, T, Fl, C);
     k->gelu_backward(m->dbuf_4b, a->fch, m->dbuf_4a, R * Fl);
@@ -436,6 +521,9 @@ loom_status gpt_block_backward(loom_gpt *m, int l, const float *residual, rep_pa
     float *datty = m->dpartial; /* free until the qkv backward below */
     k->matmul_backward(datty, g->attprojw, NULL, m->dres_full, a->atty, w->attprojw, B, T,
                        Cl, C);
+    if (m->rc[l] == RC_SELECTIVE) /* the probabilities again; the output (kept) to dbuf_4b,
+                                   * free until the MLP's next use */
+        k->attention_forward(m->dbuf_4b, a->att, a->qkv, B, T, Cl, m->NHl);
     k->attention_backward(m->dbuf_4a, m->datt_scratch, datty, a->qkv, a->att, B, T, Cl,
                           m->NHl);
     LOOM_TRY(gpt_regather(m, LOOM_REGION_ATTENTION, l, a->ln1, a->ln1_full, R));

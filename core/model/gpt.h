@@ -50,7 +50,18 @@ typedef struct loom_gpt_parallel {
      * passes: per block d(fch), the layer norms' canonical parts, the chunk input's
      * gradient (about R x (4C/tp) floats per block per slot more). */
     int split_backward;
+    /* Activation recomputation (memory traded for compute; gpt.c, "Recomputation"):
+     * FULL keeps only each block's output (the next block's input) and reruns the block's
+     * forward just before its backward, into one scratch set of block activations every
+     * block shares; SELECTIVE keeps the GEMM outputs but not the attention probabilities
+     * (B x heads x T x T) nor the GELU output, recomputed in backward (Korthikanti et al.
+     * 2022); LAYERS: the blocks with recompute_layers[l] = 1 as FULL, the rest kept. The
+     * recomputation makes the same kernel calls on the same operands: the same bits. */
+    int recompute;                          /* LOOM_RECOMPUTE_*; 0 = none */
+    const unsigned char *recompute_layers;  /* [layers], with LOOM_RECOMPUTE_LAYERS */
 } loom_gpt_parallel;
+
+enum { LOOM_RECOMPUTE_NONE, LOOM_RECOMPUTE_FULL, LOOM_RECOMPUTE_SELECTIVE, LOOM_RECOMPUTE_LAYERS };
 
 /* Build the table (partitioned by par->tp_ops) and allocate params + grads on the backend,
  * initialised from seed (values keyed by logical index: the same model for any split).

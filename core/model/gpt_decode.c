@@ -20,6 +20,9 @@
 
 int loom_gpt_can_decode(const loom_gpt *m)
 {
+    for (int l = 0; l < m->cfg.layers; l++)
+        if (m->rc[l] == RC_FULL)
+            return 0; /* its q, k, v are in the scratch set every block shares: no cache */
     return !m->sp && m->be->ops->size > offsetof(loom_backend_ops, attention_decode) &&
            m->be->ops->attention_decode != NULL;
 }

@@ -74,13 +74,20 @@ struct loom_gpt {
     unsigned char *own;
     int has_embed, has_head, staged, slots;
     int split;                         /* loom_gpt_parallel.split_backward: the buffers above */
-    size_t slot_bytes;                 /* one activation set; act_bytes = slots x this */
+    size_t slot_bytes;                 /* one activation set */
+    /* Recomputation (gpt.h): rc[l] = RC_KEEP, RC_FULL or RC_SELECTIVE for block l. What is
+     * recomputed lives in one scratch set (shared_bytes, ahead of the slots in act_mem)
+     * that every block and slot shares: act_bytes = shared_bytes + slots x slot_bytes. */
+    unsigned char *rc;
+    size_t shared_bytes;
     int cache_len;                     /* rows of a one-sequence forward kept as a key/value
                                         * cache (gpt_decode.c); 0: none */
     double comm_ms;                    /* time inside tensor-parallel exchanges */
     loom_grad_ready_fn grad_ready;
     void *grad_ready_ctx;
 };
+
+enum { RC_KEEP, RC_FULL, RC_SELECTIVE };
 
 /* A region boundary: the strategy's hook, or nothing with one rank (then out == in).
  * The macros name Megatron's points; they expect the model in `m`. */

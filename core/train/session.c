@@ -107,7 +107,8 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
     }
     s->cfg.backend = NULL; /* the caller's string; only needed while opening */
     loom_status st = loom_backend_open(cfg->backend ? cfg->backend : "cpu", cfg->threads, &s->backend);
-    loom_gpt_parallel par = {NULL, NULL, cfg->canonical, NULL, 0, 0};
+    loom_gpt_parallel par = {NULL, NULL, cfg->canonical, NULL, 0, 0, cfg->recompute,
+                             cfg->recompute_layers};
     int pp = 1;
     if (st == LOOM_OK) {
         const struct loom_comm_ops *pops;

@@ -38,6 +38,10 @@ typedef struct loom_session_config {
     int pp_chunks;                        /* virtual stages per rank; 0 = 1 */
     const int *pp_layers;                 /* blocks per (virtual) stage, or NULL: even */
     int n_pp_layers;
+    /* Activation recomputation (loom_gpt_parallel.recompute): LOOM_RECOMPUTE_*, and with
+     * LOOM_RECOMPUTE_LAYERS one flag per block (1: recomputed fully). */
+    int recompute;
+    const unsigned char *recompute_layers;
 } loom_session_config;
 
 typedef struct loom_step_stats {

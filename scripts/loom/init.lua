@@ -182,7 +182,32 @@ local session_spec = {
   schedule = { type = "string", help = "the sched plugin when the mesh has pp > 1" },
   chunks = { type = "integer", min = 1, help = "virtual stages per rank (interleaved)" },
   pp_layers = { type = "table", help = "blocks per (virtual) stage; default: as even as possible" },
+  recompute = { type = { "string", "table" }, help = "\"none\", \"full\", \"selective\" or a list of block indices (0-based) recomputed fully" },
 }
+
+-- recompute = "none" | "full" | "selective" | { block indices }: checked against the
+-- model's blocks here, so the C side only sees a valid mode.
+local function check_recompute(r, layers, where)
+  if r == nil or type(r) == "string" then
+    if r ~= nil and r ~= "none" and r ~= "full" and r ~= "selective" then
+      schema.fail(where, "recompute=%q is not a mode: use \"none\", \"full\", \"selective\" or "
+        .. "a list of block indices such as { 0, 2 }", r)
+    end
+    return
+  end
+  local seen = {}
+  for k, l in pairs(r) do
+    if math.type(k) ~= "integer" or k < 1 or k > #r then
+      schema.fail(where, "recompute must be a list of block indices such as { 0, 2 }, got key %s", tostring(k))
+    end
+    if math.type(l) ~= "integer" or l < 0 or l >= layers then
+      schema.fail(where, "recompute[%d]=%s is not a block index: the model's blocks are 0..%d",
+        k, tostring(l), layers - 1)
+    end
+    if seen[l] then schema.fail(where, "recompute lists block %d twice", l) end
+    seen[l] = true
+  end
+end
 local session_batch_spec = {
   micro = { type = "integer", min = 1, required = true },
   seq = { type = "integer", min = 1, required = true },
@@ -198,6 +223,7 @@ function loom.session(t, where)
   if t.batch.seq > t.model.ctx then
     schema.fail(where, "batch.seq=%d is longer than the model's ctx=%d", t.batch.seq, t.model.ctx)
   end
+  check_recompute(t.recompute, t.model.layers, where)
   local cfg = {
     model = t.model, micro = t.batch.micro, seq = t.batch.seq, accum = t.batch.accum or 1,
     seed = t.seed or 1337, grad_clip = t.grad_clip or 1.0, threads = t.threads or 0,
@@ -205,7 +231,7 @@ function loom.session(t, where)
     optimizer = loom.plugin_table(t.optimizer, "optimizer", where),
     precision = loom.plugin_table(t.precision or "fp32", "precision", where),
     strategy = t.strategy, tensor = t.tensor, canonical = t.canonical or false,
-    schedule = t.schedule, chunks = t.chunks, pp_layers = t.pp_layers,
+    schedule = t.schedule, chunks = t.chunks, pp_layers = t.pp_layers, recompute = t.recompute,
   }
   local ok, s = pcall(core.session, cfg)
   if not ok then schema.fail(where, "%s", s) end

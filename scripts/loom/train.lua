@@ -30,6 +30,7 @@ local spec = {
   pp_chunks = { type = "integer", min = 1, help = "with schedule = \"interleaved\": virtual stages per rank (default 2)" },
   pp_layers = { type = "table", help = "with mesh.pp > 1: blocks per stage (per virtual stage with interleaving), e.g. { 3, 5 }" },
   deterministic = { type = "string", one_of = { "fast", "canonical" } },
+  recompute = { type = { "string", "table" }, help = "activation recomputation: \"none\" (default), \"full\", \"selective\" or a list of block indices (0-based) recomputed fully" },
   tp_sequence_parallel = { type = "boolean", help = "with mesh.tp > 1: shard layernorms and residuals over the sequence" },
   eval = { type = "table", help = "{ every = N, batches = M }" },
   sample = { type = "table", help = "{ every = N, prompt = \"...\", tokens = 200 }" },
@@ -314,7 +315,7 @@ return function(loom)
       grad_clip = t.grad_clip, threads = t.threads, backend = t.backend,
       batch = { micro = t.batch.micro, seq = t.batch.seq, accum = accum },
       strategy = strategy, tensor = tensor, canonical = canonical,
-      schedule = schedule, chunks = chunks, pp_layers = t.pp_layers,
+      schedule = schedule, chunks = chunks, pp_layers = t.pp_layers, recompute = t.recompute,
     }, where)
     local info = session:info()
     local say = rank == 0 and print or function() end

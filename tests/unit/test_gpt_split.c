@@ -30,7 +30,7 @@ static loom_gpt *make(int canonical, int split)
     if (!be.ops)
         ck_assert_msg(loom_backend_open("cpu", 0, &be) == LOOM_OK, "%s", loom_last_error());
     loom_gpt_config c = {.vocab = 67, .ctx = T_, .layers = L_, .heads = 4, .dim = 32};
-    loom_gpt_parallel par = {NULL, NULL, canonical, NULL, 2, split};
+    loom_gpt_parallel par = {NULL, NULL, canonical, NULL, 2, split, 0, NULL};
     loom_gpt *m;
     ck_assert_msg(loom_gpt_create(&c, &be, B_, 11, &par, &m) == LOOM_OK, "%s", loom_last_error());
     return m;

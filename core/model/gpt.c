@@ -316,7 +316,7 @@ static loom_status recompute_modes(loom_gpt *m, const loom_gpt_parallel *par)
     /* The split backward's W reads activations its B overwrote with gradients (gpt_backward_
      * split.c) and runs after other micro-batches' passes: a shared scratch set cannot hold
      * them until then. */
-    if (m->split && mode != LOOM_RECOMPUTE_NONE)
+    if (m->split && any_recompute(m))
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "recompute with a split backward (schedule = \"zb1\") "
                   "not yet: use recompute = \"none\" there, or schedule = \"1f1b\"");
     return LOOM_OK;

@@ -222,6 +222,7 @@ static size_t lay_out_activations(loom_gpt *m, float *base, const layer_acts *s)
         a->res3 = TAKE(Rl * C);
         a->dfch = m->split ? TAKE(R * Fl) : NULL;
         a->ln_part = m->split ? TAKE(4 * C) : NULL;
+        a->dqkv = m->split && sel ? TAKE(R * 3 * Cl) : NULL;
     }
     m->encoded = TAKE(Rl * C); m->lnf = TAKE(Rl * C); m->lnf_mean = TAKE(Rl);
     m->lnf_rstd = TAKE(Rl); m->lnf_full = GATHERED(m->lnf);
@@ -314,11 +315,14 @@ static loom_status recompute_modes(loom_gpt *m, const loom_gpt_parallel *par)
                    : mode == LOOM_RECOMPUTE_SELECTIVE ? RC_SELECTIVE
                    : mode == LOOM_RECOMPUTE_LAYERS && par->recompute_layers[l] ? RC_FULL : RC_KEEP;
     /* The split backward's W reads activations its B overwrote with gradients (gpt_backward_
-     * split.c) and runs after other micro-batches' passes: a shared scratch set cannot hold
-     * them until then. */
-    if (m->split && any_recompute(m))
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "recompute with a split backward (schedule = \"zb1\") "
-                  "not yet: use recompute = \"none\" there, or schedule = \"1f1b\"");
+     * split.c) and runs after other micro-batches' passes: a block's forward cannot be rerun
+     * there (its input is a gradient by then). Selective recomputation works: W reruns only
+     * the GELU, from fch, which B then leaves alone (a->dqkv). */
+    for (int l = 0; l < L; l++)
+        if (m->split && m->rc[l] == RC_FULL)
+            LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "recompute = \"full\" (or a list of blocks) with a "
+                      "split backward (schedule = \"zb1\") not yet: use recompute = "
+                      "\"selective\" or \"none\" there, or schedule = \"1f1b\"");
     return LOOM_OK;
 }
 

@@ -12,7 +12,8 @@
  *   d(res3) of block l: over res3 of block l (the next block's ln_1 input, read already by
  *     then); the chunk's top block: the incoming gradient, m->dres;
  *   d(res2): over res2 (ln_2's input, read just before);
- *   d(qkv): over fch (GELU's input, read earlier in the same block);
+ *   d(qkv): over fch (GELU's input, read earlier in the same block); with selective
+ *     recomputation its own buffer (a->dqkv), as W recomputes the GELU output from fch;
  *   d(fch): its own buffer per block (a->dfch, the only extra activation memory);
  *   the LM head's d(logits): the logits, as in the fused backward.
  * The residual joins use residual_forward(out, a, b) = a + b where the fused pass runs
@@ -73,7 +74,10 @@ static loom_status block_input(loom_gpt *m, int l, const float *residual, float 
     LOOM_TRY(B_LEAVE(LOOM_REGION_ATTENTION, l, dy2, dy2, R, C));
     float *datty = m->dpartial;
     k->gemm(0, 0, (int)R, Cl, C, 1.0f, dy2, C, w->attprojw, Cl, 0.0f, datty, Cl);
-    float *dqkv = a->fch; /* GELU's input, read above: d(qkv) goes there */
+    /* GELU's input, read above: d(qkv) goes there, unless W recomputes GELU from it */
+    float *dqkv = a->dqkv ? a->dqkv : a->fch;
+    if (m->rc[l] == RC_SELECTIVE) /* the probabilities again (gpt.c); dbuf_4b: unused in B */
+        k->attention_forward(m->dbuf_4b, a->att, a->qkv, B, T, Cl, m->NHl);
     k->attention_backward(dqkv, m->datt_scratch, datty, a->qkv, a->att, B, T, Cl, m->NHl);
     LOOM_TRY(gpt_column_parallel_backward_input(m, LOOM_REGION_ATTENTION, l, dqkv, w->qkvw, B,
                                                 T, 3 * Cl, 3));
@@ -91,6 +95,8 @@ static loom_status block_weight(loom_gpt *m, int l, const float *dy, int B, int 
     layer_params *w = &m->p.layer[l], *g = &m->g.layer[l];
     layer_acts *a = &m->acts[l];
     rep_pack pk = {.n = 0};
+    if (m->rc[l] == RC_SELECTIVE) /* the GELU output again, into the shared scratch set */
+        k->gelu_forward(a->fch_gelu, a->fch, (size_t)B * T * Fl);
     k->matmul_backward(NULL, g->fcprojw, NULL, dy, a->fch_gelu, w->fcprojw, B, T, Fl, C);
     rep_args pb = {.dout = dy};
     gpt_replicated_grads(m, &pk, 1, &pb, NULL, g->fcprojb, Rl);
@@ -98,7 +104,8 @@ static loom_status block_weight(loom_gpt *m, int l, const float *dy, int B, int 
     k->matmul_backward(NULL, g->attprojw, NULL, a->res2, a->atty, w->attprojw, B, T, Cl, C);
     rep_args ab = {.dout = a->res2};
     gpt_replicated_grads(m, &pk, 1, &ab, NULL, g->attprojb, Rl);
-    k->matmul_backward(NULL, g->qkvw, g->qkvb, a->fch, a->ln1_full, w->qkvw, B, T, C, 3 * Cl);
+    k->matmul_backward(NULL, g->qkvw, g->qkvb, a->dqkv ? a->dqkv : a->fch, a->ln1_full, w->qkvw,
+                       B, T, C, 3 * Cl);
     LOOM_TRY(gpt_rep_flush(m, &pk));
     if (m->canonical || m->sp) { /* the layer norms' parts B left (see gpt_replicated_grads) */
         rep_pack ln = {{g->ln2w, g->ln2b, g->ln1w, g->ln1b}, 4, a->ln_part};

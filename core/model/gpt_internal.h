@@ -37,6 +37,9 @@ typedef struct layer_acts {
     /* Split backward only (gpt_backward_split.c): d(fch) (R,Fl) for W, and the layer norms'
      * canonical gradient parts (4C: ln_2 weight, bias, ln_1 weight, bias) B leaves for W. */
     float *dfch, *ln_part;
+    /* Split backward with selective recomputation: d(qkv) (R,3Cl), which otherwise goes over
+     * fch; W needs fch to recompute the GELU output. */
+    float *dqkv;
 } layer_acts;
 
 struct loom_gpt {

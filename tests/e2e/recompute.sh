@@ -10,8 +10,11 @@
 #    says: selective shares one block's attention probabilities and GELU output among the
 #    4 blocks (3 x (B*heads*T*T + B*T*4C) floats less), full shares all of a block's
 #    activations but its output (3 x that set less);
-#  - what is not supported (the split backward of zb1, sequence parallelism) and bad
-#    values are refused with a message naming them.
+#  - zb1 (the split backward) with selective: bitwise none, fast and canonical (and
+#    canonical zb1 selective is bitwise canonical interleaved none), fewer bytes per rank;
+#  - a sample after full recomputation (no key/value cache) is the text of none (cached);
+#  - what is not supported (full or by-block recomputation with zb1's split backward,
+#    sequence parallelism) and bad values are refused with a message naming them.
 set -euo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -68,9 +71,37 @@ for layout in "${layouts[@]}"; do
     echo "ok $args: selective saves exactly $sel_less bytes, full $full_less"
   fi
   [ "$args" = "deterministic=canonical" ] && cp "$tmp/none" "$tmp/canonical_one"
+  [[ "$args" == *interleaved* ]] && cp "$tmp/none" "$tmp/none_pp_canonical"
 done
+# zb1's split backward: selective (B reruns the attention probabilities, W the GELU)
+for det in fast canonical; do
+  args="mesh.pp=2 schedule=zb1 microbatches=2 deterministic=$det"
+  run 2 $args recompute=none > "$tmp/znone"
+  run 2 $args recompute=selective > "$tmp/zsel"
+  same_bits "$args recompute=selective" "$tmp/znone" "$tmp/zsel"
+  for r in 0 1; do
+    [ "$(bytes "$tmp/zsel" $r)" -lt "$(bytes "$tmp/znone" $r)" ] ||
+      { echo "$args rank $r: selective does not drop the activation bytes"; exit 1; }
+  done
+  echo "ok $args: selective bitwise none (6 steps); activation bytes rank 0: none" \
+    "$(bytes "$tmp/znone" 0), selective $(bytes "$tmp/zsel" 0)"
+done
+cmp -s <(bits "$tmp/zsel") <(bits "$tmp/none_pp_canonical") ||
+  { echo "canonical zb1 selective differs from canonical interleaved none"; exit 1; }
+echo "ok canonical zb1 recompute=selective: bitwise canonical interleaved recompute=none"
+
 same_bits "canonical tp=2 recompute=full vs one rank recompute=none" "$tmp/canonical_one" "$tmp/full"
 echo "ok canonical tp=2 recompute=full: bitwise the canonical one-rank run with recompute=none"
+
+# Sampling: full recomputation has no key/value cache (q, k, v are in the shared set); the
+# text is that of none, which uses the cache.
+text() { grep -av -E '^(LOSS|NORM|MS|ACTBYTES|step) ' "$1"; }
+run 1 recompute=none 'sample={every=6,tokens=20,prompt="ROMEO:"}' > "$tmp/snone"
+run 1 recompute=full 'sample={every=6,tokens=20,prompt="ROMEO:"}' > "$tmp/sfull"
+grep -aq '^ROMEO:' "$tmp/snone" || { echo "no sample printed"; cat "$tmp/snone"; exit 1; }
+cmp -s <(text "$tmp/snone") <(text "$tmp/sfull") ||
+  { echo "sample with recompute=full differs from none"; diff <(text "$tmp/snone") <(text "$tmp/sfull"); exit 1; }
+echo "ok sample after recompute=full (no key/value cache): the text of recompute=none"
 
 refused() { # name expected-message args...
   local name=$1 want=$2; shift 2
@@ -78,7 +109,7 @@ refused() { # name expected-message args...
   grep -q -- "$want" "$tmp/err" || { echo "$name: refused without '$want':"; cat "$tmp/err"; exit 1; }
   echo "ok refused: $name"
 }
-refused "zb1 with recompute" 'recompute with a split backward (schedule = "zb1") not yet' \
+refused "zb1 with recompute=full" 'recompute = "full" (or a list of blocks) with a split backward (schedule = "zb1") not yet' \
   run 2 mesh.pp=2 schedule=zb1 microbatches=2 recompute=full
 refused "sequence parallelism with recompute" 'recompute with sequence parallelism not yet' \
   run 2 mesh.tp=2 tp_sequence_parallel=true recompute=selective

@@ -9,8 +9,10 @@
  *               (one backward of the two) differs, so the comparison can fail.
  *   decode:     the key/value cache is off after full recomputation (q, k, v are in the
  *               shared set), on with selective.
- *   errors:     an unknown mode, blocks without their flags, and recompute with the split
- *               backward are refused with a message.
+ *   split:      the split backward (B, then W) with selective recomputation gives none's
+ *               gradients too.
+ *   errors:     an unknown mode, blocks without their flags, and full recomputation (or by
+ *               blocks) with the split backward are refused with a message.
  */
 #include <check.h>
 #include <stdlib.h>
@@ -119,6 +121,39 @@ END_TEST
 START_TEST(canonical) { modes(1); }
 END_TEST
 
+/* The split backward (B, then W) with selective recomputation: B reruns the attention
+ * probabilities, W the GELU output; fast mode, F0 F1 B0 B1 W0 W1 gives the fused backward's
+ * gradients (test_gpt_split.c), so those of recompute none. */
+START_TEST(split_selective)
+{
+    loom_gpt *none = make(0, LOOM_RECOMPUTE_NONE, NULL), *s;
+    ck_assert_msg(try_make(0, LOOM_RECOMPUTE_SELECTIVE, NULL, 1, &s) == LOOM_OK, "%s",
+                  loom_last_error());
+    size_t n = loom_gpt_params(none)->total, rows = (size_t)B_ * T_ * 32;
+    float *g0 = malloc(n * sizeof(float)), *d0 = malloc(rows * sizeof(float));
+    run(none, g0, d0);
+    loom_gpt_zero_grad(s);
+    forward(s, 0);
+    forward(s, 1);
+    for (int mb = 0; mb < 2; mb++) {
+        loom_gpt_stage_select(s, mb);
+        ck_assert_msg(loom_gpt_stage_backward_input(s, 0, L_, NULL) == LOOM_OK, "%s",
+                      loom_last_error());
+    }
+    ck_assert_msg(!memcmp(loom_gpt_stage_grad_out(s), d0, rows * sizeof(float)),
+                  "split selective: B's input gradient differs from none");
+    for (int mb = 0; mb < 2; mb++) {
+        loom_gpt_stage_select(s, mb);
+        ck_assert_int_eq(loom_gpt_stage_backward_weight(s, 0, L_, 0), LOOM_OK);
+    }
+    ck_assert_msg(!memcmp(loom_gpt_grad_data(s), g0, n * sizeof(float)),
+                  "split selective: gradients differ from none");
+    free(g0); free(d0);
+    loom_gpt_destroy(none);
+    loom_gpt_destroy(s);
+}
+END_TEST
+
 START_TEST(decode)
 {
     loom_gpt *full = make(0, LOOM_RECOMPUTE_FULL, NULL), *sel = make(0, LOOM_RECOMPUTE_SELECTIVE, NULL);
@@ -136,8 +171,10 @@ START_TEST(errors)
     ck_assert_ptr_nonnull(strstr(loom_last_error(), "recompute mode 9 is not one of"));
     ck_assert_int_eq(try_make(0, LOOM_RECOMPUTE_LAYERS, NULL, 0, &m), LOOM_ERR_INVALID);
     ck_assert_ptr_nonnull(strstr(loom_last_error(), "needs recompute_layers"));
-    ck_assert_int_eq(try_make(0, LOOM_RECOMPUTE_SELECTIVE, NULL, 1, &m), LOOM_ERR_UNSUPPORTED);
-    ck_assert_ptr_nonnull(strstr(loom_last_error(), "recompute with a split backward"));
+    ck_assert_int_eq(try_make(0, LOOM_RECOMPUTE_FULL, NULL, 1, &m), LOOM_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(loom_last_error(), "with a split backward (schedule = \"zb1\") "
+                                 "not yet"));
+    ck_assert_int_eq(try_make(0, LOOM_RECOMPUTE_LAYERS, blocks02, 1, &m), LOOM_ERR_UNSUPPORTED);
     ck_assert_ptr_null(m);
 }
 END_TEST
@@ -149,6 +186,7 @@ int main(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, fast);
     tcase_add_test(tc, canonical);
+    tcase_add_test(tc, split_selective);
     tcase_add_test(tc, decode);
     tcase_add_test(tc, errors);
     suite_add_tcase(s, tc);

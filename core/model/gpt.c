@@ -292,14 +292,6 @@ static loom_status check_split(const loom_gpt *m)
     return LOOM_OK;
 }
 
-static int any_recompute(const loom_gpt *m)
-{
-    for (int l = 0; l < m->cfg.layers; l++)
-        if (m->rc[l] != RC_KEEP)
-            return 1;
-    return 0;
-}
-
 /* m->rc from loom_gpt_parallel.recompute (gpt.h). */
 static loom_status recompute_modes(loom_gpt *m, const loom_gpt_parallel *par)
 {
@@ -384,9 +376,6 @@ loom_status loom_gpt_create(const loom_gpt_config *cfg, loom_backend *be, int ma
     m->acts = calloc((size_t)cfg->layers, sizeof(layer_acts));
     if (st == LOOM_OK)
         st = check_split(m);
-    if (st == LOOM_OK && m->sp && any_recompute(m))
-        st = loom_fail(LOOM_ERR_UNSUPPORTED, "recompute with sequence parallelism not yet: use "
-                       "recompute = \"none\" or tp_sequence_parallel = false");
     if (st == LOOM_OK)
         st = (m->p.layer && m->g.layer && m->acts && m->own) ? build_table(m)
                                                    : loom_fail(LOOM_ERR_NOMEM, "out of memory");

@@ -3,8 +3,8 @@
 # { blocks }) on the small model with 4 blocks, 6 steps:
 #  - every mode trains bitwise the losses and gradient norms of recompute = "none", in fast
 #    and canonical mode, on one rank, under pp=2 (1f1b fast, interleaved canonical) and
-#    tp=2 (fast and canonical); canonical tp=2 with full recomputation is bitwise the
-#    canonical one-rank run without it;
+#    tp=2 (fast; with sequence parallelism fast and canonical); canonical tp=2+sp with full
+#    recomputation is bitwise the canonical one-rank run without it;
 #  - the activation bytes (session:info().activation_bytes, every rank) drop:
 #    full < selective < none and { 0, 3 } < none; on one rank by exactly what the layout
 #    says: selective shares one block's attention probabilities and GELU output among the
@@ -13,8 +13,8 @@
 #  - zb1 (the split backward) with selective: bitwise none, fast and canonical (and
 #    canonical zb1 selective is bitwise canonical interleaved none), fewer bytes per rank;
 #  - a sample after full recomputation (no key/value cache) is the text of none (cached);
-#  - what is not supported (full or by-block recomputation with zb1's split backward,
-#    sequence parallelism) and bad values are refused with a message naming them.
+#  - what is not supported (full or by-block recomputation with zb1's split backward) and
+#    bad values are refused with a message naming them.
 set -euo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -40,7 +40,8 @@ same_bits() { # name reference file
 layouts=("1 deterministic=fast" "1 deterministic=canonical"
          "2 mesh.pp=2 schedule=1f1b microbatches=2 deterministic=fast"
          "2 mesh.pp=2 schedule=interleaved microbatches=2 deterministic=canonical"
-         "2 mesh.tp=2 deterministic=fast" "2 mesh.tp=2 deterministic=canonical")
+         "2 mesh.tp=2 deterministic=fast" "2 mesh.tp=2 tp_sequence_parallel=true deterministic=fast"
+         "2 mesh.tp=2 tp_sequence_parallel=true deterministic=canonical")
 for layout in "${layouts[@]}"; do
   n=${layout%% *} args=${layout#* }
   for mode in none full selective '{0,3}'; do
@@ -90,8 +91,8 @@ cmp -s <(bits "$tmp/zsel") <(bits "$tmp/none_pp_canonical") ||
   { echo "canonical zb1 selective differs from canonical interleaved none"; exit 1; }
 echo "ok canonical zb1 recompute=selective: bitwise canonical interleaved recompute=none"
 
-same_bits "canonical tp=2 recompute=full vs one rank recompute=none" "$tmp/canonical_one" "$tmp/full"
-echo "ok canonical tp=2 recompute=full: bitwise the canonical one-rank run with recompute=none"
+same_bits "canonical tp=2+sp recompute=full vs one rank recompute=none" "$tmp/canonical_one" "$tmp/full"
+echo "ok canonical tp=2+sp recompute=full: bitwise the canonical one-rank run with recompute=none"
 
 # Sampling: full recomputation has no key/value cache (q, k, v are in the shared set); the
 # text is that of none, which uses the cache.
@@ -111,8 +112,6 @@ refused() { # name expected-message args...
 }
 refused "zb1 with recompute=full" 'recompute = "full" (or a list of blocks) with a split backward (schedule = "zb1") not yet' \
   run 2 mesh.pp=2 schedule=zb1 microbatches=2 recompute=full
-refused "sequence parallelism with recompute" 'recompute with sequence parallelism not yet' \
-  run 2 mesh.tp=2 tp_sequence_parallel=true recompute=selective
 refused "recompute=bogus" 'recompute="bogus" is not a mode' run 1 recompute=bogus
 refused "recompute={4}" 'recompute\[1\]=4 is not a block index: the model.s blocks are 0..3' \
   run 1 'recompute={4}'

@@ -56,7 +56,8 @@ typedef struct loom_gpt_parallel {
      * block shares; SELECTIVE keeps the GEMM outputs but not the attention probabilities
      * (B x heads x T x T) nor the GELU output, recomputed in backward (Korthikanti et al.
      * 2022); LAYERS: the blocks with recompute_layers[l] = 1 as FULL, the rest kept. The
-     * recomputation makes the same kernel calls on the same operands: the same bits. */
+     * recomputation makes the same kernel calls on the same operands: the same bits. With
+     * split_backward only SELECTIVE (W reruns the GELU; FULL and LAYERS are refused). */
     int recompute;                          /* LOOM_RECOMPUTE_*; 0 = none */
     const unsigned char *recompute_layers;  /* [layers], with LOOM_RECOMPUTE_LAYERS */
 } loom_gpt_parallel;

@@ -50,7 +50,8 @@ typedef struct loom_gpt_parallel {
      * passes: per block d(fch), the layer norms' canonical parts, the chunk input's
      * gradient (about R x (4C/tp) floats per block per slot more). */
     int split_backward;
-    /* Activation recomputation (memory traded for compute; gpt.c, "Recomputation"):
+    /* Activation recomputation (memory traded for compute; docs/RECIPES.md, gpt.c's
+     * lay_out_shared and gpt_block_backward):
      * FULL keeps only each block's output (the next block's input) and reruns the block's
      * forward just before its backward, into one scratch set of block activations every
      * block shares; SELECTIVE keeps the GEMM outputs but not the attention probabilities

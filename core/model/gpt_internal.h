@@ -23,7 +23,9 @@ typedef struct model_params {
  * and MLP widths. The *_full buffers are the layernorm outputs over all R rows: aliases of
  * the local ones without sequence parallelism; with it, one shared buffer (m->gathered)
  * that forward fills by all-gather just before use and backward fills again just before
- * the weight gradient needs it (Korthikanti et al.: only the 1/tp shard is kept). */
+ * the weight gradient needs it (Korthikanti et al.: only the 1/tp shard is kept).
+ * Recomputation (gpt.h): a fully recomputed block's pointers but res3, and a selective
+ * one's att and fch_gelu, point into the scratch set all blocks share (gpt.c). */
 typedef struct layer_acts {
     float *ln1, *ln1_mean, *ln1_rstd; /* (Rl,C) (Rl) (Rl) */
     float *ln1_full;                  /* (R,C) */

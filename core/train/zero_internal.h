@@ -1,0 +1,58 @@
+/* zero_internal.h — what zero.c and zero_reduce.c share (see zero.h). */
+#ifndef LOOM_CORE_ZERO_INTERNAL_H
+#define LOOM_CORE_ZERO_INTERNAL_H
+
+#include "zero.h"
+
+#include "loom/plugin/comm.h"
+
+#define ZERO_ALIGN 16        /* floats: the parameter table's alignment (params.c) */
+#define ZERO_MAX_INFLIGHT 64 /* parameter all-gathers queued at once */
+#define ZERO_SLOTS 2         /* stage 2: reduce-scatters in flight, each with a staging slot */
+
+typedef struct zero_bucket {
+    size_t lo, len;      /* [lo, lo+len) of the padded buffer; len a multiple of U*N */
+    size_t sub;          /* len / N: each rank's sub-block */
+    size_t part_off;     /* lo / N: where this bucket's sub-block sits in the partition */
+} zero_bucket;
+
+typedef struct zero_flight {
+    loom_comm_request *req;
+    int bucket;
+    float *slot;         /* staging to add into the partition, or NULL: received in place */
+} zero_flight;
+
+struct loom_zero {
+    int stage, reduces;
+    loom_gpt *model;
+    loom_backend *be;
+    const struct loom_comm_ops *comm, *tp_comm;
+    void *dp, *tp;
+    int n, rank, tp_size, tp_rank;
+    size_t total, padded, part, owned, max_len;
+    zero_bucket *buckets;
+    int n_buckets;
+    loom_optim_segment *segments;
+    int *seg_entry;      /* the parameter-table entry of each segment */
+    int n_segments;
+    float *state;
+    size_t state_floats;
+    float *tail;         /* U*N floats: the tail bucket's send/recv staging */
+    /* stage 2 */
+    float *part_grads;   /* P/N floats: this rank's gradient partition */
+    float *staging;      /* ZERO_SLOTS * max sub-block */
+    size_t staging_floats;
+    zero_flight flight[ZERO_SLOTS];
+    int n_flight, next_slot;
+    int micro, next_bucket; /* buckets next_bucket..0 are still to reduce this backward */
+    size_t watermark;    /* gradients at [watermark, total) are final */
+    size_t page;
+    unsigned char *pages; /* mincore's vector over the gradient buffer */
+    size_t n_pages;
+    size_t resident_peak;
+};
+
+loom_status zero_reduce_init(loom_zero *z);
+void zero_reduce_free(loom_zero *z);
+
+#endif

@@ -26,28 +26,6 @@
 #include "base/status.h"
 #include "base/clock.h"
 
-loom_status zero_reduce_init(loom_zero *z)
-{
-    size_t max_sub = z->max_len / (size_t)z->n;
-    z->staging_floats = (size_t)ZERO_SLOTS * max_sub;
-    z->part_grads = calloc(z->part, sizeof(float));
-    z->staging = calloc(z->staging_floats, sizeof(float));
-    long pg = sysconf(_SC_PAGESIZE);
-    z->page = pg > 0 ? (size_t)pg : 4096;
-    z->n_pages = (z->total * sizeof(float) + 2 * z->page) / z->page;
-    z->pages = malloc(z->n_pages);
-    if (!z->part_grads || !z->staging || !z->pages)
-        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the ZeRO-2 gradient partition");
-    return LOOM_OK;
-}
-
-void zero_reduce_free(loom_zero *z)
-{
-    free(z->part_grads);
-    free(z->staging);
-    free(z->pages);
-}
-
 /* Resident bytes of the model's gradient buffer now (mincore), kept as a peak. */
 static void measure(loom_zero *z)
 {
@@ -66,18 +44,50 @@ static void measure(loom_zero *z)
         z->resident_peak = resident;
 }
 
-/* Zero [lo, hi) of the gradient buffer, returning its whole pages to the OS. */
+/* Zero [lo, hi) of the gradient buffer, returning its whole pages to the OS. Buckets
+ * finish top down, so everything above hi is already zero: the page that straddles hi
+ * goes too, except at the buffer's end (the rest of that page is not ours). */
 static void release(loom_zero *z, size_t lo, size_t hi)
 {
     float *g = loom_gpt_grad_data(z->model);
     uintptr_t a = (uintptr_t)(g + lo), b = (uintptr_t)(g + hi);
     uintptr_t pa = (a + z->page - 1) / z->page * z->page, pb = b / z->page * z->page;
+    if (hi < z->total && b != pb) {
+        uintptr_t up = pb + z->page, end = (uintptr_t)(g + z->total);
+        if (up <= end) {
+            pb = up;
+            b = up; /* nothing between the old b and up needs the memset: madvise zeroes it */
+        }
+    }
     if (pb > pa && madvise((void *)pa, pb - pa, MADV_DONTNEED) == 0) {
         memset((void *)a, 0, pa - a);
         memset((void *)pb, 0, b - pb);
     } else {
         memset((void *)a, 0, b - a);
     }
+}
+
+loom_status zero_reduce_init(loom_zero *z)
+{
+    size_t max_sub = z->max_len / (size_t)z->n;
+    z->staging_floats = (size_t)ZERO_SLOTS * max_sub;
+    z->part_grads = calloc(z->part, sizeof(float));
+    z->staging = calloc(z->staging_floats, sizeof(float));
+    long pg = sysconf(_SC_PAGESIZE);
+    z->page = pg > 0 ? (size_t)pg : 4096;
+    z->n_pages = (z->total * sizeof(float) + 2 * z->page) / z->page;
+    z->pages = malloc(z->n_pages);
+    if (!z->part_grads || !z->staging || !z->pages)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the ZeRO-2 gradient partition");
+    release(z, 0, z->total); /* from the start: only backward brings pages back */
+    return LOOM_OK;
+}
+
+void zero_reduce_free(loom_zero *z)
+{
+    free(z->part_grads);
+    free(z->staging);
+    free(z->pages);
 }
 
 /* Complete the oldest reduce-scatter: add its staging into the partition, free its range. */

@@ -128,9 +128,9 @@ done
 mem8() { "$loom" launch -n 2 "$here/recipes/zero_memory.lua" mesh.dp=2 strategy.zero=2 model.layers=8 "$@" | grep -a '^MEM 0 ' || true; }
 # (the full buffer has the parameters' size, field 3; the resident peak is field 9)
 mem8 strategy.dp.bucket_mb=0.01 | awk '
-  { if (!($9 > 0 && $9 < 0.5 * $3)) { print "stage 2 gradient buffer resident peak " $9 " of " $3 " bytes"; exit 1 }
-    printf "ok stage 2, 8 layers: full gradient buffer resident at most %d of %d bytes (%.0f%%); partition %d\n", $9, $3, 100 * $9 / $3, $4; n++ }
-  END { if (n != 1) { print "no MEM line from rank 0"; exit 1 } }'
+  { n++; if (!($9 > 0 && $9 < 0.5 * $3)) { print "stage 2 gradient buffer resident peak " $9 " of " $3 " bytes"; bad = 1; exit 1 }
+    printf "ok stage 2, 8 layers: full gradient buffer resident at most %d of %d bytes (%.0f%%); partition %d\n", $9, $3, 100 * $9 / $3, $4 }
+  END { if (bad) exit 1; if (n != 1) { print "no MEM line from rank 0"; exit 1 } }'
 
 # --- refusals -------------------------------------------------------------------------
 refused() { # refused WANT ARGS...: the run fails, naming WANT, before training

@@ -100,7 +100,7 @@ static loom_status make_zero(loom_session *s)
     int decay_all = 0;
     s->optim->decay_rule(s->optim_self, &wd, &decay_all);
     loom_zero_config zc = {cfg->zero_stage, cfg->zero_bucket_mb > 0 ? cfg->zero_bucket_mb : 25.0,
-                           cfg->canonical, s->state_slots, wd, decay_all};
+                           cfg->canonical, cfg->accum, s->state_slots, wd, decay_all};
     return loom_zero_create(&zc, s->model, &s->backend, &s->zero);
 }
 

@@ -49,6 +49,7 @@ typedef struct loom_zero_config {
     int stage;            /* 1 or 2 */
     double bucket_mb;     /* bucket size in MiB */
     int canonical;
+    int accum;            /* micro-batches per rank and step (stage 2 stages the later ones) */
     uint32_t state_slots; /* optimizer state floats per parameter */
     float weight_decay;
     int decay_all;

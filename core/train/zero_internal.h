@@ -23,7 +23,7 @@ typedef struct zero_flight {
 } zero_flight;
 
 struct loom_zero {
-    int stage, reduces;
+    int stage, reduces, accum;
     loom_gpt *model;
     loom_backend *be;
     const struct loom_comm_ops *comm, *tp_comm;
@@ -40,10 +40,10 @@ struct loom_zero {
     float *tail;         /* U*N floats: the tail bucket's send/recv staging */
     /* stage 2 */
     float *part_grads;   /* P/N floats: this rank's gradient partition */
-    float *staging;      /* ZERO_SLOTS * max sub-block */
+    float *staging;      /* slots * max sub-block, with accum > 1 only */
     size_t staging_floats;
     zero_flight flight[ZERO_SLOTS];
-    int n_flight, next_slot;
+    int n_flight, next_slot, slots; /* slots: reduce-scatters in flight at most */
     int micro, next_bucket; /* buckets next_bucket..0 are still to reduce this backward */
     size_t watermark;    /* gradients at [watermark, total) are final */
     size_t page;

@@ -69,15 +69,18 @@ static void release(loom_zero *z, size_t lo, size_t hi)
 
 loom_status zero_reduce_init(loom_zero *z)
 {
+    /* Staging only where a later micro-batch adds into the partition: one slot per
+     * reduce-scatter in flight. */
     size_t max_sub = z->max_len / (size_t)z->n;
-    z->staging_floats = (size_t)ZERO_SLOTS * max_sub;
+    z->slots = z->n_buckets < ZERO_SLOTS ? z->n_buckets : ZERO_SLOTS;
+    z->staging_floats = z->accum > 1 ? (size_t)z->slots * max_sub : 0;
     z->part_grads = calloc(z->part, sizeof(float));
-    z->staging = calloc(z->staging_floats, sizeof(float));
+    z->staging = z->staging_floats ? calloc(z->staging_floats, sizeof(float)) : NULL;
     long pg = sysconf(_SC_PAGESIZE);
     z->page = pg > 0 ? (size_t)pg : 4096;
     z->n_pages = (z->total * sizeof(float) + 2 * z->page) / z->page;
     z->pages = malloc(z->n_pages);
-    if (!z->part_grads || !z->staging || !z->pages)
+    if (!z->part_grads || (z->staging_floats && !z->staging) || !z->pages)
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the ZeRO-2 gradient partition");
     release(z, 0, z->total); /* from the start: only backward brings pages back */
     return LOOM_OK;
@@ -107,7 +110,7 @@ static loom_status complete_oldest(loom_zero *z)
 
 static loom_status start_bucket(loom_zero *z, int k)
 {
-    if (z->n_flight == ZERO_SLOTS)
+    if (z->n_flight == z->slots)
         LOOM_TRY(complete_oldest(z));
     const zero_bucket *b = &z->buckets[k];
     float *g = loom_gpt_grad_data(z->model), *send = g + b->lo;
@@ -118,8 +121,8 @@ static loom_status start_bucket(loom_zero *z, int k)
     }
     float *slot = NULL, *recv = z->part_grads + b->part_off;
     if (z->micro > 0) {
-        slot = z->staging + (size_t)z->next_slot * (z->staging_floats / ZERO_SLOTS);
-        z->next_slot = (z->next_slot + 1) % ZERO_SLOTS;
+        slot = z->staging + (size_t)z->next_slot * (z->staging_floats / (size_t)z->slots);
+        z->next_slot = (z->next_slot + 1) % z->slots;
         recv = slot;
     }
     zero_flight *f = &z->flight[z->n_flight];

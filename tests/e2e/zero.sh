@@ -145,3 +145,11 @@ refused "strategy.zero=1 with mesh.pp=2 is not built yet" "$loom" launch -n 2 "$
 refused "strategy.zero=2 with checkpoint is not built yet" "$loom" launch -n 2 "$recipe" mesh.dp=2 strategy.zero=2 checkpoint.dir="$tmp/ck"
 refused "strategy.offload is not built yet" "$loom" run "$recipe" strategy.offload=host
 refused "must be 0, 1 or 2" "$loom" run "$recipe" strategy.zero=7
+# the imperative API: a zero session refuses s:save and s:load (the refusal in C, under
+# the recipe check above)
+"$loom" launch -n 2 "$here/recipes/zero_save.lua" > "$tmp/save" 2>&1 || { echo "zero_save.lua failed:"; cat "$tmp/save"; exit 1; }
+for what in save load; do
+  grep -q "^REFUSED $what checkpoints are not ${what:0:4}.*under strategy zero=1 yet" "$tmp/save" ||
+    { echo "s:$what under zero=1 was not refused:"; cat "$tmp/save"; exit 1; }
+done
+echo "ok refused: session:save and session:load under zero=1 ($(grep -c '^REFUSED' "$tmp/save") of 2 on rank 0)"

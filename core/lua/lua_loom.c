@@ -470,13 +470,14 @@ static int l_session_info(lua_State *L)
     lua_setfield(L, -2, "stages");
     lua_pushinteger(L, loom_session_zero_stage(b->s));
     lua_setfield(L, -2, "zero");
-    /* memory = { params=, grads=, grads_peak_resident=, optimizer=, master=, activations=,
+    /* memory = { params=, params_peak_resident=, grads=, grads_peak_resident=, optimizer=, master=, activations=,
      * comm= }: this rank's bytes by category (zero.h) */
     loom_memory mem;
     loom_session_memory(b->s, &mem);
-    lua_createtable(L, 0, 7);
+    lua_createtable(L, 0, 8);
     const struct { const char *k; size_t v; } cats[] = {
-        {"params", mem.params}, {"grads", mem.grads}, {"grads_peak_resident", mem.grads_peak_resident},
+        {"params", mem.params}, {"params_peak_resident", mem.params_peak_resident},
+        {"grads", mem.grads}, {"grads_peak_resident", mem.grads_peak_resident},
         {"optimizer", mem.optimizer}, {"master", mem.master}, {"activations", mem.activations},
         {"comm", mem.comm}};
     for (size_t i = 0; i < sizeof cats / sizeof cats[0]; i++) {

@@ -254,6 +254,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
 {
     double t0 = loom_now_ms();
     loom_gpt_take_comm_ms(s->model); /* drop what eval or sampling spent */
+    if (s->zero)
+        loom_zero_take_comm_ms(s->zero);
     const loom_backend_ops *k = s->backend.ops;
     int B = s->cfg.micro_batch, T = s->cfg.seq, accum = s->cfg.accum;
     int dp = loom_grad_sync_dp_size(s->sync), dp_rank = loom_grad_sync_dp_rank(s->sync);
@@ -319,6 +321,10 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         LOOM_TRY(loom_pipeline_norm(s->pipe, slots, n_slots, &norm_sq, &nonfinite));
         comm_ms += loom_now_ms() - t_pp;
         loss_sum = v;
+    }
+    if (s->zero) { /* ZeRO-3: gathers in flight read the partition the step rewrites */
+        LOOM_TRY(loom_zero_settle(s->zero));
+        comm_ms += loom_zero_take_comm_ms(s->zero);
     }
     int skip = s->precision->update(s->precision_self, nonfinite);
     double norm = nonfinite ? NAN : sqrt(norm_sq) / scale;
@@ -480,7 +486,15 @@ loom_status loom_session_generate(loom_session *s, const loom_sample_config *c, 
     if (!(c->temperature > 0.0f))
         LOOM_FAIL(LOOM_ERR_INVALID, "temperature must be > 0, got %g", c->temperature);
     const loom_backend_ops *k = s->backend.ops;
-    loom_status st = generate(s, c, prompt, n_prompt, n_new, out);
+    /* ZeRO-3: decoding reads every unit without hooks: all gathered for the whole run */
+    loom_status st = s->zero ? loom_zero_pin_params(s->zero, 1) : LOOM_OK;
+    if (st == LOOM_OK)
+        st = generate(s, c, prompt, n_prompt, n_new, out);
+    if (s->zero) {
+        loom_status u = loom_zero_pin_params(s->zero, 0);
+        if (st == LOOM_OK)
+            st = u;
+    }
     if (k->set_deterministic)
         k->set_deterministic(s->backend.self, s->cfg.canonical);
     return st;
@@ -536,7 +550,8 @@ void loom_session_memory(loom_session *s, loom_memory *out)
     memset(out, 0, sizeof *out);
     if (s->zero)
         loom_zero_memory(s->zero, out);
-    out->params = total;
+    if (!out->params)
+        out->params = total;
     if (!s->zero || !loom_zero_reduces(s->zero))
         out->grads = total;
     if (!s->zero)

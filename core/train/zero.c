@@ -12,31 +12,59 @@
 
 static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
-/* Buckets tile [0, P): full ones of `want` elements up to the last multiple of U*N inside
- * the buffer, a shorter one up to there, and the tail bucket of U*N past it. */
+static int cmp_size(const void *a, const void *b)
+{
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Buckets tile [0, P) at cut points, all multiples of U*N: every `want` elements up to
+ * the last multiple of U*N inside the buffer (body), body itself, and P (the tail bucket
+ * [body, P) when the buffer ends inside it). Stage 3 cuts at every unit boundary too
+ * (rounded down and up: the U*N cell around an unaligned boundary is a bucket of its
+ * own, gathered with either unit), so that a unit is gathered without its neighbours. */
 static loom_status make_buckets(loom_zero *z, size_t want)
 {
     size_t unit = (size_t)ZERO_ALIGN * (size_t)z->n;
     size_t body = z->total / unit * unit;
     z->padded = round_up(z->total, unit);
     want = want < unit ? unit : want / unit * unit;
-    size_t count = (body + want - 1) / want + (z->padded > body);
-    z->buckets = calloc(count ? count : 1, sizeof *z->buckets);
-    if (!z->buckets)
+    if (z->stage == 3)
+        want = body + unit; /* buckets are the units: one gather each */
+    int units = z->stage == 3 ? loom_gpt_get_config(z->model)->layers + 2 : 0;
+    size_t cap = body / want + 3 + 2 * (size_t)units, n = 0;
+    size_t *cut = malloc(cap * sizeof *cut);
+    z->buckets = calloc(cap, sizeof *z->buckets);
+    if (!cut || !z->buckets) {
+        free(cut);
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for ZeRO buckets");
-    size_t lo = 0;
+    }
+    for (size_t x = 0; x < body; x += want)
+        cut[n++] = x;
+    cut[n++] = body;
+    cut[n++] = z->padded;
+    const loom_param_table *t = loom_gpt_params(z->model);
+    for (int u = 1; u < units; u++) {
+        int first, last;
+        loom_gpt_unit_entries(z->model, u, &first, &last);
+        size_t b = t->entries[first].offset;
+        cut[n++] = b / unit * unit;
+        cut[n++] = round_up(b, unit);
+    }
+    qsort(cut, n, sizeof *cut, cmp_size);
     int k = 0;
-    while (lo < z->padded) {
-        size_t hi = lo < body ? (lo + want < body ? lo + want : body) : z->padded;
+    for (size_t i = 0; i + 1 < n; i++) {
+        if (cut[i + 1] == cut[i])
+            continue;
         zero_bucket *b = &z->buckets[k++];
-        b->lo = lo;
-        b->len = hi - lo;
+        b->lo = cut[i];
+        b->len = cut[i + 1] - cut[i];
         b->sub = b->len / (size_t)z->n;
-        b->part_off = lo / (size_t)z->n;
+        b->part_off = b->lo / (size_t)z->n;
         if (b->len > z->max_len)
             z->max_len = b->len;
-        lo = hi;
     }
+    free(cut);
     z->n_buckets = k;
     return LOOM_OK;
 }
@@ -65,7 +93,7 @@ static loom_status make_segments(loom_zero *z, const loom_zero_config *c)
                 LOOM_FAIL(LOOM_ERR_INTERNAL, "ZeRO: more segments than parameters + buckets");
             size_t pos = b->part_off + (lo - a); /* place in the partition */
             loom_optim_segment *s = &z->segments[z->n_segments++];
-            s->param = params + lo;
+            s->param = z->part_params ? z->part_params + pos : params + lo;
             s->grad = z->part_grads ? z->part_grads + pos : grads + lo;
             s->state = z->state ? z->state + (size_t)c->state_slots * pos : NULL;
             s->n = hi - lo;
@@ -80,9 +108,8 @@ static loom_status make_segments(loom_zero *z, const loom_zero_config *c)
 loom_status loom_zero_create(const loom_zero_config *c, loom_gpt *m, loom_backend *be, loom_zero **out)
 {
     *out = NULL;
-    if (c->stage < 1 || c->stage > 2)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy zero=%d: this build has stages 1 and 2 (ZeRO-3, "
-                  "partitioned parameters, is not built yet)", c->stage);
+    if (c->stage < 1 || c->stage > 3)
+        LOOM_FAIL(LOOM_ERR_INVALID, "strategy zero=%d: the stages are 1, 2 and 3", c->stage);
     if (!(c->bucket_mb > 0 && c->bucket_mb <= 4096))
         LOOM_FAIL(LOOM_ERR_INVALID, "zero bucket_mb=%g must be in (0, 4096]", c->bucket_mb);
     loom_zero *z = calloc(1, sizeof *z);
@@ -92,7 +119,7 @@ loom_status loom_zero_create(const loom_zero_config *c, loom_gpt *m, loom_backen
     z->model = m;
     z->be = be;
     z->total = loom_gpt_params(m)->total;
-    z->reduces = c->stage == 2 && !c->canonical;
+    z->reduces = c->stage >= 2 && !c->canonical;
     z->accum = c->accum;
     const loom_host *host = loom_core_host();
     loom_status st = host->group(LOOM_GROUP_DP, &z->comm, &z->dp, &z->n);
@@ -116,6 +143,8 @@ loom_status loom_zero_create(const loom_zero_config *c, loom_gpt *m, loom_backen
         st = loom_fail(LOOM_ERR_NOMEM, "out of memory");
     if (st == LOOM_OK && z->reduces)
         st = zero_reduce_init(z);
+    if (st == LOOM_OK && z->stage == 3)
+        st = zero_params_init(z);
     if (st == LOOM_OK)
         st = make_segments(z, c);
     if (st != LOOM_OK) {
@@ -131,6 +160,7 @@ void loom_zero_destroy(loom_zero *z)
     if (!z)
         return;
     zero_reduce_free(z);
+    zero_params_free(z);
     free(z->tail);
     free(z->state);
     free(z->buckets);
@@ -168,6 +198,10 @@ static float *bucket_base(loom_zero *z, const zero_bucket *b, float *buf)
 
 loom_status loom_zero_gather_params(loom_zero *z, double *comm_ms)
 {
+    if (z->stage == 3) { /* gathered unit by unit when next used */
+        loom_zero_params_stale(z);
+        return LOOM_OK;
+    }
     double t0 = loom_now_ms();
     float *params = loom_gpt_param_data(z->model);
     /* In place: rank r's sub-block already sits at r*sub of the bucket (comm.h's
@@ -212,5 +246,8 @@ void loom_zero_memory(const loom_zero *z, loom_memory *out)
     out->optimizer = z->state_floats * sizeof(float);
     out->grads = z->reduces ? z->part * sizeof(float) : 0;
     out->grads_peak_resident = z->resident_peak;
-    out->comm = ((size_t)ZERO_ALIGN * (size_t)z->n + z->staging_floats) * sizeof(float);
+    out->params = z->part_params ? z->part * sizeof(float) : 0;
+    out->params_peak_resident = z->params_peak;
+    out->comm = ((size_t)ZERO_ALIGN * (size_t)z->n * (z->tail3 ? 2 : 1) + z->staging_floats) *
+                sizeof(float);
 }

@@ -35,7 +35,9 @@ typedef struct loom_zero loom_zero;
 
 /* Bytes this rank holds, by category (loom_zero_memory and the session's accounting). */
 typedef struct loom_memory {
-    size_t params;        /* the parameter buffer (full: ZeRO-3 is not built) */
+    size_t params;        /* persistent parameter storage (stage 3: the partition) */
+    size_t params_peak_resident; /* stage 3: measured resident peak of the model's
+                                  * full-size parameter buffer (0: not measured) */
     size_t grads;         /* persistent gradient storage */
     size_t grads_peak_resident; /* stage 2: measured resident peak of the model's transient
                                  * full-size gradient buffer (0: not measured) */
@@ -46,7 +48,7 @@ typedef struct loom_memory {
 } loom_memory;
 
 typedef struct loom_zero_config {
-    int stage;            /* 1 or 2 */
+    int stage;            /* 1, 2 or 3 */
     double bucket_mb;     /* bucket size in MiB */
     int canonical;
     int accum;            /* micro-batches per rank and step (stage 2 stages the later ones) */
@@ -70,8 +72,17 @@ loom_status loom_zero_grads_ready(void *z, size_t offset, size_t n);
 loom_status loom_zero_finish_micro(void *z);
 /* Stage 2: the global squared gradient norm and non-finite flag over all partitions. */
 loom_status loom_zero_norm(loom_zero *z, double *norm_sq, int *nonfinite, double *comm_ms);
-/* After the optimizer step: every rank's updated partition into every rank's parameters. */
+/* After the optimizer step: every rank's updated partition into every rank's parameters
+ * (stages 1 and 2). */
 loom_status loom_zero_gather_params(loom_zero *z, double *comm_ms);
+/* Stage 3 (zero_params.c; no-ops below it): before the optimizer step, complete the
+ * gathers in flight (they read the partition the step rewrites); after it, mark every
+ * unit stale; pin = 1 gathers every unit and keeps it (sampling's decode reads them all
+ * without hooks), 0 releases them; the milliseconds the hooks spent communicating. */
+loom_status loom_zero_settle(loom_zero *z);
+void loom_zero_params_stale(loom_zero *z);
+loom_status loom_zero_pin_params(loom_zero *z, int pin);
+double loom_zero_take_comm_ms(loom_zero *z);
 /* This rank's partition: elements, and how many of them lie inside the buffer. */
 void loom_zero_partition(const loom_zero *z, size_t *elems, size_t *owned);
 int loom_zero_stage(const loom_zero *z);

@@ -16,6 +16,16 @@ typedef struct zero_bucket {
     size_t part_off;     /* lo / N: where this bucket's sub-block sits in the partition */
 } zero_bucket;
 
+#define ZERO_UNIT_BUCKETS 8 /* stage 3: buckets one unit spans at most */
+
+typedef struct zero_unit {       /* stage 3: one unit of the model (gpt.h) */
+    int state;                   /* zero_params.c: STALE, GATHERING, RESIDENT */
+    int first_bucket, last_bucket;
+    loom_comm_request *req[ZERO_UNIT_BUCKETS];
+    int n_req;
+    size_t inner_lo, inner_hi;   /* the pages only this unit touches, as elements */
+} zero_unit;
+
 typedef struct zero_flight {
     loom_comm_request *req;
     int bucket;
@@ -50,9 +60,19 @@ struct loom_zero {
     unsigned char *pages; /* mincore's vector over the gradient buffer */
     size_t n_pages;
     size_t resident_peak;
+    /* stage 3 */
+    zero_unit *units;
+    int n_units, last_unit, pinned;
+    float *part_params;  /* P/N floats: this rank's partition of the parameters */
+    float *tail3;        /* U*N floats: the tail bucket's gather staging */
+    unsigned char *param_pages;
+    size_t n_param_pages, params_peak;
+    double comm_ms;
 };
 
 loom_status zero_reduce_init(loom_zero *z);
 void zero_reduce_free(loom_zero *z);
+loom_status zero_params_init(loom_zero *z);
+void zero_params_free(loom_zero *z);
 
 #endif

@@ -182,7 +182,7 @@ local session_spec = {
   schedule = { type = "string", help = "the sched plugin when the mesh has pp > 1" },
   chunks = { type = "integer", min = 1, help = "virtual stages per rank (interleaved)" },
   pp_layers = { type = "table", help = "blocks per (virtual) stage; default: as even as possible" },
-  zero = { type = "integer", min = 0, help = "ZeRO stage over the dp group: 0 (none), 1 or 2 (docs/ZERO.md)" },
+  zero = { type = "integer", min = 0, help = "ZeRO stage over the dp group: 0 (none), 1, 2 or 3 (docs/ZERO.md)" },
   zero_bucket_mb = { type = "positive", help = "ZeRO bucket size in MiB (default 25)" },
 }
 local session_batch_spec = {

@@ -242,19 +242,19 @@ local function check_zero(t, where, origin)
       schema.fail(where, "strategy.offload is not built yet (optimizer state on the host or disk): "
         .. "leave it out")
     elseif k ~= "dp" and k ~= "zero" then
-      schema.fail(where, "strategy.%s is not available in this build (accepted: zero = 0, 1 or 2; "
+      schema.fail(where, "strategy.%s is not available in this build (accepted: zero = 0, 1, 2 or 3; "
         .. "dp = { bucket_mb = ... })", tostring(k))
     end
   end
   local z = st.zero
   if z == nil then return end
   if math.type(z) ~= "integer" or z < 0 or z > 3 then
-    schema.fail(where, "strategy.zero=%s%s must be 0, 1 or 2 (the ZeRO stage)", tostring(z),
+    schema.fail(where, "strategy.zero=%s%s must be 0, 1, 2 or 3 (the ZeRO stage)", tostring(z),
       origin("strategy.zero") or "")
   end
-  if z == 3 then
-    schema.fail(where, "strategy.zero=3 (partitioned parameters) is not built yet: use zero = 1 "
-      .. "(optimizer state partitioned) or 2 (gradients too)")
+  if z == 3 and t.model.init then
+    schema.fail(where, "strategy.zero=3 with model.init (llm.c weights) is not built yet: the "
+      .. "weights would have to be loaded into each rank's partition; use zero = 1 or 2")
   end
   if z > 0 and ((t.mesh or {}).pp or 1) > 1 then
     schema.fail(where, "strategy.zero=%d with mesh.pp=%d is not built yet: use zero with pp = 1, "

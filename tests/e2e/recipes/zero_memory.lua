@@ -2,6 +2,7 @@
 -- session's accounting, docs/ZERO.md) after the last step, for tests/e2e/zero.sh to hold
 -- against the ZeRO paper's formulas:
 --   MEM rank params grads optimizer master activations comm grads_peak_resident
+--       params_peak_resident
 package.path = arg[0]:match("^(.*)/[^/]*$") .. "/?.lua;" .. package.path
 local loom = require "loom"
 local common = require "common"
@@ -14,7 +15,8 @@ loom.train {
   on_step = function(r)
     if r.step < steps then return end
     local m = r.memory
-    print(string.format("MEM %d %d %d %d %d %d %d %d", loom.core.rank or 0,
-      m.params, m.grads, m.optimizer, m.master, m.activations, m.comm, m.grads_peak_resident))
+    print(string.format("MEM %d %d %d %d %d %d %d %d %d", loom.core.rank or 0,
+      m.params, m.grads, m.optimizer, m.master, m.activations, m.comm, m.grads_peak_resident,
+      m.params_peak_resident))
   end,
 }

@@ -43,7 +43,7 @@ struct loom_session {
     int n_segments;
     int *tokens, *targets;   /* host staging for one micro-batch (all of a step's under pp) */
     loom_pipeline *pipe;     /* pp > 1, else NULL */
-    loom_zero *zero;         /* strategy zero = 1 or 2 with dp > 1, else NULL */
+    loom_zero *zero;         /* strategy zero = 1, 2 or 3 with dp > 1, else NULL */
     float *host_logits;      /* sampling: one row of Vp */
     int64_t steps;
 };

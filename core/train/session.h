@@ -39,7 +39,7 @@ typedef struct loom_session_config {
     int pp_chunks;                        /* virtual stages per rank; 0 = 1 */
     const int *pp_layers;                 /* blocks per (virtual) stage, or NULL: even */
     int n_pp_layers;
-    /* ZeRO (zero.h): stage 0 (none), 1 or 2 over the dp group; bucket size in MiB (0: 25). */
+    /* ZeRO (zero.h): stage 0 (none), 1, 2 or 3 over the dp group; bucket MiB (0: 25). */
     int zero_stage;
     double zero_bucket_mb;
 } loom_session_config;

@@ -105,7 +105,8 @@ static loom_status make_segments(loom_zero *z, const loom_zero_config *c)
     return LOOM_OK;
 }
 
-loom_status loom_zero_create(const loom_zero_config *c, loom_gpt *m, loom_backend *be, loom_zero **out)
+loom_status loom_zero_create(const loom_zero_config *c, loom_gpt *m, loom_backend *be,
+                             loom_zero **out)
 {
     *out = NULL;
     if (c->stage < 1 || c->stage > 3)

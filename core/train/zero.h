@@ -1,4 +1,4 @@
-/* zero.h — ZeRO stages 1 and 2 over the data-parallel group (Rajbhandari et al. 2020).
+/* zero.h — ZeRO stages 1, 2 and 3 over the data-parallel group (Rajbhandari et al. 2020).
  *
  * Partitions: the flat buffer [0, total) is padded to P, a multiple of U*N (U = 16 floats,
  * the parameter table's alignment; N = dp ranks), and tiled by buckets: fixed offset ranges
@@ -19,9 +19,11 @@
  * bucket are handed back to the OS (madvise MADV_DONTNEED) once its reduce-scatter has read
  * them, so that buffer is address space, resident only for the buckets backward has
  * written and not yet reduced; loom_zero_memory reports the measured resident peak.
- * Stage 2 under canonical mode runs stage 1's reduction: the fixed tree sums whole
+ * Stages 2 and 3 under canonical mode run stage 1's reduction: the fixed tree sums whole
  * per-micro-batch gradients, so there is no gradient memory to save there; the bits are
  * the point of that mode.
+ * Stage 3 (zero_params.c): the parameters are partitioned too; stage 2's gradient path;
+ * buckets follow the model's units, gathered before use and released after.
  * The global gradient norm and the non-finite check span all partitions (stage 1: the
  * unchanged full-buffer norm; stage 2: partition sums exchanged over dp, then tp).
  */
@@ -39,8 +41,8 @@ typedef struct loom_memory {
     size_t params_peak_resident; /* stage 3: measured resident peak of the model's
                                   * full-size parameter buffer (0: not measured) */
     size_t grads;         /* persistent gradient storage */
-    size_t grads_peak_resident; /* stage 2: measured resident peak of the model's transient
-                                 * full-size gradient buffer (0: not measured) */
+    size_t grads_peak_resident; /* stages 2 and 3: measured resident peak of the model's
+                                 * transient full-size gradient buffer (0: not measured) */
     size_t optimizer;     /* optimizer state */
     size_t master;        /* fp32 master weights (0: the parameters are fp32) */
     size_t activations;   /* activations and backward scratch */
@@ -57,8 +59,10 @@ typedef struct loom_zero_config {
     int decay_all;
 } loom_zero_config;
 
-/* Needs dp > 1 (the caller runs without ZeRO on one rank). */
-loom_status loom_zero_create(const loom_zero_config *c, loom_gpt *m, loom_backend *be, loom_zero **out);
+/* Needs dp > 1 (the caller runs without ZeRO on one rank). Stage 3 installs the model's
+ * parameter hook (gpt.h). */
+loom_status loom_zero_create(const loom_zero_config *c, loom_gpt *m, loom_backend *be,
+                             loom_zero **out);
 void loom_zero_destroy(loom_zero *z);
 
 /* The optimizer's segments over this rank's partition, and the state behind them. */

@@ -203,7 +203,8 @@ loom_status loom_zero_norm(loom_zero *z, double *norm_sq, int *nonfinite, double
             LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "ZeRO-2's norm exchange supports groups of up to 64 "
                       "ranks, this one has %d", sizes[g]);
         loom_comm_request *req = NULL;
-        LOOM_TRY(ops[g]->allgather_start(groups[g], mine, gathered, sizeof mine, LOOM_DTYPE_U8, &req));
+        LOOM_TRY(ops[g]->allgather_start(groups[g], mine, gathered, sizeof mine, LOOM_DTYPE_U8,
+                                         &req));
         LOOM_TRY(ops[g]->wait(groups[g], req));
         mine[0] = mine[1] = 0.0;
         for (int r = 0; r < sizes[g]; r++) {

@@ -221,8 +221,6 @@ local function check_pp(t, where, origin)
   return name, chunks
 end
 
--- strategy = { zero = 0 | 1 | 2, dp = { bucket_mb = ... } } (docs/ZERO.md): ZeRO's buckets
--- are dp's bucket_mb. What is not built is refused here, before any rank starts.
 -- This rank's bytes by category, the start-up line (docs/ZERO.md has the formulas).
 local function memory_line(info, zero, dp)
   local mem = info.memory
@@ -235,6 +233,8 @@ local function memory_line(info, zero, dp)
     mib(mem.comm), note)
 end
 
+-- strategy = { zero = 0 | 1 | 2 | 3, dp = { bucket_mb = ... } } (docs/ZERO.md): ZeRO's buckets
+-- are dp's bucket_mb. What is not built is refused here, before any rank starts.
 local function check_zero(t, where, origin)
   local st = t.strategy or {}
   for k in pairs(st) do

@@ -48,9 +48,6 @@ static void refuse_zero(lua_State *L, loom_session *s, const char *what)
 static int l_save(lua_State *L)
 {
     loom_session *s = loom_lua_check_session(L, 1);
-    if (loom_session_pipeline_stages(s) > 1)
-        return luaL_error(L, "checkpoints are not saved under pipeline parallelism yet (pp=%d): "
-                          "train with pp = 1 to save or resume", loom_session_pipeline_stages(s));
     const char *dir = luaL_checkstring(L, 2);
     loom_checkpoint_extra x;
     memset(&x, 0, sizeof x);
@@ -98,9 +95,6 @@ static int extra_gc(lua_State *L)
 static int l_load(lua_State *L)
 {
     loom_session *s = loom_lua_check_session(L, 1);
-    if (loom_session_pipeline_stages(s) > 1)
-        return luaL_error(L, "checkpoints are not loaded under pipeline parallelism yet (pp=%d): "
-                          "train with pp = 1 to save or resume", loom_session_pipeline_stages(s));
     const char *path = luaL_checkstring(L, 2);
     loom_data *data = lua_isnoneornil(L, 3) ? NULL : loom_lua_check_data(L, 3);
     loom_checkpoint_extra *x = lua_newuserdatauv(L, sizeof *x, 0);

@@ -8,6 +8,10 @@
  */
 #include "gpt_stage.h"
 
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "gpt_internal.h"
 #include "base/status.h"
 
@@ -124,4 +128,33 @@ loom_status loom_gpt_stage_backward(loom_gpt *m, int lo, int hi)
         k->position_backward(m->g.wpe, m->dres_full, B, T, C);
     }
     return LOOM_OK;
+}
+
+int loom_gpt_held_elsewhere(const loom_gpt *m, const char *name)
+{
+    if (!m->staged || loom_params_find(&m->table, name))
+        return 0;
+    if (strcmp(name, "wte") == 0)
+        return 1; /* not held: a middle stage */
+    if (strcmp(name, "wpe") == 0)
+        return !m->has_embed;
+    if (strcmp(name, "ln_f.weight") == 0 || strcmp(name, "ln_f.bias") == 0)
+        return !m->has_head;
+    /* h.<l>.<suffix>: a block another stage holds, with a suffix a block of ours has
+     * (every stage holds at least one block, so its table lists every suffix) */
+    char *end;
+    if (strncmp(name, "h.", 2) != 0 || name[2] < '0' || name[2] > '9')
+        return 0;
+    long l = strtol(name + 2, &end, 10);
+    if (*end != '.' || l < 0 || l >= m->cfg.layers || m->own[l])
+        return 0;
+    for (int k = 0; k < m->cfg.layers; k++) {
+        char mine[LOOM_PARAM_NAME_MAX];
+        if (!m->own[k])
+            continue;
+        if ((size_t)snprintf(mine, sizeof mine, "h.%d%s", k, end) >= sizeof mine)
+            return 0;
+        return loom_params_find(&m->table, mine) != NULL;
+    }
+    return 0;
 }

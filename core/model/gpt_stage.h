@@ -33,4 +33,10 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
                                    double *loss_sum);
 loom_status loom_gpt_stage_backward(loom_gpt *m, int lo, int hi);
 
+/* 1 if `name` is a parameter of the whole model that this pipeline stage does not hold
+ * (another stage's block, wpe or ln_f; wte on a middle stage): loaders that read a whole
+ * model (checkpoints, llm.c files) skip it here and its own stage takes it. 0 for a name
+ * this stage holds, for a name no stage has, and for a model that is not a stage. */
+int loom_gpt_held_elsewhere(const loom_gpt *m, const char *name);
+
 #endif

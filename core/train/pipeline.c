@@ -230,6 +230,11 @@ const unsigned char *loom_pipeline_stage_layers(const loom_pipeline *pl) { retur
 int loom_pipeline_slots(const loom_pipeline *pl) { return pl->n_slots; }
 int loom_pipeline_stage(const loom_pipeline *pl) { return pl->stage; }
 int loom_pipeline_stages(const loom_pipeline *pl) { return pl->stages; }
+const int *loom_pipeline_split(const loom_pipeline *pl, int *n_virtual)
+{
+    *n_virtual = pl->stages * pl->chunks;
+    return pl->first;
+}
 
 /* --- the step ------------------------------------------------------------------------ */
 

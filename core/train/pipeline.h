@@ -58,6 +58,9 @@ const unsigned char *loom_pipeline_stage_layers(const loom_pipeline *pl);
 int loom_pipeline_slots(const loom_pipeline *pl);
 int loom_pipeline_stage(const loom_pipeline *pl);
 int loom_pipeline_stages(const loom_pipeline *pl);
+/* The block split: virtual stage k (chunk c of rank r is k = c * stages + r) holds blocks
+ * [first[k], first[k+1]); *n_virtual = stages * chunks. */
+const int *loom_pipeline_split(const loom_pipeline *pl, int *n_virtual);
 
 /* One step's forward and backward over `microbatches` micro-batches: tokens and targets
  * hold them one after another (B*T each, host). loss[mb] gets each micro-batch's loss sum
@@ -75,7 +78,8 @@ loom_status loom_pipeline_sum(loom_pipeline *pl, double *v, int n);
 loom_status loom_pipeline_norm(loom_pipeline *pl, const double *slots, size_t n, double *norm_sq,
                                int *nonfinite);
 /* The loss sum of one batch through every stage's forward (no gradients); the same on
- * every rank of the pp group. */
+ * every rank of the pp group. targets NULL: the forward alone (sampling: the last stage
+ * keeps the logits in slot 0), sum 0. */
 loom_status loom_pipeline_eval(loom_pipeline *pl, loom_gpt *m, const int *tokens,
                                const int *targets, int B, int T, double *loss_sum);
 

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loom/plugin/comm.h"
 #include "loom/plugin/optim.h"
 #include "loom/plugin/precision.h"
 #include "loom/plugin/strategy.h"
@@ -411,6 +412,18 @@ static int draw_token(float *logits, int V, float temperature, int top_k, double
     return 0;
 }
 
+/* Under pipeline parallelism: the last stage's bytes to every stage (its pp group). */
+static loom_status from_last_stage(void *buf, size_t n)
+{
+    const struct loom_comm_ops *ops;
+    void *pp;
+    int size;
+    LOOM_TRY(loom_core_host()->group(LOOM_GROUP_PP, &ops, &pp, &size));
+    loom_comm_request *r = NULL;
+    LOOM_TRY(ops->broadcast_start(pp, buf, n, LOOM_DTYPE_U8, size - 1, &r));
+    return ops->wait(pp, r);
+}
+
 /* The generation loop (session.h). The first token's logits come from a forward over the
  * prompt's window; with the cache every later one from loom_gpt_decode of the token just
  * drawn, until the sequence outgrows ctx: then the window slides, every position moves,
@@ -428,7 +441,11 @@ static loom_status generate(loom_session *s, const loom_sample_config *c, const 
 {
     const loom_gpt_config *mc = loom_gpt_get_config(s->model);
     const loom_backend_ops *k = s->backend.ops;
-    int cache = loom_gpt_can_decode(s->model) && !c->no_cache, mode = -1;
+    /* Under pp every token is a full forward through the stages (no cache: the stages
+     * would each keep theirs): the same bits as the cached path, by the row-stable mode
+     * below. The last stage draws; the token goes to every stage. */
+    int last = !s->pipe || loom_pipeline_stage(s->pipe) == loom_pipeline_stages(s->pipe) - 1;
+    int cache = !s->pipe && loom_gpt_can_decode(s->model) && !c->no_cache, mode = -1;
     memmove(out, prompt, (size_t)n_prompt * sizeof(int));
     uint64_t stream = loom_rng_stream("sample");
     loom_xxh64_state hash;
@@ -458,27 +475,36 @@ static loom_status generate(loom_session *s, const loom_sample_config *c, const 
             memcpy(s->tokens, out + len - T, (size_t)T * sizeof(int));
             for (int j = T; j < Tp; j++)
                 s->tokens[j] = 0;
-            LOOM_TRY(loom_gpt_forward(s->model, s->tokens, NULL, 1, Tp, 0.0f, NULL));
+            double no_loss;
+            if (s->pipe) /* no targets: logits on the last stage, no loss */
+                LOOM_TRY(loom_pipeline_eval(s->pipe, s->model, s->tokens, NULL, 1, Tp, &no_loss));
+            else
+                LOOM_TRY(loom_gpt_forward(s->model, s->tokens, NULL, 1, Tp, 0.0f, NULL));
         }
-        LOOM_TRY(loom_gpt_logits_row(s->model, (size_t)(T - 1), s->host_logits));
-        if (c->logits_hash)
-            loom_xxh64_update(&hash, s->host_logits, (size_t)mc->vocab * sizeof(float));
-        out[len] = draw_token(s->host_logits, mc->vocab, c->temperature, c->top_k,
-                              loom_rng_uniform(c->seed, stream, (uint64_t)i));
+        if (last) {
+            LOOM_TRY(loom_gpt_logits_row(s->model, (size_t)(T - 1), s->host_logits));
+            if (c->logits_hash)
+                loom_xxh64_update(&hash, s->host_logits, (size_t)mc->vocab * sizeof(float));
+            out[len] = draw_token(s->host_logits, mc->vocab, c->temperature, c->top_k,
+                                  loom_rng_uniform(c->seed, stream, (uint64_t)i));
+        }
+        if (s->pipe)
+            LOOM_TRY(from_last_stage(&out[len], sizeof out[len]));
         if (c->progress)
             LOOM_TRY(c->progress(c->progress_ctx, i + 1, n_new));
     }
-    if (c->logits_hash)
-        *c->logits_hash = loom_xxh64_digest(&hash);
+    if (c->logits_hash) {
+        uint64_t h = loom_xxh64_digest(&hash);
+        if (s->pipe)
+            LOOM_TRY(from_last_stage(&h, sizeof h));
+        *c->logits_hash = h;
+    }
     return LOOM_OK;
 }
 
 loom_status loom_session_generate(loom_session *s, const loom_sample_config *c, const int *prompt,
                                   int n_prompt, int n_new, int *out)
 {
-    if (s->pipe)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "sampling does not run under pipeline parallelism yet "
-                  "(pp=%d): sample from a pp = 1 run", loom_pipeline_stages(s->pipe));
     if (n_prompt < 1)
         LOOM_FAIL(LOOM_ERR_INVALID, "sampling needs a prompt of at least one token");
     if (n_new < 0)
@@ -535,6 +561,12 @@ int64_t loom_session_steps_taken(const loom_session *s) { return s->steps; }
 int loom_session_pipeline_stages(const loom_session *s)
 {
     return s->pipe ? loom_pipeline_stages(s->pipe) : 1;
+}
+
+const int *loom_session_pipeline_split(const loom_session *s, int *n_virtual)
+{
+    *n_virtual = 0;
+    return s->pipe ? loom_pipeline_split(s->pipe, n_virtual) : NULL;
 }
 
 const char *loom_session_backend_description(loom_session *s)

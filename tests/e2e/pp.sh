@@ -128,6 +128,5 @@ refused 'pp_layers adds up to 3 blocks, but the model has layers=4' -n 2 $base m
 refused 'pp_layers has 3 entries; it needs one per stage, pp = 2 (2)' -n 2 $base mesh.pp=2 'pp_layers={1,2,1}'
 refused 'not a multiple of stages' -n 4 $base mesh.pp=4 schedule=interleaved model.layers=8 microbatches=6
 refused 'cannot give each of the 8 pipeline stages a block' -n 4 $base mesh.pp=4 schedule=interleaved microbatches=4
-refused 'checkpoints are not saved or resumed under pipeline' -n 2 $base mesh.pp=2 checkpoint.dir="$tmp/ck"
 refused 'sets up the pipeline, and this run has no pipeline (mesh.pp = 1)' -n 1 $base microbatches=4
 refused 'but batch.micro x microbatches x dp = 4 x 4 x 1 = 16' -n 2 $base mesh.pp=2 microbatches=4 batch.global=8

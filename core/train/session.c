@@ -88,6 +88,9 @@ static loom_status make_zero(loom_session *s)
     const loom_session_config *cfg = &s->cfg;
     if (cfg->zero_stage == 0)
         return LOOM_OK;
+    if (cfg->zero_stage < 0 || cfg->zero_stage > 3)
+        LOOM_FAIL(LOOM_ERR_INVALID, "strategy zero=%d: the ZeRO stages are 0 (none), 1, 2 and 3",
+                  cfg->zero_stage);
     const struct loom_comm_ops *ops;
     void *group;
     int dp = 1;

@@ -257,6 +257,8 @@ static int l_session(lua_State *L)
     }
     lua_pop(L, 1);
     cfg.pp_chunks = int_field(L, 1, "chunks", 1);
+    cfg.zero_stage = int_field(L, 1, "zero", 0); /* strategy = { zero = N } */
+    cfg.zero_bucket_mb = num_field(L, 1, "zero_bucket_mb", 0.0);
     static _Thread_local int pp_layers[1024];
     lua_getfield(L, 1, "pp_layers");
     if (!lua_isnil(L, -1)) {
@@ -443,7 +445,8 @@ static int l_session_sample(lua_State *L)
     return 2;
 }
 
-/* s:info() -> {params=, param_bytes=, activation_bytes=, vocab_padded=, backend=, steps=};
+/* s:info() -> {params=, param_bytes=, activation_bytes=, vocab_padded=, backend=, steps=,
+ *              stages=, zero=, memory={...}};
  * params counts the whole model, param_bytes this rank's parameter buffer (its slices,
  * alignment included), activation_bytes its activation and backward scratch buffers. */
 static int l_session_info(lua_State *L)
@@ -465,6 +468,23 @@ static int l_session_info(lua_State *L)
     lua_setfield(L, -2, "steps");
     lua_pushinteger(L, loom_session_pipeline_stages(b->s));
     lua_setfield(L, -2, "stages");
+    lua_pushinteger(L, loom_session_zero_stage(b->s));
+    lua_setfield(L, -2, "zero");
+    /* memory = { params=, params_peak_resident=, grads=, grads_peak_resident=, optimizer=, master=, activations=,
+     * comm= }: this rank's bytes by category (zero.h) */
+    loom_memory mem;
+    loom_session_memory(b->s, &mem);
+    lua_createtable(L, 0, 8);
+    const struct { const char *k; size_t v; } cats[] = {
+        {"params", mem.params}, {"params_peak_resident", mem.params_peak_resident},
+        {"grads", mem.grads}, {"grads_peak_resident", mem.grads_peak_resident},
+        {"optimizer", mem.optimizer}, {"master", mem.master}, {"activations", mem.activations},
+        {"comm", mem.comm}};
+    for (size_t i = 0; i < sizeof cats / sizeof cats[0]; i++) {
+        lua_pushinteger(L, (lua_Integer)cats[i].v);
+        lua_setfield(L, -2, cats[i].k);
+    }
+    lua_setfield(L, -2, "memory");
     return 1;
 }
 

@@ -17,6 +17,7 @@
 #include "grad_norm.h"
 #include "grad_sync.h"
 #include "pipeline.h"
+#include "zero.h"
 #include "base/plugin_loader.h"
 #include "base/rng.h"
 #include "base/status.h"
@@ -43,6 +44,7 @@ struct loom_session {
     int n_segments;
     int *tokens, *targets;   /* host staging for one micro-batch (all of a step's under pp) */
     loom_pipeline *pipe;     /* pp > 1, else NULL */
+    loom_zero *zero;         /* strategy zero = 1, 2 or 3 with dp > 1, else NULL */
     float *host_logits;      /* sampling: one row of Vp */
     int64_t steps;
 };
@@ -81,6 +83,32 @@ static loom_status build_segments(loom_session *s)
 }
 
 static loom_status canonical_parts(loom_session *s);
+
+/* ZeRO over the dp group (zero.h); with one dp rank there is nothing to partition. */
+static loom_status make_zero(loom_session *s)
+{
+    const loom_session_config *cfg = &s->cfg;
+    if (cfg->zero_stage == 0)
+        return LOOM_OK;
+    if (cfg->zero_stage < 0 || cfg->zero_stage > 3)
+        LOOM_FAIL(LOOM_ERR_INVALID, "strategy zero=%d: the ZeRO stages are 0 (none), 1, 2 and 3",
+                  cfg->zero_stage);
+    const struct loom_comm_ops *ops;
+    void *group;
+    int dp = 1;
+    LOOM_TRY(loom_core_host()->group(LOOM_GROUP_DP, &ops, &group, &dp));
+    if (s->pipe)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy zero=%d with pp=%d is not built yet: run zero "
+                  "with pp = 1, or pp without zero", cfg->zero_stage, loom_pipeline_stages(s->pipe));
+    if (dp < 2)
+        return LOOM_OK;
+    float wd = 0.0f;
+    int decay_all = 0;
+    s->optim->decay_rule(s->optim_self, &wd, &decay_all);
+    loom_zero_config zc = {cfg->zero_stage, cfg->zero_bucket_mb > 0 ? cfg->zero_bucket_mb : 25.0,
+                           cfg->canonical, cfg->accum, s->state_slots, wd, decay_all};
+    return loom_zero_create(&zc, s->model, &s->backend, &s->zero);
+}
 
 loom_status loom_session_create(const loom_session_config *cfg, loom_session **out)
 {
@@ -157,14 +185,16 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
         size_t total = loom_gpt_params(s->model)->total;
         const loom_gpt_config *mc = loom_gpt_get_config(s->model);
         s->state_slots = s->optim->state_per_param(s->optim_self);
-        if (s->state_slots)
+        st = make_zero(s); /* ZeRO holds this rank's partition of the state instead */
+        if (st == LOOM_OK && s->state_slots && !s->zero)
             s->optim_state = calloc((size_t)s->state_slots * total, sizeof(float));
         size_t bt = (size_t)cfg->micro_batch * cfg->seq * (s->pipe ? (size_t)cfg->accum + 1 : 1);
         /* tokens also stage a sampling window of up to ctx */
         s->tokens = malloc((bt > (size_t)mc->ctx ? bt : (size_t)mc->ctx) * sizeof(int));
         s->targets = malloc(bt * sizeof(int));
         s->host_logits = malloc((size_t)mc->vocab_padded * sizeof(float));
-        if ((s->state_slots && !s->optim_state) || !s->tokens || !s->targets || !s->host_logits)
+        if (st == LOOM_OK && ((s->state_slots && !s->optim_state && !s->zero) || !s->tokens ||
+                              !s->targets || !s->host_logits))
             st = loom_fail(LOOM_ERR_NOMEM, "out of memory for optimizer state");
     }
     if (st == LOOM_OK)
@@ -173,9 +203,11 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
         loom_grad_norm_skip(s->norm, 0); /* the tied wte: stage 0 counts it, where one rank does */
     if (st == LOOM_OK)
         st = build_segments(s);
+    loom_grad_reducer zero2 = {loom_zero_begin_micro, loom_zero_grads_ready, loom_zero_finish_micro,
+                               s->zero};
     if (st == LOOM_OK)
         st = loom_grad_sync_create(s->model, &s->backend, cfg->canonical, cfg->accum, s->cfg.strategy,
-                                   &s->sync);
+                                   s->zero && loom_zero_reduces(s->zero) ? &zero2 : NULL, &s->sync);
     if (st == LOOM_OK && s->pipe && cfg->canonical)
         st = canonical_parts(s);
     if (st != LOOM_OK) {
@@ -191,6 +223,7 @@ void loom_session_destroy(loom_session *s)
     if (!s)
         return;
     loom_grad_sync_destroy(s->sync);
+    loom_zero_destroy(s->zero);
     loom_gpt_destroy(s->model);
     loom_pipeline_destroy(s->pipe);
     if (s->tensor)
@@ -257,6 +290,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
 {
     double t0 = loom_now_ms();
     loom_gpt_take_comm_ms(s->model); /* drop what eval or sampling spent */
+    if (s->zero)
+        loom_zero_take_comm_ms(s->zero);
     const loom_backend_ops *k = s->backend.ops;
     int B = s->cfg.micro_batch, T = s->cfg.seq, accum = s->cfg.accum;
     int dp = loom_grad_sync_dp_size(s->sync), dp_rank = loom_grad_sync_dp_rank(s->sync);
@@ -308,8 +343,11 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         LOOM_TRY(loom_pipeline_tied_sync(s->pipe, s->model, &comm_ms));
     double norm_sq;
     int nonfinite;
-    LOOM_TRY(loom_grad_norm_compute(s->norm, loom_gpt_params(s->model), loom_gpt_grad_data(s->model),
-                                    &norm_sq, &nonfinite, &comm_ms));
+    if (s->zero && loom_zero_reduces(s->zero)) /* the gradient lives in partitions */
+        LOOM_TRY(loom_zero_norm(s->zero, &norm_sq, &nonfinite, &comm_ms));
+    else
+        LOOM_TRY(loom_grad_norm_compute(s->norm, loom_gpt_params(s->model),
+                                        loom_gpt_grad_data(s->model), &norm_sq, &nonfinite, &comm_ms));
     if (s->pipe) { /* the loss lives on the last stage, the norm's parts on every stage */
         double v = loom_pipeline_stage(s->pipe) == loom_pipeline_stages(s->pipe) - 1 ? loss_sum : 0.0;
         size_t n_slots;
@@ -321,6 +359,10 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         comm_ms += loom_now_ms() - t_pp;
         loss_sum = v;
     }
+    if (s->zero) { /* ZeRO-3: gathers in flight read the partition the step rewrites */
+        LOOM_TRY(loom_zero_settle(s->zero));
+        comm_ms += loom_zero_take_comm_ms(s->zero);
+    }
     int skip = s->precision->update(s->precision_self, nonfinite);
     double norm = nonfinite ? NAN : sqrt(norm_sq) / scale;
     memset(out, 0, sizeof *out);
@@ -330,7 +372,11 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
             grad_scale *= (float)(s->cfg.grad_clip / norm);
         loom_optim_step_args args = {s->segments, (size_t)s->n_segments, lr, s->steps + 1,
                                      grad_scale};
+        if (s->zero) /* this rank's partition, then everyone's updated parameters */
+            args.segments = loom_zero_segments(s->zero, &args.n_segments);
         LOOM_TRY(s->optim->step(s->optim_self, &args));
+        if (s->zero)
+            LOOM_TRY(loom_zero_gather_params(s->zero, &comm_ms));
         s->steps++;
     }
     k->synchronize(s->backend.self);
@@ -502,7 +548,15 @@ loom_status loom_session_generate(loom_session *s, const loom_sample_config *c, 
     if (!(c->temperature > 0.0f))
         LOOM_FAIL(LOOM_ERR_INVALID, "temperature must be > 0, got %g", c->temperature);
     const loom_backend_ops *k = s->backend.ops;
-    loom_status st = generate(s, c, prompt, n_prompt, n_new, out);
+    /* ZeRO-3: decoding reads every unit without hooks: all gathered for the whole run */
+    loom_status st = s->zero ? loom_zero_pin_params(s->zero, 1) : LOOM_OK;
+    if (st == LOOM_OK)
+        st = generate(s, c, prompt, n_prompt, n_new, out);
+    if (s->zero) {
+        loom_status u = loom_zero_pin_params(s->zero, 0);
+        if (st == LOOM_OK)
+            st = u;
+    }
     if (k->set_deterministic)
         k->set_deterministic(s->backend.self, s->cfg.canonical);
     return st;
@@ -554,6 +608,25 @@ const int *loom_session_pipeline_split(const loom_session *s, int *n_virtual)
 const char *loom_session_backend_description(loom_session *s)
 {
     return s->backend.ops->describe(s->backend.self);
+}
+
+int loom_session_zero_stage(const loom_session *s) { return s->zero ? loom_zero_stage(s->zero) : 0; }
+
+void loom_session_memory(loom_session *s, loom_memory *out)
+{
+    size_t total = loom_gpt_params(s->model)->total * sizeof(float);
+    memset(out, 0, sizeof *out);
+    if (s->zero)
+        loom_zero_memory(s->zero, out);
+    if (!out->params)
+        out->params = total;
+    if (!s->zero || !loom_zero_reduces(s->zero))
+        out->grads = total;
+    if (!s->zero)
+        out->optimizer = (size_t)s->state_slots * total;
+    out->master = 0; /* fp32 parameters are their own master copy */
+    out->activations = loom_gpt_activation_bytes(s->model);
+    out->comm += loom_grad_sync_buffer_bytes(s->sync);
 }
 
 float *loom_session_optim_state(loom_session *s, uint32_t *slots_per_param)

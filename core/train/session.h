@@ -14,6 +14,7 @@
 
 #include "base/config.h"
 #include "model/gpt.h"
+#include "zero.h"
 
 /* Fills tokens and targets (B*T each, host memory) with the next micro-batch. */
 typedef loom_status (*loom_batch_fn)(void *ctx, int *tokens, int *targets, int B, int T);
@@ -38,6 +39,9 @@ typedef struct loom_session_config {
     int pp_chunks;                        /* virtual stages per rank; 0 = 1 */
     const int *pp_layers;                 /* blocks per (virtual) stage, or NULL: even */
     int n_pp_layers;
+    /* ZeRO (zero.h): stage 0 (none), 1, 2 or 3 over the dp group; bucket MiB (0: 25). */
+    int zero_stage;
+    double zero_bucket_mb;
 } loom_session_config;
 
 typedef struct loom_step_stats {
@@ -54,6 +58,11 @@ typedef struct loom_step_stats {
 } loom_step_stats;
 
 typedef struct loom_session loom_session;
+
+/* This rank's bytes by category (zero.h's loom_memory), as allocated now. */
+void loom_session_memory(loom_session *s, loom_memory *out);
+/* The ZeRO stage in effect (0: none, also on one dp rank). */
+int loom_session_zero_stage(const loom_session *s);
 
 loom_status loom_session_create(const loom_session_config *cfg, loom_session **out);
 void loom_session_destroy(loom_session *s);

@@ -184,14 +184,59 @@ static char *slice_json(const loom_param_entry *e)
     return b.data;
 }
 
+/* The XXH64 of every LOOM_CKPT_CHUNK_BYTES of the data section the tensors ts[0..n) make
+ * (the last chunk shorter), as 16 hex digits each: what lets a load check only the
+ * chunks it reads. NULL when out of memory. */
+static uint64_t tensor_bytes(const loom_st_tensor *t)
+{
+    uint64_t b = loom_dtype_size(t->dtype);
+    for (int d = 0; d < t->ndim; d++)
+        b *= t->shape[d] > 0 ? (uint64_t)t->shape[d] : 0; /* a negative dim: the writer refuses it */
+    return b;
+}
+
+static char *chunk_sums(const loom_st_tensor *ts, int n)
+{
+    uint64_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += tensor_bytes(&ts[i]);
+    size_t chunks = (size_t)((total + LOOM_CKPT_CHUNK_BYTES - 1) / LOOM_CKPT_CHUNK_BYTES), at = 0;
+    char *hex = malloc(chunks * 16 + 1);
+    if (!hex)
+        return NULL;
+    hex[0] = '\0';
+    loom_xxh64_state h;
+    loom_xxh64_init(&h);
+    uint64_t in_chunk = 0;
+    for (int i = 0; i < n; i++) {
+        uint64_t b = tensor_bytes(&ts[i]);
+        const unsigned char *p = ts[i].data;
+        while (b > 0) {
+            uint64_t take = LOOM_CKPT_CHUNK_BYTES - in_chunk < b ? LOOM_CKPT_CHUNK_BYTES - in_chunk : b;
+            loom_xxh64_update(&h, p, (size_t)take);
+            p += take;
+            b -= take;
+            if ((in_chunk += take) == LOOM_CKPT_CHUNK_BYTES) {
+                snprintf(hex + 16 * at++, 17, "%016" PRIx64, loom_xxh64_digest(&h));
+                loom_xxh64_init(&h);
+                in_chunk = 0;
+            }
+        }
+    }
+    if (in_chunk)
+        snprintf(hex + 16 * at++, 17, "%016" PRIx64, loom_xxh64_digest(&h));
+    return hex;
+}
+
 /* Write model.safetensors (slots == 0) or optim.safetensors (slot-major state). */
 static loom_status write_tensors(const char *path, const loom_param_table *t, const float *buf,
                                  uint32_t slots, int is_optim, const char *optim_name,
-                                 const char *skip, uint64_t *bytes, uint64_t *sum)
+                                 const char *skip, uint64_t *bytes, uint64_t *sum, uint64_t *head)
 {
     int per = is_optim ? (int)slots : 1, n = t->count * per, n_meta = 0;
     loom_st_tensor *ts = calloc((size_t)n + 1, sizeof *ts);
-    loom_st_meta *meta = calloc((size_t)n + 4, sizeof *meta);
+    loom_st_meta *meta = calloc((size_t)n + 6, sizeof *meta);
+    char *chunks = NULL, chunk_text[24];
     char (*names)[LOOM_PARAM_NAME_MAX + 16] = calloc((size_t)n + 1, sizeof *names);
     char **slices = calloc((size_t)t->count + 1, sizeof *slices);
     char slots_text[16];
@@ -226,8 +271,17 @@ static loom_status write_tensors(const char *path, const loom_param_table *t, co
             meta[n_meta++] = (loom_st_meta){names[j], slices[i]};
         }
     }
-    if (st == LOOM_OK)
+    if (st == LOOM_OK && !(chunks = chunk_sums(ts, at)))
+        st = loom_fail(LOOM_ERR_NOMEM, "out of memory writing '%s'", path);
+    if (st == LOOM_OK) {
+        snprintf(chunk_text, sizeof chunk_text, "%d", LOOM_CKPT_CHUNK_BYTES);
+        meta[n_meta++] = (loom_st_meta){"loom.chunk_bytes", chunk_text};
+        meta[n_meta++] = (loom_st_meta){"loom.chunks", chunks};
         st = loom_safetensors_write(path, ts, at, meta, n_meta, bytes, sum);
+    }
+    if (st == LOOM_OK)
+        st = loom_ckpt_header_sum(path, head, NULL);
+    free(chunks);
     for (int i = 0; slices && i < t->count; i++)
         free(slices[i]);
     free(slices);
@@ -237,7 +291,8 @@ static loom_status write_tensors(const char *path, const loom_param_table *t, co
     return st;
 }
 
-typedef struct file_sum { char name[64]; uint64_t bytes, sum; } file_sum;
+/* A written tensor file: its size, the XXH64 of all of it and of its header. */
+typedef struct file_sum { char name[64]; uint64_t bytes, sum, head; } file_sum;
 
 static loom_status write_manifest(const loom_ckpt_source *src, const char *path,
                                   const loom_checkpoint_extra *x, const char *config,
@@ -288,8 +343,8 @@ static loom_status write_manifest(const loom_ckpt_source *src, const char *path,
     loom_strbuf_puts(&b, "  \"files\": {\n");
     for (int i = 0; i < n_files; i++)
         loom_strbuf_printf(&b, "    \"%s\": {\"bytes\": %" PRIu64 ", \"xxh64\": \"%016" PRIx64
-                           "\"}%s\n", files[i].name, files[i].bytes, files[i].sum,
-                           i + 1 < n_files ? "," : "");
+                           "\", \"header_xxh64\": \"%016" PRIx64 "\"}%s\n", files[i].name,
+                           files[i].bytes, files[i].sum, files[i].head, i + 1 < n_files ? "," : "");
     loom_strbuf_puts(&b, "  },\n  \"config\": ");
     if (config)
         loom_strbuf_append(&b, config, config_len);
@@ -321,10 +376,10 @@ static loom_status write_part(const loom_ckpt_source *src, const char *tmp, int 
     loom_ckpt_file_name(files[1].name, sizeof files[1].name, "optim", part, tp, pp);
     LOOM_TRY(join(path, sizeof path, tmp, files[0].name));
     LOOM_TRY(write_tensors(path, src->table, src->params, 0, 0, NULL, skip, &files[0].bytes,
-                           &files[0].sum));
+                           &files[0].sum, &files[0].head));
     LOOM_TRY(join(path, sizeof path, tmp, files[1].name));
     return write_tensors(path, src->table, src->state, src->slots, 1, src->optim_name, skip,
-                         &files[1].bytes, &files[1].sum);
+                         &files[1].bytes, &files[1].sum, &files[1].head);
 }
 
 /* Put tmp in place as final; an existing final is swapped out and deleted. */

@@ -464,6 +464,11 @@ static loom_status open_ranged(const char *mpath, const char *name, uint64_t wan
     return LOOM_OK;
 }
 
+static loom_status read_whole(const char *mpath, const loom_json *root, const char *name,
+                              tfile *tf);
+
+/* A tensor file: ranged (header now, chunks after the plan) when the manifest records its
+ * header checksum, else whole. */
 static loom_status read_tensors(const char *mpath, const loom_json *root, const char *name,
                                 tfile *tf)
 {
@@ -473,6 +478,15 @@ static loom_status read_tensors(const char *mpath, const loom_json *root, const 
     LOOM_TRY(header_record(mpath, root, name, &ranged, &want_head));
     if (ranged)
         return open_ranged(mpath, name, want_bytes, want_head, tf);
+    return read_whole(mpath, root, name, tf);
+}
+
+/* All of a tensor file, checked against the manifest's size and xxh64, parsed. */
+static loom_status read_whole(const char *mpath, const loom_json *root, const char *name,
+                              tfile *tf)
+{
+    uint64_t want_bytes, want_sum;
+    LOOM_TRY(file_record(mpath, root, name, &want_bytes, &want_sum));
     LOOM_TRY(loom_ckpt_read_file(tf->path, SIZE_MAX - 1, &tf->bytes, &tf->size));
     stat_read += tf->size;
     stat_total += tf->size;
@@ -841,6 +855,60 @@ loom_status loom_ckpt_load_tensors(const char *ckpt_dir, const loom_param_table 
     if (st == LOOM_OK)
         tensors_copy(&ts, t, slots, params, state);
     tensors_free(&ts);
+    loom_json_free(doc);
+    free(text);
+    return st;
+}
+
+/* One tensor file, every byte: size, XXH64, header checksum, parse, chunk checksums. */
+static loom_status verify_file(const char *mpath, const loom_json *root, const char *name,
+                               tfile *tf)
+{
+    uint64_t want_head;
+    int has_head;
+    LOOM_TRY(header_record(mpath, root, name, &has_head, &want_head));
+    LOOM_TRY(read_whole(mpath, root, name, tf)); /* size, xxh64, parse */
+    if (!has_head)
+        return LOOM_OK;
+    uint64_t n = 0;
+    for (int k = 7; k >= 0; k--)
+        n = n << 8 | tf->bytes[k];
+    tf->data_at = 8 + n;
+    if (loom_xxh64(tf->bytes, (size_t)tf->data_at) != want_head)
+        return bad(tf->path, "header checksum differs from the manifest's files.%s.header_xxh64 "
+                   "(the file was changed or damaged)", name);
+    LOOM_TRY(read_chunk_sums(tf));
+    for (size_t k = 0; k < tf->n_chunks; k++)
+        LOOM_TRY(check_chunk(tf, tf->bytes, k));
+    return LOOM_OK;
+}
+
+loom_status loom_ckpt_verify(const char *ckpt_dir, uint64_t *bytes)
+{
+    char mpath[PATH_MAX], *text = NULL, name[64];
+    loom_json_doc *doc = NULL;
+    int tp = 1, pp = 1;
+    uint64_t total = 0;
+    if ((size_t)snprintf(mpath, sizeof mpath, "%s/%s", ckpt_dir, LOOM_CKPT_MANIFEST_FILE) >= sizeof mpath)
+        return loom_fail(LOOM_ERR_INVALID, "checkpoint path '%s' is too long", ckpt_dir);
+    loom_status st = loom_ckpt_manifest_open(ckpt_dir, &doc, &text);
+    if (st == LOOM_OK)
+        st = read_layout(mpath, loom_json_root(doc), &tp, &pp);
+    for (int i = 0; st == LOOM_OK && i < 2 * tp * pp; i++) {
+        tfile tf;
+        memset(&tf, 0, sizeof tf);
+        tf.fd = -1;
+        loom_ckpt_file_name(name, sizeof name, i < tp * pp ? "model" : "optim", i % (tp * pp), tp, pp);
+        if ((size_t)snprintf(tf.path, sizeof tf.path, "%s/%s", ckpt_dir, name) >= sizeof tf.path)
+            st = loom_fail(LOOM_ERR_INVALID, "checkpoint path '%s' is too long", ckpt_dir);
+        else
+            st = verify_file(mpath, loom_json_root(doc), name, &tf);
+        total += tf.size;
+        loom_safetensors_free(tf.f);
+        free(tf.bytes);
+    }
+    if (st == LOOM_OK && bytes)
+        *bytes = total + strlen(text);
     loom_json_free(doc);
     free(text);
     return st;

@@ -184,47 +184,60 @@ static char *slice_json(const loom_param_entry *e)
     return b.data;
 }
 
-/* The XXH64 of every LOOM_CKPT_CHUNK_BYTES of the data section the tensors ts[0..n) make
- * (the last chunk shorter), as 16 hex digits each: what lets a load check only the
- * chunks it reads. NULL when out of memory. */
-static uint64_t tensor_bytes(const loom_st_tensor *t)
+loom_ckpt_tiling loom_ckpt_tiling_of(int ndim, const int64_t *shape, uint64_t elem_size)
 {
-    uint64_t b = loom_dtype_size(t->dtype);
-    for (int d = 0; d < t->ndim; d++)
-        b *= t->shape[d] > 0 ? (uint64_t)t->shape[d] : 0; /* a negative dim: the writer refuses it */
-    return b;
+    loom_ckpt_tiling g = {1, 1, 1, 1, 0, 0};
+    for (int d = 0; d < ndim; d++) {
+        uint64_t x = shape[d] > 0 ? (uint64_t)shape[d] : 0; /* a negative dim: the writer refuses it */
+        if (d == ndim - 1)
+            g.K = x;
+        else
+            g.R *= x;
+    }
+    if (!g.R || !g.K)
+        return g;
+    g.cols = g.K;
+    if (g.K * elem_size > LOOM_CKPT_TILE_BYTES) {
+        while (g.cols % 2 == 0 && g.cols * elem_size > LOOM_CKPT_TILE_BYTES)
+            g.cols /= 2;
+    } else {
+        if (g.K % 8 == 0)
+            g.cols = g.K / 8;
+        g.rows = LOOM_CKPT_TILE_BYTES / (g.cols * elem_size);
+        g.rows = g.rows < 1 ? 1 : g.rows > g.R ? g.R : g.rows;
+    }
+    g.row_blocks = (g.R + g.rows - 1) / g.rows;
+    g.col_blocks = (g.K + g.cols - 1) / g.cols;
+    return g;
 }
 
-static char *chunk_sums(const loom_st_tensor *ts, int n)
+/* The header's "loom.tiles" for tensors ts[0..n): what lets a load check only the tiles it
+ * reads. NULL when out of memory. */
+static char *tile_sums(const loom_st_tensor *ts, int n)
 {
-    uint64_t total = 0;
-    for (int i = 0; i < n; i++)
-        total += tensor_bytes(&ts[i]);
-    size_t chunks = (size_t)((total + LOOM_CKPT_CHUNK_BYTES - 1) / LOOM_CKPT_CHUNK_BYTES), at = 0;
-    char *hex = malloc(chunks * 16 + 1);
+    size_t total = 0, at = 0;
+    for (int i = 0; i < n; i++) {
+        loom_ckpt_tiling g = loom_ckpt_tiling_of(ts[i].ndim, ts[i].shape, loom_dtype_size(ts[i].dtype));
+        total += (size_t)(g.row_blocks * g.col_blocks);
+    }
+    char *hex = malloc(total * 16 + 1);
     if (!hex)
         return NULL;
     hex[0] = '\0';
-    loom_xxh64_state h;
-    loom_xxh64_init(&h);
-    uint64_t in_chunk = 0;
     for (int i = 0; i < n; i++) {
-        uint64_t b = tensor_bytes(&ts[i]);
+        uint64_t es = loom_dtype_size(ts[i].dtype);
+        loom_ckpt_tiling g = loom_ckpt_tiling_of(ts[i].ndim, ts[i].shape, es);
         const unsigned char *p = ts[i].data;
-        while (b > 0) {
-            uint64_t take = LOOM_CKPT_CHUNK_BYTES - in_chunk < b ? LOOM_CKPT_CHUNK_BYTES - in_chunk : b;
-            loom_xxh64_update(&h, p, (size_t)take);
-            p += take;
-            b -= take;
-            if ((in_chunk += take) == LOOM_CKPT_CHUNK_BYTES) {
-                snprintf(hex + 16 * at++, 17, "%016" PRIx64, loom_xxh64_digest(&h));
+        for (uint64_t bi = 0; bi < g.row_blocks; bi++)
+            for (uint64_t bj = 0; bj < g.col_blocks; bj++) {
+                uint64_t c0 = bj * g.cols, w = g.K - c0 < g.cols ? g.K - c0 : g.cols;
+                loom_xxh64_state h;
                 loom_xxh64_init(&h);
-                in_chunk = 0;
+                for (uint64_t r = bi * g.rows; r < (bi + 1) * g.rows && r < g.R; r++)
+                    loom_xxh64_update(&h, p + (r * g.K + c0) * es, (size_t)(w * es));
+                snprintf(hex + 16 * at++, 17, "%016" PRIx64, loom_xxh64_digest(&h));
             }
-        }
     }
-    if (in_chunk)
-        snprintf(hex + 16 * at++, 17, "%016" PRIx64, loom_xxh64_digest(&h));
     return hex;
 }
 
@@ -235,8 +248,8 @@ static loom_status write_tensors(const char *path, const loom_param_table *t, co
 {
     int per = is_optim ? (int)slots : 1, n = t->count * per, n_meta = 0;
     loom_st_tensor *ts = calloc((size_t)n + 1, sizeof *ts);
-    loom_st_meta *meta = calloc((size_t)n + 6, sizeof *meta);
-    char *chunks = NULL, chunk_text[24];
+    loom_st_meta *meta = calloc((size_t)n + 5, sizeof *meta);
+    char *tiles = NULL;
     char (*names)[LOOM_PARAM_NAME_MAX + 16] = calloc((size_t)n + 1, sizeof *names);
     char **slices = calloc((size_t)t->count + 1, sizeof *slices);
     char slots_text[16];
@@ -271,17 +284,15 @@ static loom_status write_tensors(const char *path, const loom_param_table *t, co
             meta[n_meta++] = (loom_st_meta){names[j], slices[i]};
         }
     }
-    if (st == LOOM_OK && !(chunks = chunk_sums(ts, at)))
+    if (st == LOOM_OK && !(tiles = tile_sums(ts, at)))
         st = loom_fail(LOOM_ERR_NOMEM, "out of memory writing '%s'", path);
     if (st == LOOM_OK) {
-        snprintf(chunk_text, sizeof chunk_text, "%d", LOOM_CKPT_CHUNK_BYTES);
-        meta[n_meta++] = (loom_st_meta){"loom.chunk_bytes", chunk_text};
-        meta[n_meta++] = (loom_st_meta){"loom.chunks", chunks};
+        meta[n_meta++] = (loom_st_meta){"loom.tiles", tiles};
         st = loom_safetensors_write(path, ts, at, meta, n_meta, bytes, sum);
     }
     if (st == LOOM_OK)
         st = loom_ckpt_header_sum(path, head, NULL);
-    free(chunks);
+    free(tiles);
     for (int i = 0; slices && i < t->count; i++)
         free(slices[i]);
     free(slices);

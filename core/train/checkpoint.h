@@ -14,8 +14,8 @@
  *                      logical shape and slice start as JSON text
  *                      ({"shape":[..],"slice_start":[..]}); the slice length is the
  *                      stored tensor's shape. Replicated parameters appear in every file.
- *                      __metadata__ also has "loom.chunk_bytes" (C) and "loom.chunks": the
- *                      XXH64 of every C bytes of the data section, 16 hex digits each.
+ *                      __metadata__ also has "loom.tiles": the XXH64 of every tile of
+ *                      every tensor (loom_ckpt_tiling below), 16 hex digits each.
  *   optim*.safetensors slot k of parameter X as "X.state<k>" (X's held shape), same metadata
  *   manifest.json      format "loom-checkpoint", version 1, loom version, step, steps_taken,
  *                      precision state, optimizer {name, slots}, model config, layout
@@ -54,8 +54,8 @@
  * that gave up; a dead rank shows as the communicator's timeout.
  * Load is local: every rank reads the manifest and the header of every tensor file
  * (checked against the manifest's "header_xxh64"), then only the byte ranges of the
- * tensors and slices it holds, in whole 16 KiB chunks each checked against the header's
- * "loom.chunks" (a checkpoint without header_xxh64, from before, is read whole and
+ * tensors and slices it holds, in whole tiles (about 16 KiB) each checked against the
+ * header's "loom.tiles" (a checkpoint without header_xxh64, from before, is read whole and
  * checked against the file's xxh64), and assembles the slice it holds of every parameter and optimizer slot from
  * the stored pieces that overlap it ("remap through logical names and slices"): any saved
  * tp degree loads at any other (tp=2 -> 1, 2, 4; 1 -> 2, 4), any pp layout at any other
@@ -131,9 +131,23 @@ void loom_checkpoint_extra_free(loom_checkpoint_extra *e);
 #define LOOM_CKPT_OPTIM_FILE "optim.safetensors"
 #define LOOM_CKPT_MANIFEST_FILE "manifest.json"
 #define LOOM_CKPT_TP_MAX 4096
-/* Bytes of a tensor file's data section per recorded checksum (the header's
- * "loom.chunks"): a load reads and checks whole chunks of what it needs. */
-#define LOOM_CKPT_CHUNK_BYTES 16384
+/* About how many bytes one recorded checksum covers (the header's "loom.tiles"): a load
+ * reads and checks whole tiles of what it needs. */
+#define LOOM_CKPT_TILE_BYTES 16384
+
+/* How a stored tensor is cut into checksummed tiles. Viewed as R rows of its last dim K
+ * (R = the product of the other dims), a tile is `rows` consecutive rows by `cols`
+ * consecutive columns (the last ones narrower): a row of more than LOOM_CKPT_TILE_BYTES
+ * is halved until a piece fits (rows = 1); a shorter row is cut in 8 when K divides by 8
+ * (so tp <= 8 column splits read only their columns) and `rows` of those fill about
+ * LOOM_CKPT_TILE_BYTES. Tiles go row block by row block, column block by column block;
+ * the header lists the tensors' tiles in file order, 16 hex digits of XXH64 each, the
+ * hash of a tile being that of its rows' pieces in order. */
+typedef struct loom_ckpt_tiling {
+    uint64_t R, K, rows, cols;
+    uint64_t row_blocks, col_blocks; /* n = row_blocks * col_blocks tiles; 0 if empty */
+} loom_ckpt_tiling;
+loom_ckpt_tiling loom_ckpt_tiling_of(int ndim, const int64_t *shape, uint64_t elem_size);
 
 /* The XXH64 of a safetensors file's first 8 + N bytes (length and header); header_bytes
  * (may be NULL) gets 8 + N. LOOM_ERR_IO / LOOM_ERR_CORRUPT naming the path. */
@@ -143,7 +157,7 @@ loom_status loom_ckpt_header_sum(const char *path, uint64_t *sum, uint64_t *head
  * environment also prints both to stderr after every load). */
 void loom_ckpt_read_stats(uint64_t *read, uint64_t *total);
 /* Check every byte of the checkpoint at ckpt_dir: the manifest, and each tensor file's
- * size, XXH64, header checksum and data chunk checksums, and that it parses. bytes (may
+ * size, XXH64, header checksum and tile checksums, and that it parses. bytes (may
  * be NULL) gets the total checked. The message names the first bad file and why. */
 loom_status loom_ckpt_verify(const char *ckpt_dir, uint64_t *bytes);
 

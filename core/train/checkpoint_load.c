@@ -7,14 +7,14 @@
  * strictly, and plan, for every parameter and optimizer slot this rank holds, which stored pieces
  * (boxes of the logical tensor) fill its held slice: unknown tensors, other logical
  * shapes, pieces that overlap without being replicas, and gaps are refused. Only then
- * change anything: read the 16 KiB chunks of the data sections that hold the used pieces'
- * intersections with the held slices (a row split is contiguous rows; a column split
- * reads its part of every row it spans, rounded out to whole chunks), check each chunk's
- * XXH64 against the header's "loom.chunks", and copy the intersections box by box. A
- * file is mapped as a sparse anonymous region of its size (MAP_NORESERVE) that only the
- * read chunks touch, so a rank's memory is what it reads. Checkpoints without
+ * change anything: read the tiles (checkpoint.h, loom_ckpt_tiling) that hold the used
+ * pieces' intersections with the held slices (a row split is contiguous rows; a column
+ * split reads its columns of every row it spans, rounded out to whole tiles), adjacent
+ * row pieces in one read, check each tile's XXH64 against the header's "loom.tiles", and
+ * copy the intersections box by box. A file is mapped as a sparse anonymous region of its
+ * size (MAP_NORESERVE) that only the read tiles touch, so a rank's memory is what it reads. Checkpoints without
  * header_xxh64 (older) are read whole and checked against the file's xxh64.
- * What not: no streaming into the session (the read chunks are held until the copy); no
+ * What not: no streaming into the session (the read tiles are held until the copy); no
  * communication.
  * Invariants: on any failure the session and the data source are as they were; every
  * message names the file (and the field) it is about.
@@ -97,6 +97,15 @@ static loom_status bad(const char *path, const char *fmt, ...)
     return loom_fail(LOOM_ERR_CORRUPT, "checkpoint '%s': %s", path, msg);
 }
 
+/* A safetensors file's first 8 bytes: its header length, little-endian. */
+static uint64_t header_len(const unsigned char *b)
+{
+    uint64_t n = 0;
+    for (int k = 7; k >= 0; k--)
+        n = n << 8 | b[k];
+    return n;
+}
+
 /* What the calling thread's latest load read (loom_ckpt_read_stats). */
 static _Thread_local uint64_t stat_read, stat_total;
 
@@ -132,9 +141,7 @@ static loom_status read_header(int fd, const char *path, uint64_t size, unsigned
     if (size < 8)
         return bad(path, "the file is %" PRIu64 " bytes, too short for a safetensors header", size);
     LOOM_TRY(pread_all(fd, path, len8, 8, 0));
-    uint64_t n = 0;
-    for (int k = 7; k >= 0; k--)
-        n = n << 8 | len8[k];
+    uint64_t n = header_len(len8);
     if (n > LOOM_ST_MAX_HEADER || n > size - 8)
         return bad(path, "header length %" PRIu64 " is over 100 MB or runs past the end of the file "
                    "(%" PRIu64 " bytes)", n, size);
@@ -331,16 +338,17 @@ int loom_ckpt_is_complete(const char *ckpt_dir)
 
 typedef struct tfile {
     char path[PATH_MAX];
-    unsigned char *bytes;  /* the file's bytes; ranged: a sparse map, header + read chunks */
+    unsigned char *bytes;  /* the file's bytes; ranged: a sparse map, header + read tiles */
     size_t size;
     loom_st_file *f;
-    /* ranged reads (mapped): the open file, where the data section starts, bytes per
-     * chunk, the header's chunk checksums and which chunks the plans need */
+    /* ranged reads (mapped): the open file, where the data section starts, the header's
+     * tile checksums, each entry's first tile (file order; [count] = all tiles) and which
+     * tiles the plans need */
     int mapped, fd;
-    uint64_t data_at, chunk;
+    uint64_t data_at;
     const char *sums;
+    size_t *tile_base;
     unsigned char *need;
-    size_t n_chunks;
 } tfile;
 
 /* One stored tensor: a box (start, len) of the logical tensor `target` refers to. */
@@ -382,6 +390,7 @@ static void tensors_free(tensor_set *ts)
         if (tf->fd >= 0)
             close(tf->fd);
         free(tf->need);
+        free(tf->tile_base);
     }
     free(ts->files);
     free(ts->model.p);
@@ -389,39 +398,54 @@ static void tensors_free(tensor_set *ts)
     memset(ts, 0, sizeof *ts);
 }
 
-/* The header's loom.chunk_bytes and loom.chunks: one 16-hex-digit XXH64 per chunk. */
-static loom_status read_chunk_sums(tfile *tf)
+static loom_ckpt_tiling tiling(const loom_st_entry *te)
 {
-    const char *cb = loom_safetensors_meta(tf->f, "loom.chunk_bytes");
-    const char *sums = loom_safetensors_meta(tf->f, "loom.chunks");
-    char *end = NULL;
-    unsigned long long c = cb ? strtoull(cb, &end, 10) : 0;
-    uint64_t data = tf->size - tf->data_at;
-    if (!cb || !sums || end == cb || *end || c == 0 || c > (1u << 30))
-        return bad(tf->path, "header __metadata__ needs loom.chunk_bytes (1 to 2^30) and "
-                   "loom.chunks (what every ranged load checks)");
-    tf->chunk = c;
-    tf->n_chunks = (size_t)((data + c - 1) / c);
-    if (strlen(sums) != 16 * tf->n_chunks || strspn(sums, "0123456789abcdef") != strlen(sums))
-        return bad(tf->path, "header loom.chunks has %zu characters; %zu chunks of %llu bytes "
-                   "need 16 hex digits each", strlen(sums), tf->n_chunks, c);
+    return loom_ckpt_tiling_of(te->ndim, te->shape, te->dtype_size);
+}
+
+/* The header's loom.tiles: 16 hex digits per tile of every tensor, in file order. */
+static loom_status read_tile_sums(tfile *tf)
+{
+    const char *sums = loom_safetensors_meta(tf->f, "loom.tiles");
+    int n = loom_safetensors_count(tf->f);
+    if (!sums)
+        return bad(tf->path, "header __metadata__ has no loom.tiles (the tile checksums every "
+                   "ranged load checks)");
+    if (!(tf->tile_base = calloc((size_t)n + 1, sizeof *tf->tile_base)))
+        return loom_fail(LOOM_ERR_NOMEM, "out of memory reading '%s'", tf->path);
+    for (int i = 0; i < n; i++) {
+        loom_ckpt_tiling g = tiling(loom_safetensors_entry(tf->f, i));
+        tf->tile_base[i + 1] = tf->tile_base[i] + (size_t)(g.row_blocks * g.col_blocks);
+    }
+    size_t tiles = tf->tile_base[n];
+    if (strlen(sums) != 16 * tiles || strspn(sums, "0123456789abcdef") != strlen(sums))
+        return bad(tf->path, "header loom.tiles has %zu characters; its %zu tiles need 16 hex "
+                   "digits each", strlen(sums), tiles);
     tf->sums = sums;
     return LOOM_OK;
 }
 
-/* Check chunk k of a file whose data section is at bytes + data_at. */
-static loom_status check_chunk(const tfile *tf, const unsigned char *bytes, size_t k)
+/* Check tile k (row block bi, column block bj) of entry i. */
+static loom_status check_tile(const tfile *tf, int i, uint64_t bi, uint64_t bj)
 {
-    uint64_t a = (uint64_t)k * tf->chunk, b = a + tf->chunk, data = tf->size - tf->data_at;
-    if (b > data)
-        b = data;
+    const loom_st_entry *te = loom_safetensors_entry(tf->f, i);
+    loom_ckpt_tiling g = tiling(te);
+    size_t k = tf->tile_base[i] + (size_t)(bi * g.col_blocks + bj);
+    uint64_t es = te->dtype_size, c0 = bj * g.cols, w = g.K - c0 < g.cols ? g.K - c0 : g.cols;
+    const unsigned char *p = tf->bytes + tf->data_at + te->begin;
+    loom_xxh64_state h;
+    loom_xxh64_init(&h);
+    for (uint64_t r = bi * g.rows; r < (bi + 1) * g.rows && r < g.R; r++)
+        loom_xxh64_update(&h, p + (r * g.K + c0) * es, (size_t)(w * es));
     char want[17], have[17];
     memcpy(want, tf->sums + 16 * k, 16);
     want[16] = '\0';
-    snprintf(have, sizeof have, "%016" PRIx64, loom_xxh64(bytes + tf->data_at + a, (size_t)(b - a)));
+    snprintf(have, sizeof have, "%016" PRIx64, loom_xxh64_digest(&h));
     if (strcmp(want, have) != 0)
-        return bad(tf->path, "data bytes %" PRIu64 " to %" PRIu64 " (chunk %zu) hash to xxh64 %s "
-                   "but the header records %s (the file was changed or damaged)", a, b, k, have, want);
+        return bad(tf->path, "tensor '%s', rows %" PRIu64 " to %" PRIu64 " x columns %" PRIu64
+                   " to %" PRIu64 " (tile %zu) hash to xxh64 %s but the header records %s (the "
+                   "file was changed or damaged)", te->name, bi * g.rows,
+                   (bi + 1) * g.rows < g.R ? (bi + 1) * g.rows : g.R, c0, c0 + w, k, have, want);
     return LOOM_OK;
 }
 
@@ -458,8 +482,8 @@ static loom_status open_ranged(const char *mpath, const char *name, uint64_t wan
     memcpy(tf->bytes, h, (size_t)hb);
     free(h);
     LOOM_TRY(loom_safetensors_parse("checkpoint", tf->path, tf->bytes, tf->size, &tf->f));
-    LOOM_TRY(read_chunk_sums(tf));
-    if (!(tf->need = calloc(tf->n_chunks + 1, 1)))
+    LOOM_TRY(read_tile_sums(tf));
+    if (!(tf->need = calloc(tf->tile_base[loom_safetensors_count(tf->f)] + 1, 1)))
         return loom_fail(LOOM_ERR_NOMEM, "out of memory reading '%s'", tf->path);
     return LOOM_OK;
 }
@@ -467,7 +491,7 @@ static loom_status open_ranged(const char *mpath, const char *name, uint64_t wan
 static loom_status read_whole(const char *mpath, const loom_json *root, const char *name,
                               tfile *tf);
 
-/* A tensor file: ranged (header now, chunks after the plan) when the manifest records its
+/* A tensor file: ranged (header now, tiles after the plan) when the manifest records its
  * header checksum, else whole. */
 static loom_status read_tensors(const char *mpath, const loom_json *root, const char *name,
                                 tfile *tf)
@@ -714,9 +738,7 @@ static void apply_plan(const plan *pl, const tfile *files, const loom_param_tabl
         const loom_param_entry *e = &t->entries[pc->target / (int)per];
         int slot = pc->target % (int)per;
         const unsigned char *bytes = files[pc->file].bytes;
-        uint64_t header = 0;
-        for (int k = 7; k >= 0; k--)
-            header = header << 8 | bytes[k];
+        uint64_t header = header_len(bytes);
         const unsigned char *src = bytes + 8 + header + pc->te->begin;
         float *out = dst + (size_t)per * e->offset + (size_t)slot * e->numel;
         loom_params_copy_box(out, e->slice_start, e->slice_len, src, strcmp(pc->te->dtype, "BF16") == 0,
@@ -724,13 +746,14 @@ static void apply_plan(const plan *pl, const tfile *files, const loom_param_tabl
     }
 }
 
-/* Mark the chunks of pc's file that hold its intersection with e's held slice: one run
+/* Mark the tiles of pc's file that hold its intersection with e's held slice: one run
  * of the last dim per index of the others (a row split's runs touch, a column split's
  * are strided). */
 static void mark_piece(tfile *tf, const piece *pc, const loom_param_entry *e)
 {
     int nd = e->ndim;
-    uint64_t es = pc->te->dtype_size;
+    loom_ckpt_tiling g = tiling(pc->te);
+    unsigned char *need = tf->need + tf->tile_base[pc->seq];
     int64_t lo[LOOM_PARAM_MAX_DIMS], hi[LOOM_PARAM_MAX_DIMS], idx[LOOM_PARAM_MAX_DIMS],
             str[LOOM_PARAM_MAX_DIMS];
     for (int d = 0; d < nd; d++) {
@@ -744,14 +767,14 @@ static void mark_piece(tfile *tf, const piece *pc, const loom_param_entry *e)
     str[nd - 1] = 1;
     for (int d = nd - 2; d >= 0; d--)
         str[d] = str[d + 1] * pc->len[d + 1];
-    uint64_t run = (uint64_t)(hi[nd - 1] - lo[nd - 1]) * es;
+    uint64_t run = (uint64_t)(hi[nd - 1] - lo[nd - 1]);
     for (;;) {
         int64_t off = 0;
         for (int d = 0; d < nd; d++)
             off += (idx[d] - pc->start[d]) * str[d];
-        uint64_t a = pc->te->begin + (uint64_t)off * es, b = a + run;
-        for (uint64_t c = a / tf->chunk; c <= (b - 1) / tf->chunk; c++)
-            tf->need[c] = 1;
+        uint64_t row = (uint64_t)off / g.K, col = (uint64_t)off % g.K, bi = row / g.rows;
+        for (uint64_t bj = col / g.cols; bj <= (col + run - 1) / g.cols; bj++)
+            need[bi * g.col_blocks + bj] = 1;
         int d = nd - 2;
         while (d >= 0 && ++idx[d] == hi[d])
             idx[d] = lo[d], d--;
@@ -767,32 +790,52 @@ static void mark_plan(const plan *pl, tfile *files, const loom_param_table *t, u
             mark_piece(&files[pl->p[i].file], &pl->p[i], &t->entries[pl->p[i].target / (int)per]);
 }
 
-/* Read the marked chunks of a ranged file, consecutive ones in one read, and check each. */
-static loom_status fetch_chunks(tfile *tf)
+/* Read the marked tiles of entry i, row by row (pieces adjacent in the file in one read),
+ * then check each. */
+static loom_status fetch_entry(tfile *tf, int i)
 {
-    for (size_t c = 0; c < tf->n_chunks;) {
-        if (!tf->need[c]) {
-            c++;
-            continue;
+    const loom_st_entry *te = loom_safetensors_entry(tf->f, i);
+    loom_ckpt_tiling g = tiling(te);
+    const unsigned char *need = tf->need + tf->tile_base[i];
+    size_t n = (size_t)(g.row_blocks * g.col_blocks), any = 0;
+    for (size_t k = 0; k < n && !any; k++)
+        any = need[k];
+    if (!any)
+        return LOOM_OK;
+    uint64_t es = te->dtype_size, base = tf->data_at + te->begin, a = 0, b = 0; /* pending [a, b) */
+    for (uint64_t r = 0; r < g.R; r++)
+        for (uint64_t bj = 0; bj < g.col_blocks; bj++) {
+            if (!need[(r / g.rows) * g.col_blocks + bj])
+                continue;
+            uint64_t c0 = bj * g.cols, w = g.K - c0 < g.cols ? g.K - c0 : g.cols;
+            uint64_t x = base + (r * g.K + c0) * es, y = x + w * es;
+            if (x != b) {
+                if (b > a)
+                    LOOM_TRY(pread_all(tf->fd, tf->path, tf->bytes + a, (size_t)(b - a), a));
+                a = x;
+            }
+            b = y;
         }
-        size_t end = c;
-        while (end < tf->n_chunks && tf->need[end])
-            end++;
-        uint64_t a = tf->data_at + (uint64_t)c * tf->chunk, b = tf->data_at + (uint64_t)end * tf->chunk;
-        if (b > tf->size)
-            b = tf->size;
+    if (b > a)
         LOOM_TRY(pread_all(tf->fd, tf->path, tf->bytes + a, (size_t)(b - a), a));
-        for (size_t k = c; k < end; k++)
-            LOOM_TRY(check_chunk(tf, tf->bytes, k));
-        c = end;
-    }
+    for (uint64_t bi = 0; bi < g.row_blocks; bi++)
+        for (uint64_t bj = 0; bj < g.col_blocks; bj++)
+            if (need[bi * g.col_blocks + bj])
+                LOOM_TRY(check_tile(tf, i, bi, bj));
+    return LOOM_OK;
+}
+
+static loom_status fetch_tiles(tfile *tf)
+{
+    for (int i = 0; i < loom_safetensors_count(tf->f); i++)
+        LOOM_TRY(fetch_entry(tf, i));
     close(tf->fd);
     tf->fd = -1;
     return LOOM_OK;
 }
 
 /* Read and check every tensor file the manifest's layout names, plan both kinds, then read
- * the chunks the plans use. */
+ * the tiles the plans use. */
 static loom_status tensors_open(const char *dir, const char *mpath, const loom_json *root,
                                 const loom_param_table *t, uint32_t slots, const elsewhere *ew,
                                 tensor_set *ts)
@@ -824,7 +867,7 @@ static loom_status tensors_open(const char *dir, const char *mpath, const loom_j
         mark_plan(&ts->optim, ts->files + parts, t, slots);
     for (int i = 0; i < 2 * parts; i++)
         if (ts->files[i].mapped)
-            LOOM_TRY(fetch_chunks(&ts->files[i]));
+            LOOM_TRY(fetch_tiles(&ts->files[i]));
     const char *env = getenv("LOOM_CKPT_STATS");
     if (env && strcmp(env, "1") == 0)
         fprintf(stderr, "checkpoint %s: read %" PRIu64 " of %" PRIu64 " bytes of its %d tensor "
@@ -860,7 +903,7 @@ loom_status loom_ckpt_load_tensors(const char *ckpt_dir, const loom_param_table 
     return st;
 }
 
-/* One tensor file, every byte: size, XXH64, header checksum, parse, chunk checksums. */
+/* One tensor file, every byte: size, XXH64, header checksum, parse, tile checksums. */
 static loom_status verify_file(const char *mpath, const loom_json *root, const char *name,
                                tfile *tf)
 {
@@ -870,16 +913,17 @@ static loom_status verify_file(const char *mpath, const loom_json *root, const c
     LOOM_TRY(read_whole(mpath, root, name, tf)); /* size, xxh64, parse */
     if (!has_head)
         return LOOM_OK;
-    uint64_t n = 0;
-    for (int k = 7; k >= 0; k--)
-        n = n << 8 | tf->bytes[k];
-    tf->data_at = 8 + n;
+    tf->data_at = 8 + header_len(tf->bytes);
     if (loom_xxh64(tf->bytes, (size_t)tf->data_at) != want_head)
         return bad(tf->path, "header checksum differs from the manifest's files.%s.header_xxh64 "
                    "(the file was changed or damaged)", name);
-    LOOM_TRY(read_chunk_sums(tf));
-    for (size_t k = 0; k < tf->n_chunks; k++)
-        LOOM_TRY(check_chunk(tf, tf->bytes, k));
+    LOOM_TRY(read_tile_sums(tf));
+    for (int i = 0; i < loom_safetensors_count(tf->f); i++) {
+        loom_ckpt_tiling g = tiling(loom_safetensors_entry(tf->f, i));
+        for (uint64_t bi = 0; bi < g.row_blocks; bi++)
+            for (uint64_t bj = 0; bj < g.col_blocks; bj++)
+                LOOM_TRY(check_tile(tf, i, bi, bj));
+    }
     return LOOM_OK;
 }
 
@@ -906,6 +950,7 @@ loom_status loom_ckpt_verify(const char *ckpt_dir, uint64_t *bytes)
         total += tf.size;
         loom_safetensors_free(tf.f);
         free(tf.bytes);
+        free(tf.tile_base);
     }
     if (st == LOOM_OK && bytes)
         *bytes = total + strlen(text);

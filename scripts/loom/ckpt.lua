@@ -126,7 +126,7 @@ local function info(args)
     end
   end
   print(string.format("checksums verified: %d bytes (manifest, every file's xxh64, headers, "
-    .. "every data chunk)", checked))
+    .. "every tile)", checked))
 end
 
 local function export(args, open_checkpoint)

@@ -183,7 +183,7 @@ example:
 usage: loom ckpt info CKPT
 
 Verify every byte of a checkpoint (the manifest's own checksum; each tensor file's size,
-xxh64, header checksum and 16 KiB data chunk checksums), then print what it holds: step,
+xxh64, header checksum and tile checksums), then print what it holds: step,
 layout (tp, pp, the blocks of each stage), model, optimizer and its state slots,
 precision state, data position, the files with bytes and xxh64, and every model and
 optimizer tensor with its logical shape, dtype and which file holds which slice. A

@@ -9,7 +9,7 @@
 #    logical shape and slices, after verifying every checksum; a damaged byte in a data chunk or a
 #    changed manifest makes it exit 1 naming the file;
 #  - resuming one rank's checkpoint of a wider model at tp=2 (LOOM_CKPT_STATS=1): each
-#    rank reads under 80% of it (its row-split halves; see the section for why not half);
+#    rank reads about half of it (45% to 55%);
 #  - help for ckpt, ckpt info and ckpt export; an unknown subcommand is refused.
 set -euo pipefail
 loom=$1
@@ -102,9 +102,8 @@ echo "ok changed manifest refused"
 
 # --- ranged loads -------------------------------------------------------------------
 # A wider model (C=256, 20 MB of checkpoint), saved by one rank and resumed at tp=2: each
-# rank reads its halves of the row-split tensors (qkv, fc, wte) and all of the rest: the
-# replicated ones, and the column-split proj weights, whose rows (1 and 4 KiB) are narrower
-# than a 16 KiB checksum chunk. About 72% here; tests/unit/test_checkpoint_tp.c shows half.
+# rank reads its half of the split tensors (row splits: qkv, fc, wte; column splits: the
+# proj weights) and the small replicated ones whole: about half.
 wide="model.dim=256 model.heads=4 model.layers=2 threads=1"
 "$loom" run "$recipe" $wide steps=1 checkpoint.dir="$tmp/wide" > "$tmp/r" 2>&1 || { cat "$tmp/r"; fail "wide run"; }
 LOOM_CKPT_STATS=1 "$loom" launch -n 2 "$recipe" $wide comm_timeout=20 mesh.tp=2 steps=2 \
@@ -112,15 +111,17 @@ LOOM_CKPT_STATS=1 "$loom" launch -n 2 "$recipe" $wide comm_timeout=20 mesh.tp=2 
 stats=$(grep -ao 'read [0-9]* of [0-9]* bytes' "$tmp/r") || { cat "$tmp/r"; fail "no LOOM_CKPT_STATS line"; }
 [ "$(wc -l <<<"$stats")" = 2 ] || fail "expected one stats line per rank: $stats"
 while read -r _ got _ total _; do
-  awk -v g="$got" -v t="$total" 'BEGIN { exit !(g > 0 && g < 0.8 * t) }' ||
-    fail "a tp=2 rank read $got of $total bytes of a one-rank checkpoint (under 80% expected)"
+  awk -v g="$got" -v t="$total" 'BEGIN { exit !(g > 0.45 * t && g < 0.55 * t) }' ||
+    fail "a tp=2 rank read $got of $total bytes of a one-rank checkpoint (about half expected)"
 done <<<"$stats"
 echo "ok ranged: one-rank checkpoint into tp=2: $(tr '\n' ';' <<<"$stats")"
 
 # --- help and refusals --------------------------------------------------------------
-"$loom" ckpt --help | grep -q "usage: loom ckpt info CKPT" || fail "loom ckpt --help"
-"$loom" ckpt info -h | grep -q "^usage: loom ckpt info CKPT$" || fail "loom ckpt info -h"
-"$loom" ckpt export -h | grep -q "^usage: loom ckpt export CKPT OUT.safetensors$" || fail "loom ckpt export -h"
+# (the output is taken whole first: grep -q stopping early would break the pipe)
+out=$("$loom" ckpt --help); grep -q "usage: loom ckpt info CKPT" <<<"$out" || fail "loom ckpt --help"
+out=$("$loom" ckpt info -h); grep -q "^usage: loom ckpt info CKPT$" <<<"$out" || fail "loom ckpt info -h"
+out=$("$loom" ckpt export -h)
+grep -q "^usage: loom ckpt export CKPT OUT.safetensors$" <<<"$out" || fail "loom ckpt export -h"
 if "$loom" ckpt frob "$one" > "$tmp/out" 2>&1; then fail "unknown subcommand accepted"; fi
 grep -q "unknown subcommand 'frob' (info or export)" "$tmp/out" || fail "refusal: $(cat "$tmp/out")"
 if "$loom" ckpt info "$tmp/nothing" > "$tmp/out" 2>&1; then fail "info of a missing dir succeeded"; fi

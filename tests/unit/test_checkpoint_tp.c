@@ -10,7 +10,7 @@
  * pp mesh, each stage holding part of the table, the shared wte written by stage 0 only)
  * save one file pair per (stage, tp rank) that loads into every tp layout, and a failing
  * writer on the last stage is named on stage 0. Loads are ranged: a tp=2 (tp=4) rank reads
- * half (a quarter) of a tp=1 checkpoint of wide tensors, a damaged chunk stops only the
+ * half (a quarter) of a tp=1 checkpoint, row and column splits, a damaged tile stops only the
  * rank that reads it, and an older manifest without header checksums is read whole. Also built with AddressSanitizer + UBSan
  * (unit_checkpoint_tp_asan).
  */
@@ -103,14 +103,17 @@ typedef enum variant {
     BIG            /* tensors of many 16 KiB chunks, for ranged reads (see build_big) */
 } variant;
 
-/* A row split (1024, 256), a column split with rows of four chunks (16, 16384) and a
- * replicated vector: about 2 MiB of weights, so what a load reads shows in whole chunks. */
+/* A row split (1024, 256), a column split with rows of four tiles (16, 16384), one with
+ * 1 KiB rows (512, 256) and a replicated vector: about 2.5 MiB of weights, so what a load
+ * reads shows in whole tiles. */
 static void build_big(loom_param_table *t, int tp, int part)
 {
-    int64_t row[2] = {1024, 256}, col[2] = {16, 16384}, ln[1] = {256};
+    int64_t row[2] = {1024, 256}, col[2] = {16, 16384}, narrow[2] = {512, 256}, ln[1] = {256};
     ck_assert_int_eq(loom_params_add(t, "row.weight", 2, row, 0, LOOM_INIT_ZEROS, 0), LOOM_OK);
     ck_assert_int_eq(loom_params_slice_last(t, 0, tp, part), LOOM_OK);
     ck_assert_int_eq(loom_params_add(t, "col.weight", 2, col, 0, LOOM_INIT_ZEROS, 0), LOOM_OK);
+    ck_assert_int_eq(loom_params_slice_last(t, 1, tp, part), LOOM_OK);
+    ck_assert_int_eq(loom_params_add(t, "narrow.weight", 2, narrow, 0, LOOM_INIT_ZEROS, 0), LOOM_OK);
     ck_assert_int_eq(loom_params_slice_last(t, 1, tp, part), LOOM_OK);
     ck_assert_int_eq(loom_params_add(t, "ln.weight", 1, ln, 0, LOOM_INIT_ZEROS, 0), LOOM_OK);
 }
@@ -689,7 +692,7 @@ START_TEST(test_ranged_reads)
     loom_ckpt_read_stats(&got, &total);
     ck_assert_msg(got < total * 0.52, "tp=2 rank 1 read %llu of %llu", (unsigned long long)got,
                   (unsigned long long)total);
-    /* a damaged chunk that a rank does not read does not stop it (rank 0 reads only the
+    /* a damaged tile that a rank does not read does not stop it (rank 0 reads only the
      * header of tp rank 1's file); one it reads does */
     char p[2048];
     snprintf(p, sizeof p, "%s/model.tp1.safetensors", ckpt);
@@ -702,7 +705,7 @@ START_TEST(test_ranged_reads)
     fclose(f);
     ck_assert_int_eq(load_into(ckpt, 2, 0, BIG, &wrong), LOOM_OK);
     ck_assert_int_eq(load_into(ckpt, 2, 1, BIG, &wrong), LOOM_ERR_CORRUPT);
-    printf("damaged chunk: %s\n", loom_last_error());
+    printf("damaged tile: %s\n", loom_last_error());
     ck_assert_ptr_nonnull(strstr(loom_last_error(), "model.tp1.safetensors"));
     ck_assert_ptr_nonnull(strstr(loom_last_error(), "the header records"));
     ck_assert_int_eq(loom_ckpt_verify(ckpt, NULL), LOOM_ERR_CORRUPT);

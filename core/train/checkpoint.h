@@ -21,8 +21,8 @@
  *                      precision state, optimizer {name, slots}, model config, layout
  *                      {tp: N} (under pp also pp: P and pp_layers: the blocks of each
  *                      virtual stage, stage-major), data {kind, state}, files {name:
- *                      {bytes, xxh64, header_xxh64}} (every file above), the config verbatim, and last
- *                      its own checksum. A manifest without "layout" is tp = 1, without
+ *                      {bytes, xxh64, header_xxh64}} (every file above), the config
+ *                      verbatim, and last its own checksum. A manifest without "layout" is tp = 1, without
  *                      "pp" pp = 1.
  * plus dir/latest, a one-line file naming the newest checkpoint directory ("step_00000020").
  *
@@ -56,8 +56,8 @@
  * (checked against the manifest's "header_xxh64"), then only the byte ranges of the
  * tensors and slices it holds, in whole tiles (about 16 KiB) each checked against the
  * header's "loom.tiles" (a checkpoint without header_xxh64, from before, is read whole and
- * checked against the file's xxh64), and assembles the slice it holds of every parameter and optimizer slot from
- * the stored pieces that overlap it ("remap through logical names and slices"): any saved
+ * checked against the file's xxh64), and assembles the slice it holds of every parameter
+ * and optimizer slot from the stored pieces that overlap it ("remap through logical names and slices"): any saved
  * tp degree loads at any other (tp=2 -> 1, 2, 4; 1 -> 2, 4), any pp layout at any other
  * (a pipeline stage takes the tensors it holds and skips those another stage holds:
  * loom_gpt_held_elsewhere), and `loom export` (a tp=1 session) reads a tp > 1 or pp > 1

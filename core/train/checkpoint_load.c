@@ -12,10 +12,12 @@
  * split reads its columns of every row it spans, rounded out to whole tiles), adjacent
  * row pieces in one read, check each tile's XXH64 against the header's "loom.tiles", and
  * copy the intersections box by box. A file is mapped as a sparse anonymous region of its
- * size (MAP_NORESERVE) that only the read tiles touch, so a rank's memory is what it reads. Checkpoints without
- * header_xxh64 (older) are read whole and checked against the file's xxh64.
+ * size (MAP_NORESERVE) that only the read tiles touch, so a rank's memory is what it reads.
+ * Checkpoints without header_xxh64 (older) are read whole and checked against the
+ * file's xxh64.
  * What not: no streaming into the session (the read tiles are held until the copy); no
- * communication.
+ * communication; pieces are boxes of the logical tensor (a save whose pieces are not, e.g.
+ * flat ranges of a ZeRO partition, needs its own piece kind in make_plan and mark_piece).
  * Invariants: on any failure the session and the data source are as they were; every
  * message names the file (and the field) it is about.
  */

@@ -108,7 +108,8 @@ local function info(args)
     print("data position: none recorded")
   end
   local seed = type(m.config) == "table" and m.config.seed
-  print("rng: no generator state in the manifest" .. (seed and (", the recipe's seed is " .. tostring(seed)) or ""))
+  print("rng: no generator state in the manifest"
+    .. (seed and (", the recipe's seed is " .. tostring(seed)) or ""))
   print(string.format("files (%d tensor files and manifest.json):", 2 * tp * pp))
   for _, kind in ipairs { "model", "optim" } do
     for part = 0, tp * pp - 1 do

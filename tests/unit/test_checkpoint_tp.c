@@ -11,8 +11,8 @@
  * save one file pair per (stage, tp rank) that loads into every tp layout, and a failing
  * writer on the last stage is named on stage 0. Loads are ranged: a tp=2 (tp=4) rank reads
  * half (a quarter) of a tp=1 checkpoint, row and column splits, a damaged tile stops only the
- * rank that reads it, and an older manifest without header checksums is read whole. Also built with AddressSanitizer + UBSan
- * (unit_checkpoint_tp_asan).
+ * rank that reads it, and an older manifest without header checksums is read whole. Also
+ * built with AddressSanitizer + UBSan (unit_checkpoint_tp_asan).
  */
 #include <check.h>
 #include <dirent.h>

@@ -17,6 +17,7 @@
 #include "loom/plugin/comm.h"
 #include "model/gpt_stage.h"
 #include "schedule.h"
+#include "trace.h"
 #include "base/clock.h"
 #include "base/plugin_loader.h"
 #include "base/status.h"
@@ -44,6 +45,8 @@ struct loom_pipeline {
     size_t tmp_n;
     int canonical;
     float **head;                   /* canonical, stage 0 and last: [n_slots] wte-sized buffers */
+    loom_trace *trace;              /* not owned; NULL: off */
+    double compute_ms, wall_ms;     /* the last step's F/B/W time and pipeline phase */
 };
 
 static loom_status split_layers(loom_pipeline *pl, const loom_pipeline_config *cfg)
@@ -230,6 +233,12 @@ const unsigned char *loom_pipeline_stage_layers(const loom_pipeline *pl) { retur
 int loom_pipeline_slots(const loom_pipeline *pl) { return pl->n_slots; }
 int loom_pipeline_stage(const loom_pipeline *pl) { return pl->stage; }
 int loom_pipeline_stages(const loom_pipeline *pl) { return pl->stages; }
+void loom_pipeline_set_trace(loom_pipeline *pl, loom_trace *tr) { pl->trace = tr; }
+void loom_pipeline_timing(const loom_pipeline *pl, double *compute_ms, double *wall_ms)
+{
+    *compute_ms = pl->compute_ms;
+    *wall_ms = pl->wall_ms;
+}
 
 /* --- the step ------------------------------------------------------------------------ */
 
@@ -316,8 +325,12 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
         loss[mb] = 0.0;
     int inflight = 0;
     *peak = 0;
+    double t_run = loom_now_ms();
+    pl->compute_ms = 0.0;
+    loom_trace_phase_begin(pl->trace, t_run);
     for (size_t i = 0; i < pl->n; i++) {
         const loom_sched_instr *in = &pl->list[i];
+        double t0 = loom_now_ms(); /* the instruction's span: a RECV's includes its wait */
         int key = in->microbatch * pl->chunks + in->chunk, vs = in->chunk * P + pl->stage, s = -1;
         int lo = pl->first[vs], hi = pl->first[vs + 1];
         size_t off = (size_t)in->microbatch * R;
@@ -393,9 +406,18 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
                       loom_sched_op_name(in->op));
         }
         (void)V;
+        double t1 = loom_now_ms();
+        if (loom_trace_is_compute(in->op))
+            pl->compute_ms += t1 - t0;
+        loom_trace_span(pl->trace, loom_trace_kind_of(in->op), t0, t1, in->microbatch, in->chunk);
     }
+    double t_wait = loom_now_ms();
     for (int i = 0; i < pl->n_slots; i++)
         LOOM_TRY(wait_slot(pl, &pl->slots[i]));
+    double t_end = loom_now_ms();
+    loom_trace_span(pl->trace, LOOM_TRACE_SEND_WAIT, t_wait, t_end, -1, -1);
+    loom_trace_phase_end(pl->trace, t_end);
+    pl->wall_ms = t_end - t_run;
     return LOOM_OK;
 }
 

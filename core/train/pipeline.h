@@ -58,6 +58,13 @@ const unsigned char *loom_pipeline_stage_layers(const loom_pipeline *pl);
 int loom_pipeline_slots(const loom_pipeline *pl);
 int loom_pipeline_stage(const loom_pipeline *pl);
 int loom_pipeline_stages(const loom_pipeline *pl);
+/* Spans of every instruction of a step go to tr (trace.h; not owned, NULL: off). */
+struct loom_trace;
+void loom_pipeline_set_trace(loom_pipeline *pl, struct loom_trace *tr);
+/* The last loom_pipeline_run's time in compute (FWD, BWD, BWD_INPUT, BWD_WEIGHT) and its
+ * wall time (first instruction to the last send completed), in ms: the measured bubble's
+ * parts (session.c). */
+void loom_pipeline_timing(const loom_pipeline *pl, double *compute_ms, double *wall_ms);
 
 /* One step's forward and backward over `microbatches` micro-batches: tokens and targets
  * hold them one after another (B*T each, host). loss[mb] gets each micro-batch's loss sum

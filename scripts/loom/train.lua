@@ -418,7 +418,10 @@ return function(loom)
     local trace = t.log and t.log.trace
     if trace then
       local ok, err = loom.core.mkdir_p(trace)
-      if not ok then schema.fail(where, "log.trace=\"%s\"%s: %s", trace, origin("log.trace") or "", err) end
+      if not ok then
+        schema.fail(where, "log.trace=\"%s\"%s: %s (give a directory this run may create, e.g. "
+          .. "\"run/trace\")", trace, origin("log.trace") or "", err)
+      end
       local okt, errt = pcall(session.trace, session, string.format("%s/rank%d.json", trace, rank), rank,
         t.log.trace_steps or 0)
       if not okt then schema.fail(where, "%s", errt) end

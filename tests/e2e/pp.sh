@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # pp.sh LOOM — pipeline parallelism on one node (loom launch, shm), fast mode (fp32):
 #  - pp=2 with gpipe, 1f1b and interleaved (2 chunks), pp=4 with gpipe and 1f1b, pp=4
-#    interleaved on an 8-block model, an explicit pp_layers split, pp=2 x dp=2 and
-#    pp=2 x tp=2 train
+#    interleaved on an 8-block model, an explicit pp_layers split, pp=2 x dp=2,
+#    pp=2 x tp=2 and pp=2 x tp=2 x dp=2 (8 ranks) train
 #    the same losses as one rank with the same global batch (micro x microbatches x dp)
 #    within 2e-5 over 10 steps, the gradient norms within 1e-5 relative and the validation
 #    loss (eval through the pipeline) within 2e-5; only summation order differs (the tied
@@ -14,7 +14,8 @@
 #    last stage, gpipe all m;
 #  - non-finite gradients (lr = 1e30) skip the same steps on every stage as on one rank;
 #  - canonical mode: pp=1, 2, 4 with gpipe and 1f1b, an uneven pp_layers split, pp=2 x dp=2
-#    and pp=2 x tp=2 give bitwise-identical losses, gradient norms and validation loss;
+#    pp=2 x tp=2 and pp=2 x tp=2 x dp=2 give bitwise-identical losses, gradient norms and
+#    validation loss;
 #  - what pipeline parallelism refuses is refused with a message naming it.
 set -euo pipefail
 loom=$1
@@ -57,6 +58,8 @@ runN 4 mesh.pp=2 mesh.dp=2 microbatches=2 > "$tmp/ppdp"
 check_close "mesh.pp=2 x mesh.dp=2 (2 micro-batches each)" "$tmp/ppdp" "$tmp/one"
 runN 4 mesh.pp=2 mesh.tp=2 microbatches=4 > "$tmp/pptp"
 check_close "mesh.pp=2 x mesh.tp=2 (4 micro-batches)" "$tmp/pptp" "$tmp/one"
+runN 8 mesh.pp=2 mesh.tp=2 mesh.dp=2 microbatches=2 > "$tmp/pptpdp"
+check_close "mesh.pp=2 x mesh.tp=2 x mesh.dp=2, 8 ranks (2 micro-batches each)" "$tmp/pptpdp" "$tmp/one"
 run1 model.layers=8 batch.global=16 > "$tmp/one8"
 runN 4 model.layers=8 mesh.pp=4 schedule=interleaved microbatches=4 > "$tmp/pp4i"
 check_close "mesh.pp=4 schedule=interleaved, 8 blocks in 8 virtual stages" "$tmp/pp4i" "$tmp/one8"
@@ -108,7 +111,7 @@ run1 $canon batch.global=16 | grep -E '^(LOSS|NORM|VAL)' > "$tmp/c1"
 for layout in "2 mesh.pp=2 schedule=1f1b microbatches=4" "2 mesh.pp=2 schedule=gpipe microbatches=4" \
               "4 mesh.pp=4 schedule=1f1b microbatches=4" "4 mesh.pp=4 schedule=gpipe microbatches=4" \
               "2 mesh.pp=2 pp_layers={3,1} microbatches=4" "4 mesh.pp=2 mesh.dp=2 microbatches=2" \
-              "4 mesh.pp=2 mesh.tp=2 microbatches=4"; do
+              "4 mesh.pp=2 mesh.tp=2 microbatches=4" "8 mesh.pp=2 mesh.tp=2 mesh.dp=2 microbatches=2"; do
   runN ${layout%% *} $canon ${layout#* } | grep -E '^(LOSS|NORM|VAL)' > "$tmp/c"
   cmp -s "$tmp/c1" "$tmp/c" || { echo "canonical ${layout#* } differs from one rank"; paste "$tmp/c1" "$tmp/c" | head; exit 1; }
   echo "ok canonical ${layout#* }: losses, gradient norms and val loss bitwise those of one rank"

@@ -302,6 +302,19 @@ static loom_status post(loom_pipeline *pl, slot *s, loom_comm_request *r)
     return LOOM_OK;
 }
 
+/* Move what the transport can of every pending send, without blocking: a transport that
+ * progresses only inside its calls (shm) would otherwise leave a send started before a
+ * compute untouched until the next wait, and the next stage idle behind it. Called after
+ * each SEND starts and before each compute. */
+static void progress_sends(loom_pipeline *pl)
+{
+    if (!pl->ops->test)
+        return;
+    for (int i = 0; i < pl->n_slots; i++)
+        for (int j = 0; j < pl->slots[i].n_req; j++)
+            pl->ops->test(pl->pp, pl->slots[i].req[j]);
+}
+
 static void release(loom_pipeline *pl, int key)
 {
     pl->slots[pl->slot_of[key]].busy = 0;
@@ -330,6 +343,8 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
     loom_trace_phase_begin(pl->trace, t_run);
     for (size_t i = 0; i < pl->n; i++) {
         const loom_sched_instr *in = &pl->list[i];
+        if (loom_trace_is_compute(in->op))
+            progress_sends(pl);
         double t0 = loom_now_ms(); /* the instruction's span: a RECV's includes its wait */
         int key = in->microbatch * pl->chunks + in->chunk, vs = in->chunk * P + pl->stage, s = -1;
         int lo = pl->first[vs], hi = pl->first[vs + 1];
@@ -406,6 +421,8 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
                       loom_sched_op_name(in->op));
         }
         (void)V;
+        if (in->op == LOOM_SCHED_SEND_ACT || in->op == LOOM_SCHED_SEND_GRAD)
+            progress_sends(pl);
         double t1 = loom_now_ms();
         if (loom_trace_is_compute(in->op))
             pl->compute_ms += t1 - t0;

@@ -82,14 +82,17 @@ void loom_trace_close(loom_trace *tr)
     free(tr);
 }
 
-void loom_trace_step(loom_trace *tr, int64_t step)
+void loom_trace_step(loom_trace *tr, int64_t first)
 {
     if (!tr)
         return;
-    if (tr->step == 0)
-        tr->steps = tr->steps ? step + tr->steps - 1 : 0; /* the window's last step */
-    tr->step = step;
-    tr->on = tr->steps == 0 || step <= tr->steps;
+    if (tr->step == 0) {
+        tr->step = first;
+        tr->steps = tr->steps ? first + tr->steps - 1 : 0; /* the window's last step */
+    } else {
+        tr->step++; /* a skipped update is a step too */
+    }
+    tr->on = tr->steps == 0 || tr->step <= tr->steps;
 }
 
 static void emit(loom_trace *tr, loom_trace_kind kind, double t0, double t1, int mb, int chunk)

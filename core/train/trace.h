@@ -57,9 +57,10 @@ loom_status loom_trace_open(const char *path, int rank, int stage, int64_t steps
 /* Ends the JSON and closes the file; NULL is fine. */
 void loom_trace_close(loom_trace *tr);
 
-/* The step that spans belong to (until the next call); past the `steps` window the trace
- * records nothing. */
-void loom_trace_step(loom_trace *tr, int64_t step);
+/* A step begins: spans belong to it until the next call. The first call gives the step's
+ * number (the steps already taken + 1); each later call counts one on, whether or not the
+ * optimizer skipped an update. Past the `steps` window the trace records nothing. */
+void loom_trace_step(loom_trace *tr, int64_t first);
 /* A span from t0_ms to t1_ms (loom_now_ms); mb and chunk < 0: none. */
 void loom_trace_span(loom_trace *tr, loom_trace_kind kind, double t0_ms, double t1_ms, int mb,
                      int chunk);

@@ -9,7 +9,8 @@
 #  - the measured bubble is in every JSONL train line and in the run's summary line,
 #    finite and in [0, 1); without a pipeline it is null;
 #  - at pp = 1 (dp = 2) the traces hold forward, backward, grad_sync and the optimizer;
-#  - log.trace_steps = 2 traces steps 1 and 2 only;
+#  - log.trace_steps = 2 traces steps 1 and 2 only; steps whose update is skipped (non-finite
+#    gradients) keep their own step numbers;
 #  - a bad log.trace value is refused with a message that names it.
 set -euo pipefail
 loom=$1
@@ -68,6 +69,12 @@ echo "ok pp = 1 (dp = 2): traces with forward, backward, grad_sync, optimizer; b
 "$loom" launch -n 2 "$recipe" $model steps=3 mesh.pp=2 microbatches=2 log.trace="$tmp/w" \
   log.trace_steps=2 > "$tmp/w.out" 2>&1 || { cat "$tmp/w.out"; exit 1; }
 $check "$tmp/w" 2 2
+
+# Skipped updates (lr = 1e30: non-finite gradients from step 2 on) are steps of the trace too.
+"$loom" launch -n 2 "$recipe" $model steps=4 mesh.pp=2 microbatches=2 optimizer.lr=1e30 \
+  log.trace="$tmp/skip" > "$tmp/skip.out" 2>&1 || { cat "$tmp/skip.out"; exit 1; }
+grep -q 'SKIP 4 true' "$tmp/skip.out" || { echo "lr=1e30 did not skip step 4"; exit 1; }
+$check "$tmp/skip" 2 4
 
 refused() { # expected-text args...
   local want=$1; shift

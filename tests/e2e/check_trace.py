@@ -82,9 +82,11 @@ def main():
         if sorted(e["args"]["step"] for e in by_lane.get(2, [])) != list(range(1, steps + 1)):
             fail("%s: not one step span per step" % path)
         names = {e["name"] for e in spans}
-        for want in ("forward", "backward", "optimizer", "norm", "step"):
+        for want in ("forward", "optimizer", "norm", "step"):
             if want not in names:
                 fail("%s: no %s span" % (path, want))
+        if "backward" not in names and not {"backward_input", "backward_weight"} <= names:
+            fail("%s: no backward span (fused, or B and W)" % path)
         if lists:
             stage = r
             for want in (["recv_act"] if stage > 0 else []) + (["send_act"] if stage < stages - 1 else []) + ["idle"]:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # pp_trace.sh LOOM — log.trace (per-rank Chrome traces) and the measured pipeline bubble:
-#  - pp=2 with 1f1b and with interleaved (2 chunks): every rank's trace is strict JSON in
+#  - pp=2 with 1f1b, interleaved (2 chunks) and, where this build trains it, zb1 (B and W
+#    spans): every rank's trace is strict JSON in
 #    the Trace Event Format, pid = rank, lanes compute / comm / step, spans of a lane
 #    never overlap, one step span per step, and each step's compute spans are, in time
 #    order, the stage's FWD/BWD instructions of the schedule (every micro-batch's forward
@@ -54,6 +55,20 @@ for layout in "1f1b 1" "interleaved 2"; do
   bubble_ok "$tmp/$name/m.jsonl" "$tmp/$name/out"
 done
 grep -q '"chunk":1' "$tmp/interleaved/trace/rank0.json" || { echo "interleaved: no chunk 1 span"; exit 1; }
+
+# zb1's split backward: backward_input (B) and backward_weight (W) spans in the schedule's
+# order, where this build trains zb1 (a build whose model has no split backward refuses it).
+mkdir -p "$tmp/zb1"
+if "$loom" launch -n 2 "$recipe" $model steps=2 mesh.pp=2 schedule=zb1 microbatches=4 \
+    log.trace="$tmp/zb1/trace" > "$tmp/zb1/out" 2>&1; then
+  LOOM_SCHED="zb1 2 4 1" "$loom" run "$here/sched_lists.lua" > "$tmp/zb1/lists"
+  $check "$tmp/zb1/trace" 2 2 "$tmp/zb1/lists"
+  grep -q '"name":"backward_weight"' "$tmp/zb1/trace/rank1.json" || { echo "zb1: no W span"; exit 1; }
+elif grep -q 'cannot train with' "$tmp/zb1/out"; then
+  echo "zb1 is refused by this build (no split backward): its trace is checked where it trains"
+else
+  cat "$tmp/zb1/out"; exit 1
+fi
 
 # pp = 1, dp = 2: the spans that apply; no bubble.
 mkdir -p "$tmp/dp"

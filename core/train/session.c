@@ -353,7 +353,7 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     double t_done = loom_now_ms();
     loom_trace_span(s->trace, LOOM_TRACE_OPTIMIZER, t_opt, t_done, -1, -1);
     loom_trace_span(s->trace, LOOM_TRACE_STEP, t0, t_done, -1, -1);
-    loom_trace_flush(s->trace);
+    LOOM_TRY(loom_trace_flush(s->trace));
     out->step = s->steps;
     out->loss = loss_sum / tokens;
     out->grad_norm = norm;

@@ -8,12 +8,15 @@
  */
 #include "trace.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 struct loom_trace {
     FILE *f;
+    char *path;
     int rank;
     int64_t steps, step; /* the window (0: all) and the current step */
     int on;              /* the current step is inside the window */
@@ -54,6 +57,7 @@ loom_status loom_trace_open(const char *path, int rank, int stage, int64_t steps
                   "create files in)", path);
     }
     setvbuf(tr->f, NULL, _IOFBF, 1 << 16);
+    tr->path = strdup(path);
     tr->rank = rank;
     tr->steps = steps;
     fputs("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[", tr->f);
@@ -79,6 +83,7 @@ void loom_trace_close(loom_trace *tr)
         return;
     fputs("\n]}\n", tr->f);
     fclose(tr->f);
+    free(tr->path);
     free(tr);
 }
 
@@ -139,10 +144,16 @@ void loom_trace_phase_end(loom_trace *tr, double t_ms)
     tr->in_phase = 0;
 }
 
-void loom_trace_flush(loom_trace *tr)
+loom_status loom_trace_flush(loom_trace *tr)
 {
-    if (tr && tr->on)
-        fflush(tr->f);
+    if (!tr || !tr->on)
+        return LOOM_OK;
+    errno = 0;
+    if (fflush(tr->f) != 0 || ferror(tr->f))
+        LOOM_FAIL(LOOM_ERR_IO, "log.trace: writing '%s' failed (%s): free some space or trace "
+                  "fewer steps (log.trace_steps)", tr->path ? tr->path : "?",
+                  errno ? strerror(errno) : "write error");
+    return LOOM_OK;
 }
 
 loom_trace_kind loom_trace_kind_of(loom_sched_op op)

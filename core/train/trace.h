@@ -68,8 +68,9 @@ void loom_trace_span(loom_trace *tr, loom_trace_kind kind, double t0_ms, double 
  * spans. */
 void loom_trace_phase_begin(loom_trace *tr, double t_ms);
 void loom_trace_phase_end(loom_trace *tr, double t_ms);
-/* Writes what is buffered (each step's end). */
-void loom_trace_flush(loom_trace *tr);
+/* Writes what is buffered (each step's end); a failed write (a full disk) is an error
+ * naming the file. */
+loom_status loom_trace_flush(loom_trace *tr);
 
 /* The span kind of a pipeline instruction, and whether it is compute (F, B or W: what
  * the measured bubble counts as busy). */

@@ -12,7 +12,8 @@
 #  - at pp = 1 (dp = 2) the traces hold forward, backward, grad_sync and the optimizer;
 #  - log.trace_steps = 2 traces steps 1 and 2 only; steps whose update is skipped (non-finite
 #    gradients) keep their own step numbers;
-#  - a bad log.trace value is refused with a message that names it.
+#  - a bad log.trace value is refused with a message that names it, and so is a trace file
+#    that cannot be written.
 set -euo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -101,3 +102,6 @@ refused 'is empty: give the directory the per-rank traces go to' log.trace=
 refused 'cannot create directory' log.trace=/proc/none/trace
 refused 'bounds a trace, and log.trace is not set' log.trace_steps=2
 refused 'must be string, got number 7' 'log.trace=7'
+# A trace that cannot be written (a full disk: rank0.json is /dev/full) stops the run, naming it.
+mkdir -p "$tmp/full" && ln -s /dev/full "$tmp/full/rank0.json"
+refused "log.trace: writing '$tmp/full/rank0.json' failed (No space left on device)" log.trace="$tmp/full"

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "model/gpt_stage.h"
 #include "base/status.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -130,9 +131,10 @@ static size_t logical_numel(const loom_param_entry *e)
     return n;
 }
 
-/* The entry for block b, layer l; its logical size must be what llm.c says. */
-static loom_status find_entry(const loom_param_table *t, int b, int l, size_t numel,
-                              const loom_param_entry **e)
+/* The entry for block b, layer l; its logical size must be what llm.c says. A pipeline
+ * stage (m given) has no entry for what another stage holds: *e = NULL, and OK. */
+static loom_status find_entry(const loom_param_table *t, const loom_gpt *m, int b, int l,
+                              size_t numel, const loom_param_entry **e)
 {
     char name[LOOM_PARAM_NAME_MAX];
     if (blocks[b].layered)
@@ -140,6 +142,8 @@ static loom_status find_entry(const loom_param_table *t, int b, int l, size_t nu
     else
         snprintf(name, sizeof name, "%s", blocks[b].name);
     *e = loom_params_find(t, name);
+    if (!*e && m && loom_gpt_held_elsewhere(m, name))
+        return LOOM_OK;
     if (!*e || logical_numel(*e) != numel)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "loom's parameter '%s' %s (llm.c has %zu elements)", name,
                   *e ? "has another size" : "is missing", numel);
@@ -237,13 +241,18 @@ loom_status loom_llmc_load(loom_gpt *m, const char *path)
     for (int b = 0; st == LOOM_OK && b < 16; b++)
         for (int l = 0; st == LOOM_OK && l < (blocks[b].layered ? mc->layers : 1); l++) {
             const loom_param_entry *e;
-            st = find_entry(t, b, l, n[b], &e);
+            st = find_entry(t, m, b, l, n[b], &e);
         }
+    long width = version == 3 ? 4 : 2;
     for (int b = 0; st == LOOM_OK && b < 16; b++)
         for (int l = 0; st == LOOM_OK && l < (blocks[b].layered ? mc->layers : 1); l++) {
             const loom_param_entry *e;
-            st = find_entry(t, b, l, n[b], &e);
-            if (st == LOOM_OK)
+            st = find_entry(t, m, b, l, n[b], &e);
+            if (st == LOOM_OK && !e && fseek(f, (long)n[b] * width, SEEK_CUR) != 0)
+                st = loom_fail(LOOM_ERR_IO, "reading llm.c model '%s' failed part-way (skipping "
+                               "another pipeline stage's tensor); the model's parameters are now "
+                               "partly overwritten", path);
+            else if (st == LOOM_OK && e)
                 st = read_sliced(f, path, version, e, params + e->offset, n[b]);
         }
     fclose(f);
@@ -277,7 +286,11 @@ loom_status loom_llmc_save(loom_gpt *m, const char *path)
     for (int b = 0; ok && st == LOOM_OK && b < 16; b++)
         for (int l = 0; ok && st == LOOM_OK && l < (blocks[b].layered ? c->layers : 1); l++) {
             const loom_param_entry *e;
-            st = find_entry(t, b, l, n[b], &e);
+            st = find_entry(t, m, b, l, n[b], &e);
+            if (st == LOOM_OK && !e)
+                st = loom_fail(LOOM_ERR_UNSUPPORTED, "cannot write llm.c model '%s' from a "
+                               "pipeline stage (another stage holds part of the model): save a "
+                               "checkpoint and run loom export --llmc on it", path);
             if (st == LOOM_OK && e->numel != n[b])
                 st = loom_fail(LOOM_ERR_UNSUPPORTED, "cannot write llm.c model '%s' from a "
                                "tensor-parallel session (this rank holds a slice of '%s'): save "

@@ -25,11 +25,13 @@
 loom_status loom_llmc_read_config(const char *path, loom_gpt_config *out);
 /* Replace m's parameters with the file's; the shapes must match field by field. Under
  * tensor parallelism each rank takes the slice of every tensor it holds (so a GPT-2 file
- * from the wild loads under any tp layout). A version 5 file's bf16 values are widened
- * exactly to fp32. */
+ * from the wild loads under any tp layout); a pipeline stage takes only the tensors it
+ * holds (loom_gpt_held_elsewhere), skipping the rest. A version 5 file's bf16 values are
+ * widened exactly to fp32. */
 loom_status loom_llmc_load(loom_gpt *m, const char *path);
 /* Write m's parameters as a version 3 (fp32) file; written to path.tmp, then renamed.
- * Refused for a session that holds slices (export a checkpoint instead). */
+ * Refused for a session that holds slices or one pipeline stage (export a checkpoint
+ * instead). */
 loom_status loom_llmc_save(loom_gpt *m, const char *path);
 
 #endif

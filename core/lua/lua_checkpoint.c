@@ -37,9 +37,6 @@ static void data_position(loom_data *d, loom_checkpoint_extra *x)
 static int l_save(lua_State *L)
 {
     loom_session *s = loom_lua_check_session(L, 1);
-    if (loom_session_pipeline_stages(s) > 1)
-        return luaL_error(L, "checkpoints are not saved under pipeline parallelism yet (pp=%d): "
-                          "train with pp = 1 to save or resume", loom_session_pipeline_stages(s));
     const char *dir = luaL_checkstring(L, 2);
     loom_checkpoint_extra x;
     memset(&x, 0, sizeof x);
@@ -86,9 +83,6 @@ static int extra_gc(lua_State *L)
 static int l_load(lua_State *L)
 {
     loom_session *s = loom_lua_check_session(L, 1);
-    if (loom_session_pipeline_stages(s) > 1)
-        return luaL_error(L, "checkpoints are not loaded under pipeline parallelism yet (pp=%d): "
-                          "train with pp = 1 to save or resume", loom_session_pipeline_stages(s));
     const char *path = luaL_checkstring(L, 2);
     loom_data *data = lua_isnoneornil(L, 3) ? NULL : loom_lua_check_data(L, 3);
     loom_checkpoint_extra *x = lua_newuserdatauv(L, sizeof *x, 0);

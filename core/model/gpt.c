@@ -183,6 +183,8 @@ static size_t lay_out_activations(loom_gpt *m, float *base)
         a->res2 = TAKE(Rl * C); a->ln2 = TAKE(Rl * C); a->ln2_mean = TAKE(Rl);
         a->ln2_rstd = TAKE(Rl); a->ln2_full = GATHERED(a->ln2);
         a->fch = TAKE(R * Fl); a->fch_gelu = TAKE(R * Fl); a->res3 = TAKE(Rl * C);
+        a->dfch = m->split ? TAKE(R * Fl) : NULL;
+        a->ln_part = m->split ? TAKE(4 * C) : NULL;
     }
     m->encoded = TAKE(Rl * C); m->lnf = TAKE(Rl * C); m->lnf_mean = TAKE(Rl);
     m->lnf_rstd = TAKE(Rl); m->lnf_full = GATHERED(m->lnf);
@@ -197,6 +199,8 @@ static size_t lay_out_activations(loom_gpt *m, float *base)
     for (int i = 0; i < 3; i++)
         m->tree[i] = m->canonical ? TAKE(R * C) : NULL;
     m->emb_grad = m->canonical && m->has_embed ? TAKE((size_t)Vl * C) : NULL;
+    m->dx_out = m->split ? TAKE(Rl * C) : NULL;
+    m->lnf_part = m->split ? TAKE(2 * C) : NULL;
 #undef GATHERED
 #undef TAKE_FULL
 #undef TAKE
@@ -274,6 +278,7 @@ loom_status loom_gpt_create(const loom_gpt_config *cfg, loom_backend *be, int ma
             memcpy(m->own, par->stage_layers, (size_t)cfg->layers);
         if (par->slots > 1)
             m->slots = par->slots;
+        m->split = par->split_backward;
     }
     m->has_embed = m->own && m->own[0];
     m->has_head = m->own && m->own[cfg->layers - 1];
@@ -535,7 +540,7 @@ loom_status loom_gpt_backward(loom_gpt *m)
     /* Embedding: every rank needs the gradient of all rows for its vocabulary slice; the
      * position gradient is then computed the same way on every rank. */
     LOOM_TRY(B_LEAVE(LOOM_REGION_EMBEDDING, -1, m->dres, m->dres_full, R, C));
-    gpt_embedding_grad(m, R);
+    gpt_embedding_grad(m, m->dres_full, R);
     k->position_backward(m->g.wpe, m->dres_full, B, T, C);
     m->have_dlogits = 0;
     LOOM_TRY(entries_ready(m, 0, 1));

@@ -46,6 +46,10 @@ typedef struct loom_gpt_parallel {
      * the last block. slots: activation sets kept at once (micro-batches in flight; 0 = 1). */
     const unsigned char *stage_layers;
     int slots;
+    /* 1: also keep what a split backward (gpt_stage.h: B, then W) needs between its two
+     * passes: per block d(fch), the layer norms' canonical parts, the chunk input's
+     * gradient (about R x (4C/tp) floats per block per slot more). */
+    int split_backward;
 } loom_gpt_parallel;
 
 /* Build the table (partitioned by par->tp_ops) and allocate params + grads on the backend,

@@ -34,6 +34,9 @@ typedef struct layer_acts {
     float *ln2, *ln2_mean, *ln2_rstd, *ln2_full;
     float *fch, *fch_gelu;            /* (R,Fl) */
     float *res3;                      /* (Rl,C) block output */
+    /* Split backward only (gpt_backward_split.c): d(fch) (R,Fl) for W, and the layer norms'
+     * canonical gradient parts (4C: ln_2 weight, bias, ln_1 weight, bias) B leaves for W. */
+    float *dfch, *ln_part;
 } layer_acts;
 
 struct loom_gpt {
@@ -62,12 +65,15 @@ struct loom_gpt {
     float *rep_grad;                   /* (6C) replicated parameters' gradient partials */
     float *tree[3];                    /* canonical: levels of the chunk tree, (R,C) each */
     float *emb_grad;                   /* canonical: (Vl,C) one micro-batch's lookup gradient */
+    float *dx_out, *lnf_part;          /* split backward: (Rl,C) the chunk input's gradient B
+                                        * sends and W reads; (2C) ln_f's canonical parts */
     float *host_losses, *row_gather;   /* (R) host; (Vp) host */
     int last_B, last_T, have_dlogits;
     /* pipeline stage (gpt_stage.c): own[l] = block l is held here; the embedding lives with
      * block 0, ln_f and the LM head with the last block; staged = some block is not. */
     unsigned char *own;
     int has_embed, has_head, staged, slots;
+    int split;                         /* loom_gpt_parallel.split_backward: the buffers above */
     size_t slot_bytes;                 /* one activation set; act_bytes = slots x this */
     int cache_len;                     /* rows of a one-sequence forward kept as a key/value
                                         * cache (gpt_decode.c); 0: none */
@@ -89,10 +95,13 @@ typedef loom_status (*region_hook)(void *, loom_region, int, const loom_region_i
 #define B_ENTER(r, l, in, out, rows, w) \
     gpt_cross(m, GPT_HOOK(region_backward_enter), r, l, in, out, rows, w)
 
-/* The token embedding's gradient into g.wte (rows [v0, v0+Vl)) from dres_full. Canonical
+/* The token embedding's gradient into g.wte (rows [v0, v0+Vl)) from dout. Canonical
  * mode sums it on its own first and adds it to the LM head's part in one add (head + emb),
  * so a pipeline that holds the two halves on different stages gets the same bits. */
-void gpt_embedding_grad(loom_gpt *m, size_t R);
+void gpt_embedding_grad(loom_gpt *m, const float *dout, size_t R);
+
+/* A pipeline chunk [lo, hi) this model can run (gpt_stage.c). */
+loom_status gpt_check_chunk(const loom_gpt *m, int lo, int hi);
 
 /* Point the activation buffers at activation set `slot` (0 .. slots-1). */
 void gpt_bind_slot(loom_gpt *m, int slot);
@@ -112,6 +121,11 @@ void gpt_row_parallel_forward(loom_gpt *m, float *out, const float *inp, const f
 loom_status gpt_column_parallel_backward(loom_gpt *m, loom_region r, int layer, float *dw,
                                          float *db, const float *dout, const float *inp,
                                          const float *w, int B, int T, int OC, int segs);
+/* Its input gradient alone (into m->dsummed), for the split backward's B; the weight and
+ * bias gradients are then matmul_backward(NULL, dw, db, ...) in W: the same bits. */
+loom_status gpt_column_parallel_backward_input(loom_gpt *m, loom_region r, int layer,
+                                               const float *dout, const float *w, int B, int T,
+                                               int OC, int segs);
 
 typedef struct rep_args {
     float *dinp;
@@ -121,6 +135,7 @@ typedef struct rep_args {
 typedef struct rep_pack {
     float *dst[6];   /* the gradient each slot is added to */
     int n;
+    float *base;     /* where the slots are (C floats each); NULL: m->rep_grad */
 } rep_pack;
 
 /* One transformer block forward / backward (gpt.c), shared by the whole-model passes and

@@ -151,7 +151,7 @@ void gpt_replicated_grads(loom_gpt *m, rep_pack *pk, int kind, const rep_args *a
         rep_rows(m, kind, a, dw, db, 0, Rl);
         return;
     }
-    float *part = m->rep_grad + (size_t)pk->n * C; /* [dw | db] or [db] */
+    float *part = (pk->base ? pk->base : m->rep_grad) + (size_t)pk->n * C; /* [dw | db] or [db] */
     if (kind == 0)
         pk->dst[pk->n++] = dw;
     pk->dst[pk->n++] = db;
@@ -175,10 +175,11 @@ void gpt_replicated_grads(loom_gpt *m, rep_pack *pk, int kind, const rep_args *a
 loom_status gpt_rep_flush(loom_gpt *m, rep_pack *pk)
 {
     size_t C = (size_t)m->cfg.dim;
+    float *base = pk->base ? pk->base : m->rep_grad;
     if (pk->n && m->sp)
-        LOOM_TRY(gpt_tensor_allreduce(m, m->rep_grad, (size_t)pk->n * C, LOOM_REDUCE_SUM));
+        LOOM_TRY(gpt_tensor_allreduce(m, base, (size_t)pk->n * C, LOOM_REDUCE_SUM));
     for (int i = 0; i < pk->n; i++)
-        m->be->ops->accumulate(pk->dst[i], m->rep_grad + (size_t)i * C, C);
+        m->be->ops->accumulate(pk->dst[i], base + (size_t)i * C, C);
     pk->n = 0;
     return LOOM_OK;
 }
@@ -251,6 +252,16 @@ loom_status gpt_column_parallel_backward(loom_gpt *m, loom_region r, int layer, 
     column_parallel_dinp(m, m->dpartial, dout, w, R, OC, segs);
     LOOM_TRY(B_ENTER(r, layer, m->dpartial, m->dsummed, (size_t)R, (size_t)C));
     k->matmul_backward(NULL, dw, db, dout, inp, w, B, T, C, OC);
+    return gpt_region_wait(m);
+}
+
+loom_status gpt_column_parallel_backward_input(loom_gpt *m, loom_region r, int layer,
+                                               const float *dout, const float *w, int B, int T,
+                                               int OC, int segs)
+{
+    int C = m->cfg.dim, R = B * T;
+    column_parallel_dinp(m, m->dpartial, dout, w, R, OC, segs);
+    LOOM_TRY(B_ENTER(r, layer, m->dpartial, m->dsummed, (size_t)R, (size_t)C));
     return gpt_region_wait(m);
 }
 

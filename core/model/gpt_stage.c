@@ -8,6 +8,10 @@
  */
 #include "gpt_stage.h"
 
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "gpt_internal.h"
 #include "base/status.h"
 
@@ -19,20 +23,20 @@ float *loom_gpt_stage_input(loom_gpt *m) { return m->encoded; }
 float *loom_gpt_stage_output(loom_gpt *m, int hi) { return m->acts[hi - 1].res3; }
 float *loom_gpt_stage_grad(loom_gpt *m) { return m->dres; }
 
-void gpt_embedding_grad(loom_gpt *m, size_t R)
+void gpt_embedding_grad(loom_gpt *m, const float *dout, size_t R)
 {
     const loom_backend_ops *k = m->be->ops;
     size_t C = (size_t)m->cfg.dim;
     if (!m->emb_grad) {
-        k->embedding_backward(m->g.wte, m->dres_full, m->tokens, m->v0, m->Vl, R, (int)C);
+        k->embedding_backward(m->g.wte, dout, m->tokens, m->v0, m->Vl, R, (int)C);
         return;
     }
     k->zero(m->be->self, m->emb_grad, (size_t)m->Vl * C * sizeof(float));
-    k->embedding_backward(m->emb_grad, m->dres_full, m->tokens, m->v0, m->Vl, R, (int)C);
+    k->embedding_backward(m->emb_grad, dout, m->tokens, m->v0, m->Vl, R, (int)C);
     k->accumulate(m->g.wte, m->emb_grad, (size_t)m->Vl * C);
 }
 
-static loom_status check_chunk(const loom_gpt *m, int lo, int hi)
+loom_status gpt_check_chunk(const loom_gpt *m, int lo, int hi)
 {
     if (lo < 0 || hi > m->cfg.layers || lo >= hi)
         LOOM_FAIL(LOOM_ERR_INVALID, "stage chunk [%d, %d) is not a run of blocks of 0..%d", lo, hi,
@@ -49,7 +53,7 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
                                    const int *targets, int B, int T, float dloss,
                                    double *loss_sum)
 {
-    LOOM_TRY(check_chunk(m, lo, hi));
+    LOOM_TRY(gpt_check_chunk(m, lo, hi));
     const loom_backend_ops *k = m->be->ops;
     void *bs = m->be->self;
     int C = m->cfg.dim, V = m->cfg.vocab;
@@ -99,7 +103,7 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
 
 loom_status loom_gpt_stage_backward(loom_gpt *m, int lo, int hi)
 {
-    LOOM_TRY(check_chunk(m, lo, hi));
+    LOOM_TRY(gpt_check_chunk(m, lo, hi));
     const loom_backend_ops *k = m->be->ops;
     int B = m->last_B, T = m->last_T, C = m->cfg.dim;
     size_t R = (size_t)B * T;
@@ -120,8 +124,37 @@ loom_status loom_gpt_stage_backward(loom_gpt *m, int lo, int hi)
     }
     if (lo == 0) {
         LOOM_TRY(B_LEAVE(LOOM_REGION_EMBEDDING, -1, m->dres, m->dres_full, R, C));
-        gpt_embedding_grad(m, R);
+        gpt_embedding_grad(m, m->dres_full, R);
         k->position_backward(m->g.wpe, m->dres_full, B, T, C);
     }
     return LOOM_OK;
+}
+
+int loom_gpt_held_elsewhere(const loom_gpt *m, const char *name)
+{
+    if (!m->staged || loom_params_find(&m->table, name))
+        return 0;
+    if (strcmp(name, "wte") == 0)
+        return 1; /* not held: a middle stage */
+    if (strcmp(name, "wpe") == 0)
+        return !m->has_embed;
+    if (strcmp(name, "ln_f.weight") == 0 || strcmp(name, "ln_f.bias") == 0)
+        return !m->has_head;
+    /* h.<l>.<suffix>: a block another stage holds, with a suffix a block of ours has
+     * (every stage holds at least one block, so its table lists every suffix) */
+    char *end;
+    if (strncmp(name, "h.", 2) != 0 || name[2] < '0' || name[2] > '9')
+        return 0;
+    long l = strtol(name + 2, &end, 10);
+    if (*end != '.' || l < 0 || l >= m->cfg.layers || m->own[l])
+        return 0;
+    for (int k = 0; k < m->cfg.layers; k++) {
+        char mine[LOOM_PARAM_NAME_MAX];
+        if (!m->own[k])
+            continue;
+        if ((size_t)snprintf(mine, sizeof mine, "h.%d%s", k, end) >= sizeof mine)
+            return 0;
+        return loom_params_find(&m->table, mine) != NULL;
+    }
+    return 0;
 }

@@ -11,8 +11,12 @@
  * (unless lo == 0, where the embedding's gradients are accumulated instead).
  * Every call acts on the slot chosen last by loom_gpt_stage_select. Parameter gradients
  * accumulate (+=); no gradient-ready hook is called (the engine syncs after the step).
- * What not: sequence parallelism (the residual stream between stages is whole); canonical
- * mode; a split backward (input and weight gradients are one pass).
+ * The backward also comes split in two (gpt_backward_split.c, for zero-bubble schedules):
+ * loom_gpt_stage_backward_input (B) computes the input gradient, which it leaves in
+ * loom_gpt_stage_grad_out(), keeping in the slot what the weight gradients need, and
+ * loom_gpt_stage_backward_weight (W), later, adds the weight gradients: B then W gives the
+ * fused backward's bits. It needs a model created with loom_gpt_parallel.split_backward.
+ * What not: sequence parallelism (the residual stream between stages is whole).
  */
 #ifndef LOOM_CORE_GPT_STAGE_H
 #define LOOM_CORE_GPT_STAGE_H
@@ -32,5 +36,20 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
                                    const int *targets, int B, int T, float dloss,
                                    double *loss_sum);
 loom_status loom_gpt_stage_backward(loom_gpt *m, int lo, int hi);
+
+/* 1 if `name` is a parameter of the whole model that this pipeline stage does not hold
+ * (another stage's block, wpe or ln_f; wte on a middle stage): loaders that read a whole
+ * model (checkpoints, llm.c files) skip it here and its own stage takes it. 0 for a name
+ * this stage holds, for a name no stage has, and for a model that is not a stage. */
+int loom_gpt_held_elsewhere(const loom_gpt *m, const char *name);
+/* The split backward of the selected slot's chunk (see above). B reads the output gradient
+ * from loom_gpt_stage_grad() and writes the input gradient to loom_gpt_stage_grad_out()
+ * (read by W on the first stage, for the embedding). In fast mode B accumulates the layer
+ * norms' gradients; in canonical mode it writes no parameter gradient (W adds them), except
+ * that with head_dw != NULL on the last stage the LM head's wte gradient of this
+ * micro-batch is written there (zeroed first), and W must then be told head_done = 1. */
+float *loom_gpt_stage_grad_out(loom_gpt *m);
+loom_status loom_gpt_stage_backward_input(loom_gpt *m, int lo, int hi, float *head_dw);
+loom_status loom_gpt_stage_backward_weight(loom_gpt *m, int lo, int hi, int head_done);
 
 #endif

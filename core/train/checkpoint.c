@@ -3,7 +3,7 @@
  *
  * What not: no validation of data checksums when finding (that is load's job: find only
  * checks that a checkpoint is complete); no recursive deletion — a checkpoint directory
- * holds plain files only (three, or 2 x tp + 1), and removal never descends into
+ * holds plain files only (three, or 2 x tp x pp + 1), and removal never descends into
  * subdirectories, so a wrong path can cost at most the plain files of one directory.
  * The collective part (loom_ckpt_save_source) exchanges small host buffers over the
  * mesh's communicators (a communicator that only takes device memory, nccl, cannot
@@ -187,7 +187,7 @@ static char *slice_json(const loom_param_entry *e)
 /* Write model.safetensors (slots == 0) or optim.safetensors (slot-major state). */
 static loom_status write_tensors(const char *path, const loom_param_table *t, const float *buf,
                                  uint32_t slots, int is_optim, const char *optim_name,
-                                 uint64_t *bytes, uint64_t *sum)
+                                 const char *skip, uint64_t *bytes, uint64_t *sum)
 {
     int per = is_optim ? (int)slots : 1, n = t->count * per, n_meta = 0;
     loom_st_tensor *ts = calloc((size_t)n + 1, sizeof *ts);
@@ -207,12 +207,15 @@ static loom_status write_tensors(const char *path, const loom_param_table *t, co
             meta[n_meta++] = (loom_st_meta){"loom.slots", slots_text};
         }
     }
+    int at = 0; /* tensors written */
     for (int i = 0; st == LOOM_OK && i < t->count; i++) {
         const loom_param_entry *e = &t->entries[i];
+        if (skip && strcmp(e->name, skip) == 0)
+            continue; /* another stage writes it */
         if (!(slices[i] = slice_json(e)))
             st = loom_fail(LOOM_ERR_NOMEM, "out of memory writing '%s'", path);
         for (int k = 0; st == LOOM_OK && k < per; k++) {
-            int j = i * per + k;
+            int j = at++;
             if (is_optim)
                 snprintf(names[j], sizeof names[j], "%s.state%d", e->name, k);
             else
@@ -224,7 +227,7 @@ static loom_status write_tensors(const char *path, const loom_param_table *t, co
         }
     }
     if (st == LOOM_OK)
-        st = loom_safetensors_write(path, ts, n, meta, n_meta, bytes, sum);
+        st = loom_safetensors_write(path, ts, at, meta, n_meta, bytes, sum);
     for (int i = 0; slices && i < t->count; i++)
         free(slices[i]);
     free(slices);
@@ -238,7 +241,8 @@ typedef struct file_sum { char name[64]; uint64_t bytes, sum; } file_sum;
 
 static loom_status write_manifest(const loom_ckpt_source *src, const char *path,
                                   const loom_checkpoint_extra *x, const char *config,
-                                  size_t config_len, const file_sum *files, int n_files, int tp)
+                                  size_t config_len, const file_sum *files, int n_files, int tp,
+                                  int pp)
 {
     const loom_session_state ss = src->state_info;
     const loom_gpt_config *mc = &src->model;
@@ -263,7 +267,14 @@ static loom_status write_manifest(const loom_ckpt_source *src, const char *path,
     loom_strbuf_printf(&b, "  \"model\": {\"vocab\": %d, \"vocab_padded\": %d, \"ctx\": %d, "
                        "\"layers\": %d, \"heads\": %d, \"dim\": %d},\n", mc->vocab,
                        mc->vocab_padded, mc->ctx, mc->layers, mc->heads, mc->dim);
-    loom_strbuf_printf(&b, "  \"layout\": {\"tp\": %d},\n", tp);
+    loom_strbuf_printf(&b, "  \"layout\": {\"tp\": %d", tp);
+    if (pp > 1) { /* the loader remaps by name; the split is for people and tools */
+        loom_strbuf_printf(&b, ", \"pp\": %d, \"pp_layers\": [", pp);
+        for (int k = 0; src->pp_first && k < src->pp_virtual; k++)
+            loom_strbuf_printf(&b, "%s%d", k ? ", " : "", src->pp_first[k + 1] - src->pp_first[k]);
+        loom_strbuf_puts(&b, "]");
+    }
+    loom_strbuf_puts(&b, "},\n");
     if (x->data_kind[0]) {
         loom_strbuf_puts(&b, "  \"data\": {\"kind\": ");
         loom_json_write_string(&b, x->data_kind);
@@ -300,18 +311,19 @@ static loom_status write_manifest(const loom_ckpt_source *src, const char *path,
     return st;
 }
 
-/* This rank's two tensor files (part `part` of a tp-way layout) into tmp. */
+/* This rank's two tensor files (part `part` of a tp x pp layout) into tmp. */
 static loom_status write_part(const loom_ckpt_source *src, const char *tmp, int part, int tp,
-                              file_sum files[2])
+                              int pp, file_sum files[2])
 {
     char path[PATH_MAX];
-    loom_ckpt_file_name(files[0].name, sizeof files[0].name, "model", part, tp);
-    loom_ckpt_file_name(files[1].name, sizeof files[1].name, "optim", part, tp);
+    const char *skip = pp > 1 ? src->skip : NULL;
+    loom_ckpt_file_name(files[0].name, sizeof files[0].name, "model", part, tp, pp);
+    loom_ckpt_file_name(files[1].name, sizeof files[1].name, "optim", part, tp, pp);
     LOOM_TRY(join(path, sizeof path, tmp, files[0].name));
-    LOOM_TRY(write_tensors(path, src->table, src->params, 0, 0, NULL, &files[0].bytes,
+    LOOM_TRY(write_tensors(path, src->table, src->params, 0, 0, NULL, skip, &files[0].bytes,
                            &files[0].sum));
     LOOM_TRY(join(path, sizeof path, tmp, files[1].name));
-    return write_tensors(path, src->table, src->state, src->slots, 1, src->optim_name,
+    return write_tensors(path, src->table, src->state, src->slots, 1, src->optim_name, skip,
                          &files[1].bytes, &files[1].sum);
 }
 
@@ -489,6 +501,15 @@ typedef struct report {
     char msg[400];
 } report;
 
+/* Who wrote part `part` of a tp x pp layout, for messages. */
+static void writer_name(char *out, size_t len, int part, int tp, int pp)
+{
+    if (pp > 1)
+        snprintf(out, len, "stage %d tp rank %d", part / tp, part % tp);
+    else
+        snprintf(out, len, "tp rank %d", part);
+}
+
 static void report_status(report *r, loom_status st)
 {
     r->status = (int32_t)st;
@@ -496,47 +517,50 @@ static void report_status(report *r, loom_status st)
         snprintf(r->msg, sizeof r->msg, "%s", loom_last_error());
 }
 
-/* tp rank 0, all parts written: check they are there, write the manifest, install. */
+/* Stage 0's tp rank 0, all parts written: check they are there, write the manifest,
+ * install. all[part], part = stage * tp + tp rank. */
 static loom_status finish(const loom_ckpt_source *src, const char *dir, const char *tmp,
                           const char *final, const char *aside, const char *name,
                           const loom_checkpoint_extra *x, const char *config, size_t config_len,
-                          const report *all, int tp)
+                          const report *all, int tp, int pp)
 {
     char path[PATH_MAX];
-    file_sum *files = calloc((size_t)2 * tp, sizeof *files);
+    int parts = tp * pp;
+    file_sum *files = calloc((size_t)2 * parts, sizeof *files);
     if (!files)
         return loom_fail(LOOM_ERR_NOMEM, "out of memory saving '%s'", final);
     loom_status st = LOOM_OK;
-    for (int r = 0; r < tp && st == LOOM_OK; r++)
+    for (int r = 0; r < parts && st == LOOM_OK; r++)
         for (int k = 0; k < 2 && st == LOOM_OK; k++) {
             file_sum f = all[r].files[k];
             f.name[sizeof f.name - 1] = '\0';
-            char want[64];
-            loom_ckpt_file_name(want, sizeof want, k ? "optim" : "model", r, tp);
+            char want[64], who[48];
+            loom_ckpt_file_name(want, sizeof want, k ? "optim" : "model", r, tp, pp);
+            writer_name(who, sizeof who, r, tp, pp);
             struct stat sb;
             if (strcmp(f.name, want) != 0)
-                st = loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': tp rank %d reports file '%s', "
-                               "'%s' expected (do all ranks agree on the tp degree?)", tmp, r,
+                st = loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': %s reports file '%s', '%s' "
+                               "expected (do all ranks agree on the tp and pp degrees?)", tmp, who,
                                f.name, want);
             else if ((st = join(path, sizeof path, tmp, f.name)) == LOOM_OK &&
                      (stat(path, &sb) != 0 || (uint64_t)sb.st_size != f.bytes))
-                st = loom_fail(LOOM_ERR_IO, "checkpoint '%s': tp rank %d wrote %" PRIu64 " bytes "
-                               "but this rank sees %s (is the directory on a file system all "
-                               "ranks share?)", path, r, f.bytes, "another size or no file");
+                st = loom_fail(LOOM_ERR_IO, "checkpoint '%s': %s wrote %" PRIu64 " bytes but this "
+                               "rank sees %s (is the directory on a file system all ranks "
+                               "share?)", path, who, f.bytes, "another size or no file");
             files[r * 2 + k] = f;
         }
     /* manifest order: model files, then optim files */
-    file_sum *ordered = st == LOOM_OK ? calloc((size_t)2 * tp, sizeof *ordered) : NULL;
+    file_sum *ordered = st == LOOM_OK ? calloc((size_t)2 * parts, sizeof *ordered) : NULL;
     if (st == LOOM_OK && !ordered)
         st = loom_fail(LOOM_ERR_NOMEM, "out of memory saving '%s'", final);
-    for (int r = 0; st == LOOM_OK && r < tp; r++) {
+    for (int r = 0; st == LOOM_OK && r < parts; r++) {
         ordered[r] = files[r * 2];
-        ordered[tp + r] = files[r * 2 + 1];
+        ordered[parts + r] = files[r * 2 + 1];
     }
     if (st == LOOM_OK)
         st = join(path, sizeof path, tmp, LOOM_CKPT_MANIFEST_FILE);
     if (st == LOOM_OK)
-        st = write_manifest(src, path, x, config, config_len, ordered, 2 * tp, tp);
+        st = write_manifest(src, path, x, config, config_len, ordered, 2 * parts, tp, pp);
     free(ordered);
     free(files);
     if (st == LOOM_OK)
@@ -566,6 +590,9 @@ loom_status loom_ckpt_save_source(const loom_ckpt_source *src, const loom_ckpt_g
     if (g->tp.size < 1 || g->tp.size > LOOM_CKPT_TP_MAX)
         return loom_fail(LOOM_ERR_INVALID, "checkpoint: tp=%d (1 to %d supported)", g->tp.size,
                          LOOM_CKPT_TP_MAX);
+    if (g->pp.size > 1 && (int64_t)g->pp.size * g->tp.size > LOOM_CKPT_TP_MAX)
+        return loom_fail(LOOM_ERR_INVALID, "checkpoint: tp=%d x pp=%d parts (1 to %d supported)",
+                         g->tp.size, g->pp.size, LOOM_CKPT_TP_MAX);
     const char *config = NULL;
     size_t config_len = 0;
     if (x->config_json) {
@@ -585,7 +612,8 @@ loom_status loom_ckpt_save_source(const loom_ckpt_source *src, const loom_ckpt_g
     char name[64], tmp_name[96], tmp[PATH_MAX], final[PATH_MAX], aside[PATH_MAX];
     snprintf(name, sizeof name, "step_%08" PRId64, x->step);
     LOOM_TRY(join(final, sizeof final, dir, name));
-    int tp = g->tp.size;
+    int tp = g->tp.size, pp = g->pp.size > 1 ? g->pp.size : 1, stage = pp > 1 ? g->pp.rank : 0;
+    int parts = tp * pp, creator = g->tp.rank == 0 && stage == 0;
     report *all = NULL;
     /* From here on every rank takes part in every exchange whatever happens locally; only a
      * failing exchange (the communicator's timeout or a dead peer) returns early. */
@@ -593,7 +621,7 @@ loom_status loom_ckpt_save_source(const loom_ckpt_source *src, const loom_ckpt_g
     int relayed = 0; /* st is another rank's failure passed on */
     if (g->dp.rank == 0) {
         hello h = {0, 0, (int64_t)getpid()};
-        if (g->tp.rank == 0) {
+        if (creator) {
             st = mkdir_p(dir);
             if (st == LOOM_OK) {
                 snprintf(tmp_name, sizeof tmp_name, ".tmp-%s.%ld", name, (long)getpid());
@@ -610,36 +638,50 @@ loom_status loom_ckpt_save_source(const loom_ckpt_source *src, const loom_ckpt_g
             }
             h.ok = st == LOOM_OK;
         }
+        if (pp > 1 && g->tp.rank == 0) /* stage 0 to every stage's tp rank 0 */
+            LOOM_TRY(g_bcast(&g->pp, &h, sizeof h, 0));
         LOOM_TRY(g_bcast(&g->tp, &h, sizeof h, 0));
         if (st == LOOM_OK && !h.ok)
-            relayed = 1, st = loom_fail(LOOM_ERR_IO, "checkpoint '%s': tp rank 0 could not create the temporary "
-                           "directory (its message says why)", final);
+            relayed = 1, st = loom_fail(LOOM_ERR_IO, "checkpoint '%s': %s could not create the "
+                                        "temporary directory (its message says why)", final,
+                                        pp > 1 ? "stage 0's tp rank 0" : "tp rank 0");
         snprintf(tmp_name, sizeof tmp_name, ".tmp-%s.%ld", name, (long)h.pid);
         if (st == LOOM_OK)
             st = join(tmp, sizeof tmp, dir, tmp_name);
         report mine;
         memset(&mine, 0, sizeof mine);
         if (st == LOOM_OK)
-            st = write_part(src, tmp, g->tp.rank, tp, mine.files);
+            st = write_part(src, tmp, stage * tp + g->tp.rank, tp, pp, mine.files);
         report_status(&mine, st);
-        if (!(all = calloc((size_t)tp, sizeof *all)))
+        if (!(all = calloc((size_t)parts, sizeof *all)))
             return loom_fail(LOOM_ERR_NOMEM, "out of memory saving '%s'", final);
-        loom_status cst = g_allgather(&g->tp, &mine, all, sizeof mine);
+        report *stage_all = pp > 1 ? calloc((size_t)tp, sizeof *stage_all) : all;
+        if (!stage_all) {
+            free(all);
+            return loom_fail(LOOM_ERR_NOMEM, "out of memory saving '%s'", final);
+        }
+        loom_status cst = g_allgather(&g->tp, &mine, stage_all, sizeof mine);
+        if (cst == LOOM_OK && pp > 1 && g->tp.rank == 0) /* every stage's reports, stage-major */
+            cst = g_allgather(&g->pp, stage_all, all, (size_t)tp * sizeof mine);
+        if (stage_all != all)
+            free(stage_all);
         if (cst != LOOM_OK) {
             free(all);
             return cst;
         }
-        if (g->tp.rank == 0) {
-            for (int r = 0; r < tp && st == LOOM_OK; r++)
+        if (creator) {
+            for (int r = 0; r < parts && st == LOOM_OK; r++)
                 if (all[r].status != LOOM_OK) {
+                    char who[48];
+                    writer_name(who, sizeof who, r, tp, pp);
                     all[r].msg[sizeof all[r].msg - 1] = '\0';
                     relayed = 1;
-                    st = loom_fail((loom_status)all[r].status, "checkpoint '%s': tp rank %d could "
-                                   "not write its files: %s", final, r, all[r].msg);
+                    st = loom_fail((loom_status)all[r].status, "checkpoint '%s': %s could not "
+                                   "write its files: %s", final, who, all[r].msg);
                 }
             if (st == LOOM_OK)
                 st = finish(src, dir, tmp, final, aside, name, x, config, config_len,
-                            all, tp);
+                            all, tp, pp);
             else
                 remove_flat(tmp);
         }
@@ -694,14 +736,19 @@ loom_status loom_checkpoint_save(loom_session *s, const char *dir, const loom_ch
     src.model = *loom_gpt_get_config(m);
     loom_session_get_state(s, &src.state_info);
     loom_ckpt_groups g;
-    loom_ckpt_group pp;
     LOOM_TRY(host_group(LOOM_GROUP_WORLD, &g.world));
     LOOM_TRY(host_group(LOOM_GROUP_DP, &g.dp));
     LOOM_TRY(host_group(LOOM_GROUP_TP, &g.tp));
-    LOOM_TRY(host_group(LOOM_GROUP_PP, &pp));
-    if (pp.size > 1)
-        return loom_fail(LOOM_ERR_UNSUPPORTED, "checkpoint: pipeline parallelism (pp=%d) is not "
-                         "supported by checkpoints yet", pp.size);
+    LOOM_TRY(host_group(LOOM_GROUP_PP, &g.pp));
+    if (g.pp.size > 1) {
+        if (g.pp.size != loom_session_pipeline_stages(s))
+            return loom_fail(LOOM_ERR_INTERNAL, "checkpoint: the pp group has %d ranks but the "
+                             "session %d stages", g.pp.size, loom_session_pipeline_stages(s));
+        src.pp_first = loom_session_pipeline_split(s, &src.pp_virtual);
+        /* the tied wte: stage 0 writes it, the last stage's copy has the same bits */
+        if (g.pp.rank == g.pp.size - 1)
+            src.skip = "wte";
+    }
     return loom_ckpt_save_source(&src, &g, dir, x, out_path, len);
 }
 

@@ -5,6 +5,10 @@
  *   N = 1: model.safetensors, optim.safetensors, manifest.json
  *   N > 1: model.tp<r>.safetensors and optim.tp<r>.safetensors for r = 0..N-1 (what tp
  *          rank r holds), manifest.json
+ *   pipeline parallelism (pp = P > 1): the same per stage s = 0..P-1, with ".pp<s>" before
+ *          the tp part (model.pp<s>.safetensors, or model.pp<s>.tp<r>.safetensors): what
+ *          stage s holds, except that the tied wte, held by the first and the last stage
+ *          (bitwise-identical copies), is written once, by stage 0.
  *   model*.safetensors  every parameter, named as the parameter table names it, F32, the
  *                      slice the writing rank holds; __metadata__ has, per tensor, its
  *                      logical shape and slice start as JSON text
@@ -13,9 +17,11 @@
  *   optim*.safetensors slot k of parameter X as "X.state<k>" (X's held shape), same metadata
  *   manifest.json      format "loom-checkpoint", version 1, loom version, step, steps_taken,
  *                      precision state, optimizer {name, slots}, model config, layout
- *                      {tp: N}, data {kind, state}, files {name: {bytes, xxh64}} (every
- *                      file above), the config verbatim, and last its own checksum. A
- *                      manifest without "layout" is tp = 1.
+ *                      {tp: N} (under pp also pp: P and pp_layers: the blocks of each
+ *                      virtual stage, stage-major), data {kind, state}, files {name:
+ *                      {bytes, xxh64}} (every file above), the config verbatim, and last
+ *                      its own checksum. A manifest without "layout" is tp = 1, without
+ *                      "pp" pp = 1.
  * plus dir/latest, a one-line file naming the newest checkpoint directory ("step_00000020").
  *
  * Checksums are XXH64 with seed 0 (checksum.h; what `xxhsum -H1` prints) of every byte, as
@@ -34,19 +40,23 @@
  * it (a damaged checkpoint is left for a person to look at).
  *
  * Multi-rank (mesh pp x dp x tp, see loom_host.group): save is collective over the world.
- * The ranks of dp rank 0 (one whole tp group) write: tp rank 0 makes the temp directory
- * and broadcasts its name (its pid) over the tp group, every tp rank writes its two files
- * into it, the tp group gathers each rank's outcome (sizes, checksums or its error), and
- * tp rank 0 writes the manifest, installs the directory, updates `latest` and applies
+ * The ranks of dp rank 0 (one whole tp group per pipeline stage) write: the writer of
+ * stage 0 and tp rank 0 makes the temp directory and broadcasts its name (its pid) over
+ * its pp group, then every stage's tp rank 0 over its tp group; every writer writes its
+ * two files into it, each tp group gathers its ranks' outcomes (sizes, checksums or the
+ * error), the stages' tp ranks 0 gather those over their pp group, and stage 0's tp rank
+ * 0 writes the manifest (last), installs the directory, updates `latest` and applies
  * retention. Then every rank of the world exchanges its outcome, so all return together
  * and all fail if one did (the failing rank's message says why; the others name it).
  * A rank that fails locally still takes part in every exchange, so no rank waits for one
- * that gave up; a dead rank shows as the communicator's timeout. pp > 1 is refused.
+ * that gave up; a dead rank shows as the communicator's timeout.
  * Load is local: every rank reads the manifest and all tensor files (checking their
  * checksums) and assembles the slice it holds of every parameter and optimizer slot from
  * the stored pieces that overlap it ("remap through logical names and slices"): any saved
- * tp degree loads at any other (tp=2 -> 1, 2, 4; 1 -> 2, 4), and `loom export` (a tp=1
- * session) reads a tp > 1 checkpoint. Pieces with the same box are replicas (the one in
+ * tp degree loads at any other (tp=2 -> 1, 2, 4; 1 -> 2, 4), any pp layout at any other
+ * (a pipeline stage takes the tensors it holds and skips those another stage holds:
+ * loom_gpt_held_elsewhere), and `loom export` (a tp=1 session) reads a tp > 1 or pp > 1
+ * checkpoint. Pieces with the same box are replicas (the one in
  * the lowest-numbered file is used); pieces whose boxes overlap otherwise, a logical
  * shape other than this run's, or pieces that leave part of a held slice uncovered are
  * refused, naming the file and tensor.
@@ -117,9 +127,11 @@ void loom_checkpoint_extra_free(loom_checkpoint_extra *e);
 #define LOOM_CKPT_MANIFEST_FILE "manifest.json"
 #define LOOM_CKPT_TP_MAX 4096
 
-/* The tensor file of kind "model" or "optim" written by tp rank `part` of `tp`:
- * "model.safetensors" when tp == 1, else "model.tp<part>.safetensors". */
-void loom_ckpt_file_name(char *out, size_t len, const char *kind, int part, int tp);
+/* The tensor file of kind "model" or "optim" written by part `part` of a tp x pp layout
+ * (part = stage * tp + tp rank): "model.safetensors" when tp == pp == 1, else
+ * "model.tp<r>.safetensors" (pp == 1), "model.pp<s>.safetensors" (tp == 1) or
+ * "model.pp<s>.tp<r>.safetensors". */
+void loom_ckpt_file_name(char *out, size_t len, const char *kind, int part, int tp, int pp);
 
 struct loom_json_doc;
 /* Read a whole file (NUL-terminated, at most max bytes). LOOM_ERR_IO names the path. */
@@ -140,6 +152,7 @@ typedef struct loom_ckpt_group {
 
 typedef struct loom_ckpt_groups {
     loom_ckpt_group world, dp, tp;
+    loom_ckpt_group pp;          /* size 0 or 1: no pipeline */
 } loom_ckpt_groups;
 
 /* Everything a save writes, as one rank holds it. */
@@ -151,6 +164,12 @@ typedef struct loom_ckpt_source {
     const char *optim_name;
     loom_gpt_config model;
     loom_session_state state_info;
+    /* pipeline parallelism (groups.pp.size > 1): an entry this stage leaves out (the tied
+     * wte on the last stage; NULL: none) and the split for the manifest, pp_first[0..n]
+     * with virtual stage k holding blocks [pp_first[k], pp_first[k+1]) */
+    const char *skip;
+    const int *pp_first;
+    int pp_virtual;
 } loom_ckpt_source;
 
 /* loom_checkpoint_save with the source and the groups given (the session version takes

@@ -28,6 +28,7 @@
 
 #include "io/checksum.h"
 #include "io/json.h"
+#include "model/gpt_stage.h"
 #include "io/safetensors.h"
 #include "base/status.h"
 
@@ -164,26 +165,32 @@ static loom_status file_record(const char *mpath, const loom_json *root, const c
     return LOOM_OK;
 }
 
-void loom_ckpt_file_name(char *out, size_t len, const char *kind, int part, int tp)
+void loom_ckpt_file_name(char *out, size_t len, const char *kind, int part, int tp, int pp)
 {
-    if (tp <= 1)
+    if (tp <= 1 && pp <= 1)
         snprintf(out, len, "%s.safetensors", kind);
-    else
+    else if (pp <= 1)
         snprintf(out, len, "%s.tp%d.safetensors", kind, part);
+    else if (tp <= 1)
+        snprintf(out, len, "%s.pp%d.safetensors", kind, part);
+    else
+        snprintf(out, len, "%s.pp%d.tp%d.safetensors", kind, part / tp, part % tp);
 }
 
-/* layout.tp of the manifest (1 when there is no layout: checkpoints before tp). */
-static loom_status read_layout(const char *mpath, const loom_json *root, int *tp)
+/* layout.tp and layout.pp of the manifest (1 when absent: checkpoints before tp / pp). */
+static loom_status read_layout(const char *mpath, const loom_json *root, int *tp, int *pp)
 {
-    const loom_json *l = loom_json_get(root, "layout");
-    int64_t v = 1;
-    *tp = 1;
+    const loom_json *l = loom_json_get(root, "layout"), *p = loom_json_get(l, "pp");
+    int64_t v = 1, w = 1;
+    *tp = *pp = 1;
     if (!l)
         return LOOM_OK;
     if (l->type != LOOM_JSON_OBJECT || !loom_json_int64(loom_json_get(l, "tp"), &v) || v < 1 ||
-        v > LOOM_CKPT_TP_MAX)
-        return bad(mpath, "manifest layout must be {\"tp\": <1 to %d>}", LOOM_CKPT_TP_MAX);
+        v > LOOM_CKPT_TP_MAX || (p && (!loom_json_int64(p, &w) || w < 1 || v * w > LOOM_CKPT_TP_MAX)))
+        return bad(mpath, "manifest layout must be {\"tp\": <1 to %d>} or {\"tp\": T, \"pp\": P} "
+                   "with T x P <= %d", LOOM_CKPT_TP_MAX, LOOM_CKPT_TP_MAX);
     *tp = (int)v;
+    *pp = (int)w;
     return LOOM_OK;
 }
 
@@ -191,14 +198,14 @@ int loom_ckpt_is_complete(const char *ckpt_dir)
 {
     loom_json_doc *doc;
     char *text, path[PATH_MAX], name[64];
-    int tp;
+    int tp, pp;
     if (loom_ckpt_manifest_open(ckpt_dir, &doc, &text) != LOOM_OK)
         return 0;
-    int ok = read_layout(ckpt_dir, loom_json_root(doc), &tp) == LOOM_OK;
-    for (int i = 0; i < 2 * tp && ok; i++) {
+    int ok = read_layout(ckpt_dir, loom_json_root(doc), &tp, &pp) == LOOM_OK, parts = tp * pp;
+    for (int i = 0; i < 2 * parts && ok; i++) {
         uint64_t bytes, sum;
         struct stat sb;
-        loom_ckpt_file_name(name, sizeof name, i < tp ? "model" : "optim", i % tp, tp);
+        loom_ckpt_file_name(name, sizeof name, i < parts ? "model" : "optim", i % parts, tp, pp);
         snprintf(path, sizeof path, "%s/%s", ckpt_dir, name);
         ok = file_record(path, loom_json_root(doc), name, &bytes, &sum) == LOOM_OK &&
              stat(path, &sb) == 0 && S_ISREG(sb.st_mode) && (uint64_t)sb.st_size == bytes;
@@ -233,14 +240,20 @@ typedef struct plan {
 } plan;
 
 typedef struct tensor_set {
-    int tp;
-    tfile *files;   /* model files 0..tp-1, then optim files */
+    int tp, pp, parts;  /* parts = tp x pp files of each kind */
+    tfile *files;   /* model files 0..parts-1, then optim files */
     plan model, optim;
 } tensor_set;
 
+/* A pipeline stage's loads skip the tensors another stage holds (NULL: skip none). */
+typedef struct elsewhere {
+    int (*fn)(const void *ctx, const char *name);
+    const void *ctx;
+} elsewhere;
+
 static void tensors_free(tensor_set *ts)
 {
-    for (int i = 0; ts->files && i < 2 * ts->tp; i++) {
+    for (int i = 0; ts->files && i < 2 * ts->parts; i++) {
         loom_safetensors_free(ts->files[i].f);
         free(ts->files[i].bytes);
     }
@@ -277,7 +290,7 @@ static void format_dims(char *buf, size_t len, const int64_t *d, int n)
 
 /* Stored tensor name -> (entry index, slot); -1 if it is not part of the table. */
 static int target_of(const loom_param_table *t, const char *tname, uint32_t per, int is_optim,
-                     int *slot)
+                     const elsewhere *ew, int *slot)
 {
     char base[LOOM_PARAM_NAME_MAX + 16];
     *slot = 0;
@@ -297,7 +310,7 @@ static int target_of(const loom_param_table *t, const char *tname, uint32_t per,
     for (int i = 0; i < t->count; i++)
         if (strcmp(t->entries[i].name, base) == 0)
             return i;
-    return -1;
+    return ew && ew->fn && ew->fn(ew->ctx, base) ? -2 : -1;
 }
 
 /* The piece's box from the tensor's shape and its __metadata__ layout, checked against the
@@ -391,7 +404,7 @@ static void format_box(char *buf, size_t len, const int64_t *start, const int64_
 /* files[0..n) of one kind -> the pieces every target (entry x slot) is assembled from.
  * Refuses unknown tensors, other logical shapes, inconsistent overlaps and gaps. */
 static loom_status make_plan(const tfile *files, int n, const loom_param_table *t, uint32_t per,
-                             int is_optim, plan *pl)
+                             int is_optim, const elsewhere *ew, plan *pl)
 {
     const char *what = is_optim ? "optimizer state" : "model";
     int total = 0;
@@ -403,7 +416,9 @@ static loom_status make_plan(const tfile *files, int n, const loom_param_table *
     for (int j = 0; j < n; j++)
         for (int i = 0; i < loom_safetensors_count(files[j].f); i++) {
             const loom_st_entry *te = loom_safetensors_entry(files[j].f, i);
-            int slot, ei = target_of(t, te->name, per, is_optim, &slot);
+            int slot, ei = target_of(t, te->name, per, is_optim, ew, &slot);
+            if (ei == -2)
+                continue; /* another pipeline stage's */
             if (ei < 0)
                 return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': tensor '%s' is not part of "
                                  "this run's %s", files[j].path, te->name, what);
@@ -430,9 +445,9 @@ static loom_status make_plan(const tfile *files, int n, const loom_param_table *
             if (n == 1)
                 return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': tensor '%s' is missing (this "
                                  "run's %s has it)", files[0].path, name, what);
-            return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s' and the other %d files of its tp=%d "
+            return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s' and the other %d files of its "
                              "layout: tensor '%s' is missing (this run's %s has it)", files[0].path,
-                             n - 1, n, name, what);
+                             n - 1, name, what);
         }
         uint64_t covered = 0;
         for (int i = first; i < at; i++) {
@@ -460,7 +475,7 @@ static loom_status make_plan(const tfile *files, int n, const loom_param_table *
             format_dims(b2, sizeof b2, e->shape, e->ndim);
             return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s'%s: the stored pieces of tensor '%s' "
                              "cover %" PRIu64 " of the %zu elements this rank holds (%s of %s): a "
-                             "piece is missing", files[0].path, n > 1 ? " and its other tp files" : "",
+                             "piece is missing", files[0].path, n > 1 ? " and its other files" : "",
                              name, covered, e->numel, b1, b2);
         }
     }
@@ -490,24 +505,28 @@ static void apply_plan(const plan *pl, const tfile *files, const loom_param_tabl
 
 /* Read and check every tensor file the manifest's layout names, then plan both kinds. */
 static loom_status tensors_open(const char *dir, const char *mpath, const loom_json *root,
-                                const loom_param_table *t, uint32_t slots, tensor_set *ts)
+                                const loom_param_table *t, uint32_t slots, const elsewhere *ew,
+                                tensor_set *ts)
 {
     memset(ts, 0, sizeof *ts);
-    int tp;
-    LOOM_TRY(read_layout(mpath, root, &tp));
-    if (!(ts->files = calloc((size_t)2 * tp, sizeof *ts->files)))
+    int tp, pp;
+    LOOM_TRY(read_layout(mpath, root, &tp, &pp));
+    int parts = tp * pp;
+    if (!(ts->files = calloc((size_t)2 * parts, sizeof *ts->files)))
         return loom_fail(LOOM_ERR_NOMEM, "out of memory reading checkpoint '%s'", dir);
     ts->tp = tp;
+    ts->pp = pp;
+    ts->parts = parts;
     char name[64];
-    for (int i = 0; i < 2 * tp; i++) {
-        loom_ckpt_file_name(name, sizeof name, i < tp ? "model" : "optim", i % tp, tp);
+    for (int i = 0; i < 2 * parts; i++) {
+        loom_ckpt_file_name(name, sizeof name, i < parts ? "model" : "optim", i % parts, tp, pp);
         if ((size_t)snprintf(ts->files[i].path, sizeof ts->files[i].path, "%s/%s", dir, name) >=
             sizeof ts->files[i].path)
             return loom_fail(LOOM_ERR_INVALID, "checkpoint path '%s' is too long", dir);
         LOOM_TRY(read_tensors(mpath, root, name, &ts->files[i]));
     }
-    LOOM_TRY(make_plan(ts->files, tp, t, 1, 0, &ts->model));
-    return make_plan(ts->files + tp, tp, t, slots, 1, &ts->optim);
+    LOOM_TRY(make_plan(ts->files, parts, t, 1, 0, ew, &ts->model));
+    return make_plan(ts->files + parts, parts, t, slots, 1, ew, &ts->optim);
 }
 
 static void tensors_copy(const tensor_set *ts, const loom_param_table *t, uint32_t slots,
@@ -515,7 +534,7 @@ static void tensors_copy(const tensor_set *ts, const loom_param_table *t, uint32
 {
     apply_plan(&ts->model, ts->files, t, 1, params);
     if (slots)
-        apply_plan(&ts->optim, ts->files + ts->tp, t, slots, state);
+        apply_plan(&ts->optim, ts->files + ts->parts, t, slots, state);
 }
 
 loom_status loom_ckpt_load_tensors(const char *ckpt_dir, const loom_param_table *t, uint32_t slots,
@@ -529,7 +548,7 @@ loom_status loom_ckpt_load_tensors(const char *ckpt_dir, const loom_param_table 
         return loom_fail(LOOM_ERR_INVALID, "checkpoint path '%s' is too long", ckpt_dir);
     loom_status st = loom_ckpt_manifest_open(ckpt_dir, &doc, &text);
     if (st == LOOM_OK)
-        st = tensors_open(ckpt_dir, mpath, loom_json_root(doc), t, slots, &ts);
+        st = tensors_open(ckpt_dir, mpath, loom_json_root(doc), t, slots, NULL, &ts);
     if (st == LOOM_OK)
         tensors_copy(&ts, t, slots, params, state);
     tensors_free(&ts);
@@ -658,6 +677,11 @@ static loom_status read_state(loaded *ld, const loom_json *root, loom_session *s
     return LOOM_OK;
 }
 
+static int held_elsewhere(const void *m, const char *name)
+{
+    return loom_gpt_held_elsewhere(m, name);
+}
+
 static loom_status validate(loaded *ld, loom_session *s, const loom_data *data)
 {
     LOOM_TRY(loom_ckpt_manifest_open(ld->dir, &ld->doc, &ld->manifest));
@@ -667,8 +691,9 @@ static loom_status validate(loaded *ld, loom_session *s, const loom_data *data)
     LOOM_TRY(read_state(ld, root, s, data));
     uint32_t slots;
     loom_session_optim_state(s, &slots);
-    return tensors_open(ld->dir, ld->mpath, root, loom_gpt_params(loom_session_model(s)), slots,
-                        &ld->ts);
+    const loom_gpt *m = loom_session_model(s);
+    elsewhere ew = {held_elsewhere, m};
+    return tensors_open(ld->dir, ld->mpath, root, loom_gpt_params(m), slots, &ew, &ld->ts);
 }
 
 /* Everything is validated: the copies cannot fail. */

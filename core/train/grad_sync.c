@@ -10,9 +10,13 @@
 #include "base/status.h"
 
 #define MAX_LEVELS 40
+#define MAX_PARTS 64    /* pipeline chunks on one rank */
+#define PART_RANGES 4   /* ranges of the gradient buffer one part has */
 
-/* A binary-counter pairwise sum over equal-sized float vectors (see grad_sync.h). */
+/* A binary-counter pairwise sum over equal-sized float vectors (see grad_sync.h): of
+ * [off, off + n) of the gradient buffer (the whole of it, or one part's range). */
 typedef struct tree {
+    size_t off, n;
     float *buf[MAX_LEVELS + 1]; /* pool */
     int free_list[MAX_LEVELS + 1], n_free;
     int stack_buf[MAX_LEVELS + 1], stack_level[MAX_LEVELS + 1], depth;
@@ -35,6 +39,9 @@ struct loom_grad_sync {
     double *loss_blocks; /* dp_size block loss sums */
     tree t;
     double local_loss;
+    /* canonical, in parts (loom_grad_sync_add_range): part p's trees are ranges[first[p]..] */
+    tree *ranges;
+    int n_ranges, n_parts, part_first[MAX_PARTS + 1];
 };
 
 static loom_status strategy_hook(void *ctx, size_t offset, size_t n)
@@ -57,6 +64,7 @@ loom_status loom_grad_sync_create(loom_gpt *m, loom_backend *be, int canonical, 
     gs->canonical = canonical;
     gs->accum = accum;
     gs->total = loom_gpt_params(m)->total;
+    gs->t.n = gs->total;
     const loom_host *host = loom_core_host();
     const struct loom_comm_ops *ops = NULL;
     void *dp = NULL;
@@ -99,9 +107,13 @@ void loom_grad_sync_destroy(loom_grad_sync *gs)
         return;
     if (gs->strategy)
         gs->strategy->destroy(gs->strategy_self);
-    for (int i = 0; i <= MAX_LEVELS; i++)
-        if (gs->t.buf[i])
-            gs->be->ops->free(gs->be->self, gs->t.buf[i]);
+    for (int r = -1; r < gs->n_ranges; r++) {
+        tree *t = r < 0 ? &gs->t : &gs->ranges[r];
+        for (int i = 0; i <= MAX_LEVELS; i++)
+            if (t->buf[i])
+                gs->be->ops->free(gs->be->self, t->buf[i]);
+    }
+    free(gs->ranges);
     if (gs->gathered)
         gs->be->ops->free(gs->be->self, gs->gathered);
     free(gs->loss_blocks);
@@ -113,30 +125,29 @@ int loom_grad_sync_dp_rank(const loom_grad_sync *gs) { return gs->dp_rank; }
 
 /* --- the tree ------------------------------------------------------------------------ */
 
-static void tree_reset(loom_grad_sync *gs)
+static void tree_reset(tree *t)
 {
-    tree *t = &gs->t;
     t->depth = t->ddepth = 0;
     t->n_free = 0;
     for (int i = MAX_LEVELS; i >= 0; i--)
         t->free_list[t->n_free++] = i;
 }
 
-/* Push a copy of x (gs->total floats): equal levels merge, older + newer. */
-static loom_status tree_push(loom_grad_sync *gs, const float *x)
+/* Push a copy of x[t->off, t->off + t->n) (x: a whole gradient buffer): equal levels
+ * merge, older + newer. */
+static loom_status tree_push(loom_grad_sync *gs, tree *t, const float *x)
 {
-    tree *t = &gs->t;
     const loom_backend_ops *k = gs->be->ops;
-    size_t bytes = gs->total * sizeof(float);
+    size_t bytes = t->n * sizeof(float);
     int b = t->free_list[--t->n_free];
     if (!t->buf[b] && !(t->buf[b] = k->alloc(gs->be->self, bytes)))
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for canonical-mode gradient sums");
     k->zero(gs->be->self, t->buf[b], bytes);
-    k->accumulate(t->buf[b], x, gs->total);
+    k->accumulate(t->buf[b], x + t->off, t->n);
     int level = 0;
     while (t->depth > 0 && t->stack_level[t->depth - 1] == level) {
         int older = t->stack_buf[--t->depth];
-        k->accumulate(t->buf[older], t->buf[b], gs->total);
+        k->accumulate(t->buf[older], t->buf[b], t->n);
         t->free_list[t->n_free++] = b;
         b = older;
         level++;
@@ -146,19 +157,18 @@ static loom_status tree_push(loom_grad_sync *gs, const float *x)
     return LOOM_OK;
 }
 
-/* Fold what is left, newest into older, and write the sum to out. */
-static void tree_finish(loom_grad_sync *gs, float *out)
+/* Fold what is left, newest into older, and write the sum to out[t->off, t->off + t->n). */
+static void tree_finish(loom_grad_sync *gs, tree *t, float *out)
 {
-    tree *t = &gs->t;
     const loom_backend_ops *k = gs->be->ops;
     int r = t->stack_buf[t->depth - 1];
     for (int j = t->depth - 2; j >= 0; j--) {
-        k->accumulate(t->buf[t->stack_buf[j]], t->buf[r], gs->total);
+        k->accumulate(t->buf[t->stack_buf[j]], t->buf[r], t->n);
         r = t->stack_buf[j];
     }
-    k->zero(gs->be->self, out, gs->total * sizeof(float));
-    k->accumulate(out, t->buf[r], gs->total);
-    tree_reset(gs);
+    k->zero(gs->be->self, out + t->off, t->n * sizeof(float));
+    k->accumulate(out + t->off, t->buf[r], t->n);
+    tree_reset(t);
 }
 
 static void dtree_push(tree *t, double x)
@@ -186,7 +196,7 @@ static double dtree_finish(tree *t)
 loom_status loom_grad_sync_begin_micro(loom_grad_sync *gs, int a)
 {
     if (a == 0) {
-        tree_reset(gs);
+        tree_reset(&gs->t);
         gs->local_loss = 0.0;
     }
     if (gs->canonical || a == 0)
@@ -201,7 +211,55 @@ loom_status loom_grad_sync_end_micro(loom_grad_sync *gs, int a, double loss_sum)
 {
     dtree_push(&gs->t, loss_sum);
     if (gs->canonical)
-        return tree_push(gs, loom_gpt_grad_data(gs->model));
+        return tree_push(gs, &gs->t, loom_gpt_grad_data(gs->model));
+    return LOOM_OK;
+}
+
+loom_status loom_grad_sync_add_range(loom_grad_sync *gs, int part, size_t off, size_t n)
+{
+    if (!gs->canonical || (part != gs->n_parts && part != gs->n_parts - 1) || part < 0)
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "grad_sync: ranges are for canonical mode, added part by part "
+                  "in order (part %d after %d)", part, gs->n_parts);
+    if (part >= MAX_PARTS || gs->n_ranges >= MAX_PARTS * PART_RANGES || off + n > gs->total)
+        LOOM_FAIL(LOOM_ERR_INVALID, "grad_sync: range [%zu, %zu) of part %d does not fit (%d parts "
+                  "at most, %zu gradients)", off, off + n, part, MAX_PARTS, gs->total);
+    tree *r = realloc(gs->ranges, (size_t)(gs->n_ranges + 1) * sizeof *r);
+    if (!r)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    gs->ranges = r;
+    memset(&r[gs->n_ranges], 0, sizeof *r);
+    r[gs->n_ranges].off = off;
+    r[gs->n_ranges].n = n;
+    if (part == gs->n_parts)
+        gs->part_first[gs->n_parts++] = gs->n_ranges;
+    gs->part_first[gs->n_parts] = ++gs->n_ranges;
+    return LOOM_OK;
+}
+
+loom_status loom_grad_sync_begin_part(loom_grad_sync *gs, int a, int part)
+{
+    if (part < 0 || part >= gs->n_parts)
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "grad_sync: no part %d (%d)", part, gs->n_parts);
+    for (int i = gs->part_first[part]; i < gs->part_first[part + 1]; i++) {
+        tree *t = &gs->ranges[i];
+        if (a == 0)
+            tree_reset(t);
+        float *g = loom_gpt_grad_data(gs->model) + t->off;
+        gs->be->ops->zero(gs->be->self, g, t->n * sizeof(float));
+    }
+    return LOOM_OK;
+}
+
+loom_status loom_grad_sync_end_part(loom_grad_sync *gs, int a, int part, int with_loss,
+                                    double loss_sum)
+{
+    if (with_loss) {
+        if (a == 0)
+            gs->t.ddepth = 0;
+        dtree_push(&gs->t, loss_sum);
+    }
+    for (int i = gs->part_first[part]; i < gs->part_first[part + 1]; i++)
+        LOOM_TRY(tree_push(gs, &gs->ranges[i], loom_gpt_grad_data(gs->model)));
     return LOOM_OK;
 }
 
@@ -224,8 +282,12 @@ loom_status loom_grad_sync_finish(loom_grad_sync *gs, double *loss_sum)
 {
     float *grads = loom_gpt_grad_data(gs->model);
     double local = dtree_finish(&gs->t);
-    if (gs->canonical)
-        tree_finish(gs, grads);
+    for (int i = 0; gs->canonical && i < gs->n_ranges; i++)
+        tree_finish(gs, &gs->ranges[i], grads);
+    if (gs->canonical && gs->n_ranges)
+        tree_reset(&gs->t); /* for the dp blocks below */
+    else if (gs->canonical)
+        tree_finish(gs, &gs->t, grads);
     loom_gpt_set_grad_hook(gs->model, NULL, NULL);
     if (!gs->comm) {
         *loss_sum = local;
@@ -240,7 +302,7 @@ loom_status loom_grad_sync_finish(loom_grad_sync *gs, double *loss_sum)
         return gs->strategy->before_step(gs->strategy_self);
     LOOM_TRY(allgather(gs, grads, gs->gathered, gs->total, LOOM_DTYPE_F32));
     for (int r = 0; r < gs->dp_size; r++)
-        LOOM_TRY(tree_push(gs, gs->gathered + (size_t)r * gs->total));
-    tree_finish(gs, grads);
+        LOOM_TRY(tree_push(gs, &gs->t, gs->gathered + (size_t)r * gs->total));
+    tree_finish(gs, &gs->t, grads);
     return LOOM_OK;
 }

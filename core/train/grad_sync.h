@@ -34,6 +34,16 @@ int loom_grad_sync_dp_rank(const loom_grad_sync *gs);
  * token loss. */
 loom_status loom_grad_sync_begin_micro(loom_grad_sync *gs, int a);
 loom_status loom_grad_sync_end_micro(loom_grad_sync *gs, int a, double loss_sum);
+/* Canonical mode in parts (a pipeline rank's interleaved chunks: disjoint parameters, each
+ * backwarded in micro-batch order, but chunks interleaved): part p is ranges of the
+ * gradient buffer, added in part order, and each range is summed over the micro-batch
+ * index in a tree of its own, the same tree a whole-buffer push builds. begin zeroes the
+ * part's ranges; end pushes them (with_loss: also the micro-batch's loss, once per
+ * micro-batch, in order). A step then uses only these for its micro-batches. */
+loom_status loom_grad_sync_add_range(loom_grad_sync *gs, int part, size_t off, size_t n);
+loom_status loom_grad_sync_begin_part(loom_grad_sync *gs, int a, int part);
+loom_status loom_grad_sync_end_part(loom_grad_sync *gs, int a, int part, int with_loss,
+                                    double loss_sum);
 /* After the last micro-batch: the global gradient in the model's grad buffer on every
  * rank, and the global token-loss sum in *loss_sum. */
 loom_status loom_grad_sync_finish(loom_grad_sync *gs, double *loss_sum);

@@ -1,14 +1,16 @@
 /* pipeline.c — the pipeline engine (see pipeline.h).
  *
  * Invariants: a slot is one activation set of the model (gpt_stage.h); slot_of maps a
- * (micro-batch, chunk) to its slot from its first RECV_ACT or FWD until it is freed (after
- * its backward, or after its SEND_GRAD when it has one). A freed slot may still have sends
+ * (micro-batch, chunk) to its slot from its first RECV_ACT or FWD until it is freed: when
+ * it has its weight gradients (BWD, or BWD_WEIGHT after BWD_INPUT) and has sent its input
+ * gradient (SEND_GRAD, unless it is virtual stage 0). A freed slot may still have sends
  * in flight from its buffers: they are waited before the next compute on that slot (its
  * FWD writes them), never earlier. On shm a RECV's wait also completes every send started
  * before it on the pp communicator (completions in start order), so in practice nothing
  * is pending by then; the rule keeps the engine correct on any transport.
  */
 #include "pipeline.h"
+#include "pipeline_check.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +25,10 @@
 #include "base/status.h"
 
 #define MAX_PENDING 4
+
+/* What a (micro-batch, chunk) has done of its backward: its slot is freed once it has its
+ * weight gradients (BWD or W) and has sent its input gradient (or has none to send). */
+enum { DONE_WEIGHTS = 1, DONE_SENT = 2, DONE_SPLIT = 4 /* B ran: the gradient is in grad_out */ };
 
 typedef struct slot {
     int busy;                       /* holds a (micro-batch, chunk) */
@@ -41,12 +47,15 @@ struct loom_pipeline {
     slot *slots;
     int n_slots;
     int *slot_of;                   /* [microbatches * chunks] */
+    unsigned char *done;            /* [microbatches * chunks]: DONE_* of this step */
+    int split;                      /* the list has BWD_INPUT / BWD_WEIGHT */
     float *tmp;                     /* the tied wte exchange */
     size_t tmp_n;
     int canonical;
     float **head;                   /* canonical, stage 0 and last: [n_slots] wte-sized buffers */
     loom_trace *trace;              /* not owned; NULL: off */
     double compute_ms, wall_ms;     /* the last step's F/B/W time and pipeline phase */
+    float *tied;                    /* canonical, chunks > 1: [microbatches] wte-sized halves */
 };
 
 static loom_status split_layers(loom_pipeline *pl, const loom_pipeline_config *cfg)
@@ -83,56 +92,6 @@ static loom_status split_layers(loom_pipeline *pl, const loom_pipeline_config *c
     return LOOM_OK;
 }
 
-/* The transport has no tags: what rank a sends rank b, in a's list order, must be what b
- * receives from a, in b's list order. A message is (kind, micro-batch, receiving virtual
- * stage). */
-static loom_status check_fifo(const loom_schedule *s)
-{
-    int P = s->stages, V = P * s->chunks;
-    for (int a = 0; a < P; a++)
-        for (int b = 0; b < P; b++) {
-            if (a == b)
-                continue;
-            size_t i = 0, j = 0;
-            for (;;) {
-                int key_s = -1, key_r = -1;
-                for (; i < s->n[a]; i++) {
-                    loom_sched_instr in = s->list[a][i];
-                    int vs = in.chunk * P + a;
-                    if (in.op == LOOM_SCHED_SEND_ACT && vs + 1 < V && (vs + 1) % P == b) {
-                        key_s = (in.microbatch * V + vs + 1) * 2;
-                        break;
-                    }
-                    if (in.op == LOOM_SCHED_SEND_GRAD && vs > 0 && (vs - 1) % P == b) {
-                        key_s = (in.microbatch * V + vs - 1) * 2 + 1;
-                        break;
-                    }
-                }
-                for (; j < s->n[b]; j++) {
-                    loom_sched_instr in = s->list[b][j];
-                    int vs = in.chunk * P + b;
-                    if (in.op == LOOM_SCHED_RECV_ACT && vs > 0 && (vs - 1) % P == a) {
-                        key_r = (in.microbatch * V + vs) * 2;
-                        break;
-                    }
-                    if (in.op == LOOM_SCHED_RECV_GRAD && vs + 1 < V && (vs + 1) % P == a) {
-                        key_r = (in.microbatch * V + vs) * 2 + 1;
-                        break;
-                    }
-                }
-                if (key_s != key_r)
-                    LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "schedule: stage %d sends stage %d its messages "
-                              "in another order than stage %d receives them (instructions %zu and "
-                              "%zu); send/recv between two ranks has no tags, so this engine needs "
-                              "them in the same order", a, b, b, i, j);
-                if (key_s < 0)
-                    break;
-                i++, j++;
-            }
-        }
-    return LOOM_OK;
-}
-
 loom_status loom_pipeline_create(const loom_pipeline_config *cfg, loom_pipeline **out)
 {
     *out = NULL;
@@ -155,36 +114,12 @@ loom_status loom_pipeline_create(const loom_pipeline_config *cfg, loom_pipeline 
     if (st == LOOM_OK)
         st = loom_schedule_simulate(sch, NULL, &sim); /* validates, then refuses a deadlock */
     if (st == LOOM_OK)
-        st = check_fifo(sch);
-    if (st == LOOM_OK) {
-        for (size_t i = 0; i < sch->n[pl->stage]; i++) {
-            loom_sched_op op = sch->list[pl->stage][i].op;
-            if (op == LOOM_SCHED_BWD_INPUT || op == LOOM_SCHED_BWD_WEIGHT) {
-                st = loom_fail(LOOM_ERR_UNSUPPORTED, "schedule \"%s\" splits backward into input- "
-                               "and weight-gradient passes (B and W), and this model's backward "
-                               "computes both in one pass: it cannot train with it yet (use "
-                               "\"1f1b\", which has the same bubble without the split, or "
-                               "\"gpipe\" or \"interleaved\")", cfg->sched->name);
-                break;
-            }
-        }
-    }
+        st = loom_pipeline_check_fifo(sch, cfg->canonical && pl->chunks == 1);
+    for (size_t i = 0; st == LOOM_OK && i < sch->n[pl->stage]; i++)
+        pl->split |= sch->list[pl->stage][i].op == LOOM_SCHED_BWD_INPUT;
     pl->canonical = cfg->canonical;
-    if (st == LOOM_OK && pl->canonical && pl->chunks > 1)
-        st = loom_fail(LOOM_ERR_UNSUPPORTED, "deterministic = \"canonical\" under pipeline "
-                       "parallelism runs one chunk per stage (schedule \"%s\" has %d): use \"1f1b\" "
-                       "or \"gpipe\"", cfg->sched->name, pl->chunks);
-    for (int r = 0; st == LOOM_OK && pl->canonical && r < pl->stages; r++) {
-        int want = 0;
-        for (size_t i = 0; i < sch->n[r]; i++)
-            if (sch->list[r][i].op == LOOM_SCHED_BWD && sch->list[r][i].microbatch != want++) {
-                st = loom_fail(LOOM_ERR_UNSUPPORTED, "deterministic = \"canonical\": schedule \"%s\" "
-                               "backwards micro-batch %d before %d on stage %d, and canonical mode "
-                               "sums micro-batch gradients in micro-batch order (use \"1f1b\" or "
-                               "\"gpipe\")", cfg->sched->name, sch->list[r][i].microbatch, want - 1, r);
-                break;
-            }
-    }
+    if (st == LOOM_OK && pl->canonical)
+        st = loom_pipeline_check_order(sch, cfg->sched->name);
     if (st == LOOM_OK) {
         pl->n = sch->n[pl->stage];
         pl->list = malloc(pl->n * sizeof *pl->list);
@@ -192,7 +127,8 @@ loom_status loom_pipeline_create(const loom_pipeline_config *cfg, loom_pipeline 
         pl->slots = calloc((size_t)pl->n_slots, sizeof *pl->slots);
         pl->slot_of = malloc((size_t)pl->microbatches * pl->chunks * sizeof(int));
         pl->own = calloc((size_t)pl->layers, 1);
-        if (!pl->list || !pl->slots || !pl->slot_of || !pl->own)
+        pl->done = malloc((size_t)pl->microbatches * pl->chunks);
+        if (!pl->list || !pl->slots || !pl->slot_of || !pl->own || !pl->done)
             st = loom_fail(LOOM_ERR_NOMEM, "out of memory");
     }
     if (st == LOOM_OK) {
@@ -222,10 +158,12 @@ void loom_pipeline_destroy(loom_pipeline *pl)
     free(pl->list);
     free(pl->slots);
     free(pl->slot_of);
+    free(pl->done);
     free(pl->tmp);
     for (int i = 0; pl->head && i < pl->n_slots; i++)
         free(pl->head[i]);
     free(pl->head);
+    free(pl->tied);
     free(pl);
 }
 
@@ -238,6 +176,55 @@ void loom_pipeline_timing(const loom_pipeline *pl, double *compute_ms, double *w
 {
     *compute_ms = pl->compute_ms;
     *wall_ms = pl->wall_ms;
+}
+const int *loom_pipeline_split(const loom_pipeline *pl, int *n_virtual)
+{
+    *n_virtual = pl->stages * pl->chunks;
+    return pl->first;
+}
+int loom_pipeline_split_backward(const loom_pipeline *pl) { return pl->split; }
+int loom_pipeline_chunks(const loom_pipeline *pl) { return pl->chunks; }
+
+/* The chunk that owns table entry e (see loom_pipeline_chunk_ranges). */
+static int entry_chunk(const loom_pipeline *pl, const loom_param_entry *e)
+{
+    if (e->layer < 0)
+        return pl->stage == 0 ? 0 : pl->chunks - 1;
+    for (int c = 0; c < pl->chunks; c++) {
+        int k = c * pl->stages + pl->stage;
+        if (e->layer >= pl->first[k] && e->layer < pl->first[k + 1])
+            return c;
+    }
+    return -1;
+}
+
+/* The grad_sync part of entry e: its chunk, but canonical mode with chunks > 1 gives the
+ * tied wte a part of its own on stage 0 (chunks: filled after the list, tied_exchange) and
+ * none on the last stage (its copy is replaced by stage 0's after the step). */
+static int entry_part(const loom_pipeline *pl, const loom_param_entry *e)
+{
+    if (pl->canonical && pl->chunks > 1 && !strcmp(e->name, "wte"))
+        return pl->stage == 0 ? pl->chunks : -1;
+    return entry_chunk(pl, e);
+}
+
+int loom_pipeline_chunk_ranges(const loom_pipeline *pl, const loom_param_table *t, int chunk,
+                               size_t off[4], size_t n[4])
+{
+    int count = 0;
+    for (int i = 0; i < t->count; i++) {
+        const loom_param_entry *e = &t->entries[i];
+        if (entry_part(pl, e) != chunk)
+            continue;
+        if (count && off[count - 1] + n[count - 1] == e->offset)
+            n[count - 1] += e->numel; /* entries follow each other in the buffer */
+        else if (count < 4) {
+            off[count] = e->offset;
+            n[count++] = e->numel;
+        } else
+            return -1;
+    }
+    return count;
 }
 
 /* --- the step ------------------------------------------------------------------------ */
@@ -268,6 +255,48 @@ static loom_status head_buffer(loom_pipeline *pl, loom_gpt *m, int slot, float *
     *buf = pl->head[slot];
     *g = loom_gpt_grad_data(m) + e->offset;
     *n = e->numel;
+    return LOOM_OK;
+}
+
+/* Canonical mode with chunks > 1: micro-batch mb's half of the tied wte gradient, kept
+ * until the step's end (stage 0: the embedding's, the last stage: the LM head's). */
+static loom_status tied_half(loom_pipeline *pl, size_t hn, int mb, float **out)
+{
+    if (!pl->tied && !(pl->tied = malloc((size_t)pl->microbatches * hn * sizeof(float))))
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for canonical mode's %d wte gradient halves",
+                  pl->microbatches);
+    *out = pl->tied + (size_t)mb * hn;
+    return LOOM_OK;
+}
+
+/* Canonical mode with chunks > 1, after the step's list: the last stage sends its head
+ * halves in micro-batch order and stage 0 adds each to its embedding half (emb + head, one
+ * rank's one add) and hands it to the hooks as the tied part (chunk -1). Done here, where
+ * no other message is in flight between the two, because inside the list the halves would
+ * have to fit between the interleaved activations and gradients of an untagged transport. */
+static loom_status tied_exchange(loom_pipeline *pl, loom_gpt *m, const loom_pipeline_hooks *hooks)
+{
+    float *hb = NULL, *gw = NULL, *half = NULL;
+    size_t hn;
+    LOOM_TRY(head_buffer(pl, m, 0, &hb, &gw, &hn));
+    for (int mb = 0; mb < pl->microbatches; mb++) {
+        loom_comm_request *r = NULL;
+        LOOM_TRY(tied_half(pl, hn, mb, &half));
+        if (pl->stage != 0) {
+            LOOM_TRY(pl->ops->send_start(pl->pp, half, hn, LOOM_DTYPE_F32, 0, &r));
+            LOOM_TRY(pl->ops->wait(pl->pp, r)); /* stage 0 is receiving them in this order */
+            continue;
+        }
+        LOOM_TRY(pl->ops->recv_start(pl->pp, hb, hn, LOOM_DTYPE_F32, pl->stages - 1, &r));
+        LOOM_TRY(pl->ops->wait(pl->pp, r));
+        if (hooks && hooks->before_bwd)
+            LOOM_TRY(hooks->before_bwd(hooks->ctx, mb, -1));
+        memcpy(gw, half, hn * sizeof(float));
+        for (size_t j = 0; j < hn; j++)
+            gw[j] += hb[j];
+        if (hooks && hooks->after_bwd)
+            LOOM_TRY(hooks->after_bwd(hooks->ctx, mb, -1));
+    }
     return LOOM_OK;
 }
 
@@ -315,18 +344,21 @@ static void progress_sends(loom_pipeline *pl)
             pl->ops->test(pl->pp, pl->slots[i].req[j]);
 }
 
-static void release(loom_pipeline *pl, int key)
+/* Mark what key has done; free its slot when it needs the activations no more. */
+static void mark(loom_pipeline *pl, int key, int what)
 {
-    pl->slots[pl->slot_of[key]].busy = 0;
-    pl->slot_of[key] = -1;
+    pl->done[key] |= (unsigned char)what;
+    if ((pl->done[key] & (DONE_WEIGHTS | DONE_SENT)) == (DONE_WEIGHTS | DONE_SENT)) {
+        pl->slots[pl->slot_of[key]].busy = 0;
+        pl->slot_of[key] = -1;
+    }
 }
 
 loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
                               const int *targets, int B, int T, float dloss, double *loss,
                               const loom_pipeline_hooks *hooks, int *peak)
 {
-    int tied = pl->canonical && (pl->stage == 0 || pl->stage == pl->stages - 1);
-    float *hb = NULL, *gw = NULL;
+    float *hb = NULL, *gw = NULL, *half = NULL;
     size_t hn = 0;
     const loom_comm_ops *ops = pl->ops;
     int P = pl->stages, V = P * pl->chunks, L = pl->layers;
@@ -334,6 +366,7 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
     size_t R = (size_t)B * T, count = R * (size_t)loom_gpt_get_config(m)->dim;
     for (int i = 0; i < pl->microbatches * pl->chunks; i++)
         pl->slot_of[i] = -1;
+    memset(pl->done, 0, (size_t)pl->microbatches * pl->chunks);
     for (int mb = 0; mb < pl->microbatches; mb++)
         loss[mb] = 0.0;
     int inflight = 0;
@@ -348,6 +381,10 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
         double t0 = loom_now_ms(); /* the instruction's span: a RECV's includes its wait */
         int key = in->microbatch * pl->chunks + in->chunk, vs = in->chunk * P + pl->stage, s = -1;
         int lo = pl->first[vs], hi = pl->first[vs + 1];
+        /* canonical: the tied wte's head half goes from the last virtual stage (the LM head)
+         * to virtual stage 0 (the embedding), one per micro-batch */
+        int head_in = pl->canonical && vs == 0, head_out = pl->canonical && vs == V - 1;
+        int keep = (head_in || head_out) && pl->chunks > 1; /* halves exchanged after the list */
         size_t off = (size_t)in->microbatch * R;
         loom_comm_request *r = NULL;
         switch (in->op) {
@@ -378,7 +415,8 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
         case LOOM_SCHED_RECV_GRAD:
             LOOM_TRY(held(pl, in, &s));
             loom_gpt_stage_select(m, s);
-            if (tied) { /* stage 0: the LM head's half first (sent at the last stage's BWD) */
+            if (head_in && pl->chunks == 1) { /* stage 0: the LM head's half first (sent at the
+                                               * last stage's BWD or B) */
                 LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
                 LOOM_TRY(ops->recv_start(pl->pp, hb, hn, LOOM_DTYPE_F32, P - 1, &r));
                 LOOM_TRY(ops->wait(pl->pp, r));
@@ -390,11 +428,18 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
             LOOM_TRY(held(pl, in, &s));
             loom_gpt_stage_select(m, s);
             if (hooks && hooks->before_bwd)
-                LOOM_TRY(hooks->before_bwd(hooks->ctx, in->microbatch));
-            LOOM_TRY(loom_gpt_stage_backward(m, lo, hi));
-            if (tied) {
+                LOOM_TRY(hooks->before_bwd(hooks->ctx, in->microbatch, in->chunk));
+            if (keep) { /* this micro-batch's half on its own, kept for tied_exchange */
                 LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
-                if (pl->stage == 0) { /* emb + head: one rank's one add */
+                LOOM_TRY(tied_half(pl, hn, in->microbatch, &half));
+                memset(gw, 0, hn * sizeof(float));
+            }
+            LOOM_TRY(loom_gpt_stage_backward(m, lo, hi));
+            if (keep) {
+                memcpy(half, gw, hn * sizeof(float));
+            } else if (head_in || head_out) {
+                LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
+                if (head_in) { /* emb + head: one rank's one add */
                     for (size_t j = 0; j < hn; j++)
                         gw[j] += hb[j];
                 } else {
@@ -404,17 +449,54 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
                 }
             }
             if (hooks && hooks->after_bwd)
-                LOOM_TRY(hooks->after_bwd(hooks->ctx, in->microbatch));
+                LOOM_TRY(hooks->after_bwd(hooks->ctx, in->microbatch, in->chunk));
             inflight--;
-            if (vs == 0)
-                release(pl, key); /* nothing to send back */
+            mark(pl, key, DONE_WEIGHTS | (vs == 0 ? DONE_SENT : 0)); /* vs 0: nothing to send */
+            break;
+        case LOOM_SCHED_BWD_INPUT: /* B: the input gradient; the slot keeps what W needs */
+            LOOM_TRY(held(pl, in, &s));
+            loom_gpt_stage_select(m, s);
+            if (head_out) /* this micro-batch's head half, computed in B */
+                LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
+            if (keep)
+                LOOM_TRY(tied_half(pl, hn, in->microbatch, &hb));
+            LOOM_TRY(loom_gpt_stage_backward_input(m, lo, hi, head_out ? hb : NULL));
+            if (head_out && !keep) { /* sent in B's order, as stage 0 receives them */
+                LOOM_TRY(ops->send_start(pl->pp, hb, hn, LOOM_DTYPE_F32, 0, &r));
+                LOOM_TRY(post(pl, &pl->slots[s], r));
+            }
+            mark(pl, key, DONE_SPLIT | (vs == 0 ? DONE_SENT : 0));
+            break;
+        case LOOM_SCHED_BWD_WEIGHT: /* W: the weight gradients, from what B kept */
+            LOOM_TRY(held(pl, in, &s));
+            loom_gpt_stage_select(m, s);
+            if (hooks && hooks->before_bwd)
+                LOOM_TRY(hooks->before_bwd(hooks->ctx, in->microbatch, in->chunk));
+            if (head_in && keep) {
+                LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
+                memset(gw, 0, hn * sizeof(float));
+            }
+            LOOM_TRY(loom_gpt_stage_backward_weight(m, lo, hi, head_out));
+            if (head_in && keep) {
+                LOOM_TRY(tied_half(pl, hn, in->microbatch, &half));
+                memcpy(half, gw, hn * sizeof(float));
+            } else if (head_in) { /* emb + head: one rank's one add */
+                LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
+                for (size_t j = 0; j < hn; j++)
+                    gw[j] += hb[j];
+            }
+            if (hooks && hooks->after_bwd)
+                LOOM_TRY(hooks->after_bwd(hooks->ctx, in->microbatch, in->chunk));
+            inflight--;
+            mark(pl, key, DONE_WEIGHTS);
             break;
         case LOOM_SCHED_SEND_GRAD:
             LOOM_TRY(held(pl, in, &s));
             loom_gpt_stage_select(m, s);
-            LOOM_TRY(ops->send_start(pl->pp, loom_gpt_stage_grad(m), count, LOOM_DTYPE_F32, prev, &r));
+            LOOM_TRY(ops->send_start(pl->pp, pl->done[key] & DONE_SPLIT ? loom_gpt_stage_grad_out(m)
+                                     : loom_gpt_stage_grad(m), count, LOOM_DTYPE_F32, prev, &r));
             LOOM_TRY(post(pl, &pl->slots[s], r));
-            release(pl, key);
+            mark(pl, key, DONE_SENT);
             break;
         default:
             LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "pipeline: %s is not executed by this engine",
@@ -431,8 +513,13 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
     double t_wait = loom_now_ms();
     for (int i = 0; i < pl->n_slots; i++)
         LOOM_TRY(wait_slot(pl, &pl->slots[i]));
+    double t_tied = loom_now_ms();
+    loom_trace_span(pl->trace, LOOM_TRACE_SEND_WAIT, t_wait, t_tied, -1, -1);
+    if (pl->canonical && pl->chunks > 1 && (pl->stage == 0 || pl->stage == P - 1)) {
+        LOOM_TRY(tied_exchange(pl, m, hooks));
+        loom_trace_span(pl->trace, LOOM_TRACE_TIED_SYNC, t_tied, loom_now_ms(), -1, -1);
+    }
     double t_end = loom_now_ms();
-    loom_trace_span(pl->trace, LOOM_TRACE_SEND_WAIT, t_wait, t_end, -1, -1);
     loom_trace_phase_end(pl->trace, t_end);
     pl->wall_ms = t_end - t_run;
     return LOOM_OK;
@@ -499,23 +586,43 @@ loom_status loom_pipeline_sum(loom_pipeline *pl, double *v, int n)
     return st;
 }
 
-loom_status loom_pipeline_norm(loom_pipeline *pl, const double *slots, size_t n, double *norm_sq,
-                               int *nonfinite)
+loom_status loom_pipeline_norm(loom_pipeline *pl, const loom_param_table *t, const double *slots,
+                               size_t n, double *norm_sq, int *nonfinite)
 {
-    int P = pl->stages;
-    double mine[2] = {(double)n, *nonfinite ? 1.0 : 0.0}, *sizes = malloc((size_t)P * 2 * sizeof(double));
-    if (!sizes)
+    int P = pl->stages, C = pl->chunks, E = t->count;
+    size_t per = E ? n / (size_t)E : 0, head = 2 + (size_t)C;
+    /* this rank's slots chunk by chunk (each chunk's entries in table order), and the
+     * lengths: [n, nonfinite, length of chunk 0, 1, ...] */
+    double *mine = calloc(head, sizeof(double)), *sizes = malloc((size_t)P * head * sizeof(double));
+    double *order = malloc((n ? n : 1) * sizeof(double));
+    if (!mine || !sizes || !order) {
+        free(mine), free(sizes), free(order);
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    }
+    size_t at = 0;
+    for (int c = 0; c < C; c++)
+        for (int i = 0; i < E; i++)
+            if (entry_chunk(pl, &t->entries[i]) == c) {
+                memcpy(order + at, slots + (size_t)i * per, per * sizeof(double));
+                at += per;
+                mine[2 + c] += (double)per;
+            }
+    mine[0] = (double)n;
+    mine[1] = *nonfinite ? 1.0 : 0.0;
+    loom_status st = at == n ? LOOM_OK : loom_fail(LOOM_ERR_INTERNAL, "pipeline: %zu of %zu norm "
+                                                   "slots belong to no chunk", n - at, n);
     loom_comm_request *r = NULL;
-    loom_status st = pl->ops->allgather_start(pl->pp, mine, sizes, sizeof mine, LOOM_DTYPE_U8, &r);
+    if (st == LOOM_OK)
+        st = pl->ops->allgather_start(pl->pp, mine, sizes, head * sizeof(double), LOOM_DTYPE_U8,
+                                      &r);
     if (st == LOOM_OK)
         st = pl->ops->wait(pl->pp, r);
     size_t cap = 0;
     int bad = 0;
     for (int q = 0; st == LOOM_OK && q < P; q++) {
-        if ((size_t)sizes[2 * q] > cap)
-            cap = (size_t)sizes[2 * q];
-        bad |= sizes[2 * q + 1] != 0.0;
+        if ((size_t)sizes[head * q] > cap)
+            cap = (size_t)sizes[head * q];
+        bad |= sizes[head * q + 1] != 0.0;
     }
     double *pad = NULL, *all = NULL;
     if (st == LOOM_OK) {
@@ -525,20 +632,27 @@ loom_status loom_pipeline_norm(loom_pipeline *pl, const double *slots, size_t n,
             st = loom_fail(LOOM_ERR_NOMEM, "out of memory");
     }
     if (st == LOOM_OK) {
-        memcpy(pad, slots, n * sizeof(double));
+        memcpy(pad, order, n * sizeof(double));
         st = pl->ops->allgather_start(pl->pp, pad, all, cap * sizeof(double), LOOM_DTYPE_U8, &r);
         if (st == LOOM_OK)
             st = pl->ops->wait(pl->pp, r);
     }
-    if (st == LOOM_OK) { /* one rank's order: the stages' tables one after another */
+    if (st == LOOM_OK) { /* one rank's order: the virtual stages' entries one after another */
         double sum = 0.0;
-        for (int q = 0; q < P; q++)
-            for (size_t j = 0; j < (size_t)sizes[2 * q]; j++)
-                sum += all[(size_t)q * cap + j];
+        for (int k = 0; k < P * C; k++) {
+            int q = k % P, c = k / P;
+            size_t from = 0;
+            for (int d = 0; d < c; d++)
+                from += (size_t)sizes[head * q + 2 + d];
+            for (size_t j = 0; j < (size_t)sizes[head * q + 2 + c]; j++)
+                sum += all[(size_t)q * cap + from + j];
+        }
         *norm_sq = sum;
         *nonfinite = bad;
     }
+    free(mine);
     free(sizes);
+    free(order);
     free(pad);
     free(all);
     return st;

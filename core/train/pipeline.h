@@ -5,24 +5,26 @@
  * explicit split), every stage's instruction list is built by the sched plugin, validated
  * and simulated (core/train/schedule.h: no missing transfer, no deadlock), and checked
  * against the transport: send/recv between two ranks has no tags, so the messages each
- * ordered pair exchanges must be received in the order they are sent. A list with a split
- * backward (BWD_INPUT / BWD_WEIGHT, zb1) is refused: this model's backward computes input
- * and weight gradients in one pass. The simulator's peak in flight sizes the activation
- * slots (one set per (micro-batch, chunk) held from its FWD to its backward, plus one).
- * The step (loom_pipeline_run) executes this rank's list: FWD/BWD on the chunk's blocks,
+ * ordered pair exchanges must be received in the order they are sent. The simulator's
+ * peak in flight sizes the activation slots (one set per (micro-batch, chunk) held from
+ * its FWD until its weight gradients, BWD or BWD_WEIGHT, plus one).
+ * The step (loom_pipeline_run) executes this rank's list: FWD/BWD on the chunk's blocks, or
+ * the split backward (BWD_INPUT, then SEND_GRAD; BWD_WEIGHT later: gpt_stage.h),
  * activations and their gradients sent and received over the pp group (a SEND is started
  * and waited only before its buffer is reused or at the end of the step; a RECV is waited
  * at once), the per-micro-batch losses on the last stage.
  * After the data-parallel sync the tied wte's two gradient halves (embedding on stage 0,
  * LM head on the last) are exchanged whole and added, a + b on both: bitwise equal copies.
- * Canonical mode (chunks = 1, every stage backwarding micro-batches in order 0..m-1, as
- * gpipe and 1f1b do): each micro-batch's gradients are summed in grad_sync's tree over
- * the global micro-batch index, as on one rank; the last stage sends each micro-batch's LM
- * head half of the wte gradient to stage 0, which adds it to its embedding half (head +
- * emb, one rank's one add, gpt_internal.h) before the tree, and after the step sends the
- * finished wte gradient back; the norm adds every stage's chunk sums in one rank's
- * order. So pp = 1, 2, 4, with dp, give the same bits.
- * What not: sequence parallelism, a split backward (see above), canonical interleaving.
+ * Canonical mode (every stage backwarding each chunk's micro-batches in order 0..m-1, as
+ * the four plugins do; B's and W's alike): each micro-batch's gradients are summed in
+ * grad_sync's tree over the global micro-batch index, as on one rank (with chunks > 1 a
+ * tree per chunk's parameters, loom_pipeline_chunk_ranges); the last stage sends each
+ * micro-batch's LM head half of the wte gradient to stage 0, which adds it to its embedding
+ * half (head + emb, one rank's one add, gpt_internal.h) before the tree (with chunks > 1
+ * after the list: tied_exchange), and after the step sends the finished wte gradient back;
+ * the norm adds every chunk's sums in virtual-stage order, one rank's order. So pp = 1, 2,
+ * 4, with dp, give the same bits.
+ * What not: sequence parallelism.
  */
 #ifndef LOOM_CORE_TRAIN_PIPELINE_H
 #define LOOM_CORE_TRAIN_PIPELINE_H
@@ -39,11 +41,13 @@ typedef struct loom_pipeline_config {
     int canonical;                 /* deterministic = "canonical" (see below) */
 } loom_pipeline_config;
 
-/* Called around each BWD (canonical mode: zero the gradients, then push them into the
- * micro-batch tree, grad_sync.h). NULL members: nothing. */
+/* Called around each BWD or W (the weight gradients) of (micro-batch, chunk) (canonical
+ * mode: zero the gradients, then push them into the micro-batch tree, grad_sync.h; with
+ * chunks > 1 only the chunk's parameters, loom_pipeline_chunk_ranges). NULL members:
+ * nothing. */
 typedef struct loom_pipeline_hooks {
-    loom_status (*before_bwd)(void *ctx, int mb);
-    loom_status (*after_bwd)(void *ctx, int mb);
+    loom_status (*before_bwd)(void *ctx, int mb, int chunk);
+    loom_status (*after_bwd)(void *ctx, int mb, int chunk);
     void *ctx;
 } loom_pipeline_hooks;
 
@@ -65,6 +69,20 @@ void loom_pipeline_set_trace(loom_pipeline *pl, struct loom_trace *tr);
  * wall time (first instruction to the last send completed), in ms: the measured bubble's
  * parts (session.c). */
 void loom_pipeline_timing(const loom_pipeline *pl, double *compute_ms, double *wall_ms);
+/* The block split: virtual stage k (chunk c of rank r is k = c * stages + r) holds blocks
+ * [first[k], first[k+1]); *n_virtual = stages * chunks. */
+const int *loom_pipeline_split(const loom_pipeline *pl, int *n_virtual);
+int loom_pipeline_chunks(const loom_pipeline *pl);
+/* The ranges of this rank's parameter table (t: the model's) that chunk `chunk` owns, as
+ * [off[i], off[i] + n[i]) of the gradient buffer, at most 4; returns how many. A block's
+ * entries go with the chunk holding the block; wte, wpe and ln_f (no block) with the chunk
+ * holding the embedding (virtual stage 0) on stage 0, the head (the last) elsewhere.
+ * Canonical mode with chunks > 1: wte is part `chunks` on stage 0 (the hooks get it with
+ * chunk -1, for each micro-batch after the list) and in no part on the last stage. */
+int loom_pipeline_chunk_ranges(const loom_pipeline *pl, const loom_param_table *t, int chunk,
+                               size_t off[4], size_t n[4]);
+/* 1 if this rank's list splits its backward (B, then W: loom_gpt_parallel.split_backward). */
+int loom_pipeline_split_backward(const loom_pipeline *pl);
 
 /* One step's forward and backward over `microbatches` micro-batches: tokens and targets
  * hold them one after another (B*T each, host). loss[mb] gets each micro-batch's loss sum
@@ -77,12 +95,14 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
 loom_status loom_pipeline_tied_sync(loom_pipeline *pl, loom_gpt *m, double *comm_ms);
 /* v[0..n) summed over the stages in stage order (every rank gets the same bits). */
 loom_status loom_pipeline_sum(loom_pipeline *pl, double *v, int n);
-/* The gradient norm's square over all stages: every stage's chunk sums (grad_norm.h)
- * gathered and added in stage order, one rank's order; *nonfinite ORed. */
-loom_status loom_pipeline_norm(loom_pipeline *pl, const double *slots, size_t n, double *norm_sq,
-                               int *nonfinite);
+/* The gradient norm's square over all stages: every stage's chunk sums (grad_norm.h, in
+ * the order of t's entries) gathered and added in virtual-stage order (each chunk's
+ * entries as loom_pipeline_chunk_ranges assigns them), one rank's order; *nonfinite ORed. */
+loom_status loom_pipeline_norm(loom_pipeline *pl, const loom_param_table *t, const double *slots,
+                               size_t n, double *norm_sq, int *nonfinite);
 /* The loss sum of one batch through every stage's forward (no gradients); the same on
- * every rank of the pp group. */
+ * every rank of the pp group. targets NULL: the forward alone (sampling: the last stage
+ * keeps the logits in slot 0), sum 0. */
 loom_status loom_pipeline_eval(loom_pipeline *pl, loom_gpt *m, const int *tokens,
                                const int *targets, int B, int T, double *loss_sum);
 

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loom/plugin/comm.h"
 #include "loom/plugin/optim.h"
 #include "loom/plugin/precision.h"
 #include "loom/plugin/strategy.h"
@@ -81,6 +82,8 @@ static loom_status build_segments(loom_session *s)
     return LOOM_OK;
 }
 
+static loom_status canonical_parts(loom_session *s);
+
 loom_status loom_session_create(const loom_session_config *cfg, loom_session **out)
 {
     *out = NULL;
@@ -106,7 +109,7 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
     }
     s->cfg.backend = NULL; /* the caller's string; only needed while opening */
     loom_status st = loom_backend_open(cfg->backend ? cfg->backend : "cpu", cfg->threads, &s->backend);
-    loom_gpt_parallel par = {NULL, NULL, cfg->canonical, NULL, 0};
+    loom_gpt_parallel par = {NULL, NULL, cfg->canonical, NULL, 0, 0};
     int pp = 1;
     if (st == LOOM_OK) {
         const struct loom_comm_ops *pops;
@@ -124,6 +127,7 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
         if (st == LOOM_OK) {
             par.stage_layers = loom_pipeline_stage_layers(s->pipe);
             par.slots = loom_pipeline_slots(s->pipe);
+            par.split_backward = loom_pipeline_split_backward(s->pipe);
         }
     }
     if (st == LOOM_OK && cfg->tensor) {
@@ -174,6 +178,8 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
     if (st == LOOM_OK)
         st = loom_grad_sync_create(s->model, &s->backend, cfg->canonical, cfg->accum, s->cfg.strategy,
                                    &s->sync);
+    if (st == LOOM_OK && s->pipe && cfg->canonical)
+        st = canonical_parts(s);
     if (st != LOOM_OK) {
         loom_session_destroy(s);
         return st;
@@ -206,9 +212,28 @@ void loom_session_destroy(loom_session *s)
     free(s);
 }
 
+/* Register each interleaved chunk's parameter ranges as a grad_sync part (canonical). */
+static loom_status canonical_parts(loom_session *s)
+{
+    int chunks = loom_pipeline_chunks(s->pipe);
+    for (int c = 0; chunks > 1 && c <= chunks; c++) { /* c = chunks: the tied wte, stage 0 */
+        size_t off[4], n[4];
+        int k = loom_pipeline_chunk_ranges(s->pipe, loom_gpt_params(s->model), c, off, n);
+        if (k < 1 && c == chunks)
+            break;
+        if (k < 1)
+            LOOM_FAIL(LOOM_ERR_INTERNAL, "pipeline chunk %d owns %s of the gradient buffer", c,
+                      k ? "more than 4 ranges" : "no range");
+        for (int i = 0; i < k; i++)
+            LOOM_TRY(loom_grad_sync_add_range(s->sync, c, off[i], n[i]));
+    }
+    return LOOM_OK;
+}
+
 typedef struct micro_ctx {
     loom_grad_sync *sync;
     const double *loss;
+    int chunks;
 } micro_ctx;
 
 loom_status loom_session_trace(loom_session *s, const char *path, int rank, int64_t steps)
@@ -250,14 +275,22 @@ static loom_status pipeline_totals(loom_session *s, double *loss_sum, double *bu
     return st;
 }
 
-static loom_status canonical_before(void *ctx, int mb)
-{
-    return loom_grad_sync_begin_micro(((micro_ctx *)ctx)->sync, mb);
-}
-
-static loom_status canonical_after(void *ctx, int mb)
+/* Canonical mode, one tree per micro-batch gradient; with interleaved chunks (disjoint
+ * parameters, backwarded in turn) one per chunk's parameters: grad_sync's parts. */
+static loom_status canonical_before(void *ctx, int mb, int chunk)
 {
     micro_ctx *c = ctx;
+    if (c->chunks > 1) /* chunk -1: the tied wte (pipeline.h) */
+        return loom_grad_sync_begin_part(c->sync, mb, chunk < 0 ? c->chunks : chunk);
+    return loom_grad_sync_begin_micro(c->sync, mb);
+}
+
+static loom_status canonical_after(void *ctx, int mb, int chunk)
+{
+    micro_ctx *c = ctx;
+    if (c->chunks > 1) /* the loss once per micro-batch, with its last chunk */
+        return loom_grad_sync_end_part(c->sync, mb, chunk < 0 ? c->chunks : chunk,
+                                       chunk == c->chunks - 1, c->loss[mb]);
     return loom_grad_sync_end_micro(c->sync, mb, c->loss[mb]);
 }
 
@@ -285,7 +318,7 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         if (!mb_loss)
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
         /* canonical: each micro-batch's gradients on their own, into the tree in order */
-        micro_ctx mc = {s->sync, mb_loss};
+        micro_ctx mc = {s->sync, mb_loss, loom_pipeline_chunks(s->pipe)};
         loom_pipeline_hooks hooks = {canonical_before, canonical_after, &mc};
         int canon = s->cfg.canonical;
         loom_status st = canon ? LOOM_OK : loom_grad_sync_begin_micro(s->sync, 0);
@@ -332,7 +365,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         const double *slots = loom_grad_norm_slots(s->norm, &n_slots);
         double t_pp = loom_now_ms();
         LOOM_TRY(pipeline_totals(s, &loss_sum, &bubble));
-        LOOM_TRY(loom_pipeline_norm(s->pipe, slots, n_slots, &norm_sq, &nonfinite));
+        LOOM_TRY(loom_pipeline_norm(s->pipe, loom_gpt_params(s->model), slots, n_slots, &norm_sq,
+                                    &nonfinite));
         comm_ms += loom_now_ms() - t_pp;
     }
     double t_opt = loom_now_ms();
@@ -423,6 +457,18 @@ static int draw_token(float *logits, int V, float temperature, int top_k, double
     return 0;
 }
 
+/* Under pipeline parallelism: the last stage's bytes to every stage (its pp group). */
+static loom_status from_last_stage(void *buf, size_t n)
+{
+    const struct loom_comm_ops *ops;
+    void *pp;
+    int size;
+    LOOM_TRY(loom_core_host()->group(LOOM_GROUP_PP, &ops, &pp, &size));
+    loom_comm_request *r = NULL;
+    LOOM_TRY(ops->broadcast_start(pp, buf, n, LOOM_DTYPE_U8, size - 1, &r));
+    return ops->wait(pp, r);
+}
+
 /* The generation loop (session.h). The first token's logits come from a forward over the
  * prompt's window; with the cache every later one from loom_gpt_decode of the token just
  * drawn, until the sequence outgrows ctx: then the window slides, every position moves,
@@ -440,7 +486,11 @@ static loom_status generate(loom_session *s, const loom_sample_config *c, const 
 {
     const loom_gpt_config *mc = loom_gpt_get_config(s->model);
     const loom_backend_ops *k = s->backend.ops;
-    int cache = loom_gpt_can_decode(s->model) && !c->no_cache, mode = -1;
+    /* Under pp every token is a full forward through the stages (no cache: the stages
+     * would each keep theirs): the same bits as the cached path, by the row-stable mode
+     * below. The last stage draws; the token goes to every stage. */
+    int last = !s->pipe || loom_pipeline_stage(s->pipe) == loom_pipeline_stages(s->pipe) - 1;
+    int cache = !s->pipe && loom_gpt_can_decode(s->model) && !c->no_cache, mode = -1;
     memmove(out, prompt, (size_t)n_prompt * sizeof(int));
     uint64_t stream = loom_rng_stream("sample");
     loom_xxh64_state hash;
@@ -470,27 +520,36 @@ static loom_status generate(loom_session *s, const loom_sample_config *c, const 
             memcpy(s->tokens, out + len - T, (size_t)T * sizeof(int));
             for (int j = T; j < Tp; j++)
                 s->tokens[j] = 0;
-            LOOM_TRY(loom_gpt_forward(s->model, s->tokens, NULL, 1, Tp, 0.0f, NULL));
+            double no_loss;
+            if (s->pipe) /* no targets: logits on the last stage, no loss */
+                LOOM_TRY(loom_pipeline_eval(s->pipe, s->model, s->tokens, NULL, 1, Tp, &no_loss));
+            else
+                LOOM_TRY(loom_gpt_forward(s->model, s->tokens, NULL, 1, Tp, 0.0f, NULL));
         }
-        LOOM_TRY(loom_gpt_logits_row(s->model, (size_t)(T - 1), s->host_logits));
-        if (c->logits_hash)
-            loom_xxh64_update(&hash, s->host_logits, (size_t)mc->vocab * sizeof(float));
-        out[len] = draw_token(s->host_logits, mc->vocab, c->temperature, c->top_k,
-                              loom_rng_uniform(c->seed, stream, (uint64_t)i));
+        if (last) {
+            LOOM_TRY(loom_gpt_logits_row(s->model, (size_t)(T - 1), s->host_logits));
+            if (c->logits_hash)
+                loom_xxh64_update(&hash, s->host_logits, (size_t)mc->vocab * sizeof(float));
+            out[len] = draw_token(s->host_logits, mc->vocab, c->temperature, c->top_k,
+                                  loom_rng_uniform(c->seed, stream, (uint64_t)i));
+        }
+        if (s->pipe)
+            LOOM_TRY(from_last_stage(&out[len], sizeof out[len]));
         if (c->progress)
             LOOM_TRY(c->progress(c->progress_ctx, i + 1, n_new));
     }
-    if (c->logits_hash)
-        *c->logits_hash = loom_xxh64_digest(&hash);
+    if (c->logits_hash) {
+        uint64_t h = loom_xxh64_digest(&hash);
+        if (s->pipe)
+            LOOM_TRY(from_last_stage(&h, sizeof h));
+        *c->logits_hash = h;
+    }
     return LOOM_OK;
 }
 
 loom_status loom_session_generate(loom_session *s, const loom_sample_config *c, const int *prompt,
                                   int n_prompt, int n_new, int *out)
 {
-    if (s->pipe)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "sampling does not run under pipeline parallelism yet "
-                  "(pp=%d): sample from a pp = 1 run", loom_pipeline_stages(s->pipe));
     if (n_prompt < 1)
         LOOM_FAIL(LOOM_ERR_INVALID, "sampling needs a prompt of at least one token");
     if (n_new < 0)
@@ -539,6 +598,12 @@ int64_t loom_session_steps_taken(const loom_session *s) { return s->steps; }
 int loom_session_pipeline_stages(const loom_session *s)
 {
     return s->pipe ? loom_pipeline_stages(s->pipe) : 1;
+}
+
+const int *loom_session_pipeline_split(const loom_session *s, int *n_virtual)
+{
+    *n_virtual = 0;
+    return s->pipe ? loom_pipeline_split(s->pipe, n_virtual) : NULL;
 }
 
 const char *loom_session_backend_description(loom_session *s)

@@ -95,7 +95,10 @@ typedef struct loom_sample_config {
 /* loom_session_sample with every knob. With the cache (gpt.h: loom_gpt_decode) each token
  * after the first costs one row's forward instead of the window's, and the tokens are
  * bitwise those of no_cache = 1 (both run the backend's row-stable products while the
- * window starts at position 0: set_deterministic mode 2). */
+ * window starts at position 0: set_deterministic mode 2). Under pipeline parallelism it
+ * is collective over the pp group (every stage calls it with the same arguments): each
+ * token is a forward through the stages (no cache), the last stage draws it and every
+ * stage returns the same tokens (and hash), those of pp = 1. */
 loom_status loom_session_generate(loom_session *s, const loom_sample_config *cfg,
                                   const int *prompt, int n_prompt, int n_new, int *out);
 
@@ -116,6 +119,8 @@ const char *loom_session_backend_description(loom_session *s);
 int64_t loom_session_steps_taken(const loom_session *s);
 /* Pipeline stages of the run (1 without pipeline parallelism). */
 int loom_session_pipeline_stages(const loom_session *s);
+/* The pipeline's block split (loom_pipeline_split); NULL and *n_virtual = 0 without one. */
+const int *loom_session_pipeline_split(const loom_session *s, int *n_virtual);
 /* The optimizer state buffer (state_per_param * params total floats) and its slots. */
 float *loom_session_optim_state(loom_session *s, uint32_t *slots_per_param);
 

@@ -115,8 +115,8 @@ then backwarded once per chunk, every SEND received by the neighbour, no cycle o
 and simulate it with F = B = W = 1 (a fused backward 2) and transfers taking no time.
 Prints one row per stage (F, B, W cells with the micro-batch, '.' idle), the simulated
 bubble fraction beside the schedule's formula, and each stage's peak micro-batches in
-flight (forwarded, not yet fully backwarded). Nothing is trained: recipes still refuse
-mesh.pp > 1 until the pipeline engine exists (docs/PIPELINE.md).
+flight (forwarded, not yet fully backwarded). Nothing is trained here: a recipe trains
+with one through mesh = { pp = N }, schedule = NAME (docs/PIPELINE.md, "Training").
 
 NAME is a sched plugin (gpipe, 1f1b, interleaved, zb1; loom plugins lists them) or, when
 it ends in .lua, a Lua file returning function(shape) -> list of {op = "FWD", mb = 0,

@@ -25,7 +25,7 @@ local spec = {
   comm = { type = "string", help = "communicator plugin for multi-rank runs (default \"shm\")" },
   comm_timeout = { type = "positive", help = "seconds any communication may wait before the run fails (default 60)" },
   strategy = { type = "table" },
-  schedule = { type = "string", help = "with mesh.pp > 1: the sched plugin, \"1f1b\" (default), \"gpipe\" or \"interleaved\"" },
+  schedule = { type = "string", help = "with mesh.pp > 1: the sched plugin, \"1f1b\" (default), \"gpipe\", \"interleaved\" or \"zb1\"" },
   microbatches = { type = "integer", min = 1, help = "with mesh.pp > 1: micro-batches per step through the pipeline" },
   pp_chunks = { type = "integer", min = 1, help = "with schedule = \"interleaved\": virtual stages per rank (default 2)" },
   pp_layers = { type = "table", help = "with mesh.pp > 1: blocks per stage (per virtual stage with interleaving), e.g. { 3, 5 }" },
@@ -185,18 +185,9 @@ local function check_pp(t, where, origin)
   local function refuse(cond, fmt, ...)
     if cond then schema.fail(where, "mesh pp=%d: " .. fmt, pp, ...) end
   end
-  refuse(t.deterministic == "canonical" and (t.schedule == "interleaved" or (t.pp_chunks or 1) > 1),
-    "deterministic=\"canonical\" runs one chunk per stage: use schedule = \"1f1b\" or \"gpipe\"")
   refuse(t.tp_sequence_parallel and (mesh.tp or 1) > 1, "tp_sequence_parallel does not combine with "
     .. "pipeline stages yet (the residual stream between stages is whole): leave it out")
-  refuse(t.checkpoint ~= nil or t.resume ~= nil, "checkpoints are not saved or resumed under pipeline "
-    .. "parallelism yet: leave out checkpoint and resume (or train with pp = 1)")
-  refuse(t.model.init ~= nil, "loom.gpt{init=...} does not load into pipeline stages yet: leave init out")
-  refuse(t.sample ~= nil, "sampling does not run under pipeline parallelism yet: leave out sample")
   local name = t.schedule or "1f1b"
-  refuse(name == "zb1", "schedule=\"zb1\" splits backward into input- and weight-gradient passes, "
-    .. "and this model's backward computes both in one pass, so it cannot train with zb1 yet "
-    .. "(use \"1f1b\", the same bubble without the split, \"gpipe\" or \"interleaved\")")
   local dp = mesh.dp or 1
   local b = t.batch
   local m = t.microbatches
@@ -445,9 +436,10 @@ return function(loom)
         m:eval(step, r.val_loss)
       end
       if t.sample and t.sample.every and step % t.sample.every == 0 then
-        m:print(loom.sample { session = session, prompt = t.sample.prompt or "\n",
+        local text = loom.sample { session = session, prompt = t.sample.prompt or "\n",
           tokens = t.sample.tokens or 128, temperature = t.sample.temperature,
-          top_k = t.sample.top_k, seed = t.sample.seed, tokenizer = loom.tokenizer_dir(t.data) })
+          top_k = t.sample.top_k, seed = t.sample.seed, tokenizer = loom.tokenizer_dir(t.data) }
+        m:print(text) -- the text only (loom.sample's second result is the optional hash)
       end
       local stop = t.on_step and t.on_step(r) == false
       -- collective: every rank calls save (dp rank 0 of each tp rank writes its files)

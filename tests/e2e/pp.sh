@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
 # pp.sh LOOM — pipeline parallelism on one node (loom launch, shm), fast mode (fp32):
-#  - pp=2 with gpipe, 1f1b and interleaved (2 chunks), pp=4 with gpipe and 1f1b, pp=4
-#    interleaved on an 8-block model, an explicit pp_layers split, pp=2 x dp=2,
-#    pp=2 x tp=2 and pp=2 x tp=2 x dp=2 (8 ranks) train
+#  - pp=2 with gpipe, 1f1b, interleaved (2 chunks) and zb1, pp=4 with gpipe, 1f1b and zb1,
+#    pp=4 interleaved on an 8-block model, an explicit pp_layers split, pp=2 x dp=2,
+#    pp=2 x tp=2 (both also with zb1) and pp=2 x tp=2 x dp=2 (8 ranks) train
 #    the same losses as one rank with the same global batch (micro x microbatches x dp)
 #    within 2e-5 over 10 steps, the gradient norms within 1e-5 relative and the validation
 #    loss (eval through the pipeline) within 2e-5; only summation order differs (the tied
 #    wte's two gradient halves, the norm's per-stage parts);
-#  - the same pipeline layout twice is bitwise identical;
+#  - the same pipeline layout twice is bitwise identical, and zb1 (B, then W: the split
+#    backward) is bitwise 1f1b (every gradient summed over micro-batches in the same order);
 #  - per-rank parameter bytes drop: each stage holds less than one rank, and the stages
 #    together hold one rank's parameters plus the second copy of the tied wte, exactly;
 #  - the engine's count of micro-batches in flight: 1f1b holds pp on stage 0 and 1 on the
-#    last stage, gpipe all m;
+#    last stage, gpipe all m, zb1 pp on every stage (a micro-batch is held until its W);
 #  - non-finite gradients (lr = 1e30) skip the same steps on every stage as on one rank;
-#  - canonical mode: pp=1, 2, 4 with gpipe and 1f1b, an uneven pp_layers split, pp=2 x dp=2
-#    pp=2 x tp=2 and pp=2 x tp=2 x dp=2 give bitwise-identical losses, gradient norms and
-#    validation loss;
+#  - canonical mode: pp=1, 2, 4 with gpipe, 1f1b, zb1 and interleaved, an uneven pp_layers
+#    split, pp=2 x dp=2, pp=2 x tp=2 (also with zb1 and interleaved), pp=2 x tp=2 x dp=2,
+#    pp=4 interleaved on 8 blocks and pp=2 with 3 uneven chunks give bitwise-identical
+#    losses, gradient norms and validation loss;
 #  - what pipeline parallelism refuses is refused with a message naming it.
 set -euo pipefail
 loom=$1
@@ -50,16 +52,21 @@ check_close() { # name file reference
 run1 batch.global=16 > "$tmp/one"
 for layout in "2 mesh.pp=2 schedule=gpipe" "2 mesh.pp=2 schedule=1f1b" \
               "2 mesh.pp=2 schedule=interleaved" "4 mesh.pp=4 schedule=gpipe" \
-              "4 mesh.pp=4 schedule=1f1b" "2 mesh.pp=2 pp_layers={1,3}"; do
+              "4 mesh.pp=4 schedule=1f1b" "2 mesh.pp=2 pp_layers={1,3}" \
+              "2 mesh.pp=2 schedule=zb1" "4 mesh.pp=4 schedule=zb1"; do
   runN ${layout%% *} microbatches=4 ${layout#* } > "$tmp/pp"
   check_close "${layout#* } (4 micro-batches)" "$tmp/pp" "$tmp/one"
 done
 runN 4 mesh.pp=2 mesh.dp=2 microbatches=2 > "$tmp/ppdp"
 check_close "mesh.pp=2 x mesh.dp=2 (2 micro-batches each)" "$tmp/ppdp" "$tmp/one"
+runN 4 mesh.pp=2 mesh.dp=2 schedule=zb1 microbatches=2 > "$tmp/ppdpz"
+check_close "mesh.pp=2 x mesh.dp=2 schedule=zb1 (2 micro-batches each)" "$tmp/ppdpz" "$tmp/one"
 runN 4 mesh.pp=2 mesh.tp=2 microbatches=4 > "$tmp/pptp"
 check_close "mesh.pp=2 x mesh.tp=2 (4 micro-batches)" "$tmp/pptp" "$tmp/one"
 runN 8 mesh.pp=2 mesh.tp=2 mesh.dp=2 microbatches=2 > "$tmp/pptpdp"
 check_close "mesh.pp=2 x mesh.tp=2 x mesh.dp=2, 8 ranks (2 micro-batches each)" "$tmp/pptpdp" "$tmp/one"
+runN 4 mesh.pp=2 mesh.tp=2 schedule=zb1 microbatches=4 > "$tmp/pptpz"
+check_close "mesh.pp=2 x mesh.tp=2 schedule=zb1 (4 micro-batches)" "$tmp/pptpz" "$tmp/one"
 run1 model.layers=8 batch.global=16 > "$tmp/one8"
 runN 4 model.layers=8 mesh.pp=4 schedule=interleaved microbatches=4 > "$tmp/pp4i"
 check_close "mesh.pp=4 schedule=interleaved, 8 blocks in 8 virtual stages" "$tmp/pp4i" "$tmp/one8"
@@ -68,6 +75,9 @@ runN 4 mesh.pp=4 schedule=1f1b microbatches=4 | grep -E '^(LOSS|NORM)' > "$tmp/a
 runN 4 mesh.pp=4 schedule=1f1b microbatches=4 | grep -E '^(LOSS|NORM)' > "$tmp/b"
 cmp -s "$tmp/a" "$tmp/b" || { echo "pp=4 1f1b twice differs"; paste "$tmp/a" "$tmp/b" | head; exit 1; }
 echo "ok pp=4 1f1b run twice: losses and gradient norms bitwise identical"
+runN 4 mesh.pp=4 schedule=zb1 microbatches=4 | grep -E '^(LOSS|NORM)' > "$tmp/z"
+cmp -s "$tmp/a" "$tmp/z" || { echo "pp=4 zb1 differs from 1f1b"; paste "$tmp/a" "$tmp/z" | head; exit 1; }
+echo "ok pp=4 zb1 (B, then W) and 1f1b: losses and gradient norms bitwise identical"
 
 # Parameter bytes: wte (256 x 32 floats) sits on the first and the last stage.
 one=$(awk '/^PARAMBYTES/ { print $3 }' "$tmp/one")
@@ -91,7 +101,12 @@ runN 4 mesh.pp=4 schedule=gpipe microbatches=8 steps=2 > "$tmp/pg"
 [ "$(peak '' "$tmp/p1")" = 4 ] || { echo "1f1b pp=4 m=8: stage 0 held $(peak '' "$tmp/p1") micro-batches, want 4"; exit 1; }
 [ "$(peak '\[rank 3\] ' "$tmp/p1")" = 1 ] || { echo "1f1b pp=4 m=8: the last stage held $(peak '\[rank 3\] ' "$tmp/p1"), want 1"; exit 1; }
 [ "$(peak '' "$tmp/pg")" = 8 ] || { echo "gpipe pp=4 m=8: stage 0 held $(peak '' "$tmp/pg") micro-batches, want 8"; exit 1; }
-echo "ok in flight at pp=4, m=8: 1f1b stage 0 holds 4, the last stage 1; gpipe stage 0 holds 8"
+runN 4 mesh.pp=4 schedule=zb1 microbatches=8 steps=2 > "$tmp/pz"
+for r in 0 1 2 3; do
+  if [ $r = 0 ]; then p=$(peak '' "$tmp/pz"); else p=$(peak "\\[rank $r\\] " "$tmp/pz"); fi
+  [ "$p" = 4 ] || { echo "zb1 pp=4 m=8: stage $r held '$p' micro-batches, want 4 (p: until each W)"; exit 1; }
+done
+echo "ok in flight at pp=4, m=8: 1f1b stage 0 holds 4, the last stage 1; gpipe stage 0 holds 8; zb1 every stage 4"
 
 # The non-finite check spans the stages: lr = 1e30 blows the weights up after step 1, so
 # later gradients are not finite; every rank skips exactly the steps one rank skips.
@@ -111,10 +126,29 @@ run1 $canon batch.global=16 | grep -E '^(LOSS|NORM|VAL)' > "$tmp/c1"
 for layout in "2 mesh.pp=2 schedule=1f1b microbatches=4" "2 mesh.pp=2 schedule=gpipe microbatches=4" \
               "4 mesh.pp=4 schedule=1f1b microbatches=4" "4 mesh.pp=4 schedule=gpipe microbatches=4" \
               "2 mesh.pp=2 pp_layers={3,1} microbatches=4" "4 mesh.pp=2 mesh.dp=2 microbatches=2" \
-              "4 mesh.pp=2 mesh.tp=2 microbatches=4" "8 mesh.pp=2 mesh.tp=2 mesh.dp=2 microbatches=2"; do
+              "4 mesh.pp=2 mesh.tp=2 microbatches=4" "2 mesh.pp=2 schedule=zb1 microbatches=4" \
+              "4 mesh.pp=4 schedule=zb1 microbatches=4" "4 mesh.pp=2 mesh.dp=2 schedule=zb1 microbatches=2" \
+              "4 mesh.pp=2 mesh.tp=2 schedule=zb1 microbatches=4" \
+              "8 mesh.pp=2 mesh.tp=2 mesh.dp=2 microbatches=2"; do
   runN ${layout%% *} $canon ${layout#* } | grep -E '^(LOSS|NORM|VAL)' > "$tmp/c"
   cmp -s "$tmp/c1" "$tmp/c" || { echo "canonical ${layout#* } differs from one rank"; paste "$tmp/c1" "$tmp/c" | head; exit 1; }
   echo "ok canonical ${layout#* }: losses, gradient norms and val loss bitwise those of one rank"
+done
+# Interleaved: each chunk's parameters in trees of their own, the tied wte's halves added
+# after the step's list, the norm in virtual-stage order (one rank's).
+for layout in "2 mesh.pp=2 schedule=interleaved microbatches=4" \
+              "4 mesh.pp=2 mesh.dp=2 schedule=interleaved microbatches=2" \
+              "4 mesh.pp=2 mesh.tp=2 schedule=interleaved microbatches=4"; do
+  runN ${layout%% *} $canon ${layout#* } | grep -E '^(LOSS|NORM|VAL)' > "$tmp/c"
+  cmp -s "$tmp/c1" "$tmp/c" || { echo "canonical ${layout#* } differs from one rank"; paste "$tmp/c1" "$tmp/c" | head; exit 1; }
+  echo "ok canonical ${layout#* }: losses, gradient norms and val loss bitwise those of one rank"
+done
+run1 $canon model.layers=8 batch.global=16 | grep -E '^(LOSS|NORM|VAL)' > "$tmp/c8"
+for layout in "4 mesh.pp=4 schedule=interleaved microbatches=4" \
+              "2 mesh.pp=2 schedule=interleaved pp_chunks=3 pp_layers={1,2,1,1,2,1} microbatches=4"; do
+  runN ${layout%% *} $canon model.layers=8 ${layout#* } | grep -E '^(LOSS|NORM|VAL)' > "$tmp/c"
+  cmp -s "$tmp/c8" "$tmp/c" || { echo "canonical ${layout#* } (8 blocks) differs from one rank"; paste "$tmp/c8" "$tmp/c" | head; exit 1; }
+  echo "ok canonical ${layout#* }, 8 blocks: losses, gradient norms and val loss bitwise those of one rank"
 done
 
 # Refusals, each with its message.
@@ -125,12 +159,9 @@ refused() { # expected-text args...
   echo "ok refused ($want)"
 }
 base="$recipe $model comm_timeout=20"
-refused 'schedule="zb1" splits backward' -n 2 $base mesh.pp=2 schedule=zb1 microbatches=4
-refused 'canonical" runs one chunk per stage' -n 2 $base mesh.pp=2 microbatches=4 deterministic=canonical schedule=interleaved
 refused 'pp_layers adds up to 3 blocks, but the model has layers=4' -n 2 $base mesh.pp=2 'pp_layers={1,2}'
 refused 'pp_layers has 3 entries; it needs one per stage, pp = 2 (2)' -n 2 $base mesh.pp=2 'pp_layers={1,2,1}'
 refused 'not a multiple of stages' -n 4 $base mesh.pp=4 schedule=interleaved model.layers=8 microbatches=6
 refused 'cannot give each of the 8 pipeline stages a block' -n 4 $base mesh.pp=4 schedule=interleaved microbatches=4
-refused 'checkpoints are not saved or resumed under pipeline' -n 2 $base mesh.pp=2 checkpoint.dir="$tmp/ck"
 refused 'sets up the pipeline, and this run has no pipeline (mesh.pp = 1)' -n 1 $base microbatches=4
 refused 'but batch.micro x microbatches x dp = 4 x 4 x 1 = 16' -n 2 $base mesh.pp=2 microbatches=4 batch.global=8

@@ -6,7 +6,11 @@
  * loom_ckpt_load_tensors into other layouts: every element checked. Also the refusals
  * (a missing piece, another logical shape, pieces that overlap inconsistently, an unknown
  * tensor, a damaged tp file) and a writer that fails (every rank reports it, nothing is
- * left behind; a tp rank 0 that cannot make the directory). Also built with AddressSanitizer + UBSan (unit_checkpoint_tp_asan).
+ * left behind; a tp rank 0 that cannot make the directory). Pipeline stages (a dp x tp x
+ * pp mesh, each stage holding part of the table, the shared wte written by stage 0 only)
+ * save one file pair per (stage, tp rank) that loads into every tp layout, and a failing
+ * writer on the last stage is named on stage 0. Also built with AddressSanitizer + UBSan
+ * (unit_checkpoint_tp_asan).
  */
 #include <check.h>
 #include <dirent.h>
@@ -95,14 +99,18 @@ typedef enum variant {
     BAD_DIM        /* tp rank 1's ln.weight claims a negative length: writing it fails */
 } variant;
 
-/* A GPT block's worth of parameters as tp rank `part` of `tp` holds them. */
-static void build(loom_param_table *t, int tp, int part, variant v)
+/* A GPT block's worth of parameters as tp rank `part` of `tp` holds them; with pp = 2
+ * stage 0 holds wte, ln and qkv, stage 1 wte (tied), proj and fc. */
+static void build(loom_param_table *t, int tp, int part, variant v, int stage, int pp)
 {
     memset(t, 0, sizeof *t);
     int64_t wte[2] = {V, C}, ln[1] = {C}, qkv[3] = {3, C, C}, qkvb[2] = {3, C},
             proj[2] = {C, v == WIDE_PROJ ? 2 * C : C}, fc[2] = {4 * C, C};
 #define ADD(name, nd, shape, dim)                                                            \
     do {                                                                                     \
+        int first_half = strncmp(name, "ln", 2) == 0 || strncmp(name, "qkv", 3) == 0;       \
+        if (pp == 2 && strcmp(name, "wte") != 0 && first_half != (stage == 0))               \
+            break;                                                                           \
         ck_assert_int_eq(loom_params_add(t, name, nd, shape, 0, LOOM_INIT_ZEROS, 0), LOOM_OK); \
         if ((dim) >= 0)                                                                      \
             ck_assert_int_eq(loom_params_slice_last(t, dim, tp, part), LOOM_OK);             \
@@ -145,9 +153,9 @@ typedef struct held {
     float *params, *state;
 } held;
 
-static void held_make(held *h, int tp, int part, variant v, int fill)
+static void held_make_stage(held *h, int tp, int part, variant v, int fill, int stage, int pp)
 {
-    build(&h->t, tp, part, v);
+    build(&h->t, tp, part, v, stage, pp);
     h->params = calloc(h->t.total + 1, sizeof(float));
     h->state = calloc((size_t)SLOTS * h->t.total + 1, sizeof(float));
     for (int i = 0; i < h->t.count; i++) {
@@ -160,6 +168,11 @@ static void held_make(held *h, int tp, int part, variant v, int fill)
                     fill ? value(e->name, li, k + 1) : -1.0f;
         }
     }
+}
+
+static void held_make(held *h, int tp, int part, variant v, int fill)
+{
+    held_make_stage(h, tp, part, v, fill, 0, 1);
 }
 
 /* Elements that differ from the expected values. */
@@ -188,8 +201,8 @@ static void held_free(held *h)
 /* --- a dp x tp mesh of threads saving together --------------------------------------- */
 
 typedef struct rank_arg {
-    int dp, tp, dp_rank, tp_rank;
-    fworld *world, *dp_w, *tp_w;
+    int dp, tp, dp_rank, tp_rank, pp, stage;
+    fworld *world, *dp_w, *tp_w, *pp_w;
     const char *dir;
     variant v;
     int64_t step;
@@ -211,15 +224,20 @@ static void *rank_main(void *p)
 {
     rank_arg *a = p;
     held h;
-    held_make(&h, a->tp, a->tp_rank, a->v, 1);
-    if (a->v == BAD_DIM && a->tp_rank == 1)
+    held_make_stage(&h, a->tp, a->tp_rank, a->v, 1, a->stage, a->pp);
+    if (a->v == BAD_DIM && a->tp_rank == 1 && a->stage == a->pp - 1)
         h.t.entries[1].slice_len[0] = -1;
-    fcomm cw, cd, ct;
+    fcomm cw, cd, ct, cp;
     loom_ckpt_groups g;
-    group_of(&g.world, a->world, a->dp_rank * a->tp + a->tp_rank, &cw);
+    memset(&g, 0, sizeof g); /* no pp group unless pp > 1 */
+    group_of(&g.world, a->world, (a->stage * a->dp + a->dp_rank) * a->tp + a->tp_rank, &cw);
     group_of(&g.dp, a->dp_w, a->dp_rank, &cd);
     group_of(&g.tp, a->tp_w, a->tp_rank, &ct);
-    loom_ckpt_source src = {&h.t, h.params, h.state, SLOTS, "adamw", {V, V, 16, 1, 2, C}, {a->step, {0}, 0}};
+    if (a->pp > 1)
+        group_of(&g.pp, a->pp_w, a->stage, &cp);
+    static const int split[3] = {0, 1, 2}; /* one block per stage, for the manifest */
+    loom_ckpt_source src = {&h.t, h.params, h.state, SLOTS, "adamw", {V, V, 16, 1, 2, C},
+                            {a->step, {0}, 0}, a->stage == 1 ? "wte" : NULL, split, a->pp};
     loom_checkpoint_extra x;
     memset(&x, 0, sizeof x);
     x.step = a->step;
@@ -230,20 +248,26 @@ static void *rank_main(void *p)
     return NULL;
 }
 
-/* Save step `step` into dir from a dp x tp mesh; the statuses of all ranks in st. */
-static void mesh_save(const char *dir, int dp, int tp, int64_t step, variant v, rank_arg *args)
+/* Save step `step` into dir from a dp x tp x pp mesh (pp 1 or 2; world rank r is stage
+ * r / (dp tp), dp rank r / tp % dp, tp rank r % tp); the statuses of all ranks in st. */
+static void mesh_save_pp(const char *dir, int dp, int tp, int pp, int64_t step, variant v,
+                         rank_arg *args)
 {
-    int n = dp * tp;
+    int n = dp * tp * pp;
     ck_assert_int_le(n, MAX_RANKS);
-    fworld world = {.size = n}, dpw[MAX_RANKS], tpw[MAX_RANKS];
+    fworld world = {.size = n}, dpw[MAX_RANKS], tpw[MAX_RANKS], ppw[MAX_RANKS];
     pthread_barrier_init(&world.bar, NULL, (unsigned)n);
-    for (int i = 0; i < tp; i++) { /* dp group i: the ranks with tp rank i */
+    for (int i = 0; i < tp * pp; i++) { /* dp group i: stage i / tp, tp rank i % tp */
         dpw[i].size = dp;
         pthread_barrier_init(&dpw[i].bar, NULL, (unsigned)dp);
     }
-    for (int i = 0; i < dp; i++) { /* tp group i: the ranks with dp rank i */
+    for (int i = 0; i < dp * pp; i++) { /* tp group i: stage i / dp, dp rank i % dp */
         tpw[i].size = tp;
         pthread_barrier_init(&tpw[i].bar, NULL, (unsigned)tp);
+    }
+    for (int i = 0; i < dp * tp; i++) { /* pp group i: dp rank i / tp, tp rank i % tp */
+        ppw[i].size = pp;
+        pthread_barrier_init(&ppw[i].bar, NULL, (unsigned)pp);
     }
     pthread_t th[MAX_RANKS];
     for (int r = 0; r < n; r++) {
@@ -251,11 +275,14 @@ static void mesh_save(const char *dir, int dp, int tp, int64_t step, variant v, 
         memset(a, 0, sizeof *a);
         a->dp = dp;
         a->tp = tp;
-        a->dp_rank = r / tp;
+        a->pp = pp;
+        a->stage = r / (dp * tp);
+        a->dp_rank = r / tp % dp;
         a->tp_rank = r % tp;
         a->world = &world;
-        a->dp_w = &dpw[a->tp_rank];
-        a->tp_w = &tpw[a->dp_rank];
+        a->dp_w = &dpw[a->stage * tp + a->tp_rank];
+        a->tp_w = &tpw[a->stage * dp + a->dp_rank];
+        a->pp_w = &ppw[a->dp_rank * tp + a->tp_rank];
         a->dir = dir;
         a->v = v;
         a->step = step;
@@ -264,10 +291,17 @@ static void mesh_save(const char *dir, int dp, int tp, int64_t step, variant v, 
     for (int r = 0; r < n; r++)
         pthread_join(th[r], NULL);
     pthread_barrier_destroy(&world.bar);
-    for (int i = 0; i < tp; i++)
+    for (int i = 0; i < tp * pp; i++)
         pthread_barrier_destroy(&dpw[i].bar);
-    for (int i = 0; i < dp; i++)
+    for (int i = 0; i < dp * pp; i++)
         pthread_barrier_destroy(&tpw[i].bar);
+    for (int i = 0; i < dp * tp; i++)
+        pthread_barrier_destroy(&ppw[i].bar);
+}
+
+static void mesh_save(const char *dir, int dp, int tp, int64_t step, variant v, rank_arg *args)
+{
+    mesh_save_pp(dir, dp, tp, 1, step, v, args);
 }
 
 static void mesh_save_ok(const char *dir, int dp, int tp, int64_t step, variant v, char *path)
@@ -499,6 +533,80 @@ START_TEST(test_failing_writer)
 }
 END_TEST
 
+/* Whether the safetensors file's header names tensor `name`. */
+static int header_has(const char *dir, const char *file, const char *name)
+{
+    char p[2048], want[128];
+    snprintf(p, sizeof p, "%s/%s", dir, file);
+    snprintf(want, sizeof want, "\"%s\"", name);
+    FILE *f = fopen(p, "rb");
+    ck_assert_ptr_nonnull(f);
+    unsigned char len8[8];
+    ck_assert_int_eq(fread(len8, 1, 8, f), 8);
+    uint64_t n = 0;
+    for (int k = 7; k >= 0; k--)
+        n = n << 8 | len8[k];
+    char *h = calloc(n + 1, 1);
+    ck_assert_int_eq(fread(h, 1, n, f), n);
+    fclose(f);
+    int has = strstr(h, want) != NULL;
+    free(h);
+    return has;
+}
+
+START_TEST(test_pp2_stages_save_their_part)
+{
+    char dir[512], ckpt[1024];
+    fresh_dir(dir, sizeof dir, "pp2");
+    rank_arg args[MAX_RANKS];
+    mesh_save_pp(dir, 2, 2, 2, 6, NORMAL, args); /* 8 ranks; dp rank 1 writes nothing */
+    for (int r = 0; r < 8; r++)
+        ck_assert_msg(args[r].st == LOOM_OK, "rank %d: %s", r, args[r].msg);
+    snprintf(ckpt, sizeof ckpt, "%s", args[0].path);
+    const char *files[] = {"model.pp0.tp0.safetensors", "model.pp0.tp1.safetensors",
+                           "model.pp1.tp0.safetensors", "model.pp1.tp1.safetensors",
+                           "optim.pp0.tp0.safetensors", "optim.pp0.tp1.safetensors",
+                           "optim.pp1.tp0.safetensors", "optim.pp1.tp1.safetensors"};
+    for (int i = 0; i < 8; i++)
+        ck_assert_msg(exists(ckpt, files[i]), "%s missing", files[i]);
+    ck_assert_int_eq(count_entries(ckpt, ""), 9);
+    ck_assert(loom_ckpt_is_complete(ckpt));
+    /* the tied wte: stage 0's files only */
+    ck_assert(header_has(ckpt, files[0], "wte") && header_has(ckpt, files[4], "wte.state0"));
+    ck_assert(!header_has(ckpt, files[2], "wte") && !header_has(ckpt, files[6], "wte.state0"));
+    ck_assert(header_has(ckpt, files[3], "fc.weight") && !header_has(ckpt, files[3], "qkv.weight"));
+    loom_json_doc *doc;
+    char *text;
+    ck_assert_int_eq(loom_ckpt_manifest_open(ckpt, &doc, &text), LOOM_OK);
+    const loom_json *lay = loom_json_get(loom_json_root(doc), "layout");
+    int64_t tp = 0, pp = 0;
+    ck_assert(loom_json_int64(loom_json_get(lay, "tp"), &tp) && loom_json_int64(loom_json_get(lay, "pp"), &pp));
+    ck_assert(tp == 2 && pp == 2);
+    ck_assert_uint_eq(loom_json_get(lay, "pp_layers")->count, 2);
+    ck_assert_uint_eq(loom_json_get(loom_json_root(doc), "files")->count, 8);
+    loom_json_free(doc);
+    free(text);
+    /* a whole table (pp = 1) at every tp gets every element, wte from stage 0 */
+    load_all_parts(ckpt, 1);
+    load_all_parts(ckpt, 2);
+    load_all_parts(ckpt, 4);
+    /* the last stage's tp rank 1 cannot write: stage 0 names it, all fail, nothing left */
+    mesh_save_pp(dir, 1, 2, 2, 7, BAD_DIM, args);
+    for (int r = 0; r < 4; r++)
+        ck_assert_msg(args[r].st != LOOM_OK, "rank %d succeeded", r);
+    printf("pp writer: %s\n", args[0].msg);
+    ck_assert_ptr_nonnull(strstr(args[0].msg, "stage 1 tp rank 1 could not write its files"));
+    ck_assert_ptr_nonnull(strstr(args[0].msg, "negative dim"));
+    ck_assert(!exists(dir, "step_00000007"));
+    ck_assert_int_eq(count_entries(dir, ".tmp-"), 0);
+    /* a missing stage file: incomplete */
+    char p[2048];
+    snprintf(p, sizeof p, "%s/optim.pp1.tp0.safetensors", ckpt);
+    ck_assert_int_eq(unlink(p), 0);
+    ck_assert(!loom_ckpt_is_complete(ckpt));
+}
+END_TEST
+
 int main(void)
 {
     snprintf(root, sizeof root, "/tmp/loom-test-ckpt-tp-XXXXXX");
@@ -514,6 +622,7 @@ int main(void)
     tcase_add_test(tc, test_tp4_reshards_down_and_dp_ranks_only_wait);
     tcase_add_test(tc, test_refusals);
     tcase_add_test(tc, test_failing_writer);
+    tcase_add_test(tc, test_pp2_stages_save_their_part);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_set_fork_status(sr, CK_NOFORK);

@@ -46,7 +46,7 @@ static void check_rows(int canonical, int mode, int dim, int heads, int ctx, int
 {
     open_backend();
     loom_gpt_config c = {.vocab = 67, .ctx = ctx, .layers = 2, .heads = heads, .dim = dim};
-    loom_gpt_parallel par = {NULL, NULL, canonical, NULL, 0};
+    loom_gpt_parallel par = {NULL, NULL, canonical, NULL, 0, 0};
     loom_gpt *m;
     ck_assert_msg(loom_gpt_create(&c, &be, 1, 7, &par, &m) == LOOM_OK, "%s", loom_last_error());
     be.ops->set_deterministic(be.self, mode);

@@ -5,7 +5,9 @@
  * own reading of llm.c's layout (grouped by type across layers), from a session's weights:
  * loading it must give exactly the bf16-rounded weights in every entry, which also checks
  * the block-to-entry mapping independently of loom's writer. Bad magic, version, size and
- * shape are refused with the exact messages.
+ * shape are refused with the exact messages. A pipeline stage (a model holding some
+ * blocks) loads only its tensors from a whole model's file, bitwise, and knows which names
+ * another stage holds (loom_gpt_held_elsewhere).
  */
 #include <check.h>
 #include <stdio.h>
@@ -14,6 +16,8 @@
 #include <unistd.h>
 
 #include "io/llmc_model.h"
+#include "model/gpt_stage.h"
+#include "base/backend.h"
 #include "base/plugin_loader.h"
 #include "train/session.h"
 
@@ -261,6 +265,61 @@ START_TEST(test_refusals)
 }
 END_TEST
 
+/* Three blocks cut into stages {0}, {1}, {2}: each stage's load of a whole model's file
+ * gives exactly the whole model's bits in every entry it holds. */
+START_TEST(test_pipeline_stages_load_their_part)
+{
+    const loom_gpt_config three = {.vocab = 60, .vocab_padded = 64, .ctx = 8, .layers = 3,
+                                   .heads = 2, .dim = 16};
+    char p[256], want[512];
+    path_of(p, sizeof p, "model.bin");
+    loom_session *a = make_session(&three, 1);
+    ck_assert_msg(loom_llmc_save(loom_session_model(a), p) == LOOM_OK, "%s", loom_last_error());
+    const loom_param_table *ta = loom_gpt_params(loom_session_model(a));
+    const float *pa = loom_gpt_param_data(loom_session_model(a));
+    loom_backend be;
+    ck_assert_msg(loom_backend_open("cpu", 1, &be) == LOOM_OK, "%s", loom_last_error());
+    for (int stage = 0; stage < 3; stage++) {
+        unsigned char own[3] = {0, 0, 0};
+        own[stage] = 1;
+        loom_gpt_parallel par = {.stage_layers = own};
+        loom_gpt *m = NULL;
+        ck_assert_msg(loom_gpt_create(&three, &be, 2, 2, &par, &m) == LOOM_OK, "%s", loom_last_error());
+        ck_assert_msg(loom_llmc_load(m, p) == LOOM_OK, "stage %d: %s", stage, loom_last_error());
+        const loom_param_table *t = loom_gpt_params(m);
+        const float *pm = loom_gpt_param_data(m);
+        ck_assert_int_lt(t->count, ta->count);
+        for (int i = 0; i < t->count; i++) {
+            const loom_param_entry *e = &t->entries[i], *w = loom_params_find(ta, e->name);
+            ck_assert_ptr_nonnull(w);
+            ck_assert_msg(memcmp(pm + e->offset, pa + w->offset, e->numel * sizeof(float)) == 0,
+                          "stage %d: %s differs from the whole model's", stage, e->name);
+        }
+        /* what another stage holds, and names no stage has */
+        ck_assert_int_eq(loom_gpt_held_elsewhere(m, "wte"), stage == 1);
+        ck_assert_int_eq(loom_gpt_held_elsewhere(m, "wpe"), stage != 0);
+        ck_assert_int_eq(loom_gpt_held_elsewhere(m, "ln_f.bias"), stage != 2);
+        ck_assert_int_eq(loom_gpt_held_elsewhere(m, "h.1.attn.qkv.weight"), stage != 1);
+        ck_assert_int_eq(loom_gpt_held_elsewhere(m, "h.0.mlp.fc.bias"), stage != 0);
+        ck_assert_int_eq(loom_gpt_held_elsewhere(m, "h.3.ln_1.weight"), 0);
+        ck_assert_int_eq(loom_gpt_held_elsewhere(m, "h.0.ln_3.weight"), 0);
+        ck_assert_int_eq(loom_gpt_held_elsewhere(m, "h.-1.ln_1.weight"), 0);
+        ck_assert_int_eq(loom_gpt_held_elsewhere(m, "h.0"), 0);
+        ck_assert_int_eq(loom_gpt_held_elsewhere(m, "lm_head"), 0);
+        /* a stage cannot write the whole model's file */
+        path_of(want, sizeof want, "stage.bin");
+        ck_assert_int_eq(loom_llmc_save(m, want), LOOM_ERR_UNSUPPORTED);
+        ck_assert_ptr_nonnull(strstr(loom_last_error(), "from a pipeline stage"));
+        loom_gpt_destroy(m);
+    }
+    /* the whole model holds everything: nothing is elsewhere */
+    ck_assert_int_eq(loom_gpt_held_elsewhere(loom_session_model(a), "wte"), 0);
+    ck_assert_int_eq(loom_gpt_held_elsewhere(loom_session_model(a), "h.9.ln_1.weight"), 0);
+    loom_backend_close(&be);
+    loom_session_destroy(a);
+}
+END_TEST
+
 int main(void)
 {
     Suite *su = suite_create("llmc_model");
@@ -270,6 +329,7 @@ int main(void)
     tcase_add_test(tc, test_v3_roundtrip_bitwise);
     tcase_add_test(tc, test_v5_bf16_layout);
     tcase_add_test(tc, test_refusals);
+    tcase_add_test(tc, test_pipeline_stages_load_their_part);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_set_fork_status(sr, CK_NOFORK);

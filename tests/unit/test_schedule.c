@@ -15,6 +15,7 @@
 
 #include "base/plugin_loader.h"
 #include "base/status.h"
+#include "train/pipeline_check.h"
 #include "train/schedule.h"
 
 static const int PS[] = {2, 3, 4, 8}, MS[] = {1, 2, 4, 8, 16};
@@ -378,6 +379,49 @@ START_TEST(other_wrong_lists_are_refused)
 }
 END_TEST
 
+/* The engine's own checks (train/pipeline_check.h): every plugin's lists keep the untagged
+ * transport's order and backward each chunk's micro-batches in order (canonical mode); one
+ * stage's list with micro-batches 0 and 1's W swapped is refused, and interleaved's
+ * activations leave no place in the order for the tied wte's halves (which is why the
+ * engine exchanges them after the list with chunks > 1). */
+START_TEST(engine_checks)
+{
+    const char *names[] = {"gpipe", "1f1b", "zb1", "interleaved"};
+    for (int k = 0; k < 4; k++)
+        for (int i = 0; i < N_PS; i++)
+            for (int j = 0; j < N_MS; j++) {
+                int p = PS[i], m = MS[j], v = k == 3 ? 2 : 1;
+                if (k == 3 && m % p)
+                    continue;
+                loom_schedule *s = build(names[k], p, m, v);
+                ck_assert_msg(loom_pipeline_check_fifo(s, 0) == LOOM_OK, "%s p=%d m=%d: %s",
+                              names[k], p, m, loom_last_error());
+                ck_assert_msg(v > 1 || loom_pipeline_check_fifo(s, 1) == LOOM_OK, "%s p=%d m=%d "
+                              "with the tied halves: %s", names[k], p, m, loom_last_error());
+                ck_assert_msg(loom_pipeline_check_order(s, names[k]) == LOOM_OK, "%s p=%d m=%d: %s",
+                              names[k], p, m, loom_last_error());
+                loom_schedule_free(s);
+            }
+    loom_schedule *s = build("zb1", 2, 4, 1);
+    int w[2] = {-1, -1};
+    for (size_t i = 0; i < s->n[0]; i++)
+        if (s->list[0][i].op == LOOM_SCHED_BWD_WEIGHT && s->list[0][i].microbatch < 2)
+            w[s->list[0][i].microbatch] = (int)i;
+    ck_assert(w[0] >= 0 && w[1] >= 0);
+    s->list[0][w[0]].microbatch = 1;
+    s->list[0][w[1]].microbatch = 0;
+    ck_assert_int_eq(loom_pipeline_check_order(s, "zb1"), LOOM_ERR_UNSUPPORTED);
+    ck_assert_msg(strstr(loom_last_error(), "runs BWD_WEIGHT of micro-batch 1 before micro-batch "
+                         "0's on stage 0 chunk 0"), "%s", loom_last_error());
+    loom_schedule_free(s);
+    s = build("interleaved", 2, 4, 2);
+    ck_assert_int_eq(loom_pipeline_check_fifo(s, 1), LOOM_ERR_UNSUPPORTED);
+    ck_assert_msg(strstr(loom_last_error(), "stage 1 sends stage 0 its messages (with canonical "
+                         "mode's tied wte halves) in another order"), "%s", loom_last_error());
+    loom_schedule_free(s);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("schedule");
@@ -388,6 +432,7 @@ int main(void)
     tcase_add_test(grid, zb1_beats_1f1b_within_its_memory);
     tcase_add_test(grid, every_plugin_survives_rendezvous_sends);
     tcase_add_test(grid, shapes_refused_with_what_would_work);
+    tcase_add_test(grid, engine_checks);
     suite_add_tcase(s, grid);
     TCase *hand = tcase_create("validator");
     tcase_add_test(hand, a_good_hand_made_list_passes);

@@ -7,7 +7,8 @@
  * sends matched by receives across stages, no cycle of waits; timeline, bubble, peak
  * micro-batches in flight), `loom schedule` to look at one, and schedules written as a Lua
  * function (docs/PIPELINE.md), and the engine that executes a list in training
- * (core/train/pipeline.c; it refuses lists with a split backward: the GPT model has none).
+ * (core/train/pipeline.c; BWD_INPUT / BWD_WEIGHT run the GPT model's split backward,
+ * core/model/gpt_backward_split.c).
  *
  * What a list means, so that any engine runs any valid list without deadlock:
  *  - FWD / BWD / BWD_INPUT / BWD_WEIGHT are compute on this rank's chunk `chunk`.

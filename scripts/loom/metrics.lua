@@ -256,7 +256,7 @@ function M:step(r)
   local now = core.now() - self.t0
   self:write { kind = "train", step = r.step, loss = r.loss, lr = r.lr, grad_norm = r.grad_norm,
     ms = r.ms, comm_ms = r.comm_ms or NULL, tokens = r.tokens, tokens_per_s = tps,
-    mfu = mfu or NULL, mem_bytes = rss, memory = r.memory or NULL,
+    mfu = mfu or NULL, mem_bytes = rss, memory = r.memory or NULL, bubble = r.bubble or NULL,
     time_s = now, skipped = r.skipped and true or false }
 
   -- ETA from the pace since this run's first step: that step carries one-time costs

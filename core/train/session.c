@@ -16,6 +16,7 @@
 #include "loom/plugin/strategy.h"
 #include "grad_norm.h"
 #include "grad_sync.h"
+#include "nonfinite.h"
 #include "pipeline.h"
 #include "base/plugin_loader.h"
 #include "base/rng.h"
@@ -30,6 +31,7 @@ struct loom_session {
     const loom_strategy_ops *tensor; /* the tp strategy, NULL with tp = 1 */
     void *tensor_self;
     loom_grad_norm *norm;
+    loom_nonfinite *nonfinite; /* the world's agreement on a non-finite step */
     loom_grad_sync *sync;
     loom_backend backend;
     loom_gpt *model;
@@ -45,6 +47,7 @@ struct loom_session {
     loom_pipeline *pipe;     /* pp > 1, else NULL */
     float *host_logits;      /* sampling: one row of Vp */
     int64_t steps;
+    int64_t step_no;         /* the training loop's number of the last step run */
 };
 
 static loom_status make_plugin(const loom_plugin_config *pc, const void **ops, void **self)
@@ -172,6 +175,9 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
     if (st == LOOM_OK && s->pipe && loom_pipeline_stage(s->pipe) == loom_pipeline_stages(s->pipe) - 1)
         loom_grad_norm_skip(s->norm, 0); /* the tied wte: stage 0 counts it, where one rank does */
     if (st == LOOM_OK)
+        st = loom_nonfinite_create(loom_gpt_params(s->model), s->pipe ? loom_pipeline_stage(s->pipe) : 0,
+                                   s->pipe ? loom_pipeline_stages(s->pipe) : 1, &s->nonfinite);
+    if (st == LOOM_OK)
         st = build_segments(s);
     if (st == LOOM_OK)
         st = loom_grad_sync_create(s->model, &s->backend, cfg->canonical, cfg->accum, s->cfg.strategy,
@@ -196,6 +202,7 @@ void loom_session_destroy(loom_session *s)
     if (s->tensor)
         s->tensor->destroy(s->tensor_self);
     loom_grad_norm_destroy(s->norm);
+    loom_nonfinite_destroy(s->nonfinite);
     if (s->optim)
         s->optim->destroy(s->optim_self);
     if (s->precision)
@@ -262,7 +269,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     int dp = loom_grad_sync_dp_size(s->sync), dp_rank = loom_grad_sync_dp_rank(s->sync);
     double tokens = (double)B * T * accum * dp;
     float scale = s->precision->loss_scale(s->precision_self);
-    int peak = 0;
+    int peak = 0, loss_bad = 0; /* loss_bad: one of this rank's own losses is inf or nan */
+    s->step_no++;
     if (s->pipe) {
         /* Every rank reads every micro-batch (positions stay in step); this dp rank's block
          * goes through the pipeline, then the losses join the tree in micro-batch order. */
@@ -284,6 +292,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
                                    (float)(scale / tokens), mb_loss, canon ? &hooks : NULL, &peak);
         for (int a = 0; st == LOOM_OK && !canon && a < accum; a++)
             st = loom_grad_sync_end_micro(s->sync, a, mb_loss[a]);
+        for (int a = 0; a < accum; a++)
+            loss_bad |= !isfinite(mb_loss[a]);
         if (st == LOOM_OK)
             st = loom_grad_sync_all_ready(s->sync);
         free(mb_loss);
@@ -300,6 +310,7 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
                                   &part));
         LOOM_TRY(loom_gpt_backward(s->model));
         LOOM_TRY(loom_grad_sync_end_micro(s->sync, a, part));
+        loss_bad |= !isfinite(part);
     }
     double loss_sum = 0.0, t_sync = loom_now_ms();
     LOOM_TRY(loom_grad_sync_finish(s->sync, &loss_sum));
@@ -308,6 +319,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         LOOM_TRY(loom_pipeline_tied_sync(s->pipe, s->model, &comm_ms));
     double norm_sq;
     int nonfinite;
+    loom_nonfinite_inject(s->nonfinite, s->step_no, loom_gpt_params(s->model),
+                          loom_gpt_grad_data(s->model));
     LOOM_TRY(loom_grad_norm_compute(s->norm, loom_gpt_params(s->model), loom_gpt_grad_data(s->model),
                                     &norm_sq, &nonfinite, &comm_ms));
     if (s->pipe) { /* the loss lives on the last stage, the norm's parts on every stage */
@@ -321,9 +334,23 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         comm_ms += loom_now_ms() - t_pp;
         loss_sum = v;
     }
+    /* every rank the same finding, so every rank skips (or stops) alike */
+    loom_nonfinite_report found;
+    LOOM_TRY(loom_nonfinite_agree(s->nonfinite, loom_gpt_params(s->model),
+                                  loom_grad_norm_first_nonfinite(s->norm), loss_bad, &found,
+                                  &comm_ms));
+    nonfinite = found.found;
+    if (nonfinite && s->cfg.stop_on_nonfinite) {
+        char what[160];
+        loom_nonfinite_describe(&found, what, sizeof what);
+        LOOM_FAIL(LOOM_ERR_INVALID, "step %lld: %s; the run stops (on_nonfinite = \"stop\"), "
+                  "the step's update not applied; on_nonfinite = \"skip\" skips such steps",
+                  (long long)s->step_no, what);
+    }
     int skip = s->precision->update(s->precision_self, nonfinite);
     double norm = nonfinite ? NAN : sqrt(norm_sq) / scale;
     memset(out, 0, sizeof *out);
+    out->nonfinite = found;
     if (!skip) {
         float grad_scale = 1.0f / scale;
         if (s->cfg.grad_clip > 0.0f && norm > s->cfg.grad_clip)
@@ -515,6 +542,8 @@ loom_status loom_session_sample(loom_session *s, const int *prompt, int n_prompt
     return loom_session_generate(s, &c, prompt, n_prompt, n_new, out);
 }
 
+void loom_session_number_next_step(loom_session *s, int64_t step) { s->step_no = step - 1; }
+
 void loom_session_get_state(loom_session *s, loom_session_state *out)
 {
     memset(out, 0, sizeof *out);
@@ -531,6 +560,7 @@ loom_status loom_session_set_state(loom_session *s, const loom_session_state *st
         LOOM_FAIL(LOOM_ERR_CORRUPT, "precision state has %d values (0 to 4 expected)",
                   st->n_precision_state);
     s->steps = st->steps;
+    s->step_no = st->steps; /* the loop renumbers when it has skipped steps */
     if (s->precision->set_state)
         s->precision->set_state(s->precision_self, st->precision_state, st->n_precision_state);
     return LOOM_OK;

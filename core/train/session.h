@@ -14,6 +14,7 @@
 
 #include "base/config.h"
 #include "model/gpt.h"
+#include "nonfinite.h"
 
 /* Fills tokens and targets (B*T each, host memory) with the next micro-batch. */
 typedef loom_status (*loom_batch_fn)(void *ctx, int *tokens, int *targets, int B, int T);
@@ -25,6 +26,8 @@ typedef struct loom_session_config {
     int accum;                 /* micro-batches per optimizer step */
     uint64_t seed;
     float grad_clip;           /* clip the global grad norm to this; 0: off */
+    int stop_on_nonfinite;     /* on_nonfinite = "stop": a non-finite step fails the run
+                                * (nothing applied); 0: "skip" the update on every rank */
     const char *backend;       /* "cpu" */
     int threads;               /* 0: all cores */
     const loom_plugin_config *optim;      /* resolved configs (see config.h) */
@@ -51,6 +54,7 @@ typedef struct loom_step_stats {
     double tokens;         /* tokens processed in the step */
     int skipped;           /* 1 if the update was skipped (non-finite gradients) */
     int inflight;          /* pipeline: this rank's peak micro-batches in flight (0 without) */
+    loom_nonfinite_report nonfinite; /* where a non-finite loss or gradient was found */
 } loom_step_stats;
 
 typedef struct loom_session loom_session;
@@ -60,6 +64,9 @@ void loom_session_destroy(loom_session *s);
 
 loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, float lr,
                               loom_step_stats *out);
+/* The step number the next step's reports and LOOM_INJECT_NONFINITE use (the training
+ * loop's, which counts skipped steps too); without it, one more than the last step's. */
+void loom_session_number_next_step(loom_session *s, int64_t step);
 /* Mean token loss over `batches` micro-batches drawn from next. */
 loom_status loom_session_eval(loom_session *s, loom_batch_fn next, void *ctx, int batches,
                               double *loss);

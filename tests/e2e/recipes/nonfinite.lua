@@ -1,5 +1,5 @@
 -- nonfinite.lua — train the small model as losses.lua does and print, per step, the loss and
--- norm (LOSS, NORM), whether the update was skipped (SKIP step true/false) and where a
+-- the gradient norm (LOSS, NORM: hex and decimal), whether the update was skipped (SKIP step true/false) and where a
 -- non-finite value was found ("NONFINITE step rank stage param") and this rank's weights' and
 -- optimizer state's hashes after the step ("HASH step params optim"), for tests/e2e/nonfinite.sh.
 package.path = arg[0]:match("^(.*)/[^/]*$") .. "/?.lua;" .. package.path
@@ -13,7 +13,7 @@ loom.train {
   log = { every = 100 },
   on_step = function(r, session)
     print(string.format("LOSS %d %a %.9f", r.step, r.loss, r.loss))
-    print(string.format("NORM %d %a", r.step, r.grad_norm))
+    print(string.format("NORM %d %a %.9g", r.step, r.grad_norm, r.grad_norm))
     print(string.format("SKIP %d %s", r.step, tostring(r.skipped)))
     print(string.format("HASH %d %s %s", r.step, session:state_hash()))
     local nf = r.nonfinite

@@ -13,6 +13,8 @@
 #include "base/plugin_loader.h"
 #include "base/clock.h"
 
+#define MAX_INJECT 8
+
 /* One rank's finding, as it travels: plain int32s and the name, no padding. */
 typedef struct finding {
     int32_t grad_bad, loss_bad, stage, index, rank, pad;
@@ -24,14 +26,18 @@ struct loom_nonfinite {
     void *world;
     int size, rank, stage, stages;
     finding *all;
-    /* the injection: armed when inject_step > 0 and inject_entry >= 0 (this rank) */
-    int64_t inject_step;
-    int inject_entry;
-    float inject_value;
+    /* this rank's injections */
+    struct {
+        int64_t step;
+        int entry;
+        float value;
+    } inject[MAX_INJECT];
+    int n_inject;
 };
 
 #define INJECT_ENV "LOOM_INJECT_NONFINITE"
-#define INJECT_FORM INJECT_ENV " must be STEP:RANK:PARAM[:inf|nan] (e.g. 3:1:h.0.attn.qkv.weight)"
+#define INJECT_FORM INJECT_ENV " must be STEP:RANK:PARAM[:inf|nan], up to 8 of them joined by \",\" " \
+                    "(e.g. 3:1:h.0.attn.qkv.weight)"
 
 static loom_status parse_int(const char *s, const char *what, const char *spec, long long min,
                              long long *out)
@@ -46,7 +52,8 @@ static loom_status parse_int(const char *s, const char *what, const char *spec, 
     return LOOM_OK;
 }
 
-/* Arms nf when this rank is the one named; checks the form on every rank. */
+/* One STEP:RANK:PARAM[:inf|nan]: armed when this rank is the one named; the form is
+ * checked on every rank. */
 static loom_status parse_injection(loom_nonfinite *nf, const loom_param_table *t, const char *spec)
 {
     char buf[256];
@@ -77,9 +84,9 @@ static loom_status parse_injection(loom_nonfinite *nf, const loom_param_table *t
         return LOOM_OK;
     for (int i = 0; i < t->count; i++)
         if (strcmp(t->entries[i].name, field[2]) == 0 && t->entries[i].numel > 0) {
-            nf->inject_step = step;
-            nf->inject_entry = i;
-            nf->inject_value = value;
+            nf->inject[nf->n_inject].step = step;
+            nf->inject[nf->n_inject].entry = i;
+            nf->inject[nf->n_inject++].value = value;
             return LOOM_OK;
         }
     char names[640];
@@ -104,7 +111,6 @@ loom_status loom_nonfinite_create(const loom_param_table *t, int stage, int stag
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
     nf->stage = stage;
     nf->stages = stages;
-    nf->inject_entry = -1;
     loom_status st = loom_core_host()->group(LOOM_GROUP_WORLD, &nf->ops, &nf->world, &nf->size);
     if (st == LOOM_OK) {
         if (nf->size < 1)
@@ -115,8 +121,15 @@ loom_status loom_nonfinite_create(const loom_param_table *t, int stage, int stag
             st = loom_fail(LOOM_ERR_NOMEM, "out of memory");
     }
     const char *spec = getenv(INJECT_ENV);
-    if (st == LOOM_OK && spec && spec[0])
-        st = parse_injection(nf, t, spec);
+    if (st == LOOM_OK && spec && spec[0]) {
+        char list[1024];
+        snprintf(list, sizeof list, "%s", spec);
+        int n = 0;
+        for (char *p = list, *one; st == LOOM_OK && (one = strsep(&p, ",")) != NULL; n++)
+            st = n < MAX_INJECT ? parse_injection(nf, t, one)
+                                : loom_fail(LOOM_ERR_INVALID, "%s=\"%s\" has more than %d injections",
+                                            INJECT_ENV, spec, MAX_INJECT);
+    }
     if (st != LOOM_OK) {
         loom_nonfinite_destroy(nf);
         return st;
@@ -136,8 +149,9 @@ void loom_nonfinite_destroy(loom_nonfinite *nf)
 void loom_nonfinite_inject(const loom_nonfinite *nf, int64_t step, const loom_param_table *t,
                            float *grads)
 {
-    if (nf->inject_entry >= 0 && step == nf->inject_step)
-        grads[t->entries[nf->inject_entry].offset] = nf->inject_value;
+    for (int i = 0; i < nf->n_inject; i++)
+        if (step == nf->inject[i].step)
+            grads[t->entries[nf->inject[i].entry].offset] = nf->inject[i].value;
 }
 
 /* a before b in the order the report names the first of */

@@ -10,9 +10,10 @@
  * value (after the data-parallel reduction the replicas hold the same gradient, so a
  * value born in backward is found on every dp rank and reported at the lowest of them).
  *
- * Fault injection (testing aid): LOOM_INJECT_NONFINITE="STEP:RANK:PARAM[:nan]" makes world
+ * Fault injection (testing aid): LOOM_INJECT_NONFINITE="STEP:RANK:PARAM[:inf|nan]" makes world
  * rank RANK write +inf (or nan) into the first element of parameter PARAM's gradient at
- * training step STEP, after the gradient is reduced and before the norm and the check.
+ * training step STEP, after the gradient is reduced and before the norm and the check; up
+ * to 8 such, joined by ",", to show which of several the report names.
  * A malformed value, or a parameter that rank does not hold, is refused at session start.
  */
 #ifndef LOOM_CORE_NONFINITE_H

@@ -10,6 +10,9 @@
 #  - on_nonfinite = "stop": the run exits non-zero with the message naming step, rank and
 #    parameter, trains no step after it and saves no checkpoint of step 3: the newest stays
 #    step 2's, intact (its manifest's hashes check);
+#  - several injected at once (on one rank or two, at dp=2, tp=2, pp=2): every rank reports
+#    the first in (pipeline stage, parameter-table index, rank) order; an overflowing loss
+#    (sgd at lr 1e30, nothing injected) is reported as the loss, on rank 0;
 #  - a malformed injection and an on_nonfinite that is neither "skip" nor "stop" are refused
 #    naming what would work.
 set -euo pipefail
@@ -72,6 +75,27 @@ for layout in "dp mesh.dp=2 batch.micro=2|h.0.attn.qkv.weight" \
   [ "$(grep -c '^LOSS' "$out/resumed")" -eq 3 ] || { echo "$name stop: resume from step 2"; exit 1; }
   echo "ok $name=2 stop: exit $rc, $(grep -o 'step 3: non-finite.*stops' "$out/stop.err" | head -1); newest checkpoint step 2 resumes"
 done
+
+# Several at once: the report names the first in (pipeline stage, table index, rank) order,
+# the same on every rank; a loss that overflows (sgd at lr 1e30) is named before any gradient.
+names() { # expected env args...: every rank's NONFINITE line of step 4 must be expected
+  local want=$1 env=$2; shift 2
+  LOOM_INJECT_NONFINITE=$env "$loom" launch -n 2 "$recipe" $model "$@" > "$tmp/several" 2> /dev/null
+  local got; got=$(sed 's/^\[rank [0-9]*\] //' "$tmp/several" | grep '^NONFINITE' | sort -u | tr '\n' ';')
+  [ "$got" = "$want;" ] || { echo "$env with $*: reports '$got', want '$want'"; exit 1; }
+  echo "ok $* with $env: every rank reports $want"
+}
+names "NONFINITE 4 1 0 h.0.ln_1.weight" 4:0:h.1.ln_1.weight,4:1:h.0.ln_1.weight:nan,4:1:h.1.mlp.fc.weight \
+  mesh.dp=2 batch.micro=2
+names "NONFINITE 4 0 0 h.0.ln_1.weight" 4:1:h.0.ln_1.weight,4:0:h.0.ln_1.weight mesh.dp=2 batch.micro=2
+names "NONFINITE 4 1 0 h.0.attn.qkv.weight" 4:1:h.0.mlp.fc.weight,4:1:h.0.attn.qkv.weight mesh.tp=2
+names "NONFINITE 4 0 0 h.0.mlp.proj.bias" 4:1:h.1.ln_1.weight,4:0:h.0.mlp.proj.bias mesh.pp=2 microbatches=2 batch.micro=2
+"$loom" launch -n 2 "$recipe" $model mesh.dp=2 batch.micro=2 'optimizer={"sgd",lr=1e30}' lr=1e30 grad_clip=0 \
+  > "$tmp/overflow" 2> "$tmp/overflow.err"
+[ "$(grep '^NONFINITE' "$tmp/overflow" | head -1)" = "NONFINITE 2 0 0 loss" ] &&
+  grep -q "step 2: non-finite loss on rank 0; update skipped" "$tmp/overflow.err" ||
+  { echo "sgd at lr 1e30: $(grep '^NONFINITE' "$tmp/overflow" | head -1) $(cat "$tmp/overflow.err")"; exit 1; }
+echo "ok dp=2, sgd at lr 1e30: $(head -1 "$tmp/overflow.err")"
 
 set +e
 LOOM_INJECT_NONFINITE=3:1 "$loom" run "$recipe" > "$tmp/bad1" 2>&1; rc1=$?

@@ -6,7 +6,8 @@
  * one global token-sum divided once, never a mean of means. Every rank reads every
  * micro-batch of the global batch from its data source (so all positions stay in step)
  * and computes its own contiguous block of them. Then it checks for
- * non-finite gradients, clips by global norm and calls the optimizer over one segment
+ * non-finite losses and gradients (every rank agreeing on the first: nonfinite.h), skips
+ * or stops as cfg says, clips by global norm and calls the optimizer over one segment
  * per parameter entry. This is the imperative API under loom.train.
  */
 #ifndef LOOM_CORE_SESSION_H

@@ -17,7 +17,6 @@
 #include "base/plugin_loader.h"
 #include "train/session.h"
 #include "base/status.h"
-#include "io/checksum.h"
 
 #define SESSION_MT LOOM_SESSION_MT
 
@@ -261,6 +260,8 @@ static int l_session(lua_State *L)
     }
     lua_pop(L, 1);
     cfg.pp_chunks = int_field(L, 1, "chunks", 1);
+    cfg.zero_stage = int_field(L, 1, "zero", 0); /* strategy = { zero = N } */
+    cfg.zero_bucket_mb = num_field(L, 1, "zero_bucket_mb", 0.0);
     static _Thread_local int pp_layers[1024];
     lua_getfield(L, 1, "pp_layers");
     if (!lua_isnil(L, -1)) {
@@ -470,7 +471,8 @@ static int l_session_sample(lua_State *L)
     return 2;
 }
 
-/* s:info() -> {params=, param_bytes=, activation_bytes=, vocab_padded=, backend=, steps=};
+/* s:info() -> {params=, param_bytes=, activation_bytes=, vocab_padded=, backend=, steps=,
+ *              stages=, zero=, memory={...}};
  * params counts the whole model, param_bytes this rank's parameter buffer (its slices,
  * alignment included), activation_bytes its activation and backward scratch buffers. */
 static int l_session_info(lua_State *L)
@@ -492,28 +494,39 @@ static int l_session_info(lua_State *L)
     lua_setfield(L, -2, "steps");
     lua_pushinteger(L, loom_session_pipeline_stages(b->s));
     lua_setfield(L, -2, "stages");
+    lua_pushinteger(L, loom_session_zero_stage(b->s));
+    lua_setfield(L, -2, "zero");
+    /* memory = { params=, params_peak_resident=, grads=, grads_peak_resident=, optimizer=, master=, activations=,
+     * comm= }: this rank's bytes by category (zero.h) */
+    loom_memory mem;
+    loom_session_memory(b->s, &mem);
+    lua_createtable(L, 0, 8);
+    const struct { const char *k; size_t v; } cats[] = {
+        {"params", mem.params}, {"params_peak_resident", mem.params_peak_resident},
+        {"grads", mem.grads}, {"grads_peak_resident", mem.grads_peak_resident},
+        {"optimizer", mem.optimizer}, {"master", mem.master}, {"activations", mem.activations},
+        {"comm", mem.comm}};
+    for (size_t i = 0; i < sizeof cats / sizeof cats[0]; i++) {
+        lua_pushinteger(L, (lua_Integer)cats[i].v);
+        lua_setfield(L, -2, cats[i].k);
+    }
+    lua_setfield(L, -2, "memory");
     return 1;
 }
 
-/* s:state_hash() -> params, optim: XXH64 (hex) of this rank's parameter buffer and of its
- * optimizer state ("-" without state), e.g. to show that a skipped step changed neither. */
+/* s:state_hash() -> params, optim: XXH64 (hex) of this rank's parameters and optimizer
+ * state (under ZeRO its partition; optim "-" without state), e.g. to show that a skipped
+ * step changed neither. */
 static int l_session_state_hash(lua_State *L)
 {
     session_box *b = check_session(L);
-    loom_gpt *m = loom_session_model(b->s);
-    size_t n = loom_gpt_params(m)->total;
-    uint32_t slots = 0;
-    const float *state = loom_session_optim_state(b->s, &slots);
-    char hex[2][17];
-    snprintf(hex[0], sizeof hex[0], "%016llx",
-             (unsigned long long)loom_xxh64(loom_gpt_param_data(m), n * sizeof(float)));
-    if (state)
-        snprintf(hex[1], sizeof hex[1], "%016llx",
-                 (unsigned long long)loom_xxh64(state, n * slots * sizeof(float)));
-    else
-        strcpy(hex[1], "-");
-    lua_pushstring(L, hex[0]);
-    lua_pushstring(L, hex[1]);
+    uint64_t h[2];
+    loom_session_state_hash(b->s, &h[0], &h[1]);
+    for (int i = 0; i < 2; i++) {
+        char hex[17];
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h[i]);
+        lua_pushstring(L, i == 1 && h[1] == 0 ? "-" : hex);
+    }
     return 2;
 }
 

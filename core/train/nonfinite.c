@@ -31,6 +31,7 @@ struct loom_nonfinite {
         int64_t step;
         int entry;
         float value;
+        char name[LOOM_PARAM_NAME_MAX];
     } inject[MAX_INJECT];
     int n_inject;
 };
@@ -86,6 +87,7 @@ static loom_status parse_injection(loom_nonfinite *nf, const loom_param_table *t
         if (strcmp(t->entries[i].name, field[2]) == 0 && t->entries[i].numel > 0) {
             nf->inject[nf->n_inject].step = step;
             nf->inject[nf->n_inject].entry = i;
+            snprintf(nf->inject[nf->n_inject].name, LOOM_PARAM_NAME_MAX, "%s", field[2]);
             nf->inject[nf->n_inject++].value = value;
             return LOOM_OK;
         }
@@ -152,6 +154,25 @@ void loom_nonfinite_inject(const loom_nonfinite *nf, int64_t step, const loom_pa
     for (int i = 0; i < nf->n_inject; i++)
         if (step == nf->inject[i].step)
             grads[t->entries[nf->inject[i].entry].offset] = nf->inject[i].value;
+}
+
+loom_status loom_nonfinite_inject_segments(const loom_nonfinite *nf, int64_t step,
+                                           const loom_optim_segment *seg, size_t n,
+                                           const int *entry)
+{
+    for (int i = 0; i < nf->n_inject; i++) {
+        if (step != nf->inject[i].step)
+            continue;
+        size_t j = 0;
+        while (j < n && (entry[j] != nf->inject[i].entry || seg[j].n == 0))
+            j++;
+        if (j == n)
+            LOOM_FAIL(LOOM_ERR_INVALID, "%s: rank %d's ZeRO partition holds no piece of '%s''s "
+                      "gradient; name a parameter this rank's partition holds", INJECT_ENV,
+                      nf->rank, nf->inject[i].name);
+        ((float *)seg[j].grad)[0] = nf->inject[i].value; /* the partition's own buffer */
+    }
+    return LOOM_OK;
 }
 
 /* a before b in the order the report names the first of */

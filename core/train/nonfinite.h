@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "base/status.h"
+#include "loom/plugin/optim.h"
 #include "model/params.h"
 
 typedef struct loom_nonfinite loom_nonfinite;
@@ -45,6 +46,13 @@ void loom_nonfinite_destroy(loom_nonfinite *nf);
 /* The injection, when armed for this rank and step (grads laid out as t says). */
 void loom_nonfinite_inject(const loom_nonfinite *nf, int64_t step, const loom_param_table *t,
                            float *grads);
+
+/* The same where the gradient lives in ZeRO partitions: n segments (optim.h), entry[i]
+ * segment i's table entry; fails when this rank holds no piece of a parameter it is to
+ * inject into. */
+loom_status loom_nonfinite_inject_segments(const loom_nonfinite *nf, int64_t step,
+                                           const loom_optim_segment *seg, size_t n,
+                                           const int *entry);
 
 /* Every rank calls it once per step. first_bad: this rank's first table entry with a
  * non-finite gradient, or -1; loss_bad: one of this rank's own losses was non-finite.

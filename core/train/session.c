@@ -18,6 +18,7 @@
 #include "grad_sync.h"
 #include "nonfinite.h"
 #include "pipeline.h"
+#include "zero.h"
 #include "base/plugin_loader.h"
 #include "base/rng.h"
 #include "base/status.h"
@@ -45,6 +46,7 @@ struct loom_session {
     int n_segments;
     int *tokens, *targets;   /* host staging for one micro-batch (all of a step's under pp) */
     loom_pipeline *pipe;     /* pp > 1, else NULL */
+    loom_zero *zero;         /* strategy zero = 1, 2 or 3 with dp > 1, else NULL */
     float *host_logits;      /* sampling: one row of Vp */
     int64_t steps;
     int64_t step_no;         /* the training loop's number of the last step run */
@@ -84,6 +86,32 @@ static loom_status build_segments(loom_session *s)
 }
 
 static loom_status canonical_parts(loom_session *s);
+
+/* ZeRO over the dp group (zero.h); with one dp rank there is nothing to partition. */
+static loom_status make_zero(loom_session *s)
+{
+    const loom_session_config *cfg = &s->cfg;
+    if (cfg->zero_stage == 0)
+        return LOOM_OK;
+    if (cfg->zero_stage < 0 || cfg->zero_stage > 3)
+        LOOM_FAIL(LOOM_ERR_INVALID, "strategy zero=%d: the ZeRO stages are 0 (none), 1, 2 and 3",
+                  cfg->zero_stage);
+    const struct loom_comm_ops *ops;
+    void *group;
+    int dp = 1;
+    LOOM_TRY(loom_core_host()->group(LOOM_GROUP_DP, &ops, &group, &dp));
+    if (s->pipe)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy zero=%d with pp=%d is not built yet: run zero "
+                  "with pp = 1, or pp without zero", cfg->zero_stage, loom_pipeline_stages(s->pipe));
+    if (dp < 2)
+        return LOOM_OK;
+    float wd = 0.0f;
+    int decay_all = 0;
+    s->optim->decay_rule(s->optim_self, &wd, &decay_all);
+    loom_zero_config zc = {cfg->zero_stage, cfg->zero_bucket_mb > 0 ? cfg->zero_bucket_mb : 25.0,
+                           cfg->canonical, cfg->accum, s->state_slots, wd, decay_all};
+    return loom_zero_create(&zc, s->model, &s->backend, &s->zero);
+}
 
 loom_status loom_session_create(const loom_session_config *cfg, loom_session **out)
 {
@@ -160,14 +188,16 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
         size_t total = loom_gpt_params(s->model)->total;
         const loom_gpt_config *mc = loom_gpt_get_config(s->model);
         s->state_slots = s->optim->state_per_param(s->optim_self);
-        if (s->state_slots)
+        st = make_zero(s); /* ZeRO holds this rank's partition of the state instead */
+        if (st == LOOM_OK && s->state_slots && !s->zero)
             s->optim_state = calloc((size_t)s->state_slots * total, sizeof(float));
         size_t bt = (size_t)cfg->micro_batch * cfg->seq * (s->pipe ? (size_t)cfg->accum + 1 : 1);
         /* tokens also stage a sampling window of up to ctx */
         s->tokens = malloc((bt > (size_t)mc->ctx ? bt : (size_t)mc->ctx) * sizeof(int));
         s->targets = malloc(bt * sizeof(int));
         s->host_logits = malloc((size_t)mc->vocab_padded * sizeof(float));
-        if ((s->state_slots && !s->optim_state) || !s->tokens || !s->targets || !s->host_logits)
+        if (st == LOOM_OK && ((s->state_slots && !s->optim_state && !s->zero) || !s->tokens ||
+                              !s->targets || !s->host_logits))
             st = loom_fail(LOOM_ERR_NOMEM, "out of memory for optimizer state");
     }
     if (st == LOOM_OK)
@@ -179,9 +209,11 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
                                    s->pipe ? loom_pipeline_stages(s->pipe) : 1, &s->nonfinite);
     if (st == LOOM_OK)
         st = build_segments(s);
+    loom_grad_reducer zero2 = {loom_zero_begin_micro, loom_zero_grads_ready, loom_zero_finish_micro,
+                               s->zero};
     if (st == LOOM_OK)
         st = loom_grad_sync_create(s->model, &s->backend, cfg->canonical, cfg->accum, s->cfg.strategy,
-                                   &s->sync);
+                                   s->zero && loom_zero_reduces(s->zero) ? &zero2 : NULL, &s->sync);
     if (st == LOOM_OK && s->pipe && cfg->canonical)
         st = canonical_parts(s);
     if (st != LOOM_OK) {
@@ -197,6 +229,7 @@ void loom_session_destroy(loom_session *s)
     if (!s)
         return;
     loom_grad_sync_destroy(s->sync);
+    loom_zero_destroy(s->zero);
     loom_gpt_destroy(s->model);
     loom_pipeline_destroy(s->pipe);
     if (s->tensor)
@@ -264,6 +297,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
 {
     double t0 = loom_now_ms();
     loom_gpt_take_comm_ms(s->model); /* drop what eval or sampling spent */
+    if (s->zero)
+        loom_zero_take_comm_ms(s->zero);
     const loom_backend_ops *k = s->backend.ops;
     int B = s->cfg.micro_batch, T = s->cfg.seq, accum = s->cfg.accum;
     int dp = loom_grad_sync_dp_size(s->sync), dp_rank = loom_grad_sync_dp_rank(s->sync);
@@ -319,10 +354,21 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         LOOM_TRY(loom_pipeline_tied_sync(s->pipe, s->model, &comm_ms));
     double norm_sq;
     int nonfinite;
-    loom_nonfinite_inject(s->nonfinite, s->step_no, loom_gpt_params(s->model),
-                          loom_gpt_grad_data(s->model));
-    LOOM_TRY(loom_grad_norm_compute(s->norm, loom_gpt_params(s->model), loom_gpt_grad_data(s->model),
-                                    &norm_sq, &nonfinite, &comm_ms));
+    int first_bad;
+    if (s->zero && loom_zero_reduces(s->zero)) { /* the gradient lives in partitions */
+        size_t n_seg;
+        const loom_optim_segment *seg = loom_zero_segments(s->zero, &n_seg);
+        LOOM_TRY(loom_nonfinite_inject_segments(s->nonfinite, s->step_no, seg, n_seg,
+                                                loom_zero_segment_entries(s->zero)));
+        LOOM_TRY(loom_zero_norm(s->zero, &norm_sq, &nonfinite, &comm_ms));
+        first_bad = loom_zero_first_nonfinite(s->zero);
+    } else {
+        loom_nonfinite_inject(s->nonfinite, s->step_no, loom_gpt_params(s->model),
+                              loom_gpt_grad_data(s->model));
+        LOOM_TRY(loom_grad_norm_compute(s->norm, loom_gpt_params(s->model),
+                                        loom_gpt_grad_data(s->model), &norm_sq, &nonfinite, &comm_ms));
+        first_bad = loom_grad_norm_first_nonfinite(s->norm);
+    }
     if (s->pipe) { /* the loss lives on the last stage, the norm's parts on every stage */
         double v = loom_pipeline_stage(s->pipe) == loom_pipeline_stages(s->pipe) - 1 ? loss_sum : 0.0;
         size_t n_slots;
@@ -336,9 +382,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     }
     /* every rank the same finding, so every rank skips (or stops) alike */
     loom_nonfinite_report found;
-    LOOM_TRY(loom_nonfinite_agree(s->nonfinite, loom_gpt_params(s->model),
-                                  loom_grad_norm_first_nonfinite(s->norm), loss_bad, &found,
-                                  &comm_ms));
+    LOOM_TRY(loom_nonfinite_agree(s->nonfinite, loom_gpt_params(s->model), first_bad, loss_bad,
+                                  &found, &comm_ms));
     nonfinite = found.found;
     if (nonfinite && s->cfg.stop_on_nonfinite) {
         char what[160];
@@ -346,6 +391,10 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         LOOM_FAIL(LOOM_ERR_INVALID, "step %lld: %s; the run stops (on_nonfinite = \"stop\"), "
                   "the step's update not applied; on_nonfinite = \"skip\" skips such steps",
                   (long long)s->step_no, what);
+    }
+    if (s->zero) { /* ZeRO-3: gathers in flight read the partition the step rewrites */
+        LOOM_TRY(loom_zero_settle(s->zero));
+        comm_ms += loom_zero_take_comm_ms(s->zero);
     }
     int skip = s->precision->update(s->precision_self, nonfinite);
     double norm = nonfinite ? NAN : sqrt(norm_sq) / scale;
@@ -357,7 +406,11 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
             grad_scale *= (float)(s->cfg.grad_clip / norm);
         loom_optim_step_args args = {s->segments, (size_t)s->n_segments, lr, s->steps + 1,
                                      grad_scale};
+        if (s->zero) /* this rank's partition, then everyone's updated parameters */
+            args.segments = loom_zero_segments(s->zero, &args.n_segments);
         LOOM_TRY(s->optim->step(s->optim_self, &args));
+        if (s->zero)
+            LOOM_TRY(loom_zero_gather_params(s->zero, &comm_ms));
         s->steps++;
     }
     k->synchronize(s->backend.self);
@@ -529,7 +582,15 @@ loom_status loom_session_generate(loom_session *s, const loom_sample_config *c, 
     if (!(c->temperature > 0.0f))
         LOOM_FAIL(LOOM_ERR_INVALID, "temperature must be > 0, got %g", c->temperature);
     const loom_backend_ops *k = s->backend.ops;
-    loom_status st = generate(s, c, prompt, n_prompt, n_new, out);
+    /* ZeRO-3: decoding reads every unit without hooks: all gathered for the whole run */
+    loom_status st = s->zero ? loom_zero_pin_params(s->zero, 1) : LOOM_OK;
+    if (st == LOOM_OK)
+        st = generate(s, c, prompt, n_prompt, n_new, out);
+    if (s->zero) {
+        loom_status u = loom_zero_pin_params(s->zero, 0);
+        if (st == LOOM_OK)
+            st = u;
+    }
     if (k->set_deterministic)
         k->set_deterministic(s->backend.self, s->cfg.canonical);
     return st;
@@ -584,6 +645,47 @@ const int *loom_session_pipeline_split(const loom_session *s, int *n_virtual)
 const char *loom_session_backend_description(loom_session *s)
 {
     return s->backend.ops->describe(s->backend.self);
+}
+
+int loom_session_zero_stage(const loom_session *s) { return s->zero ? loom_zero_stage(s->zero) : 0; }
+
+void loom_session_memory(loom_session *s, loom_memory *out)
+{
+    size_t total = loom_gpt_params(s->model)->total * sizeof(float);
+    memset(out, 0, sizeof *out);
+    if (s->zero)
+        loom_zero_memory(s->zero, out);
+    if (!out->params)
+        out->params = total;
+    if (!s->zero || !loom_zero_reduces(s->zero))
+        out->grads = total;
+    if (!s->zero)
+        out->optimizer = (size_t)s->state_slots * total;
+    out->master = 0; /* fp32 parameters are their own master copy */
+    out->activations = loom_gpt_activation_bytes(s->model);
+    out->comm += loom_grad_sync_buffer_bytes(s->sync);
+}
+
+void loom_session_state_hash(loom_session *s, uint64_t *params, uint64_t *optim)
+{
+    *optim = 0;
+    if (s->zero) { /* this rank's partition: its pieces of the parameters, its state */
+        size_t n, floats;
+        const loom_optim_segment *seg = loom_zero_segments(s->zero, &n);
+        loom_xxh64_state h;
+        loom_xxh64_init(&h);
+        for (size_t i = 0; i < n; i++)
+            loom_xxh64_update(&h, seg[i].param, seg[i].n * sizeof(float));
+        *params = loom_xxh64_digest(&h);
+        float *state = loom_zero_state(s->zero, &floats);
+        if (state)
+            *optim = loom_xxh64(state, floats * sizeof(float));
+        return;
+    }
+    *params = loom_xxh64(loom_gpt_param_data(s->model), loom_gpt_params(s->model)->total * sizeof(float));
+    if (s->optim_state)
+        *optim = loom_xxh64(s->optim_state,
+                            (size_t)s->state_slots * loom_gpt_params(s->model)->total * sizeof(float));
 }
 
 float *loom_session_optim_state(loom_session *s, uint32_t *slots_per_param)

@@ -16,6 +16,7 @@
 #include "base/config.h"
 #include "model/gpt.h"
 #include "nonfinite.h"
+#include "zero.h"
 
 /* Fills tokens and targets (B*T each, host memory) with the next micro-batch. */
 typedef loom_status (*loom_batch_fn)(void *ctx, int *tokens, int *targets, int B, int T);
@@ -42,6 +43,9 @@ typedef struct loom_session_config {
     int pp_chunks;                        /* virtual stages per rank; 0 = 1 */
     const int *pp_layers;                 /* blocks per (virtual) stage, or NULL: even */
     int n_pp_layers;
+    /* ZeRO (zero.h): stage 0 (none), 1, 2 or 3 over the dp group; bucket MiB (0: 25). */
+    int zero_stage;
+    double zero_bucket_mb;
 } loom_session_config;
 
 typedef struct loom_step_stats {
@@ -60,6 +64,11 @@ typedef struct loom_step_stats {
 
 typedef struct loom_session loom_session;
 
+/* This rank's bytes by category (zero.h's loom_memory), as allocated now. */
+void loom_session_memory(loom_session *s, loom_memory *out);
+/* The ZeRO stage in effect (0: none, also on one dp rank). */
+int loom_session_zero_stage(const loom_session *s);
+
 loom_status loom_session_create(const loom_session_config *cfg, loom_session **out);
 void loom_session_destroy(loom_session *s);
 
@@ -68,6 +77,9 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
 /* The step number the next step's reports and LOOM_INJECT_NONFINITE use (the training
  * loop's, which counts skipped steps too); without it, one more than the last step's. */
 void loom_session_number_next_step(loom_session *s, int64_t step);
+/* XXH64 of this rank's parameters and optimizer state (under ZeRO: its partition of them;
+ * 0 for no state), e.g. to show that a skipped step changed neither. */
+void loom_session_state_hash(loom_session *s, uint64_t *params, uint64_t *optim);
 /* Mean token loss over `batches` micro-batches drawn from next. */
 loom_status loom_session_eval(loom_session *s, loom_batch_fn next, void *ctx, int batches,
                               double *loss);

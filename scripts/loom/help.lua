@@ -39,8 +39,9 @@ options:
   key=value        recipe overrides, as for loom run
   -h, --help       this text
 
-example:
-  loom launch -n 2 scripts/recipes/tiny_shakespeare.lua mesh.tp=2 tp_sequence_parallel=true]],
+examples:
+  loom launch -n 2 scripts/recipes/tiny_shakespeare.lua mesh.tp=2 tp_sequence_parallel=true
+  loom launch -n 4 scripts/recipes/tiny_shakespeare.lua mesh.dp=4 strategy.zero=2   (docs/ZERO.md)]],
 
   plugins = [[
 usage: loom plugins [--keys NAME]

@@ -183,6 +183,8 @@ local session_spec = {
   schedule = { type = "string", help = "the sched plugin when the mesh has pp > 1" },
   chunks = { type = "integer", min = 1, help = "virtual stages per rank (interleaved)" },
   pp_layers = { type = "table", help = "blocks per (virtual) stage; default: as even as possible" },
+  zero = { type = "integer", min = 0, help = "ZeRO stage over the dp group: 0 (none), 1, 2 or 3 (docs/ZERO.md)" },
+  zero_bucket_mb = { type = "positive", help = "ZeRO bucket size in MiB (default 25)" },
 }
 local session_batch_spec = {
   micro = { type = "integer", min = 1, required = true },
@@ -208,6 +210,7 @@ function loom.session(t, where)
     precision = loom.plugin_table(t.precision or "fp32", "precision", where),
     strategy = t.strategy, tensor = t.tensor, canonical = t.canonical or false,
     schedule = t.schedule, chunks = t.chunks, pp_layers = t.pp_layers,
+    zero = t.zero, zero_bucket_mb = t.zero_bucket_mb,
   }
   local ok, s = pcall(core.session, cfg)
   if not ok then schema.fail(where, "%s", s) end

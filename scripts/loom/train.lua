@@ -214,6 +214,52 @@ local function check_pp(t, where, origin)
   return name, chunks
 end
 
+-- This rank's bytes by category, the start-up line (docs/ZERO.md has the formulas).
+local function memory_line(info, zero, dp)
+  local mem = info.memory
+  local function mib(b) return string.format("%.2f MiB", b / (1 << 20)) end
+  local note = ""
+  if zero > 0 and info.zero == 0 then note = string.format(" (zero=%d has nothing to partition with dp=%d)", zero, dp) end
+  return string.format("memory/rank%s: params %s | grads %s | optimizer %s | master %s | "
+    .. "activations %s | comm buffers %s%s", info.zero > 0 and string.format(" (zero=%d over dp=%d)", info.zero, dp) or "",
+    mib(mem.params), mib(mem.grads), mib(mem.optimizer), mib(mem.master), mib(mem.activations),
+    mib(mem.comm), note)
+end
+
+-- strategy = { zero = 0 | 1 | 2 | 3, dp = { bucket_mb = ... } } (docs/ZERO.md): ZeRO's buckets
+-- are dp's bucket_mb. What is not built is refused here, before any rank starts.
+local function check_zero(t, where, origin)
+  local st = t.strategy or {}
+  for k in pairs(st) do
+    if k == "offload" then
+      schema.fail(where, "strategy.offload is not built yet (optimizer state on the host or disk): "
+        .. "leave it out")
+    elseif k ~= "dp" and k ~= "zero" then
+      schema.fail(where, "strategy.%s is not available in this build (accepted: zero = 0, 1, 2 or 3; "
+        .. "dp = { bucket_mb = ... })", tostring(k))
+    end
+  end
+  local z = st.zero
+  if z == nil then return end
+  if math.type(z) ~= "integer" or z < 0 or z > 3 then
+    schema.fail(where, "strategy.zero=%s%s must be 0, 1, 2 or 3 (the ZeRO stage)", tostring(z),
+      origin("strategy.zero") or "")
+  end
+  if z == 3 and t.model.init then
+    schema.fail(where, "strategy.zero=3 with model.init (llm.c weights) is not built yet: the "
+      .. "weights would have to be loaded into each rank's partition; use zero = 1 or 2")
+  end
+  if z > 0 and ((t.mesh or {}).pp or 1) > 1 then
+    schema.fail(where, "strategy.zero=%d with mesh.pp=%d is not built yet: use zero with pp = 1, "
+      .. "or pp without zero", z, t.mesh.pp)
+  end
+  if z > 0 and (t.checkpoint or t.resume) then
+    schema.fail(where, "strategy.zero=%d with %s is not built yet (each rank would have to save "
+      .. "its own slice of the optimizer state): train with zero = 0 to save or resume", z,
+      t.checkpoint and "checkpoint" or "resume")
+  end
+end
+
 local function check(t, where, origin, world)
   schema.check(t, spec, "", where, origin)
   schema.check(t.batch, batch_spec, "batch", where, origin)
@@ -225,12 +271,7 @@ local function check(t, where, origin, world)
       .. "build has none yet (use \"shm\" for ranks of one node or \"mpi\" across nodes)",
       origin("comm") or "")
   end
-  for k in pairs(t.strategy or {}) do
-    if k ~= "dp" then
-      schema.fail(where, "strategy.%s is not available in this build (accepted: dp = { bucket_mb = ... })",
-        tostring(k))
-    end
-  end
+  check_zero(t, where, origin)
   if t.eval then schema.check(t.eval, eval_spec, "eval", where, origin) end
   if t.sample then schema.check(t.sample, sample_spec, "sample", where, origin) end
   if t.log then schema.check(t.log, log_spec, "log", where, origin) end
@@ -317,6 +358,7 @@ return function(loom)
       batch = { micro = t.batch.micro, seq = t.batch.seq, accum = accum },
       strategy = strategy, tensor = tensor, canonical = canonical,
       schedule = schedule, chunks = chunks, pp_layers = t.pp_layers,
+      zero = (t.strategy or {}).zero, zero_bucket_mb = ((t.strategy or {}).dp or {}).bucket_mb,
     }, where)
     local info = session:info()
     local say = rank == 0 and print or function() end
@@ -328,6 +370,7 @@ return function(loom)
           chunks > 1 and string.format(", %d chunks", chunks) or "") or ""),
       canonical and " (canonical)" or "",
       opt.name, info.backend))
+    say(memory_line(info, (t.strategy or {}).zero or 0, dp))
 
     -- Resume: the newest complete checkpoint (auto) or the one named; exact by design:
     -- weights, optimizer state, step, precision state and data position all come back.
@@ -397,6 +440,7 @@ return function(loom)
           step, r.nonfinite.message))
       end
       r.tokens_per_s = r.tokens / (r.ms / 1000)
+      r.memory = session:info().memory
       summary.losses[#summary.losses + 1] = r.loss
       m:step(r)
       if t.eval and (step % t.eval.every == 0 or step == t.steps) then

@@ -2,10 +2,11 @@
 # norms.sh LOOM — the global gradient norm and grad_clip under every layout, where tp.sh,
 # dp.sh and pp.sh leave a gap (pp.sh compares pp's norms in both modes; tp.sh tp's
 # canonical norms; neither dp's nor tp's fast-mode norms, nor clipping across layouts):
-#  - fast mode (pp.sh does pp): dp=2, tp=2 and tp=2 with sequence parallelism report the one-rank run's
+#  - fast mode (pp.sh does pp): dp=2, tp=2, tp=2 with sequence parallelism and dp=2 with
+#    ZeRO 2 and 3 (the norm over gradient partitions) report the one-rank run's
 #    gradient norm within 1e-5 relative over 6 steps (only summation order differs);
 #  - canonical mode, sgd with grad_clip = 0.05 (below every step's norm, so every step is
-#    clipped): dp=2, tp=2, tp=2+sp, pp=2 and dp=2 x tp=2 give the one-rank run's losses and
+#    clipped): dp=2, tp=2, tp=2+sp, pp=2, dp=2 x tp=2 and dp=2 with ZeRO 2 and 3 give the one-rank run's losses and
 #    norms bit for bit;
 #  - clipping does what it says: the norm is reported before clipping (the clipped and the
 #    unclipped run report the same first norm, bitwise), and a clipped sgd step at lr is the
@@ -29,7 +30,8 @@ rel_norm_diff() {
 }
 
 run1 > "$tmp/one"
-for layout in "2 mesh.dp=2 batch.micro=2" "2 mesh.tp=2" "2 mesh.tp=2 tp_sequence_parallel=true"; do
+for layout in "2 mesh.dp=2 batch.micro=2" "2 mesh.tp=2" "2 mesh.tp=2 tp_sequence_parallel=true" \
+              "2 mesh.dp=2 batch.micro=2 strategy.zero=2" "2 mesh.dp=2 batch.micro=2 strategy.zero=3"; do
   runN $layout > "$tmp/l"
   n=$(rel_norm_diff "$tmp/one" "$tmp/l")
   below "$n" 1e-5 || { echo "fast ${layout#* }: norms differ from one rank by $n (relative)"; paste "$tmp/one" "$tmp/l"; exit 1; }
@@ -43,7 +45,8 @@ finite_losses "$tmp/c1"
 awk '$1 == "NORM" && !($4 > 0.05) { bad = 1 } END { exit bad }' "$tmp/c1" ||
   { echo "a norm is not above the clip 0.05: nothing to clip"; cat "$tmp/c1"; exit 1; }
 for layout in "2 mesh.dp=2" "2 mesh.tp=2" "2 mesh.tp=2 tp_sequence_parallel=true" \
-              "2 mesh.pp=2 microbatches=2" "4 mesh.dp=2 mesh.tp=2"; do
+              "2 mesh.pp=2 microbatches=2" "4 mesh.dp=2 mesh.tp=2" "2 mesh.dp=2 strategy.zero=2" \
+              "2 mesh.dp=2 strategy.zero=3"; do
   runN ${layout%% *} $canon grad_clip=0.05 ${layout#* } > "$tmp/c"
   cmp -s "$tmp/c1" "$tmp/c" || { echo "canonical clipped ${layout#* } differs from one rank:"; paste "$tmp/c1" "$tmp/c"; exit 1; }
   echo "ok canonical ${layout#* }, grad_clip=0.05: losses and norms bitwise one rank's (6 steps, each clipped)"

@@ -308,8 +308,8 @@ static void set_num(lua_State *L, const char *k, double v)
 }
 
 /* s:step(data, lr [, step]) -> {step, loss, grad_norm, lr, ms, comm_ms, tokens, skipped,
- * inflight [, nonfinite = {rank, stage, param | loss = true, message}]}; step: the loop's
- * number for this step (reports and LOOM_INJECT_NONFINITE use it). */
+ * inflight, bubble (under pp) [, nonfinite = {rank, stage, param | loss = true, message}]};
+ * step: the loop's number for this step (reports and LOOM_INJECT_NONFINITE use it). */
 static int l_session_step(lua_State *L)
 {
     session_box *b = check_session(L);
@@ -352,7 +352,22 @@ static int l_session_step(lua_State *L)
         lua_setfield(L, -2, "message");
         lua_setfield(L, -2, "nonfinite");
     }
+    if (st.bubble == st.bubble) /* under pp only */
+        set_num(L, "bubble", st.bubble);
     return 1;
+}
+
+/* s:trace(path, rank [, steps]): this rank's Chrome trace from the next step on (steps:
+ * how many, 0 or nil = all; docs/METRICS.md). */
+static int l_session_trace(lua_State *L)
+{
+    session_box *b = check_session(L);
+    const char *path = luaL_checkstring(L, 2);
+    int rank = (int)luaL_checkinteger(L, 3);
+    lua_Integer steps = luaL_optinteger(L, 4, 0);
+    if (loom_session_trace(b->s, path, rank, (int64_t)steps) != LOOM_OK)
+        return raise_status(L);
+    return 0;
 }
 
 /* s:eval(data, batches) -> mean val loss, always from the start of the val split. */
@@ -540,7 +555,8 @@ static int l_session_close(lua_State *L)
 
 static const luaL_Reg session_methods[] = {
     {"step", l_session_step},     {"eval", l_session_eval},   {"sample", l_session_sample},
-    {"info", l_session_info},     {"close", l_session_close}, {"state_hash", l_session_state_hash},
+    {"info", l_session_info},     {"close", l_session_close}, {"trace", l_session_trace},
+    {"state_hash", l_session_state_hash},
     {NULL, NULL}};
 static const luaL_Reg core_funcs[] = {{"plugins", l_plugins},
                                       {"plugin_keys", l_plugin_keys},

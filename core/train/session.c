@@ -19,6 +19,7 @@
 #include "nonfinite.h"
 #include "pipeline.h"
 #include "zero.h"
+#include "trace.h"
 #include "base/plugin_loader.h"
 #include "base/rng.h"
 #include "base/status.h"
@@ -50,6 +51,7 @@ struct loom_session {
     float *host_logits;      /* sampling: one row of Vp */
     int64_t steps;
     int64_t step_no;         /* the training loop's number of the last step run */
+    loom_trace *trace;       /* log.trace: this rank's timeline, NULL: off */
 };
 
 static loom_status make_plugin(const loom_plugin_config *pc, const void **ops, void **self)
@@ -228,6 +230,7 @@ void loom_session_destroy(loom_session *s)
 {
     if (!s)
         return;
+    loom_trace_close(s->trace);
     loom_grad_sync_destroy(s->sync);
     loom_zero_destroy(s->zero);
     loom_gpt_destroy(s->model);
@@ -273,6 +276,45 @@ typedef struct micro_ctx {
     int chunks;
 } micro_ctx;
 
+loom_status loom_session_trace(loom_session *s, const char *path, int rank, int64_t steps)
+{
+    loom_trace_close(s->trace);
+    s->trace = NULL;
+    LOOM_TRY(loom_trace_open(path, rank, s->pipe ? loom_pipeline_stage(s->pipe) : -1, steps,
+                             &s->trace));
+    if (s->pipe)
+        loom_pipeline_set_trace(s->pipe, s->trace);
+    return LOOM_OK;
+}
+
+/* The loss sum (the last stage's) and the measured bubble of the pipeline phase, with one
+ * sum over the pp group: v = {loss, compute[0..P), wall[0..P)}, each stage filling its
+ * own places with the rest 0, so the sum hands every rank every stage's figures (x + 0
+ * is x: the loss keeps its bits). bubble = 1 - sum(compute) / (P x max(wall)): the
+ * simulator's 1 - compute / (stages x makespan), the makespan being the longest stage's
+ * phase (from its first instruction to its last send completed). */
+static loom_status pipeline_totals(loom_session *s, double *loss_sum, double *bubble)
+{
+    int P = loom_pipeline_stages(s->pipe), me = loom_pipeline_stage(s->pipe);
+    double *v = calloc(1 + 2 * (size_t)P, sizeof(double));
+    if (!v)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    v[0] = me == P - 1 ? *loss_sum : 0.0;
+    loom_pipeline_timing(s->pipe, &v[1 + me], &v[1 + P + me]);
+    loom_status st = loom_pipeline_sum(s->pipe, v, 1 + 2 * P);
+    if (st == LOOM_OK) {
+        double compute = 0.0, wall = 0.0;
+        for (int q = 0; q < P; q++) {
+            compute += v[1 + q];
+            wall = v[1 + P + q] > wall ? v[1 + P + q] : wall;
+        }
+        *loss_sum = v[0];
+        *bubble = wall > 0.0 ? 1.0 - compute / (P * wall) : NAN;
+    }
+    free(v);
+    return st;
+}
+
 /* Canonical mode, one tree per micro-batch gradient; with interleaved chunks (disjoint
  * parameters, backwarded in turn) one per chunk's parameters: grad_sync's parts. */
 static loom_status canonical_before(void *ctx, int mb, int chunk)
@@ -296,6 +338,7 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
                               loom_step_stats *out)
 {
     double t0 = loom_now_ms();
+    loom_trace_step(s->trace, s->steps + 1);
     loom_gpt_take_comm_ms(s->model); /* drop what eval or sampling spent */
     if (s->zero)
         loom_zero_take_comm_ms(s->zero);
@@ -339,20 +382,27 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         if (i / accum != dp_rank)
             continue; /* another rank's micro-batch */
         int a = i % accum;
-        double part = 0.0;
+        double part = 0.0, tf = loom_now_ms();
         LOOM_TRY(loom_grad_sync_begin_micro(s->sync, a));
         LOOM_TRY(loom_gpt_forward(s->model, s->tokens, s->targets, B, T, (float)(scale / tokens),
                                   &part));
+        double tb = loom_now_ms();
+        loom_trace_span(s->trace, LOOM_TRACE_FORWARD, tf, tb, a, 0);
         LOOM_TRY(loom_gpt_backward(s->model));
         LOOM_TRY(loom_grad_sync_end_micro(s->sync, a, part));
         loss_bad |= !isfinite(part);
+        loom_trace_span(s->trace, LOOM_TRACE_BACKWARD, tb, loom_now_ms(), a, 0);
     }
     double loss_sum = 0.0, t_sync = loom_now_ms();
     LOOM_TRY(loom_grad_sync_finish(s->sync, &loss_sum));
-    double comm_ms = loom_now_ms() - t_sync + loom_gpt_take_comm_ms(s->model);
-    if (s->pipe)
+    double t_tied = loom_now_ms();
+    loom_trace_span(s->trace, LOOM_TRACE_GRAD_SYNC, t_sync, t_tied, -1, -1);
+    double comm_ms = t_tied - t_sync + loom_gpt_take_comm_ms(s->model);
+    if (s->pipe) {
         LOOM_TRY(loom_pipeline_tied_sync(s->pipe, s->model, &comm_ms));
-    double norm_sq;
+        loom_trace_span(s->trace, LOOM_TRACE_TIED_SYNC, t_tied, loom_now_ms(), -1, -1);
+    }
+    double norm_sq, bubble = NAN, t_norm = loom_now_ms();
     int nonfinite;
     int first_bad;
     if (s->zero && loom_zero_reduces(s->zero)) { /* the gradient lives in partitions */
@@ -370,15 +420,13 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         first_bad = loom_grad_norm_first_nonfinite(s->norm);
     }
     if (s->pipe) { /* the loss lives on the last stage, the norm's parts on every stage */
-        double v = loom_pipeline_stage(s->pipe) == loom_pipeline_stages(s->pipe) - 1 ? loss_sum : 0.0;
         size_t n_slots;
         const double *slots = loom_grad_norm_slots(s->norm, &n_slots);
         double t_pp = loom_now_ms();
-        LOOM_TRY(loom_pipeline_sum(s->pipe, &v, 1));
+        LOOM_TRY(pipeline_totals(s, &loss_sum, &bubble));
         LOOM_TRY(loom_pipeline_norm(s->pipe, loom_gpt_params(s->model), slots, n_slots, &norm_sq,
                                     &nonfinite));
         comm_ms += loom_now_ms() - t_pp;
-        loss_sum = v;
     }
     /* every rank the same finding, so every rank skips (or stops) alike */
     loom_nonfinite_report found;
@@ -396,6 +444,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         LOOM_TRY(loom_zero_settle(s->zero));
         comm_ms += loom_zero_take_comm_ms(s->zero);
     }
+    double t_opt = loom_now_ms();
+    loom_trace_span(s->trace, LOOM_TRACE_NORM, t_norm, t_opt, -1, -1);
     int skip = s->precision->update(s->precision_self, nonfinite);
     double norm = nonfinite ? NAN : sqrt(norm_sq) / scale;
     memset(out, 0, sizeof *out);
@@ -414,6 +464,10 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         s->steps++;
     }
     k->synchronize(s->backend.self);
+    double t_done = loom_now_ms();
+    loom_trace_span(s->trace, LOOM_TRACE_OPTIMIZER, t_opt, t_done, -1, -1);
+    loom_trace_span(s->trace, LOOM_TRACE_STEP, t0, t_done, -1, -1);
+    LOOM_TRY(loom_trace_flush(s->trace));
     out->step = s->steps;
     out->loss = loss_sum / tokens;
     out->grad_norm = norm;
@@ -423,6 +477,7 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     out->ms = loom_now_ms() - t0;
     out->comm_ms = comm_ms;
     out->inflight = peak;
+    out->bubble = bubble;
     return LOOM_OK;
 }
 

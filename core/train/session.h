@@ -60,6 +60,9 @@ typedef struct loom_step_stats {
     int skipped;           /* 1 if the update was skipped (non-finite gradients) */
     int inflight;          /* pipeline: this rank's peak micro-batches in flight (0 without) */
     loom_nonfinite_report nonfinite; /* where a non-finite loss or gradient was found */
+    double bubble;         /* pipeline: the measured bubble of the step's pipeline phase,
+                            * 1 - (every stage's F/B/W time) / (stages x the longest stage's
+                            * phase), the same on every rank; NAN without a pipeline */
 } loom_step_stats;
 
 typedef struct loom_session loom_session;
@@ -80,6 +83,9 @@ void loom_session_number_next_step(loom_session *s, int64_t step);
 /* XXH64 of this rank's parameters and optimizer state (under ZeRO: its partition of them;
  * 0 for no state), e.g. to show that a skipped step changed neither. */
 void loom_session_state_hash(loom_session *s, uint64_t *params, uint64_t *optim);
+/* Write this rank's timeline to path as a Chrome trace (trace.h) from the next step on,
+ * for `steps` steps (0: all); rank names the process. Closed with the session. */
+loom_status loom_session_trace(loom_session *s, const char *path, int rank, int64_t steps);
 /* Mean token loss over `batches` micro-batches drawn from next. */
 loom_status loom_session_eval(loom_session *s, loom_batch_fn next, void *ctx, int batches,
                               double *loss);

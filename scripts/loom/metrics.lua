@@ -261,7 +261,7 @@ function M:step(r)
   local nf = r.nonfinite -- where a non-finite loss or gradient was found: {rank, stage, param | loss}
   self:write { kind = "train", step = r.step, loss = r.loss, lr = r.lr, grad_norm = r.grad_norm,
     ms = r.ms, comm_ms = r.comm_ms or NULL, tokens = r.tokens, tokens_per_s = tps,
-    mfu = mfu or NULL, mem_bytes = rss, memory = r.memory or NULL,
+    mfu = mfu or NULL, mem_bytes = rss, memory = r.memory or NULL, bubble = r.bubble or NULL,
     time_s = now, skipped = r.skipped and true or false, skipped_steps = self.skips or 0,
     nonfinite = nf and { rank = nf.rank, stage = nf.stage, param = nf.param, loss = nf.loss or false } or nil }
 

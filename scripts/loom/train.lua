@@ -35,7 +35,7 @@ local spec = {
   tp_sequence_parallel = { type = "boolean", help = "with mesh.tp > 1: shard layernorms and residuals over the sequence" },
   eval = { type = "table", help = "{ every = N, batches = M }" },
   sample = { type = "table", help = "{ every = N, prompt = \"...\", tokens = 200 }" },
-  log = { type = "table", help = "{ every = N, jsonl = \"run/metrics.jsonl\" }" },
+  log = { type = "table", help = "{ every = N, jsonl = \"run/metrics.jsonl\", trace = \"run/trace\" }" },
   peak_flops = { type = "positive", help = "the device's peak FLOP/s, for MFU" },
   on_step = { type = "function" },
   checkpoint = { type = "table", help = "{ dir = \"ckpt\", every = N, keep = K }" },
@@ -55,7 +55,11 @@ local sample_spec = {
   every = { type = "integer", min = 1 }, prompt = { type = "string" }, tokens = { type = "integer", min = 1 },
   temperature = { type = "positive" }, top_k = { type = "integer", min = 0 }, seed = { type = "integer", min = 0 },
 }
-local log_spec = { every = { type = "integer", min = 1 }, jsonl = { type = "string" } }
+local log_spec = {
+  every = { type = "integer", min = 1 }, jsonl = { type = "string" },
+  trace = { type = "string", help = "a directory: one Chrome trace per rank, rank0.json, ..." },
+  trace_steps = { type = "integer", min = 1, help = "with log.trace: trace this many steps from the first (default: all)" },
+}
 local checkpoint_spec = {
   dir = { type = "string", required = true }, every = { type = "integer", min = 1 },
   keep = { type = "integer", min = 0, help = "checkpoints kept, newest first; 0 keeps all" },
@@ -89,6 +93,15 @@ local function recipe_changes(saved_json, now_json)
     end
   end
   return out
+end
+
+-- The run's measured bubble: the mean over its steps after the first (which carries the
+-- one-time start-up costs), or the one step's.
+local function bubble_summary(b)
+  if #b == 1 then return b[1] end
+  local sum = 0
+  for i = 2, #b do sum = sum + b[i] end
+  return sum / (#b - 1)
 end
 
 local function human(n)
@@ -274,7 +287,18 @@ local function check(t, where, origin, world)
   check_zero(t, where, origin)
   if t.eval then schema.check(t.eval, eval_spec, "eval", where, origin) end
   if t.sample then schema.check(t.sample, sample_spec, "sample", where, origin) end
-  if t.log then schema.check(t.log, log_spec, "log", where, origin) end
+  if t.log then
+    schema.check(t.log, log_spec, "log", where, origin)
+    if t.log.trace == "" then
+      schema.fail(where, "log.trace%s is empty: give the directory the per-rank traces go to "
+        .. "(log = { trace = \"run/trace\" })", origin("log.trace") or "")
+    end
+    if t.log.trace_steps and not t.log.trace then
+      schema.fail(where, "log.trace_steps=%d%s bounds a trace, and log.trace is not set: add "
+        .. "log.trace = \"run/trace\" or leave trace_steps out", t.log.trace_steps,
+        origin("log.trace_steps") or "")
+    end
+  end
   if t.checkpoint then schema.check(t.checkpoint, checkpoint_spec, "checkpoint", where, origin) end
   if t.resume == "auto" and not t.checkpoint then
     schema.fail(where, "resume=\"auto\" needs checkpoint = { dir = ... } to look in")
@@ -427,7 +451,19 @@ return function(loom)
       params = info.params, layers = t.model.layers, dim = t.model.dim, seq = t.batch.seq,
       peak_flops = t.peak_flops, device = info.backend, start_step = start, devices = world,
     }
+    local trace = t.log and t.log.trace
+    if trace then
+      local ok, err = loom.core.mkdir_p(trace)
+      if not ok then
+        schema.fail(where, "log.trace=\"%s\"%s: %s (give a directory this run may create, e.g. "
+          .. "\"run/trace\")", trace, origin("log.trace") or "", err)
+      end
+      local okt, errt = pcall(session.trace, session, string.format("%s/rank%d.json", trace, rank), rank,
+        t.log.trace_steps or 0)
+      if not okt then schema.fail(where, "%s", errt) end
+    end
     local summary = { losses = {}, start = start }
+    local bubbles = {} -- under pp: each step's measured bubble (r.bubble)
     for step = start + 1, t.steps do
       local lr = lr_of(step)
       if type(lr) ~= "number" or lr ~= lr or lr < 0 then
@@ -442,6 +478,7 @@ return function(loom)
       r.tokens_per_s = r.tokens / (r.ms / 1000)
       r.memory = session:info().memory
       summary.losses[#summary.losses + 1] = r.loss
+      if r.bubble then bubbles[#bubbles + 1] = r.bubble end
       m:step(r)
       if t.eval and (step % t.eval.every == 0 or step == t.steps) then
         r.val_loss = session:eval(data, t.eval.batches or 10)
@@ -464,6 +501,14 @@ return function(loom)
       if stop then break end
     end
     summary.final_loss = summary.losses[#summary.losses]
+    if #bubbles > 0 then
+      summary.bubble = bubble_summary(bubbles)
+      local f, fvalue = require("loom.schedule").formula(schedule, pp, accum, chunks)
+      m:print(string.format("pipeline bubble: measured %.4f (mean of %s), schedule %s formula %s",
+        summary.bubble, #bubbles > 1 and string.format("steps %d-%d", start + 2, start + #bubbles)
+          or "the one step", schedule, f and string.format("%s = %.4f", f, fvalue) or "n/a"))
+    end
+    if trace then m:print(string.format("trace: %s/rank0.json .. rank%d.json (Perfetto: ui.perfetto.dev)", trace, world - 1)) end
     return session, summary
   end
 end

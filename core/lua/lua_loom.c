@@ -217,6 +217,9 @@ static int l_session(lua_State *L)
     cfg.accum = int_field(L, 1, "accum", 1);
     cfg.seed = (uint64_t)int_field(L, 1, "seed", 0);
     cfg.grad_clip = (float)num_field(L, 1, "grad_clip", 1.0);
+    lua_getfield(L, 1, "on_nonfinite"); /* "skip" (default) or "stop", checked in Lua */
+    cfg.stop_on_nonfinite = lua_type(L, -1) == LUA_TSTRING && strcmp(lua_tostring(L, -1), "stop") == 0;
+    lua_pop(L, 1);
     cfg.threads = int_field(L, 1, "threads", 0);
     lua_getfield(L, 1, "backend");
     cfg.backend = lua_isnil(L, -1) ? "cpu" : luaL_checkstring(L, -1);
@@ -304,13 +307,16 @@ static void set_num(lua_State *L, const char *k, double v)
     lua_setfield(L, -2, k);
 }
 
-/* s:step(data, lr) -> {step, loss, grad_norm, lr, ms, comm_ms, tokens, skipped, inflight,
- *                      bubble (under pp)} */
+/* s:step(data, lr [, step]) -> {step, loss, grad_norm, lr, ms, comm_ms, tokens, skipped,
+ * inflight, bubble (under pp) [, nonfinite = {rank, stage, param | loss = true, message}]};
+ * step: the loop's number for this step (reports and LOOM_INJECT_NONFINITE use it). */
 static int l_session_step(lua_State *L)
 {
     session_box *b = check_session(L);
     loom_data_cursor src = {loom_lua_check_data(L, 2), LOOM_SPLIT_TRAIN};
     float lr = (float)luaL_checknumber(L, 3);
+    if (!lua_isnoneornil(L, 4))
+        loom_session_number_next_step(b->s, (int64_t)luaL_checkinteger(L, 4));
     loom_step_stats st;
     if (loom_session_step(b->s, loom_data_batch, &src, lr, &st) != LOOM_OK)
         return raise_status(L);
@@ -327,6 +333,25 @@ static int l_session_step(lua_State *L)
     lua_setfield(L, -2, "skipped");
     lua_pushinteger(L, st.inflight);
     lua_setfield(L, -2, "inflight");
+    if (st.nonfinite.found) {
+        char what[160];
+        loom_nonfinite_describe(&st.nonfinite, what, sizeof what);
+        lua_createtable(L, 0, 5);
+        lua_pushinteger(L, st.nonfinite.rank);
+        lua_setfield(L, -2, "rank");
+        lua_pushinteger(L, st.nonfinite.stage);
+        lua_setfield(L, -2, "stage");
+        if (st.nonfinite.loss) {
+            lua_pushboolean(L, 1);
+            lua_setfield(L, -2, "loss");
+        } else {
+            lua_pushstring(L, st.nonfinite.param);
+            lua_setfield(L, -2, "param");
+        }
+        lua_pushstring(L, what);
+        lua_setfield(L, -2, "message");
+        lua_setfield(L, -2, "nonfinite");
+    }
     if (st.bubble == st.bubble) /* under pp only */
         set_num(L, "bubble", st.bubble);
     return 1;
@@ -504,6 +529,22 @@ static int l_session_info(lua_State *L)
     return 1;
 }
 
+/* s:state_hash() -> params, optim: XXH64 (hex) of this rank's parameters and optimizer
+ * state (under ZeRO its partition; optim "-" without state), e.g. to show that a skipped
+ * step changed neither. */
+static int l_session_state_hash(lua_State *L)
+{
+    session_box *b = check_session(L);
+    uint64_t h[2];
+    loom_session_state_hash(b->s, &h[0], &h[1]);
+    for (int i = 0; i < 2; i++) {
+        char hex[17];
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h[i]);
+        lua_pushstring(L, i == 1 && h[1] == 0 ? "-" : hex);
+    }
+    return 2;
+}
+
 static int l_session_close(lua_State *L)
 {
     session_box *b = luaL_checkudata(L, 1, SESSION_MT);
@@ -515,6 +556,7 @@ static int l_session_close(lua_State *L)
 static const luaL_Reg session_methods[] = {
     {"step", l_session_step},     {"eval", l_session_eval},   {"sample", l_session_sample},
     {"info", l_session_info},     {"close", l_session_close}, {"trace", l_session_trace},
+    {"state_hash", l_session_state_hash},
     {NULL, NULL}};
 static const luaL_Reg core_funcs[] = {{"plugins", l_plugins},
                                       {"plugin_keys", l_plugin_keys},

@@ -16,6 +16,7 @@
 #include "loom/plugin/strategy.h"
 #include "grad_norm.h"
 #include "grad_sync.h"
+#include "nonfinite.h"
 #include "pipeline.h"
 #include "zero.h"
 #include "trace.h"
@@ -32,6 +33,7 @@ struct loom_session {
     const loom_strategy_ops *tensor; /* the tp strategy, NULL with tp = 1 */
     void *tensor_self;
     loom_grad_norm *norm;
+    loom_nonfinite *nonfinite; /* the world's agreement on a non-finite step */
     loom_grad_sync *sync;
     loom_backend backend;
     loom_gpt *model;
@@ -48,6 +50,7 @@ struct loom_session {
     loom_zero *zero;         /* strategy zero = 1, 2 or 3 with dp > 1, else NULL */
     float *host_logits;      /* sampling: one row of Vp */
     int64_t steps;
+    int64_t step_no;         /* the training loop's number of the last step run */
     loom_trace *trace;       /* log.trace: this rank's timeline, NULL: off */
 };
 
@@ -204,6 +207,9 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
     if (st == LOOM_OK && s->pipe && loom_pipeline_stage(s->pipe) == loom_pipeline_stages(s->pipe) - 1)
         loom_grad_norm_skip(s->norm, 0); /* the tied wte: stage 0 counts it, where one rank does */
     if (st == LOOM_OK)
+        st = loom_nonfinite_create(loom_gpt_params(s->model), s->pipe ? loom_pipeline_stage(s->pipe) : 0,
+                                   s->pipe ? loom_pipeline_stages(s->pipe) : 1, &s->nonfinite);
+    if (st == LOOM_OK)
         st = build_segments(s);
     loom_grad_reducer zero2 = {loom_zero_begin_micro, loom_zero_grads_ready, loom_zero_finish_micro,
                                s->zero};
@@ -232,6 +238,7 @@ void loom_session_destroy(loom_session *s)
     if (s->tensor)
         s->tensor->destroy(s->tensor_self);
     loom_grad_norm_destroy(s->norm);
+    loom_nonfinite_destroy(s->nonfinite);
     if (s->optim)
         s->optim->destroy(s->optim_self);
     if (s->precision)
@@ -340,7 +347,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     int dp = loom_grad_sync_dp_size(s->sync), dp_rank = loom_grad_sync_dp_rank(s->sync);
     double tokens = (double)B * T * accum * dp;
     float scale = s->precision->loss_scale(s->precision_self);
-    int peak = 0;
+    int peak = 0, loss_bad = 0; /* loss_bad: one of this rank's own losses is inf or nan */
+    s->step_no++;
     if (s->pipe) {
         /* Every rank reads every micro-batch (positions stay in step); this dp rank's block
          * goes through the pipeline, then the losses join the tree in micro-batch order. */
@@ -362,6 +370,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
                                    (float)(scale / tokens), mb_loss, canon ? &hooks : NULL, &peak);
         for (int a = 0; st == LOOM_OK && !canon && a < accum; a++)
             st = loom_grad_sync_end_micro(s->sync, a, mb_loss[a]);
+        for (int a = 0; a < accum; a++)
+            loss_bad |= !isfinite(mb_loss[a]);
         if (st == LOOM_OK)
             st = loom_grad_sync_all_ready(s->sync);
         free(mb_loss);
@@ -380,6 +390,7 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         loom_trace_span(s->trace, LOOM_TRACE_FORWARD, tf, tb, a, 0);
         LOOM_TRY(loom_gpt_backward(s->model));
         LOOM_TRY(loom_grad_sync_end_micro(s->sync, a, part));
+        loss_bad |= !isfinite(part);
         loom_trace_span(s->trace, LOOM_TRACE_BACKWARD, tb, loom_now_ms(), a, 0);
     }
     double loss_sum = 0.0, t_sync = loom_now_ms();
@@ -393,11 +404,21 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     }
     double norm_sq, bubble = NAN, t_norm = loom_now_ms();
     int nonfinite;
-    if (s->zero && loom_zero_reduces(s->zero)) /* the gradient lives in partitions */
+    int first_bad;
+    if (s->zero && loom_zero_reduces(s->zero)) { /* the gradient lives in partitions */
+        size_t n_seg;
+        const loom_optim_segment *seg = loom_zero_segments(s->zero, &n_seg);
+        LOOM_TRY(loom_nonfinite_inject_segments(s->nonfinite, s->step_no, seg, n_seg,
+                                                loom_zero_segment_entries(s->zero)));
         LOOM_TRY(loom_zero_norm(s->zero, &norm_sq, &nonfinite, &comm_ms));
-    else
+        first_bad = loom_zero_first_nonfinite(s->zero);
+    } else {
+        loom_nonfinite_inject(s->nonfinite, s->step_no, loom_gpt_params(s->model),
+                              loom_gpt_grad_data(s->model));
         LOOM_TRY(loom_grad_norm_compute(s->norm, loom_gpt_params(s->model),
                                         loom_gpt_grad_data(s->model), &norm_sq, &nonfinite, &comm_ms));
+        first_bad = loom_grad_norm_first_nonfinite(s->norm);
+    }
     if (s->pipe) { /* the loss lives on the last stage, the norm's parts on every stage */
         size_t n_slots;
         const double *slots = loom_grad_norm_slots(s->norm, &n_slots);
@@ -406,6 +427,18 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         LOOM_TRY(loom_pipeline_norm(s->pipe, loom_gpt_params(s->model), slots, n_slots, &norm_sq,
                                     &nonfinite));
         comm_ms += loom_now_ms() - t_pp;
+    }
+    /* every rank the same finding, so every rank skips (or stops) alike */
+    loom_nonfinite_report found;
+    LOOM_TRY(loom_nonfinite_agree(s->nonfinite, loom_gpt_params(s->model), first_bad, loss_bad,
+                                  &found, &comm_ms));
+    nonfinite = found.found;
+    if (nonfinite && s->cfg.stop_on_nonfinite) {
+        char what[160];
+        loom_nonfinite_describe(&found, what, sizeof what);
+        LOOM_FAIL(LOOM_ERR_INVALID, "step %lld: %s; the run stops (on_nonfinite = \"stop\"), "
+                  "the step's update not applied; on_nonfinite = \"skip\" skips such steps",
+                  (long long)s->step_no, what);
     }
     if (s->zero) { /* ZeRO-3: gathers in flight read the partition the step rewrites */
         LOOM_TRY(loom_zero_settle(s->zero));
@@ -416,6 +449,7 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     int skip = s->precision->update(s->precision_self, nonfinite);
     double norm = nonfinite ? NAN : sqrt(norm_sq) / scale;
     memset(out, 0, sizeof *out);
+    out->nonfinite = found;
     if (!skip) {
         float grad_scale = 1.0f / scale;
         if (s->cfg.grad_clip > 0.0f && norm > s->cfg.grad_clip)
@@ -624,6 +658,8 @@ loom_status loom_session_sample(loom_session *s, const int *prompt, int n_prompt
     return loom_session_generate(s, &c, prompt, n_prompt, n_new, out);
 }
 
+void loom_session_number_next_step(loom_session *s, int64_t step) { s->step_no = step - 1; }
+
 void loom_session_get_state(loom_session *s, loom_session_state *out)
 {
     memset(out, 0, sizeof *out);
@@ -640,6 +676,7 @@ loom_status loom_session_set_state(loom_session *s, const loom_session_state *st
         LOOM_FAIL(LOOM_ERR_CORRUPT, "precision state has %d values (0 to 4 expected)",
                   st->n_precision_state);
     s->steps = st->steps;
+    s->step_no = st->steps; /* the loop renumbers when it has skipped steps */
     if (s->precision->set_state)
         s->precision->set_state(s->precision_self, st->precision_state, st->n_precision_state);
     return LOOM_OK;
@@ -682,6 +719,28 @@ void loom_session_memory(loom_session *s, loom_memory *out)
     out->master = 0; /* fp32 parameters are their own master copy */
     out->activations = loom_gpt_activation_bytes(s->model);
     out->comm += loom_grad_sync_buffer_bytes(s->sync);
+}
+
+void loom_session_state_hash(loom_session *s, uint64_t *params, uint64_t *optim)
+{
+    *optim = 0;
+    if (s->zero) { /* this rank's partition: its pieces of the parameters, its state */
+        size_t n, floats;
+        const loom_optim_segment *seg = loom_zero_segments(s->zero, &n);
+        loom_xxh64_state h;
+        loom_xxh64_init(&h);
+        for (size_t i = 0; i < n; i++)
+            loom_xxh64_update(&h, seg[i].param, seg[i].n * sizeof(float));
+        *params = loom_xxh64_digest(&h);
+        float *state = loom_zero_state(s->zero, &floats);
+        if (state)
+            *optim = loom_xxh64(state, floats * sizeof(float));
+        return;
+    }
+    *params = loom_xxh64(loom_gpt_param_data(s->model), loom_gpt_params(s->model)->total * sizeof(float));
+    if (s->optim_state)
+        *optim = loom_xxh64(s->optim_state,
+                            (size_t)s->state_slots * loom_gpt_params(s->model)->total * sizeof(float));
 }
 
 float *loom_session_optim_state(loom_session *s, uint32_t *slots_per_param)

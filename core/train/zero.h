@@ -76,6 +76,11 @@ loom_status loom_zero_grads_ready(void *z, size_t offset, size_t n);
 loom_status loom_zero_finish_micro(void *z);
 /* Stage 2: the global squared gradient norm and non-finite flag over all partitions. */
 loom_status loom_zero_norm(loom_zero *z, double *norm_sq, int *nonfinite, double *comm_ms);
+/* The last loom_zero_norm's first parameter-table entry whose gradient piece on this rank
+ * holds an inf or nan, or -1 (what a non-finite report names: nonfinite.h). */
+int loom_zero_first_nonfinite(const loom_zero *z);
+/* The parameter-table entry of each of loom_zero_segments' segments. */
+const int *loom_zero_segment_entries(const loom_zero *z);
 /* After the optimizer step: every rank's updated partition into every rank's parameters
  * (stages 1 and 2). */
 loom_status loom_zero_gather_params(loom_zero *z, double *comm_ms);

@@ -44,6 +44,7 @@ struct loom_zero {
     int n_buckets;
     loom_optim_segment *segments;
     int *seg_entry;      /* the parameter-table entry of each segment */
+    int first_bad;       /* the last norm's first entry with an inf or nan here, or -1 */
     int n_segments;
     float *state;
     size_t state_floats;

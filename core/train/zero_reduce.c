@@ -178,18 +178,26 @@ loom_status loom_zero_finish_micro(void *self)
 
 /* Squared norm over this rank's pieces (replicated parameters counted on tp rank 0, as
  * grad_norm.c does), then summed over the dp ranks and the tp ranks in rank order. */
+int loom_zero_first_nonfinite(const loom_zero *z) { return z->first_bad; }
+
+const int *loom_zero_segment_entries(const loom_zero *z) { return z->seg_entry; }
+
 loom_status loom_zero_norm(loom_zero *z, double *norm_sq, int *nonfinite, double *comm_ms)
 {
     const loom_backend_ops *k = z->be->ops;
     const loom_param_table *t = loom_gpt_params(z->model);
     double mine[2] = {0.0, 0.0};
+    z->first_bad = -1;
     for (int i = 0; i < z->n_segments; i++) {
         const loom_optim_segment *s = &z->segments[i];
         if (z->tp_rank != 0 && t->entries[z->seg_entry[i]].split_dim < 0)
             continue;
         mine[0] += k->sum_squares(s->grad, 1, s->n, s->n);
-        if (mine[1] == 0.0 && k->has_nonfinite(s->grad, s->n))
+        if (k->has_nonfinite(s->grad, s->n)) {
             mine[1] = 1.0;
+            if (z->first_bad < 0 || z->seg_entry[i] < z->first_bad)
+                z->first_bad = z->seg_entry[i];
+        }
     }
     double t0 = loom_now_ms();
     double gathered[2 * 64];

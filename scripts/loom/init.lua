@@ -174,6 +174,7 @@ local session_spec = {
   precision = { type = { "string", "table" } },
   seed = { type = "integer", min = 0 },
   grad_clip = { type = "number", min = 0 },
+  on_nonfinite = { type = "string", one_of = { "skip", "stop" } },
   threads = { type = "integer", min = 0 },
   backend = { type = "string" },
   strategy = { type = "table", help = "{ name = \"dp\", ... } when dp > 1" },
@@ -203,6 +204,7 @@ function loom.session(t, where)
   local cfg = {
     model = t.model, micro = t.batch.micro, seq = t.batch.seq, accum = t.batch.accum or 1,
     seed = t.seed or 1337, grad_clip = t.grad_clip or 1.0, threads = t.threads or 0,
+    on_nonfinite = t.on_nonfinite or "skip",
     backend = t.backend or "cpu",
     optimizer = loom.plugin_table(t.optimizer, "optimizer", where),
     precision = loom.plugin_table(t.precision or "fp32", "precision", where),

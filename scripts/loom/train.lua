@@ -19,6 +19,8 @@ local spec = {
   steps = { type = "integer", min = 0, required = true },
   seed = { type = "integer", min = 0 },
   grad_clip = { type = "number", min = 0, help = "clip the global grad norm; 0 turns it off" },
+  on_nonfinite = { type = "string", one_of = { "skip", "stop" },
+    help = "a step with an inf or nan loss or gradient: \"skip\" its update on every rank (default) or \"stop\" the run" },
   threads = { type = "integer", min = 0, help = "compute threads, 0 = all cores" },
   backend = { type = "string" },
   mesh = { type = "table", help = "{ dp = 1, tp = 1, pp = 1 }" },
@@ -376,7 +378,7 @@ return function(loom)
     local data = loom.open_data(t.data, where)
     local session = loom.session({
       model = t.model, optimizer = opt, precision = t.precision, seed = t.seed,
-      grad_clip = t.grad_clip, threads = t.threads, backend = t.backend,
+      grad_clip = t.grad_clip, on_nonfinite = t.on_nonfinite, threads = t.threads, backend = t.backend,
       batch = { micro = t.batch.micro, seq = t.batch.seq, accum = accum },
       strategy = strategy, tensor = tensor, canonical = canonical,
       schedule = schedule, chunks = chunks, pp_layers = t.pp_layers,
@@ -467,8 +469,12 @@ return function(loom)
       if type(lr) ~= "number" or lr ~= lr or lr < 0 then
         schema.fail(where, "lr schedule returned %s at step %d (want a number >= 0)", tostring(lr), step)
       end
-      local r = session:step(data, lr)
+      local r = session:step(data, lr, step) -- on_nonfinite = "stop" raises: no save follows
       r.step = step
+      if r.nonfinite and rank == 0 then
+        io.stderr:write(string.format("loom: step %d: %s; update skipped on every rank (on_nonfinite = \"skip\")\n",
+          step, r.nonfinite.message))
+      end
       r.tokens_per_s = r.tokens / (r.ms / 1000)
       r.memory = session:info().memory
       summary.losses[#summary.losses + 1] = r.loss
@@ -485,7 +491,7 @@ return function(loom)
           top_k = t.sample.top_k, seed = t.sample.seed, tokenizer = loom.tokenizer_dir(t.data) }
         m:print(text) -- the text only (loom.sample's second result is the optional hash)
       end
-      local stop = t.on_step and t.on_step(r) == false
+      local stop = t.on_step and t.on_step(r, session) == false
       -- collective: every rank calls save (dp rank 0 of each tp rank writes its files)
       -- with checkpoint.dir set the run always saves at its end (and when on_step stops it)
       if t.checkpoint and ((t.checkpoint.every and step % t.checkpoint.every == 0)

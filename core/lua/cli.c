@@ -58,6 +58,9 @@ static int usage(FILE *out)
           "       loom plot METRICS.jsonl [MORE.jsonl ...] [-o SVG] [--smooth N] [--log]\n"
           "                                         plot runs' loss, grad norm, tokens/s and lr\n"
           "       loom export --llmc CKPT OUT.bin   write a checkpoint's weights as an llm.c model\n"
+          "       loom ckpt info CKPT | loom ckpt export CKPT OUT.safetensors\n"
+          "                                         what a checkpoint holds (checksums verified);\n"
+          "                                         its weights as one safetensors file\n"
           "       loom sample CKPT --prompt TEXT [--tokens N] [--temperature T] [--top-k K] [--seed S]\n"
           "                                         generate from a checkpoint (loom sample --help)\n"
           "       loom bench comm [-n N] [--op OP] [--sizes 1K:64M] [--comm shm]\n"
@@ -255,13 +258,18 @@ int main(int argc, char **argv)
     /* `loom CMD --help` (or -h anywhere among its arguments): the command's own help, for
      * every command, from one table (scripts/loom/help.lua). */
     static const char *const commands[] = {"run", "launch", "plugins", "plot", "export", "bench",
-                                           "schedule", "sample", "version", NULL};
+                                           "schedule", "sample", "ckpt", "version", NULL};
     for (int c = 0; commands[c]; c++) {
         if (strcmp(cmd, commands[c]) != 0)
             continue;
         for (int i = 2; i < argc; i++)
             if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-                char *name[] = {(char *)commands[c]};
+                /* `loom ckpt info -h`: the subcommand's own help */
+                char sub[32];
+                int has_sub = strcmp(cmd, "ckpt") == 0 && argc > 2 &&
+                              (strcmp(argv[2], "info") == 0 || strcmp(argv[2], "export") == 0);
+                snprintf(sub, sizeof sub, "ckpt %s", has_sub ? argv[2] : "");
+                char *name[] = {has_sub ? sub : (char *)commands[c]};
                 return cmd_lua("help", 1, name);
             }
     }
@@ -272,7 +280,7 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "plugins") == 0)
         return cmd_lua("plugins", argc - 2, argv + 2);
     if (strcmp(cmd, "plot") == 0 || strcmp(cmd, "export") == 0 || strcmp(cmd, "bench") == 0 ||
-        strcmp(cmd, "schedule") == 0 || strcmp(cmd, "sample") == 0)
+        strcmp(cmd, "schedule") == 0 || strcmp(cmd, "sample") == 0 || strcmp(cmd, "ckpt") == 0)
         return cmd_lua(cmd, argc - 2, argv + 2);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("loom %s\n", LOOM_VERSION_STRING);

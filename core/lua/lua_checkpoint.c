@@ -1,5 +1,6 @@
-/* lua_checkpoint.c — checkpoints from Lua: session:save, session:load and
- * core.find_checkpoint (see checkpoint.h for the format and its guarantees).
+/* lua_checkpoint.c — checkpoints from Lua: session:save, session:load,
+ * core.find_checkpoint, core.verify_checkpoint and session:export_safetensors (see
+ * checkpoint.h for the format and its guarantees; `loom ckpt` uses the last two).
  *
  * What not: no policy (when to save, how many to keep, resume=auto) — that is the Lua
  * library's (scripts/loom/train.lua).
@@ -11,8 +12,10 @@
 #include <limits.h>
 #include <lua.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "io/safetensors.h"
 #include "train/checkpoint.h"
 #include "lua_loom.h"
 #include "base/status.h"
@@ -29,6 +32,17 @@ static void data_position(loom_data *d, loom_checkpoint_extra *x)
 {
     snprintf(x->data_kind, sizeof x->data_kind, "%s", d->ops->kind);
     x->n_data_state = d->ops->get_state(d->self, x->data_state);
+}
+
+/* ZeRO holds each rank's slice of the optimizer state; the checkpoint format writes and
+ * reads the whole state per rank, so it would write wrong files: refused until each rank
+ * saves its own slices (issue 13). */
+static void refuse_zero(lua_State *L, loom_session *s, const char *what)
+{
+    if (loom_session_zero_stage(s) > 0)
+        luaL_error(L, "checkpoints are not %s under strategy zero=%d yet (each rank would have to "
+                   "save its own slice of the optimizer state): train with zero = 0 to save or "
+                   "resume", what, loom_session_zero_stage(s));
 }
 
 /* s:save(dir, {step=, config_json=, data=, keep=}) -> path of the new checkpoint.
@@ -66,6 +80,7 @@ static int l_save(lua_State *L)
         /* the config string stays referenced from the options table during the save */
     }
     char path[PATH_MAX];
+    refuse_zero(L, s, "saved");
     if (loom_checkpoint_save(s, dir, &x, path, sizeof path) != LOOM_OK)
         return raise_status(L);
     lua_pushstring(L, path);
@@ -88,6 +103,7 @@ static int l_load(lua_State *L)
     loom_checkpoint_extra *x = lua_newuserdatauv(L, sizeof *x, 0);
     memset(x, 0, sizeof *x);
     luaL_setmetatable(L, EXTRA_MT);
+    refuse_zero(L, s, "loaded");
     if (loom_checkpoint_load_data(s, path, data, x) != LOOM_OK)
         return raise_status(L);
     lua_createtable(L, 0, 3);
@@ -123,6 +139,59 @@ static int l_find(lua_State *L)
     return 1;
 }
 
+/* core.verify_checkpoint(ckpt) -> bytes checked; raises the first damage found. */
+static int l_verify(lua_State *L)
+{
+    uint64_t bytes = 0;
+    if (loom_ckpt_verify(luaL_checkstring(L, 1), &bytes) != LOOM_OK)
+        return raise_status(L);
+    lua_pushinteger(L, (lua_Integer)bytes);
+    return 1;
+}
+
+/* s:export_safetensors(path, {key = "value", ...}) -> bytes written: every parameter of a
+ * session that holds whole tensors (tp = pp = 1), F32 under its table name and logical
+ * shape, in table order, the strings as __metadata__. */
+static int l_export(lua_State *L)
+{
+    loom_session *s = loom_lua_check_session(L, 1);
+    const char *path = luaL_checkstring(L, 2);
+    luaL_checktype(L, 3, LUA_TTABLE);
+    loom_gpt *m = loom_session_model(s);
+    const loom_param_table *t = loom_gpt_params(m);
+    const float *data = loom_gpt_param_data(m);
+    for (int i = 0; i < t->count; i++)
+        for (int d = 0; d < t->entries[i].ndim; d++)
+            if (t->entries[i].slice_len[d] != t->entries[i].shape[d])
+                return luaL_error(L, "export_safetensors: '%s' is a slice; the session must hold "
+                                  "whole tensors (tp = 1, pp = 1)", t->entries[i].name);
+    int n_meta = 0;
+    lua_pushnil(L);
+    while (lua_next(L, 3)) {
+        luaL_argcheck(L, lua_type(L, -2) == LUA_TSTRING && lua_type(L, -1) == LUA_TSTRING, 3,
+                      "metadata keys and values must be strings");
+        n_meta++;
+        lua_pop(L, 1);
+    }
+    loom_st_tensor *ts = lua_newuserdatauv(L, sizeof *ts * (size_t)(t->count + 1), 0);
+    loom_st_meta *meta = lua_newuserdatauv(L, sizeof *meta * (size_t)(n_meta + 1), 0);
+    n_meta = 0;
+    lua_pushnil(L);
+    while (lua_next(L, 3)) { /* the strings stay alive in the table at 3 */
+        meta[n_meta++] = (loom_st_meta){lua_tostring(L, -2), lua_tostring(L, -1)};
+        lua_pop(L, 1);
+    }
+    for (int i = 0; i < t->count; i++) {
+        const loom_param_entry *e = &t->entries[i];
+        ts[i] = (loom_st_tensor){e->name, LOOM_DTYPE_F32, e->ndim, e->shape, data + e->offset};
+    }
+    uint64_t bytes, sum;
+    if (loom_safetensors_write(path, ts, t->count, meta, n_meta, &bytes, &sum) != LOOM_OK)
+        return raise_status(L);
+    lua_pushinteger(L, (lua_Integer)bytes);
+    return 1;
+}
+
 void loom_lua_open_checkpoint(lua_State *L)
 {
     luaL_newmetatable(L, EXTRA_MT);
@@ -136,7 +205,11 @@ void loom_lua_open_checkpoint(lua_State *L)
     lua_setfield(L, -2, "save");
     lua_pushcfunction(L, l_load);
     lua_setfield(L, -2, "load");
+    lua_pushcfunction(L, l_export);
+    lua_setfield(L, -2, "export_safetensors");
     lua_pop(L, 2);
+    lua_pushcfunction(L, l_verify);
+    lua_setfield(L, -2, "verify_checkpoint");
     lua_pushcfunction(L, l_find);
     lua_setfield(L, -2, "find_checkpoint");
 }

@@ -46,8 +46,18 @@ static int l_llmc_config(lua_State *L)
     return 1;
 }
 
+/* ZeRO-3 keeps each rank's partition of the parameters; the model's buffer holds only
+ * the units in use, so an llm.c file can be neither read into it nor written from it. */
+static void refuse_zero3(lua_State *L, const char *what)
+{
+    if (loom_session_zero_stage(loom_lua_check_session(L, 1)) == 3)
+        luaL_error(L, "llm.c weights are not %s under strategy zero=3 yet (the parameters live "
+                   "in each rank's partition): use zero = 0, 1 or 2", what);
+}
+
 static int l_llmc_load(lua_State *L)
 {
+    refuse_zero3(L, "loaded");
     loom_gpt *m = check_model(L, 1);
     if (loom_llmc_load(m, luaL_checkstring(L, 2)) != LOOM_OK)
         return raise_status(L);
@@ -56,6 +66,7 @@ static int l_llmc_load(lua_State *L)
 
 static int l_llmc_save(lua_State *L)
 {
+    refuse_zero3(L, "saved");
     loom_gpt *m = check_model(L, 1);
     if (loom_llmc_save(m, luaL_checkstring(L, 2)) != LOOM_OK)
         return raise_status(L);

@@ -217,6 +217,9 @@ static int l_session(lua_State *L)
     cfg.accum = int_field(L, 1, "accum", 1);
     cfg.seed = (uint64_t)int_field(L, 1, "seed", 0);
     cfg.grad_clip = (float)num_field(L, 1, "grad_clip", 1.0);
+    lua_getfield(L, 1, "on_nonfinite"); /* "skip" (default) or "stop", checked in Lua */
+    cfg.stop_on_nonfinite = lua_type(L, -1) == LUA_TSTRING && strcmp(lua_tostring(L, -1), "stop") == 0;
+    lua_pop(L, 1);
     cfg.threads = int_field(L, 1, "threads", 0);
     lua_getfield(L, 1, "backend");
     cfg.backend = lua_isnil(L, -1) ? "cpu" : luaL_checkstring(L, -1);
@@ -257,6 +260,8 @@ static int l_session(lua_State *L)
     }
     lua_pop(L, 1);
     cfg.pp_chunks = int_field(L, 1, "chunks", 1);
+    cfg.zero_stage = int_field(L, 1, "zero", 0); /* strategy = { zero = N } */
+    cfg.zero_bucket_mb = num_field(L, 1, "zero_bucket_mb", 0.0);
     static _Thread_local int pp_layers[1024];
     lua_getfield(L, 1, "pp_layers");
     if (!lua_isnil(L, -1)) {
@@ -331,12 +336,16 @@ static void set_num(lua_State *L, const char *k, double v)
     lua_setfield(L, -2, k);
 }
 
-/* s:step(data, lr) -> {step, loss, grad_norm, lr, ms, comm_ms, tokens, skipped} */
+/* s:step(data, lr [, step]) -> {step, loss, grad_norm, lr, ms, comm_ms, tokens, skipped,
+ * inflight, bubble (under pp) [, nonfinite = {rank, stage, param | loss = true, message}]};
+ * step: the loop's number for this step (reports and LOOM_INJECT_NONFINITE use it). */
 static int l_session_step(lua_State *L)
 {
     session_box *b = check_session(L);
     loom_data_cursor src = {loom_lua_check_data(L, 2), LOOM_SPLIT_TRAIN};
     float lr = (float)luaL_checknumber(L, 3);
+    if (!lua_isnoneornil(L, 4))
+        loom_session_number_next_step(b->s, (int64_t)luaL_checkinteger(L, 4));
     loom_step_stats st;
     if (loom_session_step(b->s, loom_data_batch, &src, lr, &st) != LOOM_OK)
         return raise_status(L);
@@ -353,7 +362,41 @@ static int l_session_step(lua_State *L)
     lua_setfield(L, -2, "skipped");
     lua_pushinteger(L, st.inflight);
     lua_setfield(L, -2, "inflight");
+    if (st.nonfinite.found) {
+        char what[160];
+        loom_nonfinite_describe(&st.nonfinite, what, sizeof what);
+        lua_createtable(L, 0, 5);
+        lua_pushinteger(L, st.nonfinite.rank);
+        lua_setfield(L, -2, "rank");
+        lua_pushinteger(L, st.nonfinite.stage);
+        lua_setfield(L, -2, "stage");
+        if (st.nonfinite.loss) {
+            lua_pushboolean(L, 1);
+            lua_setfield(L, -2, "loss");
+        } else {
+            lua_pushstring(L, st.nonfinite.param);
+            lua_setfield(L, -2, "param");
+        }
+        lua_pushstring(L, what);
+        lua_setfield(L, -2, "message");
+        lua_setfield(L, -2, "nonfinite");
+    }
+    if (st.bubble == st.bubble) /* under pp only */
+        set_num(L, "bubble", st.bubble);
     return 1;
+}
+
+/* s:trace(path, rank [, steps]): this rank's Chrome trace from the next step on (steps:
+ * how many, 0 or nil = all; docs/METRICS.md). */
+static int l_session_trace(lua_State *L)
+{
+    session_box *b = check_session(L);
+    const char *path = luaL_checkstring(L, 2);
+    int rank = (int)luaL_checkinteger(L, 3);
+    lua_Integer steps = luaL_optinteger(L, 4, 0);
+    if (loom_session_trace(b->s, path, rank, (int64_t)steps) != LOOM_OK)
+        return raise_status(L);
+    return 0;
 }
 
 /* s:eval(data, batches) -> mean val loss, always from the start of the val split. */
@@ -472,7 +515,8 @@ static int l_session_sample(lua_State *L)
     return 2;
 }
 
-/* s:info() -> {params=, param_bytes=, activation_bytes=, vocab_padded=, backend=, steps=};
+/* s:info() -> {params=, param_bytes=, activation_bytes=, vocab_padded=, backend=, steps=,
+ *              stages=, zero=, memory={...}};
  * params counts the whole model, param_bytes this rank's parameter buffer (its slices,
  * alignment included), activation_bytes its activation and backward scratch buffers. */
 static int l_session_info(lua_State *L)
@@ -494,7 +538,40 @@ static int l_session_info(lua_State *L)
     lua_setfield(L, -2, "steps");
     lua_pushinteger(L, loom_session_pipeline_stages(b->s));
     lua_setfield(L, -2, "stages");
+    lua_pushinteger(L, loom_session_zero_stage(b->s));
+    lua_setfield(L, -2, "zero");
+    /* memory = { params=, params_peak_resident=, grads=, grads_peak_resident=, optimizer=, master=, activations=,
+     * comm= }: this rank's bytes by category (zero.h) */
+    loom_memory mem;
+    loom_session_memory(b->s, &mem);
+    lua_createtable(L, 0, 8);
+    const struct { const char *k; size_t v; } cats[] = {
+        {"params", mem.params}, {"params_peak_resident", mem.params_peak_resident},
+        {"grads", mem.grads}, {"grads_peak_resident", mem.grads_peak_resident},
+        {"optimizer", mem.optimizer}, {"master", mem.master}, {"activations", mem.activations},
+        {"comm", mem.comm}};
+    for (size_t i = 0; i < sizeof cats / sizeof cats[0]; i++) {
+        lua_pushinteger(L, (lua_Integer)cats[i].v);
+        lua_setfield(L, -2, cats[i].k);
+    }
+    lua_setfield(L, -2, "memory");
     return 1;
+}
+
+/* s:state_hash() -> params, optim: XXH64 (hex) of this rank's parameters and optimizer
+ * state (under ZeRO its partition; optim "-" without state), e.g. to show that a skipped
+ * step changed neither. */
+static int l_session_state_hash(lua_State *L)
+{
+    session_box *b = check_session(L);
+    uint64_t h[2];
+    loom_session_state_hash(b->s, &h[0], &h[1]);
+    for (int i = 0; i < 2; i++) {
+        char hex[17];
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h[i]);
+        lua_pushstring(L, i == 1 && h[1] == 0 ? "-" : hex);
+    }
+    return 2;
 }
 
 static int l_session_close(lua_State *L)
@@ -507,7 +584,9 @@ static int l_session_close(lua_State *L)
 
 static const luaL_Reg session_methods[] = {
     {"step", l_session_step},     {"eval", l_session_eval},   {"sample", l_session_sample},
-    {"info", l_session_info},     {"close", l_session_close}, {NULL, NULL}};
+    {"info", l_session_info},     {"close", l_session_close}, {"trace", l_session_trace},
+    {"state_hash", l_session_state_hash},
+    {NULL, NULL}};
 static const luaL_Reg core_funcs[] = {{"plugins", l_plugins},
                                       {"plugin_keys", l_plugin_keys},
                                       {"check_plugin", l_check_plugin},

@@ -22,6 +22,24 @@ void loom_gpt_set_grad_hook(loom_gpt *m, loom_grad_ready_fn fn, void *ctx)
     m->grad_ready_ctx = ctx;
 }
 
+void loom_gpt_set_param_hook(loom_gpt *m, loom_param_use_fn fn, void *ctx)
+{
+    m->param_use = fn;
+    m->param_use_ctx = ctx;
+}
+
+void loom_gpt_unit_entries(const loom_gpt *m, int unit, int *first, int *last)
+{
+    int L = m->cfg.layers;
+    *first = unit == 0 ? 0 : unit <= L ? 2 + 12 * (unit - 1) : m->table.count - 2;
+    *last = unit == 0 ? 1 : unit <= L ? 2 + 12 * (unit - 1) + 11 : m->table.count - 1;
+}
+
+static loom_status use(loom_gpt *m, int unit, int needed)
+{
+    return m->param_use ? m->param_use(m->param_use_ctx, unit, needed) : LOOM_OK;
+}
+
 /* Report entries [first, last] (table indices) as final. They are contiguous in the
  * flat buffer because build_table adds them in that order. */
 static loom_status entries_ready(loom_gpt *m, int first, int last)
@@ -562,14 +580,18 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
     /* Embedding: each rank looks up its vocabulary rows (zeros elsewhere); the sum over the
      * group is the lookup. Positions are added once, to the rows this rank keeps. */
     float *embedded = m->tp_ops ? m->partial : m->encoded;
+    LOOM_TRY(use(m, 0, 1));
     k->embedding_forward(embedded, m->tokens, m->p.wte, m->v0, m->Vl, R, C);
     LOOM_TRY(F_LEAVE(LOOM_REGION_EMBEDDING, -1, embedded, m->encoded, R, C));
     k->position_forward(m->encoded, m->p.wpe, row0, Rl, T, C);
     const float *residual = m->encoded;
     for (int l = 0; l < m->cfg.layers; l++) {
+        LOOM_TRY(use(m, 1 + l, 1));
         LOOM_TRY(gpt_block_forward(m, l, residual, B, T, Rl));
+        LOOM_TRY(use(m, 1 + l, 0));
         residual = m->acts[l].res3;
     }
+    LOOM_TRY(use(m, m->cfg.layers + 1, 1));
     k->layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, residual, m->p.lnfw, m->p.lnfb, 1,
                          (int)Rl, C);
     LOOM_TRY(F_ENTER(LOOM_REGION_HEAD, -1, m->lnf, m->lnf_full, R, C));
@@ -587,6 +609,10 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
             sum += m->host_losses[i];
         if (loss_sum)
             *loss_sum = sum;
+    }
+    if (!m->have_dlogits) { /* no backward follows */
+        LOOM_TRY(use(m, m->cfg.layers + 1, 0));
+        LOOM_TRY(use(m, 0, 0));
     }
     return LOOM_OK;
 }
@@ -610,12 +636,16 @@ loom_status loom_gpt_backward(loom_gpt *m)
     rep_args lnf = {m->dres, m->dsummed, last, m->p.lnfw, m->lnf_mean, m->lnf_rstd};
     gpt_replicated_grads(m, &pk, 0, &lnf, m->g.lnfw, m->g.lnfb, Rl);
     LOOM_TRY(gpt_rep_flush(m, &pk));
+    LOOM_TRY(use(m, L + 1, 0));
+    LOOM_TRY(use(m, 0, 0)); /* the embedding's backward reads no weights */
     int n_entries = m->table.count;
     LOOM_TRY(entries_ready(m, n_entries - 2, n_entries - 1));
     for (int l = L - 1; l >= 0; l--) {
         const float *residual = l == 0 ? m->encoded : m->acts[l - 1].res3;
+        LOOM_TRY(use(m, 1 + l, 1));
         LOOM_TRY(gpt_block_backward(m, l, residual, &pk, B, T, Rl));
         LOOM_TRY(gpt_rep_flush(m, &pk));
+        LOOM_TRY(use(m, 1 + l, 0));
         LOOM_TRY(entries_ready(m, 2 + 12 * l, 2 + 12 * l + 11));
     }
     /* Embedding: every rank needs the gradient of all rows for its vocabulary slice; the

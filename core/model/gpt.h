@@ -91,6 +91,16 @@ loom_status loom_gpt_backward(loom_gpt *m);
  * the rest of backward runs. NULL fn removes the hook. */
 typedef loom_status (*loom_grad_ready_fn)(void *ctx, size_t offset, size_t n);
 void loom_gpt_set_grad_hook(loom_gpt *m, loom_grad_ready_fn fn, void *ctx);
+/* ZeRO-3 (zero.h): called with needed = 1 before a unit's parameters are read and with 0
+ * when the pass is done with them. Units: 0 = the embeddings (wte, wpe; the tied LM head
+ * reads wte), 1 + l = block l, layers + 1 = ln_f. Forward: 0, 1..L, L+1 needed; blocks
+ * done after each; with dloss == 0 units L+1 and 0 done at the end, else they stay for
+ * backward, which marks L+1 and 0 done after the head, then each block needed and done,
+ * top down. Decoding calls no hook (the caller keeps every unit in place). */
+typedef loom_status (*loom_param_use_fn)(void *ctx, int unit, int needed);
+void loom_gpt_set_param_hook(loom_gpt *m, loom_param_use_fn fn, void *ctx);
+/* A unit's first and last parameter-table entries. */
+void loom_gpt_unit_entries(const loom_gpt *m, int unit, int *first, int *last);
 
 /* The (B,T,Vp) logits of the last forward with dloss == 0 (device memory); with tensor
  * parallelism this rank's (B,T,Vp/tp) vocabulary columns. */

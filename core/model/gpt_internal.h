@@ -90,6 +90,8 @@ struct loom_gpt {
     double comm_ms;                    /* time inside tensor-parallel exchanges */
     loom_grad_ready_fn grad_ready;
     void *grad_ready_ctx;
+    loom_param_use_fn param_use;       /* ZeRO-3's gather and release, or NULL */
+    void *param_use_ctx;
 };
 
 enum { RC_KEEP, RC_FULL, RC_SELECTIVE };

@@ -184,14 +184,72 @@ static char *slice_json(const loom_param_entry *e)
     return b.data;
 }
 
+loom_ckpt_tiling loom_ckpt_tiling_of(int ndim, const int64_t *shape, uint64_t elem_size)
+{
+    loom_ckpt_tiling g = {1, 1, 1, 1, 0, 0};
+    for (int d = 0; d < ndim; d++) {
+        uint64_t x = shape[d] > 0 ? (uint64_t)shape[d] : 0; /* a negative dim: the writer refuses it */
+        if (d == ndim - 1)
+            g.K = x;
+        else
+            g.R *= x;
+    }
+    if (!g.R || !g.K)
+        return g;
+    g.cols = g.K;
+    if (g.K * elem_size > LOOM_CKPT_TILE_BYTES) {
+        while (g.cols % 2 == 0 && g.cols * elem_size > LOOM_CKPT_TILE_BYTES)
+            g.cols /= 2;
+    } else {
+        if (g.K % 8 == 0)
+            g.cols = g.K / 8;
+        g.rows = LOOM_CKPT_TILE_BYTES / (g.cols * elem_size);
+        g.rows = g.rows < 1 ? 1 : g.rows > g.R ? g.R : g.rows;
+    }
+    g.row_blocks = (g.R + g.rows - 1) / g.rows;
+    g.col_blocks = (g.K + g.cols - 1) / g.cols;
+    return g;
+}
+
+/* The header's "loom.tiles" for tensors ts[0..n): what lets a load check only the tiles it
+ * reads. NULL when out of memory. */
+static char *tile_sums(const loom_st_tensor *ts, int n)
+{
+    size_t total = 0, at = 0;
+    for (int i = 0; i < n; i++) {
+        loom_ckpt_tiling g = loom_ckpt_tiling_of(ts[i].ndim, ts[i].shape, loom_dtype_size(ts[i].dtype));
+        total += (size_t)(g.row_blocks * g.col_blocks);
+    }
+    char *hex = malloc(total * 16 + 1);
+    if (!hex)
+        return NULL;
+    hex[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        uint64_t es = loom_dtype_size(ts[i].dtype);
+        loom_ckpt_tiling g = loom_ckpt_tiling_of(ts[i].ndim, ts[i].shape, es);
+        const unsigned char *p = ts[i].data;
+        for (uint64_t bi = 0; bi < g.row_blocks; bi++)
+            for (uint64_t bj = 0; bj < g.col_blocks; bj++) {
+                uint64_t c0 = bj * g.cols, w = g.K - c0 < g.cols ? g.K - c0 : g.cols;
+                loom_xxh64_state h;
+                loom_xxh64_init(&h);
+                for (uint64_t r = bi * g.rows; r < (bi + 1) * g.rows && r < g.R; r++)
+                    loom_xxh64_update(&h, p + (r * g.K + c0) * es, (size_t)(w * es));
+                snprintf(hex + 16 * at++, 17, "%016" PRIx64, loom_xxh64_digest(&h));
+            }
+    }
+    return hex;
+}
+
 /* Write model.safetensors (slots == 0) or optim.safetensors (slot-major state). */
 static loom_status write_tensors(const char *path, const loom_param_table *t, const float *buf,
                                  uint32_t slots, int is_optim, const char *optim_name,
-                                 const char *skip, uint64_t *bytes, uint64_t *sum)
+                                 const char *skip, uint64_t *bytes, uint64_t *sum, uint64_t *head)
 {
     int per = is_optim ? (int)slots : 1, n = t->count * per, n_meta = 0;
     loom_st_tensor *ts = calloc((size_t)n + 1, sizeof *ts);
-    loom_st_meta *meta = calloc((size_t)n + 4, sizeof *meta);
+    loom_st_meta *meta = calloc((size_t)n + 5, sizeof *meta);
+    char *tiles = NULL;
     char (*names)[LOOM_PARAM_NAME_MAX + 16] = calloc((size_t)n + 1, sizeof *names);
     char **slices = calloc((size_t)t->count + 1, sizeof *slices);
     char slots_text[16];
@@ -226,8 +284,15 @@ static loom_status write_tensors(const char *path, const loom_param_table *t, co
             meta[n_meta++] = (loom_st_meta){names[j], slices[i]};
         }
     }
-    if (st == LOOM_OK)
+    if (st == LOOM_OK && !(tiles = tile_sums(ts, at)))
+        st = loom_fail(LOOM_ERR_NOMEM, "out of memory writing '%s'", path);
+    if (st == LOOM_OK) {
+        meta[n_meta++] = (loom_st_meta){"loom.tiles", tiles};
         st = loom_safetensors_write(path, ts, at, meta, n_meta, bytes, sum);
+    }
+    if (st == LOOM_OK)
+        st = loom_ckpt_header_sum(path, head, NULL);
+    free(tiles);
     for (int i = 0; slices && i < t->count; i++)
         free(slices[i]);
     free(slices);
@@ -237,7 +302,8 @@ static loom_status write_tensors(const char *path, const loom_param_table *t, co
     return st;
 }
 
-typedef struct file_sum { char name[64]; uint64_t bytes, sum; } file_sum;
+/* A written tensor file: its size, the XXH64 of all of it and of its header. */
+typedef struct file_sum { char name[64]; uint64_t bytes, sum, head; } file_sum;
 
 static loom_status write_manifest(const loom_ckpt_source *src, const char *path,
                                   const loom_checkpoint_extra *x, const char *config,
@@ -288,8 +354,8 @@ static loom_status write_manifest(const loom_ckpt_source *src, const char *path,
     loom_strbuf_puts(&b, "  \"files\": {\n");
     for (int i = 0; i < n_files; i++)
         loom_strbuf_printf(&b, "    \"%s\": {\"bytes\": %" PRIu64 ", \"xxh64\": \"%016" PRIx64
-                           "\"}%s\n", files[i].name, files[i].bytes, files[i].sum,
-                           i + 1 < n_files ? "," : "");
+                           "\", \"header_xxh64\": \"%016" PRIx64 "\"}%s\n", files[i].name,
+                           files[i].bytes, files[i].sum, files[i].head, i + 1 < n_files ? "," : "");
     loom_strbuf_puts(&b, "  },\n  \"config\": ");
     if (config)
         loom_strbuf_append(&b, config, config_len);
@@ -321,10 +387,10 @@ static loom_status write_part(const loom_ckpt_source *src, const char *tmp, int 
     loom_ckpt_file_name(files[1].name, sizeof files[1].name, "optim", part, tp, pp);
     LOOM_TRY(join(path, sizeof path, tmp, files[0].name));
     LOOM_TRY(write_tensors(path, src->table, src->params, 0, 0, NULL, skip, &files[0].bytes,
-                           &files[0].sum));
+                           &files[0].sum, &files[0].head));
     LOOM_TRY(join(path, sizeof path, tmp, files[1].name));
     return write_tensors(path, src->table, src->state, src->slots, 1, src->optim_name, skip,
-                         &files[1].bytes, &files[1].sum);
+                         &files[1].bytes, &files[1].sum, &files[1].head);
 }
 
 /* Put tmp in place as final; an existing final is swapped out and deleted. */

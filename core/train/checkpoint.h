@@ -14,13 +14,15 @@
  *                      logical shape and slice start as JSON text
  *                      ({"shape":[..],"slice_start":[..]}); the slice length is the
  *                      stored tensor's shape. Replicated parameters appear in every file.
+ *                      __metadata__ also has "loom.tiles": the XXH64 of every tile of
+ *                      every tensor (loom_ckpt_tiling below), 16 hex digits each.
  *   optim*.safetensors slot k of parameter X as "X.state<k>" (X's held shape), same metadata
  *   manifest.json      format "loom-checkpoint", version 1, loom version, step, steps_taken,
  *                      precision state, optimizer {name, slots}, model config, layout
  *                      {tp: N} (under pp also pp: P and pp_layers: the blocks of each
  *                      virtual stage, stage-major), data {kind, state}, files {name:
- *                      {bytes, xxh64}} (every file above), the config verbatim, and last
- *                      its own checksum. A manifest without "layout" is tp = 1, without
+ *                      {bytes, xxh64, header_xxh64}} (every file above), the config
+ *                      verbatim, and last its own checksum. A manifest without "layout" is tp = 1, without
  *                      "pp" pp = 1.
  * plus dir/latest, a one-line file naming the newest checkpoint directory ("step_00000020").
  *
@@ -50,9 +52,12 @@
  * and all fail if one did (the failing rank's message says why; the others name it).
  * A rank that fails locally still takes part in every exchange, so no rank waits for one
  * that gave up; a dead rank shows as the communicator's timeout.
- * Load is local: every rank reads the manifest and all tensor files (checking their
- * checksums) and assembles the slice it holds of every parameter and optimizer slot from
- * the stored pieces that overlap it ("remap through logical names and slices"): any saved
+ * Load is local: every rank reads the manifest and the header of every tensor file
+ * (checked against the manifest's "header_xxh64"), then only the byte ranges of the
+ * tensors and slices it holds, in whole tiles (about 16 KiB) each checked against the
+ * header's "loom.tiles" (a checkpoint without header_xxh64, from before, is read whole and
+ * checked against the file's xxh64), and assembles the slice it holds of every parameter
+ * and optimizer slot from the stored pieces that overlap it ("remap through logical names and slices"): any saved
  * tp degree loads at any other (tp=2 -> 1, 2, 4; 1 -> 2, 4), any pp layout at any other
  * (a pipeline stage takes the tensors it holds and skips those another stage holds:
  * loom_gpt_held_elsewhere), and `loom export` (a tp=1 session) reads a tp > 1 or pp > 1
@@ -126,6 +131,35 @@ void loom_checkpoint_extra_free(loom_checkpoint_extra *e);
 #define LOOM_CKPT_OPTIM_FILE "optim.safetensors"
 #define LOOM_CKPT_MANIFEST_FILE "manifest.json"
 #define LOOM_CKPT_TP_MAX 4096
+/* About how many bytes one recorded checksum covers (the header's "loom.tiles"): a load
+ * reads and checks whole tiles of what it needs. */
+#define LOOM_CKPT_TILE_BYTES 16384
+
+/* How a stored tensor is cut into checksummed tiles. Viewed as R rows of its last dim K
+ * (R = the product of the other dims), a tile is `rows` consecutive rows by `cols`
+ * consecutive columns (the last ones narrower): a row of more than LOOM_CKPT_TILE_BYTES
+ * is halved until a piece fits (rows = 1); a shorter row is cut in 8 when K divides by 8
+ * (so tp <= 8 column splits read only their columns) and `rows` of those fill about
+ * LOOM_CKPT_TILE_BYTES. Tiles go row block by row block, column block by column block;
+ * the header lists the tensors' tiles in file order, 16 hex digits of XXH64 each, the
+ * hash of a tile being that of its rows' pieces in order. */
+typedef struct loom_ckpt_tiling {
+    uint64_t R, K, rows, cols;
+    uint64_t row_blocks, col_blocks; /* n = row_blocks * col_blocks tiles; 0 if empty */
+} loom_ckpt_tiling;
+loom_ckpt_tiling loom_ckpt_tiling_of(int ndim, const int64_t *shape, uint64_t elem_size);
+
+/* The XXH64 of a safetensors file's first 8 + N bytes (length and header); header_bytes
+ * (may be NULL) gets 8 + N. LOOM_ERR_IO / LOOM_ERR_CORRUPT naming the path. */
+loom_status loom_ckpt_header_sum(const char *path, uint64_t *sum, uint64_t *header_bytes);
+/* Bytes the calling thread's latest load read from tensor files, and their total size (a
+ * load that reads only the ranges it holds shows it here; LOOM_CKPT_STATS=1 in the
+ * environment also prints both to stderr after every load). */
+void loom_ckpt_read_stats(uint64_t *read, uint64_t *total);
+/* Check every byte of the checkpoint at ckpt_dir: the manifest, and each tensor file's
+ * size, XXH64, header checksum and tile checksums, and that it parses. bytes (may
+ * be NULL) gets the total checked. The message names the first bad file and why. */
+loom_status loom_ckpt_verify(const char *ckpt_dir, uint64_t *bytes);
 
 /* The tensor file of kind "model" or "optim" written by part `part` of a tp x pp layout
  * (part = stage * tp + tp rank): "model.safetensors" when tp == pp == 1, else

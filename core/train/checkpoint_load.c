@@ -3,13 +3,21 @@
  *
  * What: read the manifest (its own checksum, format, version), compare what it records
  * with the session (model config, optimizer, precision state size, data kind), read every
- * safetensors file of its layout whole and check size and checksum, parse them strictly,
- * and plan, for every parameter and optimizer slot this rank holds, which stored pieces
+ * safetensors file's header (checked against the manifest's header_xxh64), parse them
+ * strictly, and plan, for every parameter and optimizer slot this rank holds, which stored pieces
  * (boxes of the logical tensor) fill its held slice: unknown tensors, other logical
  * shapes, pieces that overlap without being replicas, and gaps are refused. Only then
- * change anything, copying the intersections box by box.
- * What not: no streaming and no selective reading (every rank reads all files of the
- * checkpoint: peak memory is their total size); no communication.
+ * change anything: read the tiles (checkpoint.h, loom_ckpt_tiling) that hold the used
+ * pieces' intersections with the held slices (a row split is contiguous rows; a column
+ * split reads its columns of every row it spans, rounded out to whole tiles), adjacent
+ * row pieces in one read, check each tile's XXH64 against the header's "loom.tiles", and
+ * copy the intersections box by box. A file is mapped as a sparse anonymous region of its
+ * size (MAP_NORESERVE) that only the read tiles touch, so a rank's memory is what it reads.
+ * Checkpoints without header_xxh64 (older) are read whole and checked against the
+ * file's xxh64.
+ * What not: no streaming into the session (the read tiles are held until the copy); no
+ * communication; pieces are boxes of the logical tensor (a save whose pieces are not, e.g.
+ * flat ranges of a ZeRO partition, needs its own piece kind in make_plan and mark_piece).
  * Invariants: on any failure the session and the data source are as they were; every
  * message names the file (and the field) it is about.
  */
@@ -23,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -88,6 +97,101 @@ static loom_status bad(const char *path, const char *fmt, ...)
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     return loom_fail(LOOM_ERR_CORRUPT, "checkpoint '%s': %s", path, msg);
+}
+
+/* A safetensors file's first 8 bytes: its header length, little-endian. */
+static uint64_t header_len(const unsigned char *b)
+{
+    uint64_t n = 0;
+    for (int k = 7; k >= 0; k--)
+        n = n << 8 | b[k];
+    return n;
+}
+
+/* What the calling thread's latest load read (loom_ckpt_read_stats). */
+static _Thread_local uint64_t stat_read, stat_total;
+
+void loom_ckpt_read_stats(uint64_t *read, uint64_t *total)
+{
+    *read = stat_read;
+    *total = stat_total;
+}
+
+static loom_status pread_all(int fd, const char *path, void *buf, size_t n, uint64_t off)
+{
+    size_t done = 0;
+    while (done < n) {
+        ssize_t r = pread(fd, (char *)buf + done, n - done, (off_t)(off + done));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return loom_fail(LOOM_ERR_IO, "cannot read checkpoint '%s': %s", path,
+                             r < 0 ? strerror(errno) : "the file shrank while being read");
+        done += (size_t)r;
+    }
+    stat_read += n;
+    return LOOM_OK;
+}
+
+/* The length word and header of an open safetensors file of `size` bytes: *out (malloc'd)
+ * gets its first *hb = 8 + N bytes. */
+static loom_status read_header(int fd, const char *path, uint64_t size, unsigned char **out,
+                               uint64_t *hb)
+{
+    unsigned char len8[8];
+    *out = NULL;
+    if (size < 8)
+        return bad(path, "the file is %" PRIu64 " bytes, too short for a safetensors header", size);
+    LOOM_TRY(pread_all(fd, path, len8, 8, 0));
+    uint64_t n = header_len(len8);
+    if (n > LOOM_ST_MAX_HEADER || n > size - 8)
+        return bad(path, "header length %" PRIu64 " is over 100 MB or runs past the end of the file "
+                   "(%" PRIu64 " bytes)", n, size);
+    unsigned char *h = malloc((size_t)n + 9);
+    if (!h)
+        return loom_fail(LOOM_ERR_NOMEM, "out of memory reading '%s'", path);
+    memcpy(h, len8, 8);
+    loom_status st = pread_all(fd, path, h + 8, (size_t)n, 8);
+    if (st != LOOM_OK) {
+        free(h);
+        return st;
+    }
+    *out = h;
+    *hb = 8 + n;
+    return LOOM_OK;
+}
+
+static loom_status open_regular(const char *path, int *fd, uint64_t *size)
+{
+    struct stat sb;
+    *fd = open(path, O_RDONLY);
+    if (*fd < 0 || fstat(*fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        int e = *fd < 0 ? errno : 0;
+        if (*fd >= 0)
+            close(*fd);
+        *fd = -1;
+        return loom_fail(LOOM_ERR_IO, "cannot read checkpoint '%s': %s", path,
+                         e ? strerror(e) : "not a regular file");
+    }
+    *size = (uint64_t)sb.st_size;
+    return LOOM_OK;
+}
+
+loom_status loom_ckpt_header_sum(const char *path, uint64_t *sum, uint64_t *header_bytes)
+{
+    int fd;
+    uint64_t size = 0, hb = 0;
+    unsigned char *h;
+    LOOM_TRY(open_regular(path, &fd, &size));
+    loom_status st = read_header(fd, path, size, &h, &hb);
+    close(fd);
+    if (st != LOOM_OK)
+        return st;
+    *sum = loom_xxh64(h, (size_t)hb);
+    if (header_bytes)
+        *header_bytes = hb;
+    free(h);
+    return LOOM_OK;
 }
 
 static loom_status verify_checksum(const char *path, char *text, size_t n, const loom_json *root)
@@ -165,6 +269,23 @@ static loom_status file_record(const char *mpath, const loom_json *root, const c
     return LOOM_OK;
 }
 
+/* files.<name>.header_xxh64: 1 with *sum set, 0 when absent (a checkpoint from before
+ * ranged loads: read whole), or a refusal. */
+static loom_status header_record(const char *mpath, const loom_json *root, const char *name,
+                                 int *has, uint64_t *sum)
+{
+    const loom_json *r = loom_json_get(loom_json_get_type(root, "files", LOOM_JSON_OBJECT), name);
+    const loom_json *c = loom_json_get(r, "header_xxh64");
+    *has = 0;
+    if (!c)
+        return LOOM_OK;
+    if (c->type != LOOM_JSON_STRING || c->len != 16 || strspn(c->text, "0123456789abcdef") != 16)
+        return bad(mpath, "manifest files.%s.header_xxh64 is not 16 hex digits", name);
+    *sum = strtoull(c->text, NULL, 16);
+    *has = 1;
+    return LOOM_OK;
+}
+
 void loom_ckpt_file_name(char *out, size_t len, const char *kind, int part, int tp, int pp)
 {
     if (tp <= 1 && pp <= 1)
@@ -219,9 +340,17 @@ int loom_ckpt_is_complete(const char *ckpt_dir)
 
 typedef struct tfile {
     char path[PATH_MAX];
-    unsigned char *bytes;
+    unsigned char *bytes;  /* the file's bytes; ranged: a sparse map, header + read tiles */
     size_t size;
     loom_st_file *f;
+    /* ranged reads (mapped): the open file, where the data section starts, the header's
+     * tile checksums, each entry's first tile (file order; [count] = all tiles) and which
+     * tiles the plans need */
+    int mapped, fd;
+    uint64_t data_at;
+    const char *sums;
+    size_t *tile_base;
+    unsigned char *need;
 } tfile;
 
 /* One stored tensor: a box (start, len) of the logical tensor `target` refers to. */
@@ -254,8 +383,16 @@ typedef struct elsewhere {
 static void tensors_free(tensor_set *ts)
 {
     for (int i = 0; ts->files && i < 2 * ts->parts; i++) {
-        loom_safetensors_free(ts->files[i].f);
-        free(ts->files[i].bytes);
+        tfile *tf = &ts->files[i];
+        loom_safetensors_free(tf->f);
+        if (tf->mapped)
+            munmap(tf->bytes, tf->size ? tf->size : 1);
+        else
+            free(tf->bytes);
+        if (tf->fd >= 0)
+            close(tf->fd);
+        free(tf->need);
+        free(tf->tile_base);
     }
     free(ts->files);
     free(ts->model.p);
@@ -263,12 +400,122 @@ static void tensors_free(tensor_set *ts)
     memset(ts, 0, sizeof *ts);
 }
 
+static loom_ckpt_tiling tiling(const loom_st_entry *te)
+{
+    return loom_ckpt_tiling_of(te->ndim, te->shape, te->dtype_size);
+}
+
+/* The header's loom.tiles: 16 hex digits per tile of every tensor, in file order. */
+static loom_status read_tile_sums(tfile *tf)
+{
+    const char *sums = loom_safetensors_meta(tf->f, "loom.tiles");
+    int n = loom_safetensors_count(tf->f);
+    if (!sums)
+        return bad(tf->path, "header __metadata__ has no loom.tiles (the tile checksums every "
+                   "ranged load checks)");
+    if (!(tf->tile_base = calloc((size_t)n + 1, sizeof *tf->tile_base)))
+        return loom_fail(LOOM_ERR_NOMEM, "out of memory reading '%s'", tf->path);
+    for (int i = 0; i < n; i++) {
+        loom_ckpt_tiling g = tiling(loom_safetensors_entry(tf->f, i));
+        tf->tile_base[i + 1] = tf->tile_base[i] + (size_t)(g.row_blocks * g.col_blocks);
+    }
+    size_t tiles = tf->tile_base[n];
+    if (strlen(sums) != 16 * tiles || strspn(sums, "0123456789abcdef") != strlen(sums))
+        return bad(tf->path, "header loom.tiles has %zu characters; its %zu tiles need 16 hex "
+                   "digits each", strlen(sums), tiles);
+    tf->sums = sums;
+    return LOOM_OK;
+}
+
+/* Check tile k (row block bi, column block bj) of entry i. */
+static loom_status check_tile(const tfile *tf, int i, uint64_t bi, uint64_t bj)
+{
+    const loom_st_entry *te = loom_safetensors_entry(tf->f, i);
+    loom_ckpt_tiling g = tiling(te);
+    size_t k = tf->tile_base[i] + (size_t)(bi * g.col_blocks + bj);
+    uint64_t es = te->dtype_size, c0 = bj * g.cols, w = g.K - c0 < g.cols ? g.K - c0 : g.cols;
+    const unsigned char *p = tf->bytes + tf->data_at + te->begin;
+    loom_xxh64_state h;
+    loom_xxh64_init(&h);
+    for (uint64_t r = bi * g.rows; r < (bi + 1) * g.rows && r < g.R; r++)
+        loom_xxh64_update(&h, p + (r * g.K + c0) * es, (size_t)(w * es));
+    char want[17], have[17];
+    memcpy(want, tf->sums + 16 * k, 16);
+    want[16] = '\0';
+    snprintf(have, sizeof have, "%016" PRIx64, loom_xxh64_digest(&h));
+    if (strcmp(want, have) != 0)
+        return bad(tf->path, "tensor '%s', rows %" PRIu64 " to %" PRIu64 " x columns %" PRIu64
+                   " to %" PRIu64 " (tile %zu) hash to xxh64 %s but the header records %s (the "
+                   "file was changed or damaged)", te->name, bi * g.rows,
+                   (bi + 1) * g.rows < g.R ? (bi + 1) * g.rows : g.R, c0, c0 + w, k, have, want);
+    return LOOM_OK;
+}
+
+/* Open a file of a checkpoint with header checksums: size and header checked, the header
+ * parsed, nothing of the data section read yet. */
+static loom_status open_ranged(const char *mpath, const char *name, uint64_t want_bytes,
+                               uint64_t want_head, tfile *tf)
+{
+    uint64_t size = 0, hb = 0;
+    unsigned char *h;
+    LOOM_TRY(open_regular(tf->path, &tf->fd, &size));
+    stat_total += size;
+    if (size != want_bytes)
+        return bad(tf->path, "the file is %" PRIu64 " bytes but the manifest records %" PRIu64, size,
+                   want_bytes);
+    LOOM_TRY(read_header(tf->fd, tf->path, size, &h, &hb));
+    uint64_t sum = loom_xxh64(h, (size_t)hb);
+    if (sum != want_head) {
+        free(h);
+        return bad(tf->path, "header checksum xxh64 %016" PRIx64 " but %s records %016" PRIx64
+                   " for files.%s (the file was changed or damaged)", sum, mpath, want_head, name);
+    }
+    void *map = mmap(NULL, size ? (size_t)size : 1, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (map == MAP_FAILED) {
+        free(h);
+        return loom_fail(LOOM_ERR_NOMEM, "cannot map %" PRIu64 " bytes for '%s': %s", size,
+                         tf->path, strerror(errno));
+    }
+    tf->bytes = map;
+    tf->size = (size_t)size;
+    tf->mapped = 1;
+    tf->data_at = hb;
+    memcpy(tf->bytes, h, (size_t)hb);
+    free(h);
+    LOOM_TRY(loom_safetensors_parse("checkpoint", tf->path, tf->bytes, tf->size, &tf->f));
+    LOOM_TRY(read_tile_sums(tf));
+    if (!(tf->need = calloc(tf->tile_base[loom_safetensors_count(tf->f)] + 1, 1)))
+        return loom_fail(LOOM_ERR_NOMEM, "out of memory reading '%s'", tf->path);
+    return LOOM_OK;
+}
+
+static loom_status read_whole(const char *mpath, const loom_json *root, const char *name,
+                              tfile *tf);
+
+/* A tensor file: ranged (header now, tiles after the plan) when the manifest records its
+ * header checksum, else whole. */
 static loom_status read_tensors(const char *mpath, const loom_json *root, const char *name,
                                 tfile *tf)
+{
+    uint64_t want_bytes, want_sum, want_head;
+    int ranged;
+    LOOM_TRY(file_record(mpath, root, name, &want_bytes, &want_sum));
+    LOOM_TRY(header_record(mpath, root, name, &ranged, &want_head));
+    if (ranged)
+        return open_ranged(mpath, name, want_bytes, want_head, tf);
+    return read_whole(mpath, root, name, tf);
+}
+
+/* All of a tensor file, checked against the manifest's size and xxh64, parsed. */
+static loom_status read_whole(const char *mpath, const loom_json *root, const char *name,
+                              tfile *tf)
 {
     uint64_t want_bytes, want_sum;
     LOOM_TRY(file_record(mpath, root, name, &want_bytes, &want_sum));
     LOOM_TRY(loom_ckpt_read_file(tf->path, SIZE_MAX - 1, &tf->bytes, &tf->size));
+    stat_read += tf->size;
+    stat_total += tf->size;
     if (tf->size != want_bytes)
         return bad(tf->path, "the file is %zu bytes but the manifest records %" PRIu64, tf->size,
                    want_bytes);
@@ -493,9 +740,7 @@ static void apply_plan(const plan *pl, const tfile *files, const loom_param_tabl
         const loom_param_entry *e = &t->entries[pc->target / (int)per];
         int slot = pc->target % (int)per;
         const unsigned char *bytes = files[pc->file].bytes;
-        uint64_t header = 0;
-        for (int k = 7; k >= 0; k--)
-            header = header << 8 | bytes[k];
+        uint64_t header = header_len(bytes);
         const unsigned char *src = bytes + 8 + header + pc->te->begin;
         float *out = dst + (size_t)per * e->offset + (size_t)slot * e->numel;
         loom_params_copy_box(out, e->slice_start, e->slice_len, src, strcmp(pc->te->dtype, "BF16") == 0,
@@ -503,7 +748,96 @@ static void apply_plan(const plan *pl, const tfile *files, const loom_param_tabl
     }
 }
 
-/* Read and check every tensor file the manifest's layout names, then plan both kinds. */
+/* Mark the tiles of pc's file that hold its intersection with e's held slice: one run
+ * of the last dim per index of the others (a row split's runs touch, a column split's
+ * are strided). */
+static void mark_piece(tfile *tf, const piece *pc, const loom_param_entry *e)
+{
+    int nd = e->ndim;
+    loom_ckpt_tiling g = tiling(pc->te);
+    unsigned char *need = tf->need + tf->tile_base[pc->seq];
+    int64_t lo[LOOM_PARAM_MAX_DIMS], hi[LOOM_PARAM_MAX_DIMS], idx[LOOM_PARAM_MAX_DIMS],
+            str[LOOM_PARAM_MAX_DIMS];
+    for (int d = 0; d < nd; d++) {
+        lo[d] = pc->start[d] > e->slice_start[d] ? pc->start[d] : e->slice_start[d];
+        hi[d] = pc->start[d] + pc->len[d] < e->slice_start[d] + e->slice_len[d]
+                    ? pc->start[d] + pc->len[d] : e->slice_start[d] + e->slice_len[d];
+        if (hi[d] <= lo[d])
+            return;
+        idx[d] = lo[d];
+    }
+    str[nd - 1] = 1;
+    for (int d = nd - 2; d >= 0; d--)
+        str[d] = str[d + 1] * pc->len[d + 1];
+    uint64_t run = (uint64_t)(hi[nd - 1] - lo[nd - 1]);
+    for (;;) {
+        int64_t off = 0;
+        for (int d = 0; d < nd; d++)
+            off += (idx[d] - pc->start[d]) * str[d];
+        uint64_t row = (uint64_t)off / g.K, col = (uint64_t)off % g.K, bi = row / g.rows;
+        for (uint64_t bj = col / g.cols; bj <= (col + run - 1) / g.cols; bj++)
+            need[bi * g.col_blocks + bj] = 1;
+        int d = nd - 2;
+        while (d >= 0 && ++idx[d] == hi[d])
+            idx[d] = lo[d], d--;
+        if (d < 0)
+            break;
+    }
+}
+
+static void mark_plan(const plan *pl, tfile *files, const loom_param_table *t, uint32_t per)
+{
+    for (int i = 0; i < pl->n; i++)
+        if (pl->p[i].use && files[pl->p[i].file].mapped)
+            mark_piece(&files[pl->p[i].file], &pl->p[i], &t->entries[pl->p[i].target / (int)per]);
+}
+
+/* Read the marked tiles of entry i, row by row (pieces adjacent in the file in one read),
+ * then check each. */
+static loom_status fetch_entry(tfile *tf, int i)
+{
+    const loom_st_entry *te = loom_safetensors_entry(tf->f, i);
+    loom_ckpt_tiling g = tiling(te);
+    const unsigned char *need = tf->need + tf->tile_base[i];
+    size_t n = (size_t)(g.row_blocks * g.col_blocks), any = 0;
+    for (size_t k = 0; k < n && !any; k++)
+        any = need[k];
+    if (!any)
+        return LOOM_OK;
+    uint64_t es = te->dtype_size, base = tf->data_at + te->begin, a = 0, b = 0; /* pending [a, b) */
+    for (uint64_t r = 0; r < g.R; r++)
+        for (uint64_t bj = 0; bj < g.col_blocks; bj++) {
+            if (!need[(r / g.rows) * g.col_blocks + bj])
+                continue;
+            uint64_t c0 = bj * g.cols, w = g.K - c0 < g.cols ? g.K - c0 : g.cols;
+            uint64_t x = base + (r * g.K + c0) * es, y = x + w * es;
+            if (x != b) {
+                if (b > a)
+                    LOOM_TRY(pread_all(tf->fd, tf->path, tf->bytes + a, (size_t)(b - a), a));
+                a = x;
+            }
+            b = y;
+        }
+    if (b > a)
+        LOOM_TRY(pread_all(tf->fd, tf->path, tf->bytes + a, (size_t)(b - a), a));
+    for (uint64_t bi = 0; bi < g.row_blocks; bi++)
+        for (uint64_t bj = 0; bj < g.col_blocks; bj++)
+            if (need[bi * g.col_blocks + bj])
+                LOOM_TRY(check_tile(tf, i, bi, bj));
+    return LOOM_OK;
+}
+
+static loom_status fetch_tiles(tfile *tf)
+{
+    for (int i = 0; i < loom_safetensors_count(tf->f); i++)
+        LOOM_TRY(fetch_entry(tf, i));
+    close(tf->fd);
+    tf->fd = -1;
+    return LOOM_OK;
+}
+
+/* Read and check every tensor file the manifest's layout names, plan both kinds, then read
+ * the tiles the plans use. */
 static loom_status tensors_open(const char *dir, const char *mpath, const loom_json *root,
                                 const loom_param_table *t, uint32_t slots, const elsewhere *ew,
                                 tensor_set *ts)
@@ -517,6 +851,9 @@ static loom_status tensors_open(const char *dir, const char *mpath, const loom_j
     ts->tp = tp;
     ts->pp = pp;
     ts->parts = parts;
+    stat_read = stat_total = 0;
+    for (int i = 0; i < 2 * parts; i++)
+        ts->files[i].fd = -1;
     char name[64];
     for (int i = 0; i < 2 * parts; i++) {
         loom_ckpt_file_name(name, sizeof name, i < parts ? "model" : "optim", i % parts, tp, pp);
@@ -526,7 +863,18 @@ static loom_status tensors_open(const char *dir, const char *mpath, const loom_j
         LOOM_TRY(read_tensors(mpath, root, name, &ts->files[i]));
     }
     LOOM_TRY(make_plan(ts->files, parts, t, 1, 0, ew, &ts->model));
-    return make_plan(ts->files + parts, parts, t, slots, 1, ew, &ts->optim);
+    LOOM_TRY(make_plan(ts->files + parts, parts, t, slots, 1, ew, &ts->optim));
+    mark_plan(&ts->model, ts->files, t, 1);
+    if (slots)
+        mark_plan(&ts->optim, ts->files + parts, t, slots);
+    for (int i = 0; i < 2 * parts; i++)
+        if (ts->files[i].mapped)
+            LOOM_TRY(fetch_tiles(&ts->files[i]));
+    const char *env = getenv("LOOM_CKPT_STATS");
+    if (env && strcmp(env, "1") == 0)
+        fprintf(stderr, "checkpoint %s: read %" PRIu64 " of %" PRIu64 " bytes of its %d tensor "
+                "files\n", dir, stat_read, stat_total, 2 * parts);
+    return LOOM_OK;
 }
 
 static void tensors_copy(const tensor_set *ts, const loom_param_table *t, uint32_t slots,
@@ -552,6 +900,62 @@ loom_status loom_ckpt_load_tensors(const char *ckpt_dir, const loom_param_table 
     if (st == LOOM_OK)
         tensors_copy(&ts, t, slots, params, state);
     tensors_free(&ts);
+    loom_json_free(doc);
+    free(text);
+    return st;
+}
+
+/* One tensor file, every byte: size, XXH64, header checksum, parse, tile checksums. */
+static loom_status verify_file(const char *mpath, const loom_json *root, const char *name,
+                               tfile *tf)
+{
+    uint64_t want_head;
+    int has_head;
+    LOOM_TRY(header_record(mpath, root, name, &has_head, &want_head));
+    LOOM_TRY(read_whole(mpath, root, name, tf)); /* size, xxh64, parse */
+    if (!has_head)
+        return LOOM_OK;
+    tf->data_at = 8 + header_len(tf->bytes);
+    if (loom_xxh64(tf->bytes, (size_t)tf->data_at) != want_head)
+        return bad(tf->path, "header checksum differs from the manifest's files.%s.header_xxh64 "
+                   "(the file was changed or damaged)", name);
+    LOOM_TRY(read_tile_sums(tf));
+    for (int i = 0; i < loom_safetensors_count(tf->f); i++) {
+        loom_ckpt_tiling g = tiling(loom_safetensors_entry(tf->f, i));
+        for (uint64_t bi = 0; bi < g.row_blocks; bi++)
+            for (uint64_t bj = 0; bj < g.col_blocks; bj++)
+                LOOM_TRY(check_tile(tf, i, bi, bj));
+    }
+    return LOOM_OK;
+}
+
+loom_status loom_ckpt_verify(const char *ckpt_dir, uint64_t *bytes)
+{
+    char mpath[PATH_MAX], *text = NULL, name[64];
+    loom_json_doc *doc = NULL;
+    int tp = 1, pp = 1;
+    uint64_t total = 0;
+    if ((size_t)snprintf(mpath, sizeof mpath, "%s/%s", ckpt_dir, LOOM_CKPT_MANIFEST_FILE) >= sizeof mpath)
+        return loom_fail(LOOM_ERR_INVALID, "checkpoint path '%s' is too long", ckpt_dir);
+    loom_status st = loom_ckpt_manifest_open(ckpt_dir, &doc, &text);
+    if (st == LOOM_OK)
+        st = read_layout(mpath, loom_json_root(doc), &tp, &pp);
+    for (int i = 0; st == LOOM_OK && i < 2 * tp * pp; i++) {
+        tfile tf;
+        memset(&tf, 0, sizeof tf);
+        tf.fd = -1;
+        loom_ckpt_file_name(name, sizeof name, i < tp * pp ? "model" : "optim", i % (tp * pp), tp, pp);
+        if ((size_t)snprintf(tf.path, sizeof tf.path, "%s/%s", ckpt_dir, name) >= sizeof tf.path)
+            st = loom_fail(LOOM_ERR_INVALID, "checkpoint path '%s' is too long", ckpt_dir);
+        else
+            st = verify_file(mpath, loom_json_root(doc), name, &tf);
+        total += tf.size;
+        loom_safetensors_free(tf.f);
+        free(tf.bytes);
+        free(tf.tile_base);
+    }
+    if (st == LOOM_OK && bytes)
+        *bytes = total + strlen(text);
     loom_json_free(doc);
     free(text);
     return st;

@@ -22,6 +22,7 @@ struct loom_grad_norm {
     double *mine;       /* this rank's chunk sums */
     double *gathered;   /* the tp group's */
     int skip;           /* an entry counted elsewhere, or -1 */
+    int first_bad;      /* the last compute's first entry with inf or nan, or -1 */
     const double *last; /* the slots the last compute summed */
 };
 
@@ -34,6 +35,7 @@ loom_status loom_grad_norm_create(const loom_backend *be, const loom_param_table
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
     gn->k = be->ops;
     gn->skip = -1;
+    gn->first_bad = -1;
     loom_status st = loom_core_host()->group(LOOM_GROUP_TP, &gn->ops, &gn->group, &gn->tp);
     if (st != LOOM_OK) {
         free(gn);
@@ -53,6 +55,8 @@ loom_status loom_grad_norm_create(const loom_backend *be, const loom_param_table
 }
 
 void loom_grad_norm_skip(loom_grad_norm *gn, int i) { gn->skip = i; }
+
+int loom_grad_norm_first_nonfinite(const loom_grad_norm *gn) { return gn->first_bad; }
 
 const double *loom_grad_norm_slots(const loom_grad_norm *gn, size_t *n)
 {
@@ -118,11 +122,12 @@ loom_status loom_grad_norm_compute(loom_grad_norm *gn, const loom_param_table *t
         for (int64_t c = 0; c < e->slice_len[d] / cs; c++)
             slot[first + c] = chunk_sum_squares(k, g, e, d, c, cs);
     }
-    int bad = 0;
-    for (int i = 0; i < t->count && !bad; i++)
-        if (i != gn->skip)
-            bad = k->has_nonfinite(grads + t->entries[i].offset, t->entries[i].numel);
-    mine[slots - 1] = bad ? 1.0 : 0.0;
+    int bad = -1; /* the first entry in table order: what a non-finite report names */
+    for (int i = 0; i < t->count && bad < 0; i++)
+        if (i != gn->skip && k->has_nonfinite(grads + t->entries[i].offset, t->entries[i].numel))
+            bad = i;
+    gn->first_bad = bad;
+    mine[slots - 1] = bad >= 0 ? 1.0 : 0.0;
     const double *all = mine;
     if (ops) {
         loom_comm_request *req = NULL;

@@ -30,6 +30,9 @@ loom_status loom_grad_norm_compute(loom_grad_norm *gn, const loom_param_table *t
 /* Leave table entry i out of the norm and the non-finite check (a copy another rank
  * counts: the pipeline's tied wte on stage 0). */
 void loom_grad_norm_skip(loom_grad_norm *gn, int i);
+/* The last compute's first entry of this rank's table (in table order, the skipped one
+ * left out) whose held gradient has an inf or nan, or -1. */
+int loom_grad_norm_first_nonfinite(const loom_grad_norm *gn);
 /* The last compute's per-chunk sums of squares over this rank's table, in table order
  * (after the tp exchange; a skipped entry's are 0), whose sum in this order is norm_sq:
  * the pipeline adds every stage's in stage order to get one rank's bits. */

@@ -42,6 +42,7 @@ struct loom_grad_sync {
     /* canonical, in parts (loom_grad_sync_add_range): part p's trees are ranges[first[p]..] */
     tree *ranges;
     int n_ranges, n_parts, part_first[MAX_PARTS + 1];
+    loom_grad_reducer reducer; /* .ready NULL: none */
 };
 
 static loom_status strategy_hook(void *ctx, size_t offset, size_t n)
@@ -50,10 +51,17 @@ static loom_status strategy_hook(void *ctx, size_t offset, size_t n)
     return gs->strategy->grads_ready(gs->strategy_self, loom_gpt_grad_data(gs->model), offset, n);
 }
 
+static loom_status reducer_hook(void *ctx, size_t offset, size_t n)
+{
+    loom_grad_sync *gs = ctx;
+    return gs->reducer.ready(gs->reducer.self, offset, n);
+}
+
 static int is_power_of_two(int x) { return x > 0 && (x & (x - 1)) == 0; }
 
 loom_status loom_grad_sync_create(loom_gpt *m, loom_backend *be, int canonical, int accum,
-                                  const loom_plugin_config *strategy, loom_grad_sync **out)
+                                  const loom_plugin_config *strategy,
+                                  const loom_grad_reducer *reducer, loom_grad_sync **out)
 {
     *out = NULL;
     loom_grad_sync *gs = calloc(1, sizeof *gs);
@@ -84,7 +92,9 @@ loom_status loom_grad_sync_create(loom_gpt *m, loom_backend *be, int canonical, 
         if (!gs->loss_blocks || (canonical && !gs->gathered))
             st = loom_fail(LOOM_ERR_NOMEM, "out of memory for the data-parallel buffers");
     }
-    if (st == LOOM_OK && gs->comm && !canonical) {
+    if (reducer && !canonical)
+        gs->reducer = *reducer;
+    if (st == LOOM_OK && gs->comm && !canonical && !gs->reducer.ready) {
         if (!strategy || strategy->desc->kind != LOOM_KIND_STRATEGY)
             st = loom_fail(LOOM_ERR_INVALID, "dp=%d needs the dp strategy plugin", gs->dp_size);
         else {
@@ -118,6 +128,14 @@ void loom_grad_sync_destroy(loom_grad_sync *gs)
         gs->be->ops->free(gs->be->self, gs->gathered);
     free(gs->loss_blocks);
     free(gs);
+}
+
+size_t loom_grad_sync_buffer_bytes(const loom_grad_sync *gs)
+{
+    size_t bytes = gs->gathered ? (size_t)gs->dp_size * gs->total * sizeof(float) : 0;
+    for (int i = 0; i <= MAX_LEVELS; i++)
+        bytes += gs->t.buf[i] ? gs->total * sizeof(float) : 0;
+    return bytes + (gs->loss_blocks ? (size_t)gs->dp_size * sizeof(double) : 0);
 }
 
 int loom_grad_sync_dp_size(const loom_grad_sync *gs) { return gs->dp_size; }
@@ -199,6 +217,10 @@ loom_status loom_grad_sync_begin_micro(loom_grad_sync *gs, int a)
         tree_reset(&gs->t);
         gs->local_loss = 0.0;
     }
+    if (gs->reducer.ready) { /* every micro-batch reduced as backward runs */
+        loom_gpt_set_grad_hook(gs->model, reducer_hook, gs);
+        return gs->reducer.begin(gs->reducer.self, a);
+    }
     if (gs->canonical || a == 0)
         loom_gpt_zero_grad(gs->model);
     /* Fast mode: the strategy reduces buckets during the last micro-batch's backward. */
@@ -210,6 +232,8 @@ loom_status loom_grad_sync_begin_micro(loom_grad_sync *gs, int a)
 loom_status loom_grad_sync_end_micro(loom_grad_sync *gs, int a, double loss_sum)
 {
     dtree_push(&gs->t, loss_sum);
+    if (gs->reducer.ready)
+        return gs->reducer.end(gs->reducer.self);
     if (gs->canonical)
         return tree_push(gs, &gs->t, loom_gpt_grad_data(gs->model));
     return LOOM_OK;
@@ -298,6 +322,8 @@ loom_status loom_grad_sync_finish(loom_grad_sync *gs, double *loss_sum)
     for (int r = 0; r < gs->dp_size; r++)
         dtree_push(&gs->t, gs->loss_blocks[r]);
     *loss_sum = dtree_finish(&gs->t);
+    if (gs->reducer.ready)
+        return LOOM_OK; /* each backward's end completed its reductions */
     if (!gs->canonical)
         return gs->strategy->before_step(gs->strategy_self);
     LOOM_TRY(allgather(gs, grads, gs->gathered, gs->total, LOOM_DTYPE_F32));

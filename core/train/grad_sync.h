@@ -20,10 +20,24 @@
 
 typedef struct loom_grad_sync loom_grad_sync;
 
+/* A reducer that replaces the dp strategy in fast mode (ZeRO-2, zero.h): begin before
+ * each micro-batch, ready as backward finishes each range (every micro-batch, not only the
+ * last), end after each backward. It keeps the model's gradient buffer zero between
+ * micro-batches itself, so grad_sync does not zero it. */
+typedef struct loom_grad_reducer {
+    loom_status (*begin)(void *self, int a);
+    loom_status (*ready)(void *self, size_t offset, size_t n);
+    loom_status (*end)(void *self);
+    void *self;
+} loom_grad_reducer;
+
 /* accum: micro-batches this rank runs per step. strategy: the resolved `dp` plugin config
- * (NULL when dp = 1). */
+ * (NULL when dp = 1). reducer: NULL, or the dp strategy's replacement in fast mode. */
 loom_status loom_grad_sync_create(loom_gpt *m, loom_backend *be, int canonical, int accum,
-                                  const loom_plugin_config *strategy, loom_grad_sync **out);
+                                  const loom_plugin_config *strategy,
+                                  const loom_grad_reducer *reducer, loom_grad_sync **out);
+/* Bytes of the buffers grad_sync holds now (canonical mode's sums and gathered blocks). */
+size_t loom_grad_sync_buffer_bytes(const loom_grad_sync *gs);
 void loom_grad_sync_destroy(loom_grad_sync *gs);
 
 /* This rank's place in the data-parallel group. */

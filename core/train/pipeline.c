@@ -19,6 +19,7 @@
 #include "loom/plugin/comm.h"
 #include "model/gpt_stage.h"
 #include "schedule.h"
+#include "trace.h"
 #include "base/clock.h"
 #include "base/plugin_loader.h"
 #include "base/status.h"
@@ -52,6 +53,8 @@ struct loom_pipeline {
     size_t tmp_n;
     int canonical;
     float **head;                   /* canonical, stage 0 and last: [n_slots] wte-sized buffers */
+    loom_trace *trace;              /* not owned; NULL: off */
+    double compute_ms, wall_ms;     /* the last step's F/B/W time and pipeline phase */
     float *tied;                    /* canonical, chunks > 1: [microbatches] wte-sized halves */
 };
 
@@ -168,6 +171,12 @@ const unsigned char *loom_pipeline_stage_layers(const loom_pipeline *pl) { retur
 int loom_pipeline_slots(const loom_pipeline *pl) { return pl->n_slots; }
 int loom_pipeline_stage(const loom_pipeline *pl) { return pl->stage; }
 int loom_pipeline_stages(const loom_pipeline *pl) { return pl->stages; }
+void loom_pipeline_set_trace(loom_pipeline *pl, loom_trace *tr) { pl->trace = tr; }
+void loom_pipeline_timing(const loom_pipeline *pl, double *compute_ms, double *wall_ms)
+{
+    *compute_ms = pl->compute_ms;
+    *wall_ms = pl->wall_ms;
+}
 const int *loom_pipeline_split(const loom_pipeline *pl, int *n_virtual)
 {
     *n_virtual = pl->stages * pl->chunks;
@@ -322,6 +331,19 @@ static loom_status post(loom_pipeline *pl, slot *s, loom_comm_request *r)
     return LOOM_OK;
 }
 
+/* Move what the transport can of every pending send, without blocking: a transport that
+ * progresses only inside its calls (shm) would otherwise leave a send started before a
+ * compute untouched until the next wait, and the next stage idle behind it. Called after
+ * each SEND starts and before each compute. */
+static void progress_sends(loom_pipeline *pl)
+{
+    if (!pl->ops->test)
+        return;
+    for (int i = 0; i < pl->n_slots; i++)
+        for (int j = 0; j < pl->slots[i].n_req; j++)
+            pl->ops->test(pl->pp, pl->slots[i].req[j]);
+}
+
 /* Mark what key has done; free its slot when it needs the activations no more. */
 static void mark(loom_pipeline *pl, int key, int what)
 {
@@ -349,8 +371,14 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
         loss[mb] = 0.0;
     int inflight = 0;
     *peak = 0;
+    double t_run = loom_now_ms();
+    pl->compute_ms = 0.0;
+    loom_trace_phase_begin(pl->trace, t_run);
     for (size_t i = 0; i < pl->n; i++) {
         const loom_sched_instr *in = &pl->list[i];
+        if (loom_trace_is_compute(in->op))
+            progress_sends(pl);
+        double t0 = loom_now_ms(); /* the instruction's span: a RECV's includes its wait */
         int key = in->microbatch * pl->chunks + in->chunk, vs = in->chunk * P + pl->stage, s = -1;
         int lo = pl->first[vs], hi = pl->first[vs + 1];
         /* canonical: the tied wte's head half goes from the last virtual stage (the LM head)
@@ -475,11 +503,25 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
                       loom_sched_op_name(in->op));
         }
         (void)V;
+        if (in->op == LOOM_SCHED_SEND_ACT || in->op == LOOM_SCHED_SEND_GRAD)
+            progress_sends(pl);
+        double t1 = loom_now_ms();
+        if (loom_trace_is_compute(in->op))
+            pl->compute_ms += t1 - t0;
+        loom_trace_span(pl->trace, loom_trace_kind_of(in->op), t0, t1, in->microbatch, in->chunk);
     }
+    double t_wait = loom_now_ms();
     for (int i = 0; i < pl->n_slots; i++)
         LOOM_TRY(wait_slot(pl, &pl->slots[i]));
-    if (pl->canonical && pl->chunks > 1 && (pl->stage == 0 || pl->stage == P - 1))
+    double t_tied = loom_now_ms();
+    loom_trace_span(pl->trace, LOOM_TRACE_SEND_WAIT, t_wait, t_tied, -1, -1);
+    if (pl->canonical && pl->chunks > 1 && (pl->stage == 0 || pl->stage == P - 1)) {
         LOOM_TRY(tied_exchange(pl, m, hooks));
+        loom_trace_span(pl->trace, LOOM_TRACE_TIED_SYNC, t_tied, loom_now_ms(), -1, -1);
+    }
+    double t_end = loom_now_ms();
+    loom_trace_phase_end(pl->trace, t_end);
+    pl->wall_ms = t_end - t_run;
     return LOOM_OK;
 }
 

@@ -62,6 +62,13 @@ const unsigned char *loom_pipeline_stage_layers(const loom_pipeline *pl);
 int loom_pipeline_slots(const loom_pipeline *pl);
 int loom_pipeline_stage(const loom_pipeline *pl);
 int loom_pipeline_stages(const loom_pipeline *pl);
+/* Spans of every instruction of a step go to tr (trace.h; not owned, NULL: off). */
+struct loom_trace;
+void loom_pipeline_set_trace(loom_pipeline *pl, struct loom_trace *tr);
+/* The last loom_pipeline_run's time in compute (FWD, BWD, BWD_INPUT, BWD_WEIGHT) and its
+ * wall time (first instruction to the last send completed), in ms: the measured bubble's
+ * parts (session.c). */
+void loom_pipeline_timing(const loom_pipeline *pl, double *compute_ms, double *wall_ms);
 /* The block split: virtual stage k (chunk c of rank r is k = c * stages + r) holds blocks
  * [first[k], first[k+1]); *n_virtual = stages * chunks. */
 const int *loom_pipeline_split(const loom_pipeline *pl, int *n_virtual);

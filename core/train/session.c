@@ -16,7 +16,10 @@
 #include "loom/plugin/strategy.h"
 #include "grad_norm.h"
 #include "grad_sync.h"
+#include "nonfinite.h"
 #include "pipeline.h"
+#include "zero.h"
+#include "trace.h"
 #include "base/plugin_loader.h"
 #include "base/rng.h"
 #include "base/status.h"
@@ -30,6 +33,7 @@ struct loom_session {
     const loom_strategy_ops *tensor; /* the tp strategy, NULL with tp = 1 */
     void *tensor_self;
     loom_grad_norm *norm;
+    loom_nonfinite *nonfinite; /* the world's agreement on a non-finite step */
     loom_grad_sync *sync;
     loom_backend backend;
     loom_gpt *model;
@@ -43,8 +47,11 @@ struct loom_session {
     int n_segments;
     int *tokens, *targets;   /* host staging for one micro-batch (all of a step's under pp) */
     loom_pipeline *pipe;     /* pp > 1, else NULL */
+    loom_zero *zero;         /* strategy zero = 1, 2 or 3 with dp > 1, else NULL */
     float *host_logits;      /* sampling: one row of Vp */
     int64_t steps;
+    int64_t step_no;         /* the training loop's number of the last step run */
+    loom_trace *trace;       /* log.trace: this rank's timeline, NULL: off */
 };
 
 static loom_status make_plugin(const loom_plugin_config *pc, const void **ops, void **self)
@@ -81,6 +88,32 @@ static loom_status build_segments(loom_session *s)
 }
 
 static loom_status canonical_parts(loom_session *s);
+
+/* ZeRO over the dp group (zero.h); with one dp rank there is nothing to partition. */
+static loom_status make_zero(loom_session *s)
+{
+    const loom_session_config *cfg = &s->cfg;
+    if (cfg->zero_stage == 0)
+        return LOOM_OK;
+    if (cfg->zero_stage < 0 || cfg->zero_stage > 3)
+        LOOM_FAIL(LOOM_ERR_INVALID, "strategy zero=%d: the ZeRO stages are 0 (none), 1, 2 and 3",
+                  cfg->zero_stage);
+    const struct loom_comm_ops *ops;
+    void *group;
+    int dp = 1;
+    LOOM_TRY(loom_core_host()->group(LOOM_GROUP_DP, &ops, &group, &dp));
+    if (s->pipe)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy zero=%d with pp=%d is not built yet: run zero "
+                  "with pp = 1, or pp without zero", cfg->zero_stage, loom_pipeline_stages(s->pipe));
+    if (dp < 2)
+        return LOOM_OK;
+    float wd = 0.0f;
+    int decay_all = 0;
+    s->optim->decay_rule(s->optim_self, &wd, &decay_all);
+    loom_zero_config zc = {cfg->zero_stage, cfg->zero_bucket_mb > 0 ? cfg->zero_bucket_mb : 25.0,
+                           cfg->canonical, cfg->accum, s->state_slots, wd, decay_all};
+    return loom_zero_create(&zc, s->model, &s->backend, &s->zero);
+}
 
 loom_status loom_session_create(const loom_session_config *cfg, loom_session **out)
 {
@@ -158,14 +191,16 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
         size_t total = loom_gpt_params(s->model)->total;
         const loom_gpt_config *mc = loom_gpt_get_config(s->model);
         s->state_slots = s->optim->state_per_param(s->optim_self);
-        if (s->state_slots)
+        st = make_zero(s); /* ZeRO holds this rank's partition of the state instead */
+        if (st == LOOM_OK && s->state_slots && !s->zero)
             s->optim_state = calloc((size_t)s->state_slots * total, sizeof(float));
         size_t bt = (size_t)cfg->micro_batch * cfg->seq * (s->pipe ? (size_t)cfg->accum + 1 : 1);
         /* tokens also stage a sampling window of up to ctx */
         s->tokens = malloc((bt > (size_t)mc->ctx ? bt : (size_t)mc->ctx) * sizeof(int));
         s->targets = malloc(bt * sizeof(int));
         s->host_logits = malloc((size_t)mc->vocab_padded * sizeof(float));
-        if ((s->state_slots && !s->optim_state) || !s->tokens || !s->targets || !s->host_logits)
+        if (st == LOOM_OK && ((s->state_slots && !s->optim_state && !s->zero) || !s->tokens ||
+                              !s->targets || !s->host_logits))
             st = loom_fail(LOOM_ERR_NOMEM, "out of memory for optimizer state");
     }
     if (st == LOOM_OK)
@@ -173,10 +208,15 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
     if (st == LOOM_OK && s->pipe && loom_pipeline_stage(s->pipe) == loom_pipeline_stages(s->pipe) - 1)
         loom_grad_norm_skip(s->norm, 0); /* the tied wte: stage 0 counts it, where one rank does */
     if (st == LOOM_OK)
+        st = loom_nonfinite_create(loom_gpt_params(s->model), s->pipe ? loom_pipeline_stage(s->pipe) : 0,
+                                   s->pipe ? loom_pipeline_stages(s->pipe) : 1, &s->nonfinite);
+    if (st == LOOM_OK)
         st = build_segments(s);
+    loom_grad_reducer zero2 = {loom_zero_begin_micro, loom_zero_grads_ready, loom_zero_finish_micro,
+                               s->zero};
     if (st == LOOM_OK)
         st = loom_grad_sync_create(s->model, &s->backend, cfg->canonical, cfg->accum, s->cfg.strategy,
-                                   &s->sync);
+                                   s->zero && loom_zero_reduces(s->zero) ? &zero2 : NULL, &s->sync);
     if (st == LOOM_OK && s->pipe && cfg->canonical)
         st = canonical_parts(s);
     if (st != LOOM_OK) {
@@ -191,12 +231,15 @@ void loom_session_destroy(loom_session *s)
 {
     if (!s)
         return;
+    loom_trace_close(s->trace);
     loom_grad_sync_destroy(s->sync);
+    loom_zero_destroy(s->zero);
     loom_gpt_destroy(s->model);
     loom_pipeline_destroy(s->pipe);
     if (s->tensor)
         s->tensor->destroy(s->tensor_self);
     loom_grad_norm_destroy(s->norm);
+    loom_nonfinite_destroy(s->nonfinite);
     if (s->optim)
         s->optim->destroy(s->optim_self);
     if (s->precision)
@@ -234,6 +277,45 @@ typedef struct micro_ctx {
     int chunks;
 } micro_ctx;
 
+loom_status loom_session_trace(loom_session *s, const char *path, int rank, int64_t steps)
+{
+    loom_trace_close(s->trace);
+    s->trace = NULL;
+    LOOM_TRY(loom_trace_open(path, rank, s->pipe ? loom_pipeline_stage(s->pipe) : -1, steps,
+                             &s->trace));
+    if (s->pipe)
+        loom_pipeline_set_trace(s->pipe, s->trace);
+    return LOOM_OK;
+}
+
+/* The loss sum (the last stage's) and the measured bubble of the pipeline phase, with one
+ * sum over the pp group: v = {loss, compute[0..P), wall[0..P)}, each stage filling its
+ * own places with the rest 0, so the sum hands every rank every stage's figures (x + 0
+ * is x: the loss keeps its bits). bubble = 1 - sum(compute) / (P x max(wall)): the
+ * simulator's 1 - compute / (stages x makespan), the makespan being the longest stage's
+ * phase (from its first instruction to its last send completed). */
+static loom_status pipeline_totals(loom_session *s, double *loss_sum, double *bubble)
+{
+    int P = loom_pipeline_stages(s->pipe), me = loom_pipeline_stage(s->pipe);
+    double *v = calloc(1 + 2 * (size_t)P, sizeof(double));
+    if (!v)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    v[0] = me == P - 1 ? *loss_sum : 0.0;
+    loom_pipeline_timing(s->pipe, &v[1 + me], &v[1 + P + me]);
+    loom_status st = loom_pipeline_sum(s->pipe, v, 1 + 2 * P);
+    if (st == LOOM_OK) {
+        double compute = 0.0, wall = 0.0;
+        for (int q = 0; q < P; q++) {
+            compute += v[1 + q];
+            wall = v[1 + P + q] > wall ? v[1 + P + q] : wall;
+        }
+        *loss_sum = v[0];
+        *bubble = wall > 0.0 ? 1.0 - compute / (P * wall) : NAN;
+    }
+    free(v);
+    return st;
+}
+
 /* Canonical mode, one tree per micro-batch gradient; with interleaved chunks (disjoint
  * parameters, backwarded in turn) one per chunk's parameters: grad_sync's parts. */
 static loom_status canonical_before(void *ctx, int mb, int chunk)
@@ -257,13 +339,17 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
                               loom_step_stats *out)
 {
     double t0 = loom_now_ms();
+    loom_trace_step(s->trace, s->steps + 1);
     loom_gpt_take_comm_ms(s->model); /* drop what eval or sampling spent */
+    if (s->zero)
+        loom_zero_take_comm_ms(s->zero);
     const loom_backend_ops *k = s->backend.ops;
     int B = s->cfg.micro_batch, T = s->cfg.seq, accum = s->cfg.accum;
     int dp = loom_grad_sync_dp_size(s->sync), dp_rank = loom_grad_sync_dp_rank(s->sync);
     double tokens = (double)B * T * accum * dp;
     float scale = s->precision->loss_scale(s->precision_self);
-    int peak = 0;
+    int peak = 0, loss_bad = 0; /* loss_bad: one of this rank's own losses is inf or nan */
+    s->step_no++;
     if (s->pipe) {
         /* Every rank reads every micro-batch (positions stay in step); this dp rank's block
          * goes through the pipeline, then the losses join the tree in micro-batch order. */
@@ -285,6 +371,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
                                    (float)(scale / tokens), mb_loss, canon ? &hooks : NULL, &peak);
         for (int a = 0; st == LOOM_OK && !canon && a < accum; a++)
             st = loom_grad_sync_end_micro(s->sync, a, mb_loss[a]);
+        for (int a = 0; a < accum; a++)
+            loss_bad |= !isfinite(mb_loss[a]);
         if (st == LOOM_OK)
             st = loom_grad_sync_all_ready(s->sync);
         free(mb_loss);
@@ -295,46 +383,92 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         if (i / accum != dp_rank)
             continue; /* another rank's micro-batch */
         int a = i % accum;
-        double part = 0.0;
+        double part = 0.0, tf = loom_now_ms();
         LOOM_TRY(loom_grad_sync_begin_micro(s->sync, a));
         LOOM_TRY(loom_gpt_forward(s->model, s->tokens, s->targets, B, T, (float)(scale / tokens),
                                   &part));
+        double tb = loom_now_ms();
+        loom_trace_span(s->trace, LOOM_TRACE_FORWARD, tf, tb, a, 0);
         LOOM_TRY(loom_gpt_backward(s->model));
         LOOM_TRY(loom_grad_sync_end_micro(s->sync, a, part));
+        loss_bad |= !isfinite(part);
+        loom_trace_span(s->trace, LOOM_TRACE_BACKWARD, tb, loom_now_ms(), a, 0);
     }
     double loss_sum = 0.0, t_sync = loom_now_ms();
     LOOM_TRY(loom_grad_sync_finish(s->sync, &loss_sum));
-    double comm_ms = loom_now_ms() - t_sync + loom_gpt_take_comm_ms(s->model);
-    if (s->pipe)
+    double t_tied = loom_now_ms();
+    loom_trace_span(s->trace, LOOM_TRACE_GRAD_SYNC, t_sync, t_tied, -1, -1);
+    double comm_ms = t_tied - t_sync + loom_gpt_take_comm_ms(s->model);
+    if (s->pipe) {
         LOOM_TRY(loom_pipeline_tied_sync(s->pipe, s->model, &comm_ms));
-    double norm_sq;
+        loom_trace_span(s->trace, LOOM_TRACE_TIED_SYNC, t_tied, loom_now_ms(), -1, -1);
+    }
+    double norm_sq, bubble = NAN, t_norm = loom_now_ms();
     int nonfinite;
-    LOOM_TRY(loom_grad_norm_compute(s->norm, loom_gpt_params(s->model), loom_gpt_grad_data(s->model),
-                                    &norm_sq, &nonfinite, &comm_ms));
+    int first_bad;
+    if (s->zero && loom_zero_reduces(s->zero)) { /* the gradient lives in partitions */
+        size_t n_seg;
+        const loom_optim_segment *seg = loom_zero_segments(s->zero, &n_seg);
+        LOOM_TRY(loom_nonfinite_inject_segments(s->nonfinite, s->step_no, seg, n_seg,
+                                                loom_zero_segment_entries(s->zero)));
+        LOOM_TRY(loom_zero_norm(s->zero, &norm_sq, &nonfinite, &comm_ms));
+        first_bad = loom_zero_first_nonfinite(s->zero);
+    } else {
+        loom_nonfinite_inject(s->nonfinite, s->step_no, loom_gpt_params(s->model),
+                              loom_gpt_grad_data(s->model));
+        LOOM_TRY(loom_grad_norm_compute(s->norm, loom_gpt_params(s->model),
+                                        loom_gpt_grad_data(s->model), &norm_sq, &nonfinite, &comm_ms));
+        first_bad = loom_grad_norm_first_nonfinite(s->norm);
+    }
     if (s->pipe) { /* the loss lives on the last stage, the norm's parts on every stage */
-        double v = loom_pipeline_stage(s->pipe) == loom_pipeline_stages(s->pipe) - 1 ? loss_sum : 0.0;
         size_t n_slots;
         const double *slots = loom_grad_norm_slots(s->norm, &n_slots);
         double t_pp = loom_now_ms();
-        LOOM_TRY(loom_pipeline_sum(s->pipe, &v, 1));
+        LOOM_TRY(pipeline_totals(s, &loss_sum, &bubble));
         LOOM_TRY(loom_pipeline_norm(s->pipe, loom_gpt_params(s->model), slots, n_slots, &norm_sq,
                                     &nonfinite));
         comm_ms += loom_now_ms() - t_pp;
-        loss_sum = v;
     }
+    /* every rank the same finding, so every rank skips (or stops) alike */
+    loom_nonfinite_report found;
+    LOOM_TRY(loom_nonfinite_agree(s->nonfinite, loom_gpt_params(s->model), first_bad, loss_bad,
+                                  &found, &comm_ms));
+    nonfinite = found.found;
+    if (nonfinite && s->cfg.stop_on_nonfinite) {
+        char what[160];
+        loom_nonfinite_describe(&found, what, sizeof what);
+        LOOM_FAIL(LOOM_ERR_INVALID, "step %lld: %s; the run stops (on_nonfinite = \"stop\"), "
+                  "the step's update not applied; on_nonfinite = \"skip\" skips such steps",
+                  (long long)s->step_no, what);
+    }
+    if (s->zero) { /* ZeRO-3: gathers in flight read the partition the step rewrites */
+        LOOM_TRY(loom_zero_settle(s->zero));
+        comm_ms += loom_zero_take_comm_ms(s->zero);
+    }
+    double t_opt = loom_now_ms();
+    loom_trace_span(s->trace, LOOM_TRACE_NORM, t_norm, t_opt, -1, -1);
     int skip = s->precision->update(s->precision_self, nonfinite);
     double norm = nonfinite ? NAN : sqrt(norm_sq) / scale;
     memset(out, 0, sizeof *out);
+    out->nonfinite = found;
     if (!skip) {
         float grad_scale = 1.0f / scale;
         if (s->cfg.grad_clip > 0.0f && norm > s->cfg.grad_clip)
             grad_scale *= (float)(s->cfg.grad_clip / norm);
         loom_optim_step_args args = {s->segments, (size_t)s->n_segments, lr, s->steps + 1,
                                      grad_scale};
+        if (s->zero) /* this rank's partition, then everyone's updated parameters */
+            args.segments = loom_zero_segments(s->zero, &args.n_segments);
         LOOM_TRY(s->optim->step(s->optim_self, &args));
+        if (s->zero)
+            LOOM_TRY(loom_zero_gather_params(s->zero, &comm_ms));
         s->steps++;
     }
     k->synchronize(s->backend.self);
+    double t_done = loom_now_ms();
+    loom_trace_span(s->trace, LOOM_TRACE_OPTIMIZER, t_opt, t_done, -1, -1);
+    loom_trace_span(s->trace, LOOM_TRACE_STEP, t0, t_done, -1, -1);
+    LOOM_TRY(loom_trace_flush(s->trace));
     out->step = s->steps;
     out->loss = loss_sum / tokens;
     out->grad_norm = norm;
@@ -344,6 +478,7 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     out->ms = loom_now_ms() - t0;
     out->comm_ms = comm_ms;
     out->inflight = peak;
+    out->bubble = bubble;
     return LOOM_OK;
 }
 
@@ -503,7 +638,15 @@ loom_status loom_session_generate(loom_session *s, const loom_sample_config *c, 
     if (!(c->temperature > 0.0f))
         LOOM_FAIL(LOOM_ERR_INVALID, "temperature must be > 0, got %g", c->temperature);
     const loom_backend_ops *k = s->backend.ops;
-    loom_status st = generate(s, c, prompt, n_prompt, n_new, out);
+    /* ZeRO-3: decoding reads every unit without hooks: all gathered for the whole run */
+    loom_status st = s->zero ? loom_zero_pin_params(s->zero, 1) : LOOM_OK;
+    if (st == LOOM_OK)
+        st = generate(s, c, prompt, n_prompt, n_new, out);
+    if (s->zero) {
+        loom_status u = loom_zero_pin_params(s->zero, 0);
+        if (st == LOOM_OK)
+            st = u;
+    }
     if (k->set_deterministic)
         k->set_deterministic(s->backend.self, s->cfg.canonical);
     return st;
@@ -515,6 +658,8 @@ loom_status loom_session_sample(loom_session *s, const int *prompt, int n_prompt
     loom_sample_config c = {.temperature = temperature, .top_k = top_k, .seed = seed};
     return loom_session_generate(s, &c, prompt, n_prompt, n_new, out);
 }
+
+void loom_session_number_next_step(loom_session *s, int64_t step) { s->step_no = step - 1; }
 
 void loom_session_get_state(loom_session *s, loom_session_state *out)
 {
@@ -532,6 +677,7 @@ loom_status loom_session_set_state(loom_session *s, const loom_session_state *st
         LOOM_FAIL(LOOM_ERR_CORRUPT, "precision state has %d values (0 to 4 expected)",
                   st->n_precision_state);
     s->steps = st->steps;
+    s->step_no = st->steps; /* the loop renumbers when it has skipped steps */
     if (s->precision->set_state)
         s->precision->set_state(s->precision_self, st->precision_state, st->n_precision_state);
     return LOOM_OK;
@@ -555,6 +701,47 @@ const int *loom_session_pipeline_split(const loom_session *s, int *n_virtual)
 const char *loom_session_backend_description(loom_session *s)
 {
     return s->backend.ops->describe(s->backend.self);
+}
+
+int loom_session_zero_stage(const loom_session *s) { return s->zero ? loom_zero_stage(s->zero) : 0; }
+
+void loom_session_memory(loom_session *s, loom_memory *out)
+{
+    size_t total = loom_gpt_params(s->model)->total * sizeof(float);
+    memset(out, 0, sizeof *out);
+    if (s->zero)
+        loom_zero_memory(s->zero, out);
+    if (!out->params)
+        out->params = total;
+    if (!s->zero || !loom_zero_reduces(s->zero))
+        out->grads = total;
+    if (!s->zero)
+        out->optimizer = (size_t)s->state_slots * total;
+    out->master = 0; /* fp32 parameters are their own master copy */
+    out->activations = loom_gpt_activation_bytes(s->model);
+    out->comm += loom_grad_sync_buffer_bytes(s->sync);
+}
+
+void loom_session_state_hash(loom_session *s, uint64_t *params, uint64_t *optim)
+{
+    *optim = 0;
+    if (s->zero) { /* this rank's partition: its pieces of the parameters, its state */
+        size_t n, floats;
+        const loom_optim_segment *seg = loom_zero_segments(s->zero, &n);
+        loom_xxh64_state h;
+        loom_xxh64_init(&h);
+        for (size_t i = 0; i < n; i++)
+            loom_xxh64_update(&h, seg[i].param, seg[i].n * sizeof(float));
+        *params = loom_xxh64_digest(&h);
+        float *state = loom_zero_state(s->zero, &floats);
+        if (state)
+            *optim = loom_xxh64(state, floats * sizeof(float));
+        return;
+    }
+    *params = loom_xxh64(loom_gpt_param_data(s->model), loom_gpt_params(s->model)->total * sizeof(float));
+    if (s->optim_state)
+        *optim = loom_xxh64(s->optim_state,
+                            (size_t)s->state_slots * loom_gpt_params(s->model)->total * sizeof(float));
 }
 
 float *loom_session_optim_state(loom_session *s, uint32_t *slots_per_param)

@@ -6,7 +6,8 @@
  * one global token-sum divided once, never a mean of means. Every rank reads every
  * micro-batch of the global batch from its data source (so all positions stay in step)
  * and computes its own contiguous block of them. Then it checks for
- * non-finite gradients, clips by global norm and calls the optimizer over one segment
+ * non-finite losses and gradients (every rank agreeing on the first: nonfinite.h), skips
+ * or stops as cfg says, clips by global norm and calls the optimizer over one segment
  * per parameter entry. This is the imperative API under loom.train.
  */
 #ifndef LOOM_CORE_SESSION_H
@@ -14,6 +15,8 @@
 
 #include "base/config.h"
 #include "model/gpt.h"
+#include "nonfinite.h"
+#include "zero.h"
 
 /* Fills tokens and targets (B*T each, host memory) with the next micro-batch. */
 typedef loom_status (*loom_batch_fn)(void *ctx, int *tokens, int *targets, int B, int T);
@@ -25,6 +28,8 @@ typedef struct loom_session_config {
     int accum;                 /* micro-batches per optimizer step */
     uint64_t seed;
     float grad_clip;           /* clip the global grad norm to this; 0: off */
+    int stop_on_nonfinite;     /* on_nonfinite = "stop": a non-finite step fails the run
+                                * (nothing applied); 0: "skip" the update on every rank */
     const char *backend;       /* "cpu" */
     int threads;               /* 0: all cores */
     const loom_plugin_config *optim;      /* resolved configs (see config.h) */
@@ -42,6 +47,9 @@ typedef struct loom_session_config {
      * LOOM_RECOMPUTE_LAYERS one flag per block (1: recomputed fully). */
     int recompute;
     const unsigned char *recompute_layers;
+    /* ZeRO (zero.h): stage 0 (none), 1, 2 or 3 over the dp group; bucket MiB (0: 25). */
+    int zero_stage;
+    double zero_bucket_mb;
 } loom_session_config;
 
 typedef struct loom_step_stats {
@@ -55,15 +63,33 @@ typedef struct loom_step_stats {
     double tokens;         /* tokens processed in the step */
     int skipped;           /* 1 if the update was skipped (non-finite gradients) */
     int inflight;          /* pipeline: this rank's peak micro-batches in flight (0 without) */
+    loom_nonfinite_report nonfinite; /* where a non-finite loss or gradient was found */
+    double bubble;         /* pipeline: the measured bubble of the step's pipeline phase,
+                            * 1 - (every stage's F/B/W time) / (stages x the longest stage's
+                            * phase), the same on every rank; NAN without a pipeline */
 } loom_step_stats;
 
 typedef struct loom_session loom_session;
+
+/* This rank's bytes by category (zero.h's loom_memory), as allocated now. */
+void loom_session_memory(loom_session *s, loom_memory *out);
+/* The ZeRO stage in effect (0: none, also on one dp rank). */
+int loom_session_zero_stage(const loom_session *s);
 
 loom_status loom_session_create(const loom_session_config *cfg, loom_session **out);
 void loom_session_destroy(loom_session *s);
 
 loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, float lr,
                               loom_step_stats *out);
+/* The step number the next step's reports and LOOM_INJECT_NONFINITE use (the training
+ * loop's, which counts skipped steps too); without it, one more than the last step's. */
+void loom_session_number_next_step(loom_session *s, int64_t step);
+/* XXH64 of this rank's parameters and optimizer state (under ZeRO: its partition of them;
+ * 0 for no state), e.g. to show that a skipped step changed neither. */
+void loom_session_state_hash(loom_session *s, uint64_t *params, uint64_t *optim);
+/* Write this rank's timeline to path as a Chrome trace (trace.h) from the next step on,
+ * for `steps` steps (0: all); rank names the process. Closed with the session. */
+loom_status loom_session_trace(loom_session *s, const char *path, int rank, int64_t steps);
 /* Mean token loss over `batches` micro-batches drawn from next. */
 loom_status loom_session_eval(loom_session *s, loom_batch_fn next, void *ctx, int batches,
                               double *loss);

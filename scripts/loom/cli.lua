@@ -165,6 +165,9 @@ end
 
 cli.sample = function(args) return require("loom.cli_sample")(args, open_checkpoint) end
 
+-- `loom ckpt info CKPT`, `loom ckpt export CKPT OUT.safetensors` (loom.ckpt)
+cli.ckpt = function(args) return require("loom.ckpt")(args, open_checkpoint) end
+
 -- "1K" -> 1024, "64M" -> 67108864
 local function bytes_of(text)
   local n, unit = text:match("^(%d+)([KkMmGg]?)$")

@@ -39,8 +39,9 @@ options:
   key=value        recipe overrides, as for loom run
   -h, --help       this text
 
-example:
-  loom launch -n 2 scripts/recipes/tiny_shakespeare.lua mesh.tp=2 tp_sequence_parallel=true]],
+examples:
+  loom launch -n 2 scripts/recipes/tiny_shakespeare.lua mesh.tp=2 tp_sequence_parallel=true
+  loom launch -n 4 scripts/recipes/tiny_shakespeare.lua mesh.dp=4 strategy.zero=2   (docs/ZERO.md)]],
 
   plugins = [[
 usage: loom plugins [--keys NAME]
@@ -159,6 +160,57 @@ options:
 example:
   loom sample runs/shakespeare/ckpt --prompt "ROMEO:" --tokens 300 --temperature 0.8 --top-k 40]],
 
+  ckpt = [[
+usage: loom ckpt info CKPT
+       loom ckpt export CKPT OUT.safetensors
+
+Look into a checkpoint, from any tp x pp layout. CKPT is a checkpoint directory (step_*)
+or a checkpoint dir, from which the newest complete checkpoint is taken.
+
+subcommands:
+  info             step, layout, optimizer and its state slots, precision, data position,
+                   files with bytes and checksums, every tensor with its logical shape,
+                   dtype and the file slices holding it; every checksum verified first
+                   (exit 1 naming the damaged file)
+  export           the model's weights as one safetensors file under their logical names
+                   (tp slices and pp stages gathered, the tied wte once), F32
+  -h, --help       this text (loom ckpt info -h, loom ckpt export -h: one subcommand's)
+
+example:
+  loom ckpt info ckpt
+  loom ckpt export ckpt model.safetensors]],
+
+  ["ckpt info"] = [[
+usage: loom ckpt info CKPT
+
+Verify every byte of a checkpoint (the manifest's own checksum; each tensor file's size,
+xxh64, header checksum and tile checksums), then print what it holds: step,
+layout (tp, pp, the blocks of each stage), model, optimizer and its state slots,
+precision state, data position, the files with bytes and xxh64, and every model and
+optimizer tensor with its logical shape, dtype and which file holds which slice. A
+damaged checkpoint: exit 1, the message names the file and what is wrong.
+
+options:
+  -h, --help       this text
+
+example:
+  loom ckpt info runs/shakespeare/ckpt]],
+
+  ["ckpt export"] = [[
+usage: loom ckpt export CKPT OUT.safetensors
+
+Write the model's weights of a checkpoint saved at any tp x pp layout as one safetensors
+file (8-byte little-endian header length, JSON header with dtype, shape and data_offsets,
+__metadata__ with format, loom.source, loom.step and loom.model): every parameter once
+under its logical name and shape, F32, the tied wte once. The load that gathers them
+checks the checksums of what it reads.
+
+options:
+  -h, --help       this text
+
+example:
+  loom ckpt export runs/shakespeare/ckpt model.safetensors]],
+
   version = [[
 usage: loom version
 
@@ -167,7 +219,7 @@ Print loom's version.]],
 help.texts = texts
 
 -- The order `loom --help` lists commands in.
-help.commands = { "run", "launch", "plugins", "plot", "export", "bench", "schedule", "sample", "version" }
+help.commands = { "run", "launch", "plugins", "plot", "export", "bench", "schedule", "sample", "ckpt", "version" }
 
 -- Print the help of command `name` to stdout. Unknown names are an error.
 function help.show(name)

@@ -174,6 +174,7 @@ local session_spec = {
   precision = { type = { "string", "table" } },
   seed = { type = "integer", min = 0 },
   grad_clip = { type = "number", min = 0 },
+  on_nonfinite = { type = "string", one_of = { "skip", "stop" } },
   threads = { type = "integer", min = 0 },
   backend = { type = "string" },
   strategy = { type = "table", help = "{ name = \"dp\", ... } when dp > 1" },
@@ -183,6 +184,8 @@ local session_spec = {
   chunks = { type = "integer", min = 1, help = "virtual stages per rank (interleaved)" },
   pp_layers = { type = "table", help = "blocks per (virtual) stage; default: as even as possible" },
   recompute = { type = { "string", "table" }, help = "\"none\", \"full\", \"selective\" or a list of block indices (0-based) recomputed fully" },
+  zero = { type = "integer", min = 0, help = "ZeRO stage over the dp group: 0 (none), 1, 2 or 3 (docs/ZERO.md)" },
+  zero_bucket_mb = { type = "positive", help = "ZeRO bucket size in MiB (default 25)" },
 }
 
 -- recompute = "none" | "full" | "selective" | { block indices }: checked against the
@@ -227,11 +230,13 @@ function loom.session(t, where)
   local cfg = {
     model = t.model, micro = t.batch.micro, seq = t.batch.seq, accum = t.batch.accum or 1,
     seed = t.seed or 1337, grad_clip = t.grad_clip or 1.0, threads = t.threads or 0,
+    on_nonfinite = t.on_nonfinite or "skip",
     backend = t.backend or "cpu",
     optimizer = loom.plugin_table(t.optimizer, "optimizer", where),
     precision = loom.plugin_table(t.precision or "fp32", "precision", where),
     strategy = t.strategy, tensor = t.tensor, canonical = t.canonical or false,
-    schedule = t.schedule, chunks = t.chunks, pp_layers = t.pp_layers, recompute = t.recompute,
+    schedule = t.schedule, chunks = t.chunks, pp_layers = t.pp_layers,
+    zero = t.zero, zero_bucket_mb = t.zero_bucket_mb, recompute = t.recompute,
   }
   local ok, s = pcall(core.session, cfg)
   if not ok then schema.fail(where, "%s", s) end

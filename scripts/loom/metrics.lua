@@ -132,7 +132,10 @@ local function columns(self, r, tps, mfu, rss, tail)
   end
   col(1, "mem " .. mem(rss), nil, "mem " .. mem(rss, true))
   col(nil, tail)
-  if r.skipped then col(nil, "skipped", nil, nil, "skip") end
+  if r.skipped then -- with the run's count of skipped steps so far
+    local n = string.format("skipped %d", self.skips)
+    col(nil, n, nil, nil, "skip")
+  end
   return cols
 end
 
@@ -238,7 +241,8 @@ end
 
 local required = { "step", "loss", "lr", "grad_norm", "ms", "tokens" }
 
--- m:step(r), r = {step, loss, lr, grad_norm, ms, tokens [, tokens_per_s, skipped]}:
+-- m:step(r), r = {step, loss, lr, grad_norm, ms, tokens [, tokens_per_s, skipped, memory]}
+-- (memory: session:info().memory, this rank's bytes by category, written as is):
 -- one JSONL object, and the progress line when due.
 function M:step(r)
   for _, k in ipairs(required) do
@@ -253,10 +257,13 @@ function M:step(r)
   end
   local rss = core.peak_rss()
   local now = core.now() - self.t0
+  if r.skipped then self.skips = (self.skips or 0) + 1 end
+  local nf = r.nonfinite -- where a non-finite loss or gradient was found: {rank, stage, param | loss}
   self:write { kind = "train", step = r.step, loss = r.loss, lr = r.lr, grad_norm = r.grad_norm,
     ms = r.ms, comm_ms = r.comm_ms or NULL, tokens = r.tokens, tokens_per_s = tps,
-    mfu = mfu or NULL, mem_bytes = rss,
-    time_s = now, skipped = r.skipped and true or false }
+    mfu = mfu or NULL, mem_bytes = rss, memory = r.memory or NULL, bubble = r.bubble or NULL,
+    time_s = now, skipped = r.skipped and true or false, skipped_steps = self.skips or 0,
+    nonfinite = nf and { rank = nf.rank, stage = nf.stage, param = nf.param, loss = nf.loss or false } or nil }
 
   -- ETA from the pace since this run's first step: that step carries one-time costs
   -- (thread start-up, allocation, kernel autotuning) that later steps do not repeat.

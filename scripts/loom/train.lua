@@ -19,6 +19,8 @@ local spec = {
   steps = { type = "integer", min = 0, required = true },
   seed = { type = "integer", min = 0 },
   grad_clip = { type = "number", min = 0, help = "clip the global grad norm; 0 turns it off" },
+  on_nonfinite = { type = "string", one_of = { "skip", "stop" },
+    help = "a step with an inf or nan loss or gradient: \"skip\" its update on every rank (default) or \"stop\" the run" },
   threads = { type = "integer", min = 0, help = "compute threads, 0 = all cores" },
   backend = { type = "string" },
   mesh = { type = "table", help = "{ dp = 1, tp = 1, pp = 1 }" },
@@ -34,7 +36,7 @@ local spec = {
   tp_sequence_parallel = { type = "boolean", help = "with mesh.tp > 1: shard layernorms and residuals over the sequence" },
   eval = { type = "table", help = "{ every = N, batches = M }" },
   sample = { type = "table", help = "{ every = N, prompt = \"...\", tokens = 200 }" },
-  log = { type = "table", help = "{ every = N, jsonl = \"run/metrics.jsonl\" }" },
+  log = { type = "table", help = "{ every = N, jsonl = \"run/metrics.jsonl\", trace = \"run/trace\" }" },
   peak_flops = { type = "positive", help = "the device's peak FLOP/s, for MFU" },
   on_step = { type = "function" },
   checkpoint = { type = "table", help = "{ dir = \"ckpt\", every = N, keep = K }" },
@@ -54,7 +56,11 @@ local sample_spec = {
   every = { type = "integer", min = 1 }, prompt = { type = "string" }, tokens = { type = "integer", min = 1 },
   temperature = { type = "positive" }, top_k = { type = "integer", min = 0 }, seed = { type = "integer", min = 0 },
 }
-local log_spec = { every = { type = "integer", min = 1 }, jsonl = { type = "string" } }
+local log_spec = {
+  every = { type = "integer", min = 1 }, jsonl = { type = "string" },
+  trace = { type = "string", help = "a directory: one Chrome trace per rank, rank0.json, ..." },
+  trace_steps = { type = "integer", min = 1, help = "with log.trace: trace this many steps from the first (default: all)" },
+}
 local checkpoint_spec = {
   dir = { type = "string", required = true }, every = { type = "integer", min = 1 },
   keep = { type = "integer", min = 0, help = "checkpoints kept, newest first; 0 keeps all" },
@@ -88,6 +94,15 @@ local function recipe_changes(saved_json, now_json)
     end
   end
   return out
+end
+
+-- The run's measured bubble: the mean over its steps after the first (which carries the
+-- one-time start-up costs), or the one step's.
+local function bubble_summary(b)
+  if #b == 1 then return b[1] end
+  local sum = 0
+  for i = 2, #b do sum = sum + b[i] end
+  return sum / (#b - 1)
 end
 
 local function human(n)
@@ -213,6 +228,52 @@ local function check_pp(t, where, origin)
   return name, chunks
 end
 
+-- This rank's bytes by category, the start-up line (docs/ZERO.md has the formulas).
+local function memory_line(info, zero, dp)
+  local mem = info.memory
+  local function mib(b) return string.format("%.2f MiB", b / (1 << 20)) end
+  local note = ""
+  if zero > 0 and info.zero == 0 then note = string.format(" (zero=%d has nothing to partition with dp=%d)", zero, dp) end
+  return string.format("memory/rank%s: params %s | grads %s | optimizer %s | master %s | "
+    .. "activations %s | comm buffers %s%s", info.zero > 0 and string.format(" (zero=%d over dp=%d)", info.zero, dp) or "",
+    mib(mem.params), mib(mem.grads), mib(mem.optimizer), mib(mem.master), mib(mem.activations),
+    mib(mem.comm), note)
+end
+
+-- strategy = { zero = 0 | 1 | 2 | 3, dp = { bucket_mb = ... } } (docs/ZERO.md): ZeRO's buckets
+-- are dp's bucket_mb. What is not built is refused here, before any rank starts.
+local function check_zero(t, where, origin)
+  local st = t.strategy or {}
+  for k in pairs(st) do
+    if k == "offload" then
+      schema.fail(where, "strategy.offload is not built yet (optimizer state on the host or disk): "
+        .. "leave it out")
+    elseif k ~= "dp" and k ~= "zero" then
+      schema.fail(where, "strategy.%s is not available in this build (accepted: zero = 0, 1, 2 or 3; "
+        .. "dp = { bucket_mb = ... })", tostring(k))
+    end
+  end
+  local z = st.zero
+  if z == nil then return end
+  if math.type(z) ~= "integer" or z < 0 or z > 3 then
+    schema.fail(where, "strategy.zero=%s%s must be 0, 1, 2 or 3 (the ZeRO stage)", tostring(z),
+      origin("strategy.zero") or "")
+  end
+  if z == 3 and t.model.init then
+    schema.fail(where, "strategy.zero=3 with model.init (llm.c weights) is not built yet: the "
+      .. "weights would have to be loaded into each rank's partition; use zero = 1 or 2")
+  end
+  if z > 0 and ((t.mesh or {}).pp or 1) > 1 then
+    schema.fail(where, "strategy.zero=%d with mesh.pp=%d is not built yet: use zero with pp = 1, "
+      .. "or pp without zero", z, t.mesh.pp)
+  end
+  if z > 0 and (t.checkpoint or t.resume) then
+    schema.fail(where, "strategy.zero=%d with %s is not built yet (each rank would have to save "
+      .. "its own slice of the optimizer state): train with zero = 0 to save or resume", z,
+      t.checkpoint and "checkpoint" or "resume")
+  end
+end
+
 local function check(t, where, origin, world)
   schema.check(t, spec, "", where, origin)
   schema.check(t.batch, batch_spec, "batch", where, origin)
@@ -224,15 +285,21 @@ local function check(t, where, origin, world)
       .. "build has none yet (use \"shm\" for ranks of one node or \"mpi\" across nodes)",
       origin("comm") or "")
   end
-  for k in pairs(t.strategy or {}) do
-    if k ~= "dp" then
-      schema.fail(where, "strategy.%s is not available in this build (accepted: dp = { bucket_mb = ... })",
-        tostring(k))
-    end
-  end
+  check_zero(t, where, origin)
   if t.eval then schema.check(t.eval, eval_spec, "eval", where, origin) end
   if t.sample then schema.check(t.sample, sample_spec, "sample", where, origin) end
-  if t.log then schema.check(t.log, log_spec, "log", where, origin) end
+  if t.log then
+    schema.check(t.log, log_spec, "log", where, origin)
+    if t.log.trace == "" then
+      schema.fail(where, "log.trace%s is empty: give the directory the per-rank traces go to "
+        .. "(log = { trace = \"run/trace\" })", origin("log.trace") or "")
+    end
+    if t.log.trace_steps and not t.log.trace then
+      schema.fail(where, "log.trace_steps=%d%s bounds a trace, and log.trace is not set: add "
+        .. "log.trace = \"run/trace\" or leave trace_steps out", t.log.trace_steps,
+        origin("log.trace_steps") or "")
+    end
+  end
   if t.checkpoint then schema.check(t.checkpoint, checkpoint_spec, "checkpoint", where, origin) end
   if t.resume == "auto" and not t.checkpoint then
     schema.fail(where, "resume=\"auto\" needs checkpoint = { dir = ... } to look in")
@@ -312,10 +379,11 @@ return function(loom)
     local data = loom.open_data(t.data, where)
     local session = loom.session({
       model = t.model, optimizer = opt, precision = t.precision, seed = t.seed,
-      grad_clip = t.grad_clip, threads = t.threads, backend = t.backend,
+      grad_clip = t.grad_clip, on_nonfinite = t.on_nonfinite, threads = t.threads, backend = t.backend,
       batch = { micro = t.batch.micro, seq = t.batch.seq, accum = accum },
       strategy = strategy, tensor = tensor, canonical = canonical,
       schedule = schedule, chunks = chunks, pp_layers = t.pp_layers, recompute = t.recompute,
+      zero = (t.strategy or {}).zero, zero_bucket_mb = ((t.strategy or {}).dp or {}).bucket_mb,
     }, where)
     local info = session:info()
     local say = rank == 0 and print or function() end
@@ -327,6 +395,7 @@ return function(loom)
           chunks > 1 and string.format(", %d chunks", chunks) or "") or ""),
       canonical and " (canonical)" or "",
       opt.name, info.backend))
+    say(memory_line(info, (t.strategy or {}).zero or 0, dp))
 
     -- Resume: the newest complete checkpoint (auto) or the one named; exact by design:
     -- weights, optimizer state, step, precision state and data position all come back.
@@ -383,16 +452,34 @@ return function(loom)
       params = info.params, layers = t.model.layers, dim = t.model.dim, seq = t.batch.seq,
       peak_flops = t.peak_flops, device = info.backend, start_step = start, devices = world,
     }
+    local trace = t.log and t.log.trace
+    if trace then
+      local ok, err = loom.core.mkdir_p(trace)
+      if not ok then
+        schema.fail(where, "log.trace=\"%s\"%s: %s (give a directory this run may create, e.g. "
+          .. "\"run/trace\")", trace, origin("log.trace") or "", err)
+      end
+      local okt, errt = pcall(session.trace, session, string.format("%s/rank%d.json", trace, rank), rank,
+        t.log.trace_steps or 0)
+      if not okt then schema.fail(where, "%s", errt) end
+    end
     local summary = { losses = {}, start = start }
+    local bubbles = {} -- under pp: each step's measured bubble (r.bubble)
     for step = start + 1, t.steps do
       local lr = lr_of(step)
       if type(lr) ~= "number" or lr ~= lr or lr < 0 then
         schema.fail(where, "lr schedule returned %s at step %d (want a number >= 0)", tostring(lr), step)
       end
-      local r = session:step(data, lr)
+      local r = session:step(data, lr, step) -- on_nonfinite = "stop" raises: no save follows
       r.step = step
+      if r.nonfinite and rank == 0 then
+        io.stderr:write(string.format("loom: step %d: %s; update skipped on every rank (on_nonfinite = \"skip\")\n",
+          step, r.nonfinite.message))
+      end
       r.tokens_per_s = r.tokens / (r.ms / 1000)
+      r.memory = session:info().memory
       summary.losses[#summary.losses + 1] = r.loss
+      if r.bubble then bubbles[#bubbles + 1] = r.bubble end
       m:step(r)
       if t.eval and (step % t.eval.every == 0 or step == t.steps) then
         r.val_loss = session:eval(data, t.eval.batches or 10)
@@ -405,7 +492,7 @@ return function(loom)
           top_k = t.sample.top_k, seed = t.sample.seed, tokenizer = loom.tokenizer_dir(t.data) }
         m:print(text) -- the text only (loom.sample's second result is the optional hash)
       end
-      local stop = t.on_step and t.on_step(r) == false
+      local stop = t.on_step and t.on_step(r, session) == false
       -- collective: every rank calls save (dp rank 0 of each tp rank writes its files)
       -- with checkpoint.dir set the run always saves at its end (and when on_step stops it)
       if t.checkpoint and ((t.checkpoint.every and step % t.checkpoint.every == 0)
@@ -415,6 +502,14 @@ return function(loom)
       if stop then break end
     end
     summary.final_loss = summary.losses[#summary.losses]
+    if #bubbles > 0 then
+      summary.bubble = bubble_summary(bubbles)
+      local f, fvalue = require("loom.schedule").formula(schedule, pp, accum, chunks)
+      m:print(string.format("pipeline bubble: measured %.4f (mean of %s), schedule %s formula %s",
+        summary.bubble, #bubbles > 1 and string.format("steps %d-%d", start + 2, start + #bubbles)
+          or "the one step", schedule, f and string.format("%s = %.4f", f, fvalue) or "n/a"))
+    end
+    if trace then m:print(string.format("trace: %s/rank0.json .. rank%d.json (Perfetto: ui.perfetto.dev)", trace, world - 1)) end
     return session, summary
   end
 end

@@ -21,8 +21,8 @@ expect_in() { grep -qF -- "$2" <<<"$1" && ok "$3" || { fail "$3: no '$2' in:"; e
 # --- help ---------------------------------------------------------------------------
 declare -A opts=([run]="key=value" [launch]="-n N" [plugins]="--keys NAME" [plot]="--smooth N"
                  [export]="--llmc" [bench]="--sizes MIN:MAX" [schedule]="--pp P" [sample]="--prompt TEXT"
-                 [version]="usage: loom version")
-for c in run launch plugins plot export bench schedule sample version; do
+                 [ckpt]="export CKPT OUT.safetensors" [version]="usage: loom version")
+for c in run launch plugins plot export bench schedule sample ckpt version; do
   out=$("$loom" $c --help 2>&1); rc=$?
   [ $rc -eq 0 ] || fail "loom $c --help exited $rc"
   expect_in "$out" "${opts[$c]}" "loom $c --help names its options"

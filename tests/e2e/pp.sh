@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # pp.sh LOOM — pipeline parallelism on one node (loom launch, shm), fast mode (fp32):
 #  - pp=2 with gpipe, 1f1b, interleaved (2 chunks) and zb1, pp=4 with gpipe, 1f1b and zb1,
-#    pp=4 interleaved on an 8-block model, an explicit pp_layers split, pp=2 x dp=2 and
-#    pp=2 x tp=2 (both also with zb1) train
+#    pp=4 interleaved on an 8-block model, an explicit pp_layers split, pp=2 x dp=2,
+#    pp=2 x tp=2 (both also with zb1) and pp=2 x tp=2 x dp=2 (8 ranks) train
 #    the same losses as one rank with the same global batch (micro x microbatches x dp)
 #    within 2e-5 over 10 steps, the gradient norms within 1e-5 relative and the validation
 #    loss (eval through the pipeline) within 2e-5; only summation order differs (the tied
@@ -15,9 +15,9 @@
 #    last stage, gpipe all m, zb1 pp on every stage (a micro-batch is held until its W);
 #  - non-finite gradients (lr = 1e30) skip the same steps on every stage as on one rank;
 #  - canonical mode: pp=1, 2, 4 with gpipe, 1f1b, zb1 and interleaved, an uneven pp_layers
-#    split, pp=2 x dp=2 and pp=2 x tp=2 (also with zb1 and interleaved), pp=4 interleaved
-#    on 8 blocks and pp=2 with 3 uneven chunks give bitwise-identical losses, gradient norms
-#    and validation loss;
+#    split, pp=2 x dp=2, pp=2 x tp=2 (also with zb1 and interleaved), pp=2 x tp=2 x dp=2,
+#    pp=4 interleaved on 8 blocks and pp=2 with 3 uneven chunks give bitwise-identical
+#    losses, gradient norms and validation loss;
 #  - what pipeline parallelism refuses is refused with a message naming it.
 set -euo pipefail
 loom=$1
@@ -63,6 +63,8 @@ runN 4 mesh.pp=2 mesh.dp=2 schedule=zb1 microbatches=2 > "$tmp/ppdpz"
 check_close "mesh.pp=2 x mesh.dp=2 schedule=zb1 (2 micro-batches each)" "$tmp/ppdpz" "$tmp/one"
 runN 4 mesh.pp=2 mesh.tp=2 microbatches=4 > "$tmp/pptp"
 check_close "mesh.pp=2 x mesh.tp=2 (4 micro-batches)" "$tmp/pptp" "$tmp/one"
+runN 8 mesh.pp=2 mesh.tp=2 mesh.dp=2 microbatches=2 > "$tmp/pptpdp"
+check_close "mesh.pp=2 x mesh.tp=2 x mesh.dp=2, 8 ranks (2 micro-batches each)" "$tmp/pptpdp" "$tmp/one"
 runN 4 mesh.pp=2 mesh.tp=2 schedule=zb1 microbatches=4 > "$tmp/pptpz"
 check_close "mesh.pp=2 x mesh.tp=2 schedule=zb1 (4 micro-batches)" "$tmp/pptpz" "$tmp/one"
 run1 model.layers=8 batch.global=16 > "$tmp/one8"
@@ -126,7 +128,8 @@ for layout in "2 mesh.pp=2 schedule=1f1b microbatches=4" "2 mesh.pp=2 schedule=g
               "2 mesh.pp=2 pp_layers={3,1} microbatches=4" "4 mesh.pp=2 mesh.dp=2 microbatches=2" \
               "4 mesh.pp=2 mesh.tp=2 microbatches=4" "2 mesh.pp=2 schedule=zb1 microbatches=4" \
               "4 mesh.pp=4 schedule=zb1 microbatches=4" "4 mesh.pp=2 mesh.dp=2 schedule=zb1 microbatches=2" \
-              "4 mesh.pp=2 mesh.tp=2 schedule=zb1 microbatches=4"; do
+              "4 mesh.pp=2 mesh.tp=2 schedule=zb1 microbatches=4" \
+              "8 mesh.pp=2 mesh.tp=2 mesh.dp=2 microbatches=2"; do
   runN ${layout%% *} $canon ${layout#* } | grep -E '^(LOSS|NORM|VAL)' > "$tmp/c"
   cmp -s "$tmp/c1" "$tmp/c" || { echo "canonical ${layout#* } differs from one rank"; paste "$tmp/c1" "$tmp/c" | head; exit 1; }
   echo "ok canonical ${layout#* }: losses, gradient norms and val loss bitwise those of one rank"

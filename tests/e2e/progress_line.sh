@@ -2,7 +2,7 @@
 # progress_line.sh LOOM — the progress line fits the terminal (scripts/loom/metrics.lua):
 #  - on a terminal of COLUMNS = 50, 60, 80, 120 and 200, every progress line (each redraw
 #    and each kept line) is at most COLUMNS - 1 characters and ends with its eta or took
-#    field (then "| skipped" for a skipped step): numbers are shortened and columns dropped,
+#    field (then "| skipped N", N the run's skipped steps so far, for a skipped step): numbers are shortened and columns dropped,
 #    never step, loss or eta; that for the made-up wide steps of recipes/progress_lines.lua
 #    and for a real short training (recipes/metrics.lua);
 #  - into a pipe, every column is kept (mem, and mfu where a peak is known), whatever
@@ -28,7 +28,7 @@ check_fit() { # transcript columns min-lines what
   (( n >= $3 )) || { cat -A "$1"; fail "$4 at COLUMNS=$2: $n progress lines, expected at least $3"; }
   lines "$1" | awk -v w="$2" -v what="$4" '
     length($0) > w - 1 { print "FAIL: " what " at COLUMNS=" w ": " length($0) " characters: " $0; bad = 1 }
-    $0 !~ /\| (eta|took) [0-9hms?]+( \| skipped)?$/ { print "FAIL: " what " at COLUMNS=" w ": does not end with eta/took: " $0; bad = 1 }
+    $0 !~ /\| (eta|took) [0-9hms?]+( \| skip(ped [0-9]+)?)?$/ { print "FAIL: " what " at COLUMNS=" w ": does not end with eta/took: " $0; bad = 1 }
     END { exit bad }' || exit 1
 }
 

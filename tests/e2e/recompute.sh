@@ -96,7 +96,7 @@ echo "ok canonical tp=2+sp recompute=full: bitwise the canonical one-rank run wi
 
 # Sampling: full recomputation has no key/value cache (q, k, v are in the shared set); the
 # text is that of none, which uses the cache.
-text() { grep -av -E '^(LOSS|NORM|MS|ACTBYTES|step) ' "$1"; }
+text() { grep -av -E '^(LOSS|NORM|MS|ACTBYTES|step|memory/rank:) ' "$1"; }
 run 1 recompute=none 'sample={every=6,tokens=20,prompt="ROMEO:"}' > "$tmp/snone"
 run 1 recompute=full 'sample={every=6,tokens=20,prompt="ROMEO:"}' > "$tmp/sfull"
 grep -aq '^ROMEO:' "$tmp/snone" || { echo "no sample printed"; cat "$tmp/snone"; exit 1; }

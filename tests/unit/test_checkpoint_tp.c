@@ -9,8 +9,10 @@
  * left behind; a tp rank 0 that cannot make the directory). Pipeline stages (a dp x tp x
  * pp mesh, each stage holding part of the table, the shared wte written by stage 0 only)
  * save one file pair per (stage, tp rank) that loads into every tp layout, and a failing
- * writer on the last stage is named on stage 0. Also built with AddressSanitizer + UBSan
- * (unit_checkpoint_tp_asan).
+ * writer on the last stage is named on stage 0. Loads are ranged: a tp=2 (tp=4) rank reads
+ * half (a quarter) of a tp=1 checkpoint, row and column splits, a damaged tile stops only the
+ * rank that reads it, and an older manifest without header checksums is read whole. Also
+ * built with AddressSanitizer + UBSan (unit_checkpoint_tp_asan).
  */
 #include <check.h>
 #include <dirent.h>
@@ -23,6 +25,7 @@
 #include <unistd.h>
 
 #include "train/checkpoint.h"
+#include "io/checksum.h"
 #include "io/json.h"
 #include "loom/plugin/comm.h"
 
@@ -96,14 +99,34 @@ typedef enum variant {
     NO_FC,         /* lacks fc.weight */
     WIDE_PROJ,     /* proj.weight is (C, 2C) */
     PROJ_BY_COL,   /* proj.weight split on dim 1 instead of 0 */
-    BAD_DIM        /* tp rank 1's ln.weight claims a negative length: writing it fails */
+    BAD_DIM,       /* tp rank 1's ln.weight claims a negative length: writing it fails */
+    BIG            /* tensors of many 16 KiB chunks, for ranged reads (see build_big) */
 } variant;
+
+/* A row split (1024, 256), a column split with rows of four tiles (16, 16384), one with
+ * 1 KiB rows (512, 256) and a replicated vector: about 2.5 MiB of weights, so what a load
+ * reads shows in whole tiles. */
+static void build_big(loom_param_table *t, int tp, int part)
+{
+    int64_t row[2] = {1024, 256}, col[2] = {16, 16384}, narrow[2] = {512, 256}, ln[1] = {256};
+    ck_assert_int_eq(loom_params_add(t, "row.weight", 2, row, 0, LOOM_INIT_ZEROS, 0), LOOM_OK);
+    ck_assert_int_eq(loom_params_slice_last(t, 0, tp, part), LOOM_OK);
+    ck_assert_int_eq(loom_params_add(t, "col.weight", 2, col, 0, LOOM_INIT_ZEROS, 0), LOOM_OK);
+    ck_assert_int_eq(loom_params_slice_last(t, 1, tp, part), LOOM_OK);
+    ck_assert_int_eq(loom_params_add(t, "narrow.weight", 2, narrow, 0, LOOM_INIT_ZEROS, 0), LOOM_OK);
+    ck_assert_int_eq(loom_params_slice_last(t, 1, tp, part), LOOM_OK);
+    ck_assert_int_eq(loom_params_add(t, "ln.weight", 1, ln, 0, LOOM_INIT_ZEROS, 0), LOOM_OK);
+}
 
 /* A GPT block's worth of parameters as tp rank `part` of `tp` holds them; with pp = 2
  * stage 0 holds wte, ln and qkv, stage 1 wte (tied), proj and fc. */
 static void build(loom_param_table *t, int tp, int part, variant v, int stage, int pp)
 {
     memset(t, 0, sizeof *t);
+    if (v == BIG) {
+        build_big(t, tp, part);
+        return;
+    }
     int64_t wte[2] = {V, C}, ln[1] = {C}, qkv[3] = {3, C, C}, qkvb[2] = {3, C},
             proj[2] = {C, v == WIDE_PROJ ? 2 * C : C}, fc[2] = {4 * C, C};
 #define ADD(name, nd, shape, dim)                                                            \
@@ -607,6 +630,98 @@ START_TEST(test_pp2_stages_save_their_part)
 }
 END_TEST
 
+/* Rewrite ckpt's manifest as a loom before ranged loads wrote it: no header_xxh64
+ * members, its own checksum recomputed. */
+static void drop_header_sums(const char *ckpt)
+{
+    char p[2048];
+    snprintf(p, sizeof p, "%s/manifest.json", ckpt);
+    unsigned char *text;
+    size_t n;
+    ck_assert_int_eq(loom_ckpt_read_file(p, 1 << 24, &text, &n), LOOM_OK);
+    char *out = calloc(n + 1, 1), *at = out, *from = (char *)text, *hit;
+    const char *key = ", \"header_xxh64\": \"";
+    while ((hit = strstr(from, key))) {
+        memcpy(at, from, (size_t)(hit - from));
+        at += hit - from;
+        from = hit + strlen(key) + 17; /* 16 digits and the closing quote */
+    }
+    strcpy(at, from);
+    char *digits = strstr(out, "\"checksum\": \"xxh64:") + strlen("\"checksum\": \"xxh64:");
+    memset(digits, '0', 16);
+    char hex[17];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)loom_xxh64(out, strlen(out)));
+    memcpy(digits, hex, 16);
+    FILE *f = fopen(p, "wb");
+    ck_assert_ptr_nonnull(f);
+    fputs(out, f);
+    fclose(f);
+    free(out);
+    free(text);
+}
+
+/* A load reads the chunks of the slices it holds, not the files: a tp=2 rank loading a
+ * tp=1 checkpoint reads about half of it, a tp=4 rank a quarter, tp=1 all of it (the
+ * replicated vector and the headers are the "about"). A checkpoint whose manifest has no
+ * header checksums (older) is read whole. */
+START_TEST(test_ranged_reads)
+{
+    char dir[1024], ckpt[1024];
+    fresh_dir(dir, sizeof dir, "ranged");
+    mesh_save_ok(dir, 1, 1, 1, BIG, ckpt);
+    for (int tp = 1; tp <= 4; tp *= 2)
+        for (int part = 0; part < tp; part++) {
+            size_t wrong = 1;
+            ck_assert_msg(load_into(ckpt, tp, part, BIG, &wrong) == LOOM_OK, "%s", loom_last_error());
+            ck_assert_int_eq(wrong, 0);
+            uint64_t got, total;
+            loom_ckpt_read_stats(&got, &total);
+            double frac = (double)got / (double)total;
+            printf("ranged: tp=%d rank %d read %llu of %llu bytes (%.3f)\n", tp, part,
+                   (unsigned long long)got, (unsigned long long)total, frac);
+            ck_assert_msg(frac > 1.0 / tp - 0.02 && frac < 1.0 / tp + 0.02,
+                          "tp=%d rank %d read %.3f of the checkpoint, %.3f expected", tp, part,
+                          frac, 1.0 / tp);
+        }
+    /* the other way: tp=2 saved, tp=1 loads everything, a tp=2 rank reads only its file */
+    mesh_save_ok(dir, 1, 2, 2, BIG, ckpt);
+    size_t wrong = 1;
+    uint64_t got, total;
+    ck_assert_int_eq(load_into(ckpt, 2, 1, BIG, &wrong), LOOM_OK);
+    ck_assert_int_eq(wrong, 0);
+    loom_ckpt_read_stats(&got, &total);
+    ck_assert_msg(got < total * 0.52, "tp=2 rank 1 read %llu of %llu", (unsigned long long)got,
+                  (unsigned long long)total);
+    /* a damaged tile that a rank does not read does not stop it (rank 0 reads only the
+     * header of tp rank 1's file); one it reads does */
+    char p[2048];
+    snprintf(p, sizeof p, "%s/model.tp1.safetensors", ckpt);
+    struct stat sb;
+    ck_assert_int_eq(stat(p, &sb), 0);
+    FILE *f = fopen(p, "r+b");
+    ck_assert_ptr_nonnull(f);
+    fseek(f, sb.st_size / 2, SEEK_SET); /* in the weights, not the header */
+    fputc(0x5a, f);
+    fclose(f);
+    ck_assert_int_eq(load_into(ckpt, 2, 0, BIG, &wrong), LOOM_OK);
+    ck_assert_int_eq(load_into(ckpt, 2, 1, BIG, &wrong), LOOM_ERR_CORRUPT);
+    printf("damaged tile: %s\n", loom_last_error());
+    ck_assert_ptr_nonnull(strstr(loom_last_error(), "model.tp1.safetensors"));
+    ck_assert_ptr_nonnull(strstr(loom_last_error(), "the header records"));
+    ck_assert_int_eq(loom_ckpt_verify(ckpt, NULL), LOOM_ERR_CORRUPT);
+    ck_assert_ptr_nonnull(strstr(loom_last_error(), "model.tp1.safetensors"));
+    /* a manifest without header checksums (a checkpoint from before): read whole, still
+     * checked by the files' xxh64 */
+    mesh_save_ok(dir, 1, 1, 5, BIG, ckpt);
+    drop_header_sums(ckpt);
+    ck_assert_msg(load_into(ckpt, 2, 1, BIG, &wrong) == LOOM_OK, "%s", loom_last_error());
+    ck_assert_int_eq(wrong, 0);
+    loom_ckpt_read_stats(&got, &total);
+    ck_assert(got == total && total > 0);
+    ck_assert_int_eq(loom_ckpt_verify(ckpt, NULL), LOOM_OK);
+}
+END_TEST
+
 int main(void)
 {
     snprintf(root, sizeof root, "/tmp/loom-test-ckpt-tp-XXXXXX");
@@ -623,6 +738,7 @@ int main(void)
     tcase_add_test(tc, test_refusals);
     tcase_add_test(tc, test_failing_writer);
     tcase_add_test(tc, test_pp2_stages_save_their_part);
+    tcase_add_test(tc, test_ranged_reads);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_set_fork_status(sr, CK_NOFORK);

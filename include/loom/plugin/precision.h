@@ -30,7 +30,7 @@ typedef struct loom_precision_ops {
     void (*dtypes)(void *self, loom_precision_dtypes *out);
     /* The factor the loss gradient is multiplied by before backward. */
     float (*loss_scale)(void *self);
-    /* After backward: found_nonfinite says whether any gradient was inf or nan (on any
+    /* After backward: found_nonfinite says whether any gradient or loss was inf or nan (on any
      * rank). Returns 1 if the optimizer step must be skipped. May change loss_scale(). */
     int (*update)(void *self, int found_nonfinite);
     /* The scale's internal state, for checkpoints: *n floats (at most 4). */

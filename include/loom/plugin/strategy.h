@@ -4,7 +4,10 @@
  * A strategy never owns the training loop. The core calls its hooks at fixed points, in
  * a fixed order, and a strategy that does not care about a point leaves the member NULL.
  * Strategies compose (tp + zero + ep in one run) because each acts only at these points.
- * Implemented: dp, tp. Later: zero, offload, ep.
+ * Implemented: dp, tp. ZeRO stages 1-3 are built in the core (core/train/zero*.c), since
+ * they own the optimizer state and the partitions (optim.h: the core owns every buffer);
+ * the model calls its gather/release hook directly (gpt.h loom_gpt_set_param_hook), so
+ * params_needed/params_done are not called yet. Later: offload, ep.
  */
 #ifndef LOOM_PLUGIN_STRATEGY_H
 #define LOOM_PLUGIN_STRATEGY_H

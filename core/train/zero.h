@@ -1,0 +1,102 @@
+/* zero.h — ZeRO stages 1, 2 and 3 over the data-parallel group (Rajbhandari et al. 2020).
+ *
+ * Partitions: the flat buffer [0, total) is padded to P, a multiple of U*N (U = 16 floats,
+ * the parameter table's alignment; N = dp ranks), and tiled by buckets: fixed offset ranges
+ * of about bucket_mb, each a multiple of U*N long, plus a tail bucket of U*N elements that
+ * holds the end of the buffer when total is not a multiple of U*N. Each bucket is cut into
+ * N equal sub-blocks; rank r's partition is its sub-block of every bucket, P/N elements in
+ * all, the same count on every rank whatever total is (the padding past total is nobody's
+ * parameter). A parameter that straddles a sub-block boundary is split there: the optimizer
+ * gets one segment per (parameter, sub-block) piece, with the parameter's decay rule.
+ *
+ * Stage 1: gradients are reduced as without ZeRO (the dp plugin's all-reduce; canonical
+ * mode's fixed tree), each rank steps the optimizer over its partition only (AdamW m and v
+ * exist for P/N elements), then every bucket's parameters are all-gathered in place.
+ * Stage 2 (fast mode): during every micro-batch's backward, each bucket is reduce-scattered
+ * as soon as backward has finished it (overlapped like dp's buckets); this rank keeps only
+ * its partition's gradient (P/N floats, accumulated over micro-batches). The model's
+ * backward still writes into its full-size gradient buffer: on host memory the pages of a
+ * bucket are handed back to the OS (madvise MADV_DONTNEED) once its reduce-scatter has read
+ * them, so that buffer is address space, resident only for the buckets backward has
+ * written and not yet reduced; loom_zero_memory reports the measured resident peak.
+ * Stages 2 and 3 under canonical mode run stage 1's reduction: the fixed tree sums whole
+ * per-micro-batch gradients, so there is no gradient memory to save there; the bits are
+ * the point of that mode.
+ * Stage 3 (zero_params.c): the parameters are partitioned too; stage 2's gradient path;
+ * buckets follow the model's units, gathered before use and released after.
+ * The global gradient norm and the non-finite check span all partitions (stage 1: the
+ * unchanged full-buffer norm; stage 2: partition sums exchanged over dp, then tp).
+ */
+#ifndef LOOM_CORE_ZERO_H
+#define LOOM_CORE_ZERO_H
+
+#include "loom/plugin/optim.h"
+#include "model/gpt.h"
+
+typedef struct loom_zero loom_zero;
+
+/* Bytes this rank holds, by category (loom_zero_memory and the session's accounting). */
+typedef struct loom_memory {
+    size_t params;        /* persistent parameter storage (stage 3: the partition) */
+    size_t params_peak_resident; /* stage 3: measured resident peak of the model's
+                                  * full-size parameter buffer (0: not measured) */
+    size_t grads;         /* persistent gradient storage */
+    size_t grads_peak_resident; /* stages 2 and 3: measured resident peak of the model's
+                                 * transient full-size gradient buffer (0: not measured) */
+    size_t optimizer;     /* optimizer state */
+    size_t master;        /* fp32 master weights (0: the parameters are fp32) */
+    size_t activations;   /* activations and backward scratch */
+    size_t comm;          /* communication buffers (staging, canonical-mode sums) */
+} loom_memory;
+
+typedef struct loom_zero_config {
+    int stage;            /* 1, 2 or 3 */
+    double bucket_mb;     /* bucket size in MiB */
+    int canonical;
+    int accum;            /* micro-batches per rank and step (stage 2 stages the later ones) */
+    uint32_t state_slots; /* optimizer state floats per parameter */
+    float weight_decay;
+    int decay_all;
+} loom_zero_config;
+
+/* Needs dp > 1 (the caller runs without ZeRO on one rank). Stage 3 installs the model's
+ * parameter hook (gpt.h). */
+loom_status loom_zero_create(const loom_zero_config *c, loom_gpt *m, loom_backend *be,
+                             loom_zero **out);
+void loom_zero_destroy(loom_zero *z);
+
+/* The optimizer's segments over this rank's partition, and the state behind them. */
+const loom_optim_segment *loom_zero_segments(const loom_zero *z, size_t *n);
+float *loom_zero_state(loom_zero *z, size_t *floats);
+/* 1 when ZeRO reduces the gradients itself (stage 2 in fast mode). */
+int loom_zero_reduces(const loom_zero *z);
+/* Stage 2: the grad-sync reducer hooks (grad_sync.h). */
+loom_status loom_zero_begin_micro(void *z, int a);
+loom_status loom_zero_grads_ready(void *z, size_t offset, size_t n);
+loom_status loom_zero_finish_micro(void *z);
+/* Stage 2: the global squared gradient norm and non-finite flag over all partitions. */
+loom_status loom_zero_norm(loom_zero *z, double *norm_sq, int *nonfinite, double *comm_ms);
+/* The last loom_zero_norm's first parameter-table entry whose gradient piece on this rank
+ * holds an inf or nan, or -1 (what a non-finite report names: nonfinite.h). */
+int loom_zero_first_nonfinite(const loom_zero *z);
+/* The parameter-table entry of each of loom_zero_segments' segments. */
+const int *loom_zero_segment_entries(const loom_zero *z);
+/* After the optimizer step: every rank's updated partition into every rank's parameters
+ * (stages 1 and 2). */
+loom_status loom_zero_gather_params(loom_zero *z, double *comm_ms);
+/* Stage 3 (zero_params.c; no-ops below it): before the optimizer step, complete the
+ * gathers in flight (they read the partition the step rewrites); after it, mark every
+ * unit stale; pin = 1 gathers every unit and keeps it (sampling's decode reads them all
+ * without hooks), 0 releases them; the milliseconds the hooks spent communicating. */
+loom_status loom_zero_settle(loom_zero *z);
+void loom_zero_params_stale(loom_zero *z);
+loom_status loom_zero_pin_params(loom_zero *z, int pin);
+double loom_zero_take_comm_ms(loom_zero *z);
+/* This rank's partition: elements, and how many of them lie inside the buffer. */
+void loom_zero_partition(const loom_zero *z, size_t *elems, size_t *owned);
+int loom_zero_stage(const loom_zero *z);
+/* ZeRO's own buffers: grads (stage 2 partition), optimizer state, comm staging; and the
+ * measured resident peak of the full gradient buffer (stage 2). */
+void loom_zero_memory(const loom_zero *z, loom_memory *out);
+
+#endif

@@ -1,0 +1,79 @@
+/* zero_internal.h — what zero.c and zero_reduce.c share (see zero.h). */
+#ifndef LOOM_CORE_ZERO_INTERNAL_H
+#define LOOM_CORE_ZERO_INTERNAL_H
+
+#include "zero.h"
+
+#include "loom/plugin/comm.h"
+
+#define ZERO_ALIGN 16        /* floats: the parameter table's alignment (params.c) */
+#define ZERO_MAX_INFLIGHT 64 /* parameter all-gathers queued at once */
+#define ZERO_SLOTS 2         /* stage 2: reduce-scatters in flight, each with a staging slot */
+
+typedef struct zero_bucket {
+    size_t lo, len;      /* [lo, lo+len) of the padded buffer; len a multiple of U*N */
+    size_t sub;          /* len / N: each rank's sub-block */
+    size_t part_off;     /* lo / N: where this bucket's sub-block sits in the partition */
+} zero_bucket;
+
+#define ZERO_UNIT_BUCKETS 8 /* stage 3: buckets one unit spans at most */
+
+typedef struct zero_unit {       /* stage 3: one unit of the model (gpt.h) */
+    int state;                   /* zero_params.c: STALE, GATHERING, RESIDENT */
+    int first_bucket, last_bucket;
+    loom_comm_request *req[ZERO_UNIT_BUCKETS];
+    int n_req;
+    size_t inner_lo, inner_hi;   /* the pages only this unit touches, as elements */
+} zero_unit;
+
+typedef struct zero_flight {
+    loom_comm_request *req;
+    int bucket;
+    float *slot;         /* staging to add into the partition, or NULL: received in place */
+} zero_flight;
+
+struct loom_zero {
+    int stage, reduces, accum;
+    loom_gpt *model;
+    loom_backend *be;
+    const struct loom_comm_ops *comm, *tp_comm;
+    void *dp, *tp;
+    int n, rank, tp_size, tp_rank;
+    size_t total, padded, part, owned, max_len;
+    zero_bucket *buckets;
+    int n_buckets;
+    loom_optim_segment *segments;
+    int *seg_entry;      /* the parameter-table entry of each segment */
+    int first_bad;       /* the last norm's first entry with an inf or nan here, or -1 */
+    int n_segments;
+    float *state;
+    size_t state_floats;
+    float *tail;         /* U*N floats: the tail bucket's send/recv staging */
+    /* stage 2 */
+    float *part_grads;   /* P/N floats: this rank's gradient partition */
+    float *staging;      /* slots * max sub-block, with accum > 1 only */
+    size_t staging_floats;
+    zero_flight flight[ZERO_SLOTS];
+    int n_flight, next_slot, slots; /* slots: reduce-scatters in flight at most */
+    int micro, next_bucket; /* buckets next_bucket..0 are still to reduce this backward */
+    size_t watermark;    /* gradients at [watermark, total) are final */
+    size_t page;
+    unsigned char *pages; /* mincore's vector over the gradient buffer */
+    size_t n_pages;
+    size_t resident_peak;
+    /* stage 3 */
+    zero_unit *units;
+    int n_units, last_unit, pinned;
+    float *part_params;  /* P/N floats: this rank's partition of the parameters */
+    float *tail3;        /* U*N floats: the tail bucket's gather staging */
+    unsigned char *param_pages;
+    size_t n_param_pages, params_peak;
+    double comm_ms;
+};
+
+loom_status zero_reduce_init(loom_zero *z);
+void zero_reduce_free(loom_zero *z);
+loom_status zero_params_init(loom_zero *z);
+void zero_params_free(loom_zero *z);
+
+#endif

@@ -1,0 +1,249 @@
+/* zero_params.c — ZeRO stage 3: parameters partitioned (see zero.h).
+ *
+ * Each rank keeps its partition of the parameters (P/N floats, what the optimizer
+ * updates). The model's full-size parameter buffer is address space: before a unit
+ * (gpt.h: embeddings, each block, ln_f) is used its buckets are all-gathered into place
+ * from every rank's partition, and when the pass is done with it its pages are handed
+ * back to the OS (madvise MADV_DONTNEED). The next unit in the direction of the pass
+ * (up in forward, down in backward) is started ahead (prefetch), so its gather runs while
+ * this unit computes — as far as the communicator advances it (shm: inside test/wait).
+ * A unit's values are those of the last optimizer step once gathered; after each step
+ * every unit is stale and is gathered again before its next use. Pages that a unit shares
+ * with a neighbour are never released (they may be in use by it); they hold stale values
+ * until the next gather overwrites them, which is harmless because a unit is always
+ * gathered whole before it is read.
+ */
+#define _DEFAULT_SOURCE /* madvise, mincore */
+#include "zero_internal.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "base/status.h"
+#include "base/clock.h"
+
+enum { STALE = 0, GATHERING, RESIDENT };
+
+static size_t page_size(void)
+{
+    long pg = sysconf(_SC_PAGESIZE);
+    return pg > 0 ? (size_t)pg : 4096;
+}
+
+/* Return the whole pages inside [lo, hi) of the parameter buffer to the OS. */
+static void drop_pages(loom_zero *z, size_t lo, size_t hi)
+{
+    size_t page = page_size();
+    uintptr_t a = (uintptr_t)(loom_gpt_param_data(z->model) + lo);
+    uintptr_t b = (uintptr_t)(loom_gpt_param_data(z->model) + hi);
+    uintptr_t pa = (a + page - 1) / page * page, pb = b / page * page;
+    if (pb > pa)
+        (void)madvise((void *)pa, pb - pa, MADV_DONTNEED); /* a failure only keeps them */
+}
+
+/* Resident bytes of the parameter buffer now, kept as a peak. */
+static void measure(loom_zero *z)
+{
+    size_t page = page_size();
+    uintptr_t a = (uintptr_t)loom_gpt_param_data(z->model);
+    uintptr_t lo = a / page * page, hi = a + z->total * sizeof(float);
+    size_t n = (hi - lo + page - 1) / page;
+    if (n > z->n_param_pages || mincore((void *)lo, hi - lo, z->param_pages) != 0)
+        return;
+    size_t resident = 0;
+    for (size_t i = 0; i < n; i++)
+        resident += z->param_pages[i] & 1;
+    resident *= page;
+    if (resident > z->total * sizeof(float))
+        resident = z->total * sizeof(float);
+    if (resident > z->params_peak)
+        z->params_peak = resident;
+}
+
+/* Start the all-gathers of unit u's buckets: every rank's partition into the buffer. */
+static loom_status start_unit(loom_zero *z, int u)
+{
+    zero_unit *un = &z->units[u];
+    float *params = loom_gpt_param_data(z->model);
+    un->n_req = 0;
+    for (int k = un->first_bucket; k <= un->last_bucket; k++) {
+        const zero_bucket *b = &z->buckets[k];
+        float *recv = b->lo + b->len > z->total ? z->tail3 : params + b->lo;
+        LOOM_TRY(z->comm->allgather_start(z->dp, z->part_params + b->part_off, recv, b->sub,
+                                          LOOM_DTYPE_F32, &un->req[un->n_req]));
+        un->n_req++;
+    }
+    un->state = GATHERING;
+    return LOOM_OK;
+}
+
+static loom_status finish_unit(loom_zero *z, int u)
+{
+    zero_unit *un = &z->units[u];
+    loom_status st = LOOM_OK;
+    for (int i = 0; i < un->n_req; i++) {
+        loom_status w = z->comm->wait(z->dp, un->req[i]);
+        if (st == LOOM_OK)
+            st = w;
+    }
+    un->n_req = 0;
+    const zero_bucket *b = &z->buckets[un->last_bucket];
+    if (st == LOOM_OK && b->lo + b->len > z->total) /* the tail: staged, copy what exists */
+        memcpy(loom_gpt_param_data(z->model) + b->lo, z->tail3, (z->total - b->lo) * sizeof(float));
+    un->state = RESIDENT;
+    return st;
+}
+
+static loom_status need(loom_zero *z, int u)
+{
+    if (z->units[u].state == STALE)
+        LOOM_TRY(start_unit(z, u));
+    /* prefetch the next unit of this pass before waiting for this one */
+    int next = u > z->last_unit ? u + 1 : u - 1;
+    z->last_unit = u;
+    /* going down, the embeddings are next needed after the optimizer step: not now */
+    if (next >= 1 && next < z->n_units && z->units[next].state == STALE)
+        LOOM_TRY(start_unit(z, next));
+    if (z->units[u].state == GATHERING)
+        LOOM_TRY(finish_unit(z, u));
+    measure(z);
+    return LOOM_OK;
+}
+
+static loom_status param_use(void *ctx, int u, int needed)
+{
+    loom_zero *z = ctx;
+    double t0 = loom_now_ms();
+    loom_status st = LOOM_OK;
+    if (u < 0 || u >= z->n_units)
+        return loom_fail(LOOM_ERR_INTERNAL, "ZeRO-3: unit %d outside 0..%d", u, z->n_units - 1);
+    if (needed) {
+        st = need(z, u);
+    } else if (!z->pinned && z->units[u].state == RESIDENT) {
+        drop_pages(z, z->units[u].inner_lo, z->units[u].inner_hi);
+        z->units[u].state = STALE;
+    }
+    z->comm_ms += loom_now_ms() - t0;
+    return st;
+}
+
+loom_status zero_params_init(loom_zero *z)
+{
+    const loom_param_table *t = loom_gpt_params(z->model);
+    z->n_units = loom_gpt_get_config(z->model)->layers + 2;
+    z->units = calloc((size_t)z->n_units, sizeof *z->units);
+    z->part_params = calloc(z->part, sizeof(float));
+    z->tail3 = calloc((size_t)ZERO_ALIGN * (size_t)z->n, sizeof(float));
+    z->n_param_pages = (z->total * sizeof(float) + 2 * page_size()) / page_size();
+    z->param_pages = malloc(z->n_param_pages);
+    if (!z->units || !z->part_params || !z->tail3 || !z->param_pages)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the ZeRO-3 parameter partition");
+    float *params = loom_gpt_param_data(z->model);
+    /* this rank's partition from the initial values every rank drew alike */
+    for (int k = 0; k < z->n_buckets; k++) {
+        const zero_bucket *b = &z->buckets[k];
+        size_t a = b->lo + (size_t)z->rank * b->sub, e = a + b->sub;
+        if (a < z->total)
+            memcpy(z->part_params + b->part_off, params + a,
+                   ((e < z->total ? e : z->total) - a) * sizeof(float));
+    }
+    size_t page = page_size();
+    for (int u = 0; u < z->n_units; u++) {
+        int first, last;
+        loom_gpt_unit_entries(z->model, u, &first, &last);
+        zero_unit *un = &z->units[u];
+        size_t lo = t->entries[first].offset, hi = t->entries[last].offset + t->entries[last].numel;
+        un->first_bucket = un->last_bucket = -1;
+        for (int k = 0; k < z->n_buckets; k++) {
+            const zero_bucket *b = &z->buckets[k];
+            if (b->lo < hi && b->lo + b->len > lo) {
+                if (un->first_bucket < 0)
+                    un->first_bucket = k;
+                un->last_bucket = k;
+            }
+        }
+        int n = un->last_bucket - un->first_bucket + 1;
+        if (un->first_bucket < 0 || n > ZERO_UNIT_BUCKETS)
+            LOOM_FAIL(LOOM_ERR_INTERNAL, "ZeRO-3: unit %d spans %d buckets (1 to %d expected)", u,
+                      n, ZERO_UNIT_BUCKETS);
+        /* the pages this unit alone owns: not the ones it shares with a neighbour */
+        uintptr_t base = (uintptr_t)params;
+        uintptr_t pa = (base + lo * sizeof(float) + page - 1) / page * page;
+        uintptr_t pb = (base + hi * sizeof(float)) / page * page;
+        un->inner_lo = lo, un->inner_hi = lo;
+        if (pb > pa) {
+            un->inner_lo = (pa - base) / sizeof(float);
+            un->inner_hi = (pb - base) / sizeof(float);
+        }
+        drop_pages(z, un->inner_lo, un->inner_hi); /* until first needed */
+    }
+    z->last_unit = -1;
+    loom_gpt_set_param_hook(z->model, param_use, z);
+    return LOOM_OK;
+}
+
+void zero_params_free(loom_zero *z)
+{
+    if (z->units)
+        loom_gpt_set_param_hook(z->model, NULL, NULL);
+    free(z->units);
+    free(z->part_params);
+    free(z->tail3);
+    free(z->param_pages);
+}
+
+loom_status loom_zero_settle(loom_zero *z)
+{
+    loom_status st = LOOM_OK;
+    for (int u = 0; z->units && u < z->n_units; u++)
+        if (z->units[u].state == GATHERING) {
+            loom_status w = finish_unit(z, u);
+            if (st == LOOM_OK)
+                st = w;
+        }
+    return st;
+}
+
+void loom_zero_params_stale(loom_zero *z)
+{
+    for (int u = 0; z->units && u < z->n_units; u++)
+        z->units[u].state = STALE; /* resident pages keep the old values until regathered */
+}
+
+loom_status loom_zero_pin_params(loom_zero *z, int pin)
+{
+    if (!z->units)
+        return LOOM_OK;
+    loom_status st = LOOM_OK;
+    if (pin) {
+        z->pinned = 1;
+        for (int u = 0; u < z->n_units && st == LOOM_OK; u++)
+            if (z->units[u].state == STALE)
+                st = start_unit(z, u);
+        for (int u = 0; u < z->n_units; u++)
+            if (z->units[u].state == GATHERING) {
+                loom_status w = finish_unit(z, u);
+                if (st == LOOM_OK)
+                    st = w;
+            }
+        measure(z);
+        return st;
+    }
+    z->pinned = 0;
+    for (int u = 0; u < z->n_units; u++)
+        if (z->units[u].state == RESIDENT) {
+            drop_pages(z, z->units[u].inner_lo, z->units[u].inner_hi);
+            z->units[u].state = STALE;
+        }
+    return LOOM_OK;
+}
+
+double loom_zero_take_comm_ms(loom_zero *z)
+{
+    double ms = z->comm_ms;
+    z->comm_ms = 0.0;
+    return ms;
+}

@@ -1,0 +1,155 @@
+-- loom.ckpt — `loom ckpt info CKPT` (what a checkpoint holds, every byte's checksum
+-- verified first) and `loom ckpt export CKPT OUT.safetensors` (the model's weights as one
+-- safetensors file under their logical names, from any tp x pp layout).
+-- CKPT is a checkpoint (a step_* directory) or a checkpoint dir (its newest complete
+-- checkpoint). The format is checkpoint.h's; the checks are loom_ckpt_verify's (C), so
+-- info reads the headers only after they were found intact.
+-- (the --help texts are loom.help's "ckpt", "ckpt info" and "ckpt export" entries)
+local core = require "loom.core"
+local json = require "loom.json"
+
+local function resolve(ckpt, what)
+  local f = io.open(ckpt .. "/manifest.json", "rb")
+  if f then
+    f:close()
+    return ckpt
+  end
+  local found, why = core.find_checkpoint(ckpt)
+  if not found then error("ckpt " .. what .. ": " .. why, 0) end
+  return found
+end
+
+local function read_json(path, len_prefixed)
+  local f = assert(io.open(path, "rb"))
+  local text
+  if len_prefixed then -- safetensors: 8-byte little-endian header length, then the JSON
+    text = f:read(string.unpack("<I8", f:read(8)))
+  else
+    text = f:read("a")
+  end
+  f:close()
+  return json.decode(text)
+end
+
+-- checkpoint.h's file names (loom_ckpt_file_name)
+local function file_name(kind, part, tp, pp)
+  if tp <= 1 and pp <= 1 then return kind .. ".safetensors" end
+  if pp <= 1 then return string.format("%s.tp%d.safetensors", kind, part) end
+  if tp <= 1 then return string.format("%s.pp%d.safetensors", kind, part) end
+  return string.format("%s.pp%d.tp%d.safetensors", kind, part // tp, part % tp)
+end
+
+local function dims(t) return "[" .. table.concat(t, ", ") .. "]" end
+
+-- "[0:8, 4:8]" for a stored slice of a logical shape; "whole" when it is all of it.
+local function slice_text(start, len, shape)
+  local parts, whole = {}, true
+  for d = 1, #shape do
+    parts[d] = string.format("%d:%d", start[d], start[d] + len[d])
+    whole = whole and start[d] == 0 and len[d] == shape[d]
+  end
+  return whole and "whole" or "[" .. table.concat(parts, ", ") .. "]"
+end
+
+-- The tensors of one kind's files, in file order: {name, shape, dtype, where = {"file
+-- slice", ...}}, each name once.
+local function tensors_of(dir, kind, tp, pp)
+  local list, by_name = {}, {}
+  for part = 0, tp * pp - 1 do
+    local name = file_name(kind, part, tp, pp)
+    local h = read_json(dir .. "/" .. name, true)
+    local meta = h.__metadata__ or {}
+    local order = {}
+    for tname, t in pairs(h) do
+      if tname ~= "__metadata__" then order[#order + 1] = { tname, t } end
+    end
+    table.sort(order, function(a, b) return a[2].data_offsets[1] < b[2].data_offsets[1] end)
+    for _, nt in ipairs(order) do
+      local tname, t = nt[1], nt[2]
+      local layout = json.decode(meta[tname])
+      local e = by_name[tname]
+      if not e then
+        e = { name = tname, shape = layout.shape, dtype = t.dtype, where = {} }
+        by_name[tname] = e
+        list[#list + 1] = e
+      end
+      e.where[#e.where + 1] = name .. " " .. slice_text(layout.slice_start, t.shape, layout.shape)
+    end
+  end
+  return list
+end
+
+local function info(args)
+  if #args ~= 1 then error("usage: loom ckpt info CKPT  (loom ckpt info --help)", 0) end
+  local dir = resolve(args[1], "info")
+  local ok, checked = pcall(core.verify_checkpoint, dir)
+  if not ok then error("ckpt info: " .. checked .. "\nckpt info: the checkpoint is damaged", 0) end
+  local m = read_json(dir .. "/manifest.json")
+  local l = m.layout or { tp = 1 }
+  local tp, pp = l.tp or 1, l.pp or 1
+  local mc, o = m.model, m.optimizer
+  print("checkpoint " .. dir)
+  print(string.format("step %d (optimizer steps taken %d), written by loom %s", m.step,
+    m.steps_taken, tostring(m.loom_version)))
+  print(string.format("layout: tp=%d pp=%d%s; dp: not recorded (the ranks of dp rank 0 write; "
+    .. "any layout loads it)", tp, pp, l.pp_layers and (", blocks per virtual stage "
+    .. table.concat(l.pp_layers, ",")) or ""))
+  print(string.format("model: vocab %d (padded %d), ctx %d, layers %d, heads %d, dim %d",
+    mc.vocab, mc.vocab_padded, mc.ctx, mc.layers, mc.heads, mc.dim))
+  local slots = {}
+  for k = 0, o.slots - 1 do slots[#slots + 1] = "state" .. k end
+  print(string.format("optimizer: %s, %d state slot%s per parameter%s", o.name, o.slots,
+    o.slots == 1 and "" or "s", o.slots > 0 and (" (X." .. table.concat(slots, ", X.") .. ")") or ""))
+  local prec = m.precision or {}
+  print("precision state: " .. ((prec.state and #prec.state > 0) and dims(prec.state) or "none"))
+  if type(m.data) == "table" and m.data.kind then
+    print(string.format("data position: %s, state %s", m.data.kind, dims(m.data.state)))
+  else
+    print("data position: none recorded")
+  end
+  local seed = type(m.config) == "table" and m.config.seed
+  print("rng: no generator state in the manifest"
+    .. (seed and (", the recipe's seed is " .. tostring(seed)) or ""))
+  print(string.format("files (%d tensor files and manifest.json):", 2 * tp * pp))
+  for _, kind in ipairs { "model", "optim" } do
+    for part = 0, tp * pp - 1 do
+      local name = file_name(kind, part, tp, pp)
+      local r = m.files[name]
+      print(string.format("  %-32s %12d bytes  xxh64 %s", name, r.bytes, r.xxh64))
+    end
+  end
+  for _, kind in ipairs { "model", "optim" } do
+    local list = tensors_of(dir, kind, tp, pp)
+    print(string.format("%s tensors (%d; logical shape, dtype, file and slice held):", kind, #list))
+    for _, e in ipairs(list) do
+      print(string.format("  %-28s %-16s %-4s %s", e.name, dims(e.shape), e.dtype,
+        table.concat(e.where, "; ")))
+    end
+  end
+  print(string.format("checksums verified: %d bytes (manifest, every file's xxh64, headers, "
+    .. "every tile)", checked))
+end
+
+local function export(args, open_checkpoint)
+  local usage = "usage: loom ckpt export CKPT OUT.safetensors  (loom ckpt export --help)"
+  if #args ~= 2 then error(usage, 0) end
+  local out = args[2]
+  local session, manifest, dir = open_checkpoint(args[1], "ckpt export")
+  local mc = manifest.model
+  local model = string.format('{"vocab":%d,"vocab_padded":%d,"ctx":%d,"layers":%d,"heads":%d,"dim":%d}',
+    mc.vocab, mc.vocab_padded, mc.ctx, mc.layers, mc.heads, mc.dim)
+  local bytes = session:export_safetensors(out, {
+    format = "pt", ["loom.source"] = dir, ["loom.step"] = tostring(manifest.step), ["loom.model"] = model,
+  })
+  print(string.format("wrote %s (%d bytes: the model's weights, F32, logical names and shapes) from %s",
+    out, bytes, dir))
+end
+
+return function(args, open_checkpoint)
+  local sub = args[1]
+  local rest = table.move(args, 2, #args, 1, {})
+  if sub == "info" then return info(rest) end
+  if sub == "export" then return export(rest, open_checkpoint) end
+  error("ckpt: " .. (sub and ("unknown subcommand '" .. sub .. "'") or "which subcommand?")
+    .. " (info or export)\nusage: loom ckpt info CKPT | loom ckpt export CKPT OUT.safetensors", 0)
+end

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# pp_trace.sh LOOM — log.trace (per-rank Chrome traces) and the measured pipeline bubble:
+#  - pp=2 with 1f1b, interleaved (2 chunks) and, where this build trains it, zb1 (B and W
+#    spans): every rank's trace is strict JSON in
+#    the Trace Event Format, pid = rank, lanes compute / comm / step, spans of a lane
+#    never overlap, one step span per step, and each step's compute spans are, in time
+#    order, the stage's FWD/BWD instructions of the schedule (every micro-batch's forward
+#    and backward on each stage, with its chunk), plus transfers and idle spans
+#    (tests/e2e/check_trace.py);
+#  - the measured bubble is in every JSONL train line and in the run's summary line,
+#    finite and in [0, 1); without a pipeline it is null;
+#  - at pp = 1 (dp = 2) the traces hold forward, backward, grad_sync and the optimizer;
+#  - log.trace_steps = 2 traces steps 1 and 2 only; steps whose update is skipped (non-finite
+#    gradients) keep their own step numbers;
+#  - a bad log.trace value is refused with a message that names it, and so is a trace file
+#    that cannot be written.
+set -euo pipefail
+loom=$1
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/lib.sh"
+recipe=$here/recipes/pp_probe.lua
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+export OMP_WAIT_POLICY=passive
+model="model.heads=4 model.layers=4 threads=1 comm_timeout=20"
+check="python3 $here/check_trace.py"
+
+# bubble_ok FILE.jsonl OUT: every train line's bubble and the summary's in [0, 1)
+bubble_ok() {
+  python3 - "$1" <<'PY' || exit 1
+import json, math, sys
+n = 0
+for line in open(sys.argv[1]):
+    o = json.loads(line)
+    if o["kind"] == "train":
+        b = o["bubble"]
+        if not (isinstance(b, float) and math.isfinite(b) and 0 <= b < 1):
+            print("FAIL: step %d bubble %r is not in [0, 1)" % (o["step"], b)); sys.exit(1)
+        n += 1
+print("ok %d JSONL train lines carry a bubble in [0, 1)" % n)
+PY
+  local b
+  b=$(sed -n 's/^pipeline bubble: measured \([^ ]*\) .*/\1/p' "$2")
+  [ -n "$b" ] || { echo "no 'pipeline bubble' summary line"; cat "$2"; exit 1; }
+  finite "$b" > /dev/null && below "$b" 1 && ! below "$b" 0 ||
+    { echo "summary bubble $b is not in [0, 1)"; exit 1; }
+  echo "ok summary: $(grep '^pipeline bubble' "$2")"
+}
+
+for layout in "1f1b 1" "interleaved 2"; do
+  name=${layout% *}; chunks=${layout#* }; mkdir -p "$tmp/$name"
+  "$loom" launch -n 2 "$recipe" $model steps=3 mesh.pp=2 schedule=$name microbatches=4 \
+    log.trace="$tmp/$name/trace" log.jsonl="$tmp/$name/m.jsonl" > "$tmp/$name/out" 2>&1 ||
+    { cat "$tmp/$name/out"; exit 1; }
+  LOOM_SCHED="$name 2 4 $chunks" "$loom" run "$here/sched_lists.lua" > "$tmp/$name/lists"
+  $check "$tmp/$name/trace" 2 3 "$tmp/$name/lists"
+  bubble_ok "$tmp/$name/m.jsonl" "$tmp/$name/out"
+done
+grep -q '"chunk":1' "$tmp/interleaved/trace/rank0.json" || { echo "interleaved: no chunk 1 span"; exit 1; }
+
+# zb1's split backward: backward_input (B) and backward_weight (W) spans in the schedule's
+# order, where this build trains zb1 (a build whose model has no split backward refuses it).
+mkdir -p "$tmp/zb1"
+if "$loom" launch -n 2 "$recipe" $model steps=2 mesh.pp=2 schedule=zb1 microbatches=4 \
+    log.trace="$tmp/zb1/trace" > "$tmp/zb1/out" 2>&1; then
+  LOOM_SCHED="zb1 2 4 1" "$loom" run "$here/sched_lists.lua" > "$tmp/zb1/lists"
+  $check "$tmp/zb1/trace" 2 2 "$tmp/zb1/lists"
+  grep -q '"name":"backward_weight"' "$tmp/zb1/trace/rank1.json" || { echo "zb1: no W span"; exit 1; }
+elif grep -q 'cannot train with' "$tmp/zb1/out"; then
+  echo "zb1 is refused by this build (no split backward): its trace is checked where it trains"
+else
+  cat "$tmp/zb1/out"; exit 1
+fi
+
+# pp = 1, dp = 2: the spans that apply; no bubble.
+mkdir -p "$tmp/dp"
+"$loom" launch -n 2 "$recipe" $model steps=3 mesh.dp=2 log.trace="$tmp/dp/trace" \
+  log.jsonl="$tmp/dp/m.jsonl" > "$tmp/dp/out" 2>&1 || { cat "$tmp/dp/out"; exit 1; }
+$check "$tmp/dp/trace" 2 3
+grep -q '"name":"grad_sync"' "$tmp/dp/trace/rank1.json" || { echo "dp=2: no grad_sync span"; exit 1; }
+grep -q '"bubble":null' "$tmp/dp/m.jsonl" || { echo "dp=2: bubble is not null"; exit 1; }
+grep -q '^pipeline bubble' "$tmp/dp/out" && { echo "dp=2 printed a pipeline bubble"; exit 1; }
+echo "ok pp = 1 (dp = 2): traces with forward, backward, grad_sync, optimizer; bubble null"
+
+# A window: steps 1 and 2 of 3.
+"$loom" launch -n 2 "$recipe" $model steps=3 mesh.pp=2 microbatches=2 log.trace="$tmp/w" \
+  log.trace_steps=2 > "$tmp/w.out" 2>&1 || { cat "$tmp/w.out"; exit 1; }
+$check "$tmp/w" 2 2
+
+# Skipped updates (lr = 1e30: non-finite gradients from step 2 on) are steps of the trace too.
+"$loom" launch -n 2 "$recipe" $model steps=4 mesh.pp=2 microbatches=2 optimizer.lr=1e30 \
+  log.trace="$tmp/skip" > "$tmp/skip.out" 2>&1 || { cat "$tmp/skip.out"; exit 1; }
+grep -q 'SKIP 4 true' "$tmp/skip.out" || { echo "lr=1e30 did not skip step 4"; exit 1; }
+$check "$tmp/skip" 2 4
+
+refused() { # expected-text args...
+  local want=$1; shift
+  if "$loom" run "$recipe" $model steps=1 "$@" > "$tmp/err" 2>&1; then echo "accepted: $*"; exit 1; fi
+  grep -qF -- "$want" "$tmp/err" || { echo "refusal of '$*' lacks '$want':"; cat "$tmp/err"; exit 1; }
+  echo "ok refused ($want)"
+}
+refused 'is empty: give the directory the per-rank traces go to' log.trace=
+refused 'cannot create directory' log.trace=/proc/none/trace
+refused 'bounds a trace, and log.trace is not set' log.trace_steps=2
+refused 'must be string, got number 7' 'log.trace=7'
+# A trace that cannot be written (a full disk: rank0.json is /dev/full) stops the run, naming it.
+mkdir -p "$tmp/full" && ln -s /dev/full "$tmp/full/rank0.json"
+refused "log.trace: writing '$tmp/full/rank0.json' failed (No space left on device)" log.trace="$tmp/full"

@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# zero.sh LOOM — ZeRO stages 1, 2 and 3 (strategy = { zero = N }, docs/ZERO.md) on one
+# node through `loom launch` and the shm communicator, on the small test model:
+#  - fast mode, dp=2, 3 (a size that does not divide) and 4, 20 steps: zero=1 trains bitwise the losses of plain dp (the
+#    same all-reduce, an element-wise optimizer); zero=2 (reduce-scatter in buckets during
+#    backward) and zero=3 (parameters gathered per layer too) within 1e-4 of plain dp
+#    (fp32, only summation order may differ), with accumulation too, and with dp=2 x tp=2;
+#    zero=3's evaluation and sampling give plain dp's text;
+#  - each stage run twice: bitwise identical;
+#  - canonical mode: losses and grad norms bitwise identical across zero = 0, 1, 2, 3 and
+#    dp = 1, 2, 4, and dp=2 x tp=2;
+#  - per-rank bytes by category against the ZeRO paper's formulas (fp32 AdamW, K = 8:
+#    dp 16Ψ, zero=1 8Ψ + 8Ψ/N, zero=2 4Ψ + 12Ψ/N, zero=3 16Ψ/N) within 10% at dp=2 and
+#    dp=4; the full-size buffers the model computes in (stage 2's gradients, stage 3's
+#    parameters) are resident for at most half their size on a deeper model;
+#  - what is not built is refused with a message: zero with pp, zero with checkpoints,
+#    zero=3 with llm.c weights, offload.
+set -euo pipefail
+loom=$1
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/lib.sh"
+recipe=$here/recipes/losses.lua
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+export OMP_WAIT_POLICY=passive   # several ranks share 2 cores: OpenMP must not spin
+lines() { grep -E '^(LOSS|NORM) '; }
+run1() { "$loom" run "$recipe" threads=1 "$@" | lines; }
+runN() { local n=$1; shift; "$loom" launch -n "$n" "$recipe" threads=1 mesh.dp="$n" comm_timeout=10 "$@" | lines; }
+small="strategy.dp.bucket_mb=0.01"   # ~14 buckets on the 139 KB model: the overlapped path
+
+# --- fast mode against plain dp -------------------------------------------------------
+for n in 2 4; do
+  b=$((8 / n))
+  runN $n batch.micro=$b > "$tmp/dp$n"
+  runN $n batch.micro=$b strategy.zero=1 > "$tmp/z1_$n"
+  finite_losses "$tmp/dp$n" "$tmp/z1_$n"
+  cmp -s "$tmp/dp$n" "$tmp/z1_$n" || { echo "zero=1 dp=$n differs from plain dp"; paste "$tmp/dp$n" "$tmp/z1_$n" | head; exit 1; }
+  echo "ok fast zero=1 dp=$n: losses and norms bitwise those of plain dp over $(grep -c LOSS "$tmp/dp$n") steps"
+  for bucket in "" "$small"; do
+    runN $n batch.micro=$b strategy.zero=2 $bucket > "$tmp/z2_$n"
+    d=$(max_loss_diff "$tmp/dp$n" "$tmp/z2_$n")
+    below "$d" 1e-4 || { echo "zero=2 dp=$n ${bucket:-one bucket} differs from plain dp by $d"; exit 1; }
+    echo "ok fast zero=2 dp=$n ${bucket:-(one bucket)}: max |loss diff| vs plain dp $d over 20 steps"
+  done
+  runN $n batch.micro=$b strategy.zero=3 > "$tmp/z3_$n"
+  d=$(max_loss_diff "$tmp/dp$n" "$tmp/z3_$n")
+  below "$d" 1e-4 || { echo "zero=3 dp=$n differs from plain dp by $d"; exit 1; }
+  echo "ok fast zero=3 dp=$n: max |loss diff| vs plain dp $d over 20 steps"
+done
+# dp=3: 34688 floats are not a multiple of 16 x 3, so the tail bucket and padding run
+runN 3 batch.micro=2 > "$tmp/dp3"
+runN 3 batch.micro=2 strategy.zero=1 $small > "$tmp/z1_3"
+cmp -s "$tmp/dp3" "$tmp/z1_3" || { echo "zero=1 dp=3 differs from plain dp"; exit 1; }
+runN 3 batch.micro=2 strategy.zero=2 $small > "$tmp/z2_3"
+d=$(max_loss_diff "$tmp/dp3" "$tmp/z2_3")
+below "$d" 1e-4 || { echo "zero=2 dp=3 differs from plain dp by $d"; exit 1; }
+runN 3 batch.micro=2 strategy.zero=3 > "$tmp/z3_3"
+d3=$(max_loss_diff "$tmp/dp3" "$tmp/z3_3")
+below "$d3" 1e-4 || { echo "zero=3 dp=3 differs from plain dp by $d3"; exit 1; }
+echo "ok fast dp=3 (partitions padded past the buffer's end): zero=1 bitwise plain dp, max |loss diff| zero=2 $d, zero=3 $d3"
+# accumulation: zero=2 reduces every micro-batch into the partition, dp sums them first
+runN 2 batch.micro=2 batch.global=8 > "$tmp/acc_dp"
+for z in 2 3; do
+  runN 2 batch.micro=2 batch.global=8 strategy.zero=$z $small > "$tmp/acc_z$z"
+  d=$(max_loss_diff "$tmp/acc_dp" "$tmp/acc_z$z")
+  below "$d" 1e-4 || { echo "zero=$z with 2 micro-batches per rank differs from plain dp by $d"; exit 1; }
+  echo "ok fast zero=$z dp=2 with 2 micro-batches per rank: max |loss diff| vs plain dp $d"
+done
+# with tensor parallelism: dp=2 x tp=2 on 4 ranks
+runT() { "$loom" launch -n 4 "$recipe" threads=1 mesh.dp=2 mesh.tp=2 comm_timeout=10 "$@" | lines; }
+runT batch.micro=4 > "$tmp/tp_dp"
+for z in 1 2 3; do
+  runT batch.micro=4 strategy.zero=$z $small > "$tmp/tp_z$z"
+  d=$(max_loss_diff "$tmp/tp_dp" "$tmp/tp_z$z")
+  below "$d" 1e-4 || { echo "zero=$z dp=2 x tp=2 differs from dp=2 x tp=2 by $d"; exit 1; }
+  echo "ok fast zero=$z dp=2 x tp=2: max |loss diff| vs plain dp x tp $d"
+done
+
+# zero=3: evaluation and sampling run on gathered units too (sampling keeps all of them)
+side() { "$loom" launch -n 2 "$recipe" threads=1 mesh.dp=2 eval.every=10 eval.batches=2 sample.every=20 \
+  sample.tokens=24 "$@" 2>/dev/null | grep -av '^\[rank' | grep -av -e '^LOSS' -e '^NORM' -e '^step 20/20' -e '^memory/rank'; }
+side > "$tmp/side0"
+side strategy.zero=3 > "$tmp/side3"
+grep -q 'val loss' "$tmp/side0" || { echo "no evaluation lines"; exit 1; }
+cmp -s "$tmp/side0" "$tmp/side3" || { echo "zero=3 evaluation or sample differs from plain dp:"; diff "$tmp/side0" "$tmp/side3" | head; exit 1; }
+echo "ok zero=3 dp=2: evaluation losses and the sampled text identical to plain dp ($(grep -c 'val loss' "$tmp/side3") evaluations)"
+
+# --- run to run -----------------------------------------------------------------------
+runN 2 batch.micro=4 strategy.zero=1 > "$tmp/again1"
+cmp -s "$tmp/z1_2" "$tmp/again1" || { echo "zero=1 dp=2 twice differs"; exit 1; }
+runN 4 batch.micro=2 strategy.zero=2 $small > "$tmp/again2"
+cmp -s "$tmp/z2_4" "$tmp/again2" || { echo "zero=2 dp=4 twice differs"; exit 1; }
+runN 2 batch.micro=2 batch.global=8 strategy.zero=2 $small > "$tmp/again3"
+cmp -s "$tmp/acc_z2" "$tmp/again3" || { echo "zero=2 dp=2 with accumulation twice differs"; exit 1; }
+runN 4 batch.micro=2 strategy.zero=3 > "$tmp/again4"
+cmp -s "$tmp/z3_4" "$tmp/again4" || { echo "zero=3 dp=4 twice differs"; exit 1; }
+echo "ok zero=1 dp=2, zero=2 dp=4, zero=2 dp=2 with accumulation, zero=3 dp=4, each run twice: bitwise identical"
+
+# --- canonical mode: one set of bits for every stage and layout -----------------------
+canon="deterministic=canonical batch.micro=2 batch.global=8"
+run1 $canon > "$tmp/c1"
+run1 $canon strategy.zero=2 > "$tmp/c1z"   # one dp rank: nothing to partition
+finite_losses "$tmp/c1"
+cmp -s "$tmp/c1" "$tmp/c1z" || { echo "canonical dp=1 zero=2 differs from dp=1"; exit 1; }
+layouts="dp=1"
+for n in 2 4; do
+  for z in 0 1 2 3; do
+    runN $n $canon strategy.zero=$z $small > "$tmp/c_${n}_$z"
+    cmp -s "$tmp/c1" "$tmp/c_${n}_$z" ||
+      { echo "canonical dp=$n zero=$z differs from dp=1"; paste "$tmp/c1" "$tmp/c_${n}_$z" | head; exit 1; }
+    layouts="$layouts, dp=$n zero=$z"
+  done
+done
+for z in 1 2 3; do
+  runT $canon strategy.zero=$z $small > "$tmp/ct_$z"
+  cmp -s "$tmp/c1" "$tmp/ct_$z" || { echo "canonical dp=2 x tp=2 zero=$z differs from dp=1"; exit 1; }
+  layouts="$layouts, dp=2 x tp=2 zero=$z"
+done
+echo "ok canonical: losses and grad norms bitwise identical over $(grep -c LOSS "$tmp/c1") steps for $layouts"
+
+# --- memory by category against the formulas ------------------------------------------
+# Ψ from the model's shape (common.lua: V=256, ctx=32, L=2, C=32), not from the code:
+# wte + wpe + L blocks of 12C^2 + 13C + ln_f.
+psi=$((256 * 32 + 32 * 32 + 2 * (12 * 32 * 32 + 13 * 32) + 2 * 32))
+mem() { "$loom" launch -n "$1" "$here/recipes/zero_memory.lua" mesh.dp="$1" strategy.zero="$2" | sed 's/^\[rank [0-9]*\] //' | grep -a '^MEM '; }
+for n in 2 4; do
+  for z in 0 1 2 3; do
+    mem $n $z > "$tmp/mem"
+    awk -v psi=$psi -v n=$n -v z=$z '
+      function check(what, got, want) {
+        r = got / want
+        if (!(r > 0.9 && r < 1.1)) { printf "dp=%d zero=%d %s: %d bytes, formula %.0f (ratio %.3f)\n", n, z, what, got, want, r; bad = 1 }
+      }
+      { p = $3; g = $4; o = $5; m = $6
+        check("params", p, z == 3 ? 4 * psi / n : 4 * psi)
+        check("grads", g, z >= 2 ? 4 * psi / n : 4 * psi)
+        check("optimizer", o, z >= 1 ? 8 * psi / n : 8 * psi)
+        if (m != 0) { print "master weights under fp32: " m; bad = 1 }
+        want = z == 0 ? 16 * psi : z == 1 ? 8 * psi + 8 * psi / n : z == 2 ? 4 * psi + 12 * psi / n : 16 * psi / n
+        check("model states", p + g + o + m, want)
+        got = p + g + o + m; rows++ }
+      END {
+        if (rows != n) { print "expected " n " MEM lines, got " rows; bad = 1 }
+        if (bad) exit 1
+        printf "ok memory dp=%d zero=%d: %d bytes of model states per rank, formula %.0f (Ψ=%d)\n", n, z, got, want, psi
+      }' "$tmp/mem"
+  done
+done
+# 8 layers: the model computes in full-size buffers whose pages go back to the OS as each
+# bucket is reduced (stage 2's gradients) or each unit is done (stage 3's parameters);
+# measured with mincore, each must stay under half of its 4Ψ bytes
+psi8=$((256 * 32 + 32 * 32 + 8 * (12 * 32 * 32 + 13 * 32) + 2 * 32))
+mem8() { "$loom" launch -n 2 "$here/recipes/zero_memory.lua" mesh.dp=2 model.layers=8 "$@" | grep -a '^MEM 0 ' || true; }
+resident() { # resident WHAT FIELD: the MEM line on stdin, field FIELD a resident peak
+  awk -v what="$1" -v f="$2" -v full=$((4 * psi8)) '
+    { n++; if (!($f > 0 && $f < 0.5 * full)) { print what " resident peak " $f " of " full " bytes"; bad = 1; exit 1 }
+      printf "ok %s, 8 layers: resident at most %d of %d bytes (%.0f%%)\n", what, $f, full, 100 * $f / full }
+    END { if (bad) exit 1; if (n != 1) { print "no MEM line from rank 0"; exit 1 } }'
+}
+mem8 strategy.zero=2 strategy.dp.bucket_mb=0.01 | resident "stage 2 full gradient buffer" 9
+mem8 strategy.zero=3 | resident "stage 3 full parameter buffer" 10
+
+# --- refusals -------------------------------------------------------------------------
+refused() { # refused WANT ARGS...: the run fails, naming WANT, before training
+  local want=$1; shift
+  if "$@" > "$tmp/ref" 2>&1; then echo "accepted: $*"; exit 1; fi
+  grep -q "$want" "$tmp/ref" || { echo "unexpected message for $*:"; cat "$tmp/ref"; exit 1; }
+  grep -q '^LOSS' "$tmp/ref" && { echo "trained before refusing: $*"; exit 1; }
+  echo "ok refused: $(grep -o "strategy[^|]*" "$tmp/ref" | head -1)"
+}
+refused "strategy.zero=3 with model.init (llm.c weights) is not built yet" "$loom" launch -n 2 "$recipe" mesh.dp=2 strategy.zero=3 model.init=/nonexistent.bin
+refused "strategy.zero=1 with mesh.pp=2 is not built yet" "$loom" launch -n 2 "$recipe" mesh.pp=2 microbatches=2 strategy.zero=1
+refused "strategy.zero=2 with checkpoint is not built yet" "$loom" launch -n 2 "$recipe" mesh.dp=2 strategy.zero=2 checkpoint.dir="$tmp/ck"
+refused "strategy.offload is not built yet" "$loom" run "$recipe" strategy.offload=host
+refused "must be 0, 1, 2 or 3" "$loom" run "$recipe" strategy.zero=7
+# the imperative API: a zero session refuses s:save and s:load (the refusal in C, under
+# the recipe check above)
+"$loom" launch -n 2 "$here/recipes/zero_save.lua" > "$tmp/save" 2>&1 || { echo "zero_save.lua failed:"; cat "$tmp/save"; exit 1; }
+for what in save load; do
+  grep -q "^REFUSED $what checkpoints are not ${what:0:4}.*under strategy zero=1 yet" "$tmp/save" ||
+    { echo "s:$what under zero=1 was not refused:"; cat "$tmp/save"; exit 1; }
+done
+echo "ok refused: session:save and session:load under zero=1 ($(grep -c '^REFUSED' "$tmp/save") of 2 on rank 0)"

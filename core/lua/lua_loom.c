@@ -460,8 +460,9 @@ static int l_session_sample(lua_State *L)
     return 2;
 }
 
-/* This process's peak resident set (VmHWM in /proc/self/status), bytes; 0 if unknown. */
-static size_t peak_rss_bytes(void)
+/* This process's peak resident set (VmHWM in /proc/self/status; key "VmRSS:" for the
+ * current one), bytes; 0 if unknown. */
+static size_t rss_bytes(const char *key)
 {
     FILE *f = fopen("/proc/self/status", "r");
     if (!f)
@@ -469,15 +470,16 @@ static size_t peak_rss_bytes(void)
     char line[256];
     size_t kb = 0;
     while (fgets(line, sizeof line, f))
-        if (sscanf(line, "VmHWM: %zu kB", &kb) == 1)
+        if (!strncmp(line, key, strlen(key)) && sscanf(line + strlen(key), "%zu", &kb) == 1)
             break;
     fclose(f);
     return kb * 1024;
 }
 
 /* s:info() -> {params=, param_bytes=, activation_bytes=, vocab_padded=, backend=, steps=,
- *              stages=, zero=, offload=, peak_rss=, memory={...}};
- * offload is "none", "host" or "disk"; peak_rss this process's VmHWM in bytes.
+ *              stages=, zero=, offload=, peak_rss=, rss=, memory={...}};
+ * offload is "none", "host" or "disk"; peak_rss and rss this process's VmHWM and VmRSS
+ * in bytes.
  * params counts the whole model, param_bytes this rank's parameter buffer (its slices,
  * alignment included), activation_bytes its activation and backward scratch buffers. */
 static int l_session_info(lua_State *L)
@@ -503,8 +505,10 @@ static int l_session_info(lua_State *L)
     lua_setfield(L, -2, "zero");
     lua_pushstring(L, loom_session_offload(b->s));
     lua_setfield(L, -2, "offload");
-    lua_pushinteger(L, (lua_Integer)peak_rss_bytes());
+    lua_pushinteger(L, (lua_Integer)rss_bytes("VmHWM:"));
     lua_setfield(L, -2, "peak_rss");
+    lua_pushinteger(L, (lua_Integer)rss_bytes("VmRSS:"));
+    lua_setfield(L, -2, "rss");
     /* memory = { params=, params_peak_resident=, grads=, grads_peak_resident=, optimizer=, master=, activations=,
      * comm= }: this rank's bytes by category (zero.h) */
     loom_memory mem;

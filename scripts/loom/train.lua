@@ -440,7 +440,8 @@ return function(loom)
       local r = session:step(data, lr)
       r.step = step
       r.tokens_per_s = r.tokens / (r.ms / 1000)
-      r.memory = session:info().memory
+      local now = session:info()
+      r.memory, r.peak_rss, r.rss = now.memory, now.peak_rss, now.rss -- VmHWM, VmRSS (bytes)
       summary.losses[#summary.losses + 1] = r.loss
       m:step(r)
       if t.eval and (step % t.eval.every == 0 or step == t.steps) then

@@ -3,8 +3,8 @@
 # (docs/ZERO.md "Offload"): the optimizer state in a host pool or a per-rank file, the
 # step chunk by chunk.
 #  - the same losses and norms, bitwise, with and without offload: host and disk (tiny
-#    chunks, so segments are cut into pieces), one rank, dp=2 with zero = 0, 1, 2, and
-#    canonical mode at dp = 1 and 2 (zero 0, 1, 2) and dp=2 x tp=2;
+#    chunks, so segments are cut into pieces), one rank, dp=2 with zero = 0, 1, 2, 3, and
+#    canonical mode at dp = 1 and 2 (zero 0, 1, 2, 3) and dp=2 x tp=2;
 #  - the state file is removed at exit;
 #  - disk on a model with ~55 MiB of AdamW state: the accounting moves the state off the
 #    resident set (3 chunk buffers stay), and the measured VmRSS and VmHWM fall with it;
@@ -33,7 +33,7 @@ same() { # same BASE OTHER WHAT
 run1 > "$tmp/base"
 run1 $host > "$tmp/host"; same "$tmp/base" "$tmp/host" "host, one rank"
 run1 $disk > "$tmp/disk"; same "$tmp/base" "$tmp/disk" "disk, one rank"
-for z in 0 1 2; do
+for z in 0 1 2 3; do
   runN 2 batch.micro=4 strategy.zero=$z > "$tmp/dp_z$z"
   runN 2 batch.micro=4 strategy.zero=$z $disk > "$tmp/dp_z${z}_disk"
   same "$tmp/dp_z$z" "$tmp/dp_z${z}_disk" "disk, dp=2 zero=$z"
@@ -48,7 +48,7 @@ echo "ok the state files are removed at exit"
 canon="deterministic=canonical batch.micro=2 batch.global=8"
 run1 $canon > "$tmp/c1"
 run1 $canon $disk > "$tmp/c1_disk"; same "$tmp/c1" "$tmp/c1_disk" "canonical disk, dp=1"
-for z in 0 1 2; do
+for z in 0 1 2 3; do
   runN 2 $canon strategy.zero=$z $disk > "$tmp/c2_$z"
   same "$tmp/c1" "$tmp/c2_$z" "canonical disk dp=2 zero=$z against dp=1 without offload"
 done
@@ -56,7 +56,10 @@ done
 same "$tmp/c1" "$tmp/c_tp" "canonical host dp=2 x tp=2 zero=1 against dp=1 without offload"
 
 # --- the resident set: ~55 MiB of AdamW state on disk ----------------------------------
-rss() { "$loom" run "$here/recipes/offload_rss.lua" "$@" | grep '^RSS '; }
+# Without MALLOC_PERTURB_ (meson sets it): the session and ZeRO still calloc the state
+# before the offload takes it over and frees it; untouched, those pages are never
+# resident, but MALLOC_PERTURB_ makes free() write them (docs/ZERO.md "Offload").
+rss() { env -u MALLOC_PERTURB_ "$loom" run "$here/recipes/offload_rss.lua" "$@" | grep '^RSS '; }
 read -r opt0 off0 hwm0 rss0 < <(rss | cut -d' ' -f2-)
 read -r opt1 off1 hwm1 rss1 < <(rss strategy.offload.optimizer=disk strategy.offload.path="$tmp/state" strategy.offload.chunk_mb=1 | cut -d' ' -f2-)
 echo "   without offload: optimizer $opt0 B resident, peak RSS $hwm0 B, RSS $rss0 B"

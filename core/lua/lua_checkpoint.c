@@ -43,6 +43,9 @@ static void refuse_zero(lua_State *L, loom_session *s, const char *what)
         luaL_error(L, "checkpoints are not %s under strategy zero=%d yet (each rank would have to "
                    "save its own slice of the optimizer state): train with zero = 0 to save or "
                    "resume", what, loom_session_zero_stage(s));
+    if (strcmp(loom_session_offload(s), "none") != 0) /* the state is in the pool or file */
+        luaL_error(L, "checkpoints are not %s under strategy.offload (optimizer = \"%s\") yet: "
+                   "leave offload out to save or resume", what, loom_session_offload(s));
 }
 
 /* s:save(dir, {step=, config_json=, data=, keep=}) -> path of the new checkpoint.

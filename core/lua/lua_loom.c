@@ -15,6 +15,7 @@
 #include "base/config.h"
 #include "lua_loom.h"
 #include "base/plugin_loader.h"
+#include "train/offload.h"
 #include "train/session.h"
 #include "base/status.h"
 
@@ -262,6 +263,20 @@ static int l_session(lua_State *L)
     cfg.pp_chunks = int_field(L, 1, "chunks", 1);
     cfg.zero_stage = int_field(L, 1, "zero", 0); /* strategy = { zero = N } */
     cfg.zero_bucket_mb = num_field(L, 1, "zero_bucket_mb", 0.0);
+    /* strategy = { offload = { optimizer = "host" | "disk", path =, chunk_mb = } } */
+    lua_getfield(L, 1, "offload");
+    if (!lua_isnil(L, -1)) {
+        const char *mode = luaL_checkstring(L, -1);
+        cfg.offload_mode = !strcmp(mode, "host") ? LOOM_OFFLOAD_HOST
+                           : !strcmp(mode, "disk") ? LOOM_OFFLOAD_DISK : -1;
+        if (cfg.offload_mode < 0)
+            return luaL_error(L, "offload optimizer=\"%s\": \"host\" or \"disk\"", mode);
+    }
+    lua_pop(L, 1);
+    lua_getfield(L, 1, "offload_path"); /* the string stays alive in the table at index 1 */
+    cfg.offload_path = lua_isnil(L, -1) ? NULL : luaL_checkstring(L, -1);
+    lua_pop(L, 1);
+    cfg.offload_chunk_mb = num_field(L, 1, "offload_chunk_mb", 0.0);
     static _Thread_local int pp_layers[1024];
     lua_getfield(L, 1, "pp_layers");
     if (!lua_isnil(L, -1)) {
@@ -515,8 +530,26 @@ static int l_session_sample(lua_State *L)
     return 2;
 }
 
+/* This process's peak resident set (VmHWM in /proc/self/status; key "VmRSS:" for the
+ * current one), bytes; 0 if unknown. */
+static size_t rss_bytes(const char *key)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f)
+        return 0;
+    char line[256];
+    size_t kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, key, strlen(key)) && sscanf(line + strlen(key), "%zu", &kb) == 1)
+            break;
+    fclose(f);
+    return kb * 1024;
+}
+
 /* s:info() -> {params=, param_bytes=, activation_bytes=, vocab_padded=, backend=, steps=,
- *              stages=, zero=, memory={...}};
+ *              stages=, zero=, offload=, peak_rss=, rss=, memory={...}};
+ * offload is "none", "host" or "disk"; peak_rss and rss this process's VmHWM and VmRSS
+ * in bytes.
  * params counts the whole model, param_bytes this rank's parameter buffer (its slices,
  * alignment included), activation_bytes its activation and backward scratch buffers. */
 static int l_session_info(lua_State *L)
@@ -540,6 +573,12 @@ static int l_session_info(lua_State *L)
     lua_setfield(L, -2, "stages");
     lua_pushinteger(L, loom_session_zero_stage(b->s));
     lua_setfield(L, -2, "zero");
+    lua_pushstring(L, loom_session_offload(b->s));
+    lua_setfield(L, -2, "offload");
+    lua_pushinteger(L, (lua_Integer)rss_bytes("VmHWM:"));
+    lua_setfield(L, -2, "peak_rss");
+    lua_pushinteger(L, (lua_Integer)rss_bytes("VmRSS:"));
+    lua_setfield(L, -2, "rss");
     /* memory = { params=, params_peak_resident=, grads=, grads_peak_resident=, optimizer=, master=, activations=,
      * comm= }: this rank's bytes by category (zero.h) */
     loom_memory mem;
@@ -548,7 +587,8 @@ static int l_session_info(lua_State *L)
     const struct { const char *k; size_t v; } cats[] = {
         {"params", mem.params}, {"params_peak_resident", mem.params_peak_resident},
         {"grads", mem.grads}, {"grads_peak_resident", mem.grads_peak_resident},
-        {"optimizer", mem.optimizer}, {"master", mem.master}, {"activations", mem.activations},
+        {"optimizer", mem.optimizer}, {"optimizer_offloaded", mem.optimizer_offloaded},
+        {"master", mem.master}, {"activations", mem.activations},
         {"comm", mem.comm}};
     for (size_t i = 0; i < sizeof cats / sizeof cats[0]; i++) {
         lua_pushinteger(L, (lua_Integer)cats[i].v);

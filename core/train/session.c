@@ -18,6 +18,7 @@
 #include "grad_sync.h"
 #include "nonfinite.h"
 #include "pipeline.h"
+#include "offload.h"
 #include "zero.h"
 #include "trace.h"
 #include "base/plugin_loader.h"
@@ -48,6 +49,7 @@ struct loom_session {
     int *tokens, *targets;   /* host staging for one micro-batch (all of a step's under pp) */
     loom_pipeline *pipe;     /* pp > 1, else NULL */
     loom_zero *zero;         /* strategy zero = 1, 2 or 3 with dp > 1, else NULL */
+    loom_offload *offload;   /* strategy offload: the state on the host or disk, else NULL */
     float *host_logits;      /* sampling: one row of Vp */
     int64_t steps;
     int64_t step_no;         /* the training loop's number of the last step run */
@@ -88,6 +90,37 @@ static loom_status build_segments(loom_session *s)
 }
 
 static loom_status canonical_parts(loom_session *s);
+
+/* Offload (offload.h): hand the state behind this rank's segments (all of them, or its
+ * ZeRO partition) to the host pool or the file, and free it here. */
+static loom_status make_offload(loom_session *s, const loom_session_config *cfg)
+{
+    if (cfg->offload_mode == LOOM_OFFLOAD_NONE)
+        return LOOM_OK;
+    const loom_host *host = loom_core_host();
+    const loom_comm_ops *comm = NULL;
+    void *world = NULL;
+    int size = 1;
+    LOOM_TRY(host->group(LOOM_GROUP_WORLD, &comm, &world, &size));
+    loom_offload_config oc = {(loom_offload_mode)cfg->offload_mode, cfg->offload_path,
+                              cfg->offload_chunk_mb, comm ? comm->rank(world) : 0};
+    size_t n, floats = (size_t)s->state_slots * loom_gpt_params(s->model)->total;
+    const loom_optim_segment *segs = s->segments;
+    const float *base = s->optim_state;
+    n = (size_t)s->n_segments;
+    if (s->zero) {
+        segs = loom_zero_segments(s->zero, &n);
+        base = loom_zero_state(s->zero, &floats);
+    }
+    LOOM_TRY(loom_offload_create(&oc, segs, n, base, floats, s->state_slots, &s->offload));
+    if (s->zero)
+        loom_zero_drop_state(s->zero);
+    free(s->optim_state);
+    s->optim_state = NULL;
+    for (int i = 0; i < s->n_segments; i++) /* the offload's own segments step from now on */
+        s->segments[i].state = NULL;
+    return LOOM_OK;
+}
 
 /* ZeRO over the dp group (zero.h); with one dp rank there is nothing to partition. */
 static loom_status make_zero(loom_session *s)
@@ -212,6 +245,9 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
                                    s->pipe ? loom_pipeline_stages(s->pipe) : 1, &s->nonfinite);
     if (st == LOOM_OK)
         st = build_segments(s);
+    if (st == LOOM_OK)
+        st = make_offload(s, cfg);
+    s->cfg.offload_path = NULL; /* the caller's string; only needed while opening */
     loom_grad_reducer zero2 = {loom_zero_begin_micro, loom_zero_grads_ready, loom_zero_finish_micro,
                                s->zero};
     if (st == LOOM_OK)
@@ -234,6 +270,7 @@ void loom_session_destroy(loom_session *s)
     loom_trace_close(s->trace);
     loom_grad_sync_destroy(s->sync);
     loom_zero_destroy(s->zero);
+    loom_offload_destroy(s->offload);
     loom_gpt_destroy(s->model);
     loom_pipeline_destroy(s->pipe);
     if (s->tensor)
@@ -459,7 +496,10 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
                                      grad_scale};
         if (s->zero) /* this rank's partition, then everyone's updated parameters */
             args.segments = loom_zero_segments(s->zero, &args.n_segments);
-        LOOM_TRY(s->optim->step(s->optim_self, &args));
+        if (s->offload) /* chunk by chunk over the host pool or the file */
+            LOOM_TRY(loom_offload_step(s->offload, s->optim, s->optim_self, &args));
+        else
+            LOOM_TRY(s->optim->step(s->optim_self, &args));
         if (s->zero)
             LOOM_TRY(loom_zero_gather_params(s->zero, &comm_ms));
         s->steps++;
@@ -703,6 +743,11 @@ const char *loom_session_backend_description(loom_session *s)
     return s->backend.ops->describe(s->backend.self);
 }
 
+const char *loom_session_offload(const loom_session *s)
+{
+    return loom_offload_mode_name(s->offload ? s->cfg.offload_mode : LOOM_OFFLOAD_NONE);
+}
+
 int loom_session_zero_stage(const loom_session *s) { return s->zero ? loom_zero_stage(s->zero) : 0; }
 
 void loom_session_memory(loom_session *s, loom_memory *out)
@@ -717,6 +762,8 @@ void loom_session_memory(loom_session *s, loom_memory *out)
         out->grads = total;
     if (!s->zero)
         out->optimizer = (size_t)s->state_slots * total;
+    if (s->offload)
+        loom_offload_memory(s->offload, &out->optimizer, &out->optimizer_offloaded);
     out->master = 0; /* fp32 parameters are their own master copy */
     out->activations = loom_gpt_activation_bytes(s->model);
     out->comm += loom_grad_sync_buffer_bytes(s->sync);

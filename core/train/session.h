@@ -50,6 +50,10 @@ typedef struct loom_session_config {
     /* ZeRO (zero.h): stage 0 (none), 1, 2 or 3 over the dp group; bucket MiB (0: 25). */
     int zero_stage;
     double zero_bucket_mb;
+    /* Offload (offload.h): the optimizer state on the host or disk; mode 0: none. */
+    int offload_mode;                     /* loom_offload_mode */
+    const char *offload_path;             /* disk: a directory (copied) */
+    double offload_chunk_mb;              /* 0: 64 */
 } loom_session_config;
 
 typedef struct loom_step_stats {
@@ -75,6 +79,8 @@ typedef struct loom_session loom_session;
 void loom_session_memory(loom_session *s, loom_memory *out);
 /* The ZeRO stage in effect (0: none, also on one dp rank). */
 int loom_session_zero_stage(const loom_session *s);
+/* The offload in effect: "none", "host" or "disk". */
+const char *loom_session_offload(const loom_session *s);
 
 loom_status loom_session_create(const loom_session_config *cfg, loom_session **out);
 void loom_session_destroy(loom_session *s);

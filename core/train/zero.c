@@ -182,6 +182,12 @@ float *loom_zero_state(loom_zero *z, size_t *floats)
     return z->state;
 }
 
+void loom_zero_drop_state(loom_zero *z)
+{
+    free(z->state);
+    z->state = NULL;
+}
+
 int loom_zero_reduces(const loom_zero *z) { return z->reduces; }
 int loom_zero_stage(const loom_zero *z) { return z->stage; }
 
@@ -244,7 +250,7 @@ loom_status loom_zero_gather_params(loom_zero *z, double *comm_ms)
 void loom_zero_memory(const loom_zero *z, loom_memory *out)
 {
     memset(out, 0, sizeof *out);
-    out->optimizer = z->state_floats * sizeof(float);
+    out->optimizer = z->state ? z->state_floats * sizeof(float) : 0;
     out->grads = z->reduces ? z->part * sizeof(float) : 0;
     out->grads_peak_resident = z->resident_peak;
     out->params = z->part_params ? z->part * sizeof(float) : 0;

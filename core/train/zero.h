@@ -43,7 +43,8 @@ typedef struct loom_memory {
     size_t grads;         /* persistent gradient storage */
     size_t grads_peak_resident; /* stages 2 and 3: measured resident peak of the model's
                                  * transient full-size gradient buffer (0: not measured) */
-    size_t optimizer;     /* optimizer state */
+    size_t optimizer;     /* optimizer state resident here (offload: its chunk buffers) */
+    size_t optimizer_offloaded; /* optimizer state held off it (offload.h: host pool or file) */
     size_t master;        /* fp32 master weights (0: the parameters are fp32) */
     size_t activations;   /* activations and backward scratch */
     size_t comm;          /* communication buffers (staging, canonical-mode sums) */
@@ -68,6 +69,8 @@ void loom_zero_destroy(loom_zero *z);
 /* The optimizer's segments over this rank's partition, and the state behind them. */
 const loom_optim_segment *loom_zero_segments(const loom_zero *z, size_t *n);
 float *loom_zero_state(loom_zero *z, size_t *floats);
+/* Free the state partition: the offload (offload.h) holds it instead. */
+void loom_zero_drop_state(loom_zero *z);
 /* 1 when ZeRO reduces the gradients itself (stage 2 in fast mode). */
 int loom_zero_reduces(const loom_zero *z);
 /* Stage 2: the grad-sync reducer hooks (grad_sync.h). */

@@ -186,6 +186,7 @@ local session_spec = {
   recompute = { type = { "string", "table" }, help = "\"none\", \"full\", \"selective\" or a list of block indices (0-based) recomputed fully" },
   zero = { type = "integer", min = 0, help = "ZeRO stage over the dp group: 0 (none), 1, 2 or 3 (docs/ZERO.md)" },
   zero_bucket_mb = { type = "positive", help = "ZeRO bucket size in MiB (default 25)" },
+  offload = { type = "table", help = "{ optimizer = \"host\" | \"disk\", path = DIR, chunk_mb = N } (docs/ZERO.md)" },
 }
 
 -- recompute = "none" | "full" | "selective" | { block indices }: checked against the
@@ -209,6 +210,33 @@ local function check_recompute(r, layers, where)
     end
     if seen[l] then schema.fail(where, "recompute lists block %d twice", l) end
     seen[l] = true
+  end
+end
+
+local offload_spec = {
+  optimizer = { type = "string", required = true, one_of = { "host", "disk" },
+    help = "where the optimizer state lives: a host pool, or a file per rank under path" },
+  path = { type = "string", help = "disk: an existing writable directory" },
+  chunk_mb = { type = "positive", help = "state streamed per chunk in MiB (default 64)" },
+  params = { type = "boolean", help = "parameters offloaded too (not built yet)" },
+}
+
+-- strategy.offload (docs/ZERO.md "Offload"): checked here so that a bad value names the key.
+local function check_offload(o, where)
+  schema.check(o, offload_spec, "strategy.offload", where)
+  if o.params then
+    schema.fail(where, "strategy.offload.params = true is not built yet (parameters stay on "
+      .. "the compute device; only the optimizer state is offloaded): leave params out")
+  end
+  if o.optimizer == "disk" and not o.path then
+    schema.fail(where, "strategy.offload.optimizer = \"disk\" needs path = \"DIR\" (a writable "
+      .. "directory for the state files)")
+  end
+  if o.optimizer == "host" and o.path then
+    schema.fail(where, "strategy.offload.path is for optimizer = \"disk\"; the host pool has no path")
+  end
+  if o.chunk_mb and o.chunk_mb > 4096 then
+    schema.fail(where, "strategy.offload.chunk_mb=%g must be at most 4096", o.chunk_mb)
   end
 end
 local session_batch_spec = {
@@ -238,6 +266,11 @@ function loom.session(t, where)
     schedule = t.schedule, chunks = t.chunks, pp_layers = t.pp_layers,
     zero = t.zero, zero_bucket_mb = t.zero_bucket_mb, recompute = t.recompute,
   }
+  if t.offload then
+    check_offload(t.offload, where)
+    cfg.offload, cfg.offload_path, cfg.offload_chunk_mb = t.offload.optimizer, t.offload.path,
+      t.offload.chunk_mb
+  end
   local ok, s = pcall(core.session, cfg)
   if not ok then schema.fail(where, "%s", s) end
   if t.model.init then -- loom.gpt{init = ...}: start from the llm.c file's weights

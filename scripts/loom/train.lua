@@ -234,6 +234,9 @@ local function memory_line(info, zero, dp)
   local function mib(b) return string.format("%.2f MiB", b / (1 << 20)) end
   local note = ""
   if zero > 0 and info.zero == 0 then note = string.format(" (zero=%d has nothing to partition with dp=%d)", zero, dp) end
+  if info.offload ~= "none" then
+    note = string.format(" | optimizer offloaded (%s) %s", info.offload, mib(mem.optimizer_offloaded)) .. note
+  end
   return string.format("memory/rank%s: params %s | grads %s | optimizer %s | master %s | "
     .. "activations %s | comm buffers %s%s", info.zero > 0 and string.format(" (zero=%d over dp=%d)", info.zero, dp) or "",
     mib(mem.params), mib(mem.grads), mib(mem.optimizer), mib(mem.master), mib(mem.activations),
@@ -245,13 +248,15 @@ end
 local function check_zero(t, where, origin)
   local st = t.strategy or {}
   for k in pairs(st) do
-    if k == "offload" then
-      schema.fail(where, "strategy.offload is not built yet (optimizer state on the host or disk): "
-        .. "leave it out")
-    elseif k ~= "dp" and k ~= "zero" then
+    if k ~= "dp" and k ~= "zero" and k ~= "offload" then
       schema.fail(where, "strategy.%s is not available in this build (accepted: zero = 0, 1, 2 or 3; "
-        .. "dp = { bucket_mb = ... })", tostring(k))
+        .. "dp = { bucket_mb = ... }; offload = { optimizer = ... })", tostring(k))
     end
+  end
+  if st.offload and (t.checkpoint or t.resume) then
+    schema.fail(where, "strategy.offload with %s is not built yet (the optimizer state lives in "
+      .. "the offload's pool or file, which the checkpoint format does not read): leave offload "
+      .. "out to save or resume", t.checkpoint and "checkpoint" or "resume")
   end
   local z = st.zero
   if z == nil then return end
@@ -384,6 +389,7 @@ return function(loom)
       strategy = strategy, tensor = tensor, canonical = canonical,
       schedule = schedule, chunks = chunks, pp_layers = t.pp_layers, recompute = t.recompute,
       zero = (t.strategy or {}).zero, zero_bucket_mb = ((t.strategy or {}).dp or {}).bucket_mb,
+      offload = (t.strategy or {}).offload,
     }, where)
     local info = session:info()
     local say = rank == 0 and print or function() end
@@ -477,7 +483,8 @@ return function(loom)
           step, r.nonfinite.message))
       end
       r.tokens_per_s = r.tokens / (r.ms / 1000)
-      r.memory = session:info().memory
+      local now = session:info()
+      r.memory, r.peak_rss, r.rss = now.memory, now.peak_rss, now.rss -- VmHWM, VmRSS (bytes)
       summary.losses[#summary.losses + 1] = r.loss
       if r.bubble then bubbles[#bubbles + 1] = r.bubble end
       m:step(r)

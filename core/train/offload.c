@@ -1,0 +1,146 @@
+/* offload.c — the offloaded optimizer state's pieces and chunks, the host pool, and the
+ * chunked step (see offload.h). The disk's file and I/O thread are offload_disk.c. */
+#include "offload_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/status.h"
+
+const char *loom_offload_mode_name(loom_offload_mode m)
+{
+    return m == LOOM_OFFLOAD_HOST ? "host" : m == LOOM_OFFLOAD_DISK ? "disk" : "none";
+}
+
+/* Cut the segments into pieces and group them into chunks of at most cap state floats.
+ * split = 0 (host): a piece is a whole segment, so a chunk of one long segment may exceed
+ * cap; split = 1 (disk): a segment is cut where a chunk fills. */
+static loom_status make_chunks(loom_offload *o, const loom_optim_segment *segs, size_t n,
+                               const float *base, size_t cap, int split)
+{
+    size_t per = cap / o->slots ? cap / o->slots : 1; /* elements per full chunk */
+    size_t max_pieces = n;
+    for (size_t i = 0; split && i < n; i++)
+        max_pieces += segs[i].n / per + 1;
+    o->pieces = calloc(max_pieces, sizeof *o->pieces);
+    o->chunks = calloc(max_pieces, sizeof *o->chunks);
+    if (!o->pieces || !o->chunks)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the offloaded optimizer's chunks");
+    size_t room = 0; /* elements left in the open chunk */
+    for (size_t i = 0; i < n; i++) {
+        const loom_optim_segment *s = &segs[i];
+        if (s->state < base || (size_t)(s->state - base) + o->slots * s->n > o->floats)
+            LOOM_FAIL(LOOM_ERR_INTERNAL, "offload: segment %zu's state lies outside the state", i);
+        for (size_t i0 = 0; i0 < s->n;) {
+            size_t m = s->n - i0;
+            if (o->n_chunks == 0 || room == 0 || (!split && m > room)) {
+                offload_chunk *c = &o->chunks[o->n_chunks++];
+                c->first = o->n_pieces;
+                room = per;
+            }
+            if (split && m > room)
+                m = room;
+            offload_chunk *c = &o->chunks[o->n_chunks - 1];
+            offload_piece *p = &o->pieces[o->n_pieces++];
+            p->seg = *s;
+            p->seg.param = s->param + i0;
+            p->seg.grad = s->grad + i0;
+            p->seg.n = m;
+            p->seg_off = (size_t)(s->state - base);
+            p->seg_n = s->n;
+            p->i0 = i0;
+            p->buf_off = c->floats;
+            c->count++;
+            c->floats += o->slots * m;
+            room = m >= room ? 0 : room - m;
+            if (c->count > o->max_count)
+                o->max_count = c->count;
+            if (c->floats > o->buf_floats)
+                o->buf_floats = c->floats;
+            i0 += m;
+        }
+    }
+    o->scratch = calloc(o->max_count ? o->max_count : 1, sizeof *o->scratch);
+    if (!o->scratch)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the offloaded optimizer's chunks");
+    return LOOM_OK;
+}
+
+loom_status loom_offload_create(const loom_offload_config *c, const loom_optim_segment *segs,
+                                size_t n, const float *base, size_t floats, uint32_t slots,
+                                loom_offload **out)
+{
+    *out = NULL;
+    if (c->mode != LOOM_OFFLOAD_HOST && c->mode != LOOM_OFFLOAD_DISK)
+        LOOM_FAIL(LOOM_ERR_INVALID, "offload optimizer: \"host\" or \"disk\"");
+    double mb = c->chunk_mb > 0 ? c->chunk_mb : 64.0;
+    if (!(mb <= 4096))
+        LOOM_FAIL(LOOM_ERR_INVALID, "strategy.offload.chunk_mb=%g must be in (0, 4096]", mb);
+    if (slots == 0 || floats == 0)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy.offload: this optimizer keeps no state "
+                  "(state_per_param = 0), so there is nothing to offload: leave offload out");
+    loom_offload *o = calloc(1, sizeof *o);
+    if (!o)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    o->mode = c->mode;
+    o->slots = slots;
+    o->floats = floats;
+    o->fd = -1;
+    size_t cap = (size_t)(mb * 1024 * 1024 / sizeof(float));
+    cap = cap < slots ? slots : cap;
+    loom_status st = make_chunks(o, segs, n, base, cap, c->mode == LOOM_OFFLOAD_DISK);
+    if (st == LOOM_OK && c->mode == LOOM_OFFLOAD_HOST) {
+        /* A pool of its own: on a device backend this is what would be pinned host memory
+         * with the step on host threads; on the CPU backend, a separate allocation. */
+        if (!(o->pool = calloc(floats, sizeof(float))))
+            st = loom_fail(LOOM_ERR_NOMEM, "out of memory for the host pool of %zu bytes of "
+                           "optimizer state", floats * sizeof(float));
+    }
+    if (st == LOOM_OK && c->mode == LOOM_OFFLOAD_DISK)
+        st = offload_disk_open(o, c);
+    if (st != LOOM_OK) {
+        loom_offload_destroy(o);
+        return st;
+    }
+    *out = o;
+    return LOOM_OK;
+}
+
+void loom_offload_destroy(loom_offload *o)
+{
+    if (!o)
+        return;
+    if (o->mode == LOOM_OFFLOAD_DISK)
+        offload_disk_close(o);
+    free(o->pool);
+    free(o->pieces);
+    free(o->chunks);
+    free(o->scratch);
+    free(o);
+}
+
+loom_status loom_offload_step(loom_offload *o, const loom_optim_ops *ops, void *self,
+                              const loom_optim_step_args *args)
+{
+    if (o->mode == LOOM_OFFLOAD_DISK)
+        return offload_disk_step(o, ops, self, args);
+    for (size_t k = 0; k < o->n_chunks; k++) { /* host: in place in the pool */
+        const offload_chunk *c = &o->chunks[k];
+        for (size_t j = 0; j < c->count; j++) {
+            const offload_piece *p = &o->pieces[c->first + j];
+            o->scratch[j] = p->seg;
+            o->scratch[j].state = o->pool + p->seg_off;
+        }
+        loom_optim_step_args a = *args;
+        a.segments = o->scratch;
+        a.n_segments = c->count;
+        LOOM_TRY(ops->step(self, &a));
+    }
+    return LOOM_OK;
+}
+
+void loom_offload_memory(const loom_offload *o, size_t *resident, size_t *offloaded)
+{
+    *offloaded = o->floats * sizeof(float);
+    *resident = (size_t)o->n_bufs * o->buf_floats * sizeof(float);
+}

@@ -1,0 +1,47 @@
+/* offload.h — the optimizer state off the compute device: a host pool or a file on disk
+ * (strategy = { offload = { optimizer = "host" | "disk", path =, chunk_mb = } }).
+ *
+ * The state is the same slot-major floats the optimizer sees (plugin/optim.h), for the
+ * segments this rank steps (all parameters, or its ZeRO partition). The step runs chunk
+ * by chunk: the optimizer is elementwise and its segments independent, so calling step on
+ * parts changes no bit.
+ * - host: the state lives in a pool of its own (accounted as optimizer_offloaded); each
+ *   chunk is a run of whole segments stepped in place (a segment longer than a chunk is a
+ *   chunk of its own).
+ * - disk (offload_disk.c): the state lives in one file per rank under path; segments are
+ *   cut into pieces so that a chunk holds at most chunk_mb of state; a background I/O
+ *   thread reads chunk k+1 and writes chunk k-1 back while chunk k is updated, through
+ *   three chunk buffers: the resident state is those buffers, not the whole state.
+ */
+#ifndef LOOM_CORE_OFFLOAD_H
+#define LOOM_CORE_OFFLOAD_H
+
+#include "loom/plugin/optim.h"
+
+typedef enum { LOOM_OFFLOAD_NONE = 0, LOOM_OFFLOAD_HOST, LOOM_OFFLOAD_DISK } loom_offload_mode;
+
+typedef struct loom_offload_config {
+    loom_offload_mode mode;
+    const char *path;      /* disk: an existing writable directory */
+    double chunk_mb;       /* state per chunk in MiB; 0: 64 */
+    int rank;              /* world rank, for the file's name */
+} loom_offload_config;
+
+typedef struct loom_offload loom_offload;
+
+/* Takes over the state behind segs[0..n) (each segment's state lies in [base, base +
+ * floats)): makes its own copy of the segment list, holding its state in the pool or the
+ * file, zeroed; the caller frees base afterwards. */
+loom_status loom_offload_create(const loom_offload_config *c, const loom_optim_segment *segs,
+                                size_t n, const float *base, size_t floats, uint32_t slots,
+                                loom_offload **out);
+void loom_offload_destroy(loom_offload *o);
+/* One optimizer step over every segment, chunk by chunk (args->segments is ignored). */
+loom_status loom_offload_step(loom_offload *o, const loom_optim_ops *ops, void *self,
+                              const loom_optim_step_args *args);
+/* Bytes of state resident in the compute process's working set (disk: the chunk
+ * buffers; host: 0, the pool is counted as offloaded) and bytes held off it. */
+void loom_offload_memory(const loom_offload *o, size_t *resident, size_t *offloaded);
+const char *loom_offload_mode_name(loom_offload_mode m);
+
+#endif

@@ -1,0 +1,66 @@
+/* offload_internal.h — shared by offload.c (pieces, chunks, the host pool) and
+ * offload_disk.c (the file and its I/O thread). */
+#ifndef LOOM_CORE_OFFLOAD_INTERNAL_H
+#define LOOM_CORE_OFFLOAD_INTERNAL_H
+
+#include "offload.h"
+
+#include <pthread.h>
+#include <stdio.h>
+
+/* A piece: elements [i0, i0 + n) of a segment of seg_n elements whose state starts at
+ * float seg_off of the state (slot k of element i at seg_off + k * seg_n + i). In a chunk
+ * buffer the piece is slot-major over its own n, at float buf_off. */
+typedef struct offload_piece {
+    loom_optim_segment seg; /* param, grad at the piece; state set per chunk */
+    size_t seg_off, seg_n, i0, buf_off;
+} offload_piece;
+
+typedef struct offload_chunk {
+    size_t first, count;  /* pieces [first, first + count) */
+    size_t floats;        /* state floats in the chunk */
+} offload_chunk;
+
+#define OFFLOAD_BUFS 3
+#define OFFLOAD_QUEUE 8
+
+typedef struct offload_op {
+    int write;            /* 0: read the chunk into buf, 1: write buf back */
+    size_t chunk;
+    float *buf;
+} offload_op;
+
+struct loom_offload {
+    loom_offload_mode mode;
+    uint32_t slots;
+    size_t floats;        /* state floats in all */
+    offload_piece *pieces;
+    size_t n_pieces;
+    offload_chunk *chunks;
+    size_t n_chunks;
+    loom_optim_segment *scratch; /* one chunk's segments for step */
+    size_t max_count;
+    float *pool;          /* host: the whole state */
+    /* disk */
+    char file[4096];
+    int fd;
+    float *bufs[OFFLOAD_BUFS];
+    int n_bufs;
+    size_t buf_floats;
+    pthread_t thread;
+    int thread_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    offload_op queue[OFFLOAD_QUEUE];
+    uint64_t submitted, completed; /* ops queued and done, in order */
+    int quit;
+    loom_status io_status; /* the first I/O failure, with io_msg */
+    char io_msg[4096 + 512];
+};
+
+loom_status offload_disk_open(loom_offload *o, const loom_offload_config *c);
+void offload_disk_close(loom_offload *o);
+loom_status offload_disk_step(loom_offload *o, const loom_optim_ops *ops, void *self,
+                              const loom_optim_step_args *args);
+
+#endif

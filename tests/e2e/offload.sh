@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# offload.sh LOOM — strategy = { offload = { optimizer = "host" | "disk", path =, chunk_mb = } }
+# (docs/ZERO.md "Offload"): the optimizer state in a host pool or a per-rank file, the
+# step chunk by chunk.
+#  - the same losses and norms, bitwise, with and without offload: host and disk (tiny
+#    chunks, so segments are cut into pieces), one rank, dp=2 with zero = 0, 1, 2, 3, and
+#    canonical mode at dp = 1 and 2 (zero 0, 1, 2, 3) and dp=2 x tp=2;
+#  - the state file is removed at exit;
+#  - disk on a model with ~55 MiB of AdamW state: the accounting moves the state off the
+#    resident set (3 chunk buffers stay), and the measured VmRSS and VmHWM fall with it;
+#  - errors: an unwritable path, no room for the file (ulimit -f), a file cut short while
+#    training, params = true, disk without path, an unknown optimizer place.
+set -euo pipefail
+loom=$1
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/lib.sh"
+recipe=$here/recipes/losses.lua
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+export OMP_WAIT_POLICY=passive
+mkdir -p "$tmp/state"
+lines() { grep -E '^(LOSS|NORM) '; }
+host="strategy.offload.optimizer=host strategy.offload.chunk_mb=0.01"
+disk="strategy.offload.optimizer=disk strategy.offload.path=$tmp/state strategy.offload.chunk_mb=0.01"
+run1() { "$loom" run "$recipe" threads=1 "$@" | lines; }
+runN() { local n=$1; shift; "$loom" launch -n "$n" "$recipe" threads=1 mesh.dp="$n" comm_timeout=10 "$@" | lines; }
+same() { # same BASE OTHER WHAT
+  finite_losses "$1" "$2"
+  cmp -s "$1" "$2" || { echo "FAIL $3: losses or norms differ from the run without offload"; paste "$1" "$2" | head -4; exit 1; }
+  echo "ok $3: losses and norms bitwise those without offload ($(grep -c LOSS "$1") steps)"
+}
+
+# --- bitwise: fast mode -----------------------------------------------------------------
+run1 > "$tmp/base"
+run1 $host > "$tmp/host"; same "$tmp/base" "$tmp/host" "host, one rank"
+run1 $disk > "$tmp/disk"; same "$tmp/base" "$tmp/disk" "disk, one rank"
+for z in 0 1 2 3; do
+  runN 2 batch.micro=4 strategy.zero=$z > "$tmp/dp_z$z"
+  runN 2 batch.micro=4 strategy.zero=$z $disk > "$tmp/dp_z${z}_disk"
+  same "$tmp/dp_z$z" "$tmp/dp_z${z}_disk" "disk, dp=2 zero=$z"
+done
+runN 2 batch.micro=4 strategy.zero=1 $host > "$tmp/dp_z1_host"
+same "$tmp/dp_z1" "$tmp/dp_z1_host" "host, dp=2 zero=1"
+leftover=$(ls "$tmp/state")
+[ -z "$leftover" ] || { echo "FAIL: state files left after the runs: $leftover"; exit 1; }
+echo "ok the state files are removed at exit"
+
+# --- bitwise: canonical mode, one set of bits across layouts, offload on and off --------
+canon="deterministic=canonical batch.micro=2 batch.global=8"
+run1 $canon > "$tmp/c1"
+run1 $canon $disk > "$tmp/c1_disk"; same "$tmp/c1" "$tmp/c1_disk" "canonical disk, dp=1"
+for z in 0 1 2 3; do
+  runN 2 $canon strategy.zero=$z $disk > "$tmp/c2_$z"
+  same "$tmp/c1" "$tmp/c2_$z" "canonical disk dp=2 zero=$z against dp=1 without offload"
+done
+"$loom" launch -n 4 "$recipe" threads=1 mesh.dp=2 mesh.tp=2 comm_timeout=10 $canon strategy.zero=1 $host | lines > "$tmp/c_tp"
+same "$tmp/c1" "$tmp/c_tp" "canonical host dp=2 x tp=2 zero=1 against dp=1 without offload"
+
+# --- the resident set: ~55 MiB of AdamW state on disk ----------------------------------
+# Without MALLOC_PERTURB_ (meson sets it): the session and ZeRO still calloc the state
+# before the offload takes it over and frees it; untouched, those pages are never
+# resident, but MALLOC_PERTURB_ makes free() write them (docs/ZERO.md "Offload").
+rss() { env -u MALLOC_PERTURB_ "$loom" run "$here/recipes/offload_rss.lua" "$@" | grep '^RSS '; }
+read -r opt0 off0 hwm0 rss0 < <(rss | cut -d' ' -f2-)
+read -r opt1 off1 hwm1 rss1 < <(rss strategy.offload.optimizer=disk strategy.offload.path="$tmp/state" strategy.offload.chunk_mb=1 | cut -d' ' -f2-)
+echo "   without offload: optimizer $opt0 B resident, peak RSS $hwm0 B, RSS $rss0 B"
+echo "   disk:            optimizer $opt1 B resident + $off1 B on disk, peak RSS $hwm1 B, RSS $rss1 B"
+[ "$off0" -eq 0 ] && [ "$off1" -eq "$opt0" ] && [ "$opt1" -le $((3 * 1048576)) ] ||
+  { echo "FAIL accounting: the state ($opt0 B) should be offloaded with at most 3 MiB of chunk buffers resident"; exit 1; }
+want=$(( (opt0 - opt1) * 9 / 10 ))
+[ $((rss0 - rss1)) -ge "$want" ] ||
+  { echo "FAIL measured RSS fell by $((rss0 - rss1)) B, less than 90% of the $((opt0 - opt1)) B moved to disk"; exit 1; }
+[ $((hwm0 - hwm1)) -ge $(( (opt0 - opt1) / 3 )) ] ||
+  { echo "FAIL measured peak RSS fell by $((hwm0 - hwm1)) B, less than a third of the $((opt0 - opt1)) B moved to disk"; exit 1; }
+echo "ok disk: $off1 B of state off the resident set; RSS fell by $((rss0 - rss1)) B, peak RSS by $((hwm0 - hwm1)) B"
+
+# --- errors -----------------------------------------------------------------------------
+refuse() { # refuse PATTERN WHAT ARGS...: the run must fail with a message matching PATTERN
+  local pat=$1 what=$2; shift 2
+  if "$@" > "$tmp/out" 2>&1; then echo "FAIL $what: the run succeeded"; exit 1; fi
+  grep -q -- "$pat" "$tmp/out" || { echo "FAIL $what: no message matching '$pat'"; tail -3 "$tmp/out"; exit 1; }
+  grep -q "Segmentation\|core dumped" "$tmp/out" && { echo "FAIL $what: crashed"; exit 1; }
+  echo "ok refused, $what: $(grep -m1 -- "$pat" "$tmp/out" | cut -c1-150)"
+}
+refuse "cannot create" "unwritable path" "$loom" run "$recipe" threads=1 steps=1 \
+  strategy.offload.optimizer=disk strategy.offload.path=/nonexistent/dir
+refuse "needs [0-9]* bytes" "no room for the file" bash -c "trap '' XFSZ; ulimit -f 1; exec \"\$@\"" _ \
+  "$loom" run "$here/recipes/offload_rss.lua" strategy.offload.optimizer=disk strategy.offload.path="$tmp/state"
+[ -z "$(ls "$tmp/state")" ] || { echo "FAIL: the file that could not be reserved was left"; exit 1; }
+refuse "short read" "file cut short while training" env OFFLOAD_DIR="$tmp/state" "$loom" run "$here/recipes/offload_truncate.lua"
+refuse "params = true is not built yet" "params = true" "$loom" run "$recipe" threads=1 steps=1 \
+  strategy.offload.optimizer=host strategy.offload.params=true
+refuse "needs path" "disk without path" "$loom" run "$recipe" threads=1 steps=1 strategy.offload.optimizer=disk
+refuse "host, disk" "an unknown place" "$loom" run "$recipe" threads=1 steps=1 strategy.offload.optimizer=nvme
+refuse "offload with checkpoint is not built yet" "offload with checkpoints" "$loom" run "$recipe" threads=1 steps=1 \
+  strategy.offload.optimizer=host checkpoint.dir="$tmp/ck" checkpoint.every=1
+echo "offload: all checks passed"

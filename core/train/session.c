@@ -97,9 +97,17 @@ static loom_status make_zero(loom_session *s)
     void *group;
     int dp = 1;
     LOOM_TRY(loom_core_host()->group(LOOM_GROUP_DP, &ops, &group, &dp));
-    if (s->pipe)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy zero=%d with pp=%d is not built yet: run zero "
-                  "with pp = 1, or pp without zero", cfg->zero_stage, loom_pipeline_stages(s->pipe));
+    /* Under pp each stage's dp group partitions that stage's parameter table. Stage 3
+     * needs the stage's forward and backward to gather units (gpt_stage.c calls no
+     * parameter hook) and units that follow a stage's table. */
+    if (s->pipe && cfg->zero_stage == 3)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy zero=3 with pp=%d is not built yet: a pipeline "
+                  "stage's forward and backward do not gather parameter units; run zero=1 or 2 "
+                  "with pp, or zero=3 with pp = 1", loom_pipeline_stages(s->pipe));
+    if (s->pipe && cfg->zero_stage == 2 && !cfg->canonical)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy zero=2 with pp=%d in fast mode is not built yet: "
+                  "run zero=1 with pp (or zero=2 with deterministic = \"canonical\")",
+                  loom_pipeline_stages(s->pipe));
     if (dp < 2)
         return LOOM_OK;
     float wd = 0.0f;

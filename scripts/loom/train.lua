@@ -250,8 +250,8 @@ local function check_zero(t, where, origin)
   local pp = (t.mesh or {}).pp or 1
   if z == 3 and pp > 1 then
     schema.fail(where, "strategy.zero=3 with mesh.pp=%d is not built yet: a pipeline stage's "
-      .. "forward and backward do not gather parameter units; use zero = 1 or 2 with pp, or "
-      .. "zero = 3 with pp = 1", pp)
+      .. "forward and backward do not gather parameter units; use zero = 1 with pp (2 in "
+      .. "canonical mode), or zero = 3 with pp = 1", pp)
   end
   if z == 2 and pp > 1 and t.deterministic ~= "canonical" then
     schema.fail(where, "strategy.zero=2 with mesh.pp=%d in fast mode is not built yet: use "

@@ -104,10 +104,6 @@ static loom_status make_zero(loom_session *s)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy zero=3 with pp=%d is not built yet: a pipeline "
                   "stage's forward and backward do not gather parameter units; run zero=1 with pp "
                   "(2 in canonical mode), or zero=3 with pp = 1", loom_pipeline_stages(s->pipe));
-    if (s->pipe && cfg->zero_stage == 2 && !cfg->canonical)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy zero=2 with pp=%d in fast mode is not built yet: "
-                  "run zero=1 with pp (or zero=2 with deterministic = \"canonical\")",
-                  loom_pipeline_stages(s->pipe));
     if (dp < 2)
         return LOOM_OK;
     float wd = 0.0f;
@@ -115,7 +111,13 @@ static loom_status make_zero(loom_session *s)
     s->optim->decay_rule(s->optim_self, &wd, &decay_all);
     loom_zero_config zc = {cfg->zero_stage, cfg->zero_bucket_mb > 0 ? cfg->zero_bucket_mb : 25.0,
                            cfg->canonical, cfg->accum, s->state_slots, wd, decay_all};
-    return loom_zero_create(&zc, s->model, &s->backend, &s->zero);
+    LOOM_TRY(loom_zero_create(&zc, s->model, &s->backend, &s->zero));
+    const loom_param_table *t = loom_gpt_params(s->model);
+    int stage = s->pipe ? loom_pipeline_stage(s->pipe) : 0;
+    for (int i = 0; s->pipe && i < t->count; i++) /* the tied wte: first and last stage */
+        if (!strcmp(t->entries[i].name, "wte"))
+            loom_zero_tied(s->zero, i, stage == loom_pipeline_stages(s->pipe) - 1);
+    return LOOM_OK;
 }
 
 loom_status loom_session_create(const loom_session_config *cfg, loom_session **out)
@@ -284,6 +286,25 @@ static loom_status canonical_before(void *ctx, int mb, int chunk)
     return loom_grad_sync_begin_micro(c->sync, mb);
 }
 
+/* ZeRO-2 under pp, fast mode: each (micro-batch, chunk) backward reduced as it ends. */
+typedef struct zero_ctx {
+    loom_zero *z;
+    int n;
+} zero_ctx;
+
+static loom_status zero_before(void *ctx, int mb, int chunk)
+{
+    (void)mb, (void)chunk;
+    zero_ctx *c = ctx;
+    return loom_zero_begin_micro(c->z, c->n++);
+}
+
+static loom_status zero_after(void *ctx, int mb, int chunk)
+{
+    (void)mb, (void)chunk;
+    return loom_zero_finish_micro(((zero_ctx *)ctx)->z);
+}
+
 static loom_status canonical_after(void *ctx, int mb, int chunk)
 {
     micro_ctx *c = ctx;
@@ -320,11 +341,14 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         /* canonical: each micro-batch's gradients on their own, into the tree in order */
         micro_ctx mc = {s->sync, mb_loss, loom_pipeline_chunks(s->pipe)};
         loom_pipeline_hooks hooks = {canonical_before, canonical_after, &mc};
-        int canon = s->cfg.canonical;
+        zero_ctx zc = {s->zero, 0};
+        loom_pipeline_hooks zhooks = {zero_before, zero_after, &zc};
+        int canon = s->cfg.canonical, zero2 = s->zero && loom_zero_reduces(s->zero);
         loom_status st = canon ? LOOM_OK : loom_grad_sync_begin_micro(s->sync, 0);
         if (st == LOOM_OK)
             st = loom_pipeline_run(s->pipe, s->model, s->tokens, s->targets, B, T,
-                                   (float)(scale / tokens), mb_loss, canon ? &hooks : NULL, &peak);
+                                   (float)(scale / tokens), mb_loss,
+                                   canon ? &hooks : zero2 ? &zhooks : NULL, &peak);
         for (int a = 0; st == LOOM_OK && !canon && a < accum; a++)
             st = loom_grad_sync_end_micro(s->sync, a, mb_loss[a]);
         if (st == LOOM_OK)
@@ -349,6 +373,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     double comm_ms = loom_now_ms() - t_sync + loom_gpt_take_comm_ms(s->model);
     if (s->pipe)
         LOOM_TRY(loom_pipeline_tied_sync(s->pipe, s->model, &comm_ms));
+    if (s->pipe && s->zero) /* ZeRO-2: the buckets held for the wte exchange */
+        LOOM_TRY(loom_zero_reduce_held(s->zero));
     double norm_sq;
     int nonfinite;
     if (s->zero && loom_zero_reduces(s->zero)) /* the gradient lives in partitions */
@@ -362,8 +388,14 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         const double *slots = loom_grad_norm_slots(s->norm, &n_slots);
         double t_pp = loom_now_ms();
         LOOM_TRY(loom_pipeline_sum(s->pipe, &v, 1));
-        LOOM_TRY(loom_pipeline_norm(s->pipe, loom_gpt_params(s->model), slots, n_slots, &norm_sq,
-                                    &nonfinite));
+        if (s->zero && loom_zero_reduces(s->zero)) { /* fast mode: each stage's partition sums */
+            double w[2] = {norm_sq, nonfinite ? 1.0 : 0.0};
+            LOOM_TRY(loom_pipeline_sum(s->pipe, w, 2));
+            norm_sq = w[0];
+            nonfinite = w[1] != 0.0;
+        } else
+            LOOM_TRY(loom_pipeline_norm(s->pipe, loom_gpt_params(s->model), slots, n_slots,
+                                        &norm_sq, &nonfinite));
         comm_ms += loom_now_ms() - t_pp;
         loss_sum = v;
     }

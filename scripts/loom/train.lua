@@ -253,10 +253,6 @@ local function check_zero(t, where, origin)
       .. "forward and backward do not gather parameter units; use zero = 1 with pp (2 in "
       .. "canonical mode), or zero = 3 with pp = 1", pp)
   end
-  if z == 2 and pp > 1 and t.deterministic ~= "canonical" then
-    schema.fail(where, "strategy.zero=2 with mesh.pp=%d in fast mode is not built yet: use "
-      .. "zero = 1 with pp (or zero = 2 with deterministic = \"canonical\")", pp)
-  end
   if z > 0 and (t.checkpoint or t.resume) then
     schema.fail(where, "strategy.zero=%d with %s is not built yet (each rank would have to save "
       .. "its own slice of the optimizer state): train with zero = 0 to save or resume", z,

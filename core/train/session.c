@@ -102,8 +102,8 @@ static loom_status make_zero(loom_session *s)
      * parameter hook) and units that follow a stage's table. */
     if (s->pipe && cfg->zero_stage == 3)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy zero=3 with pp=%d is not built yet: a pipeline "
-                  "stage's forward and backward do not gather parameter units; run zero=1 with pp "
-                  "(2 in canonical mode), or zero=3 with pp = 1", loom_pipeline_stages(s->pipe));
+                  "stage's forward and backward do not gather parameter units; run zero=1 or 2 "
+                  "with pp, or zero=3 with pp = 1", loom_pipeline_stages(s->pipe));
     if (dp < 2)
         return LOOM_OK;
     float wd = 0.0f;

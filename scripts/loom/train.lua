@@ -250,8 +250,8 @@ local function check_zero(t, where, origin)
   local pp = (t.mesh or {}).pp or 1
   if z == 3 and pp > 1 then
     schema.fail(where, "strategy.zero=3 with mesh.pp=%d is not built yet: a pipeline stage's "
-      .. "forward and backward do not gather parameter units; use zero = 1 with pp (2 in "
-      .. "canonical mode), or zero = 3 with pp = 1", pp)
+      .. "forward and backward do not gather parameter units; use zero = 1 or 2 with pp, or "
+      .. "zero = 3 with pp = 1", pp)
   end
   if z > 0 and (t.checkpoint or t.resume) then
     schema.fail(where, "strategy.zero=%d with %s is not built yet (each rank would have to save "

@@ -3,12 +3,12 @@
 # parallelism"): pp=2 x dp=2 on 4 ranks (loom launch, shm), the small model with 4 blocks,
 # each stage's dp group partitioning that stage's parameter table:
 #  - fast mode, 10 steps: zero=1 gives bitwise the losses, norms and validation loss of
-#    plain pp=2 x dp=2, with 1f1b and with zb1 (the same all-reduce, the tied wte's
+#    plain pp=2 x dp=2, with 1f1b, zb1 and interleaved (the same all-reduce, the tied wte's
 #    gradient exchanged before the step, an element-wise optimizer on both copies);
 #  - fast mode, 10 steps: zero=2 (each micro-batch's backward reduce-scattered after it
 #    runs, the tied wte's buckets after the wte exchange, the norm over partitions summed
 #    over stages) within 1e-4 of plain pp x dp on the losses and 1e-5 relative on the
-#    norms, 1f1b and zb1, one bucket and 0.01 MiB buckets;
+#    norms, 1f1b, zb1 and interleaved (2 chunks), one bucket and 0.01 MiB buckets;
 #  - canonical mode: one rank and pp=2 x dp=2 with zero = 0, 1, 2 (1f1b; zero=1 also zb1)
 #    give bitwise identical losses, norms and validation loss;
 #  - per-rank bytes by category against the ZeRO formulas applied to the rank's stage,
@@ -38,7 +38,7 @@ same() { # same NAME A B: 10 steps in both, bitwise identical
 }
 
 # --- fast mode: zero=1 against plain pp x dp --------------------------------------------
-for sched in 1f1b zb1; do
+for sched in 1f1b zb1 interleaved; do
   ppdp schedule=$sched > "$tmp/plain"
   ppdp schedule=$sched strategy.zero=1 > "$tmp/z1"
   same "fast pp=2 x dp=2 $sched: zero=1 and plain" "$tmp/plain" "$tmp/z1"

@@ -135,9 +135,13 @@ static loom_status make_zero(loom_session *s)
     void *group;
     int dp = 1;
     LOOM_TRY(loom_core_host()->group(LOOM_GROUP_DP, &ops, &group, &dp));
-    if (s->pipe)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy zero=%d with pp=%d is not built yet: run zero "
-                  "with pp = 1, or pp without zero", cfg->zero_stage, loom_pipeline_stages(s->pipe));
+    /* Under pp each stage's dp group partitions that stage's parameter table. Stage 3
+     * needs the stage's forward and backward to gather units (gpt_stage.c calls no
+     * parameter hook) and units that follow a stage's table. */
+    if (s->pipe && cfg->zero_stage == 3)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy zero=3 with pp=%d is not built yet: a pipeline "
+                  "stage's forward and backward do not gather parameter units; run zero=1 or 2 "
+                  "with pp, or zero=3 with pp = 1", loom_pipeline_stages(s->pipe));
     if (dp < 2)
         return LOOM_OK;
     float wd = 0.0f;
@@ -145,7 +149,13 @@ static loom_status make_zero(loom_session *s)
     s->optim->decay_rule(s->optim_self, &wd, &decay_all);
     loom_zero_config zc = {cfg->zero_stage, cfg->zero_bucket_mb > 0 ? cfg->zero_bucket_mb : 25.0,
                            cfg->canonical, cfg->accum, s->state_slots, wd, decay_all};
-    return loom_zero_create(&zc, s->model, &s->backend, &s->zero);
+    LOOM_TRY(loom_zero_create(&zc, s->model, &s->backend, &s->zero));
+    const loom_param_table *t = loom_gpt_params(s->model);
+    int stage = s->pipe ? loom_pipeline_stage(s->pipe) : 0;
+    for (int i = 0; s->pipe && i < t->count; i++) /* the tied wte: first and last stage */
+        if (!strcmp(t->entries[i].name, "wte"))
+            loom_zero_tied(s->zero, i, stage == loom_pipeline_stages(s->pipe) - 1);
+    return LOOM_OK;
 }
 
 loom_status loom_session_create(const loom_session_config *cfg, loom_session **out)
@@ -363,6 +373,25 @@ static loom_status canonical_before(void *ctx, int mb, int chunk)
     return loom_grad_sync_begin_micro(c->sync, mb);
 }
 
+/* ZeRO-2 under pp, fast mode: each (micro-batch, chunk) backward reduced as it ends. */
+typedef struct zero_ctx {
+    loom_zero *z;
+    int n;
+} zero_ctx;
+
+static loom_status zero_before(void *ctx, int mb, int chunk)
+{
+    (void)mb, (void)chunk;
+    zero_ctx *c = ctx;
+    return loom_zero_begin_micro(c->z, c->n++);
+}
+
+static loom_status zero_after(void *ctx, int mb, int chunk)
+{
+    (void)mb, (void)chunk;
+    return loom_zero_finish_micro(((zero_ctx *)ctx)->z);
+}
+
 static loom_status canonical_after(void *ctx, int mb, int chunk)
 {
     micro_ctx *c = ctx;
@@ -401,11 +430,14 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         /* canonical: each micro-batch's gradients on their own, into the tree in order */
         micro_ctx mc = {s->sync, mb_loss, loom_pipeline_chunks(s->pipe)};
         loom_pipeline_hooks hooks = {canonical_before, canonical_after, &mc};
-        int canon = s->cfg.canonical;
+        zero_ctx zc = {s->zero, 0};
+        loom_pipeline_hooks zhooks = {zero_before, zero_after, &zc};
+        int canon = s->cfg.canonical, zero2 = s->zero && loom_zero_reduces(s->zero);
         loom_status st = canon ? LOOM_OK : loom_grad_sync_begin_micro(s->sync, 0);
         if (st == LOOM_OK)
             st = loom_pipeline_run(s->pipe, s->model, s->tokens, s->targets, B, T,
-                                   (float)(scale / tokens), mb_loss, canon ? &hooks : NULL, &peak);
+                                   (float)(scale / tokens), mb_loss,
+                                   canon ? &hooks : zero2 ? &zhooks : NULL, &peak);
         for (int a = 0; st == LOOM_OK && !canon && a < accum; a++)
             st = loom_grad_sync_end_micro(s->sync, a, mb_loss[a]);
         for (int a = 0; a < accum; a++)
@@ -440,6 +472,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         LOOM_TRY(loom_pipeline_tied_sync(s->pipe, s->model, &comm_ms));
         loom_trace_span(s->trace, LOOM_TRACE_TIED_SYNC, t_tied, loom_now_ms(), -1, -1);
     }
+    if (s->pipe && s->zero) /* ZeRO-2: the buckets held for the wte exchange */
+        LOOM_TRY(loom_zero_reduce_held(s->zero));
     double norm_sq, bubble = NAN, t_norm = loom_now_ms();
     int nonfinite;
     int first_bad;
@@ -462,8 +496,14 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         const double *slots = loom_grad_norm_slots(s->norm, &n_slots);
         double t_pp = loom_now_ms();
         LOOM_TRY(pipeline_totals(s, &loss_sum, &bubble));
-        LOOM_TRY(loom_pipeline_norm(s->pipe, loom_gpt_params(s->model), slots, n_slots, &norm_sq,
-                                    &nonfinite));
+        if (s->zero && loom_zero_reduces(s->zero)) { /* fast mode: each stage's partition sums */
+            double w[2] = {norm_sq, nonfinite ? 1.0 : 0.0};
+            LOOM_TRY(loom_pipeline_sum(s->pipe, w, 2));
+            norm_sq = w[0];
+            nonfinite = w[1] != 0.0;
+        } else
+            LOOM_TRY(loom_pipeline_norm(s->pipe, loom_gpt_params(s->model), slots, n_slots,
+                                        &norm_sq, &nonfinite));
         comm_ms += loom_now_ms() - t_pp;
     }
     /* every rank the same finding, so every rank skips (or stops) alike */

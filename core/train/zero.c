@@ -122,6 +122,7 @@ loom_status loom_zero_create(const loom_zero_config *c, loom_gpt *m, loom_backen
     z->total = loom_gpt_params(m)->total;
     z->reduces = c->stage >= 2 && !c->canonical;
     z->accum = c->accum;
+    z->skip_entry = -1;
     const loom_host *host = loom_core_host();
     loom_status st = host->group(LOOM_GROUP_DP, &z->comm, &z->dp, &z->n);
     if (st == LOOM_OK && (!z->comm || z->n < 2))

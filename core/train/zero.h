@@ -77,6 +77,12 @@ int loom_zero_reduces(const loom_zero *z);
 loom_status loom_zero_begin_micro(void *z, int a);
 loom_status loom_zero_grads_ready(void *z, size_t offset, size_t n);
 loom_status loom_zero_finish_micro(void *z);
+/* Under pp on a stage that holds the tied wte (table entry `entry`): stage 2 holds the
+ * buckets below the wte's end out of the per-micro-batch reduction (they accumulate in
+ * the full buffer until the wte halves are exchanged, then loom_zero_reduce_held reduces
+ * them); skip = 1 (the last stage) leaves the wte out of loom_zero_norm. */
+void loom_zero_tied(loom_zero *z, int entry, int skip);
+loom_status loom_zero_reduce_held(loom_zero *z);
 /* Stage 2: the global squared gradient norm and non-finite flag over all partitions. */
 loom_status loom_zero_norm(loom_zero *z, double *norm_sq, int *nonfinite, double *comm_ms);
 /* The last loom_zero_norm's first parameter-table entry whose gradient piece on this rank

@@ -57,6 +57,9 @@ struct loom_zero {
     int n_flight, next_slot, slots; /* slots: reduce-scatters in flight at most */
     int micro, next_bucket; /* buckets next_bucket..0 are still to reduce this backward */
     size_t watermark;    /* gradients at [watermark, total) are final */
+    size_t hold_hi;      /* under pp: buckets starting below it (the tied wte's) are reduced
+                          * once, after the wte exchange (loom_zero_reduce_held) */
+    int skip_entry;      /* under pp, the last stage: its wte copy, left out of the norm */
     size_t page;
     unsigned char *pages; /* mincore's vector over the gradient buffer */
     size_t n_pages;

@@ -137,7 +137,8 @@ static loom_status start_bucket(loom_zero *z, int k)
 /* Start every bucket the watermark has passed. */
 static loom_status advance(loom_zero *z)
 {
-    while (z->next_bucket >= 0 && z->buckets[z->next_bucket].lo >= z->watermark)
+    while (z->next_bucket >= 0 && z->buckets[z->next_bucket].lo >= z->watermark &&
+           z->buckets[z->next_bucket].lo >= z->hold_hi)
         LOOM_TRY(start_bucket(z, z->next_bucket--));
     return LOOM_OK;
 }
@@ -176,6 +177,34 @@ loom_status loom_zero_finish_micro(void *self)
     return LOOM_OK;
 }
 
+void loom_zero_tied(loom_zero *z, int entry, int skip)
+{
+    const loom_param_entry *e = &loom_gpt_params(z->model)->entries[entry];
+    z->hold_hi = z->reduces ? e->offset + e->numel : 0;
+    z->skip_entry = skip ? entry : -1;
+}
+
+/* The held buckets, top down, received straight into the partition (nothing was
+ * received there this step: begin_micro(0) zeroed it). */
+loom_status loom_zero_reduce_held(loom_zero *z)
+{
+    if (!z->reduces || !z->hold_hi)
+        return LOOM_OK;
+    int micro = z->micro;
+    z->micro = 0;
+    loom_status st = LOOM_OK;
+    for (int k = z->n_buckets - 1; k >= 0 && st == LOOM_OK; k--)
+        if (z->buckets[k].lo < z->hold_hi)
+            st = start_bucket(z, k);
+    while (z->n_flight > 0) {
+        loom_status w = complete_oldest(z);
+        if (st == LOOM_OK)
+            st = w;
+    }
+    z->micro = micro;
+    return st;
+}
+
 /* Squared norm over this rank's pieces (replicated parameters counted on tp rank 0, as
  * grad_norm.c does), then summed over the dp ranks and the tp ranks in rank order. */
 int loom_zero_first_nonfinite(const loom_zero *z) { return z->first_bad; }
@@ -191,6 +220,8 @@ loom_status loom_zero_norm(loom_zero *z, double *norm_sq, int *nonfinite, double
     for (int i = 0; i < z->n_segments; i++) {
         const loom_optim_segment *s = &z->segments[i];
         if (z->tp_rank != 0 && t->entries[z->seg_entry[i]].split_dim < 0)
+            continue;
+        if (z->seg_entry[i] == z->skip_entry) /* the tied wte: the first stage counts it */
             continue;
         mine[0] += k->sum_squares(s->grad, 1, s->n, s->n);
         if (k->has_nonfinite(s->grad, s->n)) {

@@ -268,9 +268,11 @@ local function check_zero(t, where, origin)
     schema.fail(where, "strategy.zero=3 with model.init (llm.c weights) is not built yet: the "
       .. "weights would have to be loaded into each rank's partition; use zero = 1 or 2")
   end
-  if z > 0 and ((t.mesh or {}).pp or 1) > 1 then
-    schema.fail(where, "strategy.zero=%d with mesh.pp=%d is not built yet: use zero with pp = 1, "
-      .. "or pp without zero", z, t.mesh.pp)
+  local pp = (t.mesh or {}).pp or 1
+  if z == 3 and pp > 1 then
+    schema.fail(where, "strategy.zero=3 with mesh.pp=%d is not built yet: a pipeline stage's "
+      .. "forward and backward do not gather parameter units; use zero = 1 or 2 with pp, or "
+      .. "zero = 3 with pp = 1", pp)
   end
   if z > 0 and (t.checkpoint or t.resume) then
     schema.fail(where, "strategy.zero=%d with %s is not built yet (each rank would have to save "

@@ -63,6 +63,8 @@ typedef struct loom_session loom_session;
 void loom_session_memory(loom_session *s, loom_memory *out);
 /* The ZeRO stage in effect (0: none, also on one dp rank). */
 int loom_session_zero_stage(const loom_session *s);
+/* The ZeRO partitions (NULL without ZeRO): checkpoints move them (zero_ckpt.h). */
+struct loom_zero *loom_session_zero(loom_session *s);
 
 loom_status loom_session_create(const loom_session_config *cfg, loom_session **out);
 void loom_session_destroy(loom_session *s);

@@ -251,11 +251,6 @@ local function check_zero(t, where, origin)
     schema.fail(where, "strategy.zero=%d with mesh.pp=%d is not built yet: use zero with pp = 1, "
       .. "or pp without zero", z, t.mesh.pp)
   end
-  if z > 0 and (t.checkpoint or t.resume) then
-    schema.fail(where, "strategy.zero=%d with %s is not built yet (each rank would have to save "
-      .. "its own slice of the optimizer state): train with zero = 0 to save or resume", z,
-      t.checkpoint and "checkpoint" or "resume")
-  end
 end
 
 local function check(t, where, origin, world)

@@ -34,16 +34,11 @@ static void data_position(loom_data *d, loom_checkpoint_extra *x)
     x->n_data_state = d->ops->get_state(d->self, x->data_state);
 }
 
-/* ZeRO holds each rank's slice of the optimizer state; the checkpoint format writes and
- * reads the whole state per rank, so it would write wrong files: refused until each rank
- * saves its own slices (issue 13). */
-static void refuse_zero(lua_State *L, loom_session *s, const char *what)
+/* Offload keeps the optimizer state in its pool or file, which the checkpoint format does
+ * not read or write yet: refused rather than save a state that is not there. */
+static void refuse_offload(lua_State *L, loom_session *s, const char *what)
 {
-    if (loom_session_zero_stage(s) > 0)
-        luaL_error(L, "checkpoints are not %s under strategy zero=%d yet (each rank would have to "
-                   "save its own slice of the optimizer state): train with zero = 0 to save or "
-                   "resume", what, loom_session_zero_stage(s));
-    if (strcmp(loom_session_offload(s), "none") != 0) /* the state is in the pool or file */
+    if (strcmp(loom_session_offload(s), "none") != 0)
         luaL_error(L, "checkpoints are not %s under strategy.offload (optimizer = \"%s\") yet: "
                    "leave offload out to save or resume", what, loom_session_offload(s));
 }
@@ -83,7 +78,7 @@ static int l_save(lua_State *L)
         /* the config string stays referenced from the options table during the save */
     }
     char path[PATH_MAX];
-    refuse_zero(L, s, "saved");
+    refuse_offload(L, s, "saved");
     if (loom_checkpoint_save(s, dir, &x, path, sizeof path) != LOOM_OK)
         return raise_status(L);
     lua_pushstring(L, path);
@@ -106,7 +101,7 @@ static int l_load(lua_State *L)
     loom_checkpoint_extra *x = lua_newuserdatauv(L, sizeof *x, 0);
     memset(x, 0, sizeof *x);
     luaL_setmetatable(L, EXTRA_MT);
-    refuse_zero(L, s, "loaded");
+    refuse_offload(L, s, "loaded");
     if (loom_checkpoint_load_data(s, path, data, x) != LOOM_OK)
         return raise_status(L);
     lua_createtable(L, 0, 3);

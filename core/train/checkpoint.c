@@ -35,6 +35,7 @@
 #include "io/json.h"
 #include "io/safetensors.h"
 #include "base/status.h"
+#include "zero_ckpt.h"
 
 #define LATEST_FILE "latest"
 #define MAX_LATEST 256
@@ -340,6 +341,8 @@ static loom_status write_manifest(const loom_ckpt_source *src, const char *path,
             loom_strbuf_printf(&b, "%s%d", k ? ", " : "", src->pp_first[k + 1] - src->pp_first[k]);
         loom_strbuf_puts(&b, "]");
     }
+    if (src->zero_stage > 0) /* informational: the files are the same as without ZeRO */
+        loom_strbuf_printf(&b, ", \"zero\": %d, \"dp\": %d", src->zero_stage, src->zero_dp);
     loom_strbuf_puts(&b, "},\n");
     if (x->data_kind[0]) {
         loom_strbuf_puts(&b, "  \"data\": {\"kind\": ");
@@ -815,7 +818,26 @@ loom_status loom_checkpoint_save(loom_session *s, const char *dir, const loom_ch
         if (g.pp.rank == g.pp.size - 1)
             src.skip = "wte";
     }
-    return loom_ckpt_save_source(&src, &g, dir, x, out_path, len);
+    loom_zero *z = loom_session_zero(s);
+    if (!z)
+        return loom_ckpt_save_source(&src, &g, dir, x, out_path, len);
+    /* ZeRO: the whole state assembled on every dp rank (zero_ckpt.h), then saved as a run
+     * without ZeRO saves it, so any layout loads it. A rank that cannot allocate it fails
+     * here; the others then see the all-gather's timeout. */
+    float *full = src.slots ? calloc((size_t)src.slots * src.table->total, sizeof(float)) : NULL;
+    if (src.slots && !full)
+        return loom_fail(LOOM_ERR_NOMEM, "checkpoint under zero=%d: out of memory for the whole "
+                         "optimizer state (%zu MiB)", loom_zero_stage(z),
+                         (size_t)src.slots * src.table->total * sizeof(float) >> 20);
+    src.state = full;
+    src.zero_stage = loom_zero_stage(z);
+    src.zero_dp = loom_zero_ranks(z);
+    loom_status st = loom_zero_ckpt_gather(z, src.slots, full);
+    if (st == LOOM_OK)
+        st = loom_ckpt_save_source(&src, &g, dir, x, out_path, len);
+    loom_status d = loom_zero_ckpt_done(z);
+    free(full);
+    return st != LOOM_OK ? st : d;
 }
 
 loom_status loom_checkpoint_find(const char *dir, char *out, size_t len)

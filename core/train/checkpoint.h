@@ -204,6 +204,9 @@ typedef struct loom_ckpt_source {
     const char *skip;
     const int *pp_first;
     int pp_virtual;
+    /* ZeRO (0: none): the stage and dp size the run saved under, for the manifest; the
+     * state above is then the whole state, assembled from the partitions */
+    int zero_stage, zero_dp;
 } loom_ckpt_source;
 
 /* loom_checkpoint_save with the source and the groups given (the session version takes

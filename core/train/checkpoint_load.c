@@ -40,6 +40,7 @@
 #include "model/gpt_stage.h"
 #include "io/safetensors.h"
 #include "base/status.h"
+#include "zero_ckpt.h"
 
 #define MAX_MANIFEST ((size_t)64 << 20)
 #define CHECKSUM_PREFIX "xxh64:"
@@ -972,6 +973,9 @@ typedef struct loaded {
     loom_checkpoint_extra x;
     char *config;
     loom_session_state state;
+    float *zero_full;          /* ZeRO: the whole optimizer state, before the partitions */
+    loom_zero_piece *zero_pieces;
+    size_t n_zero_pieces;
 } loaded;
 
 static void loaded_free(loaded *ld)
@@ -980,6 +984,8 @@ static void loaded_free(loaded *ld)
     free(ld->manifest);
     tensors_free(&ld->ts);
     free(ld->config);
+    free(ld->zero_full);
+    free(ld->zero_pieces);
 }
 
 static loom_status check_int(const loaded *ld, const loom_json *obj, const char *group,
@@ -1097,7 +1103,16 @@ static loom_status validate(loaded *ld, loom_session *s, const loom_data *data)
     loom_session_optim_state(s, &slots);
     const loom_gpt *m = loom_session_model(s);
     elsewhere ew = {held_elsewhere, m};
-    return tensors_open(ld->dir, ld->mpath, root, loom_gpt_params(m), slots, &ew, &ld->ts);
+    LOOM_TRY(tensors_open(ld->dir, ld->mpath, root, loom_gpt_params(m), slots, &ew, &ld->ts));
+    loom_zero *z = loom_session_zero(s);
+    if (!z) /* ZeRO: read whole, then each rank keeps its partition (zero_ckpt.h) */
+        return LOOM_OK;
+    size_t floats = (size_t)slots * loom_gpt_params(m)->total;
+    if (floats && !(ld->zero_full = malloc(floats * sizeof(float))))
+        return loom_fail(LOOM_ERR_NOMEM, "checkpoint '%s' under zero=%d: out of memory for the "
+                         "whole optimizer state (%zu MiB)", ld->mpath, loom_zero_stage(z),
+                         floats * sizeof(float) >> 20);
+    return loom_zero_pieces(z, loom_zero_rank(z), &ld->zero_pieces, &ld->n_zero_pieces);
 }
 
 /* Everything is validated: the copies cannot fail. */
@@ -1106,7 +1121,10 @@ static void copy_in(const loaded *ld, loom_session *s)
     uint32_t slots;
     float *state = loom_session_optim_state(s, &slots);
     loom_gpt *m = loom_session_model(s);
-    tensors_copy(&ld->ts, loom_gpt_params(m), slots, loom_gpt_param_data(m), state);
+    loom_zero *z = loom_session_zero(s);
+    tensors_copy(&ld->ts, loom_gpt_params(m), slots, loom_gpt_param_data(m), z ? ld->zero_full : state);
+    if (z)
+        loom_zero_ckpt_scatter(z, slots, ld->zero_full, ld->zero_pieces, ld->n_zero_pieces);
 }
 
 loom_status loom_checkpoint_load_data(loom_session *s, const char *ckpt_path, loom_data *data,

@@ -789,6 +789,7 @@ const char *loom_session_offload(const loom_session *s)
 }
 
 int loom_session_zero_stage(const loom_session *s) { return s->zero ? loom_zero_stage(s->zero) : 0; }
+loom_zero *loom_session_zero(loom_session *s) { return s->zero; }
 
 void loom_session_memory(loom_session *s, loom_memory *out)
 {

@@ -81,6 +81,8 @@ void loom_session_memory(loom_session *s, loom_memory *out);
 int loom_session_zero_stage(const loom_session *s);
 /* The offload in effect: "none", "host" or "disk". */
 const char *loom_session_offload(const loom_session *s);
+/* The ZeRO partitions (NULL without ZeRO): checkpoints move them (zero_ckpt.h). */
+struct loom_zero *loom_session_zero(loom_session *s);
 
 loom_status loom_session_create(const loom_session_config *cfg, loom_session **out);
 void loom_session_destroy(loom_session *s);

@@ -91,9 +91,11 @@ local function info(args)
   print("checkpoint " .. dir)
   print(string.format("step %d (optimizer steps taken %d), written by loom %s", m.step,
     m.steps_taken, tostring(m.loom_version)))
-  print(string.format("layout: tp=%d pp=%d%s; dp: not recorded (the ranks of dp rank 0 write; "
-    .. "any layout loads it)", tp, pp, l.pp_layers and (", blocks per virtual stage "
-    .. table.concat(l.pp_layers, ",")) or ""))
+  local dp = l.zero and string.format("saved under zero=%d over dp=%d (the partitions assembled "
+    .. "into whole tensors; any layout loads it)", l.zero, l.dp or 0)
+    or "dp: not recorded (the ranks of dp rank 0 write; any layout loads it)"
+  print(string.format("layout: tp=%d pp=%d%s; %s", tp, pp, l.pp_layers and (", blocks per virtual stage "
+    .. table.concat(l.pp_layers, ",")) or "", dp))
   print(string.format("model: vocab %d (padded %d), ctx %d, layers %d, heads %d, dim %d",
     mc.vocab, mc.vocab_padded, mc.ctx, mc.layers, mc.heads, mc.dim))
   local slots = {}

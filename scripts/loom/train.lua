@@ -274,11 +274,6 @@ local function check_zero(t, where, origin)
       .. "forward and backward do not gather parameter units; use zero = 1 or 2 with pp, or "
       .. "zero = 3 with pp = 1", pp)
   end
-  if z > 0 and (t.checkpoint or t.resume) then
-    schema.fail(where, "strategy.zero=%d with %s is not built yet (each rank would have to save "
-      .. "its own slice of the optimizer state): train with zero = 0 to save or resume", z,
-      t.checkpoint and "checkpoint" or "resume")
-  end
 end
 
 local function check(t, where, origin, world)

@@ -6,11 +6,14 @@
 #    the gpipe plugin (the same lists, the same order of operations) and within 2e-5 of one
 #    rank; the same from a function in the recipe (recipes/pp_lua_fn.lua);
 #  - schedules/gpipe_split.lua (B and W split, which no plugin builds) trains within 2e-5
-#    of one rank, holding all 4 micro-batches until their W's;
-#  - canonical mode: gpipe.lua and gpipe_split.lua bitwise one rank;
+#    of one rank, holding all 4 micro-batches until their W's; gpipe_reversed.lua (the
+#    backwards m-1 first) within 2e-5 too;
+#  - canonical mode: gpipe.lua and gpipe_split.lua bitwise one rank; gpipe_reversed.lua
+#    refused by canonical mode's order check;
 #  - the three wrong schedules in schedules/ are refused before any step with the
 #    validator's or simulator's message and the recipe's file name, as is a function that
-#    raises, one that returns a non-list, and pp_chunks with a list of one chunk.
+#    raises, one that returns a non-list, pp_chunks with a list of one chunk, and a
+#    missing file.
 set -euo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -50,6 +53,9 @@ peak=$(awk '$1 == "PEAK" && $2 == 2 { print $3 }' "$tmp/split")
 [ "$peak" = 4 ] || { echo "gpipe_split.lua: stage 0 held '$peak' micro-batches, want 4 (all, until the W's)"; exit 1; }
 echo "ok gpipe_split.lua holds all 4 micro-batches on stage 0 (until their W's)"
 
+run2 "$recipe" schedule="$sched/gpipe_reversed.lua" > "$tmp/rev"
+close "schedule=gpipe_reversed.lua (backwards m-1 first)" "$tmp/rev" "$tmp/one"
+
 canon="deterministic=canonical"
 run1 $canon batch.global=16 > "$tmp/c1"
 for s in gpipe.lua gpipe_split.lua; do
@@ -75,7 +81,9 @@ PP_LUA_FN=error refused "failed for stage 0: $here/recipes/pp_lua_fn.lua:11: no 
   -n 2 "$here/recipes/pp_lua_fn.lua" $base mesh.pp=2 microbatches=4
 PP_LUA_FN=number refused "pp_lua_fn.lua:10 gave a number for stage 0, not a list of instructions" \
   -n 2 "$here/recipes/pp_lua_fn.lua" $base mesh.pp=2 microbatches=4
-refused "gpipe.lua: chunks == 1 expected" \
+refused "gpipe.lua\" with pp=2, microbatches=4: stage 1, instruction 1 (FWD mb 0 chunk 0): its activations are never sent on" \
   -n 2 "$recipe" $base mesh.pp=2 microbatches=4 pp_chunks=2 schedule="$sched/gpipe.lua"
+refused "deterministic = \"canonical\": schedule \"$sched/gpipe_reversed.lua\" runs BWD of micro-batch 3 before micro-batch 0's on stage 0 chunk 0" \
+  -n 2 "$recipe" $base mesh.pp=2 microbatches=4 deterministic=canonical schedule="$sched/gpipe_reversed.lua"
 refused "nosuch.lua: No such file or directory" \
   -n 2 "$recipe" $base mesh.pp=2 microbatches=4 schedule="$tmp/nosuch.lua"

@@ -251,16 +251,27 @@ static int l_session(lua_State *L)
     lua_getfield(L, 1, "canonical");
     cfg.canonical = lua_toboolean(L, -1);
     lua_pop(L, 1);
-    /* pipeline (used when the mesh has pp > 1): schedule = "1f1b", chunks =, pp_layers = {} */
-    lua_getfield(L, 1, "schedule");
-    if (!lua_isnil(L, -1)) {
-        const loom_plugin *sp;
-        if (loom_plugin_load(LOOM_KIND_SCHED, luaL_checkstring(L, -1), &sp) != LOOM_OK)
-            return raise_status(L);
-        cfg.schedule = sp->desc;
-    }
-    lua_pop(L, 1);
+    /* pipeline (used when the mesh has pp > 1): schedule = "1f1b" (a plugin) or every
+     * stage's list (a Lua schedule's, schedule_name = its name), chunks =, pp_layers = {} */
     cfg.pp_chunks = int_field(L, 1, "chunks", 1);
+    int lists_at = 0; /* the lists' owner on the stack, removed after the create */
+    lua_getfield(L, 1, "schedule");
+    if (lua_istable(L, -1)) {
+        cfg.schedule_lists = loom_lua_check_schedule(L, -1, cfg.accum, cfg.pp_chunks);
+        lua_remove(L, -2); /* the table; its owner (a userdata) stays */
+        lists_at = lua_gettop(L);
+        lua_getfield(L, 1, "schedule_name"); /* the string stays alive in the table */
+        cfg.schedule_name = lua_isnil(L, -1) ? NULL : luaL_checkstring(L, -1);
+        lua_pop(L, 1);
+    } else {
+        if (!lua_isnil(L, -1)) {
+            const loom_plugin *sp;
+            if (loom_plugin_load(LOOM_KIND_SCHED, luaL_checkstring(L, -1), &sp) != LOOM_OK)
+                return raise_status(L);
+            cfg.schedule = sp->desc;
+        }
+        lua_pop(L, 1);
+    }
     cfg.zero_stage = int_field(L, 1, "zero", 0); /* strategy = { zero = N } */
     cfg.zero_bucket_mb = num_field(L, 1, "zero_bucket_mb", 0.0);
     /* strategy = { offload = { optimizer = "host" | "disk", path =, chunk_mb = } } */
@@ -325,6 +336,8 @@ static int l_session(lua_State *L)
     if (loom_session_create(&cfg, &box->s) != LOOM_OK)
         return raise_status(L);
     box->vocab = cfg.model.vocab;
+    if (lists_at)
+        lua_remove(L, lists_at); /* the engine copied its list */
     lua_pop(L, 1); /* backend */
     return 1;
 }

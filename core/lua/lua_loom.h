@@ -37,6 +37,13 @@ void loom_lua_open_dist(lua_State *L);
 
 /* lua_sched.c: core.sched_build, core.sched_simulate (pipeline schedules) into the table on top. */
 void loom_lua_open_sched(lua_State *L);
+/* The lists at idx (lists[k]: stage k - 1's, as core.sched_simulate takes them; stages =
+ * their count) read into a schedule owned by a userdata pushed on the stack (keep it there
+ * while the schedule is used). Only the form is checked here (ops, keys, numbers): a Lua
+ * error names the stage and instruction; the validator's rules are schedule.h's. */
+struct loom_schedule;
+const struct loom_schedule *loom_lua_check_schedule(lua_State *L, int idx, int microbatches,
+                                                    int chunks);
 
 /* lua_bench.c: core.comm_bench{op, min, max, iters} for `loom bench comm`. */
 void loom_lua_open_bench(lua_State *L);

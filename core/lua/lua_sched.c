@@ -1,7 +1,8 @@
 /* lua_sched.c — pipeline schedules for Lua: core.sched_build(name, stages, microbatches,
  * chunks) gives a sched plugin's lists, core.sched_simulate(lists, shape [, costs])
  * validates and simulates any lists (a plugin's, or a Lua function's: scripts/loom/
- * schedule.lua), for `loom schedule` and for tests.
+ * schedule.lua), for `loom schedule` and for tests; loom_lua_check_schedule reads such lists
+ * for the pipeline engine (core.session's schedule = lists).
  *
  * A list is a Lua array of instructions { op = "FWD", mb = 0, chunk = 0 } (chunk may be
  * left out: 0); lists[k] is stage k - 1's list. Positions in messages are 0-based, as
@@ -158,6 +159,20 @@ static void read_lists(lua_State *L, int idx, box *b)
         }
         lua_pop(L, 1);
     }
+}
+
+const loom_schedule *loom_lua_check_schedule(lua_State *L, int idx, int microbatches, int chunks)
+{
+    idx = lua_absindex(L, idx);
+    luaL_checktype(L, idx, LUA_TTABLE);
+    lua_Integer stages = luaL_len(L, idx);
+    if (stages < 1 || stages > 1 << 20)
+        luaL_error(L, "schedule: %d stage lists (one per pipeline stage, at least 1)", (int)stages);
+    box *b = new_box(L);
+    if (loom_schedule_new((int)stages, microbatches, chunks, &b->s) != LOOM_OK)
+        raise_plain(L, loom_last_error());
+    read_lists(L, idx, b);
+    return b->s;
 }
 
 static double cost_field(lua_State *L, int idx, const char *key, double dflt)

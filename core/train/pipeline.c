@@ -92,6 +92,18 @@ static loom_status split_layers(loom_pipeline *pl, const loom_pipeline_config *c
     return LOOM_OK;
 }
 
+/* Lists given ready must be for this run's shape: one per rank of the pp group. */
+static loom_status given_lists(const loom_pipeline *pl, const loom_pipeline_config *cfg)
+{
+    const loom_schedule *s = cfg->lists;
+    if (s->stages != pl->stages || s->microbatches != pl->microbatches || s->chunks != pl->chunks)
+        LOOM_FAIL(LOOM_ERR_INVALID, "schedule %s gives lists for %d stages, %d micro-batches, %d "
+                  "chunks; this run has pp=%d, microbatches=%d, chunks=%d",
+                  cfg->name ? cfg->name : "(Lua)", s->stages, s->microbatches, s->chunks,
+                  pl->stages, pl->microbatches, pl->chunks);
+    return LOOM_OK;
+}
+
 loom_status loom_pipeline_create(const loom_pipeline_config *cfg, loom_pipeline **out)
 {
     *out = NULL;
@@ -109,19 +121,23 @@ loom_status loom_pipeline_create(const loom_pipeline_config *cfg, loom_pipeline 
         st = split_layers(pl, cfg);
     loom_schedule *sch = NULL;
     loom_sched_sim *sim = NULL;
-    if (st == LOOM_OK)
+    if (st == LOOM_OK && cfg->lists)
+        st = given_lists(pl, cfg);
+    else if (st == LOOM_OK)
         st = loom_schedule_from_plugin(cfg->sched, pl->stages, pl->microbatches, pl->chunks, &sch);
+    const loom_schedule *use = cfg->lists ? cfg->lists : sch; /* from here on the same checks */
+    const char *name = cfg->lists ? (cfg->name ? cfg->name : "a Lua schedule") : cfg->sched->name;
     if (st == LOOM_OK)
-        st = loom_schedule_simulate(sch, NULL, &sim); /* validates, then refuses a deadlock */
+        st = loom_schedule_simulate(use, NULL, &sim); /* validates, then refuses a deadlock */
     if (st == LOOM_OK)
-        st = loom_pipeline_check_fifo(sch, cfg->canonical && pl->chunks == 1);
-    for (size_t i = 0; st == LOOM_OK && i < sch->n[pl->stage]; i++)
-        pl->split |= sch->list[pl->stage][i].op == LOOM_SCHED_BWD_INPUT;
+        st = loom_pipeline_check_fifo(use, cfg->canonical && pl->chunks == 1);
+    for (size_t i = 0; st == LOOM_OK && i < use->n[pl->stage]; i++)
+        pl->split |= use->list[pl->stage][i].op == LOOM_SCHED_BWD_INPUT;
     pl->canonical = cfg->canonical;
     if (st == LOOM_OK && pl->canonical)
-        st = loom_pipeline_check_order(sch, cfg->sched->name);
+        st = loom_pipeline_check_order(use, name);
     if (st == LOOM_OK) {
-        pl->n = sch->n[pl->stage];
+        pl->n = use->n[pl->stage];
         pl->list = malloc(pl->n * sizeof *pl->list);
         pl->n_slots = sim->peak_inflight[pl->stage] + 1;
         pl->slots = calloc((size_t)pl->n_slots, sizeof *pl->slots);
@@ -132,7 +148,7 @@ loom_status loom_pipeline_create(const loom_pipeline_config *cfg, loom_pipeline 
             st = loom_fail(LOOM_ERR_NOMEM, "out of memory");
     }
     if (st == LOOM_OK) {
-        memcpy(pl->list, sch->list[pl->stage], pl->n * sizeof *pl->list);
+        memcpy(pl->list, use->list[pl->stage], pl->n * sizeof *pl->list);
         for (int c = 0; c < pl->chunks; c++) {
             int k = c * pl->stages + pl->stage;
             for (int l = pl->first[k]; l < pl->first[k + 1]; l++)

@@ -2,8 +2,8 @@
  *
  * Setup (loom_pipeline_create): the blocks are split into stages x chunks virtual stages
  * (as even as the layer count allows, earlier stages taking the extra blocks, or an
- * explicit split), every stage's instruction list is built by the sched plugin, validated
- * and simulated (core/train/schedule.h: no missing transfer, no deadlock), and checked
+ * explicit split), every stage's instruction list is built by the sched plugin (or given
+ * ready, as a Lua schedule's are: core/lua/lua_sched.c), validated and simulated (core/train/schedule.h: no missing transfer, no deadlock), and checked
  * against the transport: send/recv between two ranks has no tags, so the messages each
  * ordered pair exchanges must be received in the order they are sent. The simulator's
  * peak in flight sizes the activation slots (one set per (micro-batch, chunk) held from
@@ -39,6 +39,11 @@ typedef struct loom_pipeline_config {
     const int *split;              /* blocks per virtual stage (stages x chunks), or NULL */
     int n_split;
     int canonical;                 /* deterministic = "canonical" (see below) */
+    /* Lists given ready (a Lua schedule): used instead of sched's build(), with the same
+     * checks after it; shape must match (stages, microbatches, chunks). Not owned: only
+     * read during create. name: the schedule's, for messages. */
+    const struct loom_schedule *lists;
+    const char *name;
 } loom_pipeline_config;
 
 /* Called around each BWD or W (the weight gradients) of (micro-batch, chunk) (canonical

@@ -192,11 +192,13 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
         st = loom_core_host()->group(LOOM_GROUP_PP, &pops, &pgroup, &pp);
     }
     if (st == LOOM_OK && pp > 1) {
-        if (!cfg->schedule || cfg->schedule->kind != LOOM_KIND_SCHED)
-            st = loom_fail(LOOM_ERR_INVALID, "pp=%d needs a sched plugin (schedule = \"1f1b\")", pp);
+        if (!cfg->schedule_lists && (!cfg->schedule || cfg->schedule->kind != LOOM_KIND_SCHED))
+            st = loom_fail(LOOM_ERR_INVALID, "pp=%d needs a sched plugin (schedule = \"1f1b\") "
+                           "or a Lua schedule's lists", pp);
         else {
             loom_pipeline_config pc = {cfg->schedule, cfg->accum, cfg->pp_chunks, cfg->model.layers,
-                                       cfg->pp_layers, cfg->n_pp_layers, cfg->canonical};
+                                       cfg->pp_layers, cfg->n_pp_layers, cfg->canonical,
+                                       cfg->schedule_lists, cfg->schedule_name};
             st = loom_pipeline_create(&pc, &s->pipe);
         }
         if (st == LOOM_OK) {

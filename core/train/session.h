@@ -39,7 +39,10 @@ typedef struct loom_session_config {
     int canonical;                        /* deterministic = "canonical" (grad_sync.h) */
     /* Pipeline parallelism, used when the pp group has more than one rank (pipeline.h):
      * accum is then the micro-batches per step of each pipeline (schedule's microbatches). */
-    const loom_plugin_desc *schedule;     /* the sched plugin */
+    const loom_plugin_desc *schedule;     /* the sched plugin, or NULL with schedule_lists */
+    const struct loom_schedule *schedule_lists; /* every stage's list given ready (a Lua
+                                           * schedule, schedule.h); read during create only */
+    const char *schedule_name;            /* schedule_lists' name, for messages */
     int pp_chunks;                        /* virtual stages per rank; 0 = 1 */
     const int *pp_layers;                 /* blocks per (virtual) stage, or NULL: even */
     int n_pp_layers;

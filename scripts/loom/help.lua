@@ -117,7 +117,7 @@ and simulate it with F = B = W = 1 (a fused backward 2) and transfers taking no 
 Prints one row per stage (F, B, W cells with the micro-batch, '.' idle), the simulated
 bubble fraction beside the schedule's formula, and each stage's peak micro-batches in
 flight (forwarded, not yet fully backwarded). Nothing is trained here: a recipe trains
-with one through mesh = { pp = N }, schedule = NAME (docs/PIPELINE.md, "Training").
+with one through mesh = { pp = N }, schedule = NAME (a .lua file too; docs/PIPELINE.md).
 
 NAME is a sched plugin (gpipe, 1f1b, interleaved, zb1; loom plugins lists them) or, when
 it ends in .lua, a Lua file returning function(shape) -> list of {op = "FWD", mb = 0,

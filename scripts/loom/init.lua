@@ -180,7 +180,8 @@ local session_spec = {
   strategy = { type = "table", help = "{ name = \"dp\", ... } when dp > 1" },
   tensor = { type = "table", help = "{ name = \"tp\", sequence_parallel = false } when tp > 1" },
   canonical = { type = "boolean", help = "fixed-order reductions (deterministic = \"canonical\")" },
-  schedule = { type = "string", help = "the sched plugin when the mesh has pp > 1" },
+  schedule = { type = { "string", "table" }, help = "the sched plugin when the mesh has pp > 1, or every stage's list (lists[k]: stage k-1's, a Lua schedule's)" },
+  schedule_name = { type = "string", help = "with schedule = lists: their name, for messages" },
   chunks = { type = "integer", min = 1, help = "virtual stages per rank (interleaved)" },
   pp_layers = { type = "table", help = "blocks per (virtual) stage; default: as even as possible" },
   recompute = { type = { "string", "table" }, help = "\"none\", \"full\", \"selective\" or a list of block indices (0-based) recomputed fully" },
@@ -263,7 +264,7 @@ function loom.session(t, where)
     optimizer = loom.plugin_table(t.optimizer, "optimizer", where),
     precision = loom.plugin_table(t.precision or "fp32", "precision", where),
     strategy = t.strategy, tensor = t.tensor, canonical = t.canonical or false,
-    schedule = t.schedule, chunks = t.chunks, pp_layers = t.pp_layers,
+    schedule = t.schedule, schedule_name = t.schedule_name, chunks = t.chunks, pp_layers = t.pp_layers,
     zero = t.zero, zero_bucket_mb = t.zero_bucket_mb, recompute = t.recompute,
   }
   if t.offload then

@@ -7,27 +7,50 @@
 -- returning that stage's instructions in order, each { op = "FWD", mb = 0, chunk = 0 }
 -- (chunk may be left out: 0). op is one of FWD, BWD (fused), BWD_INPUT, BWD_WEIGHT,
 -- SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD; plugin/sched.h says what each means. Such a
--- list is validated exactly as a plugin's. What not: no engine here; nothing executes.
+-- list is validated exactly as a plugin's. A recipe's schedule = "FILE.lua" or
+-- schedule = function(shape) ... end trains with such lists (loom.train: the engine runs
+-- them instead of a plugin's build(), after the same checks).
 local core = require "loom.core"
 local schedule = {}
 
--- Every stage's list (lists[k] is stage k-1's) for a plugin name or a *.lua file.
+-- Whether a recipe's schedule is written in Lua (a function or a *.lua file), not a plugin.
+function schedule.is_lua(s)
+  return type(s) == "function" or (type(s) == "string" and s:match("%.lua$") ~= nil)
+end
+
+-- A Lua schedule's name for messages: the file, or where the function was written.
+function schedule.label(s)
+  if type(s) ~= "function" then return s end
+  local info = debug.getinfo(s, "S")
+  return string.format("function at %s:%d", info.short_src, info.linedefined)
+end
+
+-- Every stage's list (lists[k] is stage k-1's) for a plugin name, a *.lua file or a
+-- function(shape) -> list.
 function schedule.lists(name, shape)
   local p, m, v = shape.stages, shape.microbatches, shape.chunks or 1
-  if not name:match("%.lua$") then return core.sched_build(name, p, m, v) end
-  local chunk, err = loadfile(name)
-  if not chunk then error("schedule: " .. err, 0) end
-  local gen = chunk()
-  if type(gen) ~= "function" then
-    error(string.format("schedule: %s returned a %s; a schedule file returns a function(shape) "
-      .. "-> list of {op = \"FWD\", mb = 0, chunk = 0}", name, type(gen)), 0)
+  if not schedule.is_lua(name) then return core.sched_build(name, p, m, v) end
+  local gen, label = name, schedule.label(name)
+  if type(name) == "string" then
+    local chunk, err = loadfile(name)
+    if not chunk then error("schedule: " .. err, 0) end
+    local ok
+    ok, gen = pcall(chunk)
+    if not ok then error(string.format("schedule: %s failed to load: %s", name, tostring(gen)), 0) end
+    if type(gen) ~= "function" then
+      error(string.format("schedule: %s returned a %s; a schedule file returns a function(shape) "
+        .. "-> list of {op = \"FWD\", mb = 0, chunk = 0}", name, type(gen)), 0)
+    end
   end
   local lists = {}
   for stage = 0, p - 1 do
-    local list = gen({ stages = p, stage = stage, microbatches = m, chunks = v })
+    local ok, list = pcall(gen, { stages = p, stage = stage, microbatches = m, chunks = v })
+    if not ok then
+      error(string.format("schedule: %s failed for stage %d: %s", label, stage, tostring(list)), 0)
+    end
     if type(list) ~= "table" then
-      error(string.format("schedule: %s gave a %s for stage %d, not a list of instructions",
-        name, type(list), stage), 0)
+      error(string.format("schedule: %s gave a %s for stage %d, not a list of instructions "
+        .. "{op = \"FWD\", mb = 0, chunk = 0}", label, type(list), stage), 0)
     end
     lists[stage + 1] = list
   end

@@ -27,9 +27,9 @@ local spec = {
   comm = { type = "string", help = "communicator plugin for multi-rank runs (default \"shm\")" },
   comm_timeout = { type = "positive", help = "seconds any communication may wait before the run fails (default 60)" },
   strategy = { type = "table" },
-  schedule = { type = "string", help = "with mesh.pp > 1: the sched plugin, \"1f1b\" (default), \"gpipe\", \"interleaved\" or \"zb1\"" },
+  schedule = { type = { "string", "function" }, help = "with mesh.pp > 1: the sched plugin, \"1f1b\" (default), \"gpipe\", \"interleaved\" or \"zb1\"; or a Lua schedule: a file \"sched.lua\" returning function(shape) -> list, or that function" },
   microbatches = { type = "integer", min = 1, help = "with mesh.pp > 1: micro-batches per step through the pipeline" },
-  pp_chunks = { type = "integer", min = 1, help = "with schedule = \"interleaved\": virtual stages per rank (default 2)" },
+  pp_chunks = { type = "integer", min = 1, help = "with schedule = \"interleaved\": virtual stages per rank (default 2); with a Lua schedule: shape.chunks (default 1)" },
   pp_layers = { type = "table", help = "with mesh.pp > 1: blocks per stage (per virtual stage with interleaving), e.g. { 3, 5 }" },
   deterministic = { type = "string", one_of = { "fast", "canonical" } },
   recompute = { type = { "string", "table" }, help = "activation recomputation: \"none\" (default), \"full\", \"selective\" or a list of block indices (0-based) recomputed fully" },
@@ -200,8 +200,10 @@ local function check_pp(t, where, origin)
       dp, b.micro * m * dp)
   end
   local chunks = t.pp_chunks or (name == "interleaved" and 2 or 1)
-  refuse(chunks > 1 and name ~= "interleaved", "pp_chunks=%d%s: only schedule = \"interleaved\" "
-    .. "runs virtual stages (schedule is \"%s\")", chunks, origin("pp_chunks") or "", name)
+  local lua = require("loom.schedule").is_lua(name) -- a Lua schedule's lists say their chunks
+  refuse(chunks > 1 and name ~= "interleaved" and not lua, "pp_chunks=%d%s: only schedule = "
+    .. "\"interleaved\" or a Lua schedule runs virtual stages (schedule is \"%s\")", chunks,
+    origin("pp_chunks") or "", name)
   local stages, layers = pp * chunks, t.model.layers
   if t.pp_layers then
     local n, sum = #t.pp_layers, 0
@@ -333,12 +335,20 @@ return function(loom)
     local dp = (t.mesh or {}).dp or 1
     local pp = (t.mesh or {}).pp or 1
     local accum = (pp > 1 and t.microbatches) or accumulation(t.batch, dp, where, origin)
-    local schedule, chunks
+    local schedule, chunks, lists
     if pp > 1 then
-      schedule, chunks = check_pp(t, where, origin)
-      local okp, errp = pcall(loom.core.sched_build, schedule, pp, accum, chunks)
+      local sched_mod = require "loom.schedule"
+      local given
+      given, chunks = check_pp(t, where, origin)
+      schedule = sched_mod.label(given)
+      local shape = { stages = pp, microbatches = accum, chunks = chunks }
+      local okp, errp = pcall(sched_mod.lists, given, shape)
+      if okp and sched_mod.is_lua(given) then -- refused here, before any rank starts
+        lists = errp
+        okp, errp = pcall(sched_mod.simulate, lists, shape)
+      end
       if not okp then schema.fail(where, "schedule=\"%s\" with pp=%d, microbatches=%d: %s",
-        schedule, pp, accum, errp) end
+        schedule, pp, accum, (tostring(errp):gsub("^schedule: ", ""))) end
     end
     local opt = loom.plugin_table(t.optimizer, "optimizer", where)
     -- The optimizer's lr is the base a schedule scales; a number or function lr stands alone.
@@ -384,7 +394,8 @@ return function(loom)
       grad_clip = t.grad_clip, on_nonfinite = t.on_nonfinite, threads = t.threads, backend = t.backend,
       batch = { micro = t.batch.micro, seq = t.batch.seq, accum = accum },
       strategy = strategy, tensor = tensor, canonical = canonical,
-      schedule = schedule, chunks = chunks, pp_layers = t.pp_layers, recompute = t.recompute,
+      schedule = lists or schedule, schedule_name = lists and schedule or nil, chunks = chunks,
+      pp_layers = t.pp_layers, recompute = t.recompute,
       zero = (t.strategy or {}).zero, zero_bucket_mb = ((t.strategy or {}).dp or {}).bucket_mb,
       offload = (t.strategy or {}).offload,
     }, where)

@@ -25,6 +25,10 @@ OPS = {"FWD": "forward", "BWD": "backward", "BWD_INPUT": "backward_input",
        "BWD_WEIGHT": "backward_weight"}
 
 
+def ns(us):
+    return round(us * 1000)
+
+
 def fail(msg):
     print("FAIL: " + msg)
     sys.exit(1)
@@ -73,7 +77,10 @@ def main():
             es.sort(key=lambda e: (e["ts"], e["dur"]))
             for a, b in zip(es, es[1:]):
                 # timestamps are whole nanoseconds printed with 3 decimals: exact to 1e-6 us
-                if a["ts"] + a["dur"] > b["ts"] + 1e-6:
+                # ts and dur are whole nanoseconds written as microseconds with 3 decimals:
+                # compare them as integers, since a double sum of two such values at an
+                # uptime of hours (ts ~ 1e10) is off by an ulp (~4e-6) either way.
+                if ns(a["ts"]) + ns(a["dur"]) > ns(b["ts"]):
                     fail("%s: lane %d: %s at %.3f (+%.3f) overlaps %s at %.3f" % (
                         path, lane, a["name"], a["ts"], a["dur"], b["name"], b["ts"]))
         seen = sorted({e["args"]["step"] for e in spans})

@@ -15,7 +15,6 @@
 #include "gpt_internal.h"
 #include "base/status.h"
 
-int loom_gpt_stage_slots(const loom_gpt *m) { return m->slots; }
 
 void loom_gpt_stage_select(loom_gpt *m, int slot) { gpt_bind_slot(m, slot); }
 

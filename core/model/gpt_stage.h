@@ -23,8 +23,7 @@
 
 #include "gpt.h"
 
-/* Activation sets this model holds (loom_gpt_parallel.slots). */
-int loom_gpt_stage_slots(const loom_gpt *m);
+/* Select one of the activation sets this model holds (loom_gpt_parallel.slots). */
 void loom_gpt_stage_select(loom_gpt *m, int slot);
 /* (B*T, dim) device buffers of the selected slot: the chunk input, the output of block
  * hi-1, and the residual gradient (output gradient in, input gradient out). */

@@ -99,7 +99,6 @@ static loom_status make_segments(loom_zero *z, const loom_zero_config *c)
             s->n = hi - lo;
             s->weight_decay = (c->decay_all || e->is_matrix) ? c->weight_decay : 0.0f;
             z->seg_entry[z->n_segments - 1] = i;
-            z->owned += s->n;
         }
     }
     return LOOM_OK;
@@ -191,12 +190,6 @@ void loom_zero_drop_state(loom_zero *z)
 
 int loom_zero_reduces(const loom_zero *z) { return z->reduces; }
 int loom_zero_stage(const loom_zero *z) { return z->stage; }
-
-void loom_zero_partition(const loom_zero *z, size_t *elems, size_t *owned)
-{
-    *elems = z->part;
-    *owned = z->owned;
-}
 
 /* A bucket's send/recv range in the buffer, or the tail staging when it runs past total. */
 static float *bucket_base(loom_zero *z, const zero_bucket *b, float *buf)

@@ -101,8 +101,6 @@ loom_status loom_zero_settle(loom_zero *z);
 void loom_zero_params_stale(loom_zero *z);
 loom_status loom_zero_pin_params(loom_zero *z, int pin);
 double loom_zero_take_comm_ms(loom_zero *z);
-/* This rank's partition: elements, and how many of them lie inside the buffer. */
-void loom_zero_partition(const loom_zero *z, size_t *elems, size_t *owned);
 int loom_zero_stage(const loom_zero *z);
 /* ZeRO's own buffers: grads (stage 2 partition), optimizer state, comm staging; and the
  * measured resident peak of the full gradient buffer (stage 2). */

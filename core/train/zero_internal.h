@@ -39,7 +39,7 @@ struct loom_zero {
     const struct loom_comm_ops *comm, *tp_comm;
     void *dp, *tp;
     int n, rank, tp_size, tp_rank;
-    size_t total, padded, part, owned, max_len;
+    size_t total, padded, part, max_len;
     zero_bucket *buckets;
     int n_buckets;
     loom_optim_segment *segments;

@@ -98,11 +98,25 @@ static lua_State *new_state(void)
     return L;
 }
 
-/* Run a chunk already on the stack; print "loom: <message>" on error. */
+/* Run a chunk already on the stack; print "loom: <message>" on error. An error object
+ * { stop_signal = N, message = "..." } (loom.train after a stop signal's save) is a stop,
+ * not a failure: its message, and the conventional status 128 + N. */
 static int run_protected(lua_State *L, int nargs)
 {
     if (lua_pcall(L, nargs, 0, 0) == LUA_OK)
         return 0;
+    if (lua_istable(L, -1)) {
+        lua_getfield(L, -1, "stop_signal");
+        lua_getfield(L, -2, "message");
+        int sig = (int)lua_tointeger(L, -2);
+        if (sig > 0 && sig < 64) {
+            const char *m = lua_tostring(L, -1); /* nil on ranks other than 0 */
+            if (m)
+                fprintf(stderr, "loom: %s\n", m);
+            return 128 + sig;
+        }
+        lua_pop(L, 2);
+    }
     const char *msg = lua_tostring(L, -1);
     fprintf(stderr, "loom: %s\n", msg ? msg : "(error object is not a string)");
     return 1;
@@ -222,9 +236,10 @@ static int cmd_run(int argc, char **argv)
     }
     if (rc == 0)
         warn_unread_overrides(L, argc - 1, argv + 1);
+    int stopped = rc > 128; /* a stop signal's orderly end: every rank saved; leave cleanly */
     lua_close(L); /* sessions (and the strategies using the groups) are freed here */
     loom_dist_shutdown(); /* then the communicators: MPI wants MPI_Finalize on every rank */
-    loom_ranks_leave(rc == 0);
+    loom_ranks_leave(rc == 0 || stopped);
     return rc;
 }
 

@@ -365,7 +365,8 @@ static void set_num(lua_State *L, const char *k, double v)
 }
 
 /* s:step(data, lr [, step]) -> {step, loss, grad_norm, lr, ms, comm_ms, tokens, skipped,
- * inflight, bubble (under pp) [, nonfinite = {rank, stage, param | loss = true, message}]};
+ * inflight, bubble (under pp) [, nonfinite = {rank, stage, param | loss = true, message}]
+ * [, stop_signal = signo: a stop signal reached some rank, stop after this step]};
  * step: the loop's number for this step (reports and LOOM_INJECT_NONFINITE use it). */
 static int l_session_step(lua_State *L)
 {
@@ -411,6 +412,10 @@ static int l_session_step(lua_State *L)
     }
     if (st.bubble == st.bubble) /* under pp only */
         set_num(L, "bubble", st.bubble);
+    if (st.nonfinite.stop_signal) { /* the same on every rank: they all stop after this step */
+        lua_pushinteger(L, st.nonfinite.stop_signal);
+        lua_setfield(L, -2, "stop_signal");
+    }
     return 1;
 }
 

@@ -34,6 +34,9 @@ typedef struct loom_nonfinite_report {
     int stage;       /* that rank's pipeline stage (0 without pp) */
     int stages;      /* the pipeline's stages (1 without pp) */
     int index;       /* the entry of that stage's parameter table, -1 for the loss */
+    int stop_signal; /* a stop signal (stop_signal.h) any rank had received by this step's
+                      * exchange, the highest number; 0: none. Rides on the same exchange so
+                      * that every rank stops after the same step. */
     char param[LOOM_PARAM_NAME_MAX];
 } loom_nonfinite_report;
 

@@ -479,10 +479,15 @@ return function(loom)
     end
     local summary = { losses = {}, start = start }
     local bubbles = {} -- under pp: each step's measured bubble (r.bubble)
+    -- SIGTERM, SIGINT, SIGUSR1 during the loop: finish the step, save, exit 128 + signo
+    -- (core/base/stop_signal.h); outside it they keep their default action.
+    loom.core.catch_stop_signals(true)
+    local armed <close> = setmetatable({}, { __close = function() loom.core.catch_stop_signals(false) end })
     for step = start + 1, t.steps do
       local lr = lr_of(step)
-      if type(lr) ~= "number" or lr ~= lr or lr < 0 then
-        schema.fail(where, "lr schedule returned %s at step %d (want a number >= 0)", tostring(lr), step)
+      if type(lr) ~= "number" or lr ~= lr or lr < 0 or lr == math.huge then
+        schema.fail(where, "lr schedule returned %s at step %d (want a finite number >= 0)",
+          tostring(lr), step)
       end
       local r = session:step(data, lr, step) -- on_nonfinite = "stop" raises: no save follows
       r.step = step
@@ -508,11 +513,22 @@ return function(loom)
         m:print(text) -- the text only (loom.sample's second result is the optional hash)
       end
       local stop = t.on_step and t.on_step(r, session) == false
+      local signal = r.stop_signal -- agreed by every rank in the step's exchange
       -- collective: every rank calls save (dp rank 0 of each tp rank writes its files)
-      -- with checkpoint.dir set the run always saves at its end (and when on_step stops it)
+      -- with checkpoint.dir set the run always saves at its end (and when on_step or a
+      -- stop signal stops it)
+      local saved
       if t.checkpoint and ((t.checkpoint.every and step % t.checkpoint.every == 0)
-          or step == t.steps or stop) then
-        save(step, m)
+          or step == t.steps or stop or signal) then
+        saved = save(step, m)
+      end
+      if signal and step < t.steps then
+        local name = loom.core.signal_name(signal)
+        error({ stop_signal = signal, message = rank == 0 and (saved
+          and string.format("%s: stopped after step %d, saved %s (resume=auto continues from it)",
+            name, step, saved)
+          or string.format("%s: stopped after step %d; nothing saved (no checkpoint.dir)", name,
+            step)) or nil }, 0)
       end
       if stop then break end
     end

@@ -211,8 +211,9 @@ function metrics.new(t)
     -- A resumed run appends to the file of the run it continues.
     local f, err = io.open(t.jsonl, self.start_step > 0 and "a" or "w")
     if not f then schema.fail(where, "cannot open metrics file: %s", err) end
-    f:setvbuf("line") -- each step on disk at once: `tail -f` and a crash keep every line
-    self.file = f
+    -- each line flushed on its own (M:write): on disk at once for `tail -f` and a crash, and
+    -- a failed write is seen there (a line-buffered stream hides the error of its implicit flush)
+    self.file, self.jsonl = f, t.jsonl
     self:write { kind = "run", steps = t.steps, start_step = self.start_step,
       params = t.params or NULL, layers = t.layers or NULL, dim = t.dim or NULL,
       seq = t.seq or NULL, flops_per_token = self.flops_per_token or NULL,
@@ -223,8 +224,24 @@ function metrics.new(t)
   return self
 end
 
+-- A record that cannot be written (a full disk, an I/O error) stops the run with the
+-- file's name and the system's reason: a metrics file is never cut silently.
+local function io_failed(self, what, err)
+  local path = self.jsonl
+  self.file = nil -- nothing more goes to it; close() has nothing left to report
+  error(string.format("metrics file '%s': cannot %s: %s (free space on its disk or give "
+    .. "log.jsonl another path; the records before it are intact)", path, what, tostring(err)), 0)
+end
+
 function M:write(obj)
-  if self.file then self.file:write(json.encode(obj), "\n") end
+  if not self.file then return end
+  local ok, err = self.file:write(json.encode(obj), "\n")
+  if ok then ok, err = self.file:flush() end -- each line's own flush reports its error
+  if not ok then
+    pcall(self.file.close, self.file)
+    io_failed(self, string.format("write the %s record%s", obj.kind or "next",
+      obj.step and (" of step " .. obj.step) or ""), err)
+  end
 end
 
 -- Erase the live line so that other output starts at column 0.
@@ -310,9 +327,17 @@ function M:eval(step, val_loss)
 end
 
 -- m:close(): keep a pending live line and close the file. Safe to call twice.
-function M:close()
+-- As a to-be-closed variable unwinding another error (err), a failing close is not reported
+-- over it.
+function M:close(err)
   if self.live then io.write("\n"); self.live = false end
-  if self.file then self.file:close(); self.file = nil end
+  if self.file then
+    local f = self.file
+    local ok, why = f:flush()
+    if ok then ok, why = f:close() else pcall(f.close, f) end
+    self.file = nil
+    if not ok and err == nil then io_failed(self, "flush and close it", why) end
+  end
 end
 M.__close = M.close
 

@@ -96,6 +96,35 @@ local function recipe_changes(saved_json, now_json)
   return out
 end
 
+-- resume=auto: the newest intact checkpoint in dir — the one `latest` names first, then
+-- every other step_* newest first — each verified whole (manifest, sizes, checksums) before
+-- it is taken, so every rank (reading the same files) takes the same one. What is passed
+-- over is said, with why (incomplete: a save cut short; damaged: a checksum that fails).
+-- nil, why when dir has no checkpoint at all; a dir whose every checkpoint fails is refused
+-- (starting again from step 1 would silently drop the run's progress).
+local function pick_checkpoint(core, dir, say, where)
+  local names, latest = core.list_checkpoints(dir)
+  if not names then return nil, string.format("no checkpoint directory '%s'", dir) end
+  if #names == 0 then return nil, string.format("no checkpoint in '%s'", dir) end
+  local order = {}
+  for _, n in ipairs(names) do if n == latest then table.insert(order, 1, n) else order[#order + 1] = n end end
+  local skipped = {}
+  for _, n in ipairs(order) do
+    local path = dir .. "/" .. n
+    local ok, err = pcall(core.verify_checkpoint, path)
+    if ok then
+      if #skipped > 0 then
+        say(string.format("resume=auto: skipped %d checkpoint%s newer than %s: %s", #skipped,
+          #skipped == 1 and "" or "s", n, table.concat(skipped, "; ")))
+      end
+      return path
+    end
+    skipped[#skipped + 1] = string.format("%s (%s)", n, tostring(err))
+  end
+  schema.fail(where, "resume=auto: no intact checkpoint in '%s': %s (remove the damaged ones "
+    .. "to start afresh, or resume= a path)", dir, table.concat(skipped, "; "))
+end
+
 -- The run's measured bubble: the mean over its steps after the first (which carries the
 -- one-time start-up costs), or the one step's.
 local function bubble_summary(b)
@@ -417,7 +446,7 @@ return function(loom)
     local config_json = json.encode(t)
     if t.resume then
       local path, why = t.resume, nil
-      if t.resume == "auto" then path, why = loom.core.find_checkpoint(t.checkpoint.dir) end
+      if t.resume == "auto" then path, why = pick_checkpoint(loom.core, t.checkpoint.dir, say, where) end
       if path then
         local ok, info = pcall(session.load, session, path, data)
         if not ok then schema.fail(where, "cannot resume: %s", info) end

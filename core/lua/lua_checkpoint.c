@@ -45,8 +45,9 @@ static void refuse_offload(lua_State *L, loom_session *s, const char *what)
                    "leave offload out to save or resume", what, loom_session_offload(s));
 }
 
-/* s:save(dir, {step=, config_json=, data=, keep=}) -> path of the new checkpoint.
- * step defaults to the optimizer steps taken; keep to 0 (keep all). Collective in a
+/* s:save(dir, {step=, config_json=, data=, keep=, protect=}) -> path of the new checkpoint.
+ * step defaults to the optimizer steps taken; keep to 0 (keep all); protect: a step_* name
+ * that retention keeps beside the newest `keep`. Collective in a
  * multi-rank run: every rank calls it with the same arguments (checkpoint.h). */
 static int l_save(lua_State *L)
 {
@@ -60,8 +61,10 @@ static int l_save(lua_State *L)
         lua_pushnil(L);
         while (lua_next(L, 3)) {
             const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
-            if (strcmp(k, "step") && strcmp(k, "config_json") && strcmp(k, "data") && strcmp(k, "keep"))
-                return luaL_error(L, "save: unknown option '%s' (step, config_json, data, keep)", k);
+            if (strcmp(k, "step") && strcmp(k, "config_json") && strcmp(k, "data") && strcmp(k, "keep") &&
+                strcmp(k, "protect"))
+                return luaL_error(L, "save: unknown option '%s' (step, config_json, data, keep, "
+                                     "protect)", k);
             lua_pop(L, 1);
         }
         lua_getfield(L, 3, "step");
@@ -77,6 +80,9 @@ static int l_save(lua_State *L)
         if (x.step < 0 || keep < 0 || keep > INT_MAX)
             return luaL_error(L, "save: step=%I and keep=%I must be >= 0", (lua_Integer)x.step, keep);
         x.keep = (int)keep;
+        lua_getfield(L, 3, "protect"); /* a step_* name retention must not delete */
+        if (!lua_isnil(L, -1))
+            snprintf(x.protect, sizeof x.protect, "%s", luaL_checkstring(L, -1));
         /* the config string stays referenced from the options table during the save */
     }
     char path[PATH_MAX];

@@ -364,9 +364,11 @@ static void set_num(lua_State *L, const char *k, double v)
     lua_setfield(L, -2, k);
 }
 
-/* s:step(data, lr [, step]) -> {step, loss, grad_norm, lr, ms, comm_ms, tokens, skipped,
+/* s:step(data, lr [, step [, limits]]) -> {step, loss, grad_norm, lr, ms, comm_ms, tokens, skipped,
  * inflight, bubble (under pp) [, nonfinite = {rank, stage, param | loss = true, message}]
- * [, stop_signal = signo: a stop signal reached some rank, stop after this step]};
+ * [, stop_signal = signo: a stop signal reached some rank, stop after this step]
+ * [, spike = true: the update skipped, loss or norm above limits]}; limits: { loss =, norm = }
+ * for this step (a loss spike's skip, train.lua).
  * step: the loop's number for this step (reports and LOOM_INJECT_NONFINITE use it). */
 static int l_session_step(lua_State *L)
 {
@@ -375,6 +377,13 @@ static int l_session_step(lua_State *L)
     float lr = (float)luaL_checknumber(L, 3);
     if (!lua_isnoneornil(L, 4))
         loom_session_number_next_step(b->s, (int64_t)luaL_checkinteger(L, 4));
+    if (!lua_isnoneornil(L, 5)) { /* { loss = max, norm = max }: a spike's update is skipped */
+        luaL_checktype(L, 5, LUA_TTABLE);
+        lua_getfield(L, 5, "loss");
+        lua_getfield(L, 5, "norm");
+        loom_session_limit_next_step(b->s, luaL_optnumber(L, -2, 0), luaL_optnumber(L, -1, 0));
+        lua_pop(L, 2);
+    }
     loom_step_stats st;
     if (loom_session_step(b->s, loom_data_batch, &src, lr, &st) != LOOM_OK)
         return raise_status(L);
@@ -389,6 +398,10 @@ static int l_session_step(lua_State *L)
     set_num(L, "tokens", st.tokens);
     lua_pushboolean(L, st.skipped);
     lua_setfield(L, -2, "skipped");
+    if (st.spike) {
+        lua_pushboolean(L, 1);
+        lua_setfield(L, -2, "spike");
+    }
     lua_pushinteger(L, st.inflight);
     lua_setfield(L, -2, "inflight");
     if (st.nonfinite.found) {

@@ -515,7 +515,7 @@ static void remove_stale(const char *dir)
     closedir(d);
 }
 
-static void apply_retention(const char *dir, int keep)
+static void apply_retention(const char *dir, int keep, const char *protect)
 {
     remove_stale(dir);
     if (keep <= 0)
@@ -530,7 +530,7 @@ static void apply_retention(const char *dir, int keep)
         /* renamed out of the step_* names first: a crash while deleting leaves a .tmp-
          * entry for the next save to remove, never a half-deleted step_* */
         snprintf(gone_name, sizeof gone_name, ".tmp-del-%s.%ld", list[i].name, (long)getpid());
-        if (strcmp(list[i].name, latest) != 0 && join(path, sizeof path, dir, list[i].name) == LOOM_OK &&
+        if (strcmp(list[i].name, latest) != 0 && strcmp(list[i].name, protect) != 0 && join(path, sizeof path, dir, list[i].name) == LOOM_OK &&
             join(gone, sizeof gone, dir, gone_name) == LOOM_OK && rename(path, gone) == 0)
             remove_flat(gone);
     }
@@ -643,7 +643,7 @@ static loom_status finish(const loom_ckpt_source *src, const char *dir, const ch
         return loom_fail(st, "%s", msg);
     }
     LOOM_TRY(write_latest(dir, name));
-    apply_retention(dir, x->keep);
+    apply_retention(dir, x->keep, x->protect);
     return LOOM_OK;
 }
 

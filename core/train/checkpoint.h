@@ -92,6 +92,8 @@ typedef struct loom_checkpoint_extra {
     uint64_t data_state[LOOM_DATA_STATE_MAX];
     int n_data_state;
     int keep;                 /* save: keep the newest `keep` checkpoints (0: keep all) */
+    char protect[64];         /* save: a step_* name retention never deletes ("": none) — the
+                               * last good checkpoint before a run of skipped steps */
 } loom_checkpoint_extra;
 
 /* Save s into dir/step_%08lld (dir is created if missing), point dir/latest at it, apply

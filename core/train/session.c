@@ -54,6 +54,8 @@ struct loom_session {
     int64_t steps;
     int64_t step_no;         /* the training loop's number of the last step run */
     loom_trace *trace;       /* log.trace: this rank's timeline, NULL: off */
+    double limit_loss, limit_norm; /* the next step's update is skipped above these (a loss
+                                    * spike, train.lua's detector); 0: no limit */
 };
 
 static loom_status make_plugin(const loom_plugin_config *pc, const void **ops, void **self)
@@ -508,11 +510,18 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
                                         &norm_sq, &nonfinite));
         comm_ms += loom_now_ms() - t_pp;
     }
+    /* a loss spike (loom_session_limit_next_step): this step's loss or norm above the
+     * limits the loop set; agreed below with the rest, so every rank skips alike */
+    double loss_now = loss_sum / tokens, norm_now = sqrt(norm_sq) / scale;
+    int spike = !nonfinite && ((s->limit_loss > 0 && loss_now > s->limit_loss) ||
+                               (s->limit_norm > 0 && norm_now > s->limit_norm));
+    s->limit_loss = s->limit_norm = 0; /* for one step only */
     /* every rank the same finding, so every rank skips (or stops) alike */
     loom_nonfinite_report found;
     LOOM_TRY(loom_nonfinite_agree(s->nonfinite, loom_gpt_params(s->model), first_bad, loss_bad,
-                                  &found, &comm_ms));
+                                  spike, &found, &comm_ms));
     nonfinite = found.found;
+    spike = found.spike && !nonfinite;
     if (nonfinite && s->cfg.stop_on_nonfinite) {
         char what[160];
         loom_nonfinite_describe(&found, what, sizeof what);
@@ -530,7 +539,7 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     double norm = nonfinite ? NAN : sqrt(norm_sq) / scale;
     memset(out, 0, sizeof *out);
     out->nonfinite = found;
-    if (!skip) {
+    if (!skip && !spike) {
         float grad_scale = 1.0f / scale;
         if (s->cfg.grad_clip > 0.0f && norm > s->cfg.grad_clip)
             grad_scale *= (float)(s->cfg.grad_clip / norm);
@@ -556,7 +565,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     out->grad_norm = norm;
     out->lr = lr;
     out->tokens = tokens;
-    out->skipped = skip;
+    out->skipped = skip || spike;
+    out->spike = spike;
     out->ms = loom_now_ms() - t0;
     out->comm_ms = comm_ms;
     out->inflight = peak;
@@ -742,6 +752,12 @@ loom_status loom_session_sample(loom_session *s, const int *prompt, int n_prompt
 }
 
 void loom_session_number_next_step(loom_session *s, int64_t step) { s->step_no = step - 1; }
+
+void loom_session_limit_next_step(loom_session *s, double loss_max, double norm_max)
+{
+    s->limit_loss = loss_max > 0 ? loss_max : 0;
+    s->limit_norm = norm_max > 0 ? norm_max : 0;
+}
 
 void loom_session_get_state(loom_session *s, loom_session_state *out)
 {

@@ -68,7 +68,8 @@ typedef struct loom_step_stats {
     double comm_ms;        /* of which inside communication: tensor-parallel exchanges,
                             * the data-parallel gradient sync, the grad-norm exchange */
     double tokens;         /* tokens processed in the step */
-    int skipped;           /* 1 if the update was skipped (non-finite gradients) */
+    int skipped;           /* 1 if the update was skipped (non-finite gradients, or a spike) */
+    int spike;             /* 1 if skipped for a loss spike (loom_session_limit_next_step) */
     int inflight;          /* pipeline: this rank's peak micro-batches in flight (0 without) */
     loom_nonfinite_report nonfinite; /* where a non-finite loss or gradient was found */
     double bubble;         /* pipeline: the measured bubble of the step's pipeline phase,
@@ -95,6 +96,9 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
 /* The step number the next step's reports and LOOM_INJECT_NONFINITE use (the training
  * loop's, which counts skipped steps too); without it, one more than the last step's. */
 void loom_session_number_next_step(loom_session *s, int64_t step);
+/* The next step only: skip its update (on every rank alike) when its loss is above loss_max
+ * or its gradient norm above norm_max (0: no limit) — a loss spike's "skip". */
+void loom_session_limit_next_step(loom_session *s, double loss_max, double norm_max);
 /* XXH64 of this rank's parameters and optimizer state (under ZeRO: its partition of them;
  * 0 for no state), e.g. to show that a skipped step changed neither. */
 void loom_session_state_hash(loom_session *s, uint64_t *params, uint64_t *optim);

@@ -174,7 +174,7 @@ local session_spec = {
   precision = { type = { "string", "table" } },
   seed = { type = "integer", min = 0 },
   grad_clip = { type = "number", min = 0 },
-  on_nonfinite = { type = "string", one_of = { "skip", "stop" } },
+  on_nonfinite = { type = "string", one_of = { "skip", "stop" } }, -- loom.train's "rollback" arrives as "skip"
   threads = { type = "integer", min = 0 },
   backend = { type = "string" },
   strategy = { type = "table", help = "{ name = \"dp\", ... } when dp > 1" },

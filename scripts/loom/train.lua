@@ -8,6 +8,7 @@ local overrides = require "loom.overrides"
 local lrmod = require "loom.lr"
 local json = require "loom.json"
 local metrics = require "loom.metrics"
+local guard = require "loom.guard"
 
 local spec = {
   model = { type = "table", required = true, help = "loom.gpt{...}" },
@@ -19,8 +20,12 @@ local spec = {
   steps = { type = "integer", min = 0, required = true },
   seed = { type = "integer", min = 0 },
   grad_clip = { type = "number", min = 0, help = "clip the global grad norm; 0 turns it off" },
-  on_nonfinite = { type = "string", one_of = { "skip", "stop" },
-    help = "a step with an inf or nan loss or gradient: \"skip\" its update on every rank (default) or \"stop\" the run" },
+  on_nonfinite = { type = "string", one_of = { "skip", "stop", "rollback" },
+    help = "a step with an inf or nan loss or gradient: \"skip\" its update on every rank (default), \"stop\" the run or \"rollback\" to the last good checkpoint" },
+  on_spike = { type = "string", one_of = guard.policies,
+    help = "a loss spike (z-score of loss or grad norm over spike.window steps above spike.threshold): \"warn\", \"skip\" its update, \"rollback\" to the last good checkpoint skipping the data since, or \"stop\" (default: not watched)" },
+  spike = { type = "table", help = "{ window = 100, threshold = 6, max_rollbacks = 3 } for on_spike (and rollbacks of on_nonfinite)" },
+  max_skipped = { type = "integer", min = 0, help = "this many skipped steps in a row (non-finite or spikes) stop the run as diverged (default 50; 0: never)" },
   threads = { type = "integer", min = 0, help = "compute threads, 0 = all cores" },
   backend = { type = "string" },
   mesh = { type = "table", help = "{ dp = 1, tp = 1, pp = 1 }" },
@@ -60,6 +65,11 @@ local log_spec = {
   every = { type = "integer", min = 1 }, jsonl = { type = "string" },
   trace = { type = "string", help = "a directory: one Chrome trace per rank, rank0.json, ..." },
   trace_steps = { type = "integer", min = 1, help = "with log.trace: trace this many steps from the first (default: all)" },
+}
+local spike_spec = {
+  window = { type = "integer", min = 2, help = "earlier steps the z-score is measured against (default 100)" },
+  threshold = { type = "positive", help = "z-score above which a step is a spike (default 6)" },
+  max_rollbacks = { type = "integer", min = 1, help = "rollbacks before the run stops (default 3)" },
 }
 local checkpoint_spec = {
   dir = { type = "string", required = true }, every = { type = "integer", min = 1 },
@@ -334,6 +344,19 @@ local function check(t, where, origin, world)
     end
   end
   if t.checkpoint then schema.check(t.checkpoint, checkpoint_spec, "checkpoint", where, origin) end
+  if t.spike then
+    schema.check(t.spike, spike_spec, "spike", where, origin)
+    if not t.on_spike and t.on_nonfinite ~= "rollback" then
+      schema.fail(where, "spike = {...} tunes the loss-spike detector, and on_spike is not set: add "
+        .. "on_spike = \"warn\" (or \"skip\", \"rollback\", \"stop\") or leave spike out")
+    end
+  end
+  for _, k in ipairs { "on_spike", "on_nonfinite" } do
+    if t[k] == "rollback" and not t.checkpoint then
+      schema.fail(where, "%s=\"rollback\"%s reloads the last good checkpoint, and this run saves "
+        .. "none: add checkpoint = { dir = \"ckpt\", every = N }, or use \"skip\"", k, origin(k) or "")
+    end
+  end
   if t.resume == "auto" and not t.checkpoint then
     schema.fail(where, "resume=\"auto\" needs checkpoint = { dir = ... } to look in")
   end
@@ -420,7 +443,7 @@ return function(loom)
     local data = loom.open_data(t.data, where)
     local session = loom.session({
       model = t.model, optimizer = opt, precision = t.precision, seed = t.seed,
-      grad_clip = t.grad_clip, on_nonfinite = t.on_nonfinite, threads = t.threads, backend = t.backend,
+      grad_clip = t.grad_clip, on_nonfinite = t.on_nonfinite == "rollback" and "skip" or t.on_nonfinite, threads = t.threads, backend = t.backend,
       batch = { micro = t.batch.micro, seq = t.batch.seq, accum = accum },
       strategy = strategy, tensor = tensor, canonical = canonical,
       schedule = lists or schedule, schedule_name = lists and schedule or nil, chunks = chunks,
@@ -444,6 +467,9 @@ return function(loom)
     -- weights, optimizer state, step, precision state and data position all come back.
     local start = 0
     local config_json = json.encode(t)
+    local g = guard.new { policy = t.on_spike, window = (t.spike or {}).window,
+      threshold = (t.spike or {}).threshold, max_rollbacks = (t.spike or {}).max_rollbacks,
+      nonfinite = t.on_nonfinite, max_skipped = t.max_skipped }
     if t.resume then
       local path, why = t.resume, nil
       if t.resume == "auto" then path, why = pick_checkpoint(loom.core, t.checkpoint.dir, say, where) end
@@ -451,6 +477,7 @@ return function(loom)
         local ok, info = pcall(session.load, session, path, data)
         if not ok then schema.fail(where, "cannot resume: %s", info) end
         start = info.step
+        g:resumed(path, start)
         say(string.format("resumed from %s at step %d", path, start))
         local changes = recipe_changes(info.config_json, config_json)
         if #changes > 0 then
@@ -469,8 +496,10 @@ return function(loom)
     local function save(step, m)
       local t0 = loom.core.now()
       local ok, path = pcall(session.save, session, t.checkpoint.dir,
-        { step = step, config_json = config_json, data = data, keep = t.checkpoint.keep or 0 })
+        { step = step, config_json = config_json, data = data, keep = t.checkpoint.keep or 0,
+          protect = g:protected() }) -- retention keeps the last good one (loom.guard)
       if not ok then schema.fail(where, "checkpoint at step %d failed: %s", step, path) end
+      g:saved(path, step)
       local bytes, f = 0, io.open(path .. "/manifest.json", "rb")
       if f then
         local text = f:read("a")
@@ -512,17 +541,21 @@ return function(loom)
     -- (core/base/stop_signal.h); outside it they keep their default action.
     loom.core.catch_stop_signals(true)
     local armed <close> = setmetatable({}, { __close = function() loom.core.catch_stop_signals(false) end })
-    for step = start + 1, t.steps do
+    local step = start
+    while step < t.steps do
+      step = step + 1
       local lr = lr_of(step)
       if type(lr) ~= "number" or lr ~= lr or lr < 0 or lr == math.huge then
         schema.fail(where, "lr schedule returned %s at step %d (want a finite number >= 0)",
           tostring(lr), step)
       end
-      local r = session:step(data, lr, step) -- on_nonfinite = "stop" raises: no save follows
+      -- on_nonfinite = "stop" raises: no save follows; g:limits() keeps a spike's update out
+      local r = session:step(data, lr, step, g:limits())
       r.step = step
+      local verdict = g:observe(r)
       if r.nonfinite and rank == 0 then
-        io.stderr:write(string.format("loom: step %d: %s; update skipped on every rank (on_nonfinite = \"skip\")\n",
-          step, r.nonfinite.message))
+        io.stderr:write(string.format("loom: step %d: %s; update skipped on every rank (on_nonfinite = \"%s\")\n",
+          step, r.nonfinite.message, t.on_nonfinite or "skip"))
       end
       r.tokens_per_s = r.tokens / (r.ms / 1000)
       local now = session:info()
@@ -530,6 +563,50 @@ return function(loom)
       summary.losses[#summary.losses + 1] = r.loss
       if r.bubble then bubbles[#bubbles + 1] = r.bubble end
       m:step(r)
+      if verdict and verdict.kind == "spike" then
+        if verdict.policy == "stop" then
+          error(string.format("step %d: %s; the run stops (on_spike = \"stop\"), the step's update "
+            .. "not applied", step, verdict.what), 0)
+        end
+        if rank == 0 then
+          io.stderr:write(string.format("loom: step %d: %s; %s (on_spike = \"%s\")\n", step, verdict.what,
+            verdict.policy == "warn" and "the update was applied" or "update skipped on every rank",
+            verdict.policy))
+        end
+      end
+      if verdict and verdict.policy == "rollback" then
+        if g.rollbacks >= g.max_rollbacks then
+          error(string.format("step %d: %s; %d rollbacks already (spike.max_rollbacks = %d): the run "
+            .. "stops (lower the lr, or raise max_rollbacks)", step, verdict.what, g.rollbacks,
+            g.max_rollbacks), 0)
+        end
+        if not g.last_good then
+          if rank == 0 then
+            io.stderr:write(string.format("loom: step %d: no good checkpoint to roll back to yet: the "
+              .. "update was skipped\n", step))
+          end
+        else
+          -- reload the last good checkpoint, then read on from here: the data window that led
+          -- to the spike (the steps since that checkpoint) is skipped, not trained again
+          local after = data:state()
+          local okl, back = pcall(session.load, session, g.last_good, data)
+          if not okl then schema.fail(where, "rollback to %s failed: %s", g.last_good, back) end
+          data:set_state(after)
+          if rank == 0 then
+            io.stderr:write(string.format("loom: step %d: rolled back to %s (step %d) and skipped the "
+              .. "data of steps %d-%d; training goes on from step %d (rollback %d of at most %d)\n",
+              step, g.last_good, back.step, back.step + 1, step, back.step + 1, g.rollbacks + 1,
+              g.max_rollbacks))
+          end
+          g:rolled_back()
+          step = back.step
+          goto next_step
+        end
+      end
+      do
+        local diverged = g:diverged()
+        if diverged then error(diverged, 0) end
+      end
       if t.eval and (step % t.eval.every == 0 or step == t.steps) then
         r.val_loss = session:eval(data, t.eval.batches or 10)
         summary.val_loss = r.val_loss
@@ -560,6 +637,7 @@ return function(loom)
             step)) or nil }, 0)
       end
       if stop then break end
+      ::next_step::
     end
     summary.final_loss = summary.losses[#summary.losses]
     if #bubbles > 0 then

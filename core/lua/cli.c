@@ -27,6 +27,7 @@
 #include "dist/launch.h"
 #include "loom/loom.h"
 #include "dist/dist.h"
+#include "lua_limits.h"
 #include "lua_loom.h"
 #include "dist/ranks.h"
 
@@ -117,8 +118,11 @@ static int run_protected(lua_State *L, int nargs)
         }
         lua_pop(L, 2);
     }
-    const char *msg = lua_tostring(L, -1);
-    fprintf(stderr, "loom: %s\n", msg ? msg : "(error object is not a string)");
+    const char *msg = lua_tostring(L, -1), *cap = loom_lua_limits_memory_message();
+    if (cap) /* the cap refused: whatever the failed allocation's message became, say why */
+        fprintf(stderr, "loom: %s (%s)\n", cap, msg ? msg : "not enough memory");
+    else
+        fprintf(stderr, "loom: %s\n", msg ? msg : "(error object is not a string)");
     return 1;
 }
 
@@ -191,6 +195,10 @@ static int cmd_run(int argc, char **argv)
         fputs("loom: cannot create a Lua state (out of memory)\n", stderr);
         return 1;
     }
+    if (loom_lua_limits_install(L) != 0) { /* memory cap, instruction budget, source only */
+        lua_close(L);
+        return 2;
+    }
     /* require("loom.core").overrides = { {"batch.micro", "8"}, ... } */
     lua_getglobal(L, "require");
     lua_pushstring(L, "loom.core");
@@ -228,8 +236,14 @@ static int cmd_run(int argc, char **argv)
     }
     lua_setglobal(L, "arg");
     int rc;
-    if (luaL_loadfile(L, argv[0]) != LUA_OK) {
-        fprintf(stderr, "loom: %s\n", lua_tostring(L, -1));
+    if (luaL_loadfilex(L, argv[0], "t") != LUA_OK) { /* "t": source only */
+        const char *msg = lua_tostring(L, -1);
+        if (msg && strstr(msg, "attempt to load a binary chunk"))
+            fprintf(stderr, "loom: recipe '%s' is a precompiled (binary) Lua chunk: loom runs "
+                            "recipes from source only (binary chunks skip the parser's checks, and "
+                            "Lua does not verify bytecode); give the .lua file\n", argv[0]);
+        else
+            fprintf(stderr, "loom: %s\n", msg);
         rc = 1;
     } else {
         rc = run_protected(L, 0);

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "base/config.h"
+#include "lua_limits.h"
 #include "lua_loom.h"
 #include "base/plugin_loader.h"
 #include "train/offload.h"
@@ -385,6 +386,7 @@ static int l_session_step(lua_State *L)
         lua_pop(L, 2);
     }
     loom_step_stats st;
+    loom_lua_limits_progress(); /* the recipe's instruction budget runs between steps */
     if (loom_session_step(b->s, loom_data_batch, &src, lr, &st) != LOOM_OK)
         return raise_status(L);
     lua_createtable(L, 0, 8);

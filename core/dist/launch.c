@@ -42,7 +42,9 @@
  * is 30 s by default. */
 #define STOP_GRACE_MS 30000
 #define DRAIN_MS 1000   /* after the last rank exits, how long to wait for its pipes' EOF */
-#define MAX_RANKS 1024
+/* The shm communicator's world limit (SHM_MAX_WORLD, plugins/comm/shm/shm.h): more local
+ * ranks could only be refused after all of them were forked. */
+#define MAX_RANKS 256
 #define LINE_CAP 16384  /* a longer line is cut into pieces, each prefixed */
 
 typedef struct stream {
@@ -611,7 +613,17 @@ int loom_launch_main(int argc, char **argv)
     if (n < 0 || i >= argc)
         return usage();
     if (n < 1 || n > MAX_RANKS) {
-        fprintf(stderr, "loom launch: -n must be between 1 and %d (got %ld)\n", MAX_RANKS, n);
+        fprintf(stderr, "loom launch: -n must be between 1 and %d (got %ld)%s\n", MAX_RANKS, n,
+                n > MAX_RANKS ? ": the shm communicator joins at most 256 ranks of one machine; "
+                                "for more, start ranks on several machines (torchrun, mpirun or "
+                                "srun, comm = \"mpi\")" : "");
+        return 2;
+    }
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores > 0 && n > 16 * cores && !getenv("LOOM_LAUNCH_OVERSUBSCRIBE")) {
+        fprintf(stderr, "loom launch: -n %ld is more than 16 ranks per core on this machine's %ld "
+                "cores; each rank is a full process with its own model copy; use fewer ranks, or "
+                "set LOOM_LAUNCH_OVERSUBSCRIBE=1 to start them anyway\n", n, cores);
         return 2;
     }
     const char *recipe = argv[i];

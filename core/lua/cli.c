@@ -181,11 +181,33 @@ static void share_the_machine(void)
         setenv("GOMP_SPINCOUNT", "1000", 0);
 }
 
+/* The start-up rendezvous happens before the recipe is read, so a recipe's own comm_timeout
+ * cannot bound it; a comm_timeout=S on the command line (as `loom launch` passes it to every
+ * rank) does, unless LOOM_RENDEZVOUS_TIMEOUT_MS is set. A value that is not a positive
+ * number is left for the recipe check to refuse. */
+static void rendezvous_timeout_from_args(int n, char **kv)
+{
+    if (getenv("LOOM_RENDEZVOUS_TIMEOUT_MS"))
+        return;
+    for (int i = 0; i < n; i++) {
+        if (strncmp(kv[i], "comm_timeout=", 13) != 0)
+            continue;
+        char *end;
+        double s = strtod(kv[i] + 13, &end);
+        if (*end == '\0' && end != kv[i] + 13 && s > 0 && s < 1e6) {
+            char ms[32];
+            snprintf(ms, sizeof ms, "%.0f", s * 1000 < 1 ? 1 : s * 1000);
+            setenv("LOOM_RENDEZVOUS_TIMEOUT_MS", ms, 1);
+        }
+    }
+}
+
 static int cmd_run(int argc, char **argv)
 {
     if (argc < 1)
         return usage(stderr);
     share_the_machine();
+    rendezvous_timeout_from_args(argc - 1, argv + 1);
     if (loom_ranks_join() != LOOM_OK) { /* rank/world from the environment; rendezvous */
         fprintf(stderr, "loom: %s\n", loom_last_error());
         return 1;

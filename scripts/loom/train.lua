@@ -474,7 +474,11 @@ return function(loom)
     local strategy
     if world > 1 then
       local ok, err = pcall(loom.core.check_same_config, json.encode(t))
-      if not ok then schema.fail(where, "%s", err) end
+      if not ok then -- name the keys in which this rank's recipe differs from rank 0's
+        local changes = recipe_changes(loom.core.recipe_of_rank0(), json.encode(t))
+        schema.fail(where, "%s%s", err, #changes > 0 and string.format("; rank %d's recipe differs "
+          .. "from rank 0's in: %s (rank 0's value -> this rank's)", rank, table.concat(changes, ", ")) or "")
+      end
       ok, err = pcall(loom.core.init_dist, { comm = t.comm or "shm", dp = dp,
         tp = (t.mesh or {}).tp, pp = (t.mesh or {}).pp,
         timeout_ms = math.floor((t.comm_timeout or 60) * 1000) })

@@ -5,7 +5,7 @@
  * reader never sees half of one), and its last lines on stderr. Its head says who wrote
  * it (job, rank, world), which operation this rank is stuck in, and per group the members
  * and how many collectives it started; then the ring, oldest first. Reading: the dumps of
- * this job's ranks that appear within a grace period (half the comm timeout, 1..5 s,
+ * this job's ranks that appear within a grace period (half the comm timeout, 0.2..5 s,
  * sleeping 50 ms between looks; it ends early once every member of the stuck group has
  * dumped). A member that wrote none is dead or stopped (SIGSTOP, a debugger); a member
  * whose count of collectives on the group is below the stuck one's number never reached
@@ -191,7 +191,7 @@ void loom_flight_report(const flight_group *g, const flight_entry *stuck, const 
         if (m != g->me && (coll || m == stuck->peer))
             want[n_want++] = m;
     peer_dump d[64];
-    int grace = s->timeout_ms / 2 < 1000 ? 1000 : s->timeout_ms / 2 > 5000 ? 5000 : s->timeout_ms / 2;
+    int grace = s->timeout_ms / 2 < 200 ? 200 : s->timeout_ms / 2 > 5000 ? 5000 : s->timeout_ms / 2;
     for (int waited = 0;; waited += 50) {
         int all = 1;
         for (int i = 0; i < n_want; i++) {

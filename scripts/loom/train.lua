@@ -31,6 +31,7 @@ local spec = {
   mesh = { type = "table", help = "{ dp = 1, tp = 1, pp = 1 }" },
   comm = { type = "string", help = "communicator plugin for multi-rank runs (default \"shm\")" },
   comm_timeout = { type = "positive", help = "seconds any communication may wait before the run fails (default 60)" },
+  debug_desync = { type = "boolean", help = "check before every collective that all ranks of its group issue the same one (op, bytes, sequence number); stops at the first mismatch naming both ranks (slower: for debugging; also LOOM_DEBUG_DESYNC=1)" },
   strategy = { type = "table" },
   schedule = { type = { "string", "function" }, help = "with mesh.pp > 1: the sched plugin, \"1f1b\" (default), \"gpipe\", \"interleaved\" or \"zb1\"; or a Lua schedule: a file \"sched.lua\" returning function(shape) -> list, or that function" },
   microbatches = { type = "integer", min = 1, help = "with mesh.pp > 1: micro-batches per step through the pipeline" },
@@ -481,7 +482,8 @@ return function(loom)
       end
       ok, err = pcall(loom.core.init_dist, { comm = t.comm or "shm", dp = dp,
         tp = (t.mesh or {}).tp, pp = (t.mesh or {}).pp,
-        timeout_ms = math.floor((t.comm_timeout or 60) * 1000) })
+        timeout_ms = math.floor((t.comm_timeout or 60) * 1000),
+        flight_dir = (t.checkpoint or {}).dir, debug_desync = t.debug_desync })
       if not ok then schema.fail(where, "%s", err) end
       strategy = { name = "dp" }
       for k, v in pairs((t.strategy or {}).dp or {}) do strategy[k] = v end

@@ -9,6 +9,7 @@
  */
 #include "cuda_common.h"
 
+#include <stdint.h>
 #include <stdio.h>
 
 #include <cublasLt.h>
@@ -54,6 +55,17 @@ void loom_cuda_sgemm(int transa, int transb, int M, int N, int K, float alpha, c
                            1);
 }
 
+/* The alignment a pointer has, up to cuBLASLt's default assumption of 256 bytes: the
+ * model's tensors are slices of one buffer, so most are far less aligned than that, and an
+ * algorithm chosen for 256 would fault on them. */
+static uint32_t alignment(const void *p)
+{
+    uint32_t a = 256;
+    while (a > 4 && (uintptr_t)p % a)
+        a >>= 1;
+    return a;
+}
+
 /* out (R,OC) = inp (R,C) @ W(OC,C)^T (+ bias) as cuBLASLt's column-major
  * D (OC,R) = op_T(W: C x OC, ld C) * inp (C x R, ld C), epilogue BIAS over D's rows. */
 static int lt_forward(float *out, const float *inp, const float *weight, const float *bias,
@@ -86,6 +98,17 @@ static int lt_forward(float *out, const float *inp, const float *weight, const f
     ok = ok && blas_ok(cublasLtMatmulPreferenceSetAttribute(
                            pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
                        "matmul_forward (workspace)");
+    const uint32_t al[3] = {alignment(weight), alignment(inp), alignment(out)};
+    const cublasLtMatmulPreferenceAttributes_t which[3] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 3; i++)
+        ok = ok && blas_ok(cublasLtMatmulPreferenceSetAttribute(pref, which[i], &al[i],
+                                                                sizeof al[i]),
+                           "matmul_forward (alignment)");
+    ok = ok && blas_ok(cublasLtMatmulPreferenceSetAttribute(
+                           pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], sizeof al[2]),
+                       "matmul_forward (alignment)");
     cublasLtMatmulHeuristicResult_t heur;
     int found = 0;
     ok = ok && blas_ok(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, 1, &heur, &found),

@@ -111,27 +111,35 @@ START_TEST(test_layernorm)
 END_TEST
 
 /* --- matmul and gemm ----------------------------------------------------------------- */
+/* mode 0: no bias; 1: bias; 2: bias, every pointer one float past an aligned one (the
+ * model's tensors are slices of one buffer: cuBLASLt must not assume 256-byte alignment) */
 static void op_matmul(const loom_backend_ops *k, void *s, void **d, void *ctx)
 {
-    int with_bias = *(int *)ctx;
-    k->matmul_forward(d[0], d[1], d[2], with_bias ? d[3] : NULL, B, T, C, OC);
-    k->matmul_backward(d[4], d[5], with_bias ? d[6] : NULL, d[7], d[1], d[2], B, T, C, OC);
-    k->matmul_backward(NULL, d[5], with_bias ? d[6] : NULL, d[7], d[1], d[2], B, T, C, OC);
+    const int mode = *(int *)ctx, o = mode == 2;
+    float *p[8];
+    for (int i = 0; i < 8; i++)
+        p[i] = (float *)d[i] + o;
+    k->matmul_forward(p[0], p[1], p[2], mode ? p[3] : NULL, B, T, C, OC);
+    k->matmul_backward(p[4], p[5], mode ? p[6] : NULL, p[7], p[1], p[2], B, T, C, OC);
+    k->matmul_backward(NULL, p[5], mode ? p[6] : NULL, p[7], p[1], p[2], B, T, C, OC);
 }
 
 START_TEST(test_matmul)
 {
-    for (int with_bias = 0; with_bias < 2; with_bias++) {
-        float *o = ct_floats(R * OC, 1, 0, 0), *x = ct_floats(R * C, 2, -1, 1);
-        float *w = ct_floats((size_t)OC * C, 3, -0.3f, 0.3f), *bias = ct_floats(OC, 4, -1, 1);
-        float *dx = ct_floats(R * C, 5, -9, 9), *dw = ct_floats((size_t)OC * C, 6, -1, 1);
-        float *db = ct_floats(OC, 7, -1, 1), *dout = ct_floats(R * OC, 8, -1, 1);
-        ct_buf b[] = {out("out", o, R * OC * 4, RED), in("inp", x, R * C * 4),
-                      in("weight", w, (size_t)OC * C * 4), in("bias", bias, OC * 4),
-                      out("dinp", dx, R * C * 4, RED), out("dweight", dw, (size_t)OC * C * 4, RED),
-                      out("dbias", db, OC * 4, RED), in("dout", dout, R * OC * 4)};
-        ct_compare_op(with_bias ? "matmul fwd/bwd (bias)" : "matmul fwd/bwd (no bias)", b, 8,
-                      op_matmul, &with_bias);
+    static const char *names[] = {"matmul fwd/bwd (no bias)", "matmul fwd/bwd (bias)",
+                                  "matmul fwd/bwd (unaligned)"};
+    for (int mode = 0; mode < 3; mode++) {
+        const size_t x1 = 1; /* room for the unaligned case's offset */
+        float *o = ct_floats(R * OC + x1, 1, 0, 0), *x = ct_floats(R * C + x1, 2, -1, 1);
+        float *w = ct_floats((size_t)OC * C + x1, 3, -0.3f, 0.3f), *bias = ct_floats(OC + x1, 4, -1, 1);
+        float *dx = ct_floats(R * C + x1, 5, -9, 9), *dw = ct_floats((size_t)OC * C + x1, 6, -1, 1);
+        float *db = ct_floats(OC + x1, 7, -1, 1), *dout = ct_floats(R * OC + x1, 8, -1, 1);
+        ct_buf b[] = {out("out", o, (R * OC + x1) * 4, RED), in("inp", x, (R * C + x1) * 4),
+                      in("weight", w, ((size_t)OC * C + x1) * 4), in("bias", bias, (OC + x1) * 4),
+                      out("dinp", dx, (R * C + x1) * 4, RED),
+                      out("dweight", dw, ((size_t)OC * C + x1) * 4, RED),
+                      out("dbias", db, (OC + x1) * 4, RED), in("dout", dout, (R * OC + x1) * 4)};
+        ct_compare_op(names[mode], b, 8, op_matmul, &mode);
         free(o), free(x), free(w), free(bias), free(dx), free(dw), free(db), free(dout);
     }
 }

@@ -185,6 +185,13 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
     }
     s->cfg.backend = NULL; /* the caller's string; only needed while opening */
     loom_status st = loom_backend_open(cfg->backend ? cfg->backend : "cpu", cfg->threads, &s->backend);
+    if (st == LOOM_OK && loom_backend_device_memory(&s->backend))
+        st = loom_fail(LOOM_ERR_UNSUPPORTED, "backend '%s' (%s) keeps the model in device memory, "
+                       "and a session's optimizer step, gradient exchange, checkpoints and "
+                       "checks still read host memory: training on it through a session is not "
+                       "wired yet (its kernels and the model on them are tested by tests/cuda); "
+                       "use backend = \"cpu\"", cfg->backend ? cfg->backend : "cpu",
+                       s->backend.ops->describe(s->backend.self));
     loom_gpt_parallel par = {NULL, NULL, cfg->canonical, NULL, 0, 0, cfg->recompute,
                              cfg->recompute_layers};
     int pp = 1;

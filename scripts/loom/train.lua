@@ -370,8 +370,9 @@ local function check(t, where, origin, world)
   schema.check(mesh, mesh_spec, "mesh", where, origin)
   check_pp(t, where, origin)
   if t.comm == "nccl" then
-    schema.fail(where, "comm=\"nccl\"%s needs a GPU backend to hand it device buffers, and this "
-      .. "build has none yet (use \"shm\" for ranks of one node or \"mpi\" across nodes)",
+    schema.fail(where, "comm=\"nccl\"%s needs a GPU backend that trains through a session, and "
+      .. "sessions do not train on the CUDA backend yet (use \"shm\" for ranks of one node or "
+      .. "\"mpi\" across nodes)",
       origin("comm") or "")
   end
   check_zero(t, where, origin)

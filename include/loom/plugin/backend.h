@@ -135,6 +135,10 @@ typedef struct loom_backend_ops {
      * is then bitwise the full recompute). */
     void (*attention_decode)(float *out, float *att, size_t att_stride, const float *qkv, int t,
                              int C, int NH);
+    /* The backend's compute stream as an opaque handle (a cudaStream_t for CUDA), for a comm
+     * plugin's create(device): its communication stream waits on it with events. NULL or
+     * absent (check size) for a host-memory backend. */
+    void *(*stream)(void *self);
 } loom_backend_ops;
 
 #ifdef __cplusplus

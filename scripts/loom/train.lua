@@ -331,6 +331,11 @@ return function(loom)
   return function(t)
     local where = schema.where()
     local origin = overrides.apply(t, loom.overrides(), where)
+    if loom.capture then -- `loom plan RECIPE`: the checked recipe, nothing run (loom.plan_cli)
+      local mesh = t.mesh or {}
+      check(t, where, origin, (mesh.dp or 1) * (mesh.tp or 1) * (mesh.pp or 1))
+      return loom.capture(t)
+    end
     check(t, where, origin, loom.core.world or 1)
     local dp = (t.mesh or {}).dp or 1
     local pp = (t.mesh or {}).pp or 1
@@ -479,6 +484,7 @@ return function(loom)
     end
     local summary = { losses = {}, start = start }
     local bubbles = {} -- under pp: each step's measured bubble (r.bubble)
+    local step_ms = {} -- each step's time, for the plan's check after the run
     for step = start + 1, t.steps do
       local lr = lr_of(step)
       if type(lr) ~= "number" or lr ~= lr or lr < 0 then
@@ -494,6 +500,7 @@ return function(loom)
       local now = session:info()
       r.memory, r.peak_rss, r.rss = now.memory, now.peak_rss, now.rss -- VmHWM, VmRSS (bytes)
       summary.losses[#summary.losses + 1] = r.loss
+      step_ms[#step_ms + 1] = r.ms
       if r.bubble then bubbles[#bubbles + 1] = r.bubble end
       m:step(r)
       if t.eval and (step % t.eval.every == 0 or step == t.steps) then
@@ -517,6 +524,15 @@ return function(loom)
       if stop then break end
     end
     summary.final_loss = summary.losses[#summary.losses]
+    do -- the planner's own error on this run (loom.plan_cli.after_run; docs/PLAN.md)
+      local ms = {}
+      for i = 2, #step_ms do ms[#ms + 1] = step_ms[i] end
+      table.sort(ms)
+      local run_dir = t.log and t.log.jsonl and (t.log.jsonl:match("^(.*)/[^/]*$") or ".")
+        or (t.checkpoint and t.checkpoint.dir)
+      require("loom.plan_cli").after_run(t, rank, { peak_rss = session:info().peak_rss,
+        step_ms = #ms > 0 and ms[(#ms + 1) // 2] or nil }, run_dir)
+    end
     if #bubbles > 0 then
       summary.bubble = bubble_summary(bubbles)
       local f, fvalue = require("loom.schedule").formula(schedule, pp, accum, chunks)

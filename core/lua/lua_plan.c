@@ -3,6 +3,7 @@
  *     model's own table and activation layout code (gpt.h: loom_gpt_footprint), so the
  *     planner and the session's start-up accounting cannot disagree;
  *   core.zero_padded(total, n): ZeRO's padded buffer (zero.h), whose n-th is a partition;
+ *   core.cpu_now(): this process's CPU seconds (a loaded machine's honest clock);
  *   core.bench_device{...}: the machine model's device half, measured through a backend's
  *     own kernels: matmul forward/backward time by shape, attention forward/backward time,
  *     and the memory bandwidth of `accumulate` (2 reads + 1 write per element).
@@ -13,9 +14,13 @@
 #include <lua.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/backend.h"
 #include "base/clock.h"
+#include "base/config.h"
+#include "base/plugin_loader.h"
+#include "loom/plugin/optim.h"
 #include "base/status.h"
 #include "lua_loom.h"
 #include "model/gpt.h"
@@ -123,7 +128,22 @@ static int l_zero_padded(lua_State *L)
 
 /* --- device measurements --------------------------------------------------------------- */
 
-typedef struct bench_box { loom_backend be; float *buf[6]; } bench_box;
+typedef struct bench_box { loom_backend be; float *buf[6]; int cpu_clock; } bench_box;
+
+/* Seconds of this process's CPU time (all threads): what a step costs whatever else the
+ * machine runs, where wall time also counts the waits for a core. */
+static double cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int l_cpu_now(lua_State *L)
+{
+    lua_pushnumber(L, cpu_now());
+    return 1;
+}
 
 static void bench_release(bench_box *b)
 {
@@ -157,10 +177,10 @@ static double time_it(bench_box *b, bench_fn fn, const int *shape, double min_s)
     fn(b, shape); /* warm-up: pages, caches, thread pool */
     double start = loom_now_s();
     while (n < 201 && (n < 3 || loom_now_s() - start < min_s)) {
-        double t0 = loom_now_s();
+        double t0 = b->cpu_clock ? cpu_now() : loom_now_s();
         fn(b, shape);
         b->be.ops->synchronize(b->be.self);
-        t[n++] = loom_now_s() - t0;
+        t[n++] = (b->cpu_clock ? cpu_now() : loom_now_s()) - t0;
     }
     qsort(t, (size_t)n, sizeof *t, cmp_double);
     return t[n / 2];
@@ -191,6 +211,53 @@ static void bw_acc(bench_box *b, const int *s)
     b->be.ops->accumulate(b->buf[0], b->buf[1], (size_t)s[0]);
 }
 
+/* shape = {n}: element-wise kernels over n values (layernorm: rows of 256) */
+static void gelu_fwd(bench_box *b, const int *s) { b->be.ops->gelu_forward(b->buf[0], b->buf[1], (size_t)s[0]); }
+static void gelu_bwd(bench_box *b, const int *s)
+{
+    b->be.ops->gelu_backward(b->buf[2], b->buf[1], b->buf[0], (size_t)s[0]);
+}
+static void ln_fwd(bench_box *b, const int *s)
+{
+    b->be.ops->layernorm_forward(b->buf[0], b->buf[3], b->buf[4], b->buf[1], b->buf[5],
+                                 b->buf[5] + 256, 1, s[0] / 256, 256);
+}
+static void ln_bwd(bench_box *b, const int *s)
+{
+    b->be.ops->layernorm_backward(b->buf[2], b->buf[5] + 512, b->buf[5] + 768, b->buf[0],
+                                  b->buf[1], b->buf[5], b->buf[3], b->buf[4], 1, s[0] / 256, 256);
+}
+
+/* Seconds per element of one AdamW step (the optim plugin's own step over n values). */
+static double time_adamw(bench_box *b, int n, double min_s)
+{
+    const loom_plugin *p;
+    if (loom_plugin_load(LOOM_KIND_OPTIM, "adamw", &p) != LOOM_OK)
+        return 0;
+    loom_plugin_config pc;
+    void *self = NULL;
+    const loom_optim_ops *ops = p->desc->ops;
+    if (loom_config_init(&pc, p->desc) != LOOM_OK || loom_config_set_number(&pc, "lr", 1e-3) != LOOM_OK ||
+        loom_config_finish(&pc) != LOOM_OK)
+        return 0;
+    loom_config view = loom_config_view(&pc);
+    if (ops->create(loom_core_host(), &view, &self) != LOOM_OK)
+        return 0;
+    loom_optim_segment seg = {b->buf[0], b->buf[1], b->buf[2], (size_t)n, 0.1f};
+    double t[64];
+    int k = 0;
+    double start = loom_now_s();
+    for (int64_t step = 1; k < 64 && (k < 3 || loom_now_s() - start < min_s); step++) {
+        loom_optim_step_args a = {&seg, 1, 1e-3f, step, 1.0f};
+        double t0 = b->cpu_clock ? cpu_now() : loom_now_s();
+        ops->step(self, &a);
+        t[k++] = (b->cpu_clock ? cpu_now() : loom_now_s()) - t0;
+    }
+    ops->destroy(self);
+    qsort(t, (size_t)k, sizeof *t, cmp_double);
+    return t[k / 2] / n;
+}
+
 static int alloc_bufs(bench_box *b, size_t floats)
 {
     for (int i = 0; i < 6; i++) {
@@ -218,7 +285,7 @@ static void read_shape(lua_State *L, int idx, int *s, int n, const char *what)
     }
 }
 
-/* core.bench_device{backend="cpu", threads=0, min_s=0.05, gemm={{M,K,N},...},
+/* core.bench_device{backend="cpu", threads=0, min_s=0.05, cpu_clock=false (true: CPU time), gemm={{M,K,N},...},
  *   attention={{B,T,C,NH},...}, bandwidth_floats=N}
  * -> {gemm={{M,K,N, fwd_s=, bwd_s=}}, attention={{B,T,C,NH, fwd_s=, bwd_s=}}, bandwidth=B/s,
  *     describe=} */
@@ -240,6 +307,7 @@ static int l_bench_device(lua_State *L)
      * rates measured here are the rates a run gets; read once, when libgomp loads */
     if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT"))
         setenv("GOMP_SPINCOUNT", "1000", 0);
+    b->cpu_clock = bfield(L, 1, "cpu_clock");
     if (loom_backend_open(name, ifield(L, 1, "threads", 0), &b->be) != LOOM_OK) {
         lua_pushstring(L, loom_last_error());
         return lua_error(L);
@@ -284,6 +352,25 @@ static int l_bench_device(lua_State *L)
         lua_pushnumber(L, 3.0 * sizeof(float) * (double)n / t);
         lua_setfield(L, -2, "bandwidth");
     }
+    /* per-element seconds of the element-wise kernels whose cost is arithmetic, not bytes */
+    int e = ifield(L, 1, "elementwise", 0) / 256 * 256;
+    if (e > 0) {
+        if (!alloc_bufs(b, 2 * (size_t)e + 1024))
+            return luaL_error(L, "bench_device: out of memory for %d floats", e);
+        static const char *const names[] = {"gelu_fwd", "gelu_bwd", "layernorm_fwd", "layernorm_bwd"};
+        bench_fn fns[] = {gelu_fwd, gelu_bwd, ln_fwd, ln_bwd};
+        lua_createtable(L, 0, 5);
+        for (int i = 0; i < 4; i++) {
+            lua_pushnumber(L, time_it(b, fns[i], &e, min_s) / e);
+            lua_setfield(L, -2, names[i]);
+        }
+        double adam = time_adamw(b, e, min_s);
+        if (adam > 0) {
+            lua_pushnumber(L, adam);
+            lua_setfield(L, -2, "adamw");
+        }
+        lua_setfield(L, -2, "per_element");
+    }
     bench_release(b);
     return 1;
 }
@@ -293,6 +380,7 @@ void loom_lua_open_plan(lua_State *L)
     static const luaL_Reg funcs[] = {{"footprint", l_footprint},
                                      {"zero_padded", l_zero_padded},
                                      {"bench_device", l_bench_device},
+                                     {"cpu_now", l_cpu_now},
                                      {NULL, NULL}};
     luaL_setfuncs(L, funcs, 0);
 }

@@ -82,7 +82,7 @@ local function schedule_facts(s, costs)
 end
 
 -- Bytes by category for one rank of pipeline stage `r` (1-based).
-local function stage_memory(t, s, blocks, facts, r)
+local function stage_memory(t, s, blocks, facts, r, opts)
   local m = t.model
   local st = facts and facts.stages[r] or { slots = 1, split = false }
   local rc, rc_layers = s.recompute, nil
@@ -126,6 +126,19 @@ local function stage_memory(t, s, blocks, facts, r)
       mem.transient = mem.transient + math.min(psi, (vp * m.dim // s.tp + m.ctx * m.dim + 2 * per_block)) * pb
     end
   end
+  -- the communicator's own staging: shm stages each message through SLOTS x chunk bytes per
+  -- rank in a shared segment (plugins/comm/shm/shm.h), and a rank touches its own and
+  -- reads its peers' slots: n x min(largest message, staging per rank) resident
+  local staging = opts.staging_bytes or 0
+  if staging > 0 then
+    local bucket_b = math.min(psi * pb, s.bucket_mb * 1048576)
+    if s.zero == 3 then
+      local vp = m.vocab_padded or (m.vocab + 127) // 128 * 128
+      bucket_b = math.max(12 * m.dim * m.dim // s.tp + 13 * m.dim, (vp * m.dim // s.tp + m.ctx * m.dim)) * pb
+    end
+    if s.dp > 1 then mem.comm = mem.comm + s.dp * math.min(bucket_b, staging) end
+    if s.tp > 1 then mem.comm = mem.comm + s.tp * math.min(s.micro * s.seq * m.dim * pb, staging) end
+  end
   if s.dp > 1 then -- grad_sync: the loss blocks; canonical mode's gathered gradients
     mem.comm = mem.comm + s.dp * 8 + (s.canonical and s.dp * psi * F32 or 0)
   end
@@ -168,8 +181,8 @@ local function device_rates(machine, s, ranks_here)
     if not best or math.abs(n - threads) < math.abs(best - threads) then best, key = n, k end
   end
   local r = d.rates and d.rates[key] or d
-  local share = 1
-  if d.cores then share = math.max(1, ranks_here * math.min(threads, d.cores) / d.cores) end
+  local share = 1 -- (a cpu-clock profile counts each process's own CPU time: no sharing)
+  if d.cores and machine.clock ~= "cpu" then share = math.max(1, ranks_here * math.min(threads, d.cores) / d.cores) end
   return r, share
 end
 
@@ -220,8 +233,17 @@ local function stage_compute(t, s, r, nb, head)
     local af, ff = attention_s(r, B, T, Cl, false)
     local ab, fb = attention_s(r, B, T, Cl, true)
     f, b, flops = f + af, b + ab, flops + ff + fb
-    -- element-wise passes (bytes read + written): 2 layernorms, 2 residuals, GELU, biases
-    local ew = F32 * R * (2 * 2 * C + 2 * 3 * C + 2 * Fl + 2 * (3 * Cl + Fl + 2 * C))
+    -- element-wise passes: GELU and the 2 layernorms at their measured cost per element
+    -- where the profile has one (their cost is arithmetic: tanh, rsqrt), else as bytes;
+    -- the residuals and bias adds as bytes read + written at the memory bandwidth
+    local pe = r.per_element
+    local ew = F32 * R * (2 * 3 * C + 2 * (3 * Cl + Fl + 2 * C))
+    if pe then
+      f = f + R * Fl * pe.gelu_fwd + 2 * R * C * pe.layernorm_fwd
+      b = b + R * Fl * pe.gelu_bwd + 2 * R * C * pe.layernorm_bwd
+    else
+      ew = ew + F32 * R * (2 * 2 * C + 2 * Fl)
+    end
     f, b = f + ew / r.bandwidth, b + 2 * ew / r.bandwidth
     blk_f = blk_f + (f - f0)
   end
@@ -235,7 +257,8 @@ local function stage_compute(t, s, r, nb, head)
   if s.recompute == "full" then extra = blk_f
   elseif type(s.recompute) == "table" then extra = blk_f * #s.recompute / math.max(1, t.model.layers)
   elseif s.recompute == "selective" then
-    for _ = 1, nb do extra = extra + attention_s(r, B, T, Cl, false) + F32 * R * 2 * Fl / r.bandwidth end
+    local g = r.per_element and R * Fl * r.per_element.gelu_fwd or F32 * R * 2 * Fl / r.bandwidth
+    for _ = 1, nb do extra = extra + attention_s(r, B, T, Cl, false) + g end
   end
   return { fwd = f, bwd_input = b + extra, bwd_weight = w, flops = flops }
 end
@@ -305,7 +328,8 @@ function plan.layout(t, machine, opts)
   end
   local worst = nil
   for k = 1, s.pp do
-    mem[k], psi[k] = stage_memory(t, s, blocks, facts, k)
+    mem[k], psi[k] = stage_memory(t, s, blocks, facts, k,
+      { staging_bytes = (machine.links.intra or {}).staging_bytes_per_rank })
     if not worst or mem[k].total > mem[worst].total then worst = k end
   end
   -- data-parallel exchanges per step, on the largest stage's table
@@ -336,7 +360,8 @@ function plan.layout(t, machine, opts)
   -- optimizer: AdamW reads p, g, m, v and writes p, m, v (28 bytes per element stepped),
   -- the norm reads g, zero_grad writes it
   local stepped = s.zero >= 1 and core.zero_padded(P, s.dp) // s.dp or P
-  local opt_s = (28 * stepped + 8 * P) / r.bandwidth * share
+  local adam = r.per_element and r.per_element.adamw
+  local opt_s = ((adam and adam * stepped or 28 * stepped / r.bandwidth) + 8 * P / r.bandwidth) * share
   local compute_s = s.pp > 1 and (pipe_s - bubble_s) or pipe_s
   local step_s = pipe_s + exposed_dp + opt_s + (s.pp > 1 and 0 or tp_total * s.accum)
   if s.pp > 1 then compute_s = compute_s - tp_total * s.accum end
@@ -352,7 +377,7 @@ function plan.layout(t, machine, opts)
     assume(s.precision .. ": modelled from dtypes (2-byte parameters, gradients and activations, fp32 master and state) — a model, not a measurement of loom's " .. s.precision .. " path")
   end
   if s.zero_asked > 0 and s.zero == 0 then assume(string.format("zero=%d has nothing to partition with dp=1", s.zero_asked)) end
-  local runtime = machine.runtime_bytes or 0
+  local runtime = machine.runtime_bytes or machine.device.runtime_bytes or 0
   local rss_stage = {}
   for k = 1, s.pp do
     rss_stage[k] = mem[k].total + runtime + (s.offload == "host" and mem[k].optimizer_offloaded or 0)
@@ -366,6 +391,7 @@ function plan.layout(t, machine, opts)
     rss = rss_stage[worst],
     time = {
       step_s = step_s, compute_s = compute_s, bubble_s = bubble_s, bubble = bubble,
+      busy_s = step_s - bubble_s, -- what a rank's CPU clock sees: the bubble is waiting
       optimizer_s = opt_s, comm = comm, exposed_dp_s = exposed_dp,
       per_micro = slow,
     },

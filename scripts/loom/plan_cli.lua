@@ -131,6 +131,7 @@ local function parse(args)
       o[flags[a]] = args[i + 1]
       i = i + 1
     elseif a == "--calibrate" then o.calibrate = true
+    elseif a == "--cpu-clock" then o.cpu_clock = true
     elseif a == "--any-tp" then o.any_tp = true
     elseif a == "--any-pp" then o.any_pp = true
     elseif a == "--json" then o.json = true
@@ -173,7 +174,7 @@ end
 function cli.main(args)
   local o = parse(args or {})
   if o.calibrate then
-    local prof = machine.calibrate { ranks = o.ranks or 2 }
+    local prof = machine.calibrate { ranks = o.ranks or 2, cpu_clock = o.cpu_clock }
     local path = machine.save(prof, o.out)
     local r1 = prof.device.rates["1"]
     print(string.format("calibrated: %d cores, GEMM %.3g-%.3g GFLOP/s forward (1 thread), bandwidth %.3g GB/s, "

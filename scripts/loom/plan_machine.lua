@@ -89,23 +89,24 @@ local function gemm_flops(r, bwd) return 2 * r[1] * r[2] * r[3] * (bwd and 2 or 
 local function att_flops(r, bwd) return 4 * r[1] * r[2] * r[2] * (r[3]) * (bwd and 2 or 1) end
 
 -- Device rates for `threads` compute threads (the backend's own kernels).
-function machine.bench_device(threads, min_s)
-  local b = core.bench_device { backend = "cpu", threads = threads, min_s = min_s or 0.03,
-    gemm = gemm_shapes, attention = attention_shapes, bandwidth_floats = 8 << 20 }
+function machine.bench_device(threads, min_s, cpu_clock)
+  local b = core.bench_device { backend = "cpu", threads = threads, min_s = min_s or 0.03, cpu_clock = cpu_clock,
+    gemm = gemm_shapes, attention = attention_shapes, bandwidth_floats = 8 << 20, elementwise = 1 << 18 }
   return {
     gemm_fwd = points(b.gemm, gemm_flops, "fwd_s"), gemm_bwd = points(b.gemm, gemm_flops, "bwd_s"),
     attention_fwd = points(b.attention, att_flops, "fwd_s"),
     attention_bwd = points(b.attention, att_flops, "bwd_s"),
-    bandwidth = b.bandwidth, source = "measured: core.bench_device, " .. b.describe,
+    bandwidth = b.bandwidth, per_element = b.per_element, source = "measured: core.bench_device, " .. b.describe,
   }
 end
 
 -- Collective latency and bus bandwidth over `n` local ranks of `comm` (loom bench comm's
 -- engine, run by loom launch): latency = the smallest size's time, busbw the largest's.
-function machine.bench_comm(n, comm)
+function machine.bench_comm(n, comm, cpu_clock)
   local out = os.tmpname()
   local script = package.searchpath("loom.plan_comm", package.path)
-  local cmd = string.format("%q launch -n %d %q out=%s comm=%s >/dev/null", LOOM_EXE, n, script, out, comm)
+  local cmd = string.format("%q launch -n %d %q out=%s comm=%s clock=%s >/dev/null", LOOM_EXE, n, script,
+    out, comm, cpu_clock and "cpu" or "wall")
   local ok = os.execute(cmd)
   local v = ok and read(out)
   os.remove(out)
@@ -120,11 +121,14 @@ function machine.calibrate(opts)
   local rates = {}
   local counts = { 1 }
   if cores > 1 then counts[2] = cores end
-  for _, n in ipairs(counts) do rates[tostring(n)] = machine.bench_device(n, opts.min_s) end
-  local comm = machine.bench_comm(opts.ranks or 2, opts.comm or "shm")
-  local load = io.open("/proc/loadavg") and io.open("/proc/loadavg"):read("n") or -1
+  if opts.cpu_clock then counts = { 1 } end -- CPU time is per process: one thread's rates
+  for _, n in ipairs(counts) do rates[tostring(n)] = machine.bench_device(n, opts.min_s, opts.cpu_clock) end
+  local comm = machine.bench_comm(opts.ranks or 2, opts.comm or "shm", opts.cpu_clock)
+  local lf = io.open("/proc/loadavg")
+  local load = lf and lf:read("n") or -1
+  if lf then lf:close() end
   return {
-    name = "calibrated", devices_per_node = cores,
+    name = "calibrated", devices_per_node = cores, clock = opts.cpu_clock and "cpu" or "wall",
     measured = { date = os.date("!%Y-%m-%d %H:%M UTC"), load_average = load, cores = cores,
       comm = opts.comm or "shm", ranks = opts.ranks or 2 },
     device = { name = "cpu (" .. cores .. " cores)", cores = cores, rates = rates },

@@ -72,7 +72,7 @@ function search.run(t, machine, opts)
                         r.precision = precision
                         tried = tried + 1
                         local p = plan.layout(r, machine, { devices_per_node = G })
-                        local need = p.peak_bytes + (machine.device.runtime_bytes or 0)
+                        local need = p.rss -- the largest rank, the runtime's own bytes included
                         if off == "host" then -- the step's state goes over the host link both ways
                           local bytes = p.memory[p.peak_stage].optimizer_offloaded
                           local link = machine.host_link or { busbw = 25e9 }

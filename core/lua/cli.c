@@ -58,6 +58,8 @@ static int usage(FILE *out)
           "       loom plugins [--keys NAME]        list the plugins found and where; a plugin's keys\n"
           "       loom plot METRICS.jsonl [MORE.jsonl ...] [-o SVG] [--smooth N] [--log]\n"
           "                                         plot runs' loss, grad norm, tokens/s and lr\n"
+          "       loom plan RECIPE [key=value ...]  memory and step time per rank before the run;\n"
+          "                                         --world N --mem 80GiB searches layouts\n"
           "       loom export --llmc CKPT OUT.bin   write a checkpoint's weights as an llm.c model\n"
           "       loom ckpt info CKPT | loom ckpt export CKPT OUT.safetensors\n"
           "                                         what a checkpoint holds (checksums verified);\n"
@@ -309,7 +311,7 @@ int main(int argc, char **argv)
     /* `loom CMD --help` (or -h anywhere among its arguments): the command's own help, for
      * every command, from one table (scripts/loom/help.lua). */
     static const char *const commands[] = {"run", "launch", "plugins", "plot", "export", "bench",
-                                           "schedule", "sample", "ckpt", "version", NULL};
+                                           "schedule", "sample", "ckpt", "plan", "version", NULL};
     for (int c = 0; commands[c]; c++) {
         if (strcmp(cmd, commands[c]) != 0)
             continue;
@@ -331,7 +333,8 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "plugins") == 0)
         return cmd_lua("plugins", argc - 2, argv + 2);
     if (strcmp(cmd, "plot") == 0 || strcmp(cmd, "export") == 0 || strcmp(cmd, "bench") == 0 ||
-        strcmp(cmd, "schedule") == 0 || strcmp(cmd, "sample") == 0 || strcmp(cmd, "ckpt") == 0)
+        strcmp(cmd, "schedule") == 0 || strcmp(cmd, "sample") == 0 || strcmp(cmd, "ckpt") == 0 ||
+        strcmp(cmd, "plan") == 0)
         return cmd_lua(cmd, argc - 2, argv + 2);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("loom %s\n", LOOM_VERSION_STRING);

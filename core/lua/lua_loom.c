@@ -690,6 +690,7 @@ int luaopen_loom_core(lua_State *L)
     loom_lua_open_llmc(L);
     loom_lua_open_sys(L);
     loom_lua_open_sched(L);
+    loom_lua_open_plan(L);
     lua_pushstring(L, LOOM_VERSION_STRING);
     lua_setfield(L, -2, "version");
     return 1;

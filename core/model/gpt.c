@@ -78,8 +78,9 @@ static loom_status place_last(loom_gpt *m, int split_dim)
 {
     loom_param_table *t = &m->table;
     t->entries[t->count - 1].split_dim = split_dim;
-    if (!m->tp_ops || !m->tp_ops->partition)
-        return LOOM_OK;
+    if (!m->tp_ops || !m->tp_ops->partition) /* loom_gpt_footprint: the tp plugin's slices */
+        return m->tp > 1 && split_dim >= 0 ? loom_params_slice_last(t, split_dim, m->tp, 0)
+                                           : LOOM_OK;
     const loom_param_entry *e = &t->entries[t->count - 1];
     loom_param_info info = {.name = e->name, .ndim = e->ndim, .offset = e->offset,
                             .numel = e->numel, .layer = e->layer, .split_dim = split_dim};
@@ -276,7 +277,8 @@ void gpt_bind_slot(loom_gpt *m, int slot)
     m->targets = m->tokens + R;
 }
 
-static loom_status alloc_activations(loom_gpt *m)
+/* m->shared_bytes, slot_bytes and act_bytes from the layout (loom_gpt_footprint too). */
+static void size_activations(loom_gpt *m)
 {
     layer_acts s;
     size_t shared = lay_out_shared(m, NULL, &s);
@@ -284,6 +286,12 @@ static loom_status alloc_activations(loom_gpt *m)
     m->shared_bytes = (shared * sizeof(float) + 63) / 64 * 64;
     m->slot_bytes = (total * sizeof(float) + 2 * R * sizeof(int) + 64 + 63) / 64 * 64;
     m->act_bytes = m->shared_bytes + m->slot_bytes * (size_t)m->slots;
+}
+
+static loom_status alloc_activations(loom_gpt *m)
+{
+    size_t R = (size_t)m->max_B * (size_t)m->cfg.ctx;
+    size_activations(m);
     m->act_mem = m->be->ops->alloc(m->be->self, m->act_bytes);
     if (!m->act_mem)
         LOOM_FAIL(LOOM_ERR_NOMEM, "cannot allocate %.1f MiB of activations for %d x batch %d x %d",
@@ -336,20 +344,15 @@ static loom_status recompute_modes(loom_gpt *m, const loom_gpt_parallel *par)
     return LOOM_OK;
 }
 
-loom_status loom_gpt_create(const loom_gpt_config *cfg, loom_backend *be, int max_B, uint64_t seed,
-                            const loom_gpt_parallel *par, loom_gpt **out)
+/* Everything loom_gpt_create decides before it allocates: widths, the stage's blocks,
+ * recomputation, the parameter table. plan_tp > 0 (loom_gpt_footprint, no tp strategy):
+ * the tp degree and sequence parallelism a tp plugin's layout would give. */
+static loom_status gpt_setup(loom_gpt *m, const loom_gpt_config *cfg, int max_B,
+                             const loom_gpt_parallel *par, int plan_tp, int plan_sp)
 {
-    *out = NULL;
-    LOOM_TRY(loom_gpt_config_check(cfg));
-    if (max_B < 1)
-        LOOM_FAIL(LOOM_ERR_INVALID, "micro-batch size must be at least 1, got %d", max_B);
-    loom_gpt *m = calloc(1, sizeof *m);
-    if (!m)
-        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
     m->cfg = *cfg;
     if (!m->cfg.vocab_padded)
         m->cfg.vocab_padded = (cfg->vocab + 127) / 128 * 128;
-    m->be = be;
     m->max_B = max_B;
     m->tp = 1;
     loom_status st = LOOM_OK;
@@ -381,14 +384,17 @@ loom_status loom_gpt_create(const loom_gpt_config *cfg, loom_backend *be, int ma
         m->tp = lay.parts;
         m->tp_rank = lay.index;
         m->sp = lay.sequence_parallel && lay.parts > 1;
+    } else if (plan_tp > 0) {
+        m->tp = plan_tp;
+        m->sp = plan_sp && plan_tp > 1;
     }
     m->Cl = cfg->dim / m->tp;
     m->NHl = cfg->heads / m->tp;
     m->Fl = 4 * cfg->dim / m->tp;
     m->Vl = m->cfg.vocab_padded / m->tp;
     m->v0 = m->tp_rank * m->Vl;
-    if (be->ops->set_deterministic)
-        be->ops->set_deterministic(be->self, m->canonical);
+    if (m->be && m->be->ops->set_deterministic)
+        m->be->ops->set_deterministic(m->be->self, m->canonical);
     m->p.layer = calloc((size_t)cfg->layers, sizeof(layer_params));
     m->g.layer = calloc((size_t)cfg->layers, sizeof(layer_params));
     m->acts = calloc((size_t)cfg->layers, sizeof(layer_acts));
@@ -397,6 +403,21 @@ loom_status loom_gpt_create(const loom_gpt_config *cfg, loom_backend *be, int ma
     if (st == LOOM_OK)
         st = (m->p.layer && m->g.layer && m->acts && m->own) ? build_table(m)
                                                    : loom_fail(LOOM_ERR_NOMEM, "out of memory");
+    return st;
+}
+
+loom_status loom_gpt_create(const loom_gpt_config *cfg, loom_backend *be, int max_B, uint64_t seed,
+                            const loom_gpt_parallel *par, loom_gpt **out)
+{
+    *out = NULL;
+    LOOM_TRY(loom_gpt_config_check(cfg));
+    if (max_B < 1)
+        LOOM_FAIL(LOOM_ERR_INVALID, "micro-batch size must be at least 1, got %d", max_B);
+    loom_gpt *m = calloc(1, sizeof *m);
+    if (!m)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    m->be = be;
+    loom_status st = gpt_setup(m, cfg, max_B, par, 0, 0);
     if (st == LOOM_OK) {
         size_t bytes = m->table.total * sizeof(float);
         m->params = be->ops->alloc(be->self, bytes);
@@ -439,6 +460,37 @@ void loom_gpt_destroy(loom_gpt *m)
     free(m->rc);
     loom_params_free(&m->table);
     free(m);
+}
+
+loom_status loom_gpt_footprint(const loom_gpt_config *cfg, int max_B, const loom_gpt_parallel *par,
+                               int tp, int sequence_parallel, loom_gpt_footprint_bytes *out)
+{
+    memset(out, 0, sizeof *out);
+    LOOM_TRY(loom_gpt_config_check(cfg));
+    if (max_B < 1 || tp < 1)
+        LOOM_FAIL(LOOM_ERR_INVALID, "footprint: micro-batch %d and tp %d must be at least 1", max_B, tp);
+    if (par && par->tp_ops)
+        LOOM_FAIL(LOOM_ERR_INVALID, "footprint: give tp as a number, not a strategy");
+    loom_gpt *m = calloc(1, sizeof *m);
+    if (!m)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    loom_status st = gpt_setup(m, cfg, max_B, par, tp, sequence_parallel);
+    if (st == LOOM_OK) {
+        size_activations(m);
+        out->param_floats = m->table.total;
+        out->activations = m->act_bytes;
+        out->host = ((size_t)max_B * (size_t)cfg->ctx + (size_t)m->cfg.vocab_padded) * sizeof(float);
+        out->slot = m->slot_bytes;
+        out->shared = m->shared_bytes;
+    }
+    free(m->p.layer);
+    free(m->g.layer);
+    free(m->acts);
+    free(m->own);
+    free(m->rc);
+    loom_params_free(&m->table);
+    free(m);
+    return st;
 }
 
 const loom_gpt_config *loom_gpt_get_config(const loom_gpt *m) { return &m->cfg; }

@@ -125,6 +125,17 @@ int loom_gpt_cached_rows(const loom_gpt *m);
 loom_status loom_gpt_decode(loom_gpt *m, int token, int t);
 /* Bytes of the activation and backward scratch buffers (sized for max_B x ctx). */
 size_t loom_gpt_activation_bytes(const loom_gpt *m);
+/* What loom_gpt_create would allocate for (cfg, max_B, par) on one rank of a tp group of
+ * `tp` (par->tp_ops must be NULL: the slices are the tp plugin's), computed by the same
+ * table and layout code without allocating the buffers (loom plan: docs/PLAN.md). */
+typedef struct loom_gpt_footprint_bytes {
+    size_t param_floats; /* this rank's parameter table (params and grads: 4 bytes each) */
+    size_t activations;  /* = loom_gpt_activation_bytes of that model */
+    size_t slot, shared; /* one activation set; the recomputation scratch set */
+    size_t host;         /* the host loss and logits-row buffers */
+} loom_gpt_footprint_bytes;
+loom_status loom_gpt_footprint(const loom_gpt_config *cfg, int max_B, const loom_gpt_parallel *par,
+                               int tp, int sequence_parallel, loom_gpt_footprint_bytes *out);
 /* Milliseconds spent inside tensor-parallel exchanges since the last call. */
 double loom_gpt_take_comm_ms(loom_gpt *m);
 /* B*T of a forward must be a multiple of this (tp under sequence parallelism, else 1). */

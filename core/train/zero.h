@@ -60,6 +60,10 @@ typedef struct loom_zero_config {
     int decay_all;
 } loom_zero_config;
 
+/* P: `total` floats padded to a multiple of 16 x n (n dp ranks); every rank's partition is
+ * P / n floats (the session's accounting and loom plan use this one formula). */
+size_t loom_zero_padded(size_t total, int n);
+
 /* Needs dp > 1 (the caller runs without ZeRO on one rank). Stage 3 installs the model's
  * parameter hook (gpt.h). */
 loom_status loom_zero_create(const loom_zero_config *c, loom_gpt *m, loom_backend *be,

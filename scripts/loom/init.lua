@@ -396,5 +396,9 @@ function loom.options(defaults)
 end
 
 loom.train = require("loom.train")(loom)
+-- loom.plan{recipe table as loom.train takes it [, machine = NAME], [world =, devices_per_node
+-- =, mem =]} -> the plan's table (docs/PLAN.md): one layout's memory and time, or with world
+-- the ranked layouts that fit.
+function loom.plan(t) return require("loom.plan_cli").api(t) end
 
 return loom

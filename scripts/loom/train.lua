@@ -430,6 +430,11 @@ return function(loom)
   return function(t)
     local where = schema.where()
     local origin = overrides.apply(t, loom.overrides(), where)
+    if loom.capture then -- `loom plan RECIPE`: the checked recipe, nothing run (loom.plan_cli)
+      local mesh = t.mesh or {}
+      check(t, where, origin, (mesh.dp or 1) * (mesh.tp or 1) * (mesh.pp or 1))
+      return loom.capture(t)
+    end
     check(t, where, origin, loom.core.world or 1)
     local dp = (t.mesh or {}).dp or 1
     local pp = (t.mesh or {}).pp or 1
@@ -594,6 +599,7 @@ return function(loom)
     -- (core/base/stop_signal.h); outside it they keep their default action.
     loom.core.catch_stop_signals(true)
     local armed <close> = setmetatable({}, { __close = function() loom.core.catch_stop_signals(false) end })
+    local step_ms = {} -- each step's time, for the plan's check after the run
     local step = start
     while step < t.steps do
       step = step + 1
@@ -614,6 +620,7 @@ return function(loom)
       local now = session:info()
       r.memory, r.peak_rss, r.rss = now.memory, now.peak_rss, now.rss -- VmHWM, VmRSS (bytes)
       summary.losses[#summary.losses + 1] = r.loss
+      step_ms[#step_ms + 1] = r.ms
       if r.bubble then bubbles[#bubbles + 1] = r.bubble end
       m:step(r)
       if verdict and verdict.kind == "spike" then
@@ -693,6 +700,15 @@ return function(loom)
       ::next_step::
     end
     summary.final_loss = summary.losses[#summary.losses]
+    do -- the planner's own error on this run (loom.plan_cli.after_run; docs/PLAN.md)
+      local ms = {}
+      for i = 2, #step_ms do ms[#ms + 1] = step_ms[i] end
+      table.sort(ms)
+      local run_dir = t.log and t.log.jsonl and (t.log.jsonl:match("^(.*)/[^/]*$") or ".")
+        or (t.checkpoint and t.checkpoint.dir)
+      require("loom.plan_cli").after_run(t, rank, { peak_rss = session:info().peak_rss,
+        step_ms = #ms > 0 and ms[(#ms + 1) // 2] or nil }, run_dir)
+    end
     if #bubbles > 0 then
       summary.bubble = bubble_summary(bubbles)
       local f, fvalue = require("loom.schedule").formula(schedule, pp, accum, chunks)

@@ -15,6 +15,7 @@
 #include "base/config.h"
 #include "lua_loom.h"
 #include "base/plugin_loader.h"
+#include "train/compress.h"
 #include "train/offload.h"
 #include "train/session.h"
 #include "base/status.h"
@@ -288,6 +289,18 @@ static int l_session(lua_State *L)
     cfg.offload_path = lua_isnil(L, -1) ? NULL : luaL_checkstring(L, -1);
     lua_pop(L, 1);
     cfg.offload_chunk_mb = num_field(L, 1, "offload_chunk_mb", 0.0);
+    /* strategy = { compress = { "onebit" | "topk", ratio =, warmup =, bucket_mb = } } */
+    lua_getfield(L, 1, "compress");
+    if (!lua_isnil(L, -1)) {
+        const char *method = luaL_checkstring(L, -1);
+        cfg.compress_method = loom_compress_method_of(method);
+        if (cfg.compress_method < 0)
+            return luaL_error(L, "compress=\"%s\": \"onebit\" or \"topk\"", method);
+    }
+    lua_pop(L, 1);
+    cfg.compress_ratio = num_field(L, 1, "compress_ratio", 0.01);
+    cfg.compress_warmup = int_field(L, 1, "compress_warmup", 0);
+    cfg.compress_bucket_mb = num_field(L, 1, "compress_bucket_mb", 0.0);
     static _Thread_local int pp_layers[1024];
     lua_getfield(L, 1, "pp_layers");
     if (!lua_isnil(L, -1)) {
@@ -390,6 +403,10 @@ static int l_session_step(lua_State *L)
     lua_setfield(L, -2, "skipped");
     lua_pushinteger(L, st.inflight);
     lua_setfield(L, -2, "inflight");
+    if (st.grad_bytes > 0) { /* compression: this rank's message and the fp32 equivalent */
+        set_num(L, "compress_bytes", st.compress_bytes);
+        set_num(L, "grad_bytes", st.grad_bytes);
+    }
     if (st.nonfinite.found) {
         char what[160];
         loom_nonfinite_describe(&st.nonfinite, what, sizeof what);

@@ -14,6 +14,7 @@
 #include "loom/plugin/optim.h"
 #include "loom/plugin/precision.h"
 #include "loom/plugin/strategy.h"
+#include "compress.h"
 #include "grad_norm.h"
 #include "grad_sync.h"
 #include "nonfinite.h"
@@ -50,6 +51,7 @@ struct loom_session {
     loom_pipeline *pipe;     /* pp > 1, else NULL */
     loom_zero *zero;         /* strategy zero = 1, 2 or 3 with dp > 1, else NULL */
     loom_offload *offload;   /* strategy offload: the state on the host or disk, else NULL */
+    loom_compress *compress; /* strategy compress over dp, else NULL */
     float *host_logits;      /* sampling: one row of Vp */
     int64_t steps;
     int64_t step_no;         /* the training loop's number of the last step run */
@@ -156,6 +158,29 @@ static loom_status make_zero(loom_session *s)
         if (!strcmp(t->entries[i].name, "wte"))
             loom_zero_tied(s->zero, i, stage == loom_pipeline_stages(s->pipe) - 1);
     return LOOM_OK;
+}
+
+/* Gradient compression over the dp group (compress.h): fast mode, dp >= 2. */
+static loom_status make_compress(loom_session *s)
+{
+    const loom_session_config *cfg = &s->cfg;
+    const char *name = loom_compress_method_name(cfg->compress_method);
+    if (cfg->canonical)
+        LOOM_FAIL(LOOM_ERR_INVALID, "strategy.compress = \"%s\" with deterministic = \"canonical\": "
+                  "compression is lossy and what each rank compresses depends on dp, so canonical "
+                  "mode's bits across layouts cannot hold; leave one of them out", name);
+    if (s->pipe && s->zero && loom_zero_reduces(s->zero))
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy.compress with zero=%d and pp=%d is not built yet "
+                  "(the pipeline's per-micro-batch reduce-scatters would have to give way); use "
+                  "zero=1 with pp, or compress with pp = 1", cfg->zero_stage,
+                  loom_pipeline_stages(s->pipe));
+    const struct loom_comm_ops *ops;
+    void *group;
+    int dp = 1;
+    LOOM_TRY(loom_core_host()->group(LOOM_GROUP_DP, &ops, &group, &dp));
+    loom_compress_config cc = {cfg->compress_method, cfg->compress_ratio, cfg->compress_warmup,
+                               cfg->compress_bucket_mb};
+    return loom_compress_create(&cc, s->model, ops, group, dp, &s->compress);
 }
 
 loom_status loom_session_create(const loom_session_config *cfg, loom_session **out)
@@ -267,6 +292,8 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
                                    s->zero && loom_zero_reduces(s->zero) ? &zero2 : NULL, &s->sync);
     if (st == LOOM_OK && s->pipe && cfg->canonical)
         st = canonical_parts(s);
+    if (st == LOOM_OK && cfg->compress_method)
+        st = make_compress(s);
     if (st != LOOM_OK) {
         loom_session_destroy(s);
         return st;
@@ -281,6 +308,7 @@ void loom_session_destroy(loom_session *s)
         return;
     loom_trace_close(s->trace);
     loom_grad_sync_destroy(s->sync);
+    loom_compress_destroy(s->compress);
     loom_zero_destroy(s->zero);
     loom_offload_destroy(s->offload);
     loom_gpt_destroy(s->model);
@@ -418,6 +446,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     float scale = s->precision->loss_scale(s->precision_self);
     int peak = 0, loss_bad = 0; /* loss_bad: one of this rank's own losses is inf or nan */
     s->step_no++;
+    int compressed = loom_compress_active(s->compress, s->step_no);
+    loom_grad_sync_set_compress(s->sync, s->compress, compressed);
     if (s->pipe) {
         /* Every rank reads every micro-batch (positions stay in step); this dp rank's block
          * goes through the pipeline, then the losses join the tree in micro-batch order. */
@@ -467,6 +497,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     }
     double loss_sum = 0.0, t_sync = loom_now_ms();
     LOOM_TRY(loom_grad_sync_finish(s->sync, &loss_sum));
+    if (compressed && s->zero) /* ZeRO-2/3: the partition out of the exchanged whole */
+        LOOM_TRY(loom_zero_take_reduced(s->zero));
     double t_tied = loom_now_ms();
     loom_trace_span(s->trace, LOOM_TRACE_GRAD_SYNC, t_sync, t_tied, -1, -1);
     double comm_ms = t_tied - t_sync + loom_gpt_take_comm_ms(s->model);
@@ -561,6 +593,10 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     out->comm_ms = comm_ms;
     out->inflight = peak;
     out->bubble = bubble;
+    if (s->compress) {
+        out->compress_bytes = compressed ? (double)loom_compress_message_bytes(s->compress) : 0.0;
+        out->grad_bytes = (double)loom_compress_raw_bytes(s->compress);
+    }
     return LOOM_OK;
 }
 
@@ -790,6 +826,7 @@ const char *loom_session_offload(const loom_session *s)
     return loom_offload_mode_name(s->offload ? s->cfg.offload_mode : LOOM_OFFLOAD_NONE);
 }
 
+loom_compress *loom_session_compress(loom_session *s) { return s->compress; }
 int loom_session_zero_stage(const loom_session *s) { return s->zero ? loom_zero_stage(s->zero) : 0; }
 loom_zero *loom_session_zero(loom_session *s) { return s->zero; }
 
@@ -810,6 +847,8 @@ void loom_session_memory(loom_session *s, loom_memory *out)
     out->master = 0; /* fp32 parameters are their own master copy */
     out->activations = loom_gpt_activation_bytes(s->model);
     out->comm += loom_grad_sync_buffer_bytes(s->sync);
+    if (s->compress) /* the residual and the messages */
+        out->comm += loom_compress_buffer_bytes(s->compress);
 }
 
 void loom_session_state_hash(loom_session *s, uint64_t *params, uint64_t *optim)

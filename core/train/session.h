@@ -57,6 +57,11 @@ typedef struct loom_session_config {
     int offload_mode;                     /* loom_offload_mode */
     const char *offload_path;             /* disk: a directory (copied) */
     double offload_chunk_mb;              /* 0: 64 */
+    /* Gradient compression over the dp group (compress.h): method 0 (none), onebit, topk. */
+    int compress_method;                  /* loom_compress_method */
+    double compress_ratio;                /* topk: fraction of each bucket sent */
+    int64_t compress_warmup;              /* uncompressed steps first */
+    double compress_bucket_mb;            /* 0: 4 */
 } loom_session_config;
 
 typedef struct loom_step_stats {
@@ -74,6 +79,9 @@ typedef struct loom_step_stats {
     double bubble;         /* pipeline: the measured bubble of the step's pipeline phase,
                             * 1 - (every stage's F/B/W time) / (stages x the longest stage's
                             * phase), the same on every rank; NAN without a pipeline */
+    double compress_bytes; /* compression: this rank's compressed message this step (what it
+                            * sends into the all-gather; 0 in the warm-up) */
+    double grad_bytes;     /* compression: the same elements' fp32 bytes (0 without) */
 } loom_step_stats;
 
 typedef struct loom_session loom_session;
@@ -82,6 +90,8 @@ typedef struct loom_session loom_session;
 void loom_session_memory(loom_session *s, loom_memory *out);
 /* The ZeRO stage in effect (0: none, also on one dp rank). */
 int loom_session_zero_stage(const loom_session *s);
+/* The gradient compression in effect (compress.h), NULL: none. */
+struct loom_compress *loom_session_compress(loom_session *s);
 /* The offload in effect: "none", "host" or "disk". */
 const char *loom_session_offload(const loom_session *s);
 /* The ZeRO partitions (NULL without ZeRO): checkpoints move them (zero_ckpt.h). */

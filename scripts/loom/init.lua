@@ -188,7 +188,35 @@ local session_spec = {
   zero = { type = "integer", min = 0, help = "ZeRO stage over the dp group: 0 (none), 1, 2 or 3 (docs/ZERO.md)" },
   zero_bucket_mb = { type = "positive", help = "ZeRO bucket size in MiB (default 25)" },
   offload = { type = "table", help = "{ optimizer = \"host\" | \"disk\", path = DIR, chunk_mb = N } (docs/ZERO.md)" },
+  compress = { type = "table", help = "{ \"onebit\" | \"topk\", ratio = r, warmup = n, bucket_mb = m } (docs/COMPRESS.md)" },
 }
+
+local compress_spec = {
+  [1] = { type = "string", required = true, one_of = { "onebit", "topk", "powersgd" },
+    help = "the method: onebit (sign + scale per bucket) or topk (largest |g| per bucket)" },
+  ratio = { type = "positive", help = "topk: the fraction of each bucket sent (default 0.01)" },
+  warmup = { type = "integer", min = 0, help = "steps exchanged uncompressed first (default 0)" },
+  bucket_mb = { type = "positive", help = "the largest bucket in MiB of fp32 (default 4)" },
+  rank = { type = "integer", min = 1, help = "powersgd: the rank r (not built yet)" },
+}
+
+-- strategy.compress (docs/COMPRESS.md): checked here so that a bad value names the key.
+local function check_compress(c, where)
+  schema.check(c, compress_spec, "strategy.compress", where)
+  if c[1] == "powersgd" then
+    schema.fail(where, "strategy.compress = { \"powersgd\" } is not built yet (rank-r low-rank "
+      .. "compression, Vogels et al. 2019); use \"onebit\" or \"topk\"")
+  end
+  if c[1] ~= "topk" and c.ratio then
+    schema.fail(where, "strategy.compress.ratio is for \"topk\"; \"%s\" sends every sign", c[1])
+  end
+  if c.rank then
+    schema.fail(where, "strategy.compress.rank is for \"powersgd\", which is not built yet")
+  end
+  if c.ratio and c.ratio > 1 then
+    schema.fail(where, "strategy.compress.ratio=%g must be at most 1 (a fraction of each bucket)", c.ratio)
+  end
+end
 
 -- recompute = "none" | "full" | "selective" | { block indices }: checked against the
 -- model's blocks here, so the C side only sees a valid mode.
@@ -271,6 +299,11 @@ function loom.session(t, where)
     check_offload(t.offload, where)
     cfg.offload, cfg.offload_path, cfg.offload_chunk_mb = t.offload.optimizer, t.offload.path,
       t.offload.chunk_mb
+  end
+  if t.compress then
+    check_compress(t.compress, where)
+    cfg.compress, cfg.compress_ratio, cfg.compress_warmup, cfg.compress_bucket_mb =
+      t.compress[1], t.compress.ratio, t.compress.warmup, t.compress.bucket_mb
   end
   local ok, s = pcall(core.session, cfg)
   if not ok then schema.fail(where, "%s", s) end

@@ -250,9 +250,10 @@ end
 local function check_zero(t, where, origin)
   local st = t.strategy or {}
   for k in pairs(st) do
-    if k ~= "dp" and k ~= "zero" and k ~= "offload" then
+    if k ~= "dp" and k ~= "zero" and k ~= "offload" and k ~= "compress" then
       schema.fail(where, "strategy.%s is not available in this build (accepted: zero = 0, 1, 2 or 3; "
-        .. "dp = { bucket_mb = ... }; offload = { optimizer = ... })", tostring(k))
+        .. "dp = { bucket_mb = ... }; offload = { optimizer = ... }; compress = { \"onebit\" | "
+        .. "\"topk\", ... })", tostring(k))
     end
   end
   if st.offload and (t.checkpoint or t.resume) then
@@ -397,7 +398,7 @@ return function(loom)
       schedule = lists or schedule, schedule_name = lists and schedule or nil, chunks = chunks,
       pp_layers = t.pp_layers, recompute = t.recompute,
       zero = (t.strategy or {}).zero, zero_bucket_mb = ((t.strategy or {}).dp or {}).bucket_mb,
-      offload = (t.strategy or {}).offload,
+      offload = (t.strategy or {}).offload, compress = (t.strategy or {}).compress,
     }, where)
     local info = session:info()
     local say = rank == 0 and print or function() end

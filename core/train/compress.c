@@ -24,7 +24,7 @@ struct loom_compress {
     loom_compress_config cfg;
     const loom_comm_ops *comm;
     void *dp;
-    int dp_size;
+    int dp_size, dp_rank;
     size_t total, elems, max_n, sum_k;
     bucket *b;
     int nb;
@@ -108,6 +108,7 @@ loom_status loom_compress_create(const loom_compress_config *cfg, loom_gpt *m,
     c->comm = comm;
     c->dp = dp;
     c->dp_size = dp_size;
+    c->dp_rank = comm->rank(dp);
     c->total = loom_gpt_params(m)->total;
     loom_status st = make_buckets(c, m);
     if (st == LOOM_OK) {
@@ -144,6 +145,8 @@ int loom_compress_active(const loom_compress *c, int64_t step) { return c && ste
 size_t loom_compress_message_bytes(const loom_compress *c) { return c->msg_bytes; }
 size_t loom_compress_raw_bytes(const loom_compress *c) { return c->elems * sizeof(float); }
 int loom_compress_method_in_use(const loom_compress *c) { return c->cfg.method; }
+int loom_compress_dp_size(const loom_compress *c) { return c->dp_size; }
+int loom_compress_dp_rank(const loom_compress *c) { return c->dp_rank; }
 
 float *loom_compress_residual(loom_compress *c, size_t *floats)
 {

@@ -70,5 +70,7 @@ float *loom_compress_residual(loom_compress *c, size_t *floats);
 /* Bytes compression holds (residual, message, gathered messages, scratch). */
 size_t loom_compress_buffer_bytes(const loom_compress *c);
 int loom_compress_method_in_use(const loom_compress *c);
+int loom_compress_dp_size(const loom_compress *c);
+int loom_compress_dp_rank(const loom_compress *c);
 
 #endif

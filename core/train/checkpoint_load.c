@@ -869,7 +869,8 @@ static loom_status tensors_open(const char *dir, const char *mpath, const loom_j
     for (int i = 0; i < 2 * parts; i++)
         ts->files[i].fd = -1;
     char name[64];
-    for (int i = 0; i < 2 * parts; i++) {
+    /* no optimizer slots (sgd, or a frozen model's parameters only): no optim file read */
+    for (int i = 0; i < (slots ? 2 : 1) * parts; i++) {
         loom_ckpt_file_name(name, sizeof name, i < parts ? "model" : "optim", i % parts, tp, pp);
         if ((size_t)snprintf(ts->files[i].path, sizeof ts->files[i].path, "%s/%s", dir, name) >=
             sizeof ts->files[i].path)
@@ -877,7 +878,8 @@ static loom_status tensors_open(const char *dir, const char *mpath, const loom_j
         LOOM_TRY(read_tensors(mpath, root, name, &ts->files[i]));
     }
     LOOM_TRY(make_plan(ts->files, parts, t, 1, 0, ew, &ts->model));
-    LOOM_TRY(make_plan(ts->files + parts, parts, t, slots, 1, ew, &ts->optim));
+    if (slots)
+        LOOM_TRY(make_plan(ts->files + parts, parts, t, slots, 1, ew, &ts->optim));
     mark_plan(&ts->model, ts->files, t, 1);
     if (slots)
         mark_plan(&ts->optim, ts->files + parts, t, slots);

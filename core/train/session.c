@@ -26,7 +26,10 @@
 #include "base/rng.h"
 #include "base/status.h"
 #include "base/clock.h"
+#include "checkpoint.h"
 #include "io/checksum.h"
+#include "io/llmc_model.h"
+#include "model/gpt_distill.h"
 
 struct loom_session {
     loom_session_config cfg;
@@ -52,6 +55,7 @@ struct loom_session {
     loom_zero *zero;         /* strategy zero = 1, 2 or 3 with dp > 1, else NULL */
     loom_offload *offload;   /* strategy offload: the state on the host or disk, else NULL */
     loom_compress *compress; /* strategy compress over dp, else NULL */
+    loom_gpt *teacher;       /* distillation: the frozen teacher, else NULL */
     float *host_logits;      /* sampling: one row of Vp */
     int64_t steps;
     int64_t step_no;         /* the training loop's number of the last step run */
@@ -158,6 +162,31 @@ static loom_status make_zero(loom_session *s)
         if (!strcmp(t->entries[i].name, "wte"))
             loom_zero_tied(s->zero, i, stage == loom_pipeline_stages(s->pipe) - 1);
     return LOOM_OK;
+}
+
+/* Distillation (gpt_distill.h): the teacher, replicated on every rank, weights loaded. */
+static loom_status make_teacher(loom_session *s, const loom_session_config *cfg)
+{
+    const loom_gpt_config *tc = cfg->teacher, *mc = loom_gpt_get_config(s->model);
+    if (s->pipe || s->tensor)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher with mesh.%s > 1 is not built yet (the student's "
+                  "logits are %s); distil with tp = 1 and pp = 1 (dp and zero work)",
+                  s->pipe ? "pp" : "tp", s->pipe ? "on the last stage only" : "split over the "
+                  "vocabulary");
+    if (tc->vocab != mc->vocab)
+        LOOM_FAIL(LOOM_ERR_INVALID, "teacher vocab=%d differs from the student's vocab=%d: "
+                  "distillation compares their next-token distributions", tc->vocab, mc->vocab);
+    if (tc->ctx < cfg->seq)
+        LOOM_FAIL(LOOM_ERR_INVALID, "teacher ctx=%d is shorter than batch.seq=%d", tc->ctx, cfg->seq);
+    if (!cfg->teacher_init == !cfg->teacher_checkpoint)
+        LOOM_FAIL(LOOM_ERR_INVALID, "teacher needs its weights from one place: model = "
+                  "loom.gpt{ init = \"teacher.bin\" } or checkpoint = \"DIR\"");
+    loom_gpt_parallel par = {NULL, NULL, cfg->canonical, NULL, 0, 0, 0, NULL};
+    LOOM_TRY(loom_gpt_create(tc, &s->backend, cfg->micro_batch, cfg->seed, &par, &s->teacher));
+    if (cfg->teacher_init)
+        return loom_llmc_load(s->teacher, cfg->teacher_init);
+    return loom_ckpt_load_tensors(cfg->teacher_checkpoint, loom_gpt_params(s->teacher), 0,
+                                  loom_gpt_param_data(s->teacher), NULL);
 }
 
 /* Gradient compression over the dp group (compress.h): fast mode, dp >= 2. */
@@ -294,6 +323,10 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
         st = canonical_parts(s);
     if (st == LOOM_OK && cfg->compress_method)
         st = make_compress(s);
+    if (st == LOOM_OK && cfg->teacher)
+        st = make_teacher(s, cfg);
+    s->cfg.teacher = NULL; /* the caller's; only needed while opening */
+    s->cfg.teacher_init = s->cfg.teacher_checkpoint = NULL;
     if (st != LOOM_OK) {
         loom_session_destroy(s);
         return st;
@@ -309,6 +342,7 @@ void loom_session_destroy(loom_session *s)
     loom_trace_close(s->trace);
     loom_grad_sync_destroy(s->sync);
     loom_compress_destroy(s->compress);
+    loom_gpt_destroy(s->teacher);
     loom_zero_destroy(s->zero);
     loom_offload_destroy(s->offload);
     loom_gpt_destroy(s->model);
@@ -486,6 +520,12 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         int a = i % accum;
         double part = 0.0, tf = loom_now_ms();
         LOOM_TRY(loom_grad_sync_begin_micro(s->sync, a));
+        if (s->teacher) { /* forward only, frozen: its logits for the student's loss */
+            LOOM_TRY(loom_gpt_forward(s->teacher, s->tokens, NULL, B, T, 0.0f, NULL));
+            LOOM_TRY(loom_gpt_set_distill(s->model, loom_gpt_logits(s->teacher),
+                                          (size_t)loom_gpt_get_config(s->teacher)->vocab_padded,
+                                          s->cfg.kd_temperature, s->cfg.kd_alpha));
+        }
         LOOM_TRY(loom_gpt_forward(s->model, s->tokens, s->targets, B, T, (float)(scale / tokens),
                                   &part));
         double tb = loom_now_ms();

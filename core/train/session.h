@@ -62,6 +62,12 @@ typedef struct loom_session_config {
     double compress_ratio;                /* topk: fraction of each bucket sent */
     int64_t compress_warmup;              /* uncompressed steps first */
     double compress_bucket_mb;            /* 0: 4 */
+    /* Distillation (model/gpt_distill.h): a frozen teacher run forward only, in this
+     * process, on this rank's micro-batches; NULL: none. Its weights come from
+     * teacher_init (an llm.c file) or teacher_checkpoint (a loom checkpoint directory). */
+    const loom_gpt_config *teacher;
+    const char *teacher_init, *teacher_checkpoint; /* read during create only */
+    float kd_temperature, kd_alpha;
 } loom_session_config;
 
 typedef struct loom_step_stats {

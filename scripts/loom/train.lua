@@ -42,6 +42,7 @@ local spec = {
   checkpoint = { type = "table", help = "{ dir = \"ckpt\", every = N, keep = K }" },
   resume = { type = { "string", "boolean" }, help = "\"auto\" (newest checkpoint in checkpoint.dir) or a checkpoint path" },
   name = { type = "string" },
+  teacher = { type = "table", help = "distillation: { model = loom.gpt{ init = \"teacher.bin\" } | checkpoint = DIR, temperature = T, alpha = a } (docs/DISTILL.md)" },
 }
 local batch_spec = {
   micro = { type = "integer", min = 1, required = true, help = "sequences per micro-batch (B)" },
@@ -404,6 +405,7 @@ return function(loom)
       pp_layers = t.pp_layers, recompute = t.recompute,
       zero = (t.strategy or {}).zero, zero_bucket_mb = ((t.strategy or {}).dp or {}).bucket_mb,
       offload = (t.strategy or {}).offload, compress = (t.strategy or {}).compress,
+      teacher = t.teacher,
     }, where)
     local info = session:info()
     local say = rank == 0 and print or function() end

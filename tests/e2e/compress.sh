@@ -11,7 +11,7 @@
 #    the last 20 steps), and the loss fell by more than 1 (without the warm-up onebit's gap
 #    is 0.12: docs/COMPRESS.md);
 #  - a save at step 3 and a resume give steps 4-6 bitwise (the residuals restored), for
-#    dp and for zero = 2;
+#    topk at dp=2 x tp=2 (one residual file per tp rank) and onebit under zero = 2;
 #  - the metrics' compress_bytes match the formulas (onebit: sum of 4 + ceil(n/8) bytes
 #    over the tensors; topk: 8 ceil(ratio n)), 0 during the warm-up; grad_bytes = 4 x 34688;
 #  - refusals: canonical mode, dp = 1, powersgd, ratio with onebit, pp with a checkpoint.
@@ -75,16 +75,17 @@ for c in '{"onebit",warmup=20}' '{"topk",ratio=0.1,warmup=20}'; do
 done
 
 # --- resume restores the residuals: bitwise ------------------------------------------------
-for layout in "$onebit" "strategy.zero=2 $onebit"; do
-  run2 steps=6 $layout | lines | awk '$2 > 3' > "$tmp/want"
+run4() { "$loom" launch -n 4 "$recipe" threads=1 mesh.dp=2 mesh.tp=2 comm_timeout=20 "$@"; }
+for layout in "run4 strategy.compress={\"topk\",ratio=0.05}" "run2 strategy.zero=2 $onebit"; do
+  $layout steps=6 | lines | awk '$2 > 3' > "$tmp/want"
   rm -rf "$tmp/ck"
-  run2 steps=3 $layout checkpoint.dir="$tmp/ck" > /dev/null
-  grep -q '"compress": {"method": "onebit", "dp": 2}' "$tmp/ck/step_00000003/manifest.json" ||
-    { echo "the manifest does not record the compression"; exit 1; }
-  run2 steps=6 $layout resume="$tmp/ck/step_00000003" | lines > "$tmp/got"
+  $layout steps=3 checkpoint.dir="$tmp/ck" > /dev/null
+  grep -q '"compress": {"method": "'"$(echo "$layout" | grep -o 'onebit\|topk' | head -1)"'", "dp": 2}' \
+    "$tmp/ck/step_00000003/manifest.json" || { echo "the manifest does not record the compression"; exit 1; }
+  $layout steps=6 resume="$tmp/ck/step_00000003" | lines > "$tmp/got"
   [ "$(grep -c '^LOSS' "$tmp/got")" -eq 3 ] || { echo "$layout: expected steps 4-6"; exit 1; }
   cmp -s "$tmp/want" "$tmp/got" || { echo "$layout: resumed steps 4-6 differ"; paste "$tmp/want" "$tmp/got"; exit 1; }
-  echo "ok $layout: save at 3 + resume, steps 4-6 bitwise (residuals restored)"
+  echo "ok ${layout#run? }: save at 3 + resume, steps 4-6 bitwise (residuals restored)"
 done
 # a checkpoint's residuals are per dp rank: another dp is refused, naming both
 if "$loom" launch -n 4 "$recipe" threads=1 mesh.dp=4 batch.micro=2 steps=6 "$onebit" \

@@ -8,6 +8,7 @@
 #    trained on CE alone by more than 0.05 (the figures are printed); at dp=2 too, within
 #    1e-4 of one rank's distilled losses; and the teacher as loom.gpt{ init = its llm.c
 #    export } distils the same bits as from its checkpoint;
+#  - canonical mode with a teacher: dp=1 and dp=2 give the same bits;
 #  - refusals: a teacher without weights, intermediate layers, tp > 1.
 set -euo pipefail
 loom=$1
@@ -47,6 +48,14 @@ echo "ok teacher = loom.gpt{ init = llm.c export of the checkpoint }: the same l
 d=$(max_loss_diff "$tmp/kd.out" "$tmp/kd2.out")
 below "$d" 1e-4 || { echo "distillation at dp=2 differs from one rank by $d"; exit 1; }
 echo "ok distillation at dp=2: max |loss diff| vs one rank $d over 100 steps"
+
+# canonical mode: the term is row-local, so dp=1 and dp=2 give the same bits
+canon=(steps=10 deterministic=canonical batch.micro=4 batch.global=8 "teacher={checkpoint=\"$tmp/teacher\",temperature=2,alpha=0.5}")
+"$loom" run "$recipe" "${canon[@]}" | grep '^LOSS' > "$tmp/c1"
+"$loom" launch -n 2 "$recipe" mesh.dp=2 comm_timeout=20 "${canon[@]}" | grep '^LOSS' > "$tmp/c2"
+finite_losses "$tmp/c1"
+cmp -s "$tmp/c1" "$tmp/c2" || { echo "canonical distillation: dp=2 differs from dp=1"; exit 1; }
+echo "ok canonical distillation (T = 2, alpha = 0.5): dp=1 and dp=2 bitwise over 10 steps"
 
 # --- refusals ----------------------------------------------------------------------------
 refuse() { # what expected-text args...

@@ -16,6 +16,7 @@
 #include "lua_limits.h"
 #include "lua_loom.h"
 #include "base/plugin_loader.h"
+#include "train/compress.h"
 #include "train/offload.h"
 #include "train/session.h"
 #include "base/status.h"
@@ -289,6 +290,42 @@ static int l_session(lua_State *L)
     cfg.offload_path = lua_isnil(L, -1) ? NULL : luaL_checkstring(L, -1);
     lua_pop(L, 1);
     cfg.offload_chunk_mb = num_field(L, 1, "offload_chunk_mb", 0.0);
+    /* strategy = { compress = { "onebit" | "topk", ratio =, warmup =, bucket_mb = } } */
+    lua_getfield(L, 1, "compress");
+    if (!lua_isnil(L, -1)) {
+        const char *method = luaL_checkstring(L, -1);
+        cfg.compress_method = loom_compress_method_of(method);
+        if (cfg.compress_method < 0)
+            return luaL_error(L, "compress=\"%s\": \"onebit\" or \"topk\"", method);
+    }
+    lua_pop(L, 1);
+    cfg.compress_ratio = num_field(L, 1, "compress_ratio", 0.01);
+    cfg.compress_warmup = int_field(L, 1, "compress_warmup", 0);
+    cfg.compress_bucket_mb = num_field(L, 1, "compress_bucket_mb", 0.0);
+    /* teacher = { vocab=, ctx=, layers=, heads=, dim=, vocab_padded= }, teacher_init = path |
+     * teacher_checkpoint = dir, kd_temperature =, kd_alpha = (checked in Lua) */
+    static _Thread_local loom_gpt_config teacher;
+    lua_getfield(L, 1, "teacher");
+    if (!lua_isnil(L, -1)) {
+        luaL_checktype(L, -1, LUA_TTABLE);
+        int t = lua_gettop(L);
+        memset(&teacher, 0, sizeof teacher);
+        teacher.vocab = int_field(L, t, "vocab", 0);
+        teacher.vocab_padded = int_field(L, t, "vocab_padded", 0);
+        teacher.ctx = int_field(L, t, "ctx", 0);
+        teacher.layers = int_field(L, t, "layers", 0);
+        teacher.heads = int_field(L, t, "heads", 0);
+        teacher.dim = int_field(L, t, "dim", 0);
+        cfg.teacher = &teacher;
+    }
+    lua_pop(L, 1);
+    lua_getfield(L, 1, "teacher_init"); /* the strings stay alive in the table at index 1 */
+    cfg.teacher_init = lua_isnil(L, -1) ? NULL : luaL_checkstring(L, -1);
+    lua_getfield(L, 1, "teacher_checkpoint");
+    cfg.teacher_checkpoint = lua_isnil(L, -1) ? NULL : luaL_checkstring(L, -1);
+    lua_pop(L, 2);
+    cfg.kd_temperature = (float)num_field(L, 1, "kd_temperature", 1.0);
+    cfg.kd_alpha = (float)num_field(L, 1, "kd_alpha", 0.5);
     static _Thread_local int pp_layers[1024];
     lua_getfield(L, 1, "pp_layers");
     if (!lua_isnil(L, -1)) {
@@ -406,6 +443,10 @@ static int l_session_step(lua_State *L)
     }
     lua_pushinteger(L, st.inflight);
     lua_setfield(L, -2, "inflight");
+    if (st.grad_bytes > 0) { /* compression: this rank's message and the fp32 equivalent */
+        set_num(L, "compress_bytes", st.compress_bytes);
+        set_num(L, "grad_bytes", st.grad_bytes);
+    }
     if (st.nonfinite.found) {
         char what[160];
         loom_nonfinite_describe(&st.nonfinite, what, sizeof what);

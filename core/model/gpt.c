@@ -453,6 +453,7 @@ void loom_gpt_destroy(loom_gpt *m)
     ops->free(m->be->self, m->act_mem);
     free(m->host_losses);
     free(m->row_gather);
+    gpt_distill_free(m);
     free(m->p.layer);
     free(m->g.layer);
     free(m->acts);
@@ -653,7 +654,12 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
     m->have_dlogits = 0;
     m->cache_len = B == 1 && !m->sp ? T : 0; /* the rows gpt_decode.c continues from */
     if (targets) {
+        int distill = m->kd_teacher && dloss != 0.0f; /* gpt_distill.h: training only */
+        if (distill)
+            gpt_distill_before(m, R, dloss);
         LOOM_TRY(gpt_vocab_cross_entropy(m, (int)R, dloss));
+        if (distill)
+            gpt_distill_after(m, R);
         m->have_dlogits = dloss != 0.0f;
         k->copy_to_host(bs, m->host_losses, m->losses, R * sizeof(float));
         double sum = 0.0;

@@ -92,7 +92,18 @@ struct loom_gpt {
     void *grad_ready_ctx;
     loom_param_use_fn param_use;       /* ZeRO-3's gather and release, or NULL */
     void *param_use_ctx;
+    /* distillation (gpt_distill.h): the teacher's logits for the next training forward */
+    const float *kd_teacher;
+    size_t kd_stride;
+    float kd_T, kd_alpha;
+    float *kd_grad;                    /* (R,Vl) host: alpha dloss d kd / d z_s */
+    double *kd_loss;                   /* (R) host */
 };
+
+/* gpt_distill.c: around the training forward's cross-entropy when a teacher is set. */
+void gpt_distill_before(loom_gpt *m, size_t R, float dloss);
+void gpt_distill_after(loom_gpt *m, size_t R);
+void gpt_distill_free(loom_gpt *m);
 
 enum { RC_KEEP, RC_FULL, RC_SELECTIVE };
 

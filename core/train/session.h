@@ -57,6 +57,17 @@ typedef struct loom_session_config {
     int offload_mode;                     /* loom_offload_mode */
     const char *offload_path;             /* disk: a directory (copied) */
     double offload_chunk_mb;              /* 0: 64 */
+    /* Gradient compression over the dp group (compress.h): method 0 (none), onebit, topk. */
+    int compress_method;                  /* loom_compress_method */
+    double compress_ratio;                /* topk: fraction of each bucket sent */
+    int64_t compress_warmup;              /* uncompressed steps first */
+    double compress_bucket_mb;            /* 0: 4 */
+    /* Distillation (model/gpt_distill.h): a frozen teacher run forward only, in this
+     * process, on this rank's micro-batches; NULL: none. Its weights come from
+     * teacher_init (an llm.c file) or teacher_checkpoint (a loom checkpoint directory). */
+    const loom_gpt_config *teacher;
+    const char *teacher_init, *teacher_checkpoint; /* read during create only */
+    float kd_temperature, kd_alpha;
 } loom_session_config;
 
 typedef struct loom_step_stats {
@@ -75,6 +86,9 @@ typedef struct loom_step_stats {
     double bubble;         /* pipeline: the measured bubble of the step's pipeline phase,
                             * 1 - (every stage's F/B/W time) / (stages x the longest stage's
                             * phase), the same on every rank; NAN without a pipeline */
+    double compress_bytes; /* compression: this rank's compressed message this step (what it
+                            * sends into the all-gather; 0 in the warm-up) */
+    double grad_bytes;     /* compression: the same elements' fp32 bytes (0 without) */
 } loom_step_stats;
 
 typedef struct loom_session loom_session;
@@ -83,6 +97,8 @@ typedef struct loom_session loom_session;
 void loom_session_memory(loom_session *s, loom_memory *out);
 /* The ZeRO stage in effect (0: none, also on one dp rank). */
 int loom_session_zero_stage(const loom_session *s);
+/* The gradient compression in effect (compress.h), NULL: none. */
+struct loom_compress *loom_session_compress(loom_session *s);
 /* The offload in effect: "none", "host" or "disk". */
 const char *loom_session_offload(const loom_session *s);
 /* The ZeRO partitions (NULL without ZeRO): checkpoints move them (zero_ckpt.h). */

@@ -81,6 +81,10 @@ int loom_zero_reduces(const loom_zero *z);
 loom_status loom_zero_begin_micro(void *z, int a);
 loom_status loom_zero_grads_ready(void *z, size_t offset, size_t n);
 loom_status loom_zero_finish_micro(void *z);
+/* Stages 2 and 3 when gradient compression (compress.h) replaced the step's
+ * reduce-scatters: the model's buffer holds the whole reduced gradient on every rank;
+ * copy this rank's partition out of it (a no-op below stage 2). */
+loom_status loom_zero_take_reduced(loom_zero *z);
 /* Under pp on a stage that holds the tied wte (table entry `entry`): stage 2 holds the
  * buckets below the wte's end out of the per-micro-batch reduction (they accumulate in
  * the full buffer until the wte halves are exchanged, then loom_zero_reduce_held reduces

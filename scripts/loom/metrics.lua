@@ -280,6 +280,7 @@ function M:step(r)
     ms = r.ms, comm_ms = r.comm_ms or NULL, tokens = r.tokens, tokens_per_s = tps,
     mfu = mfu or NULL, mem_bytes = rss, memory = r.memory or NULL, bubble = r.bubble or NULL,
     time_s = now, skipped = r.skipped and true or false, skipped_steps = self.skips or 0,
+    compress_bytes = r.compress_bytes, grad_bytes = r.grad_bytes,
     nonfinite = nf and { rank = nf.rank, stage = nf.stage, param = nf.param, loss = nf.loss or false } or nil }
 
   -- ETA from the pace since this run's first step: that step carries one-time costs

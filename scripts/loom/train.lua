@@ -48,6 +48,7 @@ local spec = {
   checkpoint = { type = "table", help = "{ dir = \"ckpt\", every = N, keep = K }" },
   resume = { type = { "string", "boolean" }, help = "\"auto\" (newest checkpoint in checkpoint.dir) or a checkpoint path" },
   name = { type = "string" },
+  teacher = { type = "table", help = "distillation: { model = loom.gpt{ init = \"teacher.bin\" } | checkpoint = DIR, temperature = T, alpha = a } (docs/DISTILL.md)" },
 }
 local batch_spec = {
   micro = { type = "integer", min = 1, required = true, help = "sequences per micro-batch (B)" },
@@ -335,15 +336,21 @@ end
 local function check_zero(t, where, origin)
   local st = t.strategy or {}
   for k in pairs(st) do
-    if k ~= "dp" and k ~= "zero" and k ~= "offload" then
+    if k ~= "dp" and k ~= "zero" and k ~= "offload" and k ~= "compress" then
       schema.fail(where, "strategy.%s is not available in this build (accepted: zero = 0, 1, 2 or 3; "
-        .. "dp = { bucket_mb = ... }; offload = { optimizer = ... })", tostring(k))
+        .. "dp = { bucket_mb = ... }; offload = { optimizer = ... }; compress = { \"onebit\" | "
+        .. "\"topk\", ... })", tostring(k))
     end
   end
   if st.offload and (t.checkpoint or t.resume) then
     schema.fail(where, "strategy.offload with %s is not built yet (the optimizer state lives in "
       .. "the offload's pool or file, which the checkpoint format does not read): leave offload "
       .. "out to save or resume", t.checkpoint and "checkpoint" or "resume")
+  end
+  if st.compress and ((t.mesh or {}).pp or 1) > 1 and (t.checkpoint or t.resume) then
+    schema.fail(where, "strategy.compress with mesh.pp > 1 and %s is not built yet (the last "
+      .. "stage's residual of the tied wte has no place in the checkpoint): train with pp = 1 to "
+      .. "save or resume, or leave compress out", t.checkpoint and "checkpoint" or "resume")
   end
   local z = st.zero
   if z == nil then return end
@@ -507,7 +514,8 @@ return function(loom)
       schedule = lists or schedule, schedule_name = lists and schedule or nil, chunks = chunks,
       pp_layers = t.pp_layers, recompute = t.recompute,
       zero = (t.strategy or {}).zero, zero_bucket_mb = ((t.strategy or {}).dp or {}).bucket_mb,
-      offload = (t.strategy or {}).offload,
+      offload = (t.strategy or {}).offload, compress = (t.strategy or {}).compress,
+      teacher = t.teacher,
     }, where)
     local info = session:info()
     local say = rank == 0 and print or function() end

@@ -92,9 +92,15 @@ struct loom_gpt {
     void *grad_ready_ctx;
     loom_param_use_fn param_use;       /* ZeRO-3's gather and release, or NULL */
     void *param_use_ctx;
+    /* Mixture of experts (moe.h): NULL for a dense model; then block l's table entries are
+     * 2 + 12 l .. +11, else ent0[l] .. ent0[l + 1] - 1 (an MoE block has 9 + 4 E). */
+    struct gpt_moe *moe;
+    int *ent0;                         /* [layers + 1], with moe */
 };
 
 enum { RC_KEEP, RC_FULL, RC_SELECTIVE };
+
+typedef struct gpt_moe gpt_moe; /* moe.c's state: the mixture-of-experts blocks */
 
 /* A region boundary: the strategy's hook, or nothing with one rank (then out == in).
  * The macros name Megatron's points; they expect the model in `m`. */

@@ -456,6 +456,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         int a = i % accum;
         double part = 0.0, tf = loom_now_ms();
         LOOM_TRY(loom_grad_sync_begin_micro(s->sync, a));
+        /* the noisy router's key: this micro-batch's global index (gpt.h) */
+        loom_gpt_set_moe_key(s->model, (uint64_t)(s->step_no - 1) * (uint64_t)(accum * dp) + (uint64_t)i);
         LOOM_TRY(loom_gpt_forward(s->model, s->tokens, s->targets, B, T, (float)(scale / tokens),
                                   &part));
         double tb = loom_now_ms();

@@ -70,9 +70,11 @@ local moe_spec = {
   noise_std = { type = "number", min = 0, help = "noisy_topk: std of the logits' noise (default 1)" },
 }
 
-local function check_moe(t, where)
+-- The moe table of model t, checked and with its defaults filled in; origin(key) as
+-- schema.check's (loom.train checks again after command-line overrides: model.moe.*=).
+local function check_moe(t, where, origin)
   local e = t.moe
-  schema.check(e, moe_spec, "loom.gpt moe", where)
+  schema.check(e, moe_spec, origin and "model.moe" or "loom.gpt moe", where, origin)
   local m = { experts = e.experts, top_k = e.top_k or math.min(2, e.experts), every = e.every or 1,
     capacity_factor = e.capacity_factor or 1.25, aux_loss = e.aux_loss or 0.01,
     z_loss = e.z_loss or 0.001, router = e.router or "topk", noise_std = e.noise_std or 1.0 }
@@ -86,6 +88,7 @@ local function check_moe(t, where)
   end
   return m
 end
+loom._check_moe = check_moe
 
 -- loom.gpt{init = "gpt2_124M.bin", ...}: the shape comes from the llm.c file where the
 -- recipe leaves it out and must match where it gives it; loom.session loads the weights.
@@ -121,6 +124,10 @@ function loom.gpt(t)
   end
   local m = { kind = "gpt" }
   for k, v in pairs(t) do m[k] = v end
+  if t.moe and t.init then
+    schema.fail(where, "loom.gpt init=\"%s\" with moe: an llm.c model file has dense blocks "
+      .. "only (leave out init, or moe)", t.init)
+  end
   if t.moe then m.moe = check_moe(t, where) end
   return m
 end

@@ -6,7 +6,8 @@
 #    1e-4 (fp32, only the gradient sum's order differs); zero=1 and zero=3 at dp=2 give
 #    dp=2's bits; canonical mode: dp=1 and dp=2 bitwise;
 #  - save at step 10, resume: steps 11-20 bitwise; loom sample reads the checkpoint;
-#  - dropless (capacity_factor=0) drops nothing; the noisy router trains;
+#  - dropless (capacity_factor=0) drops nothing; the noisy router trains, and at dp=2
+#    within 1e-4 of one rank (its noise is keyed by the global micro-batch, not the rank);
 #  - the JSONL carries the load, loom plot draws it;
 #  - what does not compose yet (tp, pp, recompute, mesh.ep > 1, llm.c export) and bad moe
 #    keys are refused naming the key.
@@ -65,7 +66,12 @@ grep -q 'dropped=0.[0-9]*[1-9]' "$tmp/one.out" || { echo "capacity 1.25 never dr
 run1 model.moe.router=noisy_topk | grep '^LOSS' > "$tmp/noisy"
 loss_fell "$tmp/noisy" 1.0 > /dev/null || { echo "noisy router: loss did not fall"; exit 1; }
 cmp -s "$tmp/noisy" <(grep '^LOSS' "$tmp/full.out") && { echo "noisy router trained the topk bits"; exit 1; }
-echo "ok dropless drops nothing (capacity 1.25 does); the noisy router trains, other bits"
+# the noise is keyed by the global micro-batch index, not the rank: dp=2 routes as one rank
+run1 model.moe.router=noisy_topk batch.global=8 | grep '^LOSS' > "$tmp/n1"
+run2 model.moe.router=noisy_topk batch.global=8 | grep '^LOSS' > "$tmp/n2"
+d=$(max_loss_diff "$tmp/n1" "$tmp/n2")
+below "$d" 1e-4 || { echo "noisy router: dp=2 differs from one rank by $d"; exit 1; }
+echo "ok dropless drops nothing (capacity 1.25 does); the noisy router trains, other bits; noisy dp=2 within $d of one rank"
 
 grep -m1 '"kind":"train"' "$tmp/m.jsonl" > "$tmp/rec"
 grep -q '"moe":{"aux":[0-9.e-]*,"dropped":[0-9.e-]*,"load":\[\[' "$tmp/rec" ||

@@ -214,7 +214,22 @@ static int l_session(lua_State *L)
     cfg.model.layers = int_field(L, m, "layers", 0);
     cfg.model.heads = int_field(L, m, "heads", 0);
     cfg.model.dim = int_field(L, m, "dim", 0);
-    lua_pop(L, 1);
+    lua_getfield(L, m, "moe"); /* loom.gpt{moe = {...}}, checked and defaulted in init.lua */
+    if (lua_istable(L, -1)) {
+        int e = lua_gettop(L);
+        loom_moe_config *mo = &cfg.model.moe;
+        mo->experts = int_field(L, e, "experts", 0);
+        mo->top_k = int_field(L, e, "top_k", 0);
+        mo->every = int_field(L, e, "every", 0);
+        mo->capacity_factor = num_field(L, e, "capacity_factor", 0.0);
+        mo->aux_loss = num_field(L, e, "aux_loss", 0.0);
+        mo->z_loss = num_field(L, e, "z_loss", 0.0);
+        mo->noise_std = num_field(L, e, "noise_std", 0.0);
+        lua_getfield(L, e, "router");
+        mo->noisy = lua_type(L, -1) == LUA_TSTRING && strcmp(lua_tostring(L, -1), "noisy_topk") == 0;
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 2);
     cfg.micro_batch = int_field(L, 1, "micro", 0);
     cfg.seq = int_field(L, 1, "seq", 0);
     cfg.accum = int_field(L, 1, "accum", 1);
@@ -471,6 +486,30 @@ static int l_session_step(lua_State *L)
     if (st.nonfinite.stop_signal) { /* the same on every rank: they all stop after this step */
         lua_pushinteger(L, st.nonfinite.stop_signal);
         lua_setfield(L, -2, "stop_signal");
+    }
+    /* moe = {load = {{tokens per expert} per MoE block}, dropped = fraction, aux =, z =}:
+     * the step's routing over the dp group (session.h) */
+    loom_moe_stats ms;
+    double *load;
+    if (loom_session_moe_stats(b->s, &ms, &load) != LOOM_OK)
+        return raise_status(L);
+    if (ms.layers) {
+        lua_createtable(L, 0, 4);
+        lua_createtable(L, ms.layers, 0);
+        for (int l = 0; l < ms.layers; l++) {
+            lua_createtable(L, ms.experts, 0);
+            for (int e = 0; e < ms.experts; e++) {
+                lua_pushinteger(L, (lua_Integer)load[(size_t)l * ms.experts + e]);
+                lua_rawseti(L, -2, e + 1);
+            }
+            lua_rawseti(L, -2, l + 1);
+        }
+        lua_setfield(L, -2, "load");
+        set_num(L, "dropped", ms.assigned > 0 ? ms.dropped / ms.assigned : 0.0);
+        set_num(L, "aux", ms.aux);
+        set_num(L, "z", ms.z);
+        lua_setfield(L, -2, "moe");
+        free(load);
     }
     return 1;
 }

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "base/status.h"
+#include "moe.h"
 
 void loom_gpt_set_grad_hook(loom_gpt *m, loom_grad_ready_fn fn, void *ctx)
 {
@@ -33,6 +34,10 @@ void loom_gpt_unit_entries(const loom_gpt *m, int unit, int *first, int *last)
     int L = m->cfg.layers;
     *first = unit == 0 ? 0 : unit <= L ? 2 + 12 * (unit - 1) : m->table.count - 2;
     *last = unit == 0 ? 1 : unit <= L ? 2 + 12 * (unit - 1) + 11 : m->table.count - 1;
+    if (m->moe && unit >= 1 && unit <= L) { /* blocks of different sizes (gpt_internal.h) */
+        *first = m->ent0[unit - 1];
+        *last = m->ent0[unit] - 1;
+    }
 }
 
 static loom_status use(loom_gpt *m, int unit, int needed)
@@ -60,6 +65,7 @@ loom_status loom_gpt_config_check(const loom_gpt_config *c)
     if (c->ctx < 1 || c->layers < 1 || c->heads < 1 || c->dim < 1)
         LOOM_FAIL(LOOM_ERR_INVALID, "model ctx, layers, heads and dim must be positive "
                   "(got ctx=%d layers=%d heads=%d dim=%d)", c->ctx, c->layers, c->heads, c->dim);
+    LOOM_TRY(gpt_moe_check(c));
     if (c->dim % c->heads != 0) {
         char ok[256] = "";
         size_t used = 0;
@@ -130,6 +136,8 @@ static loom_status build_table(loom_gpt *m)
         SHAPE(c->ctx, C, 0); ADD("wpe", 2, -1, LOOM_INIT_NORMAL, 0.01f, -1);
     }
     for (int l = 0; l < L; l++) {
+        if (m->ent0)
+            m->ent0[l] = t->count;
         if (!m->own[l])
             continue;
 #define LAYER(suffix, nd, a, b, c3, init, sd, split)                 \
@@ -145,12 +153,18 @@ static loom_status build_table(loom_gpt *m)
         LAYER("attn.proj.bias", 1, C, 0, 0, LOOM_INIT_ZEROS, 0, -1);
         LAYER("ln_2.weight", 1, C, 0, 0, LOOM_INIT_ONES, 0, -1);
         LAYER("ln_2.bias", 1, C, 0, 0, LOOM_INIT_ZEROS, 0, -1);
+        if (gpt_moe_block(c, l)) { /* a router and experts instead of mlp.* (moe.h) */
+            LOOM_TRY(gpt_moe_add_entries(t, c, l, std, proj_std));
+            continue;
+        }
         LAYER("mlp.fc.weight", 2, 4 * C, C, 0, LOOM_INIT_NORMAL, std, 0);
         LAYER("mlp.fc.bias", 1, 4 * C, 0, 0, LOOM_INIT_ZEROS, 0, 0);
         LAYER("mlp.proj.weight", 2, C, 4 * C, 0, LOOM_INIT_NORMAL, proj_std, 1);
         LAYER("mlp.proj.bias", 1, C, 0, 0, LOOM_INIT_ZEROS, 0, -1);
 #undef LAYER
     }
+    if (m->ent0)
+        m->ent0[L] = t->count;
     if (m->has_head) {
         SHAPE(C, 0, 0); ADD("ln_f.weight", 1, -1, LOOM_INIT_ONES, 0, -1);
         ADD("ln_f.bias", 1, -1, LOOM_INIT_ZEROS, 0, -1);
@@ -172,8 +186,11 @@ static void bind_params(loom_gpt *m, float *base, model_params *p)
             continue;
         /* layer_params is 12 float pointers, declared in table order */
         float **f = (float **)&p->layer[l];
-        for (int k = 0; k < 12; k++)
+        int dense = !gpt_moe_block(&m->cfg, l); /* an MoE block: ln_1 .. ln_2, then moe.c's */
+        for (int k = 0; k < (dense ? 12 : 8); k++)
             f[k] = base + e[i++].offset;
+        if (!dense)
+            i = m->ent0[l + 1];
     }
     p->lnfw = m->has_head ? base + e[i++].offset : NULL;
     p->lnfb = m->has_head ? base + e[i].offset : NULL;
@@ -398,6 +415,8 @@ static loom_status gpt_setup(loom_gpt *m, const loom_gpt_config *cfg, int max_B,
     m->p.layer = calloc((size_t)cfg->layers, sizeof(layer_params));
     m->g.layer = calloc((size_t)cfg->layers, sizeof(layer_params));
     m->acts = calloc((size_t)cfg->layers, sizeof(layer_acts));
+    if (st == LOOM_OK && cfg->moe.experts && !(m->ent0 = calloc((size_t)cfg->layers + 1, sizeof(int))))
+        st = loom_fail(LOOM_ERR_NOMEM, "out of memory");
     if (st == LOOM_OK)
         st = check_split(m);
     if (st == LOOM_OK)
@@ -431,7 +450,9 @@ loom_status loom_gpt_create(const loom_gpt_config *cfg, loom_backend *be, int ma
             be->ops->copy_to_device(be->self, m->params, host, bytes);
             bind_params(m, m->params, &m->p);
             bind_params(m, m->grads, &m->g);
-            st = alloc_activations(m);
+            st = gpt_moe_create(m, seed);
+            if (st == LOOM_OK)
+                st = alloc_activations(m);
         }
         free(host);
     }
@@ -451,6 +472,8 @@ void loom_gpt_destroy(loom_gpt *m)
     ops->free(m->be->self, m->params);
     ops->free(m->be->self, m->grads);
     ops->free(m->be->self, m->act_mem);
+    gpt_moe_destroy(m);
+    free(m->ent0);
     free(m->host_losses);
     free(m->row_gather);
     gpt_distill_free(m);
@@ -499,7 +522,7 @@ const loom_param_table *loom_gpt_params(const loom_gpt *m) { return &m->table; }
 float *loom_gpt_param_data(loom_gpt *m) { return m->params; }
 float *loom_gpt_grad_data(loom_gpt *m) { return m->grads; }
 const float *loom_gpt_logits(const loom_gpt *m) { return m->logits; }
-size_t loom_gpt_activation_bytes(const loom_gpt *m) { return m->act_bytes; }
+size_t loom_gpt_activation_bytes(const loom_gpt *m) { return m->act_bytes + gpt_moe_bytes(m); }
 
 size_t loom_gpt_num_params(const loom_gpt *m)
 {
@@ -540,6 +563,11 @@ loom_status gpt_block_forward(loom_gpt *m, int l, const float *residual, int B, 
     k->residual_forward(a->res2, residual, m->summed, Rl * C);
     k->layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, 1,
                          (int)Rl, C);
+    if (m->moe && gpt_moe_block(&m->cfg, l)) { /* experts behind a router (moe.h; tp = 1) */
+        LOOM_TRY(gpt_moe_forward(m, l, m->ent0[l] + 8, a->ln2_full, m->summed, R));
+        k->residual_forward(a->res3, a->res2, m->summed, Rl * C);
+        return LOOM_OK;
+    }
     LOOM_TRY(F_ENTER(LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R, C));
     k->matmul_forward(a->fch, a->ln2_full, w->fcw, w->fcb, B, T, C, Fl);
     k->gelu_forward(a->fch_gelu, a->fch, R * Fl);
@@ -563,6 +591,10 @@ loom_status gpt_block_backward(loom_gpt *m, int l, const float *residual, rep_pa
     if (m->rc[l] == RC_FULL) /* the same forward again, into the scratch set (its res3 too:
                               * the same bits over the kept ones) */
         LOOM_TRY(gpt_block_forward(m, l, residual, B, T, Rl));
+    if (m->moe && gpt_moe_block(&m->cfg, l)) { /* res3 = res2 + moe(ln2(res2)) (moe.h) */
+        LOOM_TRY(gpt_moe_backward(m, l, m->ent0[l] + 8, m->dres, m->dsummed, R));
+        goto mlp_done;
+    }
     /* MLP branch: res3 = res2 + g(proj(gelu(fc(f(ln2(res2)))))) + bias */
     rep_args pb = {.dout = m->dres};
     gpt_replicated_grads(m, pk, 1, &pb, NULL, g->fcprojb, Rl);
@@ -575,6 +607,7 @@ loom_status gpt_block_backward(loom_gpt *m, int l, const float *residual, rep_pa
     LOOM_TRY(gpt_regather(m, LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R));
     LOOM_TRY(gpt_column_parallel_backward(m, LOOM_REGION_MLP, l, g->fcw, g->fcb, m->dbuf_4b,
                                       a->ln2_full, w->fcw, B, T, Fl, 1));
+mlp_done:;
     rep_args ln2 = {m->dtmp, m->dsummed, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd};
     gpt_replicated_grads(m, pk, 0, &ln2, g->ln2w, g->ln2b, Rl);
     k->accumulate(m->dres, m->dtmp, Rl * C);
@@ -638,6 +671,7 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
     LOOM_TRY(F_LEAVE(LOOM_REGION_EMBEDDING, -1, embedded, m->encoded, R, C));
     k->position_forward(m->encoded, m->p.wpe, row0, Rl, T, C);
     const float *residual = m->encoded;
+    gpt_moe_begin(m, dloss);
     for (int l = 0; l < m->cfg.layers; l++) {
         LOOM_TRY(use(m, 1 + l, 1));
         LOOM_TRY(gpt_block_forward(m, l, residual, B, T, Rl));
@@ -704,7 +738,9 @@ loom_status loom_gpt_backward(loom_gpt *m)
         LOOM_TRY(gpt_block_backward(m, l, residual, &pk, B, T, Rl));
         LOOM_TRY(gpt_rep_flush(m, &pk));
         LOOM_TRY(use(m, 1 + l, 0));
-        LOOM_TRY(entries_ready(m, 2 + 12 * l, 2 + 12 * l + 11));
+        int first, last;
+        loom_gpt_unit_entries(m, 1 + l, &first, &last);
+        LOOM_TRY(entries_ready(m, first, last));
     }
     /* Embedding: every rank needs the gradient of all rows for its vocabulary slice; the
      * position gradient is then computed the same way on every rank. */

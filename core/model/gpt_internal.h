@@ -98,6 +98,10 @@ struct loom_gpt {
     float kd_T, kd_alpha;
     float *kd_grad;                    /* (R,Vl) host: alpha dloss d kd / d z_s */
     double *kd_loss;                   /* (R) host */
+    /* Mixture of experts (moe.h): NULL for a dense model; then block l's table entries are
+     * 2 + 12 l .. +11, else ent0[l] .. ent0[l + 1] - 1 (an MoE block has 9 + 4 E). */
+    struct gpt_moe *moe;
+    int *ent0;                         /* [layers + 1], with moe */
 };
 
 /* gpt_distill.c: around the training forward's cross-entropy when a teacher is set. */
@@ -106,6 +110,8 @@ void gpt_distill_after(loom_gpt *m, size_t R);
 void gpt_distill_free(loom_gpt *m);
 
 enum { RC_KEEP, RC_FULL, RC_SELECTIVE };
+
+typedef struct gpt_moe gpt_moe; /* moe.c's state: the mixture-of-experts blocks */
 
 /* A region boundary: the strategy's hook, or nothing with one rank (then out == in).
  * The macros name Megatron's points; they expect the model in `m`. */

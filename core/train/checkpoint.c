@@ -333,8 +333,16 @@ static loom_status write_manifest(const loom_ckpt_source *src, const char *path,
     loom_json_write_string(&b, src->optim_name);
     loom_strbuf_printf(&b, ", \"slots\": %u},\n", src->slots);
     loom_strbuf_printf(&b, "  \"model\": {\"vocab\": %d, \"vocab_padded\": %d, \"ctx\": %d, "
-                       "\"layers\": %d, \"heads\": %d, \"dim\": %d},\n", mc->vocab,
+                       "\"layers\": %d, \"heads\": %d, \"dim\": %d", mc->vocab,
                        mc->vocab_padded, mc->ctx, mc->layers, mc->heads, mc->dim);
+    const loom_moe_config *mo = &mc->moe;
+    if (mo->experts) /* what rebuilds the model from the manifest (loom sample) needs */
+        loom_strbuf_printf(&b, ", \"moe\": {\"experts\": %d, \"top_k\": %d, \"every\": %d, "
+                           "\"capacity_factor\": %.17g, \"aux_loss\": %.17g, \"z_loss\": %.17g, "
+                           "\"router\": \"%s\", \"noise_std\": %.17g}", mo->experts, mo->top_k,
+                           mo->every, mo->capacity_factor, mo->aux_loss, mo->z_loss,
+                           mo->noisy ? "noisy_topk" : "topk", mo->noise_std);
+    loom_strbuf_puts(&b, "},\n");
     loom_strbuf_printf(&b, "  \"layout\": {\"tp\": %d", tp);
     if (pp > 1) { /* the loader remaps by name; the split is for people and tools */
         loom_strbuf_printf(&b, ", \"pp\": %d, \"pp_layers\": [", pp);

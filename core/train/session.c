@@ -535,6 +535,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
                                           (size_t)loom_gpt_get_config(s->teacher)->vocab_padded,
                                           s->cfg.kd_temperature, s->cfg.kd_alpha));
         }
+        /* the noisy router's key: this micro-batch's global index (gpt.h) */
+        loom_gpt_set_moe_key(s->model, (uint64_t)(s->step_no - 1) * (uint64_t)(accum * dp) + (uint64_t)i);
         LOOM_TRY(loom_gpt_forward(s->model, s->tokens, s->targets, B, T, (float)(scale / tokens),
                                   &part));
         double tb = loom_now_ms();

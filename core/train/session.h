@@ -170,6 +170,10 @@ loom_status loom_session_set_state(loom_session *s, const loom_session_state *st
 const loom_plugin_config *loom_session_optim_config(const loom_session *s);
 
 loom_gpt *loom_session_model(loom_session *s);
+/* The mixture-of-experts statistics of the training forwards since the last call
+ * (loom_gpt_moe_stats), summed over the data-parallel group (collective: every dp rank
+ * calls it); *load is out->load, to free. A dense model: layers = 0, *load NULL. */
+loom_status loom_session_moe_stats(loom_session *s, loom_moe_stats *out, double **load);
 const char *loom_session_backend_description(loom_session *s);
 int64_t loom_session_steps_taken(const loom_session *s);
 /* Pipeline stages of the run (1 without pipeline parallelism). */

@@ -142,6 +142,9 @@ static const loom_backend_ops cpu_ops = {
     .scale = loom_cpu_scale,
     .set_deterministic = cpu_set_deterministic,
     .attention_decode = loom_cpu_attention_decode,
+    .rows_gather = loom_cpu_rows_gather,
+    .rows_scatter_add = loom_cpu_rows_scatter_add,
+    .rows_dot = loom_cpu_rows_dot,
 };
 
 static const loom_config_key cpu_keys[] = {

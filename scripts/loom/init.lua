@@ -54,7 +54,41 @@ local gpt_spec = {
   dim = { type = "integer", min = 1, required = true, help = "model width C" },
   init = { type = "string", help = "an llm.c model file: gives the shape keys left out, and "
     .. "the weights the session starts from" },
+  moe = { type = "table", help = "mixture of experts: { experts = E, top_k = k, every = n, "
+    .. "capacity_factor = c, aux_loss = a, z_loss = z, router = \"topk\" | \"noisy_topk\" }" },
 }
+
+-- loom.gpt{moe = {...}} (core/model/moe.h): every n-th block's MLP becomes E experts.
+local moe_spec = {
+  experts = { type = "integer", min = 1, max = 1024, required = true, help = "experts per MoE block" },
+  top_k = { type = "integer", min = 1, help = "experts per token (default 2, or 1 with one expert)" },
+  every = { type = "integer", min = 1, help = "blocks l with (l + 1) % every == 0 are MoE blocks (default 1)" },
+  capacity_factor = { type = "number", min = 0, help = "slots per expert ceil(k tokens / E * c); 0: dropless (default 1.25)" },
+  aux_loss = { type = "number", min = 0, help = "Switch load-balancing loss weight (default 0.01)" },
+  z_loss = { type = "number", min = 0, help = "router z-loss weight (default 0.001)" },
+  router = { type = "string", one_of = { "topk", "noisy_topk" } },
+  noise_std = { type = "number", min = 0, help = "noisy_topk: std of the logits' noise (default 1)" },
+}
+
+-- The moe table of model t, checked and with its defaults filled in; origin(key) as
+-- schema.check's (loom.train checks again after command-line overrides: model.moe.*=).
+local function check_moe(t, where, origin)
+  local e = t.moe
+  schema.check(e, moe_spec, origin and "model.moe" or "loom.gpt moe", where, origin)
+  local m = { experts = e.experts, top_k = e.top_k or math.min(2, e.experts), every = e.every or 1,
+    capacity_factor = e.capacity_factor or 1.25, aux_loss = e.aux_loss or 0.01,
+    z_loss = e.z_loss or 0.001, router = e.router or "topk", noise_std = e.noise_std or 1.0 }
+  if m.top_k > m.experts then
+    schema.fail(where, "loom.gpt moe top_k=%d is more than experts=%d (top_k may be 1 to %d)",
+      m.top_k, m.experts, m.experts)
+  end
+  if m.every > t.layers then
+    schema.fail(where, "loom.gpt moe every=%d is more than layers=%d: no block would be an MoE "
+      .. "block (every may be 1 to %d)", m.every, t.layers, t.layers)
+  end
+  return m
+end
+loom._check_moe = check_moe
 
 -- loom.gpt{init = "gpt2_124M.bin", ...}: the shape comes from the llm.c file where the
 -- recipe leaves it out and must match where it gives it; loom.session loads the weights.
@@ -90,6 +124,11 @@ function loom.gpt(t)
   end
   local m = { kind = "gpt" }
   for k, v in pairs(t) do m[k] = v end
+  if t.moe and t.init then
+    schema.fail(where, "loom.gpt init=\"%s\" with moe: an llm.c model file has dense blocks "
+      .. "only (leave out init, or moe)", t.init)
+  end
+  if t.moe then m.moe = check_moe(t, where) end
   return m
 end
 

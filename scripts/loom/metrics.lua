@@ -281,7 +281,8 @@ function M:step(r)
     mfu = mfu or NULL, mem_bytes = rss, memory = r.memory or NULL, bubble = r.bubble or NULL,
     time_s = now, skipped = r.skipped and true or false, skipped_steps = self.skips or 0,
     compress_bytes = r.compress_bytes, grad_bytes = r.grad_bytes,
-    nonfinite = nf and { rank = nf.rank, stage = nf.stage, param = nf.param, loss = nf.loss or false } or nil }
+    nonfinite = nf and { rank = nf.rank, stage = nf.stage, param = nf.param, loss = nf.loss or false } or nil,
+    moe = r.moe }
 
   -- ETA from the pace since this run's first step: that step carries one-time costs
   -- (thread start-up, allocation, kernel autotuning) that later steps do not repeat.
@@ -319,6 +320,24 @@ function M:step(r)
   elseif keep then
     print((metrics.fit(cols)))
   end
+  if keep and r.moe then print(metrics.moe_line(r.moe)) end
+end
+
+-- The step's expert load as a person reads it: tokens per expert of each MoE block, the
+-- least and most loaded expert against the mean, the dropped fraction, the router losses.
+-- "moe blk0 [8 2 6 8] min/max 0.33/1.33 of mean | dropped 25.0% | aux 0.0165 | z 0.00758"
+function metrics.moe_line(moe)
+  local parts = {}
+  for b, load in ipairs(moe.load) do
+    local sum, lo, hi = 0, math.huge, -math.huge
+    for _, n in ipairs(load) do sum, lo, hi = sum + n, math.min(lo, n), math.max(hi, n) end
+    local mean = sum / #load
+    local counts = #load <= 16 and ("[" .. table.concat(load, " ") .. "] ") or ""
+    parts[#parts + 1] = string.format("blk%d %smin/max %.2f/%.2f of mean", b - 1, counts,
+      mean > 0 and lo / mean or 0, mean > 0 and hi / mean or 0)
+  end
+  return string.format("  moe %s | dropped %.1f%% | aux %.4g | z %.4g", table.concat(parts, ", "),
+    100 * moe.dropped, moe.aux, moe.z)
 end
 
 -- m:eval(step, val_loss): the validation line, and a {"kind":"val"} JSONL object.

@@ -139,6 +139,16 @@ typedef struct loom_backend_ops {
      * plugin's create(device): its communication stream waits on it with events. NULL or
      * absent (check size) for a host-memory backend. */
     void *(*stream)(void *self);
+    /* Added for mixture-of-experts layers (core/model/moe.c; absent: check size). idx[i]
+     * is a row of the (rows, C) side; scale may be NULL (1).
+     * out (n,C) = scale[i] * inp[idx[i]] (overwrites). */
+    void (*rows_gather)(float *out, const float *inp, const int *idx, const float *scale,
+                        size_t n, int C);
+    /* out[idx[i]] += scale[i] * inp[i] (rows,C), rows added in i order (fixed bits). */
+    void (*rows_scatter_add)(float *out, const float *inp, const int *idx, const float *scale,
+                             size_t n, int C);
+    /* out[i] = a[idx[i]] . b[i] over C, summed in column order (overwrites). */
+    void (*rows_dot)(float *out, const float *a, const int *idx, const float *b, size_t n, int C);
 } loom_backend_ops;
 
 #ifdef __cplusplus

@@ -3,7 +3,7 @@
 # the small test model (34688 parameters in 28 tensors), loom launch and shm:
 #  - the exchange itself is exact: topk with ratio = 1 sends every element, and its losses
 #    and norms are bitwise those of plain dp (the sum in rank order), with zero = 2 too
-#    (the compressed exchange replaces ZeRO's reduce-scatter);
+#    (the compressed exchange replaces ZeRO's reduce-scatter), and at dp=2 x pp=2;
 #  - onebit under zero = 1, 2, 3 gives zero = 0's onebit losses (within 1e-6), and a
 #    second run the same bits (same seed, same layout);
 #  - 200 steps of SGD (lr 1, the recipe's cosine to 0.1 by step 20) at dp=2 with 20 warm-up
@@ -37,6 +37,13 @@ cmp -s "$tmp/dp" "$tmp/all" || { echo "topk ratio=1 differs from plain dp"; past
 run2 strategy.zero=2 'strategy.compress={"topk",ratio=1}' | grep '^LOSS ' > "$tmp/all_z2"
 cmp -s <(grep '^LOSS ' "$tmp/dp") "$tmp/all_z2" || { echo "zero=2 topk ratio=1 differs from plain dp"; exit 1; }
 echo "ok topk ratio=1: losses and norms bitwise plain dp over 20 steps; with zero=2 the losses too"
+# over the dp group only: with pp the same (dp=2 x pp=2, 1f1b)
+runP() { "$loom" launch -n 4 "$recipe" threads=1 mesh.dp=2 mesh.pp=2 schedule=1f1b comm_timeout=20 "$@" | lines; }
+runP > "$tmp/pp"
+runP 'strategy.compress={"topk",ratio=1}' > "$tmp/pp_all"
+finite_losses "$tmp/pp"
+cmp -s "$tmp/pp" "$tmp/pp_all" || { echo "dp=2 x pp=2: topk ratio=1 differs from plain dp"; exit 1; }
+echo "ok topk ratio=1 at dp=2 x pp=2: losses and norms bitwise plain dp x pp"
 
 # --- onebit with ZeRO, and the same bits twice -----------------------------------------
 run2 "$onebit" log.jsonl="$tmp/m.jsonl" | lines > "$tmp/ob"

@@ -267,7 +267,7 @@ local function check_zero(t, where, origin)
     if k ~= "dp" and k ~= "zero" and k ~= "offload" and k ~= "compress" then
       schema.fail(where, "strategy.%s is not available in this build (accepted: zero = 0, 1, 2 or 3; "
         .. "dp = { bucket_mb = ... }; offload = { optimizer = ... }; compress = { \"onebit\" | "
-        .. "\"topk\", ... })", tostring(k))
+        .. "\"topk\" | \"powersgd\", ... })", tostring(k))
     end
   end
   if st.offload and (t.checkpoint or t.resume) then

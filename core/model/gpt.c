@@ -153,7 +153,7 @@ static loom_status build_table(loom_gpt *m)
         LAYER("ln_2.weight", 1, C, 0, 0, LOOM_INIT_ONES, 0, -1);
         LAYER("ln_2.bias", 1, C, 0, 0, LOOM_INIT_ZEROS, 0, -1);
         if (gpt_moe_block(c, l)) { /* a router and experts instead of mlp.* (moe.h) */
-            LOOM_TRY(gpt_moe_add_entries(t, c, l, std, proj_std));
+            LOOM_TRY(gpt_moe_add_entries(t, c, l, std, proj_std, m->ep, m->ep_rank));
             continue;
         }
         LAYER("mlp.fc.weight", 2, 4 * C, C, 0, LOOM_INIT_NORMAL, std, 0);
@@ -383,7 +383,13 @@ loom_status loom_gpt_create(const loom_gpt_config *cfg, loom_backend *be, int ma
         if (par->slots > 1)
             m->slots = par->slots;
         m->split = par->split_backward;
+        m->ep_ops = par->ep_ops;
+        m->ep_comm = par->ep_comm;
+        m->ep = par->ep > 1 ? par->ep : 1;
+        m->ep_rank = par->ep > 1 ? par->ep_rank : 0;
     }
+    if (!par || par->ep <= 1)
+        m->ep = 1;
     m->rc = calloc((size_t)cfg->layers, 1);
     if (st == LOOM_OK)
         st = m->rc ? recompute_modes(m, par) : loom_fail(LOOM_ERR_NOMEM, "out of memory");
@@ -682,6 +688,9 @@ loom_status loom_gpt_backward(loom_gpt *m)
         LOOM_TRY(use(m, 1 + l, 0));
         int first, last;
         loom_gpt_unit_entries(m, 1 + l, &first, &last);
+        if (m->ep > 1 && gpt_moe_block(&m->cfg, l))
+            last = m->ent0[l] + 8; /* up to the router: the experts are reduced over their own
+                                    * group (the session's, after backward) */
         LOOM_TRY(entries_ready(m, first, last));
     }
     /* Embedding: every rank needs the gradient of all rows for its vocabulary slice; the

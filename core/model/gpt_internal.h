@@ -96,6 +96,9 @@ struct loom_gpt {
      * 2 + 12 l .. +11, else ent0[l] .. ent0[l + 1] - 1 (an MoE block has 9 + 4 E). */
     struct gpt_moe *moe;
     int *ent0;                         /* [layers + 1], with moe */
+    int ep, ep_rank;                   /* loom_gpt_parallel's expert parallelism (1, 0: none) */
+    const struct loom_comm_ops *ep_ops;
+    void *ep_comm;
 };
 
 enum { RC_KEEP, RC_FULL, RC_SELECTIVE };

@@ -806,6 +806,9 @@ loom_status loom_checkpoint_save(loom_session *s, const char *dir, const loom_ch
     loom_ckpt_source src;
     memset(&src, 0, sizeof src);
     loom_gpt *m = loom_session_model(s);
+    if (loom_gpt_expert_parallel(m) > 1) /* dp rank 0 alone would miss the other ep ranks' */
+        return loom_fail(LOOM_ERR_UNSUPPORTED, "checkpoint: saving under expert parallelism "
+                         "(ep=%d) is not built yet; save at ep=1", loom_gpt_expert_parallel(m));
     src.table = loom_gpt_params(m);
     src.params = loom_gpt_param_data(m);
     src.state = loom_session_optim_state(s, &src.slots);

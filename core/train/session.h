@@ -57,6 +57,9 @@ typedef struct loom_session_config {
     int offload_mode;                     /* loom_offload_mode */
     const char *offload_path;             /* disk: a directory (copied) */
     double offload_chunk_mb;              /* 0: 64 */
+    /* Expert parallelism (session_ep.h): a MoE model's experts split over ep of the dp
+     * ranks; 0 or 1: none. */
+    int ep;
 } loom_session_config;
 
 typedef struct loom_step_stats {

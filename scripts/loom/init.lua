@@ -227,6 +227,7 @@ local session_spec = {
   zero = { type = "integer", min = 0, help = "ZeRO stage over the dp group: 0 (none), 1, 2 or 3 (docs/ZERO.md)" },
   zero_bucket_mb = { type = "positive", help = "ZeRO bucket size in MiB (default 25)" },
   offload = { type = "table", help = "{ optimizer = \"host\" | \"disk\", path = DIR, chunk_mb = N } (docs/ZERO.md)" },
+  ep = { type = "integer", min = 1, help = "expert parallelism: a MoE model's experts split over this many dp ranks (docs/MOE.md)" },
 }
 
 -- recompute = "none" | "full" | "selective" | { block indices }: checked against the
@@ -304,7 +305,7 @@ function loom.session(t, where)
     precision = loom.plugin_table(t.precision or "fp32", "precision", where),
     strategy = t.strategy, tensor = t.tensor, canonical = t.canonical or false,
     schedule = t.schedule, schedule_name = t.schedule_name, chunks = t.chunks, pp_layers = t.pp_layers,
-    zero = t.zero, zero_bucket_mb = t.zero_bucket_mb, recompute = t.recompute,
+    zero = t.zero, zero_bucket_mb = t.zero_bucket_mb, recompute = t.recompute, ep = t.ep,
   }
   if t.offload then
     check_offload(t.offload, where)

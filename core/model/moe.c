@@ -284,6 +284,21 @@ void loom_gpt_moe_stats(loom_gpt *m, loom_moe_stats *out, int reset)
 #define PJW(base) at(m, base, e0 + 3 + 4 * j)
 #define PJB(base) at(m, base, e0 + 4 + 4 * j)
 
+int gpt_moe_held_elsewhere(const loom_gpt *m, const char *name)
+{
+    const gpt_moe *g = m->moe;
+    if (!g || g->ep < 2 || loom_params_find(&m->table, name))
+        return 0;
+    int l, e, n = 0;
+    char what[32] = "";
+    if (sscanf(name, "h.%d.moe.expert.%d.%31s%n", &l, &e, what, &n) != 3 || name[n] != '\0')
+        return 0;
+    int known = !strcmp(what, "fc.weight") || !strcmp(what, "fc.bias") ||
+                !strcmp(what, "proj.weight") || !strcmp(what, "proj.bias");
+    return known && l >= 0 && l < m->cfg.layers && gpt_moe_block(&m->cfg, l) && e >= 0 &&
+           e < g->cfg.experts && e / g->El != g->ep_rank;
+}
+
 int loom_gpt_expert_parallel(const loom_gpt *m) { return m->moe ? m->moe->ep : 1; }
 
 int loom_gpt_is_expert_entry(const loom_gpt *m, int i)

@@ -31,6 +31,9 @@ loom_status gpt_moe_add_entries(loom_param_table *t, const loom_gpt_config *c, i
 loom_status gpt_moe_create(loom_gpt *m, uint64_t seed);
 void gpt_moe_destroy(loom_gpt *m);
 size_t gpt_moe_bytes(const loom_gpt *m);
+/* 1 if name is an expert parameter another ep rank holds (a checkpoint's tensor this rank
+ * skips when loading), 0 otherwise. */
+int gpt_moe_held_elsewhere(const loom_gpt *m, const char *name);
 /* Called at the start of each forward: dloss (0: no backward follows, no noise, no stats). */
 void gpt_moe_begin(loom_gpt *m, float dloss);
 /* out (R,C) = MoE(x); block l's entries start at table index e0. */

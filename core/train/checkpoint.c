@@ -36,6 +36,7 @@
 #include "io/safetensors.h"
 #include "base/status.h"
 #include "zero_ckpt.h"
+#include "session_ep.h"
 
 #define LATEST_FILE "latest"
 #define MAX_LATEST 256
@@ -806,9 +807,6 @@ loom_status loom_checkpoint_save(loom_session *s, const char *dir, const loom_ch
     loom_ckpt_source src;
     memset(&src, 0, sizeof src);
     loom_gpt *m = loom_session_model(s);
-    if (loom_gpt_expert_parallel(m) > 1) /* dp rank 0 alone would miss the other ep ranks' */
-        return loom_fail(LOOM_ERR_UNSUPPORTED, "checkpoint: saving under expert parallelism "
-                         "(ep=%d) is not built yet; save at ep=1", loom_gpt_expert_parallel(m));
     src.table = loom_gpt_params(m);
     src.params = loom_gpt_param_data(m);
     src.state = loom_session_optim_state(s, &src.slots);
@@ -828,6 +826,21 @@ loom_status loom_checkpoint_save(loom_session *s, const char *dir, const loom_ch
         /* the tied wte: stage 0 writes it, the last stage's copy has the same bits */
         if (g.pp.rank == g.pp.size - 1)
             src.skip = "wte";
+    }
+    loom_ep *ep = loom_session_ep(s);
+    if (ep) { /* expert parallelism: the whole model gathered, saved as ep=1 saves it (every
+               * expert by logical name), so any ep loads it (session_ep.h) */
+        loom_param_table full;
+        float *params, *state;
+        LOOM_TRY(loom_ep_gather_full(ep, m, src.state, src.slots, &full, &params, &state));
+        src.table = &full;
+        src.params = params;
+        src.state = state;
+        loom_status st = loom_ckpt_save_source(&src, &g, dir, x, out_path, len);
+        free(params);
+        free(state);
+        loom_params_free(&full);
+        return st;
     }
     loom_zero *z = loom_session_zero(s);
     if (!z)

@@ -1130,9 +1130,6 @@ static void copy_in(const loaded *ld, loom_session *s)
 loom_status loom_checkpoint_load_data(loom_session *s, const char *ckpt_path, loom_data *data,
                                       loom_checkpoint_extra *out)
 {
-    if (loom_gpt_expert_parallel(loom_session_model(s)) > 1)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "checkpoint '%s': loading under expert parallelism (ep > 1) "
-                  "is not built yet; resume at ep=1", ckpt_path);
     loaded ld;
     memset(&ld, 0, sizeof ld);
     ld.dir = ckpt_path;

@@ -317,6 +317,8 @@ void loom_session_destroy(loom_session *s)
     free(s);
 }
 
+loom_ep *loom_session_ep(loom_session *s) { return s->ep; }
+
 /* Register each interleaved chunk's parameter ranges as a grad_sync part (canonical). */
 static loom_status canonical_parts(loom_session *s)
 {

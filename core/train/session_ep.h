@@ -24,4 +24,15 @@ loom_status loom_ep_reduce(loom_ep *x, loom_gpt *m, double *comm_ms);
 loom_status loom_ep_norm(loom_ep *x, loom_gpt *m, const double *slots, size_t n, double *norm_sq,
                          int *nonfinite, double *comm_ms);
 
+/* A checkpoint under ep: the whole model as an ep=1 run holds it — ft the ep=1 table
+ * (every expert, by logical name, in global order), *params and *full_state (slots x
+ * ft->total, NULL without state) host copies of every rank's parameters and optimizer
+ * state, gathered over the ep group (collective: every rank calls it). The caller frees
+ * them and ft (loom_params_free). */
+loom_status loom_ep_gather_full(loom_ep *x, loom_gpt *m, const float *state, uint32_t slots,
+                                loom_param_table *ft, float **params, float **full_state);
+/* The session's ep groups (NULL without expert parallelism). */
+struct loom_session;
+loom_ep *loom_session_ep(struct loom_session *s);
+
 #endif

@@ -299,11 +299,6 @@ local function check(t, where, origin, world)
       schema.fail(where, "mesh ep=%d%s must divide model.moe.experts=%d", ep, origin("mesh.ep") or "",
         moe.experts)
     end
-    if t.checkpoint or t.resume then
-      schema.fail(where, "mesh ep=%d%s with checkpoint/resume is not built yet (each ep rank "
-        .. "holds other experts; saving them by logical name from every ep rank is missing): run "
-        .. "ep=1 to save", ep, origin("mesh.ep") or "")
-    end
   end
   check_pp(t, where, origin)
   if t.comm == "nccl" then

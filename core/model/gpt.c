@@ -484,7 +484,7 @@ size_t loom_gpt_num_params(const loom_gpt *m)
         return ((size_t)m->cfg.vocab + (size_t)m->cfg.ctx) * C +
                (size_t)m->cfg.layers * (12 * C * C + 13 * C) + 2 * C;
     }
-    return loom_params_count_logical(&m->table) -
+    return loom_params_count_logical(&m->table) + gpt_moe_params_elsewhere(m) -
            (size_t)(m->cfg.vocab_padded - m->cfg.vocab) * (size_t)m->cfg.dim;
 }
 

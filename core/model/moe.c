@@ -299,6 +299,15 @@ int gpt_moe_held_elsewhere(const loom_gpt *m, const char *name)
            e < g->cfg.experts && e / g->El != g->ep_rank;
 }
 
+size_t gpt_moe_params_elsewhere(const loom_gpt *m)
+{
+    const gpt_moe *g = m->moe;
+    if (!g || g->ep < 2)
+        return 0;
+    size_t C = (size_t)m->cfg.dim, per = 8 * C * C + 5 * C; /* fc (4C x C, 4C), proj (C x 4C, C) */
+    return (size_t)g->n * (size_t)(g->cfg.experts - g->El) * per;
+}
+
 int loom_gpt_expert_parallel(const loom_gpt *m) { return m->moe ? m->moe->ep : 1; }
 
 int loom_gpt_is_expert_entry(const loom_gpt *m, int i)

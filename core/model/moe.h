@@ -31,6 +31,8 @@ loom_status gpt_moe_add_entries(loom_param_table *t, const loom_gpt_config *c, i
 loom_status gpt_moe_create(loom_gpt *m, uint64_t seed);
 void gpt_moe_destroy(loom_gpt *m);
 size_t gpt_moe_bytes(const loom_gpt *m);
+/* Parameters of the experts other ep ranks hold (0 without expert parallelism). */
+size_t gpt_moe_params_elsewhere(const loom_gpt *m);
 /* 1 if name is an expert parameter another ep rank holds (a checkpoint's tensor this rank
  * skips when loading), 0 otherwise. */
 int gpt_moe_held_elsewhere(const loom_gpt *m, const char *name);

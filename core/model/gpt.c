@@ -80,7 +80,7 @@ loom_status loom_gpt_config_check(const loom_gpt_config *c)
 
 /* Ask the tp strategy where the entry added last lives; split_dim is the dim the model
  * allows it to cut (-1: replicated). */
-static loom_status place_last(loom_gpt *m, int split_dim)
+loom_status gpt_place_last(loom_gpt *m, int split_dim)
 {
     loom_param_table *t = &m->table;
     t->entries[t->count - 1].split_dim = split_dim;
@@ -121,7 +121,7 @@ static loom_status build_table(loom_gpt *m)
 #define ADD(nm, nd, layer, init, sd, split)                                  \
     do {                                                                     \
         LOOM_TRY(loom_params_add(t, nm, nd, sh, layer, init, sd));           \
-        LOOM_TRY(place_last(m, split));                                      \
+        LOOM_TRY(gpt_place_last(m, split));                                      \
     } while (0)
 #define SHAPE(a, b, c3) (sh[0] = (a), sh[1] = (b), sh[2] = (c3))
     /* A pipeline stage (gpt_stage.c) adds only what it holds: wte on the first and the last
@@ -153,7 +153,7 @@ static loom_status build_table(loom_gpt *m)
         LAYER("ln_2.weight", 1, C, 0, 0, LOOM_INIT_ONES, 0, -1);
         LAYER("ln_2.bias", 1, C, 0, 0, LOOM_INIT_ZEROS, 0, -1);
         if (gpt_moe_block(c, l)) { /* a router and experts instead of mlp.* (moe.h) */
-            LOOM_TRY(gpt_moe_add_entries(t, c, l, std, proj_std, m->ep, m->ep_rank));
+            LOOM_TRY(gpt_moe_add_entries(m, l, std, proj_std));
             continue;
         }
         LAYER("mlp.fc.weight", 2, 4 * C, C, 0, LOOM_INIT_NORMAL, std, 0);

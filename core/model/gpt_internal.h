@@ -123,6 +123,10 @@ typedef loom_status (*region_hook)(void *, loom_region, int, const loom_region_i
  * so a pipeline that holds the two halves on different stages gets the same bits. */
 void gpt_embedding_grad(loom_gpt *m, const float *dout, size_t R);
 
+/* Ask the tp strategy where the table entry added last lives; split_dim: the dim the model
+ * lets it cut (-1: replicated). gpt.c's table and moe.c's experts. */
+loom_status gpt_place_last(loom_gpt *m, int split_dim);
+
 /* A pipeline chunk [lo, hi) this model can run (gpt_stage.c). */
 loom_status gpt_check_chunk(const loom_gpt *m, int lo, int hi);
 

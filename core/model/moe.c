@@ -82,24 +82,27 @@ loom_status gpt_moe_check(const loom_gpt_config *c)
     return LOOM_OK;
 }
 
-loom_status gpt_moe_add_entries(loom_param_table *t, const loom_gpt_config *c, int l, float std,
-                                float proj_std, int ep, int ep_rank)
+loom_status gpt_moe_add_entries(loom_gpt *m, int l, float std, float proj_std)
 {
-    int El = c->moe.experts / (ep > 1 ? ep : 1), e_first = ep > 1 ? ep_rank * El : 0;
+    const loom_gpt_config *c = &m->cfg;
+    loom_param_table *t = &m->table;
+    int ep = m->ep > 1 ? m->ep : 1;
+    int El = c->moe.experts / ep, e_first = ep > 1 ? m->ep_rank * El : 0;
     int64_t C = c->dim, sh[2];
     char name[LOOM_PARAM_NAME_MAX];
-#define ENTRY(nd, a, b, init, sd, ...)                                              \
+#define ENTRY(nd, a, b, init, sd, split, ...)                                       \
     do {                                                                            \
         snprintf(name, sizeof name, __VA_ARGS__);                                   \
         sh[0] = (a), sh[1] = (b);                                                   \
         LOOM_TRY(loom_params_add(t, name, nd, sh, l, init, sd));                    \
+        LOOM_TRY(gpt_place_last(m, split));                                         \
     } while (0)
-    ENTRY(2, c->moe.experts, C, LOOM_INIT_NORMAL, std, "h.%d.moe.router.weight", l);
+    ENTRY(2, c->moe.experts, C, LOOM_INIT_NORMAL, std, -1, "h.%d.moe.router.weight", l);
     for (int e = e_first; e < e_first + El; e++) {
-        ENTRY(2, 4 * C, C, LOOM_INIT_NORMAL, std, "h.%d.moe.expert.%d.fc.weight", l, e);
-        ENTRY(1, 4 * C, 0, LOOM_INIT_ZEROS, 0.0f, "h.%d.moe.expert.%d.fc.bias", l, e);
-        ENTRY(2, C, 4 * C, LOOM_INIT_NORMAL, proj_std, "h.%d.moe.expert.%d.proj.weight", l, e);
-        ENTRY(1, C, 0, LOOM_INIT_ZEROS, 0.0f, "h.%d.moe.expert.%d.proj.bias", l, e);
+        ENTRY(2, 4 * C, C, LOOM_INIT_NORMAL, std, 0, "h.%d.moe.expert.%d.fc.weight", l, e);
+        ENTRY(1, 4 * C, 0, LOOM_INIT_ZEROS, 0.0f, 0, "h.%d.moe.expert.%d.fc.bias", l, e);
+        ENTRY(2, C, 4 * C, LOOM_INIT_NORMAL, proj_std, 1, "h.%d.moe.expert.%d.proj.weight", l, e);
+        ENTRY(1, C, 0, LOOM_INIT_ZEROS, 0.0f, -1, "h.%d.moe.expert.%d.proj.bias", l, e);
     }
 #undef ENTRY
     return LOOM_OK;
@@ -113,9 +116,10 @@ loom_status gpt_moe_create(loom_gpt *m, uint64_t seed)
     const loom_gpt_config *c = &m->cfg;
     if (!c->moe.experts)
         return LOOM_OK;
-    if (m->tp > 1)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "moe with tensor parallelism (tp=%d) does not compose "
-                  "yet: experts are not split by tp; use tp=1 (mesh.dp / mesh.ep)", m->tp);
+    if (m->tp > 1 && (m->sp || m->canonical))
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "moe with tensor parallelism (tp=%d) and %s does not "
+                  "compose yet (experts split by tp run in fast mode without sequence "
+                  "parallelism)", m->tp, m->sp ? "sequence parallelism" : "canonical mode");
     if (m->staged)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "moe with pipeline parallelism does not compose yet; "
                   "use pp=1");
@@ -395,7 +399,7 @@ loom_status gpt_moe_forward(loom_gpt *m, int l, int e0, const float *x, float *o
     moe_block *b = &g->blk[g->index[l]];
     const loom_backend_ops *k = m->be->ops;
     void *bs = m->be->self;
-    int E = g->cfg.experts, K = g->cfg.top_k, C = m->cfg.dim, F = 4 * C, El = g->El;
+    int E = g->cfg.experts, K = g->cfg.top_k, C = m->cfg.dim, F = m->Fl, El = g->El;
     k->matmul_forward(b->logits, x, at(m, m->params, e0), NULL, 1, (int)R, C, E);
     k->copy_to_host(bs, b->logits_h, b->logits, R * E * sizeof(float));
     if (g->cfg.noisy && g->dloss != 0.0f) { /* training forwards only (Shazeer et al. 2017) */
@@ -439,8 +443,8 @@ loom_status gpt_moe_forward(loom_gpt *m, int l, int e0, const float *x, float *o
     for (int j = 0; j < El; j++) {
         size_t o = (size_t)eoff[j] - (size_t)eoff[0], n = (size_t)ecount[j];
         if (n)
-            k->matmul_forward(ye + o * C, b->hg + o * F, PJW(m->params), PJB(m->params), 1,
-                              (int)n, F, C);
+            k->matmul_forward(ye + o * C, b->hg + o * F, PJW(m->params),
+                              m->tp_rank == 0 ? PJB(m->params) : NULL, 1, (int)n, F, C);
     }
     if (g->ep > 1) { /* back to the ranks the rows came from, in their order */
         k->rows_gather(g->xr, ye, b->inv, NULL, Ar, C);
@@ -449,6 +453,9 @@ loom_status gpt_moe_forward(loom_gpt *m, int l, int e0, const float *x, float *o
     }
     k->zero(bs, out, R * C * sizeof(float));
     k->rows_scatter_add(out, b->y, b->tok, b->gate, A, C);
+    /* under tp each rank's experts gave their slice's partial proj (the bias on tp rank 0):
+     * the sum over the group is the output (Megatron's row-parallel g) */
+    LOOM_TRY(gpt_tensor_allreduce(m, out, R * C, LOOM_REDUCE_SUM));
     if (g->dloss != 0.0f) {
         if (g->load_stale)
             memset(g->load, 0, (size_t)g->n * E * sizeof(double));
@@ -473,7 +480,7 @@ loom_status gpt_moe_backward(loom_gpt *m, int l, int e0, const float *dout, floa
     moe_route *rt = &b->rt;
     const loom_backend_ops *k = m->be->ops;
     void *bs = m->be->self;
-    int E = g->cfg.experts, C = m->cfg.dim, F = 4 * C, El = g->El;
+    int E = g->cfg.experts, C = m->cfg.dim, F = m->Fl, El = g->El;
     size_t A = (size_t)rt->kept;
     if ((size_t)rt->R != R)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "moe backward over %zu rows after a forward over %d", R,
@@ -482,6 +489,8 @@ loom_status gpt_moe_backward(loom_gpt *m, int l, int e0, const float *dout, floa
      * dout[tok_a] . y_a */
     k->rows_gather(g->dy, dout, b->tok, b->gate, A, C);
     k->rows_dot(g->dgate, dout, b->tok, b->y, A, C);
+    /* y is this tp rank's partial: the gates' gradient is the sum over the group */
+    LOOM_TRY(gpt_tensor_allreduce(m, g->dgate, A, LOOM_REDUCE_SUM));
     float *dye = g->dy, *dxe = g->dxin, *xe = b->xin;
     const int *eoff = rt->offset + g->ep_rank * El, *ecount = rt->count + g->ep_rank * El;
     size_t rows = A;
@@ -525,6 +534,9 @@ loom_status gpt_moe_backward(loom_gpt *m, int l, int e0, const float *dout, floa
     const float *x = m->acts[l].ln2_full;
     k->matmul_backward(g->dxr, at(m, m->grads, e0), NULL, g->dlogits, x, at(m, m->params, e0), 1,
                        (int)R, C, E);
-    k->accumulate(dx, g->dxr, R * C);
+    if (m->tp_rank == 0) /* the router is replicated: its input gradient joins once */
+        k->accumulate(dx, g->dxr, R * C);
+    /* each tp rank's experts gave their slice's part of the input gradient (column-parallel) */
+    LOOM_TRY(gpt_tensor_allreduce(m, dx, R * C, LOOM_REDUCE_SUM));
     return LOOM_OK;
 }

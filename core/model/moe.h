@@ -22,9 +22,10 @@ loom_status gpt_moe_check(const loom_gpt_config *c);
 /* 1 if block l is an MoE block of config c. */
 int gpt_moe_block(const loom_gpt_config *c, int l);
 /* Append block l's router and experts to the table (instead of its mlp.* entries); under
- * expert parallelism only this ep rank's E/ep experts (named by their global index). */
-loom_status gpt_moe_add_entries(loom_param_table *t, const loom_gpt_config *c, int l, float std,
-                                float proj_std, int ep, int ep_rank);
+ * expert parallelism only this ep rank's E/ep experts (named by their global index);
+ * under tensor parallelism each expert split as the dense MLP is (fc by output features,
+ * proj by input features; the router and proj.bias replicated). */
+loom_status gpt_moe_add_entries(loom_gpt *m, int l, float std, float proj_std);
 /* After the table and the parameters exist: the MoE state and buffers (m->moe); refuses
  * what does not compose yet (tensor and pipeline parallelism, recomputation, a backend
  * without rows_gather). */

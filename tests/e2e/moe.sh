@@ -12,8 +12,11 @@
 #  - expert parallelism: dp=2 ep=2 within 1e-5 of ep=1 (measured 2.5e-7), dp=4 ep=2 within
 #    1e-6 of ep=1 over 10 steps (routing flips later: below); saved at ep=2, resumed at ep=2
 #    bitwise and at ep=1 within 1e-5; saved at ep=1, resumed at ep=2 within 1e-5;
-#  - what does not compose yet (tp, pp, recompute, llm.c export; ep with canonical mode or
-#    zero) and bad moe keys are refused naming the key.
+#  - tensor parallelism (experts split by tp): tp=2 within 1e-5 of one rank, tp=2 dp=2 ep=2
+#    within 1e-5 of dp=2, saved there and resumed at tp=1 ep=1 within 1e-5;
+#  - what does not compose yet (tp with sequence parallelism or canonical mode, pp,
+#    recompute, llm.c export; ep with canonical mode or zero) and bad moe keys are refused
+#    naming the key.
 set -euo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -95,6 +98,18 @@ grep -q 'h.1.moe.expert.3.proj.weight' "$tmp/info" ||
 "$loom" sample "$tmp/ck/step_00000010" --prompt "hi" --tokens 4 > /dev/null 2>&1
 echo "ok saved at 10, resumed: steps 11-20 bitwise; experts stored by logical name; sample reads it"
 
+# Tensor parallelism: each expert split as the dense MLP is (fc by columns, proj by rows)
+"$loom" launch -n 2 "$recipe" threads=1 mesh.tp=2 comm_timeout=20 | grep '^LOSS' > "$tmp/tp2"
+d=$(max_loss_diff <(grep '^LOSS' "$tmp/full.out") "$tmp/tp2")
+below "$d" 1e-5 || { echo "tp=2 differs from one rank by $d"; exit 1; }
+"$loom" launch -n 4 "$recipe" threads=1 mesh.tp=2 mesh.dp=2 mesh.ep=2 batch.global=8 steps=10 \
+  checkpoint.dir="$tmp/ckt" comm_timeout=20 | grep -v '^\[rank' | grep '^LOSS' > "$tmp/t222"
+d222=$(max_loss_diff <(awk '$2 <= 10' "$tmp/dp2") "$tmp/t222")
+runN 2 batch.global=8 resume="$tmp/ckt/step_00000010" | grep '^LOSS' > "$tmp/rt"
+drt=$(max_loss_diff <(awk '$2 > 10' "$tmp/dp2") "$tmp/rt")
+below "$d222" 1e-5 && below "$drt" 1e-5 || { echo "tp=2 dp=2 ep=2: $d222, resumed at tp=1 ep=1: $drt"; exit 1; }
+echo "ok tp=2 vs one rank: $d; tp=2 dp=2 ep=2 vs dp=2: $d222 over 10 steps; saved there, resumed at tp=1 ep=1: $drt"
+
 run1 model.moe.capacity_factor=0 steps=5 > "$tmp/dl.out"
 [[ $(grep -c '^MOE .* dropped=0.000000 ' "$tmp/dl.out") -eq 5 ]] || { echo "dropless dropped"; exit 1; }
 grep -q 'dropped=0.[0-9]*[1-9]' "$tmp/one.out" || { echo "capacity 1.25 never dropped: the check above proves nothing"; exit 1; }
@@ -120,7 +135,8 @@ refuse() { # refuse WORDS ARGS...: the run fails and says WORDS
   if "$@" > "$tmp/err" 2>&1; then echo "accepted: $*"; exit 1; fi
   grep -q -- "$want" "$tmp/err" || { echo "'$*' did not say '$want':"; tail -2 "$tmp/err"; exit 1; }
 }
-refuse "tensor parallelism (tp=2) does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.tp=2
+refuse "and sequence parallelism does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.tp=2 tp_sequence_parallel=true
+refuse "and canonical mode does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.tp=2 deterministic=canonical
 refuse "pipeline parallelism does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.pp=2 microbatches=2
 refuse "recomputation does not compose yet" run1 recompute=full
 refuse "must divide dp=1" run1 mesh.ep=2
@@ -132,4 +148,4 @@ refuse "model.moe.every=0" run1 model.moe.every=0
 refuse "is not one of: topk, noisy_topk" run1 model.moe.router=top2
 refuse "unknown key 'model.moe.expert'" run1 model.moe.expert=8
 refuse "dense GPT-2 blocks only" "$loom" export --llmc "$tmp/ck/step_00000010" "$tmp/x.bin"
-echo "ok refused: tp, pp, recompute, llm.c export, ep with canonical/zero or not dividing dp or experts; bad moe keys named"
+echo "ok refused: tp with sp or canonical, pp, recompute, llm.c export, ep with canonical/zero or not dividing dp or experts; bad moe keys named"

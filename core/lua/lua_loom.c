@@ -290,6 +290,7 @@ static int l_session(lua_State *L)
         lua_pop(L, 1);
     }
     cfg.zero_stage = int_field(L, 1, "zero", 0); /* strategy = { zero = N } */
+    cfg.ep = int_field(L, 1, "ep", 1);          /* mesh.ep: expert parallelism */
     cfg.zero_bucket_mb = num_field(L, 1, "zero_bucket_mb", 0.0);
     /* strategy = { offload = { optimizer = "host" | "disk", path =, chunk_mb = } } */
     lua_getfield(L, 1, "offload");

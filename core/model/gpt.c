@@ -80,7 +80,7 @@ loom_status loom_gpt_config_check(const loom_gpt_config *c)
 
 /* Ask the tp strategy where the entry added last lives; split_dim is the dim the model
  * allows it to cut (-1: replicated). */
-static loom_status place_last(loom_gpt *m, int split_dim)
+loom_status gpt_place_last(loom_gpt *m, int split_dim)
 {
     loom_param_table *t = &m->table;
     t->entries[t->count - 1].split_dim = split_dim;
@@ -122,7 +122,7 @@ static loom_status build_table(loom_gpt *m)
 #define ADD(nm, nd, layer, init, sd, split)                                  \
     do {                                                                     \
         LOOM_TRY(loom_params_add(t, nm, nd, sh, layer, init, sd));           \
-        LOOM_TRY(place_last(m, split));                                      \
+        LOOM_TRY(gpt_place_last(m, split));                                      \
     } while (0)
 #define SHAPE(a, b, c3) (sh[0] = (a), sh[1] = (b), sh[2] = (c3))
     /* A pipeline stage (gpt_stage.c) adds only what it holds: wte on the first and the last
@@ -154,7 +154,7 @@ static loom_status build_table(loom_gpt *m)
         LAYER("ln_2.weight", 1, C, 0, 0, LOOM_INIT_ONES, 0, -1);
         LAYER("ln_2.bias", 1, C, 0, 0, LOOM_INIT_ZEROS, 0, -1);
         if (gpt_moe_block(c, l)) { /* a router and experts instead of mlp.* (moe.h) */
-            LOOM_TRY(gpt_moe_add_entries(t, c, l, std, proj_std));
+            LOOM_TRY(gpt_moe_add_entries(m, l, std, proj_std));
             continue;
         }
         LAYER("mlp.fc.weight", 2, 4 * C, C, 0, LOOM_INIT_NORMAL, std, 0);
@@ -386,7 +386,13 @@ static loom_status gpt_setup(loom_gpt *m, const loom_gpt_config *cfg, int max_B,
         if (par->slots > 1)
             m->slots = par->slots;
         m->split = par->split_backward;
+        m->ep_ops = par->ep_ops;
+        m->ep_comm = par->ep_comm;
+        m->ep = par->ep > 1 ? par->ep : 1;
+        m->ep_rank = par->ep > 1 ? par->ep_rank : 0;
     }
+    if (!par || par->ep <= 1)
+        m->ep = 1;
     m->rc = calloc((size_t)cfg->layers, 1);
     if (st == LOOM_OK)
         st = m->rc ? recompute_modes(m, par) : loom_fail(LOOM_ERR_NOMEM, "out of memory");
@@ -531,7 +537,7 @@ size_t loom_gpt_num_params(const loom_gpt *m)
         return ((size_t)m->cfg.vocab + (size_t)m->cfg.ctx) * C +
                (size_t)m->cfg.layers * (12 * C * C + 13 * C) + 2 * C;
     }
-    return loom_params_count_logical(&m->table) -
+    return loom_params_count_logical(&m->table) + gpt_moe_params_elsewhere(m) -
            (size_t)(m->cfg.vocab_padded - m->cfg.vocab) * (size_t)m->cfg.dim;
 }
 
@@ -740,6 +746,9 @@ loom_status loom_gpt_backward(loom_gpt *m)
         LOOM_TRY(use(m, 1 + l, 0));
         int first, last;
         loom_gpt_unit_entries(m, 1 + l, &first, &last);
+        if (m->ep > 1 && gpt_moe_block(&m->cfg, l))
+            last = m->ent0[l] + 8; /* up to the router: the experts are reduced over their own
+                                    * group (the session's, after backward) */
         LOOM_TRY(entries_ready(m, first, last));
     }
     /* Embedding: every rank needs the gradient of all rows for its vocabulary slice; the

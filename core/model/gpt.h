@@ -74,6 +74,12 @@ typedef struct loom_gpt_parallel {
      * split_backward only SELECTIVE (W reruns the GELU; FULL and LAYERS are refused). */
     int recompute;                          /* LOOM_RECOMPUTE_*; 0 = none */
     const unsigned char *recompute_layers;  /* [layers], with LOOM_RECOMPUTE_LAYERS */
+    /* Expert parallelism (moe.h): each MoE block's experts split over the ep ranks of
+     * ep_comm (experts ep_rank*E/ep ..), tokens dispatched to them and back by
+     * all-to-all-v. ep <= 1: every expert on this rank. */
+    int ep, ep_rank;
+    const struct loom_comm_ops *ep_ops;
+    void *ep_comm;
 } loom_gpt_parallel;
 
 enum { LOOM_RECOMPUTE_NONE, LOOM_RECOMPUTE_FULL, LOOM_RECOMPUTE_SELECTIVE, LOOM_RECOMPUTE_LAYERS };
@@ -172,6 +178,10 @@ typedef struct loom_moe_stats {
 /* What the training forwards since the last reset routed (this rank's tokens); aux and z
  * are means over those forwards. reset: start counting again. */
 void loom_gpt_moe_stats(loom_gpt *m, loom_moe_stats *out, int reset);
+/* Expert parallelism: the ep group's size (1 without), and whether table entry i is an
+ * expert's (held by this ep rank only; its gradient is not the dp group's to reduce). */
+int loom_gpt_expert_parallel(const loom_gpt *m);
+int loom_gpt_is_expert_entry(const loom_gpt *m, int i);
 
 /* Parameters of the whole model (all slices) excluding padding rows of wte: what llm.c
  * and MFU count as N. */

@@ -102,6 +102,9 @@ struct loom_gpt {
      * 2 + 12 l .. +11, else ent0[l] .. ent0[l + 1] - 1 (an MoE block has 9 + 4 E). */
     struct gpt_moe *moe;
     int *ent0;                         /* [layers + 1], with moe */
+    int ep, ep_rank;                   /* loom_gpt_parallel's expert parallelism (1, 0: none) */
+    const struct loom_comm_ops *ep_ops;
+    void *ep_comm;
 };
 
 /* gpt_distill.c: around the training forward's cross-entropy when a teacher is set. */
@@ -130,6 +133,10 @@ typedef loom_status (*region_hook)(void *, loom_region, int, const loom_region_i
  * mode sums it on its own first and adds it to the LM head's part in one add (head + emb),
  * so a pipeline that holds the two halves on different stages gets the same bits. */
 void gpt_embedding_grad(loom_gpt *m, const float *dout, size_t R);
+
+/* Ask the tp strategy where the table entry added last lives; split_dim: the dim the model
+ * lets it cut (-1: replicated). gpt.c's table and moe.c's experts. */
+loom_status gpt_place_last(loom_gpt *m, int split_dim);
 
 /* A pipeline chunk [lo, hi) this model can run (gpt_stage.c). */
 loom_status gpt_check_chunk(const loom_gpt *m, int lo, int hi);

@@ -7,6 +7,7 @@
  * stage, final layernorm, tied head and loss on the last) and the checks.
  */
 #include "gpt_stage.h"
+#include "moe.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -131,6 +132,8 @@ loom_status loom_gpt_stage_backward(loom_gpt *m, int lo, int hi)
 
 int loom_gpt_held_elsewhere(const loom_gpt *m, const char *name)
 {
+    if (gpt_moe_held_elsewhere(m, name))
+        return 1; /* another ep rank's expert (moe.h) */
     if (!m->staged || loom_params_find(&m->table, name))
         return 0;
     if (strcmp(name, "wte") == 0)

@@ -8,7 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loom/plugin/comm.h"
 #include "base/rng.h"
+#include "base/clock.h"
 #include "base/status.h"
 #include "moe_route.h"
 
@@ -18,8 +20,19 @@ typedef struct moe_block {
     float *logits;              /* device (R,E) router logits */
     int *tok;                   /* device (A) token row of each assignment */
     float *gate;                /* device (A) */
-    float *xin, *h, *hg, *y;    /* device (A,C) (A,F) (A,F) (A,C): expert inputs, fc out,
+    float *xin, *h, *hg, *y;    /* device (A,C) (Ar,F) (Ar,F) (A,C): expert inputs, fc out,
                                  * GELU out, proj out, expert-major */
+    /* Expert parallelism: what this rank sent to (and got from) each ep rank, in rows:
+     * send_rows[p] at send_off[p] of the local expert-major layout (experts p*El ..);
+     * recv_rows[p] at recv_off[p] of the received, source-major layout; rcnt[p*El + j]
+     * rows of local expert j from rank p; perm[i]: the received row that is row i of the
+     * expert-major layout xe (and inv its inverse); ecount[j], eoff[j]: expert j's rows in
+     * xe. Without ep: xe is xin, the counts are the route's. */
+    float *xe;                  /* device (Ar,C) */
+    int *perm, *inv;            /* device (Ar) */
+    int *rcnt, *ecount, *eoff, *hperm, *hinv;  /* host */
+    size_t *send_rows, *send_off, *recv_rows, *recv_off, *sc, *sd, *rc, *rd;
+    int Ar;                     /* rows received (this rank's experts' work) */
 } moe_block;
 
 struct gpt_moe {
@@ -28,10 +41,13 @@ struct gpt_moe {
     int *index;                 /* [layers]: the block's index in blk, -1 for dense */
     moe_block *blk;
     int max_R, A;               /* rows, assignments (k x rows) the buffers hold */
+    int ep, ep_rank, El;        /* expert parallelism: ranks, this one, experts here */
+    int Amax;                   /* rows an ep rank may receive: ep x A */
     uint64_t seed, key;
     float dloss;                /* of the forward in progress */
     /* backward scratch shared by every block */
     float *dlogits, *dgate, *dy, *dhg, *dh, *dxin, *dxr;  /* device */
+    float *xr, *ye, *dye, *dxe;                            /* device (Amax,C): ep exchanges */
     float *dlogits_h, *dgate_h;                            /* host */
     size_t bytes;
     /* statistics since the last reset */
@@ -66,23 +82,27 @@ loom_status gpt_moe_check(const loom_gpt_config *c)
     return LOOM_OK;
 }
 
-loom_status gpt_moe_add_entries(loom_param_table *t, const loom_gpt_config *c, int l, float std,
-                                float proj_std)
+loom_status gpt_moe_add_entries(loom_gpt *m, int l, float std, float proj_std)
 {
+    const loom_gpt_config *c = &m->cfg;
+    loom_param_table *t = &m->table;
+    int ep = m->ep > 1 ? m->ep : 1;
+    int El = c->moe.experts / ep, e_first = ep > 1 ? m->ep_rank * El : 0;
     int64_t C = c->dim, sh[2];
     char name[LOOM_PARAM_NAME_MAX];
-#define ENTRY(nd, a, b, init, sd, ...)                                              \
+#define ENTRY(nd, a, b, init, sd, split, ...)                                       \
     do {                                                                            \
         snprintf(name, sizeof name, __VA_ARGS__);                                   \
         sh[0] = (a), sh[1] = (b);                                                   \
         LOOM_TRY(loom_params_add(t, name, nd, sh, l, init, sd));                    \
+        LOOM_TRY(gpt_place_last(m, split));                                         \
     } while (0)
-    ENTRY(2, c->moe.experts, C, LOOM_INIT_NORMAL, std, "h.%d.moe.router.weight", l);
-    for (int e = 0; e < c->moe.experts; e++) {
-        ENTRY(2, 4 * C, C, LOOM_INIT_NORMAL, std, "h.%d.moe.expert.%d.fc.weight", l, e);
-        ENTRY(1, 4 * C, 0, LOOM_INIT_ZEROS, 0.0f, "h.%d.moe.expert.%d.fc.bias", l, e);
-        ENTRY(2, C, 4 * C, LOOM_INIT_NORMAL, proj_std, "h.%d.moe.expert.%d.proj.weight", l, e);
-        ENTRY(1, C, 0, LOOM_INIT_ZEROS, 0.0f, "h.%d.moe.expert.%d.proj.bias", l, e);
+    ENTRY(2, c->moe.experts, C, LOOM_INIT_NORMAL, std, -1, "h.%d.moe.router.weight", l);
+    for (int e = e_first; e < e_first + El; e++) {
+        ENTRY(2, 4 * C, C, LOOM_INIT_NORMAL, std, 0, "h.%d.moe.expert.%d.fc.weight", l, e);
+        ENTRY(1, 4 * C, 0, LOOM_INIT_ZEROS, 0.0f, 0, "h.%d.moe.expert.%d.fc.bias", l, e);
+        ENTRY(2, C, 4 * C, LOOM_INIT_NORMAL, proj_std, 1, "h.%d.moe.expert.%d.proj.weight", l, e);
+        ENTRY(1, C, 0, LOOM_INIT_ZEROS, 0.0f, -1, "h.%d.moe.expert.%d.proj.bias", l, e);
     }
 #undef ENTRY
     return LOOM_OK;
@@ -96,9 +116,10 @@ loom_status gpt_moe_create(loom_gpt *m, uint64_t seed)
     const loom_gpt_config *c = &m->cfg;
     if (!c->moe.experts)
         return LOOM_OK;
-    if (m->tp > 1)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "moe with tensor parallelism (tp=%d) does not compose "
-                  "yet: experts are not split by tp; use tp=1 (mesh.dp / mesh.ep)", m->tp);
+    if (m->tp > 1 && (m->sp || m->canonical))
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "moe with tensor parallelism (tp=%d) and %s does not "
+                  "compose yet (experts split by tp run in fast mode without sequence "
+                  "parallelism)", m->tp, m->sp ? "sequence parallelism" : "canonical mode");
     if (m->staged)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "moe with pipeline parallelism does not compose yet; "
                   "use pp=1");
@@ -106,6 +127,9 @@ loom_status gpt_moe_create(loom_gpt *m, uint64_t seed)
         if (m->rc[l] != RC_KEEP)
             LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "moe with activation recomputation does not "
                       "compose yet; use recompute = \"none\"");
+    if (m->ep > 1 && (c->moe.experts % m->ep || !m->ep_ops || !m->ep_comm))
+        LOOM_FAIL(LOOM_ERR_INVALID, "expert parallelism ep=%d must divide experts=%d (and needs "
+                  "its group's communicator)", m->ep, c->moe.experts);
     const loom_backend_ops *k = m->be->ops;
     if (k->size <= offsetof(loom_backend_ops, rows_dot) || !k->rows_gather ||
         !k->rows_scatter_add || !k->rows_dot)
@@ -119,10 +143,15 @@ loom_status gpt_moe_create(loom_gpt *m, uint64_t seed)
     if (g->cfg.noise_std == 0.0)
         g->cfg.noise_std = 1.0;
     g->seed = seed;
-    int E = c->moe.experts, K = c->moe.top_k;
+    g->ep = m->ep;
+    g->ep_rank = m->ep_rank;
+    int E = c->moe.experts, K = c->moe.top_k, P = g->ep;
+    g->El = E / P;
     size_t C = (size_t)c->dim, F = 4 * C, R = (size_t)m->max_B * (size_t)c->ctx, A = R * K;
+    size_t Am = A * (size_t)P; /* every ep rank may send all its choices here */
     g->max_R = (int)R;
     g->A = (int)A;
+    g->Amax = (int)Am;
     g->index = malloc((size_t)c->layers * sizeof(int));
     if (!g->index)
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
@@ -136,6 +165,7 @@ loom_status gpt_moe_create(loom_gpt *m, uint64_t seed)
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
     int ok = 1;
 #define DEV(n) (g->bytes += (n) * sizeof(float), k->alloc(m->be->self, (n) * sizeof(float)))
+#define HOST(p, n) (ok &= ((p) = calloc((n), sizeof *(p))) != NULL)
     for (int b = 0; b < g->n; b++) {
         moe_block *x = &g->blk[b];
         ok &= moe_route_alloc(&x->rt, (int)R, E, K) == 0;
@@ -144,20 +174,39 @@ loom_status gpt_moe_create(loom_gpt *m, uint64_t seed)
         x->tok = (int *)DEV(A);
         x->gate = DEV(A);
         x->xin = DEV(A * C);
-        x->h = DEV(A * F);
-        x->hg = DEV(A * F);
+        x->h = DEV(Am * F);
+        x->hg = DEV(Am * F);
         x->y = DEV(A * C);
         ok &= x->logits_h && x->logits && x->tok && x->gate && x->xin && x->h && x->hg && x->y;
+        if (P > 1) {
+            x->xe = DEV(Am * C);
+            x->perm = (int *)DEV(Am);
+            x->inv = (int *)DEV(Am);
+            ok &= x->xe && x->perm && x->inv;
+            HOST(x->rcnt, (size_t)E); HOST(x->ecount, (size_t)g->El); HOST(x->eoff, (size_t)g->El + 1);
+            HOST(x->hperm, Am); HOST(x->hinv, Am);
+            HOST(x->send_rows, (size_t)P); HOST(x->send_off, (size_t)P);
+            HOST(x->recv_rows, (size_t)P); HOST(x->recv_off, (size_t)P);
+            HOST(x->sc, (size_t)P); HOST(x->sd, (size_t)P); HOST(x->rc, (size_t)P); HOST(x->rd, (size_t)P);
+        }
     }
     g->dlogits = DEV(R * E);
     g->dgate = DEV(A);
     g->dy = DEV(A * C);
-    g->dhg = DEV(A * F);
-    g->dh = DEV(A * F);
+    g->dhg = DEV(Am * F);
+    g->dh = DEV(Am * F);
     g->dxin = DEV(A * C);
     g->dxr = DEV(R * C);
-#undef DEV
     ok &= g->dlogits && g->dgate && g->dy && g->dhg && g->dh && g->dxin && g->dxr;
+    if (P > 1) {
+        g->xr = DEV(Am * C);
+        g->ye = DEV(Am * C);
+        g->dye = DEV(Am * C);
+        g->dxe = DEV(Am * C);
+        ok &= g->xr && g->ye && g->dye && g->dxe;
+    }
+#undef HOST
+#undef DEV
     if (!ok)
         LOOM_FAIL(LOOM_ERR_NOMEM, "cannot allocate %.1f MiB for the mixture-of-experts buffers",
                   (double)g->bytes / (1 << 20));
@@ -175,13 +224,20 @@ void gpt_moe_destroy(loom_gpt *m)
         moe_block *x = &g->blk[b];
         moe_route_free(&x->rt);
         free(x->logits_h);
-        float *dev[] = {x->logits, (float *)x->tok, x->gate, x->xin, x->h, x->hg, x->y};
+        float *dev[] = {x->logits, (float *)x->tok, x->gate, x->xin, x->h, x->hg, x->y, x->xe,
+                        (float *)x->perm, (float *)x->inv};
         for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
-            k->free(bs, dev[i]);
+            if (dev[i])
+                k->free(bs, dev[i]);
+        free(x->rcnt); free(x->ecount); free(x->eoff); free(x->hperm); free(x->hinv);
+        free(x->send_rows); free(x->send_off); free(x->recv_rows); free(x->recv_off);
+        free(x->sc); free(x->sd); free(x->rc); free(x->rd);
     }
-    float *dev[] = {g->dlogits, g->dgate, g->dy, g->dhg, g->dh, g->dxin, g->dxr};
+    float *dev[] = {g->dlogits, g->dgate, g->dy, g->dhg, g->dh, g->dxin, g->dxr, g->xr, g->ye,
+                    g->dye, g->dxe};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
-        k->free(bs, dev[i]);
+        if (dev[i])
+            k->free(bs, dev[i]);
     free(g->blk);
     free(g->index);
     free(g->load);
@@ -226,11 +282,116 @@ void loom_gpt_moe_stats(loom_gpt *m, loom_moe_stats *out, int reset)
     }
 }
 
-/* Expert e's four entries after the router at e0. */
-#define FCW(base) at(m, base, e0 + 1 + 4 * e)
-#define FCB(base) at(m, base, e0 + 2 + 4 * e)
-#define PJW(base) at(m, base, e0 + 3 + 4 * e)
-#define PJB(base) at(m, base, e0 + 4 + 4 * e)
+/* Local expert j's four entries after the router at e0. */
+#define FCW(base) at(m, base, e0 + 1 + 4 * j)
+#define FCB(base) at(m, base, e0 + 2 + 4 * j)
+#define PJW(base) at(m, base, e0 + 3 + 4 * j)
+#define PJB(base) at(m, base, e0 + 4 + 4 * j)
+
+int gpt_moe_held_elsewhere(const loom_gpt *m, const char *name)
+{
+    const gpt_moe *g = m->moe;
+    if (!g || g->ep < 2 || loom_params_find(&m->table, name))
+        return 0;
+    int l, e, n = 0;
+    char what[32] = "";
+    if (sscanf(name, "h.%d.moe.expert.%d.%31s%n", &l, &e, what, &n) != 3 || name[n] != '\0')
+        return 0;
+    int known = !strcmp(what, "fc.weight") || !strcmp(what, "fc.bias") ||
+                !strcmp(what, "proj.weight") || !strcmp(what, "proj.bias");
+    return known && l >= 0 && l < m->cfg.layers && gpt_moe_block(&m->cfg, l) && e >= 0 &&
+           e < g->cfg.experts && e / g->El != g->ep_rank;
+}
+
+size_t gpt_moe_params_elsewhere(const loom_gpt *m)
+{
+    const gpt_moe *g = m->moe;
+    if (!g || g->ep < 2)
+        return 0;
+    size_t C = (size_t)m->cfg.dim, per = 8 * C * C + 5 * C; /* fc (4C x C, 4C), proj (C x 4C, C) */
+    return (size_t)g->n * (size_t)(g->cfg.experts - g->El) * per;
+}
+
+int loom_gpt_expert_parallel(const loom_gpt *m) { return m->moe ? m->moe->ep : 1; }
+
+int loom_gpt_is_expert_entry(const loom_gpt *m, int i)
+{
+    return m->moe && strstr(m->table.entries[i].name, ".moe.expert.") != NULL;
+}
+
+static loom_status ep_wait(loom_gpt *m, loom_comm_request *r)
+{
+    return m->ep_ops->wait(m->ep_comm, r);
+}
+
+/* An all-to-all-v of rows of C floats over the ep group: send_rows[p] rows at send_off[p]
+ * of src to rank p, recv_rows[p] rows from rank p to recv_off[p] of dst. */
+static loom_status ep_exchange(loom_gpt *m, moe_block *b, const float *src, const size_t *send_rows,
+                               const size_t *send_off, float *dst, const size_t *recv_rows,
+                               const size_t *recv_off)
+{
+    size_t C = (size_t)m->cfg.dim;
+    for (int p = 0; p < m->moe->ep; p++) {
+        b->sc[p] = send_rows[p] * C;
+        b->sd[p] = send_off[p] * C;
+        b->rc[p] = recv_rows[p] * C;
+        b->rd[p] = recv_off[p] * C;
+    }
+    double t0 = loom_now_ms();
+    loom_comm_request *r;
+    LOOM_TRY(m->ep_ops->alltoallv_start(m->ep_comm, src, b->sc, b->sd, dst, b->rc, b->rd,
+                                        LOOM_DTYPE_F32, &r));
+    LOOM_TRY(ep_wait(m, r));
+    m->comm_ms += loom_now_ms() - t0;
+    return LOOM_OK;
+}
+
+/* After routing: tell every ep rank how many rows of each of its experts come from here,
+ * learn the same from them, and lay out the received rows expert-major (perm / inv). */
+static loom_status ep_plan(loom_gpt *m, moe_block *b)
+{
+    gpt_moe *g = m->moe;
+    int P = g->ep, El = g->El;
+    const moe_route *rt = &b->rt;
+    double t0 = loom_now_ms();
+    loom_comm_request *r;
+    LOOM_TRY(m->ep_ops->alltoall_start(m->ep_comm, rt->count, b->rcnt, (size_t)El, LOOM_DTYPE_I32,
+                                       &r));
+    LOOM_TRY(ep_wait(m, r));
+    m->comm_ms += loom_now_ms() - t0;
+    size_t at_ = 0;
+    for (int p = 0; p < P; p++) {
+        b->send_off[p] = (size_t)rt->offset[p * El];
+        b->send_rows[p] = (size_t)(rt->offset[(p + 1) * El] - rt->offset[p * El]);
+        b->recv_off[p] = at_;
+        b->recv_rows[p] = 0;
+        for (int j = 0; j < El; j++)
+            b->recv_rows[p] += (size_t)b->rcnt[p * El + j];
+        at_ += b->recv_rows[p];
+    }
+    if (at_ > (size_t)g->Amax)
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "moe: %zu rows received, buffers hold %d", at_, g->Amax);
+    b->Ar = (int)at_;
+    int i = 0;
+    for (int j = 0; j < El; j++) { /* expert j: rank 0's rows, then rank 1's, ... */
+        b->eoff[j] = i;
+        for (int p = 0; p < P; p++) {
+            int first = (int)b->recv_off[p];
+            for (int q = 0; q < j; q++)
+                first += b->rcnt[p * El + q];
+            for (int n = 0; n < b->rcnt[p * El + j]; n++, i++) {
+                b->hperm[i] = first + n;
+                b->hinv[first + n] = i;
+            }
+        }
+        b->ecount[j] = i - b->eoff[j];
+    }
+    b->eoff[El] = i;
+    const loom_backend_ops *k = m->be->ops;
+    k->copy_to_device(m->be->self, b->perm, b->hperm, (size_t)i * sizeof(int));
+    k->copy_to_device(m->be->self, b->inv, b->hinv, (size_t)i * sizeof(int));
+    return LOOM_OK;
+}
 
 loom_status gpt_moe_forward(loom_gpt *m, int l, int e0, const float *x, float *out, size_t R)
 {
@@ -238,7 +399,7 @@ loom_status gpt_moe_forward(loom_gpt *m, int l, int e0, const float *x, float *o
     moe_block *b = &g->blk[g->index[l]];
     const loom_backend_ops *k = m->be->ops;
     void *bs = m->be->self;
-    int E = g->cfg.experts, K = g->cfg.top_k, C = m->cfg.dim, F = 4 * C;
+    int E = g->cfg.experts, K = g->cfg.top_k, C = m->cfg.dim, F = m->Fl, El = g->El;
     k->matmul_forward(b->logits, x, at(m, m->params, e0), NULL, 1, (int)R, C, E);
     k->copy_to_host(bs, b->logits_h, b->logits, R * E * sizeof(float));
     if (g->cfg.noisy && g->dloss != 0.0f) { /* training forwards only (Shazeer et al. 2017) */
@@ -256,22 +417,45 @@ loom_status gpt_moe_forward(loom_gpt *m, int l, int e0, const float *x, float *o
     k->copy_to_device(bs, b->tok, rt->tok, A * sizeof(int));
     k->copy_to_device(bs, b->gate, rt->agate, A * sizeof(float));
     k->rows_gather(b->xin, x, b->tok, NULL, A, C);
-    for (int e = 0; e < E; e++) { /* one GEMM per expert over the rows it received */
-        size_t o = (size_t)rt->offset[e], n = (size_t)rt->count[e];
-        if (!n)
-            continue;
-        k->matmul_forward(b->h + o * F, b->xin + o * C, FCW(m->params), FCB(m->params), 1,
-                          (int)n, C, F);
+    /* The experts' inputs xe, expert-major: here, or gathered from every ep rank */
+    float *xe = b->xin, *ye = b->y;
+    const int *eoff = rt->offset + g->ep_rank * El, *ecount = rt->count + g->ep_rank * El;
+    size_t Ar = A;
+    if (g->ep > 1) {
+        LOOM_TRY(ep_plan(m, b));
+        LOOM_TRY(ep_exchange(m, b, b->xin, b->send_rows, b->send_off, g->xr, b->recv_rows,
+                             b->recv_off));
+        Ar = (size_t)b->Ar;
+        k->rows_gather(b->xe, g->xr, b->perm, NULL, Ar, C);
+        xe = b->xe;
+        ye = g->ye;
+        eoff = b->eoff;
+        ecount = b->ecount;
     }
-    k->gelu_forward(b->hg, b->h, A * F);
-    for (int e = 0; e < E; e++) {
-        size_t o = (size_t)rt->offset[e], n = (size_t)rt->count[e];
+    for (int j = 0; j < El; j++) { /* one GEMM per expert over the rows it received */
+        size_t o = (size_t)eoff[j] - (size_t)eoff[0], n = (size_t)ecount[j];
         if (n)
-            k->matmul_forward(b->y + o * C, b->hg + o * F, PJW(m->params), PJB(m->params), 1,
-                              (int)n, F, C);
+            k->matmul_forward(b->h + o * F, xe + o * C, FCW(m->params), FCB(m->params), 1,
+                              (int)n, C, F);
+    }
+    size_t rows = g->ep > 1 ? Ar : A;
+    k->gelu_forward(b->hg, b->h, rows * F); /* without ep: every expert's rows, all here */
+    for (int j = 0; j < El; j++) {
+        size_t o = (size_t)eoff[j] - (size_t)eoff[0], n = (size_t)ecount[j];
+        if (n)
+            k->matmul_forward(ye + o * C, b->hg + o * F, PJW(m->params),
+                              m->tp_rank == 0 ? PJB(m->params) : NULL, 1, (int)n, F, C);
+    }
+    if (g->ep > 1) { /* back to the ranks the rows came from, in their order */
+        k->rows_gather(g->xr, ye, b->inv, NULL, Ar, C);
+        LOOM_TRY(ep_exchange(m, b, g->xr, b->recv_rows, b->recv_off, b->y, b->send_rows,
+                             b->send_off));
     }
     k->zero(bs, out, R * C * sizeof(float));
     k->rows_scatter_add(out, b->y, b->tok, b->gate, A, C);
+    /* under tp each rank's experts gave their slice's partial proj (the bias on tp rank 0):
+     * the sum over the group is the output (Megatron's row-parallel g) */
+    LOOM_TRY(gpt_tensor_allreduce(m, out, R * C, LOOM_REDUCE_SUM));
     if (g->dloss != 0.0f) {
         if (g->load_stale)
             memset(g->load, 0, (size_t)g->n * E * sizeof(double));
@@ -296,7 +480,7 @@ loom_status gpt_moe_backward(loom_gpt *m, int l, int e0, const float *dout, floa
     moe_route *rt = &b->rt;
     const loom_backend_ops *k = m->be->ops;
     void *bs = m->be->self;
-    int E = g->cfg.experts, C = m->cfg.dim, F = 4 * C;
+    int E = g->cfg.experts, C = m->cfg.dim, F = m->Fl, El = g->El;
     size_t A = (size_t)rt->kept;
     if ((size_t)rt->R != R)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "moe backward over %zu rows after a forward over %d", R,
@@ -305,18 +489,39 @@ loom_status gpt_moe_backward(loom_gpt *m, int l, int e0, const float *dout, floa
      * dout[tok_a] . y_a */
     k->rows_gather(g->dy, dout, b->tok, b->gate, A, C);
     k->rows_dot(g->dgate, dout, b->tok, b->y, A, C);
-    for (int e = 0; e < E; e++) {
-        size_t o = (size_t)rt->offset[e], n = (size_t)rt->count[e];
+    /* y is this tp rank's partial: the gates' gradient is the sum over the group */
+    LOOM_TRY(gpt_tensor_allreduce(m, g->dgate, A, LOOM_REDUCE_SUM));
+    float *dye = g->dy, *dxe = g->dxin, *xe = b->xin;
+    const int *eoff = rt->offset + g->ep_rank * El, *ecount = rt->count + g->ep_rank * El;
+    size_t rows = A;
+    if (g->ep > 1) { /* the outputs' gradients to the experts' ranks, as the inputs went */
+        LOOM_TRY(ep_exchange(m, b, g->dy, b->send_rows, b->send_off, g->xr, b->recv_rows,
+                             b->recv_off));
+        rows = (size_t)b->Ar;
+        k->rows_gather(g->dye, g->xr, b->perm, NULL, rows, C);
+        dye = g->dye;
+        dxe = g->dxe;
+        xe = b->xe;
+        eoff = b->eoff;
+        ecount = b->ecount;
+    }
+    for (int j = 0; j < El; j++) {
+        size_t o = (size_t)eoff[j] - (size_t)eoff[0], n = (size_t)ecount[j];
         if (n)
-            k->matmul_backward(g->dhg + o * F, PJW(m->grads), PJB(m->grads), g->dy + o * C,
+            k->matmul_backward(g->dhg + o * F, PJW(m->grads), PJB(m->grads), dye + o * C,
                                b->hg + o * F, PJW(m->params), 1, (int)n, F, C);
     }
-    k->gelu_backward(g->dh, b->h, g->dhg, A * F);
-    for (int e = 0; e < E; e++) {
-        size_t o = (size_t)rt->offset[e], n = (size_t)rt->count[e];
+    k->gelu_backward(g->dh, b->h, g->dhg, rows * F);
+    for (int j = 0; j < El; j++) {
+        size_t o = (size_t)eoff[j] - (size_t)eoff[0], n = (size_t)ecount[j];
         if (n)
-            k->matmul_backward(g->dxin + o * C, FCW(m->grads), FCB(m->grads), g->dh + o * F,
-                               b->xin + o * C, FCW(m->params), 1, (int)n, C, F);
+            k->matmul_backward(dxe + o * C, FCW(m->grads), FCB(m->grads), g->dh + o * F,
+                               xe + o * C, FCW(m->params), 1, (int)n, C, F);
+    }
+    if (g->ep > 1) { /* the inputs' gradients back to the tokens' ranks */
+        k->rows_gather(g->xr, g->dxe, b->inv, NULL, rows, C);
+        LOOM_TRY(ep_exchange(m, b, g->xr, b->recv_rows, b->recv_off, g->dxin, b->send_rows,
+                             b->send_off));
     }
     k->zero(bs, dx, R * C * sizeof(float));
     k->rows_scatter_add(dx, g->dxin, b->tok, NULL, A, C);
@@ -329,6 +534,9 @@ loom_status gpt_moe_backward(loom_gpt *m, int l, int e0, const float *dout, floa
     const float *x = m->acts[l].ln2_full;
     k->matmul_backward(g->dxr, at(m, m->grads, e0), NULL, g->dlogits, x, at(m, m->params, e0), 1,
                        (int)R, C, E);
-    k->accumulate(dx, g->dxr, R * C);
+    if (m->tp_rank == 0) /* the router is replicated: its input gradient joins once */
+        k->accumulate(dx, g->dxr, R * C);
+    /* each tp rank's experts gave their slice's part of the input gradient (column-parallel) */
+    LOOM_TRY(gpt_tensor_allreduce(m, dx, R * C, LOOM_REDUCE_SUM));
     return LOOM_OK;
 }

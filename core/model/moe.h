@@ -21,15 +21,22 @@
 loom_status gpt_moe_check(const loom_gpt_config *c);
 /* 1 if block l is an MoE block of config c. */
 int gpt_moe_block(const loom_gpt_config *c, int l);
-/* Append block l's router and experts to the table (instead of its mlp.* entries). */
-loom_status gpt_moe_add_entries(loom_param_table *t, const loom_gpt_config *c, int l, float std,
-                                float proj_std);
+/* Append block l's router and experts to the table (instead of its mlp.* entries); under
+ * expert parallelism only this ep rank's E/ep experts (named by their global index);
+ * under tensor parallelism each expert split as the dense MLP is (fc by output features,
+ * proj by input features; the router and proj.bias replicated). */
+loom_status gpt_moe_add_entries(loom_gpt *m, int l, float std, float proj_std);
 /* After the table and the parameters exist: the MoE state and buffers (m->moe); refuses
  * what does not compose yet (tensor and pipeline parallelism, recomputation, a backend
  * without rows_gather). */
 loom_status gpt_moe_create(loom_gpt *m, uint64_t seed);
 void gpt_moe_destroy(loom_gpt *m);
 size_t gpt_moe_bytes(const loom_gpt *m);
+/* Parameters of the experts other ep ranks hold (0 without expert parallelism). */
+size_t gpt_moe_params_elsewhere(const loom_gpt *m);
+/* 1 if name is an expert parameter another ep rank holds (a checkpoint's tensor this rank
+ * skips when loading), 0 otherwise. */
+int gpt_moe_held_elsewhere(const loom_gpt *m, const char *name);
 /* Called at the start of each forward: dloss (0: no backward follows, no noise, no stats). */
 void gpt_moe_begin(loom_gpt *m, float dloss);
 /* out (R,C) = MoE(x); block l's entries start at table index e0. */

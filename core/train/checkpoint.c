@@ -37,6 +37,7 @@
 #include "base/status.h"
 #include "compress.h"
 #include "zero_ckpt.h"
+#include "session_ep.h"
 
 #define LATEST_FILE "latest"
 #define MAX_LATEST 256
@@ -891,6 +892,22 @@ static loom_status save_zero(loom_session *s, loom_ckpt_source *srcp, const loom
 {
     loom_ckpt_source src = *srcp;
     const loom_ckpt_groups g = *gp;
+    loom_ep *ep = loom_session_ep(s);
+    if (ep) { /* expert parallelism: the whole model gathered, saved as ep=1 saves it (every
+               * expert by logical name), so any ep loads it (session_ep.h) */
+        loom_gpt *m = loom_session_model(s);
+        loom_param_table full;
+        float *params, *state;
+        LOOM_TRY(loom_ep_gather_full(ep, m, src.state, src.slots, &full, &params, &state));
+        src.table = &full;
+        src.params = params;
+        src.state = state;
+        loom_status st = loom_ckpt_save_source(&src, &g, dir, x, out_path, len);
+        free(params);
+        free(state);
+        loom_params_free(&full);
+        return st;
+    }
     loom_zero *z = loom_session_zero(s);
     if (!z)
         return loom_ckpt_save_source(&src, &g, dir, x, out_path, len);

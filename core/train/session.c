@@ -22,6 +22,7 @@
 #include "offload.h"
 #include "zero.h"
 #include "trace.h"
+#include "session_ep.h"
 #include "base/plugin_loader.h"
 #include "base/rng.h"
 #include "base/status.h"
@@ -62,6 +63,7 @@ struct loom_session {
     loom_trace *trace;       /* log.trace: this rank's timeline, NULL: off */
     double limit_loss, limit_norm; /* the next step's update is skipped above these (a loss
                                     * spike, train.lua's detector); 0: no limit */
+    loom_ep *ep;             /* mesh.ep > 1: the expert-parallel groups, else NULL */
 };
 
 static loom_status make_plugin(const loom_plugin_config *pc, const void **ops, void **self)
@@ -293,6 +295,18 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
     }
     if (st == LOOM_OK)
         st = make_plugin(&s->optim_cfg, (const void **)&s->optim, &s->optim_self);
+    if (st == LOOM_OK && cfg->ep > 1) { /* session_ep.h */
+        if (!cfg->model.moe.experts)
+            st = loom_fail(LOOM_ERR_INVALID, "mesh ep=%d splits a mixture of experts, and this "
+                           "model has none (loom.gpt{moe = {...}})", cfg->ep);
+        else if (cfg->canonical || cfg->zero_stage || pp > 1 || cfg->offload_mode)
+            st = loom_fail(LOOM_ERR_UNSUPPORTED, "mesh ep=%d with %s does not compose yet (expert "
+                           "parallelism runs in fast mode with plain dp)", cfg->ep,
+                           cfg->canonical ? "deterministic = \"canonical\""
+                           : cfg->zero_stage ? "strategy.zero" : pp > 1 ? "pp > 1" : "offload");
+        else
+            st = loom_ep_create(cfg->ep, &par, &s->ep);
+    }
     if (st == LOOM_OK)
         st = loom_gpt_create(&cfg->model, &s->backend, cfg->micro_batch, cfg->seed, &par, &s->model);
     if (st == LOOM_OK) {
@@ -355,6 +369,7 @@ void loom_session_destroy(loom_session *s)
     loom_zero_destroy(s->zero);
     loom_offload_destroy(s->offload);
     loom_gpt_destroy(s->model);
+    loom_ep_destroy(s->ep);
     loom_pipeline_destroy(s->pipe);
     if (s->tensor)
         s->tensor->destroy(s->tensor_self);
@@ -372,6 +387,8 @@ void loom_session_destroy(loom_session *s)
     free(s->host_logits);
     free(s);
 }
+
+loom_ep *loom_session_ep(loom_session *s) { return s->ep; }
 
 /* Register each interleaved chunk's parameter ranges as a grad_sync part (canonical). */
 static loom_status canonical_parts(loom_session *s)
@@ -555,6 +572,7 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     double t_tied = loom_now_ms();
     loom_trace_span(s->trace, LOOM_TRACE_GRAD_SYNC, t_sync, t_tied, -1, -1);
     double comm_ms = t_tied - t_sync + loom_gpt_take_comm_ms(s->model);
+    LOOM_TRY(loom_ep_reduce(s->ep, s->model, &comm_ms)); /* experts over their edp group */
     if (s->pipe) {
         LOOM_TRY(loom_pipeline_tied_sync(s->pipe, s->model, &comm_ms));
         loom_trace_span(s->trace, LOOM_TRACE_TIED_SYNC, t_tied, loom_now_ms(), -1, -1);
@@ -577,6 +595,11 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         LOOM_TRY(loom_grad_norm_compute(s->norm, loom_gpt_params(s->model),
                                         loom_gpt_grad_data(s->model), &norm_sq, &nonfinite, &comm_ms));
         first_bad = loom_grad_norm_first_nonfinite(s->norm);
+        if (s->ep) { /* every ep rank's experts in the norm (session_ep.h) */
+            size_t n_slots;
+            const double *slots = loom_grad_norm_slots(s->norm, &n_slots);
+            LOOM_TRY(loom_ep_norm(s->ep, s->model, slots, n_slots, &norm_sq, &nonfinite, &comm_ms));
+        }
     }
     if (s->pipe) { /* the loss lives on the last stage, the norm's parts on every stage */
         size_t n_slots;

@@ -69,6 +69,9 @@ typedef struct loom_session_config {
     const loom_gpt_config *teacher;
     const char *teacher_init, *teacher_checkpoint; /* read during create only */
     float kd_temperature, kd_alpha;
+    /* Expert parallelism (session_ep.h): a MoE model's experts split over ep of the dp
+     * ranks; 0 or 1: none. */
+    int ep;
 } loom_session_config;
 
 typedef struct loom_step_stats {

@@ -53,7 +53,8 @@ options:
 
 examples:
   loom launch -n 2 scripts/recipes/tiny_shakespeare.lua mesh.tp=2 tp_sequence_parallel=true
-  loom launch -n 4 scripts/recipes/tiny_shakespeare.lua mesh.dp=4 strategy.zero=2   (docs/ZERO.md)]],
+  loom launch -n 4 scripts/recipes/tiny_shakespeare.lua mesh.dp=4 strategy.zero=2   (docs/ZERO.md)
+  loom launch -n 2 RECIPE mesh.dp=2 mesh.ep=2   (a loom.gpt{moe = {...}} model: docs/MOE.md)]],
 
   plugins = [[
 usage: loom plugins [--keys NAME]

@@ -229,6 +229,7 @@ local session_spec = {
   offload = { type = "table", help = "{ optimizer = \"host\" | \"disk\", path = DIR, chunk_mb = N } (docs/ZERO.md)" },
   compress = { type = "table", help = "{ \"onebit\" | \"topk\" | \"powersgd\", ratio = r, rank = r, warmup = n, bucket_mb = m } (docs/COMPRESS.md)" },
   teacher = { type = "table", help = "{ model = loom.gpt{ init = \"teacher.bin\" } | checkpoint = DIR, temperature = T, alpha = a } (docs/DISTILL.md)" },
+  ep = { type = "integer", min = 1, help = "expert parallelism: a MoE model's experts split over this many dp ranks (docs/MOE.md)" },
 }
 
 local teacher_spec = {
@@ -381,7 +382,7 @@ function loom.session(t, where)
     precision = loom.plugin_table(t.precision or "fp32", "precision", where),
     strategy = t.strategy, tensor = t.tensor, canonical = t.canonical or false,
     schedule = t.schedule, schedule_name = t.schedule_name, chunks = t.chunks, pp_layers = t.pp_layers,
-    zero = t.zero, zero_bucket_mb = t.zero_bucket_mb, recompute = t.recompute,
+    zero = t.zero, zero_bucket_mb = t.zero_bucket_mb, recompute = t.recompute, ep = t.ep,
   }
   if t.offload then
     check_offload(t.offload, where)

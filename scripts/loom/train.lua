@@ -303,10 +303,25 @@ local function check(t, where, origin, world)
   schema.check(t.batch, batch_spec, "batch", where, origin)
   local mesh = t.mesh or {}
   schema.check(mesh, mesh_spec, "mesh", where, origin)
-  if (mesh.ep or 1) > 1 then -- docs/MOE.md says what is missing
-    schema.fail(where, "mesh ep=%d%s: expert parallelism is not built yet (the MoE layer runs "
-      .. "with every expert on every rank: use ep=1 with mesh.dp, zero=1/2/3 compose)", mesh.ep,
-      origin("mesh.ep") or "")
+  local ep = mesh.ep or 1
+  if ep > 1 then -- docs/MOE.md: what expert parallelism composes with
+    local dp, moe = mesh.dp or 1, type(t.model) == "table" and t.model.moe
+    if dp % ep ~= 0 then
+      schema.fail(where, "mesh ep=%d%s must divide dp=%d: experts are split over ep of the dp "
+        .. "ranks", ep, origin("mesh.ep") or "", dp)
+    end
+    if not moe then
+      schema.fail(where, "mesh ep=%d%s splits a mixture of experts, and the model has none "
+        .. "(loom.gpt{moe = {...}})", ep, origin("mesh.ep") or "")
+    end
+    if moe.experts % ep ~= 0 then
+      schema.fail(where, "mesh ep=%d%s must divide model.moe.experts=%d", ep, origin("mesh.ep") or "",
+        moe.experts)
+    end
+    if (t.strategy or {}).compress then -- the residual follows the dense table; ep's is split
+      schema.fail(where, "mesh ep=%d%s with strategy.compress is not built yet: use ep=1 with "
+        .. "compression, or ep without it", ep, origin("mesh.ep") or "")
+    end
   end
   check_pp(t, where, origin)
   if t.comm == "nccl" then
@@ -450,7 +465,7 @@ return function(loom)
       pp_layers = t.pp_layers, recompute = t.recompute,
       zero = (t.strategy or {}).zero, zero_bucket_mb = ((t.strategy or {}).dp or {}).bucket_mb,
       offload = (t.strategy or {}).offload, compress = (t.strategy or {}).compress,
-      teacher = t.teacher,
+      teacher = t.teacher, ep = (t.mesh or {}).ep,
     }, where)
     local info = session:info()
     local say = rank == 0 and print or function() end

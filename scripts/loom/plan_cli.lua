@@ -203,6 +203,8 @@ function cli.main(args)
   return p
 end
 
+local function prof_cores(p) return p.cores end
+
 -- After a run (loom.train calls this on every rank): this rank's predicted peak RSS and
 -- step time beside the measured ones (VmHWM; the median step after the first), with the
 -- relative errors; one line printed per rank, and one JSON line appended to
@@ -212,7 +214,7 @@ function cli.after_run(t, rank, measured, run_dir)
   local ok, p = pcall(function()
     local prof, path = cli.machine(nil)
     local res = plan.layout(t, prof)
-    res.profile_path = path
+    res.profile_path, res.cores = path, prof.device.cores
     return res
   end)
   if not ok then
@@ -229,6 +231,14 @@ function cli.after_run(t, rank, measured, run_dir)
     e_rss and string.format("%+.1f%%", 100 * e_rss) or "n/a", step,
     measured.step_ms and string.format("%.2f ms", measured.step_ms) or "n/a",
     e_step and string.format("%+.1f%%", 100 * e_step) or "n/a (one step)"))
+  local lf = io.open("/proc/loadavg")
+  local load = lf and lf:read("n")
+  if lf then lf:close() end
+  local cores = (prof_cores(p) or 0)
+  if load and cores > 0 and load > cores then
+    print(string.format("plan vs run (rank %d): load average %.1f on %d cores: the measured step time includes "
+      .. "waiting for a core (the plan's does not)", rank, load, cores))
+  end
   if run_dir then
     local f = io.open(run_dir .. "/plan.jsonl", "ab")
     if f then

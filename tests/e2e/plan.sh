@@ -72,14 +72,15 @@ for l in "${layouts[@]}"; do
     read -r _ _ mp mg mo _ ma _ <<< "$mem"
     read -r _ _ pp pg po pa prss pbusy <<< "$pl"
     states="params $mp/$pp grads $mg/$pg optimizer $mo/$po activations $ma/$pa"
+    verdict="states exact"
     if [ "$mp $mg $mo $ma" != "$pp $pg $po $pa" ]; then
-      echo "FAIL: $args rank $r: session vs plan: $states"; fail=1
+      echo "FAIL: $args rank $r: session vs plan: $states"; fail=1; verdict="states DIFFER"
     fi
     hwm=$(echo "$line" | sed -E 's/.*measured ([0-9.]+) MiB.*/\1/')
     rss_err=$(awk -v a="$prss" -v b="$hwm" 'BEGIN { e = a / 1048576 / b - 1; print (e < 0 ? -e : e) }')
     t_err=$(awk -v a="$pbusy" -v b="$cpu" 'BEGIN { e = a / b - 1; print (e < 0 ? -e : e) }')
-    printf '%-48s rank %d: states exact, peak RSS %6.2f MiB (err %5.1f%%), CPU/step %7.2f ms predicted %7.2f (err %5.1f%%)\n' \
-      "${args:-one rank}" "$r" "$hwm" "$(awk -v e="$rss_err" 'BEGIN{print 100*e}')" "$cpu" "$pbusy" \
+    printf '%-48s rank %d: %s, peak RSS %6.2f MiB (err %5.1f%%), CPU/step %7.2f ms predicted %7.2f (err %5.1f%%)\n' \
+      "${args:-one rank}" "$r" "$verdict" "$hwm" "$(awk -v e="$rss_err" 'BEGIN{print 100*e}')" "$cpu" "$pbusy" \
       "$(awk -v e="$t_err" 'BEGIN{print 100*e}')"
     below "$rss_err" 0.10 || { echo "FAIL: $args rank $r: peak RSS off by more than 10%"; fail=1; }
     [ "$timed" = 0 ] || below "$t_err" 0.20 || { echo "FAIL: $args rank $r: CPU time per step off by more than 20%"; fail=1; }

@@ -78,7 +78,8 @@ local function schedule_facts(s, costs)
     prep = core.sched_prepare(sched.lists(s.schedule, shape), s.accum, s.chunks)
     prepared[key] = prep
   end
-  local sim = prep:simulate(costs)
+  local sim = prep:simulate(costs) -- (split: stage 0's list has BWD_INPUT; the bundled
+  -- schedules split on every stage or on none)
   local facts = { sim = sim, stages = {} }
   for r = 1, s.pp do
     facts.stages[r] = { slots = sim.peak[r] + 1, peak = sim.peak[r], split = sim.split }

@@ -24,6 +24,7 @@
 #include "base/status.h"
 #include "lua_loom.h"
 #include "model/gpt.h"
+#include "train/schedule.h"
 #include "train/zero.h"
 
 static int ifield(lua_State *L, int t, const char *k, int dflt)
@@ -375,12 +376,82 @@ static int l_bench_device(lua_State *L)
     return 1;
 }
 
+/* --- schedules, simulated many times ----------------------------------------------------- */
+
+typedef struct sched_ref { const loom_schedule *s; } sched_ref;
+
+/* core.sched_prepare(lists, microbatches, chunks) -> a prepared schedule whose
+ * :simulate{fwd=, bwd_input=, bwd_weight=, latency=} gives {makespan, bubble, busy = {},
+ * peak = {}} without the per-instruction spans (the search simulates thousands). */
+static int l_sched_prepare(lua_State *L)
+{
+    int m = (int)luaL_checkinteger(L, 2), v = (int)luaL_optinteger(L, 3, 1);
+    const loom_schedule *sch = loom_lua_check_schedule(L, 1, m, v); /* pushes the owner */
+    int owner = lua_gettop(L);
+    sched_ref *r = lua_newuserdatauv(L, sizeof *r, 1);
+    r->s = sch;
+    luaL_setmetatable(L, "loom.PlanSchedule");
+    lua_pushvalue(L, owner);
+    lua_setiuservalue(L, -2, 1); /* the owner lives as long as this */
+    return 1;
+}
+
+static double cost(lua_State *L, int t, const char *k)
+{
+    lua_getfield(L, t, k);
+    double v = luaL_optnumber(L, -1, 0);
+    lua_pop(L, 1);
+    return v;
+}
+
+static int l_sched_run(lua_State *L)
+{
+    sched_ref *r = luaL_checkudata(L, 1, "loom.PlanSchedule");
+    luaL_checktype(L, 2, LUA_TTABLE);
+    loom_sched_costs c = {cost(L, 2, "fwd"), cost(L, 2, "bwd_input"), cost(L, 2, "bwd_weight"),
+                          cost(L, 2, "latency"), 0};
+    loom_sched_sim *sim;
+    if (loom_schedule_simulate(r->s, &c, &sim) != LOOM_OK) {
+        lua_pushstring(L, loom_last_error());
+        return lua_error(L);
+    }
+    lua_createtable(L, 0, 4);
+    lua_pushnumber(L, sim->makespan);
+    lua_setfield(L, -2, "makespan");
+    lua_pushnumber(L, sim->bubble);
+    lua_setfield(L, -2, "bubble");
+    lua_createtable(L, sim->stages, 0);
+    lua_createtable(L, sim->stages, 0);
+    for (int k = 0; k < sim->stages; k++) {
+        lua_pushnumber(L, sim->busy[k]);
+        lua_rawseti(L, -3, k + 1);
+        lua_pushinteger(L, sim->peak_inflight[k]);
+        lua_rawseti(L, -2, k + 1);
+    }
+    lua_setfield(L, -3, "peak");
+    lua_setfield(L, -2, "busy");
+    int split = 0;
+    for (size_t i = 0; i < r->s->n[0]; i++)
+        split |= r->s->list[0][i].op == LOOM_SCHED_BWD_INPUT;
+    lua_pushboolean(L, split);
+    lua_setfield(L, -2, "split");
+    loom_sched_sim_free(sim);
+    return 1;
+}
+
 void loom_lua_open_plan(lua_State *L)
 {
     static const luaL_Reg funcs[] = {{"footprint", l_footprint},
                                      {"zero_padded", l_zero_padded},
                                      {"bench_device", l_bench_device},
                                      {"cpu_now", l_cpu_now},
+                                     {"sched_prepare", l_sched_prepare},
                                      {NULL, NULL}};
     luaL_setfuncs(L, funcs, 0);
+    static const luaL_Reg methods[] = {{"simulate", l_sched_run}, {NULL, NULL}};
+    luaL_newmetatable(L, "loom.PlanSchedule");
+    lua_newtable(L);
+    luaL_setfuncs(L, methods, 0);
+    lua_setfield(L, -2, "__index");
+    lua_pop(L, 1);
 }

@@ -121,6 +121,40 @@ options:
 example:
   loom bench comm -n 4 --op allgather --sizes 1K:16M]],
 
+  plan = [[
+usage: loom plan RECIPE [key=value ...] [--machine NAME|FILE] [--devices-per-node G] [--json]
+       loom plan RECIPE --world N --devices-per-node G --mem 80GiB [--any-tp] [--any-pp] [--top K]
+       loom plan --calibrate [--cpu-clock] [--out FILE] [-n RANKS]
+
+Before a run, without allocating the model: each rank's bytes by category (parameters,
+gradients, optimizer state, master weights, activations under the recipe's recompute and
+pipeline schedule, communication buffers, workspace), the step time split into compute,
+each collective per group and the pipeline bubble, tokens/s and MFU, and the assumptions
+made. With --world, every layout (dp x tp x pp, zero, schedule, micro-batch, recompute,
+offload) that fits, ranked by predicted tokens/s. After every run loom.train prints the
+plan beside the measured peak RSS and step time ("plan vs run") and appends them to the
+run directory's plan.jsonl. docs/PLAN.md explains the model and its limits.
+
+options:
+  key=value            recipe overrides, as for loom run
+  --machine NAME|FILE  a bundled profile (cpu-2core, a100-node, h200-node) or a JSON file;
+                       default: the calibrated one ($LOOM_MACHINE or ~/.cache/loom/machine.json),
+                       else cpu-2core
+  --devices-per-node G ranks per node (which link a group spans)
+  --world N            search layouts of N ranks (needs --mem: one device's memory)
+  --any-tp, --any-pp   lift the rules: tp inside a node; pipeline stages across nodes
+  --top K              rows shown (default 10)
+  --json               the plan as JSON
+  --calibrate          measure this machine (GEMM, attention, element-wise, AdamW, memory
+                       bandwidth; shm collectives over -n RANKS; the runtime's own bytes)
+  --cpu-clock          calibrate with CPU time (a loaded machine: its waits left out)
+  --out FILE           where --calibrate saves (default: the calibrated profile's path)
+  -h, --help           this text
+
+examples:
+  loom plan scripts/recipes/tiny_shakespeare.lua mesh.dp=2 strategy.zero=1
+  loom plan scripts/recipes/plan_gpt3_13b.lua --machine a100-node --world 16 --devices-per-node 8 --mem 80GB]],
+
   schedule = [[
 usage: loom schedule NAME --pp P --micro M [--chunks V] [-o FILE.svg]
 

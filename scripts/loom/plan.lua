@@ -67,18 +67,24 @@ local function stage_blocks(L, s)
 end
 
 -- Per stage: activation sets (peak in flight + 1) and whether its list splits backward.
+-- (the lists of one shape are built once and kept: a search simulates each many times)
+local prepared = setmetatable({}, { __mode = "v" })
 local function schedule_facts(s, costs)
-  local sched = require "loom.schedule"
-  local shape = { stages = s.pp, microbatches = s.accum, chunks = s.chunks }
-  local lists = sched.lists(s.schedule, shape)
-  local sim = sched.simulate(lists, shape, costs)
+  local key = string.format("%s/%d/%d/%d", tostring(s.schedule), s.pp, s.accum, s.chunks)
+  local prep = prepared[key]
+  if not prep then
+    local sched = require "loom.schedule"
+    local shape = { stages = s.pp, microbatches = s.accum, chunks = s.chunks }
+    prep = core.sched_prepare(sched.lists(s.schedule, shape), s.accum, s.chunks)
+    prepared[key] = prep
+  end
+  local sim = prep:simulate(costs) -- (split: stage 0's list has BWD_INPUT; the bundled
+  -- schedules split on every stage or on none)
   local facts = { sim = sim, stages = {} }
   for r = 1, s.pp do
-    local split = false
-    for _, ins in ipairs(lists[r]) do if ins.op == "BWD_INPUT" then split = true end end
-    facts.stages[r] = { slots = sim.stages[r].peak + 1, peak = sim.stages[r].peak, split = split }
+    facts.stages[r] = { slots = sim.peak[r] + 1, peak = sim.peak[r], split = sim.split }
   end
-  return facts, lists, shape
+  return facts
 end
 
 -- Bytes by category for one rank of pipeline stage `r` (1-based).
@@ -318,7 +324,7 @@ function plan.layout(t, machine, opts)
       bwd_weight = slow.bwd_weight / s.chunks, latency = p2p })
     pipe_s = facts.sim.makespan
     local busy = 0
-    for k = 1, s.pp do busy = math.max(busy, facts.sim.stages[k].busy) end
+    for k = 1, s.pp do busy = math.max(busy, facts.sim.busy[k]) end
     bubble_s = pipe_s - busy
     bubble = facts.sim.bubble
     assume(string.format("pipeline: stages costed as the slowest (F %.3g ms, B %.3g ms, W %.3g ms per micro-batch), p2p %.3g ms",
@@ -377,6 +383,14 @@ function plan.layout(t, machine, opts)
     assume(s.precision .. ": modelled from dtypes (2-byte parameters, gradients and activations, fp32 master and state) — a model, not a measurement of loom's " .. s.precision .. " path")
   end
   if s.zero_asked > 0 and s.zero == 0 then assume(string.format("zero=%d has nothing to partition with dp=1", s.zero_asked)) end
+  -- each stage's own work per step (what its rank's CPU clock counts: its passes, its
+  -- exchanges, the optimizer; not the waits of the schedule)
+  local stage_busy = {}
+  for k = 1, s.pp do
+    local c = comp[k]
+    stage_busy[k] = s.accum * (c.fwd + c.bwd_input + c.bwd_weight + tp_micro[k]) + exposed_dp + opt_s
+      + (s.pp > 1 and 2 * s.accum * p2p or 0)
+  end
   local runtime = machine.runtime_bytes or machine.device.runtime_bytes or 0
   local rss_stage = {}
   for k = 1, s.pp do
@@ -392,6 +406,7 @@ function plan.layout(t, machine, opts)
     time = {
       step_s = step_s, compute_s = compute_s, bubble_s = bubble_s, bubble = bubble,
       busy_s = step_s - bubble_s, -- what a rank's CPU clock sees: the bubble is waiting
+      stage_busy_s = stage_busy,
       optimizer_s = opt_s, comm = comm, exposed_dp_s = exposed_dp,
       per_micro = slow,
     },

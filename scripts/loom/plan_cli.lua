@@ -154,8 +154,9 @@ local function parse(args)
 end
 
 local function search_report(res, out)
-  out(string.format("search: %d ranks, %d per node, %s per device, %d sequences per step: %d layouts tried, %d fit",
-    res.world, res.devices_per_node, human_bytes(res.mem), res.global_batch, res.tried, res.fit))
+  out(string.format("search: %d ranks, %d per node, %s per device, %d sequences per step: %d layouts tried, %d fit%s",
+    res.world, res.devices_per_node, human_bytes(res.mem), res.global_batch, res.tried, res.fit,
+    res.refused > 0 and string.format(" (%d refused by their schedule's shape rules)", res.refused) or ""))
   out(string.format("rules: tp inside a node %s; pipeline stages across nodes %s",
     res.rules.tp_in_node and "(on; --any-tp lifts it)" or "(lifted)",
     res.rules.pp_across_nodes and "(on; --any-pp lifts it)" or "(lifted)"))
@@ -202,20 +203,25 @@ function cli.main(args)
   return p
 end
 
+local function prof_cores(p) return p.cores end
+
 -- After a run (loom.train calls this on every rank): this rank's predicted peak RSS and
 -- step time beside the measured ones (VmHWM; the median step after the first), with the
--- relative errors; one line printed per rank, and one JSON line appended to
+-- relative errors; one line per rank on stderr, and one JSON line appended to
 -- RUN_DIR/plan.jsonl when the run has a directory (log.jsonl's, else checkpoint.dir).
 -- Never fails the run: a plan that cannot be made says why instead.
 function cli.after_run(t, rank, measured, run_dir)
+  -- on stderr, beside the warnings: a run's stdout stays what its recipe prints (tests and
+  -- scripts compare it across runs; this line's measured figures differ every time)
+  local function say(line) io.stderr:write(line, "\n") end
   local ok, p = pcall(function()
     local prof, path = cli.machine(nil)
     local res = plan.layout(t, prof)
-    res.profile_path = path
+    res.profile_path, res.cores = path, prof.device.cores
     return res
   end)
   if not ok then
-    print(string.format("plan vs run (rank %d): no prediction (%s)", rank, tostring(p)))
+    say(string.format("plan vs run (rank %d): no prediction (%s)", rank, tostring(p)))
     return
   end
   local mesh = t.mesh or {}
@@ -223,11 +229,19 @@ function cli.after_run(t, rank, measured, run_dir)
   local rss, step = p.rss_stage[stage], p.time.step_s * 1e3
   local function err(pred, got) return got and got > 0 and (pred - got) / got or nil end
   local e_rss, e_step = err(rss, measured.peak_rss), err(step, measured.step_ms)
-  print(string.format("plan vs run (rank %d, machine %s): peak RSS predicted %s measured %s (%s) | "
+  say(string.format("plan vs run (rank %d, machine %s): peak RSS predicted %s measured %s (%s) | "
     .. "step predicted %.2f ms measured %s (%s)", rank, p.machine, mib(rss), mib(measured.peak_rss or 0),
     e_rss and string.format("%+.1f%%", 100 * e_rss) or "n/a", step,
     measured.step_ms and string.format("%.2f ms", measured.step_ms) or "n/a",
     e_step and string.format("%+.1f%%", 100 * e_step) or "n/a (one step)"))
+  local lf = io.open("/proc/loadavg")
+  local load = lf and lf:read("n")
+  if lf then lf:close() end
+  local cores = (prof_cores(p) or 0)
+  if load and cores > 0 and load > cores then
+    say(string.format("plan vs run (rank %d): load average %.1f on %d cores: the measured step time includes "
+      .. "waiting for a core (the plan's does not)", rank, load, cores))
+  end
   if run_dir then
     local f = io.open(run_dir .. "/plan.jsonl", "ab")
     if f then

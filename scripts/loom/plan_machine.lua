@@ -124,6 +124,15 @@ function machine.calibrate(opts)
   if opts.cpu_clock then counts = { 1 } end -- CPU time is per process: one thread's rates
   for _, n in ipairs(counts) do rates[tostring(n)] = machine.bench_device(n, opts.min_s, opts.cpu_clock) end
   local comm = machine.bench_comm(opts.ranks or 2, opts.comm or "shm", opts.cpu_clock)
+  comm.staging_bytes_per_rank = (opts.comm or "shm") == "shm" and 3 * 1048576 or 0 -- shm.h: SLOTS x chunk_bytes
+  -- the process's own bytes: VmHWM of a small run less what the plan predicts for it
+  local probe = package.searchpath("loom.plan_runtime", package.path)
+  local p = io.popen(string.format("LOOM_MACHINE=/nonexistent %q run %q 2>&1", LOOM_EXE, probe))
+  local text = p:read("a")
+  p:close()
+  local hwm, pred = text:match("RUNTIME (%d+) (%d+)")
+  if not hwm then error("plan --calibrate: the runtime probe failed:\n" .. text, 0) end
+  opts.runtime_bytes = tonumber(hwm) - tonumber(pred)
   local lf = io.open("/proc/loadavg")
   local load = lf and lf:read("n") or -1
   if lf then lf:close() end

@@ -9,6 +9,8 @@
 -- constraints, on by default: tp inside a node (tp divides the devices per node), and
 -- pipeline stages across nodes (with pp > 1, a stage's tp x dp ranks fill whole nodes,
 -- unless the job is one node); rules = {tp_in_node = false, pp_across_nodes = false} lift them.
+-- Micro-batch sizes tried: the powers of two up to opts.max_micro (8) that divide the batch;
+-- offload only where the layout does not fit without it (it never makes a step faster).
 -- What not: zero = 3 with pp (refused by loom itself), fp16 (same bytes as bf16), layouts
 -- whose pipeline needs more micro-batches than the batch has.
 local plan = require "loom.plan"
@@ -42,7 +44,7 @@ function search.run(t, machine, opts)
   local schedules = opts.schedules or { "1f1b", "interleaved", "zb1" }
   local offloads = opts.offload or { false, "host" }
   local precision = t.precision or "fp32"
-  local rows, tried, fits = {}, 0, 0
+  local rows, tried, fits, refused = {}, 0, 0, 0
   for _, tp in ipairs(divisors(N)) do
     local tp_ok = m.heads % tp == 0 and vp % tp == 0 and (not tp_in_node or (tp <= G and G % tp == 0))
     for _, pp in ipairs(tp_ok and divisors(N // tp) or {}) do
@@ -50,7 +52,7 @@ function search.run(t, machine, opts)
       local across_ok = pp == 1 or not pp_across or N <= G or (tp * dp) % G == 0
       if across_ok and m.layers >= pp and global % dp == 0 then
         local per_dp = global // dp
-        for _, micro in ipairs(divisors(per_dp)) do
+        for _, micro in ipairs(divisors(per_dp)) do if micro <= (opts.max_micro or 8) and micro & (micro - 1) == 0 then
           local mbs = per_dp // micro
           for _, sched in ipairs(pp > 1 and schedules or { false }) do
             local chunks = sched == "interleaved" and 2 or 1
@@ -59,7 +61,8 @@ function search.run(t, machine, opts)
                 if not (z > 0 and dp == 1) and not (z == 3 and pp > 1) then
                   for _, rc in ipairs(recomputes) do
                     if not (sched == "zb1" and rc == "full") then
-                      for _, off in ipairs(offloads) do
+                      local fit_without = false
+                      for _, off in ipairs(offloads) do if not (off and fit_without) then
                         local r = copy(t)
                         r.mesh = { dp = dp, tp = tp, pp = pp }
                         r.batch = { micro = micro, seq = t.batch.seq, global = global }
@@ -71,9 +74,11 @@ function search.run(t, machine, opts)
                         r.strategy = { zero = z, offload = off and { optimizer = off } or nil }
                         r.precision = precision
                         tried = tried + 1
-                        local p = plan.layout(r, machine, { devices_per_node = G })
-                        local need = p.rss -- the largest rank, the runtime's own bytes included
-                        if off == "host" then -- the step's state goes over the host link both ways
+                        -- a layout the schedule plugin refuses (its shape rules) is skipped
+                        local ok, p = pcall(plan.layout, r, machine, { devices_per_node = G })
+                        if not ok then refused = refused + 1; p = nil end
+                        local need = p and p.rss -- the largest rank, the runtime's own bytes included
+                        if p and off == "host" then -- the step's state goes over the host link both ways
                           local bytes = p.memory[p.peak_stage].optimizer_offloaded
                           local link = machine.host_link or { busbw = 25e9 }
                           p.time.offload_s = 2 * bytes / link.busbw
@@ -81,32 +86,35 @@ function search.run(t, machine, opts)
                           p.tokens_per_s = p.tokens_per_step / p.time.step_s
                           if p.mfu then p.mfu = p.flops_per_token * p.tokens_per_step / p.time.step_s / (machine.device.peak_flops[precision] * N) end
                         end
-                        if need <= opts.mem then
+                        if p and need <= opts.mem then
+                          fit_without = fit_without or not off
                           fits = fits + 1
                           p.need_bytes = need
                           rows[#rows + 1] = p
                         end
-                      end
+                      end end
                     end
                   end
                 end
               end
             end
           end
-        end
+        end end
       end
     end
   end
-  -- fastest first; ties (within 0.1%) to the smaller memory, then the simpler layout
+  -- fastest first; ties (within 0.1%) to the smaller memory. A cpu-clock profile (a loaded
+  -- machine's calibration, plan_machine.lua) ranks by CPU time per step, the bubble (a
+  -- wait) left out, since that is what it measured.
+  local function speed(p) return machine.clock == "cpu" and p.tokens_per_step / p.time.busy_s or p.tokens_per_s end
   table.sort(rows, function(a, b)
-    if math.abs(a.tokens_per_s - b.tokens_per_s) > 1e-3 * math.max(a.tokens_per_s, b.tokens_per_s) then
-      return a.tokens_per_s > b.tokens_per_s
-    end
+    local x, y = speed(a), speed(b)
+    if math.abs(x - y) > 1e-3 * math.max(x, y) then return x > y end
     return a.need_bytes < b.need_bytes
   end)
   local top = {}
   for i = 1, math.min(opts.top or 10, #rows) do top[i] = rows[i] end
-  return { ranked = top, tried = tried, fit = fits, global_batch = global, world = N,
+  return { ranked = top, tried = tried, fit = fits, refused = refused, global_batch = global, world = N,
     devices_per_node = G, mem = opts.mem, rules = { tp_in_node = tp_in_node, pp_across_nodes = pp_across } }
 end
 

@@ -105,6 +105,12 @@ static void cpu_set_deterministic(void *self, int on)
     loom_cpu_set_deterministic(on != 0);
 }
 
+/* Host memory: no stream to hand a communicator. */
+static void *cpu_stream(void *self)
+{
+    return NULL;
+}
+
 static const loom_backend_ops cpu_ops = {
     .size = sizeof(loom_backend_ops),
     .create = cpu_create,
@@ -142,6 +148,7 @@ static const loom_backend_ops cpu_ops = {
     .scale = loom_cpu_scale,
     .set_deterministic = cpu_set_deterministic,
     .attention_decode = loom_cpu_attention_decode,
+    .stream = cpu_stream,
 };
 
 static const loom_config_key cpu_keys[] = {

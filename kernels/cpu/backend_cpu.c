@@ -105,6 +105,12 @@ static void cpu_set_deterministic(void *self, int on)
     loom_cpu_set_deterministic(on != 0);
 }
 
+/* Host memory: no stream to hand a communicator. */
+static void *cpu_stream(void *self)
+{
+    return NULL;
+}
+
 static const loom_backend_ops cpu_ops = {
     .size = sizeof(loom_backend_ops),
     .create = cpu_create,
@@ -145,6 +151,7 @@ static const loom_backend_ops cpu_ops = {
     .rows_gather = loom_cpu_rows_gather,
     .rows_scatter_add = loom_cpu_rows_scatter_add,
     .rows_dot = loom_cpu_rows_dot,
+    .stream = cpu_stream,
 };
 
 static const loom_config_key cpu_keys[] = {

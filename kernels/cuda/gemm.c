@@ -12,9 +12,12 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#ifndef LOOM_CUDA_EMU
 #include <cublasLt.h>
 #include <cublas_v2.h>
+#endif
 
+#ifndef LOOM_CUDA_EMU
 static int blas_ok(cublasStatus_t st, const char *what)
 {
     if (st == CUBLAS_STATUS_SUCCESS)
@@ -25,17 +28,23 @@ static int blas_ok(cublasStatus_t st, const char *what)
     return 0;
 }
 
+#endif
 void loom_cuda_gemm_batched(int transa, int transb, int M, int N, int K, float alpha,
                             const float *A, int lda, long long sA, const float *B, int ldb,
                             long long sB, float beta, float *C, int ldc, long long sC, int batch)
 {
     if (M <= 0 || N <= 0 || batch <= 0)
         return;
+#ifndef LOOM_CUDA_EMU
     if (loom_cuda.deterministic) {
+#else /* tests/cuda/emu has no cuBLAS: every product is the ordered one */
+    {
+#endif
         loom_cuda_sgemm_ordered(transa, transb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C,
                                 ldc, sC, batch);
         return;
     }
+#ifndef LOOM_CUDA_EMU
     cublasHandle_t h = (cublasHandle_t)loom_cuda.blas;
     const cublasOperation_t oa = transa ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t ob = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -46,6 +55,7 @@ void loom_cuda_gemm_batched(int transa, int transb, int M, int N, int K, float a
         blas_ok(cublasSgemmStridedBatched(h, ob, oa, N, M, K, &alpha, B, ldb, sB, A, lda, sA,
                                           &beta, C, ldc, sC, batch),
                 "gemm (cublasSgemmStridedBatched)");
+#endif
 }
 
 void loom_cuda_sgemm(int transa, int transb, int M, int N, int K, float alpha, const float *A,
@@ -55,6 +65,7 @@ void loom_cuda_sgemm(int transa, int transb, int M, int N, int K, float alpha, c
                            1);
 }
 
+#ifndef LOOM_CUDA_EMU
 /* The alignment a pointer has, up to cuBLASLt's default assumption of 256 bytes: the
  * model's tensors are slices of one buffer, so most are far less aligned than that, and an
  * algorithm chosen for 256 would fault on them. */
@@ -130,6 +141,14 @@ static int lt_forward(float *out, const float *inp, const float *weight, const f
         cublasLtMatmulDescDestroy(op);
     return ok && found > 0;
 }
+
+#else
+static int lt_forward(float *out, const float *inp, const float *weight, const float *bias,
+                      int R, int C, int OC)
+{
+    return 0; /* no cuBLASLt: the plain path */
+}
+#endif
 
 void loom_cuda_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
                               int B, int T, int C, int OC)

@@ -16,11 +16,19 @@ static inline unsigned loom_cuda_blocks(size_t n)
     return (unsigned)(b < 1 ? 1 : b > 65535u * 16 ? 65535u * 16 : b);
 }
 
+#ifndef LOOM_CUDA_EMU
 #define LOOM_CUDA_LAUNCH(what, kernel, grid, block, shmem, ...)                                \
     do {                                                                                       \
         kernel<<<(grid), (block), (shmem), loom_cuda.stream>>>(__VA_ARGS__);                   \
         loom_cuda_check_launch(what);                                                          \
     } while (0)
+#else /* tests/cuda/emu: the same kernels run on the CPU by a block scheduler */
+#define LOOM_CUDA_LAUNCH(what, kernel, grid, block, shmem, ...)                                \
+    do {                                                                                       \
+        loom_emu_launch(dim3(grid), dim3(block), [&]() { kernel(__VA_ARGS__); });             \
+        loom_cuda_check_launch(what);                                                          \
+    } while (0)
+#endif
 
 /* Sum over a block (blockDim.x a multiple of 32, at most 1024) in a fixed tree: the same
  * bits for the same inputs and block size. Every thread gets the total. */

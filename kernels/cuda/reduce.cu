@@ -18,7 +18,7 @@ __global__ void unit_squares_kernel(double *parts, const float *x, size_t units,
     for (size_t u = blockIdx.x * (size_t)blockDim.x + threadIdx.x; u < units;
          u += (size_t)gridDim.x * blockDim.x) {
         const size_t r = u / per_row, p = (u % per_row) * SQ_UNIT;
-        const size_t n = cols - p < SQ_UNIT ? cols - p : SQ_UNIT;
+        const size_t n = cols - p < (size_t)SQ_UNIT ? cols - p : (size_t)SQ_UNIT;
         const float *v = x + r * stride + p;
         double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         size_t j = 0;

@@ -8,7 +8,10 @@
  *     AdamW (this test's own, so that the kernels are the only difference: the optimizer
  *     plugins update host memory, optim.h); the losses tracked within 2e-3 absolute every
  *     step and the loss must fall.
- * Check in no-fork mode; exit 77 (skip) where no GPU is visible.
+ * Check in no-fork mode; exit 77 (skip) where no GPU is visible. argv[1] names the backend
+ * (default cuda); cuda_model_emu runs the "grads" case (CK_RUN_CASE) on cudaemu, the CUDA
+ * kernels emulated on the CPU (the 20 steps there cost over a minute of CPU: run by hand,
+ * `LOOM_PLUGIN_PATH=build/tests/cuda build/tests/cuda/test_cuda_model cudaemu`).
  */
 #include <check.h>
 #include <math.h>
@@ -140,9 +143,12 @@ START_TEST(test_twenty_steps_track_cpu)
 }
 END_TEST
 
-int main(void)
+/* argv[1]: the backend to test against the CPU (default "cuda"; tests/cuda also runs
+ * "cudaemu", the CUDA kernels emulated on the CPU). */
+int main(int argc, char **argv)
 {
-    if (loom_backend_open("cuda", 0, &gpu) != LOOM_OK) {
+    const char *name = argc > 1 ? argv[1] : "cuda";
+    if (loom_backend_open(name, 0, &gpu) != LOOM_OK) {
         const char *why = loom_last_error();
         if (strstr(why, "not usable here") || strstr(why, "no CUDA device")) {
             printf("SKIP: no GPU here, the CUDA model tests did not run: %s\n", why);
@@ -157,11 +163,13 @@ int main(void)
     }
     printf("%s\n%s\n", cpu.ops->describe(cpu.self), gpu.ops->describe(gpu.self));
     Suite *su = suite_create("cuda_model");
-    TCase *tc = tcase_create("model");
+    TCase *tc = tcase_create("grads"), *steps = tcase_create("steps"); /* CK_RUN_CASE picks */
     tcase_set_timeout(tc, 300);
+    tcase_set_timeout(steps, 900);
     tcase_add_test(tc, test_loss_and_grads);
-    tcase_add_test(tc, test_twenty_steps_track_cpu);
+    tcase_add_test(steps, test_twenty_steps_track_cpu);
     suite_add_tcase(su, tc);
+    suite_add_tcase(su, steps);
     SRunner *sr = srunner_create(su);
     srunner_set_fork_status(sr, CK_NOFORK);
     srunner_run_all(sr, CK_NORMAL);

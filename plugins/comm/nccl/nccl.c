@@ -14,12 +14,11 @@
  * given the backend's stream (device != NULL), every *_start first makes the communication
  * stream wait for the work already queued on the backend stream (an event), so buffers a
  * kernel is still writing are ready before NCCL reads them, and compute and communication
- * still overlap; and wait() makes the backend stream wait on the operation's completion
- * event, so kernels queued after it read the result (device-side ordering) whichever
- * thread queues them; with device_wait = true that is all wait() does (the host does not
- * block, so compute and communication overlap on the device, at the price of a stuck peer
- * showing at the backend's next synchronize, which has no timeout). With device == NULL
- * the caller's buffers must already be ready.
+ * still overlap. wait() blocks the host until the completion event (with the timeout);
+ * with device_wait = true it instead makes the backend stream wait on that event and
+ * returns (the host does not block, so compute and communication overlap on the device, at
+ * the price of a stuck peer showing at the backend's next synchronize, which has no
+ * timeout). With device == NULL the caller's buffers must already be ready.
  * Each *_start enqueues the NCCL call(s) on the communication stream and records an event
  * (taken from a pool: none is created per request in a steady state); wait() and test()
  * look at that event. An enqueue NCCL reports as still in progress is settled lazily — by
@@ -789,23 +788,22 @@ static loom_status nccl_wait(void *self, loom_comm_request *r)
         req_free(c, r);
         return st;
     }
-    /* Device-side order: the backend's kernels queued from now on read the result. The
-     * event may go back to the pool at once: a wait takes the record current at the call. */
-    if (c->user_stream != NULL) {
+    /* device_wait: the backend's kernels queued from now on wait for the result on the
+     * device, and the host goes on. The event may go back to the pool at once: a stream
+     * wait takes the record current at the call. (Without device_wait the host waits for
+     * the event below, which orders every later kernel as well, and a stuck peer costs only
+     * the communication stream: the backend's stream is never made to wait on it.) */
+    if (c->user_stream != NULL && c->device_wait) {
         cudaError_t we = cudaStreamWaitEvent(c->user_stream, r->done, 0);
-        if (we != cudaSuccess) {
-            req_free(c, r);
+        ncclResult_t a = ncclSuccess, q = ncclCommGetAsyncError(c->comm, &a);
+        req_free(c, r);
+        if (we != cudaSuccess)
             return c->host->fail(LOOM_ERR_COMM, "nccl %s: making the backend stream wait: %s",
                                  what, cudaGetErrorString(we));
-        }
-        if (c->device_wait) { /* one look for an error, no host wait */
-            ncclResult_t a = ncclSuccess, q = ncclCommGetAsyncError(c->comm, &a);
-            req_free(c, r);
-            if (q != ncclSuccess || (a != ncclSuccess && a != ncclInProgress))
-                return fail_abort(c, LOOM_ERR_COMM, what, peer,
-                                  ncclGetErrorString(q != ncclSuccess ? q : a));
-            return LOOM_OK;
-        }
+        if (q != ncclSuccess || (a != ncclSuccess && a != ncclInProgress))
+            return fail_abort(c, LOOM_ERR_COMM, what, peer,
+                              ncclGetErrorString(q != ncclSuccess ? q : a));
+        return LOOM_OK;
     }
     double deadline = now_ms() + c->timeout_ms;
     for (;;) {

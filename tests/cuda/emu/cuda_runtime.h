@@ -1,0 +1,56 @@
+/* cuda_runtime.h (emulation) — CUDA C++'s kernel-side names over cuda_emu.cc's block
+ * scheduler: every block's threads run as cooperative coroutines on one CPU thread,
+ * switching at __syncthreads (and the shuffles and __syncthreads_or, built on it). Blocks
+ * run one after another, so a __shared__ variable can be a plain static. Only what
+ * kernels/cuda uses; the launch goes through LOOM_CUDA_LAUNCH (kernels.cuh). */
+#ifndef LOOM_CUDA_EMU_RUNTIME_H
+#define LOOM_CUDA_EMU_RUNTIME_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <functional>
+
+#include "cuda_runtime_api.h"
+
+struct dim3 {
+    unsigned x, y, z;
+    dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+};
+
+struct loom_emu_idx {
+    unsigned x, y, z;
+};
+extern loom_emu_idx loom_emu_thread, loom_emu_block; /* set by the scheduler at each switch */
+extern dim3 loom_emu_block_dim, loom_emu_grid_dim;
+
+#define threadIdx loom_emu_thread
+#define blockIdx loom_emu_block
+#define blockDim loom_emu_block_dim
+#define gridDim loom_emu_grid_dim
+#define __global__
+#define __device__
+#define __host__
+#define __shared__ static
+#define __forceinline__ inline
+
+void __syncthreads(void);
+int __syncthreads_or(int pred);
+double loom_emu_shfl_xor(double v, int mask);
+template <typename F> static inline F __shfl_xor_sync(unsigned m, F v, int o)
+{
+    (void)m;
+    return (F)loom_emu_shfl_xor((double)v, o);
+}
+static inline unsigned __float_as_uint(float f)
+{
+    unsigned u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+/* Run body once per thread of every block of the grid. */
+void loom_emu_launch(dim3 grid, dim3 block, std::function<void()> body);
+
+#endif

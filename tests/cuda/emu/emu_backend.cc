@@ -1,0 +1,150 @@
+// emu_backend.cc — loom-backend-cudaemu.so, a test-only plugin: the CUDA backend's kernels
+// (kernels/cuda/*.cu, compiled as C++ over cuda_runtime.h here) and its GEMM glue
+// (kernels/cuda/gemm.c, with the ordered GEMM for every product: no cuBLAS on the CPU)
+// behind the backend ops table, over host memory. tests/cuda runs test_cuda_ops with it
+// against the CPU backend (cuda_ops_emu), so the kernels' indexing, masking, reductions
+// and contracts are checked on machines without a GPU. What it cannot check: anything
+// CUDA itself does (cuBLAS/cuBLASLt, streams, the memory pool on a device, launch limits,
+// warp timing); tests/cuda's cuda_ops does those on a GPU.
+#include "cuda_common.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/plugin/backend.h"
+
+extern "C" {
+loom_cuda_ctx loom_cuda;
+}
+
+static void *workspace;
+static size_t workspace_bytes;
+static double parts[64];
+static int flag;
+
+extern "C" void *loom_cuda_workspace(size_t bytes)
+{
+    if (bytes > workspace_bytes) {
+        free(workspace);
+        workspace = calloc(1, bytes);
+        workspace_bytes = workspace ? bytes : 0;
+    }
+    return workspace;
+}
+
+extern "C" void loom_cuda_note_error(const char *what, const char *detail)
+{
+    fprintf(stderr, "cuda emu: %s: %s\n", what, detail);
+    loom_cuda.sticky_error = 1;
+}
+
+extern "C" void loom_cuda_check_launch(const char *what)
+{
+}
+
+static loom_status emu_create(const loom_host *host, const loom_config *cfg, void **self)
+{
+    memset(&loom_cuda, 0, sizeof loom_cuda);
+    loom_cuda.h_parts = parts;
+    loom_cuda.d_flag = &flag;
+    loom_cuda.h_flag = &flag;
+    *self = &loom_cuda;
+    return LOOM_OK;
+}
+
+static void emu_destroy(void *self)
+{
+    free(workspace);
+    workspace = NULL;
+    workspace_bytes = 0;
+}
+
+static const char *emu_describe(void *self)
+{
+    return "cudaemu: kernels/cuda's kernels on the CPU (test-only emulation)";
+}
+
+static void *emu_alloc(void *self, size_t bytes)
+{
+    return calloc(1, bytes ? bytes : 1);
+}
+
+static void emu_free(void *self, void *p)
+{
+    free(p);
+}
+
+static void emu_copy(void *self, void *dst, const void *src, size_t bytes)
+{
+    memcpy(dst, src, bytes);
+}
+
+static void emu_zero(void *self, void *p, size_t bytes)
+{
+    memset(p, 0, bytes);
+}
+
+static void emu_sync(void *self)
+{
+}
+
+static void emu_set_deterministic(void *self, int on)
+{
+    loom_cuda.deterministic = on;
+}
+
+static loom_backend_ops make_ops()
+{
+    loom_backend_ops o;
+    memset(&o, 0, sizeof o);
+    o.size = sizeof o;
+    o.create = emu_create;
+    o.destroy = emu_destroy;
+    o.describe = emu_describe;
+    o.alloc = emu_alloc;
+    o.free = emu_free;
+    o.copy_to_device = emu_copy;
+    o.copy_to_host = emu_copy;
+    o.zero = emu_zero;
+    o.synchronize = emu_sync;
+    o.embedding_forward = loom_cuda_embedding_forward;
+    o.embedding_backward = loom_cuda_embedding_backward;
+    o.position_forward = loom_cuda_position_forward;
+    o.position_backward = loom_cuda_position_backward;
+    o.layernorm_forward = loom_cuda_layernorm_forward;
+    o.layernorm_backward = loom_cuda_layernorm_backward;
+    o.matmul_forward = loom_cuda_matmul_forward;
+    o.matmul_backward = loom_cuda_matmul_backward;
+    o.gemm = loom_cuda_sgemm;
+    o.attention_forward = loom_cuda_attention_forward;
+    o.attention_backward = loom_cuda_attention_backward;
+    o.gelu_forward = loom_cuda_gelu_forward;
+    o.gelu_backward = loom_cuda_gelu_backward;
+    o.residual_forward = loom_cuda_residual_forward;
+    o.accumulate = loom_cuda_accumulate;
+    o.ce_row_max = loom_cuda_ce_row_max;
+    o.ce_row_sumexp = loom_cuda_ce_row_sumexp;
+    o.ce_target_logit = loom_cuda_ce_target_logit;
+    o.ce_finish = loom_cuda_ce_finish;
+    o.bias_add = loom_cuda_bias_add;
+    o.bias_backward = loom_cuda_bias_backward;
+    o.sum_squares = loom_cuda_sum_squares;
+    o.has_nonfinite = loom_cuda_has_nonfinite;
+    o.scale = loom_cuda_scale;
+    o.set_deterministic = emu_set_deterministic;
+    o.attention_decode = loom_cuda_attention_decode;
+    return o;
+}
+
+static const loom_backend_ops emu_ops = make_ops();
+
+static const loom_plugin_desc emu_desc = {
+    LOOM_PLUGIN_ABI, sizeof(loom_plugin_desc), LOOM_KIND_BACKEND, "cudaemu", "0.1.0",
+    "test-only: the CUDA backend's kernels emulated on the CPU", NULL, 0, NULL, &emu_ops,
+};
+
+extern "C" LOOM_PLUGIN_EXPORT const loom_plugin_desc *loom_plugin_entry(void)
+{
+    return &emu_desc;
+}

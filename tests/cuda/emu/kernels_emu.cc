@@ -1,0 +1,9 @@
+// kernels_emu.cc — the backend's .cu files compiled as C++ for the CPU emulation (one
+// translation unit; cuda_runtime.h here stands in for CUDA's).
+#include "attention.cu"
+#include "crossentropy.cu"
+#include "elementwise.cu"
+#include "encoder.cu"
+#include "gemm_ordered.cu"
+#include "layernorm.cu"
+#include "reduce.cu"

@@ -142,6 +142,15 @@ static const loom_backend_ops cpu_ops = {
     .scale = loom_cpu_scale,
     .set_deterministic = cpu_set_deterministic,
     .attention_decode = loom_cpu_attention_decode,
+    .rmsnorm_forward = loom_cpu_rmsnorm_forward,
+    .rmsnorm_backward = loom_cpu_rmsnorm_backward,
+    .swiglu_forward = loom_cpu_swiglu_forward,
+    .swiglu_backward = loom_cpu_swiglu_backward,
+    .rope_forward = loom_cpu_rope_forward,
+    .rope_backward = loom_cpu_rope_backward,
+    .attention_gqa_forward = loom_cpu_attention_gqa_forward,
+    .attention_gqa_backward = loom_cpu_attention_gqa_backward,
+    .attention_gqa_decode = loom_cpu_attention_gqa_decode,
 };
 
 static const loom_config_key cpu_keys[] = {

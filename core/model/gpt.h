@@ -19,7 +19,19 @@ typedef struct loom_gpt_config {
     int vocab_padded;  /* Vp >= V; 0 means "round V up to a multiple of 128" */
     int ctx;           /* maximum sequence length (wpe rows) */
     int layers, heads, dim;
+    /* The block family (zero: GPT-2, and the fields below unused). LOOM_FAMILY_LLAMA
+     * (gpt_llama.c): pre-norm RMSNorm, SwiGLU MLP of ffn_dim, rotary positions (no wpe),
+     * grouped-query attention with kv_heads, no biases, LM head untied unless
+     * tie_embeddings (Touvron et al. 2023; Hugging Face's LlamaForCausalLM). */
+    int family;
+    int kv_heads;        /* dividing heads; 0 = heads */
+    int ffn_dim;         /* SwiGLU hidden width; 0 = 4 * dim */
+    int tie_embeddings;  /* 1: the LM head is wte */
+    float rope_theta;    /* 0 = 10000 */
+    float norm_eps;      /* RMSNorm's epsilon; 0 = 1e-5 */
 } loom_gpt_config;
+
+enum { LOOM_FAMILY_GPT2 = 0, LOOM_FAMILY_LLAMA = 1 };
 
 typedef struct loom_gpt loom_gpt;
 

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# llama.sh LOOM — the llama family (loom.llama: RMSNorm, SwiGLU, RoPE, grouped-query
+# attention with 4 query heads over 2 kv heads) under the layouts built for it:
+#  - one rank trains (the loss falls over 12 steps);
+#  - fast mode: tp=2, with and without sequence parallelism, within 2e-5 of one rank;
+#  - canonical mode: tp=2, tp=2+sp, dp=2, tp=2 x dp=2, zero=1/2/3 (dp=2), recompute full
+#    and selective, all bitwise identical (losses and gradient norms) to one rank; tp=4 with
+#    kv_heads=4 bitwise its own one-rank run;
+#  - refused with a message saying what works: tp not dividing kv_heads, pp > 1.
+set -euo pipefail
+loom=$1
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/lib.sh"
+recipe=$here/recipes/llama_losses.lua
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+export OMP_WAIT_POLICY=passive
+base="steps=12 threads=1"
+run1() { "$loom" run "$recipe" $base "$@" | grep -E '^(LOSS|NORM)'; }
+runN() { local n=$1; shift; "$loom" launch -n "$n" "$recipe" $base comm_timeout=20 "$@" | grep -E '^(LOSS|NORM)'; }
+
+run1 > "$tmp/one"
+[ "$(grep -c '^LOSS' "$tmp/one")" -eq 12 ] || { echo "one rank: expected 12 steps"; exit 1; }
+fell=$(loss_fell "$tmp/one" 1.0) || { echo "one rank: the loss did not fall by 1.0: $fell"; exit 1; }
+echo "ok one rank: 12 steps, loss $fell"
+for layout in "mesh.tp=2" "mesh.tp=2 tp_sequence_parallel=true"; do
+  runN 2 $layout > "$tmp/f"
+  [ "$(grep -c '^LOSS' "$tmp/f")" -eq 12 ] || { echo "fast $layout: expected 12 steps"; exit 1; }
+  d=$(max_loss_diff "$tmp/one" "$tmp/f")
+  below "$d" 2e-5 || { echo "fast $layout differs from one rank by $d"; exit 1; }
+  echo "ok fast $layout vs one rank: max |loss diff| $d over 12 steps"
+done
+
+canon="deterministic=canonical batch.micro=2 batch.global=4"
+run1 $canon > "$tmp/c1"
+finite_losses "$tmp/c1"
+same() { # name file
+  cmp -s "$tmp/c1" "$2" || { echo "canonical $1 differs from one rank"; paste "$tmp/c1" "$2" | head; exit 1; }
+  echo "ok canonical $1: losses and gradient norms bitwise identical to one rank ($(grep -c '^LOSS' "$2") steps)"
+}
+for layout in "2 mesh.tp=2" "2 mesh.tp=2 tp_sequence_parallel=true" "2 mesh.dp=2" \
+              "4 mesh.tp=2 mesh.dp=2" "2 mesh.dp=2 strategy.zero=1" "2 mesh.dp=2 strategy.zero=2" \
+              "2 mesh.dp=2 strategy.zero=3"; do
+  runN ${layout%% *} $canon ${layout#* } > "$tmp/c"
+  same "${layout#* }" "$tmp/c"
+done
+for rc in full selective; do
+  run1 $canon recompute=$rc > "$tmp/c"
+  same "recompute=$rc" "$tmp/c"
+done
+run1 $canon model.kv_heads=4 > "$tmp/c1"
+runN 4 $canon model.kv_heads=4 mesh.tp=4 > "$tmp/c"
+same "tp=4 (kv_heads=4)" "$tmp/c"
+
+expect_refusal() { # pattern, then the run's arguments
+  local want=$1; shift
+  if "$loom" run "$recipe" $base "$@" > "$tmp/err" 2>&1; then echo "accepted: $*"; exit 1; fi
+  grep -q -- "$want" "$tmp/err" || { echo "refusal of '$*' does not say '$want':"; cat "$tmp/err"; exit 1; }
+  echo "ok refused $*: $(tail -1 "$tmp/err" | cut -c1-150)"
+}
+expect_refusal "does not divide kv_heads=2 (tp may be 1, 2)" mesh.tp=4
+expect_refusal "pp=2 with loom.llama is not built yet" mesh.pp=2

@@ -332,8 +332,14 @@ static loom_status write_manifest(const loom_ckpt_source *src, const char *path,
     loom_json_write_string(&b, src->optim_name);
     loom_strbuf_printf(&b, ", \"slots\": %u},\n", src->slots);
     loom_strbuf_printf(&b, "  \"model\": {\"vocab\": %d, \"vocab_padded\": %d, \"ctx\": %d, "
-                       "\"layers\": %d, \"heads\": %d, \"dim\": %d},\n", mc->vocab,
+                       "\"layers\": %d, \"heads\": %d, \"dim\": %d", mc->vocab,
                        mc->vocab_padded, mc->ctx, mc->layers, mc->heads, mc->dim);
+    if (mc->family == LOOM_FAMILY_LLAMA) /* what loom.llama{...} takes, for open_checkpoint */
+        loom_strbuf_printf(&b, ", \"family\": \"llama\", \"kv_heads\": %d, \"ffn_dim\": %d, "
+                           "\"rope_theta\": %.9g, \"norm_eps\": %.9g, \"tie_embeddings\": %s",
+                           mc->kv_heads, mc->ffn_dim, (double)mc->rope_theta,
+                           (double)mc->norm_eps, mc->tie_embeddings ? "true" : "false");
+    loom_strbuf_puts(&b, "},\n");
     loom_strbuf_printf(&b, "  \"layout\": {\"tp\": %d", tp);
     if (pp > 1) { /* the loader remaps by name; the split is for people and tools */
         loom_strbuf_printf(&b, ", \"pp\": %d, \"pp_layers\": [", pp);

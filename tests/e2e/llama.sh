@@ -6,7 +6,10 @@
 #  - canonical mode: tp=2, tp=2+sp, dp=2, tp=2 x dp=2, zero=1/2/3 (dp=2), recompute full
 #    and selective, all bitwise identical (losses and gradient norms) to one rank; tp=4 with
 #    kv_heads=4 bitwise its own one-rank run;
-#  - refused with a message saying what works: tp not dividing kv_heads, pp > 1.
+#  - checkpoints remap across layouts by logical names (canonical: bitwise resumes), and
+#    export to the same Hugging Face tensors from tp=2 as from one rank;
+#  - refused with a message saying what works: tp not dividing kv_heads, pp > 1, an
+#    llm.c export.
 set -euo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -47,6 +50,32 @@ for rc in full selective; do
   run1 $canon recompute=$rc > "$tmp/c"
   same "recompute=$rc" "$tmp/c"
 done
+# Checkpoints by logical names: saved at tp=2, resumed at one rank; saved at one rank,
+# resumed at tp=2 x dp=2: steps 7-12 bitwise the straight run's; the tp=2 checkpoint
+# exports (Hugging Face layout) to the same bytes as the one-rank one.
+runN 2 $canon mesh.tp=2 steps=6 checkpoint.dir="$tmp/ck2" checkpoint.every=6 > /dev/null
+awk '$2 > 6' "$tmp/c1" > "$tmp/want"
+run1 $canon resume="$tmp/ck2/step_00000006" > "$tmp/r"
+cmp -s "$tmp/want" "$tmp/r" || { echo "saved at tp=2, resumed at one rank: differs"; paste "$tmp/want" "$tmp/r" | head; exit 1; }
+run1 $canon steps=6 checkpoint.dir="$tmp/ck1" checkpoint.every=6 > /dev/null
+runN 4 $canon mesh.tp=2 mesh.dp=2 resume="$tmp/ck1/step_00000006" > "$tmp/r"
+cmp -s "$tmp/want" "$tmp/r" || { echo "saved at one rank, resumed at tp=2 x dp=2: differs"; exit 1; }
+echo "ok canonical: saved at tp=2 -> resumed at one rank, saved at one rank -> tp=2 x dp=2: steps 7-12 bitwise"
+mkdir "$tmp/hf1" "$tmp/hf2"
+"$loom" ckpt export "$tmp/ck1" "$tmp/hf1/model.safetensors" > /dev/null
+"$loom" ckpt export "$tmp/ck2" "$tmp/hf2/model.safetensors" > /dev/null
+cmp -s "$tmp/hf1/config.json" "$tmp/hf2/config.json" || { echo "config.json of the tp=1 and tp=2 exports differ"; exit 1; }
+# the files differ only in __metadata__'s loom.source path: compare the tensor bytes
+tensors() { local n; n=$(od -An -t u8 -N8 "$1" | tr -d ' '); tail -c +$((9 + n)) "$1"; }
+tensors "$tmp/hf1/model.safetensors" > "$tmp/t1"; tensors "$tmp/hf2/model.safetensors" > "$tmp/t2"
+[ "$(stat -c %s "$tmp/t1")" -gt 100000 ] || { echo "export: tensor bytes missing"; exit 1; }
+cmp -s "$tmp/t1" "$tmp/t2" || { echo "the tp=1 and tp=2 exports' tensors differ"; exit 1; }
+echo "ok loom ckpt export: the tp=2 checkpoint's Hugging Face export has the one-rank one's tensors"
+if "$loom" export --llmc "$tmp/ck1" "$tmp/x.bin" > "$tmp/err" 2>&1 || ! grep -q "GPT-2 blocks only" "$tmp/err"; then
+  echo "loom export --llmc of a llama checkpoint was not refused as expected"; cat "$tmp/err"; exit 1
+fi
+echo "ok refused loom export --llmc of a llama checkpoint"
+
 run1 $canon model.kv_heads=4 > "$tmp/c1"
 runN 4 $canon model.kv_heads=4 mesh.tp=4 > "$tmp/c"
 same "tp=4 (kv_heads=4)" "$tmp/c"

@@ -366,7 +366,7 @@ end
 -- encoder.json (prepare-text --gpt2 keeps it there), else nil.
 function loom.tokenizer_dir(data)
   if type(data) ~= "table" or data.kind ~= "shards" or type(data.train) ~= "string" then return nil end
-  local dir = data.train:match("^(.*)/[^/]*$") or "."
+  local dir = find_glob(data.train):match("^(.*)/[^/]*$") or "." -- relative to the recipe, as the shards
   local f = io.open(dir .. "/encoder.json", "rb")
   if not f then return nil end
   f:close()

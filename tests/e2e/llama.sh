@@ -88,3 +88,24 @@ expect_refusal() { # pattern, then the run's arguments
 }
 expect_refusal "does not divide kv_heads=2 (tp may be 1, 2)" mesh.tp=4
 expect_refusal "pp=2 with loom.llama is not built yet" mesh.pp=2
+
+# The bundled recipe runs as written (shape, optimizer, schedule, eval, the closing sample)
+# for two small steps on random GPT-2 token shards made here: 10.06M parameters, a first
+# loss near ln(50257) = 10.8, and a sample printed.
+python3 - "$tmp" <<'PY'
+import struct, random, sys
+random.seed(3)
+for name, n in (("train_000000.bin", 4096), ("val_000000.bin", 2048)):
+    header = [20240520, 1, n] + [0] * 253
+    with open(f"{sys.argv[1]}/{name}", "wb") as f:
+        f.write(struct.pack("<256i", *header))
+        f.write(struct.pack(f"<{n}H", *[random.randrange(50257) for _ in range(n)]))
+PY
+out=$("$loom" run "$here/../../scripts/recipes/llama_shakespeare.lua" steps=2 batch.micro=2 \
+  eval.batches=1 data.train="$tmp/train_*.bin" data.val="$tmp/val_*.bin" 2>&1) || { echo "$out"; exit 1; }
+echo "$out" | grep -qF "llama 10.06M params (L=4 H=4 C=96 V=50257 ctx=64)" || { echo "not the 10M llama:"; echo "$out"; exit 1; }
+loss=$(echo "$out" | grep -o 'trained: loss [0-9.]*' | awk '{print $3}')
+awk -v l="$loss" 'BEGIN { exit !(l == l + 0 && l > 10 && l < 11.7) }' ||
+  { echo "first loss '$loss' is not near ln(50257) = 10.8"; echo "$out"; exit 1; }
+echo "$out" | grep -q -- "---- sample ----" || { echo "no sample"; echo "$out"; exit 1; }
+echo "ok llama_shakespeare.lua: 10.06M parameters, first loss $loss, sampled"

@@ -190,9 +190,15 @@ static loom_status gpt_llama_build_table(loom_gpt *m)
         LOOM_TRY(loom_params_add(t, nm, (b) ? 2 : 1, sh, layer, init, sd)); \
         LOOM_TRY(place_last(m, split));                                 \
     } while (0)
-    ADD2("wte", c->vocab_padded, C, -1, LOOM_INIT_NORMAL, std, 0);
-    t->entries[t->count - 1].init_rows = c->vocab; /* padding rows start at zero */
+    /* a pipeline stage (gpt_stage.c) adds only what it holds: wte on the first, its blocks,
+     * ln_f and lm_head on the last (tied: wte there too, as GPT-2's) */
+    if (m->has_embed || (m->has_head && c->tie_embeddings)) {
+        ADD2("wte", c->vocab_padded, C, -1, LOOM_INIT_NORMAL, std, 0);
+        t->entries[t->count - 1].init_rows = c->vocab; /* padding rows start at zero */
+    }
     for (int l = 0; l < L; l++) {
+        if (!m->own[l])
+            continue;
 #define LAYER(suffix, a, b, init, sd, split)                \
     snprintf(name, sizeof name, "h.%d.%s", l, suffix);     \
     ADD2(name, a, b, l, init, sd, split)
@@ -207,8 +213,9 @@ static loom_status gpt_llama_build_table(loom_gpt *m)
         LAYER("mlp.proj.weight", C, F, LOOM_INIT_NORMAL, proj_std, 1);
 #undef LAYER
     }
-    ADD2("ln_f.weight", C, 0, -1, LOOM_INIT_ONES, 0, -1);
-    if (!c->tie_embeddings) {
+    if (m->has_head)
+        ADD2("ln_f.weight", C, 0, -1, LOOM_INIT_ONES, 0, -1);
+    if (m->has_head && !c->tie_embeddings) {
         ADD2("lm_head.weight", c->vocab_padded, C, -1, LOOM_INIT_NORMAL, std, 0);
         t->entries[t->count - 1].init_rows = c->vocab;
     }
@@ -221,9 +228,11 @@ static loom_status gpt_llama_build_table(loom_gpt *m)
 static void gpt_llama_bind_params(loom_gpt *m, float *base, model_params *p)
 {
     const loom_param_entry *e = m->table.entries;
-    int i = 0;
-    p->wte = base + e[i++].offset;
+    int i = 0, tied = m->cfg.tie_embeddings;
+    p->wte = m->has_embed || (m->has_head && tied) ? base + e[i++].offset : NULL;
     for (int l = 0; l < m->cfg.layers; l++) {
+        if (!m->own[l])
+            continue;
         layer_params *w = &p->layer[l];
         memset(w, 0, sizeof *w);
         w->ln1w = base + e[i].offset;
@@ -234,16 +243,17 @@ static void gpt_llama_bind_params(loom_gpt *m, float *base, model_params *p)
         w->fcprojw = base + e[i + 8].offset;
         i += 9;
     }
-    p->lnfw = base + e[i++].offset;
-    p->head = m->cfg.tie_embeddings ? p->wte : base + e[i].offset;
+    p->lnfw = m->has_head ? base + e[i++].offset : NULL;
+    p->head = !m->has_head ? NULL : tied ? p->wte : base + e[i].offset;
 }
 
 /* The fused products read q|k|v and gate|up as one matrix each. */
 static loom_status gpt_llama_check_fused(const loom_gpt *m)
 {
-    const loom_param_entry *e = m->table.entries;
+    const loom_param_entry *b = m->table.entries + m->pre;
     for (int l = 0; l < m->cfg.layers; l++) {
-        const loom_param_entry *b = e + 1 + 9 * l;
+        if (!m->own[l])
+            continue;
         int pairs[3][2] = {{1, 2}, {2, 3}, {6, 7}};
         for (int k = 0; k < 3; k++)
             if (b[pairs[k][0]].offset + b[pairs[k][0]].numel != b[pairs[k][1]].offset)
@@ -251,6 +261,7 @@ static loom_status gpt_llama_check_fused(const loom_gpt *m)
                           "the parameter buffer (their slices must be multiples of 16 floats: "
                           "use a dim, ffn_dim and head size that are multiples of 16)",
                           m->cfg.dim, b[pairs[k][0]].name, b[pairs[k][1]].name);
+        b += 9;
     }
     return LOOM_OK;
 }
@@ -567,8 +578,17 @@ float *loom_gpt_grad_data(loom_gpt *m) { return m->grads; }
 const float *loom_gpt_logits(const loom_gpt *m) { return m->logits; }
 size_t loom_gpt_activation_bytes(const loom_gpt *m) { return m->act_bytes; }
 
+int loom_gpt_tied_head(const loom_gpt *m) { return !m->llama || m->cfg.tie_embeddings; }
+
 size_t loom_gpt_num_params(const loom_gpt *m)
 {
+    if (m->staged && m->llama) { /* a pipeline stage: the whole model's count from its shape */
+        const loom_gpt_config *c = &m->cfg;
+        size_t C = (size_t)c->dim, KV = (size_t)c->kv_heads * (C / (size_t)c->heads);
+        size_t F = (size_t)c->ffn_dim;
+        return (size_t)c->vocab * C * (c->tie_embeddings ? 1 : 2) +
+               (size_t)c->layers * (2 * C * C + 2 * KV * C + 3 * F * C + 2 * C) + C;
+    }
     if (m->staged) { /* a pipeline stage: the whole model's count from its shape */
         size_t C = (size_t)m->cfg.dim;
         return ((size_t)m->cfg.vocab + (size_t)m->cfg.ctx) * C +

@@ -143,6 +143,9 @@ double loom_gpt_take_comm_ms(loom_gpt *m);
 int loom_gpt_row_multiple(const loom_gpt *m);
 void loom_gpt_zero_grad(loom_gpt *m);
 
+/* 1 when the LM head is wte (GPT-2; loom.llama with tie_embeddings), 0 for its own weight. */
+int loom_gpt_tied_head(const loom_gpt *m);
+
 /* Parameters of the whole model (all slices) excluding padding rows of wte: what llm.c
  * and MFU count as N. */
 size_t loom_gpt_num_params(const loom_gpt *m);

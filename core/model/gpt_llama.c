@@ -68,9 +68,10 @@ void gpt_llama_widths(loom_gpt *m)
     m->Fl = c->ffn_dim / m->tp;
     m->qkv_w = m->Cl + 2 * m->KVl;
     m->fc_w = 2 * m->Fl;
-    m->pre = 1;                            /* wte */
+    /* a pipeline stage holds wte on the first stage, ln_f and lm_head on the last */
+    m->pre = m->has_embed || (m->has_head && c->tie_embeddings) ? 1 : 0;
     m->per_layer = 9;
-    m->post = c->tie_embeddings ? 1 : 2;   /* ln_f, lm_head */
+    m->post = !m->has_head ? 0 : c->tie_embeddings ? 1 : 2;
 }
 
 loom_status gpt_llama_check_split(const loom_gpt *m)
@@ -82,9 +83,10 @@ loom_status gpt_llama_check_split(const loom_gpt *m)
         !k->rope_backward || !k->attention_gqa_forward || !k->attention_gqa_backward)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "the backend has no kernels for llama blocks (RMSNorm, "
                   "SwiGLU, RoPE, grouped-query attention): use backend = \"cpu\"");
-    if (m->staged)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "pipeline parallelism (pp > 1) with the llama family is "
-                  "not built yet: run it with pp = 1 (tp, dp, zero and recompute work)");
+    if (m->staged && c->tie_embeddings)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "pipeline parallelism (pp > 1) with loom.llama's "
+                  "tie_embeddings = true is not built yet: untie the head (the default) or run "
+                  "pp = 1");
     if (m->split)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "a split backward (schedule = \"zb1\") with the llama "
                   "family is not built yet");

@@ -154,10 +154,6 @@ local function check_tp(t, where, origin)
   if m.family == "llama" then -- each rank holds whole key/value heads
     need(m.kv_heads, "kv_heads")
     need(m.ffn_dim, "ffn_dim")
-    if (mesh.pp or 1) > 1 then
-      schema.fail(where, "mesh pp=%d with loom.llama is not built yet: run it with pp = 1 (tp, dp, "
-        .. "zero and recompute work)", mesh.pp)
-    end
   end
   need(vp, "the padded vocabulary")
   if t.tp_sequence_parallel and tp > 1 and rows % tp ~= 0 then

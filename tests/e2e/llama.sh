@@ -3,13 +3,14 @@
 # attention with 4 query heads over 2 kv heads) under the layouts built for it:
 #  - one rank trains (the loss falls over 12 steps);
 #  - fast mode: tp=2, with and without sequence parallelism, within 2e-5 of one rank;
-#  - canonical mode: tp=2, tp=2+sp, dp=2, tp=2 x dp=2, zero=1/2/3 (dp=2), recompute full
-#    and selective, all bitwise identical (losses and gradient norms) to one rank; tp=4 with
-#    kv_heads=4 bitwise its own one-rank run;
+#  - canonical mode: tp=2, tp=2+sp, dp=2, tp=2 x dp=2, zero=1/2/3 (dp=2), pp=2 (1f1b,
+#    gpipe), pp=2 x tp=2, pp=2 x dp=2, recompute full and selective, all bitwise identical
+#    (losses and gradient norms) to one rank; tp=4 with kv_heads=4 and pp=2 interleaved on
+#    4 blocks bitwise their own one-rank runs;
 #  - checkpoints remap across layouts by logical names (canonical: bitwise resumes), and
 #    export to the same Hugging Face tensors from tp=2 as from one rank;
-#  - refused with a message saying what works: tp not dividing kv_heads, pp > 1, an
-#    llm.c export.
+#  - refused with a message saying what works: tp not dividing kv_heads, zb1 (split
+#    backward), pp with a tied head, an llm.c export.
 set -euo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -42,7 +43,8 @@ same() { # name file
 }
 for layout in "2 mesh.tp=2" "2 mesh.tp=2 tp_sequence_parallel=true" "2 mesh.dp=2" \
               "4 mesh.tp=2 mesh.dp=2" "2 mesh.dp=2 strategy.zero=1" "2 mesh.dp=2 strategy.zero=2" \
-              "2 mesh.dp=2 strategy.zero=3"; do
+              "2 mesh.dp=2 strategy.zero=3" "2 mesh.pp=2 schedule=1f1b" "2 mesh.pp=2 schedule=gpipe" \
+              "4 mesh.pp=2 mesh.tp=2 schedule=1f1b" "4 mesh.pp=2 mesh.dp=2 schedule=1f1b"; do
   runN ${layout%% *} $canon ${layout#* } > "$tmp/c"
   same "${layout#* }" "$tmp/c"
 done
@@ -60,7 +62,12 @@ cmp -s "$tmp/want" "$tmp/r" || { echo "saved at tp=2, resumed at one rank: diffe
 run1 $canon steps=6 checkpoint.dir="$tmp/ck1" checkpoint.every=6 > /dev/null
 runN 4 $canon mesh.tp=2 mesh.dp=2 resume="$tmp/ck1/step_00000006" > "$tmp/r"
 cmp -s "$tmp/want" "$tmp/r" || { echo "saved at one rank, resumed at tp=2 x dp=2: differs"; exit 1; }
-echo "ok canonical: saved at tp=2 -> resumed at one rank, saved at one rank -> tp=2 x dp=2: steps 7-12 bitwise"
+runN 2 $canon mesh.pp=2 schedule=1f1b resume="$tmp/ck1/step_00000006" > "$tmp/r"
+cmp -s "$tmp/want" "$tmp/r" || { echo "saved at one rank, resumed at pp=2: differs"; exit 1; }
+runN 2 $canon mesh.pp=2 schedule=1f1b steps=6 checkpoint.dir="$tmp/ckp" checkpoint.every=6 > /dev/null
+run1 $canon resume="$tmp/ckp/step_00000006" > "$tmp/r"
+cmp -s "$tmp/want" "$tmp/r" || { echo "saved at pp=2, resumed at one rank: differs"; exit 1; }
+echo "ok canonical: saved at tp=2 -> one rank, one rank -> tp=2 x dp=2 and pp=2, pp=2 -> one rank: steps 7-12 bitwise"
 mkdir "$tmp/hf1" "$tmp/hf2"
 "$loom" ckpt export "$tmp/ck1" "$tmp/hf1/model.safetensors" > /dev/null
 "$loom" ckpt export "$tmp/ck2" "$tmp/hf2/model.safetensors" > /dev/null
@@ -79,6 +86,9 @@ echo "ok refused loom export --llmc of a llama checkpoint"
 run1 $canon model.kv_heads=4 > "$tmp/c1"
 runN 4 $canon model.kv_heads=4 mesh.tp=4 > "$tmp/c"
 same "tp=4 (kv_heads=4)" "$tmp/c"
+run1 $canon model.layers=4 > "$tmp/c1"
+runN 2 $canon model.layers=4 mesh.pp=2 schedule=interleaved pp_chunks=2 > "$tmp/c"
+same "pp=2 interleaved, 2 chunks (4 blocks)" "$tmp/c"
 
 expect_refusal() { # pattern, then the run's arguments
   local want=$1; shift
@@ -87,7 +97,16 @@ expect_refusal() { # pattern, then the run's arguments
   echo "ok refused $*: $(tail -1 "$tmp/err" | cut -c1-150)"
 }
 expect_refusal "does not divide kv_heads=2 (tp may be 1, 2)" mesh.tp=4
-expect_refusal "pp=2 with loom.llama is not built yet" mesh.pp=2
+if "$loom" launch -n 2 "$recipe" $base comm_timeout=20 mesh.pp=2 schedule=zb1 > "$tmp/err" 2>&1 ||
+   ! grep -q 'split backward (schedule = "zb1") with the llama family is not built yet' "$tmp/err"; then
+  echo "pp=2 schedule=zb1 was not refused as expected"; cat "$tmp/err"; exit 1
+fi
+echo "ok refused mesh.pp=2 schedule=zb1 (split backward not built for llama)"
+if "$loom" launch -n 2 "$recipe" $base comm_timeout=20 mesh.pp=2 model.tie_embeddings=true > "$tmp/err" 2>&1 ||
+   ! grep -q 'tie_embeddings = true is not built yet' "$tmp/err"; then
+  echo "pp=2 with tie_embeddings was not refused as expected"; cat "$tmp/err"; exit 1
+fi
+echo "ok refused mesh.pp=2 with tie_embeddings = true"
 
 # The bundled recipe runs as written (shape, optimizer, schedule, eval, the closing sample)
 # for two small steps on random GPT-2 token shards made here: 10.06M parameters, a first

@@ -127,7 +127,7 @@ loom_status gpt_llama_rope_cache(loom_gpt *m)
     }
     for (size_t p = 0; p < (size_t)c->ctx; p++)
         for (size_t i = 0; i < half; i++) {
-            double a = (double)p * pow((double)c->rope_theta, -2.0 * (double)i / (double)(2 * half));
+            double a = (double)p * pow((double)c->rope_theta, -(double)i / (double)half);
             host[p * half + i] = (float)cos(a);
             host[n + p * half + i] = (float)sin(a);
         }

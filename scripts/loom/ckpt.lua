@@ -140,13 +140,17 @@ local function export_llama(session, manifest, dir, out)
   local mc = manifest.model
   local names, rows = { wte = "model.embed_tokens.weight", ["ln_f.weight"] = "model.norm.weight",
     ["lm_head.weight"] = "lm_head.weight" }, { wte = mc.vocab, ["lm_head.weight"] = mc.vocab }
-  local per = { ["ln_1.weight"] = "input_layernorm.weight", ["attn.q.weight"] = "self_attn.q_proj.weight",
+  local per = {
+    ["ln_1.weight"] = "input_layernorm.weight", ["attn.q.weight"] = "self_attn.q_proj.weight",
     ["attn.k.weight"] = "self_attn.k_proj.weight", ["attn.v.weight"] = "self_attn.v_proj.weight",
-    ["attn.proj.weight"] = "self_attn.o_proj.weight", ["ln_2.weight"] = "post_attention_layernorm.weight",
+    ["attn.proj.weight"] = "self_attn.o_proj.weight",
+    ["ln_2.weight"] = "post_attention_layernorm.weight",
     ["mlp.gate.weight"] = "mlp.gate_proj.weight", ["mlp.up.weight"] = "mlp.up_proj.weight",
     ["mlp.proj.weight"] = "mlp.down_proj.weight" }
   for l = 0, mc.layers - 1 do
-    for k, v in pairs(per) do names[string.format("h.%d.%s", l, k)] = string.format("model.layers.%d.%s", l, v) end
+    for k, v in pairs(per) do
+      names[string.format("h.%d.%s", l, k)] = string.format("model.layers.%d.%s", l, v)
+    end
   end
   local bytes = session:export_safetensors(out, { format = "pt", ["loom.source"] = dir,
     ["loom.step"] = tostring(manifest.step) }, { names = names, rows = rows })

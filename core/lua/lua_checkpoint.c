@@ -199,14 +199,18 @@ static int l_verify(lua_State *L)
     return 1;
 }
 
-/* s:export_safetensors(path, {key = "value", ...}) -> bytes written: every parameter of a
- * session that holds whole tensors (tp = pp = 1), F32 under its table name and logical
- * shape, in table order, the strings as __metadata__. */
+/* s:export_safetensors(path, {key = "value", ...} [, {names = {...}, rows = {...}}]) -> bytes
+ * written: every parameter of a session that holds whole tensors (tp = pp = 1), F32 under
+ * its table name and logical shape, in table order, the strings as __metadata__. The
+ * optional third table renames (names[loom name] = the file's name; every parameter must
+ * have one) and keeps only the first rows[loom name] rows of a tensor (the vocabulary
+ * without its padding rows: the data are row-major, so a prefix). */
 static int l_export(lua_State *L)
 {
     loom_session *s = loom_lua_check_session(L, 1);
     const char *path = luaL_checkstring(L, 2);
     luaL_checktype(L, 3, LUA_TTABLE);
+    int opts = lua_istable(L, 4) ? 4 : 0;
     loom_gpt *m = loom_session_model(s);
     const loom_param_table *t = loom_gpt_params(m);
     const float *data = loom_gpt_param_data(m);
@@ -231,9 +235,36 @@ static int l_export(lua_State *L)
         meta[n_meta++] = (loom_st_meta){lua_tostring(L, -2), lua_tostring(L, -1)};
         lua_pop(L, 1);
     }
+    int64_t *shapes = lua_newuserdatauv(L, sizeof(int64_t) * LOOM_PARAM_MAX_DIMS *
+                                               (size_t)(t->count + 1), 0);
     for (int i = 0; i < t->count; i++) {
         const loom_param_entry *e = &t->entries[i];
-        ts[i] = (loom_st_tensor){e->name, LOOM_DTYPE_F32, e->ndim, e->shape, data + e->offset};
+        int64_t *shape = shapes + (size_t)i * LOOM_PARAM_MAX_DIMS;
+        memcpy(shape, e->shape, sizeof(int64_t) * LOOM_PARAM_MAX_DIMS);
+        const char *name = e->name;
+        if (opts) { /* the strings stay alive in the options table */
+            lua_getfield(L, opts, "names");
+            if (lua_istable(L, -1)) {
+                if (lua_getfield(L, -1, e->name) != LUA_TSTRING)
+                    return luaL_error(L, "export_safetensors: no file name for '%s'", e->name);
+                name = lua_tostring(L, -1);
+                lua_pop(L, 1);
+            }
+            lua_pop(L, 1);
+            lua_getfield(L, opts, "rows");
+            if (lua_istable(L, -1)) {
+                if (lua_getfield(L, -1, e->name) == LUA_TNUMBER) {
+                    lua_Integer rows = lua_tointeger(L, -1);
+                    if (rows < 1 || rows > shape[0])
+                        return luaL_error(L, "export_safetensors: rows %d of '%s' outside "
+                                          "[1, %d]", (int)rows, e->name, (int)shape[0]);
+                    shape[0] = rows;
+                }
+                lua_pop(L, 1);
+            }
+            lua_pop(L, 1);
+        }
+        ts[i] = (loom_st_tensor){name, LOOM_DTYPE_F32, e->ndim, shape, data + e->offset};
     }
     uint64_t bytes, sum;
     if (loom_safetensors_write(path, ts, t->count, meta, n_meta, &bytes, &sum) != LOOM_OK)

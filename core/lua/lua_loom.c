@@ -229,6 +229,19 @@ static int l_session(lua_State *L)
         mo->noisy = lua_type(L, -1) == LUA_TSTRING && strcmp(lua_tostring(L, -1), "noisy_topk") == 0;
         lua_pop(L, 1);
     }
+    lua_pop(L, 1);
+    lua_getfield(L, m, "family"); /* loom.llama{...}: "llama"; loom.gpt{...}: none */
+    if (lua_type(L, -1) == LUA_TSTRING && strcmp(lua_tostring(L, -1), "llama") == 0)
+        cfg.model.family = LOOM_FAMILY_LLAMA;
+    else if (!lua_isnil(L, -1))
+        return luaL_error(L, "model family '%s' is not gpt2 or llama", luaL_tolstring(L, -1, NULL));
+    lua_pop(L, 1);
+    cfg.model.kv_heads = int_field(L, m, "kv_heads", 0);
+    cfg.model.ffn_dim = int_field(L, m, "ffn_dim", 0);
+    cfg.model.rope_theta = (float)num_field(L, m, "rope_theta", 0.0);
+    cfg.model.norm_eps = (float)num_field(L, m, "norm_eps", 0.0);
+    lua_getfield(L, m, "tie_embeddings");
+    cfg.model.tie_embeddings = lua_toboolean(L, -1);
     lua_pop(L, 2);
     cfg.micro_batch = int_field(L, 1, "micro", 0);
     cfg.seq = int_field(L, 1, "seq", 0);

@@ -31,9 +31,10 @@ void loom_gpt_set_param_hook(loom_gpt *m, loom_param_use_fn fn, void *ctx)
 
 void loom_gpt_unit_entries(const loom_gpt *m, int unit, int *first, int *last)
 {
-    int L = m->cfg.layers;
-    *first = unit == 0 ? 0 : unit <= L ? 2 + 12 * (unit - 1) : m->table.count - 2;
-    *last = unit == 0 ? 1 : unit <= L ? 2 + 12 * (unit - 1) + 11 : m->table.count - 1;
+    int L = m->cfg.layers, pre = m->pre, per = m->per_layer;
+    *first = unit == 0 ? 0 : unit <= L ? pre + per * (unit - 1) : m->table.count - m->post;
+    *last = unit == 0 ? pre - 1 : unit <= L ? pre + per * (unit - 1) + per - 1
+                                            : m->table.count - 1;
     if (m->moe && unit >= 1 && unit <= L) { /* blocks of different sizes (gpt_internal.h) */
         *first = m->ent0[unit - 1];
         *last = m->ent0[unit] - 1;
@@ -66,6 +67,9 @@ loom_status loom_gpt_config_check(const loom_gpt_config *c)
         LOOM_FAIL(LOOM_ERR_INVALID, "model ctx, layers, heads and dim must be positive "
                   "(got ctx=%d layers=%d heads=%d dim=%d)", c->ctx, c->layers, c->heads, c->dim);
     LOOM_TRY(gpt_moe_check(c));
+    if (c->moe.experts && c->family == LOOM_FAMILY_LLAMA) /* moe.c's experts are GPT-2 MLPs */
+        LOOM_FAIL(LOOM_ERR_INVALID, "model moe with the llama family is not built yet (the "
+                  "experts are GPT-2 MLPs): use loom.gpt{moe = ...}, or loom.llama without moe");
     if (c->dim % c->heads != 0) {
         char ok[256] = "";
         size_t used = 0;
@@ -75,6 +79,10 @@ loom_status loom_gpt_config_check(const loom_gpt_config *c)
         LOOM_FAIL(LOOM_ERR_INVALID, "model heads=%d does not divide dim=%d (heads may be %s)",
                   c->heads, c->dim, ok);
     }
+    if (c->family == LOOM_FAMILY_LLAMA)
+        return gpt_llama_config_check(c);
+    if (c->family != LOOM_FAMILY_GPT2)
+        LOOM_FAIL(LOOM_ERR_INVALID, "model family %d is not gpt2 (0) or llama (1)", c->family);
     return LOOM_OK;
 }
 
@@ -111,6 +119,8 @@ loom_status gpt_place_last(loom_gpt *m, int split_dim)
  * heads' q, k and v rows (the same bytes as llm.c's (3C, C)). Column-parallel layers (qkv,
  * fc) split output features; row-parallel ones (attn.proj, mlp.proj) input features; wte
  * its vocabulary rows (Vp/tp each; the rows >= vocab are padding). */
+static loom_status gpt_llama_build_table(loom_gpt *m);
+
 static loom_status build_table(loom_gpt *m)
 {
     const loom_gpt_config *c = &m->cfg;
@@ -127,6 +137,8 @@ static loom_status build_table(loom_gpt *m)
 #define SHAPE(a, b, c3) (sh[0] = (a), sh[1] = (b), sh[2] = (c3))
     /* A pipeline stage (gpt_stage.c) adds only what it holds: wte on the first and the last
      * stage (tied embedding / LM head), wpe on the first, its blocks, ln_f on the last. */
+    if (m->llama)
+        return gpt_llama_build_table(m);
     if (m->has_embed || m->has_head) {
         SHAPE(c->vocab_padded, C, 0);
         ADD("wte", 2, -1, LOOM_INIT_NORMAL, std, 0);
@@ -174,11 +186,113 @@ static loom_status build_table(loom_gpt *m)
     return LOOM_OK;
 }
 
+/* The llama family's table (gpt.h): wte, per block ln_1 (RMSNorm), q, k, v, the output
+ * projection, ln_2, the SwiGLU gate, up and down projections, then ln_f and (untied)
+ * lm_head; no biases, no wpe. q, k, v are separate entries split along dim 0 by heads
+ * (tp divides heads and kv_heads), added back to back so that a rank's slices of the
+ * three are one (Cl + 2KVl, C) matrix in the flat buffer, the fused product's weight;
+ * gate and up likewise one (2Fl, C). Initialisation: normal(0, 0.02), the two output
+ * projections scaled by 1/sqrt(2L) as GPT-2's; RMSNorm weights one. */
+static loom_status gpt_llama_build_table(loom_gpt *m)
+{
+    const loom_gpt_config *c = &m->cfg;
+    int64_t C = c->dim, L = c->layers, hs = C / c->heads, KV = (int64_t)c->kv_heads * hs;
+    int64_t F = c->ffn_dim;
+    float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * (float)L);
+    loom_param_table *t = &m->table;
+    int64_t sh[3] = {0, 0, 0};
+    char name[LOOM_PARAM_NAME_MAX];
+#define ADD2(nm, a, b, layer, init, sd, split)                          \
+    do {                                                                \
+        sh[0] = (a), sh[1] = (b);                                       \
+        LOOM_TRY(loom_params_add(t, nm, (b) ? 2 : 1, sh, layer, init, sd)); \
+        LOOM_TRY(gpt_place_last(m, split));                                 \
+    } while (0)
+    /* a pipeline stage (gpt_stage.c) adds only what it holds: wte on the first, its blocks,
+     * ln_f and lm_head on the last (tied: wte there too, as GPT-2's) */
+    if (m->has_embed || (m->has_head && c->tie_embeddings)) {
+        ADD2("wte", c->vocab_padded, C, -1, LOOM_INIT_NORMAL, std, 0);
+        t->entries[t->count - 1].init_rows = c->vocab; /* padding rows start at zero */
+    }
+    for (int l = 0; l < L; l++) {
+        if (!m->own[l])
+            continue;
+#define LAYER(suffix, a, b, init, sd, split)                \
+    snprintf(name, sizeof name, "h.%d.%s", l, suffix);     \
+    ADD2(name, a, b, l, init, sd, split)
+        LAYER("ln_1.weight", C, 0, LOOM_INIT_ONES, 0, -1);
+        LAYER("attn.q.weight", C, C, LOOM_INIT_NORMAL, std, 0);
+        LAYER("attn.k.weight", KV, C, LOOM_INIT_NORMAL, std, 0);
+        LAYER("attn.v.weight", KV, C, LOOM_INIT_NORMAL, std, 0);
+        LAYER("attn.proj.weight", C, C, LOOM_INIT_NORMAL, proj_std, 1);
+        LAYER("ln_2.weight", C, 0, LOOM_INIT_ONES, 0, -1);
+        LAYER("mlp.gate.weight", F, C, LOOM_INIT_NORMAL, std, 0);
+        LAYER("mlp.up.weight", F, C, LOOM_INIT_NORMAL, std, 0);
+        LAYER("mlp.proj.weight", C, F, LOOM_INIT_NORMAL, proj_std, 1);
+#undef LAYER
+    }
+    if (m->has_head)
+        ADD2("ln_f.weight", C, 0, -1, LOOM_INIT_ONES, 0, -1);
+    if (m->has_head && !c->tie_embeddings) {
+        ADD2("lm_head.weight", c->vocab_padded, C, -1, LOOM_INIT_NORMAL, std, 0);
+        t->entries[t->count - 1].init_rows = c->vocab;
+    }
+#undef ADD2
+    return LOOM_OK;
+}
+
+/* Point p at the llama table's entries; the fused products' weights are their first part,
+ * which needs the parts back to back (no alignment gap): checked in gpt_llama_check_fused. */
+static void gpt_llama_bind_params(loom_gpt *m, float *base, model_params *p)
+{
+    const loom_param_entry *e = m->table.entries;
+    int i = 0, tied = m->cfg.tie_embeddings;
+    p->wte = m->has_embed || (m->has_head && tied) ? base + e[i++].offset : NULL;
+    for (int l = 0; l < m->cfg.layers; l++) {
+        if (!m->own[l])
+            continue;
+        layer_params *w = &p->layer[l];
+        memset(w, 0, sizeof *w);
+        w->ln1w = base + e[i].offset;
+        w->qkvw = base + e[i + 1].offset; /* q, then k, v */
+        w->attprojw = base + e[i + 4].offset;
+        w->ln2w = base + e[i + 5].offset;
+        w->fcw = base + e[i + 6].offset; /* gate, then up */
+        w->fcprojw = base + e[i + 8].offset;
+        i += 9;
+    }
+    p->lnfw = m->has_head ? base + e[i++].offset : NULL;
+    p->head = !m->has_head ? NULL : tied ? p->wte : base + e[i].offset;
+}
+
+/* The fused products read q|k|v and gate|up as one matrix each. */
+static loom_status gpt_llama_check_fused(const loom_gpt *m)
+{
+    const loom_param_entry *b = m->table.entries + m->pre;
+    for (int l = 0; l < m->cfg.layers; l++) {
+        if (!m->own[l])
+            continue;
+        int pairs[3][2] = {{1, 2}, {2, 3}, {6, 7}};
+        for (int k = 0; k < 3; k++)
+            if (b[pairs[k][0]].offset + b[pairs[k][0]].numel != b[pairs[k][1]].offset)
+                LOOM_FAIL(LOOM_ERR_INVALID, "model dim=%d: %s and %s are not back to back in "
+                          "the parameter buffer (their slices must be multiples of 16 floats: "
+                          "use a dim, ffn_dim and head size that are multiples of 16)",
+                          m->cfg.dim, b[pairs[k][0]].name, b[pairs[k][1]].name);
+        b += 9;
+    }
+    return LOOM_OK;
+}
+
 /* Point p at the entries of base, in table order (the order build_table added them). */
 static void bind_params(loom_gpt *m, float *base, model_params *p)
 {
     const loom_param_entry *e = m->table.entries;
     int i = 0;
+    if (m->llama) {
+        gpt_llama_bind_params(m, base, p);
+        return;
+    }
     p->wte = m->has_embed || m->has_head ? base + e[i++].offset : NULL;
     p->wpe = m->has_embed ? base + e[i++].offset : NULL;
     for (int l = 0; l < m->cfg.layers; l++) {
@@ -194,6 +308,7 @@ static void bind_params(loom_gpt *m, float *base, model_params *p)
     }
     p->lnfw = m->has_head ? base + e[i++].offset : NULL;
     p->lnfb = m->has_head ? base + e[i].offset : NULL;
+    p->head = p->wte;
 }
 
 /* The scratch set recomputation writes (gpt.h): all of one block's activations but its
@@ -203,7 +318,7 @@ static size_t lay_out_shared(loom_gpt *m, float *base, layer_acts *s)
 {
     size_t B = (size_t)m->max_B, T = (size_t)m->cfg.ctx, C = (size_t)m->cfg.dim;
     size_t Fl = (size_t)m->Fl, Cl = (size_t)m->Cl, R = B * T, Rl = m->sp ? R / (size_t)m->tp : R;
-    size_t att = B * (size_t)m->NHl * T * T, off = 0;
+    size_t att = B * (size_t)m->NHl * T * T, off = 0, QKV = (size_t)m->qkv_w, FC = (size_t)m->fc_w;
     int full = 0, selective = 0;
     for (int l = 0; l < m->cfg.layers; l++) {
         full |= m->own[l] && m->rc[l] == RC_FULL;
@@ -213,9 +328,9 @@ static size_t lay_out_shared(loom_gpt *m, float *base, layer_acts *s)
 #define TAKE(n) (off += (n), base ? base + off - (n) : NULL)
     if (full) {
         s->ln1 = TAKE(Rl * C); s->ln1_mean = TAKE(Rl); s->ln1_rstd = TAKE(Rl);
-        s->qkv = TAKE(R * 3 * Cl); s->atty = TAKE(R * Cl); s->res2 = TAKE(Rl * C);
+        s->qkv = TAKE(R * QKV); s->atty = TAKE(R * Cl); s->res2 = TAKE(Rl * C);
         s->ln2 = TAKE(Rl * C); s->ln2_mean = TAKE(Rl); s->ln2_rstd = TAKE(Rl);
-        s->fch = TAKE(R * Fl);
+        s->fch = TAKE(R * FC);
     }
     if (full || selective) {
         s->att = TAKE(att); s->fch_gelu = TAKE(R * Fl);
@@ -232,7 +347,8 @@ static size_t lay_out_activations(loom_gpt *m, float *base, const layer_acts *s)
     size_t B = (size_t)m->max_B, T = (size_t)m->cfg.ctx, C = (size_t)m->cfg.dim;
     size_t NHl = (size_t)m->NHl, Cl = (size_t)m->Cl, Fl = (size_t)m->Fl, Vl = (size_t)m->Vl;
     size_t L = (size_t)m->cfg.layers, R = B * T, Rl = m->sp ? R / (size_t)m->tp : R;
-    size_t wide = 3 * Cl > Fl ? 3 * Cl : Fl, att = B * NHl * T * T, off = 0;
+    size_t QKV = (size_t)m->qkv_w, FC = (size_t)m->fc_w;
+    size_t wide = QKV > FC ? QKV : FC, att = B * NHl * T * T, off = 0;
 #define TAKE(n) (off += (n), base ? base + off - (n) : NULL)
 #define TAKE_FULL(local) (m->sp ? TAKE(R * C) : (local)) /* all rows: its own buffer under sp */
     m->gathered = m->sp ? TAKE(R * C) : NULL;
@@ -251,14 +367,14 @@ static size_t lay_out_activations(loom_gpt *m, float *base, const layer_acts *s)
         int sel = m->rc[l] == RC_SELECTIVE;
         a->ln1 = TAKE(Rl * C); a->ln1_mean = TAKE(Rl); a->ln1_rstd = TAKE(Rl);
         a->ln1_full = GATHERED(a->ln1);
-        a->qkv = TAKE(R * 3 * Cl); a->atty = TAKE(R * Cl); a->att = sel ? s->att : TAKE(att);
+        a->qkv = TAKE(R * QKV); a->atty = TAKE(R * Cl); a->att = sel ? s->att : TAKE(att);
         a->res2 = TAKE(Rl * C); a->ln2 = TAKE(Rl * C); a->ln2_mean = TAKE(Rl);
         a->ln2_rstd = TAKE(Rl); a->ln2_full = GATHERED(a->ln2);
-        a->fch = TAKE(R * Fl); a->fch_gelu = sel ? s->fch_gelu : TAKE(R * Fl);
+        a->fch = TAKE(R * FC); a->fch_gelu = sel ? s->fch_gelu : TAKE(R * Fl);
         a->res3 = TAKE(Rl * C);
-        a->dfch = m->split ? TAKE(R * Fl) : NULL;
+        a->dfch = m->split ? TAKE(R * FC) : NULL;
         a->ln_part = m->split ? TAKE(4 * C) : NULL;
-        a->dqkv = m->split && sel ? TAKE(R * 3 * Cl) : NULL;
+        a->dqkv = m->split && sel ? TAKE(R * QKV) : NULL;
     }
     m->encoded = TAKE(Rl * C); m->lnf = TAKE(Rl * C); m->lnf_mean = TAKE(Rl);
     m->lnf_rstd = TAKE(Rl); m->lnf_full = GATHERED(m->lnf);
@@ -324,6 +440,8 @@ static loom_status check_split(const loom_gpt *m)
 {
     const loom_gpt_config *c = &m->cfg;
     int tp = m->tp;
+    if (m->llama)
+        LOOM_TRY(gpt_llama_check_split(m));
     if (tp > 1 && (c->heads % tp != 0 || c->vocab_padded % tp != 0))
         LOOM_FAIL(LOOM_ERR_INVALID, "tensor parallelism tp=%d must divide heads=%d and the padded "
                   "vocabulary %d", tp, c->heads, c->vocab_padded);
@@ -414,6 +532,15 @@ static loom_status gpt_setup(loom_gpt *m, const loom_gpt_config *cfg, int max_B,
     m->Cl = cfg->dim / m->tp;
     m->NHl = cfg->heads / m->tp;
     m->Fl = 4 * cfg->dim / m->tp;
+    m->KVl = m->Cl;
+    m->KVHl = m->NHl;
+    m->qkv_w = 3 * m->Cl;
+    m->fc_w = m->Fl;
+    m->pre = 2; /* wte, wpe */
+    m->per_layer = 12;
+    m->post = 2; /* ln_f weight, bias */
+    if (cfg->family == LOOM_FAMILY_LLAMA)
+        gpt_llama_widths(m);
     m->Vl = m->cfg.vocab_padded / m->tp;
     m->v0 = m->tp_rank * m->Vl;
     if (m->be && m->be->ops->set_deterministic)
@@ -428,6 +555,8 @@ static loom_status gpt_setup(loom_gpt *m, const loom_gpt_config *cfg, int max_B,
     if (st == LOOM_OK)
         st = (m->p.layer && m->g.layer && m->acts && m->own) ? build_table(m)
                                                    : loom_fail(LOOM_ERR_NOMEM, "out of memory");
+    if (st == LOOM_OK && m->llama)
+        st = gpt_llama_check_fused(m);
     return st;
 }
 
@@ -459,6 +588,8 @@ loom_status loom_gpt_create(const loom_gpt_config *cfg, loom_backend *be, int ma
             st = gpt_moe_create(m, seed);
             if (st == LOOM_OK)
                 st = alloc_activations(m);
+            if (st == LOOM_OK && m->llama)
+                st = gpt_llama_rope_cache(m);
         }
         free(host);
     }
@@ -480,6 +611,8 @@ void loom_gpt_destroy(loom_gpt *m)
     ops->free(m->be->self, m->act_mem);
     gpt_moe_destroy(m);
     free(m->ent0);
+    ops->free(m->be->self, m->rope_cos);
+    ops->free(m->be->self, m->rope_sin);
     free(m->host_losses);
     free(m->row_gather);
     gpt_distill_free(m);
@@ -530,15 +663,25 @@ float *loom_gpt_grad_data(loom_gpt *m) { return m->grads; }
 const float *loom_gpt_logits(const loom_gpt *m) { return m->logits; }
 size_t loom_gpt_activation_bytes(const loom_gpt *m) { return m->act_bytes + gpt_moe_bytes(m); }
 
+int loom_gpt_tied_head(const loom_gpt *m) { return !m->llama || m->cfg.tie_embeddings; }
+
 size_t loom_gpt_num_params(const loom_gpt *m)
 {
+    if (m->staged && m->llama) { /* a pipeline stage: the whole model's count from its shape */
+        const loom_gpt_config *c = &m->cfg;
+        size_t C = (size_t)c->dim, KV = (size_t)c->kv_heads * (C / (size_t)c->heads);
+        size_t F = (size_t)c->ffn_dim;
+        return (size_t)c->vocab * C * (c->tie_embeddings ? 1 : 2) +
+               (size_t)c->layers * (2 * C * C + 2 * KV * C + 3 * F * C + 2 * C) + C;
+    }
     if (m->staged) { /* a pipeline stage: the whole model's count from its shape */
         size_t C = (size_t)m->cfg.dim;
         return ((size_t)m->cfg.vocab + (size_t)m->cfg.ctx) * C +
                (size_t)m->cfg.layers * (12 * C * C + 13 * C) + 2 * C;
     }
+    size_t heads_padded = m->llama && !m->cfg.tie_embeddings ? 2 : 1; /* wte, lm_head */
     return loom_params_count_logical(&m->table) + gpt_moe_params_elsewhere(m) -
-           (size_t)(m->cfg.vocab_padded - m->cfg.vocab) * (size_t)m->cfg.dim;
+           heads_padded * (size_t)(m->cfg.vocab_padded - m->cfg.vocab) * (size_t)m->cfg.dim;
 }
 
 void loom_gpt_zero_grad(loom_gpt *m)
@@ -553,6 +696,8 @@ void loom_gpt_zero_grad(loom_gpt *m)
  * for every block, a pipeline stage (gpt_stage.c) for its own: one piece of block math. */
 loom_status gpt_block_forward(loom_gpt *m, int l, const float *residual, int B, int T, size_t Rl)
 {
+    if (m->llama)
+        return gpt_llama_block_forward(m, l, residual, B, T, Rl);
     const loom_backend_ops *k = m->be->ops;
     const int C = m->cfg.dim, Cl = m->Cl, Fl = m->Fl;
     const size_t R = (size_t)B * T;
@@ -589,6 +734,8 @@ loom_status gpt_block_forward(loom_gpt *m, int l, const float *residual, int B, 
 loom_status gpt_block_backward(loom_gpt *m, int l, const float *residual, rep_pack *pk, int B,
                                int T, size_t Rl)
 {
+    if (m->llama)
+        return gpt_llama_block_backward(m, l, residual, pk, B, T, Rl);
     const loom_backend_ops *k = m->be->ops;
     const int C = m->cfg.dim, Cl = m->Cl, Fl = m->Fl;
     const size_t R = (size_t)B * T;
@@ -675,7 +822,8 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
     LOOM_TRY(use(m, 0, 1));
     k->embedding_forward(embedded, m->tokens, m->p.wte, m->v0, m->Vl, R, C);
     LOOM_TRY(F_LEAVE(LOOM_REGION_EMBEDDING, -1, embedded, m->encoded, R, C));
-    k->position_forward(m->encoded, m->p.wpe, row0, Rl, T, C);
+    if (m->p.wpe) /* learned positions; the llama family's are rotary, in the blocks */
+        k->position_forward(m->encoded, m->p.wpe, row0, Rl, T, C);
     const float *residual = m->encoded;
     gpt_moe_begin(m, dloss);
     for (int l = 0; l < m->cfg.layers; l++) {
@@ -685,10 +833,9 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
         residual = m->acts[l].res3;
     }
     LOOM_TRY(use(m, m->cfg.layers + 1, 1));
-    k->layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, residual, m->p.lnfw, m->p.lnfb, 1,
-                         (int)Rl, C);
+    gpt_final_norm_forward(m, residual, 0, Rl);
     LOOM_TRY(F_ENTER(LOOM_REGION_HEAD, -1, m->lnf, m->lnf_full, R, C));
-    k->matmul_forward(m->logits, m->lnf_full, m->p.wte, NULL, B, T, C, m->Vl);
+    k->matmul_forward(m->logits, m->lnf_full, m->p.head, NULL, B, T, C, m->Vl);
     m->last_B = B;
     m->last_T = T;
     m->have_dlogits = 0;
@@ -728,16 +875,16 @@ loom_status loom_gpt_backward(loom_gpt *m)
     /* LM head (tied to wte, vocabulary-parallel) and the final layernorm; dres starts as
      * d(last block output). */
     LOOM_TRY(gpt_regather(m, LOOM_REGION_HEAD, -1, m->lnf, m->lnf_full, R));
-    LOOM_TRY(gpt_column_parallel_backward(m, LOOM_REGION_HEAD, -1, m->g.wte, NULL, m->logits,
-                                      m->lnf_full, m->p.wte, B, T, m->Vl, 1));
+    LOOM_TRY(gpt_column_parallel_backward(m, LOOM_REGION_HEAD, -1, m->g.head, NULL, m->logits,
+                                      m->lnf_full, m->p.head, B, T, m->Vl, 1));
     rep_pack pk = {.n = 0};
     rep_args lnf = {m->dres, m->dsummed, last, m->p.lnfw, m->lnf_mean, m->lnf_rstd};
-    gpt_replicated_grads(m, &pk, 0, &lnf, m->g.lnfw, m->g.lnfb, Rl);
+    gpt_replicated_grads(m, &pk, gpt_norm_kind(m), &lnf, m->g.lnfw, m->g.lnfb, Rl);
     LOOM_TRY(gpt_rep_flush(m, &pk));
     LOOM_TRY(use(m, L + 1, 0));
     LOOM_TRY(use(m, 0, 0)); /* the embedding's backward reads no weights */
     int n_entries = m->table.count;
-    LOOM_TRY(entries_ready(m, n_entries - 2, n_entries - 1));
+    LOOM_TRY(entries_ready(m, n_entries - m->post, n_entries - 1));
     for (int l = L - 1; l >= 0; l--) {
         const float *residual = l == 0 ? m->encoded : m->acts[l - 1].res3;
         LOOM_TRY(use(m, 1 + l, 1));
@@ -755,9 +902,10 @@ loom_status loom_gpt_backward(loom_gpt *m)
      * position gradient is then computed the same way on every rank. */
     LOOM_TRY(B_LEAVE(LOOM_REGION_EMBEDDING, -1, m->dres, m->dres_full, R, C));
     gpt_embedding_grad(m, m->dres_full, R);
-    k->position_backward(m->g.wpe, m->dres_full, B, T, C);
+    if (m->g.wpe)
+        k->position_backward(m->g.wpe, m->dres_full, B, T, C);
     m->have_dlogits = 0;
-    LOOM_TRY(entries_ready(m, 0, 1));
+    LOOM_TRY(entries_ready(m, 0, m->pre - 1));
     return LOOM_OK;
 }
 

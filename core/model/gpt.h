@@ -32,7 +32,19 @@ typedef struct loom_gpt_config {
     int ctx;           /* maximum sequence length (wpe rows) */
     int layers, heads, dim;
     loom_moe_config moe;
+    /* The block family (zero: GPT-2, and the fields below unused). LOOM_FAMILY_LLAMA
+     * (gpt_llama.c): pre-norm RMSNorm, SwiGLU MLP of ffn_dim, rotary positions (no wpe),
+     * grouped-query attention with kv_heads, no biases, LM head untied unless
+     * tie_embeddings (Touvron et al. 2023; Hugging Face's LlamaForCausalLM). */
+    int family;
+    int kv_heads;        /* dividing heads; 0 = heads */
+    int ffn_dim;         /* SwiGLU hidden width; 0 = 4 * dim */
+    int tie_embeddings;  /* 1: the LM head is wte */
+    float rope_theta;    /* 0 = 10000 */
+    float norm_eps;      /* RMSNorm's epsilon; 0 = 1e-5 */
 } loom_gpt_config;
+
+enum { LOOM_FAMILY_GPT2 = 0, LOOM_FAMILY_LLAMA = 1 };
 
 typedef struct loom_gpt loom_gpt;
 
@@ -182,6 +194,8 @@ void loom_gpt_moe_stats(loom_gpt *m, loom_moe_stats *out, int reset);
  * expert's (held by this ep rank only; its gradient is not the dp group's to reduce). */
 int loom_gpt_expert_parallel(const loom_gpt *m);
 int loom_gpt_is_expert_entry(const loom_gpt *m, int i);
+/* 1 when the LM head is wte (GPT-2; loom.llama with tie_embeddings), 0 for its own weight. */
+int loom_gpt_tied_head(const loom_gpt *m);
 
 /* Parameters of the whole model (all slices) excluding padding rows of wte: what llm.c
  * and MFU count as N. */

@@ -25,6 +25,8 @@ int loom_gpt_can_decode(const loom_gpt *m)
     for (int l = 0; l < m->cfg.layers; l++)
         if (m->rc[l] == RC_FULL)
             return 0; /* its q, k, v are in the scratch set every block shares: no cache */
+    if (m->llama) /* gpt_llama_check_split checked its kernels are there */
+        return !m->sp && m->be->ops->attention_gqa_decode != NULL;
     return !m->sp && m->be->ops->size > offsetof(loom_backend_ops, attention_decode) &&
            m->be->ops->attention_decode != NULL;
 }
@@ -54,11 +56,17 @@ loom_status loom_gpt_decode(loom_gpt *m, int token, int t)
     float *embedded = m->tp_ops ? m->partial : m->encoded;
     k->embedding_forward(embedded + rC, m->tokens + t, m->p.wte, m->v0, m->Vl, 1, C);
     LOOM_TRY(F_LEAVE(LOOM_REGION_EMBEDDING, -1, embedded + rC, m->encoded + rC, 1, C));
-    k->position_forward(m->encoded + rC, m->p.wpe, r, 1, m->cfg.ctx, C);
+    if (m->p.wpe)
+        k->position_forward(m->encoded + rC, m->p.wpe, r, 1, m->cfg.ctx, C);
     const float *residual = m->encoded + rC;
     for (int l = 0; l < m->cfg.layers; l++) {
         layer_params *w = &m->p.layer[l];
         layer_acts *a = &m->acts[l];
+        if (m->llama) { /* gpt_llama.c */
+            LOOM_TRY(gpt_llama_block_decode(m, l, residual, r));
+            residual = a->res3 + rC;
+            continue;
+        }
         k->layernorm_forward(a->ln1 + rC, a->ln1_mean + r, a->ln1_rstd + r, residual, w->ln1w,
                              w->ln1b, 1, 1, C);
         LOOM_TRY(F_ENTER(LOOM_REGION_ATTENTION, l, a->ln1 + rC, a->ln1_full + rC, 1, C));
@@ -82,10 +90,9 @@ loom_status loom_gpt_decode(loom_gpt *m, int token, int t)
         k->residual_forward(a->res3 + rC, a->res2 + rC, m->summed + rC, (size_t)C);
         residual = a->res3 + rC;
     }
-    k->layernorm_forward(m->lnf + rC, m->lnf_mean + r, m->lnf_rstd + r, residual, m->p.lnfw,
-                         m->p.lnfb, 1, 1, C);
+    gpt_final_norm_forward(m, residual, r, 1);
     LOOM_TRY(F_ENTER(LOOM_REGION_HEAD, -1, m->lnf + rC, m->lnf_full + rC, 1, C));
-    k->matmul_forward(ROW(m->logits, m->Vl), m->lnf_full + rC, m->p.wte, NULL, 1, 1, C, m->Vl);
+    k->matmul_forward(ROW(m->logits, m->Vl), m->lnf_full + rC, m->p.head, NULL, 1, 1, C, m->Vl);
 #undef ROW
     m->last_B = 1;
     m->last_T = t + 1;

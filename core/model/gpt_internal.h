@@ -15,6 +15,7 @@ typedef struct layer_params {
 
 typedef struct model_params {
     float *wte, *wpe, *lnfw, *lnfb;
+    float *head;         /* the LM head's weight: wte (tied) or the llama family's lm_head */
     layer_params *layer; /* [L] */
 } model_params;
 
@@ -56,6 +57,12 @@ struct loom_gpt {
     void *tp_self;
     int tp, tp_rank, sp, canonical;
     int Cl, NHl, Fl, Vl, v0;  /* this rank's widths and first vocabulary row */
+    /* Block family (gpt.h): llama = 1 for LOOM_FAMILY_LLAMA. KVl, KVHl: this rank's key/
+     * value width and heads (Cl, NHl for GPT-2); qkv_w: a qkv row (3Cl, or Cl + 2KVl);
+     * fc_w: the MLP's first product's row (Fl, or 2Fl: gate and up); pre, per_layer, post:
+     * parameter-table entries before the blocks, per block and after them. */
+    int llama, KVl, KVHl, qkv_w, fc_w, pre, per_layer, post;
+    float *rope_cos, *rope_sin;        /* llama: (ctx, hs/2) angle cache, device memory */
     /* activations */
     void *act_mem;
     size_t act_bytes;
@@ -181,6 +188,23 @@ typedef struct rep_pack {
 loom_status gpt_block_forward(loom_gpt *m, int l, const float *residual, int B, int T, size_t Rl);
 loom_status gpt_block_backward(loom_gpt *m, int l, const float *residual, rep_pack *pk, int B,
                                int T, size_t Rl);
+/* The llama family's block (gpt_llama.c), which gpt_block_forward/backward run for it. */
+loom_status gpt_llama_block_forward(loom_gpt *m, int l, const float *residual, int B, int T,
+                                    size_t Rl);
+loom_status gpt_llama_block_backward(loom_gpt *m, int l, const float *residual, rep_pack *pk,
+                                     int B, int T, size_t Rl);
+/* gpt_llama.c: the family's config checks, widths (m->llama and the fields after it),
+ * split checks and the rotary angle cache. */
+loom_status gpt_llama_config_check(const loom_gpt_config *c);
+void gpt_llama_widths(loom_gpt *m);
+loom_status gpt_llama_check_split(const loom_gpt *m);
+loom_status gpt_llama_rope_cache(loom_gpt *m);
+/* One row t of a llama block for incremental decoding (gpt_decode.c). */
+loom_status gpt_llama_block_decode(loom_gpt *m, int l, const float *residual, size_t r);
+/* The final norm's forward over Rl rows (layer norm or RMSNorm by family) and its backward
+ * through the replicated-gradient pack (the kind gpt_replicated_grads takes). */
+void gpt_final_norm_forward(loom_gpt *m, const float *residual, size_t r0, size_t Rl);
+int gpt_norm_kind(const loom_gpt *m);
 
 void gpt_replicated_grads(loom_gpt *m, rep_pack *pk, int kind, const rep_args *a, float *dw,
                           float *db, size_t Rl);

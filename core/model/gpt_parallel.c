@@ -109,11 +109,19 @@ static void column_parallel_dinp(loom_gpt *m, float *dinp, const float *dout, co
         k->gemm(0, 0, R, C, OC, 1.0f, dout, OC, w, C, 0.0f, dinp, C);
         return;
     }
-    int n = local_chunks(m), seg = OC / segs, wc = seg / n;
+    /* segment widths: the fused qkv's q, k, v (k and v narrower under grouped-query
+     * attention), else equal parts */
+    int n = local_chunks(m), seg[3], start[3];
+    for (int s = 0, at = 0; s < segs; s++) {
+        seg[s] = segs == 3 ? (s ? m->KVl : m->Cl) : OC / segs;
+        start[s] = at;
+        at += seg[s];
+    }
     chunk_tree t = tree_start(m, dinp, (size_t)R * C);
     for (int c = 0; c < n; c++) {
         for (int s = 0; s < segs; s++) {
-            size_t o = (size_t)s * seg + (size_t)c * wc;
+            int wc = seg[s] / n;
+            size_t o = (size_t)start[s] + (size_t)c * wc;
             k->gemm(0, 0, R, C, wc, 1.0f, dout + o, OC, w + o * C, C, s ? 1.0f : 0.0f,
                     tree_slot(&t), C);
         }
@@ -128,7 +136,8 @@ static void column_parallel_dinp(loom_gpt *m, float *dinp, const float *dout, co
  * slot): in canonical mode over fixed chunks of R/8 rows (R = B*T) added in the tree; with
  * sequence parallelism each rank's pack is a partial, and rep_flush sums the whole pack
  * over the tp group in one exchange per layer before adding it to the gradients.
- * kind 0: layernorm backward (also writes dinp; two slots, weight then bias), 1: bias. */
+ * kind 0: layernorm backward (also writes dinp; two slots, weight then bias), 1: bias,
+ * 2: RMSNorm backward (writes dinp; one slot, weight). */
 static void rep_rows(loom_gpt *m, int kind, const rep_args *a, float *dw, float *db, size_t r0,
                      size_t rows)
 {
@@ -138,6 +147,9 @@ static void rep_rows(loom_gpt *m, int kind, const rep_args *a, float *dw, float 
     if (kind == 0)
         k->layernorm_backward(a->dinp + off, dw, db, a->dout + off, a->inp + off, a->w,
                               a->mean + r0, a->rstd + r0, 1, (int)rows, C);
+    else if (kind == 2)
+        k->rmsnorm_backward(a->dinp + off, dw, a->dout + off, a->inp + off, a->w, a->rstd + r0,
+                            rows, C);
     else
         k->bias_backward(db, a->dout + off, rows, C);
 }
@@ -151,13 +163,17 @@ void gpt_replicated_grads(loom_gpt *m, rep_pack *pk, int kind, const rep_args *a
         rep_rows(m, kind, a, dw, db, 0, Rl);
         return;
     }
-    float *part = (pk->base ? pk->base : m->rep_grad) + (size_t)pk->n * C; /* [dw | db] or [db] */
-    if (kind == 0)
+    /* [dw | db], [db] or [dw] */
+    float *part = (pk->base ? pk->base : m->rep_grad) + (size_t)pk->n * C;
+    if (kind != 1)
         pk->dst[pk->n++] = dw;
-    pk->dst[pk->n++] = db;
+    if (kind != 2)
+        pk->dst[pk->n++] = db;
+#define DW_SLOT(p) (kind != 1 ? (p) : NULL)
+#define DB_SLOT(p) (kind == 0 ? (p) + C : kind == 1 ? (p) : NULL)
     if (!m->canonical) {
         k->zero(m->be->self, part, n * sizeof(float));
-        rep_rows(m, kind, a, kind == 0 ? part : NULL, kind == 0 ? part + C : part, 0, Rl);
+        rep_rows(m, kind, a, DW_SLOT(part), DB_SLOT(part), 0, Rl);
         return;
     }
     int chunks = m->sp ? local_chunks(m) : LOOM_CANONICAL_CHUNKS;
@@ -166,10 +182,11 @@ void gpt_replicated_grads(loom_gpt *m, rep_pack *pk, int kind, const rep_args *a
     for (int c = 0; c < chunks; c++) {
         float *slot = tree_slot(&t);
         k->zero(m->be->self, slot, n * sizeof(float));
-        rep_rows(m, kind, a, kind == 0 ? slot : NULL, kind == 0 ? slot + C : slot, (size_t)c * rc,
-                 rc);
+        rep_rows(m, kind, a, DW_SLOT(slot), DB_SLOT(slot), (size_t)c * rc, rc);
         tree_push(m, &t);
     }
+#undef DW_SLOT
+#undef DB_SLOT
 }
 
 loom_status gpt_rep_flush(loom_gpt *m, rep_pack *pk)

@@ -73,7 +73,8 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
         float *embedded = m->tp_ops ? m->partial : m->encoded;
         k->embedding_forward(embedded, m->tokens, m->p.wte, m->v0, m->Vl, R, C);
         LOOM_TRY(F_LEAVE(LOOM_REGION_EMBEDDING, -1, embedded, m->encoded, R, C));
-        k->position_forward(m->encoded, m->p.wpe, 0, R, T, C);
+        if (m->p.wpe)
+            k->position_forward(m->encoded, m->p.wpe, 0, R, T, C);
     }
     const float *residual = m->encoded;
     for (int l = lo; l < hi; l++) {
@@ -84,10 +85,9 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
     m->last_T = T;
     if (!head)
         return LOOM_OK;
-    k->layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, residual, m->p.lnfw, m->p.lnfb, 1,
-                         (int)R, C);
+    gpt_final_norm_forward(m, residual, 0, R);
     LOOM_TRY(F_ENTER(LOOM_REGION_HEAD, -1, m->lnf, m->lnf_full, R, C));
-    k->matmul_forward(m->logits, m->lnf_full, m->p.wte, NULL, B, T, C, m->Vl);
+    k->matmul_forward(m->logits, m->lnf_full, m->p.head, NULL, B, T, C, m->Vl);
     if (targets) {
         k->copy_to_device(bs, m->targets, targets, R * sizeof(int));
         LOOM_TRY(gpt_vocab_cross_entropy(m, (int)R, dloss));
@@ -110,11 +110,11 @@ loom_status loom_gpt_stage_backward(loom_gpt *m, int lo, int hi)
     rep_pack pk = {.n = 0};
     if (hi == m->cfg.layers) {
         /* LM head (tied to wte) and the final layernorm: dres = d(last block output). */
-        LOOM_TRY(gpt_column_parallel_backward(m, LOOM_REGION_HEAD, -1, m->g.wte, NULL, m->logits,
-                                              m->lnf_full, m->p.wte, B, T, m->Vl, 1));
+        LOOM_TRY(gpt_column_parallel_backward(m, LOOM_REGION_HEAD, -1, m->g.head, NULL,
+                                              m->logits, m->lnf_full, m->p.head, B, T, m->Vl, 1));
         rep_args lnf = {m->dres, m->dsummed, m->acts[hi - 1].res3, m->p.lnfw, m->lnf_mean,
                         m->lnf_rstd};
-        gpt_replicated_grads(m, &pk, 0, &lnf, m->g.lnfw, m->g.lnfb, R);
+        gpt_replicated_grads(m, &pk, gpt_norm_kind(m), &lnf, m->g.lnfw, m->g.lnfb, R);
         LOOM_TRY(gpt_rep_flush(m, &pk));
     }
     for (int l = hi - 1; l >= lo; l--) {
@@ -125,7 +125,8 @@ loom_status loom_gpt_stage_backward(loom_gpt *m, int lo, int hi)
     if (lo == 0) {
         LOOM_TRY(B_LEAVE(LOOM_REGION_EMBEDDING, -1, m->dres, m->dres_full, R, C));
         gpt_embedding_grad(m, m->dres_full, R);
-        k->position_backward(m->g.wpe, m->dres_full, B, T, C);
+        if (m->g.wpe)
+            k->position_backward(m->g.wpe, m->dres_full, B, T, C);
     }
     return LOOM_OK;
 }
@@ -140,7 +141,8 @@ int loom_gpt_held_elsewhere(const loom_gpt *m, const char *name)
         return 1; /* not held: a middle stage */
     if (strcmp(name, "wpe") == 0)
         return !m->has_embed;
-    if (strcmp(name, "ln_f.weight") == 0 || strcmp(name, "ln_f.bias") == 0)
+    if (strcmp(name, "ln_f.weight") == 0 || strcmp(name, "ln_f.bias") == 0 ||
+        (m->llama && strcmp(name, "lm_head.weight") == 0))
         return !m->has_head;
     /* h.<l>.<suffix>: a block another stage holds, with a suffix a block of ours has
      * (every stage holds at least one block, so its table lists every suffix) */

@@ -343,6 +343,11 @@ static loom_status write_manifest(const loom_ckpt_source *src, const char *path,
                            "\"router\": \"%s\", \"noise_std\": %.17g}", mo->experts, mo->top_k,
                            mo->every, mo->capacity_factor, mo->aux_loss, mo->z_loss,
                            mo->noisy ? "noisy_topk" : "topk", mo->noise_std);
+    if (mc->family == LOOM_FAMILY_LLAMA) /* what loom.llama{...} takes, for open_checkpoint */
+        loom_strbuf_printf(&b, ", \"family\": \"llama\", \"kv_heads\": %d, \"ffn_dim\": %d, "
+                           "\"rope_theta\": %.9g, \"norm_eps\": %.9g, \"tie_embeddings\": %s",
+                           mc->kv_heads, mc->ffn_dim, (double)mc->rope_theta,
+                           (double)mc->norm_eps, mc->tie_embeddings ? "true" : "false");
     loom_strbuf_puts(&b, "},\n");
     loom_strbuf_printf(&b, "  \"layout\": {\"tp\": %d", tp);
     if (pp > 1) { /* the loader remaps by name; the split is for people and tools */

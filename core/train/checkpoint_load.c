@@ -1029,6 +1029,16 @@ static loom_status check_model_config(const loaded *ld, const loom_json *root, l
     LOOM_TRY(check_int(ld, m, "model", "ctx", c->ctx, "model"));
     LOOM_TRY(check_int(ld, m, "model", "layers", c->layers, "model"));
     LOOM_TRY(check_int(ld, m, "model", "heads", c->heads, "model"));
+    const loom_json *fam = loom_json_get_type(m, "family", LOOM_JSON_STRING);
+    int llama = fam && strcmp(fam->text, "llama") == 0;
+    if (llama != (c->family == LOOM_FAMILY_LLAMA))
+        return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s' holds a %s model, but this run's "
+                         "model is %s", ld->mpath, llama ? "loom.llama" : "loom.gpt",
+                         c->family == LOOM_FAMILY_LLAMA ? "loom.llama" : "loom.gpt");
+    if (llama) {
+        LOOM_TRY(check_int(ld, m, "model", "kv_heads", c->kv_heads, "model"));
+        LOOM_TRY(check_int(ld, m, "model", "ffn_dim", c->ffn_dim, "model"));
+    }
     return check_int(ld, m, "model", "dim", c->dim, "model");
 }
 

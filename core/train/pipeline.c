@@ -52,6 +52,7 @@ struct loom_pipeline {
     float *tmp;                     /* the tied wte exchange */
     size_t tmp_n;
     int canonical;
+    int tied_head;                  /* the LM head is wte (loom_pipeline_config.untied) */
     float **head;                   /* canonical, stage 0 and last: [n_slots] wte-sized buffers */
     loom_trace *trace;              /* not owned; NULL: off */
     double compute_ms, wall_ms;     /* the last step's F/B/W time and pipeline phase */
@@ -134,6 +135,7 @@ loom_status loom_pipeline_create(const loom_pipeline_config *cfg, loom_pipeline 
     for (size_t i = 0; st == LOOM_OK && i < use->n[pl->stage]; i++)
         pl->split |= use->list[pl->stage][i].op == LOOM_SCHED_BWD_INPUT;
     pl->canonical = cfg->canonical;
+    pl->tied_head = !cfg->untied;
     if (st == LOOM_OK && pl->canonical)
         st = loom_pipeline_check_order(use, name);
     if (st == LOOM_OK) {
@@ -219,7 +221,7 @@ static int entry_chunk(const loom_pipeline *pl, const loom_param_entry *e)
  * none on the last stage (its copy is replaced by stage 0's after the step). */
 static int entry_part(const loom_pipeline *pl, const loom_param_entry *e)
 {
-    if (pl->canonical && pl->chunks > 1 && !strcmp(e->name, "wte"))
+    if (pl->tied_head && pl->canonical && pl->chunks > 1 && !strcmp(e->name, "wte"))
         return pl->stage == 0 ? pl->chunks : -1;
     return entry_chunk(pl, e);
 }
@@ -399,7 +401,8 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
         int lo = pl->first[vs], hi = pl->first[vs + 1];
         /* canonical: the tied wte's head half goes from the last virtual stage (the LM head)
          * to virtual stage 0 (the embedding), one per micro-batch */
-        int head_in = pl->canonical && vs == 0, head_out = pl->canonical && vs == V - 1;
+        int head_in = pl->tied_head && pl->canonical && vs == 0;
+        int head_out = pl->tied_head && pl->canonical && vs == V - 1;
         int keep = (head_in || head_out) && pl->chunks > 1; /* halves exchanged after the list */
         size_t off = (size_t)in->microbatch * R;
         loom_comm_request *r = NULL;
@@ -531,7 +534,8 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
         LOOM_TRY(wait_slot(pl, &pl->slots[i]));
     double t_tied = loom_now_ms();
     loom_trace_span(pl->trace, LOOM_TRACE_SEND_WAIT, t_wait, t_tied, -1, -1);
-    if (pl->canonical && pl->chunks > 1 && (pl->stage == 0 || pl->stage == P - 1)) {
+    if (pl->tied_head && pl->canonical && pl->chunks > 1 &&
+        (pl->stage == 0 || pl->stage == P - 1)) {
         LOOM_TRY(tied_exchange(pl, m, hooks));
         loom_trace_span(pl->trace, LOOM_TRACE_TIED_SYNC, t_tied, loom_now_ms(), -1, -1);
     }
@@ -543,7 +547,7 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
 
 loom_status loom_pipeline_tied_sync(loom_pipeline *pl, loom_gpt *m, double *comm_ms)
 {
-    if (pl->stage != 0 && pl->stage != pl->stages - 1)
+    if (!pl->tied_head || (pl->stage != 0 && pl->stage != pl->stages - 1))
         return LOOM_OK;
     const loom_param_entry *e = loom_params_find(loom_gpt_params(m), "wte");
     if (!e)

@@ -44,6 +44,9 @@ typedef struct loom_pipeline_config {
      * read during create. name: the schedule's, for messages. */
     const struct loom_schedule *lists;
     const char *name;
+    /* 1: the LM head is its own weight (loom.llama's default), not the tied wte: no wte
+     * gradient halves cross from the last stage to the first. */
+    int untied;
 } loom_pipeline_config;
 
 /* Called around each BWD or W (the weight gradients) of (micro-batch, chunk) (canonical

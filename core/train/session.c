@@ -162,7 +162,8 @@ static loom_status make_zero(loom_session *s)
     LOOM_TRY(loom_zero_create(&zc, s->model, &s->backend, &s->zero));
     const loom_param_table *t = loom_gpt_params(s->model);
     int stage = s->pipe ? loom_pipeline_stage(s->pipe) : 0;
-    for (int i = 0; s->pipe && i < t->count; i++) /* the tied wte: first and last stage */
+    for (int i = 0; s->pipe && loom_gpt_tied_head(s->model) && i < t->count; i++) /* the tied
+                                                          * wte: first and last stage */
         if (!strcmp(t->entries[i].name, "wte"))
             loom_zero_tied(s->zero, i, stage == loom_pipeline_stages(s->pipe) - 1);
     return LOOM_OK;
@@ -264,6 +265,7 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
             loom_pipeline_config pc = {cfg->schedule, cfg->accum, cfg->pp_chunks, cfg->model.layers,
                                        cfg->pp_layers, cfg->n_pp_layers, cfg->canonical,
                                        cfg->schedule_lists, cfg->schedule_name};
+            pc.untied = cfg->model.family == LOOM_FAMILY_LLAMA && !cfg->model.tie_embeddings;
             st = loom_pipeline_create(&pc, &s->pipe);
         }
         if (st == LOOM_OK) {
@@ -327,7 +329,8 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
     }
     if (st == LOOM_OK)
         st = loom_grad_norm_create(&s->backend, loom_gpt_params(s->model), &s->norm);
-    if (st == LOOM_OK && s->pipe && loom_pipeline_stage(s->pipe) == loom_pipeline_stages(s->pipe) - 1)
+    if (st == LOOM_OK && s->pipe && loom_gpt_tied_head(s->model) &&
+        loom_pipeline_stage(s->pipe) == loom_pipeline_stages(s->pipe) - 1)
         loom_grad_norm_skip(s->norm, 0); /* the tied wte: stage 0 counts it, where one rank does */
     if (st == LOOM_OK)
         st = loom_nonfinite_create(loom_gpt_params(s->model), s->pipe ? loom_pipeline_stage(s->pipe) : 0,

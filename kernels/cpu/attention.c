@@ -24,6 +24,13 @@
  * T x T work is done at T = 256 instead of all of it. Inside a block, entries above the
  * diagonal are computed and then masked. Different (b,h) write disjoint columns of out and
  * dqkv.
+ *
+ * Grouped-query attention (Ainslie et al. 2023; Llama 2/3, Qwen): the _gqa entry points take
+ * KVH key/value heads (KVH divides NH); qkv rows are then C + 2 KC wide, KC = KVH hs: q (C),
+ * k (KC), v (KC), and q head h reads kv head h / (NH/KVH). Backward runs one work item per
+ * (b, kv head), its group's q heads in order adding into the shared dK, dV. With KVH = NH
+ * the calls are exactly the multi-head ones: the GPT-2 entry points are these with KVH = NH
+ * (the same GEMM calls on the same operands in the same order, so the same bits as before).
  */
 #include "cpu_kernels.h"
 #include "cpu_common.h"
@@ -79,29 +86,81 @@ LOOM_CPU_BODY softmax_backward_row_body(float *dpre, const float *att, const flo
 LOOM_CPU_VARIANTS(softmax_backward_row, (float *dpre, const float *att, const float *datt, int n),
                   (dpre, att, datt, n))
 
-void loom_cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
-                                int NH)
+void loom_cpu_attention_gqa_forward(float *out, float *att, const float *qkv, int B, int T,
+                                    int C, int NH, int KVH)
 {
-    /* out (B,T,C), att (B,NH,T,T), qkv (B,T,3C) */
-    const int hs = C / NH, C3 = 3 * C;
+    /* out (B,T,C), att (B,NH,T,T), qkv (B,T,C+2KC), KC = KVH*hs */
+    const int hs = C / NH, KC = KVH * hs, W = C + 2 * KC, group = NH / KVH;
     const float scale = 1.0f / sqrtf((float)hs);
     const size_t work = (size_t)B * NH * T * T * hs;
 #pragma omp parallel for schedule(dynamic, 1) if (work > LOOM_CPU_PAR_MIN)
     for (int bh = 0; bh < B * NH; bh++) {
         const int b = bh / NH, h = bh % NH;
-        const float *q = qkv + (size_t)b * T * C3 + h * hs;
-        const float *k = q + C, *v = q + 2 * C;
+        const float *q = qkv + (size_t)b * T * W + h * hs;
+        const float *k = qkv + (size_t)b * T * W + C + (h / group) * hs, *v = k + KC;
         float *a = att + (size_t)bh * T * T;
         float *o = out + (size_t)b * T * C + h * hs;
         for (int r0 = 0; r0 < T; r0 += ATT_RB) {
             const int r1 = r0 + ATT_RB < T ? r0 + ATT_RB : T, nr = r1 - r0;
             float *ab = a + (size_t)r0 * T;
             /* preatt[r0:r1, 0:r1] = scale * Q[r0:r1] K[0:r1]^T */
-            loom_cpu_sgemm(0, 1, nr, r1, hs, scale, q + (size_t)r0 * C3, C3, k, C3, 0.0f, ab, T);
+            loom_cpu_sgemm(0, 1, nr, r1, hs, scale, q + (size_t)r0 * W, W, k, W, 0.0f, ab, T);
             for (int t = r0; t < r1; t++)
                 causal_softmax_row(a + (size_t)t * T, t, T);
             /* out[r0:r1] = att[r0:r1, 0:r1] V[0:r1] */
-            loom_cpu_sgemm(0, 0, nr, hs, r1, 1.0f, ab, T, v, C3, 0.0f, o + (size_t)r0 * C, C);
+            loom_cpu_sgemm(0, 0, nr, hs, r1, 1.0f, ab, T, v, W, 0.0f, o + (size_t)r0 * C, C);
+        }
+    }
+}
+
+void loom_cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
+                                int NH)
+{
+    loom_cpu_attention_gqa_forward(out, att, qkv, B, T, C, NH, NH);
+}
+
+void loom_cpu_attention_gqa_backward(float *dqkv, float *scratch, const float *dout,
+                                     const float *qkv, const float *att, int B, int T, int C,
+                                     int NH, int KVH)
+{
+    /* dqkv (B,T,C+2KC) =, scratch (2,B,NH,T,T), dout (B,T,C), qkv (B,T,C+2KC),
+     * att (B,NH,T,T) */
+    const int hs = C / NH, KC = KVH * hs, W = C + 2 * KC, group = NH / KVH;
+    const float scale = 1.0f / sqrtf((float)hs);
+    float *datt_all = scratch, *dpre_all = scratch + (size_t)B * NH * T * T;
+    const size_t work = (size_t)B * NH * T * T * hs;
+    /* One work item per (b, kv head): its q heads, in order, add into the shared dK, dV. */
+#pragma omp parallel for schedule(dynamic, 1) if (work > LOOM_CPU_PAR_MIN)
+    for (int bkv = 0; bkv < B * KVH; bkv++) {
+        const int b = bkv / KVH, kvh = bkv % KVH;
+        const float *k = qkv + (size_t)b * T * W + C + kvh * hs, *v = k + KC;
+        float *dk = dqkv + (size_t)b * T * W + C + kvh * hs, *dv = dk + KC;
+        for (int h = kvh * group; h < (kvh + 1) * group; h++) {
+            const int bh = b * NH + h;
+            const float *q = qkv + (size_t)b * T * W + h * hs;
+            float *dq = dqkv + (size_t)b * T * W + h * hs;
+            const float *a = att + (size_t)bh * T * T;
+            const float *dO = dout + (size_t)b * T * C + h * hs;
+            float *datt = datt_all + (size_t)bh * T * T, *dpre = dpre_all + (size_t)bh * T * T;
+            /* Last block first: for the group's first head it covers keys [0,T), so its dK,
+             * dV products overwrite (beta 0) every row; everything after adds (beta 1). */
+            const int nblk = (T + ATT_RB - 1) / ATT_RB;
+            for (int blk = nblk - 1; blk >= 0; blk--) {
+                const int r0 = blk * ATT_RB, r1 = r0 + ATT_RB < T ? r0 + ATT_RB : T, nr = r1 - r0;
+                const float beta = blk == nblk - 1 && h == kvh * group ? 0.0f : 1.0f;
+                const float *ab = a + (size_t)r0 * T;
+                const float *dOb = dO + (size_t)r0 * C;
+                float *db = datt + (size_t)r0 * T, *pb = dpre + (size_t)r0 * T;
+                /* dV[0:r1] (+)= att[r0:r1, 0:r1]^T dO[r0:r1];  datt = dO[r0:r1] V[0:r1]^T */
+                loom_cpu_sgemm(1, 0, r1, hs, nr, 1.0f, ab, T, dOb, C, beta, dv, W);
+                loom_cpu_sgemm(0, 1, nr, r1, hs, 1.0f, dOb, C, v, W, 0.0f, db, T);
+                for (int i = 0; i < nr; i++)
+                    softmax_backward_row(pb + (size_t)i * T, ab + (size_t)i * T,
+                                         db + (size_t)i * T, r1);
+                /* dQ[r0:r1] = scale dpre K[0:r1];  dK[0:r1] (+)= scale dpre^T Q[r0:r1] */
+                loom_cpu_sgemm(0, 0, nr, hs, r1, scale, pb, T, k, W, 0.0f, dq + (size_t)r0 * W, W);
+                loom_cpu_sgemm(1, 0, r1, hs, nr, scale, pb, T, q + (size_t)r0 * W, W, beta, dk, W);
+            }
         }
     }
 }
@@ -109,39 +168,5 @@ void loom_cpu_attention_forward(float *out, float *att, const float *qkv, int B,
 void loom_cpu_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
                                  const float *att, int B, int T, int C, int NH)
 {
-    /* dqkv (B,T,3C) =, scratch (2,B,NH,T,T), dout (B,T,C), qkv (B,T,3C), att (B,NH,T,T) */
-    const int hs = C / NH, C3 = 3 * C;
-    const float scale = 1.0f / sqrtf((float)hs);
-    float *datt_all = scratch, *dpre_all = scratch + (size_t)B * NH * T * T;
-    const size_t work = (size_t)B * NH * T * T * hs;
-#pragma omp parallel for schedule(dynamic, 1) if (work > LOOM_CPU_PAR_MIN)
-    for (int bh = 0; bh < B * NH; bh++) {
-        const int b = bh / NH, h = bh % NH;
-        const float *q = qkv + (size_t)b * T * C3 + h * hs;
-        const float *k = q + C, *v = q + 2 * C;
-        float *dq = dqkv + (size_t)b * T * C3 + h * hs;
-        float *dk = dq + C, *dv = dq + 2 * C;
-        const float *a = att + (size_t)bh * T * T;
-        const float *dO = dout + (size_t)b * T * C + h * hs;
-        float *datt = datt_all + (size_t)bh * T * T, *dpre = dpre_all + (size_t)bh * T * T;
-        /* Last block first: it covers keys [0,T), so its dK, dV products overwrite
-         * (beta 0) every row; the earlier blocks add onto prefixes (beta 1). */
-        const int nblk = (T + ATT_RB - 1) / ATT_RB;
-        for (int blk = nblk - 1; blk >= 0; blk--) {
-            const int r0 = blk * ATT_RB, r1 = r0 + ATT_RB < T ? r0 + ATT_RB : T, nr = r1 - r0;
-            const float beta = blk == nblk - 1 ? 0.0f : 1.0f;
-            const float *ab = a + (size_t)r0 * T;
-            const float *dOb = dO + (size_t)r0 * C;
-            float *db = datt + (size_t)r0 * T, *pb = dpre + (size_t)r0 * T;
-            /* dV[0:r1] (+)= att[r0:r1, 0:r1]^T dO[r0:r1];  datt = dO[r0:r1] V[0:r1]^T */
-            loom_cpu_sgemm(1, 0, r1, hs, nr, 1.0f, ab, T, dOb, C, beta, dv, C3);
-            loom_cpu_sgemm(0, 1, nr, r1, hs, 1.0f, dOb, C, v, C3, 0.0f, db, T);
-            for (int i = 0; i < nr; i++)
-                softmax_backward_row(pb + (size_t)i * T, ab + (size_t)i * T, db + (size_t)i * T,
-                                     r1);
-            /* dQ[r0:r1] = scale dpre K[0:r1];  dK[0:r1] (+)= scale dpre^T Q[r0:r1] */
-            loom_cpu_sgemm(0, 0, nr, hs, r1, scale, pb, T, k, C3, 0.0f, dq + (size_t)r0 * C3, C3);
-            loom_cpu_sgemm(1, 0, r1, hs, nr, scale, pb, T, q + (size_t)r0 * C3, C3, beta, dk, C3);
-        }
-    }
+    loom_cpu_attention_gqa_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH, NH);
 }

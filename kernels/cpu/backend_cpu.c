@@ -152,6 +152,15 @@ static const loom_backend_ops cpu_ops = {
     .rows_scatter_add = loom_cpu_rows_scatter_add,
     .rows_dot = loom_cpu_rows_dot,
     .stream = cpu_stream,
+    .rmsnorm_forward = loom_cpu_rmsnorm_forward,
+    .rmsnorm_backward = loom_cpu_rmsnorm_backward,
+    .swiglu_forward = loom_cpu_swiglu_forward,
+    .swiglu_backward = loom_cpu_swiglu_backward,
+    .rope_forward = loom_cpu_rope_forward,
+    .rope_backward = loom_cpu_rope_backward,
+    .attention_gqa_forward = loom_cpu_attention_gqa_forward,
+    .attention_gqa_backward = loom_cpu_attention_gqa_backward,
+    .attention_gqa_decode = loom_cpu_attention_gqa_decode,
 };
 
 static const loom_config_key cpu_keys[] = {

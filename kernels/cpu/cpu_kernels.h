@@ -93,6 +93,27 @@ void loom_cpu_attention_backward(float *dqkv, float *scratch, const float *dout,
 /* attention_decode.c */
 void loom_cpu_attention_decode(float *out, float *att, size_t att_stride, const float *qkv, int t,
                                int C, int NH);
+/* attention.c, attention_decode.c: grouped-query attention (KVH kv heads; backend.h) */
+void loom_cpu_attention_gqa_forward(float *out, float *att, const float *qkv, int B, int T,
+                                    int C, int NH, int KVH);
+void loom_cpu_attention_gqa_backward(float *dqkv, float *scratch, const float *dout,
+                                     const float *qkv, const float *att, int B, int T, int C,
+                                     int NH, int KVH);
+void loom_cpu_attention_gqa_decode(float *out, float *att, size_t att_stride, const float *qkv,
+                                   int t, int C, int NH, int KVH);
+/* rmsnorm.c */
+void loom_cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
+                              size_t rows, int C, float eps);
+void loom_cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                               const float *weight, const float *rstd, size_t rows, int C);
+/* swiglu.c */
+void loom_cpu_swiglu_forward(float *out, const float *inp, size_t rows, int F);
+void loom_cpu_swiglu_backward(float *dinp, const float *inp, const float *dout, size_t rows, int F);
+/* rope.c */
+void loom_cpu_rope_forward(float *x, const float *cos, const float *sin, size_t row0, size_t rows,
+                           int T, int stride, int heads, int hs);
+void loom_cpu_rope_backward(float *dx, const float *cos, const float *sin, size_t row0,
+                            size_t rows, int T, int stride, int heads, int hs);
 /* gelu.c */
 void loom_cpu_gelu_forward(float *out, const float *inp, size_t n);
 void loom_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);

@@ -139,12 +139,54 @@ local function info(args)
     .. "every tile)", checked))
 end
 
+-- A loom.llama checkpoint in Hugging Face LlamaForCausalLM's names and layout: the weights
+-- as model.safetensors-style tensors (loom's q/k rows already use HF's rotate_half RoPE
+-- layout, so no permutation; the vocabulary without its padding rows) and a config.json
+-- beside OUT, so transformers' from_pretrained can load the directory.
+local function export_llama(session, manifest, dir, out)
+  local mc = manifest.model
+  local names, rows = { wte = "model.embed_tokens.weight", ["ln_f.weight"] = "model.norm.weight",
+    ["lm_head.weight"] = "lm_head.weight" }, { wte = mc.vocab, ["lm_head.weight"] = mc.vocab }
+  local per = {
+    ["ln_1.weight"] = "input_layernorm.weight", ["attn.q.weight"] = "self_attn.q_proj.weight",
+    ["attn.k.weight"] = "self_attn.k_proj.weight", ["attn.v.weight"] = "self_attn.v_proj.weight",
+    ["attn.proj.weight"] = "self_attn.o_proj.weight",
+    ["ln_2.weight"] = "post_attention_layernorm.weight",
+    ["mlp.gate.weight"] = "mlp.gate_proj.weight", ["mlp.up.weight"] = "mlp.up_proj.weight",
+    ["mlp.proj.weight"] = "mlp.down_proj.weight" }
+  for l = 0, mc.layers - 1 do
+    for k, v in pairs(per) do
+      names[string.format("h.%d.%s", l, k)] = string.format("model.layers.%d.%s", l, v)
+    end
+  end
+  local bytes = session:export_safetensors(out, { format = "pt", ["loom.source"] = dir,
+    ["loom.step"] = tostring(manifest.step) }, { names = names, rows = rows })
+  local config = {
+    architectures = { "LlamaForCausalLM" }, model_type = "llama", vocab_size = mc.vocab,
+    hidden_size = mc.dim, intermediate_size = mc.ffn_dim, num_hidden_layers = mc.layers,
+    num_attention_heads = mc.heads, num_key_value_heads = mc.kv_heads,
+    head_dim = mc.dim // mc.heads, max_position_embeddings = mc.ctx,
+    -- the manifest's floats are exact (%.9g); 7 digits give back the float and read as 1e-05
+    rms_norm_eps = tonumber(string.format("%.7g", mc.norm_eps)),
+    rope_theta = tonumber(string.format("%.7g", mc.rope_theta)),
+    tie_word_embeddings = mc.tie_embeddings and true or false,
+    hidden_act = "silu", attention_bias = false, mlp_bias = false, torch_dtype = "float32",
+  }
+  local cpath = (out:match("^(.*)/[^/]*$") or ".") .. "/config.json"
+  local f = assert(io.open(cpath, "wb"))
+  f:write(require("loom.json").encode(config), "\n")
+  f:close()
+  print(string.format("wrote %s (%d bytes: Hugging Face Llama names and layout, F32) and %s from %s",
+    out, bytes, cpath, dir))
+end
+
 local function export(args, open_checkpoint)
   local usage = "usage: loom ckpt export CKPT OUT.safetensors  (loom ckpt export --help)"
   if #args ~= 2 then error(usage, 0) end
   local out = args[2]
   local session, manifest, dir = open_checkpoint(args[1], "ckpt export")
   local mc = manifest.model
+  if mc.family == "llama" then return export_llama(session, manifest, dir, out) end
   local model = string.format('{"vocab":%d,"vocab_padded":%d,"ctx":%d,"layers":%d,"heads":%d,"dim":%d}',
     mc.vocab, mc.vocab_padded, mc.ctx, mc.layers, mc.heads, mc.dim)
   local bytes = session:export_safetensors(out, {

@@ -164,6 +164,10 @@ function cli.export(args)
   if args[1] ~= "--llmc" or not args[2] or not args[3] or args[4] then error(usage, 0) end
   local session, manifest, ckpt = open_checkpoint(args[2], "export")
   local out, m = args[3], manifest.model
+  if m.family == "llama" then
+    error("export: " .. ckpt .. " holds a loom.llama model; llm.c's format has GPT-2 blocks only: "
+      .. "use loom ckpt export CKPT OUT.safetensors (Hugging Face Llama layout)", 0)
+  end
   core.llmc_save(session, out)
   print(string.format("wrote %s (llm.c model v3: L=%d H=%d C=%d V=%d Vp=%d ctx=%d) from %s",
     out, m.layers, m.heads, m.dim, m.vocab, m.vocab_padded, m.ctx, ckpt))

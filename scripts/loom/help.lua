@@ -252,6 +252,11 @@ __metadata__ with format, loom.source, loom.step and loom.model): every paramete
 under its logical name and shape, F32, the tied wte once. The load that gathers them
 checks the checksums of what it reads.
 
+A loom.llama checkpoint is written in Hugging Face LlamaForCausalLM's names and layout
+(model.embed_tokens.weight, model.layers.N.self_attn.q_proj.weight, ..., model.norm.weight,
+lm_head.weight; the vocabulary without its padding rows), with a config.json beside
+OUT.safetensors, so the directory loads with transformers' from_pretrained.
+
 options:
   -h, --help       this text
 

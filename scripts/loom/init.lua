@@ -132,6 +132,51 @@ function loom.gpt(t)
   return m
 end
 
+local llama_spec = {
+  vocab = { type = "integer", min = 2, required = true, help = "tokens in the vocabulary" },
+  vocab_padded = { type = "integer", min = 2, help = "pad the embedding and head to this many rows" },
+  ctx = { type = "integer", min = 1, required = true, help = "maximum sequence length" },
+  layers = { type = "integer", min = 1, required = true },
+  heads = { type = "integer", min = 1, required = true, help = "query heads" },
+  kv_heads = { type = "integer", min = 1, help = "key/value heads (grouped-query attention); default heads" },
+  dim = { type = "integer", min = 1, required = true, help = "model width C" },
+  ffn_dim = { type = "integer", min = 1, help = "SwiGLU hidden width; default 4 x dim" },
+  rope_theta = { type = "number", min = 1, help = "rotary base; default 10000" },
+  norm_eps = { type = "number", min = 0, help = "RMSNorm epsilon; default 1e-5" },
+  tie_embeddings = { type = "boolean", help = "LM head = token embedding (default false)" },
+}
+
+-- loom.llama{vocab, ctx, layers, heads, dim [, kv_heads, ffn_dim, rope_theta, norm_eps,
+-- tie_embeddings, vocab_padded]}: Llama/Qwen-style blocks (RMSNorm, SwiGLU, rotary
+-- positions, grouped-query attention, no biases) on the GPT model's machinery.
+function loom.llama(t)
+  local where = schema.where()
+  schema.check(t, llama_spec, "loom.llama", where)
+  local function divisors(n, limit)
+    local ok = {}
+    for h = 1, math.min(n, limit or n) do if n % h == 0 then ok[#ok + 1] = h end end
+    return table.concat(ok, ", ")
+  end
+  if t.dim % t.heads ~= 0 then
+    schema.fail(where, "loom.llama heads=%d does not divide dim=%d (heads may be %s)", t.heads,
+      t.dim, divisors(t.dim, 64))
+  end
+  local kv = t.kv_heads or t.heads
+  if t.heads % kv ~= 0 then
+    schema.fail(where, "loom.llama kv_heads=%d does not divide heads=%d (kv_heads may be %s)", kv,
+      t.heads, divisors(t.heads))
+  end
+  if (t.dim // t.heads) % 2 ~= 0 then
+    schema.fail(where, "loom.llama head size dim/heads = %d must be even (rotary embeddings "
+      .. "rotate pairs)", t.dim // t.heads)
+  end
+  local m = { kind = "gpt", family = "llama" }
+  for k, v in pairs(t) do m[k] = v end
+  m.kv_heads = kv
+  m.ffn_dim = t.ffn_dim or 4 * t.dim
+  return m
+end
+
 loom.data = {}
 local text_spec = {
   path = { type = "string", required = true, help = "a text file; its bytes are the tokens" },
@@ -446,7 +491,7 @@ end
 -- encoder.json (prepare-text --gpt2 keeps it there), else nil.
 function loom.tokenizer_dir(data)
   if type(data) ~= "table" or data.kind ~= "shards" or type(data.train) ~= "string" then return nil end
-  local dir = data.train:match("^(.*)/[^/]*$") or "."
+  local dir = find_glob(data.train):match("^(.*)/[^/]*$") or "." -- relative to the recipe, as the shards
   local f = io.open(dir .. "/encoder.json", "rb")
   if not f then return nil end
   f:close()

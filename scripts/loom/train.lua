@@ -158,11 +158,17 @@ local function check_tp(t, where, origin)
   local rows = t.batch.micro * t.batch.seq
   local function need(n, what)
     if n % tp ~= 0 then
+      local ok = m.family == "llama" and divisors(64, m.heads, m.kv_heads, m.ffn_dim, vp)
+        or divisors(64, m.heads, vp)
       schema.fail(where, "mesh tp=%d%s does not divide %s=%d (tp may be %s)", tp,
-        origin("mesh.tp") or "", what, n, divisors(64, m.heads, vp))
+        origin("mesh.tp") or "", what, n, ok)
     end
   end
   need(m.heads, "heads") -- loom.gpt has checked heads | dim: so tp also divides dim and 4 x dim
+  if m.family == "llama" then -- each rank holds whole key/value heads
+    need(m.kv_heads, "kv_heads")
+    need(m.ffn_dim, "ffn_dim")
+  end
   need(vp, "the padded vocabulary")
   if t.tp_sequence_parallel and tp > 1 and rows % tp ~= 0 then
     schema.fail(where, "tp_sequence_parallel splits batch.micro x batch.seq = %d token rows over "
@@ -362,7 +368,7 @@ local function check(t, where, origin, world)
   if t.resume == "auto" and not t.checkpoint then
     schema.fail(where, "resume=\"auto\" needs checkpoint = { dir = ... } to look in")
   end
-  if t.model.kind ~= "gpt" then schema.fail(where, "model must come from loom.gpt{...}") end
+  if t.model.kind ~= "gpt" then schema.fail(where, "model must come from loom.gpt{...} or loom.llama{...}") end
   if t.batch.seq > t.model.ctx then
     schema.fail(where, "batch.seq=%d is longer than the model's ctx=%d", t.batch.seq, t.model.ctx)
   end
@@ -469,7 +475,7 @@ return function(loom)
     }, where)
     local info = session:info()
     local say = rank == 0 and print or function() end
-    say(string.format("loom %s | gpt %s params (L=%d H=%d C=%d V=%d ctx=%d) | batch %dx%d x%d accum x%d dp%s%s | %s | %s",
+    say(string.format("loom %s | " .. (t.model.family or "gpt") .. " %s params (L=%d H=%d C=%d V=%d ctx=%d) | batch %dx%d x%d accum x%d dp%s%s | %s | %s",
       loom.version, human(info.params), t.model.layers, t.model.heads, t.model.dim, t.model.vocab,
       t.model.ctx, t.batch.micro, t.batch.seq, accum, dp,
       (tp > 1 and string.format(" x%d tp%s", tp, t.tp_sequence_parallel and "+sp" or "") or "")

@@ -1,6 +1,9 @@
 /* test_gpt_fixture.c — the whole GPT against PyTorch: logits, loss, every gradient, and
  * the parameters after two AdamW steps, from tests/fixtures/gpt_tiny.bin (made by
  * tests/fixtures/make_gpt_fixture.py in float64; see its README for the layout).
+ * Built a second time on tests/fixtures/llama_tiny.bin (make_llama_fixture.py: Hugging
+ * Face Llama's math, grouped-query attention, untied head): the same checks on the llama
+ * family, whose header adds kv_heads, ffn_dim, rope_theta and norm_eps.
  *
  * Tolerances (fp32 loom vs float64 PyTorch): logits and loss 1e-6 absolute, gradients
  * 5e-7 absolute (measured: 4.5e-8), parameters after two AdamW steps 2e-5 absolute (9e-6) (the key biases, whose
@@ -14,6 +17,7 @@
 
 #include "loom/plugin/optim.h"
 #include "base/plugin_loader.h"
+#include "train/checkpoint.h"
 #include "train/session.h"
 
 #ifndef FIXTURE_PATH
@@ -22,7 +26,8 @@
 
 typedef struct fixture {
     int V, Vp, maxT, L, NH, C, B, T, n_params;
-    float lr, beta1, beta2, eps, wd;
+    int llama, KVH, F;
+    float lr, beta1, beta2, eps, wd, theta, norm_eps;
     float *params, *logits, *grads, *final_params;
     int *tokens, *targets;
     float loss, step_losses[2];
@@ -49,13 +54,15 @@ static void load_fixture(void)
     float hp[8];
     read_exact(f, h, sizeof h);
     read_exact(f, hp, sizeof hp);
-    if (h[0] != 20261129 || h[1] != 1) {
+    fx.llama = h[0] == 20261201;
+    if ((h[0] != 20261129 && !fx.llama) || h[1] != 1) {
         fprintf(stderr, "%s: bad magic %d or version %d\n", FIXTURE_PATH, h[0], h[1]);
         exit(1);
     }
     fx.V = h[2]; fx.Vp = h[3]; fx.maxT = h[4]; fx.L = h[5]; fx.NH = h[6]; fx.C = h[7];
     fx.B = h[8]; fx.T = h[9]; fx.n_params = h[10];
     fx.lr = hp[0]; fx.beta1 = hp[1]; fx.beta2 = hp[2]; fx.eps = hp[3]; fx.wd = hp[4];
+    fx.KVH = h[12]; fx.F = h[13]; fx.theta = hp[5]; fx.norm_eps = hp[6];
     size_t n = (size_t)fx.n_params, bt = (size_t)fx.B * fx.T;
     fx.params = malloc(n * 4); fx.grads = malloc(n * 4); fx.final_params = malloc(n * 4);
     fx.tokens = malloc(bt * 4); fx.targets = malloc(bt * 4); fx.logits = malloc(bt * fx.Vp * 4);
@@ -98,6 +105,13 @@ static loom_session *make_session(void)
         .model = {fx.V, fx.Vp, fx.maxT, fx.L, fx.NH, fx.C},
         .micro_batch = fx.B, .seq = fx.T, .accum = 1, .seed = 1, .grad_clip = 0.0f,
         .backend = "cpu", .threads = 0, .optim = &optim_cfg, .precision = &precision_cfg};
+    if (fx.llama) {
+        cfg.model.family = LOOM_FAMILY_LLAMA;
+        cfg.model.kv_heads = fx.KVH;
+        cfg.model.ffn_dim = fx.F;
+        cfg.model.rope_theta = fx.theta;
+        cfg.model.norm_eps = fx.norm_eps;
+    }
     loom_session *s = NULL;
     ck_assert_msg(loom_session_create(&cfg, &s) == LOOM_OK, "%s", loom_last_error());
     loom_gpt *m = loom_session_model(s);
@@ -157,9 +171,13 @@ START_TEST(test_logits_loss_grads)
     printf("gradients max |diff| %.3g at %s\n", gmax, worst);
     ck_assert_msg(gmax < 5e-7, "gradients differ from PyTorch by %g at %s", gmax, worst);
     /* the padding rows of wte get no gradient at all */
-    const loom_param_entry *wte = loom_params_find(loom_gpt_params(m), "wte");
-    for (size_t i = (size_t)fx.V * fx.C; i < wte->numel; i++)
-        ck_assert_float_eq(loom_gpt_grad_data(m)[wte->offset + i], 0.0f);
+    const char *padded[2] = {"wte", fx.llama ? "lm_head.weight" : "wte"};
+    for (int k = 0; k < 2; k++) {
+        const loom_param_entry *e = loom_params_find(loom_gpt_params(m), padded[k]);
+        ck_assert_ptr_nonnull(e);
+        for (size_t i = (size_t)fx.V * fx.C; i < e->numel; i++)
+            ck_assert_float_eq(loom_gpt_grad_data(m)[e->offset + i], 0.0f);
+    }
     loom_session_destroy(s);
 }
 END_TEST
@@ -183,14 +201,35 @@ START_TEST(test_two_adamw_steps)
 }
 END_TEST
 
-int main(void)
+/* test_llama_fixture --save-checkpoint DIR: the fixture's initial parameters as a loom
+ * checkpoint (step 0) in DIR, for test_llama_export.sh to export and compare (a Check test
+ * of its own: the session helpers assert). */
+static const char *save_dir;
+
+START_TEST(test_save_checkpoint)
+{
+    loom_session *s = make_session();
+    loom_checkpoint_extra x;
+    memset(&x, 0, sizeof x);
+    ck_assert_msg(loom_checkpoint_save(s, save_dir, &x, NULL, 0) == LOOM_OK, "%s",
+                  loom_last_error());
+    loom_session_destroy(s);
+}
+END_TEST
+
+int main(int argc, char **argv)
 {
     load_fixture();
+    save_dir = argc == 3 && strcmp(argv[1], "--save-checkpoint") == 0 ? argv[2] : NULL;
     Suite *su = suite_create("gpt_fixture");
     TCase *tc = tcase_create("pytorch");
     tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_logits_loss_grads);
-    tcase_add_test(tc, test_two_adamw_steps);
+    if (save_dir) {
+        tcase_add_test(tc, test_save_checkpoint);
+    } else {
+        tcase_add_test(tc, test_logits_loss_grads);
+        tcase_add_test(tc, test_two_adamw_steps);
+    }
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_set_fork_status(sr, CK_NOFORK);

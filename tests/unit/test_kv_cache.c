@@ -5,7 +5,7 @@
  *            the bits a full forward over the same tokens gives its last row (the backend's
  *            row-stable products, as sampling runs, for a fast and a canonical model, and
  *            the canonical GEMM; past attention's 64-row blocks, a width whose rows are not
- *            64-byte aligned). A negative control decodes a different token and expects
+ *            64-byte aligned; the llama family too). A negative control decodes a different token and expects
  *            other bits, so the comparison can fail.
  *   tokens:  loom_session_generate with and without the cache: the same tokens, with the
  *            window sliding past ctx, with top-k, and with the window shifting past ctx.
@@ -41,11 +41,18 @@ static void fill_tokens(int *t, int n, int V, unsigned seed)
     }
 }
 
+static int llama; /* 1: check_rows builds the llama family (kv_heads = heads / 2, RoPE) */
+
 /* Decode N tokens after a P-token prompt; compare each logits row with a full forward. */
 static void check_rows(int canonical, int mode, int dim, int heads, int ctx, int P, int N)
 {
     open_backend();
     loom_gpt_config c = {.vocab = 67, .ctx = ctx, .layers = 2, .heads = heads, .dim = dim};
+    if (llama) {
+        c.family = LOOM_FAMILY_LLAMA;
+        c.kv_heads = heads / 2;
+        c.ffn_dim = 48;
+    }
     loom_gpt_parallel par = {NULL, NULL, canonical, NULL, 0, 0, 0, NULL};
     loom_gpt *m;
     ck_assert_msg(loom_gpt_create(&c, &be, 1, 7, &par, &m) == LOOM_OK, "%s", loom_last_error());
@@ -97,6 +104,16 @@ END_TEST
 START_TEST(logits_canonical_gemm)
 {
     check_rows(0, 1, 24, 2, 80, 3, 72);
+}
+END_TEST
+
+/* the llama family: RoPE at the decoded position, grouped-query attention's decode */
+START_TEST(logits_llama)
+{
+    llama = 1;
+    check_rows(0, 2, 32, 4, 80, 3, 72);
+    check_rows(1, 2, 32, 4, 80, 66, 70);
+    llama = 0;
 }
 END_TEST
 
@@ -223,6 +240,7 @@ int main(void)
     tcase_add_test(tc, logits_fast);
     tcase_add_test(tc, logits_canonical);
     tcase_add_test(tc, logits_canonical_gemm);
+    tcase_add_test(tc, logits_llama);
     tcase_add_test(tc, decode_errors);
     tcase_add_test(tc, tokens_equal);
     tcase_add_test(tc, tokens_equal_shift);

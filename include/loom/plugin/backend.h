@@ -149,6 +149,41 @@ typedef struct loom_backend_ops {
                              size_t n, int C);
     /* out[i] = a[idx[i]] . b[i] over C, summed in column order (overwrites). */
     void (*rows_dot)(float *out, const float *a, const int *idx, const float *b, size_t n, int C);
+    /* Added for Llama-style blocks (members from here on may be absent: check size; the
+     * model refuses the llama family on a backend without them).
+     * RMSNorm (Zhang & Sennrich 2019): out (rows,C) = x * rstd * weight with
+     * rstd = 1 / sqrt(mean(x^2) + eps) per row, saved (rows) for backward. */
+    void (*rmsnorm_forward)(float *out, float *rstd, const float *inp, const float *weight,
+                            size_t rows, int C, float eps);
+    /* dinp (rows,C) overwritten (may alias dout); dweight (C) accumulates, each column
+     * summed over rows in order. */
+    void (*rmsnorm_backward)(float *dinp, float *dweight, const float *dout, const float *inp,
+                             const float *weight, const float *rstd, size_t rows, int C);
+    /* SwiGLU (Shazeer 2020): inp (rows,2F) = [gate | up] per row; out (rows,F) =
+     * silu(gate) * up. */
+    void (*swiglu_forward)(float *out, const float *inp, size_t rows, int F);
+    /* dinp (rows,2F) overwritten from dout (rows,F). */
+    void (*swiglu_backward)(float *dinp, const float *inp, const float *dout, size_t rows, int F);
+    /* Rotary position embedding (Su et al. 2021) in Hugging Face Llama's rotate_half layout
+     * (element i of a head pairs with i + hs/2), in place over the first `heads` heads of hs
+     * values of each row of `stride` floats; row i is at position (row0 + i) % T; cos, sin
+     * (positions, hs/2) the angle cache, p * theta^(-2i/hs). backward applies the inverse
+     * rotation to a gradient, in place. */
+    void (*rope_forward)(float *x, const float *cos, const float *sin, size_t row0, size_t rows,
+                         int T, int stride, int heads, int hs);
+    void (*rope_backward)(float *dx, const float *cos, const float *sin, size_t row0,
+                          size_t rows, int T, int stride, int heads, int hs);
+    /* Grouped-query attention (Ainslie et al. 2023): as attention_forward/backward/decode
+     * with KVH key/value heads (KVH divides NH; KVH = NH is multi-head attention, with its
+     * bits). qkv rows are C + 2 KC wide, KC = KVH * (C / NH): q (C), k (KC), v (KC); q head
+     * h reads kv head h / (NH / KVH). dqkv overwritten; scratch 2*B*NH*T*T floats. */
+    void (*attention_gqa_forward)(float *out, float *att, const float *qkv, int B, int T, int C,
+                                  int NH, int KVH);
+    void (*attention_gqa_backward)(float *dqkv, float *scratch, const float *dout,
+                                   const float *qkv, const float *att, int B, int T, int C,
+                                   int NH, int KVH);
+    void (*attention_gqa_decode)(float *out, float *att, size_t att_stride, const float *qkv,
+                                 int t, int C, int NH, int KVH);
 } loom_backend_ops;
 
 #ifdef __cplusplus

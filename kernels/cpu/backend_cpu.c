@@ -105,6 +105,22 @@ static void cpu_set_deterministic(void *self, int on)
     loom_cpu_set_deterministic(on != 0);
 }
 
+/* Mixed precision: bf16 or fp16 (the core asks only for those two). */
+static void cpu_convert_from_f32(void *dst, const float *src, size_t n, loom_dtype dt)
+{
+    (dt == LOOM_DTYPE_F16 ? loom_cpu_f32_to_f16 : loom_cpu_f32_to_bf16)(dst, src, n);
+}
+
+static void cpu_convert_to_f32(float *dst, const void *src, size_t n, loom_dtype dt)
+{
+    (dt == LOOM_DTYPE_F16 ? loom_cpu_f16_to_f32_n : loom_cpu_bf16_to_f32_n)(dst, src, n);
+}
+
+static void cpu_round_to(float *x, size_t n, loom_dtype dt)
+{
+    (dt == LOOM_DTYPE_F16 ? loom_cpu_round_f16 : loom_cpu_round_bf16)(x, n);
+}
+
 static const loom_backend_ops cpu_ops = {
     .size = sizeof(loom_backend_ops),
     .create = cpu_create,
@@ -142,6 +158,9 @@ static const loom_backend_ops cpu_ops = {
     .scale = loom_cpu_scale,
     .set_deterministic = cpu_set_deterministic,
     .attention_decode = loom_cpu_attention_decode,
+    .convert_from_f32 = cpu_convert_from_f32,
+    .convert_to_f32 = cpu_convert_to_f32,
+    .round_to = cpu_round_to,
 };
 
 static const loom_config_key cpu_keys[] = {

@@ -10,6 +10,7 @@
 #define LOOM_CPU_KERNELS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* isa.c: the instruction set the kernels run (isa.c's header) -------------------------- */
 enum { LOOM_CPU_ISA_SSE2 = 0, LOOM_CPU_ISA_AVX2 = 1, LOOM_CPU_ISA_AVX512 = 2 };
@@ -116,5 +117,17 @@ void loom_cpu_ce_finish(float *logits, float *losses, const float *row_max, cons
 double loom_cpu_sum_squares(const float *x, size_t rows, size_t cols, size_t stride);
 int loom_cpu_has_nonfinite(const float *x, size_t n);
 void loom_cpu_scale(float *x, float s, size_t n);
+/* convert.c: fp32 <-> bf16 / fp16, round to nearest even (the file's header: the edges) */
+uint16_t loom_cpu_bf16_from_f32(float f);
+float loom_cpu_bf16_to_f32(uint16_t h);
+uint16_t loom_cpu_f16_from_f32(float f);
+float loom_cpu_f16_to_f32(uint16_t h);
+void loom_cpu_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
+void loom_cpu_bf16_to_f32_n(float *dst, const uint16_t *src, size_t n);
+void loom_cpu_f32_to_f16(uint16_t *dst, const float *src, size_t n);
+void loom_cpu_f16_to_f32_n(float *dst, const uint16_t *src, size_t n);
+/* x = the value a bf16 / fp16 store of x keeps, in place */
+void loom_cpu_round_bf16(float *x, size_t n);
+void loom_cpu_round_f16(float *x, size_t n);
 
 #endif

@@ -364,8 +364,8 @@ static void set_num(lua_State *L, const char *k, double v)
     lua_setfield(L, -2, k);
 }
 
-/* s:step(data, lr [, step]) -> {step, loss, grad_norm, lr, ms, comm_ms, tokens, skipped,
- * inflight, bubble (under pp) [, nonfinite = {rank, stage, param | loss = true, message}]};
+/* s:step(data, lr [, step]) -> {step, loss, grad_norm, lr, ms, comm_ms, tokens, loss_scale,
+ * skipped, inflight, bubble (under pp) [, nonfinite = {rank, stage, param | loss = true, message}]};
  * step: the loop's number for this step (reports and LOOM_INJECT_NONFINITE use it). */
 static int l_session_step(lua_State *L)
 {
@@ -386,6 +386,7 @@ static int l_session_step(lua_State *L)
     set_num(L, "ms", st.ms);
     set_num(L, "comm_ms", st.comm_ms);
     set_num(L, "tokens", st.tokens);
+    set_num(L, "loss_scale", st.loss_scale);
     lua_pushboolean(L, st.skipped);
     lua_setfield(L, -2, "skipped");
     lua_pushinteger(L, st.inflight);

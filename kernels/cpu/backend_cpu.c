@@ -116,9 +116,9 @@ static void cpu_convert_to_f32(float *dst, const void *src, size_t n, loom_dtype
     (dt == LOOM_DTYPE_F16 ? loom_cpu_f16_to_f32_n : loom_cpu_bf16_to_f32_n)(dst, src, n);
 }
 
-static void cpu_round_to(float *x, size_t n, loom_dtype dt)
+static void cpu_round_to(float *dst, const float *src, size_t n, loom_dtype dt)
 {
-    (dt == LOOM_DTYPE_F16 ? loom_cpu_round_f16 : loom_cpu_round_bf16)(x, n);
+    (dt == LOOM_DTYPE_F16 ? loom_cpu_round_f16 : loom_cpu_round_bf16)(dst, src, n);
 }
 
 static const loom_backend_ops cpu_ops = {

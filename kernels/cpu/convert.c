@@ -18,8 +18,8 @@
  * vectorises them; the fp16 ones use F16C (vcvtps2ph / vcvtph2ps, in x86-64-v3) in the
  * AVX2 and AVX-512 copies, which the test compares with the portable code bit for bit.
  *
- * Invariants: the same bits on every ISA and thread count; dst and src do not overlap
- * (round_* work in place).
+ * Invariants: the same bits on every ISA and thread count; dst and src do not overlap,
+ * except in round_*, where dst may be src (in place).
  */
 #include "cpu_kernels.h"
 #include "cpu_common.h"
@@ -97,12 +97,12 @@ LOOM_CPU_BODY bf16_from_body(uint16_t *restrict dst, const float *restrict src, 
 LOOM_CPU_VARIANTS(bf16_from, (uint16_t *restrict dst, const float *restrict src, size_t n),
                   (dst, src, n))
 
-LOOM_CPU_BODY bf16_round_body(float *x, size_t n)
+LOOM_CPU_BODY bf16_round_body(float *dst, const float *src, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        x[i] = loom_cpu_bf16_to_f32(loom_cpu_bf16_from_f32(x[i]));
+        dst[i] = loom_cpu_bf16_to_f32(loom_cpu_bf16_from_f32(src[i]));
 }
-LOOM_CPU_VARIANTS(bf16_round, (float *x, size_t n), (x, n))
+LOOM_CPU_VARIANTS(bf16_round, (float *dst, const float *src, size_t n), (dst, src, n))
 
 LOOM_CPU_BODY f16_from_portable_body(uint16_t *restrict dst, const float *restrict src,
                                      size_t n)
@@ -111,10 +111,10 @@ LOOM_CPU_BODY f16_from_portable_body(uint16_t *restrict dst, const float *restri
         dst[i] = loom_cpu_f16_from_f32(src[i]);
 }
 
-LOOM_CPU_BODY f16_round_portable_body(float *x, size_t n)
+LOOM_CPU_BODY f16_round_portable_body(float *dst, const float *src, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        x[i] = loom_cpu_f16_to_f32(loom_cpu_f16_from_f32(x[i]));
+        dst[i] = loom_cpu_f16_to_f32(loom_cpu_f16_from_f32(src[i]));
 }
 
 static void f16_to_portable(float *restrict dst, const uint16_t *restrict src, size_t n)
@@ -143,21 +143,21 @@ LOOM_CPU_TARGET_AVX2 static void f16_to_f16c(float *dst, const uint16_t *src, si
     f16_to_portable(dst + i, src + i, n - i);
 }
 
-LOOM_CPU_TARGET_AVX2 static void f16_round_f16c(float *x, size_t n)
+LOOM_CPU_TARGET_AVX2 static void f16_round_f16c(float *dst, const float *src, size_t n)
 {
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT);
-        _mm256_storeu_ps(x + i, _mm256_cvtph_ps(h));
+        __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
     }
-    f16_round_portable_body(x + i, n - i);
+    f16_round_portable_body(dst + i, src + i, n - i);
 }
 #define F16C_OK() (loom_cpu_isa() >= LOOM_CPU_ISA_AVX2)
 #else
 #define F16C_OK() 0
 #define f16_from_f16c(d, s, n) f16_from_portable_body(d, s, n)
 #define f16_to_f16c(d, s, n) f16_to_portable(d, s, n)
-#define f16_round_f16c(x, n) f16_round_portable_body(x, n)
+#define f16_round_f16c(d, s, n) f16_round_portable_body(d, s, n)
 #endif
 
 /* Chunks of 64K values per OpenMP iteration: memory-bound, split only when large. */
@@ -185,7 +185,10 @@ void loom_cpu_bf16_to_f32_n(float *dst, const uint16_t *src, size_t n)
         dst[i] = loom_cpu_bf16_to_f32(src[i]);
 }
 
-void loom_cpu_round_bf16(float *x, size_t n) { FOR_CHUNKS(n, bf16_round(x + o, k)); }
+void loom_cpu_round_bf16(float *dst, const float *src, size_t n)
+{
+    FOR_CHUNKS(n, bf16_round(dst + o, src + o, k));
+}
 
 void loom_cpu_f32_to_f16(uint16_t *dst, const float *src, size_t n)
 {
@@ -200,8 +203,9 @@ void loom_cpu_f16_to_f32_n(float *dst, const uint16_t *src, size_t n)
     FOR_CHUNKS(n, f16c ? f16_to_f16c(dst + o, src + o, k) : f16_to_portable(dst + o, src + o, k));
 }
 
-void loom_cpu_round_f16(float *x, size_t n)
+void loom_cpu_round_f16(float *dst, const float *src, size_t n)
 {
     int f16c = F16C_OK();
-    FOR_CHUNKS(n, f16c ? f16_round_f16c(x + o, k) : f16_round_portable_body(x + o, k));
+    FOR_CHUNKS(n, f16c ? f16_round_f16c(dst + o, src + o, k)
+                       : f16_round_portable_body(dst + o, src + o, k));
 }

@@ -126,8 +126,8 @@ void loom_cpu_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
 void loom_cpu_bf16_to_f32_n(float *dst, const uint16_t *src, size_t n);
 void loom_cpu_f32_to_f16(uint16_t *dst, const float *src, size_t n);
 void loom_cpu_f16_to_f32_n(float *dst, const uint16_t *src, size_t n);
-/* x = the value a bf16 / fp16 store of x keeps, in place */
-void loom_cpu_round_bf16(float *x, size_t n);
-void loom_cpu_round_f16(float *x, size_t n);
+/* dst = the value a bf16 / fp16 store of src keeps (dst may be src) */
+void loom_cpu_round_bf16(float *dst, const float *src, size_t n);
+void loom_cpu_round_f16(float *dst, const float *src, size_t n);
 
 #endif

@@ -154,7 +154,7 @@ START_TEST(test_sweep)
         double edge = fmt ? 65520.0 : (double)fb(0x7f7f8000u); /* from here up: inf */
         (fmt ? loom_cpu_f32_to_f16 : loom_cpu_f32_to_bf16)(h, x, n);
         memcpy(r, x, n * sizeof *r);
-        (fmt ? loom_cpu_round_f16 : loom_cpu_round_bf16)(r, n);
+        (fmt ? loom_cpu_round_f16 : loom_cpu_round_bf16)(r, r, n); /* in place */
         (fmt ? loom_cpu_f16_to_f32_n : loom_cpu_bf16_to_f32_n)(w, h, n);
         for (size_t i = 0; i < n; i++) {
             uint16_t s = narrow(x[i]);

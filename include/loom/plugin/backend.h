@@ -141,9 +141,10 @@ typedef struct loom_backend_ops {
     void (*convert_from_f32)(void *dst, const float *src, size_t n, loom_dtype dt);
     /* dst (n floats) = src (n values of dt) widened. */
     void (*convert_to_f32)(float *dst, const void *src, size_t n, loom_dtype dt);
-    /* x (n) = x narrowed to dt and widened again, in place: the value a dt store keeps, so
-     * a kernel reading it computes on what a 16-bit activation or weight would hold. */
-    void (*round_to)(float *x, size_t n, loom_dtype dt);
+    /* dst (n) = src narrowed to dt and widened again (dst may be src: in place): the value
+     * a dt store keeps, so a kernel reading it computes on what a 16-bit activation or
+     * weight would hold. */
+    void (*round_to)(float *dst, const float *src, size_t n, loom_dtype dt);
 } loom_backend_ops;
 
 #ifdef __cplusplus

@@ -4,9 +4,10 @@
 #  - tracking: 200 steps of fp32, bf16 and fp16 from one seed; bf16 and fp16 really round
 #    (their losses are not fp32's bits), every step's loss is within 0.05 of fp32's, and
 #    the final loss (the mean of the last 20 steps) within 2% of fp32's;
-#  - layouts: bf16 at dp=2, tp=2 and pp=2 within 0.02 of one rank's bf16 over 20 steps;
-#    canonical mode bitwise across dp=2, tp=2 and pp=2 in bf16 (losses and gradient norms);
-#    recompute full and selective bitwise the same as none in bf16;
+#  - layouts: bf16 at dp=2 and tp=2 within 0.02 of one rank's bf16 over 20 steps; zero=2
+#    and offload bitwise the runs without them; canonical mode bitwise across dp=2, tp=2
+#    and pp=2 in bf16 (losses and gradient norms); recompute full and selective bitwise
+#    none's; sampling with the key/value cache bitwise the full recompute;
 #  - fp16's loss scale: an overflow injected at step 3 on rank 1 at dp=2 skips exactly step
 #    3 on both ranks, halves the scale there (SCALE line, JSONL loss_scale), and leaves the
 #    weights and optimizer state bitwise as after step 2 on both ranks; the scale grows
@@ -27,8 +28,8 @@ runN() { local n=$1; shift; "$loom" launch -n "$n" "$recipe" comm_timeout=20 "$@
 losses() { grep -E '^(LOSS|NORM)'; }
 
 # --- tracking ------------------------------------------------------------------------
-for p in fp32 bf16 fp16; do run1 precision=$p steps=200 | grep '^LOSS' > "$tmp/$p"; done
-final() { awk '$2 > 180 { s += $4; n++ } END { printf "%.6f\n", s / n }' "$1"; }
+for p in fp32 bf16 fp16; do run1 precision=$p steps=200 | grep -E '^(LOSS|MEM)' > "$tmp/$p"; done
+final() { awk '$1 == "LOSS" && $2 > 180 { s += $4; n++ } END { printf "%.6f\n", s / n }' "$1"; }
 f32=$(final "$tmp/fp32")
 for p in bf16 fp16; do
   finite_losses "$tmp/$p"
@@ -45,14 +46,24 @@ done
 b16="precision=bf16 model.heads=4"
 run1 $b16 | losses > "$tmp/one"
 run1 $b16 batch.micro=4 batch.global=8 | losses > "$tmp/one_acc"
-for layout in "dp=2|2 mesh.dp=2 batch.micro=4|one_acc" "tp=2|2 mesh.tp=2|one" \
-              "pp=2|2 mesh.pp=2 schedule=1f1b microbatches=2 batch.micro=4|one_acc"; do
+for layout in "dp=2|2 mesh.dp=2 batch.micro=4|one_acc" "tp=2|2 mesh.tp=2|one"; do
   name=${layout%%|*}; rest=${layout#*|}; args=${rest%|*}; ref=${rest#*|}
-  runN ${args%% *} $b16 ${args#* } | losses > "$tmp/l"
-  d=$(max_loss_diff "$tmp/$ref" "$tmp/l")
+  runN ${args%% *} $b16 ${args#* } | losses > "$tmp/$name"
+  d=$(max_loss_diff "$tmp/$ref" "$tmp/$name")
   below "$d" 0.02 || { echo "bf16 $name differs from one rank's bf16 by $d (tolerance 0.02)"; exit 1; }
   echo "ok bf16 $name vs one rank's bf16: max |loss diff| $d over 20 steps"
 done
+# ZeRO 1 and 2 and offload update the fp32 master as the plain step does: the same bits
+runN 2 $b16 mesh.dp=2 batch.micro=4 strategy.zero=2 | losses > "$tmp/z2"
+# (the losses: ZeRO sums the norm over partitions, in another order)
+cmp -s <(grep '^LOSS' "$tmp/dp=2") <(grep '^LOSS' "$tmp/z2") || { echo "bf16 zero=2 differs from dp=2"; exit 1; }
+run1 $b16 strategy.offload.optimizer=host strategy.offload.chunk_mb=0.01 | losses > "$tmp/off"
+cmp -s "$tmp/one" "$tmp/off" || { echo "bf16 offload differs from one rank"; exit 1; }
+echo "ok bf16 zero=2 (dp=2: losses) and offload (host: losses and norms): bitwise the runs without them"
+# sampling reads the compute copy and rounds as training does: cached decoding bitwise
+kv=$("$loom" run "$here/recipes/kv_sample.lua" precision=bf16)
+grep -q '^KV same' <<< "$kv" || { echo "bf16 sampling with and without the cache differ: $kv"; exit 1; }
+echo "ok bf16 sampling: the key/value cache gives the full recompute's tokens and logits bits"
 canon="$b16 deterministic=canonical batch.micro=2 batch.global=4 steps=10"
 run1 $canon | losses > "$tmp/c1"
 finite_losses "$tmp/c1"
@@ -110,7 +121,7 @@ grep -qF 'step 3: fp16: the gradients overflow even at the minimum loss scale (m
 echo "ok fp16 at min_scale: $(grep -o 'fp16: the gradients overflow[^;]*' "$tmp/stop.err" | head -1), exit $rc"
 
 # --- accounting and refusals ---------------------------------------------------------
-m32=$(run1 steps=1 | awk '$1 == "MEM"'); m16=$(run1 precision=bf16 steps=1 | awk '$1 == "MEM"')
+m32=$(awk '$1 == "MEM"' "$tmp/fp32"); m16=$(awk '$1 == "MEM"' "$tmp/bf16")
 read -r _ p32 master32 _ <<< "$m32"; read -r _ p16 master16 _ <<< "$m16"
 [ "$master32" = 0 ] && [ "$master16" = "$p32" ] || { echo "memory: fp32 '$m32', bf16 '$m16'"; exit 1; }
 echo "ok memory: bf16 counts the fp32 master copy ($master16 bytes) beside its compute copy ($p16 bytes)"

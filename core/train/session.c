@@ -167,9 +167,22 @@ static loom_status check_precision(loom_session *s, const loom_session_config *c
                                    const loom_precision_dtypes *dt)
 {
     const char *name = s->precision_cfg.desc->name;
-    if (dt->grad != LOOM_DTYPE_F32)
+    if (dt->grad != LOOM_DTYPE_F32 && dt->grad != LOOM_DTYPE_BF16)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "precision '%s' asks for %s gradients; loom accumulates "
-                  "and reduces gradients in fp32 (grad = f32)", name, loom_dtype_name(dt->grad));
+                  "gradients in fp32 and reduces them in f32 or bf16", name,
+                  loom_dtype_name(dt->grad));
+    if (dt->grad == LOOM_DTYPE_BF16) { /* reduce = "bf16": the dp strategy's bucket all-reduce */
+        if (cfg->canonical)
+            LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "precision '%s' with reduce = \"bf16\" in canonical "
+                      "mode is not built yet: canonical mode sums gradients in a fixed fp32 tree; "
+                      "use reduce = \"f32\"", name);
+        if (cfg->zero_stage >= 2)
+            LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "precision '%s' with reduce = \"bf16\" and zero=%d is "
+                      "not built yet: ZeRO's reduce-scatter sends fp32; use zero=1 or reduce = "
+                      "\"f32\"", name, cfg->zero_stage);
+        if (s->cfg.strategy && loom_config_index(&s->strategy_cfg, "reduce") >= 0)
+            LOOM_TRY(loom_config_set_string(&s->strategy_cfg, "reduce", "bf16"));
+    }
     if (dt->param != LOOM_DTYPE_F32 && !dt->master_weights)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "precision '%s' keeps %s weights without an fp32 master "
                   "copy; the optimizer updates fp32 parameters only (master_weights = 1)", name,

@@ -4,7 +4,8 @@
 #  - tracking: 200 steps of fp32, bf16 and fp16 from one seed; bf16 and fp16 really round
 #    (their losses are not fp32's bits), every step's loss is within 0.05 of fp32's, and
 #    the final loss (the mean of the last 20 steps) within 2% of fp32's;
-#  - layouts: bf16 at dp=2 and tp=2 within 0.02 of one rank's bf16 over 20 steps; zero=2
+#  - layouts: bf16 at dp=2 and tp=2 within 0.02 of one rank's bf16 over 20 steps; reduce =
+#    "bf16" at dp=2 within 0.02 of the fp32 reduction and not its bits; zero=2
 #    and offload bitwise the runs without them; canonical mode bitwise across dp=2, tp=2
 #    and pp=2 in bf16 (losses and gradient norms); recompute full and selective bitwise
 #    none's; sampling with the key/value cache bitwise the full recompute;
@@ -15,7 +16,7 @@
 #    continues bitwise (losses, scale, state hashes); an overflow at min_scale stops the run
 #    with a message saying so and what to try;
 #  - accounting: with bf16 the fp32 master copy is counted (master = fp32's params bytes);
-#  - refusals: bf16 with zero=3, a wrong scaler key.
+#  - refusals: bf16 with zero=3, reduce = "bf16" in canonical mode.
 set -euo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -53,6 +54,12 @@ for layout in "dp=2|2 mesh.dp=2 batch.micro=4|one_acc" "tp=2|2 mesh.tp=2|one"; d
   below "$d" 0.02 || { echo "bf16 $name differs from one rank's bf16 by $d (tolerance 0.02)"; exit 1; }
   echo "ok bf16 $name vs one rank's bf16: max |loss diff| $d over 20 steps"
 done
+# reduce = "bf16": the dp buckets on the wire in bf16 (rounded: not the f32 reduction's bits)
+runN 2 'precision={"bf16", reduce="bf16"}' model.heads=4 mesh.dp=2 batch.micro=4 | losses > "$tmp/rb"
+d=$(max_loss_diff "$tmp/dp=2" "$tmp/rb")
+below "$d" 0.02 && ! cmp -s "$tmp/dp=2" "$tmp/rb" ||
+  { echo "bf16 reduce=bf16 at dp=2: max |loss diff| $d from reduce=f32 (tolerance 0.02, must not be 0)"; exit 1; }
+echo "ok bf16 reduce=bf16 at dp=2: max |loss diff| $d from the fp32 reduction (rounded, within 0.02)"
 # ZeRO 1 and 2 and offload update the fp32 master as the plain step does: the same bits
 runN 2 $b16 mesh.dp=2 batch.micro=4 strategy.zero=2 | losses > "$tmp/z2"
 # (the losses: ZeRO sums the norm over partitions, in another order)
@@ -132,3 +139,11 @@ set -e
 [ $rc -ne 0 ] && grep -qF "precision 'bf16' with strategy zero=3 is not built yet" "$tmp/z3.err" ||
   { echo "bf16 zero=3: rc $rc"; cat "$tmp/z3.err"; exit 1; }
 echo "ok bf16 with zero=3 refused: $(grep -o "precision 'bf16' with strategy zero=3[^:]*" "$tmp/z3.err" | head -1)"
+set +e
+runN 2 'precision={"bf16", reduce="bf16"}' mesh.dp=2 batch.micro=2 batch.global=4 deterministic=canonical \
+  steps=1 > /dev/null 2> "$tmp/rc.err"; rc=$?
+set -e
+[ $rc -ne 0 ] && grep -qF "with reduce = \"bf16\" in canonical mode is not built yet" "$tmp/rc.err" ||
+  { echo "bf16 reduce=bf16 canonical: rc $rc"; cat "$tmp/rc.err"; exit 1; }
+echo "ok bf16 reduce=bf16 in canonical mode refused"
+

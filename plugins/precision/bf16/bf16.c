@@ -8,26 +8,47 @@
  * and all-reduce; PyTorch's torch.autocast(dtype=torch.bfloat16) keeps fp32 master weights
  * likewise). bf16 has fp32's exponent range, so no loss scaling: the scale is 1 and a step
  * whose gradients hold inf or nan is skipped, as fp32's plugin does.
- * What not: no bf16 gradient all-reduce (reduce = "bf16" is not built), no keys, no state.
+ * reduce = "bf16": the data-parallel all-reduce sends the gradients as bf16 (half the
+ * bytes; dtypes' grad says BF16, the core sets the dp strategy's wire dtype from it); they
+ * are still accumulated in fp32 and widened back to fp32 after the reduction.
+ * What not: no loss scale, no state.
  * Invariants: loss_scale() is always 1; update() skips exactly when found_nonfinite; the
  * only exported symbol is loom_plugin_entry.
  */
+#include <string.h>
+
 #include "loom/plugin.h"
 #include "loom/plugin/precision.h"
 
+enum { K_REDUCE, N_KEYS };
+
+static const loom_config_key keys[N_KEYS] = {
+    [K_REDUCE] = {"reduce", LOOM_CFG_STRING, "\"f32\"",
+                  "dtype of the data-parallel gradient all-reduce: \"f32\" or \"bf16\" (half "
+                  "the bytes, the gradients rounded to bf16 before it)"},
+};
+
 typedef struct bf16 {
     const loom_host *host;
+    int reduce_bf16;
 } bf16;
 
 static loom_status bf16_create(const loom_host *host, const loom_config *cfg, void **self)
 {
-    (void)cfg;
     if (host == NULL || self == NULL)
         return LOOM_ERR_INVALID; /* no host, no way to say more */
+    if (cfg == NULL || cfg->count < N_KEYS || cfg->values == NULL || !cfg->values[K_REDUCE].string)
+        return host->fail(LOOM_ERR_INVALID, "bf16: expected %d resolved config values, got %d",
+                          N_KEYS, cfg ? cfg->count : 0);
+    const char *reduce = cfg->values[K_REDUCE].string;
+    if (strcmp(reduce, "f32") && strcmp(reduce, "bf16"))
+        return host->fail(LOOM_ERR_INVALID, "bf16: reduce = \"%s\" must be \"f32\" (the "
+                          "default) or \"bf16\"", reduce);
     bf16 *b = host->alloc(sizeof *b);
     if (b == NULL)
         return host->fail(LOOM_ERR_NOMEM, "bf16: out of memory");
     b->host = host;
+    b->reduce_bf16 = strcmp(reduce, "bf16") == 0;
     *self = b;
     return LOOM_OK;
 }
@@ -40,10 +61,9 @@ static void bf16_destroy(void *self)
 
 static void bf16_dtypes(void *self, loom_precision_dtypes *out)
 {
-    (void)self;
     out->param = LOOM_DTYPE_BF16;
     out->compute = LOOM_DTYPE_BF16;
-    out->grad = LOOM_DTYPE_F32;
+    out->grad = ((bf16 *)self)->reduce_bf16 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32;
     out->master_weights = 1;
 }
 
@@ -74,8 +94,8 @@ static const loom_plugin_desc desc = {
     .name = "bf16",
     .version = "0.1.0",
     .summary = "bf16 weights and activations, fp32 master weights, gradients and optimizer state",
-    .config_keys = NULL,
-    .n_config_keys = 0,
+    .config_keys = keys,
+    .n_config_keys = N_KEYS,
     .probe = NULL,
     .ops = &ops,
 };

@@ -1,6 +1,7 @@
 /* backend.c — loading a kernel backend through the plugin loader. */
 #include "backend.h"
 
+#include <stddef.h>
 #include <string.h>
 
 #include "config.h"
@@ -32,4 +33,10 @@ void loom_backend_close(loom_backend *b)
     if (b->ops && b->self)
         b->ops->destroy(b->self);
     memset(b, 0, sizeof *b);
+}
+
+int loom_backend_device_memory(const loom_backend *b)
+{
+    return b->ops && b->ops->size > offsetof(loom_backend_ops, stream) && b->ops->stream &&
+           b->ops->stream(b->self) != NULL;
 }

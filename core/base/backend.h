@@ -12,5 +12,8 @@ typedef struct loom_backend {
 /* Load loom-backend-<name>.so and start it with `threads` compute threads (0: all). */
 loom_status loom_backend_open(const char *name, int threads, loom_backend *out);
 void loom_backend_close(loom_backend *b);
+/* 1 when the backend's buffers are device memory (its ops table has a stream and gives
+ * one: the host cannot read them directly), 0 for host memory (the CPU backend). */
+int loom_backend_device_memory(const loom_backend *b);
 
 #endif

@@ -21,11 +21,13 @@
 #include <dlfcn.h>
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "loom/plugin/backend.h"
 #include "loom/plugin/comm.h"
@@ -326,6 +328,46 @@ nomem:
     return loom_fail(LOOM_ERR_NOMEM, "out of memory while loading plugin '%s'", path);
 }
 
+/* A plugin that crashes while it is loaded (its constructors in dlopen, or its entry) is
+ * named before the process dies: while loading, SIGSEGV, SIGBUS, SIGILL, SIGFPE and SIGABRT
+ * write one prepared line and take their previous action (re-raised). Async-signal-safe:
+ * write, sigaction, raise. The previous handlers come back after the load. */
+static const int crash_signals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
+#define N_CRASH (sizeof crash_signals / sizeof crash_signals[0])
+static struct sigaction crash_saved[N_CRASH];
+static char crash_line[PATH_MAX + 256];
+static size_t crash_len;
+
+static void on_load_crash(int sig)
+{
+    ssize_t w = write(2, crash_line, crash_len);
+    (void)w;
+    for (size_t i = 0; i < N_CRASH; i++)
+        if (crash_signals[i] == sig)
+            sigaction(sig, &crash_saved[i], NULL);
+    raise(sig); /* the previous action, now that the handler returns to the faulting code */
+}
+
+static void guard_load(const char *path, int on)
+{
+    if (!on) {
+        for (size_t i = 0; i < N_CRASH; i++)
+            sigaction(crash_signals[i], &crash_saved[i], NULL);
+        return;
+    }
+    int n = snprintf(crash_line, sizeof crash_line, "loom: plugin '%s' crashed while loading "
+                     "(in its constructors or loom_plugin_entry, which must only return its "
+                     "descriptor); remove it from the search path or rebuild it\n", path);
+    crash_len = n > 0 && (size_t)n < sizeof crash_line ? (size_t)n : sizeof crash_line - 1;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_load_crash;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_NODEFER; /* the re-raise inside the handler must not wait for its end */
+    for (size_t i = 0; i < N_CRASH; i++)
+        sigaction(crash_signals[i], &sa, &crash_saved[i]);
+}
+
 static loom_status open_locked(const char *path, const loom_plugin **out)
 {
     entry *hit = cache_find_path(path);
@@ -349,7 +391,9 @@ static loom_status open_locked(const char *path, const loom_plugin **out)
     if (len < 0 || (size_t)len >= sizeof dl_path)
         return reject(NULL, path, "path is longer than %d bytes; use a shorter path", PATH_MAX - 1);
     dlerror();
+    guard_load(path, 1);
     void *handle = dlopen(dl_path, RTLD_NOW | RTLD_LOCAL);
+    guard_load(path, 0);
     if (handle == NULL) {
         /* dlerror repeats the path as "<path>: why"; keep only the why. */
         const char *why = str_or(dlerror(), "unknown dlopen error");
@@ -375,7 +419,9 @@ static loom_status open_locked(const char *path, const loom_plugin **out)
                       "without LOOM_PLUGIN_EXPORT)");
     loom_plugin_entry_fn entry_fn;
     memcpy(&entry_fn, &sym, sizeof entry_fn); /* object to function pointer, POSIX-sanctioned */
+    guard_load(path, 1);
     const loom_plugin_desc *d = entry_fn();
+    guard_load(path, 0);
     LOOM_TRY(check_desc(handle, path, d, file_kind, file_name));
     return cache_add(handle, path, d, out);
 }

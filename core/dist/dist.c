@@ -2,10 +2,12 @@
 #include "dist.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "base/config.h"
 #include "base/plugin_loader.h"
 #include "base/status.h"
+#include "flight.h"
 
 static const loom_comm_ops *comm_ops;
 static void *groups[4]; /* world, dp, tp, pp */
@@ -57,11 +59,39 @@ loom_status loom_dist_init(const char *comm_name, const loom_store *store, int r
                 ops->destroy(g[i]);
         return st;
     }
-    comm_ops = ops;
+    /* Every group goes out through the flight recorder, so whoever communicates (core or
+     * plugin) is recorded, whatever the comm plugin. */
+    int sizes[4] = {world, m->dp, m->tp, m->pp};
+    static const char *const names[4] = {"world", "dp", "tp", "pp"};
+    int *members = malloc((size_t)world * sizeof *members);
+    if (!members)
+        st = loom_fail(LOOM_ERR_NOMEM, "out of memory");
+    int wrapped = 0;
+    for (; wrapped < 4 && st == LOOM_OK; wrapped++) {
+        /* Group member k's world rank: the mesh coordinate of this group set to k. */
+        for (int k = 0; k < sizes[wrapped]; k++) {
+            int pp = wrapped == 3 ? k : m->pp_rank, dp = wrapped == 1 ? k : m->dp_rank,
+                tp = wrapped == 2 ? k : m->tp_rank;
+            members[k] = wrapped == 0 ? k : (pp * m->dp + dp) * m->tp + tp;
+        }
+        void *inner = g[wrapped];
+        if (!inner)
+            continue;
+        g[wrapped] = NULL; /* the wrapper owns it now, and destroys it if wrapping fails */
+        st = loom_flight_wrap(ops, inner, names[wrapped], members, sizes[wrapped], &g[wrapped]);
+    }
+    free(members);
+    const loom_comm_ops *fops = loom_flight_ops();
+    if (st != LOOM_OK) {
+        for (int i = 3; i >= 0; i--)
+            if (g[i])
+                (i < wrapped ? fops : ops)->destroy(g[i]);
+        return st;
+    }
+    comm_ops = fops;
     for (int i = 0; i < 4; i++)
         groups[i] = g[i];
-    int sizes[4] = {world, m->dp, m->tp, m->pp};
-    loom_core_host_set_groups((const struct loom_comm_ops *)ops, groups, sizes);
+    loom_core_host_set_groups((const struct loom_comm_ops *)fops, groups, sizes);
     return LOOM_OK;
 }
 

@@ -34,10 +34,17 @@
 
 #include "launch.h"
 #include "base/clock.h"
+#include "base/stop_signal.h"
 
-#define GRACE_MS 2000   /* SIGTERM, then this long, then SIGKILL */
+#define GRACE_MS 2000   /* after a rank failed: SIGTERM, then this long, then SIGKILL */
+/* After the user's SIGTERM, SIGINT or SIGUSR1 (passed on): the ranks finish their step and
+ * save (stop_signal.h), so they get longer; a second signal kills at once. Slurm's KillWait
+ * is 30 s by default. */
+#define STOP_GRACE_MS 30000
 #define DRAIN_MS 1000   /* after the last rank exits, how long to wait for its pipes' EOF */
-#define MAX_RANKS 1024
+/* The shm communicator's world limit (SHM_MAX_WORLD, plugins/comm/shm/shm.h): more local
+ * ranks could only be refused after all of them were forked. */
+#define MAX_RANKS 256
 #define LINE_CAP 16384  /* a longer line is cut into pieces, each prefixed */
 
 typedef struct stream {
@@ -350,6 +357,8 @@ typedef struct job {
     int others;      /* ranks still running when they were told to stop */
     int stopping, killed, killed_count;
     int64_t kill_at; /* SIGKILL the group then, unless all have exited */
+    int grace_ms;    /* how long they were given */
+    int second;      /* killed at a second signal, before the grace ran out */
 } job;
 
 static int running(const job *j)
@@ -367,11 +376,18 @@ static void signal_group(const job *j, int sig)
         killpg(j->pgid, sig);
 }
 
-static void stop_all(job *j, int sig)
+/* A user's signal is passed on as it came (the ranks save, then exit); after a failure each
+ * running rank first gets a SIGTERM marked LOOM_STOP_NOW, since no collective save can
+ * follow a peer's death, then the group its plain SIGTERM (for what the ranks started). */
+static void stop_all(job *j, int sig, int failed)
 {
     j->others = running(j);
     j->stopping = 1;
-    j->kill_at = (int64_t)loom_now_ms() + GRACE_MS;
+    j->grace_ms = failed ? GRACE_MS : STOP_GRACE_MS;
+    j->kill_at = (int64_t)loom_now_ms() + j->grace_ms;
+    for (int k = 0; failed && k < j->n; k++)
+        if (!j->kids[k].exited)
+            sigqueue(j->kids[k].pid, sig, (union sigval){.sival_int = LOOM_STOP_NOW});
     if (j->others)
         signal_group(j, sig);
 }
@@ -401,18 +417,20 @@ static void check_children(job *j)
             c->sig = si.si_status;
         if ((c->code || c->sig) && j->fail_rank < 0 && !j->stop_signal) {
             j->fail_rank = k;
-            stop_all(j, SIGTERM);
+            stop_all(j, SIGTERM, 1);
         }
     }
 }
 
 static void on_launcher_signal(job *j, int sig)
 {
-    if (j->stopping)
+    if (j->stopping) {
+        j->second = !j->killed;
         kill_all(j); /* a second Ctrl-C: do not wait for the grace period */
+    }
     else {
         j->stop_signal = sig;
-        stop_all(j, sig);
+        stop_all(j, sig, 0);
     }
 }
 
@@ -455,9 +473,12 @@ static int start_rank(job *j, int k, const char *exe, char **argv, int port, con
 static int verdict(const job *j)
 {
     char tail[160] = "";
-    if (j->killed_count > 0)
+    if (j->killed_count > 0 && j->second)
+        snprintf(tail, sizeof tail, "; %d %s killed at the second signal", j->killed_count,
+                 j->killed_count == 1 ? "rank was" : "ranks were");
+    else if (j->killed_count > 0)
         snprintf(tail, sizeof tail, "; %d %s not stop within %d s and %s killed", j->killed_count,
-                 j->killed_count == 1 ? "rank did" : "ranks did", GRACE_MS / 1000,
+                 j->killed_count == 1 ? "rank did" : "ranks did", j->grace_ms / 1000,
                  j->killed_count == 1 ? "was" : "were");
     if (j->stop_signal) {
         fprintf(stderr, "loom launch: stopped by %s (passed on to the %d running %s)%s\n",
@@ -592,7 +613,17 @@ int loom_launch_main(int argc, char **argv)
     if (n < 0 || i >= argc)
         return usage();
     if (n < 1 || n > MAX_RANKS) {
-        fprintf(stderr, "loom launch: -n must be between 1 and %d (got %ld)\n", MAX_RANKS, n);
+        fprintf(stderr, "loom launch: -n must be between 1 and %d (got %ld)%s\n", MAX_RANKS, n,
+                n > MAX_RANKS ? ": the shm communicator joins at most 256 ranks of one machine; "
+                                "for more, start ranks on several machines (torchrun, mpirun or "
+                                "srun, comm = \"mpi\")" : "");
+        return 2;
+    }
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores > 0 && n > 16 * cores && !getenv("LOOM_LAUNCH_OVERSUBSCRIBE")) {
+        fprintf(stderr, "loom launch: -n %ld is more than 16 ranks per core on this machine's %ld "
+                "cores; each rank is a full process with its own model copy; use fewer ranks, or "
+                "set LOOM_LAUNCH_OVERSUBSCRIBE=1 to start them anyway\n", n, cores);
         return 2;
     }
     const char *recipe = argv[i];
@@ -632,7 +663,7 @@ int loom_launch_main(int argc, char **argv)
         rargv[2 + a - i] = argv[a];
     struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESTART | SA_NOCLDSTOP};
     sigemptyset(&sa.sa_mask);
-    int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD};
+    int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGCHLD};
     for (size_t s = 0; s < sizeof sigs / sizeof sigs[0]; s++)
         sigaction(sigs[s], &sa, NULL);
     signal(SIGPIPE, SIG_IGN); /* a closed stdout must not kill the supervisor */

@@ -264,6 +264,10 @@ loom_status loom_llmc_save(loom_gpt *m, const char *path)
     const loom_gpt_config *c = loom_gpt_get_config(m);
     const loom_param_table *t = loom_gpt_params(m);
     const float *params = loom_gpt_param_data(m);
+    if (c->moe.experts)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "%s: llm.c's model file has dense GPT-2 blocks only; this "
+                  "model has mixture-of-experts blocks (%d experts): keep it as a loom checkpoint "
+                  "or export safetensors (loom ckpt export)", path, c->moe.experts);
     size_t n[16];
     block_sizes(c, n);
     size_t plen = strlen(path);

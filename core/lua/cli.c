@@ -27,6 +27,7 @@
 #include "dist/launch.h"
 #include "loom/loom.h"
 #include "dist/dist.h"
+#include "lua_limits.h"
 #include "lua_loom.h"
 #include "dist/ranks.h"
 
@@ -57,6 +58,8 @@ static int usage(FILE *out)
           "       loom plugins [--keys NAME]        list the plugins found and where; a plugin's keys\n"
           "       loom plot METRICS.jsonl [MORE.jsonl ...] [-o SVG] [--smooth N] [--log]\n"
           "                                         plot runs' loss, grad norm, tokens/s and lr\n"
+          "       loom plan RECIPE [key=value ...]  memory and step time per rank before the run;\n"
+          "                                         --world N --mem 80GiB searches layouts\n"
           "       loom export --llmc CKPT OUT.bin   write a checkpoint's weights as an llm.c model\n"
           "       loom ckpt info CKPT | loom ckpt export CKPT OUT.safetensors\n"
           "                                         what a checkpoint holds (checksums verified);\n"
@@ -98,13 +101,30 @@ static lua_State *new_state(void)
     return L;
 }
 
-/* Run a chunk already on the stack; print "loom: <message>" on error. */
+/* Run a chunk already on the stack; print "loom: <message>" on error. An error object
+ * { stop_signal = N, message = "..." } (loom.train after a stop signal's save) is a stop,
+ * not a failure: its message, and the conventional status 128 + N. */
 static int run_protected(lua_State *L, int nargs)
 {
     if (lua_pcall(L, nargs, 0, 0) == LUA_OK)
         return 0;
-    const char *msg = lua_tostring(L, -1);
-    fprintf(stderr, "loom: %s\n", msg ? msg : "(error object is not a string)");
+    if (lua_istable(L, -1)) {
+        lua_getfield(L, -1, "stop_signal");
+        lua_getfield(L, -2, "message");
+        int sig = (int)lua_tointeger(L, -2);
+        if (sig > 0 && sig < 64) {
+            const char *m = lua_tostring(L, -1); /* nil on ranks other than 0 */
+            if (m)
+                fprintf(stderr, "loom: %s\n", m);
+            return 128 + sig;
+        }
+        lua_pop(L, 2);
+    }
+    const char *msg = lua_tostring(L, -1), *cap = loom_lua_limits_memory_message();
+    if (cap) /* the cap refused: whatever the failed allocation's message became, say why */
+        fprintf(stderr, "loom: %s (%s)\n", cap, msg ? msg : "not enough memory");
+    else
+        fprintf(stderr, "loom: %s\n", msg ? msg : "(error object is not a string)");
     return 1;
 }
 
@@ -163,11 +183,33 @@ static void share_the_machine(void)
         setenv("GOMP_SPINCOUNT", "1000", 0);
 }
 
+/* The start-up rendezvous happens before the recipe is read, so a recipe's own comm_timeout
+ * cannot bound it; a comm_timeout=S on the command line (as `loom launch` passes it to every
+ * rank) does, unless LOOM_RENDEZVOUS_TIMEOUT_MS is set. A value that is not a positive
+ * number is left for the recipe check to refuse. */
+static void rendezvous_timeout_from_args(int n, char **kv)
+{
+    if (getenv("LOOM_RENDEZVOUS_TIMEOUT_MS"))
+        return;
+    for (int i = 0; i < n; i++) {
+        if (strncmp(kv[i], "comm_timeout=", 13) != 0)
+            continue;
+        char *end;
+        double s = strtod(kv[i] + 13, &end);
+        if (*end == '\0' && end != kv[i] + 13 && s > 0 && s < 1e6) {
+            char ms[32];
+            snprintf(ms, sizeof ms, "%.0f", s * 1000 < 1 ? 1 : s * 1000);
+            setenv("LOOM_RENDEZVOUS_TIMEOUT_MS", ms, 1);
+        }
+    }
+}
+
 static int cmd_run(int argc, char **argv)
 {
     if (argc < 1)
         return usage(stderr);
     share_the_machine();
+    rendezvous_timeout_from_args(argc - 1, argv + 1);
     if (loom_ranks_join() != LOOM_OK) { /* rank/world from the environment; rendezvous */
         fprintf(stderr, "loom: %s\n", loom_last_error());
         return 1;
@@ -176,6 +218,10 @@ static int cmd_run(int argc, char **argv)
     if (!L) {
         fputs("loom: cannot create a Lua state (out of memory)\n", stderr);
         return 1;
+    }
+    if (loom_lua_limits_install(L) != 0) { /* memory cap, instruction budget, source only */
+        lua_close(L);
+        return 2;
     }
     /* require("loom.core").overrides = { {"batch.micro", "8"}, ... } */
     lua_getglobal(L, "require");
@@ -214,17 +260,24 @@ static int cmd_run(int argc, char **argv)
     }
     lua_setglobal(L, "arg");
     int rc;
-    if (luaL_loadfile(L, argv[0]) != LUA_OK) {
-        fprintf(stderr, "loom: %s\n", lua_tostring(L, -1));
+    if (luaL_loadfilex(L, argv[0], "t") != LUA_OK) { /* "t": source only */
+        const char *msg = lua_tostring(L, -1);
+        if (msg && strstr(msg, "attempt to load a binary chunk"))
+            fprintf(stderr, "loom: recipe '%s' is a precompiled (binary) Lua chunk: loom runs "
+                            "recipes from source only (binary chunks skip the parser's checks, and "
+                            "Lua does not verify bytecode); give the .lua file\n", argv[0]);
+        else
+            fprintf(stderr, "loom: %s\n", msg);
         rc = 1;
     } else {
         rc = run_protected(L, 0);
     }
     if (rc == 0)
         warn_unread_overrides(L, argc - 1, argv + 1);
+    int stopped = rc > 128; /* a stop signal's orderly end: every rank saved; leave cleanly */
     lua_close(L); /* sessions (and the strategies using the groups) are freed here */
     loom_dist_shutdown(); /* then the communicators: MPI wants MPI_Finalize on every rank */
-    loom_ranks_leave(rc == 0);
+    loom_ranks_leave(rc == 0 || stopped);
     return rc;
 }
 
@@ -258,7 +311,7 @@ int main(int argc, char **argv)
     /* `loom CMD --help` (or -h anywhere among its arguments): the command's own help, for
      * every command, from one table (scripts/loom/help.lua). */
     static const char *const commands[] = {"run", "launch", "plugins", "plot", "export", "bench",
-                                           "schedule", "sample", "ckpt", "version", NULL};
+                                           "schedule", "sample", "ckpt", "plan", "version", NULL};
     for (int c = 0; commands[c]; c++) {
         if (strcmp(cmd, commands[c]) != 0)
             continue;
@@ -280,7 +333,8 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "plugins") == 0)
         return cmd_lua("plugins", argc - 2, argv + 2);
     if (strcmp(cmd, "plot") == 0 || strcmp(cmd, "export") == 0 || strcmp(cmd, "bench") == 0 ||
-        strcmp(cmd, "schedule") == 0 || strcmp(cmd, "sample") == 0 || strcmp(cmd, "ckpt") == 0)
+        strcmp(cmd, "schedule") == 0 || strcmp(cmd, "sample") == 0 || strcmp(cmd, "ckpt") == 0 ||
+        strcmp(cmd, "plan") == 0)
         return cmd_lua(cmd, argc - 2, argv + 2);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("loom %s\n", LOOM_VERSION_STRING);

@@ -1,5 +1,6 @@
 /* lua_checkpoint.c — checkpoints from Lua: session:save, session:load,
- * core.find_checkpoint, core.verify_checkpoint and session:export_safetensors (see
+ * core.find_checkpoint, core.list_checkpoints, core.verify_checkpoint and
+ * session:export_safetensors (see
  * checkpoint.h for the format and its guarantees; `loom ckpt` uses the last two).
  *
  * What not: no policy (when to save, how many to keep, resume=auto) — that is the Lua
@@ -8,6 +9,7 @@
  * owned by a userdata with __gc until it is pushed, so a Lua error (even out of memory)
  * never leaks it.
  */
+#include <dirent.h>
 #include <lauxlib.h>
 #include <limits.h>
 #include <lua.h>
@@ -43,8 +45,9 @@ static void refuse_offload(lua_State *L, loom_session *s, const char *what)
                    "leave offload out to save or resume", what, loom_session_offload(s));
 }
 
-/* s:save(dir, {step=, config_json=, data=, keep=}) -> path of the new checkpoint.
- * step defaults to the optimizer steps taken; keep to 0 (keep all). Collective in a
+/* s:save(dir, {step=, config_json=, data=, keep=, protect=}) -> path of the new checkpoint.
+ * step defaults to the optimizer steps taken; keep to 0 (keep all); protect: a step_* name
+ * that retention keeps beside the newest `keep`. Collective in a
  * multi-rank run: every rank calls it with the same arguments (checkpoint.h). */
 static int l_save(lua_State *L)
 {
@@ -58,8 +61,10 @@ static int l_save(lua_State *L)
         lua_pushnil(L);
         while (lua_next(L, 3)) {
             const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
-            if (strcmp(k, "step") && strcmp(k, "config_json") && strcmp(k, "data") && strcmp(k, "keep"))
-                return luaL_error(L, "save: unknown option '%s' (step, config_json, data, keep)", k);
+            if (strcmp(k, "step") && strcmp(k, "config_json") && strcmp(k, "data") && strcmp(k, "keep") &&
+                strcmp(k, "protect"))
+                return luaL_error(L, "save: unknown option '%s' (step, config_json, data, keep, "
+                                     "protect)", k);
             lua_pop(L, 1);
         }
         lua_getfield(L, 3, "step");
@@ -75,6 +80,9 @@ static int l_save(lua_State *L)
         if (x.step < 0 || keep < 0 || keep > INT_MAX)
             return luaL_error(L, "save: step=%I and keep=%I must be >= 0", (lua_Integer)x.step, keep);
         x.keep = (int)keep;
+        lua_getfield(L, 3, "protect"); /* a step_* name retention must not delete */
+        if (!lua_isnil(L, -1))
+            snprintf(x.protect, sizeof x.protect, "%s", luaL_checkstring(L, -1));
         /* the config string stays referenced from the options table during the save */
     }
     char path[PATH_MAX];
@@ -135,6 +143,50 @@ static int l_find(lua_State *L)
     }
     lua_pushstring(L, path);
     return 1;
+}
+
+/* core.list_checkpoints(dir) -> { "step_00000020", "step_00000015", ... }: every
+ * step_<digits> entry of dir, complete or not, by step number newest first, and as a second
+ * result the name `latest` holds (nil when none); nil, why when dir cannot be read. What
+ * to resume from is the caller's policy (train.lua: resume=auto). */
+static int l_list(lua_State *L)
+{
+    const char *dir = luaL_checkstring(L, 1);
+    DIR *d = opendir(dir);
+    if (!d) {
+        lua_pushnil(L);
+        lua_pushfstring(L, "cannot read checkpoint directory '%s'", dir);
+        return 2;
+    }
+    lua_newtable(L);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        const char *p = e->d_name;
+        if (strncmp(p, "step_", 5) != 0 || !p[5] || strspn(p + 5, "0123456789") != strlen(p + 5))
+            continue;
+        lua_pushstring(L, p);
+        lua_rawseti(L, -2, ++n);
+    }
+    closedir(d);
+    /* newest first: by the number (names are zero-padded, but a step past 8 digits is not) */
+    luaL_dostring(L, "return function(t) table.sort(t, function(a, b) "
+                     "return tonumber(a:sub(6)) > tonumber(b:sub(6)) end) end");
+    lua_pushvalue(L, -2);
+    lua_call(L, 1, 0);
+    char path[PATH_MAX], name[64] = "";
+    snprintf(path, sizeof path, "%s/latest", dir);
+    FILE *f = fopen(path, "r");
+    if (f) {
+        if (fgets(name, sizeof name, f))
+            name[strcspn(name, "\r\n")] = '\0';
+        fclose(f);
+    }
+    if (name[0])
+        lua_pushstring(L, name);
+    else
+        lua_pushnil(L);
+    return 2;
 }
 
 /* core.verify_checkpoint(ckpt) -> bytes checked; raises the first damage found. */
@@ -210,4 +262,6 @@ void loom_lua_open_checkpoint(lua_State *L)
     lua_setfield(L, -2, "verify_checkpoint");
     lua_pushcfunction(L, l_find);
     lua_setfield(L, -2, "find_checkpoint");
+    lua_pushcfunction(L, l_list);
+    lua_setfield(L, -2, "list_checkpoints");
 }

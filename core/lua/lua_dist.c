@@ -1,9 +1,11 @@
-/* lua_dist.c — core.init_dist{comm=, dp=, tp=, pp=, timeout_ms=}: build the mesh and its
- * communicators for this rank (see dist.h). A run of one rank needs none of it. */
+/* lua_dist.c — core.init_dist{comm=, dp=, tp=, pp=, timeout_ms=, flight_dir=, debug_desync=}:
+ * build the mesh and its communicators for this rank (see dist.h; the flight recorder's
+ * settings, flight.h). A run of one rank needs none of it. */
 #include <lauxlib.h>
 #include <lua.h>
 
 #include "dist/dist.h"
+#include "dist/flight.h"
 #include "lua_loom.h"
 #include "dist/ranks.h"
 #include "base/status.h"
@@ -31,9 +33,17 @@ static int l_init_dist(lua_State *L)
         loom_rendezvous *rv = loom_cli_rendezvous();
         if (!rv)
             return luaL_error(L, "a %d-rank run has no rendezvous (start it with loom launch)", world);
-        if (loom_dist_init(comm, loom_rendezvous_store(rv), rank, world, &mesh,
-                           opt_int(L, "timeout_ms", 60000)) != LOOM_OK)
+        lua_getfield(L, 1, "flight_dir");
+        const char *flight_dir = luaL_optstring(L, -1, NULL);
+        lua_getfield(L, 1, "debug_desync");
+        int debug_desync = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+        int timeout_ms = opt_int(L, "timeout_ms", 60000);
+        if (loom_flight_setup(rank, world, flight_dir, debug_desync, timeout_ms) != LOOM_OK ||
+            loom_dist_init(comm, loom_rendezvous_store(rv), rank, world, &mesh, timeout_ms) !=
+                LOOM_OK)
             goto fail;
+        lua_pop(L, 1);
         lua_pop(L, 1);
     }
     lua_createtable(L, 0, 6);

@@ -13,8 +13,10 @@
 #include <string.h>
 
 #include "base/config.h"
+#include "lua_limits.h"
 #include "lua_loom.h"
 #include "base/plugin_loader.h"
+#include "train/compress.h"
 #include "train/offload.h"
 #include "train/session.h"
 #include "base/status.h"
@@ -212,7 +214,22 @@ static int l_session(lua_State *L)
     cfg.model.layers = int_field(L, m, "layers", 0);
     cfg.model.heads = int_field(L, m, "heads", 0);
     cfg.model.dim = int_field(L, m, "dim", 0);
-    lua_pop(L, 1);
+    lua_getfield(L, m, "moe"); /* loom.gpt{moe = {...}}, checked and defaulted in init.lua */
+    if (lua_istable(L, -1)) {
+        int e = lua_gettop(L);
+        loom_moe_config *mo = &cfg.model.moe;
+        mo->experts = int_field(L, e, "experts", 0);
+        mo->top_k = int_field(L, e, "top_k", 0);
+        mo->every = int_field(L, e, "every", 0);
+        mo->capacity_factor = num_field(L, e, "capacity_factor", 0.0);
+        mo->aux_loss = num_field(L, e, "aux_loss", 0.0);
+        mo->z_loss = num_field(L, e, "z_loss", 0.0);
+        mo->noise_std = num_field(L, e, "noise_std", 0.0);
+        lua_getfield(L, e, "router");
+        mo->noisy = lua_type(L, -1) == LUA_TSTRING && strcmp(lua_tostring(L, -1), "noisy_topk") == 0;
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 2);
     cfg.micro_batch = int_field(L, 1, "micro", 0);
     cfg.seq = int_field(L, 1, "seq", 0);
     cfg.accum = int_field(L, 1, "accum", 1);
@@ -288,6 +305,42 @@ static int l_session(lua_State *L)
     cfg.offload_path = lua_isnil(L, -1) ? NULL : luaL_checkstring(L, -1);
     lua_pop(L, 1);
     cfg.offload_chunk_mb = num_field(L, 1, "offload_chunk_mb", 0.0);
+    /* strategy = { compress = { "onebit" | "topk", ratio =, warmup =, bucket_mb = } } */
+    lua_getfield(L, 1, "compress");
+    if (!lua_isnil(L, -1)) {
+        const char *method = luaL_checkstring(L, -1);
+        cfg.compress_method = loom_compress_method_of(method);
+        if (cfg.compress_method < 0)
+            return luaL_error(L, "compress=\"%s\": \"onebit\" or \"topk\"", method);
+    }
+    lua_pop(L, 1);
+    cfg.compress_ratio = num_field(L, 1, "compress_ratio", 0.01);
+    cfg.compress_warmup = int_field(L, 1, "compress_warmup", 0);
+    cfg.compress_bucket_mb = num_field(L, 1, "compress_bucket_mb", 0.0);
+    /* teacher = { vocab=, ctx=, layers=, heads=, dim=, vocab_padded= }, teacher_init = path |
+     * teacher_checkpoint = dir, kd_temperature =, kd_alpha = (checked in Lua) */
+    static _Thread_local loom_gpt_config teacher;
+    lua_getfield(L, 1, "teacher");
+    if (!lua_isnil(L, -1)) {
+        luaL_checktype(L, -1, LUA_TTABLE);
+        int t = lua_gettop(L);
+        memset(&teacher, 0, sizeof teacher);
+        teacher.vocab = int_field(L, t, "vocab", 0);
+        teacher.vocab_padded = int_field(L, t, "vocab_padded", 0);
+        teacher.ctx = int_field(L, t, "ctx", 0);
+        teacher.layers = int_field(L, t, "layers", 0);
+        teacher.heads = int_field(L, t, "heads", 0);
+        teacher.dim = int_field(L, t, "dim", 0);
+        cfg.teacher = &teacher;
+    }
+    lua_pop(L, 1);
+    lua_getfield(L, 1, "teacher_init"); /* the strings stay alive in the table at index 1 */
+    cfg.teacher_init = lua_isnil(L, -1) ? NULL : luaL_checkstring(L, -1);
+    lua_getfield(L, 1, "teacher_checkpoint");
+    cfg.teacher_checkpoint = lua_isnil(L, -1) ? NULL : luaL_checkstring(L, -1);
+    lua_pop(L, 2);
+    cfg.kd_temperature = (float)num_field(L, 1, "kd_temperature", 1.0);
+    cfg.kd_alpha = (float)num_field(L, 1, "kd_alpha", 0.5);
     static _Thread_local int pp_layers[1024];
     lua_getfield(L, 1, "pp_layers");
     if (!lua_isnil(L, -1)) {
@@ -364,8 +417,12 @@ static void set_num(lua_State *L, const char *k, double v)
     lua_setfield(L, -2, k);
 }
 
-/* s:step(data, lr [, step]) -> {step, loss, grad_norm, lr, ms, comm_ms, tokens, loss_scale,
- * skipped, inflight, bubble (under pp) [, nonfinite = {rank, stage, param | loss = true, message}]};
+/* s:step(data, lr [, step [, limits]]) -> {step, loss, grad_norm, lr, ms, comm_ms, tokens,
+ * loss_scale, skipped,
+ * inflight, bubble (under pp) [, nonfinite = {rank, stage, param | loss = true, message}]
+ * [, stop_signal = signo: a stop signal reached some rank, stop after this step]
+ * [, spike = true: the update skipped, loss or norm above limits]}; limits: { loss =, norm = }
+ * for this step (a loss spike's skip, train.lua).
  * step: the loop's number for this step (reports and LOOM_INJECT_NONFINITE use it). */
 static int l_session_step(lua_State *L)
 {
@@ -374,7 +431,15 @@ static int l_session_step(lua_State *L)
     float lr = (float)luaL_checknumber(L, 3);
     if (!lua_isnoneornil(L, 4))
         loom_session_number_next_step(b->s, (int64_t)luaL_checkinteger(L, 4));
+    if (!lua_isnoneornil(L, 5)) { /* { loss = max, norm = max }: a spike's update is skipped */
+        luaL_checktype(L, 5, LUA_TTABLE);
+        lua_getfield(L, 5, "loss");
+        lua_getfield(L, 5, "norm");
+        loom_session_limit_next_step(b->s, luaL_optnumber(L, -2, 0), luaL_optnumber(L, -1, 0));
+        lua_pop(L, 2);
+    }
     loom_step_stats st;
+    loom_lua_limits_progress(); /* the recipe's instruction budget runs between steps */
     if (loom_session_step(b->s, loom_data_batch, &src, lr, &st) != LOOM_OK)
         return raise_status(L);
     lua_createtable(L, 0, 8);
@@ -389,8 +454,16 @@ static int l_session_step(lua_State *L)
     set_num(L, "loss_scale", st.loss_scale);
     lua_pushboolean(L, st.skipped);
     lua_setfield(L, -2, "skipped");
+    if (st.spike) {
+        lua_pushboolean(L, 1);
+        lua_setfield(L, -2, "spike");
+    }
     lua_pushinteger(L, st.inflight);
     lua_setfield(L, -2, "inflight");
+    if (st.grad_bytes > 0) { /* compression: this rank's message and the fp32 equivalent */
+        set_num(L, "compress_bytes", st.compress_bytes);
+        set_num(L, "grad_bytes", st.grad_bytes);
+    }
     if (st.nonfinite.found) {
         char what[160];
         loom_nonfinite_describe(&st.nonfinite, what, sizeof what);
@@ -412,6 +485,34 @@ static int l_session_step(lua_State *L)
     }
     if (st.bubble == st.bubble) /* under pp only */
         set_num(L, "bubble", st.bubble);
+    if (st.nonfinite.stop_signal) { /* the same on every rank: they all stop after this step */
+        lua_pushinteger(L, st.nonfinite.stop_signal);
+        lua_setfield(L, -2, "stop_signal");
+    }
+    /* moe = {load = {{tokens per expert} per MoE block}, dropped = fraction, aux =, z =}:
+     * the step's routing over the dp group (session.h) */
+    loom_moe_stats ms;
+    double *load;
+    if (loom_session_moe_stats(b->s, &ms, &load) != LOOM_OK)
+        return raise_status(L);
+    if (ms.layers) {
+        lua_createtable(L, 0, 4);
+        lua_createtable(L, ms.layers, 0);
+        for (int l = 0; l < ms.layers; l++) {
+            lua_createtable(L, ms.experts, 0);
+            for (int e = 0; e < ms.experts; e++) {
+                lua_pushinteger(L, (lua_Integer)load[(size_t)l * ms.experts + e]);
+                lua_rawseti(L, -2, e + 1);
+            }
+            lua_rawseti(L, -2, l + 1);
+        }
+        lua_setfield(L, -2, "load");
+        set_num(L, "dropped", ms.assigned > 0 ? ms.dropped / ms.assigned : 0.0);
+        set_num(L, "aux", ms.aux);
+        set_num(L, "z", ms.z);
+        lua_setfield(L, -2, "moe");
+        free(load);
+    }
     return 1;
 }
 
@@ -671,6 +772,7 @@ int luaopen_loom_core(lua_State *L)
     loom_lua_open_llmc(L);
     loom_lua_open_sys(L);
     loom_lua_open_sched(L);
+    loom_lua_open_plan(L);
     lua_pushstring(L, LOOM_VERSION_STRING);
     lua_setfield(L, -2, "version");
     return 1;

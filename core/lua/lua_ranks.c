@@ -10,21 +10,47 @@
  */
 #include <lauxlib.h>
 #include <lua.h>
+#include <stdlib.h>
 
 #include "dist/ranks.h"
+#include "dist/rendezvous.h"
 
 /* core.check_same_config(text) -> true. text: the canonical serialisation of the resolved
  * configuration (or any digest of it); its 64-bit FNV-1a hash is compared across ranks.
  * On a mismatch raises, on every rank:
  *   ranks 1, 3 run a different recipe than rank 0 (config hash 5f2a3b10… vs 91c04e7d…) */
+#define RECIPE_KEY "recipe-text/rank0"
+
 static int l_check_same_config(lua_State *L)
 {
     size_t n;
     const char *text = luaL_checklstring(L, 1, &n);
     loom_rendezvous *r = loom_cli_rendezvous();
+    if (r && loom_rendezvous_rank(r) == 0) { /* for core.recipe_of_rank0 after a mismatch */
+        const loom_store *st = loom_rendezvous_store(r);
+        st->set(st->self, RECIPE_KEY, text, n < LOOM_RENDEZVOUS_MAX_VALUE ? n : LOOM_RENDEZVOUS_MAX_VALUE);
+    }
     if (r && loom_rendezvous_check_same(r, "recipe", loom_rendezvous_hash(text, n), -1) != LOOM_OK)
         return luaL_error(L, "%s", loom_last_error());
     lua_pushboolean(L, 1);
+    return 1;
+}
+
+/* core.recipe_of_rank0() -> the text rank 0 gave check_same_config (up to 1 MiB), or nil:
+ * after a mismatch, to name the keys in which this rank's recipe differs. */
+static int l_recipe_of_rank0(lua_State *L)
+{
+    loom_rendezvous *r = loom_cli_rendezvous();
+    if (!r)
+        return 0;
+    const loom_store *st = loom_rendezvous_store(r);
+    size_t len = LOOM_RENDEZVOUS_MAX_VALUE;
+    char *buf = malloc(len);
+    if (buf && st->get(st->self, RECIPE_KEY, buf, &len, 2000) == LOOM_OK)
+        lua_pushlstring(L, buf, len);
+    else
+        lua_pushnil(L);
+    free(buf);
     return 1;
 }
 
@@ -39,4 +65,6 @@ void loom_lua_open_ranks(lua_State *L)
     lua_setfield(L, -2, "local_rank");
     lua_pushcfunction(L, l_check_same_config);
     lua_setfield(L, -2, "check_same_config");
+    lua_pushcfunction(L, l_recipe_of_rank0);
+    lua_setfield(L, -2, "recipe_of_rank0");
 }

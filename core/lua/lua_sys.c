@@ -1,5 +1,6 @@
 /* lua_sys.c — the few operating-system facts the Lua library needs to show a run:
- * core.isatty(fd), core.term_width(fd), core.peak_rss(), core.now(), core.mkdir_p(path).
+ * core.isatty(fd), core.term_width(fd), core.peak_rss(), core.now(), core.mkdir_p(path),
+ * core.catch_stop_signals(on), core.signal_name(signo).
  *
  * Plain Lua 5.4 has no monotonic clock (os.clock is CPU time, summed over threads), no
  * memory figure, no isatty, no terminal size and no mkdir; these are thin POSIX
@@ -18,6 +19,7 @@
 
 #include "lua_loom.h"
 #include "base/clock.h"
+#include "base/stop_signal.h"
 
 /* core.isatty(fd) -> boolean: is fd (1 = stdout) a terminal? Decides in-place redraw. */
 static int l_isatty(lua_State *L)
@@ -92,7 +94,24 @@ static int l_mkdir_p(lua_State *L)
     return 1;
 }
 
-static const luaL_Reg sys_funcs[] = {{"isatty", l_isatty},
+/* core.catch_stop_signals(on): while on, SIGTERM, SIGINT and SIGUSR1 only set a flag that
+ * the next step's exchange reads (s:step's result gets stop_signal); off restores their
+ * default action (base/stop_signal.h). */
+static int l_catch_stop_signals(lua_State *L)
+{
+    loom_stop_arm(lua_toboolean(L, 1));
+    return 0;
+}
+
+/* core.signal_name(signo) -> "SIGTERM", ... */
+static int l_signal_name(lua_State *L)
+{
+    lua_pushstring(L, loom_stop_signal_name((int)luaL_checkinteger(L, 1)));
+    return 1;
+}
+
+static const luaL_Reg sys_funcs[] = {{"catch_stop_signals", l_catch_stop_signals},
+                                     {"signal_name", l_signal_name},{"isatty", l_isatty},
                                      {"term_width", l_term_width},
                                      {"peak_rss", l_peak_rss},
                                      {"now", l_now},

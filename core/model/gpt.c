@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "base/status.h"
+#include "moe.h"
 
 void loom_gpt_set_grad_hook(loom_gpt *m, loom_grad_ready_fn fn, void *ctx)
 {
@@ -34,6 +35,10 @@ void loom_gpt_unit_entries(const loom_gpt *m, int unit, int *first, int *last)
     int L = m->cfg.layers;
     *first = unit == 0 ? 0 : unit <= L ? 2 + 12 * (unit - 1) : m->table.count - 2;
     *last = unit == 0 ? 1 : unit <= L ? 2 + 12 * (unit - 1) + 11 : m->table.count - 1;
+    if (m->moe && unit >= 1 && unit <= L) { /* blocks of different sizes (gpt_internal.h) */
+        *first = m->ent0[unit - 1];
+        *last = m->ent0[unit] - 1;
+    }
 }
 
 static loom_status use(loom_gpt *m, int unit, int needed)
@@ -61,6 +66,7 @@ loom_status loom_gpt_config_check(const loom_gpt_config *c)
     if (c->ctx < 1 || c->layers < 1 || c->heads < 1 || c->dim < 1)
         LOOM_FAIL(LOOM_ERR_INVALID, "model ctx, layers, heads and dim must be positive "
                   "(got ctx=%d layers=%d heads=%d dim=%d)", c->ctx, c->layers, c->heads, c->dim);
+    LOOM_TRY(gpt_moe_check(c));
     if (c->dim % c->heads != 0) {
         char ok[256] = "";
         size_t used = 0;
@@ -79,8 +85,9 @@ static loom_status place_last(loom_gpt *m, int split_dim)
 {
     loom_param_table *t = &m->table;
     t->entries[t->count - 1].split_dim = split_dim;
-    if (!m->tp_ops || !m->tp_ops->partition)
-        return LOOM_OK;
+    if (!m->tp_ops || !m->tp_ops->partition) /* loom_gpt_footprint: the tp plugin's slices */
+        return m->tp > 1 && split_dim >= 0 ? loom_params_slice_last(t, split_dim, m->tp, 0)
+                                           : LOOM_OK;
     const loom_param_entry *e = &t->entries[t->count - 1];
     loom_param_info info = {.name = e->name, .ndim = e->ndim, .offset = e->offset,
                             .numel = e->numel, .layer = e->layer, .split_dim = split_dim};
@@ -130,6 +137,8 @@ static loom_status build_table(loom_gpt *m)
         SHAPE(c->ctx, C, 0); ADD("wpe", 2, -1, LOOM_INIT_NORMAL, 0.01f, -1);
     }
     for (int l = 0; l < L; l++) {
+        if (m->ent0)
+            m->ent0[l] = t->count;
         if (!m->own[l])
             continue;
 #define LAYER(suffix, nd, a, b, c3, init, sd, split)                 \
@@ -145,12 +154,18 @@ static loom_status build_table(loom_gpt *m)
         LAYER("attn.proj.bias", 1, C, 0, 0, LOOM_INIT_ZEROS, 0, -1);
         LAYER("ln_2.weight", 1, C, 0, 0, LOOM_INIT_ONES, 0, -1);
         LAYER("ln_2.bias", 1, C, 0, 0, LOOM_INIT_ZEROS, 0, -1);
+        if (gpt_moe_block(c, l)) { /* a router and experts instead of mlp.* (moe.h) */
+            LOOM_TRY(gpt_moe_add_entries(t, c, l, std, proj_std));
+            continue;
+        }
         LAYER("mlp.fc.weight", 2, 4 * C, C, 0, LOOM_INIT_NORMAL, std, 0);
         LAYER("mlp.fc.bias", 1, 4 * C, 0, 0, LOOM_INIT_ZEROS, 0, 0);
         LAYER("mlp.proj.weight", 2, C, 4 * C, 0, LOOM_INIT_NORMAL, proj_std, 1);
         LAYER("mlp.proj.bias", 1, C, 0, 0, LOOM_INIT_ZEROS, 0, -1);
 #undef LAYER
     }
+    if (m->ent0)
+        m->ent0[L] = t->count;
     if (m->has_head) {
         SHAPE(C, 0, 0); ADD("ln_f.weight", 1, -1, LOOM_INIT_ONES, 0, -1);
         ADD("ln_f.bias", 1, -1, LOOM_INIT_ZEROS, 0, -1);
@@ -172,8 +187,11 @@ static void bind_params(loom_gpt *m, float *base, model_params *p)
             continue;
         /* layer_params is 12 float pointers, declared in table order */
         float **f = (float **)&p->layer[l];
-        for (int k = 0; k < 12; k++)
+        int dense = !gpt_moe_block(&m->cfg, l); /* an MoE block: ln_1 .. ln_2, then moe.c's */
+        for (int k = 0; k < (dense ? 12 : 8); k++)
             f[k] = base + e[i++].offset;
+        if (!dense)
+            i = m->ent0[l + 1];
     }
     p->lnfw = m->has_head ? base + e[i++].offset : NULL;
     p->lnfb = m->has_head ? base + e[i].offset : NULL;
@@ -277,7 +295,8 @@ void gpt_bind_slot(loom_gpt *m, int slot)
     m->targets = m->tokens + R;
 }
 
-static loom_status alloc_activations(loom_gpt *m)
+/* m->shared_bytes, slot_bytes and act_bytes from the layout (loom_gpt_footprint too). */
+static void size_activations(loom_gpt *m)
 {
     layer_acts s;
     size_t shared = lay_out_shared(m, NULL, &s);
@@ -285,6 +304,12 @@ static loom_status alloc_activations(loom_gpt *m)
     m->shared_bytes = (shared * sizeof(float) + 63) / 64 * 64;
     m->slot_bytes = (total * sizeof(float) + 2 * R * sizeof(int) + 64 + 63) / 64 * 64;
     m->act_bytes = m->shared_bytes + m->slot_bytes * (size_t)m->slots;
+}
+
+static loom_status alloc_activations(loom_gpt *m)
+{
+    size_t R = (size_t)m->max_B * (size_t)m->cfg.ctx;
+    size_activations(m);
     m->act_mem = m->be->ops->alloc(m->be->self, m->act_bytes);
     if (!m->act_mem)
         LOOM_FAIL(LOOM_ERR_NOMEM, "cannot allocate %.1f MiB of activations for %d x batch %d x %d",
@@ -337,20 +362,15 @@ static loom_status recompute_modes(loom_gpt *m, const loom_gpt_parallel *par)
     return LOOM_OK;
 }
 
-loom_status loom_gpt_create(const loom_gpt_config *cfg, loom_backend *be, int max_B, uint64_t seed,
-                            const loom_gpt_parallel *par, loom_gpt **out)
+/* Everything loom_gpt_create decides before it allocates: widths, the stage's blocks,
+ * recomputation, the parameter table. plan_tp > 0 (loom_gpt_footprint, no tp strategy):
+ * the tp degree and sequence parallelism a tp plugin's layout would give. */
+static loom_status gpt_setup(loom_gpt *m, const loom_gpt_config *cfg, int max_B,
+                             const loom_gpt_parallel *par, int plan_tp, int plan_sp)
 {
-    *out = NULL;
-    LOOM_TRY(loom_gpt_config_check(cfg));
-    if (max_B < 1)
-        LOOM_FAIL(LOOM_ERR_INVALID, "micro-batch size must be at least 1, got %d", max_B);
-    loom_gpt *m = calloc(1, sizeof *m);
-    if (!m)
-        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
     m->cfg = *cfg;
     if (!m->cfg.vocab_padded)
         m->cfg.vocab_padded = (cfg->vocab + 127) / 128 * 128;
-    m->be = be;
     m->max_B = max_B;
     m->tp = 1;
     loom_status st = LOOM_OK;
@@ -382,22 +402,42 @@ loom_status loom_gpt_create(const loom_gpt_config *cfg, loom_backend *be, int ma
         m->tp = lay.parts;
         m->tp_rank = lay.index;
         m->sp = lay.sequence_parallel && lay.parts > 1;
+    } else if (plan_tp > 0) {
+        m->tp = plan_tp;
+        m->sp = plan_sp && plan_tp > 1;
     }
     m->Cl = cfg->dim / m->tp;
     m->NHl = cfg->heads / m->tp;
     m->Fl = 4 * cfg->dim / m->tp;
     m->Vl = m->cfg.vocab_padded / m->tp;
     m->v0 = m->tp_rank * m->Vl;
-    if (be->ops->set_deterministic)
-        be->ops->set_deterministic(be->self, m->canonical);
+    if (m->be && m->be->ops->set_deterministic)
+        m->be->ops->set_deterministic(m->be->self, m->canonical);
     m->p.layer = calloc((size_t)cfg->layers, sizeof(layer_params));
     m->g.layer = calloc((size_t)cfg->layers, sizeof(layer_params));
     m->acts = calloc((size_t)cfg->layers, sizeof(layer_acts));
+    if (st == LOOM_OK && cfg->moe.experts && !(m->ent0 = calloc((size_t)cfg->layers + 1, sizeof(int))))
+        st = loom_fail(LOOM_ERR_NOMEM, "out of memory");
     if (st == LOOM_OK)
         st = check_split(m);
     if (st == LOOM_OK)
         st = (m->p.layer && m->g.layer && m->acts && m->own) ? build_table(m)
                                                    : loom_fail(LOOM_ERR_NOMEM, "out of memory");
+    return st;
+}
+
+loom_status loom_gpt_create(const loom_gpt_config *cfg, loom_backend *be, int max_B, uint64_t seed,
+                            const loom_gpt_parallel *par, loom_gpt **out)
+{
+    *out = NULL;
+    LOOM_TRY(loom_gpt_config_check(cfg));
+    if (max_B < 1)
+        LOOM_FAIL(LOOM_ERR_INVALID, "micro-batch size must be at least 1, got %d", max_B);
+    loom_gpt *m = calloc(1, sizeof *m);
+    if (!m)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    m->be = be;
+    loom_status st = gpt_setup(m, cfg, max_B, par, 0, 0);
     if (st == LOOM_OK) {
         size_t bytes = m->table.total * sizeof(float);
         m->params = be->ops->alloc(be->self, bytes);
@@ -411,7 +451,9 @@ loom_status loom_gpt_create(const loom_gpt_config *cfg, loom_backend *be, int ma
             be->ops->copy_to_device(be->self, m->params, host, bytes);
             bind_params(m, m->params, &m->p);
             bind_params(m, m->grads, &m->g);
-            st = alloc_activations(m);
+            st = gpt_moe_create(m, seed);
+            if (st == LOOM_OK)
+                st = alloc_activations(m);
         }
         free(host);
     }
@@ -432,8 +474,11 @@ void loom_gpt_destroy(loom_gpt *m)
     ops->free(m->be->self, m->grads);
     ops->free(m->be->self, m->cparams);
     ops->free(m->be->self, m->act_mem);
+    gpt_moe_destroy(m);
+    free(m->ent0);
     free(m->host_losses);
     free(m->row_gather);
+    gpt_distill_free(m);
     free(m->p.layer);
     free(m->g.layer);
     free(m->acts);
@@ -443,12 +488,43 @@ void loom_gpt_destroy(loom_gpt *m)
     free(m);
 }
 
+loom_status loom_gpt_footprint(const loom_gpt_config *cfg, int max_B, const loom_gpt_parallel *par,
+                               int tp, int sequence_parallel, loom_gpt_footprint_bytes *out)
+{
+    memset(out, 0, sizeof *out);
+    LOOM_TRY(loom_gpt_config_check(cfg));
+    if (max_B < 1 || tp < 1)
+        LOOM_FAIL(LOOM_ERR_INVALID, "footprint: micro-batch %d and tp %d must be at least 1", max_B, tp);
+    if (par && par->tp_ops)
+        LOOM_FAIL(LOOM_ERR_INVALID, "footprint: give tp as a number, not a strategy");
+    loom_gpt *m = calloc(1, sizeof *m);
+    if (!m)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    loom_status st = gpt_setup(m, cfg, max_B, par, tp, sequence_parallel);
+    if (st == LOOM_OK) {
+        size_activations(m);
+        out->param_floats = m->table.total;
+        out->activations = m->act_bytes;
+        out->host = ((size_t)max_B * (size_t)cfg->ctx + (size_t)m->cfg.vocab_padded) * sizeof(float);
+        out->slot = m->slot_bytes;
+        out->shared = m->shared_bytes;
+    }
+    free(m->p.layer);
+    free(m->g.layer);
+    free(m->acts);
+    free(m->own);
+    free(m->rc);
+    loom_params_free(&m->table);
+    free(m);
+    return st;
+}
+
 const loom_gpt_config *loom_gpt_get_config(const loom_gpt *m) { return &m->cfg; }
 const loom_param_table *loom_gpt_params(const loom_gpt *m) { return &m->table; }
 float *loom_gpt_param_data(loom_gpt *m) { return m->params; }
 float *loom_gpt_grad_data(loom_gpt *m) { return m->grads; }
 const float *loom_gpt_logits(const loom_gpt *m) { return m->logits; }
-size_t loom_gpt_activation_bytes(const loom_gpt *m) { return m->act_bytes; }
+size_t loom_gpt_activation_bytes(const loom_gpt *m) { return m->act_bytes + gpt_moe_bytes(m); }
 
 size_t loom_gpt_num_params(const loom_gpt *m)
 {
@@ -479,6 +555,10 @@ loom_status loom_gpt_set_precision(loom_gpt *m, loom_dtype param, loom_dtype act
         (k->size <= offsetof(loom_backend_ops, round_to) || !k->round_to))
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "this backend has no round_to: it cannot store bf16 or "
                   "f16 values (use precision = \"fp32\")");
+    if (m->moe && (param != LOOM_DTYPE_F32 || act != LOOM_DTYPE_F32))
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "%s weights or activations with mixture-of-experts blocks "
+                  "are not built yet (the expert layers do not round); use precision = \"fp32\" "
+                  "with moe", loom_dtype_name(param != LOOM_DTYPE_F32 ? param : act));
     m->act_dt = act;
     m->param_dt = param;
     if (param != LOOM_DTYPE_F32 && !m->cparams) {
@@ -537,6 +617,11 @@ loom_status gpt_block_forward(loom_gpt *m, int l, const float *residual, int B, 
     k->layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, 1,
                          (int)Rl, C);
     gpt_round(m, a->ln2, Rl * C);
+    if (m->moe && gpt_moe_block(&m->cfg, l)) { /* experts behind a router (moe.h; tp = 1) */
+        LOOM_TRY(gpt_moe_forward(m, l, m->ent0[l] + 8, a->ln2_full, m->summed, R));
+        k->residual_forward(a->res3, a->res2, m->summed, Rl * C);
+        return LOOM_OK;
+    }
     LOOM_TRY(F_ENTER(LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R, C));
     k->matmul_forward(a->fch, a->ln2_full, w->fcw, w->fcb, B, T, C, Fl);
     gpt_round(m, a->fch, R * Fl);
@@ -564,6 +649,10 @@ loom_status gpt_block_backward(loom_gpt *m, int l, const float *residual, rep_pa
     if (m->rc[l] == RC_FULL) /* the same forward again, into the scratch set (its res3 too:
                               * the same bits over the kept ones) */
         LOOM_TRY(gpt_block_forward(m, l, residual, B, T, Rl));
+    if (m->moe && gpt_moe_block(&m->cfg, l)) { /* res3 = res2 + moe(ln2(res2)) (moe.h) */
+        LOOM_TRY(gpt_moe_backward(m, l, m->ent0[l] + 8, m->dres, m->dsummed, R));
+        goto mlp_done;
+    }
     /* MLP branch: res3 = res2 + g(proj(gelu(fc(f(ln2(res2)))))) + bias */
     rep_args pb = {.dout = m->dres};
     gpt_replicated_grads(m, pk, 1, &pb, NULL, g->fcprojb, Rl);
@@ -578,6 +667,7 @@ loom_status gpt_block_backward(loom_gpt *m, int l, const float *residual, rep_pa
     LOOM_TRY(gpt_regather(m, LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R));
     LOOM_TRY(gpt_column_parallel_backward(m, LOOM_REGION_MLP, l, g->fcw, g->fcb, m->dbuf_4b,
                                       a->ln2_full, w->fcw, B, T, Fl, 1));
+mlp_done:;
     rep_args ln2 = {m->dtmp, m->dsummed, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd};
     gpt_replicated_grads(m, pk, 0, &ln2, g->ln2w, g->ln2b, Rl);
     k->accumulate(m->dres, m->dtmp, Rl * C);
@@ -642,6 +732,7 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
     k->position_forward(m->encoded, m->p.wpe, row0, Rl, T, C);
     gpt_round(m, m->encoded, Rl * C);
     const float *residual = m->encoded;
+    gpt_moe_begin(m, dloss);
     for (int l = 0; l < m->cfg.layers; l++) {
         LOOM_TRY(use(m, 1 + l, 1));
         LOOM_TRY(gpt_block_forward(m, l, residual, B, T, Rl));
@@ -660,7 +751,12 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
     m->have_dlogits = 0;
     m->cache_len = B == 1 && !m->sp ? T : 0; /* the rows gpt_decode.c continues from */
     if (targets) {
+        int distill = m->kd_teacher && dloss != 0.0f; /* gpt_distill.h: training only */
+        if (distill)
+            gpt_distill_before(m, R, dloss);
         LOOM_TRY(gpt_vocab_cross_entropy(m, (int)R, dloss));
+        if (distill)
+            gpt_distill_after(m, R);
         m->have_dlogits = dloss != 0.0f;
         k->copy_to_host(bs, m->host_losses, m->losses, R * sizeof(float));
         double sum = 0.0;
@@ -705,7 +801,9 @@ loom_status loom_gpt_backward(loom_gpt *m)
         LOOM_TRY(gpt_block_backward(m, l, residual, &pk, B, T, Rl));
         LOOM_TRY(gpt_rep_flush(m, &pk));
         LOOM_TRY(use(m, 1 + l, 0));
-        LOOM_TRY(entries_ready(m, 2 + 12 * l, 2 + 12 * l + 11));
+        int first, last;
+        loom_gpt_unit_entries(m, 1 + l, &first, &last);
+        LOOM_TRY(entries_ready(m, first, last));
     }
     /* Embedding: every rank needs the gradient of all rows for its vocabulary slice; the
      * position gradient is then computed the same way on every rank. */

@@ -14,11 +14,24 @@
 #include "loom/plugin/strategy.h"
 #include "params.h"
 
+/* A mixture-of-experts MLP (moe.h): experts = 0 for none (the dense GPT-2). */
+typedef struct loom_moe_config {
+    int experts;             /* E: GPT-2 MLPs (fc, gelu, proj) behind a linear router */
+    int top_k;               /* k <= E experts per token */
+    int every;               /* blocks l with (l + 1) % every == 0 are MoE blocks */
+    double capacity_factor;  /* c: each expert takes ceil(k * tokens / E * c); 0: dropless */
+    double aux_loss;         /* alpha of the Switch load-balancing loss */
+    double z_loss;           /* beta of the router z-loss */
+    int noisy;               /* router "noisy_topk": N(0, noise_std) on the router logits */
+    double noise_std;        /* (training forwards only; 0: 1.0) */
+} loom_moe_config;
+
 typedef struct loom_gpt_config {
     int vocab;         /* true vocabulary size V */
     int vocab_padded;  /* Vp >= V; 0 means "round V up to a multiple of 128" */
     int ctx;           /* maximum sequence length (wpe rows) */
     int layers, heads, dim;
+    loom_moe_config moe;
 } loom_gpt_config;
 
 typedef struct loom_gpt loom_gpt;
@@ -125,12 +138,40 @@ int loom_gpt_cached_rows(const loom_gpt *m);
 loom_status loom_gpt_decode(loom_gpt *m, int token, int t);
 /* Bytes of the activation and backward scratch buffers (sized for max_B x ctx). */
 size_t loom_gpt_activation_bytes(const loom_gpt *m);
+/* What loom_gpt_create would allocate for (cfg, max_B, par) on one rank of a tp group of
+ * `tp` (par->tp_ops must be NULL: the slices are the tp plugin's), computed by the same
+ * table and layout code without allocating the buffers (loom plan: docs/PLAN.md). */
+typedef struct loom_gpt_footprint_bytes {
+    size_t param_floats; /* this rank's parameter table (params and grads: 4 bytes each) */
+    size_t activations;  /* = loom_gpt_activation_bytes of that model */
+    size_t slot, shared; /* one activation set; the recomputation scratch set */
+    size_t host;         /* the host loss and logits-row buffers */
+} loom_gpt_footprint_bytes;
+loom_status loom_gpt_footprint(const loom_gpt_config *cfg, int max_B, const loom_gpt_parallel *par,
+                               int tp, int sequence_parallel, loom_gpt_footprint_bytes *out);
 /* Milliseconds spent inside tensor-parallel exchanges since the last call. */
 double loom_gpt_take_comm_ms(loom_gpt *m);
 /* B*T of a forward must be a multiple of this (tp under sequence parallelism, else 1). */
 int loom_gpt_row_multiple(const loom_gpt *m);
 void loom_gpt_zero_grad(loom_gpt *m);
 
+/* Mixture of experts (moe.h). The noisy router's noise for the next forward is keyed by
+ * (seed, block, key * B*T + row, expert): the caller passes the micro-batch's global index
+ * (step x micro-batches per step + its index), so a token's noise never depends on the
+ * rank that computes it. */
+void loom_gpt_set_moe_key(loom_gpt *m, uint64_t key);
+typedef struct loom_moe_stats {
+    int layers, experts;   /* MoE blocks, experts per block (0, 0: a dense model) */
+    const double *load;    /* [layers x experts] tokens each expert computed (kept) */
+    double assigned;       /* token choices made (k per token per MoE block) */
+    double dropped;        /* of which dropped by capacity */
+    double aux, z;         /* per training forward, summed over MoE blocks: the aux loss
+                            * alpha E sum f P and the z-loss beta mean lse^2, as added */
+    int forwards;          /* training forwards counted */
+} loom_moe_stats;
+/* What the training forwards since the last reset routed (this rank's tokens); aux and z
+ * are means over those forwards. reset: start counting again. */
+void loom_gpt_moe_stats(loom_gpt *m, loom_moe_stats *out, int reset);
 /* Mixed precision (the precision plugin's dtypes; session.c sets them once, after create).
  * param != F32: forward and backward read a compute copy of the weights, each value the
  * fp32 parameter (the master copy, what optimizers, checkpoints and ZeRO see) rounded to

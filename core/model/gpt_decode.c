@@ -20,6 +20,8 @@
 
 int loom_gpt_can_decode(const loom_gpt *m)
 {
+    if (m->moe)
+        return 0; /* routing and capacity see the whole window: recompute it */
     for (int l = 0; l < m->cfg.layers; l++)
         if (m->rc[l] == RC_FULL)
             return 0; /* its q, k, v are in the scratch set every block shares: no cache */

@@ -95,9 +95,26 @@ struct loom_gpt {
     void *grad_ready_ctx;
     loom_param_use_fn param_use;       /* ZeRO-3's gather and release, or NULL */
     void *param_use_ctx;
+    /* distillation (gpt_distill.h): the teacher's logits for the next training forward */
+    const float *kd_teacher;
+    size_t kd_stride;
+    float kd_T, kd_alpha;
+    float *kd_grad;                    /* (R,Vl) host: alpha dloss d kd / d z_s */
+    double *kd_loss;                   /* (R) host */
+    /* Mixture of experts (moe.h): NULL for a dense model; then block l's table entries are
+     * 2 + 12 l .. +11, else ent0[l] .. ent0[l + 1] - 1 (an MoE block has 9 + 4 E). */
+    struct gpt_moe *moe;
+    int *ent0;                         /* [layers + 1], with moe */
 };
 
+/* gpt_distill.c: around the training forward's cross-entropy when a teacher is set. */
+void gpt_distill_before(loom_gpt *m, size_t R, float dloss);
+void gpt_distill_after(loom_gpt *m, size_t R);
+void gpt_distill_free(loom_gpt *m);
+
 enum { RC_KEEP, RC_FULL, RC_SELECTIVE };
+
+typedef struct gpt_moe gpt_moe; /* moe.c's state: the mixture-of-experts blocks */
 
 /* An activation just written, rounded to what a store in the activation dtype keeps
  * (gpt.h: loom_gpt_set_precision); nothing in fp32. */

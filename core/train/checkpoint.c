@@ -35,6 +35,7 @@
 #include "io/json.h"
 #include "io/safetensors.h"
 #include "base/status.h"
+#include "compress.h"
 #include "zero_ckpt.h"
 
 #define LATEST_FILE "latest"
@@ -332,8 +333,16 @@ static loom_status write_manifest(const loom_ckpt_source *src, const char *path,
     loom_json_write_string(&b, src->optim_name);
     loom_strbuf_printf(&b, ", \"slots\": %u},\n", src->slots);
     loom_strbuf_printf(&b, "  \"model\": {\"vocab\": %d, \"vocab_padded\": %d, \"ctx\": %d, "
-                       "\"layers\": %d, \"heads\": %d, \"dim\": %d},\n", mc->vocab,
+                       "\"layers\": %d, \"heads\": %d, \"dim\": %d", mc->vocab,
                        mc->vocab_padded, mc->ctx, mc->layers, mc->heads, mc->dim);
+    const loom_moe_config *mo = &mc->moe;
+    if (mo->experts) /* what rebuilds the model from the manifest (loom sample) needs */
+        loom_strbuf_printf(&b, ", \"moe\": {\"experts\": %d, \"top_k\": %d, \"every\": %d, "
+                           "\"capacity_factor\": %.17g, \"aux_loss\": %.17g, \"z_loss\": %.17g, "
+                           "\"router\": \"%s\", \"noise_std\": %.17g}", mo->experts, mo->top_k,
+                           mo->every, mo->capacity_factor, mo->aux_loss, mo->z_loss,
+                           mo->noisy ? "noisy_topk" : "topk", mo->noise_std);
+    loom_strbuf_puts(&b, "},\n");
     loom_strbuf_printf(&b, "  \"layout\": {\"tp\": %d", tp);
     if (pp > 1) { /* the loader remaps by name; the split is for people and tools */
         loom_strbuf_printf(&b, ", \"pp\": %d, \"pp_layers\": [", pp);
@@ -344,6 +353,11 @@ static loom_status write_manifest(const loom_ckpt_source *src, const char *path,
     if (src->zero_stage > 0) /* informational: the files are the same as without ZeRO */
         loom_strbuf_printf(&b, ", \"zero\": %d, \"dp\": %d", src->zero_stage, src->zero_dp);
     loom_strbuf_puts(&b, "},\n");
+    if (src->residual) {
+        loom_strbuf_puts(&b, "  \"compress\": {\"method\": ");
+        loom_json_write_string(&b, src->compress_method);
+        loom_strbuf_printf(&b, ", \"dp\": %u},\n", src->residual_slots);
+    }
     if (x->data_kind[0]) {
         loom_strbuf_puts(&b, "  \"data\": {\"kind\": ");
         loom_json_write_string(&b, x->data_kind);
@@ -380,9 +394,10 @@ static loom_status write_manifest(const loom_ckpt_source *src, const char *path,
     return st;
 }
 
-/* This rank's two tensor files (part `part` of a tp x pp layout) into tmp. */
+/* This rank's tensor files (part `part` of a tp x pp layout) into tmp: model, optim and,
+ * with gradient compression, residual. */
 static loom_status write_part(const loom_ckpt_source *src, const char *tmp, int part, int tp,
-                              int pp, file_sum files[2])
+                              int pp, file_sum files[3])
 {
     char path[PATH_MAX];
     const char *skip = pp > 1 ? src->skip : NULL;
@@ -392,8 +407,15 @@ static loom_status write_part(const loom_ckpt_source *src, const char *tmp, int 
     LOOM_TRY(write_tensors(path, src->table, src->params, 0, 0, NULL, skip, &files[0].bytes,
                            &files[0].sum, &files[0].head));
     LOOM_TRY(join(path, sizeof path, tmp, files[1].name));
-    return write_tensors(path, src->table, src->state, src->slots, 1, src->optim_name, skip,
-                         &files[1].bytes, &files[1].sum, &files[1].head);
+    LOOM_TRY(write_tensors(path, src->table, src->state, src->slots, 1, src->optim_name, skip,
+                           &files[1].bytes, &files[1].sum, &files[1].head));
+    if (!src->residual)
+        return LOOM_OK;
+    loom_ckpt_file_name(files[2].name, sizeof files[2].name, "residual", part, tp, pp);
+    LOOM_TRY(join(path, sizeof path, tmp, files[2].name));
+    return write_tensors(path, src->table, src->residual, src->residual_slots, 1,
+                         src->compress_method, skip, &files[2].bytes, &files[2].sum,
+                         &files[2].head);
 }
 
 /* Put tmp in place as final; an existing final is swapped out and deleted. */
@@ -515,7 +537,7 @@ static void remove_stale(const char *dir)
     closedir(d);
 }
 
-static void apply_retention(const char *dir, int keep)
+static void apply_retention(const char *dir, int keep, const char *protect)
 {
     remove_stale(dir);
     if (keep <= 0)
@@ -530,7 +552,7 @@ static void apply_retention(const char *dir, int keep)
         /* renamed out of the step_* names first: a crash while deleting leaves a .tmp-
          * entry for the next save to remove, never a half-deleted step_* */
         snprintf(gone_name, sizeof gone_name, ".tmp-del-%s.%ld", list[i].name, (long)getpid());
-        if (strcmp(list[i].name, latest) != 0 && join(path, sizeof path, dir, list[i].name) == LOOM_OK &&
+        if (strcmp(list[i].name, latest) != 0 && strcmp(list[i].name, protect) != 0 && join(path, sizeof path, dir, list[i].name) == LOOM_OK &&
             join(gone, sizeof gone, dir, gone_name) == LOOM_OK && rename(path, gone) == 0)
             remove_flat(gone);
     }
@@ -566,7 +588,7 @@ typedef struct hello { int32_t ok, pad; int64_t pid; } hello;
 /* What every writer tells tp rank 0 after writing its files. */
 typedef struct report {
     int32_t status, pad;
-    file_sum files[2];
+    file_sum files[3];
     char msg[400];
 } report;
 
@@ -594,17 +616,18 @@ static loom_status finish(const loom_ckpt_source *src, const char *dir, const ch
                           const report *all, int tp, int pp)
 {
     char path[PATH_MAX];
-    int parts = tp * pp;
-    file_sum *files = calloc((size_t)2 * parts, sizeof *files);
+    int parts = tp * pp, kinds = src->residual ? 3 : 2;
+    static const char *const kind_name[3] = {"model", "optim", "residual"};
+    file_sum *files = calloc((size_t)kinds * parts, sizeof *files);
     if (!files)
         return loom_fail(LOOM_ERR_NOMEM, "out of memory saving '%s'", final);
     loom_status st = LOOM_OK;
     for (int r = 0; r < parts && st == LOOM_OK; r++)
-        for (int k = 0; k < 2 && st == LOOM_OK; k++) {
+        for (int k = 0; k < kinds && st == LOOM_OK; k++) {
             file_sum f = all[r].files[k];
             f.name[sizeof f.name - 1] = '\0';
             char want[64], who[48];
-            loom_ckpt_file_name(want, sizeof want, k ? "optim" : "model", r, tp, pp);
+            loom_ckpt_file_name(want, sizeof want, kind_name[k], r, tp, pp);
             writer_name(who, sizeof who, r, tp, pp);
             struct stat sb;
             if (strcmp(f.name, want) != 0)
@@ -616,20 +639,19 @@ static loom_status finish(const loom_ckpt_source *src, const char *dir, const ch
                 st = loom_fail(LOOM_ERR_IO, "checkpoint '%s': %s wrote %" PRIu64 " bytes but this "
                                "rank sees %s (is the directory on a file system all ranks "
                                "share?)", path, who, f.bytes, "another size or no file");
-            files[r * 2 + k] = f;
+            files[r * kinds + k] = f;
         }
-    /* manifest order: model files, then optim files */
-    file_sum *ordered = st == LOOM_OK ? calloc((size_t)2 * parts, sizeof *ordered) : NULL;
+    /* manifest order: model files, then optim files (then residual files) */
+    file_sum *ordered = st == LOOM_OK ? calloc((size_t)kinds * parts, sizeof *ordered) : NULL;
     if (st == LOOM_OK && !ordered)
         st = loom_fail(LOOM_ERR_NOMEM, "out of memory saving '%s'", final);
-    for (int r = 0; st == LOOM_OK && r < parts; r++) {
-        ordered[r] = files[r * 2];
-        ordered[parts + r] = files[r * 2 + 1];
-    }
+    for (int r = 0; st == LOOM_OK && r < parts; r++)
+        for (int k = 0; k < kinds; k++)
+            ordered[k * parts + r] = files[r * kinds + k];
     if (st == LOOM_OK)
         st = join(path, sizeof path, tmp, LOOM_CKPT_MANIFEST_FILE);
     if (st == LOOM_OK)
-        st = write_manifest(src, path, x, config, config_len, ordered, 2 * parts, tp, pp);
+        st = write_manifest(src, path, x, config, config_len, ordered, kinds * parts, tp, pp);
     free(ordered);
     free(files);
     if (st == LOOM_OK)
@@ -643,7 +665,7 @@ static loom_status finish(const loom_ckpt_source *src, const char *dir, const ch
         return loom_fail(st, "%s", msg);
     }
     LOOM_TRY(write_latest(dir, name));
-    apply_retention(dir, x->keep);
+    apply_retention(dir, x->keep, x->protect);
     return LOOM_OK;
 }
 
@@ -792,6 +814,38 @@ static loom_status host_group(loom_group which, loom_ckpt_group *out)
     return LOOM_OK;
 }
 
+/* Every dp rank's compression residual (collective over dp), laid out slot-major per
+ * entry with slot k = dp rank k, as write_tensors takes optimizer state. */
+static loom_status gather_residuals(loom_compress *c, const loom_ckpt_group *dp,
+                                    const loom_param_table *t, float **out)
+{
+    size_t total;
+    const float *mine = loom_compress_residual(c, &total);
+    size_t n = (size_t)dp->size;
+    float *all = malloc(n * total * sizeof(float)), *slots = calloc(n * total, sizeof(float));
+    loom_status st = all && slots ? g_allgather(dp, mine, all, total * sizeof(float))
+                                  : loom_fail(LOOM_ERR_NOMEM, "checkpoint: out of memory for the "
+                                              "compression residuals (%zu MiB)",
+                                              n * total * sizeof(float) >> 20);
+    for (int i = 0; st == LOOM_OK && i < t->count; i++) {
+        const loom_param_entry *e = &t->entries[i];
+        for (size_t k = 0; k < n; k++)
+            memcpy(slots + n * e->offset + k * e->numel, all + k * total + e->offset,
+                   e->numel * sizeof(float));
+    }
+    free(all);
+    if (st != LOOM_OK) {
+        free(slots);
+        return st;
+    }
+    *out = slots;
+    return LOOM_OK;
+}
+
+static loom_status save_zero(loom_session *s, loom_ckpt_source *srcp, const loom_ckpt_groups *gp,
+                             const char *dir, const loom_checkpoint_extra *x, char *out_path,
+                             size_t len);
+
 loom_status loom_checkpoint_save(loom_session *s, const char *dir, const loom_checkpoint_extra *x,
                                  char *out_path, size_t len)
 {
@@ -818,6 +872,25 @@ loom_status loom_checkpoint_save(loom_session *s, const char *dir, const loom_ch
         if (g.pp.rank == g.pp.size - 1)
             src.skip = "wte";
     }
+    float *residual = NULL;
+    loom_compress *c = loom_session_compress(s);
+    if (c)
+        LOOM_TRY(gather_residuals(c, &g.dp, src.table, &residual));
+    src.residual = residual;
+    src.residual_slots = (uint32_t)g.dp.size;
+    src.compress_method = c ? loom_compress_method_name(loom_compress_method_in_use(c)) : NULL;
+    loom_status st = save_zero(s, &src, &g, dir, x, out_path, len);
+    free(residual);
+    return st;
+}
+
+/* The rest of loom_checkpoint_save: ZeRO's partitions assembled first. */
+static loom_status save_zero(loom_session *s, loom_ckpt_source *srcp, const loom_ckpt_groups *gp,
+                             const char *dir, const loom_checkpoint_extra *x, char *out_path,
+                             size_t len)
+{
+    loom_ckpt_source src = *srcp;
+    const loom_ckpt_groups g = *gp;
     loom_zero *z = loom_session_zero(s);
     if (!z)
         return loom_ckpt_save_source(&src, &g, dir, x, out_path, len);

@@ -17,6 +17,10 @@
  *                      __metadata__ also has "loom.tiles": the XXH64 of every tile of
  *                      every tensor (loom_ckpt_tiling below), 16 hex digits each.
  *   optim*.safetensors slot k of parameter X as "X.state<k>" (X's held shape), same metadata
+ *   residual*.safetensors  with gradient compression only (compress.h): every dp rank's
+ *                      error-feedback residual, dp rank k's of parameter X as "X.state<k>",
+ *                      one file per tp x pp part as above; the manifest then has
+ *                      "compress": {"method": M, "dp": N}, and a resume needs the same dp
  *   manifest.json      format "loom-checkpoint", version 1, loom version, step, steps_taken,
  *                      precision state, optimizer {name, slots}, model config, layout
  *                      {tp: N} (under pp also pp: P and pp_layers: the blocks of each
@@ -92,6 +96,8 @@ typedef struct loom_checkpoint_extra {
     uint64_t data_state[LOOM_DATA_STATE_MAX];
     int n_data_state;
     int keep;                 /* save: keep the newest `keep` checkpoints (0: keep all) */
+    char protect[64];         /* save: a step_* name retention never deletes ("": none) — the
+                               * last good checkpoint before a run of skipped steps */
 } loom_checkpoint_extra;
 
 /* Save s into dir/step_%08lld (dir is created if missing), point dir/latest at it, apply
@@ -207,6 +213,13 @@ typedef struct loom_ckpt_source {
     /* ZeRO (0: none): the stage and dp size the run saved under, for the manifest; the
      * state above is then the whole state, assembled from the partitions */
     int zero_stage, zero_dp;
+    /* gradient compression (compress.h; NULL: none): every dp rank's error-feedback
+     * residual, slot k = dp rank k, laid out as the state above (slot-major per entry),
+     * written as residual*.safetensors ("X.state<k>") and named in the manifest's
+     * "compress": {"method", "dp"} */
+    const float *residual;
+    uint32_t residual_slots;
+    const char *compress_method;
 } loom_ckpt_source;
 
 /* loom_checkpoint_save with the source and the groups given (the session version takes

@@ -40,6 +40,7 @@
 #include "model/gpt_stage.h"
 #include "io/safetensors.h"
 #include "base/status.h"
+#include "compress.h"
 #include "zero_ckpt.h"
 
 #define MAX_MANIFEST ((size_t)64 << 20)
@@ -316,6 +317,14 @@ static loom_status read_layout(const char *mpath, const loom_json *root, int *tp
     return LOOM_OK;
 }
 
+/* The kinds of tensor file a checkpoint has: model, optim, and with gradient compression
+ * (a "compress" object in the manifest) residual. */
+static const char *const kind_name[3] = {"model", "optim", "residual"};
+static int file_kinds(const loom_json *root)
+{
+    return loom_json_get_type(root, "compress", LOOM_JSON_OBJECT) ? 3 : 2;
+}
+
 int loom_ckpt_is_complete(const char *ckpt_dir)
 {
     loom_json_doc *doc;
@@ -324,10 +333,11 @@ int loom_ckpt_is_complete(const char *ckpt_dir)
     if (loom_ckpt_manifest_open(ckpt_dir, &doc, &text) != LOOM_OK)
         return 0;
     int ok = read_layout(ckpt_dir, loom_json_root(doc), &tp, &pp) == LOOM_OK, parts = tp * pp;
-    for (int i = 0; i < 2 * parts && ok; i++) {
+    int kinds = file_kinds(loom_json_root(doc));
+    for (int i = 0; i < kinds * parts && ok; i++) {
         uint64_t bytes, sum;
         struct stat sb;
-        loom_ckpt_file_name(name, sizeof name, i < parts ? "model" : "optim", i % parts, tp, pp);
+        loom_ckpt_file_name(name, sizeof name, kind_name[i / parts], i % parts, tp, pp);
         snprintf(path, sizeof path, "%s/%s", ckpt_dir, name);
         ok = file_record(path, loom_json_root(doc), name, &bytes, &sum) == LOOM_OK &&
              stat(path, &sb) == 0 && S_ISREG(sb.st_mode) && (uint64_t)sb.st_size == bytes;
@@ -381,20 +391,23 @@ typedef struct elsewhere {
     const void *ctx;
 } elsewhere;
 
+static void tfile_free(tfile *tf)
+{
+    loom_safetensors_free(tf->f);
+    if (tf->mapped)
+        munmap(tf->bytes, tf->size ? tf->size : 1);
+    else
+        free(tf->bytes);
+    if (tf->fd >= 0)
+        close(tf->fd);
+    free(tf->need);
+    free(tf->tile_base);
+}
+
 static void tensors_free(tensor_set *ts)
 {
-    for (int i = 0; ts->files && i < 2 * ts->parts; i++) {
-        tfile *tf = &ts->files[i];
-        loom_safetensors_free(tf->f);
-        if (tf->mapped)
-            munmap(tf->bytes, tf->size ? tf->size : 1);
-        else
-            free(tf->bytes);
-        if (tf->fd >= 0)
-            close(tf->fd);
-        free(tf->need);
-        free(tf->tile_base);
-    }
+    for (int i = 0; ts->files && i < 2 * ts->parts; i++)
+        tfile_free(&ts->files[i]);
     free(ts->files);
     free(ts->model.p);
     free(ts->optim.p);
@@ -856,7 +869,8 @@ static loom_status tensors_open(const char *dir, const char *mpath, const loom_j
     for (int i = 0; i < 2 * parts; i++)
         ts->files[i].fd = -1;
     char name[64];
-    for (int i = 0; i < 2 * parts; i++) {
+    /* no optimizer slots (sgd, or a frozen model's parameters only): no optim file read */
+    for (int i = 0; i < (slots ? 2 : 1) * parts; i++) {
         loom_ckpt_file_name(name, sizeof name, i < parts ? "model" : "optim", i % parts, tp, pp);
         if ((size_t)snprintf(ts->files[i].path, sizeof ts->files[i].path, "%s/%s", dir, name) >=
             sizeof ts->files[i].path)
@@ -864,7 +878,8 @@ static loom_status tensors_open(const char *dir, const char *mpath, const loom_j
         LOOM_TRY(read_tensors(mpath, root, name, &ts->files[i]));
     }
     LOOM_TRY(make_plan(ts->files, parts, t, 1, 0, ew, &ts->model));
-    LOOM_TRY(make_plan(ts->files + parts, parts, t, slots, 1, ew, &ts->optim));
+    if (slots)
+        LOOM_TRY(make_plan(ts->files + parts, parts, t, slots, 1, ew, &ts->optim));
     mark_plan(&ts->model, ts->files, t, 1);
     if (slots)
         mark_plan(&ts->optim, ts->files + parts, t, slots);
@@ -941,11 +956,12 @@ loom_status loom_ckpt_verify(const char *ckpt_dir, uint64_t *bytes)
     loom_status st = loom_ckpt_manifest_open(ckpt_dir, &doc, &text);
     if (st == LOOM_OK)
         st = read_layout(mpath, loom_json_root(doc), &tp, &pp);
-    for (int i = 0; st == LOOM_OK && i < 2 * tp * pp; i++) {
+    int kinds = st == LOOM_OK ? file_kinds(loom_json_root(doc)) : 2;
+    for (int i = 0; st == LOOM_OK && i < kinds * tp * pp; i++) {
         tfile tf;
         memset(&tf, 0, sizeof tf);
         tf.fd = -1;
-        loom_ckpt_file_name(name, sizeof name, i < tp * pp ? "model" : "optim", i % (tp * pp), tp, pp);
+        loom_ckpt_file_name(name, sizeof name, kind_name[i / (tp * pp)], i % (tp * pp), tp, pp);
         if ((size_t)snprintf(tf.path, sizeof tf.path, "%s/%s", ckpt_dir, name) >= sizeof tf.path)
             st = loom_fail(LOOM_ERR_INVALID, "checkpoint path '%s' is too long", ckpt_dir);
         else
@@ -976,6 +992,7 @@ typedef struct loaded {
     float *zero_full;          /* ZeRO: the whole optimizer state, before the partitions */
     loom_zero_piece *zero_pieces;
     size_t n_zero_pieces;
+    float *residual;           /* compression: every dp rank's residual, slot-major per entry */
 } loaded;
 
 static void loaded_free(loaded *ld)
@@ -986,6 +1003,7 @@ static void loaded_free(loaded *ld)
     free(ld->config);
     free(ld->zero_full);
     free(ld->zero_pieces);
+    free(ld->residual);
 }
 
 static loom_status check_int(const loaded *ld, const loom_json *obj, const char *group,
@@ -1092,6 +1110,67 @@ static int held_elsewhere(const void *m, const char *name)
     return loom_gpt_held_elsewhere(m, name);
 }
 
+/* Gradient compression's residuals (checkpoint.h "residual*"): read when both the
+ * checkpoint and this run compress; a checkpoint without them starts the residual at zero
+ * (compression turned on at resume), one whose dp or method differs is refused. */
+static loom_status read_residuals(loaded *ld, const loom_json *root, loom_session *s,
+                                  const elsewhere *ew)
+{
+    loom_compress *c = loom_session_compress(s);
+    const loom_json *cj = loom_json_get_type(root, "compress", LOOM_JSON_OBJECT);
+    if (!c || !cj)
+        return LOOM_OK;
+    const loom_json *mj = loom_json_get_type(cj, "method", LOOM_JSON_STRING);
+    const char *method = loom_compress_method_name(loom_compress_method_in_use(c));
+    int64_t dp = 0;
+    if (!mj || !loom_json_int64(loom_json_get(cj, "dp"), &dp) || dp < 2 || dp > 65536)
+        return bad(ld->mpath, "manifest compress must be {\"method\": M, \"dp\": N >= 2}");
+    size_t total;
+    loom_compress_residual(c, &total);
+    int my_dp = loom_compress_dp_size(c);
+    if (dp != my_dp || strcmp(mj->text, method) != 0)
+        return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s' holds the error-feedback residuals of "
+                         "compress = \"%.20s\" at dp=%lld; this run compresses with \"%s\" at "
+                         "dp=%d, and the residuals are per dp rank: resume at dp=%lld with "
+                         "\"%.20s\"", ld->mpath, mj->text, (long long)dp, method, my_dp,
+                         (long long)dp, mj->text);
+    int tp, pp;
+    LOOM_TRY(read_layout(ld->mpath, root, &tp, &pp));
+    int parts = tp * pp;
+    const loom_param_table *t = loom_gpt_params(loom_session_model(s));
+    tfile *files = calloc((size_t)parts, sizeof *files);
+    plan pl = {NULL, 0};
+    ld->residual = calloc((size_t)dp * total + 1, sizeof(float));
+    loom_status st = files && ld->residual ? LOOM_OK
+                                           : loom_fail(LOOM_ERR_NOMEM, "out of memory reading "
+                                                       "checkpoint '%s'", ld->dir);
+    for (int i = 0; files && i < parts; i++)
+        files[i].fd = -1;
+    char name[64];
+    for (int i = 0; st == LOOM_OK && i < parts; i++) {
+        loom_ckpt_file_name(name, sizeof name, "residual", i, tp, pp);
+        if ((size_t)snprintf(files[i].path, sizeof files[i].path, "%s/%s", ld->dir, name) >=
+            sizeof files[i].path)
+            st = loom_fail(LOOM_ERR_INVALID, "checkpoint path '%s' is too long", ld->dir);
+        else
+            st = read_tensors(ld->mpath, root, name, &files[i]);
+    }
+    if (st == LOOM_OK)
+        st = make_plan(files, parts, t, (uint32_t)dp, 1, ew, &pl);
+    if (st == LOOM_OK)
+        mark_plan(&pl, files, t, (uint32_t)dp);
+    for (int i = 0; st == LOOM_OK && i < parts; i++)
+        if (files[i].mapped)
+            st = fetch_tiles(&files[i]);
+    if (st == LOOM_OK)
+        apply_plan(&pl, files, t, (uint32_t)dp, ld->residual);
+    for (int i = 0; files && i < parts; i++)
+        tfile_free(&files[i]);
+    free(files);
+    free(pl.p);
+    return st;
+}
+
 static loom_status validate(loaded *ld, loom_session *s, const loom_data *data)
 {
     LOOM_TRY(loom_ckpt_manifest_open(ld->dir, &ld->doc, &ld->manifest));
@@ -1104,6 +1183,7 @@ static loom_status validate(loaded *ld, loom_session *s, const loom_data *data)
     const loom_gpt *m = loom_session_model(s);
     elsewhere ew = {held_elsewhere, m};
     LOOM_TRY(tensors_open(ld->dir, ld->mpath, root, loom_gpt_params(m), slots, &ew, &ld->ts));
+    LOOM_TRY(read_residuals(ld, root, s, &ew));
     loom_zero *z = loom_session_zero(s);
     if (!z) /* ZeRO: read whole, then each rank keeps its partition (zero_ckpt.h) */
         return LOOM_OK;
@@ -1125,6 +1205,19 @@ static void copy_in(const loaded *ld, loom_session *s)
     tensors_copy(&ld->ts, loom_gpt_params(m), slots, loom_gpt_param_data(m), z ? ld->zero_full : state);
     if (z)
         loom_zero_ckpt_scatter(z, slots, ld->zero_full, ld->zero_pieces, ld->n_zero_pieces);
+    loom_compress *c = loom_session_compress(s);
+    if (c) { /* this dp rank's slot of the residuals, or zero: none saved */
+        size_t total;
+        float *r = loom_compress_residual(c, &total);
+        const loom_param_table *t = loom_gpt_params(m);
+        uint32_t dp = (uint32_t)loom_compress_dp_size(c), me = (uint32_t)loom_compress_dp_rank(c);
+        memset(r, 0, total * sizeof(float));
+        for (int i = 0; ld->residual && i < t->count; i++) {
+            const loom_param_entry *e = &t->entries[i];
+            memcpy(r + e->offset, ld->residual + (size_t)dp * e->offset + (size_t)me * e->numel,
+                   e->numel * sizeof(float));
+        }
+    }
 }
 
 loom_status loom_checkpoint_load_data(loom_session *s, const char *ckpt_path, loom_data *data,

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "compress.h"
 #include "loom/plugin/comm.h"
 #include "loom/plugin/strategy.h"
 #include "base/plugin_loader.h"
@@ -43,6 +44,8 @@ struct loom_grad_sync {
     tree *ranges;
     int n_ranges, n_parts, part_first[MAX_PARTS + 1];
     loom_grad_reducer reducer; /* .ready NULL: none */
+    loom_compress *compress;   /* the caller's; NULL: none */
+    int compress_on;           /* this step's exchange is compressed */
 };
 
 static loom_status strategy_hook(void *ctx, size_t offset, size_t n)
@@ -211,11 +214,23 @@ static double dtree_finish(tree *t)
 
 /* --- the step ------------------------------------------------------------------------ */
 
+void loom_grad_sync_set_compress(loom_grad_sync *gs, loom_compress *c, int on)
+{
+    gs->compress = c;
+    gs->compress_on = c && on;
+}
+
 loom_status loom_grad_sync_begin_micro(loom_grad_sync *gs, int a)
 {
     if (a == 0) {
         tree_reset(&gs->t);
         gs->local_loss = 0.0;
+    }
+    if (gs->compress_on) { /* accumulate locally; finish exchanges the compressed sum */
+        if (a == 0)
+            loom_gpt_zero_grad(gs->model);
+        loom_gpt_set_grad_hook(gs->model, NULL, NULL);
+        return LOOM_OK;
     }
     if (gs->reducer.ready) { /* every micro-batch reduced as backward runs */
         loom_gpt_set_grad_hook(gs->model, reducer_hook, gs);
@@ -232,6 +247,8 @@ loom_status loom_grad_sync_begin_micro(loom_grad_sync *gs, int a)
 loom_status loom_grad_sync_end_micro(loom_grad_sync *gs, int a, double loss_sum)
 {
     dtree_push(&gs->t, loss_sum);
+    if (gs->compress_on)
+        return LOOM_OK;
     if (gs->reducer.ready)
         return gs->reducer.end(gs->reducer.self);
     if (gs->canonical)
@@ -290,7 +307,7 @@ loom_status loom_grad_sync_end_part(loom_grad_sync *gs, int a, int part, int wit
 loom_status loom_grad_sync_all_ready(loom_grad_sync *gs)
 {
     loom_gpt_set_grad_hook(gs->model, NULL, NULL);
-    return gs->strategy ? strategy_hook(gs, 0, gs->total) : LOOM_OK;
+    return gs->strategy && !gs->compress_on ? strategy_hook(gs, 0, gs->total) : LOOM_OK;
 }
 
 /* An all-gather over the dp group, waited for (the tree that follows needs every block). */
@@ -322,6 +339,8 @@ loom_status loom_grad_sync_finish(loom_grad_sync *gs, double *loss_sum)
     for (int r = 0; r < gs->dp_size; r++)
         dtree_push(&gs->t, gs->loss_blocks[r]);
     *loss_sum = dtree_finish(&gs->t);
+    if (gs->compress_on) /* instead of the all-reduce (or ZeRO's reduce-scatters) */
+        return loom_compress_exchange(gs->compress, grads);
     if (gs->reducer.ready)
         return LOOM_OK; /* each backward's end completed its reductions */
     if (!gs->canonical)

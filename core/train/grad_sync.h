@@ -62,6 +62,12 @@ loom_status loom_grad_sync_end_part(loom_grad_sync *gs, int a, int part, int wit
  * rank, and the global token-loss sum in *loss_sum. */
 loom_status loom_grad_sync_finish(loom_grad_sync *gs, double *loss_sum);
 
+/* Gradient compression (compress.h; fast mode only): c is the caller's, on = 1 makes this
+ * step's micro-batches accumulate locally (no dp buckets, no ZeRO reducer) and finish
+ * exchange the compressed sum instead; call before the step's first micro-batch. */
+struct loom_compress;
+void loom_grad_sync_set_compress(loom_grad_sync *gs, struct loom_compress *c, int on);
+
 /* Hand the whole gradient buffer to the dp strategy at once (the pipeline engine calls
  * no per-entry hooks); before loom_grad_sync_finish. */
 loom_status loom_grad_sync_all_ready(loom_grad_sync *gs);

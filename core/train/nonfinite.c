@@ -12,12 +12,13 @@
 #include "loom/plugin/comm.h"
 #include "base/plugin_loader.h"
 #include "base/clock.h"
+#include "base/stop_signal.h"
 
 #define MAX_INJECT 8
 
 /* One rank's finding, as it travels: plain int32s and the name, no padding. */
 typedef struct finding {
-    int32_t grad_bad, loss_bad, stage, index, rank, pad;
+    int32_t grad_bad, loss_bad, stage, index, rank, stop_signal, spike, pad;
     char param[LOOM_PARAM_NAME_MAX];
 } finding;
 
@@ -190,7 +191,8 @@ static int comes_first(const finding *a, const finding *b)
 }
 
 loom_status loom_nonfinite_agree(loom_nonfinite *nf, const loom_param_table *t, int first_bad,
-                                 int loss_bad, loom_nonfinite_report *out, double *comm_ms)
+                                 int loss_bad, int spike, loom_nonfinite_report *out,
+                                 double *comm_ms)
 {
     finding mine;
     memset(&mine, 0, sizeof mine);
@@ -199,6 +201,8 @@ loom_status loom_nonfinite_agree(loom_nonfinite *nf, const loom_param_table *t, 
     mine.stage = nf->stage;
     mine.index = first_bad;
     mine.rank = nf->rank;
+    mine.stop_signal = loom_stop_signal();
+    mine.spike = spike != 0;
     if (first_bad >= 0 && first_bad < t->count)
         snprintf(mine.param, sizeof mine.param, "%s", t->entries[first_bad].name);
     if (nf->ops) {
@@ -212,14 +216,19 @@ loom_status loom_nonfinite_agree(loom_nonfinite *nf, const loom_param_table *t, 
         nf->all[0] = mine;
     }
     const finding *best = NULL;
+    int stop = 0, any_spike = 0;
     for (int r = 0; r < nf->size; r++) {
         const finding *f = &nf->all[r];
+        stop = f->stop_signal > stop ? f->stop_signal : stop;
+        any_spike |= f->spike;
         if ((f->grad_bad || f->loss_bad) && (!best || comes_first(f, best)))
             best = f;
     }
     memset(out, 0, sizeof *out);
     out->index = -1;
     out->stages = nf->stages;
+    out->stop_signal = stop;
+    out->spike = any_spike;
     if (!best)
         return LOOM_OK;
     out->found = 1;

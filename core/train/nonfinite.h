@@ -34,6 +34,10 @@ typedef struct loom_nonfinite_report {
     int stage;       /* that rank's pipeline stage (0 without pp) */
     int stages;      /* the pipeline's stages (1 without pp) */
     int index;       /* the entry of that stage's parameter table, -1 for the loss */
+    int stop_signal; /* a stop signal (stop_signal.h) any rank had received by this step's
+                      * exchange, the highest number; 0: none. Rides on the same exchange so
+                      * that every rank stops after the same step. */
+    int spike;       /* some rank found a loss spike (loom_nonfinite_agree's spike) */
     char param[LOOM_PARAM_NAME_MAX];
 } loom_nonfinite_report;
 
@@ -55,10 +59,13 @@ loom_status loom_nonfinite_inject_segments(const loom_nonfinite *nf, int64_t ste
                                            const int *entry);
 
 /* Every rank calls it once per step. first_bad: this rank's first table entry with a
- * non-finite gradient, or -1; loss_bad: one of this rank's own losses was non-finite.
+ * non-finite gradient, or -1; loss_bad: one of this rank's own losses was non-finite;
+ * spike: this rank found the step's loss or norm above the loop's limits (out->spike: any
+ * rank did).
  * The exchange's wall time is added to *comm_ms. */
 loom_status loom_nonfinite_agree(loom_nonfinite *nf, const loom_param_table *t, int first_bad,
-                                 int loss_bad, loom_nonfinite_report *out, double *comm_ms);
+                                 int loss_bad, int spike, loom_nonfinite_report *out,
+                                 double *comm_ms);
 
 /* "non-finite gradient on rank 1 (pipeline stage 1), first in parameter 'h.1.mlp.fc.w'"
  * or "non-finite loss on rank 0" into buf. */

@@ -15,6 +15,7 @@
 #include "loom/plugin/optim.h"
 #include "loom/plugin/precision.h"
 #include "loom/plugin/strategy.h"
+#include "compress.h"
 #include "grad_norm.h"
 #include "grad_sync.h"
 #include "nonfinite.h"
@@ -26,7 +27,10 @@
 #include "base/rng.h"
 #include "base/status.h"
 #include "base/clock.h"
+#include "checkpoint.h"
 #include "io/checksum.h"
+#include "io/llmc_model.h"
+#include "model/gpt_distill.h"
 
 struct loom_session {
     loom_session_config cfg;
@@ -51,11 +55,15 @@ struct loom_session {
     loom_pipeline *pipe;     /* pp > 1, else NULL */
     loom_zero *zero;         /* strategy zero = 1, 2 or 3 with dp > 1, else NULL */
     loom_offload *offload;   /* strategy offload: the state on the host or disk, else NULL */
+    loom_compress *compress; /* strategy compress over dp, else NULL */
+    loom_gpt *teacher;       /* distillation: the frozen teacher, else NULL */
     float *host_logits;      /* sampling: one row of Vp */
     int64_t steps;
     int64_t step_no;         /* the training loop's number of the last step run */
     int master_weights;      /* the model reads a 16-bit compute copy of the fp32 parameters */
     loom_trace *trace;       /* log.trace: this rank's timeline, NULL: off */
+    double limit_loss, limit_norm; /* the next step's update is skipped above these (a loss
+                                    * spike, train.lua's detector); 0: no limit */
 };
 
 static loom_status make_plugin(const loom_plugin_config *pc, const void **ops, void **self)
@@ -180,6 +188,10 @@ static loom_status check_precision(loom_session *s, const loom_session_config *c
             LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "precision '%s' with reduce = \"bf16\" and zero=%d is "
                       "not built yet: ZeRO's reduce-scatter sends fp32; use zero=1 or reduce = "
                       "\"f32\"", name, cfg->zero_stage);
+        if (cfg->compress_method != LOOM_COMPRESS_NONE)
+            LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "precision '%s' with reduce = \"bf16\" and "
+                      "strategy.compress is not built yet (compression sends its own encoding); "
+                      "leave one of them out", name);
         if (s->cfg.strategy && loom_config_index(&s->strategy_cfg, "reduce") >= 0)
             LOOM_TRY(loom_config_set_string(&s->strategy_cfg, "reduce", "bf16"));
     }
@@ -193,6 +205,54 @@ static loom_status check_precision(loom_session *s, const loom_session_config *c
                   "which ZeRO-3 does not keep; use zero=1 or 2, or precision = \"fp32\"", name,
                   loom_dtype_name(dt->param));
     return LOOM_OK;
+}
+
+/* Distillation (gpt_distill.h): the teacher, replicated on every rank, weights loaded. */
+static loom_status make_teacher(loom_session *s, const loom_session_config *cfg)
+{
+    const loom_gpt_config *tc = cfg->teacher, *mc = loom_gpt_get_config(s->model);
+    if (s->pipe || s->tensor)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher with mesh.%s > 1 is not built yet (the student's "
+                  "logits are %s); distil with tp = 1 and pp = 1 (dp and zero work)",
+                  s->pipe ? "pp" : "tp", s->pipe ? "on the last stage only" : "split over the "
+                  "vocabulary");
+    if (tc->vocab != mc->vocab)
+        LOOM_FAIL(LOOM_ERR_INVALID, "teacher vocab=%d differs from the student's vocab=%d: "
+                  "distillation compares their next-token distributions", tc->vocab, mc->vocab);
+    if (tc->ctx < cfg->seq)
+        LOOM_FAIL(LOOM_ERR_INVALID, "teacher ctx=%d is shorter than batch.seq=%d", tc->ctx, cfg->seq);
+    if (!cfg->teacher_init == !cfg->teacher_checkpoint)
+        LOOM_FAIL(LOOM_ERR_INVALID, "teacher needs its weights from one place: model = "
+                  "loom.gpt{ init = \"teacher.bin\" } or checkpoint = \"DIR\"");
+    loom_gpt_parallel par = {NULL, NULL, cfg->canonical, NULL, 0, 0, 0, NULL};
+    LOOM_TRY(loom_gpt_create(tc, &s->backend, cfg->micro_batch, cfg->seed, &par, &s->teacher));
+    if (cfg->teacher_init)
+        return loom_llmc_load(s->teacher, cfg->teacher_init);
+    return loom_ckpt_load_tensors(cfg->teacher_checkpoint, loom_gpt_params(s->teacher), 0,
+                                  loom_gpt_param_data(s->teacher), NULL);
+}
+
+/* Gradient compression over the dp group (compress.h): fast mode, dp >= 2. */
+static loom_status make_compress(loom_session *s)
+{
+    const loom_session_config *cfg = &s->cfg;
+    const char *name = loom_compress_method_name(cfg->compress_method);
+    if (cfg->canonical)
+        LOOM_FAIL(LOOM_ERR_INVALID, "strategy.compress = \"%s\" with deterministic = \"canonical\": "
+                  "compression is lossy and what each rank compresses depends on dp, so canonical "
+                  "mode's bits across layouts cannot hold; leave one of them out", name);
+    if (s->pipe && s->zero && loom_zero_reduces(s->zero))
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy.compress with zero=%d and pp=%d is not built yet "
+                  "(the pipeline's per-micro-batch reduce-scatters would have to give way); use "
+                  "zero=1 with pp, or compress with pp = 1", cfg->zero_stage,
+                  loom_pipeline_stages(s->pipe));
+    const struct loom_comm_ops *ops;
+    void *group;
+    int dp = 1;
+    LOOM_TRY(loom_core_host()->group(LOOM_GROUP_DP, &ops, &group, &dp));
+    loom_compress_config cc = {cfg->compress_method, cfg->compress_ratio, cfg->compress_warmup,
+                               cfg->compress_bucket_mb};
+    return loom_compress_create(&cc, s->model, ops, group, dp, &s->compress);
 }
 
 loom_status loom_session_create(const loom_session_config *cfg, loom_session **out)
@@ -220,6 +280,13 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
     }
     s->cfg.backend = NULL; /* the caller's string; only needed while opening */
     loom_status st = loom_backend_open(cfg->backend ? cfg->backend : "cpu", cfg->threads, &s->backend);
+    if (st == LOOM_OK && loom_backend_device_memory(&s->backend))
+        st = loom_fail(LOOM_ERR_UNSUPPORTED, "backend '%s' (%s) keeps the model in device memory, "
+                       "and a session's optimizer step, gradient exchange, checkpoints and "
+                       "checks still read host memory: training on it through a session is not "
+                       "wired yet (its kernels and the model on them are tested by tests/cuda); "
+                       "use backend = \"cpu\"", cfg->backend ? cfg->backend : "cpu",
+                       s->backend.ops->describe(s->backend.self));
     loom_gpt_parallel par = {NULL, NULL, cfg->canonical, NULL, 0, 0, cfg->recompute,
                              cfg->recompute_layers};
     int pp = 1;
@@ -302,6 +369,12 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
                                    s->zero && loom_zero_reduces(s->zero) ? &zero2 : NULL, &s->sync);
     if (st == LOOM_OK && s->pipe && cfg->canonical)
         st = canonical_parts(s);
+    if (st == LOOM_OK && cfg->compress_method)
+        st = make_compress(s);
+    if (st == LOOM_OK && cfg->teacher)
+        st = make_teacher(s, cfg);
+    s->cfg.teacher = NULL; /* the caller's; only needed while opening */
+    s->cfg.teacher_init = s->cfg.teacher_checkpoint = NULL;
     if (st != LOOM_OK) {
         loom_session_destroy(s);
         return st;
@@ -316,6 +389,8 @@ void loom_session_destroy(loom_session *s)
         return;
     loom_trace_close(s->trace);
     loom_grad_sync_destroy(s->sync);
+    loom_compress_destroy(s->compress);
+    loom_gpt_destroy(s->teacher);
     loom_zero_destroy(s->zero);
     loom_offload_destroy(s->offload);
     loom_gpt_destroy(s->model);
@@ -455,6 +530,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     float scale = s->precision->loss_scale(s->precision_self);
     int peak = 0, loss_bad = 0; /* loss_bad: one of this rank's own losses is inf or nan */
     s->step_no++;
+    int compressed = loom_compress_active(s->compress, s->step_no);
+    loom_grad_sync_set_compress(s->sync, s->compress, compressed);
     if (s->pipe) {
         /* Every rank reads every micro-batch (positions stay in step); this dp rank's block
          * goes through the pipeline, then the losses join the tree in micro-batch order. */
@@ -493,6 +570,14 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         int a = i % accum;
         double part = 0.0, tf = loom_now_ms();
         LOOM_TRY(loom_grad_sync_begin_micro(s->sync, a));
+        if (s->teacher) { /* forward only, frozen: its logits for the student's loss */
+            LOOM_TRY(loom_gpt_forward(s->teacher, s->tokens, NULL, B, T, 0.0f, NULL));
+            LOOM_TRY(loom_gpt_set_distill(s->model, loom_gpt_logits(s->teacher),
+                                          (size_t)loom_gpt_get_config(s->teacher)->vocab_padded,
+                                          s->cfg.kd_temperature, s->cfg.kd_alpha));
+        }
+        /* the noisy router's key: this micro-batch's global index (gpt.h) */
+        loom_gpt_set_moe_key(s->model, (uint64_t)(s->step_no - 1) * (uint64_t)(accum * dp) + (uint64_t)i);
         LOOM_TRY(loom_gpt_forward(s->model, s->tokens, s->targets, B, T, (float)(scale / tokens),
                                   &part));
         double tb = loom_now_ms();
@@ -504,6 +589,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     }
     double loss_sum = 0.0, t_sync = loom_now_ms();
     LOOM_TRY(loom_grad_sync_finish(s->sync, &loss_sum));
+    if (compressed && s->zero) /* ZeRO-2/3: the partition out of the exchanged whole */
+        LOOM_TRY(loom_zero_take_reduced(s->zero));
     double t_tied = loom_now_ms();
     loom_trace_span(s->trace, LOOM_TRACE_GRAD_SYNC, t_sync, t_tied, -1, -1);
     double comm_ms = t_tied - t_sync + loom_gpt_take_comm_ms(s->model);
@@ -545,11 +632,18 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
                                         &norm_sq, &nonfinite));
         comm_ms += loom_now_ms() - t_pp;
     }
+    /* a loss spike (loom_session_limit_next_step): this step's loss or norm above the
+     * limits the loop set; agreed below with the rest, so every rank skips alike */
+    double loss_now = loss_sum / tokens, norm_now = sqrt(norm_sq) / scale;
+    int spike = !nonfinite && ((s->limit_loss > 0 && loss_now > s->limit_loss) ||
+                               (s->limit_norm > 0 && norm_now > s->limit_norm));
+    s->limit_loss = s->limit_norm = 0; /* for one step only */
     /* every rank the same finding, so every rank skips (or stops) alike */
     loom_nonfinite_report found;
     LOOM_TRY(loom_nonfinite_agree(s->nonfinite, loom_gpt_params(s->model), first_bad, loss_bad,
-                                  &found, &comm_ms));
+                                  spike, &found, &comm_ms));
     nonfinite = found.found;
+    spike = found.spike && !nonfinite;
     if (nonfinite && s->cfg.stop_on_nonfinite) {
         char what[160];
         loom_nonfinite_describe(&found, what, sizeof what);
@@ -573,7 +667,7 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     double norm = nonfinite ? NAN : sqrt(norm_sq) / scale;
     memset(out, 0, sizeof *out);
     out->nonfinite = found;
-    if (!skip) {
+    if (!skip && !spike) {
         float grad_scale = 1.0f / scale;
         if (s->cfg.grad_clip > 0.0f && norm > s->cfg.grad_clip)
             grad_scale *= (float)(s->cfg.grad_clip / norm);
@@ -599,12 +693,17 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     out->grad_norm = norm;
     out->lr = lr;
     out->tokens = tokens;
-    out->skipped = skip;
+    out->skipped = skip || spike;
+    out->spike = spike;
     out->loss_scale = s->precision->loss_scale(s->precision_self); /* for the next step */
     out->ms = loom_now_ms() - t0;
     out->comm_ms = comm_ms;
     out->inflight = peak;
     out->bubble = bubble;
+    if (s->compress) {
+        out->compress_bytes = compressed ? (double)loom_compress_message_bytes(s->compress) : 0.0;
+        out->grad_bytes = (double)loom_compress_raw_bytes(s->compress);
+    }
     return LOOM_OK;
 }
 
@@ -789,6 +888,12 @@ loom_status loom_session_sample(loom_session *s, const int *prompt, int n_prompt
 
 void loom_session_number_next_step(loom_session *s, int64_t step) { s->step_no = step - 1; }
 
+void loom_session_limit_next_step(loom_session *s, double loss_max, double norm_max)
+{
+    s->limit_loss = loss_max > 0 ? loss_max : 0;
+    s->limit_norm = norm_max > 0 ? norm_max : 0;
+}
+
 void loom_session_get_state(loom_session *s, loom_session_state *out)
 {
     memset(out, 0, sizeof *out);
@@ -836,6 +941,7 @@ const char *loom_session_offload(const loom_session *s)
     return loom_offload_mode_name(s->offload ? s->cfg.offload_mode : LOOM_OFFLOAD_NONE);
 }
 
+loom_compress *loom_session_compress(loom_session *s) { return s->compress; }
 int loom_session_zero_stage(const loom_session *s) { return s->zero ? loom_zero_stage(s->zero) : 0; }
 loom_zero *loom_session_zero(loom_session *s) { return s->zero; }
 
@@ -862,6 +968,8 @@ void loom_session_memory(loom_session *s, loom_memory *out)
     }
     out->activations = loom_gpt_activation_bytes(s->model);
     out->comm += loom_grad_sync_buffer_bytes(s->sync);
+    if (s->compress) /* the residual and the messages */
+        out->comm += loom_compress_buffer_bytes(s->compress);
 }
 
 void loom_session_state_hash(loom_session *s, uint64_t *params, uint64_t *optim)

@@ -57,6 +57,17 @@ typedef struct loom_session_config {
     int offload_mode;                     /* loom_offload_mode */
     const char *offload_path;             /* disk: a directory (copied) */
     double offload_chunk_mb;              /* 0: 64 */
+    /* Gradient compression over the dp group (compress.h): method 0 (none), onebit, topk. */
+    int compress_method;                  /* loom_compress_method */
+    double compress_ratio;                /* topk: fraction of each bucket sent */
+    int64_t compress_warmup;              /* uncompressed steps first */
+    double compress_bucket_mb;            /* 0: 4 */
+    /* Distillation (model/gpt_distill.h): a frozen teacher run forward only, in this
+     * process, on this rank's micro-batches; NULL: none. Its weights come from
+     * teacher_init (an llm.c file) or teacher_checkpoint (a loom checkpoint directory). */
+    const loom_gpt_config *teacher;
+    const char *teacher_init, *teacher_checkpoint; /* read during create only */
+    float kd_temperature, kd_alpha;
 } loom_session_config;
 
 typedef struct loom_step_stats {
@@ -68,7 +79,8 @@ typedef struct loom_step_stats {
     double comm_ms;        /* of which inside communication: tensor-parallel exchanges,
                             * the data-parallel gradient sync, the grad-norm exchange */
     double tokens;         /* tokens processed in the step */
-    int skipped;           /* 1 if the update was skipped (non-finite gradients) */
+    int skipped;           /* 1 if the update was skipped (non-finite gradients, or a spike) */
+    int spike;             /* 1 if skipped for a loss spike (loom_session_limit_next_step) */
     float loss_scale;      /* the precision plugin's loss scale after this step (the next
                             * step's): 1 but under fp16's dynamic loss scaling */
     int inflight;          /* pipeline: this rank's peak micro-batches in flight (0 without) */
@@ -76,6 +88,9 @@ typedef struct loom_step_stats {
     double bubble;         /* pipeline: the measured bubble of the step's pipeline phase,
                             * 1 - (every stage's F/B/W time) / (stages x the longest stage's
                             * phase), the same on every rank; NAN without a pipeline */
+    double compress_bytes; /* compression: this rank's compressed message this step (what it
+                            * sends into the all-gather; 0 in the warm-up) */
+    double grad_bytes;     /* compression: the same elements' fp32 bytes (0 without) */
 } loom_step_stats;
 
 typedef struct loom_session loom_session;
@@ -84,6 +99,8 @@ typedef struct loom_session loom_session;
 void loom_session_memory(loom_session *s, loom_memory *out);
 /* The ZeRO stage in effect (0: none, also on one dp rank). */
 int loom_session_zero_stage(const loom_session *s);
+/* The gradient compression in effect (compress.h), NULL: none. */
+struct loom_compress *loom_session_compress(loom_session *s);
 /* The offload in effect: "none", "host" or "disk". */
 const char *loom_session_offload(const loom_session *s);
 /* The ZeRO partitions (NULL without ZeRO): checkpoints move them (zero_ckpt.h). */
@@ -97,6 +114,9 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
 /* The step number the next step's reports and LOOM_INJECT_NONFINITE use (the training
  * loop's, which counts skipped steps too); without it, one more than the last step's. */
 void loom_session_number_next_step(loom_session *s, int64_t step);
+/* The next step only: skip its update (on every rank alike) when its loss is above loss_max
+ * or its gradient norm above norm_max (0: no limit) — a loss spike's "skip". */
+void loom_session_limit_next_step(loom_session *s, double loss_max, double norm_max);
 /* XXH64 of this rank's parameters and optimizer state (under ZeRO: its partition of them;
  * 0 for no state), e.g. to show that a skipped step changed neither. */
 void loom_session_state_hash(loom_session *s, uint64_t *params, uint64_t *optim);
@@ -152,6 +172,10 @@ loom_status loom_session_set_state(loom_session *s, const loom_session_state *st
 const loom_plugin_config *loom_session_optim_config(const loom_session *s);
 
 loom_gpt *loom_session_model(loom_session *s);
+/* The mixture-of-experts statistics of the training forwards since the last call
+ * (loom_gpt_moe_stats), summed over the data-parallel group (collective: every dp rank
+ * calls it); *load is out->load, to free. A dense model: layers = 0, *load NULL. */
+loom_status loom_session_moe_stats(loom_session *s, loom_moe_stats *out, double **load);
 const char *loom_session_backend_description(loom_session *s);
 int64_t loom_session_steps_taken(const loom_session *s);
 /* Pipeline stages of the run (1 without pipeline parallelism). */

@@ -18,6 +18,8 @@ static int cmp_size(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+size_t loom_zero_padded(size_t total, int n) { return round_up(total, (size_t)ZERO_ALIGN * (size_t)n); }
+
 /* Buckets tile [0, P) at cut points, all multiples of U*N: every `want` elements up to
  * the last multiple of U*N inside the buffer (body), body itself, and P (the tail bucket
  * [body, P) when the buffer ends inside it). Stage 3 cuts at every unit boundary too
@@ -27,7 +29,7 @@ static loom_status make_buckets(loom_zero *z, size_t want)
 {
     size_t unit = (size_t)ZERO_ALIGN * (size_t)z->n;
     size_t body = z->total / unit * unit;
-    z->padded = round_up(z->total, unit);
+    z->padded = loom_zero_padded(z->total, z->n);
     want = want < unit ? unit : want / unit * unit;
     if (z->stage == 3)
         want = body + unit; /* buckets are the units: one gather each */

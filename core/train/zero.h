@@ -60,6 +60,10 @@ typedef struct loom_zero_config {
     int decay_all;
 } loom_zero_config;
 
+/* P: `total` floats padded to a multiple of 16 x n (n dp ranks); every rank's partition is
+ * P / n floats (the session's accounting and loom plan use this one formula). */
+size_t loom_zero_padded(size_t total, int n);
+
 /* Needs dp > 1 (the caller runs without ZeRO on one rank). Stage 3 installs the model's
  * parameter hook (gpt.h). */
 loom_status loom_zero_create(const loom_zero_config *c, loom_gpt *m, loom_backend *be,
@@ -77,6 +81,10 @@ int loom_zero_reduces(const loom_zero *z);
 loom_status loom_zero_begin_micro(void *z, int a);
 loom_status loom_zero_grads_ready(void *z, size_t offset, size_t n);
 loom_status loom_zero_finish_micro(void *z);
+/* Stages 2 and 3 when gradient compression (compress.h) replaced the step's
+ * reduce-scatters: the model's buffer holds the whole reduced gradient on every rank;
+ * copy this rank's partition out of it (a no-op below stage 2). */
+loom_status loom_zero_take_reduced(loom_zero *z);
 /* Under pp on a stage that holds the tied wte (table entry `entry`): stage 2 holds the
  * buckets below the wte's end out of the per-micro-batch reduction (they accumulate in
  * the full buffer until the wte halves are exchanged, then loom_zero_reduce_held reduces

@@ -177,6 +177,22 @@ loom_status loom_zero_finish_micro(void *self)
     return LOOM_OK;
 }
 
+loom_status loom_zero_take_reduced(loom_zero *z)
+{
+    if (!z->reduces)
+        return LOOM_OK;
+    const float *g = loom_gpt_grad_data(z->model);
+    for (int k = 0; k < z->n_buckets; k++) {
+        const zero_bucket *b = &z->buckets[k];
+        size_t a = b->lo + (size_t)z->rank * b->sub;
+        size_t n = a >= z->total ? 0 : a + b->sub > z->total ? z->total - a : b->sub;
+        float *dst = z->part_grads + b->part_off;
+        memcpy(dst, g + a, n * sizeof(float));
+        memset(dst + n, 0, (b->sub - n) * sizeof(float)); /* the padding past total */
+    }
+    return LOOM_OK;
+}
+
 void loom_zero_tied(loom_zero *z, int entry, int skip)
 {
     const loom_param_entry *e = &loom_gpt_params(z->model)->entries[entry];

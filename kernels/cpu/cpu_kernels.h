@@ -117,6 +117,12 @@ void loom_cpu_ce_finish(float *logits, float *losses, const float *row_max, cons
 double loom_cpu_sum_squares(const float *x, size_t rows, size_t cols, size_t stride);
 int loom_cpu_has_nonfinite(const float *x, size_t n);
 void loom_cpu_scale(float *x, float s, size_t n);
+/* rows.c: a mixture-of-experts layer's row moves (plugin/backend.h: rows_gather ...) */
+void loom_cpu_rows_gather(float *out, const float *inp, const int *idx, const float *scale,
+                          size_t n, int C);
+void loom_cpu_rows_scatter_add(float *out, const float *inp, const int *idx, const float *scale,
+                               size_t n, int C);
+void loom_cpu_rows_dot(float *out, const float *a, const int *idx, const float *b, size_t n, int C);
 /* convert.c: fp32 <-> bf16 / fp16, round to nearest even (the file's header: the edges) */
 uint16_t loom_cpu_bf16_from_f32(float f);
 float loom_cpu_bf16_to_f32(uint16_t h);

@@ -112,8 +112,15 @@ local function info(args)
   local seed = type(m.config) == "table" and m.config.seed
   print("rng: no generator state in the manifest"
     .. (seed and (", the recipe's seed is " .. tostring(seed)) or ""))
-  print(string.format("files (%d tensor files and manifest.json):", 2 * tp * pp))
-  for _, kind in ipairs { "model", "optim" } do
+  local kinds = { "model", "optim" }
+  if type(m.compress) == "table" then -- docs/COMPRESS.md: every dp rank's residual
+    kinds[3] = "residual"
+    print(string.format("gradient compression: %s over dp=%d (residual files: dp rank k's "
+      .. "residual of X as X.state<k>; a resume needs dp=%d)", m.compress.method, m.compress.dp,
+      m.compress.dp))
+  end
+  print(string.format("files (%d tensor files and manifest.json):", #kinds * tp * pp))
+  for _, kind in ipairs(kinds) do
     for part = 0, tp * pp - 1 do
       local name = file_name(kind, part, tp, pp)
       local r = m.files[name]

@@ -113,6 +113,12 @@ function cli.schedule(args)
   require("loom.schedule").main(args)
 end
 
+-- `loom plan RECIPE [key=value ...]`, `--world N ... --mem M`, `--calibrate`: memory and
+-- step time before the run, a search over layouts (loom.plan_cli; docs/PLAN.md).
+function cli.plan(args)
+  require("loom.plan_cli").main(args)
+end
+
 -- The optimizer table a manifest's recorded recipe used ({"1": "adamw", lr = ...} in JSON).
 local function recorded_optimizer(manifest)
   local opt = (manifest.config or {}).optimizer

@@ -54,7 +54,41 @@ local gpt_spec = {
   dim = { type = "integer", min = 1, required = true, help = "model width C" },
   init = { type = "string", help = "an llm.c model file: gives the shape keys left out, and "
     .. "the weights the session starts from" },
+  moe = { type = "table", help = "mixture of experts: { experts = E, top_k = k, every = n, "
+    .. "capacity_factor = c, aux_loss = a, z_loss = z, router = \"topk\" | \"noisy_topk\" }" },
 }
+
+-- loom.gpt{moe = {...}} (core/model/moe.h): every n-th block's MLP becomes E experts.
+local moe_spec = {
+  experts = { type = "integer", min = 1, max = 1024, required = true, help = "experts per MoE block" },
+  top_k = { type = "integer", min = 1, help = "experts per token (default 2, or 1 with one expert)" },
+  every = { type = "integer", min = 1, help = "blocks l with (l + 1) % every == 0 are MoE blocks (default 1)" },
+  capacity_factor = { type = "number", min = 0, help = "slots per expert ceil(k tokens / E * c); 0: dropless (default 1.25)" },
+  aux_loss = { type = "number", min = 0, help = "Switch load-balancing loss weight (default 0.01)" },
+  z_loss = { type = "number", min = 0, help = "router z-loss weight (default 0.001)" },
+  router = { type = "string", one_of = { "topk", "noisy_topk" } },
+  noise_std = { type = "number", min = 0, help = "noisy_topk: std of the logits' noise (default 1)" },
+}
+
+-- The moe table of model t, checked and with its defaults filled in; origin(key) as
+-- schema.check's (loom.train checks again after command-line overrides: model.moe.*=).
+local function check_moe(t, where, origin)
+  local e = t.moe
+  schema.check(e, moe_spec, origin and "model.moe" or "loom.gpt moe", where, origin)
+  local m = { experts = e.experts, top_k = e.top_k or math.min(2, e.experts), every = e.every or 1,
+    capacity_factor = e.capacity_factor or 1.25, aux_loss = e.aux_loss or 0.01,
+    z_loss = e.z_loss or 0.001, router = e.router or "topk", noise_std = e.noise_std or 1.0 }
+  if m.top_k > m.experts then
+    schema.fail(where, "loom.gpt moe top_k=%d is more than experts=%d (top_k may be 1 to %d)",
+      m.top_k, m.experts, m.experts)
+  end
+  if m.every > t.layers then
+    schema.fail(where, "loom.gpt moe every=%d is more than layers=%d: no block would be an MoE "
+      .. "block (every may be 1 to %d)", m.every, t.layers, t.layers)
+  end
+  return m
+end
+loom._check_moe = check_moe
 
 -- loom.gpt{init = "gpt2_124M.bin", ...}: the shape comes from the llm.c file where the
 -- recipe leaves it out and must match where it gives it; loom.session loads the weights.
@@ -90,6 +124,11 @@ function loom.gpt(t)
   end
   local m = { kind = "gpt" }
   for k, v in pairs(t) do m[k] = v end
+  if t.moe and t.init then
+    schema.fail(where, "loom.gpt init=\"%s\" with moe: an llm.c model file has dense blocks "
+      .. "only (leave out init, or moe)", t.init)
+  end
+  if t.moe then m.moe = check_moe(t, where) end
   return m
 end
 
@@ -174,7 +213,7 @@ local session_spec = {
   precision = { type = { "string", "table" } },
   seed = { type = "integer", min = 0 },
   grad_clip = { type = "number", min = 0 },
-  on_nonfinite = { type = "string", one_of = { "skip", "stop" } },
+  on_nonfinite = { type = "string", one_of = { "skip", "stop" } }, -- loom.train's "rollback" arrives as "skip"
   threads = { type = "integer", min = 0 },
   backend = { type = "string" },
   strategy = { type = "table", help = "{ name = \"dp\", ... } when dp > 1" },
@@ -188,7 +227,84 @@ local session_spec = {
   zero = { type = "integer", min = 0, help = "ZeRO stage over the dp group: 0 (none), 1, 2 or 3 (docs/ZERO.md)" },
   zero_bucket_mb = { type = "positive", help = "ZeRO bucket size in MiB (default 25)" },
   offload = { type = "table", help = "{ optimizer = \"host\" | \"disk\", path = DIR, chunk_mb = N } (docs/ZERO.md)" },
+  compress = { type = "table", help = "{ \"onebit\" | \"topk\", ratio = r, warmup = n, bucket_mb = m } (docs/COMPRESS.md)" },
+  teacher = { type = "table", help = "{ model = loom.gpt{ init = \"teacher.bin\" } | checkpoint = DIR, temperature = T, alpha = a } (docs/DISTILL.md)" },
 }
+
+local teacher_spec = {
+  model = { type = "table", help = "loom.gpt{ init = \"teacher.bin\", ... }: an llm.c file's weights" },
+  checkpoint = { type = "string", help = "a loom checkpoint (step_N, or a directory with `latest`): its model and weights" },
+  temperature = { type = "positive", help = "T of softmax(z / T) (default 1)" },
+  alpha = { type = "number", min = 0, max = 1, help = "the weight of the distillation term (default 0.5)" },
+  layers = { type = "table", help = "intermediate-layer terms (not built yet)" },
+  attention = { type = "boolean", help = "attention-probability MSE (not built yet)" },
+}
+
+-- teacher (docs/DISTILL.md) -> the session's teacher keys; the model's shape from the
+-- llm.c file (loom.gpt{init}) or from the checkpoint's manifest.
+local function resolve_teacher(t, where)
+  schema.check(t, teacher_spec, "teacher", where)
+  if t.layers or t.attention then
+    schema.fail(where, "teacher.%s is not built yet (intermediate-layer and attention terms); "
+      .. "the distillation term on the logits is: leave it out", t.layers and "layers" or "attention")
+  end
+  if (t.model == nil) == (t.checkpoint == nil) then
+    schema.fail(where, "teacher needs one of model = loom.gpt{ init = \"teacher.bin\" } or "
+      .. "checkpoint = \"DIR\" (a loom checkpoint)")
+  end
+  local out = { kd_temperature = t.temperature or 1.0, kd_alpha = t.alpha or 0.5 }
+  if t.model then
+    if not t.model.init then
+      schema.fail(where, "teacher.model needs weights: loom.gpt{ init = \"teacher.bin\" } (an "
+        .. "llm.c file), or give teacher.checkpoint instead")
+    end
+    out.teacher, out.teacher_init = t.model, t.model.init
+    return out
+  end
+  local dir = t.checkpoint
+  local f = io.open(dir .. "/manifest.json", "rb")
+  if not f then
+    local found, why = core.find_checkpoint(dir)
+    if not found then schema.fail(where, "teacher.checkpoint: %s", why) end
+    dir = found
+    f = assert(io.open(dir .. "/manifest.json", "rb"))
+  end
+  local text = f:read("a")
+  f:close()
+  local ok, man = pcall(require("loom.json").decode, text)
+  if not ok or type(man) ~= "table" or type(man.model) ~= "table" then
+    schema.fail(where, "teacher.checkpoint '%s': manifest.json has no model object", dir)
+  end
+  out.teacher, out.teacher_checkpoint = man.model, dir
+  return out
+end
+
+local compress_spec = {
+  [1] = { type = "string", required = true, one_of = { "onebit", "topk", "powersgd" },
+    help = "the method: onebit (sign + scale per bucket) or topk (largest |g| per bucket)" },
+  ratio = { type = "positive", help = "topk: the fraction of each bucket sent (default 0.01)" },
+  warmup = { type = "integer", min = 0, help = "steps exchanged uncompressed first (default 0)" },
+  bucket_mb = { type = "positive", help = "the largest bucket in MiB of fp32 (default 4)" },
+  rank = { type = "integer", min = 1, help = "powersgd: the rank r (not built yet)" },
+}
+
+-- strategy.compress (docs/COMPRESS.md): checked here so that a bad value names the key.
+local function check_compress(c, where)
+  schema.check(c, compress_spec, "strategy.compress", where)
+  if c[1] == "powersgd" then
+    schema.fail(where, "strategy.compress = { \"powersgd\" } is not built yet (rank-r low-rank "
+      .. "compression, Vogels et al. 2019); use \"onebit\" or \"topk\"")
+  end
+  if c[1] ~= "topk" and c.ratio then
+    schema.fail(where, "strategy.compress.ratio is for \"topk\"; \"%s\" sends every sign", c[1])
+  end
+  if c.rank then
+    schema.fail(where, "strategy.compress.rank is for \"powersgd\", which is not built yet")
+  end
+  if c.ratio and c.ratio > 1 then
+    schema.fail(where, "strategy.compress.ratio=%g must be at most 1 (a fraction of each bucket)", c.ratio)
+  end
+end
 
 -- recompute = "none" | "full" | "selective" | { block indices }: checked against the
 -- model's blocks here, so the C side only sees a valid mode.
@@ -271,6 +387,14 @@ function loom.session(t, where)
     check_offload(t.offload, where)
     cfg.offload, cfg.offload_path, cfg.offload_chunk_mb = t.offload.optimizer, t.offload.path,
       t.offload.chunk_mb
+  end
+  if t.compress then
+    check_compress(t.compress, where)
+    cfg.compress, cfg.compress_ratio, cfg.compress_warmup, cfg.compress_bucket_mb =
+      t.compress[1], t.compress.ratio, t.compress.warmup, t.compress.bucket_mb
+  end
+  if t.teacher then
+    for k, v in pairs(resolve_teacher(t.teacher, where)) do cfg[k] = v end
   end
   local ok, s = pcall(core.session, cfg)
   if not ok then schema.fail(where, "%s", s) end
@@ -396,5 +520,9 @@ function loom.options(defaults)
 end
 
 loom.train = require("loom.train")(loom)
+-- loom.plan{recipe table as loom.train takes it [, machine = NAME], [world =, devices_per_node
+-- =, mem =]} -> the plan's table (docs/PLAN.md): one layout's memory and time, or with world
+-- the ranked layouts that fit.
+function loom.plan(t) return require("loom.plan_cli").api(t) end
 
 return loom

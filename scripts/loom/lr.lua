@@ -65,12 +65,13 @@ function lr.resolve(s, base)
   if s.kind == "constant" then
     return function(step) return warm(step, base) end
   end
+  local min = s.min or 0.1 -- a table written out ({ kind = "cosine", ... }) may leave it out
   return function(step)
     if step <= warmup then return base * step / warmup end
-    if step >= s.total then return base * s.min end
+    if step >= s.total then return base * min end
     local ratio = (step - warmup) / math.max(1, s.total - warmup)
     local coeff = 0.5 * (1.0 + math.cos(math.pi * ratio))
-    return base * (s.min + coeff * (1.0 - s.min))
+    return base * (min + coeff * (1.0 - min))
   end
 end
 

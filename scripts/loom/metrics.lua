@@ -214,8 +214,9 @@ function metrics.new(t)
     -- A resumed run appends to the file of the run it continues.
     local f, err = io.open(t.jsonl, self.start_step > 0 and "a" or "w")
     if not f then schema.fail(where, "cannot open metrics file: %s", err) end
-    f:setvbuf("line") -- each step on disk at once: `tail -f` and a crash keep every line
-    self.file = f
+    -- each line flushed on its own (M:write): on disk at once for `tail -f` and a crash, and
+    -- a failed write is seen there (a line-buffered stream hides the error of its implicit flush)
+    self.file, self.jsonl = f, t.jsonl
     self:write { kind = "run", steps = t.steps, start_step = self.start_step,
       params = t.params or NULL, layers = t.layers or NULL, dim = t.dim or NULL,
       seq = t.seq or NULL, flops_per_token = self.flops_per_token or NULL,
@@ -226,8 +227,24 @@ function metrics.new(t)
   return self
 end
 
+-- A record that cannot be written (a full disk, an I/O error) stops the run with the
+-- file's name and the system's reason: a metrics file is never cut silently.
+local function io_failed(self, what, err)
+  local path = self.jsonl
+  self.file = nil -- nothing more goes to it; close() has nothing left to report
+  error(string.format("metrics file '%s': cannot %s: %s (free space on its disk or give "
+    .. "log.jsonl another path; the records before it are intact)", path, what, tostring(err)), 0)
+end
+
 function M:write(obj)
-  if self.file then self.file:write(json.encode(obj), "\n") end
+  if not self.file then return end
+  local ok, err = self.file:write(json.encode(obj), "\n")
+  if ok then ok, err = self.file:flush() end -- each line's own flush reports its error
+  if not ok then
+    pcall(self.file.close, self.file)
+    io_failed(self, string.format("write the %s record%s", obj.kind or "next",
+      obj.step and (" of step " .. obj.step) or ""), err)
+  end
 end
 
 -- Erase the live line so that other output starts at column 0.
@@ -267,7 +284,9 @@ function M:step(r)
     mfu = mfu or NULL, mem_bytes = rss, memory = r.memory or NULL, bubble = r.bubble or NULL,
     time_s = now, skipped = r.skipped and true or false, skipped_steps = self.skips or 0,
     loss_scale = r.loss_scale or NULL,
-    nonfinite = nf and { rank = nf.rank, stage = nf.stage, param = nf.param, loss = nf.loss or false } or nil }
+    compress_bytes = r.compress_bytes, grad_bytes = r.grad_bytes,
+    nonfinite = nf and { rank = nf.rank, stage = nf.stage, param = nf.param, loss = nf.loss or false } or nil,
+    moe = r.moe }
 
   -- ETA from the pace since this run's first step: that step carries one-time costs
   -- (thread start-up, allocation, kernel autotuning) that later steps do not repeat.
@@ -305,6 +324,24 @@ function M:step(r)
   elseif keep then
     print((metrics.fit(cols)))
   end
+  if keep and r.moe then print(metrics.moe_line(r.moe)) end
+end
+
+-- The step's expert load as a person reads it: tokens per expert of each MoE block, the
+-- least and most loaded expert against the mean, the dropped fraction, the router losses.
+-- "moe blk0 [8 2 6 8] min/max 0.33/1.33 of mean | dropped 25.0% | aux 0.0165 | z 0.00758"
+function metrics.moe_line(moe)
+  local parts = {}
+  for b, load in ipairs(moe.load) do
+    local sum, lo, hi = 0, math.huge, -math.huge
+    for _, n in ipairs(load) do sum, lo, hi = sum + n, math.min(lo, n), math.max(hi, n) end
+    local mean = sum / #load
+    local counts = #load <= 16 and ("[" .. table.concat(load, " ") .. "] ") or ""
+    parts[#parts + 1] = string.format("blk%d %smin/max %.2f/%.2f of mean", b - 1, counts,
+      mean > 0 and lo / mean or 0, mean > 0 and hi / mean or 0)
+  end
+  return string.format("  moe %s | dropped %.1f%% | aux %.4g | z %.4g", table.concat(parts, ", "),
+    100 * moe.dropped, moe.aux, moe.z)
 end
 
 -- m:eval(step, val_loss): the validation line, and a {"kind":"val"} JSONL object.
@@ -314,9 +351,17 @@ function M:eval(step, val_loss)
 end
 
 -- m:close(): keep a pending live line and close the file. Safe to call twice.
-function M:close()
+-- As a to-be-closed variable unwinding another error (err), a failing close is not reported
+-- over it.
+function M:close(err)
   if self.live then io.write("\n"); self.live = false end
-  if self.file then self.file:close(); self.file = nil end
+  if self.file then
+    local f = self.file
+    local ok, why = f:flush()
+    if ok then ok, why = f:close() else pcall(f.close, f) end
+    self.file = nil
+    if not ok and err == nil then io_failed(self, "flush and close it", why) end
+  end
 end
 M.__close = M.close
 

@@ -5,7 +5,10 @@
 -- file in the legend under the title; a dotted vertical line marks where a run resumed
 -- (each "run" object after a file's first). Options: smooth = N (a centred moving average
 -- over N logged steps of loss, grad norm and tokens/s, the raw line drawn faint behind),
--- log = true (log-scale y for loss and grad norm).
+-- log = true (log-scale y for loss and grad norm). A mixture-of-experts run (train
+-- records with a "moe" object) adds an expert-load panel above the learning rate: per step,
+-- the most and the least loaded expert's tokens over the mean (over every MoE block: the
+-- highest max, the lowest min), 1 being perfect balance.
 --
 -- The SVG uses no external resources (fonts are generic families), so it opens anywhere.
 -- A file that is missing, empty or not JSON lines is refused naming the file and line,
@@ -259,6 +262,25 @@ local function panel(out, id, y0, title, series, sx, xaxis, o)
   out[#out + 1] = "</g>"
 end
 
+-- The expert-load points of records: {step, max/mean} or {step, min/mean} (which = "max"
+-- or "min"), from each record's moe.load (tokens per expert, per MoE block).
+local function load_ratio(records, which)
+  local pts = {}
+  for _, r in ipairs(records) do
+    local v
+    for _, load in ipairs(type(r.moe) == "table" and r.moe.load or {}) do
+      local sum, lo, hi = 0, math.huge, -math.huge
+      for _, n in ipairs(load) do sum, lo, hi = sum + n, math.min(lo, n), math.max(hi, n) end
+      if sum > 0 then
+        local x = (which == "max" and hi or lo) / (sum / #load)
+        v = v and (which == "max" and math.max(v, x) or math.min(v, x)) or x
+      end
+    end
+    if v then pts[#pts + 1] = { r.step, v } end
+  end
+  return pts
+end
+
 local function column(records, key)
   local pts = {}
   for i, r in ipairs(records) do pts[i] = { r.step, r[key] } end
@@ -323,8 +345,18 @@ function plot.svg(runs, opts)
   end
   local xaxis = { t = xt, step = xstep }
 
+  local moe = {}
+  for _, m in ipairs(runs) do
+    local hi = load_ratio(m.train, "max")
+    if #hi > 0 then
+      moe[#moe + 1] = { pts = hi, color = m.color, run = m.name, what = "expert load max/mean" }
+      moe[#moe + 1] = { pts = load_ratio(m.train, "min"), color = m.color, run = m.name,
+        what = "expert load min/mean", dashed = true }
+    end
+  end
+  local panels = #moe > 0 and 5 or 4
   local top = 44 + ROW * #runs + 26
-  local H = top + 4 * PH + 3 * GAP + 56
+  local H = top + panels * PH + (panels - 1) * GAP + 56
   local title = #runs == 1 and "loom run: " .. runs[1].name or string.format("loom: %d runs", #runs)
   local out = {
     string.format('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" '
@@ -389,6 +421,13 @@ function plot.svg(runs, opts)
   y = y + PH + GAP
   panel(out, "tokens", y, "tokens/s", series("tokens_per_s", "tokens/s", n), sx, xaxis, { zero = true, markers = markers })
   y = y + PH + GAP
+  if #moe > 0 then -- colours are set above, with the legend: the series take them now
+    for _, s in ipairs(moe) do
+      for _, m in ipairs(runs) do if m.name == s.run then s.color = m.color end end
+    end
+    panel(out, "expert-load", y, "load / mean (min dashed)", moe, sx, xaxis, { zero = true, markers = markers })
+    y = y + PH + GAP
+  end
   panel(out, "lr", y, "learning rate", series("lr", "lr"), sx, xaxis, { zero = true, markers = markers, xlabels = true })
   out[#out + 1] = string.format('<text x="%d" y="%d" text-anchor="middle" class="axis">step</text>', LEFT + PW // 2, y + PH + 40)
   out[#out + 1] = "</svg>"

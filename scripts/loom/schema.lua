@@ -50,6 +50,9 @@ function schema.check(tbl, spec, path, where, origin)
     if not rule then
       schema.fail(where, "unknown key '%s'%s (accepted: %s)", name, from, keys_of(spec))
     end
+    if v ~= v then -- nan: a computed value gone wrong (0/0), not a type mix-up
+      schema.fail(where, "%s%s is nan (not a number): give a finite value", name, from)
+    end
     local types = type(rule.type) == "table" and rule.type or { rule.type }
     local ok = false
     for _, t in ipairs(types) do ok = ok or type_ok(v, t) end

@@ -8,6 +8,7 @@ local overrides = require "loom.overrides"
 local lrmod = require "loom.lr"
 local json = require "loom.json"
 local metrics = require "loom.metrics"
+local guard = require "loom.guard"
 
 local spec = {
   model = { type = "table", required = true, help = "loom.gpt{...}" },
@@ -19,13 +20,18 @@ local spec = {
   steps = { type = "integer", min = 0, required = true },
   seed = { type = "integer", min = 0 },
   grad_clip = { type = "number", min = 0, help = "clip the global grad norm; 0 turns it off" },
-  on_nonfinite = { type = "string", one_of = { "skip", "stop" },
-    help = "a step with an inf or nan loss or gradient: \"skip\" its update on every rank (default) or \"stop\" the run" },
+  on_nonfinite = { type = "string", one_of = { "skip", "stop", "rollback" },
+    help = "a step with an inf or nan loss or gradient: \"skip\" its update on every rank (default), \"stop\" the run or \"rollback\" to the last good checkpoint" },
+  on_spike = { type = "string", one_of = guard.policies,
+    help = "a loss spike (z-score of loss or grad norm over spike.window steps above spike.threshold): \"warn\", \"skip\" its update, \"rollback\" to the last good checkpoint skipping the data since, or \"stop\" (default: not watched)" },
+  spike = { type = "table", help = "{ window = 100, threshold = 6, max_rollbacks = 3 } for on_spike (and rollbacks of on_nonfinite)" },
+  max_skipped = { type = "integer", min = 0, help = "this many skipped steps in a row (non-finite or spikes) stop the run as diverged (default 50; 0: never)" },
   threads = { type = "integer", min = 0, help = "compute threads, 0 = all cores" },
   backend = { type = "string" },
   mesh = { type = "table", help = "{ dp = 1, tp = 1, pp = 1 }" },
   comm = { type = "string", help = "communicator plugin for multi-rank runs (default \"shm\")" },
   comm_timeout = { type = "positive", help = "seconds any communication may wait before the run fails (default 60)" },
+  debug_desync = { type = "boolean", help = "check before every collective that all ranks of its group issue the same one (op, bytes, sequence number); stops at the first mismatch naming both ranks (slower: for debugging; also LOOM_DEBUG_DESYNC=1)" },
   strategy = { type = "table" },
   schedule = { type = { "string", "function" }, help = "with mesh.pp > 1: the sched plugin, \"1f1b\" (default), \"gpipe\", \"interleaved\" or \"zb1\"; or a Lua schedule: a file \"sched.lua\" returning function(shape) -> list, or that function" },
   microbatches = { type = "integer", min = 1, help = "with mesh.pp > 1: micro-batches per step through the pipeline" },
@@ -42,6 +48,7 @@ local spec = {
   checkpoint = { type = "table", help = "{ dir = \"ckpt\", every = N, keep = K }" },
   resume = { type = { "string", "boolean" }, help = "\"auto\" (newest checkpoint in checkpoint.dir) or a checkpoint path" },
   name = { type = "string" },
+  teacher = { type = "table", help = "distillation: { model = loom.gpt{ init = \"teacher.bin\" } | checkpoint = DIR, temperature = T, alpha = a } (docs/DISTILL.md)" },
 }
 local batch_spec = {
   micro = { type = "integer", min = 1, required = true, help = "sequences per micro-batch (B)" },
@@ -50,6 +57,7 @@ local batch_spec = {
 }
 local mesh_spec = {
   dp = { type = "integer", min = 1 }, tp = { type = "integer", min = 1 }, pp = { type = "integer", min = 1 },
+  ep = { type = "integer", min = 1, help = "expert parallelism (mixture of experts): not built yet, 1 only" },
 }
 local eval_spec = { every = { type = "integer", min = 1, required = true }, batches = { type = "integer", min = 1 } }
 local sample_spec = {
@@ -60,6 +68,11 @@ local log_spec = {
   every = { type = "integer", min = 1 }, jsonl = { type = "string" },
   trace = { type = "string", help = "a directory: one Chrome trace per rank, rank0.json, ..." },
   trace_steps = { type = "integer", min = 1, help = "with log.trace: trace this many steps from the first (default: all)" },
+}
+local spike_spec = {
+  window = { type = "integer", min = 2, help = "earlier steps the z-score is measured against (default 100)" },
+  threshold = { type = "positive", help = "z-score above which a step is a spike (default 6)" },
+  max_rollbacks = { type = "integer", min = 1, help = "rollbacks before the run stops (default 3)" },
 }
 local checkpoint_spec = {
   dir = { type = "string", required = true }, every = { type = "integer", min = 1 },
@@ -94,6 +107,80 @@ local function recipe_changes(saved_json, now_json)
     end
   end
   return out
+end
+
+-- What would otherwise be found only steps in, checked before the session is built: a
+-- checkpoint dir that cannot be created or written (found at the first save, `every` steps
+-- in), splits too small for one batch (the validation split at the first eval).
+local function check_early(core, t, data, where, origin)
+  if t.checkpoint then
+    local dir = t.checkpoint.dir
+    local ok, err = core.mkdir_p(dir)
+    local probe = dir .. "/.tmp-probe-rank" .. tostring(core.rank or 0)
+    local f, ferr
+    if ok then f, ferr = io.open(probe, "wb") end
+    if f then f:close(); os.remove(probe) end
+    if not ok or not f then
+      schema.fail(where, "checkpoint.dir=\"%s\"%s: %s (give a directory this run may create and "
+        .. "write, e.g. \"ckpt\")", dir, origin("checkpoint.dir") or "", err or ferr)
+    end
+  end
+  if type(t.resume) == "string" and t.resume ~= "auto" then
+    local f, err = io.open(t.resume .. "/manifest.json", "rb")
+    if not f then
+      schema.fail(where, "cannot resume: resume=\"%s\"%s is not a checkpoint (%s; give a step_* "
+        .. "directory, or resume=\"auto\" with checkpoint.dir)", t.resume, origin("resume") or "", err)
+    end
+    f:close()
+  end
+  local jsonl = (core.rank or 0) == 0 and t.log and t.log.jsonl
+  local jdir = jsonl and jsonl:match("^(.*)/[^/]*$")
+  if jdir and jdir ~= "" then
+    local ok, err = core.mkdir_p(jdir)
+    if not ok then schema.fail(where, "metrics file '%s': %s", jsonl, err) end
+  end
+  if t.data.kind == "random" then return end -- unbounded
+  local need = t.batch.micro * t.batch.seq + 1
+  for _, split in ipairs { "train", "val" } do
+    local n = data:size(split)
+    if (split == "train" or t.eval) and n < need then
+      schema.fail(where, "the %s split holds %d tokens, and one batch of batch.micro x batch.seq "
+        .. "= %d x %d needs %d%s", split, n, t.batch.micro, t.batch.seq, need,
+        split == "val" and (t.data.kind == "shards" and not t.data.val
+          and " (loom.data.shards has no val glob: give val = \"...\" or leave eval out)"
+          or " (raise data.val_fraction, shorten batch.seq or leave eval out)")
+          or " (give more data or shorten batch.seq)")
+    end
+  end
+end
+
+-- resume=auto: the newest intact checkpoint in dir — the one `latest` names first, then
+-- every other step_* newest first — each verified whole (manifest, sizes, checksums) before
+-- it is taken, so every rank (reading the same files) takes the same one. What is passed
+-- over is said, with why (incomplete: a save cut short; damaged: a checksum that fails).
+-- nil, why when dir has no checkpoint at all; a dir whose every checkpoint fails is refused
+-- (starting again from step 1 would silently drop the run's progress).
+local function pick_checkpoint(core, dir, say, where)
+  local names, latest = core.list_checkpoints(dir)
+  if not names then return nil, string.format("no checkpoint directory '%s'", dir) end
+  if #names == 0 then return nil, string.format("no checkpoint in '%s'", dir) end
+  local order = {}
+  for _, n in ipairs(names) do if n == latest then table.insert(order, 1, n) else order[#order + 1] = n end end
+  local skipped = {}
+  for _, n in ipairs(order) do
+    local path = dir .. "/" .. n
+    local ok, err = pcall(core.verify_checkpoint, path)
+    if ok then
+      if #skipped > 0 then
+        say(string.format("resume=auto: skipped %d checkpoint%s newer than %s: %s", #skipped,
+          #skipped == 1 and "" or "s", n, table.concat(skipped, "; ")))
+      end
+      return path
+    end
+    skipped[#skipped + 1] = string.format("%s (%s)", n, tostring(err))
+  end
+  schema.fail(where, "resume=auto: no intact checkpoint in '%s': %s (remove the damaged ones "
+    .. "to start afresh, or resume= a path)", dir, table.concat(skipped, "; "))
 end
 
 -- The run's measured bubble: the mean over its steps after the first (which carries the
@@ -250,15 +337,21 @@ end
 local function check_zero(t, where, origin)
   local st = t.strategy or {}
   for k in pairs(st) do
-    if k ~= "dp" and k ~= "zero" and k ~= "offload" then
+    if k ~= "dp" and k ~= "zero" and k ~= "offload" and k ~= "compress" then
       schema.fail(where, "strategy.%s is not available in this build (accepted: zero = 0, 1, 2 or 3; "
-        .. "dp = { bucket_mb = ... }; offload = { optimizer = ... })", tostring(k))
+        .. "dp = { bucket_mb = ... }; offload = { optimizer = ... }; compress = { \"onebit\" | "
+        .. "\"topk\", ... })", tostring(k))
     end
   end
   if st.offload and (t.checkpoint or t.resume) then
     schema.fail(where, "strategy.offload with %s is not built yet (the optimizer state lives in "
       .. "the offload's pool or file, which the checkpoint format does not read): leave offload "
       .. "out to save or resume", t.checkpoint and "checkpoint" or "resume")
+  end
+  if st.compress and ((t.mesh or {}).pp or 1) > 1 and (t.checkpoint or t.resume) then
+    schema.fail(where, "strategy.compress with mesh.pp > 1 and %s is not built yet (the last "
+      .. "stage's residual of the tied wte has no place in the checkpoint): train with pp = 1 to "
+      .. "save or resume, or leave compress out", t.checkpoint and "checkpoint" or "resume")
   end
   local z = st.zero
   if z == nil then return end
@@ -283,10 +376,16 @@ local function check(t, where, origin, world)
   schema.check(t.batch, batch_spec, "batch", where, origin)
   local mesh = t.mesh or {}
   schema.check(mesh, mesh_spec, "mesh", where, origin)
+  if (mesh.ep or 1) > 1 then -- docs/MOE.md says what is missing
+    schema.fail(where, "mesh ep=%d%s: expert parallelism is not built yet (the MoE layer runs "
+      .. "with every expert on every rank: use ep=1 with mesh.dp, zero=1/2/3 compose)", mesh.ep,
+      origin("mesh.ep") or "")
+  end
   check_pp(t, where, origin)
   if t.comm == "nccl" then
-    schema.fail(where, "comm=\"nccl\"%s needs a GPU backend to hand it device buffers, and this "
-      .. "build has none yet (use \"shm\" for ranks of one node or \"mpi\" across nodes)",
+    schema.fail(where, "comm=\"nccl\"%s needs a GPU backend that trains through a session, and "
+      .. "sessions do not train on the CUDA backend yet (use \"shm\" for ranks of one node or "
+      .. "\"mpi\" across nodes)",
       origin("comm") or "")
   end
   check_zero(t, where, origin)
@@ -305,6 +404,19 @@ local function check(t, where, origin, world)
     end
   end
   if t.checkpoint then schema.check(t.checkpoint, checkpoint_spec, "checkpoint", where, origin) end
+  if t.spike then
+    schema.check(t.spike, spike_spec, "spike", where, origin)
+    if not t.on_spike and t.on_nonfinite ~= "rollback" then
+      schema.fail(where, "spike = {...} tunes the loss-spike detector, and on_spike is not set: add "
+        .. "on_spike = \"warn\" (or \"skip\", \"rollback\", \"stop\") or leave spike out")
+    end
+  end
+  for _, k in ipairs { "on_spike", "on_nonfinite" } do
+    if t[k] == "rollback" and not t.checkpoint then
+      schema.fail(where, "%s=\"rollback\"%s reloads the last good checkpoint, and this run saves "
+        .. "none: add checkpoint = { dir = \"ckpt\", every = N }, or use \"skip\"", k, origin(k) or "")
+    end
+  end
   if t.resume == "auto" and not t.checkpoint then
     schema.fail(where, "resume=\"auto\" needs checkpoint = { dir = ... } to look in")
   end
@@ -331,6 +443,13 @@ return function(loom)
   return function(t)
     local where = schema.where()
     local origin = overrides.apply(t, loom.overrides(), where)
+    -- model.moe.*= overrides come after loom.gpt checked the table: check it again
+    if type(t.model) == "table" and t.model.moe then t.model.moe = loom._check_moe(t.model, where, origin) end
+    if loom.capture then -- `loom plan RECIPE`: the checked recipe, nothing run (loom.plan_cli)
+      local mesh = t.mesh or {}
+      check(t, where, origin, (mesh.dp or 1) * (mesh.tp or 1) * (mesh.pp or 1))
+      return loom.capture(t)
+    end
     check(t, where, origin, loom.core.world or 1)
     local dp = (t.mesh or {}).dp or 1
     local pp = (t.mesh or {}).pp or 1
@@ -377,10 +496,15 @@ return function(loom)
     local strategy
     if world > 1 then
       local ok, err = pcall(loom.core.check_same_config, json.encode(t))
-      if not ok then schema.fail(where, "%s", err) end
+      if not ok then -- name the keys in which this rank's recipe differs from rank 0's
+        local changes = recipe_changes(loom.core.recipe_of_rank0(), json.encode(t))
+        schema.fail(where, "%s%s", err, #changes > 0 and string.format("; rank %d's recipe differs "
+          .. "from rank 0's in: %s (rank 0's value -> this rank's)", rank, table.concat(changes, ", ")) or "")
+      end
       ok, err = pcall(loom.core.init_dist, { comm = t.comm or "shm", dp = dp,
         tp = (t.mesh or {}).tp, pp = (t.mesh or {}).pp,
-        timeout_ms = math.floor((t.comm_timeout or 60) * 1000) })
+        timeout_ms = math.floor((t.comm_timeout or 60) * 1000),
+        flight_dir = (t.checkpoint or {}).dir, debug_desync = t.debug_desync })
       if not ok then schema.fail(where, "%s", err) end
       strategy = { name = "dp" }
       for k, v in pairs((t.strategy or {}).dp or {}) do strategy[k] = v end
@@ -389,15 +513,17 @@ return function(loom)
     local tensor = tp > 1 and { name = "tp", sequence_parallel = t.tp_sequence_parallel or false } or nil
 
     local data = loom.open_data(t.data, where)
+    check_early(loom.core, t, data, where, origin)
     local session = loom.session({
       model = t.model, optimizer = opt, precision = t.precision, seed = t.seed,
-      grad_clip = t.grad_clip, on_nonfinite = t.on_nonfinite, threads = t.threads, backend = t.backend,
+      grad_clip = t.grad_clip, on_nonfinite = t.on_nonfinite == "rollback" and "skip" or t.on_nonfinite, threads = t.threads, backend = t.backend,
       batch = { micro = t.batch.micro, seq = t.batch.seq, accum = accum },
       strategy = strategy, tensor = tensor, canonical = canonical,
       schedule = lists or schedule, schedule_name = lists and schedule or nil, chunks = chunks,
       pp_layers = t.pp_layers, recompute = t.recompute,
       zero = (t.strategy or {}).zero, zero_bucket_mb = ((t.strategy or {}).dp or {}).bucket_mb,
-      offload = (t.strategy or {}).offload,
+      offload = (t.strategy or {}).offload, compress = (t.strategy or {}).compress,
+      teacher = t.teacher,
     }, where)
     local info = session:info()
     local say = rank == 0 and print or function() end
@@ -417,13 +543,17 @@ return function(loom)
     -- weights, optimizer state, step, precision state and data position all come back.
     local start = 0
     local config_json = json.encode(t)
+    local g = guard.new { policy = t.on_spike, window = (t.spike or {}).window,
+      threshold = (t.spike or {}).threshold, max_rollbacks = (t.spike or {}).max_rollbacks,
+      nonfinite = t.on_nonfinite, max_skipped = t.max_skipped }
     if t.resume then
       local path, why = t.resume, nil
-      if t.resume == "auto" then path, why = loom.core.find_checkpoint(t.checkpoint.dir) end
+      if t.resume == "auto" then path, why = pick_checkpoint(loom.core, t.checkpoint.dir, say, where) end
       if path then
         local ok, info = pcall(session.load, session, path, data)
         if not ok then schema.fail(where, "cannot resume: %s", info) end
         start = info.step
+        g:resumed(path, start)
         say(string.format("resumed from %s at step %d", path, start))
         local changes = recipe_changes(info.config_json, config_json)
         if #changes > 0 then
@@ -442,8 +572,10 @@ return function(loom)
     local function save(step, m)
       local t0 = loom.core.now()
       local ok, path = pcall(session.save, session, t.checkpoint.dir,
-        { step = step, config_json = config_json, data = data, keep = t.checkpoint.keep or 0 })
+        { step = step, config_json = config_json, data = data, keep = t.checkpoint.keep or 0,
+          protect = g:protected() }) -- retention keeps the last good one (loom.guard)
       if not ok then schema.fail(where, "checkpoint at step %d failed: %s", step, path) end
+      g:saved(path, step)
       local bytes, f = 0, io.open(path .. "/manifest.json", "rb")
       if f then
         local text = f:read("a")
@@ -481,23 +613,78 @@ return function(loom)
     end
     local summary = { losses = {}, start = start }
     local bubbles = {} -- under pp: each step's measured bubble (r.bubble)
-    for step = start + 1, t.steps do
+    -- SIGTERM, SIGINT, SIGUSR1 during the loop: finish the step, save, exit 128 + signo
+    -- (core/base/stop_signal.h); outside it they keep their default action.
+    loom.core.catch_stop_signals(true)
+    local armed <close> = setmetatable({}, { __close = function() loom.core.catch_stop_signals(false) end })
+    local step_ms = {} -- each step's time, for the plan's check after the run
+    local step = start
+    while step < t.steps do
+      step = step + 1
       local lr = lr_of(step)
-      if type(lr) ~= "number" or lr ~= lr or lr < 0 then
-        schema.fail(where, "lr schedule returned %s at step %d (want a number >= 0)", tostring(lr), step)
+      if type(lr) ~= "number" or lr ~= lr or lr < 0 or lr == math.huge then
+        schema.fail(where, "lr schedule returned %s at step %d (want a finite number >= 0)",
+          tostring(lr), step)
       end
-      local r = session:step(data, lr, step) -- on_nonfinite = "stop" raises: no save follows
+      -- on_nonfinite = "stop" raises: no save follows; g:limits() keeps a spike's update out
+      local r = session:step(data, lr, step, g:limits())
       r.step = step
+      local verdict = g:observe(r)
       if r.nonfinite and rank == 0 then
-        io.stderr:write(string.format("loom: step %d: %s; update skipped on every rank (on_nonfinite = \"skip\")\n",
-          step, r.nonfinite.message))
+        io.stderr:write(string.format("loom: step %d: %s; update skipped on every rank (on_nonfinite = \"%s\")\n",
+          step, r.nonfinite.message, t.on_nonfinite or "skip"))
       end
       r.tokens_per_s = r.tokens / (r.ms / 1000)
       local now = session:info()
       r.memory, r.peak_rss, r.rss = now.memory, now.peak_rss, now.rss -- VmHWM, VmRSS (bytes)
       summary.losses[#summary.losses + 1] = r.loss
+      step_ms[#step_ms + 1] = r.ms
       if r.bubble then bubbles[#bubbles + 1] = r.bubble end
       m:step(r)
+      if verdict and verdict.kind == "spike" then
+        if verdict.policy == "stop" then
+          error(string.format("step %d: %s; the run stops (on_spike = \"stop\"), the step's update "
+            .. "not applied", step, verdict.what), 0)
+        end
+        if rank == 0 then
+          io.stderr:write(string.format("loom: step %d: %s; %s (on_spike = \"%s\")\n", step, verdict.what,
+            verdict.policy == "warn" and "the update was applied" or "update skipped on every rank",
+            verdict.policy))
+        end
+      end
+      if verdict and verdict.policy == "rollback" then
+        if g.rollbacks >= g.max_rollbacks then
+          error(string.format("step %d: %s; %d rollbacks already (spike.max_rollbacks = %d): the run "
+            .. "stops (lower the lr, or raise max_rollbacks)", step, verdict.what, g.rollbacks,
+            g.max_rollbacks), 0)
+        end
+        if not g.last_good then
+          if rank == 0 then
+            io.stderr:write(string.format("loom: step %d: no good checkpoint to roll back to yet: the "
+              .. "update was skipped\n", step))
+          end
+        else
+          -- reload the last good checkpoint, then read on from here: the data window that led
+          -- to the spike (the steps since that checkpoint) is skipped, not trained again
+          local after = data:state()
+          local okl, back = pcall(session.load, session, g.last_good, data)
+          if not okl then schema.fail(where, "rollback to %s failed: %s", g.last_good, back) end
+          data:set_state(after)
+          if rank == 0 then
+            io.stderr:write(string.format("loom: step %d: rolled back to %s (step %d) and skipped the "
+              .. "data of steps %d-%d; training goes on from step %d (rollback %d of at most %d)\n",
+              step, g.last_good, back.step, back.step + 1, step, back.step + 1, g.rollbacks + 1,
+              g.max_rollbacks))
+          end
+          g:rolled_back()
+          step = back.step
+          goto next_step
+        end
+      end
+      do
+        local diverged = g:diverged()
+        if diverged then error(diverged, 0) end
+      end
       if t.eval and (step % t.eval.every == 0 or step == t.steps) then
         r.val_loss = session:eval(data, t.eval.batches or 10)
         summary.val_loss = r.val_loss
@@ -510,15 +697,36 @@ return function(loom)
         m:print(text) -- the text only (loom.sample's second result is the optional hash)
       end
       local stop = t.on_step and t.on_step(r, session) == false
+      local signal = r.stop_signal -- agreed by every rank in the step's exchange
       -- collective: every rank calls save (dp rank 0 of each tp rank writes its files)
-      -- with checkpoint.dir set the run always saves at its end (and when on_step stops it)
+      -- with checkpoint.dir set the run always saves at its end (and when on_step or a
+      -- stop signal stops it)
+      local saved
       if t.checkpoint and ((t.checkpoint.every and step % t.checkpoint.every == 0)
-          or step == t.steps or stop) then
-        save(step, m)
+          or step == t.steps or stop or signal) then
+        saved = save(step, m)
+      end
+      if signal and step < t.steps then
+        local name = loom.core.signal_name(signal)
+        error({ stop_signal = signal, message = rank == 0 and (saved
+          and string.format("%s: stopped after step %d, saved %s (resume=auto continues from it)",
+            name, step, saved)
+          or string.format("%s: stopped after step %d; nothing saved (no checkpoint.dir)", name,
+            step)) or nil }, 0)
       end
       if stop then break end
+      ::next_step::
     end
     summary.final_loss = summary.losses[#summary.losses]
+    do -- the planner's own error on this run (loom.plan_cli.after_run; docs/PLAN.md)
+      local ms = {}
+      for i = 2, #step_ms do ms[#ms + 1] = step_ms[i] end
+      table.sort(ms)
+      local run_dir = t.log and t.log.jsonl and (t.log.jsonl:match("^(.*)/[^/]*$") or ".")
+        or (t.checkpoint and t.checkpoint.dir)
+      require("loom.plan_cli").after_run(t, rank, { peak_rss = session:info().peak_rss,
+        step_ms = #ms > 0 and ms[(#ms + 1) // 2] or nil }, run_dir)
+    end
     if #bubbles > 0 then
       summary.bubble = bubble_summary(bubbles)
       local f, fvalue = require("loom.schedule").formula(schedule, pp, accum, chunks)

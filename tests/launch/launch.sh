@@ -124,7 +124,7 @@ set +e
 "$loom" launch -n 0 "$recipe" 2> "$tmp/n0.err"; rc=$?
 set -e
 [[ $rc -eq 2 ]] || fail "-n 0 exited $rc"
-expect_line "$tmp/n0.err" "loom launch: -n must be between 1 and 1024 (got 0)"
+expect_line "$tmp/n0.err" "loom launch: -n must be between 1 and 256 (got 0)"
 "$loom" launch -n 1 "$recipe" > "$tmp/one.out" 2>&1 || fail "-n 1 failed"
 expect_line "$tmp/one.out" "rank 0 of 1 (local 0)"
 echo "ok: -n checked"

@@ -135,6 +135,20 @@ typedef struct loom_backend_ops {
      * is then bitwise the full recompute). */
     void (*attention_decode)(float *out, float *att, size_t att_stride, const float *qkv, int t,
                              int C, int NH);
+    /* The backend's compute stream as an opaque handle (a cudaStream_t for CUDA), for a comm
+     * plugin's create(device): its communication stream waits on it with events. NULL or
+     * absent (check size) for a host-memory backend. */
+    void *(*stream)(void *self);
+    /* Added for mixture-of-experts layers (core/model/moe.c; absent: check size). idx[i]
+     * is a row of the (rows, C) side; scale may be NULL (1).
+     * out (n,C) = scale[i] * inp[idx[i]] (overwrites). */
+    void (*rows_gather)(float *out, const float *inp, const int *idx, const float *scale,
+                        size_t n, int C);
+    /* out[idx[i]] += scale[i] * inp[i] (rows,C), rows added in i order (fixed bits). */
+    void (*rows_scatter_add)(float *out, const float *inp, const int *idx, const float *scale,
+                             size_t n, int C);
+    /* out[i] = a[idx[i]] . b[i] over C, summed in column order (overwrites). */
+    void (*rows_dot)(float *out, const float *a, const int *idx, const float *b, size_t n, int C);
     /* Added for mixed precision (may be absent: check size). dt is LOOM_DTYPE_BF16 or
      * LOOM_DTYPE_F16; rounding is to nearest, ties to even; overflow gives inf, NaN stays a
      * (quiet) NaN; widening is exact. dst (n 16-bit values) = src narrowed to dt. */

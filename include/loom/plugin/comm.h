@@ -13,7 +13,7 @@
  * (allgather) and adds them itself in a fixed tree.
  * A communicator is created from the rendezvous store (bootstrap) or by split().
  * Plugins: shm (processes of one node), mpi (Open MPI), nccl (GPUs; built where the CUDA
- * toolkit is found, and not yet usable for training: no backend hands it device buffers).
+ * toolkit is found, and not yet usable for training: sessions do not train on device memory yet).
  */
 #ifndef LOOM_PLUGIN_COMM_H
 #define LOOM_PLUGIN_COMM_H

@@ -6,14 +6,28 @@
  * timeout or an asynchronous error the communicator is aborted (ncclCommAbort) and the
  * failure is reported with NCCL's own error string — NCCL alone would wait forever.
  *
+ * Device: create() picks the GPU before any other CUDA or NCCL call (the `device` key, or
+ * LOCAL_RANK modulo the visible devices: kernels/cuda/device_select.c, the backend's rule,
+ * so both land on the same GPU) and every later entry sets it again for its thread.
+ *
  * Streams: each communicator owns a non-blocking communication stream. If create() is
  * given the backend's stream (device != NULL), every *_start first makes the communication
  * stream wait for the work already queued on the backend stream (an event), so buffers a
  * kernel is still writing are ready before NCCL reads them, and compute and communication
- * still overlap. With device == NULL the caller's buffers must already be ready.
- * Each *_start enqueues the NCCL call(s) on the communication stream and records an event;
- * wait() and test() look at that event. One stream per communicator: operations complete
- * in start order. Split children get their own stream (groups are independent).
+ * still overlap; and wait() makes the backend stream wait on the operation's completion
+ * event, so kernels queued after it read the result (device-side ordering) whichever
+ * thread queues them; with device_wait = true that is all wait() does (the host does not
+ * block, so compute and communication overlap on the device, at the price of a stuck peer
+ * showing at the backend's next synchronize, which has no timeout). With device == NULL
+ * the caller's buffers must already be ready.
+ * Each *_start enqueues the NCCL call(s) on the communication stream and records an event
+ * (taken from a pool: none is created per request in a steady state); wait() and test()
+ * look at that event. An enqueue NCCL reports as still in progress is settled lazily — by
+ * wait(), test() or the next start — not by a host sleep loop in every start. One stream
+ * per communicator: operations complete in start order. Split children get their own
+ * stream (groups are independent); a failed split leaves the parent usable.
+ * Bootstrap: rank 0 publishes the unique id under "nccl/id/<n>", n counting this process's
+ * create() calls, so a second communicator never reads the first one's id.
  *
  * Data movement (allgather, broadcast, alltoall(v), send/recv) is done in bytes, so every
  * loom dtype moves; reductions need an NCCL type: f32, bf16, f16, i32, u8 (not u16).
@@ -28,19 +42,31 @@
 #include <string.h>
 #include <time.h>
 
+#include <stdlib.h>
+
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include "device_select.h"
+#include "handle_pool.h"
 #include "loom/plugin/comm.h"
 
 #define HAVE_SPLIT (NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0))
 
-enum { K_POLL_US, N_KEYS };
+enum { K_POLL_US, K_DEVICE, K_DEVICE_WAIT, N_KEYS };
 
 static const loom_config_key keys[N_KEYS] = {
     [K_POLL_US] = {"poll_us", LOOM_CFG_INTEGER, "20",
                    "sleep between polls of a pending operation in wait(), microseconds; "
                    "0 to 100000 (0 spins)"},
+    [K_DEVICE] = {"device", LOOM_CFG_INTEGER, "-1",
+                  "GPU index; -1: LOCAL_RANK modulo the visible devices (the CUDA backend's "
+                  "rule)"},
+    [K_DEVICE_WAIT] = {"device_wait", LOOM_CFG_BOOLEAN, "false",
+                       "with the backend's stream: wait() only makes that stream wait on the "
+                       "operation (the host does not block; compute and communication overlap "
+                       "on the device), and a stuck peer shows at the backend's next "
+                       "synchronize instead of as a timeout here"},
 };
 
 typedef struct nccl_comm {
@@ -51,13 +77,16 @@ typedef struct nccl_comm {
     cudaEvent_t ready;         /* recorded on user_stream before each op */
     float *scratch;            /* one float for barrier */
     int rank, world, timeout_ms, poll_us, device;
-    int aborted;
+    int aborted, device_wait;
+    loom_handle_pool events;   /* completion events, reused across requests */
+    struct loom_comm_request *pending; /* enqueue still in progress (NCCL said so), or NULL */
 } nccl_comm;
 
 struct loom_comm_request {
     cudaEvent_t done;
     const char *what;
-    int peer; /* the peer of send/recv, -1 for collectives */
+    int peer;     /* the peer of send/recv, -1 for collectives */
+    int recorded; /* done is recorded: the enqueue has settled */
 };
 
 static double now_ms(void)
@@ -89,7 +118,11 @@ static int nccl_dtype(loom_dtype dt, ncclDataType_t *out)
 {
     switch (dt) {
     case LOOM_DTYPE_F32: *out = ncclFloat32; return 1;
+#ifdef LOOM_NCCL_HAVE_BF16 /* meson checks nccl.h declares it for C (some declare it for C++ only) */
     case LOOM_DTYPE_BF16: *out = ncclBfloat16; return 1;
+#else
+    case LOOM_DTYPE_BF16: return 0;
+#endif
     case LOOM_DTYPE_F16: *out = ncclFloat16; return 1;
     case LOOM_DTYPE_I32: *out = ncclInt32; return 1;
     case LOOM_DTYPE_U8: *out = ncclUint8; return 1;
@@ -127,15 +160,20 @@ static loom_status fail_abort(nccl_comm *c, loom_status st, const char *what, in
                          "%s (%s); communicator aborted", what, c->rank, c->world, why, detail);
 }
 
-/* Poll c->comm until its pending non-blocking call settles, or abort it at the deadline. */
-static loom_status settle(nccl_comm *c, ncclResult_t res, const char *what)
+/* Poll c->comm until its pending non-blocking call settles; at the deadline or on an error
+ * abort it (abort = 1) or only report (abort = 0: a split's failure, polled on the parent,
+ * must not cost the parent). */
+static loom_status settle_or(nccl_comm *c, ncclResult_t res, const char *what, int abort)
 {
     double deadline = now_ms() + c->timeout_ms;
+    char why[128];
     while (res == ncclInProgress) {
         if (now_ms() > deadline) {
-            char why[128];
             snprintf(why, sizeof why, "still in progress after timeout_ms=%d", c->timeout_ms);
-            return fail_abort(c, LOOM_ERR_TIMEOUT, what, -1, why);
+            if (abort)
+                return fail_abort(c, LOOM_ERR_TIMEOUT, what, -1, why);
+            return c->host->fail(LOOM_ERR_TIMEOUT, "nccl %s (rank %d of %d): %s", what, c->rank,
+                                 c->world, why);
         }
         nap(c->poll_us > 0 ? c->poll_us : 10);
         ncclResult_t q = ncclCommGetAsyncError(c->comm, &res);
@@ -144,7 +182,49 @@ static loom_status settle(nccl_comm *c, ncclResult_t res, const char *what)
     }
     if (res == ncclSuccess)
         return LOOM_OK;
-    return fail_abort(c, LOOM_ERR_COMM, what, -1, ncclGetErrorString(res));
+    if (abort)
+        return fail_abort(c, LOOM_ERR_COMM, what, -1, ncclGetErrorString(res));
+    return c->host->fail(LOOM_ERR_COMM, "nccl %s (rank %d of %d): %s", what, c->rank, c->world,
+                         ncclGetErrorString(res));
+}
+
+static loom_status settle(nccl_comm *c, ncclResult_t res, const char *what)
+{
+    return settle_or(c, res, what, 1);
+}
+
+/* Settle the enqueue NCCL left in progress (at most one: every start settles the one before
+ * it first), then record its completion event where the operation now sits. */
+static loom_status settle_pending(nccl_comm *c)
+{
+    struct loom_comm_request *r = c->pending;
+    if (r == NULL)
+        return LOOM_OK;
+    c->pending = NULL;
+    ncclResult_t res = ncclInProgress, q = ncclCommGetAsyncError(c->comm, &res);
+    loom_status st = settle(c, q != ncclSuccess ? q : res, r->what);
+    if (st != LOOM_OK)
+        return st;
+    cudaError_t e = cudaEventRecord(r->done, c->stream);
+    if (e != cudaSuccess)
+        return c->host->fail(LOOM_ERR_COMM, "nccl %s: recording the completion event: %s",
+                             r->what, cudaGetErrorString(e));
+    r->recorded = 1;
+    return LOOM_OK;
+}
+
+static int event_create(void *ctx, void **out)
+{
+    cudaEvent_t e;
+    if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess)
+        return -1;
+    *out = (void *)e;
+    return 0;
+}
+
+static void event_destroy(void *ctx, void *h)
+{
+    cudaEventDestroy((cudaEvent_t)h);
 }
 
 #define CUDA_TRY(c, call, what)                                                             \
@@ -161,6 +241,9 @@ static void comm_free(nccl_comm *c)
 {
     if (c == NULL)
         return;
+    cudaSetDevice(c->device);
+    if (c->pending && !c->aborted)
+        (void)settle_pending(c); /* a failure aborts: the handle is then gone, as below */
     if (c->comm) {
         if (c->aborted) {
             /* already aborted: the handle is gone */
@@ -186,6 +269,7 @@ static void comm_free(nccl_comm *c)
     }
     if (c->ready)
         cudaEventDestroy(c->ready);
+    loom_handle_pool_destroy(&c->events); /* the free ones; requests not waited for leak theirs */
     if (c->scratch)
         cudaFree(c->scratch);
     c->host->free(c);
@@ -195,7 +279,7 @@ static void nccl_destroy(void *self) { comm_free(self); }
 
 /* The per-communicator CUDA resources; c->comm is set by the caller afterwards. */
 static loom_status comm_alloc(const loom_host *host, int rank, int world, int timeout_ms,
-                              int poll_us, cudaStream_t user, nccl_comm **out)
+                              int poll_us, int device, cudaStream_t user, nccl_comm **out)
 {
     nccl_comm *c = host->alloc(sizeof *c);
     if (c == NULL)
@@ -206,7 +290,9 @@ static loom_status comm_alloc(const loom_host *host, int rank, int world, int ti
     c->timeout_ms = timeout_ms;
     c->poll_us = poll_us;
     c->user_stream = user;
-    cudaError_t e = cudaGetDevice(&c->device);
+    c->device = device;
+    loom_handle_pool_init(&c->events, event_create, event_destroy, NULL);
+    cudaError_t e = cudaSetDevice(device);
     if (e == cudaSuccess)
         e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (e == cudaSuccess)
@@ -232,8 +318,10 @@ static loom_status nccl_create(const loom_host *host, const loom_config *cfg,
     if (cfg == NULL || cfg->count < N_KEYS || cfg->values == NULL ||
         cfg->values[K_POLL_US].type != LOOM_CFG_INTEGER)
         return host->fail(LOOM_ERR_INVALID, "nccl: expected %d resolved config value(s) "
-                          "(poll_us), got %d", N_KEYS, cfg ? cfg->count : 0);
+                          "(poll_us, device, device_wait), got %d", N_KEYS,
+                          cfg ? cfg->count : 0);
     double poll = cfg->values[K_POLL_US].number;
+    int device_wait = cfg->values[K_DEVICE_WAIT].number != 0;
     if (!(poll >= 0 && poll <= 100000))
         return host->fail(LOOM_ERR_INVALID, "nccl: poll_us must be 0 to 100000, got %.0f",
                           poll);
@@ -250,6 +338,19 @@ static loom_status nccl_create(const loom_host *host, const loom_config *cfg,
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0)
         return host->fail(LOOM_ERR_UNSUPPORTED, "nccl: no CUDA device visible on rank %d "
                           "(use the shm communicator for host memory)", rank);
+    char why[200];
+    int dev = loom_cuda_pick_device((int)cfg->values[K_DEVICE].number, getenv("LOCAL_RANK"),
+                                    ndev, why, sizeof why);
+    if (dev < 0)
+        return host->fail(LOOM_ERR_INVALID, "nccl (rank %d): %s", rank, why);
+    cudaError_t de = cudaSetDevice(dev); /* before any other CUDA or NCCL call */
+    if (de != cudaSuccess)
+        return host->fail(LOOM_ERR_COMM, "nccl create (rank %d): cudaSetDevice(%d): %s", rank,
+                          dev, cudaGetErrorString(de));
+    /* Every rank creates its communicators in the same order, so the count agrees. */
+    static int generation;
+    char key[32];
+    snprintf(key, sizeof key, "nccl/id/%d", generation++);
 
     ncclUniqueId id;
     memset(&id, 0, sizeof id);
@@ -258,24 +359,25 @@ static loom_status nccl_create(const loom_host *host, const loom_config *cfg,
         if (r != ncclSuccess)
             return host->fail(LOOM_ERR_COMM, "nccl create: ncclGetUniqueId failed: %s (%s)",
                               ncclGetErrorString(r), ncclGetLastError(NULL));
-        loom_status st = store->set(store->self, "nccl/id", &id, sizeof id);
+        loom_status st = store->set(store->self, key, &id, sizeof id);
         if (st != LOOM_OK)
             return st;
     } else {
         size_t len = sizeof id;
-        loom_status st = store->get(store->self, "nccl/id", &id, &len, timeout_ms);
+        loom_status st = store->get(store->self, key, &id, &len, timeout_ms);
         if (st != LOOM_OK)
             return st;
         if (len != sizeof id)
-            return host->fail(LOOM_ERR_COMM, "nccl create: rank %d got a %zu-byte 'nccl/id' "
+            return host->fail(LOOM_ERR_COMM, "nccl create: rank %d got a %zu-byte '%s' "
                               "from rank 0, expected %zu (loom builds with different NCCL?)",
-                              rank, len, sizeof id);
+                              rank, len, key, sizeof id);
     }
 
     nccl_comm *c = NULL;
-    loom_status st = comm_alloc(host, rank, world, timeout_ms, (int)poll, device, &c);
+    loom_status st = comm_alloc(host, rank, world, timeout_ms, (int)poll, dev, device, &c);
     if (st != LOOM_OK)
         return st;
+    c->device_wait = device_wait && device != NULL;
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     ncclComm_t comm = NULL;
@@ -308,23 +410,30 @@ static loom_status nccl_split(void *self, int color, int key, void **out)
     if (color < 0)
         return c->host->fail(LOOM_ERR_INVALID, "nccl split: color must be >= 0, got %d", color);
 #if HAVE_SPLIT
-    nccl_comm *n = NULL;
-    loom_status st = comm_alloc(c->host, 0, 0, c->timeout_ms, c->poll_us, c->user_stream, &n);
+    cudaSetDevice(c->device);
+    loom_status st = settle_pending(c); /* NCCL takes no new call while one is in progress */
     if (st != LOOM_OK)
         return st;
+    nccl_comm *n = NULL;
+    st = comm_alloc(c->host, 0, 0, c->timeout_ms, c->poll_us, c->device, c->user_stream, &n);
+    if (st != LOOM_OK)
+        return st;
+    n->device_wait = c->device_wait;
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     ncclComm_t comm = NULL;
     ncclResult_t r = ncclCommSplit(c->comm, color, key, &comm, &config);
-    if (r != ncclSuccess && r != ncclInProgress) {
+    if (r != ncclSuccess && r != ncclInProgress) { /* the parent stays usable */
         comm_free(n);
-        return fail_abort(c, LOOM_ERR_COMM, "split (ncclCommSplit)", -1, ncclGetErrorString(r));
+        return c->host->fail(LOOM_ERR_COMM, "nccl split (ncclCommSplit, color %d, rank %d of "
+                             "%d): %s (%s); the parent communicator is kept", color, c->rank,
+                             c->world, ncclGetErrorString(r), ncclGetLastError(c->comm));
     }
     n->comm = comm;
-    if (comm != NULL) /* a non-blocking split is polled on the new communicator */
+    if (comm != NULL) /* a non-blocking split is polled (and aborted) on the new communicator */
         st = settle(n, r, "split (ncclCommSplit)");
-    else if (r == ncclInProgress)
-        st = settle(c, r, "split (ncclCommSplit)");
+    else if (r == ncclInProgress) /* polled on the parent, which a failure must not abort */
+        st = settle_or(c, r, "split (ncclCommSplit)", 0);
     if (st == LOOM_OK && comm == NULL)
         st = c->host->fail(LOOM_ERR_COMM, "nccl split: ncclCommSplit gave no communicator for "
                            "color %d on rank %d", color, c->rank);
@@ -361,6 +470,10 @@ static loom_status begin(nccl_comm *c, const char *what, loom_comm_request **req
     if (c->aborted)
         return c->host->fail(LOOM_ERR_COMM, "nccl %s: communicator was aborted after an "
                              "earlier failure", what);
+    cudaSetDevice(c->device); /* this thread may not have set it */
+    loom_status st = settle_pending(c);
+    if (st != LOOM_OK)
+        return st;
     if (c->user_stream != NULL) {
         CUDA_TRY(c, cudaEventRecord(c->ready, c->user_stream), what);
         CUDA_TRY(c, cudaStreamWaitEvent(c->stream, c->ready, 0), what);
@@ -374,22 +487,32 @@ static loom_status finish(nccl_comm *c, ncclResult_t res, const char *what, int 
 {
     if (res != ncclSuccess && res != ncclInProgress)
         return fail_abort(c, LOOM_ERR_COMM, what, peer, ncclGetErrorString(res));
-    loom_status st = settle(c, res, what);
-    if (st != LOOM_OK)
-        return st;
     loom_comm_request *r = c->host->alloc(sizeof *r);
-    if (r == NULL)
-        return c->host->fail(LOOM_ERR_NOMEM, "nccl %s: out of memory", what);
+    void *ev = NULL;
+    if (r == NULL || loom_handle_pool_acquire(&c->events, &ev) != 0) {
+        c->host->free(r);
+        /* the operation is queued: settle it so that the communicator stays consistent */
+        loom_status st = settle(c, res, what);
+        return st != LOOM_OK ? st : c->host->fail(LOOM_ERR_NOMEM, "nccl %s: out of memory "
+                                                  "(request or CUDA event)", what);
+    }
     r->what = what;
     r->peer = peer;
-    cudaError_t e = cudaEventCreateWithFlags(&r->done, cudaEventDisableTiming);
-    if (e == cudaSuccess && (e = cudaEventRecord(r->done, c->stream)) != cudaSuccess)
-        cudaEventDestroy(r->done);
+    r->done = (cudaEvent_t)ev;
+    r->recorded = 0;
+    if (res == ncclInProgress) { /* settled later: by wait, test or the next start */
+        c->pending = r;
+        *req = r;
+        return LOOM_OK;
+    }
+    cudaError_t e = cudaEventRecord(r->done, c->stream);
     if (e != cudaSuccess) {
+        loom_handle_pool_release(&c->events, ev);
         c->host->free(r);
         return c->host->fail(LOOM_ERR_COMM, "nccl %s: recording the completion event: %s",
                              what, cudaGetErrorString(e));
     }
+    r->recorded = 1;
     *req = r;
     return LOOM_OK;
 }
@@ -434,8 +557,14 @@ static loom_status reduce_start(nccl_comm *c, const char *what, int scatter, con
     ncclRedOp_t nop;
     if (!nccl_dtype(dt, &ndt))
         return c->host->fail(dt_size(dt) ? LOOM_ERR_UNSUPPORTED : LOOM_ERR_INVALID,
-                             "nccl %s: dtype %d cannot be reduced (f32, bf16, f16, i32, u8 "
-                             "can)", what, (int)dt);
+                             "nccl %s: dtype %d cannot be reduced (f32, %sf16, i32, u8 can)",
+                             what, (int)dt,
+#ifdef LOOM_NCCL_HAVE_BF16
+                             "bf16, "
+#else
+                             "" /* this nccl.h has no ncclBfloat16 for C */
+#endif
+                             );
     if (!nccl_op(op, &nop))
         return bad(c, what, "reduce op is not sum (0), avg (1) or max (2)");
     if (count > 0 && (send == NULL || recv == NULL))
@@ -630,9 +759,13 @@ static loom_status nccl_barrier_start(void *self, loom_comm_request **req)
 
 /* ---- completion --------------------------------------------------------------------- */
 
+/* The event goes back to the pool: a later record on it replaces this one, so reuse is
+ * fine even when an abort left it pending. */
 static void req_free(nccl_comm *c, loom_comm_request *r)
 {
-    cudaEventDestroy(r->done); /* fine while pending: released when it completes */
+    if (c->pending == r)
+        c->pending = NULL;
+    loom_handle_pool_release(&c->events, (void *)r->done);
     c->host->free(r);
 }
 
@@ -645,8 +778,36 @@ static loom_status nccl_wait(void *self, loom_comm_request *r)
         return c->host->fail(LOOM_ERR_INVALID, "nccl wait: request is NULL");
     const char *what = r->what;
     int peer = r->peer;
-    double deadline = now_ms() + c->timeout_ms;
+    cudaSetDevice(c->device);
     loom_status st = LOOM_OK;
+    if (!r->recorded && !c->aborted)
+        st = settle_pending(c);
+    if (st != LOOM_OK || c->aborted) {
+        if (st == LOOM_OK)
+            st = c->host->fail(LOOM_ERR_COMM, "nccl %s: communicator was aborted after an "
+                               "earlier failure", what);
+        req_free(c, r);
+        return st;
+    }
+    /* Device-side order: the backend's kernels queued from now on read the result. The
+     * event may go back to the pool at once: a wait takes the record current at the call. */
+    if (c->user_stream != NULL) {
+        cudaError_t we = cudaStreamWaitEvent(c->user_stream, r->done, 0);
+        if (we != cudaSuccess) {
+            req_free(c, r);
+            return c->host->fail(LOOM_ERR_COMM, "nccl %s: making the backend stream wait: %s",
+                                 what, cudaGetErrorString(we));
+        }
+        if (c->device_wait) { /* one look for an error, no host wait */
+            ncclResult_t a = ncclSuccess, q = ncclCommGetAsyncError(c->comm, &a);
+            req_free(c, r);
+            if (q != ncclSuccess || (a != ncclSuccess && a != ncclInProgress))
+                return fail_abort(c, LOOM_ERR_COMM, what, peer,
+                                  ncclGetErrorString(q != ncclSuccess ? q : a));
+            return LOOM_OK;
+        }
+    }
+    double deadline = now_ms() + c->timeout_ms;
     for (;;) {
         cudaError_t e = cudaEventQuery(r->done);
         if (e == cudaSuccess)
@@ -685,6 +846,17 @@ static int nccl_test(void *self, loom_comm_request *r)
     nccl_comm *c = self;
     if (c == NULL || r == NULL)
         return 1;
+    cudaSetDevice(c->device);
+    if (!r->recorded && !c->aborted) { /* one look at the enqueue, no sleep */
+        ncclResult_t a = ncclInProgress;
+        if (ncclCommGetAsyncError(c->comm, &a) != ncclSuccess ||
+            (a != ncclSuccess && a != ncclInProgress))
+            return 1; /* failed: wait reports it at once */
+        if (a == ncclInProgress)
+            return 0;
+        if (settle_pending(c) != LOOM_OK) /* settled: record the event, no poll left */
+            return 1;
+    }
     if (c->aborted || cudaEventQuery(r->done) != cudaErrorNotReady)
         return 1;
     ncclResult_t a = ncclSuccess;

@@ -1,4 +1,4 @@
--- expect: on_nonfinite.lua:6: on_nonfinite=halt is not one of: skip, stop
+-- expect: on_nonfinite.lua:6: on_nonfinite=halt is not one of: skip, stop, rollback
 package.path = arg[0]:match("^(.*)/bad/[^/]*$") .. "/recipes/?.lua;" .. package.path
 local loom = require "loom"
 local common = require "common"

@@ -1,0 +1,386 @@
+/* lua_plan.c — what `loom plan` (scripts/loom/plan*.lua) needs from C:
+ *   core.footprint{...}: the bytes loom_gpt_create would allocate on one rank, from the
+ *     model's own table and activation layout code (gpt.h: loom_gpt_footprint), so the
+ *     planner and the session's start-up accounting cannot disagree;
+ *   core.zero_padded(total, n): ZeRO's padded buffer (zero.h), whose n-th is a partition;
+ *   core.cpu_now(): this process's CPU seconds (a loaded machine's honest clock);
+ *   core.bench_device{...}: the machine model's device half, measured through a backend's
+ *     own kernels: matmul forward/backward time by shape, attention forward/backward time,
+ *     and the memory bandwidth of `accumulate` (2 reads + 1 write per element).
+ * What not: the time model, the search and the printing are Lua (plan.lua).
+ * Times are the median of repeats (a shared machine's outliers move a mean, not a median).
+ */
+#include <lauxlib.h>
+#include <lua.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/backend.h"
+#include "base/clock.h"
+#include "base/config.h"
+#include "base/plugin_loader.h"
+#include "loom/plugin/optim.h"
+#include "base/status.h"
+#include "lua_loom.h"
+#include "model/gpt.h"
+#include "train/zero.h"
+
+static int ifield(lua_State *L, int t, const char *k, int dflt)
+{
+    lua_getfield(L, t, k);
+    int v = lua_isnil(L, -1) ? dflt : (int)luaL_checkinteger(L, -1);
+    lua_pop(L, 1);
+    return v;
+}
+
+static int bfield(lua_State *L, int t, const char *k)
+{
+    lua_getfield(L, t, k);
+    int v = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    return v;
+}
+
+/* Set flags[i] = 1 for each 0-based index in the list t[k]; 0 if t[k] is nil. */
+static int index_list(lua_State *L, int t, const char *k, unsigned char *flags, int n)
+{
+    lua_getfield(L, t, k);
+    if (lua_isnil(L, -1)) {
+        lua_pop(L, 1);
+        return 0;
+    }
+    luaL_checktype(L, -1, LUA_TTABLE);
+    memset(flags, 0, (size_t)n);
+    for (lua_Integer i = 1, len = luaL_len(L, -1); i <= len; i++) {
+        lua_geti(L, -1, i);
+        lua_Integer l = luaL_checkinteger(L, -1);
+        if (l < 0 || l >= n)
+            luaL_error(L, "footprint: %s index %d is not a block 0..%d", k, (int)l, n - 1);
+        flags[l] = 1;
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+    return 1;
+}
+
+static void set_int(lua_State *L, const char *k, size_t v)
+{
+    lua_pushinteger(L, (lua_Integer)v);
+    lua_setfield(L, -2, k);
+}
+
+/* core.footprint{vocab=, vocab_padded=, ctx=, layers=, heads=, dim=, micro=, tp=1,
+ *   sequence_parallel=false, canonical=false, recompute="none"|"full"|"selective",
+ *   recompute_layers={blocks}, stage_layers={blocks held} (nil: all), slots=1,
+ *   split_backward=false} -> {param_floats, activations, slot, shared, host} */
+static int l_footprint(lua_State *L)
+{
+    luaL_checktype(L, 1, LUA_TTABLE);
+    loom_gpt_config cfg = {ifield(L, 1, "vocab", 0), ifield(L, 1, "vocab_padded", 0),
+                           ifield(L, 1, "ctx", 0), ifield(L, 1, "layers", 0),
+                           ifield(L, 1, "heads", 0), ifield(L, 1, "dim", 0)};
+    if (cfg.layers < 1 || cfg.layers > 4096)
+        return luaL_error(L, "footprint: layers=%d must be in 1..4096", cfg.layers);
+    unsigned char *stage = lua_newuserdatauv(L, 2 * (size_t)cfg.layers, 0); /* freed by GC */
+    unsigned char *rc = stage + cfg.layers;
+    loom_gpt_parallel par;
+    memset(&par, 0, sizeof par);
+    par.canonical = bfield(L, 1, "canonical");
+    par.stage_layers = index_list(L, 1, "stage_layers", stage, cfg.layers) ? stage : NULL;
+    par.slots = ifield(L, 1, "slots", 1);
+    par.split_backward = bfield(L, 1, "split_backward");
+    lua_getfield(L, 1, "recompute");
+    const char *r = luaL_optstring(L, -1, "none");
+    par.recompute = !strcmp(r, "full") ? LOOM_RECOMPUTE_FULL
+                    : !strcmp(r, "selective") ? LOOM_RECOMPUTE_SELECTIVE
+                    : !strcmp(r, "none") ? LOOM_RECOMPUTE_NONE : -1;
+    lua_pop(L, 1);
+    if (par.recompute < 0)
+        return luaL_error(L, "footprint: recompute=\"%s\" is not none, full or selective (a list "
+                          "of blocks goes in recompute_layers)", r);
+    if (index_list(L, 1, "recompute_layers", rc, cfg.layers)) {
+        par.recompute = LOOM_RECOMPUTE_LAYERS;
+        par.recompute_layers = rc;
+    }
+    loom_gpt_footprint_bytes fp;
+    if (loom_gpt_footprint(&cfg, ifield(L, 1, "micro", 0), &par, ifield(L, 1, "tp", 1),
+                           bfield(L, 1, "sequence_parallel"), &fp) != LOOM_OK) {
+        lua_pushstring(L, loom_last_error());
+        return lua_error(L);
+    }
+    lua_createtable(L, 0, 5);
+    set_int(L, "param_floats", fp.param_floats);
+    set_int(L, "activations", fp.activations);
+    set_int(L, "slot", fp.slot);
+    set_int(L, "shared", fp.shared);
+    set_int(L, "host", fp.host);
+    return 1;
+}
+
+static int l_zero_padded(lua_State *L)
+{
+    lua_Integer total = luaL_checkinteger(L, 1), n = luaL_checkinteger(L, 2);
+    luaL_argcheck(L, total >= 0 && n >= 1, 1, "total >= 0 and n >= 1");
+    lua_pushinteger(L, (lua_Integer)loom_zero_padded((size_t)total, (int)n));
+    return 1;
+}
+
+/* --- device measurements --------------------------------------------------------------- */
+
+typedef struct bench_box { loom_backend be; float *buf[6]; int cpu_clock; } bench_box;
+
+/* Seconds of this process's CPU time (all threads): what a step costs whatever else the
+ * machine runs, where wall time also counts the waits for a core. */
+static double cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int l_cpu_now(lua_State *L)
+{
+    lua_pushnumber(L, cpu_now());
+    return 1;
+}
+
+static void bench_release(bench_box *b)
+{
+    for (int i = 0; i < 6; i++)
+        free(b->buf[i]);
+    memset(b->buf, 0, sizeof b->buf);
+    if (b->be.ops)
+        loom_backend_close(&b->be);
+    b->be.ops = NULL;
+}
+
+static int bench_gc(lua_State *L)
+{
+    bench_release(lua_touserdata(L, 1));
+    return 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+typedef void (*bench_fn)(bench_box *b, const int *shape);
+
+/* The median seconds of one call, repeated for at least min_s (3 to 201 repeats). */
+static double time_it(bench_box *b, bench_fn fn, const int *shape, double min_s)
+{
+    double t[201];
+    int n = 0;
+    fn(b, shape); /* warm-up: pages, caches, thread pool */
+    double start = loom_now_s();
+    while (n < 201 && (n < 3 || loom_now_s() - start < min_s)) {
+        double t0 = b->cpu_clock ? cpu_now() : loom_now_s();
+        fn(b, shape);
+        b->be.ops->synchronize(b->be.self);
+        t[n++] = (b->cpu_clock ? cpu_now() : loom_now_s()) - t0;
+    }
+    qsort(t, (size_t)n, sizeof *t, cmp_double);
+    return t[n / 2];
+}
+
+/* shape = {M, K, N}: out (M,N) = inp (M,K) weight (N,K)^T */
+static void mm_fwd(bench_box *b, const int *s)
+{
+    b->be.ops->matmul_forward(b->buf[0], b->buf[1], b->buf[2], b->buf[3], 1, s[0], s[1], s[2]);
+}
+static void mm_bwd(bench_box *b, const int *s)
+{
+    b->be.ops->matmul_backward(b->buf[1], b->buf[4], b->buf[3], b->buf[0], b->buf[5], b->buf[2], 1,
+                               s[0], s[1], s[2]);
+}
+/* shape = {B, T, C, NH}: buf1 qkv (B,T,3C), buf0 out, buf4 att, buf5 scratch */
+static void att_fwd(bench_box *b, const int *s)
+{
+    b->be.ops->attention_forward(b->buf[0], b->buf[4], b->buf[1], s[0], s[1], s[2], s[3]);
+}
+static void att_bwd(bench_box *b, const int *s)
+{
+    b->be.ops->attention_backward(b->buf[2], b->buf[5], b->buf[0], b->buf[1], b->buf[4], s[0],
+                                  s[1], s[2], s[3]);
+}
+static void bw_acc(bench_box *b, const int *s)
+{
+    b->be.ops->accumulate(b->buf[0], b->buf[1], (size_t)s[0]);
+}
+
+/* shape = {n}: element-wise kernels over n values (layernorm: rows of 256) */
+static void gelu_fwd(bench_box *b, const int *s) { b->be.ops->gelu_forward(b->buf[0], b->buf[1], (size_t)s[0]); }
+static void gelu_bwd(bench_box *b, const int *s)
+{
+    b->be.ops->gelu_backward(b->buf[2], b->buf[1], b->buf[0], (size_t)s[0]);
+}
+static void ln_fwd(bench_box *b, const int *s)
+{
+    b->be.ops->layernorm_forward(b->buf[0], b->buf[3], b->buf[4], b->buf[1], b->buf[5],
+                                 b->buf[5] + 256, 1, s[0] / 256, 256);
+}
+static void ln_bwd(bench_box *b, const int *s)
+{
+    b->be.ops->layernorm_backward(b->buf[2], b->buf[5] + 512, b->buf[5] + 768, b->buf[0],
+                                  b->buf[1], b->buf[5], b->buf[3], b->buf[4], 1, s[0] / 256, 256);
+}
+
+/* Seconds per element of one AdamW step (the optim plugin's own step over n values). */
+static double time_adamw(bench_box *b, int n, double min_s)
+{
+    const loom_plugin *p;
+    if (loom_plugin_load(LOOM_KIND_OPTIM, "adamw", &p) != LOOM_OK)
+        return 0;
+    loom_plugin_config pc;
+    void *self = NULL;
+    const loom_optim_ops *ops = p->desc->ops;
+    if (loom_config_init(&pc, p->desc) != LOOM_OK || loom_config_set_number(&pc, "lr", 1e-3) != LOOM_OK ||
+        loom_config_finish(&pc) != LOOM_OK)
+        return 0;
+    loom_config view = loom_config_view(&pc);
+    if (ops->create(loom_core_host(), &view, &self) != LOOM_OK)
+        return 0;
+    loom_optim_segment seg = {b->buf[0], b->buf[1], b->buf[2], (size_t)n, 0.1f};
+    double t[64];
+    int k = 0;
+    double start = loom_now_s();
+    for (int64_t step = 1; k < 64 && (k < 3 || loom_now_s() - start < min_s); step++) {
+        loom_optim_step_args a = {&seg, 1, 1e-3f, step, 1.0f};
+        double t0 = b->cpu_clock ? cpu_now() : loom_now_s();
+        ops->step(self, &a);
+        t[k++] = (b->cpu_clock ? cpu_now() : loom_now_s()) - t0;
+    }
+    ops->destroy(self);
+    qsort(t, (size_t)k, sizeof *t, cmp_double);
+    return t[k / 2] / n;
+}
+
+static int alloc_bufs(bench_box *b, size_t floats)
+{
+    for (int i = 0; i < 6; i++) {
+        free(b->buf[i]);
+        b->buf[i] = NULL;
+    }
+    for (int i = 0; i < 6; i++) {
+        /* host memory: the CPU backend's; a device backend's bench would allocate there */
+        if (!(b->buf[i] = calloc(floats ? floats : 1, sizeof(float))))
+            return 0;
+        for (size_t j = 0; j < floats; j += 997)
+            b->buf[i][j] = 0.001f * (float)(j % 13);
+    }
+    return 1;
+}
+
+static void read_shape(lua_State *L, int idx, int *s, int n, const char *what)
+{
+    for (int i = 0; i < n; i++) {
+        lua_geti(L, idx, i + 1);
+        s[i] = (int)luaL_checkinteger(L, -1);
+        lua_pop(L, 1);
+        if (s[i] < 1 || s[i] > 1 << 20)
+            luaL_error(L, "bench_device: %s shape entry %d = %d out of range", what, i + 1, s[i]);
+    }
+}
+
+/* core.bench_device{backend="cpu", threads=0, min_s=0.05, cpu_clock=false (true: CPU time), gemm={{M,K,N},...},
+ *   attention={{B,T,C,NH},...}, bandwidth_floats=N}
+ * -> {gemm={{M,K,N, fwd_s=, bwd_s=}}, attention={{B,T,C,NH, fwd_s=, bwd_s=}}, bandwidth=B/s,
+ *     describe=} */
+static int l_bench_device(lua_State *L)
+{
+    luaL_checktype(L, 1, LUA_TTABLE);
+    lua_getfield(L, 1, "backend");
+    const char *name = luaL_optstring(L, -1, "cpu");
+    lua_getfield(L, 1, "min_s");
+    double min_s = luaL_optnumber(L, -1, 0.05);
+    lua_pop(L, 1);
+    bench_box *b = lua_newuserdatauv(L, sizeof *b, 0);
+    memset(b, 0, sizeof *b);
+    lua_createtable(L, 0, 1);
+    lua_pushcfunction(L, bench_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_setmetatable(L, -2);
+    /* the bounded OpenMP spin `loom run` asks for (cli.c: share_the_machine), so the
+     * rates measured here are the rates a run gets; read once, when libgomp loads */
+    if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT"))
+        setenv("GOMP_SPINCOUNT", "1000", 0);
+    b->cpu_clock = bfield(L, 1, "cpu_clock");
+    if (loom_backend_open(name, ifield(L, 1, "threads", 0), &b->be) != LOOM_OK) {
+        lua_pushstring(L, loom_last_error());
+        return lua_error(L);
+    }
+    lua_createtable(L, 0, 4);
+    lua_pushstring(L, b->be.ops->describe(b->be.self));
+    lua_setfield(L, -2, "describe");
+    static const char *const kinds[] = {"gemm", "attention"};
+    for (int k = 0; k < 2; k++) {
+        lua_getfield(L, 1, kinds[k]);
+        lua_newtable(L);
+        for (lua_Integer i = 1; lua_istable(L, -2) && i <= luaL_len(L, -2); i++) {
+            int s[4] = {1, 1, 1, 1};
+            lua_geti(L, -2, i);
+            read_shape(L, lua_gettop(L), s, k == 0 ? 3 : 4, kinds[k]);
+            lua_pop(L, 1);
+            size_t need = k == 0 ? (size_t)s[0] * s[1] + (size_t)s[1] * s[2] + (size_t)s[0] * s[2]
+                                 : 2 * (size_t)s[0] * s[3] * s[1] * s[1] + 3 * (size_t)s[0] * s[1] * s[2];
+            if (!alloc_bufs(b, need))
+                return luaL_error(L, "bench_device: out of memory for %s shape %d", kinds[k], (int)i);
+            double f = time_it(b, k == 0 ? mm_fwd : att_fwd, s, min_s);
+            double w = time_it(b, k == 0 ? mm_bwd : att_bwd, s, min_s);
+            lua_createtable(L, 4, 2);
+            for (int j = 0; j < (k == 0 ? 3 : 4); j++) {
+                lua_pushinteger(L, s[j]);
+                lua_rawseti(L, -2, j + 1);
+            }
+            lua_pushnumber(L, f);
+            lua_setfield(L, -2, "fwd_s");
+            lua_pushnumber(L, w);
+            lua_setfield(L, -2, "bwd_s");
+            lua_rawseti(L, -2, i);
+        }
+        lua_setfield(L, -3, kinds[k]);
+        lua_pop(L, 1);
+    }
+    int n = ifield(L, 1, "bandwidth_floats", 0);
+    if (n > 0) {
+        if (!alloc_bufs(b, (size_t)n))
+            return luaL_error(L, "bench_device: out of memory for %d floats", n);
+        double t = time_it(b, bw_acc, &n, min_s);
+        lua_pushnumber(L, 3.0 * sizeof(float) * (double)n / t);
+        lua_setfield(L, -2, "bandwidth");
+    }
+    /* per-element seconds of the element-wise kernels whose cost is arithmetic, not bytes */
+    int e = ifield(L, 1, "elementwise", 0) / 256 * 256;
+    if (e > 0) {
+        if (!alloc_bufs(b, 2 * (size_t)e + 1024))
+            return luaL_error(L, "bench_device: out of memory for %d floats", e);
+        static const char *const names[] = {"gelu_fwd", "gelu_bwd", "layernorm_fwd", "layernorm_bwd"};
+        bench_fn fns[] = {gelu_fwd, gelu_bwd, ln_fwd, ln_bwd};
+        lua_createtable(L, 0, 5);
+        for (int i = 0; i < 4; i++) {
+            lua_pushnumber(L, time_it(b, fns[i], &e, min_s) / e);
+            lua_setfield(L, -2, names[i]);
+        }
+        double adam = time_adamw(b, e, min_s);
+        if (adam > 0) {
+            lua_pushnumber(L, adam);
+            lua_setfield(L, -2, "adamw");
+        }
+        lua_setfield(L, -2, "per_element");
+    }
+    bench_release(b);
+    return 1;
+}
+
+void loom_lua_open_plan(lua_State *L)
+{
+    static const luaL_Reg funcs[] = {{"footprint", l_footprint},
+                                     {"zero_padded", l_zero_padded},
+                                     {"bench_device", l_bench_device},
+                                     {"cpu_now", l_cpu_now},
+                                     {NULL, NULL}};
+    luaL_setfuncs(L, funcs, 0);
+}

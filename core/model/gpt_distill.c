@@ -1,0 +1,103 @@
+/* gpt_distill.c — the distillation term and its place in the training forward (see
+ * gpt_distill.h). Invariant: with a teacher set, gpt_distill_before runs on the raw logits
+ * before the cross-entropy overwrites them with their gradient, gpt_distill_after blends
+ * the two gradients and per-token losses after it. */
+#include "gpt_distill.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpt_internal.h"
+#include "base/status.h"
+
+/* log softmax(z / T) of one row into out (double), V columns. */
+static void log_softmax_t(const float *z, int V, double T, double *out)
+{
+    double max = -INFINITY;
+    for (int j = 0; j < V; j++)
+        max = z[j] / T > max ? z[j] / T : max;
+    double sum = 0.0;
+    for (int j = 0; j < V; j++)
+        sum += exp(z[j] / T - max);
+    double lse = max + log(sum);
+    for (int j = 0; j < V; j++)
+        out[j] = z[j] / T - lse;
+}
+
+void loom_kd_rows(const float *zs, size_t s_stride, const float *zt, size_t t_stride, size_t R,
+                  int V, float T, float scale, double *loss, float *grad)
+{
+    double *ls = malloc(2 * (size_t)V * sizeof(double)), *lt = ls + V;
+    if (!ls) { /* a row of doubles per side: V is at most a few hundred thousand */
+        for (size_t r = 0; r < R; r++)
+            loss[r] = NAN;
+        return;
+    }
+    for (size_t r = 0; r < R; r++) {
+        const float *s = zs + r * s_stride, *t = zt + r * t_stride;
+        log_softmax_t(s, V, T, ls);
+        log_softmax_t(t, V, T, lt);
+        double kl = 0.0;
+        for (int j = 0; j < V; j++)
+            kl += exp(lt[j]) * (lt[j] - ls[j]);
+        loss[r] = (double)T * T * kl;
+        if (!grad)
+            continue;
+        float *g = grad + r * s_stride;
+        for (int j = 0; j < V; j++)
+            g[j] = (float)(scale * (double)T * (exp(ls[j]) - exp(lt[j])));
+        for (size_t j = (size_t)V; j < s_stride; j++)
+            g[j] = 0.0f;
+    }
+    free(ls);
+}
+
+loom_status loom_gpt_set_distill(loom_gpt *m, const float *teacher_logits, size_t t_stride,
+                                 float T, float alpha)
+{
+    if (teacher_logits && (m->tp_ops || m->staged))
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "distillation with %s is not built yet (the %s); train the "
+                  "student with tp = 1 and pp = 1", m->tp_ops ? "tensor parallelism" : "a pipeline",
+                  m->tp_ops ? "vocabulary-parallel logits would need the KL's row statistics "
+                  "exchanged" : "logits live on the last stage only");
+    if (teacher_logits && (!(T > 0.0f) || !(alpha >= 0.0f && alpha <= 1.0f) ||
+                           t_stride < (size_t)m->cfg.vocab))
+        LOOM_FAIL(LOOM_ERR_INVALID, "distillation temperature=%g must be > 0, alpha=%g in [0, 1], "
+                  "the teacher's rows at least vocab=%d wide (%zu)", T, alpha, m->cfg.vocab, t_stride);
+    size_t R = (size_t)m->max_B * (size_t)m->cfg.ctx;
+    if (teacher_logits && !m->kd_grad) {
+        m->kd_grad = malloc(R * (size_t)m->Vl * sizeof(float));
+        m->kd_loss = malloc(R * sizeof(double));
+        if (!m->kd_grad || !m->kd_loss)
+            LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the distillation buffers (%zu MiB)",
+                      R * (size_t)m->Vl * sizeof(float) >> 20);
+    }
+    m->kd_teacher = teacher_logits;
+    m->kd_stride = t_stride;
+    m->kd_T = T;
+    m->kd_alpha = alpha;
+    return LOOM_OK;
+}
+
+void gpt_distill_before(loom_gpt *m, size_t R, float dloss)
+{
+    loom_kd_rows(m->logits, (size_t)m->Vl, m->kd_teacher, m->kd_stride, R, m->cfg.vocab, m->kd_T,
+                 m->kd_alpha * dloss, m->kd_loss, m->kd_grad);
+}
+
+void gpt_distill_after(loom_gpt *m, size_t R)
+{
+    float a = m->kd_alpha, keep = 1.0f - a;
+    size_t n = R * (size_t)m->Vl;
+    for (size_t i = 0; i < n; i++)
+        m->logits[i] = keep * m->logits[i] + m->kd_grad[i];
+    for (size_t r = 0; r < R; r++)
+        m->losses[r] = (float)((double)keep * m->losses[r] + (double)a * m->kd_loss[r]);
+}
+
+void gpt_distill_free(loom_gpt *m)
+{
+    free(m->kd_grad);
+    free(m->kd_loss);
+}

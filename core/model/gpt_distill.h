@@ -1,0 +1,33 @@
+/* gpt_distill.h — knowledge distillation's loss term on the LM head (Hinton et al. 2015).
+ *
+ * Per token, with p = softmax(z / T) over the first V columns (the vocabulary padding
+ * excluded) of the student's logits z_s and the teacher's z_t:
+ *     kd = T^2 KL(p_t || p_s) = T^2 sum_j p_t,j (log p_t,j - log p_s,j)
+ * (what PyTorch's kl_div(log_softmax(z_s/T), softmax(z_t/T), reduction="sum") * T^2
+ * computes per row), d kd / d z_s = T (p_s - p_t). A training forward with a teacher set
+ * (loom_gpt_set_distill) reports and backpropagates (1 - alpha) CE + alpha kd per token.
+ * What it does not: tensor or pipeline parallelism (the vocabulary-parallel logits would
+ * need the row statistics exchanged; refused), intermediate-layer or attention terms.
+ * Host memory: the CPU backend's buffers are host memory (as session.c's optimizer assumes).
+ */
+#ifndef LOOM_CORE_GPT_DISTILL_H
+#define LOOM_CORE_GPT_DISTILL_H
+
+#include <stddef.h>
+
+#include "gpt.h"
+
+/* R rows: zs (stride s_stride) and zt (stride t_stride), V columns used. loss[r] = kd of
+ * row r; grad (may be NULL; stride s_stride) = scale * d kd / d zs in columns < V and 0 in
+ * [V, s_stride). Row sums in double, in column order: equal logits give exactly 0. */
+void loom_kd_rows(const float *zs, size_t s_stride, const float *zt, size_t t_stride, size_t R,
+                  int V, float T, float scale, double *loss, float *grad);
+
+/* The next training forwards (targets and dloss != 0) of m distil from teacher_logits: R
+ * rows of stride t_stride (the teacher's vocab_padded), host memory, valid until that
+ * forward returns; the loss becomes (1 - alpha) CE + alpha kd. teacher_logits NULL: off.
+ * Refused under tensor or pipeline parallelism. */
+loom_status loom_gpt_set_distill(loom_gpt *m, const float *teacher_logits, size_t t_stride,
+                                 float T, float alpha);
+
+#endif

@@ -1,0 +1,40 @@
+/* moe.h — the mixture-of-experts MLP of a GPT block (gpt.h's loom_moe_config): a linear
+ * router (h.L.moe.router.weight, E x C, no bias) and E GPT-2 MLPs
+ * (h.L.moe.expert.E.{fc,proj}.{weight,bias}), in place of the block's mlp.* entries.
+ *
+ * Forward over R token rows x (the ln_2 output): router logits on the device, the routing
+ * decisions on the host (moe_route.h: softmax, top-k, gates, capacity, drops), the kept
+ * (token, expert) pairs gathered expert-major, then per expert one GEMM over the rows it
+ * received (fc, GELU, proj: a grouped GEMM, never one per token), and the outputs scaled by
+ * their gates and added back to their tokens' rows in assignment order. Backward runs the
+ * same steps reversed; the router's gradient adds the aux and z losses' (weighted by
+ * dloss * R, so that over a step's micro-batches the objective is
+ * CE mean + sum over MoE blocks of the token-weighted mean aux and z losses).
+ * Not a public interface: gpt.c calls it at the block's MLP.
+ */
+#ifndef LOOM_CORE_MOE_H
+#define LOOM_CORE_MOE_H
+
+#include "gpt_internal.h"
+
+/* The recipe's MoE keys against the model; the message names the key and what works. */
+loom_status gpt_moe_check(const loom_gpt_config *c);
+/* 1 if block l is an MoE block of config c. */
+int gpt_moe_block(const loom_gpt_config *c, int l);
+/* Append block l's router and experts to the table (instead of its mlp.* entries). */
+loom_status gpt_moe_add_entries(loom_param_table *t, const loom_gpt_config *c, int l, float std,
+                                float proj_std);
+/* After the table and the parameters exist: the MoE state and buffers (m->moe); refuses
+ * what does not compose yet (tensor and pipeline parallelism, recomputation, a backend
+ * without rows_gather). */
+loom_status gpt_moe_create(loom_gpt *m, uint64_t seed);
+void gpt_moe_destroy(loom_gpt *m);
+size_t gpt_moe_bytes(const loom_gpt *m);
+/* Called at the start of each forward: dloss (0: no backward follows, no noise, no stats). */
+void gpt_moe_begin(loom_gpt *m, float dloss);
+/* out (R,C) = MoE(x); block l's entries start at table index e0. */
+loom_status gpt_moe_forward(loom_gpt *m, int l, int e0, const float *x, float *out, size_t R);
+/* dx (R,C) overwritten from dout (R,C) = d(out); parameter gradients accumulate. */
+loom_status gpt_moe_backward(loom_gpt *m, int l, int e0, const float *dout, float *dx, size_t R);
+
+#endif

@@ -1,0 +1,303 @@
+/* compress.c — onebit and topk gradient compression with error feedback (compress.h).
+ *
+ * Invariants: the residual is finite (a non-finite bucket leaves it untouched); every
+ * rank's message has the same size (buckets and k are fixed at create), so one
+ * all-gather of bytes carries them; messages are added in rank order 0..dp-1 into a
+ * zeroed bucket, so every rank computes the same bits.
+ */
+#include "compress.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/status.h"
+#include "model/gpt_stage.h"
+
+typedef struct bucket {
+    size_t lo, n; /* [lo, lo + n) of the gradient buffer */
+    size_t k;     /* topk: elements sent */
+    size_t at;    /* onebit: byte offset of its bits; topk: its first value / index slot */
+} bucket;
+
+struct loom_compress {
+    loom_compress_config cfg;
+    const loom_comm_ops *comm;
+    void *dp;
+    int dp_size, dp_rank;
+    size_t total, elems, max_n, sum_k;
+    bucket *b;
+    int nb;
+    float *residual;              /* total floats */
+    unsigned char *msg, *gathered; /* msg_bytes, dp_size * msg_bytes */
+    size_t msg_bytes;
+    float *scratch;               /* topk: |v| of one bucket */
+    uint32_t *pick;               /* topk: the chosen indices of one bucket */
+};
+
+int loom_compress_method_of(const char *name)
+{
+    if (!strcmp(name, "onebit"))
+        return LOOM_COMPRESS_ONEBIT;
+    if (!strcmp(name, "topk"))
+        return LOOM_COMPRESS_TOPK;
+    return -1;
+}
+
+const char *loom_compress_method_name(int method)
+{
+    return method == LOOM_COMPRESS_ONEBIT ? "onebit" : method == LOOM_COMPRESS_TOPK ? "topk" : "none";
+}
+
+static loom_status make_buckets(loom_compress *c, loom_gpt *m)
+{
+    const loom_param_table *t = loom_gpt_params(m);
+    size_t cap = c->cfg.bucket_mb > 0 ? (size_t)(c->cfg.bucket_mb * 1024 * 1024 / sizeof(float)) : 1u << 20;
+    if (cap < 1)
+        cap = 1;
+    size_t nb = 0;
+    for (int i = 0; i < t->count; i++)
+        nb += (t->entries[i].numel + cap - 1) / cap;
+    if (!(c->b = calloc(nb ? nb : 1, sizeof *c->b)))
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for compression buckets");
+    size_t bits_at = 0, k_at = 0;
+    for (int i = 0; i < t->count; i++) {
+        const loom_param_entry *e = &t->entries[i];
+        if (loom_gpt_held_elsewhere(m, e->name))
+            continue;
+        for (size_t lo = 0; lo < e->numel; lo += cap) {
+            bucket *b = &c->b[c->nb++];
+            b->lo = e->offset + lo;
+            b->n = e->numel - lo < cap ? e->numel - lo : cap;
+            b->k = (size_t)ceil(c->cfg.ratio * (double)b->n);
+            b->k = b->k < 1 ? 1 : b->k > b->n ? b->n : b->k;
+            b->at = c->cfg.method == LOOM_COMPRESS_ONEBIT ? bits_at : k_at;
+            bits_at += (b->n + 7) / 8;
+            k_at += b->k;
+            c->elems += b->n;
+            if (b->n > c->max_n)
+                c->max_n = b->n;
+        }
+    }
+    c->sum_k = k_at;
+    c->msg_bytes = c->cfg.method == LOOM_COMPRESS_ONEBIT ? (size_t)c->nb * sizeof(float) + bits_at
+                                                         : k_at * (sizeof(float) + sizeof(uint32_t));
+    return LOOM_OK;
+}
+
+loom_status loom_compress_create(const loom_compress_config *cfg, loom_gpt *m,
+                                 const loom_comm_ops *comm, void *dp, int dp_size,
+                                 loom_compress **out)
+{
+    *out = NULL;
+    if (cfg->method != LOOM_COMPRESS_ONEBIT && cfg->method != LOOM_COMPRESS_TOPK)
+        LOOM_FAIL(LOOM_ERR_INVALID, "compress method %d: \"onebit\" or \"topk\"", cfg->method);
+    if (cfg->method == LOOM_COMPRESS_TOPK && !(cfg->ratio > 0 && cfg->ratio <= 1))
+        LOOM_FAIL(LOOM_ERR_INVALID, "compress topk ratio=%g must be in (0, 1] (the fraction of "
+                  "each bucket sent, e.g. 0.01)", cfg->ratio);
+    if (cfg->warmup < 0 || !(cfg->bucket_mb >= 0 && cfg->bucket_mb <= 4096))
+        LOOM_FAIL(LOOM_ERR_INVALID, "compress warmup=%lld must be >= 0 and bucket_mb=%g in (0, 4096]",
+                  (long long)cfg->warmup, cfg->bucket_mb);
+    if (!comm || dp_size < 2)
+        LOOM_FAIL(LOOM_ERR_INVALID, "compress needs a data-parallel group of 2 or more ranks "
+                  "(mesh.dp >= 2); with dp=1 there is no gradient exchange to compress");
+    loom_compress *c = calloc(1, sizeof *c);
+    if (!c)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    c->cfg = *cfg;
+    c->comm = comm;
+    c->dp = dp;
+    c->dp_size = dp_size;
+    c->dp_rank = comm->rank(dp);
+    c->total = loom_gpt_params(m)->total;
+    loom_status st = make_buckets(c, m);
+    if (st == LOOM_OK) {
+        c->residual = calloc(c->total ? c->total : 1, sizeof(float));
+        c->msg = malloc(c->msg_bytes ? c->msg_bytes : 1);
+        c->gathered = malloc(c->msg_bytes * (size_t)dp_size + 1);
+        c->scratch = malloc((c->max_n + 1) * sizeof(float));
+        c->pick = malloc((c->max_n + 1) * sizeof(uint32_t));
+        if (!c->residual || !c->msg || !c->gathered || !c->scratch || !c->pick)
+            st = loom_fail(LOOM_ERR_NOMEM, "out of memory for compression buffers");
+    }
+    if (st != LOOM_OK) {
+        loom_compress_destroy(c);
+        return st;
+    }
+    *out = c;
+    return LOOM_OK;
+}
+
+void loom_compress_destroy(loom_compress *c)
+{
+    if (!c)
+        return;
+    free(c->b);
+    free(c->residual);
+    free(c->msg);
+    free(c->gathered);
+    free(c->scratch);
+    free(c->pick);
+    free(c);
+}
+
+int loom_compress_active(const loom_compress *c, int64_t step) { return c && step > c->cfg.warmup; }
+size_t loom_compress_message_bytes(const loom_compress *c) { return c->msg_bytes; }
+size_t loom_compress_raw_bytes(const loom_compress *c) { return c->elems * sizeof(float); }
+int loom_compress_method_in_use(const loom_compress *c) { return c->cfg.method; }
+int loom_compress_dp_size(const loom_compress *c) { return c->dp_size; }
+int loom_compress_dp_rank(const loom_compress *c) { return c->dp_rank; }
+
+float *loom_compress_residual(loom_compress *c, size_t *floats)
+{
+    *floats = c->total;
+    return c->residual;
+}
+
+size_t loom_compress_buffer_bytes(const loom_compress *c)
+{
+    return c->total * sizeof(float) + c->msg_bytes * (size_t)(1 + c->dp_size) +
+           c->max_n * (sizeof(float) + sizeof(uint32_t));
+}
+
+static int all_finite(const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i]))
+            return 0;
+    return 1;
+}
+
+/* --- onebit ---------------------------------------------------------------------------- */
+
+static void onebit_pack(loom_compress *c, const bucket *b, const float *g, float *scale_out,
+                        unsigned char *bits)
+{
+    float *e = c->residual + b->lo;
+    memset(bits, 0, (b->n + 7) / 8);
+    if (!all_finite(g, b->n)) {
+        *scale_out = NAN;
+        return;
+    }
+    double sum = 0.0;
+    for (size_t i = 0; i < b->n; i++) {
+        e[i] += g[i]; /* e holds v = g + e */
+        sum += fabs((double)e[i]);
+    }
+    float s = (float)(sum / (double)b->n);
+    for (size_t i = 0; i < b->n; i++) {
+        int pos = e[i] >= 0.0f;
+        bits[i >> 3] |= (unsigned char)(pos << (i & 7));
+        e[i] -= pos ? s : -s;
+    }
+    memcpy(scale_out, &s, sizeof s);
+}
+
+/* --- topk ------------------------------------------------------------------------------ */
+
+/* The k-th largest of a[0..n) (1 <= k <= n), by quickselect with a three-way partition
+ * around a median-of-three pivot (deterministic: no random pivot). a is reordered. */
+static float kth_largest(float *a, size_t n, size_t k)
+{
+    size_t lo = 0, hi = n, want = k - 1; /* position in descending order */
+    while (hi - lo > 1) {
+        float x = a[lo], y = a[lo + (hi - lo) / 2], z = a[hi - 1];
+        float p = (x > y) == (y > z) ? y : (x > y) == (z > x) ? x : z;
+        size_t lt = lo, i = lo, gt = hi; /* [lo, lt) > p, [lt, gt) == p, [gt, hi) < p */
+        while (i < gt) {
+            float t = a[i];
+            if (t > p) {
+                a[i++] = a[lt];
+                a[lt++] = t;
+            } else if (t < p) {
+                a[i] = a[--gt];
+                a[gt] = t;
+            } else {
+                i++;
+            }
+        }
+        if (want < lt)
+            hi = lt;
+        else if (want >= gt)
+            lo = gt;
+        else
+            return p;
+    }
+    return a[lo];
+}
+
+static void topk_pack(loom_compress *c, const bucket *b, const float *g, float *vals, uint32_t *idx)
+{
+    float *e = c->residual + b->lo;
+    if (!all_finite(g, b->n)) {
+        for (size_t j = 0; j < b->k; j++) {
+            vals[j] = NAN;
+            idx[j] = (uint32_t)j;
+        }
+        return;
+    }
+    for (size_t i = 0; i < b->n; i++) {
+        e[i] += g[i];
+        c->scratch[i] = fabsf(e[i]);
+    }
+    float thr = kth_largest(c->scratch, b->n, b->k);
+    size_t above = 0;
+    for (size_t i = 0; i < b->n; i++)
+        above += fabsf(e[i]) > thr;
+    size_t ties = b->k - above, j = 0;
+    for (size_t i = 0; i < b->n && j < b->k; i++) {
+        float a = fabsf(e[i]);
+        if (a > thr || (a == thr && ties > 0)) {
+            if (!(a > thr))
+                ties--;
+            vals[j] = e[i];
+            idx[j++] = (uint32_t)i;
+            e[i] = 0.0f; /* sent whole: nothing left over */
+        }
+    }
+}
+
+/* --- the exchange ---------------------------------------------------------------------- */
+
+loom_status loom_compress_exchange(loom_compress *c, float *grads)
+{
+    int onebit = c->cfg.method == LOOM_COMPRESS_ONEBIT;
+    size_t scales = (size_t)c->nb * sizeof(float), vals = c->sum_k * sizeof(float);
+    for (int i = 0; i < c->nb; i++) {
+        const bucket *b = &c->b[i];
+        if (onebit)
+            onebit_pack(c, b, grads + b->lo, (float *)(void *)(c->msg + (size_t)i * sizeof(float)),
+                        c->msg + scales + b->at);
+        else
+            topk_pack(c, b, grads + b->lo, (float *)(void *)(c->msg + b->at * sizeof(float)),
+                      (uint32_t *)(void *)(c->msg + vals + b->at * sizeof(uint32_t)));
+    }
+    loom_comm_request *req = NULL;
+    LOOM_TRY(c->comm->allgather_start(c->dp, c->msg, c->gathered, c->msg_bytes, LOOM_DTYPE_U8, &req));
+    LOOM_TRY(c->comm->wait(c->dp, req));
+    for (int i = 0; i < c->nb; i++)
+        memset(grads + c->b[i].lo, 0, c->b[i].n * sizeof(float));
+    for (int r = 0; r < c->dp_size; r++) {
+        const unsigned char *m = c->gathered + (size_t)r * c->msg_bytes;
+        for (int i = 0; i < c->nb; i++) {
+            const bucket *b = &c->b[i];
+            float *g = grads + b->lo;
+            if (onebit) {
+                float s;
+                memcpy(&s, m + (size_t)i * sizeof(float), sizeof s);
+                const unsigned char *bits = m + scales + b->at;
+                for (size_t j = 0; j < b->n; j++)
+                    g[j] += (bits[j >> 3] >> (j & 7)) & 1 ? s : -s;
+            } else {
+                for (size_t j = 0; j < b->k; j++) {
+                    float v;
+                    uint32_t at;
+                    memcpy(&v, m + (b->at + j) * sizeof(float), sizeof v);
+                    memcpy(&at, m + vals + (b->at + j) * sizeof(uint32_t), sizeof at);
+                    g[at < b->n ? at : 0] += v;
+                }
+            }
+        }
+    }
+    return LOOM_OK;
+}

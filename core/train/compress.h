@@ -1,0 +1,76 @@
+/* compress.h — lossy compression of the data-parallel gradient exchange, with error
+ * feedback (strategy = { compress = { "onebit" | "topk", ... } }, docs/COMPRESS.md).
+ *
+ * What it does: replaces the dp all-reduce (and ZeRO-2/3's reduce-scatter) of a step's
+ * gradient by an all-gather of each rank's compressed gradient; every rank decompresses
+ * every rank's message and adds them in rank order, so all ranks get the same sum, the
+ * same bits run after run. Error feedback (Seide et al. 2014; Karimireddy et al. 2019,
+ * "EF-SGD"): each rank compresses v = g + e, where e is what compression dropped from its
+ * earlier messages, and keeps e' = v - C(v) for the next step.
+ *
+ * Buckets: every parameter-table entry this rank holds (a pipeline stage skips the others)
+ * cut into pieces of at most bucket_mb; the padding between entries is never sent.
+ *   onebit: per bucket one fp32 scale s = mean |v| and one sign bit per element (1: v >= 0),
+ *           decompressed as +s / -s (the scaled sign of EF-signSGD). Message bytes:
+ *           sum over buckets of 4 + ceil(n/8).
+ *   topk:   per bucket the k = ceil(ratio * n) elements of largest |v| (ties: lower index
+ *           first), as k fp32 values and k uint32 indices; the rest count as zero. Message
+ *           bytes: sum over buckets of 8 k.
+ * A bucket whose gradient holds an inf or nan is sent as nan (so the step's non-finite
+ * check fires on every rank) and its residual is left as it was.
+ * What it does not: canonical mode (compression is lossy and what is compressed depends
+ * on dp; the session refuses the two together); device memory (host loops).
+ */
+#ifndef LOOM_CORE_COMPRESS_H
+#define LOOM_CORE_COMPRESS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom/plugin/comm.h"
+#include "model/gpt.h"
+
+typedef enum loom_compress_method {
+    LOOM_COMPRESS_NONE = 0,
+    LOOM_COMPRESS_ONEBIT,
+    LOOM_COMPRESS_TOPK,
+} loom_compress_method;
+
+typedef struct loom_compress_config {
+    int method;          /* loom_compress_method */
+    double ratio;        /* topk: the fraction of each bucket sent, (0, 1] */
+    int64_t warmup;      /* the first `warmup` steps are exchanged uncompressed */
+    double bucket_mb;    /* the largest bucket in MiB of fp32 (0: 4) */
+} loom_compress_config;
+
+typedef struct loom_compress loom_compress;
+
+/* The method's name ("onebit", "topk") to its enum; -1 for another word. */
+int loom_compress_method_of(const char *name);
+const char *loom_compress_method_name(int method);
+
+/* Buckets over m's parameter table; comm/dp: the data-parallel group of dp_size ranks. */
+loom_status loom_compress_create(const loom_compress_config *c, loom_gpt *m,
+                                 const loom_comm_ops *comm, void *dp, int dp_size,
+                                 loom_compress **out);
+void loom_compress_destroy(loom_compress *c);
+
+/* 1 if the step numbered `step` (1-based) is past the warm-up. */
+int loom_compress_active(const loom_compress *c, int64_t step);
+/* Collective over dp: grads (the model's flat buffer, this rank's local sum) becomes the
+ * sum over ranks of the decompressed messages on every bucket; the residual is updated. */
+loom_status loom_compress_exchange(loom_compress *c, float *grads);
+
+/* Bytes of one rank's message per step (what it sends into the all-gather; it receives
+ * dp - 1 such messages), and the fp32 bytes of the same elements uncompressed. */
+size_t loom_compress_message_bytes(const loom_compress *c);
+size_t loom_compress_raw_bytes(const loom_compress *c);
+/* The residual, laid out as the gradient buffer (total floats; zero outside buckets). */
+float *loom_compress_residual(loom_compress *c, size_t *floats);
+/* Bytes compression holds (residual, message, gathered messages, scratch). */
+size_t loom_compress_buffer_bytes(const loom_compress *c);
+int loom_compress_method_in_use(const loom_compress *c);
+int loom_compress_dp_size(const loom_compress *c);
+int loom_compress_dp_rank(const loom_compress *c);
+
+#endif

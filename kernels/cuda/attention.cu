@@ -1,0 +1,116 @@
+/* attention.cu — causal multi-head self-attention, the reference path: the products as
+ * batched GEMMs over the heads of one sequence (loom_cuda_gemm_batched: cuBLAS, or the
+ * ordered GEMM in canonical and row-stable modes) on strided slices of qkv (leading
+ * dimension 3C, head stride hs), and the softmax and its backward as row kernels.
+ * kernels/cpu/attention.c has the math and the layouts: att (B,NH,T,T) keeps the
+ * probabilities with the upper triangle exactly 0; backward OVERWRITES dqkv, with scratch
+ * holding datt and dpreatt (2*B*NH*T*T floats). The full T x T products are computed (the
+ * causal half is masked, not skipped): simple, not fast — a fused flash-style kernel is the
+ * fast path still to write.
+ *
+ * attention_decode runs the same pieces on one row, so that under the row-stable mode (the
+ * ordered GEMM, whose chains ignore the zeros past the diagonal) a decoded row has
+ * attention_forward's bits: the same products, and the same softmax kernel over the same
+ * t+1 values with the same thread mapping.
+ */
+#include "kernels.cuh"
+
+enum { SM_THREADS = 256 };
+
+/* Row `row` of att: softmax of x[0..t], zeros in [t+1, len). t = the row's query index. */
+__global__ void causal_softmax_kernel(float *att, size_t row_stride, int rows_per_head, int t_fixed,
+                                      int len)
+{
+    float *x = att + (size_t)blockIdx.x * row_stride;
+    const int t = t_fixed >= 0 ? t_fixed : (int)(blockIdx.x % rows_per_head);
+    float m = -INFINITY;
+    for (int j = threadIdx.x; j <= t; j += blockDim.x)
+        m = fmaxf(m, x[j]);
+    m = loom_block_max(m);
+    float s = 0.0f;
+    for (int j = threadIdx.x; j <= t; j += blockDim.x)
+        s += expf(x[j] - m);
+    const float inv = 1.0f / loom_block_sum(s);
+    for (int j = threadIdx.x; j < len; j += blockDim.x)
+        x[j] = j <= t ? loom_flush(expf(x[j] - m) * inv) : 0.0f;
+}
+
+/* dpre[j] = att[j] (datt[j] - sum_k att[k] datt[k]) over a row of T (0 past the diagonal,
+ * where att is 0). */
+__global__ void softmax_backward_kernel(float *dpre, const float *att, const float *datt, int T)
+{
+    const size_t o = (size_t)blockIdx.x * T;
+    const int t = (int)(blockIdx.x % T);
+    float dot = 0.0f;
+    for (int j = threadIdx.x; j <= t; j += blockDim.x)
+        dot += att[o + j] * datt[o + j];
+    dot = loom_block_sum(dot);
+    for (int j = threadIdx.x; j < T; j += blockDim.x)
+        dpre[o + j] = j <= t ? loom_flush(att[o + j] * (datt[o + j] - dot)) : 0.0f;
+}
+
+extern "C" void loom_cuda_attention_forward(float *out, float *att, const float *qkv, int B, int T,
+                                            int C, int NH)
+{
+    /* out (B,T,C), att (B,NH,T,T), qkv (B,T,3C) */
+    const int hs = C / NH, C3 = 3 * C;
+    const long long TT = (long long)T * T;
+    const float scale = 1.0f / sqrtf((float)hs);
+    for (int b = 0; b < B; b++) {
+        const float *q = qkv + (size_t)b * T * C3, *k = q + C;
+        /* preatt[h] = scale Q_h K_h^T */
+        loom_cuda_gemm_batched(0, 1, T, T, hs, scale, q, C3, hs, k, C3, hs, 0.0f,
+                               att + (size_t)b * NH * TT, T, TT, NH);
+    }
+    LOOM_CUDA_LAUNCH("attention_forward (softmax)", causal_softmax_kernel,
+                     (unsigned)((size_t)B * NH * T), SM_THREADS, 0, att, (size_t)T, T, -1, T);
+    for (int b = 0; b < B; b++) {
+        const float *v = qkv + (size_t)b * T * C3 + 2 * C;
+        /* out[b, :, h] = att[b,h] V_h */
+        loom_cuda_gemm_batched(0, 0, T, hs, T, 1.0f, att + (size_t)b * NH * TT, T, TT, v, C3, hs,
+                               0.0f, out + (size_t)b * T * C, C, hs, NH);
+    }
+}
+
+extern "C" void loom_cuda_attention_backward(float *dqkv, float *scratch, const float *dout,
+                                             const float *qkv, const float *att, int B, int T,
+                                             int C, int NH)
+{
+    /* dqkv (B,T,3C) =, scratch (2,B,NH,T,T), dout (B,T,C), qkv (B,T,3C), att (B,NH,T,T) */
+    const int hs = C / NH, C3 = 3 * C;
+    const long long TT = (long long)T * T;
+    const float scale = 1.0f / sqrtf((float)hs);
+    float *datt = scratch, *dpre = scratch + (size_t)B * NH * TT;
+    for (int b = 0; b < B; b++) {
+        const float *v = qkv + (size_t)b * T * C3 + 2 * C, *dO = dout + (size_t)b * T * C;
+        const float *a = att + (size_t)b * NH * TT;
+        float *dv = dqkv + (size_t)b * T * C3 + 2 * C;
+        loom_cuda_gemm_batched(1, 0, T, hs, T, 1.0f, a, T, TT, dO, C, hs, 0.0f, dv, C3, hs, NH);
+        loom_cuda_gemm_batched(0, 1, T, T, hs, 1.0f, dO, C, hs, v, C3, hs, 0.0f,
+                               datt + (size_t)b * NH * TT, T, TT, NH);
+    }
+    LOOM_CUDA_LAUNCH("attention_backward (softmax)", softmax_backward_kernel,
+                     (unsigned)((size_t)B * NH * T), SM_THREADS, 0, dpre, att, datt, T);
+    for (int b = 0; b < B; b++) {
+        const float *q = qkv + (size_t)b * T * C3, *k = q + C;
+        const float *p = dpre + (size_t)b * NH * TT;
+        float *dq = dqkv + (size_t)b * T * C3, *dk = dq + C;
+        loom_cuda_gemm_batched(0, 0, T, hs, T, scale, p, T, TT, k, C3, hs, 0.0f, dq, C3, hs, NH);
+        loom_cuda_gemm_batched(1, 0, T, hs, T, scale, p, T, TT, q, C3, hs, 0.0f, dk, C3, hs, NH);
+    }
+}
+
+extern "C" void loom_cuda_attention_decode(float *out, float *att, size_t att_stride,
+                                           const float *qkv, int t, int C, int NH)
+{
+    /* out (C), att NH rows of t+1 at att_stride, qkv (t+1, 3C) */
+    const int hs = C / NH, C3 = 3 * C;
+    const float scale = 1.0f / sqrtf((float)hs);
+    const float *q = qkv + (size_t)t * C3, *k = qkv + C, *v = qkv + 2 * C;
+    loom_cuda_gemm_batched(0, 1, 1, t + 1, hs, scale, q, C3, hs, k, C3, hs, 0.0f, att,
+                           (int)att_stride, (long long)att_stride, NH);
+    LOOM_CUDA_LAUNCH("attention_decode (softmax)", causal_softmax_kernel, (unsigned)NH, SM_THREADS,
+                     0, att, att_stride, 1, t, t + 1);
+    loom_cuda_gemm_batched(0, 0, 1, hs, t + 1, 1.0f, att, (int)att_stride, (long long)att_stride, v,
+                           C3, hs, 0.0f, out, C, hs, NH);
+}

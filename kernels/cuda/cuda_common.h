@@ -1,0 +1,101 @@
+/* cuda_common.h — what the CUDA backend's files share (private: CUDA types allowed here,
+ * never in include/loom). One backend instance per process (backend.h), and the ops take no
+ * instance pointer, so the compute stream, the cuBLAS handles and the workspace are one
+ * process-wide context, set by create() and cleared by destroy().
+ */
+#ifndef LOOM_CUDA_COMMON_H
+#define LOOM_CUDA_COMMON_H
+
+#include <stddef.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct loom_cuda_ctx {
+    cudaStream_t stream;  /* the compute stream: every kernel and copy of the backend */
+    void *blas;           /* cublasHandle_t, bound to stream */
+    void *blaslt;         /* cublasLtHandle_t */
+    void *lt_workspace;   /* cuBLASLt's workspace, lt_workspace_bytes */
+    size_t lt_workspace_bytes;
+    int *d_flag;          /* one int for has_nonfinite */
+    int *h_flag;          /* pinned host mirror */
+    double *h_parts;      /* pinned host copy of sum_squares' chunk sums */
+    int deterministic;    /* set_deterministic's mode: 0 cuBLAS, 1/2 the ordered GEMM */
+    int sticky_error;     /* a launch or cuBLAS call failed: reported at synchronize */
+    char error[256];
+} loom_cuda_ctx;
+
+extern loom_cuda_ctx loom_cuda;
+
+/* Backend-owned device scratch of at least `bytes`, reused across ops (stream order makes
+ * that safe); grown from the pool when a call needs more, so after the first step it is a
+ * pointer read. NULL when device memory runs out (recorded as a sticky error). */
+void *loom_cuda_workspace(size_t bytes);
+/* Record the first failure (launch error, cuBLAS status) for synchronize to report. */
+void loom_cuda_note_error(const char *what, const char *detail);
+/* After a launch: record cudaGetLastError's failure, if any. */
+void loom_cuda_check_launch(const char *what);
+
+/* --- kernels (the .cu files); argument order and semantics as in plugin/backend.h ----- */
+void loom_cuda_embedding_forward(float *out, const int *inp, const float *wte, int v0, int Vl,
+                                 size_t rows, int C);
+void loom_cuda_embedding_backward(float *dwte, const float *dout, const int *inp, int v0, int Vl,
+                                  size_t rows, int C);
+void loom_cuda_position_forward(float *out, const float *wpe, size_t row0, size_t rows, int T,
+                                int C);
+void loom_cuda_position_backward(float *dwpe, const float *dout, int B, int T, int C);
+void loom_cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                                 const float *weight, const float *bias, int B, int T, int C);
+void loom_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                  const float *inp, const float *weight, const float *mean,
+                                  const float *rstd, int B, int T, int C);
+void loom_cuda_gelu_forward(float *out, const float *inp, size_t n);
+void loom_cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+void loom_cuda_residual_forward(float *out, const float *a, const float *b, size_t n);
+void loom_cuda_accumulate(float *acc, const float *x, size_t n);
+void loom_cuda_scale(float *x, float s, size_t n);
+void loom_cuda_bias_add(float *out, const float *bias, size_t rows, int cols);
+void loom_cuda_bias_backward(float *dbias, const float *dout, size_t rows, int cols);
+void loom_cuda_ce_row_max(float *row_max, const float *logits, int BT, int Vl, int col0, int V);
+void loom_cuda_ce_row_sumexp(float *sumexp, const float *logits, const float *row_max, int BT,
+                             int Vl, int col0, int V, int c0, int c1);
+void loom_cuda_ce_target_logit(float *tlogit, const float *logits, const int *targets, int BT,
+                               int Vl, int col0);
+void loom_cuda_ce_finish(float *logits, float *losses, const float *row_max, const float *sumexp,
+                         const float *tlogit, const int *targets, float dloss, int BT, int Vl,
+                         int col0, int V);
+double loom_cuda_sum_squares(const float *x, size_t rows, size_t cols, size_t stride);
+int loom_cuda_has_nonfinite(const float *x, size_t n);
+void loom_cuda_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
+                                 int NH);
+void loom_cuda_attention_backward(float *dqkv, float *scratch, const float *dout,
+                                  const float *qkv, const float *att, int B, int T, int C, int NH);
+void loom_cuda_attention_decode(float *out, float *att, size_t att_stride, const float *qkv,
+                                int t, int C, int NH);
+/* Row-major C = alpha op(A) op(B) + beta C in a fixed order, `batch` products at element
+ * strides sA, sB, sC: each element one sequential fused multiply-add chain over k = 0..K-1
+ * (gemm_ordered.cu), so its bits depend on K and the data alone, not on M, N or the launch
+ * — the canonical and row-stable modes' GEMM. beta == 0 never reads C. */
+void loom_cuda_sgemm_ordered(int transa, int transb, int M, int N, int K, float alpha,
+                             const float *A, int lda, long long sA, const float *B, int ldb,
+                             long long sB, float beta, float *C, int ldc, long long sC, int batch);
+/* gemm.c: the same contract through cuBLAS (mode 0) or the ordered GEMM (modes 1, 2). */
+void loom_cuda_gemm_batched(int transa, int transb, int M, int N, int K, float alpha,
+                            const float *A, int lda, long long sA, const float *B, int ldb,
+                            long long sB, float beta, float *C, int ldc, long long sC, int batch);
+/* gemm.c: cuBLAS (mode 0) or the ordered GEMM. */
+void loom_cuda_sgemm(int transa, int transb, int M, int N, int K, float alpha, const float *A,
+                     int lda, const float *B, int ldb, float beta, float *C, int ldc);
+void loom_cuda_matmul_forward(float *out, const float *inp, const float *weight,
+                              const float *bias, int B, int T, int C, int OC);
+void loom_cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                               const float *inp, const float *weight, int B, int T, int C,
+                               int OC);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,65 @@
+/* kernels.cuh — launch helpers for the backend's .cu files. */
+#ifndef LOOM_CUDA_KERNELS_CUH
+#define LOOM_CUDA_KERNELS_CUH
+
+#include "cuda_common.h"
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+enum { LOOM_CUDA_THREADS = 256 };
+
+/* Blocks for n items at LOOM_CUDA_THREADS each, capped (grid-stride loops do the rest). */
+static inline unsigned loom_cuda_blocks(size_t n)
+{
+    size_t b = (n + LOOM_CUDA_THREADS - 1) / LOOM_CUDA_THREADS;
+    return (unsigned)(b < 1 ? 1 : b > 65535u * 16 ? 65535u * 16 : b);
+}
+
+#define LOOM_CUDA_LAUNCH(what, kernel, grid, block, shmem, ...)                                \
+    do {                                                                                       \
+        kernel<<<(grid), (block), (shmem), loom_cuda.stream>>>(__VA_ARGS__);                   \
+        loom_cuda_check_launch(what);                                                          \
+    } while (0)
+
+/* Sum over a block (blockDim.x a multiple of 32, at most 1024) in a fixed tree: the same
+ * bits for the same inputs and block size. Every thread gets the total. */
+template <typename F> __device__ inline F loom_block_sum(F v)
+{
+    __shared__ F part[32];
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads(); /* part[] may still be read by a previous call */
+    if (lane == 0)
+        part[warp] = v;
+    __syncthreads();
+    v = lane < nw ? part[lane] : (F)0;
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ inline float loom_block_max(float v)
+{
+    __shared__ float part[32];
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0)
+        part[warp] = v;
+    __syncthreads();
+    v = lane < nw ? part[lane] : -INFINITY;
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* x, or 0 where |x| is below FLT_MIN, as the CPU kernels flush (cpu_common.h). */
+__device__ inline float loom_flush(float x)
+{
+    return fabsf(x) < 1.17549435e-38f ? 0.0f : x;
+}
+
+#endif

@@ -1,0 +1,403 @@
+-- loom.plan — memory and step time of one layout before the run (docs/PLAN.md).
+--
+--   local p = require("loom.plan").layout(recipe, machine)   -- recipe: a loom.train table
+--
+-- Memory per rank comes from the model's own table and activation layout code
+-- (core.footprint: loom_gpt_footprint, the code loom_gpt_create allocates with) and ZeRO's
+-- partition formula (core.zero_padded); the pipeline's activation sets are the real
+-- schedule's peak micro-batches in flight + 1 (core.sched_simulate, as the engine sizes
+-- them). Time per step is a sum of modelled parts, each named in p.time with where its
+-- figure comes from: GEMMs and attention at the machine's measured (or spec-sheet) rates
+-- by size, the element-wise passes at its memory bandwidth, every collective as latency +
+-- bytes x bus factor / bus bandwidth of the link its group spans, the pipeline's bubble
+-- from simulating the schedule with those stage costs. p.assumptions lists what is taken
+-- on trust. What not: this runs nothing on the model; see plan_machine.lua for the
+-- machine model and plan_search.lua for the search over layouts.
+local core = require "loom.core"
+local plan = {}
+
+local F32 = 4
+
+-- The recipe's layout in plain numbers, defaults as loom.train gives them.
+local function shape_of(t)
+  local mesh, st = t.mesh or {}, t.strategy or {}
+  local dp, tp, pp = mesh.dp or 1, mesh.tp or 1, mesh.pp or 1
+  local accum = pp > 1 and (t.microbatches or 1)
+    or (t.batch.global and t.batch.global // (t.batch.micro * dp) or 1)
+  local prec = t.precision
+  if type(prec) == "table" then prec = prec[1] or prec.name end
+  local off = st.offload and (st.offload.optimizer or st.offload) or nil
+  local sched = pp > 1 and (t.schedule or "1f1b") or nil
+  return {
+    dp = dp, tp = tp, pp = pp, micro = t.batch.micro, seq = t.batch.seq, accum = accum,
+    zero = (dp > 1 and st.zero) or 0, zero_asked = st.zero or 0,
+    bucket_mb = (st.dp or {}).bucket_mb or 25, canonical = t.deterministic == "canonical",
+    recompute = t.recompute or "none", sp = t.tp_sequence_parallel and tp > 1 or false,
+    schedule = sched, chunks = t.pp_chunks or (sched == "interleaved" and 2 or 1),
+    pp_layers = t.pp_layers, offload = off, precision = prec or "fp32",
+    optimizer = type(t.optimizer) == "table" and (t.optimizer[1] or t.optimizer.name) or t.optimizer,
+    threads = t.threads or 0,
+  }
+end
+plan.shape_of = shape_of
+
+-- Optimizer state floats per parameter (the plugins' state_per_param).
+local state_slots = { adamw = 2, sgd = 1 }
+
+-- The blocks each pipeline stage holds: pp_layers, else pipeline.c's even split (the first
+-- L mod V virtual stages get one more); virtual stage k = chunk x pp + rank.
+local function stage_blocks(L, s)
+  local V = s.pp * s.chunks
+  local first, at = {}, 0
+  for k = 0, V - 1 do
+    first[k] = at
+    at = at + (s.pp_layers and s.pp_layers[k + 1] or (L // V + ((k < L % V) and 1 or 0)))
+  end
+  first[V] = L
+  local out = {}
+  for r = 0, s.pp - 1 do
+    local list = {}
+    for c = 0, s.chunks - 1 do
+      local k = c * s.pp + r
+      for l = first[k], first[k + 1] - 1 do list[#list + 1] = l end
+    end
+    out[r + 1] = list
+  end
+  return out
+end
+
+-- Per stage: activation sets (peak in flight + 1) and whether its list splits backward.
+local function schedule_facts(s, costs)
+  local sched = require "loom.schedule"
+  local shape = { stages = s.pp, microbatches = s.accum, chunks = s.chunks }
+  local lists = sched.lists(s.schedule, shape)
+  local sim = sched.simulate(lists, shape, costs)
+  local facts = { sim = sim, stages = {} }
+  for r = 1, s.pp do
+    local split = false
+    for _, ins in ipairs(lists[r]) do if ins.op == "BWD_INPUT" then split = true end end
+    facts.stages[r] = { slots = sim.stages[r].peak + 1, peak = sim.stages[r].peak, split = split }
+  end
+  return facts, lists, shape
+end
+
+-- Bytes by category for one rank of pipeline stage `r` (1-based).
+local function stage_memory(t, s, blocks, facts, r, opts)
+  local m = t.model
+  local st = facts and facts.stages[r] or { slots = 1, split = false }
+  local rc, rc_layers = s.recompute, nil
+  if type(rc) == "table" then rc, rc_layers = "none", rc end
+  local fp = core.footprint {
+    vocab = m.vocab, vocab_padded = m.vocab_padded, ctx = m.ctx, layers = m.layers,
+    heads = m.heads, dim = m.dim, micro = s.micro, tp = s.tp, sequence_parallel = s.sp,
+    canonical = s.canonical, recompute = rc, recompute_layers = rc_layers,
+    stage_layers = s.pp > 1 and blocks[r] or nil, slots = st.slots, split_backward = st.split,
+  }
+  local psi = fp.param_floats
+  local part = s.zero > 0 and core.zero_padded(psi, s.dp) // s.dp or psi
+  local slots = state_slots[s.optimizer] or 2
+  local half = s.precision == "bf16" or s.precision == "fp16"
+  local pb = half and 2 or F32 -- bytes per parameter / gradient / activation element
+  local mem = {
+    params = (s.zero == 3 and part or psi) * pb,
+    grads = ((s.zero >= 2 and not s.canonical) and part or psi) * pb,
+    optimizer = slots * (s.zero >= 1 and part or psi) * F32,
+    master = half and (s.zero >= 1 and part or psi) * F32 or 0,
+    activations = half and fp.activations // 2 or fp.activations,
+    comm = 0, workspace = fp.host, optimizer_offloaded = 0, transient = 0,
+  }
+  -- ZeRO's staging (zero.c: the tail bucket, stage 3's second; stage 2 with accumulation:
+  -- one receive slot per reduce-scatter in flight, at most 2 of one bucket's sub-block)
+  if s.zero > 0 then
+    local unit = 16 * s.dp
+    mem.comm = mem.comm + unit * (s.zero == 3 and 2 or 1) * F32
+    local bucket = math.max(unit, math.floor(s.bucket_mb * 1048576 / F32) // unit * unit)
+    if s.zero == 2 and not s.canonical and s.accum > 1 then
+      mem.comm = mem.comm + 2 * math.min(bucket, psi) // s.dp * F32
+    end
+    -- the model's full-size buffer still backs stage 2's gradients and stage 3's
+    -- parameters: pages of buckets not yet reduced (or units in use) are resident
+    if s.zero >= 2 and not s.canonical then
+      mem.transient = math.min(psi, 2 * bucket) * pb
+    end
+    if s.zero == 3 then
+      local per_block = 12 * m.dim * m.dim // s.tp + 13 * m.dim
+      local vp = m.vocab_padded or (m.vocab + 127) // 128 * 128
+      mem.transient = mem.transient + math.min(psi, (vp * m.dim // s.tp + m.ctx * m.dim + 2 * per_block)) * pb
+    end
+  end
+  -- the communicator's own staging: shm stages each message through SLOTS x chunk bytes per
+  -- rank in a shared segment (plugins/comm/shm/shm.h), and a rank touches its own and
+  -- reads its peers' slots: n x min(largest message, staging per rank) resident
+  local staging = opts.staging_bytes or 0
+  if staging > 0 then
+    local bucket_b = math.min(psi * pb, s.bucket_mb * 1048576)
+    if s.zero == 3 then
+      local vp = m.vocab_padded or (m.vocab + 127) // 128 * 128
+      bucket_b = math.max(12 * m.dim * m.dim // s.tp + 13 * m.dim, (vp * m.dim // s.tp + m.ctx * m.dim)) * pb
+    end
+    if s.dp > 1 then mem.comm = mem.comm + s.dp * math.min(bucket_b, staging) end
+    if s.tp > 1 then mem.comm = mem.comm + s.tp * math.min(s.micro * s.seq * m.dim * pb, staging) end
+  end
+  if s.dp > 1 then -- grad_sync: the loss blocks; canonical mode's gathered gradients
+    mem.comm = mem.comm + s.dp * 8 + (s.canonical and s.dp * psi * F32 or 0)
+  end
+  if s.offload == "disk" then
+    local chunk = 64 * 1048576
+    mem.optimizer_offloaded = mem.optimizer
+    mem.optimizer = math.min(mem.optimizer, 3 * chunk)
+  elseif s.offload == "host" then
+    mem.optimizer_offloaded, mem.optimizer = mem.optimizer, 0
+  end
+  mem.model_states = mem.params + mem.grads + mem.optimizer + mem.master
+  mem.total = mem.model_states + mem.activations + mem.comm + mem.workspace + mem.transient
+  return mem, psi, fp
+end
+
+-- Interpolate a measured rate over log(size): points {{size, rate}, ...} sorted by size.
+local function rate_at(points, size)
+  if #points == 0 then return nil end
+  if size <= points[1][1] then return points[1][2] end
+  for i = 2, #points do
+    local a, b = points[i - 1], points[i]
+    if size <= b[1] then
+      local f = (math.log(size) - math.log(a[1])) / (math.log(b[1]) - math.log(a[1]))
+      return a[2] + f * (b[2] - a[2])
+    end
+  end
+  return points[#points][2]
+end
+plan.rate_at = rate_at
+
+-- The device's rates for this layout's threads per rank (a CPU profile keeps one table
+-- per thread count; ranks sharing the cores slow each other: `share`).
+local function device_rates(machine, s, ranks_here)
+  local d = machine.device
+  local threads = s.threads > 0 and s.threads or (d.cores or 1)
+  if d.rates and d.rates[s.precision] then return d.rates[s.precision], 1 end
+  local best, key = nil, nil
+  for k in pairs(d.rates or {}) do
+    local n = tonumber(k)
+    if not best or math.abs(n - threads) < math.abs(best - threads) then best, key = n, k end
+  end
+  local r = d.rates and d.rates[key] or d
+  local share = 1 -- (a cpu-clock profile counts each process's own CPU time: no sharing)
+  if d.cores and machine.clock ~= "cpu" then share = math.max(1, ranks_here * math.min(threads, d.cores) / d.cores) end
+  return r, share
+end
+
+-- Seconds for a GEMM (M,K)x(K,N), forward or backward (both input and weight gradients).
+local function gemm_s(r, M, K, N, bwd)
+  local flops = 2 * M * K * N * (bwd and 2 or 1)
+  local pts = bwd and r.gemm_bwd or r.gemm_fwd
+  return flops / rate_at(pts, flops), flops
+end
+
+local function attention_s(r, B, T, Cl, bwd)
+  local flops = 4 * B * T * T * Cl * (bwd and 2 or 1) -- QK^T and AV (x2 for backward)
+  return flops / rate_at(bwd and r.attention_bwd or r.attention_fwd, flops), flops
+end
+
+-- One collective's seconds: latency + bytes x bus factor / bus bandwidth (nccl-tests'
+-- busbw convention, which `loom bench comm` reports), on the link the group spans.
+local function coll_s(machine, kind, bytes, n, link)
+  if n < 2 or bytes <= 0 then return 0 end
+  local l = machine.links[link] or machine.links.intra
+  local c = l[kind] or l
+  local busf = kind == "allreduce" and 2 * (n - 1) / n or kind == "p2p" and 1 or (n - 1) / n
+  return (c.latency_s or 0) + bytes * busf / c.busbw
+end
+plan.coll_s = coll_s
+
+-- Which link a group of `n` ranks whose members are `stride` apart in rank order spans.
+local function link_of(n, stride, per_node)
+  return (n * stride <= per_node) and "intra" or "inter"
+end
+
+-- Compute seconds of one micro-batch on a stage holding `nb` blocks (head/embed flags).
+local function stage_compute(t, s, r, nb, head)
+  local m = t.model
+  local C, R, T, B = m.dim, s.micro * s.seq, s.seq, s.micro
+  local Cl, Fl = C // s.tp, 4 * C // s.tp
+  local vp = m.vocab_padded or (m.vocab + 127) // 128 * 128
+  local f, b, w, flops = 0, 0, 0, 0
+  local function gemm(Mx, K, N)
+    local tf, ff = gemm_s(r, Mx, K, N, false)
+    local tb, fb = gemm_s(r, Mx, K, N, true)
+    f, b, w, flops = f + tf, b + tb / 2, w + tb / 2, flops + ff + fb
+  end
+  local blk_f = 0
+  for _ = 1, nb do
+    local f0 = f
+    gemm(R, C, 3 * Cl); gemm(R, Cl, C); gemm(R, C, Fl); gemm(R, Fl, C)
+    local af, ff = attention_s(r, B, T, Cl, false)
+    local ab, fb = attention_s(r, B, T, Cl, true)
+    f, b, flops = f + af, b + ab, flops + ff + fb
+    -- element-wise passes: GELU and the 2 layernorms at their measured cost per element
+    -- where the profile has one (their cost is arithmetic: tanh, rsqrt), else as bytes;
+    -- the residuals and bias adds as bytes read + written at the memory bandwidth
+    local pe = r.per_element
+    local ew = F32 * R * (2 * 3 * C + 2 * (3 * Cl + Fl + 2 * C))
+    if pe then
+      f = f + R * Fl * pe.gelu_fwd + 2 * R * C * pe.layernorm_fwd
+      b = b + R * Fl * pe.gelu_bwd + 2 * R * C * pe.layernorm_bwd
+    else
+      ew = ew + F32 * R * (2 * 2 * C + 2 * Fl)
+    end
+    f, b = f + ew / r.bandwidth, b + 2 * ew / r.bandwidth
+    blk_f = blk_f + (f - f0)
+  end
+  if head then
+    gemm(R, C, vp // s.tp)
+    local ce = F32 * R * (vp // s.tp) * 5 -- max, sum of exps, target, finish (read + write)
+    f, b = f + ce / r.bandwidth, b + ce / r.bandwidth
+  end
+  -- recomputation reruns forward work in backward
+  local extra = 0
+  if s.recompute == "full" then extra = blk_f
+  elseif type(s.recompute) == "table" then extra = blk_f * #s.recompute / math.max(1, t.model.layers)
+  elseif s.recompute == "selective" then
+    local g = r.per_element and R * Fl * r.per_element.gelu_fwd or F32 * R * 2 * Fl / r.bandwidth
+    for _ = 1, nb do extra = extra + attention_s(r, B, T, Cl, false) + g end
+  end
+  return { fwd = f, bwd_input = b + extra, bwd_weight = w, flops = flops }
+end
+
+-- The model's parameters without the vocabulary padding (what MFU counts as N, as
+-- loom_gpt_num_params does): wte, wpe, 12C^2 + 13C per block, ln_f.
+function plan.params(m)
+  local C = m.dim
+  return m.vocab * C + m.ctx * C + m.layers * (12 * C * C + 13 * C) + 2 * C
+end
+
+-- The plan of one layout: plan.layout(recipe table, machine profile [, opts]).
+function plan.layout(t, machine, opts)
+  opts = opts or {}
+  local s = shape_of(t)
+  local m = t.model
+  local per_node = opts.devices_per_node or machine.devices_per_node or 1
+  local ranks = s.dp * s.tp * s.pp
+  local blocks = s.pp > 1 and stage_blocks(m.layers, s) or { (function()
+    local l = {}; for i = 0, m.layers - 1 do l[#l + 1] = i end; return l end)() }
+  local r, share = device_rates(machine, s, math.min(ranks, per_node))
+  local assumptions = {}
+  local function assume(x) assumptions[#assumptions + 1] = x end
+  -- compute per micro-batch, per stage (the slowest stage paces the pipeline)
+  local comp = {}
+  for k = 1, s.pp do
+    local nb = #blocks[k]
+    comp[k] = stage_compute(t, s, r, nb, k == s.pp)
+    if k == 1 then -- the embedding lookup and its gradient: element-wise
+      local e = F32 * s.micro * s.seq * m.dim * 3
+      comp[k].fwd, comp[k].bwd_input = comp[k].fwd + e / r.bandwidth, comp[k].bwd_input + e / r.bandwidth
+    end
+    for _, key in ipairs { "fwd", "bwd_input", "bwd_weight" } do comp[k][key] = comp[k][key] * share end
+  end
+  -- tensor-parallel exchanges per micro-batch: 2 forward + 2 backward per block of R x C
+  local R, C = s.micro * s.seq, m.dim
+  local act = R * C * (s.precision == "fp32" and F32 or 2)
+  local tp_link = link_of(s.tp, 1, per_node)
+  local tp_kind = s.sp and "reduce_scatter" or "allreduce"
+  local tp_one = coll_s(machine, tp_kind, act, s.tp, tp_link) + (s.sp and coll_s(machine, "allgather", act, s.tp, tp_link) or 0)
+  local tp_micro = {}
+  for k = 1, s.pp do tp_micro[k] = s.tp > 1 and 4 * #blocks[k] * (s.sp and tp_one / 2 or tp_one) or 0 end
+  -- the stage costs the schedule is simulated with
+  local stage_s, mem, psi = {}, {}, {}
+  local facts
+  local slow = { fwd = 0, bwd_input = 0, bwd_weight = 0 }
+  for k = 1, s.pp do
+    local c = comp[k]
+    slow.fwd = math.max(slow.fwd, c.fwd + tp_micro[k] / 2)
+    slow.bwd_input = math.max(slow.bwd_input, c.bwd_input + tp_micro[k] / 2)
+    slow.bwd_weight = math.max(slow.bwd_weight, c.bwd_weight)
+  end
+  local p2p = s.pp > 1 and coll_s(machine, "p2p", act, 2, link_of(2, s.dp * s.tp, per_node)) or 0
+  local pipe_s, bubble_s, bubble = 0, 0, 0
+  if s.pp > 1 then
+    facts = schedule_facts(s, { fwd = slow.fwd / s.chunks, bwd_input = slow.bwd_input / s.chunks,
+      bwd_weight = slow.bwd_weight / s.chunks, latency = p2p })
+    pipe_s = facts.sim.makespan
+    local busy = 0
+    for k = 1, s.pp do busy = math.max(busy, facts.sim.stages[k].busy) end
+    bubble_s = pipe_s - busy
+    bubble = facts.sim.bubble
+    assume(string.format("pipeline: stages costed as the slowest (F %.3g ms, B %.3g ms, W %.3g ms per micro-batch), p2p %.3g ms",
+      slow.fwd * 1e3, slow.bwd_input * 1e3, slow.bwd_weight * 1e3, p2p * 1e3))
+  else
+    pipe_s = s.accum * (slow.fwd + slow.bwd_input + slow.bwd_weight)
+  end
+  local worst = nil
+  for k = 1, s.pp do
+    mem[k], psi[k] = stage_memory(t, s, blocks, facts, k,
+      { staging_bytes = (machine.links.intra or {}).staging_bytes_per_rank })
+    if not worst or mem[k].total > mem[worst].total then worst = k end
+  end
+  -- data-parallel exchanges per step, on the largest stage's table
+  local P = psi[worst]
+  local gb = P * (s.precision == "fp32" and F32 or 2)
+  local dp_link = link_of(s.dp, s.tp, per_node) -- ranks: tp fastest, then dp, then pp (dist.c)
+  local comm = {}
+  local function add(kind, group, secs, count) if secs > 0 then comm[#comm + 1] = { kind = kind, group = group, s = secs, count = count } end end
+  if s.dp > 1 then
+    if s.zero <= 1 or s.canonical then add("allreduce", "dp", coll_s(machine, "allreduce", gb, s.dp, dp_link), 1)
+    else add("reduce_scatter", "dp", s.accum * coll_s(machine, "reduce_scatter", gb, s.dp, dp_link), s.accum) end
+    if s.zero >= 1 and s.zero <= 2 then add("allgather", "dp", coll_s(machine, "allgather", gb, s.dp, dp_link), 1) end
+    if s.zero == 3 then add("allgather", "dp", 2 * s.accum * coll_s(machine, "allgather", gb, s.dp, dp_link), 2 * s.accum) end
+  end
+  local tp_total = 0
+  for k = 1, s.pp do tp_total = math.max(tp_total, tp_micro[k]) end
+  if s.tp > 1 then add(tp_kind .. (s.sp and "+allgather" or ""), "tp", tp_total * s.accum, 4 * #blocks[worst] * s.accum) end
+  if s.pp > 1 then add("send/recv", "pp", 2 * s.accum * p2p, 2 * s.accum) end
+  -- overlap: the dp reduction runs during backward on a device whose communicator has its
+  -- own engine (profile.overlap_dp); shm progresses only inside test/wait: not overlapped
+  local dp_s = 0
+  for _, c in ipairs(comm) do if c.group == "dp" then dp_s = dp_s + c.s end end
+  local exposed_dp = dp_s
+  if machine.overlap_dp and s.dp > 1 then
+    exposed_dp = math.max(0, dp_s - s.accum * slow.bwd_weight)
+    assume("dp gradient reduction overlapped with the last micro-batch's backward weight gradients (device communicator with its own engine)")
+  end
+  -- optimizer: AdamW reads p, g, m, v and writes p, m, v (28 bytes per element stepped),
+  -- the norm reads g, zero_grad writes it
+  local stepped = s.zero >= 1 and core.zero_padded(P, s.dp) // s.dp or P
+  local adam = r.per_element and r.per_element.adamw
+  local opt_s = ((adam and adam * stepped or 28 * stepped / r.bandwidth) + 8 * P / r.bandwidth) * share
+  local compute_s = s.pp > 1 and (pipe_s - bubble_s) or pipe_s
+  local step_s = pipe_s + exposed_dp + opt_s + (s.pp > 1 and 0 or tp_total * s.accum)
+  if s.pp > 1 then compute_s = compute_s - tp_total * s.accum end
+  local tokens = s.micro * s.seq * s.accum * s.dp
+  local flops_per_token = 6 * (opts.params or plan.params(m)) + 6 * m.layers * m.dim * s.seq
+  local peak = machine.device.peak_flops and (machine.device.peak_flops[s.precision] or machine.device.peak_flops.fp32)
+  local mfu = peak and flops_per_token > 0 and flops_per_token * tokens / step_s / (peak * ranks) or nil
+  assume(string.format("GEMM and attention rates: %s", r.source or machine.device.source or "the profile's table"))
+  assume(string.format("element-wise passes at %.3g GB/s", r.bandwidth / 1e9))
+  if share > 1 then assume(string.format("%d ranks x %s threads share %d cores: compute x %.2f", math.min(ranks, per_node),
+    s.threads > 0 and tostring(s.threads) or "all", machine.device.cores, share)) end
+  if s.precision ~= "fp32" then
+    assume(s.precision .. ": modelled from dtypes (2-byte parameters, gradients and activations, fp32 master and state) — a model, not a measurement of loom's " .. s.precision .. " path")
+  end
+  if s.zero_asked > 0 and s.zero == 0 then assume(string.format("zero=%d has nothing to partition with dp=1", s.zero_asked)) end
+  local runtime = machine.runtime_bytes or machine.device.runtime_bytes or 0
+  local rss_stage = {}
+  for k = 1, s.pp do
+    rss_stage[k] = mem[k].total + runtime + (s.offload == "host" and mem[k].optimizer_offloaded or 0)
+  end
+  return {
+    rss_stage = rss_stage,
+    layout = { dp = s.dp, tp = s.tp, pp = s.pp, zero = s.zero, micro = s.micro, accum = s.accum,
+      schedule = s.schedule, chunks = s.chunks, recompute = s.recompute, offload = s.offload,
+      sp = s.sp, precision = s.precision },
+    memory = mem, peak_stage = worst, peak_bytes = mem[worst].total,
+    rss = rss_stage[worst],
+    time = {
+      step_s = step_s, compute_s = compute_s, bubble_s = bubble_s, bubble = bubble,
+      busy_s = step_s - bubble_s, -- what a rank's CPU clock sees: the bubble is waiting
+      optimizer_s = opt_s, comm = comm, exposed_dp_s = exposed_dp,
+      per_micro = slow,
+    },
+    tokens_per_step = tokens, tokens_per_s = tokens / step_s, mfu = mfu,
+    flops_per_token = flops_per_token, assumptions = assumptions, machine = machine.name,
+  }
+end
+
+return plan

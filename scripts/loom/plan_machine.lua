@@ -1,0 +1,151 @@
+-- loom.plan_machine — the machine model loom plan costs a layout with (docs/PLAN.md):
+-- per device, GEMM and attention time by size (forward and backward, as FLOP/s at
+-- measured sizes, interpolated over log FLOPs) and memory bandwidth; per link (intra: the
+-- ranks of one node, inter: across nodes), latency and bus bandwidth per collective kind.
+--
+-- Profiles are JSON: the bundled ones in scripts/loom/machines/ (spec-sheet figures with
+-- their sources, and the efficiency each assumes, in the file), or one that
+-- `loom plan --calibrate` measured on this machine (default path: machine.default_path()).
+-- What not: calibration measures only the CPU backend and the shm communicator here; a
+-- GPU profile's rates are the data sheet's peak times an assumed efficiency curve.
+local core = require "loom.core"
+local json = require "loom.json"
+local machine = {}
+
+local function dir_of(p) return p:match("^(.*)/[^/]*$") or "." end
+
+function machine.bundled_dir()
+  return dir_of(package.searchpath("loom.plan_machine", package.path)) .. "/machines"
+end
+
+-- Where --calibrate saves and a run's summary looks first: $LOOM_MACHINE, else
+-- $XDG_CACHE_HOME/loom/machine.json, else ~/.cache/loom/machine.json.
+function machine.default_path()
+  local env = os.getenv("LOOM_MACHINE")
+  if env and env ~= "" then return env end
+  local cache = os.getenv("XDG_CACHE_HOME")
+  if not cache or cache == "" then cache = (os.getenv("HOME") or ".") .. "/.cache" end
+  return cache .. "/loom/machine.json"
+end
+
+local function read(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local text = f:read("a")
+  f:close()
+  local ok, v = pcall(json.decode, text)
+  if not ok or type(v) ~= "table" then
+    error(string.format("plan: machine profile %s is not valid JSON (%s)", path, tostring(v)), 0)
+  end
+  return v
+end
+
+-- The names of the bundled profiles.
+function machine.list()
+  local names = {}
+  local p = io.popen(string.format("ls %q 2>/dev/null", machine.bundled_dir()))
+  for line in p:lines() do
+    local n = line:match("^(.-)%.json$")
+    if n then names[#names + 1] = n end
+  end
+  p:close()
+  return names
+end
+
+-- A profile by bundled name or file path; nil name: the calibrated one, else nil.
+function machine.load(name)
+  if not name then
+    local v = read(machine.default_path())
+    return v, v and machine.default_path()
+  end
+  local path = name:match("%.json$") and name or (machine.bundled_dir() .. "/" .. name .. ".json")
+  local v = read(path)
+  if not v then
+    error(string.format("plan: no machine profile '%s' (bundled: %s; or a JSON file; or run "
+      .. "loom plan --calibrate)", name, table.concat(machine.list(), ", ")), 0)
+  end
+  return v, path
+end
+
+-- Shapes the device bench measures: GEMMs (M, K, N) from 2^21 to ~2^32 FLOPs, and
+-- attention (B, T, C, NH). Small enough that a calibration takes seconds on 2 cores.
+local gemm_shapes = {
+  { 64, 32, 96 }, { 128, 32, 128 }, { 128, 64, 192 }, { 256, 64, 256 }, { 256, 128, 384 },
+  { 512, 128, 512 }, { 512, 256, 768 }, { 1024, 256, 1024 }, { 1024, 512, 1536 },
+}
+local attention_shapes = { { 2, 32, 32, 2 }, { 4, 64, 64, 4 }, { 4, 128, 128, 4 }, { 8, 128, 256, 8 } }
+
+local function points(rows, flops_of, key)
+  local pts = {}
+  for _, r in ipairs(rows) do
+    local f = flops_of(r, key == "bwd_s")
+    pts[#pts + 1] = { f, f / r[key] }
+  end
+  table.sort(pts, function(a, b) return a[1] < b[1] end)
+  return pts
+end
+
+local function gemm_flops(r, bwd) return 2 * r[1] * r[2] * r[3] * (bwd and 2 or 1) end
+local function att_flops(r, bwd) return 4 * r[1] * r[2] * r[2] * (r[3]) * (bwd and 2 or 1) end
+
+-- Device rates for `threads` compute threads (the backend's own kernels).
+function machine.bench_device(threads, min_s, cpu_clock)
+  local b = core.bench_device { backend = "cpu", threads = threads, min_s = min_s or 0.03, cpu_clock = cpu_clock,
+    gemm = gemm_shapes, attention = attention_shapes, bandwidth_floats = 8 << 20, elementwise = 1 << 18 }
+  return {
+    gemm_fwd = points(b.gemm, gemm_flops, "fwd_s"), gemm_bwd = points(b.gemm, gemm_flops, "bwd_s"),
+    attention_fwd = points(b.attention, att_flops, "fwd_s"),
+    attention_bwd = points(b.attention, att_flops, "bwd_s"),
+    bandwidth = b.bandwidth, per_element = b.per_element, source = "measured: core.bench_device, " .. b.describe,
+  }
+end
+
+-- Collective latency and bus bandwidth over `n` local ranks of `comm` (loom bench comm's
+-- engine, run by loom launch): latency = the smallest size's time, busbw the largest's.
+function machine.bench_comm(n, comm, cpu_clock)
+  local out = os.tmpname()
+  local script = package.searchpath("loom.plan_comm", package.path)
+  local cmd = string.format("%q launch -n %d %q out=%s comm=%s clock=%s >/dev/null", LOOM_EXE, n, script,
+    out, comm, cpu_clock and "cpu" or "wall")
+  local ok = os.execute(cmd)
+  local v = ok and read(out)
+  os.remove(out)
+  if not v then error("plan --calibrate: the communicator benchmark failed (" .. cmd .. ")", 0) end
+  return v
+end
+
+-- Measure this machine; returns the profile (the caller saves it).
+function machine.calibrate(opts)
+  opts = opts or {}
+  local cores = tonumber(io.popen("nproc"):read("l")) or 1
+  local rates = {}
+  local counts = { 1 }
+  if cores > 1 then counts[2] = cores end
+  if opts.cpu_clock then counts = { 1 } end -- CPU time is per process: one thread's rates
+  for _, n in ipairs(counts) do rates[tostring(n)] = machine.bench_device(n, opts.min_s, opts.cpu_clock) end
+  local comm = machine.bench_comm(opts.ranks or 2, opts.comm or "shm", opts.cpu_clock)
+  local lf = io.open("/proc/loadavg")
+  local load = lf and lf:read("n") or -1
+  if lf then lf:close() end
+  return {
+    name = "calibrated", devices_per_node = cores, clock = opts.cpu_clock and "cpu" or "wall",
+    measured = { date = os.date("!%Y-%m-%d %H:%M UTC"), load_average = load, cores = cores,
+      comm = opts.comm or "shm", ranks = opts.ranks or 2 },
+    device = { name = "cpu (" .. cores .. " cores)", cores = cores, rates = rates },
+    links = { intra = comm, inter = comm },
+    runtime_bytes = opts.runtime_bytes or 0,
+    overlap_dp = false,
+  }
+end
+
+function machine.save(profile, path)
+  path = path or machine.default_path()
+  core.mkdir_p(dir_of(path))
+  local f, err = io.open(path, "wb")
+  if not f then error("plan --calibrate: cannot write " .. path .. ": " .. tostring(err), 0) end
+  f:write(json.encode(profile), "\n")
+  f:close()
+  return path
+end
+
+return machine

@@ -1,0 +1,113 @@
+-- loom.plan_search — `loom plan RECIPE --world N --devices-per-node G --mem 80GiB`: every
+-- layout of N ranks (dp x tp x pp, ZeRO stage, pipeline schedule, micro-batch size,
+-- recomputation, optimizer offload) that the model allows and whose largest rank fits in
+-- the memory given, ranked by predicted tokens/s (loom.plan costs each one).
+--
+-- The recipe fixes the model, the sequence length and the global batch (batch.global
+-- sequences per step; else micro x accumulation x dp of the recipe): every layout trains
+-- the same tokens per step, so tokens/s ranks them fairly. The seeds' rules are
+-- constraints, on by default: tp inside a node (tp divides the devices per node), and
+-- pipeline stages across nodes (with pp > 1, a stage's tp x dp ranks fill whole nodes,
+-- unless the job is one node); rules = {tp_in_node = false, pp_across_nodes = false} lift them.
+-- What not: zero = 3 with pp (refused by loom itself), fp16 (same bytes as bf16), layouts
+-- whose pipeline needs more micro-batches than the batch has.
+local plan = require "loom.plan"
+local search = {}
+
+local function divisors(n)
+  local out = {}
+  for d = 1, n do if n % d == 0 then out[#out + 1] = d end end
+  return out
+end
+
+local function copy(t)
+  local o = {}
+  for k, v in pairs(t) do o[k] = type(v) == "table" and copy(v) or v end
+  return o
+end
+
+-- opts: world, devices_per_node, mem (bytes), machine, rules, top (rows kept, default 10),
+-- recompute / zero / schedules / offload (lists to try; defaults below).
+function search.run(t, machine, opts)
+  local N, G = opts.world, opts.devices_per_node or machine.devices_per_node or 1
+  local rules = opts.rules or {}
+  local tp_in_node = rules.tp_in_node ~= false
+  local pp_across = rules.pp_across_nodes ~= false
+  local m = t.model
+  local vp = m.vocab_padded or (m.vocab + 127) // 128 * 128
+  local mesh = t.mesh or {}
+  local global = t.batch.global or t.batch.micro * (mesh.dp or 1) * (t.microbatches or 1)
+  local recomputes = opts.recompute or { "none", "selective", "full" }
+  local zeros = opts.zero or { 0, 1, 2, 3 }
+  local schedules = opts.schedules or { "1f1b", "interleaved", "zb1" }
+  local offloads = opts.offload or { false, "host" }
+  local precision = t.precision or "fp32"
+  local rows, tried, fits = {}, 0, 0
+  for _, tp in ipairs(divisors(N)) do
+    local tp_ok = m.heads % tp == 0 and vp % tp == 0 and (not tp_in_node or (tp <= G and G % tp == 0))
+    for _, pp in ipairs(tp_ok and divisors(N // tp) or {}) do
+      local dp = N // (tp * pp)
+      local across_ok = pp == 1 or not pp_across or N <= G or (tp * dp) % G == 0
+      if across_ok and m.layers >= pp and global % dp == 0 then
+        local per_dp = global // dp
+        for _, micro in ipairs(divisors(per_dp)) do
+          local mbs = per_dp // micro
+          for _, sched in ipairs(pp > 1 and schedules or { false }) do
+            local chunks = sched == "interleaved" and 2 or 1
+            if not (pp > 1 and (m.layers < pp * chunks or mbs < (sched == "interleaved" and pp or 1))) then
+              for _, z in ipairs(zeros) do
+                if not (z > 0 and dp == 1) and not (z == 3 and pp > 1) then
+                  for _, rc in ipairs(recomputes) do
+                    if not (sched == "zb1" and rc == "full") then
+                      for _, off in ipairs(offloads) do
+                        local r = copy(t)
+                        r.mesh = { dp = dp, tp = tp, pp = pp }
+                        r.batch = { micro = micro, seq = t.batch.seq, global = global }
+                        r.microbatches = pp > 1 and mbs or nil
+                        r.schedule = pp > 1 and sched or nil
+                        r.pp_chunks = nil
+                        r.pp_layers = nil
+                        r.recompute = rc
+                        r.strategy = { zero = z, offload = off and { optimizer = off } or nil }
+                        r.precision = precision
+                        tried = tried + 1
+                        local p = plan.layout(r, machine, { devices_per_node = G })
+                        local need = p.rss -- the largest rank, the runtime's own bytes included
+                        if off == "host" then -- the step's state goes over the host link both ways
+                          local bytes = p.memory[p.peak_stage].optimizer_offloaded
+                          local link = machine.host_link or { busbw = 25e9 }
+                          p.time.offload_s = 2 * bytes / link.busbw
+                          p.time.step_s = p.time.step_s + p.time.offload_s
+                          p.tokens_per_s = p.tokens_per_step / p.time.step_s
+                          if p.mfu then p.mfu = p.flops_per_token * p.tokens_per_step / p.time.step_s / (machine.device.peak_flops[precision] * N) end
+                        end
+                        if need <= opts.mem then
+                          fits = fits + 1
+                          p.need_bytes = need
+                          rows[#rows + 1] = p
+                        end
+                      end
+                    end
+                  end
+                end
+              end
+            end
+          end
+        end
+      end
+    end
+  end
+  -- fastest first; ties (within 0.1%) to the smaller memory, then the simpler layout
+  table.sort(rows, function(a, b)
+    if math.abs(a.tokens_per_s - b.tokens_per_s) > 1e-3 * math.max(a.tokens_per_s, b.tokens_per_s) then
+      return a.tokens_per_s > b.tokens_per_s
+    end
+    return a.need_bytes < b.need_bytes
+  end)
+  local top = {}
+  for i = 1, math.min(opts.top or 10, #rows) do top[i] = rows[i] end
+  return { ranked = top, tried = tried, fit = fits, global_batch = global, world = N,
+    devices_per_node = G, mem = opts.mem, rules = { tp_in_node = tp_in_node, pp_across_nodes = pp_across } }
+end
+
+return search

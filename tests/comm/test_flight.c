@@ -1,0 +1,232 @@
+/* test_flight.c — the core's flight recorder in front of loom-comm-shm, across 4 forked
+ * ranks (comm_harness):
+ *  - a rank dying (LOOM_INJECT_DIE: exit, SIGKILL, SIGSEGV) at its 2nd operation of one
+ *    kind (allreduce, reduce_scatter, allgather, broadcast, alltoall, alltoallv, barrier,
+ *    send/recv): every other rank fails within 30 s, its error naming the dead rank, and
+ *    leaves its dump (flight-rank<R>.txt);
+ *  - a stuck rank (SIGSTOP): every other rank's error names it;
+ *  - debug_desync: one rank issuing a broadcast where the others issue an allreduce stops
+ *    every rank at that collective, naming both ranks and both operations;
+ *  - a malformed LOOM_INJECT_DIE is refused by name.
+ * `test_flight` runs a fixed sample of the die matrix (each kind once, modes and victims
+ * rotating: 8 of the 96 cases); `test_flight --full` runs all 8 kinds x 3 modes x 4 ranks
+ * (scripts/fault-matrix). Prints the figure: cases tried / handled.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "comm_harness.h"
+#include "base/status.h"
+#include "dist/flight.h"
+
+enum { WORLD = 4, TIMEOUT_MS = 600, N = 64 };
+
+static const char *const kinds[] = {"allreduce", "reduce_scatter", "allgather", "broadcast",
+                                    "alltoall",  "alltoallv",      "barrier",   "send"};
+enum { N_KINDS = sizeof kinds / sizeof kinds[0] };
+static const char *const modes[] = {"exit", "kill", "segv"};
+
+typedef struct plan {
+    char spec[64];     /* LOOM_INJECT_DIE, or "" */
+    int desync_rank;   /* this rank issues a broadcast for the 2nd allreduce; -1: none */
+    char dir[256];
+} plan;
+
+/* One operation of kind k on the wrapped world. */
+static loom_status one_op(const loom_comm_ops *o, void *c, int k, int rank, int desync)
+{
+    static float x[WORLD * N], y[WORLD * N];
+    size_t counts[WORLD], displs[WORLD];
+    for (int i = 0; i < WORLD; i++) {
+        counts[i] = N;
+        displs[i] = (size_t)i * N;
+    }
+    loom_comm_request *r = NULL, *r2 = NULL;
+    loom_status st;
+    const char *kind = kinds[k];
+    if (desync)
+        st = o->broadcast_start(c, x, N, LOOM_DTYPE_F32, 0, &r);
+    else if (!strcmp(kind, "allreduce"))
+        st = o->allreduce_start(c, x, y, N, LOOM_DTYPE_F32, LOOM_REDUCE_SUM, &r);
+    else if (!strcmp(kind, "reduce_scatter"))
+        st = o->reduce_scatter_start(c, x, y, N, LOOM_DTYPE_F32, LOOM_REDUCE_SUM, &r);
+    else if (!strcmp(kind, "allgather"))
+        st = o->allgather_start(c, x, y, N, LOOM_DTYPE_F32, &r);
+    else if (!strcmp(kind, "broadcast"))
+        st = o->broadcast_start(c, x, N, LOOM_DTYPE_F32, 0, &r);
+    else if (!strcmp(kind, "alltoall"))
+        st = o->alltoall_start(c, x, y, N, LOOM_DTYPE_F32, &r);
+    else if (!strcmp(kind, "alltoallv"))
+        st = o->alltoallv_start(c, x, counts, displs, y, counts, displs, LOOM_DTYPE_F32, &r);
+    else if (!strcmp(kind, "barrier"))
+        st = o->barrier_start(c, &r);
+    else { /* a ring: send to the next rank, receive from the previous one */
+        st = o->send_start(c, x, N, LOOM_DTYPE_F32, (rank + 1) % WORLD, &r);
+        if (st == LOOM_OK)
+            st = o->recv_start(c, y, N, LOOM_DTYPE_F32, (rank + WORLD - 1) % WORLD, &r2);
+        if (st == LOOM_OK)
+            st = o->wait(c, r2);
+    }
+    if (st == LOOM_OK)
+        st = o->wait(c, r);
+    return st;
+}
+
+/* Does the flight verdict in msg list rank v among the ranks that left no dump? */
+static int names_rank(const char *msg, int v)
+{
+    const char *p = strstr(msg, "flight recorder: rank");
+    const char *end = p ? strstr(p, " left no dump") : NULL;
+    if (!p || !end)
+        return 0;
+    p += strlen("flight recorder: rank");
+    if (*p == 's')
+        p++;
+    while (p < end) {
+        char *q;
+        long r = strtol(p, &q, 10);
+        if (q == p)
+            return 0;
+        if (r == v)
+            return 1;
+        p = q;
+        while (p < end && (*p == ',' || *p == ' '))
+            p++;
+    }
+    return 0;
+}
+
+static int rank_fn(th_rank *t)
+{
+    plan *pl = t->arg;
+    struct rlimit no_core = {0, 0};
+    setrlimit(RLIMIT_CORE, &no_core); /* a SIGSEGV case leaves no core file */
+    if (pl->spec[0])
+        setenv("LOOM_INJECT_DIE", pl->spec, 1);
+    else
+        unsetenv("LOOM_INJECT_DIE");
+    if (loom_flight_setup(t->rank, WORLD, pl->dir, pl->desync_rank >= 0, TIMEOUT_MS) != LOOM_OK)
+        return th_fail(t, "setup: %s", loom_last_error());
+    int members[WORLD] = {0, 1, 2, 3};
+    void *c = NULL;
+    if (loom_flight_wrap(t->ops, t->comm, "world", members, WORLD, &c) != LOOM_OK)
+        return th_fail(t, "wrap: %s", loom_last_error());
+    t->comm = NULL; /* the wrapper owns it */
+    const loom_comm_ops *o = loom_flight_ops();
+    double t0 = th_seconds();
+    loom_status st = LOOM_OK;
+    for (int round = 0; round < 3 && st == LOOM_OK; round++)
+        for (int k = 0; k < N_KINDS && st == LOOM_OK; k++)
+            st = one_op(o, c, k, t->rank,
+                        round == 1 && k == 0 && t->rank == pl->desync_rank);
+    double dt = th_seconds() - t0;
+    snprintf(t->err, t->cap, "%s", st == LOOM_OK ? "" : loom_last_error());
+    o->destroy(c);
+    if (st == LOOM_OK)
+        return th_fail(t, "every operation succeeded; the injection did not fire");
+    if (dt > 30)
+        return th_fail(t, "out after %.1f s, more than 30 s: %s", dt, loom_last_error());
+    return 0;
+}
+
+static int run_case(const th_env *env, plan *pl, int victim, int stuck, char *why, size_t cap)
+{
+    char tmpl[] = "/tmp/loom-flight-XXXXXX";
+    if (!mkdtemp(tmpl)) {
+        snprintf(why, cap, "mkdtemp failed");
+        return 0;
+    }
+    snprintf(pl->dir, sizeof pl->dir, "%s", tmpl);
+    th_opts o = {.world = WORLD, .timeout_ms = TIMEOUT_MS, .limit_s = stuck ? 2.5 : 30};
+    th_result res;
+    th_run(env, &o, rank_fn, pl, &res);
+    int ok = 1;
+    why[0] = '\0';
+    for (int r = 0; r < WORLD && ok; r++) {
+        if (r == victim) {
+            if (!stuck && res.exited[r] && res.code[r] == 0)
+                ok = 0, snprintf(why, cap, "rank %d should have died: %s", r, th_summary(&res));
+            continue;
+        }
+        char dump[400];
+        snprintf(dump, sizeof dump, "%s/flight-rank%d.txt", pl->dir, r);
+        if (!res.exited[r] || res.code[r] != 0)
+            ok = 0, snprintf(why, cap, "%s", th_summary(&res));
+        else if (victim >= 0 && !names_rank(res.msg[r], victim))
+            ok = 0, snprintf(why, cap, "rank %d's error does not name rank %d: %s", r, victim,
+                             res.msg[r]);
+        else if (victim >= 0 && access(dump, R_OK) != 0)
+            ok = 0, snprintf(why, cap, "rank %d left no dump %s", r, dump);
+    }
+    if (ok && victim < 0)
+        for (int r = 0; r < WORLD && ok; r++)
+            if (!strstr(res.msg[r], "desync on group world: rank 0 issued allreduce #8 (256 bytes) "
+                                    "but rank 2 issued broadcast #8 (256 bytes, root 0)"))
+                ok = 0, snprintf(why, cap, "rank %d: %s", r, res.msg[r]);
+    if (ok)
+        snprintf(why, cap, "%.1500s", res.msg[victim == 0 ? 1 : 0]);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", pl->dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", pl->dir);
+    return ok;
+}
+
+int main(int argc, char **argv)
+{
+    int full = argc > 1 && strcmp(argv[1], "--full") == 0;
+    th_env env;
+    char err[512];
+    if (!th_load(&env, "shm", err, sizeof err)) {
+        fprintf(stderr, "load shm: %s\n", err);
+        return 1;
+    }
+    int tried = 0, handled = 0;
+    double t0 = th_seconds();
+    for (int k = 0; k < N_KINDS; k++)
+        for (int m = 0; m < 3; m++)
+            for (int v = 0; v < WORLD; v++) {
+                if (!full && (m != k % 3 || v != (k + k / 3) % WORLD))
+                    continue;
+                plan pl = {.desync_rank = -1};
+                snprintf(pl.spec, sizeof pl.spec, "%d:%s:2:%s", v, kinds[k], modes[m]);
+                char why[2048];
+                tried++;
+                int ok = run_case(&env, &pl, v, 0, why, sizeof why);
+                handled += ok;
+                printf("%s %s: %s\n", ok ? "ok" : "FAIL", pl.spec, why);
+            }
+    /* A stuck rank. */
+    plan stop = {.desync_rank = -1};
+    snprintf(stop.spec, sizeof stop.spec, "1:allgather:2:stop");
+    char why[2048];
+    tried++;
+    int ok = run_case(&env, &stop, 1, 1, why, sizeof why);
+    handled += ok;
+    printf("%s %s (stuck rank): %s\n", ok ? "ok" : "FAIL", stop.spec, why);
+    /* Desync, caught by the core's check. */
+    plan ds = {.desync_rank = 2};
+    tried++;
+    ok = run_case(&env, &ds, -1, 0, why, sizeof why);
+    handled += ok;
+    printf("%s debug_desync (rank 2 broadcasts where the others allreduce): %s\n",
+           ok ? "ok" : "FAIL", why);
+    /* A malformed injection is refused by name. */
+    setenv("LOOM_INJECT_DIE", "1:allreduce:0:kill", 1);
+    tried++;
+    if (loom_flight_setup(1, WORLD, "/tmp", 0, 1000) == LOOM_ERR_INVALID &&
+        strstr(loom_last_error(), "N \"0\" is not an integer >= 1")) {
+        handled++;
+        printf("ok malformed LOOM_INJECT_DIE refused: %s\n", loom_last_error());
+    } else
+        printf("FAIL malformed LOOM_INJECT_DIE accepted: %s\n", loom_last_error());
+    unsetenv("LOOM_INJECT_DIE");
+    printf("flight recorder: %d/%d fault cases handled (%s die matrix) in %.1f s\n", handled,
+           tried, full ? "full 8 kinds x 3 modes x 4 ranks" : "a fixed sample of the",
+           th_seconds() - t0);
+    return handled == tried ? 0 : 1;
+}

@@ -1,0 +1,431 @@
+/* test_cuda_ops.c — every op of loom-backend-cuda.so against loom-backend-cpu.so on the
+ * same inputs (argv: the CPU plugin, the CUDA plugin), fp32. Tolerances, elementwise
+ * |gpu - cpu| <= atol + rtol |cpu|: 1e-6 + 1e-5 for elementwise ops (exp and the FMA
+ * contraction differ by an ulp or so), 1e-5 + 1e-4 for reductions and products of O(1)
+ * data over up to a few hundred terms (a different summation order), and exact equality
+ * where the op is exact (lookups, copies, max, masks, the non-finite check). Also: zeroed
+ * alloc, the accumulate-vs-overwrite contract on the GPU (called twice), canonical mode's
+ * ordered GEMM (a one-row product has the bits of that row of a larger one; a column split
+ * has the unsplit bits), and attention_decode giving attention_forward's last row bitwise
+ * in row-stable mode.
+ * Check in no-fork mode (CUDA after fork() is undefined). No GPU visible: exit 77 (skip).
+ */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_test.h"
+
+#define EW 1e-6, 1e-5  /* elementwise */
+#define RED 1e-5, 1e-4 /* reductions, products */
+#define EXACT 0.0, 0.0
+
+enum { B = 2, T = 48, C = 96, NH = 4, OC = 160, V = 1000, VP = 1024 };
+static const size_t R = (size_t)B * T;
+
+static ct_buf in(const char *name, void *host, size_t bytes)
+{
+    return (ct_buf){name, host, bytes, 0, 0, 0};
+}
+
+static ct_buf out(const char *name, void *host, size_t bytes, double atol, double rtol)
+{
+    return (ct_buf){name, host, bytes, 1, atol, rtol};
+}
+
+static int *tokens(size_t n, int lo, int hi, unsigned seed)
+{
+    int *t = malloc(n * sizeof(int));
+    unsigned s = seed;
+    for (size_t i = 0; i < n; i++) {
+        s = s * 1664525u + 1013904223u;
+        t[i] = lo + (int)((s >> 8) % (unsigned)(hi - lo));
+    }
+    return t;
+}
+
+/* --- encoder ------------------------------------------------------------------------- */
+static void op_embedding(const loom_backend_ops *k, void *s, void **d, void *ctx)
+{
+    /* a slice of the vocabulary: rows [100, 600) held, other tokens give zeros */
+    k->embedding_forward(d[0], d[1], d[2], 100, 500, R, C);
+    k->embedding_backward(d[3], d[4], d[1], 100, 500, R, C);
+    k->embedding_backward(d[3], d[4], d[1], 100, 500, R, C); /* accumulates */
+}
+
+START_TEST(test_embedding)
+{
+    float *o = ct_floats(R * C, 1, -1, 1), *wte = ct_floats(500 * C, 2, -1, 1);
+    float *dwte = ct_floats(500 * C, 3, -1, 1), *dout = ct_floats(R * C, 4, -1, 1);
+    int *tok = tokens(R, 0, V, 5);
+    tok[0] = tok[7] = tok[9] = 150; /* repeated tokens add into one row */
+    ct_buf b[] = {out("out", o, R * C * 4, EXACT), in("tokens", tok, R * 4),
+                  in("wte", wte, 500 * C * 4), out("dwte", dwte, 500 * C * 4, RED),
+                  in("dout", dout, R * C * 4)};
+    ct_compare_op("embedding fwd/bwd", b, 5, op_embedding, NULL);
+    free(o), free(wte), free(dwte), free(dout), free(tok);
+}
+END_TEST
+
+static void op_position(const loom_backend_ops *k, void *s, void **d, void *ctx)
+{
+    k->position_forward(d[0], d[1], 5, R - 5, T, C); /* a shard starting at row 5 */
+    k->position_backward(d[2], d[3], B, T, C);
+}
+
+START_TEST(test_position)
+{
+    float *o = ct_floats(R * C, 1, -1, 1), *wpe = ct_floats(T * C, 2, -1, 1);
+    float *dwpe = ct_floats(T * C, 3, -1, 1), *dout = ct_floats(R * C, 4, -1, 1);
+    ct_buf b[] = {out("out", o, R * C * 4, EW), in("wpe", wpe, T * C * 4),
+                  out("dwpe", dwpe, T * C * 4, EW), in("dout", dout, R * C * 4)};
+    ct_compare_op("position fwd/bwd", b, 4, op_position, NULL);
+    free(o), free(wpe), free(dwpe), free(dout);
+}
+END_TEST
+
+/* --- layernorm ----------------------------------------------------------------------- */
+static void op_layernorm(const loom_backend_ops *k, void *s, void **d, void *ctx)
+{
+    k->layernorm_forward(d[0], d[1], d[2], d[3], d[4], d[5], B, T, C);
+    k->layernorm_backward(d[6], d[7], d[8], d[9], d[3], d[4], d[1], d[2], B, T, C);
+}
+
+START_TEST(test_layernorm)
+{
+    float *x = ct_floats(R * C, 1, -2, 3), *w = ct_floats(C, 2, 0.5, 1.5), *bb = ct_floats(C, 3, -1, 1);
+    float *o = ct_floats(R * C, 4, 0, 0), *mean = ct_floats(R, 5, 0, 0), *rstd = ct_floats(R, 6, 0, 0);
+    float *dx = ct_floats(R * C, 7, -9, 9), *dw = ct_floats(C, 8, -1, 1), *db = ct_floats(C, 9, -1, 1);
+    float *dout = ct_floats(R * C, 10, -1, 1);
+    ct_buf b[] = {out("out", o, R * C * 4, RED), out("mean", mean, R * 4, RED),
+                  out("rstd", rstd, R * 4, RED), in("inp", x, R * C * 4), in("w", w, C * 4),
+                  in("b", bb, C * 4), out("dinp", dx, R * C * 4, RED),
+                  out("dweight", dw, C * 4, RED), out("dbias", db, C * 4, RED),
+                  in("dout", dout, R * C * 4)};
+    ct_compare_op("layernorm fwd/bwd", b, 10, op_layernorm, NULL);
+    free(x), free(w), free(bb), free(o), free(mean), free(rstd), free(dx), free(dw), free(db),
+        free(dout);
+}
+END_TEST
+
+/* --- matmul and gemm ----------------------------------------------------------------- */
+/* mode 0: no bias; 1: bias; 2: bias, every pointer one float past an aligned one (the
+ * model's tensors are slices of one buffer: cuBLASLt must not assume 256-byte alignment) */
+static void op_matmul(const loom_backend_ops *k, void *s, void **d, void *ctx)
+{
+    const int mode = *(int *)ctx, o = mode == 2;
+    float *p[8];
+    for (int i = 0; i < 8; i++)
+        p[i] = (float *)d[i] + o;
+    k->matmul_forward(p[0], p[1], p[2], mode ? p[3] : NULL, B, T, C, OC);
+    k->matmul_backward(p[4], p[5], mode ? p[6] : NULL, p[7], p[1], p[2], B, T, C, OC);
+    k->matmul_backward(NULL, p[5], mode ? p[6] : NULL, p[7], p[1], p[2], B, T, C, OC);
+}
+
+START_TEST(test_matmul)
+{
+    static const char *names[] = {"matmul fwd/bwd (no bias)", "matmul fwd/bwd (bias)",
+                                  "matmul fwd/bwd (unaligned)"};
+    for (int mode = 0; mode < 3; mode++) {
+        const size_t x1 = 1; /* room for the unaligned case's offset */
+        float *o = ct_floats(R * OC + x1, 1, 0, 0), *x = ct_floats(R * C + x1, 2, -1, 1);
+        float *w = ct_floats((size_t)OC * C + x1, 3, -0.3f, 0.3f), *bias = ct_floats(OC + x1, 4, -1, 1);
+        float *dx = ct_floats(R * C + x1, 5, -9, 9), *dw = ct_floats((size_t)OC * C + x1, 6, -1, 1);
+        float *db = ct_floats(OC + x1, 7, -1, 1), *dout = ct_floats(R * OC + x1, 8, -1, 1);
+        ct_buf b[] = {out("out", o, (R * OC + x1) * 4, RED), in("inp", x, (R * C + x1) * 4),
+                      in("weight", w, ((size_t)OC * C + x1) * 4), in("bias", bias, (OC + x1) * 4),
+                      out("dinp", dx, (R * C + x1) * 4, RED),
+                      out("dweight", dw, ((size_t)OC * C + x1) * 4, RED),
+                      out("dbias", db, (OC + x1) * 4, RED), in("dout", dout, (R * OC + x1) * 4)};
+        ct_compare_op(names[mode], b, 8, op_matmul, &mode);
+        free(o), free(x), free(w), free(bias), free(dx), free(dw), free(db), free(dout);
+    }
+}
+END_TEST
+
+typedef struct gemm_case {
+    int ta, tb, M, N, K, lda, ldb, ldc;
+    float alpha, beta;
+} gemm_case;
+
+static void op_gemm(const loom_backend_ops *k, void *s, void **d, void *ctx)
+{
+    const gemm_case *g = ctx;
+    k->gemm(g->ta, g->tb, g->M, g->N, g->K, g->alpha, d[0], g->lda, d[1], g->ldb, g->beta, d[2],
+            g->ldc);
+}
+
+static void run_gemm_cases(const char *what)
+{
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            gemm_case g = {ta, tb, 37, 53, 70, 0, 0, 60, 0.75f, ta ? 0.5f : 0.0f};
+            g.lda = (ta ? g.M : g.K) + 3; /* leading dimensions wider than the slice */
+            g.ldb = (tb ? g.K : g.N) + 5;
+            size_t na = (size_t)(ta ? g.K : g.M) * g.lda, nb = (size_t)(tb ? g.N : g.K) * g.ldb;
+            size_t nc = (size_t)g.M * g.ldc;
+            float *a = ct_floats(na, 1 + ta, -1, 1), *bm = ct_floats(nb, 3 + tb, -1, 1);
+            float *c = ct_floats(nc, 5, -1, 1);
+            ct_buf b[] = {in("A", a, na * 4), in("B", bm, nb * 4), out("C", c, nc * 4, RED)};
+            char name[64];
+            snprintf(name, sizeof name, "%s gemm %c%c", what, ta ? 'T' : 'N', tb ? 'T' : 'N');
+            ct_compare_op(name, b, 3, op_gemm, &g);
+            free(a), free(bm), free(c);
+        }
+}
+
+START_TEST(test_gemm)
+{
+    run_gemm_cases("fast");
+    ct_gpu.k->set_deterministic(ct_gpu.self, 1);
+    ct_cpu.k->set_deterministic(ct_cpu.self, 1);
+    run_gemm_cases("canonical");
+    ct_gpu.k->set_deterministic(ct_gpu.self, 0);
+    ct_cpu.k->set_deterministic(ct_cpu.self, 0);
+}
+END_TEST
+
+/* Canonical mode on the GPU: row i of a one-row product, and columns [16, 53) of a product
+ * split by columns, have the bits of the full product. */
+START_TEST(test_ordered_gemm_layout_free)
+{
+    const loom_backend_ops *k = ct_gpu.k;
+    void *s = ct_gpu.self;
+    enum { M = 40, N = 53, K = 300 };
+    float *a = ct_floats(M * K, 1, -1, 1), *bm = ct_floats(K * N, 2, -1, 1);
+    float *full = malloc(M * N * 4), *row = malloc(N * 4), *cols = malloc(M * N * 4);
+    float *da = k->alloc(s, M * K * 4), *db = k->alloc(s, K * N * 4), *dc = k->alloc(s, M * N * 4);
+    k->copy_to_device(s, da, a, M * K * 4);
+    k->copy_to_device(s, db, bm, K * N * 4);
+    k->set_deterministic(s, 1);
+    k->gemm(0, 0, M, N, K, 1.0f, da, K, db, N, 0.0f, dc, N);
+    k->copy_to_host(s, full, dc, M * N * 4);
+    k->gemm(0, 0, 1, N, K, 1.0f, da + 17 * K, K, db, N, 0.0f, dc, N);
+    k->copy_to_host(s, row, dc, N * 4);
+    ck_assert_msg(memcmp(row, full + 17 * N, N * 4) == 0, "a one-row product differs from its row");
+    k->zero(s, dc, M * N * 4);
+    k->gemm(0, 0, M, N - 16, K, 1.0f, da, K, db + 16, N, 0.0f, dc + 16, N);
+    k->copy_to_host(s, cols, dc, M * N * 4);
+    for (int i = 0; i < M; i++)
+        ck_assert_msg(memcmp(cols + i * N + 16, full + i * N + 16, (N - 16) * 4) == 0,
+                      "row %d: a column-split product differs from the unsplit one", i);
+    k->set_deterministic(s, 0);
+    k->free(s, da), k->free(s, db), k->free(s, dc);
+    free(a), free(bm), free(full), free(row), free(cols);
+}
+END_TEST
+
+/* --- attention ----------------------------------------------------------------------- */
+static void op_attention(const loom_backend_ops *k, void *s, void **d, void *ctx)
+{
+    k->attention_forward(d[0], d[1], d[2], B, T, C, NH);
+    k->attention_backward(d[3], d[4], d[5], d[2], d[1], B, T, C, NH);
+}
+
+START_TEST(test_attention)
+{
+    const size_t na = (size_t)B * NH * T * T;
+    float *o = ct_floats(R * C, 1, 0, 0), *att = ct_floats(na, 2, 0, 0);
+    float *qkv = ct_floats(R * 3 * C, 3, -1.5f, 1.5f), *dqkv = ct_floats(R * 3 * C, 4, -9, 9);
+    float *scratch = ct_floats(2 * na, 5, 0, 0), *dout = ct_floats(R * C, 6, -1, 1);
+    ct_buf b[] = {out("out", o, R * C * 4, RED), out("att", att, na * 4, RED),
+                  in("qkv", qkv, R * 3 * C * 4), out("dqkv", dqkv, R * 3 * C * 4, RED),
+                  in("scratch", scratch, 2 * na * 4), in("dout", dout, R * C * 4)};
+    ct_compare_op("attention fwd/bwd", b, 6, op_attention, NULL);
+    const float *ga = ct_gpu_result(1); /* the upper triangle exactly 0 */
+    for (size_t bh = 0; bh < (size_t)B * NH; bh++)
+        for (int t = 0; t < T; t++)
+            for (int j = t + 1; j < T; j++)
+                ck_assert_msg(ga[(bh * T + t) * T + j] == 0.0f, "att above the diagonal");
+    free(o), free(att), free(qkv), free(dqkv), free(scratch), free(dout);
+}
+END_TEST
+
+START_TEST(test_attention_decode_bitwise)
+{
+    const loom_backend_ops *k = ct_gpu.k;
+    void *s = ct_gpu.self;
+    enum { TT = 29 };
+    float *qkv = ct_floats((size_t)TT * 3 * C, 7, -1.5f, 1.5f);
+    float *full = malloc((size_t)TT * C * 4), *row = malloc(C * 4);
+    float *dq = k->alloc(s, (size_t)TT * 3 * C * 4), *dout = k->alloc(s, (size_t)TT * C * 4);
+    float *datt = k->alloc(s, (size_t)NH * TT * TT * 4), *drow = k->alloc(s, C * 4);
+    float *drow_att = k->alloc(s, (size_t)NH * TT * 4);
+    k->copy_to_device(s, dq, qkv, (size_t)TT * 3 * C * 4);
+    k->set_deterministic(s, 2);
+    k->attention_forward(dout, datt, dq, 1, TT, C, NH);
+    k->attention_decode(drow, drow_att, TT, dq, TT - 1, C, NH);
+    k->copy_to_host(s, full, dout, (size_t)TT * C * 4);
+    k->copy_to_host(s, row, drow, C * 4);
+    k->set_deterministic(s, 0);
+    ck_assert_msg(memcmp(row, full + (size_t)(TT - 1) * C, C * 4) == 0,
+                  "attention_decode's row differs from attention_forward's last row");
+    k->free(s, dq), k->free(s, dout), k->free(s, datt), k->free(s, drow), k->free(s, drow_att);
+    free(qkv), free(full), free(row);
+}
+END_TEST
+
+/* --- elementwise ---------------------------------------------------------------------- */
+static void op_elementwise(const loom_backend_ops *k, void *s, void **d, void *ctx)
+{
+    const size_t n = R * C;
+    k->gelu_forward(d[0], d[1], n);
+    k->gelu_backward(d[2], d[1], d[3], n);
+    k->residual_forward(d[4], d[1], d[3], n);
+    k->accumulate(d[5], d[3], n);
+    k->scale(d[6], -0.37f, n);
+    k->bias_add(d[7], d[8], R, C);
+    k->bias_backward(d[9], d[3], R, C);
+    k->bias_backward(d[9], d[3], R, C);
+}
+
+START_TEST(test_elementwise)
+{
+    const size_t n = R * C;
+    float *g = ct_floats(n, 1, 0, 0), *x = ct_floats(n, 2, -6, 6), *dg = ct_floats(n, 3, 0, 0);
+    float *dout = ct_floats(n, 4, -1, 1), *r = ct_floats(n, 5, 0, 0), *acc = ct_floats(n, 6, -1, 1);
+    float *sc = ct_floats(n, 7, -1, 1), *ba = ct_floats(n, 8, -1, 1), *bias = ct_floats(C, 9, -1, 1);
+    float *db = ct_floats(C, 10, -1, 1);
+    x[0] = -20.0f; /* gelu underflows there: flushed to 0 on both */
+    ct_buf b[] = {out("gelu", g, n * 4, EW), in("x", x, n * 4), out("dgelu", dg, n * 4, EW),
+                  in("dout", dout, n * 4), out("residual", r, n * 4, EXACT),
+                  out("accumulate", acc, n * 4, EXACT), out("scale", sc, n * 4, EXACT),
+                  out("bias_add", ba, n * 4, EXACT), in("bias", bias, C * 4),
+                  out("dbias", db, C * 4, RED)};
+    ct_compare_op("gelu, residual, bias, scale", b, 10, op_elementwise, NULL);
+    free(g), free(x), free(dg), free(dout), free(r), free(acc), free(sc), free(ba), free(bias),
+        free(db);
+}
+END_TEST
+
+/* --- cross-entropy -------------------------------------------------------------------- */
+typedef struct ce_case {
+    int Vl, col0;
+    float dloss;
+} ce_case;
+
+static void op_ce(const loom_backend_ops *k, void *s, void **d, void *ctx)
+{
+    const ce_case *c = ctx;
+    k->ce_row_max(d[1], d[0], (int)R, c->Vl, c->col0, V);
+    k->ce_row_sumexp(d[2], d[0], d[1], (int)R, c->Vl, c->col0, V, 0, c->Vl);
+    k->ce_target_logit(d[3], d[0], d[5], (int)R, c->Vl, c->col0);
+    k->ce_finish(d[0], d[4], d[1], d[2], d[3], d[5], c->dloss, (int)R, c->Vl, c->col0, V);
+}
+
+START_TEST(test_crossentropy)
+{
+    /* one rank (col0 0, Vl = Vp, padding past V); the last of two slices (col0 512, so
+     * columns 1000..1023 are padding there); dloss 0 leaves the logits intact */
+    const ce_case cases[] = {{VP, 0, 1.0f / 96}, {VP / 2, VP / 2, 0.5f}, {VP, 0, 0.0f}};
+    for (int ci = 0; ci < 3; ci++) {
+        const ce_case *c = &cases[ci];
+        float *logits = ct_floats(R * c->Vl, 11 + ci, -4, 4), *mx = ct_floats(R, 1, 0, 0);
+        float *se = ct_floats(R, 2, 0, 0), *tl = ct_floats(R, 3, 0, 0), *loss = ct_floats(R, 4, 0, 0);
+        int *tg = tokens(R, 0, V, 21 + ci);
+        tg[3] = -1; /* ignored: loss 0, gradient 0 */
+        tg[4] = V;  /* a padding column: ignored too */
+        ct_buf b[] = {out("logits", logits, R * c->Vl * 4, EW), out("row_max", mx, R * 4, EXACT),
+                      out("sumexp", se, R * 4, RED), out("tlogit", tl, R * 4, EXACT),
+                      out("losses", loss, R * 4, RED), in("targets", tg, R * 4)};
+        char name[64];
+        snprintf(name, sizeof name, "cross-entropy Vl %d col0 %d dloss %g", c->Vl, c->col0,
+                 (double)c->dloss);
+        ct_compare_op(name, b, 6, op_ce, (void *)c);
+        free(logits), free(mx), free(se), free(tl), free(loss), free(tg);
+    }
+}
+END_TEST
+
+/* --- reductions ------------------------------------------------------------------------ */
+START_TEST(test_reductions)
+{
+    const size_t rows = 37, cols = 1500, stride = 1531, n = rows * stride;
+    float *x = ct_floats(n, 31, -2, 2);
+    for (int w = 0; w < 2; w++) {
+        ct_backend *be = w ? &ct_gpu : &ct_cpu;
+        float *d = be->k->alloc(be->self, n * 4);
+        be->k->copy_to_device(be->self, d, x, n * 4);
+        double ss = be->k->sum_squares(d, rows, cols, stride);
+        double whole = be->k->sum_squares(d, 1, n, n);
+        static double ref_ss, ref_whole;
+        if (!w) {
+            ref_ss = ss, ref_whole = whole;
+        } else {
+            printf("sum_squares strided: gpu %.17g cpu %.17g; whole: gpu %.17g cpu %.17g\n", ss,
+                   ref_ss, whole, ref_whole);
+            ck_assert_msg(fabs(ss - ref_ss) <= 1e-12 * ref_ss, "sum_squares (strided)");
+            ck_assert_msg(fabs(whole - ref_whole) <= 1e-12 * ref_whole, "sum_squares (whole)");
+        }
+        ck_assert_int_eq(be->k->has_nonfinite(d, n), 0);
+        float bad[3] = {INFINITY, NAN, -INFINITY};
+        size_t at[3] = {n - 1, n / 2, 0};
+        for (int i = 0; i < 3; i++) {
+            be->k->copy_to_device(be->self, d + at[i], &bad[i], 4);
+            ck_assert_msg(be->k->has_nonfinite(d, n) == 1, "%s: missed %g at %zu", be->name,
+                          (double)bad[i], at[i]);
+            ck_assert_msg(be->k->has_nonfinite(d, at[i]) == 0, "%s: saw past n", be->name);
+            be->k->copy_to_device(be->self, d + at[i], &x[at[i]], 4);
+        }
+        be->k->free(be->self, d);
+    }
+    free(x);
+}
+END_TEST
+
+START_TEST(test_alloc_zeroed_and_reused)
+{
+    const loom_backend_ops *k = ct_gpu.k;
+    void *s = ct_gpu.self;
+    float *h = malloc((size_t)5 << 20);
+    for (int round = 0; round < 3; round++) {
+        float *d = k->alloc(s, (size_t)5 << 20);
+        ck_assert(d != NULL);
+        k->copy_to_host(s, h, d, (size_t)5 << 20);
+        for (size_t i = 0; i < ((size_t)5 << 20) / 4; i++)
+            ck_assert_msg(h[i] == 0.0f, "round %d: alloc not zeroed at %zu", round, i);
+        k->scale(d, 2.0f, 16); /* dirty it before it goes back to the pool */
+        float one = 1.0f;
+        k->copy_to_device(s, d, &one, 4);
+        k->free(s, d);
+    }
+    free(h);
+}
+END_TEST
+
+static const char *paths[2];
+
+int main(int argc, char **argv)
+{
+    if (argc != 3) {
+        fprintf(stderr, "usage: %s loom-backend-cpu.so loom-backend-cuda.so\n", argv[0]);
+        return 1;
+    }
+    paths[0] = argv[1], paths[1] = argv[2];
+    ct_open(paths[0], paths[1]);
+    Suite *su = suite_create("cuda_ops");
+    TCase *tc = tcase_create("ops");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_alloc_zeroed_and_reused);
+    tcase_add_test(tc, test_embedding);
+    tcase_add_test(tc, test_position);
+    tcase_add_test(tc, test_layernorm);
+    tcase_add_test(tc, test_matmul);
+    tcase_add_test(tc, test_gemm);
+    tcase_add_test(tc, test_ordered_gemm_layout_free);
+    tcase_add_test(tc, test_attention);
+    tcase_add_test(tc, test_attention_decode_bitwise);
+    tcase_add_test(tc, test_elementwise);
+    tcase_add_test(tc, test_crossentropy);
+    tcase_add_test(tc, test_reductions);
+    suite_add_tcase(su, tc);
+    SRunner *sr = srunner_create(su);
+    srunner_set_fork_status(sr, CK_NOFORK); /* CUDA after fork() is undefined */
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    ct_close();
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,238 @@
+/* test_distill.c — the distillation term (core/model/gpt_distill.h).
+ *
+ *   torch:    loom_kd_rows against PyTorch's T^2 kl_div(log_softmax(zs/T), softmax(zt/T))
+ *             and its autograd gradient (tests/fixtures/kd_fixture.h), with padded rows:
+ *             the padding's values are ignored and its gradient is 0;
+ *   fd:       the gradient against central finite differences of loom_kd_rows itself;
+ *   zero:     equal logits give exactly 0 loss and 0 gradient;
+ *   model:    through loom_gpt_forward/backward: a teacher equal to the model with T = 1,
+ *             alpha = 1 gives loss 0 and every parameter gradient exactly 0; with another
+ *             teacher the loss is (1 - alpha) CE + alpha kd, and parameter gradients
+ *             match finite differences of that loss;
+ *   errors:   a bad temperature or alpha is refused.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/backend.h"
+#include "base/status.h"
+#include "model/gpt.h"
+#include "model/gpt_distill.h"
+
+#include "../fixtures/kd_fixture.h"
+
+enum { SS = 16, TS = 12 }; /* row strides: the student's padded to 16, the teacher's to 12 */
+
+static void padded(float *zs, float *zt)
+{
+    for (int r = 0; r < KD_R; r++) {
+        for (int j = 0; j < SS; j++)
+            zs[r * SS + j] = j < KD_V ? kd_zs[r * KD_V + j] : 1e4f; /* padding: must not count */
+        for (int j = 0; j < TS; j++)
+            zt[r * TS + j] = j < KD_V ? kd_zt[r * KD_V + j] : -1e4f;
+    }
+}
+
+START_TEST(test_torch)
+{
+    float zs[KD_R * SS], zt[KD_R * TS], g[KD_R * SS];
+    double loss[KD_R];
+    padded(zs, zt);
+    loom_kd_rows(zs, SS, zt, TS, KD_R, KD_V, kd_T, 1.0f, loss, g);
+    for (int r = 0; r < KD_R; r++) {
+        ck_assert_msg(fabs(loss[r] - kd_loss[r]) <= 1e-9 * (1 + fabs(kd_loss[r])),
+                      "row %d: kd %.12g, torch %.12g", r, loss[r], kd_loss[r]);
+        for (int j = 0; j < SS; j++) {
+            double want = j < KD_V ? kd_grad[r * KD_V + j] : 0.0;
+            ck_assert_msg(fabs(g[r * SS + j] - want) <= 1e-6, "row %d col %d: grad %.9g, torch %.9g",
+                          r, j, g[r * SS + j], want);
+        }
+    }
+}
+END_TEST
+
+static double total(const float *zs, const float *zt)
+{
+    double loss[KD_R], s = 0.0;
+    loom_kd_rows(zs, SS, zt, TS, KD_R, KD_V, kd_T, 1.0f, loss, NULL);
+    for (int r = 0; r < KD_R; r++)
+        s += loss[r];
+    return s;
+}
+
+START_TEST(test_finite_differences)
+{
+    float zs[KD_R * SS], zt[KD_R * TS], g[KD_R * SS];
+    double loss[KD_R], worst = 0.0;
+    padded(zs, zt);
+    loom_kd_rows(zs, SS, zt, TS, KD_R, KD_V, kd_T, 1.0f, loss, g);
+    for (int r = 0; r < KD_R; r++)
+        for (int j = 0; j < KD_V; j++) {
+            float *x = &zs[r * SS + j], x0 = *x;
+            *x = x0 + 1e-2f;
+            float hi = *x;
+            double up = total(zs, zt);
+            *x = x0 - 1e-2f;
+            float lo = *x;
+            double down = total(zs, zt);
+            *x = x0;
+            double fd = (up - down) / ((double)hi - (double)lo), d = fabs(fd - g[r * SS + j]);
+            worst = d > worst ? d : worst;
+            ck_assert_msg(d < 1e-4, "row %d col %d: grad %.9g, finite differences %.9g", r, j,
+                          g[r * SS + j], fd);
+        }
+    ck_assert(worst > 0.0); /* the comparison compared something */
+}
+END_TEST
+
+START_TEST(test_equal_logits_zero)
+{
+    float zs[KD_R * SS], zt[KD_R * TS], g[KD_R * SS];
+    double loss[KD_R];
+    padded(zs, zt);
+    loom_kd_rows(zs, SS, zs, SS, KD_R, KD_V, 1.0f, 1.0f, loss, g);
+    for (int r = 0; r < KD_R; r++) {
+        ck_assert_msg(loss[r] == 0.0, "row %d: kd %.17g with equal logits", r, loss[r]);
+        for (int j = 0; j < SS; j++)
+            ck_assert_msg(g[r * SS + j] == 0.0f, "row %d col %d: grad %g", r, j, g[r * SS + j]);
+    }
+    (void)zt;
+}
+END_TEST
+
+/* --- through the model ---------------------------------------------------------------- */
+
+enum { B_ = 2, T_ = 8, V_ = 61 };
+static loom_backend be;
+
+static loom_gpt *make(void)
+{
+    if (!be.ops)
+        ck_assert_msg(loom_backend_open("cpu", 1, &be) == LOOM_OK, "%s", loom_last_error());
+    loom_gpt_config c = {.vocab = V_, .ctx = 16, .layers = 2, .heads = 2, .dim = 16};
+    loom_gpt_parallel par = {NULL, NULL, 0, NULL, 0, 0, 0, NULL};
+    loom_gpt *m;
+    ck_assert_msg(loom_gpt_create(&c, &be, B_, 7, &par, &m) == LOOM_OK, "%s", loom_last_error());
+    return m;
+}
+
+static void batch(int *tok, int *tgt)
+{
+    unsigned s = 99u;
+    for (int i = 0; i < B_ * T_; i++) {
+        s = s * 1664525u + 1013904223u;
+        tok[i] = (int)((s >> 8) % V_);
+        tgt[i] = (int)((s >> 16) % V_);
+    }
+}
+
+static double fwd(loom_gpt *m, float dloss)
+{
+    int tok[B_ * T_], tgt[B_ * T_];
+    double loss = 0.0;
+    batch(tok, tgt);
+    ck_assert_msg(loom_gpt_forward(m, tok, tgt, B_, T_, dloss, &loss) == LOOM_OK, "%s",
+                  loom_last_error());
+    return loss;
+}
+
+START_TEST(test_model_teacher_is_student)
+{
+    loom_gpt *m = make();
+    size_t Vp = (size_t)loom_gpt_get_config(m)->vocab_padded, R = B_ * T_;
+    fwd(m, 0.0f); /* the raw logits: this model is its own teacher */
+    float *zt = malloc(R * Vp * sizeof(float));
+    memcpy(zt, loom_gpt_logits(m), R * Vp * sizeof(float));
+    ck_assert_msg(loom_gpt_set_distill(m, zt, Vp, 1.0f, 1.0f) == LOOM_OK, "%s", loom_last_error());
+    loom_gpt_zero_grad(m);
+    double loss = fwd(m, 1.0f / R);
+    ck_assert_msg(loss == 0.0, "T = 1, alpha = 1, teacher = student: loss %.17g", loss);
+    ck_assert_msg(loom_gpt_backward(m) == LOOM_OK, "%s", loom_last_error());
+    const float *g = loom_gpt_grad_data(m);
+    for (size_t i = 0; i < loom_gpt_params(m)->total; i++)
+        ck_assert_msg(g[i] == 0.0f, "gradient %zu is %g", i, g[i]);
+    free(zt);
+    loom_gpt_destroy(m);
+}
+END_TEST
+
+START_TEST(test_model_blend_and_gradient)
+{
+    loom_gpt *m = make();
+    size_t Vp = (size_t)loom_gpt_get_config(m)->vocab_padded, R = B_ * T_;
+    float dloss = 1.0f / R, alpha = 0.3f, T = 2.0f;
+    double ce = fwd(m, 0.0f);
+    float *zs = malloc(R * Vp * sizeof(float)), *zt = malloc(R * Vp * sizeof(float));
+    memcpy(zs, loom_gpt_logits(m), R * Vp * sizeof(float));
+    unsigned s = 5u;
+    for (size_t i = 0; i < R * Vp; i++) { /* another teacher: random logits */
+        s = s * 1664525u + 1013904223u;
+        zt[i] = (float)((s >> 8) % 2001u) / 250.0f - 4.0f;
+    }
+    double kd[B_ * T_], kd_sum = 0.0;
+    loom_kd_rows(zs, Vp, zt, Vp, R, V_, T, 1.0f, kd, NULL);
+    for (size_t r = 0; r < R; r++)
+        kd_sum += kd[r];
+    ck_assert_msg(loom_gpt_set_distill(m, zt, Vp, T, alpha) == LOOM_OK, "%s", loom_last_error());
+    loom_gpt_zero_grad(m);
+    double loss = fwd(m, dloss), want = (1 - alpha) * ce + alpha * kd_sum;
+    ck_assert_msg(fabs(loss - want) <= 1e-5 * fabs(want), "loss %.9g, (1-a) CE + a kd %.9g", loss, want);
+    ck_assert_msg(loom_gpt_backward(m) == LOOM_OK, "%s", loom_last_error());
+    size_t n = loom_gpt_params(m)->total;
+    float *g = malloc(n * sizeof(float)), *p = loom_gpt_param_data(m);
+    memcpy(g, loom_gpt_grad_data(m), n * sizeof(float));
+    const loom_param_table *t = loom_gpt_params(m);
+    for (int e = 0; e < t->count; e += 3) { /* a parameter of every third tensor */
+        size_t i = t->entries[e].offset + t->entries[e].numel / 2;
+        float x0 = p[i];
+        p[i] = x0 + 1e-2f;
+        float hi = p[i];
+        double up = fwd(m, dloss);
+        p[i] = x0 - 1e-2f;
+        float lo = p[i];
+        double down = fwd(m, dloss);
+        p[i] = x0;
+        double fd = dloss * (up - down) / ((double)hi - (double)lo);
+        ck_assert_msg(fabs(fd - g[i]) <= 2e-3 * fabs(fd) + 2e-5, "%s[%zu]: grad %.9g, finite "
+                      "differences %.9g", t->entries[e].name, i - t->entries[e].offset, g[i], fd);
+    }
+    free(g);
+    free(zs);
+    free(zt);
+    loom_gpt_destroy(m);
+}
+END_TEST
+
+START_TEST(test_errors)
+{
+    loom_gpt *m = make();
+    float zt[64];
+    ck_assert_int_eq(loom_gpt_set_distill(m, zt, 64, 0.0f, 0.5f), LOOM_ERR_INVALID);
+    ck_assert_ptr_nonnull(strstr(loom_last_error(), "temperature=0 must be > 0"));
+    ck_assert_int_eq(loom_gpt_set_distill(m, zt, 64, 1.0f, 1.5f), LOOM_ERR_INVALID);
+    ck_assert_int_eq(loom_gpt_set_distill(m, zt, 8, 1.0f, 0.5f), LOOM_ERR_INVALID);
+    loom_gpt_destroy(m);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("distill");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, test_torch);
+    tcase_add_test(tc, test_finite_differences);
+    tcase_add_test(tc, test_equal_logits_zero);
+    tcase_add_test(tc, test_model_teacher_is_student);
+    tcase_add_test(tc, test_model_blend_and_gradient);
+    tcase_add_test(tc, test_errors);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    if (be.ops)
+        loom_backend_close(&be);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

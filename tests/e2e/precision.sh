@@ -16,7 +16,8 @@
 #    continues bitwise (losses, scale, state hashes); an overflow at min_scale stops the run
 #    with a message saying so and what to try;
 #  - accounting: with bf16 the fp32 master copy is counted (master = fp32's params bytes);
-#  - refusals: bf16 with zero=3, reduce = "bf16" in canonical mode.
+#  - refusals: bf16 with zero=3 and with moe; reduce = "bf16" in canonical mode and with
+#    compression.
 set -euo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -146,4 +147,14 @@ set -e
 [ $rc -ne 0 ] && grep -qF "with reduce = \"bf16\" in canonical mode is not built yet" "$tmp/rc.err" ||
   { echo "bf16 reduce=bf16 canonical: rc $rc"; cat "$tmp/rc.err"; exit 1; }
 echo "ok bf16 reduce=bf16 in canonical mode refused"
+set +e
+run1 precision=bf16 'model.moe={experts=4}' steps=1 > /dev/null 2> "$tmp/moe.err"; rc=$?
+runN 2 'precision={"bf16", reduce="bf16"}' mesh.dp=2 batch.micro=4 'strategy.compress={"topk"}' \
+  steps=1 > /dev/null 2> "$tmp/cmp.err"; rc2=$?
+set -e
+[ $rc -ne 0 ] && grep -qF "with mixture-of-experts blocks are not built yet" "$tmp/moe.err" ||
+  { echo "bf16 with moe: rc $rc"; cat "$tmp/moe.err"; exit 1; }
+[ $rc2 -ne 0 ] && grep -qF "with reduce = \"bf16\" and strategy.compress is not built yet" "$tmp/cmp.err" ||
+  { echo "bf16 reduce=bf16 with compress: rc $rc2"; cat "$tmp/cmp.err"; exit 1; }
+echo "ok bf16 with moe and reduce=bf16 with compress refused"
 

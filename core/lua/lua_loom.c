@@ -311,12 +311,13 @@ static int l_session(lua_State *L)
         const char *method = luaL_checkstring(L, -1);
         cfg.compress_method = loom_compress_method_of(method);
         if (cfg.compress_method < 0)
-            return luaL_error(L, "compress=\"%s\": \"onebit\" or \"topk\"", method);
+            return luaL_error(L, "compress=\"%s\": \"onebit\", \"topk\" or \"powersgd\"", method);
     }
     lua_pop(L, 1);
     cfg.compress_ratio = num_field(L, 1, "compress_ratio", 0.01);
     cfg.compress_warmup = int_field(L, 1, "compress_warmup", 0);
     cfg.compress_bucket_mb = num_field(L, 1, "compress_bucket_mb", 0.0);
+    cfg.compress_rank = int_field(L, 1, "compress_rank", 2);
     /* teacher = { vocab=, ctx=, layers=, heads=, dim=, vocab_padded= }, teacher_init = path |
      * teacher_checkpoint = dir, kd_temperature =, kd_alpha = (checked in Lua) */
     static _Thread_local loom_gpt_config teacher;

@@ -5,7 +5,7 @@
  * all-gather of bytes carries them; messages are added in rank order 0..dp-1 into a
  * zeroed bucket, so every rank computes the same bits.
  */
-#include "compress.h"
+#include "compress_internal.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -14,39 +14,23 @@
 #include "base/status.h"
 #include "model/gpt_stage.h"
 
-typedef struct bucket {
-    size_t lo, n; /* [lo, lo + n) of the gradient buffer */
-    size_t k;     /* topk: elements sent */
-    size_t at;    /* onebit: byte offset of its bits; topk: its first value / index slot */
-} bucket;
-
-struct loom_compress {
-    loom_compress_config cfg;
-    const loom_comm_ops *comm;
-    void *dp;
-    int dp_size, dp_rank;
-    size_t total, elems, max_n, sum_k;
-    bucket *b;
-    int nb;
-    float *residual;              /* total floats */
-    unsigned char *msg, *gathered; /* msg_bytes, dp_size * msg_bytes */
-    size_t msg_bytes;
-    float *scratch;               /* topk: |v| of one bucket */
-    uint32_t *pick;               /* topk: the chosen indices of one bucket */
-};
-
 int loom_compress_method_of(const char *name)
 {
     if (!strcmp(name, "onebit"))
         return LOOM_COMPRESS_ONEBIT;
     if (!strcmp(name, "topk"))
         return LOOM_COMPRESS_TOPK;
+    if (!strcmp(name, "powersgd"))
+        return LOOM_COMPRESS_POWERSGD;
     return -1;
 }
 
 const char *loom_compress_method_name(int method)
 {
-    return method == LOOM_COMPRESS_ONEBIT ? "onebit" : method == LOOM_COMPRESS_TOPK ? "topk" : "none";
+    return method == LOOM_COMPRESS_ONEBIT     ? "onebit"
+           : method == LOOM_COMPRESS_TOPK     ? "topk"
+           : method == LOOM_COMPRESS_POWERSGD ? "powersgd"
+                                              : "none";
 }
 
 static loom_status make_buckets(loom_compress *c, loom_gpt *m)
@@ -90,8 +74,12 @@ loom_status loom_compress_create(const loom_compress_config *cfg, loom_gpt *m,
                                  loom_compress **out)
 {
     *out = NULL;
-    if (cfg->method != LOOM_COMPRESS_ONEBIT && cfg->method != LOOM_COMPRESS_TOPK)
-        LOOM_FAIL(LOOM_ERR_INVALID, "compress method %d: \"onebit\" or \"topk\"", cfg->method);
+    if (cfg->method < LOOM_COMPRESS_ONEBIT || cfg->method > LOOM_COMPRESS_POWERSGD)
+        LOOM_FAIL(LOOM_ERR_INVALID, "compress method %d: \"onebit\", \"topk\" or \"powersgd\"",
+                  cfg->method);
+    if (cfg->method == LOOM_COMPRESS_POWERSGD && !(cfg->rank >= 1 && cfg->rank <= 1024))
+        LOOM_FAIL(LOOM_ERR_INVALID, "compress powersgd rank=%d must be in [1, 1024] (the rank of "
+                  "each matrix's approximation, e.g. 2)", cfg->rank);
     if (cfg->method == LOOM_COMPRESS_TOPK && !(cfg->ratio > 0 && cfg->ratio <= 1))
         LOOM_FAIL(LOOM_ERR_INVALID, "compress topk ratio=%g must be in (0, 1] (the fraction of "
                   "each bucket sent, e.g. 0.01)", cfg->ratio);
@@ -110,7 +98,7 @@ loom_status loom_compress_create(const loom_compress_config *cfg, loom_gpt *m,
     c->dp_size = dp_size;
     c->dp_rank = comm->rank(dp);
     c->total = loom_gpt_params(m)->total;
-    loom_status st = make_buckets(c, m);
+    loom_status st = cfg->method == LOOM_COMPRESS_POWERSGD ? powersgd_plan(c, m) : make_buckets(c, m);
     if (st == LOOM_OK) {
         c->residual = calloc(c->total ? c->total : 1, sizeof(float));
         c->msg = malloc(c->msg_bytes ? c->msg_bytes : 1);
@@ -138,10 +126,14 @@ void loom_compress_destroy(loom_compress *c)
     free(c->gathered);
     free(c->scratch);
     free(c->pick);
+    free(c->p_sum);
+    free(c->q_mine);
+    free(c->q_sum);
     free(c);
 }
 
 int loom_compress_active(const loom_compress *c, int64_t step) { return c && step > c->cfg.warmup; }
+void loom_compress_begin_step(loom_compress *c, int64_t step) { c->step = step; }
 size_t loom_compress_message_bytes(const loom_compress *c) { return c->msg_bytes; }
 size_t loom_compress_raw_bytes(const loom_compress *c) { return c->elems * sizeof(float); }
 int loom_compress_method_in_use(const loom_compress *c) { return c->cfg.method; }
@@ -157,7 +149,8 @@ float *loom_compress_residual(loom_compress *c, size_t *floats)
 size_t loom_compress_buffer_bytes(const loom_compress *c)
 {
     return c->total * sizeof(float) + c->msg_bytes * (size_t)(1 + c->dp_size) +
-           c->max_n * (sizeof(float) + sizeof(uint32_t));
+           c->max_n * (sizeof(float) + sizeof(uint32_t)) +
+           (c->sum_p + 2 * c->sum_q) * sizeof(float);
 }
 
 static int all_finite(const float *x, size_t n)
@@ -261,6 +254,8 @@ static void topk_pack(loom_compress *c, const bucket *b, const float *g, float *
 
 loom_status loom_compress_exchange(loom_compress *c, float *grads)
 {
+    if (c->cfg.method == LOOM_COMPRESS_POWERSGD)
+        return powersgd_exchange(c, grads);
     int onebit = c->cfg.method == LOOM_COMPRESS_ONEBIT;
     size_t scales = (size_t)c->nb * sizeof(float), vals = c->sum_k * sizeof(float);
     for (int i = 0; i < c->nb; i++) {

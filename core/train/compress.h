@@ -16,6 +16,13 @@
  *   topk:   per bucket the k = ceil(ratio * n) elements of largest |v| (ties: lower index
  *           first), as k fp32 values and k uint32 indices; the rest count as zero. Message
  *           bytes: sum over buckets of 8 k.
+ *   powersgd: rank-r PowerSGD (Vogels et al. 2019) per tensor of two or more dims, seen as
+ *           a rows x cols matrix M (cols: its last dim): P = M Q with Q a random cols x r
+ *           matrix drawn from the step number (the same on every rank; no warm start), P
+ *           summed over ranks and orthonormalised (Gram-Schmidt, columns in order), then
+ *           Q = M^T P summed over ranks, and every rank takes P Q^T; two all-gathers. A
+ *           tensor where r (rows + cols) >= rows x cols (vectors, small matrices) is sent
+ *           whole, fp32. Message bytes: sum of 4 r (rows + cols) + 4 n over the raw ones.
  * A bucket whose gradient holds an inf or nan is sent as nan (so the step's non-finite
  * check fires on every rank) and its residual is left as it was.
  * What it does not: canonical mode (compression is lossy and what is compressed depends
@@ -34,6 +41,7 @@ typedef enum loom_compress_method {
     LOOM_COMPRESS_NONE = 0,
     LOOM_COMPRESS_ONEBIT,
     LOOM_COMPRESS_TOPK,
+    LOOM_COMPRESS_POWERSGD,
 } loom_compress_method;
 
 typedef struct loom_compress_config {
@@ -41,6 +49,7 @@ typedef struct loom_compress_config {
     double ratio;        /* topk: the fraction of each bucket sent, (0, 1] */
     int64_t warmup;      /* the first `warmup` steps are exchanged uncompressed */
     double bucket_mb;    /* the largest bucket in MiB of fp32 (0: 4) */
+    int rank;            /* powersgd: the rank r of each matrix's approximation */
 } loom_compress_config;
 
 typedef struct loom_compress loom_compress;
@@ -57,6 +66,8 @@ void loom_compress_destroy(loom_compress *c);
 
 /* 1 if the step numbered `step` (1-based) is past the warm-up. */
 int loom_compress_active(const loom_compress *c, int64_t step);
+/* The step about to be exchanged (powersgd seeds its random Q from it). */
+void loom_compress_begin_step(loom_compress *c, int64_t step);
 /* Collective over dp: grads (the model's flat buffer, this rank's local sum) becomes the
  * sum over ranks of the decompressed messages on every bucket; the residual is updated. */
 loom_status loom_compress_exchange(loom_compress *c, float *grads);

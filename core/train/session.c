@@ -251,7 +251,7 @@ static loom_status make_compress(loom_session *s)
     int dp = 1;
     LOOM_TRY(loom_core_host()->group(LOOM_GROUP_DP, &ops, &group, &dp));
     loom_compress_config cc = {cfg->compress_method, cfg->compress_ratio, cfg->compress_warmup,
-                               cfg->compress_bucket_mb};
+                               cfg->compress_bucket_mb, cfg->compress_rank};
     return loom_compress_create(&cc, s->model, ops, group, dp, &s->compress);
 }
 
@@ -532,6 +532,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     s->step_no++;
     int compressed = loom_compress_active(s->compress, s->step_no);
     loom_grad_sync_set_compress(s->sync, s->compress, compressed);
+    if (compressed)
+        loom_compress_begin_step(s->compress, s->step_no);
     if (s->pipe) {
         /* Every rank reads every micro-batch (positions stay in step); this dp rank's block
          * goes through the pipeline, then the losses join the tree in micro-batch order. */

@@ -22,6 +22,15 @@ environment:
                    is set); the recipe's threads= wins
   LOOM_PLUGIN_PATH  extra plugin directories, searched first
   LOOM_CPU_ISA     force a lower CPU kernel ISA (avx512, avx2, sse2)
+  LOOM_RENDEZVOUS_TIMEOUT_MS  how long the start-up rendezvous of a multi-rank run waits
+                   for every rank (default 300000; comm_timeout=S on the command line sets it
+                   too); the error names the ranks that never came
+  LOOM_LUA_MEMORY_MB, LOOM_LUA_INSTRUCTIONS  the recipe's Lua memory cap (default 4096) and
+                   instruction budget between training steps (default 2e9); 0 lifts either
+
+signals:
+  SIGTERM, SIGINT or SIGUSR1 during loom.train's loop finish the step, save a checkpoint
+  (with checkpoint.dir), say so and exit 128 + signo; a second signal stops at once
 
 example:
   loom run scripts/recipes/tiny_shakespeare.lua steps=200 batch.micro=8]],
@@ -32,7 +41,10 @@ usage: loom launch -n N RECIPE [key=value ...]
 Fork N local ranks of `loom run RECIPE`, each with RANK, WORLD_SIZE, LOCAL_RANK and a
 rendezvous on this machine. Rank 0's output is unprefixed, the others' lines start with
 [rank k]. If a rank dies the others are stopped and launch exits non-zero naming it.
-Unless set, each rank gets cores/N OpenMP threads with passive waits.
+Unless set, each rank gets cores/N OpenMP threads with passive waits. SIGTERM, SIGINT
+and SIGUSR1 are passed on to every rank, which stop together after the same step and save
+(30 s grace, then SIGKILL; a second signal kills at once). At most 256 ranks (the shm
+communicator's limit) and 16 per core (LOOM_LAUNCH_OVERSUBSCRIBE=1 lifts the latter).
 
 options:
   -n N             number of ranks (required)

@@ -227,7 +227,7 @@ local session_spec = {
   zero = { type = "integer", min = 0, help = "ZeRO stage over the dp group: 0 (none), 1, 2 or 3 (docs/ZERO.md)" },
   zero_bucket_mb = { type = "positive", help = "ZeRO bucket size in MiB (default 25)" },
   offload = { type = "table", help = "{ optimizer = \"host\" | \"disk\", path = DIR, chunk_mb = N } (docs/ZERO.md)" },
-  compress = { type = "table", help = "{ \"onebit\" | \"topk\", ratio = r, warmup = n, bucket_mb = m } (docs/COMPRESS.md)" },
+  compress = { type = "table", help = "{ \"onebit\" | \"topk\" | \"powersgd\", ratio = r, rank = r, warmup = n, bucket_mb = m } (docs/COMPRESS.md)" },
   teacher = { type = "table", help = "{ model = loom.gpt{ init = \"teacher.bin\" } | checkpoint = DIR, temperature = T, alpha = a } (docs/DISTILL.md)" },
 }
 
@@ -281,25 +281,25 @@ end
 
 local compress_spec = {
   [1] = { type = "string", required = true, one_of = { "onebit", "topk", "powersgd" },
-    help = "the method: onebit (sign + scale per bucket) or topk (largest |g| per bucket)" },
+    help = "the method: onebit (sign + scale per bucket), topk (largest |g| per bucket) or powersgd (rank-r per matrix)" },
   ratio = { type = "positive", help = "topk: the fraction of each bucket sent (default 0.01)" },
   warmup = { type = "integer", min = 0, help = "steps exchanged uncompressed first (default 0)" },
   bucket_mb = { type = "positive", help = "the largest bucket in MiB of fp32 (default 4)" },
-  rank = { type = "integer", min = 1, help = "powersgd: the rank r (not built yet)" },
+  rank = { type = "integer", min = 1, max = 1024, help = "powersgd: the rank r of each matrix's approximation (default 2)" },
 }
 
 -- strategy.compress (docs/COMPRESS.md): checked here so that a bad value names the key.
 local function check_compress(c, where)
   schema.check(c, compress_spec, "strategy.compress", where)
-  if c[1] == "powersgd" then
-    schema.fail(where, "strategy.compress = { \"powersgd\" } is not built yet (rank-r low-rank "
-      .. "compression, Vogels et al. 2019); use \"onebit\" or \"topk\"")
-  end
   if c[1] ~= "topk" and c.ratio then
-    schema.fail(where, "strategy.compress.ratio is for \"topk\"; \"%s\" sends every sign", c[1])
+    schema.fail(where, "strategy.compress.ratio is for \"topk\"; \"%s\" has no ratio", c[1])
   end
-  if c.rank then
-    schema.fail(where, "strategy.compress.rank is for \"powersgd\", which is not built yet")
+  if c[1] ~= "powersgd" and c.rank then
+    schema.fail(where, "strategy.compress.rank is for \"powersgd\"; \"%s\" has no rank", c[1])
+  end
+  if c[1] == "powersgd" and c.bucket_mb then
+    schema.fail(where, "strategy.compress.bucket_mb is for \"onebit\" and \"topk\"; powersgd "
+      .. "approximates each tensor whole")
   end
   if c.ratio and c.ratio > 1 then
     schema.fail(where, "strategy.compress.ratio=%g must be at most 1 (a fraction of each bucket)", c.ratio)
@@ -390,8 +390,8 @@ function loom.session(t, where)
   end
   if t.compress then
     check_compress(t.compress, where)
-    cfg.compress, cfg.compress_ratio, cfg.compress_warmup, cfg.compress_bucket_mb =
-      t.compress[1], t.compress.ratio, t.compress.warmup, t.compress.bucket_mb
+    cfg.compress, cfg.compress_ratio, cfg.compress_warmup, cfg.compress_bucket_mb, cfg.compress_rank =
+      t.compress[1], t.compress.ratio, t.compress.warmup, t.compress.bucket_mb, t.compress.rank
   end
   if t.teacher then
     for k, v in pairs(resolve_teacher(t.teacher, where)) do cfg[k] = v end

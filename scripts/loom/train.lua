@@ -9,6 +9,7 @@ local lrmod = require "loom.lr"
 local json = require "loom.json"
 local metrics = require "loom.metrics"
 local guard = require "loom.guard"
+local preflight = require "loom.preflight"
 
 local spec = {
   model = { type = "table", required = true, help = "loom.gpt{...}" },
@@ -107,80 +108,6 @@ local function recipe_changes(saved_json, now_json)
     end
   end
   return out
-end
-
--- What would otherwise be found only steps in, checked before the session is built: a
--- checkpoint dir that cannot be created or written (found at the first save, `every` steps
--- in), splits too small for one batch (the validation split at the first eval).
-local function check_early(core, t, data, where, origin)
-  if t.checkpoint then
-    local dir = t.checkpoint.dir
-    local ok, err = core.mkdir_p(dir)
-    local probe = dir .. "/.tmp-probe-rank" .. tostring(core.rank or 0)
-    local f, ferr
-    if ok then f, ferr = io.open(probe, "wb") end
-    if f then f:close(); os.remove(probe) end
-    if not ok or not f then
-      schema.fail(where, "checkpoint.dir=\"%s\"%s: %s (give a directory this run may create and "
-        .. "write, e.g. \"ckpt\")", dir, origin("checkpoint.dir") or "", err or ferr)
-    end
-  end
-  if type(t.resume) == "string" and t.resume ~= "auto" then
-    local f, err = io.open(t.resume .. "/manifest.json", "rb")
-    if not f then
-      schema.fail(where, "cannot resume: resume=\"%s\"%s is not a checkpoint (%s; give a step_* "
-        .. "directory, or resume=\"auto\" with checkpoint.dir)", t.resume, origin("resume") or "", err)
-    end
-    f:close()
-  end
-  local jsonl = (core.rank or 0) == 0 and t.log and t.log.jsonl
-  local jdir = jsonl and jsonl:match("^(.*)/[^/]*$")
-  if jdir and jdir ~= "" then
-    local ok, err = core.mkdir_p(jdir)
-    if not ok then schema.fail(where, "metrics file '%s': %s", jsonl, err) end
-  end
-  if t.data.kind == "random" then return end -- unbounded
-  local need = t.batch.micro * t.batch.seq + 1
-  for _, split in ipairs { "train", "val" } do
-    local n = data:size(split)
-    if (split == "train" or t.eval) and n < need then
-      schema.fail(where, "the %s split holds %d tokens, and one batch of batch.micro x batch.seq "
-        .. "= %d x %d needs %d%s", split, n, t.batch.micro, t.batch.seq, need,
-        split == "val" and (t.data.kind == "shards" and not t.data.val
-          and " (loom.data.shards has no val glob: give val = \"...\" or leave eval out)"
-          or " (raise data.val_fraction, shorten batch.seq or leave eval out)")
-          or " (give more data or shorten batch.seq)")
-    end
-  end
-end
-
--- resume=auto: the newest intact checkpoint in dir — the one `latest` names first, then
--- every other step_* newest first — each verified whole (manifest, sizes, checksums) before
--- it is taken, so every rank (reading the same files) takes the same one. What is passed
--- over is said, with why (incomplete: a save cut short; damaged: a checksum that fails).
--- nil, why when dir has no checkpoint at all; a dir whose every checkpoint fails is refused
--- (starting again from step 1 would silently drop the run's progress).
-local function pick_checkpoint(core, dir, say, where)
-  local names, latest = core.list_checkpoints(dir)
-  if not names then return nil, string.format("no checkpoint directory '%s'", dir) end
-  if #names == 0 then return nil, string.format("no checkpoint in '%s'", dir) end
-  local order = {}
-  for _, n in ipairs(names) do if n == latest then table.insert(order, 1, n) else order[#order + 1] = n end end
-  local skipped = {}
-  for _, n in ipairs(order) do
-    local path = dir .. "/" .. n
-    local ok, err = pcall(core.verify_checkpoint, path)
-    if ok then
-      if #skipped > 0 then
-        say(string.format("resume=auto: skipped %d checkpoint%s newer than %s: %s", #skipped,
-          #skipped == 1 and "" or "s", n, table.concat(skipped, "; ")))
-      end
-      return path
-    end
-    skipped[#skipped + 1] = string.format("%s (%s)", n, tostring(err))
-  end
-  schema.fail(where, "resume=auto: no intact checkpoint in '%s': %s (remove the damaged ones "
-    .. "to start afresh, or resume= a path)", dir, table.concat(skipped, "; "))
 end
 
 -- The run's measured bubble: the mean over its steps after the first (which carries the
@@ -340,7 +267,7 @@ local function check_zero(t, where, origin)
     if k ~= "dp" and k ~= "zero" and k ~= "offload" and k ~= "compress" then
       schema.fail(where, "strategy.%s is not available in this build (accepted: zero = 0, 1, 2 or 3; "
         .. "dp = { bucket_mb = ... }; offload = { optimizer = ... }; compress = { \"onebit\" | "
-        .. "\"topk\", ... })", tostring(k))
+        .. "\"topk\" | \"powersgd\", ... })", tostring(k))
     end
   end
   if st.offload and (t.checkpoint or t.resume) then
@@ -513,7 +440,7 @@ return function(loom)
     local tensor = tp > 1 and { name = "tp", sequence_parallel = t.tp_sequence_parallel or false } or nil
 
     local data = loom.open_data(t.data, where)
-    check_early(loom.core, t, data, where, origin)
+    preflight.check(loom.core, t, data, where, origin)
     local session = loom.session({
       model = t.model, optimizer = opt, precision = t.precision, seed = t.seed,
       grad_clip = t.grad_clip, on_nonfinite = t.on_nonfinite == "rollback" and "skip" or t.on_nonfinite, threads = t.threads, backend = t.backend,
@@ -548,7 +475,7 @@ return function(loom)
       nonfinite = t.on_nonfinite, max_skipped = t.max_skipped }
     if t.resume then
       local path, why = t.resume, nil
-      if t.resume == "auto" then path, why = pick_checkpoint(loom.core, t.checkpoint.dir, say, where) end
+      if t.resume == "auto" then path, why = preflight.pick_checkpoint(loom.core, t.checkpoint.dir, say, where) end
       if path then
         local ok, info = pcall(session.load, session, path, data)
         if not ok then schema.fail(where, "cannot resume: %s", info) end

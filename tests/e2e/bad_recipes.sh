@@ -26,18 +26,21 @@ check() { # where fragment output rc [late: on_step's own errors come after step
   echo "ok   $(grep -F -- "$frag" <<<"$out" | head -1 | sed 's/^loom: //' | cut -c1-200)"
 }
 
+# Each case in a directory of its own as r.lua, two at a time (the machine's two cores),
+# then checked in table order.
+k=0
 while IFS='|' read -r change frag; do
   [[ -z $change || $change == '#'* ]] && continue
-  cat > r.lua <<EOR
+  k=$((k + 1)); mkdir "c$k"
+  printf '%s\n' "$change" > "c$k/change"; printf '%s\n' "$frag" > "c$k/frag"
+  cat > "c$k/r.lua" <<EOR
 local loom = require "loom"
 local t = { model = loom.gpt { vocab = 256, ctx = 32, layers = 2, heads = 2, dim = 32 }, data = loom.data.text { path = "$data" }, optimizer = { "adamw", lr = 1e-3 }, batch = { micro = 2, seq = 16 }, steps = 2, threads = 1 }
 $change
 loom.train(t)
 EOR
-  out=$(timeout 60 "$loom" run r.lua 2>&1); rc=$?
-  # the file:line: loom.* constructors on the change's line 3, loom.train's checks on line 4
-  grep -qE '^loom: r\.lua:[34]: ' <<<"$out" || { n=$((n + 1)); echo "FAIL '$change': no r.lua:LINE: in: $(tail -1 <<<"$out")"; fails=$((fails + 1)); continue; }
-  check "'$change'" "$frag" "$out" "$rc"
+  (cd "c$k" && { timeout 60 "$loom" run r.lua > out 2>&1; echo $? > rc; }) &
+  (( k % 2 == 0 )) && wait
 done <<'EOF_CASES'
 t.steps = -1|steps=-1 must be >= 0
 t.steps = 1.5|steps must be integer, got number 1.5
@@ -110,6 +113,13 @@ t.on_step = "print"|on_step must be function, got string print
 t.peak_flops = -5|peak_flops must be positive, got number -5
 t.stepz = 3|unknown key 'stepz' (accepted: backend, batch,
 EOF_CASES
+wait
+for ((i = 1; i <= k; i++)); do
+  change=$(cat "c$i/change") frag=$(cat "c$i/frag") out=$(cat "c$i/out") rc=$(cat "c$i/rc")
+  # the file:line: loom.* constructors on the change's line 3, loom.train's checks on line 4
+  grep -qE '^loom: r\.lua:[34]: ' <<<"$out" || { n=$((n + 1)); echo "FAIL '$change': no r.lua:LINE: in: $(tail -1 <<<"$out")"; fails=$((fails + 1)); continue; }
+  check "'$change'" "$frag" "$out" "$rc"
+done
 
 # Lua limits (core/lua/lua_limits.h), with small limits so that each is met in a second
 limits() { # name env fragment recipe-text [late]
@@ -121,13 +131,13 @@ limits() { # name env fragment recipe-text [late]
 recipe_on_step() { # the valid recipe, with on_step's body
   printf 'local loom = require "loom"\nloom.train { model = loom.gpt { vocab = 256, ctx = 32, layers = 2, heads = 2, dim = 32 }, data = loom.data.text { path = "%s" }, optimizer = { "adamw", lr = 1e-3 }, batch = { micro = 2, seq = 16 }, steps = 3, threads = 1,\n  on_step = function(r)\n    %s\n  end }\n' "$data" "$1"
 }
-limits loop LOOM_LUA_INSTRUCTIONS=2e7 "loop.lua:2: the recipe's Lua code ran 2e+07 instructions without a training step (an endless loop?); LOOM_LUA_INSTRUCTIONS=N raises the limit" \
+limits loop LOOM_LUA_INSTRUCTIONS=5e6 "loop.lua:2: the recipe's Lua code ran 5e+06 instructions without a training step (an endless loop?); LOOM_LUA_INSTRUCTIONS=N raises the limit" \
   $'local n = 0\nwhile true do n = n + 1 end'
-limits step_loop LOOM_LUA_INSTRUCTIONS=2e7 "step_loop.lua:4: the recipe's Lua code ran 2e+07 instructions without a training step" \
+limits step_loop LOOM_LUA_INSTRUCTIONS=5e6 "step_loop.lua:4: the recipe's Lua code ran 5e+06 instructions without a training step" \
   "$(recipe_on_step 'if r.step == 2 then local n = 0; while true do n = n + 1 end end')" late
-limits bomb LOOM_LUA_MEMORY_MB=64 "the recipe's Lua code needs more than 64 MiB of memory (a table that grows without bound?); LOOM_LUA_MEMORY_MB=N raises the cap" \
+limits bomb LOOM_LUA_MEMORY_MB=16 "the recipe's Lua code needs more than 16 MiB of memory (a table that grows without bound?); LOOM_LUA_MEMORY_MB=N raises the cap" \
   $'local t = {}\nfor i = 1, 1e9 do t[i] = string.rep("x", 1000) .. i end'
-limits step_bomb LOOM_LUA_MEMORY_MB=64 "the recipe's Lua code needs more than 64 MiB of memory" \
+limits step_bomb LOOM_LUA_MEMORY_MB=16 "the recipe's Lua code needs more than 16 MiB of memory" \
   "$(recipe_on_step 'local t = {}; for i = 1, 1e9 do t[i] = string.rep("y", 1000) .. i end')" late
 # a binary chunk as the recipe, and through load, loadfile and require inside one
 "$loom" run /dev/stdin <<<'local f = io.open("bin.luac", "wb"); f:write(string.dump(function() print("hi") end)); f:close()' ||

@@ -3,18 +3,21 @@
 # the small test model (34688 parameters in 28 tensors), loom launch and shm:
 #  - the exchange itself is exact: topk with ratio = 1 sends every element, and its losses
 #    and norms are bitwise those of plain dp (the sum in rank order), with zero = 2 too
-#    (the compressed exchange replaces ZeRO's reduce-scatter);
+#    (the compressed exchange replaces ZeRO's reduce-scatter), and at dp=2 x pp=2;
 #  - onebit under zero = 1, 2, 3 gives zero = 0's onebit losses (within 1e-6), and a
 #    second run the same bits (same seed, same layout);
 #  - 200 steps of SGD (lr 1, the recipe's cosine to 0.1 by step 20) at dp=2 with 20 warm-up
-#    steps: onebit and topk (ratio 0.1) end within 0.05 of the uncompressed loss (mean of
+#    steps: onebit, topk (ratio 0.1) and powersgd (rank 2) end within 0.05 of the uncompressed loss (mean of
 #    the last 20 steps), and the loss fell by more than 1 (without the warm-up onebit's gap
 #    is 0.12: docs/COMPRESS.md);
 #  - a save at step 3 and a resume give steps 4-6 bitwise (the residuals restored), for
-#    topk at dp=2 x tp=2 (one residual file per tp rank) and onebit under zero = 2;
+#    topk at dp=2 x tp=2 (one residual file per tp rank) and powersgd under zero = 2 (its
+#    random Q is drawn from the step number);
 #  - the metrics' compress_bytes match the formulas (onebit: sum of 4 + ceil(n/8) bytes
-#    over the tensors; topk: 8 ceil(ratio n)), 0 during the warm-up; grad_bytes = 4 x 34688;
-#  - refusals: canonical mode, dp = 1, powersgd, ratio with onebit, pp with a checkpoint.
+#    over the tensors; topk: 8 ceil(ratio n); powersgd: 4 r (rows + cols) per matrix where
+#    smaller, else 4 n), 0 during the warm-up; grad_bytes = 4 x 34688;
+#  - refusals: canonical mode, dp = 1, rank with topk, ratio with onebit, pp with a
+#    checkpoint, another dp at resume.
 set -euo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -34,6 +37,13 @@ cmp -s "$tmp/dp" "$tmp/all" || { echo "topk ratio=1 differs from plain dp"; past
 run2 strategy.zero=2 'strategy.compress={"topk",ratio=1}' | grep '^LOSS ' > "$tmp/all_z2"
 cmp -s <(grep '^LOSS ' "$tmp/dp") "$tmp/all_z2" || { echo "zero=2 topk ratio=1 differs from plain dp"; exit 1; }
 echo "ok topk ratio=1: losses and norms bitwise plain dp over 20 steps; with zero=2 the losses too"
+# over the dp group only: with pp the same (dp=2 x pp=2, 1f1b)
+runP() { "$loom" launch -n 4 "$recipe" threads=1 mesh.dp=2 mesh.pp=2 schedule=1f1b comm_timeout=20 "$@" | lines; }
+runP > "$tmp/pp"
+runP 'strategy.compress={"topk",ratio=1}' > "$tmp/pp_all"
+finite_losses "$tmp/pp"
+cmp -s "$tmp/pp" "$tmp/pp_all" || { echo "dp=2 x pp=2: topk ratio=1 differs from plain dp"; exit 1; }
+echo "ok topk ratio=1 at dp=2 x pp=2: losses and norms bitwise plain dp x pp"
 
 # --- onebit with ZeRO, and the same bits twice -----------------------------------------
 run2 "$onebit" log.jsonl="$tmp/m.jsonl" | lines > "$tmp/ob"
@@ -58,14 +68,21 @@ got() { grep '"kind":"train"' "$1" | sed -n "$2p" | grep -o "\"$3\":[0-9.e+]*" |
 run2 steps=4 'strategy.compress={"topk",ratio=0.1,warmup=2}' log.jsonl="$tmp/t.jsonl" > /dev/null
 [ "$(got "$tmp/t.jsonl" 2 compress_bytes)" = 0 ] || { echo "topk warm-up step 2 sent compressed bytes"; exit 1; }
 [ "$(got "$tmp/t.jsonl" 3 compress_bytes)" = "$want_tk" ] || { echo "topk compress_bytes $(got "$tmp/t.jsonl" 3 compress_bytes), formula $want_tk"; exit 1; }
-echo "ok bytes per step: onebit $want_ob, topk 0.1 $want_tk (0 in the warm-up), uncompressed $((4 * 34688))"
+# powersgd rank 2: a rows x cols tensor sends 4 r (rows + cols) bytes when that is smaller than
+# itself, else whole; vectors whole (the same tensors as above, as rows:cols)
+shapes="256:32 32:32"; for b in 1 2; do shapes="$shapes 32 32 96:32 3:32 32:32 32 32 32 128:32 128 32:128 32"; done; shapes="$shapes 32 32"
+want_ps=$(for x in $shapes; do echo "$x"; done | awk -F: '{ if (NF == 1) { s += 4 * $1; next }
+  a = 2 * ($1 + $2); s += 4 * (a < $1 * $2 ? a : $1 * $2) } END { print s }')
+run2 steps=2 'strategy.compress={"powersgd",rank=2}' log.jsonl="$tmp/p.jsonl" > /dev/null
+[ "$(got "$tmp/p.jsonl" 2 compress_bytes)" = "$want_ps" ] || { echo "powersgd compress_bytes $(got "$tmp/p.jsonl" 2 compress_bytes), formula $want_ps"; exit 1; }
+echo "ok bytes per step: onebit $want_ob, topk 0.1 $want_tk (0 in the warm-up), powersgd rank 2 $want_ps, uncompressed $((4 * 34688))"
 
 # --- 200 steps of SGD: compressed runs track the uncompressed loss ---------------------
 sgd=(steps=200 'optimizer={"sgd",lr=1}')
 tail_mean() { grep '^LOSS ' "$1" | tail -n 20 | awk '{ s += $4 } END { printf "%.4f", s / NR }'; }
 run2 "${sgd[@]}" | lines > "$tmp/s0"
 base=$(tail_mean "$tmp/s0")
-for c in '{"onebit",warmup=20}' '{"topk",ratio=0.1,warmup=20}'; do
+for c in '{"onebit",warmup=20}' '{"topk",ratio=0.1,warmup=20}' '{"powersgd",rank=2,warmup=20}'; do
   run2 "${sgd[@]}" "strategy.compress=$c" | lines > "$tmp/s1"
   finite_losses "$tmp/s1"; fell=$(loss_fell "$tmp/s1" 1.0) || { echo "compress=$c: the loss did not fall by 1: $fell"; exit 1; }
   m=$(tail_mean "$tmp/s1")
@@ -76,11 +93,11 @@ done
 
 # --- resume restores the residuals: bitwise ------------------------------------------------
 run4() { "$loom" launch -n 4 "$recipe" threads=1 mesh.dp=2 mesh.tp=2 comm_timeout=20 "$@"; }
-for layout in "run4 strategy.compress={\"topk\",ratio=0.05}" "run2 strategy.zero=2 $onebit"; do
+for layout in "run4 strategy.compress={\"topk\",ratio=0.05}" "run2 strategy.zero=2 strategy.compress={\"powersgd\",rank=2}"; do
   $layout steps=6 | lines | awk '$2 > 3' > "$tmp/want"
   rm -rf "$tmp/ck"
   $layout steps=3 checkpoint.dir="$tmp/ck" > /dev/null
-  grep -q '"compress": {"method": "'"$(echo "$layout" | grep -o 'onebit\|topk' | head -1)"'", "dp": 2}' \
+  grep -q '"compress": {"method": "'"$(echo "$layout" | grep -o 'onebit\|topk\|powersgd' | head -1)"'", "dp": 2}' \
     "$tmp/ck/step_00000003/manifest.json" || { echo "the manifest does not record the compression"; exit 1; }
   $layout steps=6 resume="$tmp/ck/step_00000003" | lines > "$tmp/got"
   [ "$(grep -c '^LOSS' "$tmp/got")" -eq 3 ] || { echo "$layout: expected steps 4-6"; exit 1; }
@@ -90,7 +107,7 @@ done
 # a checkpoint's residuals are per dp rank: another dp is refused, naming both
 if "$loom" launch -n 4 "$recipe" threads=1 mesh.dp=4 batch.micro=2 steps=6 "$onebit" \
     resume="$tmp/ck/step_00000003" > "$tmp/err" 2>&1; then echo "dp=4 resumed dp=2's residuals"; exit 1; fi
-grep -q 'residuals of compress = "onebit" at dp=2; this run compresses with "onebit" at dp=4' "$tmp/err" ||
+grep -q 'residuals of compress = "powersgd" at dp=2; this run compresses with "onebit" at dp=4' "$tmp/err" ||
   { echo "unexpected message:"; cat "$tmp/err"; exit 1; }
 
 # --- refusals ----------------------------------------------------------------------------
@@ -101,8 +118,8 @@ refuse() { # what expected-text args...
 }
 refuse canonical 'compression is lossy' run2 steps=1 deterministic=canonical "$onebit"
 refuse dp=1 'needs a data-parallel group of 2 or more ranks' "$loom" run "$recipe" steps=1 "$onebit"
-refuse powersgd '"powersgd" } is not built yet' run2 steps=1 'strategy.compress={"powersgd"}'
+refuse rank 'rank is for "powersgd"' run2 steps=1 'strategy.compress={"topk",rank=2}'
 refuse ratio 'ratio is for "topk"' run2 steps=1 'strategy.compress={"onebit",ratio=0.5}'
 refuse pp 'mesh.pp > 1 and checkpoint is not built yet' "$loom" launch -n 4 "$recipe" threads=1 \
   mesh.dp=2 mesh.pp=2 schedule=1f1b steps=1 "$onebit" checkpoint.dir="$tmp/ck2"
-echo "ok refused: canonical mode, dp=1, powersgd, ratio with onebit, pp with a checkpoint, another dp at resume"
+echo "ok refused: canonical mode, dp=1, rank with topk, ratio with onebit, pp with a checkpoint, another dp at resume"

@@ -8,7 +8,8 @@
 #    trained on CE alone by more than 0.05 (the figures are printed); at dp=2 too, within
 #    1e-4 of one rank's distilled losses; and the teacher as loom.gpt{ init = its llm.c
 #    export } distils the same bits as from its checkpoint;
-#  - canonical mode with a teacher: dp=1 and dp=2 give the same bits;
+#  - a distilled run resumes bitwise; canonical mode with a teacher: dp=1 and dp=2 give
+#    the same bits;
 #  - refusals: a teacher without weights, intermediate layers, tp > 1.
 set -euo pipefail
 loom=$1
@@ -48,6 +49,15 @@ echo "ok teacher = loom.gpt{ init = llm.c export of the checkpoint }: the same l
 d=$(max_loss_diff "$tmp/kd.out" "$tmp/kd2.out")
 below "$d" 1e-4 || { echo "distillation at dp=2 differs from one rank by $d"; exit 1; }
 echo "ok distillation at dp=2: max |loss diff| vs one rank $d over 100 steps"
+
+# a distilled run saves and resumes bitwise (the teacher is read again from its checkpoint)
+k2="teacher={checkpoint=\"$tmp/teacher\",temperature=2,alpha=0.5}"
+"$loom" run "$recipe" steps=6 "$k2" | grep '^LOSS' | awk '$2 > 3' > "$tmp/want"
+"$loom" run "$recipe" steps=3 "$k2" checkpoint.dir="$tmp/dck" > /dev/null
+"$loom" run "$recipe" steps=6 "$k2" resume="$tmp/dck/step_00000003" | grep '^LOSS' > "$tmp/got"
+[ "$(grep -c '^LOSS' "$tmp/got")" -eq 3 ] && cmp -s "$tmp/want" "$tmp/got" ||
+  { echo "distilled run: resumed steps 4-6 differ"; paste "$tmp/want" "$tmp/got"; exit 1; }
+echo "ok distilled run: save at 3 + resume, steps 4-6 bitwise"
 
 # canonical mode: the term is row-local, so dp=1 and dp=2 give the same bits
 canon=(steps=10 deterministic=canonical batch.micro=4 batch.global=8 "teacher={checkpoint=\"$tmp/teacher\",temperature=2,alpha=0.5}")

@@ -432,7 +432,8 @@ static void set_num(lua_State *L, const char *k, double v)
     lua_setfield(L, -2, k);
 }
 
-/* s:step(data, lr [, step [, limits]]) -> {step, loss, grad_norm, lr, ms, comm_ms, tokens, skipped,
+/* s:step(data, lr [, step [, limits]]) -> {step, loss, grad_norm, lr, ms, comm_ms, tokens,
+ * loss_scale, skipped,
  * inflight, bubble (under pp) [, nonfinite = {rank, stage, param | loss = true, message}]
  * [, stop_signal = signo: a stop signal reached some rank, stop after this step]
  * [, spike = true: the update skipped, loss or norm above limits]}; limits: { loss =, norm = }
@@ -465,6 +466,7 @@ static int l_session_step(lua_State *L)
     set_num(L, "ms", st.ms);
     set_num(L, "comm_ms", st.comm_ms);
     set_num(L, "tokens", st.tokens);
+    set_num(L, "loss_scale", st.loss_scale);
     lua_pushboolean(L, st.skipped);
     lua_setfield(L, -2, "skipped");
     if (st.spike) {

@@ -10,6 +10,7 @@
 #include "gpt_internal.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -608,6 +609,7 @@ void loom_gpt_destroy(loom_gpt *m)
     const loom_backend_ops *ops = m->be->ops;
     ops->free(m->be->self, m->params);
     ops->free(m->be->self, m->grads);
+    ops->free(m->be->self, m->cparams);
     ops->free(m->be->self, m->act_mem);
     gpt_moe_destroy(m);
     free(m->ent0);
@@ -689,6 +691,54 @@ void loom_gpt_zero_grad(loom_gpt *m)
     m->be->ops->zero(m->be->self, m->grads, m->table.total * sizeof(float));
 }
 
+loom_status loom_gpt_set_precision(loom_gpt *m, loom_dtype param, loom_dtype act)
+{
+    const loom_backend_ops *k = m->be->ops;
+    for (int i = 0; i < 2; i++) {
+        loom_dtype dt = i ? act : param;
+        if (dt != LOOM_DTYPE_F32 && dt != LOOM_DTYPE_BF16 && dt != LOOM_DTYPE_F16)
+            LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "the GPT model stores %s in f32, bf16 or f16, not %s",
+                      i ? "activations" : "weights", loom_dtype_name(dt));
+    }
+    if ((param != LOOM_DTYPE_F32 || act != LOOM_DTYPE_F32) &&
+        (k->size <= offsetof(loom_backend_ops, round_to) || !k->round_to))
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "this backend has no round_to: it cannot store bf16 or "
+                  "f16 values (use precision = \"fp32\")");
+    if (m->llama && (param != LOOM_DTYPE_F32 || act != LOOM_DTYPE_F32))
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "%s weights or activations with the llama family are not "
+                  "built yet (its blocks, gpt_llama.c, do not round); use precision = \"fp32\"",
+                  loom_dtype_name(param != LOOM_DTYPE_F32 ? param : act));
+    if (m->moe && (param != LOOM_DTYPE_F32 || act != LOOM_DTYPE_F32))
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "%s weights or activations with mixture-of-experts blocks "
+                  "are not built yet (the expert layers do not round); use precision = \"fp32\" "
+                  "with moe", loom_dtype_name(param != LOOM_DTYPE_F32 ? param : act));
+    m->act_dt = act;
+    m->param_dt = param;
+    if (param != LOOM_DTYPE_F32 && !m->cparams) {
+        m->cparams = k->alloc(m->be->self, m->table.total * sizeof(float));
+        if (!m->cparams)
+            LOOM_FAIL(LOOM_ERR_NOMEM, "cannot allocate %.1f MiB for the %s compute copy of the "
+                      "weights", (double)m->table.total * sizeof(float) / (1 << 20),
+                      loom_dtype_name(param));
+        bind_params(m, m->cparams, &m->p);
+    }
+    loom_gpt_refresh_params(m);
+    return LOOM_OK;
+}
+
+void loom_gpt_refresh_params(loom_gpt *m)
+{
+    if (!m->cparams)
+        return;
+    const loom_backend_ops *k = m->be->ops;
+    k->round_to(m->cparams, m->params, m->table.total, m->param_dt);
+}
+
+size_t loom_gpt_compute_param_bytes(const loom_gpt *m)
+{
+    return m->table.total * sizeof(float);
+}
+
 /* --- forward and backward ------------------------------------------------------------ */
 
 /* One transformer block's forward, l: res3 = block(residual), over R = B*T rows, of which
@@ -703,17 +753,25 @@ loom_status gpt_block_forward(loom_gpt *m, int l, const float *residual, int B, 
     const size_t R = (size_t)B * T;
     layer_params *w = &m->p.layer[l];
     layer_acts *a = &m->acts[l];
+    /* gpt_round: each stored activation rounded where it is written (mixed precision);
+     * the row-parallel outputs once summed over the group, with their bias */
     k->layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, residual, w->ln1w, w->ln1b, 1,
                          (int)Rl, C);
+    gpt_round(m, a->ln1, Rl * C);
     LOOM_TRY(F_ENTER(LOOM_REGION_ATTENTION, l, a->ln1, a->ln1_full, R, C));
     k->matmul_forward(a->qkv, a->ln1_full, w->qkvw, w->qkvb, B, T, C, 3 * Cl);
+    gpt_round(m, a->qkv, R * 3 * Cl);
     k->attention_forward(a->atty, a->att, a->qkv, B, T, Cl, m->NHl);
+    gpt_round(m, a->atty, R * Cl);
     gpt_row_parallel_forward(m, m->partial, a->atty, w->attprojw, B, T, Cl);
     LOOM_TRY(F_LEAVE(LOOM_REGION_ATTENTION, l, m->partial, m->summed, R, C));
     k->bias_add(m->summed, w->attprojb, Rl, C);
+    gpt_round(m, m->summed, Rl * C);
     k->residual_forward(a->res2, residual, m->summed, Rl * C);
+    gpt_round(m, a->res2, Rl * C);
     k->layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, 1,
                          (int)Rl, C);
+    gpt_round(m, a->ln2, Rl * C);
     if (m->moe && gpt_moe_block(&m->cfg, l)) { /* experts behind a router (moe.h; tp = 1) */
         LOOM_TRY(gpt_moe_forward(m, l, m->ent0[l] + 8, a->ln2_full, m->summed, R));
         k->residual_forward(a->res3, a->res2, m->summed, Rl * C);
@@ -721,11 +779,15 @@ loom_status gpt_block_forward(loom_gpt *m, int l, const float *residual, int B, 
     }
     LOOM_TRY(F_ENTER(LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R, C));
     k->matmul_forward(a->fch, a->ln2_full, w->fcw, w->fcb, B, T, C, Fl);
+    gpt_round(m, a->fch, R * Fl);
     k->gelu_forward(a->fch_gelu, a->fch, R * Fl);
+    gpt_round(m, a->fch_gelu, R * Fl);
     gpt_row_parallel_forward(m, m->partial, a->fch_gelu, w->fcprojw, B, T, Fl);
     LOOM_TRY(F_LEAVE(LOOM_REGION_MLP, l, m->partial, m->summed, R, C));
     k->bias_add(m->summed, w->fcprojb, Rl, C);
+    gpt_round(m, m->summed, Rl * C);
     k->residual_forward(a->res3, a->res2, m->summed, Rl * C);
+    gpt_round(m, a->res3, Rl * C);
     return LOOM_OK;
 }
 
@@ -752,8 +814,10 @@ loom_status gpt_block_backward(loom_gpt *m, int l, const float *residual, rep_pa
     rep_args pb = {.dout = m->dres};
     gpt_replicated_grads(m, pk, 1, &pb, NULL, g->fcprojb, Rl);
     LOOM_TRY(B_LEAVE(LOOM_REGION_MLP, l, m->dres, m->dres_full, R, C));
-    if (m->rc[l] == RC_SELECTIVE)
+    if (m->rc[l] == RC_SELECTIVE) {
         k->gelu_forward(a->fch_gelu, a->fch, R * Fl);
+        gpt_round(m, a->fch_gelu, R * Fl); /* as the forward stored it */
+    }
     k->matmul_backward(m->dbuf_4a, g->fcprojw, NULL, m->dres_full, a->fch_gelu, w->fcprojw,
                        B, T, Fl, C);
     k->gelu_backward(m->dbuf_4b, a->fch, m->dbuf_4a, R * Fl);
@@ -824,6 +888,7 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
     LOOM_TRY(F_LEAVE(LOOM_REGION_EMBEDDING, -1, embedded, m->encoded, R, C));
     if (m->p.wpe) /* learned positions; the llama family's are rotary, in the blocks */
         k->position_forward(m->encoded, m->p.wpe, row0, Rl, T, C);
+    gpt_round(m, m->encoded, Rl * C);
     const float *residual = m->encoded;
     gpt_moe_begin(m, dloss);
     for (int l = 0; l < m->cfg.layers; l++) {
@@ -834,8 +899,10 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
     }
     LOOM_TRY(use(m, m->cfg.layers + 1, 1));
     gpt_final_norm_forward(m, residual, 0, Rl);
+    gpt_round(m, m->lnf, Rl * C);
     LOOM_TRY(F_ENTER(LOOM_REGION_HEAD, -1, m->lnf, m->lnf_full, R, C));
     k->matmul_forward(m->logits, m->lnf_full, m->p.head, NULL, B, T, C, m->Vl);
+    gpt_round(m, m->logits, R * (size_t)m->Vl);
     m->last_B = B;
     m->last_T = T;
     m->have_dlogits = 0;

@@ -196,6 +196,21 @@ int loom_gpt_expert_parallel(const loom_gpt *m);
 int loom_gpt_is_expert_entry(const loom_gpt *m, int i);
 /* 1 when the LM head is wte (GPT-2; loom.llama with tie_embeddings), 0 for its own weight. */
 int loom_gpt_tied_head(const loom_gpt *m);
+/* Mixed precision (the precision plugin's dtypes; session.c sets them once, after create).
+ * param != F32: forward and backward read a compute copy of the weights, each value the
+ * fp32 parameter (the master copy, what optimizers, checkpoints and ZeRO see) rounded to
+ * param; loom_gpt_refresh_params makes it from the master, and must run after anything
+ * writes the master and before the next pass. act != F32: every activation a GPU run would
+ * store in act (the outputs of the embedding, the layer norms, the matmuls, attention,
+ * GELU and the residual adds, and the logits) is rounded to act where it is written;
+ * arithmetic, the layer-norm statistics, softmax probabilities, the loss and all gradients
+ * stay fp32. Both are elementwise, so every layout rounds the same values alike (canonical
+ * mode stays bitwise across layouts). F32/F32 (the default) changes nothing. Needs the
+ * backend's round_to. */
+loom_status loom_gpt_set_precision(loom_gpt *m, loom_dtype param, loom_dtype act);
+void loom_gpt_refresh_params(loom_gpt *m);
+/* Bytes of the weights the passes read: the compute copy, or the parameters themselves. */
+size_t loom_gpt_compute_param_bytes(const loom_gpt *m);
 
 /* Parameters of the whole model (all slices) excluding padding rows of wte: what llm.c
  * and MFU count as N. */

@@ -95,8 +95,10 @@ static loom_status block_weight(loom_gpt *m, int l, const float *dy, int B, int 
     layer_params *w = &m->p.layer[l], *g = &m->g.layer[l];
     layer_acts *a = &m->acts[l];
     rep_pack pk = {.n = 0};
-    if (m->rc[l] == RC_SELECTIVE) /* the GELU output again, into the shared scratch set */
+    if (m->rc[l] == RC_SELECTIVE) { /* the GELU output again, into the shared scratch set */
         k->gelu_forward(a->fch_gelu, a->fch, (size_t)B * T * Fl);
+        gpt_round(m, a->fch_gelu, (size_t)B * T * Fl); /* as the forward stored it */
+    }
     k->matmul_backward(NULL, g->fcprojw, NULL, dy, a->fch_gelu, w->fcprojw, B, T, Fl, C);
     rep_args pb = {.dout = dy};
     gpt_replicated_grads(m, &pk, 1, &pb, NULL, g->fcprojb, Rl);

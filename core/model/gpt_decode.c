@@ -58,6 +58,7 @@ loom_status loom_gpt_decode(loom_gpt *m, int token, int t)
     LOOM_TRY(F_LEAVE(LOOM_REGION_EMBEDDING, -1, embedded + rC, m->encoded + rC, 1, C));
     if (m->p.wpe)
         k->position_forward(m->encoded + rC, m->p.wpe, r, 1, m->cfg.ctx, C);
+    gpt_round(m, m->encoded + rC, (size_t)C); /* gpt_block_forward's points, row t's values */
     const float *residual = m->encoded + rC;
     for (int l = 0; l < m->cfg.layers; l++) {
         layer_params *w = &m->p.layer[l];
@@ -69,30 +70,42 @@ loom_status loom_gpt_decode(loom_gpt *m, int token, int t)
         }
         k->layernorm_forward(a->ln1 + rC, a->ln1_mean + r, a->ln1_rstd + r, residual, w->ln1w,
                              w->ln1b, 1, 1, C);
+        gpt_round(m, a->ln1 + rC, (size_t)C);
         LOOM_TRY(F_ENTER(LOOM_REGION_ATTENTION, l, a->ln1 + rC, a->ln1_full + rC, 1, C));
         k->matmul_forward(ROW(a->qkv, 3 * Cl), a->ln1_full + rC, w->qkvw, w->qkvb, 1, 1, C,
                           3 * Cl);
+        gpt_round(m, ROW(a->qkv, 3 * Cl), 3 * (size_t)Cl);
         /* where attention_forward over t+1 tokens keeps row t of head h: h(t+1)^2 + t(t+1) */
         size_t n = r + 1;
         k->attention_decode(ROW(a->atty, Cl), a->att + r * n, n * n, a->qkv, t, Cl, m->NHl);
+        gpt_round(m, ROW(a->atty, Cl), (size_t)Cl);
         gpt_row_parallel_forward(m, m->partial + rC, ROW(a->atty, Cl), w->attprojw, 1, 1, Cl);
         LOOM_TRY(F_LEAVE(LOOM_REGION_ATTENTION, l, m->partial + rC, m->summed + rC, 1, C));
         k->bias_add(m->summed + rC, w->attprojb, 1, C);
+        gpt_round(m, m->summed + rC, (size_t)C);
         k->residual_forward(a->res2 + rC, residual, m->summed + rC, (size_t)C);
+        gpt_round(m, a->res2 + rC, (size_t)C);
         k->layernorm_forward(a->ln2 + rC, a->ln2_mean + r, a->ln2_rstd + r, a->res2 + rC,
                              w->ln2w, w->ln2b, 1, 1, C);
+        gpt_round(m, a->ln2 + rC, (size_t)C);
         LOOM_TRY(F_ENTER(LOOM_REGION_MLP, l, a->ln2 + rC, a->ln2_full + rC, 1, C));
         k->matmul_forward(ROW(a->fch, Fl), a->ln2_full + rC, w->fcw, w->fcb, 1, 1, C, Fl);
+        gpt_round(m, ROW(a->fch, Fl), (size_t)Fl);
         k->gelu_forward(ROW(a->fch_gelu, Fl), ROW(a->fch, Fl), (size_t)Fl);
+        gpt_round(m, ROW(a->fch_gelu, Fl), (size_t)Fl);
         gpt_row_parallel_forward(m, m->partial + rC, ROW(a->fch_gelu, Fl), w->fcprojw, 1, 1, Fl);
         LOOM_TRY(F_LEAVE(LOOM_REGION_MLP, l, m->partial + rC, m->summed + rC, 1, C));
         k->bias_add(m->summed + rC, w->fcprojb, 1, C);
+        gpt_round(m, m->summed + rC, (size_t)C);
         k->residual_forward(a->res3 + rC, a->res2 + rC, m->summed + rC, (size_t)C);
+        gpt_round(m, a->res3 + rC, (size_t)C);
         residual = a->res3 + rC;
     }
     gpt_final_norm_forward(m, residual, r, 1);
+    gpt_round(m, m->lnf + rC, (size_t)C);
     LOOM_TRY(F_ENTER(LOOM_REGION_HEAD, -1, m->lnf + rC, m->lnf_full + rC, 1, C));
     k->matmul_forward(ROW(m->logits, m->Vl), m->lnf_full + rC, m->p.head, NULL, 1, 1, C, m->Vl);
+    gpt_round(m, ROW(m->logits, m->Vl), (size_t)m->Vl);
 #undef ROW
     m->last_B = 1;
     m->last_T = t + 1;

@@ -51,6 +51,9 @@ struct loom_gpt {
     loom_param_table table;
     float *params, *grads;
     model_params p, g;
+    /* mixed precision (gpt.h): cparams the compute copy p points at (NULL: p is params) */
+    float *cparams;
+    loom_dtype param_dt, act_dt;
     int max_B;
     /* tensor parallelism (gpt.h): tp_ops NULL for one rank */
     const loom_strategy_ops *tp_ops;
@@ -122,6 +125,14 @@ void gpt_distill_free(loom_gpt *m);
 enum { RC_KEEP, RC_FULL, RC_SELECTIVE };
 
 typedef struct gpt_moe gpt_moe; /* moe.c's state: the mixture-of-experts blocks */
+
+/* An activation just written, rounded to what a store in the activation dtype keeps
+ * (gpt.h: loom_gpt_set_precision); nothing in fp32. */
+static inline void gpt_round(loom_gpt *m, float *x, size_t n)
+{
+    if (m->act_dt != LOOM_DTYPE_F32)
+        m->be->ops->round_to(x, x, n, m->act_dt);
+}
 
 /* A region boundary: the strategy's hook, or nothing with one rank (then out == in).
  * The macros name Megatron's points; they expect the model in `m`. */

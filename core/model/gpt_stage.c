@@ -75,6 +75,7 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
         LOOM_TRY(F_LEAVE(LOOM_REGION_EMBEDDING, -1, embedded, m->encoded, R, C));
         if (m->p.wpe)
             k->position_forward(m->encoded, m->p.wpe, 0, R, T, C);
+        gpt_round(m, m->encoded, R * (size_t)C);
     }
     const float *residual = m->encoded;
     for (int l = lo; l < hi; l++) {
@@ -86,8 +87,10 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
     if (!head)
         return LOOM_OK;
     gpt_final_norm_forward(m, residual, 0, R);
+    gpt_round(m, m->lnf, R * (size_t)C);
     LOOM_TRY(F_ENTER(LOOM_REGION_HEAD, -1, m->lnf, m->lnf_full, R, C));
     k->matmul_forward(m->logits, m->lnf_full, m->p.head, NULL, B, T, C, m->Vl);
+    gpt_round(m, m->logits, R * (size_t)m->Vl);
     if (targets) {
         k->copy_to_device(bs, m->targets, targets, R * sizeof(int));
         LOOM_TRY(gpt_vocab_cross_entropy(m, (int)R, dloss));

@@ -7,6 +7,7 @@
 #include "session.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,6 +61,7 @@ struct loom_session {
     float *host_logits;      /* sampling: one row of Vp */
     int64_t steps;
     int64_t step_no;         /* the training loop's number of the last step run */
+    int master_weights;      /* the model reads a 16-bit compute copy of the fp32 parameters */
     loom_trace *trace;       /* log.trace: this rank's timeline, NULL: off */
     double limit_loss, limit_norm; /* the next step's update is skipped above these (a loss
                                     * spike, train.lua's detector); 0: no limit */
@@ -166,6 +168,45 @@ static loom_status make_zero(loom_session *s)
                                                           * wte: first and last stage */
         if (!strcmp(t->entries[i].name, "wte"))
             loom_zero_tied(s->zero, i, stage == loom_pipeline_stages(s->pipe) - 1);
+    return LOOM_OK;
+}
+
+/* What the model and the core can do with the precision plugin's dtypes (gpt.h:
+ * loom_gpt_set_precision): weights and activations in f32, bf16 or f16, gradients always
+ * accumulated and reduced in fp32; 16-bit weights need the fp32 master copy. */
+static loom_status check_precision(loom_session *s, const loom_session_config *cfg,
+                                   const loom_precision_dtypes *dt)
+{
+    const char *name = s->precision_cfg.desc->name;
+    if (dt->grad != LOOM_DTYPE_F32 && dt->grad != LOOM_DTYPE_BF16)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "precision '%s' asks for %s gradients; loom accumulates "
+                  "gradients in fp32 and reduces them in f32 or bf16", name,
+                  loom_dtype_name(dt->grad));
+    if (dt->grad == LOOM_DTYPE_BF16) { /* reduce = "bf16": the dp strategy's bucket all-reduce */
+        if (cfg->canonical)
+            LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "precision '%s' with reduce = \"bf16\" in canonical "
+                      "mode is not built yet: canonical mode sums gradients in a fixed fp32 tree; "
+                      "use reduce = \"f32\"", name);
+        if (cfg->zero_stage >= 2)
+            LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "precision '%s' with reduce = \"bf16\" and zero=%d is "
+                      "not built yet: ZeRO's reduce-scatter sends fp32; use zero=1 or reduce = "
+                      "\"f32\"", name, cfg->zero_stage);
+        if (cfg->compress_method != LOOM_COMPRESS_NONE)
+            LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "precision '%s' with reduce = \"bf16\" and "
+                      "strategy.compress is not built yet (compression sends its own encoding); "
+                      "leave one of them out", name);
+        if (s->cfg.strategy && loom_config_index(&s->strategy_cfg, "reduce") >= 0)
+            LOOM_TRY(loom_config_set_string(&s->strategy_cfg, "reduce", "bf16"));
+    }
+    if (dt->param != LOOM_DTYPE_F32 && !dt->master_weights)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "precision '%s' keeps %s weights without an fp32 master "
+                  "copy; the optimizer updates fp32 parameters only (master_weights = 1)", name,
+                  loom_dtype_name(dt->param));
+    if (dt->param != LOOM_DTYPE_F32 && cfg->zero_stage == 3)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "precision '%s' with strategy zero=3 is not built yet: the "
+                  "%s compute copy of the weights is made from the whole fp32 parameter buffer, "
+                  "which ZeRO-3 does not keep; use zero=1 or 2, or precision = \"fp32\"", name,
+                  loom_dtype_name(dt->param));
     return LOOM_OK;
 }
 
@@ -285,15 +326,10 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
     }
     if (st == LOOM_OK)
         st = make_plugin(&s->precision_cfg, (const void **)&s->precision, &s->precision_self);
+    loom_precision_dtypes dt = {LOOM_DTYPE_F32, LOOM_DTYPE_F32, LOOM_DTYPE_F32, 0};
     if (st == LOOM_OK) {
-        loom_precision_dtypes dt;
         s->precision->dtypes(s->precision_self, &dt);
-        if (dt.param != LOOM_DTYPE_F32 || dt.compute != LOOM_DTYPE_F32 || dt.grad != LOOM_DTYPE_F32)
-            st = loom_fail(LOOM_ERR_UNSUPPORTED,
-                           "precision '%s' asks for param %s, compute %s, grad %s; this build's "
-                           "model runs fp32 only (precision = \"fp32\")",
-                           s->precision_cfg.desc->name, loom_dtype_name(dt.param),
-                           loom_dtype_name(dt.compute), loom_dtype_name(dt.grad));
+        st = check_precision(s, cfg, &dt);
     }
     if (st == LOOM_OK)
         st = make_plugin(&s->optim_cfg, (const void **)&s->optim, &s->optim_self);
@@ -311,6 +347,9 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
     }
     if (st == LOOM_OK)
         st = loom_gpt_create(&cfg->model, &s->backend, cfg->micro_batch, cfg->seed, &par, &s->model);
+    if (st == LOOM_OK) /* the compute copy of the weights and the activations' dtype */
+        st = loom_gpt_set_precision(s->model, dt.param, dt.compute);
+    s->master_weights = dt.param != LOOM_DTYPE_F32;
     if (st == LOOM_OK) {
         size_t total = loom_gpt_params(s->model)->total;
         const loom_gpt_config *mc = loom_gpt_get_config(s->model);
@@ -499,6 +538,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
 {
     double t0 = loom_now_ms();
     loom_trace_step(s->trace, s->steps + 1);
+    loom_gpt_refresh_params(s->model); /* the compute copy from the master: after the last
+                                        * step, a checkpoint or llm.c load, anything */
     loom_gpt_take_comm_ms(s->model); /* drop what eval or sampling spent */
     if (s->zero)
         loom_zero_take_comm_ms(s->zero);
@@ -645,6 +686,12 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     double t_opt = loom_now_ms();
     loom_trace_span(s->trace, LOOM_TRACE_NORM, t_norm, t_opt, -1, -1);
     int skip = s->precision->update(s->precision_self, nonfinite);
+    const loom_precision_ops *po = s->precision;
+    const char *stop = po->size > offsetof(loom_precision_ops, stop_reason) && po->stop_reason
+                           ? po->stop_reason(s->precision_self) : NULL;
+    if (stop) /* fp16: the loss scale cannot back off further */
+        LOOM_FAIL(LOOM_ERR_INVALID, "step %lld: %s; the run stops, this step's update not "
+                  "applied", (long long)s->step_no, stop);
     double norm = nonfinite ? NAN : sqrt(norm_sq) / scale;
     memset(out, 0, sizeof *out);
     out->nonfinite = found;
@@ -676,6 +723,7 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     out->tokens = tokens;
     out->skipped = skip || spike;
     out->spike = spike;
+    out->loss_scale = s->precision->loss_scale(s->precision_self); /* for the next step */
     out->ms = loom_now_ms() - t0;
     out->comm_ms = comm_ms;
     out->inflight = peak;
@@ -692,6 +740,7 @@ loom_status loom_session_eval(loom_session *s, loom_batch_fn next, void *ctx, in
 {
     int B = s->cfg.micro_batch, T = s->cfg.seq;
     double sum = 0.0;
+    loom_gpt_refresh_params(s->model);
     for (int i = 0; i < batches; i++) {
         double part = 0.0;
         LOOM_TRY(next(ctx, s->tokens, s->targets, B, T));
@@ -845,6 +894,7 @@ loom_status loom_session_generate(loom_session *s, const loom_sample_config *c, 
     const loom_backend_ops *k = s->backend.ops;
     /* ZeRO-3: decoding reads every unit without hooks: all gathered for the whole run */
     loom_status st = s->zero ? loom_zero_pin_params(s->zero, 1) : LOOM_OK;
+    loom_gpt_refresh_params(s->model);
     if (st == LOOM_OK)
         st = generate(s, c, prompt, n_prompt, n_new, out);
     if (s->zero) {
@@ -937,7 +987,13 @@ void loom_session_memory(loom_session *s, loom_memory *out)
         out->optimizer = (size_t)s->state_slots * total;
     if (s->offload)
         loom_offload_memory(s->offload, &out->optimizer, &out->optimizer_offloaded);
-    out->master = 0; /* fp32 parameters are their own master copy */
+    /* 16-bit weights: params is the compute copy the passes read (fp32 values of bf16/f16
+     * numbers in this build: the kernels read fp32), master the fp32 parameters beside it;
+     * fp32 parameters are their own master copy */
+    if (s->master_weights) {
+        out->master = out->params;
+        out->params = loom_gpt_compute_param_bytes(s->model);
+    }
     out->activations = loom_gpt_activation_bytes(s->model);
     out->comm += loom_grad_sync_buffer_bytes(s->sync);
     if (s->compress) /* the residual and the messages */

@@ -85,6 +85,8 @@ typedef struct loom_step_stats {
     double tokens;         /* tokens processed in the step */
     int skipped;           /* 1 if the update was skipped (non-finite gradients, or a spike) */
     int spike;             /* 1 if skipped for a loss spike (loom_session_limit_next_step) */
+    float loss_scale;      /* the precision plugin's loss scale after this step (the next
+                            * step's): 1 but under fp16's dynamic loss scaling */
     int inflight;          /* pipeline: this rank's peak micro-batches in flight (0 without) */
     loom_nonfinite_report nonfinite; /* where a non-finite loss or gradient was found */
     double bubble;         /* pipeline: the measured bubble of the step's pipeline phase,

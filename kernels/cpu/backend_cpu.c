@@ -111,6 +111,22 @@ static void *cpu_stream(void *self)
     return NULL;
 }
 
+/* Mixed precision: bf16 or fp16 (the core asks only for those two). */
+static void cpu_convert_from_f32(void *dst, const float *src, size_t n, loom_dtype dt)
+{
+    (dt == LOOM_DTYPE_F16 ? loom_cpu_f32_to_f16 : loom_cpu_f32_to_bf16)(dst, src, n);
+}
+
+static void cpu_convert_to_f32(float *dst, const void *src, size_t n, loom_dtype dt)
+{
+    (dt == LOOM_DTYPE_F16 ? loom_cpu_f16_to_f32_n : loom_cpu_bf16_to_f32_n)(dst, src, n);
+}
+
+static void cpu_round_to(float *dst, const float *src, size_t n, loom_dtype dt)
+{
+    (dt == LOOM_DTYPE_F16 ? loom_cpu_round_f16 : loom_cpu_round_bf16)(dst, src, n);
+}
+
 static const loom_backend_ops cpu_ops = {
     .size = sizeof(loom_backend_ops),
     .create = cpu_create,
@@ -161,6 +177,9 @@ static const loom_backend_ops cpu_ops = {
     .attention_gqa_forward = loom_cpu_attention_gqa_forward,
     .attention_gqa_backward = loom_cpu_attention_gqa_backward,
     .attention_gqa_decode = loom_cpu_attention_gqa_decode,
+    .convert_from_f32 = cpu_convert_from_f32,
+    .convert_to_f32 = cpu_convert_to_f32,
+    .round_to = cpu_round_to,
 };
 
 static const loom_config_key cpu_keys[] = {

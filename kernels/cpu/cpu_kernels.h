@@ -10,6 +10,7 @@
 #define LOOM_CPU_KERNELS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* isa.c: the instruction set the kernels run (isa.c's header) -------------------------- */
 enum { LOOM_CPU_ISA_SSE2 = 0, LOOM_CPU_ISA_AVX2 = 1, LOOM_CPU_ISA_AVX512 = 2 };
@@ -143,5 +144,17 @@ void loom_cpu_rows_gather(float *out, const float *inp, const int *idx, const fl
 void loom_cpu_rows_scatter_add(float *out, const float *inp, const int *idx, const float *scale,
                                size_t n, int C);
 void loom_cpu_rows_dot(float *out, const float *a, const int *idx, const float *b, size_t n, int C);
+/* convert.c: fp32 <-> bf16 / fp16, round to nearest even (the file's header: the edges) */
+uint16_t loom_cpu_bf16_from_f32(float f);
+float loom_cpu_bf16_to_f32(uint16_t h);
+uint16_t loom_cpu_f16_from_f32(float f);
+float loom_cpu_f16_to_f32(uint16_t h);
+void loom_cpu_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
+void loom_cpu_bf16_to_f32_n(float *dst, const uint16_t *src, size_t n);
+void loom_cpu_f32_to_f16(uint16_t *dst, const float *src, size_t n);
+void loom_cpu_f16_to_f32_n(float *dst, const uint16_t *src, size_t n);
+/* dst = the value a bf16 / fp16 store of src keeps (dst may be src) */
+void loom_cpu_round_bf16(float *dst, const float *src, size_t n);
+void loom_cpu_round_f16(float *dst, const float *src, size_t n);
 
 #endif

@@ -112,6 +112,9 @@ local function columns(self, r, tps, mfu, rss, tail)
   col(nil, string.format("loss %.4f", r.loss), nil, nil, string.format("loss %.3f", r.loss))
   col(5, string.format("lr %.2e", r.lr), nil, "lr " .. sci(r.lr))
   col(4, string.format("norm %.3f", r.grad_norm), nil, string.format("norm %.2f", r.grad_norm))
+  if r.loss_scale and r.loss_scale ~= 1 then -- fp16's dynamic loss scale (after this step)
+    col(4, string.format("scale %g", r.loss_scale), nil, "scale " .. si(r.loss_scale))
+  end
   local comm, short_comm = "", ""
   if self.devices > 1 and r.comm_ms and r.ms > 0 then
     comm = string.format(" (comm %2.0f%%)", 100 * r.comm_ms / r.ms)
@@ -280,6 +283,7 @@ function M:step(r)
     ms = r.ms, comm_ms = r.comm_ms or NULL, tokens = r.tokens, tokens_per_s = tps,
     mfu = mfu or NULL, mem_bytes = rss, memory = r.memory or NULL, bubble = r.bubble or NULL,
     time_s = now, skipped = r.skipped and true or false, skipped_steps = self.skips or 0,
+    loss_scale = r.loss_scale or NULL,
     compress_bytes = r.compress_bytes, grad_bytes = r.grad_bytes,
     nonfinite = nf and { rank = nf.rank, stage = nf.stage, param = nf.param, loss = nf.loss or false } or nil,
     moe = r.moe }

@@ -475,6 +475,8 @@ return function(loom)
     }, where)
     local info = session:info()
     local say = rank == 0 and print or function() end
+    -- the banner names a precision other than fp32 (bf16, fp16) after the optimizer
+    local precision_name = type(t.precision) == "table" and t.precision[1] or t.precision or "fp32"
     say(string.format("loom %s | " .. (t.model.family or "gpt") .. " %s params (L=%d H=%d C=%d V=%d ctx=%d) | batch %dx%d x%d accum x%d dp%s%s | %s | %s",
       loom.version, human(info.params), t.model.layers, t.model.heads, t.model.dim, t.model.vocab,
       t.model.ctx, t.batch.micro, t.batch.seq, accum, dp,
@@ -482,7 +484,7 @@ return function(loom)
         .. (pp > 1 and string.format(" x%d pp (%s%s)", pp, schedule,
           chunks > 1 and string.format(", %d chunks", chunks) or "") or ""),
       canonical and " (canonical)" or "",
-      opt.name, info.backend))
+      opt.name .. (precision_name ~= "fp32" and " | " .. precision_name or ""), info.backend))
     say(memory_line(info, (t.strategy or {}).zero or 0, dp))
 
     -- Resume: the newest complete checkpoint (auto) or the one named; exact by design:

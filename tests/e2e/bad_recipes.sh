@@ -50,7 +50,7 @@ t.model = loom.gpt { vocab = 256, ctx = 32, layers = 2, heads = 3, dim = 32 }|lo
 t.model = loom.gpt { vocab = 1, ctx = 32, layers = 2, heads = 2, dim = 32 }|loom.gpt.vocab=1 must be >= 2
 t.model = loom.gpt { vocab = 256, ctx = 0, layers = 2, heads = 2, dim = 32 }|loom.gpt.ctx=0 must be >= 1
 t.model = loom.gpt { vocab = 256, ctx = 32, layers = 0, heads = 2, dim = 32 }|loom.gpt.layers=0 must be >= 1
-t.model = loom.gpt { vocab = 256, ctx = 32, layers = 2, heads = 2, dim = 32, dropout = 0.1 }|unknown key 'loom.gpt.dropout' (accepted: ctx, dim, heads, init, layers, vocab, vocab_padded)
+t.model = loom.gpt { vocab = 256, ctx = 32, layers = 2, heads = 2, dim = 32, dropout = 0.1 }|unknown key 'loom.gpt.dropout' (accepted: ctx, dim, heads, init, layers, moe, vocab, vocab_padded)
 t.model = loom.gpt { vocab = 300, ctx = 32, layers = 2, heads = 2, dim = 32 }|loom.data.text gives byte tokens: the model needs vocab=256, got 300
 t.model = { kind = "llama" }|model must come from loom.gpt{...}
 t.data = loom.data.text { path = "/nonexistent/x.txt" }|data file '/nonexistent/x.txt' not found

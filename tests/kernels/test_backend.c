@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 
 static const char *plugin_path;
@@ -70,6 +71,8 @@ START_TEST(test_descriptor)
     for (size_t off = sizeof(size_t); off < sizeof *ops; off += sizeof(void (*)(void))) {
         void (*fn)(void);
         memcpy(&fn, base + off, sizeof fn);
+        if (off == offsetof(loom_backend_ops, stream))
+            continue; /* NULL by contract on a host-memory backend (plugin/backend.h) */
         ck_assert_msg(fn != NULL, "ops member at offset %zu is NULL", off);
     }
     /* hidden: the kernels are not exported */

@@ -61,6 +61,8 @@ START_TEST(every_built_plugin_loads)
     ck_assert(has(optims, n_optim, "sgd"));
     ck_assert(has(optims, n_optim, "adamw"));
     ck_assert(has(precisions, n_precision, "fp32"));
+    ck_assert(has(precisions, n_precision, "bf16"));
+    ck_assert(has(precisions, n_precision, "fp16"));
 }
 END_TEST
 

@@ -184,6 +184,16 @@ typedef struct loom_backend_ops {
                                    int NH, int KVH);
     void (*attention_gqa_decode)(float *out, float *att, size_t att_stride, const float *qkv,
                                  int t, int C, int NH, int KVH);
+    /* Added for mixed precision (may be absent: check size). dt is LOOM_DTYPE_BF16 or
+     * LOOM_DTYPE_F16; rounding is to nearest, ties to even; overflow gives inf, NaN stays a
+     * (quiet) NaN; widening is exact. dst (n 16-bit values) = src narrowed to dt. */
+    void (*convert_from_f32)(void *dst, const float *src, size_t n, loom_dtype dt);
+    /* dst (n floats) = src (n values of dt) widened. */
+    void (*convert_to_f32)(float *dst, const void *src, size_t n, loom_dtype dt);
+    /* dst (n) = src narrowed to dt and widened again (dst may be src: in place): the value
+     * a dt store keeps, so a kernel reading it computes on what a 16-bit activation or
+     * weight would hold. */
+    void (*round_to)(float *dst, const float *src, size_t n, loom_dtype dt);
 } loom_backend_ops;
 
 #ifdef __cplusplus

@@ -5,7 +5,8 @@
  * loss_scale() before backward, divides gradients by it before the optimizer, checks the
  * gradients for inf/nan and reports that to update(), which says whether to skip the
  * step and adjusts the scale (fp16's dynamic loss scaling; a scale of 1 never changes).
- * Implemented: fp32 (scale 1, no master copy). bf16 and fp16 are not built yet.
+ * Implemented: fp32 (scale 1, no master copy), bf16 (bf16 weights and activations, fp32
+ * master weights, scale 1) and fp16 (f16 likewise, with dynamic loss scaling).
  */
 #ifndef LOOM_PLUGIN_PRECISION_H
 #define LOOM_PLUGIN_PRECISION_H
@@ -36,6 +37,10 @@ typedef struct loom_precision_ops {
     /* The scale's internal state, for checkpoints: *n floats (at most 4). */
     void (*get_state)(void *self, float *state, int *n);
     void (*set_state)(void *self, const float *state, int n);
+    /* Added with fp16 (may be absent: check size). After update(): NULL, or why the run
+     * cannot go on (fp16: the scale is at its minimum and still overflows) with what to
+     * try; the core stops the run with it, the step's update not applied. */
+    const char *(*stop_reason)(void *self);
 } loom_precision_ops;
 
 #ifdef __cplusplus

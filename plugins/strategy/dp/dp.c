@@ -11,11 +11,16 @@
  * Progress: a communicator may advance queued work only inside test()/wait() (shm has no
  * progress thread), so each grads_ready also polls the buckets in flight: communication
  * advances at every layer boundary of backward, overlapping it at that granularity.
+ * reduce = "bf16" (set by the core for precision = { "bf16", reduce = "bf16" }): each
+ * bucket is rounded to bf16 (to nearest even) into a staging buffer and all-reduced as
+ * bf16 — half the bytes on the wire; the communicator sums in fp32 and rounds once — and
+ * widened back into the fp32 gradient when before_step has waited for it.
  * What it does not: canonical mode's fixed-order reduction (the core's grad_sync does
  * that), sharding (zero), or anything outside the dp group.
  * Invariants: at most MAX_INFLIGHT buckets outstanding; buffers are the core's; the only
  * exported symbol is loom_plugin_entry.
  */
+#include <stdint.h>
 #include <string.h>
 
 #include "loom/plugin.h"
@@ -24,12 +29,15 @@
 
 #define MAX_INFLIGHT 256
 
-enum { K_BUCKET_MB, N_KEYS };
+enum { K_BUCKET_MB, K_REDUCE, N_KEYS };
 
 static const loom_config_key keys[N_KEYS] = {
     [K_BUCKET_MB] = {"bucket_mb", LOOM_CFG_NUMBER, "25",
                      "gradient bucket size in MiB: smaller starts communication sooner, larger "
                      "sends fewer messages (PyTorch DDP's default is 25)"},
+    [K_REDUCE] = {"reduce", LOOM_CFG_STRING, "\"f32\"",
+                  "dtype on the wire: \"f32\", or \"bf16\" (rounded, half the bytes; the core "
+                  "sets it from precision = { \"bf16\", reduce = \"bf16\" })"},
 };
 
 typedef struct dp {
@@ -40,14 +48,39 @@ typedef struct dp {
     float *grads;
     size_t lo, hi;  /* the open bucket, elements [lo, hi); empty when lo == hi */
     loom_comm_request *inflight[MAX_INFLIGHT];
+    size_t span[MAX_INFLIGHT][2]; /* reduce = bf16: each bucket's [lo, hi), to widen back */
     int n_inflight;
+    int bf16;        /* reduce = "bf16" */
+    uint16_t *stage; /* bf16: the buckets on the wire, indexed as the gradient buffer */
+    size_t stage_n;
 } dp;
+
+static uint16_t to_bf16(float f) /* to nearest even; NaN stays a (quiet) NaN */
+{
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x >> 16) | 0x0040u);
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+static float from_bf16(uint16_t h)
+{
+    uint32_t x = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &x, sizeof f);
+    return f;
+}
 
 static loom_status dp_create(const loom_host *host, const loom_config *cfg, void **self)
 {
     double mb = cfg->values[K_BUCKET_MB].number;
     if (!(mb > 0 && mb <= 4096))
         return host->fail(LOOM_ERR_INVALID, "dp: bucket_mb=%g must be in (0, 4096]", mb);
+    const char *reduce = cfg->values[K_REDUCE].string;
+    if (!reduce || (strcmp(reduce, "f32") && strcmp(reduce, "bf16")))
+        return host->fail(LOOM_ERR_INVALID, "dp: reduce=\"%s\" must be \"f32\" or \"bf16\"",
+                          reduce ? reduce : "");
     const struct loom_comm_ops *ops;
     void *group;
     int size;
@@ -60,6 +93,7 @@ static loom_status dp_create(const loom_host *host, const loom_config *cfg, void
     d->host = host;
     d->comm = ops;
     d->group = group;
+    d->bf16 = strcmp(reduce, "bf16") == 0;
     d->bucket_elems = (size_t)(mb * 1024 * 1024 / sizeof(float));
     if (d->bucket_elems == 0)
         d->bucket_elems = 1;
@@ -70,8 +104,10 @@ static loom_status dp_create(const loom_host *host, const loom_config *cfg, void
 static void dp_destroy(void *self)
 {
     dp *d = self;
-    if (d)
+    if (d) {
+        d->host->free(d->stage);
         d->host->free(d);
+    }
 }
 
 static loom_status flush(dp *d)
@@ -82,10 +118,26 @@ static loom_status flush(dp *d)
         return d->host->fail(LOOM_ERR_INTERNAL, "dp: more than %d buckets in flight; raise bucket_mb",
                              MAX_INFLIGHT);
     float *p = d->grads + d->lo;
-    loom_status st = d->comm->allreduce_start(d->group, p, p, d->hi - d->lo, LOOM_DTYPE_F32,
+    void *wire = p;
+    if (d->bf16) {
+        if (d->hi > d->stage_n) { /* the first bucket ends at the buffer's end: one growth */
+            d->host->free(d->stage);
+            d->stage = d->host->alloc(d->hi * sizeof *d->stage);
+            d->stage_n = d->stage ? d->hi : 0;
+            if (!d->stage)
+                return d->host->fail(LOOM_ERR_NOMEM, "dp: out of memory for the bf16 buckets");
+        }
+        for (size_t i = d->lo; i < d->hi; i++)
+            d->stage[i] = to_bf16(d->grads[i]);
+        wire = d->stage + d->lo;
+    }
+    loom_status st = d->comm->allreduce_start(d->group, wire, wire, d->hi - d->lo,
+                                              d->bf16 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32,
                                               LOOM_REDUCE_SUM, &d->inflight[d->n_inflight]);
     if (st != LOOM_OK)
         return st;
+    d->span[d->n_inflight][0] = d->lo;
+    d->span[d->n_inflight][1] = d->hi;
     d->n_inflight++;
     d->lo = d->hi = 0;
     return LOOM_OK;
@@ -129,6 +181,8 @@ static loom_status dp_before_step(void *self)
         loom_status w = d->comm->wait(d->group, d->inflight[i]);
         if (st == LOOM_OK)
             st = w;
+        for (size_t j = d->span[i][0]; d->bf16 && w == LOOM_OK && j < d->span[i][1]; j++)
+            d->grads[j] = from_bf16(d->stage[j]);
     }
     d->n_inflight = 0;
     return st;

@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# precision.sh LOOM — the bf16 and fp16 precision plugins on the small model
+# (tests/e2e/recipes/precision.lua; docs/PRECISION.md):
+#  - tracking: 200 steps of fp32, bf16 and fp16 from one seed; bf16 and fp16 really round
+#    (their losses are not fp32's bits), every step's loss is within 0.05 of fp32's, and
+#    the final loss (the mean of the last 20 steps) within 2% of fp32's;
+#  - layouts: bf16 at dp=2 and tp=2 within 0.02 of one rank's bf16 over 20 steps; reduce =
+#    "bf16" at dp=2 within 0.02 of the fp32 reduction and not its bits; zero=2
+#    and offload bitwise the runs without them; canonical mode bitwise across dp=2, tp=2
+#    and pp=2 in bf16 (losses and gradient norms); recompute full and selective bitwise
+#    none's; sampling with the key/value cache bitwise the full recompute;
+#  - fp16's loss scale: an overflow injected at step 3 on rank 1 at dp=2 skips exactly step
+#    3 on both ranks, halves the scale there (SCALE line, JSONL loss_scale), and leaves the
+#    weights and optimizer state bitwise as after step 2 on both ranks; the scale grows
+#    after growth_interval good steps; resuming from the checkpoint of the skipped step
+#    continues bitwise (losses, scale, state hashes); an overflow at min_scale stops the run
+#    with a message saying so and what to try;
+#  - accounting: with bf16 the fp32 master copy is counted (master = fp32's params bytes);
+#  - refusals: bf16 with zero=3 and with moe; reduce = "bf16" in canonical mode and with
+#    compression.
+set -euo pipefail
+loom=$1
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/lib.sh"
+recipe=$here/recipes/precision.lua
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+export OMP_WAIT_POLICY=passive   # several ranks share 2 cores: OpenMP must not spin
+run1() { "$loom" run "$recipe" "$@"; }
+runN() { local n=$1; shift; "$loom" launch -n "$n" "$recipe" comm_timeout=20 "$@"; }
+losses() { grep -E '^(LOSS|NORM)'; }
+
+# --- tracking ------------------------------------------------------------------------
+for p in fp32 bf16 fp16; do run1 precision=$p steps=200 | grep -E '^(LOSS|MEM)' > "$tmp/$p"; done
+final() { awk '$1 == "LOSS" && $2 > 180 { s += $4; n++ } END { printf "%.6f\n", s / n }' "$1"; }
+f32=$(final "$tmp/fp32")
+for p in bf16 fp16; do
+  finite_losses "$tmp/$p"
+  ! cmp -s "$tmp/fp32" "$tmp/$p" || { echo "$p: losses are fp32's bits: nothing was rounded"; exit 1; }
+  d=$(max_loss_diff "$tmp/fp32" "$tmp/$p")
+  below "$d" 0.05 || { echo "$p: a step's loss is $d from fp32's (tolerance 0.05)"; exit 1; }
+  fp=$(final "$tmp/$p")
+  rel=$(awk -v a="$fp" -v b="$f32" 'BEGIN { d = (a - b) / b; printf "%.4f\n", d < 0 ? -d : d }')
+  below "$rel" 0.02 || { echo "$p: final loss $fp vs fp32 $f32: $rel relative (tolerance 0.02)"; exit 1; }
+  echo "ok $p tracks fp32 over 200 steps: max |loss diff| $d, final loss (mean of steps 181-200) $fp vs $f32 ($rel relative)"
+done
+
+# --- layouts -------------------------------------------------------------------------
+b16="precision=bf16 model.heads=4"
+run1 $b16 | losses > "$tmp/one"
+run1 $b16 batch.micro=4 batch.global=8 | losses > "$tmp/one_acc"
+for layout in "dp=2|2 mesh.dp=2 batch.micro=4|one_acc" "tp=2|2 mesh.tp=2|one"; do
+  name=${layout%%|*}; rest=${layout#*|}; args=${rest%|*}; ref=${rest#*|}
+  runN ${args%% *} $b16 ${args#* } | losses > "$tmp/$name"
+  d=$(max_loss_diff "$tmp/$ref" "$tmp/$name")
+  below "$d" 0.02 || { echo "bf16 $name differs from one rank's bf16 by $d (tolerance 0.02)"; exit 1; }
+  echo "ok bf16 $name vs one rank's bf16: max |loss diff| $d over 20 steps"
+done
+# reduce = "bf16": the dp buckets on the wire in bf16 (rounded: not the f32 reduction's bits)
+runN 2 'precision={"bf16", reduce="bf16"}' model.heads=4 mesh.dp=2 batch.micro=4 | losses > "$tmp/rb"
+d=$(max_loss_diff "$tmp/dp=2" "$tmp/rb")
+below "$d" 0.02 && ! cmp -s "$tmp/dp=2" "$tmp/rb" ||
+  { echo "bf16 reduce=bf16 at dp=2: max |loss diff| $d from reduce=f32 (tolerance 0.02, must not be 0)"; exit 1; }
+echo "ok bf16 reduce=bf16 at dp=2: max |loss diff| $d from the fp32 reduction (rounded, within 0.02)"
+# ZeRO 1 and 2 and offload update the fp32 master as the plain step does: the same bits
+runN 2 $b16 mesh.dp=2 batch.micro=4 strategy.zero=2 | losses > "$tmp/z2"
+# (the losses: ZeRO sums the norm over partitions, in another order)
+cmp -s <(grep '^LOSS' "$tmp/dp=2") <(grep '^LOSS' "$tmp/z2") || { echo "bf16 zero=2 differs from dp=2"; exit 1; }
+run1 $b16 strategy.offload.optimizer=host strategy.offload.chunk_mb=0.01 | losses > "$tmp/off"
+cmp -s "$tmp/one" "$tmp/off" || { echo "bf16 offload differs from one rank"; exit 1; }
+echo "ok bf16 zero=2 (dp=2: losses) and offload (host: losses and norms): bitwise the runs without them"
+# sampling reads the compute copy and rounds as training does: cached decoding bitwise
+kv=$("$loom" run "$here/recipes/kv_sample.lua" precision=bf16)
+grep -q '^KV same' <<< "$kv" || { echo "bf16 sampling with and without the cache differ: $kv"; exit 1; }
+echo "ok bf16 sampling: the key/value cache gives the full recompute's tokens and logits bits"
+canon="$b16 deterministic=canonical batch.micro=2 batch.global=4 steps=10"
+run1 $canon | losses > "$tmp/c1"
+finite_losses "$tmp/c1"
+for layout in "2 mesh.dp=2" "2 mesh.tp=2" "2 mesh.pp=2 schedule=1f1b microbatches=2"; do
+  runN ${layout%% *} $canon ${layout#* } | losses > "$tmp/c"
+  cmp -s "$tmp/c1" "$tmp/c" || { echo "bf16 canonical ${layout#* } differs from one rank"; paste "$tmp/c1" "$tmp/c" | head; exit 1; }
+  echo "ok bf16 canonical ${layout#* }: losses and gradient norms bitwise one rank's"
+done
+for rc in full selective; do
+  run1 $b16 recompute=$rc | losses > "$tmp/rc"
+  cmp -s "$tmp/one" "$tmp/rc" || { echo "bf16 recompute=$rc differs from none"; exit 1; }
+done
+echo "ok bf16 recompute full and selective: bitwise the losses and norms of none"
+
+# --- fp16's loss scale ---------------------------------------------------------------
+scaler='precision={"fp16", growth_interval=4}'
+param=h.0.attn.qkv.weight
+LOOM_INJECT_NONFINITE=3:1:$param runN 2 "$scaler" mesh.dp=2 batch.micro=4 steps=8 \
+  log.jsonl="$tmp/m.jsonl" checkpoint.dir="$tmp/ck" checkpoint.every=1 > "$tmp/skip" 2> "$tmp/skip.err"
+for r in 0 1; do
+  if [ $r = 0 ]; then grep -v '^\[rank' "$tmp/skip"; else sed -n "s/^\[rank $r\] //p" "$tmp/skip"; fi > "$tmp/r$r"
+  skipped=$(awk '$1 == "SCALE" && $4 == "true" { printf "%s ", $2 }' "$tmp/r$r")
+  [ "$skipped" = "3 " ] || { echo "rank $r: skipped steps '$skipped', want '3 '"; cat "$tmp/skip"; exit 1; }
+  scales=$(awk '$1 == "SCALE" { printf "%s ", $3 }' "$tmp/r$r")
+  # 65536 for two steps, halved by the overflow, grown after 4 good steps (4-7)
+  [ "$scales" = "65536 65536 32768 32768 32768 32768 65536 65536 " ] ||
+    { echo "rank $r: scales '$scales'"; exit 1; }
+  h2=$(awk '$1 == "HASH" && $2 == 2 { print $3, $4 }' "$tmp/r$r")
+  h3=$(awk '$1 == "HASH" && $2 == 3 { print $3, $4 }' "$tmp/r$r")
+  h4=$(awk '$1 == "HASH" && $2 == 4 { print $3, $4 }' "$tmp/r$r")
+  [ -n "$h2" ] && [ "$h2" = "$h3" ] || { echo "rank $r: the skipped step changed the state: '$h2' -> '$h3'"; exit 1; }
+  [ "${h3% *}" != "${h4% *}" ] && [ "${h3#* }" != "${h4#* }" ] || { echo "rank $r: step 4 did not change the state"; exit 1; }
+done
+finite_losses "$tmp/r0"
+grep '"step":3,' "$tmp/m.jsonl" | grep -q '"loss_scale":32768,.*"skipped":true,"skipped_steps":1' ||
+  { echo "JSONL step 3: $(grep '"step":3,' "$tmp/m.jsonl")"; exit 1; }
+echo "ok fp16 overflow at step 3 (dp=2, rank 1): skipped on both ranks, scale 65536 -> 32768 (-> 65536 after 4 good steps), state $h3 after steps 2 and 3 on both"
+
+runN 2 "$scaler" mesh.dp=2 batch.micro=4 steps=8 resume="$tmp/ck/step_00000003" > "$tmp/res"
+grep -v '^\[rank' "$tmp/res" | grep -E '^(LOSS|NORM|SCALE|HASH)' > "$tmp/res0"
+awk '$2 > 3' "$tmp/r0" | grep -E '^(LOSS|NORM|SCALE|HASH)' > "$tmp/want"
+[ -s "$tmp/want" ] && cmp -s "$tmp/want" "$tmp/res0" ||
+  { echo "resume after the skipped step differs"; paste "$tmp/want" "$tmp/res0" | head; exit 1; }
+echo "ok fp16 resumed from the skipped step's checkpoint: steps 4-8 bitwise (losses, scale, state)"
+
+set +e
+LOOM_INJECT_NONFINITE=2:0:$param,3:0:$param run1 'precision={"fp16", initial_scale=2, min_scale=1}' \
+  steps=6 > "$tmp/stop" 2> "$tmp/stop.err"
+rc=$?
+set -e
+[ $rc -ne 0 ] || { echo "an overflow at min_scale: exit 0"; exit 1; }
+grep -qF 'step 3: fp16: the gradients overflow even at the minimum loss scale (min_scale = 1); try precision = "bf16"' "$tmp/stop.err" ||
+  { echo "min_scale stop: message"; cat "$tmp/stop.err"; exit 1; }
+[ "$(awk '$1 == "LOSS" { printf "%s ", $2 }' "$tmp/stop")" = "1 2 " ] || { echo "min_scale stop: trained $(grep -c '^LOSS' "$tmp/stop") steps"; exit 1; }
+echo "ok fp16 at min_scale: $(grep -o 'fp16: the gradients overflow[^;]*' "$tmp/stop.err" | head -1), exit $rc"
+
+# --- accounting and refusals ---------------------------------------------------------
+m32=$(awk '$1 == "MEM"' "$tmp/fp32"); m16=$(awk '$1 == "MEM"' "$tmp/bf16")
+read -r _ p32 master32 _ <<< "$m32"; read -r _ p16 master16 _ <<< "$m16"
+[ "$master32" = 0 ] && [ "$master16" = "$p32" ] || { echo "memory: fp32 '$m32', bf16 '$m16'"; exit 1; }
+echo "ok memory: bf16 counts the fp32 master copy ($master16 bytes) beside its compute copy ($p16 bytes)"
+
+set +e
+runN 2 precision=bf16 mesh.dp=2 batch.micro=4 strategy.zero=3 steps=1 > /dev/null 2> "$tmp/z3.err"; rc=$?
+set -e
+[ $rc -ne 0 ] && grep -qF "precision 'bf16' with strategy zero=3 is not built yet" "$tmp/z3.err" ||
+  { echo "bf16 zero=3: rc $rc"; cat "$tmp/z3.err"; exit 1; }
+echo "ok bf16 with zero=3 refused: $(grep -o "precision 'bf16' with strategy zero=3[^:]*" "$tmp/z3.err" | head -1)"
+set +e
+runN 2 'precision={"bf16", reduce="bf16"}' mesh.dp=2 batch.micro=2 batch.global=4 deterministic=canonical \
+  steps=1 > /dev/null 2> "$tmp/rc.err"; rc=$?
+set -e
+[ $rc -ne 0 ] && grep -qF "with reduce = \"bf16\" in canonical mode is not built yet" "$tmp/rc.err" ||
+  { echo "bf16 reduce=bf16 canonical: rc $rc"; cat "$tmp/rc.err"; exit 1; }
+echo "ok bf16 reduce=bf16 in canonical mode refused"
+set +e
+run1 precision=bf16 'model.moe={experts=4}' steps=1 > /dev/null 2> "$tmp/moe.err"; rc=$?
+runN 2 'precision={"bf16", reduce="bf16"}' mesh.dp=2 batch.micro=4 'strategy.compress={"topk"}' \
+  steps=1 > /dev/null 2> "$tmp/cmp.err"; rc2=$?
+set -e
+[ $rc -ne 0 ] && grep -qF "with mixture-of-experts blocks are not built yet" "$tmp/moe.err" ||
+  { echo "bf16 with moe: rc $rc"; cat "$tmp/moe.err"; exit 1; }
+[ $rc2 -ne 0 ] && grep -qF "with reduce = \"bf16\" and strategy.compress is not built yet" "$tmp/cmp.err" ||
+  { echo "bf16 reduce=bf16 with compress: rc $rc2"; cat "$tmp/cmp.err"; exit 1; }
+echo "ok bf16 with moe and reduce=bf16 with compress refused"
+

@@ -79,8 +79,13 @@ static loom_status write_synced(const char *path, const char *data, size_t n)
         }
         done += (size_t)w;
     }
-    if (fsync(fd) != 0 || close(fd) != 0)
-        return loom_fail(LOOM_ERR_IO, "cannot write '%s': %s", path, strerror(errno));
+    /* Closed whether or not the sync worked (a failed fsync must not leak the fd). */
+    int sync_err = fsync(fd) != 0 ? errno : 0;
+    int close_err = close(fd) != 0 ? errno : 0;
+    if (sync_err)
+        return loom_fail(LOOM_ERR_IO, "cannot sync '%s' to disk: %s", path, strerror(sync_err));
+    if (close_err)
+        return loom_fail(LOOM_ERR_IO, "cannot write '%s': %s", path, strerror(close_err));
     return LOOM_OK;
 }
 

@@ -22,6 +22,11 @@ environment:
                    is set); the recipe's threads= wins
   LOOM_PLUGIN_PATH  extra plugin directories, searched first
   LOOM_CPU_ISA     force a lower CPU kernel ISA (avx512, avx2, sse2)
+  LOOM_FLIGHT_DIR  where a rank writes its flight recorder dump (flight-rank<R>.txt) when a
+                   communication fails (default: checkpoint.dir, else the current directory)
+  LOOM_DEBUG_DESYNC=1  check every collective across ranks (as debug_desync=true)
+  LOOM_INJECT_DIE=RANK:OP:N:MODE  testing aid: RANK dies at its N-th OP (allreduce, ...,
+                   send, recv, barrier, any) by exit, kill, segv or stop (docs/RELIABILITY.md)
 
 example:
   loom run scripts/recipes/tiny_shakespeare.lua steps=200 batch.micro=8]],

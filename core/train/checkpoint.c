@@ -672,7 +672,10 @@ loom_status loom_ckpt_save_source(const loom_ckpt_source *src, const loom_ckpt_g
     if (x->config_json) {
         loom_json_doc *doc;
         loom_json_error err;
-        if (loom_json_parse(x->config_json, strlen(x->config_json), NULL, &doc, &err) != LOOM_OK)
+        loom_status parsed = loom_json_parse(x->config_json, strlen(x->config_json), NULL, &doc, &err);
+        if (parsed == LOOM_ERR_NOMEM)
+            return loom_fail(parsed, "checkpoint: out of memory parsing the recipe's config_json");
+        if (parsed != LOOM_OK)
             return loom_fail(LOOM_ERR_INVALID, "checkpoint config_json is not valid JSON at byte "
                              "%zu: %s", err.offset, err.msg);
         const loom_json *root = loom_json_root(doc);

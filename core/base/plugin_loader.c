@@ -130,6 +130,8 @@ static void add_dirs(const char **list, int *n, int cap, const char *spec)
     }
 }
 
+static int dirs_nomem; /* the first search list could not be allocated */
+
 static void build_dirs_locked(void)
 {
     const char *env = getenv("LOOM_PLUGIN_PATH");
@@ -141,6 +143,7 @@ static void build_dirs_locked(void)
     const char **list = calloc(cap, sizeof *list);
     char *env_copy = env ? strdup(env) : NULL;
     if (l == NULL || list == NULL || (env != NULL && env_copy == NULL)) {
+        dirs_nomem = search == NULL; /* no list at all: say why, not "no directories" */
         free(l); /* keep the old list: stale beats none */
         free(list);
         free(env_copy);
@@ -151,6 +154,7 @@ static void build_dirs_locked(void)
     add_dirs(list, &n, (int)cap, LOOM_INSTALL_PLUGIN_DIR);
     add_dirs(list, &n, (int)cap, LOOM_BUILD_PLUGIN_DIRS);
     *l = (dir_list){.prev = search, .env = env_copy, .dirs = list, .n = n};
+    dirs_nomem = 0;
     search = l;
     dirs = list;
     n_dirs = n;
@@ -487,6 +491,9 @@ static loom_status not_found_locked(loom_kind kind, const char *name)
         if (w > 0 && (size_t)w < sizeof searched - used)
             used += (size_t)w;
     }
+    if (dirs_nomem && n_dirs == 0)
+        return loom_fail(LOOM_ERR_NOMEM, "out of memory building the plugin search path (for %s "
+                         "plugin '%s')", loom_kind_name(kind), name);
     available_names(kind, avail, sizeof avail);
     return loom_fail(LOOM_ERR_PLUGIN, "no %s plugin '%s' (searched: %s); available: %s",
                      loom_kind_name(kind), name, n_dirs ? searched : "no directories", avail);

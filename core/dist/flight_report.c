@@ -44,16 +44,32 @@ static void dump_path(char *out, size_t cap, int rank)
     snprintf(out, cap, "%s/flight-rank%d.txt", loom_flight_settings()->dir, rank);
 }
 
-static void write_dump(const flight_group *g, const flight_entry *stuck, const char *why,
-                       const char *path)
+/* mkdir -p: the flight directory may be a checkpoint dir not made yet (first save). */
+static void make_dirs(const char *dir)
+{
+    char buf[1100];
+    snprintf(buf, sizeof buf, "%s", dir);
+    for (char *p = buf + 1; *p; p++)
+        if (*p == '/') {
+            *p = '\0';
+            mkdir(buf, 0755);
+            *p = '/';
+        }
+    mkdir(buf, 0755);
+}
+
+/* 1 when the dump was written. */
+static int write_dump(const flight_group *g, const flight_entry *stuck, const char *why,
+                      const char *path)
 {
     const flight_settings *s = loom_flight_settings();
     char tmp[1200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    make_dirs(s->dir);
     FILE *f = fopen(tmp, "w");
     if (!f) {
         fprintf(stderr, "loom[%d]: flight: cannot write '%s': %s\n", s->rank, tmp, strerror(errno));
-        return;
+        return 0;
     }
     char oneline[1024];
     snprintf(oneline, sizeof oneline, "%s", why);
@@ -87,7 +103,8 @@ static void write_dump(const flight_group *g, const flight_entry *stuck, const c
                 e[i].peer, e[i].bytes, state_name(e[i].state),
                 e[i].t_end > 0 ? (e[i].t_end - e[i].t_start) * 1e3 : -1.0);
     int bad = ferror(f);
-    if (fclose(f) != 0 || bad || rename(tmp, path) != 0) {
+    int written = !(fclose(f) != 0 || bad || rename(tmp, path) != 0);
+    if (!written) {
         fprintf(stderr, "loom[%d]: flight: cannot write '%s'\n", s->rank, path);
         unlink(tmp);
     }
@@ -99,6 +116,7 @@ static void write_dump(const flight_group *g, const flight_entry *stuck, const c
         fprintf(stderr, "loom[%d]: flight:   %s #%llu on %s, %zu bytes, %s\n", s->rank, e[i].op,
                 (unsigned long long)e[i].seq, e[i].group, e[i].bytes, state_name(e[i].state));
     free(e);
+    return written;
 }
 
 /* What another rank's dump says, as far as the verdict needs it. */
@@ -178,8 +196,13 @@ void loom_flight_report(const flight_group *g, const flight_entry *stuck, const 
     const flight_settings *s = loom_flight_settings();
     char path[1100];
     dump_path(path, sizeof path, s->rank);
-    write_dump(g, stuck, why, path);
+    int written = write_dump(g, stuck, why, path);
     out[0] = '\0';
+    if (!written) {
+        snprintf(out, cap, "flight recorder: cannot write dumps in %s (set LOOM_FLIGHT_DIR); "
+                 "this rank's last operations are on stderr", s->dir);
+        return;
+    }
     if (!stuck || g->n == 0) {
         snprintf(out, cap, "flight recorder dump in %s", path);
         return;

@@ -56,7 +56,12 @@ loom_status loom_data_open_text(const char *path, double val_fraction, int shuff
     long n = ftell(f);
     fseek(f, 0, SEEK_SET);
     d->bytes = n > 0 ? malloc((size_t)n) : NULL;
-    if (n <= 0 || !d->bytes || fread(d->bytes, 1, (size_t)n, f) != (size_t)n) {
+    if (n > 0 && !d->bytes) {
+        fclose(f);
+        text_close(d);
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory reading text data '%s' (%ld bytes)", path, n);
+    }
+    if (n <= 0 || fread(d->bytes, 1, (size_t)n, f) != (size_t)n) {
         fclose(f);
         text_close(d);
         LOOM_FAIL(LOOM_ERR_IO, "cannot read text data '%s' (%ld bytes)", path, n);

@@ -117,8 +117,10 @@ static loom_status write_body(out_file *o, const loom_st_tensor *t, int n, const
             bytes *= (size_t)t[i].shape[d];
         LOOM_TRY(put(o, t[i].data, bytes));
     }
-    if (fflush(o->f) != 0 || fsync(fileno(o->f)) != 0)
+    if (fflush(o->f) != 0)
         return loom_fail(LOOM_ERR_IO, "cannot write '%s': %s", o->path, strerror(errno));
+    if (fsync(fileno(o->f)) != 0)
+        return loom_fail(LOOM_ERR_IO, "cannot sync '%s' to disk: %s", o->path, strerror(errno));
     return LOOM_OK;
 }
 

@@ -81,8 +81,13 @@ static loom_status write_synced(const char *path, const char *data, size_t n)
         }
         done += (size_t)w;
     }
-    if (fsync(fd) != 0 || close(fd) != 0)
-        return loom_fail(LOOM_ERR_IO, "cannot write '%s': %s", path, strerror(errno));
+    /* Closed whether or not the sync worked (a failed fsync must not leak the fd). */
+    int sync_err = fsync(fd) != 0 ? errno : 0;
+    int close_err = close(fd) != 0 ? errno : 0;
+    if (sync_err)
+        return loom_fail(LOOM_ERR_IO, "cannot sync '%s' to disk: %s", path, strerror(sync_err));
+    if (close_err)
+        return loom_fail(LOOM_ERR_IO, "cannot write '%s': %s", path, strerror(close_err));
     return LOOM_OK;
 }
 
@@ -695,7 +700,10 @@ loom_status loom_ckpt_save_source(const loom_ckpt_source *src, const loom_ckpt_g
     if (x->config_json) {
         loom_json_doc *doc;
         loom_json_error err;
-        if (loom_json_parse(x->config_json, strlen(x->config_json), NULL, &doc, &err) != LOOM_OK)
+        loom_status parsed = loom_json_parse(x->config_json, strlen(x->config_json), NULL, &doc, &err);
+        if (parsed == LOOM_ERR_NOMEM)
+            return loom_fail(parsed, "checkpoint: out of memory parsing the recipe's config_json");
+        if (parsed != LOOM_OK)
             return loom_fail(LOOM_ERR_INVALID, "checkpoint config_json is not valid JSON at byte "
                              "%zu: %s", err.offset, err.msg);
         const loom_json *root = loom_json_root(doc);

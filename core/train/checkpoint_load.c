@@ -584,7 +584,11 @@ static loom_status read_piece(const tfile *tf, const loom_st_entry *te, const lo
                          "expected)", tf->path, te->name, te->dtype);
     const char *meta = loom_safetensors_meta(tf->f, te->name);
     loom_json_doc *doc = NULL;
-    if (!meta || loom_json_parse(meta, strlen(meta), NULL, &doc, NULL) != LOOM_OK) {
+    loom_status parsed = meta ? loom_json_parse(meta, strlen(meta), NULL, &doc, NULL) : LOOM_ERR_CORRUPT;
+    if (parsed == LOOM_ERR_NOMEM) /* not the file's fault: say so (OOM injection found it) */
+        return loom_fail(LOOM_ERR_NOMEM, "out of memory reading the layout of '%s' in '%s'",
+                         te->name, tf->path);
+    if (parsed != LOOM_OK) {
         loom_json_free(doc);
         return bad(tf->path, "__metadata__ has no valid layout {\"shape\", \"slice_start\"} for '%s'",
                    te->name);

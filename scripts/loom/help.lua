@@ -31,6 +31,11 @@ environment:
 signals:
   SIGTERM, SIGINT or SIGUSR1 during loom.train's loop finish the step, save a checkpoint
   (with checkpoint.dir), say so and exit 128 + signo; a second signal stops at once
+  LOOM_FLIGHT_DIR  where a rank writes its flight recorder dump (flight-rank<R>.txt) when a
+                   communication fails (default: checkpoint.dir, else the current directory)
+  LOOM_DEBUG_DESYNC=1  check every collective across ranks (as debug_desync=true)
+  LOOM_INJECT_DIE=RANK:OP:N:MODE  testing aid: RANK dies at its N-th OP (allreduce, ...,
+                   send, recv, barrier, any) by exit, kill, segv or stop (docs/RELIABILITY.md)
 
 example:
   loom run scripts/recipes/tiny_shakespeare.lua steps=200 batch.micro=8]],

@@ -1,0 +1,1 @@
+{ model = M, data = D, optimizer = { "adamw", lr = 1e-3 }, lr = lr.cosine { warmup = 1, total = 2 }, batch = { micro = 2, seq = 16 }, steps = 2, seed = 1, grad_clip = 1.0, on_nonfinite = "skip", log = { every = 1 } }

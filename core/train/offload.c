@@ -15,8 +15,8 @@ const char *loom_offload_mode_name(loom_offload_mode m)
 /* Cut the segments into pieces and group them into chunks of at most cap state floats.
  * split = 0 (host): a piece is a whole segment, so a chunk of one long segment may exceed
  * cap; split = 1 (disk): a segment is cut where a chunk fills. */
-static loom_status make_chunks(loom_offload *o, const loom_optim_segment *segs, size_t n,
-                               const float *base, size_t cap, int split)
+static loom_status make_chunks(loom_offload *o, const loom_optim_segment *segs,
+                               const size_t *state_off, size_t n, size_t cap, int split)
 {
     size_t per = cap / o->slots ? cap / o->slots : 1; /* elements per full chunk */
     size_t max_pieces = n;
@@ -29,7 +29,7 @@ static loom_status make_chunks(loom_offload *o, const loom_optim_segment *segs, 
     size_t room = 0; /* elements left in the open chunk */
     for (size_t i = 0; i < n; i++) {
         const loom_optim_segment *s = &segs[i];
-        if (s->state < base || (size_t)(s->state - base) + o->slots * s->n > o->floats)
+        if (state_off[i] > o->floats || o->slots * s->n > o->floats - state_off[i])
             LOOM_FAIL(LOOM_ERR_INTERNAL, "offload: segment %zu's state lies outside the state", i);
         for (size_t i0 = 0; i0 < s->n;) {
             size_t m = s->n - i0;
@@ -46,7 +46,7 @@ static loom_status make_chunks(loom_offload *o, const loom_optim_segment *segs, 
             p->seg.param = s->param + i0;
             p->seg.grad = s->grad + i0;
             p->seg.n = m;
-            p->seg_off = (size_t)(s->state - base);
+            p->seg_off = state_off[i];
             p->seg_n = s->n;
             p->i0 = i0;
             p->buf_off = c->floats;
@@ -67,7 +67,7 @@ static loom_status make_chunks(loom_offload *o, const loom_optim_segment *segs, 
 }
 
 loom_status loom_offload_create(const loom_offload_config *c, const loom_optim_segment *segs,
-                                size_t n, const float *base, size_t floats, uint32_t slots,
+                                const size_t *state_off, size_t n, size_t floats, uint32_t slots,
                                 loom_offload **out)
 {
     *out = NULL;
@@ -88,7 +88,7 @@ loom_status loom_offload_create(const loom_offload_config *c, const loom_optim_s
     o->fd = -1;
     size_t cap = (size_t)(mb * 1024 * 1024 / sizeof(float));
     cap = cap < slots ? slots : cap;
-    loom_status st = make_chunks(o, segs, n, base, cap, c->mode == LOOM_OFFLOAD_DISK);
+    loom_status st = make_chunks(o, segs, state_off, n, cap, c->mode == LOOM_OFFLOAD_DISK);
     if (st == LOOM_OK && c->mode == LOOM_OFFLOAD_HOST) {
         /* A pool of its own: on a device backend this is what would be pinned host memory
          * with the step on host threads; on the CPU backend, a separate allocation. */

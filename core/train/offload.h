@@ -29,11 +29,12 @@ typedef struct loom_offload_config {
 
 typedef struct loom_offload loom_offload;
 
-/* Takes over the state behind segs[0..n) (each segment's state lies in [base, base +
- * floats)): makes its own copy of the segment list, holding its state in the pool or the
- * file, zeroed; the caller frees base afterwards. */
+/* Holds the state of segs[0..n): segment i's is slots x segs[i].n slot-major floats from
+ * float state_off[i] of a state of `floats` floats in all. The segments' own state
+ * pointers are not read, so the caller allocates no state for an offloaded run (its pages
+ * would be dead weight). Makes its own copy of the segment list; the state starts zeroed. */
 loom_status loom_offload_create(const loom_offload_config *c, const loom_optim_segment *segs,
-                                size_t n, const float *base, size_t floats, uint32_t slots,
+                                const size_t *state_off, size_t n, size_t floats, uint32_t slots,
                                 loom_offload **out);
 void loom_offload_destroy(loom_offload *o);
 /* One optimizer step over every segment, chunk by chunk (args->segments is ignored). */

@@ -103,8 +103,9 @@ static loom_status build_segments(loom_session *s)
 
 static loom_status canonical_parts(loom_session *s);
 
-/* Offload (offload.h): hand the state behind this rank's segments (all of them, or its
- * ZeRO partition) to the host pool or the file, and free it here. */
+/* Offload (offload.h): the host pool or the file holds the state behind this rank's
+ * segments (all of them, or its ZeRO partition); neither the session nor ZeRO allocated
+ * it, so the segments' state pointers are NULL and the offsets say where each lies. */
 static loom_status make_offload(loom_session *s, const loom_session_config *cfg)
 {
     if (cfg->offload_mode == LOOM_OFFLOAD_NONE)
@@ -116,22 +117,24 @@ static loom_status make_offload(loom_session *s, const loom_session_config *cfg)
     LOOM_TRY(host->group(LOOM_GROUP_WORLD, &comm, &world, &size));
     loom_offload_config oc = {(loom_offload_mode)cfg->offload_mode, cfg->offload_path,
                               cfg->offload_chunk_mb, comm ? comm->rank(world) : 0};
-    size_t n, floats = (size_t)s->state_slots * loom_gpt_params(s->model)->total;
-    const loom_optim_segment *segs = s->segments;
-    const float *base = s->optim_state;
-    n = (size_t)s->n_segments;
     if (s->zero) {
-        segs = loom_zero_segments(s->zero, &n);
-        base = loom_zero_state(s->zero, &floats);
+        size_t n, floats;
+        const loom_optim_segment *segs = loom_zero_segments(s->zero, &n);
+        loom_zero_state(s->zero, &floats);
+        return loom_offload_create(&oc, segs, loom_zero_state_offsets(s->zero), n, floats,
+                                   s->state_slots, &s->offload);
     }
-    LOOM_TRY(loom_offload_create(&oc, segs, n, base, floats, s->state_slots, &s->offload));
-    if (s->zero)
-        loom_zero_drop_state(s->zero);
-    free(s->optim_state);
-    s->optim_state = NULL;
-    for (int i = 0; i < s->n_segments; i++) /* the offload's own segments step from now on */
-        s->segments[i].state = NULL;
-    return LOOM_OK;
+    const loom_param_table *t = loom_gpt_params(s->model);
+    size_t *off = calloc((size_t)s->n_segments + 1, sizeof *off);
+    if (!off)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < s->n_segments; i++)
+        off[i] = (size_t)s->state_slots * t->entries[i].offset;
+    loom_status st = loom_offload_create(&oc, s->segments, off, (size_t)s->n_segments,
+                                         (size_t)s->state_slots * t->total, s->state_slots,
+                                         &s->offload);
+    free(off);
+    return st;
 }
 
 /* ZeRO over the dp group (zero.h); with one dp rank there is nothing to partition. */
@@ -160,7 +163,8 @@ static loom_status make_zero(loom_session *s)
     int decay_all = 0;
     s->optim->decay_rule(s->optim_self, &wd, &decay_all);
     loom_zero_config zc = {cfg->zero_stage, cfg->zero_bucket_mb > 0 ? cfg->zero_bucket_mb : 25.0,
-                           cfg->canonical, cfg->accum, s->state_slots, wd, decay_all};
+                           cfg->canonical, cfg->accum, s->state_slots, wd, decay_all,
+                           cfg->offload_mode != LOOM_OFFLOAD_NONE};
     LOOM_TRY(loom_zero_create(&zc, s->model, &s->backend, &s->zero));
     const loom_param_table *t = loom_gpt_params(s->model);
     int stage = s->pipe ? loom_pipeline_stage(s->pipe) : 0;
@@ -355,14 +359,16 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
         const loom_gpt_config *mc = loom_gpt_get_config(s->model);
         s->state_slots = s->optim->state_per_param(s->optim_self);
         st = make_zero(s); /* ZeRO holds this rank's partition of the state instead */
-        if (st == LOOM_OK && s->state_slots && !s->zero)
+        /* offload: the pool or the file holds it (make_offload), nothing here */
+        int here = s->state_slots && !s->zero && cfg->offload_mode == LOOM_OFFLOAD_NONE;
+        if (st == LOOM_OK && here)
             s->optim_state = calloc((size_t)s->state_slots * total, sizeof(float));
         size_t bt = (size_t)cfg->micro_batch * cfg->seq * (s->pipe ? (size_t)cfg->accum + 1 : 1);
         /* tokens also stage a sampling window of up to ctx */
         s->tokens = malloc((bt > (size_t)mc->ctx ? bt : (size_t)mc->ctx) * sizeof(int));
         s->targets = malloc(bt * sizeof(int));
         s->host_logits = malloc((size_t)mc->vocab_padded * sizeof(float));
-        if (st == LOOM_OK && ((s->state_slots && !s->optim_state && !s->zero) || !s->tokens ||
+        if (st == LOOM_OK && ((here && !s->optim_state) || !s->tokens ||
                               !s->targets || !s->host_logits))
             st = loom_fail(LOOM_ERR_NOMEM, "out of memory for optimizer state");
     }

@@ -79,7 +79,8 @@ static loom_status make_segments(loom_zero *z, const loom_zero_config *c)
     size_t cap = (size_t)t->count + (size_t)z->n_buckets;
     z->segments = calloc(cap, sizeof *z->segments);
     z->seg_entry = calloc(cap, sizeof *z->seg_entry);
-    if (!z->segments || !z->seg_entry)
+    z->seg_state_off = calloc(cap, sizeof *z->seg_state_off);
+    if (!z->segments || !z->seg_entry || !z->seg_state_off)
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for ZeRO segments");
     float *params = loom_gpt_param_data(z->model), *grads = loom_gpt_grad_data(z->model);
     for (int k = 0; k < z->n_buckets; k++) {
@@ -101,6 +102,7 @@ static loom_status make_segments(loom_zero *z, const loom_zero_config *c)
             s->n = hi - lo;
             s->weight_decay = (c->decay_all || e->is_matrix) ? c->weight_decay : 0.0f;
             z->seg_entry[z->n_segments - 1] = i;
+            z->seg_state_off[z->n_segments - 1] = (size_t)c->state_slots * pos;
         }
     }
     return LOOM_OK;
@@ -138,7 +140,7 @@ loom_status loom_zero_create(const loom_zero_config *c, loom_gpt *m, loom_backen
     if (st == LOOM_OK) {
         z->part = z->padded / (size_t)z->n;
         z->state_floats = (size_t)c->state_slots * z->part;
-        if (z->state_floats && !(z->state = calloc(z->state_floats, sizeof(float))))
+        if (z->state_floats && !c->offloaded && !(z->state = calloc(z->state_floats, sizeof(float))))
             st = loom_fail(LOOM_ERR_NOMEM, "out of memory for the ZeRO optimizer state partition");
     }
     size_t unit = (size_t)ZERO_ALIGN * (size_t)z->n;
@@ -169,6 +171,7 @@ void loom_zero_destroy(loom_zero *z)
     free(z->buckets);
     free(z->segments);
     free(z->seg_entry);
+    free(z->seg_state_off);
     free(z);
 }
 
@@ -184,11 +187,7 @@ float *loom_zero_state(loom_zero *z, size_t *floats)
     return z->state;
 }
 
-void loom_zero_drop_state(loom_zero *z)
-{
-    free(z->state);
-    z->state = NULL;
-}
+const size_t *loom_zero_state_offsets(const loom_zero *z) { return z->seg_state_off; }
 
 int loom_zero_reduces(const loom_zero *z) { return z->reduces; }
 int loom_zero_stage(const loom_zero *z) { return z->stage; }

@@ -58,6 +58,7 @@ typedef struct loom_zero_config {
     uint32_t state_slots; /* optimizer state floats per parameter */
     float weight_decay;
     int decay_all;
+    int offloaded;        /* 1: the offload (offload.h) holds the state; none allocated here */
 } loom_zero_config;
 
 /* P: `total` floats padded to a multiple of 16 x n (n dp ranks); every rank's partition is
@@ -73,8 +74,9 @@ void loom_zero_destroy(loom_zero *z);
 /* The optimizer's segments over this rank's partition, and the state behind them. */
 const loom_optim_segment *loom_zero_segments(const loom_zero *z, size_t *n);
 float *loom_zero_state(loom_zero *z, size_t *floats);
-/* Free the state partition: the offload (offload.h) holds it instead. */
-void loom_zero_drop_state(loom_zero *z);
+/* Each segment's state offset in the partition's state (floats), for the offload; the
+ * state itself is NULL when the config said offloaded. */
+const size_t *loom_zero_state_offsets(const loom_zero *z);
 /* 1 when ZeRO reduces the gradients itself (stage 2 in fast mode). */
 int loom_zero_reduces(const loom_zero *z);
 /* Stage 2: the grad-sync reducer hooks (grad_sync.h). */

@@ -46,8 +46,9 @@ struct loom_zero {
     int *seg_entry;      /* the parameter-table entry of each segment */
     int first_bad;       /* the last norm's first entry with an inf or nan here, or -1 */
     int n_segments;
-    float *state;
+    float *state;        /* NULL when offloaded */
     size_t state_floats;
+    size_t *seg_state_off; /* each segment's state offset in the state, in floats */
     float *tail;         /* U*N floats: the tail bucket's send/recv staging */
     /* stage 2 */
     float *part_grads;   /* P/N floats: this rank's gradient partition */

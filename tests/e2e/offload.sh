@@ -56,10 +56,10 @@ done
 same "$tmp/c1" "$tmp/c_tp" "canonical host dp=2 x tp=2 zero=1 against dp=1 without offload"
 
 # --- the resident set: ~55 MiB of AdamW state on disk ----------------------------------
-# Without MALLOC_PERTURB_ (meson sets it): the session and ZeRO still calloc the state
-# before the offload takes it over and frees it; untouched, those pages are never
-# resident, but MALLOC_PERTURB_ makes free() write them (docs/ZERO.md "Offload").
-rss() { env -u MALLOC_PERTURB_ "$loom" run "$here/recipes/offload_rss.lua" "$@" | grep '^RSS '; }
+# With MALLOC_PERTURB_ set whatever runs this (meson sets it too): it makes free() write
+# the pages it frees, so state allocated and freed at start-up would show up resident;
+# neither the session nor ZeRO allocates the state when it is offloaded.
+rss() { MALLOC_PERTURB_=165 "$loom" run "$here/recipes/offload_rss.lua" "$@" | grep '^RSS '; }
 read -r opt0 off0 hwm0 rss0 < <(rss | cut -d' ' -f2-)
 read -r opt1 off1 hwm1 rss1 < <(rss strategy.offload.optimizer=disk strategy.offload.path="$tmp/state" strategy.offload.chunk_mb=1 | cut -d' ' -f2-)
 echo "   without offload: optimizer $opt0 B resident, peak RSS $hwm0 B, RSS $rss0 B"

@@ -602,6 +602,19 @@ loom_status loom_gpt_create(const loom_gpt_config *cfg, loom_backend *be, int ma
     return LOOM_OK;
 }
 
+/* What gpt_setup allocated (the table and the per-layer bindings), and m itself: the end
+ * of both a model and a footprint. */
+static void gpt_free_setup(loom_gpt *m)
+{
+    free(m->p.layer);
+    free(m->g.layer);
+    free(m->acts);
+    free(m->own);
+    free(m->rc);
+    loom_params_free(&m->table);
+    free(m);
+}
+
 void loom_gpt_destroy(loom_gpt *m)
 {
     if (!m)
@@ -618,13 +631,7 @@ void loom_gpt_destroy(loom_gpt *m)
     free(m->host_losses);
     free(m->row_gather);
     gpt_distill_free(m);
-    free(m->p.layer);
-    free(m->g.layer);
-    free(m->acts);
-    free(m->own);
-    free(m->rc);
-    loom_params_free(&m->table);
-    free(m);
+    gpt_free_setup(m);
 }
 
 loom_status loom_gpt_footprint(const loom_gpt_config *cfg, int max_B, const loom_gpt_parallel *par,
@@ -648,13 +655,7 @@ loom_status loom_gpt_footprint(const loom_gpt_config *cfg, int max_B, const loom
         out->slot = m->slot_bytes;
         out->shared = m->shared_bytes;
     }
-    free(m->p.layer);
-    free(m->g.layer);
-    free(m->acts);
-    free(m->own);
-    free(m->rc);
-    loom_params_free(&m->table);
-    free(m);
+    gpt_free_setup(m);
     return st;
 }
 

@@ -57,3 +57,12 @@ LOOM_PLUGIN_PATH=$crash_dir "$loom" run "$recipe" 'optimizer={"crash", lr=0.1}' 
 grep -qF "loom: plugin '$crash_dir/loom-optim-crash.so' crashed while loading (in its constructors or loom_plugin_entry" "$tmp/crash" ||
   fail "crashing plugin not named (exit $rc): $(tail -n2 "$tmp/crash")"
 echo "ok crashing plugin: exit $rc, $(grep -o "plugin '.*' crashed while loading" "$tmp/crash")"
+
+# 5. a plugin that loads cleanly and crashes inside its op (the optimizer's step) is named,
+# with the signal, and the exit still says the signal (128 + 11)
+LOOM_PLUGIN_PATH=$crash_dir "$loom" run "$recipe" 'optimizer={"crashstep", lr=0.1}' > "$tmp/opcrash" 2>&1; rc=$?
+[[ $rc -eq 139 ]] || fail "plugin crashing in its step: exit $rc, not 139: $(tail -n2 "$tmp/opcrash")"
+grep -qF "loom: SIGSEGV inside plugin '$crash_dir/loom-optim-crashstep.so' (optim 'crashstep', at +0x" "$tmp/opcrash" ||
+  fail "plugin crashing in its step not named: $(tail -n2 "$tmp/opcrash")"
+grep -q "inside plugin" "$tmp/crash" && fail "the load crash was also blamed as an op crash: $(cat "$tmp/crash")"
+echo "ok plugin crashing in its step: exit $rc, $(grep -o "SIGSEGV inside plugin '.*' (optim 'crashstep', at +0x[0-9a-f]*)" "$tmp/opcrash")"

@@ -443,7 +443,8 @@ return function(loom)
     local canonical = t.deterministic == "canonical"
     local strategy
     if world > 1 then
-      local ok, err = pcall(loom.core.check_same_config, json.encode(t))
+      local ok, err = pcall(loom.core.check_same_config, json.encode(t),
+        t.comm_timeout and math.max(1, math.floor(t.comm_timeout * 1000)) or nil)
       if not ok then -- name the keys in which this rank's recipe differs from rank 0's
         local changes = recipe_changes(loom.core.recipe_of_rank0(), json.encode(t))
         schema.fail(where, "%s%s", err, #changes > 0 and string.format("; rank %d's recipe differs "

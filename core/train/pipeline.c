@@ -5,9 +5,9 @@
  * it has its weight gradients (BWD, or BWD_WEIGHT after BWD_INPUT) and has sent its input
  * gradient (SEND_GRAD, unless it is virtual stage 0). A freed slot may still have sends
  * in flight from its buffers: they are waited before the next compute on that slot (its
- * FWD writes them), never earlier. On shm a RECV's wait also completes every send started
- * before it on the pp communicator (completions in start order), so in practice nothing
- * is pending by then; the rule keeps the engine correct on any transport.
+ * FWD writes them), never earlier. A RECV's wait completes only that receive (sends finish
+ * on their own, as in MPI): a send larger than the transport's buffer finishes once the
+ * peer posts its receive, which it may do only after its own RECV returns.
  */
 #include "pipeline.h"
 #include "pipeline_check.h"

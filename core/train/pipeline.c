@@ -5,9 +5,9 @@
  * it has its weight gradients (BWD, or BWD_WEIGHT after BWD_INPUT) and has sent its input
  * gradient (SEND_GRAD, unless it is virtual stage 0). A freed slot may still have sends
  * in flight from its buffers: they are waited before the next compute on that slot (its
- * FWD writes them), never earlier. On shm a RECV's wait also completes every send started
- * before it on the pp communicator (completions in start order), so in practice nothing
- * is pending by then; the rule keeps the engine correct on any transport.
+ * FWD writes them), never earlier. A RECV's wait completes only that receive (sends finish
+ * on their own, as in MPI): a send larger than the transport's buffer finishes once the
+ * peer posts its receive, which it may do only after its own RECV returns.
  */
 #include "pipeline.h"
 #include "pipeline_check.h"
@@ -57,6 +57,7 @@ struct loom_pipeline {
     loom_trace *trace;              /* not owned; NULL: off */
     double compute_ms, wall_ms;     /* the last step's F/B/W time and pipeline phase */
     float *tied;                    /* canonical, chunks > 1: [microbatches] wte-sized halves */
+    size_t at;                      /* the instruction the step is in (n: after the list) */
 };
 
 static loom_status split_layers(loom_pipeline *pl, const loom_pipeline_config *cfg)
@@ -372,9 +373,9 @@ static void mark(loom_pipeline *pl, int key, int what)
     }
 }
 
-loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
-                              const int *targets, int B, int T, float dloss, double *loss,
-                              const loom_pipeline_hooks *hooks, int *peak)
+static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
+                            const int *targets, int B, int T, float dloss, double *loss,
+                            const loom_pipeline_hooks *hooks, int *peak)
 {
     float *hb = NULL, *gw = NULL, *half = NULL;
     size_t hn = 0;
@@ -394,6 +395,7 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
     loom_trace_phase_begin(pl->trace, t_run);
     for (size_t i = 0; i < pl->n; i++) {
         const loom_sched_instr *in = &pl->list[i];
+        pl->at = i;
         if (loom_trace_is_compute(in->op))
             progress_sends(pl);
         double t0 = loom_now_ms(); /* the instruction's span: a RECV's includes its wait */
@@ -530,6 +532,7 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
         loom_trace_span(pl->trace, loom_trace_kind_of(in->op), t0, t1, in->microbatch, in->chunk);
     }
     double t_wait = loom_now_ms();
+    pl->at = pl->n;
     for (int i = 0; i < pl->n_slots; i++)
         LOOM_TRY(wait_slot(pl, &pl->slots[i]));
     double t_tied = loom_now_ms();
@@ -543,6 +546,28 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
     loom_trace_phase_end(pl->trace, t_end);
     pl->wall_ms = t_end - t_run;
     return LOOM_OK;
+}
+
+/* The step, and on a failure where in the list it happened: a transport's timeout names
+ * the peer and the operation (and the flight recorder who is stuck), this the stage and
+ * instruction. */
+loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
+                              const int *targets, int B, int T, float dloss, double *loss,
+                              const loom_pipeline_hooks *hooks, int *peak)
+{
+    pl->at = 0;
+    loom_status st = run_list(pl, m, tokens, targets, B, T, dloss, loss, hooks, peak);
+    if (st == LOOM_OK)
+        return st;
+    char why[2048];
+    snprintf(why, sizeof why, "%s", loom_last_error());
+    if (pl->at >= pl->n)
+        return loom_fail(st, "pipeline stage %d, after its %zu instructions (the last sends and "
+                         "tied halves): %s", pl->stage, pl->n, why);
+    const loom_sched_instr *in = &pl->list[pl->at];
+    return loom_fail(st, "pipeline stage %d, instruction %zu of %zu (%s micro-batch %d chunk %d): "
+                     "%s", pl->stage, pl->at, pl->n, loom_sched_op_name(in->op), in->microbatch,
+                     in->chunk, why);
 }
 
 loom_status loom_pipeline_tied_sync(loom_pipeline *pl, loom_gpt *m, double *comm_ms)

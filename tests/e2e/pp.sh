@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # pp.sh LOOM — pipeline parallelism on one node (loom launch, shm), fast mode (fp32):
 #  - pp=2 with gpipe, 1f1b, interleaved (2 chunks) and zb1, pp=4 with gpipe, 1f1b and zb1,
-#    pp=4 interleaved on an 8-block model, an explicit pp_layers split, pp=2 x dp=2,
+#    pp=4 interleaved on an 8-block model, pp=2 interleaved with activations as large as
+#    shm's mailbox (2 steps), an explicit pp_layers split, pp=2 x dp=2,
 #    pp=2 x tp=2 (both also with zb1) and pp=2 x tp=2 x dp=2 (8 ranks) train
 #    the same losses as one rank with the same global batch (micro x microbatches x dp)
 #    within 2e-5 over 10 steps, the gradient norms within 1e-5 relative and the validation
@@ -70,6 +71,16 @@ check_close "mesh.pp=2 x mesh.tp=2 schedule=zb1 (4 micro-batches)" "$tmp/pptpz" 
 run1 model.layers=8 batch.global=16 > "$tmp/one8"
 runN 4 model.layers=8 mesh.pp=4 schedule=interleaved microbatches=4 > "$tmp/pp4i"
 check_close "mesh.pp=4 schedule=interleaved, 8 blocks in 8 virtual stages" "$tmp/pp4i" "$tmp/one8"
+# Activations as large as shm's mailbox (8 x 32 x 128 floats = its default 131072 bytes):
+# interleaved pp=2 deadlocked here while a receive's wait also waited for the rank's earlier
+# sends (each rank's last send then waited for the other's next receive).
+big="model.dim=128 batch.micro=8 steps=2"
+run1 $big batch.global=32 > "$tmp/oneb"
+runN 2 $big mesh.pp=2 schedule=interleaved microbatches=4 comm_timeout=5 > "$tmp/ppb"
+[ "$(grep -c '^LOSS' "$tmp/ppb")" -eq 2 ] || { echo "interleaved, mailbox-sized activations: expected 2 steps"; cat "$tmp/ppb"; exit 1; }
+d=$(max_loss_diff "$tmp/oneb" "$tmp/ppb")
+below "$d" 2e-5 || { echo "interleaved, mailbox-sized activations: losses differ from one rank by $d"; exit 1; }
+echo "ok mesh.pp=2 schedule=interleaved with 131072-byte activations (shm's mailbox): trains, max |loss diff| $d vs one rank"
 
 runN 4 mesh.pp=4 schedule=1f1b microbatches=4 | grep -E '^(LOSS|NORM)' > "$tmp/a"
 runN 4 mesh.pp=4 schedule=1f1b microbatches=4 | grep -E '^(LOSS|NORM)' > "$tmp/b"

@@ -33,6 +33,8 @@ typedef struct moe_block {
     int *rcnt, *ecount, *eoff, *hperm, *hinv;  /* host */
     size_t *send_rows, *send_off, *recv_rows, *recv_off, *sc, *sd, *rc, *rd;
     int Ar;                     /* rows received (this rank's experts' work) */
+    size_t run_off, cbase;      /* canonical ep: the experts' first gradient offset, and
+                                 * where their run starts in each source's copy */
 } moe_block;
 
 struct gpt_moe {
@@ -43,6 +45,10 @@ struct gpt_moe {
     int max_R, A;               /* rows, assignments (k x rows) the buffers hold */
     int ep, ep_rank, El;        /* expert parallelism: ranks, this one, experts here */
     int Amax;                   /* rows an ep rank may receive: ep x A */
+    int segs;                   /* GEMMs per expert: ep in canonical mode (one per source
+                                 * rank's rows, ep=1's shapes), else 1 */
+    float *cgrad;               /* canonical ep: (ep, nexp) per-source expert gradients */
+    size_t nexp;
     uint64_t seed, key;
     float dloss;                /* of the forward in progress */
     /* backward scratch shared by every block */
@@ -190,6 +196,19 @@ loom_status gpt_moe_create(loom_gpt *m, uint64_t seed)
             HOST(x->sc, (size_t)P); HOST(x->sd, (size_t)P); HOST(x->rc, (size_t)P); HOST(x->rd, (size_t)P);
         }
     }
+    g->segs = P > 1 && m->canonical ? P : 1;
+    if (g->segs > 1) { /* each block's run of local experts, in table order */
+        int b = 0;
+        for (int i = 0; i < m->table.count; i++)
+            if (loom_gpt_is_expert_entry(m, i) && (i == 0 || !loom_gpt_is_expert_entry(m, i - 1))) {
+                const loom_param_entry *last = &m->table.entries[i + 4 * g->El - 1];
+                g->blk[b].run_off = m->table.entries[i].offset;
+                g->blk[b++].cbase = g->nexp;
+                g->nexp += last->offset + last->numel - m->table.entries[i].offset;
+            }
+        g->cgrad = DEV((size_t)P * g->nexp);
+        ok &= g->cgrad != NULL;
+    }
     g->dlogits = DEV(R * E);
     g->dgate = DEV(A);
     g->dy = DEV(A * C);
@@ -234,7 +253,7 @@ void gpt_moe_destroy(loom_gpt *m)
         free(x->sc); free(x->sd); free(x->rc); free(x->rd);
     }
     float *dev[] = {g->dlogits, g->dgate, g->dy, g->dhg, g->dh, g->dxin, g->dxr, g->xr, g->ye,
-                    g->dye, g->dxe};
+                    g->dye, g->dxe, g->cgrad};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i])
             k->free(bs, dev[i]);
@@ -313,6 +332,45 @@ size_t gpt_moe_params_elsewhere(const loom_gpt *m)
 }
 
 int loom_gpt_expert_parallel(const loom_gpt *m) { return m->moe ? m->moe->ep : 1; }
+
+const float *loom_gpt_moe_source_grads(const loom_gpt *m, size_t *n)
+{
+    const gpt_moe *g = m->moe;
+    *n = g && g->cgrad ? g->nexp : 0;
+    return *n ? g->cgrad : NULL;
+}
+
+/* Expert j's rows in xe for GEMM s of g->segs: all of them (o from the first local
+ * expert's), or in canonical mode under ep those from source rank s (ep_plan lays each
+ * expert's rows out source by source). */
+/* Floats of the run of local experts after the router at table index e0. */
+static size_t run_floats(const loom_gpt *m, int e0)
+{
+    const loom_param_entry *first = &m->table.entries[e0 + 1],
+                           *last = &m->table.entries[e0 + 4 * m->moe->El];
+    return last->offset + last->numel - first->offset;
+}
+
+static size_t segment(const gpt_moe *g, const moe_block *b, const int *eoff, const int *ecount,
+                      int j, int s, size_t *o)
+{
+    *o = (size_t)eoff[j] - (size_t)eoff[0];
+    if (g->segs == 1)
+        return (size_t)ecount[j];
+    for (int q = 0; q < s; q++)
+        *o += (size_t)b->rcnt[q * g->El + j];
+    return (size_t)b->rcnt[s * g->El + j];
+}
+
+/* Where GEMM s's gradient of table entry i goes: the model's, or source s's copy. */
+static float *grad_of(loom_gpt *m, const moe_block *b, int i, int s)
+{
+    const gpt_moe *g = m->moe;
+    size_t off = m->table.entries[i].offset;
+    if (g->segs == 1)
+        return m->grads + off;
+    return g->cgrad + (size_t)s * g->nexp + b->cbase + (off - b->run_off);
+}
 
 int loom_gpt_is_expert_entry(const loom_gpt *m, int i)
 {
@@ -432,20 +490,22 @@ loom_status gpt_moe_forward(loom_gpt *m, int l, int e0, const float *x, float *o
         eoff = b->eoff;
         ecount = b->ecount;
     }
-    for (int j = 0; j < El; j++) { /* one GEMM per expert over the rows it received */
-        size_t o = (size_t)eoff[j] - (size_t)eoff[0], n = (size_t)ecount[j];
-        if (n)
-            k->matmul_forward(b->h + o * F, xe + o * C, FCW(m->params), FCB(m->params), 1,
-                              (int)n, C, F);
-    }
+    for (int j = 0; j < El; j++) /* one GEMM per expert over the rows it received */
+        for (int s = 0; s < g->segs; s++) {
+            size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
+            if (n)
+                k->matmul_forward(b->h + o * F, xe + o * C, FCW(m->params), FCB(m->params), 1,
+                                  (int)n, C, F);
+        }
     size_t rows = g->ep > 1 ? Ar : A;
     k->gelu_forward(b->hg, b->h, rows * F); /* without ep: every expert's rows, all here */
-    for (int j = 0; j < El; j++) {
-        size_t o = (size_t)eoff[j] - (size_t)eoff[0], n = (size_t)ecount[j];
-        if (n)
-            k->matmul_forward(ye + o * C, b->hg + o * F, PJW(m->params),
-                              m->tp_rank == 0 ? PJB(m->params) : NULL, 1, (int)n, F, C);
-    }
+    for (int j = 0; j < El; j++)
+        for (int s = 0; s < g->segs; s++) {
+            size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
+            if (n)
+                k->matmul_forward(ye + o * C, b->hg + o * F, PJW(m->params),
+                                  m->tp_rank == 0 ? PJB(m->params) : NULL, 1, (int)n, F, C);
+        }
     if (g->ep > 1) { /* back to the ranks the rows came from, in their order */
         k->rows_gather(g->xr, ye, b->inv, NULL, Ar, C);
         LOOM_TRY(ep_exchange(m, b, g->xr, b->recv_rows, b->recv_off, b->y, b->send_rows,
@@ -505,19 +565,26 @@ loom_status gpt_moe_backward(loom_gpt *m, int l, int e0, const float *dout, floa
         eoff = b->eoff;
         ecount = b->ecount;
     }
-    for (int j = 0; j < El; j++) {
-        size_t o = (size_t)eoff[j] - (size_t)eoff[0], n = (size_t)ecount[j];
-        if (n)
-            k->matmul_backward(g->dhg + o * F, PJW(m->grads), PJB(m->grads), dye + o * C,
-                               b->hg + o * F, PJW(m->params), 1, (int)n, F, C);
-    }
+    for (int s = 0; g->segs > 1 && s < g->segs; s++) /* this backward's copies start at 0 */
+        k->zero(bs, g->cgrad + (size_t)s * g->nexp + b->cbase,
+                run_floats(m, e0) * sizeof(float));
+    for (int j = 0; j < El; j++)
+        for (int s = 0; s < g->segs; s++) {
+            size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
+            if (n)
+                k->matmul_backward(g->dhg + o * F, grad_of(m, b, e0 + 3 + 4 * j, s),
+                                   grad_of(m, b, e0 + 4 + 4 * j, s), dye + o * C, b->hg + o * F,
+                                   PJW(m->params), 1, (int)n, F, C);
+        }
     k->gelu_backward(g->dh, b->h, g->dhg, rows * F);
-    for (int j = 0; j < El; j++) {
-        size_t o = (size_t)eoff[j] - (size_t)eoff[0], n = (size_t)ecount[j];
-        if (n)
-            k->matmul_backward(dxe + o * C, FCW(m->grads), FCB(m->grads), g->dh + o * F,
-                               xe + o * C, FCW(m->params), 1, (int)n, C, F);
-    }
+    for (int j = 0; j < El; j++)
+        for (int s = 0; s < g->segs; s++) {
+            size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
+            if (n)
+                k->matmul_backward(dxe + o * C, grad_of(m, b, e0 + 1 + 4 * j, s),
+                                   grad_of(m, b, e0 + 2 + 4 * j, s), g->dh + o * F, xe + o * C,
+                                   FCW(m->params), 1, (int)n, C, F);
+        }
     if (g->ep > 1) { /* the inputs' gradients back to the tokens' ranks */
         k->rows_gather(g->xr, g->dxe, b->inv, NULL, rows, C);
         LOOM_TRY(ep_exchange(m, b, g->xr, b->recv_rows, b->recv_off, g->dxin, b->send_rows,

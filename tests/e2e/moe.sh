@@ -4,7 +4,7 @@
 #  - one rank twice: bitwise; the loss falls; every step reports its expert load;
 #  - dp=2 trains the losses of one rank with the same micro-batches (accumulated) within
 #    1e-4 (fp32, only the gradient sum's order differs); zero=1 and zero=3 at dp=2 give
-#    dp=2's bits; canonical mode: dp=1 and dp=2 bitwise;
+#    dp=2's bits; canonical mode: dp=1, dp=2, dp=2 ep=2 and dp=4 ep=2 bitwise;
 #  - save at step 10, resume: steps 11-20 bitwise; loom sample reads the checkpoint;
 #  - dropless (capacity_factor=0) drops nothing; the noisy router trains, and at dp=2
 #    within 1e-4 of one rank (its noise is keyed by the global micro-batch, not the rank);
@@ -15,7 +15,8 @@
 #  - tensor parallelism (experts split by tp): tp=2 within 1e-5 of one rank, tp=2 dp=2 ep=2
 #    within 1e-5 of dp=2, saved there and resumed at tp=1 ep=1 within 1e-5;
 #  - what does not compose yet (tp with sequence parallelism or canonical mode, pp,
-#    recompute, llm.c export; ep with canonical mode or zero) and bad moe keys are refused
+#    recompute, llm.c export; ep with zero, ep not a power of two in canonical mode) and bad
+#    moe keys are refused
 #    naming the key.
 set -euo pipefail
 loom=$1
@@ -54,7 +55,13 @@ canon="deterministic=canonical batch.micro=2 batch.global=8"
 run1 $canon | grep '^LOSS' > "$tmp/c1"
 run2 $canon | grep '^LOSS' > "$tmp/c2"
 finite_losses "$tmp/c1" && cmp -s "$tmp/c1" "$tmp/c2" || { echo "canonical dp=1/2 differ"; exit 1; }
-echo "ok canonical: dp=1 and dp=2 bitwise identical"
+# with ep: each source rank's rows in GEMMs of their own, expert gradients in the same tree
+run2 $canon mesh.ep=2 | grep '^LOSS' > "$tmp/ce2"
+cmp -s "$tmp/c1" "$tmp/ce2" || { echo "canonical dp=2 ep=2 differs from dp=1"; exit 1; }
+"$loom" launch -n 4 "$recipe" threads=1 mesh.dp=4 mesh.ep=2 comm_timeout=20 $canon steps=10 |
+  grep '^LOSS' > "$tmp/ce4"
+cmp -s <(head -10 "$tmp/c1") "$tmp/ce4" || { echo "canonical dp=4 ep=2 differs from dp=1"; exit 1; }
+echo "ok canonical: dp=1, dp=2, dp=2 ep=2 (20 steps) and dp=4 ep=2 (10 steps) bitwise identical"
 
 # Expert parallelism: the experts split over ep of the dp ranks, tokens sent to them and
 # back by all-to-all-v. Only the sums' order differs from ep=1, but routing is discrete: a
@@ -140,7 +147,7 @@ refuse "and canonical mode does not compose yet" "$loom" launch -n 2 "$recipe" t
 refuse "pipeline parallelism does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.pp=2 microbatches=2
 refuse "recomputation does not compose yet" run1 recompute=full
 refuse "must divide dp=1" run1 mesh.ep=2
-refuse 'with deterministic = "canonical" does not compose yet' "$loom" launch -n 2 "$recipe" threads=1 mesh.dp=2 mesh.ep=2 deterministic=canonical batch.micro=2 batch.global=8
+refuse "ep must be a power of two" "$loom" launch -n 3 "$recipe" threads=1 mesh.dp=3 mesh.ep=3 deterministic=canonical batch.micro=2 batch.global=6 model.moe.experts=3 model.moe.top_k=1
 refuse "with strategy.zero does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.dp=2 mesh.ep=2 strategy.zero=1
 refuse "must divide model.moe.experts=3" "$loom" launch -n 2 "$recipe" threads=1 mesh.dp=2 mesh.ep=2 model.moe.experts=3 model.moe.top_k=1
 refuse "top_k=5 is more than experts=4" run1 model.moe.top_k=5
@@ -148,4 +155,4 @@ refuse "model.moe.every=0" run1 model.moe.every=0
 refuse "is not one of: topk, noisy_topk" run1 model.moe.router=top2
 refuse "unknown key 'model.moe.expert'" run1 model.moe.expert=8
 refuse "dense GPT-2 blocks only" "$loom" export --llmc "$tmp/ck/step_00000010" "$tmp/x.bin"
-echo "ok refused: tp with sp or canonical, pp, recompute, llm.c export, ep with canonical/zero or not dividing dp or experts; bad moe keys named"
+echo "ok refused: tp with sp or canonical, pp, recompute, llm.c export, ep with zero, ep=3 in canonical mode, ep not dividing dp or experts; bad moe keys named"

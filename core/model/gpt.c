@@ -774,6 +774,8 @@ loom_status gpt_block_forward(loom_gpt *m, int l, const float *residual, int B, 
                          (int)Rl, C);
     gpt_round(m, a->ln2, Rl * C);
     if (m->moe && gpt_moe_block(&m->cfg, l)) { /* experts behind a router (moe.h; tp = 1) */
+        if (gpt_moe_rerunning(m))
+            return LOOM_OK; /* recomputation: the experts' part is kept, res3 too */
         LOOM_TRY(gpt_moe_forward(m, l, m->ent0[l] + 8, a->ln2_full, m->summed, R));
         k->residual_forward(a->res3, a->res2, m->summed, Rl * C);
         return LOOM_OK;
@@ -804,9 +806,13 @@ loom_status gpt_block_backward(loom_gpt *m, int l, const float *residual, rep_pa
     const size_t R = (size_t)B * T;
     layer_params *w = &m->p.layer[l], *g = &m->g.layer[l];
     layer_acts *a = &m->acts[l];
-    if (m->rc[l] == RC_FULL) /* the same forward again, into the scratch set (its res3 too:
-                              * the same bits over the kept ones) */
-        LOOM_TRY(gpt_block_forward(m, l, residual, B, T, Rl));
+    if (m->rc[l] == RC_FULL) { /* the same forward again, into the scratch set (its res3
+                                * too: the same bits over the kept ones; moe.h's kept) */
+        gpt_moe_rerun(m, 1);
+        loom_status rs = gpt_block_forward(m, l, residual, B, T, Rl);
+        gpt_moe_rerun(m, 0);
+        LOOM_TRY(rs);
+    }
     if (m->moe && gpt_moe_block(&m->cfg, l)) { /* res3 = res2 + moe(ln2(res2)) (moe.h) */
         LOOM_TRY(gpt_moe_backward(m, l, m->ent0[l] + 8, m->dres, m->dsummed, R));
         goto mlp_done;

@@ -51,6 +51,8 @@ struct gpt_moe {
     size_t nexp;
     uint64_t seed, key;
     float dloss;                /* of the forward in progress */
+    int rerun;                  /* recomputation's forward: the routing and expert
+                                 * activations are the block's own, kept (gpt_moe_rerun) */
     /* backward scratch shared by every block */
     float *dlogits, *dgate, *dy, *dhg, *dh, *dxin, *dxr;  /* device */
     float *xr, *ye, *dye, *dxe;                            /* device (Amax,C): ep exchanges */
@@ -129,10 +131,6 @@ loom_status gpt_moe_create(loom_gpt *m, uint64_t seed)
     if (m->staged)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "moe with pipeline parallelism does not compose yet; "
                   "use pp=1");
-    for (int l = 0; l < c->layers; l++)
-        if (m->rc[l] != RC_KEEP)
-            LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "moe with activation recomputation does not "
-                      "compose yet; use recompute = \"none\"");
     if (m->ep > 1 && (c->moe.experts % m->ep || !m->ep_ops || !m->ep_comm))
         LOOM_FAIL(LOOM_ERR_INVALID, "expert parallelism ep=%d must divide experts=%d (and needs "
                   "its group's communicator)", m->ep, c->moe.experts);
@@ -267,6 +265,14 @@ void gpt_moe_destroy(loom_gpt *m)
 }
 
 size_t gpt_moe_bytes(const loom_gpt *m) { return m->moe ? m->moe->bytes : 0; }
+
+void gpt_moe_rerun(loom_gpt *m, int on)
+{
+    if (m->moe)
+        m->moe->rerun = on;
+}
+
+int gpt_moe_rerunning(const loom_gpt *m) { return m->moe && m->moe->rerun; }
 
 void gpt_moe_begin(loom_gpt *m, float dloss)
 {

@@ -14,8 +14,9 @@
 #    bitwise and at ep=1 within 1e-5; saved at ep=1, resumed at ep=2 within 1e-5;
 #  - tensor parallelism (experts split by tp): tp=2 within 1e-5 of one rank, tp=2 dp=2 ep=2
 #    within 1e-5 of dp=2, saved there and resumed at tp=1 ep=1 within 1e-5;
+#  - recompute=full and selective: the same bits and load (also at dp=2 ep=2);
 #  - what does not compose yet (tp with sequence parallelism or canonical mode, pp,
-#    recompute, llm.c export; ep with zero, ep not a power of two in canonical mode) and bad
+#    llm.c export; ep with zero, ep not a power of two in canonical mode) and bad
 #    moe keys are refused
 #    naming the key.
 set -euo pipefail
@@ -117,6 +118,16 @@ drt=$(max_loss_diff <(awk '$2 > 10' "$tmp/dp2") "$tmp/rt")
 below "$d222" 1e-5 && below "$drt" 1e-5 || { echo "tp=2 dp=2 ep=2: $d222, resumed at tp=1 ep=1: $drt"; exit 1; }
 echo "ok tp=2 vs one rank: $d; tp=2 dp=2 ep=2 vs dp=2: $d222 over 10 steps; saved there, resumed at tp=1 ep=1: $drt"
 
+# activation recomputation: the block's routing and expert activations are kept, the rest
+# rerun, so the same bits and the same load (counted once); under ep too
+for rc in full selective; do
+  run1 recompute=$rc | grep '^LOSS\|^MOE' > "$tmp/rc_$rc"
+  cmp -s <(grep '^LOSS\|^MOE' "$tmp/full.out") "$tmp/rc_$rc" || { echo "recompute=$rc differs"; exit 1; }
+done
+runN 2 batch.global=8 mesh.ep=2 steps=10 recompute=full | grep '^LOSS' > "$tmp/rce"
+cmp -s <(head -10 "$tmp/ep2") "$tmp/rce" || { echo "dp=2 ep=2 recompute=full differs"; exit 1; }
+echo "ok recompute=full and selective: one rank's losses and load bitwise; dp=2 ep=2 recompute=full bitwise"
+
 run1 model.moe.capacity_factor=0 steps=5 > "$tmp/dl.out"
 [[ $(grep -c '^MOE .* dropped=0.000000 ' "$tmp/dl.out") -eq 5 ]] || { echo "dropless dropped"; exit 1; }
 grep -q 'dropped=0.[0-9]*[1-9]' "$tmp/one.out" || { echo "capacity 1.25 never dropped: the check above proves nothing"; exit 1; }
@@ -145,7 +156,6 @@ refuse() { # refuse WORDS ARGS...: the run fails and says WORDS
 refuse "and sequence parallelism does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.tp=2 tp_sequence_parallel=true
 refuse "and canonical mode does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.tp=2 deterministic=canonical
 refuse "pipeline parallelism does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.pp=2 microbatches=2
-refuse "recomputation does not compose yet" run1 recompute=full
 refuse "must divide dp=1" run1 mesh.ep=2
 refuse "ep must be a power of two" "$loom" launch -n 3 "$recipe" threads=1 mesh.dp=3 mesh.ep=3 deterministic=canonical batch.micro=2 batch.global=6 model.moe.experts=3 model.moe.top_k=1
 refuse "with strategy.zero does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.dp=2 mesh.ep=2 strategy.zero=1
@@ -155,4 +165,4 @@ refuse "model.moe.every=0" run1 model.moe.every=0
 refuse "is not one of: topk, noisy_topk" run1 model.moe.router=top2
 refuse "unknown key 'model.moe.expert'" run1 model.moe.expert=8
 refuse "dense GPT-2 blocks only" "$loom" export --llmc "$tmp/ck/step_00000010" "$tmp/x.bin"
-echo "ok refused: tp with sp or canonical, pp, recompute, llm.c export, ep with zero, ep=3 in canonical mode, ep not dividing dp or experts; bad moe keys named"
+echo "ok refused: tp with sp or canonical, pp, llm.c export, ep with zero, ep=3 in canonical mode, ep not dividing dp or experts; bad moe keys named"

@@ -409,6 +409,7 @@ void gpt_bind_slot(loom_gpt *m, int slot)
     lay_out_activations(m, f, &s);
     m->tokens = (int *)(f + total);
     m->targets = m->tokens + R;
+    gpt_moe_bind_slot(m, slot); /* its routing and expert buffers (moe.h) */
 }
 
 /* m->shared_bytes, slot_bytes and act_bytes from the layout (loom_gpt_footprint too). */

@@ -186,6 +186,8 @@ typedef struct loom_moe_stats {
     double aux, z;         /* per training forward, summed over MoE blocks: the aux loss
                             * alpha E sum f P and the z-loss beta mean lse^2, as added */
     int forwards;          /* training forwards counted */
+    int counts_forwards;   /* a pipeline stage: 1 on the one holding the first MoE block
+                            * (load rows of other stages' blocks are 0 here) */
 } loom_moe_stats;
 /* What the training forwards since the last reset routed (this rank's tokens); aux and z
  * are means over those forwards. reset: start counting again. */

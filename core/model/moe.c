@@ -39,9 +39,14 @@ typedef struct moe_block {
 
 struct gpt_moe {
     loom_moe_config cfg;
-    int n;                      /* MoE blocks */
-    int *index;                 /* [layers]: the block's index in blk, -1 for dense */
-    moe_block *blk;
+    int n;                      /* MoE blocks this rank holds (a pipeline stage: its own) */
+    int total;                  /* MoE blocks of the whole model */
+    int *index;                 /* [layers]: the block's index in blk, -1 for dense or
+                                 * another stage's */
+    int *global;                /* [layers]: the block's index among the model's MoE blocks */
+    int slots;                  /* activation sets (a pipeline stage's micro-batches in
+                                 * flight): each has its own routing and expert buffers */
+    moe_block *blk, *blk_all;   /* the bound slot's n blocks, of slots x n */
     int max_R, A;               /* rows, assignments (k x rows) the buffers hold */
     int ep, ep_rank, El;        /* expert parallelism: ranks, this one, experts here */
     int Amax;                   /* rows an ep rank may receive: ep x A */
@@ -128,9 +133,12 @@ loom_status gpt_moe_create(loom_gpt *m, uint64_t seed)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "moe with tensor parallelism (tp=%d) and %s does not "
                   "compose yet (experts split by tp run in fast mode without sequence "
                   "parallelism)", m->tp, m->sp ? "sequence parallelism" : "canonical mode");
-    if (m->staged)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "moe with pipeline parallelism does not compose yet; "
-                  "use pp=1");
+    if (m->staged && (c->moe.noisy || m->split))
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "moe with pipeline parallelism and %s is not built yet "
+                  "(%s); use router = \"topk\" and a schedule without split backward (1f1b)",
+                  c->moe.noisy ? "router = \"noisy_topk\"" : "a split-backward schedule (zb1)",
+                  c->moe.noisy ? "the stages do not know each micro-batch's global index"
+                               : "the experts have no separate weight-gradient pass");
     if (m->ep > 1 && (c->moe.experts % m->ep || !m->ep_ops || !m->ep_comm))
         LOOM_FAIL(LOOM_ERR_INVALID, "expert parallelism ep=%d must divide experts=%d (and needs "
                   "its group's communicator)", m->ep, c->moe.experts);
@@ -157,12 +165,16 @@ loom_status gpt_moe_create(loom_gpt *m, uint64_t seed)
     g->A = (int)A;
     g->Amax = (int)Am;
     g->index = malloc((size_t)c->layers * sizeof(int));
-    if (!g->index)
+    g->global = malloc((size_t)c->layers * sizeof(int));
+    if (!g->index || !g->global)
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
-    for (int l = 0; l < c->layers; l++)
-        g->index[l] = gpt_moe_block(c, l) ? g->n++ : -1;
-    g->blk = calloc((size_t)g->n, sizeof *g->blk);
-    g->load = calloc((size_t)g->n * E, sizeof(double));
+    for (int l = 0; l < c->layers; l++) {
+        g->global[l] = gpt_moe_block(c, l) ? g->total++ : -1;
+        g->index[l] = gpt_moe_block(c, l) && m->own[l] ? g->n++ : -1;
+    }
+    g->slots = m->slots > 1 ? m->slots : 1;
+    g->blk = g->blk_all = calloc((size_t)g->slots * g->n + 1, sizeof *g->blk);
+    g->load = calloc((size_t)g->total * E, sizeof(double));
     g->dlogits_h = malloc(R * E * sizeof(float));
     g->dgate_h = malloc(A * sizeof(float));
     if (!g->blk || !g->load || !g->dlogits_h || !g->dgate_h)
@@ -170,8 +182,8 @@ loom_status gpt_moe_create(loom_gpt *m, uint64_t seed)
     int ok = 1;
 #define DEV(n) (g->bytes += (n) * sizeof(float), k->alloc(m->be->self, (n) * sizeof(float)))
 #define HOST(p, n) (ok &= ((p) = calloc((n), sizeof *(p))) != NULL)
-    for (int b = 0; b < g->n; b++) {
-        moe_block *x = &g->blk[b];
+    for (int b = 0; b < g->slots * g->n; b++) {
+        moe_block *x = &g->blk_all[b];
         ok &= moe_route_alloc(&x->rt, (int)R, E, K) == 0;
         x->logits_h = malloc(R * E * sizeof(float));
         x->logits = DEV(R * E);
@@ -237,8 +249,8 @@ void gpt_moe_destroy(loom_gpt *m)
         return;
     const loom_backend_ops *k = m->be->ops;
     void *bs = m->be->self;
-    for (int b = 0; g->blk && b < g->n; b++) {
-        moe_block *x = &g->blk[b];
+    for (int b = 0; g->blk_all && b < g->slots * g->n; b++) {
+        moe_block *x = &g->blk_all[b];
         moe_route_free(&x->rt);
         free(x->logits_h);
         float *dev[] = {x->logits, (float *)x->tok, x->gate, x->xin, x->h, x->hg, x->y, x->xe,
@@ -255,8 +267,9 @@ void gpt_moe_destroy(loom_gpt *m)
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i])
             k->free(bs, dev[i]);
-    free(g->blk);
+    free(g->blk_all);
     free(g->index);
+    free(g->global);
     free(g->load);
     free(g->dlogits_h);
     free(g->dgate_h);
@@ -265,6 +278,13 @@ void gpt_moe_destroy(loom_gpt *m)
 }
 
 size_t gpt_moe_bytes(const loom_gpt *m) { return m->moe ? m->moe->bytes : 0; }
+
+void gpt_moe_bind_slot(loom_gpt *m, int slot)
+{
+    gpt_moe *g = m->moe;
+    if (g && slot >= 0 && slot < g->slots)
+        g->blk = g->blk_all + (size_t)slot * (size_t)g->n;
+}
 
 void gpt_moe_rerun(loom_gpt *m, int on)
 {
@@ -286,14 +306,23 @@ void loom_gpt_set_moe_key(loom_gpt *m, uint64_t key)
         m->moe->key = key;
 }
 
+static int first_moe_layer(const loom_gpt *m)
+{
+    int l = 0;
+    while (l < m->cfg.layers && !gpt_moe_block(&m->cfg, l))
+        l++;
+    return l;
+}
+
 void loom_gpt_moe_stats(loom_gpt *m, loom_moe_stats *out, int reset)
 {
     memset(out, 0, sizeof *out);
     gpt_moe *g = m->moe;
     if (!g)
         return;
-    out->layers = g->n;
+    out->layers = g->total;
     out->experts = g->cfg.experts;
+    out->counts_forwards = g->n && g->index[first_moe_layer(m)] >= 0;
     out->load = g->load;
     out->assigned = g->assigned;
     out->dropped = g->dropped;
@@ -524,9 +553,9 @@ loom_status gpt_moe_forward(loom_gpt *m, int l, int e0, const float *x, float *o
     LOOM_TRY(gpt_tensor_allreduce(m, out, R * C, LOOM_REDUCE_SUM));
     if (g->dloss != 0.0f) {
         if (g->load_stale)
-            memset(g->load, 0, (size_t)g->n * E * sizeof(double));
+            memset(g->load, 0, (size_t)g->total * E * sizeof(double));
         g->load_stale = 0;
-        double *load = g->load + (size_t)g->index[l] * E;
+        double *load = g->load + (size_t)g->global[l] * E;
         for (int e = 0; e < E; e++)
             load[e] += rt->count[e];
         g->assigned += (double)R * K;

@@ -27,8 +27,8 @@ int gpt_moe_block(const loom_gpt_config *c, int l);
  * proj by input features; the router and proj.bias replicated). */
 loom_status gpt_moe_add_entries(loom_gpt *m, int l, float std, float proj_std);
 /* After the table and the parameters exist: the MoE state and buffers (m->moe); refuses
- * what does not compose yet (tensor parallelism with sp or canonical mode, pipeline
- * parallelism, a backend without rows_gather). */
+ * what does not compose yet (tensor parallelism with sp or canonical mode; pipeline
+ * parallelism with the noisy router or a split backward; a backend without rows_gather). */
 loom_status gpt_moe_create(loom_gpt *m, uint64_t seed);
 void gpt_moe_destroy(loom_gpt *m);
 size_t gpt_moe_bytes(const loom_gpt *m);
@@ -43,6 +43,9 @@ int gpt_moe_held_elsewhere(const loom_gpt *m, const char *name);
  * and (m, 0) the block skips its MoE forward: the choices are the saved ones, not made
  * again (no second exchange, no stats counted twice). */
 void gpt_moe_rerun(loom_gpt *m, int on);
+/* A pipeline stage's activation set `slot` (gpt_bind_slot): each micro-batch in flight
+ * has its own routing and expert buffers, bound with the rest of its activations. */
+void gpt_moe_bind_slot(loom_gpt *m, int slot);
 int gpt_moe_rerunning(const loom_gpt *m);
 /* Called at the start of each forward: dloss (0: no backward follows, no noise, no stats). */
 void gpt_moe_begin(loom_gpt *m, float dloss);

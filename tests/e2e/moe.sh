@@ -15,8 +15,10 @@
 #  - tensor parallelism (experts split by tp): tp=2 within 1e-5 of one rank, tp=2 dp=2 ep=2
 #    within 1e-5 of dp=2, saved there and resumed at tp=1 ep=1 within 1e-5;
 #  - recompute=full and selective: the same bits and load (also at dp=2 ep=2);
-#  - what does not compose yet (tp with sequence parallelism or canonical mode, pp,
-#    llm.c export; ep with zero, ep not a power of two in canonical mode) and bad
+#  - pp=2 within 1e-5 of one rank, the same step-1 load; canonical pp=2 (recompute=full):
+#    one rank's bits;
+#  - what does not compose yet (tp with sequence parallelism or canonical mode, pp with zb1
+#    or the noisy router, ep with pp, llm.c export; ep with zero, ep not a power of two in canonical mode) and bad
 #    moe keys are refused
 #    naming the key.
 set -euo pipefail
@@ -128,6 +130,20 @@ runN 2 batch.global=8 mesh.ep=2 steps=10 recompute=full | grep '^LOSS' > "$tmp/r
 cmp -s <(head -10 "$tmp/ep2") "$tmp/rce" || { echo "dp=2 ep=2 recompute=full differs"; exit 1; }
 echo "ok recompute=full and selective: one rank's losses and load bitwise; dp=2 ep=2 recompute=full bitwise"
 
+# pipeline parallelism: the MoE blocks inside their stage, each micro-batch in flight with
+# its own routing; the load and aux/z losses summed over the stages
+"$loom" launch -n 2 "$recipe" threads=1 mesh.pp=2 microbatches=2 comm_timeout=20 |
+  grep -v '^\[rank' > "$tmp/pp2.out"
+grep '^LOSS' "$tmp/pp2.out" > "$tmp/pp2"
+d=$(max_loss_diff "$tmp/one" "$tmp/pp2")
+below "$d" 1e-5 || { echo "pp=2 differs from one rank by $d"; exit 1; }
+cmp -s <(grep '^MOE 1 ' "$tmp/one.out" | cut -d' ' -f1-4) <(grep '^MOE 1 ' "$tmp/pp2.out" | cut -d' ' -f1-4) ||
+  { echo "pp=2 step 1 load differs from one rank's"; exit 1; }
+"$loom" launch -n 2 "$recipe" threads=1 mesh.pp=2 microbatches=4 comm_timeout=20 $canon recompute=full |
+  grep '^LOSS' > "$tmp/cpp"
+cmp -s "$tmp/c1" "$tmp/cpp" || { echo "canonical pp=2 recompute=full differs from one rank"; exit 1; }
+echo "ok pp=2: within $d of one rank over 20 steps, step 1 load equal; canonical pp=2 with recompute=full: one rank's bits"
+
 run1 model.moe.capacity_factor=0 steps=5 > "$tmp/dl.out"
 [[ $(grep -c '^MOE .* dropped=0.000000 ' "$tmp/dl.out") -eq 5 ]] || { echo "dropless dropped"; exit 1; }
 grep -q 'dropped=0.[0-9]*[1-9]' "$tmp/one.out" || { echo "capacity 1.25 never dropped: the check above proves nothing"; exit 1; }
@@ -155,7 +171,9 @@ refuse() { # refuse WORDS ARGS...: the run fails and says WORDS
 }
 refuse "and sequence parallelism does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.tp=2 tp_sequence_parallel=true
 refuse "and canonical mode does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.tp=2 deterministic=canonical
-refuse "pipeline parallelism does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.pp=2 microbatches=2
+refuse "split-backward schedule (zb1) is not built yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.pp=2 microbatches=2 schedule=zb1
+refuse 'and router = "noisy_topk" is not built yet' "$loom" launch -n 2 "$recipe" threads=1 mesh.pp=2 microbatches=2 model.moe.router=noisy_topk
+refuse "with pp > 1 does not compose yet" "$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 microbatches=2
 refuse "must divide dp=1" run1 mesh.ep=2
 refuse "ep must be a power of two" "$loom" launch -n 3 "$recipe" threads=1 mesh.dp=3 mesh.ep=3 deterministic=canonical batch.micro=2 batch.global=6 model.moe.experts=3 model.moe.top_k=1
 refuse "with strategy.zero does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.dp=2 mesh.ep=2 strategy.zero=1
@@ -165,4 +183,4 @@ refuse "model.moe.every=0" run1 model.moe.every=0
 refuse "is not one of: topk, noisy_topk" run1 model.moe.router=top2
 refuse "unknown key 'model.moe.expert'" run1 model.moe.expert=8
 refuse "dense GPT-2 blocks only" "$loom" export --llmc "$tmp/ck/step_00000010" "$tmp/x.bin"
-echo "ok refused: tp with sp or canonical, pp, llm.c export, ep with zero, ep=3 in canonical mode, ep not dividing dp or experts; bad moe keys named"
+echo "ok refused: tp with sp or canonical, pp with zb1 or noisy_topk, llm.c export, ep with zero or pp, ep=3 in canonical mode, ep not dividing dp or experts; bad moe keys named"

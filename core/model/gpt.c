@@ -777,7 +777,9 @@ loom_status gpt_block_forward(loom_gpt *m, int l, const float *residual, int B, 
     if (m->moe && gpt_moe_block(&m->cfg, l)) { /* experts behind a router (moe.h; tp = 1) */
         if (gpt_moe_rerunning(m))
             return LOOM_OK; /* recomputation: the experts' part is kept, res3 too */
-        LOOM_TRY(gpt_moe_forward(m, l, m->ent0[l] + 8, a->ln2_full, m->summed, R));
+        LOOM_TRY(F_ENTER(LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R, C)); /* sp: all rows */
+        LOOM_TRY(gpt_moe_forward(m, l, m->ent0[l] + 8, a->ln2_full, m->partial, R));
+        LOOM_TRY(F_LEAVE(LOOM_REGION_MLP, l, m->partial, m->summed, R, C)); /* sum over tp */
         k->residual_forward(a->res3, a->res2, m->summed, Rl * C);
         return LOOM_OK;
     }
@@ -815,7 +817,11 @@ loom_status gpt_block_backward(loom_gpt *m, int l, const float *residual, rep_pa
         LOOM_TRY(rs);
     }
     if (m->moe && gpt_moe_block(&m->cfg, l)) { /* res3 = res2 + moe(ln2(res2)) (moe.h) */
-        LOOM_TRY(gpt_moe_backward(m, l, m->ent0[l] + 8, m->dres, m->dsummed, R));
+        LOOM_TRY(B_LEAVE(LOOM_REGION_MLP, l, m->dres, m->dres_full, R, C)); /* sp: all rows */
+        LOOM_TRY(gpt_regather(m, LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R));
+        LOOM_TRY(gpt_moe_backward(m, l, m->ent0[l] + 8, m->dres_full, m->dpartial, R));
+        LOOM_TRY(B_ENTER(LOOM_REGION_MLP, l, m->dpartial, m->dsummed, R, C)); /* sum over tp */
+        LOOM_TRY(gpt_region_wait(m));
         goto mlp_done;
     }
     /* MLP branch: res3 = res2 + g(proj(gelu(fc(f(ln2(res2)))))) + bias */

@@ -129,10 +129,10 @@ loom_status gpt_moe_create(loom_gpt *m, uint64_t seed)
     const loom_gpt_config *c = &m->cfg;
     if (!c->moe.experts)
         return LOOM_OK;
-    if (m->tp > 1 && (m->sp || m->canonical))
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "moe with tensor parallelism (tp=%d) and %s does not "
-                  "compose yet (experts split by tp run in fast mode without sequence "
-                  "parallelism)", m->tp, m->sp ? "sequence parallelism" : "canonical mode");
+    if (m->tp > 1 && m->canonical)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "moe with tensor parallelism (tp=%d) and canonical mode "
+                  "does not compose yet (the experts' partial sums are not in canonical mode's "
+                  "fixed chunk tree); use fast mode, or tp=1", m->tp);
     if (m->staged && (c->moe.noisy || m->split))
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "moe with pipeline parallelism and %s is not built yet "
                   "(%s); use router = \"topk\" and a schedule without split backward (1f1b)",
@@ -549,8 +549,7 @@ loom_status gpt_moe_forward(loom_gpt *m, int l, int e0, const float *x, float *o
     k->zero(bs, out, R * C * sizeof(float));
     k->rows_scatter_add(out, b->y, b->tok, b->gate, A, C);
     /* under tp each rank's experts gave their slice's partial proj (the bias on tp rank 0):
-     * the sum over the group is the output (Megatron's row-parallel g) */
-    LOOM_TRY(gpt_tensor_allreduce(m, out, R * C, LOOM_REDUCE_SUM));
+     * the caller sums out over the group (Megatron's row-parallel g; gpt.c's MLP region) */
     if (g->dloss != 0.0f) {
         if (g->load_stale)
             memset(g->load, 0, (size_t)g->total * E * sizeof(double));
@@ -638,7 +637,7 @@ loom_status gpt_moe_backward(loom_gpt *m, int l, int e0, const float *dout, floa
                        (int)R, C, E);
     if (m->tp_rank == 0) /* the router is replicated: its input gradient joins once */
         k->accumulate(dx, g->dxr, R * C);
-    /* each tp rank's experts gave their slice's part of the input gradient (column-parallel) */
-    LOOM_TRY(gpt_tensor_allreduce(m, dx, R * C, LOOM_REDUCE_SUM));
+    /* each tp rank's experts gave their slice's part of the input gradient (column-
+     * parallel): the caller sums dx over the group */
     return LOOM_OK;
 }

@@ -27,7 +27,7 @@ int gpt_moe_block(const loom_gpt_config *c, int l);
  * proj by input features; the router and proj.bias replicated). */
 loom_status gpt_moe_add_entries(loom_gpt *m, int l, float std, float proj_std);
 /* After the table and the parameters exist: the MoE state and buffers (m->moe); refuses
- * what does not compose yet (tensor parallelism with sp or canonical mode; pipeline
+ * what does not compose yet (tensor parallelism with canonical mode; pipeline
  * parallelism with the noisy router or a split backward; a backend without rows_gather). */
 loom_status gpt_moe_create(loom_gpt *m, uint64_t seed);
 void gpt_moe_destroy(loom_gpt *m);
@@ -49,9 +49,14 @@ void gpt_moe_bind_slot(loom_gpt *m, int slot);
 int gpt_moe_rerunning(const loom_gpt *m);
 /* Called at the start of each forward: dloss (0: no backward follows, no noise, no stats). */
 void gpt_moe_begin(loom_gpt *m, float dloss);
-/* out (R,C) = MoE(x); block l's entries start at table index e0. */
+/* out (R,C) = MoE(x) over all R rows (x: ln_2's output, gathered under sequence
+ * parallelism); under tp out is this rank's partial, which the caller sums over the group
+ * (the MLP region's leave: an all-reduce, or a reduce-scatter under sp). Block l's entries
+ * start at table index e0. */
 loom_status gpt_moe_forward(loom_gpt *m, int l, int e0, const float *x, float *out, size_t R);
-/* dx (R,C) overwritten from dout (R,C) = d(out); parameter gradients accumulate. */
+/* dx (R,C) overwritten from dout (R,C) = d(out), all rows; under tp dx is this rank's
+ * partial, summed over the group by the caller; parameter gradients accumulate. The router
+ * reads ln_2's gathered output again (the caller regathers it under sp). */
 loom_status gpt_moe_backward(loom_gpt *m, int l, int e0, const float *dout, float *dx, size_t R);
 
 #endif

@@ -409,6 +409,7 @@ void gpt_bind_slot(loom_gpt *m, int slot)
     lay_out_activations(m, f, &s);
     m->tokens = (int *)(f + total);
     m->targets = m->tokens + R;
+    gpt_moe_bind_slot(m, slot); /* its routing and expert buffers (moe.h) */
 }
 
 /* m->shared_bytes, slot_bytes and act_bytes from the layout (loom_gpt_footprint too). */
@@ -774,7 +775,11 @@ loom_status gpt_block_forward(loom_gpt *m, int l, const float *residual, int B, 
                          (int)Rl, C);
     gpt_round(m, a->ln2, Rl * C);
     if (m->moe && gpt_moe_block(&m->cfg, l)) { /* experts behind a router (moe.h; tp = 1) */
-        LOOM_TRY(gpt_moe_forward(m, l, m->ent0[l] + 8, a->ln2_full, m->summed, R));
+        if (gpt_moe_rerunning(m))
+            return LOOM_OK; /* recomputation: the experts' part is kept, res3 too */
+        LOOM_TRY(F_ENTER(LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R, C)); /* sp: all rows */
+        LOOM_TRY(gpt_moe_forward(m, l, m->ent0[l] + 8, a->ln2_full, m->partial, R));
+        LOOM_TRY(F_LEAVE(LOOM_REGION_MLP, l, m->partial, m->summed, R, C)); /* sum over tp */
         k->residual_forward(a->res3, a->res2, m->summed, Rl * C);
         return LOOM_OK;
     }
@@ -804,11 +809,19 @@ loom_status gpt_block_backward(loom_gpt *m, int l, const float *residual, rep_pa
     const size_t R = (size_t)B * T;
     layer_params *w = &m->p.layer[l], *g = &m->g.layer[l];
     layer_acts *a = &m->acts[l];
-    if (m->rc[l] == RC_FULL) /* the same forward again, into the scratch set (its res3 too:
-                              * the same bits over the kept ones) */
-        LOOM_TRY(gpt_block_forward(m, l, residual, B, T, Rl));
+    if (m->rc[l] == RC_FULL) { /* the same forward again, into the scratch set (its res3
+                                * too: the same bits over the kept ones; moe.h's kept) */
+        gpt_moe_rerun(m, 1);
+        loom_status rs = gpt_block_forward(m, l, residual, B, T, Rl);
+        gpt_moe_rerun(m, 0);
+        LOOM_TRY(rs);
+    }
     if (m->moe && gpt_moe_block(&m->cfg, l)) { /* res3 = res2 + moe(ln2(res2)) (moe.h) */
-        LOOM_TRY(gpt_moe_backward(m, l, m->ent0[l] + 8, m->dres, m->dsummed, R));
+        LOOM_TRY(B_LEAVE(LOOM_REGION_MLP, l, m->dres, m->dres_full, R, C)); /* sp: all rows */
+        LOOM_TRY(gpt_regather(m, LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R));
+        LOOM_TRY(gpt_moe_backward(m, l, m->ent0[l] + 8, m->dres_full, m->dpartial, R));
+        LOOM_TRY(B_ENTER(LOOM_REGION_MLP, l, m->dpartial, m->dsummed, R, C)); /* sum over tp */
+        LOOM_TRY(gpt_region_wait(m));
         goto mlp_done;
     }
     /* MLP branch: res3 = res2 + g(proj(gelu(fc(f(ln2(res2)))))) + bias */

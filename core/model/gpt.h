@@ -186,6 +186,8 @@ typedef struct loom_moe_stats {
     double aux, z;         /* per training forward, summed over MoE blocks: the aux loss
                             * alpha E sum f P and the z-loss beta mean lse^2, as added */
     int forwards;          /* training forwards counted */
+    int counts_forwards;   /* a pipeline stage: 1 on the one holding the first MoE block
+                            * (load rows of other stages' blocks are 0 here) */
 } loom_moe_stats;
 /* What the training forwards since the last reset routed (this rank's tokens); aux and z
  * are means over those forwards. reset: start counting again. */
@@ -194,6 +196,12 @@ void loom_gpt_moe_stats(loom_gpt *m, loom_moe_stats *out, int reset);
  * expert's (held by this ep rank only; its gradient is not the dp group's to reduce). */
 int loom_gpt_expert_parallel(const loom_gpt *m);
 int loom_gpt_is_expert_entry(const loom_gpt *m, int i);
+/* Canonical mode under ep: the experts' gradients of the last backward, one copy per
+ * source ep rank (what that rank's micro-batch gave, computed by GEMMs over its rows alone,
+ * as ep=1 computes them): ep vectors of *n floats, source-major, each this rank's expert
+ * entries in table order (the runs of loom_gpt_is_expert_entry entries, concatenated).
+ * The model's own expert gradients stay zero. NULL (and *n = 0) otherwise. */
+const float *loom_gpt_moe_source_grads(const loom_gpt *m, size_t *n);
 /* 1 when the LM head is wte (GPT-2; loom.llama with tie_embeddings), 0 for its own weight. */
 int loom_gpt_tied_head(const loom_gpt *m);
 /* Mixed precision (the precision plugin's dtypes; session.c sets them once, after create).

@@ -78,6 +78,7 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
         gpt_round(m, m->encoded, R * (size_t)C);
     }
     const float *residual = m->encoded;
+    gpt_moe_begin(m, dloss); /* the MoE blocks' stats, and their aux/z losses' weight */
     for (int l = lo; l < hi; l++) {
         LOOM_TRY(gpt_block_forward(m, l, residual, B, T, R));
         residual = m->acts[l].res3;

@@ -351,3 +351,38 @@ loom_status loom_grad_sync_finish(loom_grad_sync *gs, double *loss_sum)
     tree_finish(gs, &gs->t, grads);
     return LOOM_OK;
 }
+
+/* --- a stand-alone tree (grad_sync.h: loom_grad_tree) --------------------------------- */
+
+struct loom_grad_tree {
+    loom_grad_sync gs; /* only .be: what tree_push and tree_finish use */
+    tree t;
+};
+
+loom_status loom_grad_tree_create(loom_backend *be, size_t n, loom_grad_tree **out)
+{
+    loom_grad_tree *x = calloc(1, sizeof *x);
+    if (!(*out = x))
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    x->gs.be = be;
+    x->t.n = n;
+    tree_reset(&x->t);
+    return LOOM_OK;
+}
+
+loom_status loom_grad_tree_push(loom_grad_tree *x, const float *v)
+{
+    return tree_push(&x->gs, &x->t, v);
+}
+
+void loom_grad_tree_finish(loom_grad_tree *x, float *out) { tree_finish(&x->gs, &x->t, out); }
+
+void loom_grad_tree_destroy(loom_grad_tree *x)
+{
+    if (!x)
+        return;
+    for (int i = 0; i <= MAX_LEVELS; i++)
+        if (x->t.buf[i])
+            x->gs.be->ops->free(x->gs.be->self, x->t.buf[i]);
+    free(x);
+}

@@ -72,4 +72,13 @@ void loom_grad_sync_set_compress(loom_grad_sync *gs, struct loom_compress *c, in
  * no per-entry hooks); before loom_grad_sync_finish. */
 loom_status loom_grad_sync_all_ready(loom_grad_sync *gs);
 
+/* The same binary-counter tree on its own, over vectors of n floats (expert parallelism's
+ * per-source sums, session_ep.h): push in index order; finish writes the sum to out and
+ * empties the tree for the next use. */
+typedef struct loom_grad_tree loom_grad_tree;
+loom_status loom_grad_tree_create(loom_backend *be, size_t n, loom_grad_tree **out);
+loom_status loom_grad_tree_push(loom_grad_tree *t, const float *v);
+void loom_grad_tree_finish(loom_grad_tree *t, float *out);
+void loom_grad_tree_destroy(loom_grad_tree *t);
+
 #endif

@@ -341,13 +341,12 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
         if (!cfg->model.moe.experts)
             st = loom_fail(LOOM_ERR_INVALID, "mesh ep=%d splits a mixture of experts, and this "
                            "model has none (loom.gpt{moe = {...}})", cfg->ep);
-        else if (cfg->canonical || cfg->zero_stage || pp > 1 || cfg->offload_mode)
+        else if (cfg->zero_stage || pp > 1 || cfg->offload_mode)
             st = loom_fail(LOOM_ERR_UNSUPPORTED, "mesh ep=%d with %s does not compose yet (expert "
-                           "parallelism runs in fast mode with plain dp)", cfg->ep,
-                           cfg->canonical ? "deterministic = \"canonical\""
-                           : cfg->zero_stage ? "strategy.zero" : pp > 1 ? "pp > 1" : "offload");
+                           "parallelism runs with plain dp)", cfg->ep,
+                           cfg->zero_stage ? "strategy.zero" : pp > 1 ? "pp > 1" : "offload");
         else
-            st = loom_ep_create(cfg->ep, &par, &s->ep);
+            st = loom_ep_create(cfg->ep, &s->backend, &par, &s->ep);
     }
     if (st == LOOM_OK)
         st = loom_gpt_create(&cfg->model, &s->backend, cfg->micro_batch, cfg->seed, &par, &s->model);
@@ -612,6 +611,7 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         loom_trace_span(s->trace, LOOM_TRACE_FORWARD, tf, tb, a, 0);
         LOOM_TRY(loom_gpt_backward(s->model));
         LOOM_TRY(loom_grad_sync_end_micro(s->sync, a, part));
+        LOOM_TRY(loom_ep_end_micro(s->ep, s->model)); /* canonical: per-source expert sums */
         loss_bad |= !isfinite(part);
         loom_trace_span(s->trace, LOOM_TRACE_BACKWARD, tb, loom_now_ms(), a, 0);
     }

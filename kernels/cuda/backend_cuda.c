@@ -306,6 +306,8 @@ static const loom_backend_ops cuda_ops = {
     .set_deterministic = cuda_set_deterministic,
     .attention_decode = loom_cuda_attention_decode,
     .stream = cuda_stream,
+    .adamw_update = loom_cuda_adamw_update,
+    .sgd_update = loom_cuda_sgd_update,
 };
 
 static const loom_config_key cuda_keys[N_KEYS] = {

@@ -94,6 +94,15 @@ static void emu_set_deterministic(void *self, int on)
     loom_cuda.deterministic = on;
 }
 
+/* Not a stream: a non-NULL handle marks this backend's memory as a device's
+ * (loom_backend_device_memory), so a session takes the device paths (step_backend, the
+ * host mirrors) that the CUDA backend takes. */
+static char emu_stream_token;
+static void *emu_stream(void *self)
+{
+    return &emu_stream_token;
+}
+
 static loom_backend_ops make_ops()
 {
     loom_backend_ops o;
@@ -134,6 +143,9 @@ static loom_backend_ops make_ops()
     o.scale = loom_cuda_scale;
     o.set_deterministic = emu_set_deterministic;
     o.attention_decode = loom_cuda_attention_decode;
+    o.stream = emu_stream;
+    o.adamw_update = loom_cuda_adamw_update;
+    o.sgd_update = loom_cuda_sgd_update;
     return o;
 }
 

@@ -6,4 +6,5 @@
 #include "encoder.cu"
 #include "gemm_ordered.cu"
 #include "layernorm.cu"
+#include "optim.cu"
 #include "reduce.cu"

@@ -77,6 +77,10 @@ void loom_cuda_attention_backward(float *dqkv, float *scratch, const float *dout
                                   const float *qkv, const float *att, int B, int T, int C, int NH);
 void loom_cuda_attention_decode(float *out, float *att, size_t att_stride, const float *qkv,
                                 int t, int C, int NH);
+/* convert.cu: kernels/cpu/convert.c's rounding, bit for bit. */
+void loom_cuda_convert_from_f32(void *dst, const float *src, size_t n, loom_dtype dt);
+void loom_cuda_convert_to_f32(float *dst, const void *src, size_t n, loom_dtype dt);
+void loom_cuda_round_to(float *dst, const float *src, size_t n, loom_dtype dt);
 /* optim.cu: the optimizer plugins' element loops, every operation rounded as the host's. */
 void loom_cuda_adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
                             const loom_adamw_consts *c);

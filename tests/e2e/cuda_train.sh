@@ -4,6 +4,7 @@
 #  - every step's loss and gradient norm within TOL of the CPU run's (other summation
 #    orders in the kernels; the optimizer update itself is bitwise the host's, cuda_optim);
 #  - the loss falls;
+#  - in bf16 too (precision = "bf16"), against the CPU's bf16 run;
 #  - a checkpoint saved on the device backend and resumed there gives the uninterrupted
 #    run's later losses bit for bit (the save and the load go through the host mirrors).
 # BACKEND cudaemu (tests/cuda: the CUDA kernels emulated on the CPU, a non-NULL stream so
@@ -32,6 +33,14 @@ below "$d" "$tol" || { echo "losses differ by more than $tol"; paste "$tmp/cpu" 
 below "$n" "$tol" || { echo "norms differ by more than $tol"; paste "$tmp/cpu" "$tmp/dev" | grep NORM; exit 1; }
 fell=$(loss_fell "$tmp/dev" 0.05) || { echo "backend=$backend: the loss did not fall: $fell"; exit 1; }
 echo "backend=$backend: loss $fell"
+
+# bf16 (the precision plugin's rounded compute copy and activations, through the backend's
+# round_to): the device run against the CPU's bf16 run
+"$loom" run "$recipe" backend="$backend" steps="$steps" precision=bf16 > "$tmp/dev16"
+"$loom" run "$recipe" backend=cpu steps="$steps" precision=bf16 > "$tmp/cpu16"
+d=$(max_loss_diff "$tmp/cpu16" "$tmp/dev16")
+echo "backend=$backend vs cpu, bf16: max |loss diff| $d (tolerance $tol)"
+below "$d" "$tol" || { echo "bf16 losses differ by more than $tol"; paste "$tmp/cpu16" "$tmp/dev16" | grep LOSS; exit 1; }
 
 # save at k on the device backend, resume there: the later steps bitwise the straight run
 k=$((steps - 2))

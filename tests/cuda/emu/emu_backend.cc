@@ -207,6 +207,9 @@ static loom_backend_ops make_ops()
     o.set_deterministic = emu_set_deterministic;
     o.attention_decode = G(loom_cuda_attention_decode);
     o.stream = emu_stream;
+    o.convert_from_f32 = G(loom_cuda_convert_from_f32);
+    o.convert_to_f32 = G(loom_cuda_convert_to_f32);
+    o.round_to = G(loom_cuda_round_to);
     o.adamw_update = G(loom_cuda_adamw_update);
     o.sgd_update = G(loom_cuda_sgd_update);
     return o;

@@ -213,7 +213,8 @@ static int l_export(lua_State *L)
     int opts = lua_istable(L, 4) ? 4 : 0;
     loom_gpt *m = loom_session_model(s);
     const loom_param_table *t = loom_gpt_params(m);
-    const float *data = loom_gpt_param_data(m);
+    loom_session_to_host(s); /* a device backend's parameters into the host mirror */
+    const float *data = loom_session_host_params(s);
     for (int i = 0; i < t->count; i++)
         for (int d = 0; d < t->entries[i].ndim; d++)
             if (t->entries[i].slice_len[d] != t->entries[i].shape[d])

@@ -664,6 +664,7 @@ const loom_gpt_config *loom_gpt_get_config(const loom_gpt *m) { return &m->cfg; 
 const loom_param_table *loom_gpt_params(const loom_gpt *m) { return &m->table; }
 float *loom_gpt_param_data(loom_gpt *m) { return m->params; }
 float *loom_gpt_grad_data(loom_gpt *m) { return m->grads; }
+loom_backend *loom_gpt_backend(loom_gpt *m) { return m->be; }
 const float *loom_gpt_logits(const loom_gpt *m) { return m->logits; }
 size_t loom_gpt_activation_bytes(const loom_gpt *m) { return m->act_bytes + gpt_moe_bytes(m); }
 

@@ -107,6 +107,8 @@ const loom_gpt_config *loom_gpt_get_config(const loom_gpt *m);
 const loom_param_table *loom_gpt_params(const loom_gpt *m);
 /* Flat device buffers (table->total floats each). */
 float *loom_gpt_param_data(loom_gpt *m);
+/* The backend the model's buffers live on (their memory may be a device's). */
+loom_backend *loom_gpt_backend(loom_gpt *m);
 float *loom_gpt_grad_data(loom_gpt *m);
 
 /* Forward over tokens (B,T) on the host. With targets, *loss_sum gets the sum of the

@@ -867,7 +867,8 @@ loom_status loom_checkpoint_save(loom_session *s, const char *dir, const loom_ch
     memset(&src, 0, sizeof src);
     loom_gpt *m = loom_session_model(s);
     src.table = loom_gpt_params(m);
-    src.params = loom_gpt_param_data(m);
+    loom_session_to_host(s); /* a device backend's parameters and state into host mirrors */
+    src.params = loom_session_host_params(s);
     src.state = loom_session_optim_state(s, &src.slots);
     src.optim_name = loom_session_optim_config(s)->desc->name;
     src.model = *loom_gpt_get_config(m);

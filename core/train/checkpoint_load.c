@@ -1216,7 +1216,10 @@ static void copy_in(const loaded *ld, loom_session *s)
     float *state = loom_session_optim_state(s, &slots);
     loom_gpt *m = loom_session_model(s);
     loom_zero *z = loom_session_zero(s);
-    tensors_copy(&ld->ts, loom_gpt_params(m), slots, loom_gpt_param_data(m), z ? ld->zero_full : state);
+    loom_session_to_host(s); /* device backend: into the host mirrors, then back (below) */
+    tensors_copy(&ld->ts, loom_gpt_params(m), slots, loom_session_host_params(s),
+                 z ? ld->zero_full : state);
+    loom_session_from_host(s);
     if (z)
         loom_zero_ckpt_scatter(z, slots, ld->zero_full, ld->zero_pieces, ld->n_zero_pieces);
     loom_compress *c = loom_session_compress(s);

@@ -1,8 +1,12 @@
 /* session.c — the training step, evaluation and sampling for one rank (see session.h).
  *
  * Buffers: the CPU backend's memory is host memory, so the optimizer plugin updates the
- * parameter buffer in place. A device backend will pair with an on-device optimizer
- * path or the offload strategy; that is not this file's job yet.
+ * parameter buffer in place (optim.h step). A device backend (CUDA) keeps parameters,
+ * gradients, optimizer state and activations in its own memory: the plugin's step_backend
+ * runs the update there, the norm and the finite check are backend ops, and what the host
+ * must read or write (checkpoints, exports, hashes) goes through host mirrors filled and
+ * written back by the backend's copies (loom_session_to_host / _from_host). One rank only
+ * for now: check_device refuses the rest with a message.
  */
 #include "session.h"
 
@@ -66,6 +70,9 @@ struct loom_session {
     double limit_loss, limit_norm; /* the next step's update is skipped above these (a loss
                                     * spike, train.lua's detector); 0: no limit */
     loom_ep *ep;             /* mesh.ep > 1: the expert-parallel groups, else NULL */
+    int device;              /* the backend's memory is not host memory (CUDA) */
+    float *host_params;      /* device: host mirrors of the parameters and the optimizer */
+    float *host_state;       /* state (loom_session_to_host), else NULL */
 };
 
 static loom_status make_plugin(const loom_plugin_config *pc, const void **ops, void **self)
@@ -262,6 +269,34 @@ static loom_status make_compress(loom_session *s)
     return loom_compress_create(&cc, s->model, ops, group, dp, &s->compress);
 }
 
+/* A device backend (its memory is not the host's): what trains there today is one rank
+ * (no dp, tp, pp or ep) with the optimizer's step_backend; the paths that still read the
+ * model's buffers as host memory are refused by name. */
+static loom_status check_device(loom_session *s, const loom_session_config *cfg, int pp)
+{
+    const char *be = s->backend.ops->describe(s->backend.self);
+    const struct loom_comm_ops *wops;
+    void *world;
+    int size = 1;
+    LOOM_TRY(loom_core_host()->group(LOOM_GROUP_WORLD, &wops, &world, &size));
+    const char *what = size > 1 || pp > 1 || cfg->tensor || cfg->ep > 1
+                           ? "more than one rank (the gradient exchange, the pipeline's and "
+                             "tensor parallelism's slices and ZeRO's partitions read host memory)"
+                       : cfg->offload_mode != LOOM_OFFLOAD_NONE ? "strategy offload"
+                       : cfg->compress_method != LOOM_COMPRESS_NONE ? "strategy.compress"
+                       : cfg->teacher ? "a distillation teacher" : NULL;
+    if (what)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "backend %s: training in device memory with %s is not "
+                  "built yet; it trains one rank (world size 1, no offload, compression or "
+                  "teacher), or use backend = \"cpu\"", be, what);
+    const loom_optim_ops *o = s->optim;
+    if (o->size <= offsetof(loom_optim_ops, step_backend) || !o->step_backend)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "optim '%s' has no step_backend (plugin/optim.h), so it "
+                  "cannot update parameters in the device memory of backend %s; use adamw or "
+                  "sgd, or backend = \"cpu\"", s->optim_cfg.desc->name, be);
+    return LOOM_OK;
+}
+
 loom_status loom_session_create(const loom_session_config *cfg, loom_session **out)
 {
     *out = NULL;
@@ -287,13 +322,7 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
     }
     s->cfg.backend = NULL; /* the caller's string; only needed while opening */
     loom_status st = loom_backend_open(cfg->backend ? cfg->backend : "cpu", cfg->threads, &s->backend);
-    if (st == LOOM_OK && loom_backend_device_memory(&s->backend))
-        st = loom_fail(LOOM_ERR_UNSUPPORTED, "backend '%s' (%s) keeps the model in device memory, "
-                       "and a session's optimizer step, gradient exchange, checkpoints and "
-                       "checks still read host memory: training on it through a session is not "
-                       "wired yet (its kernels and the model on them are tested by tests/cuda); "
-                       "use backend = \"cpu\"", cfg->backend ? cfg->backend : "cpu",
-                       s->backend.ops->describe(s->backend.self));
+    s->device = st == LOOM_OK && loom_backend_device_memory(&s->backend);
     loom_gpt_parallel par = {NULL, NULL, cfg->canonical, NULL, 0, 0, cfg->recompute,
                              cfg->recompute_layers};
     int pp = 1;
@@ -337,6 +366,8 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
     }
     if (st == LOOM_OK)
         st = make_plugin(&s->optim_cfg, (const void **)&s->optim, &s->optim_self);
+    if (st == LOOM_OK && s->device)
+        st = check_device(s, cfg, pp);
     if (st == LOOM_OK && cfg->ep > 1) { /* session_ep.h */
         if (!cfg->model.moe.experts)
             st = loom_fail(LOOM_ERR_INVALID, "mesh ep=%d splits a mixture of experts, and this "
@@ -361,7 +392,17 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
         /* offload: the pool or the file holds it (make_offload), nothing here */
         int here = s->state_slots && !s->zero && cfg->offload_mode == LOOM_OFFLOAD_NONE;
         if (st == LOOM_OK && here)
-            s->optim_state = calloc((size_t)s->state_slots * total, sizeof(float));
+            s->optim_state = s->device ? s->backend.ops->alloc(s->backend.self,
+                                                               (size_t)s->state_slots * total * 4)
+                                       : calloc((size_t)s->state_slots * total, sizeof(float));
+        if (st == LOOM_OK && s->device) { /* zeroed: a fresh state mirrors as zeros */
+            s->host_params = malloc(total * sizeof(float));
+            s->host_state = calloc((size_t)s->state_slots * total + 1, sizeof(float));
+            if (!s->host_params || !s->host_state)
+                st = loom_fail(LOOM_ERR_NOMEM, "out of memory for the host copy of the "
+                               "parameters and optimizer state (%zu MiB)",
+                               (size_t)(1 + s->state_slots) * total * sizeof(float) >> 20);
+        }
         size_t bt = (size_t)cfg->micro_batch * cfg->seq * (s->pipe ? (size_t)cfg->accum + 1 : 1);
         /* tokens also stage a sampling window of up to ctx */
         s->tokens = malloc((bt > (size_t)mc->ctx ? bt : (size_t)mc->ctx) * sizeof(int));
@@ -426,8 +467,13 @@ void loom_session_destroy(loom_session *s)
         s->optim->destroy(s->optim_self);
     if (s->precision)
         s->precision->destroy(s->precision_self);
+    if (s->device && s->optim_state)
+        s->backend.ops->free(s->backend.self, s->optim_state);
+    else
+        free(s->optim_state);
     loom_backend_close(&s->backend);
-    free(s->optim_state);
+    free(s->host_params);
+    free(s->host_state);
     free(s->segments);
     free(s->tokens);
     free(s->targets);
@@ -641,7 +687,7 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         first_bad = loom_zero_first_nonfinite(s->zero);
     } else {
         loom_nonfinite_inject(s->nonfinite, s->step_no, loom_gpt_params(s->model),
-                              loom_gpt_grad_data(s->model));
+                              loom_gpt_grad_data(s->model), &s->backend);
         LOOM_TRY(loom_grad_norm_compute(s->norm, loom_gpt_params(s->model),
                                         loom_gpt_grad_data(s->model), &norm_sq, &nonfinite, &comm_ms));
         first_bad = loom_grad_norm_first_nonfinite(s->norm);
@@ -711,6 +757,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
             args.segments = loom_zero_segments(s->zero, &args.n_segments);
         if (s->offload) /* chunk by chunk over the host pool or the file */
             LOOM_TRY(loom_offload_step(s->offload, s->optim, s->optim_self, &args));
+        else if (s->device) /* the update in device memory, queued on the backend's stream */
+            LOOM_TRY(s->optim->step_backend(s->optim_self, &args, k, s->backend.self));
         else
             LOOM_TRY(s->optim->step(s->optim_self, &args));
         if (s->zero)
@@ -1022,14 +1070,47 @@ void loom_session_state_hash(loom_session *s, uint64_t *params, uint64_t *optim)
             *optim = loom_xxh64(state, floats * sizeof(float));
         return;
     }
-    *params = loom_xxh64(loom_gpt_param_data(s->model), loom_gpt_params(s->model)->total * sizeof(float));
-    if (s->optim_state)
-        *optim = loom_xxh64(s->optim_state,
-                            (size_t)s->state_slots * loom_gpt_params(s->model)->total * sizeof(float));
+    loom_session_to_host(s);
+    *params = loom_xxh64(loom_session_host_params(s), loom_gpt_params(s->model)->total * sizeof(float));
+    uint32_t slots;
+    const float *state = loom_session_optim_state(s, &slots);
+    if (state && slots)
+        *optim = loom_xxh64(state, (size_t)slots * loom_gpt_params(s->model)->total * sizeof(float));
 }
 
 float *loom_session_optim_state(loom_session *s, uint32_t *slots_per_param)
 {
     *slots_per_param = s->state_slots;
-    return s->optim_state;
+    return s->device ? (s->optim_state ? s->host_state : NULL) : s->optim_state;
+}
+
+float *loom_session_host_params(loom_session *s)
+{
+    return s->device ? s->host_params : loom_gpt_param_data(s->model);
+}
+
+void loom_session_to_host(loom_session *s)
+{
+    if (!s->device)
+        return;
+    const loom_backend_ops *k = s->backend.ops;
+    size_t total = loom_gpt_params(s->model)->total;
+    k->copy_to_host(s->backend.self, s->host_params, loom_gpt_param_data(s->model),
+                    total * sizeof(float));
+    if (s->optim_state)
+        k->copy_to_host(s->backend.self, s->host_state, s->optim_state,
+                        (size_t)s->state_slots * total * sizeof(float));
+}
+
+void loom_session_from_host(loom_session *s)
+{
+    if (!s->device)
+        return;
+    const loom_backend_ops *k = s->backend.ops;
+    size_t total = loom_gpt_params(s->model)->total;
+    k->copy_to_device(s->backend.self, loom_gpt_param_data(s->model), s->host_params,
+                      total * sizeof(float));
+    if (s->optim_state)
+        k->copy_to_device(s->backend.self, s->optim_state, s->host_state,
+                          (size_t)s->state_slots * total * sizeof(float));
 }

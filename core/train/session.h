@@ -186,7 +186,17 @@ int64_t loom_session_steps_taken(const loom_session *s);
 int loom_session_pipeline_stages(const loom_session *s);
 /* The pipeline's block split (loom_pipeline_split); NULL and *n_virtual = 0 without one. */
 const int *loom_session_pipeline_split(const loom_session *s, int *n_virtual);
-/* The optimizer state buffer (state_per_param * params total floats) and its slots. */
+/* The optimizer state buffer (state_per_param * params total floats) and its slots, as
+ * host memory: the session's own buffer on a host-memory backend; on a device backend its
+ * host mirror, current after loom_session_to_host (NULL without state). */
 float *loom_session_optim_state(loom_session *s, uint32_t *slots_per_param);
+/* The parameters as host memory, as loom_session_optim_state: the model's buffer, or on a
+ * device backend the host mirror. */
+float *loom_session_host_params(loom_session *s);
+/* Device backend: copy the parameters and optimizer state into the host mirrors
+ * (before a checkpoint save, an export, a hash), and back after the mirrors were written
+ * (a checkpoint load). Host-memory backends: nothing to do. */
+void loom_session_to_host(loom_session *s);
+void loom_session_from_host(loom_session *s);
 
 #endif

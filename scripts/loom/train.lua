@@ -331,9 +331,9 @@ local function check(t, where, origin, world)
   end
   check_pp(t, where, origin)
   if t.comm == "nccl" then
-    schema.fail(where, "comm=\"nccl\"%s needs a GPU backend that trains through a session, and "
-      .. "sessions do not train on the CUDA backend yet (use \"shm\" for ranks of one node or "
-      .. "\"mpi\" across nodes)",
+    schema.fail(where, "comm=\"nccl\"%s needs sessions training on the CUDA backend with "
+      .. "more than one rank, which is not built yet (backend = \"cuda\" trains one rank; use "
+      .. "\"shm\" for ranks of one node or \"mpi\" across nodes)",
       origin("comm") or "")
   end
   check_zero(t, where, origin)

@@ -296,12 +296,6 @@ local function check_zero(t, where, origin)
     schema.fail(where, "strategy.zero=3 with model.init (llm.c weights) is not built yet: the "
       .. "weights would have to be loaded into each rank's partition; use zero = 1 or 2")
   end
-  local pp = (t.mesh or {}).pp or 1
-  if z == 3 and pp > 1 then
-    schema.fail(where, "strategy.zero=3 with mesh.pp=%d is not built yet: a pipeline stage's "
-      .. "forward and backward do not gather parameter units; use zero = 1 or 2 with pp, or "
-      .. "zero = 3 with pp = 1", pp)
-  end
 end
 
 local function check(t, where, origin, world)

@@ -37,6 +37,7 @@
 #include "base/status.h"
 #include "compress.h"
 #include "zero_ckpt.h"
+#include "offload.h"
 #include "session_ep.h"
 
 #define LATEST_FILE "latest"
@@ -934,7 +935,22 @@ loom_status loom_checkpoint_save(loom_session *s, const char *dir, const loom_ch
     src.residual = residual;
     src.residual_slots = (uint32_t)g.dp.size;
     src.compress_method = c ? loom_compress_method_name(loom_compress_method_in_use(c)) : NULL;
-    loom_status st = save_zero(s, &src, &g, dir, x, out_path, len);
+    /* offload (offload.h): the state this rank steps is in the pool or file; a copy of it
+     * in host memory for the save, released after */
+    loom_offload *off = loom_session_offload_state(s);
+    float *offloaded = NULL;
+    loom_status st = LOOM_OK;
+    if (off) {
+        offloaded = malloc(loom_offload_floats(off) * sizeof(float) + 1);
+        st = offloaded ? loom_offload_read_state(off, offloaded)
+                       : loom_fail(LOOM_ERR_NOMEM, "checkpoint: out of memory for a copy of the "
+                                   "offloaded optimizer state (%zu MiB)",
+                                   loom_offload_floats(off) * sizeof(float) >> 20);
+        src.state = offloaded; /* without ZeRO; ZeRO's partition: save_zero */
+    }
+    if (st == LOOM_OK)
+        st = save_zero(s, &src, &g, dir, x, out_path, len);
+    free(offloaded);
     free(residual);
     return st;
 }
@@ -973,6 +989,8 @@ static loom_status save_zero(loom_session *s, loom_ckpt_source *srcp, const loom
     src.pieces = p;
     src.n_pieces = n;
     src.part_state = loom_zero_state(z, &floats);
+    if (loom_session_offload_state(s)) /* the partition's state, copied out of the offload */
+        src.part_state = src.state;
     src.part_params = loom_zero_part_params(z);
     src.state = NULL;
     src.zero_stage = loom_zero_stage(z);

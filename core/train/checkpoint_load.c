@@ -42,6 +42,7 @@
 #include "base/status.h"
 #include "compress.h"
 #include "zero_ckpt.h"
+#include "offload.h"
 
 #define MAX_MANIFEST ((size_t)64 << 20)
 #define CHECKSUM_PREFIX "xxh64:"
@@ -1035,6 +1036,7 @@ typedef struct loaded {
     loom_zero_piece *zero_pieces;
     size_t n_zero_pieces;
     float *residual;           /* compression: every dp rank's residual, slot-major per entry */
+    float *offloaded;          /* offload: the state this rank steps, for the pool or file */
 } loaded;
 
 static void loaded_free(loaded *ld)
@@ -1046,6 +1048,7 @@ static void loaded_free(loaded *ld)
     free(ld->zero_full);
     free(ld->zero_pieces);
     free(ld->residual);
+    free(ld->offloaded);
 }
 
 static loom_status check_int(const loaded *ld, const loom_json *obj, const char *group,
@@ -1236,6 +1239,11 @@ static loom_status validate(loaded *ld, loom_session *s, const loom_data *data)
     elsewhere ew = {held_elsewhere, m};
     LOOM_TRY(tensors_open(ld->dir, ld->mpath, root, loom_gpt_params(m), slots, &ew, &ld->ts));
     LOOM_TRY(read_residuals(ld, root, s, &ew));
+    loom_offload *off = loom_session_offload_state(s);
+    if (off && !(ld->offloaded = malloc(loom_offload_floats(off) * sizeof(float) + 1)))
+        return loom_fail(LOOM_ERR_NOMEM, "checkpoint '%s': out of memory for a copy of the "
+                         "offloaded optimizer state (%zu MiB)", ld->mpath,
+                         loom_offload_floats(off) * sizeof(float) >> 20);
     loom_zero *z = loom_session_zero(s);
     if (!z) /* ZeRO: read whole, then each rank keeps its partition (zero_ckpt.h) */
         return LOOM_OK;
@@ -1254,9 +1262,12 @@ static void copy_in(const loaded *ld, loom_session *s)
     float *state = loom_session_optim_state(s, &slots);
     loom_gpt *m = loom_session_model(s);
     loom_zero *z = loom_session_zero(s);
+    if (ld->offloaded && !z) /* offload: into its copy, written to the pool or file after */
+        state = ld->offloaded;
     tensors_copy(&ld->ts, loom_gpt_params(m), slots, loom_gpt_param_data(m), z ? ld->zero_full : state);
     if (z)
-        loom_zero_ckpt_scatter(z, slots, ld->zero_full, ld->zero_pieces, ld->n_zero_pieces);
+        loom_zero_ckpt_scatter(z, slots, ld->zero_full, ld->zero_pieces, ld->n_zero_pieces,
+                               ld->offloaded);
     loom_compress *c = loom_session_compress(s);
     if (c) { /* this dp rank's slot of the residuals, or zero: none saved */
         size_t total;
@@ -1300,6 +1311,10 @@ loom_status loom_checkpoint_load_data(loom_session *s, const char *ckpt_path, lo
     }
     if (st == LOOM_OK) {
         copy_in(&ld, s);
+        if (ld.offloaded) /* an I/O failure here names the file; the weights are in already */
+            st = loom_offload_write_state(loom_session_offload_state(s), ld.offloaded);
+    }
+    if (st == LOOM_OK) {
         if (out) {
             *out = ld.x;
             out->config_json = ld.config;

@@ -965,6 +965,8 @@ const char *loom_session_backend_description(loom_session *s)
     return s->backend.ops->describe(s->backend.self);
 }
 
+loom_offload *loom_session_offload_state(loom_session *s) { return s->offload; }
+
 const char *loom_session_offload(const loom_session *s)
 {
     return loom_offload_mode_name(s->offload ? s->cfg.offload_mode : LOOM_OFFLOAD_NONE);

@@ -50,12 +50,12 @@ static void move_state(const loom_param_table *t, const loom_zero_piece *p, size
 const float *loom_zero_part_params(const loom_zero *z) { return z->part_params; }
 
 void loom_zero_ckpt_scatter(loom_zero *z, uint32_t slots, const float *full,
-                            const loom_zero_piece *p, size_t n)
+                            const loom_zero_piece *p, size_t n, float *state)
 {
     const loom_param_table *t = loom_gpt_params(z->model);
     const float *params = loom_gpt_param_data(z->model);
-    if (slots && full)
-        move_state(t, p, n, slots, z->state, full);
+    if (slots && full && (state || z->state))
+        move_state(t, p, n, slots, state ? state : z->state, full);
     if (z->part_params) { /* stage 3: the partition is the parameters' home */
         for (size_t i = 0; i < n; i++)
             memcpy(z->part_params + p[i].pos, params + p[i].lo, p[i].n * sizeof(float));

@@ -27,10 +27,11 @@ int loom_zero_ranks(const loom_zero *z);
 /* Stage 3: this rank's parameter partition (P/N floats at the pieces' pos), else NULL. */
 const float *loom_zero_part_params(const loom_zero *z);
 /* Local: this rank's ranges of the whole state (and, stage 3, of the model's parameter
- * buffer) into its partitions; p, n: loom_zero_pieces of this rank (taken beforehand, so
+ * buffer) into its partitions (the state into `state` when not NULL: an offloaded run's
+ * copy, offload.h); p, n: loom_zero_pieces of this rank (taken beforehand, so
  * that this cannot fail). */
 int loom_zero_rank(const loom_zero *z);
 void loom_zero_ckpt_scatter(loom_zero *z, uint32_t slots, const float *full,
-                            const loom_zero_piece *p, size_t n);
+                            const loom_zero_piece *p, size_t n, float *state);
 
 #endif

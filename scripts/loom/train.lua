@@ -276,11 +276,6 @@ local function check_zero(t, where, origin)
         .. "\"topk\" | \"powersgd\", ... })", tostring(k))
     end
   end
-  if st.offload and (t.checkpoint or t.resume) then
-    schema.fail(where, "strategy.offload with %s is not built yet (the optimizer state lives in "
-      .. "the offload's pool or file, which the checkpoint format does not read): leave offload "
-      .. "out to save or resume", t.checkpoint and "checkpoint" or "resume")
-  end
   if st.compress and ((t.mesh or {}).pp or 1) > 1 and (t.checkpoint or t.resume) then
     schema.fail(where, "strategy.compress with mesh.pp > 1 and %s is not built yet (the last "
       .. "stage's residual of the tied wte has no place in the checkpoint): train with pp = 1 to "

@@ -30,8 +30,37 @@ void loom_gpt_set_param_hook(loom_gpt *m, loom_param_use_fn fn, void *ctx)
     m->param_use_ctx = ctx;
 }
 
+/* A pipeline stage's table (build_table: its leading wte/wpe, its blocks, its trailing
+ * ln_f/lm_head) is read by entry: block entries carry their layer, the others -1. */
+static void stage_unit_entries(const loom_gpt *m, int unit, int *first, int *last)
+{
+    const loom_param_table *t = &m->table;
+    int L = m->cfg.layers, lo = 0, hi = t->count; /* [lo, hi): the block entries */
+    while (lo < t->count && t->entries[lo].layer < 0)
+        lo++;
+    while (hi > lo && t->entries[hi - 1].layer < 0)
+        hi--;
+    *first = 0, *last = -1; /* empty: not on this stage */
+    if (unit == 0) {
+        *last = lo - 1;
+    } else if (unit == L + 1) {
+        *first = hi, *last = t->count - 1;
+    } else if (unit >= 1 && unit <= L && m->own[unit - 1]) {
+        for (int i = lo; i < hi; i++)
+            if (t->entries[i].layer == unit - 1) {
+                if (*last < *first)
+                    *first = i;
+                *last = i;
+            }
+    }
+}
+
 void loom_gpt_unit_entries(const loom_gpt *m, int unit, int *first, int *last)
 {
+    if (m->staged) {
+        stage_unit_entries(m, unit, first, last);
+        return;
+    }
     int L = m->cfg.layers, pre = m->pre, per = m->per_layer;
     *first = unit == 0 ? 0 : unit <= L ? pre + per * (unit - 1) : m->table.count - m->post;
     *last = unit == 0 ? pre - 1 : unit <= L ? pre + per * (unit - 1) + per - 1

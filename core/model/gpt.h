@@ -131,8 +131,14 @@ void loom_gpt_set_grad_hook(loom_gpt *m, loom_grad_ready_fn fn, void *ctx);
  * backward, which marks L+1 and 0 done after the head, then each block needed and done,
  * top down. Decoding calls no hook (the caller keeps every unit in place). */
 typedef loom_status (*loom_param_use_fn)(void *ctx, int unit, int needed);
+/* needed = LOOM_PARAM_SOON: a hint that the unit is needed next (start its gather, do not
+ * wait); a pipeline stage (gpt_stage.h) gives it, since its passes interleave. */
+#define LOOM_PARAM_SOON 2
 void loom_gpt_set_param_hook(loom_gpt *m, loom_param_use_fn fn, void *ctx);
-/* A unit's first and last parameter-table entries. */
+/* A unit's first and last parameter-table entries; first > last when this model holds
+ * none of it (a pipeline stage: another stage's block, or no embedding/ln_f here). On a
+ * stage, unit 0 is the leading wte/wpe it holds (the last stage: the tied head's wte) and
+ * layers + 1 its trailing ln_f (and lm_head). */
 void loom_gpt_unit_entries(const loom_gpt *m, int unit, int *first, int *last);
 
 /* The (B,T,Vp) logits of the last forward with dloss == 0 (device memory); with tensor

@@ -124,6 +124,7 @@ loom_status loom_gpt_stage_backward_input(loom_gpt *m, int lo, int hi, float *he
     size_t R = (size_t)B * T;
     if (hi == m->cfg.layers) {
         /* LM head (tied to wte): d(ln_f out) into dsummed; then ln_f: dres = d(last block) */
+        LOOM_TRY(gpt_stage_head_units(m, hi, 1));
         LOOM_TRY(gpt_column_parallel_backward_input(m, LOOM_REGION_HEAD, -1, m->logits, m->p.wte,
                                                     B, T, m->Vl, 1));
         if (head_dw) { /* one micro-batch's head half, on its own (canonical mode's tied wte) */
@@ -135,11 +136,14 @@ loom_status loom_gpt_stage_backward_input(loom_gpt *m, int lo, int hi, float *he
         rep_args lnf = {m->dres, m->dsummed, m->acts[hi - 1].res3, m->p.lnfw, m->lnf_mean,
                         m->lnf_rstd};
         gpt_replicated_grads(m, &pk, 0, &lnf, m->g.lnfw, m->g.lnfb, R);
+        LOOM_TRY(gpt_stage_head_units(m, hi, 0));
     }
     for (int l = hi - 1; l >= lo; l--) {
         float *residual = l == lo ? m->encoded : m->acts[l - 1].res3;
         float *dx = l == lo ? m->dx_out : m->acts[l - 1].res3;
+        LOOM_TRY(gpt_stage_block_unit(m, l, lo, 0));
         LOOM_TRY(block_input(m, l, residual, block_dy(m, l, hi), dx, B, T, R));
+        LOOM_TRY(gpt_stage_block_unit(m, l, lo, 1));
     }
     return LOOM_OK;
 }

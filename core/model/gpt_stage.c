@@ -18,6 +18,26 @@
 
 
 void loom_gpt_stage_select(loom_gpt *m, int slot) { gpt_bind_slot(m, slot); }
+int loom_gpt_is_stage(const loom_gpt *m) { return m->staged; }
+
+/* The parameter hook (gpt.h); unit -1: none (the chunk ends). */
+static loom_status use(loom_gpt *m, int unit, int needed)
+{
+    if (!m->param_use || unit < 0)
+        return LOOM_OK;
+    return m->param_use(m->param_use_ctx, unit, needed);
+}
+
+loom_status loom_gpt_stage_prefetch(loom_gpt *m, int lo, int hi, int backward)
+{
+    int L = m->cfg.layers;
+    if (!backward)
+        return use(m, lo == 0 ? 0 : 1 + lo, LOOM_PARAM_SOON);
+    if (hi < L)
+        return use(m, hi, LOOM_PARAM_SOON); /* block hi - 1 */
+    LOOM_TRY(use(m, L + 1, LOOM_PARAM_SOON)); /* the head: ln_f and the tied wte */
+    return use(m, 0, LOOM_PARAM_SOON);
+}
 
 float *loom_gpt_stage_input(loom_gpt *m) { return m->encoded; }
 float *loom_gpt_stage_output(loom_gpt *m, int hi) { return m->acts[hi - 1].res3; }
@@ -71,22 +91,30 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
                           "[0, %d)", tokens[i], i, V);
         k->copy_to_device(bs, m->tokens, tokens, R * sizeof(int));
         float *embedded = m->tp_ops ? m->partial : m->encoded;
+        LOOM_TRY(use(m, 0, 1));
+        LOOM_TRY(use(m, 1 + lo, LOOM_PARAM_SOON));
         k->embedding_forward(embedded, m->tokens, m->p.wte, m->v0, m->Vl, R, C);
         LOOM_TRY(F_LEAVE(LOOM_REGION_EMBEDDING, -1, embedded, m->encoded, R, C));
         if (m->p.wpe)
             k->position_forward(m->encoded, m->p.wpe, 0, R, T, C);
         gpt_round(m, m->encoded, R * (size_t)C);
+        LOOM_TRY(use(m, 0, 0));
     }
     const float *residual = m->encoded;
     gpt_moe_begin(m, dloss); /* the MoE blocks' stats, and their aux/z losses' weight */
     for (int l = lo; l < hi; l++) {
+        LOOM_TRY(use(m, 1 + l, 1));
+        LOOM_TRY(use(m, l + 1 < hi ? 2 + l : head ? m->cfg.layers + 1 : -1, LOOM_PARAM_SOON));
         LOOM_TRY(gpt_block_forward(m, l, residual, B, T, R));
+        LOOM_TRY(use(m, 1 + l, 0));
         residual = m->acts[l].res3;
     }
     m->last_B = B;
     m->last_T = T;
     if (!head)
         return LOOM_OK;
+    LOOM_TRY(use(m, m->cfg.layers + 1, 1)); /* ln_f */
+    LOOM_TRY(use(m, 0, 1));                 /* the tied head's wte */
     gpt_final_norm_forward(m, residual, 0, R);
     gpt_round(m, m->lnf, R * (size_t)C);
     LOOM_TRY(F_ENTER(LOOM_REGION_HEAD, -1, m->lnf, m->lnf_full, R, C));
@@ -102,7 +130,32 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
         if (loss_sum)
             *loss_sum = sum;
     }
-    return LOOM_OK;
+    LOOM_TRY(use(m, m->cfg.layers + 1, 0));
+    return use(m, 0, 0);
+}
+
+/* Gather what the head's backward reads (ln_f, the tied wte) before it runs (head = 1),
+ * release them after (head = 0); hint block hi - 1 meanwhile. */
+loom_status gpt_stage_head_units(loom_gpt *m, int hi, int head)
+{
+    int L = m->cfg.layers;
+    if (!head) {
+        LOOM_TRY(use(m, L + 1, 0));
+        return use(m, 0, 0);
+    }
+    LOOM_TRY(use(m, L + 1, 1));
+    LOOM_TRY(use(m, 0, 1));
+    return use(m, hi, LOOM_PARAM_SOON);
+}
+
+/* Block l's unit around its backward: needed before (done = 0), done after (1); the next
+ * block down hinted once this one is in place. */
+loom_status gpt_stage_block_unit(loom_gpt *m, int l, int lo, int done)
+{
+    if (done)
+        return use(m, 1 + l, 0);
+    LOOM_TRY(use(m, 1 + l, 1));
+    return use(m, l > lo ? l : -1, LOOM_PARAM_SOON);
 }
 
 loom_status loom_gpt_stage_backward(loom_gpt *m, int lo, int hi)
@@ -114,17 +167,21 @@ loom_status loom_gpt_stage_backward(loom_gpt *m, int lo, int hi)
     rep_pack pk = {.n = 0};
     if (hi == m->cfg.layers) {
         /* LM head (tied to wte) and the final layernorm: dres = d(last block output). */
+        LOOM_TRY(gpt_stage_head_units(m, hi, 1));
         LOOM_TRY(gpt_column_parallel_backward(m, LOOM_REGION_HEAD, -1, m->g.head, NULL,
                                               m->logits, m->lnf_full, m->p.head, B, T, m->Vl, 1));
         rep_args lnf = {m->dres, m->dsummed, m->acts[hi - 1].res3, m->p.lnfw, m->lnf_mean,
                         m->lnf_rstd};
         gpt_replicated_grads(m, &pk, gpt_norm_kind(m), &lnf, m->g.lnfw, m->g.lnfb, R);
         LOOM_TRY(gpt_rep_flush(m, &pk));
+        LOOM_TRY(gpt_stage_head_units(m, hi, 0));
     }
     for (int l = hi - 1; l >= lo; l--) {
         const float *residual = l == lo ? m->encoded : m->acts[l - 1].res3;
+        LOOM_TRY(gpt_stage_block_unit(m, l, lo, 0));
         LOOM_TRY(gpt_block_backward(m, l, residual, &pk, B, T, R));
         LOOM_TRY(gpt_rep_flush(m, &pk));
+        LOOM_TRY(gpt_stage_block_unit(m, l, lo, 1));
     }
     if (lo == 0) {
         LOOM_TRY(B_LEAVE(LOOM_REGION_EMBEDDING, -1, m->dres, m->dres_full, R, C));

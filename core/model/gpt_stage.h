@@ -36,6 +36,17 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
                                    double *loss_sum);
 loom_status loom_gpt_stage_backward(loom_gpt *m, int lo, int hi);
 
+/* ZeRO-3 (gpt.h's parameter hook): a stage's forward and backward each need the units
+ * they read (its blocks; the embeddings at lo == 0; ln_f and the tied wte at the head) and
+ * say done after, since other micro-batches run between a micro-batch's forward and its
+ * backward; inside a chunk the next unit is hinted (LOOM_PARAM_SOON) as each starts. The
+ * weight half of a split backward (W) reads no parameter. loom_gpt_stage_prefetch hints
+ * the first units of the chunk's next forward (backward = 0) or backward (1, B or fused):
+ * the pipeline engine calls it for its next compute instruction. 1 from loom_gpt_is_stage:
+ * this model is a pipeline stage (some block is held elsewhere). */
+loom_status loom_gpt_stage_prefetch(loom_gpt *m, int lo, int hi, int backward);
+int loom_gpt_is_stage(const loom_gpt *m);
+
 /* 1 if `name` is a parameter of the whole model that this pipeline stage does not hold
  * (another stage's block, wpe or ln_f; wte on a middle stage): loaders that read a whole
  * model (checkpoints, llm.c files) skip it here and its own stage takes it. 0 for a name

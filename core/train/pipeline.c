@@ -373,6 +373,21 @@ static void mark(loom_pipeline *pl, int key, int what)
     }
 }
 
+/* ZeRO-3: after compute instruction i, hint the first units of the next one that reads
+ * parameters (FWD, BWD, BWD_INPUT; W reads none), so that their gathers run while this
+ * rank waits for its next message (gpt_stage.h; no hook installed: nothing). */
+static loom_status prefetch_next(loom_pipeline *pl, loom_gpt *m, size_t i)
+{
+    for (size_t j = i + 1; j < pl->n; j++) {
+        const loom_sched_instr *in = &pl->list[j];
+        int vs = in->chunk * pl->stages + pl->stage;
+        if (in->op == LOOM_SCHED_FWD || in->op == LOOM_SCHED_BWD || in->op == LOOM_SCHED_BWD_INPUT)
+            return loom_gpt_stage_prefetch(m, pl->first[vs], pl->first[vs + 1],
+                                           in->op != LOOM_SCHED_FWD);
+    }
+    return LOOM_OK;
+}
+
 static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
                             const int *targets, int B, int T, float dloss, double *loss,
                             const loom_pipeline_hooks *hooks, int *peak)
@@ -524,6 +539,8 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
                       loom_sched_op_name(in->op));
         }
         (void)V;
+        if (in->op == LOOM_SCHED_FWD || in->op == LOOM_SCHED_BWD || in->op == LOOM_SCHED_BWD_INPUT)
+            LOOM_TRY(prefetch_next(pl, m, i));
         if (in->op == LOOM_SCHED_SEND_ACT || in->op == LOOM_SCHED_SEND_GRAD)
             progress_sends(pl);
         double t1 = loom_now_ms();

@@ -157,13 +157,8 @@ static loom_status make_zero(loom_session *s)
     void *group;
     int dp = 1;
     LOOM_TRY(loom_core_host()->group(LOOM_GROUP_DP, &ops, &group, &dp));
-    /* Under pp each stage's dp group partitions that stage's parameter table. Stage 3
-     * needs the stage's forward and backward to gather units (gpt_stage.c calls no
-     * parameter hook) and units that follow a stage's table. */
-    if (s->pipe && cfg->zero_stage == 3)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy zero=3 with pp=%d is not built yet: a pipeline "
-                  "stage's forward and backward do not gather parameter units; run zero=1 or 2 "
-                  "with pp, or zero=3 with pp = 1", loom_pipeline_stages(s->pipe));
+    /* Under pp each stage's dp group partitions that stage's parameter table; stage 3's
+     * units are the stage's (gpt_stage.h gathers them around each micro-batch's passes). */
     if (dp < 2)
         return LOOM_OK;
     float wd = 0.0f;
@@ -1017,6 +1012,8 @@ const char *loom_session_backend_description(loom_session *s)
 {
     return s->backend.ops->describe(s->backend.self);
 }
+
+loom_offload *loom_session_offload_state(loom_session *s) { return s->offload; }
 
 const char *loom_session_offload(const loom_session *s)
 {

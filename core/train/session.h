@@ -105,6 +105,8 @@ void loom_session_memory(loom_session *s, loom_memory *out);
 int loom_session_zero_stage(const loom_session *s);
 /* The gradient compression in effect (compress.h), NULL: none. */
 struct loom_compress *loom_session_compress(loom_session *s);
+/* strategy offload's state holder (offload.h), or NULL: checkpoints read and write it. */
+struct loom_offload *loom_session_offload_state(loom_session *s);
 /* The offload in effect: "none", "host" or "disk". */
 const char *loom_session_offload(const loom_session *s);
 /* The ZeRO partitions (NULL without ZeRO): checkpoints move them (zero_ckpt.h). */

@@ -276,11 +276,6 @@ local function check_zero(t, where, origin)
         .. "\"topk\" | \"powersgd\", ... })", tostring(k))
     end
   end
-  if st.offload and (t.checkpoint or t.resume) then
-    schema.fail(where, "strategy.offload with %s is not built yet (the optimizer state lives in "
-      .. "the offload's pool or file, which the checkpoint format does not read): leave offload "
-      .. "out to save or resume", t.checkpoint and "checkpoint" or "resume")
-  end
   if st.compress and ((t.mesh or {}).pp or 1) > 1 and (t.checkpoint or t.resume) then
     schema.fail(where, "strategy.compress with mesh.pp > 1 and %s is not built yet (the last "
       .. "stage's residual of the tied wte has no place in the checkpoint): train with pp = 1 to "
@@ -295,12 +290,6 @@ local function check_zero(t, where, origin)
   if z == 3 and t.model.init then
     schema.fail(where, "strategy.zero=3 with model.init (llm.c weights) is not built yet: the "
       .. "weights would have to be loaded into each rank's partition; use zero = 1 or 2")
-  end
-  local pp = (t.mesh or {}).pp or 1
-  if z == 3 and pp > 1 then
-    schema.fail(where, "strategy.zero=3 with mesh.pp=%d is not built yet: a pipeline stage's "
-      .. "forward and backward do not gather parameter units; use zero = 1 or 2 with pp, or "
-      .. "zero = 3 with pp = 1", pp)
   end
 end
 

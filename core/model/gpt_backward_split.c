@@ -25,7 +25,7 @@
  * slot (a->ln_part, m->lnf_part) and W adds them, so B writes no parameter gradient and
  * the engine may zero the gradients before each W (one micro-batch's gradients on their
  * own). In fast mode the kernels accumulate straight into the gradient, in B.
- * What not: sequence parallelism (gpt_check_chunk refuses it for any stage pass).
+ * What not: sequence parallelism (gpt.c's check_split refuses split_backward with it).
  */
 #include "gpt_stage.h"
 

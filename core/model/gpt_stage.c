@@ -44,9 +44,13 @@ loom_status gpt_check_chunk(const loom_gpt *m, int lo, int hi)
     for (int l = lo; l < hi; l++)
         if (!m->own[l])
             LOOM_FAIL(LOOM_ERR_INVALID, "block %d is not held by this pipeline stage", l);
-    if (m->sp)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "pipeline stages do not run under sequence parallelism");
     return LOOM_OK;
+}
+
+size_t loom_gpt_stage_rows(const loom_gpt *m, int B, int T)
+{
+    size_t R = (size_t)B * T;
+    return m->sp ? R / (size_t)m->tp : R;
 }
 
 loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *tokens,
@@ -64,6 +68,12 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
     if (head && dloss != 0.0f && !targets)
         LOOM_FAIL(LOOM_ERR_INVALID, "a training forward needs targets");
     size_t R = (size_t)B * T;
+    if (m->sp && R % (size_t)m->tp)
+        LOOM_FAIL(LOOM_ERR_INVALID, "sequence parallelism splits the %d x %d = %zu token rows over "
+                  "tp=%d ranks: they must divide", B, T, R, m->tp);
+    /* under sequence parallelism this rank keeps rows [row0, row0 + Rl) of the residual
+     * stream, and that shard is what crosses to the next stage */
+    size_t Rl = loom_gpt_stage_rows(m, B, T), row0 = m->sp ? (size_t)m->tp_rank * Rl : 0;
     if (lo == 0) {
         for (size_t i = 0; i < R; i++)
             if (tokens[i] < 0 || tokens[i] >= V)
@@ -74,20 +84,20 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
         k->embedding_forward(embedded, m->tokens, m->p.wte, m->v0, m->Vl, R, C);
         LOOM_TRY(F_LEAVE(LOOM_REGION_EMBEDDING, -1, embedded, m->encoded, R, C));
         if (m->p.wpe)
-            k->position_forward(m->encoded, m->p.wpe, 0, R, T, C);
-        gpt_round(m, m->encoded, R * (size_t)C);
+            k->position_forward(m->encoded, m->p.wpe, row0, Rl, T, C);
+        gpt_round(m, m->encoded, Rl * (size_t)C);
     }
     const float *residual = m->encoded;
     for (int l = lo; l < hi; l++) {
-        LOOM_TRY(gpt_block_forward(m, l, residual, B, T, R));
+        LOOM_TRY(gpt_block_forward(m, l, residual, B, T, Rl));
         residual = m->acts[l].res3;
     }
     m->last_B = B;
     m->last_T = T;
     if (!head)
         return LOOM_OK;
-    gpt_final_norm_forward(m, residual, 0, R);
-    gpt_round(m, m->lnf, R * (size_t)C);
+    gpt_final_norm_forward(m, residual, 0, Rl);
+    gpt_round(m, m->lnf, Rl * (size_t)C);
     LOOM_TRY(F_ENTER(LOOM_REGION_HEAD, -1, m->lnf, m->lnf_full, R, C));
     k->matmul_forward(m->logits, m->lnf_full, m->p.head, NULL, B, T, C, m->Vl);
     gpt_round(m, m->logits, R * (size_t)m->Vl);
@@ -109,20 +119,23 @@ loom_status loom_gpt_stage_backward(loom_gpt *m, int lo, int hi)
     LOOM_TRY(gpt_check_chunk(m, lo, hi));
     const loom_backend_ops *k = m->be->ops;
     int B = m->last_B, T = m->last_T, C = m->cfg.dim;
-    size_t R = (size_t)B * T;
+    size_t R = (size_t)B * T, Rl = loom_gpt_stage_rows(m, B, T);
     rep_pack pk = {.n = 0};
     if (hi == m->cfg.layers) {
-        /* LM head (tied to wte) and the final layernorm: dres = d(last block output). */
+        /* LM head (tied to wte) and the final layernorm: dres = d(last block output). Under
+         * sequence parallelism ln_f's rows are gathered again, as loom_gpt_backward does:
+         * every layer's gather shares the slot's one gathered buffer. */
+        LOOM_TRY(gpt_regather(m, LOOM_REGION_HEAD, -1, m->lnf, m->lnf_full, R));
         LOOM_TRY(gpt_column_parallel_backward(m, LOOM_REGION_HEAD, -1, m->g.head, NULL,
                                               m->logits, m->lnf_full, m->p.head, B, T, m->Vl, 1));
         rep_args lnf = {m->dres, m->dsummed, m->acts[hi - 1].res3, m->p.lnfw, m->lnf_mean,
                         m->lnf_rstd};
-        gpt_replicated_grads(m, &pk, gpt_norm_kind(m), &lnf, m->g.lnfw, m->g.lnfb, R);
+        gpt_replicated_grads(m, &pk, gpt_norm_kind(m), &lnf, m->g.lnfw, m->g.lnfb, Rl);
         LOOM_TRY(gpt_rep_flush(m, &pk));
     }
     for (int l = hi - 1; l >= lo; l--) {
         const float *residual = l == lo ? m->encoded : m->acts[l - 1].res3;
-        LOOM_TRY(gpt_block_backward(m, l, residual, &pk, B, T, R));
+        LOOM_TRY(gpt_block_backward(m, l, residual, &pk, B, T, Rl));
         LOOM_TRY(gpt_rep_flush(m, &pk));
     }
     if (lo == 0) {

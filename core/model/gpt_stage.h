@@ -16,7 +16,9 @@
  * loom_gpt_stage_grad_out(), keeping in the slot what the weight gradients need, and
  * loom_gpt_stage_backward_weight (W), later, adds the weight gradients: B then W gives the
  * fused backward's bits. It needs a model created with loom_gpt_parallel.split_backward.
- * What not: sequence parallelism (the residual stream between stages is whole).
+ * Under sequence parallelism (tp_sequence_parallel) each tp rank holds its shard of the
+ * residual stream's rows, in and out of a chunk, as in the whole model (gpt.c); the split
+ * backward does not run under it (refused at create).
  */
 #ifndef LOOM_CORE_GPT_STAGE_H
 #define LOOM_CORE_GPT_STAGE_H
@@ -30,6 +32,12 @@ void loom_gpt_stage_select(loom_gpt *m, int slot);
 float *loom_gpt_stage_input(loom_gpt *m);
 float *loom_gpt_stage_output(loom_gpt *m, int hi);
 float *loom_gpt_stage_grad(loom_gpt *m);
+
+/* Rows of a B x T micro-batch's residual stream this rank holds: B*T, or B*T/tp under
+ * sequence parallelism (its tp rank's run of rows). The chunk input, output and residual
+ * gradient above are that many rows of dim; the engine sends them as they are, each tp
+ * rank to the same tp rank of the next stage. */
+size_t loom_gpt_stage_rows(const loom_gpt *m, int B, int T);
 
 loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *tokens,
                                    const int *targets, int B, int T, float dloss,

@@ -381,7 +381,10 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
     const loom_comm_ops *ops = pl->ops;
     int P = pl->stages, V = P * pl->chunks, L = pl->layers;
     int next = (pl->stage + 1) % P, prev = (pl->stage + P - 1) % P;
-    size_t R = (size_t)B * T, count = R * (size_t)loom_gpt_get_config(m)->dim;
+    /* count: this rank's rows of the residual stream (a tp rank's shard under sequence
+     * parallelism, sent to the same tp rank of the next stage: its pp group) */
+    size_t R = (size_t)B * T;
+    size_t count = loom_gpt_stage_rows(m, B, T) * (size_t)loom_gpt_get_config(m)->dim;
     for (int i = 0; i < pl->microbatches * pl->chunks; i++)
         pl->slot_of[i] = -1;
     memset(pl->done, 0, (size_t)pl->microbatches * pl->chunks);
@@ -684,7 +687,7 @@ loom_status loom_pipeline_eval(loom_pipeline *pl, loom_gpt *m, const int *tokens
     const loom_comm_ops *ops = pl->ops;
     int P = pl->stages, V = P * pl->chunks, L = pl->layers;
     int next = (pl->stage + 1) % P, prev = (pl->stage + P - 1) % P;
-    size_t count = (size_t)B * T * (size_t)loom_gpt_get_config(m)->dim;
+    size_t count = loom_gpt_stage_rows(m, B, T) * (size_t)loom_gpt_get_config(m)->dim;
     double sum = 0.0;
     LOOM_TRY(wait_slot(pl, &pl->slots[0]));
     loom_gpt_stage_select(m, 0);

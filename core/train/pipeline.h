@@ -24,7 +24,8 @@
  * after the list: tied_exchange), and after the step sends the finished wte gradient back;
  * the norm adds every chunk's sums in virtual-stage order, one rank's order. So pp = 1, 2,
  * 4, with dp, give the same bits.
- * What not: sequence parallelism.
+ * Under sequence parallelism the activations and gradients that cross stages are each tp
+ * rank's shard of the rows (loom_gpt_stage_rows), between the same tp ranks of two stages.
  */
 #ifndef LOOM_CORE_TRAIN_PIPELINE_H
 #define LOOM_CORE_TRAIN_PIPELINE_H

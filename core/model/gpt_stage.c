@@ -94,6 +94,7 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
     }
     m->last_B = B;
     m->last_T = T;
+    m->cache_len = B == 1 && !m->sp ? T : 0; /* the rows loom_gpt_stage_decode continues from */
     if (!head)
         return LOOM_OK;
     gpt_final_norm_forward(m, residual, 0, Rl);

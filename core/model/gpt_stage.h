@@ -44,6 +44,15 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
                                    double *loss_sum);
 loom_status loom_gpt_stage_backward(loom_gpt *m, int lo, int hi);
 
+/* Incremental decoding of one chunk (gpt_decode.c): row t of blocks [lo, hi), reading
+ * the earlier rows' keys and values from the selected slot, which a forward with B = 1
+ * over rows 0..t-1 left there (or earlier decodes). lo == 0: token is embedded; else row t
+ * of loom_gpt_stage_input() is the input; the output is row t of
+ * loom_gpt_stage_output(m, hi), or the logits row when hi == layers. The rank's chunks go
+ * in order, and its last one marks row t cached. The same bits as the forward's row t
+ * under the backend's row-stable mode (gpt.h, loom_gpt_decode). */
+loom_status loom_gpt_stage_decode(loom_gpt *m, int lo, int hi, int token, int t);
+
 /* 1 if `name` is a parameter of the whole model that this pipeline stage does not hold
  * (another stage's block, wpe or ln_f; wte on a middle stage): loaders that read a whole
  * model (checkpoints, llm.c files) skip it here and its own stage takes it. 0 for a name

@@ -709,3 +709,29 @@ loom_status loom_pipeline_eval(loom_pipeline *pl, loom_gpt *m, const int *tokens
     *loss_sum = sum;
     return loom_pipeline_sum(pl, loss_sum, 1); /* only the last stage's is not 0 */
 }
+
+loom_status loom_pipeline_decode(loom_pipeline *pl, loom_gpt *m, int token, int t)
+{
+    const loom_comm_ops *ops = pl->ops;
+    int P = pl->stages, V = P * pl->chunks;
+    int next = (pl->stage + 1) % P, prev = (pl->stage + P - 1) % P;
+    size_t C = (size_t)loom_gpt_get_config(m)->dim, at = (size_t)t * C;
+    LOOM_TRY(wait_slot(pl, &pl->slots[0]));
+    loom_gpt_stage_select(m, 0); /* where loom_pipeline_eval's forward left the rows */
+    for (int c = 0; c < pl->chunks; c++) {
+        int vs = c * P + pl->stage, lo = pl->first[vs], hi = pl->first[vs + 1];
+        loom_comm_request *r = NULL;
+        if (vs > 0) { /* one row of the residual stream: C floats */
+            LOOM_TRY(ops->recv_start(pl->pp, loom_gpt_stage_input(m) + at, C, LOOM_DTYPE_F32,
+                                     prev, &r));
+            LOOM_TRY(ops->wait(pl->pp, r));
+        }
+        LOOM_TRY(loom_gpt_stage_decode(m, lo, hi, token, t));
+        if (vs + 1 < V) {
+            LOOM_TRY(ops->send_start(pl->pp, loom_gpt_stage_output(m, hi) + at, C, LOOM_DTYPE_F32,
+                                     next, &r));
+            LOOM_TRY(ops->wait(pl->pp, r)); /* the next stage is receiving it now */
+        }
+    }
+    return LOOM_OK;
+}

@@ -114,5 +114,11 @@ loom_status loom_pipeline_norm(loom_pipeline *pl, const loom_param_table *t, con
  * keeps the logits in slot 0), sum 0. */
 loom_status loom_pipeline_eval(loom_pipeline *pl, loom_gpt *m, const int *tokens,
                                const int *targets, int B, int T, double *loss_sum);
+/* Sampling with a key/value cache: row t of token's sequence through every stage, each
+ * stage's blocks reading the keys and values their own layers kept (gpt_stage.h,
+ * loom_gpt_stage_decode), one row (dim floats) sent between stages; the logits row on the
+ * last stage. Needs a loom_pipeline_eval with B = 1 and no targets over rows 0..t-1 first
+ * (or the decodes of them): the cache lives in slot 0. Collective over the pp group. */
+loom_status loom_pipeline_decode(loom_pipeline *pl, loom_gpt *m, int token, int t);
 
 #endif

@@ -811,8 +811,8 @@ static loom_status from_last_stage(void *buf, size_t n)
 }
 
 /* The generation loop (session.h). The first token's logits come from a forward over the
- * prompt's window; with the cache every later one from loom_gpt_decode of the token just
- * drawn, until the sequence outgrows ctx: then the window slides, every position moves,
+ * prompt's window; with the cache every later one from loom_gpt_decode (under pp
+ * loom_pipeline_decode) of the token just drawn, until the sequence outgrows ctx: then the window slides, every position moves,
  * and each token is a full forward over the last ctx tokens (as without the cache).
  * While the window starts at 0 — the rows a decode reuses — the backend's products are
  * row-stable (set_deterministic mode 2: a row's bits do not depend on how many rows a
@@ -827,11 +827,17 @@ static loom_status generate(loom_session *s, const loom_sample_config *c, const 
 {
     const loom_gpt_config *mc = loom_gpt_get_config(s->model);
     const loom_backend_ops *k = s->backend.ops;
-    /* Under pp every token is a full forward through the stages (no cache: the stages
-     * would each keep theirs): the same bits as the cached path, by the row-stable mode
-     * below. The last stage draws; the token goes to every stage. */
+    /* Under pp each stage keeps its own layers' cache and one row moves between stages per
+     * token (loom_pipeline_decode); the stages decide together, since each could decode
+     * on its own or not (a stage's recompute mode, its blocks' kind). The last stage
+     * draws; the token goes to every stage. */
     int last = !s->pipe || loom_pipeline_stage(s->pipe) == loom_pipeline_stages(s->pipe) - 1;
-    int cache = !s->pipe && loom_gpt_can_decode(s->model) && !c->no_cache, mode = -1;
+    int cache = loom_gpt_can_decode(s->model) && !c->no_cache, mode = -1;
+    if (s->pipe) {
+        double cannot = cache ? 0.0 : 1.0;
+        LOOM_TRY(loom_pipeline_sum(s->pipe, &cannot, 1));
+        cache = cannot == 0.0;
+    }
     memmove(out, prompt, (size_t)n_prompt * sizeof(int));
     uint64_t stream = loom_rng_stream("sample");
     loom_xxh64_state hash;
@@ -850,7 +856,10 @@ static loom_status generate(loom_session *s, const loom_sample_config *c, const 
             k->set_deterministic(s->backend.self, mode = want);
         if (cache && i > 0 && !restarted && T <= mc->ctx &&
             (c->shift_window || len <= mc->ctx) && loom_gpt_cached_rows(s->model) == T - 1) {
-            LOOM_TRY(loom_gpt_decode(s->model, out[len - 1], T - 1));
+            if (s->pipe)
+                LOOM_TRY(loom_pipeline_decode(s->pipe, s->model, out[len - 1], T - 1));
+            else
+                LOOM_TRY(loom_gpt_decode(s->model, out[len - 1], T - 1));
         } else {
             /* Sequence parallelism shards rows by tp: pad the window at its end (causal
              * attention: later tokens cannot change the row we read). */

@@ -47,6 +47,36 @@ loom_status gpt_check_chunk(const loom_gpt *m, int lo, int hi)
     return LOOM_OK;
 }
 
+/* (gpt_internal.h) Hand the gradient-ready hook (gpt.h; set only around a chunk's last
+ * backward of a step) table entries whose gradients are now final: block `layer`'s, or with layer < 0 the
+ * entries outside blocks before the first block's (lead = 1: wte, wpe) or after the last
+ * block's (lead = 0: ln_f and an untied head). Each is one contiguous range of the buffer;
+ * a chunk reports its head's, its blocks top down, then its embedding's: descending. */
+loom_status gpt_stage_ready(loom_gpt *m, int layer, int lead)
+{
+    if (!m->grad_ready)
+        return LOOM_OK;
+    const loom_param_table *t = &m->table;
+    int first = -1, last = -1, blocks = 0;
+    for (int i = 0; i < t->count; i++) {
+        int in_block = t->entries[i].layer >= 0;
+        blocks |= in_block;
+        int want = layer >= 0 ? t->entries[i].layer == layer
+                              : !in_block && (lead ? !blocks : blocks);
+        if (want) {
+            if (first < 0)
+                first = i;
+            last = i;
+        }
+    }
+    if (first < 0)
+        return LOOM_OK;
+    const loom_param_entry *a = &t->entries[first], *b = &t->entries[last];
+    return m->grad_ready(m->grad_ready_ctx, a->offset, b->offset + b->numel - a->offset);
+}
+
+int loom_gpt_stage_reports_ready(const loom_gpt *m) { return !m->moe; }
+
 size_t loom_gpt_stage_rows(const loom_gpt *m, int B, int T)
 {
     size_t R = (size_t)B * T;
@@ -133,11 +163,13 @@ loom_status loom_gpt_stage_backward(loom_gpt *m, int lo, int hi)
                         m->lnf_rstd};
         gpt_replicated_grads(m, &pk, gpt_norm_kind(m), &lnf, m->g.lnfw, m->g.lnfb, Rl);
         LOOM_TRY(gpt_rep_flush(m, &pk));
+        LOOM_TRY(gpt_stage_ready(m, -1, 0));
     }
     for (int l = hi - 1; l >= lo; l--) {
         const float *residual = l == lo ? m->encoded : m->acts[l - 1].res3;
         LOOM_TRY(gpt_block_backward(m, l, residual, &pk, B, T, Rl));
         LOOM_TRY(gpt_rep_flush(m, &pk));
+        LOOM_TRY(gpt_stage_ready(m, l, 0));
     }
     if (lo == 0) {
         LOOM_TRY(B_LEAVE(LOOM_REGION_EMBEDDING, -1, m->dres, m->dres_full, R, C));
@@ -145,6 +177,8 @@ loom_status loom_gpt_stage_backward(loom_gpt *m, int lo, int hi)
         if (m->g.wpe)
             k->position_backward(m->g.wpe, m->dres_full, B, T, C);
     }
+    if (lo == 0 || hi == m->cfg.layers) /* wte (and wpe): the embedding's, or the head's half */
+        LOOM_TRY(gpt_stage_ready(m, -1, 1));
     return LOOM_OK;
 }
 

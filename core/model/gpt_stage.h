@@ -33,6 +33,14 @@ float *loom_gpt_stage_input(loom_gpt *m);
 float *loom_gpt_stage_output(loom_gpt *m, int hi);
 float *loom_gpt_stage_grad(loom_gpt *m);
 
+/* The data-parallel overlap under pp: with the gradient-ready hook set (gpt.h
+ * loom_gpt_set_grad_hook; the engine's caller sets it only around a chunk's last backward
+ * or W of a step), loom_gpt_stage_backward and loom_gpt_stage_backward_weight report each
+ * range of the chunk's parameters as it becomes final: the head's, each block's top down,
+ * then wte and wpe. 0 where a stage cannot (a mixture of experts' blocks: experts are
+ * reduced over their own group); then nothing is reported. */
+int loom_gpt_stage_reports_ready(const loom_gpt *m);
+
 /* Rows of a B x T micro-batch's residual stream this rank holds: B*T, or B*T/tp under
  * sequence parallelism (its tp rank's run of rows). The chunk input, output and residual
  * gradient above are that many rows of dim; the engine sends them as they are, each tp

@@ -57,6 +57,7 @@ struct loom_pipeline {
     loom_trace *trace;              /* not owned; NULL: off */
     double compute_ms, wall_ms;     /* the last step's F/B/W time and pipeline phase */
     float *tied;                    /* canonical, chunks > 1: [microbatches] wte-sized halves */
+    size_t *last_w;                 /* [chunks]: the position of the chunk's last BWD or W */
 };
 
 static loom_status split_layers(loom_pipeline *pl, const loom_pipeline_config *cfg)
@@ -146,11 +147,15 @@ loom_status loom_pipeline_create(const loom_pipeline_config *cfg, loom_pipeline 
         pl->slot_of = malloc((size_t)pl->microbatches * pl->chunks * sizeof(int));
         pl->own = calloc((size_t)pl->layers, 1);
         pl->done = malloc((size_t)pl->microbatches * pl->chunks);
-        if (!pl->list || !pl->slots || !pl->slot_of || !pl->own || !pl->done)
+        pl->last_w = calloc((size_t)pl->chunks, sizeof *pl->last_w);
+        if (!pl->list || !pl->slots || !pl->slot_of || !pl->own || !pl->done || !pl->last_w)
             st = loom_fail(LOOM_ERR_NOMEM, "out of memory");
     }
     if (st == LOOM_OK) {
         memcpy(pl->list, use->list[pl->stage], pl->n * sizeof *pl->list);
+        for (size_t i = 0; i < pl->n; i++)
+            if (pl->list[i].op == LOOM_SCHED_BWD || pl->list[i].op == LOOM_SCHED_BWD_WEIGHT)
+                pl->last_w[pl->list[i].chunk] = i;
         for (int c = 0; c < pl->chunks; c++) {
             int k = c * pl->stages + pl->stage;
             for (int l = pl->first[k]; l < pl->first[k + 1]; l++)
@@ -182,6 +187,7 @@ void loom_pipeline_destroy(loom_pipeline *pl)
         free(pl->head[i]);
     free(pl->head);
     free(pl->tied);
+    free(pl->last_w);
     free(pl);
 }
 
@@ -409,6 +415,10 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
         int keep = (head_in || head_out) && pl->chunks > 1; /* halves exchanged after the list */
         size_t off = (size_t)in->microbatch * R;
         loom_comm_request *r = NULL;
+        int last = hooks && hooks->final_bwd && pl->last_w[in->chunk] == i &&
+                   (in->op == LOOM_SCHED_BWD || in->op == LOOM_SCHED_BWD_WEIGHT);
+        if (last)
+            LOOM_TRY(hooks->final_bwd(hooks->ctx, in->chunk, 1));
         switch (in->op) {
         case LOOM_SCHED_RECV_ACT:
             LOOM_TRY(acquire(pl, key, &s));
@@ -525,6 +535,8 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
                       loom_sched_op_name(in->op));
         }
         (void)V;
+        if (last)
+            LOOM_TRY(hooks->final_bwd(hooks->ctx, in->chunk, 0));
         if (in->op == LOOM_SCHED_SEND_ACT || in->op == LOOM_SCHED_SEND_GRAD)
             progress_sends(pl);
         double t1 = loom_now_ms();

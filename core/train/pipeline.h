@@ -58,6 +58,9 @@ typedef struct loom_pipeline_hooks {
     loom_status (*before_bwd)(void *ctx, int mb, int chunk);
     loom_status (*after_bwd)(void *ctx, int mb, int chunk);
     void *ctx;
+    /* Fast mode's data-parallel overlap: on = 1 just before the chunk's last BWD or W of
+     * the list (its parameters' gradients are final as it ends), on = 0 just after it. */
+    loom_status (*final_bwd)(void *ctx, int chunk, int on);
 } loom_pipeline_hooks;
 
 typedef struct loom_pipeline loom_pipeline;

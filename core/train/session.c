@@ -32,6 +32,7 @@
 #include "io/checksum.h"
 #include "io/llmc_model.h"
 #include "model/gpt_distill.h"
+#include "model/gpt_stage.h"
 
 struct loom_session {
     loom_session_config cfg;
@@ -530,6 +531,16 @@ static loom_status zero_after(void *ctx, int mb, int chunk)
     return loom_zero_finish_micro(((zero_ctx *)ctx)->z);
 }
 
+/* Fast mode under pp with the dp strategy: each chunk's last backward (or W) of the step
+ * hands its finished ranges to the strategy as it goes (grad_sync.h, gpt_stage.h), so
+ * their all-reduces start while the rest of the step's list runs. */
+static loom_status overlap_final(void *ctx, int chunk, int on)
+{
+    (void)chunk;
+    loom_grad_sync_final_hook(ctx, on);
+    return LOOM_OK;
+}
+
 static loom_status canonical_after(void *ctx, int mb, int chunk)
 {
     micro_ctx *c = ctx;
@@ -573,15 +584,21 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
         /* canonical: each micro-batch's gradients on their own, into the tree in order */
         micro_ctx mc = {s->sync, mb_loss, loom_pipeline_chunks(s->pipe)};
-        loom_pipeline_hooks hooks = {canonical_before, canonical_after, &mc};
+        loom_pipeline_hooks hooks = {canonical_before, canonical_after, &mc, NULL};
         zero_ctx zc = {s->zero, 0};
-        loom_pipeline_hooks zhooks = {zero_before, zero_after, &zc};
+        loom_pipeline_hooks zhooks = {zero_before, zero_after, &zc, NULL};
+        loom_pipeline_hooks ohooks = {NULL, NULL, s->sync, overlap_final};
         int canon = s->cfg.canonical, zero2 = s->zero && loom_zero_reduces(s->zero);
         loom_status st = canon ? LOOM_OK : loom_grad_sync_begin_micro(s->sync, 0);
+        int overlap = !canon && !zero2 && loom_grad_sync_can_overlap(s->sync) &&
+                      loom_gpt_stage_reports_ready(s->model);
+        if (!canon && !zero2) /* no range is final before its chunk's last backward */
+            loom_grad_sync_final_hook(s->sync, 0);
         if (st == LOOM_OK)
             st = loom_pipeline_run(s->pipe, s->model, s->tokens, s->targets, B, T,
                                    (float)(scale / tokens), mb_loss,
-                                   canon ? &hooks : zero2 ? &zhooks : NULL, &peak);
+                                   canon ? &hooks : zero2 ? &zhooks : overlap ? &ohooks : NULL,
+                                   &peak);
         for (int a = 0; st == LOOM_OK && !canon && a < accum; a++)
             st = loom_grad_sync_end_micro(s->sync, a, mb_loss[a]);
         for (int a = 0; a < accum; a++)
@@ -621,6 +638,11 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         LOOM_TRY(loom_zero_take_reduced(s->zero));
     double t_tied = loom_now_ms();
     loom_trace_span(s->trace, LOOM_TRACE_GRAD_SYNC, t_sync, t_tied, -1, -1);
+    if (loom_grad_sync_can_overlap(s->sync)) { /* from the first bucket under way to the last done */
+        double t_first = loom_grad_sync_first_ms(s->sync);
+        loom_trace_span(s->trace, LOOM_TRACE_ALLREDUCE, t_first >= 0 ? t_first : t_sync, t_tied,
+                        -1, -1);
+    }
     double comm_ms = t_tied - t_sync + loom_gpt_take_comm_ms(s->model);
     LOOM_TRY(loom_ep_reduce(s->ep, s->model, &comm_ms)); /* experts over their edp group */
     if (s->pipe) {

@@ -481,6 +481,12 @@ static loom_status check_split(const loom_gpt *m)
         LOOM_FAIL(LOOM_ERR_INVALID, "canonical mode sums in %d fixed chunks: dim=%d and the padded "
                   "vocabulary %d must divide by %d, and tp=%d must divide %d", chunks, c->dim,
                   c->vocab_padded, chunks, tp, chunks);
+    /* B's output gradients would have to be gathered over the sequence and kept for W: a
+     * full-rows buffer per linear per slot that gpt_backward_split.c does not have */
+    if (m->split && m->sp)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "the split backward (schedule zb1, or a list with "
+                  "BWD_INPUT / BWD_WEIGHT) does not run under sequence parallelism yet: use "
+                  "gpipe, 1f1b or interleaved with tp_sequence_parallel, or leave it out");
     return LOOM_OK;
 }
 

@@ -25,7 +25,7 @@
  * slot (a->ln_part, m->lnf_part) and W adds them, so B writes no parameter gradient and
  * the engine may zero the gradients before each W (one micro-batch's gradients on their
  * own). In fast mode the kernels accumulate straight into the gradient, in B.
- * What not: sequence parallelism (gpt_check_chunk refuses it for any stage pass).
+ * What not: sequence parallelism (gpt.c's check_split refuses split_backward with it).
  */
 #include "gpt_stage.h"
 
@@ -162,13 +162,18 @@ loom_status loom_gpt_stage_backward_weight(loom_gpt *m, int lo, int hi, int head
             rep_pack ln = {{m->g.lnfw, m->g.lnfb}, 2, m->lnf_part};
             LOOM_TRY(gpt_rep_flush(m, &ln));
         }
+        LOOM_TRY(gpt_stage_ready(m, -1, 0)); /* the data-parallel overlap (gpt_stage.h) */
     }
-    for (int l = hi - 1; l >= lo; l--)
+    for (int l = hi - 1; l >= lo; l--) {
         LOOM_TRY(block_weight(m, l, block_dy(m, l, hi), B, T, R));
+        LOOM_TRY(gpt_stage_ready(m, l, 0));
+    }
     if (lo == 0) {
         LOOM_TRY(B_LEAVE(LOOM_REGION_EMBEDDING, -1, m->dx_out, m->dx_out, R, C));
         gpt_embedding_grad(m, m->dx_out, R);
         k->position_backward(m->g.wpe, m->dx_out, B, T, C);
     }
+    if (lo == 0 || hi == m->cfg.layers)
+        LOOM_TRY(gpt_stage_ready(m, -1, 1));
     return LOOM_OK;
 }

@@ -58,6 +58,7 @@ struct loom_pipeline {
     double compute_ms, wall_ms;     /* the last step's F/B/W time and pipeline phase */
     float *tied;                    /* canonical, chunks > 1: [microbatches] wte-sized halves */
     size_t at;                      /* the instruction the step is in (n: after the list) */
+    size_t *last_w;                 /* [chunks]: the position of the chunk's last BWD or W */
 };
 
 static loom_status split_layers(loom_pipeline *pl, const loom_pipeline_config *cfg)
@@ -147,11 +148,15 @@ loom_status loom_pipeline_create(const loom_pipeline_config *cfg, loom_pipeline 
         pl->slot_of = malloc((size_t)pl->microbatches * pl->chunks * sizeof(int));
         pl->own = calloc((size_t)pl->layers, 1);
         pl->done = malloc((size_t)pl->microbatches * pl->chunks);
-        if (!pl->list || !pl->slots || !pl->slot_of || !pl->own || !pl->done)
+        pl->last_w = calloc((size_t)pl->chunks, sizeof *pl->last_w);
+        if (!pl->list || !pl->slots || !pl->slot_of || !pl->own || !pl->done || !pl->last_w)
             st = loom_fail(LOOM_ERR_NOMEM, "out of memory");
     }
     if (st == LOOM_OK) {
         memcpy(pl->list, use->list[pl->stage], pl->n * sizeof *pl->list);
+        for (size_t i = 0; i < pl->n; i++)
+            if (pl->list[i].op == LOOM_SCHED_BWD || pl->list[i].op == LOOM_SCHED_BWD_WEIGHT)
+                pl->last_w[pl->list[i].chunk] = i;
         for (int c = 0; c < pl->chunks; c++) {
             int k = c * pl->stages + pl->stage;
             for (int l = pl->first[k]; l < pl->first[k + 1]; l++)
@@ -183,6 +188,7 @@ void loom_pipeline_destroy(loom_pipeline *pl)
         free(pl->head[i]);
     free(pl->head);
     free(pl->tied);
+    free(pl->last_w);
     free(pl);
 }
 
@@ -397,7 +403,10 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
     const loom_comm_ops *ops = pl->ops;
     int P = pl->stages, V = P * pl->chunks, L = pl->layers;
     int next = (pl->stage + 1) % P, prev = (pl->stage + P - 1) % P;
-    size_t R = (size_t)B * T, count = R * (size_t)loom_gpt_get_config(m)->dim;
+    /* count: this rank's rows of the residual stream (a tp rank's shard under sequence
+     * parallelism, sent to the same tp rank of the next stage: its pp group) */
+    size_t R = (size_t)B * T;
+    size_t count = loom_gpt_stage_rows(m, B, T) * (size_t)loom_gpt_get_config(m)->dim;
     for (int i = 0; i < pl->microbatches * pl->chunks; i++)
         pl->slot_of[i] = -1;
     memset(pl->done, 0, (size_t)pl->microbatches * pl->chunks);
@@ -423,6 +432,10 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
         int keep = (head_in || head_out) && pl->chunks > 1; /* halves exchanged after the list */
         size_t off = (size_t)in->microbatch * R;
         loom_comm_request *r = NULL;
+        int last = hooks && hooks->final_bwd && pl->last_w[in->chunk] == i &&
+                   (in->op == LOOM_SCHED_BWD || in->op == LOOM_SCHED_BWD_WEIGHT);
+        if (last)
+            LOOM_TRY(hooks->final_bwd(hooks->ctx, in->chunk, 1));
         switch (in->op) {
         case LOOM_SCHED_RECV_ACT:
             LOOM_TRY(acquire(pl, key, &s));
@@ -539,6 +552,8 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
                       loom_sched_op_name(in->op));
         }
         (void)V;
+        if (last)
+            LOOM_TRY(hooks->final_bwd(hooks->ctx, in->chunk, 0));
         if (in->op == LOOM_SCHED_FWD || in->op == LOOM_SCHED_BWD || in->op == LOOM_SCHED_BWD_INPUT)
             LOOM_TRY(prefetch_next(pl, m, i));
         if (in->op == LOOM_SCHED_SEND_ACT || in->op == LOOM_SCHED_SEND_GRAD)
@@ -726,7 +741,7 @@ loom_status loom_pipeline_eval(loom_pipeline *pl, loom_gpt *m, const int *tokens
     const loom_comm_ops *ops = pl->ops;
     int P = pl->stages, V = P * pl->chunks, L = pl->layers;
     int next = (pl->stage + 1) % P, prev = (pl->stage + P - 1) % P;
-    size_t count = (size_t)B * T * (size_t)loom_gpt_get_config(m)->dim;
+    size_t count = loom_gpt_stage_rows(m, B, T) * (size_t)loom_gpt_get_config(m)->dim;
     double sum = 0.0;
     LOOM_TRY(wait_slot(pl, &pl->slots[0]));
     loom_gpt_stage_select(m, 0);
@@ -747,4 +762,30 @@ loom_status loom_pipeline_eval(loom_pipeline *pl, loom_gpt *m, const int *tokens
     }
     *loss_sum = sum;
     return loom_pipeline_sum(pl, loss_sum, 1); /* only the last stage's is not 0 */
+}
+
+loom_status loom_pipeline_decode(loom_pipeline *pl, loom_gpt *m, int token, int t)
+{
+    const loom_comm_ops *ops = pl->ops;
+    int P = pl->stages, V = P * pl->chunks;
+    int next = (pl->stage + 1) % P, prev = (pl->stage + P - 1) % P;
+    size_t C = (size_t)loom_gpt_get_config(m)->dim, at = (size_t)t * C;
+    LOOM_TRY(wait_slot(pl, &pl->slots[0]));
+    loom_gpt_stage_select(m, 0); /* where loom_pipeline_eval's forward left the rows */
+    for (int c = 0; c < pl->chunks; c++) {
+        int vs = c * P + pl->stage, lo = pl->first[vs], hi = pl->first[vs + 1];
+        loom_comm_request *r = NULL;
+        if (vs > 0) { /* one row of the residual stream: C floats */
+            LOOM_TRY(ops->recv_start(pl->pp, loom_gpt_stage_input(m) + at, C, LOOM_DTYPE_F32,
+                                     prev, &r));
+            LOOM_TRY(ops->wait(pl->pp, r));
+        }
+        LOOM_TRY(loom_gpt_stage_decode(m, lo, hi, token, t));
+        if (vs + 1 < V) {
+            LOOM_TRY(ops->send_start(pl->pp, loom_gpt_stage_output(m, hi) + at, C, LOOM_DTYPE_F32,
+                                     next, &r));
+            LOOM_TRY(ops->wait(pl->pp, r)); /* the next stage is receiving it now */
+        }
+    }
+    return LOOM_OK;
 }

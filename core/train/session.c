@@ -36,6 +36,7 @@
 #include "io/checksum.h"
 #include "io/llmc_model.h"
 #include "model/gpt_distill.h"
+#include "model/gpt_stage.h"
 
 struct loom_session {
     loom_session_config cfg;
@@ -570,6 +571,16 @@ static loom_status zero_after(void *ctx, int mb, int chunk)
     return loom_zero_finish_micro(((zero_ctx *)ctx)->z);
 }
 
+/* Fast mode under pp with the dp strategy: each chunk's last backward (or W) of the step
+ * hands its finished ranges to the strategy as it goes (grad_sync.h, gpt_stage.h), so
+ * their all-reduces start while the rest of the step's list runs. */
+static loom_status overlap_final(void *ctx, int chunk, int on)
+{
+    (void)chunk;
+    loom_grad_sync_final_hook(ctx, on);
+    return LOOM_OK;
+}
+
 static loom_status canonical_after(void *ctx, int mb, int chunk)
 {
     micro_ctx *c = ctx;
@@ -613,15 +624,21 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
         /* canonical: each micro-batch's gradients on their own, into the tree in order */
         micro_ctx mc = {s->sync, mb_loss, loom_pipeline_chunks(s->pipe)};
-        loom_pipeline_hooks hooks = {canonical_before, canonical_after, &mc};
+        loom_pipeline_hooks hooks = {canonical_before, canonical_after, &mc, NULL};
         zero_ctx zc = {s->zero, 0};
-        loom_pipeline_hooks zhooks = {zero_before, zero_after, &zc};
+        loom_pipeline_hooks zhooks = {zero_before, zero_after, &zc, NULL};
+        loom_pipeline_hooks ohooks = {NULL, NULL, s->sync, overlap_final};
         int canon = s->cfg.canonical, zero2 = s->zero && loom_zero_reduces(s->zero);
         loom_status st = canon ? LOOM_OK : loom_grad_sync_begin_micro(s->sync, 0);
+        int overlap = !canon && !zero2 && loom_grad_sync_can_overlap(s->sync) &&
+                      loom_gpt_stage_reports_ready(s->model);
+        if (!canon && !zero2) /* no range is final before its chunk's last backward */
+            loom_grad_sync_final_hook(s->sync, 0);
         if (st == LOOM_OK)
             st = loom_pipeline_run(s->pipe, s->model, s->tokens, s->targets, B, T,
                                    (float)(scale / tokens), mb_loss,
-                                   canon ? &hooks : zero2 ? &zhooks : NULL, &peak);
+                                   canon ? &hooks : zero2 ? &zhooks : overlap ? &ohooks : NULL,
+                                   &peak);
         for (int a = 0; st == LOOM_OK && !canon && a < accum; a++)
             st = loom_grad_sync_end_micro(s->sync, a, mb_loss[a]);
         for (int a = 0; a < accum; a++)
@@ -662,6 +679,11 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         LOOM_TRY(loom_zero_take_reduced(s->zero));
     double t_tied = loom_now_ms();
     loom_trace_span(s->trace, LOOM_TRACE_GRAD_SYNC, t_sync, t_tied, -1, -1);
+    if (loom_grad_sync_can_overlap(s->sync)) { /* from the first bucket under way to the last done */
+        double t_first = loom_grad_sync_first_ms(s->sync);
+        loom_trace_span(s->trace, LOOM_TRACE_ALLREDUCE, t_first >= 0 ? t_first : t_sync, t_tied,
+                        -1, -1);
+    }
     double comm_ms = t_tied - t_sync + loom_gpt_take_comm_ms(s->model);
     LOOM_TRY(loom_ep_reduce(s->ep, s->model, &comm_ms)); /* experts over their edp group */
     if (s->pipe) {
@@ -854,8 +876,8 @@ static loom_status from_last_stage(void *buf, size_t n)
 }
 
 /* The generation loop (session.h). The first token's logits come from a forward over the
- * prompt's window; with the cache every later one from loom_gpt_decode of the token just
- * drawn, until the sequence outgrows ctx: then the window slides, every position moves,
+ * prompt's window; with the cache every later one from loom_gpt_decode (under pp
+ * loom_pipeline_decode) of the token just drawn, until the sequence outgrows ctx: then the window slides, every position moves,
  * and each token is a full forward over the last ctx tokens (as without the cache).
  * While the window starts at 0 — the rows a decode reuses — the backend's products are
  * row-stable (set_deterministic mode 2: a row's bits do not depend on how many rows a
@@ -870,11 +892,17 @@ static loom_status generate(loom_session *s, const loom_sample_config *c, const 
 {
     const loom_gpt_config *mc = loom_gpt_get_config(s->model);
     const loom_backend_ops *k = s->backend.ops;
-    /* Under pp every token is a full forward through the stages (no cache: the stages
-     * would each keep theirs): the same bits as the cached path, by the row-stable mode
-     * below. The last stage draws; the token goes to every stage. */
+    /* Under pp each stage keeps its own layers' cache and one row moves between stages per
+     * token (loom_pipeline_decode); the stages decide together, since each could decode
+     * on its own or not (a stage's recompute mode, its blocks' kind). The last stage
+     * draws; the token goes to every stage. */
     int last = !s->pipe || loom_pipeline_stage(s->pipe) == loom_pipeline_stages(s->pipe) - 1;
-    int cache = !s->pipe && loom_gpt_can_decode(s->model) && !c->no_cache, mode = -1;
+    int cache = loom_gpt_can_decode(s->model) && !c->no_cache, mode = -1;
+    if (s->pipe) {
+        double cannot = cache ? 0.0 : 1.0;
+        LOOM_TRY(loom_pipeline_sum(s->pipe, &cannot, 1));
+        cache = cannot == 0.0;
+    }
     memmove(out, prompt, (size_t)n_prompt * sizeof(int));
     uint64_t stream = loom_rng_stream("sample");
     loom_xxh64_state hash;
@@ -893,7 +921,10 @@ static loom_status generate(loom_session *s, const loom_sample_config *c, const 
             k->set_deterministic(s->backend.self, mode = want);
         if (cache && i > 0 && !restarted && T <= mc->ctx &&
             (c->shift_window || len <= mc->ctx) && loom_gpt_cached_rows(s->model) == T - 1) {
-            LOOM_TRY(loom_gpt_decode(s->model, out[len - 1], T - 1));
+            if (s->pipe)
+                LOOM_TRY(loom_pipeline_decode(s->pipe, s->model, out[len - 1], T - 1));
+            else
+                LOOM_TRY(loom_gpt_decode(s->model, out[len - 1], T - 1));
         } else {
             /* Sequence parallelism shards rows by tp: pad the window at its end (causal
              * attention: later tokens cannot change the row we read). */

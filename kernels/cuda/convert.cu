@@ -11,10 +11,6 @@
  */
 #include "kernels.cuh"
 
-#define GRID_STRIDE(i, n)                                                                      \
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n);                     \
-         i += (size_t)gridDim.x * blockDim.x)
-
 __device__ inline float bits_f32(uint32_t u)
 {
     return __uint_as_float(u);

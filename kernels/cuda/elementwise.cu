@@ -9,10 +9,6 @@
 #define GELU_K 0.7978845608028654f
 #define GELU_A 0.044715f
 
-#define GRID_STRIDE(i, n)                                                                      \
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n);                     \
-         i += (size_t)gridDim.x * blockDim.x)
-
 __global__ void gelu_forward_kernel(float *out, const float *inp, size_t n)
 {
     GRID_STRIDE(i, n) {

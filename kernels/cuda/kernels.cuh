@@ -30,6 +30,11 @@ static inline unsigned loom_cuda_blocks(size_t n)
     } while (0)
 #endif
 
+/* for (i ...) over [0, n), each thread from its global index by the grid's size. */
+#define GRID_STRIDE(i, n)                                                                      \
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n);                     \
+         i += (size_t)gridDim.x * blockDim.x)
+
 /* Sum over a block (blockDim.x a multiple of 32, at most 1024) in a fixed tree: the same
  * bits for the same inputs and block size. Every thread gets the total. */
 template <typename F> __device__ inline F loom_block_sum(F v)

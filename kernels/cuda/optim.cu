@@ -13,10 +13,6 @@
 #define SUB __fsub_rn
 #define DIV __fdiv_rn
 
-#define GRID_STRIDE(i, n)                                                                      \
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n);                     \
-         i += (size_t)gridDim.x * blockDim.x)
-
 __global__ void adamw_kernel(float *p, const float *grad, float *m, float *v, size_t n,
                              loom_adamw_consts c)
 {

@@ -214,7 +214,8 @@ typedef struct loom_backend_ops {
      * step_backend calls them). One segment's update in place, element by element, in the
      * optimizer plugin's own float expressions with its host-computed constants: each
      * operation rounded once, as IEEE fp32 (no fused multiply-add), so the bits equal the
-     * plugin's host step. AdamW: m, v the two state slots (n each). */
+     * plugin's host step. A host-memory backend leaves both NULL (the core calls the
+     * plugin's own step there). AdamW: m, v the two state slots (n each). */
     void (*adamw_update)(float *param, const float *grad, float *m, float *v, size_t n,
                          const loom_adamw_consts *c);
     /* SGD: buf the momentum buffer (n; unused, may be NULL, when c->mu == 0). */

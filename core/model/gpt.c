@@ -622,7 +622,7 @@ void loom_gpt_destroy(loom_gpt *m)
     const loom_backend_ops *ops = m->be->ops;
     ops->free(m->be->self, m->params);
     ops->free(m->be->self, m->grads);
-    ops->free(m->be->self, m->cparams);
+    gpt_w16_free(m);
     ops->free(m->be->self, m->act_mem);
     gpt_moe_destroy(m);
     free(m->ent0);
@@ -714,14 +714,9 @@ loom_status loom_gpt_set_precision(loom_gpt *m, loom_dtype param, loom_dtype act
                   "are not built yet (the expert layers do not round); use precision = \"fp32\" "
                   "with moe", loom_dtype_name(param != LOOM_DTYPE_F32 ? param : act));
     m->act_dt = act;
-    m->param_dt = param;
-    if (param != LOOM_DTYPE_F32 && !m->cparams) {
-        m->cparams = k->alloc(m->be->self, m->table.total * sizeof(float));
-        if (!m->cparams)
-            LOOM_FAIL(LOOM_ERR_NOMEM, "cannot allocate %.1f MiB for the %s compute copy of the "
-                      "weights", (double)m->table.total * sizeof(float) / (1 << 20),
-                      loom_dtype_name(param));
-        bind_params(m, m->cparams, &m->p);
+    if (param != LOOM_DTYPE_F32 && !m->c16) {
+        m->param_dt = param;
+        LOOM_TRY(gpt_w16_setup(m));
     }
     loom_gpt_refresh_params(m);
     return LOOM_OK;
@@ -729,16 +724,16 @@ loom_status loom_gpt_set_precision(loom_gpt *m, loom_dtype param, loom_dtype act
 
 void loom_gpt_refresh_params(loom_gpt *m)
 {
-    if (!m->cparams)
-        return;
-    const loom_backend_ops *k = m->be->ops;
-    k->round_to(m->cparams, m->params, m->table.total, m->param_dt);
+    if (m->c16)
+        gpt_w16_refresh(m);
 }
 
 size_t loom_gpt_compute_param_bytes(const loom_gpt *m)
 {
-    return m->table.total * sizeof(float);
+    return m->c16 ? gpt_w16_bytes(m) : m->table.total * sizeof(float);
 }
+
+size_t loom_gpt_widen_bytes(const loom_gpt *m) { return gpt_w16_scratch_bytes(m); }
 
 /* --- forward and backward ------------------------------------------------------------ */
 
@@ -747,6 +742,7 @@ size_t loom_gpt_compute_param_bytes(const loom_gpt *m)
  * for every block, a pipeline stage (gpt_stage.c) for its own: one piece of block math. */
 loom_status gpt_block_forward(loom_gpt *m, int l, const float *residual, int B, int T, size_t Rl)
 {
+    gpt_widen_block(m, l);
     if (m->llama)
         return gpt_llama_block_forward(m, l, residual, B, T, Rl);
     const loom_backend_ops *k = m->be->ops;
@@ -797,6 +793,7 @@ loom_status gpt_block_forward(loom_gpt *m, int l, const float *residual, int B, 
 loom_status gpt_block_backward(loom_gpt *m, int l, const float *residual, rep_pack *pk, int B,
                                int T, size_t Rl)
 {
+    gpt_widen_block(m, l);
     if (m->llama)
         return gpt_llama_block_backward(m, l, residual, pk, B, T, Rl);
     const loom_backend_ops *k = m->be->ops;
@@ -885,7 +882,7 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
      * group is the lookup. Positions are added once, to the rows this rank keeps. */
     float *embedded = m->tp_ops ? m->partial : m->encoded;
     LOOM_TRY(use(m, 0, 1));
-    k->embedding_forward(embedded, m->tokens, m->p.wte, m->v0, m->Vl, R, C);
+    gpt_embed_lookup(m, embedded, m->tokens, tokens, R);
     LOOM_TRY(F_LEAVE(LOOM_REGION_EMBEDDING, -1, embedded, m->encoded, R, C));
     if (m->p.wpe) /* learned positions; the llama family's are rotary, in the blocks */
         k->position_forward(m->encoded, m->p.wpe, row0, Rl, T, C);
@@ -902,7 +899,7 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
     gpt_final_norm_forward(m, residual, 0, Rl);
     gpt_round(m, m->lnf, Rl * C);
     LOOM_TRY(F_ENTER(LOOM_REGION_HEAD, -1, m->lnf, m->lnf_full, R, C));
-    k->matmul_forward(m->logits, m->lnf_full, m->p.head, NULL, B, T, C, m->Vl);
+    gpt_head_forward(m, m->logits, m->lnf_full, B, T);
     gpt_round(m, m->logits, R * (size_t)m->Vl);
     m->last_B = B;
     m->last_T = T;

@@ -54,13 +54,14 @@ loom_status loom_gpt_decode(loom_gpt *m, int token, int t)
 #define ROW(buf, width) ((buf) + r * (size_t)(width))
     k->copy_to_device(bs, m->tokens + t, &token, sizeof(int));
     float *embedded = m->tp_ops ? m->partial : m->encoded;
-    k->embedding_forward(embedded + rC, m->tokens + t, m->p.wte, m->v0, m->Vl, 1, C);
+    gpt_embed_lookup(m, embedded + rC, m->tokens + t, &token, 1);
     LOOM_TRY(F_LEAVE(LOOM_REGION_EMBEDDING, -1, embedded + rC, m->encoded + rC, 1, C));
     if (m->p.wpe)
         k->position_forward(m->encoded + rC, m->p.wpe, r, 1, m->cfg.ctx, C);
     gpt_round(m, m->encoded + rC, (size_t)C); /* gpt_block_forward's points, row t's values */
     const float *residual = m->encoded + rC;
     for (int l = 0; l < m->cfg.layers; l++) {
+        gpt_widen_block(m, l);
         layer_params *w = &m->p.layer[l];
         layer_acts *a = &m->acts[l];
         if (m->llama) { /* gpt_llama.c */
@@ -104,7 +105,7 @@ loom_status loom_gpt_decode(loom_gpt *m, int token, int t)
     gpt_final_norm_forward(m, residual, r, 1);
     gpt_round(m, m->lnf + rC, (size_t)C);
     LOOM_TRY(F_ENTER(LOOM_REGION_HEAD, -1, m->lnf + rC, m->lnf_full + rC, 1, C));
-    k->matmul_forward(ROW(m->logits, m->Vl), m->lnf_full + rC, m->p.head, NULL, 1, 1, C, m->Vl);
+    gpt_head_forward(m, ROW(m->logits, m->Vl), m->lnf_full + rC, 1, 1);
     gpt_round(m, ROW(m->logits, m->Vl), (size_t)m->Vl);
 #undef ROW
     m->last_B = 1;

@@ -51,8 +51,15 @@ struct loom_gpt {
     loom_param_table table;
     float *params, *grads;
     model_params p, g;
-    /* mixed precision (gpt.h): cparams the compute copy p points at (NULL: p is params) */
-    float *cparams;
+    /* mixed precision (gpt.h): c16 the 16-bit compute copy of the weights (NULL: p points
+     * into params); p then points into wide (the blocks, one widened at a time: wide_unit)
+     * and edge (wpe, ln_f), and has no wte or head (gpt_precision.c reads them from c16) */
+    void *c16;
+    float *wide, *edge;
+    size_t wide_cap, edge_n, *edge_of; /* floats of wide and edge; edge_of[entry]: where */
+    size_t head_off, wte_off;          /* flat offsets of the head and wte ((size_t)-1: none) */
+    int wide_unit;                     /* the block wide holds, -1: none */
+    int *host_tok;                     /* (R) host copy of the tokens the lookup reads */
     loom_dtype param_dt, act_dt;
     int max_B;
     /* tensor parallelism (gpt.h): tp_ops NULL for one rank */
@@ -133,6 +140,26 @@ static inline void gpt_round(loom_gpt *m, float *x, size_t n)
     if (m->act_dt != LOOM_DTYPE_F32)
         m->be->ops->round_to(x, x, n, m->act_dt);
 }
+
+/* 16-bit weights (gpt_precision.c). setup: allocate c16, wide and edge and move m->p
+ * (bound to params) onto them; refresh: c16 from params and edge from c16. */
+loom_status gpt_w16_setup(loom_gpt *m);
+void gpt_w16_free(loom_gpt *m);
+void gpt_w16_refresh(loom_gpt *m);
+size_t gpt_w16_bytes(const loom_gpt *m);
+size_t gpt_w16_scratch_bytes(const loom_gpt *m);
+/* Before reading m->p.layer[l]: its weights widened into wide (nothing in fp32). */
+void gpt_widen_block(loom_gpt *m, int l);
+/* The token embedding's lookup (embedding_forward's contract) of R tokens, given on the
+ * device and on the host. */
+void gpt_embed_lookup(loom_gpt *m, float *out, const int *dev_tokens, const int *host_tokens,
+                      size_t R);
+/* logits (R,Vl) = inp (R,C) @ head^T (no bias). */
+void gpt_head_forward(loom_gpt *m, float *logits, const float *inp, int B, int T);
+/* 16-bit weights: dinp (R,C) = dout (R,Vl) @ head; the head's rows [row0, row0+rows)
+ * widened (into wide: valid until the next widening). */
+void gpt_head_dinp(loom_gpt *m, float *dinp, const float *dout, int R);
+const float *gpt_head_rows(loom_gpt *m, size_t row0, size_t rows);
 
 /* A region boundary: the strategy's hook, or nothing with one rank (then out == in).
  * The macros name Megatron's points; they expect the model in `m`. */

@@ -15,7 +15,8 @@
 #    after growth_interval good steps; resuming from the checkpoint of the skipped step
 #    continues bitwise (losses, scale, state hashes); an overflow at min_scale stops the run
 #    with a message saying so and what to try;
-#  - accounting: with bf16 the fp32 master copy is counted (master = fp32's params bytes);
+#  - accounting: with bf16 the compute copy is half of fp32's parameter bytes and the fp32
+#    master copy is counted (master = fp32's params bytes);
 #  - refusals: bf16 with zero=3 and with moe; reduce = "bf16" in canonical mode and with
 #    compression.
 set -euo pipefail
@@ -132,7 +133,8 @@ echo "ok fp16 at min_scale: $(grep -o 'fp16: the gradients overflow[^;]*' "$tmp/
 m32=$(awk '$1 == "MEM"' "$tmp/fp32"); m16=$(awk '$1 == "MEM"' "$tmp/bf16")
 read -r _ p32 master32 _ <<< "$m32"; read -r _ p16 master16 _ <<< "$m16"
 [ "$master32" = 0 ] && [ "$master16" = "$p32" ] || { echo "memory: fp32 '$m32', bf16 '$m16'"; exit 1; }
-echo "ok memory: bf16 counts the fp32 master copy ($master16 bytes) beside its compute copy ($p16 bytes)"
+[ $((2 * p16)) = "$p32" ] || { echo "memory: the bf16 compute copy is $p16 bytes, not half of fp32's $p32"; exit 1; }
+echo "ok memory: bf16's compute copy is half of fp32's parameters ($p16 of $p32 bytes), beside the fp32 master copy ($master16 bytes)"
 
 set +e
 runN 2 precision=bf16 mesh.dp=2 batch.micro=4 strategy.zero=3 steps=1 > /dev/null 2> "$tmp/z3.err"; rc=$?

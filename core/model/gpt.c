@@ -320,22 +320,24 @@ static size_t lay_out_shared(loom_gpt *m, float *base, layer_acts *s)
     size_t B = (size_t)m->max_B, T = (size_t)m->cfg.ctx, C = (size_t)m->cfg.dim;
     size_t Fl = (size_t)m->Fl, Cl = (size_t)m->Cl, R = B * T, Rl = m->sp ? R / (size_t)m->tp : R;
     size_t att = B * (size_t)m->NHl * T * T, off = 0, QKV = (size_t)m->qkv_w, FC = (size_t)m->fc_w;
-    int full = 0, selective = 0;
+    int full = 0, selective = 0, a16 = 0; /* a16: a kept block's floats are these too */
     for (int l = 0; l < m->cfg.layers; l++) {
         full |= m->own[l] && m->rc[l] == RC_FULL;
         selective |= m->own[l] && m->rc[l] == RC_SELECTIVE;
+        a16 |= m->a16 && m->own[l] && m->rc[l] != RC_FULL;
     }
     memset(s, 0, sizeof *s);
 #define TAKE(n) (off += (n), base ? base + off - (n) : NULL)
-    if (full) {
+    if (full || a16) {
         s->ln1 = TAKE(Rl * C); s->ln1_mean = TAKE(Rl); s->ln1_rstd = TAKE(Rl);
         s->qkv = TAKE(R * QKV); s->atty = TAKE(R * Cl); s->res2 = TAKE(Rl * C);
         s->ln2 = TAKE(Rl * C); s->ln2_mean = TAKE(Rl); s->ln2_rstd = TAKE(Rl);
         s->fch = TAKE(R * FC);
     }
-    if (full || selective) {
-        s->att = TAKE(att); s->fch_gelu = TAKE(R * Fl);
-    }
+    if (full || selective)
+        s->att = TAKE(att);
+    if (full || selective || a16)
+        s->fch_gelu = TAKE(R * Fl);
 #undef TAKE
     return off;
 }
@@ -366,6 +368,19 @@ static size_t lay_out_activations(loom_gpt *m, float *base, const layer_acts *s)
             continue;
         }
         int sel = m->rc[l] == RC_SELECTIVE;
+        if (m->a16) { /* 16-bit copies here, the floats in the scratch set (gpt_internal.h) */
+            size_t n[GPT_A16_N];
+            gpt_act16_sizes(m, (int)l, R, n);
+            for (int i = 0; i < GPT_A16_N; i++) /* n 16-bit values: n/2 floats, 64-byte aligned */
+                a->s16[i] = n[i] ? (void *)TAKE((n[i] + 31) / 32 * 16) : NULL;
+            a->ln1 = s->ln1; a->qkv = s->qkv; a->atty = s->atty; a->res2 = s->res2;
+            a->ln2 = s->ln2; a->fch = s->fch; a->fch_gelu = s->fch_gelu;
+            a->ln1_full = GATHERED(a->ln1); a->ln2_full = GATHERED(a->ln2);
+            a->ln1_mean = TAKE(Rl); a->ln1_rstd = TAKE(Rl); a->ln2_mean = TAKE(Rl);
+            a->ln2_rstd = TAKE(Rl); a->att = sel ? s->att : TAKE(att); a->res3 = TAKE(Rl * C);
+            a->dfch = a->ln_part = a->dqkv = NULL; /* no split backward (set_precision) */
+            continue;
+        }
         a->ln1 = TAKE(Rl * C); a->ln1_mean = TAKE(Rl); a->ln1_rstd = TAKE(Rl);
         a->ln1_full = GATHERED(a->ln1);
         a->qkv = TAKE(R * QKV); a->atty = TAKE(R * Cl); a->att = sel ? s->att : TAKE(att);
@@ -665,6 +680,7 @@ float *loom_gpt_param_data(loom_gpt *m) { return m->params; }
 float *loom_gpt_grad_data(loom_gpt *m) { return m->grads; }
 const float *loom_gpt_logits(const loom_gpt *m) { return m->logits; }
 size_t loom_gpt_activation_bytes(const loom_gpt *m) { return m->act_bytes + gpt_moe_bytes(m); }
+size_t loom_gpt_saved_activation_bytes(const loom_gpt *m) { return gpt_saved_activation_bytes(m); }
 
 int loom_gpt_tied_head(const loom_gpt *m) { return !m->llama || m->cfg.tie_embeddings; }
 
@@ -714,6 +730,14 @@ loom_status loom_gpt_set_precision(loom_gpt *m, loom_dtype param, loom_dtype act
                   "are not built yet (the expert layers do not round); use precision = \"fp32\" "
                   "with moe", loom_dtype_name(param != LOOM_DTYPE_F32 ? param : act));
     m->act_dt = act;
+    if (act != LOOM_DTYPE_F32 && !m->a16 && !m->split) { /* store what backward reads in 16
+                                                         * bits: the buffers laid out again */
+        m->a16 = 1;
+        m->be->ops->free(m->be->self, m->act_mem);
+        free(m->host_losses);
+        free(m->row_gather);
+        LOOM_TRY(alloc_activations(m));
+    }
     if (param != LOOM_DTYPE_F32 && !m->c16) {
         m->param_dt = param;
         LOOM_TRY(gpt_w16_setup(m));
@@ -785,6 +809,8 @@ loom_status gpt_block_forward(loom_gpt *m, int l, const float *residual, int B, 
     gpt_round(m, m->summed, Rl * C);
     k->residual_forward(a->res3, a->res2, m->summed, Rl * C);
     gpt_round(m, a->res3, Rl * C);
+    if (m->rc[l] != RC_FULL)
+        gpt_acts_store(m, l, R); /* 16-bit activations: what backward reads, kept */
     return LOOM_OK;
 }
 
@@ -804,6 +830,8 @@ loom_status gpt_block_backward(loom_gpt *m, int l, const float *residual, rep_pa
     if (m->rc[l] == RC_FULL) /* the same forward again, into the scratch set (its res3 too:
                               * the same bits over the kept ones) */
         LOOM_TRY(gpt_block_forward(m, l, residual, B, T, Rl));
+    else
+        gpt_acts_load(m, l, R); /* 16-bit activations: the kept ones back into fp32 */
     if (m->moe && gpt_moe_block(&m->cfg, l)) { /* res3 = res2 + moe(ln2(res2)) (moe.h) */
         LOOM_TRY(gpt_moe_backward(m, l, m->ent0[l] + 8, m->dres, m->dsummed, R));
         goto mlp_done;

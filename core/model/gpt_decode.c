@@ -69,6 +69,8 @@ loom_status loom_gpt_decode(loom_gpt *m, int token, int t)
             residual = a->res3 + rC;
             continue;
         }
+        if (m->a16) /* 16-bit activations: the cached rows' q, k, v back into fp32 */
+            k->convert_to_f32(a->qkv, a->s16[1], r * 3 * (size_t)Cl, m->act_dt);
         k->layernorm_forward(a->ln1 + rC, a->ln1_mean + r, a->ln1_rstd + r, residual, w->ln1w,
                              w->ln1b, 1, 1, C);
         gpt_round(m, a->ln1 + rC, (size_t)C);
@@ -76,6 +78,9 @@ loom_status loom_gpt_decode(loom_gpt *m, int token, int t)
         k->matmul_forward(ROW(a->qkv, 3 * Cl), a->ln1_full + rC, w->qkvw, w->qkvb, 1, 1, C,
                           3 * Cl);
         gpt_round(m, ROW(a->qkv, 3 * Cl), 3 * (size_t)Cl);
+        if (m->a16) /* and row t's, kept for the next positions */
+            k->convert_from_f32((uint16_t *)a->s16[1] + r * 3 * (size_t)Cl, ROW(a->qkv, 3 * Cl),
+                                3 * (size_t)Cl, m->act_dt);
         /* where attention_forward over t+1 tokens keeps row t of head h: h(t+1)^2 + t(t+1) */
         size_t n = r + 1;
         k->attention_decode(ROW(a->atty, Cl), a->att + r * n, n * n, a->qkv, t, Cl, m->NHl);

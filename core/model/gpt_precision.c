@@ -12,6 +12,10 @@
  * this file existed; the products are split only along output rows or columns (never
  * along the summed dimension), whose bits do not depend on the split (gemm.c's "Order of
  * operations"), so the losses are bitwise those of the fp32 compute copy.
+ * 16-bit activations (m->a16): what a kept block saves for backward (gpt_act16_sizes) is
+ * stored in 16 bits after its forward and widened back before its backward; the block's
+ * float pointers share one scratch set (gpt.c's lay_out_shared), so the fp32 bytes are one
+ * block's. The values were rounded to act_dt where written, so the round trip is exact.
  * Not here: the rounding of activations (gpt_round), the master weights (gpt.c).
  */
 #include "gpt_internal.h"
@@ -245,6 +249,63 @@ void gpt_head_dinp(loom_gpt *m, float *dinp, const float *dout, int R)
         k->gemm(0, 0, R, w, Vl, 1.0f, dout, Vl, m->wide, w, 0.0f, dinp + c, C);
     }
     m->wide_unit = -1;
+}
+
+void gpt_act16_sizes(const loom_gpt *m, int l, size_t R, size_t n[GPT_A16_N])
+{
+    size_t C = (size_t)m->cfg.dim, Rl = m->sp ? R / (size_t)m->tp : R;
+    size_t QKV = (size_t)m->qkv_w, FC = (size_t)m->fc_w;
+    n[0] = Rl * C;              /* ln1 */
+    n[1] = R * QKV;             /* qkv */
+    n[2] = R * (size_t)m->Cl;   /* atty */
+    n[3] = Rl * C;              /* res2 */
+    n[4] = Rl * C;              /* ln2 */
+    n[5] = R * FC;              /* fch */
+    n[6] = m->rc[l] == RC_SELECTIVE ? 0 : R * (size_t)m->Fl; /* fch_gelu: recomputed */
+    if (!m->own[l] || m->rc[l] == RC_FULL)
+        memset(n, 0, GPT_A16_N * sizeof *n); /* another stage's, or only res3 kept */
+}
+
+/* The float buffer of saved tensor i (gpt_act16_sizes' order). */
+static float *act_f32(layer_acts *a, int i)
+{
+    float *f[GPT_A16_N] = {a->ln1, a->qkv, a->atty, a->res2, a->ln2, a->fch, a->fch_gelu};
+    return f[i];
+}
+
+void gpt_acts_store(loom_gpt *m, int l, size_t R)
+{
+    if (!m->a16)
+        return;
+    size_t n[GPT_A16_N];
+    gpt_act16_sizes(m, l, R, n);
+    layer_acts *a = &m->acts[l];
+    for (int i = 0; i < GPT_A16_N; i++)
+        if (n[i])
+            m->be->ops->convert_from_f32(a->s16[i], act_f32(a, i), n[i], m->act_dt);
+}
+
+void gpt_acts_load(loom_gpt *m, int l, size_t R)
+{
+    if (!m->a16)
+        return;
+    size_t n[GPT_A16_N];
+    gpt_act16_sizes(m, l, R, n);
+    layer_acts *a = &m->acts[l];
+    for (int i = 0; i < GPT_A16_N; i++)
+        if (n[i])
+            m->be->ops->convert_to_f32(act_f32(a, i), a->s16[i], n[i], m->act_dt);
+}
+
+size_t gpt_saved_activation_bytes(const loom_gpt *m)
+{
+    size_t R = (size_t)m->max_B * (size_t)m->cfg.ctx, total = 0, n[GPT_A16_N];
+    for (int l = 0; l < m->cfg.layers; l++) {
+        gpt_act16_sizes(m, l, R, n);
+        for (int i = 0; i < GPT_A16_N; i++)
+            total += n[i];
+    }
+    return total * (m->a16 ? sizeof(uint16_t) : sizeof(float)) * (size_t)m->slots;
 }
 
 size_t gpt_w16_bytes(const loom_gpt *m) { return m->c16 ? m->table.total * sizeof(uint16_t) : 0; }

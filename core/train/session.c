@@ -1002,6 +1002,7 @@ void loom_session_memory(loom_session *s, loom_memory *out)
         out->widen = loom_gpt_widen_bytes(s->model);
     }
     out->activations = loom_gpt_activation_bytes(s->model);
+    out->saved = loom_gpt_saved_activation_bytes(s->model);
     out->comm += loom_grad_sync_buffer_bytes(s->sync);
     if (s->compress) /* the residual and the messages */
         out->comm += loom_compress_buffer_bytes(s->compress);

@@ -349,22 +349,24 @@ static size_t lay_out_shared(loom_gpt *m, float *base, layer_acts *s)
     size_t B = (size_t)m->max_B, T = (size_t)m->cfg.ctx, C = (size_t)m->cfg.dim;
     size_t Fl = (size_t)m->Fl, Cl = (size_t)m->Cl, R = B * T, Rl = m->sp ? R / (size_t)m->tp : R;
     size_t att = B * (size_t)m->NHl * T * T, off = 0, QKV = (size_t)m->qkv_w, FC = (size_t)m->fc_w;
-    int full = 0, selective = 0;
+    int full = 0, selective = 0, a16 = 0; /* a16: a kept block's floats are these too */
     for (int l = 0; l < m->cfg.layers; l++) {
         full |= m->own[l] && m->rc[l] == RC_FULL;
         selective |= m->own[l] && m->rc[l] == RC_SELECTIVE;
+        a16 |= m->a16 && m->own[l] && m->rc[l] != RC_FULL;
     }
     memset(s, 0, sizeof *s);
 #define TAKE(n) (off += (n), base ? base + off - (n) : NULL)
-    if (full) {
+    if (full || a16) {
         s->ln1 = TAKE(Rl * C); s->ln1_mean = TAKE(Rl); s->ln1_rstd = TAKE(Rl);
         s->qkv = TAKE(R * QKV); s->atty = TAKE(R * Cl); s->res2 = TAKE(Rl * C);
         s->ln2 = TAKE(Rl * C); s->ln2_mean = TAKE(Rl); s->ln2_rstd = TAKE(Rl);
         s->fch = TAKE(R * FC);
     }
-    if (full || selective) {
-        s->att = TAKE(att); s->fch_gelu = TAKE(R * Fl);
-    }
+    if (full || selective)
+        s->att = TAKE(att);
+    if (full || selective || a16)
+        s->fch_gelu = TAKE(R * Fl);
 #undef TAKE
     return off;
 }
@@ -395,6 +397,19 @@ static size_t lay_out_activations(loom_gpt *m, float *base, const layer_acts *s)
             continue;
         }
         int sel = m->rc[l] == RC_SELECTIVE;
+        if (m->a16) { /* 16-bit copies here, the floats in the scratch set (gpt_internal.h) */
+            size_t n[GPT_A16_N];
+            gpt_act16_sizes(m, (int)l, R, n);
+            for (int i = 0; i < GPT_A16_N; i++) /* n 16-bit values: n/2 floats, 64-byte aligned */
+                a->s16[i] = n[i] ? (void *)TAKE((n[i] + 31) / 32 * 16) : NULL;
+            a->ln1 = s->ln1; a->qkv = s->qkv; a->atty = s->atty; a->res2 = s->res2;
+            a->ln2 = s->ln2; a->fch = s->fch; a->fch_gelu = s->fch_gelu;
+            a->ln1_full = GATHERED(a->ln1); a->ln2_full = GATHERED(a->ln2);
+            a->ln1_mean = TAKE(Rl); a->ln1_rstd = TAKE(Rl); a->ln2_mean = TAKE(Rl);
+            a->ln2_rstd = TAKE(Rl); a->att = sel ? s->att : TAKE(att); a->res3 = TAKE(Rl * C);
+            a->dfch = a->ln_part = a->dqkv = NULL; /* no split backward (set_precision) */
+            continue;
+        }
         a->ln1 = TAKE(Rl * C); a->ln1_mean = TAKE(Rl); a->ln1_rstd = TAKE(Rl);
         a->ln1_full = GATHERED(a->ln1);
         a->qkv = TAKE(R * QKV); a->atty = TAKE(R * Cl); a->att = sel ? s->att : TAKE(att);
@@ -658,7 +673,7 @@ void loom_gpt_destroy(loom_gpt *m)
     const loom_backend_ops *ops = m->be->ops;
     ops->free(m->be->self, m->params);
     ops->free(m->be->self, m->grads);
-    ops->free(m->be->self, m->cparams);
+    gpt_w16_free(m);
     ops->free(m->be->self, m->act_mem);
     gpt_moe_destroy(m);
     free(m->ent0);
@@ -702,6 +717,7 @@ float *loom_gpt_grad_data(loom_gpt *m) { return m->grads; }
 loom_backend *loom_gpt_backend(loom_gpt *m) { return m->be; }
 const float *loom_gpt_logits(const loom_gpt *m) { return m->logits; }
 size_t loom_gpt_activation_bytes(const loom_gpt *m) { return m->act_bytes + gpt_moe_bytes(m); }
+size_t loom_gpt_saved_activation_bytes(const loom_gpt *m) { return gpt_saved_activation_bytes(m); }
 
 int loom_gpt_tied_head(const loom_gpt *m) { return !m->llama || m->cfg.tie_embeddings; }
 
@@ -742,6 +758,10 @@ loom_status loom_gpt_set_precision(loom_gpt *m, loom_dtype param, loom_dtype act
         (k->size <= offsetof(loom_backend_ops, round_to) || !k->round_to))
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "this backend has no round_to: it cannot store bf16 or "
                   "f16 values (use precision = \"fp32\")");
+    if ((param != LOOM_DTYPE_F32 || act != LOOM_DTYPE_F32) &&
+        (!k->convert_from_f32 || !k->convert_to_f32)) /* 16-bit storage (gpt_precision.c) */
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "this backend has no convert_from_f32/convert_to_f32: "
+                  "it cannot keep 16-bit weights or activations (use precision = \"fp32\")");
     if (m->llama && (param != LOOM_DTYPE_F32 || act != LOOM_DTYPE_F32))
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "%s weights or activations with the llama family are not "
                   "built yet (its blocks, gpt_llama.c, do not round); use precision = \"fp32\"",
@@ -751,14 +771,17 @@ loom_status loom_gpt_set_precision(loom_gpt *m, loom_dtype param, loom_dtype act
                   "are not built yet (the expert layers do not round); use precision = \"fp32\" "
                   "with moe", loom_dtype_name(param != LOOM_DTYPE_F32 ? param : act));
     m->act_dt = act;
-    m->param_dt = param;
-    if (param != LOOM_DTYPE_F32 && !m->cparams) {
-        m->cparams = k->alloc(m->be->self, m->table.total * sizeof(float));
-        if (!m->cparams)
-            LOOM_FAIL(LOOM_ERR_NOMEM, "cannot allocate %.1f MiB for the %s compute copy of the "
-                      "weights", (double)m->table.total * sizeof(float) / (1 << 20),
-                      loom_dtype_name(param));
-        bind_params(m, m->cparams, &m->p);
+    if (act != LOOM_DTYPE_F32 && !m->a16 && !m->split) { /* store what backward reads in 16
+                                                         * bits: the buffers laid out again */
+        m->a16 = 1;
+        m->be->ops->free(m->be->self, m->act_mem);
+        free(m->host_losses);
+        free(m->row_gather);
+        LOOM_TRY(alloc_activations(m));
+    }
+    if (param != LOOM_DTYPE_F32 && !m->c16) {
+        m->param_dt = param;
+        LOOM_TRY(gpt_w16_setup(m));
     }
     loom_gpt_refresh_params(m);
     return LOOM_OK;
@@ -766,16 +789,16 @@ loom_status loom_gpt_set_precision(loom_gpt *m, loom_dtype param, loom_dtype act
 
 void loom_gpt_refresh_params(loom_gpt *m)
 {
-    if (!m->cparams)
-        return;
-    const loom_backend_ops *k = m->be->ops;
-    k->round_to(m->cparams, m->params, m->table.total, m->param_dt);
+    if (m->c16)
+        gpt_w16_refresh(m);
 }
 
 size_t loom_gpt_compute_param_bytes(const loom_gpt *m)
 {
-    return m->table.total * sizeof(float);
+    return m->c16 ? gpt_w16_bytes(m) : m->table.total * sizeof(float);
 }
+
+size_t loom_gpt_widen_bytes(const loom_gpt *m) { return gpt_w16_scratch_bytes(m); }
 
 /* --- forward and backward ------------------------------------------------------------ */
 
@@ -784,6 +807,7 @@ size_t loom_gpt_compute_param_bytes(const loom_gpt *m)
  * for every block, a pipeline stage (gpt_stage.c) for its own: one piece of block math. */
 loom_status gpt_block_forward(loom_gpt *m, int l, const float *residual, int B, int T, size_t Rl)
 {
+    gpt_widen_block(m, l);
     if (m->llama)
         return gpt_llama_block_forward(m, l, residual, B, T, Rl);
     const loom_backend_ops *k = m->be->ops;
@@ -830,6 +854,8 @@ loom_status gpt_block_forward(loom_gpt *m, int l, const float *residual, int B, 
     gpt_round(m, m->summed, Rl * C);
     k->residual_forward(a->res3, a->res2, m->summed, Rl * C);
     gpt_round(m, a->res3, Rl * C);
+    if (m->rc[l] != RC_FULL)
+        gpt_acts_store(m, l, R); /* 16-bit activations: what backward reads, kept */
     return LOOM_OK;
 }
 
@@ -838,6 +864,7 @@ loom_status gpt_block_forward(loom_gpt *m, int l, const float *residual, int B, 
 loom_status gpt_block_backward(loom_gpt *m, int l, const float *residual, rep_pack *pk, int B,
                                int T, size_t Rl)
 {
+    gpt_widen_block(m, l);
     if (m->llama)
         return gpt_llama_block_backward(m, l, residual, pk, B, T, Rl);
     const loom_backend_ops *k = m->be->ops;
@@ -851,6 +878,8 @@ loom_status gpt_block_backward(loom_gpt *m, int l, const float *residual, rep_pa
         loom_status rs = gpt_block_forward(m, l, residual, B, T, Rl);
         gpt_moe_rerun(m, 0);
         LOOM_TRY(rs);
+    } else {
+        gpt_acts_load(m, l, R); /* 16-bit activations: the kept ones back into fp32 */
     }
     if (m->moe && gpt_moe_block(&m->cfg, l)) { /* res3 = res2 + moe(ln2(res2)) (moe.h) */
         LOOM_TRY(B_LEAVE(LOOM_REGION_MLP, l, m->dres, m->dres_full, R, C)); /* sp: all rows */
@@ -934,7 +963,7 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
      * group is the lookup. Positions are added once, to the rows this rank keeps. */
     float *embedded = m->tp_ops ? m->partial : m->encoded;
     LOOM_TRY(use(m, 0, 1));
-    k->embedding_forward(embedded, m->tokens, m->p.wte, m->v0, m->Vl, R, C);
+    gpt_embed_lookup(m, embedded, m->tokens, tokens, R);
     LOOM_TRY(F_LEAVE(LOOM_REGION_EMBEDDING, -1, embedded, m->encoded, R, C));
     if (m->p.wpe) /* learned positions; the llama family's are rotary, in the blocks */
         k->position_forward(m->encoded, m->p.wpe, row0, Rl, T, C);
@@ -951,7 +980,7 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
     gpt_final_norm_forward(m, residual, 0, Rl);
     gpt_round(m, m->lnf, Rl * C);
     LOOM_TRY(F_ENTER(LOOM_REGION_HEAD, -1, m->lnf, m->lnf_full, R, C));
-    k->matmul_forward(m->logits, m->lnf_full, m->p.head, NULL, B, T, C, m->Vl);
+    gpt_head_forward(m, m->logits, m->lnf_full, B, T);
     gpt_round(m, m->logits, R * (size_t)m->Vl);
     m->last_B = B;
     m->last_T = T;

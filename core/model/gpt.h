@@ -227,6 +227,13 @@ loom_status loom_gpt_set_precision(loom_gpt *m, loom_dtype param, loom_dtype act
 void loom_gpt_refresh_params(loom_gpt *m);
 /* Bytes of the weights the passes read: the compute copy, or the parameters themselves. */
 size_t loom_gpt_compute_param_bytes(const loom_gpt *m);
+/* 16-bit weights: bytes of the fp32 scratch they are widened into before use (one block's
+ * weights, a slice of the LM head's) and of the small entries kept widened; 0 in fp32. */
+size_t loom_gpt_widen_bytes(const loom_gpt *m);
+/* Of the activation bytes: what the kept blocks save for backward and 16-bit activations
+ * store in 16 bits (ln_1, qkv, attention output, res2, ln_2, fc, GELU: 4 bytes each in
+ * fp32, 2 with act bf16/f16 but under a split backward); a part of activation_bytes. */
+size_t loom_gpt_saved_activation_bytes(const loom_gpt *m);
 
 /* Parameters of the whole model (all slices) excluding padding rows of wte: what llm.c
  * and MFU count as N. */

@@ -57,6 +57,7 @@ static loom_status block_input(loom_gpt *m, int l, const float *residual, float 
     const loom_backend_ops *k = m->be->ops;
     const int C = m->cfg.dim, Cl = m->Cl, Fl = m->Fl;
     const size_t R = (size_t)B * T;
+    gpt_widen_block(m, l);
     layer_params *w = &m->p.layer[l], *g = &m->g.layer[l];
     layer_acts *a = &m->acts[l];
     rep_pack pk = {.n = 0, .base = a->ln_part};
@@ -92,6 +93,7 @@ static loom_status block_weight(loom_gpt *m, int l, const float *dy, int B, int 
 {
     const loom_backend_ops *k = m->be->ops;
     const int C = m->cfg.dim, Cl = m->Cl, Fl = m->Fl;
+    gpt_widen_block(m, l);
     layer_params *w = &m->p.layer[l], *g = &m->g.layer[l];
     layer_acts *a = &m->acts[l];
     rep_pack pk = {.n = 0};

@@ -49,7 +49,7 @@ static loom_status decode_rows(loom_gpt *m, int lo, int hi, int token, int t)
     if (lo == 0) {
         k->copy_to_device(bs, m->tokens + t, &token, sizeof(int));
         float *embedded = m->tp_ops ? m->partial : m->encoded;
-        k->embedding_forward(embedded + rC, m->tokens + t, m->p.wte, m->v0, m->Vl, 1, C);
+        gpt_embed_lookup(m, embedded + rC, m->tokens + t, &token, 1);
         LOOM_TRY(F_LEAVE(LOOM_REGION_EMBEDDING, -1, embedded + rC, m->encoded + rC, 1, C));
         if (m->p.wpe)
             k->position_forward(m->encoded + rC, m->p.wpe, r, 1, m->cfg.ctx, C);
@@ -57,6 +57,7 @@ static loom_status decode_rows(loom_gpt *m, int lo, int hi, int token, int t)
     }
     const float *residual = m->encoded + rC;
     for (int l = lo; l < hi; l++) {
+        gpt_widen_block(m, l);
         layer_params *w = &m->p.layer[l];
         layer_acts *a = &m->acts[l];
         if (m->llama) { /* gpt_llama.c */
@@ -64,6 +65,8 @@ static loom_status decode_rows(loom_gpt *m, int lo, int hi, int token, int t)
             residual = a->res3 + rC;
             continue;
         }
+        if (m->a16) /* 16-bit activations: the cached rows' q, k, v back into fp32 */
+            k->convert_to_f32(a->qkv, a->s16[1], r * 3 * (size_t)Cl, m->act_dt);
         k->layernorm_forward(a->ln1 + rC, a->ln1_mean + r, a->ln1_rstd + r, residual, w->ln1w,
                              w->ln1b, 1, 1, C);
         gpt_round(m, a->ln1 + rC, (size_t)C);
@@ -71,6 +74,9 @@ static loom_status decode_rows(loom_gpt *m, int lo, int hi, int token, int t)
         k->matmul_forward(ROW(a->qkv, 3 * Cl), a->ln1_full + rC, w->qkvw, w->qkvb, 1, 1, C,
                           3 * Cl);
         gpt_round(m, ROW(a->qkv, 3 * Cl), 3 * (size_t)Cl);
+        if (m->a16) /* and row t's, kept for the next positions */
+            k->convert_from_f32((uint16_t *)a->s16[1] + r * 3 * (size_t)Cl, ROW(a->qkv, 3 * Cl),
+                                3 * (size_t)Cl, m->act_dt);
         /* where attention_forward over t+1 tokens keeps row t of head h: h(t+1)^2 + t(t+1) */
         size_t n = r + 1;
         k->attention_decode(ROW(a->atty, Cl), a->att + r * n, n * n, a->qkv, t, Cl, m->NHl);
@@ -102,7 +108,7 @@ static loom_status decode_rows(loom_gpt *m, int lo, int hi, int token, int t)
     gpt_final_norm_forward(m, residual, r, 1);
     gpt_round(m, m->lnf + rC, (size_t)C);
     LOOM_TRY(F_ENTER(LOOM_REGION_HEAD, -1, m->lnf + rC, m->lnf_full + rC, 1, C));
-    k->matmul_forward(ROW(m->logits, m->Vl), m->lnf_full + rC, m->p.head, NULL, 1, 1, C, m->Vl);
+    gpt_head_forward(m, ROW(m->logits, m->Vl), m->lnf_full + rC, 1, 1);
     gpt_round(m, ROW(m->logits, m->Vl), (size_t)m->Vl);
 #undef ROW
     return LOOM_OK;

@@ -43,6 +43,10 @@ typedef struct layer_acts {
     /* Split backward with selective recomputation: d(qkv) (R,3Cl), which otherwise goes over
      * fch; W needs fch to recompute the GELU output. */
     float *dqkv;
+    /* 16-bit activations (m->a16): the 16-bit copies of what backward reads, GPT_A16_N of
+     * them in gpt_act16_sizes' order (NULL: not kept); the float pointers above then
+     * point into the shared scratch set, one block at a time (gpt_acts_store / _load). */
+    void *s16[7];
 } layer_acts;
 
 struct loom_gpt {
@@ -51,8 +55,17 @@ struct loom_gpt {
     loom_param_table table;
     float *params, *grads;
     model_params p, g;
-    /* mixed precision (gpt.h): cparams the compute copy p points at (NULL: p is params) */
-    float *cparams;
+    /* mixed precision (gpt.h): c16 the 16-bit compute copy of the weights (NULL: p points
+     * into params); p then points into wide (the blocks, one widened at a time: wide_unit)
+     * and edge (wpe, ln_f), and has no wte or head (gpt_precision.c reads them from c16) */
+    void *c16;
+    float *wide, *edge;
+    size_t wide_cap, edge_n, *edge_of; /* floats of wide and edge; edge_of[entry]: where */
+    size_t head_off, wte_off;          /* flat offsets of the head and wte ((size_t)-1: none) */
+    int wide_unit;                     /* the block wide holds, -1: none */
+    int a16;                           /* kept blocks' activations stored in act_dt: the
+                                        * per-block float pointers share one scratch set */
+    int *host_tok;                     /* (R) host copy of the tokens the lookup reads */
     loom_dtype param_dt, act_dt;
     int max_B;
     /* tensor parallelism (gpt.h): tp_ops NULL for one rank */
@@ -133,6 +146,37 @@ static inline void gpt_round(loom_gpt *m, float *x, size_t n)
     if (m->act_dt != LOOM_DTYPE_F32)
         m->be->ops->round_to(x, x, n, m->act_dt);
 }
+
+/* 16-bit weights (gpt_precision.c). setup: allocate c16, wide and edge and move m->p
+ * (bound to params) onto them; refresh: c16 from params and edge from c16. */
+loom_status gpt_w16_setup(loom_gpt *m);
+void gpt_w16_free(loom_gpt *m);
+void gpt_w16_refresh(loom_gpt *m);
+size_t gpt_w16_bytes(const loom_gpt *m);
+size_t gpt_w16_scratch_bytes(const loom_gpt *m);
+/* Before reading m->p.layer[l]: its weights widened into wide (nothing in fp32). */
+void gpt_widen_block(loom_gpt *m, int l);
+/* 16-bit activations (gpt_precision.c): what a kept block saves for backward, in this
+ * order: ln1, qkv, atty, res2, ln2, fch, fch_gelu (element counts for R token rows; 0:
+ * not saved, fch_gelu under selective recomputation). store: after block l's forward, its
+ * values (already rounded to act_dt: exact) into a->s16; load: before its backward, back
+ * into the scratch set. saved_bytes: those tensors' bytes at max_B, in their storage. */
+enum { GPT_A16_N = 7 };
+void gpt_act16_sizes(const loom_gpt *m, int l, size_t R, size_t n[GPT_A16_N]);
+void gpt_acts_store(loom_gpt *m, int l, size_t R);
+void gpt_acts_load(loom_gpt *m, int l, size_t R);
+size_t gpt_saved_activation_bytes(const loom_gpt *m);
+
+/* The token embedding's lookup (embedding_forward's contract) of R tokens, given on the
+ * device and on the host. */
+void gpt_embed_lookup(loom_gpt *m, float *out, const int *dev_tokens, const int *host_tokens,
+                      size_t R);
+/* logits (R,Vl) = inp (R,C) @ head^T (no bias). */
+void gpt_head_forward(loom_gpt *m, float *logits, const float *inp, int B, int T);
+/* 16-bit weights: dinp (R,C) = dout (R,Vl) @ head; the head's rows [row0, row0+rows)
+ * widened (into wide: valid until the next widening). */
+void gpt_head_dinp(loom_gpt *m, float *dinp, const float *dout, int R);
+const float *gpt_head_rows(loom_gpt *m, size_t row0, size_t rows);
 
 /* A region boundary: the strategy's hook, or nothing with one rank (then out == in).
  * The macros name Megatron's points; they expect the model in `m`. */

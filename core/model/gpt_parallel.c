@@ -105,6 +105,10 @@ static void column_parallel_dinp(loom_gpt *m, float *dinp, const float *dout, co
 {
     const loom_backend_ops *k = m->be->ops;
     int C = m->cfg.dim;
+    if (!w && !m->canonical) { /* the head, 16-bit (gpt_precision.c) */
+        gpt_head_dinp(m, dinp, dout, R);
+        return;
+    }
     if (!m->canonical) {
         k->gemm(0, 0, R, C, OC, 1.0f, dout, OC, w, C, 0.0f, dinp, C);
         return;
@@ -122,7 +126,8 @@ static void column_parallel_dinp(loom_gpt *m, float *dinp, const float *dout, co
         for (int s = 0; s < segs; s++) {
             int wc = seg[s] / n;
             size_t o = (size_t)start[s] + (size_t)c * wc;
-            k->gemm(0, 0, R, C, wc, 1.0f, dout + o, OC, w + o * C, C, s ? 1.0f : 0.0f,
+            const float *wo = w ? w + o * C : gpt_head_rows(m, o, (size_t)wc); /* NULL: 16-bit */
+            k->gemm(0, 0, R, C, wc, 1.0f, dout + o, OC, wo, C, s ? 1.0f : 0.0f,
                     tree_slot(&t), C);
         }
         tree_push(m, &t);

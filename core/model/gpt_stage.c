@@ -133,7 +133,7 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
         float *embedded = m->tp_ops ? m->partial : m->encoded;
         LOOM_TRY(use(m, 0, 1));
         LOOM_TRY(use(m, 1 + lo, LOOM_PARAM_SOON));
-        k->embedding_forward(embedded, m->tokens, m->p.wte, m->v0, m->Vl, R, C);
+        gpt_embed_lookup(m, embedded, m->tokens, tokens, R);
         LOOM_TRY(F_LEAVE(LOOM_REGION_EMBEDDING, -1, embedded, m->encoded, R, C));
         if (m->p.wpe)
             k->position_forward(m->encoded, m->p.wpe, row0, Rl, T, C);
@@ -159,7 +159,7 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
     gpt_final_norm_forward(m, residual, 0, Rl);
     gpt_round(m, m->lnf, Rl * (size_t)C);
     LOOM_TRY(F_ENTER(LOOM_REGION_HEAD, -1, m->lnf, m->lnf_full, R, C));
-    k->matmul_forward(m->logits, m->lnf_full, m->p.head, NULL, B, T, C, m->Vl);
+    gpt_head_forward(m, m->logits, m->lnf_full, B, T);
     gpt_round(m, m->logits, R * (size_t)m->Vl);
     if (targets) {
         k->copy_to_device(bs, m->targets, targets, R * sizeof(int));

@@ -1069,14 +1069,16 @@ void loom_session_memory(loom_session *s, loom_memory *out)
         out->optimizer = (size_t)s->state_slots * total;
     if (s->offload)
         loom_offload_memory(s->offload, &out->optimizer, &out->optimizer_offloaded);
-    /* 16-bit weights: params is the compute copy the passes read (fp32 values of bf16/f16
-     * numbers in this build: the kernels read fp32), master the fp32 parameters beside it;
+    /* 16-bit weights: params is the compute copy the passes read (2 bytes a parameter),
+     * widen the fp32 scratch they read it through, master the fp32 parameters beside it;
      * fp32 parameters are their own master copy */
     if (s->master_weights) {
         out->master = out->params;
         out->params = loom_gpt_compute_param_bytes(s->model);
+        out->widen = loom_gpt_widen_bytes(s->model);
     }
     out->activations = loom_gpt_activation_bytes(s->model);
+    out->saved = loom_gpt_saved_activation_bytes(s->model);
     out->comm += loom_grad_sync_buffer_bytes(s->sync);
     if (s->compress) /* the residual and the messages */
         out->comm += loom_compress_buffer_bytes(s->compress);

@@ -48,6 +48,10 @@ typedef struct loom_memory {
     size_t master;        /* fp32 master weights (0: the parameters are fp32) */
     size_t activations;   /* activations and backward scratch */
     size_t comm;          /* communication buffers (staging, canonical-mode sums) */
+    size_t widen;         /* 16-bit weights: the fp32 scratch a block's (or a slice of the
+                           * head's) weights are widened into before use (gpt.h) */
+    size_t saved;         /* of activations: what the kept blocks save for backward, in
+                           * its storage (2 bytes a value with 16-bit activations; gpt.h) */
 } loom_memory;
 
 typedef struct loom_zero_config {

@@ -257,6 +257,9 @@ local function memory_line(info, zero, dp)
   local function mib(b) return string.format("%.2f MiB", b / (1 << 20)) end
   local note = ""
   if zero > 0 and info.zero == 0 then note = string.format(" (zero=%d has nothing to partition with dp=%d)", zero, dp) end
+  if (mem.widen or 0) > 0 then -- 16-bit weights: the fp32 scratch they are widened into
+    note = string.format(" | widen scratch %s", mib(mem.widen)) .. note
+  end
   if info.offload ~= "none" then
     note = string.format(" | optimizer offloaded (%s) %s", info.offload, mib(mem.optimizer_offloaded)) .. note
   end

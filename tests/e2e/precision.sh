@@ -15,7 +15,9 @@
 #    after growth_interval good steps; resuming from the checkpoint of the skipped step
 #    continues bitwise (losses, scale, state hashes); an overflow at min_scale stops the run
 #    with a message saying so and what to try;
-#  - accounting: with bf16 the fp32 master copy is counted (master = fp32's params bytes);
+#  - accounting: with bf16 the compute copy and the saved activations are half of fp32's
+#    bytes, the fp32 master copy is counted (master = fp32's params bytes), and with six
+#    blocks the activations take fewer bytes than fp32's;
 #  - refusals: bf16 with zero=3 and with moe; reduce = "bf16" in canonical mode and with
 #    compression.
 set -euo pipefail
@@ -130,9 +132,15 @@ echo "ok fp16 at min_scale: $(grep -o 'fp16: the gradients overflow[^;]*' "$tmp/
 
 # --- accounting and refusals ---------------------------------------------------------
 m32=$(awk '$1 == "MEM"' "$tmp/fp32"); m16=$(awk '$1 == "MEM"' "$tmp/bf16")
-read -r _ p32 master32 _ <<< "$m32"; read -r _ p16 master16 _ <<< "$m16"
+read -r _ p32 master32 a32 s32 <<< "$m32"; read -r _ p16 master16 a16 s16 <<< "$m16"
 [ "$master32" = 0 ] && [ "$master16" = "$p32" ] || { echo "memory: fp32 '$m32', bf16 '$m16'"; exit 1; }
-echo "ok memory: bf16 counts the fp32 master copy ($master16 bytes) beside its compute copy ($p16 bytes)"
+[ $((2 * p16)) = "$p32" ] || { echo "memory: the bf16 compute copy is $p16 bytes, not half of fp32's $p32"; exit 1; }
+[ "$s32" -gt 0 ] && [ $((2 * s16)) = "$s32" ] || { echo "memory: bf16 saves $s16 activation bytes for backward, fp32 $s32: not half"; exit 1; }
+echo "ok memory: bf16's compute copy and saved activations are half of fp32's (params $p16 of $p32 bytes, saved $s16 of $s32), beside the fp32 master copy ($master16 bytes)"
+# six blocks: the 16-bit copies (half) and one block's fp32 scratch take fewer bytes than fp32's six
+for p in fp32 bf16; do run1 precision=$p model.layers=6 steps=1 | awk '$1 == "MEM" { print $4 }' > "$tmp/a6_$p"; done
+[ "$(cat "$tmp/a6_bf16")" -lt "$(cat "$tmp/a6_fp32")" ] || { echo "memory, 6 blocks: bf16 activations $(cat "$tmp/a6_bf16") bytes, fp32 $(cat "$tmp/a6_fp32")"; exit 1; }
+echo "ok memory, 6 blocks: bf16 activations $(cat "$tmp/a6_bf16") bytes, fp32 $(cat "$tmp/a6_fp32")"
 
 set +e
 runN 2 precision=bf16 mesh.dp=2 batch.micro=4 strategy.zero=3 steps=1 > /dev/null 2> "$tmp/z3.err"; rc=$?

@@ -6,9 +6,14 @@
  *                of an fp32 model whose parameters were rounded by hand, while its own fp32
  *                master parameters keep their bits; a write to the master shows in the
  *                next pass only after loom_gpt_refresh_params;
+ *   storage:     the compute copy is 2 bytes a parameter; with a head wider than the widening
+ *                scratch (read in bands: gpt_precision.c) the logits are still bitwise the
+ *                hand-rounded fp32 model's in canonical mode, and so are the gradients (in
+ *                fast mode within 1e-5 relative: OpenBLAS's products are not band-invariant);
  *   errors:      an integer dtype is refused with a message.
  */
 #include <check.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -121,6 +126,74 @@ START_TEST(weights_are_a_rounded_copy)
 }
 END_TEST
 
+/* A model whose head (V 4096 x C 128) does not fit the widening scratch (one block: ~200K
+ * floats), so both head products run in bands; canonical: the chunked product. */
+static loom_gpt *make_wide(loom_dtype param, int canonical)
+{
+    loom_gpt_config c = {.vocab = 4096, .ctx = 16, .layers = 1, .heads = 4, .dim = 128};
+    loom_gpt_parallel par = {.canonical = canonical};
+    loom_gpt *m = NULL;
+    ck_assert_msg(loom_gpt_create(&c, &be, 1, 11, &par, &m) == LOOM_OK, "%s", loom_last_error());
+    ck_assert_msg(loom_gpt_set_precision(m, param, LOOM_DTYPE_F32) == LOOM_OK, "%s",
+                  loom_last_error());
+    return m;
+}
+
+static void train_pass(loom_gpt *m)
+{
+    int tok[16], tgt[16];
+    for (int i = 0; i < 16; i++) {
+        tok[i] = (i * 977 + 5) % 4096;
+        tgt[i] = (i * 613 + 11) % 4096;
+    }
+    double loss;
+    loom_gpt_zero_grad(m);
+    ck_assert_msg(loom_gpt_forward(m, tok, tgt, 1, 16, 1.0f / 16, &loss) == LOOM_OK, "%s",
+                  loom_last_error());
+    ck_assert_msg(loom_gpt_backward(m) == LOOM_OK, "%s", loom_last_error());
+}
+
+START_TEST(head_in_bands)
+{
+    if (!be.ops)
+        ck_assert_msg(loom_backend_open("cpu", 0, &be) == LOOM_OK, "%s", loom_last_error());
+    for (int canonical = 0; canonical < 2; canonical++) {
+        be.ops->set_deterministic(be.self, canonical);
+        loom_gpt *m = make_wide(LOOM_DTYPE_BF16, canonical);
+        loom_gpt *ref = make_wide(LOOM_DTYPE_F32, canonical);
+        size_t np = loom_gpt_params(m)->total, n = (size_t)16 * 4096;
+        ck_assert(loom_gpt_compute_param_bytes(m) * 2 == loom_gpt_compute_param_bytes(ref));
+        ck_assert(loom_gpt_widen_bytes(m) < np * sizeof(float) / 2); /* not a full fp32 copy */
+        ck_assert(loom_gpt_widen_bytes(ref) == 0);
+        be.ops->round_to(loom_gpt_param_data(ref), loom_gpt_param_data(m), np, LOOM_DTYPE_BF16);
+        train_pass(m);
+        train_pass(ref);
+        const float *z = loom_gpt_logits(m), *zr = loom_gpt_logits(ref);
+        if (canonical)
+            ck_assert_msg(memcmp(z, zr, n * sizeof(float)) == 0, "canonical logits differ");
+        size_t off = 0;
+        for (size_t i = 0; i < n; i++)
+            off += !(fabsf(z[i] - zr[i]) <= 1e-5f * (1.0f + fabsf(zr[i])));
+        ck_assert_msg(off == 0, "canonical %d: %zu logits off", canonical, off);
+        const float *g = loom_gpt_grad_data(m), *gr = loom_gpt_grad_data(ref);
+        double worst = 0, scale = 0;
+        for (size_t i = 0; i < np; i++) {
+            double d = g[i] - gr[i];
+            worst = d * d > worst ? d * d : worst;
+            scale = gr[i] * gr[i] > scale ? gr[i] * gr[i] : scale;
+        }
+        if (canonical)
+            ck_assert_msg(memcmp(g, gr, np * sizeof(float)) == 0, "canonical gradients differ");
+        else
+            ck_assert_msg(worst <= 1e-10 * scale, "fast gradients: %g of %g", worst, scale);
+        ck_assert(scale > 0);
+        loom_gpt_destroy(m);
+        loom_gpt_destroy(ref);
+    }
+    be.ops->set_deterministic(be.self, 0);
+}
+END_TEST
+
 START_TEST(integer_dtype_refused)
 {
     loom_gpt *m = make(LOOM_DTYPE_F32, LOOM_DTYPE_F32);
@@ -137,6 +210,8 @@ int main(void)
     TCase *tc = tcase_create("model");
     tcase_add_test(tc, activations_are_rounded);
     tcase_add_test(tc, weights_are_a_rounded_copy);
+    tcase_set_timeout(tc, 60); /* a shared 2-core machine */
+    tcase_add_test(tc, head_in_bands);
     tcase_add_test(tc, integer_dtype_refused);
     suite_add_tcase(s, tc);
     SRunner *r = srunner_create(s);

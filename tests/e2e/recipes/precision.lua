@@ -1,8 +1,8 @@
 -- precision.lua — train the small model as losses.lua does and print, per step, the loss
 -- (LOSS: hex and decimal), the gradient norm (NORM, hex), the loss scale after the step and
 -- whether it was skipped ("SCALE step scale skipped"), and this rank's weights' and optimizer
--- state's hashes ("HASH step params optim"); MEM once: this rank's params and master bytes
--- (session:info().memory). For tests/e2e/precision.sh.
+-- state's hashes ("HASH step params optim"); MEM once: this rank's params, master,
+-- activation and saved-activation bytes (session:info().memory). For tests/e2e/precision.sh.
 package.path = arg[0]:match("^(.*)/[^/]*$") .. "/?.lua;" .. package.path
 local loom = require "loom"
 local common = require "common"
@@ -21,7 +21,7 @@ loom.train {
     print(string.format("HASH %d %s %s", r.step, session:state_hash()))
     if not printed then
       local m = session:info().memory
-      print(string.format("MEM %d %d %d", m.params, m.master, m.activations))
+      print(string.format("MEM %d %d %d %d", m.params, m.master, m.activations, m.saved))
       printed = true
     end
   end,

@@ -116,6 +116,14 @@ if "$loom" launch -n 2 "$recipe" $base comm_timeout=20 mesh.pp=2 model.tie_embed
 fi
 echo "ok refused mesh.pp=2 with tie_embeddings = true"
 
+# scripts/bench-llama's loom side (bench_llama.lua through bench_gpt.lua): the llama model
+# it names (one block: 229,760 parameters with the tied head), its JSON line with a CPU time
+out=$("$loom" run "$here/../../scripts/recipes/bench_llama.lua" model.layers=1 batch.micro=2 \
+  steps=4 threads=1 2>/dev/null | tail -1)
+echo "$out" | grep -q '^{"impl":"loom",.*"params":229760,.*"cpu_ms_per_step":[0-9]' ||
+  { echo "bench_llama.lua: not the JSON line of a 229760-parameter llama: $out"; exit 1; }
+echo "ok bench_llama.lua: the llama benchmark model and its JSON line"
+
 # The bundled recipe runs as written (shape, optimizer, schedule, eval, the closing sample)
 # for two small steps on random GPT-2 token shards made here: 10.06M parameters, a first
 # loss near ln(50257) = 10.8, and a sample printed.

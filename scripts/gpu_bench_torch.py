@@ -8,6 +8,9 @@ peak, N without the padding rows; peaks 989 TFLOP/s dense bf16, 67 fp32):
   fp32 fwd+bwd           -- what loom's fp32 benchmark measures (TF32 off, as loom's GEMMs)
   bf16 autocast fwd+bwd+AdamW (fused) -- the issue's benchmark configuration
 each eager and compiled. Usage: gpu_bench_torch.py [B [steps]] (defaults 8, 10).
+  gpu_bench_torch.py --configs tiny,small [steps]: instead, scripts/bench-cpu's tiny and
+  small shapes (the ones loom's scripts/recipes/bench_gpt.lua runs with backend=cuda),
+  fp32 fwd+bwd+AdamW (TF32 off, PyTorch's default CUDA AdamW), eager and compiled.
 """
 import json
 import math
@@ -19,6 +22,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 V, VP, T, L, H, C = 50257, 50304, 1024, 12, 12, 768
+# scripts/bench-cpu's shapes: V, Vp, T, L, H, C, B (set as the globals above for a run)
+CONFIGS = {"tiny": (256, 256, 64, 4, 4, 128, 8), "small": (50257, 50304, 256, 6, 6, 384, 4)}
 
 
 class Block(nn.Module):
@@ -53,11 +58,11 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.float().reshape(-1, V), targets.reshape(-1))
 
 
-def run(B, steps, dtype, compiled, optimizer):
+def run(B, steps, dtype, compiled, optimizer, fused=True):
     torch.manual_seed(0)
     model = GPT().cuda()
     n_params = sum(p.numel() for p in model.parameters()) - (VP - V) * C
-    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, fused=True) if optimizer else None
+    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, fused=fused) if optimizer else None
     fwd = torch.compile(model) if compiled else model
     idx = torch.randint(0, V, (B, T), device="cuda")
     tgt = torch.randint(0, V, (B, T), device="cuda")
@@ -96,7 +101,26 @@ def run(B, steps, dtype, compiled, optimizer):
             "warmup_s": round(warm_s, 1), "loss": round(float(loss), 4)}
 
 
+def main_configs(names, steps):
+    global V, VP, T, L, H, C
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    for name in names:
+        V, VP, T, L, H, C, B = CONFIGS[name]
+        for compiled in (False, True):
+            try:
+                r = run(B, steps, "fp32", compiled, True, fused=None)
+            except Exception as e:
+                r = {"impl": "pytorch " + ("compile" if compiled else "eager"),
+                     "what": "fwd+bwd+AdamW fp32", "error": repr(e)[:300]}
+            r["config"] = name
+            print(json.dumps(r), flush=True)
+            torch.cuda.empty_cache()
+
+
 def main():
+    if len(sys.argv) > 2 and sys.argv[1] == "--configs":
+        return main_configs(sys.argv[2].split(","), int(sys.argv[3]) if len(sys.argv) > 3 else 10)
     B = int(sys.argv[1]) if len(sys.argv) > 1 else 8
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 10
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32, as loom's GEMMs

@@ -35,6 +35,7 @@
 #include "loom/plugin/precision.h"
 #include "loom/plugin/sched.h"
 #include "loom/plugin/strategy.h"
+#include "plugin_crash.h"
 #include "status.h"
 
 #ifndef LOOM_INSTALL_PLUGIN_DIR
@@ -326,6 +327,15 @@ static loom_status cache_add(void *handle, const char *path, const loom_plugin_d
     e->handle = handle;
     cache[n_cache++] = e;
     *out = &e->pub;
+    /* From now on a crash in its code names it (plugin_crash.c); the label lives until
+     * exit, as the entry does. Without memory for it the plugin still loads, unnamed. */
+    size_t need = strlen(p) + strlen(str_or(d->name, "?")) + 64;
+    char *label = malloc(need);
+    if (label != NULL) {
+        snprintf(label, need, "plugin '%s' (%s '%s'", p, loom_kind_name(d->kind),
+                 str_or(d->name, "?"));
+        loom_plugin_crash_note(d, label);
+    }
     return LOOM_OK;
 nomem:
     dlclose(handle);

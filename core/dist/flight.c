@@ -207,6 +207,39 @@ static flight_entry finish(fl_comm *c, uint64_t id, int coll, loom_status st)
     return copy;
 }
 
+/* test() saw entry id done: say so in the ring (a send waited late shows as completed in a
+ * dump, not as started); the counts change at its wait. */
+static void mark_done(uint64_t id)
+{
+    pthread_mutex_lock(&lock);
+    flight_entry *e = &ring[(id - 1) % LOOM_FLIGHT_ENTRIES];
+    if (e->id == id && e->state == FLIGHT_STARTED) {
+        e->state = FLIGHT_COMPLETED;
+        e->t_end = now_s();
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+/* The first failure of this process that is not a caller's mistake (a timeout, a dead
+ * peer, a communicator broken by one) dumps the ring and names who is missing; it comes
+ * from a wait, or from a start on a communicator an earlier failure broke. Returns st
+ * with the verdict added to the error message. */
+static loom_status report(fl_comm *c, const flight_entry *e, loom_status st)
+{
+    if (st == LOOM_OK || st == LOOM_ERR_INVALID)
+        return st;
+    pthread_mutex_lock(&lock);
+    int first = !reported;
+    reported = 1;
+    pthread_mutex_unlock(&lock);
+    if (!first)
+        return st;
+    char why[2048], verdict[2048] = "";
+    snprintf(why, sizeof why, "%s", loom_last_error());
+    loom_flight_report(&groups[c->slot], e->id ? e : NULL, why, verdict, sizeof verdict);
+    return loom_fail(st, "%s%s%s", why, verdict[0] ? "; " : "", verdict);
+}
+
 /* Start op through the plugin: inject, check (debug mode), record, start. */
 #define START(c, name, is_coll, peer, bytes, call)                                                \
     do {                                                                                       \
@@ -221,9 +254,9 @@ static flight_entry finish(fl_comm *c, uint64_t id, int coll, loom_status st)
         w->id = record(c, name, is_coll, peer, bytes);                                            \
         loom_status st_ = (call);                                                              \
         if (st_ != LOOM_OK) {                                                                  \
-            finish(c, w->id, is_coll, st_);                                                       \
+            flight_entry e_ = finish(c, w->id, is_coll, st_);                                     \
             free(w);                                                                           \
-            return st_;                                                                        \
+            return report(c, &e_, st_);                                                        \
         }                                                                                      \
         *req = w;                                                                              \
         return LOOM_OK;                                                                        \
@@ -324,24 +357,16 @@ static loom_status fl_wait(void *self, loom_comm_request *req)
     loom_status st = c->inner->wait(c->self, req->inner);
     flight_entry e = finish(c, req->id, req->coll, st);
     free(req);
-    if (st == LOOM_OK || st == LOOM_ERR_INVALID)
-        return st;
-    pthread_mutex_lock(&lock);
-    int first = !reported;
-    reported = 1;
-    pthread_mutex_unlock(&lock);
-    if (!first)
-        return st;
-    char why[2048], verdict[2048] = "";
-    snprintf(why, sizeof why, "%s", loom_last_error());
-    loom_flight_report(&groups[c->slot], e.id ? &e : NULL, why, verdict, sizeof verdict);
-    return loom_fail(st, "%s%s%s", why, verdict[0] ? "; " : "", verdict);
+    return report(c, &e, st);
 }
 
 static int fl_test(void *self, loom_comm_request *req)
 {
     fl_comm *c = self;
-    return c->inner->test(c->self, req->inner);
+    int done = c->inner->test(c->self, req->inner);
+    if (done)
+        mark_done(req->id);
+    return done;
 }
 
 static int fl_rank(void *self) { return ((fl_comm *)self)->inner->rank(((fl_comm *)self)->self); }

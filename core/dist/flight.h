@@ -4,14 +4,18 @@
  * What: loom_flight_wrap() puts a recording communicator in front of a plugin's one; the
  * mesh's groups (dist.c) are handed out wrapped, so every caller (core and plugins, through
  * loom_host.group) goes through it. Each *_start records (op, group, sequence number,
- * bytes, peer/root, start time) as "started"; wait() marks it "completed" or "failed".
+ * bytes, peer/root, start time) as "started"; a test() that says done, or wait(), marks
+ * it "completed", a failed wait "failed".
  * Sequence numbers: collectives are numbered per communicator (#1 is its first), sends
  * and receives per communicator, peer and direction; the same operation has the same
- * number on every rank of a group that issued the same calls.
- * On the first failed wait (a timeout, a dead peer) the rank dumps its ring to a file
+ * number on every rank of a group that issued the same calls, and send #k from a to b is
+ * the message b's recv #k from a receives.
+ * On the first failed wait (a timeout, a dead peer), or a start the plugin refuses because
+ * an earlier failure broke the communicator, the rank dumps its ring to a file
  * (flight-rank<R>.txt in the flight directory) and its tail to stderr, reads the dumps of
  * the other ranks that appear within a short grace period, and names the rank(s) that
- * never reached the operation this rank is stuck in (flight_report.c).
+ * never reached the operation this rank is stuck in: the same collective, or for a send
+ * or recv the peer's matching recv or send (flight_report.c).
  * Debug mode (LOOM_DEBUG_DESYNC=1 or init_dist{debug_desync=true}): before each
  * collective the ranks of its group exchange (op, bytes, seq, root) and stop at the first
  * mismatch naming both ranks and both operations (flight_desync.c).

@@ -9,7 +9,9 @@
  * sleeping 50 ms between looks; it ends early once every member of the stuck group has
  * dumped). A member that wrote none is dead or stopped (SIGSTOP, a debugger); a member
  * whose count of collectives on the group is below the stuck one's number never reached
- * it, and its own dump says where it is instead.
+ * it, and its own dump says where it is instead. A send or recv waits for one member, its
+ * peer, and for the peer's matching operation: send #k to this rank for a recv #k from it
+ * (and the other way round); the peer's ring says how far it got in that direction.
  * What not: no communication (the communicator is what failed, and the rendezvous store
  * is served by rank 0, which may be the stopped one): the dumps meet in a directory, so
  * across nodes the verdict needs a shared directory (LOOM_FLIGHT_DIR); each rank still
@@ -79,7 +81,10 @@ static int write_dump(const flight_group *g, const flight_entry *stuck, const ch
     fprintf(f, "loom flight recorder v1 job=%s rank=%d world=%d pid=%d\n", job_id(), s->rank,
             s->world, (int)getpid());
     fprintf(f, "why: %s\n", oneline);
-    if (stuck)
+    if (stuck && !stuck->coll)
+        fprintf(f, "stuck: %s %s %llu %zu peer %d\n", g->name, stuck->op,
+                (unsigned long long)stuck->seq, stuck->bytes, stuck->peer);
+    else if (stuck)
         fprintf(f, "stuck: %s %s %llu %zu\n", g->name, stuck->op, (unsigned long long)stuck->seq,
                 stuck->bytes);
     else
@@ -126,6 +131,7 @@ typedef struct peer_dump {
     unsigned long long stuck_seq;
     unsigned long long started; /* on the group with the stuck group's name and members */
     int has_group;
+    unsigned long long reached; /* p2p: the newest seq of the matching op to this rank */
 } peer_dump;
 
 static void members_text(const flight_group *g, char *out, size_t cap)
@@ -138,7 +144,9 @@ static void members_text(const flight_group *g, char *out, size_t cap)
         snprintf(out, cap, "-");
 }
 
-static int read_dump(const char *path, const flight_group *g, peer_dump *d)
+/* match: for a stuck send or recv, the peer's op that pairs with it ("recv" or "send"),
+ * whose entries to this rank (group rank me) are looked for in the ring; NULL otherwise. */
+static int read_dump(const char *path, const flight_group *g, const char *match, peer_dump *d)
 {
     memset(d, 0, sizeof *d);
     FILE *f = fopen(path, "r");
@@ -165,6 +173,14 @@ static int read_dump(const char *path, const flight_group *g, peer_dump *d)
             d->has_group = 1;
         } else if (strncmp(line, "entries ", 8) == 0)
             break;
+    }
+    while (ok && match && fgets(line, sizeof line, f)) { /* "id ms group op #seq peer ..." */
+        char grp[16], op[24];
+        unsigned long long seq;
+        int peer;
+        if (sscanf(line, "%*u %*f %15s %23s #%llu %d", grp, op, &seq, &peer) == 4 &&
+            !strcmp(grp, g->name) && !strcmp(op, match) && peer == g->me && seq > d->reached)
+            d->reached = seq;
     }
     fclose(f);
     d->present = ok;
@@ -209,6 +225,7 @@ void loom_flight_report(const flight_group *g, const flight_entry *stuck, const 
     }
     /* The members that matter: every rank of a collective's group, the peer of a p2p. */
     int coll = stuck->coll;
+    const char *match = coll ? NULL : strcmp(stuck->op, "send") == 0 ? "recv" : "send";
     int want[64], n_want = 0;
     for (int m = 0; m < g->n && n_want < 64; m++)
         if (m != g->me && (coll || m == stuck->peer))
@@ -220,7 +237,7 @@ void loom_flight_report(const flight_group *g, const flight_entry *stuck, const 
         for (int i = 0; i < n_want; i++) {
             char p[1100];
             dump_path(p, sizeof p, g->members[want[i]]);
-            all &= read_dump(p, g, &d[i]);
+            all &= read_dump(p, g, match, &d[i]);
         }
         if (all || waited >= grace)
             break;
@@ -228,15 +245,28 @@ void loom_flight_report(const flight_group *g, const flight_entry *stuck, const 
     }
     char missing[512] = "", behind[1024] = "", waiting[512] = "";
     int n_missing = 0, n_behind = 0, n_waiting = 0;
-    char here[96];
+    /* here: what this rank waits in; there: what the others must reach (the same
+     * collective, or the peer's matching send or recv) */
+    char here[96], there[96], mine[128];
     snprintf(here, sizeof here, "%s #%llu on %s", stuck->op, (unsigned long long)stuck->seq, g->name);
+    snprintf(there, sizeof there, "%s", here);
+    snprintf(mine, sizeof mine, "it");
+    if (!coll && stuck->peer >= 0 && stuck->peer < g->n) {
+        int to = !strcmp(match, "send");
+        snprintf(there, sizeof there, "%s #%llu %s rank %d on %s", match,
+                 (unsigned long long)stuck->seq, to ? "to" : "from", s->rank, g->name);
+        snprintf(mine, sizeof mine, "its %s #%llu %s rank %d", stuck->op,
+                 (unsigned long long)stuck->seq, to ? "from" : "to", g->members[stuck->peer]);
+    }
     for (int i = 0; i < n_want; i++) {
         int r = g->members[want[i]];
+        int short_of = coll ? d[i].has_group && d[i].started < stuck->seq
+                            : d[i].reached < stuck->seq;
         if (!d[i].present) {
             append(missing, sizeof missing, "%s%d", n_missing++ ? ", " : "", r);
-        } else if (coll && d[i].has_group && d[i].started < stuck->seq) {
+        } else if (short_of) {
             append(behind, sizeof behind, "%srank %d never reached %s: it is in %s #%llu on %s",
-                   n_behind++ ? "; " : "", r, here, d[i].stuck_op, d[i].stuck_seq,
+                   n_behind++ ? "; " : "", r, there, d[i].stuck_op, d[i].stuck_seq,
                    d[i].stuck_group);
         } else {
             append(waiting, sizeof waiting, "%s%d", n_waiting++ ? ", " : "", r);
@@ -245,12 +275,14 @@ void loom_flight_report(const flight_group *g, const flight_entry *stuck, const 
     append(out, cap, "flight recorder: ");
     if (n_missing)
         append(out, cap, "rank%s %s left no dump (dead or stopped) and never completed %s; ",
-               n_missing > 1 ? "s" : "", missing, here);
+               n_missing > 1 ? "s" : "", missing, there);
     if (n_behind)
         append(out, cap, "%s; ", behind);
-    if (!n_missing && !n_behind)
+    if (!n_missing && !n_behind && coll)
         append(out, cap, "every rank of %s reached %s; ", g->name, here);
-    append(out, cap, "rank %d waited in it%s%s; dumps: %s/flight-rank*.txt", s->rank,
+    else if (!n_missing && !n_behind)
+        append(out, cap, "rank %s reached %s; ", waiting, there);
+    append(out, cap, "rank %d waited in %s%s%s; dumps: %s/flight-rank*.txt", s->rank, mine,
            n_waiting ? " with ranks " : "", waiting, s->dir);
     fprintf(stderr, "loom[%d]: %s\n", s->rank, out);
 }

@@ -96,18 +96,31 @@ loom_status loom_ranks_join(void)
     loom_ranks r;
     LOOM_TRY(loom_ranks_from_env(&r));
     loom_core_host_set_rank(r.rank, r.world);
-    if (r.world > 1) {
-        loom_status st = loom_rendezvous_open(r.addr, r.port, r.rank, r.world, r.timeout_ms,
-                                              &joined_rdv);
-        if (st != LOOM_OK && r.addr_defaulted && r.rank != 0 && st == LOOM_ERR_TIMEOUT) {
-            char msg[2048];
-            snprintf(msg, sizeof msg, "%s", loom_last_error());
-            return loom_fail(st, "%s; MASTER_ADDR is not set, so %s is assumed, which only "
-                             "reaches rank 0 on this machine", msg, LOOM_RANKS_DEFAULT_ADDR);
-        }
-        LOOM_TRY(st);
-    }
     joined = r;
+    return LOOM_OK;
+}
+
+/* The rendezvous opens when first needed (the recipe's first collective: the config check
+ * or the communicator), so that the recipe's own comm_timeout can bound the wait for ranks
+ * that never arrive. LOOM_RENDEZVOUS_TIMEOUT_MS (or comm_timeout= on the command line, which
+ * sets it) wins over the recipe; with neither, the 300 s default, for ranks started by hand. */
+loom_status loom_cli_rendezvous_open(int recipe_timeout_ms, loom_rendezvous **out)
+{
+    *out = joined_rdv;
+    if (joined_rdv != NULL || joined.world <= 1)
+        return LOOM_OK;
+    if (recipe_timeout_ms > 0 && !getenv("LOOM_RENDEZVOUS_TIMEOUT_MS"))
+        joined.timeout_ms = recipe_timeout_ms;
+    loom_status st = loom_rendezvous_open(joined.addr, joined.port, joined.rank, joined.world,
+                                          joined.timeout_ms, &joined_rdv);
+    if (st != LOOM_OK && joined.addr_defaulted && joined.rank != 0 && st == LOOM_ERR_TIMEOUT) {
+        char msg[2048];
+        snprintf(msg, sizeof msg, "%s", loom_last_error());
+        return loom_fail(st, "%s; MASTER_ADDR is not set, so %s is assumed, which only "
+                         "reaches rank 0 on this machine", msg, LOOM_RANKS_DEFAULT_ADDR);
+    }
+    LOOM_TRY(st);
+    *out = joined_rdv;
     return LOOM_OK;
 }
 
@@ -115,8 +128,9 @@ void loom_ranks_leave(int ok)
 {
     /* On failure a short linger only: long enough for the others to read a verdict rank 0
      * has just published (a config mismatch), short enough not to hold up the exit. */
-    loom_rendezvous_close(joined_rdv, ok ? joined.timeout_ms
-                                         : joined.timeout_ms < 1000 ? joined.timeout_ms : 1000);
+    if (joined_rdv != NULL)
+        loom_rendezvous_close(joined_rdv, ok ? joined.timeout_ms
+                                             : joined.timeout_ms < 1000 ? joined.timeout_ms : 1000);
     joined_rdv = NULL;
 }
 

@@ -10,7 +10,8 @@
  * What not: device selection, communicators (they get the rendezvous from loom_cli_rendezvous).
  * Invariants: values are validated before use; a refusal names the variable and what would be
  * right (RANK=4 is not below WORLD_SIZE=4 ...). The joined state is process-global: one job
- * per process, joined once by cmd_run before the recipe runs and left after it.
+ * per process, joined once by cmd_run before the recipe runs (the rendezvous opened at the
+ * recipe's first collective) and left after it.
  */
 #ifndef LOOM_CORE_RANKS_H
 #define LOOM_CORE_RANKS_H
@@ -34,16 +35,20 @@ typedef struct loom_ranks {
 /* Parse the environment (see above). LOOM_ERR_INVALID names the bad variable. */
 loom_status loom_ranks_from_env(loom_ranks *out);
 
-/* For `loom run`: parse the environment, tell the plugin host (loom_core_host_set_rank) and,
- * when world > 1, open the rendezvous (waits for every rank, bounded by the timeout). */
+/* For `loom run`: parse the environment and tell the plugin host (loom_core_host_set_rank).
+ * The rendezvous itself opens later, at loom_cli_rendezvous_open. */
 loom_status loom_ranks_join(void);
+/* The joined rendezvous, opened on the first call when world > 1 (waits for every rank,
+ * bounded by LOOM_RENDEZVOUS_TIMEOUT_MS if set, else recipe_timeout_ms if > 0, else the
+ * default); *out is NULL when world == 1. Later calls return the same one. */
+loom_status loom_cli_rendezvous_open(int recipe_timeout_ms, loom_rendezvous **out);
 /* After the recipe: close the rendezvous. On rank 0 the server keeps serving until the other
  * ranks have left, bounded by the timeout when ok, by 1 s when not (long enough for them to
  * read a verdict it has just published, short enough not to hold up a failing job). */
 void loom_ranks_leave(int ok);
 /* What join found (rank 0 of 1 before join). */
 const loom_ranks *loom_cli_ranks(void);
-/* The joined rendezvous, NULL when world == 1 or before join. */
+/* The rendezvous if it is open, else NULL (world == 1, or no collective yet). */
 loom_rendezvous *loom_cli_rendezvous(void);
 
 /* lua_ranks.c: set core.rank, core.world, core.local_rank and core.check_same_config into

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 
 #include "model/gpt_stage.h"
+#include "base/backend.h"
 #include "base/status.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -225,6 +226,31 @@ static loom_status check_shape(const char *path, const loom_gpt_config *file,
     return LOOM_OK;
 }
 
+/* The parameters as host memory: the model's buffer, or on a device backend a copy
+ * (filled from the device when fill); done_host_params writes it back (back) and frees it. */
+static float *host_params(loom_gpt *m, int fill)
+{
+    loom_backend *be = loom_gpt_backend(m);
+    if (!loom_backend_device_memory(be))
+        return loom_gpt_param_data(m);
+    size_t bytes = loom_gpt_params(m)->total * sizeof(float);
+    float *h = malloc(bytes);
+    if (h && fill)
+        be->ops->copy_to_host(be->self, h, loom_gpt_param_data(m), bytes);
+    return h;
+}
+
+static void done_host_params(loom_gpt *m, const float *h, int back)
+{
+    loom_backend *be = loom_gpt_backend(m);
+    if (h == loom_gpt_param_data(m))
+        return;
+    if (back)
+        be->ops->copy_to_device(be->self, loom_gpt_param_data(m), h,
+                                loom_gpt_params(m)->total * sizeof(float));
+    free((void *)h);
+}
+
 loom_status loom_llmc_load(loom_gpt *m, const char *path)
 {
     FILE *f;
@@ -233,7 +259,12 @@ loom_status loom_llmc_load(loom_gpt *m, const char *path)
     LOOM_TRY(open_model(path, &f, &fc, &version));
     const loom_gpt_config *mc = loom_gpt_get_config(m);
     const loom_param_table *t = loom_gpt_params(m);
-    float *params = loom_gpt_param_data(m);
+    float *params = host_params(m, 1);
+    if (!params) {
+        fclose(f);
+        LOOM_FAIL(LOOM_ERR_NOMEM, "reading llm.c model '%s': out of memory for a host copy of "
+                  "the parameters", path);
+    }
     size_t n[16];
     block_sizes(mc, n);
     loom_status st = check_shape(path, &fc, mc);
@@ -256,14 +287,14 @@ loom_status loom_llmc_load(loom_gpt *m, const char *path)
                 st = read_sliced(f, path, version, e, params + e->offset, n[b]);
         }
     fclose(f);
+    done_host_params(m, params, 1);
     return st;
 }
 
-loom_status loom_llmc_save(loom_gpt *m, const char *path)
+static loom_status save_from(loom_gpt *m, const char *path, const float *params)
 {
     const loom_gpt_config *c = loom_gpt_get_config(m);
     const loom_param_table *t = loom_gpt_params(m);
-    const float *params = loom_gpt_param_data(m);
     if (c->moe.experts)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "%s: llm.c's model file has dense GPT-2 blocks only; this "
                   "model has mixture-of-experts blocks (%d experts): keep it as a loom checkpoint "
@@ -310,5 +341,16 @@ loom_status loom_llmc_save(loom_gpt *m, const char *path)
     if (st != LOOM_OK)
         remove(tmp);
     free(tmp);
+    return st;
+}
+
+loom_status loom_llmc_save(loom_gpt *m, const char *path)
+{
+    const float *params = host_params(m, 1);
+    if (!params)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "writing llm.c model '%s': out of memory for a host copy of "
+                  "the parameters", path);
+    loom_status st = save_from(m, path, params);
+    done_host_params(m, params, 0);
     return st;
 }

@@ -183,9 +183,9 @@ static void share_the_machine(void)
         setenv("GOMP_SPINCOUNT", "1000", 0);
 }
 
-/* The start-up rendezvous happens before the recipe is read, so a recipe's own comm_timeout
- * cannot bound it; a comm_timeout=S on the command line (as `loom launch` passes it to every
- * rank) does, unless LOOM_RENDEZVOUS_TIMEOUT_MS is set. A value that is not a positive
+/* The start-up rendezvous opens at the recipe's first collective and is bounded by the
+ * recipe's comm_timeout; a comm_timeout=S on the command line (as `loom launch` passes it to
+ * every rank) wins, by setting LOOM_RENDEZVOUS_TIMEOUT_MS unless that is set already. A value that is not a positive
  * number is left for the recipe check to refuse. */
 static void rendezvous_timeout_from_args(int n, char **kv)
 {
@@ -210,7 +210,7 @@ static int cmd_run(int argc, char **argv)
         return usage(stderr);
     share_the_machine();
     rendezvous_timeout_from_args(argc - 1, argv + 1);
-    if (loom_ranks_join() != LOOM_OK) { /* rank/world from the environment; rendezvous */
+    if (loom_ranks_join() != LOOM_OK) { /* rank/world from the environment */
         fprintf(stderr, "loom: %s\n", loom_last_error());
         return 1;
     }
@@ -274,6 +274,13 @@ static int cmd_run(int argc, char **argv)
     }
     if (rc == 0)
         warn_unread_overrides(L, argc - 1, argv + 1);
+    /* Every rank of a job meets at least once, even in a recipe without collectives: a rank
+     * that never came is named here (bounded by the environment's or the default timeout). */
+    loom_rendezvous *met = NULL;
+    if (rc == 0 && loom_cli_rendezvous_open(0, &met) != LOOM_OK) {
+        fprintf(stderr, "loom: %s\n", loom_last_error());
+        rc = 1;
+    }
     int stopped = rc > 128; /* a stop signal's orderly end: every rank saved; leave cleanly */
     lua_close(L); /* sessions (and the strategies using the groups) are freed here */
     loom_dist_shutdown(); /* then the communicators: MPI wants MPI_Finalize on every rank */

@@ -36,15 +36,6 @@ static void data_position(loom_data *d, loom_checkpoint_extra *x)
     x->n_data_state = d->ops->get_state(d->self, x->data_state);
 }
 
-/* Offload keeps the optimizer state in its pool or file, which the checkpoint format does
- * not read or write yet: refused rather than save a state that is not there. */
-static void refuse_offload(lua_State *L, loom_session *s, const char *what)
-{
-    if (strcmp(loom_session_offload(s), "none") != 0)
-        luaL_error(L, "checkpoints are not %s under strategy.offload (optimizer = \"%s\") yet: "
-                   "leave offload out to save or resume", what, loom_session_offload(s));
-}
-
 /* s:save(dir, {step=, config_json=, data=, keep=, protect=}) -> path of the new checkpoint.
  * step defaults to the optimizer steps taken; keep to 0 (keep all); protect: a step_* name
  * that retention keeps beside the newest `keep`. Collective in a
@@ -86,7 +77,6 @@ static int l_save(lua_State *L)
         /* the config string stays referenced from the options table during the save */
     }
     char path[PATH_MAX];
-    refuse_offload(L, s, "saved");
     if (loom_checkpoint_save(s, dir, &x, path, sizeof path) != LOOM_OK)
         return raise_status(L);
     lua_pushstring(L, path);
@@ -109,7 +99,6 @@ static int l_load(lua_State *L)
     loom_checkpoint_extra *x = lua_newuserdatauv(L, sizeof *x, 0);
     memset(x, 0, sizeof *x);
     luaL_setmetatable(L, EXTRA_MT);
-    refuse_offload(L, s, "loaded");
     if (loom_checkpoint_load_data(s, path, data, x) != LOOM_OK)
         return raise_status(L);
     lua_createtable(L, 0, 3);
@@ -213,7 +202,8 @@ static int l_export(lua_State *L)
     int opts = lua_istable(L, 4) ? 4 : 0;
     loom_gpt *m = loom_session_model(s);
     const loom_param_table *t = loom_gpt_params(m);
-    const float *data = loom_gpt_param_data(m);
+    loom_session_to_host(s); /* a device backend's parameters into the host mirror */
+    const float *data = loom_session_host_params(s);
     for (int i = 0; i < t->count; i++)
         for (int d = 0; d < t->entries[i].ndim; d++)
             if (t->entries[i].slice_len[d] != t->entries[i].shape[d])

@@ -30,7 +30,12 @@ static int l_init_dist(lua_State *L)
     if (world > 1) {
         lua_getfield(L, 1, "comm");
         const char *comm = luaL_optstring(L, -1, "shm");
-        loom_rendezvous *rv = loom_cli_rendezvous();
+        lua_getfield(L, 1, "timeout_ms");
+        int given_ms = lua_isinteger(L, -1) ? (int)lua_tointeger(L, -1) : 0;
+        lua_pop(L, 1);
+        loom_rendezvous *rv = NULL;
+        if (loom_cli_rendezvous_open(given_ms, &rv) != LOOM_OK)
+            goto fail;
         if (!rv)
             return luaL_error(L, "a %d-rank run has no rendezvous (start it with loom launch)", world);
         lua_getfield(L, 1, "flight_dir");

@@ -14,8 +14,9 @@
 
 #include "dist/ranks.h"
 #include "dist/rendezvous.h"
+#include "base/status.h"
 
-/* core.check_same_config(text) -> true. text: the canonical serialisation of the resolved
+/* core.check_same_config(text [, timeout_ms]) -> true. text: the canonical serialisation of the resolved
  * configuration (or any digest of it); its 64-bit FNV-1a hash is compared across ranks.
  * On a mismatch raises, on every rank:
  *   ranks 1, 3 run a different recipe than rank 0 (config hash 5f2a3b10… vs 91c04e7d…) */
@@ -25,7 +26,12 @@ static int l_check_same_config(lua_State *L)
 {
     size_t n;
     const char *text = luaL_checklstring(L, 1, &n);
-    loom_rendezvous *r = loom_cli_rendezvous();
+    /* The first collective of a recipe: it opens the rendezvous, bounded by the recipe's
+     * comm_timeout (the optional second argument, ms) unless the environment set one. */
+    int timeout_ms = (int)luaL_optinteger(L, 2, 0);
+    loom_rendezvous *r = NULL;
+    if (loom_cli_rendezvous_open(timeout_ms, &r) != LOOM_OK)
+        return luaL_error(L, "%s", loom_last_error());
     if (r && loom_rendezvous_rank(r) == 0) { /* for core.recipe_of_rank0 after a mismatch */
         const loom_store *st = loom_rendezvous_store(r);
         st->set(st->self, RECIPE_KEY, text, n < LOOM_RENDEZVOUS_MAX_VALUE ? n : LOOM_RENDEZVOUS_MAX_VALUE);

@@ -30,8 +30,37 @@ void loom_gpt_set_param_hook(loom_gpt *m, loom_param_use_fn fn, void *ctx)
     m->param_use_ctx = ctx;
 }
 
+/* A pipeline stage's table (build_table: its leading wte/wpe, its blocks, its trailing
+ * ln_f/lm_head) is read by entry: block entries carry their layer, the others -1. */
+static void stage_unit_entries(const loom_gpt *m, int unit, int *first, int *last)
+{
+    const loom_param_table *t = &m->table;
+    int L = m->cfg.layers, lo = 0, hi = t->count; /* [lo, hi): the block entries */
+    while (lo < t->count && t->entries[lo].layer < 0)
+        lo++;
+    while (hi > lo && t->entries[hi - 1].layer < 0)
+        hi--;
+    *first = 0, *last = -1; /* empty: not on this stage */
+    if (unit == 0) {
+        *last = lo - 1;
+    } else if (unit == L + 1) {
+        *first = hi, *last = t->count - 1;
+    } else if (unit >= 1 && unit <= L && m->own[unit - 1]) {
+        for (int i = lo; i < hi; i++)
+            if (t->entries[i].layer == unit - 1) {
+                if (*last < *first)
+                    *first = i;
+                *last = i;
+            }
+    }
+}
+
 void loom_gpt_unit_entries(const loom_gpt *m, int unit, int *first, int *last)
 {
+    if (m->staged) {
+        stage_unit_entries(m, unit, first, last);
+        return;
+    }
     int L = m->cfg.layers, pre = m->pre, per = m->per_layer;
     *first = unit == 0 ? 0 : unit <= L ? pre + per * (unit - 1) : m->table.count - m->post;
     *last = unit == 0 ? pre - 1 : unit <= L ? pre + per * (unit - 1) + per - 1
@@ -410,6 +439,7 @@ void gpt_bind_slot(loom_gpt *m, int slot)
     lay_out_activations(m, f, &s);
     m->tokens = (int *)(f + total);
     m->targets = m->tokens + R;
+    gpt_moe_bind_slot(m, slot); /* its routing and expert buffers (moe.h) */
 }
 
 /* m->shared_bytes, slot_bytes and act_bytes from the layout (loom_gpt_footprint too). */
@@ -452,6 +482,12 @@ static loom_status check_split(const loom_gpt *m)
         LOOM_FAIL(LOOM_ERR_INVALID, "canonical mode sums in %d fixed chunks: dim=%d and the padded "
                   "vocabulary %d must divide by %d, and tp=%d must divide %d", chunks, c->dim,
                   c->vocab_padded, chunks, tp, chunks);
+    /* B's output gradients would have to be gathered over the sequence and kept for W: a
+     * full-rows buffer per linear per slot that gpt_backward_split.c does not have */
+    if (m->split && m->sp)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "the split backward (schedule zb1, or a list with "
+                  "BWD_INPUT / BWD_WEIGHT) does not run under sequence parallelism yet: use "
+                  "gpipe, 1f1b or interleaved with tp_sequence_parallel, or leave it out");
     return LOOM_OK;
 }
 
@@ -664,6 +700,7 @@ const loom_gpt_config *loom_gpt_get_config(const loom_gpt *m) { return &m->cfg; 
 const loom_param_table *loom_gpt_params(const loom_gpt *m) { return &m->table; }
 float *loom_gpt_param_data(loom_gpt *m) { return m->params; }
 float *loom_gpt_grad_data(loom_gpt *m) { return m->grads; }
+loom_backend *loom_gpt_backend(loom_gpt *m) { return m->be; }
 const float *loom_gpt_logits(const loom_gpt *m) { return m->logits; }
 size_t loom_gpt_activation_bytes(const loom_gpt *m) { return m->act_bytes + gpt_moe_bytes(m); }
 
@@ -775,7 +812,11 @@ loom_status gpt_block_forward(loom_gpt *m, int l, const float *residual, int B, 
                          (int)Rl, C);
     gpt_round(m, a->ln2, Rl * C);
     if (m->moe && gpt_moe_block(&m->cfg, l)) { /* experts behind a router (moe.h; tp = 1) */
-        LOOM_TRY(gpt_moe_forward(m, l, m->ent0[l] + 8, a->ln2_full, m->summed, R));
+        if (gpt_moe_rerunning(m))
+            return LOOM_OK; /* recomputation: the experts' part is kept, res3 too */
+        LOOM_TRY(F_ENTER(LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R, C)); /* sp: all rows */
+        LOOM_TRY(gpt_moe_forward(m, l, m->ent0[l] + 8, a->ln2_full, m->partial, R));
+        LOOM_TRY(F_LEAVE(LOOM_REGION_MLP, l, m->partial, m->summed, R, C)); /* sum over tp */
         k->residual_forward(a->res3, a->res2, m->summed, Rl * C);
         return LOOM_OK;
     }
@@ -805,11 +846,19 @@ loom_status gpt_block_backward(loom_gpt *m, int l, const float *residual, rep_pa
     const size_t R = (size_t)B * T;
     layer_params *w = &m->p.layer[l], *g = &m->g.layer[l];
     layer_acts *a = &m->acts[l];
-    if (m->rc[l] == RC_FULL) /* the same forward again, into the scratch set (its res3 too:
-                              * the same bits over the kept ones) */
-        LOOM_TRY(gpt_block_forward(m, l, residual, B, T, Rl));
+    if (m->rc[l] == RC_FULL) { /* the same forward again, into the scratch set (its res3
+                                * too: the same bits over the kept ones; moe.h's kept) */
+        gpt_moe_rerun(m, 1);
+        loom_status rs = gpt_block_forward(m, l, residual, B, T, Rl);
+        gpt_moe_rerun(m, 0);
+        LOOM_TRY(rs);
+    }
     if (m->moe && gpt_moe_block(&m->cfg, l)) { /* res3 = res2 + moe(ln2(res2)) (moe.h) */
-        LOOM_TRY(gpt_moe_backward(m, l, m->ent0[l] + 8, m->dres, m->dsummed, R));
+        LOOM_TRY(B_LEAVE(LOOM_REGION_MLP, l, m->dres, m->dres_full, R, C)); /* sp: all rows */
+        LOOM_TRY(gpt_regather(m, LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R));
+        LOOM_TRY(gpt_moe_backward(m, l, m->ent0[l] + 8, m->dres_full, m->dpartial, R));
+        LOOM_TRY(B_ENTER(LOOM_REGION_MLP, l, m->dpartial, m->dsummed, R, C)); /* sum over tp */
+        LOOM_TRY(gpt_region_wait(m));
         goto mlp_done;
     }
     /* MLP branch: res3 = res2 + g(proj(gelu(fc(f(ln2(res2)))))) + bias */

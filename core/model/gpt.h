@@ -107,6 +107,8 @@ const loom_gpt_config *loom_gpt_get_config(const loom_gpt *m);
 const loom_param_table *loom_gpt_params(const loom_gpt *m);
 /* Flat device buffers (table->total floats each). */
 float *loom_gpt_param_data(loom_gpt *m);
+/* The backend the model's buffers live on (their memory may be a device's). */
+loom_backend *loom_gpt_backend(loom_gpt *m);
 float *loom_gpt_grad_data(loom_gpt *m);
 
 /* Forward over tokens (B,T) on the host. With targets, *loss_sum gets the sum of the
@@ -129,8 +131,14 @@ void loom_gpt_set_grad_hook(loom_gpt *m, loom_grad_ready_fn fn, void *ctx);
  * backward, which marks L+1 and 0 done after the head, then each block needed and done,
  * top down. Decoding calls no hook (the caller keeps every unit in place). */
 typedef loom_status (*loom_param_use_fn)(void *ctx, int unit, int needed);
+/* needed = LOOM_PARAM_SOON: a hint that the unit is needed next (start its gather, do not
+ * wait); a pipeline stage (gpt_stage.h) gives it, since its passes interleave. */
+#define LOOM_PARAM_SOON 2
 void loom_gpt_set_param_hook(loom_gpt *m, loom_param_use_fn fn, void *ctx);
-/* A unit's first and last parameter-table entries. */
+/* A unit's first and last parameter-table entries; first > last when this model holds
+ * none of it (a pipeline stage: another stage's block, or no embedding/ln_f here). On a
+ * stage, unit 0 is the leading wte/wpe it holds (the last stage: the tied head's wte) and
+ * layers + 1 its trailing ln_f (and lm_head). */
 void loom_gpt_unit_entries(const loom_gpt *m, int unit, int *first, int *last);
 
 /* The (B,T,Vp) logits of the last forward with dloss == 0 (device memory); with tensor
@@ -186,6 +194,8 @@ typedef struct loom_moe_stats {
     double aux, z;         /* per training forward, summed over MoE blocks: the aux loss
                             * alpha E sum f P and the z-loss beta mean lse^2, as added */
     int forwards;          /* training forwards counted */
+    int counts_forwards;   /* a pipeline stage: 1 on the one holding the first MoE block
+                            * (load rows of other stages' blocks are 0 here) */
 } loom_moe_stats;
 /* What the training forwards since the last reset routed (this rank's tokens); aux and z
  * are means over those forwards. reset: start counting again. */
@@ -194,6 +204,12 @@ void loom_gpt_moe_stats(loom_gpt *m, loom_moe_stats *out, int reset);
  * expert's (held by this ep rank only; its gradient is not the dp group's to reduce). */
 int loom_gpt_expert_parallel(const loom_gpt *m);
 int loom_gpt_is_expert_entry(const loom_gpt *m, int i);
+/* Canonical mode under ep: the experts' gradients of the last backward, one copy per
+ * source ep rank (what that rank's micro-batch gave, computed by GEMMs over its rows alone,
+ * as ep=1 computes them): ep vectors of *n floats, source-major, each this rank's expert
+ * entries in table order (the runs of loom_gpt_is_expert_entry entries, concatenated).
+ * The model's own expert gradients stay zero. NULL (and *n = 0) otherwise. */
+const float *loom_gpt_moe_source_grads(const loom_gpt *m, size_t *n);
 /* 1 when the LM head is wte (GPT-2; loom.llama with tie_embeddings), 0 for its own weight. */
 int loom_gpt_tied_head(const loom_gpt *m);
 /* Mixed precision (the precision plugin's dtypes; session.c sets them once, after create).

@@ -28,7 +28,7 @@
  * The llama family's blocks have their own B and W (gpt_llama_split.c, the same scheme);
  * the chunk's ends here serve both (its untied LM head is m->p.head, its final norm an
  * RMSNorm with one weight).
- * What not: sequence parallelism (gpt_check_chunk refuses it for any stage pass).
+ * What not: sequence parallelism (gpt.c's check_split refuses split_backward with it).
  */
 #include "gpt_stage.h"
 
@@ -127,6 +127,7 @@ loom_status loom_gpt_stage_backward_input(loom_gpt *m, int lo, int hi, float *he
     size_t R = (size_t)B * T;
     if (hi == m->cfg.layers) {
         /* LM head (GPT-2's: wte): d(ln_f out) into dsummed; then ln_f: dres = d(last block) */
+        LOOM_TRY(gpt_stage_head_units(m, hi, 1));
         LOOM_TRY(gpt_column_parallel_backward_input(m, LOOM_REGION_HEAD, -1, m->logits,
                                                     m->p.head, B, T, m->Vl, 1));
         if (head_dw) { /* one micro-batch's head half, on its own (canonical mode's tied wte) */
@@ -138,14 +139,17 @@ loom_status loom_gpt_stage_backward_input(loom_gpt *m, int lo, int hi, float *he
         rep_args lnf = {m->dres, m->dsummed, m->acts[hi - 1].res3, m->p.lnfw, m->lnf_mean,
                         m->lnf_rstd};
         gpt_replicated_grads(m, &pk, gpt_norm_kind(m), &lnf, m->g.lnfw, m->g.lnfb, R);
+        LOOM_TRY(gpt_stage_head_units(m, hi, 0));
     }
     for (int l = hi - 1; l >= lo; l--) {
         float *residual = l == lo ? m->encoded : m->acts[l - 1].res3;
         float *dx = l == lo ? m->dx_out : m->acts[l - 1].res3;
+        LOOM_TRY(gpt_stage_block_unit(m, l, lo, 0));
         if (m->llama)
             LOOM_TRY(gpt_llama_block_input(m, l, residual, block_dy(m, l, hi), dx, B, T, R));
         else
             LOOM_TRY(block_input(m, l, residual, block_dy(m, l, hi), dx, B, T, R));
+        LOOM_TRY(gpt_stage_block_unit(m, l, lo, 1));
     }
     return LOOM_OK;
 }
@@ -164,15 +168,20 @@ loom_status loom_gpt_stage_backward_weight(loom_gpt *m, int lo, int hi, int head
             rep_pack ln = {{m->g.lnfw, m->g.lnfb}, m->llama ? 1 : 2, m->lnf_part};
             LOOM_TRY(gpt_rep_flush(m, &ln));
         }
+        LOOM_TRY(gpt_stage_ready(m, -1, 0)); /* the data-parallel overlap (gpt_stage.h) */
     }
-    for (int l = hi - 1; l >= lo; l--)
+    for (int l = hi - 1; l >= lo; l--) {
         LOOM_TRY(m->llama ? gpt_llama_block_weight(m, l, block_dy(m, l, hi), B, T)
                           : block_weight(m, l, block_dy(m, l, hi), B, T, R));
+        LOOM_TRY(gpt_stage_ready(m, l, 0));
+    }
     if (lo == 0) {
         LOOM_TRY(B_LEAVE(LOOM_REGION_EMBEDDING, -1, m->dx_out, m->dx_out, R, C));
         gpt_embedding_grad(m, m->dx_out, R);
         if (m->g.wpe) /* learned positions (GPT-2); the llama family's are rotary */
             k->position_backward(m->g.wpe, m->dx_out, B, T, C);
     }
+    if (lo == 0 || hi == m->cfg.layers)
+        LOOM_TRY(gpt_stage_ready(m, -1, 1));
     return LOOM_OK;
 }

@@ -11,6 +11,9 @@
  * row-independent under the backend's row-stable (or canonical) mode, the tensor-parallel sums are elementwise in a
  * fixed rank order (or canonical mode's tree), attention_decode reproduces
  * attention_forward's last row — so the logits row has the full recompute's bits.
+ * A pipeline stage decodes its chunks the same way (loom_gpt_stage_decode): each stage's
+ * blocks keep their own rows, the engine moves row t of the residual stream between
+ * stages (pipeline.h, loom_pipeline_decode), and the rank's last chunk completes the row.
  * It does not: batch (B = 1 only), slide a window (positions are absolute: once t reaches
  * ctx the caller recomputes), or run under sequence parallelism (rows are sharded by tp).
  */
@@ -33,34 +36,27 @@ int loom_gpt_can_decode(const loom_gpt *m)
 
 int loom_gpt_cached_rows(const loom_gpt *m) { return m->cache_len; }
 
-loom_status loom_gpt_decode(loom_gpt *m, int token, int t)
+/* Row t of blocks [lo, hi): the embedding first when lo == 0 (the stage input row
+ * otherwise: m->encoded's row t, where the pipeline engine receives it), the final norm and
+ * the head's logits row after when hi == layers. */
+static loom_status decode_rows(loom_gpt *m, int lo, int hi, int token, int t)
 {
     const loom_backend_ops *k = m->be->ops;
     void *bs = m->be->self;
     int C = m->cfg.dim, Cl = m->Cl, Fl = m->Fl;
-    if (!loom_gpt_can_decode(m))
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "incremental decoding needs a backend with "
-                  "attention_decode and no sequence parallelism");
-    if (t != m->cache_len || t < 1)
-        LOOM_FAIL(LOOM_ERR_INVALID, "decode at position %d, but the cache holds %d rows (run a "
-                  "forward with B = 1 over the first tokens)", t, m->cache_len);
-    if (t >= m->cfg.ctx)
-        LOOM_FAIL(LOOM_ERR_INVALID, "decode at position %d: the model's ctx is %d", t, m->cfg.ctx);
-    if (token < 0 || token >= m->cfg.vocab)
-        LOOM_FAIL(LOOM_ERR_INVALID, "token %d is outside the vocabulary [0, %d)", token,
-                  m->cfg.vocab);
-    m->cache_len = 0; /* until this row is complete */
     size_t r = (size_t)t, rC = r * (size_t)C;
 #define ROW(buf, width) ((buf) + r * (size_t)(width))
-    k->copy_to_device(bs, m->tokens + t, &token, sizeof(int));
-    float *embedded = m->tp_ops ? m->partial : m->encoded;
-    k->embedding_forward(embedded + rC, m->tokens + t, m->p.wte, m->v0, m->Vl, 1, C);
-    LOOM_TRY(F_LEAVE(LOOM_REGION_EMBEDDING, -1, embedded + rC, m->encoded + rC, 1, C));
-    if (m->p.wpe)
-        k->position_forward(m->encoded + rC, m->p.wpe, r, 1, m->cfg.ctx, C);
-    gpt_round(m, m->encoded + rC, (size_t)C); /* gpt_block_forward's points, row t's values */
+    if (lo == 0) {
+        k->copy_to_device(bs, m->tokens + t, &token, sizeof(int));
+        float *embedded = m->tp_ops ? m->partial : m->encoded;
+        k->embedding_forward(embedded + rC, m->tokens + t, m->p.wte, m->v0, m->Vl, 1, C);
+        LOOM_TRY(F_LEAVE(LOOM_REGION_EMBEDDING, -1, embedded + rC, m->encoded + rC, 1, C));
+        if (m->p.wpe)
+            k->position_forward(m->encoded + rC, m->p.wpe, r, 1, m->cfg.ctx, C);
+        gpt_round(m, m->encoded + rC, (size_t)C); /* gpt_block_forward's points, row t's values */
+    }
     const float *residual = m->encoded + rC;
-    for (int l = 0; l < m->cfg.layers; l++) {
+    for (int l = lo; l < hi; l++) {
         layer_params *w = &m->p.layer[l];
         layer_acts *a = &m->acts[l];
         if (m->llama) { /* gpt_llama.c */
@@ -101,15 +97,61 @@ loom_status loom_gpt_decode(loom_gpt *m, int token, int t)
         gpt_round(m, a->res3 + rC, (size_t)C);
         residual = a->res3 + rC;
     }
+    if (hi < m->cfg.layers)
+        return LOOM_OK;
     gpt_final_norm_forward(m, residual, r, 1);
     gpt_round(m, m->lnf + rC, (size_t)C);
     LOOM_TRY(F_ENTER(LOOM_REGION_HEAD, -1, m->lnf + rC, m->lnf_full + rC, 1, C));
     k->matmul_forward(ROW(m->logits, m->Vl), m->lnf_full + rC, m->p.head, NULL, 1, 1, C, m->Vl);
     gpt_round(m, ROW(m->logits, m->Vl), (size_t)m->Vl);
 #undef ROW
-    m->last_B = 1;
-    m->last_T = t + 1;
-    m->have_dlogits = 0;
-    m->cache_len = t + 1;
     return LOOM_OK;
+}
+
+static loom_status check_decode(const loom_gpt *m, int token, int t)
+{
+    if (!loom_gpt_can_decode(m))
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "incremental decoding needs a backend with "
+                  "attention_decode and no sequence parallelism");
+    if (t != m->cache_len || t < 1)
+        LOOM_FAIL(LOOM_ERR_INVALID, "decode at position %d, but the cache holds %d rows (run a "
+                  "forward with B = 1 over the first tokens)", t, m->cache_len);
+    if (t >= m->cfg.ctx)
+        LOOM_FAIL(LOOM_ERR_INVALID, "decode at position %d: the model's ctx is %d", t, m->cfg.ctx);
+    if (token < 0 || token >= m->cfg.vocab)
+        LOOM_FAIL(LOOM_ERR_INVALID, "token %d is outside the vocabulary [0, %d)", token,
+                  m->cfg.vocab);
+    return LOOM_OK;
+}
+
+/* The cache now holds rows 0..t; or, after a failure, nothing. */
+static loom_status decoded(loom_gpt *m, loom_status st, int t)
+{
+    m->cache_len = st == LOOM_OK ? t + 1 : 0;
+    if (st == LOOM_OK) {
+        m->last_B = 1;
+        m->last_T = t + 1;
+        m->have_dlogits = 0;
+    }
+    return st;
+}
+
+loom_status loom_gpt_decode(loom_gpt *m, int token, int t)
+{
+    LOOM_TRY(check_decode(m, token, t));
+    if (m->staged)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "this model is one pipeline stage: decode through the "
+                  "pipeline engine (loom_gpt_stage_decode), not loom_gpt_decode");
+    return decoded(m, decode_rows(m, 0, m->cfg.layers, token, t), t);
+}
+
+loom_status loom_gpt_stage_decode(loom_gpt *m, int lo, int hi, int token, int t)
+{
+    LOOM_TRY(gpt_check_chunk(m, lo, hi));
+    LOOM_TRY(check_decode(m, lo == 0 ? token : 0, t));
+    int top = hi; /* the rank's last chunk ends its decode of row t */
+    while (top < m->cfg.layers && !m->own[top])
+        top++;
+    loom_status st = decode_rows(m, lo, hi, token, t);
+    return st != LOOM_OK || top == m->cfg.layers ? decoded(m, st, t) : LOOM_OK;
 }

@@ -158,6 +158,14 @@ loom_status gpt_place_last(loom_gpt *m, int split_dim);
 
 /* A pipeline chunk [lo, hi) this model can run (gpt_stage.c). */
 loom_status gpt_check_chunk(const loom_gpt *m, int lo, int hi);
+/* A stage's backward (fused or B) around the head, head = 1 before and 0 after, and
+ * around block l (done = 0 before, 1 after): ZeRO-3's units (gpt_stage.h). */
+loom_status gpt_stage_head_units(loom_gpt *m, int hi, int head);
+loom_status gpt_stage_block_unit(loom_gpt *m, int l, int lo, int done);
+/* A stage's finished gradients to the gradient-ready hook (gpt_stage.c, gpt_stage.h's
+ * loom_gpt_stage_reports_ready): block `layer`'s, or (layer < 0) the entries outside
+ * blocks before (lead = 1) or after (lead = 0) them. */
+loom_status gpt_stage_ready(loom_gpt *m, int layer, int lead);
 
 /* Point the activation buffers at activation set `slot` (0 .. slots-1). */
 void gpt_bind_slot(loom_gpt *m, int slot);

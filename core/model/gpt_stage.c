@@ -18,6 +18,26 @@
 
 
 void loom_gpt_stage_select(loom_gpt *m, int slot) { gpt_bind_slot(m, slot); }
+int loom_gpt_is_stage(const loom_gpt *m) { return m->staged; }
+
+/* The parameter hook (gpt.h); unit -1: none (the chunk ends). */
+static loom_status use(loom_gpt *m, int unit, int needed)
+{
+    if (!m->param_use || unit < 0)
+        return LOOM_OK;
+    return m->param_use(m->param_use_ctx, unit, needed);
+}
+
+loom_status loom_gpt_stage_prefetch(loom_gpt *m, int lo, int hi, int backward)
+{
+    int L = m->cfg.layers;
+    if (!backward)
+        return use(m, lo == 0 ? 0 : 1 + lo, LOOM_PARAM_SOON);
+    if (hi < L)
+        return use(m, hi, LOOM_PARAM_SOON); /* block hi - 1 */
+    LOOM_TRY(use(m, L + 1, LOOM_PARAM_SOON)); /* the head: ln_f and the tied wte */
+    return use(m, 0, LOOM_PARAM_SOON);
+}
 
 float *loom_gpt_stage_input(loom_gpt *m) { return m->encoded; }
 float *loom_gpt_stage_output(loom_gpt *m, int hi) { return m->acts[hi - 1].res3; }
@@ -44,9 +64,43 @@ loom_status gpt_check_chunk(const loom_gpt *m, int lo, int hi)
     for (int l = lo; l < hi; l++)
         if (!m->own[l])
             LOOM_FAIL(LOOM_ERR_INVALID, "block %d is not held by this pipeline stage", l);
-    if (m->sp)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "pipeline stages do not run under sequence parallelism");
     return LOOM_OK;
+}
+
+/* (gpt_internal.h) Hand the gradient-ready hook (gpt.h; set only around a chunk's last
+ * backward of a step) table entries whose gradients are now final: block `layer`'s, or with layer < 0 the
+ * entries outside blocks before the first block's (lead = 1: wte, wpe) or after the last
+ * block's (lead = 0: ln_f and an untied head). Each is one contiguous range of the buffer;
+ * a chunk reports its head's, its blocks top down, then its embedding's: descending. */
+loom_status gpt_stage_ready(loom_gpt *m, int layer, int lead)
+{
+    if (!m->grad_ready)
+        return LOOM_OK;
+    const loom_param_table *t = &m->table;
+    int first = -1, last = -1, blocks = 0;
+    for (int i = 0; i < t->count; i++) {
+        int in_block = t->entries[i].layer >= 0;
+        blocks |= in_block;
+        int want = layer >= 0 ? t->entries[i].layer == layer
+                              : !in_block && (lead ? !blocks : blocks);
+        if (want) {
+            if (first < 0)
+                first = i;
+            last = i;
+        }
+    }
+    if (first < 0)
+        return LOOM_OK;
+    const loom_param_entry *a = &t->entries[first], *b = &t->entries[last];
+    return m->grad_ready(m->grad_ready_ctx, a->offset, b->offset + b->numel - a->offset);
+}
+
+int loom_gpt_stage_reports_ready(const loom_gpt *m) { return !m->moe; }
+
+size_t loom_gpt_stage_rows(const loom_gpt *m, int B, int T)
+{
+    size_t R = (size_t)B * T;
+    return m->sp ? R / (size_t)m->tp : R;
 }
 
 loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *tokens,
@@ -64,6 +118,12 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
     if (head && dloss != 0.0f && !targets)
         LOOM_FAIL(LOOM_ERR_INVALID, "a training forward needs targets");
     size_t R = (size_t)B * T;
+    if (m->sp && R % (size_t)m->tp)
+        LOOM_FAIL(LOOM_ERR_INVALID, "sequence parallelism splits the %d x %d = %zu token rows over "
+                  "tp=%d ranks: they must divide", B, T, R, m->tp);
+    /* under sequence parallelism this rank keeps rows [row0, row0 + Rl) of the residual
+     * stream, and that shard is what crosses to the next stage */
+    size_t Rl = loom_gpt_stage_rows(m, B, T), row0 = m->sp ? (size_t)m->tp_rank * Rl : 0;
     if (lo == 0) {
         for (size_t i = 0; i < R; i++)
             if (tokens[i] < 0 || tokens[i] >= V)
@@ -71,23 +131,33 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
                           "[0, %d)", tokens[i], i, V);
         k->copy_to_device(bs, m->tokens, tokens, R * sizeof(int));
         float *embedded = m->tp_ops ? m->partial : m->encoded;
+        LOOM_TRY(use(m, 0, 1));
+        LOOM_TRY(use(m, 1 + lo, LOOM_PARAM_SOON));
         k->embedding_forward(embedded, m->tokens, m->p.wte, m->v0, m->Vl, R, C);
         LOOM_TRY(F_LEAVE(LOOM_REGION_EMBEDDING, -1, embedded, m->encoded, R, C));
         if (m->p.wpe)
-            k->position_forward(m->encoded, m->p.wpe, 0, R, T, C);
-        gpt_round(m, m->encoded, R * (size_t)C);
+            k->position_forward(m->encoded, m->p.wpe, row0, Rl, T, C);
+        gpt_round(m, m->encoded, Rl * (size_t)C);
+        LOOM_TRY(use(m, 0, 0));
     }
     const float *residual = m->encoded;
+    gpt_moe_begin(m, dloss); /* the MoE blocks' stats, and their aux/z losses' weight */
     for (int l = lo; l < hi; l++) {
-        LOOM_TRY(gpt_block_forward(m, l, residual, B, T, R));
+        LOOM_TRY(use(m, 1 + l, 1));
+        LOOM_TRY(use(m, l + 1 < hi ? 2 + l : head ? m->cfg.layers + 1 : -1, LOOM_PARAM_SOON));
+        LOOM_TRY(gpt_block_forward(m, l, residual, B, T, Rl));
+        LOOM_TRY(use(m, 1 + l, 0));
         residual = m->acts[l].res3;
     }
     m->last_B = B;
     m->last_T = T;
+    m->cache_len = B == 1 && !m->sp ? T : 0; /* the rows loom_gpt_stage_decode continues from */
     if (!head)
         return LOOM_OK;
-    gpt_final_norm_forward(m, residual, 0, R);
-    gpt_round(m, m->lnf, R * (size_t)C);
+    LOOM_TRY(use(m, m->cfg.layers + 1, 1)); /* ln_f */
+    LOOM_TRY(use(m, 0, 1));                 /* the tied head's wte */
+    gpt_final_norm_forward(m, residual, 0, Rl);
+    gpt_round(m, m->lnf, Rl * (size_t)C);
     LOOM_TRY(F_ENTER(LOOM_REGION_HEAD, -1, m->lnf, m->lnf_full, R, C));
     k->matmul_forward(m->logits, m->lnf_full, m->p.head, NULL, B, T, C, m->Vl);
     gpt_round(m, m->logits, R * (size_t)m->Vl);
@@ -101,7 +171,32 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
         if (loss_sum)
             *loss_sum = sum;
     }
-    return LOOM_OK;
+    LOOM_TRY(use(m, m->cfg.layers + 1, 0));
+    return use(m, 0, 0);
+}
+
+/* Gather what the head's backward reads (ln_f, the tied wte) before it runs (head = 1),
+ * release them after (head = 0); hint block hi - 1 meanwhile. */
+loom_status gpt_stage_head_units(loom_gpt *m, int hi, int head)
+{
+    int L = m->cfg.layers;
+    if (!head) {
+        LOOM_TRY(use(m, L + 1, 0));
+        return use(m, 0, 0);
+    }
+    LOOM_TRY(use(m, L + 1, 1));
+    LOOM_TRY(use(m, 0, 1));
+    return use(m, hi, LOOM_PARAM_SOON);
+}
+
+/* Block l's unit around its backward: needed before (done = 0), done after (1); the next
+ * block down hinted once this one is in place. */
+loom_status gpt_stage_block_unit(loom_gpt *m, int l, int lo, int done)
+{
+    if (done)
+        return use(m, 1 + l, 0);
+    LOOM_TRY(use(m, 1 + l, 1));
+    return use(m, l > lo ? l : -1, LOOM_PARAM_SOON);
 }
 
 loom_status loom_gpt_stage_backward(loom_gpt *m, int lo, int hi)
@@ -109,21 +204,30 @@ loom_status loom_gpt_stage_backward(loom_gpt *m, int lo, int hi)
     LOOM_TRY(gpt_check_chunk(m, lo, hi));
     const loom_backend_ops *k = m->be->ops;
     int B = m->last_B, T = m->last_T, C = m->cfg.dim;
-    size_t R = (size_t)B * T;
+    size_t R = (size_t)B * T, Rl = loom_gpt_stage_rows(m, B, T);
     rep_pack pk = {.n = 0};
     if (hi == m->cfg.layers) {
-        /* LM head (tied to wte) and the final layernorm: dres = d(last block output). */
+        /* LM head (tied to wte) and the final layernorm: dres = d(last block output). Under
+         * sequence parallelism ln_f's rows are gathered again, as loom_gpt_backward does:
+         * every layer's gather shares the slot's one gathered buffer. */
+        LOOM_TRY(gpt_stage_head_units(m, hi, 1));
+        LOOM_TRY(gpt_regather(m, LOOM_REGION_HEAD, -1, m->lnf, m->lnf_full, R));
         LOOM_TRY(gpt_column_parallel_backward(m, LOOM_REGION_HEAD, -1, m->g.head, NULL,
                                               m->logits, m->lnf_full, m->p.head, B, T, m->Vl, 1));
         rep_args lnf = {m->dres, m->dsummed, m->acts[hi - 1].res3, m->p.lnfw, m->lnf_mean,
                         m->lnf_rstd};
-        gpt_replicated_grads(m, &pk, gpt_norm_kind(m), &lnf, m->g.lnfw, m->g.lnfb, R);
+        gpt_replicated_grads(m, &pk, gpt_norm_kind(m), &lnf, m->g.lnfw, m->g.lnfb, Rl);
         LOOM_TRY(gpt_rep_flush(m, &pk));
+        LOOM_TRY(gpt_stage_head_units(m, hi, 0));
+        LOOM_TRY(gpt_stage_ready(m, -1, 0));
     }
     for (int l = hi - 1; l >= lo; l--) {
         const float *residual = l == lo ? m->encoded : m->acts[l - 1].res3;
-        LOOM_TRY(gpt_block_backward(m, l, residual, &pk, B, T, R));
+        LOOM_TRY(gpt_stage_block_unit(m, l, lo, 0));
+        LOOM_TRY(gpt_block_backward(m, l, residual, &pk, B, T, Rl));
         LOOM_TRY(gpt_rep_flush(m, &pk));
+        LOOM_TRY(gpt_stage_block_unit(m, l, lo, 1));
+        LOOM_TRY(gpt_stage_ready(m, l, 0));
     }
     if (lo == 0) {
         LOOM_TRY(B_LEAVE(LOOM_REGION_EMBEDDING, -1, m->dres, m->dres_full, R, C));
@@ -131,6 +235,8 @@ loom_status loom_gpt_stage_backward(loom_gpt *m, int lo, int hi)
         if (m->g.wpe)
             k->position_backward(m->g.wpe, m->dres_full, B, T, C);
     }
+    if (lo == 0 || hi == m->cfg.layers) /* wte (and wpe): the embedding's, or the head's half */
+        LOOM_TRY(gpt_stage_ready(m, -1, 1));
     return LOOM_OK;
 }
 

@@ -16,7 +16,9 @@
  * loom_gpt_stage_grad_out(), keeping in the slot what the weight gradients need, and
  * loom_gpt_stage_backward_weight (W), later, adds the weight gradients: B then W gives the
  * fused backward's bits. It needs a model created with loom_gpt_parallel.split_backward.
- * What not: sequence parallelism (the residual stream between stages is whole).
+ * Under sequence parallelism (tp_sequence_parallel) each tp rank holds its shard of the
+ * residual stream's rows, in and out of a chunk, as in the whole model (gpt.c); the split
+ * backward does not run under it (refused at create).
  */
 #ifndef LOOM_CORE_GPT_STAGE_H
 #define LOOM_CORE_GPT_STAGE_H
@@ -31,10 +33,43 @@ float *loom_gpt_stage_input(loom_gpt *m);
 float *loom_gpt_stage_output(loom_gpt *m, int hi);
 float *loom_gpt_stage_grad(loom_gpt *m);
 
+/* The data-parallel overlap under pp: with the gradient-ready hook set (gpt.h
+ * loom_gpt_set_grad_hook; the engine's caller sets it only around a chunk's last backward
+ * or W of a step), loom_gpt_stage_backward and loom_gpt_stage_backward_weight report each
+ * range of the chunk's parameters as it becomes final: the head's, each block's top down,
+ * then wte and wpe. 0 where a stage cannot (a mixture of experts' blocks: experts are
+ * reduced over their own group); then nothing is reported. */
+int loom_gpt_stage_reports_ready(const loom_gpt *m);
+
+/* Rows of a B x T micro-batch's residual stream this rank holds: B*T, or B*T/tp under
+ * sequence parallelism (its tp rank's run of rows). The chunk input, output and residual
+ * gradient above are that many rows of dim; the engine sends them as they are, each tp
+ * rank to the same tp rank of the next stage. */
+size_t loom_gpt_stage_rows(const loom_gpt *m, int B, int T);
+
 loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *tokens,
                                    const int *targets, int B, int T, float dloss,
                                    double *loss_sum);
 loom_status loom_gpt_stage_backward(loom_gpt *m, int lo, int hi);
+
+/* ZeRO-3 (gpt.h's parameter hook): a stage's forward and backward each need the units
+ * they read (its blocks; the embeddings at lo == 0; ln_f and the tied wte at the head) and
+ * say done after, since other micro-batches run between a micro-batch's forward and its
+ * backward; inside a chunk the next unit is hinted (LOOM_PARAM_SOON) as each starts. The
+ * weight half of a split backward (W) reads no parameter. loom_gpt_stage_prefetch hints
+ * the first units of the chunk's next forward (backward = 0) or backward (1, B or fused):
+ * the pipeline engine calls it for its next compute instruction. 1 from loom_gpt_is_stage:
+ * this model is a pipeline stage (some block is held elsewhere). */
+loom_status loom_gpt_stage_prefetch(loom_gpt *m, int lo, int hi, int backward);
+int loom_gpt_is_stage(const loom_gpt *m);
+/* Incremental decoding of one chunk (gpt_decode.c): row t of blocks [lo, hi), reading
+ * the earlier rows' keys and values from the selected slot, which a forward with B = 1
+ * over rows 0..t-1 left there (or earlier decodes). lo == 0: token is embedded; else row t
+ * of loom_gpt_stage_input() is the input; the output is row t of
+ * loom_gpt_stage_output(m, hi), or the logits row when hi == layers. The rank's chunks go
+ * in order, and its last one marks row t cached. The same bits as the forward's row t
+ * under the backend's row-stable mode (gpt.h, loom_gpt_decode). */
+loom_status loom_gpt_stage_decode(loom_gpt *m, int lo, int hi, int token, int t);
 
 /* 1 if `name` is a parameter of the whole model that this pipeline stage does not hold
  * (another stage's block, wpe or ln_f; wte on a middle stage): loaders that read a whole

@@ -33,18 +33,31 @@ typedef struct moe_block {
     int *rcnt, *ecount, *eoff, *hperm, *hinv;  /* host */
     size_t *send_rows, *send_off, *recv_rows, *recv_off, *sc, *sd, *rc, *rd;
     int Ar;                     /* rows received (this rank's experts' work) */
+    size_t run_off, cbase;      /* canonical ep: the experts' first gradient offset, and
+                                 * where their run starts in each source's copy */
 } moe_block;
 
 struct gpt_moe {
     loom_moe_config cfg;
-    int n;                      /* MoE blocks */
-    int *index;                 /* [layers]: the block's index in blk, -1 for dense */
-    moe_block *blk;
+    int n;                      /* MoE blocks this rank holds (a pipeline stage: its own) */
+    int total;                  /* MoE blocks of the whole model */
+    int *index;                 /* [layers]: the block's index in blk, -1 for dense or
+                                 * another stage's */
+    int *global;                /* [layers]: the block's index among the model's MoE blocks */
+    int slots;                  /* activation sets (a pipeline stage's micro-batches in
+                                 * flight): each has its own routing and expert buffers */
+    moe_block *blk, *blk_all;   /* the bound slot's n blocks, of slots x n */
     int max_R, A;               /* rows, assignments (k x rows) the buffers hold */
     int ep, ep_rank, El;        /* expert parallelism: ranks, this one, experts here */
     int Amax;                   /* rows an ep rank may receive: ep x A */
+    int segs;                   /* GEMMs per expert: ep in canonical mode (one per source
+                                 * rank's rows, ep=1's shapes), else 1 */
+    float *cgrad;               /* canonical ep: (ep, nexp) per-source expert gradients */
+    size_t nexp;
     uint64_t seed, key;
     float dloss;                /* of the forward in progress */
+    int rerun;                  /* recomputation's forward: the routing and expert
+                                 * activations are the block's own, kept (gpt_moe_rerun) */
     /* backward scratch shared by every block */
     float *dlogits, *dgate, *dy, *dhg, *dh, *dxin, *dxr;  /* device */
     float *xr, *ye, *dye, *dxe;                            /* device (Amax,C): ep exchanges */
@@ -116,17 +129,16 @@ loom_status gpt_moe_create(loom_gpt *m, uint64_t seed)
     const loom_gpt_config *c = &m->cfg;
     if (!c->moe.experts)
         return LOOM_OK;
-    if (m->tp > 1 && (m->sp || m->canonical))
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "moe with tensor parallelism (tp=%d) and %s does not "
-                  "compose yet (experts split by tp run in fast mode without sequence "
-                  "parallelism)", m->tp, m->sp ? "sequence parallelism" : "canonical mode");
-    if (m->staged)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "moe with pipeline parallelism does not compose yet; "
-                  "use pp=1");
-    for (int l = 0; l < c->layers; l++)
-        if (m->rc[l] != RC_KEEP)
-            LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "moe with activation recomputation does not "
-                      "compose yet; use recompute = \"none\"");
+    if (m->tp > 1 && m->canonical)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "moe with tensor parallelism (tp=%d) and canonical mode "
+                  "does not compose yet (the experts' partial sums are not in canonical mode's "
+                  "fixed chunk tree); use fast mode, or tp=1", m->tp);
+    if (m->staged && (c->moe.noisy || m->split))
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "moe with pipeline parallelism and %s is not built yet "
+                  "(%s); use router = \"topk\" and a schedule without split backward (1f1b)",
+                  c->moe.noisy ? "router = \"noisy_topk\"" : "a split-backward schedule (zb1)",
+                  c->moe.noisy ? "the stages do not know each micro-batch's global index"
+                               : "the experts have no separate weight-gradient pass");
     if (m->ep > 1 && (c->moe.experts % m->ep || !m->ep_ops || !m->ep_comm))
         LOOM_FAIL(LOOM_ERR_INVALID, "expert parallelism ep=%d must divide experts=%d (and needs "
                   "its group's communicator)", m->ep, c->moe.experts);
@@ -153,12 +165,16 @@ loom_status gpt_moe_create(loom_gpt *m, uint64_t seed)
     g->A = (int)A;
     g->Amax = (int)Am;
     g->index = malloc((size_t)c->layers * sizeof(int));
-    if (!g->index)
+    g->global = malloc((size_t)c->layers * sizeof(int));
+    if (!g->index || !g->global)
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
-    for (int l = 0; l < c->layers; l++)
-        g->index[l] = gpt_moe_block(c, l) ? g->n++ : -1;
-    g->blk = calloc((size_t)g->n, sizeof *g->blk);
-    g->load = calloc((size_t)g->n * E, sizeof(double));
+    for (int l = 0; l < c->layers; l++) {
+        g->global[l] = gpt_moe_block(c, l) ? g->total++ : -1;
+        g->index[l] = gpt_moe_block(c, l) && m->own[l] ? g->n++ : -1;
+    }
+    g->slots = m->slots > 1 ? m->slots : 1;
+    g->blk = g->blk_all = calloc((size_t)g->slots * g->n + 1, sizeof *g->blk);
+    g->load = calloc((size_t)g->total * E, sizeof(double));
     g->dlogits_h = malloc(R * E * sizeof(float));
     g->dgate_h = malloc(A * sizeof(float));
     if (!g->blk || !g->load || !g->dlogits_h || !g->dgate_h)
@@ -166,8 +182,8 @@ loom_status gpt_moe_create(loom_gpt *m, uint64_t seed)
     int ok = 1;
 #define DEV(n) (g->bytes += (n) * sizeof(float), k->alloc(m->be->self, (n) * sizeof(float)))
 #define HOST(p, n) (ok &= ((p) = calloc((n), sizeof *(p))) != NULL)
-    for (int b = 0; b < g->n; b++) {
-        moe_block *x = &g->blk[b];
+    for (int b = 0; b < g->slots * g->n; b++) {
+        moe_block *x = &g->blk_all[b];
         ok &= moe_route_alloc(&x->rt, (int)R, E, K) == 0;
         x->logits_h = malloc(R * E * sizeof(float));
         x->logits = DEV(R * E);
@@ -189,6 +205,19 @@ loom_status gpt_moe_create(loom_gpt *m, uint64_t seed)
             HOST(x->recv_rows, (size_t)P); HOST(x->recv_off, (size_t)P);
             HOST(x->sc, (size_t)P); HOST(x->sd, (size_t)P); HOST(x->rc, (size_t)P); HOST(x->rd, (size_t)P);
         }
+    }
+    g->segs = P > 1 && m->canonical ? P : 1;
+    if (g->segs > 1) { /* each block's run of local experts, in table order */
+        int b = 0;
+        for (int i = 0; i < m->table.count; i++)
+            if (loom_gpt_is_expert_entry(m, i) && (i == 0 || !loom_gpt_is_expert_entry(m, i - 1))) {
+                const loom_param_entry *last = &m->table.entries[i + 4 * g->El - 1];
+                g->blk[b].run_off = m->table.entries[i].offset;
+                g->blk[b++].cbase = g->nexp;
+                g->nexp += last->offset + last->numel - m->table.entries[i].offset;
+            }
+        g->cgrad = DEV((size_t)P * g->nexp);
+        ok &= g->cgrad != NULL;
     }
     g->dlogits = DEV(R * E);
     g->dgate = DEV(A);
@@ -220,8 +249,8 @@ void gpt_moe_destroy(loom_gpt *m)
         return;
     const loom_backend_ops *k = m->be->ops;
     void *bs = m->be->self;
-    for (int b = 0; g->blk && b < g->n; b++) {
-        moe_block *x = &g->blk[b];
+    for (int b = 0; g->blk_all && b < g->slots * g->n; b++) {
+        moe_block *x = &g->blk_all[b];
         moe_route_free(&x->rt);
         free(x->logits_h);
         float *dev[] = {x->logits, (float *)x->tok, x->gate, x->xin, x->h, x->hg, x->y, x->xe,
@@ -234,12 +263,13 @@ void gpt_moe_destroy(loom_gpt *m)
         free(x->sc); free(x->sd); free(x->rc); free(x->rd);
     }
     float *dev[] = {g->dlogits, g->dgate, g->dy, g->dhg, g->dh, g->dxin, g->dxr, g->xr, g->ye,
-                    g->dye, g->dxe};
+                    g->dye, g->dxe, g->cgrad};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i])
             k->free(bs, dev[i]);
-    free(g->blk);
+    free(g->blk_all);
     free(g->index);
+    free(g->global);
     free(g->load);
     free(g->dlogits_h);
     free(g->dgate_h);
@@ -248,6 +278,21 @@ void gpt_moe_destroy(loom_gpt *m)
 }
 
 size_t gpt_moe_bytes(const loom_gpt *m) { return m->moe ? m->moe->bytes : 0; }
+
+void gpt_moe_bind_slot(loom_gpt *m, int slot)
+{
+    gpt_moe *g = m->moe;
+    if (g && slot >= 0 && slot < g->slots)
+        g->blk = g->blk_all + (size_t)slot * (size_t)g->n;
+}
+
+void gpt_moe_rerun(loom_gpt *m, int on)
+{
+    if (m->moe)
+        m->moe->rerun = on;
+}
+
+int gpt_moe_rerunning(const loom_gpt *m) { return m->moe && m->moe->rerun; }
 
 void gpt_moe_begin(loom_gpt *m, float dloss)
 {
@@ -261,14 +306,23 @@ void loom_gpt_set_moe_key(loom_gpt *m, uint64_t key)
         m->moe->key = key;
 }
 
+static int first_moe_layer(const loom_gpt *m)
+{
+    int l = 0;
+    while (l < m->cfg.layers && !gpt_moe_block(&m->cfg, l))
+        l++;
+    return l;
+}
+
 void loom_gpt_moe_stats(loom_gpt *m, loom_moe_stats *out, int reset)
 {
     memset(out, 0, sizeof *out);
     gpt_moe *g = m->moe;
     if (!g)
         return;
-    out->layers = g->n;
+    out->layers = g->total;
     out->experts = g->cfg.experts;
+    out->counts_forwards = g->n && g->index[first_moe_layer(m)] >= 0;
     out->load = g->load;
     out->assigned = g->assigned;
     out->dropped = g->dropped;
@@ -313,6 +367,45 @@ size_t gpt_moe_params_elsewhere(const loom_gpt *m)
 }
 
 int loom_gpt_expert_parallel(const loom_gpt *m) { return m->moe ? m->moe->ep : 1; }
+
+const float *loom_gpt_moe_source_grads(const loom_gpt *m, size_t *n)
+{
+    const gpt_moe *g = m->moe;
+    *n = g && g->cgrad ? g->nexp : 0;
+    return *n ? g->cgrad : NULL;
+}
+
+/* Expert j's rows in xe for GEMM s of g->segs: all of them (o from the first local
+ * expert's), or in canonical mode under ep those from source rank s (ep_plan lays each
+ * expert's rows out source by source). */
+/* Floats of the run of local experts after the router at table index e0. */
+static size_t run_floats(const loom_gpt *m, int e0)
+{
+    const loom_param_entry *first = &m->table.entries[e0 + 1],
+                           *last = &m->table.entries[e0 + 4 * m->moe->El];
+    return last->offset + last->numel - first->offset;
+}
+
+static size_t segment(const gpt_moe *g, const moe_block *b, const int *eoff, const int *ecount,
+                      int j, int s, size_t *o)
+{
+    *o = (size_t)eoff[j] - (size_t)eoff[0];
+    if (g->segs == 1)
+        return (size_t)ecount[j];
+    for (int q = 0; q < s; q++)
+        *o += (size_t)b->rcnt[q * g->El + j];
+    return (size_t)b->rcnt[s * g->El + j];
+}
+
+/* Where GEMM s's gradient of table entry i goes: the model's, or source s's copy. */
+static float *grad_of(loom_gpt *m, const moe_block *b, int i, int s)
+{
+    const gpt_moe *g = m->moe;
+    size_t off = m->table.entries[i].offset;
+    if (g->segs == 1)
+        return m->grads + off;
+    return g->cgrad + (size_t)s * g->nexp + b->cbase + (off - b->run_off);
+}
 
 int loom_gpt_is_expert_entry(const loom_gpt *m, int i)
 {
@@ -432,20 +525,22 @@ loom_status gpt_moe_forward(loom_gpt *m, int l, int e0, const float *x, float *o
         eoff = b->eoff;
         ecount = b->ecount;
     }
-    for (int j = 0; j < El; j++) { /* one GEMM per expert over the rows it received */
-        size_t o = (size_t)eoff[j] - (size_t)eoff[0], n = (size_t)ecount[j];
-        if (n)
-            k->matmul_forward(b->h + o * F, xe + o * C, FCW(m->params), FCB(m->params), 1,
-                              (int)n, C, F);
-    }
+    for (int j = 0; j < El; j++) /* one GEMM per expert over the rows it received */
+        for (int s = 0; s < g->segs; s++) {
+            size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
+            if (n)
+                k->matmul_forward(b->h + o * F, xe + o * C, FCW(m->params), FCB(m->params), 1,
+                                  (int)n, C, F);
+        }
     size_t rows = g->ep > 1 ? Ar : A;
     k->gelu_forward(b->hg, b->h, rows * F); /* without ep: every expert's rows, all here */
-    for (int j = 0; j < El; j++) {
-        size_t o = (size_t)eoff[j] - (size_t)eoff[0], n = (size_t)ecount[j];
-        if (n)
-            k->matmul_forward(ye + o * C, b->hg + o * F, PJW(m->params),
-                              m->tp_rank == 0 ? PJB(m->params) : NULL, 1, (int)n, F, C);
-    }
+    for (int j = 0; j < El; j++)
+        for (int s = 0; s < g->segs; s++) {
+            size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
+            if (n)
+                k->matmul_forward(ye + o * C, b->hg + o * F, PJW(m->params),
+                                  m->tp_rank == 0 ? PJB(m->params) : NULL, 1, (int)n, F, C);
+        }
     if (g->ep > 1) { /* back to the ranks the rows came from, in their order */
         k->rows_gather(g->xr, ye, b->inv, NULL, Ar, C);
         LOOM_TRY(ep_exchange(m, b, g->xr, b->recv_rows, b->recv_off, b->y, b->send_rows,
@@ -454,13 +549,12 @@ loom_status gpt_moe_forward(loom_gpt *m, int l, int e0, const float *x, float *o
     k->zero(bs, out, R * C * sizeof(float));
     k->rows_scatter_add(out, b->y, b->tok, b->gate, A, C);
     /* under tp each rank's experts gave their slice's partial proj (the bias on tp rank 0):
-     * the sum over the group is the output (Megatron's row-parallel g) */
-    LOOM_TRY(gpt_tensor_allreduce(m, out, R * C, LOOM_REDUCE_SUM));
+     * the caller sums out over the group (Megatron's row-parallel g; gpt.c's MLP region) */
     if (g->dloss != 0.0f) {
         if (g->load_stale)
-            memset(g->load, 0, (size_t)g->n * E * sizeof(double));
+            memset(g->load, 0, (size_t)g->total * E * sizeof(double));
         g->load_stale = 0;
-        double *load = g->load + (size_t)g->index[l] * E;
+        double *load = g->load + (size_t)g->global[l] * E;
         for (int e = 0; e < E; e++)
             load[e] += rt->count[e];
         g->assigned += (double)R * K;
@@ -505,19 +599,26 @@ loom_status gpt_moe_backward(loom_gpt *m, int l, int e0, const float *dout, floa
         eoff = b->eoff;
         ecount = b->ecount;
     }
-    for (int j = 0; j < El; j++) {
-        size_t o = (size_t)eoff[j] - (size_t)eoff[0], n = (size_t)ecount[j];
-        if (n)
-            k->matmul_backward(g->dhg + o * F, PJW(m->grads), PJB(m->grads), dye + o * C,
-                               b->hg + o * F, PJW(m->params), 1, (int)n, F, C);
-    }
+    for (int s = 0; g->segs > 1 && s < g->segs; s++) /* this backward's copies start at 0 */
+        k->zero(bs, g->cgrad + (size_t)s * g->nexp + b->cbase,
+                run_floats(m, e0) * sizeof(float));
+    for (int j = 0; j < El; j++)
+        for (int s = 0; s < g->segs; s++) {
+            size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
+            if (n)
+                k->matmul_backward(g->dhg + o * F, grad_of(m, b, e0 + 3 + 4 * j, s),
+                                   grad_of(m, b, e0 + 4 + 4 * j, s), dye + o * C, b->hg + o * F,
+                                   PJW(m->params), 1, (int)n, F, C);
+        }
     k->gelu_backward(g->dh, b->h, g->dhg, rows * F);
-    for (int j = 0; j < El; j++) {
-        size_t o = (size_t)eoff[j] - (size_t)eoff[0], n = (size_t)ecount[j];
-        if (n)
-            k->matmul_backward(dxe + o * C, FCW(m->grads), FCB(m->grads), g->dh + o * F,
-                               xe + o * C, FCW(m->params), 1, (int)n, C, F);
-    }
+    for (int j = 0; j < El; j++)
+        for (int s = 0; s < g->segs; s++) {
+            size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
+            if (n)
+                k->matmul_backward(dxe + o * C, grad_of(m, b, e0 + 1 + 4 * j, s),
+                                   grad_of(m, b, e0 + 2 + 4 * j, s), g->dh + o * F, xe + o * C,
+                                   FCW(m->params), 1, (int)n, C, F);
+        }
     if (g->ep > 1) { /* the inputs' gradients back to the tokens' ranks */
         k->rows_gather(g->xr, g->dxe, b->inv, NULL, rows, C);
         LOOM_TRY(ep_exchange(m, b, g->xr, b->recv_rows, b->recv_off, g->dxin, b->send_rows,
@@ -536,7 +637,7 @@ loom_status gpt_moe_backward(loom_gpt *m, int l, int e0, const float *dout, floa
                        (int)R, C, E);
     if (m->tp_rank == 0) /* the router is replicated: its input gradient joins once */
         k->accumulate(dx, g->dxr, R * C);
-    /* each tp rank's experts gave their slice's part of the input gradient (column-parallel) */
-    LOOM_TRY(gpt_tensor_allreduce(m, dx, R * C, LOOM_REDUCE_SUM));
+    /* each tp rank's experts gave their slice's part of the input gradient (column-
+     * parallel): the caller sums dx over the group */
     return LOOM_OK;
 }

@@ -27,8 +27,8 @@ int gpt_moe_block(const loom_gpt_config *c, int l);
  * proj by input features; the router and proj.bias replicated). */
 loom_status gpt_moe_add_entries(loom_gpt *m, int l, float std, float proj_std);
 /* After the table and the parameters exist: the MoE state and buffers (m->moe); refuses
- * what does not compose yet (tensor and pipeline parallelism, recomputation, a backend
- * without rows_gather). */
+ * what does not compose yet (tensor parallelism with canonical mode; pipeline
+ * parallelism with the noisy router or a split backward; a backend without rows_gather). */
 loom_status gpt_moe_create(loom_gpt *m, uint64_t seed);
 void gpt_moe_destroy(loom_gpt *m);
 size_t gpt_moe_bytes(const loom_gpt *m);
@@ -37,11 +37,26 @@ size_t gpt_moe_params_elsewhere(const loom_gpt *m);
 /* 1 if name is an expert parameter another ep rank holds (a checkpoint's tensor this rank
  * skips when loading), 0 otherwise. */
 int gpt_moe_held_elsewhere(const loom_gpt *m, const char *name);
+/* Activation recomputation (gpt.h): a fully recomputed MoE block's forward runs again
+ * before its backward for what the scratch set held (ln_1 .. ln_2); the routing, the
+ * experts' inputs and activations are per block and kept, so between gpt_moe_rerun(m, 1)
+ * and (m, 0) the block skips its MoE forward: the choices are the saved ones, not made
+ * again (no second exchange, no stats counted twice). */
+void gpt_moe_rerun(loom_gpt *m, int on);
+/* A pipeline stage's activation set `slot` (gpt_bind_slot): each micro-batch in flight
+ * has its own routing and expert buffers, bound with the rest of its activations. */
+void gpt_moe_bind_slot(loom_gpt *m, int slot);
+int gpt_moe_rerunning(const loom_gpt *m);
 /* Called at the start of each forward: dloss (0: no backward follows, no noise, no stats). */
 void gpt_moe_begin(loom_gpt *m, float dloss);
-/* out (R,C) = MoE(x); block l's entries start at table index e0. */
+/* out (R,C) = MoE(x) over all R rows (x: ln_2's output, gathered under sequence
+ * parallelism); under tp out is this rank's partial, which the caller sums over the group
+ * (the MLP region's leave: an all-reduce, or a reduce-scatter under sp). Block l's entries
+ * start at table index e0. */
 loom_status gpt_moe_forward(loom_gpt *m, int l, int e0, const float *x, float *out, size_t R);
-/* dx (R,C) overwritten from dout (R,C) = d(out); parameter gradients accumulate. */
+/* dx (R,C) overwritten from dout (R,C) = d(out), all rows; under tp dx is this rank's
+ * partial, summed over the group by the caller; parameter gradients accumulate. The router
+ * reads ln_2's gathered output again (the caller regathers it under sp). */
 loom_status gpt_moe_backward(loom_gpt *m, int l, int e0, const float *dout, float *dx, size_t R);
 
 #endif

@@ -37,6 +37,7 @@
 #include "base/status.h"
 #include "compress.h"
 #include "zero_ckpt.h"
+#include "offload.h"
 #include "session_ep.h"
 
 #define LATEST_FILE "latest"
@@ -221,7 +222,7 @@ loom_ckpt_tiling loom_ckpt_tiling_of(int ndim, const int64_t *shape, uint64_t el
 
 /* The header's "loom.tiles" for tensors ts[0..n): what lets a load check only the tiles it
  * reads. NULL when out of memory. */
-static char *tile_sums(const loom_st_tensor *ts, int n)
+char *loom_ckpt_tile_sums(const loom_st_tensor *ts, int n)
 {
     size_t total = 0, at = 0;
     for (int i = 0; i < n; i++) {
@@ -292,7 +293,7 @@ static loom_status write_tensors(const char *path, const loom_param_table *t, co
             meta[n_meta++] = (loom_st_meta){names[j], slices[i]};
         }
     }
-    if (st == LOOM_OK && !(tiles = tile_sums(ts, at)))
+    if (st == LOOM_OK && !(tiles = loom_ckpt_tile_sums(ts, at)))
         st = loom_fail(LOOM_ERR_NOMEM, "out of memory writing '%s'", path);
     if (st == LOOM_OK) {
         meta[n_meta++] = (loom_st_meta){"loom.tiles", tiles};
@@ -361,8 +362,10 @@ static loom_status write_manifest(const loom_ckpt_source *src, const char *path,
             loom_strbuf_printf(&b, "%s%d", k ? ", " : "", src->pp_first[k + 1] - src->pp_first[k]);
         loom_strbuf_puts(&b, "]");
     }
-    if (src->zero_stage > 0) /* informational: the files are the same as without ZeRO */
+    if (src->zero_stage > 0)
         loom_strbuf_printf(&b, ", \"zero\": %d, \"dp\": %d", src->zero_stage, src->zero_dp);
+    if (src->pieces) /* which kinds are one file per dp rank (checkpoint.h) */
+        loom_strbuf_printf(&b, ", \"slices\": [%s\"optim\"]", src->part_params ? "\"model\", " : "");
     loom_strbuf_puts(&b, "},\n");
     if (src->residual) {
         loom_strbuf_puts(&b, "  \"compress\": {\"method\": ");
@@ -405,23 +408,50 @@ static loom_status write_manifest(const loom_ckpt_source *src, const char *path,
     return st;
 }
 
-/* This rank's tensor files (part `part` of a tp x pp layout) into tmp: model, optim and,
- * with gradient compression, residual. */
-static loom_status write_part(const loom_ckpt_source *src, const char *tmp, int part, int tp,
-                              int pp, file_sum files[3])
+/* The layout a save writes (checkpoint.h: slice files under ZeRO). */
+static loom_ckpt_layout save_layout(const loom_ckpt_source *src, int tp, int pp, int dp)
+{
+    loom_ckpt_layout l = {tp, pp, src->pieces ? dp : 1, {0, 0, 0}};
+    l.sliced[0] = src->pieces && src->part_params;
+    l.sliced[1] = src->pieces != NULL;
+    return l;
+}
+
+/* This rank's tensor files (part `part` of a tp x pp layout, dp rank d) into tmp: model,
+ * optim and, with gradient compression, residual; a kind this rank does not write keeps
+ * an empty name (slice files: dp ranks > 0 write only their slices). */
+static loom_status write_part(const loom_ckpt_source *src, const char *tmp, int part, int d,
+                              const loom_ckpt_layout *l, file_sum files[3])
 {
     char path[PATH_MAX];
+    int tp = l->tp, pp = l->pp;
     const char *skip = pp > 1 ? src->skip : NULL;
-    loom_ckpt_file_name(files[0].name, sizeof files[0].name, "model", part, tp, pp);
-    loom_ckpt_file_name(files[1].name, sizeof files[1].name, "optim", part, tp, pp);
-    LOOM_TRY(join(path, sizeof path, tmp, files[0].name));
-    LOOM_TRY(write_tensors(path, src->table, src->params, 0, 0, NULL, skip, &files[0].bytes,
-                           &files[0].sum, &files[0].head));
+    for (int k = 0; k < 3; k++) /* file i of kind k: part * per + d */
+        loom_ckpt_kind_name(files[k].name, sizeof files[k].name, l, k,
+                            part * (l->sliced[k] ? l->dp : 1) + (l->sliced[k] ? d : 0));
+    if (l->sliced[0]) {
+        LOOM_TRY(join(path, sizeof path, tmp, files[0].name));
+        LOOM_TRY(loom_ckpt_write_slices(path, src->table, src->pieces, src->n_pieces,
+                                        src->part_params, 0, 0, NULL, skip, &files[0].bytes,
+                                        &files[0].sum, &files[0].head));
+    } else if (d == 0) {
+        LOOM_TRY(join(path, sizeof path, tmp, files[0].name));
+        LOOM_TRY(write_tensors(path, src->table, src->params, 0, 0, NULL, skip, &files[0].bytes,
+                               &files[0].sum, &files[0].head));
+    } else
+        files[0].name[0] = '\0';
     LOOM_TRY(join(path, sizeof path, tmp, files[1].name));
-    LOOM_TRY(write_tensors(path, src->table, src->state, src->slots, 1, src->optim_name, skip,
-                           &files[1].bytes, &files[1].sum, &files[1].head));
-    if (!src->residual)
+    if (l->sliced[1])
+        LOOM_TRY(loom_ckpt_write_slices(path, src->table, src->pieces, src->n_pieces,
+                                        src->part_state, src->slots, 1, src->optim_name, skip,
+                                        &files[1].bytes, &files[1].sum, &files[1].head));
+    else
+        LOOM_TRY(write_tensors(path, src->table, src->state, src->slots, 1, src->optim_name, skip,
+                               &files[1].bytes, &files[1].sum, &files[1].head));
+    if (!src->residual || d != 0) {
+        files[2].name[0] = '\0';
         return LOOM_OK;
+    }
     loom_ckpt_file_name(files[2].name, sizeof files[2].name, "residual", part, tp, pp);
     LOOM_TRY(join(path, sizeof path, tmp, files[2].name));
     return write_tensors(path, src->table, src->residual, src->residual_slots, 1,
@@ -620,26 +650,31 @@ static void report_status(report *r, loom_status st)
 }
 
 /* Stage 0's tp rank 0, all parts written: check they are there, write the manifest,
- * install. all[part], part = stage * tp + tp rank. */
+ * install. all[part * W + d], part = stage * tp + tp rank, d the dp rank (W = 1 without
+ * slice files: dp rank 0 writes all). */
 static loom_status finish(const loom_ckpt_source *src, const char *dir, const char *tmp,
                           const char *final, const char *aside, const char *name,
                           const loom_checkpoint_extra *x, const char *config, size_t config_len,
-                          const report *all, int tp, int pp)
+                          const report *all, const loom_ckpt_layout *l)
 {
     char path[PATH_MAX];
-    int parts = tp * pp, kinds = src->residual ? 3 : 2;
-    static const char *const kind_name[3] = {"model", "optim", "residual"};
-    file_sum *files = calloc((size_t)kinds * parts, sizeof *files);
+    int tp = l->tp, pp = l->pp, kinds = src->residual ? 3 : 2, W = l->dp, n_files = 0;
+    for (int k = 0; k < kinds; k++)
+        n_files += loom_ckpt_kind_count(l, k);
+    file_sum *files = calloc((size_t)n_files, sizeof *files);
     if (!files)
         return loom_fail(LOOM_ERR_NOMEM, "out of memory saving '%s'", final);
     loom_status st = LOOM_OK;
-    for (int r = 0; r < parts && st == LOOM_OK; r++)
-        for (int k = 0; k < kinds && st == LOOM_OK; k++) {
-            file_sum f = all[r].files[k];
+    for (int k = 0, at = 0; k < kinds && st == LOOM_OK; k++)
+        for (int i = 0; i < loom_ckpt_kind_count(l, k) && st == LOOM_OK; i++) {
+            int per = l->sliced[k] ? W : 1, r = i / per, d = i % per;
+            file_sum f = all[r * W + d].files[k];
             f.name[sizeof f.name - 1] = '\0';
-            char want[64], who[48];
-            loom_ckpt_file_name(want, sizeof want, kind_name[k], r, tp, pp);
+            char want[64], who[64];
+            loom_ckpt_kind_name(want, sizeof want, l, k, i);
             writer_name(who, sizeof who, r, tp, pp);
+            if (W > 1)
+                snprintf(who + strlen(who), sizeof who - strlen(who), " dp rank %d", d);
             struct stat sb;
             if (strcmp(f.name, want) != 0)
                 st = loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': %s reports file '%s', '%s' "
@@ -650,20 +685,12 @@ static loom_status finish(const loom_ckpt_source *src, const char *dir, const ch
                 st = loom_fail(LOOM_ERR_IO, "checkpoint '%s': %s wrote %" PRIu64 " bytes but this "
                                "rank sees %s (is the directory on a file system all ranks "
                                "share?)", path, who, f.bytes, "another size or no file");
-            files[r * kinds + k] = f;
+            files[at++] = f; /* manifest order: model files, then optim (then residual) */
         }
-    /* manifest order: model files, then optim files (then residual files) */
-    file_sum *ordered = st == LOOM_OK ? calloc((size_t)kinds * parts, sizeof *ordered) : NULL;
-    if (st == LOOM_OK && !ordered)
-        st = loom_fail(LOOM_ERR_NOMEM, "out of memory saving '%s'", final);
-    for (int r = 0; st == LOOM_OK && r < parts; r++)
-        for (int k = 0; k < kinds; k++)
-            ordered[k * parts + r] = files[r * kinds + k];
     if (st == LOOM_OK)
         st = join(path, sizeof path, tmp, LOOM_CKPT_MANIFEST_FILE);
     if (st == LOOM_OK)
-        st = write_manifest(src, path, x, config, config_len, ordered, kinds * parts, tp, pp);
-    free(ordered);
+        st = write_manifest(src, path, x, config, config_len, files, n_files, tp, pp);
     free(files);
     if (st == LOOM_OK)
         st = fsync_dir(tmp);
@@ -724,8 +751,11 @@ loom_status loom_ckpt_save_source(const loom_ckpt_source *src, const loom_ckpt_g
      * failing exchange (the communicator's timeout or a dead peer) returns early. */
     loom_status st = LOOM_OK;
     int relayed = 0; /* st is another rank's failure passed on */
+    /* Slice files (checkpoint.h): every dp rank writes its own; else dp rank 0 writes all. */
+    loom_ckpt_layout lay = save_layout(src, tp, pp, g->dp.size > 1 ? g->dp.size : 1);
+    int W = lay.dp, d = W > 1 ? g->dp.rank : 0;
+    hello h = {0, 0, (int64_t)getpid()};
     if (g->dp.rank == 0) {
-        hello h = {0, 0, (int64_t)getpid()};
         if (creator) {
             st = mkdir_p(dir);
             if (st == LOOM_OK) {
@@ -746,6 +776,10 @@ loom_status loom_ckpt_save_source(const loom_ckpt_source *src, const loom_ckpt_g
         if (pp > 1 && g->tp.rank == 0) /* stage 0 to every stage's tp rank 0 */
             LOOM_TRY(g_bcast(&g->pp, &h, sizeof h, 0));
         LOOM_TRY(g_bcast(&g->tp, &h, sizeof h, 0));
+    }
+    if (W > 1) /* dp rank 0 to the others of its dp group */
+        LOOM_TRY(g_bcast(&g->dp, &h, sizeof h, 0));
+    if (g->dp.rank == 0 || W > 1) {
         if (st == LOOM_OK && !h.ok)
             relayed = 1, st = loom_fail(LOOM_ERR_IO, "checkpoint '%s': %s could not create the "
                                         "temporary directory (its message says why)", final,
@@ -756,37 +790,45 @@ loom_status loom_ckpt_save_source(const loom_ckpt_source *src, const loom_ckpt_g
         report mine;
         memset(&mine, 0, sizeof mine);
         if (st == LOOM_OK)
-            st = write_part(src, tmp, stage * tp + g->tp.rank, tp, pp, mine.files);
+            st = write_part(src, tmp, stage * tp + g->tp.rank, d, &lay, mine.files);
         report_status(&mine, st);
-        if (!(all = calloc((size_t)parts, sizeof *all)))
+        /* reports: over dp (slice files), then tp, then pp, stage-major */
+        if (!(all = calloc((size_t)parts * W, sizeof *all)))
             return loom_fail(LOOM_ERR_NOMEM, "out of memory saving '%s'", final);
-        report *stage_all = pp > 1 ? calloc((size_t)tp, sizeof *stage_all) : all;
-        if (!stage_all) {
-            free(all);
+        report *dp_all = W > 1 ? calloc((size_t)W, sizeof *dp_all) : NULL;
+        report *stage_all = pp > 1 ? calloc((size_t)tp * W, sizeof *stage_all) : all;
+        if (!stage_all || (W > 1 && !dp_all)) {
+            free(all), free(dp_all);
+            if (stage_all != all)
+                free(stage_all);
             return loom_fail(LOOM_ERR_NOMEM, "out of memory saving '%s'", final);
         }
-        loom_status cst = g_allgather(&g->tp, &mine, stage_all, sizeof mine);
-        if (cst == LOOM_OK && pp > 1 && g->tp.rank == 0) /* every stage's reports, stage-major */
-            cst = g_allgather(&g->pp, stage_all, all, (size_t)tp * sizeof mine);
+        loom_status cst = W > 1 ? g_allgather(&g->dp, &mine, dp_all, sizeof mine) : LOOM_OK;
+        if (cst == LOOM_OK && g->dp.rank == 0)
+            cst = g_allgather(&g->tp, W > 1 ? dp_all : &mine, stage_all, (size_t)W * sizeof mine);
+        if (cst == LOOM_OK && g->dp.rank == 0 && pp > 1 && g->tp.rank == 0)
+            cst = g_allgather(&g->pp, stage_all, all, (size_t)tp * W * sizeof mine);
+        free(dp_all);
         if (stage_all != all)
             free(stage_all);
         if (cst != LOOM_OK) {
             free(all);
             return cst;
         }
-        if (creator) {
-            for (int r = 0; r < parts && st == LOOM_OK; r++)
+        if (creator && g->dp.rank == 0) {
+            for (int r = 0; r < parts * W && st == LOOM_OK; r++)
                 if (all[r].status != LOOM_OK) {
-                    char who[48];
-                    writer_name(who, sizeof who, r, tp, pp);
+                    char who[64];
+                    writer_name(who, sizeof who, r / W, tp, pp);
+                    if (W > 1)
+                        snprintf(who + strlen(who), sizeof who - strlen(who), " dp rank %d", r % W);
                     all[r].msg[sizeof all[r].msg - 1] = '\0';
                     relayed = 1;
                     st = loom_fail((loom_status)all[r].status, "checkpoint '%s': %s could not "
                                    "write its files: %s", final, who, all[r].msg);
                 }
             if (st == LOOM_OK)
-                st = finish(src, dir, tmp, final, aside, name, x, config, config_len,
-                            all, tp, pp);
+                st = finish(src, dir, tmp, final, aside, name, x, config, config_len, all, &lay);
             else
                 remove_flat(tmp);
         }
@@ -867,7 +909,8 @@ loom_status loom_checkpoint_save(loom_session *s, const char *dir, const loom_ch
     memset(&src, 0, sizeof src);
     loom_gpt *m = loom_session_model(s);
     src.table = loom_gpt_params(m);
-    src.params = loom_gpt_param_data(m);
+    loom_session_to_host(s); /* a device backend's parameters and state into host mirrors */
+    src.params = loom_session_host_params(s);
     src.state = loom_session_optim_state(s, &src.slots);
     src.optim_name = loom_session_optim_config(s)->desc->name;
     src.model = *loom_gpt_get_config(m);
@@ -893,7 +936,22 @@ loom_status loom_checkpoint_save(loom_session *s, const char *dir, const loom_ch
     src.residual = residual;
     src.residual_slots = (uint32_t)g.dp.size;
     src.compress_method = c ? loom_compress_method_name(loom_compress_method_in_use(c)) : NULL;
-    loom_status st = save_zero(s, &src, &g, dir, x, out_path, len);
+    /* offload (offload.h): the state this rank steps is in the pool or file; a copy of it
+     * in host memory for the save, released after */
+    loom_offload *off = loom_session_offload_state(s);
+    float *offloaded = NULL;
+    loom_status st = LOOM_OK;
+    if (off) {
+        offloaded = malloc(loom_offload_floats(off) * sizeof(float) + 1);
+        st = offloaded ? loom_offload_read_state(off, offloaded)
+                       : loom_fail(LOOM_ERR_NOMEM, "checkpoint: out of memory for a copy of the "
+                                   "offloaded optimizer state (%zu MiB)",
+                                   loom_offload_floats(off) * sizeof(float) >> 20);
+        src.state = offloaded; /* without ZeRO; ZeRO's partition: save_zero */
+    }
+    if (st == LOOM_OK)
+        st = save_zero(s, &src, &g, dir, x, out_path, len);
+    free(offloaded);
     free(residual);
     return st;
 }
@@ -924,23 +982,23 @@ static loom_status save_zero(loom_session *s, loom_ckpt_source *srcp, const loom
     loom_zero *z = loom_session_zero(s);
     if (!z)
         return loom_ckpt_save_source(&src, &g, dir, x, out_path, len);
-    /* ZeRO: the whole state assembled on every dp rank (zero_ckpt.h), then saved as a run
-     * without ZeRO saves it, so any layout loads it. A rank that cannot allocate it fails
-     * here; the others then see the all-gather's timeout. */
-    float *full = src.slots ? calloc((size_t)src.slots * src.table->total, sizeof(float)) : NULL;
-    if (src.slots && !full)
-        return loom_fail(LOOM_ERR_NOMEM, "checkpoint under zero=%d: out of memory for the whole "
-                         "optimizer state (%zu MiB)", loom_zero_stage(z),
-                         (size_t)src.slots * src.table->total * sizeof(float) >> 20);
-    src.state = full;
+    /* ZeRO: every dp rank writes its own partition (checkpoint.h "Slice files"), straight
+     * from its buffers; nothing is gathered. */
+    loom_zero_piece *p = NULL;
+    size_t n = 0, floats;
+    LOOM_TRY(loom_zero_pieces(z, loom_zero_rank(z), &p, &n));
+    src.pieces = p;
+    src.n_pieces = n;
+    src.part_state = loom_zero_state(z, &floats);
+    if (loom_session_offload_state(s)) /* the partition's state, copied out of the offload */
+        src.part_state = src.state;
+    src.part_params = loom_zero_part_params(z);
+    src.state = NULL;
     src.zero_stage = loom_zero_stage(z);
     src.zero_dp = loom_zero_ranks(z);
-    loom_status st = loom_zero_ckpt_gather(z, src.slots, full);
-    if (st == LOOM_OK)
-        st = loom_ckpt_save_source(&src, &g, dir, x, out_path, len);
-    loom_status d = loom_zero_ckpt_done(z);
-    free(full);
-    return st != LOOM_OK ? st : d;
+    loom_status st = loom_ckpt_save_source(&src, &g, dir, x, out_path, len);
+    free(p);
+    return st;
 }
 
 loom_status loom_checkpoint_find(const char *dir, char *out, size_t len)

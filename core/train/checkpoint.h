@@ -46,7 +46,9 @@
  * it (a damaged checkpoint is left for a person to look at).
  *
  * Multi-rank (mesh pp x dp x tp, see loom_host.group): save is collective over the world.
- * The ranks of dp rank 0 (one whole tp group per pipeline stage) write: the writer of
+ * The ranks of dp rank 0 (one whole tp group per pipeline stage) write (with slice files,
+ * below, every dp rank writes its own; dp rank 0 broadcasts the temporary directory over dp
+ * and gathers the dp group's reports before the tp and pp gathers): the writer of
  * stage 0 and tp rank 0 makes the temp directory and broadcasts its name (its pid) over
  * its pp group, then every stage's tp rank 0 over its tp group; every writer writes its
  * two files into it, each tp group gathers its ranks' outcomes (sizes, checksums or the
@@ -81,6 +83,7 @@
 #include "model/gpt.h"
 #include "model/params.h"
 #include "session.h"
+#include "zero_ckpt.h"
 
 #define LOOM_CHECKPOINT_FORMAT "loom-checkpoint"
 #define LOOM_CHECKPOINT_VERSION 1
@@ -173,6 +176,35 @@ loom_status loom_ckpt_verify(const char *ckpt_dir, uint64_t *bytes);
  * "model.pp<s>.tp<r>.safetensors". */
 void loom_ckpt_file_name(char *out, size_t len, const char *kind, int part, int tp, int pp);
 
+/* Slice files (ZeRO, docs/ZERO.md "Checkpoints"): under zero = 1..3 with dp = N > 1 every dp
+ * rank d writes its own partition of the optimizer state as optim<part>.dp<d>.safetensors
+ * ("optim.dp1.safetensors", "optim.pp0.tp1.dp1.safetensors"), and under zero = 3 its
+ * partition of the parameters as model<part>.dp<d>.safetensors; the parameters under zero =
+ * 1, 2 are whole on every dp rank and written by dp rank 0 as without ZeRO. A partition
+ * piece (a flat range of one parameter's held slice) is stored as the boxes that tile it,
+ * each a tensor "<name>#<first element>" (optimizer: "<name>.state<k>#<first>") with the
+ * usual logical shape, slice start and tile checksums, so the loader assembles any layout
+ * from them as from tp slices. The manifest's layout then has "slices": ["optim"] or
+ * ["model", "optim"] beside "zero" and "dp". A layout's files of each kind: */
+typedef struct loom_ckpt_layout {
+    int tp, pp, dp;
+    unsigned char sliced[3]; /* model, optim, residual: one file per dp rank */
+} loom_ckpt_layout;
+/* How many files of kind (0 model, 1 optim, 2 residual), and the i-th one's name (part =
+ * i / per, dp rank = i % per, per = dp when the kind is sliced, else 1). */
+int loom_ckpt_kind_count(const loom_ckpt_layout *l, int kind);
+void loom_ckpt_kind_name(char *out, size_t len, const loom_ckpt_layout *l, int kind, int i);
+
+struct loom_st_tensor;
+/* The header's "loom.tiles" text for tensors ts[0..n) (malloc'd; NULL: out of memory). */
+char *loom_ckpt_tile_sums(const struct loom_st_tensor *ts, int n);
+/* One dp rank's slice file: the pieces p[0..n_pieces) of its partition `part` (the
+ * parameters, or slots-major state when is_optim) as boxes, entry `skip` left out. */
+loom_status loom_ckpt_write_slices(const char *path, const loom_param_table *t,
+                                   const loom_zero_piece *p, size_t n_pieces, const float *part,
+                                   uint32_t slots, int is_optim, const char *optim_name,
+                                   const char *skip, uint64_t *bytes, uint64_t *sum, uint64_t *head);
+
 struct loom_json_doc;
 /* Read a whole file (NUL-terminated, at most max bytes). LOOM_ERR_IO names the path. */
 loom_status loom_ckpt_read_file(const char *path, size_t max, unsigned char **bytes, size_t *size);
@@ -210,9 +242,14 @@ typedef struct loom_ckpt_source {
     const char *skip;
     const int *pp_first;
     int pp_virtual;
-    /* ZeRO (0: none): the stage and dp size the run saved under, for the manifest; the
-     * state above is then the whole state, assembled from the partitions */
+    /* ZeRO (0: none): the stage and dp size the run saved under, for the manifest */
     int zero_stage, zero_dp;
+    /* ZeRO slice files (above; pieces NULL: none): this dp rank's partition pieces
+     * (zero_ckpt.h), its state partition (state above unused) and under stage 3 its
+     * parameter partition (params above unused but by nothing; NULL below stage 3) */
+    const loom_zero_piece *pieces;
+    size_t n_pieces;
+    const float *part_state, *part_params;
     /* gradient compression (compress.h; NULL: none): every dp rank's error-feedback
      * residual, slot k = dp rank k, laid out as the state above (slot-major per entry),
      * written as residual*.safetensors ("X.state<k>") and named in the manifest's

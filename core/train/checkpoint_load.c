@@ -42,6 +42,7 @@
 #include "base/status.h"
 #include "compress.h"
 #include "zero_ckpt.h"
+#include "offload.h"
 
 #define MAX_MANIFEST ((size_t)64 << 20)
 #define CHECKSUM_PREFIX "xxh64:"
@@ -300,44 +301,78 @@ void loom_ckpt_file_name(char *out, size_t len, const char *kind, int part, int 
         snprintf(out, len, "%s.pp%d.tp%d.safetensors", kind, part / tp, part % tp);
 }
 
-/* layout.tp and layout.pp of the manifest (1 when absent: checkpoints before tp / pp). */
-static loom_status read_layout(const char *mpath, const loom_json *root, int *tp, int *pp)
+/* layout.tp and layout.pp of the manifest (1 when absent: checkpoints before tp / pp), and
+ * with slice files (checkpoint.h) layout.dp and layout.slices. */
+static loom_status read_layout(const char *mpath, const loom_json *root, loom_ckpt_layout *out)
 {
     const loom_json *l = loom_json_get(root, "layout"), *p = loom_json_get(l, "pp");
-    int64_t v = 1, w = 1;
-    *tp = *pp = 1;
+    const loom_json *sl = loom_json_get(l, "slices");
+    int64_t v = 1, w = 1, dp = 1;
+    memset(out, 0, sizeof *out);
+    out->tp = out->pp = out->dp = 1;
     if (!l)
         return LOOM_OK;
     if (l->type != LOOM_JSON_OBJECT || !loom_json_int64(loom_json_get(l, "tp"), &v) || v < 1 ||
         v > LOOM_CKPT_TP_MAX || (p && (!loom_json_int64(p, &w) || w < 1 || v * w > LOOM_CKPT_TP_MAX)))
         return bad(mpath, "manifest layout must be {\"tp\": <1 to %d>} or {\"tp\": T, \"pp\": P} "
                    "with T x P <= %d", LOOM_CKPT_TP_MAX, LOOM_CKPT_TP_MAX);
-    *tp = (int)v;
-    *pp = (int)w;
+    out->tp = (int)v;
+    out->pp = (int)w;
+    if (!sl)
+        return LOOM_OK;
+    int ok = sl->type == LOOM_JSON_ARRAY && loom_json_int64(loom_json_get(l, "dp"), &dp) &&
+             dp >= 1 && dp * v * w <= 65536;
+    for (size_t i = 0; ok && i < sl->count; i++) {
+        const loom_json *k = &sl->items[i];
+        ok = k->type == LOOM_JSON_STRING && (!strcmp(k->text, "model") || !strcmp(k->text, "optim"));
+        if (ok)
+            out->sliced[strcmp(k->text, "model") ? 1 : 0] = 1;
+    }
+    if (!ok)
+        return bad(mpath, "manifest layout.slices must be a list of \"model\" and \"optim\" with "
+                   "layout.dp the dp ranks that wrote them (1 to %d files per kind)", 65536);
+    out->dp = (int)dp;
     return LOOM_OK;
 }
 
 /* The kinds of tensor file a checkpoint has: model, optim, and with gradient compression
  * (a "compress" object in the manifest) residual. */
-static const char *const kind_name[3] = {"model", "optim", "residual"};
 static int file_kinds(const loom_json *root)
 {
     return loom_json_get_type(root, "compress", LOOM_JSON_OBJECT) ? 3 : 2;
+}
+
+/* The tensor files of a layout's first `kinds` kinds, in manifest order: how many, and
+ * the j-th one's name. */
+static int layout_files(const loom_ckpt_layout *l, int kinds)
+{
+    int n = 0;
+    for (int k = 0; k < kinds; k++)
+        n += loom_ckpt_kind_count(l, k);
+    return n;
+}
+
+static void layout_file(const loom_ckpt_layout *l, int j, char *name, size_t len)
+{
+    int k = 0;
+    while (j >= loom_ckpt_kind_count(l, k))
+        j -= loom_ckpt_kind_count(l, k++);
+    loom_ckpt_kind_name(name, len, l, k, j);
 }
 
 int loom_ckpt_is_complete(const char *ckpt_dir)
 {
     loom_json_doc *doc;
     char *text, path[PATH_MAX], name[64];
-    int tp, pp;
+    loom_ckpt_layout l;
     if (loom_ckpt_manifest_open(ckpt_dir, &doc, &text) != LOOM_OK)
         return 0;
-    int ok = read_layout(ckpt_dir, loom_json_root(doc), &tp, &pp) == LOOM_OK, parts = tp * pp;
-    int kinds = file_kinds(loom_json_root(doc));
-    for (int i = 0; i < kinds * parts && ok; i++) {
+    int ok = read_layout(ckpt_dir, loom_json_root(doc), &l) == LOOM_OK;
+    int n = ok ? layout_files(&l, file_kinds(loom_json_root(doc))) : 0;
+    for (int j = 0; j < n && ok; j++) {
         uint64_t bytes, sum;
         struct stat sb;
-        loom_ckpt_file_name(name, sizeof name, kind_name[i / parts], i % parts, tp, pp);
+        layout_file(&l, j, name, sizeof name);
         snprintf(path, sizeof path, "%s/%s", ckpt_dir, name);
         ok = file_record(path, loom_json_root(doc), name, &bytes, &sum) == LOOM_OK &&
              stat(path, &sb) == 0 && S_ISREG(sb.st_mode) && (uint64_t)sb.st_size == bytes;
@@ -380,8 +415,8 @@ typedef struct plan {
 } plan;
 
 typedef struct tensor_set {
-    int tp, pp, parts;  /* parts = tp x pp files of each kind */
-    tfile *files;   /* model files 0..parts-1, then optim files */
+    int tp, pp, n_model, n_optim; /* tp x pp files of each kind, x dp for slice files */
+    tfile *files;   /* model files 0..n_model-1, then optim files */
     plan model, optim;
 } tensor_set;
 
@@ -406,7 +441,7 @@ static void tfile_free(tfile *tf)
 
 static void tensors_free(tensor_set *ts)
 {
-    for (int i = 0; ts->files && i < 2 * ts->parts; i++)
+    for (int i = 0; ts->files && i < ts->n_model + ts->n_optim; i++)
         tfile_free(&ts->files[i]);
     free(ts->files);
     free(ts->model.p);
@@ -557,6 +592,9 @@ static int target_of(const loom_param_table *t, const char *tname, uint32_t per,
     *slot = 0;
     if ((size_t)snprintf(base, sizeof base, "%s", tname) >= sizeof base)
         return -1;
+    char *hash = strrchr(base, '#'); /* a slice file's box: "<name>#<first element>" */
+    if (hash && hash[1] && strspn(hash + 1, "0123456789") == strlen(hash + 1))
+        *hash = '\0';
     if (is_optim) {
         char *dot = strrchr(base, '.');
         if (!dot || strncmp(dot, ".state", 6) != 0 || !dot[6] || strspn(dot + 6, "0123456789") !=
@@ -861,39 +899,40 @@ static loom_status tensors_open(const char *dir, const char *mpath, const loom_j
                                 tensor_set *ts)
 {
     memset(ts, 0, sizeof *ts);
-    int tp, pp;
-    LOOM_TRY(read_layout(mpath, root, &tp, &pp));
-    int parts = tp * pp;
-    if (!(ts->files = calloc((size_t)2 * parts, sizeof *ts->files)))
+    loom_ckpt_layout l;
+    LOOM_TRY(read_layout(mpath, root, &l));
+    int nm = loom_ckpt_kind_count(&l, 0), no = loom_ckpt_kind_count(&l, 1);
+    if (!(ts->files = calloc((size_t)(nm + no), sizeof *ts->files)))
         return loom_fail(LOOM_ERR_NOMEM, "out of memory reading checkpoint '%s'", dir);
-    ts->tp = tp;
-    ts->pp = pp;
-    ts->parts = parts;
+    ts->tp = l.tp;
+    ts->pp = l.pp;
+    ts->n_model = nm;
+    ts->n_optim = no;
     stat_read = stat_total = 0;
-    for (int i = 0; i < 2 * parts; i++)
+    for (int i = 0; i < nm + no; i++)
         ts->files[i].fd = -1;
     char name[64];
     /* no optimizer slots (sgd, or a frozen model's parameters only): no optim file read */
-    for (int i = 0; i < (slots ? 2 : 1) * parts; i++) {
-        loom_ckpt_file_name(name, sizeof name, i < parts ? "model" : "optim", i % parts, tp, pp);
+    for (int i = 0; i < (slots ? nm + no : nm); i++) {
+        loom_ckpt_kind_name(name, sizeof name, &l, i < nm ? 0 : 1, i < nm ? i : i - nm);
         if ((size_t)snprintf(ts->files[i].path, sizeof ts->files[i].path, "%s/%s", dir, name) >=
             sizeof ts->files[i].path)
             return loom_fail(LOOM_ERR_INVALID, "checkpoint path '%s' is too long", dir);
         LOOM_TRY(read_tensors(mpath, root, name, &ts->files[i]));
     }
-    LOOM_TRY(make_plan(ts->files, parts, t, 1, 0, ew, &ts->model));
+    LOOM_TRY(make_plan(ts->files, nm, t, 1, 0, ew, &ts->model));
     if (slots)
-        LOOM_TRY(make_plan(ts->files + parts, parts, t, slots, 1, ew, &ts->optim));
+        LOOM_TRY(make_plan(ts->files + nm, no, t, slots, 1, ew, &ts->optim));
     mark_plan(&ts->model, ts->files, t, 1);
     if (slots)
-        mark_plan(&ts->optim, ts->files + parts, t, slots);
-    for (int i = 0; i < 2 * parts; i++)
+        mark_plan(&ts->optim, ts->files + nm, t, slots);
+    for (int i = 0; i < nm + no; i++)
         if (ts->files[i].mapped)
             LOOM_TRY(fetch_tiles(&ts->files[i]));
     const char *env = getenv("LOOM_CKPT_STATS");
     if (env && strcmp(env, "1") == 0)
         fprintf(stderr, "checkpoint %s: read %" PRIu64 " of %" PRIu64 " bytes of its %d tensor "
-                "files\n", dir, stat_read, stat_total, 2 * parts);
+                "files\n", dir, stat_read, stat_total, nm + no);
     return LOOM_OK;
 }
 
@@ -902,7 +941,7 @@ static void tensors_copy(const tensor_set *ts, const loom_param_table *t, uint32
 {
     apply_plan(&ts->model, ts->files, t, 1, params);
     if (slots)
-        apply_plan(&ts->optim, ts->files + ts->parts, t, slots, state);
+        apply_plan(&ts->optim, ts->files + ts->n_model, t, slots, state);
 }
 
 loom_status loom_ckpt_load_tensors(const char *ckpt_dir, const loom_param_table *t, uint32_t slots,
@@ -953,19 +992,19 @@ loom_status loom_ckpt_verify(const char *ckpt_dir, uint64_t *bytes)
 {
     char mpath[PATH_MAX], *text = NULL, name[64];
     loom_json_doc *doc = NULL;
-    int tp = 1, pp = 1;
+    loom_ckpt_layout l;
     uint64_t total = 0;
     if ((size_t)snprintf(mpath, sizeof mpath, "%s/%s", ckpt_dir, LOOM_CKPT_MANIFEST_FILE) >= sizeof mpath)
         return loom_fail(LOOM_ERR_INVALID, "checkpoint path '%s' is too long", ckpt_dir);
     loom_status st = loom_ckpt_manifest_open(ckpt_dir, &doc, &text);
     if (st == LOOM_OK)
-        st = read_layout(mpath, loom_json_root(doc), &tp, &pp);
-    int kinds = st == LOOM_OK ? file_kinds(loom_json_root(doc)) : 2;
-    for (int i = 0; st == LOOM_OK && i < kinds * tp * pp; i++) {
+        st = read_layout(mpath, loom_json_root(doc), &l);
+    int n = st == LOOM_OK ? layout_files(&l, file_kinds(loom_json_root(doc))) : 0;
+    for (int i = 0; st == LOOM_OK && i < n; i++) {
         tfile tf;
         memset(&tf, 0, sizeof tf);
         tf.fd = -1;
-        loom_ckpt_file_name(name, sizeof name, kind_name[i / (tp * pp)], i % (tp * pp), tp, pp);
+        layout_file(&l, i, name, sizeof name);
         if ((size_t)snprintf(tf.path, sizeof tf.path, "%s/%s", ckpt_dir, name) >= sizeof tf.path)
             st = loom_fail(LOOM_ERR_INVALID, "checkpoint path '%s' is too long", ckpt_dir);
         else
@@ -997,6 +1036,7 @@ typedef struct loaded {
     loom_zero_piece *zero_pieces;
     size_t n_zero_pieces;
     float *residual;           /* compression: every dp rank's residual, slot-major per entry */
+    float *offloaded;          /* offload: the state this rank steps, for the pool or file */
 } loaded;
 
 static void loaded_free(loaded *ld)
@@ -1008,6 +1048,7 @@ static void loaded_free(loaded *ld)
     free(ld->zero_full);
     free(ld->zero_pieces);
     free(ld->residual);
+    free(ld->offloaded);
 }
 
 static loom_status check_int(const loaded *ld, const loom_json *obj, const char *group,
@@ -1148,9 +1189,9 @@ static loom_status read_residuals(loaded *ld, const loom_json *root, loom_sessio
                          "dp=%d, and the residuals are per dp rank: resume at dp=%lld with "
                          "\"%.20s\"", ld->mpath, mj->text, (long long)dp, method, my_dp,
                          (long long)dp, mj->text);
-    int tp, pp;
-    LOOM_TRY(read_layout(ld->mpath, root, &tp, &pp));
-    int parts = tp * pp;
+    loom_ckpt_layout l;
+    LOOM_TRY(read_layout(ld->mpath, root, &l));
+    int tp = l.tp, pp = l.pp, parts = tp * pp;
     const loom_param_table *t = loom_gpt_params(loom_session_model(s));
     tfile *files = calloc((size_t)parts, sizeof *files);
     plan pl = {NULL, 0};
@@ -1198,6 +1239,11 @@ static loom_status validate(loaded *ld, loom_session *s, const loom_data *data)
     elsewhere ew = {held_elsewhere, m};
     LOOM_TRY(tensors_open(ld->dir, ld->mpath, root, loom_gpt_params(m), slots, &ew, &ld->ts));
     LOOM_TRY(read_residuals(ld, root, s, &ew));
+    loom_offload *off = loom_session_offload_state(s);
+    if (off && !(ld->offloaded = malloc(loom_offload_floats(off) * sizeof(float) + 1)))
+        return loom_fail(LOOM_ERR_NOMEM, "checkpoint '%s': out of memory for a copy of the "
+                         "offloaded optimizer state (%zu MiB)", ld->mpath,
+                         loom_offload_floats(off) * sizeof(float) >> 20);
     loom_zero *z = loom_session_zero(s);
     if (!z) /* ZeRO: read whole, then each rank keeps its partition (zero_ckpt.h) */
         return LOOM_OK;
@@ -1216,9 +1262,15 @@ static void copy_in(const loaded *ld, loom_session *s)
     float *state = loom_session_optim_state(s, &slots);
     loom_gpt *m = loom_session_model(s);
     loom_zero *z = loom_session_zero(s);
-    tensors_copy(&ld->ts, loom_gpt_params(m), slots, loom_gpt_param_data(m), z ? ld->zero_full : state);
+    loom_session_to_host(s); /* device backend: into the host mirrors, then back (below) */
+    if (ld->offloaded && !z) /* offload: into its copy, written to the pool or file after */
+        state = ld->offloaded;
+    tensors_copy(&ld->ts, loom_gpt_params(m), slots, loom_session_host_params(s),
+                 z ? ld->zero_full : state);
+    loom_session_from_host(s);
     if (z)
-        loom_zero_ckpt_scatter(z, slots, ld->zero_full, ld->zero_pieces, ld->n_zero_pieces);
+        loom_zero_ckpt_scatter(z, slots, ld->zero_full, ld->zero_pieces, ld->n_zero_pieces,
+                               ld->offloaded);
     loom_compress *c = loom_session_compress(s);
     if (c) { /* this dp rank's slot of the residuals, or zero: none saved */
         size_t total;
@@ -1262,6 +1314,10 @@ loom_status loom_checkpoint_load_data(loom_session *s, const char *ckpt_path, lo
     }
     if (st == LOOM_OK) {
         copy_in(&ld, s);
+        if (ld.offloaded) /* an I/O failure here names the file; the weights are in already */
+            st = loom_offload_write_state(loom_session_offload_state(s), ld.offloaded);
+    }
+    if (st == LOOM_OK) {
         if (out) {
             *out = ld.x;
             out->config_json = ld.config;

@@ -1,12 +1,14 @@
 /* grad_sync.c — see grad_sync.h. */
 #include "grad_sync.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "compress.h"
 #include "loom/plugin/comm.h"
 #include "loom/plugin/strategy.h"
+#include "base/clock.h"
 #include "base/plugin_loader.h"
 #include "base/status.h"
 
@@ -46,12 +48,35 @@ struct loom_grad_sync {
     loom_grad_reducer reducer; /* .ready NULL: none */
     loom_compress *compress;   /* the caller's; NULL: none */
     int compress_on;           /* this step's exchange is compressed */
+    /* loom_grad_sync_final_hook: gradients handed to the strategy during the step's
+     * backwards, and when its first reduction started (loom_now_ms; < 0: none yet) */
+    size_t reported;
+    double first_ms;
 };
+
+/* Note the time the strategy's first reduction of the step is under way. */
+static void note_first(loom_grad_sync *gs)
+{
+    const loom_strategy_ops *o = gs->strategy;
+    if (gs->first_ms < 0 && o->size > offsetof(loom_strategy_ops, pending) && o->pending &&
+        o->pending(gs->strategy_self) > 0)
+        gs->first_ms = loom_now_ms();
+}
 
 static loom_status strategy_hook(void *ctx, size_t offset, size_t n)
 {
     loom_grad_sync *gs = ctx;
-    return gs->strategy->grads_ready(gs->strategy_self, loom_gpt_grad_data(gs->model), offset, n);
+    LOOM_TRY(gs->strategy->grads_ready(gs->strategy_self, loom_gpt_grad_data(gs->model), offset, n));
+    note_first(gs);
+    return LOOM_OK;
+}
+
+/* loom_grad_sync_final_hook's: the same, counting what was handed over. */
+static loom_status final_hook(void *ctx, size_t offset, size_t n)
+{
+    loom_grad_sync *gs = ctx;
+    gs->reported += n;
+    return strategy_hook(gs, offset, n);
 }
 
 static loom_status reducer_hook(void *ctx, size_t offset, size_t n)
@@ -76,6 +101,7 @@ loom_status loom_grad_sync_create(loom_gpt *m, loom_backend *be, int canonical, 
     gs->accum = accum;
     gs->total = loom_gpt_params(m)->total;
     gs->t.n = gs->total;
+    gs->first_ms = -1.0;
     const loom_host *host = loom_core_host();
     const struct loom_comm_ops *ops = NULL;
     void *dp = NULL;
@@ -225,6 +251,8 @@ loom_status loom_grad_sync_begin_micro(loom_grad_sync *gs, int a)
     if (a == 0) {
         tree_reset(&gs->t);
         gs->local_loss = 0.0;
+        gs->reported = 0;
+        gs->first_ms = -1.0;
     }
     if (gs->compress_on) { /* accumulate locally; finish exchanges the compressed sum */
         if (a == 0)
@@ -304,9 +332,27 @@ loom_status loom_grad_sync_end_part(loom_grad_sync *gs, int a, int part, int wit
     return LOOM_OK;
 }
 
+int loom_grad_sync_can_overlap(const loom_grad_sync *gs)
+{
+    return !gs->canonical && gs->strategy && !gs->compress_on && !gs->reducer.ready;
+}
+
+void loom_grad_sync_final_hook(loom_grad_sync *gs, int on)
+{
+    loom_gpt_set_grad_hook(gs->model, on && loom_grad_sync_can_overlap(gs) ? final_hook : NULL, gs);
+}
+
+double loom_grad_sync_first_ms(const loom_grad_sync *gs) { return gs->first_ms; }
+
 loom_status loom_grad_sync_all_ready(loom_grad_sync *gs)
 {
     loom_gpt_set_grad_hook(gs->model, NULL, NULL);
+    if (gs->reported) { /* the backwards handed over every range already (final_hook) */
+        if (gs->reported != gs->total)
+            LOOM_FAIL(LOOM_ERR_INTERNAL, "grad_sync: the backwards reported %zu of %zu gradients "
+                      "as final", gs->reported, gs->total);
+        return LOOM_OK;
+    }
     return gs->strategy && !gs->compress_on ? strategy_hook(gs, 0, gs->total) : LOOM_OK;
 }
 
@@ -350,4 +396,39 @@ loom_status loom_grad_sync_finish(loom_grad_sync *gs, double *loss_sum)
         LOOM_TRY(tree_push(gs, &gs->t, gs->gathered + (size_t)r * gs->total));
     tree_finish(gs, &gs->t, grads);
     return LOOM_OK;
+}
+
+/* --- a stand-alone tree (grad_sync.h: loom_grad_tree) --------------------------------- */
+
+struct loom_grad_tree {
+    loom_grad_sync gs; /* only .be: what tree_push and tree_finish use */
+    tree t;
+};
+
+loom_status loom_grad_tree_create(loom_backend *be, size_t n, loom_grad_tree **out)
+{
+    loom_grad_tree *x = calloc(1, sizeof *x);
+    if (!(*out = x))
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    x->gs.be = be;
+    x->t.n = n;
+    tree_reset(&x->t);
+    return LOOM_OK;
+}
+
+loom_status loom_grad_tree_push(loom_grad_tree *x, const float *v)
+{
+    return tree_push(&x->gs, &x->t, v);
+}
+
+void loom_grad_tree_finish(loom_grad_tree *x, float *out) { tree_finish(&x->gs, &x->t, out); }
+
+void loom_grad_tree_destroy(loom_grad_tree *x)
+{
+    if (!x)
+        return;
+    for (int i = 0; i <= MAX_LEVELS; i++)
+        if (x->t.buf[i])
+            x->gs.be->ops->free(x->gs.be->self, x->t.buf[i]);
+    free(x);
 }

@@ -68,8 +68,27 @@ loom_status loom_grad_sync_finish(loom_grad_sync *gs, double *loss_sum);
 struct loom_compress;
 void loom_grad_sync_set_compress(loom_grad_sync *gs, struct loom_compress *c, int on);
 
-/* Hand the whole gradient buffer to the dp strategy at once (the pipeline engine calls
- * no per-entry hooks); before loom_grad_sync_finish. */
+/* Hand the whole gradient buffer to the dp strategy at once, unless the backwards did it
+ * range by range (below: then it checks every gradient was handed over); before
+ * loom_grad_sync_finish. */
 loom_status loom_grad_sync_all_ready(loom_grad_sync *gs);
+/* The pipeline's overlap (fast mode with the dp strategy, not compressed, no ZeRO
+ * reducer: can_overlap): on = 1 around each chunk's last backward (or W) of the step, so
+ * the model hands each range it finishes there to the strategy, which starts its buckets'
+ * all-reduces while the rest of the step's backwards run; on = 0 after. */
+int loom_grad_sync_can_overlap(const loom_grad_sync *gs);
+void loom_grad_sync_final_hook(loom_grad_sync *gs, int on);
+/* When the step's first data-parallel reduction was under way (loom_now_ms), or < 0 if
+ * none started before loom_grad_sync_finish (a strategy without `pending` says nothing). */
+double loom_grad_sync_first_ms(const loom_grad_sync *gs);
+
+/* The same binary-counter tree on its own, over vectors of n floats (expert parallelism's
+ * per-source sums, session_ep.h): push in index order; finish writes the sum to out and
+ * empties the tree for the next use. */
+typedef struct loom_grad_tree loom_grad_tree;
+loom_status loom_grad_tree_create(loom_backend *be, size_t n, loom_grad_tree **out);
+loom_status loom_grad_tree_push(loom_grad_tree *t, const float *v);
+void loom_grad_tree_finish(loom_grad_tree *t, float *out);
+void loom_grad_tree_destroy(loom_grad_tree *t);
 
 #endif

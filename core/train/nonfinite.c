@@ -150,11 +150,12 @@ void loom_nonfinite_destroy(loom_nonfinite *nf)
 }
 
 void loom_nonfinite_inject(const loom_nonfinite *nf, int64_t step, const loom_param_table *t,
-                           float *grads)
+                           float *grads, const loom_backend *be)
 {
     for (int i = 0; i < nf->n_inject; i++)
-        if (step == nf->inject[i].step)
-            grads[t->entries[nf->inject[i].entry].offset] = nf->inject[i].value;
+        if (step == nf->inject[i].step) /* a copy: the gradient may be in device memory */
+            be->ops->copy_to_device(be->self, grads + t->entries[nf->inject[i].entry].offset,
+                                    &nf->inject[i].value, sizeof(float));
 }
 
 loom_status loom_nonfinite_inject_segments(const loom_nonfinite *nf, int64_t step,

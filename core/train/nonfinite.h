@@ -21,6 +21,7 @@
 
 #include <stdint.h>
 
+#include "base/backend.h"
 #include "base/status.h"
 #include "loom/plugin/optim.h"
 #include "model/params.h"
@@ -47,9 +48,10 @@ loom_status loom_nonfinite_create(const loom_param_table *t, int stage, int stag
                                   loom_nonfinite **out);
 void loom_nonfinite_destroy(loom_nonfinite *nf);
 
-/* The injection, when armed for this rank and step (grads laid out as t says). */
+/* The injection, when armed for this rank and step (grads laid out as t says, in be's
+ * memory). */
 void loom_nonfinite_inject(const loom_nonfinite *nf, int64_t step, const loom_param_table *t,
-                           float *grads);
+                           float *grads, const loom_backend *be);
 
 /* The same where the gradient lives in ZeRO partitions: n segments (optim.h), entry[i]
  * segment i's table entry; fails when this rank holds no piece of a parameter it is to

@@ -144,3 +144,21 @@ void loom_offload_memory(const loom_offload *o, size_t *resident, size_t *offloa
     *offloaded = o->floats * sizeof(float);
     *resident = (size_t)o->n_bufs * o->buf_floats * sizeof(float);
 }
+
+size_t loom_offload_floats(const loom_offload *o) { return o->floats; }
+
+loom_status loom_offload_read_state(loom_offload *o, float *dst)
+{
+    if (o->mode == LOOM_OFFLOAD_DISK)
+        return offload_disk_copy(o, 0, dst);
+    memcpy(dst, o->pool, o->floats * sizeof(float));
+    return LOOM_OK;
+}
+
+loom_status loom_offload_write_state(loom_offload *o, const float *src)
+{
+    if (o->mode == LOOM_OFFLOAD_DISK)
+        return offload_disk_copy(o, 1, (float *)src);
+    memcpy(o->pool, src, o->floats * sizeof(float));
+    return LOOM_OK;
+}

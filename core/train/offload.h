@@ -44,5 +44,12 @@ loom_status loom_offload_step(loom_offload *o, const loom_optim_ops *ops, void *
  * buffers; host: 0, the pool is counted as offloaded) and bytes held off it. */
 void loom_offload_memory(const loom_offload *o, size_t *resident, size_t *offloaded);
 const char *loom_offload_mode_name(loom_offload_mode m);
+/* Checkpoints (checkpoint.c, checkpoint_load.c): the whole state (`floats` floats, laid
+ * out as the offsets given at create describe) copied out of the pool or file into dst,
+ * or from src into it; between steps only (the disk's I/O thread is idle then). A failed
+ * read or write names the file, the offset and the bytes. */
+size_t loom_offload_floats(const loom_offload *o);
+loom_status loom_offload_read_state(loom_offload *o, float *dst);
+loom_status loom_offload_write_state(loom_offload *o, const float *src);
 
 #endif

@@ -204,3 +204,15 @@ loom_status offload_disk_step(loom_offload *o, const loom_optim_ops *ops, void *
     loom_status w = wait_done(o, last); /* the queue drained: no buffer still in use */
     return st != LOOM_OK ? st : w;
 }
+
+loom_status offload_disk_copy(loom_offload *o, int write, float *buf)
+{
+    pthread_mutex_lock(&o->mu); /* the thread is idle between steps; this only orders io_msg */
+    int ok = o->io_status == LOOM_OK &&
+             io_all(o, write, (char *)buf, o->floats * sizeof(float), 0);
+    loom_status st = o->io_status;
+    pthread_mutex_unlock(&o->mu);
+    if (ok)
+        return LOOM_OK;
+    return loom_fail(st, "%s", o->io_msg);
+}

@@ -60,6 +60,8 @@ struct loom_offload {
 
 loom_status offload_disk_open(loom_offload *o, const loom_offload_config *c);
 void offload_disk_close(loom_offload *o);
+/* The whole file into buf (write = 0) or buf into the file (1), on the caller's thread. */
+loom_status offload_disk_copy(loom_offload *o, int write, float *buf);
 loom_status offload_disk_step(loom_offload *o, const loom_optim_ops *ops, void *self,
                               const loom_optim_step_args *args);
 

@@ -5,9 +5,9 @@
  * it has its weight gradients (BWD, or BWD_WEIGHT after BWD_INPUT) and has sent its input
  * gradient (SEND_GRAD, unless it is virtual stage 0). A freed slot may still have sends
  * in flight from its buffers: they are waited before the next compute on that slot (its
- * FWD writes them), never earlier. On shm a RECV's wait also completes every send started
- * before it on the pp communicator (completions in start order), so in practice nothing
- * is pending by then; the rule keeps the engine correct on any transport.
+ * FWD writes them), never earlier. A RECV's wait completes only that receive (sends finish
+ * on their own, as in MPI): a send larger than the transport's buffer finishes once the
+ * peer posts its receive, which it may do only after its own RECV returns.
  */
 #include "pipeline.h"
 #include "pipeline_check.h"
@@ -57,6 +57,8 @@ struct loom_pipeline {
     loom_trace *trace;              /* not owned; NULL: off */
     double compute_ms, wall_ms;     /* the last step's F/B/W time and pipeline phase */
     float *tied;                    /* canonical, chunks > 1: [microbatches] wte-sized halves */
+    size_t at;                      /* the instruction the step is in (n: after the list) */
+    size_t *last_w;                 /* [chunks]: the position of the chunk's last BWD or W */
 };
 
 static loom_status split_layers(loom_pipeline *pl, const loom_pipeline_config *cfg)
@@ -146,11 +148,15 @@ loom_status loom_pipeline_create(const loom_pipeline_config *cfg, loom_pipeline 
         pl->slot_of = malloc((size_t)pl->microbatches * pl->chunks * sizeof(int));
         pl->own = calloc((size_t)pl->layers, 1);
         pl->done = malloc((size_t)pl->microbatches * pl->chunks);
-        if (!pl->list || !pl->slots || !pl->slot_of || !pl->own || !pl->done)
+        pl->last_w = calloc((size_t)pl->chunks, sizeof *pl->last_w);
+        if (!pl->list || !pl->slots || !pl->slot_of || !pl->own || !pl->done || !pl->last_w)
             st = loom_fail(LOOM_ERR_NOMEM, "out of memory");
     }
     if (st == LOOM_OK) {
         memcpy(pl->list, use->list[pl->stage], pl->n * sizeof *pl->list);
+        for (size_t i = 0; i < pl->n; i++)
+            if (pl->list[i].op == LOOM_SCHED_BWD || pl->list[i].op == LOOM_SCHED_BWD_WEIGHT)
+                pl->last_w[pl->list[i].chunk] = i;
         for (int c = 0; c < pl->chunks; c++) {
             int k = c * pl->stages + pl->stage;
             for (int l = pl->first[k]; l < pl->first[k + 1]; l++)
@@ -182,6 +188,7 @@ void loom_pipeline_destroy(loom_pipeline *pl)
         free(pl->head[i]);
     free(pl->head);
     free(pl->tied);
+    free(pl->last_w);
     free(pl);
 }
 
@@ -372,16 +379,34 @@ static void mark(loom_pipeline *pl, int key, int what)
     }
 }
 
-loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
-                              const int *targets, int B, int T, float dloss, double *loss,
-                              const loom_pipeline_hooks *hooks, int *peak)
+/* ZeRO-3: after compute instruction i, hint the first units of the next one that reads
+ * parameters (FWD, BWD, BWD_INPUT; W reads none), so that their gathers run while this
+ * rank waits for its next message (gpt_stage.h; no hook installed: nothing). */
+static loom_status prefetch_next(loom_pipeline *pl, loom_gpt *m, size_t i)
+{
+    for (size_t j = i + 1; j < pl->n; j++) {
+        const loom_sched_instr *in = &pl->list[j];
+        int vs = in->chunk * pl->stages + pl->stage;
+        if (in->op == LOOM_SCHED_FWD || in->op == LOOM_SCHED_BWD || in->op == LOOM_SCHED_BWD_INPUT)
+            return loom_gpt_stage_prefetch(m, pl->first[vs], pl->first[vs + 1],
+                                           in->op != LOOM_SCHED_FWD);
+    }
+    return LOOM_OK;
+}
+
+static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
+                            const int *targets, int B, int T, float dloss, double *loss,
+                            const loom_pipeline_hooks *hooks, int *peak)
 {
     float *hb = NULL, *gw = NULL, *half = NULL;
     size_t hn = 0;
     const loom_comm_ops *ops = pl->ops;
     int P = pl->stages, V = P * pl->chunks, L = pl->layers;
     int next = (pl->stage + 1) % P, prev = (pl->stage + P - 1) % P;
-    size_t R = (size_t)B * T, count = R * (size_t)loom_gpt_get_config(m)->dim;
+    /* count: this rank's rows of the residual stream (a tp rank's shard under sequence
+     * parallelism, sent to the same tp rank of the next stage: its pp group) */
+    size_t R = (size_t)B * T;
+    size_t count = loom_gpt_stage_rows(m, B, T) * (size_t)loom_gpt_get_config(m)->dim;
     for (int i = 0; i < pl->microbatches * pl->chunks; i++)
         pl->slot_of[i] = -1;
     memset(pl->done, 0, (size_t)pl->microbatches * pl->chunks);
@@ -394,6 +419,7 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
     loom_trace_phase_begin(pl->trace, t_run);
     for (size_t i = 0; i < pl->n; i++) {
         const loom_sched_instr *in = &pl->list[i];
+        pl->at = i;
         if (loom_trace_is_compute(in->op))
             progress_sends(pl);
         double t0 = loom_now_ms(); /* the instruction's span: a RECV's includes its wait */
@@ -406,6 +432,10 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
         int keep = (head_in || head_out) && pl->chunks > 1; /* halves exchanged after the list */
         size_t off = (size_t)in->microbatch * R;
         loom_comm_request *r = NULL;
+        int last = hooks && hooks->final_bwd && pl->last_w[in->chunk] == i &&
+                   (in->op == LOOM_SCHED_BWD || in->op == LOOM_SCHED_BWD_WEIGHT);
+        if (last)
+            LOOM_TRY(hooks->final_bwd(hooks->ctx, in->chunk, 1));
         switch (in->op) {
         case LOOM_SCHED_RECV_ACT:
             LOOM_TRY(acquire(pl, key, &s));
@@ -522,6 +552,10 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
                       loom_sched_op_name(in->op));
         }
         (void)V;
+        if (last)
+            LOOM_TRY(hooks->final_bwd(hooks->ctx, in->chunk, 0));
+        if (in->op == LOOM_SCHED_FWD || in->op == LOOM_SCHED_BWD || in->op == LOOM_SCHED_BWD_INPUT)
+            LOOM_TRY(prefetch_next(pl, m, i));
         if (in->op == LOOM_SCHED_SEND_ACT || in->op == LOOM_SCHED_SEND_GRAD)
             progress_sends(pl);
         double t1 = loom_now_ms();
@@ -530,6 +564,7 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
         loom_trace_span(pl->trace, loom_trace_kind_of(in->op), t0, t1, in->microbatch, in->chunk);
     }
     double t_wait = loom_now_ms();
+    pl->at = pl->n;
     for (int i = 0; i < pl->n_slots; i++)
         LOOM_TRY(wait_slot(pl, &pl->slots[i]));
     double t_tied = loom_now_ms();
@@ -543,6 +578,28 @@ loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
     loom_trace_phase_end(pl->trace, t_end);
     pl->wall_ms = t_end - t_run;
     return LOOM_OK;
+}
+
+/* The step, and on a failure where in the list it happened: a transport's timeout names
+ * the peer and the operation (and the flight recorder who is stuck), this the stage and
+ * instruction. */
+loom_status loom_pipeline_run(loom_pipeline *pl, loom_gpt *m, const int *tokens,
+                              const int *targets, int B, int T, float dloss, double *loss,
+                              const loom_pipeline_hooks *hooks, int *peak)
+{
+    pl->at = 0;
+    loom_status st = run_list(pl, m, tokens, targets, B, T, dloss, loss, hooks, peak);
+    if (st == LOOM_OK)
+        return st;
+    char why[2048];
+    snprintf(why, sizeof why, "%s", loom_last_error());
+    if (pl->at >= pl->n)
+        return loom_fail(st, "pipeline stage %d, after its %zu instructions (the last sends and "
+                         "tied halves): %s", pl->stage, pl->n, why);
+    const loom_sched_instr *in = &pl->list[pl->at];
+    return loom_fail(st, "pipeline stage %d, instruction %zu of %zu (%s micro-batch %d chunk %d): "
+                     "%s", pl->stage, pl->at, pl->n, loom_sched_op_name(in->op), in->microbatch,
+                     in->chunk, why);
 }
 
 loom_status loom_pipeline_tied_sync(loom_pipeline *pl, loom_gpt *m, double *comm_ms)
@@ -684,7 +741,7 @@ loom_status loom_pipeline_eval(loom_pipeline *pl, loom_gpt *m, const int *tokens
     const loom_comm_ops *ops = pl->ops;
     int P = pl->stages, V = P * pl->chunks, L = pl->layers;
     int next = (pl->stage + 1) % P, prev = (pl->stage + P - 1) % P;
-    size_t count = (size_t)B * T * (size_t)loom_gpt_get_config(m)->dim;
+    size_t count = loom_gpt_stage_rows(m, B, T) * (size_t)loom_gpt_get_config(m)->dim;
     double sum = 0.0;
     LOOM_TRY(wait_slot(pl, &pl->slots[0]));
     loom_gpt_stage_select(m, 0);
@@ -705,4 +762,30 @@ loom_status loom_pipeline_eval(loom_pipeline *pl, loom_gpt *m, const int *tokens
     }
     *loss_sum = sum;
     return loom_pipeline_sum(pl, loss_sum, 1); /* only the last stage's is not 0 */
+}
+
+loom_status loom_pipeline_decode(loom_pipeline *pl, loom_gpt *m, int token, int t)
+{
+    const loom_comm_ops *ops = pl->ops;
+    int P = pl->stages, V = P * pl->chunks;
+    int next = (pl->stage + 1) % P, prev = (pl->stage + P - 1) % P;
+    size_t C = (size_t)loom_gpt_get_config(m)->dim, at = (size_t)t * C;
+    LOOM_TRY(wait_slot(pl, &pl->slots[0]));
+    loom_gpt_stage_select(m, 0); /* where loom_pipeline_eval's forward left the rows */
+    for (int c = 0; c < pl->chunks; c++) {
+        int vs = c * P + pl->stage, lo = pl->first[vs], hi = pl->first[vs + 1];
+        loom_comm_request *r = NULL;
+        if (vs > 0) { /* one row of the residual stream: C floats */
+            LOOM_TRY(ops->recv_start(pl->pp, loom_gpt_stage_input(m) + at, C, LOOM_DTYPE_F32,
+                                     prev, &r));
+            LOOM_TRY(ops->wait(pl->pp, r));
+        }
+        LOOM_TRY(loom_gpt_stage_decode(m, lo, hi, token, t));
+        if (vs + 1 < V) {
+            LOOM_TRY(ops->send_start(pl->pp, loom_gpt_stage_output(m, hi) + at, C, LOOM_DTYPE_F32,
+                                     next, &r));
+            LOOM_TRY(ops->wait(pl->pp, r)); /* the next stage is receiving it now */
+        }
+    }
+    return LOOM_OK;
 }

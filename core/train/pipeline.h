@@ -24,7 +24,8 @@
  * after the list: tied_exchange), and after the step sends the finished wte gradient back;
  * the norm adds every chunk's sums in virtual-stage order, one rank's order. So pp = 1, 2,
  * 4, with dp, give the same bits.
- * What not: sequence parallelism.
+ * Under sequence parallelism the activations and gradients that cross stages are each tp
+ * rank's shard of the rows (loom_gpt_stage_rows), between the same tp ranks of two stages.
  */
 #ifndef LOOM_CORE_TRAIN_PIPELINE_H
 #define LOOM_CORE_TRAIN_PIPELINE_H
@@ -57,6 +58,9 @@ typedef struct loom_pipeline_hooks {
     loom_status (*before_bwd)(void *ctx, int mb, int chunk);
     loom_status (*after_bwd)(void *ctx, int mb, int chunk);
     void *ctx;
+    /* Fast mode's data-parallel overlap: on = 1 just before the chunk's last BWD or W of
+     * the list (its parameters' gradients are final as it ends), on = 0 just after it. */
+    loom_status (*final_bwd)(void *ctx, int chunk, int on);
 } loom_pipeline_hooks;
 
 typedef struct loom_pipeline loom_pipeline;
@@ -113,5 +117,11 @@ loom_status loom_pipeline_norm(loom_pipeline *pl, const loom_param_table *t, con
  * keeps the logits in slot 0), sum 0. */
 loom_status loom_pipeline_eval(loom_pipeline *pl, loom_gpt *m, const int *tokens,
                                const int *targets, int B, int T, double *loss_sum);
+/* Sampling with a key/value cache: row t of token's sequence through every stage, each
+ * stage's blocks reading the keys and values their own layers kept (gpt_stage.h,
+ * loom_gpt_stage_decode), one row (dim floats) sent between stages; the logits row on the
+ * last stage. Needs a loom_pipeline_eval with B = 1 and no targets over rows 0..t-1 first
+ * (or the decodes of them): the cache lives in slot 0. Collective over the pp group. */
+loom_status loom_pipeline_decode(loom_pipeline *pl, loom_gpt *m, int token, int t);
 
 #endif

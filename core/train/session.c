@@ -1,8 +1,12 @@
 /* session.c — the training step, evaluation and sampling for one rank (see session.h).
  *
  * Buffers: the CPU backend's memory is host memory, so the optimizer plugin updates the
- * parameter buffer in place. A device backend will pair with an on-device optimizer
- * path or the offload strategy; that is not this file's job yet.
+ * parameter buffer in place (optim.h step). A device backend (CUDA) keeps parameters,
+ * gradients, optimizer state and activations in its own memory: the plugin's step_backend
+ * runs the update there, the norm and the finite check are backend ops, and what the host
+ * must read or write (checkpoints, exports, hashes) goes through host mirrors filled and
+ * written back by the backend's copies (loom_session_to_host / _from_host). One rank only
+ * for now: check_device refuses the rest with a message.
  */
 #include "session.h"
 
@@ -32,6 +36,7 @@
 #include "io/checksum.h"
 #include "io/llmc_model.h"
 #include "model/gpt_distill.h"
+#include "model/gpt_stage.h"
 
 struct loom_session {
     loom_session_config cfg;
@@ -66,6 +71,9 @@ struct loom_session {
     double limit_loss, limit_norm; /* the next step's update is skipped above these (a loss
                                     * spike, train.lua's detector); 0: no limit */
     loom_ep *ep;             /* mesh.ep > 1: the expert-parallel groups, else NULL */
+    int device;              /* the backend's memory is not host memory (CUDA) */
+    float *host_params;      /* device: host mirrors of the parameters and the optimizer */
+    float *host_state;       /* state (loom_session_to_host), else NULL */
 };
 
 static loom_status make_plugin(const loom_plugin_config *pc, const void **ops, void **self)
@@ -150,13 +158,8 @@ static loom_status make_zero(loom_session *s)
     void *group;
     int dp = 1;
     LOOM_TRY(loom_core_host()->group(LOOM_GROUP_DP, &ops, &group, &dp));
-    /* Under pp each stage's dp group partitions that stage's parameter table. Stage 3
-     * needs the stage's forward and backward to gather units (gpt_stage.c calls no
-     * parameter hook) and units that follow a stage's table. */
-    if (s->pipe && cfg->zero_stage == 3)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy zero=3 with pp=%d is not built yet: a pipeline "
-                  "stage's forward and backward do not gather parameter units; run zero=1 or 2 "
-                  "with pp, or zero=3 with pp = 1", loom_pipeline_stages(s->pipe));
+    /* Under pp each stage's dp group partitions that stage's parameter table; stage 3's
+     * units are the stage's (gpt_stage.h gathers them around each micro-batch's passes). */
     if (dp < 2)
         return LOOM_OK;
     float wd = 0.0f;
@@ -262,6 +265,34 @@ static loom_status make_compress(loom_session *s)
     return loom_compress_create(&cc, s->model, ops, group, dp, &s->compress);
 }
 
+/* A device backend (its memory is not the host's): what trains there today is one rank
+ * (no dp, tp, pp or ep) with the optimizer's step_backend; the paths that still read the
+ * model's buffers as host memory are refused by name. */
+static loom_status check_device(loom_session *s, const loom_session_config *cfg, int pp)
+{
+    const char *be = s->backend.ops->describe(s->backend.self);
+    const struct loom_comm_ops *wops;
+    void *world;
+    int size = 1;
+    LOOM_TRY(loom_core_host()->group(LOOM_GROUP_WORLD, &wops, &world, &size));
+    const char *what = size > 1 || pp > 1 || cfg->tensor || cfg->ep > 1
+                           ? "more than one rank (the gradient exchange, the pipeline's and "
+                             "tensor parallelism's slices and ZeRO's partitions read host memory)"
+                       : cfg->offload_mode != LOOM_OFFLOAD_NONE ? "strategy offload"
+                       : cfg->compress_method != LOOM_COMPRESS_NONE ? "strategy.compress"
+                       : cfg->teacher ? "a distillation teacher" : NULL;
+    if (what)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "backend %s: training in device memory with %s is not "
+                  "built yet; it trains one rank (world size 1, no offload, compression or "
+                  "teacher), or use backend = \"cpu\"", be, what);
+    const loom_optim_ops *o = s->optim;
+    if (o->size <= offsetof(loom_optim_ops, step_backend) || !o->step_backend)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "optim '%s' has no step_backend (plugin/optim.h), so it "
+                  "cannot update parameters in the device memory of backend %s; use adamw or "
+                  "sgd, or backend = \"cpu\"", s->optim_cfg.desc->name, be);
+    return LOOM_OK;
+}
+
 loom_status loom_session_create(const loom_session_config *cfg, loom_session **out)
 {
     *out = NULL;
@@ -287,13 +318,7 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
     }
     s->cfg.backend = NULL; /* the caller's string; only needed while opening */
     loom_status st = loom_backend_open(cfg->backend ? cfg->backend : "cpu", cfg->threads, &s->backend);
-    if (st == LOOM_OK && loom_backend_device_memory(&s->backend))
-        st = loom_fail(LOOM_ERR_UNSUPPORTED, "backend '%s' (%s) keeps the model in device memory, "
-                       "and a session's optimizer step, gradient exchange, checkpoints and "
-                       "checks still read host memory: training on it through a session is not "
-                       "wired yet (its kernels and the model on them are tested by tests/cuda); "
-                       "use backend = \"cpu\"", cfg->backend ? cfg->backend : "cpu",
-                       s->backend.ops->describe(s->backend.self));
+    s->device = st == LOOM_OK && loom_backend_device_memory(&s->backend);
     loom_gpt_parallel par = {NULL, NULL, cfg->canonical, NULL, 0, 0, cfg->recompute,
                              cfg->recompute_layers};
     int pp = 1;
@@ -337,17 +362,18 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
     }
     if (st == LOOM_OK)
         st = make_plugin(&s->optim_cfg, (const void **)&s->optim, &s->optim_self);
+    if (st == LOOM_OK && s->device)
+        st = check_device(s, cfg, pp);
     if (st == LOOM_OK && cfg->ep > 1) { /* session_ep.h */
         if (!cfg->model.moe.experts)
             st = loom_fail(LOOM_ERR_INVALID, "mesh ep=%d splits a mixture of experts, and this "
                            "model has none (loom.gpt{moe = {...}})", cfg->ep);
-        else if (cfg->canonical || cfg->zero_stage || pp > 1 || cfg->offload_mode)
+        else if (cfg->zero_stage || pp > 1 || cfg->offload_mode)
             st = loom_fail(LOOM_ERR_UNSUPPORTED, "mesh ep=%d with %s does not compose yet (expert "
-                           "parallelism runs in fast mode with plain dp)", cfg->ep,
-                           cfg->canonical ? "deterministic = \"canonical\""
-                           : cfg->zero_stage ? "strategy.zero" : pp > 1 ? "pp > 1" : "offload");
+                           "parallelism runs with plain dp)", cfg->ep,
+                           cfg->zero_stage ? "strategy.zero" : pp > 1 ? "pp > 1" : "offload");
         else
-            st = loom_ep_create(cfg->ep, &par, &s->ep);
+            st = loom_ep_create(cfg->ep, &s->backend, &par, &s->ep);
     }
     if (st == LOOM_OK)
         st = loom_gpt_create(&cfg->model, &s->backend, cfg->micro_batch, cfg->seed, &par, &s->model);
@@ -362,7 +388,17 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
         /* offload: the pool or the file holds it (make_offload), nothing here */
         int here = s->state_slots && !s->zero && cfg->offload_mode == LOOM_OFFLOAD_NONE;
         if (st == LOOM_OK && here)
-            s->optim_state = calloc((size_t)s->state_slots * total, sizeof(float));
+            s->optim_state = s->device ? s->backend.ops->alloc(s->backend.self,
+                                                               (size_t)s->state_slots * total * 4)
+                                       : calloc((size_t)s->state_slots * total, sizeof(float));
+        if (st == LOOM_OK && s->device) { /* zeroed: a fresh state mirrors as zeros */
+            s->host_params = malloc(total * sizeof(float));
+            s->host_state = calloc((size_t)s->state_slots * total + 1, sizeof(float));
+            if (!s->host_params || !s->host_state)
+                st = loom_fail(LOOM_ERR_NOMEM, "out of memory for the host copy of the "
+                               "parameters and optimizer state (%zu MiB)",
+                               (size_t)(1 + s->state_slots) * total * sizeof(float) >> 20);
+        }
         size_t bt = (size_t)cfg->micro_batch * cfg->seq * (s->pipe ? (size_t)cfg->accum + 1 : 1);
         /* tokens also stage a sampling window of up to ctx */
         s->tokens = malloc((bt > (size_t)mc->ctx ? bt : (size_t)mc->ctx) * sizeof(int));
@@ -427,8 +463,13 @@ void loom_session_destroy(loom_session *s)
         s->optim->destroy(s->optim_self);
     if (s->precision)
         s->precision->destroy(s->precision_self);
+    if (s->device && s->optim_state)
+        s->backend.ops->free(s->backend.self, s->optim_state);
+    else
+        free(s->optim_state);
     loom_backend_close(&s->backend);
-    free(s->optim_state);
+    free(s->host_params);
+    free(s->host_state);
     free(s->segments);
     free(s->tokens);
     free(s->targets);
@@ -530,6 +571,16 @@ static loom_status zero_after(void *ctx, int mb, int chunk)
     return loom_zero_finish_micro(((zero_ctx *)ctx)->z);
 }
 
+/* Fast mode under pp with the dp strategy: each chunk's last backward (or W) of the step
+ * hands its finished ranges to the strategy as it goes (grad_sync.h, gpt_stage.h), so
+ * their all-reduces start while the rest of the step's list runs. */
+static loom_status overlap_final(void *ctx, int chunk, int on)
+{
+    (void)chunk;
+    loom_grad_sync_final_hook(ctx, on);
+    return LOOM_OK;
+}
+
 static loom_status canonical_after(void *ctx, int mb, int chunk)
 {
     micro_ctx *c = ctx;
@@ -573,15 +624,21 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
         /* canonical: each micro-batch's gradients on their own, into the tree in order */
         micro_ctx mc = {s->sync, mb_loss, loom_pipeline_chunks(s->pipe)};
-        loom_pipeline_hooks hooks = {canonical_before, canonical_after, &mc};
+        loom_pipeline_hooks hooks = {canonical_before, canonical_after, &mc, NULL};
         zero_ctx zc = {s->zero, 0};
-        loom_pipeline_hooks zhooks = {zero_before, zero_after, &zc};
+        loom_pipeline_hooks zhooks = {zero_before, zero_after, &zc, NULL};
+        loom_pipeline_hooks ohooks = {NULL, NULL, s->sync, overlap_final};
         int canon = s->cfg.canonical, zero2 = s->zero && loom_zero_reduces(s->zero);
         loom_status st = canon ? LOOM_OK : loom_grad_sync_begin_micro(s->sync, 0);
+        int overlap = !canon && !zero2 && loom_grad_sync_can_overlap(s->sync) &&
+                      loom_gpt_stage_reports_ready(s->model);
+        if (!canon && !zero2) /* no range is final before its chunk's last backward */
+            loom_grad_sync_final_hook(s->sync, 0);
         if (st == LOOM_OK)
             st = loom_pipeline_run(s->pipe, s->model, s->tokens, s->targets, B, T,
                                    (float)(scale / tokens), mb_loss,
-                                   canon ? &hooks : zero2 ? &zhooks : NULL, &peak);
+                                   canon ? &hooks : zero2 ? &zhooks : overlap ? &ohooks : NULL,
+                                   &peak);
         for (int a = 0; st == LOOM_OK && !canon && a < accum; a++)
             st = loom_grad_sync_end_micro(s->sync, a, mb_loss[a]);
         for (int a = 0; a < accum; a++)
@@ -612,6 +669,7 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         loom_trace_span(s->trace, LOOM_TRACE_FORWARD, tf, tb, a, 0);
         LOOM_TRY(loom_gpt_backward(s->model));
         LOOM_TRY(loom_grad_sync_end_micro(s->sync, a, part));
+        LOOM_TRY(loom_ep_end_micro(s->ep, s->model)); /* canonical: per-source expert sums */
         loss_bad |= !isfinite(part);
         loom_trace_span(s->trace, LOOM_TRACE_BACKWARD, tb, loom_now_ms(), a, 0);
     }
@@ -621,6 +679,11 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         LOOM_TRY(loom_zero_take_reduced(s->zero));
     double t_tied = loom_now_ms();
     loom_trace_span(s->trace, LOOM_TRACE_GRAD_SYNC, t_sync, t_tied, -1, -1);
+    if (loom_grad_sync_can_overlap(s->sync)) { /* from the first bucket under way to the last done */
+        double t_first = loom_grad_sync_first_ms(s->sync);
+        loom_trace_span(s->trace, LOOM_TRACE_ALLREDUCE, t_first >= 0 ? t_first : t_sync, t_tied,
+                        -1, -1);
+    }
     double comm_ms = t_tied - t_sync + loom_gpt_take_comm_ms(s->model);
     LOOM_TRY(loom_ep_reduce(s->ep, s->model, &comm_ms)); /* experts over their edp group */
     if (s->pipe) {
@@ -641,7 +704,7 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         first_bad = loom_zero_first_nonfinite(s->zero);
     } else {
         loom_nonfinite_inject(s->nonfinite, s->step_no, loom_gpt_params(s->model),
-                              loom_gpt_grad_data(s->model));
+                              loom_gpt_grad_data(s->model), &s->backend);
         LOOM_TRY(loom_grad_norm_compute(s->norm, loom_gpt_params(s->model),
                                         loom_gpt_grad_data(s->model), &norm_sq, &nonfinite, &comm_ms));
         first_bad = loom_grad_norm_first_nonfinite(s->norm);
@@ -711,6 +774,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
             args.segments = loom_zero_segments(s->zero, &args.n_segments);
         if (s->offload) /* chunk by chunk over the host pool or the file */
             LOOM_TRY(loom_offload_step(s->offload, s->optim, s->optim_self, &args));
+        else if (s->device) /* the update in device memory, queued on the backend's stream */
+            LOOM_TRY(s->optim->step_backend(s->optim_self, &args, k, s->backend.self));
         else
             LOOM_TRY(s->optim->step(s->optim_self, &args));
         if (s->zero)
@@ -811,8 +876,8 @@ static loom_status from_last_stage(void *buf, size_t n)
 }
 
 /* The generation loop (session.h). The first token's logits come from a forward over the
- * prompt's window; with the cache every later one from loom_gpt_decode of the token just
- * drawn, until the sequence outgrows ctx: then the window slides, every position moves,
+ * prompt's window; with the cache every later one from loom_gpt_decode (under pp
+ * loom_pipeline_decode) of the token just drawn, until the sequence outgrows ctx: then the window slides, every position moves,
  * and each token is a full forward over the last ctx tokens (as without the cache).
  * While the window starts at 0 — the rows a decode reuses — the backend's products are
  * row-stable (set_deterministic mode 2: a row's bits do not depend on how many rows a
@@ -827,11 +892,17 @@ static loom_status generate(loom_session *s, const loom_sample_config *c, const 
 {
     const loom_gpt_config *mc = loom_gpt_get_config(s->model);
     const loom_backend_ops *k = s->backend.ops;
-    /* Under pp every token is a full forward through the stages (no cache: the stages
-     * would each keep theirs): the same bits as the cached path, by the row-stable mode
-     * below. The last stage draws; the token goes to every stage. */
+    /* Under pp each stage keeps its own layers' cache and one row moves between stages per
+     * token (loom_pipeline_decode); the stages decide together, since each could decode
+     * on its own or not (a stage's recompute mode, its blocks' kind). The last stage
+     * draws; the token goes to every stage. */
     int last = !s->pipe || loom_pipeline_stage(s->pipe) == loom_pipeline_stages(s->pipe) - 1;
-    int cache = !s->pipe && loom_gpt_can_decode(s->model) && !c->no_cache, mode = -1;
+    int cache = loom_gpt_can_decode(s->model) && !c->no_cache, mode = -1;
+    if (s->pipe) {
+        double cannot = cache ? 0.0 : 1.0;
+        LOOM_TRY(loom_pipeline_sum(s->pipe, &cannot, 1));
+        cache = cannot == 0.0;
+    }
     memmove(out, prompt, (size_t)n_prompt * sizeof(int));
     uint64_t stream = loom_rng_stream("sample");
     loom_xxh64_state hash;
@@ -850,7 +921,10 @@ static loom_status generate(loom_session *s, const loom_sample_config *c, const 
             k->set_deterministic(s->backend.self, mode = want);
         if (cache && i > 0 && !restarted && T <= mc->ctx &&
             (c->shift_window || len <= mc->ctx) && loom_gpt_cached_rows(s->model) == T - 1) {
-            LOOM_TRY(loom_gpt_decode(s->model, out[len - 1], T - 1));
+            if (s->pipe)
+                LOOM_TRY(loom_pipeline_decode(s->pipe, s->model, out[len - 1], T - 1));
+            else
+                LOOM_TRY(loom_gpt_decode(s->model, out[len - 1], T - 1));
         } else {
             /* Sequence parallelism shards rows by tp: pad the window at its end (causal
              * attention: later tokens cannot change the row we read). */
@@ -970,6 +1044,8 @@ const char *loom_session_backend_description(loom_session *s)
     return s->backend.ops->describe(s->backend.self);
 }
 
+loom_offload *loom_session_offload_state(loom_session *s) { return s->offload; }
+
 const char *loom_session_offload(const loom_session *s)
 {
     return loom_offload_mode_name(s->offload ? s->cfg.offload_mode : LOOM_OFFLOAD_NONE);
@@ -1022,14 +1098,47 @@ void loom_session_state_hash(loom_session *s, uint64_t *params, uint64_t *optim)
             *optim = loom_xxh64(state, floats * sizeof(float));
         return;
     }
-    *params = loom_xxh64(loom_gpt_param_data(s->model), loom_gpt_params(s->model)->total * sizeof(float));
-    if (s->optim_state)
-        *optim = loom_xxh64(s->optim_state,
-                            (size_t)s->state_slots * loom_gpt_params(s->model)->total * sizeof(float));
+    loom_session_to_host(s);
+    *params = loom_xxh64(loom_session_host_params(s), loom_gpt_params(s->model)->total * sizeof(float));
+    uint32_t slots;
+    const float *state = loom_session_optim_state(s, &slots);
+    if (state && slots)
+        *optim = loom_xxh64(state, (size_t)slots * loom_gpt_params(s->model)->total * sizeof(float));
 }
 
 float *loom_session_optim_state(loom_session *s, uint32_t *slots_per_param)
 {
     *slots_per_param = s->state_slots;
-    return s->optim_state;
+    return s->device ? (s->optim_state ? s->host_state : NULL) : s->optim_state;
+}
+
+float *loom_session_host_params(loom_session *s)
+{
+    return s->device ? s->host_params : loom_gpt_param_data(s->model);
+}
+
+void loom_session_to_host(loom_session *s)
+{
+    if (!s->device)
+        return;
+    const loom_backend_ops *k = s->backend.ops;
+    size_t total = loom_gpt_params(s->model)->total;
+    k->copy_to_host(s->backend.self, s->host_params, loom_gpt_param_data(s->model),
+                    total * sizeof(float));
+    if (s->optim_state)
+        k->copy_to_host(s->backend.self, s->host_state, s->optim_state,
+                        (size_t)s->state_slots * total * sizeof(float));
+}
+
+void loom_session_from_host(loom_session *s)
+{
+    if (!s->device)
+        return;
+    const loom_backend_ops *k = s->backend.ops;
+    size_t total = loom_gpt_params(s->model)->total;
+    k->copy_to_device(s->backend.self, loom_gpt_param_data(s->model), s->host_params,
+                      total * sizeof(float));
+    if (s->optim_state)
+        k->copy_to_device(s->backend.self, s->optim_state, s->host_state,
+                          (size_t)s->state_slots * total * sizeof(float));
 }

@@ -105,6 +105,8 @@ void loom_session_memory(loom_session *s, loom_memory *out);
 int loom_session_zero_stage(const loom_session *s);
 /* The gradient compression in effect (compress.h), NULL: none. */
 struct loom_compress *loom_session_compress(loom_session *s);
+/* strategy offload's state holder (offload.h), or NULL: checkpoints read and write it. */
+struct loom_offload *loom_session_offload_state(loom_session *s);
 /* The offload in effect: "none", "host" or "disk". */
 const char *loom_session_offload(const loom_session *s);
 /* The ZeRO partitions (NULL without ZeRO): checkpoints move them (zero_ckpt.h). */
@@ -186,7 +188,17 @@ int64_t loom_session_steps_taken(const loom_session *s);
 int loom_session_pipeline_stages(const loom_session *s);
 /* The pipeline's block split (loom_pipeline_split); NULL and *n_virtual = 0 without one. */
 const int *loom_session_pipeline_split(const loom_session *s, int *n_virtual);
-/* The optimizer state buffer (state_per_param * params total floats) and its slots. */
+/* The optimizer state buffer (state_per_param * params total floats) and its slots, as
+ * host memory: the session's own buffer on a host-memory backend; on a device backend its
+ * host mirror, current after loom_session_to_host (NULL without state). */
 float *loom_session_optim_state(loom_session *s, uint32_t *slots_per_param);
+/* The parameters as host memory, as loom_session_optim_state: the model's buffer, or on a
+ * device backend the host mirror. */
+float *loom_session_host_params(loom_session *s);
+/* Device backend: copy the parameters and optimizer state into the host mirrors
+ * (before a checkpoint save, an export, a hash), and back after the mirrors were written
+ * (a checkpoint load). Host-memory backends: nothing to do. */
+void loom_session_to_host(loom_session *s);
+void loom_session_from_host(loom_session *s);
 
 #endif

@@ -1,6 +1,8 @@
 /* session_ep.c — expert parallelism's groups, reduction and norm (session_ep.h). */
 #include "session_ep.h"
 
+#include "grad_sync.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,10 +16,18 @@ struct loom_ep {
     const struct loom_comm_ops *ops;
     void *ep, *edp;    /* split from the dp group */
     int size, rank, edp_size;
-    double *gathered;  /* ep doubles x 2 */
+    double *mine, *gathered;  /* the norm's expert slots: this rank's, the ep group's */
+    size_t n_mine;
+    /* canonical mode: per source ep rank a tree over this step's micro-batches, then one
+     * over the sources, then one over the edp group's blocks (session_ep.h) */
+    loom_backend *be;
+    int canonical;
+    size_t nexp;
+    loom_grad_tree **src, *over;
+    float *part, *edp_blocks;  /* (ep, nexp), (edp, nexp) */
 };
 
-loom_status loom_ep_create(int ep, loom_gpt_parallel *par, loom_ep **out)
+loom_status loom_ep_create(int ep, loom_backend *be, loom_gpt_parallel *par, loom_ep **out)
 {
     *out = NULL;
     const struct loom_comm_ops *ops;
@@ -29,6 +39,10 @@ loom_status loom_ep_create(int ep, loom_gpt_parallel *par, loom_ep **out)
     if (!ops || dp_size % ep)
         LOOM_FAIL(LOOM_ERR_INVALID, "mesh ep=%d must divide dp=%d (experts are split over ep of "
                   "the dp ranks)", ep, dp_size);
+    if (par->canonical && (ep & (ep - 1)))
+        LOOM_FAIL(LOOM_ERR_INVALID, "mesh ep=%d in canonical mode: ep must be a power of two (an "
+                  "ep group's micro-batches are summed as one subtree of the fixed tree); use "
+                  "ep=2 or 4, or fast mode", ep);
     loom_ep *x = calloc(1, sizeof *x);
     if (!x)
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
@@ -37,9 +51,11 @@ loom_status loom_ep_create(int ep, loom_gpt_parallel *par, loom_ep **out)
     x->size = ep;
     x->rank = r % ep;
     x->edp_size = dp_size / ep;
-    x->gathered = calloc((size_t)ep * 2, sizeof(double));
-    loom_status st = x->gathered ? ops->split(dp, r / ep, r, &x->ep)
-                                 : loom_fail(LOOM_ERR_NOMEM, "out of memory");
+    x->be = be;
+    x->canonical = par->canonical;
+    x->src = calloc((size_t)ep, sizeof *x->src);
+    loom_status st = x->src ? ops->split(dp, r / ep, r, &x->ep)
+                            : loom_fail(LOOM_ERR_NOMEM, "out of memory");
     if (st == LOOM_OK)
         st = ops->split(dp, r % ep, r, &x->edp);
     if (st != LOOM_OK) {
@@ -62,12 +78,81 @@ void loom_ep_destroy(loom_ep *x)
         x->ops->destroy(x->ep);
     if (x->edp)
         x->ops->destroy(x->edp);
+    for (int p = 0; x->src && p < x->size; p++)
+        loom_grad_tree_destroy(x->src[p]);
+    loom_grad_tree_destroy(x->over);
+    free(x->src);
+    free(x->part);
+    free(x->edp_blocks);
+    free(x->mine);
     free(x->gathered);
     free(x);
 }
 
+loom_status loom_ep_end_micro(loom_ep *x, loom_gpt *m)
+{
+    if (!x || !x->canonical)
+        return LOOM_OK;
+    size_t n;
+    const float *g = loom_gpt_moe_source_grads(m, &n);
+    if (!g)
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "ep: canonical mode without per-source expert gradients");
+    if (!x->over) { /* the first step: the trees and their buffers */
+        x->nexp = n;
+        for (int p = 0; p < x->size; p++)
+            LOOM_TRY(loom_grad_tree_create(x->be, n, &x->src[p]));
+        LOOM_TRY(loom_grad_tree_create(x->be, n, &x->over));
+        x->part = malloc((size_t)x->size * n * sizeof(float));
+        x->edp_blocks = malloc((size_t)x->edp_size * n * sizeof(float));
+        if (!x->part || !x->edp_blocks)
+            LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for canonical mode's expert sums");
+    }
+    for (int p = 0; p < x->size; p++) /* source p's micro-batch a: its tree's element a */
+        LOOM_TRY(loom_grad_tree_push(x->src[p], g + (size_t)p * n));
+    return LOOM_OK;
+}
+
+/* Canonical mode: the experts' global gradient into the model's expert entries. The
+ * step's micro-batches, by global index, are dp rank r's block of accum (r = g * ep + p
+ * for ep group g): source p's tree holds one such complete block, the sources' in order
+ * make ep group g's block of ep x accum (a complete subtree: ep and accum powers of two),
+ * and the edp group's blocks in order finish the tree every layout builds. */
+static loom_status canonical_reduce(loom_ep *x, loom_gpt *m, double *comm_ms)
+{
+    size_t n = x->nexp;
+    if (!x->over)
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "ep: canonical reduce before any micro-batch");
+    for (int p = 0; p < x->size; p++)
+        loom_grad_tree_finish(x->src[p], x->part + (size_t)p * n);
+    for (int p = 0; p < x->size; p++)
+        LOOM_TRY(loom_grad_tree_push(x->over, x->part + (size_t)p * n));
+    loom_grad_tree_finish(x->over, x->part); /* this ep group's block sum */
+    if (x->edp_size > 1) {
+        double t0 = loom_now_ms();
+        loom_comm_request *r;
+        LOOM_TRY(x->ops->allgather_start(x->edp, x->part, x->edp_blocks, n, LOOM_DTYPE_F32, &r));
+        LOOM_TRY(x->ops->wait(x->edp, r));
+        *comm_ms += loom_now_ms() - t0;
+        for (int q = 0; q < x->edp_size; q++)
+            LOOM_TRY(loom_grad_tree_push(x->over, x->edp_blocks + (size_t)q * n));
+        loom_grad_tree_finish(x->over, x->part);
+    }
+    const loom_param_table *t = loom_gpt_params(m);
+    float *g = loom_gpt_grad_data(m);
+    size_t at = 0;
+    for (int i = 0; i < t->count; i++) { /* the runs of expert entries, in table order */
+        if (!loom_gpt_is_expert_entry(m, i))
+            continue;
+        memcpy(g + t->entries[i].offset, x->part + at, t->entries[i].numel * sizeof(float));
+        at += t->entries[i].numel;
+    }
+    return LOOM_OK;
+}
+
 loom_status loom_ep_reduce(loom_ep *x, loom_gpt *m, double *comm_ms)
 {
+    if (x && x->canonical)
+        return canonical_reduce(x, m, comm_ms);
     if (!x || x->edp_size < 2)
         return LOOM_OK;
     const loom_param_table *t = loom_gpt_params(m);
@@ -96,23 +181,48 @@ loom_status loom_ep_norm(loom_ep *x, loom_gpt *m, const double *slots, size_t n,
     if (!x)
         return LOOM_OK;
     const loom_param_table *t = loom_gpt_params(m);
-    size_t per = n / (size_t)t->count;
-    double dense = 0.0, mine[2] = {0.0, *nonfinite ? 1.0 : 0.0};
-    for (size_t j = 0; j < n; j++) /* grad_norm's order, the experts set aside */
+    size_t per = n / (size_t)t->count, k = 0;
+    for (size_t j = 0; j < n; j++)
+        k += (size_t)loom_gpt_is_expert_entry(m, (int)(j / per));
+    if (!x->mine) { /* every ep rank holds as many expert slots */
+        x->n_mine = k + 1;
+        x->mine = malloc(x->n_mine * sizeof(double));
+        x->gathered = malloc(x->n_mine * (size_t)x->size * sizeof(double));
+        if (!x->mine || !x->gathered)
+            LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    }
+    k = 0;
+    for (size_t j = 0; j < n; j++)
         if (loom_gpt_is_expert_entry(m, (int)(j / per)))
-            mine[0] += slots[j];
-        else
-            dense += slots[j];
+            x->mine[k++] = slots[j];
+    x->mine[k] = *nonfinite ? 1.0 : 0.0;
     double t0 = loom_now_ms();
     loom_comm_request *r;
-    LOOM_TRY(x->ops->allgather_start(x->ep, mine, x->gathered, sizeof mine, LOOM_DTYPE_U8, &r));
+    LOOM_TRY(x->ops->allgather_start(x->ep, x->mine, x->gathered, x->n_mine * sizeof(double),
+                                     LOOM_DTYPE_U8, &r));
     LOOM_TRY(x->ops->wait(x->ep, r));
     *comm_ms += loom_now_ms() - t0;
-    for (int p = 0; p < x->size; p++) { /* in rank order: the same bits everywhere */
-        dense += x->gathered[2 * p];
-        *nonfinite |= x->gathered[2 * p + 1] != 0.0;
+    /* ep=1's order: each run of local expert slots becomes every ep rank's run in rank
+     * order (rank p holds experts p El ..), so the sum is ep=1's, bit for bit */
+    double sum = 0.0;
+    size_t run0 = 0; /* the current run's first slot among this rank's expert slots */
+    for (size_t j = 0; j < n;) {
+        if (!loom_gpt_is_expert_entry(m, (int)(j / per))) {
+            sum += slots[j++];
+            continue;
+        }
+        size_t len = 0;
+        while (j + len < n && loom_gpt_is_expert_entry(m, (int)((j + len) / per)))
+            len++;
+        for (int p = 0; p < x->size; p++)
+            for (size_t q = 0; q < len; q++)
+                sum += x->gathered[(size_t)p * x->n_mine + run0 + q];
+        run0 += len;
+        j += len;
     }
-    *norm_sq = dense;
+    for (int p = 0; p < x->size; p++)
+        *nonfinite |= x->gathered[(size_t)p * x->n_mine + x->n_mine - 1] != 0.0;
+    *norm_sq = sum;
     return LOOM_OK;
 }
 

@@ -12,15 +12,23 @@
 
 typedef struct loom_ep loom_ep;
 
-/* Split the dp group for ep (which must divide dp); fills par's ep fields. */
-loom_status loom_ep_create(int ep, loom_gpt_parallel *par, loom_ep **out);
+/* Split the dp group for ep (which must divide dp; a power of two in canonical mode,
+ * par->canonical); fills par's ep fields. be: canonical mode's sums live on it. */
+loom_status loom_ep_create(int ep, loom_backend *be, loom_gpt_parallel *par, loom_ep **out);
 void loom_ep_destroy(loom_ep *x);
-/* Sum the expert entries' gradients over the edp group (after backward). */
+/* Canonical mode, after each micro-batch's backward: its per-source expert gradients
+ * (loom_gpt_moe_source_grads) into the sources' trees. Nothing in fast mode. */
+loom_status loom_ep_end_micro(loom_ep *x, loom_gpt *m);
+/* Sum the expert entries' gradients over the edp group (after the step's backwards). In
+ * canonical mode in the fixed tree over the global micro-batch index (the tree ep=1 sums
+ * every gradient in): per source rank over its micro-batches, over the ep group's
+ * sources in rank order, then over the edp group's blocks. */
 loom_status loom_ep_reduce(loom_ep *x, loom_gpt *m, double *comm_ms);
 /* The global squared gradient norm from grad_norm's per-entry chunk sums (slots, n of
  * them, in table order: loom_grad_norm_slots): the dense entries' (the same on every rank)
- * plus every ep rank's expert entries', added in rank order, so every rank gets the same
- * bits; *nonfinite is set if any ep rank's expert gradients have an inf or nan. */
+ * and every ep rank's expert entries' (gathered), added in ep=1's table order, so every
+ * rank and every ep gets ep=1's bits; *nonfinite is set if any ep rank's expert gradients
+ * have an inf or nan. */
 loom_status loom_ep_norm(loom_ep *x, loom_gpt *m, const double *slots, size_t n, double *norm_sq,
                          int *nonfinite, double *comm_ms);
 

@@ -1,5 +1,7 @@
-/* session_moe.c — a step's mixture-of-experts statistics summed over the data-parallel
- * group (session.h: loom_session_moe_stats), so the report counts every rank's tokens. */
+/* session_moe.c — a step's mixture-of-experts statistics summed over the pipeline stages
+ * (each holds its blocks' rows; the aux and z losses add over the stages' blocks) and the
+ * data-parallel group (session.h: loom_session_moe_stats), so the report counts every
+ * rank's tokens in every MoE block. */
 #include "session.h"
 
 #include <stdlib.h>
@@ -28,19 +30,23 @@ loom_status loom_session_moe_stats(loom_session *s, loom_moe_stats *out, double 
     v[n + 1] = out->dropped;
     v[n + 2] = out->aux * out->forwards; /* sums, so the group's mean is one division */
     v[n + 3] = out->z * out->forwards;
-    v[n + 4] = out->forwards;
-    const struct loom_comm_ops *ops;
-    void *dp;
-    int size = 1;
-    loom_status st = loom_core_host()->group(LOOM_GROUP_DP, &ops, &dp, &size);
-    if (st == LOOM_OK && size > 1) { /* fp32: counts exact to 2^24 per step, enough for a
-                                      * report (the communicators have no f64) */
+    v[n + 4] = out->counts_forwards ? out->forwards : 0; /* once per forward of the model */
+    loom_status st = LOOM_OK;
+    for (int grp = 0; grp < 2 && st == LOOM_OK; grp++) { /* the stages, then dp */
+        const struct loom_comm_ops *ops;
+        void *group;
+        int size = 1;
+        st = loom_core_host()->group(grp ? LOOM_GROUP_DP : LOOM_GROUP_PP, &ops, &group, &size);
+        if (st != LOOM_OK || size < 2)
+            continue;
+        /* fp32: counts exact to 2^24 per step, enough for a report (the communicators
+         * have no f64) */
         loom_comm_request *r;
         for (size_t i = 0; i < n + 5; i++)
             f[i] = (float)v[i];
-        st = ops->allreduce_start(dp, f, f, n + 5, LOOM_DTYPE_F32, LOOM_REDUCE_SUM, &r);
+        st = ops->allreduce_start(group, f, f, n + 5, LOOM_DTYPE_F32, LOOM_REDUCE_SUM, &r);
         if (st == LOOM_OK)
-            st = ops->wait(dp, r);
+            st = ops->wait(group, r);
         for (size_t i = 0; i < n + 5; i++)
             v[i] = f[i];
     }

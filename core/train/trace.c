@@ -37,9 +37,9 @@ static const struct {
     [LOOM_TRACE_SEND_ACT] = {"send_act", 1},     [LOOM_TRACE_SEND_GRAD] = {"send_grad", 1},
     [LOOM_TRACE_SEND_WAIT] = {"send_wait", 1},   [LOOM_TRACE_GRAD_SYNC] = {"grad_sync", 1},
     [LOOM_TRACE_TIED_SYNC] = {"tied_sync", 1},   [LOOM_TRACE_NORM] = {"norm", 1},
-    [LOOM_TRACE_STEP] = {"step", 2},
+    [LOOM_TRACE_STEP] = {"step", 2},            [LOOM_TRACE_ALLREDUCE] = {"allreduce", 3},
 };
-static const char *lanes[] = {"compute", "comm", "step"};
+static const char *lanes[] = {"compute", "comm", "step", "dp"};
 
 static void sep(loom_trace *tr) { fputs(tr->n++ ? ",\n" : "\n", tr->f); }
 
@@ -68,7 +68,7 @@ loom_status loom_trace_open(const char *path, int rank, int stage, int64_t steps
     else
         fprintf(tr->f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":"
                 "\"rank %d\"}}", rank, rank);
-    for (int l = 0; l < 3; l++) {
+    for (int l = 0; l < (int)(sizeof lanes / sizeof *lanes); l++) {
         sep(tr);
         fprintf(tr->f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":"
                 "{\"name\":\"%s\"}}", rank, l, lanes[l]);

@@ -11,7 +11,10 @@
  *                them: sends are asynchronous), send_wait (the sends still pending at the
  *                end of the pipeline phase), grad_sync (the data-parallel reduction),
  *                tied_sync (the tied wte's two halves), norm (the gradient-norm exchange);
- *   2 "step":    one span per optimizer step.
+ *   2 "step":    one span per optimizer step;
+ *   3 "dp":      allreduce: the data-parallel reduction in flight, from its first bucket
+ *                started (during the backwards where they hand buckets over) to the last
+ *                one completed (fast mode with the dp strategy).
  * args hold the step and, for pipeline instructions, the micro-batch and chunk. Spans of
  * one lane never overlap (timestamps are whole nanoseconds, so ts + dur of a span equals
  * the ts of whatever it ends on).
@@ -44,6 +47,7 @@ typedef enum loom_trace_kind {
     LOOM_TRACE_TIED_SYNC,
     LOOM_TRACE_NORM,
     LOOM_TRACE_STEP,
+    LOOM_TRACE_ALLREDUCE,
     LOOM_TRACE_KINDS
 } loom_trace_kind;
 

@@ -49,6 +49,8 @@ static loom_status make_buckets(loom_zero *z, size_t want)
     for (int u = 1; u < units; u++) {
         int first, last;
         loom_gpt_unit_entries(z->model, u, &first, &last);
+        if (first > last)
+            continue; /* not on this pipeline stage */
         size_t b = t->entries[first].offset;
         cut[n++] = b / unit * unit;
         cut[n++] = round_up(b, unit);

@@ -1,11 +1,10 @@
 /* zero_ckpt.h — moving ZeRO's partitions to and from whole-tensor buffers for checkpoints.
  *
- * A checkpoint holds the optimizer state (and the parameters) by logical tensor, as a run
- * without ZeRO holds them (checkpoint.h), so it loads into any layout. Under ZeRO the state
- * lives in partitions (zero.h): saving first assembles the whole state on every dp rank
- * (one all-gather of the partitions over dp), loading copies each rank's own ranges out of
- * the whole state the loader assembled. Both cost slots * table total floats of transient
- * host memory per rank (released when the save or load returns).
+ * A checkpoint holds the optimizer state (and the parameters) by logical tensor
+ * (checkpoint.h), so it loads into any layout. Under ZeRO the state lives in partitions
+ * (zero.h): a save writes each dp rank's pieces from its partition as they are (slice
+ * files, checkpoint.h), a load copies each rank's own ranges out of the whole state the
+ * loader assembled (slots * table total floats of transient host memory per rank).
  */
 #ifndef LOOM_CORE_ZERO_CKPT_H
 #define LOOM_CORE_ZERO_CKPT_H
@@ -25,17 +24,14 @@ typedef struct loom_zero_piece {
 loom_status loom_zero_pieces(const loom_zero *z, int r, loom_zero_piece **out, size_t *n);
 int loom_zero_ranks(const loom_zero *z);
 
-/* Collective over dp: the whole optimizer state (slots * total floats, laid out as
- * session.c lays it out without ZeRO: entry e's slot k at slots*e.offset + k*e.numel)
- * into full on every rank. Stage 3 also gathers every parameter into the model's buffer
- * (pinned until loom_zero_ckpt_done). */
-loom_status loom_zero_ckpt_gather(loom_zero *z, uint32_t slots, float *full);
-loom_status loom_zero_ckpt_done(loom_zero *z);
+/* Stage 3: this rank's parameter partition (P/N floats at the pieces' pos), else NULL. */
+const float *loom_zero_part_params(const loom_zero *z);
 /* Local: this rank's ranges of the whole state (and, stage 3, of the model's parameter
- * buffer) into its partitions; p, n: loom_zero_pieces of this rank (taken beforehand, so
+ * buffer) into its partitions (the state into `state` when not NULL: an offloaded run's
+ * copy, offload.h); p, n: loom_zero_pieces of this rank (taken beforehand, so
  * that this cannot fail). */
 int loom_zero_rank(const loom_zero *z);
 void loom_zero_ckpt_scatter(loom_zero *z, uint32_t slots, const float *full,
-                            const loom_zero_piece *p, size_t n);
+                            const loom_zero_piece *p, size_t n, float *state);
 
 #endif

@@ -20,6 +20,7 @@ typedef struct zero_bucket {
 
 typedef struct zero_unit {       /* stage 3: one unit of the model (gpt.h) */
     int state;                   /* zero_params.c: STALE, GATHERING, RESIDENT */
+    int empty;                   /* a pipeline stage holds none of it: never gathered */
     int first_bucket, last_bucket;
     loom_comm_request *req[ZERO_UNIT_BUCKETS];
     int n_req;
@@ -68,6 +69,7 @@ struct loom_zero {
     /* stage 3 */
     zero_unit *units;
     int n_units, last_unit, pinned;
+    int staged;          /* a pipeline stage: it hints the next unit itself */
     float *part_params;  /* P/N floats: this rank's partition of the parameters */
     float *tail3;        /* U*N floats: the tail bucket's gather staging */
     unsigned char *param_pages;

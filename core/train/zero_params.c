@@ -24,6 +24,7 @@
 
 #include "base/status.h"
 #include "base/clock.h"
+#include "model/gpt_stage.h"
 
 enum { STALE = 0, GATHERING, RESIDENT };
 
@@ -101,11 +102,14 @@ static loom_status need(loom_zero *z, int u)
 {
     if (z->units[u].state == STALE)
         LOOM_TRY(start_unit(z, u));
-    /* prefetch the next unit of this pass before waiting for this one */
+    /* prefetch the next unit of this pass before waiting for this one; a pipeline stage
+     * says what comes next itself (LOOM_PARAM_SOON: its passes interleave micro-batches,
+     * so the direction of the last two calls says nothing) */
     int next = u > z->last_unit ? u + 1 : u - 1;
     z->last_unit = u;
     /* going down, the embeddings are next needed after the optimizer step: not now */
-    if (next >= 1 && next < z->n_units && z->units[next].state == STALE)
+    if (!z->staged && next >= 1 && next < z->n_units && !z->units[next].empty &&
+        z->units[next].state == STALE)
         LOOM_TRY(start_unit(z, next));
     if (z->units[u].state == GATHERING)
         LOOM_TRY(finish_unit(z, u));
@@ -120,7 +124,12 @@ static loom_status param_use(void *ctx, int u, int needed)
     loom_status st = LOOM_OK;
     if (u < 0 || u >= z->n_units)
         return loom_fail(LOOM_ERR_INTERNAL, "ZeRO-3: unit %d outside 0..%d", u, z->n_units - 1);
-    if (needed) {
+    if (z->units[u].empty) /* a pipeline stage's: another stage holds it */
+        return LOOM_OK;
+    if (needed == LOOM_PARAM_SOON) {
+        if (z->units[u].state == STALE)
+            st = start_unit(z, u);
+    } else if (needed) {
         st = need(z, u);
     } else if (!z->pinned && z->units[u].state == RESIDENT) {
         drop_pages(z, z->units[u].inner_lo, z->units[u].inner_hi);
@@ -155,8 +164,12 @@ loom_status zero_params_init(loom_zero *z)
         int first, last;
         loom_gpt_unit_entries(z->model, u, &first, &last);
         zero_unit *un = &z->units[u];
-        size_t lo = t->entries[first].offset, hi = t->entries[last].offset + t->entries[last].numel;
         un->first_bucket = un->last_bucket = -1;
+        if (first > last) { /* not on this pipeline stage: never gathered */
+            un->empty = 1;
+            continue;
+        }
+        size_t lo = t->entries[first].offset, hi = t->entries[last].offset + t->entries[last].numel;
         for (int k = 0; k < z->n_buckets; k++) {
             const zero_bucket *b = &z->buckets[k];
             if (b->lo < hi && b->lo + b->len > lo) {
@@ -181,6 +194,7 @@ loom_status zero_params_init(loom_zero *z)
         drop_pages(z, un->inner_lo, un->inner_hi); /* until first needed */
     }
     z->last_unit = -1;
+    z->staged = loom_gpt_is_stage(z->model);
     loom_gpt_set_param_hook(z->model, param_use, z);
     return LOOM_OK;
 }
@@ -221,7 +235,7 @@ loom_status loom_zero_pin_params(loom_zero *z, int pin)
     if (pin) {
         z->pinned = 1;
         for (int u = 0; u < z->n_units && st == LOOM_OK; u++)
-            if (z->units[u].state == STALE)
+            if (!z->units[u].empty && z->units[u].state == STALE)
                 st = start_unit(z, u);
         for (int u = 0; u < z->n_units; u++)
             if (z->units[u].state == GATHERING) {

@@ -306,6 +306,11 @@ static const loom_backend_ops cuda_ops = {
     .set_deterministic = cuda_set_deterministic,
     .attention_decode = loom_cuda_attention_decode,
     .stream = cuda_stream,
+    .convert_from_f32 = loom_cuda_convert_from_f32,
+    .convert_to_f32 = loom_cuda_convert_to_f32,
+    .round_to = loom_cuda_round_to,
+    .adamw_update = loom_cuda_adamw_update,
+    .sgd_update = loom_cuda_sgd_update,
 };
 
 static const loom_config_key cuda_keys[N_KEYS] = {

@@ -10,6 +10,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "loom/plugin/backend.h" /* loom_adamw_consts, loom_sgd_consts */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -75,6 +77,15 @@ void loom_cuda_attention_backward(float *dqkv, float *scratch, const float *dout
                                   const float *qkv, const float *att, int B, int T, int C, int NH);
 void loom_cuda_attention_decode(float *out, float *att, size_t att_stride, const float *qkv,
                                 int t, int C, int NH);
+/* convert.cu: kernels/cpu/convert.c's rounding, bit for bit. */
+void loom_cuda_convert_from_f32(void *dst, const float *src, size_t n, loom_dtype dt);
+void loom_cuda_convert_to_f32(float *dst, const void *src, size_t n, loom_dtype dt);
+void loom_cuda_round_to(float *dst, const float *src, size_t n, loom_dtype dt);
+/* optim.cu: the optimizer plugins' element loops, every operation rounded as the host's. */
+void loom_cuda_adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
+                            const loom_adamw_consts *c);
+void loom_cuda_sgd_update(float *param, const float *grad, float *buf, size_t n,
+                          const loom_sgd_consts *c);
 /* Row-major C = alpha op(A) op(B) + beta C in a fixed order, `batch` products at element
  * strides sA, sB, sC: each element one sequential fused multiply-add chain over k = 0..K-1
  * (gemm_ordered.cu), so its bits depend on K and the data alone, not on M, N or the launch

@@ -39,6 +39,20 @@ local function file_name(kind, part, tp, pp)
   return string.format("%s.pp%d.tp%d.safetensors", kind, part // tp, part % tp)
 end
 
+-- The files of one kind of a layout (checkpoint.h: loom_ckpt_kind_name): tp x pp parts,
+-- each one file per dp rank when the kind is in layout.slices (ZeRO's slice files).
+local function kind_files(kind, l)
+  local tp, pp, sliced = l.tp or 1, l.pp or 1, false
+  for _, k in ipairs(l.slices or {}) do sliced = sliced or k == kind end
+  local per, names = sliced and l.dp or 1, {}
+  for i = 0, tp * pp * per - 1 do
+    local name = file_name(kind, i // per, tp, pp)
+    if sliced then name = name:gsub("%.safetensors$", string.format(".dp%d.safetensors", i % per)) end
+    names[#names + 1] = name
+  end
+  return names
+end
+
 local function dims(t) return "[" .. table.concat(t, ", ") .. "]" end
 
 -- "[0:8, 4:8]" for a stored slice of a logical shape; "whole" when it is all of it.
@@ -53,10 +67,9 @@ end
 
 -- The tensors of one kind's files, in file order: {name, shape, dtype, where = {"file
 -- slice", ...}}, each name once.
-local function tensors_of(dir, kind, tp, pp)
+local function tensors_of(dir, kind, l)
   local list, by_name = {}, {}
-  for part = 0, tp * pp - 1 do
-    local name = file_name(kind, part, tp, pp)
+  for _, name in ipairs(kind_files(kind, l)) do
     local h = read_json(dir .. "/" .. name, true)
     local meta = h.__metadata__ or {}
     local order = {}
@@ -65,8 +78,9 @@ local function tensors_of(dir, kind, tp, pp)
     end
     table.sort(order, function(a, b) return a[2].data_offsets[1] < b[2].data_offsets[1] end)
     for _, nt in ipairs(order) do
-      local tname, t = nt[1], nt[2]
-      local layout = json.decode(meta[tname])
+      local stored, t = nt[1], nt[2]
+      local layout = json.decode(meta[stored])
+      local tname = stored:gsub("#%d+$", "") -- a slice file's box of the tensor (checkpoint.h)
       local e = by_name[tname]
       if not e then
         e = { name = tname, shape = layout.shape, dtype = t.dtype, where = {} }
@@ -91,8 +105,9 @@ local function info(args)
   print("checkpoint " .. dir)
   print(string.format("step %d (optimizer steps taken %d), written by loom %s", m.step,
     m.steps_taken, tostring(m.loom_version)))
-  local dp = l.zero and string.format("saved under zero=%d over dp=%d (the partitions assembled "
-    .. "into whole tensors; any layout loads it)", l.zero, l.dp or 0)
+  local dp = l.zero and string.format("saved under zero=%d over dp=%d (%s; any layout loads it)",
+    l.zero, l.dp or 0, l.slices and ("each dp rank's partition in its own " .. table.concat(l.slices, " and ")
+    .. " slice files") or "the partitions assembled into whole tensors")
     or "dp: not recorded (the ranks of dp rank 0 write; any layout loads it)"
   print(string.format("layout: tp=%d pp=%d%s; %s", tp, pp, l.pp_layers and (", blocks per virtual stage "
     .. table.concat(l.pp_layers, ",")) or "", dp))
@@ -119,16 +134,17 @@ local function info(args)
       .. "residual of X as X.state<k>; a resume needs dp=%d)", m.compress.method, m.compress.dp,
       m.compress.dp))
   end
-  print(string.format("files (%d tensor files and manifest.json):", #kinds * tp * pp))
+  local files = {}
   for _, kind in ipairs(kinds) do
-    for part = 0, tp * pp - 1 do
-      local name = file_name(kind, part, tp, pp)
-      local r = m.files[name]
-      print(string.format("  %-32s %12d bytes  xxh64 %s", name, r.bytes, r.xxh64))
-    end
+    for _, name in ipairs(kind_files(kind, l)) do files[#files + 1] = name end
+  end
+  print(string.format("files (%d tensor files and manifest.json):", #files))
+  for _, name in ipairs(files) do
+    local r = m.files[name]
+    print(string.format("  %-32s %12d bytes  xxh64 %s", name, r.bytes, r.xxh64))
   end
   for _, kind in ipairs { "model", "optim" } do
-    local list = tensors_of(dir, kind, tp, pp)
+    local list = tensors_of(dir, kind, l)
     print(string.format("%s tensors (%d; logical shape, dtype, file and slice held):", kind, #list))
     for _, e in ipairs(list) do
       print(string.format("  %-28s %-16s %-4s %s", e.name, dims(e.shape), e.dtype,

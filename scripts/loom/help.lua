@@ -23,8 +23,9 @@ environment:
   LOOM_PLUGIN_PATH  extra plugin directories, searched first
   LOOM_CPU_ISA     force a lower CPU kernel ISA (avx512, avx2, sse2)
   LOOM_RENDEZVOUS_TIMEOUT_MS  how long the start-up rendezvous of a multi-rank run waits
-                   for every rank (default 300000; comm_timeout=S on the command line sets it
-                   too); the error names the ranks that never came
+                   for every rank (default: the recipe's comm_timeout, else 300000;
+                   comm_timeout=S on the command line sets it too); the error names the
+                   ranks that never came
   LOOM_LUA_MEMORY_MB, LOOM_LUA_INSTRUCTIONS  the recipe's Lua memory cap (default 4096) and
                    instruction budget between training steps (default 2e9); 0 lifts either
 

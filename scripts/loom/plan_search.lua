@@ -11,7 +11,7 @@
 -- unless the job is one node); rules = {tp_in_node = false, pp_across_nodes = false} lift them.
 -- Micro-batch sizes tried: the powers of two up to opts.max_micro (8) that divide the batch;
 -- offload only where the layout does not fit without it (it never makes a step faster).
--- What not: zero = 3 with pp (refused by loom itself), fp16 (same bytes as bf16), layouts
+-- What not: zero = 3 with pp (loom trains it, docs/ZERO.md; its plan is not checked against a run yet), fp16 (same bytes as bf16), layouts
 -- whose pipeline needs more micro-batches than the batch has.
 local plan = require "loom.plan"
 local search = {}

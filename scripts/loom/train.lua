@@ -208,9 +208,10 @@ local function check_pp(t, where, origin)
   local function refuse(cond, fmt, ...)
     if cond then schema.fail(where, "mesh pp=%d: " .. fmt, pp, ...) end
   end
-  refuse(t.tp_sequence_parallel and (mesh.tp or 1) > 1, "tp_sequence_parallel does not combine with "
-    .. "pipeline stages yet (the residual stream between stages is whole): leave it out")
   local name = t.schedule or "1f1b"
+  refuse(t.tp_sequence_parallel and (mesh.tp or 1) > 1 and name == "zb1", "tp_sequence_parallel "
+    .. "with schedule = \"zb1\": the split backward does not run under sequence parallelism yet; "
+    .. "use gpipe, 1f1b or interleaved, or leave tp_sequence_parallel out")
   local dp = mesh.dp or 1
   local b = t.batch
   local m = t.microbatches
@@ -276,11 +277,6 @@ local function check_zero(t, where, origin)
         .. "\"topk\" | \"powersgd\", ... })", tostring(k))
     end
   end
-  if st.offload and (t.checkpoint or t.resume) then
-    schema.fail(where, "strategy.offload with %s is not built yet (the optimizer state lives in "
-      .. "the offload's pool or file, which the checkpoint format does not read): leave offload "
-      .. "out to save or resume", t.checkpoint and "checkpoint" or "resume")
-  end
   if st.compress and ((t.mesh or {}).pp or 1) > 1 and (t.checkpoint or t.resume) then
     schema.fail(where, "strategy.compress with mesh.pp > 1 and %s is not built yet (the last "
       .. "stage's residual of the tied wte has no place in the checkpoint): train with pp = 1 to "
@@ -295,12 +291,6 @@ local function check_zero(t, where, origin)
   if z == 3 and t.model.init then
     schema.fail(where, "strategy.zero=3 with model.init (llm.c weights) is not built yet: the "
       .. "weights would have to be loaded into each rank's partition; use zero = 1 or 2")
-  end
-  local pp = (t.mesh or {}).pp or 1
-  if z == 3 and pp > 1 then
-    schema.fail(where, "strategy.zero=3 with mesh.pp=%d is not built yet: a pipeline stage's "
-      .. "forward and backward do not gather parameter units; use zero = 1 or 2 with pp, or "
-      .. "zero = 3 with pp = 1", pp)
   end
 end
 
@@ -331,9 +321,9 @@ local function check(t, where, origin, world)
   end
   check_pp(t, where, origin)
   if t.comm == "nccl" then
-    schema.fail(where, "comm=\"nccl\"%s needs a GPU backend that trains through a session, and "
-      .. "sessions do not train on the CUDA backend yet (use \"shm\" for ranks of one node or "
-      .. "\"mpi\" across nodes)",
+    schema.fail(where, "comm=\"nccl\"%s needs sessions training on the CUDA backend with "
+      .. "more than one rank, which is not built yet (backend = \"cuda\" trains one rank; use "
+      .. "\"shm\" for ranks of one node or \"mpi\" across nodes)",
       origin("comm") or "")
   end
   check_zero(t, where, origin)
@@ -443,7 +433,8 @@ return function(loom)
     local canonical = t.deterministic == "canonical"
     local strategy
     if world > 1 then
-      local ok, err = pcall(loom.core.check_same_config, json.encode(t))
+      local ok, err = pcall(loom.core.check_same_config, json.encode(t),
+        t.comm_timeout and math.max(1, math.floor(t.comm_timeout * 1000)) or nil)
       if not ok then -- name the keys in which this rank's recipe differs from rank 0's
         local changes = recipe_changes(loom.core.recipe_of_rank0(), json.encode(t))
         schema.fail(where, "%s%s", err, #changes > 0 and string.format("; rank %d's recipe differs "

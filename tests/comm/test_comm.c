@@ -1,7 +1,8 @@
 /* test_comm.c — loom-comm-shm across real processes (the fast suite): every op x dtype at
  * world sizes 1..8, on the world and on split groups, with the default and a tiny-chunk
  * configuration (which sends small messages through the chunked, pipelined paths);
- * 1 MiB + 3; bitwise reproducibility; completion in start order; two overlapping groups
+ * 1 MiB + 3; bitwise reproducibility; completion in start order (collectives); sends and
+ * receives larger than the mailbox streaming both ways; two overlapping groups
  * waited in opposite orders; split exclusion and nesting; and a timing bound for 8 ranks on
  * this machine's cores that only a sleeping (not spinning) wait meets. Failures (dead peers,
  * mismatched calls, refusals) are in test_comm_faults.c.
@@ -249,6 +250,68 @@ START_TEST(requests_complete_in_start_order)
 }
 END_TEST
 
+/* ---- streams both ways --------------------------------------------------------------- */
+
+/* Two ranks exchange a stream of messages the way the pipeline engine does (interleaved
+ * pp=2): a send is started and waited late, the receive of the message before it is
+ * waited at once, so each rank always has one send ahead of its receives. With messages
+ * larger than the mailbox (the 16-byte header makes "as large" too) the send ahead cannot
+ * finish until the peer posts its next receive, which it does only after its current one
+ * returns: a receive must complete on its own, not behind earlier sends (it did behind,
+ * and this deadlocked). t->arg: the message's element count. */
+static int streams_both_ways(th_rank *t)
+{
+    const size_t n = (size_t)t->arg, count = 6;
+    int peer = 1 - t->rank;
+    float *out = malloc(count * n * 4), *in = malloc(count * n * 4);
+    loom_comm_request *sent[6] = {0}, *r = NULL;
+    int bad = !out || !in;
+    for (size_t k = 0; k < count; k++)
+        cc_fill(LOOM_DTYPE_F32, 60u + (unsigned)k, t->rank, 0, n, out + k * n);
+    /* two sends ahead, then per message: the next send, then this receive waited at once */
+    for (size_t k = 0; !bad && k < 2; k++)
+        bad = t->ops->send_start(t->comm, out + k * n, n, LOOM_DTYPE_F32, peer, &sent[k]) != LOOM_OK;
+    for (size_t k = 0; !bad && k < count; k++) {
+        if (k + 2 < count)
+            bad = t->ops->send_start(t->comm, out + (k + 2) * n, n, LOOM_DTYPE_F32, peer,
+                                     &sent[k + 2]) != LOOM_OK;
+        if (!bad)
+            bad = t->ops->recv_start(t->comm, in + k * n, n, LOOM_DTYPE_F32, peer, &r) != LOOM_OK ||
+                  t->ops->wait(t->comm, r) != LOOM_OK;
+        if (!bad && k >= 2) /* the oldest send, two behind: late, as the engine waits it */
+            bad = t->ops->wait(t->comm, sent[k - 2]) != LOOM_OK;
+    }
+    for (size_t k = count - 2; !bad && k < count; k++)
+        bad = t->ops->wait(t->comm, sent[k]) != LOOM_OK;
+    if (bad) {
+        free(out), free(in);
+        return th_fail(t, "stream of %zu messages of %zu floats: %s", count, n, loom_last_error());
+    }
+    float *want = malloc(n * 4);
+    for (size_t k = 0; !bad && k < count; k++) {
+        cc_fill(LOOM_DTYPE_F32, 60u + (unsigned)k, peer, 0, n, want);
+        if (memcmp(want, in + k * n, n * 4) != 0)
+            bad = th_fail(t, "message %zu from rank %d arrived wrong", k, peer);
+    }
+    free(out), free(in), free(want);
+    return bad;
+}
+
+START_TEST(large_messages_stream_both_ways)
+{
+    th_result res;
+    /* default mailbox (131072 B): messages of exactly that, the size that deadlocked pp;
+     * the tiny one (4096 B): 5003 floats, several mailboxes a message */
+    th_opts o = {.world = 2, .timeout_ms = 3000, .limit_s = 30};
+    ck_assert_msg(th_run(&env, &o, streams_both_ways, (void *)(size_t)32768, &res), "%s",
+                  th_summary(&res));
+    o.cfg = tiny;
+    ck_assert_msg(th_run(&env, &o, streams_both_ways, (void *)(size_t)5003, &res), "%s",
+                  th_summary(&res));
+    ck_assert_msg(th_leftovers(&res)[0] == '\0', "left in /dev/shm: %s", th_leftovers(&res));
+}
+END_TEST
+
 /* ---- no spinning --------------------------------------------------------------------- */
 
 static int many_small(th_rank *t)
@@ -338,6 +401,7 @@ static Suite *comm_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, requests_complete_in_start_order);
     tcase_add_test(tc, groups_progress_independently);
+    tcase_add_test(tc, large_messages_stream_both_ways);
     tcase_add_test(tc, split_exclusion_and_nesting);
     tcase_add_test(tc, eight_ranks_sleep_instead_of_spinning);
     suite_add_tcase(s, tc);

@@ -5,6 +5,8 @@
  *    send/recv): every other rank fails within 30 s, its error naming the dead rank, and
  *    leaves its dump (flight-rank<R>.txt);
  *  - a stuck rank (SIGSTOP): every other rank's error names it;
+ *  - a cycle of receives (2 ranks, both alive, each receiving first): each names the
+ *    other as never having reached its matching send, and where the other is instead;
  *  - debug_desync: one rank issuing a broadcast where the others issue an allreduce stops
  *    every rank at that collective, naming both ranks and both operations;
  *  - a malformed LOOM_INJECT_DIE is refused by name.
@@ -176,6 +178,63 @@ static int run_case(const th_env *env, plan *pl, int victim, int stuck, char *wh
     return ok;
 }
 
+/* Two ranks of a group "pp" that each receive from the other first: both time out,
+ * both dump, and each verdict reads the other's ring. */
+static int recv_first(th_rank *t)
+{
+    plan *pl = t->arg;
+    unsetenv("LOOM_INJECT_DIE");
+    /* the flight timeout sets the grace for the other's dump: long, as the ranks of a
+     * loaded machine time out at different moments; it ends once the dump is there */
+    if (loom_flight_setup(t->rank, 2, pl->dir, 0, 8000) != LOOM_OK)
+        return th_fail(t, "setup: %s", loom_last_error());
+    int members[2] = {0, 1};
+    void *c = NULL;
+    if (loom_flight_wrap(t->ops, t->comm, "pp", members, 2, &c) != LOOM_OK)
+        return th_fail(t, "wrap: %s", loom_last_error());
+    t->comm = NULL;
+    const loom_comm_ops *o = loom_flight_ops();
+    float x[N];
+    loom_comm_request *r = NULL;
+    loom_status st = o->recv_start(c, x, N, LOOM_DTYPE_F32, 1 - t->rank, &r);
+    if (st == LOOM_OK)
+        st = o->wait(c, r);
+    snprintf(t->err, t->cap, "%s", st == LOOM_OK ? "" : loom_last_error());
+    o->destroy(c);
+    return st == LOOM_OK ? th_fail(t, "the recv completed: nobody sent") : 0;
+}
+
+static int run_recv_first(const th_env *env, char *why, size_t cap)
+{
+    plan pl = {.desync_rank = -1};
+    char tmpl[] = "/tmp/loom-flight-XXXXXX";
+    if (!mkdtemp(tmpl)) {
+        snprintf(why, cap, "mkdtemp failed");
+        return 0;
+    }
+    snprintf(pl.dir, sizeof pl.dir, "%s", tmpl);
+    th_opts o = {.world = 2, .timeout_ms = TIMEOUT_MS, .limit_s = 30};
+    th_result res;
+    int ok = th_run(env, &o, recv_first, &pl, &res);
+    if (!ok)
+        snprintf(why, cap, "%s", th_summary(&res));
+    for (int r = 0; r < 2 && ok; r++) {
+        char want[200];
+        snprintf(want, sizeof want, "flight recorder: rank %d never reached send #1 to rank %d "
+                 "on pp: it is in recv #1 on pp; rank %d waited in its recv #1 from rank %d",
+                 1 - r, r, r, 1 - r);
+        if (!strstr(res.msg[r], want))
+            ok = 0, snprintf(why, cap, "rank %d's error lacks '%s': %s", r, want, res.msg[r]);
+    }
+    if (ok)
+        snprintf(why, cap, "%.1500s", res.msg[0]);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", pl.dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", pl.dir);
+    return ok;
+}
+
 int main(int argc, char **argv)
 {
     int full = argc > 1 && strcmp(argv[1], "--full") == 0;
@@ -208,6 +267,11 @@ int main(int argc, char **argv)
     int ok = run_case(&env, &stop, 1, 1, why, sizeof why);
     handled += ok;
     printf("%s %s (stuck rank): %s\n", ok ? "ok" : "FAIL", stop.spec, why);
+    /* A cycle of receives, both ranks alive. */
+    tried++;
+    ok = run_recv_first(&env, why, sizeof why);
+    handled += ok;
+    printf("%s a cycle of receives (2 ranks, each receiving first): %s\n", ok ? "ok" : "FAIL", why);
     /* Desync, caught by the core's check. */
     plan ds = {.desync_rank = 2};
     tried++;

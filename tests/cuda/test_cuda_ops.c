@@ -12,6 +12,8 @@
  */
 #include <check.h>
 #include <math.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -340,6 +342,83 @@ START_TEST(test_crossentropy)
 END_TEST
 
 /* --- reductions ------------------------------------------------------------------------ */
+/* --- casts: bf16 and fp16, bit for bit the CPU's (kernels/cpu/convert.c) ---------------- */
+/* One conversion op on both backends over the same host bytes; the outputs' bytes must be
+ * equal (NaN payloads included, so no float comparison). */
+static void same_bits(const char *what, const void *in, size_t in_bytes, size_t out_bytes,
+                      void (*op)(const loom_backend_ops *, void *dst, const void *src, size_t n,
+                                 loom_dtype), size_t n, loom_dtype dt, int in_place)
+{
+    unsigned char *res[2];
+    ct_backend *be[2] = {&ct_cpu, &ct_gpu};
+    for (int b = 0; b < 2; b++) {
+        const loom_backend_ops *k = be[b]->k;
+        void *s = be[b]->self, *src = k->alloc(s, in_bytes);
+        void *dst = in_place ? src : k->alloc(s, out_bytes);
+        k->copy_to_device(s, src, in, in_bytes);
+        op(k, dst, src, n, dt);
+        res[b] = malloc(out_bytes);
+        k->copy_to_host(s, res[b], dst, out_bytes);
+        k->free(s, src);
+        if (!in_place)
+            k->free(s, dst);
+    }
+    size_t w = out_bytes / n, bad = 0, first = 0;
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(res[0] + i * w, res[1] + i * w, w) != 0 && bad++ == 0)
+            first = i;
+    printf("%s (%s): %zu values, %zu differ\n", what, dt == LOOM_DTYPE_F16 ? "f16" : "bf16", n,
+           bad);
+    ck_assert_msg(bad == 0, "%s: %zu of %zu values differ from the CPU's bits, first at %zu", what,
+                  bad, n, first);
+    free(res[0]), free(res[1]);
+}
+
+static void op_from(const loom_backend_ops *k, void *d, const void *s, size_t n, loom_dtype dt)
+{
+    k->convert_from_f32(d, s, n, dt);
+}
+static void op_to(const loom_backend_ops *k, void *d, const void *s, size_t n, loom_dtype dt)
+{
+    k->convert_to_f32(d, s, n, dt);
+}
+static void op_round(const loom_backend_ops *k, void *d, const void *s, size_t n, loom_dtype dt)
+{
+    k->round_to(d, s, n, dt);
+}
+
+START_TEST(test_convert_bitwise)
+{
+    ck_assert_msg(ct_gpu.k->size > offsetof(loom_backend_ops, round_to) && ct_gpu.k->round_to,
+                  "the backend has no conversion ops");
+    /* fp32 inputs: the edges (zeros, subnormals, the last finite values and the rounding
+     * boundaries below inf, inf, signalling and quiet NaNs with payloads) and a hashed
+     * sweep over all bit patterns */
+    static const uint32_t edge[] = {0, 0x80000000u, 1, 0x807fffffu, 0x00800000u, 0x33000000u,
+                                    0x33000001u, 0x387fc000u, 0x38800000u, 0x477fefffu,
+                                    0x477ff000u, 0x7f7f7fffu, 0x7f7f8000u, 0x7f7fffffu,
+                                    0x7f800000u, 0xff800000u, 0x7f800001u, 0x7fc00000u,
+                                    0xffbfffffu, 0x3f808000u, 0x3f818000u, 0x3f800fffu};
+    enum { N = 1 << 18 };
+    size_t ne = sizeof edge / sizeof edge[0];
+    uint32_t *f = malloc((N + ne) * 4);
+    memcpy(f, edge, sizeof edge);
+    for (uint32_t i = 0; i < N; i++)
+        f[ne + i] = i * 0x9e3779b1u + (i >> 7);
+    uint16_t *h = malloc(65536 * 2);
+    for (uint32_t i = 0; i < 65536; i++)
+        h[i] = (uint16_t)i;
+    loom_dtype dts[2] = {LOOM_DTYPE_BF16, LOOM_DTYPE_F16};
+    for (int d = 0; d < 2; d++) {
+        same_bits("convert_from_f32", f, (N + ne) * 4, (N + ne) * 2, op_from, N + ne, dts[d], 0);
+        same_bits("convert_to_f32, all 65536 patterns", h, 65536 * 2, 65536 * 4, op_to, 65536,
+                  dts[d], 0);
+        same_bits("round_to, in place", f, (N + ne) * 4, (N + ne) * 4, op_round, N + ne, dts[d], 1);
+    }
+    free(f), free(h);
+}
+END_TEST
+
 START_TEST(test_reductions)
 {
     const size_t rows = 37, cols = 1500, stride = 1531, n = rows * stride;
@@ -420,6 +499,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_elementwise);
     tcase_add_test(tc, test_crossentropy);
     tcase_add_test(tc, test_reductions);
+    tcase_add_test(tc, test_convert_bitwise);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_set_fork_status(sr, CK_NOFORK); /* CUDA after fork() is undefined */

@@ -20,6 +20,7 @@ LANES = {
     1: {"recv_act", "recv_grad", "send_act", "send_grad", "send_wait", "grad_sync",
         "tied_sync", "norm"},
     2: {"step"},
+    3: {"allreduce"},
 }
 OPS = {"FWD": "forward", "BWD": "backward", "BWD_INPUT": "backward_input",
        "BWD_WEIGHT": "backward_weight"}

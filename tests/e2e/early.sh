@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # early.sh LOOM CRASH_PLUGIN_DIR — what used to be found late, or never named:
 #  - ranks whose recipes differ: refused naming the keys that differ and both values;
-#  - a rank that never arrives: comm_timeout=1 on the command line bounds the start-up
-#    rendezvous (not the default 300 s), and the error names the missing rank;
+#  - a rank that never arrives: comm_timeout=1 on the command line, or the recipe's own
+#    comm_timeout = 1, bounds the start-up rendezvous (not the default 300 s), and the error
+#    names the missing rank;
 #  - loom launch -n 1000 (past the shm communicator's 256) and -n past 16 per core: refused
 #    before any rank is forked;
-#  - a plugin whose entry crashes: the loader names it before the process dies.
+#  - a plugin whose entry crashes, or that crashes in its op: named before the process dies.
 set -uo pipefail
 loom=$1 crash_dir=$2
 here=$(cd "$(dirname "$0")" && pwd)
@@ -29,12 +30,22 @@ echo "ok different recipes: $(grep -o "rank 1's recipe differs.*" "$tmp/d1")"
 # 2. rank 1 never comes: rank 0 gives up after comm_timeout=1 (command line), naming it
 port=$((20000 + RANDOM % 20000))
 start=$(date +%s%N)
-RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$loom" run "$recipe" comm_timeout=1 > "$tmp/alone" 2>&1 &&
+RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$loom" run "$recipe" mesh.dp=2 comm_timeout=1 > "$tmp/alone" 2>&1 &&
   fail "rank 0 alone: exit 0"
 ms=$(( ($(date +%s%N) - start) / 1000000 ))
 grep -qF "rendezvous: rank 1 of 2 did not arrive at 127.0.0.1:$port within 1000 ms" "$tmp/alone" || fail "rank 0 alone: $(tail -n1 "$tmp/alone")"
 (( ms < 10000 )) || fail "rank 0 alone waited ${ms} ms"
 echo "ok missing rank: named after ${ms} ms (comm_timeout=1): $(tail -n1 "$tmp/alone")"
+# ... and the recipe's own comm_timeout = 1 bounds it too (the rendezvous opens at the
+# recipe's first collective, once the recipe is read)
+port=$((20000 + RANDOM % 20000))
+start=$(date +%s%N)
+RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$loom" run "$here/recipes/recipe_timeout.lua" mesh.dp=2 > "$tmp/alone2" 2>&1 &&
+  fail "rank 0 alone (recipe timeout): exit 0"
+ms=$(( ($(date +%s%N) - start) / 1000000 ))
+grep -qF "rank 1 of 2 did not arrive at 127.0.0.1:$port within 1000 ms" "$tmp/alone2" || fail "rank 0 alone (recipe timeout): $(tail -n1 "$tmp/alone2")"
+(( ms < 10000 )) || fail "rank 0 alone (recipe timeout) waited ${ms} ms"
+echo "ok missing rank: named after ${ms} ms (the recipe's comm_timeout = 1): $(tail -n1 "$tmp/alone2")"
 
 # 3. loom launch refuses absurd -n before forking anything
 start=$(date +%s%N)
@@ -57,3 +68,12 @@ LOOM_PLUGIN_PATH=$crash_dir "$loom" run "$recipe" 'optimizer={"crash", lr=0.1}' 
 grep -qF "loom: plugin '$crash_dir/loom-optim-crash.so' crashed while loading (in its constructors or loom_plugin_entry" "$tmp/crash" ||
   fail "crashing plugin not named (exit $rc): $(tail -n2 "$tmp/crash")"
 echo "ok crashing plugin: exit $rc, $(grep -o "plugin '.*' crashed while loading" "$tmp/crash")"
+
+# 5. a plugin that loads cleanly and crashes inside its op (the optimizer's step) is named,
+# with the signal, and the exit still says the signal (128 + 11)
+LOOM_PLUGIN_PATH=$crash_dir "$loom" run "$recipe" 'optimizer={"crashstep", lr=0.1}' > "$tmp/opcrash" 2>&1; rc=$?
+[[ $rc -eq 139 ]] || fail "plugin crashing in its step: exit $rc, not 139: $(tail -n2 "$tmp/opcrash")"
+grep -qF "loom: SIGSEGV inside plugin '$crash_dir/loom-optim-crashstep.so' (optim 'crashstep', at +0x" "$tmp/opcrash" ||
+  fail "plugin crashing in its step not named: $(tail -n2 "$tmp/opcrash")"
+grep -q "inside plugin" "$tmp/crash" && fail "the load crash was also blamed as an op crash: $(cat "$tmp/crash")"
+echo "ok plugin crashing in its step: exit $rc, $(grep -o "SIGSEGV inside plugin '.*' (optim 'crashstep', at +0x[0-9a-f]*)" "$tmp/opcrash")"

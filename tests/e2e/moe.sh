@@ -4,7 +4,7 @@
 #  - one rank twice: bitwise; the loss falls; every step reports its expert load;
 #  - dp=2 trains the losses of one rank with the same micro-batches (accumulated) within
 #    1e-4 (fp32, only the gradient sum's order differs); zero=1 and zero=3 at dp=2 give
-#    dp=2's bits; canonical mode: dp=1 and dp=2 bitwise;
+#    dp=2's bits; canonical mode: dp=1, dp=2, dp=2 ep=2 and dp=4 ep=2 bitwise;
 #  - save at step 10, resume: steps 11-20 bitwise; loom sample reads the checkpoint;
 #  - dropless (capacity_factor=0) drops nothing; the noisy router trains, and at dp=2
 #    within 1e-4 of one rank (its noise is keyed by the global micro-batch, not the rank);
@@ -12,10 +12,15 @@
 #  - expert parallelism: dp=2 ep=2 within 1e-5 of ep=1 (measured 2.5e-7), dp=4 ep=2 within
 #    1e-6 of ep=1 over 10 steps (routing flips later: below); saved at ep=2, resumed at ep=2
 #    bitwise and at ep=1 within 1e-5; saved at ep=1, resumed at ep=2 within 1e-5;
-#  - tensor parallelism (experts split by tp): tp=2 within 1e-5 of one rank, tp=2 dp=2 ep=2
-#    within 1e-5 of dp=2, saved there and resumed at tp=1 ep=1 within 1e-5;
-#  - what does not compose yet (tp with sequence parallelism or canonical mode, pp,
-#    recompute, llm.c export; ep with canonical mode or zero) and bad moe keys are refused
+#  - tensor parallelism (experts split by tp): tp=2 within 1e-5 of one rank, with sequence
+#    parallelism too; tp=2 sp dp=2 ep=2 within 1e-5 of dp=2, saved there and resumed at
+#    tp=1 ep=1 within 1e-5;
+#  - recompute=full and selective: the same bits and load (also at dp=2 ep=2);
+#  - pp=2 within 1e-5 of one rank, the same step-1 load; canonical pp=2 (recompute=full):
+#    one rank's bits;
+#  - what does not compose yet (tp with canonical mode, pp with zb1
+#    or the noisy router, ep with pp, llm.c export; ep with zero, ep not a power of two in canonical mode) and bad
+#    moe keys are refused
 #    naming the key.
 set -euo pipefail
 loom=$1
@@ -54,7 +59,13 @@ canon="deterministic=canonical batch.micro=2 batch.global=8"
 run1 $canon | grep '^LOSS' > "$tmp/c1"
 run2 $canon | grep '^LOSS' > "$tmp/c2"
 finite_losses "$tmp/c1" && cmp -s "$tmp/c1" "$tmp/c2" || { echo "canonical dp=1/2 differ"; exit 1; }
-echo "ok canonical: dp=1 and dp=2 bitwise identical"
+# with ep: each source rank's rows in GEMMs of their own, expert gradients in the same tree
+run2 $canon mesh.ep=2 | grep '^LOSS' > "$tmp/ce2"
+cmp -s "$tmp/c1" "$tmp/ce2" || { echo "canonical dp=2 ep=2 differs from dp=1"; exit 1; }
+"$loom" launch -n 4 "$recipe" threads=1 mesh.dp=4 mesh.ep=2 comm_timeout=20 $canon steps=10 |
+  grep '^LOSS' > "$tmp/ce4"
+cmp -s <(head -10 "$tmp/c1") "$tmp/ce4" || { echo "canonical dp=4 ep=2 differs from dp=1"; exit 1; }
+echo "ok canonical: dp=1, dp=2, dp=2 ep=2 (20 steps) and dp=4 ep=2 (10 steps) bitwise identical"
 
 # Expert parallelism: the experts split over ep of the dp ranks, tokens sent to them and
 # back by all-to-all-v. Only the sums' order differs from ep=1, but routing is discrete: a
@@ -102,13 +113,42 @@ echo "ok saved at 10, resumed: steps 11-20 bitwise; experts stored by logical na
 "$loom" launch -n 2 "$recipe" threads=1 mesh.tp=2 comm_timeout=20 | grep '^LOSS' > "$tmp/tp2"
 d=$(max_loss_diff <(grep '^LOSS' "$tmp/full.out") "$tmp/tp2")
 below "$d" 1e-5 || { echo "tp=2 differs from one rank by $d"; exit 1; }
-"$loom" launch -n 4 "$recipe" threads=1 mesh.tp=2 mesh.dp=2 mesh.ep=2 batch.global=8 steps=10 \
+# sequence parallelism: ln_2's rows gathered into the MoE block, its output reduce-scattered
+"$loom" launch -n 2 "$recipe" threads=1 mesh.tp=2 tp_sequence_parallel=true comm_timeout=20 steps=10 |
+  grep '^LOSS' > "$tmp/sp2"
+dsp=$(max_loss_diff <(grep '^LOSS' "$tmp/full.out" | head -10) "$tmp/sp2")
+below "$dsp" 1e-5 || { echo "tp=2 with sp differs from one rank by $dsp"; exit 1; }
+"$loom" launch -n 4 "$recipe" threads=1 mesh.tp=2 mesh.dp=2 mesh.ep=2 batch.global=8 steps=10 tp_sequence_parallel=true \
   checkpoint.dir="$tmp/ckt" comm_timeout=20 | grep -v '^\[rank' | grep '^LOSS' > "$tmp/t222"
 d222=$(max_loss_diff <(awk '$2 <= 10' "$tmp/dp2") "$tmp/t222")
 runN 2 batch.global=8 resume="$tmp/ckt/step_00000010" | grep '^LOSS' > "$tmp/rt"
 drt=$(max_loss_diff <(awk '$2 > 10' "$tmp/dp2") "$tmp/rt")
 below "$d222" 1e-5 && below "$drt" 1e-5 || { echo "tp=2 dp=2 ep=2: $d222, resumed at tp=1 ep=1: $drt"; exit 1; }
-echo "ok tp=2 vs one rank: $d; tp=2 dp=2 ep=2 vs dp=2: $d222 over 10 steps; saved there, resumed at tp=1 ep=1: $drt"
+echo "ok tp=2 vs one rank: $d, with sp: $dsp (10 steps); tp=2 sp dp=2 ep=2 vs dp=2: $d222 over 10 steps; saved there, resumed at tp=1 ep=1: $drt"
+
+# activation recomputation: the block's routing and expert activations are kept, the rest
+# rerun, so the same bits and the same load (counted once); under ep too
+for rc in full selective; do
+  run1 recompute=$rc steps=10 | grep '^LOSS\|^MOE' > "$tmp/rc_$rc"
+  cmp -s <(grep '^LOSS\|^MOE' "$tmp/full.out" | head -20) "$tmp/rc_$rc" || { echo "recompute=$rc differs"; exit 1; }
+done
+runN 2 batch.global=8 mesh.ep=2 steps=10 recompute=full | grep '^LOSS' > "$tmp/rce"
+cmp -s <(head -10 "$tmp/ep2") "$tmp/rce" || { echo "dp=2 ep=2 recompute=full differs"; exit 1; }
+echo "ok recompute=full and selective: one rank's losses and load bitwise (10 steps); dp=2 ep=2 recompute=full bitwise"
+
+# pipeline parallelism: the MoE blocks inside their stage, each micro-batch in flight with
+# its own routing; the load and aux/z losses summed over the stages
+"$loom" launch -n 2 "$recipe" threads=1 mesh.pp=2 microbatches=2 comm_timeout=20 |
+  grep -v '^\[rank' > "$tmp/pp2.out"
+grep '^LOSS' "$tmp/pp2.out" > "$tmp/pp2"
+d=$(max_loss_diff "$tmp/one" "$tmp/pp2")
+below "$d" 1e-5 || { echo "pp=2 differs from one rank by $d"; exit 1; }
+cmp -s <(grep '^MOE 1 ' "$tmp/one.out" | cut -d' ' -f1-4) <(grep '^MOE 1 ' "$tmp/pp2.out" | cut -d' ' -f1-4) ||
+  { echo "pp=2 step 1 load differs from one rank's"; exit 1; }
+"$loom" launch -n 2 "$recipe" threads=1 mesh.pp=2 microbatches=4 comm_timeout=20 $canon recompute=full steps=10 |
+  grep '^LOSS' > "$tmp/cpp"
+cmp -s <(head -10 "$tmp/c1") "$tmp/cpp" || { echo "canonical pp=2 recompute=full differs from one rank"; exit 1; }
+echo "ok pp=2: within $d of one rank over 20 steps, step 1 load equal; canonical pp=2 with recompute=full: one rank's bits (10 steps)"
 
 run1 model.moe.capacity_factor=0 steps=5 > "$tmp/dl.out"
 [[ $(grep -c '^MOE .* dropped=0.000000 ' "$tmp/dl.out") -eq 5 ]] || { echo "dropless dropped"; exit 1; }
@@ -135,12 +175,12 @@ refuse() { # refuse WORDS ARGS...: the run fails and says WORDS
   if "$@" > "$tmp/err" 2>&1; then echo "accepted: $*"; exit 1; fi
   grep -q -- "$want" "$tmp/err" || { echo "'$*' did not say '$want':"; tail -2 "$tmp/err"; exit 1; }
 }
-refuse "and sequence parallelism does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.tp=2 tp_sequence_parallel=true
 refuse "and canonical mode does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.tp=2 deterministic=canonical
-refuse "pipeline parallelism does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.pp=2 microbatches=2
-refuse "recomputation does not compose yet" run1 recompute=full
+refuse "split-backward schedule (zb1) is not built yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.pp=2 microbatches=2 schedule=zb1
+refuse 'and router = "noisy_topk" is not built yet' "$loom" launch -n 2 "$recipe" threads=1 mesh.pp=2 microbatches=2 model.moe.router=noisy_topk
+refuse "with pp > 1 does not compose yet" "$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 microbatches=2
 refuse "must divide dp=1" run1 mesh.ep=2
-refuse 'with deterministic = "canonical" does not compose yet' "$loom" launch -n 2 "$recipe" threads=1 mesh.dp=2 mesh.ep=2 deterministic=canonical batch.micro=2 batch.global=8
+refuse "ep must be a power of two" "$loom" launch -n 3 "$recipe" threads=1 mesh.dp=3 mesh.ep=3 deterministic=canonical batch.micro=2 batch.global=6 model.moe.experts=3 model.moe.top_k=1
 refuse "with strategy.zero does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.dp=2 mesh.ep=2 strategy.zero=1
 refuse "must divide model.moe.experts=3" "$loom" launch -n 2 "$recipe" threads=1 mesh.dp=2 mesh.ep=2 model.moe.experts=3 model.moe.top_k=1
 refuse "top_k=5 is more than experts=4" run1 model.moe.top_k=5
@@ -148,4 +188,4 @@ refuse "model.moe.every=0" run1 model.moe.every=0
 refuse "is not one of: topk, noisy_topk" run1 model.moe.router=top2
 refuse "unknown key 'model.moe.expert'" run1 model.moe.expert=8
 refuse "dense GPT-2 blocks only" "$loom" export --llmc "$tmp/ck/step_00000010" "$tmp/x.bin"
-echo "ok refused: tp with sp or canonical, pp, recompute, llm.c export, ep with canonical/zero or not dividing dp or experts; bad moe keys named"
+echo "ok refused: tp with canonical mode, pp with zb1 or noisy_topk, llm.c export, ep with zero or pp, ep=3 in canonical mode, ep not dividing dp or experts; bad moe keys named"

@@ -8,7 +8,8 @@
 #    within 2e-5 of one rank's losses (fast mode) and bitwise in canonical mode;
 #  - the checkpoint: one file pair per stage, the tied wte only in stage 0's, the
 #    manifest recording pp and the split; a damaged stage file is refused by name;
-#  - sampling: a pp=2 run's sample and logits hash equal those of pp=1 and pp=4 sessions
+#  - sampling (each stage decoding with its own layers' key/value cache): a pp=2 run's
+#    sample and logits hash equal its uncached sample's and those of pp=1 and pp=4 sessions
 #    loading its checkpoint, and canonical same-seed runs at pp=1, pp=2 and pp=2 x tp=2
 #    sample alike;
 #  - loom.gpt{init=}: the llm.c file exported from a pp=2 checkpoint loads into pp=2 and
@@ -117,8 +118,15 @@ echo "ok damaged stage file refused: $(grep -o 'cannot resume.*' "$tmp/err" | he
 # Sampling through the stages: the same text and logits as one rank from the checkpoint.
 srec=$here/recipes/pp_sample.lua
 sm="model.heads=4 model.layers=4 comm_timeout=20"
-"$loom" launch -n 2 "$srec" $sm mesh.pp=2 microbatches=4 checkpoint.dir="$tmp/s2" | grep -E '^(SAMPLE|HASH)' > "$tmp/sa"
+# Under pp the sample decodes with each stage's key/value cache (one row between stages per
+# token); LOOM_SAMPLE_TIMES=1 samples once more with and once without it (NOCACHE lines:
+# the same text and logits) and times both.
+LOOM_SAMPLE_TIMES=1 "$loom" launch -n 2 "$srec" $sm mesh.pp=2 microbatches=4 checkpoint.dir="$tmp/s2" > "$tmp/sout"
+grep -E '^(SAMPLE|HASH)' "$tmp/sout" > "$tmp/sa"
 [ "$(wc -l < "$tmp/sa")" -eq 2 ] || { echo "no sample at pp=2"; cat "$tmp/sa"; exit 1; }
+sed -n 's/^NOCACHE //p' "$tmp/sout" > "$tmp/snc"
+cmp -s "$tmp/sa" "$tmp/snc" || { echo "pp=2: the sample without the cache differs"; paste "$tmp/sa" "$tmp/snc"; exit 1; }
+echo "ok pp=2 sample with the stages' key/value caches = without them; ms cached, uncached: $(sed -n 's/^TIMES //p' "$tmp/sout")"
 "$loom" run "$srec" $sm batch.global=16 resume="$tmp/s2/step_00000004" | grep -E '^(SAMPLE|HASH)' > "$tmp/sb"
 cmp -s "$tmp/sa" "$tmp/sb" || { echo "pp=2 sample differs from pp=1's from its checkpoint"; paste "$tmp/sa" "$tmp/sb"; exit 1; }
 "$loom" launch -n 4 "$srec" $sm mesh.pp=4 microbatches=4 resume="$tmp/s2/step_00000004" | grep -E '^(SAMPLE|HASH)' > "$tmp/sc"

@@ -9,6 +9,9 @@
 #    (tests/e2e/check_trace.py);
 #  - the measured bubble is in every JSONL train line and in the run's summary line,
 #    finite and in [0, 1); without a pipeline it is null;
+#  - pp=2 x dp=2 (1f1b and zb1, small dp buckets): the dp lane's allreduce span of every
+#    step starts before the step's last compute span ends on every rank (the buckets of
+#    each chunk's last backward are reduced while the rest of the list runs);
 #  - at pp = 1 (dp = 2) the traces hold forward, backward, grad_sync and the optimizer;
 #  - log.trace_steps = 2 traces steps 1 and 2 only; steps whose update is skipped (non-finite
 #    gradients) keep their own step numbers;
@@ -70,6 +73,41 @@ elif grep -q 'cannot train with' "$tmp/zb1/out"; then
 else
   cat "$tmp/zb1/out"; exit 1
 fi
+
+# pp = 2 x dp = 2: each chunk's last backward hands its finished ranges to the dp strategy,
+# so (with buckets small enough to fill during it) the all-reduce starts before the
+# step's last forward/backward ends, on every rank and step.
+overlap_ok() { # DIR RANKS: every step's allreduce span starts before its last compute span ends
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+d, ranks = sys.argv[1], int(sys.argv[2])
+compute = {"forward", "backward", "backward_input", "backward_weight"}
+lead = []
+for r in range(ranks):
+    ev = [e for e in json.load(open("%s/rank%d.json" % (d, r)))["traceEvents"] if e.get("ph") == "X"]
+    for step in sorted({e["args"]["step"] for e in ev}):
+        es = [e for e in ev if e["args"]["step"] == step]
+        ar = [e for e in es if e["name"] == "allreduce"]
+        end = max(round((e["ts"] + e["dur"]) * 1000) for e in es if e["name"] in compute)
+        if len(ar) != 1:
+            print("FAIL: rank %d step %d has %d allreduce spans" % (r, step, len(ar))); sys.exit(1)
+        start = round(ar[0]["ts"] * 1000)
+        if start >= end:
+            print("FAIL: rank %d step %d: the all-reduce starts %.3f ms after the last compute span ends"
+                  % (r, step, (start - end) / 1e6)); sys.exit(1)
+        lead.append((end - start) / 1e6)
+print("ok pp x dp: on every rank and step the all-reduce starts before the last compute span ends "
+      "(by %.3f to %.3f ms)" % (min(lead), max(lead)))
+PY
+}
+for name in 1f1b zb1; do
+  mkdir -p "$tmp/ppdp_$name"
+  "$loom" launch -n 4 "$recipe" $model steps=2 mesh.pp=2 mesh.dp=2 schedule=$name microbatches=2 \
+    strategy.dp.bucket_mb=0.01 log.trace="$tmp/ppdp_$name/trace" > "$tmp/ppdp_$name/out" 2>&1 ||
+    { cat "$tmp/ppdp_$name/out"; exit 1; }
+  $check "$tmp/ppdp_$name/trace" 4 2
+  overlap_ok "$tmp/ppdp_$name/trace" 4 || exit 1
+done
 
 # pp = 1, dp = 2: the spans that apply; no bubble.
 mkdir -p "$tmp/dp"

@@ -5,10 +5,14 @@
 #  - the same layout resumes bitwise (steps 4-6 equal the uninterrupted run's): zero = 1, 2
 #    and 3 on dp=2, zero=1 on dp=3 (partitions padded past the buffer's end);
 #  - across layouts, within 2e-5 of one rank's losses (fast mode): zero=1 dp=4 -> zero=3
-#    dp=2, zero=2 dp=2 x tp=2 -> zero=0 one rank, zero=1 dp=2 -> zero=0 dp=1, and zero=0
-#    one rank -> zero=2 dp=2;
+#    dp=2, zero=2 dp=2 x tp=2 -> zero=0 one rank, zero=2 dp=2 -> zero=3 dp=4 and zero=3
+#    pp=2 x dp=2 -> zero=1 dp=2;
 #  - canonical mode: the same crossings give one rank's uninterrupted losses bitwise;
-#  - the manifest records the stage and dp size, and `loom ckpt info` shows them.
+#  - every dp rank writes its own partition (slice files, checkpoint.h), nothing gathered:
+#    the manifest records the stage, dp size and sliced kinds, `loom ckpt info` shows them,
+#    zero=2 dp=2 -> zero=3 dp=4 and zero=3 pp=2 x dp=2 -> zero=1 dp=2 load across layouts
+#    (fast within 2e-5, canonical bitwise), `loom ckpt export` of zero=3 slices gives one
+#    rank's bytes (canonical), and a damaged slice is refused naming its file.
 set -euo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -55,14 +59,6 @@ for layout in "$D2 strategy.zero=1" "$D2 strategy.zero=2" "$D2 strategy.zero=3" 
   bitwise "${layout#* } save + resume" "$tmp/want" "$tmp/got"
 done
 
-# The manifest and ckpt info.
-rm -rf "$tmp/ck"; save3 $D4 strategy.zero=1
-grep -q '"layout": {"tp": 1, "zero": 1, "dp": 4}' "$tmp/ck/step_00000003/manifest.json" ||
-  { echo "manifest does not record zero=1 dp=4:"; grep layout "$tmp/ck/step_00000003/manifest.json"; exit 1; }
-"$loom" ckpt info "$tmp/ck/step_00000003" > "$tmp/info"
-grep -q "saved under zero=1 over dp=4" "$tmp/info" || { echo "ckpt info does not show the zero layout"; cat "$tmp/info"; exit 1; }
-echo "ok manifest layout records zero=1 dp=4; ckpt info shows it"
-
 # Across layouts: from (save layout) to (resume layout), against one rank.
 cross() { # mode save-layout resume-layout (layouts as "ranks args", quoted)
   local mode=$1 from=$2 to=$3 extra="$b8"
@@ -73,10 +69,43 @@ cross() { # mode save-layout resume-layout (layouts as "ranks args", quoted)
   if [ "$mode" = canonical ]; then bitwise "canonical ${from#* } -> ${to#* }" "$tmp/want" "$tmp/got"
   else close "${from#* } -> ${to#* }" "$tmp/want" "$tmp/got"; fi
 }
+P2="4 mesh.pp=2 mesh.dp=2 microbatches=2 $b8"
 cross fast "$D4 strategy.zero=1" "$D2 strategy.zero=3"
+# The manifest (the checkpoint the last cross saved) and ckpt info: slice files per dp rank.
+ck=$tmp/ck/step_00000003
+grep -q '"layout": {"tp": 1, "zero": 1, "dp": 4, "slices": \["optim"\]}' "$ck/manifest.json" ||
+  { echo "manifest does not record zero=1 dp=4 with optim slices:"; grep layout "$ck/manifest.json"; exit 1; }
+for f in model optim.dp0 optim.dp1 optim.dp2 optim.dp3; do
+  [ -f "$ck/$f.safetensors" ] || { echo "no $f.safetensors in $ck:"; ls "$ck"; exit 1; }
+done
+"$loom" ckpt info "$ck" > "$tmp/info"
+grep -q "saved under zero=1 over dp=4 (each dp rank's partition in its own optim slice files" "$tmp/info" ||
+  { echo "ckpt info does not show the zero layout"; cat "$tmp/info"; exit 1; }
+grep -q "^  optim.dp3.safetensors " "$tmp/info" || { echo "ckpt info does not list optim.dp3"; cat "$tmp/info"; exit 1; }
+echo "ok manifest layout records zero=1 dp=4 and optim slices; one optim file per dp rank; ckpt info shows them"
 cross fast "$T2 strategy.zero=2" "1"
-cross fast "$D2 strategy.zero=1" "1"
-cross fast "1" "$D2 strategy.zero=2"
+cross fast "$D2 strategy.zero=2" "$D4 strategy.zero=3"
+cross fast "$P2 strategy.zero=3" "$D2 strategy.zero=1"
 cross canonical "$D4 strategy.zero=1" "$D2 strategy.zero=3"
 cross canonical "$T2 strategy.zero=2" "1"
-cross canonical "$D2 strategy.zero=1" "1"
+cross canonical "$P2 strategy.zero=3" "$D2 strategy.zero=1"
+
+# Slice files under zero=3 (model and optim per dp rank): ckpt export gives the bytes of one
+# rank's export (canonical mode: the same weights), and a damaged slice is refused by name.
+c="deterministic=canonical $b8"
+rm -rf "$tmp/ck"; save3 1 $c; "$loom" ckpt export "$tmp/ck/step_00000003" "$tmp/one.safetensors" > /dev/null
+rm -rf "$tmp/ck"; save3 $D2 strategy.zero=3 $c
+[ -f "$ck/model.dp1.safetensors" ] || { echo "zero=3: no model.dp1.safetensors"; ls "$ck"; exit 1; }
+"$loom" ckpt export "$ck" "$tmp/z3.safetensors" > /dev/null
+data() { # the tensor bytes of a safetensors file, after its header (its metadata's key order varies)
+  local n; n=$(od -An -t u8 -N 8 "$1" | tr -d ' '); tail -c +$((9 + n)) "$1"
+}
+cmp -s <(data "$tmp/one.safetensors") <(data "$tmp/z3.safetensors") || { echo "ckpt export of zero=3 dp=2 slices differs from one rank's"; exit 1; }
+echo "ok ckpt export of a zero=3 dp=2 checkpoint (model and optim slices): tensor bytes equal to one rank's export"
+size=$(stat -c %s "$ck/optim.dp1.safetensors")
+printf '\x7f' | dd of="$ck/optim.dp1.safetensors" bs=1 seek=$((size - 5)) conv=notrunc status=none
+if run $D2 strategy.zero=3 $c resume="$ck" > "$tmp/bad" 2>&1; then echo "a damaged slice was loaded"; exit 1; fi
+grep -q "optim.dp1.safetensors" "$tmp/bad" || { echo "the refusal does not name the file:"; cat "$tmp/bad"; exit 1; }
+if "$loom" ckpt info "$ck" > "$tmp/bad" 2>&1; then echo "ckpt info accepted a damaged slice"; exit 1; fi
+grep -q "optim.dp1.safetensors" "$tmp/bad" || { echo "ckpt info does not name the file:"; cat "$tmp/bad"; exit 1; }
+echo "ok a damaged slice is refused naming optim.dp1.safetensors (resume and ckpt info)"

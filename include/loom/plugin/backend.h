@@ -17,6 +17,22 @@
 extern "C" {
 #endif
 
+/* One AdamW step's per-element constants, computed once per step on the host by the
+ * optimizer plugin (plugins/optim/adamw/adamw.c has the math): g = gs * grad; m and v
+ * updated with lerp weight w (1 - b1) and b2; p = p * decay - step_size * m / (sqrt(v) /
+ * bc2_sqrt + eps). */
+typedef struct loom_adamw_consts {
+    float gs, decay, b2, one_minus_b2, step_size, bc2_sqrt, eps;
+    float w, one_minus_w; /* lerp weight 1 - b1, and 1 - w as float, as ATen's lerp has it */
+} loom_adamw_consts;
+
+/* One SGD step's constants (plugins/optim/sgd/sgd.c): g = gs * grad + wd * p; with
+ * momentum mu > 0, b = mu * b + g and d = nesterov ? g + mu * b : b; p -= lr * d. */
+typedef struct loom_sgd_consts {
+    float lr, gs, wd, mu;
+    int nesterov;
+} loom_sgd_consts;
+
 typedef struct loom_backend_ops {
     size_t size;
     /* Start the backend (threads, BLAS, device). One instance per process. */
@@ -194,6 +210,16 @@ typedef struct loom_backend_ops {
      * a dt store keeps, so a kernel reading it computes on what a 16-bit activation or
      * weight would hold. */
     void (*round_to)(float *dst, const float *src, size_t n, loom_dtype dt);
+    /* Added for optimizers over device memory (may be absent: check size; plugin/optim.h's
+     * step_backend calls them). One segment's update in place, element by element, in the
+     * optimizer plugin's own float expressions with its host-computed constants: each
+     * operation rounded once, as IEEE fp32 (no fused multiply-add), so the bits equal the
+     * plugin's host step. AdamW: m, v the two state slots (n each). */
+    void (*adamw_update)(float *param, const float *grad, float *m, float *v, size_t n,
+                         const loom_adamw_consts *c);
+    /* SGD: buf the momentum buffer (n; unused, may be NULL, when c->mu == 0). */
+    void (*sgd_update)(float *param, const float *grad, float *buf, size_t n,
+                       const loom_sgd_consts *c);
 } loom_backend_ops;
 
 #ifdef __cplusplus

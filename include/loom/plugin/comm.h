@@ -3,8 +3,11 @@
  *
  * Every operation is asynchronous: *_start enqueues it and returns a request; wait()
  * completes it (and reports any failure, naming the peer rank). Buffers must stay valid
- * and untouched until wait returns. Operations on one communicator complete in the order
- * they were started; operations on different communicators (groups) are independent.
+ * and untouched until wait returns. Collectives on one communicator complete in the order
+ * they were started; a send or receive completes on its own, ordered only with the earlier
+ * sends (receives) to (from) the same peer, as in MPI: a caller must not count on a receive's
+ * wait to have completed an earlier send. Operations on different communicators (groups)
+ * are independent.
  * Reduction order is the plugin's to state. shm and mpi reduce every element in rank order
  * (mpi does the arithmetic itself rather than through MPI's reductions), so their results
  * are bitwise reproducible and equal to each other (tests/comm checks both); nccl reduces

@@ -5,12 +5,14 @@
  * this rank's shard, so an optimizer never knows about layouts or ranks. State is
  * state_per_param() fp32 slots per parameter, stored slot-major within a segment:
  * slot k of element i is state[k * n + i]. It starts zeroed; it is checkpointed by
- * the core as raw floats.
+ * the core as raw floats. Where the model lives in device memory, step_backend runs the
+ * same update through the backend's ops instead of on the host.
  */
 #ifndef LOOM_PLUGIN_OPTIM_H
 #define LOOM_PLUGIN_OPTIM_H
 
 #include "loom/plugin.h"
+#include "loom/plugin/backend.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -49,6 +51,15 @@ typedef struct loom_optim_ops {
     /* One update over all segments. Blocking, host memory, no allocation. Segments are
      * independent, so the core may call step on parts of the model separately. */
     loom_status (*step)(void *self, const loom_optim_step_args *args);
+    /* Added for device memory (may be absent: check size). The same update as step, with
+     * every segment's param, grad and state pointers in the backend's memory (a GPU's):
+     * the per-step constants are computed on the host as step computes them, and the
+     * element loop runs as the backend's update op (backend.h: adamw_update, sgd_update),
+     * queued on its stream, so the result has step's bits. A backend without the op: a
+     * status and a message naming it. The core calls step for host memory (the CPU
+     * backend), so the CPU path never goes through here. */
+    loom_status (*step_backend)(void *self, const loom_optim_step_args *args,
+                                const loom_backend_ops *backend, void *backend_self);
 } loom_optim_ops;
 
 #ifdef __cplusplus

@@ -106,6 +106,10 @@ typedef struct loom_strategy_ops {
     /* Around the optimizer step. before_step waits for outstanding reductions. */
     loom_status (*before_step)(void *self);
     loom_status (*after_step)(void *self);
+    /* Optional (read only if size covers it): how many reductions grads_ready has started
+     * that before_step has not completed yet; the core's trace marks when the first one
+     * started (the data-parallel all-reduce span). */
+    int (*pending)(void *self);
 } loom_strategy_ops;
 
 /* Canonical mode's fixed chunk count for sums a tensor split could reassociate: sized for

@@ -11,9 +11,10 @@
  *   shm_p2p.c     send/recv mailboxes
  *   shm_reduce.c  reductions in fixed rank order; bf16/f16 via f32
  * Asynchrony: *_start never blocks and never communicates; the work is done inside wait()
- * and test() (single-threaded progress, documented in shm_engine.c): operations on one
- * communicator complete in start order, and waiting on any communicator of a family also
- * advances the others, so groups are independent.
+ * and test() (single-threaded progress, documented in shm_engine.c): collectives on one
+ * communicator complete in start order, sends and receives on their own (in order per peer
+ * and direction), and waiting on any communicator of a family also advances the others,
+ * so groups are independent.
  * What not: host memory only (device must be NULL); processes on one node only; no
  * thread of its own. A communicator (and its family) may be driven from several threads
  * (a mutex guards the queues), but one request must be waited for by one thread.

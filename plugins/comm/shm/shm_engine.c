@@ -16,13 +16,20 @@
  * someone rings or the deadline passes.
  * What not: no progress thread; nothing moves between calls into the plugin, so a caller
  * that wants communication to overlap compute calls test() now and then (e.g. per layer).
- * A request reports "done" only when it and everything started before it on its
- * communicator are done, so completions are observed in start order. A request is freed
- * by its wait(); waiting for it twice, or testing it after, is undefined (as in MPI).
+ * A request reports "done" when its own work is done. Collectives of a communicator
+ * therefore complete in start order (they run one at a time); a send or receive completes
+ * on its own, in order only with the earlier ones to or from the same peer (as in MPI).
+ * It must not wait behind earlier requests: a send larger than the mailbox finishes only
+ * once the peer posts its receive, and a peer that posts it only after its own receive
+ * returns would deadlock with us if that receive also waited for its earlier send (the
+ * interleaved pp=2 deadlock: test_comm's large_messages_stream_both_ways).
+ * A request is freed by its wait(); waiting for it twice, or testing it after, is
+ * undefined (as in MPI).
  * Invariants: the deadline is timeout_ms of no progress on the waited communicator; it
- * fails the oldest unfinished request with a message naming the rank(s) that did not
- * arrive, and marks the communicator broken (every pending and later request fails with
- * the same message: the ranks no longer agree where they are).
+ * fails the oldest request the waited one is queued behind (itself, an earlier collective,
+ * or an earlier send/recv with the same peer and direction) with a message naming the
+ * rank(s) that did not arrive, and marks the communicator broken (every pending and later
+ * request fails with the same message: the ranks no longer agree where they are).
  * Sequence numbers: barriers are numbered per communicator (shm.h), and every collective
  * that has a barrier gets opseq, the count of such collectives before it (count-0 calls
  * have no barrier and take no number, identically on every rank). Its descriptor
@@ -255,25 +262,24 @@ static int progress_family(shm_family *f, shm_comm *c)
     return moved_c;
 }
 
-/* req and everything started before it on its communicator are done. */
-static int settled(shm_comm *c, const loom_comm_request *req)
+/* The oldest unfinished request that req is queued behind: for a collective, the oldest
+ * unfinished collective; for a send or recv, the oldest unfinished one of the same kind
+ * and peer (tickets); req itself when nothing before it holds it up. */
+static loom_comm_request *blocker(shm_comm *c, loom_comm_request *req)
 {
-    for (const loom_comm_request *r = c->head; r != NULL; r = r->next) {
-        if (!r->done)
-            return 0;
-        if (r == req)
-            return 1;
-    }
-    return 1;
+    for (loom_comm_request *r = c->head; r != NULL && r != req; r = r->next)
+        if (!r->done && (is_coll(req->kind) ? is_coll(r->kind)
+                                            : r->kind == req->kind && r->peer == req->peer))
+            return r;
+    return req;
 }
 
-/* The deadline passed: name who we are waiting for, and break the communicator. */
-static void fail_timeout(shm_comm *c)
+/* The deadline passed waiting for req: name who we are waiting for, and break the
+ * communicator. */
+static void fail_timeout(shm_comm *c, loom_comm_request *req)
 {
-    loom_comm_request *r = c->head;
-    while (r != NULL && r->done)
-        r = r->next;
-    if (r == NULL)
+    loom_comm_request *r = blocker(c, req);
+    if (r->done)
         return;
     char who[160] = "", msg[SHM_MSG];
     int missing = 0;
@@ -347,7 +353,7 @@ loom_status shm_wait(void *self, loom_comm_request *req)
         /* Sample the bell BEFORE looking: a ring after this read changes it. */
         uint32_t seen = atomic_load(&bell->ring);
         int moved = progress_family(f, c);
-        if (settled(c, req))
+        if (req->done)
             break;
         double now = shm_now();
         if (moved) {
@@ -355,7 +361,7 @@ loom_status shm_wait(void *self, loom_comm_request *req)
             continue;
         }
         if (now >= deadline) {
-            fail_timeout(c);
+            fail_timeout(c, req);
             continue;
         }
         pthread_mutex_unlock(&f->lock);
@@ -382,7 +388,7 @@ int shm_test(void *self, loom_comm_request *req)
         return 1; /* wait() will say what is wrong, at once */
     pthread_mutex_lock(&c->fam->lock);
     progress_family(c->fam, c);
-    int done = settled(c, req);
+    int done = req->done;
     pthread_mutex_unlock(&c->fam->lock);
     return done;
 }

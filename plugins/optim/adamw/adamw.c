@@ -14,9 +14,11 @@
  * What not: no amsgrad, no per-group betas; the core decides which segments decay by
  * setting segment.weight_decay (0 for biases and norms when decay = "matrices").
  * Invariants: 2 state slots, slot-major: m at state[0..n), v at state[n..2n); t >= 1;
- * step allocates nothing; the only exported symbol is loom_plugin_entry.
+ * step allocates nothing; step_backend (device memory) has step's constants and, through
+ * the backend's adamw_update, its bits; the only exported symbol is loom_plugin_entry.
  */
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "loom/plugin.h"
@@ -96,15 +98,11 @@ static void adamw_decay_rule(void *self, float *weight_decay, int *decay_all)
     *decay_all = a->decay_all;
 }
 
-typedef struct step_consts {
-    float gs, decay, b2, one_minus_b2, step_size, bc2_sqrt, eps;
-    float w, one_minus_w; /* lerp weight 1 - b1, and 1 - w as float, as ATen's lerp has it */
-} step_consts;
-
 /* One segment. The float expressions follow PyTorch's kernels op for op (lerp_ for m,
  * mul_/addcmul_ for v, sqrt/div/add for denom, addcdiv_ for p) so a PyTorch fixture
- * matches closely; restrict and a loop-invariant branch let the compiler vectorise. */
-static void adamw_segment(const step_consts *c, const loom_optim_segment *seg)
+ * matches closely; restrict and a loop-invariant branch let the compiler vectorise.
+ * kernels/cuda/optim.cu's adamw kernel is this loop, operation for operation. */
+static void adamw_segment(const loom_adamw_consts *c, const loom_optim_segment *seg)
 {
     const size_t n = seg->n;
     float *restrict p = seg->param;
@@ -124,9 +122,10 @@ static void adamw_segment(const step_consts *c, const loom_optim_segment *seg)
     }
 }
 
-static loom_status adamw_step(void *self, const loom_optim_step_args *args)
+/* The checks and the per-step constants both paths share; c->decay is per segment. */
+static loom_status adamw_prepare(const adamw *a, const loom_optim_step_args *args,
+                                 loom_adamw_consts *c)
 {
-    const adamw *a = self;
     if (args == NULL || (args->n_segments > 0 && args->segments == NULL))
         return a->host->fail(LOOM_ERR_INVALID, "adamw: step needs segments");
     if (args->step < 1)
@@ -143,9 +142,9 @@ static loom_status adamw_step(void *self, const loom_optim_step_args *args)
     double t = (double)args->step;
     double bc1 = 1.0 - pow(a->beta1, t), bc2 = 1.0 - pow(a->beta2, t);
     float w = (float)(1.0 - a->beta1);
-    step_consts c = {
+    *c = (loom_adamw_consts){
         .gs = args->grad_scale,
-        .decay = 1.0f, /* per segment below */
+        .decay = 1.0f, /* per segment: segment_decay */
         .b2 = (float)a->beta2,
         .one_minus_b2 = (float)(1.0 - a->beta2),
         .step_size = (float)((double)args->lr / bc1),
@@ -154,10 +153,49 @@ static loom_status adamw_step(void *self, const loom_optim_step_args *args)
         .w = w,
         .one_minus_w = 1.0f - w,
     };
+    return LOOM_OK;
+}
+
+/* 1 - lr * wd in double, as PyTorch computes the Python-float factor. */
+static float segment_decay(const loom_optim_step_args *args, size_t k)
+{
+    return (float)(1.0 - (double)args->lr * args->segments[k].weight_decay);
+}
+
+static loom_status adamw_step(void *self, const loom_optim_step_args *args)
+{
+    const adamw *a = self;
+    loom_adamw_consts c;
+    loom_status st = adamw_prepare(a, args, &c);
+    if (st != LOOM_OK)
+        return st;
     for (size_t k = 0; k < args->n_segments; k++) {
-        /* 1 - lr * wd in double, as PyTorch computes the Python-float factor. */
-        c.decay = (float)(1.0 - (double)args->lr * args->segments[k].weight_decay);
+        c.decay = segment_decay(args, k);
         adamw_segment(&c, &args->segments[k]);
+    }
+    return LOOM_OK;
+}
+
+/* Device memory: the same constants, the element loop as the backend's adamw_update. */
+static loom_status adamw_step_backend(void *self, const loom_optim_step_args *args,
+                                      const loom_backend_ops *be, void *be_self)
+{
+    (void)be_self;
+    const adamw *a = self;
+    if (be == NULL || be->size <= offsetof(loom_backend_ops, adamw_update) ||
+        be->adamw_update == NULL)
+        return a->host->fail(LOOM_ERR_UNSUPPORTED, "adamw: this backend has no adamw_update op, "
+                             "so the update cannot run in its memory; use a backend that has "
+                             "it (cuda) or host memory (cpu)");
+    loom_adamw_consts c;
+    loom_status st = adamw_prepare(a, args, &c);
+    if (st != LOOM_OK)
+        return st;
+    for (size_t k = 0; k < args->n_segments; k++) {
+        const loom_optim_segment *seg = &args->segments[k];
+        c.decay = segment_decay(args, k);
+        if (seg->n > 0)
+            be->adamw_update(seg->param, seg->grad, seg->state, seg->state + seg->n, seg->n, &c);
     }
     return LOOM_OK;
 }
@@ -169,6 +207,7 @@ static const loom_optim_ops ops = {
     .state_per_param = adamw_state_per_param,
     .decay_rule = adamw_decay_rule,
     .step = adamw_step,
+    .step_backend = adamw_step_backend,
 };
 
 static const loom_plugin_desc desc = {

@@ -13,6 +13,7 @@
  * allocates nothing; the only exported symbol is loom_plugin_entry.
  */
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "loom/plugin.h"
@@ -114,9 +115,8 @@ static void sgd_segment(const sgd *s, const loom_optim_segment *seg, float lr, f
     }
 }
 
-static loom_status sgd_step(void *self, const loom_optim_step_args *args)
+static loom_status sgd_check(const sgd *s, const loom_optim_step_args *args)
 {
-    const sgd *s = self;
     if (args == NULL || (args->n_segments > 0 && args->segments == NULL))
         return s->host->fail(LOOM_ERR_INVALID, "sgd: step needs segments");
     for (size_t k = 0; k < args->n_segments; k++) {
@@ -126,8 +126,40 @@ static loom_status sgd_step(void *self, const loom_optim_step_args *args)
             return s->host->fail(LOOM_ERR_INVALID,
                                  "sgd: segment %zu has a NULL param, grad or state buffer", k);
     }
+    return LOOM_OK;
+}
+
+static loom_status sgd_step(void *self, const loom_optim_step_args *args)
+{
+    const sgd *s = self;
+    loom_status st = sgd_check(s, args);
+    if (st != LOOM_OK)
+        return st;
     for (size_t k = 0; k < args->n_segments; k++)
         sgd_segment(s, &args->segments[k], args->lr, args->grad_scale);
+    return LOOM_OK;
+}
+
+/* Device memory: sgd_segment's loops as the backend's sgd_update (kernels/cuda/optim.cu). */
+static loom_status sgd_step_backend(void *self, const loom_optim_step_args *args,
+                                    const loom_backend_ops *be, void *be_self)
+{
+    (void)be_self;
+    const sgd *s = self;
+    if (be == NULL || be->size <= offsetof(loom_backend_ops, sgd_update) || be->sgd_update == NULL)
+        return s->host->fail(LOOM_ERR_UNSUPPORTED, "sgd: this backend has no sgd_update op, so "
+                             "the update cannot run in its memory; use a backend that has it "
+                             "(cuda) or host memory (cpu)");
+    loom_status st = sgd_check(s, args);
+    if (st != LOOM_OK)
+        return st;
+    for (size_t k = 0; k < args->n_segments; k++) {
+        const loom_optim_segment *seg = &args->segments[k];
+        loom_sgd_consts c = {args->lr, args->grad_scale, seg->weight_decay, s->momentum,
+                             s->nesterov};
+        if (seg->n > 0)
+            be->sgd_update(seg->param, seg->grad, s->momentum > 0 ? seg->state : NULL, seg->n, &c);
+    }
     return LOOM_OK;
 }
 
@@ -138,6 +170,7 @@ static const loom_optim_ops ops = {
     .state_per_param = sgd_state_per_param,
     .decay_rule = sgd_decay_rule,
     .step = sgd_step,
+    .step_backend = sgd_step_backend,
 };
 
 static const loom_plugin_desc desc = {

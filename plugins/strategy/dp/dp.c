@@ -188,12 +188,15 @@ static loom_status dp_before_step(void *self)
     return st;
 }
 
+static int dp_pending(void *self) { return ((dp *)self)->n_inflight; }
+
 static const loom_strategy_ops ops = {
     .size = sizeof(loom_strategy_ops),
     .create = dp_create,
     .destroy = dp_destroy,
     .grads_ready = dp_grads_ready,
     .before_step = dp_before_step,
+    .pending = dp_pending,
 };
 
 static const loom_plugin_desc desc = {

@@ -50,6 +50,21 @@ static inline unsigned __float_as_uint(float f)
     return u;
 }
 
+/* The explicitly rounded arithmetic intrinsics: one IEEE fp32 operation each (the emulation
+ * is built without contraction, so a plain operator rounds once too). */
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline float __fsqrt_rn(float a) { return sqrtf(a); }
+
+static inline float __uint_as_float(unsigned u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
 /* Run body once per thread of every block of the grid. */
 void loom_emu_launch(dim3 grid, dim3 block, std::function<void()> body);
 

@@ -11,12 +11,52 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+
+#include <map>
 
 #include "loom/plugin/backend.h"
 
 extern "C" {
 loom_cuda_ctx loom_cuda;
 }
+
+/* The guard (LOOM_CUDAEMU_GUARD=1): "device" memory is host memory here, so code that
+ * reads or writes it directly, where a GPU would need a copy, would pass unnoticed. With
+ * the guard every allocation is its own mapping, kept PROT_NONE except while one of this
+ * table's ops runs: a direct host access is a segfault (the test fails) instead. */
+static int guard_on, guard_depth;
+static std::map<void *, size_t> blocks;
+
+static void protect_all(int prot)
+{
+    for (auto &b : blocks)
+        mprotect(b.first, b.second, prot);
+}
+
+struct guard_scope {
+    guard_scope()
+    {
+        if (guard_on && guard_depth++ == 0)
+            protect_all(PROT_READ | PROT_WRITE);
+    }
+    ~guard_scope()
+    {
+        if (guard_on && --guard_depth == 0)
+            protect_all(PROT_NONE);
+    }
+};
+
+/* An op of the table with the guard opened around it. */
+template <auto F> struct guarded;
+template <typename R, typename... A, R (*F)(A...)> struct guarded<F> {
+    static R call(A... a)
+    {
+        guard_scope g;
+        return F(a...);
+    }
+};
+#define G(f) guarded<f>::call
 
 static void *workspace;
 static size_t workspace_bytes;
@@ -46,6 +86,8 @@ extern "C" void loom_cuda_check_launch(const char *what)
 static loom_status emu_create(const loom_host *host, const loom_config *cfg, void **self)
 {
     memset(&loom_cuda, 0, sizeof loom_cuda);
+    const char *guard = getenv("LOOM_CUDAEMU_GUARD");
+    guard_on = guard && atoi(guard) != 0;
     loom_cuda.h_parts = parts;
     loom_cuda.d_flag = &flag;
     loom_cuda.h_flag = &flag;
@@ -65,23 +107,44 @@ static const char *emu_describe(void *self)
     return "cudaemu: kernels/cuda's kernels on the CPU (test-only emulation)";
 }
 
+
 static void *emu_alloc(void *self, size_t bytes)
 {
-    return calloc(1, bytes ? bytes : 1);
+    if (!guard_on)
+        return calloc(1, bytes ? bytes : 1);
+    size_t len = ((bytes ? bytes : 1) + 4095) & ~(size_t)4095;
+    void *p = mmap(NULL, len, guard_depth ? PROT_READ | PROT_WRITE : PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0); /* zeroed */
+    if (p == MAP_FAILED)
+        return NULL;
+    blocks[p] = len;
+    return p;
 }
 
 static void emu_free(void *self, void *p)
 {
-    free(p);
+    if (!guard_on || !p) {
+        free(p);
+        return;
+    }
+    auto b = blocks.find(p);
+    if (b == blocks.end()) {
+        loom_cuda_note_error("free", "a pointer this backend did not allocate");
+        return;
+    }
+    munmap(b->first, b->second);
+    blocks.erase(b);
 }
 
 static void emu_copy(void *self, void *dst, const void *src, size_t bytes)
 {
+    guard_scope g;
     memcpy(dst, src, bytes);
 }
 
 static void emu_zero(void *self, void *p, size_t bytes)
 {
+    guard_scope g;
     memset(p, 0, bytes);
 }
 
@@ -92,6 +155,15 @@ static void emu_sync(void *self)
 static void emu_set_deterministic(void *self, int on)
 {
     loom_cuda.deterministic = on;
+}
+
+/* Not a stream: a non-NULL handle marks this backend's memory as a device's
+ * (loom_backend_device_memory), so a session takes the device paths (step_backend, the
+ * host mirrors) that the CUDA backend takes. */
+static char emu_stream_token;
+static void *emu_stream(void *self)
+{
+    return &emu_stream_token;
 }
 
 static loom_backend_ops make_ops()
@@ -108,32 +180,38 @@ static loom_backend_ops make_ops()
     o.copy_to_host = emu_copy;
     o.zero = emu_zero;
     o.synchronize = emu_sync;
-    o.embedding_forward = loom_cuda_embedding_forward;
-    o.embedding_backward = loom_cuda_embedding_backward;
-    o.position_forward = loom_cuda_position_forward;
-    o.position_backward = loom_cuda_position_backward;
-    o.layernorm_forward = loom_cuda_layernorm_forward;
-    o.layernorm_backward = loom_cuda_layernorm_backward;
-    o.matmul_forward = loom_cuda_matmul_forward;
-    o.matmul_backward = loom_cuda_matmul_backward;
-    o.gemm = loom_cuda_sgemm;
-    o.attention_forward = loom_cuda_attention_forward;
-    o.attention_backward = loom_cuda_attention_backward;
-    o.gelu_forward = loom_cuda_gelu_forward;
-    o.gelu_backward = loom_cuda_gelu_backward;
-    o.residual_forward = loom_cuda_residual_forward;
-    o.accumulate = loom_cuda_accumulate;
-    o.ce_row_max = loom_cuda_ce_row_max;
-    o.ce_row_sumexp = loom_cuda_ce_row_sumexp;
-    o.ce_target_logit = loom_cuda_ce_target_logit;
-    o.ce_finish = loom_cuda_ce_finish;
-    o.bias_add = loom_cuda_bias_add;
-    o.bias_backward = loom_cuda_bias_backward;
-    o.sum_squares = loom_cuda_sum_squares;
-    o.has_nonfinite = loom_cuda_has_nonfinite;
-    o.scale = loom_cuda_scale;
+    o.embedding_forward = G(loom_cuda_embedding_forward);
+    o.embedding_backward = G(loom_cuda_embedding_backward);
+    o.position_forward = G(loom_cuda_position_forward);
+    o.position_backward = G(loom_cuda_position_backward);
+    o.layernorm_forward = G(loom_cuda_layernorm_forward);
+    o.layernorm_backward = G(loom_cuda_layernorm_backward);
+    o.matmul_forward = G(loom_cuda_matmul_forward);
+    o.matmul_backward = G(loom_cuda_matmul_backward);
+    o.gemm = G(loom_cuda_sgemm);
+    o.attention_forward = G(loom_cuda_attention_forward);
+    o.attention_backward = G(loom_cuda_attention_backward);
+    o.gelu_forward = G(loom_cuda_gelu_forward);
+    o.gelu_backward = G(loom_cuda_gelu_backward);
+    o.residual_forward = G(loom_cuda_residual_forward);
+    o.accumulate = G(loom_cuda_accumulate);
+    o.ce_row_max = G(loom_cuda_ce_row_max);
+    o.ce_row_sumexp = G(loom_cuda_ce_row_sumexp);
+    o.ce_target_logit = G(loom_cuda_ce_target_logit);
+    o.ce_finish = G(loom_cuda_ce_finish);
+    o.bias_add = G(loom_cuda_bias_add);
+    o.bias_backward = G(loom_cuda_bias_backward);
+    o.sum_squares = G(loom_cuda_sum_squares);
+    o.has_nonfinite = G(loom_cuda_has_nonfinite);
+    o.scale = G(loom_cuda_scale);
     o.set_deterministic = emu_set_deterministic;
-    o.attention_decode = loom_cuda_attention_decode;
+    o.attention_decode = G(loom_cuda_attention_decode);
+    o.stream = emu_stream;
+    o.convert_from_f32 = G(loom_cuda_convert_from_f32);
+    o.convert_to_f32 = G(loom_cuda_convert_to_f32);
+    o.round_to = G(loom_cuda_round_to);
+    o.adamw_update = G(loom_cuda_adamw_update);
+    o.sgd_update = G(loom_cuda_sgd_update);
     return o;
 }
 

@@ -1,4 +1,4 @@
--- expect: comm_nccl.lua:6: comm="nccl" needs a GPU backend that trains through a session, and sessions do not train on the CUDA backend yet (use "shm" for ranks of one node or "mpi" across nodes)
+-- expect: comm_nccl.lua:6: comm="nccl" needs sessions training on the CUDA backend with more than one rank, which is not built yet (backend = "cuda" trains one rank; use "shm" for ranks of one node or "mpi" across nodes)
 package.path = arg[0]:match("^(.*)/bad/[^/]*$") .. "/recipes/?.lua;" .. package.path
 local loom = require "loom"
 local common = require "common"

@@ -11,7 +11,31 @@ local session = loom.train {
 }
 local text, hash = loom.sample { session = session, prompt = "ROMEO:\n", tokens = 40,
   temperature = 0.9, top_k = 20, seed = 3, logits_hash = true }
+local function hex(t) return (t:gsub(".", function(c) return string.format("%02x", c:byte()) end)) end
 if loom.rank == 0 then
-  print("SAMPLE " .. text:gsub(".", function(c) return string.format("%02x", c:byte()) end))
+  print("SAMPLE " .. hex(text))
   print("HASH " .. hash)
+end
+-- LOOM_SAMPLE_TIMES=N: N more samples with the key/value cache and N without, timed
+-- ("NOCACHE" lines: the uncached sample, which must equal the cached one; "TIMES cached
+-- uncached" in ms, the fastest of N each).
+local n = tonumber(os.getenv("LOOM_SAMPLE_TIMES") or "")
+if n then
+  local core = require "loom.core"
+  local best = { [true] = math.huge, [false] = math.huge }
+  local plain, plain_hash
+  for _ = 1, n do
+    for _, cache in ipairs { true, false } do
+      local t0 = core.now()
+      local t, h = loom.sample { session = session, prompt = "ROMEO:\n", tokens = 40,
+        temperature = 0.9, top_k = 20, seed = 3, logits_hash = true, cache = cache }
+      best[cache] = math.min(best[cache], (core.now() - t0) * 1000)
+      if not cache then plain, plain_hash = t, h end
+    end
+  end
+  if loom.rank == 0 then
+    print("NOCACHE SAMPLE " .. hex(plain))
+    print("NOCACHE HASH " .. plain_hash)
+    print(string.format("TIMES %.3f %.3f", best[true], best[false]))
+  end
 end

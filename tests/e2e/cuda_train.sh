@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# cuda_train.sh LOOM BACKEND STEPS TOL — a session training in a device backend's memory
+# (recipes/cuda_train.lua: a 1-block model, AdamW, clipping) against the CPU backend:
+#  - every step's loss and gradient norm within TOL of the CPU run's (other summation
+#    orders in the kernels; the optimizer update itself is bitwise the host's, cuda_optim);
+#  - the loss falls;
+#  - in bf16 too (precision = "bf16"), against the CPU's bf16 run;
+#  - a checkpoint saved on the device backend and resumed there gives the uninterrupted
+#    run's later losses bit for bit (the save and the load go through the host mirrors).
+# BACKEND cudaemu (tests/cuda: the CUDA kernels emulated on the CPU, a non-NULL stream so
+# sessions take the device paths) runs everywhere; cuda needs a GPU: exit 77 (meson's
+# skip) with a message where none is visible.
+set -euo pipefail
+loom=$1 backend=$2 steps=$3 tol=$4
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/lib.sh"
+recipe=$here/recipes/cuda_train.lua
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+
+if ! "$loom" run "$recipe" backend="$backend" steps="$steps" > "$tmp/dev" 2> "$tmp/dev.err"; then
+  if grep -q "not usable here\|no CUDA device" "$tmp/dev.err"; then
+    echo "SKIP: no GPU here, backend=$backend did not train: $(head -1 "$tmp/dev.err")"
+    exit 77
+  fi
+  cat "$tmp/dev.err"; exit 1
+fi
+"$loom" run "$recipe" backend=cpu steps="$steps" > "$tmp/cpu"
+grep -q "^LOSS $steps " "$tmp/dev" || { echo "backend=$backend: no loss for step $steps"; cat "$tmp/dev"; exit 1; }
+d=$(max_loss_diff "$tmp/cpu" "$tmp/dev")
+n=$(max_field_diff '^NORM ' 4 "$tmp/cpu" "$tmp/dev")
+echo "backend=$backend vs cpu, $steps steps: max |loss diff| $d, max |norm diff| $n (tolerance $tol)"
+below "$d" "$tol" || { echo "losses differ by more than $tol"; paste "$tmp/cpu" "$tmp/dev" | grep LOSS; exit 1; }
+below "$n" "$tol" || { echo "norms differ by more than $tol"; paste "$tmp/cpu" "$tmp/dev" | grep NORM; exit 1; }
+fell=$(loss_fell "$tmp/dev" 0.05) || { echo "backend=$backend: the loss did not fall: $fell"; exit 1; }
+echo "backend=$backend: loss $fell"
+
+# bf16 (the precision plugin's rounded compute copy and activations, through the backend's
+# round_to): the device run against the CPU's bf16 run
+"$loom" run "$recipe" backend="$backend" steps="$steps" precision=bf16 > "$tmp/dev16"
+"$loom" run "$recipe" backend=cpu steps="$steps" precision=bf16 > "$tmp/cpu16"
+d=$(max_loss_diff "$tmp/cpu16" "$tmp/dev16")
+echo "backend=$backend vs cpu, bf16: max |loss diff| $d (tolerance $tol)"
+below "$d" "$tol" || { echo "bf16 losses differ by more than $tol"; paste "$tmp/cpu16" "$tmp/dev16" | grep LOSS; exit 1; }
+
+# save at k on the device backend, resume there: the later steps bitwise the straight run
+k=$((steps - 2))
+"$loom" run "$recipe" backend="$backend" steps=$k checkpoint.dir="$tmp/ck" checkpoint.every=$k > /dev/null
+"$loom" run "$recipe" backend="$backend" steps="$steps" checkpoint.dir="$tmp/ck" resume=auto > "$tmp/res"
+grep -q "resumed from .*step_0*$k at step $k" "$tmp/res" ||
+  { echo "did not resume at step $k"; cat "$tmp/res"; exit 1; }
+awk -v k=$k '/^LOSS/ && $2 > k' "$tmp/dev" > "$tmp/want"
+grep '^LOSS' "$tmp/res" > "$tmp/got"
+cmp -s "$tmp/want" "$tmp/got" || { echo "resumed losses differ:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+echo "backend=$backend: saved at step $k and resumed, steps $((k + 1))-$steps bitwise the straight run"
+
+# what does not train in device memory yet is refused by name, before any step
+if out=$("$loom" run "$recipe" backend="$backend" strategy.offload.optimizer=host 2>&1); then
+  echo "backend=$backend with offload: accepted"; exit 1
+fi
+grep -q "training in device memory with strategy offload is not built yet" <<< "$out" ||
+  { echo "backend=$backend with offload: unexpected message: $out"; exit 1; }
+echo "backend=$backend: offload refused with a message"

@@ -419,7 +419,8 @@ static size_t lay_out_activations(loom_gpt *m, float *base, const layer_acts *s)
         a->res3 = TAKE(Rl * C);
         a->dfch = m->split ? TAKE(R * FC) : NULL;
         a->ln_part = m->split ? TAKE(4 * C) : NULL;
-        a->dqkv = m->split && sel ? TAKE(R * QKV) : NULL;
+        /* d(qkv) for W: over fch unless W reruns SwiGLU/GELU from fch or it does not fit */
+        a->dqkv = m->split && (sel || QKV > FC) ? TAKE(R * QKV) : NULL;
     }
     m->encoded = TAKE(Rl * C); m->lnf = TAKE(Rl * C); m->lnf_mean = TAKE(Rl);
     m->lnf_rstd = TAKE(Rl); m->lnf_full = GATHERED(m->lnf);

@@ -25,6 +25,9 @@
  * slot (a->ln_part, m->lnf_part) and W adds them, so B writes no parameter gradient and
  * the engine may zero the gradients before each W (one micro-batch's gradients on their
  * own). In fast mode the kernels accumulate straight into the gradient, in B.
+ * The llama family's blocks have their own B and W (gpt_llama_split.c, the same scheme);
+ * the chunk's ends here serve both (its untied LM head is m->p.head, its final norm an
+ * RMSNorm with one weight).
  * What not: sequence parallelism (gpt.c's check_split refuses split_backward with it).
  */
 #include "gpt_stage.h"
@@ -125,26 +128,29 @@ loom_status loom_gpt_stage_backward_input(loom_gpt *m, int lo, int hi, float *he
     int B = m->last_B, T = m->last_T, C = m->cfg.dim;
     size_t R = (size_t)B * T;
     if (hi == m->cfg.layers) {
-        /* LM head (tied to wte): d(ln_f out) into dsummed; then ln_f: dres = d(last block) */
+        /* LM head (GPT-2's: wte): d(ln_f out) into dsummed; then ln_f: dres = d(last block) */
         LOOM_TRY(gpt_stage_head_units(m, hi, 1));
-        LOOM_TRY(gpt_column_parallel_backward_input(m, LOOM_REGION_HEAD, -1, m->logits, m->p.wte,
-                                                    B, T, m->Vl, 1));
+        LOOM_TRY(gpt_column_parallel_backward_input(m, LOOM_REGION_HEAD, -1, m->logits,
+                                                    m->p.head, B, T, m->Vl, 1));
         if (head_dw) { /* one micro-batch's head half, on its own (canonical mode's tied wte) */
             k->zero(m->be->self, head_dw, (size_t)m->Vl * C * sizeof(float));
-            k->matmul_backward(NULL, head_dw, NULL, m->logits, m->lnf_full, m->p.wte, B, T, C,
+            k->matmul_backward(NULL, head_dw, NULL, m->logits, m->lnf_full, m->p.head, B, T, C,
                                m->Vl);
         }
         rep_pack pk = {.n = 0, .base = m->lnf_part};
         rep_args lnf = {m->dres, m->dsummed, m->acts[hi - 1].res3, m->p.lnfw, m->lnf_mean,
                         m->lnf_rstd};
-        gpt_replicated_grads(m, &pk, 0, &lnf, m->g.lnfw, m->g.lnfb, R);
+        gpt_replicated_grads(m, &pk, gpt_norm_kind(m), &lnf, m->g.lnfw, m->g.lnfb, R);
         LOOM_TRY(gpt_stage_head_units(m, hi, 0));
     }
     for (int l = hi - 1; l >= lo; l--) {
         float *residual = l == lo ? m->encoded : m->acts[l - 1].res3;
         float *dx = l == lo ? m->dx_out : m->acts[l - 1].res3;
         LOOM_TRY(gpt_stage_block_unit(m, l, lo, 0));
-        LOOM_TRY(block_input(m, l, residual, block_dy(m, l, hi), dx, B, T, R));
+        if (m->llama)
+            LOOM_TRY(gpt_llama_block_input(m, l, residual, block_dy(m, l, hi), dx, B, T, R));
+        else
+            LOOM_TRY(block_input(m, l, residual, block_dy(m, l, hi), dx, B, T, R));
         LOOM_TRY(gpt_stage_block_unit(m, l, lo, 1));
     }
     return LOOM_OK;
@@ -158,22 +164,24 @@ loom_status loom_gpt_stage_backward_weight(loom_gpt *m, int lo, int hi, int head
     size_t R = (size_t)B * T;
     if (hi == m->cfg.layers) {
         if (!head_done)
-            k->matmul_backward(NULL, m->g.wte, NULL, m->logits, m->lnf_full, m->p.wte, B, T, C,
-                               m->Vl);
-        if (m->canonical || m->sp) {
-            rep_pack ln = {{m->g.lnfw, m->g.lnfb}, 2, m->lnf_part};
+            k->matmul_backward(NULL, m->g.head, NULL, m->logits, m->lnf_full, m->p.head, B, T,
+                               C, m->Vl);
+        if (m->canonical || m->sp) { /* RMSNorm (llama): a weight, no bias */
+            rep_pack ln = {{m->g.lnfw, m->g.lnfb}, m->llama ? 1 : 2, m->lnf_part};
             LOOM_TRY(gpt_rep_flush(m, &ln));
         }
         LOOM_TRY(gpt_stage_ready(m, -1, 0)); /* the data-parallel overlap (gpt_stage.h) */
     }
     for (int l = hi - 1; l >= lo; l--) {
-        LOOM_TRY(block_weight(m, l, block_dy(m, l, hi), B, T, R));
+        LOOM_TRY(m->llama ? gpt_llama_block_weight(m, l, block_dy(m, l, hi), B, T)
+                          : block_weight(m, l, block_dy(m, l, hi), B, T, R));
         LOOM_TRY(gpt_stage_ready(m, l, 0));
     }
     if (lo == 0) {
         LOOM_TRY(B_LEAVE(LOOM_REGION_EMBEDDING, -1, m->dx_out, m->dx_out, R, C));
         gpt_embedding_grad(m, m->dx_out, R);
-        k->position_backward(m->g.wpe, m->dx_out, B, T, C);
+        if (m->g.wpe) /* learned positions (GPT-2); the llama family's are rotary */
+            k->position_backward(m->g.wpe, m->dx_out, B, T, C);
     }
     if (lo == 0 || hi == m->cfg.layers)
         LOOM_TRY(gpt_stage_ready(m, -1, 1));

@@ -256,6 +256,11 @@ loom_status gpt_llama_block_forward(loom_gpt *m, int l, const float *residual, i
                                     size_t Rl);
 loom_status gpt_llama_block_backward(loom_gpt *m, int l, const float *residual, rep_pack *pk,
                                      int B, int T, size_t Rl);
+/* Its split backward (gpt_llama_split.c): B reads dy = d(block output), writes dx =
+ * d(residual); W adds the weight gradients from what B kept (gpt_backward_split.c). */
+loom_status gpt_llama_block_input(loom_gpt *m, int l, const float *residual, float *dy,
+                                  float *dx, int B, int T, size_t Rl);
+loom_status gpt_llama_block_weight(loom_gpt *m, int l, const float *dy, int B, int T);
 /* gpt_llama.c: the family's config checks, widths (m->llama and the fields after it),
  * split checks and the rotary angle cache. */
 loom_status gpt_llama_config_check(const loom_gpt_config *c);

@@ -87,9 +87,6 @@ loom_status gpt_llama_check_split(const loom_gpt *m)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "pipeline parallelism (pp > 1) with loom.llama's "
                   "tie_embeddings = true is not built yet: untie the head (the default) or run "
                   "pp = 1");
-    if (m->split)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "a split backward (schedule = \"zb1\") with the llama "
-                  "family is not built yet");
     int tp = m->tp;
     if (tp > 1 && c->kv_heads % tp != 0) {
         char ok[256] = "";

@@ -6,15 +6,20 @@
 -- loom launch, one per rank, "[rank k] "-prefixed past rank 0): tokens_per_s, ms_per_step,
 -- comm_ms (mean per timed step: tensor-parallel exchanges, dp sync, grad-norm exchange),
 -- comm_share (comm_ms / ms_per_step), param_bytes (this rank's parameter buffer),
--- peak_rss (this process's peak resident set, bytes) and losses (the first three steps').
+-- peak_rss (this process's peak resident set, bytes), losses (the first three steps') and
+-- cpu_ms_per_step (the process's CPU time, all threads, per timed step: less sensitive than
+-- ms_per_step to other work on the machine).
 local loom = require "loom"
 local core = require "loom.core"
 
 local warmup = 2
 local timed_ms, timed_tokens, timed_comm = 0, 0, 0
 local losses = {}
+local cpu0, cpu1 = 0, 0
 local cfg = {
-  model     = loom.gpt { vocab = 256, vocab_padded = 256, ctx = 64, layers = 4, heads = 4, dim = 128 },
+  -- bench_llama.lua sets BENCH_MODEL (a loom.llama) and runs this file
+  model     = rawget(_G, "BENCH_MODEL")
+              or loom.gpt { vocab = 256, vocab_padded = 256, ctx = 64, layers = 4, heads = 4, dim = 128 },
   data      = loom.data.random { vocab = 256, seed = 1 },
   optimizer = { "adamw", lr = 3e-4, betas = { 0.9, 0.95 }, weight_decay = 0.1 },
   batch     = { micro = 8, seq = 64 },
@@ -22,6 +27,8 @@ local cfg = {
   threads   = 2,
   log       = { every = 1000000 },
   on_step   = function(r)
+    if r.step == warmup then cpu0 = os.clock() end
+    cpu1 = os.clock()
     if r.step > warmup then
       timed_ms = timed_ms + r.ms
       timed_tokens = timed_tokens + r.tokens
@@ -38,7 +45,8 @@ local session, summary = loom.train(cfg)
 local timed = math.max(1, #summary.losses - warmup)
 local info = session:info()
 print(string.format('{"impl":"loom","tokens_per_s":%.1f,"ms_per_step":%.2f,"steps":%d,"params":%d,'
-  .. '"final_loss":%.4f,"comm_ms":%.3f,"comm_share":%.4f,"param_bytes":%d,"peak_rss":%d,"losses":[%s]}',
+  .. '"final_loss":%.4f,"comm_ms":%.3f,"comm_share":%.4f,"param_bytes":%d,"peak_rss":%d,"losses":[%s],'
+  .. '"cpu_ms_per_step":%.2f}',
   timed_tokens / (timed_ms / 1000), timed_ms / timed, #summary.losses - warmup, info.params,
   summary.final_loss, timed_comm / timed, timed_ms > 0 and timed_comm / timed_ms or 0,
-  info.param_bytes, core.peak_rss(), table.concat(losses, ",")))
+  info.param_bytes, core.peak_rss(), table.concat(losses, ","), 1000 * (cpu1 - cpu0) / timed))

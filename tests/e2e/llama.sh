@@ -2,15 +2,17 @@
 # llama.sh LOOM — the llama family (loom.llama: RMSNorm, SwiGLU, RoPE, grouped-query
 # attention with 4 query heads over 2 kv heads) under the layouts built for it:
 #  - one rank trains (the loss falls over 12 steps);
-#  - fast mode: tp=2, with and without sequence parallelism, within 2e-5 of one rank;
+#  - fast mode: tp=2, with and without sequence parallelism, and pp=2 zb1 (the split
+#    backward, 2 micro-batches) within 2e-5 of one rank; pp=2 zb1 bitwise pp=2 1f1b;
 #  - canonical mode: tp=2, tp=2+sp, dp=2, tp=2 x dp=2, zero=1/2/3 (dp=2), pp=2 (1f1b,
-#    gpipe), pp=2 x tp=2, pp=2 x dp=2, recompute full and selective, all bitwise identical
+#    gpipe, zb1, zb1 with selective recompute), pp=2 x tp=2 (1f1b, zb1), pp=2 x dp=2,
+#    recompute full and selective, all bitwise identical
 #    (losses and gradient norms) to one rank; tp=4 with kv_heads=4 and pp=2 interleaved on
 #    4 blocks bitwise their own one-rank runs;
 #  - checkpoints remap across layouts by logical names (canonical: bitwise resumes), and
 #    export to the same Hugging Face tensors from tp=2 as from one rank;
-#  - refused with a message saying what works: tp not dividing kv_heads, zb1 (split
-#    backward), pp with a tied head, an llm.c export.
+#  - refused with a message saying what works: tp not dividing kv_heads, pp with a tied
+#    head, an llm.c export.
 set -euo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -33,6 +35,15 @@ for layout in "mesh.tp=2" "mesh.tp=2 tp_sequence_parallel=true"; do
   below "$d" 2e-5 || { echo "fast $layout differs from one rank by $d"; exit 1; }
   echo "ok fast $layout vs one rank: max |loss diff| $d over 12 steps"
 done
+# zb1: B (input gradients) then W (weight gradients) per micro-batch; the same global batch
+# of 4 sequences as one rank, in 2 micro-batches of 2
+runN 2 mesh.pp=2 schedule=zb1 batch.micro=2 batch.global=4 > "$tmp/z"
+[ "$(grep -c '^LOSS' "$tmp/z")" -eq 12 ] || { echo "fast pp=2 zb1: expected 12 steps"; exit 1; }
+d=$(max_loss_diff "$tmp/one" "$tmp/z")
+below "$d" 2e-5 || { echo "fast pp=2 zb1 differs from one rank by $d"; exit 1; }
+runN 2 mesh.pp=2 schedule=1f1b batch.micro=2 batch.global=4 > "$tmp/o"
+cmp -s "$tmp/o" "$tmp/z" || { echo "fast pp=2 zb1 differs from 1f1b"; paste "$tmp/o" "$tmp/z" | head; exit 1; }
+echo "ok fast mesh.pp=2 schedule=zb1 vs one rank: max |loss diff| $d over 12 steps; bitwise 1f1b"
 
 canon="deterministic=canonical batch.micro=2 batch.global=4"
 run1 $canon > "$tmp/c1"
@@ -44,7 +55,9 @@ same() { # name file
 for layout in "2 mesh.tp=2" "2 mesh.tp=2 tp_sequence_parallel=true" "2 mesh.dp=2" \
               "4 mesh.tp=2 mesh.dp=2" "2 mesh.dp=2 strategy.zero=1" "2 mesh.dp=2 strategy.zero=2" \
               "2 mesh.dp=2 strategy.zero=3" "2 mesh.pp=2 schedule=1f1b" "2 mesh.pp=2 schedule=gpipe" \
-              "4 mesh.pp=2 mesh.tp=2 schedule=1f1b" "4 mesh.pp=2 mesh.dp=2 schedule=1f1b"; do
+              "2 mesh.pp=2 schedule=zb1" "2 mesh.pp=2 schedule=zb1 recompute=selective" \
+              "4 mesh.pp=2 mesh.tp=2 schedule=1f1b" "4 mesh.pp=2 mesh.tp=2 schedule=zb1" \
+              "4 mesh.pp=2 mesh.dp=2 schedule=1f1b"; do
   runN ${layout%% *} $canon ${layout#* } > "$tmp/c"
   same "${layout#* }" "$tmp/c"
 done
@@ -97,16 +110,19 @@ expect_refusal() { # pattern, then the run's arguments
   echo "ok refused $*: $(tail -1 "$tmp/err" | cut -c1-150)"
 }
 expect_refusal "does not divide kv_heads=2 (tp may be 1, 2)" mesh.tp=4
-if "$loom" launch -n 2 "$recipe" $base comm_timeout=20 mesh.pp=2 schedule=zb1 > "$tmp/err" 2>&1 ||
-   ! grep -q 'split backward (schedule = "zb1") with the llama family is not built yet' "$tmp/err"; then
-  echo "pp=2 schedule=zb1 was not refused as expected"; cat "$tmp/err"; exit 1
-fi
-echo "ok refused mesh.pp=2 schedule=zb1 (split backward not built for llama)"
 if "$loom" launch -n 2 "$recipe" $base comm_timeout=20 mesh.pp=2 model.tie_embeddings=true > "$tmp/err" 2>&1 ||
    ! grep -q 'tie_embeddings = true is not built yet' "$tmp/err"; then
   echo "pp=2 with tie_embeddings was not refused as expected"; cat "$tmp/err"; exit 1
 fi
 echo "ok refused mesh.pp=2 with tie_embeddings = true"
+
+# scripts/bench-llama's loom side (bench_llama.lua through bench_gpt.lua): the llama model
+# it names (one block: 229,760 parameters with the tied head), its JSON line with a CPU time
+out=$("$loom" run "$here/../../scripts/recipes/bench_llama.lua" model.layers=1 batch.micro=2 \
+  steps=4 threads=1 2>/dev/null | tail -1)
+echo "$out" | grep -q '^{"impl":"loom",.*"params":229760,.*"cpu_ms_per_step":[0-9]' ||
+  { echo "bench_llama.lua: not the JSON line of a 229760-parameter llama: $out"; exit 1; }
+echo "ok bench_llama.lua: the llama benchmark model and its JSON line"
 
 # The bundled recipe runs as written (shape, optimizer, schedule, eval, the closing sample)
 # for two small steps on random GPT-2 token shards made here: 10.06M parameters, a first

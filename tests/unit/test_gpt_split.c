@@ -11,6 +11,10 @@
  *               micro-batch gradient's bits, also with the LM head's half taken in B
  *               (head_dw, the tied wte of a pipeline's last stage) and added after.
  *   errors:     B on a model created without split_backward is refused with a message.
+ * Each of fast and canonical runs on four models (the loop index, shapes[]): GPT-2, and the
+ * llama family (RMSNorm, SwiGLU, RoPE, 4 query heads over 2 kv heads, untied head) with
+ * B's d(qkv) over SwiGLU's input (ffn_dim 64), in its own buffer (ffn_dim 24: q|k|v wider
+ * than gate|up), and with selective recomputation (W reruns SwiGLU).
  */
 #include <check.h>
 #include <stdlib.h>
@@ -25,12 +29,22 @@ enum { B_ = 2, T_ = 16, L_ = 3 };
 
 static loom_backend be;
 
+static const struct shape {
+    int llama, ffn_dim, recompute;
+} shapes[] = {{0, 0, 0}, {1, 64, 0}, {1, 24, 0}, {1, 64, LOOM_RECOMPUTE_SELECTIVE}};
+static struct shape shape; /* the loop's */
+
 static loom_gpt *make(int canonical, int split)
 {
     if (!be.ops)
         ck_assert_msg(loom_backend_open("cpu", 0, &be) == LOOM_OK, "%s", loom_last_error());
     loom_gpt_config c = {.vocab = 67, .ctx = T_, .layers = L_, .heads = 4, .dim = 32};
-    loom_gpt_parallel par = {NULL, NULL, canonical, NULL, 2, split, 0, NULL};
+    if (shape.llama) {
+        c.family = LOOM_FAMILY_LLAMA;
+        c.kv_heads = 2;
+        c.ffn_dim = shape.ffn_dim;
+    }
+    loom_gpt_parallel par = {NULL, NULL, canonical, NULL, 2, split, shape.recompute, NULL};
     loom_gpt *m;
     ck_assert_msg(loom_gpt_create(&c, &be, B_, 11, &par, &m) == LOOM_OK, "%s", loom_last_error());
     return m;
@@ -61,13 +75,16 @@ static const float *grads(loom_gpt *m) { return loom_gpt_grad_data(m); }
 
 static int same(const float *a, const float *b, size_t n) { return !memcmp(a, b, n * sizeof(float)); }
 
-/* Is every matrix weight's gradient (h.*.weight of the linears, wte) zero? */
+/* The LM head's entry (GPT-2's is wte). */
+static const char *head_name(void) { return shape.llama ? "lm_head.weight" : "wte"; }
+
+/* Is every matrix weight's gradient (h.*.weight of the linears, the head) zero? */
 static int weight_grads_zero(loom_gpt *m)
 {
     const loom_param_table *t = loom_gpt_params(m);
     for (int i = 0; i < t->count; i++) {
         const loom_param_entry *e = &t->entries[i];
-        if (!strstr(e->name, "attn.") && !strstr(e->name, "mlp.") && strcmp(e->name, "wte"))
+        if (!strstr(e->name, "attn.") && !strstr(e->name, "mlp.") && strcmp(e->name, head_name()))
             continue;
         for (size_t j = 0; j < e->numel; j++)
             if (grads(m)[e->offset + j] != 0.0f)
@@ -86,6 +103,7 @@ static int all_zero(const float *x, size_t n)
 
 START_TEST(fast)
 {
+    shape = shapes[_i];
     loom_gpt *f = make(0, 0), *s = make(0, 1);
     size_t n = total(f), rows = (size_t)B_ * T_ * 32;
     ck_assert_uint_eq(n, total(s));
@@ -122,9 +140,10 @@ END_TEST
 
 START_TEST(canonical)
 {
+    shape = shapes[_i];
     loom_gpt *f = make(1, 0), *s = make(1, 1);
     size_t n = total(f);
-    const loom_param_entry *wte = loom_params_find(loom_gpt_params(s), "wte");
+    const loom_param_entry *wte = loom_params_find(loom_gpt_params(s), head_name());
     ck_assert_ptr_nonnull(wte);
     float *want[2], *head = malloc(wte->numel * sizeof(float));
     for (int mb = 0; mb < 2; mb++) { /* one micro-batch's gradient on its own, fused */
@@ -149,7 +168,7 @@ START_TEST(canonical)
             int h = with_head && mb == 1;
             ck_assert_int_eq(loom_gpt_stage_backward_weight(s, 0, L_, h), LOOM_OK);
             float *g = loom_gpt_grad_data(s) + wte->offset;
-            for (size_t j = 0; h && j < wte->numel; j++) /* stage 0's emb + head */
+            for (size_t j = 0; h && j < wte->numel; j++) /* the head's half, added after */
                 g[j] += head[j];
             ck_assert_msg(same(want[mb], grads(s), n), "canonical micro-batch %d (head in B: %d) "
                           "differs from the fused backward", mb, h);
@@ -167,6 +186,7 @@ END_TEST
 
 START_TEST(refused)
 {
+    shape = shapes[0];
     loom_gpt *f = make(0, 0);
     forward(f, 0);
     ck_assert_int_eq(loom_gpt_stage_backward_input(f, 0, L_, NULL), LOOM_ERR_INVALID);
@@ -180,8 +200,9 @@ int main(void)
 {
     Suite *s = suite_create("gpt_split");
     TCase *tc = tcase_create("core");
-    tcase_add_test(tc, fast);
-    tcase_add_test(tc, canonical);
+    int n = (int)(sizeof shapes / sizeof shapes[0]);
+    tcase_add_loop_test(tc, fast, 0, n);
+    tcase_add_loop_test(tc, canonical, 0, n);
     tcase_add_test(tc, refused);
     suite_add_tcase(s, tc);
     SRunner *r = srunner_create(s);

@@ -195,6 +195,17 @@ typedef struct loom_ckpt_layout {
 int loom_ckpt_kind_count(const loom_ckpt_layout *l, int kind);
 void loom_ckpt_kind_name(char *out, size_t len, const loom_ckpt_layout *l, int kind, int i);
 
+/* One box of a flat range of a row-major tensor: start and length per dim, and where its
+ * first element sits in the range. loom_ckpt_range_boxes tiles elements [a, b) of a tensor
+ * of shape s (nd dims) with boxes, in order: at each point the coarsest dim the range is
+ * aligned to and still covers, as many of its rows as fit; returns how many (at most
+ * 2 x nd). Slice files store a partition piece so; a ZeRO load marks the tiles it reads so. */
+typedef struct loom_ckpt_box {
+    int64_t start[LOOM_PARAM_MAX_DIMS], len[LOOM_PARAM_MAX_DIMS];
+    uint64_t at;
+} loom_ckpt_box;
+int loom_ckpt_range_boxes(const int64_t *s, int nd, uint64_t a, uint64_t b, loom_ckpt_box *out);
+
 struct loom_st_tensor;
 /* The header's "loom.tiles" text for tensors ts[0..n) (malloc'd; NULL: out of memory). */
 char *loom_ckpt_tile_sums(const struct loom_st_tensor *ts, int n);

@@ -15,9 +15,11 @@
  * size (MAP_NORESERVE) that only the read tiles touch, so a rank's memory is what it reads.
  * Checkpoints without header_xxh64 (older) are read whole and checked against the
  * file's xxh64.
+ * Under ZeRO the optimizer state's tiles are those of this rank's partition pieces only
+ * (flat ranges of the held slices, as boxes); the rest of the assembled state is not read.
  * What not: no streaming into the session (the read tiles are held until the copy); no
- * communication; pieces are boxes of the logical tensor (a save whose pieces are not, e.g.
- * flat ranges of a ZeRO partition, needs its own piece kind in make_plan and mark_piece).
+ * communication; pieces are boxes of the logical tensor (ZeRO's slice files store their
+ * flat ranges as boxes, checkpoint.h).
  * Invariants: on any failure the session and the data source are as they were; every
  * message names the file (and the field) it is about.
  */
@@ -804,20 +806,19 @@ static void apply_plan(const plan *pl, const tfile *files, const loom_param_tabl
     }
 }
 
-/* Mark the tiles of pc's file that hold its intersection with e's held slice: one run
- * of the last dim per index of the others (a row split's runs touch, a column split's
- * are strided). */
-static void mark_piece(tfile *tf, const piece *pc, const loom_param_entry *e)
+/* Mark the tiles of pc's file that hold its intersection with the box (bs, bl) of the
+ * logical tensor (nd dims): one run of the last dim per index of the others (a row
+ * split's runs touch, a column split's are strided). */
+static void mark_box(tfile *tf, const piece *pc, int nd, const int64_t *bs, const int64_t *bl)
 {
-    int nd = e->ndim;
     loom_ckpt_tiling g = tiling(pc->te);
     unsigned char *need = tf->need + tf->tile_base[pc->seq];
     int64_t lo[LOOM_PARAM_MAX_DIMS], hi[LOOM_PARAM_MAX_DIMS], idx[LOOM_PARAM_MAX_DIMS],
             str[LOOM_PARAM_MAX_DIMS];
     for (int d = 0; d < nd; d++) {
-        lo[d] = pc->start[d] > e->slice_start[d] ? pc->start[d] : e->slice_start[d];
-        hi[d] = pc->start[d] + pc->len[d] < e->slice_start[d] + e->slice_len[d]
-                    ? pc->start[d] + pc->len[d] : e->slice_start[d] + e->slice_len[d];
+        lo[d] = pc->start[d] > bs[d] ? pc->start[d] : bs[d];
+        hi[d] = pc->start[d] + pc->len[d] < bs[d] + bl[d] ? pc->start[d] + pc->len[d]
+                                                          : bs[d] + bl[d];
         if (hi[d] <= lo[d])
             return;
         idx[d] = lo[d];
@@ -841,11 +842,36 @@ static void mark_piece(tfile *tf, const piece *pc, const loom_param_entry *e)
     }
 }
 
-static void mark_plan(const plan *pl, tfile *files, const loom_param_table *t, uint32_t per)
+/* The tiles every used piece needs: its intersection with the held slice, or under ZeRO
+ * (only != NULL) with this rank's partition pieces of the entry (flat ranges of the held
+ * slice, as boxes: loom_ckpt_range_boxes), so a rank reads its partition's tiles only. */
+static void mark_plan(const plan *pl, tfile *files, const loom_param_table *t, uint32_t per,
+                      const loom_zero_piece *only, size_t n_only)
 {
-    for (int i = 0; i < pl->n; i++)
-        if (pl->p[i].use && files[pl->p[i].file].mapped)
-            mark_piece(&files[pl->p[i].file], &pl->p[i], &t->entries[pl->p[i].target / (int)per]);
+    for (int i = 0; i < pl->n; i++) {
+        const piece *pc = &pl->p[i];
+        int ei = pc->target / (int)per;
+        const loom_param_entry *e = &t->entries[ei];
+        if (!pc->use || !files[pc->file].mapped)
+            continue;
+        if (!only) {
+            mark_box(&files[pc->file], pc, e->ndim, e->slice_start, e->slice_len);
+            continue;
+        }
+        for (size_t j = 0; j < n_only; j++) {
+            if (only[j].entry != ei)
+                continue;
+            loom_ckpt_box bx[2 * LOOM_PARAM_MAX_DIMS];
+            uint64_t a = only[j].lo - e->offset;
+            int nb = loom_ckpt_range_boxes(e->slice_len, e->ndim, a, a + only[j].n, bx);
+            for (int q = 0; q < nb; q++) {
+                int64_t st[LOOM_PARAM_MAX_DIMS];
+                for (int d = 0; d < e->ndim; d++)
+                    st[d] = e->slice_start[d] + bx[q].start[d];
+                mark_box(&files[pc->file], pc, e->ndim, st, bx[q].len);
+            }
+        }
+    }
 }
 
 /* Read the marked tiles of entry i, row by row (pieces adjacent in the file in one read),
@@ -896,7 +922,7 @@ static loom_status fetch_tiles(tfile *tf)
  * the tiles the plans use. */
 static loom_status tensors_open(const char *dir, const char *mpath, const loom_json *root,
                                 const loom_param_table *t, uint32_t slots, const elsewhere *ew,
-                                tensor_set *ts)
+                                const loom_zero_piece *only, size_t n_only, tensor_set *ts)
 {
     memset(ts, 0, sizeof *ts);
     loom_ckpt_layout l;
@@ -923,9 +949,9 @@ static loom_status tensors_open(const char *dir, const char *mpath, const loom_j
     LOOM_TRY(make_plan(ts->files, nm, t, 1, 0, ew, &ts->model));
     if (slots)
         LOOM_TRY(make_plan(ts->files + nm, no, t, slots, 1, ew, &ts->optim));
-    mark_plan(&ts->model, ts->files, t, 1);
+    mark_plan(&ts->model, ts->files, t, 1, NULL, 0);
     if (slots)
-        mark_plan(&ts->optim, ts->files + nm, t, slots);
+        mark_plan(&ts->optim, ts->files + nm, t, slots, only, n_only);
     for (int i = 0; i < nm + no; i++)
         if (ts->files[i].mapped)
             LOOM_TRY(fetch_tiles(&ts->files[i]));
@@ -955,7 +981,7 @@ loom_status loom_ckpt_load_tensors(const char *ckpt_dir, const loom_param_table 
         return loom_fail(LOOM_ERR_INVALID, "checkpoint path '%s' is too long", ckpt_dir);
     loom_status st = loom_ckpt_manifest_open(ckpt_dir, &doc, &text);
     if (st == LOOM_OK)
-        st = tensors_open(ckpt_dir, mpath, loom_json_root(doc), t, slots, NULL, &ts);
+        st = tensors_open(ckpt_dir, mpath, loom_json_root(doc), t, slots, NULL, NULL, 0, &ts);
     if (st == LOOM_OK)
         tensors_copy(&ts, t, slots, params, state);
     tensors_free(&ts);
@@ -1213,7 +1239,7 @@ static loom_status read_residuals(loaded *ld, const loom_json *root, loom_sessio
     if (st == LOOM_OK)
         st = make_plan(files, parts, t, (uint32_t)dp, 1, ew, &pl);
     if (st == LOOM_OK)
-        mark_plan(&pl, files, t, (uint32_t)dp);
+        mark_plan(&pl, files, t, (uint32_t)dp, NULL, 0);
     for (int i = 0; st == LOOM_OK && i < parts; i++)
         if (files[i].mapped)
             st = fetch_tiles(&files[i]);
@@ -1237,22 +1263,26 @@ static loom_status validate(loaded *ld, loom_session *s, const loom_data *data)
     loom_session_optim_state(s, &slots);
     const loom_gpt *m = loom_session_model(s);
     elsewhere ew = {held_elsewhere, m};
-    LOOM_TRY(tensors_open(ld->dir, ld->mpath, root, loom_gpt_params(m), slots, &ew, &ld->ts));
+    loom_zero *z = loom_session_zero(s);
+    if (z) /* ZeRO: only this rank's partition of the state is read (zero_ckpt.h) */
+        LOOM_TRY(loom_zero_pieces(z, loom_zero_rank(z), &ld->zero_pieces, &ld->n_zero_pieces));
+    LOOM_TRY(tensors_open(ld->dir, ld->mpath, root, loom_gpt_params(m), slots, &ew,
+                          ld->zero_pieces, ld->n_zero_pieces, &ld->ts));
     LOOM_TRY(read_residuals(ld, root, s, &ew));
     loom_offload *off = loom_session_offload_state(s);
     if (off && !(ld->offloaded = malloc(loom_offload_floats(off) * sizeof(float) + 1)))
         return loom_fail(LOOM_ERR_NOMEM, "checkpoint '%s': out of memory for a copy of the "
                          "offloaded optimizer state (%zu MiB)", ld->mpath,
                          loom_offload_floats(off) * sizeof(float) >> 20);
-    loom_zero *z = loom_session_zero(s);
-    if (!z) /* ZeRO: read whole, then each rank keeps its partition (zero_ckpt.h) */
+    if (!z) /* ZeRO: assembled whole (its partition's tiles read), then each rank keeps its
+             * partition (zero_ckpt.h) */
         return LOOM_OK;
     size_t floats = (size_t)slots * loom_gpt_params(m)->total;
     if (floats && !(ld->zero_full = malloc(floats * sizeof(float))))
         return loom_fail(LOOM_ERR_NOMEM, "checkpoint '%s' under zero=%d: out of memory for the "
                          "whole optimizer state (%zu MiB)", ld->mpath, loom_zero_stage(z),
                          floats * sizeof(float) >> 20);
-    return loom_zero_pieces(z, loom_zero_rank(z), &ld->zero_pieces, &ld->n_zero_pieces);
+    return LOOM_OK;
 }
 
 /* Everything is validated: the copies cannot fail. */

@@ -38,16 +38,9 @@ void loom_ckpt_kind_name(char *out, size_t len, const loom_ckpt_layout *l, int k
         snprintf(dot, len - (size_t)(dot - out), ".dp%d.safetensors", i % per);
 }
 
-/* One box of a flat range: start and length per dim in slice coordinates, and where its
- * first element sits in the range. */
-typedef struct box {
-    int64_t start[LOOM_PARAM_MAX_DIMS], len[LOOM_PARAM_MAX_DIMS];
-    uint64_t at;
-} box;
+typedef loom_ckpt_box box;
 
-/* Tile elements [a, b) of a row-major tensor of shape s (nd dims) with boxes; returns how
- * many (at most 2 * nd). */
-static int range_boxes(const int64_t *s, int nd, uint64_t a, uint64_t b, box *out)
+int loom_ckpt_range_boxes(const int64_t *s, int nd, uint64_t a, uint64_t b, loom_ckpt_box *out)
 {
     uint64_t st[LOOM_PARAM_MAX_DIMS];
     st[nd - 1] = 1;
@@ -128,7 +121,7 @@ loom_status loom_ckpt_write_slices(const char *path, const loom_param_table *t,
             continue; /* another stage writes it */
         box bx[2 * LOOM_PARAM_MAX_DIMS];
         uint64_t first = p[i].lo - e->offset;
-        int nb = range_boxes(e->slice_len, e->ndim, first, first + p[i].n, bx);
+        int nb = loom_ckpt_range_boxes(e->slice_len, e->ndim, first, first + p[i].n, bx);
         for (uint32_t k = 0; st == LOOM_OK && k < per; k++)
             for (int q = 0; st == LOOM_OK && q < nb; q++) {
                 int j = n++;

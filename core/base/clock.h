@@ -15,4 +15,13 @@ static inline double loom_now_s(void)
 
 static inline double loom_now_ms(void) { return loom_now_s() * 1e3; }
 
+/* This process's CPU time in ms (every thread; CLOCK_PROCESS_CPUTIME_ID): what a piece of
+ * work cost, whatever else shares the cores. */
+static inline double loom_cpu_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
 #endif

@@ -434,7 +434,7 @@ static void set_num(lua_State *L, const char *k, double v)
 
 /* s:step(data, lr [, step [, limits]]) -> {step, loss, grad_norm, lr, ms, comm_ms, tokens,
  * loss_scale, skipped,
- * inflight, bubble (under pp) [, nonfinite = {rank, stage, param | loss = true, message}]
+ * inflight, bubble, stage_cpu_ms (under pp) [, nonfinite = {rank, stage, param | loss = true, message}]
  * [, stop_signal = signo: a stop signal reached some rank, stop after this step]
  * [, spike = true: the update skipped, loss or norm above limits]}; limits: { loss =, norm = }
  * for this step (a loss spike's skip, train.lua).
@@ -500,6 +500,8 @@ static int l_session_step(lua_State *L)
     }
     if (st.bubble == st.bubble) /* under pp only */
         set_num(L, "bubble", st.bubble);
+    if (st.stage_cpu_ms == st.stage_cpu_ms)
+        set_num(L, "stage_cpu_ms", st.stage_cpu_ms);
     if (st.nonfinite.stop_signal) { /* the same on every rank: they all stop after this step */
         lua_pushinteger(L, st.nonfinite.stop_signal);
         lua_setfield(L, -2, "stop_signal");
@@ -677,7 +679,8 @@ static size_t rss_bytes(const char *key)
 }
 
 /* s:info() -> {params=, param_bytes=, activation_bytes=, vocab_padded=, backend=, steps=,
- *              stages=, zero=, offload=, peak_rss=, rss=, memory={...}};
+ *              stages=, pp_layers=, zero=, offload=, peak_rss=, rss=, memory={...}};
+ * pp_layers (under pp only): the blocks of each virtual stage, the split in use;
  * offload is "none", "host" or "disk"; peak_rss and rss this process's VmHWM and VmRSS
  * in bytes.
  * params counts the whole model, param_bytes this rank's parameter buffer (its slices,
@@ -701,6 +704,16 @@ static int l_session_info(lua_State *L)
     lua_setfield(L, -2, "steps");
     lua_pushinteger(L, loom_session_pipeline_stages(b->s));
     lua_setfield(L, -2, "stages");
+    int nv = 0;
+    const int *first = loom_session_pipeline_split(b->s, &nv);
+    if (first) { /* pp_layers = {blocks of virtual stage 0, 1, ...}: the split in use */
+        lua_createtable(L, nv, 0);
+        for (int k = 0; k < nv; k++) {
+            lua_pushinteger(L, first[k + 1] - first[k]);
+            lua_rawseti(L, -2, k + 1);
+        }
+        lua_setfield(L, -2, "pp_layers");
+    }
     lua_pushinteger(L, loom_session_zero_stage(b->s));
     lua_setfield(L, -2, "zero");
     lua_pushstring(L, loom_session_offload(b->s));

@@ -4,6 +4,8 @@
  *     planner and the session's start-up accounting cannot disagree;
  *   core.zero_padded(total, n): ZeRO's padded buffer (zero.h), whose n-th is a partition;
  *   core.cpu_now(): this process's CPU seconds (a loaded machine's honest clock);
+ *   core.pp_split{...}: the session's default block split over pipeline stages (weighed
+ *     by FLOPs: gpt_cost.h, pipeline_split.h), so the planner plans the split that runs;
  *   core.bench_device{...}: the machine model's device half, measured through a backend's
  *     own kernels: matmul forward/backward time by shape, attention forward/backward time,
  *     and the memory bandwidth of `accumulate` (2 reads + 1 write per element).
@@ -24,6 +26,8 @@
 #include "base/status.h"
 #include "lua_loom.h"
 #include "model/gpt.h"
+#include "model/gpt_cost.h"
+#include "train/pipeline_split.h"
 #include "train/schedule.h"
 #include "train/zero.h"
 
@@ -116,6 +120,58 @@ static int l_footprint(lua_State *L)
     set_int(L, "slot", fp.slot);
     set_int(L, "shared", fp.shared);
     set_int(L, "host", fp.host);
+    return 1;
+}
+
+/* core.pp_split{layers=, stages=, chunks=1, vocab=, vocab_padded=, dim=, heads=, ctx=,
+ *   seq=, family="gpt"|"llama", kv_heads=, ffn_dim=, moe={experts=, top_k=, every=},
+ *   recompute="none"|"full"|"selective", recompute_layers={blocks}} -> {blocks per virtual
+ *   stage}: what session.c's pipeline splits by default. */
+static int l_pp_split(lua_State *L)
+{
+    luaL_checktype(L, 1, LUA_TTABLE);
+    loom_gpt_config cfg = {ifield(L, 1, "vocab", 0), ifield(L, 1, "vocab_padded", 0),
+                           ifield(L, 1, "ctx", 0), ifield(L, 1, "layers", 0),
+                           ifield(L, 1, "heads", 0), ifield(L, 1, "dim", 0)};
+    int V = ifield(L, 1, "stages", 1) * ifield(L, 1, "chunks", 1);
+    if (cfg.layers < 1 || cfg.layers > 4096 || V < 1 || V > cfg.layers)
+        return luaL_error(L, "pp_split: layers=%d must be in 1..4096 and at least stages x "
+                          "chunks = %d", cfg.layers, V);
+    lua_getfield(L, 1, "family");
+    cfg.family = lua_isstring(L, -1) && !strcmp(lua_tostring(L, -1), "llama") ? LOOM_FAMILY_LLAMA
+                                                                              : LOOM_FAMILY_GPT2;
+    lua_pop(L, 1);
+    cfg.kv_heads = ifield(L, 1, "kv_heads", 0);
+    cfg.ffn_dim = ifield(L, 1, "ffn_dim", 0);
+    lua_getfield(L, 1, "moe");
+    if (lua_istable(L, -1)) {
+        int t = lua_gettop(L);
+        cfg.moe.experts = ifield(L, t, "experts", 0);
+        cfg.moe.top_k = ifield(L, t, "top_k", 1);
+        cfg.moe.every = ifield(L, t, "every", 1);
+    }
+    lua_pop(L, 1);
+    unsigned char *rc = lua_newuserdatauv(L, (size_t)cfg.layers, 0); /* freed by GC */
+    double *cost = lua_newuserdatauv(L, (size_t)cfg.layers * sizeof(double), 0);
+    int listed = index_list(L, 1, "recompute_layers", rc, cfg.layers);
+    lua_getfield(L, 1, "recompute");
+    int full = lua_isstring(L, -1) && !strcmp(lua_tostring(L, -1), "full");
+    lua_pop(L, 1);
+    double first, last;
+    loom_gpt_layer_costs(&cfg, ifield(L, 1, "seq", 0), listed ? rc : NULL, cost, &first, &last);
+    if (full) /* as session.c: every block's forward again */
+        for (int l = 0; l < cfg.layers; l++)
+            cost[l] *= 4.0 / 3.0;
+    int *counts = lua_newuserdatauv(L, (size_t)V * sizeof(int), 0);
+    if (loom_pipeline_balance(cfg.layers, V, cost, first, last, counts) != LOOM_OK) {
+        lua_pushstring(L, loom_last_error());
+        return lua_error(L);
+    }
+    lua_createtable(L, V, 0);
+    for (int k = 0; k < V; k++) {
+        lua_pushinteger(L, counts[k]);
+        lua_rawseti(L, -2, k + 1);
+    }
     return 1;
 }
 
@@ -443,6 +499,7 @@ void loom_lua_open_plan(lua_State *L)
 {
     static const luaL_Reg funcs[] = {{"footprint", l_footprint},
                                      {"zero_padded", l_zero_padded},
+                                     {"pp_split", l_pp_split},
                                      {"bench_device", l_bench_device},
                                      {"cpu_now", l_cpu_now},
                                      {"sched_prepare", l_sched_prepare},

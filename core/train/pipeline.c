@@ -11,6 +11,7 @@
  */
 #include "pipeline.h"
 #include "pipeline_check.h"
+#include "pipeline_split.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,6 +57,7 @@ struct loom_pipeline {
     float **head;                   /* canonical, stage 0 and last: [n_slots] wte-sized buffers */
     loom_trace *trace;              /* not owned; NULL: off */
     double compute_ms, wall_ms;     /* the last step's F/B/W time and pipeline phase */
+    double compute_cpu_ms;          /* the last step's F/B/W CPU time (loom_cpu_ms) */
     float *tied;                    /* canonical, chunks > 1: [microbatches] wte-sized halves */
     size_t at;                      /* the instruction the step is in (n: after the list) */
     size_t *last_w;                 /* [chunks]: the position of the chunk's last BWD or W */
@@ -88,11 +90,17 @@ static loom_status split_layers(loom_pipeline *pl, const loom_pipeline_config *c
     if (L < V)
         LOOM_FAIL(LOOM_ERR_INVALID, "model layers=%d cannot fill pp=%d x chunks=%d = %d pipeline "
                   "stages of at least one block each", L, pl->stages, pl->chunks, V);
-    for (int k = 0, at = 0; k <= V; k++) {
+    int *counts = malloc((size_t)V * sizeof *counts);
+    if (!counts)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    loom_status st = loom_pipeline_balance(L, V, cfg->layer_cost, cfg->first_cost, cfg->last_cost,
+                                           counts);
+    for (int k = 0, at = 0; st == LOOM_OK && k <= V; k++) {
         pl->first[k] = at;
-        at += L / V + (k < L % V);
+        at += k < V ? counts[k] : 0;
     }
-    return LOOM_OK;
+    free(counts);
+    return st;
 }
 
 /* Lists given ready must be for this run's shape: one per rank of the pp group. */
@@ -197,6 +205,7 @@ int loom_pipeline_slots(const loom_pipeline *pl) { return pl->n_slots; }
 int loom_pipeline_stage(const loom_pipeline *pl) { return pl->stage; }
 int loom_pipeline_stages(const loom_pipeline *pl) { return pl->stages; }
 void loom_pipeline_set_trace(loom_pipeline *pl, loom_trace *tr) { pl->trace = tr; }
+double loom_pipeline_compute_cpu_ms(const loom_pipeline *pl) { return pl->compute_cpu_ms; }
 void loom_pipeline_timing(const loom_pipeline *pl, double *compute_ms, double *wall_ms)
 {
     *compute_ms = pl->compute_ms;
@@ -415,7 +424,7 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
     int inflight = 0;
     *peak = 0;
     double t_run = loom_now_ms();
-    pl->compute_ms = 0.0;
+    pl->compute_ms = pl->compute_cpu_ms = 0.0;
     loom_trace_phase_begin(pl->trace, t_run);
     for (size_t i = 0; i < pl->n; i++) {
         const loom_sched_instr *in = &pl->list[i];
@@ -423,6 +432,7 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
         if (loom_trace_is_compute(in->op))
             progress_sends(pl);
         double t0 = loom_now_ms(); /* the instruction's span: a RECV's includes its wait */
+        double c0 = loom_trace_is_compute(in->op) ? loom_cpu_ms() : 0.0;
         int key = in->microbatch * pl->chunks + in->chunk, vs = in->chunk * P + pl->stage, s = -1;
         int lo = pl->first[vs], hi = pl->first[vs + 1];
         /* canonical: the tied wte's head half goes from the last virtual stage (the LM head)
@@ -559,8 +569,10 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
         if (in->op == LOOM_SCHED_SEND_ACT || in->op == LOOM_SCHED_SEND_GRAD)
             progress_sends(pl);
         double t1 = loom_now_ms();
-        if (loom_trace_is_compute(in->op))
+        if (loom_trace_is_compute(in->op)) {
             pl->compute_ms += t1 - t0;
+            pl->compute_cpu_ms += loom_cpu_ms() - c0;
+        }
         loom_trace_span(pl->trace, loom_trace_kind_of(in->op), t0, t1, in->microbatch, in->chunk);
     }
     double t_wait = loom_now_ms();

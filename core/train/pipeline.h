@@ -48,6 +48,11 @@ typedef struct loom_pipeline_config {
     /* 1: the LM head is its own weight (loom.llama's default), not the tied wte: no wte
      * gradient halves cross from the last stage to the first. */
     int untied;
+    /* The default split (no split given) balances these (pipeline_split.h): each block's
+     * cost [layers] (NULL: equal), the embedding's on the first virtual stage and the LM
+     * head and loss's on the last (gpt_cost.h gives FLOPs per token). Read during create. */
+    const double *layer_cost;
+    double first_cost, last_cost;
 } loom_pipeline_config;
 
 /* Called around each BWD or W (the weight gradients) of (micro-batch, chunk) (canonical
@@ -81,6 +86,9 @@ void loom_pipeline_set_trace(loom_pipeline *pl, struct loom_trace *tr);
  * wall time (first instruction to the last send completed), in ms: the measured bubble's
  * parts (session.c). */
 void loom_pipeline_timing(const loom_pipeline *pl, double *compute_ms, double *wall_ms);
+/* The same compute's CPU time in ms (this process, loom_cpu_ms): a stage's cost on a
+ * loaded machine, where its wall time includes waiting for a core. */
+double loom_pipeline_compute_cpu_ms(const loom_pipeline *pl);
 /* The block split: virtual stage k (chunk c of rank r is k = c * stages + r) holds blocks
  * [first[k], first[k+1]); *n_virtual = stages * chunks. */
 const int *loom_pipeline_split(const loom_pipeline *pl, int *n_virtual);

@@ -35,6 +35,7 @@
 #include "checkpoint.h"
 #include "io/checksum.h"
 #include "io/llmc_model.h"
+#include "model/gpt_cost.h"
 #include "model/gpt_distill.h"
 #include "model/gpt_stage.h"
 
@@ -336,7 +337,21 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
                                        cfg->pp_layers, cfg->n_pp_layers, cfg->canonical,
                                        cfg->schedule_lists, cfg->schedule_name};
             pc.untied = cfg->model.family == LOOM_FAMILY_LLAMA && !cfg->model.tie_embeddings;
-            st = loom_pipeline_create(&pc, &s->pipe);
+            /* the default split weighs the blocks, the embedding and the head by FLOPs */
+            double *cost = malloc((size_t)(cfg->model.layers > 0 ? cfg->model.layers : 1) * sizeof *cost);
+            if (!cost)
+                st = loom_fail(LOOM_ERR_NOMEM, "out of memory");
+            else {
+                loom_gpt_layer_costs(&cfg->model, cfg->seq, cfg->recompute == LOOM_RECOMPUTE_LAYERS
+                                     ? cfg->recompute_layers : NULL, cost, &pc.first_cost,
+                                     &pc.last_cost);
+                if (cfg->recompute == LOOM_RECOMPUTE_FULL) /* every block's forward again */
+                    for (int l = 0; l < cfg->model.layers; l++)
+                        cost[l] *= 4.0 / 3.0;
+                pc.layer_cost = cost;
+                st = loom_pipeline_create(&pc, &s->pipe);
+                free(cost);
+            }
         }
         if (st == LOOM_OK) {
             par.stage_layers = loom_pipeline_stage_layers(s->pipe);
@@ -799,6 +814,7 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     out->comm_ms = comm_ms;
     out->inflight = peak;
     out->bubble = bubble;
+    out->stage_cpu_ms = s->pipe ? loom_pipeline_compute_cpu_ms(s->pipe) : NAN;
     if (s->compress) {
         out->compress_bytes = compressed ? (double)loom_compress_message_bytes(s->compress) : 0.0;
         out->grad_bytes = (double)loom_compress_raw_bytes(s->compress);

@@ -92,6 +92,7 @@ typedef struct loom_step_stats {
     double bubble;         /* pipeline: the measured bubble of the step's pipeline phase,
                             * 1 - (every stage's F/B/W time) / (stages x the longest stage's
                             * phase), the same on every rank; NAN without a pipeline */
+    double stage_cpu_ms;   /* pipeline: this rank's CPU ms in F/B/W this step; NAN without */
     double compress_bytes; /* compression: this rank's compressed message this step (what it
                             * sends into the all-gather; 0 in the warm-up) */
     double grad_bytes;     /* compression: the same elements' fp32 bytes (0 without) */

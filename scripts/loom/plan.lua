@@ -44,14 +44,25 @@ plan.shape_of = shape_of
 -- Optimizer state floats per parameter (the plugins' state_per_param).
 local state_slots = { adamw = 2, sgd = 1 }
 
--- The blocks each pipeline stage holds: pp_layers, else pipeline.c's even split (the first
--- L mod V virtual stages get one more); virtual stage k = chunk x pp + rank.
-local function stage_blocks(L, s)
-  local V = s.pp * s.chunks
+-- The blocks each pipeline stage holds: pp_layers, else the session's default split
+-- (core.pp_split: balanced by FLOPs, the embedding on the first virtual stage and the LM
+-- head on the last); virtual stage k = chunk x pp + rank.
+local function stage_blocks(m, s)
+  local L, V = m.layers, s.pp * s.chunks
+  local counts = s.pp_layers
+  if not counts then
+    local rc = s.recompute
+    counts = core.pp_split {
+      layers = L, stages = s.pp, chunks = s.chunks, vocab = m.vocab, vocab_padded = m.vocab_padded,
+      dim = m.dim, heads = m.heads, ctx = m.ctx, seq = s.seq, family = m.family,
+      kv_heads = m.kv_heads, ffn_dim = m.ffn_dim, moe = m.moe,
+      recompute = type(rc) == "string" and rc or nil, recompute_layers = type(rc) == "table" and rc or nil,
+    }
+  end
   local first, at = {}, 0
   for k = 0, V - 1 do
     first[k] = at
-    at = at + (s.pp_layers and s.pp_layers[k + 1] or (L // V + ((k < L % V) and 1 or 0)))
+    at = at + counts[k + 1]
   end
   first[V] = L
   local out = {}
@@ -283,7 +294,7 @@ function plan.layout(t, machine, opts)
   local m = t.model
   local per_node = opts.devices_per_node or machine.devices_per_node or 1
   local ranks = s.dp * s.tp * s.pp
-  local blocks = s.pp > 1 and stage_blocks(m.layers, s) or { (function()
+  local blocks = s.pp > 1 and stage_blocks(m, s) or { (function()
     local l = {}; for i = 0, m.layers - 1 do l[#l + 1] = i end; return l end)() }
   local r, share = device_rates(machine, s, math.min(ranks, per_node))
   local assumptions = {}

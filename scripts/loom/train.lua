@@ -475,8 +475,9 @@ return function(loom)
       loom.version, human(info.params), t.model.layers, t.model.heads, t.model.dim, t.model.vocab,
       t.model.ctx, t.batch.micro, t.batch.seq, accum, dp,
       (tp > 1 and string.format(" x%d tp%s", tp, t.tp_sequence_parallel and "+sp" or "") or "")
-        .. (pp > 1 and string.format(" x%d pp (%s%s)", pp, schedule,
-          chunks > 1 and string.format(", %d chunks", chunks) or "") or ""),
+        .. (pp > 1 and string.format(" x%d pp (%s%s, blocks %s)", pp, schedule,
+          chunks > 1 and string.format(", %d chunks", chunks) or "",
+          table.concat(info.pp_layers or {}, "+")) or ""),
       canonical and " (canonical)" or "",
       opt.name .. (precision_name ~= "fp32" and " | " .. precision_name or ""), info.backend))
     say(memory_line(info, (t.strategy or {}).zero or 0, dp))

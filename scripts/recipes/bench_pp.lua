@@ -4,18 +4,24 @@
 --         microbatches=8 steps=6
 -- The first `warmup` steps are not timed. The last line is JSON (one per rank,
 -- "[rank k] "-prefixed past rank 0): bubble (the mean over the timed steps of the step's
--- measured bubble, docs/PIPELINE.md), tokens_per_s, ms_per_step, param_bytes and peak_rss
--- (this process's peak resident set, bytes).
+-- measured bubble, docs/PIPELINE.md), stage_cpu_ms (this rank's CPU ms per step in
+-- forward and backward: its stage's cost, whatever else shares the cores), tokens_per_s,
+-- ms_per_step, param_bytes and peak_rss (this process's peak resident set, bytes).
 local loom = require "loom"
 local core = require "loom.core"
 
 local warmup = 1
-local timed_ms, timed_tokens, bubble, n = 0, 0, 0, 0
+local timed_ms, timed_tokens, bubble, cpu, n = 0, 0, 0, 0, 0
 local cfg = {
-  -- One micro-batch's activations (micro x seq x dim floats = 96 KiB) fit shm's send/recv
-  -- mailbox (128 KiB less a 16-byte header): a send completes when the engine starts it.
-  model     = loom.gpt { vocab = 256, vocab_padded = 256, ctx = 64, layers = 4, heads = 6, dim = 384 },
-  data      = loom.data.random { vocab = 256, seed = 1 },
+  -- Stages of equal cost at whole blocks: the LM head and loss over 4096 rows cost about a
+  -- block (0.86 of one by FLOPs, gpt_cost.h; the softmax's per-element work adds to it),
+  -- so the 7 blocks split 4 + 3 at pp=2 and 2 + 2 + 2 + 1 over interleaved's 4 virtual
+  -- stages (the default split, weighed by FLOPs). With 256 rows and 4 blocks (this
+  -- recipe before) the head was 5% of a block and stage 1 ran ~6% longer than stage 0:
+  -- no split of 4 whole blocks evens that. One micro-batch's activations (micro x seq x
+  -- dim floats = 96 KiB) fit shm's send/recv mailbox: a send completes when it starts.
+  model     = loom.gpt { vocab = 4096, ctx = 64, layers = 7, heads = 6, dim = 384 },
+  data      = loom.data.random { vocab = 4096, seed = 1 },
   optimizer = { "adamw", lr = 3e-4, betas = { 0.9, 0.95 }, weight_decay = 0.1 },
   batch     = { micro = 1, seq = 64 },
   mesh      = { pp = 2 },
@@ -30,12 +36,14 @@ local cfg = {
       timed_ms = timed_ms + r.ms
       timed_tokens = timed_tokens + r.tokens
       bubble = bubble + (r.bubble or 0 / 0)
+      cpu = cpu + (r.stage_cpu_ms or 0 / 0)
       n = n + 1
     end
   end,
 }
 local session = loom.train(cfg)
-print(string.format('{"impl":"loom","rank":%d,"bubble":%.5f,"tokens_per_s":%.1f,"ms_per_step":%.2f,'
-  .. '"steps":%d,"param_bytes":%d,"peak_rss":%d}', loom.rank, bubble / math.max(1, n),
+print(string.format('{"impl":"loom","rank":%d,"bubble":%.5f,"stage_cpu_ms":%.2f,"tokens_per_s":%.1f,'
+  .. '"ms_per_step":%.2f,"steps":%d,"param_bytes":%d,"peak_rss":%d}', loom.rank,
+  bubble / math.max(1, n), cpu / math.max(1, n),
   timed_tokens / (timed_ms / 1000), timed_ms / math.max(1, n), n, session:info().param_bytes,
   core.peak_rss()))

@@ -17,8 +17,9 @@
 #    last stage, gpipe all m, zb1 pp on every stage (a micro-batch is held until its W);
 #  - non-finite gradients (lr = 1e30) skip the same steps on every stage as on one rank;
 #  - canonical mode: pp=1, 2, 4 with gpipe, 1f1b, zb1 and interleaved, an uneven pp_layers
-#    split, pp=2 x dp=2, pp=2 x tp=2 (also with zb1 and interleaved), pp=2 x tp=2 with
-#    sequence parallelism (1f1b and interleaved), pp=2 x tp=2 x dp=2,
+#    split, the default split weighing a large LM head (3 + 1 blocks), pp=2 x dp=2,
+#    pp=2 x tp=2 (also with zb1 and interleaved), pp=2 x tp=2 with sequence parallelism
+#    (1f1b and interleaved), pp=2 x tp=2 x dp=2,
 #    pp=4 interleaved on 8 blocks and pp=2 with 3 uneven chunks give bitwise-identical
 #    losses, gradient norms and validation loss;
 #  - what pipeline parallelism refuses is refused with a message naming it.
@@ -171,6 +172,15 @@ for layout in "4 mesh.pp=2 mesh.tp=2 tp_sequence_parallel=true microbatches=4" \
   cmp -s "$tmp/c1m1" "$tmp/c" || { echo "canonical ${layout#* } differs from one rank"; paste "$tmp/c1m1" "$tmp/c" | head; exit 1; }
   echo "ok canonical ${layout#* } (micro 1): losses, gradient norms and val loss bitwise those of one rank"
 done
+# The default split weighs the LM head by its FLOPs: padded to 1024 rows it costs 2.3
+# blocks, so 4 blocks split 3 + 1 (even would be 2 + 2); canonical mode stays bitwise.
+run1 $canon model.vocab_padded=1024 batch.global=16 steps=3 | grep -E '^(LOSS|NORM|VAL)' > "$tmp/cv"
+"$loom" launch -n 2 "$recipe" $model comm_timeout=20 $canon model.vocab_padded=1024 steps=3 \
+  mesh.pp=2 microbatches=4 > "$tmp/cvo"
+grep -q 'x2 pp (1f1b, blocks 3+1)' "$tmp/cvo" || { echo "vocab_padded=1024: not split 3+1"; grep ' pp (' "$tmp/cvo"; exit 1; }
+grep -E '^(LOSS|NORM|VAL)' "$tmp/cvo" > "$tmp/cvp"
+cmp -s "$tmp/cv" "$tmp/cvp" || { echo "canonical, split 3+1 by cost, differs from one rank"; paste "$tmp/cv" "$tmp/cvp" | head; exit 1; }
+echo "ok canonical mesh.pp=2 with the head weighed (vocab_padded=1024: blocks 3+1): bitwise one rank"
 run1 $canon model.layers=8 batch.global=16 | grep -E '^(LOSS|NORM|VAL)' > "$tmp/c8"
 for layout in "4 mesh.pp=4 schedule=interleaved microbatches=4" \
               "2 mesh.pp=2 schedule=interleaved pp_chunks=3 pp_layers={1,2,1,1,2,1} microbatches=4"; do

@@ -4,8 +4,10 @@
  * and simulate to the bubble of their formula with F = B = W = 1, exactly; gpipe, 1f1b
  * and interleaved hold the micro-batches in flight they are known for (interleaved:
  * Megatron's warm-up count, which the bubble alone does not see without latency); zb1
- * beats 1f1b within 1f1b's memory; and hand-made wrong lists are refused with their exact
- * messages.
+ * beats 1f1b within 1f1b's memory; hand-made wrong lists are refused with their exact
+ * messages; and the default block split (pipeline_split.h) balances the stages by cost,
+ * the even split when blocks cost the same, the costliest stage as small as exhaustive
+ * search finds it.
  * The plugins come from the build tree (LOOM_PLUGIN_PATH is set by meson to its dirs).
  */
 #include <check.h>
@@ -15,7 +17,9 @@
 
 #include "base/plugin_loader.h"
 #include "base/status.h"
+#include "model/gpt_cost.h"
 #include "train/pipeline_check.h"
+#include "train/pipeline_split.h"
 #include "train/schedule.h"
 
 static const int PS[] = {2, 3, 4, 8}, MS[] = {1, 2, 4, 8, 16};
@@ -422,6 +426,104 @@ START_TEST(engine_checks)
 }
 END_TEST
 
+/* ---- the default block split ---------------------------------------------------------- */
+
+static void split_is(int L, int V, const double *layer, double first, double last,
+                     const int *want)
+{
+    int got[8];
+    ck_assert_msg(loom_pipeline_balance(L, V, layer, first, last, got) == LOOM_OK, "%s",
+                  loom_last_error());
+    for (int k = 0; k < V; k++)
+        ck_assert_msg(got[k] == want[k], "L=%d V=%d first=%g last=%g: stage %d holds %d blocks, "
+                      "want %d", L, V, first, last, k, got[k], want[k]);
+}
+
+/* The costliest stage of every split of L blocks into V stages, by enumeration. */
+static double best_by_search(int L, int V, const double *layer, double first, double last,
+                             int k, int j, double worst)
+{
+    if (k == V)
+        return j == L ? worst : INFINITY;
+    double best = INFINITY;
+    for (int n = 1; j + n <= L - (V - 1 - k); n++) {
+        double c = (k == 0 ? first : 0.0) + (k == V - 1 ? last : 0.0);
+        for (int l = j; l < j + n; l++)
+            c += layer[l];
+        double r = best_by_search(L, V, layer, first, last, k + 1, j + n, c > worst ? c : worst);
+        best = r < best ? r : best;
+    }
+    return best;
+}
+
+START_TEST(split_balances_by_cost)
+{
+    /* equal blocks, no extras: the even split, the first stages one larger */
+    split_is(5, 2, NULL, 0, 0, (int[]){3, 2});
+    split_is(8, 3, NULL, 0, 0, (int[]){3, 3, 2});
+    split_is(4, 4, NULL, 0, 0, (int[]){1, 1, 1, 1});
+    /* a head of 2.2 blocks moves a block to the first stage; a heavy embedding the other way */
+    split_is(4, 2, NULL, 0, 2.2, (int[]){3, 1});
+    split_is(4, 2, NULL, 2.2, 0, (int[]){1, 3});
+    /* a head of one block: 4 + 3 over 2 stages, 2 + 2 + 2 + 1 over 4 virtual stages */
+    split_is(7, 2, NULL, 0, 1.0, (int[]){4, 3});
+    split_is(7, 4, NULL, 0, 1.0, (int[]){2, 2, 2, 1});
+    /* a head smaller than a block stays with an even split it cannot improve */
+    split_is(4, 2, NULL, 0, 0.6, (int[]){2, 2});
+    int c[2];
+    ck_assert_int_eq(loom_pipeline_balance(3, 4, NULL, 0, 0, c), LOOM_ERR_INVALID);
+    ck_assert_msg(strstr(loom_last_error(), "cannot split 3 blocks into 4 pipeline stages"), "%s",
+                  loom_last_error());
+    /* uneven blocks (a MoE-like pattern and pseudo-random costs): the costliest stage is
+     * the smallest any split has */
+    unsigned x = 12345;
+    for (int trial = 0; trial < 200; trial++) {
+        double layer[9];
+        int L = 2 + trial % 8, V = 1 + trial % 4;
+        if (V > L)
+            continue;
+        for (int l = 0; l < L; l++) {
+            x = x * 1103515245u + 12345u;
+            layer[l] = 0.5 + (double)(x >> 16 & 1023) / 256.0;
+        }
+        double first = (trial % 3) * 0.7, last = (trial % 5) * 0.9;
+        int got[8];
+        ck_assert(loom_pipeline_balance(L, V, layer, first, last, got) == LOOM_OK);
+        double worst = 0.0;
+        for (int k = 0, j = 0; k < V; j += got[k++]) {
+            ck_assert(got[k] >= 1);
+            double cst = (k == 0 ? first : 0.0) + (k == V - 1 ? last : 0.0);
+            for (int l = j; l < j + got[k]; l++)
+                cst += layer[l];
+            worst = cst > worst ? cst : worst;
+        }
+        double best = best_by_search(L, V, layer, first, last, 0, 0, 0.0);
+        ck_assert_msg(fabs(worst - best) <= 1e-9 * best, "trial %d: costliest stage %g, search "
+                      "finds %g", trial, worst, best);
+    }
+}
+END_TEST
+
+/* The FLOPs the split weighs (gpt_cost.h): a GPT-2 block 3 x (24 C^2 + 4 T C) per token,
+ * the head 3 x 2 C Vp; the bench model's head (C = 384, T = 64, Vp = 4096) is 0.865 of a
+ * block, so its 7 blocks split 4 + 3. */
+START_TEST(flop_costs_of_the_parts)
+{
+    loom_gpt_config cfg = {.vocab = 4096, .ctx = 64, .layers = 7, .heads = 6, .dim = 384};
+    double layer[7], embed, head;
+    loom_gpt_layer_costs(&cfg, 64, NULL, layer, &embed, &head);
+    double C = 384, T = 64;
+    ck_assert(layer[0] == 3 * (24 * C * C + 4 * T * C) && layer[6] == layer[0]);
+    ck_assert(head == 3 * 2 * C * 4096);
+    ck_assert(embed < 1e-3 * layer[0]);
+    ck_assert_msg(fabs(head / layer[0] - 0.8649) < 1e-3, "head / block = %g", head / layer[0]);
+    split_is(7, 2, layer, embed, head, (int[]){4, 3});
+    unsigned char rc[7] = {1, 0, 0, 0, 0, 0, 0}; /* block 0 recomputed: a third more */
+    loom_gpt_layer_costs(&cfg, 64, rc, layer, &embed, &head);
+    ck_assert(layer[0] == 4 * (24 * C * C + 4 * T * C) && layer[1] == 3 * (24 * C * C + 4 * T * C));
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("schedule");
@@ -443,6 +545,10 @@ int main(void)
     tcase_add_test(hand, rendezvous_only_deadlock_is_refused);
     tcase_add_test(hand, other_wrong_lists_are_refused);
     suite_add_tcase(s, hand);
+    TCase *split = tcase_create("split");
+    tcase_add_test(split, split_balances_by_cost);
+    tcase_add_test(split, flop_costs_of_the_parts);
+    suite_add_tcase(s, split);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);

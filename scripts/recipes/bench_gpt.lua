@@ -6,12 +6,15 @@
 -- loom launch, one per rank, "[rank k] "-prefixed past rank 0): tokens_per_s, ms_per_step,
 -- comm_ms (mean per timed step: tensor-parallel exchanges, dp sync, grad-norm exchange),
 -- comm_share (comm_ms / ms_per_step), param_bytes (this rank's parameter buffer),
--- peak_rss (this process's peak resident set, bytes) and losses (the first three steps').
+-- peak_rss (this process's peak resident set, bytes), losses (the first three steps') and
+-- cpu_ms_per_step (os.clock: the CPU time of all the process's threads per timed step, spin-
+-- waits included; at threads=1 a measure of work that a loaded machine disturbs little).
 local loom = require "loom"
 local core = require "loom.core"
 
 local warmup = 2
 local timed_ms, timed_tokens, timed_comm = 0, 0, 0
+local cpu_start, cpu_end = nil, nil
 local losses = {}
 local cfg = {
   model     = loom.gpt { vocab = 256, vocab_padded = 256, ctx = 64, layers = 4, heads = 4, dim = 128 },
@@ -22,6 +25,8 @@ local cfg = {
   threads   = 2,
   log       = { every = 1000000 },
   on_step   = function(r)
+    if r.step == warmup then cpu_start = os.clock() end
+    cpu_end = os.clock()
     if r.step > warmup then
       timed_ms = timed_ms + r.ms
       timed_tokens = timed_tokens + r.tokens
@@ -38,7 +43,9 @@ local session, summary = loom.train(cfg)
 local timed = math.max(1, #summary.losses - warmup)
 local info = session:info()
 print(string.format('{"impl":"loom","tokens_per_s":%.1f,"ms_per_step":%.2f,"steps":%d,"params":%d,'
-  .. '"final_loss":%.4f,"comm_ms":%.3f,"comm_share":%.4f,"param_bytes":%d,"peak_rss":%d,"losses":[%s]}',
+  .. '"final_loss":%.4f,"comm_ms":%.3f,"comm_share":%.4f,"param_bytes":%d,"peak_rss":%d,"losses":[%s],'
+  .. '"cpu_ms_per_step":%.2f}',
   timed_tokens / (timed_ms / 1000), timed_ms / timed, #summary.losses - warmup, info.params,
   summary.final_loss, timed_comm / timed, timed_ms > 0 and timed_comm / timed_ms or 0,
-  info.param_bytes, core.peak_rss(), table.concat(losses, ",")))
+  info.param_bytes, core.peak_rss(), table.concat(losses, ","),
+  cpu_start and (cpu_end - cpu_start) * 1000 / timed or 0))

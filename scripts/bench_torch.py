@@ -185,6 +185,7 @@ def main():
     for step in range(total):
         if step == args.warmup:
             t0 = time.perf_counter()
+            c0 = time.process_time()
         x, y = data[step, :, :T], data[step, :, 1:]
         opt.zero_grad(set_to_none=True)
         loss = model(x, y)
@@ -197,11 +198,14 @@ def main():
                   file=sys.stderr)
             t_prev = now
     dt = time.perf_counter() - t0
+    cpu_ms = 1000.0 * (time.process_time() - c0) / args.steps
     ms = 1000.0 * dt / args.steps
     res = {
         "impl": "pytorch",
         "tokens_per_s": round(B * T * args.steps / dt, 1),
         "ms_per_step": round(ms, 3),
+        # CPU time of all this process's threads per timed step (spin-waits included)
+        "cpu_ms_per_step": round(cpu_ms, 3),
         "steps": args.steps,
         "params": n_params,
         "final_loss": round(loss_val, 6),

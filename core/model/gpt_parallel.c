@@ -235,16 +235,18 @@ static loom_status cross_entropy_rows(loom_gpt *m, size_t r0, int n, float dloss
 }
 
 /* The passes read the (R, Vl) logits three times. With one rank they run over blocks of
- * rows small enough to stay in cache between passes (about 4 MiB of logits: 20 rows of
- * GPT-2's vocabulary, all rows of a byte-level one), the same operations row by row, so the
- * same bits; with tensor parallelism over all rows at once, so each pass's statistics
- * cross the group in one exchange. */
+ * rows small enough to stay in cache between passes (about 4 MiB of logits, all rows of a
+ * byte-level vocabulary; at least 32 rows, 6.4 MiB of GPT-2's), the same operations row by
+ * row, so the same bits; with tensor parallelism over all rows at once, so each pass's
+ * statistics cross the group in one exchange. A multiple of 32 rows: the sum-of-exponentials
+ * pass works in blocks of 8 rows over the threads, and 20 rows (8, 8, 4) left one of 2
+ * threads idle for half of it. */
 loom_status gpt_vocab_cross_entropy(loom_gpt *m, int R, float dloss)
 {
     size_t block = (size_t)R;
     if (!m->tp_ops) {
-        block = ((size_t)4 << 20) / ((size_t)m->Vl * sizeof(float));
-        block = block < 16 ? 16 : block;
+        block = ((size_t)4 << 20) / ((size_t)m->Vl * sizeof(float)) / 32 * 32;
+        block = block < 32 ? 32 : block;
     }
     for (size_t r0 = 0; r0 < (size_t)R; r0 += block) {
         size_t n = (size_t)R - r0 < block ? (size_t)R - r0 : block;

@@ -7,15 +7,15 @@
 -- comm_ms (mean per timed step: tensor-parallel exchanges, dp sync, grad-norm exchange),
 -- comm_share (comm_ms / ms_per_step), param_bytes (this rank's parameter buffer),
 -- peak_rss (this process's peak resident set, bytes), losses (the first three steps') and
--- cpu_ms_per_step (the process's CPU time, all threads, per timed step: less sensitive than
--- ms_per_step to other work on the machine).
+-- cpu_ms_per_step (os.clock: the CPU time of all the process's threads per timed step, spin-
+-- waits included; at threads=1 a measure of work that a loaded machine disturbs little).
 local loom = require "loom"
 local core = require "loom.core"
 
 local warmup = 2
 local timed_ms, timed_tokens, timed_comm = 0, 0, 0
+local cpu_start, cpu_end = nil, nil
 local losses = {}
-local cpu0, cpu1 = 0, 0
 local cfg = {
   -- bench_llama.lua sets BENCH_MODEL (a loom.llama) and runs this file
   model     = rawget(_G, "BENCH_MODEL")
@@ -27,8 +27,8 @@ local cfg = {
   threads   = 2,
   log       = { every = 1000000 },
   on_step   = function(r)
-    if r.step == warmup then cpu0 = os.clock() end
-    cpu1 = os.clock()
+    if r.step == warmup then cpu_start = os.clock() end
+    cpu_end = os.clock()
     if r.step > warmup then
       timed_ms = timed_ms + r.ms
       timed_tokens = timed_tokens + r.tokens
@@ -49,4 +49,5 @@ print(string.format('{"impl":"loom","tokens_per_s":%.1f,"ms_per_step":%.2f,"step
   .. '"cpu_ms_per_step":%.2f}',
   timed_tokens / (timed_ms / 1000), timed_ms / timed, #summary.losses - warmup, info.params,
   summary.final_loss, timed_comm / timed, timed_ms > 0 and timed_comm / timed_ms or 0,
-  info.param_bytes, core.peak_rss(), table.concat(losses, ","), 1000 * (cpu1 - cpu0) / timed))
+  info.param_bytes, core.peak_rss(), table.concat(losses, ","),
+  cpu_start and (cpu_end - cpu_start) * 1000 / timed or 0))

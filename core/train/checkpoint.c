@@ -222,7 +222,7 @@ loom_ckpt_tiling loom_ckpt_tiling_of(int ndim, const int64_t *shape, uint64_t el
 
 /* The header's "loom.tiles" for tensors ts[0..n): what lets a load check only the tiles it
  * reads. NULL when out of memory. */
-char *loom_ckpt_tile_sums(const loom_st_tensor *ts, int n)
+static char *tile_sums(const loom_st_tensor *ts, int n)
 {
     size_t total = 0, at = 0;
     for (int i = 0; i < n; i++) {
@@ -250,6 +250,21 @@ char *loom_ckpt_tile_sums(const loom_st_tensor *ts, int n)
     return hex;
 }
 
+loom_status loom_ckpt_write_tiled(const char *path, const loom_st_tensor *ts, int n,
+                                  loom_st_meta *meta, int n_meta, uint64_t *bytes,
+                                  uint64_t *sum, uint64_t *head)
+{
+    char *tiles = tile_sums(ts, n);
+    if (!tiles)
+        return loom_fail(LOOM_ERR_NOMEM, "out of memory writing '%s'", path);
+    meta[n_meta++] = (loom_st_meta){"loom.tiles", tiles};
+    loom_status st = loom_safetensors_write(path, ts, n, meta, n_meta, bytes, sum);
+    if (st == LOOM_OK)
+        st = loom_ckpt_header_sum(path, head, NULL);
+    free(tiles);
+    return st;
+}
+
 /* Write model.safetensors (slots == 0) or optim.safetensors (slot-major state). */
 static loom_status write_tensors(const char *path, const loom_param_table *t, const float *buf,
                                  uint32_t slots, int is_optim, const char *optim_name,
@@ -258,7 +273,6 @@ static loom_status write_tensors(const char *path, const loom_param_table *t, co
     int per = is_optim ? (int)slots : 1, n = t->count * per, n_meta = 0;
     loom_st_tensor *ts = calloc((size_t)n + 1, sizeof *ts);
     loom_st_meta *meta = calloc((size_t)n + 5, sizeof *meta);
-    char *tiles = NULL;
     char (*names)[LOOM_PARAM_NAME_MAX + 16] = calloc((size_t)n + 1, sizeof *names);
     char **slices = calloc((size_t)t->count + 1, sizeof *slices);
     char slots_text[16];
@@ -293,15 +307,8 @@ static loom_status write_tensors(const char *path, const loom_param_table *t, co
             meta[n_meta++] = (loom_st_meta){names[j], slices[i]};
         }
     }
-    if (st == LOOM_OK && !(tiles = loom_ckpt_tile_sums(ts, at)))
-        st = loom_fail(LOOM_ERR_NOMEM, "out of memory writing '%s'", path);
-    if (st == LOOM_OK) {
-        meta[n_meta++] = (loom_st_meta){"loom.tiles", tiles};
-        st = loom_safetensors_write(path, ts, at, meta, n_meta, bytes, sum);
-    }
     if (st == LOOM_OK)
-        st = loom_ckpt_header_sum(path, head, NULL);
-    free(tiles);
+        st = loom_ckpt_write_tiled(path, ts, at, meta, n_meta, bytes, sum, head);
     for (int i = 0; slices && i < t->count; i++)
         free(slices[i]);
     free(slices);

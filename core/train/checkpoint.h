@@ -207,8 +207,14 @@ typedef struct loom_ckpt_box {
 int loom_ckpt_range_boxes(const int64_t *s, int nd, uint64_t a, uint64_t b, loom_ckpt_box *out);
 
 struct loom_st_tensor;
-/* The header's "loom.tiles" text for tensors ts[0..n) (malloc'd; NULL: out of memory). */
-char *loom_ckpt_tile_sums(const struct loom_st_tensor *ts, int n);
+/* Write tensors ts[0..n) to path with meta[0..n_meta) plus the header's "loom.tiles" (the
+ * XXH64 of every tile; meta must have room for one more entry), then the header's own sum
+ * (*head): the one writer of model, optim and slice files. *bytes, *sum as
+ * loom_safetensors_write gives them. */
+struct loom_st_meta;
+loom_status loom_ckpt_write_tiled(const char *path, const struct loom_st_tensor *ts, int n,
+                                  struct loom_st_meta *meta, int n_meta, uint64_t *bytes,
+                                  uint64_t *sum, uint64_t *head);
 /* One dp rank's slice file: the pieces p[0..n_pieces) of its partition `part` (the
  * parameters, or slots-major state when is_optim) as boxes, entry `skip` left out. */
 loom_status loom_ckpt_write_slices(const char *path, const loom_param_table *t,

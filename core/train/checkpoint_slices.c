@@ -102,7 +102,7 @@ loom_status loom_ckpt_write_slices(const char *path, const loom_param_table *t,
     char (*names)[LOOM_PARAM_NAME_MAX + 40] = calloc(cap, sizeof *names);
     int64_t (*shapes)[LOOM_PARAM_MAX_DIMS] = calloc(cap, sizeof *shapes);
     char **layouts = calloc(cap, sizeof *layouts);
-    char slots_text[16], *tiles = NULL;
+    char slots_text[16];
     int n = 0, n_meta = 0;
     loom_status st = ts && meta && names && shapes && layouts
                          ? LOOM_OK : loom_fail(LOOM_ERR_NOMEM, "out of memory writing '%s'", path);
@@ -140,15 +140,8 @@ loom_status loom_ckpt_write_slices(const char *path, const loom_param_table *t,
                 meta[n_meta++] = (loom_st_meta){names[j], layouts[j]};
             }
     }
-    if (st == LOOM_OK && !(tiles = loom_ckpt_tile_sums(ts, n)))
-        st = loom_fail(LOOM_ERR_NOMEM, "out of memory writing '%s'", path);
-    if (st == LOOM_OK) {
-        meta[n_meta++] = (loom_st_meta){"loom.tiles", tiles};
-        st = loom_safetensors_write(path, ts, n, meta, n_meta, bytes, sum);
-    }
     if (st == LOOM_OK)
-        st = loom_ckpt_header_sum(path, head, NULL);
-    free(tiles);
+        st = loom_ckpt_write_tiled(path, ts, n, meta, n_meta, bytes, sum, head);
     for (size_t i = 0; layouts && i < cap; i++)
         free(layouts[i]);
     free(layouts);

@@ -1,10 +1,9 @@
 -- llama_shakespeare.lua — the bundled Llama demo: a 10M-parameter loom.llama (RMSNorm,
 -- SwiGLU, rotary positions, grouped-query attention 4 query heads over 2 key/value heads,
--- untied head) on tinyshakespeare in GPT-2 BPE, trained for about three minutes on a quiet
--- 2-core machine (AVX2), then sampled with the key/value cache. The estimate: the whole run
--- (400 steps, 4 evaluations, the sample) took 181 s of CPU time with threads=1 on a 2-core
--- AMD EPYC under load 20-34 (30 min of wall time there), and on a quiet machine one thread's
--- wall time is its CPU time; two threads (the default) take less.
+-- untied head) on tinyshakespeare in GPT-2 BPE, trained and sampled (with the key/value
+-- cache) in under two minutes on a quiet 2-core machine: the whole run (400 steps, 4
+-- evaluations, the sample) took 1 min 42 s with the default two threads on a quiet 2-core
+-- AMD EPYC (AVX2), docs/LLAMA.md.
 --
 --   scripts/prepare-text --gpt2 data/tinyshakespeare.txt data/gpt2     # once
 --   build/loom run scripts/recipes/llama_shakespeare.lua [steps=400] [batch.micro=8] ...

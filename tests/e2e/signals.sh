@@ -59,24 +59,30 @@ last=$(grep '^LOSS' "$tmp/twice.out" | tail -1 | cut -d' ' -f2)
 echo "ok second SIGTERM: gone at once (last step $last, no save after step 4)"
 
 # 4. Two ranks under loom launch: the launcher passes SIGTERM on, both ranks stop after
-#    the same step and save it, and the 2-rank resume continues bitwise.
-"$loom" launch -n 2 "$recipe" mesh.dp=2 | grep '^LOSS' > "$tmp/ref2"
+#    the same step and save it, and the 2-rank resume continues bitwise — with dp, with
+#    pipeline stages (the stop rides on the step's exchange across stages too) and with
+#    ZeRO-2 in bf16 (the save gathers partitions and the 16-bit state).
+n=0
+for layout in "mesh.dp=2" "mesh.pp=2 microbatches=2" "mesh.dp=2 strategy.zero=2 precision=bf16"; do
+n=$((n + 1)); d="$tmp/two$n"
+"$loom" launch -n 2 "$recipe" $layout | grep '^LOSS' > "$tmp/ref2"
 finite_losses "$tmp/ref2"
-STOP_AT=5 STOP_WHO=parent "$loom" launch -n 2 "$recipe" mesh.dp=2 checkpoint.dir="$tmp/two" \
-  > "$tmp/two.out" 2> "$tmp/two.err"
+STOP_AT=5 STOP_WHO=parent "$loom" launch -n 2 "$recipe" $layout checkpoint.dir="$d" \
+  > "$d.out" 2> "$d.err"
 rc=$?
-[[ $rc -eq 143 ]] || { cat "$tmp/two.err"; fail "2 ranks: launch exit $rc, want 143"; }
-grep -qF "loom launch: stopped by SIGTERM (passed on to the 2 running ranks)" "$tmp/two.err" ||
-  { cat "$tmp/two.err"; fail "2 ranks: no launcher verdict"; }
-grep -q "did not stop\|killed" "$tmp/two.err" && { cat "$tmp/two.err"; fail "2 ranks: a rank had to be killed"; }
-k=$(newest "$tmp/two")
-[[ -n $k ]] || fail "2 ranks: nothing saved"
-grep -qF "[rank 0] loom: SIGTERM: stopped after step $k, saved" "$tmp/two.err" || { cat "$tmp/two.err"; fail "2 ranks: no stop message"; }
-last0=$(grep '^LOSS' "$tmp/two.out" | tail -1 | cut -d' ' -f2)
-last1=$(grep '^\[rank 1\] LOSS' "$tmp/two.out" | tail -1 | cut -d' ' -f4)
-[[ $last0 == "$k" && $last1 == "$k" ]] || fail "2 ranks: rank 0 stopped after step $last0, rank 1 after $last1, saved $k"
-"$loom" launch -n 2 "$recipe" mesh.dp=2 checkpoint.dir="$tmp/two" resume=auto > "$tmp/two.resumed" ||
-  fail "2 ranks: resume failed"
-grep -v '^\[rank' "$tmp/two.resumed" > "$tmp/two.r0"
-same_after two "$k" "$tmp/ref2" "$tmp/two.r0"
-echo "ok SIGTERM to loom launch -n 2: exit 143, both ranks stopped after step $k and saved it, steps $((k + 1))-20 resumed bitwise"
+[[ $rc -eq 143 ]] || { cat "$d.err"; fail "2 ranks, $layout: launch exit $rc, want 143"; }
+grep -qF "loom launch: stopped by SIGTERM (passed on to the 2 running ranks)" "$d.err" ||
+  { cat "$d.err"; fail "2 ranks, $layout: no launcher verdict"; }
+grep -q "did not stop\|killed" "$d.err" && { cat "$d.err"; fail "2 ranks, $layout: a rank had to be killed"; }
+k=$(newest "$d")
+[[ -n $k ]] || fail "2 ranks, $layout: nothing saved"
+grep -qF "[rank 0] loom: SIGTERM: stopped after step $k, saved" "$d.err" || { cat "$d.err"; fail "2 ranks, $layout: no stop message"; }
+last0=$(grep '^LOSS' "$d.out" | tail -1 | cut -d' ' -f2)
+last1=$(grep '^\[rank 1\] LOSS' "$d.out" | tail -1 | cut -d' ' -f4)
+[[ $last0 == "$k" && $last1 == "$k" ]] || fail "2 ranks, $layout: rank 0 stopped after step $last0, rank 1 after $last1, saved $k"
+"$loom" launch -n 2 "$recipe" $layout checkpoint.dir="$d" resume=auto > "$d.resumed" ||
+  fail "2 ranks, $layout: resume failed"
+grep -v '^\[rank' "$d.resumed" > "$d.r0"
+same_after "two$n" "$k" "$tmp/ref2" "$d.r0"
+echo "ok SIGTERM to loom launch -n 2 ($layout): exit 143, both ranks stopped after step $k and saved it, steps $((k + 1))-20 resumed bitwise"
+done

@@ -10,6 +10,9 @@ vocabulary without padding rows); every value bitwise the fixture's fp32 paramet
 Hugging Face's forward (rotate_half RoPE, repeat_kv), written against those names and the
 config alone, gives the fixture's logits (so q/k need no permutation). Plain-Python
 safetensors reader (struct + json): Debian has no python3-safetensors.
+Names, shapes, config and the bitwise values need only Python's standard library, so they
+are checked on a fresh machine too; the forward needs torch (and numpy) and is skipped, with
+a line that says so, where /usr/bin/python3 has neither (scripts/setup-deps --bench).
 """
 import json
 import math
@@ -17,9 +20,27 @@ import os
 import struct
 import sys
 
-import numpy as np
-import torch
-import torch.nn.functional as F
+try:
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+except ImportError:
+    np = None
+
+
+class Tensor:
+    """A little-endian array's raw bytes and shape: enough to compare names, shapes and bits."""
+
+    def __init__(self, raw, shape, dtype):
+        self.raw, self.shape, self.dtype = raw, tuple(shape), dtype
+
+    def rows(self, n):
+        """The first n rows (along the first axis)."""
+        per = len(self.raw) // self.shape[0]
+        return Tensor(self.raw[:n * per], (n,) + self.shape[1:], self.dtype)
+
+    def array(self):
+        return np.frombuffer(self.raw, self.dtype).reshape(self.shape)
 
 
 def fail(msg):
@@ -38,8 +59,9 @@ def read_safetensors(path):
         if t["dtype"] != "F32":
             fail(f"{name}: dtype {t['dtype']}, want F32")
         a, b = t["data_offsets"]
-        arr = np.frombuffer(data, "<f4", (b - a) // 4, 8 + n + a).reshape(t["shape"])
-        out[name] = arr
+        if b - a != 4 * math.prod(t["shape"]):
+            fail(f"{name}: {b - a} bytes for shape {t['shape']}")
+        out[name] = Tensor(data[8 + n + a:8 + n + b], t["shape"], "<f4")
     return out
 
 
@@ -52,10 +74,10 @@ def read_fixture(path):
     V, Vp, maxT, L, NH, C, B, T, n_params, _, KVH, FF = h[2:14]
     hyper = struct.unpack_from("<8f", data, 64)
     off = 96
-    init = np.frombuffer(data, "<f4", n_params, off); off += 4 * n_params
-    tokens = np.frombuffer(data, "<i4", B * T, off).reshape(B, T); off += 4 * B * T
+    init = data[off:off + 4 * n_params]; off += 4 * n_params
+    tokens = Tensor(data[off:off + 4 * B * T], (B, T), "<i4"); off += 4 * B * T
     off += 4 * B * T  # targets
-    logits = np.frombuffer(data, "<f4", B * T * Vp, off).reshape(B, T, Vp)
+    logits = Tensor(data[off:off + 4 * B * T * Vp], (B, T, Vp), "<f4")
     cfg = dict(V=V, Vp=Vp, maxT=maxT, L=L, NH=NH, C=C, KVH=KVH, FF=FF, theta=hyper[5],
                eps=hyper[6])
     return cfg, init, tokens, logits
@@ -78,19 +100,19 @@ def fixture_params(cfg, init):
     out, off = {}, 0
     for name, shape in specs:
         n = math.prod(shape)
-        a = init[off:off + n].reshape(shape)
+        a = Tensor(init[4 * off:4 * (off + n)], shape, "<f4")
         off += n
-        out[name] = a[:V] if name in ("model.embed_tokens.weight", "lm_head.weight") else a
-    assert off == init.size
+        out[name] = a.rows(V) if name in ("model.embed_tokens.weight", "lm_head.weight") else a
+    assert 4 * off == len(init)
     return out
 
 
 def hf_forward(W, conf, tokens):
     """LlamaForCausalLM's forward (float64) from HF names and config.json only."""
-    t = {k: torch.tensor(v.astype(np.float64)) for k, v in W.items()}
+    t = {k: torch.tensor(v.array().astype(np.float64)) for k, v in W.items()}
     NH, KVH, C = conf["num_attention_heads"], conf["num_key_value_heads"], conf["hidden_size"]
     HS, eps, L = C // NH, conf["rms_norm_eps"], conf["num_hidden_layers"]
-    tok = torch.tensor(tokens.astype(np.int64))
+    tok = torch.tensor(tokens.array().astype(np.int64))
     Bn, Tn = tok.shape
 
     def rms(x, w):
@@ -144,11 +166,16 @@ def main():
     for name, a in ref.items():
         if got[name].shape != a.shape:
             fail(f"{name}: shape {got[name].shape}, want {a.shape}")
-        if not np.array_equal(got[name], a):
-            fail(f"{name}: values differ from the fixture (max {np.abs(got[name] - a).max()})")
+        if got[name].raw != a.raw:
+            at = next(i for i in range(0, len(a.raw), 4) if got[name].raw[i:i + 4] != a.raw[i:i + 4])
+            fail(f"{name}: values differ from the fixture (first at element {at // 4})")
     print(f"ok {len(got)} tensors: Hugging Face names, shapes and values bitwise the fixture's")
+    if np is None:
+        print("skipped: Hugging Face's forward on the export (needs torch and numpy in "
+              f"{sys.executable}; scripts/setup-deps --bench installs them)")
+        return
     out = hf_forward(got, conf, tokens).numpy()
-    d = np.abs(out - logits[..., :cfg["V"]].astype(np.float64)).max()
+    d = np.abs(out - logits.array()[..., :cfg["V"]].astype(np.float64)).max()
     if not d < 1e-5:
         fail(f"Hugging Face's forward on the exported weights differs from the fixture's logits by {d}")
     print(f"ok Hugging Face's forward (rotate_half RoPE, repeat_kv) on the export: logits within {d:.2g} of the fixture")

@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""pp_replay.py TRACE_DIR STAGES — where a pipeline's measured bubble comes from.
+
+Reads the Chrome traces a pp run wrote (log.trace: rank0.json .. rankN.json, one per stage,
+pp only: no tp or dp in the run) and, for every step after the first, prints three bubbles:
+
+- measured: the run's own figure, 1 - sum(compute) / (P x max over ranks of the phase),
+  each rank's phase from its first instruction to its last send completed (session.c);
+- common clock: the same with the makespan taken on the shared monotonic clock, from the
+  earliest rank's phase start to the latest rank's end (a rank that starts its phase late
+  because it was still in the previous step's optimizer shows up here, not above);
+- replay: the schedule run again on paper with each F/B/W taking exactly the time the
+  trace measured for it and every transfer free and instant (a RECV waits only for its
+  SEND's compute to be done). measured - replay is what the engine and the transport cost
+  (sends, receives, wake-ups, time a rank was not scheduled); replay - formula is what
+  unequal compute costs cost (load, micro-batch-to-micro-batch spread, stage imbalance).
+
+Prints one JSON line per step and a last line with the means:
+{"step":..,"measured":..,"common_clock":..,"replay":..,"compute_ms":[..],"phase_ms":[..]}
+"""
+import json
+import sys
+
+COMPUTE = {"forward", "backward", "backward_input", "backward_weight"}  # trace.c's names
+
+
+def load(trace_dir, stages):
+    ranks = []
+    for r in range(stages):
+        with open(f"{trace_dir}/rank{r}.json") as f:
+            ev = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+        ranks.append(sorted(ev, key=lambda e: e["ts"]))
+    return ranks
+
+
+def step_ops(ev, step):
+    """This rank's compute instructions and receives of one step, in the order they ran."""
+    ops = []
+    for e in ev:
+        a = e.get("args", {})
+        if a.get("step") != step:
+            continue
+        n = e["name"]
+        if e.get("tid") == 0 and n in COMPUTE:
+            ops.append(("compute", n, a["mb"], a["chunk"], e["dur"] / 1000.0))
+        elif n in ("recv_act", "recv_grad", "send_act", "send_grad"):
+            ops.append((n, n, a["mb"], a["chunk"], 0.0))
+    return ops
+
+
+def phase(ev, step):
+    """(start, end) of this rank's pipeline phase on the shared clock, ms: its first
+    compute-lane span (an instruction or the idle before it) to its send_wait's end."""
+    lane = [e for e in ev if e.get("args", {}).get("step") == step and
+            (e.get("tid") == 0 and e["name"] in COMPUTE | {"idle"} or e["name"] == "send_wait")]
+    start = min(e["ts"] for e in lane)
+    end = max(e["ts"] + e["dur"] for e in lane)
+    return start / 1000.0, end / 1000.0
+
+
+def replay(per_rank, stages):
+    """Makespan of the lists with the measured compute times and free transfers."""
+    P = stages
+    sent = {}   # (kind, mb, receiver virtual stage) -> time the SEND was issued
+    clock = [0.0] * P
+    pos = [0] * P
+    while True:
+        moved = False
+        for r in range(P):
+            ops = per_rank[r]
+            while pos[r] < len(ops):
+                kind, name, mb, chunk, dur = ops[pos[r]]
+                vs = chunk * P + r
+                if kind == "compute":
+                    clock[r] += dur
+                elif kind == "send_act":
+                    sent[("act", mb, vs + 1)] = clock[r]
+                elif kind == "send_grad":
+                    sent[("grad", mb, vs - 1)] = clock[r]
+                else:
+                    key = ("act" if kind == "recv_act" else "grad", mb, vs)
+                    if key not in sent:
+                        break
+                    clock[r] = max(clock[r], sent[key])
+                pos[r] += 1
+                moved = True
+        if all(pos[r] == len(per_rank[r]) for r in range(P)):
+            return max(clock)
+        if not moved:
+            sys.exit("pp_replay: the traced lists deadlock on replay (a receive without its "
+                     "send in the trace: was the run pp only, and the trace complete?)")
+
+
+def analyse(trace_dir, P, out=None):
+    """The per-step rows and their means (measured, common_clock, replay)."""
+    ranks = load(trace_dir, P)
+    steps = sorted({e["args"]["step"] for e in ranks[0] if "step" in e.get("args", {})})
+    rows = []
+    for step in steps[1:]:
+        per_rank = [step_ops(ev, step) for ev in ranks]
+        comp = [sum(o[4] for o in ops if o[0] == "compute") for ops in per_rank]
+        ph = [phase(ev, step) for ev in ranks]
+        walls = [e - s for s, e in ph]
+        common = max(e for _, e in ph) - min(s for s, _ in ph)
+        total = sum(comp)
+        row = {"step": step,
+               "measured": 1 - total / (P * max(walls)),
+               "common_clock": 1 - total / (P * common),
+               "replay": 1 - total / (P * replay(per_rank, P)),
+               "compute_ms": [round(c, 2) for c in comp],
+               "phase_ms": [round(w, 2) for w in walls]}
+        if not all(c > 0 for c in comp):
+            sys.exit(f"pp_replay: step {step}: a stage has no compute in the trace")
+        rows.append(row)
+        if out:
+            print(json.dumps(row), file=out)
+    if not rows:
+        sys.exit(f"pp_replay: {trace_dir}: no step after the first in the traces")
+    mean = {k: sum(r[k] for r in rows) / len(rows) for k in ("measured", "common_clock", "replay")}
+    return rows, mean
+
+
+def main():
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    _, mean = analyse(sys.argv[1], int(sys.argv[2]), sys.stdout)
+    print(json.dumps({"mean": mean}))
+
+
+if __name__ == "__main__":
+    main()

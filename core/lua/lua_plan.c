@@ -505,6 +505,7 @@ void loom_lua_open_plan(lua_State *L)
                                      {"sched_prepare", l_sched_prepare},
                                      {NULL, NULL}};
     luaL_setfuncs(L, funcs, 0);
+    loom_lua_open_plan_pages(L);
     static const luaL_Reg methods[] = {{"simulate", l_sched_run}, {NULL, NULL}};
     luaL_newmetatable(L, "loom.PlanSchedule");
     lua_newtable(L);

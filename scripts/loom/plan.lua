@@ -349,6 +349,27 @@ function plan.layout(t, machine, opts)
       { staging_bytes = (machine.links.intra or {}).staging_bytes_per_rank })
     if not worst or mem[k].total > mem[worst].total then worst = k end
   end
+  -- ZeRO 2/3 on host memory hand pages back to the OS and fault them in again every
+  -- micro-batch (zero_reduce.c: a reduced gradient bucket; zero_params.c: a unit after
+  -- each pass, gathered again before the next): the profile's measured cost per page
+  -- (core.bench_refault: a gradient added into zeroed pages faults twice, a gather once)
+  local refault, faults, pf = {}, {}, r.page_fault
+  local eb = s.precision == "fp32" and F32 or 2
+  for k = 1, s.pp do
+    local x, n = 0, 0
+    if pf and s.zero >= 2 then
+      local pages = psi[k] * eb // pf.page
+      if not s.canonical then x, n = pages * pf.accumulate_s, 2 * pages end
+      if s.zero == 3 then x, n = x + 2 * pages * pf.write_s, n + 2 * pages end
+    end
+    refault[k], faults[k] = s.accum * x * share, s.accum * n
+  end
+  local refault_s = 0
+  for k = 1, s.pp do refault_s = math.max(refault_s, refault[k]) end
+  if refault_s > 0 then
+    assume(string.format("ZeRO-%d returns pages to the OS and faults them back every micro-batch: %.3g us a page (gradient), %.3g us (gather), measured",
+      s.zero, pf.accumulate_s * 1e6, pf.write_s * 1e6))
+  end
   -- data-parallel exchanges per step, on the largest stage's table
   local P = psi[worst]
   local gb = P * (s.precision == "fp32" and F32 or 2)
@@ -380,7 +401,7 @@ function plan.layout(t, machine, opts)
   local adam = r.per_element and r.per_element.adamw
   local opt_s = ((adam and adam * stepped or 28 * stepped / r.bandwidth) + 8 * P / r.bandwidth) * share
   local compute_s = s.pp > 1 and (pipe_s - bubble_s) or pipe_s
-  local step_s = pipe_s + exposed_dp + opt_s + (s.pp > 1 and 0 or tp_total * s.accum)
+  local step_s = pipe_s + exposed_dp + opt_s + refault_s + (s.pp > 1 and 0 or tp_total * s.accum)
   if s.pp > 1 then compute_s = compute_s - tp_total * s.accum end
   local tokens = s.micro * s.seq * s.accum * s.dp
   local flops_per_token = 6 * (opts.params or plan.params(m)) + 6 * m.layers * m.dim * s.seq
@@ -399,7 +420,7 @@ function plan.layout(t, machine, opts)
   local stage_busy = {}
   for k = 1, s.pp do
     local c = comp[k]
-    stage_busy[k] = s.accum * (c.fwd + c.bwd_input + c.bwd_weight + tp_micro[k]) + exposed_dp + opt_s
+    stage_busy[k] = s.accum * (c.fwd + c.bwd_input + c.bwd_weight + tp_micro[k]) + exposed_dp + opt_s + refault[k]
       + (s.pp > 1 and 2 * s.accum * p2p or 0)
   end
   local runtime = machine.runtime_bytes or machine.device.runtime_bytes or 0
@@ -418,7 +439,8 @@ function plan.layout(t, machine, opts)
       step_s = step_s, compute_s = compute_s, bubble_s = bubble_s, bubble = bubble,
       busy_s = step_s - bubble_s, -- what a rank's CPU clock sees: the bubble is waiting
       stage_busy_s = stage_busy,
-      optimizer_s = opt_s, comm = comm, exposed_dp_s = exposed_dp,
+      optimizer_s = opt_s, comm = comm, exposed_dp_s = exposed_dp, refault_s = refault_s,
+      page_faults = faults, -- per stage and step: what refault_s counts (a host profile's)
       per_micro = slow,
     },
     tokens_per_step = tokens, tokens_per_s = tokens / step_s, mfu = mfu,

@@ -97,6 +97,7 @@ function machine.bench_device(threads, min_s, cpu_clock)
     attention_fwd = points(b.attention, att_flops, "fwd_s"),
     attention_bwd = points(b.attention, att_flops, "bwd_s"),
     bandwidth = b.bandwidth, per_element = b.per_element, source = "measured: core.bench_device, " .. b.describe,
+    page_fault = core.bench_refault { bytes = 4 << 20, min_s = min_s or 0.03, cpu_clock = cpu_clock },
   }
 end
 

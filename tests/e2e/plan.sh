@@ -6,6 +6,8 @@
 #  - model states (params, grads, optimizer) and activations of every rank: exactly the
 #    session's own accounting (its MEM line);
 #  - peak RSS of every rank (VmHWM) within 10% of the plan's;
+#  - page faults per step of every rank (ZeRO 2/3's refaulted pages) within 10% + 32 of
+#    the plan's count (a count: the load cannot move it);
 #  - step time within 20%, on a profile calibrated in this test (loom plan --calibrate
 #    --cpu-clock): against each rank's CPU time per step (a loaded machine's waits for a
 #    core are not the model's to predict; the pipeline bubble, which is waiting too, left
@@ -73,13 +75,14 @@ for l in "${layouts[@]}"; do
   for r in $(seq 0 $((n - 1))); do
     mem=$(grep -E "^(\[rank $r\] )?MEM $r " "$out" | sed 's/^\[rank [0-9]*\] //')
     cpu=$(grep -E "^(\[rank $r\] )?CPU $r " "$out" | sed 's/^\[rank [0-9]*\] //' | awk '{print $3}')
+    flt=$(grep -E "^(\[rank $r\] )?FAULTS $r " "$out" | sed 's/^\[rank [0-9]*\] //' | awk '{print $3}')
     line=$(grep -E "plan vs run \(rank $r," "$out")
     stage=0
     case "$args" in *mesh.pp=2*) stage=$r ;; esac
     pl=$(grep "^PLAN $stage " "$tmp/exp$i.txt")
-    [ -n "$mem" ] && [ -n "$pl" ] && [ -n "$line" ] || { echo "FAIL: $args rank $r: missing output"; cat "$out"; exit 1; }
+    [ -n "$mem" ] && [ -n "$pl" ] && [ -n "$line" ] && [ -n "$flt" ] || { echo "FAIL: $args rank $r: missing output"; cat "$out"; exit 1; }
     read -r _ _ mp mg mo _ ma _ <<< "$mem"
-    read -r _ _ pp pg po pa prss pbusy <<< "$pl"
+    read -r _ _ pp pg po pa prss pbusy pflt <<< "$pl"
     states="params $mp/$pp grads $mg/$pg optimizer $mo/$po activations $ma/$pa"
     verdict="states exact"
     if [ "$mp $mg $mo $ma" != "$pp $pg $po $pa" ]; then
@@ -92,13 +95,13 @@ for l in "${layouts[@]}"; do
       "${args:-one rank}" "$r" "$verdict" "$hwm" "$(awk -v e="$rss_err" 'BEGIN{print 100*e}')" "$cpu" "$pbusy" \
       "$(awk -v e="$t_err" 'BEGIN{print 100*e}')"
     below "$rss_err" 0.10 || { echo "FAIL: $args rank $r: peak RSS off by more than 10%"; fail=1; }
-    # ZeRO-2/3's CPU time is under-predicted by 27-39% on this machine (bucket staging, the
-    # per-unit gathers' many small shm collectives are not in the model yet: docs/PLAN.md);
-    # their figures are printed, and the 20% bound holds them to it once they are modelled.
-    case "$args" in
-      *zero=2*|*zero=3*) echo "  (time not enforced for zero=2/3: not modelled yet, docs/PLAN.md)" ;;
-      *) [ "$timed" = 0 ] || below "$t_err" 0.20 || { echo "FAIL: $args rank $r: CPU time per step off by more than 20%"; fail=1; } ;;
-    esac
+    [ "$timed" = 0 ] || below "$t_err" 0.20 || { echo "FAIL: $args rank $r: CPU time per step off by more than 20%"; fail=1; }
+    # page faults per step, a count whatever the load: ZeRO 2/3 hand their gradient pages
+    # (and stage 3 its parameter units) back to the OS and fault them in again every step,
+    # a cost the time model charges per page (core.bench_refault); the other layouts none
+    echo "  page faults per step: measured $flt, predicted $pflt"
+    awk -v m="$flt" -v p="$pflt" 'BEGIN { d = m - p; exit !((d < 0 ? -d : d) <= 0.1 * p + 32) }' \
+      || { echo "FAIL: $args rank $r: $flt page faults per step, the plan counts $pflt"; fail=1; }
     cpu_of["$args|$r"]=$cpu
   done
 done

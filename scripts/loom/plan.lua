@@ -129,8 +129,15 @@ local function stage_memory(t, s, blocks, facts, r, opts)
     local unit = 16 * s.dp
     mem.comm = mem.comm + unit * (s.zero == 3 and 2 or 1) * F32
     local bucket = math.max(unit, math.floor(s.bucket_mb * 1048576 / F32) // unit * unit)
-    if s.zero == 2 and not s.canonical and s.accum > 1 then
-      mem.comm = mem.comm + 2 * math.min(bucket, psi) // s.dp * F32
+    if s.zero >= 2 and not s.canonical and s.accum > 1 then
+      -- zero_reduce_init: min(buckets, ZERO_SLOTS = 2) slots of the largest bucket's
+      -- sub-block; stage 3 cuts its buckets at every unit (a block, the embeddings)
+      local len, nb = math.min(bucket, psi), (psi + bucket - 1) // bucket
+      if s.zero == 3 then
+        local vp = m.vocab_padded or (m.vocab + 127) // 128 * 128
+        len, nb = math.min(bucket, math.max(12 * m.dim * m.dim // s.tp + 13 * m.dim, vp * m.dim // s.tp + m.ctx * m.dim)), 2
+      end
+      mem.comm = mem.comm + math.min(2, nb) * len // s.dp * F32
     end
     -- the model's full-size buffer still backs stage 2's gradients and stage 3's
     -- parameters: pages of buckets not yet reduced (or units in use) are resident

@@ -2,7 +2,7 @@
 # plan.sh LOOM — loom plan's predictions against runs of tests/e2e/recipes/plan_probe.lua
 # (4 blocks, dim 128, 4 x 64 tokens, 4 steps, threads = 1), on 12 layouts: one rank (no
 # recomputation, full, selective, blocks {0, 2}), dp = 2 (zero 0, 1, 2, 3), tp = 2, pp = 2
-# (1f1b, zb1), tp = 2 with sequence parallelism:
+# (1f1b, zb1), tp = 2 with sequence parallelism, and pp = 2 x dp = 2 with ZeRO-3 (4 ranks):
 #  - model states (params, grads, optimizer) and activations of every rank: exactly the
 #    session's own accounting (its MEM line);
 #  - peak RSS of every rank (VmHWM) within 10% of the plan's;
@@ -61,6 +61,7 @@ layouts=(
   "2|mesh.pp=2 microbatches=4"
   "2|mesh.pp=2 microbatches=4 schedule=zb1"
   "2|mesh.tp=2 tp_sequence_parallel=true"
+  "4|mesh.pp=2 mesh.dp=2 strategy.zero=3 microbatches=4"
 )
 declare -A cpu_of
 i=0
@@ -78,7 +79,7 @@ for l in "${layouts[@]}"; do
     flt=$(grep -E "^(\[rank $r\] )?FAULTS $r " "$out" | sed 's/^\[rank [0-9]*\] //' | awk '{print $3}')
     line=$(grep -E "plan vs run \(rank $r," "$out")
     stage=0
-    case "$args" in *mesh.pp=2*) stage=$r ;; esac
+    case "$args" in *mesh.pp=2*mesh.dp=2*) stage=$((r / 2)) ;; *mesh.pp=2*) stage=$r ;; esac # dp before pp
     pl=$(grep "^PLAN $stage " "$tmp/exp$i.txt")
     [ -n "$mem" ] && [ -n "$pl" ] && [ -n "$line" ] && [ -n "$flt" ] || { echo "FAIL: $args rank $r: missing output"; cat "$out"; exit 1; }
     read -r _ _ mp mg mo _ ma _ <<< "$mem"
@@ -126,7 +127,7 @@ local cli = require "loom.plan_cli"
 local t = cli.capture("$probe", { { "batch.global", "8" } })
 local res = require("loom.plan_search").run(t, cli.machine(os.getenv("LOOM_MACHINE")),
   { world = 2, devices_per_node = 2, mem = 1 << 30, zero = { 0 }, recompute = { "none", "full" },
-    schedules = { "1f1b" }, offload = { false }, max_micro = 4, top = 100 })
+    schedules = { "1f1b" }, offload = { false }, sp = { false }, max_micro = 4, top = 100 })
 for i, p in ipairs(res.ranked) do
   if p.layout.micro == 4 then
     local l = p.layout

@@ -65,6 +65,7 @@ local function ms(s) return string.format("%.3f ms", s * 1e3) end
 
 local function layout_text(l)
   local parts = { string.format("dp=%d tp=%d pp=%d zero=%d micro=%d", l.dp, l.tp, l.pp, l.zero, l.micro) }
+  if (l.ep or 1) > 1 then parts[1] = parts[1]:gsub(" zero=", string.format(" ep=%d zero=", l.ep)) end
   if l.pp > 1 then parts[#parts + 1] = string.format("%s%s x%d micro-batches", l.schedule,
     l.chunks > 1 and string.format(" (%d chunks)", l.chunks) or "", l.accum)
   elseif l.accum > 1 then parts[#parts + 1] = string.format("accum %d", l.accum) end

@@ -2,11 +2,12 @@
 # plan.sh LOOM — loom plan's predictions against runs of tests/e2e/recipes/plan_probe.lua
 # (4 blocks, dim 128, 4 x 64 tokens, 4 steps, threads = 1), on 12 layouts: one rank (no
 # recomputation, full, selective, blocks {0, 2}), dp = 2 (zero 0, 1, 2, 3), tp = 2, pp = 2
-# (1f1b, zb1), tp = 2 with sequence parallelism, and pp = 2 x dp = 2 with ZeRO-3 (4 ranks):
+# (1f1b, zb1), tp = 2 with sequence parallelism, pp = 2 x dp = 2 with ZeRO-3 (4 ranks), and
+# a mixture of experts (4 experts, top-2, every block) on one rank and at dp = 2 ep = 2:
 #  - model states (params, grads, optimizer) and activations of every rank: exactly the
 #    session's own accounting (its MEM line);
 #  - peak RSS of every rank (VmHWM) within 10% of the plan's;
-#  - page faults per step of every rank (ZeRO 2/3's refaulted pages) within 10% + 32 of
+#  - page faults per step of every rank (ZeRO 2/3's refaulted pages) within 10% + 64 of
 #    the plan's count (a count: the load cannot move it);
 #  - step time within 20%, on a profile calibrated in this test (loom plan --calibrate
 #    --cpu-clock): against each rank's CPU time per step (a loaded machine's waits for a
@@ -62,6 +63,8 @@ layouts=(
   "2|mesh.pp=2 microbatches=4 schedule=zb1"
   "2|mesh.tp=2 tp_sequence_parallel=true"
   "4|mesh.pp=2 mesh.dp=2 strategy.zero=3 microbatches=4"
+  "1|model.moe.experts=4"
+  "2|mesh.dp=2 mesh.ep=2 model.moe.experts=4"
 )
 declare -A cpu_of
 i=0
@@ -101,7 +104,9 @@ for l in "${layouts[@]}"; do
     # (and stage 3 its parameter units) back to the OS and fault them in again every step,
     # a cost the time model charges per page (core.bench_refault); the other layouts none
     echo "  page faults per step: measured $flt, predicted $pflt"
-    awk -v m="$flt" -v p="$pflt" 'BEGIN { d = m - p; exit !((d < 0 ? -d : d) <= 0.1 * p + 32) }' \
+    # (slack: 64 pages of first touches, e.g. ep's receive rows, sized for the worst case,
+    # whose touched part grows as the routing varies: ~50 a step at dp = 2 ep = 2)
+    awk -v m="$flt" -v p="$pflt" 'BEGIN { d = m - p; exit !((d < 0 ? -d : d) <= 0.1 * p + 64) }' \
       || { echo "FAIL: $args rank $r: $flt page faults per step, the plan counts $pflt"; fail=1; }
     cpu_of["$args|$r"]=$cpu
   done

@@ -89,6 +89,7 @@ static void read_family_moe(lua_State *L, int idx, loom_gpt_config *cfg)
     lua_pop(L, 1);
     cfg->kv_heads = ifield(L, idx, "kv_heads", 0);
     cfg->ffn_dim = ifield(L, idx, "ffn_dim", 0);
+    cfg->tie_embeddings = bfield(L, idx, "tie_embeddings");
     lua_getfield(L, idx, "moe");
     if (lua_istable(L, -1)) {
         int t = lua_gettop(L);

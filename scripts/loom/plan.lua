@@ -109,7 +109,8 @@ local function stage_memory(t, s, blocks, facts, r, opts)
     heads = m.heads, dim = m.dim, micro = s.micro, tp = s.tp, sequence_parallel = s.sp,
     canonical = s.canonical, recompute = rc, recompute_layers = rc_layers,
     stage_layers = s.pp > 1 and blocks[r] or nil, slots = st.slots, split_backward = st.split,
-    family = m.family, kv_heads = m.kv_heads, ffn_dim = m.ffn_dim, moe = m.moe, ep = s.ep,
+    family = m.family, kv_heads = m.kv_heads, ffn_dim = m.ffn_dim, tie_embeddings = m.tie_embeddings,
+    moe = m.moe, ep = s.ep,
   }
   local psi = fp.param_floats
   local part = s.zero > 0 and core.zero_padded(psi, s.dp) // s.dp or psi
@@ -483,6 +484,9 @@ function plan.layout(t, machine, opts)
     s.threads > 0 and tostring(s.threads) or "all", machine.device.cores, share)) end
   if s.precision ~= "fp32" then
     assume(s.precision .. ": modelled from dtypes (2-byte parameters, gradients and activations, fp32 master and state) — a model, not a measurement of loom's " .. s.precision .. " path")
+  end
+  if m.family == "llama" then
+    assume("llama blocks: memory from the model's own llama table and layout; time as GPT-2 blocks of the same width (SwiGLU, grouped-query attention and RoPE not costed apart)")
   end
   if m.moe and m.moe.experts > 0 then
     local kept = moe_rows(m.moe, s.micro * s.seq, s.ep)

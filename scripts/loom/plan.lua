@@ -157,7 +157,7 @@ local function stage_memory(t, s, blocks, facts, r, opts)
   -- reads its peers' slots: n x min(largest message, staging per rank) resident
   local staging = opts.staging_bytes or 0
   if staging > 0 then
-    local bucket_b = math.min(psi * pb, s.bucket_mb * 1048576)
+    local bucket_b = math.min(psi * pb, math.floor(s.bucket_mb * 1048576))
     if s.zero == 3 then
       local vp = m.vocab_padded or (m.vocab + 127) // 128 * 128
       bucket_b = math.max(12 * m.dim * m.dim // s.tp + 13 * m.dim, (vp * m.dim // s.tp + m.ctx * m.dim)) * pb

@@ -79,6 +79,30 @@ static void set_int(lua_State *L, const char *k, size_t v)
  *   sequence_parallel=false, canonical=false, recompute="none"|"full"|"selective",
  *   recompute_layers={blocks}, stage_layers={blocks held} (nil: all), slots=1,
  *   split_backward=false} -> {param_floats, activations, slot, shared, host} */
+/* family, kv_heads, ffn_dim and moe = {experts, top_k, every, capacity_factor} of the
+ * table at idx into cfg (what loom.gpt's checked model table holds). */
+static void read_family_moe(lua_State *L, int idx, loom_gpt_config *cfg)
+{
+    lua_getfield(L, idx, "family");
+    cfg->family = lua_isstring(L, -1) && !strcmp(lua_tostring(L, -1), "llama") ? LOOM_FAMILY_LLAMA
+                                                                               : LOOM_FAMILY_GPT2;
+    lua_pop(L, 1);
+    cfg->kv_heads = ifield(L, idx, "kv_heads", 0);
+    cfg->ffn_dim = ifield(L, idx, "ffn_dim", 0);
+    cfg->tie_embeddings = bfield(L, idx, "tie_embeddings");
+    lua_getfield(L, idx, "moe");
+    if (lua_istable(L, -1)) {
+        int t = lua_gettop(L);
+        cfg->moe.experts = ifield(L, t, "experts", 0);
+        cfg->moe.top_k = ifield(L, t, "top_k", 1);
+        cfg->moe.every = ifield(L, t, "every", 1);
+        lua_getfield(L, t, "capacity_factor");
+        cfg->moe.capacity_factor = luaL_optnumber(L, -1, 1.25);
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+}
+
 static int l_footprint(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TTABLE);
@@ -92,6 +116,8 @@ static int l_footprint(lua_State *L)
     loom_gpt_parallel par;
     memset(&par, 0, sizeof par);
     par.canonical = bfield(L, 1, "canonical");
+    read_family_moe(L, 1, &cfg);
+    par.ep = ifield(L, 1, "ep", 1); /* ep rank 0's table: every ep rank holds E/ep experts */
     par.stage_layers = index_list(L, 1, "stage_layers", stage, cfg.layers) ? stage : NULL;
     par.slots = ifield(L, 1, "slots", 1);
     par.split_backward = bfield(L, 1, "split_backward");
@@ -137,20 +163,7 @@ static int l_pp_split(lua_State *L)
     if (cfg.layers < 1 || cfg.layers > 4096 || V < 1 || V > cfg.layers)
         return luaL_error(L, "pp_split: layers=%d must be in 1..4096 and at least stages x "
                           "chunks = %d", cfg.layers, V);
-    lua_getfield(L, 1, "family");
-    cfg.family = lua_isstring(L, -1) && !strcmp(lua_tostring(L, -1), "llama") ? LOOM_FAMILY_LLAMA
-                                                                              : LOOM_FAMILY_GPT2;
-    lua_pop(L, 1);
-    cfg.kv_heads = ifield(L, 1, "kv_heads", 0);
-    cfg.ffn_dim = ifield(L, 1, "ffn_dim", 0);
-    lua_getfield(L, 1, "moe");
-    if (lua_istable(L, -1)) {
-        int t = lua_gettop(L);
-        cfg.moe.experts = ifield(L, t, "experts", 0);
-        cfg.moe.top_k = ifield(L, t, "top_k", 1);
-        cfg.moe.every = ifield(L, t, "every", 1);
-    }
-    lua_pop(L, 1);
+    read_family_moe(L, 1, &cfg);
     unsigned char *rc = lua_newuserdatauv(L, (size_t)cfg.layers, 0); /* freed by GC */
     double *cost = lua_newuserdatauv(L, (size_t)cfg.layers * sizeof(double), 0);
     int listed = index_list(L, 1, "recompute_layers", rc, cfg.layers);
@@ -185,7 +198,13 @@ static int l_zero_padded(lua_State *L)
 
 /* --- device measurements --------------------------------------------------------------- */
 
-typedef struct bench_box { loom_backend be; float *buf[6]; int cpu_clock; } bench_box;
+typedef struct bench_box {
+    loom_backend be;
+    float *buf[6];
+    int cpu_clock;
+    float *evict;    /* written between the repeats of a GEMM or attention timing (not timed) */
+    size_t n_evict;  /* floats: larger than the caches a core has to itself */
+} bench_box;
 
 /* Seconds of this process's CPU time (all threads): what a step costs whatever else the
  * machine runs, where wall time also counts the waits for a core. */
@@ -207,6 +226,8 @@ static void bench_release(bench_box *b)
     for (int i = 0; i < 6; i++)
         free(b->buf[i]);
     memset(b->buf, 0, sizeof b->buf);
+    free(b->evict);
+    b->evict = NULL;
     if (b->be.ops)
         loom_backend_close(&b->be);
     b->be.ops = NULL;
@@ -226,14 +247,21 @@ static int cmp_double(const void *a, const void *b)
 
 typedef void (*bench_fn)(bench_box *b, const int *shape);
 
-/* The median seconds of one call, repeated for at least min_s (3 to 201 repeats). */
-static double time_it(bench_box *b, bench_fn fn, const int *shape, double min_s)
+/* The median seconds of one call, repeated for at least min_s (3 to 201 repeats). With
+ * cold = 1 the operands are pushed out of the caches before each repeat: a model's pass
+ * reads each layer's weights and activations once, after the other layers' have been
+ * through the caches (measured: GEMMs in a training step ran 10-20% below the same shapes
+ * timed hot, the more so the larger the model's weights). */
+static double time_it_as(bench_box *b, bench_fn fn, const int *shape, double min_s, int cold)
 {
     double t[201];
     int n = 0;
     fn(b, shape); /* warm-up: pages, caches, thread pool */
     double start = loom_now_s();
     while (n < 201 && (n < 3 || loom_now_s() - start < min_s)) {
+        if (cold && b->evict)
+            for (size_t i = 0; i < b->n_evict; i += 16)
+                b->evict[i] += 1.0f;
         double t0 = b->cpu_clock ? cpu_now() : loom_now_s();
         fn(b, shape);
         b->be.ops->synchronize(b->be.self);
@@ -241,6 +269,11 @@ static double time_it(bench_box *b, bench_fn fn, const int *shape, double min_s)
     }
     qsort(t, (size_t)n, sizeof *t, cmp_double);
     return t[n / 2];
+}
+
+static double time_it(bench_box *b, bench_fn fn, const int *shape, double min_s)
+{
+    return time_it_as(b, fn, shape, min_s, 0);
 }
 
 /* shape = {M, K, N}: out (M,N) = inp (M,K) weight (N,K)^T */
@@ -283,6 +316,16 @@ static void ln_bwd(bench_box *b, const int *s)
 {
     b->be.ops->layernorm_backward(b->buf[2], b->buf[5] + 512, b->buf[5] + 768, b->buf[0],
                                   b->buf[1], b->buf[5], b->buf[3], b->buf[4], 1, s[0] / 256, 256);
+}
+
+/* shape = {n}: the passes over the gradients a step makes besides the optimizer's
+ * (grad_norm.c: the sum of squares and the non-finite check; zeroing for the next step) */
+static void grad_pass(bench_box *b, const int *s)
+{
+    volatile double sink = b->be.ops->sum_squares(b->buf[0], 1, (size_t)s[0], (size_t)s[0]);
+    sink += b->be.ops->has_nonfinite(b->buf[0], (size_t)s[0]);
+    (void)sink;
+    b->be.ops->zero(b->be.self, b->buf[1], (size_t)s[0] * sizeof(float));
 }
 
 /* Seconds per element of one AdamW step (the optim plugin's own step over n values). */
@@ -365,6 +408,9 @@ static int l_bench_device(lua_State *L)
     if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT"))
         setenv("GOMP_SPINCOUNT", "1000", 0);
     b->cpu_clock = bfield(L, 1, "cpu_clock");
+    b->n_evict = (size_t)ifield(L, 1, "evict_floats", 0);
+    if (b->n_evict && !(b->evict = calloc(b->n_evict, sizeof(float))))
+        return luaL_error(L, "bench_device: out of memory for %zu floats", b->n_evict);
     if (loom_backend_open(name, ifield(L, 1, "threads", 0), &b->be) != LOOM_OK) {
         lua_pushstring(L, loom_last_error());
         return lua_error(L);
@@ -385,8 +431,8 @@ static int l_bench_device(lua_State *L)
                                  : 2 * (size_t)s[0] * s[3] * s[1] * s[1] + 3 * (size_t)s[0] * s[1] * s[2];
             if (!alloc_bufs(b, need))
                 return luaL_error(L, "bench_device: out of memory for %s shape %d", kinds[k], (int)i);
-            double f = time_it(b, k == 0 ? mm_fwd : att_fwd, s, min_s);
-            double w = time_it(b, k == 0 ? mm_bwd : att_bwd, s, min_s);
+            double f = time_it_as(b, k == 0 ? mm_fwd : att_fwd, s, min_s, 1);
+            double w = time_it_as(b, k == 0 ? mm_bwd : att_bwd, s, min_s, 1);
             lua_createtable(L, 4, 2);
             for (int j = 0; j < (k == 0 ? 3 : 4); j++) {
                 lua_pushinteger(L, s[j]);
@@ -421,6 +467,8 @@ static int l_bench_device(lua_State *L)
             lua_pushnumber(L, time_it(b, fns[i], &e, min_s) / e);
             lua_setfield(L, -2, names[i]);
         }
+        lua_pushnumber(L, time_it(b, grad_pass, &e, min_s) / e);
+        lua_setfield(L, -2, "grad_pass");
         double adam = time_adamw(b, e, min_s);
         if (adam > 0) {
             lua_pushnumber(L, adam);
@@ -505,6 +553,7 @@ void loom_lua_open_plan(lua_State *L)
                                      {"sched_prepare", l_sched_prepare},
                                      {NULL, NULL}};
     luaL_setfuncs(L, funcs, 0);
+    loom_lua_open_plan_pages(L);
     static const luaL_Reg methods[] = {{"simulate", l_sched_run}, {NULL, NULL}};
     luaL_newmetatable(L, "loom.PlanSchedule");
     lua_newtable(L);

@@ -701,9 +701,10 @@ loom_status loom_gpt_footprint(const loom_gpt_config *cfg, int max_B, const loom
     loom_status st = gpt_setup(m, cfg, max_B, par, tp, sequence_parallel);
     if (st == LOOM_OK) {
         size_activations(m);
+        size_t moe_host, moe = gpt_moe_size(m, &moe_host); /* the MoE blocks' buffers */
         out->param_floats = m->table.total;
-        out->activations = m->act_bytes;
-        out->host = ((size_t)max_B * (size_t)cfg->ctx + (size_t)m->cfg.vocab_padded) * sizeof(float);
+        out->activations = m->act_bytes + moe;
+        out->host = ((size_t)max_B * (size_t)cfg->ctx + (size_t)m->cfg.vocab_padded) * sizeof(float) + moe_host;
         out->slot = m->slot_bytes;
         out->shared = m->shared_bytes;
     }

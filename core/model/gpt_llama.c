@@ -77,10 +77,10 @@ void gpt_llama_widths(loom_gpt *m)
 loom_status gpt_llama_check_split(const loom_gpt *m)
 {
     const loom_gpt_config *c = &m->cfg;
-    const loom_backend_ops *k = m->be->ops;
-    if (k->size <= offsetof(loom_backend_ops, attention_gqa_decode) || !k->rmsnorm_forward ||
+    const loom_backend_ops *k = m->be ? m->be->ops : NULL; /* none: loom_gpt_footprint */
+    if (k && (k->size <= offsetof(loom_backend_ops, attention_gqa_decode) || !k->rmsnorm_forward ||
         !k->rmsnorm_backward || !k->swiglu_forward || !k->swiglu_backward || !k->rope_forward ||
-        !k->rope_backward || !k->attention_gqa_forward || !k->attention_gqa_backward)
+        !k->rope_backward || !k->attention_gqa_forward || !k->attention_gqa_backward))
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "the backend has no kernels for llama blocks (RMSNorm, "
                   "SwiGLU, RoPE, grouped-query attention): use backend = \"cpu\"");
     if (m->staged && c->tie_embeddings)

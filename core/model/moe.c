@@ -124,6 +124,42 @@ loom_status gpt_moe_add_entries(loom_gpt *m, int l, float std, float proj_std)
 /* Block l's parameter (or gradient, base = m->grads) at table index i. */
 static float *at(loom_gpt *m, float *base, int i) { return base + m->table.entries[i].offset; }
 
+/* The bytes gpt_moe_create allocates for m (device: what it counts in g->bytes; host: its
+ * mallocs), from the set-up model alone: loom_gpt_footprint (loom plan) sizes the MoE
+ * buffers with this, and create checks its own count against it. */
+size_t gpt_moe_size(const loom_gpt *m, size_t *host)
+{
+    const loom_gpt_config *c = &m->cfg;
+    *host = 0;
+    if (!c->moe.experts)
+        return 0;
+    size_t E = (size_t)c->moe.experts, P = m->ep > 1 ? (size_t)m->ep : 1, El = E / P;
+    size_t C = (size_t)c->dim, F = 4 * C, R = (size_t)m->max_B * (size_t)c->ctx;
+    size_t A = R * (size_t)c->moe.top_k, Am = A * P;
+    size_t n = 0, total = 0;
+    for (int l = 0; l < c->layers; l++)
+        if (gpt_moe_block(c, l)) {
+            total++;
+            n += m->own[l] ? 1 : 0;
+        }
+    size_t sets = (size_t)(m->slots > 1 ? m->slots : 1) * n;
+    size_t per = R * E + 2 * A + 2 * A * C + 2 * Am * F + (P > 1 ? Am * C + 2 * Am : 0);
+    size_t dev = sets * per + R * E + A + 2 * A * C + 2 * Am * F + R * C + (P > 1 ? 4 * Am * C : 0);
+    if (P > 1 && m->canonical) { /* (ep, nexp) per-source expert gradients */
+        size_t nexp = 0;
+        for (int i = 0; i < m->table.count; i++)
+            if (loom_gpt_is_expert_entry(m, i))
+                nexp += m->table.entries[i].numel;
+        dev += P * nexp;
+    }
+    size_t route = 2 * R * E * sizeof(float) + R * sizeof(float) + 6 * A * sizeof(int) +
+                   (2 * E + 1) * sizeof(int) + E * sizeof(double);
+    size_t ep_host = P > 1 ? (E + 2 * El + 1 + 2 * Am) * sizeof(int) + 8 * P * sizeof(size_t) : 0;
+    *host = sets * (route + ep_host) + total * E * sizeof(double) + R * E * sizeof(float) +
+            A * sizeof(float);
+    return dev * sizeof(float);
+}
+
 loom_status gpt_moe_create(loom_gpt *m, uint64_t seed)
 {
     const loom_gpt_config *c = &m->cfg;
@@ -239,6 +275,10 @@ loom_status gpt_moe_create(loom_gpt *m, uint64_t seed)
     if (!ok)
         LOOM_FAIL(LOOM_ERR_NOMEM, "cannot allocate %.1f MiB for the mixture-of-experts buffers",
                   (double)g->bytes / (1 << 20));
+    size_t host;
+    if (g->bytes != gpt_moe_size(m, &host)) /* what loom plan predicts must be what we take */
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "moe: allocated %zu bytes of buffers, gpt_moe_size says %zu",
+                  g->bytes, gpt_moe_size(m, &host));
     return LOOM_OK;
 }
 

@@ -32,6 +32,9 @@ loom_status gpt_moe_add_entries(loom_gpt *m, int l, float std, float proj_std);
 loom_status gpt_moe_create(loom_gpt *m, uint64_t seed);
 void gpt_moe_destroy(loom_gpt *m);
 size_t gpt_moe_bytes(const loom_gpt *m);
+/* What gpt_moe_create would allocate for the set-up model m: device bytes (returned, what
+ * gpt_moe_bytes then reports) and host bytes (*host: the routing's own arrays). */
+size_t gpt_moe_size(const loom_gpt *m, size_t *host);
 /* Parameters of the experts other ep ranks hold (0 without expert parallelism). */
 size_t gpt_moe_params_elsewhere(const loom_gpt *m);
 /* 1 if name is an expert parameter another ep rank holds (a checkpoint's tensor this rank

@@ -21,7 +21,7 @@ local F32 = 4
 -- The recipe's layout in plain numbers, defaults as loom.train gives them.
 local function shape_of(t)
   local mesh, st = t.mesh or {}, t.strategy or {}
-  local dp, tp, pp = mesh.dp or 1, mesh.tp or 1, mesh.pp or 1
+  local dp, tp, pp, ep = mesh.dp or 1, mesh.tp or 1, mesh.pp or 1, mesh.ep or 1
   local accum = pp > 1 and (t.microbatches or 1)
     or (t.batch.global and t.batch.global // (t.batch.micro * dp) or 1)
   local prec = t.precision
@@ -29,7 +29,7 @@ local function shape_of(t)
   local off = st.offload and (st.offload.optimizer or st.offload) or nil
   local sched = pp > 1 and (t.schedule or "1f1b") or nil
   return {
-    dp = dp, tp = tp, pp = pp, micro = t.batch.micro, seq = t.batch.seq, accum = accum,
+    dp = dp, tp = tp, pp = pp, ep = ep, micro = t.batch.micro, seq = t.batch.seq, accum = accum,
     zero = (dp > 1 and st.zero) or 0, zero_asked = st.zero or 0,
     bucket_mb = (st.dp or {}).bucket_mb or 25, canonical = t.deterministic == "canonical",
     recompute = t.recompute or "none", sp = t.tp_sequence_parallel and tp > 1 or false,
@@ -109,6 +109,8 @@ local function stage_memory(t, s, blocks, facts, r, opts)
     heads = m.heads, dim = m.dim, micro = s.micro, tp = s.tp, sequence_parallel = s.sp,
     canonical = s.canonical, recompute = rc, recompute_layers = rc_layers,
     stage_layers = s.pp > 1 and blocks[r] or nil, slots = st.slots, split_backward = st.split,
+    family = m.family, kv_heads = m.kv_heads, ffn_dim = m.ffn_dim, tie_embeddings = m.tie_embeddings,
+    moe = m.moe, ep = s.ep,
   }
   local psi = fp.param_floats
   local part = s.zero > 0 and core.zero_padded(psi, s.dp) // s.dp or psi
@@ -129,8 +131,15 @@ local function stage_memory(t, s, blocks, facts, r, opts)
     local unit = 16 * s.dp
     mem.comm = mem.comm + unit * (s.zero == 3 and 2 or 1) * F32
     local bucket = math.max(unit, math.floor(s.bucket_mb * 1048576 / F32) // unit * unit)
-    if s.zero == 2 and not s.canonical and s.accum > 1 then
-      mem.comm = mem.comm + 2 * math.min(bucket, psi) // s.dp * F32
+    if s.zero >= 2 and not s.canonical and s.accum > 1 then
+      -- zero_reduce_init: min(buckets, ZERO_SLOTS = 2) slots of the largest bucket's
+      -- sub-block; stage 3 cuts its buckets at every unit (a block, the embeddings)
+      local len, nb = math.min(bucket, psi), (psi + bucket - 1) // bucket
+      if s.zero == 3 then
+        local vp = m.vocab_padded or (m.vocab + 127) // 128 * 128
+        len, nb = math.min(bucket, math.max(12 * m.dim * m.dim // s.tp + 13 * m.dim, vp * m.dim // s.tp + m.ctx * m.dim)), 2
+      end
+      mem.comm = mem.comm + math.min(2, nb) * len // s.dp * F32
     end
     -- the model's full-size buffer still backs stage 2's gradients and stage 3's
     -- parameters: pages of buckets not yet reduced (or units in use) are resident
@@ -148,7 +157,7 @@ local function stage_memory(t, s, blocks, facts, r, opts)
   -- reads its peers' slots: n x min(largest message, staging per rank) resident
   local staging = opts.staging_bytes or 0
   if staging > 0 then
-    local bucket_b = math.min(psi * pb, s.bucket_mb * 1048576)
+    local bucket_b = math.min(psi * pb, math.floor(s.bucket_mb * 1048576))
     if s.zero == 3 then
       local vp = m.vocab_padded or (m.vocab + 127) // 128 * 128
       bucket_b = math.max(12 * m.dim * m.dim // s.tp + 13 * m.dim, (vp * m.dim // s.tp + m.ctx * m.dim)) * pb
@@ -220,7 +229,7 @@ end
 local function coll_s(machine, kind, bytes, n, link)
   if n < 2 or bytes <= 0 then return 0 end
   local l = machine.links[link] or machine.links.intra
-  local c = l[kind] or l
+  local c = l[kind] or (kind == "alltoall" and l.allgather) or l
   local busf = kind == "allreduce" and 2 * (n - 1) / n or kind == "p2p" and 1 or (n - 1) / n
   return (c.latency_s or 0) + bytes * busf / c.busbw
 end
@@ -231,22 +240,53 @@ local function link_of(n, stride, per_node)
   return (n * stride <= per_node) and "intra" or "inter"
 end
 
--- Compute seconds of one micro-batch on a stage holding `nb` blocks (head/embed flags).
-local function stage_compute(t, s, r, nb, head)
+-- An MoE block's routing (docs/MOE.md): k choices for each of R rows, at most
+-- ceil(k R / E c) rows per expert (c = 0: dropless); the choices assumed balanced over the
+-- experts, so a rank's experts (E / ep of them) take `kept` rows in all, ep x kept / E each.
+local function moe_rows(moe, R, ep)
+  local A = moe.top_k * R
+  local c = moe.capacity_factor or 1.25
+  local kept = c > 0 and math.min(A, moe.experts * math.ceil(A / moe.experts * c)) or A
+  local El = moe.experts // ep
+  return kept, El, math.ceil(kept * ep / moe.experts)
+end
+plan.moe_rows = moe_rows
+
+local function is_moe_block(m, l) return m.moe and m.moe.experts > 0 and (l + 1) % (m.moe.every or 1) == 0 end
+
+-- Compute seconds of one micro-batch on a stage holding the blocks `list` (head flag).
+-- An MoE block's MLP is its router's GEMM, one fc and proj GEMM per expert over the rows
+-- it received, and the rows gathered and scattered back (bytes); under ep its four
+-- all-to-alls (dispatch and return, forward and backward) are counted apart: ep_micro.
+local function stage_compute(t, s, r, list, head)
   local m = t.model
   local C, R, T, B = m.dim, s.micro * s.seq, s.seq, s.micro
   local Cl, Fl = C // s.tp, 4 * C // s.tp
   local vp = m.vocab_padded or (m.vocab + 127) // 128 * 128
   local f, b, w, flops = 0, 0, 0, 0
-  local function gemm(Mx, K, N)
+  local function gemm(Mx, K, N, times)
     local tf, ff = gemm_s(r, Mx, K, N, false)
     local tb, fb = gemm_s(r, Mx, K, N, true)
-    f, b, w, flops = f + tf, b + tb / 2, w + tb / 2, flops + ff + fb
+    local n = times or 1
+    f, b, w, flops = f + n * tf, b + n * tb / 2, w + n * tb / 2, flops + n * (ff + fb)
   end
-  local blk_f = 0
-  for _ = 1, nb do
+  local blk_f, moe_blocks = 0, 0
+  for _, l in ipairs(list) do
     local f0 = f
-    gemm(R, C, 3 * Cl); gemm(R, Cl, C); gemm(R, C, Fl); gemm(R, Fl, C)
+    gemm(R, C, 3 * Cl); gemm(R, Cl, C)
+    local mlp_rows, moe_f = R, 0
+    if is_moe_block(m, l) then
+      moe_blocks = moe_blocks + 1
+      local kept, El, rows_e = moe_rows(m.moe, R, s.ep)
+      local fm = f
+      gemm(R, C, m.moe.experts) -- the router (replicated)
+      gemm(rows_e, C, Fl, El); gemm(rows_e, Fl, C, El)
+      local rows_b = F32 * C * (2 * m.moe.top_k * R + 3 * kept) -- gather, gate and add back
+      f, b = f + rows_b / r.bandwidth, b + 2 * rows_b / r.bandwidth
+      mlp_rows, moe_f = kept, f - fm -- (a recomputed MoE block keeps its expert work)
+    else
+      gemm(R, C, Fl); gemm(R, Fl, C)
+    end
     local af, ff = attention_s(r, B, T, Cl, false)
     local ab, fb = attention_s(r, B, T, Cl, true)
     f, b, flops = f + af, b + ab, flops + ff + fb
@@ -256,14 +296,15 @@ local function stage_compute(t, s, r, nb, head)
     local pe = r.per_element
     local ew = F32 * R * (2 * 3 * C + 2 * (3 * Cl + Fl + 2 * C))
     if pe then
-      f = f + R * Fl * pe.gelu_fwd + 2 * R * C * pe.layernorm_fwd
-      b = b + R * Fl * pe.gelu_bwd + 2 * R * C * pe.layernorm_bwd
+      f = f + mlp_rows * Fl * pe.gelu_fwd + 2 * R * C * pe.layernorm_fwd
+      b = b + mlp_rows * Fl * pe.gelu_bwd + 2 * R * C * pe.layernorm_bwd
     else
-      ew = ew + F32 * R * (2 * 2 * C + 2 * Fl)
+      ew = ew + F32 * R * (2 * 2 * C) + F32 * mlp_rows * 2 * Fl
     end
     f, b = f + ew / r.bandwidth, b + 2 * ew / r.bandwidth
-    blk_f = blk_f + (f - f0)
+    blk_f = blk_f + (f - f0) - moe_f
   end
+  local nb = #list
   if head then
     gemm(R, C, vp // s.tp)
     local ce = F32 * R * (vp // s.tp) * 5 -- max, sum of exps, target, finish (read + write)
@@ -277,14 +318,18 @@ local function stage_compute(t, s, r, nb, head)
     local g = r.per_element and R * Fl * r.per_element.gelu_fwd or F32 * R * 2 * Fl / r.bandwidth
     for _ = 1, nb do extra = extra + attention_s(r, B, T, Cl, false) + g end
   end
-  return { fwd = f, bwd_input = b + extra, bwd_weight = w, flops = flops }
+  return { fwd = f, bwd_input = b + extra, bwd_weight = w, flops = flops, moe_blocks = moe_blocks }
 end
 
 -- The model's parameters without the vocabulary padding (what MFU counts as N, as
 -- loom_gpt_num_params does): wte, wpe, 12C^2 + 13C per block, ln_f.
 function plan.params(m)
   local C = m.dim
-  return m.vocab * C + m.ctx * C + m.layers * (12 * C * C + 13 * C) + 2 * C
+  local n = m.vocab * C + m.ctx * C + m.layers * (12 * C * C + 13 * C) + 2 * C
+  for l = 0, m.layers - 1 do -- an MoE block: E MLPs (8C^2 + 5C each) and the router for one MLP
+    if is_moe_block(m, l) then n = n + (m.moe.experts - 1) * (8 * C * C + 5 * C) + m.moe.experts * C end
+  end
+  return n
 end
 
 -- The plan of one layout: plan.layout(recipe table, machine profile [, opts]).
@@ -302,8 +347,7 @@ function plan.layout(t, machine, opts)
   -- compute per micro-batch, per stage (the slowest stage paces the pipeline)
   local comp = {}
   for k = 1, s.pp do
-    local nb = #blocks[k]
-    comp[k] = stage_compute(t, s, r, nb, k == s.pp)
+    comp[k] = stage_compute(t, s, r, blocks[k], k == s.pp)
     if k == 1 then -- the embedding lookup and its gradient: element-wise
       local e = F32 * s.micro * s.seq * m.dim * 3
       comp[k].fwd, comp[k].bwd_input = comp[k].fwd + e / r.bandwidth, comp[k].bwd_input + e / r.bandwidth
@@ -318,14 +362,27 @@ function plan.layout(t, machine, opts)
   local tp_one = coll_s(machine, tp_kind, act, s.tp, tp_link) + (s.sp and coll_s(machine, "allgather", act, s.tp, tp_link) or 0)
   local tp_micro = {}
   for k = 1, s.pp do tp_micro[k] = s.tp > 1 and 4 * #blocks[k] * (s.sp and tp_one / 2 or tp_one) or 0 end
+  -- expert parallelism (docs/MOE.md): per MoE block and micro-batch the kept rows go to
+  -- their experts' ranks and come back (all-to-all-v of kept x C), forward and again in
+  -- backward, each dispatch after an all-to-all of the counts; the alltoall figures are
+  -- the profile's, else its allgather's (the same (n-1)/n of each rank's bytes moved)
+  local ep_micro, ep_one = {}, 0
+  if s.ep > 1 and m.moe then
+    local kept = moe_rows(m.moe, R, s.ep)
+    local ep_link = link_of(s.ep, s.tp, per_node)
+    ep_one = 4 * coll_s(machine, "alltoall", kept * C * (s.precision == "fp32" and F32 or 2), s.ep, ep_link)
+      + 2 * coll_s(machine, "alltoall", 8 * s.ep, s.ep, ep_link)
+  end
+  local xm = {} -- each stage's exchanges per micro-batch inside its passes: tp's and ep's
+  for k = 1, s.pp do ep_micro[k] = comp[k].moe_blocks * ep_one; xm[k] = tp_micro[k] + ep_micro[k] end
   -- the stage costs the schedule is simulated with
   local stage_s, mem, psi = {}, {}, {}
   local facts
   local slow = { fwd = 0, bwd_input = 0, bwd_weight = 0 }
   for k = 1, s.pp do
     local c = comp[k]
-    slow.fwd = math.max(slow.fwd, c.fwd + tp_micro[k] / 2)
-    slow.bwd_input = math.max(slow.bwd_input, c.bwd_input + tp_micro[k] / 2)
+    slow.fwd = math.max(slow.fwd, c.fwd + xm[k] / 2)
+    slow.bwd_input = math.max(slow.bwd_input, c.bwd_input + xm[k] / 2)
     slow.bwd_weight = math.max(slow.bwd_weight, c.bwd_weight)
   end
   local p2p = s.pp > 1 and coll_s(machine, "p2p", act, 2, link_of(2, s.dp * s.tp, per_node)) or 0
@@ -349,9 +406,35 @@ function plan.layout(t, machine, opts)
       { staging_bytes = (machine.links.intra or {}).staging_bytes_per_rank })
     if not worst or mem[k].total > mem[worst].total then worst = k end
   end
+  -- ZeRO 2/3 on host memory hand pages back to the OS and fault them in again every
+  -- micro-batch (zero_reduce.c: a reduced gradient bucket; zero_params.c: a unit after
+  -- each pass, gathered again before the next): the profile's measured cost per page
+  -- (core.bench_refault: a gradient added into zeroed pages faults twice, a gather once)
+  local refault, faults, pf = {}, {}, r.page_fault
+  local eb = s.precision == "fp32" and F32 or 2
+  for k = 1, s.pp do
+    local x, n = 0, 0
+    if pf and s.zero >= 2 then
+      local pages = psi[k] * eb // pf.page
+      if not s.canonical then x, n = pages * pf.accumulate_s, 2 * pages end
+      if s.zero == 3 then x, n = x + 2 * pages * pf.write_s, n + 2 * pages end
+    end
+    refault[k], faults[k] = s.accum * x * share, s.accum * n
+  end
+  local refault_s = 0
+  for k = 1, s.pp do refault_s = math.max(refault_s, refault[k]) end
+  if refault_s > 0 then
+    assume(string.format("ZeRO-%d returns pages to the OS and faults them back every micro-batch: %.3g us a page (gradient), %.3g us (gather), measured",
+      s.zero, pf.accumulate_s * 1e6, pf.write_s * 1e6))
+  end
   -- data-parallel exchanges per step, on the largest stage's table
   local P = psi[worst]
-  local gb = P * (s.precision == "fp32" and F32 or 2)
+  local eb2 = s.precision == "fp32" and F32 or 2
+  local experts_here = 0 -- under ep: this rank's expert floats, reduced over edp, not dp
+  if s.ep > 1 and m.moe then
+    experts_here = comp[worst].moe_blocks * (m.moe.experts // s.ep) * (8 * m.dim * m.dim // s.tp + 4 * m.dim // s.tp + m.dim)
+  end
+  local gb = (P - experts_here) * eb2
   local dp_link = link_of(s.dp, s.tp, per_node) -- ranks: tp fastest, then dp, then pp (dist.c)
   local comm = {}
   local function add(kind, group, secs, count) if secs > 0 then comm[#comm + 1] = { kind = kind, group = group, s = secs, count = count } end end
@@ -361,27 +444,36 @@ function plan.layout(t, machine, opts)
     if s.zero >= 1 and s.zero <= 2 then add("allgather", "dp", coll_s(machine, "allgather", gb, s.dp, dp_link), 1) end
     if s.zero == 3 then add("allgather", "dp", 2 * s.accum * coll_s(machine, "allgather", gb, s.dp, dp_link), 2 * s.accum) end
   end
-  local tp_total = 0
-  for k = 1, s.pp do tp_total = math.max(tp_total, tp_micro[k]) end
+  if experts_here > 0 and s.dp // s.ep > 1 then
+    add("allreduce", "edp", coll_s(machine, "allreduce", experts_here * eb2, s.dp // s.ep, link_of(s.dp // s.ep, s.tp * s.ep, per_node)), 1)
+  end
+  local tp_total, ep_total, x_total = 0, 0, 0
+  for k = 1, s.pp do
+    tp_total, ep_total = math.max(tp_total, tp_micro[k]), math.max(ep_total, ep_micro[k])
+    x_total = math.max(x_total, xm[k])
+  end
   if s.tp > 1 then add(tp_kind .. (s.sp and "+allgather" or ""), "tp", tp_total * s.accum, 4 * #blocks[worst] * s.accum) end
+  if ep_total > 0 then add("alltoall-v", "ep", ep_total * s.accum, 6 * comp[worst].moe_blocks * s.accum) end
   if s.pp > 1 then add("send/recv", "pp", 2 * s.accum * p2p, 2 * s.accum) end
   -- overlap: the dp reduction runs during backward on a device whose communicator has its
   -- own engine (profile.overlap_dp); shm progresses only inside test/wait: not overlapped
   local dp_s = 0
-  for _, c in ipairs(comm) do if c.group == "dp" then dp_s = dp_s + c.s end end
+  for _, c in ipairs(comm) do if c.group == "dp" or c.group == "edp" then dp_s = dp_s + c.s end end
   local exposed_dp = dp_s
   if machine.overlap_dp and s.dp > 1 then
     exposed_dp = math.max(0, dp_s - s.accum * slow.bwd_weight)
     assume("dp gradient reduction overlapped with the last micro-batch's backward weight gradients (device communicator with its own engine)")
   end
   -- optimizer: AdamW reads p, g, m, v and writes p, m, v (28 bytes per element stepped),
-  -- the norm reads g, zero_grad writes it
+  -- the norm reads g, zero_grad writes it (a profile's measured grad_pass: the norm, the
+  -- non-finite check and zeroing, over the partition from stage 2 on, zero_reduce.c)
   local stepped = s.zero >= 1 and core.zero_padded(P, s.dp) // s.dp or P
   local adam = r.per_element and r.per_element.adamw
-  local opt_s = ((adam and adam * stepped or 28 * stepped / r.bandwidth) + 8 * P / r.bandwidth) * share
+  local gpass = r.per_element and r.per_element.grad_pass -- the norm, the non-finite check, zeroing
+  local opt_s = ((adam and adam * stepped or 28 * stepped / r.bandwidth) + (gpass and gpass * (s.zero >= 2 and stepped or P) or 8 * P / r.bandwidth)) * share
   local compute_s = s.pp > 1 and (pipe_s - bubble_s) or pipe_s
-  local step_s = pipe_s + exposed_dp + opt_s + (s.pp > 1 and 0 or tp_total * s.accum)
-  if s.pp > 1 then compute_s = compute_s - tp_total * s.accum end
+  local step_s = pipe_s + exposed_dp + opt_s + refault_s + (s.pp > 1 and 0 or x_total * s.accum)
+  if s.pp > 1 then compute_s = compute_s - x_total * s.accum end
   local tokens = s.micro * s.seq * s.accum * s.dp
   local flops_per_token = 6 * (opts.params or plan.params(m)) + 6 * m.layers * m.dim * s.seq
   local peak = machine.device.peak_flops and (machine.device.peak_flops[s.precision] or machine.device.peak_flops.fp32)
@@ -393,13 +485,27 @@ function plan.layout(t, machine, opts)
   if s.precision ~= "fp32" then
     assume(s.precision .. ": modelled from dtypes (2-byte parameters, gradients and activations, fp32 master and state) — a model, not a measurement of loom's " .. s.precision .. " path")
   end
+  if m.family == "llama" then
+    assume("llama blocks: memory from the model's own llama table and layout; time as GPT-2 blocks of the same width (SwiGLU, grouped-query attention and RoPE not costed apart)")
+  end
+  if m.moe and m.moe.experts > 0 then
+    local kept = moe_rows(m.moe, s.micro * s.seq, s.ep)
+    assume(string.format("MoE: %d experts, top-%d, the choices balanced over the experts: %d of %d rows kept per micro-batch (capacity factor %g); routing on the host not costed",
+      m.moe.experts, m.moe.top_k, kept, m.moe.top_k * s.micro * s.seq, m.moe.capacity_factor or 1.25))
+    if s.ep > 1 and not (machine.links.intra or {}).alltoall then
+      assume("ep all-to-all-v at the profile's allgather latency and bus bandwidth (it has no alltoall figures)")
+    end
+    if s.ep > 1 and s.canonical then
+      assume("canonical ep's per-source expert gradient sums (session_ep.c) not counted in memory")
+    end
+  end
   if s.zero_asked > 0 and s.zero == 0 then assume(string.format("zero=%d has nothing to partition with dp=1", s.zero_asked)) end
   -- each stage's own work per step (what its rank's CPU clock counts: its passes, its
   -- exchanges, the optimizer; not the waits of the schedule)
   local stage_busy = {}
   for k = 1, s.pp do
     local c = comp[k]
-    stage_busy[k] = s.accum * (c.fwd + c.bwd_input + c.bwd_weight + tp_micro[k]) + exposed_dp + opt_s
+    stage_busy[k] = s.accum * (c.fwd + c.bwd_input + c.bwd_weight + xm[k]) + exposed_dp + opt_s + refault[k]
       + (s.pp > 1 and 2 * s.accum * p2p or 0)
   end
   local runtime = machine.runtime_bytes or machine.device.runtime_bytes or 0
@@ -409,7 +515,7 @@ function plan.layout(t, machine, opts)
   end
   return {
     rss_stage = rss_stage,
-    layout = { dp = s.dp, tp = s.tp, pp = s.pp, zero = s.zero, micro = s.micro, accum = s.accum,
+    layout = { dp = s.dp, tp = s.tp, pp = s.pp, ep = s.ep, zero = s.zero, micro = s.micro, accum = s.accum,
       schedule = s.schedule, chunks = s.chunks, recompute = s.recompute, offload = s.offload,
       sp = s.sp, precision = s.precision },
     memory = mem, peak_stage = worst, peak_bytes = mem[worst].total,
@@ -418,7 +524,8 @@ function plan.layout(t, machine, opts)
       step_s = step_s, compute_s = compute_s, bubble_s = bubble_s, bubble = bubble,
       busy_s = step_s - bubble_s, -- what a rank's CPU clock sees: the bubble is waiting
       stage_busy_s = stage_busy,
-      optimizer_s = opt_s, comm = comm, exposed_dp_s = exposed_dp,
+      optimizer_s = opt_s, comm = comm, exposed_dp_s = exposed_dp, refault_s = refault_s,
+      page_faults = faults, -- per stage and step: what refault_s counts (a host profile's)
       per_micro = slow,
     },
     tokens_per_step = tokens, tokens_per_s = tokens / step_s, mfu = mfu,

@@ -65,6 +65,7 @@ local function ms(s) return string.format("%.3f ms", s * 1e3) end
 
 local function layout_text(l)
   local parts = { string.format("dp=%d tp=%d pp=%d zero=%d micro=%d", l.dp, l.tp, l.pp, l.zero, l.micro) }
+  if (l.ep or 1) > 1 then parts[1] = parts[1]:gsub(" zero=", string.format(" ep=%d zero=", l.ep)) end
   if l.pp > 1 then parts[#parts + 1] = string.format("%s%s x%d micro-batches", l.schedule,
     l.chunks > 1 and string.format(" (%d chunks)", l.chunks) or "", l.accum)
   elseif l.accum > 1 then parts[#parts + 1] = string.format("accum %d", l.accum) end
@@ -112,6 +113,7 @@ function cli.report(p, out)
       c.group == "dp" and t.exposed_dp_s < c.s and " (overlapped with backward)" or ""))
   end
   out(string.format("  %-24s %s", "optimizer step", ms(t.optimizer_s)))
+  if t.refault_s > 0 then out(string.format("  %-24s %s", "page faults (ZeRO)", ms(t.refault_s))) end
   if t.offload_s then out(string.format("  %-24s %s", "offload transfers", ms(t.offload_s))) end
   out(string.format("tokens/s: %.4g (%d tokens per step)%s", p.tokens_per_s, p.tokens_per_step,
     p.mfu and string.format(" | MFU %.1f%%", 100 * p.mfu) or " | MFU n/a (the profile has no peak FLOP/s)"))

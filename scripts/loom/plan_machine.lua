@@ -91,12 +91,14 @@ local function att_flops(r, bwd) return 4 * r[1] * r[2] * r[2] * (r[3]) * (bwd a
 -- Device rates for `threads` compute threads (the backend's own kernels).
 function machine.bench_device(threads, min_s, cpu_clock)
   local b = core.bench_device { backend = "cpu", threads = threads, min_s = min_s or 0.03, cpu_clock = cpu_clock,
-    gemm = gemm_shapes, attention = attention_shapes, bandwidth_floats = 8 << 20, elementwise = 1 << 18 }
+    gemm = gemm_shapes, attention = attention_shapes, bandwidth_floats = 8 << 20, elementwise = 1 << 18,
+    evict_floats = 4 << 20 } -- (16 MiB written between GEMM repeats: cold operands, as in a step)
   return {
     gemm_fwd = points(b.gemm, gemm_flops, "fwd_s"), gemm_bwd = points(b.gemm, gemm_flops, "bwd_s"),
     attention_fwd = points(b.attention, att_flops, "fwd_s"),
     attention_bwd = points(b.attention, att_flops, "bwd_s"),
     bandwidth = b.bandwidth, per_element = b.per_element, source = "measured: core.bench_device, " .. b.describe,
+    page_fault = core.bench_refault { bytes = 4 << 20, min_s = min_s or 0.03, cpu_clock = cpu_clock },
   }
 end
 

@@ -11,8 +11,16 @@
 -- unless the job is one node); rules = {tp_in_node = false, pp_across_nodes = false} lift them.
 -- Micro-batch sizes tried: the powers of two up to opts.max_micro (8) that divide the batch;
 -- offload only where the layout does not fit without it (it never makes a step faster).
--- What not: zero = 3 with pp (loom trains it, docs/ZERO.md; its plan is not checked against a run yet), fp16 (same bytes as bf16), layouts
--- whose pipeline needs more micro-batches than the batch has.
+-- A mixture of experts: every ep dividing dp and the experts (docs/MOE.md: ep without
+-- ZeRO, offload or pp; MoE under pp not with zb1).
+-- With tp > 1, sequence parallelism on and off (not with zb1: loom refuses that pair;
+-- only where micro x seq splits over tp). ZeRO-3 with pp too (zero_pp.sh trains it;
+-- plan.sh holds its plan to a run).
+-- What not: fp16 (same bytes as bf16), offload to disk (a memory fallback the host offload
+-- already covers, with no disk bandwidth in the profiles), pp_chunks other than
+-- interleaved's 2, canonical mode (a determinism choice, not a layout), layouts whose
+-- pipeline needs more micro-batches than the batch has; schedule pairs loom refuses
+-- (zb1 with full recomputation, zb1 with sequence parallelism).
 local plan = require "loom.plan"
 local search = {}
 
@@ -44,6 +52,8 @@ function search.run(t, machine, opts)
   local schedules = opts.schedules or { "1f1b", "interleaved", "zb1" }
   local offloads = opts.offload or { false, "host" }
   local precision = t.precision or "fp32"
+  local sps = opts.sp or { false, true }
+  local moe = m.moe and m.moe.experts > 0 and m.moe or nil
   local rows, tried, fits, refused = {}, 0, 0, 0
   for _, tp in ipairs(divisors(N)) do
     local tp_ok = m.heads % tp == 0 and vp % tp == 0 and (not tp_in_node or (tp <= G and G % tp == 0))
@@ -57,20 +67,23 @@ function search.run(t, machine, opts)
           for _, sched in ipairs(pp > 1 and schedules or { false }) do
             local chunks = sched == "interleaved" and 2 or 1
             if not (pp > 1 and (m.layers < pp * chunks or mbs < (sched == "interleaved" and pp or 1))) then
+              for _, ep in ipairs(moe and divisors(dp) or { 1 }) do
               for _, z in ipairs(zeros) do
-                if not (z > 0 and dp == 1) and not (z == 3 and pp > 1) then
-                  for _, rc in ipairs(recomputes) do
-                    if not (sched == "zb1" and rc == "full") then
+                if not (z > 0 and dp == 1) and not (moe and (moe.experts % ep ~= 0 or (ep > 1 and (z > 0 or pp > 1))
+                  or (pp > 1 and sched == "zb1"))) then
+                  for _, rc in ipairs(recomputes) do for _, sp in ipairs(tp > 1 and sps or { false }) do
+                    if not (sched == "zb1" and (rc == "full" or sp)) and not (sp and (micro * t.batch.seq) % tp ~= 0) then
                       local fit_without = false
-                      for _, off in ipairs(offloads) do if not (off and fit_without) then
+                      for _, off in ipairs(offloads) do if not (off and (fit_without or ep > 1)) then
                         local r = copy(t)
-                        r.mesh = { dp = dp, tp = tp, pp = pp }
+                        r.mesh = { dp = dp, tp = tp, pp = pp, ep = ep > 1 and ep or nil }
                         r.batch = { micro = micro, seq = t.batch.seq, global = global }
                         r.microbatches = pp > 1 and mbs or nil
                         r.schedule = pp > 1 and sched or nil
                         r.pp_chunks = nil
                         r.pp_layers = nil
                         r.recompute = rc
+                        r.tp_sequence_parallel = sp
                         r.strategy = { zero = z, offload = off and { optimizer = off } or nil }
                         r.precision = precision
                         tried = tried + 1
@@ -94,9 +107,9 @@ function search.run(t, machine, opts)
                         end
                       end end
                     end
-                  end
+                  end end
                 end
-              end
+              end end
             end
           end
         end end

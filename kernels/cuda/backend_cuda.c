@@ -311,6 +311,7 @@ static const loom_backend_ops cuda_ops = {
     .round_to = loom_cuda_round_to,
     .adamw_update = loom_cuda_adamw_update,
     .sgd_update = loom_cuda_sgd_update,
+    .matmul_forward_dt = loom_cuda_matmul_forward_dt,
 };
 
 static const loom_config_key cuda_keys[N_KEYS] = {

@@ -102,6 +102,14 @@ void loom_cuda_sgemm(int transa, int transb, int M, int N, int K, float alpha, c
                      int lda, const float *B, int ldb, float beta, float *C, int ldc);
 void loom_cuda_matmul_forward(float *out, const float *inp, const float *weight,
                               const float *bias, int B, int T, int C, int OC);
+/* matmul_forward with inp and weight holding only dt values (backend.h matmul_forward_dt):
+ * 16-bit operands, fp32 accumulation, fp32 out. */
+void loom_cuda_matmul_forward_dt(float *out, const float *inp, const float *weight,
+                                 const float *bias, int B, int T, int C, int OC, loom_dtype dt);
+/* gemm_ordered.cu: the ordered GEMM over bf16 / fp16 operands A, B (one product, fp32 C). */
+void loom_cuda_gemm_ordered16(int transa, int transb, int M, int N, int K, float alpha,
+                              const void *A, int lda, const void *B, int ldb, float beta,
+                              float *C, int ldc, loom_dtype dt);
 void loom_cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                const float *inp, const float *weight, int B, int T, int C,
                                int OC);

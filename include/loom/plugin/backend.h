@@ -221,6 +221,13 @@ typedef struct loom_backend_ops {
     /* SGD: buf the momentum buffer (n; unused, may be NULL, when c->mu == 0). */
     void (*sgd_update)(float *param, const float *grad, float *buf, size_t n,
                        const loom_sgd_consts *c);
+    /* Added for 16-bit products (may be absent: check size, or NULL: use matmul_forward).
+     * matmul_forward's contract, with the caller's promise that inp and weight hold only
+     * values of dt (LOOM_DTYPE_BF16 or F16; the model rounded them, so narrowing is exact):
+     * the backend may multiply dt operands with fp32 accumulation (out stays fp32). A
+     * value outside dt would be rounded, so the promise is the caller's to keep. */
+    void (*matmul_forward_dt)(float *out, const float *inp, const float *weight,
+                              const float *bias, int B, int T, int C, int OC, loom_dtype dt);
 } loom_backend_ops;
 
 #ifdef __cplusplus

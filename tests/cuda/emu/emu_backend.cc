@@ -212,6 +212,7 @@ static loom_backend_ops make_ops()
     o.round_to = G(loom_cuda_round_to);
     o.adamw_update = G(loom_cuda_adamw_update);
     o.sgd_update = G(loom_cuda_sgd_update);
+    o.matmul_forward_dt = G(loom_cuda_matmul_forward_dt);
     return o;
 }
 

@@ -312,6 +312,8 @@ static const loom_backend_ops cuda_ops = {
     .adamw_update = loom_cuda_adamw_update,
     .sgd_update = loom_cuda_sgd_update,
     .matmul_forward_dt = loom_cuda_matmul_forward_dt,
+    .attention_flash_forward = loom_cuda_flash_attention_forward,
+    .attention_flash_backward = loom_cuda_flash_attention_backward,
 };
 
 static const loom_config_key cuda_keys[N_KEYS] = {

@@ -77,6 +77,12 @@ void loom_cuda_attention_backward(float *dqkv, float *scratch, const float *dout
                                   const float *qkv, const float *att, int B, int T, int C, int NH);
 void loom_cuda_attention_decode(float *out, float *att, size_t att_stride, const float *qkv,
                                 int t, int C, int NH);
+/* flash_attention.cu: backend.h attention_flash_forward / _backward. */
+void loom_cuda_flash_attention_forward(float *out, float *lse, const void *qkv, int B, int T,
+                                       int C, int NH, loom_dtype dt);
+void loom_cuda_flash_attention_backward(float *dqkv, float *scratch, const float *dout,
+                                        const void *qkv, const float *out, const float *lse,
+                                        int B, int T, int C, int NH, loom_dtype dt);
 /* convert.cu: kernels/cpu/convert.c's rounding, bit for bit. */
 void loom_cuda_convert_from_f32(void *dst, const float *src, size_t n, loom_dtype dt);
 void loom_cuda_convert_to_f32(float *dst, const void *src, size_t n, loom_dtype dt);

@@ -321,6 +321,82 @@ START_TEST(test_attention)
 }
 END_TEST
 
+/* The fused kernels against this backend's batched-GEMM path (the simple reference) on the
+ * same values: fp32 q, k, v, and bf16 / fp16 ones (rounded on the host; the flash kernels
+ * read them as 16-bit values narrowed on the device, the reference their fp32 widening).
+ * Shapes: T = 48 (a partial tile), and T = 100 over two query blocks with a 128-wide head
+ * (the widest the kernels hold). Tolerance RED (another order of the same sums). */
+static const char *dt_name(loom_dtype dt)
+{
+    return dt == LOOM_DTYPE_BF16 ? "bf16" : dt == LOOM_DTYPE_F16 ? "f16" : "fp32";
+}
+
+static double max_rel(const float *a, const float *ref, size_t n, double atol, double rtol)
+{
+    double worst = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)a[i] - ref[i]) / (atol + rtol * fabs((double)ref[i]));
+        worst = isnan(e) ? INFINITY : fmax(worst, e);
+    }
+    return worst;
+}
+
+START_TEST(test_attention_flash)
+{
+    const loom_backend_ops *k = ct_gpu.k;
+    void *s = ct_gpu.self;
+    ck_assert_msg(k->size > offsetof(loom_backend_ops, attention_flash_backward) &&
+                  k->attention_flash_forward && k->attention_flash_backward,
+                  "the CUDA backend has no attention_flash_forward/_backward");
+    static const int shapes[2][4] = {{B, T, C, NH}, {1, 100, 128, 1}};
+    static const loom_dtype dts[3] = {LOOM_DTYPE_F32, LOOM_DTYPE_BF16, LOOM_DTYPE_F16};
+    for (int si = 0; si < 2; si++)
+        for (int di = 0; di < 3; di++) {
+            const int b = shapes[si][0], t = shapes[si][1], c = shapes[si][2], nh = shapes[si][3];
+            const loom_dtype dt = dts[di];
+            const size_t r = (size_t)b * t, na = (size_t)b * nh * t * t, nq = r * 3 * c;
+            float *qkv = ct_floats(nq, 11 + si, -1.5f, 1.5f), *dout = ct_floats(r * c, 13, -1, 1);
+            if (dt != LOOM_DTYPE_F32)
+                ct_cpu.k->round_to(qkv, qkv, nq, dt);
+            float *d_qkv = k->alloc(s, nq * 4), *d_dout = k->alloc(s, r * c * 4);
+            void *d_q16 = k->alloc(s, nq * 2);
+            float *d_att = k->alloc(s, na * 4), *d_scr = k->alloc(s, 2 * na * 4);
+            float *d_ref = k->alloc(s, r * c * 4), *d_dref = k->alloc(s, nq * 4);
+            float *d_out = k->alloc(s, r * c * 4), *d_dq = k->alloc(s, nq * 4);
+            float *d_lse = k->alloc(s, (size_t)b * nh * t * 4);
+            k->copy_to_device(s, d_qkv, qkv, nq * 4);
+            k->copy_to_device(s, d_dout, dout, r * c * 4);
+            k->attention_forward(d_ref, d_att, d_qkv, b, t, c, nh);
+            k->attention_backward(d_dref, d_scr, d_dout, d_qkv, d_att, b, t, c, nh);
+            const void *src = d_qkv;
+            if (dt != LOOM_DTYPE_F32) {
+                k->convert_from_f32(d_q16, d_qkv, nq, dt);
+                src = d_q16;
+            }
+            k->attention_flash_forward(d_out, d_lse, src, b, t, c, nh, dt);
+            k->attention_flash_backward(d_dq, d_scr, d_dout, src, d_out, d_lse, b, t, c, nh, dt);
+            k->synchronize(s);
+            float *ref = malloc(r * c * 4), *o = malloc(r * c * 4);
+            float *dref = malloc(nq * 4), *dq = malloc(nq * 4);
+            k->copy_to_host(s, ref, d_ref, r * c * 4);
+            k->copy_to_host(s, o, d_out, r * c * 4);
+            k->copy_to_host(s, dref, d_dref, nq * 4);
+            k->copy_to_host(s, dq, d_dq, nq * 4);
+            const double eo = max_rel(o, ref, r * c, RED), ed = max_rel(dq, dref, nq, RED);
+            printf("attention_flash %s B%d T%d C%d NH%d: out %.3g, dqkv %.3g of the tolerance "
+                   "(1e-5 + 1e-4 |batched|)\n", dt_name(dt), b, t, c, nh, eo, ed);
+            ck_assert_msg(eo <= 1.0, "flash %s T%d: out differs from the batched path",
+                          dt_name(dt), t);
+            ck_assert_msg(ed <= 1.0, "flash %s T%d: dqkv differs from the batched path",
+                          dt_name(dt), t);
+            k->free(s, d_qkv), k->free(s, d_dout), k->free(s, d_q16), k->free(s, d_att);
+            k->free(s, d_scr), k->free(s, d_ref), k->free(s, d_dref), k->free(s, d_out);
+            k->free(s, d_dq), k->free(s, d_lse);
+            free(qkv), free(dout), free(ref), free(o), free(dref), free(dq);
+        }
+}
+END_TEST
+
 START_TEST(test_attention_decode_bitwise)
 {
     const loom_backend_ops *k = ct_gpu.k;
@@ -572,6 +648,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_gemm);
     tcase_add_test(tc, test_ordered_gemm_layout_free);
     tcase_add_test(tc, test_attention);
+    tcase_add_test(tc, test_attention_flash);
     tcase_add_test(tc, test_attention_decode_bitwise);
     tcase_add_test(tc, test_elementwise);
     tcase_add_test(tc, test_crossentropy);

@@ -213,6 +213,8 @@ static loom_backend_ops make_ops()
     o.adamw_update = G(loom_cuda_adamw_update);
     o.sgd_update = G(loom_cuda_sgd_update);
     o.matmul_forward_dt = G(loom_cuda_matmul_forward_dt);
+    o.attention_flash_forward = G(loom_cuda_flash_attention_forward);
+    o.attention_flash_backward = G(loom_cuda_flash_attention_backward);
     return o;
 }
 

@@ -7,6 +7,8 @@
 #define LOOM_CUDA_COMMON_H
 
 #include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <cuda_runtime_api.h>
 
@@ -26,11 +28,20 @@ typedef struct loom_cuda_ctx {
     int *h_flag;          /* pinned host mirror */
     double *h_parts;      /* pinned host copy of sum_squares' chunk sums */
     int deterministic;    /* set_deterministic's mode: 0 cuBLAS, 1/2 the ordered GEMM */
+    int attention_flash;  /* LOOM_CUDA_ATTENTION=flash: attention_forward/_backward run the
+                           * fused kernels where they can (attention.cu) */
     int sticky_error;     /* a launch or cuBLAS call failed: reported at synchronize */
     char error[256];
 } loom_cuda_ctx;
 
 extern loom_cuda_ctx loom_cuda;
+
+/* LOOM_CUDA_ATTENTION: unset or "batched" 0, "flash" 1, anything else -1 (create refuses). */
+static inline int loom_cuda_attention_env(void)
+{
+    const char *v = getenv("LOOM_CUDA_ATTENTION");
+    return !v || !*v || !strcmp(v, "batched") ? 0 : !strcmp(v, "flash") ? 1 : -1;
+}
 
 /* Backend-owned device scratch of at least `bytes`, reused across ops (stream order makes
  * that safe); grown from the pool when a call needs more, so after the first step it is a

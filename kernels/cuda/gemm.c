@@ -172,8 +172,9 @@ void loom_cuda_matmul_forward(float *out, const float *inp, const float *weight,
  * only values of dt (the model rounded them), so narrowing them into the workspace is
  * exact; the product then reads 2 bytes an operand, multiplies in fp32 (a product of two
  * bf16 or two fp16 values is exact in fp32) and accumulates in fp32: cuBLASLt with A, B in
- * dt and compute, C and D in 32F (bias epilogue) outside canonical mode, the ordered GEMM's
- * 16-bit variant (the fp32 kernel's bits on these values) in it. */
+ * dt and compute, C and D in 32F (bias epilogue) outside canonical mode (cublasGemmEx with the
+ * same types where cuBLASLt has no algorithm), the ordered GEMM's 16-bit variant (the fp32
+ * kernel's bits on these values) in it. */
 void loom_cuda_matmul_forward_dt(float *out, const float *inp, const float *weight,
                                  const float *bias, int B, int T, int C, int OC, loom_dtype dt)
 {
@@ -194,6 +195,19 @@ void loom_cuda_matmul_forward_dt(float *out, const float *inp, const float *weig
     loom_cuda_convert_from_f32(x16, inp, nx, dt);
     if (!loom_cuda.deterministic && lt_forward(out, x16, w16, bias, R, C, OC, dt))
         return;
+#ifndef LOOM_CUDA_EMU
+    if (!loom_cuda.deterministic) { /* no cuBLASLt algorithm for this shape: cuBLAS's */
+        const cudaDataType_t ab = dt == LOOM_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+        const float one = 1.0f, zero = 0.0f;
+        blas_ok(cublasGemmEx((cublasHandle_t)loom_cuda.blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, R, C,
+                             &one, w16, ab, C, x16, ab, C, &zero, out, CUDA_R_32F, OC,
+                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                "matmul_forward_dt (cublasGemmEx)");
+        if (bias)
+            loom_cuda_bias_add(out, bias, (size_t)R, OC);
+        return;
+    }
+#endif
     loom_cuda_gemm_ordered16(0, 1, R, OC, C, 1.0f, x16, C, w16, C, 0.0f, out, OC, dt);
     if (bias)
         loom_cuda_bias_add(out, bias, (size_t)R, OC);

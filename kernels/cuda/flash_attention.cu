@@ -223,7 +223,8 @@ __global__ void fa_dkv_kernel(float *dqkv, const float *dout, const E *qkv, cons
     }
 }
 
-/* The shape, or 0 (an error recorded) where a head is wider than the kernels hold. */
+/* The shape, or 0 (an error recorded) where a head is wider than the kernels hold or the
+ * grid's y (one block row per sequence and head) would pass CUDA's 65535. */
 static int fa_shape_of(fa_shape *s, int B, int T, int C, int NH, const char *what)
 {
     *s = fa_shape{B, T, C, NH, C / NH, 1.0f / sqrtf((float)(C / NH))};
@@ -231,6 +232,13 @@ static int fa_shape_of(fa_shape *s, int B, int T, int C, int NH, const char *wha
         char d[96];
         snprintf(d, sizeof d, "head size %d: the flash kernels hold heads of 1 to %d values",
                  s->hs, (int)FA_HS_MAX);
+        loom_cuda_note_error(what, d);
+        return 0;
+    }
+    if ((long long)B * NH > 65535) {
+        char d[96];
+        snprintf(d, sizeof d, "B x NH = %lld sequence-heads: the grid holds 65535",
+                 (long long)B * NH);
         loom_cuda_note_error(what, d);
         return 0;
     }

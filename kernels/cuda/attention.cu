@@ -17,7 +17,8 @@
  * kernels instead, in fast mode (set_deterministic 0: canonical and row-stable modes keep
  * this path, whose bits they define) where att has room for what those save: each row's
  * log-sum-exp (B*NH*T floats) and a copy of out (B*T*C; backward's dO . O, from out before
- * the model rounds it), i.e. where NH*T >= NH + C (T > head size); elsewhere this path. att
+ * the model rounds it), i.e. where NH*T >= NH + C (T > head size), with heads up to 128 wide
+ * and B*NH up to 65535 (the fused kernels' limits); elsewhere this path. att
  * then holds that state, not probabilities: only attention_backward reads it (the model).
  * The memory of att itself is still (B,NH,T,T): the model sizes it.
  */
@@ -58,10 +59,10 @@ __global__ void softmax_backward_kernel(float *dpre, const float *att, const flo
 }
 
 /* The fused kernels take this call (see the opening comment). */
-static int flash_takes(int T, int C, int NH)
+static int flash_takes(int B, int T, int C, int NH)
 {
     return loom_cuda.attention_flash && !loom_cuda.deterministic && C / NH <= 128 &&
-           (size_t)NH * T >= (size_t)NH + C;
+           (long long)B * NH <= 65535 && (size_t)NH * T >= (size_t)NH + C;
 }
 
 __global__ void copy_kernel(float *dst, const float *src, size_t n)
@@ -72,7 +73,7 @@ __global__ void copy_kernel(float *dst, const float *src, size_t n)
 extern "C" void loom_cuda_attention_forward(float *out, float *att, const float *qkv, int B, int T,
                                             int C, int NH)
 {
-    if (flash_takes(T, C, NH)) { /* att: lse (B,NH,T), then out's copy (B,T,C) */
+    if (flash_takes(B, T, C, NH)) { /* att: lse (B,NH,T), then out's copy (B,T,C) */
         const size_t n = (size_t)B * T * C;
         float *saved = att + (size_t)B * NH * T;
         loom_cuda_flash_attention_forward(out, att, qkv, B, T, C, NH, LOOM_DTYPE_F32);
@@ -105,7 +106,7 @@ extern "C" void loom_cuda_attention_backward(float *dqkv, float *scratch, const 
                                              int C, int NH)
 {
     /* dqkv (B,T,3C) =, scratch (2,B,NH,T,T), dout (B,T,C), qkv (B,T,3C), att (B,NH,T,T) */
-    if (flash_takes(T, C, NH)) {
+    if (flash_takes(B, T, C, NH)) {
         loom_cuda_flash_attention_backward(dqkv, scratch, dout, qkv, att + (size_t)B * NH * T, att,
                                            B, T, C, NH, LOOM_DTYPE_F32);
         return;

@@ -5,8 +5,8 @@
  * kernels/cpu/attention.c has the math and the layouts: att (B,NH,T,T) keeps the
  * probabilities with the upper triangle exactly 0; backward OVERWRITES dqkv, with scratch
  * holding datt and dpreatt (2*B*NH*T*T floats). The full T x T products are computed (the
- * causal half is masked, not skipped): simple, not fast — a fused flash-style kernel is the
- * fast path still to write.
+ * causal half is masked, not skipped): simple, not fast; flash_attention.cu has the fused
+ * kernels, tested against this path.
  *
  * attention_decode runs the same pieces on one row, so that under the row-stable mode (the
  * ordered GEMM, whose chains ignore the zeros past the diagonal) a decoded row has

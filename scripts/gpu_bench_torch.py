@@ -7,13 +7,15 @@ Configurations, one JSON line each (tokens/s, ms per step, MFU = tokens/s * (6N 
 peak, N without the padding rows; peaks 989 TFLOP/s dense bf16, 67 fp32):
   fp32 fwd+bwd           -- what loom's fp32 benchmark measures (TF32 off, as loom's GEMMs)
   bf16 autocast fwd+bwd+AdamW (fused) -- the issue's benchmark configuration
-each eager and compiled. Usage: gpu_bench_torch.py [B [steps]] (defaults 8, 10).
+each eager and compiled. Usage: gpu_bench_torch.py [B [steps]] (defaults 8, 10);
+GPU_BENCH_DTYPES=bf16 (or fp32, or both, comma-separated: the order run) picks them.
   gpu_bench_torch.py --configs tiny,small [steps]: instead, scripts/bench-cpu's tiny and
   small shapes (the ones loom's scripts/recipes/bench_gpt.lua runs with backend=cuda),
   fp32 fwd+bwd+AdamW (TF32 off, PyTorch's default CUDA AdamW), eager and compiled.
 """
 import json
 import math
+import os
 import sys
 import time
 
@@ -125,7 +127,9 @@ def main():
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 10
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32, as loom's GEMMs
     torch.backends.cudnn.allow_tf32 = False
-    for dtype, optimizer in (("fp32", False), ("bf16", True)):
+    # GPU_BENCH_DTYPES (default fp32,bf16): which configurations, in that order
+    wanted = os.environ.get("GPU_BENCH_DTYPES", "fp32,bf16").split(",")
+    for dtype, optimizer in [(d, d == "bf16") for d in wanted if d in ("fp32", "bf16")]:
         for compiled in (False, True):
             try:
                 r = run(B, steps, dtype, compiled, optimizer)

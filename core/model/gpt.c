@@ -823,7 +823,7 @@ loom_status gpt_block_forward(loom_gpt *m, int l, const float *residual, int B, 
                          (int)Rl, C);
     gpt_round(m, a->ln1, Rl * C);
     LOOM_TRY(F_ENTER(LOOM_REGION_ATTENTION, l, a->ln1, a->ln1_full, R, C));
-    k->matmul_forward(a->qkv, a->ln1_full, w->qkvw, w->qkvb, B, T, C, 3 * Cl);
+    gpt_matmul_forward(m, a->qkv, a->ln1_full, w->qkvw, w->qkvb, B, T, C, 3 * Cl);
     gpt_round(m, a->qkv, R * 3 * Cl);
     k->attention_forward(a->atty, a->att, a->qkv, B, T, Cl, m->NHl);
     gpt_round(m, a->atty, R * Cl);
@@ -846,7 +846,7 @@ loom_status gpt_block_forward(loom_gpt *m, int l, const float *residual, int B, 
         return LOOM_OK;
     }
     LOOM_TRY(F_ENTER(LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R, C));
-    k->matmul_forward(a->fch, a->ln2_full, w->fcw, w->fcb, B, T, C, Fl);
+    gpt_matmul_forward(m, a->fch, a->ln2_full, w->fcw, w->fcb, B, T, C, Fl);
     gpt_round(m, a->fch, R * Fl);
     k->gelu_forward(a->fch_gelu, a->fch, R * Fl);
     gpt_round(m, a->fch_gelu, R * Fl);

@@ -6,6 +6,8 @@
 #ifndef LOOM_CORE_GPT_INTERNAL_H
 #define LOOM_CORE_GPT_INTERNAL_H
 
+#include <stddef.h> /* offsetof */
+
 #include "gpt.h"
 
 typedef struct layer_params {
@@ -145,6 +147,21 @@ static inline void gpt_round(loom_gpt *m, float *x, size_t n)
 {
     if (m->act_dt != LOOM_DTYPE_F32)
         m->be->ops->round_to(x, x, n, m->act_dt);
+}
+
+/* matmul_forward of an activation the model rounded to act_dt by a block weight: through
+ * the backend's 16-bit product (backend.h matmul_forward_dt) when the weights are a
+ * compute copy of the same dtype (then both operands hold only act_dt values), else the
+ * fp32 one. The head reads its 16-bit copy in bands through gemm (gpt_precision.c). */
+static inline void gpt_matmul_forward(loom_gpt *m, float *out, const float *inp, const float *w,
+                                      const float *bias, int B, int T, int C, int OC)
+{
+    const loom_backend_ops *k = m->be->ops;
+    if (m->act_dt != LOOM_DTYPE_F32 && m->c16 && m->param_dt == m->act_dt &&
+        k->size > offsetof(loom_backend_ops, matmul_forward_dt) && k->matmul_forward_dt)
+        k->matmul_forward_dt(out, inp, w, bias, B, T, C, OC, m->act_dt);
+    else
+        k->matmul_forward(out, inp, w, bias, B, T, C, OC);
 }
 
 /* 16-bit weights (gpt_precision.c). setup: allocate c16, wide and edge and move m->p

@@ -85,7 +85,7 @@ void gpt_row_parallel_forward(loom_gpt *m, float *out, const float *inp, const f
     const loom_backend_ops *k = m->be->ops;
     int C = m->cfg.dim, R = B * T;
     if (!m->canonical) {
-        k->matmul_forward(out, inp, w, NULL, B, T, K, C);
+        gpt_matmul_forward(m, out, inp, w, NULL, B, T, K, C);
         return;
     }
     int n = local_chunks(m), kc = K / n;

@@ -5,13 +5,22 @@
  * kernels/cpu/attention.c has the math and the layouts: att (B,NH,T,T) keeps the
  * probabilities with the upper triangle exactly 0; backward OVERWRITES dqkv, with scratch
  * holding datt and dpreatt (2*B*NH*T*T floats). The full T x T products are computed (the
- * causal half is masked, not skipped): simple, not fast — a fused flash-style kernel is the
- * fast path still to write.
+ * causal half is masked, not skipped): simple, not fast; flash_attention.cu has the fused
+ * kernels, tested against this path.
  *
  * attention_decode runs the same pieces on one row, so that under the row-stable mode (the
  * ordered GEMM, whose chains ignore the zeros past the diagonal) a decoded row has
  * attention_forward's bits: the same products, and the same softmax kernel over the same
  * t+1 values with the same thread mapping.
+ *
+ * With LOOM_CUDA_ATTENTION=flash, attention_forward/_backward run flash_attention.cu's fused
+ * kernels instead, in fast mode (set_deterministic 0: canonical and row-stable modes keep
+ * this path, whose bits they define) where att has room for what those save: each row's
+ * log-sum-exp (B*NH*T floats) and a copy of out (B*T*C; backward's dO . O, from out before
+ * the model rounds it), i.e. where NH*T >= NH + C (T > head size), with heads up to 128 wide
+ * and B*NH up to 65535 (the fused kernels' limits); elsewhere this path. att
+ * then holds that state, not probabilities: only attention_backward reads it (the model).
+ * The memory of att itself is still (B,NH,T,T): the model sizes it.
  */
 #include "kernels.cuh"
 
@@ -49,9 +58,29 @@ __global__ void softmax_backward_kernel(float *dpre, const float *att, const flo
         dpre[o + j] = j <= t ? loom_flush(att[o + j] * (datt[o + j] - dot)) : 0.0f;
 }
 
+/* The fused kernels take this call (see the opening comment). */
+static int flash_takes(int B, int T, int C, int NH)
+{
+    return loom_cuda.attention_flash && !loom_cuda.deterministic && C / NH <= 128 &&
+           (long long)B * NH <= 65535 && (size_t)NH * T >= (size_t)NH + C;
+}
+
+__global__ void copy_kernel(float *dst, const float *src, size_t n)
+{
+    GRID_STRIDE(i, n) dst[i] = src[i];
+}
+
 extern "C" void loom_cuda_attention_forward(float *out, float *att, const float *qkv, int B, int T,
                                             int C, int NH)
 {
+    if (flash_takes(B, T, C, NH)) { /* att: lse (B,NH,T), then out's copy (B,T,C) */
+        const size_t n = (size_t)B * T * C;
+        float *saved = att + (size_t)B * NH * T;
+        loom_cuda_flash_attention_forward(out, att, qkv, B, T, C, NH, LOOM_DTYPE_F32);
+        LOOM_CUDA_LAUNCH("attention_forward (flash: out saved)", copy_kernel, loom_cuda_blocks(n),
+                         LOOM_CUDA_THREADS, 0, saved, out, n);
+        return;
+    }
     /* out (B,T,C), att (B,NH,T,T), qkv (B,T,3C) */
     const int hs = C / NH, C3 = 3 * C;
     const long long TT = (long long)T * T;
@@ -77,6 +106,11 @@ extern "C" void loom_cuda_attention_backward(float *dqkv, float *scratch, const 
                                              int C, int NH)
 {
     /* dqkv (B,T,3C) =, scratch (2,B,NH,T,T), dout (B,T,C), qkv (B,T,3C), att (B,NH,T,T) */
+    if (flash_takes(B, T, C, NH)) {
+        loom_cuda_flash_attention_backward(dqkv, scratch, dout, qkv, att + (size_t)B * NH * T, att,
+                                           B, T, C, NH, LOOM_DTYPE_F32);
+        return;
+    }
     const int hs = C / NH, C3 = 3 * C;
     const long long TT = (long long)T * T;
     const float scale = 1.0f / sqrtf((float)hs);

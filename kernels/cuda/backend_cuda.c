@@ -199,6 +199,10 @@ static loom_status cuda_create(const loom_host *host, const loom_config *cfg, vo
         requested = (int)cfg->values[K_DEVICE].number;
         ws_mb = (int)cfg->values[K_LT_WORKSPACE_MB].number;
     }
+    const int flash = loom_cuda_attention_env();
+    if (flash < 0)
+        return host->fail(LOOM_ERR_INVALID, "backend cuda: LOOM_CUDA_ATTENTION=%s; use \"batched\" "
+                          "(the default) or \"flash\"", getenv("LOOM_CUDA_ATTENTION"));
     if (ws_mb < 0 || ws_mb > 4096)
         return host->fail(LOOM_ERR_INVALID, "backend cuda: lt_workspace_mb = %d; use 0 to 4096",
                           ws_mb);
@@ -217,6 +221,7 @@ static loom_status cuda_create(const loom_host *host, const loom_config *cfg, vo
     b->device = dev;
     the = b;
     memset(&loom_cuda, 0, sizeof loom_cuda);
+    loom_cuda.attention_flash = flash;
     if ((e = cudaSetDevice(dev)) != cudaSuccess) /* before any other CUDA call */
         return cuda_fail(b, host, "cudaSetDevice", e);
     if ((e = cudaStreamCreateWithFlags(&loom_cuda.stream, cudaStreamNonBlocking)) != cudaSuccess)
@@ -257,8 +262,9 @@ static loom_status cuda_create(const loom_host *host, const loom_config *cfg, vo
     int rt = 0;
     cudaRuntimeGetVersion(&rt);
     snprintf(b->desc, sizeof b->desc, "cuda: %.200s (sm_%d%d, %.0f GiB), device %d of %d, CUDA %d.%d, "
-             "fp32", prop.name, prop.major, prop.minor, (double)prop.totalGlobalMem / (1 << 30),
-             dev, n, rt / 1000, rt % 1000 / 10);
+             "attention %s", prop.name, prop.major, prop.minor,
+             (double)prop.totalGlobalMem / (1 << 30), dev, n, rt / 1000, rt % 1000 / 10,
+             flash ? "flash (LOOM_CUDA_ATTENTION)" : "batched");
     *self = b;
     return LOOM_OK;
 }
@@ -311,6 +317,9 @@ static const loom_backend_ops cuda_ops = {
     .round_to = loom_cuda_round_to,
     .adamw_update = loom_cuda_adamw_update,
     .sgd_update = loom_cuda_sgd_update,
+    .matmul_forward_dt = loom_cuda_matmul_forward_dt,
+    .attention_flash_forward = loom_cuda_flash_attention_forward,
+    .attention_flash_backward = loom_cuda_flash_attention_backward,
 };
 
 static const loom_config_key cuda_keys[N_KEYS] = {

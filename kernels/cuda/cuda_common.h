@@ -7,6 +7,8 @@
 #define LOOM_CUDA_COMMON_H
 
 #include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <cuda_runtime_api.h>
 
@@ -26,11 +28,20 @@ typedef struct loom_cuda_ctx {
     int *h_flag;          /* pinned host mirror */
     double *h_parts;      /* pinned host copy of sum_squares' chunk sums */
     int deterministic;    /* set_deterministic's mode: 0 cuBLAS, 1/2 the ordered GEMM */
+    int attention_flash;  /* LOOM_CUDA_ATTENTION=flash: attention_forward/_backward run the
+                           * fused kernels where they can (attention.cu) */
     int sticky_error;     /* a launch or cuBLAS call failed: reported at synchronize */
     char error[256];
 } loom_cuda_ctx;
 
 extern loom_cuda_ctx loom_cuda;
+
+/* LOOM_CUDA_ATTENTION: unset or "batched" 0, "flash" 1, anything else -1 (create refuses). */
+static inline int loom_cuda_attention_env(void)
+{
+    const char *v = getenv("LOOM_CUDA_ATTENTION");
+    return !v || !*v || !strcmp(v, "batched") ? 0 : !strcmp(v, "flash") ? 1 : -1;
+}
 
 /* Backend-owned device scratch of at least `bytes`, reused across ops (stream order makes
  * that safe); grown from the pool when a call needs more, so after the first step it is a
@@ -77,6 +88,12 @@ void loom_cuda_attention_backward(float *dqkv, float *scratch, const float *dout
                                   const float *qkv, const float *att, int B, int T, int C, int NH);
 void loom_cuda_attention_decode(float *out, float *att, size_t att_stride, const float *qkv,
                                 int t, int C, int NH);
+/* flash_attention.cu: backend.h attention_flash_forward / _backward. */
+void loom_cuda_flash_attention_forward(float *out, float *lse, const void *qkv, int B, int T,
+                                       int C, int NH, loom_dtype dt);
+void loom_cuda_flash_attention_backward(float *dqkv, float *scratch, const float *dout,
+                                        const void *qkv, const float *out, const float *lse,
+                                        int B, int T, int C, int NH, loom_dtype dt);
 /* convert.cu: kernels/cpu/convert.c's rounding, bit for bit. */
 void loom_cuda_convert_from_f32(void *dst, const float *src, size_t n, loom_dtype dt);
 void loom_cuda_convert_to_f32(float *dst, const void *src, size_t n, loom_dtype dt);
@@ -102,6 +119,14 @@ void loom_cuda_sgemm(int transa, int transb, int M, int N, int K, float alpha, c
                      int lda, const float *B, int ldb, float beta, float *C, int ldc);
 void loom_cuda_matmul_forward(float *out, const float *inp, const float *weight,
                               const float *bias, int B, int T, int C, int OC);
+/* matmul_forward with inp and weight holding only dt values (backend.h matmul_forward_dt):
+ * 16-bit operands, fp32 accumulation, fp32 out. */
+void loom_cuda_matmul_forward_dt(float *out, const float *inp, const float *weight,
+                                 const float *bias, int B, int T, int C, int OC, loom_dtype dt);
+/* gemm_ordered.cu: the ordered GEMM over bf16 / fp16 operands A, B (one product, fp32 C). */
+void loom_cuda_gemm_ordered16(int transa, int transb, int M, int N, int K, float alpha,
+                              const void *A, int lda, const void *B, int ldb, float beta,
+                              float *C, int ldc, loom_dtype dt);
 void loom_cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                const float *inp, const float *weight, int B, int T, int C,
                                int OC);

@@ -79,9 +79,13 @@ static uint32_t alignment(const void *p)
 
 /* out (R,OC) = inp (R,C) @ W(OC,C)^T (+ bias) as cuBLASLt's column-major
  * D (OC,R) = op_T(W: C x OC, ld C) * inp (C x R, ld C), epilogue BIAS over D's rows. */
-static int lt_forward(float *out, const float *inp, const float *weight, const float *bias,
-                      int R, int C, int OC)
+static int lt_forward(float *out, const void *inp, const void *weight, const float *bias,
+                      int R, int C, int OC, loom_dtype dt)
 {
+    /* A, B: fp32, or bf16 / fp16 (the 16-bit products); compute, C and D: fp32 */
+    const cudaDataType_t ab = dt == LOOM_DTYPE_BF16  ? CUDA_R_16BF
+                              : dt == LOOM_DTYPE_F16 ? CUDA_R_16F
+                                                     : CUDA_R_32F;
     cublasLtHandle_t lt = (cublasLtHandle_t)loom_cuda.blaslt;
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
@@ -101,8 +105,8 @@ static int lt_forward(float *out, const float *inp, const float *weight, const f
         ok = ok && blas_ok(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                           &bias, sizeof bias),
                            "matmul_forward (bias)");
-    ok = ok && blas_ok(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, C, OC, C), "matmul_forward (A)");
-    ok = ok && blas_ok(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, C, R, C), "matmul_forward (B)");
+    ok = ok && blas_ok(cublasLtMatrixLayoutCreate(&la, ab, C, OC, C), "matmul_forward (A)");
+    ok = ok && blas_ok(cublasLtMatrixLayoutCreate(&lb, ab, C, R, C), "matmul_forward (B)");
     ok = ok && blas_ok(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, OC, R, OC), "matmul_forward (D)");
     ok = ok && blas_ok(cublasLtMatmulPreferenceCreate(&pref), "matmul_forward (preference)");
     size_t ws = loom_cuda.lt_workspace_bytes;
@@ -143,8 +147,8 @@ static int lt_forward(float *out, const float *inp, const float *weight, const f
 }
 
 #else
-static int lt_forward(float *out, const float *inp, const float *weight, const float *bias,
-                      int R, int C, int OC)
+static int lt_forward(float *out, const void *inp, const void *weight, const float *bias,
+                      int R, int C, int OC, loom_dtype dt)
 {
     return 0; /* no cuBLASLt: the plain path */
 }
@@ -156,10 +160,55 @@ void loom_cuda_matmul_forward(float *out, const float *inp, const float *weight,
     const int R = B * T;
     if (R <= 0 || OC <= 0)
         return;
-    if (!loom_cuda.deterministic && lt_forward(out, inp, weight, bias, R, C, OC))
+    if (!loom_cuda.deterministic && lt_forward(out, inp, weight, bias, R, C, OC, LOOM_DTYPE_F32))
         return;
     /* canonical mode, or no cuBLASLt algorithm for this shape: the plain path */
     loom_cuda_sgemm(0, 1, R, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC);
+    if (bias)
+        loom_cuda_bias_add(out, bias, (size_t)R, OC);
+}
+
+/* matmul_forward on 16-bit operands (backend.h's matmul_forward_dt): inp and weight hold
+ * only values of dt (the model rounded them), so narrowing them into the workspace is
+ * exact; the product then reads 2 bytes an operand, multiplies in fp32 (a product of two
+ * bf16 or two fp16 values is exact in fp32) and accumulates in fp32: cuBLASLt with A, B in
+ * dt and compute, C and D in 32F (bias epilogue) outside canonical mode (cublasGemmEx with the
+ * same types where cuBLASLt has no algorithm), the ordered GEMM's 16-bit variant (the fp32
+ * kernel's bits on these values) in it. */
+void loom_cuda_matmul_forward_dt(float *out, const float *inp, const float *weight,
+                                 const float *bias, int B, int T, int C, int OC, loom_dtype dt)
+{
+    const int R = B * T;
+    if (dt != LOOM_DTYPE_BF16 && dt != LOOM_DTYPE_F16) {
+        loom_cuda_matmul_forward(out, inp, weight, bias, B, T, C, OC);
+        return;
+    }
+    if (R <= 0 || OC <= 0)
+        return;
+    /* the workspace: weight (OC,C) then inp (R,C), 16 bits each, the second 256-aligned */
+    const size_t nw = (size_t)OC * C, nx = (size_t)R * C, w_bytes = (nw * 2 + 255) & ~(size_t)255;
+    unsigned char *ws = loom_cuda_workspace(w_bytes + nx * 2);
+    if (!ws)
+        return; /* recorded as a sticky error, reported at synchronize */
+    void *w16 = ws, *x16 = ws + w_bytes;
+    loom_cuda_convert_from_f32(w16, weight, nw, dt);
+    loom_cuda_convert_from_f32(x16, inp, nx, dt);
+    if (!loom_cuda.deterministic && lt_forward(out, x16, w16, bias, R, C, OC, dt))
+        return;
+#ifndef LOOM_CUDA_EMU
+    if (!loom_cuda.deterministic) { /* no cuBLASLt algorithm for this shape: cuBLAS's */
+        const cudaDataType_t ab = dt == LOOM_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+        const float one = 1.0f, zero = 0.0f;
+        blas_ok(cublasGemmEx((cublasHandle_t)loom_cuda.blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, R, C,
+                             &one, w16, ab, C, x16, ab, C, &zero, out, CUDA_R_32F, OC,
+                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                "matmul_forward_dt (cublasGemmEx)");
+        if (bias)
+            loom_cuda_bias_add(out, bias, (size_t)R, OC);
+        return;
+    }
+#endif
+    loom_cuda_gemm_ordered16(0, 1, R, OC, C, 1.0f, x16, C, w16, C, 0.0f, out, OC, dt);
     if (bias)
         loom_cuda_bias_add(out, bias, (size_t)R, OC);
 }

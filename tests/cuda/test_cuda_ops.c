@@ -147,6 +147,82 @@ START_TEST(test_matmul)
 }
 END_TEST
 
+/* --- 16-bit products (matmul_forward_dt) -------------------------------------------- */
+typedef struct dt_case {
+    loom_dtype dt;
+    int bias;
+} dt_case;
+
+static int has_dt(const loom_backend_ops *k)
+{
+    return k->size > offsetof(loom_backend_ops, matmul_forward_dt) && k->matmul_forward_dt;
+}
+
+/* The GPU's 16-bit product; the CPU (no such op) the fp32 one on the same rounded values. */
+static void op_matmul_dt(const loom_backend_ops *k, void *s, void **d, void *ctx)
+{
+    const dt_case *c = ctx;
+    if (has_dt(k))
+        k->matmul_forward_dt(d[0], d[1], d[2], c->bias ? d[3] : NULL, B, T, C, OC, c->dt);
+    else
+        k->matmul_forward(d[0], d[1], d[2], c->bias ? d[3] : NULL, B, T, C, OC);
+}
+
+/* inp and weight rounded to dt (what the model passes): the GPU's 16-bit product against
+ * the CPU's fp32 product of those values. Then, on the GPU alone, the same op on values
+ * NOT rounded: it must give the fp32 product of the rounded values (the operands really
+ * are narrowed to dt), which differs from the fp32 product of the unrounded ones (so an
+ * op that fell back to fp32 fails here). */
+START_TEST(test_matmul_dt)
+{
+    ck_assert_msg(has_dt(ct_gpu.k), "the CUDA backend has no matmul_forward_dt");
+    for (int ci = 0; ci < 4; ci++) {
+        dt_case c = {ci < 2 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F16, ci & 1};
+        float *o = ct_floats(R * OC, 1, 0, 0), *x = ct_floats(R * C, 2, -1, 1);
+        float *w = ct_floats((size_t)OC * C, 3, -0.3f, 0.3f), *bias = ct_floats(OC, 4, -1, 1);
+        float *xr = malloc(R * C * 4), *wr = malloc((size_t)OC * C * 4);
+        ct_cpu.k->round_to(xr, x, R * C, c.dt); /* CPU memory is host memory */
+        ct_cpu.k->round_to(wr, w, (size_t)OC * C, c.dt);
+        ct_buf b[] = {out("out", o, R * OC * 4, RED), in("inp", xr, R * C * 4),
+                      in("weight", wr, (size_t)OC * C * 4), in("bias", bias, OC * 4)};
+        char name[64];
+        snprintf(name, sizeof name, "matmul_forward_dt %s%s", c.dt == LOOM_DTYPE_F16 ? "f16" : "bf16",
+                 c.bias ? " bias" : "");
+        ct_compare_op(name, b, 4, op_matmul_dt, &c);
+        const loom_backend_ops *k = ct_gpu.k;
+        void *s = ct_gpu.self;
+        float *dx = k->alloc(s, R * C * 4), *dw = k->alloc(s, (size_t)OC * C * 4);
+        float *dxr = k->alloc(s, R * C * 4), *dwr = k->alloc(s, (size_t)OC * C * 4);
+        float *d16 = k->alloc(s, R * OC * 4), *d32 = k->alloc(s, R * OC * 4);
+        k->copy_to_device(s, dx, x, R * C * 4);
+        k->copy_to_device(s, dw, w, (size_t)OC * C * 4);
+        k->copy_to_device(s, dxr, xr, R * C * 4);
+        k->copy_to_device(s, dwr, wr, (size_t)OC * C * 4);
+        float *r16 = malloc(R * OC * 4), *rr = malloc(R * OC * 4), *r32 = malloc(R * OC * 4);
+        k->matmul_forward_dt(d16, dx, dw, NULL, B, T, C, OC, c.dt);
+        k->copy_to_host(s, r16, d16, R * OC * 4);
+        k->matmul_forward(d32, dxr, dwr, NULL, B, T, C, OC);
+        k->copy_to_host(s, rr, d32, R * OC * 4);
+        k->matmul_forward(d32, dx, dw, NULL, B, T, C, OC);
+        k->copy_to_host(s, r32, d32, R * OC * 4);
+        double e_rounded = 0, e_unrounded = 0;
+        for (size_t i = 0; i < R * OC; i++) {
+            e_rounded = fmax(e_rounded, fabs((double)r16[i] - rr[i]) / (1e-5 + 1e-4 * fabs(rr[i])));
+            e_unrounded = fmax(e_unrounded, fabs((double)r16[i] - r32[i]));
+        }
+        printf("%-28s narrowed in the op: %.3g of the tolerance from the rounded fp32 product, "
+               "%.3g from the unrounded one\n", name, e_rounded, e_unrounded);
+        ck_assert_msg(e_rounded <= 1.0, "%s: the op's product is not that of the rounded operands",
+                      name);
+        ck_assert_msg(e_unrounded > 1e-4, "%s: the op's product is the fp32 one of the unrounded "
+                      "operands (not 16-bit)", name);
+        k->free(s, dx), k->free(s, dw), k->free(s, dxr), k->free(s, dwr), k->free(s, d16),
+            k->free(s, d32);
+        free(o), free(x), free(w), free(bias), free(xr), free(wr), free(r16), free(rr), free(r32);
+    }
+}
+END_TEST
+
 typedef struct gemm_case {
     int ta, tb, M, N, K, lda, ldb, ldc;
     float alpha, beta;
@@ -242,6 +318,82 @@ START_TEST(test_attention)
             for (int j = t + 1; j < T; j++)
                 ck_assert_msg(ga[(bh * T + t) * T + j] == 0.0f, "att above the diagonal");
     free(o), free(att), free(qkv), free(dqkv), free(scratch), free(dout);
+}
+END_TEST
+
+/* The fused kernels against this backend's batched-GEMM path (the simple reference) on the
+ * same values: fp32 q, k, v, and bf16 / fp16 ones (rounded on the host; the flash kernels
+ * read them as 16-bit values narrowed on the device, the reference their fp32 widening).
+ * Shapes: T = 48 (a partial tile), and T = 100 over two query blocks with a 128-wide head
+ * (the widest the kernels hold). Tolerance RED (another order of the same sums). */
+static const char *dt_name(loom_dtype dt)
+{
+    return dt == LOOM_DTYPE_BF16 ? "bf16" : dt == LOOM_DTYPE_F16 ? "f16" : "fp32";
+}
+
+static double max_rel(const float *a, const float *ref, size_t n, double atol, double rtol)
+{
+    double worst = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)a[i] - ref[i]) / (atol + rtol * fabs((double)ref[i]));
+        worst = isnan(e) ? INFINITY : fmax(worst, e);
+    }
+    return worst;
+}
+
+START_TEST(test_attention_flash)
+{
+    const loom_backend_ops *k = ct_gpu.k;
+    void *s = ct_gpu.self;
+    ck_assert_msg(k->size > offsetof(loom_backend_ops, attention_flash_backward) &&
+                  k->attention_flash_forward && k->attention_flash_backward,
+                  "the CUDA backend has no attention_flash_forward/_backward");
+    static const int shapes[2][4] = {{B, T, C, NH}, {1, 100, 128, 1}};
+    static const loom_dtype dts[3] = {LOOM_DTYPE_F32, LOOM_DTYPE_BF16, LOOM_DTYPE_F16};
+    for (int si = 0; si < 2; si++)
+        for (int di = 0; di < 3; di++) {
+            const int b = shapes[si][0], t = shapes[si][1], c = shapes[si][2], nh = shapes[si][3];
+            const loom_dtype dt = dts[di];
+            const size_t r = (size_t)b * t, na = (size_t)b * nh * t * t, nq = r * 3 * c;
+            float *qkv = ct_floats(nq, 11 + si, -1.5f, 1.5f), *dout = ct_floats(r * c, 13, -1, 1);
+            if (dt != LOOM_DTYPE_F32)
+                ct_cpu.k->round_to(qkv, qkv, nq, dt);
+            float *d_qkv = k->alloc(s, nq * 4), *d_dout = k->alloc(s, r * c * 4);
+            void *d_q16 = k->alloc(s, nq * 2);
+            float *d_att = k->alloc(s, na * 4), *d_scr = k->alloc(s, 2 * na * 4);
+            float *d_ref = k->alloc(s, r * c * 4), *d_dref = k->alloc(s, nq * 4);
+            float *d_out = k->alloc(s, r * c * 4), *d_dq = k->alloc(s, nq * 4);
+            float *d_lse = k->alloc(s, (size_t)b * nh * t * 4);
+            k->copy_to_device(s, d_qkv, qkv, nq * 4);
+            k->copy_to_device(s, d_dout, dout, r * c * 4);
+            k->attention_forward(d_ref, d_att, d_qkv, b, t, c, nh);
+            k->attention_backward(d_dref, d_scr, d_dout, d_qkv, d_att, b, t, c, nh);
+            const void *src = d_qkv;
+            if (dt != LOOM_DTYPE_F32) {
+                k->convert_from_f32(d_q16, d_qkv, nq, dt);
+                src = d_q16;
+            }
+            k->attention_flash_forward(d_out, d_lse, src, b, t, c, nh, dt);
+            k->attention_flash_backward(d_dq, d_scr, d_dout, src, d_out, d_lse, b, t, c, nh, dt);
+            k->synchronize(s);
+            float *ref = malloc(r * c * 4), *o = malloc(r * c * 4);
+            float *dref = malloc(nq * 4), *dq = malloc(nq * 4);
+            k->copy_to_host(s, ref, d_ref, r * c * 4);
+            k->copy_to_host(s, o, d_out, r * c * 4);
+            k->copy_to_host(s, dref, d_dref, nq * 4);
+            k->copy_to_host(s, dq, d_dq, nq * 4);
+            const double eo = max_rel(o, ref, r * c, RED), ed = max_rel(dq, dref, nq, RED);
+            printf("attention_flash %s B%d T%d C%d NH%d: out %.3g, dqkv %.3g of the tolerance "
+                   "(1e-5 + 1e-4 |batched|)\n", dt_name(dt), b, t, c, nh, eo, ed);
+            ck_assert_msg(eo <= 1.0, "flash %s T%d: out differs from the batched path",
+                          dt_name(dt), t);
+            ck_assert_msg(ed <= 1.0, "flash %s T%d: dqkv differs from the batched path",
+                          dt_name(dt), t);
+            k->free(s, d_qkv), k->free(s, d_dout), k->free(s, d_q16), k->free(s, d_att);
+            k->free(s, d_scr), k->free(s, d_ref), k->free(s, d_dref), k->free(s, d_out);
+            k->free(s, d_dq), k->free(s, d_lse);
+            free(qkv), free(dout), free(ref), free(o), free(dref), free(dq);
+        }
 }
 END_TEST
 
@@ -492,9 +644,11 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_position);
     tcase_add_test(tc, test_layernorm);
     tcase_add_test(tc, test_matmul);
+    tcase_add_test(tc, test_matmul_dt);
     tcase_add_test(tc, test_gemm);
     tcase_add_test(tc, test_ordered_gemm_layout_free);
     tcase_add_test(tc, test_attention);
+    tcase_add_test(tc, test_attention_flash);
     tcase_add_test(tc, test_attention_decode_bitwise);
     tcase_add_test(tc, test_elementwise);
     tcase_add_test(tc, test_crossentropy);

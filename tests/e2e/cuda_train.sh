@@ -5,6 +5,7 @@
 #    orders in the kernels; the optimizer update itself is bitwise the host's, cuda_optim);
 #  - the loss falls;
 #  - in bf16 too (precision = "bf16"), against the CPU's bf16 run;
+#  - with LOOM_CUDA_ATTENTION=flash (the fused attention kernels), fp32 and bf16, likewise;
 #  - a checkpoint saved on the device backend and resumed there gives the uninterrupted
 #    run's later losses bit for bit (the save and the load go through the host mirrors).
 # BACKEND cudaemu (tests/cuda: the CUDA kernels emulated on the CPU, a non-NULL stream so
@@ -41,6 +42,33 @@ echo "backend=$backend: loss $fell"
 d=$(max_loss_diff "$tmp/cpu16" "$tmp/dev16")
 echo "backend=$backend vs cpu, bf16: max |loss diff| $d (tolerance $tol)"
 below "$d" "$tol" || { echo "bf16 losses differ by more than $tol"; paste "$tmp/cpu16" "$tmp/dev16" | grep LOSS; exit 1; }
+
+# LOOM_CUDA_ATTENTION=flash: the session's attention through the fused kernels (at T=32, over
+# the head size of 16, they take the calls), fp32 and bf16, against the CPU run of that shape;
+# the banner names the mode; and the fp32 run's losses must not be bitwise the batched path's
+# at that shape (another order of the sums), so a run that kept the batched path fails here
+"$loom" run "$recipe" backend="$backend" steps="$steps" model.ctx=32 batch.seq=32 > "$tmp/bt"
+for prec in fp32 bf16; do
+  LOOM_CUDA_ATTENTION=flash "$loom" run "$recipe" backend="$backend" steps="$steps" model.ctx=32 \
+    batch.seq=32 precision=$prec > "$tmp/fl" 2>&1
+  grep -q "attention flash" "$tmp/fl" || { echo "flash run: the banner does not say attention flash"; head -3 "$tmp/fl"; exit 1; }
+  "$loom" run "$recipe" backend=cpu steps="$steps" model.ctx=32 batch.seq=32 precision=$prec > "$tmp/flcpu"
+  grep -q "^LOSS $steps " "$tmp/fl" || { echo "flash run: no loss for step $steps"; cat "$tmp/fl"; exit 1; }
+  d=$(max_loss_diff "$tmp/flcpu" "$tmp/fl")
+  n=$(max_field_diff '^NORM ' 4 "$tmp/flcpu" "$tmp/fl")
+  echo "backend=$backend attention flash vs cpu, $prec, T=32: max |loss diff| $d, max |norm diff| $n (tolerance $tol)"
+  below "$d" "$tol" && below "$n" "$tol" ||
+    { echo "flash $prec differs by more than $tol"; paste "$tmp/flcpu" "$tmp/fl" | grep -E "LOSS|NORM"; exit 1; }
+  if [[ $prec == fp32 ]] && cmp -s <(grep '^LOSS' "$tmp/bt") <(grep '^LOSS' "$tmp/fl"); then
+    echo "flash run: losses bitwise the batched path's: the fused kernels did not run"; exit 1
+  fi
+done
+if out=$(LOOM_CUDA_ATTENTION=fused "$loom" run "$recipe" backend="$backend" steps=1 2>&1); then
+  echo "LOOM_CUDA_ATTENTION=fused: accepted"; exit 1
+fi
+grep -q 'LOOM_CUDA_ATTENTION=fused; use "batched" (the default) or "flash"' <<< "$out" ||
+  { echo "LOOM_CUDA_ATTENTION=fused: unexpected message: $out"; exit 1; }
+echo "backend=$backend: LOOM_CUDA_ATTENTION=fused refused with a message"
 
 # save at k on the device backend, resume there: the later steps bitwise the straight run
 k=$((steps - 2))

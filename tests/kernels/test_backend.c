@@ -73,9 +73,14 @@ START_TEST(test_descriptor)
         memcpy(&fn, base + off, sizeof fn);
         if (off == offsetof(loom_backend_ops, stream) ||
             off == offsetof(loom_backend_ops, adamw_update) ||
-            off == offsetof(loom_backend_ops, sgd_update))
+            off == offsetof(loom_backend_ops, sgd_update) ||
+            off == offsetof(loom_backend_ops, matmul_forward_dt) ||
+            off == offsetof(loom_backend_ops, attention_flash_forward) ||
+            off == offsetof(loom_backend_ops, attention_flash_backward))
             continue; /* NULL by contract on a host-memory backend (plugin/backend.h): no
-                       * stream, and the optimizer plugin's host step updates its memory */
+                       * stream, and the optimizer plugin's host step updates its memory;
+                       * optional: 16-bit products (NULL: matmul_forward) and the fused
+                       * attention (the CUDA backend's) */
         ck_assert_msg(fn != NULL, "ops member at offset %zu is NULL", off);
     }
     /* hidden: the kernels are not exported */

@@ -221,6 +221,24 @@ typedef struct loom_backend_ops {
     /* SGD: buf the momentum buffer (n; unused, may be NULL, when c->mu == 0). */
     void (*sgd_update)(float *param, const float *grad, float *buf, size_t n,
                        const loom_sgd_consts *c);
+    /* Added for 16-bit products (may be absent: check size, or NULL: use matmul_forward).
+     * matmul_forward's contract, with the caller's promise that inp and weight hold only
+     * values of dt (LOOM_DTYPE_BF16 or F16; the model rounded them, so narrowing is exact):
+     * the backend may multiply dt operands with fp32 accumulation (out stays fp32). A
+     * value outside dt would be rounded, so the promise is the caller's to keep. */
+    void (*matmul_forward_dt)(float *out, const float *inp, const float *weight,
+                              const float *bias, int B, int T, int C, int OC, loom_dtype dt);
+    /* Causal attention as attention_forward/backward computes it, without the (B,NH,T,T)
+     * matrices (a fused online-softmax kernel; may be absent: check size, or NULL). qkv
+     * (B,T,3C) holds fp32 values (dt LOOM_DTYPE_F32) or 16-bit ones (BF16, F16); the
+     * arithmetic is fp32. out (B,T,C) fp32; lse (B,NH,T) each query row's log-sum-exp of
+     * its scaled scores, saved for backward. backward: dqkv (B,T,3C) overwritten, fp32;
+     * out and lse as forward wrote them; scratch B*NH*T floats. */
+    void (*attention_flash_forward)(float *out, float *lse, const void *qkv, int B, int T, int C,
+                                    int NH, loom_dtype dt);
+    void (*attention_flash_backward)(float *dqkv, float *scratch, const float *dout,
+                                     const void *qkv, const float *out, const float *lse, int B,
+                                     int T, int C, int NH, loom_dtype dt);
 } loom_backend_ops;
 
 #ifdef __cplusplus

@@ -86,6 +86,10 @@ extern "C" void loom_cuda_check_launch(const char *what)
 static loom_status emu_create(const loom_host *host, const loom_config *cfg, void **self)
 {
     memset(&loom_cuda, 0, sizeof loom_cuda);
+    loom_cuda.attention_flash = loom_cuda_attention_env();
+    if (loom_cuda.attention_flash < 0)
+        return host->fail(LOOM_ERR_INVALID, "backend cudaemu: LOOM_CUDA_ATTENTION=%s; use "
+                          "\"batched\" (the default) or \"flash\"", getenv("LOOM_CUDA_ATTENTION"));
     const char *guard = getenv("LOOM_CUDAEMU_GUARD");
     guard_on = guard && atoi(guard) != 0;
     loom_cuda.h_parts = parts;
@@ -104,7 +108,9 @@ static void emu_destroy(void *self)
 
 static const char *emu_describe(void *self)
 {
-    return "cudaemu: kernels/cuda's kernels on the CPU (test-only emulation)";
+    return loom_cuda.attention_flash
+               ? "cudaemu: kernels/cuda's kernels on the CPU (test-only emulation), attention flash"
+               : "cudaemu: kernels/cuda's kernels on the CPU (test-only emulation)";
 }
 
 
@@ -212,6 +218,9 @@ static loom_backend_ops make_ops()
     o.round_to = G(loom_cuda_round_to);
     o.adamw_update = G(loom_cuda_adamw_update);
     o.sgd_update = G(loom_cuda_sgd_update);
+    o.matmul_forward_dt = G(loom_cuda_matmul_forward_dt);
+    o.attention_flash_forward = G(loom_cuda_flash_attention_forward);
+    o.attention_flash_backward = G(loom_cuda_flash_attention_backward);
     return o;
 }
 

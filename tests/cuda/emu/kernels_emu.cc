@@ -4,6 +4,7 @@
 #include "convert.cu"
 #include "crossentropy.cu"
 #include "elementwise.cu"
+#include "flash_attention.cu"
 #include "encoder.cu"
 #include "gemm_ordered.cu"
 #include "layernorm.cu"

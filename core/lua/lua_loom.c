@@ -353,7 +353,9 @@ static int l_session(lua_State *L)
     cfg.teacher_init = lua_isnil(L, -1) ? NULL : luaL_checkstring(L, -1);
     lua_getfield(L, 1, "teacher_checkpoint");
     cfg.teacher_checkpoint = lua_isnil(L, -1) ? NULL : luaL_checkstring(L, -1);
-    lua_pop(L, 2);
+    lua_getfield(L, 1, "kd_cache");
+    cfg.kd_cache = lua_isnil(L, -1) ? NULL : luaL_checkstring(L, -1);
+    lua_pop(L, 3);
     cfg.kd_temperature = (float)num_field(L, 1, "kd_temperature", 1.0);
     cfg.kd_alpha = (float)num_field(L, 1, "kd_alpha", 0.5);
     static _Thread_local int pp_layers[1024];
@@ -797,6 +799,7 @@ int luaopen_loom_core(lua_State *L)
     loom_lua_open_dist(L);
     loom_lua_open_bench(L);
     loom_lua_open_checkpoint(L);
+    loom_lua_open_kd_cache(L);
     loom_lua_open_llmc(L);
     loom_lua_open_sys(L);
     loom_lua_open_sched(L);

@@ -39,8 +39,11 @@ void loom_kd_rows(const float *zs, size_t s_stride, const float *zt, size_t t_st
         log_softmax_t(s, V, T, ls);
         log_softmax_t(t, V, T, lt);
         double kl = 0.0;
-        for (int j = 0; j < V; j++)
-            kl += exp(lt[j]) * (lt[j] - ls[j]);
+        for (int j = 0; j < V; j++) { /* a cached top-k teacher row is -inf elsewhere: p_t = 0 */
+            double pt = exp(lt[j]);
+            if (pt > 0.0) /* adds the same bits a full row's underflowed 0 * (...) would */
+                kl += pt * (lt[j] - ls[j]);
+        }
         loss[r] = (double)T * T * kl;
         if (!grad)
             continue;

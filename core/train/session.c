@@ -37,6 +37,7 @@
 #include "io/llmc_model.h"
 #include "model/gpt_cost.h"
 #include "model/gpt_distill.h"
+#include "kd_cache.h"
 #include "model/gpt_stage.h"
 
 struct loom_session {
@@ -64,6 +65,7 @@ struct loom_session {
     loom_offload *offload;   /* strategy offload: the state on the host or disk, else NULL */
     loom_compress *compress; /* strategy compress over dp, else NULL */
     loom_gpt *teacher;       /* distillation: the frozen teacher, else NULL */
+    loom_kd_cache *kd_cache; /* distillation from loom distill-cache's file, else NULL */
     float *host_logits;      /* sampling: one row of Vp */
     int64_t steps;
     int64_t step_no;         /* the training loop's number of the last step run */
@@ -227,6 +229,9 @@ static loom_status make_teacher(loom_session *s, const loom_session_config *cfg)
                   "logits are %s); distil with tp = 1 and pp = 1 (dp and zero work)",
                   s->pipe ? "pp" : "tp", s->pipe ? "on the last stage only" : "split over the "
                   "vocabulary");
+    if (cfg->kd_cache) /* teacher = { cache = FILE }: its logits written before (kd_cache.h) */
+        return loom_kd_cache_open(cfg->kd_cache, mc->vocab, cfg->micro_batch, cfg->seq,
+                                  &s->kd_cache);
     if (tc->vocab != mc->vocab)
         LOOM_FAIL(LOOM_ERR_INVALID, "teacher vocab=%d differs from the student's vocab=%d: "
                   "distillation compares their next-token distributions", tc->vocab, mc->vocab);
@@ -281,7 +286,7 @@ static loom_status check_device(loom_session *s, const loom_session_config *cfg,
                              "tensor parallelism's slices and ZeRO's partitions read host memory)"
                        : cfg->offload_mode != LOOM_OFFLOAD_NONE ? "strategy offload"
                        : cfg->compress_method != LOOM_COMPRESS_NONE ? "strategy.compress"
-                       : cfg->teacher ? "a distillation teacher" : NULL;
+                       : cfg->teacher || cfg->kd_cache ? "a distillation teacher" : NULL;
     if (what)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "backend %s: training in device memory with %s is not "
                   "built yet; it trains one rank (world size 1, no offload, compression or "
@@ -445,10 +450,10 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
         st = canonical_parts(s);
     if (st == LOOM_OK && cfg->compress_method)
         st = make_compress(s);
-    if (st == LOOM_OK && cfg->teacher)
+    if (st == LOOM_OK && (cfg->teacher || cfg->kd_cache))
         st = make_teacher(s, cfg);
     s->cfg.teacher = NULL; /* the caller's; only needed while opening */
-    s->cfg.teacher_init = s->cfg.teacher_checkpoint = NULL;
+    s->cfg.teacher_init = s->cfg.teacher_checkpoint = s->cfg.kd_cache = NULL;
     if (st != LOOM_OK) {
         loom_session_destroy(s);
         return st;
@@ -465,6 +470,7 @@ void loom_session_destroy(loom_session *s)
     loom_grad_sync_destroy(s->sync);
     loom_compress_destroy(s->compress);
     loom_gpt_destroy(s->teacher);
+    loom_kd_cache_close(s->kd_cache);
     loom_zero_destroy(s->zero);
     loom_offload_destroy(s->offload);
     loom_gpt_destroy(s->model);
@@ -674,6 +680,12 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
             LOOM_TRY(loom_gpt_forward(s->teacher, s->tokens, NULL, B, T, 0.0f, NULL));
             LOOM_TRY(loom_gpt_set_distill(s->model, loom_gpt_logits(s->teacher),
                                           (size_t)loom_gpt_get_config(s->teacher)->vocab_padded,
+                                          s->cfg.kd_temperature, s->cfg.kd_alpha));
+        } else if (s->kd_cache) { /* the cached teacher's rows of the stream's micro-batch */
+            const float *rows;
+            LOOM_TRY(loom_kd_cache_rows(s->kd_cache, (s->step_no - 1) * accum * dp + i, s->tokens,
+                                        &rows));
+            LOOM_TRY(loom_gpt_set_distill(s->model, rows, (size_t)loom_gpt_get_config(s->model)->vocab,
                                           s->cfg.kd_temperature, s->cfg.kd_alpha));
         }
         /* the noisy router's key: this micro-batch's global index (gpt.h) */
@@ -1068,6 +1080,7 @@ const char *loom_session_offload(const loom_session *s)
 }
 
 loom_compress *loom_session_compress(loom_session *s) { return s->compress; }
+loom_gpt *loom_session_teacher(loom_session *s) { return s->teacher; }
 int loom_session_zero_stage(const loom_session *s) { return s->zero ? loom_zero_stage(s->zero) : 0; }
 loom_zero *loom_session_zero(loom_session *s) { return s->zero; }
 

@@ -280,6 +280,7 @@ local session_spec = {
 local teacher_spec = {
   model = { type = "table", help = "loom.gpt{ init = \"teacher.bin\", ... }: an llm.c file's weights" },
   checkpoint = { type = "string", help = "a loom checkpoint (step_N, or a directory with `latest`): its model and weights" },
+  cache = { type = "string", help = "top-k logits written by loom distill-cache, read instead of running a teacher" },
   temperature = { type = "positive", help = "T of softmax(z / T) (default 1)" },
   alpha = { type = "number", min = 0, max = 1, help = "the weight of the distillation term (default 0.5)" },
   layers = { type = "table", help = "intermediate-layer terms (not built yet)" },
@@ -294,11 +295,17 @@ local function resolve_teacher(t, where)
     schema.fail(where, "teacher.%s is not built yet (intermediate-layer and attention terms); "
       .. "the distillation term on the logits is: leave it out", t.layers and "layers" or "attention")
   end
-  if (t.model == nil) == (t.checkpoint == nil) then
-    schema.fail(where, "teacher needs one of model = loom.gpt{ init = \"teacher.bin\" } or "
-      .. "checkpoint = \"DIR\" (a loom checkpoint)")
+  local given = (t.model and 1 or 0) + (t.checkpoint and 1 or 0) + (t.cache and 1 or 0)
+  if given ~= 1 then
+    schema.fail(where, "teacher needs one of model = loom.gpt{ init = \"teacher.bin\" }, "
+      .. "checkpoint = \"DIR\" (a loom checkpoint) or cache = \"FILE\" (loom distill-cache)%s",
+      given > 1 and " (it has more than one)" or "")
   end
   local out = { kd_temperature = t.temperature or 1.0, kd_alpha = t.alpha or 0.5 }
+  if t.cache then
+    out.kd_cache = t.cache
+    return out
+  end
   if t.model then
     if not t.model.init then
       schema.fail(where, "teacher.model needs weights: loom.gpt{ init = \"teacher.bin\" } (an "

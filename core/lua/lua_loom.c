@@ -332,6 +332,9 @@ static int l_session(lua_State *L)
     cfg.compress_warmup = int_field(L, 1, "compress_warmup", 0);
     cfg.compress_bucket_mb = num_field(L, 1, "compress_bucket_mb", 0.0);
     cfg.compress_rank = int_field(L, 1, "compress_rank", 2);
+    lua_getfield(L, 1, "compress_momentum");
+    cfg.compress_momentum = lua_toboolean(L, -1);
+    lua_pop(L, 1);
     /* teacher = { vocab=, ctx=, layers=, heads=, dim=, vocab_padded= }, teacher_init = path |
      * teacher_checkpoint = dir, kd_temperature =, kd_alpha = (checked in Lua) */
     static _Thread_local loom_gpt_config teacher;

@@ -267,8 +267,14 @@ static loom_status make_compress(loom_session *s)
     int dp = 1;
     LOOM_TRY(loom_core_host()->group(LOOM_GROUP_DP, &ops, &group, &dp));
     loom_compress_config cc = {cfg->compress_method, cfg->compress_ratio, cfg->compress_warmup,
-                               cfg->compress_bucket_mb, cfg->compress_rank};
-    return loom_compress_create(&cc, s->model, ops, group, dp, &s->compress);
+                               cfg->compress_bucket_mb, cfg->compress_rank, 0.0};
+    if (cfg->compress_momentum) /* 1-bit Adam: adamw's beta1 (loom_compress_momentum_prepare) */
+        cc.momentum = loom_config_get(&s->optim_cfg, "betas")->numbers[0];
+    LOOM_TRY(loom_compress_create(&cc, s->model, ops, group, dp, &s->compress));
+    if (!cfg->compress_momentum)
+        return LOOM_OK;
+    return loom_compress_set_momentum(s->compress, s->segments, s->n_segments,
+                                      loom_gpt_grad_data(s->model));
 }
 
 /* A device backend (its memory is not the host's): what trains there today is one rank
@@ -380,6 +386,10 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
         s->precision->dtypes(s->precision_self, &dt);
         st = check_precision(s, cfg, &dt);
     }
+    if (st == LOOM_OK && cfg->compress_momentum) /* 1-bit Adam: adamw's variance frozen */
+        st = loom_compress_momentum_prepare(&s->optim_cfg, s->precision_cfg.desc->name,
+                                            cfg->zero_stage, cfg->offload_mode, pp,
+                                            cfg->grad_clip, cfg->compress_warmup);
     if (st == LOOM_OK)
         st = make_plugin(&s->optim_cfg, (const void **)&s->optim, &s->optim_self);
     if (st == LOOM_OK && s->device)

@@ -63,6 +63,8 @@ typedef struct loom_session_config {
     int64_t compress_warmup;              /* uncompressed steps first */
     double compress_bucket_mb;            /* 0: 4 */
     int compress_rank;                    /* powersgd: the rank r */
+    int compress_momentum;                /* 1-bit Adam: exchange adamw's momentum, its
+                                           * variance frozen after the warm-up */
     /* Distillation (model/gpt_distill.h): a frozen teacher run forward only, in this
      * process, on this rank's micro-batches; NULL: none. Its weights come from
      * teacher_init (an llm.c file) or teacher_checkpoint (a loom checkpoint directory). */

@@ -339,6 +339,7 @@ local compress_spec = {
   warmup = { type = "integer", min = 0, help = "steps exchanged uncompressed first (default 0)" },
   bucket_mb = { type = "positive", help = "the largest bucket in MiB of fp32 (default 4)" },
   rank = { type = "integer", min = 1, max = 1024, help = "powersgd: the rank r of each matrix's approximation (default 2)" },
+  momentum = { type = "boolean", help = "1-bit Adam: exchange adamw's momentum, its variance frozen after warmup (default false)" },
 }
 
 -- strategy.compress (docs/COMPRESS.md): checked here so that a bad value names the key.
@@ -445,6 +446,7 @@ function loom.session(t, where)
     check_compress(t.compress, where)
     cfg.compress, cfg.compress_ratio, cfg.compress_warmup, cfg.compress_bucket_mb, cfg.compress_rank =
       t.compress[1], t.compress.ratio, t.compress.warmup, t.compress.bucket_mb, t.compress.rank
+    cfg.compress_momentum = t.compress.momentum
   end
   if t.teacher then
     for k, v in pairs(resolve_teacher(t.teacher, where)) do cfg[k] = v end

@@ -16,6 +16,8 @@
 #    in-process teacher's; another batch.seq, other data (shuffled), a run past the cache's
 #    end and a flipped byte are refused naming the reason (the format's own refusals:
 #    tests/unit/test_distill.c);
+#  - the student under pp = 2 (the teacher on the last stage): canonical mode gives pp = 1's
+#    bits, and pp = 2 from a k = vocab cache the in-process teacher's;
 #  - refusals: a teacher without weights, intermediate layers, tp > 1.
 set -euo pipefail
 loom=$1
@@ -97,6 +99,23 @@ finite_losses "$tmp/in_dp2"
 [ "$(grep -c '^LOSS' "$tmp/cache_dp2")" -eq 4 ] && cmp -s "$tmp/in_dp2" "$tmp/cache_dp2" ||
   { echo "distill-cache at dp=2: losses differ from the in-process teacher's"; paste "$tmp/in_dp2" "$tmp/cache_dp2"; exit 1; }
 echo "ok distill-cache k = vocab: 20 steps bitwise the in-process teacher's; at dp=2 from a one-rank cache, 4 steps bitwise"
+# the student under pp = 2 (the teacher replicated, run on the last stage): canonical mode
+# gives pp = 1's bits; from a cache, pp = 2 gives the in-process teacher's bits
+pp=(steps=10 model.layers=2 batch.micro=4 batch.global=8)
+"$loom" run "$recipe" "${pp[@]}" deterministic=canonical "$k2" | grep '^LOSS' > "$tmp/pp1"
+"$loom" launch -n 2 "$recipe" "${pp[@]}" deterministic=canonical mesh.pp=2 comm_timeout=20 "$k2" |
+  grep '^LOSS' > "$tmp/pp2"
+finite_losses "$tmp/pp1"
+[ "$(grep -c '^LOSS' "$tmp/pp2")" -eq 10 ] && cmp -s "$tmp/pp1" "$tmp/pp2" ||
+  { echo "canonical distillation: pp=2 differs from pp=1"; paste "$tmp/pp1" "$tmp/pp2"; exit 1; }
+ppc=(steps=10 model.layers=2 batch.global=16 microbatches=2 mesh.pp=2 comm_timeout=20)
+"$loom" launch -n 2 "$recipe" "${ppc[@]}" "$k2" | grep '^LOSS' > "$tmp/ppt"
+"$loom" launch -n 2 "$recipe" "${ppc[@]}" "teacher={cache=\"$tmp/full.kdc\",temperature=2,alpha=0.5}" |
+  grep '^LOSS' > "$tmp/ppk"
+finite_losses "$tmp/ppt"
+[ "$(grep -c '^LOSS' "$tmp/ppk")" -eq 10 ] && cmp -s "$tmp/ppt" "$tmp/ppk" ||
+  { echo "pp=2 distilled from the cache differs from the in-process teacher"; paste "$tmp/ppt" "$tmp/ppk"; exit 1; }
+echo "ok student at pp=2: canonical distillation bitwise pp=1 over 10 steps; from the k = vocab cache bitwise the teacher's"
 "$loom" distill-cache "$recipe" --out "$tmp/k32.kdc" --k 32 "$kd" > /dev/null
 "$loom" run "$recipe" "$(cached "$tmp/k32.kdc" 1 0.9)" > "$tmp/k32.out"
 finite_losses "$tmp/k32.out"

@@ -60,6 +60,9 @@ static int usage(FILE *out)
           "                                         plot runs' loss, grad norm, tokens/s and lr\n"
           "       loom plan RECIPE [key=value ...]  memory and step time per rank before the run;\n"
           "                                         --world N --mem 80GiB searches layouts\n"
+          "       loom distill-cache RECIPE --out FILE [--k K] [key=value ...]\n"
+          "                                         run the recipe's teacher over its training data\n"
+          "                                         once; write top-k logits (teacher = { cache })\n"
           "       loom export --llmc CKPT OUT.bin   write a checkpoint's weights as an llm.c model\n"
           "       loom ckpt info CKPT | loom ckpt export CKPT OUT.safetensors\n"
           "                                         what a checkpoint holds (checksums verified);\n"
@@ -204,7 +207,9 @@ static void rendezvous_timeout_from_args(int n, char **kv)
     }
 }
 
-static int cmd_run(int argc, char **argv)
+/* cache_out: `loom distill-cache` (scripts/loom/distill_cache.lua): loom.train writes the
+ * teacher's top cache_k logits there instead of training; NULL: `loom run`. */
+static int cmd_run(int argc, char **argv, const char *cache_out, const char *cache_k)
 {
     if (argc < 1)
         return usage(stderr);
@@ -251,6 +256,14 @@ static int cmd_run(int argc, char **argv)
     lua_setfield(L, -2, "__index");
     lua_setmetatable(L, -2);
     loom_lua_open_ranks(L); /* core.rank, .world, .local_rank, .check_same_config */
+    if (cache_out) { /* core.distill_cache = { out = FILE, k = "K" or nil } */
+        lua_createtable(L, 0, 2);
+        lua_pushstring(L, cache_out);
+        lua_setfield(L, -2, "out");
+        lua_pushstring(L, cache_k);
+        lua_setfield(L, -2, "k");
+        lua_setfield(L, -2, "distill_cache");
+    }
     lua_pop(L, 1);
     /* arg table as the standalone interpreter makes it */
     lua_createtable(L, argc, 1);
@@ -288,6 +301,38 @@ static int cmd_run(int argc, char **argv)
     return rc;
 }
 
+/* `loom distill-cache RECIPE --out FILE [--k K] [key=value ...]`: --out and --k taken out,
+ * the rest run as `loom run` does. */
+static int cmd_distill_cache(int argc, char **argv)
+{
+    const char *out = NULL, *k = NULL;
+    char **rest = calloc((size_t)argc + 1, sizeof *rest);
+    if (!rest)
+        return 1;
+    int n = 0, rc = 2;
+    for (int i = 0; i < argc; i++) {
+        int is_out = strcmp(argv[i], "--out") == 0, is_k = strcmp(argv[i], "--k") == 0;
+        if ((is_out || is_k) && i + 1 >= argc) {
+            fprintf(stderr, "loom: distill-cache: %s needs a value (loom distill-cache RECIPE "
+                            "--out FILE [--k K])\n", argv[i]);
+            goto done;
+        }
+        if (is_out || is_k)
+            *(is_out ? &out : &k) = argv[++i];
+        else
+            rest[n++] = argv[i];
+    }
+    if (!out || n < 1) {
+        fputs("loom: distill-cache: usage: loom distill-cache RECIPE --out FILE [--k K] "
+              "[key=value ...]\n", stderr);
+        goto done;
+    }
+    rc = cmd_run(n, rest, out, k);
+done:
+    free(rest);
+    return rc;
+}
+
 /* Commands written in Lua: `loom NAME ARGS...` runs require('loom.cli')[NAME]({ARGS...});
  * the Lua side parses its arguments. */
 static int cmd_lua(const char *name, int argc, char **argv)
@@ -318,7 +363,8 @@ int main(int argc, char **argv)
     /* `loom CMD --help` (or -h anywhere among its arguments): the command's own help, for
      * every command, from one table (scripts/loom/help.lua). */
     static const char *const commands[] = {"run", "launch", "plugins", "plot", "export", "bench",
-                                           "schedule", "sample", "ckpt", "plan", "version", NULL};
+                                           "schedule", "sample", "ckpt", "plan", "version",
+                                           "distill-cache", NULL};
     for (int c = 0; commands[c]; c++) {
         if (strcmp(cmd, commands[c]) != 0)
             continue;
@@ -334,7 +380,9 @@ int main(int argc, char **argv)
             }
     }
     if (strcmp(cmd, "run") == 0)
-        return cmd_run(argc - 2, argv + 2);
+        return cmd_run(argc - 2, argv + 2, NULL, NULL);
+    if (strcmp(cmd, "distill-cache") == 0)
+        return cmd_distill_cache(argc - 2, argv + 2);
     if (strcmp(cmd, "launch") == 0)
         return loom_launch_main(argc - 2, argv + 2);
     if (strcmp(cmd, "plugins") == 0)

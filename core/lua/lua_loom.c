@@ -332,6 +332,9 @@ static int l_session(lua_State *L)
     cfg.compress_warmup = int_field(L, 1, "compress_warmup", 0);
     cfg.compress_bucket_mb = num_field(L, 1, "compress_bucket_mb", 0.0);
     cfg.compress_rank = int_field(L, 1, "compress_rank", 2);
+    lua_getfield(L, 1, "compress_momentum");
+    cfg.compress_momentum = lua_toboolean(L, -1);
+    lua_pop(L, 1);
     /* teacher = { vocab=, ctx=, layers=, heads=, dim=, vocab_padded= }, teacher_init = path |
      * teacher_checkpoint = dir, kd_temperature =, kd_alpha = (checked in Lua) */
     static _Thread_local loom_gpt_config teacher;
@@ -353,7 +356,9 @@ static int l_session(lua_State *L)
     cfg.teacher_init = lua_isnil(L, -1) ? NULL : luaL_checkstring(L, -1);
     lua_getfield(L, 1, "teacher_checkpoint");
     cfg.teacher_checkpoint = lua_isnil(L, -1) ? NULL : luaL_checkstring(L, -1);
-    lua_pop(L, 2);
+    lua_getfield(L, 1, "kd_cache");
+    cfg.kd_cache = lua_isnil(L, -1) ? NULL : luaL_checkstring(L, -1);
+    lua_pop(L, 3);
     cfg.kd_temperature = (float)num_field(L, 1, "kd_temperature", 1.0);
     cfg.kd_alpha = (float)num_field(L, 1, "kd_alpha", 0.5);
     static _Thread_local int pp_layers[1024];
@@ -797,6 +802,7 @@ int luaopen_loom_core(lua_State *L)
     loom_lua_open_dist(L);
     loom_lua_open_bench(L);
     loom_lua_open_checkpoint(L);
+    loom_lua_open_kd_cache(L);
     loom_lua_open_llmc(L);
     loom_lua_open_sys(L);
     loom_lua_open_sched(L);

@@ -27,6 +27,8 @@ loom_session *loom_lua_check_session(lua_State *L, int idx);
 /* lua_checkpoint.c: session:save, session:load and core.find_checkpoint, into the table
  * on top of the stack; call after the session class exists. */
 void loom_lua_open_checkpoint(lua_State *L);
+/* lua_kd_cache.c: session:write_kd_cache (loom distill-cache); after the session class. */
+void loom_lua_open_kd_cache(lua_State *L);
 /* lua_llmc.c: core.llmc_config, core.llmc_load, core.llmc_save into the table on top. */
 void loom_lua_open_llmc(lua_State *L);
 /* lua_sys.c: register core.isatty, core.peak_rss, core.now, core.mkdir_p into the table on top. */

@@ -5,6 +5,7 @@
 #include "gpt_distill.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,8 +40,11 @@ void loom_kd_rows(const float *zs, size_t s_stride, const float *zt, size_t t_st
         log_softmax_t(s, V, T, ls);
         log_softmax_t(t, V, T, lt);
         double kl = 0.0;
-        for (int j = 0; j < V; j++)
-            kl += exp(lt[j]) * (lt[j] - ls[j]);
+        for (int j = 0; j < V; j++) { /* a cached top-k teacher row is -inf elsewhere: p_t = 0 */
+            double pt = exp(lt[j]);
+            if (pt > 0.0) /* adds the same bits a full row's underflowed 0 * (...) would */
+                kl += pt * (lt[j] - ls[j]);
+        }
         loss[r] = (double)T * T * kl;
         if (!grad)
             continue;
@@ -53,6 +57,26 @@ void loom_kd_rows(const float *zs, size_t s_stride, const float *zt, size_t t_st
     free(ls);
 }
 
+/* The checks and buffers both forms share; sets the term's constants. */
+static loom_status kd_prepare(loom_gpt *m, size_t t_stride, float T, float alpha)
+{
+    if (!(T > 0.0f) || !(alpha >= 0.0f && alpha <= 1.0f) || t_stride < (size_t)m->cfg.vocab)
+        LOOM_FAIL(LOOM_ERR_INVALID, "distillation temperature=%g must be > 0, alpha=%g in [0, 1], "
+                  "the teacher's rows at least vocab=%d wide (%zu)", T, alpha, m->cfg.vocab, t_stride);
+    size_t R = (size_t)m->max_B * (size_t)m->cfg.ctx;
+    if (!m->kd_grad) {
+        m->kd_grad = malloc(R * (size_t)m->Vl * sizeof(float));
+        m->kd_loss = malloc(R * sizeof(double));
+        if (!m->kd_grad || !m->kd_loss)
+            LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the distillation buffers (%zu MiB)",
+                      R * (size_t)m->Vl * sizeof(float) >> 20);
+    }
+    m->kd_stride = t_stride;
+    m->kd_T = T;
+    m->kd_alpha = alpha;
+    return LOOM_OK;
+}
+
 loom_status loom_gpt_set_distill(loom_gpt *m, const float *teacher_logits, size_t t_stride,
                                  float T, float alpha)
 {
@@ -61,23 +85,37 @@ loom_status loom_gpt_set_distill(loom_gpt *m, const float *teacher_logits, size_
                   "student with tp = 1 and pp = 1", m->tp_ops ? "tensor parallelism" : "a pipeline",
                   m->tp_ops ? "vocabulary-parallel logits would need the KL's row statistics "
                   "exchanged" : "logits live on the last stage only");
-    if (teacher_logits && (!(T > 0.0f) || !(alpha >= 0.0f && alpha <= 1.0f) ||
-                           t_stride < (size_t)m->cfg.vocab))
-        LOOM_FAIL(LOOM_ERR_INVALID, "distillation temperature=%g must be > 0, alpha=%g in [0, 1], "
-                  "the teacher's rows at least vocab=%d wide (%zu)", T, alpha, m->cfg.vocab, t_stride);
-    size_t R = (size_t)m->max_B * (size_t)m->cfg.ctx;
-    if (teacher_logits && !m->kd_grad) {
-        m->kd_grad = malloc(R * (size_t)m->Vl * sizeof(float));
-        m->kd_loss = malloc(R * sizeof(double));
-        if (!m->kd_grad || !m->kd_loss)
-            LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the distillation buffers (%zu MiB)",
-                      R * (size_t)m->Vl * sizeof(float) >> 20);
-    }
+    if (teacher_logits)
+        LOOM_TRY(kd_prepare(m, t_stride, T, alpha));
     m->kd_teacher = teacher_logits;
-    m->kd_stride = t_stride;
-    m->kd_T = T;
-    m->kd_alpha = alpha;
     return LOOM_OK;
+}
+
+loom_status loom_gpt_set_distill_step(loom_gpt *m, const int *targets, size_t rows,
+                                      const float *teacher_rows, size_t t_stride, float T,
+                                      float alpha)
+{
+    if (teacher_rows && m->tp_ops)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "distillation with tensor parallelism is not built yet "
+                  "(the vocabulary-parallel logits would need the KL's row statistics exchanged)");
+    if (teacher_rows)
+        LOOM_TRY(kd_prepare(m, t_stride, T, alpha));
+    m->kd_teacher = NULL; /* chosen per forward by gpt_distill_select */
+    m->kd_targets = teacher_rows ? targets : NULL;
+    m->kd_step_rows = teacher_rows;
+    m->kd_rows = rows;
+    return LOOM_OK;
+}
+
+int gpt_distill_select(loom_gpt *m, const int *targets, size_t R)
+{
+    /* addresses as integers: targets may lie outside the step's array (an eval batch) */
+    uintptr_t at = (uintptr_t)targets, base = (uintptr_t)m->kd_targets;
+    if (!m->kd_targets || !targets || at < base || (at - base) % sizeof(int) ||
+        (at - base) / sizeof(int) + R > m->kd_rows)
+        return 0;
+    m->kd_teacher = m->kd_step_rows + (at - base) / sizeof(int) * m->kd_stride;
+    return 1;
 }
 
 void gpt_distill_before(loom_gpt *m, size_t R, float dloss)

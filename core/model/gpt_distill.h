@@ -6,8 +6,9 @@
  * (what PyTorch's kl_div(log_softmax(z_s/T), softmax(z_t/T), reduction="sum") * T^2
  * computes per row), d kd / d z_s = T (p_s - p_t). A training forward with a teacher set
  * (loom_gpt_set_distill) reports and backpropagates (1 - alpha) CE + alpha kd per token.
- * What it does not: tensor or pipeline parallelism (the vocabulary-parallel logits would
- * need the row statistics exchanged; refused), intermediate-layer or attention terms.
+ * A pipeline's last stage distils through loom_gpt_set_distill_step. What it does not:
+ * tensor parallelism (the vocabulary-parallel logits would need the row statistics
+ * exchanged; refused), intermediate-layer or attention terms.
  * Host memory: the CPU backend's buffers are host memory (as session.c's optimizer assumes).
  */
 #ifndef LOOM_CORE_GPT_DISTILL_H
@@ -29,5 +30,14 @@ void loom_kd_rows(const float *zs, size_t s_stride, const float *zt, size_t t_st
  * Refused under tensor or pipeline parallelism. */
 loom_status loom_gpt_set_distill(loom_gpt *m, const float *teacher_logits, size_t t_stride,
                                  float T, float alpha);
+
+/* A pipeline's last stage (gpt_stage.h), whose forwards run a step's micro-batches in the
+ * schedule's order: a training forward whose targets are rows [r, r + R) of the step's
+ * targets array (rows of them) distils from teacher rows [r, r + R) (stride t_stride, host
+ * memory, valid until the step ends). teacher_rows NULL: off. Refused under tensor
+ * parallelism (vocabulary-parallel logits). */
+loom_status loom_gpt_set_distill_step(loom_gpt *m, const int *targets, size_t rows,
+                                      const float *teacher_rows, size_t t_stride, float T,
+                                      float alpha);
 
 #endif

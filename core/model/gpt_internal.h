@@ -120,6 +120,9 @@ struct loom_gpt {
     /* distillation (gpt_distill.h): the teacher's logits for the next training forward */
     const float *kd_teacher;
     size_t kd_stride;
+    const int *kd_targets;             /* a pipeline stage: the step's targets array (kd_rows */
+    const float *kd_step_rows;         /* rows), and the teacher's rows in the same order */
+    size_t kd_rows;
     float kd_T, kd_alpha;
     float *kd_grad;                    /* (R,Vl) host: alpha dloss d kd / d z_s */
     double *kd_loss;                   /* (R) host */
@@ -136,6 +139,9 @@ struct loom_gpt {
 void gpt_distill_before(loom_gpt *m, size_t R, float dloss);
 void gpt_distill_after(loom_gpt *m, size_t R);
 void gpt_distill_free(loom_gpt *m);
+/* A stage's forward with these targets: point kd_teacher at their rows of the step's
+ * teacher rows (loom_gpt_set_distill_step); 1 if this forward distils. */
+int gpt_distill_select(loom_gpt *m, const int *targets, size_t R);
 
 enum { RC_KEEP, RC_FULL, RC_SELECTIVE };
 

@@ -163,7 +163,12 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
     gpt_round(m, m->logits, R * (size_t)m->Vl);
     if (targets) {
         k->copy_to_device(bs, m->targets, targets, R * sizeof(int));
+        int distill = dloss != 0.0f && gpt_distill_select(m, targets, R); /* gpt_distill.h */
+        if (distill)
+            gpt_distill_before(m, R, dloss);
         LOOM_TRY(gpt_vocab_cross_entropy(m, (int)R, dloss));
+        if (distill)
+            gpt_distill_after(m, R);
         k->copy_to_host(bs, m->host_losses, m->losses, R * sizeof(float));
         double sum = 0.0;
         for (size_t i = 0; i < R; i++)

@@ -86,6 +86,14 @@ loom_status loom_compress_create(const loom_compress_config *cfg, loom_gpt *m,
     if (cfg->warmup < 0 || !(cfg->bucket_mb >= 0 && cfg->bucket_mb <= 4096))
         LOOM_FAIL(LOOM_ERR_INVALID, "compress warmup=%lld must be >= 0 and bucket_mb=%g in (0, 4096]",
                   (long long)cfg->warmup, cfg->bucket_mb);
+    if (cfg->momentum != 0 && cfg->method == LOOM_COMPRESS_POWERSGD)
+        LOOM_FAIL(LOOM_ERR_INVALID, "compress momentum = true (1-bit Adam) exchanges the momentum "
+                  "with onebit or topk, not powersgd (whose low-rank factors are of the gradient)");
+    if (cfg->momentum != 0 && (!(cfg->momentum > 0 && cfg->momentum < 1) || cfg->warmup < 1))
+        LOOM_FAIL(LOOM_ERR_INVALID, "compress momentum = true (1-bit Adam) needs adamw's beta1 in "
+                  "(0, 1) (got %g) and warmup >= 1: the uncompressed steps that set Adam's "
+                  "variance before it is frozen (got %lld; Tang et al. warm up for 15-25%% of "
+                  "the run)", cfg->momentum, (long long)cfg->warmup);
     if (!comm || dp_size < 2)
         LOOM_FAIL(LOOM_ERR_INVALID, "compress needs a data-parallel group of 2 or more ranks "
                   "(mesh.dp >= 2); with dp=1 there is no gradient exchange to compress");
@@ -129,6 +137,7 @@ void loom_compress_destroy(loom_compress *c)
     free(c->p_sum);
     free(c->q_mine);
     free(c->q_sum);
+    free(c->bucket_m);
     free(c);
 }
 
@@ -260,6 +269,7 @@ loom_status loom_compress_exchange(loom_compress *c, float *grads)
     size_t scales = (size_t)c->nb * sizeof(float), vals = c->sum_k * sizeof(float);
     for (int i = 0; i < c->nb; i++) {
         const bucket *b = &c->b[i];
+        momentum_before(c, i, grads + b->lo);
         if (onebit)
             onebit_pack(c, b, grads + b->lo, (float *)(void *)(c->msg + (size_t)i * sizeof(float)),
                         c->msg + scales + b->at);
@@ -294,5 +304,7 @@ loom_status loom_compress_exchange(loom_compress *c, float *grads)
             }
         }
     }
+    for (int i = 0; i < c->nb; i++)
+        momentum_after(c, i, grads + c->b[i].lo);
     return LOOM_OK;
 }

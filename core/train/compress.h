@@ -50,6 +50,8 @@ typedef struct loom_compress_config {
     int64_t warmup;      /* the first `warmup` steps are exchanged uncompressed */
     double bucket_mb;    /* the largest bucket in MiB of fp32 (0: 4) */
     int rank;            /* powersgd: the rank r of each matrix's approximation */
+    double momentum;     /* > 0: 1-bit Adam (compress_momentum.c): exchange the momentum
+                          * with this beta1, not the gradient; 0: off */
 } loom_compress_config;
 
 typedef struct loom_compress loom_compress;
@@ -71,6 +73,20 @@ void loom_compress_begin_step(loom_compress *c, int64_t step);
 /* Collective over dp: grads (the model's flat buffer, this rank's local sum) becomes the
  * sum over ranks of the decompressed messages on every bucket; the residual is updated. */
 loom_status loom_compress_exchange(loom_compress *c, float *grads);
+
+/* 1-bit Adam (compress_momentum.c): the optimizer's first moment m of every bucket,
+ * read from AdamW's state (slot 0 of each segment; segments over the gradient buffer
+ * grad_base, as the session builds them). Needs cfg.momentum > 0, onebit or topk. */
+struct loom_optim_segment;
+struct loom_plugin_config;
+/* Before the optimizer is made: what 1-bit Adam needs (adamw, fp32, no ZeRO, offload or
+ * pp, no gradient clipping) checked, refused naming what is missing; adamw's freeze_variance set to warmup
+ * (refused if set to another step). */
+loom_status loom_compress_momentum_prepare(struct loom_plugin_config *optim,
+                                           const char *precision, int zero, int offload, int pp,
+                                           float grad_clip, int64_t warmup);
+loom_status loom_compress_set_momentum(loom_compress *c, const struct loom_optim_segment *seg,
+                                       int n_seg, const float *grad_base);
 
 /* Bytes of one rank's message per step (what it sends into the all-gather; it receives
  * dp - 1 such messages), and the fp32 bytes of the same elements uncompressed. */

@@ -29,7 +29,15 @@ struct loom_compress {
     int64_t step;                 /* the step being exchanged: seeds the random Q */
     size_t sum_p, sum_q, sum_raw; /* floats of all P (n r), all Q (m r), raw tensors */
     float *p_sum, *q_mine, *q_sum; /* sum_p, sum_q, sum_q floats */
+    /* 1-bit Adam (compress_momentum.c): each bucket's first moment in AdamW's state */
+    const float **bucket_m;        /* nb pointers, NULL: off */
 };
+
+/* 1-bit Adam around the exchange: the local gradient of bucket i into this rank's share of
+ * the momentum, before packing; the summed momentum back into the gradient AdamW's
+ * update turns into it, after. No-ops without set_momentum. */
+void momentum_before(loom_compress *c, int i, float *g);
+void momentum_after(loom_compress *c, int i, float *g);
 
 
 /* powersgd: buckets (b->n = rows x cols, b->k = cols, 0: sent raw), message sizes. */

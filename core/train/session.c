@@ -37,6 +37,7 @@
 #include "io/llmc_model.h"
 #include "model/gpt_cost.h"
 #include "model/gpt_distill.h"
+#include "kd_cache.h"
 #include "model/gpt_stage.h"
 
 struct loom_session {
@@ -64,6 +65,8 @@ struct loom_session {
     loom_offload *offload;   /* strategy offload: the state on the host or disk, else NULL */
     loom_compress *compress; /* strategy compress over dp, else NULL */
     loom_gpt *teacher;       /* distillation: the frozen teacher, else NULL */
+    loom_kd_cache *kd_cache; /* distillation from loom distill-cache's file, else NULL */
+    float *kd_step;          /* pp, last stage: the teacher's rows of the step's micro-batches */
     float *host_logits;      /* sampling: one row of Vp */
     int64_t steps;
     int64_t step_no;         /* the training loop's number of the last step run */
@@ -218,15 +221,27 @@ static loom_status check_precision(loom_session *s, const loom_session_config *c
     return LOOM_OK;
 }
 
-/* Distillation (gpt_distill.h): the teacher, replicated on every rank, weights loaded. */
+/* Distillation (gpt_distill.h): the teacher, replicated on every rank (under pp on the last
+ * stage only, where the student's logits are), weights loaded. */
 static loom_status make_teacher(loom_session *s, const loom_session_config *cfg)
 {
     const loom_gpt_config *tc = cfg->teacher, *mc = loom_gpt_get_config(s->model);
-    if (s->pipe || s->tensor)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher with mesh.%s > 1 is not built yet (the student's "
-                  "logits are %s); distil with tp = 1 and pp = 1 (dp and zero work)",
-                  s->pipe ? "pp" : "tp", s->pipe ? "on the last stage only" : "split over the "
-                  "vocabulary");
+    if (s->tensor)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher with mesh.tp > 1 is not built yet (the student's "
+                  "logits are split over the vocabulary); distil with tp = 1 (dp, zero and pp "
+                  "work)");
+    if (s->pipe && loom_pipeline_stage(s->pipe) != loom_pipeline_stages(s->pipe) - 1)
+        return LOOM_OK; /* no logits on this stage */
+    if (s->pipe) { /* the teacher's rows of all of a step's micro-batches (distill_pipeline) */
+        size_t rows = (size_t)cfg->accum * cfg->micro_batch * cfg->seq;
+        size_t stride = cfg->kd_cache ? (size_t)mc->vocab : (size_t)tc->vocab_padded;
+        if (!(s->kd_step = malloc(rows * stride * sizeof(float))))
+            LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the teacher's rows of a step (%zu MiB)",
+                      rows * stride * sizeof(float) >> 20);
+    }
+    if (cfg->kd_cache) /* teacher = { cache = FILE }: its logits written before (kd_cache.h) */
+        return loom_kd_cache_open(cfg->kd_cache, mc->vocab, cfg->micro_batch, cfg->seq,
+                                  &s->kd_cache);
     if (tc->vocab != mc->vocab)
         LOOM_FAIL(LOOM_ERR_INVALID, "teacher vocab=%d differs from the student's vocab=%d: "
                   "distillation compares their next-token distributions", tc->vocab, mc->vocab);
@@ -241,6 +256,29 @@ static loom_status make_teacher(loom_session *s, const loom_session_config *cfg)
         return loom_llmc_load(s->teacher, cfg->teacher_init);
     return loom_ckpt_load_tensors(cfg->teacher_checkpoint, loom_gpt_params(s->teacher), 0,
                                   loom_gpt_param_data(s->teacher), NULL);
+}
+
+/* pp, last stage: the teacher's rows of this dp rank's accum micro-batches of the step (a
+ * teacher forward each, or the cache's records), which its forwards then distil from. */
+static loom_status distill_pipeline(loom_session *s, int accum, int dp_rank)
+{
+    int B = s->cfg.micro_batch, T = s->cfg.seq, V = loom_gpt_get_config(s->model)->vocab;
+    size_t bt = (size_t)B * T;
+    size_t stride = s->teacher ? (size_t)loom_gpt_get_config(s->teacher)->vocab_padded : (size_t)V;
+    for (int a = 0; a < accum; a++) {
+        const float *rows;
+        if (s->teacher) {
+            LOOM_TRY(loom_gpt_forward(s->teacher, s->tokens + (size_t)a * bt, NULL, B, T, 0.0f, NULL));
+            rows = loom_gpt_logits(s->teacher);
+        } else {
+            int64_t g = (s->step_no - 1) * accum * loom_grad_sync_dp_size(s->sync) +
+                        (int64_t)dp_rank * accum + a;
+            LOOM_TRY(loom_kd_cache_rows(s->kd_cache, g, s->tokens + (size_t)a * bt, &rows));
+        }
+        memcpy(s->kd_step + (size_t)a * bt * stride, rows, bt * stride * sizeof(float));
+    }
+    return loom_gpt_set_distill_step(s->model, s->targets, (size_t)accum * bt, s->kd_step, stride,
+                                     s->cfg.kd_temperature, s->cfg.kd_alpha);
 }
 
 /* Gradient compression over the dp group (compress.h): fast mode, dp >= 2. */
@@ -262,8 +300,14 @@ static loom_status make_compress(loom_session *s)
     int dp = 1;
     LOOM_TRY(loom_core_host()->group(LOOM_GROUP_DP, &ops, &group, &dp));
     loom_compress_config cc = {cfg->compress_method, cfg->compress_ratio, cfg->compress_warmup,
-                               cfg->compress_bucket_mb, cfg->compress_rank};
-    return loom_compress_create(&cc, s->model, ops, group, dp, &s->compress);
+                               cfg->compress_bucket_mb, cfg->compress_rank, 0.0};
+    if (cfg->compress_momentum) /* 1-bit Adam: adamw's beta1 (loom_compress_momentum_prepare) */
+        cc.momentum = loom_config_get(&s->optim_cfg, "betas")->numbers[0];
+    LOOM_TRY(loom_compress_create(&cc, s->model, ops, group, dp, &s->compress));
+    if (!cfg->compress_momentum)
+        return LOOM_OK;
+    return loom_compress_set_momentum(s->compress, s->segments, s->n_segments,
+                                      loom_gpt_grad_data(s->model));
 }
 
 /* A device backend (its memory is not the host's): what trains there today is one rank
@@ -281,7 +325,7 @@ static loom_status check_device(loom_session *s, const loom_session_config *cfg,
                              "tensor parallelism's slices and ZeRO's partitions read host memory)"
                        : cfg->offload_mode != LOOM_OFFLOAD_NONE ? "strategy offload"
                        : cfg->compress_method != LOOM_COMPRESS_NONE ? "strategy.compress"
-                       : cfg->teacher ? "a distillation teacher" : NULL;
+                       : cfg->teacher || cfg->kd_cache ? "a distillation teacher" : NULL;
     if (what)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "backend %s: training in device memory with %s is not "
                   "built yet; it trains one rank (world size 1, no offload, compression or "
@@ -375,6 +419,10 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
         s->precision->dtypes(s->precision_self, &dt);
         st = check_precision(s, cfg, &dt);
     }
+    if (st == LOOM_OK && cfg->compress_momentum) /* 1-bit Adam: adamw's variance frozen */
+        st = loom_compress_momentum_prepare(&s->optim_cfg, s->precision_cfg.desc->name,
+                                            cfg->zero_stage, cfg->offload_mode, pp,
+                                            cfg->grad_clip, cfg->compress_warmup);
     if (st == LOOM_OK)
         st = make_plugin(&s->optim_cfg, (const void **)&s->optim, &s->optim_self);
     if (st == LOOM_OK && s->device)
@@ -445,10 +493,10 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
         st = canonical_parts(s);
     if (st == LOOM_OK && cfg->compress_method)
         st = make_compress(s);
-    if (st == LOOM_OK && cfg->teacher)
+    if (st == LOOM_OK && (cfg->teacher || cfg->kd_cache))
         st = make_teacher(s, cfg);
     s->cfg.teacher = NULL; /* the caller's; only needed while opening */
-    s->cfg.teacher_init = s->cfg.teacher_checkpoint = NULL;
+    s->cfg.teacher_init = s->cfg.teacher_checkpoint = s->cfg.kd_cache = NULL;
     if (st != LOOM_OK) {
         loom_session_destroy(s);
         return st;
@@ -465,6 +513,8 @@ void loom_session_destroy(loom_session *s)
     loom_grad_sync_destroy(s->sync);
     loom_compress_destroy(s->compress);
     loom_gpt_destroy(s->teacher);
+    loom_kd_cache_close(s->kd_cache);
+    free(s->kd_step);
     loom_zero_destroy(s->zero);
     loom_offload_destroy(s->offload);
     loom_gpt_destroy(s->model);
@@ -634,6 +684,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
             size_t at = (size_t)(i / accum == dp_rank ? i % accum : accum) * bt; /* accum: scratch */
             LOOM_TRY(next(ctx, s->tokens + at, s->targets + at, B, T));
         }
+        if (s->kd_step) /* the last stage distils: its teacher's rows of the step first */
+            LOOM_TRY(distill_pipeline(s, accum, dp_rank));
         double *mb_loss = calloc((size_t)accum, sizeof(double));
         if (!mb_loss)
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
@@ -674,6 +726,12 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
             LOOM_TRY(loom_gpt_forward(s->teacher, s->tokens, NULL, B, T, 0.0f, NULL));
             LOOM_TRY(loom_gpt_set_distill(s->model, loom_gpt_logits(s->teacher),
                                           (size_t)loom_gpt_get_config(s->teacher)->vocab_padded,
+                                          s->cfg.kd_temperature, s->cfg.kd_alpha));
+        } else if (s->kd_cache) { /* the cached teacher's rows of the stream's micro-batch */
+            const float *rows;
+            LOOM_TRY(loom_kd_cache_rows(s->kd_cache, (s->step_no - 1) * accum * dp + i, s->tokens,
+                                        &rows));
+            LOOM_TRY(loom_gpt_set_distill(s->model, rows, (size_t)loom_gpt_get_config(s->model)->vocab,
                                           s->cfg.kd_temperature, s->cfg.kd_alpha));
         }
         /* the noisy router's key: this micro-batch's global index (gpt.h) */
@@ -1068,6 +1126,7 @@ const char *loom_session_offload(const loom_session *s)
 }
 
 loom_compress *loom_session_compress(loom_session *s) { return s->compress; }
+loom_gpt *loom_session_teacher(loom_session *s) { return s->teacher; }
 int loom_session_zero_stage(const loom_session *s) { return s->zero ? loom_zero_stage(s->zero) : 0; }
 loom_zero *loom_session_zero(loom_session *s) { return s->zero; }
 

@@ -63,12 +63,16 @@ typedef struct loom_session_config {
     int64_t compress_warmup;              /* uncompressed steps first */
     double compress_bucket_mb;            /* 0: 4 */
     int compress_rank;                    /* powersgd: the rank r */
+    int compress_momentum;                /* 1-bit Adam: exchange adamw's momentum, its
+                                           * variance frozen after the warm-up */
     /* Distillation (model/gpt_distill.h): a frozen teacher run forward only, in this
      * process, on this rank's micro-batches; NULL: none. Its weights come from
      * teacher_init (an llm.c file) or teacher_checkpoint (a loom checkpoint directory). */
     const loom_gpt_config *teacher;
     const char *teacher_init, *teacher_checkpoint; /* read during create only */
     float kd_temperature, kd_alpha;
+    const char *kd_cache; /* or the teacher's top-k logits from this file (kd_cache.h), read
+                           * instead of a teacher model (teacher NULL) */
     /* Expert parallelism (session_ep.h): a MoE model's experts split over ep of the dp
      * ranks; 0 or 1: none. */
     int ep;
@@ -106,6 +110,8 @@ void loom_session_memory(loom_session *s, loom_memory *out);
 int loom_session_zero_stage(const loom_session *s);
 /* The gradient compression in effect (compress.h), NULL: none. */
 struct loom_compress *loom_session_compress(loom_session *s);
+/* The distillation teacher model (NULL: none, or a cached teacher): loom distill-cache. */
+loom_gpt *loom_session_teacher(loom_session *s);
 /* strategy offload's state holder (offload.h), or NULL: checkpoints read and write it. */
 struct loom_offload *loom_session_offload_state(loom_session *s);
 /* The offload in effect: "none", "host" or "disk". */

@@ -127,6 +127,26 @@ options:
 example:
   loom bench comm -n 4 --op allgather --sizes 1K:16M]],
 
+  ["distill-cache"] = [[
+usage: loom distill-cache RECIPE --out FILE [--k K] [key=value ...]
+
+Run a training recipe's teacher (teacher = { checkpoint = DIR } or { model = loom.gpt{
+init = FILE } }) forward once over the micro-batches its `steps` steps draw, and write each
+token's K largest logits with their columns, a header and checksums (docs/DISTILL.md). A
+run of the same data and batch shape with teacher = { cache = FILE, temperature, alpha }
+then distils from the file without the teacher, at any dp. Runs on one rank.
+
+options:
+  --out FILE       the cache to write (FILE.tmp until complete)
+  --k K            logits kept per token, 1..vocab (default min(64, vocab)); K = vocab
+                   distils bitwise as the teacher itself does
+  key=value        recipe overrides, as for loom run
+  -h, --help       this text
+
+example:
+  loom distill-cache student.lua --out teacher.kdc --k 32
+  loom run student.lua 'teacher={cache="teacher.kdc",alpha=0.9}']],
+
   plan = [[
 usage: loom plan RECIPE [key=value ...] [--machine NAME|FILE] [--devices-per-node G] [--json]
        loom plan RECIPE --world N --devices-per-node G --mem 80GiB [--any-tp] [--any-pp] [--top K]

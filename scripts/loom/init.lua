@@ -280,6 +280,7 @@ local session_spec = {
 local teacher_spec = {
   model = { type = "table", help = "loom.gpt{ init = \"teacher.bin\", ... }: an llm.c file's weights" },
   checkpoint = { type = "string", help = "a loom checkpoint (step_N, or a directory with `latest`): its model and weights" },
+  cache = { type = "string", help = "top-k logits written by loom distill-cache, read instead of running a teacher" },
   temperature = { type = "positive", help = "T of softmax(z / T) (default 1)" },
   alpha = { type = "number", min = 0, max = 1, help = "the weight of the distillation term (default 0.5)" },
   layers = { type = "table", help = "intermediate-layer terms (not built yet)" },
@@ -294,11 +295,17 @@ local function resolve_teacher(t, where)
     schema.fail(where, "teacher.%s is not built yet (intermediate-layer and attention terms); "
       .. "the distillation term on the logits is: leave it out", t.layers and "layers" or "attention")
   end
-  if (t.model == nil) == (t.checkpoint == nil) then
-    schema.fail(where, "teacher needs one of model = loom.gpt{ init = \"teacher.bin\" } or "
-      .. "checkpoint = \"DIR\" (a loom checkpoint)")
+  local given = (t.model and 1 or 0) + (t.checkpoint and 1 or 0) + (t.cache and 1 or 0)
+  if given ~= 1 then
+    schema.fail(where, "teacher needs one of model = loom.gpt{ init = \"teacher.bin\" }, "
+      .. "checkpoint = \"DIR\" (a loom checkpoint) or cache = \"FILE\" (loom distill-cache)%s",
+      given > 1 and " (it has more than one)" or "")
   end
   local out = { kd_temperature = t.temperature or 1.0, kd_alpha = t.alpha or 0.5 }
+  if t.cache then
+    out.kd_cache = t.cache
+    return out
+  end
   if t.model then
     if not t.model.init then
       schema.fail(where, "teacher.model needs weights: loom.gpt{ init = \"teacher.bin\" } (an "
@@ -332,6 +339,7 @@ local compress_spec = {
   warmup = { type = "integer", min = 0, help = "steps exchanged uncompressed first (default 0)" },
   bucket_mb = { type = "positive", help = "the largest bucket in MiB of fp32 (default 4)" },
   rank = { type = "integer", min = 1, max = 1024, help = "powersgd: the rank r of each matrix's approximation (default 2)" },
+  momentum = { type = "boolean", help = "1-bit Adam: exchange adamw's momentum, its variance frozen after warmup (default false)" },
 }
 
 -- strategy.compress (docs/COMPRESS.md): checked here so that a bad value names the key.
@@ -438,6 +446,7 @@ function loom.session(t, where)
     check_compress(t.compress, where)
     cfg.compress, cfg.compress_ratio, cfg.compress_warmup, cfg.compress_bucket_mb, cfg.compress_rank =
       t.compress[1], t.compress.ratio, t.compress.warmup, t.compress.bucket_mb, t.compress.rank
+    cfg.compress_momentum = t.compress.momentum
   end
   if t.teacher then
     for k, v in pairs(resolve_teacher(t.teacher, where)) do cfg[k] = v end

@@ -49,7 +49,7 @@ local spec = {
   checkpoint = { type = "table", help = "{ dir = \"ckpt\", every = N, keep = K }" },
   resume = { type = { "string", "boolean" }, help = "\"auto\" (newest checkpoint in checkpoint.dir) or a checkpoint path" },
   name = { type = "string" },
-  teacher = { type = "table", help = "distillation: { model = loom.gpt{ init = \"teacher.bin\" } | checkpoint = DIR, temperature = T, alpha = a } (docs/DISTILL.md)" },
+  teacher = { type = "table", help = "distillation: { model = loom.gpt{ init = \"teacher.bin\" } | checkpoint = DIR | cache = FILE, temperature = T, alpha = a } (docs/DISTILL.md)" },
 }
 local batch_spec = {
   micro = { type = "integer", min = 1, required = true, help = "sequences per micro-batch (B)" },
@@ -481,6 +481,8 @@ return function(loom)
       canonical and " (canonical)" or "",
       opt.name .. (precision_name ~= "fp32" and " | " .. precision_name or ""), info.backend))
     say(memory_line(info, (t.strategy or {}).zero or 0, dp))
+    local dc = rawget(loom.core, "distill_cache") -- loom distill-cache: the teacher's logits, no training
+    if dc then return require("loom.distill_cache").write(loom, session, data, t, dc, where, accum * dp) end
 
     -- Resume: the newest complete checkpoint (auto) or the one named; exact by design:
     -- weights, optimizer state, step, precision state and data position all come back.

@@ -65,7 +65,7 @@ t.optimizer = "adamx"|no optim plugin 'adamx'
 t.optimizer = { lr = 1e-3 }|optimizer table needs the plugin's name first, e.g. { "adamw", lr = 3e-4 }
 t.optimizer = { "adamw", lr = -1 }|adamw: lr must be a finite number > 0, got -1
 t.optimizer = { "adamw", lr = 1e-3, betas = { 0.9 } }|adamw: betas must be two numbers {b1, b2}
-t.optimizer = { "adamw", lr = 1e-3, momentum = 0.9 }|optim 'adamw' has no key 'momentum' (accepted: lr, betas, eps, weight_decay, decay)
+t.optimizer = { "adamw", lr = 1e-3, momentum = 0.9 }|optim 'adamw' has no key 'momentum' (accepted: lr, betas, eps, weight_decay, decay, freeze_variance)
 t.optimizer = 42|optimizer must be string or table, got number 42
 t.lr = -1|lr=-1 must be > 0
 t.lr = 0/0|lr is nan (not a number): give a finite value

@@ -16,6 +16,11 @@
 #  - the metrics' compress_bytes match the formulas (onebit: sum of 4 + ceil(n/8) bytes
 #    over the tensors; topk: 8 ceil(ratio n); powersgd: 4 r (rows + cols) per matrix where
 #    smaller, else 4 n), 0 during the warm-up; grad_bytes = 4 x 34688;
+#  - 1-bit Adam (momentum = true; compress_momentum.c): with topk ratio = 1 (nothing
+#    dropped) the first 12 steps are within 1e-5 of uncompressed AdamW with the same frozen
+#    variance (the exchange only rounds differently); onebit saves at step 3 and resumes
+#    steps 4-6 bitwise (the momentum is AdamW's own state); refused with gradient
+#    clipping, zero, sgd and powersgd (without a warm-up: measured once);
 #  - refusals: canonical mode, dp = 1, rank with topk, ratio with onebit, pp with a
 #    checkpoint, another dp at resume.
 set -euo pipefail
@@ -91,6 +96,22 @@ for c in '{"onebit",warmup=20}' '{"topk",ratio=0.1,warmup=20}' '{"powersgd",rank
   echo "ok compress=$c 200 SGD steps: last-20 mean loss $m vs uncompressed $base (gap $gap < 0.05; $fell), max |loss diff| $(max_loss_diff "$tmp/s0" "$tmp/s1")"
 done
 
+# --- 1-bit Adam: the momentum exchanged, AdamW's variance frozen after the warm-up ---------
+adam=(grad_clip=0 'optimizer={"adamw",lr=1e-2}')
+run2 grad_clip=0 'optimizer={"adamw",lr=1e-2,freeze_variance=5}' steps=12 | lines > "$tmp/fz"
+run2 "${adam[@]}" steps=12 'strategy.compress={"topk",ratio=1,warmup=5,momentum=true}' | lines > "$tmp/fz_tk"
+[ "$(grep -c '^LOSS' "$tmp/fz_tk")" -eq 12 ] || { echo "1-bit Adam (topk ratio=1): not 12 steps"; exit 1; }
+d=$(max_loss_diff "$tmp/fz" "$tmp/fz_tk")
+below "$d" 1e-5 || { echo "1-bit Adam with nothing dropped differs from frozen-variance AdamW by $d"; exit 1; }
+ob='strategy.compress={"onebit",warmup=2,momentum=true}'
+run2 "${adam[@]}" "$ob" steps=6 | lines | awk '$2 > 3' > "$tmp/want"
+rm -rf "$tmp/ck"
+run2 "${adam[@]}" "$ob" steps=3 checkpoint.dir="$tmp/ck" > /dev/null
+run2 "${adam[@]}" "$ob" steps=6 resume="$tmp/ck/step_00000003" | lines > "$tmp/got"
+[ "$(grep -c '^LOSS' "$tmp/got")" -eq 3 ] && cmp -s "$tmp/want" "$tmp/got" ||
+  { echo "1-bit Adam: resumed steps 4-6 differ"; paste "$tmp/want" "$tmp/got"; exit 1; }
+echo "ok 1-bit Adam: nothing dropped = frozen-variance AdamW within $d over 12 steps; onebit resumes steps 4-6 bitwise"
+
 # --- resume restores the residuals: bitwise ------------------------------------------------
 run4() { "$loom" launch -n 4 "$recipe" threads=1 mesh.dp=2 mesh.tp=2 comm_timeout=20 "$@"; }
 for layout in "run4 strategy.compress={\"topk\",ratio=0.05}" "run2 strategy.zero=2 strategy.compress={\"powersgd\",rank=2}"; do
@@ -120,6 +141,14 @@ refuse canonical 'compression is lossy' run2 steps=1 deterministic=canonical "$o
 refuse dp=1 'needs a data-parallel group of 2 or more ranks' "$loom" run "$recipe" steps=1 "$onebit"
 refuse rank 'rank is for "powersgd"' run2 steps=1 'strategy.compress={"topk",rank=2}'
 refuse ratio 'ratio is for "topk"' run2 steps=1 'strategy.compress={"onebit",ratio=0.5}'
+# 1-bit Adam: the session refuses these before it needs the dp group, so one rank shows it
+one=("$loom" run "$recipe" threads=1 steps=1)
+refuse 1bit-adam-clip 'with grad_clip=1: the exchange forms the momentum' "${one[@]}" "$ob"
+refuse 1bit-adam-zero 'with strategy.zero (each rank holds only its partition' "${one[@]}" \
+  "${adam[@]}" strategy.zero=1 "$ob"
+refuse 1bit-adam-sgd 'needs optimizer adamw' "${one[@]}" grad_clip=0 'optimizer={"sgd",lr=1}' "$ob"
+refuse 1bit-adam-powersgd 'with onebit or topk, not powersgd' run2 steps=1 "${adam[@]}" \
+  'strategy.compress={"powersgd",warmup=2,momentum=true}'
 refuse pp 'mesh.pp > 1 and checkpoint is not built yet' "$loom" launch -n 4 "$recipe" threads=1 \
   mesh.dp=2 mesh.pp=2 schedule=1f1b steps=1 "$onebit" checkpoint.dir="$tmp/ck2"
-echo "ok refused: canonical mode, dp=1, rank with topk, ratio with onebit, pp with a checkpoint, another dp at resume"
+echo "ok refused: canonical mode, dp=1, rank with topk, ratio with onebit, 1-bit Adam with grad_clip, zero, sgd or powersgd, pp with a checkpoint, another dp at resume"

@@ -10,6 +10,14 @@
 #    export } distils the same bits as from its checkpoint;
 #  - a distilled run resumes bitwise; canonical mode with a teacher: dp=1 and dp=2 give
 #    the same bits;
+#  - loom distill-cache (docs/DISTILL.md): with k = vocab the cached teacher's losses are
+#    the in-process teacher's bitwise, at one rank and (a cache written at one rank) at
+#    dp=2; with k = 32 the student's validation loss after 100 steps is within 0.05 of the
+#    in-process teacher's; another batch.seq, other data (shuffled), a run past the cache's
+#    end and a flipped byte are refused naming the reason (the format's own refusals:
+#    tests/unit/test_distill.c);
+#  - the student under pp = 2 (the teacher on the last stage): canonical mode gives pp = 1's
+#    bits, and pp = 2 from a k = vocab cache the in-process teacher's;
 #  - refusals: a teacher without weights, intermediate layers, tp > 1.
 set -euo pipefail
 loom=$1
@@ -67,12 +75,68 @@ finite_losses "$tmp/c1"
 cmp -s "$tmp/c1" "$tmp/c2" || { echo "canonical distillation: dp=2 differs from dp=1"; exit 1; }
 echo "ok canonical distillation (T = 2, alpha = 0.5): dp=1 and dp=2 bitwise over 10 steps"
 
-# --- refusals ----------------------------------------------------------------------------
 refuse() { # what expected-text args...
   local what=$1 want=$2; shift 2
   if "$@" > "$tmp/err" 2>&1; then echo "$what: accepted"; exit 1; fi
   grep -q -- "$want" "$tmp/err" || { echo "$what: unexpected message:"; cat "$tmp/err"; exit 1; }
 }
+
+# --- loom distill-cache: the teacher's top-k logits on disk ---------------------------------
+cached() { echo "teacher={cache=\"$1\",temperature=$2,alpha=$3}"; }
+"$loom" distill-cache "$recipe" --out "$tmp/full.kdc" --k 256 steps=20 "$k2" > /dev/null
+"$loom" run "$recipe" steps=20 "$k2" | grep '^LOSS' > "$tmp/in20"
+"$loom" run "$recipe" steps=20 "$(cached "$tmp/full.kdc" 2 0.5)" | grep '^LOSS' > "$tmp/cache20"
+finite_losses "$tmp/in20"
+[ "$(grep -c '^LOSS' "$tmp/cache20")" -eq 20 ] && cmp -s "$tmp/in20" "$tmp/cache20" ||
+  { echo "distill-cache k = vocab: losses differ from the in-process teacher's"; paste "$tmp/in20" "$tmp/cache20"; exit 1; }
+# a cache written at one rank (batch.global=16: two micro-batches a step) serves dp=2
+dp2=(steps=4 batch.global=16)
+"$loom" distill-cache "$recipe" --out "$tmp/g16.kdc" --k 256 "${dp2[@]}" "$k2" > /dev/null
+"$loom" launch -n 2 "$recipe" mesh.dp=2 comm_timeout=20 "${dp2[@]}" "$k2" | grep '^LOSS' > "$tmp/in_dp2"
+"$loom" launch -n 2 "$recipe" mesh.dp=2 comm_timeout=20 "${dp2[@]}" "$(cached "$tmp/g16.kdc" 2 0.5)" |
+  grep '^LOSS' > "$tmp/cache_dp2"
+finite_losses "$tmp/in_dp2"
+[ "$(grep -c '^LOSS' "$tmp/cache_dp2")" -eq 4 ] && cmp -s "$tmp/in_dp2" "$tmp/cache_dp2" ||
+  { echo "distill-cache at dp=2: losses differ from the in-process teacher's"; paste "$tmp/in_dp2" "$tmp/cache_dp2"; exit 1; }
+echo "ok distill-cache k = vocab: 20 steps bitwise the in-process teacher's; at dp=2 from a one-rank cache, 4 steps bitwise"
+# the student under pp = 2 (the teacher replicated, run on the last stage): canonical mode
+# gives pp = 1's bits; from a cache, pp = 2 gives the in-process teacher's bits
+pp=(steps=10 model.layers=2 batch.micro=4 batch.global=8)
+"$loom" run "$recipe" "${pp[@]}" deterministic=canonical "$k2" | grep '^LOSS' > "$tmp/pp1"
+"$loom" launch -n 2 "$recipe" "${pp[@]}" deterministic=canonical mesh.pp=2 comm_timeout=20 "$k2" |
+  grep '^LOSS' > "$tmp/pp2"
+finite_losses "$tmp/pp1"
+[ "$(grep -c '^LOSS' "$tmp/pp2")" -eq 10 ] && cmp -s "$tmp/pp1" "$tmp/pp2" ||
+  { echo "canonical distillation: pp=2 differs from pp=1"; paste "$tmp/pp1" "$tmp/pp2"; exit 1; }
+ppc=(steps=10 model.layers=2 batch.global=16 microbatches=2 mesh.pp=2 comm_timeout=20)
+"$loom" launch -n 2 "$recipe" "${ppc[@]}" "$k2" | grep '^LOSS' > "$tmp/ppt"
+"$loom" launch -n 2 "$recipe" "${ppc[@]}" "teacher={cache=\"$tmp/full.kdc\",temperature=2,alpha=0.5}" |
+  grep '^LOSS' > "$tmp/ppk"
+finite_losses "$tmp/ppt"
+[ "$(grep -c '^LOSS' "$tmp/ppk")" -eq 10 ] && cmp -s "$tmp/ppt" "$tmp/ppk" ||
+  { echo "pp=2 distilled from the cache differs from the in-process teacher"; paste "$tmp/ppt" "$tmp/ppk"; exit 1; }
+echo "ok student at pp=2: canonical distillation bitwise pp=1 over 10 steps; from the k = vocab cache bitwise the teacher's"
+"$loom" distill-cache "$recipe" --out "$tmp/k32.kdc" --k 32 "$kd" > /dev/null
+"$loom" run "$recipe" "$(cached "$tmp/k32.kdc" 1 0.9)" > "$tmp/k32.out"
+finite_losses "$tmp/k32.out"
+k32=$(val "$tmp/k32.out")
+gap=$(awk -v a="$k32" -v b="$kdv" 'BEGIN { d = a - b; printf "%.4f", d < 0 ? -d : d }')
+awk -v g="$gap" 'BEGIN { exit !(g < 0.05) }' ||
+  { echo "distill-cache k = 32: val loss $k32, the in-process teacher's $kdv: further than 0.05"; exit 1; }
+echo "ok distill-cache k = 32 of 256: student val loss $k32 vs $kdv from the teacher itself (|gap| $gap < 0.05; CE alone $ce)"
+cp "$tmp/full.kdc" "$tmp/flip.kdc"
+printf '\x7f' | dd of="$tmp/flip.kdc" bs=1 seek=100000 conv=notrunc status=none
+refuse cache-seq 'was written for batch.micro=8, batch.seq=32; this run has batch.micro=8, batch.seq=16' \
+  "$loom" run "$recipe" steps=1 batch.seq=16 "$(cached "$tmp/full.kdc" 2 0.5)"
+refuse cache-data "micro-batch 0's tokens differ" "$loom" run "$recipe" steps=1 data.shuffle=true \
+  "$(cached "$tmp/full.kdc" 2 0.5)"
+refuse cache-short 'holds 20 micro-batches; this step needs micro-batch 20' "$loom" run "$recipe" \
+  steps=21 "$(cached "$tmp/full.kdc" 2 0.5)"
+refuse cache-flip "micro-batch 0's checksum does not match" "$loom" run "$recipe" steps=1 \
+  "$(cached "$tmp/flip.kdc" 2 0.5)"
+echo "ok distill-cache refused: another batch.seq, other data (shuffled windows), a run past its end, a flipped byte"
+
+# --- refusals ----------------------------------------------------------------------------
 refuse no-weights 'teacher.model needs weights' "$loom" run "$recipe" steps=1 \
   'teacher={model={vocab=256,ctx=32,layers=1,heads=2,dim=32}}'
 refuse layers 'teacher.layers is not built yet' "$loom" run "$recipe" steps=1 \

@@ -3,7 +3,9 @@
  * (decoupled decay, bias correction, eps), SGD plain / momentum / Nesterov (decay added to
  * the gradient). Each run has a decaying segment, a non-decaying one with gradients, and
  * a non-decaying one without (which must not move at all), and a grad_scale != 1. Also
- * the values create() refuses, with their exact messages.
+ * the values create() refuses, with their exact messages. AdamW's freeze_variance = 2 (1-bit
+ * Adam): step 3 leaves v bit for bit as step 2 left it and divides by step 2's bias
+ * correction, against the same reference with v frozen.
  */
 #include <check.h>
 #include <math.h>
@@ -140,6 +142,51 @@ START_TEST(adamw_matches_reference)
 }
 END_TEST
 
+/* adamw_ref with v frozen after step `freeze`: v and its bias correction stay at step freeze's */
+static void adamw_ref_frozen(double *p, double *m, const double *v, const double *g, int n,
+                             double lr, double b1, double b2, double eps, int t, int freeze)
+{
+    for (int i = 0; i < n; i++) {
+        double gi = GRAD_SCALE * g[i];
+        m[i] = b1 * m[i] + (1 - b1) * gi;
+        double mhat = m[i] / (1 - pow(b1, t)), vhat = v[i] / (1 - pow(b2, freeze));
+        p[i] -= lr * mhat / (sqrt(vhat) + eps);
+    }
+}
+
+START_TEST(adamw_frozen_variance)
+{
+    const double lr = 0.05, b1 = 0.9, b2 = 0.95, eps = 1e-3;
+    const loom_optim_ops *o = load_optim("adamw", NULL);
+    void *self = create("adamw", (const char *const[]){"lr=0.05", "betas={0.9, 0.95}",
+                                                       "eps=1e-3", "weight_decay=0",
+                                                       "freeze_variance=2", NULL}, LOOM_OK);
+    run r;
+    run_init(&r, 2);
+    double pb[NB], mb[NB] = {0}, vb[NB] = {0};
+    memcpy(pb, p0_b, sizeof pb);
+    float v_at_2[NB];
+    for (int t = 1; t <= STEPS; t++) {
+        run_step(&r, o, self, t, (float)lr);
+        if (t <= 2)
+            adamw_ref(pb, mb, vb, grad_b[t - 1], NB, lr, b1, b2, eps, 0, t);
+        else
+            adamw_ref_frozen(pb, mb, vb, grad_b[t - 1], NB, lr, b1, b2, eps, t, 2);
+        for (int i = 0; i < NB; i++) {
+            assert_close(r.pb[i], pb[i], "B.p", i, t);
+            assert_close(r.sb[i], mb[i], "B.m (slot 0)", i, t);
+            if (t == 2)
+                v_at_2[i] = r.sb[NB + i];
+            if (t == 3)
+                ck_assert_msg(memcmp(&r.sb[NB + i], &v_at_2[i], sizeof(float)) == 0,
+                              "B.v[%d] moved after the freeze: %a, step 2 left %a", i,
+                              r.sb[NB + i], v_at_2[i]);
+        }
+    }
+    o->destroy(self);
+}
+END_TEST
+
 START_TEST(adamw_decay_rule_and_defaults)
 {
     const loom_optim_ops *o = load_optim("adamw", NULL);
@@ -183,6 +230,8 @@ START_TEST(adamw_refuses_bad_values)
                    "adamw: weight_decay must be a finite number >= 0, got -0.1");
     expect_refused("adamw", (const char *const[]){"lr=1e-3", "decay=\"biases\"", NULL},
                    "adamw: decay must be \"matrices\" or \"all\", got \"biases\"");
+    expect_refused("adamw", (const char *const[]){"lr=1e-3", "freeze_variance=1.5", NULL},
+                   "adamw: freeze_variance must be a whole number of steps >= 0 (0: never), got 1.5");
 }
 END_TEST
 
@@ -278,6 +327,7 @@ static Suite *math_suite(void)
     Suite *s = suite_create("optim_math");
     TCase *tc = tcase_create("adamw");
     tcase_add_test(tc, adamw_matches_reference);
+    tcase_add_test(tc, adamw_frozen_variance);
     tcase_add_test(tc, adamw_decay_rule_and_defaults);
     tcase_add_test(tc, adamw_refuses_bad_values);
     suite_add_tcase(s, tc);

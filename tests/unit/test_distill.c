@@ -9,17 +9,24 @@
  *             alpha = 1 gives loss 0 and every parameter gradient exactly 0; with another
  *             teacher the loss is (1 - alpha) CE + alpha kd, and parameter gradients
  *             match finite differences of that loss;
- *   errors:   a bad temperature or alpha is refused.
+ *   errors:   a bad temperature or alpha is refused;
+ *   cache:    train/kd_cache.h: a written cache gives each token's top k of the teacher's
+ *             logits (bitwise, -inf elsewhere; k = V: the whole row) and a finite term;
+ *             other vocab, batch shape, tokens, a record past the end, a flipped byte in
+ *             a record or the header, a truncated file and a non-cache are refused.
  */
 #include <check.h>
 #include <math.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/backend.h"
 #include "base/status.h"
 #include "model/gpt.h"
 #include "model/gpt_distill.h"
+#include "train/kd_cache.h"
 
 #include "../fixtures/kd_fixture.h"
 
@@ -217,6 +224,129 @@ START_TEST(test_errors)
 }
 END_TEST
 
+/* --- the distill-cache file ----------------------------------------------------------- */
+
+typedef struct { int n; } counter;
+
+static loom_status counted_batch(void *ctx, int *tok, int *tgt, int B, int T)
+{
+    unsigned s = 1000u + (unsigned)((counter *)ctx)->n++;
+    for (int i = 0; i < B * T; i++) {
+        s = s * 1664525u + 1013904223u;
+        tok[i] = (int)((s >> 8) % V_);
+        tgt[i] = (int)((s >> 16) % V_);
+    }
+    return LOOM_OK;
+}
+
+static void expect_refused(loom_status st, const char *want)
+{
+    ck_assert_msg(st != LOOM_OK, "accepted; want a refusal naming \"%s\"", want);
+    ck_assert_msg(strstr(loom_last_error(), want), "refusal \"%s\" does not name \"%s\"",
+                  loom_last_error(), want);
+}
+
+static void flip_byte(const char *path, long at)
+{
+    FILE *f = fopen(path, "r+b");
+    ck_assert_ptr_nonnull(f);
+    fseek(f, at, SEEK_SET);
+    int c = fgetc(f);
+    fseek(f, at, SEEK_SET);
+    fputc(c ^ 0x10, f);
+    fclose(f);
+}
+
+/* Write a cache of 3 micro-batches with top k, read every one back against the teacher. */
+static void check_cache(loom_gpt *m, const char *path, int k)
+{
+    loom_kd_cache_shape sh = {V_, k, B_, T_, 3, "counted batches", "test model"};
+    counter ctr = {0};
+    ck_assert_msg(loom_kd_cache_write(path, &sh, m, counted_batch, &ctr) == LOOM_OK, "%s",
+                  loom_last_error());
+    loom_kd_cache *c;
+    ck_assert_msg(loom_kd_cache_open(path, V_, B_, T_, &c) == LOOM_OK, "%s", loom_last_error());
+    size_t Vp = (size_t)loom_gpt_get_config(m)->vocab_padded, R = B_ * T_;
+    ctr.n = 0;
+    for (int g = 0; g < 3; g++) {
+        int tok[B_ * T_], tgt[B_ * T_];
+        counted_batch(&ctr, tok, tgt, B_, T_);
+        ck_assert(loom_gpt_forward(m, tok, NULL, B_, T_, 0.0f, NULL) == LOOM_OK);
+        const float *z = loom_gpt_logits(m), *rows;
+        ck_assert_msg(loom_kd_cache_rows(c, g, tok, &rows) == LOOM_OK, "%s", loom_last_error());
+        for (size_t r = 0; r < R; r++) {
+            const float *want = z + r * Vp, *got = rows + r * V_;
+            float least_kept = INFINITY, most_dropped = -INFINITY;
+            int kept = 0;
+            for (int j = 0; j < V_; j++) {
+                if (got[j] == -INFINITY) {
+                    most_dropped = fmaxf(most_dropped, want[j]);
+                    continue;
+                }
+                ck_assert_msg(memcmp(&got[j], &want[j], sizeof(float)) == 0, "micro-batch %d "
+                              "token %zu column %d: %a, the teacher's %a", g, r, j, got[j], want[j]);
+                least_kept = fminf(least_kept, got[j]);
+                kept++;
+            }
+            ck_assert_msg(kept == k && least_kept >= most_dropped, "token %zu: %d kept (want %d), "
+                          "least kept %g < most dropped %g", r, kept, k, least_kept, most_dropped);
+        }
+        double kd[B_ * T_];
+        float *grad = malloc(R * Vp * sizeof(float)); /* the student's stride */
+        loom_kd_rows(z, Vp, rows, V_, R, V_, 2.0f, 1.0f, kd, grad);
+        for (size_t r = 0; r < R; r++)
+            ck_assert_msg(isfinite(kd[r]) && kd[r] >= 0.0 && isfinite(grad[r * Vp]),
+                          "token %zu: kd against the cached row %g", r, kd[r]);
+        free(grad);
+    }
+    loom_kd_cache_close(c);
+}
+
+START_TEST(test_cache)
+{
+    loom_gpt *m = make();
+    char path[] = "/tmp/loom_kd_cache_XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    check_cache(m, path, V_); /* the whole row */
+    check_cache(m, path, 5);
+    loom_kd_cache *c = NULL;
+    expect_refused(loom_kd_cache_open(path, V_ + 1, B_, T_, &c), "holds logits over vocab=61");
+    expect_refused(loom_kd_cache_open(path, V_, B_, T_ - 1, &c), "batch.seq=8; this run has");
+    ck_assert(loom_kd_cache_open(path, V_, B_, T_, &c) == LOOM_OK);
+    int tok[B_ * T_], tgt[B_ * T_];
+    counter ctr = {0};
+    counted_batch(&ctr, tok, tgt, B_, T_); /* micro-batch 0's tokens */
+    const float *rows;
+    expect_refused(loom_kd_cache_rows(c, 3, tok, &rows), "holds 3 micro-batches");
+    expect_refused(loom_kd_cache_rows(c, 1, tok, &rows), "tokens differ");
+    loom_kd_cache_close(c);
+    long rec = 16 + 8L * B_ * T_ * 5;
+    flip_byte(path, LOOM_KD_HEADER_BYTES + rec + 40); /* inside micro-batch 1's logits */
+    ck_assert(loom_kd_cache_open(path, V_, B_, T_, &c) == LOOM_OK);
+    ck_assert_msg(loom_kd_cache_rows(c, 0, tok, &rows) == LOOM_OK, "%s", loom_last_error());
+    counted_batch(&ctr, tok, tgt, B_, T_);
+    expect_refused(loom_kd_cache_rows(c, 1, tok, &rows), "micro-batch 1's checksum does not match");
+    loom_kd_cache_close(c);
+    flip_byte(path, 20); /* the header's k */
+    expect_refused(loom_kd_cache_open(path, V_, B_, T_, &c), "header's checksum does not match");
+    flip_byte(path, 20);
+    ck_assert_int_eq(truncate(path, LOOM_KD_HEADER_BYTES + 3 * rec - 1), 0);
+    expect_refused(loom_kd_cache_open(path, V_, B_, T_, &c), "truncated or corrupt");
+    FILE *f = fopen(path, "wb");
+    fputs("not a cache, but longer than a header", f);
+    for (int i = 0; i < 600; i++)
+        fputc('x', f);
+    fclose(f);
+    expect_refused(loom_kd_cache_open(path, V_, B_, T_, &c), "not a distill-cache file");
+    unlink(path);
+    expect_refused(loom_kd_cache_open(path, V_, B_, T_, &c), "cannot open");
+    ck_assert_ptr_null(c);
+    loom_gpt_destroy(m);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("distill");
@@ -227,6 +357,7 @@ int main(void)
     tcase_add_test(tc, test_model_teacher_is_student);
     tcase_add_test(tc, test_model_blend_and_gradient);
     tcase_add_test(tc, test_errors);
+    tcase_add_test(tc, test_cache);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -11,6 +11,9 @@
  * The last line is evaluated as PyTorch does: step_size = lr / (1 - b1^t),
  * denom = sqrt(v) / sqrt(1 - b2^t) + eps, p -= step_size * m / denom (bias corrections in
  * double, once per step).
+ * freeze_variance = N > 0 (1-bit Adam's frozen variance, Tang et al. 2021; docs/COMPRESS.md):
+ * steps t > N leave v as step N left it (b2 = 1, 1 - b2 = 0: v * 1 + 0 is v exactly) and
+ * divide by that step's bias correction sqrt(1 - b2^N); m goes on as above.
  * What not: no amsgrad, no per-group betas; the core decides which segments decay by
  * setting segment.weight_decay (0 for biases and norms when decay = "matrices").
  * Invariants: 2 state slots, slot-major: m at state[0..n), v at state[n..2n); t >= 1;
@@ -25,7 +28,7 @@
 #include "loom/plugin/optim.h"
 #include "../optim_common.h"
 
-enum { K_LR, K_BETAS, K_EPS, K_WEIGHT_DECAY, K_DECAY, N_KEYS };
+enum { K_LR, K_BETAS, K_EPS, K_WEIGHT_DECAY, K_DECAY, K_FREEZE, N_KEYS };
 
 static const loom_config_key keys[N_KEYS] = {
     [K_LR] = {"lr", LOOM_CFG_NUMBER, NULL, "learning rate (> 0); a schedule scales it per step"},
@@ -36,6 +39,9 @@ static const loom_config_key keys[N_KEYS] = {
                         "decoupled weight decay (>= 0): p *= 1 - lr * weight_decay"},
     [K_DECAY] = {"decay", LOOM_CFG_STRING, "\"matrices\"",
                  "which parameters decay: \"matrices\" (not biases or norms) or \"all\""},
+    [K_FREEZE] = {"freeze_variance", LOOM_CFG_NUMBER, "0",
+                  "after this many steps v stays as it is (1-bit Adam, with strategy.compress "
+                  "momentum = true); 0: never"},
 };
 
 typedef struct adamw {
@@ -44,6 +50,7 @@ typedef struct adamw {
     float eps;
     float weight_decay;
     int decay_all;
+    double freeze; /* freeze_variance: v is frozen after this step; 0: never */
 } adamw;
 
 static loom_status adamw_create(const loom_host *host, const loom_config *cfg, void **self)
@@ -70,6 +77,10 @@ static loom_status adamw_create(const loom_host *host, const loom_config *cfg, v
                           "adamw: betas must each be in [0, 1), got {%g, %g}", b1, b2);
     if (!(eps > 0) || !isfinite(eps))
         return host->fail(LOOM_ERR_INVALID, "adamw: eps must be a finite number > 0, got %g", eps);
+    double freeze = v[K_FREEZE].number;
+    if (!(freeze >= 0 && freeze <= 1e15 && freeze == floor(freeze)))
+        return host->fail(LOOM_ERR_INVALID, "adamw: freeze_variance must be a whole number of "
+                          "steps >= 0 (0: never), got %g", freeze);
     adamw *a = host->alloc(sizeof *a);
     if (a == NULL)
         return host->fail(LOOM_ERR_NOMEM, "adamw: out of memory");
@@ -79,6 +90,7 @@ static loom_status adamw_create(const loom_host *host, const loom_config *cfg, v
     a->eps = (float)eps;
     a->weight_decay = (float)wd;
     a->decay_all = decay_all;
+    a->freeze = freeze;
     *self = a;
     return LOOM_OK;
 }
@@ -154,13 +166,14 @@ static loom_status adamw_prepare(const adamw *a, const loom_optim_step_args *arg
     }
     /* Bias corrections once per step, in double (1 - b2^t is tiny early on). */
     double t = (double)args->step;
-    double bc1 = 1.0 - pow(a->beta1, t), bc2 = 1.0 - pow(a->beta2, t);
+    int frozen = a->freeze > 0 && t > a->freeze; /* v stays: b2 = 1, 1 - b2 = 0 */
+    double bc1 = 1.0 - pow(a->beta1, t), bc2 = 1.0 - pow(a->beta2, frozen ? a->freeze : t);
     float w = (float)(1.0 - a->beta1);
     *c = (loom_adamw_consts){
         .gs = args->grad_scale,
         .decay = 1.0f, /* per segment: segment_decay */
-        .b2 = (float)a->beta2,
-        .one_minus_b2 = (float)(1.0 - a->beta2),
+        .b2 = frozen ? 1.0f : (float)a->beta2,
+        .one_minus_b2 = frozen ? 0.0f : (float)(1.0 - a->beta2),
         .step_size = (float)((double)args->lr / bc1),
         .bc2_sqrt = (float)sqrt(bc2),
         .eps = a->eps,

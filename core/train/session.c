@@ -168,7 +168,7 @@ static loom_status make_zero(loom_session *s)
     s->optim->decay_rule(s->optim_self, &wd, &decay_all);
     loom_zero_config zc = {cfg->zero_stage, cfg->zero_bucket_mb > 0 ? cfg->zero_bucket_mb : 25.0,
                            cfg->canonical, cfg->accum, s->state_slots, wd, decay_all,
-                           cfg->offload_mode != LOOM_OFFLOAD_NONE};
+                           cfg->offload_mode != LOOM_OFFLOAD_NONE, s->ep};
     LOOM_TRY(loom_zero_create(&zc, s->model, &s->backend, &s->zero));
     const loom_param_table *t = loom_gpt_params(s->model);
     int stage = s->pipe ? loom_pipeline_stage(s->pipe) : 0;
@@ -383,10 +383,10 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
         if (!cfg->model.moe.experts)
             st = loom_fail(LOOM_ERR_INVALID, "mesh ep=%d splits a mixture of experts, and this "
                            "model has none (loom.gpt{moe = {...}})", cfg->ep);
-        else if (cfg->zero_stage || pp > 1 || cfg->offload_mode)
+        else if (pp > 1 || cfg->offload_mode) /* zero: stage 1 only (zero_ep.c) */
             st = loom_fail(LOOM_ERR_UNSUPPORTED, "mesh ep=%d with %s does not compose yet (expert "
                            "parallelism runs with plain dp)", cfg->ep,
-                           cfg->zero_stage ? "strategy.zero" : pp > 1 ? "pp > 1" : "offload");
+                           pp > 1 ? "pp > 1" : "offload");
         else
             st = loom_ep_create(cfg->ep, &s->backend, &par, &s->ep);
     }

@@ -89,6 +89,14 @@ void loom_ep_destroy(loom_ep *x)
     free(x);
 }
 
+void loom_ep_edp_group(const loom_ep *x, const struct loom_comm_ops **ops, void **group,
+                       int *size)
+{
+    *ops = x->ops;
+    *group = x->edp;
+    *size = x->edp_size;
+}
+
 loom_status loom_ep_end_micro(loom_ep *x, loom_gpt *m)
 {
     if (!x || !x->canonical)

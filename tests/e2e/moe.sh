@@ -12,6 +12,8 @@
 #  - expert parallelism: dp=2 ep=2 within 1e-5 of ep=1 (measured 2.5e-7), dp=4 ep=2 within
 #    1e-6 of ep=1 over 10 steps (routing flips later: below); saved at ep=2, resumed at ep=2
 #    bitwise and at ep=1 within 1e-5; saved at ep=1, resumed at ep=2 within 1e-5;
+#  - zero=1 under ep (experts' state over the edp group): ep's bits, resumed bitwise,
+#    canonical dp=4 ep=2 zero=1 gives dp=1's bits, memory per rank = the formula;
 #  - tensor parallelism (experts split by tp): tp=2 within 1e-5 of one rank, with sequence
 #    parallelism too; tp=2 sp dp=2 ep=2 within 1e-5 of dp=2, saved there and resumed at
 #    tp=1 ep=1 within 1e-5;
@@ -19,7 +21,7 @@
 #  - pp=2 within 1e-5 of one rank, the same step-1 load; canonical pp=2 (recompute=full):
 #    one rank's bits;
 #  - what does not compose yet (tp with canonical mode, pp with zb1
-#    or the noisy router, ep with pp, llm.c export; ep with zero, ep not a power of two in canonical mode) and bad
+#    or the noisy router, ep with pp, llm.c export; ep with zero=2 or 3, ep not a power of two in canonical mode) and bad
 #    moe keys are refused
 #    naming the key.
 set -euo pipefail
@@ -85,6 +87,34 @@ runN 4 batch.global=16 steps=10 mesh.ep=2 | grep '^LOSS' > "$tmp/ep4"
 d=$(max_loss_diff "$tmp/dp4" "$tmp/ep4")
 below "$d" 1e-6 || { echo "dp=4 ep=2 differs from ep=1 by $d over 10 steps"; exit 1; }
 echo "ok dp=4 ep=2 (experts reduced over edp=2) vs ep=1: max |loss diff| $d over 10 steps"
+# ZeRO-1 under ep (core/train/zero_ep.c): the dense entries' optimizer state partitioned
+# over dp, the experts' over their edp group; an element-wise optimizer on the same
+# gradients, so ep's bits; saved there and resumed there bitwise. Memory per rank from the
+# shape (moe.lua: V=256, ctx=32, L=2, C=32, E=4, every block), not from the code: dense
+# D = wte + wpe + L (ln_1, attn, ln_2, router: 2C + 4C^2 + 4C + 2C + EC) + ln_f, each rank's
+# experts X = L (E/ep) (8C^2 + 5C); AdamW's 8 bytes a float of (D/dp + X/edp), padded to
+# 16 x group floats.
+runR() { local n=$1; shift; "$loom" launch -n "$n" "$recipe" threads=1 mesh.dp="$n" comm_timeout=20 "$@" | sed 's/^\[rank [0-9]*\] /R /'; }
+runR 4 batch.global=16 steps=10 mesh.ep=2 strategy.zero=1 checkpoint.dir="$tmp/ckz" checkpoint.every=5 > "$tmp/ez4.out"
+cmp -s "$tmp/ep4" <(grep '^LOSS' "$tmp/ez4.out") || { echo "dp=4 ep=2 zero=1 differs from dp=4 ep=2"; exit 1; }
+runN 4 batch.global=16 steps=10 mesh.ep=2 strategy.zero=1 resume="$tmp/ckz/step_00000005" | grep '^LOSS' > "$tmp/rz"
+cmp -s <(awk '$2 > 5' "$tmp/ep4") "$tmp/rz" || { echo "dp=4 ep=2 zero=1 resumed at step 5 differs"; exit 1; }
+runR 2 batch.global=8 steps=5 mesh.ep=2 strategy.zero=1 > "$tmp/ez2.out"
+cmp -s <(head -5 "$tmp/ep2") <(grep '^LOSS' "$tmp/ez2.out") || { echo "dp=2 ep=2 zero=1 differs from dp=2 ep=2"; exit 1; }
+zmem() { # zmem FILE DP EP ZERO: every rank's MEM line against the formula
+  grep -a '^\(R \)\?MEM ' "$1" | sed 's/^R //' | awk -v dp=$2 -v ep=$3 -v z=$4 '
+    function pad(x, n) { return int((x + 16 * n - 1) / (16 * n)) * 16 * n }
+    BEGIN { C = 32; L = 2; E = 4; D = 256 * C + 32 * C + L * (8 * C + 4 * C * C + E * C) + 2 * C
+            X = L * (E / ep) * (8 * C * C + 5 * C); edp = dp / ep
+            want = z ? 8 * (pad(D, dp) / dp + pad(X, edp) / edp) : 8 * (D + X) }
+    { n++; if ($3 != 4 * (D + X) || $5 != want) { printf "dp=%d ep=%d zero=%d rank %d: params %d (formula %d), optimizer %d (formula %d)\n", dp, ep, z, $2, $3, 4 * (D + X), $5, want; bad = 1 } }
+    END { if (n != dp) { print "expected " dp " MEM lines, got " n; bad = 1 }
+          if (bad) exit 1; printf "dp=%d ep=%d: %d bytes of optimizer state per rank, %d without ZeRO", dp, ep, want, 8 * (D + X) }'
+}
+m4=$(zmem "$tmp/ez4.out" 4 2 1) && m2=$(zmem "$tmp/ez2.out" 2 2 1) || { echo "$m4$m2"; exit 1; }
+runN 4 $canon steps=10 mesh.ep=2 strategy.zero=1 | grep '^LOSS' > "$tmp/cez"
+cmp -s <(head -10 "$tmp/c1") "$tmp/cez" || { echo "canonical dp=4 ep=2 zero=1 differs from dp=1"; exit 1; }
+echo "ok zero=1 under ep: dp=4 ep=2 and dp=2 ep=2 give ep's bits, resumed at step 5 bitwise, canonical dp=4 ep=2 gives dp=1's; memory = formula ($m2; $m4)"
 # checkpoints hold every expert by logical name whatever ep saved them: any ep resumes
 runN 2 batch.global=8 mesh.ep=2 steps=10 checkpoint.dir="$tmp/cke" > /dev/null
 runN 2 batch.global=8 mesh.ep=2 resume="$tmp/cke/step_00000010" | grep '^LOSS' > "$tmp/r22"
@@ -181,11 +211,12 @@ refuse 'and router = "noisy_topk" is not built yet' "$loom" launch -n 2 "$recipe
 refuse "with pp > 1 does not compose yet" "$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 microbatches=2
 refuse "must divide dp=1" run1 mesh.ep=2
 refuse "ep must be a power of two" "$loom" launch -n 3 "$recipe" threads=1 mesh.dp=3 mesh.ep=3 deterministic=canonical batch.micro=2 batch.global=6 model.moe.experts=3 model.moe.top_k=1
-refuse "with strategy.zero does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.dp=2 mesh.ep=2 strategy.zero=1
+refuse "with strategy.zero=2 does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.dp=2 mesh.ep=2 strategy.zero=2
+refuse "with strategy.zero=3 does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.dp=2 mesh.ep=2 strategy.zero=3
 refuse "must divide model.moe.experts=3" "$loom" launch -n 2 "$recipe" threads=1 mesh.dp=2 mesh.ep=2 model.moe.experts=3 model.moe.top_k=1
 refuse "top_k=5 is more than experts=4" run1 model.moe.top_k=5
 refuse "model.moe.every=0" run1 model.moe.every=0
 refuse "is not one of: topk, noisy_topk" run1 model.moe.router=top2
 refuse "unknown key 'model.moe.expert'" run1 model.moe.expert=8
 refuse "dense GPT-2 blocks only" "$loom" export --llmc "$tmp/ck/step_00000010" "$tmp/x.bin"
-echo "ok refused: tp with canonical mode, pp with zb1 or noisy_topk, llm.c export, ep with zero or pp, ep=3 in canonical mode, ep not dividing dp or experts; bad moe keys named"
+echo "ok refused: tp with canonical mode, pp with zb1 or noisy_topk, llm.c export, ep with zero=2/3 or pp, ep=3 in canonical mode, ep not dividing dp or experts; bad moe keys named"

@@ -1,6 +1,7 @@
 -- moe.lua — the small model with mixture-of-experts blocks (4 experts, top-2, every block:
 -- override model.moe.* with key=value); prints each step's loss as a hex float (LOSS
--- lines, for bitwise comparisons) and its expert load (MOE lines).
+-- lines, for bitwise comparisons) and its expert load (MOE lines); after step 1 this
+-- rank's bytes of parameters, gradients and optimizer state (MEM rank params grads optimizer).
 package.path = arg[0]:match("^(.*)/[^/]*$") .. "/?.lua;" .. package.path
 local loom = require "loom"
 local common = require "common"
@@ -19,5 +20,9 @@ loom.train {
     for _, l in ipairs(m.load) do loads[#loads + 1] = table.concat(l, ",") end
     print(string.format("MOE %d %s dropped=%.6f aux=%a z=%a", r.step, table.concat(loads, ";"),
       m.dropped, m.aux, m.z))
+    if r.step == 1 then
+      print(string.format("MEM %d %d %d %d", loom.core.rank or 0, r.memory.params, r.memory.grads,
+        r.memory.optimizer))
+    end
   end,
 }

@@ -186,6 +186,9 @@ void loom_gpt_zero_grad(loom_gpt *m);
  * (step x micro-batches per step + its index), so a token's noise never depends on the
  * rank that computes it. */
 void loom_gpt_set_moe_key(loom_gpt *m, uint64_t key);
+/* Under pp the session sets the key of this rank's first micro-batch of the step and the
+ * pipeline, before each forward, the micro-batch's index among them (added to the key). */
+void loom_gpt_set_moe_micro(loom_gpt *m, int micro);
 typedef struct loom_moe_stats {
     int layers, experts;   /* MoE blocks, experts per block (0, 0: a dense model) */
     const double *load;    /* [layers x experts] tokens each expert computed (kept) */

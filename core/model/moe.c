@@ -54,7 +54,7 @@ struct gpt_moe {
                                  * rank's rows, ep=1's shapes), else 1 */
     float *cgrad;               /* canonical ep: (ep, nexp) per-source expert gradients */
     size_t nexp;
-    uint64_t seed, key;
+    uint64_t seed, key, micro; /* micro: under pp, the forward's micro-batch, added to key */
     float dloss;                /* of the forward in progress */
     int rerun;                  /* recomputation's forward: the routing and expert
                                  * activations are the block's own, kept (gpt_moe_rerun) */
@@ -133,12 +133,10 @@ loom_status gpt_moe_create(loom_gpt *m, uint64_t seed)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "moe with tensor parallelism (tp=%d) and canonical mode "
                   "does not compose yet (the experts' partial sums are not in canonical mode's "
                   "fixed chunk tree); use fast mode, or tp=1", m->tp);
-    if (m->staged && (c->moe.noisy || m->split))
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "moe with pipeline parallelism and %s is not built yet "
-                  "(%s); use router = \"topk\" and a schedule without split backward (1f1b)",
-                  c->moe.noisy ? "router = \"noisy_topk\"" : "a split-backward schedule (zb1)",
-                  c->moe.noisy ? "the stages do not know each micro-batch's global index"
-                               : "the experts have no separate weight-gradient pass");
+    if (m->staged && m->split)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "moe with pipeline parallelism and a split-backward "
+                  "schedule (zb1) is not built yet (the experts have no separate weight-gradient "
+                  "pass); use a schedule without split backward (1f1b)");
     if (m->ep > 1 && (c->moe.experts % m->ep || !m->ep_ops || !m->ep_comm))
         LOOM_FAIL(LOOM_ERR_INVALID, "expert parallelism ep=%d must divide experts=%d (and needs "
                   "its group's communicator)", m->ep, c->moe.experts);
@@ -302,8 +300,16 @@ void gpt_moe_begin(loom_gpt *m, float dloss)
 
 void loom_gpt_set_moe_key(loom_gpt *m, uint64_t key)
 {
-    if (m->moe)
+    if (m->moe) {
         m->moe->key = key;
+        m->moe->micro = 0;
+    }
+}
+
+void loom_gpt_set_moe_micro(loom_gpt *m, int micro)
+{
+    if (m->moe)
+        m->moe->micro = (uint64_t)micro;
 }
 
 static int first_moe_layer(const loom_gpt *m)
@@ -498,7 +504,7 @@ loom_status gpt_moe_forward(loom_gpt *m, int l, int e0, const float *x, float *o
     if (g->cfg.noisy && g->dloss != 0.0f) { /* training forwards only (Shazeer et al. 2017) */
         char sname[48];
         snprintf(sname, sizeof sname, "moe.noise.%d", l);
-        uint64_t stream = loom_rng_stream(sname), row0 = g->key * (uint64_t)R;
+        uint64_t stream = loom_rng_stream(sname), row0 = (g->key + g->micro) * (uint64_t)R;
         for (size_t t = 0; t < R; t++)
             for (int e = 0; e < E; e++)
                 b->logits_h[t * E + e] += (float)(g->cfg.noise_std *

@@ -28,7 +28,7 @@ int gpt_moe_block(const loom_gpt_config *c, int l);
 loom_status gpt_moe_add_entries(loom_gpt *m, int l, float std, float proj_std);
 /* After the table and the parameters exist: the MoE state and buffers (m->moe); refuses
  * what does not compose yet (tensor parallelism with canonical mode; pipeline
- * parallelism with the noisy router or a split backward; a backend without rows_gather). */
+ * parallelism with a split backward; a backend without rows_gather). */
 loom_status gpt_moe_create(loom_gpt *m, uint64_t seed);
 void gpt_moe_destroy(loom_gpt *m);
 size_t gpt_moe_bytes(const loom_gpt *m);

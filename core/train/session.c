@@ -644,6 +644,10 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         loom_pipeline_hooks zhooks = {zero_before, zero_after, &zc, NULL};
         loom_pipeline_hooks ohooks = {NULL, NULL, s->sync, overlap_final};
         int canon = s->cfg.canonical, zero2 = s->zero && loom_zero_reduces(s->zero);
+        /* the noisy router's key: this rank's first micro-batch's global index, the
+         * pipeline adds each micro-batch's (gpt.h) */
+        loom_gpt_set_moe_key(s->model, (uint64_t)(s->step_no - 1) * (uint64_t)(accum * dp) +
+                                       (uint64_t)dp_rank * (uint64_t)accum);
         loom_status st = canon ? LOOM_OK : loom_grad_sync_begin_micro(s->sync, 0);
         int overlap = !canon && !zero2 && loom_grad_sync_can_overlap(s->sync) &&
                       loom_gpt_stage_reports_ready(s->model);

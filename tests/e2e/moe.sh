@@ -21,7 +21,9 @@
 #  - recompute=full and selective: the same bits and load (also at dp=2 ep=2);
 #  - pp=2 within 1e-5 of one rank, the same step-1 load; canonical pp=2 (recompute=full):
 #    one rank's bits;
-#  - what does not compose yet (tp with canonical mode, pp with zb1, ep with pp, llm.c export; ep with zero=2 or 3, ep not a power of two in canonical mode) and bad
+#  - pp=2 dp=2 ep=2 within 1e-5 of dp=4 (the same micro-batches), resumed bitwise;
+#  - what does not compose yet (tp with canonical mode, pp with zb1, ep with pp in canonical
+#    mode or with zero, llm.c export; ep with zero=2 or 3, ep not a power of two in canonical mode) and bad
 #    moe keys are refused
 #    naming the key.
 set -euo pipefail
@@ -179,6 +181,17 @@ cmp -s <(grep '^MOE 1 ' "$tmp/one.out" | cut -d' ' -f1-4) <(grep '^MOE 1 ' "$tmp
   grep '^LOSS' > "$tmp/cpp"
 cmp -s <(head -10 "$tmp/c1") "$tmp/cpp" || { echo "canonical pp=2 recompute=full differs from one rank"; exit 1; }
 echo "ok pp=2: within $d of one rank over 20 steps, step 1 load equal; canonical pp=2 with recompute=full: one rank's bits (10 steps)"
+# ep inside each stage (fast mode): the stage's all-to-alls per micro-batch in flight, the dp
+# reduction of the stage's dense ranges only (the experts over their edp group), the norm's
+# ep part summed over the stages; saved at step 5 and resumed there bitwise
+"$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 microbatches=2 batch.global=16 steps=10 \
+  checkpoint.dir="$tmp/ckpe" checkpoint.every=5 comm_timeout=20 | grep '^LOSS' > "$tmp/ppe"
+dppe=$(max_loss_diff "$tmp/dp4" "$tmp/ppe")
+below "$dppe" 1e-5 || { echo "pp=2 dp=2 ep=2 differs from dp=4 by $dppe"; exit 1; }
+"$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 microbatches=2 batch.global=16 steps=10 \
+  resume="$tmp/ckpe/step_00000005" comm_timeout=20 | grep '^LOSS' > "$tmp/ppe_r"
+cmp -s <(awk '$2 > 5' "$tmp/ppe") "$tmp/ppe_r" || { echo "pp=2 dp=2 ep=2 resumed at step 5 differs"; exit 1; }
+echo "ok pp=2 dp=2 ep=2 (2 micro-batches in flight): within $dppe of dp=4 over 10 steps; resumed at step 5 bitwise"
 
 run1 model.moe.capacity_factor=0 steps=5 > "$tmp/dl.out"
 [[ $(grep -c '^MOE .* dropped=0.000000 ' "$tmp/dl.out") -eq 5 ]] || { echo "dropless dropped"; exit 1; }
@@ -217,7 +230,8 @@ refuse() { # refuse WORDS ARGS...: the run fails and says WORDS
 }
 refuse "and canonical mode does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.tp=2 deterministic=canonical
 refuse "split-backward schedule (zb1) is not built yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.pp=2 microbatches=2 schedule=zb1
-refuse "with pp > 1 does not compose yet" "$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 microbatches=2
+refuse "with pp > 1 in canonical mode does not compose yet" "$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 microbatches=2 $canon
+refuse "with pp > 1 and strategy.zero does not compose yet" "$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 microbatches=1 batch.global=8 strategy.zero=1
 refuse "must divide dp=1" run1 mesh.ep=2
 refuse "ep must be a power of two" "$loom" launch -n 3 "$recipe" threads=1 mesh.dp=3 mesh.ep=3 deterministic=canonical batch.micro=2 batch.global=6 model.moe.experts=3 model.moe.top_k=1
 refuse "with strategy.zero=2 does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.dp=2 mesh.ep=2 strategy.zero=2
@@ -228,4 +242,4 @@ refuse "model.moe.every=0" run1 model.moe.every=0
 refuse "is not one of: topk, noisy_topk" run1 model.moe.router=top2
 refuse "unknown key 'model.moe.expert'" run1 model.moe.expert=8
 refuse "dense GPT-2 blocks only" "$loom" export --llmc "$tmp/ck/step_00000010" "$tmp/x.bin"
-echo "ok refused: tp with canonical mode, pp with zb1, llm.c export, ep with zero=2/3 or pp, ep=3 in canonical mode, ep not dividing dp or experts; bad moe keys named"
+echo "ok refused: tp with canonical mode, pp with zb1, llm.c export, ep with zero=2/3, with pp in canonical mode or with zero, ep=3 in canonical mode, ep not dividing dp or experts; bad moe keys named"

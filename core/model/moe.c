@@ -35,6 +35,9 @@ typedef struct moe_block {
     int Ar;                     /* rows received (this rank's experts' work) */
     size_t run_off, cbase;      /* canonical ep: the experts' first gradient offset, and
                                  * where their run starts in each source's copy */
+    float *kdy, *kdh, *kdlogits; /* split backward: what B leaves for W (the experts'
+                                 * output and fc-output gradients, expert-major, and the
+                                 * router logits' gradient): this slot's own */
 } moe_block;
 
 struct gpt_moe {
@@ -133,10 +136,6 @@ loom_status gpt_moe_create(loom_gpt *m, uint64_t seed)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "moe with tensor parallelism (tp=%d) and canonical mode "
                   "does not compose yet (the experts' partial sums are not in canonical mode's "
                   "fixed chunk tree); use fast mode, or tp=1", m->tp);
-    if (m->staged && m->split)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "moe with pipeline parallelism and a split-backward "
-                  "schedule (zb1) is not built yet (the experts have no separate weight-gradient "
-                  "pass); use a schedule without split backward (1f1b)");
     if (m->ep > 1 && (c->moe.experts % m->ep || !m->ep_ops || !m->ep_comm))
         LOOM_FAIL(LOOM_ERR_INVALID, "expert parallelism ep=%d must divide experts=%d (and needs "
                   "its group's communicator)", m->ep, c->moe.experts);
@@ -192,6 +191,12 @@ loom_status gpt_moe_create(loom_gpt *m, uint64_t seed)
         x->hg = DEV(Am * F);
         x->y = DEV(A * C);
         ok &= x->logits_h && x->logits && x->tok && x->gate && x->xin && x->h && x->hg && x->y;
+        if (m->split) { /* B's gradients for W (moe.h: gpt_moe_backward_input) */
+            x->kdy = DEV((P > 1 ? Am : A) * C);
+            x->kdh = DEV(Am * F);
+            x->kdlogits = DEV(R * E);
+            ok &= x->kdy && x->kdh && x->kdlogits;
+        }
         if (P > 1) {
             x->xe = DEV(Am * C);
             x->perm = (int *)DEV(Am);
@@ -252,7 +257,7 @@ void gpt_moe_destroy(loom_gpt *m)
         moe_route_free(&x->rt);
         free(x->logits_h);
         float *dev[] = {x->logits, (float *)x->tok, x->gate, x->xin, x->h, x->hg, x->y, x->xe,
-                        (float *)x->perm, (float *)x->inv};
+                        (float *)x->perm, (float *)x->inv, x->kdy, x->kdh, x->kdlogits};
         for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
             if (dev[i])
                 k->free(bs, dev[i]);
@@ -573,7 +578,24 @@ loom_status gpt_moe_forward(loom_gpt *m, int l, int e0, const float *x, float *o
     return LOOM_OK;
 }
 
-loom_status gpt_moe_backward(loom_gpt *m, int l, int e0, const float *dout, float *dx, size_t R)
+enum { MOE_FUSED, MOE_INPUT, MOE_WEIGHT };
+
+/* One linear's backward over n rows (matmul_backward's contract, inputs Cin, outputs OC):
+ * fused, or split as gpt_backward_split.c splits it: B the input gradient through the GEMM
+ * matmul_backward makes, W the weight and bias gradients. */
+static void linear_back(const loom_backend_ops *k, int mode, float *dinp, float *dw, float *db,
+                        const float *dout, const float *inp, const float *w, size_t n, int Cin,
+                        int OC)
+{
+    if (mode == MOE_INPUT)
+        k->gemm(0, 0, (int)n, Cin, OC, 1.0f, dout, OC, w, Cin, 0.0f, dinp, Cin);
+    else
+        k->matmul_backward(mode == MOE_WEIGHT ? NULL : dinp, dw, db, dout, inp, w, 1, (int)n,
+                           Cin, OC);
+}
+
+static loom_status moe_backward(loom_gpt *m, int l, int e0, const float *dout, float *dx,
+                                size_t R, int mode)
 {
     gpt_moe *g = m->moe;
     moe_block *b = &g->blk[g->index[l]];
@@ -585,45 +607,73 @@ loom_status gpt_moe_backward(loom_gpt *m, int l, int e0, const float *dout, floa
     if ((size_t)rt->R != R)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "moe backward over %zu rows after a forward over %d", R,
                   rt->R);
-    /* out = sum_a gate_a y_a at row tok_a: d(y_a) = gate_a dout[tok_a], d(gate_a) =
-     * dout[tok_a] . y_a */
-    k->rows_gather(g->dy, dout, b->tok, b->gate, A, C);
-    k->rows_dot(g->dgate, dout, b->tok, b->y, A, C);
-    /* y is this tp rank's partial: the gates' gradient is the sum over the group */
-    LOOM_TRY(gpt_tensor_allreduce(m, g->dgate, A, LOOM_REDUCE_SUM));
-    float *dye = g->dy, *dxe = g->dxin, *xe = b->xin;
+    int split = mode != MOE_FUSED;
+    /* the gradients W reads: B's own per slot under a split backward, else scratch */
+    float *dy = split ? b->kdy : g->dy, *dh = split ? b->kdh : g->dh;
+    float *dlogits = split ? b->kdlogits : g->dlogits;
+    float *dye = dy, *dxe = g->dxin, *xe = b->xin;
     const int *eoff = rt->offset + g->ep_rank * El, *ecount = rt->count + g->ep_rank * El;
     size_t rows = A;
-    if (g->ep > 1) { /* the outputs' gradients to the experts' ranks, as the inputs went */
-        LOOM_TRY(ep_exchange(m, b, g->dy, b->send_rows, b->send_off, g->xr, b->recv_rows,
-                             b->recv_off));
+    if (g->ep > 1) {
         rows = (size_t)b->Ar;
-        k->rows_gather(g->dye, g->xr, b->perm, NULL, rows, C);
-        dye = g->dye;
+        dye = split ? b->kdy : g->dye;
         dxe = g->dxe;
         xe = b->xe;
         eoff = b->eoff;
         ecount = b->ecount;
     }
-    for (int s = 0; g->segs > 1 && s < g->segs; s++) /* this backward's copies start at 0 */
-        k->zero(bs, g->cgrad + (size_t)s * g->nexp + b->cbase,
-                run_floats(m, e0) * sizeof(float));
+    if (mode != MOE_INPUT) /* this backward's canonical copies start at 0 */
+        for (int s = 0; g->segs > 1 && s < g->segs; s++)
+            k->zero(bs, g->cgrad + (size_t)s * g->nexp + b->cbase,
+                    run_floats(m, e0) * sizeof(float));
+    if (mode == MOE_WEIGHT) { /* W: the weight products from what B kept */
+        for (int j = 0; j < El; j++)
+            for (int s = 0; s < g->segs; s++) {
+                size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
+                if (n)
+                    linear_back(k, mode, NULL, grad_of(m, b, e0 + 3 + 4 * j, s),
+                                grad_of(m, b, e0 + 4 + 4 * j, s), dye + o * C, b->hg + o * F,
+                                PJW(m->params), n, F, C);
+            }
+        for (int j = 0; j < El; j++)
+            for (int s = 0; s < g->segs; s++) {
+                size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
+                if (n)
+                    linear_back(k, mode, NULL, grad_of(m, b, e0 + 1 + 4 * j, s),
+                                grad_of(m, b, e0 + 2 + 4 * j, s), dh + o * F, xe + o * C,
+                                FCW(m->params), n, C, F);
+            }
+        k->matmul_backward(NULL, at(m, m->grads, e0), NULL, dlogits, m->acts[l].ln2_full,
+                           at(m, m->params, e0), 1, (int)R, C, E);
+        return LOOM_OK;
+    }
+    /* out = sum_a gate_a y_a at row tok_a: d(y_a) = gate_a dout[tok_a], d(gate_a) =
+     * dout[tok_a] . y_a */
+    k->rows_gather(dy, dout, b->tok, b->gate, A, C);
+    k->rows_dot(g->dgate, dout, b->tok, b->y, A, C);
+    /* y is this tp rank's partial: the gates' gradient is the sum over the group */
+    LOOM_TRY(gpt_tensor_allreduce(m, g->dgate, A, LOOM_REDUCE_SUM));
+    if (g->ep > 1) { /* the outputs' gradients to the experts' ranks, as the inputs went */
+        LOOM_TRY(ep_exchange(m, b, dy, b->send_rows, b->send_off, g->xr, b->recv_rows,
+                             b->recv_off));
+        k->rows_gather(dye, g->xr, b->perm, NULL, rows, C);
+    }
     for (int j = 0; j < El; j++)
         for (int s = 0; s < g->segs; s++) {
             size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
             if (n)
-                k->matmul_backward(g->dhg + o * F, grad_of(m, b, e0 + 3 + 4 * j, s),
-                                   grad_of(m, b, e0 + 4 + 4 * j, s), dye + o * C, b->hg + o * F,
-                                   PJW(m->params), 1, (int)n, F, C);
+                linear_back(k, mode, g->dhg + o * F, grad_of(m, b, e0 + 3 + 4 * j, s),
+                            grad_of(m, b, e0 + 4 + 4 * j, s), dye + o * C, b->hg + o * F,
+                            PJW(m->params), n, F, C);
         }
-    k->gelu_backward(g->dh, b->h, g->dhg, rows * F);
+    k->gelu_backward(dh, b->h, g->dhg, rows * F);
     for (int j = 0; j < El; j++)
         for (int s = 0; s < g->segs; s++) {
             size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
             if (n)
-                k->matmul_backward(dxe + o * C, grad_of(m, b, e0 + 1 + 4 * j, s),
-                                   grad_of(m, b, e0 + 2 + 4 * j, s), g->dh + o * F, xe + o * C,
-                                   FCW(m->params), 1, (int)n, C, F);
+                linear_back(k, mode, dxe + o * C, grad_of(m, b, e0 + 1 + 4 * j, s),
+                            grad_of(m, b, e0 + 2 + 4 * j, s), dh + o * F, xe + o * C,
+                            FCW(m->params), n, C, F);
         }
     if (g->ep > 1) { /* the inputs' gradients back to the tokens' ranks */
         k->rows_gather(g->xr, g->dxe, b->inv, NULL, rows, C);
@@ -637,13 +687,29 @@ loom_status gpt_moe_backward(loom_gpt *m, int l, int e0, const float *dout, floa
     k->copy_to_host(bs, g->dgate_h, g->dgate, A * sizeof(float));
     double w = (double)g->dloss * (double)R;
     moe_route_backward(rt, g->dgate_h, w * g->cfg.aux_loss, w * g->cfg.z_loss, g->dlogits_h);
-    k->copy_to_device(bs, g->dlogits, g->dlogits_h, R * E * sizeof(float));
+    k->copy_to_device(bs, dlogits, g->dlogits_h, R * E * sizeof(float));
     const float *x = m->acts[l].ln2_full;
-    k->matmul_backward(g->dxr, at(m, m->grads, e0), NULL, g->dlogits, x, at(m, m->params, e0), 1,
-                       (int)R, C, E);
+    linear_back(k, mode, g->dxr, at(m, m->grads, e0), NULL, dlogits, x, at(m, m->params, e0), R,
+                C, E);
     if (m->tp_rank == 0) /* the router is replicated: its input gradient joins once */
         k->accumulate(dx, g->dxr, R * C);
     /* each tp rank's experts gave their slice's part of the input gradient (column-
      * parallel): the caller sums dx over the group */
     return LOOM_OK;
+}
+
+loom_status gpt_moe_backward(loom_gpt *m, int l, int e0, const float *dout, float *dx, size_t R)
+{
+    return moe_backward(m, l, e0, dout, dx, R, MOE_FUSED);
+}
+
+loom_status gpt_moe_backward_input(loom_gpt *m, int l, int e0, const float *dout, float *dx,
+                                   size_t R)
+{
+    return moe_backward(m, l, e0, dout, dx, R, MOE_INPUT);
+}
+
+loom_status gpt_moe_backward_weight(loom_gpt *m, int l, int e0, size_t R)
+{
+    return moe_backward(m, l, e0, NULL, NULL, R, MOE_WEIGHT);
 }

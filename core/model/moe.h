@@ -59,4 +59,14 @@ loom_status gpt_moe_forward(loom_gpt *m, int l, int e0, const float *x, float *o
  * reads ln_2's gathered output again (the caller regathers it under sp). */
 loom_status gpt_moe_backward(loom_gpt *m, int l, int e0, const float *dout, float *dx, size_t R);
 
+/* The split backward (zero-bubble schedules, gpt_backward_split.c): B, the input gradient
+ * as gpt_moe_backward computes it, with every linear's input product through the GEMM
+ * matmul_backward makes and no weight gradient, keeping in the bound slot what W reads
+ * (the experts' output and fc-output gradients, the router logits' gradient); W, the
+ * router's and experts' weight and bias gradients from those, in the fused order. So B
+ * then W gives the fused backward's bits. */
+loom_status gpt_moe_backward_input(loom_gpt *m, int l, int e0, const float *dout, float *dx,
+                                   size_t R);
+loom_status gpt_moe_backward_weight(loom_gpt *m, int l, int e0, size_t R);
+
 #endif

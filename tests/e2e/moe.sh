@@ -22,7 +22,8 @@
 #  - pp=2 within 1e-5 of one rank, the same step-1 load; canonical pp=2 (recompute=full):
 #    one rank's bits;
 #  - pp=2 dp=2 ep=2 within 1e-5 of dp=4 (the same micro-batches), resumed bitwise;
-#  - what does not compose yet (tp with canonical mode, pp with zb1, ep with pp in canonical
+#  - zb1 (the MoE blocks' split backward): pp=2 1f1b's bits, canonical one rank's;
+#  - what does not compose yet (tp with canonical mode, ep with pp in canonical
 #    mode or with zero, llm.c export; ep with zero=2 or 3, ep not a power of two in canonical mode) and bad
 #    moe keys are refused
 #    naming the key.
@@ -181,6 +182,15 @@ cmp -s <(grep '^MOE 1 ' "$tmp/one.out" | cut -d' ' -f1-4) <(grep '^MOE 1 ' "$tmp
   grep '^LOSS' > "$tmp/cpp"
 cmp -s <(head -10 "$tmp/c1") "$tmp/cpp" || { echo "canonical pp=2 recompute=full differs from one rank"; exit 1; }
 echo "ok pp=2: within $d of one rank over 20 steps, step 1 load equal; canonical pp=2 with recompute=full: one rank's bits (10 steps)"
+# zb1's split backward: the router's and experts' B (input gradients) and W (weight
+# gradients, from what B kept per slot) give 1f1b's bits; canonical mode one rank's
+"$loom" launch -n 2 "$recipe" threads=1 mesh.pp=2 microbatches=2 schedule=zb1 steps=10 comm_timeout=20 |
+  grep '^LOSS' > "$tmp/zb1"
+cmp -s <(head -10 "$tmp/pp2") "$tmp/zb1" || { echo "pp=2 zb1 differs from pp=2 1f1b"; exit 1; }
+"$loom" launch -n 2 "$recipe" threads=1 mesh.pp=2 microbatches=4 schedule=zb1 $canon steps=10 comm_timeout=20 |
+  grep '^LOSS' > "$tmp/czb1"
+cmp -s <(head -10 "$tmp/c1") "$tmp/czb1" || { echo "canonical pp=2 zb1 differs from one rank"; exit 1; }
+echo "ok pp=2 zb1: 1f1b's bits (10 steps); canonical pp=2 zb1: one rank's bits"
 # ep inside each stage (fast mode): the stage's all-to-alls per micro-batch in flight, the dp
 # reduction of the stage's dense ranges only (the experts over their edp group), the norm's
 # ep part summed over the stages; saved at step 5 and resumed there bitwise
@@ -229,7 +239,6 @@ refuse() { # refuse WORDS ARGS...: the run fails and says WORDS
   grep -q -- "$want" "$tmp/err" || { echo "'$*' did not say '$want':"; tail -2 "$tmp/err"; exit 1; }
 }
 refuse "and canonical mode does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.tp=2 deterministic=canonical
-refuse "split-backward schedule (zb1) is not built yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.pp=2 microbatches=2 schedule=zb1
 refuse "with pp > 1 in canonical mode does not compose yet" "$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 microbatches=2 $canon
 refuse "with pp > 1 and strategy.zero does not compose yet" "$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 microbatches=1 batch.global=8 strategy.zero=1
 refuse "must divide dp=1" run1 mesh.ep=2
@@ -242,4 +251,4 @@ refuse "model.moe.every=0" run1 model.moe.every=0
 refuse "is not one of: topk, noisy_topk" run1 model.moe.router=top2
 refuse "unknown key 'model.moe.expert'" run1 model.moe.expert=8
 refuse "dense GPT-2 blocks only" "$loom" export --llmc "$tmp/ck/step_00000010" "$tmp/x.bin"
-echo "ok refused: tp with canonical mode, pp with zb1, llm.c export, ep with zero=2/3, with pp in canonical mode or with zero, ep=3 in canonical mode, ep not dividing dp or experts; bad moe keys named"
+echo "ok refused: tp with canonical mode, llm.c export, ep with zero=2/3, with pp in canonical mode or with zero, ep=3 in canonical mode, ep not dividing dp or experts; bad moe keys named"

@@ -70,7 +70,7 @@ static loom_status block_input(loom_gpt *m, int l, const float *residual, float 
     /* MLP branch (dres_full is dres without sequence parallelism: dy itself) */
     LOOM_TRY(B_LEAVE(LOOM_REGION_MLP, l, dy, dy, R, C));
     if (m->moe && gpt_moe_block(&m->cfg, l)) { /* the experts' B, into dsummed (moe.h) */
-        LOOM_TRY(gpt_moe_backward_input(m, l, m->ent0[l] + 8, dy, m->dpartial, R));
+        LOOM_TRY(gpt_moe_backward_input(m, l, gpt_moe_router(m, l), dy, m->dpartial, R));
         LOOM_TRY(B_ENTER(LOOM_REGION_MLP, l, m->dpartial, m->dsummed, R, C));
         LOOM_TRY(gpt_region_wait(m));
     } else {
@@ -110,7 +110,7 @@ static loom_status block_weight(loom_gpt *m, int l, const float *dy, int B, int 
     layer_acts *a = &m->acts[l];
     rep_pack pk = {.n = 0};
     if (m->moe && gpt_moe_block(&m->cfg, l)) { /* the router's and experts' W (moe.h) */
-        LOOM_TRY(gpt_moe_backward_weight(m, l, m->ent0[l] + 8, (size_t)B * T));
+        LOOM_TRY(gpt_moe_backward_weight(m, l, gpt_moe_router(m, l), (size_t)B * T));
     } else {
         if (m->rc[l] == RC_SELECTIVE) { /* the GELU output again, into the shared scratch */
             k->gelu_forward(a->fch_gelu, a->fch, (size_t)B * T * Fl);

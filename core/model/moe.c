@@ -52,6 +52,9 @@ struct gpt_moe {
     moe_block *blk, *blk_all;   /* the bound slot's n blocks, of slots x n */
     int max_R, A;               /* rows, assignments (k x rows) the buffers hold */
     int ep, ep_rank, El;        /* expert parallelism: ranks, this one, experts here */
+    int per;                    /* table entries per expert: 4 (GPT-2), 3 (llama: SwiGLU) */
+    int swiglu;                 /* llama: fc is gate|up (2F wide), silu(g) u, no biases */
+    int hw;                     /* fc's output width: F, or 2F for SwiGLU */
     int Amax;                   /* rows an ep rank may receive: ep x A */
     int segs;                   /* GEMMs per expert: ep in canonical mode (one per source
                                  * rank's rows, ep=1's shapes), else 1 */
@@ -76,6 +79,8 @@ int gpt_moe_block(const loom_gpt_config *c, int l)
     return c->moe.experts > 0 && (l + 1) % c->moe.every == 0;
 }
 
+int gpt_moe_router(const loom_gpt *m, int l) { return m->ent0[l] + (m->llama ? 6 : 8); }
+
 loom_status gpt_moe_check(const loom_gpt_config *c)
 {
     const loom_moe_config *e = &c->moe;
@@ -98,6 +103,18 @@ loom_status gpt_moe_check(const loom_gpt_config *c)
     return LOOM_OK;
 }
 
+/* Each expert's entries after the router, by kind: GPT-2's fc and proj with biases, the
+ * llama family's SwiGLU gate, up (back to back: one 2F x C product) and proj, no biases. */
+static const char *const gpt_kinds[] = {"fc.weight", "fc.bias", "proj.weight", "proj.bias"};
+static const char *const llama_kinds[] = {"gate.weight", "up.weight", "proj.weight"};
+
+int loom_gpt_moe_expert_kinds(const loom_gpt *m, const char *const **names)
+{
+    int llama = m->cfg.family == LOOM_FAMILY_LLAMA;
+    *names = llama ? llama_kinds : gpt_kinds;
+    return llama ? 3 : 4;
+}
+
 loom_status gpt_moe_add_entries(loom_gpt *m, int l, float std, float proj_std)
 {
     const loom_gpt_config *c = &m->cfg;
@@ -105,6 +122,7 @@ loom_status gpt_moe_add_entries(loom_gpt *m, int l, float std, float proj_std)
     int ep = m->ep > 1 ? m->ep : 1;
     int El = c->moe.experts / ep, e_first = ep > 1 ? m->ep_rank * El : 0;
     int64_t C = c->dim, sh[2];
+    int64_t F = c->family == LOOM_FAMILY_LLAMA ? c->ffn_dim : 4 * C;
     char name[LOOM_PARAM_NAME_MAX];
 #define ENTRY(nd, a, b, init, sd, split, ...)                                       \
     do {                                                                            \
@@ -114,7 +132,12 @@ loom_status gpt_moe_add_entries(loom_gpt *m, int l, float std, float proj_std)
         LOOM_TRY(gpt_place_last(m, split));                                         \
     } while (0)
     ENTRY(2, c->moe.experts, C, LOOM_INIT_NORMAL, std, -1, "h.%d.moe.router.weight", l);
-    for (int e = e_first; e < e_first + El; e++) {
+    for (int e = e_first; c->family == LOOM_FAMILY_LLAMA && e < e_first + El; e++) {
+        ENTRY(2, F, C, LOOM_INIT_NORMAL, std, 0, "h.%d.moe.expert.%d.gate.weight", l, e);
+        ENTRY(2, F, C, LOOM_INIT_NORMAL, std, 0, "h.%d.moe.expert.%d.up.weight", l, e);
+        ENTRY(2, C, F, LOOM_INIT_NORMAL, proj_std, 1, "h.%d.moe.expert.%d.proj.weight", l, e);
+    }
+    for (int e = e_first; c->family != LOOM_FAMILY_LLAMA && e < e_first + El; e++) {
         ENTRY(2, 4 * C, C, LOOM_INIT_NORMAL, std, 0, "h.%d.moe.expert.%d.fc.weight", l, e);
         ENTRY(1, 4 * C, 0, LOOM_INIT_ZEROS, 0.0f, 0, "h.%d.moe.expert.%d.fc.bias", l, e);
         ENTRY(2, C, 4 * C, LOOM_INIT_NORMAL, proj_std, 1, "h.%d.moe.expert.%d.proj.weight", l, e);
@@ -156,7 +179,11 @@ loom_status gpt_moe_create(loom_gpt *m, uint64_t seed)
     g->ep_rank = m->ep_rank;
     int E = c->moe.experts, K = c->moe.top_k, P = g->ep;
     g->El = E / P;
-    size_t C = (size_t)c->dim, F = 4 * C, R = (size_t)m->max_B * (size_t)c->ctx, A = R * K;
+    g->swiglu = m->llama;
+    g->per = m->llama ? 3 : 4;
+    g->hw = m->fc_w;
+    /* F: the widest of fc's output and its activation's, per row */
+    size_t C = (size_t)c->dim, F = (size_t)g->hw, R = (size_t)m->max_B * (size_t)c->ctx, A = R * K;
     size_t Am = A * (size_t)P; /* every ep rank may send all its choices here */
     g->max_R = (int)R;
     g->A = (int)A;
@@ -209,12 +236,18 @@ loom_status gpt_moe_create(loom_gpt *m, uint64_t seed)
             HOST(x->sc, (size_t)P); HOST(x->sd, (size_t)P); HOST(x->rc, (size_t)P); HOST(x->rd, (size_t)P);
         }
     }
+    for (int i = 0; g->swiglu && i < m->table.count; i++) /* gate|up: one product's weight */
+        if (strstr(m->table.entries[i].name, ".gate.weight") && loom_gpt_is_expert_entry(m, i) &&
+            m->table.entries[i].offset + m->table.entries[i].numel != m->table.entries[i + 1].offset)
+            LOOM_FAIL(LOOM_ERR_INVALID, "moe with the llama family: %s and %s are not back to "
+                      "back in the parameter buffer (use a dim and ffn_dim whose product is a "
+                      "multiple of 16)", m->table.entries[i].name, m->table.entries[i + 1].name);
     g->segs = P > 1 && m->canonical ? P : 1;
     if (g->segs > 1) { /* each block's run of local experts, in table order */
         int b = 0;
         for (int i = 0; i < m->table.count; i++)
             if (loom_gpt_is_expert_entry(m, i) && (i == 0 || !loom_gpt_is_expert_entry(m, i - 1))) {
-                const loom_param_entry *last = &m->table.entries[i + 4 * g->El - 1];
+                const loom_param_entry *last = &m->table.entries[i + g->per * g->El - 1];
                 g->blk[b].run_off = m->table.entries[i].offset;
                 g->blk[b++].cbase = g->nexp;
                 g->nexp += last->offset + last->numel - m->table.entries[i].offset;
@@ -347,11 +380,25 @@ void loom_gpt_moe_stats(loom_gpt *m, loom_moe_stats *out, int reset)
     }
 }
 
-/* Local expert j's four entries after the router at e0. */
-#define FCW(base) at(m, base, e0 + 1 + 4 * j)
-#define FCB(base) at(m, base, e0 + 2 + 4 * j)
-#define PJW(base) at(m, base, e0 + 3 + 4 * j)
-#define PJB(base) at(m, base, e0 + 4 + 4 * j)
+/* Local expert j's entries after the router at e0: fc's weight (SwiGLU: gate, then up, one
+ * 2F x C matrix) and bias, proj's weight and bias; the llama family's have no biases
+ * (table index -1). */
+enum { X_FCW, X_FCB, X_PJW, X_PJB };
+static int xent(const gpt_moe *g, int e0, int j, int kind)
+{
+    static const int gpt[4] = {0, 1, 2, 3}, llama[4] = {0, -1, 2, -1};
+    int at_ = (g->swiglu ? llama : gpt)[kind];
+    return at_ < 0 ? -1 : e0 + 1 + g->per * j + at_;
+}
+static float *xat(loom_gpt *m, float *base, int e0, int j, int kind)
+{
+    int i = xent(m->moe, e0, j, kind);
+    return i < 0 ? NULL : at(m, base, i);
+}
+#define FCW(base) xat(m, base, e0, j, X_FCW)
+#define FCB(base) xat(m, base, e0, j, X_FCB)
+#define PJW(base) xat(m, base, e0, j, X_PJW)
+#define PJB(base) xat(m, base, e0, j, X_PJB)
 
 int gpt_moe_held_elsewhere(const loom_gpt *m, const char *name)
 {
@@ -362,8 +409,10 @@ int gpt_moe_held_elsewhere(const loom_gpt *m, const char *name)
     char what[32] = "";
     if (sscanf(name, "h.%d.moe.expert.%d.%31s%n", &l, &e, what, &n) != 3 || name[n] != '\0')
         return 0;
-    int known = !strcmp(what, "fc.weight") || !strcmp(what, "fc.bias") ||
-                !strcmp(what, "proj.weight") || !strcmp(what, "proj.bias");
+    const char *const *kinds;
+    int known = 0, nk = loom_gpt_moe_expert_kinds(m, &kinds);
+    for (int q = 0; q < nk; q++)
+        known |= !strcmp(what, kinds[q]);
     return known && l >= 0 && l < m->cfg.layers && gpt_moe_block(&m->cfg, l) && e >= 0 &&
            e < g->cfg.experts && e / g->El != g->ep_rank;
 }
@@ -373,7 +422,9 @@ size_t gpt_moe_params_elsewhere(const loom_gpt *m)
     const gpt_moe *g = m->moe;
     if (!g || g->ep < 2)
         return 0;
-    size_t C = (size_t)m->cfg.dim, per = 8 * C * C + 5 * C; /* fc (4C x C, 4C), proj (C x 4C, C) */
+    size_t C = (size_t)m->cfg.dim, F = (size_t)m->cfg.ffn_dim;
+    size_t per = g->swiglu ? 3 * F * C       /* gate, up (F x C), proj (C x F) */
+                           : 8 * C * C + 5 * C; /* fc (4C x C, 4C), proj (C x 4C, C) */
     return (size_t)g->n * (size_t)(g->cfg.experts - g->El) * per;
 }
 
@@ -393,7 +444,7 @@ const float *loom_gpt_moe_source_grads(const loom_gpt *m, size_t *n)
 static size_t run_floats(const loom_gpt *m, int e0)
 {
     const loom_param_entry *first = &m->table.entries[e0 + 1],
-                           *last = &m->table.entries[e0 + 4 * m->moe->El];
+                           *last = &m->table.entries[e0 + m->moe->per * m->moe->El];
     return last->offset + last->numel - first->offset;
 }
 
@@ -412,6 +463,8 @@ static size_t segment(const gpt_moe *g, const moe_block *b, const int *eoff, con
 static float *grad_of(loom_gpt *m, const moe_block *b, int i, int s)
 {
     const gpt_moe *g = m->moe;
+    if (i < 0)
+        return NULL; /* no such entry (the llama family's experts have no biases) */
     size_t off = m->table.entries[i].offset;
     if (g->segs == 1)
         return m->grads + off;
@@ -536,15 +589,19 @@ loom_status gpt_moe_forward(loom_gpt *m, int l, int e0, const float *x, float *o
         eoff = b->eoff;
         ecount = b->ecount;
     }
+    int H = g->hw;
     for (int j = 0; j < El; j++) /* one GEMM per expert over the rows it received */
         for (int s = 0; s < g->segs; s++) {
             size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
             if (n)
-                k->matmul_forward(b->h + o * F, xe + o * C, FCW(m->params), FCB(m->params), 1,
-                                  (int)n, C, F);
+                k->matmul_forward(b->h + o * H, xe + o * C, FCW(m->params), FCB(m->params), 1,
+                                  (int)n, C, H);
         }
     size_t rows = g->ep > 1 ? Ar : A;
-    k->gelu_forward(b->hg, b->h, rows * F); /* without ep: every expert's rows, all here */
+    if (g->swiglu) /* silu(gate) * up, each row's gate|up halves */
+        k->swiglu_forward(b->hg, b->h, rows, F);
+    else
+        k->gelu_forward(b->hg, b->h, rows * F); /* without ep: every expert's rows, all here */
     for (int j = 0; j < El; j++)
         for (int s = 0; s < g->segs; s++) {
             size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
@@ -602,7 +659,7 @@ static loom_status moe_backward(loom_gpt *m, int l, int e0, const float *dout, f
     moe_route *rt = &b->rt;
     const loom_backend_ops *k = m->be->ops;
     void *bs = m->be->self;
-    int E = g->cfg.experts, C = m->cfg.dim, F = m->Fl, El = g->El;
+    int E = g->cfg.experts, C = m->cfg.dim, F = m->Fl, El = g->El, H = g->hw;
     size_t A = (size_t)rt->kept;
     if ((size_t)rt->R != R)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "moe backward over %zu rows after a forward over %d", R,
@@ -631,17 +688,17 @@ static loom_status moe_backward(loom_gpt *m, int l, int e0, const float *dout, f
             for (int s = 0; s < g->segs; s++) {
                 size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
                 if (n)
-                    linear_back(k, mode, NULL, grad_of(m, b, e0 + 3 + 4 * j, s),
-                                grad_of(m, b, e0 + 4 + 4 * j, s), dye + o * C, b->hg + o * F,
-                                PJW(m->params), n, F, C);
+                    linear_back(k, mode, NULL, grad_of(m, b, xent(g, e0, j, X_PJW), s),
+                                grad_of(m, b, xent(g, e0, j, X_PJB), s), dye + o * C,
+                                b->hg + o * F, PJW(m->params), n, F, C);
             }
         for (int j = 0; j < El; j++)
             for (int s = 0; s < g->segs; s++) {
                 size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
                 if (n)
-                    linear_back(k, mode, NULL, grad_of(m, b, e0 + 1 + 4 * j, s),
-                                grad_of(m, b, e0 + 2 + 4 * j, s), dh + o * F, xe + o * C,
-                                FCW(m->params), n, C, F);
+                    linear_back(k, mode, NULL, grad_of(m, b, xent(g, e0, j, X_FCW), s),
+                                grad_of(m, b, xent(g, e0, j, X_FCB), s), dh + o * H,
+                                xe + o * C, FCW(m->params), n, C, H);
             }
         k->matmul_backward(NULL, at(m, m->grads, e0), NULL, dlogits, m->acts[l].ln2_full,
                            at(m, m->params, e0), 1, (int)R, C, E);
@@ -662,18 +719,21 @@ static loom_status moe_backward(loom_gpt *m, int l, int e0, const float *dout, f
         for (int s = 0; s < g->segs; s++) {
             size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
             if (n)
-                linear_back(k, mode, g->dhg + o * F, grad_of(m, b, e0 + 3 + 4 * j, s),
-                            grad_of(m, b, e0 + 4 + 4 * j, s), dye + o * C, b->hg + o * F,
-                            PJW(m->params), n, F, C);
+                linear_back(k, mode, g->dhg + o * F, grad_of(m, b, xent(g, e0, j, X_PJW), s),
+                            grad_of(m, b, xent(g, e0, j, X_PJB), s), dye + o * C,
+                            b->hg + o * F, PJW(m->params), n, F, C);
         }
-    k->gelu_backward(dh, b->h, g->dhg, rows * F);
+    if (g->swiglu)
+        k->swiglu_backward(dh, b->h, g->dhg, rows, F);
+    else
+        k->gelu_backward(dh, b->h, g->dhg, rows * F);
     for (int j = 0; j < El; j++)
         for (int s = 0; s < g->segs; s++) {
             size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
             if (n)
-                linear_back(k, mode, dxe + o * C, grad_of(m, b, e0 + 1 + 4 * j, s),
-                            grad_of(m, b, e0 + 2 + 4 * j, s), dh + o * F, xe + o * C,
-                            FCW(m->params), n, C, F);
+                linear_back(k, mode, dxe + o * C, grad_of(m, b, xent(g, e0, j, X_FCW), s),
+                            grad_of(m, b, xent(g, e0, j, X_FCB), s), dh + o * H, xe + o * C,
+                            FCW(m->params), n, C, H);
         }
     if (g->ep > 1) { /* the inputs' gradients back to the tokens' ranks */
         k->rows_gather(g->xr, g->dxe, b->inv, NULL, rows, C);

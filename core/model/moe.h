@@ -1,6 +1,8 @@
 /* moe.h — the mixture-of-experts MLP of a GPT block (gpt.h's loom_moe_config): a linear
  * router (h.L.moe.router.weight, E x C, no bias) and E GPT-2 MLPs
- * (h.L.moe.expert.E.{fc,proj}.{weight,bias}), in place of the block's mlp.* entries.
+ * (h.L.moe.expert.E.{fc,proj}.{weight,bias}), in place of the block's mlp.* entries; in
+ * the llama family E SwiGLU MLPs (h.L.moe.expert.E.{gate,up,proj}.weight, gate and up
+ * back to back: one 2F x C product; silu(gate) * up; no biases), Mixtral's layout.
  *
  * Forward over R token rows x (the ln_2 output): router logits on the device, the routing
  * decisions on the host (moe_route.h: softmax, top-k, gates, capacity, drops), the kept
@@ -21,6 +23,9 @@
 loom_status gpt_moe_check(const loom_gpt_config *c);
 /* 1 if block l is an MoE block of config c. */
 int gpt_moe_block(const loom_gpt_config *c, int l);
+/* MoE block l's router entry (table index): after ln_1 .. ln_2 (8 GPT-2 entries, 6 llama),
+ * its experts' entries after it. */
+int gpt_moe_router(const loom_gpt *m, int l);
 /* Append block l's router and experts to the table (instead of its mlp.* entries); under
  * expert parallelism only this ep rank's E/ep experts (named by their global index);
  * under tensor parallelism each expert split as the dense MLP is (fc by output features,

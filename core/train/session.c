@@ -383,11 +383,10 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
         if (!cfg->model.moe.experts)
             st = loom_fail(LOOM_ERR_INVALID, "mesh ep=%d splits a mixture of experts, and this "
                            "model has none (loom.gpt{moe = {...}})", cfg->ep);
-        else if (cfg->offload_mode || (pp > 1 && (cfg->zero_stage || cfg->canonical)))
+        else if (cfg->offload_mode || (pp > 1 && cfg->canonical))
             st = loom_fail(LOOM_ERR_UNSUPPORTED, "mesh ep=%d with %s does not compose yet (ep "
                            "runs with dp, zero=1 and, in fast mode, pp)", cfg->ep,
-                           cfg->offload_mode ? "offload" : cfg->zero_stage ? "pp > 1 and "
-                           "strategy.zero" : "pp > 1 in canonical mode");
+                           cfg->offload_mode ? "offload" : "pp > 1 in canonical mode");
         else
             st = loom_ep_create(cfg->ep, &s->backend, &par, &s->ep);
     }

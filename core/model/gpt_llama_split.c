@@ -39,9 +39,7 @@ loom_status gpt_llama_block_input(loom_gpt *m, int l, const float *residual, flo
     /* MLP branch */
     LOOM_TRY(B_LEAVE(LOOM_REGION_MLP, l, dy, dy, R, C));
     if (m->moe && gpt_moe_block(&m->cfg, l)) { /* the experts' B, into dsummed (moe.h) */
-        LOOM_TRY(gpt_moe_backward_input(m, l, gpt_moe_router(m, l), dy, m->dpartial, R));
-        LOOM_TRY(B_ENTER(LOOM_REGION_MLP, l, m->dpartial, m->dsummed, R, C));
-        LOOM_TRY(gpt_region_wait(m));
+        LOOM_TRY(gpt_moe_split_input(m, l, dy, R));
     } else {
         k->gemm(0, 0, (int)R, Fl, C, 1.0f, dy, C, w->fcprojw, Fl, 0.0f, m->dbuf_4a, Fl);
         k->swiglu_backward(a->dfch, a->fch, m->dbuf_4a, R, Fl);

@@ -773,3 +773,11 @@ loom_status gpt_moe_backward_weight(loom_gpt *m, int l, int e0, size_t R)
 {
     return moe_backward(m, l, e0, NULL, NULL, R, MOE_WEIGHT);
 }
+
+loom_status gpt_moe_split_input(loom_gpt *m, int l, const float *dy, size_t R)
+{
+    int C = m->cfg.dim;
+    LOOM_TRY(gpt_moe_backward_input(m, l, gpt_moe_router(m, l), dy, m->dpartial, R));
+    LOOM_TRY(B_ENTER(LOOM_REGION_MLP, l, m->dpartial, m->dsummed, R, C)); /* sum over tp */
+    return gpt_region_wait(m);
+}

@@ -73,5 +73,8 @@ loom_status gpt_moe_backward(loom_gpt *m, int l, int e0, const float *dout, floa
 loom_status gpt_moe_backward_input(loom_gpt *m, int l, int e0, const float *dout, float *dx,
                                    size_t R);
 loom_status gpt_moe_backward_weight(loom_gpt *m, int l, int e0, size_t R);
+/* A split B's MLP branch of MoE block l (both families): the input gradient from dy into
+ * m->dsummed, summed over tp. */
+loom_status gpt_moe_split_input(loom_gpt *m, int l, const float *dy, size_t R);
 
 #endif

@@ -97,9 +97,6 @@ loom_status loom_gpt_config_check(const loom_gpt_config *c)
         LOOM_FAIL(LOOM_ERR_INVALID, "model ctx, layers, heads and dim must be positive "
                   "(got ctx=%d layers=%d heads=%d dim=%d)", c->ctx, c->layers, c->heads, c->dim);
     LOOM_TRY(gpt_moe_check(c));
-    if (c->moe.experts && c->family == LOOM_FAMILY_LLAMA) /* moe.c's experts are GPT-2 MLPs */
-        LOOM_FAIL(LOOM_ERR_INVALID, "model moe with the llama family is not built yet (the "
-                  "experts are GPT-2 MLPs): use loom.gpt{moe = ...}, or loom.llama without moe");
     if (c->dim % c->heads != 0) {
         char ok[256] = "";
         size_t used = 0;
@@ -245,6 +242,8 @@ static loom_status gpt_llama_build_table(loom_gpt *m)
         t->entries[t->count - 1].init_rows = c->vocab; /* padding rows start at zero */
     }
     for (int l = 0; l < L; l++) {
+        if (m->ent0)
+            m->ent0[l] = t->count;
         if (!m->own[l])
             continue;
 #define LAYER(suffix, a, b, init, sd, split)                \
@@ -256,11 +255,17 @@ static loom_status gpt_llama_build_table(loom_gpt *m)
         LAYER("attn.v.weight", KV, C, LOOM_INIT_NORMAL, std, 0);
         LAYER("attn.proj.weight", C, C, LOOM_INIT_NORMAL, proj_std, 1);
         LAYER("ln_2.weight", C, 0, LOOM_INIT_ONES, 0, -1);
+        if (gpt_moe_block(c, l)) { /* a router and SwiGLU experts instead of mlp.* (moe.h) */
+            LOOM_TRY(gpt_moe_add_entries(m, l, std, proj_std));
+            continue;
+        }
         LAYER("mlp.gate.weight", F, C, LOOM_INIT_NORMAL, std, 0);
         LAYER("mlp.up.weight", F, C, LOOM_INIT_NORMAL, std, 0);
         LAYER("mlp.proj.weight", C, F, LOOM_INIT_NORMAL, proj_std, 1);
 #undef LAYER
     }
+    if (m->ent0)
+        m->ent0[L] = t->count;
     if (m->has_head)
         ADD2("ln_f.weight", C, 0, -1, LOOM_INIT_ONES, 0, -1);
     if (m->has_head && !c->tie_embeddings) {
@@ -287,6 +292,10 @@ static void gpt_llama_bind_params(loom_gpt *m, float *base, model_params *p)
         w->qkvw = base + e[i + 1].offset; /* q, then k, v */
         w->attprojw = base + e[i + 4].offset;
         w->ln2w = base + e[i + 5].offset;
+        if (gpt_moe_block(&m->cfg, l)) { /* ln_1 .. ln_2, then moe.c's router and experts */
+            i = m->ent0[l + 1];
+            continue;
+        }
         w->fcw = base + e[i + 6].offset; /* gate, then up */
         w->fcprojw = base + e[i + 8].offset;
         i += 9;
@@ -303,13 +312,14 @@ static loom_status gpt_llama_check_fused(const loom_gpt *m)
         if (!m->own[l])
             continue;
         int pairs[3][2] = {{1, 2}, {2, 3}, {6, 7}};
-        for (int k = 0; k < 3; k++)
+        int moe = gpt_moe_block(&m->cfg, l); /* its experts' gate|up: moe.c checks them */
+        for (int k = 0; k < (moe ? 2 : 3); k++)
             if (b[pairs[k][0]].offset + b[pairs[k][0]].numel != b[pairs[k][1]].offset)
                 LOOM_FAIL(LOOM_ERR_INVALID, "model dim=%d: %s and %s are not back to back in "
                           "the parameter buffer (their slices must be multiples of 16 floats: "
                           "use a dim, ffn_dim and head size that are multiples of 16)",
                           m->cfg.dim, b[pairs[k][0]].name, b[pairs[k][1]].name);
-        b += 9;
+        b = moe ? m->table.entries + m->ent0[l + 1] : b + 9;
     }
     return LOOM_OK;
 }
@@ -840,7 +850,7 @@ loom_status gpt_block_forward(loom_gpt *m, int l, const float *residual, int B, 
         if (gpt_moe_rerunning(m))
             return LOOM_OK; /* recomputation: the experts' part is kept, res3 too */
         LOOM_TRY(F_ENTER(LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R, C)); /* sp: all rows */
-        LOOM_TRY(gpt_moe_forward(m, l, m->ent0[l] + 8, a->ln2_full, m->partial, R));
+        LOOM_TRY(gpt_moe_forward(m, l, gpt_moe_router(m, l), a->ln2_full, m->partial, R));
         LOOM_TRY(F_LEAVE(LOOM_REGION_MLP, l, m->partial, m->summed, R, C)); /* sum over tp */
         k->residual_forward(a->res3, a->res2, m->summed, Rl * C);
         return LOOM_OK;
@@ -886,7 +896,7 @@ loom_status gpt_block_backward(loom_gpt *m, int l, const float *residual, rep_pa
     if (m->moe && gpt_moe_block(&m->cfg, l)) { /* res3 = res2 + moe(ln2(res2)) (moe.h) */
         LOOM_TRY(B_LEAVE(LOOM_REGION_MLP, l, m->dres, m->dres_full, R, C)); /* sp: all rows */
         LOOM_TRY(gpt_regather(m, LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R));
-        LOOM_TRY(gpt_moe_backward(m, l, m->ent0[l] + 8, m->dres_full, m->dpartial, R));
+        LOOM_TRY(gpt_moe_backward(m, l, gpt_moe_router(m, l), m->dres_full, m->dpartial, R));
         LOOM_TRY(B_ENTER(LOOM_REGION_MLP, l, m->dpartial, m->dsummed, R, C)); /* sum over tp */
         LOOM_TRY(gpt_region_wait(m));
         goto mlp_done;
@@ -1042,8 +1052,8 @@ loom_status loom_gpt_backward(loom_gpt *m)
         int first, last;
         loom_gpt_unit_entries(m, 1 + l, &first, &last);
         if (m->ep > 1 && gpt_moe_block(&m->cfg, l))
-            last = m->ent0[l] + 8; /* up to the router: the experts are reduced over their own
-                                    * group (the session's, after backward) */
+            last = gpt_moe_router(m, l); /* up to the router: the experts are reduced over
+                                          * their own group (the session's, after backward) */
         LOOM_TRY(entries_ready(m, first, last));
     }
     /* Embedding: every rank needs the gradient of all rows for its vocabulary slice; the

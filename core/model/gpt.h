@@ -16,7 +16,7 @@
 
 /* A mixture-of-experts MLP (moe.h): experts = 0 for none (the dense GPT-2). */
 typedef struct loom_moe_config {
-    int experts;             /* E: GPT-2 MLPs (fc, gelu, proj) behind a linear router */
+    int experts;             /* E: GPT-2 MLPs (llama: SwiGLU) behind a linear router */
     int top_k;               /* k <= E experts per token */
     int every;               /* blocks l with (l + 1) % every == 0 are MoE blocks */
     double capacity_factor;  /* c: each expert takes ceil(k * tokens / E * c); 0: dropless */
@@ -186,6 +186,9 @@ void loom_gpt_zero_grad(loom_gpt *m);
  * (step x micro-batches per step + its index), so a token's noise never depends on the
  * rank that computes it. */
 void loom_gpt_set_moe_key(loom_gpt *m, uint64_t key);
+/* Under pp the session sets the key of this rank's first micro-batch of the step and the
+ * pipeline, before each forward, the micro-batch's index among them (added to the key). */
+void loom_gpt_set_moe_micro(loom_gpt *m, int micro);
 typedef struct loom_moe_stats {
     int layers, experts;   /* MoE blocks, experts per block (0, 0: a dense model) */
     const double *load;    /* [layers x experts] tokens each expert computed (kept) */
@@ -203,6 +206,10 @@ void loom_gpt_moe_stats(loom_gpt *m, loom_moe_stats *out, int reset);
 /* Expert parallelism: the ep group's size (1 without), and whether table entry i is an
  * expert's (held by this ep rank only; its gradient is not the dp group's to reduce). */
 int loom_gpt_expert_parallel(const loom_gpt *m);
+/* The entries of each expert, in table order, by their name after "h.L.moe.expert.E.":
+ * GPT-2's fc.weight, fc.bias, proj.weight, proj.bias; the llama family's SwiGLU
+ * gate.weight, up.weight, proj.weight. Returns their count. */
+int loom_gpt_moe_expert_kinds(const loom_gpt *m, const char *const **names);
 int loom_gpt_is_expert_entry(const loom_gpt *m, int i);
 /* Canonical mode under ep: the experts' gradients of the last backward, one copy per
  * source ep rank (what that rank's micro-batch gave, computed by GEMMs over its rows alone,

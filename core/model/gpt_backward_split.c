@@ -28,11 +28,14 @@
  * The llama family's blocks have their own B and W (gpt_llama_split.c, the same scheme);
  * the chunk's ends here serve both (its untied LM head is m->p.head, its final norm an
  * RMSNorm with one weight).
+ * MoE blocks (moe.h): their MLP branch's B and W are the router's and experts'
+ * (gpt_moe_backward_input, _weight), with what W reads kept per slot by moe.c.
  * What not: sequence parallelism (gpt.c's check_split refuses split_backward with it).
  */
 #include "gpt_stage.h"
 
 #include "gpt_internal.h"
+#include "moe.h"
 #include "base/status.h"
 
 float *loom_gpt_stage_grad_out(loom_gpt *m) { return m->split ? m->dx_out : m->dres; }
@@ -66,10 +69,14 @@ static loom_status block_input(loom_gpt *m, int l, const float *residual, float 
     rep_pack pk = {.n = 0, .base = a->ln_part};
     /* MLP branch (dres_full is dres without sequence parallelism: dy itself) */
     LOOM_TRY(B_LEAVE(LOOM_REGION_MLP, l, dy, dy, R, C));
-    k->gemm(0, 0, (int)R, Fl, C, 1.0f, dy, C, w->fcprojw, Fl, 0.0f, m->dbuf_4a, Fl);
-    k->gelu_backward(a->dfch, a->fch, m->dbuf_4a, R * Fl);
-    LOOM_TRY(gpt_column_parallel_backward_input(m, LOOM_REGION_MLP, l, a->dfch, w->fcw, B, T,
-                                                Fl, 1));
+    if (m->moe && gpt_moe_block(&m->cfg, l)) { /* the experts' B, into dsummed (moe.h) */
+        LOOM_TRY(gpt_moe_split_input(m, l, dy, R));
+    } else {
+        k->gemm(0, 0, (int)R, Fl, C, 1.0f, dy, C, w->fcprojw, Fl, 0.0f, m->dbuf_4a, Fl);
+        k->gelu_backward(a->dfch, a->fch, m->dbuf_4a, R * Fl);
+        LOOM_TRY(gpt_column_parallel_backward_input(m, LOOM_REGION_MLP, l, a->dfch, w->fcw, B,
+                                                    T, Fl, 1));
+    }
     rep_args ln2 = {m->dtmp, m->dsummed, a->res2, w->ln2w, a->ln2_mean, a->ln2_rstd};
     gpt_replicated_grads(m, &pk, 0, &ln2, g->ln2w, g->ln2b, Rl);
     float *dy2 = a->res2; /* read by ln_2's backward just now: d(res2) goes there */
@@ -100,14 +107,18 @@ static loom_status block_weight(loom_gpt *m, int l, const float *dy, int B, int 
     layer_params *w = &m->p.layer[l], *g = &m->g.layer[l];
     layer_acts *a = &m->acts[l];
     rep_pack pk = {.n = 0};
-    if (m->rc[l] == RC_SELECTIVE) { /* the GELU output again, into the shared scratch set */
-        k->gelu_forward(a->fch_gelu, a->fch, (size_t)B * T * Fl);
-        gpt_round(m, a->fch_gelu, (size_t)B * T * Fl); /* as the forward stored it */
+    if (m->moe && gpt_moe_block(&m->cfg, l)) { /* the router's and experts' W (moe.h) */
+        LOOM_TRY(gpt_moe_backward_weight(m, l, gpt_moe_router(m, l), (size_t)B * T));
+    } else {
+        if (m->rc[l] == RC_SELECTIVE) { /* the GELU output again, into the shared scratch */
+            k->gelu_forward(a->fch_gelu, a->fch, (size_t)B * T * Fl);
+            gpt_round(m, a->fch_gelu, (size_t)B * T * Fl); /* as the forward stored it */
+        }
+        k->matmul_backward(NULL, g->fcprojw, NULL, dy, a->fch_gelu, w->fcprojw, B, T, Fl, C);
+        rep_args pb = {.dout = dy};
+        gpt_replicated_grads(m, &pk, 1, &pb, NULL, g->fcprojb, Rl);
+        k->matmul_backward(NULL, g->fcw, g->fcb, a->dfch, a->ln2_full, w->fcw, B, T, C, Fl);
     }
-    k->matmul_backward(NULL, g->fcprojw, NULL, dy, a->fch_gelu, w->fcprojw, B, T, Fl, C);
-    rep_args pb = {.dout = dy};
-    gpt_replicated_grads(m, &pk, 1, &pb, NULL, g->fcprojb, Rl);
-    k->matmul_backward(NULL, g->fcw, g->fcb, a->dfch, a->ln2_full, w->fcw, B, T, C, Fl);
     k->matmul_backward(NULL, g->attprojw, NULL, a->res2, a->atty, w->attprojw, B, T, Cl, C);
     rep_args ab = {.dout = a->res2};
     gpt_replicated_grads(m, &pk, 1, &ab, NULL, g->attprojb, Rl);

@@ -19,6 +19,7 @@
  * bits).
  */
 #include "gpt_internal.h"
+#include "moe.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -173,6 +174,15 @@ loom_status gpt_llama_block_forward(loom_gpt *m, int l, const float *residual, i
     LOOM_TRY(F_LEAVE(LOOM_REGION_ATTENTION, l, m->partial, m->summed, R, C));
     k->residual_forward(a->res2, residual, m->summed, Rl * C);
     k->rmsnorm_forward(a->ln2, a->ln2_rstd, a->res2, w->ln2w, Rl, C, eps);
+    if (m->moe && gpt_moe_block(&m->cfg, l)) { /* SwiGLU experts behind a router (moe.h) */
+        if (gpt_moe_rerunning(m))
+            return LOOM_OK; /* recomputation: the experts' part is kept, res3 too */
+        LOOM_TRY(F_ENTER(LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R, C));
+        LOOM_TRY(gpt_moe_forward(m, l, gpt_moe_router(m, l), a->ln2_full, m->partial, R));
+        LOOM_TRY(F_LEAVE(LOOM_REGION_MLP, l, m->partial, m->summed, R, C));
+        k->residual_forward(a->res3, a->res2, m->summed, Rl * C);
+        return LOOM_OK;
+    }
     LOOM_TRY(F_ENTER(LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R, C));
     k->matmul_forward(a->fch, a->ln2_full, w->fcw, NULL, B, T, C, m->fc_w);
     k->swiglu_forward(a->fch_gelu, a->fch, R, Fl);
@@ -190,10 +200,21 @@ loom_status gpt_llama_block_backward(loom_gpt *m, int l, const float *residual, 
     const size_t R = (size_t)B * T;
     layer_params *w = &m->p.layer[l], *g = &m->g.layer[l];
     layer_acts *a = &m->acts[l];
-    if (m->rc[l] == RC_FULL)
-        LOOM_TRY(gpt_llama_block_forward(m, l, residual, B, T, Rl));
+    if (m->rc[l] == RC_FULL) { /* an MoE block's experts are kept, not rerun (moe.h) */
+        gpt_moe_rerun(m, 1);
+        loom_status rs = gpt_llama_block_forward(m, l, residual, B, T, Rl);
+        gpt_moe_rerun(m, 0);
+        LOOM_TRY(rs);
+    }
     /* MLP branch: res3 = res2 + g(down(swiglu(gate|up(f(rms2(res2)))))) */
     LOOM_TRY(B_LEAVE(LOOM_REGION_MLP, l, m->dres, m->dres_full, R, C));
+    if (m->moe && gpt_moe_block(&m->cfg, l)) { /* the router's and experts' (moe.h) */
+        LOOM_TRY(gpt_regather(m, LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R));
+        LOOM_TRY(gpt_moe_backward(m, l, gpt_moe_router(m, l), m->dres_full, m->dpartial, R));
+        LOOM_TRY(B_ENTER(LOOM_REGION_MLP, l, m->dpartial, m->dsummed, R, C)); /* sum over tp */
+        LOOM_TRY(gpt_region_wait(m));
+        goto mlp_done;
+    }
     if (m->rc[l] == RC_SELECTIVE)
         k->swiglu_forward(a->fch_gelu, a->fch, R, Fl);
     k->matmul_backward(m->dbuf_4a, g->fcprojw, NULL, m->dres_full, a->fch_gelu, w->fcprojw,
@@ -202,6 +223,7 @@ loom_status gpt_llama_block_backward(loom_gpt *m, int l, const float *residual, 
     LOOM_TRY(gpt_regather(m, LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R));
     LOOM_TRY(gpt_column_parallel_backward(m, LOOM_REGION_MLP, l, g->fcw, NULL, m->dbuf_4b,
                                           a->ln2_full, w->fcw, B, T, m->fc_w, 2));
+mlp_done:;
     rep_args ln2 = {m->dtmp, m->dsummed, a->res2, w->ln2w, NULL, a->ln2_rstd};
     gpt_replicated_grads(m, pk, 2, &ln2, g->ln2w, NULL, Rl);
     k->accumulate(m->dres, m->dtmp, Rl * C);

@@ -20,6 +20,7 @@
  * backward: the same bits (tests/unit/test_gpt_split.c, llama cases).
  */
 #include "gpt_internal.h"
+#include "moe.h"
 
 #include "base/status.h"
 
@@ -37,10 +38,14 @@ loom_status gpt_llama_block_input(loom_gpt *m, int l, const float *residual, flo
     rep_pack pk = {.n = 0, .base = a->ln_part};
     /* MLP branch */
     LOOM_TRY(B_LEAVE(LOOM_REGION_MLP, l, dy, dy, R, C));
-    k->gemm(0, 0, (int)R, Fl, C, 1.0f, dy, C, w->fcprojw, Fl, 0.0f, m->dbuf_4a, Fl);
-    k->swiglu_backward(a->dfch, a->fch, m->dbuf_4a, R, Fl);
-    LOOM_TRY(gpt_column_parallel_backward_input(m, LOOM_REGION_MLP, l, a->dfch, w->fcw, B, T,
-                                                m->fc_w, 2));
+    if (m->moe && gpt_moe_block(&m->cfg, l)) { /* the experts' B, into dsummed (moe.h) */
+        LOOM_TRY(gpt_moe_split_input(m, l, dy, R));
+    } else {
+        k->gemm(0, 0, (int)R, Fl, C, 1.0f, dy, C, w->fcprojw, Fl, 0.0f, m->dbuf_4a, Fl);
+        k->swiglu_backward(a->dfch, a->fch, m->dbuf_4a, R, Fl);
+        LOOM_TRY(gpt_column_parallel_backward_input(m, LOOM_REGION_MLP, l, a->dfch, w->fcw, B,
+                                                    T, m->fc_w, 2));
+    }
     rep_args ln2 = {m->dtmp, m->dsummed, a->res2, w->ln2w, NULL, a->ln2_rstd};
     gpt_replicated_grads(m, &pk, 2, &ln2, g->ln2w, NULL, Rl);
     float *dy2 = a->res2; /* read by RMSNorm 2's backward just now: d(res2) goes there */
@@ -70,10 +75,14 @@ loom_status gpt_llama_block_weight(loom_gpt *m, int l, const float *dy, int B, i
     const int C = m->cfg.dim, Cl = m->Cl, Fl = m->Fl;
     layer_params *w = &m->p.layer[l], *g = &m->g.layer[l];
     layer_acts *a = &m->acts[l];
-    if (m->rc[l] == RC_SELECTIVE) /* the SwiGLU output again, into the shared scratch set */
-        k->swiglu_forward(a->fch_gelu, a->fch, (size_t)B * T, Fl);
-    k->matmul_backward(NULL, g->fcprojw, NULL, dy, a->fch_gelu, w->fcprojw, B, T, Fl, C);
-    k->matmul_backward(NULL, g->fcw, NULL, a->dfch, a->ln2_full, w->fcw, B, T, C, m->fc_w);
+    if (m->moe && gpt_moe_block(&m->cfg, l)) { /* the router's and experts' W (moe.h) */
+        LOOM_TRY(gpt_moe_backward_weight(m, l, gpt_moe_router(m, l), (size_t)B * T));
+    } else {
+        if (m->rc[l] == RC_SELECTIVE) /* the SwiGLU output again, into the shared scratch */
+            k->swiglu_forward(a->fch_gelu, a->fch, (size_t)B * T, Fl);
+        k->matmul_backward(NULL, g->fcprojw, NULL, dy, a->fch_gelu, w->fcprojw, B, T, Fl, C);
+        k->matmul_backward(NULL, g->fcw, NULL, a->dfch, a->ln2_full, w->fcw, B, T, C, m->fc_w);
+    }
     k->matmul_backward(NULL, g->attprojw, NULL, a->res2, a->atty, w->attprojw, B, T, Cl, C);
     k->matmul_backward(NULL, g->qkvw, NULL, dqkv_buffer(a), a->ln1_full, w->qkvw, B, T, C,
                        m->qkv_w);

@@ -35,6 +35,9 @@ typedef struct moe_block {
     int Ar;                     /* rows received (this rank's experts' work) */
     size_t run_off, cbase;      /* canonical ep: the experts' first gradient offset, and
                                  * where their run starts in each source's copy */
+    float *kdy, *kdh, *kdlogits; /* split backward: what B leaves for W (the experts'
+                                 * output and fc-output gradients, expert-major, and the
+                                 * router logits' gradient): this slot's own */
 } moe_block;
 
 struct gpt_moe {
@@ -49,12 +52,15 @@ struct gpt_moe {
     moe_block *blk, *blk_all;   /* the bound slot's n blocks, of slots x n */
     int max_R, A;               /* rows, assignments (k x rows) the buffers hold */
     int ep, ep_rank, El;        /* expert parallelism: ranks, this one, experts here */
+    int per;                    /* table entries per expert: 4 (GPT-2), 3 (llama: SwiGLU) */
+    int swiglu;                 /* llama: fc is gate|up (2F wide), silu(g) u, no biases */
+    int hw;                     /* fc's output width: F, or 2F for SwiGLU */
     int Amax;                   /* rows an ep rank may receive: ep x A */
     int segs;                   /* GEMMs per expert: ep in canonical mode (one per source
                                  * rank's rows, ep=1's shapes), else 1 */
     float *cgrad;               /* canonical ep: (ep, nexp) per-source expert gradients */
     size_t nexp;
-    uint64_t seed, key;
+    uint64_t seed, key, micro; /* micro: under pp, the forward's micro-batch, added to key */
     float dloss;                /* of the forward in progress */
     int rerun;                  /* recomputation's forward: the routing and expert
                                  * activations are the block's own, kept (gpt_moe_rerun) */
@@ -72,6 +78,8 @@ int gpt_moe_block(const loom_gpt_config *c, int l)
 {
     return c->moe.experts > 0 && (l + 1) % c->moe.every == 0;
 }
+
+int gpt_moe_router(const loom_gpt *m, int l) { return m->ent0[l] + (m->llama ? 6 : 8); }
 
 loom_status gpt_moe_check(const loom_gpt_config *c)
 {
@@ -95,6 +103,18 @@ loom_status gpt_moe_check(const loom_gpt_config *c)
     return LOOM_OK;
 }
 
+/* Each expert's entries after the router, by kind: GPT-2's fc and proj with biases, the
+ * llama family's SwiGLU gate, up (back to back: one 2F x C product) and proj, no biases. */
+static const char *const gpt_kinds[] = {"fc.weight", "fc.bias", "proj.weight", "proj.bias"};
+static const char *const llama_kinds[] = {"gate.weight", "up.weight", "proj.weight"};
+
+int loom_gpt_moe_expert_kinds(const loom_gpt *m, const char *const **names)
+{
+    int llama = m->cfg.family == LOOM_FAMILY_LLAMA;
+    *names = llama ? llama_kinds : gpt_kinds;
+    return llama ? 3 : 4;
+}
+
 loom_status gpt_moe_add_entries(loom_gpt *m, int l, float std, float proj_std)
 {
     const loom_gpt_config *c = &m->cfg;
@@ -102,6 +122,7 @@ loom_status gpt_moe_add_entries(loom_gpt *m, int l, float std, float proj_std)
     int ep = m->ep > 1 ? m->ep : 1;
     int El = c->moe.experts / ep, e_first = ep > 1 ? m->ep_rank * El : 0;
     int64_t C = c->dim, sh[2];
+    int64_t F = c->family == LOOM_FAMILY_LLAMA ? c->ffn_dim : 4 * C;
     char name[LOOM_PARAM_NAME_MAX];
 #define ENTRY(nd, a, b, init, sd, split, ...)                                       \
     do {                                                                            \
@@ -111,7 +132,12 @@ loom_status gpt_moe_add_entries(loom_gpt *m, int l, float std, float proj_std)
         LOOM_TRY(gpt_place_last(m, split));                                         \
     } while (0)
     ENTRY(2, c->moe.experts, C, LOOM_INIT_NORMAL, std, -1, "h.%d.moe.router.weight", l);
-    for (int e = e_first; e < e_first + El; e++) {
+    for (int e = e_first; c->family == LOOM_FAMILY_LLAMA && e < e_first + El; e++) {
+        ENTRY(2, F, C, LOOM_INIT_NORMAL, std, 0, "h.%d.moe.expert.%d.gate.weight", l, e);
+        ENTRY(2, F, C, LOOM_INIT_NORMAL, std, 0, "h.%d.moe.expert.%d.up.weight", l, e);
+        ENTRY(2, C, F, LOOM_INIT_NORMAL, proj_std, 1, "h.%d.moe.expert.%d.proj.weight", l, e);
+    }
+    for (int e = e_first; c->family != LOOM_FAMILY_LLAMA && e < e_first + El; e++) {
         ENTRY(2, 4 * C, C, LOOM_INIT_NORMAL, std, 0, "h.%d.moe.expert.%d.fc.weight", l, e);
         ENTRY(1, 4 * C, 0, LOOM_INIT_ZEROS, 0.0f, 0, "h.%d.moe.expert.%d.fc.bias", l, e);
         ENTRY(2, C, 4 * C, LOOM_INIT_NORMAL, proj_std, 1, "h.%d.moe.expert.%d.proj.weight", l, e);
@@ -169,12 +195,6 @@ loom_status gpt_moe_create(loom_gpt *m, uint64_t seed)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "moe with tensor parallelism (tp=%d) and canonical mode "
                   "does not compose yet (the experts' partial sums are not in canonical mode's "
                   "fixed chunk tree); use fast mode, or tp=1", m->tp);
-    if (m->staged && (c->moe.noisy || m->split))
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "moe with pipeline parallelism and %s is not built yet "
-                  "(%s); use router = \"topk\" and a schedule without split backward (1f1b)",
-                  c->moe.noisy ? "router = \"noisy_topk\"" : "a split-backward schedule (zb1)",
-                  c->moe.noisy ? "the stages do not know each micro-batch's global index"
-                               : "the experts have no separate weight-gradient pass");
     if (m->ep > 1 && (c->moe.experts % m->ep || !m->ep_ops || !m->ep_comm))
         LOOM_FAIL(LOOM_ERR_INVALID, "expert parallelism ep=%d must divide experts=%d (and needs "
                   "its group's communicator)", m->ep, c->moe.experts);
@@ -195,7 +215,11 @@ loom_status gpt_moe_create(loom_gpt *m, uint64_t seed)
     g->ep_rank = m->ep_rank;
     int E = c->moe.experts, K = c->moe.top_k, P = g->ep;
     g->El = E / P;
-    size_t C = (size_t)c->dim, F = 4 * C, R = (size_t)m->max_B * (size_t)c->ctx, A = R * K;
+    g->swiglu = m->llama;
+    g->per = m->llama ? 3 : 4;
+    g->hw = m->fc_w;
+    /* F: the widest of fc's output and its activation's, per row */
+    size_t C = (size_t)c->dim, F = (size_t)g->hw, R = (size_t)m->max_B * (size_t)c->ctx, A = R * K;
     size_t Am = A * (size_t)P; /* every ep rank may send all its choices here */
     g->max_R = (int)R;
     g->A = (int)A;
@@ -230,6 +254,12 @@ loom_status gpt_moe_create(loom_gpt *m, uint64_t seed)
         x->hg = DEV(Am * F);
         x->y = DEV(A * C);
         ok &= x->logits_h && x->logits && x->tok && x->gate && x->xin && x->h && x->hg && x->y;
+        if (m->split) { /* B's gradients for W (moe.h: gpt_moe_backward_input) */
+            x->kdy = DEV((P > 1 ? Am : A) * C);
+            x->kdh = DEV(Am * F);
+            x->kdlogits = DEV(R * E);
+            ok &= x->kdy && x->kdh && x->kdlogits;
+        }
         if (P > 1) {
             x->xe = DEV(Am * C);
             x->perm = (int *)DEV(Am);
@@ -242,12 +272,18 @@ loom_status gpt_moe_create(loom_gpt *m, uint64_t seed)
             HOST(x->sc, (size_t)P); HOST(x->sd, (size_t)P); HOST(x->rc, (size_t)P); HOST(x->rd, (size_t)P);
         }
     }
+    for (int i = 0; g->swiglu && i < m->table.count; i++) /* gate|up: one product's weight */
+        if (strstr(m->table.entries[i].name, ".gate.weight") && loom_gpt_is_expert_entry(m, i) &&
+            m->table.entries[i].offset + m->table.entries[i].numel != m->table.entries[i + 1].offset)
+            LOOM_FAIL(LOOM_ERR_INVALID, "moe with the llama family: %s and %s are not back to "
+                      "back in the parameter buffer (use a dim and ffn_dim whose product is a "
+                      "multiple of 16)", m->table.entries[i].name, m->table.entries[i + 1].name);
     g->segs = P > 1 && m->canonical ? P : 1;
     if (g->segs > 1) { /* each block's run of local experts, in table order */
         int b = 0;
         for (int i = 0; i < m->table.count; i++)
             if (loom_gpt_is_expert_entry(m, i) && (i == 0 || !loom_gpt_is_expert_entry(m, i - 1))) {
-                const loom_param_entry *last = &m->table.entries[i + 4 * g->El - 1];
+                const loom_param_entry *last = &m->table.entries[i + g->per * g->El - 1];
                 g->blk[b].run_off = m->table.entries[i].offset;
                 g->blk[b++].cbase = g->nexp;
                 g->nexp += last->offset + last->numel - m->table.entries[i].offset;
@@ -294,7 +330,7 @@ void gpt_moe_destroy(loom_gpt *m)
         moe_route_free(&x->rt);
         free(x->logits_h);
         float *dev[] = {x->logits, (float *)x->tok, x->gate, x->xin, x->h, x->hg, x->y, x->xe,
-                        (float *)x->perm, (float *)x->inv};
+                        (float *)x->perm, (float *)x->inv, x->kdy, x->kdh, x->kdlogits};
         for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
             if (dev[i])
                 k->free(bs, dev[i]);
@@ -342,8 +378,16 @@ void gpt_moe_begin(loom_gpt *m, float dloss)
 
 void loom_gpt_set_moe_key(loom_gpt *m, uint64_t key)
 {
-    if (m->moe)
+    if (m->moe) {
         m->moe->key = key;
+        m->moe->micro = 0;
+    }
+}
+
+void loom_gpt_set_moe_micro(loom_gpt *m, int micro)
+{
+    if (m->moe)
+        m->moe->micro = (uint64_t)micro;
 }
 
 static int first_moe_layer(const loom_gpt *m)
@@ -376,11 +420,25 @@ void loom_gpt_moe_stats(loom_gpt *m, loom_moe_stats *out, int reset)
     }
 }
 
-/* Local expert j's four entries after the router at e0. */
-#define FCW(base) at(m, base, e0 + 1 + 4 * j)
-#define FCB(base) at(m, base, e0 + 2 + 4 * j)
-#define PJW(base) at(m, base, e0 + 3 + 4 * j)
-#define PJB(base) at(m, base, e0 + 4 + 4 * j)
+/* Local expert j's entries after the router at e0: fc's weight (SwiGLU: gate, then up, one
+ * 2F x C matrix) and bias, proj's weight and bias; the llama family's have no biases
+ * (table index -1). */
+enum { X_FCW, X_FCB, X_PJW, X_PJB };
+static int xent(const gpt_moe *g, int e0, int j, int kind)
+{
+    static const int gpt[4] = {0, 1, 2, 3}, llama[4] = {0, -1, 2, -1};
+    int at_ = (g->swiglu ? llama : gpt)[kind];
+    return at_ < 0 ? -1 : e0 + 1 + g->per * j + at_;
+}
+static float *xat(loom_gpt *m, float *base, int e0, int j, int kind)
+{
+    int i = xent(m->moe, e0, j, kind);
+    return i < 0 ? NULL : at(m, base, i);
+}
+#define FCW(base) xat(m, base, e0, j, X_FCW)
+#define FCB(base) xat(m, base, e0, j, X_FCB)
+#define PJW(base) xat(m, base, e0, j, X_PJW)
+#define PJB(base) xat(m, base, e0, j, X_PJB)
 
 int gpt_moe_held_elsewhere(const loom_gpt *m, const char *name)
 {
@@ -391,8 +449,10 @@ int gpt_moe_held_elsewhere(const loom_gpt *m, const char *name)
     char what[32] = "";
     if (sscanf(name, "h.%d.moe.expert.%d.%31s%n", &l, &e, what, &n) != 3 || name[n] != '\0')
         return 0;
-    int known = !strcmp(what, "fc.weight") || !strcmp(what, "fc.bias") ||
-                !strcmp(what, "proj.weight") || !strcmp(what, "proj.bias");
+    const char *const *kinds;
+    int known = 0, nk = loom_gpt_moe_expert_kinds(m, &kinds);
+    for (int q = 0; q < nk; q++)
+        known |= !strcmp(what, kinds[q]);
     return known && l >= 0 && l < m->cfg.layers && gpt_moe_block(&m->cfg, l) && e >= 0 &&
            e < g->cfg.experts && e / g->El != g->ep_rank;
 }
@@ -402,7 +462,9 @@ size_t gpt_moe_params_elsewhere(const loom_gpt *m)
     const gpt_moe *g = m->moe;
     if (!g || g->ep < 2)
         return 0;
-    size_t C = (size_t)m->cfg.dim, per = 8 * C * C + 5 * C; /* fc (4C x C, 4C), proj (C x 4C, C) */
+    size_t C = (size_t)m->cfg.dim, F = (size_t)m->cfg.ffn_dim;
+    size_t per = g->swiglu ? 3 * F * C       /* gate, up (F x C), proj (C x F) */
+                           : 8 * C * C + 5 * C; /* fc (4C x C, 4C), proj (C x 4C, C) */
     return (size_t)g->n * (size_t)(g->cfg.experts - g->El) * per;
 }
 
@@ -422,7 +484,7 @@ const float *loom_gpt_moe_source_grads(const loom_gpt *m, size_t *n)
 static size_t run_floats(const loom_gpt *m, int e0)
 {
     const loom_param_entry *first = &m->table.entries[e0 + 1],
-                           *last = &m->table.entries[e0 + 4 * m->moe->El];
+                           *last = &m->table.entries[e0 + m->moe->per * m->moe->El];
     return last->offset + last->numel - first->offset;
 }
 
@@ -441,6 +503,8 @@ static size_t segment(const gpt_moe *g, const moe_block *b, const int *eoff, con
 static float *grad_of(loom_gpt *m, const moe_block *b, int i, int s)
 {
     const gpt_moe *g = m->moe;
+    if (i < 0)
+        return NULL; /* no such entry (the llama family's experts have no biases) */
     size_t off = m->table.entries[i].offset;
     if (g->segs == 1)
         return m->grads + off;
@@ -538,7 +602,7 @@ loom_status gpt_moe_forward(loom_gpt *m, int l, int e0, const float *x, float *o
     if (g->cfg.noisy && g->dloss != 0.0f) { /* training forwards only (Shazeer et al. 2017) */
         char sname[48];
         snprintf(sname, sizeof sname, "moe.noise.%d", l);
-        uint64_t stream = loom_rng_stream(sname), row0 = g->key * (uint64_t)R;
+        uint64_t stream = loom_rng_stream(sname), row0 = (g->key + g->micro) * (uint64_t)R;
         for (size_t t = 0; t < R; t++)
             for (int e = 0; e < E; e++)
                 b->logits_h[t * E + e] += (float)(g->cfg.noise_std *
@@ -565,15 +629,19 @@ loom_status gpt_moe_forward(loom_gpt *m, int l, int e0, const float *x, float *o
         eoff = b->eoff;
         ecount = b->ecount;
     }
+    int H = g->hw;
     for (int j = 0; j < El; j++) /* one GEMM per expert over the rows it received */
         for (int s = 0; s < g->segs; s++) {
             size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
             if (n)
-                k->matmul_forward(b->h + o * F, xe + o * C, FCW(m->params), FCB(m->params), 1,
-                                  (int)n, C, F);
+                k->matmul_forward(b->h + o * H, xe + o * C, FCW(m->params), FCB(m->params), 1,
+                                  (int)n, C, H);
         }
     size_t rows = g->ep > 1 ? Ar : A;
-    k->gelu_forward(b->hg, b->h, rows * F); /* without ep: every expert's rows, all here */
+    if (g->swiglu) /* silu(gate) * up, each row's gate|up halves */
+        k->swiglu_forward(b->hg, b->h, rows, F);
+    else
+        k->gelu_forward(b->hg, b->h, rows * F); /* without ep: every expert's rows, all here */
     for (int j = 0; j < El; j++)
         for (int s = 0; s < g->segs; s++) {
             size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
@@ -607,57 +675,105 @@ loom_status gpt_moe_forward(loom_gpt *m, int l, int e0, const float *x, float *o
     return LOOM_OK;
 }
 
-loom_status gpt_moe_backward(loom_gpt *m, int l, int e0, const float *dout, float *dx, size_t R)
+enum { MOE_FUSED, MOE_INPUT, MOE_WEIGHT };
+
+/* One linear's backward over n rows (matmul_backward's contract, inputs Cin, outputs OC):
+ * fused, or split as gpt_backward_split.c splits it: B the input gradient through the GEMM
+ * matmul_backward makes, W the weight and bias gradients. */
+static void linear_back(const loom_backend_ops *k, int mode, float *dinp, float *dw, float *db,
+                        const float *dout, const float *inp, const float *w, size_t n, int Cin,
+                        int OC)
+{
+    if (mode == MOE_INPUT)
+        k->gemm(0, 0, (int)n, Cin, OC, 1.0f, dout, OC, w, Cin, 0.0f, dinp, Cin);
+    else
+        k->matmul_backward(mode == MOE_WEIGHT ? NULL : dinp, dw, db, dout, inp, w, 1, (int)n,
+                           Cin, OC);
+}
+
+static loom_status moe_backward(loom_gpt *m, int l, int e0, const float *dout, float *dx,
+                                size_t R, int mode)
 {
     gpt_moe *g = m->moe;
     moe_block *b = &g->blk[g->index[l]];
     moe_route *rt = &b->rt;
     const loom_backend_ops *k = m->be->ops;
     void *bs = m->be->self;
-    int E = g->cfg.experts, C = m->cfg.dim, F = m->Fl, El = g->El;
+    int E = g->cfg.experts, C = m->cfg.dim, F = m->Fl, El = g->El, H = g->hw;
     size_t A = (size_t)rt->kept;
     if ((size_t)rt->R != R)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "moe backward over %zu rows after a forward over %d", R,
                   rt->R);
-    /* out = sum_a gate_a y_a at row tok_a: d(y_a) = gate_a dout[tok_a], d(gate_a) =
-     * dout[tok_a] . y_a */
-    k->rows_gather(g->dy, dout, b->tok, b->gate, A, C);
-    k->rows_dot(g->dgate, dout, b->tok, b->y, A, C);
-    /* y is this tp rank's partial: the gates' gradient is the sum over the group */
-    LOOM_TRY(gpt_tensor_allreduce(m, g->dgate, A, LOOM_REDUCE_SUM));
-    float *dye = g->dy, *dxe = g->dxin, *xe = b->xin;
+    int split = mode != MOE_FUSED;
+    /* the gradients W reads: B's own per slot under a split backward, else scratch */
+    float *dy = split ? b->kdy : g->dy, *dh = split ? b->kdh : g->dh;
+    float *dlogits = split ? b->kdlogits : g->dlogits;
+    float *dye = dy, *dxe = g->dxin, *xe = b->xin;
     const int *eoff = rt->offset + g->ep_rank * El, *ecount = rt->count + g->ep_rank * El;
     size_t rows = A;
-    if (g->ep > 1) { /* the outputs' gradients to the experts' ranks, as the inputs went */
-        LOOM_TRY(ep_exchange(m, b, g->dy, b->send_rows, b->send_off, g->xr, b->recv_rows,
-                             b->recv_off));
+    if (g->ep > 1) {
         rows = (size_t)b->Ar;
-        k->rows_gather(g->dye, g->xr, b->perm, NULL, rows, C);
-        dye = g->dye;
+        dye = split ? b->kdy : g->dye;
         dxe = g->dxe;
         xe = b->xe;
         eoff = b->eoff;
         ecount = b->ecount;
     }
-    for (int s = 0; g->segs > 1 && s < g->segs; s++) /* this backward's copies start at 0 */
-        k->zero(bs, g->cgrad + (size_t)s * g->nexp + b->cbase,
-                run_floats(m, e0) * sizeof(float));
+    if (mode != MOE_INPUT) /* this backward's canonical copies start at 0 */
+        for (int s = 0; g->segs > 1 && s < g->segs; s++)
+            k->zero(bs, g->cgrad + (size_t)s * g->nexp + b->cbase,
+                    run_floats(m, e0) * sizeof(float));
+    if (mode == MOE_WEIGHT) { /* W: the weight products from what B kept */
+        for (int j = 0; j < El; j++)
+            for (int s = 0; s < g->segs; s++) {
+                size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
+                if (n)
+                    linear_back(k, mode, NULL, grad_of(m, b, xent(g, e0, j, X_PJW), s),
+                                grad_of(m, b, xent(g, e0, j, X_PJB), s), dye + o * C,
+                                b->hg + o * F, PJW(m->params), n, F, C);
+            }
+        for (int j = 0; j < El; j++)
+            for (int s = 0; s < g->segs; s++) {
+                size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
+                if (n)
+                    linear_back(k, mode, NULL, grad_of(m, b, xent(g, e0, j, X_FCW), s),
+                                grad_of(m, b, xent(g, e0, j, X_FCB), s), dh + o * H,
+                                xe + o * C, FCW(m->params), n, C, H);
+            }
+        k->matmul_backward(NULL, at(m, m->grads, e0), NULL, dlogits, m->acts[l].ln2_full,
+                           at(m, m->params, e0), 1, (int)R, C, E);
+        return LOOM_OK;
+    }
+    /* out = sum_a gate_a y_a at row tok_a: d(y_a) = gate_a dout[tok_a], d(gate_a) =
+     * dout[tok_a] . y_a */
+    k->rows_gather(dy, dout, b->tok, b->gate, A, C);
+    k->rows_dot(g->dgate, dout, b->tok, b->y, A, C);
+    /* y is this tp rank's partial: the gates' gradient is the sum over the group */
+    LOOM_TRY(gpt_tensor_allreduce(m, g->dgate, A, LOOM_REDUCE_SUM));
+    if (g->ep > 1) { /* the outputs' gradients to the experts' ranks, as the inputs went */
+        LOOM_TRY(ep_exchange(m, b, dy, b->send_rows, b->send_off, g->xr, b->recv_rows,
+                             b->recv_off));
+        k->rows_gather(dye, g->xr, b->perm, NULL, rows, C);
+    }
     for (int j = 0; j < El; j++)
         for (int s = 0; s < g->segs; s++) {
             size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
             if (n)
-                k->matmul_backward(g->dhg + o * F, grad_of(m, b, e0 + 3 + 4 * j, s),
-                                   grad_of(m, b, e0 + 4 + 4 * j, s), dye + o * C, b->hg + o * F,
-                                   PJW(m->params), 1, (int)n, F, C);
+                linear_back(k, mode, g->dhg + o * F, grad_of(m, b, xent(g, e0, j, X_PJW), s),
+                            grad_of(m, b, xent(g, e0, j, X_PJB), s), dye + o * C,
+                            b->hg + o * F, PJW(m->params), n, F, C);
         }
-    k->gelu_backward(g->dh, b->h, g->dhg, rows * F);
+    if (g->swiglu)
+        k->swiglu_backward(dh, b->h, g->dhg, rows, F);
+    else
+        k->gelu_backward(dh, b->h, g->dhg, rows * F);
     for (int j = 0; j < El; j++)
         for (int s = 0; s < g->segs; s++) {
             size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
             if (n)
-                k->matmul_backward(dxe + o * C, grad_of(m, b, e0 + 1 + 4 * j, s),
-                                   grad_of(m, b, e0 + 2 + 4 * j, s), g->dh + o * F, xe + o * C,
-                                   FCW(m->params), 1, (int)n, C, F);
+                linear_back(k, mode, dxe + o * C, grad_of(m, b, xent(g, e0, j, X_FCW), s),
+                            grad_of(m, b, xent(g, e0, j, X_FCB), s), dh + o * H, xe + o * C,
+                            FCW(m->params), n, C, H);
         }
     if (g->ep > 1) { /* the inputs' gradients back to the tokens' ranks */
         k->rows_gather(g->xr, g->dxe, b->inv, NULL, rows, C);
@@ -671,13 +787,37 @@ loom_status gpt_moe_backward(loom_gpt *m, int l, int e0, const float *dout, floa
     k->copy_to_host(bs, g->dgate_h, g->dgate, A * sizeof(float));
     double w = (double)g->dloss * (double)R;
     moe_route_backward(rt, g->dgate_h, w * g->cfg.aux_loss, w * g->cfg.z_loss, g->dlogits_h);
-    k->copy_to_device(bs, g->dlogits, g->dlogits_h, R * E * sizeof(float));
+    k->copy_to_device(bs, dlogits, g->dlogits_h, R * E * sizeof(float));
     const float *x = m->acts[l].ln2_full;
-    k->matmul_backward(g->dxr, at(m, m->grads, e0), NULL, g->dlogits, x, at(m, m->params, e0), 1,
-                       (int)R, C, E);
+    linear_back(k, mode, g->dxr, at(m, m->grads, e0), NULL, dlogits, x, at(m, m->params, e0), R,
+                C, E);
     if (m->tp_rank == 0) /* the router is replicated: its input gradient joins once */
         k->accumulate(dx, g->dxr, R * C);
     /* each tp rank's experts gave their slice's part of the input gradient (column-
      * parallel): the caller sums dx over the group */
     return LOOM_OK;
+}
+
+loom_status gpt_moe_backward(loom_gpt *m, int l, int e0, const float *dout, float *dx, size_t R)
+{
+    return moe_backward(m, l, e0, dout, dx, R, MOE_FUSED);
+}
+
+loom_status gpt_moe_backward_input(loom_gpt *m, int l, int e0, const float *dout, float *dx,
+                                   size_t R)
+{
+    return moe_backward(m, l, e0, dout, dx, R, MOE_INPUT);
+}
+
+loom_status gpt_moe_backward_weight(loom_gpt *m, int l, int e0, size_t R)
+{
+    return moe_backward(m, l, e0, NULL, NULL, R, MOE_WEIGHT);
+}
+
+loom_status gpt_moe_split_input(loom_gpt *m, int l, const float *dy, size_t R)
+{
+    int C = m->cfg.dim;
+    LOOM_TRY(gpt_moe_backward_input(m, l, gpt_moe_router(m, l), dy, m->dpartial, R));
+    LOOM_TRY(B_ENTER(LOOM_REGION_MLP, l, m->dpartial, m->dsummed, R, C)); /* sum over tp */
+    return gpt_region_wait(m);
 }

@@ -1,6 +1,8 @@
 /* moe.h — the mixture-of-experts MLP of a GPT block (gpt.h's loom_moe_config): a linear
  * router (h.L.moe.router.weight, E x C, no bias) and E GPT-2 MLPs
- * (h.L.moe.expert.E.{fc,proj}.{weight,bias}), in place of the block's mlp.* entries.
+ * (h.L.moe.expert.E.{fc,proj}.{weight,bias}), in place of the block's mlp.* entries; in
+ * the llama family E SwiGLU MLPs (h.L.moe.expert.E.{gate,up,proj}.weight, gate and up
+ * back to back: one 2F x C product; silu(gate) * up; no biases), Mixtral's layout.
  *
  * Forward over R token rows x (the ln_2 output): router logits on the device, the routing
  * decisions on the host (moe_route.h: softmax, top-k, gates, capacity, drops), the kept
@@ -21,6 +23,9 @@
 loom_status gpt_moe_check(const loom_gpt_config *c);
 /* 1 if block l is an MoE block of config c. */
 int gpt_moe_block(const loom_gpt_config *c, int l);
+/* MoE block l's router entry (table index): after ln_1 .. ln_2 (8 GPT-2 entries, 6 llama),
+ * its experts' entries after it. */
+int gpt_moe_router(const loom_gpt *m, int l);
 /* Append block l's router and experts to the table (instead of its mlp.* entries); under
  * expert parallelism only this ep rank's E/ep experts (named by their global index);
  * under tensor parallelism each expert split as the dense MLP is (fc by output features,
@@ -28,7 +33,7 @@ int gpt_moe_block(const loom_gpt_config *c, int l);
 loom_status gpt_moe_add_entries(loom_gpt *m, int l, float std, float proj_std);
 /* After the table and the parameters exist: the MoE state and buffers (m->moe); refuses
  * what does not compose yet (tensor parallelism with canonical mode; pipeline
- * parallelism with the noisy router or a split backward; a backend without rows_gather). */
+ * parallelism with a split backward; a backend without rows_gather). */
 loom_status gpt_moe_create(loom_gpt *m, uint64_t seed);
 void gpt_moe_destroy(loom_gpt *m);
 size_t gpt_moe_bytes(const loom_gpt *m);
@@ -61,5 +66,18 @@ loom_status gpt_moe_forward(loom_gpt *m, int l, int e0, const float *x, float *o
  * partial, summed over the group by the caller; parameter gradients accumulate. The router
  * reads ln_2's gathered output again (the caller regathers it under sp). */
 loom_status gpt_moe_backward(loom_gpt *m, int l, int e0, const float *dout, float *dx, size_t R);
+
+/* The split backward (zero-bubble schedules, gpt_backward_split.c): B, the input gradient
+ * as gpt_moe_backward computes it, with every linear's input product through the GEMM
+ * matmul_backward makes and no weight gradient, keeping in the bound slot what W reads
+ * (the experts' output and fc-output gradients, the router logits' gradient); W, the
+ * router's and experts' weight and bias gradients from those, in the fused order. So B
+ * then W gives the fused backward's bits. */
+loom_status gpt_moe_backward_input(loom_gpt *m, int l, int e0, const float *dout, float *dx,
+                                   size_t R);
+loom_status gpt_moe_backward_weight(loom_gpt *m, int l, int e0, size_t R);
+/* A split B's MLP branch of MoE block l (both families): the input gradient from dy into
+ * m->dsummed, summed over tp. */
+loom_status gpt_moe_split_input(loom_gpt *m, int l, const float *dy, size_t R);
 
 #endif

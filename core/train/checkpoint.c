@@ -975,12 +975,17 @@ static loom_status save_zero(loom_session *s, loom_ckpt_source *srcp, const loom
                * expert by logical name), so any ep loads it (session_ep.h) */
         loom_gpt *m = loom_session_model(s);
         loom_param_table full;
-        float *params, *state;
-        LOOM_TRY(loom_ep_gather_full(ep, m, src.state, src.slots, &full, &params, &state));
+        float *params, *state, *zstate = NULL; /* ZeRO-1: this rank's state, whole first */
+        if (loom_session_zero(s))
+            LOOM_TRY(loom_zero_full_state(loom_session_zero(s), src.slots, &zstate));
+        loom_status st = loom_ep_gather_full(ep, m, zstate ? zstate : src.state, src.slots,
+                                             &full, &params, &state);
+        free(zstate);
+        LOOM_TRY(st);
         src.table = &full;
         src.params = params;
         src.state = state;
-        loom_status st = loom_ckpt_save_source(&src, &g, dir, x, out_path, len);
+        st = loom_ckpt_save_source(&src, &g, dir, x, out_path, len);
         free(params);
         free(state);
         loom_params_free(&full);

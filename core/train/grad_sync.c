@@ -353,7 +353,22 @@ loom_status loom_grad_sync_all_ready(loom_grad_sync *gs)
                       "as final", gs->reported, gs->total);
         return LOOM_OK;
     }
-    return gs->strategy && !gs->compress_on ? strategy_hook(gs, 0, gs->total) : LOOM_OK;
+    if (!gs->strategy || gs->compress_on)
+        return LOOM_OK;
+    if (loom_gpt_expert_parallel(gs->model) < 2)
+        return strategy_hook(gs, 0, gs->total);
+    /* expert parallelism (under pp): the ranges between the runs of expert entries; the
+     * experts are reduced over their own group after (session_ep.h) */
+    const loom_param_table *t = loom_gpt_params(gs->model);
+    size_t lo = 0;
+    for (int i = 0; i < t->count; i++) {
+        if (!loom_gpt_is_expert_entry(gs->model, i))
+            continue;
+        if (t->entries[i].offset > lo)
+            LOOM_TRY(strategy_hook(gs, lo, t->entries[i].offset - lo));
+        lo = t->entries[i].offset + t->entries[i].numel;
+    }
+    return lo < gs->total ? strategy_hook(gs, lo, gs->total - lo) : LOOM_OK;
 }
 
 /* An all-gather over the dp group, waited for (the tree that follows needs every block). */

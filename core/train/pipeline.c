@@ -459,6 +459,7 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
             LOOM_TRY(held(pl, in, &s));
             LOOM_TRY(wait_slot(pl, &pl->slots[s])); /* the previous holder's sends */
             loom_gpt_stage_select(m, s);
+            loom_gpt_set_moe_micro(m, in->microbatch); /* the noisy router's key (gpt.h) */
             LOOM_TRY(loom_gpt_stage_forward(m, lo, hi, tokens + off, hi == L ? targets + off : NULL,
                                             B, T, dloss, &loss[in->microbatch]));
             if (++inflight > *peak)

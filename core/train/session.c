@@ -171,7 +171,7 @@ static loom_status make_zero(loom_session *s)
     s->optim->decay_rule(s->optim_self, &wd, &decay_all);
     loom_zero_config zc = {cfg->zero_stage, cfg->zero_bucket_mb > 0 ? cfg->zero_bucket_mb : 25.0,
                            cfg->canonical, cfg->accum, s->state_slots, wd, decay_all,
-                           cfg->offload_mode != LOOM_OFFLOAD_NONE};
+                           cfg->offload_mode != LOOM_OFFLOAD_NONE, s->ep};
     LOOM_TRY(loom_zero_create(&zc, s->model, &s->backend, &s->zero));
     const loom_param_table *t = loom_gpt_params(s->model);
     int stage = s->pipe ? loom_pipeline_stage(s->pipe) : 0;
@@ -431,10 +431,10 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
         if (!cfg->model.moe.experts)
             st = loom_fail(LOOM_ERR_INVALID, "mesh ep=%d splits a mixture of experts, and this "
                            "model has none (loom.gpt{moe = {...}})", cfg->ep);
-        else if (cfg->zero_stage || pp > 1 || cfg->offload_mode)
-            st = loom_fail(LOOM_ERR_UNSUPPORTED, "mesh ep=%d with %s does not compose yet (expert "
-                           "parallelism runs with plain dp)", cfg->ep,
-                           cfg->zero_stage ? "strategy.zero" : pp > 1 ? "pp > 1" : "offload");
+        else if (cfg->offload_mode || (pp > 1 && cfg->canonical))
+            st = loom_fail(LOOM_ERR_UNSUPPORTED, "mesh ep=%d with %s does not compose yet (ep "
+                           "runs with dp, zero=1 and, in fast mode, pp)", cfg->ep,
+                           cfg->offload_mode ? "offload" : "pp > 1 in canonical mode");
         else
             st = loom_ep_create(cfg->ep, &s->backend, &par, &s->ep);
     }
@@ -696,9 +696,13 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         loom_pipeline_hooks zhooks = {zero_before, zero_after, &zc, NULL};
         loom_pipeline_hooks ohooks = {NULL, NULL, s->sync, overlap_final};
         int canon = s->cfg.canonical, zero2 = s->zero && loom_zero_reduces(s->zero);
+        /* the noisy router's key: this rank's first micro-batch's global index, the
+         * pipeline adds each micro-batch's (gpt.h) */
+        loom_gpt_set_moe_key(s->model, (uint64_t)(s->step_no - 1) * (uint64_t)(accum * dp) +
+                                       (uint64_t)dp_rank * (uint64_t)accum);
         loom_status st = canon ? LOOM_OK : loom_grad_sync_begin_micro(s->sync, 0);
         int overlap = !canon && !zero2 && loom_grad_sync_can_overlap(s->sync) &&
-                      loom_gpt_stage_reports_ready(s->model);
+                      loom_gpt_stage_reports_ready(s->model) && !s->ep; /* ep: all_ready's */
         if (!canon && !zero2) /* no range is final before its chunk's last backward */
             loom_grad_sync_final_hook(s->sync, 0);
         if (st == LOOM_OK)
@@ -792,7 +796,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         const double *slots = loom_grad_norm_slots(s->norm, &n_slots);
         double t_pp = loom_now_ms();
         LOOM_TRY(pipeline_totals(s, &loss_sum, &bubble));
-        if (s->zero && loom_zero_reduces(s->zero)) { /* fast mode: each stage's partition sums */
+        if ((s->zero && loom_zero_reduces(s->zero)) || s->ep) { /* fast mode: each stage's
+                                            * partition sums, or (ep) its sum with ep's part */
             double w[2] = {norm_sq, nonfinite ? 1.0 : 0.0};
             LOOM_TRY(loom_pipeline_sum(s->pipe, w, 2));
             norm_sq = w[0];

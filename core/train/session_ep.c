@@ -89,6 +89,14 @@ void loom_ep_destroy(loom_ep *x)
     free(x);
 }
 
+void loom_ep_edp_group(const loom_ep *x, const struct loom_comm_ops **ops, void **group,
+                       int *size)
+{
+    *ops = x->ops;
+    *group = x->edp;
+    *size = x->edp_size;
+}
+
 loom_status loom_ep_end_micro(loom_ep *x, loom_gpt *m)
 {
     if (!x || !x->canonical)
@@ -226,10 +234,6 @@ loom_status loom_ep_norm(loom_ep *x, loom_gpt *m, const double *slots, size_t n,
     return LOOM_OK;
 }
 
-/* Expert entry k (0..3: fc.weight, fc.bias, proj.weight, proj.bias) of global expert e in
- * block l, as the ep=1 table names it. */
-static const char *const kinds[4] = {"fc.weight", "fc.bias", "proj.weight", "proj.bias"};
-
 /* Append a copy of entry e (its name replaced by name when given) to ft. */
 static loom_status copy_entry(loom_param_table *ft, const loom_param_entry *e, const char *name)
 {
@@ -251,6 +255,8 @@ loom_status loom_ep_gather_full(loom_ep *x, loom_gpt *m, const float *state, uin
     const loom_param_table *t = loom_gpt_params(m);
     const loom_gpt_config *c = loom_gpt_get_config(m);
     int P = x->size, El = c->moe.experts / P;
+    const char *const *kinds; /* each expert's entries, as the ep=1 table names them */
+    int K = loom_gpt_moe_expert_kinds(m, &kinds);
     memset(ft, 0, sizeof *ft);
     *params = *full_state = NULL;
     /* the table: each block's run of local experts becomes all E experts, in global order */
@@ -260,17 +266,17 @@ loom_status loom_ep_gather_full(loom_ep *x, loom_gpt *m, const float *state, uin
             continue;
         }
         for (int e = 0; e < c->moe.experts; e++)
-            for (int k = 0; k < 4; k++) {
+            for (int k = 0; k < K; k++) {
                 char name[LOOM_PARAM_NAME_MAX];
                 snprintf(name, sizeof name, "h.%d.moe.expert.%d.%s", t->entries[i].layer, e, kinds[k]);
                 LOOM_TRY(copy_entry(ft, &t->entries[i + k], name));
             }
-        i += 4 * El - 1;
+        i += K * El - 1;
     }
     size_t run = 0; /* the longest run of expert floats, for the exchange buffer */
     for (int i = 0; i < t->count; i++)
         if (loom_gpt_is_expert_entry(m, i) && (i == 0 || !loom_gpt_is_expert_entry(m, i - 1))) {
-            int j = i + 4 * El - 1;
+            int j = i + K * El - 1;
             size_t n = t->entries[j].offset + t->entries[j].numel - t->entries[i].offset;
             run = n > run ? n : run;
         }
@@ -296,7 +302,7 @@ loom_status loom_ep_gather_full(loom_ep *x, loom_gpt *m, const float *state, uin
                 continue;
             }
             /* this block's local experts from every ep rank, rank p's at p * n */
-            const loom_param_entry *last = &t->entries[i + 4 * El - 1];
+            const loom_param_entry *last = &t->entries[i + K * El - 1];
             size_t n = w * (last->offset + last->numel - e->offset);
             memcpy(send, src + w * e->offset, n * sizeof(float));
             loom_comm_request *r;
@@ -304,14 +310,14 @@ loom_status loom_ep_gather_full(loom_ep *x, loom_gpt *m, const float *state, uin
             if (st == LOOM_OK)
                 st = x->ops->wait(x->ep, r);
             for (int p = 0; st == LOOM_OK && p < P; p++)
-                for (int q = 0; q < 4 * El; q++) { /* rank p's q-th: expert p El + q / 4 */
+                for (int q = 0; q < K * El; q++) { /* rank p's q-th: expert p El + q / K */
                     const loom_param_entry *le = &t->entries[i + q];
-                    const loom_param_entry *fe = &ft->entries[f + 4 * (p * El) + q];
+                    const loom_param_entry *fe = &ft->entries[f + K * (p * El) + q];
                     memcpy(dst + w * fe->offset, recv + (size_t)p * n + w * (le->offset - e->offset),
                            w * le->numel * sizeof(float));
                 }
-            f += 4 * c->moe.experts;
-            i += 4 * El - 1;
+            f += K * c->moe.experts;
+            i += K * El - 1;
         }
     }
     free(send);

@@ -39,6 +39,10 @@ loom_status loom_ep_norm(loom_ep *x, loom_gpt *m, const double *slots, size_t n,
  * them and ft (loom_params_free). */
 loom_status loom_ep_gather_full(loom_ep *x, loom_gpt *m, const float *state, uint32_t slots,
                                 loom_param_table *ft, float **params, float **full_state);
+/* The expert-data-parallel group (the dp ranks holding this rank's experts; size 1 when
+ * ep = dp), for ZeRO's expert partitions (zero_ep.c). */
+void loom_ep_edp_group(const loom_ep *x, const struct loom_comm_ops **ops, void **group,
+                       int *size);
 /* The session's ep groups (NULL without expert parallelism). */
 struct loom_session;
 loom_ep *loom_session_ep(struct loom_session *s);

@@ -118,6 +118,8 @@ loom_status loom_zero_create(const loom_zero_config *c, loom_gpt *m, loom_backen
         LOOM_FAIL(LOOM_ERR_INVALID, "strategy zero=%d: the stages are 1, 2 and 3", c->stage);
     if (!(c->bucket_mb > 0 && c->bucket_mb <= 4096))
         LOOM_FAIL(LOOM_ERR_INVALID, "zero bucket_mb=%g must be in (0, 4096]", c->bucket_mb);
+    if (c->ep) /* expert parallelism: two partitions (zero_ep.c) */
+        return zero_ep_create(c, m, be, out);
     loom_zero *z = calloc(1, sizeof *z);
     if (!z)
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
@@ -168,6 +170,7 @@ void loom_zero_destroy(loom_zero *z)
         return;
     zero_reduce_free(z);
     zero_params_free(z);
+    zero_ep_free(z);
     free(z->tail);
     free(z->state);
     free(z->buckets);
@@ -207,6 +210,11 @@ loom_status loom_zero_gather_params(loom_zero *z, double *comm_ms)
         return LOOM_OK;
     }
     double t0 = loom_now_ms();
+    if (z->ep) { /* expert parallelism: each kind over its own group (zero_ep.c) */
+        loom_status st = zero_ep_gather(z);
+        *comm_ms += loom_now_ms() - t0;
+        return st;
+    }
     float *params = loom_gpt_param_data(z->model);
     /* In place: rank r's sub-block already sits at r*sub of the bucket (comm.h's
      * allgather allows send inside recv at the rank's own block). */

@@ -26,6 +26,8 @@
  * buckets follow the model's units, gathered before use and released after.
  * The global gradient norm and the non-finite check span all partitions (stage 1: the
  * unchanged full-buffer norm; stage 2: partition sums exchanged over dp, then tp).
+ * Under expert parallelism (stage 1): the dense entries' state is partitioned over dp, the
+ * experts' over their edp group, each packed; this rank's partition is both (zero_ep.c).
  */
 #ifndef LOOM_CORE_ZERO_H
 #define LOOM_CORE_ZERO_H
@@ -63,6 +65,9 @@ typedef struct loom_zero_config {
     float weight_decay;
     int decay_all;
     int offloaded;        /* 1: the offload (offload.h) holds the state; none allocated here */
+    struct loom_ep *ep;   /* expert parallelism (session_ep.h), or NULL: stage 1 partitions
+                           * the dense entries over dp and the experts' over the edp group
+                           * (the dp ranks holding the same experts; zero_ep.c) */
 } loom_zero_config;
 
 /* P: `total` floats padded to a multiple of 16 x n (n dp ranks); every rank's partition is

@@ -12,6 +12,8 @@ int loom_zero_rank(const loom_zero *z) { return z->rank; }
 
 loom_status loom_zero_pieces(const loom_zero *z, int r, loom_zero_piece **out, size_t *n)
 {
+    if (z->ep) /* this rank's dense and expert pieces (zero_ep.c) */
+        return zero_ep_pieces(z, out, n);
     const loom_param_table *t = loom_gpt_params(z->model);
     size_t cap = (size_t)t->count + (size_t)z->n_buckets, k = 0;
     loom_zero_piece *p = malloc(cap * sizeof *p);

@@ -20,7 +20,8 @@ typedef struct loom_zero_piece {
 } loom_zero_piece;
 
 /* The pieces of rank r's partition, in the optimizer's segment order (the same walk as
- * zero.c's segments); *n gets the count. malloc'd; the caller frees. */
+ * zero.c's segments); *n gets the count. malloc'd; the caller frees. Under expert
+ * parallelism r must be this rank: its dense pieces, then its expert pieces (zero_ep.c). */
 loom_status loom_zero_pieces(const loom_zero *z, int r, loom_zero_piece **out, size_t *n);
 int loom_zero_ranks(const loom_zero *z);
 
@@ -33,5 +34,11 @@ const float *loom_zero_part_params(const loom_zero *z);
 int loom_zero_rank(const loom_zero *z);
 void loom_zero_ckpt_scatter(loom_zero *z, uint32_t slots, const float *full,
                             const loom_zero_piece *p, size_t n, float *state);
+
+/* Under expert parallelism (zero_ep.c): this rank's whole optimizer state (slots x the
+ * table's total, entry-major as without ZeRO) assembled from the dense partitions over dp
+ * and the expert ones over the edp group, for a checkpoint that then gathers it over ep
+ * (session_ep.h); collective. *out NULL without state; the caller frees it. */
+loom_status loom_zero_full_state(loom_zero *z, uint32_t slots, float **out);
 
 #endif

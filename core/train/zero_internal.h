@@ -75,11 +75,20 @@ struct loom_zero {
     unsigned char *param_pages;
     size_t n_param_pages, params_peak;
     double comm_ms;
+    struct zero_ep *ep;  /* expert parallelism: stage 1's two packed partitions (zero_ep.c) */
 };
 
 loom_status zero_reduce_init(loom_zero *z);
 void zero_reduce_free(loom_zero *z);
 loom_status zero_params_init(loom_zero *z);
 void zero_params_free(loom_zero *z);
+/* zero_ep.c: stage 1 under expert parallelism — the dense entries partitioned over dp,
+ * the experts' over their edp group, each packed (zero.h). */
+loom_status zero_ep_create(const loom_zero_config *c, loom_gpt *m, loom_backend *be,
+                           loom_zero **out);
+void zero_ep_free(loom_zero *z);
+loom_status zero_ep_gather(loom_zero *z);
+struct loom_zero_piece;
+loom_status zero_ep_pieces(const loom_zero *z, struct loom_zero_piece **out, size_t *n);
 
 #endif

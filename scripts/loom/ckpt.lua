@@ -202,6 +202,11 @@ local function export(args, open_checkpoint)
   local out = args[2]
   local session, manifest, dir = open_checkpoint(args[1], "ckpt export")
   local mc = manifest.model
+  if mc.family == "llama" and mc.moe then
+    error(string.format("loom ckpt export %s: a llama model with moe (SwiGLU experts) has no "
+      .. "Hugging Face mapping yet (Mixtral's block_sparse_moe names are not written); export "
+      .. "a dense llama checkpoint", dir), 0)
+  end
   if mc.family == "llama" then return export_llama(session, manifest, dir, out) end
   local model = string.format('{"vocab":%d,"vocab_padded":%d,"ctx":%d,"layers":%d,"heads":%d,"dim":%d}',
     mc.vocab, mc.vocab_padded, mc.ctx, mc.layers, mc.heads, mc.dim)

@@ -144,6 +144,7 @@ local llama_spec = {
   rope_theta = { type = "number", min = 1, help = "rotary base; default 10000" },
   norm_eps = { type = "number", min = 0, help = "RMSNorm epsilon; default 1e-5" },
   tie_embeddings = { type = "boolean", help = "LM head = token embedding (default false)" },
+  moe = { type = "table", help = "mixture of SwiGLU experts (Mixtral's layout): as loom.gpt's moe" },
 }
 
 -- loom.llama{vocab, ctx, layers, heads, dim [, kv_heads, ffn_dim, rope_theta, norm_eps,
@@ -174,6 +175,7 @@ function loom.llama(t)
   for k, v in pairs(t) do m[k] = v end
   m.kv_heads = kv
   m.ffn_dim = t.ffn_dim or 4 * t.dim
+  if t.moe then m.moe = check_moe(t, where) end
   return m
 end
 

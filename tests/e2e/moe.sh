@@ -7,19 +7,25 @@
 #    dp=2's bits; canonical mode: dp=1, dp=2, dp=2 ep=2 and dp=4 ep=2 bitwise;
 #  - save at step 10, resume: steps 11-20 bitwise; loom sample reads the checkpoint;
 #  - dropless (capacity_factor=0) drops nothing; the noisy router trains, and at dp=2
-#    within 1e-4 of one rank (its noise is keyed by the global micro-batch, not the rank);
+#    within 1e-4 of one rank (its noise is keyed by the global micro-batch, not the rank),
+#    canonical pp=2 dp=2 bitwise;
 #  - the JSONL carries the load, loom plot draws it;
 #  - expert parallelism: dp=2 ep=2 within 1e-5 of ep=1 (measured 2.5e-7), dp=4 ep=2 within
 #    1e-6 of ep=1 over 10 steps (routing flips later: below); saved at ep=2, resumed at ep=2
 #    bitwise and at ep=1 within 1e-5; saved at ep=1, resumed at ep=2 within 1e-5;
+#  - zero=1 under ep (experts' state over the edp group): ep's bits, resumed bitwise,
+#    canonical dp=4 ep=2 zero=1 gives dp=1's bits, memory per rank = the formula;
 #  - tensor parallelism (experts split by tp): tp=2 within 1e-5 of one rank, with sequence
 #    parallelism too; tp=2 sp dp=2 ep=2 within 1e-5 of dp=2, saved there and resumed at
 #    tp=1 ep=1 within 1e-5;
 #  - recompute=full and selective: the same bits and load (also at dp=2 ep=2);
 #  - pp=2 within 1e-5 of one rank, the same step-1 load; canonical pp=2 (recompute=full):
 #    one rank's bits;
-#  - what does not compose yet (tp with canonical mode, pp with zb1
-#    or the noisy router, ep with pp, llm.c export; ep with zero, ep not a power of two in canonical mode) and bad
+#  - pp=2 dp=2 ep=2 within 1e-5 of dp=4 (the same micro-batches), resumed with zero=1 bitwise;
+#  - zb1 (the MoE blocks' split backward): canonical pp=2 zb1 one rank's bits;
+#  - the llama family with SwiGLU experts: dp=2 ep=2, pp=2 zb1 within 1e-5 of one
+#    rank, saved at ep=2 and resumed at ep=1 within 1e-5, canonical dp=2 ep=2 zero=1 bitwise;
+#  - what does not compose yet (tp with canonical mode, ep with pp in canonical mode, llm.c export; ep with zero=2 or 3, ep not a power of two in canonical mode) and bad
 #    moe keys are refused
 #    naming the key.
 set -euo pipefail
@@ -62,10 +68,11 @@ finite_losses "$tmp/c1" && cmp -s "$tmp/c1" "$tmp/c2" || { echo "canonical dp=1/
 # with ep: each source rank's rows in GEMMs of their own, expert gradients in the same tree
 run2 $canon mesh.ep=2 | grep '^LOSS' > "$tmp/ce2"
 cmp -s "$tmp/c1" "$tmp/ce2" || { echo "canonical dp=2 ep=2 differs from dp=1"; exit 1; }
-"$loom" launch -n 4 "$recipe" threads=1 mesh.dp=4 mesh.ep=2 comm_timeout=20 $canon steps=10 |
+# dp=4 ep=2 with ZeRO-1 (core/train/zero_ep.c: the experts' state over their edp group)
+"$loom" launch -n 4 "$recipe" threads=1 mesh.dp=4 mesh.ep=2 strategy.zero=1 comm_timeout=20 $canon steps=10 |
   grep '^LOSS' > "$tmp/ce4"
-cmp -s <(head -10 "$tmp/c1") "$tmp/ce4" || { echo "canonical dp=4 ep=2 differs from dp=1"; exit 1; }
-echo "ok canonical: dp=1, dp=2, dp=2 ep=2 (20 steps) and dp=4 ep=2 (10 steps) bitwise identical"
+cmp -s <(head -10 "$tmp/c1") "$tmp/ce4" || { echo "canonical dp=4 ep=2 zero=1 differs from dp=1"; exit 1; }
+echo "ok canonical: dp=1, dp=2, dp=2 ep=2 (20 steps) and dp=4 ep=2 zero=1 (10 steps) bitwise identical"
 
 # Expert parallelism: the experts split over ep of the dp ranks, tokens sent to them and
 # back by all-to-all-v. Only the sums' order differs from ep=1, but routing is discrete: a
@@ -85,6 +92,32 @@ runN 4 batch.global=16 steps=10 mesh.ep=2 | grep '^LOSS' > "$tmp/ep4"
 d=$(max_loss_diff "$tmp/dp4" "$tmp/ep4")
 below "$d" 1e-6 || { echo "dp=4 ep=2 differs from ep=1 by $d over 10 steps"; exit 1; }
 echo "ok dp=4 ep=2 (experts reduced over edp=2) vs ep=1: max |loss diff| $d over 10 steps"
+# ZeRO-1 under ep (core/train/zero_ep.c): the dense entries' optimizer state partitioned
+# over dp, the experts' over their edp group; an element-wise optimizer on the same
+# gradients, so ep's bits; saved there and resumed there bitwise. Memory per rank from the
+# shape (moe.lua: V=256, ctx=32, L=2, C=32, E=4, every block), not from the code: dense
+# D = wte + wpe + L (ln_1, attn, ln_2, router: 2C + 4C^2 + 4C + 2C + EC) + ln_f, each rank's
+# experts X = L (E/ep) (8C^2 + 5C); AdamW's 8 bytes a float of (D/dp + X/edp), padded to
+# 16 x group floats.
+runR() { local n=$1; shift; "$loom" launch -n "$n" "$recipe" threads=1 mesh.dp="$n" comm_timeout=20 "$@" | sed 's/^\[rank [0-9]*\] /R /'; }
+runR 4 batch.global=16 steps=6 mesh.ep=2 strategy.zero=1 checkpoint.dir="$tmp/ckz" checkpoint.every=3 > "$tmp/ez4.out"
+cmp -s <(head -6 "$tmp/ep4") <(grep '^LOSS' "$tmp/ez4.out") || { echo "dp=4 ep=2 zero=1 differs from dp=4 ep=2"; exit 1; }
+runN 4 batch.global=16 steps=6 mesh.ep=2 strategy.zero=1 resume="$tmp/ckz/step_00000003" | grep '^LOSS' > "$tmp/rz"
+cmp -s <(awk '$2 > 3 && $2 <= 6' "$tmp/ep4") "$tmp/rz" || { echo "dp=4 ep=2 zero=1 resumed at step 3 differs"; exit 1; }
+runR 2 batch.global=8 steps=3 mesh.ep=2 strategy.zero=1 > "$tmp/ez2.out"
+cmp -s <(head -3 "$tmp/ep2") <(grep '^LOSS' "$tmp/ez2.out") || { echo "dp=2 ep=2 zero=1 differs from dp=2 ep=2"; exit 1; }
+zmem() { # zmem FILE DP EP ZERO: every rank's MEM line against the formula
+  grep -a '^\(R \)\?MEM ' "$1" | sed 's/^R //' | awk -v dp=$2 -v ep=$3 -v z=$4 '
+    function pad(x, n) { return int((x + 16 * n - 1) / (16 * n)) * 16 * n }
+    BEGIN { C = 32; L = 2; E = 4; D = 256 * C + 32 * C + L * (8 * C + 4 * C * C + E * C) + 2 * C
+            X = L * (E / ep) * (8 * C * C + 5 * C); edp = dp / ep
+            want = z ? 8 * (pad(D, dp) / dp + pad(X, edp) / edp) : 8 * (D + X) }
+    { n++; if ($3 != 4 * (D + X) || $5 != want) { printf "dp=%d ep=%d zero=%d rank %d: params %d (formula %d), optimizer %d (formula %d)\n", dp, ep, z, $2, $3, 4 * (D + X), $5, want; bad = 1 } }
+    END { if (n != dp) { print "expected " dp " MEM lines, got " n; bad = 1 }
+          if (bad) exit 1; printf "dp=%d ep=%d: %d bytes of optimizer state per rank, %d without ZeRO", dp, ep, want, 8 * (D + X) }'
+}
+m4=$(zmem "$tmp/ez4.out" 4 2 1) && m2=$(zmem "$tmp/ez2.out" 2 2 1) || { echo "$m4$m2"; exit 1; }
+echo "ok zero=1 under ep: dp=4 ep=2 and dp=2 ep=2 give ep's bits, resumed at step 3 bitwise (canonical dp=4 ep=2 zero=1: above); memory = formula ($m2; $m4)"
 # checkpoints hold every expert by logical name whatever ep saved them: any ep resumes
 runN 2 batch.global=8 mesh.ep=2 steps=10 checkpoint.dir="$tmp/cke" > /dev/null
 runN 2 batch.global=8 mesh.ep=2 resume="$tmp/cke/step_00000010" | grep '^LOSS' > "$tmp/r22"
@@ -149,6 +182,23 @@ cmp -s <(grep '^MOE 1 ' "$tmp/one.out" | cut -d' ' -f1-4) <(grep '^MOE 1 ' "$tmp
   grep '^LOSS' > "$tmp/cpp"
 cmp -s <(head -10 "$tmp/c1") "$tmp/cpp" || { echo "canonical pp=2 recompute=full differs from one rank"; exit 1; }
 echo "ok pp=2: within $d of one rank over 20 steps, step 1 load equal; canonical pp=2 with recompute=full: one rank's bits (10 steps)"
+# zb1's split backward: the router's and experts' B (input gradients) and W (weight
+# gradients, from what B kept per slot); canonical mode gives one rank's bits
+"$loom" launch -n 2 "$recipe" threads=1 mesh.pp=2 microbatches=4 schedule=zb1 $canon steps=5 comm_timeout=20 |
+  grep '^LOSS' > "$tmp/czb1"
+cmp -s <(head -5 "$tmp/c1") "$tmp/czb1" || { echo "canonical pp=2 zb1 differs from one rank"; exit 1; }
+echo "ok canonical pp=2 zb1: one rank's bits (5 steps; unit_gpt_split: B then W is the fused backward)"
+# ep inside each stage (fast mode): the stage's all-to-alls per micro-batch in flight, the dp
+# reduction of the stage's dense ranges only (the experts over their edp group), the norm's
+# ep part summed over the stages; saved at step 3 and resumed there with ZeRO-1 bitwise
+"$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 microbatches=2 batch.global=16 steps=6 \
+  checkpoint.dir="$tmp/ckpe" checkpoint.every=3 comm_timeout=20 | grep '^LOSS' > "$tmp/ppe"
+dppe=$(max_loss_diff <(head -6 "$tmp/dp4") "$tmp/ppe")
+below "$dppe" 1e-5 || { echo "pp=2 dp=2 ep=2 differs from dp=4 by $dppe"; exit 1; }
+"$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 microbatches=2 batch.global=16 steps=6 \
+  strategy.zero=1 resume="$tmp/ckpe/step_00000003" comm_timeout=20 | grep '^LOSS' > "$tmp/ppe_r"
+cmp -s <(awk '$2 > 3' "$tmp/ppe") "$tmp/ppe_r" || { echo "pp=2 dp=2 ep=2 resumed at step 3 with zero=1 differs"; exit 1; }
+echo "ok pp=2 dp=2 ep=2 (2 micro-batches in flight): within $dppe of dp=4 over 6 steps; resumed at step 3 with zero=1 bitwise"
 
 run1 model.moe.capacity_factor=0 steps=5 > "$tmp/dl.out"
 [[ $(grep -c '^MOE .* dropped=0.000000 ' "$tmp/dl.out") -eq 5 ]] || { echo "dropless dropped"; exit 1; }
@@ -161,7 +211,13 @@ run1 model.moe.router=noisy_topk batch.global=8 | grep '^LOSS' > "$tmp/n1"
 run2 model.moe.router=noisy_topk batch.global=8 | grep '^LOSS' > "$tmp/n2"
 d=$(max_loss_diff "$tmp/n1" "$tmp/n2")
 below "$d" 1e-4 || { echo "noisy router: dp=2 differs from one rank by $d"; exit 1; }
-echo "ok dropless drops nothing (capacity 1.25 does); the noisy router trains, other bits; noisy dp=2 within $d of one rank"
+# under pp too: the session keys the step's first micro-batch of this rank, the pipeline adds
+# each forward's micro-batch, so the stages draw one rank's noise
+run1 $canon model.moe.router=noisy_topk steps=5 | grep '^LOSS' > "$tmp/cn1"
+"$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 microbatches=2 comm_timeout=20 $canon \
+  model.moe.router=noisy_topk steps=5 | grep '^LOSS' > "$tmp/cnp"
+finite_losses "$tmp/cn1" && cmp -s "$tmp/cn1" "$tmp/cnp" || { echo "noisy router: canonical pp=2 dp=2 differs from one rank"; exit 1; }
+echo "ok dropless drops nothing (capacity 1.25 does); the noisy router trains, other bits; noisy dp=2 within $d of one rank; canonical pp=2 dp=2 noisy: one rank's bits (5 steps)"
 
 grep -m1 '"kind":"train"' "$tmp/m.jsonl" > "$tmp/rec"
 grep -q '"moe":{"aux":[0-9.e-]*,"dropped":[0-9.e-]*,"load":\[\[' "$tmp/rec" ||
@@ -170,22 +226,49 @@ grep -q '"moe":{"aux":[0-9.e-]*,"dropped":[0-9.e-]*,"load":\[\[' "$tmp/rec" ||
 grep -q 'id="panel-expert-load"' "$tmp/m.svg" || { echo "plot has no expert-load panel"; exit 1; }
 echo "ok JSONL moe object; loom plot draws expert load"
 
+# The llama family with SwiGLU experts (recipes/moe_llama.lua): the same machinery, each
+# expert gate|up (one product), silu(g) u, proj, no biases; one rank against dp=2 ep=2 and
+# pp=2 zb1 within 1e-5; canonical dp=2 ep=2 zero=1 gives one rank's bits; saved at
+# ep=2 (experts by logical name), resumed at ep=1 within 1e-5 of the dp=2 run
+lrecipe=$here/recipes/moe_llama.lua
+"$loom" run "$lrecipe" threads=1 batch.global=8 steps=5 | grep '^LOSS' > "$tmp/l1"
+finite_losses "$tmp/l1"
+"$loom" launch -n 2 "$lrecipe" threads=1 mesh.dp=2 mesh.ep=2 batch.global=8 steps=5 comm_timeout=20 \
+  checkpoint.dir="$tmp/ckl" checkpoint.every=3 | grep '^LOSS' > "$tmp/l2e"
+dle=$(max_loss_diff "$tmp/l1" "$tmp/l2e")
+"$loom" launch -n 2 "$lrecipe" threads=1 mesh.pp=2 microbatches=2 schedule=zb1 steps=5 comm_timeout=20 |
+  grep '^LOSS' > "$tmp/lzb"
+dlz=$(max_loss_diff "$tmp/l1" "$tmp/lzb")
+"$loom" launch -n 2 "$lrecipe" threads=1 mesh.dp=2 batch.global=8 steps=5 comm_timeout=20 \
+  resume="$tmp/ckl/step_00000003" | grep '^LOSS' > "$tmp/lr"
+dlr=$(max_loss_diff <(awk '$2 > 3' "$tmp/l1") "$tmp/lr")
+below "$dle" 1e-5 && below "$dlz" 1e-5 && below "$dlr" 1e-5 ||
+  { echo "llama moe vs one rank: dp=2 ep=2 $dle, pp=2 zb1 $dlz, resumed at ep=1 $dlr"; exit 1; }
+"$loom" ckpt info "$tmp/ckl/step_00000003" > "$tmp/linfo"
+grep -q 'h.1.moe.expert.3.gate.weight' "$tmp/linfo" ||
+  { echo "llama moe checkpoint lacks expert 3's gate by logical name"; exit 1; }
+"$loom" run "$lrecipe" threads=1 $canon steps=5 | grep '^LOSS' > "$tmp/lc1"
+"$loom" launch -n 2 "$lrecipe" threads=1 mesh.dp=2 mesh.ep=2 strategy.zero=1 $canon steps=5 comm_timeout=20 |
+  grep '^LOSS' > "$tmp/lc2"
+cmp -s "$tmp/lc1" "$tmp/lc2" || { echo "llama moe: canonical dp=2 ep=2 zero=1 differs from one rank"; exit 1; }
+echo "ok llama with SwiGLU experts vs one rank (5 steps): dp=2 ep=2 $dle, pp=2 zb1 $dlz; saved at ep=2, resumed at ep=1 within $dlr; canonical dp=2 ep=2 zero=1 bitwise"
+
 refuse() { # refuse WORDS ARGS...: the run fails and says WORDS
   local want=$1; shift
   if "$@" > "$tmp/err" 2>&1; then echo "accepted: $*"; exit 1; fi
   grep -q -- "$want" "$tmp/err" || { echo "'$*' did not say '$want':"; tail -2 "$tmp/err"; exit 1; }
 }
 refuse "and canonical mode does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.tp=2 deterministic=canonical
-refuse "split-backward schedule (zb1) is not built yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.pp=2 microbatches=2 schedule=zb1
-refuse 'and router = "noisy_topk" is not built yet' "$loom" launch -n 2 "$recipe" threads=1 mesh.pp=2 microbatches=2 model.moe.router=noisy_topk
-refuse "with pp > 1 does not compose yet" "$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 microbatches=2
+refuse "with pp > 1 in canonical mode does not compose yet" "$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 microbatches=2 $canon
 refuse "must divide dp=1" run1 mesh.ep=2
 refuse "ep must be a power of two" "$loom" launch -n 3 "$recipe" threads=1 mesh.dp=3 mesh.ep=3 deterministic=canonical batch.micro=2 batch.global=6 model.moe.experts=3 model.moe.top_k=1
-refuse "with strategy.zero does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.dp=2 mesh.ep=2 strategy.zero=1
+refuse "with strategy.zero=2 does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.dp=2 mesh.ep=2 strategy.zero=2
+refuse "with strategy.zero=3 does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.dp=2 mesh.ep=2 strategy.zero=3
 refuse "must divide model.moe.experts=3" "$loom" launch -n 2 "$recipe" threads=1 mesh.dp=2 mesh.ep=2 model.moe.experts=3 model.moe.top_k=1
 refuse "top_k=5 is more than experts=4" run1 model.moe.top_k=5
 refuse "model.moe.every=0" run1 model.moe.every=0
 refuse "is not one of: topk, noisy_topk" run1 model.moe.router=top2
 refuse "unknown key 'model.moe.expert'" run1 model.moe.expert=8
 refuse "dense GPT-2 blocks only" "$loom" export --llmc "$tmp/ck/step_00000010" "$tmp/x.bin"
-echo "ok refused: tp with canonical mode, pp with zb1 or noisy_topk, llm.c export, ep with zero or pp, ep=3 in canonical mode, ep not dividing dp or experts; bad moe keys named"
+refuse "has no Hugging Face mapping yet" "$loom" ckpt export "$tmp/ckl/step_00000003" "$tmp/x.safetensors"
+echo "ok refused: tp with canonical mode, llm.c export, llama moe's HF export, ep with zero=2/3 or with pp in canonical mode, ep=3 in canonical mode, ep not dividing dp or experts; bad moe keys named"

@@ -11,10 +11,11 @@
  *               micro-batch gradient's bits, also with the LM head's half taken in B
  *               (head_dw, the tied wte of a pipeline's last stage) and added after.
  *   errors:     B on a model created without split_backward is refused with a message.
- * Each of fast and canonical runs on four models (the loop index, shapes[]): GPT-2, and the
+ * Each of fast and canonical runs on five models (the loop index, shapes[]): GPT-2, the
  * llama family (RMSNorm, SwiGLU, RoPE, 4 query heads over 2 kv heads, untied head) with
  * B's d(qkv) over SwiGLU's input (ffn_dim 64), in its own buffer (ffn_dim 24: q|k|v wider
- * than gate|up), and with selective recomputation (W reruns SwiGLU).
+ * than gate|up), and with selective recomputation (W reruns SwiGLU), and GPT-2 with MoE
+ * blocks (moe.h: the router's and experts' B and W).
  */
 #include <check.h>
 #include <stdlib.h>
@@ -30,8 +31,9 @@ enum { B_ = 2, T_ = 16, L_ = 3 };
 static loom_backend be;
 
 static const struct shape {
-    int llama, ffn_dim, recompute;
-} shapes[] = {{0, 0, 0}, {1, 64, 0}, {1, 24, 0}, {1, 64, LOOM_RECOMPUTE_SELECTIVE}};
+    int llama, ffn_dim, recompute, moe;
+} shapes[] = {{0, 0, 0, 0}, {1, 64, 0, 0}, {1, 24, 0, 0}, {1, 64, LOOM_RECOMPUTE_SELECTIVE, 0},
+              {0, 0, 0, 1}};
 static struct shape shape; /* the loop's */
 
 static loom_gpt *make(int canonical, int split)
@@ -44,6 +46,9 @@ static loom_gpt *make(int canonical, int split)
         c.kv_heads = 2;
         c.ffn_dim = shape.ffn_dim;
     }
+    if (shape.moe) /* every block's MLP 4 experts, top-2, capacity 1 (moe.h): some dropped */
+        c.moe = (loom_moe_config){.experts = 4, .top_k = 2, .every = 1, .capacity_factor = 1.0,
+                                  .aux_loss = 0.01, .z_loss = 0.001};
     loom_gpt_parallel par = {NULL, NULL, canonical, NULL, 2, split, shape.recompute, NULL};
     loom_gpt *m;
     ck_assert_msg(loom_gpt_create(&c, &be, B_, 11, &par, &m) == LOOM_OK, "%s", loom_last_error());

@@ -7,7 +7,9 @@
  *   against central finite differences;
  * - the whole MoE GPT against PyTorch (tests/fixtures/make_moe_fixture.py, float64):
  *   logits, cross-entropy, aux and z losses, every gradient, each expert's token count;
- * - the noisy router: keyed by (seed, micro-batch key, row), the same for the same key.
+ * - the noisy router: keyed by (seed, micro-batch key, row), the same for the same key;
+ * - the llama family's SwiGLU experts: one expert (top-1, dropless) carrying the dense
+ *   llama's MLP weights gives the dense model's loss and gradients.
  * Tolerances (fp32 vs float64): logits and losses 2e-6, gradients 1e-6 absolute (measured
  * figures are printed); finite differences 1e-4 absolute on gradients up to ~0.3 (central, steps of 2e-3 on fp32
  * logits; the gates are fp32, so the differences carry ~1e-5 of roundoff: measured 1.5e-5).
@@ -330,6 +332,101 @@ START_TEST(test_noisy_keyed)
 }
 END_TEST
 
+/* The llama family's SwiGLU experts: one expert, top-1, dropless, no aux or z loss routes
+ * every token to expert 0 with gate softmax(one logit) = 1, so with the dense llama's
+ * mlp.gate/up/proj weights copied into it (everything else by name) the MoE model is the
+ * dense one: the same loss and gradients (the dense llama matches PyTorch: test_llama.c),
+ * and the router's gradient is zero. Tolerance 1e-6 (fp32; measured figures printed). */
+static loom_gpt *llama(int moe)
+{
+    if (!be_open)
+        ck_assert_msg(loom_backend_open("cpu", 0, &be) == LOOM_OK, "%s", loom_last_error());
+    be_open = 1;
+    loom_gpt_config c = {.vocab = 61, .ctx = 8, .layers = 2, .heads = 4, .dim = 32,
+                         .family = LOOM_FAMILY_LLAMA, .kv_heads = 2, .ffn_dim = 48};
+    if (moe)
+        c.moe = (loom_moe_config){.experts = 1, .top_k = 1, .every = 1};
+    loom_gpt *m = NULL;
+    ck_assert_msg(loom_gpt_create(&c, &be, 2, 7, NULL, &m) == LOOM_OK, "%s", loom_last_error());
+    return m;
+}
+
+/* The dense model's name for MoE entry `name` (expert 0's gate, up, proj), or name. */
+static const char *dense_name(const char *name, char *buf, size_t n)
+{
+    int l;
+    char what[32];
+    if (sscanf(name, "h.%d.moe.expert.0.%31s", &l, what) == 2) {
+        snprintf(buf, n, "h.%d.mlp.%s", l, what);
+        return buf;
+    }
+    return name;
+}
+
+START_TEST(test_llama_one_expert)
+{
+    loom_gpt *d = llama(0), *m = llama(1);
+    const loom_param_table *td = loom_gpt_params(d), *tm = loom_gpt_params(m);
+    int routers = 0;
+    for (int i = 0; i < tm->count; i++) {
+        char buf[96];
+        const loom_param_entry *e = &tm->entries[i];
+        if (strstr(e->name, ".moe.router.")) {
+            routers++;
+            continue;
+        }
+        const loom_param_entry *f = loom_params_find(td, dense_name(e->name, buf, sizeof buf));
+        ck_assert_msg(f && f->numel == e->numel, "%s has no dense twin", e->name);
+        memcpy(loom_gpt_param_data(m) + e->offset, loom_gpt_param_data(d) + f->offset,
+               e->numel * sizeof(float));
+    }
+    ck_assert_int_eq(routers, 2);
+    int B = 2, T = 8, tok[16], tgt[16];
+    for (int i = 0; i < B * T; i++) {
+        tok[i] = (i * 17 + 3) % 61;
+        tgt[i] = (i * 29 + 5) % 61;
+    }
+    double ld = 0.0, lm = 0.0;
+    loom_gpt_zero_grad(d);
+    loom_gpt_zero_grad(m);
+    ck_assert_int_eq(loom_gpt_forward(d, tok, tgt, B, T, 1.0f / (B * T), &ld), LOOM_OK);
+    ck_assert_int_eq(loom_gpt_backward(d), LOOM_OK);
+    ck_assert_int_eq(loom_gpt_forward(m, tok, tgt, B, T, 1.0f / (B * T), &lm), LOOM_OK);
+    ck_assert_int_eq(loom_gpt_backward(m), LOOM_OK);
+    ck_assert_msg(isfinite(lm) && lm > 0.0, "loss %g", lm);
+    double dg = 0.0, dr = 0.0, gmax = 0.0;
+    char worst[96] = "";
+    for (int i = 0; i < tm->count; i++) {
+        char buf[96];
+        const loom_param_entry *e = &tm->entries[i];
+        const float *gm = loom_gpt_grad_data(m) + e->offset;
+        if (strstr(e->name, ".moe.router.")) {
+            for (size_t j = 0; j < e->numel; j++)
+                dr = fmax(dr, fabs(gm[j]));
+            continue;
+        }
+        const loom_param_entry *f = loom_params_find(td, dense_name(e->name, buf, sizeof buf));
+        const float *gd = loom_gpt_grad_data(d) + f->offset;
+        for (size_t j = 0; j < e->numel; j++) {
+            double x = fabs((double)gm[j] - gd[j]);
+            gmax = fmax(gmax, fabs(gd[j]));
+            if (!(x <= dg)) {
+                dg = x;
+                snprintf(worst, sizeof worst, "%s[%zu]", e->name, j);
+            }
+        }
+    }
+    double dl = fabs(lm - ld) / (B * T);
+    printf("llama, one SwiGLU expert vs the dense llama: loss %.3g, grads %.3g (at %s, of up "
+           "to %.3g), router grad %.3g\n", dl, dg, worst[0] ? worst : "-", gmax, dr);
+    ck_assert_msg(dl < 1e-6 && dg < 1e-6 && dr < 1e-6, "one expert differs from the dense "
+                  "llama: loss %g, grads %g at %s, router %g", dl, dg, worst, dr);
+    ck_assert_msg(gmax > 1e-4, "the dense gradients are all ~0: the comparison shows nothing");
+    loom_gpt_destroy(d);
+    loom_gpt_destroy(m);
+}
+END_TEST
+
 /* Recipe validation: each bad key is refused with its name. */
 START_TEST(test_config_errors)
 {
@@ -367,6 +464,7 @@ int main(void)
     tcase_add_test(tc, test_fixture_k1);
     tcase_add_test(tc, test_noisy_keyed);
     tcase_add_test(tc, test_config_errors);
+    tcase_add_test(tc, test_llama_one_expert);
     suite_add_tcase(s, tc);
     SRunner *r = srunner_create(s);
     srunner_set_fork_status(r, CK_NOFORK);

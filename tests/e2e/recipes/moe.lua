@@ -1,6 +1,8 @@
 -- moe.lua — the small model with mixture-of-experts blocks (4 experts, top-2, every block:
 -- override model.moe.* with key=value); prints each step's loss as a hex float (LOSS
--- lines, for bitwise comparisons) and its expert load (MOE lines).
+-- lines, for bitwise comparisons) and its expert load (MOE lines); after step 1 this
+-- rank's bytes of parameters, gradients and optimizer state (MEM rank params grads
+-- optimizer): common.moe_report.
 package.path = arg[0]:match("^(.*)/[^/]*$") .. "/?.lua;" .. package.path
 local loom = require "loom"
 local common = require "common"
@@ -12,12 +14,5 @@ loom.train {
   lr = loom.lr.cosine { warmup = 3, total = 20, min = 0.1 },
   batch = { micro = 4, seq = 32 }, steps = 20, seed = 5, threads = 2,
   log = { every = 100 },
-  on_step = function(r)
-    print(string.format("LOSS %d %a %.9f", r.step, r.loss, r.loss))
-    local m = r.moe
-    local loads = {}
-    for _, l in ipairs(m.load) do loads[#loads + 1] = table.concat(l, ",") end
-    print(string.format("MOE %d %s dropped=%.6f aux=%a z=%a", r.step, table.concat(loads, ";"),
-      m.dropped, m.aux, m.z))
-  end,
+  on_step = common.moe_report,
 }

@@ -1,0 +1,374 @@
+/* zero_ep.c — ZeRO stage 1 under expert parallelism (zero.h, session_ep.h).
+ *
+ * Under ep the ranks' flat buffers have one layout but different contents at the expert
+ * entries: dp rank r = g ep + p holds ep rank p's experts, as do the other dp ranks of its
+ * edp group (the same p). So the optimizer state has two partitions, each over one kind of
+ * entry, packed (the kind's entries end to end, in table order):
+ *  - dense: the non-expert entries, D floats, over the dp group;
+ *  - experts: this rank's expert entries, X floats, over the edp group.
+ * Each packed range is padded to U x n (U = 16, n the group's ranks) and tiled by buckets
+ * (multiples of U x n, about bucket_mb) cut into n equal sub-blocks; rank q's partition is
+ * its sub-block of every bucket. So every rank holds slots x (pad(D)/dp + pad(X)/edp)
+ * floats of optimizer state (the formula tests/e2e/moe.sh holds the MEM lines to), and
+ * steps that many parameters.
+ * The gradients arrive whole (dp's reduction for the dense entries, loom_ep_reduce's over
+ * edp for the experts'), the norm is stage 1's unchanged full-buffer one with ep's part.
+ * After the step each bucket is packed from this rank's sub-block, all-gathered over its
+ * group into a staging buffer and unpacked into the parameters: each kind writes only its
+ * own entries, so neither gather disturbs the other's.
+ */
+#include "zero_internal.h"
+#include "zero_ckpt.h"
+#include "session_ep.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/plugin_loader.h"
+#include "base/status.h"
+
+typedef struct ep_run {  /* one entry of the kind: flat [flat, +n) at packed [packed, +n) */
+    int entry;
+    size_t flat, packed, n;
+} ep_run;
+
+typedef struct ep_part { /* one kind's partition over one group */
+    const struct loom_comm_ops *comm;
+    void *group;
+    int n, rank;
+    ep_run *runs;
+    int n_runs;
+    size_t K, Kp, want;  /* packed floats, padded to U x n, the bucket length */
+    size_t pos0;         /* where this kind's partition starts in the rank's (state / slots) */
+} ep_part;
+
+struct zero_ep {
+    ep_part part[2];     /* dense over dp, experts over edp */
+    float *staging;      /* one bucket */
+};
+
+static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
+
+/* fn for each piece of packed [a, e) of part p: its entry, flat offset, length and
+ * packed offset. */
+typedef void piece_fn(void *ctx, const ep_run *r, size_t flat, size_t n, size_t packed);
+
+static void each_piece(const ep_part *p, size_t a, size_t e, piece_fn *fn, void *ctx)
+{
+    e = e < p->K ? e : p->K;
+    int lo = 0, hi = p->n_runs; /* the first run ending after a */
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (p->runs[mid].packed + p->runs[mid].n <= a)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    for (int i = lo; i < p->n_runs && p->runs[i].packed < e; i++) {
+        const ep_run *r = &p->runs[i];
+        size_t x = a > r->packed ? a : r->packed, y = e < r->packed + r->n ? e : r->packed + r->n;
+        if (x < y)
+            fn(ctx, r, r->flat + (x - r->packed), y - x, x);
+    }
+}
+
+/* Rank q's sub-block of bucket [lo, lo + len) (packed), and where it sits in q's
+ * partition of the kind. */
+static void sub_block(const ep_part *p, size_t lo, size_t len, int q, size_t *a, size_t *e,
+                      size_t *part_off)
+{
+    size_t sub = len / (size_t)p->n;
+    *a = lo + (size_t)q * sub;
+    *e = *a + sub;
+    *part_off = lo / (size_t)p->n;
+}
+
+static loom_status make_part(ep_part *p, const loom_param_table *t, const loom_gpt *m, int experts,
+                             double bucket_mb)
+{
+    p->runs = calloc((size_t)t->count + 1, sizeof *p->runs);
+    if (!p->runs)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for ZeRO under ep");
+    for (int i = 0; i < t->count; i++)
+        if (loom_gpt_is_expert_entry(m, i) == experts) {
+            p->runs[p->n_runs++] = (ep_run){i, t->entries[i].offset, p->K, t->entries[i].numel};
+            p->K += t->entries[i].numel;
+        }
+    size_t unit = (size_t)ZERO_ALIGN * (size_t)p->n;
+    p->Kp = round_up(p->K ? p->K : 1, unit);
+    size_t want = (size_t)(bucket_mb * 1024 * 1024 / sizeof(float));
+    p->want = want < unit ? unit : want / unit * unit;
+    return LOOM_OK;
+}
+
+/* The walk every use shares: rank q's pieces of part p, bucket by bucket, each with its
+ * place in q's partition (pos0 + part_off + its offset in the sub-block). */
+typedef struct walk_ctx {
+    void (*emit)(struct walk_ctx *w, const ep_run *r, size_t flat, size_t n, size_t pos);
+    size_t base;         /* pos of the sub-block's first packed float */
+    size_t a;            /* its packed start */
+    void *out;
+    size_t k;
+} walk_ctx;
+
+static void walk_piece(void *ctx, const ep_run *r, size_t flat, size_t n, size_t packed)
+{
+    walk_ctx *w = ctx;
+    w->emit(w, r, flat, n, w->base + (packed - w->a));
+}
+
+static void walk(const ep_part *p, int q, walk_ctx *w)
+{
+    for (size_t lo = 0; lo < p->Kp; lo += p->want) {
+        size_t len = p->Kp - lo < p->want ? p->Kp - lo : p->want, a, e, off;
+        sub_block(p, lo, len, q, &a, &e, &off);
+        w->base = p->pos0 + off;
+        w->a = a;
+        each_piece(p, a, e, walk_piece, w);
+    }
+}
+
+typedef struct seg_out {
+    loom_zero *z;
+    const loom_zero_config *c;
+    const loom_param_table *t;
+} seg_out;
+
+static void emit_segment(walk_ctx *w, const ep_run *r, size_t flat, size_t n, size_t pos)
+{
+    seg_out *o = w->out;
+    loom_zero *z = o->z;
+    const loom_param_entry *e = &o->t->entries[r->entry];
+    loom_optim_segment *s = &z->segments[z->n_segments];
+    s->param = loom_gpt_param_data(z->model) + flat;
+    s->grad = loom_gpt_grad_data(z->model) + flat;
+    s->n = n;
+    s->weight_decay = (o->c->decay_all || e->is_matrix) ? o->c->weight_decay : 0.0f;
+    z->seg_entry[z->n_segments] = r->entry;
+    z->seg_state_off[z->n_segments] = (size_t)o->c->state_slots * pos;
+    s->state = z->state ? z->state + z->seg_state_off[z->n_segments] : NULL;
+    z->n_segments++;
+}
+
+static void emit_piece(walk_ctx *w, const ep_run *r, size_t flat, size_t n, size_t pos)
+{
+    loom_zero_piece *p = w->out;
+    p[w->k++] = (loom_zero_piece){r->entry, flat, n, pos};
+}
+
+static void count_piece(walk_ctx *w, const ep_run *r, size_t flat, size_t n, size_t pos)
+{
+    (void)r, (void)flat, (void)n, (void)pos;
+    w->k++;
+}
+
+static size_t count_pieces(const loom_zero *z)
+{
+    walk_ctx w = {count_piece, 0, 0, NULL, 0};
+    for (int k = 0; k < 2; k++)
+        walk(&z->ep->part[k], z->ep->part[k].rank, &w);
+    return w.k;
+}
+
+loom_status zero_ep_create(const loom_zero_config *c, loom_gpt *m, loom_backend *be,
+                           loom_zero **out)
+{
+    *out = NULL;
+    if (c->stage > 1 || c->offloaded)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "mesh ep with %s does not compose yet (zero=1 partitions "
+                  "the experts' optimizer state over their edp group; the experts' gradient "
+                  "reduce-scatter and parameter partition are not built); use strategy.zero=1",
+                  c->offloaded ? "offload" : c->stage == 2 ? "strategy.zero=2" : "strategy.zero=3");
+    loom_zero *z = calloc(1, sizeof *z);
+    struct zero_ep *x = calloc(1, sizeof *x);
+    if (!z || !x) {
+        free(z);
+        free(x);
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    }
+    z->ep = x;
+    z->stage = 1;
+    z->model = m;
+    z->be = be;
+    z->total = loom_gpt_params(m)->total;
+    z->accum = c->accum;
+    z->skip_entry = -1;
+    z->first_bad = -1;
+    const loom_param_table *t = loom_gpt_params(m);
+    ep_part *d = &x->part[0], *e = &x->part[1];
+    loom_status st = loom_core_host()->group(LOOM_GROUP_DP, &d->comm, &d->group, &d->n);
+    if (st == LOOM_OK) {
+        d->rank = d->comm->rank(d->group);
+        z->comm = d->comm;
+        z->dp = d->group;
+        z->n = d->n;
+        z->rank = d->rank;
+        loom_ep_edp_group(c->ep, &e->comm, &e->group, &e->n);
+        e->rank = e->n > 1 ? e->comm->rank(e->group) : 0;
+        st = make_part(d, t, m, 0, c->bucket_mb);
+    }
+    if (st == LOOM_OK)
+        st = make_part(e, t, m, 1, c->bucket_mb);
+    if (st == LOOM_OK) {
+        e->pos0 = d->Kp / (size_t)d->n;
+        z->part = e->pos0 + e->Kp / (size_t)e->n;
+        z->state_floats = (size_t)c->state_slots * z->part;
+        size_t stage = d->want > e->want ? d->want : e->want;
+        z->staging_floats = stage;
+        size_t n = count_pieces(z);
+        z->segments = calloc(n + 1, sizeof *z->segments);
+        z->seg_entry = calloc(n + 1, sizeof *z->seg_entry);
+        z->seg_state_off = calloc(n + 1, sizeof *z->seg_state_off);
+        x->staging = malloc(stage * sizeof(float));
+        if (z->state_floats)
+            z->state = calloc(z->state_floats, sizeof(float));
+        if (!z->segments || !z->seg_entry || !z->seg_state_off || !x->staging ||
+            (z->state_floats && !z->state))
+            st = loom_fail(LOOM_ERR_NOMEM, "out of memory for the ZeRO partitions under ep");
+    }
+    if (st == LOOM_OK) {
+        seg_out o = {z, c, t};
+        walk_ctx w = {emit_segment, 0, 0, &o, 0};
+        for (int k = 0; k < 2; k++)
+            walk(&x->part[k], x->part[k].rank, &w);
+    }
+    if (st != LOOM_OK) {
+        loom_zero_destroy(z);
+        return st;
+    }
+    *out = z;
+    return LOOM_OK;
+}
+
+void zero_ep_free(loom_zero *z)
+{
+    if (!z->ep)
+        return;
+    for (int k = 0; k < 2; k++)
+        free(z->ep->part[k].runs);
+    free(z->ep->staging);
+    free(z->ep);
+    z->ep = NULL;
+}
+
+loom_status zero_ep_pieces(const loom_zero *z, loom_zero_piece **out, size_t *n)
+{
+    size_t cap = count_pieces(z);
+    loom_zero_piece *p = malloc((cap + 1) * sizeof *p);
+    if (!p)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for ZeRO checkpoint pieces");
+    walk_ctx w = {emit_piece, 0, 0, p, 0};
+    for (int k = 0; k < 2; k++)
+        walk(&z->ep->part[k], z->ep->part[k].rank, &w);
+    *out = p;
+    *n = w.k;
+    return LOOM_OK;
+}
+
+typedef struct copy_ctx {
+    float *params, *buf;
+    size_t a;            /* the packed float at buf[0] */
+    int to_buf;
+} copy_ctx;
+
+static void copy_piece(void *ctx, const ep_run *r, size_t flat, size_t n, size_t packed)
+{
+    (void)r;
+    copy_ctx *c = ctx;
+    float *b = c->buf + (packed - c->a);
+    if (c->to_buf)
+        memcpy(b, c->params + flat, n * sizeof(float));
+    else
+        memcpy(c->params + flat, b, n * sizeof(float));
+}
+
+loom_status zero_ep_gather(loom_zero *z)
+{
+    float *params = loom_gpt_param_data(z->model), *buf = z->ep->staging;
+    for (int k = 0; k < 2; k++) {
+        const ep_part *p = &z->ep->part[k];
+        if (p->n < 2 || !p->K)
+            continue; /* an edp group of one (ep = dp): its experts are its own */
+        for (size_t lo = 0; lo < p->Kp; lo += p->want) {
+            size_t len = p->Kp - lo < p->want ? p->Kp - lo : p->want, a, e, off;
+            sub_block(p, lo, len, p->rank, &a, &e, &off);
+            size_t sub = e - a;
+            memset(buf + (a - lo), 0, sub * sizeof(float)); /* the padding past K */
+            copy_ctx out = {params, buf + (a - lo), a, 1};
+            each_piece(p, a, e, copy_piece, &out);
+            loom_comm_request *r;
+            LOOM_TRY(p->comm->allgather_start(p->group, buf + (a - lo), buf, sub, LOOM_DTYPE_F32, &r));
+            LOOM_TRY(p->comm->wait(p->group, r));
+            copy_ctx in = {params, buf, lo, 0};
+            each_piece(p, lo, lo + len, copy_piece, &in);
+        }
+    }
+    return LOOM_OK;
+}
+
+/* The state of pieces p (n of them, at slots x pos of part) into the entry-major whole
+ * state full (entry i's slot k at slots x offset + k x numel). */
+static void pieces_to_full(const loom_param_table *t, const loom_zero_piece *p, size_t n,
+                           uint32_t slots, const float *part, float *full)
+{
+    for (size_t i = 0; i < n; i++) {
+        const loom_param_entry *e = &t->entries[p[i].entry];
+        for (uint32_t k = 0; k < slots; k++)
+            memcpy(full + (size_t)slots * e->offset + (size_t)k * e->numel + (p[i].lo - e->offset),
+                   part + (size_t)slots * p[i].pos + (size_t)k * p[i].n, p[i].n * sizeof(float));
+    }
+}
+
+static loom_status sum_over(const ep_part *g, float *buf, size_t n)
+{
+    if (g->n < 2 || !n)
+        return LOOM_OK;
+    loom_comm_request *r;
+    LOOM_TRY(g->comm->allreduce_start(g->group, buf, buf, n, LOOM_DTYPE_F32, LOOM_REDUCE_SUM, &r));
+    return g->comm->wait(g->group, r);
+}
+
+loom_status loom_zero_full_state(loom_zero *z, uint32_t slots, float **out)
+{
+    *out = NULL;
+    if (!z->ep)
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "loom_zero_full_state: only under expert parallelism");
+    if (!slots || !z->state)
+        return LOOM_OK;
+    const loom_param_table *t = loom_gpt_params(z->model);
+    loom_zero_piece *p;
+    size_t n;
+    LOOM_TRY(zero_ep_pieces(z, &p, &n));
+    size_t nd = 0; /* the dense pieces come first */
+    while (nd < n && !loom_gpt_is_expert_entry(z->model, p[nd].entry))
+        nd++;
+    float *full = calloc((size_t)slots * t->total + 1, sizeof(float));
+    if (!full) {
+        free(p);
+        LOOM_FAIL(LOOM_ERR_NOMEM, "checkpoint under ep: out of memory for the whole optimizer "
+                  "state (%zu MiB)", (size_t)slots * t->total * 4 >> 20);
+    }
+    /* every float has one owner and zeros elsewhere, so the sums are exact: the dense
+     * entries over dp (the expert entries are zero on every rank there), then each run of
+     * expert entries over the edp group */
+    pieces_to_full(t, p, nd, slots, z->state, full);
+    loom_status st = sum_over(&z->ep->part[0], full, (size_t)slots * t->total);
+    pieces_to_full(t, p + nd, n - nd, slots, z->state, full);
+    for (int i = 0; st == LOOM_OK && i < t->count; i++) {
+        if (!loom_gpt_is_expert_entry(z->model, i))
+            continue;
+        int j = i;
+        while (j + 1 < t->count && loom_gpt_is_expert_entry(z->model, j + 1))
+            j++;
+        size_t lo = t->entries[i].offset, hi = t->entries[j].offset + t->entries[j].numel;
+        st = sum_over(&z->ep->part[1], full + (size_t)slots * lo, (size_t)slots * (hi - lo));
+        i = j;
+    }
+    free(p);
+    if (st != LOOM_OK) {
+        free(full);
+        return st;
+    }
+    *out = full;
+    return LOOM_OK;
+}

@@ -160,7 +160,9 @@ size_t gpt_moe_size(const loom_gpt *m, size_t *host)
     if (!c->moe.experts)
         return 0;
     size_t E = (size_t)c->moe.experts, P = m->ep > 1 ? (size_t)m->ep : 1, El = E / P;
-    size_t C = (size_t)c->dim, F = 4 * C, R = (size_t)m->max_B * (size_t)c->ctx;
+    /* F as create's: the widest of fc's output and its activation's per row (fc_w: 4C/tp,
+     * or a llama's gate|up 2F/tp) */
+    size_t C = (size_t)c->dim, F = (size_t)m->fc_w, R = (size_t)m->max_B * (size_t)c->ctx;
     size_t A = R * (size_t)c->moe.top_k, Am = A * P;
     size_t n = 0, total = 0;
     for (int l = 0; l < c->layers; l++)
@@ -169,7 +171,8 @@ size_t gpt_moe_size(const loom_gpt *m, size_t *host)
             n += m->own[l] ? 1 : 0;
         }
     size_t sets = (size_t)(m->slots > 1 ? m->slots : 1) * n;
-    size_t per = R * E + 2 * A + 2 * A * C + 2 * Am * F + (P > 1 ? Am * C + 2 * Am : 0);
+    size_t per = R * E + 2 * A + 2 * A * C + 2 * Am * F + (P > 1 ? Am * C + 2 * Am : 0) +
+                 (m->split ? (P > 1 ? Am : A) * C + Am * F + R * E : 0); /* B's for W */
     size_t dev = sets * per + R * E + A + 2 * A * C + 2 * Am * F + R * C + (P > 1 ? 4 * Am * C : 0);
     if (P > 1 && m->canonical) { /* (ep, nexp) per-source expert gradients */
         size_t nexp = 0;

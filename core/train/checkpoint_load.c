@@ -1346,6 +1346,8 @@ loom_status loom_checkpoint_load_data(loom_session *s, const char *ckpt_path, lo
         copy_in(&ld, s);
         if (ld.offloaded) /* an I/O failure here names the file; the weights are in already */
             st = loom_offload_write_state(loom_session_offload_state(s), ld.offloaded);
+        if (st == LOOM_OK && loom_session_zero(s)) /* offload params: the partition into it */
+            st = loom_zero_store_params(loom_session_zero(s));
     }
     if (st == LOOM_OK) {
         if (out) {

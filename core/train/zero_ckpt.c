@@ -47,8 +47,6 @@ static void move_state(const loom_param_table *t, const loom_zero_piece *p, size
     }
 }
 
-const float *loom_zero_part_params(const loom_zero *z) { return z->part_params; }
-
 void loom_zero_ckpt_scatter(loom_zero *z, uint32_t slots, const float *full,
                             const loom_zero_piece *p, size_t n, float *state)
 {

@@ -24,8 +24,8 @@ typedef struct loom_zero_piece {
 loom_status loom_zero_pieces(const loom_zero *z, int r, loom_zero_piece **out, size_t *n);
 int loom_zero_ranks(const loom_zero *z);
 
-/* Stage 3: this rank's parameter partition (P/N floats at the pieces' pos), else NULL. */
-const float *loom_zero_part_params(const loom_zero *z);
+/* Stage 3's parameter partition (P/N floats at the pieces' pos) for a save:
+ * loom_zero_read_part_params (zero.h). */
 /* Local: this rank's ranges of the whole state (and, stage 3, of the model's parameter
  * buffer) into its partitions (the state into `state` when not NULL: an offloaded run's
  * copy, offload.h); p, n: loom_zero_pieces of this rank (taken beforehand, so

@@ -16,7 +16,8 @@
  * Checkpoints without header_xxh64 (older) are read whole and checked against the
  * file's xxh64.
  * Under ZeRO the optimizer state's tiles are those of this rank's partition pieces only
- * (flat ranges of the held slices, as boxes); the rest of the assembled state is not read.
+ * (flat ranges of the held slices, as boxes), and they are copied straight into the
+ * partition (apply_plan_pieces): no whole-state buffer.
  * What not: no streaming into the session (the read tiles are held until the copy); no
  * communication; pieces are boxes of the logical tensor (ZeRO's slice files store their
  * flat ranges as boxes, checkpoint.h).
@@ -806,6 +807,42 @@ static void apply_plan(const plan *pl, const tfile *files, const loom_param_tabl
     }
 }
 
+/* Under ZeRO: each used optimizer piece's intersection with this rank's partition pieces
+ * only[0..n_only) straight into its partition state `part` (piece j's slot k at
+ * per * only[j].pos + k * only[j].n, slot-major within the piece as zero.h keeps it): a flat
+ * range of the held slice is the few boxes loom_ckpt_range_boxes tiles it with, each a
+ * dense run of the range, so each is one box copy. No whole-state buffer. */
+static void apply_plan_pieces(const plan *pl, const tfile *files, const loom_param_table *t,
+                              uint32_t per, const loom_zero_piece *only, size_t n_only,
+                              float *part)
+{
+    for (int i = 0; i < pl->n; i++) {
+        const piece *pc = &pl->p[i];
+        if (!pc->use)
+            continue;
+        int ei = pc->target / (int)per, slot = pc->target % (int)per;
+        const loom_param_entry *e = &t->entries[ei];
+        const unsigned char *bytes = files[pc->file].bytes;
+        const unsigned char *src = bytes + 8 + header_len(bytes) + pc->te->begin;
+        int bf16 = strcmp(pc->te->dtype, "BF16") == 0;
+        for (size_t j = 0; j < n_only; j++) {
+            if (only[j].entry != ei)
+                continue;
+            loom_ckpt_box bx[2 * LOOM_PARAM_MAX_DIMS];
+            uint64_t a = only[j].lo - e->offset;
+            int nb = loom_ckpt_range_boxes(e->slice_len, e->ndim, a, a + only[j].n, bx);
+            float *out = part + (size_t)per * only[j].pos + (size_t)slot * only[j].n;
+            for (int q = 0; q < nb; q++) {
+                int64_t st[LOOM_PARAM_MAX_DIMS];
+                for (int d = 0; d < e->ndim; d++)
+                    st[d] = e->slice_start[d] + bx[q].start[d];
+                loom_params_copy_box(out + bx[q].at, st, bx[q].len, src, bf16, pc->start,
+                                     pc->len, e->ndim);
+            }
+        }
+    }
+}
+
 /* Mark the tiles of pc's file that hold its intersection with the box (bs, bl) of the
  * logical tensor (nd dims): one run of the last dim per index of the others (a row
  * split's runs touch, a column split's are strided). */
@@ -1058,7 +1095,6 @@ typedef struct loaded {
     loom_checkpoint_extra x;
     char *config;
     loom_session_state state;
-    float *zero_full;          /* ZeRO: the whole optimizer state, before the partitions */
     loom_zero_piece *zero_pieces;
     size_t n_zero_pieces;
     float *residual;           /* compression: every dp rank's residual, slot-major per entry */
@@ -1071,7 +1107,6 @@ static void loaded_free(loaded *ld)
     free(ld->manifest);
     tensors_free(&ld->ts);
     free(ld->config);
-    free(ld->zero_full);
     free(ld->zero_pieces);
     free(ld->residual);
     free(ld->offloaded);
@@ -1274,15 +1309,7 @@ static loom_status validate(loaded *ld, loom_session *s, const loom_data *data)
         return loom_fail(LOOM_ERR_NOMEM, "checkpoint '%s': out of memory for a copy of the "
                          "offloaded optimizer state (%zu MiB)", ld->mpath,
                          loom_offload_floats(off) * sizeof(float) >> 20);
-    if (!z) /* ZeRO: assembled whole (its partition's tiles read), then each rank keeps its
-             * partition (zero_ckpt.h) */
-        return LOOM_OK;
-    size_t floats = (size_t)slots * loom_gpt_params(m)->total;
-    if (floats && !(ld->zero_full = malloc(floats * sizeof(float))))
-        return loom_fail(LOOM_ERR_NOMEM, "checkpoint '%s' under zero=%d: out of memory for the "
-                         "whole optimizer state (%zu MiB)", ld->mpath, loom_zero_stage(z),
-                         floats * sizeof(float) >> 20);
-    return LOOM_OK;
+    return LOOM_OK; /* ZeRO: the state goes straight into the partition (copy_in) */
 }
 
 /* Everything is validated: the copies cannot fail. */
@@ -1293,19 +1320,23 @@ static void copy_in(const loaded *ld, loom_session *s)
     loom_gpt *m = loom_session_model(s);
     loom_zero *z = loom_session_zero(s);
     loom_session_to_host(s); /* device backend: into the host mirrors, then back (below) */
-    if (ld->offloaded && !z) /* offload: into its copy, written to the pool or file after */
+    if (ld->offloaded) /* offload: into its copy, written to the pool or file after */
         state = ld->offloaded;
-    tensors_copy(&ld->ts, loom_gpt_params(m), slots, loom_session_host_params(s),
-                 z ? ld->zero_full : state);
+    else if (z) /* ZeRO: this rank's partition of the state */
+        state = loom_zero_state(z, &(size_t){0});
+    const loom_param_table *t = loom_gpt_params(m);
+    /* ZeRO: the parameters as without it, the state's pieces straight into the partition */
+    tensors_copy(&ld->ts, t, z ? 0 : slots, loom_session_host_params(s), state);
+    if (z && slots && state)
+        apply_plan_pieces(&ld->ts.optim, ld->ts.files + ld->ts.n_model, t, slots,
+                          ld->zero_pieces, ld->n_zero_pieces, state);
     loom_session_from_host(s);
     if (z)
-        loom_zero_ckpt_scatter(z, slots, ld->zero_full, ld->zero_pieces, ld->n_zero_pieces,
-                               ld->offloaded);
+        loom_zero_ckpt_params_in(z, ld->zero_pieces, ld->n_zero_pieces);
     loom_compress *c = loom_session_compress(s);
     if (c) { /* this dp rank's slot of the residuals, or zero: none saved */
         size_t total;
         float *r = loom_compress_residual(c, &total);
-        const loom_param_table *t = loom_gpt_params(m);
         uint32_t dp = (uint32_t)loom_compress_dp_size(c), me = (uint32_t)loom_compress_dp_rank(c);
         memset(r, 0, total * sizeof(float));
         for (int i = 0; ld->residual && i < t->count; i++) {

@@ -125,7 +125,7 @@ static loom_status make_offload(loom_session *s, const loom_session_config *cfg)
     int size = 1;
     LOOM_TRY(host->group(LOOM_GROUP_WORLD, &comm, &world, &size));
     loom_offload_config oc = {(loom_offload_mode)cfg->offload_mode, cfg->offload_path,
-                              cfg->offload_chunk_mb, comm ? comm->rank(world) : 0};
+                              cfg->offload_chunk_mb, comm ? comm->rank(world) : 0, NULL, 0};
     if (s->zero) {
         size_t n, floats;
         const loom_optim_segment *segs = loom_zero_segments(s->zero, &n);

@@ -3,8 +3,8 @@
  * A checkpoint holds the optimizer state (and the parameters) by logical tensor
  * (checkpoint.h), so it loads into any layout. Under ZeRO the state lives in partitions
  * (zero.h): a save writes each dp rank's pieces from its partition as they are (slice
- * files, checkpoint.h), a load copies each rank's own ranges out of the whole state the
- * loader assembled (slots * table total floats of transient host memory per rank).
+ * files, checkpoint.h); a load copies the stored boxes' intersections with each rank's own
+ * pieces straight into its partition (checkpoint_load.c), with no whole-state buffer.
  */
 #ifndef LOOM_CORE_ZERO_CKPT_H
 #define LOOM_CORE_ZERO_CKPT_H
@@ -26,12 +26,11 @@ int loom_zero_ranks(const loom_zero *z);
 
 /* Stage 3's parameter partition (P/N floats at the pieces' pos) for a save:
  * loom_zero_read_part_params (zero.h). */
-/* Local: this rank's ranges of the whole state (and, stage 3, of the model's parameter
- * buffer) into its partitions (the state into `state` when not NULL: an offloaded run's
- * copy, offload.h); p, n: loom_zero_pieces of this rank (taken beforehand, so
- * that this cannot fail). */
+/* Stage 3, after a load filled the model's parameter buffer: this rank's ranges of it
+ * into its parameter partition (offloaded: loom_zero_store_params, zero.h); p, n:
+ * loom_zero_pieces of this rank. The optimizer state goes straight into the partition
+ * (checkpoint_load.c). */
 int loom_zero_rank(const loom_zero *z);
-void loom_zero_ckpt_scatter(loom_zero *z, uint32_t slots, const float *full,
-                            const loom_zero_piece *p, size_t n, float *state);
+void loom_zero_ckpt_params_in(loom_zero *z, const loom_zero_piece *p, size_t n);
 
 #endif

@@ -12,7 +12,9 @@
 #    the manifest records the stage, dp size and sliced kinds, `loom ckpt info` shows them,
 #    zero=2 dp=2 -> zero=3 dp=4 and zero=3 pp=2 x dp=2 -> zero=1 dp=2 load across layouts
 #    (fast within 2e-5, canonical bitwise), `loom ckpt export` of zero=3 slices gives one
-#    rank's bytes (canonical), and a damaged slice is refused naming its file.
+#    rank's bytes (canonical), and a damaged slice is refused naming its file;
+#  - a load puts the state straight into the partition: the peak RSS it adds is no more
+#    than the bytes it reads.
 set -euo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -116,3 +118,21 @@ grep -q "optim.dp1.safetensors" "$tmp/bad" || { echo "the refusal does not name 
 if "$loom" ckpt info "$ck" > "$tmp/bad" 2>&1; then echo "ckpt info accepted a damaged slice"; exit 1; fi
 grep -q "optim.dp1.safetensors" "$tmp/bad" || { echo "ckpt info does not name the file:"; cat "$tmp/bad"; exit 1; }
 echo "ok a damaged slice is refused naming optim.dp1.safetensors (resume and ckpt info)"
+
+# The load's memory (7.2 M parameters, 57.6 MB of AdamW state, dp=2 zero=1, MALLOC_PERTURB_
+# set): the state's pieces go straight into each rank's partition, so what a load adds to
+# the peak RSS is what it reads (its partition's tiles of the state, all the parameters;
+# LOOM_CKPT_STATS), not also a whole-state buffer (which added 57.6 MB more).
+lr="$here/recipes/zero_load_rss.lua"
+MALLOC_PERTURB_=165 CKPT_SAVE="$tmp/lr" "$loom" launch -n 2 "$lr" mesh.dp=2 strategy.zero=1 > "$tmp/lsave"
+MALLOC_PERTURB_=165 LOOM_CKPT_STATS=1 CKPT_LOAD="$tmp/lr/step_00000002" "$loom" launch -n 2 "$lr" \
+  mesh.dp=2 strategy.zero=1 > "$tmp/lload" 2>&1
+peak0=$(grep -a '^LOADRSS 0 2 ' "$tmp/lsave" | cut -d' ' -f4)
+peak1=$(grep -a '^LOADRSS 0 3 ' "$tmp/lload" | cut -d' ' -f4)
+readb=$(grep -a -o 'read [0-9]* of' "$tmp/lload" | cut -d' ' -f2 | sort -g | tail -1)
+[ -n "$peak0" ] && [ -n "$peak1" ] && [ -n "$readb" ] || { echo "no peak or read report:"; cat "$tmp/lsave" "$tmp/lload" | tail -5; exit 1; }
+echo "   peak RSS, rank 0: $peak0 B trained to step 2, $peak1 B resumed there and trained step 3; the load read $readb B"
+[ $((peak1 - peak0)) -le $((readb + 8388608)) ] ||
+  { echo "a zero=1 load raised the peak RSS by $((peak1 - peak0)) B, more than the $readb B it read (+8 MiB)"; exit 1; }
+echo "ok a zero=1 dp=2 load adds $((peak1 - peak0)) B to the peak RSS, no more than the $readb B it reads (+8 MiB)"
+

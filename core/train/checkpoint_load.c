@@ -807,6 +807,19 @@ static void apply_plan(const plan *pl, const tfile *files, const loom_param_tabl
     }
 }
 
+/* ZeRO partition piece p of entry e (a flat range of its held slice) as the boxes of the
+ * logical tensor that tile it in order (loom_ckpt_range_boxes, moved to the slice's start);
+ * .at is where each begins in the piece. */
+static int piece_boxes(const loom_param_entry *e, const loom_zero_piece *p, loom_ckpt_box *bx)
+{
+    uint64_t a = p->lo - e->offset;
+    int nb = loom_ckpt_range_boxes(e->slice_len, e->ndim, a, a + p->n, bx);
+    for (int q = 0; q < nb; q++)
+        for (int d = 0; d < e->ndim; d++)
+            bx[q].start[d] += e->slice_start[d];
+    return nb;
+}
+
 /* Under ZeRO: each used optimizer piece's intersection with this rank's partition pieces
  * only[0..n_only) straight into its partition state `part` (piece j's slot k at
  * per * only[j].pos + k * only[j].n, slot-major within the piece as zero.h keeps it): a flat
@@ -829,16 +842,11 @@ static void apply_plan_pieces(const plan *pl, const tfile *files, const loom_par
             if (only[j].entry != ei)
                 continue;
             loom_ckpt_box bx[2 * LOOM_PARAM_MAX_DIMS];
-            uint64_t a = only[j].lo - e->offset;
-            int nb = loom_ckpt_range_boxes(e->slice_len, e->ndim, a, a + only[j].n, bx);
+            int nb = piece_boxes(e, &only[j], bx);
             float *out = part + (size_t)per * only[j].pos + (size_t)slot * only[j].n;
-            for (int q = 0; q < nb; q++) {
-                int64_t st[LOOM_PARAM_MAX_DIMS];
-                for (int d = 0; d < e->ndim; d++)
-                    st[d] = e->slice_start[d] + bx[q].start[d];
-                loom_params_copy_box(out + bx[q].at, st, bx[q].len, src, bf16, pc->start,
-                                     pc->len, e->ndim);
-            }
+            for (int q = 0; q < nb; q++)
+                loom_params_copy_box(out + bx[q].at, bx[q].start, bx[q].len, src, bf16,
+                                     pc->start, pc->len, e->ndim);
         }
     }
 }
@@ -899,14 +907,9 @@ static void mark_plan(const plan *pl, tfile *files, const loom_param_table *t, u
             if (only[j].entry != ei)
                 continue;
             loom_ckpt_box bx[2 * LOOM_PARAM_MAX_DIMS];
-            uint64_t a = only[j].lo - e->offset;
-            int nb = loom_ckpt_range_boxes(e->slice_len, e->ndim, a, a + only[j].n, bx);
-            for (int q = 0; q < nb; q++) {
-                int64_t st[LOOM_PARAM_MAX_DIMS];
-                for (int d = 0; d < e->ndim; d++)
-                    st[d] = e->slice_start[d] + bx[q].start[d];
-                mark_box(&files[pc->file], pc, e->ndim, st, bx[q].len);
-            }
+            int nb = piece_boxes(e, &only[j], bx);
+            for (int q = 0; q < nb; q++)
+                mark_box(&files[pc->file], pc, e->ndim, bx[q].start, bx[q].len);
         }
     }
 }

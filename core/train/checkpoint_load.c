@@ -962,7 +962,8 @@ static loom_status fetch_tiles(tfile *tf)
  * the tiles the plans use. */
 static loom_status tensors_open(const char *dir, const char *mpath, const loom_json *root,
                                 const loom_param_table *t, uint32_t slots, const elsewhere *ew,
-                                const loom_zero_piece *only, size_t n_only, tensor_set *ts)
+                                const loom_zero_piece *only, size_t n_only, int model_only,
+                                tensor_set *ts)
 {
     memset(ts, 0, sizeof *ts);
     loom_ckpt_layout l;
@@ -989,7 +990,7 @@ static loom_status tensors_open(const char *dir, const char *mpath, const loom_j
     LOOM_TRY(make_plan(ts->files, nm, t, 1, 0, ew, &ts->model));
     if (slots)
         LOOM_TRY(make_plan(ts->files + nm, no, t, slots, 1, ew, &ts->optim));
-    mark_plan(&ts->model, ts->files, t, 1, NULL, 0);
+    mark_plan(&ts->model, ts->files, t, 1, model_only ? only : NULL, model_only ? n_only : 0);
     if (slots)
         mark_plan(&ts->optim, ts->files + nm, t, slots, only, n_only);
     for (int i = 0; i < nm + no; i++)
@@ -1021,7 +1022,7 @@ loom_status loom_ckpt_load_tensors(const char *ckpt_dir, const loom_param_table 
         return loom_fail(LOOM_ERR_INVALID, "checkpoint path '%s' is too long", ckpt_dir);
     loom_status st = loom_ckpt_manifest_open(ckpt_dir, &doc, &text);
     if (st == LOOM_OK)
-        st = tensors_open(ckpt_dir, mpath, loom_json_root(doc), t, slots, NULL, NULL, 0, &ts);
+        st = tensors_open(ckpt_dir, mpath, loom_json_root(doc), t, slots, NULL, NULL, 0, 0, &ts);
     if (st == LOOM_OK)
         tensors_copy(&ts, t, slots, params, state);
     tensors_free(&ts);
@@ -1099,6 +1100,7 @@ typedef struct loaded {
     char *config;
     loom_session_state state;
     loom_zero_piece *zero_pieces;
+    float *zero_params;        /* ZeRO-3 with params offloaded: the partition, for the offload */
     size_t n_zero_pieces;
     float *residual;           /* compression: every dp rank's residual, slot-major per entry */
     float *offloaded;          /* offload: the state this rank steps, for the pool or file */
@@ -1111,6 +1113,7 @@ static void loaded_free(loaded *ld)
     tensors_free(&ld->ts);
     free(ld->config);
     free(ld->zero_pieces);
+    free(ld->zero_params);
     free(ld->residual);
     free(ld->offloaded);
 }
@@ -1304,14 +1307,22 @@ static loom_status validate(loaded *ld, loom_session *s, const loom_data *data)
     loom_zero *z = loom_session_zero(s);
     if (z) /* ZeRO: only this rank's partition of the state is read (zero_ckpt.h) */
         LOOM_TRY(loom_zero_pieces(z, loom_zero_rank(z), &ld->zero_pieces, &ld->n_zero_pieces));
+    /* ZeRO-3: only its partition of the parameters too, into the partition (copy_in) */
+    int stage3 = z && loom_zero_stage(z) == 3;
     LOOM_TRY(tensors_open(ld->dir, ld->mpath, root, loom_gpt_params(m), slots, &ew,
-                          ld->zero_pieces, ld->n_zero_pieces, &ld->ts));
+                          ld->zero_pieces, ld->n_zero_pieces, stage3, &ld->ts));
     LOOM_TRY(read_residuals(ld, root, s, &ew));
     loom_offload *off = loom_session_offload_state(s);
     if (off && !(ld->offloaded = malloc(loom_offload_floats(off) * sizeof(float) + 1)))
         return loom_fail(LOOM_ERR_NOMEM, "checkpoint '%s': out of memory for a copy of the "
                          "offloaded optimizer state (%zu MiB)", ld->mpath,
                          loom_offload_floats(off) * sizeof(float) >> 20);
+    /* offload params: a partition-sized copy to fill, written into the offload after */
+    if (stage3 && !loom_zero_load_params_dst(z) &&
+        !(ld->zero_params = calloc(loom_zero_part_floats(z) + 1, sizeof(float))))
+        return loom_fail(LOOM_ERR_NOMEM, "checkpoint '%s': out of memory for a copy of the "
+                         "offloaded parameter partition (%zu MiB)", ld->mpath,
+                         loom_zero_part_floats(z) * sizeof(float) >> 20);
     return LOOM_OK; /* ZeRO: the state goes straight into the partition (copy_in) */
 }
 
@@ -1328,14 +1339,26 @@ static void copy_in(const loaded *ld, loom_session *s)
     else if (z) /* ZeRO: this rank's partition of the state */
         state = loom_zero_state(z, &(size_t){0});
     const loom_param_table *t = loom_gpt_params(m);
-    /* ZeRO: the parameters as without it, the state's pieces straight into the partition */
-    tensors_copy(&ld->ts, t, z ? 0 : slots, loom_session_host_params(s), state);
-    if (z && slots && state)
-        apply_plan_pieces(&ld->ts.optim, ld->ts.files + ld->ts.n_model, t, slots,
-                          ld->zero_pieces, ld->n_zero_pieces, state);
+    /* ZeRO: the state's pieces straight into the partition; stage 3's parameters too (into
+     * the offload's copy when it holds them), the model's buffer left to the gathers;
+     * below stage 3 the parameters as without ZeRO */
+    int stage3 = z && loom_zero_stage(z) == 3;
+    if (stage3) {
+        float *part = ld->zero_params ? ld->zero_params : loom_zero_load_params_dst(z);
+        apply_plan_pieces(&ld->ts.model, ld->ts.files, t, 1, ld->zero_pieces, ld->n_zero_pieces,
+                          part);
+        loom_zero_params_stale(z);
+    } else {
+        tensors_copy(&ld->ts, t, 0, loom_session_host_params(s), NULL);
+    }
+    if (slots && state) {
+        if (z)
+            apply_plan_pieces(&ld->ts.optim, ld->ts.files + ld->ts.n_model, t, slots,
+                              ld->zero_pieces, ld->n_zero_pieces, state);
+        else
+            apply_plan(&ld->ts.optim, ld->ts.files + ld->ts.n_model, t, slots, state);
+    }
     loom_session_from_host(s);
-    if (z)
-        loom_zero_ckpt_params_in(z, ld->zero_pieces, ld->n_zero_pieces);
     loom_compress *c = loom_session_compress(s);
     if (c) { /* this dp rank's slot of the residuals, or zero: none saved */
         size_t total;
@@ -1380,8 +1403,8 @@ loom_status loom_checkpoint_load_data(loom_session *s, const char *ckpt_path, lo
         copy_in(&ld, s);
         if (ld.offloaded) /* an I/O failure here names the file; the weights are in already */
             st = loom_offload_write_state(loom_session_offload_state(s), ld.offloaded);
-        if (st == LOOM_OK && loom_session_zero(s)) /* offload params: the partition into it */
-            st = loom_zero_store_params(loom_session_zero(s));
+        if (st == LOOM_OK && ld.zero_params) /* offload params: the partition into it */
+            st = loom_zero_store_part(loom_session_zero(s), ld.zero_params);
     }
     if (st == LOOM_OK) {
         if (out) {

@@ -125,14 +125,12 @@ int loom_zero_stage(const loom_zero *z);
  * then attach moves this rank's partition of the model's initial values (every rank drew
  * them alike) into the offload and releases the model buffer's pages. From then on each
  * unit's gather reads its partition out of the offload into a staging buffer freed when
- * the gather completes, and the optimizer steps the parameters in the offload.
- * loom_zero_store_params writes the partition of the model's buffer into the offload again
- * (a checkpoint load fills the buffer); a no-op without params offloaded. */
+ * the gather completes, and the optimizer steps the parameters in the offload (a
+ * checkpoint load writes it there: zero_ckpt.h). */
 const size_t *loom_zero_param_offsets(const loom_zero *z);
 size_t loom_zero_part_floats(const loom_zero *z);
 struct loom_offload;
 loom_status loom_zero_attach_params(loom_zero *z, struct loom_offload *o);
-loom_status loom_zero_store_params(loom_zero *z);
 /* Stage 3: this rank's parameter partition for a save: the partition itself, or (params
  * offloaded) a copy read out of the offload into *owned, which the caller frees; NULL
  * below stage 3. */

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "base/status.h"
+#include "offload.h"
 #include "zero_internal.h"
 
 int loom_zero_ranks(const loom_zero *z) { return z->n; }
@@ -33,12 +34,13 @@ loom_status loom_zero_pieces(const loom_zero *z, int r, loom_zero_piece **out, s
     return LOOM_OK;
 }
 
-void loom_zero_ckpt_params_in(loom_zero *z, const loom_zero_piece *p, size_t n)
+float *loom_zero_load_params_dst(loom_zero *z) { return z->part_params; }
+
+loom_status loom_zero_store_part(loom_zero *z, const float *part)
 {
-    const float *params = loom_gpt_param_data(z->model);
-    if (z->part_params) { /* stage 3: the partition is the parameters' home */
-        for (size_t i = 0; i < n; i++)
-            memcpy(z->part_params + p[i].pos, params + p[i].lo, p[i].n * sizeof(float));
-        loom_zero_params_stale(z);
-    }
+    if (!z->store)
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "ZeRO: a parameter partition stored without an offload");
+    LOOM_TRY(loom_offload_write_params(z->store, 0, z->part, part));
+    loom_zero_params_stale(z);
+    return LOOM_OK;
 }

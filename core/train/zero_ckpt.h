@@ -4,7 +4,8 @@
  * (checkpoint.h), so it loads into any layout. Under ZeRO the state lives in partitions
  * (zero.h): a save writes each dp rank's pieces from its partition as they are (slice
  * files, checkpoint.h); a load copies the stored boxes' intersections with each rank's own
- * pieces straight into its partition (checkpoint_load.c), with no whole-state buffer.
+ * pieces straight into its partitions (checkpoint_load.c: the state, and under stage 3 the
+ * parameters), with no whole-state buffer and, under stage 3, no full parameter copy.
  */
 #ifndef LOOM_CORE_ZERO_CKPT_H
 #define LOOM_CORE_ZERO_CKPT_H
@@ -26,11 +27,13 @@ int loom_zero_ranks(const loom_zero *z);
 
 /* Stage 3's parameter partition (P/N floats at the pieces' pos) for a save:
  * loom_zero_read_part_params (zero.h). */
-/* Stage 3, after a load filled the model's parameter buffer: this rank's ranges of it
- * into its parameter partition (offloaded: loom_zero_store_params, zero.h); p, n:
- * loom_zero_pieces of this rank. The optimizer state goes straight into the partition
- * (checkpoint_load.c). */
+/* Stage 3, a load: where this rank's parameter partition is written (the loader copies
+ * its pieces there, then marks the units stale: loom_zero_params_stale), or NULL when the
+ * offload holds it: the loader fills a partition-sized copy (loom_zero_part_floats) and
+ * hands it to loom_zero_store_part, which writes it into the offload (a failed write
+ * names the file). */
 int loom_zero_rank(const loom_zero *z);
-void loom_zero_ckpt_params_in(loom_zero *z, const loom_zero_piece *p, size_t n);
+float *loom_zero_load_params_dst(loom_zero *z);
+loom_status loom_zero_store_part(loom_zero *z, const float *part);
 
 #endif

@@ -35,10 +35,9 @@ static size_t own_range(const loom_zero *z, int k, size_t *a)
     return (e < z->total ? e : z->total) - *a;
 }
 
-loom_status loom_zero_store_params(loom_zero *z)
+/* This rank's partition of the model's buffer (its initial values) into the offload. */
+static loom_status store_params(loom_zero *z)
 {
-    if (!z->store)
-        return LOOM_OK;
     const float *params = loom_gpt_param_data(z->model);
     for (int k = 0; k < z->n_buckets; k++) {
         size_t a, n = own_range(z, k, &a);
@@ -55,7 +54,7 @@ loom_status loom_zero_attach_params(loom_zero *z, struct loom_offload *o)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "ZeRO: parameters attached to an offload without "
                   "zero = 3 and params offloaded");
     z->store = o;
-    LOOM_TRY(loom_zero_store_params(z)); /* the initial values every rank drew alike */
+    LOOM_TRY(store_params(z)); /* the initial values every rank drew alike */
     for (int u = 0; u < z->n_units; u++) /* until first needed, as zero_params_init does */
         if (!z->units[u].empty)
             zero_drop_pages(z, z->units[u].inner_lo, z->units[u].inner_hi);

@@ -104,13 +104,15 @@ data() { # the tensor bytes of a safetensors file, after its header (its metadat
 }
 cmp -s <(data "$tmp/one.safetensors") <(data "$tmp/z3.safetensors") || { echo "ckpt export of zero=3 dp=2 slices differs from one rank's"; exit 1; }
 echo "ok ckpt export of a zero=3 dp=2 checkpoint (model and optim slices): tensor bytes equal to one rank's export"
-# A ZeRO load reads only its partition's tiles of the optimizer state (LOOM_CKPT_STATS=1:
-# "read R of T bytes"): here the whole parameters (4 of every 12 bytes) and half the state.
+# A ZeRO-3 load reads only its partition's tiles of the optimizer state and of the
+# parameters (LOOM_CKPT_STATS=1: "read R of T bytes"): half of each here, plus the tiles a
+# piece boundary shares (it read all the parameters, 0.67 of the bytes, until it read
+# only its partition of them).
 LOOM_CKPT_STATS=1 "$loom" launch -n 2 "$recipe" $model comm_timeout=20 mesh.dp=2 strategy.zero=3 $c \
   resume="$ck" 2>&1 | grep -a -o 'read [0-9]* of [0-9]* bytes' > "$tmp/stats" || true
 [ "$(wc -l < "$tmp/stats")" -eq 2 ] || { echo "expected one read report per rank:"; cat "$tmp/stats"; exit 1; }
-awk '{ r = $2 / $4; if (!(r > 0.6 && r < 0.72)) { printf "a rank read %d of %d bytes (%.3f): 0.67 expected\n", $2, $4, r; exit 1 }
-       printf "ok a zero=3 dp=2 resume reads %.1f%% of the checkpoint on each rank (its partition of the state, all parameters)\n", 100 * r; exit }' "$tmp/stats"
+awk '{ r = $2 / $4; if (!(r > 0.45 && r < 0.6)) { printf "a rank read %d of %d bytes (%.3f): 0.5 expected\n", $2, $4, r; exit 1 }
+       printf "ok a zero=3 dp=2 resume reads %.1f%% of the checkpoint on each rank (its partition of the state and of the parameters)\n", 100 * r; exit }' "$tmp/stats"
 size=$(stat -c %s "$ck/optim.dp1.safetensors")
 printf '\x7f' | dd of="$ck/optim.dp1.safetensors" bs=1 seek=$((size - 5)) conv=notrunc status=none
 if run $D2 strategy.zero=3 $c resume="$ck" > "$tmp/bad" 2>&1; then echo "a damaged slice was loaded"; exit 1; fi

@@ -112,7 +112,7 @@ resumed "$tmp/dp_z3" "$tmp/r" "disk params dp=2 zero=3 save -> zero=3 resume wit
 # (14.4 MB of parameter partition a rank), the state on disk in both runs. The peak is the
 # training's: the recipe resets VmHWM after step 1 (the start-up peak, when the model's
 # full-size buffers are written on every rank, is the same with and without offload).
-prss() { MALLOC_PERTURB_=165 RSS_STEPS=3 RSS_TRAINING_PEAK=1 "$loom" launch -n 2 \
+prss() { MALLOC_PERTURB_=165 RSS_TRAINING_PEAK=1 "$loom" launch -n 2 \
   "$here/recipes/offload_rss.lua" mesh.dp=2 strategy.zero=3 strategy.offload.optimizer=disk \
   strategy.offload.path="$tmp/state" strategy.offload.chunk_mb=1 "$@" | grep '^PARAMS '; }
 read -r par0 poff0 phwm0 prss0 < <(prss | cut -d' ' -f2-)

@@ -319,6 +319,9 @@ static int l_session(lua_State *L)
     cfg.offload_path = lua_isnil(L, -1) ? NULL : luaL_checkstring(L, -1);
     lua_pop(L, 1);
     cfg.offload_chunk_mb = num_field(L, 1, "offload_chunk_mb", 0.0);
+    lua_getfield(L, 1, "offload_params"); /* zero=3's parameter partition offloaded too */
+    cfg.offload_params = lua_toboolean(L, -1);
+    lua_pop(L, 1);
     /* strategy = { compress = { "onebit" | "topk", ratio =, warmup =, bucket_mb = } } */
     lua_getfield(L, 1, "compress");
     if (!lua_isnil(L, -1)) {
@@ -736,6 +739,7 @@ static int l_session_info(lua_State *L)
         {"params", mem.params}, {"params_peak_resident", mem.params_peak_resident},
         {"grads", mem.grads}, {"grads_peak_resident", mem.grads_peak_resident},
         {"optimizer", mem.optimizer}, {"optimizer_offloaded", mem.optimizer_offloaded},
+        {"params_offloaded", mem.params_offloaded},
         {"master", mem.master}, {"activations", mem.activations},
         {"comm", mem.comm}, {"widen", mem.widen}, {"saved", mem.saved}};
     for (size_t i = 0; i < sizeof cats / sizeof cats[0]; i++) {

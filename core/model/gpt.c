@@ -639,13 +639,17 @@ loom_status loom_gpt_create(const loom_gpt_config *cfg, loom_backend *be, int ma
         size_t bytes = m->table.total * sizeof(float);
         m->params = be->ops->alloc(be->self, bytes);
         m->grads = be->ops->alloc(be->self, bytes);
-        float *host = malloc(bytes);
-        if (!m->params || !m->grads || !host) {
+        /* host memory (the CPU backend): drawn in place, without a second full-size copy
+         * (it set the start-up peak of the resident set, which ZeRO-3 runs are sized by) */
+        int device = loom_backend_device_memory(be);
+        float *host = device ? malloc(bytes) : NULL;
+        if (!m->params || !m->grads || (device && !host)) {
             st = loom_fail(LOOM_ERR_NOMEM, "cannot allocate %.1f MiB for parameters",
                            2.0 * (double)bytes / (1 << 20));
         } else {
-            loom_params_init_values(&m->table, seed, host);
-            be->ops->copy_to_device(be->self, m->params, host, bytes);
+            loom_params_init_values(&m->table, seed, host ? host : m->params);
+            if (host)
+                be->ops->copy_to_device(be->self, m->params, host, bytes);
             bind_params(m, m->params, &m->p);
             bind_params(m, m->grads, &m->g);
             st = gpt_moe_create(m, seed);

@@ -1004,11 +1004,14 @@ static loom_status save_zero(loom_session *s, loom_ckpt_source *srcp, const loom
     src.part_state = loom_zero_state(z, &floats);
     if (loom_session_offload_state(s)) /* the partition's state, copied out of the offload */
         src.part_state = src.state;
-    src.part_params = loom_zero_part_params(z);
+    float *params_copy = NULL; /* offload params: the partition read out of the offload */
+    loom_status st = loom_zero_read_part_params(z, &src.part_params, &params_copy);
     src.state = NULL;
     src.zero_stage = loom_zero_stage(z);
     src.zero_dp = loom_zero_ranks(z);
-    loom_status st = loom_ckpt_save_source(&src, &g, dir, x, out_path, len);
+    if (st == LOOM_OK)
+        st = loom_ckpt_save_source(&src, &g, dir, x, out_path, len);
+    free(params_copy);
     free(p);
     return st;
 }

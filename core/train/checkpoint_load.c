@@ -16,7 +16,8 @@
  * Checkpoints without header_xxh64 (older) are read whole and checked against the
  * file's xxh64.
  * Under ZeRO the optimizer state's tiles are those of this rank's partition pieces only
- * (flat ranges of the held slices, as boxes); the rest of the assembled state is not read.
+ * (flat ranges of the held slices, as boxes), and they are copied straight into the
+ * partition (apply_plan_pieces): no whole-state buffer.
  * What not: no streaming into the session (the read tiles are held until the copy); no
  * communication; pieces are boxes of the logical tensor (ZeRO's slice files store their
  * flat ranges as boxes, checkpoint.h).
@@ -806,6 +807,50 @@ static void apply_plan(const plan *pl, const tfile *files, const loom_param_tabl
     }
 }
 
+/* ZeRO partition piece p of entry e (a flat range of its held slice) as the boxes of the
+ * logical tensor that tile it in order (loom_ckpt_range_boxes, moved to the slice's start);
+ * .at is where each begins in the piece. */
+static int piece_boxes(const loom_param_entry *e, const loom_zero_piece *p, loom_ckpt_box *bx)
+{
+    uint64_t a = p->lo - e->offset;
+    int nb = loom_ckpt_range_boxes(e->slice_len, e->ndim, a, a + p->n, bx);
+    for (int q = 0; q < nb; q++)
+        for (int d = 0; d < e->ndim; d++)
+            bx[q].start[d] += e->slice_start[d];
+    return nb;
+}
+
+/* Under ZeRO: each used optimizer piece's intersection with this rank's partition pieces
+ * only[0..n_only) straight into its partition state `part` (piece j's slot k at
+ * per * only[j].pos + k * only[j].n, slot-major within the piece as zero.h keeps it): a flat
+ * range of the held slice is the few boxes loom_ckpt_range_boxes tiles it with, each a
+ * dense run of the range, so each is one box copy. No whole-state buffer. */
+static void apply_plan_pieces(const plan *pl, const tfile *files, const loom_param_table *t,
+                              uint32_t per, const loom_zero_piece *only, size_t n_only,
+                              float *part)
+{
+    for (int i = 0; i < pl->n; i++) {
+        const piece *pc = &pl->p[i];
+        if (!pc->use)
+            continue;
+        int ei = pc->target / (int)per, slot = pc->target % (int)per;
+        const loom_param_entry *e = &t->entries[ei];
+        const unsigned char *bytes = files[pc->file].bytes;
+        const unsigned char *src = bytes + 8 + header_len(bytes) + pc->te->begin;
+        int bf16 = strcmp(pc->te->dtype, "BF16") == 0;
+        for (size_t j = 0; j < n_only; j++) {
+            if (only[j].entry != ei)
+                continue;
+            loom_ckpt_box bx[2 * LOOM_PARAM_MAX_DIMS];
+            int nb = piece_boxes(e, &only[j], bx);
+            float *out = part + (size_t)per * only[j].pos + (size_t)slot * only[j].n;
+            for (int q = 0; q < nb; q++)
+                loom_params_copy_box(out + bx[q].at, bx[q].start, bx[q].len, src, bf16,
+                                     pc->start, pc->len, e->ndim);
+        }
+    }
+}
+
 /* Mark the tiles of pc's file that hold its intersection with the box (bs, bl) of the
  * logical tensor (nd dims): one run of the last dim per index of the others (a row
  * split's runs touch, a column split's are strided). */
@@ -862,14 +907,9 @@ static void mark_plan(const plan *pl, tfile *files, const loom_param_table *t, u
             if (only[j].entry != ei)
                 continue;
             loom_ckpt_box bx[2 * LOOM_PARAM_MAX_DIMS];
-            uint64_t a = only[j].lo - e->offset;
-            int nb = loom_ckpt_range_boxes(e->slice_len, e->ndim, a, a + only[j].n, bx);
-            for (int q = 0; q < nb; q++) {
-                int64_t st[LOOM_PARAM_MAX_DIMS];
-                for (int d = 0; d < e->ndim; d++)
-                    st[d] = e->slice_start[d] + bx[q].start[d];
-                mark_box(&files[pc->file], pc, e->ndim, st, bx[q].len);
-            }
+            int nb = piece_boxes(e, &only[j], bx);
+            for (int q = 0; q < nb; q++)
+                mark_box(&files[pc->file], pc, e->ndim, bx[q].start, bx[q].len);
         }
     }
 }
@@ -922,7 +962,8 @@ static loom_status fetch_tiles(tfile *tf)
  * the tiles the plans use. */
 static loom_status tensors_open(const char *dir, const char *mpath, const loom_json *root,
                                 const loom_param_table *t, uint32_t slots, const elsewhere *ew,
-                                const loom_zero_piece *only, size_t n_only, tensor_set *ts)
+                                const loom_zero_piece *only, size_t n_only, int model_only,
+                                tensor_set *ts)
 {
     memset(ts, 0, sizeof *ts);
     loom_ckpt_layout l;
@@ -949,7 +990,7 @@ static loom_status tensors_open(const char *dir, const char *mpath, const loom_j
     LOOM_TRY(make_plan(ts->files, nm, t, 1, 0, ew, &ts->model));
     if (slots)
         LOOM_TRY(make_plan(ts->files + nm, no, t, slots, 1, ew, &ts->optim));
-    mark_plan(&ts->model, ts->files, t, 1, NULL, 0);
+    mark_plan(&ts->model, ts->files, t, 1, model_only ? only : NULL, model_only ? n_only : 0);
     if (slots)
         mark_plan(&ts->optim, ts->files + nm, t, slots, only, n_only);
     for (int i = 0; i < nm + no; i++)
@@ -981,7 +1022,7 @@ loom_status loom_ckpt_load_tensors(const char *ckpt_dir, const loom_param_table 
         return loom_fail(LOOM_ERR_INVALID, "checkpoint path '%s' is too long", ckpt_dir);
     loom_status st = loom_ckpt_manifest_open(ckpt_dir, &doc, &text);
     if (st == LOOM_OK)
-        st = tensors_open(ckpt_dir, mpath, loom_json_root(doc), t, slots, NULL, NULL, 0, &ts);
+        st = tensors_open(ckpt_dir, mpath, loom_json_root(doc), t, slots, NULL, NULL, 0, 0, &ts);
     if (st == LOOM_OK)
         tensors_copy(&ts, t, slots, params, state);
     tensors_free(&ts);
@@ -1058,8 +1099,8 @@ typedef struct loaded {
     loom_checkpoint_extra x;
     char *config;
     loom_session_state state;
-    float *zero_full;          /* ZeRO: the whole optimizer state, before the partitions */
     loom_zero_piece *zero_pieces;
+    float *zero_params;        /* ZeRO-3 with params offloaded: the partition, for the offload */
     size_t n_zero_pieces;
     float *residual;           /* compression: every dp rank's residual, slot-major per entry */
     float *offloaded;          /* offload: the state this rank steps, for the pool or file */
@@ -1071,8 +1112,8 @@ static void loaded_free(loaded *ld)
     free(ld->manifest);
     tensors_free(&ld->ts);
     free(ld->config);
-    free(ld->zero_full);
     free(ld->zero_pieces);
+    free(ld->zero_params);
     free(ld->residual);
     free(ld->offloaded);
 }
@@ -1266,23 +1307,23 @@ static loom_status validate(loaded *ld, loom_session *s, const loom_data *data)
     loom_zero *z = loom_session_zero(s);
     if (z) /* ZeRO: only this rank's partition of the state is read (zero_ckpt.h) */
         LOOM_TRY(loom_zero_pieces(z, loom_zero_rank(z), &ld->zero_pieces, &ld->n_zero_pieces));
+    /* ZeRO-3: only its partition of the parameters too, into the partition (copy_in) */
+    int stage3 = z && loom_zero_stage(z) == 3;
     LOOM_TRY(tensors_open(ld->dir, ld->mpath, root, loom_gpt_params(m), slots, &ew,
-                          ld->zero_pieces, ld->n_zero_pieces, &ld->ts));
+                          ld->zero_pieces, ld->n_zero_pieces, stage3, &ld->ts));
     LOOM_TRY(read_residuals(ld, root, s, &ew));
     loom_offload *off = loom_session_offload_state(s);
     if (off && !(ld->offloaded = malloc(loom_offload_floats(off) * sizeof(float) + 1)))
         return loom_fail(LOOM_ERR_NOMEM, "checkpoint '%s': out of memory for a copy of the "
                          "offloaded optimizer state (%zu MiB)", ld->mpath,
                          loom_offload_floats(off) * sizeof(float) >> 20);
-    if (!z) /* ZeRO: assembled whole (its partition's tiles read), then each rank keeps its
-             * partition (zero_ckpt.h) */
-        return LOOM_OK;
-    size_t floats = (size_t)slots * loom_gpt_params(m)->total;
-    if (floats && !(ld->zero_full = malloc(floats * sizeof(float))))
-        return loom_fail(LOOM_ERR_NOMEM, "checkpoint '%s' under zero=%d: out of memory for the "
-                         "whole optimizer state (%zu MiB)", ld->mpath, loom_zero_stage(z),
-                         floats * sizeof(float) >> 20);
-    return LOOM_OK;
+    /* offload params: a partition-sized copy to fill, written into the offload after */
+    if (stage3 && !loom_zero_load_params_dst(z) &&
+        !(ld->zero_params = calloc(loom_zero_part_floats(z) + 1, sizeof(float))))
+        return loom_fail(LOOM_ERR_NOMEM, "checkpoint '%s': out of memory for a copy of the "
+                         "offloaded parameter partition (%zu MiB)", ld->mpath,
+                         loom_zero_part_floats(z) * sizeof(float) >> 20);
+    return LOOM_OK; /* ZeRO: the state goes straight into the partition (copy_in) */
 }
 
 /* Everything is validated: the copies cannot fail. */
@@ -1293,19 +1334,35 @@ static void copy_in(const loaded *ld, loom_session *s)
     loom_gpt *m = loom_session_model(s);
     loom_zero *z = loom_session_zero(s);
     loom_session_to_host(s); /* device backend: into the host mirrors, then back (below) */
-    if (ld->offloaded && !z) /* offload: into its copy, written to the pool or file after */
+    if (ld->offloaded) /* offload: into its copy, written to the pool or file after */
         state = ld->offloaded;
-    tensors_copy(&ld->ts, loom_gpt_params(m), slots, loom_session_host_params(s),
-                 z ? ld->zero_full : state);
+    else if (z) /* ZeRO: this rank's partition of the state */
+        state = loom_zero_state(z, &(size_t){0});
+    const loom_param_table *t = loom_gpt_params(m);
+    /* ZeRO: the state's pieces straight into the partition; stage 3's parameters too (into
+     * the offload's copy when it holds them), the model's buffer left to the gathers;
+     * below stage 3 the parameters as without ZeRO */
+    int stage3 = z && loom_zero_stage(z) == 3;
+    if (stage3) {
+        float *part = ld->zero_params ? ld->zero_params : loom_zero_load_params_dst(z);
+        apply_plan_pieces(&ld->ts.model, ld->ts.files, t, 1, ld->zero_pieces, ld->n_zero_pieces,
+                          part);
+        loom_zero_params_stale(z);
+    } else {
+        tensors_copy(&ld->ts, t, 0, loom_session_host_params(s), NULL);
+    }
+    if (slots && state) {
+        if (z)
+            apply_plan_pieces(&ld->ts.optim, ld->ts.files + ld->ts.n_model, t, slots,
+                              ld->zero_pieces, ld->n_zero_pieces, state);
+        else
+            apply_plan(&ld->ts.optim, ld->ts.files + ld->ts.n_model, t, slots, state);
+    }
     loom_session_from_host(s);
-    if (z)
-        loom_zero_ckpt_scatter(z, slots, ld->zero_full, ld->zero_pieces, ld->n_zero_pieces,
-                               ld->offloaded);
     loom_compress *c = loom_session_compress(s);
     if (c) { /* this dp rank's slot of the residuals, or zero: none saved */
         size_t total;
         float *r = loom_compress_residual(c, &total);
-        const loom_param_table *t = loom_gpt_params(m);
         uint32_t dp = (uint32_t)loom_compress_dp_size(c), me = (uint32_t)loom_compress_dp_rank(c);
         memset(r, 0, total * sizeof(float));
         for (int i = 0; ld->residual && i < t->count; i++) {
@@ -1346,6 +1403,8 @@ loom_status loom_checkpoint_load_data(loom_session *s, const char *ckpt_path, lo
         copy_in(&ld, s);
         if (ld.offloaded) /* an I/O failure here names the file; the weights are in already */
             st = loom_offload_write_state(loom_session_offload_state(s), ld.offloaded);
+        if (st == LOOM_OK && ld.zero_params) /* offload params: the partition into it */
+            st = loom_zero_store_part(loom_session_zero(s), ld.zero_params);
     }
     if (st == LOOM_OK) {
         if (out) {

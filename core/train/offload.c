@@ -16,9 +16,10 @@ const char *loom_offload_mode_name(loom_offload_mode m)
  * split = 0 (host): a piece is a whole segment, so a chunk of one long segment may exceed
  * cap; split = 1 (disk): a segment is cut where a chunk fills. */
 static loom_status make_chunks(loom_offload *o, const loom_optim_segment *segs,
-                               const size_t *state_off, size_t n, size_t cap, int split)
+                               const size_t *state_off, const size_t *param_off, size_t n,
+                               size_t cap, int split)
 {
-    size_t per = cap / o->slots ? cap / o->slots : 1; /* elements per full chunk */
+    size_t per = cap / o->per_elem ? cap / o->per_elem : 1; /* elements per full chunk */
     size_t max_pieces = n;
     for (size_t i = 0; split && i < n; i++)
         max_pieces += segs[i].n / per + 1;
@@ -31,6 +32,8 @@ static loom_status make_chunks(loom_offload *o, const loom_optim_segment *segs,
         const loom_optim_segment *s = &segs[i];
         if (state_off[i] > o->floats || o->slots * s->n > o->floats - state_off[i])
             LOOM_FAIL(LOOM_ERR_INTERNAL, "offload: segment %zu's state lies outside the state", i);
+        if (param_off && (param_off[i] > o->param_floats || s->n > o->param_floats - param_off[i]))
+            LOOM_FAIL(LOOM_ERR_INTERNAL, "offload: segment %zu's parameters lie outside them", i);
         for (size_t i0 = 0; i0 < s->n;) {
             size_t m = s->n - i0;
             if (o->n_chunks == 0 || room == 0 || (!split && m > room)) {
@@ -43,7 +46,8 @@ static loom_status make_chunks(loom_offload *o, const loom_optim_segment *segs,
             offload_chunk *c = &o->chunks[o->n_chunks - 1];
             offload_piece *p = &o->pieces[o->n_pieces++];
             p->seg = *s;
-            p->seg.param = s->param + i0;
+            p->seg.param = s->param ? s->param + i0 : NULL; /* params: set per chunk */
+            p->param_pos = param_off ? param_off[i] + i0 : 0;
             p->seg.grad = s->grad + i0;
             p->seg.n = m;
             p->seg_off = state_off[i];
@@ -51,7 +55,7 @@ static loom_status make_chunks(loom_offload *o, const loom_optim_segment *segs,
             p->i0 = i0;
             p->buf_off = c->floats;
             c->count++;
-            c->floats += o->slots * m;
+            c->floats += o->per_elem * m;
             room = m >= room ? 0 : room - m;
             if (c->count > o->max_count)
                 o->max_count = c->count;
@@ -85,16 +89,21 @@ loom_status loom_offload_create(const loom_offload_config *c, const loom_optim_s
     o->mode = c->mode;
     o->slots = slots;
     o->floats = floats;
+    o->param_floats = c->param_off ? c->param_floats : 0;
+    o->per_elem = slots + (c->param_off ? 1u : 0u);
     o->fd = -1;
     size_t cap = (size_t)(mb * 1024 * 1024 / sizeof(float));
-    cap = cap < slots ? slots : cap;
-    loom_status st = make_chunks(o, segs, state_off, n, cap, c->mode == LOOM_OFFLOAD_DISK);
+    cap = cap < o->per_elem ? o->per_elem : cap;
+    loom_status st = make_chunks(o, segs, state_off, c->param_off, n, cap,
+                                 c->mode == LOOM_OFFLOAD_DISK);
     if (st == LOOM_OK && c->mode == LOOM_OFFLOAD_HOST) {
         /* A pool of its own: on a device backend this is what would be pinned host memory
-         * with the step on host threads; on the CPU backend, a separate allocation. */
-        if (!(o->pool = calloc(floats, sizeof(float))))
+         * with the step on host threads; on the CPU backend, a separate allocation. The
+         * parameters (params = true) follow the state. */
+        if (!(o->pool = calloc(floats + o->param_floats, sizeof(float))))
             st = loom_fail(LOOM_ERR_NOMEM, "out of memory for the host pool of %zu bytes of "
-                           "optimizer state", floats * sizeof(float));
+                           "optimizer state and parameters",
+                           (floats + o->param_floats) * sizeof(float));
     }
     if (st == LOOM_OK && c->mode == LOOM_OFFLOAD_DISK)
         st = offload_disk_open(o, c);
@@ -130,6 +139,8 @@ loom_status loom_offload_step(loom_offload *o, const loom_optim_ops *ops, void *
             const offload_piece *p = &o->pieces[c->first + j];
             o->scratch[j] = p->seg;
             o->scratch[j].state = o->pool + p->seg_off;
+            if (o->param_floats)
+                o->scratch[j].param = o->pool + o->floats + p->param_pos;
         }
         loom_optim_step_args a = *args;
         a.segments = o->scratch;
@@ -145,20 +156,48 @@ void loom_offload_memory(const loom_offload *o, size_t *resident, size_t *offloa
     *resident = (size_t)o->n_bufs * o->buf_floats * sizeof(float);
 }
 
+size_t loom_offload_param_bytes(const loom_offload *o) { return o->param_floats * sizeof(float); }
+
 size_t loom_offload_floats(const loom_offload *o) { return o->floats; }
+
+/* n floats at float `at` of the pool or file, out to buf (write = 0) or in from it. */
+static loom_status copy_floats(loom_offload *o, int write, float *buf, size_t at, size_t n)
+{
+    if (o->mode == LOOM_OFFLOAD_DISK)
+        return offload_disk_copy(o, write, buf, at, n);
+    if (write)
+        memcpy(o->pool + at, buf, n * sizeof(float));
+    else
+        memcpy(buf, o->pool + at, n * sizeof(float));
+    return LOOM_OK;
+}
 
 loom_status loom_offload_read_state(loom_offload *o, float *dst)
 {
-    if (o->mode == LOOM_OFFLOAD_DISK)
-        return offload_disk_copy(o, 0, dst);
-    memcpy(dst, o->pool, o->floats * sizeof(float));
-    return LOOM_OK;
+    return copy_floats(o, 0, dst, 0, o->floats);
 }
 
 loom_status loom_offload_write_state(loom_offload *o, const float *src)
 {
-    if (o->mode == LOOM_OFFLOAD_DISK)
-        return offload_disk_copy(o, 1, (float *)src);
-    memcpy(o->pool, src, o->floats * sizeof(float));
+    return copy_floats(o, 1, (float *)src, 0, o->floats);
+}
+
+static loom_status param_range(const loom_offload *o, size_t pos, size_t n)
+{
+    if (pos > o->param_floats || n > o->param_floats - pos)
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "offload: parameters [%zu, %zu) outside the %zu held", pos,
+                  pos + n, o->param_floats);
     return LOOM_OK;
+}
+
+loom_status loom_offload_read_params(loom_offload *o, size_t pos, size_t n, float *dst)
+{
+    LOOM_TRY(param_range(o, pos, n));
+    return copy_floats(o, 0, dst, o->floats + pos, n);
+}
+
+loom_status loom_offload_write_params(loom_offload *o, size_t pos, size_t n, const float *src)
+{
+    LOOM_TRY(param_range(o, pos, n));
+    return copy_floats(o, 1, (float *)src, o->floats + pos, n);
 }

@@ -25,6 +25,11 @@ typedef struct loom_offload_config {
     const char *path;      /* disk: an existing writable directory */
     double chunk_mb;       /* state per chunk in MiB; 0: 64 */
     int rank;              /* world rank, for the file's name */
+    /* params = true (ZeRO-3 only): the offload also holds the parameters this rank steps,
+     * param_floats of them (its partition), segment i's at float param_off[i] of them;
+     * NULL: the parameters stay with the caller (the segments' param pointers). */
+    const size_t *param_off;
+    size_t param_floats;
 } loom_offload_config;
 
 typedef struct loom_offload loom_offload;
@@ -41,8 +46,16 @@ void loom_offload_destroy(loom_offload *o);
 loom_status loom_offload_step(loom_offload *o, const loom_optim_ops *ops, void *self,
                               const loom_optim_step_args *args);
 /* Bytes of state resident in the compute process's working set (disk: the chunk
- * buffers; host: 0, the pool is counted as offloaded) and bytes held off it. */
+ * buffers, with the parameters they carry; host: 0, the pool is counted as offloaded) and
+ * bytes of optimizer state held off it; loom_offload_param_bytes: the parameters' (0
+ * without params). */
 void loom_offload_memory(const loom_offload *o, size_t *resident, size_t *offloaded);
+size_t loom_offload_param_bytes(const loom_offload *o);
+/* params = true: floats [pos, pos + n) of the held parameters out to dst or in from src,
+ * on the caller's thread (ZeRO-3 brings a unit's partition in before its all-gather);
+ * not during a step. A failed read or write names the file, the offset and the bytes. */
+loom_status loom_offload_read_params(loom_offload *o, size_t pos, size_t n, float *dst);
+loom_status loom_offload_write_params(loom_offload *o, size_t pos, size_t n, const float *src);
 const char *loom_offload_mode_name(loom_offload_mode m);
 /* Checkpoints (checkpoint.c, checkpoint_load.c): the whole state (`floats` floats, laid
  * out as the offsets given at create describe) copied out of the pool or file into dst,

@@ -68,6 +68,10 @@ static void io_chunk(loom_offload *o, const offload_op *op)
                         m * sizeof(float), at))
                 return;
         }
+        if (o->param_floats && /* params: the piece's parameters after its state */
+            !io_all(o, op->write, (char *)(op->buf + p->buf_off + (size_t)o->slots * m),
+                    m * sizeof(float), (o->floats + p->param_pos) * sizeof(float)))
+            return;
     }
 }
 
@@ -133,7 +137,7 @@ loom_status offload_disk_open(loom_offload *o, const loom_offload_config *c)
         LOOM_FAIL(LOOM_ERR_IO, "strategy.offload.path \"%s\": cannot create %s: %s (the path "
                   "must be an existing directory this process can write)", c->path, o->file,
                   strerror(errno));
-    size_t bytes = o->floats * sizeof(float);
+    size_t bytes = (o->floats + o->param_floats) * sizeof(float); /* params after the state */
     int e = posix_fallocate(o->fd, 0, (off_t)bytes); /* reads back as zeros */
     if (e) {
         close(o->fd);
@@ -193,6 +197,8 @@ loom_status offload_disk_step(loom_offload *o, const loom_optim_ops *ops, void *
             const offload_piece *p = &o->pieces[c->first + j];
             o->scratch[j] = p->seg;
             o->scratch[j].state = buf + p->buf_off;
+            if (o->param_floats)
+                o->scratch[j].param = buf + p->buf_off + (size_t)o->slots * p->seg.n;
         }
         loom_optim_step_args a = *args;
         a.segments = o->scratch;
@@ -205,11 +211,11 @@ loom_status offload_disk_step(loom_offload *o, const loom_optim_ops *ops, void *
     return st != LOOM_OK ? st : w;
 }
 
-loom_status offload_disk_copy(loom_offload *o, int write, float *buf)
+loom_status offload_disk_copy(loom_offload *o, int write, float *buf, size_t at, size_t n)
 {
     pthread_mutex_lock(&o->mu); /* the thread is idle between steps; this only orders io_msg */
     int ok = o->io_status == LOOM_OK &&
-             io_all(o, write, (char *)buf, o->floats * sizeof(float), 0);
+             io_all(o, write, (char *)buf, n * sizeof(float), at * sizeof(float));
     loom_status st = o->io_status;
     pthread_mutex_unlock(&o->mu);
     if (ok)

@@ -14,6 +14,8 @@
 typedef struct offload_piece {
     loom_optim_segment seg; /* param, grad at the piece; state set per chunk */
     size_t seg_off, seg_n, i0, buf_off;
+    size_t param_pos;     /* params: the piece's first parameter in the held parameters; in
+                           * a chunk buffer its n parameters follow its state */
 } offload_piece;
 
 typedef struct offload_chunk {
@@ -34,6 +36,8 @@ struct loom_offload {
     loom_offload_mode mode;
     uint32_t slots;
     size_t floats;        /* state floats in all */
+    size_t param_floats;  /* params: parameters held after the state (pool, file); else 0 */
+    uint32_t per_elem;    /* floats a chunk buffer holds per element: slots (+1 with params) */
     offload_piece *pieces;
     size_t n_pieces;
     offload_chunk *chunks;
@@ -60,8 +64,9 @@ struct loom_offload {
 
 loom_status offload_disk_open(loom_offload *o, const loom_offload_config *c);
 void offload_disk_close(loom_offload *o);
-/* The whole file into buf (write = 0) or buf into the file (1), on the caller's thread. */
-loom_status offload_disk_copy(loom_offload *o, int write, float *buf);
+/* n floats from float `at` of the file into buf (write = 0) or buf into the file (1), on
+ * the caller's thread. */
+loom_status offload_disk_copy(loom_offload *o, int write, float *buf, size_t at, size_t n);
 loom_status offload_disk_step(loom_offload *o, const loom_optim_ops *ops, void *self,
                               const loom_optim_step_args *args);
 

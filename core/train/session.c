@@ -128,13 +128,18 @@ static loom_status make_offload(loom_session *s, const loom_session_config *cfg)
     int size = 1;
     LOOM_TRY(host->group(LOOM_GROUP_WORLD, &comm, &world, &size));
     loom_offload_config oc = {(loom_offload_mode)cfg->offload_mode, cfg->offload_path,
-                              cfg->offload_chunk_mb, comm ? comm->rank(world) : 0};
+                              cfg->offload_chunk_mb, comm ? comm->rank(world) : 0, NULL, 0};
     if (s->zero) {
         size_t n, floats;
         const loom_optim_segment *segs = loom_zero_segments(s->zero, &n);
         loom_zero_state(s->zero, &floats);
-        return loom_offload_create(&oc, segs, loom_zero_state_offsets(s->zero), n, floats,
-                                   s->state_slots, &s->offload);
+        if (cfg->offload_params) { /* zero=3's parameter partition beside the state */
+            oc.param_off = loom_zero_param_offsets(s->zero);
+            oc.param_floats = loom_zero_part_floats(s->zero);
+        }
+        LOOM_TRY(loom_offload_create(&oc, segs, loom_zero_state_offsets(s->zero), n, floats,
+                                     s->state_slots, &s->offload));
+        return cfg->offload_params ? loom_zero_attach_params(s->zero, s->offload) : LOOM_OK;
     }
     const loom_param_table *t = loom_gpt_params(s->model);
     size_t *off = calloc((size_t)s->n_segments + 1, sizeof *off);
@@ -153,7 +158,7 @@ static loom_status make_offload(loom_session *s, const loom_session_config *cfg)
 static loom_status make_zero(loom_session *s)
 {
     const loom_session_config *cfg = &s->cfg;
-    if (cfg->zero_stage == 0)
+    if (cfg->zero_stage == 0 && !cfg->offload_params)
         return LOOM_OK;
     if (cfg->zero_stage < 0 || cfg->zero_stage > 3)
         LOOM_FAIL(LOOM_ERR_INVALID, "strategy zero=%d: the ZeRO stages are 0 (none), 1, 2 and 3",
@@ -164,14 +169,20 @@ static loom_status make_zero(loom_session *s)
     LOOM_TRY(loom_core_host()->group(LOOM_GROUP_DP, &ops, &group, &dp));
     /* Under pp each stage's dp group partitions that stage's parameter table; stage 3's
      * units are the stage's (gpt_stage.h gathers them around each micro-batch's passes). */
-    if (dp < 2)
+    if (cfg->offload_params && (cfg->zero_stage != 3 || dp < 2 || !cfg->offload_mode))
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy.offload.params = true offloads ZeRO stage 3's "
+                  "parameter partition, so it needs strategy.zero = 3 over 2 or more dp ranks "
+                  "and offload.optimizer = \"host\" or \"disk\" (here zero = %d, dp = %d, "
+                  "optimizer %s)", cfg->zero_stage, dp,
+                  loom_offload_mode_name((loom_offload_mode)cfg->offload_mode));
+    if (dp < 2 || cfg->zero_stage == 0)
         return LOOM_OK;
     float wd = 0.0f;
     int decay_all = 0;
     s->optim->decay_rule(s->optim_self, &wd, &decay_all);
     loom_zero_config zc = {cfg->zero_stage, cfg->zero_bucket_mb > 0 ? cfg->zero_bucket_mb : 25.0,
                            cfg->canonical, cfg->accum, s->state_slots, wd, decay_all,
-                           cfg->offload_mode != LOOM_OFFLOAD_NONE, s->ep};
+                           cfg->offload_mode != LOOM_OFFLOAD_NONE, s->ep, cfg->offload_params};
     LOOM_TRY(loom_zero_create(&zc, s->model, &s->backend, &s->zero));
     const loom_param_table *t = loom_gpt_params(s->model);
     int stage = s->pipe ? loom_pipeline_stage(s->pipe) : 0;
@@ -1141,7 +1152,7 @@ void loom_session_memory(loom_session *s, loom_memory *out)
     memset(out, 0, sizeof *out);
     if (s->zero)
         loom_zero_memory(s->zero, out);
-    if (!out->params)
+    if (!out->params && !out->params_offloaded) /* offloaded: none kept here */
         out->params = total;
     if (!s->zero || !loom_zero_reduces(s->zero))
         out->grads = total;

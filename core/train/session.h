@@ -57,6 +57,7 @@ typedef struct loom_session_config {
     int offload_mode;                     /* loom_offload_mode */
     const char *offload_path;             /* disk: a directory (copied) */
     double offload_chunk_mb;              /* 0: 64 */
+    int offload_params;                   /* 1: zero=3's parameter partition offloaded too */
     /* Gradient compression over the dp group (compress.h): method 0 (none), onebit, topk. */
     int compress_method;                  /* loom_compress_method */
     double compress_ratio;                /* topk: fraction of each bucket sent */

@@ -82,7 +82,8 @@ static loom_status make_segments(loom_zero *z, const loom_zero_config *c)
     z->segments = calloc(cap, sizeof *z->segments);
     z->seg_entry = calloc(cap, sizeof *z->seg_entry);
     z->seg_state_off = calloc(cap, sizeof *z->seg_state_off);
-    if (!z->segments || !z->seg_entry || !z->seg_state_off)
+    z->seg_pos = calloc(cap, sizeof *z->seg_pos);
+    if (!z->segments || !z->seg_entry || !z->seg_state_off || !z->seg_pos)
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for ZeRO segments");
     float *params = loom_gpt_param_data(z->model), *grads = loom_gpt_grad_data(z->model);
     for (int k = 0; k < z->n_buckets; k++) {
@@ -98,13 +99,15 @@ static loom_status make_segments(loom_zero *z, const loom_zero_config *c)
                 LOOM_FAIL(LOOM_ERR_INTERNAL, "ZeRO: more segments than parameters + buckets");
             size_t pos = b->part_off + (lo - a); /* place in the partition */
             loom_optim_segment *s = &z->segments[z->n_segments++];
-            s->param = z->part_params ? z->part_params + pos : params + lo;
+            s->param = z->part_params ? z->part_params + pos
+                       : z->params_offloaded ? NULL : params + lo; /* offloaded: the offload's */
             s->grad = z->part_grads ? z->part_grads + pos : grads + lo;
             s->state = z->state ? z->state + (size_t)c->state_slots * pos : NULL;
             s->n = hi - lo;
             s->weight_decay = (c->decay_all || e->is_matrix) ? c->weight_decay : 0.0f;
             z->seg_entry[z->n_segments - 1] = i;
             z->seg_state_off[z->n_segments - 1] = (size_t)c->state_slots * pos;
+            z->seg_pos[z->n_segments - 1] = pos;
         }
     }
     return LOOM_OK;
@@ -130,6 +133,7 @@ loom_status loom_zero_create(const loom_zero_config *c, loom_gpt *m, loom_backen
     z->reduces = c->stage >= 2 && !c->canonical;
     z->accum = c->accum;
     z->skip_entry = -1;
+    z->params_offloaded = c->params_offloaded && c->stage == 3;
     const loom_host *host = loom_core_host();
     loom_status st = host->group(LOOM_GROUP_DP, &z->comm, &z->dp, &z->n);
     if (st == LOOM_OK && (!z->comm || z->n < 2))
@@ -177,6 +181,7 @@ void loom_zero_destroy(loom_zero *z)
     free(z->segments);
     free(z->seg_entry);
     free(z->seg_state_off);
+    free(z->seg_pos);
     free(z);
 }
 
@@ -259,7 +264,8 @@ void loom_zero_memory(const loom_zero *z, loom_memory *out)
     out->grads = z->reduces ? z->part * sizeof(float) : 0;
     out->grads_peak_resident = z->resident_peak;
     out->params = z->part_params ? z->part * sizeof(float) : 0;
+    out->params_offloaded = z->store ? z->part * sizeof(float) : 0;
     out->params_peak_resident = z->params_peak;
-    out->comm = ((size_t)ZERO_ALIGN * (size_t)z->n * (z->tail3 ? 2 : 1) + z->staging_floats) *
-                sizeof(float);
+    out->comm = ((size_t)ZERO_ALIGN * (size_t)z->n * (z->tail3 ? 2 : 1) + z->staging_floats +
+                 z->bring_peak) * sizeof(float); /* bring: offloaded params' staging, peak */
 }

@@ -40,6 +40,8 @@ typedef struct loom_zero loom_zero;
 /* Bytes this rank holds, by category (loom_zero_memory and the session's accounting). */
 typedef struct loom_memory {
     size_t params;        /* persistent parameter storage (stage 3: the partition) */
+    size_t params_offloaded; /* stage 3, offload params = true: the partition, held by the
+                              * offload (offload.h: host pool or file) */
     size_t params_peak_resident; /* stage 3: measured resident peak of the model's
                                   * full-size parameter buffer (0: not measured) */
     size_t grads;         /* persistent gradient storage */
@@ -68,6 +70,8 @@ typedef struct loom_zero_config {
     struct loom_ep *ep;   /* expert parallelism (session_ep.h), or NULL: stage 1 partitions
                            * the dense entries over dp and the experts' over the edp group
                            * (the dp ranks holding the same experts; zero_ep.c) */
+    int params_offloaded; /* stage 3: the offload holds the parameter partition too
+                           * (loom_zero_attach_params); none allocated here */
 } loom_zero_config;
 
 /* P: `total` floats padded to a multiple of 16 x n (n dp ranks); every rank's partition is
@@ -121,6 +125,21 @@ void loom_zero_params_stale(loom_zero *z);
 loom_status loom_zero_pin_params(loom_zero *z, int pin);
 double loom_zero_take_comm_ms(loom_zero *z);
 int loom_zero_stage(const loom_zero *z);
+/* Stage 3 with params offloaded (zero_params_store.c): each segment's place in the
+ * parameter partition (floats), and the partition's length, for the offload's create;
+ * then attach moves this rank's partition of the model's initial values (every rank drew
+ * them alike) into the offload and releases the model buffer's pages. From then on each
+ * unit's gather reads its partition out of the offload into a staging buffer freed when
+ * the gather completes, and the optimizer steps the parameters in the offload (a
+ * checkpoint load writes it there: zero_ckpt.h). */
+const size_t *loom_zero_param_offsets(const loom_zero *z);
+size_t loom_zero_part_floats(const loom_zero *z);
+struct loom_offload;
+loom_status loom_zero_attach_params(loom_zero *z, struct loom_offload *o);
+/* Stage 3: this rank's parameter partition for a save: the partition itself, or (params
+ * offloaded) a copy read out of the offload into *owned, which the caller frees; NULL
+ * below stage 3. */
+loom_status loom_zero_read_part_params(loom_zero *z, const float **out, float **owned);
 /* ZeRO's own buffers: grads (stage 2 partition), optimizer state, comm staging; and the
  * measured resident peak of the full gradient buffer (stage 2). */
 void loom_zero_memory(const loom_zero *z, loom_memory *out);

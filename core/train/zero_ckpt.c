@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "base/status.h"
+#include "offload.h"
 #include "zero_internal.h"
 
 int loom_zero_ranks(const loom_zero *z) { return z->n; }
@@ -35,32 +36,13 @@ loom_status loom_zero_pieces(const loom_zero *z, int r, loom_zero_piece **out, s
     return LOOM_OK;
 }
 
-/* This rank's pieces of the whole state `full` into its partition state `part`. */
-static void move_state(const loom_param_table *t, const loom_zero_piece *p, size_t n, uint32_t slots,
-                       float *part, const float *full)
-{
-    for (size_t i = 0; i < n; i++) {
-        const loom_param_entry *e = &t->entries[p[i].entry];
-        for (uint32_t k = 0; k < slots; k++) {
-            const float *w = full + (size_t)slots * e->offset + (size_t)k * e->numel +
-                             (p[i].lo - e->offset);
-            memcpy(part + (size_t)slots * p[i].pos + (size_t)k * p[i].n, w, p[i].n * sizeof(float));
-        }
-    }
-}
+float *loom_zero_load_params_dst(loom_zero *z) { return z->part_params; }
 
-const float *loom_zero_part_params(const loom_zero *z) { return z->part_params; }
-
-void loom_zero_ckpt_scatter(loom_zero *z, uint32_t slots, const float *full,
-                            const loom_zero_piece *p, size_t n, float *state)
+loom_status loom_zero_store_part(loom_zero *z, const float *part)
 {
-    const loom_param_table *t = loom_gpt_params(z->model);
-    const float *params = loom_gpt_param_data(z->model);
-    if (slots && full && (state || z->state))
-        move_state(t, p, n, slots, state ? state : z->state, full);
-    if (z->part_params) { /* stage 3: the partition is the parameters' home */
-        for (size_t i = 0; i < n; i++)
-            memcpy(z->part_params + p[i].pos, params + p[i].lo, p[i].n * sizeof(float));
-        loom_zero_params_stale(z);
-    }
+    if (!z->store)
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "ZeRO: a parameter partition stored without an offload");
+    LOOM_TRY(loom_offload_write_params(z->store, 0, z->part, part));
+    loom_zero_params_stale(z);
+    return LOOM_OK;
 }

@@ -3,8 +3,9 @@
  * A checkpoint holds the optimizer state (and the parameters) by logical tensor
  * (checkpoint.h), so it loads into any layout. Under ZeRO the state lives in partitions
  * (zero.h): a save writes each dp rank's pieces from its partition as they are (slice
- * files, checkpoint.h), a load copies each rank's own ranges out of the whole state the
- * loader assembled (slots * table total floats of transient host memory per rank).
+ * files, checkpoint.h); a load copies the stored boxes' intersections with each rank's own
+ * pieces straight into its partitions (checkpoint_load.c: the state, and under stage 3 the
+ * parameters), with no whole-state buffer and, under stage 3, no full parameter copy.
  */
 #ifndef LOOM_CORE_ZERO_CKPT_H
 #define LOOM_CORE_ZERO_CKPT_H
@@ -25,15 +26,16 @@ typedef struct loom_zero_piece {
 loom_status loom_zero_pieces(const loom_zero *z, int r, loom_zero_piece **out, size_t *n);
 int loom_zero_ranks(const loom_zero *z);
 
-/* Stage 3: this rank's parameter partition (P/N floats at the pieces' pos), else NULL. */
-const float *loom_zero_part_params(const loom_zero *z);
-/* Local: this rank's ranges of the whole state (and, stage 3, of the model's parameter
- * buffer) into its partitions (the state into `state` when not NULL: an offloaded run's
- * copy, offload.h); p, n: loom_zero_pieces of this rank (taken beforehand, so
- * that this cannot fail). */
+/* Stage 3's parameter partition (P/N floats at the pieces' pos) for a save:
+ * loom_zero_read_part_params (zero.h). */
+/* Stage 3, a load: where this rank's parameter partition is written (the loader copies
+ * its pieces there, then marks the units stale: loom_zero_params_stale), or NULL when the
+ * offload holds it: the loader fills a partition-sized copy (loom_zero_part_floats) and
+ * hands it to loom_zero_store_part, which writes it into the offload (a failed write
+ * names the file). */
 int loom_zero_rank(const loom_zero *z);
-void loom_zero_ckpt_scatter(loom_zero *z, uint32_t slots, const float *full,
-                            const loom_zero_piece *p, size_t n, float *state);
+float *loom_zero_load_params_dst(loom_zero *z);
+loom_status loom_zero_store_part(loom_zero *z, const float *part);
 
 /* Under expert parallelism (zero_ep.c): this rank's whole optimizer state (slots x the
  * table's total, entry-major as without ZeRO) assembled from the dense partitions over dp

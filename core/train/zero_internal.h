@@ -25,6 +25,9 @@ typedef struct zero_unit {       /* stage 3: one unit of the model (gpt.h) */
     loom_comm_request *req[ZERO_UNIT_BUCKETS];
     int n_req;
     size_t inner_lo, inner_hi;   /* the pages only this unit touches, as elements */
+    float *bring;                /* params offloaded: this unit's partition, read out of the
+                                  * offload for its all-gathers in flight, or NULL */
+    size_t bring_floats;
 } zero_unit;
 
 typedef struct zero_flight {
@@ -70,7 +73,12 @@ struct loom_zero {
     zero_unit *units;
     int n_units, last_unit, pinned;
     int staged;          /* a pipeline stage: it hints the next unit itself */
-    float *part_params;  /* P/N floats: this rank's partition of the parameters */
+    float *part_params;  /* P/N floats: this rank's partition of the parameters (NULL when
+                          * params are offloaded: `store` holds them) */
+    int params_offloaded;
+    struct loom_offload *store; /* params offloaded: the offload holding the partition */
+    size_t *seg_pos;     /* each segment's place in the partition, in floats */
+    size_t bring_now, bring_peak; /* staging floats held now, and their peak */
     float *tail3;        /* U*N floats: the tail bucket's gather staging */
     unsigned char *param_pages;
     size_t n_param_pages, params_peak;
@@ -90,5 +98,11 @@ void zero_ep_free(loom_zero *z);
 loom_status zero_ep_gather(loom_zero *z);
 struct loom_zero_piece;
 loom_status zero_ep_pieces(const loom_zero *z, struct loom_zero_piece **out, size_t *n);
+/* zero_params.c: hand the whole pages of [lo, hi) of the parameter buffer back to the OS. */
+void zero_drop_pages(loom_zero *z, size_t lo, size_t hi);
+/* zero_params_store.c: unit u's partition out of the offload into un->bring (a no-op
+ * without params offloaded), and the staging freed when its gathers are done. */
+loom_status zero_bring_unit(loom_zero *z, int u);
+void zero_release_bring(loom_zero *z, int u);
 
 #endif

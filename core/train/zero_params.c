@@ -35,7 +35,7 @@ static size_t page_size(void)
 }
 
 /* Return the whole pages inside [lo, hi) of the parameter buffer to the OS. */
-static void drop_pages(loom_zero *z, size_t lo, size_t hi)
+void zero_drop_pages(loom_zero *z, size_t lo, size_t hi)
 {
     size_t page = page_size();
     uintptr_t a = (uintptr_t)(loom_gpt_param_data(z->model) + lo);
@@ -69,12 +69,16 @@ static loom_status start_unit(loom_zero *z, int u)
 {
     zero_unit *un = &z->units[u];
     float *params = loom_gpt_param_data(z->model);
+    LOOM_TRY(zero_bring_unit(z, u)); /* params offloaded: the partition out of the offload */
     un->n_req = 0;
+    size_t at = 0; /* in the staging: the buckets' sub-blocks one after another */
     for (int k = un->first_bucket; k <= un->last_bucket; k++) {
         const zero_bucket *b = &z->buckets[k];
         float *recv = b->lo + b->len > z->total ? z->tail3 : params + b->lo;
-        LOOM_TRY(z->comm->allgather_start(z->dp, z->part_params + b->part_off, recv, b->sub,
-                                          LOOM_DTYPE_F32, &un->req[un->n_req]));
+        const float *send = un->bring ? un->bring + at : z->part_params + b->part_off;
+        at += b->sub;
+        LOOM_TRY(z->comm->allgather_start(z->dp, send, recv, b->sub, LOOM_DTYPE_F32,
+                                          &un->req[un->n_req]));
         un->n_req++;
     }
     un->state = GATHERING;
@@ -91,6 +95,7 @@ static loom_status finish_unit(loom_zero *z, int u)
             st = w;
     }
     un->n_req = 0;
+    zero_release_bring(z, u);
     const zero_bucket *b = &z->buckets[un->last_bucket];
     if (st == LOOM_OK && b->lo + b->len > z->total) /* the tail: staged, copy what exists */
         memcpy(loom_gpt_param_data(z->model) + b->lo, z->tail3, (z->total - b->lo) * sizeof(float));
@@ -132,7 +137,7 @@ static loom_status param_use(void *ctx, int u, int needed)
     } else if (needed) {
         st = need(z, u);
     } else if (!z->pinned && z->units[u].state == RESIDENT) {
-        drop_pages(z, z->units[u].inner_lo, z->units[u].inner_hi);
+        zero_drop_pages(z, z->units[u].inner_lo, z->units[u].inner_hi);
         z->units[u].state = STALE;
     }
     z->comm_ms += loom_now_ms() - t0;
@@ -144,15 +149,16 @@ loom_status zero_params_init(loom_zero *z)
     const loom_param_table *t = loom_gpt_params(z->model);
     z->n_units = loom_gpt_get_config(z->model)->layers + 2;
     z->units = calloc((size_t)z->n_units, sizeof *z->units);
-    z->part_params = calloc(z->part, sizeof(float));
+    /* params offloaded: the offload holds the partition (loom_zero_attach_params) */
+    z->part_params = z->params_offloaded ? NULL : calloc(z->part, sizeof(float));
     z->tail3 = calloc((size_t)ZERO_ALIGN * (size_t)z->n, sizeof(float));
     z->n_param_pages = (z->total * sizeof(float) + 2 * page_size()) / page_size();
     z->param_pages = malloc(z->n_param_pages);
-    if (!z->units || !z->part_params || !z->tail3 || !z->param_pages)
+    if (!z->units || (!z->part_params && !z->params_offloaded) || !z->tail3 || !z->param_pages)
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the ZeRO-3 parameter partition");
     float *params = loom_gpt_param_data(z->model);
     /* this rank's partition from the initial values every rank drew alike */
-    for (int k = 0; k < z->n_buckets; k++) {
+    for (int k = 0; z->part_params && k < z->n_buckets; k++) {
         const zero_bucket *b = &z->buckets[k];
         size_t a = b->lo + (size_t)z->rank * b->sub, e = a + b->sub;
         if (a < z->total)
@@ -191,7 +197,8 @@ loom_status zero_params_init(loom_zero *z)
             un->inner_lo = (pa - base) / sizeof(float);
             un->inner_hi = (pb - base) / sizeof(float);
         }
-        drop_pages(z, un->inner_lo, un->inner_hi); /* until first needed */
+        if (!z->params_offloaded) /* offloaded: once attach has read the initial values */
+            zero_drop_pages(z, un->inner_lo, un->inner_hi); /* until first needed */
     }
     z->last_unit = -1;
     z->staged = loom_gpt_is_stage(z->model);
@@ -203,6 +210,8 @@ void zero_params_free(loom_zero *z)
 {
     if (z->units)
         loom_gpt_set_param_hook(z->model, NULL, NULL);
+    for (int u = 0; z->units && u < z->n_units; u++)
+        zero_release_bring(z, u); /* a gather left in flight by a failure */
     free(z->units);
     free(z->part_params);
     free(z->tail3);
@@ -249,7 +258,7 @@ loom_status loom_zero_pin_params(loom_zero *z, int pin)
     z->pinned = 0;
     for (int u = 0; u < z->n_units; u++)
         if (z->units[u].state == RESIDENT) {
-            drop_pages(z, z->units[u].inner_lo, z->units[u].inner_hi);
+            zero_drop_pages(z, z->units[u].inner_lo, z->units[u].inner_hi);
             z->units[u].state = STALE;
         }
     return LOOM_OK;

@@ -391,16 +391,12 @@ local offload_spec = {
     help = "where the optimizer state lives: a host pool, or a file per rank under path" },
   path = { type = "string", help = "disk: an existing writable directory" },
   chunk_mb = { type = "positive", help = "state streamed per chunk in MiB (default 64)" },
-  params = { type = "boolean", help = "parameters offloaded too (not built yet)" },
+  params = { type = "boolean", help = "zero = 3's parameter partition offloaded too (docs/ZERO.md)" },
 }
 
 -- strategy.offload (docs/ZERO.md "Offload"): checked here so that a bad value names the key.
 local function check_offload(o, where)
   schema.check(o, offload_spec, "strategy.offload", where)
-  if o.params then
-    schema.fail(where, "strategy.offload.params = true is not built yet (parameters stay on "
-      .. "the compute device; only the optimizer state is offloaded): leave params out")
-  end
   if o.optimizer == "disk" and not o.path then
     schema.fail(where, "strategy.offload.optimizer = \"disk\" needs path = \"DIR\" (a writable "
       .. "directory for the state files)")
@@ -443,6 +439,7 @@ function loom.session(t, where)
     check_offload(t.offload, where)
     cfg.offload, cfg.offload_path, cfg.offload_chunk_mb = t.offload.optimizer, t.offload.path,
       t.offload.chunk_mb
+    cfg.offload_params = t.offload.params
   end
   if t.compress then
     check_compress(t.compress, where)

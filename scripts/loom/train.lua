@@ -261,7 +261,9 @@ local function memory_line(info, zero, dp)
     note = string.format(" | widen scratch %s", mib(mem.widen)) .. note
   end
   if info.offload ~= "none" then
-    note = string.format(" | optimizer offloaded (%s) %s", info.offload, mib(mem.optimizer_offloaded)) .. note
+    note = string.format(" | optimizer offloaded (%s) %s", info.offload, mib(mem.optimizer_offloaded))
+      .. ((mem.params_offloaded or 0) > 0 and string.format(" | params offloaded %s", mib(mem.params_offloaded)) or "")
+      .. note
   end
   return string.format("memory/rank%s: params %s | grads %s | optimizer %s | master %s | "
     .. "activations %s | comm buffers %s%s", info.zero > 0 and string.format(" (zero=%d over dp=%d)", info.zero, dp) or "",

@@ -6,7 +6,8 @@
 -- loom launch, one per rank, "[rank k] "-prefixed past rank 0): tokens_per_s, ms_per_step,
 -- comm_ms (mean per timed step: tensor-parallel exchanges, dp sync, grad-norm exchange),
 -- comm_share (comm_ms / ms_per_step), param_bytes (this rank's parameter buffer),
--- peak_rss (this process's peak resident set, bytes), losses (the first three steps') and
+-- peak_rss (this process's peak resident set, bytes), optimizer_bytes (this rank's
+-- optimizer state, resident and offloaded: its ZeRO partition), losses (the first three steps') and
 -- cpu_ms_per_step (os.clock: the CPU time of all the process's threads per timed step, spin-
 -- waits included; at threads=1 a measure of work that a loaded machine disturbs little).
 local loom = require "loom"
@@ -46,8 +47,9 @@ local timed = math.max(1, #summary.losses - warmup)
 local info = session:info()
 print(string.format('{"impl":"loom","tokens_per_s":%.1f,"ms_per_step":%.2f,"steps":%d,"params":%d,'
   .. '"final_loss":%.4f,"comm_ms":%.3f,"comm_share":%.4f,"param_bytes":%d,"peak_rss":%d,"losses":[%s],'
-  .. '"cpu_ms_per_step":%.2f}',
+  .. '"cpu_ms_per_step":%.2f,"optimizer_bytes":%d}',
   timed_tokens / (timed_ms / 1000), timed_ms / timed, #summary.losses - warmup, info.params,
   summary.final_loss, timed_comm / timed, timed_ms > 0 and timed_comm / timed_ms or 0,
   info.param_bytes, core.peak_rss(), table.concat(losses, ","),
-  cpu_start and (cpu_end - cpu_start) * 1000 / timed or 0))
+  cpu_start and (cpu_end - cpu_start) * 1000 / timed or 0,
+  info.memory.optimizer + info.memory.optimizer_offloaded))

@@ -11,8 +11,13 @@
 #  - the state file is removed at exit;
 #  - disk on a model with ~55 MiB of AdamW state: the accounting moves the state off the
 #    resident set (3 chunk buffers stay), and the measured VmRSS and VmHWM fall with it;
+#  - params = true (zero=3's parameter partition offloaded too): host and disk bitwise
+#    zero=3 without it at dp=2, canonical mode bitwise dp=1, pp=2 x dp=2, checkpoints
+#    (params -> params, params -> none) bitwise; the partition's bytes off the resident set
+#    (accounting, VmRSS, the training's VmHWM);
 #  - errors: an unwritable path, no room for the file (ulimit -f), a file cut short while
-#    training, params = true, disk without path, an unknown optimizer place.
+#    training, params = true without zero=3 over dp >= 2, disk without path, an unknown
+#    optimizer place.
 set -euo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -86,6 +91,42 @@ pp4 steps=6 strategy.zero=3 $disk resume="$ck" > "$tmp/r"
 resumed "$tmp/pp" "$tmp/r" "disk pp=2 x dp=2 zero=3 save -> the same resume"
 [ -z "$(ls "$tmp/state")" ] || { echo "FAIL: state files left after the checkpoint runs"; exit 1; }
 
+# --- params = true: zero=3's parameter partition in the pool or file too; each unit read
+# out of it before its gather, the step on it there (docs/ZERO.md "Offloaded parameters")
+par="strategy.offload.params=true"
+runN 2 batch.micro=4 strategy.zero=3 $host $par > "$tmp/p_host"
+same "$tmp/dp_z3" "$tmp/p_host" "host params + state, dp=2 zero=3"
+runN 2 batch.micro=4 strategy.zero=3 $disk $par > "$tmp/p_disk"
+same "$tmp/dp_z3" "$tmp/p_disk" "disk params + state, dp=2 zero=3"
+runN 2 $canon strategy.zero=3 $disk $par > "$tmp/p_c2"
+same "$tmp/c1" "$tmp/p_c2" "canonical disk params dp=2 zero=3 against dp=1 without offload"
+pp4 strategy.zero=3 $disk $par > "$tmp/p_pp"; same "$tmp/pp" "$tmp/p_pp" "disk params, pp=2 x dp=2 zero=3"
+rm -rf "$tmp/ck"; runN 2 steps=3 batch.micro=4 strategy.zero=3 $disk $par checkpoint.dir="$tmp/ck" > /dev/null
+runN 2 steps=6 batch.micro=4 strategy.zero=3 $disk $par resume="$ck" > "$tmp/r"
+resumed "$tmp/dp_z3" "$tmp/r" "disk params dp=2 zero=3 save -> the same resume"
+runN 2 steps=6 batch.micro=4 strategy.zero=3 resume="$ck" > "$tmp/r"
+resumed "$tmp/dp_z3" "$tmp/r" "disk params dp=2 zero=3 save -> zero=3 resume without offload"
+[ -z "$(ls "$tmp/state")" ] || { echo "FAIL: state files left after the params runs"; exit 1; }
+
+# The resident set with the parameters offloaded: dp=2 zero=3 on the 7.2 M-parameter model
+# (14.4 MB of parameter partition a rank), the state on disk in both runs. The peak is the
+# training's: the recipe resets VmHWM after step 1 (the start-up peak, when the model's
+# full-size buffers are written on every rank, is the same with and without offload).
+prss() { MALLOC_PERTURB_=165 RSS_TRAINING_PEAK=1 "$loom" launch -n 2 \
+  "$here/recipes/offload_rss.lua" mesh.dp=2 strategy.zero=3 strategy.offload.optimizer=disk \
+  strategy.offload.path="$tmp/state" strategy.offload.chunk_mb=1 "$@" | grep '^PARAMS '; }
+read -r par0 poff0 phwm0 prss0 < <(prss | cut -d' ' -f2-)
+read -r par1 poff1 phwm1 prss1 < <(prss $par | cut -d' ' -f2-)
+echo "   zero=3 disk state:          params $par0 B resident, training peak RSS $phwm0 B, RSS $prss0 B"
+echo "   zero=3 disk state + params: params $par1 B resident + $poff1 B on disk, training peak RSS $phwm1 B, RSS $prss1 B"
+[ "$poff0" -eq 0 ] && [ "$par1" -eq 0 ] && [ "$poff1" -eq "$par0" ] && [ "$par0" -gt 10000000 ] ||
+  { echo "FAIL accounting: the parameter partition ($par0 B) should be offloaded, none resident"; exit 1; }
+[ $((prss0 - prss1)) -ge $((poff1 * 9 / 10)) ] ||
+  { echo "FAIL measured RSS fell by $((prss0 - prss1)) B, less than 90% of the $poff1 B of parameters offloaded"; exit 1; }
+[ $((phwm0 - phwm1)) -ge $((poff1 / 2)) ] ||
+  { echo "FAIL measured training peak RSS fell by $((phwm0 - phwm1)) B, less than half the $poff1 B of parameters offloaded"; exit 1; }
+echo "ok disk params: $poff1 B off the resident set; RSS fell by $((prss0 - prss1)) B, training peak RSS by $((phwm0 - phwm1)) B"
+
 # --- the resident set: ~55 MiB of AdamW state on disk ----------------------------------
 # With MALLOC_PERTURB_ set whatever runs this (meson sets it too): it makes free() write
 # the pages it frees, so state allocated and freed at start-up would show up resident;
@@ -118,8 +159,11 @@ refuse "needs [0-9]* bytes" "no room for the file" bash -c "trap '' XFSZ; ulimit
   "$loom" run "$here/recipes/offload_rss.lua" strategy.offload.optimizer=disk strategy.offload.path="$tmp/state"
 [ -z "$(ls "$tmp/state")" ] || { echo "FAIL: the file that could not be reserved was left"; exit 1; }
 refuse "short read" "file cut short while training" env OFFLOAD_DIR="$tmp/state" "$loom" run "$here/recipes/offload_truncate.lua"
-refuse "params = true is not built yet" "params = true" "$loom" run "$recipe" threads=1 steps=1 \
-  strategy.offload.optimizer=host strategy.offload.params=true
+refuse "needs strategy.zero = 3 over 2 or more dp ranks" "params = true on one rank" "$loom" run \
+  "$recipe" threads=1 steps=1 strategy.offload.optimizer=host strategy.offload.params=true
+refuse "needs strategy.zero = 3 over 2 or more dp ranks" "params = true with zero=1" "$loom" launch \
+  -n 2 "$recipe" threads=1 steps=1 mesh.dp=2 strategy.zero=1 strategy.offload.optimizer=host \
+  strategy.offload.params=true
 refuse "needs path" "disk without path" "$loom" run "$recipe" threads=1 steps=1 strategy.offload.optimizer=disk
 refuse "host, disk" "an unknown place" "$loom" run "$recipe" threads=1 steps=1 strategy.offload.optimizer=nvme
 echo "offload: all checks passed"

@@ -83,6 +83,10 @@ side strategy.zero=3 > "$tmp/side3"
 grep -q 'val loss' "$tmp/side0" || { echo "no evaluation lines"; exit 1; }
 cmp -s "$tmp/side0" "$tmp/side3" || { echo "zero=3 evaluation or sample differs from plain dp:"; diff "$tmp/side0" "$tmp/side3" | head; exit 1; }
 echo "ok zero=3 dp=2: evaluation losses and the sampled text identical to plain dp ($(grep -c 'val loss' "$tmp/side3") evaluations)"
+mkdir -p "$tmp/off" # the same with the parameter partition offloaded (docs/ZERO.md)
+side strategy.zero=3 strategy.offload.optimizer=disk strategy.offload.path="$tmp/off" strategy.offload.params=true > "$tmp/side3p"
+cmp -s "$tmp/side0" "$tmp/side3p" || { echo "zero=3 offload.params evaluation or sample differs from plain dp:"; diff "$tmp/side0" "$tmp/side3p" | head; exit 1; }
+echo "ok zero=3 dp=2 with offload.params (disk): evaluation losses and the sampled text identical to plain dp"
 
 # --- run to run -----------------------------------------------------------------------
 runN 2 batch.micro=4 strategy.zero=1 > "$tmp/again1"

@@ -7,7 +7,10 @@
  * 0x1.fefp127 rounds to inf; fp16: 65520 and above), subnormals round to the subnormal grid
  * (fp16's 2^-24 steps; bf16 keeps fp32's exponent range, so fp32 subnormals round on
  * bf16's own grid), inf stays inf, and NaN stays NaN, made quiet, keeping its sign and the
- * top bits of its payload. Widening is exact.
+ * top bits of its payload. Widening is exact, but for a signalling fp16 NaN, which comes out
+ * quiet with its payload (IEEE 754's conversion, F16C's vcvtph2ps, kernels/cuda/convert.cu):
+ * the portable loop and F16C give the same bits. bf16 widens by a shift, keeping every bit
+ * (a signalling bf16 NaN stays signalling, as in CUDA and PyTorch).
  *
  * bf16 is fp32's top half: rounding adds 0x7fff plus the kept lowest bit and truncates
  * (a carry out of the mantissa moves the exponent, which is exactly overflow to inf).
@@ -78,8 +81,8 @@ uint16_t loom_cpu_f16_from_f32(float f)
 float loom_cpu_f16_to_f32(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-    if (e == 0x1f) /* inf, NaN (payload kept) */
-        return bits_f32(sign | 0x7f800000u | (m << 13));
+    if (e == 0x1f) /* inf; NaN made quiet, payload kept (what F16C's vcvtph2ps does) */
+        return bits_f32(sign | 0x7f800000u | (m << 13) | (m ? 0x00400000u : 0u));
     if (e == 0) { /* zero and subnormals: m x 2^-24, exact in fp32 */
         float v = (float)m * 0x1p-24f;
         return bits_f32(sign | f32_bits(v));

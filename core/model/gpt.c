@@ -763,10 +763,6 @@ loom_status loom_gpt_set_precision(loom_gpt *m, loom_dtype param, loom_dtype act
         (!k->convert_from_f32 || !k->convert_to_f32)) /* 16-bit storage (gpt_precision.c) */
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "this backend has no convert_from_f32/convert_to_f32: "
                   "it cannot keep 16-bit weights or activations (use precision = \"fp32\")");
-    if (m->llama && (param != LOOM_DTYPE_F32 || act != LOOM_DTYPE_F32))
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "%s weights or activations with the llama family are not "
-                  "built yet (its blocks, gpt_llama.c, do not round); use precision = \"fp32\"",
-                  loom_dtype_name(param != LOOM_DTYPE_F32 ? param : act));
     if (m->moe && (param != LOOM_DTYPE_F32 || act != LOOM_DTYPE_F32))
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "%s weights or activations with mixture-of-experts blocks "
                   "are not built yet (the expert layers do not round); use precision = \"fp32\" "

@@ -18,6 +18,11 @@
 #  - accounting: with bf16 the compute copy and the saved activations are half of fp32's
 #    bytes, the fp32 master copy is counted (master = fp32's params bytes), and with six
 #    blocks the activations take fewer bytes than fp32's;
+#  - llama (loom.llama, grouped-query attention): bf16 and fp16 round (not fp32's bits) and
+#    track fp32 within 0.05 a step over 40 steps; the compute copy and the saved
+#    activations are half of fp32's bytes; cached sampling bitwise the full recompute;
+#    canonical mode bitwise across dp=2, tp=2 and pp=2 zb1 (the split backward) in bf16,
+#    and selective recompute bitwise none;
 #  - refusals: bf16 with zero=3 and with moe; reduce = "bf16" in canonical mode and with
 #    compression.
 set -euo pipefail
@@ -87,6 +92,37 @@ for rc in full selective; do
   cmp -s "$tmp/one" "$tmp/rc" || { echo "bf16 recompute=$rc differs from none"; exit 1; }
 done
 echo "ok bf16 recompute full and selective: bitwise the losses and norms of none"
+
+# --- the llama family (loom.llama: RMSNorm, SwiGLU, RoPE, 4 query heads over 2 kv heads) -
+llama="model.family=llama model.heads=4 model.kv_heads=2 model.ffn_dim=64"
+for p in fp32 bf16 fp16; do run1 $llama precision=$p steps=40 | grep -E '^(LOSS|MEM)' > "$tmp/l_$p"; done
+for p in bf16 fp16; do
+  finite_losses "$tmp/l_$p"
+  [ "$(grep -c '^LOSS' "$tmp/l_$p")" -eq 40 ] || { echo "llama $p: expected 40 steps"; exit 1; }
+  ! cmp -s "$tmp/l_fp32" "$tmp/l_$p" || { echo "llama $p: losses are fp32's bits: nothing was rounded"; exit 1; }
+  d=$(max_loss_diff "$tmp/l_fp32" "$tmp/l_$p")
+  below "$d" 0.05 || { echo "llama $p: a step's loss is $d from fp32's (tolerance 0.05)"; exit 1; }
+  echo "ok llama $p tracks fp32 over 40 steps: max |loss diff| $d (tolerance 0.05)"
+done
+read -r _ p32 _ _ s32 <<< "$(awk '$1 == "MEM"' "$tmp/l_fp32")"
+read -r _ p16 master16 _ s16 <<< "$(awk '$1 == "MEM"' "$tmp/l_bf16")"
+[ $((2 * p16)) = "$p32" ] && [ "$master16" = "$p32" ] && [ "$s32" -gt 0 ] && [ $((2 * s16)) = "$s32" ] ||
+  { echo "llama memory: fp32 params $p32 saved $s32, bf16 params $p16 master $master16 saved $s16"; exit 1; }
+echo "ok llama memory: bf16's compute copy and saved activations are half of fp32's (params $p16 of $p32 bytes, saved $s16 of $s32)"
+kv=$("$loom" run "$here/recipes/kv_sample.lua" $llama precision=bf16)
+grep -q '^KV same' <<< "$kv" || { echo "llama bf16 sampling with and without the cache differ: $kv"; exit 1; }
+echo "ok llama bf16 sampling: the key/value cache gives the full recompute's tokens and logits bits"
+lcanon="$llama precision=bf16 deterministic=canonical batch.micro=2 batch.global=4 steps=6"
+run1 $lcanon | losses > "$tmp/lc1"
+finite_losses "$tmp/lc1"
+for layout in "2 mesh.dp=2" "2 mesh.tp=2" "2 mesh.pp=2 schedule=zb1 microbatches=2"; do
+  runN ${layout%% *} $lcanon ${layout#* } | losses > "$tmp/c"
+  cmp -s "$tmp/lc1" "$tmp/c" || { echo "llama bf16 canonical ${layout#* } differs from one rank"; paste "$tmp/lc1" "$tmp/c" | head; exit 1; }
+  echo "ok llama bf16 canonical ${layout#* }: losses and gradient norms bitwise one rank's"
+done
+run1 $lcanon recompute=selective | losses > "$tmp/c"
+cmp -s "$tmp/lc1" "$tmp/c" || { echo "llama bf16 canonical recompute=selective differs from none"; exit 1; }
+echo "ok llama bf16 canonical recompute=selective: bitwise none's"
 
 # --- fp16's loss scale ---------------------------------------------------------------
 scaler='precision={"fp16", growth_interval=4}'

@@ -73,7 +73,12 @@ void loom_gpt_unit_entries(const loom_gpt *m, int unit, int *first, int *last)
 
 static loom_status use(loom_gpt *m, int unit, int needed)
 {
-    return m->param_use ? m->param_use(m->param_use_ctx, unit, needed) : LOOM_OK;
+    if (!m->param_use)
+        return LOOM_OK;
+    LOOM_TRY(m->param_use(m->param_use_ctx, unit, needed));
+    if (needed == 1)
+        gpt_w16_unit(m, unit); /* 16-bit weights: the gathered unit's compute copy */
+    return LOOM_OK;
 }
 
 /* Report entries [first, last] (table indices) as final. They are contiguous in the
@@ -785,6 +790,14 @@ loom_status loom_gpt_set_precision(loom_gpt *m, loom_dtype param, loom_dtype act
 }
 
 void loom_gpt_refresh_params(loom_gpt *m)
+{
+    if (m->c16 && !m->param_use)
+        gpt_w16_refresh(m);
+    else if (m->c16)
+        m->wide_unit = -1; /* ZeRO-3: narrowed unit by unit as gathered (use) */
+}
+
+void loom_gpt_refresh_all_params(loom_gpt *m)
 {
     if (m->c16)
         gpt_w16_refresh(m);

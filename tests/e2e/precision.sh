@@ -6,9 +6,11 @@
 #    the final loss (the mean of the last 20 steps) within 2% of fp32's;
 #  - layouts: bf16 at dp=2 and tp=2 within 0.02 of one rank's bf16 over 20 steps; reduce =
 #    "bf16" at dp=2 within 0.02 of the fp32 reduction and not its bits; zero=2
-#    and offload bitwise the runs without them; canonical mode bitwise across dp=2, tp=2
-#    and pp=2 in bf16 (losses and gradient norms); recompute full and selective bitwise
-#    none's; sampling with the key/value cache bitwise the full recompute;
+#    and offload bitwise the runs without them; zero=3 (the master partitioned, units
+#    narrowed as gathered) bitwise dp=2's losses and sampling, its master half; canonical
+#    mode bitwise across dp=2, tp=2, pp=2 and dp=2 zero=3 in bf16 (losses and gradient
+#    norms); recompute full and selective bitwise none's; sampling with the key/value
+#    cache bitwise the full recompute;
 #  - fp16's loss scale: an overflow injected at step 3 on rank 1 at dp=2 skips exactly step
 #    3 on both ranks, halves the scale there (SCALE line, JSONL loss_scale), and leaves the
 #    weights and optimizer state bitwise as after step 2 on both ranks; the scale grows
@@ -21,9 +23,10 @@
 #  - llama (loom.llama, grouped-query attention): bf16 and fp16 round (not fp32's bits) and
 #    track fp32 within 0.05 a step over 40 steps; the compute copy and the saved
 #    activations are half of fp32's bytes; cached sampling bitwise the full recompute;
-#    canonical mode bitwise across dp=2, tp=2 and pp=2 zb1 (the split backward) in bf16,
+#    canonical mode bitwise across dp=2, tp=2, pp=2 zb1 (the split backward) and dp=2
+#    zero=3 in bf16,
 #    and selective recompute bitwise none;
-#  - refusals: bf16 with zero=3 and with moe; reduce = "bf16" in canonical mode and with
+#  - refusals: bf16 with moe; reduce = "bf16" in canonical mode and with
 #    compression.
 set -euo pipefail
 loom=$1
@@ -75,6 +78,17 @@ cmp -s <(grep '^LOSS' "$tmp/dp=2") <(grep '^LOSS' "$tmp/z2") || { echo "bf16 zer
 run1 $b16 strategy.offload.optimizer=host strategy.offload.chunk_mb=0.01 | losses > "$tmp/off"
 cmp -s "$tmp/one" "$tmp/off" || { echo "bf16 offload differs from one rank"; exit 1; }
 echo "ok bf16 zero=2 (dp=2: losses) and offload (host: losses and norms): bitwise the runs without them"
+# ZeRO-3: the fp32 master partitioned, each gathered unit narrowed to bf16 as it arrives
+runN 2 $b16 mesh.dp=2 batch.micro=4 strategy.zero=3 | grep -E '^(LOSS|NORM|MEM)' > "$tmp/z3"
+cmp -s <(grep '^LOSS' "$tmp/dp=2") <(grep '^LOSS' "$tmp/z3") || { echo "bf16 zero=3 differs from dp=2"; exit 1; }
+read -r _ pz3 mz3 _ _ <<< "$(awk '$1 == "MEM"' "$tmp/z3")"
+[ $((2 * mz3)) = "$(awk '$1 == "MEM" { print $3 }' "$tmp/bf16")" ] && [ $((2 * pz3)) = "$(awk '$1 == "MEM" { print $2 }' "$tmp/fp32")" ] ||
+  { echo "bf16 zero=3 memory: $(grep MEM "$tmp/z3")"; exit 1; }
+kv2() { "$loom" launch -n 2 "$here/recipes/kv_sample.lua" comm_timeout=20 precision=bf16 mesh.dp=2 batch.micro=2 "$@" | grep '^KV'; }
+kv=$(kv2 strategy.zero=3)
+[ -n "$kv" ] && [ "$kv" = "$(kv2)" ] ||
+  { echo "bf16 zero=3 sampling differs from dp=2's: $kv"; exit 1; }
+echo "ok bf16 zero=3 (dp=2): losses bitwise dp=2's, the fp32 master half ($mz3 bytes a rank), sampling bitwise dp=2's ($kv)"
 # sampling reads the compute copy and rounds as training does: cached decoding bitwise
 kv=$("$loom" run "$here/recipes/kv_sample.lua" precision=bf16)
 grep -q '^KV same' <<< "$kv" || { echo "bf16 sampling with and without the cache differ: $kv"; exit 1; }
@@ -82,7 +96,7 @@ echo "ok bf16 sampling: the key/value cache gives the full recompute's tokens an
 canon="$b16 deterministic=canonical batch.micro=2 batch.global=4 steps=10"
 run1 $canon | losses > "$tmp/c1"
 finite_losses "$tmp/c1"
-for layout in "2 mesh.dp=2" "2 mesh.tp=2" "2 mesh.pp=2 schedule=1f1b microbatches=2"; do
+for layout in "2 mesh.dp=2" "2 mesh.tp=2" "2 mesh.pp=2 schedule=1f1b microbatches=2" "2 mesh.dp=2 strategy.zero=3"; do
   runN ${layout%% *} $canon ${layout#* } | losses > "$tmp/c"
   cmp -s "$tmp/c1" "$tmp/c" || { echo "bf16 canonical ${layout#* } differs from one rank"; paste "$tmp/c1" "$tmp/c" | head; exit 1; }
   echo "ok bf16 canonical ${layout#* }: losses and gradient norms bitwise one rank's"
@@ -115,7 +129,7 @@ echo "ok llama bf16 sampling: the key/value cache gives the full recompute's tok
 lcanon="$llama precision=bf16 deterministic=canonical batch.micro=2 batch.global=4 steps=6"
 run1 $lcanon | losses > "$tmp/lc1"
 finite_losses "$tmp/lc1"
-for layout in "2 mesh.dp=2" "2 mesh.tp=2" "2 mesh.pp=2 schedule=zb1 microbatches=2"; do
+for layout in "2 mesh.dp=2" "2 mesh.tp=2" "2 mesh.pp=2 schedule=zb1 microbatches=2" "2 mesh.dp=2 strategy.zero=3"; do
   runN ${layout%% *} $lcanon ${layout#* } | losses > "$tmp/c"
   cmp -s "$tmp/lc1" "$tmp/c" || { echo "llama bf16 canonical ${layout#* } differs from one rank"; paste "$tmp/lc1" "$tmp/c" | head; exit 1; }
   echo "ok llama bf16 canonical ${layout#* }: losses and gradient norms bitwise one rank's"
@@ -178,12 +192,6 @@ for p in fp32 bf16; do run1 precision=$p model.layers=6 steps=1 | awk '$1 == "ME
 [ "$(cat "$tmp/a6_bf16")" -lt "$(cat "$tmp/a6_fp32")" ] || { echo "memory, 6 blocks: bf16 activations $(cat "$tmp/a6_bf16") bytes, fp32 $(cat "$tmp/a6_fp32")"; exit 1; }
 echo "ok memory, 6 blocks: bf16 activations $(cat "$tmp/a6_bf16") bytes, fp32 $(cat "$tmp/a6_fp32")"
 
-set +e
-runN 2 precision=bf16 mesh.dp=2 batch.micro=4 strategy.zero=3 steps=1 > /dev/null 2> "$tmp/z3.err"; rc=$?
-set -e
-[ $rc -ne 0 ] && grep -qF "precision 'bf16' with strategy zero=3 is not built yet" "$tmp/z3.err" ||
-  { echo "bf16 zero=3: rc $rc"; cat "$tmp/z3.err"; exit 1; }
-echo "ok bf16 with zero=3 refused: $(grep -o "precision 'bf16' with strategy zero=3[^:]*" "$tmp/z3.err" | head -1)"
 set +e
 runN 2 'precision={"bf16", reduce="bf16"}' mesh.dp=2 batch.micro=2 batch.global=4 deterministic=canonical \
   steps=1 > /dev/null 2> "$tmp/rc.err"; rc=$?

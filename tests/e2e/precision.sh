@@ -38,6 +38,23 @@ export OMP_WAIT_POLICY=passive   # several ranks share 2 cores: OpenMP must not 
 run1() { "$loom" run "$recipe" "$@"; }
 runN() { local n=$1; shift; "$loom" launch -n "$n" "$recipe" comm_timeout=20 "$@"; }
 losses() { grep -E '^(LOSS|NORM)'; }
+# cached sampling bitwise the full recompute (kv_sample.lua checks, prints KV same): label, args
+kv_same() {
+  local label=$1 kv; shift
+  kv=$("$loom" run "$here/recipes/kv_sample.lua" "$@")
+  grep -q '^KV same' <<< "$kv" || { echo "$label sampling with and without the cache differ: $kv"; exit 1; }
+  echo "ok $label sampling: the key/value cache gives the full recompute's tokens and logits bits"
+}
+# canonical mode bitwise one rank's (losses, norms): label, the one-rank file, the run's
+# arguments (one word list), then the layouts ("RANKS ARGS...")
+canonical_layouts() {
+  local label=$1 ref=$2 args=$3 layout; shift 3
+  for layout in "$@"; do
+    runN ${layout%% *} $args ${layout#* } | losses > "$tmp/c"
+    cmp -s "$ref" "$tmp/c" || { echo "$label canonical ${layout#* } differs from one rank"; paste "$ref" "$tmp/c" | head; exit 1; }
+    echo "ok $label canonical ${layout#* }: losses and gradient norms bitwise one rank's"
+  done
+}
 
 # --- tracking ------------------------------------------------------------------------
 for p in fp32 bf16 fp16; do run1 precision=$p steps=200 | grep -E '^(LOSS|MEM)' > "$tmp/$p"; done
@@ -90,17 +107,12 @@ kv=$(kv2 strategy.zero=3)
   { echo "bf16 zero=3 sampling differs from dp=2's: $kv"; exit 1; }
 echo "ok bf16 zero=3 (dp=2): losses bitwise dp=2's, the fp32 master half ($mz3 bytes a rank), sampling bitwise dp=2's ($kv)"
 # sampling reads the compute copy and rounds as training does: cached decoding bitwise
-kv=$("$loom" run "$here/recipes/kv_sample.lua" precision=bf16)
-grep -q '^KV same' <<< "$kv" || { echo "bf16 sampling with and without the cache differ: $kv"; exit 1; }
-echo "ok bf16 sampling: the key/value cache gives the full recompute's tokens and logits bits"
+kv_same bf16 precision=bf16
 canon="$b16 deterministic=canonical batch.micro=2 batch.global=4 steps=10"
 run1 $canon | losses > "$tmp/c1"
 finite_losses "$tmp/c1"
-for layout in "2 mesh.dp=2" "2 mesh.tp=2" "2 mesh.pp=2 schedule=1f1b microbatches=2" "2 mesh.dp=2 strategy.zero=3"; do
-  runN ${layout%% *} $canon ${layout#* } | losses > "$tmp/c"
-  cmp -s "$tmp/c1" "$tmp/c" || { echo "bf16 canonical ${layout#* } differs from one rank"; paste "$tmp/c1" "$tmp/c" | head; exit 1; }
-  echo "ok bf16 canonical ${layout#* }: losses and gradient norms bitwise one rank's"
-done
+canonical_layouts bf16 "$tmp/c1" "$canon" "2 mesh.dp=2" "2 mesh.tp=2" \
+  "2 mesh.pp=2 schedule=1f1b microbatches=2" "2 mesh.dp=2 strategy.zero=3"
 for rc in full selective; do
   run1 $b16 recompute=$rc | losses > "$tmp/rc"
   cmp -s "$tmp/one" "$tmp/rc" || { echo "bf16 recompute=$rc differs from none"; exit 1; }
@@ -123,17 +135,12 @@ read -r _ p16 master16 _ s16 <<< "$(awk '$1 == "MEM"' "$tmp/l_bf16")"
 [ $((2 * p16)) = "$p32" ] && [ "$master16" = "$p32" ] && [ "$s32" -gt 0 ] && [ $((2 * s16)) = "$s32" ] ||
   { echo "llama memory: fp32 params $p32 saved $s32, bf16 params $p16 master $master16 saved $s16"; exit 1; }
 echo "ok llama memory: bf16's compute copy and saved activations are half of fp32's (params $p16 of $p32 bytes, saved $s16 of $s32)"
-kv=$("$loom" run "$here/recipes/kv_sample.lua" $llama precision=bf16)
-grep -q '^KV same' <<< "$kv" || { echo "llama bf16 sampling with and without the cache differ: $kv"; exit 1; }
-echo "ok llama bf16 sampling: the key/value cache gives the full recompute's tokens and logits bits"
+kv_same "llama bf16" $llama precision=bf16
 lcanon="$llama precision=bf16 deterministic=canonical batch.micro=2 batch.global=4 steps=6"
 run1 $lcanon | losses > "$tmp/lc1"
 finite_losses "$tmp/lc1"
-for layout in "2 mesh.dp=2" "2 mesh.tp=2" "2 mesh.pp=2 schedule=zb1 microbatches=2" "2 mesh.dp=2 strategy.zero=3"; do
-  runN ${layout%% *} $lcanon ${layout#* } | losses > "$tmp/c"
-  cmp -s "$tmp/lc1" "$tmp/c" || { echo "llama bf16 canonical ${layout#* } differs from one rank"; paste "$tmp/lc1" "$tmp/c" | head; exit 1; }
-  echo "ok llama bf16 canonical ${layout#* }: losses and gradient norms bitwise one rank's"
-done
+canonical_layouts "llama bf16" "$tmp/lc1" "$lcanon" "2 mesh.dp=2" "2 mesh.tp=2" \
+  "2 mesh.pp=2 schedule=zb1 microbatches=2" "2 mesh.dp=2 strategy.zero=3"
 run1 $lcanon recompute=selective | losses > "$tmp/c"
 cmp -s "$tmp/lc1" "$tmp/c" || { echo "llama bf16 canonical recompute=selective differs from none"; exit 1; }
 echo "ok llama bf16 canonical recompute=selective: bitwise none's"

@@ -73,7 +73,12 @@ void loom_gpt_unit_entries(const loom_gpt *m, int unit, int *first, int *last)
 
 static loom_status use(loom_gpt *m, int unit, int needed)
 {
-    return m->param_use ? m->param_use(m->param_use_ctx, unit, needed) : LOOM_OK;
+    if (!m->param_use)
+        return LOOM_OK;
+    LOOM_TRY(m->param_use(m->param_use_ctx, unit, needed));
+    if (needed == 1)
+        gpt_w16_unit(m, unit); /* 16-bit weights: the gathered unit's compute copy */
+    return LOOM_OK;
 }
 
 /* Report entries [first, last] (table indices) as final. They are contiguous in the
@@ -778,10 +783,6 @@ loom_status loom_gpt_set_precision(loom_gpt *m, loom_dtype param, loom_dtype act
         (!k->convert_from_f32 || !k->convert_to_f32)) /* 16-bit storage (gpt_precision.c) */
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "this backend has no convert_from_f32/convert_to_f32: "
                   "it cannot keep 16-bit weights or activations (use precision = \"fp32\")");
-    if (m->llama && (param != LOOM_DTYPE_F32 || act != LOOM_DTYPE_F32))
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "%s weights or activations with the llama family are not "
-                  "built yet (its blocks, gpt_llama.c, do not round); use precision = \"fp32\"",
-                  loom_dtype_name(param != LOOM_DTYPE_F32 ? param : act));
     if (m->moe && (param != LOOM_DTYPE_F32 || act != LOOM_DTYPE_F32))
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "%s weights or activations with mixture-of-experts blocks "
                   "are not built yet (the expert layers do not round); use precision = \"fp32\" "
@@ -804,6 +805,14 @@ loom_status loom_gpt_set_precision(loom_gpt *m, loom_dtype param, loom_dtype act
 }
 
 void loom_gpt_refresh_params(loom_gpt *m)
+{
+    if (m->c16 && !m->param_use)
+        gpt_w16_refresh(m);
+    else if (m->c16)
+        m->wide_unit = -1; /* ZeRO-3: narrowed unit by unit as gathered (use) */
+}
+
+void loom_gpt_refresh_all_params(loom_gpt *m)
 {
     if (m->c16)
         gpt_w16_refresh(m);

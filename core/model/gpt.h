@@ -231,7 +231,12 @@ int loom_gpt_tied_head(const loom_gpt *m);
  * mode stays bitwise across layouts). F32/F32 (the default) changes nothing. Needs the
  * backend's round_to. */
 loom_status loom_gpt_set_precision(loom_gpt *m, loom_dtype param, loom_dtype act);
+/* Under a parameter hook (ZeRO-3: the master is partitioned, the buffer holds only the
+ * gathered units) refresh makes nothing at once: each unit is narrowed when the hook says
+ * it is gathered (needed = 1). refresh_all narrows the whole buffer: for when every unit
+ * is in place (ZeRO-3 pinned, as decoding needs). */
 void loom_gpt_refresh_params(loom_gpt *m);
+void loom_gpt_refresh_all_params(loom_gpt *m);
 /* Bytes of the weights the passes read: the compute copy, or the parameters themselves. */
 size_t loom_gpt_compute_param_bytes(const loom_gpt *m);
 /* 16-bit weights: bytes of the fp32 scratch they are widened into before use (one block's

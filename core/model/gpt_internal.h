@@ -175,6 +175,9 @@ static inline void gpt_matmul_forward(loom_gpt *m, float *out, const float *inp,
 loom_status gpt_w16_setup(loom_gpt *m);
 void gpt_w16_free(loom_gpt *m);
 void gpt_w16_refresh(loom_gpt *m);
+/* ZeRO-3: unit u (gpt.h's units) was just gathered into params: its span narrowed into
+ * c16, its edge entries widened again (nothing in fp32). */
+void gpt_w16_unit(loom_gpt *m, int u);
 size_t gpt_w16_bytes(const loom_gpt *m);
 size_t gpt_w16_scratch_bytes(const loom_gpt *m);
 /* Before reading m->p.layer[l]: its weights widened into wide (nothing in fp32). */

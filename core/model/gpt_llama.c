@@ -17,6 +17,9 @@
  * the qkv product's backward. Selective recomputation reruns the attention probabilities
  * and the SwiGLU output, full recomputation the block's forward (the same calls: the same
  * bits).
+ * Mixed precision as gpt_block_forward's: every stored activation rounded to the 16-bit
+ * type where it is written (q and k once more after RoPE), what backward reads kept in 16
+ * bits (gpt_precision.c), the RMSNorm statistics, softmax and gradients in fp32.
  */
 #include "gpt_internal.h"
 #include "moe.h"
@@ -165,16 +168,27 @@ loom_status gpt_llama_block_forward(loom_gpt *m, int l, const float *residual, i
     const float eps = m->cfg.norm_eps;
     layer_params *w = &m->p.layer[l];
     layer_acts *a = &m->acts[l];
+    /* gpt_round (mixed precision): each stored activation rounded where it is written, at
+     * gpt_block_forward's points; q and k again after their rotation (a GPU's RoPE kernel
+     * reads the 16-bit product and stores 16 bits) */
     k->rmsnorm_forward(a->ln1, a->ln1_rstd, residual, w->ln1w, Rl, C, eps);
+    gpt_round(m, a->ln1, Rl * C);
     LOOM_TRY(F_ENTER(LOOM_REGION_ATTENTION, l, a->ln1, a->ln1_full, R, C));
     k->matmul_forward(a->qkv, a->ln1_full, w->qkvw, NULL, B, T, C, m->qkv_w);
+    gpt_round(m, a->qkv, R * (size_t)m->qkv_w);
     rope(m, a->qkv, 0, R, T, 0);
+    gpt_round(m, a->qkv, R * (size_t)m->qkv_w);
     k->attention_gqa_forward(a->atty, a->att, a->qkv, B, T, Cl, m->NHl, m->KVHl);
+    gpt_round(m, a->atty, R * Cl);
     gpt_row_parallel_forward(m, m->partial, a->atty, w->attprojw, B, T, Cl);
     LOOM_TRY(F_LEAVE(LOOM_REGION_ATTENTION, l, m->partial, m->summed, R, C));
+    gpt_round(m, m->summed, Rl * C);
     k->residual_forward(a->res2, residual, m->summed, Rl * C);
+    gpt_round(m, a->res2, Rl * C);
     k->rmsnorm_forward(a->ln2, a->ln2_rstd, a->res2, w->ln2w, Rl, C, eps);
-    if (m->moe && gpt_moe_block(&m->cfg, l)) { /* SwiGLU experts behind a router (moe.h) */
+    gpt_round(m, a->ln2, Rl * C);
+    if (m->moe && gpt_moe_block(&m->cfg, l)) { /* SwiGLU experts behind a router (moe.h; fp32
+                                                 * only: 16-bit with moe is refused, gpt.c) */
         if (gpt_moe_rerunning(m))
             return LOOM_OK; /* recomputation: the experts' part is kept, res3 too */
         LOOM_TRY(F_ENTER(LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R, C));
@@ -185,10 +199,16 @@ loom_status gpt_llama_block_forward(loom_gpt *m, int l, const float *residual, i
     }
     LOOM_TRY(F_ENTER(LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R, C));
     k->matmul_forward(a->fch, a->ln2_full, w->fcw, NULL, B, T, C, m->fc_w);
+    gpt_round(m, a->fch, R * (size_t)m->fc_w);
     k->swiglu_forward(a->fch_gelu, a->fch, R, Fl);
+    gpt_round(m, a->fch_gelu, R * Fl);
     gpt_row_parallel_forward(m, m->partial, a->fch_gelu, w->fcprojw, B, T, Fl);
     LOOM_TRY(F_LEAVE(LOOM_REGION_MLP, l, m->partial, m->summed, R, C));
+    gpt_round(m, m->summed, Rl * C);
     k->residual_forward(a->res3, a->res2, m->summed, Rl * C);
+    gpt_round(m, a->res3, Rl * C);
+    if (m->rc[l] != RC_FULL)
+        gpt_acts_store(m, l, R); /* 16-bit activations: what backward reads, kept */
     return LOOM_OK;
 }
 
@@ -205,6 +225,8 @@ loom_status gpt_llama_block_backward(loom_gpt *m, int l, const float *residual, 
         loom_status rs = gpt_llama_block_forward(m, l, residual, B, T, Rl);
         gpt_moe_rerun(m, 0);
         LOOM_TRY(rs);
+    } else {
+        gpt_acts_load(m, l, R); /* 16-bit activations: the kept ones back into fp32 */
     }
     /* MLP branch: res3 = res2 + g(down(swiglu(gate|up(f(rms2(res2)))))) */
     LOOM_TRY(B_LEAVE(LOOM_REGION_MLP, l, m->dres, m->dres_full, R, C));
@@ -215,8 +237,10 @@ loom_status gpt_llama_block_backward(loom_gpt *m, int l, const float *residual, 
         LOOM_TRY(gpt_region_wait(m));
         goto mlp_done;
     }
-    if (m->rc[l] == RC_SELECTIVE)
+    if (m->rc[l] == RC_SELECTIVE) {
         k->swiglu_forward(a->fch_gelu, a->fch, R, Fl);
+        gpt_round(m, a->fch_gelu, R * Fl); /* as the forward stored it */
+    }
     k->matmul_backward(m->dbuf_4a, g->fcprojw, NULL, m->dres_full, a->fch_gelu, w->fcprojw,
                        B, T, Fl, C);
     k->swiglu_backward(m->dbuf_4b, a->fch, m->dbuf_4a, R, Fl);
@@ -257,23 +281,39 @@ loom_status gpt_llama_block_decode(loom_gpt *m, int l, const float *residual, si
     layer_params *w = &m->p.layer[l];
     layer_acts *a = &m->acts[l];
 #define ROW(buf, width) ((buf) + r * (size_t)(width))
+    size_t QKV = (size_t)m->qkv_w;
+    if (m->a16) /* 16-bit activations: the cached rows' q, k, v back into fp32 */
+        k->convert_to_f32(a->qkv, a->s16[1], r * QKV, m->act_dt);
     k->rmsnorm_forward(a->ln1 + rC, a->ln1_rstd + r, residual, w->ln1w, 1, C, eps);
+    gpt_round(m, a->ln1 + rC, (size_t)C);
     LOOM_TRY(F_ENTER(LOOM_REGION_ATTENTION, l, a->ln1 + rC, a->ln1_full + rC, 1, C));
-    k->matmul_forward(ROW(a->qkv, m->qkv_w), a->ln1_full + rC, w->qkvw, NULL, 1, 1, C, m->qkv_w);
-    rope(m, ROW(a->qkv, m->qkv_w), r, 1, m->cfg.ctx, 0); /* position r (< ctx) */
+    k->matmul_forward(ROW(a->qkv, QKV), a->ln1_full + rC, w->qkvw, NULL, 1, 1, C, m->qkv_w);
+    gpt_round(m, ROW(a->qkv, QKV), QKV);
+    rope(m, ROW(a->qkv, QKV), r, 1, m->cfg.ctx, 0); /* position r (< ctx) */
+    gpt_round(m, ROW(a->qkv, QKV), QKV);
+    if (m->a16) /* and row r's, kept for the next positions */
+        k->convert_from_f32((uint16_t *)a->s16[1] + r * QKV, ROW(a->qkv, QKV), QKV, m->act_dt);
     size_t n = r + 1; /* where the forward over r+1 tokens keeps row r of head h */
     k->attention_gqa_decode(ROW(a->atty, Cl), a->att + r * n, n * n, a->qkv, (int)r, Cl, m->NHl,
                             m->KVHl);
+    gpt_round(m, ROW(a->atty, Cl), (size_t)Cl);
     gpt_row_parallel_forward(m, m->partial + rC, ROW(a->atty, Cl), w->attprojw, 1, 1, Cl);
     LOOM_TRY(F_LEAVE(LOOM_REGION_ATTENTION, l, m->partial + rC, m->summed + rC, 1, C));
+    gpt_round(m, m->summed + rC, (size_t)C);
     k->residual_forward(a->res2 + rC, residual, m->summed + rC, (size_t)C);
+    gpt_round(m, a->res2 + rC, (size_t)C);
     k->rmsnorm_forward(a->ln2 + rC, a->ln2_rstd + r, a->res2 + rC, w->ln2w, 1, C, eps);
+    gpt_round(m, a->ln2 + rC, (size_t)C);
     LOOM_TRY(F_ENTER(LOOM_REGION_MLP, l, a->ln2 + rC, a->ln2_full + rC, 1, C));
     k->matmul_forward(ROW(a->fch, m->fc_w), a->ln2_full + rC, w->fcw, NULL, 1, 1, C, m->fc_w);
+    gpt_round(m, ROW(a->fch, m->fc_w), (size_t)m->fc_w);
     k->swiglu_forward(ROW(a->fch_gelu, Fl), ROW(a->fch, m->fc_w), 1, Fl);
+    gpt_round(m, ROW(a->fch_gelu, Fl), (size_t)Fl);
     gpt_row_parallel_forward(m, m->partial + rC, ROW(a->fch_gelu, Fl), w->fcprojw, 1, 1, Fl);
     LOOM_TRY(F_LEAVE(LOOM_REGION_MLP, l, m->partial + rC, m->summed + rC, 1, C));
+    gpt_round(m, m->summed + rC, (size_t)C);
     k->residual_forward(a->res3 + rC, a->res2 + rC, m->summed + rC, (size_t)C);
+    gpt_round(m, a->res3 + rC, (size_t)C);
 #undef ROW
     return LOOM_OK;
 }

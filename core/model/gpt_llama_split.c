@@ -33,6 +33,7 @@ loom_status gpt_llama_block_input(loom_gpt *m, int l, const float *residual, flo
     const loom_backend_ops *k = m->be->ops;
     const int C = m->cfg.dim, Cl = m->Cl, Fl = m->Fl;
     const size_t R = (size_t)B * T;
+    gpt_widen_block(m, l); /* 16-bit weights: this block's into fp32 (gpt_precision.c) */
     layer_params *w = &m->p.layer[l], *g = &m->g.layer[l];
     layer_acts *a = &m->acts[l];
     rep_pack pk = {.n = 0, .base = a->ln_part};
@@ -73,13 +74,16 @@ loom_status gpt_llama_block_weight(loom_gpt *m, int l, const float *dy, int B, i
 {
     const loom_backend_ops *k = m->be->ops;
     const int C = m->cfg.dim, Cl = m->Cl, Fl = m->Fl;
+    gpt_widen_block(m, l);
     layer_params *w = &m->p.layer[l], *g = &m->g.layer[l];
     layer_acts *a = &m->acts[l];
     if (m->moe && gpt_moe_block(&m->cfg, l)) { /* the router's and experts' W (moe.h) */
         LOOM_TRY(gpt_moe_backward_weight(m, l, gpt_moe_router(m, l), (size_t)B * T));
     } else {
-        if (m->rc[l] == RC_SELECTIVE) /* the SwiGLU output again, into the shared scratch */
+        if (m->rc[l] == RC_SELECTIVE) { /* the SwiGLU output again, into the shared scratch set */
             k->swiglu_forward(a->fch_gelu, a->fch, (size_t)B * T, Fl);
+            gpt_round(m, a->fch_gelu, (size_t)B * T * Fl); /* as the forward stored it */
+        }
         k->matmul_backward(NULL, g->fcprojw, NULL, dy, a->fch_gelu, w->fcprojw, B, T, Fl, C);
         k->matmul_backward(NULL, g->fcw, NULL, a->dfch, a->ln2_full, w->fcw, B, T, C, m->fc_w);
     }

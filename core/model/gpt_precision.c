@@ -177,6 +177,23 @@ void gpt_w16_refresh(loom_gpt *m)
                   m->table.entries[i].numel);
 }
 
+void gpt_w16_unit(loom_gpt *m, int u)
+{
+    const loom_param_table *t = &m->table;
+    int first, last;
+    if (!m->c16)
+        return;
+    loom_gpt_unit_entries(m, u, &first, &last);
+    if (first > last)
+        return;
+    size_t lo = t->entries[first].offset, hi = t->entries[last].offset + t->entries[last].numel;
+    m->be->ops->convert_from_f32((uint16_t *)m->c16 + lo, m->params + lo, hi - lo, m->param_dt);
+    for (int i = first; i <= last; i++)
+        if (is_edge(m, i))
+            widen(m, m->edge + m->edge_of[i], t->entries[i].offset, t->entries[i].numel);
+    m->wide_unit = -1;
+}
+
 void gpt_widen_block(loom_gpt *m, int l)
 {
     if (!m->c16 || m->wide_unit == l)

@@ -25,7 +25,10 @@ static loom_status use(loom_gpt *m, int unit, int needed)
 {
     if (!m->param_use || unit < 0)
         return LOOM_OK;
-    return m->param_use(m->param_use_ctx, unit, needed);
+    LOOM_TRY(m->param_use(m->param_use_ctx, unit, needed));
+    if (needed == 1)
+        gpt_w16_unit(m, unit); /* 16-bit weights: the gathered unit's compute copy */
+    return LOOM_OK;
 }
 
 loom_status loom_gpt_stage_prefetch(loom_gpt *m, int lo, int hi, int backward)

@@ -224,11 +224,6 @@ static loom_status check_precision(loom_session *s, const loom_session_config *c
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "precision '%s' keeps %s weights without an fp32 master "
                   "copy; the optimizer updates fp32 parameters only (master_weights = 1)", name,
                   loom_dtype_name(dt->param));
-    if (dt->param != LOOM_DTYPE_F32 && cfg->zero_stage == 3)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "precision '%s' with strategy zero=3 is not built yet: the "
-                  "%s compute copy of the weights is made from the whole fp32 parameter buffer, "
-                  "which ZeRO-3 does not keep; use zero=1 or 2, or precision = \"fp32\"", name,
-                  loom_dtype_name(dt->param));
     return LOOM_OK;
 }
 
@@ -1064,7 +1059,7 @@ loom_status loom_session_generate(loom_session *s, const loom_sample_config *c, 
     const loom_backend_ops *k = s->backend.ops;
     /* ZeRO-3: decoding reads every unit without hooks: all gathered for the whole run */
     loom_status st = s->zero ? loom_zero_pin_params(s->zero, 1) : LOOM_OK;
-    loom_gpt_refresh_params(s->model);
+    loom_gpt_refresh_all_params(s->model); /* every unit in place: the whole compute copy */
     if (st == LOOM_OK)
         st = generate(s, c, prompt, n_prompt, n_new, out);
     if (s->zero) {

@@ -7,7 +7,10 @@
  * 0x1.fefp127 rounds to inf; fp16: 65520 and above), subnormals round to the subnormal grid
  * (fp16's 2^-24 steps; bf16 keeps fp32's exponent range, so fp32 subnormals round on
  * bf16's own grid), inf stays inf, and NaN stays NaN, made quiet, keeping its sign and the
- * top bits of its payload. Widening is exact.
+ * top bits of its payload. Widening is exact, but for a signalling fp16 NaN, which comes out
+ * quiet with its payload (IEEE 754's conversion, F16C's vcvtph2ps, kernels/cuda/convert.cu):
+ * the portable loop and F16C give the same bits. bf16 widens by a shift, keeping every bit
+ * (a signalling bf16 NaN stays signalling, as in CUDA and PyTorch).
  *
  * bf16 is fp32's top half: rounding adds 0x7fff plus the kept lowest bit and truncates
  * (a carry out of the mantissa moves the exponent, which is exactly overflow to inf).
@@ -78,8 +81,8 @@ uint16_t loom_cpu_f16_from_f32(float f)
 float loom_cpu_f16_to_f32(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-    if (e == 0x1f) /* inf, NaN (payload kept) */
-        return bits_f32(sign | 0x7f800000u | (m << 13));
+    if (e == 0x1f) /* inf; NaN made quiet, payload kept (what F16C's vcvtph2ps does) */
+        return bits_f32(sign | 0x7f800000u | (m << 13) | (m ? 0x00400000u : 0u));
     if (e == 0) { /* zero and subnormals: m x 2^-24, exact in fp32 */
         float v = (float)m * 0x1p-24f;
         return bits_f32(sign | f32_bits(v));
@@ -160,12 +163,20 @@ LOOM_CPU_TARGET_AVX2 static void f16_round_f16c(float *dst, const float *src, si
 #define f16_round_f16c(d, s, n) f16_round_portable_body(d, s, n)
 #endif
 
-/* Chunks of 64K values per OpenMP iteration: memory-bound, split only when large. */
+/* Chunks of 64K values per OpenMP iteration: memory-bound, split only when large. A call
+ * of one chunk never enters OpenMP: an `if (0)` parallel region still costs a GOMP call
+ * (and an allocation) each time, which a 16-bit head widened 64 values a row paid 50K
+ * times a band (gpt_precision.c). */
 #define CHUNK ((size_t)65536)
 #define FOR_CHUNKS(n, body)                                                                \
     do {                                                                                   \
         size_t chunks_ = ((n) + CHUNK - 1) / CHUNK;                                        \
-        _Pragma("omp parallel for schedule(static) if (chunks_ > 1)")                      \
+        if (chunks_ <= 1) {                                                                \
+            size_t o = 0, k = (n);                                                         \
+            body;                                                                          \
+            break;                                                                         \
+        }                                                                                  \
+        _Pragma("omp parallel for schedule(static)")                                       \
         for (size_t c_ = 0; c_ < chunks_; c_++) {                                          \
             size_t o = c_ * CHUNK, k = (n) - o < CHUNK ? (n) - o : CHUNK;                  \
             body;                                                                          \
@@ -177,12 +188,17 @@ void loom_cpu_f32_to_bf16(uint16_t *dst, const float *src, size_t n)
     FOR_CHUNKS(n, bf16_from(dst + o, src + o, k));
 }
 
+LOOM_CPU_BODY bf16_to_body(float *restrict dst, const uint16_t *restrict src, size_t n)
+{
+    for (size_t i = 0; i < n; i++) /* a shift: vectorises as written */
+        dst[i] = loom_cpu_bf16_to_f32(src[i]);
+}
+LOOM_CPU_VARIANTS(bf16_to, (float *restrict dst, const uint16_t *restrict src, size_t n),
+                  (dst, src, n))
+
 void loom_cpu_bf16_to_f32_n(float *dst, const uint16_t *src, size_t n)
 {
-    /* a shift: vectorises as written */
-#pragma omp parallel for simd schedule(static) if (n > LOOM_CPU_PAR_MIN)
-    for (size_t i = 0; i < n; i++)
-        dst[i] = loom_cpu_bf16_to_f32(src[i]);
+    FOR_CHUNKS(n, bf16_to(dst + o, src + o, k));
 }
 
 void loom_cpu_round_bf16(float *dst, const float *src, size_t n)

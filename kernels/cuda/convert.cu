@@ -4,10 +4,9 @@
  * (see its comment: round to nearest even by add-and-truncate, overflow to inf, NaN made
  * quiet keeping sign and payload top bits, fp16 subnormals by an fp32 add of 0.5 that the
  * adder rounds), so the bits equal the CPU backend's on every input — CUDA's own
- * __float2bfloat16_rn differs on NaN payloads. One exception, on purpose: widening a
- * signalling fp16 NaN quiets it, as the CPU backend's F16C path (and IEEE 754) does; its
- * portable path, used without F16C, keeps it signalling. The one float operation is an explicitly
- * rounded add (denormals are kept: nvcc's default -ftz=false).
+ * __float2bfloat16_rn differs on NaN payloads. Widening a signalling fp16 NaN quiets it,
+ * as both of the CPU backend's paths (F16C and portable) and IEEE 754 do. The one float
+ * operation is an explicitly rounded add (denormals are kept: nvcc's default -ftz=false).
  */
 #include "kernels.cuh"
 #include "widen16.cuh" /* the element conversions */

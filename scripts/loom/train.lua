@@ -364,6 +364,19 @@ local function check(t, where, origin, world)
     schema.fail(where, "resume=\"auto\" needs checkpoint = { dir = ... } to look in")
   end
   if t.model.kind ~= "gpt" then schema.fail(where, "model must come from loom.gpt{...} or loom.llama{...}") end
+  -- The family is its constructor's: loom.llama{} fills kv_heads and ffn_dim and checks the
+  -- rotary head size, which a family changed afterwards (model.family=llama on the command
+  -- line over a loom.gpt recipe) has not had.
+  local fam = t.model.family
+  if fam ~= nil and fam ~= "gpt" and fam ~= "llama" then
+    schema.fail(where, "model.family=%q%s is not a family (\"gpt\" from loom.gpt{...} or "
+      .. "\"llama\" from loom.llama{...})", tostring(fam), origin("model.family") or "")
+  end
+  if fam == "llama" and (t.model.kv_heads == nil or t.model.ffn_dim == nil) then
+    schema.fail(where, "model.family=\"llama\"%s on a model made by loom.gpt{...}: a Llama model "
+      .. "comes from loom.llama{ vocab, ctx, layers, heads, dim, ... } in the recipe (it sets "
+      .. "kv_heads and ffn_dim and checks the rotary head size)", origin("model.family") or "")
+  end
   if t.batch.seq > t.model.ctx then
     schema.fail(where, "batch.seq=%d is longer than the model's ctx=%d", t.batch.seq, t.model.ctx)
   end

@@ -53,6 +53,8 @@ t.model = loom.gpt { vocab = 256, ctx = 32, layers = 0, heads = 2, dim = 32 }|lo
 t.model = loom.gpt { vocab = 256, ctx = 32, layers = 2, heads = 2, dim = 32, dropout = 0.1 }|unknown key 'loom.gpt.dropout' (accepted: ctx, dim, heads, init, layers, moe, vocab, vocab_padded)
 t.model = loom.gpt { vocab = 300, ctx = 32, layers = 2, heads = 2, dim = 32 }|loom.data.text gives byte tokens: the model needs vocab=256, got 300
 t.model = { kind = "llama" }|model must come from loom.gpt{...}
+t.model.family = "llama"|on a model made by loom.gpt{...}: a Llama model comes from loom.llama{
+t.model.family = "mamba"|is not a family ("gpt" from loom.gpt{...} or "llama" from loom.llama{...})
 t.data = loom.data.text { path = "/nonexistent/x.txt" }|data file '/nonexistent/x.txt' not found
 t.data = loom.data.text { path = "x", val_fraction = 1.5 }|loom.data.text.val_fraction=1.5 must be <= 0.99
 t.data = loom.data.text { path = "x", shuffle = "yes" }|loom.data.text.shuffle must be boolean, got string yes

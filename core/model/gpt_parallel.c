@@ -5,6 +5,7 @@
  */
 #include "gpt_internal.h"
 
+#include <stddef.h>
 #include <string.h>
 
 #include "base/clock.h"
@@ -77,6 +78,14 @@ static void tree_push(loom_gpt *m, chunk_tree *t)
 /* Chunks this rank holds of a dim split over the tp group. */
 static int local_chunks(const loom_gpt *m) { return LOOM_CANONICAL_CHUNKS / m->tp; }
 
+/* Whether the backend has the one-call chunk tree (backend.h's gemm_chunk_tree: the bits
+ * of the gemm and accumulate calls below, without a fork and join per chunk). */
+static int fused_chunk_tree(const loom_gpt *m)
+{
+    const loom_backend_ops *k = m->be->ops;
+    return k->size > offsetof(loom_backend_ops, gemm_chunk_tree) && k->gemm_chunk_tree;
+}
+
 /* out (R,C) = this rank's partial of a row-parallel layer: inp (R,K) @ W (C,K)^T over
  * its K input features (no bias: it is added once, after the sum). */
 void gpt_row_parallel_forward(loom_gpt *m, float *out, const float *inp, const float *w,
@@ -89,6 +98,11 @@ void gpt_row_parallel_forward(loom_gpt *m, float *out, const float *inp, const f
         return;
     }
     int n = local_chunks(m), kc = K / n;
+    if (fused_chunk_tree(m)) {
+        int start = 0;
+        k->gemm_chunk_tree(0, 1, R, C, n, 1, &start, &kc, inp, K, w, K, out, C, m->tree);
+        return;
+    }
     chunk_tree t = tree_start(m, out, (size_t)R * C);
     for (int c = 0; c < n; c++) {
         k->gemm(0, 1, R, C, kc, 1.0f, inp + (size_t)c * kc, K, w + (size_t)c * kc, K, 0.0f,
@@ -120,6 +134,13 @@ static void column_parallel_dinp(loom_gpt *m, float *dinp, const float *dout, co
         seg[s] = segs == 3 ? (s ? m->KVl : m->Cl) : OC / segs;
         start[s] = at;
         at += seg[s];
+    }
+    if (w && fused_chunk_tree(m)) {
+        int width[3];
+        for (int s = 0; s < segs; s++)
+            width[s] = seg[s] / n;
+        k->gemm_chunk_tree(0, 0, R, C, n, segs, start, width, dout, OC, w, C, dinp, C, m->tree);
+        return;
     }
     chunk_tree t = tree_start(m, dinp, (size_t)R * C);
     for (int c = 0; c < n; c++) {

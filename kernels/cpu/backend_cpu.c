@@ -180,6 +180,7 @@ static const loom_backend_ops cpu_ops = {
     .convert_from_f32 = cpu_convert_from_f32,
     .convert_to_f32 = cpu_convert_to_f32,
     .round_to = cpu_round_to,
+    .gemm_chunk_tree = loom_cpu_gemm_chunk_tree,
 };
 
 static const loom_config_key cpu_keys[] = {

@@ -58,6 +58,12 @@ void loom_cpu_sgemm_on(int isa, int transa, int transb, int M, int N, int K, flo
                        int ldc);
 /* The fallback's micro-kernel here: "avx512 8x32", "avx2 6x16", "sse2 6x8" (ISA, tile). */
 const char *loom_cpu_sgemm_fallback_isa(void);
+
+/* gemm_chunks.c: canonical mode's chunk tree of products in one call (backend.h's
+ * gemm_chunk_tree; on loom's GEMM, the ISA of loom_cpu_isa()). */
+void loom_cpu_gemm_chunk_tree(int transa, int transb, int M, int N, int chunks, int segs,
+                              const int *start, const int *width, const float *A, int lda,
+                              const float *B, int ldb, float *C, int ldc, float *const *levels);
 /* Checks C = alpha op(A) op(B) + beta C0 against a double-precision reference. Returns the
  * worst |C - ref| / (|alpha| sum_k |a_ik b_kj| + |beta c0_ij|) over all elements (infinity
  * for a non-finite element); a correct float GEMM stays below LOOM_CPU_SGEMM_TOL. C0 and

@@ -40,7 +40,7 @@
 
 enum {
     CE_RB = 8,  /* rows whose in-order sums are interleaved (add_in_order has 8 chains) */
-    CE_CH = 512 /* columns of exponentials buffered per row: CE_RB * CE_CH floats = 16 KB */
+    CE_CH = 256 /* columns of exponentials buffered per row: CE_RB * CE_CH doubles = 16 KB */
 };
 
 /* Real columns of a slice: local indices [0, n) with n = clamp(V - col0, 0, Vl). */
@@ -72,9 +72,10 @@ void loom_cpu_ce_row_max(float *row_max, const float *logits, int BT, int Vl, in
 /* s[r] += e[r][j] for j = 0 .. n-1 in order, the CE_RB rows' chains interleaved so that
  * each add's latency is hidden behind the other rows'. Kept scalar (GCC's SLP vectoriser
  * would otherwise build vectors out of single-element inserts, 3x slower); every add is
- * double, of a float converted exactly. */
+ * double, of a float the caller converted exactly (vectorised there: converting here cost
+ * a scalar conversion and a dependency-breaking xor per element, twice the adds' work). */
 __attribute__((noinline, optimize("no-tree-vectorize", "no-tree-slp-vectorize"))) static void
-add_in_order(double *restrict s, const float (*restrict e)[CE_CH], int n)
+add_in_order(double *restrict s, const double (*restrict e)[CE_CH], int n)
 {
     double s0 = s[0], s1 = s[1], s2 = s[2], s3 = s[3], s4 = s[4], s5 = s[5], s6 = s[6],
            s7 = s[7];
@@ -91,21 +92,21 @@ add_in_order(double *restrict s, const float (*restrict e)[CE_CH], int n)
 LOOM_CPU_BODY sumexp_block_body(float *sumexp, const float *logits, const float *row_max, int nr,
                                 int Vl, int c0, int c1)
 {
-    float e[CE_RB][CE_CH] __attribute__((aligned(64)));
+    double e[CE_RB][CE_CH] __attribute__((aligned(64)));
     double s[CE_RB] = {0};
     for (int j0 = c0; j0 < c1; j0 += CE_CH) {
         const int n = c1 - j0 < CE_CH ? c1 - j0 : CE_CH;
         for (int r = 0; r < nr; r++) {
             const float *x = logits + (size_t)r * Vl + j0;
             const float m = row_max[r];
-            float *er = e[r];
+            double *er = e[r];
 #pragma omp simd
             for (int j = 0; j < n; j++)
-                er[j] = loom_cpu_expf(x[j] - m);
+                er[j] = (double)loom_cpu_expf(x[j] - m); /* exact */
         }
         for (int r = nr; r < CE_RB; r++)
-            memset(e[r], 0, (size_t)n * sizeof(float));
-        add_in_order(s, (const float(*)[CE_CH])e, n);
+            memset(e[r], 0, (size_t)n * sizeof(double));
+        add_in_order(s, (const double(*)[CE_CH])e, n);
     }
     for (int r = 0; r < nr; r++)
         sumexp[r] = (float)s[r];

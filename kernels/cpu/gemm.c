@@ -51,30 +51,12 @@
  */
 #include "cpu_kernels.h"
 #include "cpu_common.h"
+#include "gemm_pack.h"
 
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
-
-enum {
-    KC = 256,     /* depth of a packed slice (every ISA: the K-slices are the contract):
-                   * A sliver (6-8 KB) + B sliver (8-32 KB) in L1/L2 */
-    MC_MAX = 192, /* rows of A per packed block (a multiple of every MR): 192 KB, in L2 */
-    NC = 2048,    /* columns of B per packed panel: 2 MB, stays in L2/L3 */
-    BPACK = 1 << 20, /* floats of packed B (4 MB): K-slices packed at once (see below) */
-    MR_MAX = 8,   /* the largest tile over the ISAs, for the stack packs */
-    NR_MAX = 32
-};
-
-typedef void (*micro_kernel_fn)(int, const float *, const float *, float *, int, int, int, int);
-
-/* One ISA's micro-kernel and the tile it computes (packing follows mr and nr). */
-typedef struct {
-    micro_kernel_fn run;
-    int mr, nr;
-    const char *name;
-} micro_kernel;
 
 typedef float v4 __attribute__((vector_size(16)));
 typedef float v4u __attribute__((vector_size(16), aligned(4))); /* unaligned access to C */
@@ -125,76 +107,14 @@ static micro_kernel pick_micro_kernel(int isa)
 #endif
 }
 
+micro_kernel loom_cpu_gemm_micro_kernel(int isa)
+{
+    return pick_micro_kernel(isa <= loom_cpu_isa_best() ? isa : LOOM_CPU_ISA_SSE2);
+}
+
 const char *loom_cpu_sgemm_fallback_isa(void)
 {
     return pick_micro_kernel(loom_cpu_isa()).name;
-}
-
-/* A per-thread, 64-byte-aligned buffer of at least n floats, kept for the next call. */
-static float *thread_buffer(int which, size_t n)
-{
-    static _Thread_local float *buf[2];
-    static _Thread_local size_t cap[2];
-    if (cap[which] < n) {
-        free(buf[which]);
-        size_t bytes = (n * sizeof(float) + 63) & ~(size_t)63;
-        buf[which] = aligned_alloc(64, bytes);
-        cap[which] = buf[which] ? n : 0;
-    }
-    return buf[which];
-}
-
-/* op(X)(r, c) of a row-major X stored with leading dimension ld. */
-static inline float op_at(const float *X, int ld, int trans, int r, int c)
-{
-    return trans ? X[(size_t)c * ld + r] : X[(size_t)r * ld + c];
-}
-
-/* Packs scale * Y[r0 .. r0+n, c0 .. c0+kc] into one W-wide sliver, k-major:
- * dst[p*W + r] = scale * Y(r0 + r, c0 + p), rows n .. W-1 zero. Y is X (trans 0) or X^T
- * (trans 1) of a row-major X with leading dimension ld. The two cases get their own loops
- * (contiguous reads along p, or along r) rather than a branch per element. */
-static inline __attribute__((always_inline)) void
-pack_sliver(float *restrict dst, const float *X, int ld, int trans, int r0, int n, int c0,
-            int kc, int W, float scale)
-{
-    if (trans) { /* Y(r, c) = X[c*ld + r]: row p of the sliver is contiguous in X */
-        for (int p = 0; p < kc; p++) {
-            const float *src = X + (size_t)(c0 + p) * ld + r0;
-            for (int r = 0; r < n; r++)
-                dst[p * W + r] = scale * src[r];
-            for (int r = n; r < W; r++)
-                dst[p * W + r] = 0.0f;
-        }
-    } else { /* Y(r, c) = X[r*ld + c]: column r of the sliver is contiguous in X */
-        for (int r = 0; r < n; r++) {
-            const float *src = X + (size_t)(r0 + r) * ld + c0;
-            for (int p = 0; p < kc; p++)
-                dst[p * W + r] = scale * src[p];
-        }
-        for (int p = 0; p < kc; p++)
-            for (int r = n; r < W; r++)
-                dst[p * W + r] = 0.0f;
-    }
-}
-
-/* Pack alpha * op(A)[i0 .. i0+mc, p0 .. p0+kc] into MR-row slivers. */
-static void pack_a(float *restrict dst, const float *A, int lda, int ta, int i0, int mc, int p0,
-                   int kc, float alpha, int MR)
-{
-    for (int is = 0; is < mc; is += MR) {
-        const int mr = mc - is < MR ? mc - is : MR;
-        pack_sliver(dst, A, lda, ta, i0 + is, mr, p0, kc, MR, alpha);
-        dst += (size_t)kc * MR;
-    }
-}
-
-/* Pack op(B)[p0 .. p0+kc, j0 .. j0+nr] into one NR-column sliver: as a sliver of op(B)^T,
- * whose rows are the columns j. */
-static void pack_b_sliver(float *restrict dst, const float *B, int ldb, int tb, int p0, int kc,
-                          int j0, int nr, int NR)
-{
-    pack_sliver(dst, B, ldb, !tb, j0, nr, p0, kc, NR, 1.0f);
 }
 
 /* Row i of C (N wide) = beta * row (beta == 0 writes zeros, so NaNs in C do not leak). */
@@ -205,6 +125,45 @@ static void scale_row(float *row, int N, float beta)
     else if (beta != 1.0f)
         for (int j = 0; j < N; j++)
             row[j] *= beta;
+}
+
+/* One thread's product without an OpenMP region (attention's per-head products run it
+ * inside theirs, where even a one-thread region costs a team's allocation and set-up):
+ * for each NC panel and each K-slice in order, pack the slice of B, then each MC block of
+ * A and the tiles — the micro-kernel calls of the blocked path, so its bits. Returns -1,
+ * touching nothing, when a pack buffer cannot be had. */
+static int sgemm_serial(micro_kernel uk, int ta, int tb, int M, int N, int K, float alpha,
+                        const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                        int ldc)
+{
+    const int MR = uk.mr, NR = uk.nr;
+    const int ncap = N < NC ? N : NC, npad = (ncap + NR - 1) / NR * NR;
+    float *bp = thread_buffer(0, (size_t)KC * npad), *ap = thread_buffer(1, (size_t)MC_MAX * KC);
+    if (!bp || !ap)
+        return -1;
+    if (beta != 0.0f && beta != 1.0f)
+        for (int i = 0; i < M; i++)
+            scale_row(C + (size_t)i * ldc, N, beta);
+    for (int jc = 0; jc < N; jc += NC) {
+        const int nc = N - jc < NC ? N - jc : NC, n_js = (nc + NR - 1) / NR;
+        for (int pc = 0; pc < K; pc += KC) {
+            const int kc = K - pc < KC ? K - pc : KC;
+            for (int js = 0; js < n_js; js++)
+                pack_b_sliver(bp + (size_t)js * KC * NR, B, ldb, tb, pc, kc, jc + js * NR,
+                              nc - js * NR < NR ? nc - js * NR : NR, NR);
+            for (int ic = 0; ic < M; ic += MC_MAX) {
+                const int mcc = M - ic < MC_MAX ? M - ic : MC_MAX;
+                pack_a(ap, A, lda, ta, ic, mcc, pc, kc, alpha, MR);
+                for (int js = 0; js < n_js; js++)
+                    for (int is = 0; is < mcc; is += MR)
+                        uk.run(kc, ap + (size_t)is * kc, bp + (size_t)js * KC * NR,
+                               C + (size_t)(ic + is) * ldc + jc + js * NR, ldc,
+                               mcc - is < MR ? mcc - is : MR,
+                               nc - js * NR < NR ? nc - js * NR : NR, beta == 0.0f && pc == 0);
+            }
+        }
+    }
+    return 0;
 }
 
 /* Last resort when the per-thread pack buffers cannot be had: single-threaded, one MR x NR
@@ -253,27 +212,18 @@ void loom_cpu_sgemm_on(int isa, int ta, int tb, int M, int N, int K, float alpha
         return;
     }
 
-    const micro_kernel uk =
-        pick_micro_kernel(isa <= loom_cpu_isa_best() ? isa : LOOM_CPU_ISA_SSE2);
+    const micro_kernel uk = loom_cpu_gemm_micro_kernel(isa);
     const int MR = uk.mr, NR = uk.nr;
     /* one thread inside a parallel region (attention's per-head products) or for a product
      * too small to pay for waking the team */
     const int nth = omp_in_parallel() || (double)M * N * K < 8.0 * LOOM_CPU_PAR_MIN
                         ? 1
                         : omp_get_max_threads();
-    /* Rows per A block: at most MC_MAX; with several threads, at least 4 blocks per thread
-     * where blocks can keep 48 rows (a thread descheduled on shared cores then holds up
-     * less of the work), and a multiple of the thread count, of near-equal heights (1024
-     * rows on 2 threads: 8 blocks of 132 rows or less, not 5 of 192 and one of 64). */
-    int n_ic = (M + MC_MAX - 1) / MC_MAX;
-    if (nth > 1 && n_ic < 4 * nth) {
-        const int finer = M / 48 < 4 * nth ? M / 48 : 4 * nth;
-        n_ic = finer > n_ic ? finer : n_ic;
-    }
-    n_ic = (n_ic + nth - 1) / nth * nth;
-    int mc = (M + n_ic - 1) / n_ic;
-    mc = (mc + MR - 1) / MR * MR;
-    n_ic = (M + mc - 1) / mc;
+    if (nth == 1 &&
+        sgemm_serial(uk, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) == 0)
+        return;
+    int n_ic;
+    const int mc = row_block_height(M, MR, nth, &n_ic);
     /* B is packed a chunk of K-slices at a time (all of K when it fits BPACK floats), so
      * that a work item runs all the chunk's slices with no barrier between them. */
     const int ncap = N < NC ? N : NC, npad = (ncap + NR - 1) / NR * NR;

@@ -7,11 +7,13 @@
  * the GEMM's 256-deep slices and enough work to run on threads. The same bits on 1 and 2
  * OpenMP threads. Attention: heads [h0,h1) computed alone (their q|k|v columns as a
  * k-head qkv of width 3C k/NH) give those heads' bits of the full call, forward (out, att)
- * and backward (dqkv).
+ * and backward (dqkv). The one-call chunk tree gives the bits of the gemm and accumulate
+ * calls it stands for.
  */
 #include "cpu_kernels.h"
 #include "kernel_test.h"
 
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -211,6 +213,99 @@ START_TEST(test_attention_heads)
 }
 END_TEST
 
+/* One gemm_chunk_tree case: transposes, shape, chunks and segment widths (segment s
+ * starts after all chunks of the segments before it, as the fused QKV's q, k, v). */
+typedef struct {
+    int ta, tb, M, N, chunks, segs, width[3], ldc_pad;
+} tree_case;
+
+/* C = the tree as the per-call sequence core/model/gpt_parallel.c made before the fused
+ * call: one canonical gemm per chunk segment, one accumulate per merge. */
+static void tree_by_calls(const tree_case *t, const int *start, const float *A, int lda,
+                          const float *B, int ldb, float *C, float *const *levels)
+{
+    float *lv[4] = {C, levels[0], levels[1], levels[2]};
+    const size_t n = (size_t)t->M * t->N;
+    for (int c = 0, depth = 0, pushed = 0; c < t->chunks; c++) {
+        for (int s = 0; s < t->segs; s++) {
+            const size_t k0 = (size_t)start[s] + (size_t)c * t->width[s];
+            loom_cpu_sgemm(t->ta, t->tb, t->M, t->N, t->width[s], 1.0f,
+                           t->ta ? A + k0 * lda : A + k0, lda, t->tb ? B + k0 : B + k0 * ldb,
+                           ldb, s ? 1.0f : 0.0f, lv[depth], t->N);
+        }
+        depth++;
+        for (int p = ++pushed; !(p & 1); p >>= 1, depth--)
+            loom_cpu_accumulate(lv[depth - 2], lv[depth - 1], n);
+    }
+}
+
+static void check_tree(const tree_case *t, int threads)
+{
+    int start[3], K = 0;
+    for (int s = 0; s < t->segs; s++) {
+        start[s] = K;
+        K += t->chunks * t->width[s];
+    }
+    const int lda = t->ta ? t->M : K, ldb = t->tb ? K : t->N, ldc = t->N + t->ldc_pad;
+    float *A = kt_alloc((size_t)t->M * K), *B = kt_alloc((size_t)K * t->N);
+    float *want = kt_alloc((size_t)t->M * t->N), *got = kt_alloc((size_t)t->M * ldc);
+    float *lw[3], *lg[3];
+    for (int l = 0; l < 3; l++) {
+        lw[l] = kt_alloc((size_t)t->M * t->N);
+        lg[l] = kt_alloc((size_t)t->M * t->N);
+        kt_fill(lg[l], (size_t)t->M * t->N, 20 + l, -1, 1); /* scratch: stale values */
+    }
+    kt_fill(A, (size_t)t->M * K, 11, -1, 1);
+    kt_fill(B, (size_t)K * t->N, 12, -1, 1);
+    kt_fill(got, (size_t)t->M * ldc, 13, -1, 1); /* overwritten, the padding kept */
+    float *got0 = kt_alloc((size_t)t->M * ldc);
+    memcpy(got0, got, sizeof(float) * t->M * ldc);
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    tree_by_calls(t, start, A, lda, B, ldb, want, lw);
+    loom_cpu_gemm_chunk_tree(t->ta, t->tb, t->M, t->N, t->chunks, t->segs, start, t->width, A,
+                             lda, B, ldb, got, ldc, lg);
+    omp_set_num_threads(saved);
+    char what[128];
+    snprintf(what, sizeof what, "tree ta%d tb%d %dx%d chunks %d segs %d w %d threads %d", t->ta,
+             t->tb, t->M, t->N, t->chunks, t->segs, t->width[0], threads);
+    for (int i = 0; i < t->M; i++) {
+        assert_same(what, got + (size_t)i * ldc, want + (size_t)i * t->N, (size_t)t->N);
+        assert_same("padding of C", got + (size_t)i * ldc + t->N, got0 + (size_t)i * ldc + t->N,
+                    (size_t)t->ldc_pad);
+    }
+    free(A), free(B), free(want), free(got), free(got0);
+    for (int l = 0; l < 3; l++)
+        free(lw[l]), free(lg[l]);
+}
+
+/* loom_cpu_gemm_chunk_tree (backend.h's gemm_chunk_tree) gives the bits of the per-call
+ * sequence it stands for: the model's two uses (a row-parallel forward, A @ W^T over K
+ * chunks; an input gradient over the fused QKV's three segments, k and v narrower as under
+ * grouped-query attention), widths above the GEMM's 256-deep slice, chunks whose packed B
+ * must be split in groups (N 1024) or does not fit at all (the per-call path), edge tiles,
+ * a padded C, on 1 and 2 threads. */
+START_TEST(test_chunk_tree)
+{
+    loom_cpu_set_deterministic(1);
+    const tree_case cases[] = {
+        {0, 1, 512, 128, 8, 1, {16}, 0},        /* tiny's attention projection */
+        {0, 0, 512, 128, 8, 3, {16, 16, 16}, 0}, /* tiny's qkv input gradient */
+        {0, 0, 97, 40, 4, 3, {24, 8, 8}, 5},    /* grouped kv widths, odd rows, padded C */
+        {0, 1, 37, 136, 8, 1, {300}, 3},        /* two K-slices a chunk */
+        {0, 0, 64, 72, 2, 1, {520}, 0},
+        {1, 0, 50, 24, 8, 1, {7}, 0},
+        {1, 1, 29, 33, 1, 2, {9, 5}, 0},
+        {0, 1, 13, 1024, 4, 1, {300}, 0}, /* 3 chunks of B, then 1, a group */
+        {0, 1, 7, 2048, 2, 1, {600}, 0},  /* a chunk over the pack: the per-call path */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int threads = 1; threads <= 2; threads++)
+            check_tree(&cases[c], threads);
+    loom_cpu_set_deterministic(0);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("deterministic");
@@ -219,6 +314,7 @@ int main(void)
     tcase_add_test(tc, test_matmul_split);
     tcase_add_test(tc, test_thread_independent);
     tcase_add_test(tc, test_attention_heads);
+    tcase_add_test(tc, test_chunk_tree);
     suite_add_tcase(s, tc);
     return kt_run(s);
 }

@@ -239,6 +239,17 @@ typedef struct loom_backend_ops {
     void (*attention_flash_backward)(float *dqkv, float *scratch, const float *dout,
                                      const void *qkv, const float *out, const float *lse, int B,
                                      int T, int C, int NH, loom_dtype dt);
+    /* Added for canonical mode's chunk trees (may be absent: check size; the core then
+     * makes the gemm and accumulate calls this stands for, which give the same bits).
+     * C (M,N; leading dim ldc) = op(A) (M,K) @ op(B) (K,N) summed in `chunks` parts (a
+     * power of two), added pairwise as a binary counter (older += newer): part c is, for
+     * segment s = 0 .. segs-1 in order, gemm(alpha 1, beta s ? 1 : 0) over the K indices
+     * [start[s] + c*width[s], + width[s]) (the fused QKV's q, k, v parts of chunk c), into
+     * tree level popcount(c): C itself, then levels[0 ..] (log2(chunks) scratch buffers
+     * of M*N floats, leading dim N). Bits: those of that sequence in canonical mode. */
+    void (*gemm_chunk_tree)(int transa, int transb, int M, int N, int chunks, int segs,
+                            const int *start, const int *width, const float *A, int lda,
+                            const float *B, int ldb, float *C, int ldc, float *const *levels);
 } loom_backend_ops;
 
 #ifdef __cplusplus

@@ -6,9 +6,11 @@
  * (what PyTorch's kl_div(log_softmax(z_s/T), softmax(z_t/T), reduction="sum") * T^2
  * computes per row), d kd / d z_s = T (p_s - p_t). A training forward with a teacher set
  * (loom_gpt_set_distill) reports and backpropagates (1 - alpha) CE + alpha kd per token.
- * A pipeline's last stage distils through loom_gpt_set_distill_step. What it does not:
+ * A pipeline's last stage distils through loom_gpt_set_distill_step. Hidden-state terms
+ * through learned projections: loom_gpt_set_distill_hidden (below). What it does not:
  * tensor parallelism (the vocabulary-parallel logits would need the row statistics
- * exchanged; refused), intermediate-layer or attention terms.
+ * exchanged; refused), hidden-state terms under tp, pp or 16-bit precision, and the
+ * attention-probability term (the backend's attention backward takes no d(probabilities)).
  * Host memory: the CPU backend's buffers are host memory (as session.c's optimizer assumes).
  */
 #ifndef LOOM_CORE_GPT_DISTILL_H

@@ -5,7 +5,8 @@
 #    its AdamW moments) in the checkpoint and resumes bitwise; hidden = 0 gives the bits of
 #    the run without teacher.layers, hidden = 1 other losses;
 #  - canonical mode: dp=1 and dp=2 give the same bits; fast mode dp=2 within 1e-4;
-#  - loom ckpt export and loom export --llmc of the student write no projection;
+#  - loom ckpt export and loom export --llmc of the student write no projection, and it
+#    serves as a teacher (its checkpoint read without its projection);
 #  - refusals: a student or teacher block out of range, attention = true, a cache, hidden
 #    without layers, pp > 1, zero, 16-bit precision.
 set -euo pipefail
@@ -55,7 +56,8 @@ head -c 4096 "$tmp/s.safetensors" | grep -aq 'h.0.attn' ||
   { echo "ckpt export wrote no model weights"; exit 1; }
 head -c 4096 "$tmp/s.safetensors" | grep -aq 'distill' && { echo "ckpt export wrote the projection"; exit 1; }
 "$loom" export --llmc "$tmp/s/step_00000006" "$tmp/s.bin" > /dev/null
-echo "ok loom ckpt export / export --llmc of the distilled student: no projection"
+"$loom" run "$recipe" steps=1 "teacher={checkpoint=\"$tmp/s/step_00000006\"}" > /dev/null
+echo "ok loom ckpt export / export --llmc of the distilled student: no projection; it serves as a teacher"
 
 # --- refusals -------------------------------------------------------------------------------
 refuse() { # what expected-text args...

@@ -12,7 +12,7 @@
  *   identity: a teacher equal to the student with identity projections: the term is 0,
  *             the loss is CE's bits and the projections' gradients are exactly 0;
  *   errors:   a mapping without a projection, a projection past the last block, a
- *             negative weight are refused.
+ *             llama model with projections, a negative weight are refused.
  */
 #include <check.h>
 #include <math.h>
@@ -231,6 +231,10 @@ START_TEST(test_errors)
                          .kd_proj_dim = 24, .kd_proj_layers = 4ull}; /* block 2 of 2 */
     ck_assert_int_eq(loom_gpt_config_check(&c), LOOM_ERR_INVALID);
     ck_assert_ptr_nonnull(strstr(loom_last_error(), "student blocks in [0, 2)"));
+    c.kd_proj_layers = 1ull;
+    c.family = LOOM_FAMILY_LLAMA; /* the projections are built for the GPT-2 table */
+    ck_assert_int_eq(loom_gpt_config_check(&c), LOOM_ERR_INVALID);
+    ck_assert_ptr_nonnull(strstr(loom_last_error(), "need a GPT-2 model"));
 }
 END_TEST
 

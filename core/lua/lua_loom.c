@@ -364,6 +364,26 @@ static int l_session(lua_State *L)
     lua_pop(L, 3);
     cfg.kd_temperature = (float)num_field(L, 1, "kd_temperature", 1.0);
     cfg.kd_alpha = (float)num_field(L, 1, "kd_alpha", 0.5);
+    /* kd_layers = { [student_block] = teacher_block } (checked in Lua): the student's
+     * projections (teacher width) and the session's map */
+    static _Thread_local int kd_map[64];
+    lua_getfield(L, 1, "kd_layers");
+    if (lua_istable(L, -1) && cfg.teacher && cfg.model.layers <= 64) {
+        for (int l = 0; l < 64; l++)
+            kd_map[l] = -1;
+        for (int l = 0; l < cfg.model.layers; l++) {
+            lua_geti(L, -1, l);
+            if (lua_isinteger(L, -1)) {
+                kd_map[l] = (int)lua_tointeger(L, -1);
+                cfg.model.kd_proj_layers |= 1ull << l;
+            }
+            lua_pop(L, 1);
+        }
+        cfg.model.kd_proj_dim = cfg.teacher->dim;
+        cfg.kd_layers = kd_map;
+        cfg.kd_hidden = (float)num_field(L, 1, "kd_hidden", 1.0);
+    }
+    lua_pop(L, 1);
     static _Thread_local int pp_layers[1024];
     lua_getfield(L, 1, "pp_layers");
     if (!lua_isnil(L, -1)) {

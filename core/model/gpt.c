@@ -98,6 +98,11 @@ loom_status loom_gpt_config_check(const loom_gpt_config *c)
     if (c->vocab_padded && c->vocab_padded < c->vocab)
         LOOM_FAIL(LOOM_ERR_INVALID, "model vocab_padded=%d is smaller than vocab=%d",
                   c->vocab_padded, c->vocab);
+    if (c->kd_proj_dim < 0 || (c->kd_proj_dim > 0 && (c->family == LOOM_FAMILY_LLAMA ||
+        !c->kd_proj_layers || (c->layers < 64 && c->kd_proj_layers >> c->layers))))
+        LOOM_FAIL(LOOM_ERR_INVALID, "distillation projections (kd_proj_dim=%d) need a GPT-2 "
+                  "model and student blocks in [0, %d)", c->kd_proj_dim,
+                  c->layers < 64 ? c->layers : 64);
     if (c->ctx < 1 || c->layers < 1 || c->heads < 1 || c->dim < 1)
         LOOM_FAIL(LOOM_ERR_INVALID, "model ctx, layers, heads and dim must be positive "
                   "(got ctx=%d layers=%d heads=%d dim=%d)", c->ctx, c->layers, c->heads, c->dim);
@@ -212,6 +217,13 @@ static loom_status build_table(loom_gpt *m)
     if (m->has_head) {
         SHAPE(C, 0, 0); ADD("ln_f.weight", 1, -1, LOOM_INIT_ONES, 0, -1);
         ADD("ln_f.bias", 1, -1, LOOM_INIT_ZEROS, 0, -1);
+    }
+    for (int l = 0; m->has_head && c->kd_proj_dim > 0 && l < L && l < 64; l++) {
+        if (!(c->kd_proj_layers >> l & 1))
+            continue; /* gpt_distill.h's projections, counted in post (the last unit) */
+        snprintf(name, sizeof name, "distill.proj.%d.weight", l);
+        SHAPE(c->kd_proj_dim, C, 0); ADD(name, 2, -1, LOOM_INIT_NORMAL, std, -1);
+        m->post++;
     }
 #undef ADD
 #undef SHAPE
@@ -1018,6 +1030,8 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
         LOOM_TRY(gpt_vocab_cross_entropy(m, (int)R, dloss));
         if (distill)
             gpt_distill_after(m, R);
+        if (dloss != 0.0f)
+            LOOM_TRY(gpt_distill_hidden(m, R, dloss)); /* gpt_distill.h: nothing unless set */
         m->have_dlogits = dloss != 0.0f;
         k->copy_to_host(bs, m->host_losses, m->losses, R * sizeof(float));
         double sum = 0.0;
@@ -1059,6 +1073,7 @@ loom_status loom_gpt_backward(loom_gpt *m)
     for (int l = L - 1; l >= 0; l--) {
         const float *residual = l == 0 ? m->encoded : m->acts[l - 1].res3;
         LOOM_TRY(use(m, 1 + l, 1));
+        gpt_distill_hidden_backward(m, l, Rl); /* d(res3) += the hidden-state term's */
         LOOM_TRY(gpt_block_backward(m, l, residual, &pk, B, T, Rl));
         LOOM_TRY(gpt_rep_flush(m, &pk));
         LOOM_TRY(use(m, 1 + l, 0));

@@ -42,6 +42,11 @@ typedef struct loom_gpt_config {
     int tie_embeddings;  /* 1: the LM head is wte */
     float rope_theta;    /* 0 = 10000 */
     float norm_eps;      /* RMSNorm's epsilon; 0 = 1e-5 */
+    /* Distillation's hidden-state terms (gpt_distill.h): kd_proj_dim > 0 adds, for each
+     * block l with bit l of kd_proj_layers, a learned (kd_proj_dim, dim) projection
+     * "distill.proj.<l>.weight" after ln_f (a student parameter; no model weight). */
+    int kd_proj_dim;
+    unsigned long long kd_proj_layers;
 } loom_gpt_config;
 
 enum { LOOM_FAMILY_GPT2 = 0, LOOM_FAMILY_LLAMA = 1 };

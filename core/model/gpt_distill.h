@@ -6,9 +6,11 @@
  * (what PyTorch's kl_div(log_softmax(z_s/T), softmax(z_t/T), reduction="sum") * T^2
  * computes per row), d kd / d z_s = T (p_s - p_t). A training forward with a teacher set
  * (loom_gpt_set_distill) reports and backpropagates (1 - alpha) CE + alpha kd per token.
- * A pipeline's last stage distils through loom_gpt_set_distill_step. What it does not:
+ * A pipeline's last stage distils through loom_gpt_set_distill_step. Hidden-state terms
+ * through learned projections: loom_gpt_set_distill_hidden (below). What it does not:
  * tensor parallelism (the vocabulary-parallel logits would need the row statistics
- * exchanged; refused), intermediate-layer or attention terms.
+ * exchanged; refused), hidden-state terms under tp, pp or 16-bit precision, and the
+ * attention-probability term (the backend's attention backward takes no d(probabilities)).
  * Host memory: the CPU backend's buffers are host memory (as session.c's optimizer assumes).
  */
 #ifndef LOOM_CORE_GPT_DISTILL_H
@@ -39,5 +41,24 @@ loom_status loom_gpt_set_distill(loom_gpt *m, const float *teacher_logits, size_
 loom_status loom_gpt_set_distill_step(loom_gpt *m, const int *targets, size_t rows,
                                       const float *teacher_rows, size_t t_stride, float T,
                                       float alpha);
+
+/* Hidden-state terms (gpt_distill_hidden.c): per student block l with a projection
+ * (loom_gpt_config.kd_proj_layers), the loss row r adds beta/Ct |W_l h_s,r - h_t,r|^2 (an
+ * MSE over the Ct = kd_proj_dim teacher columns; its mean over rows is beta MSE), h the
+ * block's output (its residual stream). loom_kd_hidden_rows: R rows of hs (R,C) and ht
+ * (R,Ct), w (Ct,C); loss[r] += the term; y (R,Ct) scratch, left holding scale * d/dy;
+ * dh (R,C; may be NULL) = scale * d/dhs; dw (Ct,C; may be NULL) += scale * d/dw. */
+void loom_kd_hidden_rows(const float *hs, const float *ht, const float *w, size_t R, int C,
+                         int Ct, float beta, float scale, double *loss, float *y, float *dh,
+                         float *dw);
+
+/* The next training forwards of m add the terms against teacher_h[l] (cfg.layers pointers;
+ * NULL: block l unmapped), R rows of kd_proj_dim each, host memory, valid until that
+ * forward returns. teacher_h NULL: off. Refused under tp, pp and 16-bit precision. */
+loom_status loom_gpt_set_distill_hidden(loom_gpt *m, const float *const *teacher_h, float beta);
+
+/* Block l's output rows of the last forward (host memory on the CPU backend), NULL if l is
+ * not held: a teacher's hidden states. */
+const float *loom_gpt_block_output(const loom_gpt *m, int l);
 
 #endif

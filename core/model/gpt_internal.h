@@ -126,6 +126,15 @@ struct loom_gpt {
     float kd_T, kd_alpha;
     float *kd_grad;                    /* (R,Vl) host: alpha dloss d kd / d z_s */
     double *kd_loss;                   /* (R) host */
+    /* hidden-state terms (gpt_distill.h): the teacher's block outputs per student block
+     * (kd_h[l], NULL: unmapped), beta, and what the forward left for backward: kd_dh[l]
+     * = d(term) / d(res3 of l) (R,C), kd_h_live = 1 until that backward used it */
+    const float *const *kd_h;
+    float kd_beta;
+    float **kd_dh;
+    double *kd_hloss;                  /* (R) */
+    float *kd_y;                       /* (R, kd_proj_dim) the projection's output */
+    int kd_h_live;
     /* Mixture of experts (moe.h): NULL for a dense model; then block l's table entries are
      * 2 + 12 l .. +11, else ent0[l] .. ent0[l + 1] - 1 (an MoE block has 9 + 4 E). */
     struct gpt_moe *moe;
@@ -139,6 +148,11 @@ struct loom_gpt {
 void gpt_distill_before(loom_gpt *m, size_t R, float dloss);
 void gpt_distill_after(loom_gpt *m, size_t R);
 void gpt_distill_free(loom_gpt *m);
+/* A training forward's hidden-state terms (after the CE and kd), and their d(res3) added
+ * before block l's backward; both nothing when none are set. */
+loom_status gpt_distill_hidden(loom_gpt *m, size_t R, float dloss);
+void gpt_distill_hidden_backward(loom_gpt *m, int l, size_t Rl);
+void gpt_distill_hidden_free(loom_gpt *m);
 /* A stage's forward with these targets: point kd_teacher at their rows of the step's
  * teacher rows (loom_gpt_set_distill_step); 1 if this forward distils. */
 int gpt_distill_select(loom_gpt *m, const int *targets, size_t R);

@@ -725,6 +725,9 @@ static loom_status make_plan(const tfile *files, int n, const loom_param_table *
             int slot, ei = target_of(t, te->name, per, is_optim, ew, &slot);
             if (ei == -2)
                 continue; /* another pipeline stage's */
+            if (ei < 0 && strstr(te->name, "distill.proj."))
+                continue; /* a distilled student's projection (gpt_distill.h): training-only,
+                           * not read by a run without teacher.layers (an export, a teacher) */
             if (ei < 0)
                 return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s': tensor '%s' is not part of "
                                  "this run's %s", files[j].path, te->name, what);

@@ -67,6 +67,9 @@ struct loom_session {
     loom_gpt *teacher;       /* distillation: the frozen teacher, else NULL */
     loom_kd_cache *kd_cache; /* distillation from loom distill-cache's file, else NULL */
     float *kd_step;          /* pp, last stage: the teacher's rows of the step's micro-batches */
+    int kd_map[64];          /* hidden-state terms: student block -> teacher block (-1: none) */
+    const float *kd_h[64];   /* the teacher's block outputs they compare with, per student block */
+    int kd_hidden_on;
     float *host_logits;      /* sampling: one row of Vp */
     int64_t steps;
     int64_t step_no;         /* the training loop's number of the last step run */
@@ -227,6 +230,29 @@ static loom_status check_precision(loom_session *s, const loom_session_config *c
     return LOOM_OK;
 }
 
+/* teacher.layers (gpt_distill.h's hidden-state terms): one rank or dp, fp32; the map
+ * copied, the teacher's block outputs bound (they are its activation buffers, rewritten by
+ * each teacher forward) and the student's checks run now rather than at step 1. */
+static loom_status distill_hidden_open(loom_session *s, const loom_session_config *cfg)
+{
+    const loom_gpt_config *tc = loom_gpt_get_config(s->teacher), *mc = loom_gpt_get_config(s->model);
+    if (s->pipe || s->zero)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.layers (hidden-state terms) with %s is not built "
+                  "yet; use one rank or plain dp", s->pipe ? "mesh.pp > 1" : "strategy.zero");
+    if (mc->layers > 64 || mc->kd_proj_dim != tc->dim)
+        LOOM_FAIL(LOOM_ERR_INVALID, "teacher.layers: the student's projections are %d wide, the "
+                  "teacher is dim=%d (at most 64 student blocks)", mc->kd_proj_dim, tc->dim);
+    for (int l = 0; l < mc->layers; l++) {
+        int t = s->kd_map[l] = cfg->kd_layers[l];
+        if (t >= tc->layers)
+            LOOM_FAIL(LOOM_ERR_INVALID, "teacher.layers[%d] = %d: the teacher has blocks 0 .. %d",
+                      l, t, tc->layers - 1);
+        s->kd_h[l] = t >= 0 ? loom_gpt_block_output(s->teacher, t) : NULL;
+    }
+    s->kd_hidden_on = 1;
+    return loom_gpt_set_distill_hidden(s->model, s->kd_h, cfg->kd_hidden);
+}
+
 /* Distillation (gpt_distill.h): the teacher, replicated on every rank (under pp on the last
  * stage only, where the student's logits are), weights loaded. */
 static loom_status make_teacher(loom_session *s, const loom_session_config *cfg)
@@ -258,6 +284,8 @@ static loom_status make_teacher(loom_session *s, const loom_session_config *cfg)
                   "loom.gpt{ init = \"teacher.bin\" } or checkpoint = \"DIR\"");
     loom_gpt_parallel par = {NULL, NULL, cfg->canonical, NULL, 0, 0, 0, NULL};
     LOOM_TRY(loom_gpt_create(tc, &s->backend, cfg->micro_batch, cfg->seed, &par, &s->teacher));
+    if (cfg->kd_layers)
+        LOOM_TRY(distill_hidden_open(s, cfg));
     if (cfg->teacher_init)
         return loom_llmc_load(s->teacher, cfg->teacher_init);
     return loom_ckpt_load_tensors(cfg->teacher_checkpoint, loom_gpt_params(s->teacher), 0,

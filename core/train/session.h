@@ -72,6 +72,11 @@ typedef struct loom_session_config {
     const loom_gpt_config *teacher;
     const char *teacher_init, *teacher_checkpoint; /* read during create only */
     float kd_temperature, kd_alpha;
+    /* hidden-state terms (gpt_distill.h): kd_layers[l] = the teacher block student block l
+     * is compared with (-1: none; model.layers entries; model.kd_proj_* name the student's
+     * projections), weighed by kd_hidden; NULL: none */
+    const int *kd_layers;
+    float kd_hidden;
     const char *kd_cache; /* or the teacher's top-k logits from this file (kd_cache.h), read
                            * instead of a teacher model (teacher NULL) */
     /* Expert parallelism (session_ep.h): a MoE model's experts split over ep of the dp

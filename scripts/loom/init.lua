@@ -275,7 +275,7 @@ local session_spec = {
   zero_bucket_mb = { type = "positive", help = "ZeRO bucket size in MiB (default 25)" },
   offload = { type = "table", help = "{ optimizer = \"host\" | \"disk\", path = DIR, chunk_mb = N } (docs/ZERO.md)" },
   compress = { type = "table", help = "{ \"onebit\" | \"topk\" | \"powersgd\", ratio = r, rank = r, warmup = n, bucket_mb = m } (docs/COMPRESS.md)" },
-  teacher = { type = "table", help = "{ model = loom.gpt{ init = \"teacher.bin\" } | checkpoint = DIR, temperature = T, alpha = a } (docs/DISTILL.md)" },
+  teacher = { type = "table", help = "{ model = loom.gpt{ init = \"teacher.bin\" } | checkpoint = DIR, temperature = T, alpha = a, layers = { [s] = t }, hidden = beta } (docs/DISTILL.md)" },
   ep = { type = "integer", min = 1, help = "expert parallelism: a MoE model's experts split over this many dp ranks (docs/MOE.md)" },
 }
 
@@ -285,17 +285,45 @@ local teacher_spec = {
   cache = { type = "string", help = "top-k logits written by loom distill-cache, read instead of running a teacher" },
   temperature = { type = "positive", help = "T of softmax(z / T) (default 1)" },
   alpha = { type = "number", min = 0, max = 1, help = "the weight of the distillation term (default 0.5)" },
-  layers = { type = "table", help = "intermediate-layer terms (not built yet)" },
+  layers = { type = "table", help = "{ [student_block] = teacher_block, ... } (0-based, as h.N): hidden-state MSE through a learned projection (docs/DISTILL.md)" },
+  hidden = { type = "number", min = 0, help = "the weight beta of the hidden-state terms (default 1)" },
   attention = { type = "boolean", help = "attention-probability MSE (not built yet)" },
 }
 
+-- teacher.layers -> { [s] = t } checked against both models' depths (0-based block indices).
+local function check_teacher_layers(layers, student, teacher, where)
+  local n = 0
+  for s, t in pairs(layers) do
+    if math.type(s) ~= "integer" or s < 0 or s >= student.layers then
+      schema.fail(where, "teacher.layers: student block %s is not an integer in [0, %d) (the "
+        .. "student's blocks h.0 .. h.%d)", tostring(s), student.layers, student.layers - 1)
+    end
+    if math.type(t) ~= "integer" or t < 0 or t >= teacher.layers then
+      schema.fail(where, "teacher.layers[%d] = %s: the teacher block is not an integer in [0, %d)",
+        s, tostring(t), teacher.layers)
+    end
+    n = n + 1
+  end
+  if n == 0 then schema.fail(where, "teacher.layers is empty: map at least one student block, e.g. { [0] = 1 }") end
+  if student.layers > 64 then schema.fail(where, "teacher.layers: a student of more than 64 blocks is not built yet") end
+end
+
 -- teacher (docs/DISTILL.md) -> the session's teacher keys; the model's shape from the
 -- llm.c file (loom.gpt{init}) or from the checkpoint's manifest.
-local function resolve_teacher(t, where)
+local checkpoint_model -- below: a teacher checkpoint's manifest model
+
+local function resolve_teacher(t, where, student)
   schema.check(t, teacher_spec, "teacher", where)
-  if t.layers or t.attention then
-    schema.fail(where, "teacher.%s is not built yet (intermediate-layer and attention terms); "
-      .. "the distillation term on the logits is: leave it out", t.layers and "layers" or "attention")
+  if t.attention then
+    schema.fail(where, "teacher.attention is not built yet (attention-probability MSE); the "
+      .. "hidden-state terms (teacher.layers) and the term on the logits are: leave it out")
+  end
+  if t.hidden and not t.layers then
+    schema.fail(where, "teacher.hidden weighs the hidden-state terms: give teacher.layers = { [student_block] = teacher_block } too")
+  end
+  if t.layers and t.cache then
+    schema.fail(where, "teacher.layers needs the teacher's hidden states, which a cache (loom "
+      .. "distill-cache: logits only) does not hold; use teacher.model or teacher.checkpoint")
   end
   local given = (t.model and 1 or 0) + (t.checkpoint and 1 or 0) + (t.cache and 1 or 0)
   if given ~= 1 then
@@ -314,9 +342,18 @@ local function resolve_teacher(t, where)
         .. "llm.c file), or give teacher.checkpoint instead")
     end
     out.teacher, out.teacher_init = t.model, t.model.init
-    return out
+  else
+    out.teacher, out.teacher_checkpoint = checkpoint_model(t.checkpoint, where)
   end
-  local dir = t.checkpoint
+  if t.layers then
+    check_teacher_layers(t.layers, student, out.teacher, where)
+    out.kd_layers, out.kd_hidden = t.layers, t.hidden or 1.0
+  end
+  return out
+end
+
+-- teacher.checkpoint -> its manifest's model and the step directory.
+function checkpoint_model(dir, where)
   local f = io.open(dir .. "/manifest.json", "rb")
   if not f then
     local found, why = core.find_checkpoint(dir)
@@ -330,8 +367,7 @@ local function resolve_teacher(t, where)
   if not ok or type(man) ~= "table" or type(man.model) ~= "table" then
     schema.fail(where, "teacher.checkpoint '%s': manifest.json has no model object", dir)
   end
-  out.teacher, out.teacher_checkpoint = man.model, dir
-  return out
+  return man.model, dir
 end
 
 local compress_spec = {
@@ -448,7 +484,7 @@ function loom.session(t, where)
     cfg.compress_momentum = t.compress.momentum
   end
   if t.teacher then
-    for k, v in pairs(resolve_teacher(t.teacher, where)) do cfg[k] = v end
+    for k, v in pairs(resolve_teacher(t.teacher, where, t.model)) do cfg[k] = v end
   end
   local ok, s = pcall(core.session, cfg)
   if not ok then schema.fail(where, "%s", s) end

@@ -18,7 +18,8 @@
 #    tests/unit/test_distill.c);
 #  - the student under pp = 2 (the teacher on the last stage): canonical mode gives pp = 1's
 #    bits, and pp = 2 from a k = vocab cache the in-process teacher's;
-#  - refusals: a teacher without weights, intermediate layers, tp > 1.
+#  - refusals: a teacher without weights, teacher.layers out of range (more: distill_hidden.sh),
+#    tp > 1.
 set -euo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -139,8 +140,8 @@ echo "ok distill-cache refused: another batch.seq, other data (shuffled windows)
 # --- refusals ----------------------------------------------------------------------------
 refuse no-weights 'teacher.model needs weights' "$loom" run "$recipe" steps=1 \
   'teacher={model={vocab=256,ctx=32,layers=1,heads=2,dim=32}}'
-refuse layers 'teacher.layers is not built yet' "$loom" run "$recipe" steps=1 \
+refuse layers 'teacher.layers: student block 1 is not an integer' "$loom" run "$recipe" steps=1 \
   "teacher={checkpoint=\"$tmp/teacher\",layers={[1]=2}}"
 refuse tp 'teacher with mesh.tp > 1 is not built yet' "$loom" launch -n 2 "$recipe" steps=1 \
   mesh.tp=2 "$kd"
-echo "ok refused: a teacher without weights, intermediate layers, tp > 1"
+echo "ok refused: a teacher without weights, a student block out of range (teacher.layers), tp > 1"

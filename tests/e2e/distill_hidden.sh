@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# distill_hidden.sh LOOM — distillation's hidden-state terms (teacher.layers, docs/DISTILL.md)
+# through the real program, a 1-block dim-32 student and a 2-block dim-48 teacher:
+#  - a run with teacher.layers = {[0] = 1} saves its projection distill.proj.0.weight (and
+#    its AdamW moments) in the checkpoint and resumes bitwise; hidden = 0 gives the bits of
+#    the run without teacher.layers, hidden = 1 other losses;
+#  - canonical mode: dp=1 and dp=2 give the same bits; fast mode dp=2 within 1e-4;
+#  - loom ckpt export and loom export --llmc of the student write no projection, and it
+#    serves as a teacher (its checkpoint read without its projection);
+#  - refusals: a student or teacher block out of range, attention = true, a cache, hidden
+#    without layers, pp > 1, zero, 16-bit precision.
+set -euo pipefail
+loom=$1
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/lib.sh"
+recipe=$here/recipes/distill.lua
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+export OMP_WAIT_POLICY=passive   # several ranks share 2 cores: OpenMP must not spin
+
+"$loom" run "$recipe" model.layers=2 model.dim=48 model.heads=4 steps=10 \
+  checkpoint.dir="$tmp/teacher" > /dev/null
+kd() { echo "teacher={checkpoint=\"$tmp/teacher\",alpha=0.5$1}"; }
+hid=$(kd ',layers={[0]=1},hidden=1')
+
+# --- the projection is a trained, saved, resumed parameter ---------------------------------
+"$loom" run "$recipe" steps=6 checkpoint.dir="$tmp/s" checkpoint.every=3 "$hid" > "$tmp/s.out"
+"$loom" run "$recipe" steps=6 resume="$tmp/s/step_00000003" "$hid" > "$tmp/r.out"
+finite_losses "$tmp/s.out"
+[ "$(grep -c '^LOSS' "$tmp/r.out")" -eq 3 ] && cmp -s <(grep '^LOSS [456] ' "$tmp/s.out") <(grep '^LOSS' "$tmp/r.out") ||
+  { echo "teacher.layers: the resumed steps 4-6 differ"; exit 1; }
+for f in model optim; do
+  head -c 4096 "$tmp/s/step_00000006/$f.safetensors" | grep -aq '"distill.proj.0.weight' ||
+    { echo "the checkpoint's $f.safetensors has no distill.proj.0.weight"; exit 1; }
+done
+echo "ok teacher.layers: distill.proj.0.weight (and its optimizer state) saved; save at 3 + resume, steps 4-6 bitwise"
+"$loom" run "$recipe" steps=6 "$(kd ',layers={[0]=1},hidden=0')" | grep '^LOSS' > "$tmp/h0"
+"$loom" run "$recipe" steps=6 "$(kd '')" | grep '^LOSS' > "$tmp/none"
+cmp -s "$tmp/h0" "$tmp/none" || { echo "hidden = 0 differs from no teacher.layers"; exit 1; }
+cmp -s "$tmp/none" <(grep '^LOSS' "$tmp/s.out") && { echo "hidden = 1 changes no loss"; exit 1; }
+echo "ok hidden = 0: the bits of the run without teacher.layers; hidden = 1: other losses"
+
+# --- dp -----------------------------------------------------------------------------------
+canon=(steps=6 deterministic=canonical batch.micro=4 batch.global=8 "$hid")
+"$loom" run "$recipe" "${canon[@]}" | grep '^LOSS' > "$tmp/c1"
+"$loom" launch -n 2 "$recipe" mesh.dp=2 comm_timeout=20 "${canon[@]}" | grep '^LOSS' > "$tmp/c2"
+finite_losses "$tmp/c1"
+cmp -s "$tmp/c1" "$tmp/c2" || { echo "canonical teacher.layers: dp=2 differs from dp=1"; exit 1; }
+"$loom" launch -n 2 "$recipe" mesh.dp=2 batch.micro=4 comm_timeout=20 steps=6 "$hid" > "$tmp/dp2.out"
+d=$(max_loss_diff "$tmp/s.out" "$tmp/dp2.out")
+below "$d" 1e-4 || { echo "teacher.layers at dp=2 differs from one rank by $d"; exit 1; }
+echo "ok teacher.layers: canonical dp=1 and dp=2 bitwise over 6 steps; fast dp=2 within $d of one rank"
+
+# --- export: model weights only -------------------------------------------------------------
+"$loom" ckpt export "$tmp/s/step_00000006" "$tmp/s.safetensors" > /dev/null
+head -c 4096 "$tmp/s.safetensors" | grep -aq 'h.0.attn' ||
+  { echo "ckpt export wrote no model weights"; exit 1; }
+head -c 4096 "$tmp/s.safetensors" | grep -aq 'distill' && { echo "ckpt export wrote the projection"; exit 1; }
+"$loom" export --llmc "$tmp/s/step_00000006" "$tmp/s.bin" > /dev/null
+"$loom" run "$recipe" steps=1 "teacher={checkpoint=\"$tmp/s/step_00000006\"}" > /dev/null
+echo "ok loom ckpt export / export --llmc of the distilled student: no projection; it serves as a teacher"
+
+# --- refusals -------------------------------------------------------------------------------
+refuse() { # what expected-text args...
+  local what=$1 want=$2; shift 2
+  if "$@" > "$tmp/err" 2>&1; then echo "$what: accepted"; exit 1; fi
+  grep -qF -- "$want" "$tmp/err" || { echo "$what: unexpected message:"; cat "$tmp/err"; exit 1; }
+}
+refuse student 'teacher.layers: student block 1 is not an integer in [0, 1)' \
+  "$loom" run "$recipe" steps=1 "$(kd ',layers={[1]=1}')"
+refuse teacher 'teacher.layers[0] = 2: the teacher block is not an integer in [0, 2)' \
+  "$loom" run "$recipe" steps=1 "$(kd ',layers={[0]=2}')"
+refuse attention 'teacher.attention is not built yet' \
+  "$loom" run "$recipe" steps=1 "$(kd ',layers={[0]=1},attention=true')"
+refuse hidden 'teacher.hidden weighs the hidden-state terms' \
+  "$loom" run "$recipe" steps=1 "$(kd ',hidden=2')"
+refuse negative 'teacher.hidden' "$loom" run "$recipe" steps=1 "$(kd ',layers={[0]=1},hidden=-1')"
+refuse cache 'which a cache (loom distill-cache: logits only) does not hold' \
+  "$loom" run "$recipe" steps=1 'teacher={cache="x.kdc",layers={[0]=1}}'
+refuse pp 'teacher.layers (hidden-state terms) with mesh.pp > 1 is not built yet' \
+  "$loom" launch -n 2 "$recipe" steps=1 model.layers=2 mesh.pp=2 comm_timeout=20 "$hid"
+refuse zero 'teacher.layers (hidden-state terms) with strategy.zero is not built yet' \
+  "$loom" launch -n 2 "$recipe" steps=1 mesh.dp=2 batch.micro=4 strategy.zero=1 comm_timeout=20 "$hid"
+refuse bf16 'hidden-state terms are built for fp32 only' \
+  "$loom" run "$recipe" steps=1 precision=bf16 "$hid"
+echo "ok refused: student / teacher block out of range, attention, hidden without layers, hidden < 0, a cache, pp, zero, bf16"

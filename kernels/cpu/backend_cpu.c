@@ -127,6 +127,17 @@ static void cpu_round_to(float *dst, const float *src, size_t n, loom_dtype dt)
     (dt == LOOM_DTYPE_F16 ? loom_cpu_round_f16 : loom_cpu_round_bf16)(dst, src, n);
 }
 
+/* backend.h's 16-bit product: bf16 through gemm_bf16.c (fast mode, AVX512_BF16), fp16 as
+ * matmul_forward (the CPU has no fp16 dot product loom uses). */
+static void cpu_matmul_forward_dt(float *out, const float *inp, const float *weight,
+                                  const float *bias, int B, int T, int C, int OC, loom_dtype dt)
+{
+    if (dt == LOOM_DTYPE_BF16)
+        loom_cpu_matmul_forward_bf16(out, inp, weight, bias, B, T, C, OC);
+    else
+        loom_cpu_matmul_forward(out, inp, weight, bias, B, T, C, OC);
+}
+
 static const loom_backend_ops cpu_ops = {
     .size = sizeof(loom_backend_ops),
     .create = cpu_create,
@@ -147,6 +158,7 @@ static const loom_backend_ops cpu_ops = {
     .layernorm_backward = loom_cpu_layernorm_backward,
     .matmul_forward = loom_cpu_matmul_forward,
     .matmul_backward = loom_cpu_matmul_backward,
+    .matmul_forward_dt = cpu_matmul_forward_dt,
     .attention_forward = loom_cpu_attention_forward,
     .attention_backward = loom_cpu_attention_backward,
     .gelu_forward = loom_cpu_gelu_forward,

@@ -144,6 +144,13 @@ void loom_cpu_scale(float *x, float s, size_t n);
 int loom_cpu_gemm_bf16_available(void);
 int loom_cpu_gemm_bf16(int M, int N, int K, const float *A, int lda, const uint16_t *W,
                        int ldw, float *C, int ldc);
+/* the same with W fp32 holding bf16 values (narrowed exactly as packed) */
+int loom_cpu_gemm_bf16_f32w(int M, int N, int K, const float *A, int lda, const float *W,
+                            int ldw, float *C, int ldc);
+/* matmul_forward with inp and weight holding bf16 values: the product above in fast mode
+ * where available, else loom_cpu_matmul_forward (canonical mode: always) */
+void loom_cpu_matmul_forward_bf16(float *out, const float *inp, const float *weight,
+                                  const float *bias, int B, int T, int C, int OC);
 /* rows.c: a mixture-of-experts layer's row moves (plugin/backend.h: rows_gather ...) */
 void loom_cpu_rows_gather(float *out, const float *inp, const int *idx, const float *scale,
                           size_t n, int C);

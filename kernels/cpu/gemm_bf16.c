@@ -109,22 +109,31 @@ TARGET_BF16 static void pack_a(uint32_t *restrict dst, const float *A, int lda, 
 }
 
 /* Columns [j0, j0+nr) (rows of W) into one NR-wide sliver: dst[q * NR + c] = pair q of row
- * j0+c (columns past nr zero). */
-static void pack_w(uint32_t *restrict dst, const uint16_t *W, int ldw, int j0, int nr, int K)
+ * j0+c (columns past nr zero). W is bf16 bits, or (Wf, W NULL) fp32 holding bf16 values,
+ * narrowed here (exact for such values). */
+static void pack_w(uint32_t *restrict dst, const uint16_t *W, const float *Wf, int ldw, int j0,
+                   int nr, int K)
 {
-    const int kp = (K + 1) / 2, K2 = K & ~1;
+    const int kp = (K + 1) / 2;
     for (int c = 0; c < NR; c++) {
         if (c >= nr) {
             for (int q = 0; q < kp; q++)
                 dst[q * NR + c] = 0;
             continue;
         }
-        const uint16_t *w = W + (size_t)(j0 + c) * ldw;
-        int q = 0;
-        for (; 2 * q < K2; q++)
-            dst[q * NR + c] = (uint32_t)w[2 * q] | (uint32_t)w[2 * q + 1] << 16;
-        if (K & 1)
-            dst[q * NR + c] = w[K - 1];
+        const size_t row = (size_t)(j0 + c) * ldw;
+        for (int q = 0; q < kp; q++) {
+            const int k = 2 * q;
+            uint32_t lo, hi = 0;
+            if (W) {
+                lo = W[row + k];
+                hi = k + 1 < K ? W[row + k + 1] : 0;
+            } else {
+                lo = loom_cpu_bf16_from_f32(Wf[row + k]);
+                hi = k + 1 < K ? loom_cpu_bf16_from_f32(Wf[row + k + 1]) : 0;
+            }
+            dst[q * NR + c] = lo | hi << 16;
+        }
     }
 }
 
@@ -163,8 +172,8 @@ TARGET_BF16 static void micro(int kp, const uint32_t *restrict a, const uint32_t
         memcpy(c + (size_t)i * ldc, t[i], (size_t)n * sizeof(float));
 }
 
-int loom_cpu_gemm_bf16(int M, int N, int K, const float *A, int lda, const uint16_t *W,
-                       int ldw, float *C, int ldc)
+static int gemm(int M, int N, int K, const float *A, int lda, const uint16_t *W,
+                const float *Wf, int ldw, float *C, int ldc)
 {
     if (!loom_cpu_gemm_bf16_available())
         return -1;
@@ -187,7 +196,7 @@ int loom_cpu_gemm_bf16(int M, int N, int K, const float *A, int lda, const uint1
         }
 #pragma omp for schedule(static)
         for (int js = 0; js < n_js; js++)
-            pack_w(wp + (size_t)js * kp * NR, W, ldw, js * NR,
+            pack_w(wp + (size_t)js * kp * NR, W, Wf, ldw, js * NR,
                    N - js * NR < NR ? N - js * NR : NR, K);
         if (!failed) {
 #pragma omp for schedule(dynamic, 1)
@@ -207,7 +216,26 @@ int loom_cpu_gemm_bf16(int M, int N, int K, const float *A, int lda, const uint1
     return failed ? -1 : 0;
 }
 
+int loom_cpu_gemm_bf16(int M, int N, int K, const float *A, int lda, const uint16_t *W,
+                       int ldw, float *C, int ldc)
+{
+    return gemm(M, N, K, A, lda, W, NULL, ldw, C, ldc);
+}
+
+int loom_cpu_gemm_bf16_f32w(int M, int N, int K, const float *A, int lda, const float *W,
+                            int ldw, float *C, int ldc)
+{
+    return gemm(M, N, K, A, lda, NULL, W, ldw, C, ldc);
+}
+
 #else
+
+int loom_cpu_gemm_bf16_f32w(int M, int N, int K, const float *A, int lda, const float *W,
+                            int ldw, float *C, int ldc)
+{
+    (void)M, (void)N, (void)K, (void)A, (void)lda, (void)W, (void)ldw, (void)C, (void)ldc;
+    return -1;
+}
 
 int loom_cpu_gemm_bf16_available(void)
 {
@@ -222,3 +250,23 @@ int loom_cpu_gemm_bf16(int M, int N, int K, const float *A, int lda, const uint1
 }
 
 #endif
+
+/* backend.h's matmul_forward_dt for dt bf16: in fast mode go through vdpbf16ps where the
+ * CPU has it (the bits then differ from matmul_forward's in the last places: the header);
+ * canonical mode (loom_cpu_deterministic) and CPUs without it run matmul_forward,
+ * whose fixed order the canonical layouts rely on. */
+void loom_cpu_matmul_forward_bf16(float *out, const float *inp, const float *weight,
+                                  const float *bias, int B, int T, int C, int OC)
+{
+    const int BT = B * T;
+    if (loom_cpu_deterministic() ||
+        loom_cpu_gemm_bf16_f32w(BT, OC, C, inp, C, weight, C, out, OC) != 0) {
+        loom_cpu_matmul_forward(out, inp, weight, bias, B, T, C, OC);
+        return;
+    }
+    if (bias) /* out = acc + bias: one rounding, as sgemm's bias + acc */
+#pragma omp parallel for schedule(static) if ((size_t)BT * OC > LOOM_CPU_PAR_MIN)
+        for (int bt = 0; bt < BT; bt++)
+            for (int o = 0; o < OC; o++)
+                out[(size_t)bt * OC + o] += bias[o];
+}

@@ -8,7 +8,8 @@
  *   C: M x N fp32, leading dimension ldc; C = A W^T (beta 0: C is never read).
  *
  * Only where loom_cpu_gemm_bf16_available(): the CPU has AVX512_BF16 and the kernels run
- * at avx512 (LOOM_CPU_ISA=avx2/sse2 turns it off; an avx512 CPU without BF16 never has it).
+ * at avx512 (LOOM_CPU_ISA=avx2/sse2 turns it off; an avx512 CPU without BF16 never has it;
+ * LOOM_CPU_BF16DOT=0 turns it off alone, to compare with the widening path).
  * Elsewhere loom_cpu_gemm_bf16 returns -1 and writes nothing: callers keep their widening
  * path.
  *
@@ -48,7 +49,8 @@ static int has_bf16;
 static void detect(void)
 {
     __builtin_cpu_init();
-    has_bf16 = __builtin_cpu_supports("avx512bf16");
+    const char *off = getenv("LOOM_CPU_BF16DOT");
+    has_bf16 = __builtin_cpu_supports("avx512bf16") && !(off && strcmp(off, "0") == 0);
 }
 
 int loom_cpu_gemm_bf16_available(void)

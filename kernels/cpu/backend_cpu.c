@@ -138,6 +138,15 @@ static void cpu_matmul_forward_dt(float *out, const float *inp, const float *wei
         loom_cpu_matmul_forward(out, inp, weight, bias, B, T, C, OC);
 }
 
+/* backend.h's gemm_w16: bf16 in fast mode where the CPU has AVX512_BF16 (gemm_bf16.c). */
+static int cpu_gemm_w16(int M, int N, int K, const float *A, int lda, const void *W, int ldw,
+                        float *C, int ldc, loom_dtype dt)
+{
+    if (dt != LOOM_DTYPE_BF16 || loom_cpu_deterministic())
+        return -1;
+    return loom_cpu_gemm_bf16(M, N, K, A, lda, W, ldw, C, ldc);
+}
+
 static const loom_backend_ops cpu_ops = {
     .size = sizeof(loom_backend_ops),
     .create = cpu_create,
@@ -159,6 +168,7 @@ static const loom_backend_ops cpu_ops = {
     .matmul_forward = loom_cpu_matmul_forward,
     .matmul_backward = loom_cpu_matmul_backward,
     .matmul_forward_dt = cpu_matmul_forward_dt,
+    .gemm_w16 = cpu_gemm_w16,
     .attention_forward = loom_cpu_attention_forward,
     .attention_backward = loom_cpu_attention_backward,
     .gelu_forward = loom_cpu_gelu_forward,

@@ -13,11 +13,12 @@
  * Elsewhere loom_cpu_gemm_bf16 returns -1 and writes nothing: callers keep their widening
  * path.
  *
- * How: A is packed a block of MC rows at a time into 8-row slivers of k-pairs (32 bits: the
- * bf16 of a[i][2q] low, a[i][2q+1] high; an odd K's last pair is padded with +0), W into
- * 32-column slivers of the same pairs; the 8x32 micro-kernel keeps 16 zmm accumulators and
- * per pair broadcasts A's pair and issues one vdpbf16ps per accumulator. Threads take A
- * blocks; W is packed once per call, shared.
+ * How: A is packed whole into 8-row slivers of k-pairs (32 bits: the bf16 of a[i][2q] low,
+ * a[i][2q+1] high; an odd K's last pair is padded with +0), W a panel of NC rows at a time
+ * into 32-column slivers of the same pairs (so an LM head's pack stays NC K 2 bytes); the
+ * 8x32 micro-kernel keeps 16 zmm accumulators and per pair broadcasts A's pair and issues
+ * one vdpbf16ps per accumulator. Threads take MC-row blocks of each panel; the packs are
+ * shared.
  *
  * Numerics (why it differs in the last bits from widening + sgemm): each product of two bf16
  * values is exact in fp32, but vdpbf16ps adds the two products of a pair to the accumulator
@@ -36,7 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { MR = 8, NR = 32, MC = 128 };
+enum { MR = 8, NR = 32, MC = 128, NC = 2048 };
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -181,41 +182,40 @@ static int gemm(int M, int N, int K, const float *A, int lda, const uint16_t *W,
         return -1;
     if (M <= 0 || N <= 0)
         return 0;
-    const int kp = (K + 1) / 2, n_js = (N + NR - 1) / NR, n_ic = (M + MC - 1) / MC;
-    uint32_t *wp = keep(0, (size_t)n_js * kp * NR);
-    if (!wp)
+    const int kp = (K + 1) / 2, n_is = (M + MR - 1) / MR, n_ic = (M + MC - 1) / MC;
+    const int ncap = N < NC ? N : NC, n_jcap = (ncap + NR - 1) / NR;
+    uint32_t *ap = keep(0, (size_t)n_is * kp * MR), *wp = keep(1, (size_t)n_jcap * kp * NR);
+    if (!ap || !wp)
         return -1;
     const int nth = omp_in_parallel() || (double)M * N * K < 8.0 * LOOM_CPU_PAR_MIN
                         ? 1
                         : omp_get_max_threads();
-    int failed = 0;
 #pragma omp parallel num_threads(nth)
     {
-        uint32_t *ap = keep(1, (size_t)MC * kp);
-        if (!ap) {
-#pragma omp atomic write
-            failed = 1;
-        }
 #pragma omp for schedule(static)
-        for (int js = 0; js < n_js; js++)
-            pack_w(wp + (size_t)js * kp * NR, W, Wf, ldw, js * NR,
-                   N - js * NR < NR ? N - js * NR : NR, K);
-        if (!failed) {
+        for (int is = 0; is < n_is; is++)
+            pack_a(ap + (size_t)is * kp * MR, A, lda, is * MR,
+                   M - is * MR < MR ? M - is * MR : MR, K);
+        for (int jc = 0; jc < N; jc += NC) { /* a panel of W's rows (C's columns) */
+            const int nc = N - jc < NC ? N - jc : NC, n_js = (nc + NR - 1) / NR;
+#pragma omp for schedule(static)
+            for (int js = 0; js < n_js; js++)
+                pack_w(wp + (size_t)js * kp * NR, W, Wf, ldw, jc + js * NR,
+                       nc - js * NR < NR ? nc - js * NR : NR, K);
 #pragma omp for schedule(dynamic, 1)
             for (int ib = 0; ib < n_ic; ib++) {
                 const int i0 = ib * MC, mc = M - i0 < MC ? M - i0 : MC;
-                pack_a(ap, A, lda, i0, mc, K);
                 for (int js = 0; js < n_js; js++) {
-                    const int nr = N - js * NR < NR ? N - js * NR : NR;
+                    const int nr = nc - js * NR < NR ? nc - js * NR : NR;
                     for (int is = 0; is < mc; is += MR)
-                        micro(kp, ap + (size_t)is * kp, wp + (size_t)js * kp * NR,
-                              C + (size_t)(i0 + is) * ldc + js * NR, ldc,
+                        micro(kp, ap + (size_t)(i0 + is) * kp, wp + (size_t)js * kp * NR,
+                              C + (size_t)(i0 + is) * ldc + jc + js * NR, ldc,
                               mc - is < MR ? mc - is : MR, nr);
                 }
             }
         }
     }
-    return failed ? -1 : 0;
+    return 0;
 }
 
 int loom_cpu_gemm_bf16(int M, int N, int K, const float *A, int lda, const uint16_t *W,

@@ -1,5 +1,5 @@
 /* bench_bf16dot.c — the bf16 forward product two ways, at the small config's shapes
- * (BT = 1024 rows, C = 384; qkv, attention projection, MLP up and down):
+ * (BT = 1024 rows, C = 384; qkv, attention projection, MLP up and down, the LM head):
  *   widen+sgemm: the 16-bit weight widened into fp32, then loom_cpu_sgemm (OpenBLAS, or
  *                loom's own GEMM), what gpt_precision.c runs today;
  *   dpbf16:      gemm_bf16.c's vdpbf16ps kernel reading the 16-bit weight directly.
@@ -45,7 +45,7 @@ int main(int argc, char **argv)
                                ? "avx512_bf16 (vdpbf16ps)"
                                : "unavailable (no avx512_bf16, or isa below avx512)");
     static const int shapes[][3] = {{1024, 384, 1152}, {1024, 384, 384}, {1024, 384, 1536},
-                                    {1024, 1536, 384}};
+                                    {1024, 1536, 384}, {1024, 384, 50304}};
     int bad = 0;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int M = shapes[s][0], K = shapes[s][1], N = shapes[s][2];

@@ -48,7 +48,7 @@ START_TEST(against_double)
 {
     if (!loom_cpu_gemm_bf16_available())
         return;
-    static const int shapes[][3] = {{1, 1, 1}, {7, 33, 3}, {37, 65, 385}, {130, 96, 64},
+    static const int shapes[][3] = {{1, 1, 1}, {7, 33, 3}, {37, 65, 385}, {130, 96, 64}, {9, 4200, 40},
                                     {64, 40, 600}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         prob p = make(shapes[s][0], shapes[s][1], shapes[s][2], 11 + (uint32_t)s);

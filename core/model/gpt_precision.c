@@ -11,7 +11,13 @@
  * Widening is exact, so every kernel sees the values the fp32 compute copy held before
  * this file existed; the products are split only along output rows or columns (never
  * along the summed dimension), whose bits do not depend on the split (gemm.c's "Order of
- * operations"), so the losses are bitwise those of the fp32 compute copy.
+ * operations"), so the losses are bitwise those of the fp32 compute copy. (Except where a
+ * block's forward product goes through the backend's matmul_forward_dt, bf16 activations
+ * with bf16 weights: the CPU backend then runs vdpbf16ps in fast mode where the CPU has
+ * AVX512_BF16, kernels/cpu/gemm_bf16.c, packing the widened weight back to bf16, exactly;
+ * and the head's forward, which the backend's gemm_w16 then reads from the 16-bit copy
+ * directly, unbanded. Their bits differ from sgemm's in the last places; canonical mode
+ * keeps sgemm's.)
  * 16-bit activations (m->a16): what a kept block saves for backward (gpt_act16_sizes) is
  * stored in 16 bits after its forward and widened back before its backward; the block's
  * float pointers share one scratch set (gpt.c's lay_out_shared), so the fp32 bytes are one
@@ -232,6 +238,12 @@ void gpt_head_forward(loom_gpt *m, float *logits, const float *inp, int B, int T
         k->matmul_forward(logits, inp, m->p.head, NULL, B, T, C, Vl);
         return;
     }
+    /* bf16 activations and weights: the backend's product on the 16-bit head as stored,
+     * where it has one (the CPU's vdpbf16ps in fast mode; the header's exception) */
+    if (m->act_dt != LOOM_DTYPE_F32 && m->param_dt == m->act_dt &&
+        k->size > offsetof(loom_backend_ops, gemm_w16) && k->gemm_w16 &&
+        k->gemm_w16(R, Vl, C, inp, C, c16_at(m, m->head_off), C, logits, Vl, m->act_dt) == 0)
+        return;
     /* matmul_forward without bias is gemm(NT) with beta 0: here over bands of the output's
      * columns (the head's rows), each widened first */
     int rows = (int)(m->wide_cap / (size_t)C);

@@ -127,6 +127,26 @@ static void cpu_round_to(float *dst, const float *src, size_t n, loom_dtype dt)
     (dt == LOOM_DTYPE_F16 ? loom_cpu_round_f16 : loom_cpu_round_bf16)(dst, src, n);
 }
 
+/* backend.h's 16-bit product: bf16 through gemm_bf16.c (fast mode, AVX512_BF16), fp16 as
+ * matmul_forward (the CPU has no fp16 dot product loom uses). */
+static void cpu_matmul_forward_dt(float *out, const float *inp, const float *weight,
+                                  const float *bias, int B, int T, int C, int OC, loom_dtype dt)
+{
+    if (dt == LOOM_DTYPE_BF16)
+        loom_cpu_matmul_forward_bf16(out, inp, weight, bias, B, T, C, OC);
+    else
+        loom_cpu_matmul_forward(out, inp, weight, bias, B, T, C, OC);
+}
+
+/* backend.h's gemm_w16: bf16 in fast mode where the CPU has AVX512_BF16 (gemm_bf16.c). */
+static int cpu_gemm_w16(int M, int N, int K, const float *A, int lda, const void *W, int ldw,
+                        float *C, int ldc, loom_dtype dt)
+{
+    if (dt != LOOM_DTYPE_BF16 || loom_cpu_deterministic())
+        return -1;
+    return loom_cpu_gemm_bf16(M, N, K, A, lda, W, ldw, C, ldc);
+}
+
 static const loom_backend_ops cpu_ops = {
     .size = sizeof(loom_backend_ops),
     .create = cpu_create,
@@ -147,6 +167,8 @@ static const loom_backend_ops cpu_ops = {
     .layernorm_backward = loom_cpu_layernorm_backward,
     .matmul_forward = loom_cpu_matmul_forward,
     .matmul_backward = loom_cpu_matmul_backward,
+    .matmul_forward_dt = cpu_matmul_forward_dt,
+    .gemm_w16 = cpu_gemm_w16,
     .attention_forward = loom_cpu_attention_forward,
     .attention_backward = loom_cpu_attention_backward,
     .gelu_forward = loom_cpu_gelu_forward,

@@ -144,6 +144,19 @@ void loom_cpu_ce_finish(float *logits, float *losses, const float *row_max, cons
 double loom_cpu_sum_squares(const float *x, size_t rows, size_t cols, size_t stride);
 int loom_cpu_has_nonfinite(const float *x, size_t n);
 void loom_cpu_scale(float *x, float s, size_t n);
+/* gemm_bf16.c: C (M,N) = A (M,K, fp32 holding bf16 values) @ W^T (W: N,K bf16 bits) on
+ * AVX512_BF16's vdpbf16ps, fp32 accumulation; the file's header gives the order and how its
+ * bits differ from widening + sgemm. Returns -1 (C untouched) where unavailable. */
+int loom_cpu_gemm_bf16_available(void);
+int loom_cpu_gemm_bf16(int M, int N, int K, const float *A, int lda, const uint16_t *W,
+                       int ldw, float *C, int ldc);
+/* the same with W fp32 holding bf16 values (narrowed exactly as packed) */
+int loom_cpu_gemm_bf16_f32w(int M, int N, int K, const float *A, int lda, const float *W,
+                            int ldw, float *C, int ldc);
+/* matmul_forward with inp and weight holding bf16 values: the product above in fast mode
+ * where available, else loom_cpu_matmul_forward (canonical mode: always) */
+void loom_cpu_matmul_forward_bf16(float *out, const float *inp, const float *weight,
+                                  const float *bias, int B, int T, int C, int OC);
 /* rows.c: a mixture-of-experts layer's row moves (plugin/backend.h: rows_gather ...) */
 void loom_cpu_rows_gather(float *out, const float *inp, const int *idx, const float *scale,
                           size_t n, int C);

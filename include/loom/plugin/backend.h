@@ -250,6 +250,12 @@ typedef struct loom_backend_ops {
     void (*gemm_chunk_tree)(int transa, int transb, int M, int N, int chunks, int segs,
                             const int *start, const int *width, const float *A, int lda,
                             const float *B, int ldb, float *C, int ldc, float *const *levels);
+    /* Added for 16-bit weights read as stored (may be absent: check size, or NULL). C (M,N,
+     * leading dimension ldc) = A (M,K, lda, holding only dt values) @ W^T, W (N,K, ldw) the
+     * dt bits themselves; beta 0. Returns 0, or -1 (C untouched) where the backend has no
+     * such product for dt now (the CPU's: bf16 on AVX512_BF16 in fast mode): widen and gemm. */
+    int (*gemm_w16)(int M, int N, int K, const float *A, int lda, const void *W, int ldw,
+                    float *C, int ldc, loom_dtype dt);
 } loom_backend_ops;
 
 #ifdef __cplusplus

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # plan.sh LOOM — loom plan's predictions against runs of tests/e2e/recipes/plan_probe.lua
-# (4 blocks, dim 128, 4 x 64 tokens, 4 steps, threads = 1), on 12 layouts: one rank (no
+# (4 blocks, dim 128, 4 x 64 tokens, 4 steps, threads = 1), on 19 layouts: one rank (no
 # recomputation, full, selective, blocks {0, 2}), dp = 2 (zero 0, 1, 2, 3), tp = 2, pp = 2
 # (1f1b, zb1), tp = 2 with sequence parallelism, pp = 2 x dp = 2 with ZeRO-3 (4 ranks),
 # a mixture of experts (4 experts, top-2, every block) on one rank, at dp = 2 ep = 2 and

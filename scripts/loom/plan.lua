@@ -27,6 +27,8 @@ local function shape_of(t)
   local prec = t.precision
   if type(prec) == "table" then prec = prec[1] or prec.name end
   local off = st.offload and (st.offload.optimizer or st.offload) or nil
+  -- ZeRO-3's parameter partition in the same place as the state (docs/ZERO.md)
+  local off_params = type(st.offload) == "table" and st.offload.params == true
   local sched = pp > 1 and (t.schedule or "1f1b") or nil
   return {
     dp = dp, tp = tp, pp = pp, ep = ep, micro = t.batch.micro, seq = t.batch.seq, accum = accum,
@@ -34,7 +36,7 @@ local function shape_of(t)
     bucket_mb = (st.dp or {}).bucket_mb or 25, canonical = t.deterministic == "canonical",
     recompute = t.recompute or "none", sp = t.tp_sequence_parallel and tp > 1 or false,
     schedule = sched, chunks = t.pp_chunks or (sched == "interleaved" and 2 or 1),
-    pp_layers = t.pp_layers, offload = off, precision = prec or "fp32",
+    pp_layers = t.pp_layers, offload = off, offload_params = off_params and off ~= nil, precision = prec or "fp32",
     optimizer = type(t.optimizer) == "table" and (t.optimizer[1] or t.optimizer.name) or t.optimizer,
     threads = t.threads or 0,
   }
@@ -114,6 +116,25 @@ local function stage_memory(t, s, blocks, facts, r, opts)
   }
   local psi = fp.param_floats
   local part = s.zero > 0 and core.zero_padded(psi, s.dp) // s.dp or psi
+  -- ZeRO-1 under expert parallelism (core/train/zero_ep.c): the dense entries (D floats)
+  -- over dp, this rank's expert entries (X) over the expert-data-parallel group (dp / ep),
+  -- each padded to 16 x its group. X from the model's own table: the same footprint with
+  -- every expert here (ep = 1) holds (E - E/ep) more experts' floats.
+  local ep_split
+  if s.zero == 1 and s.ep > 1 and m.moe and m.moe.experts > 0 then
+    local fp1 = core.footprint {
+      vocab = m.vocab, vocab_padded = m.vocab_padded, ctx = m.ctx, layers = m.layers,
+      heads = m.heads, dim = m.dim, micro = s.micro, tp = s.tp, sequence_parallel = s.sp,
+      stage_layers = s.pp > 1 and blocks[r] or nil, family = m.family, kv_heads = m.kv_heads,
+      ffn_dim = m.ffn_dim, tie_embeddings = m.tie_embeddings, moe = m.moe, ep = 1,
+    }
+    local E, El = m.moe.experts, m.moe.experts // s.ep
+    local X = El * (fp1.param_floats - psi) // (E - El)
+    local D, edp = psi - X, s.dp // s.ep
+    ep_split = { D = D, X = X, edp = edp, dense_part = core.zero_padded(D, s.dp) // s.dp,
+      expert_part = core.zero_padded(X, edp) // edp }
+    part = ep_split.dense_part + ep_split.expert_part
+  end
   local slots = state_slots[s.optimizer] or 2
   local half = s.precision == "bf16" or s.precision == "fp16"
   local pb = half and 2 or F32 -- bytes per parameter / gradient / activation element
@@ -127,7 +148,17 @@ local function stage_memory(t, s, blocks, facts, r, opts)
   }
   -- ZeRO's staging (zero.c: the tail bucket, stage 3's second; stage 2 with accumulation:
   -- one receive slot per reduce-scatter in flight, at most 2 of one bucket's sub-block)
-  if s.zero > 0 then
+  if ep_split then
+    -- zero_ep.c's one staging buffer of a bucket: touched up to the largest packed range
+    -- gathered (an edp group of one gathers nothing)
+    local function touched(K, n)
+      if n < 2 then return 0 end
+      local unit = 16 * n
+      local want = math.max(unit, math.floor(s.bucket_mb * 1048576 / F32) // unit * unit)
+      return math.min(core.zero_padded(K, n), want)
+    end
+    mem.comm = mem.comm + math.max(touched(ep_split.D, s.dp), touched(ep_split.X, ep_split.edp)) * F32
+  elseif s.zero > 0 then
     local unit = 16 * s.dp
     mem.comm = mem.comm + unit * (s.zero == 3 and 2 or 1) * F32
     local bucket = math.max(unit, math.floor(s.bucket_mb * 1048576 / F32) // unit * unit)
@@ -168,16 +199,26 @@ local function stage_memory(t, s, blocks, facts, r, opts)
   if s.dp > 1 then -- grad_sync: the loss blocks; canonical mode's gathered gradients
     mem.comm = mem.comm + s.dp * 8 + (s.canonical and s.dp * psi * F32 or 0)
   end
+  mem.params_offloaded = 0
+  if s.offload_params and s.zero == 3 then
+    -- the partition lives in the offload (zero_params_store.c); each unit's gather reads
+    -- its sub-blocks into a staging buffer of the unit's partition size, unmapped after
+    local vp = m.vocab_padded or (m.vocab + 127) // 128 * 128
+    local unit_floats = math.max(12 * m.dim * m.dim // s.tp + 13 * m.dim, vp * m.dim // s.tp + m.ctx * m.dim)
+    mem.params_offloaded, mem.params = mem.params, 0
+    mem.comm = mem.comm + core.zero_padded(math.min(psi, unit_floats), s.dp) // s.dp * pb
+  end
   if s.offload == "disk" then
     local chunk = 64 * 1048576
     mem.optimizer_offloaded = mem.optimizer
-    mem.optimizer = math.min(mem.optimizer, 3 * chunk)
+    -- (3 chunk buffers; with the parameters offloaded each chunk carries them after the state)
+    mem.optimizer = math.min(mem.optimizer + mem.params_offloaded, 3 * chunk)
   elseif s.offload == "host" then
     mem.optimizer_offloaded, mem.optimizer = mem.optimizer, 0
   end
   mem.model_states = mem.params + mem.grads + mem.optimizer + mem.master
   mem.total = mem.model_states + mem.activations + mem.comm + mem.workspace + mem.transient
-  return mem, psi, fp
+  return mem, psi, fp, ep_split
 end
 
 -- Interpolate a measured rate over log(size): points {{size, rate}, ...} sorted by size.
@@ -263,6 +304,12 @@ local function stage_compute(t, s, r, list, head)
   local C, R, T, B = m.dim, s.micro * s.seq, s.seq, s.micro
   local Cl, Fl = C // s.tp, 4 * C // s.tp
   local vp = m.vocab_padded or (m.vocab + 127) // 128 * 128
+  -- llama blocks (core/model/gpt_llama.c): one fused (Cl + 2 KVl) x C product for q, k, v
+  -- (grouped-query attention), SwiGLU's fused gate-and-up (2 Fl x C) and down (Fl x C)
+  -- products, RMSNorm, rotary positions on q and k, no biases
+  local llama = m.family == "llama"
+  local KVl = llama and (m.kv_heads or m.heads) * (C // m.heads) // s.tp or Cl
+  local FFl = llama and (m.ffn_dim or 4 * C) // s.tp or Fl
   local f, b, w, flops = 0, 0, 0, 0
   local function gemm(Mx, K, N, times)
     local tf, ff = gemm_s(r, Mx, K, N, false)
@@ -273,17 +320,21 @@ local function stage_compute(t, s, r, list, head)
   local blk_f, moe_blocks = 0, 0
   for _, l in ipairs(list) do
     local f0 = f
-    gemm(R, C, 3 * Cl); gemm(R, Cl, C)
+    if llama then gemm(R, C, Cl + 2 * KVl) else gemm(R, C, 3 * Cl) end
+    gemm(R, Cl, C)
     local mlp_rows, moe_f = R, 0
     if is_moe_block(m, l) then
       moe_blocks = moe_blocks + 1
       local kept, El, rows_e = moe_rows(m.moe, R, s.ep)
       local fm = f
       gemm(R, C, m.moe.experts) -- the router (replicated)
-      gemm(rows_e, C, Fl, El); gemm(rows_e, Fl, C, El)
+      if llama then gemm(rows_e, C, 2 * FFl, El); gemm(rows_e, FFl, C, El)
+      else gemm(rows_e, C, Fl, El); gemm(rows_e, Fl, C, El) end
       local rows_b = F32 * C * (2 * m.moe.top_k * R + 3 * kept) -- gather, gate and add back
       f, b = f + rows_b / r.bandwidth, b + 2 * rows_b / r.bandwidth
       mlp_rows, moe_f = kept, f - fm -- (a recomputed MoE block keeps its expert work)
+    elseif llama then
+      gemm(R, C, 2 * FFl); gemm(R, FFl, C)
     else
       gemm(R, C, Fl); gemm(R, Fl, C)
     end
@@ -295,7 +346,18 @@ local function stage_compute(t, s, r, list, head)
     -- the residuals and bias adds as bytes read + written at the memory bandwidth
     local pe = r.per_element
     local ew = F32 * R * (2 * 3 * C + 2 * (3 * Cl + Fl + 2 * C))
-    if pe then
+    if llama then
+      -- SwiGLU's silu x up over Fl (at GELU's measured cost per element: both a
+      -- transcendental and a few flops), RMSNorm at layernorm's, rotary positions on q and
+      -- k and the residuals as bytes (no bias adds)
+      ew = F32 * R * (2 * 3 * C + 2 * 2 * (Cl + KVl))
+      if pe then
+        f = f + mlp_rows * FFl * pe.gelu_fwd + 2 * R * C * pe.layernorm_fwd
+        b = b + mlp_rows * FFl * pe.gelu_bwd + 2 * R * C * pe.layernorm_bwd
+      else
+        ew = ew + F32 * R * (2 * 2 * C) + F32 * mlp_rows * 3 * FFl
+      end
+    elseif pe then
       f = f + mlp_rows * Fl * pe.gelu_fwd + 2 * R * C * pe.layernorm_fwd
       b = b + mlp_rows * Fl * pe.gelu_bwd + 2 * R * C * pe.layernorm_bwd
     else
@@ -315,7 +377,7 @@ local function stage_compute(t, s, r, list, head)
   if s.recompute == "full" then extra = blk_f
   elseif type(s.recompute) == "table" then extra = blk_f * #s.recompute / math.max(1, t.model.layers)
   elseif s.recompute == "selective" then
-    local g = r.per_element and R * Fl * r.per_element.gelu_fwd or F32 * R * 2 * Fl / r.bandwidth
+    local g = r.per_element and R * FFl * r.per_element.gelu_fwd or F32 * R * 2 * FFl / r.bandwidth
     for _ = 1, nb do extra = extra + attention_s(r, B, T, Cl, false) + g end
   end
   return { fwd = f, bwd_input = b + extra, bwd_weight = w, flops = flops, moe_blocks = moe_blocks }
@@ -400,9 +462,9 @@ function plan.layout(t, machine, opts)
   else
     pipe_s = s.accum * (slow.fwd + slow.bwd_input + slow.bwd_weight)
   end
-  local worst = nil
+  local worst, ep_split = nil, {}
   for k = 1, s.pp do
-    mem[k], psi[k] = stage_memory(t, s, blocks, facts, k,
+    mem[k], psi[k], _, ep_split[k] = stage_memory(t, s, blocks, facts, k,
       { staging_bytes = (machine.links.intra or {}).staging_bytes_per_rank })
     if not worst or mem[k].total > mem[worst].total then worst = k end
   end
@@ -418,11 +480,23 @@ function plan.layout(t, machine, opts)
       local pages = psi[k] * eb // pf.page
       if not s.canonical then x, n = pages * pf.accumulate_s, 2 * pages end
       if s.zero == 3 then x, n = x + 2 * pages * pf.write_s, n + 2 * pages end
+      if s.zero == 3 and s.offload_params then
+        -- each gather's staging of the unit's partition is mapped and unmapped again: its
+        -- pages are written fresh on both passes, after a copy out of the offload (host:
+        -- at the memory bandwidth; disk: the file's pages as host memory, page cache)
+        local part_b = core.zero_padded(psi[k], s.dp) // s.dp * eb
+        local part_pages = part_b // pf.page
+        x, n = x + 2 * part_pages * pf.write_s + 2 * 2 * part_b / r.bandwidth, n + 2 * part_pages
+      end
     end
     refault[k], faults[k] = s.accum * x * share, s.accum * n
   end
   local refault_s = 0
   for k = 1, s.pp do refault_s = math.max(refault_s, refault[k]) end
+  if s.offload_params then
+    assume(string.format("ZeRO-3 parameters in the %s offload: each gather copies its unit's partition out (memory bandwidth%s) into fresh pages",
+      s.offload, s.offload == "disk" and "; the file assumed in the page cache, no disk bandwidth in the profiles" or ""))
+  end
   if refault_s > 0 then
     assume(string.format("ZeRO-%d returns pages to the OS and faults them back every micro-batch: %.3g us a page (gradient), %.3g us (gather), measured",
       s.zero, pf.accumulate_s * 1e6, pf.write_s * 1e6))
@@ -432,7 +506,8 @@ function plan.layout(t, machine, opts)
   local eb2 = s.precision == "fp32" and F32 or 2
   local experts_here = 0 -- under ep: this rank's expert floats, reduced over edp, not dp
   if s.ep > 1 and m.moe then
-    experts_here = comp[worst].moe_blocks * (m.moe.experts // s.ep) * (8 * m.dim * m.dim // s.tp + 4 * m.dim // s.tp + m.dim)
+    experts_here = ep_split[worst] and ep_split[worst].X -- (exact: the table's)
+      or comp[worst].moe_blocks * (m.moe.experts // s.ep) * (8 * m.dim * m.dim // s.tp + 4 * m.dim // s.tp + m.dim)
   end
   local gb = (P - experts_here) * eb2
   local dp_link = link_of(s.dp, s.tp, per_node) -- ranks: tp fastest, then dp, then pp (dist.c)
@@ -445,7 +520,10 @@ function plan.layout(t, machine, opts)
     if s.zero == 3 then add("allgather", "dp", 2 * s.accum * coll_s(machine, "allgather", gb, s.dp, dp_link), 2 * s.accum) end
   end
   if experts_here > 0 and s.dp // s.ep > 1 then
-    add("allreduce", "edp", coll_s(machine, "allreduce", experts_here * eb2, s.dp // s.ep, link_of(s.dp // s.ep, s.tp * s.ep, per_node)), 1)
+    local edp_link = link_of(s.dp // s.ep, s.tp * s.ep, per_node)
+    add("allreduce", "edp", coll_s(machine, "allreduce", experts_here * eb2, s.dp // s.ep, edp_link), 1)
+    -- ZeRO-1 under ep: the experts' stepped partitions gathered back over edp (zero_ep.c)
+    if s.zero == 1 then add("allgather", "edp", coll_s(machine, "allgather", experts_here * eb2, s.dp // s.ep, edp_link), 1) end
   end
   local tp_total, ep_total, x_total = 0, 0, 0
   for k = 1, s.pp do
@@ -467,7 +545,8 @@ function plan.layout(t, machine, opts)
   -- optimizer: AdamW reads p, g, m, v and writes p, m, v (28 bytes per element stepped),
   -- the norm reads g, zero_grad writes it (a profile's measured grad_pass: the norm, the
   -- non-finite check and zeroing, over the partition from stage 2 on, zero_reduce.c)
-  local stepped = s.zero >= 1 and core.zero_padded(P, s.dp) // s.dp or P
+  local stepped = ep_split[worst] and ep_split[worst].dense_part + ep_split[worst].expert_part
+    or s.zero >= 1 and core.zero_padded(P, s.dp) // s.dp or P
   local adam = r.per_element and r.per_element.adamw
   local gpass = r.per_element and r.per_element.grad_pass -- the norm, the non-finite check, zeroing
   local opt_s = ((adam and adam * stepped or 28 * stepped / r.bandwidth) + (gpass and gpass * (s.zero >= 2 and stepped or P) or 8 * P / r.bandwidth)) * share
@@ -486,7 +565,7 @@ function plan.layout(t, machine, opts)
     assume(s.precision .. ": modelled from dtypes (2-byte parameters, gradients and activations, fp32 master and state) — a model, not a measurement of loom's " .. s.precision .. " path")
   end
   if m.family == "llama" then
-    assume("llama blocks: memory from the model's own llama table and layout; time as GPT-2 blocks of the same width (SwiGLU, grouped-query attention and RoPE not costed apart)")
+    assume("llama blocks: memory from the model's own llama table and layout; time: the fused qkv product at kv_heads' width, SwiGLU's gate-and-up and down products at ffn_dim, SwiGLU's element-wise step at GELU's measured cost per element and RMSNorm at layernorm's (not calibrated apart), rotary positions as bytes")
   end
   if m.moe and m.moe.experts > 0 then
     local kept = moe_rows(m.moe, s.micro * s.seq, s.ep)
@@ -511,12 +590,14 @@ function plan.layout(t, machine, opts)
   local runtime = machine.runtime_bytes or machine.device.runtime_bytes or 0
   local rss_stage = {}
   for k = 1, s.pp do
-    rss_stage[k] = mem[k].total + runtime + (s.offload == "host" and mem[k].optimizer_offloaded or 0)
+    rss_stage[k] = mem[k].total + runtime
+      + (s.offload == "host" and mem[k].optimizer_offloaded + mem[k].params_offloaded or 0)
   end
   return {
     rss_stage = rss_stage,
     layout = { dp = s.dp, tp = s.tp, pp = s.pp, ep = s.ep, zero = s.zero, micro = s.micro, accum = s.accum,
       schedule = s.schedule, chunks = s.chunks, recompute = s.recompute, offload = s.offload,
+      offload_params = s.offload_params and s.zero == 3 or nil,
       sp = s.sp, precision = s.precision },
     memory = mem, peak_stage = worst, peak_bytes = mem[worst].total,
     rss = rss_stage[worst],

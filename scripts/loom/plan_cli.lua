@@ -71,7 +71,7 @@ local function layout_text(l)
   elseif l.accum > 1 then parts[#parts + 1] = string.format("accum %d", l.accum) end
   local rc = type(l.recompute) == "table" and ("blocks {" .. table.concat(l.recompute, ",") .. "}") or l.recompute
   if rc ~= "none" then parts[#parts + 1] = "recompute " .. rc end
-  if l.offload then parts[#parts + 1] = "offload " .. l.offload end
+  if l.offload then parts[#parts + 1] = "offload " .. l.offload .. (l.offload_params and "+params" or "") end
   if l.sp then parts[#parts + 1] = "sp" end
   parts[#parts + 1] = l.precision
   return table.concat(parts, " ")
@@ -91,7 +91,7 @@ function cli.report(p, out)
     { "master weights", "master" }, { "activations", "activations" },
     { "communication buffers", "comm" }, { "workspace", "workspace" },
     { "zero transient", "transient" }, { "(optimizer offloaded)", "optimizer_offloaded" },
-    { "total", "total" },
+    { "(params offloaded)", "params_offloaded" }, { "total", "total" },
   }
   for _, row in ipairs(rows) do
     local any = false
@@ -103,7 +103,7 @@ function cli.report(p, out)
     end
   end
   out(string.format("  peak RSS predicted: %s (largest rank %s + runtime %s)", human_bytes(p.rss),
-    human_bytes(p.peak_bytes), human_bytes(p.rss - p.peak_bytes - (p.layout.offload == "host" and p.memory[p.peak_stage].optimizer_offloaded or 0))))
+    human_bytes(p.peak_bytes), human_bytes(p.rss - p.peak_bytes - (p.layout.offload == "host" and p.memory[p.peak_stage].optimizer_offloaded + p.memory[p.peak_stage].params_offloaded or 0))))
   local t = p.time
   out(string.format("step time: %s", ms(t.step_s)))
   out(string.format("  %-24s %s", "compute", ms(t.compute_s)))

@@ -11,8 +11,10 @@
 -- unless the job is one node); rules = {tp_in_node = false, pp_across_nodes = false} lift them.
 -- Micro-batch sizes tried: the powers of two up to opts.max_micro (8) that divide the batch;
 -- offload only where the layout does not fit without it (it never makes a step faster).
--- A mixture of experts: every ep dividing dp and the experts (docs/MOE.md: ep without
--- ZeRO, offload or pp; MoE under pp not with zb1).
+-- A mixture of experts: every ep dividing dp and the experts (docs/MOE.md: ep with ZeRO-1
+-- only, core/train/zero_ep.c; not with offload or, here, pp; MoE under pp not with zb1).
+-- ZeRO-3's parameters offloaded beside the state (docs/ZERO.md) only where the layout does
+-- not fit with the state alone offloaded.
 -- With tp > 1, sequence parallelism on and off (not with zb1: loom refuses that pair;
 -- only where micro x seq splits over tp). ZeRO-3 with pp too (zero_pp.sh trains it;
 -- plan.sh holds its plan to a run).
@@ -69,12 +71,18 @@ function search.run(t, machine, opts)
             if not (pp > 1 and (m.layers < pp * chunks or mbs < (sched == "interleaved" and pp or 1))) then
               for _, ep in ipairs(moe and divisors(dp) or { 1 }) do
               for _, z in ipairs(zeros) do
-                if not (z > 0 and dp == 1) and not (moe and (moe.experts % ep ~= 0 or (ep > 1 and (z > 0 or pp > 1))
+                if not (z > 0 and dp == 1) and not (moe and (moe.experts % ep ~= 0 or (ep > 1 and (z > 1 or pp > 1))
                   or (pp > 1 and sched == "zb1"))) then
                   for _, rc in ipairs(recomputes) do for _, sp in ipairs(tp > 1 and sps or { false }) do
                     if not (sched == "zb1" and (rc == "full" or sp)) and not (sp and (micro * t.batch.seq) % tp ~= 0) then
-                      local fit_without = false
-                      for _, off in ipairs(offloads) do if not (off and (fit_without or ep > 1)) then
+                      local fit_without, fit_state_off = false, false
+                      local variants = {}
+                      for _, off in ipairs(offloads) do
+                        variants[#variants + 1] = { off, false }
+                        if off and z == 3 then variants[#variants + 1] = { off, true } end
+                      end
+                      for _, v in ipairs(variants) do local off, offp = v[1], v[2]
+                      if not (off and (fit_without or ep > 1)) and not (offp and fit_state_off) then
                         local r = copy(t)
                         r.mesh = { dp = dp, tp = tp, pp = pp, ep = ep > 1 and ep or nil }
                         r.batch = { micro = micro, seq = t.batch.seq, global = global }
@@ -84,23 +92,31 @@ function search.run(t, machine, opts)
                         r.pp_layers = nil
                         r.recompute = rc
                         r.tp_sequence_parallel = sp
-                        r.strategy = { zero = z, offload = off and { optimizer = off } or nil }
+                        r.strategy = { zero = z, offload = off and { optimizer = off, params = offp or nil } or nil }
                         r.precision = precision
                         tried = tried + 1
                         -- a layout the schedule plugin refuses (its shape rules) is skipped
                         local ok, p = pcall(plan.layout, r, machine, { devices_per_node = G })
                         if not ok then refused = refused + 1; p = nil end
                         local need = p and p.rss -- the largest rank, the runtime's own bytes included
+                        -- (a device with its own memory beside the host's, a profile with a
+                        -- host_link: what is offloaded to the host is not on the device)
+                        if p and off == "host" and machine.host_link then
+                          local pm = p.memory[p.peak_stage]
+                          need = need - pm.optimizer_offloaded - pm.params_offloaded
+                        end
                         if p and off == "host" then -- the step's state goes over the host link both ways
-                          local bytes = p.memory[p.peak_stage].optimizer_offloaded
+                          local pm = p.memory[p.peak_stage]
                           local link = machine.host_link or { busbw = 25e9 }
-                          p.time.offload_s = 2 * bytes / link.busbw
+                          -- (offloaded parameters: also read out for each unit's two gathers a micro-batch)
+                          p.time.offload_s = (2 * pm.optimizer_offloaded + (2 + 2 * p.layout.accum) * pm.params_offloaded) / link.busbw
                           p.time.step_s = p.time.step_s + p.time.offload_s
                           p.tokens_per_s = p.tokens_per_step / p.time.step_s
                           if p.mfu then p.mfu = p.flops_per_token * p.tokens_per_step / p.time.step_s / (machine.device.peak_flops[precision] * N) end
                         end
                         if p and need <= opts.mem then
                           fit_without = fit_without or not off
+                          fit_state_off = fit_state_off or (off and not offp)
                           fits = fits + 1
                           p.need_bytes = need
                           rows[#rows + 1] = p

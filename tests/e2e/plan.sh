@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # plan.sh LOOM — loom plan's predictions against runs of tests/e2e/recipes/plan_probe.lua
-# (4 blocks, dim 128, 4 x 64 tokens, 4 steps, threads = 1), on 12 layouts: one rank (no
+# (4 blocks, dim 128, 4 x 64 tokens, 4 steps, threads = 1), on 19 layouts: one rank (no
 # recomputation, full, selective, blocks {0, 2}), dp = 2 (zero 0, 1, 2, 3), tp = 2, pp = 2
-# (1f1b, zb1), tp = 2 with sequence parallelism, pp = 2 x dp = 2 with ZeRO-3 (4 ranks), and
-# a mixture of experts (4 experts, top-2, every block) on one rank and at dp = 2 ep = 2:
+# (1f1b, zb1), tp = 2 with sequence parallelism, pp = 2 x dp = 2 with ZeRO-3 (4 ranks),
+# a mixture of experts (4 experts, top-2, every block) on one rank, at dp = 2 ep = 2 and
+# with ZeRO-1 there (zero_ep.c), dp = 2 ZeRO-3 with its parameters offloaded (host pool,
+# disk file), and a llama model (grouped-query attention, SwiGLU at ffn_dim 256):
 #  - model states (params, grads, optimizer) and activations of every rank: exactly the
 #    session's own accounting (its MEM line);
 #  - peak RSS of every rank (VmHWM) within 10% of the plan's;
@@ -18,6 +20,7 @@
 #  - the search over a small grid of 2-rank layouts (dp, tp, pp x recompute none/full)
 #    returns the layout measured fastest here (by CPU time per token), or one measured
 #    within 5% of it;
+#  - the search prices dp = 2 ep = 2 ZeRO-1 as its run measured (states exactly);
 #  - the after-run line and the run directory's plan.jsonl; docs/PLAN.md's 13B examples and
 #    the 175B layout (the 175B search takes minutes: not here); bad input refused.
 set -euo pipefail
@@ -65,7 +68,13 @@ layouts=(
   "4|mesh.pp=2 mesh.dp=2 strategy.zero=3 microbatches=4"
   "1|model.moe.experts=4"
   "2|mesh.dp=2 mesh.ep=2 model.moe.experts=4"
+  "2|mesh.dp=2 mesh.ep=2 model.moe.experts=4 strategy.zero=1"
+  "2|mesh.dp=2 strategy.zero=3 strategy.offload.optimizer=host strategy.offload.params=true"
+  "2|mesh.dp=2 strategy.zero=3 strategy.offload.optimizer=disk strategy.offload.path=$tmp/off strategy.offload.params=true"
+  "1|model.family=llama model.kv_heads=2 model.ffn_dim=256"
 )
+mkdir -p "$tmp/off"
+ep_zero1_mem="" # the ep = 2 zero = 1 run's MEM line of rank 0, for the search's row below
 declare -A cpu_of
 i=0
 for l in "${layouts[@]}"; do
@@ -109,6 +118,7 @@ for l in "${layouts[@]}"; do
     awk -v m="$flt" -v p="$pflt" 'BEGIN { d = m - p; exit !((d < 0 ? -d : d) <= 0.1 * p + 64) }' \
       || { echo "FAIL: $args rank $r: $flt page faults per step, the plan counts $pflt"; fail=1; }
     cpu_of["$args|$r"]=$cpu
+    [ "$args" != "mesh.dp=2 mesh.ep=2 model.moe.experts=4 strategy.zero=1" ] || [ "$r" != 0 ] || ep_zero1_mem=$mem
   done
 done
 [ -s "$tmp/run1/plan.jsonl" ] && grep -q '"rss_error"' "$tmp/run1/plan.jsonl" \
@@ -164,6 +174,26 @@ if [ "$best_pred" != "$best_meas" ] && [ "$timed" = 1 ]; then
   below "$(awk -v a="$pred_ms" -v b="$best_ms" 'BEGIN { print a / b - 1 }')" 0.05 \
     || { echo "FAIL: the search's best layout is not the measured best (nor within 5% of it)"; fail=1; }
 fi
+
+# The search tries ZeRO-1 under expert parallelism (core/train/zero_ep.c) and prices its
+# memory as the run above measured it: the dp = 2 ep = 2 zero = 1 row's states exactly.
+cat > "$tmp/search_ep.lua" <<EOF
+local cli = require "loom.plan_cli"
+local t = cli.capture("$probe", { { "model.moe.experts", "4" }, { "batch.global", "8" } })
+local res = require("loom.plan_search").run(t, cli.machine(os.getenv("LOOM_MACHINE")),
+  { world = 2, devices_per_node = 2, mem = 1 << 30, recompute = { "none" }, schedules = { "1f1b" },
+    offload = { false }, sp = { false }, top = 1000 })
+for _, p in ipairs(res.ranked) do
+  local l, m = p.layout, p.memory[1]
+  if l.dp == 2 and l.ep == 2 and l.zero == 1 and l.micro == 4 then
+    print(string.format("SEARCHED %d %d %d %d", m.params, m.grads, m.optimizer, m.activations))
+  end
+end
+EOF
+"$loom" run "$tmp/search_ep.lua" > "$tmp/search_ep.txt"
+read -r _ _ ep_p ep_g ep_o _ ep_a _ <<< "$ep_zero1_mem"
+grep -qx "SEARCHED $ep_p $ep_g $ep_o $ep_a" "$tmp/search_ep.txt" \
+  || { echo "FAIL: the search's dp=2 ep=2 zero=1 row is not the run's memory ($ep_zero1_mem)"; cat "$tmp/search_ep.txt"; fail=1; }
 
 # docs/PLAN.md's worked examples: the commands run and give the figures the doc quotes.
 recipes=$here/../../scripts/recipes

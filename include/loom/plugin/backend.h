@@ -250,6 +250,13 @@ typedef struct loom_backend_ops {
     void (*gemm_chunk_tree)(int transa, int transb, int M, int N, int chunks, int segs,
                             const int *start, const int *width, const float *A, int lda,
                             const float *B, int ldb, float *C, int ldc, float *const *levels);
+    /* Added for distillation's attention terms (may be absent: check size, or NULL: those
+     * terms are refused on the backend). attention_backward with datt_extra (B,NH,T,T), a
+     * further gradient of the probabilities att, added to dout's datt = dO V^T before the
+     * softmax backward; entries above the diagonal meet att = 0 and change nothing. */
+    void (*attention_backward_datt)(float *dqkv, float *scratch, const float *dout,
+                                    const float *qkv, const float *att, const float *datt_extra,
+                                    int B, int T, int C, int NH);
 } loom_backend_ops;
 
 #ifdef __cplusplus

@@ -42,6 +42,13 @@ loom_status loom_gpt_set_distill_step(loom_gpt *m, const int *targets, size_t ro
                                       const float *teacher_rows, size_t t_stride, float T,
                                       float alpha);
 
+/* The attention-probability term (gpt_distill_attn.c): for mapped blocks with equal head
+ * counts, ps, pt (B,NH,T,T) the student's and teacher's probabilities; loss (B*T rows)
+ * row (b,t) += gamma/NH sum_h sum_j (ps - pt)^2; dp (B,NH,T,T; may be NULL) =
+ * scale * d row / d ps (for attention_backward_datt). */
+void loom_kd_attention_rows(const float *ps, const float *pt, int B, int NH, int T, float gamma,
+                            float scale, double *loss, float *dp);
+
 /* Hidden-state terms (gpt_distill_hidden.c): per student block l with a projection
  * (loom_gpt_config.kd_proj_layers), the loss row r adds beta/Ct |W_l h_s,r - h_t,r|^2 (an
  * MSE over the Ct = kd_proj_dim teacher columns; its mean over rows is beta MSE), h the

@@ -119,9 +119,12 @@ void loom_cpu_attention_forward(float *out, float *att, const float *qkv, int B,
     loom_cpu_attention_gqa_forward(out, att, qkv, B, T, C, NH, NH);
 }
 
-void loom_cpu_attention_gqa_backward(float *dqkv, float *scratch, const float *dout,
-                                     const float *qkv, const float *att, int B, int T, int C,
-                                     int NH, int KVH)
+/* The backward of attention_gqa_backward; datt_extra (B,NH,T,T; NULL: none) is a further
+ * gradient of the probabilities, added to dO V^T before the softmax backward (distillation's
+ * attention terms). NULL makes exactly the calls the plain backward always made. */
+static void attention_backward_impl(float *dqkv, float *scratch, const float *dout,
+                                    const float *qkv, const float *att, const float *datt_extra,
+                                    int B, int T, int C, int NH, int KVH)
 {
     /* dqkv (B,T,C+2KC) =, scratch (2,B,NH,T,T), dout (B,T,C), qkv (B,T,C+2KC),
      * att (B,NH,T,T) */
@@ -154,6 +157,12 @@ void loom_cpu_attention_gqa_backward(float *dqkv, float *scratch, const float *d
                 /* dV[0:r1] (+)= att[r0:r1, 0:r1]^T dO[r0:r1];  datt = dO[r0:r1] V[0:r1]^T */
                 loom_cpu_sgemm(1, 0, r1, hs, nr, 1.0f, ab, T, dOb, C, beta, dv, W);
                 loom_cpu_sgemm(0, 1, nr, r1, hs, 1.0f, dOb, C, v, W, 0.0f, db, T);
+                if (datt_extra) {
+                    const float *xb = datt_extra + (size_t)bh * T * T + (size_t)r0 * T;
+                    for (int i = 0; i < nr; i++)
+                        for (int j = 0; j < r1; j++)
+                            db[(size_t)i * T + j] += xb[(size_t)i * T + j];
+                }
                 for (int i = 0; i < nr; i++)
                     softmax_backward_row(pb + (size_t)i * T, ab + (size_t)i * T,
                                          db + (size_t)i * T, r1);
@@ -163,6 +172,20 @@ void loom_cpu_attention_gqa_backward(float *dqkv, float *scratch, const float *d
             }
         }
     }
+}
+
+void loom_cpu_attention_gqa_backward(float *dqkv, float *scratch, const float *dout,
+                                     const float *qkv, const float *att, int B, int T, int C,
+                                     int NH, int KVH)
+{
+    attention_backward_impl(dqkv, scratch, dout, qkv, att, NULL, B, T, C, NH, KVH);
+}
+
+void loom_cpu_attention_backward_datt(float *dqkv, float *scratch, const float *dout,
+                                      const float *qkv, const float *att,
+                                      const float *datt_extra, int B, int T, int C, int NH)
+{
+    attention_backward_impl(dqkv, scratch, dout, qkv, att, datt_extra, B, T, C, NH, NH);
 }
 
 void loom_cpu_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,

@@ -103,6 +103,11 @@ void loom_cpu_attention_decode(float *out, float *att, size_t att_stride, const 
 /* attention.c, attention_decode.c: grouped-query attention (KVH kv heads; backend.h) */
 void loom_cpu_attention_gqa_forward(float *out, float *att, const float *qkv, int B, int T,
                                     int C, int NH, int KVH);
+/* attention_backward plus datt_extra (B,NH,T,T), a gradient of the probabilities added
+ * before the softmax backward (backend.h's attention_backward_datt). */
+void loom_cpu_attention_backward_datt(float *dqkv, float *scratch, const float *dout,
+                                      const float *qkv, const float *att,
+                                      const float *datt_extra, int B, int T, int C, int NH);
 void loom_cpu_attention_gqa_backward(float *dqkv, float *scratch, const float *dout,
                                      const float *qkv, const float *att, int B, int T, int C,
                                      int NH, int KVH);

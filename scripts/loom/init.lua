@@ -315,8 +315,9 @@ local checkpoint_model -- below: a teacher checkpoint's manifest model
 local function resolve_teacher(t, where, student)
   schema.check(t, teacher_spec, "teacher", where)
   if t.attention then
-    schema.fail(where, "teacher.attention is not built yet (attention-probability MSE); the "
-      .. "hidden-state terms (teacher.layers) and the term on the logits are: leave it out")
+    schema.fail(where, "teacher.attention is not built yet (attention-probability MSE: its "
+      .. "term and the backend's attention_backward_datt exist, the model does not call them "
+      .. "yet); the hidden-state terms (teacher.layers) and the term on the logits are: leave it out")
   end
   if t.hidden and not t.layers then
     schema.fail(where, "teacher.hidden weighs the hidden-state terms: give teacher.layers = { [student_block] = teacher_block } too")

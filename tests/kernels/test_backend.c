@@ -83,6 +83,10 @@ START_TEST(test_descriptor)
                        * attention (the CUDA backend's) */
         ck_assert_msg(fn != NULL, "ops member at offset %zu is NULL", off);
     }
+    /* optional in backend.h, but the CPU reference fills it: distillation's attention
+     * terms are refused on a backend without it */
+    ck_assert_uint_gt(ops->size, offsetof(loom_backend_ops, attention_backward_datt));
+    ck_assert_ptr_nonnull(ops->attention_backward_datt);
     /* hidden: the kernels are not exported */
     ck_assert_ptr_null(dlsym(h, "loom_cpu_sgemm"));
     ck_assert_ptr_null(dlsym(h, "loom_cpu_matmul_forward"));

@@ -17,12 +17,14 @@
  */
 #include <check.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "base/backend.h"
+#include "loom/plugin/backend.h"
 #include "base/status.h"
 #include "model/gpt.h"
 #include "model/gpt_distill.h"
@@ -347,6 +349,108 @@ START_TEST(test_cache)
 }
 END_TEST
 
+/* --- the attention-probability term (loom_kd_attention_rows, attention_backward_datt) --- */
+
+enum { AB = 2, AT = 5, AC = 8, AH = 2 };
+
+static void attn_qkv(float *qkv, unsigned seed)
+{
+    for (int i = 0; i < AB * AT * 3 * AC; i++) {
+        seed = seed * 1103515245u + 12345u;
+        qkv[i] = ((float)((seed >> 9) & 0xffff) / 65536.0f - 0.5f) * 2.0f;
+    }
+}
+
+/* L = sum(out * dout) + the term, in double where the test computes it */
+static double attn_loss(const float *qkv, const float *pt, const float *dout, float gamma)
+{
+    static float out[AB * AT * AC], att[AB * AH * AT * AT];
+    be.ops->attention_forward(out, att, qkv, AB, AT, AC, AH);
+    double L = 0.0, rows[AB * AT] = {0};
+    for (int i = 0; i < AB * AT * AC; i++)
+        L += (double)out[i] * dout[i];
+    loom_kd_attention_rows(att, pt, AB, AH, AT, gamma, 1.0f, rows, NULL);
+    for (int r = 0; r < AB * AT; r++)
+        L += rows[r];
+    return L;
+}
+
+START_TEST(test_attention_term)
+{
+    if (!be.ops)
+        ck_assert_msg(loom_backend_open("cpu", 1, &be) == LOOM_OK, "%s", loom_last_error());
+    ck_assert(be.ops->size > offsetof(loom_backend_ops, attention_backward_datt));
+    ck_assert_ptr_nonnull(be.ops->attention_backward_datt);
+    enum { N = AB * AT * 3 * AC, P = AB * AH * AT * AT };
+    static float qkv[N], qt[N], out[AB * AT * AC], ps[P], pt[P], dout[AB * AT * AC], dp[P];
+    static float g0[N], g1[N], scratch[2 * P];
+    attn_qkv(qkv, 1u);
+    attn_qkv(qt, 2u);
+    attn_qkv(dout, 3u); /* only its first B*T*C values */
+    be.ops->attention_forward(out, ps, qkv, AB, AT, AC, AH);
+    be.ops->attention_forward(out, pt, qt, AB, AT, AC, AH);
+    const float gamma = 0.7f;
+    /* the term against the test's own softmax of q k^T / sqrt(hs), in double */
+    double rows[AB * AT] = {0};
+    loom_kd_attention_rows(ps, pt, AB, AH, AT, gamma, 1.0f, rows, dp);
+    const int hs = AC / AH;
+    for (int b = 0; b < AB; b++)
+        for (int t = 0; t < AT; t++) {
+            double ref = 0.0;
+            for (int h = 0; h < AH; h++) {
+                double es[AT], et[AT], ss = 0, st = 0;
+                for (int j = 0; j <= t; j++) {
+                    double ds = 0, dt = 0;
+                    for (int c = 0; c < hs; c++) {
+                        size_t qi = ((size_t)b * AT + t) * 3 * AC + h * hs + c;
+                        size_t ki = ((size_t)b * AT + j) * 3 * AC + AC + h * hs + c;
+                        ds += (double)qkv[qi] * qkv[ki];
+                        dt += (double)qt[qi] * qt[ki];
+                    }
+                    es[j] = exp(ds / sqrt(hs));
+                    et[j] = exp(dt / sqrt(hs));
+                    ss += es[j];
+                    st += et[j];
+                }
+                for (int j = 0; j <= t; j++)
+                    ref += (es[j] / ss - et[j] / st) * (es[j] / ss - et[j] / st);
+            }
+            ref *= gamma / AH; /* the row's gamma * mean over heads of sum over keys */
+            ck_assert_msg(ref > 1e-6 || t == 0, "row %d,%d: no signal (%g)", b, t, ref);
+            ck_assert_msg(fabs(rows[b * AT + t] - ref) <= 1e-6 * (1 + ref), "row %d,%d: %.9g vs %.9g",
+                          b, t, rows[b * AT + t], ref);
+        }
+    /* gradients w.r.t. q, k, v: the backward with dp against central differences of L */
+    be.ops->attention_backward_datt(g1, scratch, dout, qkv, ps, dp, AB, AT, AC, AH);
+    const float eps = 4e-3f;
+    double worst = 0.0;
+    for (int i = 0; i < N; i++) {
+        float x = qkv[i];
+        qkv[i] = x + eps;
+        double lp = attn_loss(qkv, pt, dout, gamma);
+        qkv[i] = x - eps;
+        double lm = attn_loss(qkv, pt, dout, gamma);
+        qkv[i] = x;
+        double fd = (lp - lm) / (2.0 * eps), err = fabs(fd - g1[i]) / (1e-2 + fabs(fd));
+        worst = err > worst ? err : worst;
+        ck_assert_msg(err < 5e-3, "d L / d qkv[%d]: backward %.7g, differences %.7g", i, g1[i], fd);
+    }
+    printf("attention term: worst gradient relative error %.2e over %d inputs\n", worst, N);
+    /* the term's part alone is not nothing: without dp the gradient differs */
+    be.ops->attention_backward(g0, scratch, dout, qkv, ps, AB, AT, AC, AH);
+    ck_assert(memcmp(g0, g1, sizeof g0) != 0);
+    /* teacher = student: exactly 0, dp exactly 0, and the plain backward's bits */
+    double zr[AB * AT] = {0};
+    loom_kd_attention_rows(ps, ps, AB, AH, AT, gamma, 1.0f, zr, dp);
+    for (int r = 0; r < AB * AT; r++)
+        ck_assert(zr[r] == 0.0);
+    for (int i = 0; i < P; i++)
+        ck_assert(dp[i] == 0.0f);
+    be.ops->attention_backward_datt(g1, scratch, dout, qkv, ps, dp, AB, AT, AC, AH);
+    ck_assert_msg(memcmp(g0, g1, sizeof g0) == 0, "a zero probability gradient changed the bits");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("distill");
@@ -358,6 +462,7 @@ int main(void)
     tcase_add_test(tc, test_model_blend_and_gradient);
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_cache);
+    tcase_add_test(tc, test_attention_term);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -256,6 +256,13 @@ typedef struct loom_backend_ops {
      * such product for dt now (the CPU's: bf16 on AVX512_BF16 in fast mode): widen and gemm. */
     int (*gemm_w16)(int M, int N, int K, const float *A, int lda, const void *W, int ldw,
                     float *C, int ldc, loom_dtype dt);
+    /* Added for distillation's attention terms (may be absent: check size, or NULL: those
+     * terms are refused on the backend). attention_backward with datt_extra (B,NH,T,T), a
+     * further gradient of the probabilities att, added to dout's datt = dO V^T before the
+     * softmax backward; entries above the diagonal meet att = 0 and change nothing. */
+    void (*attention_backward_datt)(float *dqkv, float *scratch, const float *dout,
+                                    const float *qkv, const float *att, const float *datt_extra,
+                                    int B, int T, int C, int NH);
 } loom_backend_ops;
 
 #ifdef __cplusplus

@@ -160,7 +160,7 @@ end
 -- layout, so no permutation; the vocabulary without its padding rows) and a config.json
 -- beside OUT, so transformers' from_pretrained can load the directory.
 local function export_llama(session, manifest, dir, out)
-  local mc = manifest.model
+  local mc, moe = manifest.model, manifest.model.moe
   local names, rows = { wte = "model.embed_tokens.weight", ["ln_f.weight"] = "model.norm.weight",
     ["lm_head.weight"] = "lm_head.weight" }, { wte = mc.vocab, ["lm_head.weight"] = mc.vocab }
   local per = {
@@ -170,6 +170,15 @@ local function export_llama(session, manifest, dir, out)
     ["ln_2.weight"] = "post_attention_layernorm.weight",
     ["mlp.gate.weight"] = "mlp.gate_proj.weight", ["mlp.up.weight"] = "mlp.up_proj.weight",
     ["mlp.proj.weight"] = "mlp.down_proj.weight" }
+  if moe then -- Mixtral: every block's MLP is the router (gate) and E SwiGLU experts w1/w3/w2
+    per["mlp.gate.weight"], per["mlp.up.weight"], per["mlp.proj.weight"] = nil, nil, nil
+    per["moe.router.weight"] = "block_sparse_moe.gate.weight"
+    for e = 0, moe.experts - 1 do
+      local x, hf = "moe.expert." .. e .. ".", "block_sparse_moe.experts." .. e .. "."
+      per[x .. "gate.weight"], per[x .. "up.weight"] = hf .. "w1.weight", hf .. "w3.weight"
+      per[x .. "proj.weight"] = hf .. "w2.weight"
+    end
+  end
   for l = 0, mc.layers - 1 do
     for k, v in pairs(per) do
       names[string.format("h.%d.%s", l, k)] = string.format("model.layers.%d.%s", l, v)
@@ -188,12 +197,23 @@ local function export_llama(session, manifest, dir, out)
     tie_word_embeddings = mc.tie_embeddings and true or false,
     hidden_act = "silu", attention_bias = false, mlp_bias = false, torch_dtype = "float32",
   }
+  if moe then -- MixtralConfig's fields; its routing: top-k of softmax, renormalised (k >= 2)
+    config.architectures, config.model_type = { "MixtralForCausalLM" }, "mixtral"
+    config.attention_bias, config.mlp_bias = nil, nil
+    config.num_local_experts, config.num_experts_per_tok = moe.experts, moe.top_k
+    config.router_aux_loss_coef = tonumber(string.format("%.7g", moe.aux_loss))
+    config.output_router_logits, config.router_jitter_noise = false, 0.0
+  end
   local cpath = (out:match("^(.*)/[^/]*$") or ".") .. "/config.json"
   local f = assert(io.open(cpath, "wb"))
   f:write(require("loom.json").encode(config), "\n")
   f:close()
-  print(string.format("wrote %s (%d bytes: Hugging Face Llama names and layout, F32) and %s from %s",
-    out, bytes, cpath, dir))
+  print(string.format("wrote %s (%d bytes: Hugging Face %s names and layout, F32) and %s from %s",
+    out, bytes, moe and "Mixtral" or "Llama", cpath, dir))
+  if moe and moe.capacity_factor > 0 then
+    print(string.format("note: Mixtral routes dropless; this model trained with capacity_factor "
+      .. "%g, so where loom would drop an expert's overflow Hugging Face's forward keeps it", moe.capacity_factor))
+  end
 end
 
 local function export(args, open_checkpoint)
@@ -202,10 +222,16 @@ local function export(args, open_checkpoint)
   local out = args[2]
   local session, manifest, dir = open_checkpoint(args[1], "ckpt export")
   local mc = manifest.model
-  if mc.family == "llama" and mc.moe then
-    error(string.format("loom ckpt export %s: a llama model with moe (SwiGLU experts) has no "
-      .. "Hugging Face mapping yet (Mixtral's block_sparse_moe names are not written); export "
-      .. "a dense llama checkpoint", dir), 0)
+  local moe = mc.moe
+  if mc.family == "llama" and moe and moe.every ~= 1 then
+    error(string.format("loom ckpt export %s: moe.every=%d mixes dense and MoE blocks, and "
+      .. "Hugging Face's Mixtral layout has an MoE MLP in every block (no Mixtral equivalent); "
+      .. "export a model trained with moe.every=1", dir, moe.every), 0)
+  end
+  if mc.family == "llama" and moe and moe.top_k == 1 then
+    error(string.format("loom ckpt export %s: moe.top_k=1 gates by the raw router probability "
+      .. "(Switch), while Mixtral renormalises the chosen gates (a single expert's gate is 1), "
+      .. "so Hugging Face's forward would differ; export a model trained with top_k >= 2", dir), 0)
   end
   if mc.family == "llama" then return export_llama(session, manifest, dir, out) end
   local model = string.format('{"vocab":%d,"vocab_padded":%d,"ctx":%d,"layers":%d,"heads":%d,"dim":%d}',

@@ -281,7 +281,10 @@ checks the checksums of what it reads.
 A loom.llama checkpoint is written in Hugging Face LlamaForCausalLM's names and layout
 (model.embed_tokens.weight, model.layers.N.self_attn.q_proj.weight, ..., model.norm.weight,
 lm_head.weight; the vocabulary without its padding rows), with a config.json beside
-OUT.safetensors, so the directory loads with transformers' from_pretrained.
+OUT.safetensors, so the directory loads with transformers' from_pretrained. With moe
+(every block MoE, top_k >= 2) it is MixtralForCausalLM's: the router as
+model.layers.N.block_sparse_moe.gate.weight, expert E's gate/up/proj as
+block_sparse_moe.experts.E.w1/w3/w2.weight; moe.every > 1 or top_k = 1 is refused.
 
 options:
   -h, --help       this text

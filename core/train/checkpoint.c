@@ -461,8 +461,10 @@ static loom_status write_part(const loom_ckpt_source *src, const char *tmp, int 
     }
     loom_ckpt_file_name(files[2].name, sizeof files[2].name, "residual", part, tp, pp);
     LOOM_TRY(join(path, sizeof path, tmp, files[2].name));
+    /* no skip: the last stage's tied wte has its own residual (its own dp exchange), which
+     * only its residual file holds; a resume reads each stage's own file (checkpoint_load.c) */
     return write_tensors(path, src->table, src->residual, src->residual_slots, 1,
-                         src->compress_method, skip, &files[2].bytes, &files[2].sum,
+                         src->compress_method, NULL, &files[2].bytes, &files[2].sum,
                          &files[2].head);
 }
 

@@ -44,6 +44,7 @@
 #include "io/safetensors.h"
 #include "base/status.h"
 #include "compress.h"
+#include "compress_ckpt.h"
 #include "zero_ckpt.h"
 #include "offload.h"
 
@@ -1261,7 +1262,9 @@ static loom_status read_residuals(loaded *ld, const loom_json *root, loom_sessio
                          (long long)dp, mj->text);
     loom_ckpt_layout l;
     LOOM_TRY(read_layout(ld->mpath, root, &l));
-    int tp = l.tp, pp = l.pp, parts = tp * pp;
+    int tp = l.tp, pp = l.pp, parts = tp * pp, first = 0;
+    if (pp > 1) /* each stage reads only its own files: the tied wte is in two of them */
+        LOOM_TRY(loom_ckpt_residual_stage(ld->mpath, s, tp, pp, &first, &parts));
     const loom_param_table *t = loom_gpt_params(loom_session_model(s));
     tfile *files = calloc((size_t)parts, sizeof *files);
     plan pl = {NULL, 0};
@@ -1273,7 +1276,7 @@ static loom_status read_residuals(loaded *ld, const loom_json *root, loom_sessio
         files[i].fd = -1;
     char name[64];
     for (int i = 0; st == LOOM_OK && i < parts; i++) {
-        loom_ckpt_file_name(name, sizeof name, "residual", i, tp, pp);
+        loom_ckpt_file_name(name, sizeof name, "residual", first + i, tp, pp);
         if ((size_t)snprintf(files[i].path, sizeof files[i].path, "%s/%s", ld->dir, name) >=
             sizeof files[i].path)
             st = loom_fail(LOOM_ERR_INVALID, "checkpoint path '%s' is too long", ld->dir);

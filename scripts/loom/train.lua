@@ -282,11 +282,6 @@ local function check_zero(t, where, origin)
         .. "\"topk\" | \"powersgd\", ... })", tostring(k))
     end
   end
-  if st.compress and ((t.mesh or {}).pp or 1) > 1 and (t.checkpoint or t.resume) then
-    schema.fail(where, "strategy.compress with mesh.pp > 1 and %s is not built yet (the last "
-      .. "stage's residual of the tied wte has no place in the checkpoint): train with pp = 1 to "
-      .. "save or resume, or leave compress out", t.checkpoint and "checkpoint" or "resume")
-  end
   local z = st.zero
   if z == nil then return end
   if math.type(z) ~= "integer" or z < 0 or z > 3 then

@@ -11,7 +11,7 @@
 #    the last 20 steps), and the loss fell by more than 1 (without the warm-up onebit's gap
 #    is 0.12: docs/COMPRESS.md);
 #  - a save at step 3 and a resume give steps 4-6 bitwise (the residuals restored), for
-#    topk at dp=2 x tp=2 (one residual file per tp rank) and powersgd under zero = 2 (its
+#    onebit at dp=2 x pp=2 (each stage's own residual file, the tied wte in two), topk at dp=2 x tp=2 (one residual file per tp rank) and powersgd under zero = 2 (its
 #    random Q is drawn from the step number);
 #  - the metrics' compress_bytes match the formulas (onebit: sum of 4 + ceil(n/8) bytes
 #    over the tensors; topk: 8 ceil(ratio n); powersgd: 4 r (rows + cols) per matrix where
@@ -21,8 +21,8 @@
 #    variance (the exchange only rounds differently); onebit saves at step 3 and resumes
 #    steps 4-6 bitwise (the momentum is AdamW's own state); refused with gradient
 #    clipping, zero, sgd and powersgd (without a warm-up: measured once);
-#  - refusals: canonical mode, dp = 1, rank with topk, ratio with onebit, pp with a
-#    checkpoint, another dp at resume.
+#  - refusals: canonical mode, dp = 1, rank with topk, ratio with onebit, another dp at
+#    resume, a pp=2 checkpoint's residuals at pp=1; onebit at dp=2 x pp=2 tracks pp=1's.
 set -euo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -114,7 +114,8 @@ echo "ok 1-bit Adam: nothing dropped = frozen-variance AdamW within $d over 12 s
 
 # --- resume restores the residuals: bitwise ------------------------------------------------
 run4() { "$loom" launch -n 4 "$recipe" threads=1 mesh.dp=2 mesh.tp=2 comm_timeout=20 "$@"; }
-for layout in "run4 strategy.compress={\"topk\",ratio=0.05}" "run2 strategy.zero=2 strategy.compress={\"powersgd\",rank=2}"; do
+runQ() { "$loom" launch -n 4 "$recipe" threads=1 mesh.dp=2 mesh.pp=2 schedule=1f1b comm_timeout=20 "$@"; }
+for layout in "runQ strategy.compress={\"onebit\"}" "run4 strategy.compress={\"topk\",ratio=0.05}" "run2 strategy.zero=2 strategy.compress={\"powersgd\",rank=2}"; do
   $layout steps=6 | lines | awk '$2 > 3' > "$tmp/want"
   rm -rf "$tmp/ck"
   $layout steps=3 checkpoint.dir="$tmp/ck" > /dev/null
@@ -125,6 +126,19 @@ for layout in "run4 strategy.compress={\"topk\",ratio=0.05}" "run2 strategy.zero
   cmp -s "$tmp/want" "$tmp/got" || { echo "$layout: resumed steps 4-6 differ"; paste "$tmp/want" "$tmp/got"; exit 1; }
   echo "ok ${layout#run? }: save at 3 + resume, steps 4-6 bitwise (residuals restored)"
 done
+# pp: each stage's residuals are its own (the tied wte's differ between the first and the
+# last stage), so a pp=2 checkpoint resumes with compression only at pp=2
+rm -rf "$tmp/ckp"; runQ "$onebit" steps=2 checkpoint.dir="$tmp/ckp" > /dev/null
+if run2 "$onebit" steps=3 resume="$tmp/ckp/step_00000002" > "$tmp/err" 2>&1; then
+  echo "pp=1 resumed pp=2's residuals"; exit 1; fi
+grep -q 'residuals of 2 pipeline stages; this run has 1' "$tmp/err" || { echo "unexpected message:"; cat "$tmp/err"; exit 1; }
+echo "ok refused: a pp=2 checkpoint's residuals at pp=1"
+# onebit at dp=2 x pp=2 tracks onebit at pp=1 (the two stages' wte copies are compressed apart)
+runQ "$onebit" | lines > "$tmp/ob_pp"
+finite_losses "$tmp/ob_pp"
+d=$(max_loss_diff "$tmp/ob" "$tmp/ob_pp")
+below "$d" 0.05 || { echo "onebit dp=2 x pp=2 differs from onebit pp=1 by $d"; exit 1; }
+echo "ok onebit at dp=2 x pp=2 within 0.05 of pp=1's losses over 20 steps (max diff $d)"
 # a checkpoint's residuals are per dp rank: another dp is refused, naming both
 if "$loom" launch -n 4 "$recipe" threads=1 mesh.dp=4 batch.micro=2 steps=6 "$onebit" \
     resume="$tmp/ck/step_00000003" > "$tmp/err" 2>&1; then echo "dp=4 resumed dp=2's residuals"; exit 1; fi
@@ -149,6 +163,4 @@ refuse 1bit-adam-zero 'with strategy.zero (each rank holds only its partition' "
 refuse 1bit-adam-sgd 'needs optimizer adamw' "${one[@]}" grad_clip=0 'optimizer={"sgd",lr=1}' "$ob"
 refuse 1bit-adam-powersgd 'with onebit or topk, not powersgd' run2 steps=1 "${adam[@]}" \
   'strategy.compress={"powersgd",warmup=2,momentum=true}'
-refuse pp 'mesh.pp > 1 and checkpoint is not built yet' "$loom" launch -n 4 "$recipe" threads=1 \
-  mesh.dp=2 mesh.pp=2 schedule=1f1b steps=1 "$onebit" checkpoint.dir="$tmp/ck2"
-echo "ok refused: canonical mode, dp=1, rank with topk, ratio with onebit, 1-bit Adam with grad_clip, zero, sgd or powersgd, pp with a checkpoint, another dp at resume"
+echo "ok refused: canonical mode, dp=1, rank with topk, ratio with onebit, 1-bit Adam with grad_clip, zero, sgd or powersgd, another dp at resume"

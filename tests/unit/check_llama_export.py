@@ -107,12 +107,19 @@ def fixture_params(cfg, init):
     return out
 
 
-def hf_forward(W, conf, tokens):
-    """LlamaForCausalLM's forward (float64) from HF names and config.json only."""
+def dense_mlp(t, p, h):
+    """LlamaMLP: down(silu(gate(h)) * up(h))."""
+    h = F.silu(F.linear(h, t[p + "mlp.gate_proj.weight"])) * F.linear(h, t[p + "mlp.up_proj.weight"])
+    return F.linear(h, t[p + "mlp.down_proj.weight"])
+
+
+def hf_forward(W, conf, tok, mlp=dense_mlp):
+    """LlamaForCausalLM's forward (float64) from HF names and config.json only; tok is a
+    (B, T) int64 torch tensor; mlp(t, prefix, h) is the block's MLP (check_mixtral_export
+    passes Mixtral's sparse MoE block)."""
     t = {k: torch.tensor(v.array().astype(np.float64)) for k, v in W.items()}
     NH, KVH, C = conf["num_attention_heads"], conf["num_key_value_heads"], conf["hidden_size"]
     HS, eps, L = C // NH, conf["rms_norm_eps"], conf["num_hidden_layers"]
-    tok = torch.tensor(tokens.array().astype(np.int64))
     Bn, Tn = tok.shape
 
     def rms(x, w):
@@ -137,9 +144,7 @@ def hf_forward(W, conf, tokens):
         att = ((q @ k.transpose(-2, -1)) / math.sqrt(HS)).masked_fill(~mask, float("-inf"))
         y = (att.softmax(-1) @ v).transpose(1, 2).reshape(Bn, Tn, C)
         x = x + F.linear(y, t[p + "self_attn.o_proj.weight"])
-        h = rms(x, t[p + "post_attention_layernorm.weight"])
-        h = F.silu(F.linear(h, t[p + "mlp.gate_proj.weight"])) * F.linear(h, t[p + "mlp.up_proj.weight"])
-        x = x + F.linear(h, t[p + "mlp.down_proj.weight"])
+        x = x + mlp(t, p, rms(x, t[p + "post_attention_layernorm.weight"]))
     head = t["model.embed_tokens.weight"] if conf["tie_word_embeddings"] else t["lm_head.weight"]
     return F.linear(rms(x, t["model.norm.weight"]), head)
 
@@ -174,7 +179,7 @@ def main():
         print("skipped: Hugging Face's forward on the export (needs torch and numpy in "
               f"{sys.executable}; scripts/setup-deps --bench installs them)")
         return
-    out = hf_forward(got, conf, tokens).numpy()
+    out = hf_forward(got, conf, torch.tensor(tokens.array().astype(np.int64))).numpy()
     d = np.abs(out - logits.array()[..., :cfg["V"]].astype(np.float64)).max()
     if not d < 1e-5:
         fail(f"Hugging Face's forward on the exported weights differs from the fixture's logits by {d}")

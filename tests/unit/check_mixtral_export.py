@@ -20,7 +20,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_llama_export import fail, read_safetensors  # noqa: E402
+from check_llama_export import fail, hf_forward, read_safetensors  # noqa: E402
 
 try:
     import numpy as np
@@ -49,38 +49,15 @@ def hf_names(L, E):
     return m
 
 
-def hf_forward(W, conf, tok):
-    """MixtralForCausalLM's forward (float64, no sliding window: ctx is small)."""
-    t = {k: torch.tensor(v.array().astype(np.float64)) for k, v in W.items()}
-    NH, KVH, C = conf["num_attention_heads"], conf["num_key_value_heads"], conf["hidden_size"]
-    HS, eps, L = C // NH, conf["rms_norm_eps"], conf["num_hidden_layers"]
+def sparse_moe(conf):
+    """MixtralSparseMoeBlock as an mlp for check_llama_export.hf_forward: the router's
+    softmax, top-k, the chosen gates renormalised, the chosen experts' w2(silu(w1 h) * w3 h)
+    summed with them."""
     E, K = conf["num_local_experts"], conf["num_experts_per_tok"]
-    Bn, Tn = tok.shape
 
-    def rms(x, w):
-        return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
-
-    def rotate_half(x):
-        return torch.cat((-x[..., HS // 2:], x[..., : HS // 2]), dim=-1)
-
-    inv = 1.0 / (conf["rope_theta"] ** (torch.arange(0, HS, 2, dtype=torch.float64) / HS))
-    emb = torch.cat([torch.outer(torch.arange(Tn, dtype=torch.float64), inv)] * 2, dim=-1)
-    cos, sin = emb.cos(), emb.sin()
-    mask = torch.ones(Tn, Tn, dtype=torch.bool).tril()
-    x = t["model.embed_tokens.weight"][tok]
-    for l in range(L):
-        p = f"model.layers.{l}."
-        h = rms(x, t[p + "input_layernorm.weight"])
-        q = F.linear(h, t[p + "self_attn.q_proj.weight"]).view(Bn, Tn, NH, HS).transpose(1, 2)
-        k = F.linear(h, t[p + "self_attn.k_proj.weight"]).view(Bn, Tn, KVH, HS).transpose(1, 2)
-        v = F.linear(h, t[p + "self_attn.v_proj.weight"]).view(Bn, Tn, KVH, HS).transpose(1, 2)
-        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        k, v = k.repeat_interleave(NH // KVH, dim=1), v.repeat_interleave(NH // KVH, dim=1)
-        att = ((q @ k.transpose(-2, -1)) / HS ** 0.5).masked_fill(~mask, float("-inf"))
-        y = (att.softmax(-1) @ v).transpose(1, 2).reshape(Bn, Tn, C)
-        x = x + F.linear(y, t[p + "self_attn.o_proj.weight"])
-        h = rms(x, t[p + "post_attention_layernorm.weight"]).view(Bn * Tn, C)
-        # MixtralSparseMoeBlock: softmax, top-k, renormalise, sum of the chosen experts
+    def mlp(t, p, h):
+        shape = h.shape
+        h = h.reshape(-1, shape[-1])
         probs = F.linear(h, t[p + "block_sparse_moe.gate.weight"]).softmax(-1)
         w, sel = probs.topk(K, dim=-1)
         w = w / w.sum(-1, keepdim=True)
@@ -90,9 +67,8 @@ def hf_forward(W, conf, tok):
             ye = F.linear(F.silu(F.linear(h, t[q_ + "w1.weight"])) * F.linear(h, t[q_ + "w3.weight"]),
                           t[q_ + "w2.weight"])
             out += ye * (w * (sel == e)).sum(-1, keepdim=True)
-        x = x + out.view(Bn, Tn, C)
-    head = t["model.embed_tokens.weight"] if conf["tie_word_embeddings"] else t["lm_head.weight"]
-    return F.linear(rms(x, t["model.norm.weight"]), head)
+        return out.view(shape)
+    return mlp
 
 
 def main():
@@ -144,7 +120,7 @@ def main():
     start = len(text) - int(len(text) * val_fraction)  # data_text.c's val split
     B, T = batch
     ids = torch.tensor(list(text[start:start + B * T + 1]), dtype=torch.int64)
-    logits = hf_forward(got, conf, ids[:-1].view(B, T))
+    logits = hf_forward(got, conf, ids[:-1].view(B, T), sparse_moe(conf))  # no sliding window: ctx is small
     loss = F.cross_entropy(logits.view(B * T, -1), ids[1:]).item()
     d = abs(loss - loom_loss)
     if not d < 1e-5:

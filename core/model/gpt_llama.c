@@ -87,10 +87,6 @@ loom_status gpt_llama_check_split(const loom_gpt *m)
         !k->rope_backward || !k->attention_gqa_forward || !k->attention_gqa_backward))
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "the backend has no kernels for llama blocks (RMSNorm, "
                   "SwiGLU, RoPE, grouped-query attention): use backend = \"cpu\"");
-    if (m->staged && c->tie_embeddings)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "pipeline parallelism (pp > 1) with loom.llama's "
-                  "tie_embeddings = true is not built yet: untie the head (the default) or run "
-                  "pp = 1");
     int tp = m->tp;
     if (tp > 1 && c->kv_heads % tp != 0) {
         char ok[256] = "";

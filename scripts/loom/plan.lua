@@ -22,7 +22,8 @@ local F32 = 4
 local function shape_of(t)
   local mesh, st = t.mesh or {}, t.strategy or {}
   local dp, tp, pp, ep = mesh.dp or 1, mesh.tp or 1, mesh.pp or 1, mesh.ep or 1
-  local accum = pp > 1 and (t.microbatches or 1)
+  -- as train.lua counts them: under pp without microbatches, batch.global gives the count
+  local accum = (pp > 1 and t.microbatches)
     or (t.batch.global and t.batch.global // (t.batch.micro * dp) or 1)
   local prec = t.precision
   if type(prec) == "table" then prec = prec[1] or prec.name end

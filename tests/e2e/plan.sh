@@ -212,6 +212,11 @@ grep -q 'MFU 42.5%' "$tmp/175.txt" || { echo "FAIL: 175B layout is not docs/PLAN
 grep -q '^API	3337216	true	512$' "$tmp/api.txt" && grep -q '^SEARCH	10	' "$tmp/api.txt" \
   || { echo "FAIL: loom.plan{...}"; cat "$tmp/api.txt"; fail=1; }
 
+# Under pp without microbatches, batch.global gives the count as train.lua counts it
+# (global 8 / micro 2 = 4), not one micro-batch.
+"$loom" plan "$probe" mesh.pp=2 batch.micro=2 batch.global=8 > "$tmp/pm.txt" 2>&1
+grep -q '1f1b x4 micro-batches' "$tmp/pm.txt" || { echo "FAIL: pp micro-batch count"; head -3 "$tmp/pm.txt"; fail=1; }
+
 # Bad input: a clear message, not a crash.
 if "$loom" plan "$probe" --world 2 > "$tmp/bad.txt" 2>&1; then echo "FAIL: --world without --mem accepted"; fail=1; fi
 grep -q -- '--world needs --mem' "$tmp/bad.txt" || { echo "FAIL: message"; cat "$tmp/bad.txt"; fail=1; }

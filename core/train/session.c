@@ -67,6 +67,9 @@ struct loom_session {
     loom_gpt *teacher;       /* distillation: the frozen teacher, else NULL */
     loom_kd_cache *kd_cache; /* distillation from loom distill-cache's file, else NULL */
     float *kd_step;          /* pp, last stage: the teacher's rows of the step's micro-batches */
+    const loom_strategy_ops *teacher_tp; /* teacher.tp > 1: its own tp strategy over the */
+    void *teacher_tp_self;               /* student's tp group, and its whole rows gathered */
+    float *kd_whole;                     /* (2 x B*T x teacher's Vp): scratch, then the rows */
     int kd_map[64];          /* hidden-state terms: student block -> teacher block (-1: none) */
     const float *kd_h[64];   /* the teacher's block outputs they compare with, per student block */
     int kd_hidden_on;
@@ -253,15 +256,63 @@ static loom_status distill_hidden_open(loom_session *s, const loom_session_confi
     return loom_gpt_set_distill_hidden(s->model, s->kd_h, cfg->kd_hidden);
 }
 
-/* Distillation (gpt_distill.h): the teacher, replicated on every rank (under pp on the last
- * stage only, where the student's logits are), weights loaded. */
+/* teacher.tp (docs/DISTILL.md): the teacher split over the student's tp group by a second
+ * instance of its tp strategy (the group's ranks run the same micro-batches, so the
+ * teacher's exchanges line up), its vocabulary-parallel rows gathered whole for the term. */
+static loom_status teacher_layout(loom_session *s, const loom_session_config *cfg,
+                                  loom_gpt_parallel *par)
+{
+    if (cfg->kd_teacher_tp <= 1)
+        return LOOM_OK; /* replicated */
+    const struct loom_comm_ops *ops;
+    void *group;
+    int tp = 1;
+    LOOM_TRY(loom_core_host()->group(LOOM_GROUP_TP, &ops, &group, &tp));
+    if (cfg->kd_teacher_tp != tp)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.tp = %d with mesh.tp = %d is not built yet: the "
+                  "teacher is split over the student's tp group only (teacher.tp = mesh.tp), or "
+                  "replicated (teacher.tp = 1); a teacher split across dp ranks needs their "
+                  "micro-batches exchanged", cfg->kd_teacher_tp, tp);
+    if (cfg->kd_layers)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.layers with teacher.tp > 1 is not built yet (the "
+                  "hidden-state terms read a whole teacher's block outputs); use teacher.tp = 1");
+    LOOM_TRY(make_plugin(&s->tensor_cfg, (const void **)&s->teacher_tp, &s->teacher_tp_self));
+    par->tp_ops = s->teacher_tp;
+    par->tp_self = s->teacher_tp_self;
+    size_t rows = (size_t)cfg->micro_batch * cfg->seq, vp = (size_t)cfg->teacher->vocab_padded;
+    if (!(s->kd_whole = malloc(2 * rows * vp * sizeof(float))))
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the split teacher's whole rows (%zu MiB)",
+                  2 * rows * vp * sizeof(float) >> 20);
+    return LOOM_OK;
+}
+
+/* The teacher's logits of its last forward as whole rows (R of them): its own buffer when
+ * it is replicated, gathered over its tp group when split. */
+static loom_status teacher_rows(loom_session *s, size_t R, const float **rows)
+{
+    if (!s->teacher_tp) {
+        *rows = loom_gpt_logits(s->teacher);
+        return LOOM_OK;
+    }
+    size_t vp = (size_t)loom_gpt_get_config(s->teacher)->vocab_padded;
+    float *blocks = s->kd_whole, *whole = s->kd_whole + R * vp;
+    *rows = whole;
+    return loom_gpt_gather_logits(s->teacher, R, blocks, whole);
+}
+
+/* Distillation (gpt_distill.h): the teacher, replicated on every rank or split over the
+ * student's tp group (teacher.tp; under pp on the last stage only, where the student's
+ * logits are), weights loaded. A student with tp > 1 distils from whole rows
+ * (gpt_distill.h). */
 static loom_status make_teacher(loom_session *s, const loom_session_config *cfg)
 {
     const loom_gpt_config *tc = cfg->teacher, *mc = loom_gpt_get_config(s->model);
-    if (s->tensor)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher with mesh.tp > 1 is not built yet (the student's "
-                  "logits are split over the vocabulary); distil with tp = 1 (dp, zero and pp "
-                  "work)");
+    if (cfg->kd_layers && s->tensor)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.layers (hidden-state terms) with mesh.tp > 1 is "
+                  "not built yet; the term on the logits is (leave teacher.layers out)");
+    if (cfg->kd_cache && cfg->kd_teacher_tp > 1)
+        LOOM_FAIL(LOOM_ERR_INVALID, "teacher.tp = %d with teacher.cache: a cache runs no teacher "
+                  "to split; leave teacher.tp out", cfg->kd_teacher_tp);
     if (s->pipe && loom_pipeline_stage(s->pipe) != loom_pipeline_stages(s->pipe) - 1)
         return LOOM_OK; /* no logits on this stage */
     if (s->pipe) { /* the teacher's rows of all of a step's micro-batches (distill_pipeline) */
@@ -283,6 +334,7 @@ static loom_status make_teacher(loom_session *s, const loom_session_config *cfg)
         LOOM_FAIL(LOOM_ERR_INVALID, "teacher needs its weights from one place: model = "
                   "loom.gpt{ init = \"teacher.bin\" } or checkpoint = \"DIR\"");
     loom_gpt_parallel par = {NULL, NULL, cfg->canonical, NULL, 0, 0, 0, NULL};
+    LOOM_TRY(teacher_layout(s, cfg, &par));
     LOOM_TRY(loom_gpt_create(tc, &s->backend, cfg->micro_batch, cfg->seed, &par, &s->teacher));
     if (cfg->kd_layers)
         LOOM_TRY(distill_hidden_open(s, cfg));
@@ -303,7 +355,7 @@ static loom_status distill_pipeline(loom_session *s, int accum, int dp_rank)
         const float *rows;
         if (s->teacher) {
             LOOM_TRY(loom_gpt_forward(s->teacher, s->tokens + (size_t)a * bt, NULL, B, T, 0.0f, NULL));
-            rows = loom_gpt_logits(s->teacher);
+            LOOM_TRY(teacher_rows(s, bt, &rows));
         } else {
             int64_t g = (s->step_no - 1) * accum * loom_grad_sync_dp_size(s->sync) +
                         (int64_t)dp_rank * accum + a;
@@ -547,6 +599,9 @@ void loom_session_destroy(loom_session *s)
     loom_grad_sync_destroy(s->sync);
     loom_compress_destroy(s->compress);
     loom_gpt_destroy(s->teacher);
+    if (s->teacher_tp)
+        s->teacher_tp->destroy(s->teacher_tp_self);
+    free(s->kd_whole);
     loom_kd_cache_close(s->kd_cache);
     free(s->kd_step);
     loom_zero_destroy(s->zero);
@@ -761,8 +816,10 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         double part = 0.0, tf = loom_now_ms();
         LOOM_TRY(loom_grad_sync_begin_micro(s->sync, a));
         if (s->teacher) { /* forward only, frozen: its logits for the student's loss */
+            const float *rows;
             LOOM_TRY(loom_gpt_forward(s->teacher, s->tokens, NULL, B, T, 0.0f, NULL));
-            LOOM_TRY(loom_gpt_set_distill(s->model, loom_gpt_logits(s->teacher),
+            LOOM_TRY(teacher_rows(s, (size_t)B * T, &rows));
+            LOOM_TRY(loom_gpt_set_distill(s->model, rows,
                                           (size_t)loom_gpt_get_config(s->teacher)->vocab_padded,
                                           s->cfg.kd_temperature, s->cfg.kd_alpha));
         } else if (s->kd_cache) { /* the cached teacher's rows of the stream's micro-batch */

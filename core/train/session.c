@@ -38,6 +38,7 @@
 #include "model/gpt_cost.h"
 #include "model/gpt_distill.h"
 #include "kd_cache.h"
+#include "kd_group.h"
 #include "model/gpt_stage.h"
 
 struct loom_session {
@@ -70,6 +71,7 @@ struct loom_session {
     const loom_strategy_ops *teacher_tp; /* teacher.tp > 1: its own tp strategy over the */
     void *teacher_tp_self;               /* student's tp group, and its whole rows gathered */
     float *kd_whole;                     /* (2 x B*T x teacher's Vp): scratch, then the rows */
+    loom_kd_group *kd_group;             /* teacher.tp across dp ranks (kd_group.h), else NULL */
     int kd_map[64];          /* hidden-state terms: student block -> teacher block (-1: none) */
     const float *kd_h[64];   /* the teacher's block outputs they compare with, per student block */
     int kd_hidden_on;
@@ -256,30 +258,43 @@ static loom_status distill_hidden_open(loom_session *s, const loom_session_confi
     return loom_gpt_set_distill_hidden(s->model, s->kd_h, cfg->kd_hidden);
 }
 
-/* teacher.tp (docs/DISTILL.md): the teacher split over the student's tp group by a second
- * instance of its tp strategy (the group's ranks run the same micro-batches, so the
- * teacher's exchanges line up), its vocabulary-parallel rows gathered whole for the term. */
+/* teacher.tp (docs/DISTILL.md): the teacher split by tensor parallelism. Over the
+ * student's tp group (teacher.tp = mesh.tp) by a second instance of its tp strategy: the
+ * group's ranks run the same micro-batches, so the teacher's exchanges line up. With
+ * mesh.tp = 1 over groups of teacher.tp dp ranks (kd_group.h), whose micro-batches
+ * differ, so the step runs the teacher on all of them first. Its vocabulary-parallel rows
+ * are gathered whole for the term either way. */
 static loom_status teacher_layout(loom_session *s, const loom_session_config *cfg,
                                   loom_gpt_parallel *par)
 {
-    if (cfg->kd_teacher_tp <= 1)
+    int n = cfg->kd_teacher_tp;
+    if (n <= 1)
         return LOOM_OK; /* replicated */
     const struct loom_comm_ops *ops;
     void *group;
     int tp = 1;
     LOOM_TRY(loom_core_host()->group(LOOM_GROUP_TP, &ops, &group, &tp));
-    if (cfg->kd_teacher_tp != tp)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.tp = %d with mesh.tp = %d is not built yet: the "
-                  "teacher is split over the student's tp group only (teacher.tp = mesh.tp), or "
-                  "replicated (teacher.tp = 1); a teacher split across dp ranks needs their "
-                  "micro-batches exchanged", cfg->kd_teacher_tp, tp);
+    if (tp > 1 && n != tp)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.tp = %d with mesh.tp = %d is not built yet: with "
+                  "mesh.tp > 1 the teacher is split over the student's tp group (teacher.tp = "
+                  "mesh.tp) or replicated (teacher.tp = 1)", n, tp);
     if (cfg->kd_layers)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.layers with teacher.tp > 1 is not built yet (the "
                   "hidden-state terms read a whole teacher's block outputs); use teacher.tp = 1");
+    size_t rows = (size_t)cfg->micro_batch * cfg->seq, vp = (size_t)cfg->teacher->vocab_padded;
+    if (tp == 1) { /* across dp ranks */
+        if (s->pipe || cfg->ep > 1)
+            LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.tp = %d across dp ranks with %s is not built "
+                      "yet; split the teacher over mesh.tp, or replicate it (teacher.tp = 1)", n,
+                      s->pipe ? "mesh.pp > 1" : "mesh.ep > 1");
+        LOOM_TRY(loom_kd_group_open(n, cfg->micro_batch, cfg->seq, cfg->accum, vp, cfg->canonical,
+                                    &s->kd_group));
+        par->tp_ops = loom_kd_group_strategy(s->kd_group, &par->tp_self);
+        return LOOM_OK;
+    }
     LOOM_TRY(make_plugin(&s->tensor_cfg, (const void **)&s->teacher_tp, &s->teacher_tp_self));
     par->tp_ops = s->teacher_tp;
     par->tp_self = s->teacher_tp_self;
-    size_t rows = (size_t)cfg->micro_batch * cfg->seq, vp = (size_t)cfg->teacher->vocab_padded;
     if (!(s->kd_whole = malloc(2 * rows * vp * sizeof(float))))
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the split teacher's whole rows (%zu MiB)",
                   2 * rows * vp * sizeof(float) >> 20);
@@ -300,10 +315,10 @@ static loom_status teacher_rows(loom_session *s, size_t R, const float **rows)
     return loom_gpt_gather_logits(s->teacher, R, blocks, whole);
 }
 
-/* Distillation (gpt_distill.h): the teacher, replicated on every rank or split over the
- * student's tp group (teacher.tp; under pp on the last stage only, where the student's
- * logits are), weights loaded. A student with tp > 1 distils from whole rows
- * (gpt_distill.h). */
+/* Distillation (gpt_distill.h): the teacher, replicated on every rank or split by tp
+ * (teacher.tp: over the student's tp group or groups of dp ranks; under pp on the last
+ * stage only, where the student's logits are), weights loaded. A student with tp > 1
+ * distils from whole rows (gpt_distill.h). */
 static loom_status make_teacher(loom_session *s, const loom_session_config *cfg)
 {
     const loom_gpt_config *tc = cfg->teacher, *mc = loom_gpt_get_config(s->model);
@@ -601,6 +616,7 @@ void loom_session_destroy(loom_session *s)
     loom_gpt_destroy(s->teacher);
     if (s->teacher_tp)
         s->teacher_tp->destroy(s->teacher_tp_self);
+    loom_kd_group_close(s->kd_group);
     free(s->kd_whole);
     loom_kd_cache_close(s->kd_cache);
     free(s->kd_step);
@@ -808,14 +824,25 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         free(mb_loss);
         LOOM_TRY(st);
     }
+    if (s->kd_group && !s->pipe) /* the step's micro-batches read, the split teacher run */
+        LOOM_TRY(loom_kd_group_step(s->kd_group, s->teacher, next, ctx));
     for (int i = 0; !s->pipe && i < accum * dp; i++) {
-        LOOM_TRY(next(ctx, s->tokens, s->targets, B, T));
+        if (s->kd_group) {
+            memcpy(s->tokens, loom_kd_group_tokens(s->kd_group, i), (size_t)B * T * sizeof(int));
+            memcpy(s->targets, loom_kd_group_targets(s->kd_group, i), (size_t)B * T * sizeof(int));
+        } else {
+            LOOM_TRY(next(ctx, s->tokens, s->targets, B, T));
+        }
         if (i / accum != dp_rank)
             continue; /* another rank's micro-batch */
         int a = i % accum;
         double part = 0.0, tf = loom_now_ms();
         LOOM_TRY(loom_grad_sync_begin_micro(s->sync, a));
-        if (s->teacher) { /* forward only, frozen: its logits for the student's loss */
+        if (s->kd_group) { /* the split teacher's rows, run before the loop */
+            LOOM_TRY(loom_gpt_set_distill(s->model, loom_kd_group_rows(s->kd_group, a),
+                                          (size_t)loom_gpt_get_config(s->teacher)->vocab_padded,
+                                          s->cfg.kd_temperature, s->cfg.kd_alpha));
+        } else if (s->teacher) { /* forward only, frozen: its logits for the student's loss */
             const float *rows;
             LOOM_TRY(loom_gpt_forward(s->teacher, s->tokens, NULL, B, T, 0.0f, NULL));
             LOOM_TRY(teacher_rows(s, (size_t)B * T, &rows));

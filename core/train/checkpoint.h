@@ -273,6 +273,7 @@ typedef struct loom_ckpt_source {
      * "compress": {"method", "dp"} */
     const float *residual;
     uint32_t residual_slots;
+    int residual_leaves;   /* canonical compression: the slots are global micro-batches */
     const char *compress_method;
 } loom_ckpt_source;
 

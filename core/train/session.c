@@ -382,15 +382,22 @@ static loom_status distill_pipeline(loom_session *s, int accum, int dp_rank)
                                      s->cfg.kd_temperature, s->cfg.kd_alpha);
 }
 
-/* Gradient compression over the dp group (compress.h): fast mode, dp >= 2. */
+/* Gradient compression over the dp group (compress.h): fast mode, dp >= 2; canonical
+ * mode per micro-batch (a leaf each), one rank or dp, tp = pp = 1, zero 0 or 1. */
 static loom_status make_compress(loom_session *s)
 {
     const loom_session_config *cfg = &s->cfg;
     const char *name = loom_compress_method_name(cfg->compress_method);
-    if (cfg->canonical)
-        LOOM_FAIL(LOOM_ERR_INVALID, "strategy.compress = \"%s\" with deterministic = \"canonical\": "
-                  "compression is lossy and what each rank compresses depends on dp, so canonical "
-                  "mode's bits across layouts cannot hold; leave one of them out", name);
+    if (cfg->canonical && (s->tensor || s->pipe || cfg->zero_stage > 1 || cfg->ep > 1))
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy.compress = \"%s\" with deterministic = "
+                  "\"canonical\" and %s is not built yet (canonical compression packs each global "
+                  "micro-batch's whole gradient as one leaf; %s); use dp alone, or fast mode", name,
+                  s->tensor ? "mesh.tp > 1" : s->pipe ? "mesh.pp > 1" : cfg->ep > 1 ? "mesh.ep > 1"
+                                                                            : "zero = 2 or 3",
+                  s->tensor ? "under tp its buckets would have to be slices of fixed global chunks"
+                  : s->pipe ? "a pipeline's parts are summed range by range"
+                  : cfg->ep > 1 ? "experts are reduced over their own group"
+                                : "ZeRO-2/3 reduce each micro-batch as it finishes");
     if (s->pipe && s->zero && loom_zero_reduces(s->zero))
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy.compress with zero=%d and pp=%d is not built yet "
                   "(the pipeline's per-micro-batch reduce-scatters would have to give way); use "
@@ -401,7 +408,8 @@ static loom_status make_compress(loom_session *s)
     int dp = 1;
     LOOM_TRY(loom_core_host()->group(LOOM_GROUP_DP, &ops, &group, &dp));
     loom_compress_config cc = {cfg->compress_method, cfg->compress_ratio, cfg->compress_warmup,
-                               cfg->compress_bucket_mb, cfg->compress_rank, 0.0};
+                               cfg->compress_bucket_mb, cfg->compress_rank, 0.0,
+                               cfg->canonical ? cfg->accum : 0};
     if (cfg->compress_momentum) /* 1-bit Adam: adamw's beta1 (loom_compress_momentum_prepare) */
         cc.momentum = loom_config_get(&s->optim_cfg, "betas")->numbers[0];
     LOOM_TRY(loom_compress_create(&cc, s->model, ops, group, dp, &s->compress));

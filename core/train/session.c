@@ -383,21 +383,20 @@ static loom_status distill_pipeline(loom_session *s, int accum, int dp_rank)
 }
 
 /* Gradient compression over the dp group (compress.h): fast mode, dp >= 2; canonical
- * mode per micro-batch (a leaf each), one rank or dp, tp = pp = 1, zero 0 or 1. */
+ * mode per micro-batch (a leaf each), one rank or dp (any zero: canonical ZeRO sums the
+ * whole gradient in the tree, then takes its partition), tp = pp = ep = 1. */
 static loom_status make_compress(loom_session *s)
 {
     const loom_session_config *cfg = &s->cfg;
     const char *name = loom_compress_method_name(cfg->compress_method);
-    if (cfg->canonical && (s->tensor || s->pipe || cfg->zero_stage > 1 || cfg->ep > 1))
+    if (cfg->canonical && (s->tensor || s->pipe || cfg->ep > 1))
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy.compress = \"%s\" with deterministic = "
                   "\"canonical\" and %s is not built yet (canonical compression packs each global "
                   "micro-batch's whole gradient as one leaf; %s); use dp alone, or fast mode", name,
-                  s->tensor ? "mesh.tp > 1" : s->pipe ? "mesh.pp > 1" : cfg->ep > 1 ? "mesh.ep > 1"
-                                                                            : "zero = 2 or 3",
+                  s->tensor ? "mesh.tp > 1" : s->pipe ? "mesh.pp > 1" : "mesh.ep > 1",
                   s->tensor ? "under tp its buckets would have to be slices of fixed global chunks"
                   : s->pipe ? "a pipeline's parts are summed range by range"
-                  : cfg->ep > 1 ? "experts are reduced over their own group"
-                                : "ZeRO-2/3 reduce each micro-batch as it finishes");
+                            : "experts are reduced over their own group");
     if (s->pipe && s->zero && loom_zero_reduces(s->zero))
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy.compress with zero=%d and pp=%d is not built yet "
                   "(the pipeline's per-micro-batch reduce-scatters would have to give way); use "

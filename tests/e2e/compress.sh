@@ -21,7 +21,7 @@
 #    variance (the exchange only rounds differently); onebit saves at step 3 and resumes
 #    steps 4-6 bitwise (the momentum is AdamW's own state); refused with gradient
 #    clipping, zero, sgd and powersgd (without a warm-up: measured once);
-#  - canonical mode: onebit at dp = 1 and dp = 2 bitwise, a dp = 2 checkpoint resumed at
+#  - canonical mode: onebit at dp = 1 and dp = 2 (also zero = 3) bitwise, a dp = 2 checkpoint resumed at
 #    dp = 1 and dp = 4 bitwise, topk ratio = 1 bitwise uncompressed canonical mode;
 #  - refusals: canonical mode with tp or powersgd, a canonical checkpoint's residuals in
 #    fast mode, dp = 1 (fast mode), rank with topk, ratio with onebit, another dp at
@@ -169,7 +169,9 @@ for f in can_r1 can_r4; do
 done
 run2 "${can[@]}" steps=6 'strategy.compress={"topk",ratio=1}' | lines > "$tmp/cank"
 cmp -s "$tmp/canu" "$tmp/cank" || { echo "canonical topk ratio=1 differs from uncompressed canonical"; exit 1; }
-echo "ok canonical compression: onebit dp=1 = dp=2 bitwise over 6 steps (and not the uncompressed bits); a dp=2 checkpoint at 3 resumes at dp=1 and dp=4 bitwise; topk ratio=1 at dp=2 = uncompressed canonical dp=1"
+run2 "${can[@]}" steps=6 "$onebit" strategy.zero=3 | lines > "$tmp/canz"
+cmp -s "$tmp/can1" "$tmp/canz" || { echo "canonical onebit: dp=2 zero=3 differs from dp=1"; exit 1; }
+echo "ok canonical compression: onebit dp=1 = dp=2 (also zero=3) bitwise over 6 steps (and not the uncompressed bits); a dp=2 checkpoint at 3 resumes at dp=1 and dp=4 bitwise; topk ratio=1 at dp=2 = uncompressed canonical dp=1"
 
 # --- refusals ----------------------------------------------------------------------------
 refuse() { # what expected-text args...

@@ -25,8 +25,9 @@
  *           whole, fp32. Message bytes: sum of 4 r (rows + cols) + 4 n over the raw ones.
  * A bucket whose gradient holds an inf or nan is sent as nan (so the step's non-finite
  * check fires on every rank) and its residual is left as it was.
- * Canonical mode (cfg.leaves > 0; onebit and topk, one rank or dp, any zero, tp = pp = ep = 1): what is
- * compressed is each global micro-batch's own gradient, a leaf of canonical mode's tree,
+ * Canonical mode (cfg.leaves > 0; onebit and topk, one rank or dp, any zero,
+ * tp = pp = ep = 1): what is compressed is each global micro-batch's own gradient, a leaf
+ * of canonical mode's tree,
  * with its own residual (leaf i's, whichever rank runs it), so the messages do not depend
  * on which micro-batches share a rank. Each rank packs its leaves (loom_compress_leaf),
  * the messages are all-gathered, and every rank decompresses every leaf in the global

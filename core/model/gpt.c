@@ -1026,7 +1026,7 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
     if (targets) {
         int distill = m->kd_teacher && dloss != 0.0f; /* gpt_distill.h: training only */
         if (distill)
-            gpt_distill_before(m, R, dloss);
+            LOOM_TRY(gpt_distill_before(m, R, dloss));
         LOOM_TRY(gpt_vocab_cross_entropy(m, (int)R, dloss));
         if (distill)
             gpt_distill_after(m, R);

@@ -57,19 +57,22 @@ void loom_kd_rows(const float *zs, size_t s_stride, const float *zt, size_t t_st
     free(ls);
 }
 
-/* The checks and buffers both forms share; sets the term's constants. */
+/* The checks and buffers both forms share; sets the term's constants. Under tensor
+ * parallelism kd_grad is one block: this rank's (R, Vl) gradient, then two (R, Vp) rows
+ * buffers for the whole rows (gather_vocab_rows). */
 static loom_status kd_prepare(loom_gpt *m, size_t t_stride, float T, float alpha)
 {
     if (!(T > 0.0f) || !(alpha >= 0.0f && alpha <= 1.0f) || t_stride < (size_t)m->cfg.vocab)
         LOOM_FAIL(LOOM_ERR_INVALID, "distillation temperature=%g must be > 0, alpha=%g in [0, 1], "
                   "the teacher's rows at least vocab=%d wide (%zu)", T, alpha, m->cfg.vocab, t_stride);
     size_t R = (size_t)m->max_B * (size_t)m->cfg.ctx;
+    size_t per_row = (size_t)m->Vl + (m->tp_ops ? 2 * (size_t)m->cfg.vocab_padded : 0);
     if (!m->kd_grad) {
-        m->kd_grad = malloc(R * (size_t)m->Vl * sizeof(float));
+        m->kd_grad = malloc(R * per_row * sizeof(float));
         m->kd_loss = malloc(R * sizeof(double));
         if (!m->kd_grad || !m->kd_loss)
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the distillation buffers (%zu MiB)",
-                      R * (size_t)m->Vl * sizeof(float) >> 20);
+                      R * per_row * sizeof(float) >> 20);
     }
     m->kd_stride = t_stride;
     m->kd_T = T;
@@ -80,11 +83,9 @@ static loom_status kd_prepare(loom_gpt *m, size_t t_stride, float T, float alpha
 loom_status loom_gpt_set_distill(loom_gpt *m, const float *teacher_logits, size_t t_stride,
                                  float T, float alpha)
 {
-    if (teacher_logits && (m->tp_ops || m->staged))
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "distillation with %s is not built yet (the %s); train the "
-                  "student with tp = 1 and pp = 1", m->tp_ops ? "tensor parallelism" : "a pipeline",
-                  m->tp_ops ? "vocabulary-parallel logits would need the KL's row statistics "
-                  "exchanged" : "logits live on the last stage only");
+    if (teacher_logits && m->staged)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "distillation on a pipeline stage goes through "
+                  "loom_gpt_set_distill_step (the logits live on the last stage only)");
     if (teacher_logits)
         LOOM_TRY(kd_prepare(m, t_stride, T, alpha));
     m->kd_teacher = teacher_logits;
@@ -95,15 +96,26 @@ loom_status loom_gpt_set_distill_step(loom_gpt *m, const int *targets, size_t ro
                                       const float *teacher_rows, size_t t_stride, float T,
                                       float alpha)
 {
-    if (teacher_rows && m->tp_ops)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "distillation with tensor parallelism is not built yet "
-                  "(the vocabulary-parallel logits would need the KL's row statistics exchanged)");
     if (teacher_rows)
         LOOM_TRY(kd_prepare(m, t_stride, T, alpha));
     m->kd_teacher = NULL; /* chosen per forward by gpt_distill_select */
     m->kd_targets = teacher_rows ? targets : NULL;
     m->kd_step_rows = teacher_rows;
     m->kd_rows = rows;
+    return LOOM_OK;
+}
+
+loom_status loom_gpt_gather_logits(loom_gpt *m, size_t R, float *blocks, float *full)
+{
+    size_t Vl = (size_t)m->Vl, Vp = (size_t)m->cfg.vocab_padded;
+    if (!m->tp_ops) {
+        memcpy(full, m->logits, R * Vp * sizeof(float));
+        return LOOM_OK;
+    }
+    LOOM_TRY(m->tp_ops->tensor_allgather(m->tp_self, m->logits, blocks, R * Vl));
+    for (size_t p = 0; p < (size_t)m->tp; p++) /* rank p's block: its columns of every row */
+        for (size_t r = 0; r < R; r++)
+            memcpy(full + r * Vp + p * Vl, blocks + (p * R + r) * Vl, Vl * sizeof(float));
     return LOOM_OK;
 }
 
@@ -118,10 +130,26 @@ int gpt_distill_select(loom_gpt *m, const int *targets, size_t R)
     return 1;
 }
 
-void gpt_distill_before(loom_gpt *m, size_t R, float dloss)
+/* Under tensor parallelism the term needs whole rows: the student's are gathered (every
+ * rank then computes the rows one rank would, the same bits where the logits are) and each
+ * rank keeps its own columns of the gradient. */
+loom_status gpt_distill_before(loom_gpt *m, size_t R, float dloss)
 {
-    loom_kd_rows(m->logits, (size_t)m->Vl, m->kd_teacher, m->kd_stride, R, m->cfg.vocab, m->kd_T,
-                 m->kd_alpha * dloss, m->kd_loss, m->kd_grad);
+    float scale = m->kd_alpha * dloss;
+    if (!m->tp_ops) {
+        loom_kd_rows(m->logits, (size_t)m->Vl, m->kd_teacher, m->kd_stride, R, m->cfg.vocab,
+                     m->kd_T, scale, m->kd_loss, m->kd_grad);
+        return LOOM_OK;
+    }
+    size_t Vl = (size_t)m->Vl, Vp = (size_t)m->cfg.vocab_padded;
+    size_t cap = (size_t)m->max_B * (size_t)m->cfg.ctx;
+    float *blocks = m->kd_grad + cap * Vl, *full = blocks + cap * Vp;
+    LOOM_TRY(loom_gpt_gather_logits(m, R, blocks, full));
+    loom_kd_rows(full, Vp, m->kd_teacher, m->kd_stride, R, m->cfg.vocab, m->kd_T, scale,
+                 m->kd_loss, blocks); /* blocks now: the whole rows' gradient */
+    for (size_t r = 0; r < R; r++)
+        memcpy(m->kd_grad + r * Vl, blocks + r * Vp + (size_t)m->v0, Vl * sizeof(float));
+    return LOOM_OK;
 }
 
 void gpt_distill_after(loom_gpt *m, size_t R)

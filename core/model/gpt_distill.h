@@ -7,9 +7,11 @@
  * computes per row), d kd / d z_s = T (p_s - p_t). A training forward with a teacher set
  * (loom_gpt_set_distill) reports and backpropagates (1 - alpha) CE + alpha kd per token.
  * A pipeline's last stage distils through loom_gpt_set_distill_step. Hidden-state terms
- * through learned projections: loom_gpt_set_distill_hidden (below). What it does not:
- * tensor parallelism (the vocabulary-parallel logits would need the row statistics
- * exchanged; refused), hidden-state terms under tp, pp or 16-bit precision, and the
+ * through learned projections: loom_gpt_set_distill_hidden (below). Under tensor
+ * parallelism the student's vocabulary-parallel rows are all-gathered and the term computed
+ * on whole rows, as one rank would (the same bits where the logits are: canonical mode);
+ * each rank keeps its columns of the gradient. What it does not: hidden-state terms under
+ * tp, pp or 16-bit precision, and the
  * attention-probability term (the backend's attention backward takes no d(probabilities)).
  * Host memory: the CPU backend's buffers are host memory (as session.c's optimizer assumes).
  */
@@ -29,18 +31,23 @@ void loom_kd_rows(const float *zs, size_t s_stride, const float *zt, size_t t_st
 /* The next training forwards (targets and dloss != 0) of m distil from teacher_logits: R
  * rows of stride t_stride (the teacher's vocab_padded), host memory, valid until that
  * forward returns; the loss becomes (1 - alpha) CE + alpha kd. teacher_logits NULL: off.
- * Refused under tensor or pipeline parallelism. */
+ * Whole rows also under tensor parallelism. Refused on a pipeline stage (use _step). */
 loom_status loom_gpt_set_distill(loom_gpt *m, const float *teacher_logits, size_t t_stride,
                                  float T, float alpha);
 
 /* A pipeline's last stage (gpt_stage.h), whose forwards run a step's micro-batches in the
  * schedule's order: a training forward whose targets are rows [r, r + R) of the step's
  * targets array (rows of them) distils from teacher rows [r, r + R) (stride t_stride, host
- * memory, valid until the step ends). teacher_rows NULL: off. Refused under tensor
- * parallelism (vocabulary-parallel logits). */
+ * memory, valid until the step ends). teacher_rows NULL: off. */
 loom_status loom_gpt_set_distill_step(loom_gpt *m, const int *targets, size_t rows,
                                       const float *teacher_rows, size_t t_stride, float T,
                                       float alpha);
+
+/* The last forward's first R logit rows whole, into full (R, vocab_padded), host memory:
+ * under tensor parallelism all-gathered over the group (blocks: (R, vocab_padded) scratch)
+ * and laid out in column order, a copy otherwise. A teacher split by tp gives its whole
+ * rows this way. */
+loom_status loom_gpt_gather_logits(loom_gpt *m, size_t R, float *blocks, float *full);
 
 /* The attention-probability term (gpt_distill_attn.c): for mapped blocks with equal head
  * counts, ps, pt (B,NH,T,T) the student's and teacher's probabilities; loss (B*T rows)

@@ -145,7 +145,7 @@ struct loom_gpt {
 };
 
 /* gpt_distill.c: around the training forward's cross-entropy when a teacher is set. */
-void gpt_distill_before(loom_gpt *m, size_t R, float dloss);
+loom_status gpt_distill_before(loom_gpt *m, size_t R, float dloss);
 void gpt_distill_after(loom_gpt *m, size_t R);
 void gpt_distill_free(loom_gpt *m);
 /* A training forward's hidden-state terms (after the CE and kd), and their d(res3) added

@@ -168,7 +168,7 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
         k->copy_to_device(bs, m->targets, targets, R * sizeof(int));
         int distill = dloss != 0.0f && gpt_distill_select(m, targets, R); /* gpt_distill.h */
         if (distill)
-            gpt_distill_before(m, R, dloss);
+            LOOM_TRY(gpt_distill_before(m, R, dloss));
         LOOM_TRY(gpt_vocab_cross_entropy(m, (int)R, dloss));
         if (distill)
             gpt_distill_after(m, R);

@@ -377,7 +377,8 @@ static loom_status write_manifest(const loom_ckpt_source *src, const char *path,
     if (src->residual) {
         loom_strbuf_puts(&b, "  \"compress\": {\"method\": ");
         loom_json_write_string(&b, src->compress_method);
-        loom_strbuf_printf(&b, ", \"dp\": %u},\n", src->residual_slots);
+        loom_strbuf_printf(&b, ", \"dp\": %u%s},\n", src->residual_slots,
+                           src->residual_leaves ? ", \"leaves\": true" : "");
     }
     if (x->data_kind[0]) {
         loom_strbuf_puts(&b, "  \"data\": {\"kind\": ");
@@ -880,15 +881,17 @@ static loom_status host_group(loom_group which, loom_ckpt_group *out)
 }
 
 /* Every dp rank's compression residual (collective over dp), laid out slot-major per
- * entry with slot k = dp rank k, as write_tensors takes optimizer state. */
+ * entry with slot k = dp rank k, as write_tensors takes optimizer state; in canonical
+ * mode each rank holds its micro-batches' (compress.h), and slot k = global micro-batch k
+ * (rank-major, the order they are gathered in). */
 static loom_status gather_residuals(loom_compress *c, const loom_ckpt_group *dp,
                                     const loom_param_table *t, float **out)
 {
-    size_t total;
-    const float *mine = loom_compress_residual(c, &total);
-    size_t n = (size_t)dp->size;
+    size_t floats, per = (size_t)loom_compress_residual_slots(c);
+    const float *mine = loom_compress_residual(c, &floats);
+    size_t n = (size_t)dp->size * per, total = floats / per;
     float *all = malloc(n * total * sizeof(float)), *slots = calloc(n * total, sizeof(float));
-    loom_status st = all && slots ? g_allgather(dp, mine, all, total * sizeof(float))
+    loom_status st = all && slots ? g_allgather(dp, mine, all, floats * sizeof(float))
                                   : loom_fail(LOOM_ERR_NOMEM, "checkpoint: out of memory for the "
                                               "compression residuals (%zu MiB)",
                                               n * total * sizeof(float) >> 20);
@@ -943,7 +946,8 @@ loom_status loom_checkpoint_save(loom_session *s, const char *dir, const loom_ch
     if (c)
         LOOM_TRY(gather_residuals(c, &g.dp, src.table, &residual));
     src.residual = residual;
-    src.residual_slots = (uint32_t)g.dp.size;
+    src.residual_slots = (uint32_t)g.dp.size * (uint32_t)(c ? loom_compress_residual_slots(c) : 1);
+    src.residual_leaves = c && loom_compress_canonical(c);
     src.compress_method = c ? loom_compress_method_name(loom_compress_method_in_use(c)) : NULL;
     /* offload (offload.h): the state this rank steps is in the pool or file; a copy of it
      * in host memory for the save, released after */

@@ -20,7 +20,10 @@
  *   residual*.safetensors  with gradient compression only (compress.h): every dp rank's
  *                      error-feedback residual, dp rank k's of parameter X as "X.state<k>",
  *                      one file per tp x pp part as above; the manifest then has
- *                      "compress": {"method": M, "dp": N}, and a resume needs the same dp
+ *                      "compress": {"method": M, "dp": N}, and a resume needs the same dp.
+ *                      Canonical mode: one residual per global micro-batch of a step
+ *                      (slot k = micro-batch k), "dp": the micro-batches a step and
+ *                      "leaves": true; a resume needs the same count, at any dp
  *   manifest.json      format "loom-checkpoint", version 1, loom version, step, steps_taken,
  *                      precision state, optimizer {name, slots}, model config, layout
  *                      {tp: N} (under pp also pp: P and pp_layers: the blocks of each
@@ -270,9 +273,10 @@ typedef struct loom_ckpt_source {
     /* gradient compression (compress.h; NULL: none): every dp rank's error-feedback
      * residual, slot k = dp rank k, laid out as the state above (slot-major per entry),
      * written as residual*.safetensors ("X.state<k>") and named in the manifest's
-     * "compress": {"method", "dp"} */
+     * "compress": {"method", "dp"}; residual_leaves: slot k = global micro-batch k */
     const float *residual;
     uint32_t residual_slots;
+    int residual_leaves;   /* canonical compression: the slots are global micro-batches */
     const char *compress_method;
 } loom_ckpt_source;
 

@@ -1251,10 +1251,26 @@ static loom_status read_residuals(loaded *ld, const loom_json *root, loom_sessio
     int64_t dp = 0;
     if (!mj || !loom_json_int64(loom_json_get(cj, "dp"), &dp) || dp < 2 || dp > 65536)
         return bad(ld->mpath, "manifest compress must be {\"method\": M, \"dp\": N >= 2}");
-    size_t total;
+    size_t total, per = (size_t)loom_compress_residual_slots(c);
     loom_compress_residual(c, &total);
-    int my_dp = loom_compress_dp_size(c);
-    if (dp != my_dp || strcmp(mj->text, method) != 0)
+    total /= per; /* the floats of one slot: the gradient buffer's */
+    /* canonical compression: one residual per global micro-batch, whatever dp ran it */
+    const loom_json *lj = loom_json_get(cj, "leaves");
+    int leaves = lj && lj->type == LOOM_JSON_BOOL && lj->boolean;
+    int my_leaves = loom_compress_canonical(c);
+    int my_dp = loom_compress_dp_size(c), my_slots = my_dp * (int)per;
+    if (leaves != my_leaves)
+        return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s' holds the error-feedback residuals of "
+                         "compress = \"%.20s\" in %s mode (%s); this run is in %s mode: resume in "
+                         "the mode it was saved in", ld->mpath, mj->text, leaves ? "canonical" : "fast",
+                         leaves ? "one per global micro-batch" : "one per dp rank",
+                         my_leaves ? "canonical" : "fast");
+    if (leaves && (dp != my_slots || strcmp(mj->text, method) != 0))
+        return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s' holds canonical compress = \"%.20s\"'s "
+                         "residuals of %lld micro-batches a step; this run compresses with \"%s\" "
+                         "over %d (batch.global / batch.micro): resume with the same global batch "
+                         "and method (any dp)", ld->mpath, mj->text, (long long)dp, method, my_slots);
+    if (!leaves && (dp != my_dp || strcmp(mj->text, method) != 0))
         return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s' holds the error-feedback residuals of "
                          "compress = \"%.20s\" at dp=%lld; this run compresses with \"%s\" at "
                          "dp=%d, and the residuals are per dp rank: resume at dp=%lld with "
@@ -1366,16 +1382,20 @@ static void copy_in(const loaded *ld, loom_session *s)
     }
     loom_session_from_host(s);
     loom_compress *c = loom_session_compress(s);
-    if (c) { /* this dp rank's slot of the residuals, or zero: none saved */
-        size_t total;
-        float *r = loom_compress_residual(c, &total);
-        uint32_t dp = (uint32_t)loom_compress_dp_size(c), me = (uint32_t)loom_compress_dp_rank(c);
-        memset(r, 0, total * sizeof(float));
-        for (int i = 0; ld->residual && i < t->count; i++) {
-            const loom_param_entry *e = &t->entries[i];
-            memcpy(r + e->offset, ld->residual + (size_t)dp * e->offset + (size_t)me * e->numel,
-                   e->numel * sizeof(float));
-        }
+    if (c) { /* this dp rank's slots of the residuals (canonical: its micro-batches'), or
+              * zero: none saved */
+        size_t floats, per = (size_t)loom_compress_residual_slots(c);
+        float *r = loom_compress_residual(c, &floats);
+        size_t total = floats / per;
+        size_t dp = (size_t)loom_compress_dp_size(c) * per;
+        size_t me = (size_t)loom_compress_dp_rank(c) * per;
+        memset(r, 0, floats * sizeof(float));
+        for (size_t k = 0; k < per; k++)
+            for (int i = 0; ld->residual && i < t->count; i++) {
+                const loom_param_entry *e = &t->entries[i];
+                memcpy(r + k * total + e->offset,
+                       ld->residual + dp * e->offset + (me + k) * e->numel, e->numel * sizeof(float));
+            }
     }
 }
 

@@ -94,7 +94,14 @@ loom_status loom_compress_create(const loom_compress_config *cfg, loom_gpt *m,
                   "(0, 1) (got %g) and warmup >= 1: the uncompressed steps that set Adam's "
                   "variance before it is frozen (got %lld; Tang et al. warm up for 15-25%% of "
                   "the run)", cfg->momentum, (long long)cfg->warmup);
-    if (!comm || dp_size < 2)
+    if (cfg->leaves > 0 && (cfg->method == LOOM_COMPRESS_POWERSGD || cfg->momentum != 0))
+        LOOM_FAIL(LOOM_ERR_INVALID, "strategy.compress = { \"%s\"%s } with deterministic = "
+                  "\"canonical\" is not built: canonical compression packs each micro-batch's "
+                  "gradient on its own, which onebit and topk do; %s", loom_compress_method_name(cfg->method),
+                  cfg->momentum != 0 ? ", momentum = true" : "",
+                  cfg->momentum != 0 ? "1-bit Adam's per-rank share of the momentum depends on dp"
+                                     : "powersgd's P = M Q would need canonical products");
+    if (cfg->leaves <= 0 && (!comm || dp_size < 2))
         LOOM_FAIL(LOOM_ERR_INVALID, "compress needs a data-parallel group of 2 or more ranks "
                   "(mesh.dp >= 2); with dp=1 there is no gradient exchange to compress");
     loom_compress *c = calloc(1, sizeof *c);
@@ -104,13 +111,14 @@ loom_status loom_compress_create(const loom_compress_config *cfg, loom_gpt *m,
     c->comm = comm;
     c->dp = dp;
     c->dp_size = dp_size;
-    c->dp_rank = comm->rank(dp);
+    c->dp_rank = comm ? comm->rank(dp) : 0;
     c->total = loom_gpt_params(m)->total;
     loom_status st = cfg->method == LOOM_COMPRESS_POWERSGD ? powersgd_plan(c, m) : make_buckets(c, m);
+    size_t slots = cfg->leaves > 0 ? (size_t)cfg->leaves : 1; /* residuals and messages */
     if (st == LOOM_OK) {
-        c->residual = calloc(c->total ? c->total : 1, sizeof(float));
-        c->msg = malloc(c->msg_bytes ? c->msg_bytes : 1);
-        c->gathered = malloc(c->msg_bytes * (size_t)dp_size + 1);
+        c->residual = calloc(slots * c->total + 1, sizeof(float));
+        c->msg = malloc(slots * c->msg_bytes + 1);
+        c->gathered = malloc(slots * c->msg_bytes * (size_t)dp_size + 1);
         c->scratch = malloc((c->max_n + 1) * sizeof(float));
         c->pick = malloc((c->max_n + 1) * sizeof(uint32_t));
         if (!c->residual || !c->msg || !c->gathered || !c->scratch || !c->pick)
@@ -143,7 +151,12 @@ void loom_compress_destroy(loom_compress *c)
 
 int loom_compress_active(const loom_compress *c, int64_t step) { return c && step > c->cfg.warmup; }
 void loom_compress_begin_step(loom_compress *c, int64_t step) { c->step = step; }
-size_t loom_compress_message_bytes(const loom_compress *c) { return c->msg_bytes; }
+size_t loom_compress_message_bytes(const loom_compress *c)
+{
+    return c->msg_bytes * (size_t)loom_compress_residual_slots(c);
+}
+int loom_compress_residual_slots(const loom_compress *c) { return c->cfg.leaves > 0 ? c->cfg.leaves : 1; }
+int loom_compress_canonical(const loom_compress *c) { return c->cfg.leaves > 0; }
 size_t loom_compress_raw_bytes(const loom_compress *c) { return c->elems * sizeof(float); }
 int loom_compress_method_in_use(const loom_compress *c) { return c->cfg.method; }
 int loom_compress_dp_size(const loom_compress *c) { return c->dp_size; }
@@ -151,13 +164,14 @@ int loom_compress_dp_rank(const loom_compress *c) { return c->dp_rank; }
 
 float *loom_compress_residual(loom_compress *c, size_t *floats)
 {
-    *floats = c->total;
+    *floats = c->total * (size_t)loom_compress_residual_slots(c);
     return c->residual;
 }
 
 size_t loom_compress_buffer_bytes(const loom_compress *c)
 {
-    return c->total * sizeof(float) + c->msg_bytes * (size_t)(1 + c->dp_size) +
+    size_t slots = (size_t)loom_compress_residual_slots(c);
+    return slots * (c->total * sizeof(float) + c->msg_bytes * (size_t)(1 + c->dp_size)) +
            c->max_n * (sizeof(float) + sizeof(uint32_t)) +
            (c->sum_p + 2 * c->sum_q) * sizeof(float);
 }
@@ -172,10 +186,10 @@ static int all_finite(const float *x, size_t n)
 
 /* --- onebit ---------------------------------------------------------------------------- */
 
-static void onebit_pack(loom_compress *c, const bucket *b, const float *g, float *scale_out,
+static void onebit_pack(float *residual, const bucket *b, const float *g, float *scale_out,
                         unsigned char *bits)
 {
-    float *e = c->residual + b->lo;
+    float *e = residual + b->lo;
     memset(bits, 0, (b->n + 7) / 8);
     if (!all_finite(g, b->n)) {
         *scale_out = NAN;
@@ -228,9 +242,10 @@ static float kth_largest(float *a, size_t n, size_t k)
     return a[lo];
 }
 
-static void topk_pack(loom_compress *c, const bucket *b, const float *g, float *vals, uint32_t *idx)
+static void topk_pack(loom_compress *c, float *residual, const bucket *b, const float *g,
+                      float *vals, uint32_t *idx)
 {
-    float *e = c->residual + b->lo;
+    float *e = residual + b->lo;
     if (!all_finite(g, b->n)) {
         for (size_t j = 0; j < b->k; j++) {
             vals[j] = NAN;
@@ -261,50 +276,94 @@ static void topk_pack(loom_compress *c, const bucket *b, const float *g, float *
 
 /* --- the exchange ---------------------------------------------------------------------- */
 
+/* Every bucket of g (the gradient buffer's layout) into one message, the residual at
+ * residual (the same layout) updated. */
+static void pack(loom_compress *c, float *g, float *residual, unsigned char *msg)
+{
+    size_t scales = (size_t)c->nb * sizeof(float), vals = c->sum_k * sizeof(float);
+    for (int i = 0; i < c->nb; i++) {
+        const bucket *b = &c->b[i];
+        momentum_before(c, i, g + b->lo);
+        if (c->cfg.method == LOOM_COMPRESS_ONEBIT)
+            onebit_pack(residual, b, g + b->lo, (float *)(void *)(msg + (size_t)i * sizeof(float)),
+                        msg + scales + b->at);
+        else
+            topk_pack(c, residual, b, g + b->lo, (float *)(void *)(msg + b->at * sizeof(float)),
+                      (uint32_t *)(void *)(msg + vals + b->at * sizeof(uint32_t)));
+    }
+}
+
+/* One message decompressed and added into g's buckets. */
+static void add_message(const loom_compress *c, const unsigned char *m, float *grads)
+{
+    size_t scales = (size_t)c->nb * sizeof(float), vals = c->sum_k * sizeof(float);
+    for (int i = 0; i < c->nb; i++) {
+        const bucket *b = &c->b[i];
+        float *g = grads + b->lo;
+        if (c->cfg.method == LOOM_COMPRESS_ONEBIT) {
+            float s;
+            memcpy(&s, m + (size_t)i * sizeof(float), sizeof s);
+            const unsigned char *bits = m + scales + b->at;
+            for (size_t j = 0; j < b->n; j++)
+                g[j] += (bits[j >> 3] >> (j & 7)) & 1 ? s : -s;
+        } else {
+            for (size_t j = 0; j < b->k; j++) {
+                float v;
+                uint32_t at;
+                memcpy(&v, m + (b->at + j) * sizeof(float), sizeof v);
+                memcpy(&at, m + vals + (b->at + j) * sizeof(uint32_t), sizeof at);
+                g[at < b->n ? at : 0] += v;
+            }
+        }
+    }
+}
+
+static loom_status gather(loom_compress *c, size_t bytes)
+{
+    if (!c->comm) { /* one rank: its messages are all there are */
+        memcpy(c->gathered, c->msg, bytes);
+        return LOOM_OK;
+    }
+    loom_comm_request *req = NULL;
+    LOOM_TRY(c->comm->allgather_start(c->dp, c->msg, c->gathered, bytes, LOOM_DTYPE_U8, &req));
+    return c->comm->wait(c->dp, req);
+}
+
 loom_status loom_compress_exchange(loom_compress *c, float *grads)
 {
     if (c->cfg.method == LOOM_COMPRESS_POWERSGD)
         return powersgd_exchange(c, grads);
-    int onebit = c->cfg.method == LOOM_COMPRESS_ONEBIT;
-    size_t scales = (size_t)c->nb * sizeof(float), vals = c->sum_k * sizeof(float);
-    for (int i = 0; i < c->nb; i++) {
-        const bucket *b = &c->b[i];
-        momentum_before(c, i, grads + b->lo);
-        if (onebit)
-            onebit_pack(c, b, grads + b->lo, (float *)(void *)(c->msg + (size_t)i * sizeof(float)),
-                        c->msg + scales + b->at);
-        else
-            topk_pack(c, b, grads + b->lo, (float *)(void *)(c->msg + b->at * sizeof(float)),
-                      (uint32_t *)(void *)(c->msg + vals + b->at * sizeof(uint32_t)));
-    }
-    loom_comm_request *req = NULL;
-    LOOM_TRY(c->comm->allgather_start(c->dp, c->msg, c->gathered, c->msg_bytes, LOOM_DTYPE_U8, &req));
-    LOOM_TRY(c->comm->wait(c->dp, req));
+    if (c->cfg.leaves > 0)
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "compress: canonical mode exchanges leaf by leaf");
+    pack(c, grads, c->residual, c->msg);
+    LOOM_TRY(gather(c, c->msg_bytes));
     for (int i = 0; i < c->nb; i++)
         memset(grads + c->b[i].lo, 0, c->b[i].n * sizeof(float));
-    for (int r = 0; r < c->dp_size; r++) {
-        const unsigned char *m = c->gathered + (size_t)r * c->msg_bytes;
-        for (int i = 0; i < c->nb; i++) {
-            const bucket *b = &c->b[i];
-            float *g = grads + b->lo;
-            if (onebit) {
-                float s;
-                memcpy(&s, m + (size_t)i * sizeof(float), sizeof s);
-                const unsigned char *bits = m + scales + b->at;
-                for (size_t j = 0; j < b->n; j++)
-                    g[j] += (bits[j >> 3] >> (j & 7)) & 1 ? s : -s;
-            } else {
-                for (size_t j = 0; j < b->k; j++) {
-                    float v;
-                    uint32_t at;
-                    memcpy(&v, m + (b->at + j) * sizeof(float), sizeof v);
-                    memcpy(&at, m + vals + (b->at + j) * sizeof(uint32_t), sizeof at);
-                    g[at < b->n ? at : 0] += v;
-                }
-            }
-        }
-    }
+    for (int r = 0; r < c->dp_size; r++) /* rank order: every rank adds the same way */
+        add_message(c, c->gathered + (size_t)r * c->msg_bytes, grads);
     for (int i = 0; i < c->nb; i++)
         momentum_after(c, i, grads + c->b[i].lo);
     return LOOM_OK;
+}
+
+/* --- canonical mode: a message and a residual per leaf (compress.h) -------------------- */
+
+loom_status loom_compress_leaf(loom_compress *c, int a, float *grads)
+{
+    if (c->cfg.leaves <= 0 || a < 0 || a >= c->cfg.leaves)
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "compress: leaf %d of %d", a, c->cfg.leaves);
+    pack(c, grads, c->residual + (size_t)a * c->total,
+         c->msg + (size_t)a * c->msg_bytes);
+    return LOOM_OK;
+}
+
+loom_status loom_compress_gather_leaves(loom_compress *c)
+{
+    return gather(c, (size_t)c->cfg.leaves * c->msg_bytes);
+}
+
+void loom_compress_decode_leaf(const loom_compress *c, int j, float *out)
+{
+    memset(out, 0, c->total * sizeof(float));
+    add_message(c, c->gathered + (size_t)j * c->msg_bytes, out);
 }

@@ -25,8 +25,16 @@
  *           whole, fp32. Message bytes: sum of 4 r (rows + cols) + 4 n over the raw ones.
  * A bucket whose gradient holds an inf or nan is sent as nan (so the step's non-finite
  * check fires on every rank) and its residual is left as it was.
- * What it does not: canonical mode (compression is lossy and what is compressed depends
- * on dp; the session refuses the two together); device memory (host loops).
+ * Canonical mode (cfg.leaves > 0; onebit and topk, one rank or dp, any zero,
+ * tp = pp = ep = 1): what is compressed is each global micro-batch's own gradient, a leaf
+ * of canonical mode's tree,
+ * with its own residual (leaf i's, whichever rank runs it), so the messages do not depend
+ * on which micro-batches share a rank. Each rank packs its leaves (loom_compress_leaf),
+ * the messages are all-gathered, and every rank decompresses every leaf in the global
+ * micro-batch order (loom_compress_decode_leaf) for the caller's tree: dp = 1, 2, 4 give
+ * the same bits. The residual is then one per leaf (leaves x the gradient buffer).
+ * What it does not: canonical powersgd (P = M Q would need canonical products) or 1-bit
+ * Adam (its per-rank share of the momentum depends on dp); device memory (host loops).
  */
 #ifndef LOOM_CORE_COMPRESS_H
 #define LOOM_CORE_COMPRESS_H
@@ -52,6 +60,8 @@ typedef struct loom_compress_config {
     int rank;            /* powersgd: the rank r of each matrix's approximation */
     double momentum;     /* > 0: 1-bit Adam (compress_momentum.c): exchange the momentum
                           * with this beta1, not the gradient; 0: off */
+    int leaves;          /* canonical mode: this rank's micro-batches a step (its leaves of
+                          * the canonical tree, below); 0: fast mode */
 } loom_compress_config;
 
 typedef struct loom_compress loom_compress;
@@ -88,11 +98,25 @@ loom_status loom_compress_momentum_prepare(struct loom_plugin_config *optim,
 loom_status loom_compress_set_momentum(loom_compress *c, const struct loom_optim_segment *seg,
                                        int n_seg, const float *grad_base);
 
+/* Canonical mode: pack this rank's micro-batch a (0 .. leaves - 1) from grads (its gradient
+ * alone), updating its leaf's residual; after the last, gather every rank's (collective
+ * over dp; one rank: nothing to send); then leaf j of the step (0 .. dp x leaves - 1, the
+ * global micro-batch order) decompressed into out (the gradient buffer's layout, zero
+ * outside the buckets). */
+loom_status loom_compress_leaf(loom_compress *c, int a, float *grads);
+loom_status loom_compress_gather_leaves(loom_compress *c);
+void loom_compress_decode_leaf(const loom_compress *c, int j, float *out);
+/* Residual slots this rank holds: leaves in canonical mode, else 1; 1 in canonical mode. */
+int loom_compress_residual_slots(const loom_compress *c);
+int loom_compress_canonical(const loom_compress *c);
+
 /* Bytes of one rank's message per step (what it sends into the all-gather; it receives
- * dp - 1 such messages), and the fp32 bytes of the same elements uncompressed. */
+ * dp - 1 such messages; canonical mode: all its leaves'), and the fp32 bytes of the same
+ * elements uncompressed. */
 size_t loom_compress_message_bytes(const loom_compress *c);
 size_t loom_compress_raw_bytes(const loom_compress *c);
-/* The residual, laid out as the gradient buffer (total floats; zero outside buckets). */
+/* The residual, laid out as the gradient buffer (total floats; zero outside buckets);
+ * canonical mode: its leaves' one after another (leaves x the buffer's floats). */
 float *loom_compress_residual(loom_compress *c, size_t *floats);
 /* Bytes compression holds (residual, message, gathered messages, scratch). */
 size_t loom_compress_buffer_bytes(const loom_compress *c);

@@ -39,6 +39,7 @@ struct loom_grad_sync {
     const loom_strategy_ops *strategy;
     void *strategy_self;
     float *gathered;     /* canonical: dp_size block sums */
+    float *leaf;         /* canonical compression: one decompressed leaf (total floats) */
     double *loss_blocks; /* dp_size block loss sums */
     tree t;
     double local_loss;
@@ -153,6 +154,8 @@ void loom_grad_sync_destroy(loom_grad_sync *gs)
                 gs->be->ops->free(gs->be->self, t->buf[i]);
     }
     free(gs->ranges);
+    if (gs->leaf)
+        gs->be->ops->free(gs->be->self, gs->leaf);
     if (gs->gathered)
         gs->be->ops->free(gs->be->self, gs->gathered);
     free(gs->loss_blocks);
@@ -254,6 +257,11 @@ loom_status loom_grad_sync_begin_micro(loom_grad_sync *gs, int a)
         gs->reported = 0;
         gs->first_ms = -1.0;
     }
+    if (gs->compress_on && gs->canonical) { /* each micro-batch packed on its own (end) */
+        loom_gpt_zero_grad(gs->model);
+        loom_gpt_set_grad_hook(gs->model, NULL, NULL);
+        return LOOM_OK;
+    }
     if (gs->compress_on) { /* accumulate locally; finish exchanges the compressed sum */
         if (a == 0)
             loom_gpt_zero_grad(gs->model);
@@ -275,6 +283,8 @@ loom_status loom_grad_sync_begin_micro(loom_grad_sync *gs, int a)
 loom_status loom_grad_sync_end_micro(loom_grad_sync *gs, int a, double loss_sum)
 {
     dtree_push(&gs->t, loss_sum);
+    if (gs->compress_on && gs->canonical) /* a leaf of the tree: its own message (compress.h) */
+        return loom_compress_leaf(gs->compress, a, loom_gpt_grad_data(gs->model));
     if (gs->compress_on)
         return LOOM_OK;
     if (gs->reducer.ready)
@@ -380,10 +390,38 @@ static loom_status allgather(loom_grad_sync *gs, const void *send, void *recv, s
     return gs->comm->wait(gs->dp, req);
 }
 
+/* Canonical compression (compress.h): every rank's leaf messages gathered, then every
+ * leaf decompressed and pushed in global micro-batch order into one tree, the same on
+ * every rank whatever dp is; the losses as below. */
+static loom_status finish_leaves(loom_grad_sync *gs, double local, float *grads, double *loss_sum)
+{
+    const loom_backend_ops *k = gs->be->ops;
+    loom_gpt_set_grad_hook(gs->model, NULL, NULL);
+    if (!gs->leaf && !(gs->leaf = k->alloc(gs->be->self, gs->total * sizeof(float))))
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for canonical compression's leaf");
+    *loss_sum = local;
+    if (gs->comm) {
+        LOOM_TRY(allgather(gs, &local, gs->loss_blocks, sizeof local, LOOM_DTYPE_U8));
+        for (int r = 0; r < gs->dp_size; r++)
+            dtree_push(&gs->t, gs->loss_blocks[r]);
+        *loss_sum = dtree_finish(&gs->t);
+    }
+    LOOM_TRY(loom_compress_gather_leaves(gs->compress));
+    tree_reset(&gs->t);
+    for (int j = 0; j < gs->accum * gs->dp_size; j++) {
+        loom_compress_decode_leaf(gs->compress, j, gs->leaf);
+        LOOM_TRY(tree_push(gs, &gs->t, gs->leaf));
+    }
+    tree_finish(gs, &gs->t, grads);
+    return LOOM_OK;
+}
+
 loom_status loom_grad_sync_finish(loom_grad_sync *gs, double *loss_sum)
 {
     float *grads = loom_gpt_grad_data(gs->model);
     double local = dtree_finish(&gs->t);
+    if (gs->canonical && gs->compress_on)
+        return finish_leaves(gs, local, grads, loss_sum);
     for (int i = 0; gs->canonical && i < gs->n_ranges; i++)
         tree_finish(gs, &gs->ranges[i], grads);
     if (gs->canonical && gs->n_ranges)

@@ -11,6 +11,9 @@
  * micro-batches is one complete subtree, so ranks sum their block locally, exchange block
  * sums with an all-gather and finish the same tree: dp = 1, 2, 4 give the same bits.
  * The loss is summed in the same tree in double precision in both modes' cross-rank part.
+ * Canonical mode with compression (compress.h): each micro-batch's gradient is packed as
+ * its own message instead of pushed; finish gathers every rank's and pushes each
+ * decompressed micro-batch, in global order, into one tree on every rank.
  */
 #ifndef LOOM_CORE_GRAD_SYNC_H
 #define LOOM_CORE_GRAD_SYNC_H

@@ -38,6 +38,7 @@
 #include "model/gpt_cost.h"
 #include "model/gpt_distill.h"
 #include "kd_cache.h"
+#include "kd_group.h"
 #include "model/gpt_stage.h"
 
 struct loom_session {
@@ -67,6 +68,10 @@ struct loom_session {
     loom_gpt *teacher;       /* distillation: the frozen teacher, else NULL */
     loom_kd_cache *kd_cache; /* distillation from loom distill-cache's file, else NULL */
     float *kd_step;          /* pp, last stage: the teacher's rows of the step's micro-batches */
+    const loom_strategy_ops *teacher_tp; /* teacher.tp > 1: its own tp strategy over the */
+    void *teacher_tp_self;               /* student's tp group, and its whole rows gathered */
+    float *kd_whole;                     /* (2 x B*T x teacher's Vp): scratch, then the rows */
+    loom_kd_group *kd_group;             /* teacher.tp across dp ranks (kd_group.h), else NULL */
     int kd_map[64];          /* hidden-state terms: student block -> teacher block (-1: none) */
     const float *kd_h[64];   /* the teacher's block outputs they compare with, per student block */
     int kd_hidden_on;
@@ -253,15 +258,76 @@ static loom_status distill_hidden_open(loom_session *s, const loom_session_confi
     return loom_gpt_set_distill_hidden(s->model, s->kd_h, cfg->kd_hidden);
 }
 
-/* Distillation (gpt_distill.h): the teacher, replicated on every rank (under pp on the last
- * stage only, where the student's logits are), weights loaded. */
+/* teacher.tp (docs/DISTILL.md): the teacher split by tensor parallelism. Over the
+ * student's tp group (teacher.tp = mesh.tp) by a second instance of its tp strategy: the
+ * group's ranks run the same micro-batches, so the teacher's exchanges line up. With
+ * mesh.tp = 1 over groups of teacher.tp dp ranks (kd_group.h), whose micro-batches
+ * differ, so the step runs the teacher on all of them first. Its vocabulary-parallel rows
+ * are gathered whole for the term either way. */
+static loom_status teacher_layout(loom_session *s, const loom_session_config *cfg,
+                                  loom_gpt_parallel *par)
+{
+    int n = cfg->kd_teacher_tp;
+    if (n <= 1)
+        return LOOM_OK; /* replicated */
+    const struct loom_comm_ops *ops;
+    void *group;
+    int tp = 1;
+    LOOM_TRY(loom_core_host()->group(LOOM_GROUP_TP, &ops, &group, &tp));
+    if (tp > 1 && n != tp)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.tp = %d with mesh.tp = %d is not built yet: with "
+                  "mesh.tp > 1 the teacher is split over the student's tp group (teacher.tp = "
+                  "mesh.tp) or replicated (teacher.tp = 1)", n, tp);
+    if (cfg->kd_layers)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.layers with teacher.tp > 1 is not built yet (the "
+                  "hidden-state terms read a whole teacher's block outputs); use teacher.tp = 1");
+    size_t rows = (size_t)cfg->micro_batch * cfg->seq, vp = (size_t)cfg->teacher->vocab_padded;
+    if (tp == 1) { /* across dp ranks */
+        if (s->pipe || cfg->ep > 1)
+            LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.tp = %d across dp ranks with %s is not built "
+                      "yet; split the teacher over mesh.tp, or replicate it (teacher.tp = 1)", n,
+                      s->pipe ? "mesh.pp > 1" : "mesh.ep > 1");
+        LOOM_TRY(loom_kd_group_open(n, cfg->micro_batch, cfg->seq, cfg->accum, vp, cfg->canonical,
+                                    &s->kd_group));
+        par->tp_ops = loom_kd_group_strategy(s->kd_group, &par->tp_self);
+        return LOOM_OK;
+    }
+    LOOM_TRY(make_plugin(&s->tensor_cfg, (const void **)&s->teacher_tp, &s->teacher_tp_self));
+    par->tp_ops = s->teacher_tp;
+    par->tp_self = s->teacher_tp_self;
+    if (!(s->kd_whole = malloc(2 * rows * vp * sizeof(float))))
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the split teacher's whole rows (%zu MiB)",
+                  2 * rows * vp * sizeof(float) >> 20);
+    return LOOM_OK;
+}
+
+/* The teacher's logits of its last forward as whole rows (R of them): its own buffer when
+ * it is replicated, gathered over its tp group when split. */
+static loom_status teacher_rows(loom_session *s, size_t R, const float **rows)
+{
+    if (!s->teacher_tp) {
+        *rows = loom_gpt_logits(s->teacher);
+        return LOOM_OK;
+    }
+    size_t vp = (size_t)loom_gpt_get_config(s->teacher)->vocab_padded;
+    float *blocks = s->kd_whole, *whole = s->kd_whole + R * vp;
+    *rows = whole;
+    return loom_gpt_gather_logits(s->teacher, R, blocks, whole);
+}
+
+/* Distillation (gpt_distill.h): the teacher, replicated on every rank or split by tp
+ * (teacher.tp: over the student's tp group or groups of dp ranks; under pp on the last
+ * stage only, where the student's logits are), weights loaded. A student with tp > 1
+ * distils from whole rows (gpt_distill.h). */
 static loom_status make_teacher(loom_session *s, const loom_session_config *cfg)
 {
     const loom_gpt_config *tc = cfg->teacher, *mc = loom_gpt_get_config(s->model);
-    if (s->tensor)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher with mesh.tp > 1 is not built yet (the student's "
-                  "logits are split over the vocabulary); distil with tp = 1 (dp, zero and pp "
-                  "work)");
+    if (cfg->kd_layers && s->tensor)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.layers (hidden-state terms) with mesh.tp > 1 is "
+                  "not built yet; the term on the logits is (leave teacher.layers out)");
+    if (cfg->kd_cache && cfg->kd_teacher_tp > 1)
+        LOOM_FAIL(LOOM_ERR_INVALID, "teacher.tp = %d with teacher.cache: a cache runs no teacher "
+                  "to split; leave teacher.tp out", cfg->kd_teacher_tp);
     if (s->pipe && loom_pipeline_stage(s->pipe) != loom_pipeline_stages(s->pipe) - 1)
         return LOOM_OK; /* no logits on this stage */
     if (s->pipe) { /* the teacher's rows of all of a step's micro-batches (distill_pipeline) */
@@ -283,6 +349,7 @@ static loom_status make_teacher(loom_session *s, const loom_session_config *cfg)
         LOOM_FAIL(LOOM_ERR_INVALID, "teacher needs its weights from one place: model = "
                   "loom.gpt{ init = \"teacher.bin\" } or checkpoint = \"DIR\"");
     loom_gpt_parallel par = {NULL, NULL, cfg->canonical, NULL, 0, 0, 0, NULL};
+    LOOM_TRY(teacher_layout(s, cfg, &par));
     LOOM_TRY(loom_gpt_create(tc, &s->backend, cfg->micro_batch, cfg->seed, &par, &s->teacher));
     if (cfg->kd_layers)
         LOOM_TRY(distill_hidden_open(s, cfg));
@@ -303,7 +370,7 @@ static loom_status distill_pipeline(loom_session *s, int accum, int dp_rank)
         const float *rows;
         if (s->teacher) {
             LOOM_TRY(loom_gpt_forward(s->teacher, s->tokens + (size_t)a * bt, NULL, B, T, 0.0f, NULL));
-            rows = loom_gpt_logits(s->teacher);
+            LOOM_TRY(teacher_rows(s, bt, &rows));
         } else {
             int64_t g = (s->step_no - 1) * accum * loom_grad_sync_dp_size(s->sync) +
                         (int64_t)dp_rank * accum + a;
@@ -315,15 +382,21 @@ static loom_status distill_pipeline(loom_session *s, int accum, int dp_rank)
                                      s->cfg.kd_temperature, s->cfg.kd_alpha);
 }
 
-/* Gradient compression over the dp group (compress.h): fast mode, dp >= 2. */
+/* Gradient compression over the dp group (compress.h): fast mode, dp >= 2; canonical
+ * mode per micro-batch (a leaf each), one rank or dp (any zero: canonical ZeRO sums the
+ * whole gradient in the tree, then takes its partition), tp = pp = ep = 1. */
 static loom_status make_compress(loom_session *s)
 {
     const loom_session_config *cfg = &s->cfg;
     const char *name = loom_compress_method_name(cfg->compress_method);
-    if (cfg->canonical)
-        LOOM_FAIL(LOOM_ERR_INVALID, "strategy.compress = \"%s\" with deterministic = \"canonical\": "
-                  "compression is lossy and what each rank compresses depends on dp, so canonical "
-                  "mode's bits across layouts cannot hold; leave one of them out", name);
+    if (cfg->canonical && (s->tensor || s->pipe || cfg->ep > 1))
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy.compress = \"%s\" with deterministic = "
+                  "\"canonical\" and %s is not built yet (canonical compression packs each global "
+                  "micro-batch's whole gradient as one leaf; %s); use dp alone, or fast mode", name,
+                  s->tensor ? "mesh.tp > 1" : s->pipe ? "mesh.pp > 1" : "mesh.ep > 1",
+                  s->tensor ? "under tp its buckets would have to be slices of fixed global chunks"
+                  : s->pipe ? "a pipeline's parts are summed range by range"
+                            : "experts are reduced over their own group");
     if (s->pipe && s->zero && loom_zero_reduces(s->zero))
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy.compress with zero=%d and pp=%d is not built yet "
                   "(the pipeline's per-micro-batch reduce-scatters would have to give way); use "
@@ -334,7 +407,8 @@ static loom_status make_compress(loom_session *s)
     int dp = 1;
     LOOM_TRY(loom_core_host()->group(LOOM_GROUP_DP, &ops, &group, &dp));
     loom_compress_config cc = {cfg->compress_method, cfg->compress_ratio, cfg->compress_warmup,
-                               cfg->compress_bucket_mb, cfg->compress_rank, 0.0};
+                               cfg->compress_bucket_mb, cfg->compress_rank, 0.0,
+                               cfg->canonical ? cfg->accum : 0};
     if (cfg->compress_momentum) /* 1-bit Adam: adamw's beta1 (loom_compress_momentum_prepare) */
         cc.momentum = loom_config_get(&s->optim_cfg, "betas")->numbers[0];
     LOOM_TRY(loom_compress_create(&cc, s->model, ops, group, dp, &s->compress));
@@ -547,6 +621,10 @@ void loom_session_destroy(loom_session *s)
     loom_grad_sync_destroy(s->sync);
     loom_compress_destroy(s->compress);
     loom_gpt_destroy(s->teacher);
+    if (s->teacher_tp)
+        s->teacher_tp->destroy(s->teacher_tp_self);
+    loom_kd_group_close(s->kd_group);
+    free(s->kd_whole);
     loom_kd_cache_close(s->kd_cache);
     free(s->kd_step);
     loom_zero_destroy(s->zero);
@@ -753,16 +831,29 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         free(mb_loss);
         LOOM_TRY(st);
     }
+    if (s->kd_group && !s->pipe) /* the step's micro-batches read, the split teacher run */
+        LOOM_TRY(loom_kd_group_step(s->kd_group, s->teacher, next, ctx));
     for (int i = 0; !s->pipe && i < accum * dp; i++) {
-        LOOM_TRY(next(ctx, s->tokens, s->targets, B, T));
+        if (s->kd_group) {
+            memcpy(s->tokens, loom_kd_group_tokens(s->kd_group, i), (size_t)B * T * sizeof(int));
+            memcpy(s->targets, loom_kd_group_targets(s->kd_group, i), (size_t)B * T * sizeof(int));
+        } else {
+            LOOM_TRY(next(ctx, s->tokens, s->targets, B, T));
+        }
         if (i / accum != dp_rank)
             continue; /* another rank's micro-batch */
         int a = i % accum;
         double part = 0.0, tf = loom_now_ms();
         LOOM_TRY(loom_grad_sync_begin_micro(s->sync, a));
-        if (s->teacher) { /* forward only, frozen: its logits for the student's loss */
+        if (s->kd_group) { /* the split teacher's rows, run before the loop */
+            LOOM_TRY(loom_gpt_set_distill(s->model, loom_kd_group_rows(s->kd_group, a),
+                                          (size_t)loom_gpt_get_config(s->teacher)->vocab_padded,
+                                          s->cfg.kd_temperature, s->cfg.kd_alpha));
+        } else if (s->teacher) { /* forward only, frozen: its logits for the student's loss */
+            const float *rows;
             LOOM_TRY(loom_gpt_forward(s->teacher, s->tokens, NULL, B, T, 0.0f, NULL));
-            LOOM_TRY(loom_gpt_set_distill(s->model, loom_gpt_logits(s->teacher),
+            LOOM_TRY(teacher_rows(s, (size_t)B * T, &rows));
+            LOOM_TRY(loom_gpt_set_distill(s->model, rows,
                                           (size_t)loom_gpt_get_config(s->teacher)->vocab_padded,
                                           s->cfg.kd_temperature, s->cfg.kd_alpha));
         } else if (s->kd_cache) { /* the cached teacher's rows of the stream's micro-batch */

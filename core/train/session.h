@@ -79,6 +79,8 @@ typedef struct loom_session_config {
     float kd_hidden;
     const char *kd_cache; /* or the teacher's top-k logits from this file (kd_cache.h), read
                            * instead of a teacher model (teacher NULL) */
+    int kd_teacher_tp;    /* teacher.tp: 0 or 1 replicated; mesh.tp: split over the tp group;
+                           * with tp = 1 a divisor of dp: over groups of dp ranks (kd_group.h) */
     /* Expert parallelism (session_ep.h): a MoE model's experts split over ep of the dp
      * ranks; 0 or 1: none. */
     int ep;

@@ -288,6 +288,7 @@ local teacher_spec = {
   layers = { type = "table", help = "{ [student_block] = teacher_block, ... } (0-based, as h.N): hidden-state MSE through a learned projection (docs/DISTILL.md)" },
   hidden = { type = "number", min = 0, help = "the weight beta of the hidden-state terms (default 1)" },
   attention = { type = "boolean", help = "attention-probability MSE (not built yet)" },
+  tp = { type = "integer", help = "the teacher's tensor-parallel split: 1 replicated (default); mesh.tp: over the student's tp group; with mesh.tp = 1 a divisor of mesh.dp: over groups of that many dp ranks (docs/DISTILL.md)" },
 }
 
 -- teacher.layers -> { [s] = t } checked against both models' depths (0-based block indices).
@@ -332,7 +333,12 @@ local function resolve_teacher(t, where, student)
       .. "checkpoint = \"DIR\" (a loom checkpoint) or cache = \"FILE\" (loom distill-cache)%s",
       given > 1 and " (it has more than one)" or "")
   end
-  local out = { kd_temperature = t.temperature or 1.0, kd_alpha = t.alpha or 0.5 }
+  local out = { kd_temperature = t.temperature or 1.0, kd_alpha = t.alpha or 0.5, kd_teacher_tp = t.tp }
+  if t.tp ~= nil and (math.type(t.tp) ~= "integer" or t.tp < 1) then
+    schema.fail(where, "teacher.tp = %s: the teacher's tensor-parallel split is an integer >= 1 "
+      .. "(1: replicated on every rank; mesh.tp: over the student's tp group; with mesh.tp = 1 a "
+      .. "divisor of mesh.dp: over groups of that many dp ranks)", tostring(t.tp))
+  end
   if t.cache then
     out.kd_cache = t.cache
     return out

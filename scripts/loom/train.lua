@@ -49,7 +49,7 @@ local spec = {
   checkpoint = { type = "table", help = "{ dir = \"ckpt\", every = N, keep = K }" },
   resume = { type = { "string", "boolean" }, help = "\"auto\" (newest checkpoint in checkpoint.dir) or a checkpoint path" },
   name = { type = "string" },
-  teacher = { type = "table", help = "distillation: { model = loom.gpt{ init = \"teacher.bin\" } | checkpoint = DIR | cache = FILE, temperature = T, alpha = a, layers = { [student_block] = teacher_block }, hidden = beta } (docs/DISTILL.md)" },
+  teacher = { type = "table", help = "distillation: { model = loom.gpt{ init = \"teacher.bin\" } | checkpoint = DIR | cache = FILE, temperature = T, alpha = a, layers = { [student_block] = teacher_block }, hidden = beta, tp = 1 | mesh.tp | a divisor of mesh.dp } (docs/DISTILL.md)" },
 }
 local batch_spec = {
   micro = { type = "integer", min = 1, required = true, help = "sequences per micro-batch (B)" },

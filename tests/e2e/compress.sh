@@ -21,7 +21,10 @@
 #    variance (the exchange only rounds differently); onebit saves at step 3 and resumes
 #    steps 4-6 bitwise (the momentum is AdamW's own state); refused with gradient
 #    clipping, zero, sgd and powersgd (without a warm-up: measured once);
-#  - refusals: canonical mode, dp = 1, rank with topk, ratio with onebit, another dp at
+#  - canonical mode: onebit at dp = 1 and dp = 2 (also zero = 3) bitwise, a dp = 2 checkpoint resumed at
+#    dp = 1 and dp = 4 bitwise, topk ratio = 1 bitwise uncompressed canonical mode;
+#  - refusals: canonical mode with tp or powersgd, a canonical checkpoint's residuals in
+#    fast mode, dp = 1 (fast mode), rank with topk, ratio with onebit, another dp at
 #    resume, a pp=2 checkpoint's residuals at pp=1; onebit at dp=2 x pp=2 tracks pp=1's.
 set -euo pipefail
 loom=$1
@@ -145,13 +148,43 @@ if "$loom" launch -n 4 "$recipe" threads=1 mesh.dp=4 batch.micro=2 steps=6 "$one
 grep -q 'residuals of compress = "powersgd" at dp=2; this run compresses with "onebit" at dp=4' "$tmp/err" ||
   { echo "unexpected message:"; cat "$tmp/err"; exit 1; }
 
+# --- canonical mode (docs/COMPRESS.md): a message and a residual per global micro-batch --
+# onebit at dp=1, 2 and 4 gives the same bits; a dp=2 checkpoint resumes at dp=1 and dp=4
+# bitwise (the residuals are keyed by micro-batch, not rank); topk with ratio = 1 gives
+# uncompressed canonical mode's bits (the leaves' tree is canonical mode's)
+can=(threads=1 deterministic=canonical batch.global=16)
+"$loom" run "$recipe" "${can[@]}" steps=6 "$onebit" | lines > "$tmp/can1"
+run2 "${can[@]}" steps=6 "$onebit" checkpoint.dir="$tmp/cck" checkpoint.every=3 | lines > "$tmp/can2"
+finite_losses "$tmp/can1"
+cmp -s "$tmp/can1" "$tmp/can2" || { echo "canonical onebit: dp=2 differs from dp=1"; paste "$tmp/can1" "$tmp/can2"; exit 1; }
+"$loom" run "$recipe" "${can[@]}" steps=6 | lines > "$tmp/canu"
+cmp -s "$tmp/can1" "$tmp/canu" && { echo "canonical onebit gave the uncompressed bits: nothing compressed"; exit 1; }
+awk '$2 > 3' "$tmp/can1" > "$tmp/can_want"
+"$loom" run "$recipe" "${can[@]}" steps=6 "$onebit" resume="$tmp/cck/step_00000003" | lines > "$tmp/can_r1"
+"$loom" launch -n 4 "$recipe" "${can[@]}" mesh.dp=4 comm_timeout=30 steps=6 "$onebit" \
+  resume="$tmp/cck/step_00000003" | lines > "$tmp/can_r4"
+for f in can_r1 can_r4; do
+  [ "$(grep -c '^LOSS' "$tmp/$f")" -eq 3 ] && cmp -s "$tmp/can_want" "$tmp/$f" ||
+    { echo "canonical onebit: the dp=2 checkpoint resumed ($f) differs"; paste "$tmp/can_want" "$tmp/$f"; exit 1; }
+done
+run2 "${can[@]}" steps=6 'strategy.compress={"topk",ratio=1}' | lines > "$tmp/cank"
+cmp -s "$tmp/canu" "$tmp/cank" || { echo "canonical topk ratio=1 differs from uncompressed canonical"; exit 1; }
+run2 "${can[@]}" steps=6 "$onebit" strategy.zero=3 | lines > "$tmp/canz"
+cmp -s "$tmp/can1" "$tmp/canz" || { echo "canonical onebit: dp=2 zero=3 differs from dp=1"; exit 1; }
+echo "ok canonical compression: onebit dp=1 = dp=2 (also zero=3) bitwise over 6 steps (and not the uncompressed bits); a dp=2 checkpoint at 3 resumes at dp=1 and dp=4 bitwise; topk ratio=1 at dp=2 = uncompressed canonical dp=1"
+
 # --- refusals ----------------------------------------------------------------------------
 refuse() { # what expected-text args...
   local what=$1 want=$2; shift 2
   if "$@" > "$tmp/err" 2>&1; then echo "$what: accepted"; exit 1; fi
   grep -q -- "$want" "$tmp/err" || { echo "$what: unexpected message:"; cat "$tmp/err"; exit 1; }
 }
-refuse canonical 'compression is lossy' run2 steps=1 deterministic=canonical "$onebit"
+refuse canonical-tp 'with deterministic = "canonical" and mesh.tp > 1 is not built yet' \
+  "$loom" launch -n 2 "$recipe" threads=1 steps=1 mesh.tp=2 comm_timeout=20 deterministic=canonical "$onebit"
+refuse canonical-powersgd 'with deterministic = "canonical" is not built' run2 steps=1 \
+  deterministic=canonical 'strategy.compress={"powersgd"}'
+refuse canonical-fast-resume 'in canonical mode (one per global micro-batch); this run is in fast mode' \
+  run2 batch.global=16 steps=6 "$onebit" resume="$tmp/cck/step_00000003"
 refuse dp=1 'needs a data-parallel group of 2 or more ranks' "$loom" run "$recipe" steps=1 "$onebit"
 refuse rank 'rank is for "powersgd"' run2 steps=1 'strategy.compress={"topk",rank=2}'
 refuse ratio 'ratio is for "topk"' run2 steps=1 'strategy.compress={"onebit",ratio=0.5}'
@@ -163,4 +196,4 @@ refuse 1bit-adam-zero 'with strategy.zero (each rank holds only its partition' "
 refuse 1bit-adam-sgd 'needs optimizer adamw' "${one[@]}" grad_clip=0 'optimizer={"sgd",lr=1}' "$ob"
 refuse 1bit-adam-powersgd 'with onebit or topk, not powersgd' run2 steps=1 "${adam[@]}" \
   'strategy.compress={"powersgd",warmup=2,momentum=true}'
-echo "ok refused: canonical mode, dp=1, rank with topk, ratio with onebit, 1-bit Adam with grad_clip, zero, sgd or powersgd, another dp at resume"
+echo "ok refused: canonical mode with tp or powersgd, a canonical checkpoint's residuals in fast mode, dp=1 (fast mode), rank with topk, ratio with onebit, 1-bit Adam with grad_clip, zero, sgd or powersgd, another dp at resume"

@@ -18,8 +18,12 @@
 #    tests/unit/test_distill.c);
 #  - the student under pp = 2 (the teacher on the last stage): canonical mode gives pp = 1's
 #    bits, and pp = 2 from a k = vocab cache the in-process teacher's;
+#  - the student at tp = 2 (the term on whole rows gathered over the group), the teacher
+#    replicated or split over the student's tp group (teacher.tp = 2): canonical mode gives
+#    tp = 1's bits, fast mode within 1e-4 of one rank; the student at dp = 2 with the
+#    teacher split across its dp ranks (teacher.tp = 2): canonical mode gives one rank's bits;
 #  - refusals: a teacher without weights, teacher.layers out of range (more: distill_hidden.sh),
-#    tp > 1.
+#    teacher.tp not dividing dp, teacher.tp across dp ranks with pp, teacher.tp with a cache.
 set -euo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -142,6 +146,39 @@ refuse no-weights 'teacher.model needs weights' "$loom" run "$recipe" steps=1 \
   'teacher={model={vocab=256,ctx=32,layers=1,heads=2,dim=32}}'
 refuse layers 'teacher.layers: student block 1 is not an integer' "$loom" run "$recipe" steps=1 \
   "teacher={checkpoint=\"$tmp/teacher\",layers={[1]=2}}"
-refuse tp 'teacher with mesh.tp > 1 is not built yet' "$loom" launch -n 2 "$recipe" steps=1 \
-  mesh.tp=2 "$kd"
-echo "ok refused: a teacher without weights, a student block out of range (teacher.layers), tp > 1"
+refuse teacher-tp-dp 'teacher.tp = 2 with mesh.dp = 1 is not built' "$loom" run "$recipe" \
+  steps=1 "teacher={checkpoint=\"$tmp/teacher\",tp=2}"
+refuse teacher-tp-pp 'teacher.tp = 2 across dp ranks with mesh.pp > 1 is not built yet' \
+  "$loom" launch -n 2 "$recipe" steps=1 model.layers=2 mesh.pp=2 comm_timeout=20 \
+  "teacher={checkpoint=\"$tmp/teacher\",tp=2}"
+refuse teacher-tp-cache 'a cache runs no teacher to split' "$loom" run "$recipe" steps=1 \
+  "teacher={cache=\"$tmp/full.kdc\",tp=2}"
+echo "ok refused: a teacher without weights, a student block out of range (teacher.layers), teacher.tp not dividing dp, teacher.tp across dp with pp, teacher.tp with a cache"
+
+# --- the student at tp = 2, the teacher replicated or split over its tp group (teacher.tp) ---
+# canonical mode: tp=1's bits both ways (the term runs on the gathered whole rows); fast mode
+# with the split teacher within 1e-4 of one rank
+tpc=(steps=6 deterministic=canonical batch.micro=4 batch.global=8)
+kt="teacher={checkpoint=\"$tmp/teacher\",temperature=2,alpha=0.5,tp=2}"
+"$loom" run "$recipe" "${tpc[@]}" "$k2" | grep '^LOSS' > "$tmp/tp1"
+"$loom" launch -n 2 "$recipe" "${tpc[@]}" mesh.tp=2 comm_timeout=20 "$k2" | grep '^LOSS' > "$tmp/tp2"
+"$loom" launch -n 2 "$recipe" "${tpc[@]}" mesh.tp=2 comm_timeout=20 "$kt" | grep '^LOSS' > "$tmp/tp2t"
+finite_losses "$tmp/tp1"
+for f in tp2 tp2t; do
+  [ "$(grep -c '^LOSS' "$tmp/$f")" -eq 6 ] && cmp -s "$tmp/tp1" "$tmp/$f" ||
+    { echo "canonical distillation: student tp=2 ($f) differs from tp=1"; paste "$tmp/tp1" "$tmp/$f"; exit 1; }
+done
+"$loom" run "$recipe" steps=10 batch.micro=4 batch.global=8 "$k2" > "$tmp/tpf1"
+"$loom" launch -n 2 "$recipe" steps=10 batch.micro=4 batch.global=8 mesh.tp=2 comm_timeout=20 "$kt" > "$tmp/tpf2"
+d=$(max_loss_diff "$tmp/tpf1" "$tmp/tpf2")
+below "$d" 1e-4 || { echo "student tp=2 with the teacher split (teacher.tp=2) differs from one rank by $d"; exit 1; }
+# the student at dp = 2, the teacher split across its two dp ranks (teacher.tp = 2, run on
+# both ranks' micro-batches, 2 each a step): canonical mode gives one rank's bits
+dpt=(steps=6 deterministic=canonical batch.micro=4 batch.global=16)
+"$loom" run "$recipe" "${dpt[@]}" "$k2" | grep '^LOSS' > "$tmp/dpt1"
+"$loom" launch -n 2 "$recipe" "${dpt[@]}" mesh.dp=2 comm_timeout=20 "$kt" | grep '^LOSS' > "$tmp/dpt2"
+finite_losses "$tmp/dpt1"
+[ "$(grep -c '^LOSS' "$tmp/dpt2")" -eq 6 ] && cmp -s "$tmp/dpt1" "$tmp/dpt2" ||
+  { echo "canonical distillation: dp=2 with teacher.tp=2 differs from one rank"; paste "$tmp/dpt1" "$tmp/dpt2"; exit 1; }
+echo "ok student at dp=2, teacher split across the dp ranks (teacher.tp=2): canonical bitwise one rank over 6 steps (accum 2)"
+echo "ok student at tp=2: canonical bitwise tp=1 over 6 steps, teacher replicated and split (teacher.tp=2); fast, teacher split: max |loss diff| vs one rank $d over 10 steps"

@@ -1,0 +1,150 @@
+/* kd_group.c — a teacher split by tp across groups of dp ranks (kd_group.h). */
+#include "kd_group.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/config.h"
+#include "base/plugin_loader.h"
+#include "base/status.h"
+#include "loom/plugin/comm.h"
+#include "model/gpt_distill.h"
+
+struct loom_kd_group {
+    loom_host host;                    /* the core's, but group(LOOM_GROUP_TP) is comm */
+    loom_plugin_config tp_cfg;
+    const loom_strategy_ops *tp;       /* the teacher's tp strategy over comm */
+    void *tp_self;
+    const struct loom_comm_ops *ops;
+    void *comm;                        /* this rank's teacher group, split from dp */
+    int n, index, dp, dp_rank, B, T, accum;
+    size_t bt, vp;
+    int *tokens, *targets;             /* (accum x dp, B*T) the step's micro-batches */
+    float *rows;                       /* (accum, B*T x vp) this rank's rows */
+    float *blocks, *spare;             /* (B*T x vp) each: gather scratch, others' rows */
+};
+
+/* The tp strategy asks its host for LOOM_GROUP_TP once, in create. group() takes no
+ * context, so the group being created names itself in this thread-local for that call. */
+static _Thread_local const loom_kd_group *creating;
+
+static loom_status teacher_group(loom_group which, const struct loom_comm_ops **ops, void **comm,
+                                 int *size)
+{
+    if (which != LOOM_GROUP_TP || !creating)
+        return loom_core_host()->group(which, ops, comm, size);
+    *ops = creating->ops;
+    *comm = creating->comm;
+    *size = creating->n;
+    return LOOM_OK;
+}
+
+/* The tp strategy plugin on this group (sequence parallelism off: the teacher's rows stay
+ * whole outside its parallel regions). */
+static loom_status make_strategy(loom_kd_group *g, int canonical)
+{
+    const loom_plugin *p;
+    LOOM_TRY(loom_plugin_load(LOOM_KIND_STRATEGY, "tp", &p));
+    LOOM_TRY(loom_config_init(&g->tp_cfg, p->desc));
+    LOOM_TRY(loom_config_set_boolean(&g->tp_cfg, "canonical", canonical));
+    LOOM_TRY(loom_config_finish(&g->tp_cfg));
+    loom_config view = loom_config_view(&g->tp_cfg);
+    g->host = *loom_core_host();
+    g->host.group = teacher_group;
+    const loom_strategy_ops *ops = p->desc->ops;
+    creating = g;
+    loom_status st = ops->create(&g->host, &view, &g->tp_self);
+    creating = NULL;
+    LOOM_TRY(st);
+    g->tp = ops;
+    return LOOM_OK;
+}
+
+static loom_status group_open(loom_kd_group *g, int canonical)
+{
+    size_t micro = (size_t)g->accum * g->dp * g->bt, rows = (size_t)g->accum * g->bt * g->vp;
+    g->tokens = malloc(micro * sizeof(int));
+    g->targets = malloc(micro * sizeof(int));
+    g->rows = malloc(rows * sizeof(float));
+    g->blocks = malloc(2 * g->bt * g->vp * sizeof(float));
+    if (!g->tokens || !g->targets || !g->rows || !g->blocks)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the split teacher's rows (%zu MiB)",
+                  (rows + 2 * g->bt * g->vp) * sizeof(float) >> 20);
+    g->spare = g->blocks + g->bt * g->vp;
+    /* collective over dp: color = the group, key = the place in it */
+    LOOM_TRY(g->ops->split(g->comm, g->dp_rank / g->n, g->index, &g->comm));
+    return make_strategy(g, canonical);
+}
+
+loom_status loom_kd_group_open(int n, int B, int T, int accum, size_t vp, int canonical,
+                               loom_kd_group **out)
+{
+    const struct loom_comm_ops *dops;
+    void *dcomm;
+    int dp = 1;
+    *out = NULL;
+    LOOM_TRY(loom_core_host()->group(LOOM_GROUP_DP, &dops, &dcomm, &dp));
+    if (n < 2 || !dops || dp % n != 0)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.tp = %d with mesh.dp = %d is not built: a teacher "
+                  "split across dp ranks takes groups of teacher.tp of them, so teacher.tp must "
+                  "divide mesh.dp (or equal mesh.tp, or be 1: replicated)", n, dp);
+    loom_kd_group *g = calloc(1, sizeof *g);
+    if (!g)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    g->n = n, g->dp = dp, g->ops = dops, g->comm = dcomm;
+    g->dp_rank = dops->rank(dcomm), g->index = g->dp_rank % n;
+    g->B = B, g->T = T, g->accum = accum, g->bt = (size_t)B * T, g->vp = vp;
+    loom_status st = group_open(g, canonical);
+    if (g->comm == dcomm)
+        g->comm = NULL; /* the split did not happen: not ours to destroy */
+    if (st != LOOM_OK) {
+        loom_kd_group_close(g);
+        return st;
+    }
+    *out = g;
+    return LOOM_OK;
+}
+
+void loom_kd_group_close(loom_kd_group *g)
+{
+    if (!g)
+        return;
+    if (g->tp)
+        g->tp->destroy(g->tp_self);
+    if (g->comm)
+        g->ops->destroy(g->comm);
+    free(g->tokens);
+    free(g->targets);
+    free(g->rows);
+    free(g->blocks);
+    free(g);
+}
+
+const loom_strategy_ops *loom_kd_group_strategy(loom_kd_group *g, void **self)
+{
+    *self = g->tp_self;
+    return g->tp;
+}
+
+loom_status loom_kd_group_step(loom_kd_group *g, loom_gpt *teacher, loom_batch_fn next, void *ctx)
+{
+    for (int i = 0; i < g->accum * g->dp; i++)
+        LOOM_TRY(next(ctx, g->tokens + (size_t)i * g->bt, g->targets + (size_t)i * g->bt, g->B, g->T));
+    int first = g->dp_rank - g->index; /* the group's first dp rank */
+    for (int j = 0; j < g->n; j++)
+        for (int a = 0; a < g->accum; a++) {
+            const int *tok = g->tokens + (size_t)((first + j) * g->accum + a) * g->bt;
+            LOOM_TRY(loom_gpt_forward(teacher, tok, NULL, g->B, g->T, 0.0f, NULL));
+            /* every member takes part in each gather; another member's rows are dropped */
+            float *whole = j == g->index ? g->rows + (size_t)a * g->bt * g->vp : g->spare;
+            LOOM_TRY(loom_gpt_gather_logits(teacher, g->bt, g->blocks, whole));
+        }
+    return LOOM_OK;
+}
+
+const int *loom_kd_group_tokens(const loom_kd_group *g, int i) { return g->tokens + (size_t)i * g->bt; }
+const int *loom_kd_group_targets(const loom_kd_group *g, int i) { return g->targets + (size_t)i * g->bt; }
+const float *loom_kd_group_rows(const loom_kd_group *g, int a)
+{
+    return g->rows + (size_t)a * g->bt * g->vp;
+}

@@ -1,0 +1,46 @@
+/* kd_group.h — a distillation teacher split by tensor parallelism across the student's dp
+ * ranks (teacher.tp = n with mesh.tp = 1, docs/DISTILL.md).
+ *
+ * The dp group is split into groups of n consecutive dp ranks; the teacher is built with
+ * its own instance of the tp strategy over this rank's group (loom_kd_group_strategy). The group's ranks hold different micro-batches,
+ * so a tp teacher cannot follow the student's loop: before a step's student work, every
+ * rank reads the step's accum x dp micro-batches (every rank reads every one anyway), the
+ * group runs the teacher forward on each of its members' micro-batches in dp-rank, then
+ * accumulation order, gathers the rows whole (loom_gpt_gather_logits) and each rank keeps
+ * its own. The student loop then takes its micro-batches from here instead of the stream.
+ * Invariant: nothing else is in flight on the group's communicator (it is the teacher's).
+ * Host memory: the rows are host memory (the CPU backend), as gpt_distill.h needs.
+ */
+#ifndef LOOM_CORE_KD_GROUP_H
+#define LOOM_CORE_KD_GROUP_H
+
+#include <stddef.h>
+
+#include "loom/plugin.h"
+#include "loom/plugin/strategy.h"
+#include "model/gpt.h"
+#include "session.h"
+
+typedef struct loom_kd_group loom_kd_group;
+
+/* Collective over the dp group: n must divide its size (refused otherwise, naming both).
+ * B*T rows a micro-batch, accum micro-batches a step per rank, vp the teacher's
+ * vocab_padded (its row stride); canonical: the strategy's canonical sums. */
+loom_status loom_kd_group_open(int n, int B, int T, int accum, size_t vp, int canonical,
+                               loom_kd_group **out);
+/* After the teacher built on its strategy is destroyed. */
+void loom_kd_group_close(loom_kd_group *g);
+
+/* The teacher's tp strategy (for loom_gpt_parallel's tp_ops, tp_self). */
+const loom_strategy_ops *loom_kd_group_strategy(loom_kd_group *g, void **self);
+
+/* One step's reads and teacher forwards (above). */
+loom_status loom_kd_group_step(loom_kd_group *g, loom_gpt *teacher, loom_batch_fn next, void *ctx);
+
+/* Micro-batch i of the step (0 .. accum x dp - 1, the stream's order): its tokens and
+ * targets (B*T each); this rank's accumulation micro-batch a's teacher rows (B*T x vp). */
+const int *loom_kd_group_tokens(const loom_kd_group *g, int i);
+const int *loom_kd_group_targets(const loom_kd_group *g, int i);
+const float *loom_kd_group_rows(const loom_kd_group *g, int a);
+
+#endif

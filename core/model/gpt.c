@@ -954,8 +954,7 @@ mlp_done:;
     if (m->rc[l] == RC_SELECTIVE) /* the probabilities again; the output (kept) to dbuf_4b,
                                    * free until the MLP's next use */
         k->attention_forward(m->dbuf_4b, a->att, a->qkv, B, T, Cl, m->NHl);
-    k->attention_backward(m->dbuf_4a, m->datt_scratch, datty, a->qkv, a->att, B, T, Cl,
-                          m->NHl);
+    gpt_attention_backward(m, l, m->dbuf_4a, datty, B, T); /* + a distillation term's */
     LOOM_TRY(gpt_regather(m, LOOM_REGION_ATTENTION, l, a->ln1, a->ln1_full, R));
     LOOM_TRY(gpt_column_parallel_backward(m, LOOM_REGION_ATTENTION, l, g->qkvw, g->qkvb,
                                       m->dbuf_4a, a->ln1_full, w->qkvw, B, T, 3 * Cl, 3));
@@ -1010,6 +1009,8 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
     for (int l = 0; l < m->cfg.layers; l++) {
         LOOM_TRY(use(m, 1 + l, 1));
         LOOM_TRY(gpt_block_forward(m, l, residual, B, T, Rl));
+        if (targets && dloss != 0.0f)
+            gpt_distill_attn_forward(m, l, B, T, dloss); /* gpt_distill.h: nothing unless set */
         LOOM_TRY(use(m, 1 + l, 0));
         residual = m->acts[l].res3;
     }

@@ -89,7 +89,7 @@ static loom_status block_input(loom_gpt *m, int l, const float *residual, float 
     float *dqkv = a->dqkv ? a->dqkv : a->fch;
     if (m->rc[l] == RC_SELECTIVE) /* the probabilities again (gpt.c); dbuf_4b: unused in B */
         k->attention_forward(m->dbuf_4b, a->att, a->qkv, B, T, Cl, m->NHl);
-    k->attention_backward(dqkv, m->datt_scratch, datty, a->qkv, a->att, B, T, Cl, m->NHl);
+    gpt_attention_backward(m, l, dqkv, datty, B, T); /* + a distillation term's */
     LOOM_TRY(gpt_column_parallel_backward_input(m, LOOM_REGION_ATTENTION, l, dqkv, w->qkvw, B,
                                                 T, 3 * Cl, 3));
     rep_args ln1 = {m->dtmp, m->dsummed, residual, w->ln1w, a->ln1_mean, a->ln1_rstd};

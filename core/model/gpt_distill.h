@@ -9,8 +9,8 @@
  * A pipeline's last stage distils through loom_gpt_set_distill_step. Hidden-state terms
  * through learned projections: loom_gpt_set_distill_hidden (below). What it does not:
  * tensor parallelism (the vocabulary-parallel logits would need the row statistics
- * exchanged; refused), hidden-state terms under tp, pp or 16-bit precision, and the
- * attention-probability term (the backend's attention backward takes no d(probabilities)).
+ * exchanged; refused), hidden-state terms under tp or pp, the
+ * attention-probability term (loom_gpt_set_distill_attention) under tp or pp.
  * Host memory: the CPU backend's buffers are host memory (as session.c's optimizer assumes).
  */
 #ifndef LOOM_CORE_GPT_DISTILL_H
@@ -49,6 +49,20 @@ loom_status loom_gpt_set_distill_step(loom_gpt *m, const int *targets, size_t ro
 void loom_kd_attention_rows(const float *ps, const float *pt, int B, int NH, int T, float gamma,
                             float scale, double *loss, float *dp);
 
+/* The next training forwards of m add the term for each student block l with
+ * teacher_att[l] != NULL (cfg.layers pointers): the teacher's probabilities (B,NH,T,T) of
+ * that forward's B, T, host memory, valid until its backward returns (the backward reads
+ * them again). The caller checks that the teacher's head count equals the student's.
+ * teacher_att NULL: off. Refused under tp, pp, llama, MoE and a backend without
+ * attention_backward_datt. */
+loom_status loom_gpt_set_distill_attention(loom_gpt *m, const float *const *teacher_att,
+                                           float gamma);
+
+/* Block l's attention probabilities of the last forward (B,NH,T,T; host memory on the CPU
+ * backend), NULL if l is not held, is recomputed (not kept) or holds some heads only (tp):
+ * a teacher's. */
+const float *loom_gpt_block_attention(const loom_gpt *m, int l);
+
 /* Hidden-state terms (gpt_distill_hidden.c): per student block l with a projection
  * (loom_gpt_config.kd_proj_layers), the loss row r adds beta/Ct |W_l h_s,r - h_t,r|^2 (an
  * MSE over the Ct = kd_proj_dim teacher columns; its mean over rows is beta MSE), h the
@@ -61,7 +75,7 @@ void loom_kd_hidden_rows(const float *hs, const float *ht, const float *w, size_
 
 /* The next training forwards of m add the terms against teacher_h[l] (cfg.layers pointers;
  * NULL: block l unmapped), R rows of kd_proj_dim each, host memory, valid until that
- * forward returns. teacher_h NULL: off. Refused under tp, pp and 16-bit precision. */
+ * forward returns. teacher_h NULL: off. Refused under tp and pp. */
 loom_status loom_gpt_set_distill_hidden(loom_gpt *m, const float *const *teacher_h, float beta);
 
 /* Block l's output rows of the last forward (host memory on the CPU backend), NULL if l is

@@ -66,9 +66,6 @@ loom_status loom_gpt_set_distill_hidden(loom_gpt *m, const float *const *teacher
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "distillation's hidden-state terms with %s are not built "
                   "yet; use tp = 1 and pp = 1 (one rank or dp)",
                   m->tp_ops ? "tensor parallelism" : "a pipeline");
-    if (teacher_h && (m->param_dt != LOOM_DTYPE_F32 || m->act_dt != LOOM_DTYPE_F32))
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "distillation's hidden-state terms are built for fp32 "
-                  "only (precision = \"fp32\")");
     if (teacher_h && !(beta >= 0.0f && isfinite(beta)))
         LOOM_FAIL(LOOM_ERR_INVALID, "teacher.hidden=%g must be a finite weight >= 0", beta);
     int L = m->cfg.layers;
@@ -100,12 +97,12 @@ const float *loom_gpt_block_output(const loom_gpt *m, int l)
 loom_status gpt_distill_hidden(loom_gpt *m, size_t R, float dloss)
 {
     m->kd_h_live = 0;
-    if (!m->kd_h)
+    if (!m->kd_h && !m->kd_a_live)
         return LOOM_OK;
     int C = m->cfg.dim, Ct = m->cfg.kd_proj_dim;
-    for (size_t r = 0; r < R; r++)
+    for (size_t r = 0; m->kd_h && r < R; r++)
         m->kd_hloss[r] = 0.0;
-    for (int l = 0; l < m->cfg.layers; l++) {
+    for (int l = 0; m->kd_h && l < m->cfg.layers; l++) {
         if (!m->kd_h[l])
             continue;
         const loom_param_entry *e = proj_entry(m, l);
@@ -113,9 +110,13 @@ loom_status gpt_distill_hidden(loom_gpt *m, size_t R, float dloss)
                             m->kd_beta, dloss, m->kd_hloss, m->kd_y, m->kd_dh[l],
                             m->grads + e->offset);
     }
-    for (size_t r = 0; r < R; r++)
-        m->losses[r] = (float)((double)m->losses[r] + m->kd_hloss[r]);
-    m->kd_h_live = 1;
+    for (size_t r = 0; r < R; r++) { /* and the attention term's rows (gpt_distill_attn.c) */
+        double extra = m->kd_h ? m->kd_hloss[r] : m->kd_aloss[r];
+        if (m->kd_h && m->kd_a_live)
+            extra += m->kd_aloss[r];
+        m->losses[r] = (float)((double)m->losses[r] + extra);
+    }
+    m->kd_h_live = m->kd_h != NULL;
     return LOOM_OK;
 }
 

@@ -135,6 +135,15 @@ struct loom_gpt {
     double *kd_hloss;                  /* (R) */
     float *kd_y;                       /* (R, kd_proj_dim) the projection's output */
     int kd_h_live;
+    /* the attention-probability term (gpt_distill_attn.c): the teacher's probabilities per
+     * student block (kd_att[l], NULL: unmapped), gamma; the forward's loss rows (kd_aloss),
+     * its dloss (kd_a_scale) and kd_a_live = 1 until the backward of the lowest mapped block
+     * (kd_a_first) used them; kd_datt (B,NHl,T,T) the backward's d(probabilities) */
+    const float *const *kd_att;
+    float kd_gamma, kd_a_scale;
+    float *kd_datt;
+    double *kd_aloss;
+    int kd_a_live, kd_a_first;
     /* Mixture of experts (moe.h): NULL for a dense model; then block l's table entries are
      * 2 + 12 l .. +11, else ent0[l] .. ent0[l + 1] - 1 (an MoE block has 9 + 4 E). */
     struct gpt_moe *moe;
@@ -153,6 +162,11 @@ void gpt_distill_free(loom_gpt *m);
 loom_status gpt_distill_hidden(loom_gpt *m, size_t R, float dloss);
 void gpt_distill_hidden_backward(loom_gpt *m, int l, size_t Rl);
 void gpt_distill_hidden_free(loom_gpt *m);
+/* The attention term (gpt_distill_attn.c): after block l's training forward, its loss rows;
+ * block l's attention backward (the term's d(probabilities) joined when it has one). */
+void gpt_distill_attn_forward(loom_gpt *m, int l, int B, int T, float dloss);
+void gpt_attention_backward(loom_gpt *m, int l, float *dqkv, const float *datty, int B, int T);
+void gpt_distill_attn_free(loom_gpt *m);
 /* A stage's forward with these targets: point kd_teacher at their rows of the step's
  * teacher rows (loom_gpt_set_distill_step); 1 if this forward distils. */
 int gpt_distill_select(loom_gpt *m, const int *targets, size_t R);

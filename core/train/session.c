@@ -69,6 +69,7 @@ struct loom_session {
     float *kd_step;          /* pp, last stage: the teacher's rows of the step's micro-batches */
     int kd_map[64];          /* hidden-state terms: student block -> teacher block (-1: none) */
     const float *kd_h[64];   /* the teacher's block outputs they compare with, per student block */
+    const float *kd_att[64]; /* and its attention probabilities (teacher.attention) */
     int kd_hidden_on;
     float *host_logits;      /* sampling: one row of Vp */
     int64_t steps;
@@ -230,15 +231,16 @@ static loom_status check_precision(loom_session *s, const loom_session_config *c
     return LOOM_OK;
 }
 
-/* teacher.layers (gpt_distill.h's hidden-state terms): one rank or dp, fp32; the map
- * copied, the teacher's block outputs bound (they are its activation buffers, rewritten by
- * each teacher forward) and the student's checks run now rather than at step 1. */
+/* teacher.layers (gpt_distill.h's hidden-state terms; teacher.attention on the same pairs):
+ * one rank, dp or zero, any precision; the map copied, the teacher's block outputs (and
+ * probabilities) bound (its activation buffers, rewritten by each teacher forward) and the
+ * student's checks run now rather than at step 1. */
 static loom_status distill_hidden_open(loom_session *s, const loom_session_config *cfg)
 {
     const loom_gpt_config *tc = loom_gpt_get_config(s->teacher), *mc = loom_gpt_get_config(s->model);
-    if (s->pipe || s->zero)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.layers (hidden-state terms) with %s is not built "
-                  "yet; use one rank or plain dp", s->pipe ? "mesh.pp > 1" : "strategy.zero");
+    if (s->pipe)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.layers (hidden-state terms) with mesh.pp > 1 is "
+                  "not built yet; use one rank, dp or zero");
     if (mc->layers > 64 || mc->kd_proj_dim != tc->dim)
         LOOM_FAIL(LOOM_ERR_INVALID, "teacher.layers: the student's projections are %d wide, the "
                   "teacher is dim=%d (at most 64 student blocks)", mc->kd_proj_dim, tc->dim);
@@ -250,7 +252,19 @@ static loom_status distill_hidden_open(loom_session *s, const loom_session_confi
         s->kd_h[l] = t >= 0 ? loom_gpt_block_output(s->teacher, t) : NULL;
     }
     s->kd_hidden_on = 1;
-    return loom_gpt_set_distill_hidden(s->model, s->kd_h, cfg->kd_hidden);
+    LOOM_TRY(loom_gpt_set_distill_hidden(s->model, s->kd_h, cfg->kd_hidden));
+    if (!(cfg->kd_attention > 0.0f)) /* teacher.attention: the same pairs' probabilities */
+        return LOOM_OK;
+    if (tc->heads != mc->heads)
+        LOOM_FAIL(LOOM_ERR_INVALID, "teacher.attention: the student has %d heads, the teacher %d",
+                  mc->heads, tc->heads);
+    for (int l = 0; l < mc->layers; l++) {
+        s->kd_att[l] = s->kd_map[l] >= 0 ? loom_gpt_block_attention(s->teacher, s->kd_map[l]) : NULL;
+        if (s->kd_map[l] >= 0 && !s->kd_att[l])
+            LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.attention: the teacher's block %d does not keep "
+                      "all its heads' probabilities here (recomputed or split over tp)", s->kd_map[l]);
+    }
+    return loom_gpt_set_distill_attention(s->model, s->kd_att, cfg->kd_attention);
 }
 
 /* Distillation (gpt_distill.h): the teacher, replicated on every rank (under pp on the last

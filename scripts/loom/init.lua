@@ -287,7 +287,7 @@ local teacher_spec = {
   alpha = { type = "number", min = 0, max = 1, help = "the weight of the distillation term (default 0.5)" },
   layers = { type = "table", help = "{ [student_block] = teacher_block, ... } (0-based, as h.N): hidden-state MSE through a learned projection (docs/DISTILL.md)" },
   hidden = { type = "number", min = 0, help = "the weight beta of the hidden-state terms (default 1)" },
-  attention = { type = "boolean", help = "attention-probability MSE (not built yet)" },
+  attention = { type = { "boolean", "number" }, min = 0, help = "true or a weight gamma: attention-probability MSE of each teacher.layers pair (TinyBERT; docs/DISTILL.md)" },
 }
 
 -- teacher.layers -> { [s] = t } checked against both models' depths (0-based block indices).
@@ -314,10 +314,9 @@ local checkpoint_model -- below: a teacher checkpoint's manifest model
 
 local function resolve_teacher(t, where, student)
   schema.check(t, teacher_spec, "teacher", where)
-  if t.attention then
-    schema.fail(where, "teacher.attention is not built yet (attention-probability MSE: its "
-      .. "term and the backend's attention_backward_datt exist, the model does not call them "
-      .. "yet); the hidden-state terms (teacher.layers) and the term on the logits are: leave it out")
+  if t.attention and not t.layers then
+    schema.fail(where, "teacher.attention compares the attention probabilities of the block "
+      .. "pairs teacher.layers maps: give teacher.layers = { [student_block] = teacher_block } too")
   end
   if t.hidden and not t.layers then
     schema.fail(where, "teacher.hidden weighs the hidden-state terms: give teacher.layers = { [student_block] = teacher_block } too")
@@ -349,6 +348,14 @@ local function resolve_teacher(t, where, student)
   if t.layers then
     check_teacher_layers(t.layers, student, out.teacher, where)
     out.kd_layers, out.kd_hidden = t.layers, t.hidden or 1.0
+    if t.attention then
+      local sh, th = student.heads or 12, out.teacher.heads
+      if sh ~= th then
+        schema.fail(where, "teacher.attention needs the teacher's head count: the student has "
+          .. "%s heads, the teacher %s (each head's probabilities are compared)", tostring(sh), tostring(th))
+      end
+      out.kd_attention = t.attention == true and 1.0 or t.attention
+    end
   end
   return out
 end

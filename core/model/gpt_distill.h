@@ -9,8 +9,8 @@
  * A pipeline's last stage distils through loom_gpt_set_distill_step. Hidden-state terms
  * through learned projections: loom_gpt_set_distill_hidden (below). What it does not:
  * tensor parallelism (the vocabulary-parallel logits would need the row statistics
- * exchanged; refused), hidden-state terms under tp or pp, the
- * attention-probability term (loom_gpt_set_distill_attention) under tp or pp.
+ * exchanged; refused), the intermediate terms (hidden states, attention probabilities)
+ * under tp, or under pp for blocks off the last stage's last chunk (gpt_distill_hidden.c).
  * Host memory: the CPU backend's buffers are host memory (as session.c's optimizer assumes).
  */
 #ifndef LOOM_CORE_GPT_DISTILL_H
@@ -53,7 +53,9 @@ void loom_kd_attention_rows(const float *ps, const float *pt, int B, int NH, int
  * teacher_att[l] != NULL (cfg.layers pointers): the teacher's probabilities (B,NH,T,T) of
  * that forward's B, T, host memory, valid until its backward returns (the backward reads
  * them again). The caller checks that the teacher's head count equals the student's.
- * teacher_att NULL: off. Refused under tp, pp, llama, MoE and a backend without
+ * teacher_att NULL: off. A pipeline stage: teacher_att[l] holds the step's micro-batches'
+ * in turn, picked by targets as loom_gpt_set_distill_step's rows (which must be set).
+ * Refused under tp, pp off the last chunk, zb1, llama, MoE and a backend without
  * attention_backward_datt. */
 loom_status loom_gpt_set_distill_attention(loom_gpt *m, const float *const *teacher_att,
                                            float gamma);
@@ -75,7 +77,9 @@ void loom_kd_hidden_rows(const float *hs, const float *ht, const float *w, size_
 
 /* The next training forwards of m add the terms against teacher_h[l] (cfg.layers pointers;
  * NULL: block l unmapped), R rows of kd_proj_dim each, host memory, valid until that
- * forward returns. teacher_h NULL: off. Refused under tp and pp. */
+ * forward returns (a pipeline stage: the step's rows, picked by the forward's targets as
+ * loom_gpt_set_distill_step's, which must be set). teacher_h NULL: off. Refused under tp,
+ * and under pp for a block off the last stage's last chunk or with a split backward. */
 loom_status loom_gpt_set_distill_hidden(loom_gpt *m, const float *const *teacher_h, float beta);
 
 /* Block l's output rows of the last forward (host memory on the CPU backend), NULL if l is

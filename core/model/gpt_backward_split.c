@@ -158,6 +158,7 @@ loom_status loom_gpt_stage_backward_input(loom_gpt *m, int lo, int hi, float *he
         float *residual = l == lo ? m->encoded : m->acts[l - 1].res3;
         float *dx = l == lo ? m->dx_out : m->acts[l - 1].res3;
         LOOM_TRY(gpt_stage_block_unit(m, l, lo, 0));
+        gpt_distill_hidden_dy(m, l, block_dy(m, l, hi), R); /* + the hidden-state term's */
         if (m->llama)
             LOOM_TRY(gpt_llama_block_input(m, l, residual, block_dy(m, l, hi), dx, B, T, R));
         else
@@ -181,6 +182,7 @@ loom_status loom_gpt_stage_backward_weight(loom_gpt *m, int lo, int hi, int head
             rep_pack ln = {{m->g.lnfw, m->g.lnfb}, m->llama ? 1 : 2, m->lnf_part};
             LOOM_TRY(gpt_rep_flush(m, &ln));
         }
+        gpt_distill_hidden_head(m); /* the projections' gradients (gpt_distill.h) */
         LOOM_TRY(gpt_stage_ready(m, -1, 0)); /* the data-parallel overlap (gpt_stage.h) */
     }
     for (int l = hi - 1; l >= lo; l--) {

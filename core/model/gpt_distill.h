@@ -55,7 +55,7 @@ void loom_kd_attention_rows(const float *ps, const float *pt, int B, int NH, int
  * them again). The caller checks that the teacher's head count equals the student's.
  * teacher_att NULL: off. A pipeline stage: teacher_att[l] holds the step's micro-batches'
  * in turn, picked by targets as loom_gpt_set_distill_step's rows (which must be set).
- * Refused under tp, pp off the last chunk, zb1, llama, MoE and a backend without
+ * Refused under tp, pp off the last chunk, llama, MoE and a backend without
  * attention_backward_datt. */
 loom_status loom_gpt_set_distill_attention(loom_gpt *m, const float *const *teacher_att,
                                            float gamma);
@@ -79,7 +79,7 @@ void loom_kd_hidden_rows(const float *hs, const float *ht, const float *w, size_
  * NULL: block l unmapped), R rows of kd_proj_dim each, host memory, valid until that
  * forward returns (a pipeline stage: the step's rows, picked by the forward's targets as
  * loom_gpt_set_distill_step's, which must be set). teacher_h NULL: off. Refused under tp,
- * and under pp for a block off the last stage's last chunk or with a split backward. */
+ * and under pp for a block off the last stage's last chunk. */
 loom_status loom_gpt_set_distill_hidden(loom_gpt *m, const float *const *teacher_h, float beta);
 
 /* Block l's output rows of the last forward (host memory on the CPU backend), NULL if l is

@@ -92,9 +92,6 @@ loom_status gpt_distill_terms_check(loom_gpt *m, const float *const *map, const 
                       "for blocks there only: map later blocks or move the split (pp_layers)",
                       what, l);
     }
-    if (m->staged && m->split)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "%s with a split backward (schedule zb1): not built "
-                  "yet; use schedule = \"1f1b\" or \"gpipe\"", what);
     if (!m->kd_slot && !(m->kd_slot = calloc((size_t)m->slots, sizeof *m->kd_slot)))
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the distillation terms");
     return LOOM_OK;
@@ -177,14 +174,15 @@ loom_status gpt_distill_hidden(loom_gpt *m, const int *targets, size_t R, float 
             extra += m->kd_aloss[r];
         m->losses[r] = (float)((double)m->losses[r] + extra);
     }
-    ks->h_live = h;
+    ks->h_live = ks->w_live = h;
     return LOOM_OK;
 }
 
 void gpt_distill_hidden_head(loom_gpt *m)
 {
-    if (!m->kd_slot || !m->kd_slot[m->cur_slot].h_live)
+    if (!m->kd_slot || !m->kd_slot[m->cur_slot].w_live)
         return;
+    m->kd_slot[m->cur_slot].w_live = 0;
     size_t n = (size_t)m->cfg.kd_proj_dim * (size_t)m->cfg.dim;
     for (int l = 0; l < m->cfg.layers; l++)
         if (m->kd_h[l]) /* 0 + x is x: the bits of adding in the forward */
@@ -192,14 +190,19 @@ void gpt_distill_hidden_head(loom_gpt *m)
                                    m->kd_dw[(size_t)m->cur_slot * m->cfg.layers + l], n);
 }
 
-void gpt_distill_hidden_backward(loom_gpt *m, int l, size_t Rl)
+void gpt_distill_hidden_dy(loom_gpt *m, int l, float *dy, size_t Rl)
 {
     if (!m->kd_slot || !m->kd_slot[m->cur_slot].h_live || !m->kd_h[l])
         return;
-    m->be->ops->accumulate(m->dres, m->kd_dh[(size_t)m->cur_slot * m->cfg.layers + l],
+    m->be->ops->accumulate(dy, m->kd_dh[(size_t)m->cur_slot * m->cfg.layers + l],
                            Rl * (size_t)m->cfg.dim);
     if (l == m->kd_h_first)
         m->kd_slot[m->cur_slot].h_live = 0;
+}
+
+void gpt_distill_hidden_backward(loom_gpt *m, int l, size_t Rl)
+{
+    gpt_distill_hidden_dy(m, l, m->dres, Rl);
 }
 
 void gpt_distill_hidden_free(loom_gpt *m)

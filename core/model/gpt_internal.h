@@ -151,6 +151,7 @@ struct loom_gpt {
         size_t r0;                     /* the micro-batch's first row in the step's */
         float a_scale;                 /* its dloss */
         int h_live, a_live;            /* 1 until the lowest mapped block's backward */
+        int w_live;                    /* 1 until the head's backward added kd_dw */
     } *kd_slot;
     int cur_slot;                      /* the slot gpt_bind_slot chose */
     /* Mixture of experts (moe.h): NULL for a dense model; then block l's table entries are
@@ -172,11 +173,13 @@ void gpt_distill_free(loom_gpt *m);
 loom_status gpt_distill_hidden(loom_gpt *m, const int *targets, size_t R, float dloss);
 void gpt_distill_hidden_head(loom_gpt *m);
 void gpt_distill_hidden_backward(loom_gpt *m, int l, size_t Rl);
+/* The split backward's B: the term's d(res3 of l) added to dy (block l's output gradient). */
+void gpt_distill_hidden_dy(loom_gpt *m, int l, float *dy, size_t Rl);
 /* The first row of this forward's micro-batch in the step's rows (a stage), or 0; 0 if
  * targets are not the step's (an eval batch): then no term. */
 int gpt_distill_row0(const loom_gpt *m, const int *targets, size_t R, size_t *r0);
 /* Intermediate terms on a pipeline stage: every mapped block l must be in the head's chunk
- * (blocks l .. layers-1 held here), no split backward; and the per-slot state. */
+ * (blocks l .. layers-1 held here); and the per-slot state. */
 loom_status gpt_distill_terms_check(loom_gpt *m, const float *const *map, const char *what);
 void gpt_distill_hidden_free(loom_gpt *m);
 /* The attention term (gpt_distill_attn.c): after block l's training forward, its loss rows;

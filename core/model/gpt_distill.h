@@ -83,7 +83,7 @@ void loom_kd_hidden_rows(const float *hs, const float *ht, const float *w, size_
 loom_status loom_gpt_set_distill_hidden(loom_gpt *m, const float *const *teacher_h, float beta);
 
 /* Block l's output rows of the last forward (host memory on the CPU backend), NULL if l is
- * not held: a teacher's hidden states. */
+ * not held or holds some rows only (sequence parallelism): a teacher's hidden states. */
 const float *loom_gpt_block_output(const loom_gpt *m, int l);
 
 #endif

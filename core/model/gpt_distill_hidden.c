@@ -142,7 +142,8 @@ loom_status loom_gpt_set_distill_hidden(loom_gpt *m, const float *const *teacher
 
 const float *loom_gpt_block_output(const loom_gpt *m, int l)
 {
-    return l >= 0 && l < m->cfg.layers && m->own[l] ? m->acts[l].res3 : NULL;
+    /* not under sequence parallelism: res3 is then this rank's rows only */
+    return l >= 0 && l < m->cfg.layers && m->own[l] && !m->sp ? m->acts[l].res3 : NULL;
 }
 
 loom_status gpt_distill_hidden(loom_gpt *m, const int *targets, size_t R, float dloss)

@@ -248,6 +248,9 @@ static loom_status distill_hidden_open(loom_session *s, const loom_session_confi
             LOOM_FAIL(LOOM_ERR_INVALID, "teacher.layers[%d] = %d: the teacher has blocks 0 .. %d",
                       l, t, tc->layers - 1);
         s->kd_h[l] = t >= 0 ? loom_gpt_block_output(s->teacher, t) : NULL;
+        if (t >= 0 && !s->kd_h[l])
+            LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.layers: the teacher's block %d output is not "
+                      "held whole here (another stage's, or split by sequence parallelism)", t);
         size_t rows = (size_t)cfg->accum * cfg->micro_batch * cfg->seq;
         if (t >= 0 && s->pipe) { /* the step's rows, which distill_pipeline fills */
             if (!(s->kd_hstep[l] = malloc(rows * (size_t)tc->dim * sizeof(float))))

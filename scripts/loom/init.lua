@@ -275,7 +275,7 @@ local session_spec = {
   zero_bucket_mb = { type = "positive", help = "ZeRO bucket size in MiB (default 25)" },
   offload = { type = "table", help = "{ optimizer = \"host\" | \"disk\", path = DIR, chunk_mb = N } (docs/ZERO.md)" },
   compress = { type = "table", help = "{ \"onebit\" | \"topk\" | \"powersgd\", ratio = r, rank = r, warmup = n, bucket_mb = m } (docs/COMPRESS.md)" },
-  teacher = { type = "table", help = "{ model = loom.gpt{ init = \"teacher.bin\" } | checkpoint = DIR, temperature = T, alpha = a, layers = { [s] = t }, hidden = beta } (docs/DISTILL.md)" },
+  teacher = { type = "table", help = "{ model = loom.gpt{ init = \"teacher.bin\" } | checkpoint = DIR, temperature = T, alpha = a, layers = { [s] = t }, hidden = beta, attention = true | gamma } (docs/DISTILL.md)" },
   ep = { type = "integer", min = 1, help = "expert parallelism: a MoE model's experts split over this many dp ranks (docs/MOE.md)" },
 }
 

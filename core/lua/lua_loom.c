@@ -383,6 +383,7 @@ static int l_session(lua_State *L)
         cfg.model.kd_proj_dim = cfg.teacher->dim;
         cfg.kd_layers = kd_map;
         cfg.kd_hidden = (float)num_field(L, 1, "kd_hidden", 1.0);
+        cfg.kd_attention = (float)num_field(L, 1, "kd_attention", 0.0); /* 0: none */
     }
     lua_pop(L, 1);
     static _Thread_local int pp_layers[1024];

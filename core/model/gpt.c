@@ -482,6 +482,7 @@ void gpt_bind_slot(loom_gpt *m, int slot)
     m->tokens = (int *)(f + total);
     m->targets = m->tokens + R;
     gpt_moe_bind_slot(m, slot); /* its routing and expert buffers (moe.h) */
+    m->cur_slot = slot;         /* distillation's per-slot state (gpt_distill.h) */
 }
 
 /* m->shared_bytes, slot_bytes and act_bytes from the layout (loom_gpt_footprint too). */
@@ -954,8 +955,7 @@ mlp_done:;
     if (m->rc[l] == RC_SELECTIVE) /* the probabilities again; the output (kept) to dbuf_4b,
                                    * free until the MLP's next use */
         k->attention_forward(m->dbuf_4b, a->att, a->qkv, B, T, Cl, m->NHl);
-    k->attention_backward(m->dbuf_4a, m->datt_scratch, datty, a->qkv, a->att, B, T, Cl,
-                          m->NHl);
+    gpt_attention_backward(m, l, m->dbuf_4a, datty, B, T); /* + a distillation term's */
     LOOM_TRY(gpt_regather(m, LOOM_REGION_ATTENTION, l, a->ln1, a->ln1_full, R));
     LOOM_TRY(gpt_column_parallel_backward(m, LOOM_REGION_ATTENTION, l, g->qkvw, g->qkvb,
                                       m->dbuf_4a, a->ln1_full, w->qkvw, B, T, 3 * Cl, 3));
@@ -1010,6 +1010,8 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
     for (int l = 0; l < m->cfg.layers; l++) {
         LOOM_TRY(use(m, 1 + l, 1));
         LOOM_TRY(gpt_block_forward(m, l, residual, B, T, Rl));
+        if (targets && dloss != 0.0f)
+            gpt_distill_attn_forward(m, l, targets, B, T, dloss); /* gpt_distill.h */
         LOOM_TRY(use(m, 1 + l, 0));
         residual = m->acts[l].res3;
     }
@@ -1031,7 +1033,7 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
         if (distill)
             gpt_distill_after(m, R);
         if (dloss != 0.0f)
-            LOOM_TRY(gpt_distill_hidden(m, R, dloss)); /* gpt_distill.h: nothing unless set */
+            LOOM_TRY(gpt_distill_hidden(m, targets, R, dloss)); /* gpt_distill.h: nothing unless set */
         m->have_dlogits = dloss != 0.0f;
         k->copy_to_host(bs, m->host_losses, m->losses, R * sizeof(float));
         double sum = 0.0;
@@ -1066,6 +1068,7 @@ loom_status loom_gpt_backward(loom_gpt *m)
     rep_args lnf = {m->dres, m->dsummed, last, m->p.lnfw, m->lnf_mean, m->lnf_rstd};
     gpt_replicated_grads(m, &pk, gpt_norm_kind(m), &lnf, m->g.lnfw, m->g.lnfb, Rl);
     LOOM_TRY(gpt_rep_flush(m, &pk));
+    gpt_distill_hidden_head(m); /* the projections' gradients (gpt_distill.h) */
     LOOM_TRY(use(m, L + 1, 0));
     LOOM_TRY(use(m, 0, 0)); /* the embedding's backward reads no weights */
     int n_entries = m->table.count;

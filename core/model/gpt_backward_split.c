@@ -89,7 +89,7 @@ static loom_status block_input(loom_gpt *m, int l, const float *residual, float 
     float *dqkv = a->dqkv ? a->dqkv : a->fch;
     if (m->rc[l] == RC_SELECTIVE) /* the probabilities again (gpt.c); dbuf_4b: unused in B */
         k->attention_forward(m->dbuf_4b, a->att, a->qkv, B, T, Cl, m->NHl);
-    k->attention_backward(dqkv, m->datt_scratch, datty, a->qkv, a->att, B, T, Cl, m->NHl);
+    gpt_attention_backward(m, l, dqkv, datty, B, T); /* + a distillation term's */
     LOOM_TRY(gpt_column_parallel_backward_input(m, LOOM_REGION_ATTENTION, l, dqkv, w->qkvw, B,
                                                 T, 3 * Cl, 3));
     rep_args ln1 = {m->dtmp, m->dsummed, residual, w->ln1w, a->ln1_mean, a->ln1_rstd};
@@ -158,6 +158,7 @@ loom_status loom_gpt_stage_backward_input(loom_gpt *m, int lo, int hi, float *he
         float *residual = l == lo ? m->encoded : m->acts[l - 1].res3;
         float *dx = l == lo ? m->dx_out : m->acts[l - 1].res3;
         LOOM_TRY(gpt_stage_block_unit(m, l, lo, 0));
+        gpt_distill_hidden_dy(m, l, block_dy(m, l, hi), R); /* + the hidden-state term's */
         if (m->llama)
             LOOM_TRY(gpt_llama_block_input(m, l, residual, block_dy(m, l, hi), dx, B, T, R));
         else
@@ -181,6 +182,7 @@ loom_status loom_gpt_stage_backward_weight(loom_gpt *m, int lo, int hi, int head
             rep_pack ln = {{m->g.lnfw, m->g.lnfb}, m->llama ? 1 : 2, m->lnf_part};
             LOOM_TRY(gpt_rep_flush(m, &ln));
         }
+        gpt_distill_hidden_head(m); /* the projections' gradients (gpt_distill.h) */
         LOOM_TRY(gpt_stage_ready(m, -1, 0)); /* the data-parallel overlap (gpt_stage.h) */
     }
     for (int l = hi - 1; l >= lo; l--) {

@@ -167,4 +167,5 @@ void gpt_distill_free(loom_gpt *m)
     free(m->kd_grad);
     free(m->kd_loss);
     gpt_distill_hidden_free(m);
+    gpt_distill_attn_free(m);
 }

@@ -10,9 +10,9 @@
  * through learned projections: loom_gpt_set_distill_hidden (below). Under tensor
  * parallelism the student's vocabulary-parallel rows are all-gathered and the term computed
  * on whole rows, as one rank would (the same bits where the logits are: canonical mode);
- * each rank keeps its columns of the gradient. What it does not: hidden-state terms under
- * tp, pp or 16-bit precision, and the
- * attention-probability term (the backend's attention backward takes no d(probabilities)).
+ * each rank keeps its columns of the gradient. What it does not: the intermediate terms
+ * (hidden states, attention probabilities) under tp, or under pp for blocks off the last
+ * stage's last chunk (gpt_distill_hidden.c).
  * Host memory: the CPU backend's buffers are host memory (as session.c's optimizer assumes).
  */
 #ifndef LOOM_CORE_GPT_DISTILL_H
@@ -56,6 +56,22 @@ loom_status loom_gpt_gather_logits(loom_gpt *m, size_t R, float *blocks, float *
 void loom_kd_attention_rows(const float *ps, const float *pt, int B, int NH, int T, float gamma,
                             float scale, double *loss, float *dp);
 
+/* The next training forwards of m add the term for each student block l with
+ * teacher_att[l] != NULL (cfg.layers pointers): the teacher's probabilities (B,NH,T,T) of
+ * that forward's B, T, host memory, valid until its backward returns (the backward reads
+ * them again). The caller checks that the teacher's head count equals the student's.
+ * teacher_att NULL: off. A pipeline stage: teacher_att[l] holds the step's micro-batches'
+ * in turn, picked by targets as loom_gpt_set_distill_step's rows (which must be set).
+ * Refused under tp, pp off the last chunk, llama, MoE and a backend without
+ * attention_backward_datt. */
+loom_status loom_gpt_set_distill_attention(loom_gpt *m, const float *const *teacher_att,
+                                           float gamma);
+
+/* Block l's attention probabilities of the last forward (B,NH,T,T; host memory on the CPU
+ * backend), NULL if l is not held, is recomputed (not kept) or holds some heads only (tp):
+ * a teacher's. */
+const float *loom_gpt_block_attention(const loom_gpt *m, int l);
+
 /* Hidden-state terms (gpt_distill_hidden.c): per student block l with a projection
  * (loom_gpt_config.kd_proj_layers), the loss row r adds beta/Ct |W_l h_s,r - h_t,r|^2 (an
  * MSE over the Ct = kd_proj_dim teacher columns; its mean over rows is beta MSE), h the
@@ -68,11 +84,13 @@ void loom_kd_hidden_rows(const float *hs, const float *ht, const float *w, size_
 
 /* The next training forwards of m add the terms against teacher_h[l] (cfg.layers pointers;
  * NULL: block l unmapped), R rows of kd_proj_dim each, host memory, valid until that
- * forward returns. teacher_h NULL: off. Refused under tp, pp and 16-bit precision. */
+ * forward returns (a pipeline stage: the step's rows, picked by the forward's targets as
+ * loom_gpt_set_distill_step's, which must be set). teacher_h NULL: off. Refused under tp,
+ * and under pp for a block off the last stage's last chunk. */
 loom_status loom_gpt_set_distill_hidden(loom_gpt *m, const float *const *teacher_h, float beta);
 
 /* Block l's output rows of the last forward (host memory on the CPU backend), NULL if l is
- * not held: a teacher's hidden states. */
+ * not held or holds some rows only (sequence parallelism): a teacher's hidden states. */
 const float *loom_gpt_block_output(const loom_gpt *m, int l);
 
 #endif

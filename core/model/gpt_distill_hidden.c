@@ -3,11 +3,14 @@
  * block's output residual stream (res3) and W_l the learned projection
  * "distill.proj.<l>.weight" (kd_proj_dim, dim), a parameter of the student's table.
  * Invariant: the forward computes the whole term at once — the loss rows, W_l's gradient
- * (added into grads, as backward adds every other one) and d term / d h_s (kd_dh[l]) —
- * and loom_gpt_backward adds kd_dh[l] to d(res3 of l) just before block l's backward.
+ * and d term / d h_s, both kept in the forward's activation slot (a pipeline stage has
+ * several micro-batches in flight) — and the backward adds W_l's to grads at the head
+ * (while the projection's unit is in use, before its gradients are reported ready) and
+ * d term / d h_s to d(res3 of l) just before block l's backward.
  * Sums in double, in fixed row and column order: the same bits whatever the thread count.
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,33 +63,78 @@ void loom_kd_hidden_rows(const float *hs, const float *ht, const float *w, size_
         }
 }
 
+int gpt_distill_row0(const loom_gpt *m, const int *targets, size_t R, size_t *r0)
+{
+    *r0 = 0;
+    if (!m->staged)
+        return 1;
+    /* addresses as integers: targets may lie outside the step's array (an eval batch) */
+    uintptr_t at = (uintptr_t)targets, base = (uintptr_t)m->kd_targets;
+    if (!m->kd_targets || !targets || at < base || (at - base) % sizeof(int) ||
+        (at - base) / sizeof(int) + R > m->kd_rows)
+        return 0;
+    *r0 = (at - base) / sizeof(int);
+    return 1;
+}
+
+loom_status gpt_distill_terms_check(loom_gpt *m, const float *const *map, const char *what)
+{
+    int L = m->cfg.layers;
+    for (int l = 0; m->staged && l < L; l++) {
+        if (!map[l])
+            continue;
+        int tail = m->has_head;
+        for (int j = l; j < L; j++)
+            tail &= m->own[j] != 0;
+        if (!tail)
+            LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "%s under pp: student block %d is not in the last "
+                      "stage's last chunk (with the head and the teacher); the terms are built "
+                      "for blocks there only: map later blocks or move the split (pp_layers)",
+                      what, l);
+    }
+    if (!m->kd_slot && !(m->kd_slot = calloc((size_t)m->slots, sizeof *m->kd_slot)))
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the distillation terms");
+    return LOOM_OK;
+}
+
 loom_status loom_gpt_set_distill_hidden(loom_gpt *m, const float *const *teacher_h, float beta)
 {
-    if (teacher_h && (m->tp_ops || m->staged))
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "distillation's hidden-state terms with %s are not built "
-                  "yet; use tp = 1 and pp = 1 (one rank or dp)",
-                  m->tp_ops ? "tensor parallelism" : "a pipeline");
-    if (teacher_h && (m->param_dt != LOOM_DTYPE_F32 || m->act_dt != LOOM_DTYPE_F32))
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "distillation's hidden-state terms are built for fp32 "
-                  "only (precision = \"fp32\")");
+    if (teacher_h && m->tp_ops)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "distillation's hidden-state terms with tensor "
+                  "parallelism are not built yet; use tp = 1 (one rank, dp, zero or pp)");
     if (teacher_h && !(beta >= 0.0f && isfinite(beta)))
         LOOM_FAIL(LOOM_ERR_INVALID, "teacher.hidden=%g must be a finite weight >= 0", beta);
-    int L = m->cfg.layers;
+    int L = m->cfg.layers, S = m->slots;
     size_t R = (size_t)m->max_B * (size_t)m->cfg.ctx, C = (size_t)m->cfg.dim;
+    size_t Ct = (size_t)(m->cfg.kd_proj_dim > 0 ? m->cfg.kd_proj_dim : 1);
     for (int l = 0; teacher_h && l < L; l++)
         if (teacher_h[l] && !proj_entry(m, l))
             LOOM_FAIL(LOOM_ERR_INVALID, "student block %d has a teacher block but no projection "
                       "(kd_proj_layers lacks bit %d)", l, l);
+    if (teacher_h)
+        LOOM_TRY(gpt_distill_terms_check(m, teacher_h, "distillation's hidden-state terms"));
     if (teacher_h && !m->kd_dh) {
-        m->kd_dh = calloc((size_t)L, sizeof *m->kd_dh);
+        m->kd_dh = calloc((size_t)L * S, sizeof *m->kd_dh);
+        m->kd_dw = calloc((size_t)L * S, sizeof *m->kd_dw);
         m->kd_hloss = malloc(R * sizeof(double));
-        m->kd_y = malloc(R * (size_t)(m->cfg.kd_proj_dim > 0 ? m->cfg.kd_proj_dim : 1) * sizeof(float));
-        if (!m->kd_dh || !m->kd_hloss || !m->kd_y)
+        m->kd_y = malloc(R * Ct * sizeof(float));
+        if (!m->kd_dh || !m->kd_dw || !m->kd_hloss || !m->kd_y)
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the hidden-state terms");
     }
-    for (int l = 0; teacher_h && l < L; l++)
-        if (teacher_h[l] && !m->kd_dh[l] && !(m->kd_dh[l] = malloc(R * C * sizeof(float))))
-            LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the hidden-state terms");
+    m->kd_h_first = -1;
+    for (int l = L - 1; teacher_h && l >= 0; l--) {
+        if (!teacher_h[l])
+            continue;
+        m->kd_h_first = l;
+        for (int sl = 0; sl < S; sl++) {
+            size_t i = (size_t)sl * L + l;
+            if ((!m->kd_dh[i] && !(m->kd_dh[i] = malloc(R * C * sizeof(float)))) ||
+                (!m->kd_dw[i] && !(m->kd_dw[i] = malloc(Ct * C * sizeof(float)))))
+                LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the hidden-state terms");
+        }
+    }
+    for (int sl = 0; m->kd_slot && sl < S; sl++)
+        m->kd_slot[sl].h_live = 0;
     m->kd_h = teacher_h;
     m->kd_beta = beta;
     return LOOM_OK;
@@ -94,45 +142,79 @@ loom_status loom_gpt_set_distill_hidden(loom_gpt *m, const float *const *teacher
 
 const float *loom_gpt_block_output(const loom_gpt *m, int l)
 {
-    return l >= 0 && l < m->cfg.layers && m->own[l] ? m->acts[l].res3 : NULL;
+    /* not under sequence parallelism: res3 is then this rank's rows only */
+    return l >= 0 && l < m->cfg.layers && m->own[l] && !m->sp ? m->acts[l].res3 : NULL;
 }
 
-loom_status gpt_distill_hidden(loom_gpt *m, size_t R, float dloss)
+loom_status gpt_distill_hidden(loom_gpt *m, const int *targets, size_t R, float dloss)
 {
-    m->kd_h_live = 0;
-    if (!m->kd_h)
+    if (!m->kd_slot)
+        return LOOM_OK; /* no intermediate term was ever set */
+    struct gpt_kd_slot *ks = &m->kd_slot[m->cur_slot];
+    ks->h_live = 0;
+    size_t r0 = 0;
+    int h = m->kd_h && gpt_distill_row0(m, targets, R, &r0);
+    if (!h && !ks->a_live)
         return LOOM_OK;
-    int C = m->cfg.dim, Ct = m->cfg.kd_proj_dim;
-    for (size_t r = 0; r < R; r++)
+    int C = m->cfg.dim, Ct = m->cfg.kd_proj_dim, L = m->cfg.layers;
+    for (size_t r = 0; h && r < R; r++)
         m->kd_hloss[r] = 0.0;
-    for (int l = 0; l < m->cfg.layers; l++) {
+    for (int l = 0; h && l < L; l++) {
         if (!m->kd_h[l])
             continue;
         const loom_param_entry *e = proj_entry(m, l);
-        loom_kd_hidden_rows(m->acts[l].res3, m->kd_h[l], m->params + e->offset, R, C, Ct,
-                            m->kd_beta, dloss, m->kd_hloss, m->kd_y, m->kd_dh[l],
-                            m->grads + e->offset);
+        float *dw = m->kd_dw[(size_t)m->cur_slot * L + l];
+        memset(dw, 0, (size_t)Ct * C * sizeof(float));
+        loom_kd_hidden_rows(m->acts[l].res3, m->kd_h[l] + r0 * (size_t)Ct, m->params + e->offset,
+                            R, C, Ct, m->kd_beta, dloss, m->kd_hloss, m->kd_y,
+                            m->kd_dh[(size_t)m->cur_slot * L + l], dw);
     }
-    for (size_t r = 0; r < R; r++)
-        m->losses[r] = (float)((double)m->losses[r] + m->kd_hloss[r]);
-    m->kd_h_live = 1;
+    for (size_t r = 0; r < R; r++) { /* and the attention term's rows (gpt_distill_attn.c) */
+        double extra = h ? m->kd_hloss[r] : m->kd_aloss[r];
+        if (h && ks->a_live)
+            extra += m->kd_aloss[r];
+        m->losses[r] = (float)((double)m->losses[r] + extra);
+    }
+    ks->h_live = ks->w_live = h;
     return LOOM_OK;
+}
+
+void gpt_distill_hidden_head(loom_gpt *m)
+{
+    if (!m->kd_slot || !m->kd_slot[m->cur_slot].w_live)
+        return;
+    m->kd_slot[m->cur_slot].w_live = 0;
+    size_t n = (size_t)m->cfg.kd_proj_dim * (size_t)m->cfg.dim;
+    for (int l = 0; l < m->cfg.layers; l++)
+        if (m->kd_h[l]) /* 0 + x is x: the bits of adding in the forward */
+            m->be->ops->accumulate(m->grads + proj_entry(m, l)->offset,
+                                   m->kd_dw[(size_t)m->cur_slot * m->cfg.layers + l], n);
+}
+
+void gpt_distill_hidden_dy(loom_gpt *m, int l, float *dy, size_t Rl)
+{
+    if (!m->kd_slot || !m->kd_slot[m->cur_slot].h_live || !m->kd_h[l])
+        return;
+    m->be->ops->accumulate(dy, m->kd_dh[(size_t)m->cur_slot * m->cfg.layers + l],
+                           Rl * (size_t)m->cfg.dim);
+    if (l == m->kd_h_first)
+        m->kd_slot[m->cur_slot].h_live = 0;
 }
 
 void gpt_distill_hidden_backward(loom_gpt *m, int l, size_t Rl)
 {
-    if (!m->kd_h_live || !m->kd_h[l])
-        return;
-    m->be->ops->accumulate(m->dres, m->kd_dh[l], Rl * (size_t)m->cfg.dim);
-    if (l == 0)
-        m->kd_h_live = 0;
+    gpt_distill_hidden_dy(m, l, m->dres, Rl);
 }
 
 void gpt_distill_hidden_free(loom_gpt *m)
 {
-    for (int l = 0; m->kd_dh && l < m->cfg.layers; l++)
-        free(m->kd_dh[l]);
+    for (size_t i = 0; m->kd_dh && i < (size_t)m->cfg.layers * m->slots; i++) {
+        free(m->kd_dh[i]);
+        free(m->kd_dw[i]);
+    }
     free(m->kd_dh);
+    free(m->kd_dw);
     free(m->kd_hloss);
     free(m->kd_y);
+    free(m->kd_slot);
 }

@@ -127,14 +127,33 @@ struct loom_gpt {
     float *kd_grad;                    /* (R,Vl) host: alpha dloss d kd / d z_s */
     double *kd_loss;                   /* (R) host */
     /* hidden-state terms (gpt_distill.h): the teacher's block outputs per student block
-     * (kd_h[l], NULL: unmapped), beta, and what the forward left for backward: kd_dh[l]
-     * = d(term) / d(res3 of l) (R,C), kd_h_live = 1 until that backward used it */
+     * (kd_h[l], NULL: unmapped; a pipeline stage: the step's rows, chosen by the targets
+     * as gpt_distill_select does), beta, and what the forward left in its activation slot
+     * for the backward: kd_dh[slot * layers + l] = d(term) / d(res3 of l) (R,C) and
+     * kd_dw[slot * layers + l] = d(term) / d(projection l), added at the head's backward */
     const float *const *kd_h;
     float kd_beta;
-    float **kd_dh;
+    float **kd_dh, **kd_dw;
     double *kd_hloss;                  /* (R) */
     float *kd_y;                       /* (R, kd_proj_dim) the projection's output */
-    int kd_h_live;
+    int kd_h_first;                    /* the lowest mapped block */
+    /* the attention-probability term (gpt_distill_attn.c): the teacher's probabilities per
+     * student block (kd_att[l], NULL: unmapped; a stage: the step's micro-batches, each
+     * (B,NH,T,T)), gamma; the forward's loss rows (kd_aloss); kd_datt (B,NHl,T,T) the
+     * backward's d(probabilities); kd_a_first the lowest mapped block */
+    const float *const *kd_att;
+    float kd_gamma;
+    float *kd_datt;
+    double *kd_aloss;
+    int kd_a_first;
+    /* per activation slot, what a training forward of the terms left for its backward */
+    struct gpt_kd_slot {
+        size_t r0;                     /* the micro-batch's first row in the step's */
+        float a_scale;                 /* its dloss */
+        int h_live, a_live;            /* 1 until the lowest mapped block's backward */
+        int w_live;                    /* 1 until the head's backward added kd_dw */
+    } *kd_slot;
+    int cur_slot;                      /* the slot gpt_bind_slot chose */
     /* Mixture of experts (moe.h): NULL for a dense model; then block l's table entries are
      * 2 + 12 l .. +11, else ent0[l] .. ent0[l + 1] - 1 (an MoE block has 9 + 4 E). */
     struct gpt_moe *moe;
@@ -148,11 +167,26 @@ struct loom_gpt {
 loom_status gpt_distill_before(loom_gpt *m, size_t R, float dloss);
 void gpt_distill_after(loom_gpt *m, size_t R);
 void gpt_distill_free(loom_gpt *m);
-/* A training forward's hidden-state terms (after the CE and kd), and their d(res3) added
- * before block l's backward; both nothing when none are set. */
-loom_status gpt_distill_hidden(loom_gpt *m, size_t R, float dloss);
+/* A training forward's hidden-state terms (after the CE and kd; targets choose a stage's
+ * teacher rows), the projections' gradients added at the head's backward (head) and the
+ * d(res3) before block l's backward; all nothing when none are set. */
+loom_status gpt_distill_hidden(loom_gpt *m, const int *targets, size_t R, float dloss);
+void gpt_distill_hidden_head(loom_gpt *m);
 void gpt_distill_hidden_backward(loom_gpt *m, int l, size_t Rl);
+/* The split backward's B: the term's d(res3 of l) added to dy (block l's output gradient). */
+void gpt_distill_hidden_dy(loom_gpt *m, int l, float *dy, size_t Rl);
+/* The first row of this forward's micro-batch in the step's rows (a stage), or 0; 0 if
+ * targets are not the step's (an eval batch): then no term. */
+int gpt_distill_row0(const loom_gpt *m, const int *targets, size_t R, size_t *r0);
+/* Intermediate terms on a pipeline stage: every mapped block l must be in the head's chunk
+ * (blocks l .. layers-1 held here); and the per-slot state. */
+loom_status gpt_distill_terms_check(loom_gpt *m, const float *const *map, const char *what);
 void gpt_distill_hidden_free(loom_gpt *m);
+/* The attention term (gpt_distill_attn.c): after block l's training forward, its loss rows;
+ * block l's attention backward (the term's d(probabilities) joined when it has one). */
+void gpt_distill_attn_forward(loom_gpt *m, int l, const int *targets, int B, int T, float dloss);
+void gpt_attention_backward(loom_gpt *m, int l, float *dqkv, const float *datty, int B, int T);
+void gpt_distill_attn_free(loom_gpt *m);
 /* A stage's forward with these targets: point kd_teacher at their rows of the step's
  * teacher rows (loom_gpt_set_distill_step); 1 if this forward distils. */
 int gpt_distill_select(loom_gpt *m, const int *targets, size_t R);

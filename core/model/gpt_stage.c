@@ -149,6 +149,8 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
         LOOM_TRY(use(m, 1 + l, 1));
         LOOM_TRY(use(m, l + 1 < hi ? 2 + l : head ? m->cfg.layers + 1 : -1, LOOM_PARAM_SOON));
         LOOM_TRY(gpt_block_forward(m, l, residual, B, T, Rl));
+        if (head && targets && dloss != 0.0f)
+            gpt_distill_attn_forward(m, l, targets, B, T, dloss); /* gpt_distill.h */
         LOOM_TRY(use(m, 1 + l, 0));
         residual = m->acts[l].res3;
     }
@@ -172,6 +174,8 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
         LOOM_TRY(gpt_vocab_cross_entropy(m, (int)R, dloss));
         if (distill)
             gpt_distill_after(m, R);
+        if (dloss != 0.0f) /* the intermediate terms (gpt_distill.h): nothing unless set */
+            LOOM_TRY(gpt_distill_hidden(m, targets, R, dloss));
         k->copy_to_host(bs, m->host_losses, m->losses, R * sizeof(float));
         double sum = 0.0;
         for (size_t i = 0; i < R; i++)
@@ -226,12 +230,14 @@ loom_status loom_gpt_stage_backward(loom_gpt *m, int lo, int hi)
                         m->lnf_rstd};
         gpt_replicated_grads(m, &pk, gpt_norm_kind(m), &lnf, m->g.lnfw, m->g.lnfb, Rl);
         LOOM_TRY(gpt_rep_flush(m, &pk));
+        gpt_distill_hidden_head(m); /* the projections' gradients (gpt_distill.h) */
         LOOM_TRY(gpt_stage_head_units(m, hi, 0));
         LOOM_TRY(gpt_stage_ready(m, -1, 0));
     }
     for (int l = hi - 1; l >= lo; l--) {
         const float *residual = l == lo ? m->encoded : m->acts[l - 1].res3;
         LOOM_TRY(gpt_stage_block_unit(m, l, lo, 0));
+        gpt_distill_hidden_backward(m, l, Rl); /* d(res3) += the hidden-state term's */
         LOOM_TRY(gpt_block_backward(m, l, residual, &pk, B, T, Rl));
         LOOM_TRY(gpt_rep_flush(m, &pk));
         LOOM_TRY(gpt_stage_block_unit(m, l, lo, 1));

@@ -74,6 +74,8 @@ struct loom_session {
     loom_kd_group *kd_group;             /* teacher.tp across dp ranks (kd_group.h), else NULL */
     int kd_map[64];          /* hidden-state terms: student block -> teacher block (-1: none) */
     const float *kd_h[64];   /* the teacher's block outputs they compare with, per student block */
+    const float *kd_att[64]; /* and its attention probabilities (teacher.attention) */
+    float *kd_hstep[64], *kd_astep[64]; /* pp, last stage: both over the step's micro-batches */
     int kd_hidden_on;
     float *host_logits;      /* sampling: one row of Vp */
     int64_t steps;
@@ -235,15 +237,13 @@ static loom_status check_precision(loom_session *s, const loom_session_config *c
     return LOOM_OK;
 }
 
-/* teacher.layers (gpt_distill.h's hidden-state terms): one rank or dp, fp32; the map
- * copied, the teacher's block outputs bound (they are its activation buffers, rewritten by
- * each teacher forward) and the student's checks run now rather than at step 1. */
+/* teacher.layers (gpt_distill.h's hidden-state terms; teacher.attention on the same pairs):
+ * one rank, dp or zero, any precision; the map copied, the teacher's block outputs (and
+ * probabilities) bound (its activation buffers, rewritten by each teacher forward) and the
+ * student's checks run now rather than at step 1. */
 static loom_status distill_hidden_open(loom_session *s, const loom_session_config *cfg)
 {
     const loom_gpt_config *tc = loom_gpt_get_config(s->teacher), *mc = loom_gpt_get_config(s->model);
-    if (s->pipe || s->zero)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.layers (hidden-state terms) with %s is not built "
-                  "yet; use one rank or plain dp", s->pipe ? "mesh.pp > 1" : "strategy.zero");
     if (mc->layers > 64 || mc->kd_proj_dim != tc->dim)
         LOOM_FAIL(LOOM_ERR_INVALID, "teacher.layers: the student's projections are %d wide, the "
                   "teacher is dim=%d (at most 64 student blocks)", mc->kd_proj_dim, tc->dim);
@@ -253,9 +253,36 @@ static loom_status distill_hidden_open(loom_session *s, const loom_session_confi
             LOOM_FAIL(LOOM_ERR_INVALID, "teacher.layers[%d] = %d: the teacher has blocks 0 .. %d",
                       l, t, tc->layers - 1);
         s->kd_h[l] = t >= 0 ? loom_gpt_block_output(s->teacher, t) : NULL;
+        if (t >= 0 && !s->kd_h[l])
+            LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.layers: the teacher's block %d output is not "
+                      "held whole here (another stage's, or split by sequence parallelism)", t);
+        size_t rows = (size_t)cfg->accum * cfg->micro_batch * cfg->seq;
+        if (t >= 0 && s->pipe) { /* the step's rows, which distill_pipeline fills */
+            if (!(s->kd_hstep[l] = malloc(rows * (size_t)tc->dim * sizeof(float))))
+                LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the teacher's hidden rows of a step");
+            s->kd_h[l] = s->kd_hstep[l];
+        }
     }
     s->kd_hidden_on = 1;
-    return loom_gpt_set_distill_hidden(s->model, s->kd_h, cfg->kd_hidden);
+    LOOM_TRY(loom_gpt_set_distill_hidden(s->model, s->kd_h, cfg->kd_hidden));
+    if (!(cfg->kd_attention > 0.0f)) /* teacher.attention: the same pairs' probabilities */
+        return LOOM_OK;
+    if (tc->heads != mc->heads)
+        LOOM_FAIL(LOOM_ERR_INVALID, "teacher.attention: the student has %d heads, the teacher %d",
+                  mc->heads, tc->heads);
+    for (int l = 0; l < mc->layers; l++) {
+        s->kd_att[l] = s->kd_map[l] >= 0 ? loom_gpt_block_attention(s->teacher, s->kd_map[l]) : NULL;
+        if (s->kd_map[l] >= 0 && !s->kd_att[l])
+            LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.attention: the teacher's block %d does not keep "
+                      "all its heads' probabilities here (recomputed or split over tp)", s->kd_map[l]);
+        size_t A = (size_t)cfg->accum * cfg->micro_batch * tc->heads * cfg->seq * cfg->seq;
+        if (s->kd_map[l] >= 0 && s->pipe) { /* each micro-batch's (B,NH,T,T) of the step */
+            if (!(s->kd_astep[l] = malloc(A * sizeof(float))))
+                LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the teacher's probabilities of a step");
+            s->kd_att[l] = s->kd_astep[l];
+        }
+    }
+    return loom_gpt_set_distill_attention(s->model, s->kd_att, cfg->kd_attention);
 }
 
 /* teacher.tp (docs/DISTILL.md): the teacher split by tensor parallelism. Over the
@@ -359,6 +386,23 @@ static loom_status make_teacher(loom_session *s, const loom_session_config *cfg)
                                   loom_gpt_param_data(s->teacher), NULL);
 }
 
+/* pp, last stage: micro-batch a's teacher block outputs and probabilities (teacher.layers,
+ * teacher.attention) into the step's buffers the student's forwards read. */
+static void distill_pipeline_terms(loom_session *s, int a)
+{
+    const loom_gpt_config *tc = loom_gpt_get_config(s->teacher);
+    size_t bt = (size_t)s->cfg.micro_batch * s->cfg.seq, A = bt * (size_t)tc->heads * s->cfg.seq;
+    for (int l = 0; s->kd_hidden_on && l < loom_gpt_get_config(s->model)->layers; l++) {
+        int t = s->kd_map[l];
+        if (t >= 0 && s->kd_hstep[l])
+            memcpy(s->kd_hstep[l] + (size_t)a * bt * tc->dim, loom_gpt_block_output(s->teacher, t),
+                   bt * (size_t)tc->dim * sizeof(float));
+        if (t >= 0 && s->kd_astep[l])
+            memcpy(s->kd_astep[l] + (size_t)a * A, loom_gpt_block_attention(s->teacher, t),
+                   A * sizeof(float));
+    }
+}
+
 /* pp, last stage: the teacher's rows of this dp rank's accum micro-batches of the step (a
  * teacher forward each, or the cache's records), which its forwards then distil from. */
 static loom_status distill_pipeline(loom_session *s, int accum, int dp_rank)
@@ -371,6 +415,7 @@ static loom_status distill_pipeline(loom_session *s, int accum, int dp_rank)
         if (s->teacher) {
             LOOM_TRY(loom_gpt_forward(s->teacher, s->tokens + (size_t)a * bt, NULL, B, T, 0.0f, NULL));
             LOOM_TRY(teacher_rows(s, bt, &rows));
+            distill_pipeline_terms(s, a);
         } else {
             int64_t g = (s->step_no - 1) * accum * loom_grad_sync_dp_size(s->sync) +
                         (int64_t)dp_rank * accum + a;
@@ -627,6 +672,10 @@ void loom_session_destroy(loom_session *s)
     free(s->kd_whole);
     loom_kd_cache_close(s->kd_cache);
     free(s->kd_step);
+    for (int l = 0; l < 64; l++) {
+        free(s->kd_hstep[l]);
+        free(s->kd_astep[l]);
+    }
     loom_zero_destroy(s->zero);
     loom_offload_destroy(s->offload);
     loom_gpt_destroy(s->model);

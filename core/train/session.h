@@ -77,6 +77,7 @@ typedef struct loom_session_config {
      * projections), weighed by kd_hidden; NULL: none */
     const int *kd_layers;
     float kd_hidden;
+    float kd_attention; /* > 0: the attention-probability term's gamma on the same pairs */
     const char *kd_cache; /* or the teacher's top-k logits from this file (kd_cache.h), read
                            * instead of a teacher model (teacher NULL) */
     int kd_teacher_tp;    /* teacher.tp: 0 or 1 replicated; mesh.tp: split over the tp group;

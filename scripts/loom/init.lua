@@ -275,7 +275,7 @@ local session_spec = {
   zero_bucket_mb = { type = "positive", help = "ZeRO bucket size in MiB (default 25)" },
   offload = { type = "table", help = "{ optimizer = \"host\" | \"disk\", path = DIR, chunk_mb = N } (docs/ZERO.md)" },
   compress = { type = "table", help = "{ \"onebit\" | \"topk\" | \"powersgd\", ratio = r, rank = r, warmup = n, bucket_mb = m } (docs/COMPRESS.md)" },
-  teacher = { type = "table", help = "{ model = loom.gpt{ init = \"teacher.bin\" } | checkpoint = DIR, temperature = T, alpha = a, layers = { [s] = t }, hidden = beta } (docs/DISTILL.md)" },
+  teacher = { type = "table", help = "{ model = loom.gpt{ init = \"teacher.bin\" } | checkpoint = DIR, temperature = T, alpha = a, layers = { [s] = t }, hidden = beta, attention = true | gamma } (docs/DISTILL.md)" },
   ep = { type = "integer", min = 1, help = "expert parallelism: a MoE model's experts split over this many dp ranks (docs/MOE.md)" },
 }
 
@@ -287,7 +287,7 @@ local teacher_spec = {
   alpha = { type = "number", min = 0, max = 1, help = "the weight of the distillation term (default 0.5)" },
   layers = { type = "table", help = "{ [student_block] = teacher_block, ... } (0-based, as h.N): hidden-state MSE through a learned projection (docs/DISTILL.md)" },
   hidden = { type = "number", min = 0, help = "the weight beta of the hidden-state terms (default 1)" },
-  attention = { type = "boolean", help = "attention-probability MSE (not built yet)" },
+  attention = { type = { "boolean", "number" }, min = 0, help = "true or a weight gamma: attention-probability MSE of each teacher.layers pair (TinyBERT; docs/DISTILL.md)" },
   tp = { type = "integer", help = "the teacher's tensor-parallel split: 1 replicated (default); mesh.tp: over the student's tp group; with mesh.tp = 1 a divisor of mesh.dp: over groups of that many dp ranks (docs/DISTILL.md)" },
 }
 
@@ -315,10 +315,9 @@ local checkpoint_model -- below: a teacher checkpoint's manifest model
 
 local function resolve_teacher(t, where, student)
   schema.check(t, teacher_spec, "teacher", where)
-  if t.attention then
-    schema.fail(where, "teacher.attention is not built yet (attention-probability MSE: its "
-      .. "term and the backend's attention_backward_datt exist, the model does not call them "
-      .. "yet); the hidden-state terms (teacher.layers) and the term on the logits are: leave it out")
+  if t.attention and not t.layers then
+    schema.fail(where, "teacher.attention compares the attention probabilities of the block "
+      .. "pairs teacher.layers maps: give teacher.layers = { [student_block] = teacher_block } too")
   end
   if t.hidden and not t.layers then
     schema.fail(where, "teacher.hidden weighs the hidden-state terms: give teacher.layers = { [student_block] = teacher_block } too")
@@ -355,6 +354,14 @@ local function resolve_teacher(t, where, student)
   if t.layers then
     check_teacher_layers(t.layers, student, out.teacher, where)
     out.kd_layers, out.kd_hidden = t.layers, t.hidden or 1.0
+    if t.attention then
+      local sh, th = student.heads or 12, out.teacher.heads
+      if sh ~= th then
+        schema.fail(where, "teacher.attention needs the teacher's head count: the student has "
+          .. "%s heads, the teacher %s (each head's probabilities are compared)", tostring(sh), tostring(th))
+      end
+      out.kd_attention = t.attention == true and 1.0 or t.attention
+    end
   end
   return out
 end

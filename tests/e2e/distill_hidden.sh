@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
-# distill_hidden.sh LOOM — distillation's hidden-state terms (teacher.layers, docs/DISTILL.md)
-# through the real program, a 1-block dim-32 student and a 2-block dim-48 teacher:
+# distill_hidden.sh LOOM — distillation's intermediate terms (teacher.layers and
+# teacher.attention, docs/DISTILL.md) through the real program, a 1-block dim-32 student
+# and a 2-block dim-48 teacher, both of 2 heads:
 #  - a run with teacher.layers = {[0] = 1} saves its projection distill.proj.0.weight (and
 #    its AdamW moments) in the checkpoint and resumes bitwise; hidden = 0 gives the bits of
 #    the run without teacher.layers, hidden = 1 other losses;
 #  - canonical mode: dp=1 and dp=2 give the same bits; fast mode dp=2 within 1e-4;
+#  - teacher.attention (with the hidden term): other losses than without it, save at 3 +
+#    resume bitwise, canonical dp=1 = dp=2 bitwise, recompute full / selective bitwise;
+#  - under ZeRO (stages 1 and 3, accumulation 2) and in bf16 / fp16 (both terms): canonical
+#    dp=2 gives dp=1's bits; bf16 within 5e-3 of fp32 over 6 steps;
 #  - loom ckpt export and loom export --llmc of the student write no projection, and it
 #    serves as a teacher (its checkpoint read without its projection);
-#  - refusals: a student or teacher block out of range, attention = true, a cache, hidden
-#    without layers, pp > 1, zero, 16-bit precision.
+#  - pp = 2 (both terms on the last stage): canonical 1f1b, gpipe and zb1 give pp=1's
+#    bits, save + resume bitwise;
+#  - refusals: a student or teacher block out of range, attention without layers or with
+#    another head count, a cache, hidden without layers, a mapped block off pp's last
+#    stage.
 set -euo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -17,7 +25,7 @@ recipe=$here/recipes/distill.lua
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 export OMP_WAIT_POLICY=passive   # several ranks share 2 cores: OpenMP must not spin
 
-"$loom" run "$recipe" model.layers=2 model.dim=48 model.heads=4 steps=10 \
+"$loom" run "$recipe" model.layers=2 model.dim=48 model.heads=2 steps=10 \
   checkpoint.dir="$tmp/teacher" > /dev/null
 kd() { echo "teacher={checkpoint=\"$tmp/teacher\",alpha=0.5$1}"; }
 hid=$(kd ',layers={[0]=1},hidden=1')
@@ -50,6 +58,65 @@ d=$(max_loss_diff "$tmp/s.out" "$tmp/dp2.out")
 below "$d" 1e-4 || { echo "teacher.layers at dp=2 differs from one rank by $d"; exit 1; }
 echo "ok teacher.layers: canonical dp=1 and dp=2 bitwise over 6 steps; fast dp=2 within $d of one rank"
 
+# --- the attention-probability term ----------------------------------------------------------
+att=$(kd ',layers={[0]=1},hidden=1,attention=2')
+"$loom" run "$recipe" steps=6 checkpoint.dir="$tmp/a" checkpoint.every=3 "$att" > "$tmp/a.out"
+"$loom" run "$recipe" steps=6 resume="$tmp/a/step_00000003" "$att" > "$tmp/ar.out"
+finite_losses "$tmp/a.out"
+cmp -s <(grep '^LOSS' "$tmp/a.out") <(grep '^LOSS' "$tmp/s.out") &&
+  { echo "teacher.attention changes no loss"; exit 1; }
+[ "$(grep -c '^LOSS' "$tmp/ar.out")" -eq 3 ] && cmp -s <(grep '^LOSS [456] ' "$tmp/a.out") <(grep '^LOSS' "$tmp/ar.out") ||
+  { echo "teacher.attention: the resumed steps 4-6 differ"; exit 1; }
+acanon=(steps=6 deterministic=canonical batch.micro=4 batch.global=8 "$att")
+"$loom" run "$recipe" "${acanon[@]}" | grep '^LOSS' > "$tmp/ac1"
+"$loom" launch -n 2 "$recipe" mesh.dp=2 comm_timeout=20 "${acanon[@]}" | grep '^LOSS' > "$tmp/ac2"
+finite_losses "$tmp/ac1"
+cmp -s "$tmp/ac1" "$tmp/ac2" || { echo "canonical teacher.attention: dp=2 differs from dp=1"; exit 1; }
+for rc in full selective; do # the backward reads the probabilities recomputed: the same bits
+  "$loom" run "$recipe" steps=6 recompute=$rc "$att" | grep '^LOSS' > "$tmp/arc"
+  cmp -s "$tmp/arc" <(grep '^LOSS' "$tmp/a.out") || { echo "teacher.attention: recompute=$rc differs"; exit 1; }
+done
+echo "ok teacher.attention: other losses; save at 3 + resume, steps 4-6 bitwise; canonical dp=1 and dp=2 bitwise; recompute full and selective bitwise"
+
+# --- ZeRO and 16-bit precision: both terms, canonical dp=2 against dp=1 ----------------------
+zc=(steps=6 deterministic=canonical batch.micro=2 batch.global=8 "$att") # accum 2 at dp=2
+"$loom" run "$recipe" "${zc[@]}" | grep '^LOSS' > "$tmp/z1"
+finite_losses "$tmp/z1"
+for z in 1 3; do
+  "$loom" launch -n 2 "$recipe" mesh.dp=2 strategy.zero=$z comm_timeout=20 "${zc[@]}" |
+    grep '^LOSS' > "$tmp/z2"
+  cmp -s "$tmp/z1" "$tmp/z2" || { echo "canonical zero=$z with both terms: dp=2 differs from dp=1"; exit 1; }
+done
+for p in bf16 fp16; do
+  "$loom" run "$recipe" precision=$p "${acanon[@]}" | grep '^LOSS' > "$tmp/p1"
+  "$loom" launch -n 2 "$recipe" precision=$p mesh.dp=2 comm_timeout=20 "${acanon[@]}" |
+    grep '^LOSS' > "$tmp/p2"
+  finite_losses "$tmp/p1"
+  cmp -s "$tmp/p1" "$tmp/p2" || { echo "canonical $p with both terms: dp=2 differs from dp=1"; exit 1; }
+  [ $p = bf16 ] && d16=$(max_loss_diff "$tmp/ac1" "$tmp/p1")
+done
+below "$d16" 5e-3 || { echo "bf16 with both terms differs from fp32 by $d16"; exit 1; }
+echo "ok both terms: canonical zero=1 and zero=3 (accum 2), bf16 and fp16 dp=2 give dp=1's bits; bf16 within $d16 of fp32"
+
+# --- pp: the terms on the last stage (a 2-block student, its block 1 against teacher block 1) -
+pc=(steps=4 model.layers=2 deterministic=canonical batch.micro=2 batch.global=8 # accum 4
+    "$(kd ',layers={[1]=1},hidden=1,attention=2')")
+"$loom" run "$recipe" "${pc[@]}" | grep '^LOSS' > "$tmp/pp1"
+finite_losses "$tmp/pp1"
+for sch in 1f1b gpipe zb1; do # gpipe: every forward first; zb1: the split backward (B, W)
+  "$loom" launch -n 2 "$recipe" mesh.pp=2 schedule=$sch comm_timeout=20 "${pc[@]}" |
+    grep '^LOSS' > "$tmp/pp2"
+  cmp -s "$tmp/pp1" "$tmp/pp2" || { echo "canonical pp=2 ($sch) with both terms differs from pp=1"; exit 1; }
+done
+pph=$(kd ',layers={[1]=1},hidden=1,attention=2')
+"$loom" launch -n 2 "$recipe" mesh.pp=2 comm_timeout=20 steps=6 model.layers=2 \
+  checkpoint.dir="$tmp/ps" checkpoint.every=3 "$pph" > "$tmp/ps.out"
+"$loom" launch -n 2 "$recipe" mesh.pp=2 comm_timeout=20 steps=6 model.layers=2 \
+  resume="$tmp/ps/step_00000003" "$pph" > "$tmp/pr.out"
+[ "$(grep -c '^LOSS' "$tmp/pr.out")" -eq 3 ] && cmp -s <(grep '^LOSS [456] ' "$tmp/ps.out") <(grep '^LOSS' "$tmp/pr.out") ||
+  { echo "pp=2 with both terms: the resumed steps 4-6 differ"; exit 1; }
+echo "ok pp=2, both terms: canonical 1f1b, gpipe and zb1 (accum 4) give pp=1's bits; save at 3 + resume bitwise"
+
 # --- export: model weights only -------------------------------------------------------------
 "$loom" ckpt export "$tmp/s/step_00000006" "$tmp/s.safetensors" > /dev/null
 head -c 4096 "$tmp/s.safetensors" | grep -aq 'h.0.attn' ||
@@ -69,17 +136,15 @@ refuse student 'teacher.layers: student block 1 is not an integer in [0, 1)' \
   "$loom" run "$recipe" steps=1 "$(kd ',layers={[1]=1}')"
 refuse teacher 'teacher.layers[0] = 2: the teacher block is not an integer in [0, 2)' \
   "$loom" run "$recipe" steps=1 "$(kd ',layers={[0]=2}')"
-refuse attention 'teacher.attention is not built yet' \
-  "$loom" run "$recipe" steps=1 "$(kd ',layers={[0]=1},attention=true')"
+refuse attention 'teacher.attention compares the attention probabilities of the block pairs' \
+  "$loom" run "$recipe" steps=1 "$(kd ',attention=true')"
+refuse heads 'teacher.attention needs the teacher'"'"'s head count: the student has 4 heads, the teacher 2' \
+  "$loom" run "$recipe" steps=1 model.heads=4 "$att"
 refuse hidden 'teacher.hidden weighs the hidden-state terms' \
   "$loom" run "$recipe" steps=1 "$(kd ',hidden=2')"
 refuse negative 'teacher.hidden' "$loom" run "$recipe" steps=1 "$(kd ',layers={[0]=1},hidden=-1')"
 refuse cache 'which a cache (loom distill-cache: logits only) does not hold' \
   "$loom" run "$recipe" steps=1 'teacher={cache="x.kdc",layers={[0]=1}}'
-refuse pp 'teacher.layers (hidden-state terms) with mesh.pp > 1 is not built yet' \
+refuse pp 'under pp: student block 0 is not in the last stage'"'"'s last chunk' \
   "$loom" launch -n 2 "$recipe" steps=1 model.layers=2 mesh.pp=2 comm_timeout=20 "$hid"
-refuse zero 'teacher.layers (hidden-state terms) with strategy.zero is not built yet' \
-  "$loom" launch -n 2 "$recipe" steps=1 mesh.dp=2 batch.micro=4 strategy.zero=1 comm_timeout=20 "$hid"
-refuse bf16 'hidden-state terms are built for fp32 only' \
-  "$loom" run "$recipe" steps=1 precision=bf16 "$hid"
-echo "ok refused: student / teacher block out of range, attention, hidden without layers, hidden < 0, a cache, pp, zero, bf16"
+echo "ok refused: student / teacher block out of range, attention without layers or with 4 heads against 2, hidden without layers, hidden < 0, a cache, a block off pp's last stage"

@@ -215,6 +215,130 @@ START_TEST(test_identity)
 }
 END_TEST
 
+/* --- the attention-probability term (gpt_distill_attn.c) -------------------------------- */
+
+/* gamma/NH sum over rows, heads and keys of (ps - pt)^2, in double */
+static double attn_reference(const float *ps, const float *pt, int NH, double gamma)
+{
+    double sum = 0.0;
+    for (size_t i = 0; i < (size_t)B_ * NH * T_ * T_; i++) {
+        double d = (double)ps[i] - pt[i];
+        sum += gamma / NH * d * d;
+    }
+    return sum;
+}
+
+/* loss and parameter gradients (every third tensor) against finite differences, with a
+ * wider, deeper teacher of the same head count: student blocks 0 and 1 against its 2, 0 */
+START_TEST(test_attention_model)
+{
+    enum { C = 16, CT_ = 24, NH = 2 };
+    size_t A = (size_t)B_ * NH * T_ * T_;
+    loom_gpt *m = make(L_, C, 0, 0), *teacher = make(3, CT_, 0, 0);
+    fwd(teacher, 0.0f);
+    ck_assert_msg(loom_gpt_block_attention(teacher, 2) && loom_gpt_block_attention(teacher, 0),
+                  "the teacher's probabilities are not held");
+    /* a tiny random model's probabilities are near uniform, its teacher's too: random
+     * causal rows instead, so that the term is not small beside CE */
+    float *pt = malloc(2 * A * sizeof(float));
+    fill(pt, 2 * A, 6);
+    for (size_t row = 0; row < 2 * A / T_; row++) {
+        float *r = pt + row * T_;
+        int t = (int)(row % T_);
+        double sum = 0.0;
+        for (int j = 0; j < T_; j++) {
+            r[j] = j <= t ? r[j] * r[j] * r[j] * r[j] : 0.0f;
+            sum += r[j];
+        }
+        for (int j = 0; j <= t; j++)
+            r[j] = (float)(r[j] / sum);
+    }
+    const float *map[L_] = {pt, pt + A};
+    float gamma = 3.0f, dloss = 1.0f / (float)(B_ * T_);
+    double ce = fwd(m, 0.0f), term = 0.0;
+    for (int l = 0; l < L_; l++)
+        term += attn_reference(loom_gpt_block_attention(m, l), map[l], NH, gamma);
+    ck_assert_msg(loom_gpt_set_distill_attention(m, map, gamma) == LOOM_OK, "%s",
+                  loom_last_error());
+    loom_gpt_zero_grad(m);
+    double loss = fwd(m, dloss);
+    ck_assert_msg(fabs(loss - ce - term) <= 1e-5 * term && term > 1.0, "loss %.9g - CE %.9g, "
+                  "reference term %.9g", loss, ce, term);
+    ck_assert_msg(loom_gpt_backward(m) == LOOM_OK, "%s", loom_last_error());
+    size_t n = loom_gpt_params(m)->total;
+    float *g = malloc(n * sizeof(float)), *p = loom_gpt_param_data(m);
+    memcpy(g, loom_gpt_grad_data(m), n * sizeof(float));
+    const loom_param_table *t = loom_gpt_params(m);
+    double worst = 0.0;
+    for (int e = 0; e < t->count; e++) {
+        if (e % 3 && !strstr(t->entries[e].name, "attn.c_attn"))
+            continue; /* every third tensor and every qkv weight */
+        for (size_t at = 1; at <= 3; at++) {
+            size_t i = t->entries[e].offset + t->entries[e].numel * at / 4;
+            float x0 = p[i];
+            p[i] = x0 + 1e-2f;
+            float hi = p[i];
+            double up = fwd(m, dloss);
+            p[i] = x0 - 1e-2f;
+            float lo = p[i];
+            double down = fwd(m, dloss);
+            p[i] = x0;
+            double fd = dloss * (up - down) / ((double)hi - (double)lo);
+            double err = fabs(fd - g[i]) / (fabs(fd) + 1e-2);
+            worst = err > worst ? err : worst;
+            ck_assert_msg(fabs(fd - g[i]) <= 2e-3 * fabs(fd) + 2e-5, "%s[%zu]: grad %.9g, "
+                          "finite differences %.9g", t->entries[e].name,
+                          i - t->entries[e].offset, g[i], fd);
+        }
+    }
+    printf("attention term: loss %.6f (CE %.6f), worst gradient error %.2e\n", loss, ce, worst);
+    free(g);
+    free(pt);
+    loom_gpt_destroy(teacher);
+    loom_gpt_destroy(m);
+}
+END_TEST
+
+/* a teacher equal to the student: the term is 0, the loss and every gradient CE's bits */
+START_TEST(test_attention_identity)
+{
+    enum { C = 16, NH = 2 };
+    size_t A = (size_t)B_ * NH * T_ * T_, R = B_ * T_;
+    loom_gpt *m = make(L_, C, 0, 0);
+    float dloss = 1.0f / (float)R;
+    loom_gpt_zero_grad(m);
+    double ce = fwd(m, dloss);
+    ck_assert_msg(loom_gpt_backward(m) == LOOM_OK, "%s", loom_last_error());
+    size_t n = loom_gpt_params(m)->total;
+    float *g = malloc(n * sizeof(float)), *th = malloc(L_ * A * sizeof(float));
+    memcpy(g, loom_gpt_grad_data(m), n * sizeof(float));
+    const float *map[L_];
+    for (int l = 0; l < L_; l++) {
+        memcpy(th + l * A, loom_gpt_block_attention(m, l), A * sizeof(float));
+        map[l] = th + l * A;
+    }
+    ck_assert_msg(loom_gpt_set_distill_attention(m, map, 2.0f) == LOOM_OK, "%s",
+                  loom_last_error());
+    loom_gpt_zero_grad(m);
+    double loss = fwd(m, dloss);
+    ck_assert_msg(loss == ce, "teacher = student: loss %.17g, CE %.17g", loss, ce);
+    ck_assert_msg(loom_gpt_backward(m) == LOOM_OK, "%s", loom_last_error());
+    ck_assert_msg(!memcmp(g, loom_gpt_grad_data(m), n * sizeof(float)),
+                  "teacher = student: the gradients differ from CE's");
+    th[3 * T_ + 1] += 0.25f; /* a teacher that differs: the check can fail */
+    loom_gpt_zero_grad(m);
+    ck_assert_msg(fwd(m, dloss) > ce, "a different teacher adds nothing");
+    free(th);
+    free(g);
+    ck_assert_int_eq(loom_gpt_set_distill_attention(m, map, -1.0f), LOOM_ERR_INVALID);
+    ck_assert_ptr_nonnull(strstr(loom_last_error(), "teacher.attention=-1"));
+    const float *none[L_] = {NULL, NULL};
+    ck_assert_int_eq(loom_gpt_set_distill_attention(m, none, 1.0f), LOOM_ERR_INVALID);
+    ck_assert_ptr_nonnull(strstr(loom_last_error(), "no student block is mapped"));
+    loom_gpt_destroy(m);
+}
+END_TEST
+
 START_TEST(test_errors)
 {
     loom_gpt *m = make(L_, 16, 24, 1ull); /* block 0 only */
@@ -245,6 +369,8 @@ int main(void)
     tcase_add_test(tc, test_rows);
     tcase_add_test(tc, test_model);
     tcase_add_test(tc, test_identity);
+    tcase_add_test(tc, test_attention_model);
+    tcase_add_test(tc, test_attention_identity);
     tcase_add_test(tc, test_errors);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

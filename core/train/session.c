@@ -796,7 +796,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
                         -1, -1);
     }
     double comm_ms = t_tied - t_sync + loom_gpt_take_comm_ms(s->model);
-    LOOM_TRY(loom_ep_reduce(s->ep, s->model, &comm_ms)); /* experts over their edp group */
+    if (!(s->zero && loom_zero_reduces(s->zero))) /* ZeRO-2 reduce-scattered them already */
+        LOOM_TRY(loom_ep_reduce(s->ep, s->model, &comm_ms)); /* experts over their edp group */
     if (s->pipe) {
         LOOM_TRY(loom_pipeline_tied_sync(s->pipe, s->model, &comm_ms));
         loom_trace_span(s->trace, LOOM_TRACE_TIED_SYNC, t_tied, loom_now_ms(), -1, -1);

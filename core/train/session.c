@@ -467,7 +467,7 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
                            "model has none (loom.gpt{moe = {...}})", cfg->ep);
         else if (cfg->offload_mode || (pp > 1 && cfg->canonical))
             st = loom_fail(LOOM_ERR_UNSUPPORTED, "mesh ep=%d with %s does not compose yet (ep "
-                           "runs with dp, zero=1 and, in fast mode, pp)", cfg->ep,
+                           "runs with dp, zero=1 or 2 and, in fast mode, pp)", cfg->ep,
                            cfg->offload_mode ? "offload" : "pp > 1 in canonical mode");
         else
             st = loom_ep_create(cfg->ep, &s->backend, &par, &s->ep);

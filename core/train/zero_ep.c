@@ -1,4 +1,5 @@
-/* zero_ep.c — ZeRO stage 1 under expert parallelism (zero.h, session_ep.h).
+/* zero_ep.c — ZeRO stages 1 and 2 under expert parallelism (zero.h, session_ep.h): the
+ * partitions, the parameter gather, checkpoints; stage 2's reduction is zero_ep_reduce.c.
  *
  * Under ep the ranks' flat buffers have one layout but different contents at the expert
  * entries: dp rank r = g ep + p holds ep rank p's experts, as do the other dp ranks of its
@@ -11,8 +12,10 @@
  * its sub-block of every bucket. So every rank holds slots x (pad(D)/dp + pad(X)/edp)
  * floats of optimizer state (the formula tests/e2e/moe.sh holds the MEM lines to), and
  * steps that many parameters.
- * The gradients arrive whole (dp's reduction for the dense entries, loom_ep_reduce's over
- * edp for the experts'), the norm is stage 1's unchanged full-buffer one with ep's part.
+ * Stage 1: the gradients arrive whole (dp's reduction for the dense entries, loom_ep_reduce's
+ * over edp for the experts'), the norm is stage 1's unchanged full-buffer one with ep's
+ * part. Stage 2 (fast mode): the gradients are reduce-scattered into a partition laid out
+ * as the state (zero_ep_reduce.c), the norm is loom_zero_norm's over the pieces.
  * After the step each bucket is packed from this rank's sub-block, all-gathered over its
  * group into a staging buffer and unpacked into the parameters: each kind writes only its
  * own entries, so neither gather disturbs the other's.

@@ -26,10 +26,11 @@
 #  - pp=2 within 1e-5 of one rank, the same step-1 load; canonical pp=2 (recompute=full):
 #    one rank's bits;
 #  - pp=2 dp=2 ep=2 within 1e-5 of dp=4 (the same micro-batches), resumed with zero=1 bitwise;
+#    canonical pp=2 dp=2 ep=2: one rank's bits;
 #  - zb1 (the MoE blocks' split backward): canonical pp=2 zb1 one rank's bits;
 #  - the llama family with SwiGLU experts: dp=2 ep=2, pp=2 zb1 within 1e-5 of one
 #    rank, saved at ep=2 and resumed at ep=1 within 1e-5, canonical dp=2 ep=2 zero=1 bitwise;
-#  - what does not compose yet (tp with canonical mode, ep with pp in canonical mode, llm.c export
+#  - what does not compose yet (tp with canonical mode, ep with an interleaved schedule in canonical mode, llm.c export
 #    (llama moe's HF export and its refusals: unit_mixtral_export_hf); ep with zero=3, ep not a power of two in canonical mode) and bad
 #    moe keys are refused
 #    naming the key.
@@ -67,7 +68,7 @@ for z in 1 3; do
 done
 echo "ok zero=1 and zero=3 at dp=2: dp=2's bits"
 canon="deterministic=canonical batch.micro=2 batch.global=8"
-run1 $canon | grep '^LOSS' > "$tmp/c1"
+run1 $canon log.jsonl="$tmp/c1.jsonl" | grep '^LOSS' > "$tmp/c1"
 run2 $canon | grep '^LOSS' > "$tmp/c2"
 finite_losses "$tmp/c1" && cmp -s "$tmp/c1" "$tmp/c2" || { echo "canonical dp=1/2 differ"; exit 1; }
 # with ep: each source rank's rows in GEMMs of their own, expert gradients in the same tree
@@ -234,6 +235,16 @@ cmp -s <(awk '$2 > 3' "$tmp/ppe") "$tmp/ppe_r" || { echo "pp=2 dp=2 ep=2 resumed
 dppz=$(max_loss_diff <(head -6 "$tmp/dp4") "$tmp/ppz2")
 below "$dppz" 1e-5 || { echo "pp=2 dp=2 ep=2 zero=2 differs from dp=4 by $dppz"; exit 1; }
 echo "ok pp=2 dp=2 ep=2 (2 micro-batches in flight): within $dppe of dp=4 over 6 steps; resumed at step 3 with zero=1 bitwise; zero=2 within $dppz"
+# canonical mode: each backward's per-source expert gradients into ep's trees (the pipeline's
+# hooks), the norm's slots in one rank's order across the stages with every ep rank's
+# experts in place: one rank's bits (2 micro-batches per rank in flight, clipping active)
+"$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 $canon steps=6 comm_timeout=20 \
+  log.jsonl="$tmp/cppe.jsonl" | grep '^LOSS' > "$tmp/cppe"
+cmp -s <(head -6 "$tmp/c1") "$tmp/cppe" || { echo "canonical pp=2 dp=2 ep=2 differs from one rank"; exit 1; }
+norms() { grep -o '"grad_norm":[^,}]*' "$1" | head -6; }
+[[ $(norms "$tmp/cppe.jsonl" | wc -l) -eq 6 ]] && cmp -s <(norms "$tmp/c1.jsonl") <(norms "$tmp/cppe.jsonl") ||
+  { echo "canonical pp=2 dp=2 ep=2: grad norms differ from one rank's"; exit 1; }
+echo "ok canonical pp=2 dp=2 ep=2: one rank's losses and grad norms bit for bit (6 steps)"
 
 run1 model.moe.capacity_factor=0 steps=5 > "$tmp/dl.out"
 [[ $(grep -c '^MOE .* dropped=0.000000 ' "$tmp/dl.out") -eq 5 ]] || { echo "dropless dropped"; exit 1; }
@@ -294,7 +305,7 @@ refuse() { # refuse WORDS ARGS...: the run fails and says WORDS
   grep -q -- "$want" "$tmp/err" || { echo "'$*' did not say '$want':"; tail -2 "$tmp/err"; exit 1; }
 }
 refuse "and canonical mode does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.tp=2 deterministic=canonical
-refuse "with pp > 1 in canonical mode does not compose yet" "$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 microbatches=2 $canon
+refuse "with an interleaved schedule in canonical mode does not compose yet" "$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 schedule=interleaved model.layers=4 $canon
 refuse "must divide dp=1" run1 mesh.ep=2
 refuse "ep must be a power of two" "$loom" launch -n 3 "$recipe" threads=1 mesh.dp=3 mesh.ep=3 deterministic=canonical batch.micro=2 batch.global=6 model.moe.experts=3 model.moe.top_k=1
 refuse "with strategy.zero=3 does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.dp=2 mesh.ep=2 strategy.zero=3
@@ -304,4 +315,4 @@ refuse "model.moe.every=0" run1 model.moe.every=0
 refuse "is not one of: topk, noisy_topk" run1 model.moe.router=top2
 refuse "unknown key 'model.moe.expert'" run1 model.moe.expert=8
 refuse "dense GPT-2 blocks only" "$loom" export --llmc "$tmp/ck/step_00000010" "$tmp/x.bin"
-echo "ok refused: tp with canonical mode, llm.c export, ep with zero=3 or with pp in canonical mode, ep=3 in canonical mode, ep not dividing dp or experts; bad moe keys named"
+echo "ok refused: tp with canonical mode, llm.c export, ep with zero=3 or with an interleaved schedule in canonical mode, ep=3 in canonical mode, ep not dividing dp or experts; bad moe keys named"

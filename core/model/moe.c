@@ -291,6 +291,11 @@ loom_status gpt_moe_create(loom_gpt *m, uint64_t seed)
                 g->blk[b++].cbase = g->nexp;
                 g->nexp += last->offset + last->numel - m->table.entries[i].offset;
             }
+        for (int q = 1; q < g->slots; q++) /* every slot's blocks (pp: micro-batches in flight) */
+            for (int j = 0; j < g->n; j++) {
+                g->blk_all[(size_t)q * g->n + j].run_off = g->blk_all[j].run_off;
+                g->blk_all[(size_t)q * g->n + j].cbase = g->blk_all[j].cbase;
+            }
         g->cgrad = DEV((size_t)P * g->nexp);
         ok &= g->cgrad != NULL;
     }

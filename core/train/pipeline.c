@@ -676,35 +676,18 @@ loom_status loom_pipeline_sum(loom_pipeline *pl, double *v, int n)
     return st;
 }
 
-loom_status loom_pipeline_norm(loom_pipeline *pl, const loom_param_table *t, const double *slots,
-                               size_t n, double *norm_sq, int *nonfinite)
+/* The gather and the sum of loom_pipeline_norm: this rank's slots `order` (n of them, chunk
+ * by chunk) and mine = [n, nonfinite, each chunk's length] (head doubles); frees nothing. */
+static loom_status norm_gather(loom_pipeline *pl, const double *order, size_t n, double *mine,
+                               size_t head, double *norm_sq, int *nonfinite)
 {
-    int P = pl->stages, C = pl->chunks, E = t->count;
-    size_t per = E ? n / (size_t)E : 0, head = 2 + (size_t)C;
-    /* this rank's slots chunk by chunk (each chunk's entries in table order), and the
-     * lengths: [n, nonfinite, length of chunk 0, 1, ...] */
-    double *mine = calloc(head, sizeof(double)), *sizes = malloc((size_t)P * head * sizeof(double));
-    double *order = malloc((n ? n : 1) * sizeof(double));
-    if (!mine || !sizes || !order) {
-        free(mine), free(sizes), free(order);
+    int P = pl->stages, C = pl->chunks;
+    double *sizes = malloc((size_t)P * head * sizeof(double));
+    if (!sizes)
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
-    }
-    size_t at = 0;
-    for (int c = 0; c < C; c++)
-        for (int i = 0; i < E; i++)
-            if (entry_chunk(pl, &t->entries[i]) == c) {
-                memcpy(order + at, slots + (size_t)i * per, per * sizeof(double));
-                at += per;
-                mine[2 + c] += (double)per;
-            }
-    mine[0] = (double)n;
-    mine[1] = *nonfinite ? 1.0 : 0.0;
-    loom_status st = at == n ? LOOM_OK : loom_fail(LOOM_ERR_INTERNAL, "pipeline: %zu of %zu norm "
-                                                   "slots belong to no chunk", n - at, n);
     loom_comm_request *r = NULL;
-    if (st == LOOM_OK)
-        st = pl->ops->allgather_start(pl->pp, mine, sizes, head * sizeof(double), LOOM_DTYPE_U8,
-                                      &r);
+    loom_status st = pl->ops->allgather_start(pl->pp, mine, sizes, head * sizeof(double),
+                                              LOOM_DTYPE_U8, &r);
     if (st == LOOM_OK)
         st = pl->ops->wait(pl->pp, r);
     size_t cap = 0;
@@ -740,12 +723,52 @@ loom_status loom_pipeline_norm(loom_pipeline *pl, const loom_param_table *t, con
         *norm_sq = sum;
         *nonfinite = bad;
     }
-    free(mine);
     free(sizes);
-    free(order);
     free(pad);
     free(all);
     return st;
+}
+
+loom_status loom_pipeline_norm(loom_pipeline *pl, const loom_param_table *t, const double *slots,
+                               size_t n, double *norm_sq, int *nonfinite)
+{
+    int C = pl->chunks, E = t->count;
+    size_t per = E ? n / (size_t)E : 0, head = 2 + (size_t)C;
+    /* this rank's slots chunk by chunk (each chunk's entries in table order), and the
+     * lengths: [n, nonfinite, length of chunk 0, 1, ...] */
+    double *mine = calloc(head, sizeof(double));
+    double *order = malloc((n ? n : 1) * sizeof(double));
+    if (!mine || !order) {
+        free(mine), free(order);
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    }
+    size_t at = 0;
+    for (int c = 0; c < C; c++)
+        for (int i = 0; i < E; i++)
+            if (entry_chunk(pl, &t->entries[i]) == c) {
+                memcpy(order + at, slots + (size_t)i * per, per * sizeof(double));
+                at += per;
+                mine[2 + c] += (double)per;
+            }
+    mine[0] = (double)n;
+    mine[1] = *nonfinite ? 1.0 : 0.0;
+    loom_status st = at == n ? LOOM_OK : loom_fail(LOOM_ERR_INTERNAL, "pipeline: %zu of %zu norm "
+                                                   "slots belong to no chunk", n - at, n);
+    if (st == LOOM_OK)
+        st = norm_gather(pl, order, n, mine, head, norm_sq, nonfinite);
+    free(mine);
+    free(order);
+    return st;
+}
+
+loom_status loom_pipeline_norm_order(loom_pipeline *pl, const double *order, size_t n,
+                                     double *norm_sq, int *nonfinite)
+{
+    if (pl->chunks != 1)
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "pipeline: a norm in one rank's order needs one chunk a "
+                  "stage (%d here)", pl->chunks);
+    double mine[3] = {(double)n, *nonfinite ? 1.0 : 0.0, (double)n};
+    return norm_gather(pl, order, n, mine, 3, norm_sq, nonfinite);
 }
 
 loom_status loom_pipeline_eval(loom_pipeline *pl, loom_gpt *m, const int *tokens,

@@ -584,10 +584,11 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
         if (!cfg->model.moe.experts)
             st = loom_fail(LOOM_ERR_INVALID, "mesh ep=%d splits a mixture of experts, and this "
                            "model has none (loom.gpt{moe = {...}})", cfg->ep);
-        else if (cfg->offload_mode || (pp > 1 && cfg->canonical))
+        else if (cfg->offload_mode || (s->pipe && cfg->canonical && loom_pipeline_chunks(s->pipe) > 1))
             st = loom_fail(LOOM_ERR_UNSUPPORTED, "mesh ep=%d with %s does not compose yet (ep "
-                           "runs with dp, zero=1 and, in fast mode, pp)", cfg->ep,
-                           cfg->offload_mode ? "offload" : "pp > 1 in canonical mode");
+                           "runs with dp, zero=1 or 2 and pp; in canonical mode one chunk a "
+                           "stage: its expert sums are per micro-batch)", cfg->ep,
+                           cfg->offload_mode ? "offload" : "an interleaved schedule in canonical mode");
         else
             st = loom_ep_create(cfg->ep, &s->backend, &par, &s->ep);
     }
@@ -727,6 +728,8 @@ typedef struct micro_ctx {
     loom_grad_sync *sync;
     const double *loss;
     int chunks;
+    loom_ep *ep;         /* canonical ep: each backward's per-source expert sums */
+    loom_gpt *model;
 } micro_ctx;
 
 loom_status loom_session_trace(loom_session *s, const char *path, int rank, int64_t steps)
@@ -813,7 +816,8 @@ static loom_status canonical_after(void *ctx, int mb, int chunk)
     if (c->chunks > 1) /* the loss once per micro-batch, with its last chunk */
         return loom_grad_sync_end_part(c->sync, mb, chunk < 0 ? c->chunks : chunk,
                                        chunk == c->chunks - 1, c->loss[mb]);
-    return loom_grad_sync_end_micro(c->sync, mb, c->loss[mb]);
+    LOOM_TRY(loom_grad_sync_end_micro(c->sync, mb, c->loss[mb]));
+    return loom_ep_end_micro(c->ep, c->model); /* one chunk a stage under ep (make_session) */
 }
 
 loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, float lr,
@@ -851,7 +855,7 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         if (!mb_loss)
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
         /* canonical: each micro-batch's gradients on their own, into the tree in order */
-        micro_ctx mc = {s->sync, mb_loss, loom_pipeline_chunks(s->pipe)};
+        micro_ctx mc = {s->sync, mb_loss, loom_pipeline_chunks(s->pipe), s->ep, s->model};
         loom_pipeline_hooks hooks = {canonical_before, canonical_after, &mc, NULL};
         zero_ctx zc = {s->zero, 0};
         loom_pipeline_hooks zhooks = {zero_before, zero_after, &zc, NULL};
@@ -936,7 +940,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
                         -1, -1);
     }
     double comm_ms = t_tied - t_sync + loom_gpt_take_comm_ms(s->model);
-    LOOM_TRY(loom_ep_reduce(s->ep, s->model, &comm_ms)); /* experts over their edp group */
+    if (!(s->zero && loom_zero_reduces(s->zero))) /* ZeRO-2 reduce-scattered them already */
+        LOOM_TRY(loom_ep_reduce(s->ep, s->model, &comm_ms)); /* experts over their edp group */
     if (s->pipe) {
         LOOM_TRY(loom_pipeline_tied_sync(s->pipe, s->model, &comm_ms));
         loom_trace_span(s->trace, LOOM_TRACE_TIED_SYNC, t_tied, loom_now_ms(), -1, -1);
@@ -959,7 +964,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         LOOM_TRY(loom_grad_norm_compute(s->norm, loom_gpt_params(s->model),
                                         loom_gpt_grad_data(s->model), &norm_sq, &nonfinite, &comm_ms));
         first_bad = loom_grad_norm_first_nonfinite(s->norm);
-        if (s->ep) { /* every ep rank's experts in the norm (session_ep.h) */
+        /* every ep rank's experts in the norm (session_ep.h; canonical under pp: below) */
+        if (s->ep && !(s->pipe && s->cfg.canonical)) {
             size_t n_slots;
             const double *slots = loom_grad_norm_slots(s->norm, &n_slots);
             LOOM_TRY(loom_ep_norm(s->ep, s->model, slots, n_slots, &norm_sq, &nonfinite, &comm_ms));
@@ -970,12 +976,18 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         const double *slots = loom_grad_norm_slots(s->norm, &n_slots);
         double t_pp = loom_now_ms();
         LOOM_TRY(pipeline_totals(s, &loss_sum, &bubble));
-        if ((s->zero && loom_zero_reduces(s->zero)) || s->ep) { /* fast mode: each stage's
-                                            * partition sums, or (ep) its sum with ep's part */
+        /* fast mode: each stage's partition sums, or (ep) its sum with ep's part */
+        if ((s->zero && loom_zero_reduces(s->zero)) || (s->ep && !s->cfg.canonical)) {
             double w[2] = {norm_sq, nonfinite ? 1.0 : 0.0};
             LOOM_TRY(loom_pipeline_sum(s->pipe, w, 2));
             norm_sq = w[0];
             nonfinite = w[1] != 0.0;
+        } else if (s->ep) { /* canonical: every ep rank's experts in place, one rank's order */
+            const double *order;
+            size_t n_order;
+            LOOM_TRY(loom_ep_norm_order(s->ep, s->model, slots, n_slots, &nonfinite, &comm_ms,
+                                        &order, &n_order));
+            LOOM_TRY(loom_pipeline_norm_order(s->pipe, order, n_order, &norm_sq, &nonfinite));
         } else
             LOOM_TRY(loom_pipeline_norm(s->pipe, loom_gpt_params(s->model), slots, n_slots,
                                         &norm_sq, &nonfinite));

@@ -17,6 +17,7 @@ struct loom_ep {
     void *ep, *edp;    /* split from the dp group */
     int size, rank, edp_size;
     double *mine, *gathered;  /* the norm's expert slots: this rank's, the ep group's */
+    double *order;            /* the norm's slots in ep=1's order (loom_ep_norm_order) */
     size_t n_mine;
     /* canonical mode: per source ep rank a tree over this step's micro-batches, then one
      * over the sources, then one over the edp group's blocks (session_ep.h) */
@@ -86,6 +87,7 @@ void loom_ep_destroy(loom_ep *x)
     free(x->edp_blocks);
     free(x->mine);
     free(x->gathered);
+    free(x->order);
     free(x);
 }
 
@@ -183,11 +185,10 @@ loom_status loom_ep_reduce(loom_ep *x, loom_gpt *m, double *comm_ms)
     return LOOM_OK;
 }
 
-loom_status loom_ep_norm(loom_ep *x, loom_gpt *m, const double *slots, size_t n, double *norm_sq,
-                         int *nonfinite, double *comm_ms)
+loom_status loom_ep_norm_order(loom_ep *x, loom_gpt *m, const double *slots, size_t n,
+                               int *nonfinite, double *comm_ms, const double **order,
+                               size_t *n_order)
 {
-    if (!x)
-        return LOOM_OK;
     const loom_param_table *t = loom_gpt_params(m);
     size_t per = n / (size_t)t->count, k = 0;
     for (size_t j = 0; j < n; j++)
@@ -196,7 +197,8 @@ loom_status loom_ep_norm(loom_ep *x, loom_gpt *m, const double *slots, size_t n,
         x->n_mine = k + 1;
         x->mine = malloc(x->n_mine * sizeof(double));
         x->gathered = malloc(x->n_mine * (size_t)x->size * sizeof(double));
-        if (!x->mine || !x->gathered)
+        x->order = malloc((n - k + k * (size_t)x->size + 1) * sizeof(double));
+        if (!x->mine || !x->gathered || !x->order)
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
     }
     k = 0;
@@ -211,12 +213,11 @@ loom_status loom_ep_norm(loom_ep *x, loom_gpt *m, const double *slots, size_t n,
     LOOM_TRY(x->ops->wait(x->ep, r));
     *comm_ms += loom_now_ms() - t0;
     /* ep=1's order: each run of local expert slots becomes every ep rank's run in rank
-     * order (rank p holds experts p El ..), so the sum is ep=1's, bit for bit */
-    double sum = 0.0;
-    size_t run0 = 0; /* the current run's first slot among this rank's expert slots */
+     * order (rank p holds experts p El ..) */
+    size_t at = 0, run0 = 0; /* run0: the current run's first slot among this rank's */
     for (size_t j = 0; j < n;) {
         if (!loom_gpt_is_expert_entry(m, (int)(j / per))) {
-            sum += slots[j++];
+            x->order[at++] = slots[j++];
             continue;
         }
         size_t len = 0;
@@ -224,12 +225,28 @@ loom_status loom_ep_norm(loom_ep *x, loom_gpt *m, const double *slots, size_t n,
             len++;
         for (int p = 0; p < x->size; p++)
             for (size_t q = 0; q < len; q++)
-                sum += x->gathered[(size_t)p * x->n_mine + run0 + q];
+                x->order[at++] = x->gathered[(size_t)p * x->n_mine + run0 + q];
         run0 += len;
         j += len;
     }
     for (int p = 0; p < x->size; p++)
         *nonfinite |= x->gathered[(size_t)p * x->n_mine + x->n_mine - 1] != 0.0;
+    *order = x->order;
+    *n_order = at;
+    return LOOM_OK;
+}
+
+loom_status loom_ep_norm(loom_ep *x, loom_gpt *m, const double *slots, size_t n, double *norm_sq,
+                         int *nonfinite, double *comm_ms)
+{
+    if (!x)
+        return LOOM_OK;
+    const double *order;
+    size_t k;
+    LOOM_TRY(loom_ep_norm_order(x, m, slots, n, nonfinite, comm_ms, &order, &k));
+    double sum = 0.0; /* ep=1's sum, bit for bit */
+    for (size_t j = 0; j < k; j++)
+        sum += order[j];
     *norm_sq = sum;
     return LOOM_OK;
 }

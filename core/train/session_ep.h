@@ -32,6 +32,13 @@ loom_status loom_ep_reduce(loom_ep *x, loom_gpt *m, double *comm_ms);
 loom_status loom_ep_norm(loom_ep *x, loom_gpt *m, const double *slots, size_t n, double *norm_sq,
                          int *nonfinite, double *comm_ms);
 
+/* The same slots in ep=1's order (the dense ones as they are, each run of expert slots as
+ * every ep rank's runs in rank order; *n_order of them, held by x until the next call),
+ * for a norm summed across pipeline stages in one rank's order (loom_pipeline_norm_order). */
+loom_status loom_ep_norm_order(loom_ep *x, loom_gpt *m, const double *slots, size_t n,
+                               int *nonfinite, double *comm_ms, const double **order,
+                               size_t *n_order);
+
 /* A checkpoint under ep: the whole model as an ep=1 run holds it — ft the ep=1 table
  * (every expert, by logical name, in global order), *params and *full_state (slots x
  * ft->total, NULL without state) host copies of every rank's parameters and optimizer

@@ -1,4 +1,5 @@
-/* zero_ep.c — ZeRO stage 1 under expert parallelism (zero.h, session_ep.h).
+/* zero_ep.c — ZeRO stages 1 and 2 under expert parallelism (zero.h, session_ep.h): the
+ * partitions, the parameter gather, checkpoints; stage 2's reduction is zero_ep_reduce.c.
  *
  * Under ep the ranks' flat buffers have one layout but different contents at the expert
  * entries: dp rank r = g ep + p holds ep rank p's experts, as do the other dp ranks of its
@@ -11,13 +12,15 @@
  * its sub-block of every bucket. So every rank holds slots x (pad(D)/dp + pad(X)/edp)
  * floats of optimizer state (the formula tests/e2e/moe.sh holds the MEM lines to), and
  * steps that many parameters.
- * The gradients arrive whole (dp's reduction for the dense entries, loom_ep_reduce's over
- * edp for the experts'), the norm is stage 1's unchanged full-buffer one with ep's part.
+ * Stage 1: the gradients arrive whole (dp's reduction for the dense entries, loom_ep_reduce's
+ * over edp for the experts'), the norm is stage 1's unchanged full-buffer one with ep's
+ * part. Stage 2 (fast mode): the gradients are reduce-scattered into a partition laid out
+ * as the state (zero_ep_reduce.c), the norm is loom_zero_norm's over the pieces.
  * After the step each bucket is packed from this rank's sub-block, all-gathered over its
  * group into a staging buffer and unpacked into the parameters: each kind writes only its
  * own entries, so neither gather disturbs the other's.
  */
-#include "zero_internal.h"
+#include "zero_ep_internal.h"
 #include "zero_ckpt.h"
 #include "session_ep.h"
 
@@ -27,33 +30,9 @@
 #include "base/plugin_loader.h"
 #include "base/status.h"
 
-typedef struct ep_run {  /* one entry of the kind: flat [flat, +n) at packed [packed, +n) */
-    int entry;
-    size_t flat, packed, n;
-} ep_run;
-
-typedef struct ep_part { /* one kind's partition over one group */
-    const struct loom_comm_ops *comm;
-    void *group;
-    int n, rank;
-    ep_run *runs;
-    int n_runs;
-    size_t K, Kp, want;  /* packed floats, padded to U x n, the bucket length */
-    size_t pos0;         /* where this kind's partition starts in the rank's (state / slots) */
-} ep_part;
-
-struct zero_ep {
-    ep_part part[2];     /* dense over dp, experts over edp */
-    float *staging;      /* one bucket */
-};
-
 static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
-/* fn for each piece of packed [a, e) of part p: its entry, flat offset, length and
- * packed offset. */
-typedef void piece_fn(void *ctx, const ep_run *r, size_t flat, size_t n, size_t packed);
-
-static void each_piece(const ep_part *p, size_t a, size_t e, piece_fn *fn, void *ctx)
+void zero_ep_each_piece(const ep_part *p, size_t a, size_t e, ep_piece_fn *fn, void *ctx)
 {
     e = e < p->K ? e : p->K;
     int lo = 0, hi = p->n_runs; /* the first run ending after a */
@@ -124,7 +103,7 @@ static void walk(const ep_part *p, int q, walk_ctx *w)
         sub_block(p, lo, len, q, &a, &e, &off);
         w->base = p->pos0 + off;
         w->a = a;
-        each_piece(p, a, e, walk_piece, w);
+        zero_ep_each_piece(p, a, e, walk_piece, w);
     }
 }
 
@@ -141,7 +120,7 @@ static void emit_segment(walk_ctx *w, const ep_run *r, size_t flat, size_t n, si
     const loom_param_entry *e = &o->t->entries[r->entry];
     loom_optim_segment *s = &z->segments[z->n_segments];
     s->param = loom_gpt_param_data(z->model) + flat;
-    s->grad = loom_gpt_grad_data(z->model) + flat;
+    s->grad = z->part_grads ? z->part_grads + pos : loom_gpt_grad_data(z->model) + flat;
     s->n = n;
     s->weight_decay = (o->c->decay_all || e->is_matrix) ? o->c->weight_decay : 0.0f;
     z->seg_entry[z->n_segments] = r->entry;
@@ -174,11 +153,11 @@ loom_status zero_ep_create(const loom_zero_config *c, loom_gpt *m, loom_backend 
                            loom_zero **out)
 {
     *out = NULL;
-    if (c->stage > 1 || c->offloaded)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "mesh ep with %s does not compose yet (zero=1 partitions "
-                  "the experts' optimizer state over their edp group; the experts' gradient "
-                  "reduce-scatter and parameter partition are not built); use strategy.zero=1",
-                  c->offloaded ? "offload" : c->stage == 2 ? "strategy.zero=2" : "strategy.zero=3");
+    if (c->stage > 2 || c->offloaded)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "mesh ep with %s does not compose yet (zero=1 and zero=2 "
+                  "partition the experts' optimizer state and gradients over their edp group; "
+                  "the experts' parameter partition is not built); use strategy.zero=2",
+                  c->offloaded ? "offload" : "strategy.zero=3");
     loom_zero *z = calloc(1, sizeof *z);
     struct zero_ep *x = calloc(1, sizeof *x);
     if (!z || !x) {
@@ -187,7 +166,8 @@ loom_status zero_ep_create(const loom_zero_config *c, loom_gpt *m, loom_backend 
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
     }
     z->ep = x;
-    z->stage = 1;
+    z->stage = c->stage;
+    z->reduces = c->stage == 2 && !c->canonical; /* canonical: stage 1's reduction */
     z->model = m;
     z->be = be;
     z->total = loom_gpt_params(m)->total;
@@ -203,18 +183,25 @@ loom_status zero_ep_create(const loom_zero_config *c, loom_gpt *m, loom_backend 
         z->dp = d->group;
         z->n = d->n;
         z->rank = d->rank;
+        st = loom_core_host()->group(LOOM_GROUP_TP, &z->tp_comm, &z->tp, &z->tp_size);
+        z->tp_rank = z->tp_comm ? z->tp_comm->rank(z->tp) : 0;
         loom_ep_edp_group(c->ep, &e->comm, &e->group, &e->n);
         e->rank = e->n > 1 ? e->comm->rank(e->group) : 0;
-        st = make_part(d, t, m, 0, c->bucket_mb);
     }
+    if (st == LOOM_OK)
+        st = make_part(d, t, m, 0, c->bucket_mb);
     if (st == LOOM_OK)
         st = make_part(e, t, m, 1, c->bucket_mb);
     if (st == LOOM_OK) {
         e->pos0 = d->Kp / (size_t)d->n;
         z->part = e->pos0 + e->Kp / (size_t)e->n;
         z->state_floats = (size_t)c->state_slots * z->part;
-        size_t stage = d->want > e->want ? d->want : e->want;
-        z->staging_floats = stage;
+        /* the gather's staging: one bucket, which is at most the padded kind */
+        size_t sd = d->want < d->Kp ? d->want : d->Kp, se = e->want < e->Kp ? e->want : e->Kp;
+        size_t stage = sd > se ? sd : se;
+        if (z->reduces) /* the gradient partition and the page accounting (zero_reduce.c) */
+            st = zero_reduce_init(z);
+        z->staging_floats = stage; /* the gather's; stage 2 adds its slots */
         size_t n = count_pieces(z);
         z->segments = calloc(n + 1, sizeof *z->segments);
         z->seg_entry = calloc(n + 1, sizeof *z->seg_entry);
@@ -226,6 +213,8 @@ loom_status zero_ep_create(const loom_zero_config *c, loom_gpt *m, loom_backend 
             (z->state_floats && !z->state))
             st = loom_fail(LOOM_ERR_NOMEM, "out of memory for the ZeRO partitions under ep");
     }
+    if (st == LOOM_OK && z->reduces)
+        st = zero_ep_reduce_init(z);
     if (st == LOOM_OK) {
         seg_out o = {z, c, t};
         walk_ctx w = {emit_segment, 0, 0, &o, 0};
@@ -247,6 +236,7 @@ void zero_ep_free(loom_zero *z)
     for (int k = 0; k < 2; k++)
         free(z->ep->part[k].runs);
     free(z->ep->staging);
+    zero_ep_reduce_free(z->ep);
     free(z->ep);
     z->ep = NULL;
 }
@@ -295,12 +285,12 @@ loom_status zero_ep_gather(loom_zero *z)
             size_t sub = e - a;
             memset(buf + (a - lo), 0, sub * sizeof(float)); /* the padding past K */
             copy_ctx out = {params, buf + (a - lo), a, 1};
-            each_piece(p, a, e, copy_piece, &out);
+            zero_ep_each_piece(p, a, e, copy_piece, &out);
             loom_comm_request *r;
             LOOM_TRY(p->comm->allgather_start(p->group, buf + (a - lo), buf, sub, LOOM_DTYPE_F32, &r));
             LOOM_TRY(p->comm->wait(p->group, r));
             copy_ctx in = {params, buf, lo, 0};
-            each_piece(p, lo, lo + len, copy_piece, &in);
+            zero_ep_each_piece(p, lo, lo + len, copy_piece, &in);
         }
     }
     return LOOM_OK;

@@ -98,6 +98,11 @@ void zero_ep_free(loom_zero *z);
 loom_status zero_ep_gather(loom_zero *z);
 struct loom_zero_piece;
 loom_status zero_ep_pieces(const loom_zero *z, struct loom_zero_piece **out, size_t *n);
+/* zero_reduce.c: the gradient buffer's resident bytes now into the peak (mincore); zero
+ * [lo, hi) of it, its whole pages handed back to the OS (the pages it shares with its
+ * neighbours only zeroed: they may hold gradients still to reduce). */
+void zero_measure_grads(loom_zero *z);
+void zero_clear_grads(loom_zero *z, size_t lo, size_t hi);
 /* zero_params.c: hand the whole pages of [lo, hi) of the parameter buffer back to the OS. */
 void zero_drop_pages(loom_zero *z, size_t lo, size_t hi);
 /* zero_params_store.c: unit u's partition out of the offload into un->bring (a no-op

@@ -15,7 +15,7 @@
  * is what keeps the full-size buffer from filling up during gradient accumulation).
  */
 #define _DEFAULT_SOURCE /* madvise, mincore */
-#include "zero_internal.h"
+#include "zero_ep_internal.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -27,7 +27,7 @@
 #include "base/clock.h"
 
 /* Resident bytes of the model's gradient buffer now (mincore), kept as a peak. */
-static void measure(loom_zero *z)
+void zero_measure_grads(loom_zero *z)
 {
     uintptr_t a = (uintptr_t)loom_gpt_grad_data(z->model);
     uintptr_t lo = a / z->page * z->page, hi = a + z->total * sizeof(float);
@@ -59,6 +59,19 @@ static void release(loom_zero *z, size_t lo, size_t hi)
             b = up; /* nothing between the old b and up needs the memset: madvise zeroes it */
         }
     }
+    if (pb > pa && madvise((void *)pa, pb - pa, MADV_DONTNEED) == 0) {
+        memset((void *)a, 0, pa - a);
+        memset((void *)pb, 0, b - pb);
+    } else {
+        memset((void *)a, 0, b - a);
+    }
+}
+
+void zero_clear_grads(loom_zero *z, size_t lo, size_t hi)
+{
+    float *g = loom_gpt_grad_data(z->model);
+    uintptr_t a = (uintptr_t)(g + lo), b = (uintptr_t)(g + hi);
+    uintptr_t pa = (a + z->page - 1) / z->page * z->page, pb = b / z->page * z->page;
     if (pb > pa && madvise((void *)pa, pb - pa, MADV_DONTNEED) == 0) {
         memset((void *)a, 0, pa - a);
         memset((void *)pb, 0, b - pb);
@@ -146,6 +159,8 @@ static loom_status advance(loom_zero *z)
 loom_status loom_zero_begin_micro(void *self, int a)
 {
     loom_zero *z = self;
+    if (z->ep) /* two kinds over two groups (zero_ep_reduce.c) */
+        return zero_ep_begin_micro(z, a);
     z->micro = a;
     z->next_bucket = z->n_buckets - 1;
     z->watermark = z->padded; /* nothing final yet */
@@ -158,7 +173,9 @@ loom_status loom_zero_grads_ready(void *self, size_t offset, size_t n)
 {
     (void)n;
     loom_zero *z = self;
-    measure(z);
+    if (z->ep)
+        return zero_ep_grads_ready(z, offset);
+    zero_measure_grads(z);
     if (z->n_flight > 0 && z->comm->test(z->dp, z->flight[0].req))
         LOOM_TRY(complete_oldest(z));
     if (offset < z->watermark)
@@ -169,7 +186,9 @@ loom_status loom_zero_grads_ready(void *self, size_t offset, size_t n)
 loom_status loom_zero_finish_micro(void *self)
 {
     loom_zero *z = self;
-    measure(z);
+    if (z->ep)
+        return zero_ep_finish_micro(z);
+    zero_measure_grads(z);
     z->watermark = 0; /* whatever backward did not report is final too (untouched: zero) */
     LOOM_TRY(advance(z));
     while (z->n_flight > 0)
@@ -181,6 +200,8 @@ loom_status loom_zero_take_reduced(loom_zero *z)
 {
     if (!z->reduces)
         return LOOM_OK;
+    if (z->ep)
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "ZeRO-2 under ep: compression is refused with ep");
     const float *g = loom_gpt_grad_data(z->model);
     for (int k = 0; k < z->n_buckets; k++) {
         const zero_bucket *b = &z->buckets[k];
@@ -206,6 +227,8 @@ loom_status loom_zero_reduce_held(loom_zero *z)
 {
     if (!z->reduces || !z->hold_hi)
         return LOOM_OK;
+    if (z->ep)
+        return zero_ep_reduce_held(z);
     int micro = z->micro;
     z->micro = 0;
     loom_status st = LOOM_OK;

@@ -15,6 +15,10 @@
 #    bitwise and at ep=1 within 1e-5; saved at ep=1, resumed at ep=2 within 1e-5;
 #  - zero=1 under ep (experts' state over the edp group): ep's bits, resumed bitwise,
 #    canonical dp=4 ep=2 zero=1 gives dp=1's bits, memory per rank = the formula;
+#  - zero=2 under ep (gradients reduce-scattered, dense over dp, experts over edp): dp=4
+#    ep=2 gives ep's bits, resumed bitwise, canonical dp=2 ep=2 one rank's bits, memory per
+#    rank = the formula, the full buffer's resident peak below its size; pp=2 dp=2 ep=2
+#    zero=2 within 1e-5 of dp=4;
 #  - tensor parallelism (experts split by tp): tp=2 within 1e-5 of one rank, with sequence
 #    parallelism too; tp=2 sp dp=2 ep=2 within 1e-5 of dp=2, saved there and resumed at
 #    tp=1 ep=1 within 1e-5;
@@ -22,11 +26,12 @@
 #  - pp=2 within 1e-5 of one rank, the same step-1 load; canonical pp=2 (recompute=full):
 #    one rank's bits;
 #  - pp=2 dp=2 ep=2 within 1e-5 of dp=4 (the same micro-batches), resumed with zero=1 bitwise;
+#    canonical pp=2 dp=2 ep=2: one rank's bits;
 #  - zb1 (the MoE blocks' split backward): canonical pp=2 zb1 one rank's bits;
 #  - the llama family with SwiGLU experts: dp=2 ep=2, pp=2 zb1 within 1e-5 of one
 #    rank, saved at ep=2 and resumed at ep=1 within 1e-5, canonical dp=2 ep=2 zero=1 bitwise;
-#  - what does not compose yet (tp with canonical mode, ep with pp in canonical mode, llm.c export
-#    (llama moe's HF export and its refusals: unit_mixtral_export_hf); ep with zero=2 or 3, ep not a power of two in canonical mode) and bad
+#  - what does not compose yet (tp with canonical mode, ep with an interleaved schedule in canonical mode, llm.c export
+#    (llama moe's HF export and its refusals: unit_mixtral_export_hf); ep with zero=3, ep not a power of two in canonical mode) and bad
 #    moe keys are refused
 #    naming the key.
 set -euo pipefail
@@ -63,7 +68,7 @@ for z in 1 3; do
 done
 echo "ok zero=1 and zero=3 at dp=2: dp=2's bits"
 canon="deterministic=canonical batch.micro=2 batch.global=8"
-run1 $canon | grep '^LOSS' > "$tmp/c1"
+run1 $canon log.jsonl="$tmp/c1.jsonl" | grep '^LOSS' > "$tmp/c1"
 run2 $canon | grep '^LOSS' > "$tmp/c2"
 finite_losses "$tmp/c1" && cmp -s "$tmp/c1" "$tmp/c2" || { echo "canonical dp=1/2 differ"; exit 1; }
 # with ep: each source rank's rows in GEMMs of their own, expert gradients in the same tree
@@ -112,13 +117,37 @@ zmem() { # zmem FILE DP EP ZERO: every rank's MEM line against the formula
     function pad(x, n) { return int((x + 16 * n - 1) / (16 * n)) * 16 * n }
     BEGIN { C = 32; L = 2; E = 4; D = 256 * C + 32 * C + L * (8 * C + 4 * C * C + E * C) + 2 * C
             X = L * (E / ep) * (8 * C * C + 5 * C); edp = dp / ep
-            want = z ? 8 * (pad(D, dp) / dp + pad(X, edp) / edp) : 8 * (D + X) }
-    { n++; if ($3 != 4 * (D + X) || $5 != want) { printf "dp=%d ep=%d zero=%d rank %d: params %d (formula %d), optimizer %d (formula %d)\n", dp, ep, z, $2, $3, 4 * (D + X), $5, want; bad = 1 } }
+            want = z ? 8 * (pad(D, dp) / dp + pad(X, edp) / edp) : 8 * (D + X)
+            grads = z == 2 ? want / 2 : 4 * (D + X) }
+    { n++; if ($3 != 4 * (D + X) || $4 != grads || $5 != want) { printf "dp=%d ep=%d zero=%d rank %d: params %d (formula %d), grads %d (formula %d), optimizer %d (formula %d)\n", dp, ep, z, $2, $3, 4 * (D + X), $4, grads, $5, want; bad = 1 } }
     END { if (n != dp) { print "expected " dp " MEM lines, got " n; bad = 1 }
-          if (bad) exit 1; printf "dp=%d ep=%d: %d bytes of optimizer state per rank, %d without ZeRO", dp, ep, want, 8 * (D + X) }'
+          if (bad) exit 1; printf "dp=%d ep=%d zero=%d: %d bytes of optimizer state and %d of gradients per rank, %d and %d without ZeRO", dp, ep, z, want, grads, 8 * (D + X), 4 * (D + X) }'
 }
 m4=$(zmem "$tmp/ez4.out" 4 2 1) && m2=$(zmem "$tmp/ez2.out" 2 2 1) || { echo "$m4$m2"; exit 1; }
 echo "ok zero=1 under ep: dp=4 ep=2 and dp=2 ep=2 give ep's bits, resumed at step 3 bitwise (canonical dp=4 ep=2 zero=1: above); memory = formula ($m2; $m4)"
+# ZeRO-2 under ep (core/train/zero_ep_reduce.c): each kind's buckets reduce-scattered over
+# its group during backward (dense over dp, experts over edp) into a gradient partition of
+# D/dp + X/edp floats, the full-size buffer's pages handed back as buckets finish. One
+# micro-batch per rank: the same sums as the all-reduces (shm adds in rank order), so ep's
+# losses bit for bit; saved at step 3 and resumed bitwise; memory = the formula, and the
+# full-size buffer's measured resident peak below its size (0.01 MiB buckets).
+runR 4 batch.global=16 steps=6 mesh.ep=2 strategy.zero=2 strategy.dp.bucket_mb=0.01 \
+  checkpoint.dir="$tmp/ckz2" checkpoint.every=3 log.jsonl="$tmp/ez4b.jsonl" > "$tmp/ez4b.out"
+cmp -s <(head -6 "$tmp/ep4") <(grep '^LOSS' "$tmp/ez4b.out") || { echo "dp=4 ep=2 zero=2 differs from dp=4 ep=2"; exit 1; }
+runN 4 batch.global=16 steps=6 mesh.ep=2 strategy.zero=2 strategy.dp.bucket_mb=0.01 \
+  resume="$tmp/ckz2/step_00000003" | grep '^LOSS' > "$tmp/rz2"
+cmp -s <(awk '$2 > 3 && $2 <= 6' "$tmp/ep4") "$tmp/rz2" || { echo "dp=4 ep=2 zero=2 resumed at step 3 differs"; exit 1; }
+m4b=$(zmem "$tmp/ez4b.out" 4 2 2) || { echo "$m4b"; exit 1; }
+rec=$(grep -m1 '"grads_peak_resident"' "$tmp/ez4b.jsonl")
+gp=$(grep -o '"grads_peak_resident": *[0-9]*' <<< "$rec" | grep -o '[0-9]*$')
+pb=$(grep -o '"params": *[0-9]*' <<< "$rec" | grep -o '[0-9]*$')
+[[ -n "$gp" && -n "$pb" && "$gp" -gt 0 && "$gp" -lt "$pb" ]] ||
+  { echo "dp=4 ep=2 zero=2: the full gradient buffer's resident peak '$gp' is not below its $pb bytes"; exit 1; }
+# canonical mode: stage 1's reduction (the fixed tree), so one rank's bits
+"$loom" launch -n 2 "$recipe" threads=1 mesh.dp=2 mesh.ep=2 strategy.zero=2 comm_timeout=20 $canon steps=6 |
+  grep '^LOSS' > "$tmp/cz2"
+cmp -s <(head -6 "$tmp/c1") "$tmp/cz2" || { echo "canonical dp=2 ep=2 zero=2 differs from dp=1"; exit 1; }
+echo "ok zero=2 under ep: dp=4 ep=2 gives ep's bits, resumed at step 3 bitwise; canonical dp=2 ep=2 one rank's bits; memory = formula ($m4b), full buffer resident at most $gp of $pb bytes"
 # checkpoints hold every expert by logical name whatever ep saved them: any ep resumes
 runN 2 batch.global=8 mesh.ep=2 steps=10 checkpoint.dir="$tmp/cke" > /dev/null
 runN 2 batch.global=8 mesh.ep=2 resume="$tmp/cke/step_00000010" | grep '^LOSS' > "$tmp/r22"
@@ -199,7 +228,23 @@ below "$dppe" 1e-5 || { echo "pp=2 dp=2 ep=2 differs from dp=4 by $dppe"; exit 1
 "$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 microbatches=2 batch.global=16 steps=6 \
   strategy.zero=1 resume="$tmp/ckpe/step_00000003" comm_timeout=20 | grep '^LOSS' > "$tmp/ppe_r"
 cmp -s <(awk '$2 > 3' "$tmp/ppe") "$tmp/ppe_r" || { echo "pp=2 dp=2 ep=2 resumed at step 3 with zero=1 differs"; exit 1; }
-echo "ok pp=2 dp=2 ep=2 (2 micro-batches in flight): within $dppe of dp=4 over 6 steps; resumed at step 3 with zero=1 bitwise"
+# ZeRO-2 there: each backward's buckets reduce-scattered after it (the engine's hooks), the
+# tied wte's held for the exchange; each micro-batch reduced on its own, so within 1e-5
+"$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 microbatches=2 batch.global=16 steps=6 \
+  strategy.zero=2 strategy.dp.bucket_mb=0.01 comm_timeout=20 | grep '^LOSS' > "$tmp/ppz2"
+dppz=$(max_loss_diff <(head -6 "$tmp/dp4") "$tmp/ppz2")
+below "$dppz" 1e-5 || { echo "pp=2 dp=2 ep=2 zero=2 differs from dp=4 by $dppz"; exit 1; }
+echo "ok pp=2 dp=2 ep=2 (2 micro-batches in flight): within $dppe of dp=4 over 6 steps; resumed at step 3 with zero=1 bitwise; zero=2 within $dppz"
+# canonical mode: each backward's per-source expert gradients into ep's trees (the pipeline's
+# hooks), the norm's slots in one rank's order across the stages with every ep rank's
+# experts in place: one rank's bits (2 micro-batches per rank in flight, clipping active)
+"$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 $canon steps=6 comm_timeout=20 \
+  log.jsonl="$tmp/cppe.jsonl" | grep '^LOSS' > "$tmp/cppe"
+cmp -s <(head -6 "$tmp/c1") "$tmp/cppe" || { echo "canonical pp=2 dp=2 ep=2 differs from one rank"; exit 1; }
+norms() { grep -o '"grad_norm":[^,}]*' "$1" | head -6; }
+[[ $(norms "$tmp/cppe.jsonl" | wc -l) -eq 6 ]] && cmp -s <(norms "$tmp/c1.jsonl") <(norms "$tmp/cppe.jsonl") ||
+  { echo "canonical pp=2 dp=2 ep=2: grad norms differ from one rank's"; exit 1; }
+echo "ok canonical pp=2 dp=2 ep=2: one rank's losses and grad norms bit for bit (6 steps)"
 
 run1 model.moe.capacity_factor=0 steps=5 > "$tmp/dl.out"
 [[ $(grep -c '^MOE .* dropped=0.000000 ' "$tmp/dl.out") -eq 5 ]] || { echo "dropless dropped"; exit 1; }
@@ -260,10 +305,9 @@ refuse() { # refuse WORDS ARGS...: the run fails and says WORDS
   grep -q -- "$want" "$tmp/err" || { echo "'$*' did not say '$want':"; tail -2 "$tmp/err"; exit 1; }
 }
 refuse "and canonical mode does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.tp=2 deterministic=canonical
-refuse "with pp > 1 in canonical mode does not compose yet" "$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 microbatches=2 $canon
+refuse "with an interleaved schedule in canonical mode does not compose yet" "$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 schedule=interleaved model.layers=4 $canon
 refuse "must divide dp=1" run1 mesh.ep=2
 refuse "ep must be a power of two" "$loom" launch -n 3 "$recipe" threads=1 mesh.dp=3 mesh.ep=3 deterministic=canonical batch.micro=2 batch.global=6 model.moe.experts=3 model.moe.top_k=1
-refuse "with strategy.zero=2 does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.dp=2 mesh.ep=2 strategy.zero=2
 refuse "with strategy.zero=3 does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.dp=2 mesh.ep=2 strategy.zero=3
 refuse "must divide model.moe.experts=3" "$loom" launch -n 2 "$recipe" threads=1 mesh.dp=2 mesh.ep=2 model.moe.experts=3 model.moe.top_k=1
 refuse "top_k=5 is more than experts=4" run1 model.moe.top_k=5
@@ -271,4 +315,4 @@ refuse "model.moe.every=0" run1 model.moe.every=0
 refuse "is not one of: topk, noisy_topk" run1 model.moe.router=top2
 refuse "unknown key 'model.moe.expert'" run1 model.moe.expert=8
 refuse "dense GPT-2 blocks only" "$loom" export --llmc "$tmp/ck/step_00000010" "$tmp/x.bin"
-echo "ok refused: tp with canonical mode, llm.c export, ep with zero=2/3 or with pp in canonical mode, ep=3 in canonical mode, ep not dividing dp or experts; bad moe keys named"
+echo "ok refused: tp with canonical mode, llm.c export, ep with zero=3 or with an interleaved schedule in canonical mode, ep=3 in canonical mode, ep not dividing dp or experts; bad moe keys named"

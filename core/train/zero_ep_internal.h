@@ -1,0 +1,64 @@
+/* zero_ep_internal.h — what zero_ep.c (stage 1's partitions, the gather, checkpoints) and
+ * zero_ep_reduce.c (stage 2's reduce-scatters) share under expert parallelism (zero_ep.c
+ * describes the layout). */
+#ifndef LOOM_CORE_ZERO_EP_INTERNAL_H
+#define LOOM_CORE_ZERO_EP_INTERNAL_H
+
+#include "zero_internal.h"
+
+typedef struct ep_run {  /* one entry of the kind: flat [flat, +n) at packed [packed, +n) */
+    int entry;
+    size_t flat, packed, n;
+} ep_run;
+
+typedef struct ep_part { /* one kind's partition over one group */
+    const struct loom_comm_ops *comm;
+    void *group;
+    int n, rank;
+    ep_run *runs;
+    int n_runs;
+    size_t K, Kp, want;  /* packed floats, padded to U x n, the bucket length */
+    size_t pos0;         /* where this kind's partition starts in the rank's (state / slots) */
+} ep_part;
+
+/* Stage 2: one bucket of one kind, in the order backward finishes them. */
+typedef struct ep_bucket {
+    int kind;            /* 0 dense (over dp), 1 experts (over edp) */
+    size_t lo, len;      /* packed [lo, lo + len) of the kind */
+    size_t flat_lo;      /* the lowest flat offset it reads (total: only padding): it is
+                          * final once backward has reported everything from there up */
+} ep_bucket;
+
+typedef struct ep_flight {
+    loom_comm_request *req; /* NULL: a group of one, nothing to wait for */
+    int bucket;
+    float *send;         /* the packed bucket */
+    float *slot;         /* staging to add into the partition, or NULL: received in place */
+} ep_flight;
+
+struct zero_ep {
+    ep_part part[2];     /* dense over dp, experts over edp */
+    float *staging;      /* one bucket */
+    /* stage 2 (zero_ep_reduce.c) */
+    ep_bucket *bk;
+    int n_bk, next;      /* next: the first bucket of bk not started this backward */
+    float *send, *recv;  /* ZERO_SLOTS packed buckets; ZERO_SLOTS sub-blocks (accum > 1) */
+    size_t send_len, recv_len; /* floats per slot */
+    ep_flight flight[ZERO_SLOTS];
+    int n_flight, next_slot;
+};
+
+/* fn for each piece of packed [a, e) of part p: its entry, flat offset, length and
+ * packed offset. */
+typedef void ep_piece_fn(void *ctx, const ep_run *r, size_t flat, size_t n, size_t packed);
+void zero_ep_each_piece(const ep_part *p, size_t a, size_t e, ep_piece_fn *fn, void *ctx);
+
+/* zero_ep_reduce.c: stage 2's buckets and buffers (after the partitions are made). */
+loom_status zero_ep_reduce_init(loom_zero *z);
+void zero_ep_reduce_free(struct zero_ep *x);
+loom_status zero_ep_begin_micro(loom_zero *z, int a);
+loom_status zero_ep_grads_ready(loom_zero *z, size_t offset);
+loom_status zero_ep_finish_micro(loom_zero *z);
+loom_status zero_ep_reduce_held(loom_zero *z);
+
+#endif

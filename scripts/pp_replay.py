@@ -13,10 +13,17 @@ pp only: no tp or dp in the run) and, for every step after the first, prints thr
   trace measured for it and every transfer free and instant (a RECV waits only for its
   SEND's compute to be done). measured - replay is what the engine and the transport cost
   (sends, receives, wake-ups, time a rank was not scheduled); replay - formula is what
-  unequal compute costs cost (load, micro-batch-to-micro-batch spread, stage imbalance).
+  unequal compute costs cost (load, micro-batch-to-micro-batch spread, stage imbalance);
+- replay_cpu: the same replay with each F/B/W taking its CPU time (args cpu_ms, trace.h)
+  instead of its wall time: the bubble had no instruction waited for a core (another
+  process on it, or the host taking the vCPU). replay - replay_cpu is what that waiting
+  cost; with it the step's wall - CPU of F/B/W (off_cpu_ms), the involuntary context
+  switches inside them (preempt) and their page faults (faults, which an activation or
+  state buffer touched for the first time inside the step loop shows).
 
 Prints one JSON line per step and a last line with the means:
-{"step":..,"measured":..,"common_clock":..,"replay":..,"compute_ms":[..],"phase_ms":[..]}
+{"step":..,"measured":..,"common_clock":..,"replay":..,"replay_cpu":..,"compute_ms":[..],
+ "phase_ms":[..],"off_cpu_ms":[..],"preempt":[..],"faults":[..]}  (lists: one per rank)
 """
 import json
 import sys
@@ -33,8 +40,10 @@ def load(trace_dir, stages):
     return ranks
 
 
-def step_ops(ev, step):
-    """This rank's compute instructions and receives of one step, in the order they ran."""
+def step_ops(ev, step, cpu=False):
+    """This rank's compute instructions and receives of one step, in the order they ran;
+    each compute's time its wall time, or with cpu its CPU time (a trace without cpu_ms:
+    its wall time)."""
     ops = []
     for e in ev:
         a = e.get("args", {})
@@ -42,7 +51,8 @@ def step_ops(ev, step):
             continue
         n = e["name"]
         if e.get("tid") == 0 and n in COMPUTE:
-            ops.append(("compute", n, a["mb"], a["chunk"], e["dur"] / 1000.0))
+            t = a["cpu_ms"] if cpu and "cpu_ms" in a else e["dur"] / 1000.0
+            ops.append(("compute", n, a["mb"], a["chunk"], t))
         elif n in ("recv_act", "recv_grad", "send_act", "send_grad"):
             ops.append((n, n, a["mb"], a["chunk"], 0.0))
     return ops
@@ -56,6 +66,18 @@ def phase(ev, step):
     start = min(e["ts"] for e in lane)
     end = max(e["ts"] + e["dur"] for e in lane)
     return start / 1000.0, end / 1000.0
+
+
+def costs(ev, step):
+    """(wall - CPU ms, preemptions, page faults) of this rank's F/B/W in one step."""
+    off = pre = flt = 0
+    for e in ev:
+        a = e.get("args", {})
+        if a.get("step") == step and e.get("tid") == 0 and e["name"] in COMPUTE and "cpu_ms" in a:
+            off += max(0.0, e["dur"] / 1000.0 - a["cpu_ms"])
+            pre += a["preempt"]
+            flt += a["faults"]
+    return off, pre, flt
 
 
 def replay(per_rank, stages):
@@ -103,12 +125,19 @@ def analyse(trace_dir, P, out=None):
         walls = [e - s for s, e in ph]
         common = max(e for _, e in ph) - min(s for s, _ in ph)
         total = sum(comp)
+        per_cpu = [step_ops(ev, step, cpu=True) for ev in ranks]
+        total_cpu = sum(o[4] for ops in per_cpu for o in ops if o[0] == "compute")
+        c = [costs(ev, step) for ev in ranks]
         row = {"step": step,
                "measured": 1 - total / (P * max(walls)),
                "common_clock": 1 - total / (P * common),
                "replay": 1 - total / (P * replay(per_rank, P)),
+               "replay_cpu": 1 - total_cpu / (P * replay(per_cpu, P)),
                "compute_ms": [round(c, 2) for c in comp],
-               "phase_ms": [round(w, 2) for w in walls]}
+               "phase_ms": [round(w, 2) for w in walls],
+               "off_cpu_ms": [round(x[0], 2) for x in c],
+               "preempt": [x[1] for x in c],
+               "faults": [x[2] for x in c]}
         if not all(c > 0 for c in comp):
             sys.exit(f"pp_replay: step {step}: a stage has no compute in the trace")
         rows.append(row)
@@ -116,7 +145,10 @@ def analyse(trace_dir, P, out=None):
             print(json.dumps(row), file=out)
     if not rows:
         sys.exit(f"pp_replay: {trace_dir}: no step after the first in the traces")
-    mean = {k: sum(r[k] for r in rows) / len(rows) for k in ("measured", "common_clock", "replay")}
+    mean = {k: sum(r[k] for r in rows) / len(rows)
+            for k in ("measured", "common_clock", "replay", "replay_cpu")}
+    for k in ("off_cpu_ms", "preempt", "faults"):  # per rank and step
+        mean[k] = sum(sum(r[k]) for r in rows) / (len(rows) * P)
     return rows, mean
 
 

@@ -60,6 +60,21 @@ for layout in "1f1b 1" "interleaved 2"; do
 done
 grep -q '"chunk":1' "$tmp/interleaved/trace/rank0.json" || { echo "interleaved: no chunk 1 span"; exit 1; }
 
+# scripts/pp_replay.py on the 1f1b trace: its measured bubble is the run's own summary, and
+# its replays (wall and CPU times, free transfers) are bubbles in [0, 1).
+python3 "$here/../../scripts/pp_replay.py" "$tmp/1f1b/trace" 2 > "$tmp/replay" || exit 1
+python3 - "$tmp/replay" "$(sed -n 's/^pipeline bubble: measured \([^ ]*\) .*/\1/p' "$tmp/1f1b/out")" <<'PY' || exit 1
+import json, math, sys
+m = json.loads(open(sys.argv[1]).read().splitlines()[-1])["mean"]
+for k in ("measured", "replay", "replay_cpu"):
+    if not (isinstance(m.get(k), float) and math.isfinite(m[k]) and 0 <= m[k] < 1):
+        print("FAIL: pp_replay %s is %r, not in [0, 1)" % (k, m.get(k))); sys.exit(1)
+if abs(m["measured"] - float(sys.argv[2])) > 1e-3:
+    print("FAIL: pp_replay measured %.5f, the run's summary %s" % (m["measured"], sys.argv[2])); sys.exit(1)
+print("ok pp_replay: measured %.4f = the run's, replay %.4f, at CPU times %.4f; %.1f faults a "
+      "rank and step" % (m["measured"], m["replay"], m["replay_cpu"], m["faults"]))
+PY
+
 # zb1's split backward: backward_input (B) and backward_weight (W) spans in the schedule's
 # order, where this build trains zb1 (a build whose model has no split backward refuses it).
 mkdir -p "$tmp/zb1"

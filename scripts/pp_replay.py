@@ -11,7 +11,9 @@ pp only: no tp or dp in the run) and, for every step after the first, prints thr
   because it was still in the previous step's optimizer shows up here, not above);
 - replay: the schedule run again on paper with each F/B/W taking exactly the time the
   trace measured for it and every transfer free and instant (a RECV waits only for its
-  SEND's compute to be done). measured - replay is what the engine and the transport cost
+  SEND's compute to be done): the traced lists and times handed to `loom schedule
+  --costs`, the core's own simulator (core/train/schedule_sim.c; LOOM names the binary,
+  default build/loom). measured - replay is what the engine and the transport cost
   (sends, receives, wake-ups, time a rank was not scheduled); replay - formula is what
   unequal compute costs cost (load, micro-batch-to-micro-batch spread, stage imbalance);
 - replay_cpu: the same replay with each F/B/W taking its CPU time (args cpu_ms, trace.h)
@@ -26,7 +28,11 @@ Prints one JSON line per step and a last line with the means:
  "phase_ms":[..],"off_cpu_ms":[..],"preempt":[..],"faults":[..]}  (lists: one per rank)
 """
 import json
+import os
+import re
+import subprocess
 import sys
+import tempfile
 
 COMPUTE = {"forward", "backward", "backward_input", "backward_weight"}  # trace.c's names
 
@@ -80,37 +86,37 @@ def costs(ev, step):
     return off, pre, flt
 
 
+OPS = {"forward": "FWD", "backward": "BWD", "backward_input": "BWD_INPUT",
+       "backward_weight": "BWD_WEIGHT", "recv_act": "RECV_ACT", "recv_grad": "RECV_GRAD",
+       "send_act": "SEND_ACT", "send_grad": "SEND_GRAD"}  # trace.c's names -> sched ops
+LOOM = os.environ.get("LOOM", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                           "build", "loom"))
+
+
 def replay(per_rank, stages):
-    """Makespan of the lists with the measured compute times and free transfers."""
-    P = stages
-    sent = {}   # (kind, mb, receiver virtual stage) -> time the SEND was issued
-    clock = [0.0] * P
-    pos = [0] * P
-    while True:
-        moved = False
-        for r in range(P):
-            ops = per_rank[r]
-            while pos[r] < len(ops):
-                kind, name, mb, chunk, dur = ops[pos[r]]
-                vs = chunk * P + r
-                if kind == "compute":
-                    clock[r] += dur
-                elif kind == "send_act":
-                    sent[("act", mb, vs + 1)] = clock[r]
-                elif kind == "send_grad":
-                    sent[("grad", mb, vs - 1)] = clock[r]
-                else:
-                    key = ("act" if kind == "recv_act" else "grad", mb, vs)
-                    if key not in sent:
-                        break
-                    clock[r] = max(clock[r], sent[key])
-                pos[r] += 1
-                moved = True
-        if all(pos[r] == len(per_rank[r]) for r in range(P)):
-            return max(clock)
-        if not moved:
-            sys.exit("pp_replay: the traced lists deadlock on replay (a receive without its "
-                     "send in the trace: was the run pp only, and the trace complete?)")
+    """Makespan of the traced lists with their measured compute times and free transfers:
+    core/train/schedule_sim.c's simulator (`loom schedule FILE.lua --costs`, the one that
+    validates every schedule), given each stage's list as traced and each instruction's
+    time."""
+    mb = 1 + max(o[2] for ops in per_rank for o in ops)
+    chunks = 1 + max(o[3] for ops in per_rank for o in ops)
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "traced.lua"), "w") as f:
+            f.write("local lists = {\n")
+            for ops in per_rank:
+                f.write("  {" + ", ".join('{op = "%s", mb = %d, chunk = %d}' % (OPS[o[1]], o[2], o[3])
+                                          for o in ops) + "},\n")
+            f.write("}\nreturn function(shape) return lists[shape.stage + 1] end\n")
+        with open(os.path.join(d, "costs.json"), "w") as f:
+            json.dump({"each": [[o[4] for o in ops] for ops in per_rank]}, f)
+        run = subprocess.run([LOOM, "schedule", os.path.join(d, "traced.lua"), "--pp", str(stages),
+                              "--micro", str(mb), "--chunks", str(chunks), "--costs",
+                              os.path.join(d, "costs.json")], capture_output=True, text=True)
+    m = re.search(r"^makespan ([0-9.e+-]+)$", run.stdout, re.M)
+    if run.returncode != 0 or not m:
+        sys.exit("pp_replay: loom schedule could not replay the traced lists (was the run pp "
+                 "only, and the trace complete?): " + (run.stderr or run.stdout).strip())
+    return float(m.group(1))
 
 
 def analyse(trace_dir, P, out=None):

@@ -11,15 +11,28 @@ pp only: no tp or dp in the run) and, for every step after the first, prints thr
   because it was still in the previous step's optimizer shows up here, not above);
 - replay: the schedule run again on paper with each F/B/W taking exactly the time the
   trace measured for it and every transfer free and instant (a RECV waits only for its
-  SEND's compute to be done). measured - replay is what the engine and the transport cost
+  SEND's compute to be done): the traced lists and times handed to `loom schedule
+  --costs`, the core's own simulator (core/train/schedule_sim.c; LOOM names the binary,
+  default build/loom). measured - replay is what the engine and the transport cost
   (sends, receives, wake-ups, time a rank was not scheduled); replay - formula is what
-  unequal compute costs cost (load, micro-batch-to-micro-batch spread, stage imbalance).
+  unequal compute costs cost (load, micro-batch-to-micro-batch spread, stage imbalance);
+- replay_cpu: the same replay with each F/B/W taking its CPU time (args cpu_ms, trace.h)
+  instead of its wall time: the bubble had no instruction waited for a core (another
+  process on it, or the host taking the vCPU). replay - replay_cpu is what that waiting
+  cost; with it the step's wall - CPU of F/B/W (off_cpu_ms), the involuntary context
+  switches inside them (preempt) and their page faults (faults, which an activation or
+  state buffer touched for the first time inside the step loop shows).
 
 Prints one JSON line per step and a last line with the means:
-{"step":..,"measured":..,"common_clock":..,"replay":..,"compute_ms":[..],"phase_ms":[..]}
+{"step":..,"measured":..,"common_clock":..,"replay":..,"replay_cpu":..,"compute_ms":[..],
+ "phase_ms":[..],"off_cpu_ms":[..],"preempt":[..],"faults":[..]}  (lists: one per rank)
 """
 import json
+import os
+import re
+import subprocess
 import sys
+import tempfile
 
 COMPUTE = {"forward", "backward", "backward_input", "backward_weight"}  # trace.c's names
 
@@ -33,8 +46,10 @@ def load(trace_dir, stages):
     return ranks
 
 
-def step_ops(ev, step):
-    """This rank's compute instructions and receives of one step, in the order they ran."""
+def step_ops(ev, step, cpu=False):
+    """This rank's compute instructions and receives of one step, in the order they ran;
+    each compute's time its wall time, or with cpu its CPU time (a trace without cpu_ms:
+    its wall time)."""
     ops = []
     for e in ev:
         a = e.get("args", {})
@@ -42,7 +57,8 @@ def step_ops(ev, step):
             continue
         n = e["name"]
         if e.get("tid") == 0 and n in COMPUTE:
-            ops.append(("compute", n, a["mb"], a["chunk"], e["dur"] / 1000.0))
+            t = a["cpu_ms"] if cpu and "cpu_ms" in a else e["dur"] / 1000.0
+            ops.append(("compute", n, a["mb"], a["chunk"], t))
         elif n in ("recv_act", "recv_grad", "send_act", "send_grad"):
             ops.append((n, n, a["mb"], a["chunk"], 0.0))
     return ops
@@ -58,37 +74,49 @@ def phase(ev, step):
     return start / 1000.0, end / 1000.0
 
 
+def costs(ev, step):
+    """(wall - CPU ms, preemptions, page faults) of this rank's F/B/W in one step."""
+    off = pre = flt = 0
+    for e in ev:
+        a = e.get("args", {})
+        if a.get("step") == step and e.get("tid") == 0 and e["name"] in COMPUTE and "cpu_ms" in a:
+            off += max(0.0, e["dur"] / 1000.0 - a["cpu_ms"])
+            pre += a["preempt"]
+            flt += a["faults"]
+    return off, pre, flt
+
+
+OPS = {"forward": "FWD", "backward": "BWD", "backward_input": "BWD_INPUT",
+       "backward_weight": "BWD_WEIGHT", "recv_act": "RECV_ACT", "recv_grad": "RECV_GRAD",
+       "send_act": "SEND_ACT", "send_grad": "SEND_GRAD"}  # trace.c's names -> sched ops
+LOOM = os.environ.get("LOOM", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                           "build", "loom"))
+
+
 def replay(per_rank, stages):
-    """Makespan of the lists with the measured compute times and free transfers."""
-    P = stages
-    sent = {}   # (kind, mb, receiver virtual stage) -> time the SEND was issued
-    clock = [0.0] * P
-    pos = [0] * P
-    while True:
-        moved = False
-        for r in range(P):
-            ops = per_rank[r]
-            while pos[r] < len(ops):
-                kind, name, mb, chunk, dur = ops[pos[r]]
-                vs = chunk * P + r
-                if kind == "compute":
-                    clock[r] += dur
-                elif kind == "send_act":
-                    sent[("act", mb, vs + 1)] = clock[r]
-                elif kind == "send_grad":
-                    sent[("grad", mb, vs - 1)] = clock[r]
-                else:
-                    key = ("act" if kind == "recv_act" else "grad", mb, vs)
-                    if key not in sent:
-                        break
-                    clock[r] = max(clock[r], sent[key])
-                pos[r] += 1
-                moved = True
-        if all(pos[r] == len(per_rank[r]) for r in range(P)):
-            return max(clock)
-        if not moved:
-            sys.exit("pp_replay: the traced lists deadlock on replay (a receive without its "
-                     "send in the trace: was the run pp only, and the trace complete?)")
+    """Makespan of the traced lists with their measured compute times and free transfers:
+    core/train/schedule_sim.c's simulator (`loom schedule FILE.lua --costs`, the one that
+    validates every schedule), given each stage's list as traced and each instruction's
+    time."""
+    mb = 1 + max(o[2] for ops in per_rank for o in ops)
+    chunks = 1 + max(o[3] for ops in per_rank for o in ops)
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "traced.lua"), "w") as f:
+            f.write("local lists = {\n")
+            for ops in per_rank:
+                f.write("  {" + ", ".join('{op = "%s", mb = %d, chunk = %d}' % (OPS[o[1]], o[2], o[3])
+                                          for o in ops) + "},\n")
+            f.write("}\nreturn function(shape) return lists[shape.stage + 1] end\n")
+        with open(os.path.join(d, "costs.json"), "w") as f:
+            json.dump({"each": [[o[4] for o in ops] for ops in per_rank]}, f)
+        run = subprocess.run([LOOM, "schedule", os.path.join(d, "traced.lua"), "--pp", str(stages),
+                              "--micro", str(mb), "--chunks", str(chunks), "--costs",
+                              os.path.join(d, "costs.json")], capture_output=True, text=True)
+    m = re.search(r"^makespan ([0-9.e+-]+)$", run.stdout, re.M)
+    if run.returncode != 0 or not m:
+        sys.exit("pp_replay: loom schedule could not replay the traced lists (was the run pp "
+                 "only, and the trace complete?): " + (run.stderr or run.stdout).strip())
+    return float(m.group(1))
 
 
 def analyse(trace_dir, P, out=None):
@@ -103,12 +131,19 @@ def analyse(trace_dir, P, out=None):
         walls = [e - s for s, e in ph]
         common = max(e for _, e in ph) - min(s for s, _ in ph)
         total = sum(comp)
+        per_cpu = [step_ops(ev, step, cpu=True) for ev in ranks]
+        total_cpu = sum(o[4] for ops in per_cpu for o in ops if o[0] == "compute")
+        c = [costs(ev, step) for ev in ranks]
         row = {"step": step,
                "measured": 1 - total / (P * max(walls)),
                "common_clock": 1 - total / (P * common),
                "replay": 1 - total / (P * replay(per_rank, P)),
+               "replay_cpu": 1 - total_cpu / (P * replay(per_cpu, P)),
                "compute_ms": [round(c, 2) for c in comp],
-               "phase_ms": [round(w, 2) for w in walls]}
+               "phase_ms": [round(w, 2) for w in walls],
+               "off_cpu_ms": [round(x[0], 2) for x in c],
+               "preempt": [x[1] for x in c],
+               "faults": [x[2] for x in c]}
         if not all(c > 0 for c in comp):
             sys.exit(f"pp_replay: step {step}: a stage has no compute in the trace")
         rows.append(row)
@@ -116,7 +151,10 @@ def analyse(trace_dir, P, out=None):
             print(json.dumps(row), file=out)
     if not rows:
         sys.exit(f"pp_replay: {trace_dir}: no step after the first in the traces")
-    mean = {k: sum(r[k] for r in rows) / len(rows) for k in ("measured", "common_clock", "replay")}
+    mean = {k: sum(r[k] for r in rows) / len(rows)
+            for k in ("measured", "common_clock", "replay", "replay_cpu")}
+    for k in ("off_cpu_ms", "preempt", "faults"):  # per rank and step
+        mean[k] = sum(sum(r[k]) for r in rows) / (len(rows) * P)
     return rows, mean
 
 

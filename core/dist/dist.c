@@ -29,8 +29,24 @@ loom_status loom_mesh_make(int rank, int world, int dp, int tp, int pp, loom_mes
     return LOOM_OK;
 }
 
+/* dist.h: a mailbox for two messages of p2p_bytes (16-byte header each, shm_p2p.c), in
+ * whole pages; the plugin's default when that is larger. shm reserves world x world
+ * mailboxes in /dev/shm (shm_seg.c), so together they stay within 64 MiB past the default:
+ * 16 MiB each at 2 ranks, 1 MiB at 8; a larger message still streams through. */
+static loom_status size_mailbox(loom_plugin_config *cfg, size_t p2p_bytes, int world)
+{
+    const loom_config_value *v = loom_config_get(cfg, "mailbox_bytes");
+    if (!v || !p2p_bytes || world < 2)
+        return LOOM_OK;
+    size_t cap = ((size_t)64 << 20) / ((size_t)world * (size_t)world) & ~(size_t)4095;
+    size_t want = p2p_bytes > cap / 2 ? cap : (2 * (p2p_bytes + 64) + 4095) & ~(size_t)4095;
+    if ((double)want <= v->number)
+        return LOOM_OK;
+    return loom_config_set_number(cfg, "mailbox_bytes", (double)want);
+}
+
 loom_status loom_dist_init(const char *comm_name, const loom_store *store, int rank, int world,
-                           const loom_mesh *m, int timeout_ms)
+                           const loom_mesh *m, int timeout_ms, size_t p2p_bytes)
 {
     const loom_plugin *p;
     LOOM_TRY(loom_plugin_load(LOOM_KIND_COMM, comm_name, &p));
@@ -41,6 +57,7 @@ loom_status loom_dist_init(const char *comm_name, const loom_store *store, int r
     }
     loom_plugin_config cfg;
     LOOM_TRY(loom_config_init(&cfg, p->desc));
+    LOOM_TRY(size_mailbox(&cfg, p2p_bytes, world));
     LOOM_TRY(loom_config_finish(&cfg));
     loom_config view = loom_config_view(&cfg);
     const loom_comm_ops *ops = p->desc->ops;

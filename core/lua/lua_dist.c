@@ -44,8 +44,10 @@ static int l_init_dist(lua_State *L)
         int debug_desync = lua_toboolean(L, -1);
         lua_pop(L, 1);
         int timeout_ms = opt_int(L, "timeout_ms", 60000);
+        lua_Integer p2p = opt_int(L, "p2p_bytes", 0); /* dist.h: sizes shm's mailbox */
         if (loom_flight_setup(rank, world, flight_dir, debug_desync, timeout_ms) != LOOM_OK ||
-            loom_dist_init(comm, loom_rendezvous_store(rv), rank, world, &mesh, timeout_ms) !=
+            loom_dist_init(comm, loom_rendezvous_store(rv), rank, world, &mesh, timeout_ms,
+                           p2p > 0 ? (size_t)p2p : 0) !=
                 LOOM_OK)
             goto fail;
         lua_pop(L, 1);

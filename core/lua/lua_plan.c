@@ -513,7 +513,7 @@ static int l_sched_run(lua_State *L)
     sched_ref *r = luaL_checkudata(L, 1, "loom.PlanSchedule");
     luaL_checktype(L, 2, LUA_TTABLE);
     loom_sched_costs c = {cost(L, 2, "fwd"), cost(L, 2, "bwd_input"), cost(L, 2, "bwd_weight"),
-                          cost(L, 2, "latency"), 0};
+                          cost(L, 2, "latency"), 0, NULL};
     loom_sched_sim *sim;
     if (loom_schedule_simulate(r->s, &c, &sim) != LOOM_OK) {
         lua_pushstring(L, loom_last_error());

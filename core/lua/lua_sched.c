@@ -183,8 +183,43 @@ static double cost_field(lua_State *L, int idx, const char *key, double dflt)
     return v;
 }
 
+/* costs.each (the costs table at idx), if given: one list per stage of one number per
+ * instruction of that stage's list (schedule.h's each), into a userdata left on the stack
+ * (freed by the GC, also after an error). */
+static const double *const *read_each(lua_State *L, int idx, const loom_schedule *s)
+{
+    lua_getfield(L, idx, "each");
+    if (lua_isnil(L, -1))
+        return NULL;
+    luaL_checktype(L, -1, LUA_TTABLE);
+    int t = lua_gettop(L);
+    size_t total = 0;
+    for (int r = 0; r < s->stages; r++)
+        total += s->n[r];
+    double **rows = lua_newuserdatauv(L, (size_t)s->stages * sizeof(double *) +
+                                      (total ? total : 1) * sizeof(double), 0);
+    double *at = (double *)(rows + s->stages);
+    for (int r = 0; r < s->stages; r++) {
+        lua_rawgeti(L, t, r + 1);
+        if (!lua_istable(L, -1) || lua_rawlen(L, -1) != s->n[r])
+            luaL_error(L, "schedule: costs.each[%d] must list one cost per instruction of stage "
+                       "%d's list (%d), got %s", r + 1, r, (int)s->n[r], lua_istable(L, -1) ?
+                       lua_pushfstring(L, "%d", (int)lua_rawlen(L, -1)) : luaL_typename(L, -1));
+        rows[r] = at;
+        for (size_t i = 0; i < s->n[r]; i++) {
+            lua_rawgeti(L, -1, (lua_Integer)i + 1);
+            at[i] = luaL_checknumber(L, -1);
+            lua_pop(L, 1);
+        }
+        at += s->n[r];
+        lua_pop(L, 1);
+    }
+    return (const double *const *)rows;
+}
+
 /* core.sched_simulate(lists, {stages=, microbatches=, chunks=}
- *                     [, {fwd=1, bwd_input=1, bwd_weight=1, latency=0, rendezvous=false}])
+ *                     [, {fwd=1, bwd_input=1, bwd_weight=1, latency=0, rendezvous=false,
+ *                         each={ {cost of each instruction of stage 0}, ... }}])
  *   -> {makespan=, bubble=, stages = { {busy=, peak=, spans = { {start, stop}, ... }}, ...}}
  * Raises the validator's or simulator's message for a bad list. */
 static int l_sched_simulate(lua_State *L)
@@ -207,6 +242,8 @@ static int l_sched_simulate(lua_State *L)
     if (loom_schedule_new(p, m, v, &b->s) != LOOM_OK)
         return raise_plain(L, loom_last_error());
     read_lists(L, 1, b);
+    if (!lua_isnoneornil(L, 3))
+        c.each = read_each(L, 3, b->s);
     if (loom_schedule_simulate(b->s, &c, &b->sim) != LOOM_OK)
         return raise_plain(L, loom_last_error());
     const loom_sched_sim *sim = b->sim;

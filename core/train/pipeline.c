@@ -431,6 +431,7 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
         pl->at = i;
         if (loom_trace_is_compute(in->op))
             progress_sends(pl);
+        loom_trace_cost_begin(pl->trace); /* its CPU, faults and preemptions, traced */
         double t0 = loom_now_ms(); /* the instruction's span: a RECV's includes its wait */
         double c0 = loom_trace_is_compute(in->op) ? loom_cpu_ms() : 0.0;
         int key = in->microbatch * pl->chunks + in->chunk, vs = in->chunk * P + pl->stage, s = -1;

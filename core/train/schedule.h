@@ -59,9 +59,13 @@ typedef struct loom_sched_costs {
      * and completes when every transfer in it has its partner's group posted. A list that
      * passes this too runs on such a transport with one group call per run. */
     int rendezvous;
+    /* NULL, or [stages][n[s]]: each instruction's own cost (a compute op's; a transfer's
+     * is ignored), in place of its op's above: a run's traced F/B/W times replayed
+     * (scripts/pp_replay.py through `loom schedule --costs`). */
+    const double *const *each;
 } loom_sched_costs;
 /* The costs the bubble formulas assume: F = B = W = 1 (fused BWD = 2), no latency. */
-#define LOOM_SCHED_COSTS_UNIT ((loom_sched_costs){1.0, 1.0, 1.0, 0.0, 0})
+#define LOOM_SCHED_COSTS_UNIT ((loom_sched_costs){1.0, 1.0, 1.0, 0.0, 0, NULL})
 
 typedef struct loom_sched_span { double start, end; } loom_sched_span;
 

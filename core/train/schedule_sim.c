@@ -133,7 +133,8 @@ static int step_async(sim_state *st, int r)
         if (ready > start)
             start = ready;
     }
-    double d = cost_of(in.op, &st->c);
+    double d = is_transfer(in.op) ? 0.0 : st->c.each ? st->c.each[r][st->pc[r]]
+                                                     : cost_of(in.op, &st->c);
     st->sim->span[r][st->pc[r]] = (loom_sched_span){start, start + d};
     st->sim->busy[r] += d;
     st->clock[r] = start + d;
@@ -249,6 +250,12 @@ loom_status loom_schedule_simulate(const loom_schedule *s, const loom_sched_cost
                          "bwd_input %g, bwd_weight %g, latency %g)", c.fwd, c.bwd_input,
                          c.bwd_weight, c.latency);
     LOOM_TRY(loom_schedule_validate(s));
+    for (int r = 0; c.each && r < s->stages; r++)
+        for (size_t i = 0; i < s->n[r]; i++)
+            if (!(c.each[r][i] >= 0 && c.each[r][i] < 1e300))
+                return loom_fail(LOOM_ERR_INVALID, "schedule: stage %d instruction %zu (%s): its "
+                                 "cost must be a finite number >= 0, got %g", r, i,
+                                 loom_sched_op_name(s->list[r][i].op), c.each[r][i]);
     sched_index ix;
     LOOM_TRY(sched_index_build(s, &ix));
     const int p = s->stages;

@@ -607,7 +607,11 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
         if (st == LOOM_OK && here)
             s->optim_state = s->device ? s->backend.ops->alloc(s->backend.self,
                                                                (size_t)s->state_slots * total * 4)
-                                       : calloc((size_t)s->state_slots * total, sizeof(float));
+                                       : malloc((size_t)s->state_slots * total * sizeof(float));
+        if (st == LOOM_OK && here && !s->device && s->optim_state) /* zeroed by touching every
+            * page now: calloc's lazy zero pages made step 1's optimizer fault them in (+20 ms
+            * on one pp stage, whose neighbour then waited into step 2: docs/PIPELINE.md) */
+            memset(s->optim_state, 0, (size_t)s->state_slots * total * sizeof(float));
         if (st == LOOM_OK && s->device) { /* zeroed: a fresh state mirrors as zeros */
             s->host_params = malloc(total * sizeof(float));
             s->host_state = calloc((size_t)s->state_slots * total + 1, sizeof(float));

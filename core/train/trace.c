@@ -13,6 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+
+#include "base/clock.h"
 
 struct loom_trace {
     FILE *f;
@@ -23,6 +26,9 @@ struct loom_trace {
     long long n;
     int in_phase;
     double busy_until;   /* inside the phase: the end of the last compute span */
+    int costed;          /* loom_trace_cost_begin sampled these for the next span: */
+    double cpu0;         /* process CPU ms */
+    long faults0, preempt0;
 };
 
 static const struct {
@@ -111,6 +117,13 @@ static void emit(loom_trace *tr, loom_trace_kind kind, double t0, double t1, int
             a % 1000, d / 1000, d % 1000, (long long)tr->step);
     if (mb >= 0)
         fprintf(tr->f, ",\"mb\":%d,\"chunk\":%d", mb, chunk);
+    if (tr->costed && kind != LOOM_TRACE_IDLE) {
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        fprintf(tr->f, ",\"cpu_ms\":%.3f,\"faults\":%ld,\"preempt\":%ld", loom_cpu_ms() - tr->cpu0,
+                ru.ru_minflt + ru.ru_majflt - tr->faults0, ru.ru_nivcsw - tr->preempt0);
+        tr->costed = 0;
+    }
     fputs("}}", tr->f);
 }
 
@@ -125,6 +138,18 @@ void loom_trace_span(loom_trace *tr, loom_trace_kind kind, double t0_ms, double 
         tr->busy_until = t1_ms;
     }
     emit(tr, kind, t0_ms, t1_ms, mb, chunk);
+}
+
+void loom_trace_cost_begin(loom_trace *tr)
+{
+    if (!tr || !tr->on)
+        return;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    tr->faults0 = ru.ru_minflt + ru.ru_majflt;
+    tr->preempt0 = ru.ru_nivcsw;
+    tr->cpu0 = loom_cpu_ms();
+    tr->costed = 1;
 }
 
 void loom_trace_phase_begin(loom_trace *tr, double t_ms)

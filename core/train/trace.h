@@ -15,7 +15,12 @@
  *   3 "dp":      allreduce: the data-parallel reduction in flight, from its first bucket
  *                started (during the backwards where they hand buckets over) to the last
  *                one completed (fast mode with the dp strategy).
- * args hold the step and, for pipeline instructions, the micro-batch and chunk. Spans of
+ * args hold the step and, for pipeline instructions, the micro-batch and chunk; a span
+ * begun with loom_trace_cost_begin also holds what it cost the process: cpu_ms (CPU time,
+ * every thread), faults (minor page faults: a first touch of fresh memory) and preempt
+ * (involuntary context switches) — so a slow instruction says whether it computed longer,
+ * faulted, or waited for a core (wall > cpu_ms with none of those: the host took the
+ * vCPU). Spans of
  * one lane never overlap (timestamps are whole nanoseconds, so ts + dur of a span equals
  * the ts of whatever it ends on).
  *
@@ -68,6 +73,9 @@ void loom_trace_step(loom_trace *tr, int64_t first);
 /* A span from t0_ms to t1_ms (loom_now_ms); mb and chunk < 0: none. */
 void loom_trace_span(loom_trace *tr, loom_trace_kind kind, double t0_ms, double t1_ms, int mb,
                      int chunk);
+/* Samples the process's CPU time, page faults and preemptions: the next span emitted
+ * carries their growth since (args cpu_ms, faults, preempt). Off: nothing. */
+void loom_trace_cost_begin(loom_trace *tr);
 /* The pipeline phase of a step: between these, the gaps in the compute lane become idle
  * spans. */
 void loom_trace_phase_begin(loom_trace *tr, double t_ms);

@@ -106,7 +106,7 @@ function cli.plot(args)
   print(string.format("wrote %s (%s)", out, table.concat(what, "; ")))
 end
 
--- `loom schedule NAME --pp P --micro M [--chunks V] [-o FILE.svg]`: a pipeline schedule's
+-- `loom schedule NAME --pp P --micro M [--chunks V] [-o FILE.svg] [--costs FILE.json]`: a pipeline schedule's
 -- stages as text rows (and an SVG), its simulated bubble beside the formula, and each
 -- stage's peak micro-batches in flight (loom.schedule).
 function cli.schedule(args)

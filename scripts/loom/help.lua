@@ -182,7 +182,7 @@ examples:
   loom plan scripts/recipes/plan_gpt3_13b.lua --machine a100-node --world 16 --devices-per-node 8 --mem 80GB]],
 
   schedule = [[
-usage: loom schedule NAME --pp P --micro M [--chunks V] [-o FILE.svg]
+usage: loom schedule NAME --pp P --micro M [--chunks V] [-o FILE.svg] [--costs FILE.json]
 
 Build every stage's list of a pipeline schedule, validate it (each micro-batch forwarded
 then backwarded once per chunk, every SEND received by the neighbour, no cycle of waits)
@@ -203,6 +203,10 @@ options:
   --chunks V       virtual stages per rank (default 1; 2 for interleaved, which needs
                    M to be a multiple of P)
   -o, --output F   also write the timeline as an SVG
+  --costs F        each instruction's own cost, from a JSON file {"each": [[...], ...]}
+                   (one list per stage, one number per instruction of its list; a
+                   transfer's is ignored): prints only the makespan and bubble
+                   (scripts/pp_replay.py replays a traced run so)
   -h, --help       this text
 
 example:

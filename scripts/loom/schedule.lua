@@ -154,11 +154,27 @@ function schedule.svg(title, lists, sim, shape)
   return table.concat(out, "\n") .. "\n"
 end
 
-local usage = "usage: loom schedule NAME --pp P --micro M [--chunks V] [-o FILE.svg]  (loom schedule --help)"
+local usage = "usage: loom schedule NAME --pp P --micro M [--chunks V] [-o FILE.svg] [--costs FILE.json]  (loom schedule --help)"
 
--- `loom schedule NAME --pp P --micro M [--chunks V] [-o FILE.svg]`
+-- --costs FILE.json: {"each": [[cost of each instruction of stage 0's list, ...], ...]}, a
+-- number per instruction in list order (a transfer's is ignored): each F/B/W takes its
+-- own time (scripts/pp_replay.py replays a traced run so).
+local function read_costs(path)
+  local f, err = io.open(path, "rb")
+  if not f then error("schedule: --costs: cannot read " .. err, 0) end
+  local text = f:read("a")
+  f:close()
+  local ok, t = pcall(require("loom.json").decode, text)
+  if not ok or type(t) ~= "table" or type(t.each) ~= "table" then
+    error(string.format("schedule: --costs %s: want a JSON object {\"each\": [[cost, ...], ...]} "
+      .. "(one list per stage, one number per instruction)%s", path, ok and "" or ": " .. tostring(t)), 0)
+  end
+  return t
+end
+
+-- `loom schedule NAME --pp P --micro M [--chunks V] [-o FILE.svg] [--costs FILE.json]`
 function schedule.main(args)
-  local name, opts, out = nil, {}, nil
+  local name, opts, out, costs_file = nil, {}, nil, nil
   local i = 1
   while i <= #args do
     local a = args[i]
@@ -169,6 +185,10 @@ function schedule.main(args)
           args[i + 1] and "'" .. args[i + 1] .. "'" or "nothing", usage), 0)
       end
       opts[a:sub(3)] = n
+      i = i + 2
+    elseif a == "--costs" then
+      costs_file = args[i + 1]
+      if not costs_file then error("schedule: --costs needs a JSON file (--costs costs.json)", 0) end
       i = i + 2
     elseif a == "-o" or a == "--output" then
       out = args[i + 1]
@@ -188,10 +208,17 @@ function schedule.main(args)
     chunks = opts.chunks or (name == "interleaved" and 2 or 1) }
   local ok, lists = pcall(schedule.lists, name, shape)
   if not ok then error("schedule: " .. tostring(lists):gsub("^schedule: ", ""), 0) end
-  local ok2, sim = pcall(schedule.simulate, lists, shape)
+  local costs = costs_file and read_costs(costs_file) or nil
+  local ok2, sim = pcall(schedule.simulate, lists, shape, costs)
   if not ok2 then error("schedule " .. name .. ": " .. tostring(sim), 0) end
   local p, m, v = shape.stages, shape.microbatches, shape.chunks
   local title = string.format("%s  pp=%d micro=%d chunks=%d", name, p, m, v)
+  if costs then -- its own times: no unit cells to draw, and no formula to compare with
+    print(title .. "  (each instruction's cost from " .. costs_file .. ", SEND/RECV take no time)")
+    print(string.format("makespan %.6f", sim.makespan))
+    print(string.format("bubble: simulated %.6f", sim.bubble))
+    return
+  end
   print(title .. "  (F = B = W = 1, fused BWD = 2, SEND/RECV take no time)")
   print("F forward, B backward (input gradient when split), W weight gradient, then the micro-batch"
     .. (v > 1 and " and the chunk" or "") .. "; '.' idle")

@@ -453,9 +453,12 @@ return function(loom)
         schema.fail(where, "%s%s", err, #changes > 0 and string.format("; rank %d's recipe differs "
           .. "from rank 0's in: %s (rank 0's value -> this rank's)", rank, table.concat(changes, ", ")) or "")
       end
+      local pp = (t.mesh or {}).pp or 1
       ok, err = pcall(loom.core.init_dist, { comm = t.comm or "shm", dp = dp,
-        tp = (t.mesh or {}).tp, pp = (t.mesh or {}).pp,
+        tp = (t.mesh or {}).tp, pp = pp,
         timeout_ms = math.floor((t.comm_timeout or 60) * 1000),
+        -- a stage's activation (micro x seq x dim fp32), so that shm's mailbox holds two
+        p2p_bytes = pp > 1 and t.batch.micro * t.batch.seq * t.model.dim * 4 or nil,
         flight_dir = (t.checkpoint or {}).dir, debug_desync = t.debug_desync })
       if not ok then schema.fail(where, "%s", err) end
       strategy = { name = "dp" }

@@ -18,12 +18,17 @@ local cfg = {
   -- so the 7 blocks split 4 + 3 at pp=2 and 2 + 2 + 2 + 1 over interleaved's 4 virtual
   -- stages (the default split, weighed by FLOPs). With 256 rows and 4 blocks (this
   -- recipe before) the head was 5% of a block and stage 1 ran ~6% longer than stage 0:
-  -- no split of 4 whole blocks evens that. One micro-batch's activations (micro x seq x
-  -- dim floats = 96 KiB) fit shm's send/recv mailbox: a send completes when it starts.
+  -- no split of 4 whole blocks evens that. A micro-batch is 4 x 64 tokens: at 1 x 64 its
+  -- GEMMs (64 rows) were bound by reading the weights, an F took 8-10 ms of CPU and a
+  -- stage's cost moved with what else had been through the caches (20% apart between
+  -- the two stages of one run); at 256 rows an F is ~23 ms, costs 0.7x as much per token,
+  -- and F, B and W are close to equal (zb1's formula takes them equal). Its activations
+  -- (micro x seq x dim floats = 384 KiB) pass in one piece: train.lua sizes shm's
+  -- mailbox for two (core/dist/dist.h), so a send completes when it starts.
   model     = loom.gpt { vocab = 4096, ctx = 64, layers = 7, heads = 6, dim = 384 },
   data      = loom.data.random { vocab = 4096, seed = 1 },
   optimizer = { "adamw", lr = 3e-4, betas = { 0.9, 0.95 }, weight_decay = 0.1 },
-  batch     = { micro = 1, seq = 64 },
+  batch     = { micro = 4, seq = 64 },
   mesh      = { pp = 2 },
   schedule  = "1f1b",
   microbatches = 4,

@@ -8,7 +8,9 @@ must not overlap. With LISTS (sched_lists.lua's output: "stage op mb chunk" per 
 instruction of the schedule; a run of pp ranks only, so rank R is stage R) every step's
 compute spans on rank R are, in time order, exactly stage R's FWD/BWD/BWD_INPUT/
 BWD_WEIGHT instructions (so every micro-batch's forward and backward is there), and the
-trace has the transfers and idle spans a stage has.
+trace has the transfers and idle spans a stage has, and every span of a pipeline
+instruction says what it cost the process (args cpu_ms, faults, preempt: finite, >= 0;
+trace.h), the step's CPU no more than its wall time allows.
 Prints one line per rank; exits 1 with the reason on the first failure.
 """
 import json
@@ -97,6 +99,23 @@ def main():
             fail("%s: no backward span (fused, or B and W)" % path)
         if lists:
             stage = r
+            for e in spans:
+                if "mb" not in e["args"] or e["name"] == "idle":
+                    continue
+                a = e["args"]
+                for k in ("cpu_ms", "faults", "preempt"):
+                    v = a.get(k)
+                    if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                        fail("%s: %s of step %d mb %d: %s is %r, want a finite number >= 0" % (
+                            path, e["name"], a["step"], a["mb"], k, v))
+            for step in range(1, steps + 1):  # one thread a rank here: CPU <= wall, with slack
+                cpu = sum(e["args"]["cpu_ms"] for e in spans if e["args"]["step"] == step and
+                          "cpu_ms" in e["args"])
+                wall = sum(e["dur"] / 1000 for e in spans if e["args"]["step"] == step and
+                           "cpu_ms" in e["args"])
+                if cpu > 1.5 * wall + 5:
+                    fail("%s: step %d: instructions took %.1f ms of CPU in %.1f ms" % (
+                        path, step, cpu, wall))
             for want in (["recv_act"] if stage > 0 else []) + (["send_act"] if stage < stages - 1 else []) + ["idle"]:
                 if want not in names:
                     fail("%s: stage %d has no %s span" % (path, stage, want))

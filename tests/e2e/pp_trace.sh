@@ -16,7 +16,11 @@
 #  - log.trace_steps = 2 traces steps 1 and 2 only; steps whose update is skipped (non-finite
 #    gradients) keep their own step numbers;
 #  - a bad log.trace value is refused with a message that names it, and so is a trace file
-#    that cannot be written.
+#    that cannot be written;
+#  - a pp run whose activations (micro x seq x dim fp32) are 128 KiB gets shm mailboxes
+#    that hold two of them (2 x (bytes + 64), whole pages: core/dist/dist.h), where a run
+#    with 16 KiB ones keeps the 128 KiB default: its world segment (2 x 2 mailboxes) is
+#    4 x the difference larger.
 set -euo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -59,6 +63,29 @@ for layout in "1f1b 1" "interleaved 2"; do
   bubble_ok "$tmp/$name/m.jsonl" "$tmp/$name/out"
 done
 grep -q '"chunk":1' "$tmp/interleaved/trace/rank0.json" || { echo "interleaved: no chunk 1 span"; exit 1; }
+
+# The mailbox holds two activations (the sizes of the world's shm segment, pp_mailbox.lua).
+shm_of() { "$loom" launch -n 2 "$here/recipes/pp_mailbox.lua" "$@" 2>&1 | sed -n 's/^SHM 0 //p'; }
+small=$(shm_of); big=$(shm_of batch.micro=8 model.dim=128)
+want=$(( 4 * (((2 * (8 * 32 * 128 * 4 + 64) + 4095) / 4096 * 4096) - 131072) ))
+[ -n "$small" ] && [ -n "$big" ] && [ $((big - small)) -eq "$want" ] ||
+  { echo "FAIL: shm segment ${small:-?} -> ${big:-?} bytes with 128 KiB activations, want +$want"; exit 1; }
+echo "ok shm mailboxes sized for two 128 KiB activations: segment $small -> $big bytes"
+
+# scripts/pp_replay.py on the 1f1b trace: its measured bubble is the run's own summary, and
+# its replays (wall and CPU times, free transfers) are bubbles in [0, 1).
+python3 "$here/../../scripts/pp_replay.py" "$tmp/1f1b/trace" 2 > "$tmp/replay" || exit 1
+python3 - "$tmp/replay" "$(sed -n 's/^pipeline bubble: measured \([^ ]*\) .*/\1/p' "$tmp/1f1b/out")" <<'PY' || exit 1
+import json, math, sys
+m = json.loads(open(sys.argv[1]).read().splitlines()[-1])["mean"]
+for k in ("measured", "replay", "replay_cpu"):
+    if not (isinstance(m.get(k), float) and math.isfinite(m[k]) and 0 <= m[k] < 1):
+        print("FAIL: pp_replay %s is %r, not in [0, 1)" % (k, m.get(k))); sys.exit(1)
+if abs(m["measured"] - float(sys.argv[2])) > 1e-3:
+    print("FAIL: pp_replay measured %.5f, the run's summary %s" % (m["measured"], sys.argv[2])); sys.exit(1)
+print("ok pp_replay: measured %.4f = the run's, replay %.4f, at CPU times %.4f; %.1f faults a "
+      "rank and step" % (m["measured"], m["replay"], m["replay_cpu"], m["faults"]))
+PY
 
 # zb1's split backward: backward_input (B) and backward_weight (W) spans in the schedule's
 # order, where this build trains zb1 (a build whose model has no split backward refuses it).

@@ -7,6 +7,9 @@
 #  - gpipe written in Lua (schedules/gpipe.lua) prints the plugin's rows and bubble;
 #  - the three wrong Lua schedules and interleaved with m % p != 0 are refused (exit 1)
 #    with their messages; an unknown name lists the sched plugins;
+#  - --costs FILE.json gives each instruction its own cost: gpipe.lua at pp=2, m=2 with
+#    every instruction costing 1 (F = B) has gpipe's bubble 1/3; a list of the wrong length
+#    and a file that is not {"each": [...]} are refused;
 #  - schedule_check.lua (under loom run) checks the bindings span for span on a grid.
 set -euo pipefail
 loom=$1
@@ -46,6 +49,15 @@ refused "deadlock: stage 0 waits at instruction 2 (RECV_GRAD mb 0 chunk 0) and s
   "$here/schedules/deadlock.lua" --pp 2 --micro 2
 refused "interleaved: microbatches = 6 is not a multiple of stages = 4 (Megatron's interleaved order needs m % p == 0); use 4 or 8 micro-batches, or the 1f1b schedule" \
   interleaved --pp 4 --micro 6 --chunks 2
+echo '{"each": [[1], [1]]}' > "$tmp/short.json"
+refused "costs.each[1] must list one cost per instruction of stage 0's list (8), got 1" \
+  "$here/schedules/gpipe.lua" --pp 2 --micro 2 --costs "$tmp/short.json"
+echo '[1, 2]' > "$tmp/notobj.json"
+refused 'want a JSON object {"each": [[cost, ...], ...]}' 1f1b --pp 2 --micro 2 --costs "$tmp/notobj.json"
+echo '{"each": [[1, 1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1, 1]]}' > "$tmp/ones.json"
+out=$("$loom" schedule "$here/schedules/gpipe.lua" --pp 2 --micro 2 --costs "$tmp/ones.json")
+expect_in "$out" "bubble: simulated 0.333333" "gpipe with every instruction costing 1"
+expect_in "$out" "makespan 6.000000" "gpipe with every instruction costing 1"
 refused "available: 1f1b, gpipe, interleaved, zb1" nosuch --pp 2 --micro 2
 refused "--pp and --micro are required" 1f1b --pp 2
 refused "--micro needs a whole number >= 1 (got '0')" 1f1b --pp 2 --micro 0

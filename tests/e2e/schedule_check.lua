@@ -4,7 +4,10 @@
 --    simulation, span for span, on the grid p in {2,3,4,8}, m in {1,2,4,8,16};
 --  - every plugin's lists survive the trip through Lua tables (same bubble as simulated
 --    straight from the plugin's lists, which the C test checks against the formulas);
---  - the three wrong schedules and malformed instructions are refused with their messages.
+--  - the three wrong schedules and malformed instructions are refused with their messages;
+--  - per-instruction costs (costs.each) give, span for span, the simulation of the same
+--    costs given per op, for every plugin on a grid; a dearer stage lengthens the makespan
+--    by its own work; a list of the wrong length or a negative cost is refused.
 -- Prints "schedule_check: ok" at the end; any failure is a Lua error (non-zero exit).
 local core = require "loom.core"
 local schedule = require "loom.schedule"
@@ -88,4 +91,39 @@ refused(function() return core.sched_build("interleaved", 4, 6, 2) end, "interle
 local sim = core.sched_simulate(core.sched_build("gpipe", 2, 2, 1), { stages = 2, microbatches = 2 },
   { fwd = 1, bwd_input = 2, bwd_weight = 2 })
 assert(sim.makespan == 5 * (2 + 2 - 1), "costs: makespan " .. sim.makespan)
+-- costs.each: each instruction's own cost, here what its op costs (F 1.5, B 2, W 0.75)
+local op_cost = { FWD = 1.5, BWD = 2.75, BWD_INPUT = 2, BWD_WEIGHT = 0.75 }
+local function each_of(lists, scale)
+  local each = {}
+  for k, list in ipairs(lists) do
+    each[k] = {}
+    for i, instr in ipairs(list) do each[k][i] = (op_cost[instr.op] or 99) * (scale[k] or 1) end
+  end
+  return each
+end
+for _, name in ipairs { "gpipe", "1f1b", "interleaved", "zb1" } do
+  for _, pm in ipairs { { 2, 4 }, { 4, 8 }, { 2, 16 } } do
+    local p, m = pm[1], pm[2]
+    local v = name == "interleaved" and 2 or 1
+    local lists, shape = core.sched_build(name, p, m, v), { stages = p, microbatches = m, chunks = v }
+    local by_op = core.sched_simulate(lists, shape, { fwd = 1.5, bwd_input = 2, bwd_weight = 0.75 })
+    same_sim(core.sched_simulate(lists, shape, { each = each_of(lists, {}) }), by_op,
+      string.format("%s p=%d m=%d: costs.each", name, p, m))
+    if name == "gpipe" then -- stage 0 twice as dear: it alone sets the pace, m x 2 x (F + B)
+      local slow = core.sched_simulate(lists, shape, { each = each_of(lists, { 2 }) })
+      assert(slow.makespan > by_op.makespan and slow.stages[1].busy == 2 * by_op.stages[1].busy,
+        string.format("gpipe p=%d m=%d: a dearer stage 0 gave makespan %g (was %g)", p, m,
+          slow.makespan, by_op.makespan))
+    end
+  end
+end
+local g = core.sched_build("gpipe", 2, 2, 1)
+local bad = each_of(g, {})
+table.remove(bad[2])
+refused(function() return core.sched_simulate(g, { stages = 2, microbatches = 2 }, { each = bad }) end,
+  "schedule: costs.each[2] must list one cost per instruction of stage 1's list (8), got 7")
+bad = each_of(g, {})
+bad[1][1] = -1
+refused(function() return core.sched_simulate(g, { stages = 2, microbatches = 2 }, { each = bad }) end,
+  "schedule: stage 0 instruction 0 (FWD): its cost must be a finite number >= 0, got -1")
 print("schedule_check: ok")

@@ -244,7 +244,7 @@ START_TEST(a_good_hand_made_list_passes)
     ck_assert_double_eq(sim->span[0][5].start, 5); /* stage 0 waits for the gradient of BWD 0 */
     loom_sched_sim_free(sim);
     /* a latency on every transfer: forward and backward each cross one link */
-    loom_sched_costs c = {1, 1, 1, 0.5, 0};
+    loom_sched_costs c = {1, 1, 1, 0.5, 0, NULL};
     ck_assert_int_eq(loom_schedule_simulate(s, &c, &sim), LOOM_OK);
     ck_assert_double_eq(sim->makespan, 10);
     loom_sched_sim_free(sim);

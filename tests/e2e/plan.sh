@@ -142,11 +142,10 @@ for l in "${layouts[@]}"; do
   fi
 done
 # A layout the disk offload's file I/O dominates (one rank, 16 tokens a step: 6.7 MB of
-# AdamW state read and written each step): the plan's I/O term (core.bench_disk's rates)
-# is most of its difference from the host offload. Its step is only held within 50%: the
-# run's kernel time for the file is ~1.5x the calibrated copies' (perf stat: +2.1 ms of sys
-# a step over the host offload; the plan +1.7 ms), not found why. Without the term the
-# plan said 2.2 ms for a measured 6.6 ms: that fails it.
+# AdamW state read and written each step in 216 preads and pwrites): the plan's I/O term
+# (core.bench_disk's rates and per-call cost) is 40% of its step. Held to the same 20% as
+# the rest; without the term the plan said 2.7 ms for a measured 4.4 ms, without the
+# per-call cost 3.9 ms against 6.1-6.9 (both load 9-11).
 d_args="batch.micro=1 batch.seq=16 strategy.offload.optimizer=disk strategy.offload.path=$tmp/off"
 # shellcheck disable=SC2086
 PLAN_PROBE_STEPS=12 "$loom" run "$probe" $d_args > "$tmp/diskio.txt" 2>&1
@@ -156,8 +155,8 @@ d_cpu=$(awk '/^CPU 0 / { print $3 }' "$tmp/diskio.txt")
 d_pred=$(awk '/^PLAN 0 / { print $8 }' "$tmp/diskio_exp.txt")
 [ -n "$d_cpu" ] && [ -n "$d_pred" ] || { echo "FAIL: disk-bound layout: missing output"; cat "$tmp/diskio.txt"; exit 1; }
 d_err=$(awk -v a="$d_pred" -v b="$d_cpu" 'BEGIN { e = a / b - 1; print (e < 0 ? -e : e) }')
-echo "disk-bound layout ($d_args): CPU/step $d_cpu ms predicted $d_pred (err $(awk -v e="$d_err" 'BEGIN{printf "%.1f", 100*e}')%; held within 50%)"
-[ "$timed" = 0 ] || below "$d_err" 0.50 || { echo "FAIL: disk-bound layout: CPU time per step off by more than 50%"; fail=1; }
+echo "disk-bound layout ($d_args): CPU/step $d_cpu ms predicted $d_pred (err $(awk -v e="$d_err" 'BEGIN{printf "%.1f", 100*e}')%)"
+[ "$timed" = 0 ] || below "$d_err" 0.20 || { echo "FAIL: disk-bound layout: CPU time per step off by more than 20%"; fail=1; }
 
 [ -s "$tmp/run1/plan.jsonl" ] && grep -q '"rss_error"' "$tmp/run1/plan.jsonl" \
   || { echo "FAIL: no plan.jsonl in the run directory"; fail=1; }

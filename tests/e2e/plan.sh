@@ -5,7 +5,9 @@
 # (1f1b, zb1), tp = 2 with sequence parallelism, pp = 2 x dp = 2 with ZeRO-3 (4 ranks),
 # a mixture of experts (4 experts, top-2, every block) on one rank, at dp = 2 ep = 2 and
 # with ZeRO-1 there (zero_ep.c), dp = 2 ZeRO-3 with its parameters offloaded (host pool,
-# disk file), and a llama model (grouped-query attention, SwiGLU at ffn_dim 256):
+# disk file), a llama model (grouped-query attention, SwiGLU at ffn_dim 256) and pp = 2 x
+# dp = 2 x ep = 2 with ZeRO-1 (4 ranks); then a one-rank layout the disk offload's file
+# I/O dominates:
 #  - model states (params, grads, optimizer) and activations of every rank: exactly the
 #    session's own accounting (its MEM line);
 #  - peak RSS of every rank (VmHWM) within 10% of the plan's;
@@ -20,7 +22,9 @@
 #  - the search over a small grid of 2-rank layouts (dp, tp, pp x recompute none/full)
 #    returns the layout measured fastest here (by CPU time per token), or one measured
 #    within 5% of it;
-#  - the search prices dp = 2 ep = 2 ZeRO-1 as its run measured (states exactly);
+#  - the search prices dp = 2 ep = 2 ZeRO-1 and pp = 2 dp = 2 ep = 2 ZeRO-1 as their runs
+#    measured (states exactly);
+#  - MFU's N: the plan's parameter count is each one-rank run's own (its log.jsonl);
 #  - the after-run line and the run directory's plan.jsonl; docs/PLAN.md's 13B examples and
 #    the 175B layout (the 175B search takes minutes: not here); bad input refused.
 set -euo pipefail

@@ -146,21 +146,31 @@ for l in "${layouts[@]}"; do
   fi
 done
 # A layout the disk offload's file I/O dominates (one rank, 16 tokens a step: 6.7 MB of
-# AdamW state read and written each step in 216 preads and pwrites): the plan's I/O term
-# (core.bench_disk's rates and per-call cost) is 40% of its step. Held to the same 20% as
-# the rest; without the term the plan said 2.7 ms for a measured 4.4 ms, without the
-# per-call cost 3.9 ms against 6.1-6.9 (both load 9-11).
-d_args="batch.micro=1 batch.seq=16 strategy.offload.optimizer=disk strategy.offload.path=$tmp/off"
-# shellcheck disable=SC2086
-PLAN_PROBE_STEPS=12 "$loom" run "$probe" $d_args > "$tmp/diskio.txt" 2>&1
-# shellcheck disable=SC2086
-"$loom" run "$expect" $d_args > "$tmp/diskio_exp.txt"
-d_cpu=$(awk '/^CPU 0 / { print $3 }' "$tmp/diskio.txt")
-d_pred=$(awk '/^PLAN 0 / { print $8 }' "$tmp/diskio_exp.txt")
-[ -n "$d_cpu" ] && [ -n "$d_pred" ] || { echo "FAIL: disk-bound layout: missing output"; cat "$tmp/diskio.txt"; exit 1; }
-d_err=$(awk -v a="$d_pred" -v b="$d_cpu" 'BEGIN { e = a / b - 1; print (e < 0 ? -e : e) }')
-echo "disk-bound layout ($d_args): CPU/step $d_cpu ms predicted $d_pred (err $(awk -v e="$d_err" 'BEGIN{printf "%.1f", 100*e}')%)"
-[ "$timed" = 0 ] || below "$d_err" 0.20 || { echo "FAIL: disk-bound layout: CPU time per step off by more than 20%"; fail=1; }
+# AdamW state read and written each step in 216 preads and pwrites), against the same
+# layout without offload: the plan's I/O term (core.bench_disk's rates and per-call cost)
+# is the difference, held within 50% of the measured difference (the step itself, 4 ms
+# of small GEMMs, moves by 40% under load, so the increment is what is checked). Without
+# the term the plan's difference is 0; without the per-call cost 1.2 ms where 2.1-2.8 ms
+# were measured (load 9).
+d_base="batch.micro=1 batch.seq=16"
+d_args="$d_base strategy.offload.optimizer=disk strategy.offload.path=$tmp/off"
+for v in base disk; do
+  if [ "$v" = base ]; then a=$d_base; else a=$d_args; fi
+  # shellcheck disable=SC2086
+  PLAN_PROBE_STEPS=40 "$loom" run "$probe" $a > "$tmp/diskio_$v.txt" 2>&1 # (4 ms steps: 40 of them)
+  # shellcheck disable=SC2086
+  "$loom" run "$expect" $a > "$tmp/diskio_exp_$v.txt"
+done
+d_meas=$(awk '/^CPU 0 / { m = $3 } END { print m }' "$tmp/diskio_disk.txt")
+b_meas=$(awk '/^CPU 0 / { m = $3 } END { print m }' "$tmp/diskio_base.txt")
+d_pred=$(awk '/^PLAN 0 / { print $8 }' "$tmp/diskio_exp_disk.txt")
+b_pred=$(awk '/^PLAN 0 / { print $8 }' "$tmp/diskio_exp_base.txt")
+[ -n "$d_meas" ] && [ -n "$b_meas" ] && [ -n "$d_pred" ] && [ -n "$b_pred" ] \
+  || { echo "FAIL: disk-bound layout: missing output"; cat "$tmp/diskio_disk.txt" "$tmp/diskio_base.txt"; exit 1; }
+d_err=$(awk -v dm="$d_meas" -v bm="$b_meas" -v dp="$d_pred" -v bp="$b_pred" \
+  'BEGIN { m = dm - bm; p = dp - bp; if (m <= 0) { print 9; exit } e = p / m - 1; print (e < 0 ? -e : e) }')
+echo "disk-bound layout ($d_base): CPU/step with the disk offload $d_meas ms, without $b_meas; predicted $d_pred, $b_pred (the file's I/O: measured $(awk -v a="$d_meas" -v b="$b_meas" 'BEGIN{printf "%.2f", a-b}') ms, predicted $(awk -v a="$d_pred" -v b="$b_pred" 'BEGIN{printf "%.2f", a-b}'), err $(awk -v e="$d_err" 'BEGIN{printf "%.1f", 100*e}')%)"
+[ "$timed" = 0 ] || below "$d_err" 0.50 || { echo "FAIL: disk-bound layout: the offload file's I/O off by more than 50%"; fail=1; }
 
 [ -s "$tmp/run1/plan.jsonl" ] && grep -q '"rss_error"' "$tmp/run1/plan.jsonl" \
   || { echo "FAIL: no plan.jsonl in the run directory"; fail=1; }

@@ -78,7 +78,7 @@ static void set_int(lua_State *L, const char *k, size_t v)
 /* core.footprint{vocab=, vocab_padded=, ctx=, layers=, heads=, dim=, micro=, tp=1,
  *   sequence_parallel=false, canonical=false, recompute="none"|"full"|"selective",
  *   recompute_layers={blocks}, stage_layers={blocks held} (nil: all), slots=1,
- *   split_backward=false} -> {param_floats, activations, slot, shared, host} */
+ *   split_backward=false} -> {param_floats, activations, slot, shared, host, num_params, entries} */
 /* family, kv_heads, ffn_dim and moe = {experts, top_k, every, capacity_factor} of the
  * table at idx into cfg (what loom.gpt's checked model table holds). */
 static void read_family_moe(lua_State *L, int idx, loom_gpt_config *cfg)
@@ -140,12 +140,14 @@ static int l_footprint(lua_State *L)
         lua_pushstring(L, loom_last_error());
         return lua_error(L);
     }
-    lua_createtable(L, 0, 5);
+    lua_createtable(L, 0, 7);
     set_int(L, "param_floats", fp.param_floats);
     set_int(L, "activations", fp.activations);
     set_int(L, "slot", fp.slot);
     set_int(L, "shared", fp.shared);
     set_int(L, "host", fp.host);
+    set_int(L, "num_params", fp.num_params);
+    set_int(L, "entries", fp.entries);
     return 1;
 }
 
@@ -554,6 +556,7 @@ void loom_lua_open_plan(lua_State *L)
                                      {NULL, NULL}};
     luaL_setfuncs(L, funcs, 0);
     loom_lua_open_plan_pages(L);
+    loom_lua_open_plan_disk(L);
     static const luaL_Reg methods[] = {{"simulate", l_sched_run}, {NULL, NULL}};
     luaL_newmetatable(L, "loom.PlanSchedule");
     lua_newtable(L);

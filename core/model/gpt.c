@@ -739,6 +739,8 @@ loom_status loom_gpt_footprint(const loom_gpt_config *cfg, int max_B, const loom
         out->host = ((size_t)max_B * (size_t)cfg->ctx + (size_t)m->cfg.vocab_padded) * sizeof(float) + moe_host;
         out->slot = m->slot_bytes;
         out->shared = m->shared_bytes;
+        out->num_params = loom_gpt_num_params(m);
+        out->entries = (size_t)m->table.count;
     }
     gpt_free_setup(m);
     return st;

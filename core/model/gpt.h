@@ -177,6 +177,10 @@ typedef struct loom_gpt_footprint_bytes {
     size_t activations;  /* = loom_gpt_activation_bytes of that model */
     size_t slot, shared; /* one activation set; the recomputation scratch set */
     size_t host;         /* the host loss and logits-row buffers */
+    size_t num_params;   /* = loom_gpt_num_params of that model (the whole model's count,
+                          * what MFU counts as N; right for ep = 1: under ep the experts
+                          * held elsewhere are counted by the created model only) */
+    size_t entries;      /* tensors in this rank's table (an optimizer's segments) */
 } loom_gpt_footprint_bytes;
 loom_status loom_gpt_footprint(const loom_gpt_config *cfg, int max_B, const loom_gpt_parallel *par,
                                int tp, int sequence_parallel, loom_gpt_footprint_bytes *out);

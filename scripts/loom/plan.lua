@@ -384,15 +384,17 @@ local function stage_compute(t, s, r, list, head)
   return { fwd = f, bwd_input = b + extra, bwd_weight = w, flops = flops, moe_blocks = moe_blocks }
 end
 
--- The model's parameters without the vocabulary padding (what MFU counts as N, as
--- loom_gpt_num_params does): wte, wpe, 12C^2 + 13C per block, ln_f.
+-- The model's parameters without the vocabulary padding: what MFU counts as N, and what
+-- the run's own MFU counts (loom_gpt_num_params, metrics.lua), from the model's own table
+-- (core.footprint of the whole model on one rank: llama's GQA, SwiGLU, untied head and
+-- experts included). (Before this a GPT-2 formula was used for every family: the llama
+-- probe at kv_heads 2, ffn_dim 256 was counted 834 304 for its 656 512.)
 function plan.params(m)
-  local C = m.dim
-  local n = m.vocab * C + m.ctx * C + m.layers * (12 * C * C + 13 * C) + 2 * C
-  for l = 0, m.layers - 1 do -- an MoE block: E MLPs (8C^2 + 5C each) and the router for one MLP
-    if is_moe_block(m, l) then n = n + (m.moe.experts - 1) * (8 * C * C + 5 * C) + m.moe.experts * C end
-  end
-  return n
+  return core.footprint {
+    vocab = m.vocab, vocab_padded = m.vocab_padded, ctx = m.ctx, layers = m.layers,
+    heads = m.heads, dim = m.dim, micro = 1, tp = 1, family = m.family, kv_heads = m.kv_heads,
+    ffn_dim = m.ffn_dim, tie_embeddings = m.tie_embeddings, moe = m.moe, ep = 1,
+  }.num_params
 end
 
 -- The plan of one layout: plan.layout(recipe table, machine profile [, opts]).
@@ -463,10 +465,12 @@ function plan.layout(t, machine, opts)
   else
     pipe_s = s.accum * (slow.fwd + slow.bwd_input + slow.bwd_weight)
   end
-  local worst, ep_split = nil, {}
+  local worst, ep_split, entries = nil, {}, {}
   for k = 1, s.pp do
-    mem[k], psi[k], _, ep_split[k] = stage_memory(t, s, blocks, facts, k,
+    local fpk
+    mem[k], psi[k], fpk, ep_split[k] = stage_memory(t, s, blocks, facts, k,
       { staging_bytes = (machine.links.intra or {}).staging_bytes_per_rank })
+    entries[k] = fpk.entries or 0
     if not worst or mem[k].total > mem[worst].total then worst = k end
   end
   -- ZeRO 2/3 on host memory hand pages back to the OS and fault them in again every
@@ -474,6 +478,7 @@ function plan.layout(t, machine, opts)
   -- each pass, gathered again before the next): the profile's measured cost per page
   -- (core.bench_refault: a gradient added into zeroed pages faults twice, a gather once)
   local refault, faults, pf = {}, {}, r.page_fault
+  local disk = machine.disk -- (an offload file's measured read and write rates, if any)
   local eb = s.precision == "fp32" and F32 or 2
   for k = 1, s.pp do
     local x, n = 0, 0
@@ -484,10 +489,12 @@ function plan.layout(t, machine, opts)
       if s.zero == 3 and s.offload_params then
         -- each gather's staging of the unit's partition is mapped and unmapped again: its
         -- pages are written fresh on both passes, after a copy out of the offload (host:
-        -- at the memory bandwidth; disk: the file's pages as host memory, page cache)
+        -- at the memory bandwidth; disk: pread from the file, at the profile's measured
+        -- disk read rate where it has one, else as host memory)
         local part_b = core.zero_padded(psi[k], s.dp) // s.dp * eb
         local part_pages = part_b // pf.page
-        x, n = x + 2 * part_pages * pf.write_s + 2 * 2 * part_b / r.bandwidth, n + 2 * part_pages
+        local copy = (s.offload == "disk" and disk) and 2 * part_b / disk.read_Bps or 2 * 2 * part_b / r.bandwidth
+        x, n = x + 2 * part_pages * pf.write_s + copy, n + 2 * part_pages
       end
     end
     refault[k], faults[k] = s.accum * x * share, s.accum * n
@@ -495,8 +502,32 @@ function plan.layout(t, machine, opts)
   local refault_s = 0
   for k = 1, s.pp do refault_s = math.max(refault_s, refault[k]) end
   if s.offload_params then
-    assume(string.format("ZeRO-3 parameters in the %s offload: each gather copies its unit's partition out (memory bandwidth%s) into fresh pages",
-      s.offload, s.offload == "disk" and "; the file assumed in the page cache, no disk bandwidth in the profiles" or ""))
+    assume(string.format("ZeRO-3 parameters in the %s offload: each gather copies its unit's partition out (%s) into fresh pages",
+      s.offload, s.offload ~= "disk" and "memory bandwidth" or disk and "the profile's disk read rate"
+        or "as host memory: the profile has no disk figures (loom plan --calibrate measures them)"))
+  end
+  -- a disk offload (offload_disk.c): every step its I/O thread reads each chunk of the
+  -- state (and the parameters it carries) from the file and writes it back, through the
+  -- page cache; on a CPU clock that thread's copies are the process's time, on a wall
+  -- clock they overlap the chunks' update but for the first read
+  local io = {}
+  for k = 1, s.pp do
+    io[k] = 0
+    if s.offload == "disk" and disk then
+      local b = mem[k].optimizer_offloaded + mem[k].params_offloaded
+      -- one pread and one pwrite per piece and slot (and the piece's parameters): a piece
+      -- is a table entry's share of the partition (offload_disk.c io_chunk); each call's
+      -- own cost (core.bench_disk's call_s) matters where entries are small
+      local slots = state_slots[s.optimizer] or 2
+      local pieces = s.zero > 0 and entries[k] // s.dp + 1 or entries[k]
+      local calls = 2 * pieces * (slots + (s.offload_params and 1 or 0))
+      io[k] = b / disk.read_Bps + b / disk.write_Bps + calls * (disk.call_s or 0)
+    end
+  end
+  if s.offload == "disk" then
+    assume(disk and string.format("disk offload: the state%s read and written every step at %.3g / %.3g GB/s (%s, in %s; a state larger than the page cache would go at the device's speed, not measured)",
+      s.offload_params and " and parameters" or "", disk.read_Bps / 1e9, disk.write_Bps / 1e9, disk.source or "the profile's", disk.dir or "?")
+      or "disk offload: the profile has no disk figures (loom plan --calibrate measures them): the file's I/O not costed")
   end
   if refault_s > 0 then
     assume(string.format("ZeRO-%d returns pages to the OS and faults them back every micro-batch: %.3g us a page (gradient), %.3g us (gather), measured",
@@ -551,8 +582,16 @@ function plan.layout(t, machine, opts)
   local adam = r.per_element and r.per_element.adamw
   local gpass = r.per_element and r.per_element.grad_pass -- the norm, the non-finite check, zeroing
   local opt_s = ((adam and adam * stepped or 28 * stepped / r.bandwidth) + (gpass and gpass * (s.zero >= 2 and stepped or P) or 8 * P / r.bandwidth)) * share
+  local io_s = 0 -- the disk offload's I/O per step (the largest stage's)
+  if s.offload == "disk" and disk then
+    local worst_io = 0
+    for k = 1, s.pp do worst_io = math.max(worst_io, io[k]) end
+    if machine.clock == "cpu" then io_s = worst_io
+    else io_s = math.max(0, worst_io - opt_s) + math.min(mem[worst].optimizer_offloaded + mem[worst].params_offloaded, 64 * 1048576) / disk.read_Bps end
+    for k = 1, s.pp do io[k] = machine.clock == "cpu" and io[k] or io_s end
+  end
   local compute_s = s.pp > 1 and (pipe_s - bubble_s) or pipe_s
-  local step_s = pipe_s + exposed_dp + opt_s + refault_s + (s.pp > 1 and 0 or x_total * s.accum)
+  local step_s = pipe_s + exposed_dp + opt_s + refault_s + io_s + (s.pp > 1 and 0 or x_total * s.accum)
   if s.pp > 1 then compute_s = compute_s - x_total * s.accum end
   local tokens = s.micro * s.seq * s.accum * s.dp
   local flops_per_token = 6 * (opts.params or plan.params(m)) + 6 * m.layers * m.dim * s.seq
@@ -585,7 +624,7 @@ function plan.layout(t, machine, opts)
   local stage_busy = {}
   for k = 1, s.pp do
     local c = comp[k]
-    stage_busy[k] = s.accum * (c.fwd + c.bwd_input + c.bwd_weight + xm[k]) + exposed_dp + opt_s + refault[k]
+    stage_busy[k] = s.accum * (c.fwd + c.bwd_input + c.bwd_weight + xm[k]) + exposed_dp + opt_s + refault[k] + io[k]
       + (s.pp > 1 and 2 * s.accum * p2p or 0)
   end
   local runtime = machine.runtime_bytes or machine.device.runtime_bytes or 0
@@ -607,6 +646,7 @@ function plan.layout(t, machine, opts)
       busy_s = step_s - bubble_s, -- what a rank's CPU clock sees: the bubble is waiting
       stage_busy_s = stage_busy,
       optimizer_s = opt_s, comm = comm, exposed_dp_s = exposed_dp, refault_s = refault_s,
+      disk_io_s = io_s, -- a disk offload's reads and writes of its file (exposed, per step)
       page_faults = faults, -- per stage and step: what refault_s counts (a host profile's)
       per_micro = slow,
     },

@@ -2,7 +2,7 @@
 -- plan (docs/PLAN.md):
 --   loom plan RECIPE [key=value ...] [--machine NAME|FILE] [--devices-per-node G]
 --   loom plan RECIPE --world N --devices-per-node G --mem 80GiB [--any-tp] [--any-pp] [--top K]
---   loom plan --calibrate [--out FILE] [-n RANKS]
+--   loom plan --calibrate [--out FILE] [-n RANKS] [--cpu-clock] [--disk-dir DIR]
 -- A recipe is read by running it with loom.train capturing its checked table (nothing is
 -- allocated, no rank starts). With no --machine the calibrated profile is used
 -- (plan_machine.default_path()), else the bundled "cpu-2core".
@@ -114,6 +114,7 @@ function cli.report(p, out)
   end
   out(string.format("  %-24s %s", "optimizer step", ms(t.optimizer_s)))
   if t.refault_s > 0 then out(string.format("  %-24s %s", "page faults (ZeRO)", ms(t.refault_s))) end
+  if (t.disk_io_s or 0) > 0 then out(string.format("  %-24s %s", "offload file I/O", ms(t.disk_io_s))) end
   if t.offload_s then out(string.format("  %-24s %s", "offload transfers", ms(t.offload_s))) end
   out(string.format("tokens/s: %.4g (%d tokens per step)%s", p.tokens_per_s, p.tokens_per_step,
     p.mfu and string.format(" | MFU %.1f%%", 100 * p.mfu) or " | MFU n/a (the profile has no peak FLOP/s)"))
@@ -124,7 +125,8 @@ end
 local function parse(args)
   local o = { overrides = {} }
   local flags = { ["--machine"] = "machine", ["--world"] = "world", ["--devices-per-node"] = "per_node",
-    ["--mem"] = "mem", ["--out"] = "out", ["-n"] = "ranks", ["--top"] = "top" }
+    ["--mem"] = "mem", ["--out"] = "out", ["-n"] = "ranks", ["--top"] = "top",
+    ["--disk-dir"] = "disk_dir" }
   local i = 1
   while i <= #args do
     local a = args[i]
@@ -177,13 +179,14 @@ end
 function cli.main(args)
   local o = parse(args or {})
   if o.calibrate then
-    local prof = machine.calibrate { ranks = o.ranks or 2, cpu_clock = o.cpu_clock }
+    local prof = machine.calibrate { ranks = o.ranks or 2, cpu_clock = o.cpu_clock, disk_dir = o.disk_dir }
     local path = machine.save(prof, o.out)
     local r1 = prof.device.rates["1"]
     print(string.format("calibrated: %d cores, GEMM %.3g-%.3g GFLOP/s forward (1 thread), bandwidth %.3g GB/s, "
-      .. "allreduce latency %.1f us, bus %.3g GB/s (load average %.2f at the time)", prof.device.cores,
-      r1.gemm_fwd[1][2] / 1e9, r1.gemm_fwd[#r1.gemm_fwd][2] / 1e9, r1.bandwidth / 1e9,
-      prof.links.intra.allreduce.latency_s * 1e6, prof.links.intra.allreduce.busbw / 1e9, prof.measured.load_average))
+      .. "allreduce latency %.1f us, bus %.3g GB/s, offload file in %s read %.3g / write %.3g GB/s (load average %.2f at the time)",
+      prof.device.cores, r1.gemm_fwd[1][2] / 1e9, r1.gemm_fwd[#r1.gemm_fwd][2] / 1e9, r1.bandwidth / 1e9,
+      prof.links.intra.allreduce.latency_s * 1e6, prof.links.intra.allreduce.busbw / 1e9, prof.disk.dir,
+      prof.disk.read_Bps / 1e9, prof.disk.write_Bps / 1e9, prof.measured.load_average))
     print("saved " .. path)
     return
   end

@@ -6,6 +6,8 @@
 -- Profiles are JSON: the bundled ones in scripts/loom/machines/ (spec-sheet figures with
 -- their sources, and the efficiency each assumes, in the file), or one that
 -- `loom plan --calibrate` measured on this machine (default path: machine.default_path()).
+-- A profile's `disk` (read_Bps, write_Bps: an offload file's bytes per second, through the
+-- page cache) prices strategy.offload = "disk"; a profile without one cannot plan it.
 -- What not: calibration measures only the CPU backend and the shm communicator here; a
 -- GPU profile's rates are the data sheet's peak times an assumed efficiency curve.
 local core = require "loom.core"
@@ -135,6 +137,12 @@ function machine.calibrate(opts)
   local hwm, pred = text:match("RUNTIME (%d+) (%d+)")
   if not hwm then error("plan --calibrate: the runtime probe failed:\n" .. text, 0) end
   opts.runtime_bytes = tonumber(hwm) - tonumber(pred)
+  -- the offload file's reads and writes (core.bench_disk: pread/pwrite through the page
+  -- cache in the directory a disk offload would use; TMPDIR else /tmp unless --disk-dir)
+  local disk_dir = opts.disk_dir or os.getenv("TMPDIR") or "/tmp"
+  if disk_dir == "" then disk_dir = "/tmp" end
+  local disk = core.bench_disk { dir = disk_dir, cpu_clock = opts.cpu_clock, min_s = opts.min_s }
+  disk.source = "measured: core.bench_disk, 16 MiB in 1 MiB pieces through the page cache"
   local lf = io.open("/proc/loadavg")
   local load = lf and lf:read("n") or -1
   if lf then lf:close() end
@@ -145,6 +153,7 @@ function machine.calibrate(opts)
     device = { name = "cpu (" .. cores .. " cores)", cores = cores, rates = rates },
     links = { intra = comm, inter = comm },
     runtime_bytes = opts.runtime_bytes or 0,
+    disk = disk,
     overlap_dp = false,
   }
 end

@@ -11,15 +11,19 @@
 -- unless the job is one node); rules = {tp_in_node = false, pp_across_nodes = false} lift them.
 -- Micro-batch sizes tried: the powers of two up to opts.max_micro (8) that divide the batch;
 -- offload only where the layout does not fit without it (it never makes a step faster).
--- A mixture of experts: every ep dividing dp and the experts (docs/MOE.md: ep with ZeRO-1
--- only, core/train/zero_ep.c; not with offload or, here, pp; MoE under pp not with zb1).
+-- A mixture of experts: every ep dividing dp and the experts (docs/MOE.md: ep with ZeRO 0
+-- or 1 only, core/train/zero_ep.c, not with offload; with pp, every schedule: each
+-- stage's ep group exchanges per micro-batch, fast mode).
 -- ZeRO-3's parameters offloaded beside the state (docs/ZERO.md) only where the layout does
 -- not fit with the state alone offloaded.
 -- With tp > 1, sequence parallelism on and off (not with zb1: loom refuses that pair;
 -- only where micro x seq splits over tp). ZeRO-3 with pp too (zero_pp.sh trains it;
 -- plan.sh holds its plan to a run).
--- What not: fp16 (same bytes as bf16), offload to disk (a memory fallback the host offload
--- already covers, with no disk bandwidth in the profiles), pp_chunks other than
+-- Offload to disk where the profile has disk figures (a calibrated one: `disk`), also only
+-- where a layout does not fit without offload (a CPU profile counts the host pool in the
+-- rank's memory, the file not).
+-- What not: fp16 (same bytes as bf16), offload to disk on a profile without disk figures
+-- (the bundled GPU nodes': their drives are not in the data sheets used), pp_chunks other than
 -- interleaved's 2, canonical mode (a determinism choice, not a layout), layouts whose
 -- pipeline needs more micro-batches than the batch has; schedule pairs loom refuses
 -- (zb1 with full recomputation, zb1 with sequence parallelism).
@@ -52,7 +56,7 @@ function search.run(t, machine, opts)
   local recomputes = opts.recompute or { "none", "selective", "full" }
   local zeros = opts.zero or { 0, 1, 2, 3 }
   local schedules = opts.schedules or { "1f1b", "interleaved", "zb1" }
-  local offloads = opts.offload or { false, "host" }
+  local offloads = opts.offload or { false, "host", machine.disk and "disk" or nil }
   local precision = t.precision or "fp32"
   local sps = opts.sp or { false, true }
   local moe = m.moe and m.moe.experts > 0 and m.moe or nil
@@ -71,8 +75,7 @@ function search.run(t, machine, opts)
             if not (pp > 1 and (m.layers < pp * chunks or mbs < (sched == "interleaved" and pp or 1))) then
               for _, ep in ipairs(moe and divisors(dp) or { 1 }) do
               for _, z in ipairs(zeros) do
-                if not (z > 0 and dp == 1) and not (moe and (moe.experts % ep ~= 0 or (ep > 1 and (z > 1 or pp > 1))
-                  or (pp > 1 and sched == "zb1"))) then
+                if not (z > 0 and dp == 1) and not (moe and (moe.experts % ep ~= 0 or (ep > 1 and z > 1))) then
                   for _, rc in ipairs(recomputes) do for _, sp in ipairs(tp > 1 and sps or { false }) do
                     if not (sched == "zb1" and (rc == "full" or sp)) and not (sp and (micro * t.batch.seq) % tp ~= 0) then
                       local fit_without, fit_state_off = false, false

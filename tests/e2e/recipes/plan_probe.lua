@@ -7,7 +7,9 @@
 -- what ZeRO 2/3's pages handed back and touched again cost, whatever the load).
 package.path = arg[0]:match("^(.*)/[^/]*$") .. "/?.lua;" .. package.path
 local loom = require "loom"
-local steps = 4
+-- PLAN_PROBE_STEPS (default 4): more steps where a layout's first ones are not its steady
+-- state (tests/e2e/plan.sh: the disk offload's file)
+local steps = math.tointeger(tonumber(os.getenv("PLAN_PROBE_STEPS") or "")) or 4
 local cpu, last = {}, nil -- each step's CPU seconds (core.cpu_now), from the second step on
 local flt, last_flt = {}, nil -- each step's minor page faults (/proc/self/stat's minflt)
 local function minflt()

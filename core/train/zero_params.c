@@ -148,6 +148,9 @@ static loom_status need(loom_zero *z, int u)
      * units' staging is held (the reads are local: no order to keep across ranks) */
     if (ahead)
         LOOM_TRY(read_ahead(z, next + (next - u)));
+    else if (!z->staged && next == z->n_units) /* ln_f, going up: the LM head computes next,
+                                                * then backward needs the last block first */
+        LOOM_TRY(read_ahead(z, u - 1));
     measure(z);
     return LOOM_OK;
 }

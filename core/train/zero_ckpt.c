@@ -42,6 +42,7 @@ loom_status loom_zero_store_part(loom_zero *z, const float *part)
 {
     if (!z->store)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "ZeRO: a parameter partition stored without an offload");
+    loom_zero_params_stale(z); /* no read ahead of the old values in flight */
     LOOM_TRY(loom_offload_write_params(z->store, 0, z->part, part));
     loom_zero_params_stale(z);
     return LOOM_OK;

@@ -19,7 +19,7 @@ typedef struct zero_bucket {
 #define ZERO_UNIT_BUCKETS 8 /* stage 3: buckets one unit spans at most */
 
 typedef struct zero_unit {       /* stage 3: one unit of the model (gpt.h) */
-    int state;                   /* zero_params.c: STALE, GATHERING, RESIDENT */
+    int state;                   /* zero_params.c: STALE, READING, GATHERING, RESIDENT */
     int empty;                   /* a pipeline stage holds none of it: never gathered */
     int first_bucket, last_bucket;
     loom_comm_request *req[ZERO_UNIT_BUCKETS];
@@ -29,6 +29,8 @@ typedef struct zero_unit {       /* stage 3: one unit of the model (gpt.h) */
                                   * offload for its all-gathers in flight, or NULL */
     size_t bring_floats;
 } zero_unit;
+
+typedef struct zero_reader zero_reader;
 
 typedef struct zero_flight {
     loom_comm_request *req;
@@ -77,6 +79,7 @@ struct loom_zero {
                           * params are offloaded: `store` holds them) */
     int params_offloaded;
     struct loom_offload *store; /* params offloaded: the offload holding the partition */
+    struct zero_reader *reader; /* its reads' thread (zero_params_read.c), or NULL */
     size_t *seg_pos;     /* each segment's place in the partition, in floats */
     size_t bring_now, bring_peak; /* staging floats held now, and their peak */
     float *tail3;        /* U*N floats: the tail bucket's gather staging */
@@ -106,8 +109,17 @@ void zero_clear_grads(loom_zero *z, size_t lo, size_t hi);
 /* zero_params.c: hand the whole pages of [lo, hi) of the parameter buffer back to the OS. */
 void zero_drop_pages(loom_zero *z, size_t lo, size_t hi);
 /* zero_params_store.c: unit u's partition out of the offload into un->bring (a no-op
- * without params offloaded), and the staging freed when its gathers are done. */
+ * without params offloaded): submit maps the staging and hands the read to the reader
+ * thread, wait returns when it is read (a failed read releases the staging), bring_unit
+ * is both; the staging freed when its gathers are done. */
+loom_status zero_bring_submit(loom_zero *z, int u);
+loom_status zero_bring_wait(loom_zero *z, int u);
 loom_status zero_bring_unit(loom_zero *z, int u);
 void zero_release_bring(loom_zero *z, int u);
+/* zero_params_read.c: the reader thread (started at the first submit, stopped at free,
+ * after what is queued is read). */
+loom_status zero_read_submit(loom_zero *z, int u);
+loom_status zero_read_wait(loom_zero *z, int u);
+void zero_read_stop(loom_zero *z);
 
 #endif

@@ -26,7 +26,9 @@
 #include "base/clock.h"
 #include "model/gpt_stage.h"
 
-enum { STALE = 0, GATHERING, RESIDENT };
+/* READING: params offloaded, the unit's partition being read out of the offload (its
+ * all-gather not started); a unit not yet started is STALE or READING */
+enum { STALE = 0, READING, GATHERING, RESIDENT };
 
 static size_t page_size(void)
 {
@@ -69,7 +71,8 @@ static loom_status start_unit(loom_zero *z, int u)
 {
     zero_unit *un = &z->units[u];
     float *params = loom_gpt_param_data(z->model);
-    LOOM_TRY(zero_bring_unit(z, u)); /* params offloaded: the partition out of the offload */
+    /* params offloaded: the partition out of the offload (read ahead, or now) */
+    LOOM_TRY(un->state == READING ? zero_bring_wait(z, u) : zero_bring_unit(z, u));
     un->n_req = 0;
     size_t at = 0; /* in the staging: the buckets' sub-blocks one after another */
     for (int k = un->first_bucket; k <= un->last_bucket; k++) {
@@ -103,9 +106,28 @@ static loom_status finish_unit(loom_zero *z, int u)
     return st;
 }
 
+/* Params offloaded: start reading unit u out of the offload, if nothing of it has started. */
+static loom_status read_ahead(loom_zero *z, int u)
+{
+    if (!z->store || u < 1 || u >= z->n_units || z->units[u].empty || z->units[u].state != STALE)
+        return LOOM_OK;
+    LOOM_TRY(zero_bring_submit(z, u));
+    z->units[u].state = READING;
+    return LOOM_OK;
+}
+
+/* A unit being read ahead that will not be gathered now: its read done, its staging freed. */
+static loom_status drop_read(loom_zero *z, int u)
+{
+    loom_status st = zero_bring_wait(z, u);
+    zero_release_bring(z, u);
+    z->units[u].state = STALE;
+    return st;
+}
+
 static loom_status need(loom_zero *z, int u)
 {
-    if (z->units[u].state == STALE)
+    if (z->units[u].state < GATHERING)
         LOOM_TRY(start_unit(z, u));
     /* prefetch the next unit of this pass before waiting for this one; a pipeline stage
      * says what comes next itself (LOOM_PARAM_SOON: its passes interleave micro-batches,
@@ -113,11 +135,22 @@ static loom_status need(loom_zero *z, int u)
     int next = u > z->last_unit ? u + 1 : u - 1;
     z->last_unit = u;
     /* going down, the embeddings are next needed after the optimizer step: not now */
+    int ahead = 0;
     if (!z->staged && next >= 1 && next < z->n_units && !z->units[next].empty &&
-        z->units[next].state == STALE)
+        z->units[next].state < GATHERING) {
         LOOM_TRY(start_unit(z, next));
+        ahead = 1;
+    }
     if (z->units[u].state == GATHERING)
         LOOM_TRY(finish_unit(z, u));
+    /* params offloaded: the unit after the next one is read while this one computes and
+     * the next gathers; after this unit's staging is freed, so that no more than two
+     * units' staging is held (the reads are local: no order to keep across ranks) */
+    if (ahead)
+        LOOM_TRY(read_ahead(z, next + (next - u)));
+    else if (!z->staged && next == z->n_units) /* ln_f, going up: the LM head computes next,
+                                                * then backward needs the last block first */
+        LOOM_TRY(read_ahead(z, u - 1));
     measure(z);
     return LOOM_OK;
 }
@@ -132,7 +165,7 @@ static loom_status param_use(void *ctx, int u, int needed)
     if (z->units[u].empty) /* a pipeline stage's: another stage holds it */
         return LOOM_OK;
     if (needed == LOOM_PARAM_SOON) {
-        if (z->units[u].state == STALE)
+        if (z->units[u].state < GATHERING)
             st = start_unit(z, u);
     } else if (needed) {
         st = need(z, u);
@@ -210,6 +243,7 @@ void zero_params_free(loom_zero *z)
 {
     if (z->units)
         loom_gpt_set_param_hook(z->model, NULL, NULL);
+    zero_read_stop(z); /* reads queued finish into their staging before it is unmapped */
     for (int u = 0; z->units && u < z->n_units; u++)
         zero_release_bring(z, u); /* a gather left in flight by a failure */
     free(z->units);
@@ -222,8 +256,9 @@ loom_status loom_zero_settle(loom_zero *z)
 {
     loom_status st = LOOM_OK;
     for (int u = 0; z->units && u < z->n_units; u++)
-        if (z->units[u].state == GATHERING) {
-            loom_status w = finish_unit(z, u);
+        if (z->units[u].state == GATHERING || z->units[u].state == READING) {
+            /* a read ahead also reads the partition the step rewrites */
+            loom_status w = z->units[u].state == READING ? drop_read(z, u) : finish_unit(z, u);
             if (st == LOOM_OK)
                 st = w;
         }
@@ -232,8 +267,11 @@ loom_status loom_zero_settle(loom_zero *z)
 
 void loom_zero_params_stale(loom_zero *z)
 {
-    for (int u = 0; z->units && u < z->n_units; u++)
+    for (int u = 0; z->units && u < z->n_units; u++) {
+        if (z->units[u].state == READING) /* old values: a failure is of no consequence */
+            (void)drop_read(z, u);
         z->units[u].state = STALE; /* resident pages keep the old values until regathered */
+    }
 }
 
 loom_status loom_zero_pin_params(loom_zero *z, int pin)
@@ -244,7 +282,7 @@ loom_status loom_zero_pin_params(loom_zero *z, int pin)
     if (pin) {
         z->pinned = 1;
         for (int u = 0; u < z->n_units && st == LOOM_OK; u++)
-            if (!z->units[u].empty && z->units[u].state == STALE)
+            if (!z->units[u].empty && z->units[u].state < GATHERING)
                 st = start_unit(z, u);
         for (int u = 0; u < z->n_units; u++)
             if (z->units[u].state == GATHERING) {

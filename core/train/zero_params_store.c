@@ -8,8 +8,9 @@
  * and frees it when the gather completes: what is resident of the parameters is the model's
  * transient full-size buffer (pages released after use, as without offload) and the
  * staging of the units in flight (at most the unit in use and the one prefetched, or every
- * unit while sampling pins them). The read runs on the caller's thread before the
- * all-gather starts, so a prefetch overlaps the next unit's all-gather, not its read.
+ * unit while sampling pins them, plus the unit read ahead). The reads run on a thread
+ * of their own (zero_params_read.c): while a unit computes, the next one's all-gather is
+ * in flight and the one after it is read (zero_params.c need), so reading overlaps compute.
  */
 #include "zero_internal.h"
 
@@ -61,7 +62,7 @@ loom_status loom_zero_attach_params(loom_zero *z, struct loom_offload *o)
     return LOOM_OK;
 }
 
-loom_status zero_bring_unit(loom_zero *z, int u)
+loom_status zero_bring_submit(loom_zero *z, int u)
 {
     zero_unit *un = &z->units[u];
     if (!z->store)
@@ -83,17 +84,26 @@ loom_status zero_bring_unit(loom_zero *z, int u)
     z->bring_now += floats;
     if (z->bring_now > z->bring_peak)
         z->bring_peak = z->bring_now;
-    size_t at = 0;
-    for (int k = un->first_bucket; k <= un->last_bucket; k++) {
-        const zero_bucket *b = &z->buckets[k];
-        loom_status st = loom_offload_read_params(z->store, b->part_off, b->sub, un->bring + at);
-        if (st != LOOM_OK) {
-            zero_release_bring(z, u);
-            return st;
-        }
-        at += b->sub;
-    }
-    return LOOM_OK;
+    loom_status st = zero_read_submit(z, u); /* zero_params_read.c's thread reads it */
+    if (st != LOOM_OK)
+        zero_release_bring(z, u);
+    return st;
+}
+
+loom_status zero_bring_wait(loom_zero *z, int u)
+{
+    if (!z->store)
+        return LOOM_OK;
+    loom_status st = zero_read_wait(z, u);
+    if (st != LOOM_OK)
+        zero_release_bring(z, u);
+    return st;
+}
+
+loom_status zero_bring_unit(loom_zero *z, int u)
+{
+    LOOM_TRY(zero_bring_submit(z, u));
+    return zero_bring_wait(z, u);
 }
 
 void zero_release_bring(loom_zero *z, int u)

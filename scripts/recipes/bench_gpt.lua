@@ -10,6 +10,10 @@
 -- optimizer state, resident and offloaded: its ZeRO partition), losses (the first three steps') and
 -- cpu_ms_per_step (os.clock: the CPU time of all the process's threads per timed step, spin-
 -- waits included; at threads=1 a measure of work that a loaded machine disturbs little).
+-- With BENCH_MEMORY set (bench_zero_layouts.lua) the peak resident set is reset after the
+-- warm-up (Linux /proc/self/clear_refs) and a second line follows, for
+-- scripts/bench-zero-layouts: {"memory":{<session:info().memory>},"startup_peak_rss":,
+-- "training_peak_rss":,"rss":} (the peak before the reset, the peak after it, the end's).
 local loom = require "loom"
 local core = require "loom.core"
 
@@ -17,6 +21,8 @@ local warmup = 2
 local timed_ms, timed_tokens, timed_comm = 0, 0, 0
 local cpu_start, cpu_end = nil, nil
 local losses = {}
+local memory_line = rawget(_G, "BENCH_MEMORY")
+local startup_peak_rss = 0
 local cfg = {
   -- bench_llama.lua sets BENCH_MODEL (a loom.llama) and runs this file
   model     = rawget(_G, "BENCH_MODEL")
@@ -29,6 +35,12 @@ local cfg = {
   log       = { every = 1000000 },
   on_step   = function(r)
     if r.step == warmup then cpu_start = os.clock() end
+    if r.step == warmup and memory_line then -- VmHWM := VmRSS: the timed steps' peak from here
+      startup_peak_rss = r.peak_rss -- VmHWM (getrusage's peak is not reset by clear_refs)
+      local f = assert(io.open("/proc/self/clear_refs", "w"))
+      f:write("5")
+      f:close()
+    end
     cpu_end = os.clock()
     if r.step > warmup then
       timed_ms = timed_ms + r.ms
@@ -53,3 +65,10 @@ print(string.format('{"impl":"loom","tokens_per_s":%.1f,"ms_per_step":%.2f,"step
   info.param_bytes, core.peak_rss(), table.concat(losses, ","),
   cpu_start and (cpu_end - cpu_start) * 1000 / timed or 0,
   info.memory.optimizer + info.memory.optimizer_offloaded))
+if memory_line then
+  local keys = {}
+  for k, v in pairs(info.memory) do keys[#keys + 1] = string.format('"%s":%d', k, v) end
+  table.sort(keys)
+  print(string.format('{"memory":{%s},"startup_peak_rss":%d,"training_peak_rss":%d,"rss":%d}',
+    table.concat(keys, ","), startup_peak_rss, info.peak_rss, info.rss))
+end

@@ -36,8 +36,11 @@ typedef struct {
     size_t boff;       /* its B slivers in the group's pack (floats) */
 } slice;
 
-/* dst (rows, n; leading dim ldd) += src (leading dim lds): one merge of the tree. */
-static void add_rows(float *dst, int ldd, const float *src, int lds, int rows, int n)
+/* dst (rows, n; leading dim ldd) += src (leading dim lds): one merge of the tree. A copy
+ * per ISA: inlined into the OpenMP function (built for the baseline) it ran 4 floats at a
+ * time, a quarter of the tree's own time in a canonical tiny step. One add per element on
+ * every ISA, so the same bits. */
+LOOM_CPU_BODY add_rows_body(float *dst, int ldd, const float *src, int lds, int rows, int n)
 {
     for (int i = 0; i < rows; i++) {
         float *restrict d = dst + (size_t)i * ldd;
@@ -47,6 +50,8 @@ static void add_rows(float *dst, int ldd, const float *src, int lds, int rows, i
             d[j] += s[j];
     }
 }
+LOOM_CPU_VARIANTS(add_rows, (float *dst, int ldd, const float *src, int lds, int rows, int n),
+                  (dst, ldd, src, lds, rows, n))
 
 /* The tree's level d for rows from i0: C itself at the bottom, then the scratch levels. */
 static float *level_at(float *C, int ldc, float *const *levels, int N, int d, int i0, int *ld)

@@ -31,6 +31,11 @@ typedef struct {
 /* gemm.c: the micro-kernel of ISA level isa (LOOM_CPU_ISA_*; SSE2's above the CPU's best). */
 micro_kernel loom_cpu_gemm_micro_kernel(int isa);
 
+/* gemm_pack.c: pack_sliver's transposing case for a full sliver of width W (a multiple of
+ * 8, or 6), in 8x8 blocks; the scalar loop's values. */
+void loom_cpu_pack_transpose(float *restrict dst, const float *X, int ld, int r0, int c0, int kc,
+                             int W, float scale);
+
 /* A per-thread, 64-byte-aligned buffer of at least n floats, kept for the next call. */
 static inline float *thread_buffer(int which, size_t n)
 {
@@ -85,6 +90,8 @@ pack_sliver(float *restrict dst, const float *X, int ld, int trans, int r0, int 
             for (int r = n; r < W; r++)
                 dst[p * W + r] = 0.0f;
         }
+    } else if (n == W && (W % 8 == 0 || W == 6)) { /* a transpose, in 8x8 blocks */
+        loom_cpu_pack_transpose(dst, X, ld, r0, c0, kc, W, scale);
     } else { /* Y(r, c) = X[r*ld + c]: column r of the sliver is contiguous in X */
         for (int r = 0; r < n; r++) {
             const float *src = X + (size_t)(r0 + r) * ld + c0;

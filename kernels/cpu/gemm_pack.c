@@ -1,0 +1,87 @@
+/* gemm_pack.c — the transposing case of gemm_pack.h's packing, vectorised.
+ *
+ * A full sliver packed from a row-major X whose rows are the sliver's lanes (op(A) with A
+ * not transposed; op(B) with B transposed: the layer forward's weights) is a transpose:
+ * dst[p*W + r] = scale * X[(r0 + r)*ld + c0 + p]. Written element by element it was 8-25%
+ * of a canonical tiny step (one 4-byte store every 32-128 bytes). Here it runs in 8x8
+ * blocks: 8 rows' next 8 values loaded as vectors, transposed in registers, stored as 8
+ * runs of the sliver. Every value is the same single product scale * x, so the packs —
+ * and every GEMM bit — are those of the scalar loop.
+ *
+ * W is a tile width or height: a multiple of 8 (the AVX-512 tile's 8 rows and its 32,
+ * AVX2's 16 and SSE2's 8 columns) or 6 (the AVX2 and SSE2 tiles' rows; the block is then
+ * transposed with two dummy rows and its lanes 6 and 7 are not kept).
+ */
+#include "cpu_common.h"
+#include "gemm_pack.h"
+
+#include <string.h>
+
+typedef float v8 __attribute__((vector_size(32)));
+typedef int v8i __attribute__((vector_size(32)));
+
+/* The 8x8 block in[r][q] -> out[q][r] (unpack pairs, then quads, then halves). */
+LOOM_CPU_BODY transpose8_body(v8 *out, const v8 *in)
+{
+    const v8i lo = {0, 8, 1, 9, 4, 12, 5, 13}, hi = {2, 10, 3, 11, 6, 14, 7, 15};
+    const v8i lo2 = {0, 1, 8, 9, 4, 5, 12, 13}, hi2 = {2, 3, 10, 11, 6, 7, 14, 15};
+    const v8i lo4 = {0, 1, 2, 3, 8, 9, 10, 11}, hi4 = {4, 5, 6, 7, 12, 13, 14, 15};
+    v8 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = __builtin_shuffle(in[i], in[i + 1], lo);
+        t[i + 1] = __builtin_shuffle(in[i], in[i + 1], hi);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = __builtin_shuffle(t[i], t[i + 2], lo2);     /* columns 0, 4 */
+        u[i + 1] = __builtin_shuffle(t[i], t[i + 2], hi2); /* 1, 5 */
+        u[i + 2] = __builtin_shuffle(t[i + 1], t[i + 3], lo2); /* 2, 6 */
+        u[i + 3] = __builtin_shuffle(t[i + 1], t[i + 3], hi2); /* 3, 7 */
+    }
+    for (int q = 0; q < 4; q++) {
+        out[q] = __builtin_shuffle(u[q], u[q + 4], lo4);
+        out[q + 4] = __builtin_shuffle(u[q], u[q + 4], hi4);
+    }
+}
+
+LOOM_CPU_BODY pack_transpose_body(float *restrict dst, const float *X, int ld, int r0, int c0,
+                                  int kc, int W, float scale)
+{
+    for (int g = 0; g < W; g += 8) {
+        const int rows = W - g < 8 ? W - g : 8; /* 8, or 6 */
+        const float *src[8];
+        for (int r = 0; r < 8; r++)
+            src[r] = X + (size_t)(r0 + g + (r < rows ? r : 0)) * ld + c0;
+        int p = 0;
+        for (; p + 8 <= kc; p += 8) {
+            v8 in[8], out[8];
+            for (int r = 0; r < 8; r++)
+                memcpy(&in[r], src[r] + p, sizeof(v8));
+            transpose8_body(out, in);
+            for (int q = 0; q < 8; q++)
+                out[q] = scale * out[q];
+            if (rows == 8) {
+                for (int q = 0; q < 8; q++)
+                    memcpy(dst + (size_t)(p + q) * W + g, &out[q], sizeof(v8));
+            } else { /* W == 6: each run's 2 extra lanes land where the next run is stored
+                      * after it; the last run is stored lane by lane */
+                for (int q = 0; q < 7; q++)
+                    memcpy(dst + (size_t)(p + q) * W, &out[q], sizeof(v8));
+                for (int r = 0; r < 6; r++)
+                    dst[(size_t)(p + 7) * W + r] = out[7][r];
+            }
+        }
+        for (; p < kc; p++)
+            for (int r = 0; r < rows; r++)
+                dst[(size_t)p * W + g + r] = scale * src[r][p];
+    }
+}
+LOOM_CPU_VARIANTS(pack_transpose,
+                  (float *restrict dst, const float *X, int ld, int r0, int c0, int kc, int W,
+                   float scale),
+                  (dst, X, ld, r0, c0, kc, W, scale))
+
+void loom_cpu_pack_transpose(float *restrict dst, const float *X, int ld, int r0, int c0, int kc,
+                             int W, float scale)
+{
+    pack_transpose(dst, X, ld, r0, c0, kc, W, scale);
+}

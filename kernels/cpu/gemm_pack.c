@@ -1,4 +1,8 @@
-/* gemm_pack.c — the transposing case of gemm_pack.h's packing, vectorised.
+/* gemm_pack.c — the full-sliver cases of gemm_pack.h's packing, vectorised, one copy per
+ * ISA (LOOM_CPU_VARIANTS).
+ *
+ * A sliver whose lanes are X's columns is a copy of rows: pack_rows moves each as 8-float
+ * vectors times scale (the scalar loop's products); W a multiple of 8, or 6.
  *
  * A full sliver packed from a row-major X whose rows are the sliver's lanes (op(A) with A
  * not transposed; op(B) with B transposed: the layer forward's weights) is a transpose:
@@ -17,6 +21,7 @@
 
 #include <string.h>
 
+typedef float v4 __attribute__((vector_size(16)));
 typedef float v8 __attribute__((vector_size(32)));
 typedef int v8i __attribute__((vector_size(32)));
 
@@ -84,4 +89,40 @@ void loom_cpu_pack_transpose(float *restrict dst, const float *X, int ld, int r0
                              int W, float scale)
 {
     pack_transpose(dst, X, ld, r0, c0, kc, W, scale);
+}
+
+LOOM_CPU_BODY pack_rows_body(float *restrict dst, const float *X, int ld, int r0, int c0, int kc,
+                             int W, float scale)
+{
+    if (W == 6) { /* the AVX2 and SSE2 tiles' rows: 4 + 2 (8 would read past X's end) */
+        for (int p = 0; p < kc; p++) {
+            const float *src = X + (size_t)(c0 + p) * ld + r0;
+            v4 x;
+            memcpy(&x, src, sizeof x);
+            x = scale * x;
+            memcpy(dst + (size_t)p * 6, &x, sizeof x);
+            dst[(size_t)p * 6 + 4] = scale * src[4];
+            dst[(size_t)p * 6 + 5] = scale * src[5];
+        }
+        return;
+    }
+    for (int p = 0; p < kc; p++) {
+        const float *src = X + (size_t)(c0 + p) * ld + r0;
+        for (int r = 0; r < W; r += 8) {
+            v8 x;
+            memcpy(&x, src + r, sizeof x);
+            x = scale * x;
+            memcpy(dst + (size_t)p * W + r, &x, sizeof x);
+        }
+    }
+}
+LOOM_CPU_VARIANTS(pack_rows,
+                  (float *restrict dst, const float *X, int ld, int r0, int c0, int kc, int W,
+                   float scale),
+                  (dst, X, ld, r0, c0, kc, W, scale))
+
+void loom_cpu_pack_rows(float *restrict dst, const float *X, int ld, int r0, int c0, int kc,
+                        int W, float scale)
+{
+    pack_rows(dst, X, ld, r0, c0, kc, W, scale);
 }

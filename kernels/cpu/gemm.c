@@ -12,7 +12,8 @@
  *     micro-kernel over (A sliver, B sliver) pairs, adding into C (storing, for the first
  *     slice of a beta-0 product: C is then never read).
  * So the threads meet at one barrier per chunk, not two per slice: on shared cores a
- * descheduled thread holds the others up less often.
+ * descheduled thread holds the others up less often. Products under SLAB_BELOW multiply-adds
+ * skip the shared packs: each thread runs one slab of C alone (sgemm_slabs), no barriers.
  * Packing makes every micro-kernel access unit-stride and lets one code path serve all
  * four transpose combinations and any leading dimensions; edges are zero-padded in the
  * packs so the micro-kernel always computes a full tile and only the valid part is written.

@@ -25,26 +25,32 @@ typedef float v4 __attribute__((vector_size(16)));
 typedef float v8 __attribute__((vector_size(32)));
 typedef int v8i __attribute__((vector_size(32)));
 
+/* Lanes of a and b (0-7: a's, 8-15: b's), in GCC's and clang's spellings. */
+#if defined(__clang__)
+#define SHUF8(a, b, i0, i1, i2, i3, i4, i5, i6, i7)                                          \
+    __builtin_shufflevector(a, b, i0, i1, i2, i3, i4, i5, i6, i7)
+#else
+#define SHUF8(a, b, i0, i1, i2, i3, i4, i5, i6, i7)                                          \
+    __builtin_shuffle(a, b, (v8i){i0, i1, i2, i3, i4, i5, i6, i7})
+#endif
+
 /* The 8x8 block in[r][q] -> out[q][r] (unpack pairs, then quads, then halves). */
 LOOM_CPU_BODY transpose8_body(v8 *out, const v8 *in)
 {
-    const v8i lo = {0, 8, 1, 9, 4, 12, 5, 13}, hi = {2, 10, 3, 11, 6, 14, 7, 15};
-    const v8i lo2 = {0, 1, 8, 9, 4, 5, 12, 13}, hi2 = {2, 3, 10, 11, 6, 7, 14, 15};
-    const v8i lo4 = {0, 1, 2, 3, 8, 9, 10, 11}, hi4 = {4, 5, 6, 7, 12, 13, 14, 15};
     v8 t[8], u[8];
     for (int i = 0; i < 8; i += 2) {
-        t[i] = __builtin_shuffle(in[i], in[i + 1], lo);
-        t[i + 1] = __builtin_shuffle(in[i], in[i + 1], hi);
+        t[i] = SHUF8(in[i], in[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+        t[i + 1] = SHUF8(in[i], in[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
     }
     for (int i = 0; i < 8; i += 4) {
-        u[i] = __builtin_shuffle(t[i], t[i + 2], lo2);     /* columns 0, 4 */
-        u[i + 1] = __builtin_shuffle(t[i], t[i + 2], hi2); /* 1, 5 */
-        u[i + 2] = __builtin_shuffle(t[i + 1], t[i + 3], lo2); /* 2, 6 */
-        u[i + 3] = __builtin_shuffle(t[i + 1], t[i + 3], hi2); /* 3, 7 */
+        u[i] = SHUF8(t[i], t[i + 2], 0, 1, 8, 9, 4, 5, 12, 13);         /* columns 0, 4 */
+        u[i + 1] = SHUF8(t[i], t[i + 2], 2, 3, 10, 11, 6, 7, 14, 15);   /* 1, 5 */
+        u[i + 2] = SHUF8(t[i + 1], t[i + 3], 0, 1, 8, 9, 4, 5, 12, 13); /* 2, 6 */
+        u[i + 3] = SHUF8(t[i + 1], t[i + 3], 2, 3, 10, 11, 6, 7, 14, 15); /* 3, 7 */
     }
     for (int q = 0; q < 4; q++) {
-        out[q] = __builtin_shuffle(u[q], u[q + 4], lo4);
-        out[q + 4] = __builtin_shuffle(u[q], u[q + 4], hi4);
+        out[q] = SHUF8(u[q], u[q + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+        out[q + 4] = SHUF8(u[q], u[q + 4], 4, 5, 6, 7, 12, 13, 14, 15);
     }
 }
 

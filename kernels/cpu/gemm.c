@@ -12,7 +12,8 @@
  *     micro-kernel over (A sliver, B sliver) pairs, adding into C (storing, for the first
  *     slice of a beta-0 product: C is then never read).
  * So the threads meet at one barrier per chunk, not two per slice: on shared cores a
- * descheduled thread holds the others up less often.
+ * descheduled thread holds the others up less often. Products under SLAB_BELOW multiply-adds
+ * skip the shared packs: each thread runs one slab of C alone (sgemm_slabs), no barriers.
  * Packing makes every micro-kernel access unit-stride and lets one code path serve all
  * four transpose combinations and any leading dimensions; edges are zero-padded in the
  * packs so the micro-kernel always computes a full tile and only the valid part is written.
@@ -194,6 +195,35 @@ static void sgemm_unblocked(micro_kernel uk, int ta, int tb, int M, int N, int K
     }
 }
 
+/* Below this many multiply-adds a product is cut into one slab of C per thread, each run
+ * by sgemm_serial with its own packs: one fork and join and no barrier, where the shared-
+ * pack path below meets at three and each core reads the B slivers the other packed (the
+ * tiny config's layer products, 8-25M; blas.c splits OpenBLAS's calls at the same size). */
+#define SLAB_BELOW 134217728.0 /* 2^27 */
+
+/* The product as nth slabs along the longer of M and N (edges on multiples of the tile),
+ * one per thread. A row or column split gives the bits of the whole product ("Order of
+ * operations" above); a thread without pack buffers runs its slab through the stack packs. */
+static void sgemm_slabs(micro_kernel uk, int nth, int ta, int tb, int M, int N, int K,
+                        float alpha, const float *A, int lda, const float *B, int ldb, float beta,
+                        float *C, int ldc)
+{
+    const int by_rows = M >= N, len = by_rows ? M : N, unit = by_rows ? uk.mr : uk.nr;
+#pragma omp parallel for schedule(static) num_threads(nth)
+    for (int p = 0; p < nth; p++) {
+        const int s = (int)((long)len * p / nth) / unit * unit;
+        const int e = p == nth - 1 ? len : (int)((long)len * (p + 1) / nth) / unit * unit;
+        if (e <= s)
+            continue;
+        const int m = by_rows ? e - s : M, n = by_rows ? N : e - s;
+        const float *a = by_rows ? (ta ? A + s : A + (size_t)s * lda) : A;
+        const float *b = by_rows ? B : (tb ? B + (size_t)s * ldb : B + s);
+        float *c = by_rows ? C + (size_t)s * ldc : C + s;
+        if (sgemm_serial(uk, ta, tb, m, n, K, alpha, a, lda, b, ldb, beta, c, ldc) != 0)
+            sgemm_unblocked(uk, ta, tb, m, n, K, alpha, a, lda, b, ldb, beta, c, ldc);
+    }
+}
+
 void loom_cpu_sgemm_fallback(int ta, int tb, int M, int N, int K, float alpha, const float *A,
                              int lda, const float *B, int ldb, float beta, float *C, int ldc)
 {
@@ -222,6 +252,10 @@ void loom_cpu_sgemm_on(int isa, int ta, int tb, int M, int N, int K, float alpha
     if (nth == 1 &&
         sgemm_serial(uk, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) == 0)
         return;
+    if (nth > 1 && (double)M * N * K < SLAB_BELOW) {
+        sgemm_slabs(uk, nth, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
     int n_ic;
     const int mc = row_block_height(M, MR, nth, &n_ic);
     /* B is packed a chunk of K-slices at a time (all of K when it fits BPACK floats), so

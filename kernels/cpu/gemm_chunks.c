@@ -36,8 +36,11 @@ typedef struct {
     size_t boff;       /* its B slivers in the group's pack (floats) */
 } slice;
 
-/* dst (rows, n; leading dim ldd) += src (leading dim lds): one merge of the tree. */
-static void add_rows(float *dst, int ldd, const float *src, int lds, int rows, int n)
+/* dst (rows, n; leading dim ldd) += src (leading dim lds): one merge of the tree. A copy
+ * per ISA: inlined into the OpenMP function (built for the baseline) it ran 4 floats at a
+ * time, a quarter of the tree's own time in a canonical tiny step. One add per element on
+ * every ISA, so the same bits. */
+LOOM_CPU_BODY add_rows_body(float *dst, int ldd, const float *src, int lds, int rows, int n)
 {
     for (int i = 0; i < rows; i++) {
         float *restrict d = dst + (size_t)i * ldd;
@@ -47,6 +50,8 @@ static void add_rows(float *dst, int ldd, const float *src, int lds, int rows, i
             d[j] += s[j];
     }
 }
+LOOM_CPU_VARIANTS(add_rows, (float *dst, int ldd, const float *src, int lds, int rows, int n),
+                  (dst, ldd, src, lds, rows, n))
 
 /* The tree's level d for rows from i0: C itself at the bottom, then the scratch levels. */
 static float *level_at(float *C, int ldc, float *const *levels, int N, int d, int i0, int *ld)
@@ -88,6 +93,92 @@ static void chunk_tree_by_calls(int ta, int tb, int M, int N, int chunks, int se
 #pragma omp parallel for schedule(static) if ((size_t)M * N > LOOM_CPU_PAR_MIN)
         for (int i = 0; i < M; i++)
             tree_push_rows(C, ldc, levels, N, c, i, 1);
+    }
+}
+
+/* What one call's row blocks share: the operands, the slices and the groups. */
+typedef struct {
+    micro_kernel uk;
+    int ta, tb, N, n_js;
+    const float *A, *B;
+    int lda, ldb, ldc;
+    float *C;
+    float *const *levels;
+    const slice *sl;
+    const int *cs, *gc;
+} tree_plan;
+
+/* Packs the B slivers [qs0, qs1) of group g into bp (sliver js of slice q at q->boff +
+ * js kc NR). */
+static void tree_pack_b(const tree_plan *t, int g, float *bp, int qs0, int qs1)
+{
+    const int NR = t->uk.nr, q0 = t->cs[t->gc[g]];
+    for (int qs = qs0; qs < qs1; qs++) {
+        const slice *q = &t->sl[q0 + qs / t->n_js];
+        const int js = qs % t->n_js, nr = t->N - js * NR < NR ? t->N - js * NR : NR;
+        pack_b_sliver(bp + q->boff + (size_t)js * q->kc * NR, t->B, t->ldb, t->tb, q->k0, q->kc,
+                      js * NR, nr, NR);
+    }
+}
+
+/* Group g's chunks for rows [i0, i0 + mb) (at most MC_MAX): each chunk's slices into the
+ * tree level it lands on, then the merges its push carries, while the rows are in cache. */
+static void tree_rows(const tree_plan *t, int g, const float *bp, float *ap, int i0, int mb)
+{
+    const int MR = t->uk.mr, NR = t->uk.nr, N = t->N;
+    for (int c = t->gc[g]; c < t->gc[g + 1]; c++) {
+        int ld;
+        float *dst = level_at(t->C, t->ldc, t->levels, N, __builtin_popcount((unsigned)c), i0,
+                              &ld);
+        for (int qi = t->cs[c]; qi < t->cs[c + 1]; qi++) {
+            const slice *q = &t->sl[qi];
+            pack_a(ap, t->A, t->lda, t->ta, i0, mb, q->k0, q->kc, 1.0f, MR);
+            for (int js = 0; js < t->n_js; js++) {
+                const int nr = N - js * NR < NR ? N - js * NR : NR;
+                const float *bs = bp + q->boff + (size_t)js * q->kc * NR;
+                for (int is = 0; is < mb; is += MR)
+                    t->uk.run(q->kc, ap + (size_t)is * q->kc, bs, dst + (size_t)is * ld + js * NR,
+                              ld, mb - is < MR ? mb - is : MR, nr, q->first);
+            }
+        }
+        tree_push_rows(t->C, t->ldc, t->levels, N, c, i0, mb);
+    }
+}
+
+/* Below this many multiply-adds (gemm.c's SLAB_BELOW) each thread takes one slab of rows
+ * and runs the whole tree over it with its own packs: one fork and join, no barriers, no
+ * B slivers read from the other core's pack. A row split changes no bit. A thread without
+ * pack buffers runs its slab through the per-call sequence. */
+#define SLAB_BELOW 134217728.0 /* 2^27 */
+
+static void tree_slabs(const tree_plan *t, int nth, int M, int n_g, size_t pack, int chunks,
+                       int segs, const int *start, const int *width)
+{
+    const int MR = t->uk.mr;
+    int depth = 0; /* levels in use: the largest popcount below chunks */
+    for (int c = 0; c < chunks; c++)
+        depth = __builtin_popcount((unsigned)c) > depth ? __builtin_popcount((unsigned)c) : depth;
+#pragma omp parallel for schedule(static) num_threads(nth)
+    for (int p = 0; p < nth; p++) {
+        const int s = (int)((long)M * p / nth) / MR * MR;
+        const int e = p == nth - 1 ? M : (int)((long)M * (p + 1) / nth) / MR * MR;
+        if (e <= s)
+            continue;
+        float *bp = thread_buffer(0, pack), *ap = thread_buffer(1, (size_t)MC_MAX * KC);
+        if (!bp || !ap) {
+            float *lv[64];
+            for (int d = 0; d < depth; d++)
+                lv[d] = t->levels[d] + (size_t)s * t->N;
+            chunk_tree_by_calls(t->ta, t->tb, e - s, t->N, chunks, segs, start, width,
+                                t->ta ? t->A + s : t->A + (size_t)s * t->lda, t->lda, t->B,
+                                t->ldb, t->C + (size_t)s * t->ldc, t->ldc, lv);
+            continue;
+        }
+        for (int g = 0; g < n_g; g++) {
+            tree_pack_b(t, g, bp, 0, (t->cs[t->gc[g + 1]] - t->cs[t->gc[g]]) * t->n_js);
+            for (int i0 = s; i0 < e; i0 += MC_MAX)
+                tree_rows(t, g, bp, ap, i0, e - i0 < MC_MAX ? e - i0 : MC_MAX);
+        }
     }
 }
 
@@ -145,6 +236,11 @@ void loom_cpu_gemm_chunk_tree(int ta, int tb, int M, int N, int chunks, int segs
     const int nth = omp_in_parallel() || (double)M * N * work < 8.0 * LOOM_CPU_PAR_MIN
                         ? 1
                         : omp_get_max_threads();
+    const tree_plan t = {uk, ta, tb, N, n_js, A, B, lda, ldb, ldc, C, levels, sl, cs, gc};
+    if (nth > 1 && (double)M * N * work < SLAB_BELOW) {
+        tree_slabs(&t, nth, M, n_g, pack, chunks, segs, start, width);
+        return;
+    }
     int n_ic;
     const int mc = row_block_height(M, MR, nth, &n_ic);
     int failed = 0;
@@ -159,34 +255,11 @@ void loom_cpu_gemm_chunk_tree(int ta, int tb, int M, int N, int chunks, int segs
         for (int g = 0; g < n_g && !failed; g++) {
             const int q0 = cs[gc[g]], nq = cs[gc[g + 1]] - q0;
 #pragma omp for schedule(static)
-            for (int qs = 0; qs < nq * n_js; qs++) {
-                const slice *q = &sl[q0 + qs / n_js];
-                const int js = qs % n_js, nr = N - js * NR < NR ? N - js * NR : NR;
-                pack_b_sliver(bp + q->boff + (size_t)js * q->kc * NR, B, ldb, tb, q->k0, q->kc,
-                              js * NR, nr, NR);
-            }
+            for (int qs = 0; qs < nq * n_js; qs++)
+                tree_pack_b(&t, g, bp, qs, qs + 1);
 #pragma omp for schedule(dynamic, 1)
-            for (int ib = 0; ib < n_ic; ib++) {
-                const int i0 = ib * mc, mb = M - i0 < mc ? M - i0 : mc;
-                for (int c = gc[g]; c < gc[g + 1]; c++) {
-                    int ld;
-                    float *dst = level_at(C, ldc, levels, N, __builtin_popcount((unsigned)c),
-                                          i0, &ld);
-                    for (int qi = cs[c]; qi < cs[c + 1]; qi++) {
-                        const slice *q = &sl[qi];
-                        pack_a(ap, A, lda, ta, i0, mb, q->k0, q->kc, 1.0f, MR);
-                        for (int js = 0; js < n_js; js++) {
-                            const int nr = N - js * NR < NR ? N - js * NR : NR;
-                            const float *bs = bp + q->boff + (size_t)js * q->kc * NR;
-                            for (int is = 0; is < mb; is += MR)
-                                uk.run(q->kc, ap + (size_t)is * q->kc, bs,
-                                       dst + (size_t)is * ld + js * NR, ld,
-                                       mb - is < MR ? mb - is : MR, nr, q->first);
-                        }
-                    }
-                    tree_push_rows(C, ldc, levels, N, c, i0, mb);
-                }
-            }
+            for (int ib = 0; ib < n_ic; ib++)
+                tree_rows(&t, g, bp, ap, ib * mc, M - ib * mc < mc ? M - ib * mc : mc);
         }
     }
     if (failed) /* every thread stopped at the barrier, before touching C */

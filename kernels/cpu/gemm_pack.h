@@ -31,6 +31,15 @@ typedef struct {
 /* gemm.c: the micro-kernel of ISA level isa (LOOM_CPU_ISA_*; SSE2's above the CPU's best). */
 micro_kernel loom_cpu_gemm_micro_kernel(int isa);
 
+/* gemm_pack.c: pack_sliver's copying case for a full sliver of width W (a multiple of 8):
+ * dst[p*W + r] = scale * X[(c0 + p)*ld + r0 + r]; W a multiple of 8, or 6. */
+void loom_cpu_pack_rows(float *restrict dst, const float *X, int ld, int r0, int c0, int kc,
+                        int W, float scale);
+/* gemm_pack.c: pack_sliver's transposing case for a full sliver of width W (a multiple of
+ * 8, or 6), in 8x8 blocks; the scalar loop's values. */
+void loom_cpu_pack_transpose(float *restrict dst, const float *X, int ld, int r0, int c0, int kc,
+                             int W, float scale);
+
 /* A per-thread, 64-byte-aligned buffer of at least n floats, kept for the next call. */
 static inline float *thread_buffer(int which, size_t n)
 {
@@ -59,24 +68,12 @@ static inline __attribute__((always_inline)) void
 pack_sliver(float *restrict dst, const float *X, int ld, int trans, int r0, int n, int c0,
             int kc, int W, float scale)
 {
-    if (trans && n == W && (W == 8 || W == 16 || W == 32)) {
-        /* full slivers of every tile width (8: SSE2, 16: AVX2, 32: AVX-512), each row a
-         * copy of constant length: GCC expands it inline, where with W a variable it calls
-         * memcpy for every 32-128 bytes (4% of a canonical tiny step) */
-#define PACK_ROWS(WC)                                                                      \
-    for (int p = 0; p < kc; p++) {                                                         \
-        const float *src = X + (size_t)(c0 + p) * ld + r0;                                 \
-        for (int r = 0; r < (WC); r++)                                                     \
-            dst[p * (WC) + r] = scale * src[r];                                            \
-    }
-        if (W == 8) {
-            PACK_ROWS(8)
-        } else if (W == 16) {
-            PACK_ROWS(16)
-        } else {
-            PACK_ROWS(32)
-        }
-#undef PACK_ROWS
+    if (trans && n == W && (W % 8 == 0 || W == 6)) {
+        /* full slivers of every tile width (8: SSE2, 16: AVX2, 32: AVX-512) and of the
+         * AVX2/SSE2 tiles' 6 rows: row p is a
+         * run of X, copied as vectors (as a loop GCC turned it into a memmove call per
+         * 32-128 bytes: 4% of a canonical tiny step) */
+        loom_cpu_pack_rows(dst, X, ld, r0, c0, kc, W, scale);
     } else if (trans) { /* Y(r, c) = X[c*ld + r]: row p of the sliver is contiguous in X */
         for (int p = 0; p < kc; p++) {
             const float *src = X + (size_t)(c0 + p) * ld + r0;
@@ -85,6 +82,8 @@ pack_sliver(float *restrict dst, const float *X, int ld, int trans, int r0, int 
             for (int r = n; r < W; r++)
                 dst[p * W + r] = 0.0f;
         }
+    } else if (n == W && (W % 8 == 0 || W == 6)) { /* a transpose, in 8x8 blocks */
+        loom_cpu_pack_transpose(dst, X, ld, r0, c0, kc, W, scale);
     } else { /* Y(r, c) = X[r*ld + c]: column r of the sliver is contiguous in X */
         for (int r = 0; r < n; r++) {
             const float *src = X + (size_t)(r0 + r) * ld + c0;

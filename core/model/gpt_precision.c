@@ -267,6 +267,11 @@ void gpt_head_dinp(loom_gpt *m, float *dinp, const float *dout, int R)
 {
     const loom_backend_ops *k = m->be->ops;
     int C = m->cfg.dim, Vl = m->Vl;
+    /* the backend's 16-bit product on the head as stored, where it has one (the CPU's
+     * vdpbf16ps in fast mode, unbanded) */
+    if (gpt_matmul_backward16(m, dinp, NULL, NULL, dout, NULL, c16_at(m, m->head_off), 1, 1, R,
+                              C, Vl))
+        return;
     /* dinp (R,C) = dout (R,Vl) @ W (Vl,C), gemm(NN), over bands of dinp's columns: W's
      * columns [c, c+w) widened into a (Vl, w) matrix */
     int cols = (int)(m->wide_cap / (size_t)Vl);

@@ -147,12 +147,13 @@ static int cpu_gemm_w16(int M, int N, int K, const float *A, int lda, const void
     return loom_cpu_gemm_bf16(M, N, K, A, lda, W, ldw, C, ldc);
 }
 
-/* backend.h's matmul_backward_dt: bf16 in fast mode where the CPU has AVX512_BF16. */
+/* backend.h's matmul_backward_dt: bf16 in fast mode where the CPU has AVX512_BF16, when
+ * LOOM_CPU_BF16DOT=all asks for it (gemm_bf16.c: not faster than sgemm here, so opt-in). */
 static int cpu_matmul_backward_dt(float *dinp, float *dweight, float *dbias, const float *dout,
                                   const float *inp, const void *weight, int weight_bits, int B,
                                   int T, int C, int OC, loom_dtype dt)
 {
-    if (dt != LOOM_DTYPE_BF16)
+    if (dt != LOOM_DTYPE_BF16 || !loom_cpu_gemm_bf16_backward_wanted())
         return -1;
     return loom_cpu_matmul_backward_bf16(dinp, dweight, dbias, dout, inp, weight, weight_bits,
                                          B, T, C, OC);

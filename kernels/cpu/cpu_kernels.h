@@ -153,6 +153,8 @@ void loom_cpu_scale(float *x, float s, size_t n);
  * AVX512_BF16's vdpbf16ps, fp32 accumulation; the file's header gives the order and how its
  * bits differ from widening + sgemm. Returns -1 (C untouched) where unavailable. */
 int loom_cpu_gemm_bf16_available(void);
+/* available, and LOOM_CPU_BF16DOT=all: the backend's backward products go through it too */
+int loom_cpu_gemm_bf16_backward_wanted(void);
 int loom_cpu_gemm_bf16(int M, int N, int K, const float *A, int lda, const uint16_t *W,
                        int ldw, float *C, int ldc);
 /* the same with W fp32 holding bf16 values (narrowed exactly as packed) */

@@ -9,7 +9,9 @@
  *
  * Only where loom_cpu_gemm_bf16_available(): the CPU has AVX512_BF16 and the kernels run
  * at avx512 (LOOM_CPU_ISA=avx2/sse2 turns it off; an avx512 CPU without BF16 never has it;
- * LOOM_CPU_BF16DOT=0 turns it off alone, to compare with the widening path).
+ * LOOM_CPU_BF16DOT=0 turns it off alone, to compare with the widening path). The backend
+ * sends the backward products here only with LOOM_CPU_BF16DOT=all: split, they cost as
+ * many vdpbf16ps pairs as the FMAs of an sgemm, and measured no faster (docs/BENCHMARKS.md).
  * Elsewhere loom_cpu_gemm_bf16 returns -1 and writes nothing: callers keep their widening
  * path.
  *
@@ -27,7 +29,22 @@
  * K is summed whole (no 256-deep slices). Order of operations: C[i][j] = acc, acc = +0, then
  * for each pair q = 0, 1, ... in order acc = dpbf16(acc, a_i pair q, w_j pair q). That
  * depends only on row i of A, row j of W and K: not on M, N, the leading dimensions, the
- * blocking or the thread count, so row or column splits give the same bits.
+ * blocking or the thread count, so row or column splits give the same bits. K is cut into
+ * blocks of KC pairs; a block's tile starts from what the previous block left in C (an
+ * exact fp32 store and load), so the blocking does not change the bits either.
+ *
+ * The backward products (loom_cpu_gemm_bf16_split, matmul_backward_bf16): dinp = dout W and
+ * dW += dout^T inp, where W and inp hold bf16 values but dout is an fp32 gradient. Why not
+ * round dout to bf16, as a GPU's autocast run does: loom's precision policy keeps gradients
+ * in fp32 (issue 14), the CUDA backend's backward is cuBLAS SGEMM on them (docs/CUDA.md), and
+ * the CPU is the reference that backend is checked against; and canonical mode must keep
+ * sgemm's bits. So each dout value x is split into two bf16, hi = bf16(x) and lo = bf16(x -
+ * hi) (x - hi is exact in fp32), leaving |x - hi - lo| <= 2^-18 |x|; a pair of A is (hi, lo)
+ * of one k and the matching pair of B is (b, b), so one vdpbf16ps adds hi b + lo b, both
+ * products exact. The result is within 2^-18 sum |x b| of the exact product plus the fp32
+ * sums' rounding: fp32-accurate (tests: 5e-6 of sum |a b|; an SGEMM's own bound is K 2^-24),
+ * at twice the forward's pairs per k. Subnormal pieces count as zero (DAZ), an infinite
+ * hi keeps lo 0 (inf stays inf), and beta 1 starts the accumulator at C (dW's +=).
  */
 #include "cpu_kernels.h"
 #include "cpu_common.h"
@@ -45,19 +62,25 @@ enum { MR = 8, NR = 32, MC = 128, NC = 2048, KC = 384 /* pairs per block of K */
 #define TARGET_BF16 __attribute__((target("arch=x86-64-v4,avx512bf16")))
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
-static int has_bf16;
+static int has_bf16, bwd_on;
 
 static void detect(void)
 {
     __builtin_cpu_init();
     const char *off = getenv("LOOM_CPU_BF16DOT");
     has_bf16 = __builtin_cpu_supports("avx512bf16") && !(off && strcmp(off, "0") == 0);
+    bwd_on = off && strcmp(off, "all") == 0; /* the backward products too */
 }
 
 int loom_cpu_gemm_bf16_available(void)
 {
     pthread_once(&once, detect);
     return has_bf16 && loom_cpu_isa() == LOOM_CPU_ISA_AVX512;
+}
+
+int loom_cpu_gemm_bf16_backward_wanted(void)
+{
+    return loom_cpu_gemm_bf16_available() && bwd_on;
 }
 
 /* A per-thread 64-byte-aligned buffer of at least n uint32s, kept for the next call. */
@@ -374,6 +397,11 @@ int loom_cpu_gemm_bf16_f32w(int M, int N, int K, const float *A, int lda, const 
 }
 
 int loom_cpu_gemm_bf16_available(void)
+{
+    return 0;
+}
+
+int loom_cpu_gemm_bf16_backward_wanted(void)
 {
     return 0;
 }

@@ -87,6 +87,20 @@ if grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null && [ "${LOOM_CPU_ISA:-avx512}"
   ! cmp -s "$tmp/bf16_wide" "$tmp/bf16" || { echo "bf16: the CPU has avx512_bf16 but the losses are the widening path's bits: vdpbf16ps did not run"; exit 1; }
 fi
 echo "ok bf16 forward products (vdpbf16ps where the CPU has it) vs widening: max |loss diff| $d over 200 steps, final $fd vs $fw ($rel relative)"
+# LOOM_CPU_BF16DOT=all: the backward products on vdpbf16ps too (each fp32 gradient split into
+# hi + lo bf16: fp32-accurate). Tracks fp32 as bf16 does (0.03 a step, final within 0.5% of
+# the default path's) and, where the feature exists, differs from the default (the path ran).
+LOOM_CPU_BF16DOT=all run1 precision=bf16 steps=200 | grep -E '^(LOSS|MEM)' > "$tmp/bf16_all"
+finite_losses "$tmp/bf16_all"
+d=$(max_loss_diff "$tmp/fp32" "$tmp/bf16_all")
+fa=$(final "$tmp/bf16_all")
+rel=$(awk -v a="$fa" -v b="$fd" 'BEGIN { d = (a - b) / b; printf "%.5f\n", d < 0 ? -d : d }')
+below "$d" 0.03 && below "$rel" 0.005 ||
+  { echo "bf16 with backward on vdpbf16ps: max |loss diff| $d from fp32 (tolerance 0.03), final $fa vs $fd ($rel, tolerance 0.005)"; exit 1; }
+if grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null && [ "${LOOM_CPU_ISA:-avx512}" = avx512 ]; then
+  ! cmp -s "$tmp/bf16_all" "$tmp/bf16" || { echo "bf16 LOOM_CPU_BF16DOT=all: the losses are the forward-only path's bits: the backward products did not run on vdpbf16ps"; exit 1; }
+fi
+echo "ok bf16 backward products too (LOOM_CPU_BF16DOT=all): max |loss diff| $d from fp32 over 200 steps, final $fa vs $fd ($rel relative)"
 
 # --- layouts -------------------------------------------------------------------------
 b16="precision=bf16 model.heads=4"

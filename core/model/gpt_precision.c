@@ -16,9 +16,9 @@
  * with bf16 weights: the CPU backend then runs vdpbf16ps in fast mode where the CPU has
  * AVX512_BF16, kernels/cpu/gemm_bf16.c, packing the widened weight back to bf16, exactly;
  * and the head's forward, which the backend's gemm_w16 then reads from the 16-bit copy
- * directly, unbanded; and the blocks' and head's backward products, through the backend's
- * matmul_backward_dt, on the same CPUs and mode, the fp32 gradient split into hi + lo bf16
- * (gemm_bf16.c's header), the head's input gradient read from the 16-bit copy unbanded.
+ * directly, unbanded; and, with LOOM_CPU_BF16DOT=all, the blocks' and head's backward
+ * products through the backend's matmul_backward_dt, the fp32 gradient split into hi + lo
+ * bf16 (gemm_bf16.c's header), the head's input gradient read from the 16-bit copy.
  * Their bits differ from sgemm's in the last places; canonical mode keeps sgemm's.)
  * 16-bit activations (m->a16): what a kept block saves for backward (gpt_act16_sizes) is
  * stored in 16 bits after its forward and widened back before its backward; the block's

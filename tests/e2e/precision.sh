@@ -174,6 +174,14 @@ run1 $lcanon | losses > "$tmp/lc1"
 finite_losses "$tmp/lc1"
 canonical_layouts "llama bf16" "$tmp/lc1" "$lcanon" "2 mesh.dp=2" "2 mesh.tp=2" \
   "2 mesh.pp=2 schedule=zb1 microbatches=2" "2 mesh.dp=2 strategy.zero=3"
+# fast mode with bf16's backward products on vdpbf16ps (LOOM_CPU_BF16DOT=all): the split
+# backward (zb1: B then W, gpt_llama_split.c) takes the same products as the fused one (1f1b)
+lfast="$llama precision=bf16 mesh.pp=2 microbatches=2 batch.micro=2 batch.global=4 steps=6"
+LOOM_CPU_BF16DOT=all runN 2 $lfast schedule=1f1b | losses > "$tmp/lf1"
+LOOM_CPU_BF16DOT=all runN 2 $lfast schedule=zb1 | losses > "$tmp/lf2"
+finite_losses "$tmp/lf1"
+cmp -s "$tmp/lf1" "$tmp/lf2" || { echo "llama bf16 LOOM_CPU_BF16DOT=all: pp=2 zb1 differs from 1f1b"; exit 1; }
+echo "ok llama bf16 with the backward on vdpbf16ps (LOOM_CPU_BF16DOT=all): pp=2 zb1 bitwise 1f1b"
 run1 $lcanon recompute=selective | losses > "$tmp/c"
 cmp -s "$tmp/lc1" "$tmp/c" || { echo "llama bf16 canonical recompute=selective differs from none"; exit 1; }
 echo "ok llama bf16 canonical recompute=selective: bitwise none's"

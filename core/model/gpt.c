@@ -937,8 +937,8 @@ loom_status gpt_block_backward(loom_gpt *m, int l, const float *residual, rep_pa
         k->gelu_forward(a->fch_gelu, a->fch, R * Fl);
         gpt_round(m, a->fch_gelu, R * Fl); /* as the forward stored it */
     }
-    k->matmul_backward(m->dbuf_4a, g->fcprojw, NULL, m->dres_full, a->fch_gelu, w->fcprojw,
-                       B, T, Fl, C);
+    gpt_matmul_backward(m, m->dbuf_4a, g->fcprojw, NULL, m->dres_full, a->fch_gelu,
+                        w->fcprojw, B, T, Fl, C);
     k->gelu_backward(m->dbuf_4b, a->fch, m->dbuf_4a, R * Fl);
     LOOM_TRY(gpt_regather(m, LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R));
     LOOM_TRY(gpt_column_parallel_backward(m, LOOM_REGION_MLP, l, g->fcw, g->fcb, m->dbuf_4b,
@@ -952,8 +952,8 @@ mlp_done:;
     gpt_replicated_grads(m, pk, 1, &ab, NULL, g->attprojb, Rl);
     LOOM_TRY(B_LEAVE(LOOM_REGION_ATTENTION, l, m->dres, m->dres_full, R, C));
     float *datty = m->dpartial; /* free until the qkv backward below */
-    k->matmul_backward(datty, g->attprojw, NULL, m->dres_full, a->atty, w->attprojw, B, T,
-                       Cl, C);
+    gpt_matmul_backward(m, datty, g->attprojw, NULL, m->dres_full, a->atty, w->attprojw, B,
+                        T, Cl, C);
     if (m->rc[l] == RC_SELECTIVE) /* the probabilities again; the output (kept) to dbuf_4b,
                                    * free until the MLP's next use */
         k->attention_forward(m->dbuf_4b, a->att, a->qkv, B, T, Cl, m->NHl);

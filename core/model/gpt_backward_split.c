@@ -72,7 +72,9 @@ static loom_status block_input(loom_gpt *m, int l, const float *residual, float 
     if (m->moe && gpt_moe_block(&m->cfg, l)) { /* the experts' B, into dsummed (moe.h) */
         LOOM_TRY(gpt_moe_split_input(m, l, dy, R));
     } else {
-        k->gemm(0, 0, (int)R, Fl, C, 1.0f, dy, C, w->fcprojw, Fl, 0.0f, m->dbuf_4a, Fl);
+        if (!gpt_matmul_backward16(m, m->dbuf_4a, NULL, NULL, dy, NULL, w->fcprojw, 0, 1,
+                                   (int)R, Fl, C))
+            k->gemm(0, 0, (int)R, Fl, C, 1.0f, dy, C, w->fcprojw, Fl, 0.0f, m->dbuf_4a, Fl);
         k->gelu_backward(a->dfch, a->fch, m->dbuf_4a, R * Fl);
         LOOM_TRY(gpt_column_parallel_backward_input(m, LOOM_REGION_MLP, l, a->dfch, w->fcw, B,
                                                     T, Fl, 1));
@@ -84,7 +86,9 @@ static loom_status block_input(loom_gpt *m, int l, const float *residual, float 
     /* Attention branch */
     LOOM_TRY(B_LEAVE(LOOM_REGION_ATTENTION, l, dy2, dy2, R, C));
     float *datty = m->dpartial;
-    k->gemm(0, 0, (int)R, Cl, C, 1.0f, dy2, C, w->attprojw, Cl, 0.0f, datty, Cl);
+    if (!gpt_matmul_backward16(m, datty, NULL, NULL, dy2, NULL, w->attprojw, 0, 1, (int)R, Cl,
+                               C))
+        k->gemm(0, 0, (int)R, Cl, C, 1.0f, dy2, C, w->attprojw, Cl, 0.0f, datty, Cl);
     /* GELU's input, read above: d(qkv) goes there, unless W recomputes GELU from it */
     float *dqkv = a->dqkv ? a->dqkv : a->fch;
     if (m->rc[l] == RC_SELECTIVE) /* the probabilities again (gpt.c); dbuf_4b: unused in B */
@@ -114,16 +118,16 @@ static loom_status block_weight(loom_gpt *m, int l, const float *dy, int B, int 
             k->gelu_forward(a->fch_gelu, a->fch, (size_t)B * T * Fl);
             gpt_round(m, a->fch_gelu, (size_t)B * T * Fl); /* as the forward stored it */
         }
-        k->matmul_backward(NULL, g->fcprojw, NULL, dy, a->fch_gelu, w->fcprojw, B, T, Fl, C);
+        gpt_matmul_backward(m, NULL, g->fcprojw, NULL, dy, a->fch_gelu, w->fcprojw, B, T, Fl, C);
         rep_args pb = {.dout = dy};
         gpt_replicated_grads(m, &pk, 1, &pb, NULL, g->fcprojb, Rl);
-        k->matmul_backward(NULL, g->fcw, g->fcb, a->dfch, a->ln2_full, w->fcw, B, T, C, Fl);
+        gpt_matmul_backward(m, NULL, g->fcw, g->fcb, a->dfch, a->ln2_full, w->fcw, B, T, C, Fl);
     }
-    k->matmul_backward(NULL, g->attprojw, NULL, a->res2, a->atty, w->attprojw, B, T, Cl, C);
+    gpt_matmul_backward(m, NULL, g->attprojw, NULL, a->res2, a->atty, w->attprojw, B, T, Cl, C);
     rep_args ab = {.dout = a->res2};
     gpt_replicated_grads(m, &pk, 1, &ab, NULL, g->attprojb, Rl);
-    k->matmul_backward(NULL, g->qkvw, g->qkvb, a->dqkv ? a->dqkv : a->fch, a->ln1_full, w->qkvw,
-                       B, T, C, 3 * Cl);
+    gpt_matmul_backward(m, NULL, g->qkvw, g->qkvb, a->dqkv ? a->dqkv : a->fch, a->ln1_full,
+                        w->qkvw, B, T, C, 3 * Cl);
     LOOM_TRY(gpt_rep_flush(m, &pk));
     if (m->canonical || m->sp) { /* the layer norms' parts B left (see gpt_replicated_grads) */
         rep_pack ln = {{g->ln2w, g->ln2b, g->ln1w, g->ln1b}, 4, a->ln_part};
@@ -145,8 +149,8 @@ loom_status loom_gpt_stage_backward_input(loom_gpt *m, int lo, int hi, float *he
                                                     m->p.head, B, T, m->Vl, 1));
         if (head_dw) { /* one micro-batch's head half, on its own (canonical mode's tied wte) */
             k->zero(m->be->self, head_dw, (size_t)m->Vl * C * sizeof(float));
-            k->matmul_backward(NULL, head_dw, NULL, m->logits, m->lnf_full, m->p.head, B, T, C,
-                               m->Vl);
+            gpt_matmul_backward(m, NULL, head_dw, NULL, m->logits, m->lnf_full, m->p.head, B, T,
+                                C, m->Vl);
         }
         rep_pack pk = {.n = 0, .base = m->lnf_part};
         rep_args lnf = {m->dres, m->dsummed, m->acts[hi - 1].res3, m->p.lnfw, m->lnf_mean,
@@ -176,8 +180,8 @@ loom_status loom_gpt_stage_backward_weight(loom_gpt *m, int lo, int hi, int head
     size_t R = (size_t)B * T;
     if (hi == m->cfg.layers) {
         if (!head_done)
-            k->matmul_backward(NULL, m->g.head, NULL, m->logits, m->lnf_full, m->p.head, B, T,
-                               C, m->Vl);
+            gpt_matmul_backward(m, NULL, m->g.head, NULL, m->logits, m->lnf_full, m->p.head, B,
+                                T, C, m->Vl);
         if (m->canonical || m->sp) { /* RMSNorm (llama): a weight, no bias */
             rep_pack ln = {{m->g.lnfw, m->g.lnfb}, m->llama ? 1 : 2, m->lnf_part};
             LOOM_TRY(gpt_rep_flush(m, &ln));

@@ -218,6 +218,28 @@ static inline void gpt_matmul_forward(loom_gpt *m, float *out, const float *inp,
         k->matmul_forward(out, inp, w, bias, B, T, C, OC);
 }
 
+/* The backward of a product gpt_matmul_forward sends to the 16-bit op (same condition):
+ * the backend's matmul_backward_dt (dinp or dw may be NULL; w fp32 holding act_dt values,
+ * or with bits the 16-bit copy itself). 1 when it ran; 0, nothing written: the caller makes
+ * its fp32 call (gpt_matmul_backward does). */
+static inline int gpt_matmul_backward16(loom_gpt *m, float *dinp, float *dw, float *db,
+                                        const float *dout, const float *inp, const void *w,
+                                        int bits, int B, int T, int C, int OC)
+{
+    const loom_backend_ops *k = m->be->ops;
+    return m->act_dt != LOOM_DTYPE_F32 && m->c16 && m->param_dt == m->act_dt &&
+           k->size > offsetof(loom_backend_ops, matmul_backward_dt) && k->matmul_backward_dt &&
+           k->matmul_backward_dt(dinp, dw, db, dout, inp, w, bits, B, T, C, OC, m->act_dt) == 0;
+}
+
+static inline void gpt_matmul_backward(loom_gpt *m, float *dinp, float *dw, float *db,
+                                       const float *dout, const float *inp, const float *w,
+                                       int B, int T, int C, int OC)
+{
+    if (!gpt_matmul_backward16(m, dinp, dw, db, dout, inp, w, 0, B, T, C, OC))
+        m->be->ops->matmul_backward(dinp, dw, db, dout, inp, w, B, T, C, OC);
+}
+
 /* 16-bit weights (gpt_precision.c). setup: allocate c16, wide and edge and move m->p
  * (bound to params) onto them; refresh: c16 from params and edge from c16. */
 loom_status gpt_w16_setup(loom_gpt *m);

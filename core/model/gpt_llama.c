@@ -237,8 +237,8 @@ loom_status gpt_llama_block_backward(loom_gpt *m, int l, const float *residual, 
         k->swiglu_forward(a->fch_gelu, a->fch, R, Fl);
         gpt_round(m, a->fch_gelu, R * Fl); /* as the forward stored it */
     }
-    k->matmul_backward(m->dbuf_4a, g->fcprojw, NULL, m->dres_full, a->fch_gelu, w->fcprojw,
-                       B, T, Fl, C);
+    gpt_matmul_backward(m, m->dbuf_4a, g->fcprojw, NULL, m->dres_full, a->fch_gelu,
+                        w->fcprojw, B, T, Fl, C);
     k->swiglu_backward(m->dbuf_4b, a->fch, m->dbuf_4a, R, Fl);
     LOOM_TRY(gpt_regather(m, LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R));
     LOOM_TRY(gpt_column_parallel_backward(m, LOOM_REGION_MLP, l, g->fcw, NULL, m->dbuf_4b,
@@ -250,8 +250,8 @@ mlp_done:;
     /* Attention branch: res2 = residual + g(o(gqa(rope(qkv(f(rms1(residual))))))) */
     LOOM_TRY(B_LEAVE(LOOM_REGION_ATTENTION, l, m->dres, m->dres_full, R, C));
     float *datty = m->dpartial; /* free until the qkv backward below */
-    k->matmul_backward(datty, g->attprojw, NULL, m->dres_full, a->atty, w->attprojw, B, T,
-                       Cl, C);
+    gpt_matmul_backward(m, datty, g->attprojw, NULL, m->dres_full, a->atty, w->attprojw, B,
+                        T, Cl, C);
     if (m->rc[l] == RC_SELECTIVE) /* the probabilities again; the output to dbuf_4b (free) */
         k->attention_gqa_forward(m->dbuf_4b, a->att, a->qkv, B, T, Cl, m->NHl, m->KVHl);
     k->attention_gqa_backward(m->dbuf_4a, m->datt_scratch, datty, a->qkv, a->att, B, T, Cl,

@@ -42,7 +42,9 @@ loom_status gpt_llama_block_input(loom_gpt *m, int l, const float *residual, flo
     if (m->moe && gpt_moe_block(&m->cfg, l)) { /* the experts' B, into dsummed (moe.h) */
         LOOM_TRY(gpt_moe_split_input(m, l, dy, R));
     } else {
-        k->gemm(0, 0, (int)R, Fl, C, 1.0f, dy, C, w->fcprojw, Fl, 0.0f, m->dbuf_4a, Fl);
+        if (!gpt_matmul_backward16(m, m->dbuf_4a, NULL, NULL, dy, NULL, w->fcprojw, 0, 1,
+                                   (int)R, Fl, C))
+            k->gemm(0, 0, (int)R, Fl, C, 1.0f, dy, C, w->fcprojw, Fl, 0.0f, m->dbuf_4a, Fl);
         k->swiglu_backward(a->dfch, a->fch, m->dbuf_4a, R, Fl);
         LOOM_TRY(gpt_column_parallel_backward_input(m, LOOM_REGION_MLP, l, a->dfch, w->fcw, B,
                                                     T, m->fc_w, 2));
@@ -54,7 +56,9 @@ loom_status gpt_llama_block_input(loom_gpt *m, int l, const float *residual, flo
     /* Attention branch */
     LOOM_TRY(B_LEAVE(LOOM_REGION_ATTENTION, l, dy2, dy2, R, C));
     float *datty = m->dpartial;
-    k->gemm(0, 0, (int)R, Cl, C, 1.0f, dy2, C, w->attprojw, Cl, 0.0f, datty, Cl);
+    if (!gpt_matmul_backward16(m, datty, NULL, NULL, dy2, NULL, w->attprojw, 0, 1, (int)R, Cl,
+                               C))
+        k->gemm(0, 0, (int)R, Cl, C, 1.0f, dy2, C, w->attprojw, Cl, 0.0f, datty, Cl);
     float *dqkv = dqkv_buffer(a);
     if (m->rc[l] == RC_SELECTIVE) /* the probabilities again; dbuf_4b: unused in B */
         k->attention_gqa_forward(m->dbuf_4b, a->att, a->qkv, B, T, Cl, m->NHl, m->KVHl);
@@ -84,12 +88,13 @@ loom_status gpt_llama_block_weight(loom_gpt *m, int l, const float *dy, int B, i
             k->swiglu_forward(a->fch_gelu, a->fch, (size_t)B * T, Fl);
             gpt_round(m, a->fch_gelu, (size_t)B * T * Fl); /* as the forward stored it */
         }
-        k->matmul_backward(NULL, g->fcprojw, NULL, dy, a->fch_gelu, w->fcprojw, B, T, Fl, C);
-        k->matmul_backward(NULL, g->fcw, NULL, a->dfch, a->ln2_full, w->fcw, B, T, C, m->fc_w);
+        gpt_matmul_backward(m, NULL, g->fcprojw, NULL, dy, a->fch_gelu, w->fcprojw, B, T, Fl, C);
+        gpt_matmul_backward(m, NULL, g->fcw, NULL, a->dfch, a->ln2_full, w->fcw, B, T, C,
+                            m->fc_w);
     }
-    k->matmul_backward(NULL, g->attprojw, NULL, a->res2, a->atty, w->attprojw, B, T, Cl, C);
-    k->matmul_backward(NULL, g->qkvw, NULL, dqkv_buffer(a), a->ln1_full, w->qkvw, B, T, C,
-                       m->qkv_w);
+    gpt_matmul_backward(m, NULL, g->attprojw, NULL, a->res2, a->atty, w->attprojw, B, T, Cl, C);
+    gpt_matmul_backward(m, NULL, g->qkvw, NULL, dqkv_buffer(a), a->ln1_full, w->qkvw, B, T, C,
+                        m->qkv_w);
     if (m->canonical || m->sp) { /* the RMSNorms' parts B left (see gpt_replicated_grads) */
         rep_pack ln = {{g->ln2w, g->ln1w}, 2, a->ln_part};
         LOOM_TRY(gpt_rep_flush(m, &ln));

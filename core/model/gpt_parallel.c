@@ -124,7 +124,8 @@ static void column_parallel_dinp(loom_gpt *m, float *dinp, const float *dout, co
         return;
     }
     if (!m->canonical) {
-        k->gemm(0, 0, R, C, OC, 1.0f, dout, OC, w, C, 0.0f, dinp, C);
+        if (!gpt_matmul_backward16(m, dinp, NULL, NULL, dout, NULL, w, 0, 1, R, C, OC))
+            k->gemm(0, 0, R, C, OC, 1.0f, dout, OC, w, C, 0.0f, dinp, C);
         return;
     }
     /* segment widths: the fused qkv's q, k, v (k and v narrower under grouped-query
@@ -296,7 +297,7 @@ loom_status gpt_column_parallel_backward(loom_gpt *m, loom_region r, int layer, 
     int C = m->cfg.dim, R = B * T;
     column_parallel_dinp(m, m->dpartial, dout, w, R, OC, segs);
     LOOM_TRY(B_ENTER(r, layer, m->dpartial, m->dsummed, (size_t)R, (size_t)C));
-    k->matmul_backward(NULL, dw, db, dout, inp, w, B, T, C, OC);
+    gpt_matmul_backward(m, NULL, dw, db, dout, inp, w, B, T, C, OC);
     return gpt_region_wait(m);
 }
 

@@ -16,8 +16,10 @@
  * with bf16 weights: the CPU backend then runs vdpbf16ps in fast mode where the CPU has
  * AVX512_BF16, kernels/cpu/gemm_bf16.c, packing the widened weight back to bf16, exactly;
  * and the head's forward, which the backend's gemm_w16 then reads from the 16-bit copy
- * directly, unbanded. Their bits differ from sgemm's in the last places; canonical mode
- * keeps sgemm's.)
+ * directly, unbanded; and, with LOOM_CPU_BF16DOT=all, the blocks' and head's backward
+ * products through the backend's matmul_backward_dt, the fp32 gradient split into hi + lo
+ * bf16 (gemm_bf16.c's header), the head's input gradient read from the 16-bit copy.
+ * Their bits differ from sgemm's in the last places; canonical mode keeps sgemm's.)
  * 16-bit activations (m->a16): what a kept block saves for backward (gpt_act16_sizes) is
  * stored in 16 bits after its forward and widened back before its backward; the block's
  * float pointers share one scratch set (gpt.c's lay_out_shared), so the fp32 bytes are one
@@ -267,6 +269,11 @@ void gpt_head_dinp(loom_gpt *m, float *dinp, const float *dout, int R)
 {
     const loom_backend_ops *k = m->be->ops;
     int C = m->cfg.dim, Vl = m->Vl;
+    /* the backend's 16-bit product on the head as stored, where it has one (the CPU's
+     * vdpbf16ps in fast mode, unbanded) */
+    if (gpt_matmul_backward16(m, dinp, NULL, NULL, dout, NULL, c16_at(m, m->head_off), 1, 1, R,
+                              C, Vl))
+        return;
     /* dinp (R,C) = dout (R,Vl) @ W (Vl,C), gemm(NN), over bands of dinp's columns: W's
      * columns [c, c+w) widened into a (Vl, w) matrix */
     int cols = (int)(m->wide_cap / (size_t)Vl);

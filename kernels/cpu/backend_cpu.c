@@ -147,6 +147,18 @@ static int cpu_gemm_w16(int M, int N, int K, const float *A, int lda, const void
     return loom_cpu_gemm_bf16(M, N, K, A, lda, W, ldw, C, ldc);
 }
 
+/* backend.h's matmul_backward_dt: bf16 in fast mode where the CPU has AVX512_BF16, when
+ * LOOM_CPU_BF16DOT=all asks for it (gemm_bf16.c: not faster than sgemm here, so opt-in). */
+static int cpu_matmul_backward_dt(float *dinp, float *dweight, float *dbias, const float *dout,
+                                  const float *inp, const void *weight, int weight_bits, int B,
+                                  int T, int C, int OC, loom_dtype dt)
+{
+    if (dt != LOOM_DTYPE_BF16 || !loom_cpu_gemm_bf16_backward_wanted())
+        return -1;
+    return loom_cpu_matmul_backward_bf16(dinp, dweight, dbias, dout, inp, weight, weight_bits,
+                                         B, T, C, OC);
+}
+
 static const loom_backend_ops cpu_ops = {
     .size = sizeof(loom_backend_ops),
     .create = cpu_create,
@@ -204,6 +216,7 @@ static const loom_backend_ops cpu_ops = {
     .round_to = cpu_round_to,
     .gemm_chunk_tree = loom_cpu_gemm_chunk_tree,
     .attention_backward_datt = loom_cpu_attention_backward_datt,
+    .matmul_backward_dt = cpu_matmul_backward_dt,
 };
 
 static const loom_config_key cpu_keys[] = {

@@ -153,11 +153,25 @@ void loom_cpu_scale(float *x, float s, size_t n);
  * AVX512_BF16's vdpbf16ps, fp32 accumulation; the file's header gives the order and how its
  * bits differ from widening + sgemm. Returns -1 (C untouched) where unavailable. */
 int loom_cpu_gemm_bf16_available(void);
+/* available, and LOOM_CPU_BF16DOT=all: the backend's backward products go through it too */
+int loom_cpu_gemm_bf16_backward_wanted(void);
 int loom_cpu_gemm_bf16(int M, int N, int K, const float *A, int lda, const uint16_t *W,
                        int ldw, float *C, int ldc);
 /* the same with W fp32 holding bf16 values (narrowed exactly as packed) */
 int loom_cpu_gemm_bf16_f32w(int M, int N, int K, const float *A, int lda, const float *W,
                             int ldw, float *C, int ldc);
+/* C (M,N) = (beta ? C : 0) + op(A) (M,K) @ op(B) (K,N), cblas_sgemm's transposes and
+ * leading dimensions; A any fp32 (each value split into two bf16, hi + lo: the header),
+ * B holding bf16 values, as fp32 (Bf) or bits (Bh); beta 0 or 1. */
+int loom_cpu_gemm_bf16_split(int transa, int transb, int M, int N, int K, const float *A,
+                             int lda, const float *Bf, const uint16_t *Bh, int ldb, int beta,
+                             float *C, int ldc);
+/* matmul_backward (dinp, dweight may be NULL) with inp and weight holding bf16 values, weight
+ * fp32 or (weight_bits) bf16 bits: the product above in fast mode where available; returns
+ * -1, nothing written, in canonical mode or where unavailable */
+int loom_cpu_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
+                                  const float *inp, const void *weight, int weight_bits, int B,
+                                  int T, int C, int OC);
 /* matmul_forward with inp and weight holding bf16 values: the product above in fast mode
  * where available, else loom_cpu_matmul_forward (canonical mode: always) */
 void loom_cpu_matmul_forward_bf16(float *out, const float *inp, const float *weight,

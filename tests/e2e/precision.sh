@@ -87,6 +87,20 @@ if grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null && [ "${LOOM_CPU_ISA:-avx512}"
   ! cmp -s "$tmp/bf16_wide" "$tmp/bf16" || { echo "bf16: the CPU has avx512_bf16 but the losses are the widening path's bits: vdpbf16ps did not run"; exit 1; }
 fi
 echo "ok bf16 forward products (vdpbf16ps where the CPU has it) vs widening: max |loss diff| $d over 200 steps, final $fd vs $fw ($rel relative)"
+# LOOM_CPU_BF16DOT=all: the backward products on vdpbf16ps too (each fp32 gradient split into
+# hi + lo bf16: fp32-accurate). Tracks fp32 as bf16 does (0.03 a step, final within 0.5% of
+# the default path's) and, where the feature exists, differs from the default (the path ran).
+LOOM_CPU_BF16DOT=all run1 precision=bf16 steps=200 | grep -E '^(LOSS|MEM)' > "$tmp/bf16_all"
+finite_losses "$tmp/bf16_all"
+d=$(max_loss_diff "$tmp/fp32" "$tmp/bf16_all")
+fa=$(final "$tmp/bf16_all")
+rel=$(awk -v a="$fa" -v b="$fd" 'BEGIN { d = (a - b) / b; printf "%.5f\n", d < 0 ? -d : d }')
+below "$d" 0.03 && below "$rel" 0.005 ||
+  { echo "bf16 with backward on vdpbf16ps: max |loss diff| $d from fp32 (tolerance 0.03), final $fa vs $fd ($rel, tolerance 0.005)"; exit 1; }
+if grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null && [ "${LOOM_CPU_ISA:-avx512}" = avx512 ]; then
+  ! cmp -s "$tmp/bf16_all" "$tmp/bf16" || { echo "bf16 LOOM_CPU_BF16DOT=all: the losses are the forward-only path's bits: the backward products did not run on vdpbf16ps"; exit 1; }
+fi
+echo "ok bf16 backward products too (LOOM_CPU_BF16DOT=all): max |loss diff| $d from fp32 over 200 steps, final $fa vs $fd ($rel relative)"
 
 # --- layouts -------------------------------------------------------------------------
 b16="precision=bf16 model.heads=4"
@@ -160,6 +174,14 @@ run1 $lcanon | losses > "$tmp/lc1"
 finite_losses "$tmp/lc1"
 canonical_layouts "llama bf16" "$tmp/lc1" "$lcanon" "2 mesh.dp=2" "2 mesh.tp=2" \
   "2 mesh.pp=2 schedule=zb1 microbatches=2" "2 mesh.dp=2 strategy.zero=3"
+# fast mode with bf16's backward products on vdpbf16ps (LOOM_CPU_BF16DOT=all): the split
+# backward (zb1: B then W, gpt_llama_split.c) takes the same products as the fused one (1f1b)
+lfast="$llama precision=bf16 mesh.pp=2 microbatches=2 batch.micro=2 batch.global=4 steps=6"
+LOOM_CPU_BF16DOT=all runN 2 $lfast schedule=1f1b | losses > "$tmp/lf1"
+LOOM_CPU_BF16DOT=all runN 2 $lfast schedule=zb1 | losses > "$tmp/lf2"
+finite_losses "$tmp/lf1"
+cmp -s "$tmp/lf1" "$tmp/lf2" || { echo "llama bf16 LOOM_CPU_BF16DOT=all: pp=2 zb1 differs from 1f1b"; exit 1; }
+echo "ok llama bf16 with the backward on vdpbf16ps (LOOM_CPU_BF16DOT=all): pp=2 zb1 bitwise 1f1b"
 run1 $lcanon recompute=selective | losses > "$tmp/c"
 cmp -s "$tmp/lc1" "$tmp/c" || { echo "llama bf16 canonical recompute=selective differs from none"; exit 1; }
 echo "ok llama bf16 canonical recompute=selective: bitwise none's"

@@ -14,6 +14,7 @@
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 static double now(clockid_t c)
@@ -88,6 +89,56 @@ int main(int argc, char **argv)
                    flop / best * 1e-9, err);
         }
         free(A), free(Wf), free(C1), free(C2), free(W);
+    }
+    /* The backward products at the same shapes (M = BT rows, K = C in, N = OC out):
+     * dinp = dout W (BT x C x OC) and dW += dout^T inp (OC x C x BT), dout any fp32:
+     * matmul_backward (sgemm on the widened weight) against matmul_backward_bf16 (each
+     * dout split into hi + lo bf16, vdpbf16ps). */
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int BT = shapes[s][0], C = shapes[s][1], OC = shapes[s][2];
+        float *dout = mem((size_t)BT * OC * 4), *inp = mem((size_t)BT * C * 4);
+        float *w = mem((size_t)OC * C * 4), *dx = mem((size_t)BT * C * 4);
+        float *dw = mem((size_t)OC * C * 4);
+        uint16_t *wh = mem((size_t)OC * C * 2);
+        for (size_t i = 0; i < (size_t)BT * OC; i++)
+            dout[i] = (float)((i * 2654435761u) % 100003) * 1e-8f - 5e-4f;
+        for (size_t i = 0; i < (size_t)BT * C; i++)
+            inp[i] = loom_cpu_bf16_to_f32(loom_cpu_bf16_from_f32(
+                (float)((i * 40503u + 3) % 1000) / 500.0f - 1.0f));
+        for (size_t i = 0; i < (size_t)OC * C; i++)
+            wh[i] = loom_cpu_bf16_from_f32((float)((i * 40503u + 7) % 997) / 9970.0f - 0.05f);
+        const double flop = 4.0 * BT * C * OC;
+        for (int path = 0; path < 2; path++) {
+            if (path == 1 && !loom_cpu_gemm_bf16_available())
+                break;
+            double best = 1e30, cpu = 0;
+            int calls = 0;
+            for (int round = 0; round < 5; round++) {
+                memset(dw, 0, (size_t)OC * C * 4);
+                const double t0 = now(CLOCK_MONOTONIC), c0 = now(CLOCK_PROCESS_CPUTIME_ID);
+                for (int r = 0; r < 3; r++) {
+                    loom_cpu_bf16_to_f32_n(w, wh, (size_t)OC * C); /* the block's widening */
+                    if (path == 0)
+                        loom_cpu_matmul_backward(dx, dw, NULL, dout, inp, w, 1, BT, C, OC);
+                    else if (loom_cpu_matmul_backward_bf16(dx, dw, NULL, dout, inp, w, 0, 1,
+                                                           BT, C, OC) != 0) {
+                        fprintf(stderr, "bench_bf16dot: matmul_backward_bf16 failed\n");
+                        return 1;
+                    }
+                }
+                const double t = (now(CLOCK_MONOTONIC) - t0) / 3;
+                cpu += now(CLOCK_PROCESS_CPUTIME_ID) - c0;
+                calls += 3;
+                best = t < best ? t : best;
+            }
+            const double err = loom_cpu_sgemm_check(0, 0, BT, C, OC, 1.0f, dout, OC, w, C, 0.0f,
+                                                    NULL, dx, C);
+            bad |= !(err <= 1e-5);
+            printf("bwd %-12s %4dx%4dx%5d  %7.3f ms  cpu %7.3f ms  %6.1f GFLOP/s  err %.2e\n",
+                   path ? "dpbf16-split" : "sgemm", BT, C, OC, best * 1e3, cpu / calls * 1e3,
+                   flop / best * 1e-9, err);
+        }
+        free(dout), free(inp), free(w), free(dx), free(dw), free(wh);
     }
     return bad;
 }

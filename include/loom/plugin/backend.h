@@ -263,6 +263,16 @@ typedef struct loom_backend_ops {
     void (*attention_backward_datt)(float *dqkv, float *scratch, const float *dout,
                                     const float *qkv, const float *att, const float *datt_extra,
                                     int B, int T, int C, int NH);
+    /* Added for 16-bit backward products (may be absent: check size, or NULL).
+     * matmul_backward's contract, dinp and dweight each may be NULL (skipped), where inp and
+     * weight hold only dt values (dout: any fp32); weight is fp32 holding them or, with
+     * weight_bits, the dt bits themselves. Returns 0, or -1 (nothing written) where the
+     * backend has no such product for dt now (the CPU's: bf16 on AVX512_BF16 in fast mode,
+     * each fp32 gradient split into two bf16 so the products stay fp32-accurate): then call
+     * matmul_backward or gemm. */
+    int (*matmul_backward_dt)(float *dinp, float *dweight, float *dbias, const float *dout,
+                              const float *inp, const void *weight, int weight_bits, int B,
+                              int T, int C, int OC, loom_dtype dt);
 } loom_backend_ops;
 
 #ifdef __cplusplus

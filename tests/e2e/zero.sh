@@ -11,7 +11,8 @@
 #    dp = 1, 2, 4, and dp=2 x tp=2;
 #  - per-rank bytes by category against the ZeRO paper's formulas (fp32 AdamW, K = 8:
 #    dp 16Ψ, zero=1 8Ψ + 8Ψ/N, zero=2 4Ψ + 12Ψ/N, zero=3 16Ψ/N) within 10% at dp=2 and
-#    dp=4; the full-size buffers the model computes in (stage 2's gradients, stage 3's
+#    dp=4, and bf16's (zero=1 10Ψ + 8Ψ/N, zero=2 6Ψ + 12Ψ/N, zero=3 2Ψ + 16Ψ/N: the fp32
+#    master is whole below stage 3) at dp=2 and, zero=3, dp=4; the full-size buffers the model computes in (stage 2's gradients, stage 3's
 #    parameters) are resident for at most half their size on a deeper model;
 #  - what is not built is refused with a message: zero=3 with llm.c weights (zero with
 #    pp: zero_pp.sh; offload: offload.sh; checkpoints under zero: zero_ckpt.sh).
@@ -125,29 +126,44 @@ echo "ok canonical: losses and grad norms bitwise identical over $(grep -c LOSS 
 # Ψ from the model's shape (common.lua: V=256, ctx=32, L=2, C=32), not from the code:
 # wte + wpe + L blocks of 12C^2 + 13C + ln_f.
 psi=$((256 * 32 + 32 * 32 + 2 * (12 * 32 * 32 + 13 * 32) + 2 * 32))
-mem() { "$loom" launch -n "$1" "$here/recipes/zero_memory.lua" mesh.dp="$1" strategy.zero="$2" | sed 's/^\[rank [0-9]*\] //' | grep -a '^MEM '; }
-for n in 2 4; do
-  for z in 0 1 2 3; do
-    mem $n $z > "$tmp/mem"
-    awk -v psi=$psi -v n=$n -v z=$z '
+mem() { "$loom" launch -n "$1" "$here/recipes/zero_memory.lua" mesh.dp="$1" strategy.zero="$2" "${@:3}" | sed 's/^\[rank [0-9]*\] //' | grep -a '^MEM '; }
+# held N Z W: each rank's MEM line against the formulas, W bytes a compute weight. fp32
+# (W = 4): the paper's. bf16 (W = 2, precision=bf16): a 2-byte compute copy (whole under
+# every stage), fp32 gradients (4), AdamW (8) and the fp32 master (4, whole under
+# zero=1/2, partitioned under zero=3): 18Ψ, 10Ψ + 8Ψ/N, 6Ψ + 12Ψ/N, 2Ψ + 16Ψ/N.
+held() {
+  awk -v psi=$psi -v n=$1 -v z=$2 -v w=$3 '
       function check(what, got, want) {
         r = got / want
-        if (!(r > 0.9 && r < 1.1)) { printf "dp=%d zero=%d %s: %d bytes, formula %.0f (ratio %.3f)\n", n, z, what, got, want, r; bad = 1 }
+        if (!(r > 0.9 && r < 1.1)) { printf "dp=%d zero=%d %d-byte weights %s: %d bytes, formula %.0f (ratio %.3f)\n", n, z, w, what, got, want, r; bad = 1 }
       }
       { p = $3; g = $4; o = $5; m = $6
-        check("params", p, z == 3 ? 4 * psi / n : 4 * psi)
+        check("params", p, z == 3 && w == 4 ? 4 * psi / n : w * psi)
         check("grads", g, z >= 2 ? 4 * psi / n : 4 * psi)
         check("optimizer", o, z >= 1 ? 8 * psi / n : 8 * psi)
-        if (m != 0) { print "master weights under fp32: " m; bad = 1 }
-        want = z == 0 ? 16 * psi : z == 1 ? 8 * psi + 8 * psi / n : z == 2 ? 4 * psi + 12 * psi / n : 16 * psi / n
+        if (w == 4 && m != 0) { print "master weights under fp32: " m; bad = 1 }
+        if (w != 4) check("master", m, z == 3 ? 4 * psi / n : 4 * psi)
+        if (w == 4)
+          want = z == 0 ? 16 * psi : z == 1 ? 8 * psi + 8 * psi / n : z == 2 ? 4 * psi + 12 * psi / n : 16 * psi / n
+        else
+          want = z == 0 ? 18 * psi : z == 1 ? 10 * psi + 8 * psi / n : z == 2 ? 6 * psi + 12 * psi / n : 2 * psi + 16 * psi / n
         check("model states", p + g + o + m, want)
         got = p + g + o + m; rows++ }
       END {
         if (rows != n) { print "expected " n " MEM lines, got " rows; bad = 1 }
         if (bad) exit 1
-        printf "ok memory dp=%d zero=%d: %d bytes of model states per rank, formula %.0f (Ψ=%d)\n", n, z, got, want, psi
+        printf "ok memory dp=%d zero=%d %s: %d bytes of model states per rank, formula %.0f (Ψ=%d)\n", n, z, w == 4 ? "fp32" : "bf16", got, want, psi
       }' "$tmp/mem"
+}
+for n in 2 4; do
+  for z in 0 1 2 3; do
+    mem $n $z > "$tmp/mem"
+    held $n $z 4
   done
+done
+for nz in "2 1" "2 2" "2 3" "4 3"; do
+  mem $nz precision=bf16 > "$tmp/mem"
+  held $nz 2
 done
 # 8 layers: the model computes in full-size buffers whose pages go back to the OS as each
 # bucket is reduced (stage 2's gradients) or each unit is done (stage 3's parameters);

@@ -230,11 +230,7 @@ function cli.bench(args)
     error(string.format("bench: --sizes %s must satisfy 4 <= MIN <= MAX bytes (e.g. 1K:64M)", sizes), 0)
   end
   local script = package.searchpath("loom.bench_comm", package.path)
-  -- MPI's ranks must come from its own launcher; every other communicator uses loom launch.
-  local launcher = comm == "mpi"
-    and string.format("mpirun --allow-run-as-root --oversubscribe -np %d -x MASTER_PORT=%d %q run",
-      n, 20000 + math.random(0, 19999), LOOM_EXE)
-    or string.format("%q launch -n %d", LOOM_EXE, n)
+  local launcher = require("loom.launcher").ranks(comm, n)
   local cmd = string.format("%s %q op=%s min=%d max=%d iters=%s comm=%s", launcher, script, op,
     bytes_of(lo), bytes_of(hi), iters, comm)
   local ok, how, code = os.execute(cmd)

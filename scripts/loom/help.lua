@@ -150,7 +150,7 @@ example:
   plan = [[
 usage: loom plan RECIPE [key=value ...] [--machine NAME|FILE] [--devices-per-node G] [--json]
        loom plan RECIPE --world N --devices-per-node G --mem 80GiB [--any-tp] [--any-pp] [--top K]
-       loom plan --calibrate [--cpu-clock] [--out FILE] [-n RANKS] [--disk-dir DIR]
+       loom plan --calibrate [--cpu-clock] [--out FILE] [-n RANKS] [--comm NAME] [--disk-dir DIR]
 
 Before a run, without allocating the model: each rank's bytes by category (parameters,
 gradients, optimizer state, master weights, activations under the recipe's recompute and
@@ -172,7 +172,8 @@ options:
   --top K              rows shown (default 10)
   --json               the plan as JSON
   --calibrate          measure this machine (GEMM, attention, element-wise, AdamW, memory
-                       bandwidth; shm collectives over -n RANKS; the runtime's own bytes;
+                       bandwidth; collectives over -n RANKS of --comm (shm, or mpi
+                       through mpirun; nccl is not calibrated); the runtime's own bytes;
                        an offload file's reads and writes)
   --disk-dir DIR       where --calibrate times the offload file (default $TMPDIR, else /tmp)
   --cpu-clock          calibrate with CPU time (a loaded machine: its waits left out)

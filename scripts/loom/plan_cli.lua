@@ -2,7 +2,7 @@
 -- plan (docs/PLAN.md):
 --   loom plan RECIPE [key=value ...] [--machine NAME|FILE] [--devices-per-node G]
 --   loom plan RECIPE --world N --devices-per-node G --mem 80GiB [--any-tp] [--any-pp] [--top K]
---   loom plan --calibrate [--out FILE] [-n RANKS] [--cpu-clock] [--disk-dir DIR]
+--   loom plan --calibrate [--out FILE] [-n RANKS] [--comm shm|mpi] [--cpu-clock] [--disk-dir DIR]
 -- A recipe is read by running it with loom.train capturing its checked table (nothing is
 -- allocated, no rank starts). With no --machine the calibrated profile is used
 -- (plan_machine.default_path()), else the bundled "cpu-2core".
@@ -126,7 +126,7 @@ local function parse(args)
   local o = { overrides = {} }
   local flags = { ["--machine"] = "machine", ["--world"] = "world", ["--devices-per-node"] = "per_node",
     ["--mem"] = "mem", ["--out"] = "out", ["-n"] = "ranks", ["--top"] = "top",
-    ["--disk-dir"] = "disk_dir" }
+    ["--disk-dir"] = "disk_dir", ["--comm"] = "comm" }
   local i = 1
   while i <= #args do
     local a = args[i]
@@ -179,7 +179,12 @@ end
 function cli.main(args)
   local o = parse(args or {})
   if o.calibrate then
-    local prof = machine.calibrate { ranks = o.ranks or 2, cpu_clock = o.cpu_clock, disk_dir = o.disk_dir }
+    if o.comm then
+      local ok, err = pcall(core.check_plugin, "comm", { name = o.comm })
+      if not ok then fail("--comm %s: %s", o.comm, err) end
+    end
+    local prof = machine.calibrate { ranks = o.ranks or 2, cpu_clock = o.cpu_clock, disk_dir = o.disk_dir,
+      comm = o.comm }
     local path = machine.save(prof, o.out)
     local r1 = prof.device.rates["1"]
     print(string.format("calibrated: %d cores, GEMM %.3g-%.3g GFLOP/s forward (1 thread), bandwidth %.3g GB/s, "

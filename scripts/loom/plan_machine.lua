@@ -109,8 +109,8 @@ end
 function machine.bench_comm(n, comm, cpu_clock)
   local out = os.tmpname()
   local script = package.searchpath("loom.plan_comm", package.path)
-  local cmd = string.format("%q launch -n %d %q out=%s comm=%s clock=%s >/dev/null", LOOM_EXE, n, script,
-    out, comm, cpu_clock and "cpu" or "wall")
+  local cmd = string.format("%s %q out=%s comm=%s clock=%s >/dev/null", require("loom.launcher").ranks(comm, n),
+    script, out, comm, cpu_clock and "cpu" or "wall")
   local ok = os.execute(cmd)
   local v = ok and read(out)
   os.remove(out)

@@ -186,6 +186,14 @@ else
   echo "SKIP wall-clock step time: load average $load on $cores cores (wall time measures the other processes too; the CPU-time figures above are the check, where the load lets it be enforced)"
 fi
 
+# --calibrate over Open MPI (mpirun), where it and the plugin exist: the profile names
+# the communicator and holds its measured allreduce.
+if command -v mpirun >/dev/null && "$loom" plugins | grep -q '^comm  *mpi '; then
+  "$loom" plan --calibrate --comm mpi --cpu-clock --out "$tmp/mpi.json" > /dev/null
+  grep -q '"comm":"mpi"' "$tmp/mpi.json" && grep -q '"allreduce":{[^}]*"latency_s":[0-9.e-]*[1-9]' "$tmp/mpi.json" \
+    || { echo "FAIL: --calibrate --comm mpi: no mpi profile"; head -c 600 "$tmp/mpi.json"; fail=1; }
+fi
+
 # The search over a small grid: which 2-rank layout of 8 sequences per step is fastest,
 # measured (the CPU time per step of the rank with the most, per token) and predicted.
 cat > "$tmp/search.lua" <<EOF

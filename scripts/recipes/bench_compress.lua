@@ -24,6 +24,7 @@ local function link_bytes() -- rx + tx of BENCH_NETDEV in this process's network
   return sum
 end
 local link0, link1
+link_bytes() -- a missing device stops rank 0 here, before any step
 local timed_ms, timed_tokens, timed_comm, n = 0, 0, 0, 0
 local losses, cbytes, gbytes = {}, nil, nil
 local session, summary = loom.train {

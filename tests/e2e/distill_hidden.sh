@@ -6,6 +6,8 @@
 #    its AdamW moments) in the checkpoint and resumes bitwise; hidden = 0 gives the bits of
 #    the run without teacher.layers, hidden = 1 other losses;
 #  - canonical mode: dp=1 and dp=2 give the same bits; fast mode dp=2 within 1e-4;
+#  - tp = 2 (no sequence parallelism), the teacher replicated or split (teacher.tp = 2):
+#    canonical mode gives tp=1's bits; fast mode within 1e-6 of one rank;
 #  - teacher.attention (with the hidden term): other losses than without it, save at 3 +
 #    resume bitwise, canonical dp=1 = dp=2 bitwise, recompute full / selective bitwise;
 #  - under ZeRO (stages 1 and 3, accumulation 2) and in bf16 / fp16 (both terms): canonical
@@ -16,7 +18,8 @@
 #    bits, save + resume bitwise;
 #  - refusals: a student or teacher block out of range, attention without layers or with
 #    another head count, a cache, hidden without layers, a mapped block off pp's last
-#    stage.
+#    stage, sequence parallelism, attention under tp, teacher.layers with teacher.tp
+#    across dp ranks.
 set -euo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -57,6 +60,22 @@ cmp -s "$tmp/c1" "$tmp/c2" || { echo "canonical teacher.layers: dp=2 differs fro
 d=$(max_loss_diff "$tmp/s.out" "$tmp/dp2.out")
 below "$d" 1e-4 || { echo "teacher.layers at dp=2 differs from one rank by $d"; exit 1; }
 echo "ok teacher.layers: canonical dp=1 and dp=2 bitwise over 6 steps; fast dp=2 within $d of one rank"
+
+# --- tp (no sequence parallelism): h whole on every rank, the projection replicated ---------
+# canonical tp=2 gives tp=1's bits (c1) with the teacher replicated and split over the tp
+# group (teacher.tp=2); fast tp=2 with the split teacher within 1e-6 of one rank (s.out;
+# measured 2.6e-8 — a projection gradient summed over tp, tried once, is 3.7e-5 off)
+hidt=$(kd ',layers={[0]=1},hidden=1,tp=2')
+"$loom" launch -n 2 "$recipe" mesh.tp=2 comm_timeout=20 "${canon[@]}" | grep '^LOSS' > "$tmp/t2"
+"$loom" launch -n 2 "$recipe" mesh.tp=2 comm_timeout=20 "${canon[@]}" "$hidt" | grep '^LOSS' > "$tmp/t2t"
+for f in t2 t2t; do
+  [ "$(grep -c '^LOSS' "$tmp/$f")" -eq 6 ] && cmp -s "$tmp/c1" "$tmp/$f" ||
+    { echo "canonical teacher.layers: tp=2 ($f) differs from tp=1"; paste "$tmp/c1" "$tmp/$f"; exit 1; }
+done
+"$loom" launch -n 2 "$recipe" mesh.tp=2 comm_timeout=20 steps=6 "$hidt" > "$tmp/tpf.out"
+d=$(max_loss_diff "$tmp/s.out" "$tmp/tpf.out")
+below "$d" 1e-6 || { echo "teacher.layers at tp=2 (teacher.tp=2) differs from one rank by $d"; exit 1; }
+echo "ok teacher.layers: canonical tp=2 (teacher replicated, teacher.tp=2) bitwise tp=1 over 6 steps; fast tp=2 within $d of one rank"
 
 # --- the attention-probability term ----------------------------------------------------------
 att=$(kd ',layers={[0]=1},hidden=1,attention=2')
@@ -147,4 +166,10 @@ refuse cache 'which a cache (loom distill-cache: logits only) does not hold' \
   "$loom" run "$recipe" steps=1 'teacher={cache="x.kdc",layers={[0]=1}}'
 refuse pp 'under pp: student block 0 is not in the last stage'"'"'s last chunk' \
   "$loom" launch -n 2 "$recipe" steps=1 model.layers=2 mesh.pp=2 comm_timeout=20 "$hid"
-echo "ok refused: student / teacher block out of range, attention without layers or with 4 heads against 2, hidden without layers, hidden < 0, a cache, a block off pp's last stage"
+refuse tp-sp 'hidden-state terms with sequence parallelism are not built yet' \
+  "$loom" launch -n 2 "$recipe" steps=1 mesh.tp=2 tp_sequence_parallel=true comm_timeout=20 "$hid"
+refuse tp-attention 'parallelism (each rank holds some heads) is not built yet' \
+  "$loom" launch -n 2 "$recipe" steps=1 mesh.tp=2 comm_timeout=20 "$att"
+refuse teacher-tp-dp 'teacher.layers with teacher.tp = 2 across dp ranks is not built yet' \
+  "$loom" launch -n 2 "$recipe" steps=1 mesh.dp=2 comm_timeout=20 "$hidt"
+echo "ok refused: student / teacher block out of range, attention without layers or with 4 heads against 2, hidden without layers, hidden < 0, a cache, a block off pp's last stage, the hidden term under sequence parallelism, the attention term under tp, teacher.layers with teacher.tp across dp ranks"

@@ -272,12 +272,16 @@ static loom_status distill_hidden_open(loom_session *s, const loom_session_confi
     if (tc->heads != mc->heads)
         LOOM_FAIL(LOOM_ERR_INVALID, "teacher.attention: the student has %d heads, the teacher %d",
                   mc->heads, tc->heads);
+    if (s->tensor && !s->teacher_tp) /* the term pairs each rank's heads with the same heads */
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.attention with mesh.tp > 1 needs the teacher "
+                  "split the same way (teacher.tp = mesh.tp); a replicated teacher is not built");
+    int held = s->teacher_tp ? tc->heads / cfg->kd_teacher_tp : tc->heads; /* this rank's */
     for (int l = 0; l < mc->layers; l++) {
         s->kd_att[l] = s->kd_map[l] >= 0 ? loom_gpt_block_attention(s->teacher, s->kd_map[l]) : NULL;
         if (s->kd_map[l] >= 0 && !s->kd_att[l])
             LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.attention: the teacher's block %d does not keep "
                       "all its heads' probabilities here (recomputed or split over tp)", s->kd_map[l]);
-        size_t A = (size_t)cfg->accum * cfg->micro_batch * tc->heads * cfg->seq * cfg->seq;
+        size_t A = (size_t)cfg->accum * cfg->micro_batch * held * cfg->seq * cfg->seq;
         if (s->kd_map[l] >= 0 && s->pipe) { /* each micro-batch's (B,NH,T,T) of the step */
             if (!(s->kd_astep[l] = malloc(A * sizeof(float))))
                 LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the teacher's probabilities of a step");
@@ -391,7 +395,8 @@ static loom_status make_teacher(loom_session *s, const loom_session_config *cfg)
 static void distill_pipeline_terms(loom_session *s, int a)
 {
     const loom_gpt_config *tc = loom_gpt_get_config(s->teacher);
-    size_t bt = (size_t)s->cfg.micro_batch * s->cfg.seq, A = bt * (size_t)tc->heads * s->cfg.seq;
+    int held = s->teacher_tp ? tc->heads / s->cfg.kd_teacher_tp : tc->heads; /* tp: some heads */
+    size_t bt = (size_t)s->cfg.micro_batch * s->cfg.seq, A = bt * (size_t)held * s->cfg.seq;
     for (int l = 0; s->kd_hidden_on && l < loom_gpt_get_config(s->model)->layers; l++) {
         int t = s->kd_map[l];
         if (t >= 0 && s->kd_hstep[l])

@@ -4,7 +4,8 @@
  * diagonal in both, so those entries add nothing). The mean over rows the trainer takes
  * of per-token losses makes it gamma * mean over heads and queries of sum_keys (P_s-P_t)^2.
  * Its gradient with respect to P_s goes to backend.h's attention_backward_datt.
- * Sums in double in fixed order: the same bits whatever the thread count or layout.
+ * Sums in double in fixed order: the same bits whatever the thread count or layout; under
+ * tp each rank's heads' sums are gathered and added in head order, one rank's order.
  */
 #include "gpt_distill.h"
 

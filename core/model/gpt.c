@@ -1013,7 +1013,7 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
         LOOM_TRY(use(m, 1 + l, 1));
         LOOM_TRY(gpt_block_forward(m, l, residual, B, T, Rl));
         if (targets && dloss != 0.0f)
-            gpt_distill_attn_forward(m, l, targets, B, T, dloss); /* gpt_distill.h */
+            LOOM_TRY(gpt_distill_attn_forward(m, l, targets, B, T, dloss)); /* gpt_distill.h */
         LOOM_TRY(use(m, 1 + l, 0));
         residual = m->acts[l].res3;
     }

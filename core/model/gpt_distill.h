@@ -10,9 +10,10 @@
  * through learned projections: loom_gpt_set_distill_hidden (below). Under tensor
  * parallelism the student's vocabulary-parallel rows are all-gathered and the term computed
  * on whole rows, as one rank would (the same bits where the logits are: canonical mode);
- * each rank keeps its columns of the gradient. What it does not: the intermediate terms
- * (hidden states, attention probabilities) under tp, or under pp for blocks off the last
- * stage's last chunk (gpt_distill_hidden.c).
+ * each rank keeps its columns of the gradient; the hidden-state terms run replicated on
+ * every tp rank (h whole, the projection replicated), the attention term on each rank's
+ * heads (gpt_distill_attn.c). What it does not: the intermediate terms under sequence
+ * parallelism, or under pp for blocks off the last stage's last chunk.
  * Host memory: the CPU backend's buffers are host memory (as session.c's optimizer assumes).
  */
 #ifndef LOOM_CORE_GPT_DISTILL_H
@@ -62,14 +63,15 @@ void loom_kd_attention_rows(const float *ps, const float *pt, int B, int NH, int
  * them again). The caller checks that the teacher's head count equals the student's.
  * teacher_att NULL: off. A pipeline stage: teacher_att[l] holds the step's micro-batches'
  * in turn, picked by targets as loom_gpt_set_distill_step's rows (which must be set).
- * Refused under tp, pp off the last chunk, llama, MoE and a backend without
- * attention_backward_datt. */
+ * Under tp: this rank's NHl heads of the student and of the teacher (split the same way),
+ * each head's row sums gathered over tp and added in head order. Refused under pp off the
+ * last chunk, llama, MoE and a backend without attention_backward_datt. */
 loom_status loom_gpt_set_distill_attention(loom_gpt *m, const float *const *teacher_att,
                                            float gamma);
 
 /* Block l's attention probabilities of the last forward (B,NH,T,T; host memory on the CPU
- * backend), NULL if l is not held, is recomputed (not kept) or holds some heads only (tp):
- * a teacher's. */
+ * backend), NULL if l is not held or is recomputed (not kept): a teacher's. Under tp this
+ * rank's heads only, (B,NHl,T,T). */
 const float *loom_gpt_block_attention(const loom_gpt *m, int l);
 
 /* Hidden-state terms (gpt_distill_hidden.c): per student block l with a projection
@@ -85,8 +87,8 @@ void loom_kd_hidden_rows(const float *hs, const float *ht, const float *w, size_
 /* The next training forwards of m add the terms against teacher_h[l] (cfg.layers pointers;
  * NULL: block l unmapped), R rows of kd_proj_dim each, host memory, valid until that
  * forward returns (a pipeline stage: the step's rows, picked by the forward's targets as
- * loom_gpt_set_distill_step's, which must be set). teacher_h NULL: off. Refused under tp,
- * and under pp for a block off the last stage's last chunk. */
+ * loom_gpt_set_distill_step's, which must be set). teacher_h NULL: off. Refused under
+ * sequence parallelism, and under pp for a block off the last stage's last chunk. */
 loom_status loom_gpt_set_distill_hidden(loom_gpt *m, const float *const *teacher_h, float beta);
 
 /* Block l's output rows of the last forward (host memory on the CPU backend), NULL if l is

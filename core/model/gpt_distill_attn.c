@@ -4,7 +4,8 @@
  * diagonal in both, so those entries add nothing). The mean over rows the trainer takes
  * of per-token losses makes it gamma * mean over heads and queries of sum_keys (P_s-P_t)^2.
  * Its gradient with respect to P_s goes to backend.h's attention_backward_datt.
- * Sums in double in fixed order: the same bits whatever the thread count or layout.
+ * Sums in double in fixed order: the same bits whatever the thread count or layout; under
+ * tp each rank's heads' sums are gathered and added in head order, one rank's order.
  */
 #include "gpt_distill.h"
 
@@ -15,14 +16,16 @@ void loom_kd_attention_rows(const float *ps, const float *pt, int B, int NH, int
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
             double sq = 0.0;
-            for (int h = 0; h < NH; h++) {
+            for (int h = 0; h < NH; h++) { /* each head's sum, then heads in order: tp's order */
                 size_t row = (((size_t)b * NH + h) * T + t) * T;
+                double sh = 0.0;
                 for (int j = 0; j < T; j++) {
                     double d = (double)ps[row + j] - pt[row + j];
-                    sq += d * d;
+                    sh += d * d;
                     if (dp)
                         dp[row + j] = (float)(g * d);
                 }
+                sq += sh;
             }
             loss[(size_t)b * T + t] += w * sq;
         }
@@ -46,9 +49,6 @@ loom_status loom_gpt_set_distill_attention(loom_gpt *m, const float *const *teac
                                            float gamma)
 {
     const loom_backend_ops *k = m->be->ops;
-    if (teacher_att && m->tp_ops)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "distillation's attention-probability term with tensor "
-                  "parallelism (each rank holds some heads) is not built yet; use tp = 1");
     if (teacher_att && m->llama)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "distillation's attention-probability term is built for "
                   "the GPT-2 block, not the llama family's (grouped-query attention)");
@@ -75,7 +75,8 @@ loom_status loom_gpt_set_distill_attention(loom_gpt *m, const float *const *teac
     if (teacher_att && !m->kd_datt) {
         m->kd_datt = malloc(R * (size_t)m->NHl * (size_t)m->cfg.ctx * sizeof(float));
         m->kd_aloss = malloc(R * sizeof(double));
-        if (!m->kd_datt || !m->kd_aloss)
+        m->kd_hsum = malloc((size_t)(m->tp + 1) * R * (size_t)m->NHl * sizeof(double));
+        if (!m->kd_datt || !m->kd_aloss || !m->kd_hsum)
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the attention-probability term");
     }
     m->kd_att = teacher_att;
@@ -87,9 +88,9 @@ loom_status loom_gpt_set_distill_attention(loom_gpt *m, const float *const *teac
 
 const float *loom_gpt_block_attention(const loom_gpt *m, int l)
 {
-    if (l < 0 || l >= m->cfg.layers || !m->own[l] || m->rc[l] != RC_KEEP || m->tp_ops)
-        return NULL; /* not held, not kept past its block, or some heads only */
-    return m->acts[l].att;
+    if (l < 0 || l >= m->cfg.layers || !m->own[l] || m->rc[l] != RC_KEEP)
+        return NULL; /* not held, or not kept past its block */
+    return m->acts[l].att; /* under tp: this rank's NHl heads */
 }
 
 /* The teacher's probabilities for block l of the micro-batch whose first step row is r0
@@ -100,10 +101,11 @@ static const float *teacher_probs(const loom_gpt *m, int l, size_t r0, int B, in
     return m->kd_att[l] + r0 / R * A;
 }
 
-void gpt_distill_attn_forward(loom_gpt *m, int l, const int *targets, int B, int T, float dloss)
+loom_status gpt_distill_attn_forward(loom_gpt *m, int l, const int *targets, int B, int T,
+                                     float dloss)
 {
     if (!m->kd_att)
-        return;
+        return LOOM_OK;
     struct gpt_kd_slot *ks = &m->kd_slot[m->cur_slot];
     size_t R = (size_t)B * T;
     if (l == m->kd_a_first) {
@@ -113,9 +115,35 @@ void gpt_distill_attn_forward(loom_gpt *m, int l, const int *targets, int B, int
         ks->a_scale = dloss;
     }
     if (!m->kd_att[l] || !ks->a_live)
-        return;
-    loom_kd_attention_rows(m->acts[l].att, teacher_probs(m, l, ks->r0, B, T), B, m->NHl, T,
-                           m->kd_gamma, dloss, m->kd_aloss, NULL);
+        return LOOM_OK;
+    /* each of this rank's heads' sum per row (loom_kd_attention_rows' order), gathered over
+     * tp and added in head order: rank p holds heads p*NHl ..; the same bits at any tp */
+    int NHl = m->NHl, P = m->tp_ops ? m->tp : 1;
+    const float *ps = m->acts[l].att, *pt = teacher_probs(m, l, ks->r0, B, T);
+    double *mine = m->kd_hsum, *all = m->tp_ops ? m->kd_hsum + R * (size_t)NHl : mine;
+    for (size_t r = 0; r < R; r++)
+        for (int h = 0; h < NHl; h++) {
+            size_t b = r / (size_t)T, t = r % (size_t)T;
+            size_t row = ((b * (size_t)NHl + (size_t)h) * (size_t)T + t) * (size_t)T;
+            double sh = 0.0;
+            for (int j = 0; j < T; j++) {
+                double d = (double)ps[row + j] - pt[row + j];
+                sh += d * d;
+            }
+            mine[r * (size_t)NHl + (size_t)h] = sh;
+        }
+    if (m->tp_ops) /* doubles moved as pairs of floats: a gather copies, it does not add */
+        LOOM_TRY(m->tp_ops->tensor_allgather(m->tp_self, (const float *)mine, (float *)all,
+                                             2 * R * (size_t)NHl));
+    const double w = (double)m->kd_gamma / m->cfg.heads;
+    for (size_t r = 0; r < R; r++) {
+        double sq = 0.0;
+        for (int p = 0; p < P; p++)
+            for (int h = 0; h < NHl; h++)
+                sq += all[((size_t)p * R + r) * (size_t)NHl + (size_t)h];
+        m->kd_aloss[r] += w * sq;
+    }
+    return LOOM_OK;
 }
 
 void gpt_attention_backward(loom_gpt *m, int l, float *dqkv, const float *datty, int B, int T)
@@ -129,8 +157,13 @@ void gpt_attention_backward(loom_gpt *m, int l, float *dqkv, const float *datty,
     }
     /* d(probabilities) from the saved ones; the loss rows it also adds land in kd_aloss,
      * already added to the losses and cleared by the next forward */
-    loom_kd_attention_rows(a->att, teacher_probs(m, l, ks->r0, B, T), B, m->NHl, T, m->kd_gamma,
-                           ks->a_scale, m->kd_aloss, m->kd_datt);
+    {   /* this rank's heads: 2 gamma/NH (P_s - P_t), NH the model's head count */
+        const float *ps = a->att, *pt = teacher_probs(m, l, ks->r0, B, T);
+        const double g = 2.0 * ((double)m->kd_gamma / m->cfg.heads) * ks->a_scale;
+        size_t n = (size_t)B * m->NHl * (size_t)T * (size_t)T;
+        for (size_t i = 0; i < n; i++)
+            m->kd_datt[i] = (float)(g * ((double)ps[i] - pt[i]));
+    }
     k->attention_backward_datt(dqkv, m->datt_scratch, datty, a->qkv, a->att, m->kd_datt, B, T,
                                m->Cl, m->NHl);
     if (l == m->kd_a_first)
@@ -141,4 +174,5 @@ void gpt_distill_attn_free(loom_gpt *m)
 {
     free(m->kd_datt);
     free(m->kd_aloss);
+    free(m->kd_hsum);
 }

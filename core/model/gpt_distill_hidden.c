@@ -7,7 +7,9 @@
  * several micro-batches in flight) — and the backward adds W_l's to grads at the head
  * (while the projection's unit is in use, before its gradients are reported ready) and
  * d term / d h_s to d(res3 of l) just before block l's backward.
- * Sums in double, in fixed row and column order: the same bits whatever the thread count.
+ * Sums in double, in fixed row and column order: the same bits whatever the thread count
+ * and, under tp (no sequence parallelism: h and the projection whole on every rank), the
+ * same bits on every tp rank.
  */
 #include <math.h>
 #include <stdint.h>
@@ -99,9 +101,15 @@ loom_status gpt_distill_terms_check(loom_gpt *m, const float *const *map, const 
 
 loom_status loom_gpt_set_distill_hidden(loom_gpt *m, const float *const *teacher_h, float beta)
 {
-    if (teacher_h && m->tp_ops)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "distillation's hidden-state terms with tensor "
-                  "parallelism are not built yet; use tp = 1 (one rank, dp, zero or pp)");
+    /* Under tp without sequence parallelism res3 and d(res3) are whole on every rank and
+     * the projection is replicated (split_dim -1): each rank computes the same term and
+     * the same projection gradient, which the tp layout neither sums nor counts twice
+     * (replicated gradients are whole per rank; the norm takes tp rank 0's). With
+     * sequence parallelism each rank holds some rows of h only. */
+    if (teacher_h && m->sp)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "distillation's hidden-state terms with sequence "
+                  "parallelism are not built yet (each tp rank holds some rows of the block "
+                  "outputs); leave tp_sequence_parallel off");
     if (teacher_h && !(beta >= 0.0f && isfinite(beta)))
         LOOM_FAIL(LOOM_ERR_INVALID, "teacher.hidden=%g must be a finite weight >= 0", beta);
     int L = m->cfg.layers, S = m->slots;

@@ -145,6 +145,7 @@ struct loom_gpt {
     float kd_gamma;
     float *kd_datt;
     double *kd_aloss;
+    double *kd_hsum; /* (tp + 1, R, NHl): this rank's per-head row sums, then all ranks' */
     int kd_a_first;
     /* per activation slot, what a training forward of the terms left for its backward */
     struct gpt_kd_slot {
@@ -184,7 +185,8 @@ loom_status gpt_distill_terms_check(loom_gpt *m, const float *const *map, const 
 void gpt_distill_hidden_free(loom_gpt *m);
 /* The attention term (gpt_distill_attn.c): after block l's training forward, its loss rows;
  * block l's attention backward (the term's d(probabilities) joined when it has one). */
-void gpt_distill_attn_forward(loom_gpt *m, int l, const int *targets, int B, int T, float dloss);
+loom_status gpt_distill_attn_forward(loom_gpt *m, int l, const int *targets, int B, int T,
+                                     float dloss);
 void gpt_attention_backward(loom_gpt *m, int l, float *dqkv, const float *datty, int B, int T);
 void gpt_distill_attn_free(loom_gpt *m);
 /* A stage's forward with these targets: point kd_teacher at their rows of the step's

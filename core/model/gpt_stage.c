@@ -150,7 +150,7 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
         LOOM_TRY(use(m, l + 1 < hi ? 2 + l : head ? m->cfg.layers + 1 : -1, LOOM_PARAM_SOON));
         LOOM_TRY(gpt_block_forward(m, l, residual, B, T, Rl));
         if (head && targets && dloss != 0.0f)
-            gpt_distill_attn_forward(m, l, targets, B, T, dloss); /* gpt_distill.h */
+            LOOM_TRY(gpt_distill_attn_forward(m, l, targets, B, T, dloss)); /* gpt_distill.h */
         LOOM_TRY(use(m, 1 + l, 0));
         residual = m->acts[l].res3;
     }

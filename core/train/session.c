@@ -238,9 +238,11 @@ static loom_status check_precision(loom_session *s, const loom_session_config *c
 }
 
 /* teacher.layers (gpt_distill.h's hidden-state terms; teacher.attention on the same pairs):
- * one rank, dp or zero, any precision; the map copied, the teacher's block outputs (and
- * probabilities) bound (its activation buffers, rewritten by each teacher forward) and the
- * student's checks run now rather than at step 1. */
+ * one rank, dp, zero, pp or tp (no sequence parallelism; the teacher replicated or split
+ * over the student's tp group, its block outputs whole on every rank), any precision; the
+ * map copied, the teacher's block outputs (and probabilities) bound (its activation
+ * buffers, rewritten by each teacher forward) and the student's checks run now rather than
+ * at step 1. */
 static loom_status distill_hidden_open(loom_session *s, const loom_session_config *cfg)
 {
     const loom_gpt_config *tc = loom_gpt_get_config(s->teacher), *mc = loom_gpt_get_config(s->model);
@@ -270,12 +272,16 @@ static loom_status distill_hidden_open(loom_session *s, const loom_session_confi
     if (tc->heads != mc->heads)
         LOOM_FAIL(LOOM_ERR_INVALID, "teacher.attention: the student has %d heads, the teacher %d",
                   mc->heads, tc->heads);
+    if (s->tensor && !s->teacher_tp) /* the term pairs each rank's heads with the same heads */
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.attention with mesh.tp > 1 needs the teacher "
+                  "split the same way (teacher.tp = mesh.tp); a replicated teacher is not built");
+    int held = s->teacher_tp ? tc->heads / cfg->kd_teacher_tp : tc->heads; /* this rank's */
     for (int l = 0; l < mc->layers; l++) {
         s->kd_att[l] = s->kd_map[l] >= 0 ? loom_gpt_block_attention(s->teacher, s->kd_map[l]) : NULL;
         if (s->kd_map[l] >= 0 && !s->kd_att[l])
             LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.attention: the teacher's block %d does not keep "
                       "all its heads' probabilities here (recomputed or split over tp)", s->kd_map[l]);
-        size_t A = (size_t)cfg->accum * cfg->micro_batch * tc->heads * cfg->seq * cfg->seq;
+        size_t A = (size_t)cfg->accum * cfg->micro_batch * held * cfg->seq * cfg->seq;
         if (s->kd_map[l] >= 0 && s->pipe) { /* each micro-batch's (B,NH,T,T) of the step */
             if (!(s->kd_astep[l] = malloc(A * sizeof(float))))
                 LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the teacher's probabilities of a step");
@@ -305,11 +311,12 @@ static loom_status teacher_layout(loom_session *s, const loom_session_config *cf
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.tp = %d with mesh.tp = %d is not built yet: with "
                   "mesh.tp > 1 the teacher is split over the student's tp group (teacher.tp = "
                   "mesh.tp) or replicated (teacher.tp = 1)", n, tp);
-    if (cfg->kd_layers)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.layers with teacher.tp > 1 is not built yet (the "
-                  "hidden-state terms read a whole teacher's block outputs); use teacher.tp = 1");
     size_t rows = (size_t)cfg->micro_batch * cfg->seq, vp = (size_t)cfg->teacher->vocab_padded;
     if (tp == 1) { /* across dp ranks */
+        if (cfg->kd_layers) /* the teacher's res3 is then another member's micro-batch's */
+            LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.layers with teacher.tp = %d across dp ranks "
+                      "is not built yet (the group keeps each member's logits, not its block "
+                      "outputs); split the teacher over mesh.tp, or use teacher.tp = 1", n);
         if (s->pipe || cfg->ep > 1)
             LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.tp = %d across dp ranks with %s is not built "
                       "yet; split the teacher over mesh.tp, or replicate it (teacher.tp = 1)", n,
@@ -349,9 +356,6 @@ static loom_status teacher_rows(loom_session *s, size_t R, const float **rows)
 static loom_status make_teacher(loom_session *s, const loom_session_config *cfg)
 {
     const loom_gpt_config *tc = cfg->teacher, *mc = loom_gpt_get_config(s->model);
-    if (cfg->kd_layers && s->tensor)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.layers (hidden-state terms) with mesh.tp > 1 is "
-                  "not built yet; the term on the logits is (leave teacher.layers out)");
     if (cfg->kd_cache && cfg->kd_teacher_tp > 1)
         LOOM_FAIL(LOOM_ERR_INVALID, "teacher.tp = %d with teacher.cache: a cache runs no teacher "
                   "to split; leave teacher.tp out", cfg->kd_teacher_tp);
@@ -391,7 +395,8 @@ static loom_status make_teacher(loom_session *s, const loom_session_config *cfg)
 static void distill_pipeline_terms(loom_session *s, int a)
 {
     const loom_gpt_config *tc = loom_gpt_get_config(s->teacher);
-    size_t bt = (size_t)s->cfg.micro_batch * s->cfg.seq, A = bt * (size_t)tc->heads * s->cfg.seq;
+    int held = s->teacher_tp ? tc->heads / s->cfg.kd_teacher_tp : tc->heads; /* tp: some heads */
+    size_t bt = (size_t)s->cfg.micro_batch * s->cfg.seq, A = bt * (size_t)held * s->cfg.seq;
     for (int l = 0; s->kd_hidden_on && l < loom_gpt_get_config(s->model)->layers; l++) {
         int t = s->kd_map[l];
         if (t >= 0 && s->kd_hstep[l])

@@ -14,7 +14,7 @@
  * gathered whole before it is read.
  */
 #define _DEFAULT_SOURCE /* madvise, mincore */
-#include "zero_internal.h"
+#include "zero_ep_internal.h" /* the pin under expert parallelism */
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -48,7 +48,7 @@ void zero_drop_pages(loom_zero *z, size_t lo, size_t hi)
 }
 
 /* Resident bytes of the parameter buffer now, kept as a peak. */
-static void measure(loom_zero *z)
+void zero_measure_params(loom_zero *z)
 {
     size_t page = page_size();
     uintptr_t a = (uintptr_t)loom_gpt_param_data(z->model);
@@ -151,7 +151,7 @@ static loom_status need(loom_zero *z, int u)
     else if (!z->staged && next == z->n_units) /* ln_f, going up: the LM head computes next,
                                                 * then backward needs the last block first */
         LOOM_TRY(read_ahead(z, u - 1));
-    measure(z);
+    zero_measure_params(z);
     return LOOM_OK;
 }
 
@@ -278,6 +278,8 @@ loom_status loom_zero_pin_params(loom_zero *z, int pin)
 {
     if (!z->units)
         return LOOM_OK;
+    if (z->ep) /* expert parallelism: its own gathers (zero_ep_params.c) */
+        return zero_ep_pin_params(z, pin);
     loom_status st = LOOM_OK;
     if (pin) {
         z->pinned = 1;
@@ -290,7 +292,7 @@ loom_status loom_zero_pin_params(loom_zero *z, int pin)
                 if (st == LOOM_OK)
                     st = w;
             }
-        measure(z);
+        zero_measure_params(z);
         return st;
     }
     z->pinned = 0;

@@ -1,5 +1,6 @@
-/* zero_ep.c — ZeRO stages 1 and 2 under expert parallelism (zero.h, session_ep.h): the
- * partitions, the parameter gather, checkpoints; stage 2's reduction is zero_ep_reduce.c.
+/* zero_ep.c — ZeRO under expert parallelism (zero.h, session_ep.h): the partitions, the
+ * parameter gather, checkpoints; stage 2's reduction is zero_ep_reduce.c, stage 3's
+ * per-unit gathers zero_ep_params.c (its buckets follow the units: make_cuts).
  *
  * Under ep the ranks' flat buffers have one layout but different contents at the expert
  * entries: dp rank r = g ep + p holds ep rank p's experts, as do the other dp ranks of its
@@ -29,6 +30,7 @@
 
 #include "base/plugin_loader.h"
 #include "base/status.h"
+#include "model/gpt_stage.h" /* loom_gpt_is_stage: zero=3 under ep refuses pp */
 
 static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 

@@ -138,16 +138,8 @@ loom_status zero_ep_params_init(loom_zero *z)
             x->ulo[2 * u + k] = lo < hi ? lo : 0;
             x->uhi[2 * u + k] = lo < hi ? hi : 0;
         }
-        /* the pages this unit alone owns (zero_params.c: not those shared with a neighbour) */
-        size_t lo = t->entries[first].offset, hi = t->entries[last].offset + t->entries[last].numel;
-        uintptr_t base = (uintptr_t)params;
-        uintptr_t pa = (base + lo * sizeof(float) + page - 1) / page * page;
-        uintptr_t pb = (base + hi * sizeof(float)) / page * page;
-        un->inner_lo = un->inner_hi = lo;
-        if (pb > pa) {
-            un->inner_lo = (pa - base) / sizeof(float);
-            un->inner_hi = (pb - base) / sizeof(float);
-        }
+        zero_unit_pages(z, un, t->entries[first].offset,
+                        t->entries[last].offset + t->entries[last].numel);
         zero_drop_pages(z, un->inner_lo, un->inner_hi); /* until first needed */
     }
     z->last_unit = -1;

@@ -984,8 +984,16 @@ static loom_status save_zero(loom_session *s, loom_ckpt_source *srcp, const loom
         float *params, *state, *zstate = NULL; /* ZeRO-1: this rank's state, whole first */
         if (loom_session_zero(s))
             LOOM_TRY(loom_zero_full_state(loom_session_zero(s), src.slots, &zstate));
-        loom_status st = loom_ep_gather_full(ep, m, zstate ? zstate : src.state, src.slots,
-                                             &full, &params, &state);
+        /* ZeRO-3: every unit gathered for the copy, released after (no-op below stage 3) */
+        loom_status st = loom_session_zero(s) ? loom_zero_pin_params(loom_session_zero(s), 1)
+                                              : LOOM_OK;
+        if (st == LOOM_OK)
+            st = loom_ep_gather_full(ep, m, zstate ? zstate : src.state, src.slots, &full,
+                                     &params, &state);
+        if (loom_session_zero(s)) {
+            loom_status u = loom_zero_pin_params(loom_session_zero(s), 0);
+            st = st == LOOM_OK ? u : st;
+        }
         free(zstate);
         LOOM_TRY(st);
         src.table = &full;

@@ -26,9 +26,10 @@
  * buckets follow the model's units, gathered before use and released after.
  * The global gradient norm and the non-finite check span all partitions (stage 1: the
  * unchanged full-buffer norm; stage 2: partition sums exchanged over dp, then tp).
- * Under expert parallelism (stages 1 and 2): the dense entries' state (and stage 2's
- * gradients) is partitioned over dp, the experts' over their edp group, each packed; this
- * rank's partition is both (zero_ep.c; stage 2's reduce-scatters: zero_ep_reduce.c).
+ * Under expert parallelism: the dense entries' state (and stage 2's gradients, stage 3's
+ * parameters) is partitioned over dp, the experts' over their edp group, each packed; this
+ * rank's partition is both (zero_ep.c; stage 2's reduce-scatters: zero_ep_reduce.c; stage
+ * 3's gathers: zero_ep_params.c).
  */
 #ifndef LOOM_CORE_ZERO_H
 #define LOOM_CORE_ZERO_H

@@ -1,5 +1,6 @@
-/* zero_ep.c — ZeRO stages 1 and 2 under expert parallelism (zero.h, session_ep.h): the
- * partitions, the parameter gather, checkpoints; stage 2's reduction is zero_ep_reduce.c.
+/* zero_ep.c — ZeRO under expert parallelism (zero.h, session_ep.h): the partitions, the
+ * parameter gather, checkpoints; stage 2's reduction is zero_ep_reduce.c, stage 3's
+ * per-unit gathers zero_ep_params.c (its buckets follow the units: make_cuts).
  *
  * Under ep the ranks' flat buffers have one layout but different contents at the expert
  * entries: dp rank r = g ep + p holds ep rank p's experts, as do the other dp ranks of its
@@ -29,6 +30,7 @@
 
 #include "base/plugin_loader.h"
 #include "base/status.h"
+#include "model/gpt_stage.h" /* loom_gpt_is_stage: zero=3 under ep refuses pp */
 
 static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
@@ -62,8 +64,61 @@ static void sub_block(const ep_part *p, size_t lo, size_t len, int q, size_t *a,
     *part_off = lo / (size_t)p->n;
 }
 
+size_t zero_ep_bucket_len(const ep_part *p, size_t lo)
+{
+    if (!p->cuts)
+        return p->Kp - lo < p->want ? p->Kp - lo : p->want;
+    int a = 0, b = p->n_cuts - 1; /* the first cut above lo */
+    while (a < b) {
+        int mid = (a + b) / 2;
+        if (p->cuts[mid] <= lo)
+            a = mid + 1;
+        else
+            b = mid;
+    }
+    return p->cuts[a] - lo;
+}
+
+static int cmp_size(const void *a, const void *b)
+{
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Stage 3: buckets follow the units, as without ep (zero.c make_buckets): a cut at each
+ * unit's first packed float of this kind, rounded down and up to U x n (the cell around an
+ * unaligned boundary a bucket of its own, gathered with either unit), so that a unit is
+ * gathered without its neighbours, one all-gather a bucket. */
+static loom_status make_cuts(ep_part *p, const loom_gpt *m)
+{
+    int units = loom_gpt_get_config(m)->layers + 2;
+    size_t unit = (size_t)ZERO_ALIGN * (size_t)p->n, n = 0;
+    if (!(p->cuts = malloc((2 * (size_t)units + 2) * sizeof *p->cuts)))
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for ZeRO-3's buckets under ep");
+    p->cuts[n++] = 0;
+    p->cuts[n++] = p->Kp;
+    for (int u = 1; u < units; u++) {
+        int first, last;
+        loom_gpt_unit_entries(m, u, &first, &last);
+        for (int i = 0; i < p->n_runs; i++) /* the unit's first run of this kind */
+            if (p->runs[i].entry >= first && p->runs[i].entry <= last) {
+                size_t b = p->runs[i].packed;
+                p->cuts[n++] = b / unit * unit;
+                p->cuts[n++] = round_up(b, unit);
+                break;
+            }
+    }
+    qsort(p->cuts, n, sizeof *p->cuts, cmp_size);
+    int k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (k == 0 || p->cuts[i] != p->cuts[k - 1])
+            p->cuts[k++] = p->cuts[i];
+    p->n_cuts = k;
+    return LOOM_OK;
+}
+
 static loom_status make_part(ep_part *p, const loom_param_table *t, const loom_gpt *m, int experts,
-                             double bucket_mb)
+                             double bucket_mb, int stage)
 {
     p->runs = calloc((size_t)t->count + 1, sizeof *p->runs);
     if (!p->runs)
@@ -77,7 +132,7 @@ static loom_status make_part(ep_part *p, const loom_param_table *t, const loom_g
     p->Kp = round_up(p->K ? p->K : 1, unit);
     size_t want = (size_t)(bucket_mb * 1024 * 1024 / sizeof(float));
     p->want = want < unit ? unit : want / unit * unit;
-    return LOOM_OK;
+    return stage == 3 ? make_cuts(p, m) : LOOM_OK;
 }
 
 /* The walk every use shares: rank q's pieces of part p, bucket by bucket, each with its
@@ -98,8 +153,9 @@ static void walk_piece(void *ctx, const ep_run *r, size_t flat, size_t n, size_t
 
 static void walk(const ep_part *p, int q, walk_ctx *w)
 {
-    for (size_t lo = 0; lo < p->Kp; lo += p->want) {
-        size_t len = p->Kp - lo < p->want ? p->Kp - lo : p->want, a, e, off;
+    for (size_t lo = 0, len; lo < p->Kp; lo += len) {
+        size_t a, e, off;
+        len = zero_ep_bucket_len(p, lo);
         sub_block(p, lo, len, q, &a, &e, &off);
         w->base = p->pos0 + off;
         w->a = a;
@@ -119,7 +175,8 @@ static void emit_segment(walk_ctx *w, const ep_run *r, size_t flat, size_t n, si
     loom_zero *z = o->z;
     const loom_param_entry *e = &o->t->entries[r->entry];
     loom_optim_segment *s = &z->segments[z->n_segments];
-    s->param = loom_gpt_param_data(z->model) + flat;
+    /* stage 3: the partition's parameters; below it the model's */
+    s->param = z->part_params ? z->part_params + pos : loom_gpt_param_data(z->model) + flat;
     s->grad = z->part_grads ? z->part_grads + pos : loom_gpt_grad_data(z->model) + flat;
     s->n = n;
     s->weight_decay = (o->c->decay_all || e->is_matrix) ? o->c->weight_decay : 0.0f;
@@ -153,11 +210,14 @@ loom_status zero_ep_create(const loom_zero_config *c, loom_gpt *m, loom_backend 
                            loom_zero **out)
 {
     *out = NULL;
-    if (c->stage > 2 || c->offloaded)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "mesh ep with %s does not compose yet (zero=1 and zero=2 "
-                  "partition the experts' optimizer state and gradients over their edp group; "
-                  "the experts' parameter partition is not built); use strategy.zero=2",
-                  c->offloaded ? "offload" : "strategy.zero=3");
+    if (c->offloaded || c->params_offloaded)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "mesh ep with offload does not compose yet (ZeRO "
+                  "partitions the experts over their edp group in this process; the offload's "
+                  "chunks are not laid out for it); drop strategy.offload");
+    if (c->stage == 3 && loom_gpt_is_stage(m))
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "mesh ep with strategy.zero=3 and pp does not compose "
+                  "yet (ZeRO-3's expert partition is built and tested without pipeline "
+                  "stages); use strategy.zero=2 with pp");
     loom_zero *z = calloc(1, sizeof *z);
     struct zero_ep *x = calloc(1, sizeof *x);
     if (!z || !x) {
@@ -167,7 +227,7 @@ loom_status zero_ep_create(const loom_zero_config *c, loom_gpt *m, loom_backend 
     }
     z->ep = x;
     z->stage = c->stage;
-    z->reduces = c->stage == 2 && !c->canonical; /* canonical: stage 1's reduction */
+    z->reduces = c->stage >= 2 && !c->canonical; /* canonical: stage 1's reduction */
     z->model = m;
     z->be = be;
     z->total = loom_gpt_params(m)->total;
@@ -189,16 +249,21 @@ loom_status zero_ep_create(const loom_zero_config *c, loom_gpt *m, loom_backend 
         e->rank = e->n > 1 ? e->comm->rank(e->group) : 0;
     }
     if (st == LOOM_OK)
-        st = make_part(d, t, m, 0, c->bucket_mb);
+        st = make_part(d, t, m, 0, c->bucket_mb, c->stage);
     if (st == LOOM_OK)
-        st = make_part(e, t, m, 1, c->bucket_mb);
+        st = make_part(e, t, m, 1, c->bucket_mb, c->stage);
     if (st == LOOM_OK) {
         e->pos0 = d->Kp / (size_t)d->n;
         z->part = e->pos0 + e->Kp / (size_t)e->n;
         z->state_floats = (size_t)c->state_slots * z->part;
         /* the gather's staging: one bucket, which is at most the padded kind */
-        size_t sd = d->want < d->Kp ? d->want : d->Kp, se = e->want < e->Kp ? e->want : e->Kp;
-        size_t stage = sd > se ? sd : se;
+        size_t stage = 0;
+        for (int k = 0; k < 2; k++)
+            for (size_t lo = 0, len; lo < x->part[k].Kp; lo += len)
+                if ((len = zero_ep_bucket_len(&x->part[k], lo)) > stage)
+                    stage = len;
+        if (c->stage == 3 && !(z->part_params = calloc(z->part, sizeof(float))))
+            st = loom_fail(LOOM_ERR_NOMEM, "out of memory for ZeRO-3's parameter partition");
         if (z->reduces) /* the gradient partition and the page accounting (zero_reduce.c) */
             st = zero_reduce_init(z);
         z->staging_floats = stage; /* the gather's; stage 2 adds its slots */
@@ -221,6 +286,8 @@ loom_status zero_ep_create(const loom_zero_config *c, loom_gpt *m, loom_backend 
         for (int k = 0; k < 2; k++)
             walk(&x->part[k], x->part[k].rank, &w);
     }
+    if (st == LOOM_OK && c->stage == 3)
+        st = zero_ep_params_init(z);
     if (st != LOOM_OK) {
         loom_zero_destroy(z);
         return st;
@@ -233,8 +300,12 @@ void zero_ep_free(loom_zero *z)
 {
     if (!z->ep)
         return;
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < 2; k++) {
         free(z->ep->part[k].runs);
+        free(z->ep->part[k].cuts);
+    }
+    free(z->ep->ulo);
+    free(z->ep->uhi);
     free(z->ep->staging);
     zero_ep_reduce_free(z->ep);
     free(z->ep);
@@ -279,8 +350,9 @@ loom_status zero_ep_gather(loom_zero *z)
         const ep_part *p = &z->ep->part[k];
         if (p->n < 2 || !p->K)
             continue; /* an edp group of one (ep = dp): its experts are its own */
-        for (size_t lo = 0; lo < p->Kp; lo += p->want) {
-            size_t len = p->Kp - lo < p->want ? p->Kp - lo : p->want, a, e, off;
+        for (size_t lo = 0, len; lo < p->Kp; lo += len) {
+            size_t a, e, off;
+            len = zero_ep_bucket_len(p, lo);
             sub_block(p, lo, len, p->rank, &a, &e, &off);
             size_t sub = e - a;
             memset(buf + (a - lo), 0, sub * sizeof(float)); /* the padding past K */

@@ -19,7 +19,13 @@ typedef struct ep_part { /* one kind's partition over one group */
     int n_runs;
     size_t K, Kp, want;  /* packed floats, padded to U x n, the bucket length */
     size_t pos0;         /* where this kind's partition starts in the rank's (state / slots) */
+    size_t *cuts;        /* stage 3: the buckets' boundaries (0, each unit's start rounded
+                          * down and up to U x n, Kp), n_cuts of them; NULL: every want */
+    int n_cuts;
 } ep_part;
+
+/* The length of part p's bucket starting at packed lo (a bucket boundary below Kp). */
+size_t zero_ep_bucket_len(const ep_part *p, size_t lo);
 
 /* Stage 2: one bucket of one kind, in the order backward finishes them. */
 typedef struct ep_bucket {
@@ -46,6 +52,8 @@ struct zero_ep {
     size_t send_len, recv_len; /* floats per slot */
     ep_flight flight[ZERO_SLOTS];
     int n_flight, next_slot;
+    /* stage 3 (zero_ep_params.c): unit u's packed range of kind k, [ulo, uhi) at 2u + k */
+    size_t *ulo, *uhi;
 };
 
 /* fn for each piece of packed [a, e) of part p: its entry, flat offset, length and
@@ -60,5 +68,11 @@ loom_status zero_ep_begin_micro(loom_zero *z, int a);
 loom_status zero_ep_grads_ready(loom_zero *z, size_t offset);
 loom_status zero_ep_finish_micro(loom_zero *z);
 loom_status zero_ep_reduce_held(loom_zero *z);
+
+/* zero_ep_params.c: stage 3's parameter partition (after the segments are made): this
+ * rank's pieces copied in from the initial values, the units found, the hook installed;
+ * pin as loom_zero_pin_params. */
+loom_status zero_ep_params_init(loom_zero *z);
+loom_status zero_ep_pin_params(loom_zero *z, int pin);
 
 #endif

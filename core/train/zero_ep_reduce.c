@@ -55,15 +55,15 @@ loom_status zero_ep_reduce_init(loom_zero *z)
     struct zero_ep *x = z->ep;
     size_t cap = 0;
     for (int k = 0; k < 2; k++)
-        cap += x->part[k].Kp / x->part[k].want + 1;
+        cap += x->part[k].cuts ? (size_t)x->part[k].n_cuts : x->part[k].Kp / x->part[k].want + 1;
     if (!(x->bk = calloc(cap, sizeof *x->bk)))
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for ZeRO-2's buckets under ep");
     size_t most = 0;
     for (int k = 0; k < 2; k++) {
         const ep_part *p = &x->part[k];
         /* buckets wholly in the padding past K hold nothing: the partition stays zero there */
-        for (size_t lo = 0; lo < p->K; lo += p->want) {
-            size_t len = p->Kp - lo < p->want ? p->Kp - lo : p->want;
+        for (size_t lo = 0, len; lo < p->K; lo += len) {
+            len = zero_ep_bucket_len(p, lo); /* stage 3's follow the units (zero_ep.c) */
             low_ctx c = {z->total};
             zero_ep_each_piece(p, lo, lo + len, lowest_piece, &c);
             x->bk[x->n_bk++] = (ep_bucket){k, lo, len, c.flat};

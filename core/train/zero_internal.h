@@ -108,6 +108,10 @@ void zero_measure_grads(loom_zero *z);
 void zero_clear_grads(loom_zero *z, size_t lo, size_t hi);
 /* zero_params.c: hand the whole pages of [lo, hi) of the parameter buffer back to the OS. */
 void zero_drop_pages(loom_zero *z, size_t lo, size_t hi);
+/* zero_params.c: the parameter buffer's resident bytes now into its peak (mincore); unit
+ * un's inner pages (those of flat [lo, hi) it shares with no neighbour) as elements. */
+void zero_measure_params(loom_zero *z);
+void zero_unit_pages(const loom_zero *z, zero_unit *un, size_t lo, size_t hi);
 /* zero_params_store.c: unit u's partition out of the offload into un->bring (a no-op
  * without params offloaded): submit maps the staging and hands the read to the reader
  * thread, wait returns when it is read (a failed read releases the staging), bring_unit

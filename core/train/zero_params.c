@@ -14,7 +14,7 @@
  * gathered whole before it is read.
  */
 #define _DEFAULT_SOURCE /* madvise, mincore */
-#include "zero_internal.h"
+#include "zero_ep_internal.h" /* the pin under expert parallelism */
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -48,7 +48,7 @@ void zero_drop_pages(loom_zero *z, size_t lo, size_t hi)
 }
 
 /* Resident bytes of the parameter buffer now, kept as a peak. */
-static void measure(loom_zero *z)
+void zero_measure_params(loom_zero *z)
 {
     size_t page = page_size();
     uintptr_t a = (uintptr_t)loom_gpt_param_data(z->model);
@@ -151,7 +151,7 @@ static loom_status need(loom_zero *z, int u)
     else if (!z->staged && next == z->n_units) /* ln_f, going up: the LM head computes next,
                                                 * then backward needs the last block first */
         LOOM_TRY(read_ahead(z, u - 1));
-    measure(z);
+    zero_measure_params(z);
     return LOOM_OK;
 }
 
@@ -177,6 +177,20 @@ static loom_status param_use(void *ctx, int u, int needed)
     return st;
 }
 
+void zero_unit_pages(const loom_zero *z, zero_unit *un, size_t lo, size_t hi)
+{
+    /* the pages this unit alone owns: not the ones it shares with a neighbour */
+    size_t page = page_size();
+    uintptr_t base = (uintptr_t)loom_gpt_param_data(z->model);
+    uintptr_t pa = (base + lo * sizeof(float) + page - 1) / page * page;
+    uintptr_t pb = (base + hi * sizeof(float)) / page * page;
+    un->inner_lo = lo, un->inner_hi = lo;
+    if (pb > pa) {
+        un->inner_lo = (pa - base) / sizeof(float);
+        un->inner_hi = (pb - base) / sizeof(float);
+    }
+}
+
 loom_status zero_params_init(loom_zero *z)
 {
     const loom_param_table *t = loom_gpt_params(z->model);
@@ -198,7 +212,6 @@ loom_status zero_params_init(loom_zero *z)
             memcpy(z->part_params + b->part_off, params + a,
                    ((e < z->total ? e : z->total) - a) * sizeof(float));
     }
-    size_t page = page_size();
     for (int u = 0; u < z->n_units; u++) {
         int first, last;
         loom_gpt_unit_entries(z->model, u, &first, &last);
@@ -221,15 +234,7 @@ loom_status zero_params_init(loom_zero *z)
         if (un->first_bucket < 0 || n > ZERO_UNIT_BUCKETS)
             LOOM_FAIL(LOOM_ERR_INTERNAL, "ZeRO-3: unit %d spans %d buckets (1 to %d expected)", u,
                       n, ZERO_UNIT_BUCKETS);
-        /* the pages this unit alone owns: not the ones it shares with a neighbour */
-        uintptr_t base = (uintptr_t)params;
-        uintptr_t pa = (base + lo * sizeof(float) + page - 1) / page * page;
-        uintptr_t pb = (base + hi * sizeof(float)) / page * page;
-        un->inner_lo = lo, un->inner_hi = lo;
-        if (pb > pa) {
-            un->inner_lo = (pa - base) / sizeof(float);
-            un->inner_hi = (pb - base) / sizeof(float);
-        }
+        zero_unit_pages(z, un, lo, hi);
         if (!z->params_offloaded) /* offloaded: once attach has read the initial values */
             zero_drop_pages(z, un->inner_lo, un->inner_hi); /* until first needed */
     }
@@ -278,6 +283,8 @@ loom_status loom_zero_pin_params(loom_zero *z, int pin)
 {
     if (!z->units)
         return LOOM_OK;
+    if (z->ep) /* expert parallelism: its own gathers (zero_ep_params.c) */
+        return zero_ep_pin_params(z, pin);
     loom_status st = LOOM_OK;
     if (pin) {
         z->pinned = 1;
@@ -290,7 +297,7 @@ loom_status loom_zero_pin_params(loom_zero *z, int pin)
                 if (st == LOOM_OK)
                     st = w;
             }
-        measure(z);
+        zero_measure_params(z);
         return st;
     }
     z->pinned = 0;

@@ -19,6 +19,9 @@
 #    ep=2 gives ep's bits, resumed bitwise, canonical dp=2 ep=2 one rank's bits, memory per
 #    rank = the formula, the full buffer's resident peak below its size; pp=2 dp=2 ep=2
 #    zero=2 within 1e-5 of dp=4;
+#  - zero=3 under ep (parameters partitioned too, gathered unit by unit): dp=4 ep=2 gives
+#    ep's bits, resumed bitwise, canonical dp=4 ep=2 one rank's bits, params per rank = the
+#    formula, the full parameter buffer's resident peak below its size;
 #  - tensor parallelism (experts split by tp): tp=2 within 1e-5 of one rank, with sequence
 #    parallelism too; tp=2 sp dp=2 ep=2 within 1e-5 of dp=2, saved there and resumed at
 #    tp=1 ep=1 within 1e-5;
@@ -31,7 +34,7 @@
 #  - the llama family with SwiGLU experts: dp=2 ep=2, pp=2 zb1 within 1e-5 of one
 #    rank, saved at ep=2 and resumed at ep=1 within 1e-5, canonical dp=2 ep=2 zero=1 bitwise;
 #  - what does not compose yet (tp with canonical mode, ep with an interleaved schedule in canonical mode, llm.c export
-#    (llama moe's HF export and its refusals: unit_mixtral_export_hf); ep with zero=3, ep not a power of two in canonical mode) and bad
+#    (llama moe's HF export and its refusals: unit_mixtral_export_hf); ep with zero=3 and pp, ep not a power of two in canonical mode) and bad
 #    moe keys are refused
 #    naming the key.
 set -euo pipefail
@@ -118,8 +121,8 @@ zmem() { # zmem FILE DP EP ZERO: every rank's MEM line against the formula
     BEGIN { C = 32; L = 2; E = 4; D = 256 * C + 32 * C + L * (8 * C + 4 * C * C + E * C) + 2 * C
             X = L * (E / ep) * (8 * C * C + 5 * C); edp = dp / ep
             want = z ? 8 * (pad(D, dp) / dp + pad(X, edp) / edp) : 8 * (D + X)
-            grads = z == 2 ? want / 2 : 4 * (D + X) }
-    { n++; if ($3 != 4 * (D + X) || $4 != grads || $5 != want) { printf "dp=%d ep=%d zero=%d rank %d: params %d (formula %d), grads %d (formula %d), optimizer %d (formula %d)\n", dp, ep, z, $2, $3, 4 * (D + X), $4, grads, $5, want; bad = 1 } }
+            grads = z >= 2 ? want / 2 : 4 * (D + X); params = z == 3 ? want / 2 : 4 * (D + X) }
+    { n++; if ($3 != params || $4 != grads || $5 != want) { printf "dp=%d ep=%d zero=%d rank %d: params %d (formula %d), grads %d (formula %d), optimizer %d (formula %d)\n", dp, ep, z, $2, $3, params, $4, grads, $5, want; bad = 1 } }
     END { if (n != dp) { print "expected " dp " MEM lines, got " n; bad = 1 }
           if (bad) exit 1; printf "dp=%d ep=%d zero=%d: %d bytes of optimizer state and %d of gradients per rank, %d and %d without ZeRO", dp, ep, z, want, grads, 8 * (D + X), 4 * (D + X) }'
 }
@@ -148,6 +151,27 @@ pb=$(grep -o '"params": *[0-9]*' <<< "$rec" | grep -o '[0-9]*$')
   grep '^LOSS' > "$tmp/cz2"
 cmp -s <(head -6 "$tmp/c1") "$tmp/cz2" || { echo "canonical dp=2 ep=2 zero=2 differs from dp=1"; exit 1; }
 echo "ok zero=2 under ep: dp=4 ep=2 gives ep's bits, resumed at step 3 bitwise; canonical dp=2 ep=2 one rank's bits; memory = formula ($m4b), full buffer resident at most $gp of $pb bytes"
+# ZeRO-3 under ep (core/train/zero_ep_params.c): the parameters partitioned as the state
+# (dense over dp, experts over edp), each unit's buckets all-gathered over their group
+# before use and released after; the gradients as zero=2's. The same values reach the
+# forward and backward, so ep's bits; saved at step 3 (every unit gathered for the save)
+# and resumed bitwise; canonical dp=4 ep=2 (edp = 2) one rank's bits; params per rank =
+# 4 (D/dp + X/edp), the full buffer's measured resident peak below its 4 (D + X) bytes.
+runR 4 batch.global=16 steps=6 mesh.ep=2 strategy.zero=3 checkpoint.dir="$tmp/ckz3" \
+  checkpoint.every=3 log.jsonl="$tmp/ez43.jsonl" > "$tmp/ez43.out"
+cmp -s <(head -6 "$tmp/ep4") <(grep '^LOSS' "$tmp/ez43.out") || { echo "dp=4 ep=2 zero=3 differs from dp=4 ep=2"; exit 1; }
+runN 4 batch.global=16 steps=6 mesh.ep=2 strategy.zero=3 resume="$tmp/ckz3/step_00000003" |
+  grep '^LOSS' > "$tmp/rz3"
+cmp -s <(awk '$2 > 3 && $2 <= 6' "$tmp/ep4") "$tmp/rz3" || { echo "dp=4 ep=2 zero=3 resumed at step 3 differs"; exit 1; }
+m43=$(zmem "$tmp/ez43.out" 4 2 3) || { echo "$m43"; exit 1; }
+pp3=$(grep -m1 -o '"params_peak_resident": *[0-9]*' "$tmp/ez43.jsonl" | grep -o '[0-9]*$')
+full=$(awk 'BEGIN { C = 32; L = 2; E = 4; print 4 * (256 * C + 32 * C + L * (8 * C + 4 * C * C + E * C) + 2 * C + L * (E / 2) * (8 * C * C + 5 * C)) }')
+[[ -n "$pp3" && "$pp3" -gt 0 && "$pp3" -lt "$full" ]] ||
+  { echo "dp=4 ep=2 zero=3: the full parameter buffer's resident peak '$pp3' is not below its $full bytes"; exit 1; }
+"$loom" launch -n 4 "$recipe" threads=1 mesh.dp=4 mesh.ep=2 strategy.zero=3 comm_timeout=20 $canon steps=6 |
+  grep '^LOSS' > "$tmp/cz3"
+cmp -s <(head -6 "$tmp/c1") "$tmp/cz3" || { echo "canonical dp=4 ep=2 zero=3 differs from dp=1"; exit 1; }
+echo "ok zero=3 under ep: dp=4 ep=2 gives ep's bits, resumed at step 3 bitwise; canonical dp=4 ep=2 one rank's bits; memory = formula ($m43), full parameter buffer resident at most $pp3 of $full bytes"
 # checkpoints hold every expert by logical name whatever ep saved them: any ep resumes
 runN 2 batch.global=8 mesh.ep=2 steps=10 checkpoint.dir="$tmp/cke" > /dev/null
 runN 2 batch.global=8 mesh.ep=2 resume="$tmp/cke/step_00000010" | grep '^LOSS' > "$tmp/r22"
@@ -308,11 +332,11 @@ refuse "and canonical mode does not compose yet" "$loom" launch -n 2 "$recipe" t
 refuse "with an interleaved schedule in canonical mode does not compose yet" "$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 schedule=interleaved model.layers=4 $canon
 refuse "must divide dp=1" run1 mesh.ep=2
 refuse "ep must be a power of two" "$loom" launch -n 3 "$recipe" threads=1 mesh.dp=3 mesh.ep=3 deterministic=canonical batch.micro=2 batch.global=6 model.moe.experts=3 model.moe.top_k=1
-refuse "with strategy.zero=3 does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.dp=2 mesh.ep=2 strategy.zero=3
+refuse "with strategy.zero=3 and pp does not compose yet" "$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 strategy.zero=3
 refuse "must divide model.moe.experts=3" "$loom" launch -n 2 "$recipe" threads=1 mesh.dp=2 mesh.ep=2 model.moe.experts=3 model.moe.top_k=1
 refuse "top_k=5 is more than experts=4" run1 model.moe.top_k=5
 refuse "model.moe.every=0" run1 model.moe.every=0
 refuse "is not one of: topk, noisy_topk" run1 model.moe.router=top2
 refuse "unknown key 'model.moe.expert'" run1 model.moe.expert=8
 refuse "dense GPT-2 blocks only" "$loom" export --llmc "$tmp/ck/step_00000010" "$tmp/x.bin"
-echo "ok refused: tp with canonical mode, llm.c export, ep with zero=3 or with an interleaved schedule in canonical mode, ep=3 in canonical mode, ep not dividing dp or experts; bad moe keys named"
+echo "ok refused: tp with canonical mode, llm.c export, ep with zero=3 and pp or with an interleaved schedule in canonical mode, ep=3 in canonical mode, ep not dividing dp or experts; bad moe keys named"

@@ -77,6 +77,8 @@ layouts=(
   "2|mesh.dp=2 strategy.zero=3 strategy.offload.optimizer=disk strategy.offload.path=$tmp/off strategy.offload.params=true"
   "1|model.family=llama model.kv_heads=2 model.ffn_dim=256"
   "4|mesh.pp=2 mesh.dp=2 mesh.ep=2 model.moe.experts=4 microbatches=4 strategy.zero=1"
+  "1|precision=bf16"
+  "2|mesh.dp=2 strategy.zero=1 precision=bf16"
 )
 mkdir -p "$tmp/off"
 ep_zero1_mem="" # the ep = 2 zero = 1 run's MEM line of rank 0, for the search's row below
@@ -105,11 +107,11 @@ for l in "${layouts[@]}"; do
     case "$args" in *mesh.pp=2*mesh.dp=2*) stage=$((r / 2)) ;; *mesh.pp=2*) stage=$r ;; esac # dp before pp
     pl=$(grep "^PLAN $stage " "$tmp/exp$i.txt")
     [ -n "$mem" ] && [ -n "$pl" ] && [ -n "$line" ] && [ -n "$flt" ] || { echo "FAIL: $args rank $r: missing output"; cat "$out"; exit 1; }
-    read -r _ _ mp mg mo _ ma _ <<< "$mem"
-    read -r _ _ pp pg po pa prss pbusy pflt <<< "$pl"
-    states="params $mp/$pp grads $mg/$pg optimizer $mo/$po activations $ma/$pa"
+    read -r _ _ mp mg mo mm ma _ <<< "$mem"
+    read -r _ _ pp pg po pa prss pbusy pflt pm <<< "$pl"
+    states="params $mp/$pp grads $mg/$pg optimizer $mo/$po master $mm/$pm activations $ma/$pa"
     verdict="states exact"
-    if [ "$mp $mg $mo $ma" != "$pp $pg $po $pa" ]; then
+    if [ "$mp $mg $mo $mm $ma" != "$pp $pg $po $pm $pa" ]; then
       echo "FAIL: $args rank $r: session vs plan: $states"; fail=1; verdict="states DIFFER"
     fi
     hwm=$(echo "$line" | sed -E 's/.*measured ([0-9.]+) MiB.*/\1/')

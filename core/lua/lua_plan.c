@@ -78,7 +78,8 @@ static void set_int(lua_State *L, const char *k, size_t v)
 /* core.footprint{vocab=, vocab_padded=, ctx=, layers=, heads=, dim=, micro=, tp=1,
  *   sequence_parallel=false, canonical=false, recompute="none"|"full"|"selective",
  *   recompute_layers={blocks}, stage_layers={blocks held} (nil: all), slots=1,
- *   split_backward=false} -> {param_floats, activations, slot, shared, host, num_params, entries} */
+ *   split_backward=false, precision="fp32"|"bf16"|"fp16"} -> {param_floats, activations, slot,
+ *   shared, host, num_params, entries, compute_params, widen} */
 /* family, kv_heads, ffn_dim and moe = {experts, top_k, every, capacity_factor} of the
  * table at idx into cfg (what loom.gpt's checked model table holds). */
 static void read_family_moe(lua_State *L, int idx, loom_gpt_config *cfg)
@@ -134,9 +135,18 @@ static int l_footprint(lua_State *L)
         par.recompute = LOOM_RECOMPUTE_LAYERS;
         par.recompute_layers = rc;
     }
+    /* precision = "fp32" | "bf16" | "fp16": the plugins' weights and activations dtypes
+     * (plugins/precision: both 16-bit, or both fp32) */
+    lua_getfield(L, 1, "precision");
+    const char *pr = luaL_optstring(L, -1, "fp32");
+    loom_dtype dt = !strcmp(pr, "bf16") ? LOOM_DTYPE_BF16 : !strcmp(pr, "fp16") ? LOOM_DTYPE_F16
+                    : !strcmp(pr, "fp32") ? LOOM_DTYPE_F32 : (loom_dtype)-1;
+    lua_pop(L, 1);
+    if (dt == (loom_dtype)-1)
+        return luaL_error(L, "footprint: precision=\"%s\" is not fp32, bf16 or fp16", pr);
     loom_gpt_footprint_bytes fp;
     if (loom_gpt_footprint(&cfg, ifield(L, 1, "micro", 0), &par, ifield(L, 1, "tp", 1),
-                           bfield(L, 1, "sequence_parallel"), &fp) != LOOM_OK) {
+                           bfield(L, 1, "sequence_parallel"), dt, dt, &fp) != LOOM_OK) {
         lua_pushstring(L, loom_last_error());
         return lua_error(L);
     }
@@ -148,6 +158,8 @@ static int l_footprint(lua_State *L)
     set_int(L, "host", fp.host);
     set_int(L, "num_params", fp.num_params);
     set_int(L, "entries", fp.entries);
+    set_int(L, "compute_params", fp.compute_params);
+    set_int(L, "widen", fp.widen);
     return 1;
 }
 

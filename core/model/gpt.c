@@ -719,7 +719,8 @@ void loom_gpt_destroy(loom_gpt *m)
 }
 
 loom_status loom_gpt_footprint(const loom_gpt_config *cfg, int max_B, const loom_gpt_parallel *par,
-                               int tp, int sequence_parallel, loom_gpt_footprint_bytes *out)
+                               int tp, int sequence_parallel, loom_dtype param_dt,
+                               loom_dtype act_dt, loom_gpt_footprint_bytes *out)
 {
     memset(out, 0, sizeof *out);
     LOOM_TRY(loom_gpt_config_check(cfg));
@@ -731,12 +732,24 @@ loom_status loom_gpt_footprint(const loom_gpt_config *cfg, int max_B, const loom
     if (!m)
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
     loom_status st = gpt_setup(m, cfg, max_B, par, tp, sequence_parallel);
+    int w16 = param_dt != LOOM_DTYPE_F32, a16 = act_dt != LOOM_DTYPE_F32;
+    if (st == LOOM_OK && cfg->moe.experts && (w16 || a16)) /* loom_gpt_set_precision refuses it */
+        st = loom_fail(LOOM_ERR_UNSUPPORTED, "%s weights or activations with mixture-of-experts "
+                       "blocks are not built yet; use precision = \"fp32\" with moe",
+                       loom_dtype_name(w16 ? param_dt : act_dt));
     if (st == LOOM_OK) {
+        m->a16 = a16 && !m->split; /* loom_gpt_set_precision's condition */
         size_activations(m);
+        if (w16) { /* gpt_precision.c: the 16-bit compute copy, the fp32 widening scratch */
+            gpt_w16_layout(m, NULL);
+            out->compute_params = m->table.total * sizeof(uint16_t);
+            out->widen = (m->wide_cap + m->edge_n) * sizeof(float);
+        }
         size_t moe_host, moe = gpt_moe_size(m, &moe_host); /* the MoE blocks' buffers */
         out->param_floats = m->table.total;
         out->activations = m->act_bytes + moe;
-        out->host = ((size_t)max_B * (size_t)cfg->ctx + (size_t)m->cfg.vocab_padded) * sizeof(float) + moe_host;
+        out->host = ((size_t)max_B * (size_t)cfg->ctx * (w16 ? 2 : 1) + (size_t)m->cfg.vocab_padded) *
+                        sizeof(float) + moe_host; /* (w16: gpt_w16_setup's host tokens) */
         out->slot = m->slot_bytes;
         out->shared = m->shared_bytes;
         out->num_params = loom_gpt_num_params(m);

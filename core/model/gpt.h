@@ -181,9 +181,14 @@ typedef struct loom_gpt_footprint_bytes {
                           * what MFU counts as N; right for ep = 1: under ep the experts
                           * held elsewhere are counted by the created model only) */
     size_t entries;      /* tensors in this rank's table (an optimizer's segments) */
+    size_t compute_params; /* 16-bit weights: = loom_gpt_compute_param_bytes (else 0) */
+    size_t widen;          /* 16-bit weights: = loom_gpt_widen_bytes (else 0) */
 } loom_gpt_footprint_bytes;
+/* param_dt, act_dt: as loom_gpt_set_precision's (f32, bf16 or f16); the activations are
+ * then laid out as that call lays them out (16-bit saved copies). */
 loom_status loom_gpt_footprint(const loom_gpt_config *cfg, int max_B, const loom_gpt_parallel *par,
-                               int tp, int sequence_parallel, loom_gpt_footprint_bytes *out);
+                               int tp, int sequence_parallel, loom_dtype param_dt,
+                               loom_dtype act_dt, loom_gpt_footprint_bytes *out);
 /* Milliseconds spent inside tensor-parallel exchanges since the last call. */
 double loom_gpt_take_comm_ms(loom_gpt *m);
 /* B*T of a forward must be a multiple of this (tp under sequence parallelism, else 1). */

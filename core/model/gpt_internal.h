@@ -244,6 +244,9 @@ static inline void gpt_matmul_backward(loom_gpt *m, float *dinp, float *dw, floa
 
 /* 16-bit weights (gpt_precision.c). setup: allocate c16, wide and edge and move m->p
  * (bound to params) onto them; refresh: c16 from params and edge from c16. */
+/* The 16-bit copy's layout, without allocating: head_off, wte_off, wide_cap, edge_n, and
+ * edge_of[entry] where given (gpt_w16_setup; loom_gpt_footprint sizes with NULL). */
+void gpt_w16_layout(loom_gpt *m, size_t *edge_of);
 loom_status gpt_w16_setup(loom_gpt *m);
 void gpt_w16_free(loom_gpt *m);
 void gpt_w16_refresh(loom_gpt *m);

@@ -122,25 +122,45 @@ static size_t wide_floats(const loom_gpt *m)
     return cap;
 }
 
+/* Offset of the table entry named `name`, (size_t)-1 when this rank holds none. */
+static size_t entry_offset(const loom_gpt *m, const char *name)
+{
+    for (int i = 0; i < m->table.count; i++)
+        if (!strcmp(m->table.entries[i].name, name))
+            return m->table.entries[i].offset;
+    return (size_t)-1;
+}
+
+void gpt_w16_layout(loom_gpt *m, size_t *edge_of)
+{
+    const loom_param_table *t = &m->table;
+    /* by name, not by the bound pointers: loom_gpt_footprint has no buffer to bind. The
+     * head is llama's untied lm_head, else wte (GPT-2's tied head, and a stage's wte) */
+    m->wte_off = entry_offset(m, "wte");
+    m->head_off = entry_offset(m, "lm_head.weight");
+    if (m->head_off == (size_t)-1)
+        m->head_off = m->wte_off;
+    size_t n_edge = 0;
+    for (int i = 0; i < t->count; i++)
+        if (is_edge(m, i)) {
+            if (edge_of)
+                edge_of[i] = n_edge;
+            n_edge += t->entries[i].numel;
+        }
+    m->wide_cap = wide_floats(m);
+    m->edge_n = n_edge;
+}
+
 loom_status gpt_w16_setup(loom_gpt *m)
 {
     const loom_backend_ops *k = m->be->ops;
     const loom_param_table *t = &m->table;
     model_params *p = &m->p; /* bound to the master (m->params) until the end of this */
-    const float *head = p->head ? p->head : p->wte;
-    m->head_off = head ? (size_t)(head - m->params) : (size_t)-1;
-    m->wte_off = p->wte ? (size_t)(p->wte - m->params) : (size_t)-1;
     m->edge_of = calloc((size_t)t->count + 1, sizeof *m->edge_of);
     if (!m->edge_of)
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
-    size_t n_edge = 0;
-    for (int i = 0; i < t->count; i++)
-        if (is_edge(m, i)) {
-            m->edge_of[i] = n_edge;
-            n_edge += t->entries[i].numel;
-        }
-    m->wide_cap = wide_floats(m);
-    m->edge_n = n_edge;
+    gpt_w16_layout(m, m->edge_of);
+    size_t n_edge = m->edge_n;
     m->c16 = k->alloc(m->be->self, t->total * sizeof(uint16_t));
     m->wide = m->wide_cap ? k->alloc(m->be->self, m->wide_cap * sizeof(float)) : NULL;
     m->edge = n_edge ? k->alloc(m->be->self, n_edge * sizeof(float)) : NULL;

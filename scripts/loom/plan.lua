@@ -113,7 +113,7 @@ local function stage_memory(t, s, blocks, facts, r, opts)
     canonical = s.canonical, recompute = rc, recompute_layers = rc_layers,
     stage_layers = s.pp > 1 and blocks[r] or nil, slots = st.slots, split_backward = st.split,
     family = m.family, kv_heads = m.kv_heads, ffn_dim = m.ffn_dim, tie_embeddings = m.tie_embeddings,
-    moe = m.moe, ep = s.ep,
+    moe = m.moe, ep = s.ep, precision = s.precision,
   }
   local psi = fp.param_floats
   local part = s.zero > 0 and core.zero_padded(psi, s.dp) // s.dp or psi
@@ -137,15 +137,20 @@ local function stage_memory(t, s, blocks, facts, r, opts)
     part = ep_split.dense_part + ep_split.expert_part
   end
   local slots = state_slots[s.optimizer] or 2
+  -- bf16 / fp16 (plugins/precision): the fp32 parameters (ZeRO's partition at stage 3) are
+  -- the master copy beside a 16-bit compute copy of the whole table and the fp32 scratch it
+  -- is widened through (fp.compute_params, fp.widen: the model's own gpt_precision.c
+  -- layout); gradients, their buffers and the optimizer state stay fp32; the saved
+  -- activations are the model's 16-bit layout (fp.activations, laid out for the precision)
   local half = s.precision == "bf16" or s.precision == "fp16"
-  local pb = half and 2 or F32 -- bytes per parameter / gradient / activation element
+  local pb = F32 -- bytes per parameter and gradient element in the fp32 buffers
   local mem = {
     params = (s.zero == 3 and part or psi) * pb,
     grads = ((s.zero >= 2 and not s.canonical) and part or psi) * pb,
     optimizer = slots * (s.zero >= 1 and part or psi) * F32,
-    master = half and (s.zero >= 1 and part or psi) * F32 or 0,
-    activations = half and fp.activations // 2 or fp.activations,
-    comm = 0, workspace = fp.host, optimizer_offloaded = 0, transient = 0,
+    master = 0,
+    activations = fp.activations,
+    comm = 0, workspace = fp.host + fp.widen, optimizer_offloaded = 0, transient = 0,
   }
   -- ZeRO's staging (zero.c: the tail bucket, stage 3's second; stage 2 with accumulation:
   -- one receive slot per reduce-scatter in flight, at most 2 of one bucket's sub-block)
@@ -216,6 +221,9 @@ local function stage_memory(t, s, blocks, facts, r, opts)
     mem.optimizer = math.min(mem.optimizer + mem.params_offloaded, 3 * chunk)
   elseif s.offload == "host" then
     mem.optimizer_offloaded, mem.optimizer = mem.optimizer, 0
+  end
+  if half then -- session.c's loom_session_memory: master = the fp32 parameters held here
+    mem.master, mem.params = mem.params, fp.compute_params
   end
   mem.model_states = mem.params + mem.grads + mem.optimizer + mem.master
   mem.total = mem.model_states + mem.activations + mem.comm + mem.workspace + mem.transient
@@ -602,7 +610,7 @@ function plan.layout(t, machine, opts)
   if share > 1 then assume(string.format("%d ranks x %s threads share %d cores: compute x %.2f", math.min(ranks, per_node),
     s.threads > 0 and tostring(s.threads) or "all", machine.device.cores, share)) end
   if s.precision ~= "fp32" then
-    assume(s.precision .. ": modelled from dtypes (2-byte parameters, gradients and activations, fp32 master and state) — a model, not a measurement of loom's " .. s.precision .. " path")
+    assume(s.precision .. ": memory from the model's own 16-bit layout (a 2-byte compute copy of the weights and its fp32 widening scratch, the fp32 parameters as master, fp32 gradients and state, 16-bit saved activations); time modelled from dtypes (2-byte activation messages), not calibrated on loom's " .. s.precision .. " path")
   end
   if m.family == "llama" then
     assume("llama blocks: memory from the model's own llama table and layout; time: the fused qkv product at kv_heads' width, SwiGLU's gate-and-up and down products at ffn_dim, SwiGLU's element-wise step at GELU's measured cost per element and RMSNorm at layernorm's (not calibrated apart), rotary positions as bytes")

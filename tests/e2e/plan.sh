@@ -6,10 +6,10 @@
 # a mixture of experts (4 experts, top-2, every block) on one rank, at dp = 2 ep = 2 and
 # with ZeRO-1 there (zero_ep.c), dp = 2 ZeRO-3 with its parameters offloaded (host pool,
 # disk file), a llama model (grouped-query attention, SwiGLU at ffn_dim 256) and pp = 2 x
-# dp = 2 x ep = 2 with ZeRO-1 (4 ranks); then a one-rank layout the disk offload's file
-# I/O dominates:
-#  - model states (params, grads, optimizer) and activations of every rank: exactly the
-#    session's own accounting (its MEM line);
+# dp = 2 x ep = 2 with ZeRO-1 (4 ranks), bf16 on one rank and at dp = 2 ZeRO-1; then a
+# one-rank layout the disk offload's file I/O dominates:
+#  - model states (params, grads, optimizer, bf16's fp32 master) and activations of every
+#    rank: exactly the session's own accounting (its MEM line);
 #  - peak RSS of every rank (VmHWM) within 10% of the plan's;
 #  - page faults per step of every rank (ZeRO 2/3's refaulted pages) within 10% + 64 of
 #    the plan's count (a count: the load cannot move it);
@@ -77,6 +77,8 @@ layouts=(
   "2|mesh.dp=2 strategy.zero=3 strategy.offload.optimizer=disk strategy.offload.path=$tmp/off strategy.offload.params=true"
   "1|model.family=llama model.kv_heads=2 model.ffn_dim=256"
   "4|mesh.pp=2 mesh.dp=2 mesh.ep=2 model.moe.experts=4 microbatches=4 strategy.zero=1"
+  "1|precision=bf16"
+  "2|mesh.dp=2 strategy.zero=1 precision=bf16"
 )
 mkdir -p "$tmp/off"
 ep_zero1_mem="" # the ep = 2 zero = 1 run's MEM line of rank 0, for the search's row below
@@ -105,11 +107,11 @@ for l in "${layouts[@]}"; do
     case "$args" in *mesh.pp=2*mesh.dp=2*) stage=$((r / 2)) ;; *mesh.pp=2*) stage=$r ;; esac # dp before pp
     pl=$(grep "^PLAN $stage " "$tmp/exp$i.txt")
     [ -n "$mem" ] && [ -n "$pl" ] && [ -n "$line" ] && [ -n "$flt" ] || { echo "FAIL: $args rank $r: missing output"; cat "$out"; exit 1; }
-    read -r _ _ mp mg mo _ ma _ <<< "$mem"
-    read -r _ _ pp pg po pa prss pbusy pflt <<< "$pl"
-    states="params $mp/$pp grads $mg/$pg optimizer $mo/$po activations $ma/$pa"
+    read -r _ _ mp mg mo mm ma _ <<< "$mem"
+    read -r _ _ pp pg po pa prss pbusy pflt pm <<< "$pl"
+    states="params $mp/$pp grads $mg/$pg optimizer $mo/$po master $mm/$pm activations $ma/$pa"
     verdict="states exact"
-    if [ "$mp $mg $mo $ma" != "$pp $pg $po $pa" ]; then
+    if [ "$mp $mg $mo $mm $ma" != "$pp $pg $po $pm $pa" ]; then
       echo "FAIL: $args rank $r: session vs plan: $states"; fail=1; verdict="states DIFFER"
     fi
     hwm=$(echo "$line" | sed -E 's/.*measured ([0-9.]+) MiB.*/\1/')
@@ -282,10 +284,10 @@ done
 # docs/PLAN.md's worked examples: the commands run and give the figures the doc quotes.
 recipes=$here/../../scripts/recipes
 "$loom" plan "$recipes/plan_gpt3_13b.lua" --machine a100-node > "$tmp/13b.txt"
-grep -q 'peak RSS predicted: 23.80 GiB' "$tmp/13b.txt" && grep -q 'MFU 37.9%' "$tmp/13b.txt" \
+grep -q 'peak RSS predicted: 29.87 GiB' "$tmp/13b.txt" && grep -q 'MFU 37.9%' "$tmp/13b.txt" \
   || { echo "FAIL: 13B seeds' layout is not docs/PLAN.md's"; cat "$tmp/13b.txt"; fail=1; }
 "$loom" plan "$recipes/plan_gpt3_13b.lua" --machine a100-node --world 16 --devices-per-node 8 --mem 80GB > "$tmp/13s.txt"
-grep -qE '^ +1 .*dp=8 tp=1 pp=2 zero=2 micro=1 zb1 x64' "$tmp/13s.txt" \
+grep -qE '^ +1 .*dp=8 tp=1 pp=2 zero=2 micro=1 1f1b x64 micro-batches recompute selective' "$tmp/13s.txt" \
   || { echo "FAIL: 13B search's top row is not docs/PLAN.md's"; cat "$tmp/13s.txt"; fail=1; }
 "$loom" plan "$recipes/plan_gpt3_175b.lua" --machine h200-node > "$tmp/175.txt"
 grep -q 'MFU 42.5%' "$tmp/175.txt" || { echo "FAIL: 175B layout is not docs/PLAN.md's"; cat "$tmp/175.txt"; fail=1; }

@@ -273,12 +273,7 @@ void loom_cpu_sgemm_on(int isa, int ta, int tb, int M, int N, int K, float alpha
 
 #pragma omp parallel num_threads(nth)
     {
-        float *ap = thread_buffer(1, (size_t)MC_MAX * KC);
-        if (!ap) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp barrier
+        float *ap = team_a_buffer(&failed);
         /* C = beta C first, unless beta is 0 (the first K-slice stores) or 1 */
         if (!failed && beta != 0.0f && beta != 1.0f) {
 #pragma omp for schedule(static)

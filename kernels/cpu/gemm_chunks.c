@@ -246,12 +246,7 @@ void loom_cpu_gemm_chunk_tree(int ta, int tb, int M, int N, int chunks, int segs
     int failed = 0;
 #pragma omp parallel num_threads(nth)
     {
-        float *ap = thread_buffer(1, (size_t)MC_MAX * KC);
-        if (!ap) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp barrier
+        float *ap = team_a_buffer(&failed);
         for (int g = 0; g < n_g && !failed; g++) {
             const int q0 = cs[gc[g]], nq = cs[gc[g + 1]] - q0;
 #pragma omp for schedule(static)

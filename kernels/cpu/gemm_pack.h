@@ -54,6 +54,20 @@ static inline float *thread_buffer(int which, size_t n)
     return buf[which];
 }
 
+/* Inside a parallel region, called by every thread of the team: this thread's A-pack
+ * buffer (MC_MAX x KC floats). *failed becomes 1 if any thread got none; the barrier makes
+ * that visible to all before any of them starts work, so the team gives up together. */
+static inline float *team_a_buffer(int *failed)
+{
+    float *ap = thread_buffer(1, (size_t)MC_MAX * KC);
+    if (!ap) {
+#pragma omp atomic write
+        *failed = 1;
+    }
+#pragma omp barrier
+    return ap;
+}
+
 /* op(X)(r, c) of a row-major X stored with leading dimension ld. */
 static inline float op_at(const float *X, int ld, int trans, int r, int c)
 {

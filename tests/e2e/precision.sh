@@ -59,6 +59,21 @@ canonical_layouts() {
 # --- tracking ------------------------------------------------------------------------
 for p in fp32 bf16 fp16; do run1 precision=$p steps=200 | grep -E '^(LOSS|MEM)' > "$tmp/$p"; done
 final() { awk '$1 == "LOSS" && $2 > 180 { s += $4; n++ } END { printf "%.6f\n", s / n }' "$1"; }
+# tracks WHAT RUN REF BASE NOT NOTE: RUN within 0.03 a step of REF's losses, its final loss
+# within 0.5% of BASE's, and (where the CPU has avx512_bf16 and the kernels run avx512) not
+# NOT's bits, else "NOTE" names the path that did not run.
+tracks() {
+  local d fr fb rel
+  d=$(max_loss_diff "$3" "$2")
+  fr=$(final "$2"); fb=$(final "$4")
+  rel=$(awk -v a="$fr" -v b="$fb" 'BEGIN { d = (a - b) / b; printf "%.5f\n", d < 0 ? -d : d }')
+  below "$d" 0.03 && below "$rel" 0.005 ||
+    { echo "$1: max |loss diff| $d (tolerance 0.03), final $fr vs $fb ($rel, tolerance 0.005)"; exit 1; }
+  if grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null && [ "${LOOM_CPU_ISA:-avx512}" = avx512 ]; then
+    ! cmp -s "$2" "$5" || { echo "$1: the CPU has avx512_bf16 but the losses are $6"; exit 1; }
+  fi
+  echo "ok $1: max |loss diff| $d over 200 steps, final $fr vs $fb ($rel relative)"
+}
 f32=$(final "$tmp/fp32")
 for p in bf16 fp16; do
   finite_losses "$tmp/$p"
@@ -78,29 +93,15 @@ done
 # path ran). Same seed: bitwise run to run (below, $b16 twice).
 LOOM_CPU_BF16DOT=0 run1 precision=bf16 steps=200 | grep -E '^(LOSS|MEM)' > "$tmp/bf16_wide"
 finite_losses "$tmp/bf16_wide"
-d=$(max_loss_diff "$tmp/bf16_wide" "$tmp/bf16")
-fw=$(final "$tmp/bf16_wide"); fd=$(final "$tmp/bf16")
-rel=$(awk -v a="$fd" -v b="$fw" 'BEGIN { d = (a - b) / b; printf "%.5f\n", d < 0 ? -d : d }')
-below "$d" 0.03 && below "$rel" 0.005 ||
-  { echo "bf16 vdpbf16ps vs widening: max |loss diff| $d (tolerance 0.03), final $fd vs $fw ($rel, tolerance 0.005)"; exit 1; }
-if grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null && [ "${LOOM_CPU_ISA:-avx512}" = avx512 ]; then
-  ! cmp -s "$tmp/bf16_wide" "$tmp/bf16" || { echo "bf16: the CPU has avx512_bf16 but the losses are the widening path's bits: vdpbf16ps did not run"; exit 1; }
-fi
-echo "ok bf16 forward products (vdpbf16ps where the CPU has it) vs widening: max |loss diff| $d over 200 steps, final $fd vs $fw ($rel relative)"
+tracks "bf16 forward products (vdpbf16ps where the CPU has it) vs widening" "$tmp/bf16" \
+  "$tmp/bf16_wide" "$tmp/bf16_wide" "$tmp/bf16_wide" "the widening path's bits: vdpbf16ps did not run"
 # LOOM_CPU_BF16DOT=all: the backward products on vdpbf16ps too (each fp32 gradient split into
 # hi + lo bf16: fp32-accurate). Tracks fp32 as bf16 does (0.03 a step, final within 0.5% of
 # the default path's) and, where the feature exists, differs from the default (the path ran).
 LOOM_CPU_BF16DOT=all run1 precision=bf16 steps=200 | grep -E '^(LOSS|MEM)' > "$tmp/bf16_all"
 finite_losses "$tmp/bf16_all"
-d=$(max_loss_diff "$tmp/fp32" "$tmp/bf16_all")
-fa=$(final "$tmp/bf16_all")
-rel=$(awk -v a="$fa" -v b="$fd" 'BEGIN { d = (a - b) / b; printf "%.5f\n", d < 0 ? -d : d }')
-below "$d" 0.03 && below "$rel" 0.005 ||
-  { echo "bf16 with backward on vdpbf16ps: max |loss diff| $d from fp32 (tolerance 0.03), final $fa vs $fd ($rel, tolerance 0.005)"; exit 1; }
-if grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null && [ "${LOOM_CPU_ISA:-avx512}" = avx512 ]; then
-  ! cmp -s "$tmp/bf16_all" "$tmp/bf16" || { echo "bf16 LOOM_CPU_BF16DOT=all: the losses are the forward-only path's bits: the backward products did not run on vdpbf16ps"; exit 1; }
-fi
-echo "ok bf16 backward products too (LOOM_CPU_BF16DOT=all): max |loss diff| $d from fp32 over 200 steps, final $fa vs $fd ($rel relative)"
+tracks "bf16 backward products too (LOOM_CPU_BF16DOT=all), from fp32" "$tmp/bf16_all" \
+  "$tmp/fp32" "$tmp/bf16" "$tmp/bf16" "the forward-only path's bits: the backward products did not run on vdpbf16ps"
 
 # --- layouts -------------------------------------------------------------------------
 b16="precision=bf16 model.heads=4"

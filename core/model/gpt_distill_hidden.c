@@ -8,8 +8,8 @@
  * (while the projection's unit is in use, before its gradients are reported ready) and
  * d term / d h_s to d(res3 of l) just before block l's backward.
  * Sums in double, in fixed row and column order: the same bits whatever the thread count
- * and, under tp (no sequence parallelism: h and the projection whole on every rank), the
- * same bits on every tp rank.
+ * and, under tp (h whole on every rank, or its rows gathered under sequence parallelism;
+ * the projection replicated), the same bits on every tp rank.
  */
 #include <math.h>
 #include <stdint.h>
@@ -101,15 +101,12 @@ loom_status gpt_distill_terms_check(loom_gpt *m, const float *const *map, const 
 
 loom_status loom_gpt_set_distill_hidden(loom_gpt *m, const float *const *teacher_h, float beta)
 {
-    /* Under tp without sequence parallelism res3 and d(res3) are whole on every rank and
-     * the projection is replicated (split_dim -1): each rank computes the same term and
-     * the same projection gradient, which the tp layout neither sums nor counts twice
-     * (replicated gradients are whole per rank; the norm takes tp rank 0's). With
-     * sequence parallelism each rank holds some rows of h only. */
-    if (teacher_h && m->sp)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "distillation's hidden-state terms with sequence "
-                  "parallelism are not built yet (each tp rank holds some rows of the block "
-                  "outputs); leave tp_sequence_parallel off");
+    /* Under tp res3's gradient and the projection are whole per rank (the projection is
+     * replicated, split_dim -1): each rank computes the same term and the same projection
+     * gradient from all rows, which the tp layout neither sums nor counts twice
+     * (replicated gradients are whole per rank; the norm takes tp rank 0's). Without
+     * sequence parallelism h is whole on every rank too; with it each rank holds R/tp rows
+     * of h, gathered for the term (kd_hall), and adds its rows of d term / d h. */
     if (teacher_h && !(beta >= 0.0f && isfinite(beta)))
         LOOM_FAIL(LOOM_ERR_INVALID, "teacher.hidden=%g must be a finite weight >= 0", beta);
     int L = m->cfg.layers, S = m->slots;
@@ -126,7 +123,8 @@ loom_status loom_gpt_set_distill_hidden(loom_gpt *m, const float *const *teacher
         m->kd_dw = calloc((size_t)L * S, sizeof *m->kd_dw);
         m->kd_hloss = malloc(R * sizeof(double));
         m->kd_y = malloc(R * Ct * sizeof(float));
-        if (!m->kd_dh || !m->kd_dw || !m->kd_hloss || !m->kd_y)
+        m->kd_hall = m->sp ? malloc(R * C * sizeof(float)) : NULL;
+        if (!m->kd_dh || !m->kd_dw || !m->kd_hloss || !m->kd_y || (m->sp && !m->kd_hall))
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the hidden-state terms");
     }
     m->kd_h_first = -1;
@@ -150,7 +148,8 @@ loom_status loom_gpt_set_distill_hidden(loom_gpt *m, const float *const *teacher
 
 const float *loom_gpt_block_output(const loom_gpt *m, int l)
 {
-    /* not under sequence parallelism: res3 is then this rank's rows only */
+    /* not under sequence parallelism: res3 is then this rank's rows only (a teacher's
+     * layout keeps it off where its block outputs are read: session.c) */
     return l >= 0 && l < m->cfg.layers && m->own[l] && !m->sp ? m->acts[l].res3 : NULL;
 }
 
@@ -173,7 +172,13 @@ loom_status gpt_distill_hidden(loom_gpt *m, const int *targets, size_t R, float 
         const loom_param_entry *e = proj_entry(m, l);
         float *dw = m->kd_dw[(size_t)m->cur_slot * L + l];
         memset(dw, 0, (size_t)Ct * C * sizeof(float));
-        loom_kd_hidden_rows(m->acts[l].res3, m->kd_h[l] + r0 * (size_t)Ct, m->params + e->offset,
+        const float *hs = m->acts[l].res3;
+        if (m->sp) { /* each rank's R/tp rows, in rank order: all R (a gather copies) */
+            LOOM_TRY(m->tp_ops->tensor_allgather(m->tp_self, hs, m->kd_hall,
+                                                 R / (size_t)m->tp * (size_t)C));
+            hs = m->kd_hall;
+        }
+        loom_kd_hidden_rows(hs, m->kd_h[l] + r0 * (size_t)Ct, m->params + e->offset,
                             R, C, Ct, m->kd_beta, dloss, m->kd_hloss, m->kd_y,
                             m->kd_dh[(size_t)m->cur_slot * L + l], dw);
     }
@@ -203,8 +208,9 @@ void gpt_distill_hidden_dy(loom_gpt *m, int l, float *dy, size_t Rl)
 {
     if (!m->kd_slot || !m->kd_slot[m->cur_slot].h_live || !m->kd_h[l])
         return;
-    m->be->ops->accumulate(dy, m->kd_dh[(size_t)m->cur_slot * m->cfg.layers + l],
-                           Rl * (size_t)m->cfg.dim);
+    size_t row0 = m->sp ? (size_t)m->tp_rank * Rl : 0; /* sp: this rank's rows of all R */
+    m->be->ops->accumulate(dy, m->kd_dh[(size_t)m->cur_slot * m->cfg.layers + l] +
+                               row0 * (size_t)m->cfg.dim, Rl * (size_t)m->cfg.dim);
     if (l == m->kd_h_first)
         m->kd_slot[m->cur_slot].h_live = 0;
 }
@@ -224,5 +230,6 @@ void gpt_distill_hidden_free(loom_gpt *m)
     free(m->kd_dw);
     free(m->kd_hloss);
     free(m->kd_y);
+    free(m->kd_hall);
     free(m->kd_slot);
 }

@@ -136,6 +136,7 @@ struct loom_gpt {
     float **kd_dh, **kd_dw;
     double *kd_hloss;                  /* (R) */
     float *kd_y;                       /* (R, kd_proj_dim) the projection's output */
+    float *kd_hall;                    /* sequence parallelism: (R,C) h's rows gathered */
     int kd_h_first;                    /* the lowest mapped block */
     /* the attention-probability term (gpt_distill_attn.c): the teacher's probabilities per
      * student block (kd_att[l], NULL: unmapped; a stage: the step's micro-batches, each
@@ -146,6 +147,8 @@ struct loom_gpt {
     float *kd_datt;
     double *kd_aloss;
     double *kd_hsum; /* (tp + 1, R, NHl): this rank's per-head row sums, then all ranks' */
+    int kd_att_h0, kd_att_nh; /* the teacher's heads: this rank's first, and how many a
+                               * (B,NH,T,T) of its buffer holds (NH replicated, NHl split) */
     int kd_a_first;
     /* per activation slot, what a training forward of the terms left for its backward */
     struct gpt_kd_slot {

@@ -70,6 +70,8 @@ struct loom_session {
     float *kd_step;          /* pp, last stage: the teacher's rows of the step's micro-batches */
     const loom_strategy_ops *teacher_tp; /* teacher.tp > 1: its own tp strategy over the */
     void *teacher_tp_self;               /* student's tp group, and its whole rows gathered */
+    loom_plugin_config teacher_tp_cfg;   /* that strategy's config (the student's, or with
+                                          * sequence parallelism off: teacher_layout) */
     float *kd_whole;                     /* (2 x B*T x teacher's Vp): scratch, then the rows */
     loom_kd_group *kd_group;             /* teacher.tp across dp ranks (kd_group.h), else NULL */
     int kd_map[64];          /* hidden-state terms: student block -> teacher block (-1: none) */
@@ -326,7 +328,11 @@ static loom_status teacher_layout(loom_session *s, const loom_session_config *cf
         par->tp_ops = loom_kd_group_strategy(s->kd_group, &par->tp_self);
         return LOOM_OK;
     }
-    LOOM_TRY(make_plugin(&s->tensor_cfg, (const void **)&s->teacher_tp, &s->teacher_tp_self));
+    /* teacher.layers reads its block outputs whole: its rows are not split by sequence */
+    loom_config_copy(&s->teacher_tp_cfg, &s->tensor_cfg);
+    if (cfg->kd_layers && loom_config_index(&s->teacher_tp_cfg, "sequence_parallel") >= 0)
+        LOOM_TRY(loom_config_set_boolean(&s->teacher_tp_cfg, "sequence_parallel", 0));
+    LOOM_TRY(make_plugin(&s->teacher_tp_cfg, (const void **)&s->teacher_tp, &s->teacher_tp_self));
     par->tp_ops = s->teacher_tp;
     par->tp_self = s->teacher_tp_self;
     if (!(s->kd_whole = malloc(2 * rows * vp * sizeof(float))))

@@ -69,6 +69,11 @@ void loom_kd_attention_rows(const float *ps, const float *pt, int B, int NH, int
 loom_status loom_gpt_set_distill_attention(loom_gpt *m, const float *const *teacher_att,
                                            float gamma);
 
+/* After loom_gpt_set_distill_attention: whole = 1, the teacher's probabilities hold all NH
+ * heads (a replicated teacher under tp: each rank reads its own heads' slice, rank p's
+ * from head p * NH/tp); 0 (the default): this rank's heads only (split the same way). */
+loom_status loom_gpt_set_distill_attention_whole(loom_gpt *m, int whole);
+
 /* Block l's attention probabilities of the last forward (B,NH,T,T; host memory on the CPU
  * backend), NULL if l is not held or is recomputed (not kept): a teacher's. Under tp this
  * rank's heads only, (B,NHl,T,T). */

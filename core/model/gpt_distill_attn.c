@@ -81,8 +81,19 @@ loom_status loom_gpt_set_distill_attention(loom_gpt *m, const float *const *teac
     }
     m->kd_att = teacher_att;
     m->kd_gamma = gamma;
+    m->kd_att_h0 = 0; /* the teacher split as the student: its heads are this rank's */
+    m->kd_att_nh = m->NHl;
     for (int sl = 0; m->kd_slot && sl < m->slots; sl++)
         m->kd_slot[sl].a_live = 0;
+    return LOOM_OK;
+}
+
+loom_status loom_gpt_set_distill_attention_whole(loom_gpt *m, int whole)
+{
+    if (!m->kd_att)
+        LOOM_FAIL(LOOM_ERR_INVALID, "distillation's attention term is not set");
+    m->kd_att_nh = whole ? m->cfg.heads : m->NHl;
+    m->kd_att_h0 = whole ? m->tp_rank * m->NHl : 0; /* rank p holds heads p*NHl .. */
     return LOOM_OK;
 }
 
@@ -93,12 +104,15 @@ const float *loom_gpt_block_attention(const loom_gpt *m, int l)
     return m->acts[l].att; /* under tp: this rank's NHl heads */
 }
 
-/* The teacher's probabilities for block l of the micro-batch whose first step row is r0
- * (a stage's step buffer holds each micro-batch's (B,NH,T,T) in turn; elsewhere r0 = 0). */
-static const float *teacher_probs(const loom_gpt *m, int l, size_t r0, int B, int T)
+/* The teacher's (T,T) probabilities of batch row b and this rank's head h for block l of
+ * the micro-batch whose first step row is r0 (a stage's step buffer holds each
+ * micro-batch's (B,nh,T,T) in turn; elsewhere r0 = 0). nh: the heads the buffer holds
+ * (all of a whole teacher's, of which this rank's start at h0, or this rank's). */
+static const float *teacher_probs(const loom_gpt *m, int l, size_t r0, int B, int T, int b,
+                                  int h)
 {
-    size_t R = (size_t)B * T, A = R * (size_t)m->NHl * (size_t)T;
-    return m->kd_att[l] + r0 / R * A;
+    size_t R = (size_t)B * T, nh = (size_t)m->kd_att_nh, A = R * nh * (size_t)T;
+    return m->kd_att[l] + r0 / R * A + ((size_t)b * nh + (size_t)(m->kd_att_h0 + h)) * T * T;
 }
 
 loom_status gpt_distill_attn_forward(loom_gpt *m, int l, const int *targets, int B, int T,
@@ -119,15 +133,16 @@ loom_status gpt_distill_attn_forward(loom_gpt *m, int l, const int *targets, int
     /* each of this rank's heads' sum per row (loom_kd_attention_rows' order), gathered over
      * tp and added in head order: rank p holds heads p*NHl ..; the same bits at any tp */
     int NHl = m->NHl, P = m->tp_ops ? m->tp : 1;
-    const float *ps = m->acts[l].att, *pt = teacher_probs(m, l, ks->r0, B, T);
+    const float *ps = m->acts[l].att;
     double *mine = m->kd_hsum, *all = m->tp_ops ? m->kd_hsum + R * (size_t)NHl : mine;
     for (size_t r = 0; r < R; r++)
         for (int h = 0; h < NHl; h++) {
             size_t b = r / (size_t)T, t = r % (size_t)T;
             size_t row = ((b * (size_t)NHl + (size_t)h) * (size_t)T + t) * (size_t)T;
+            const float *pt = teacher_probs(m, l, ks->r0, B, T, (int)b, h) + t * (size_t)T;
             double sh = 0.0;
             for (int j = 0; j < T; j++) {
-                double d = (double)ps[row + j] - pt[row + j];
+                double d = (double)ps[row + j] - pt[j];
                 sh += d * d;
             }
             mine[r * (size_t)NHl + (size_t)h] = sh;
@@ -158,11 +173,15 @@ void gpt_attention_backward(loom_gpt *m, int l, float *dqkv, const float *datty,
     /* d(probabilities) from the saved ones; the loss rows it also adds land in kd_aloss,
      * already added to the losses and cleared by the next forward */
     {   /* this rank's heads: 2 gamma/NH (P_s - P_t), NH the model's head count */
-        const float *ps = a->att, *pt = teacher_probs(m, l, ks->r0, B, T);
         const double g = 2.0 * ((double)m->kd_gamma / m->cfg.heads) * ks->a_scale;
-        size_t n = (size_t)B * m->NHl * (size_t)T * (size_t)T;
-        for (size_t i = 0; i < n; i++)
-            m->kd_datt[i] = (float)(g * ((double)ps[i] - pt[i]));
+        size_t tt = (size_t)T * (size_t)T;
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < m->NHl; h++) {
+                size_t at = ((size_t)b * m->NHl + (size_t)h) * tt;
+                const float *ps = a->att + at, *pt = teacher_probs(m, l, ks->r0, B, T, b, h);
+                for (size_t i = 0; i < tt; i++)
+                    m->kd_datt[at + i] = (float)(g * ((double)ps[i] - pt[i]));
+            }
     }
     k->attention_backward_datt(dqkv, m->datt_scratch, datty, a->qkv, a->att, m->kd_datt, B, T,
                                m->Cl, m->NHl);

@@ -274,9 +274,6 @@ static loom_status distill_hidden_open(loom_session *s, const loom_session_confi
     if (tc->heads != mc->heads)
         LOOM_FAIL(LOOM_ERR_INVALID, "teacher.attention: the student has %d heads, the teacher %d",
                   mc->heads, tc->heads);
-    if (s->tensor && !s->teacher_tp) /* the term pairs each rank's heads with the same heads */
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.attention with mesh.tp > 1 needs the teacher "
-                  "split the same way (teacher.tp = mesh.tp); a replicated teacher is not built");
     int held = s->teacher_tp ? tc->heads / cfg->kd_teacher_tp : tc->heads; /* this rank's */
     for (int l = 0; l < mc->layers; l++) {
         s->kd_att[l] = s->kd_map[l] >= 0 ? loom_gpt_block_attention(s->teacher, s->kd_map[l]) : NULL;
@@ -290,7 +287,9 @@ static loom_status distill_hidden_open(loom_session *s, const loom_session_confi
             s->kd_att[l] = s->kd_astep[l];
         }
     }
-    return loom_gpt_set_distill_attention(s->model, s->kd_att, cfg->kd_attention);
+    LOOM_TRY(loom_gpt_set_distill_attention(s->model, s->kd_att, cfg->kd_attention));
+    /* the term pairs each rank's heads with the same heads: a whole teacher's slice */
+    return loom_gpt_set_distill_attention_whole(s->model, s->tensor && !s->teacher_tp);
 }
 
 /* teacher.tp (docs/DISTILL.md): the teacher split by tensor parallelism. Over the

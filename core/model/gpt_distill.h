@@ -79,6 +79,13 @@ loom_status loom_gpt_set_distill_attention_whole(loom_gpt *m, int whole);
  * rank's heads only, (B,NHl,T,T). */
 const float *loom_gpt_block_attention(const loom_gpt *m, int l);
 
+/* Block l's probabilities of the last forward (B, T as it ran) with all heads, into whole
+ * (B,NH,T,T), host memory: under tensor parallelism every rank's heads all-gathered
+ * (blocks: (B,NH,T,T) scratch) and laid out in head order, a copy otherwise. A teacher
+ * split by tp across dp ranks gives its probabilities this way (kd_group.h). */
+loom_status loom_gpt_gather_block_attention(loom_gpt *m, int l, int B, int T, float *blocks,
+                                            float *whole);
+
 /* Hidden-state terms (gpt_distill_hidden.c): per student block l with a projection
  * (loom_gpt_config.kd_proj_layers), the loss row r adds beta/Ct |W_l h_s,r - h_t,r|^2 (an
  * MSE over the Ct = kd_proj_dim teacher columns; its mean over rows is beta MSE), h the

@@ -41,6 +41,7 @@ void loom_kd_attention_rows(const float *ps, const float *pt, int B, int NH, int
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "gpt_internal.h"
 #include "base/status.h"
@@ -102,6 +103,26 @@ const float *loom_gpt_block_attention(const loom_gpt *m, int l)
     if (l < 0 || l >= m->cfg.layers || !m->own[l] || m->rc[l] != RC_KEEP)
         return NULL; /* not held, or not kept past its block */
     return m->acts[l].att; /* under tp: this rank's NHl heads */
+}
+
+loom_status loom_gpt_gather_block_attention(loom_gpt *m, int l, int B, int T, float *blocks,
+                                            float *whole)
+{
+    const float *mine = loom_gpt_block_attention(m, l);
+    if (!mine)
+        LOOM_FAIL(LOOM_ERR_INVALID, "block %d's attention probabilities are not kept here", l);
+    size_t tt = (size_t)T * T, per = (size_t)B * m->NHl * tt; /* one rank's (B,NHl,T,T) */
+    if (!m->tp_ops) {
+        memcpy(whole, mine, per * sizeof(float));
+        return LOOM_OK;
+    }
+    LOOM_TRY(m->tp_ops->tensor_allgather(m->tp_self, mine, blocks, per));
+    size_t NH = (size_t)m->cfg.heads, NHl = (size_t)m->NHl;
+    for (size_t p = 0; p < (size_t)m->tp; p++) /* rank p's heads p*NHl .. of every batch row */
+        for (size_t b = 0; b < (size_t)B; b++)
+            memcpy(whole + (b * NH + p * NHl) * tt, blocks + p * per + b * NHl * tt,
+                   NHl * tt * sizeof(float));
+    return LOOM_OK;
 }
 
 /* The teacher's (T,T) probabilities of batch row b and this rank's head h for block l of

@@ -22,6 +22,12 @@ struct loom_kd_group {
     int *tokens, *targets;             /* (accum x dp, B*T) the step's micro-batches */
     float *rows;                       /* (accum, B*T x vp) this rank's rows */
     float *blocks, *spare;             /* (B*T x vp) each: gather scratch, others' rows */
+    /* teacher.layers (loom_kd_group_keep_terms): per student block l, the teacher block it
+     * maps to (-1: none) and this rank's accum micro-batches' of its outputs (B*T x Ct) and,
+     * with the attention term, all heads' probabilities (B,NH,T,T); gather scratch */
+    int L, map[64], attention;
+    size_t ct, att;
+    float *h[64], *p[64], *pblocks, *pspare;
 };
 
 /* The tp strategy asks its host for LOOM_GROUP_TP once, in create. group() takes no
@@ -117,6 +123,11 @@ void loom_kd_group_close(loom_kd_group *g)
     free(g->targets);
     free(g->rows);
     free(g->blocks);
+    for (int l = 0; l < g->L; l++) {
+        free(g->h[l]);
+        free(g->p[l]);
+    }
+    free(g->pblocks);
     free(g);
 }
 
@@ -124,6 +135,46 @@ const loom_strategy_ops *loom_kd_group_strategy(loom_kd_group *g, void **self)
 {
     *self = g->tp_self;
     return g->tp;
+}
+
+loom_status loom_kd_group_keep_terms(loom_kd_group *g, int L, const int *map, size_t ct,
+                                     int heads)
+{
+    if (L > 64)
+        LOOM_FAIL(LOOM_ERR_INVALID, "teacher.layers: at most 64 student blocks");
+    g->L = L, g->ct = ct, g->attention = heads > 0;
+    g->att = heads > 0 ? g->bt * (size_t)heads * (size_t)g->T : 0; /* (B,NH,T,T) */
+    for (int l = 0; l < L; l++) {
+        if ((g->map[l] = map[l]) < 0)
+            continue;
+        g->h[l] = malloc((size_t)g->accum * g->bt * ct * sizeof(float));
+        g->p[l] = heads > 0 ? malloc((size_t)g->accum * g->att * sizeof(float)) : NULL;
+        if (!g->h[l] || (heads > 0 && !g->p[l]))
+            LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the split teacher's block outputs");
+    }
+    if (heads > 0 && !(g->pblocks = malloc(2 * g->att * sizeof(float))))
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the split teacher's probabilities");
+    g->pspare = g->pblocks + g->att;
+    return LOOM_OK;
+}
+
+/* After the teacher's forward on member j's micro-batch a: its block outputs (whole on
+ * every member: the group's tp runs without sequence parallelism) kept by the owner, and
+ * the probabilities gathered by every member, kept by the owner. */
+static loom_status keep_terms(loom_kd_group *g, loom_gpt *teacher, int mine, int a)
+{
+    for (int l = 0; l < g->L; l++) {
+        if (g->map[l] < 0)
+            continue;
+        if (mine)
+            memcpy(g->h[l] + (size_t)a * g->bt * g->ct, loom_gpt_block_output(teacher, g->map[l]),
+                   g->bt * g->ct * sizeof(float));
+        if (g->attention)
+            LOOM_TRY(loom_gpt_gather_block_attention(teacher, g->map[l], g->B, g->T, g->pblocks,
+                                                     mine ? g->p[l] + (size_t)a * g->att
+                                                          : g->pspare));
+    }
+    return LOOM_OK;
 }
 
 loom_status loom_kd_group_step(loom_kd_group *g, loom_gpt *teacher, loom_batch_fn next, void *ctx)
@@ -138,6 +189,7 @@ loom_status loom_kd_group_step(loom_kd_group *g, loom_gpt *teacher, loom_batch_f
             /* every member takes part in each gather; another member's rows are dropped */
             float *whole = j == g->index ? g->rows + (size_t)a * g->bt * g->vp : g->spare;
             LOOM_TRY(loom_gpt_gather_logits(teacher, g->bt, g->blocks, whole));
+            LOOM_TRY(keep_terms(g, teacher, j == g->index, a));
         }
     return LOOM_OK;
 }
@@ -147,4 +199,12 @@ const int *loom_kd_group_targets(const loom_kd_group *g, int i) { return g->targ
 const float *loom_kd_group_rows(const loom_kd_group *g, int a)
 {
     return g->rows + (size_t)a * g->bt * g->vp;
+}
+const float *loom_kd_group_block_output(const loom_kd_group *g, int l, int a)
+{
+    return l < g->L && g->h[l] ? g->h[l] + (size_t)a * g->bt * g->ct : NULL;
+}
+const float *loom_kd_group_block_attention(const loom_kd_group *g, int l, int a)
+{
+    return l < g->L && g->p[l] ? g->p[l] + (size_t)a * g->att : NULL;
 }

@@ -34,6 +34,14 @@ void loom_kd_group_close(loom_kd_group *g);
 /* The teacher's tp strategy (for loom_gpt_parallel's tp_ops, tp_self). */
 const loom_strategy_ops *loom_kd_group_strategy(loom_kd_group *g, void **self);
 
+/* teacher.layers (and teacher.attention with heads > 0, the teacher's head count): after
+ * each teacher forward the group keeps, for each student block l of L with map[l] >= 0,
+ * the owner's copy of teacher block map[l]'s output (B*T x ct, whole on every member) and
+ * of its probabilities, every member's heads gathered ((B,NH,T,T): one more gather of
+ * B*T*NH*T/n floats per mapped block per teacher micro-batch). Before the first step. */
+loom_status loom_kd_group_keep_terms(loom_kd_group *g, int L, const int *map, size_t ct,
+                                     int heads);
+
 /* One step's reads and teacher forwards (above). */
 loom_status loom_kd_group_step(loom_kd_group *g, loom_gpt *teacher, loom_batch_fn next, void *ctx);
 
@@ -42,5 +50,9 @@ loom_status loom_kd_group_step(loom_kd_group *g, loom_gpt *teacher, loom_batch_f
 const int *loom_kd_group_tokens(const loom_kd_group *g, int i);
 const int *loom_kd_group_targets(const loom_kd_group *g, int i);
 const float *loom_kd_group_rows(const loom_kd_group *g, int a);
+/* This rank's micro-batch a's teacher block output / probabilities for student block l
+ * (loom_kd_group_keep_terms), NULL if l is unmapped or the attention term is off. */
+const float *loom_kd_group_block_output(const loom_kd_group *g, int l, int a);
+const float *loom_kd_group_block_attention(const loom_kd_group *g, int l, int a);
 
 #endif

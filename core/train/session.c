@@ -239,6 +239,19 @@ static loom_status check_precision(loom_session *s, const loom_session_config *c
     return LOOM_OK;
 }
 
+/* teacher.tp across dp ranks: the terms of this rank's accumulation micro-batch a read the
+ * teacher's block outputs and probabilities the group kept for it (kd_group.h). */
+static void distill_group_terms(loom_session *s, int a)
+{
+    for (int l = 0; s->kd_hidden_on && l < loom_gpt_get_config(s->model)->layers; l++) {
+        if (s->kd_map[l] < 0)
+            continue;
+        s->kd_h[l] = loom_kd_group_block_output(s->kd_group, l, a);
+        if (s->kd_att[l])
+            s->kd_att[l] = loom_kd_group_block_attention(s->kd_group, l, a);
+    }
+}
+
 /* teacher.layers (gpt_distill.h's hidden-state terms; teacher.attention on the same pairs):
  * one rank, dp, zero, pp or tp (no sequence parallelism; the teacher replicated or split
  * over the student's tp group, its block outputs whole on every rank), any precision; the
@@ -268,8 +281,14 @@ static loom_status distill_hidden_open(loom_session *s, const loom_session_confi
         }
     }
     s->kd_hidden_on = 1;
+    int att = cfg->kd_attention > 0.0f; /* teacher.attention: the same pairs' probabilities */
+    if (s->kd_group) { /* teacher.tp across dp ranks: the group keeps each member's rows */
+        LOOM_TRY(loom_kd_group_keep_terms(s->kd_group, mc->layers, s->kd_map, (size_t)tc->dim,
+                                          att ? tc->heads : 0));
+        distill_group_terms(s, 0);
+    }
     LOOM_TRY(loom_gpt_set_distill_hidden(s->model, s->kd_h, cfg->kd_hidden));
-    if (!(cfg->kd_attention > 0.0f)) /* teacher.attention: the same pairs' probabilities */
+    if (!att)
         return LOOM_OK;
     if (tc->heads != mc->heads)
         LOOM_FAIL(LOOM_ERR_INVALID, "teacher.attention: the student has %d heads, the teacher %d",
@@ -281,6 +300,8 @@ static loom_status distill_hidden_open(loom_session *s, const loom_session_confi
             LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.attention: the teacher's block %d does not keep "
                       "all its heads' probabilities here (recomputed or split over tp)", s->kd_map[l]);
         size_t A = (size_t)cfg->accum * cfg->micro_batch * held * cfg->seq * cfg->seq;
+        if (s->kd_group) /* all heads, gathered over the group */
+            s->kd_att[l] = loom_kd_group_block_attention(s->kd_group, l, 0);
         if (s->kd_map[l] >= 0 && s->pipe) { /* each micro-batch's (B,NH,T,T) of the step */
             if (!(s->kd_astep[l] = malloc(A * sizeof(float))))
                 LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the teacher's probabilities of a step");
@@ -314,10 +335,6 @@ static loom_status teacher_layout(loom_session *s, const loom_session_config *cf
                   "mesh.tp) or replicated (teacher.tp = 1)", n, tp);
     size_t rows = (size_t)cfg->micro_batch * cfg->seq, vp = (size_t)cfg->teacher->vocab_padded;
     if (tp == 1) { /* across dp ranks */
-        if (cfg->kd_layers) /* the teacher's res3 is then another member's micro-batch's */
-            LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.layers with teacher.tp = %d across dp ranks "
-                      "is not built yet (the group keeps each member's logits, not its block "
-                      "outputs); split the teacher over mesh.tp, or use teacher.tp = 1", n);
         if (s->pipe || cfg->ep > 1)
             LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.tp = %d across dp ranks with %s is not built "
                       "yet; split the teacher over mesh.tp, or replicate it (teacher.tp = 1)", n,
@@ -913,6 +930,7 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         double part = 0.0, tf = loom_now_ms();
         LOOM_TRY(loom_grad_sync_begin_micro(s->sync, a));
         if (s->kd_group) { /* the split teacher's rows, run before the loop */
+            distill_group_terms(s, a);
             LOOM_TRY(loom_gpt_set_distill(s->model, loom_kd_group_rows(s->kd_group, a),
                                           (size_t)loom_gpt_get_config(s->teacher)->vocab_padded,
                                           s->cfg.kd_temperature, s->cfg.kd_alpha));

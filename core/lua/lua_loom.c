@@ -365,6 +365,7 @@ static int l_session(lua_State *L)
     cfg.kd_temperature = (float)num_field(L, 1, "kd_temperature", 1.0);
     cfg.kd_alpha = (float)num_field(L, 1, "kd_alpha", 0.5);
     cfg.kd_teacher_tp = int_field(L, 1, "kd_teacher_tp", 1);
+    cfg.kd_teacher_pp = int_field(L, 1, "kd_teacher_pp", 1);
     /* kd_layers = { [student_block] = teacher_block } (checked in Lua): the student's
      * projections (teacher width) and the session's map */
     static _Thread_local int kd_map[64];

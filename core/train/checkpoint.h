@@ -293,5 +293,8 @@ loom_status loom_ckpt_save_source(const loom_ckpt_source *src, const loom_ckpt_g
  * loom_checkpoint_load, without the session. */
 loom_status loom_ckpt_load_tensors(const char *ckpt_dir, const loom_param_table *t, uint32_t slots,
                                    float *params, float *state);
+/* The same for model m's parameters only (a frozen teacher), skipping the tensors another
+ * pipeline stage holds when m is a stage (loom_gpt_held_elsewhere). */
+loom_status loom_ckpt_load_model_params(const char *ckpt_dir, loom_gpt *m);
 
 #endif

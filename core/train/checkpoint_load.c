@@ -1015,8 +1015,8 @@ static void tensors_copy(const tensor_set *ts, const loom_param_table *t, uint32
         apply_plan(&ts->optim, ts->files + ts->n_model, t, slots, state);
 }
 
-loom_status loom_ckpt_load_tensors(const char *ckpt_dir, const loom_param_table *t, uint32_t slots,
-                                   float *params, float *state)
+static loom_status load_tensors(const char *ckpt_dir, const loom_param_table *t, uint32_t slots,
+                                float *params, float *state, const elsewhere *ew)
 {
     char mpath[PATH_MAX], *text = NULL;
     loom_json_doc *doc = NULL;
@@ -1026,13 +1026,28 @@ loom_status loom_ckpt_load_tensors(const char *ckpt_dir, const loom_param_table 
         return loom_fail(LOOM_ERR_INVALID, "checkpoint path '%s' is too long", ckpt_dir);
     loom_status st = loom_ckpt_manifest_open(ckpt_dir, &doc, &text);
     if (st == LOOM_OK)
-        st = tensors_open(ckpt_dir, mpath, loom_json_root(doc), t, slots, NULL, NULL, 0, 0, &ts);
+        st = tensors_open(ckpt_dir, mpath, loom_json_root(doc), t, slots, ew, NULL, 0, 0, &ts);
     if (st == LOOM_OK)
         tensors_copy(&ts, t, slots, params, state);
     tensors_free(&ts);
     loom_json_free(doc);
     free(text);
     return st;
+}
+
+loom_status loom_ckpt_load_tensors(const char *ckpt_dir, const loom_param_table *t, uint32_t slots,
+                                   float *params, float *state)
+{
+    return load_tensors(ckpt_dir, t, slots, params, state, NULL);
+}
+
+static int held_elsewhere(const void *m, const char *name);
+
+loom_status loom_ckpt_load_model_params(const char *ckpt_dir, loom_gpt *m)
+{
+    elsewhere ew = {held_elsewhere, m};
+    return load_tensors(ckpt_dir, loom_gpt_params(m), 0, loom_gpt_param_data(m),
+                        NULL, &ew);
 }
 
 /* One tensor file, every byte: size, XXH64, header checksum, parse, tile checksums. */

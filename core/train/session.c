@@ -74,6 +74,7 @@ struct loom_session {
                                           * sequence parallelism off: teacher_layout) */
     float *kd_whole;                     /* (2 x B*T x teacher's Vp): scratch, then the rows */
     loom_kd_group *kd_group;             /* teacher.tp across dp ranks (kd_group.h), else NULL */
+    loom_pipeline *teacher_pipe;         /* teacher.pp = mesh.pp: its stages' pipeline, else NULL */
     int kd_map[64];          /* hidden-state terms: student block -> teacher block (-1: none) */
     const float *kd_h[64];   /* the teacher's block outputs they compare with, per student block */
     const float *kd_att[64]; /* and its attention probabilities (teacher.attention) */
@@ -357,6 +358,40 @@ static loom_status teacher_layout(loom_session *s, const loom_session_config *cf
     return LOOM_OK;
 }
 
+/* teacher.pp = mesh.pp (docs/DISTILL.md): the teacher's blocks split over the student's
+ * pipeline stages by a pipeline of its own on the same pp group (its blocks as even as its
+ * depth allows, one micro-batch in flight). Before a step every stage runs its stage of
+ * the teacher's forward over this dp rank's micro-batches (loom_pipeline_eval, as eval
+ * does), the last stage keeping the logits (distill_pipeline); the other stages' teacher
+ * parts are their blocks and activations only. */
+static loom_status teacher_stages(loom_session *s, const loom_session_config *cfg,
+                                  loom_gpt_parallel *par)
+{
+    int n = cfg->kd_teacher_pp, pp = s->pipe ? loom_pipeline_stages(s->pipe) : 1;
+    if (n <= 1)
+        return LOOM_OK; /* whole, on the last stage */
+    if (cfg->kd_layers) /* its block outputs would lie on other stages than the terms */
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.layers with teacher.pp = %d is not built yet "
+                  "(the terms run on the last stage, the teacher's blocks lie on every stage); "
+                  "leave teacher.pp out", n);
+    if (n != pp)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.pp = %d with mesh.pp = %d is not built: the "
+                  "teacher is split over the student's pipeline stages (teacher.pp = mesh.pp) or "
+                  "held whole on its last stage (teacher.pp = 1)", n, pp);
+    if (cfg->teacher->layers < n)
+        LOOM_FAIL(LOOM_ERR_INVALID, "teacher.pp = %d: the teacher has %d blocks, fewer than "
+                  "the stages", n, cfg->teacher->layers);
+    const loom_plugin *gp;
+    LOOM_TRY(loom_plugin_load(LOOM_KIND_SCHED, "gpipe", &gp)); /* its lists go unused */
+    loom_pipeline_config pc = {gp->desc, 1, 1, cfg->teacher->layers, NULL, 0, cfg->canonical,
+                               NULL, "teacher"};
+    pc.untied = cfg->teacher->family == LOOM_FAMILY_LLAMA && !cfg->teacher->tie_embeddings;
+    LOOM_TRY(loom_pipeline_create(&pc, &s->teacher_pipe));
+    par->stage_layers = loom_pipeline_stage_layers(s->teacher_pipe);
+    par->slots = loom_pipeline_slots(s->teacher_pipe);
+    return LOOM_OK;
+}
+
 /* The teacher's logits of its last forward as whole rows (R of them): its own buffer when
  * it is replicated, gathered over its tp group when split. */
 static loom_status teacher_rows(loom_session *s, size_t R, const float **rows)
@@ -381,9 +416,13 @@ static loom_status make_teacher(loom_session *s, const loom_session_config *cfg)
     if (cfg->kd_cache && cfg->kd_teacher_tp > 1)
         LOOM_FAIL(LOOM_ERR_INVALID, "teacher.tp = %d with teacher.cache: a cache runs no teacher "
                   "to split; leave teacher.tp out", cfg->kd_teacher_tp);
-    if (s->pipe && loom_pipeline_stage(s->pipe) != loom_pipeline_stages(s->pipe) - 1)
-        return LOOM_OK; /* no logits on this stage */
-    if (s->pipe) { /* the teacher's rows of all of a step's micro-batches (distill_pipeline) */
+    if (cfg->kd_cache && cfg->kd_teacher_pp > 1)
+        LOOM_FAIL(LOOM_ERR_INVALID, "teacher.pp = %d with teacher.cache: a cache runs no teacher "
+                  "to split; leave teacher.pp out", cfg->kd_teacher_pp);
+    int last = !s->pipe || loom_pipeline_stage(s->pipe) == loom_pipeline_stages(s->pipe) - 1;
+    if (!last && cfg->kd_teacher_pp <= 1)
+        return LOOM_OK; /* no logits on this stage, and no part of the teacher */
+    if (s->pipe && last) { /* the teacher's rows of all of a step's micro-batches (distill_pipeline) */
         size_t rows = (size_t)cfg->accum * cfg->micro_batch * cfg->seq;
         size_t stride = cfg->kd_cache ? (size_t)mc->vocab : (size_t)tc->vocab_padded;
         if (!(s->kd_step = malloc(rows * stride * sizeof(float))))
@@ -403,13 +442,13 @@ static loom_status make_teacher(loom_session *s, const loom_session_config *cfg)
                   "loom.gpt{ init = \"teacher.bin\" } or checkpoint = \"DIR\"");
     loom_gpt_parallel par = {NULL, NULL, cfg->canonical, NULL, 0, 0, 0, NULL};
     LOOM_TRY(teacher_layout(s, cfg, &par));
+    LOOM_TRY(teacher_stages(s, cfg, &par));
     LOOM_TRY(loom_gpt_create(tc, &s->backend, cfg->micro_batch, cfg->seed, &par, &s->teacher));
     if (cfg->kd_layers)
         LOOM_TRY(distill_hidden_open(s, cfg));
     if (cfg->teacher_init)
         return loom_llmc_load(s->teacher, cfg->teacher_init);
-    return loom_ckpt_load_tensors(cfg->teacher_checkpoint, loom_gpt_params(s->teacher), 0,
-                                  loom_gpt_param_data(s->teacher), NULL);
+    return loom_ckpt_load_model_params(cfg->teacher_checkpoint, s->teacher); /* teacher.pp: its stage's */
 }
 
 /* pp, last stage: micro-batch a's teacher block outputs and probabilities (teacher.layers,
@@ -439,7 +478,14 @@ static loom_status distill_pipeline(loom_session *s, int accum, int dp_rank)
     size_t stride = s->teacher ? (size_t)loom_gpt_get_config(s->teacher)->vocab_padded : (size_t)V;
     for (int a = 0; a < accum; a++) {
         const float *rows;
-        if (s->teacher) {
+        if (s->teacher_pipe) { /* every stage its part of the teacher; the logits on the last */
+            double none;
+            LOOM_TRY(loom_pipeline_eval(s->teacher_pipe, s->teacher, s->tokens + (size_t)a * bt,
+                                        NULL, B, T, &none));
+            if (!s->kd_step)
+                continue;
+            LOOM_TRY(teacher_rows(s, bt, &rows));
+        } else if (s->teacher) {
             LOOM_TRY(loom_gpt_forward(s->teacher, s->tokens + (size_t)a * bt, NULL, B, T, 0.0f, NULL));
             LOOM_TRY(teacher_rows(s, bt, &rows));
             distill_pipeline_terms(s, a);
@@ -450,6 +496,8 @@ static loom_status distill_pipeline(loom_session *s, int accum, int dp_rank)
         }
         memcpy(s->kd_step + (size_t)a * bt * stride, rows, bt * stride * sizeof(float));
     }
+    if (!s->kd_step)
+        return LOOM_OK; /* a stage before the last: the student's head is not here */
     return loom_gpt_set_distill_step(s->model, s->targets, (size_t)accum * bt, s->kd_step, stride,
                                      s->cfg.kd_temperature, s->cfg.kd_alpha);
 }
@@ -698,6 +746,7 @@ void loom_session_destroy(loom_session *s)
     loom_grad_sync_destroy(s->sync);
     loom_compress_destroy(s->compress);
     loom_gpt_destroy(s->teacher);
+    loom_pipeline_destroy(s->teacher_pipe);
     if (s->teacher_tp)
         s->teacher_tp->destroy(s->teacher_tp_self);
     loom_kd_group_close(s->kd_group);
@@ -880,7 +929,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
             size_t at = (size_t)(i / accum == dp_rank ? i % accum : accum) * bt; /* accum: scratch */
             LOOM_TRY(next(ctx, s->tokens + at, s->targets + at, B, T));
         }
-        if (s->kd_step) /* the last stage distils: its teacher's rows of the step first */
+        if (s->kd_step || s->teacher_pipe) /* the last stage distils: its teacher's rows of
+                                             * the step first (teacher.pp: every stage runs) */
             LOOM_TRY(distill_pipeline(s, accum, dp_rank));
         double *mb_loss = calloc((size_t)accum, sizeof(double));
         if (!mb_loss)

@@ -82,6 +82,8 @@ typedef struct loom_session_config {
                            * instead of a teacher model (teacher NULL) */
     int kd_teacher_tp;    /* teacher.tp: 0 or 1 replicated; mesh.tp: split over the tp group;
                            * with tp = 1 a divisor of dp: over groups of dp ranks (kd_group.h) */
+    int kd_teacher_pp;    /* teacher.pp: 0 or 1 whole on the last stage; mesh.pp: its blocks
+                           * split over the student's pipeline stages (session.c) */
     /* Expert parallelism (session_ep.h): a MoE model's experts split over ep of the dp
      * ranks; 0 or 1: none. */
     int ep;

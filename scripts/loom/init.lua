@@ -288,6 +288,7 @@ local teacher_spec = {
   layers = { type = "table", help = "{ [student_block] = teacher_block, ... } (0-based, as h.N): hidden-state MSE through a learned projection (docs/DISTILL.md)" },
   hidden = { type = "number", min = 0, help = "the weight beta of the hidden-state terms (default 1)" },
   attention = { type = { "boolean", "number" }, min = 0, help = "true or a weight gamma: attention-probability MSE of each teacher.layers pair (TinyBERT; docs/DISTILL.md)" },
+  pp = { type = "integer", help = "the teacher's pipeline split: 1 whole on the student's last stage (default); mesh.pp: its blocks over the student's stages (docs/DISTILL.md)" },
   tp = { type = "integer", help = "the teacher's tensor-parallel split: 1 replicated (default); mesh.tp: over the student's tp group; with mesh.tp = 1 a divisor of mesh.dp: over groups of that many dp ranks (docs/DISTILL.md)" },
 }
 
@@ -332,11 +333,16 @@ local function resolve_teacher(t, where, student)
       .. "checkpoint = \"DIR\" (a loom checkpoint) or cache = \"FILE\" (loom distill-cache)%s",
       given > 1 and " (it has more than one)" or "")
   end
-  local out = { kd_temperature = t.temperature or 1.0, kd_alpha = t.alpha or 0.5, kd_teacher_tp = t.tp }
+  local out = { kd_temperature = t.temperature or 1.0, kd_alpha = t.alpha or 0.5, kd_teacher_tp = t.tp,
+    kd_teacher_pp = t.pp }
   if t.tp ~= nil and (math.type(t.tp) ~= "integer" or t.tp < 1) then
     schema.fail(where, "teacher.tp = %s: the teacher's tensor-parallel split is an integer >= 1 "
       .. "(1: replicated on every rank; mesh.tp: over the student's tp group; with mesh.tp = 1 a "
       .. "divisor of mesh.dp: over groups of that many dp ranks)", tostring(t.tp))
+  end
+  if t.pp ~= nil and (math.type(t.pp) ~= "integer" or t.pp < 1) then
+    schema.fail(where, "teacher.pp = %s: the teacher's pipeline split is an integer >= 1 (1: "
+      .. "whole on the student's last stage; mesh.pp: over the student's stages)", tostring(t.pp))
   end
   if t.cache then
     out.kd_cache = t.cache

@@ -273,7 +273,8 @@ static loom_status distill_hidden_open(loom_session *s, const loom_session_confi
         s->kd_h[l] = t >= 0 ? loom_gpt_block_output(s->teacher, t) : NULL;
         if (t >= 0 && !s->kd_h[l])
             LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.layers: the teacher's block %d output is not "
-                      "held whole here (another stage's, or split by sequence parallelism)", t);
+                      "held whole here (another stage's: with teacher.pp map teacher blocks of its "
+                      "last stage; or split by sequence parallelism)", t);
         size_t rows = (size_t)cfg->accum * cfg->micro_batch * cfg->seq;
         if (t >= 0 && s->pipe) { /* the step's rows, which distill_pipeline fills */
             if (!(s->kd_hstep[l] = malloc(rows * (size_t)tc->dim * sizeof(float))))
@@ -362,18 +363,15 @@ static loom_status teacher_layout(loom_session *s, const loom_session_config *cf
  * pipeline stages by a pipeline of its own on the same pp group (its blocks as even as its
  * depth allows, one micro-batch in flight). Before a step every stage runs its stage of
  * the teacher's forward over this dp rank's micro-batches (loom_pipeline_eval, as eval
- * does), the last stage keeping the logits (distill_pipeline); the other stages' teacher
- * parts are their blocks and activations only. */
+ * does), the last stage keeping the logits (distill_pipeline) and, with teacher.layers,
+ * the outputs and probabilities of the teacher blocks it holds (others are refused); the
+ * other stages' teacher parts are their blocks and activations only. */
 static loom_status teacher_stages(loom_session *s, const loom_session_config *cfg,
                                   loom_gpt_parallel *par)
 {
     int n = cfg->kd_teacher_pp, pp = s->pipe ? loom_pipeline_stages(s->pipe) : 1;
     if (n <= 1)
         return LOOM_OK; /* whole, on the last stage */
-    if (cfg->kd_layers) /* its block outputs would lie on other stages than the terms */
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.layers with teacher.pp = %d is not built yet "
-                  "(the terms run on the last stage, the teacher's blocks lie on every stage); "
-                  "leave teacher.pp out", n);
     if (n != pp)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.pp = %d with mesh.pp = %d is not built: the "
                   "teacher is split over the student's pipeline stages (teacher.pp = mesh.pp) or "
@@ -444,7 +442,7 @@ static loom_status make_teacher(loom_session *s, const loom_session_config *cfg)
     LOOM_TRY(teacher_layout(s, cfg, &par));
     LOOM_TRY(teacher_stages(s, cfg, &par));
     LOOM_TRY(loom_gpt_create(tc, &s->backend, cfg->micro_batch, cfg->seed, &par, &s->teacher));
-    if (cfg->kd_layers)
+    if (cfg->kd_layers && last) /* the terms run where the student's head is */
         LOOM_TRY(distill_hidden_open(s, cfg));
     if (cfg->teacher_init)
         return loom_llmc_load(s->teacher, cfg->teacher_init);
@@ -485,6 +483,7 @@ static loom_status distill_pipeline(loom_session *s, int accum, int dp_rank)
             if (!s->kd_step)
                 continue;
             LOOM_TRY(teacher_rows(s, bt, &rows));
+            distill_pipeline_terms(s, a); /* teacher.layers: blocks on its last stage */
         } else if (s->teacher) {
             LOOM_TRY(loom_gpt_forward(s->teacher, s->tokens + (size_t)a * bt, NULL, B, T, 0.0f, NULL));
             LOOM_TRY(teacher_rows(s, bt, &rows));

@@ -26,7 +26,7 @@
 #    teacher split across its dp ranks (teacher.tp = 2): canonical mode gives one rank's bits;
 #  - refusals: a teacher without weights, teacher.layers out of range (more: distill_hidden.sh),
 #    teacher.tp not dividing dp, teacher.tp across dp ranks with pp, teacher.tp with a cache,
-#    teacher.pp other than mesh.pp, teacher.pp with teacher.layers or a cache.
+#    teacher.pp other than mesh.pp, teacher.pp with a cache.
 set -euo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -169,11 +169,9 @@ refuse teacher-tp-cache 'a cache runs no teacher to split' "$loom" run "$recipe"
   "teacher={cache=\"$tmp/full.kdc\",tp=2}"
 refuse teacher-pp 'teacher.pp = 2 with mesh.pp = 1 is not built' "$loom" run "$recipe" \
   steps=1 "teacher={checkpoint=\"$tmp/teacher\",pp=2}"
-refuse teacher-pp-layers 'teacher.layers with teacher.pp = 2 is not built yet' "$loom" run \
-  "$recipe" steps=1 "teacher={checkpoint=\"$tmp/teacher\",pp=2,layers={[0]=1}}"
 refuse teacher-pp-cache 'teacher.pp = 2 with teacher.cache: a cache runs no teacher' \
   "$loom" run "$recipe" steps=1 "teacher={cache=\"$tmp/full.kdc\",pp=2}"
-echo "ok refused: a teacher without weights, a student block out of range (teacher.layers), teacher.tp not dividing dp, teacher.tp across dp with pp, teacher.tp with a cache, teacher.pp other than mesh.pp, teacher.pp with teacher.layers or a cache"
+echo "ok refused: a teacher without weights, a student block out of range (teacher.layers), teacher.tp not dividing dp, teacher.tp across dp with pp, teacher.tp with a cache, teacher.pp other than mesh.pp, teacher.pp with a cache"
 
 # --- the student at tp = 2, the teacher replicated or split over its tp group (teacher.tp) ---
 # canonical mode: tp=1's bits both ways (the term runs on the gathered whole rows); fast mode

@@ -18,10 +18,10 @@
 #  - loom ckpt export and loom export --llmc of the student write no projection, and it
 #    serves as a teacher (its checkpoint read without its projection);
 #  - pp = 2 (both terms on the last stage): canonical 1f1b, gpipe and zb1 give pp=1's
-#    bits, save + resume bitwise;
+#    bits, also with the teacher split by pp (teacher.pp = 2); save + resume bitwise;
 #  - refusals: a student or teacher block out of range, attention without layers or with
 #    another head count, a cache, hidden without layers, a mapped block off pp's last
-#    stage.
+#    stage, a teacher block off teacher.pp's last stage.
 set -euo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -161,6 +161,10 @@ for sch in 1f1b gpipe zb1; do # gpipe: every forward first; zb1: the split backw
     grep '^LOSS' > "$tmp/pp2"
   cmp -s "$tmp/pp1" "$tmp/pp2" || { echo "canonical pp=2 ($sch) with both terms differs from pp=1"; exit 1; }
 done
+# the teacher split by pp too (teacher.pp = 2): its block 1 is on the last stage, with the terms
+"$loom" launch -n 2 "$recipe" mesh.pp=2 comm_timeout=20 "${pc[@]}" \
+  "$(kd ',layers={[1]=1},hidden=1,attention=2,pp=2')" | grep '^LOSS' > "$tmp/pp2"
+cmp -s "$tmp/pp1" "$tmp/pp2" || { echo "canonical pp=2 with both terms and teacher.pp=2 differs from pp=1"; paste "$tmp/pp1" "$tmp/pp2"; exit 1; }
 pph=$(kd ',layers={[1]=1},hidden=1,attention=2')
 "$loom" launch -n 2 "$recipe" mesh.pp=2 comm_timeout=20 steps=6 model.layers=2 \
   checkpoint.dir="$tmp/ps" checkpoint.every=3 "$pph" > "$tmp/ps.out"
@@ -168,7 +172,7 @@ pph=$(kd ',layers={[1]=1},hidden=1,attention=2')
   resume="$tmp/ps/step_00000003" "$pph" > "$tmp/pr.out"
 [ "$(grep -c '^LOSS' "$tmp/pr.out")" -eq 3 ] && cmp -s <(grep '^LOSS [456] ' "$tmp/ps.out") <(grep '^LOSS' "$tmp/pr.out") ||
   { echo "pp=2 with both terms: the resumed steps 4-6 differ"; exit 1; }
-echo "ok pp=2, both terms: canonical 1f1b, gpipe and zb1 (accum 4) give pp=1's bits; save at 3 + resume bitwise"
+echo "ok pp=2, both terms: canonical 1f1b, gpipe and zb1 (accum 4) give pp=1's bits, and so does the teacher split by pp (teacher.pp=2); save at 3 + resume bitwise"
 
 # --- export: model weights only -------------------------------------------------------------
 "$loom" ckpt export "$tmp/s/step_00000006" "$tmp/s.safetensors" > /dev/null
@@ -200,4 +204,6 @@ refuse cache 'which a cache (loom distill-cache: logits only) does not hold' \
   "$loom" run "$recipe" steps=1 'teacher={cache="x.kdc",layers={[0]=1}}'
 refuse pp 'under pp: student block 0 is not in the last stage'"'"'s last chunk' \
   "$loom" launch -n 2 "$recipe" steps=1 model.layers=2 mesh.pp=2 comm_timeout=20 "$hid"
-echo "ok refused: student / teacher block out of range, attention without layers or with 4 heads against 2, hidden without layers, hidden < 0, a cache, a block off pp's last stage"
+refuse teacher-pp 'teacher.layers: the teacher'"'"'s block 0 output is not held whole here (another stage'"'"'s: with teacher.pp' \
+  "$loom" launch -n 2 "$recipe" steps=1 model.layers=2 mesh.pp=2 comm_timeout=20 "$(kd ',layers={[1]=0},pp=2')"
+echo "ok refused: student / teacher block out of range, attention without layers or with 4 heads against 2, hidden without layers, hidden < 0, a cache, a block off pp's last stage, a teacher block off teacher.pp's last stage"

@@ -11,9 +11,9 @@
  * parallelism the student's vocabulary-parallel rows are all-gathered and the term computed
  * on whole rows, as one rank would (the same bits where the logits are: canonical mode);
  * each rank keeps its columns of the gradient; the hidden-state terms run replicated on
- * every tp rank (h whole, the projection replicated), the attention term on each rank's
- * heads (gpt_distill_attn.c). What it does not: the intermediate terms under sequence
- * parallelism, or under pp for blocks off the last stage's last chunk.
+ * every tp rank (h whole, or its rows gathered under sequence parallelism; the projection
+ * replicated), the attention term on each rank's heads (gpt_distill_attn.c). What it does
+ * not: the intermediate terms under pp for blocks off the last stage's last chunk.
  * Host memory: the CPU backend's buffers are host memory (as session.c's optimizer assumes).
  */
 #ifndef LOOM_CORE_GPT_DISTILL_H
@@ -99,8 +99,9 @@ void loom_kd_hidden_rows(const float *hs, const float *ht, const float *w, size_
 /* The next training forwards of m add the terms against teacher_h[l] (cfg.layers pointers;
  * NULL: block l unmapped), R rows of kd_proj_dim each, host memory, valid until that
  * forward returns (a pipeline stage: the step's rows, picked by the forward's targets as
- * loom_gpt_set_distill_step's, which must be set). teacher_h NULL: off. Refused under
- * sequence parallelism, and under pp for a block off the last stage's last chunk. */
+ * loom_gpt_set_distill_step's, which must be set). teacher_h NULL: off. Under sequence
+ * parallelism this rank's rows of h are all-gathered for the term (the teacher's rows are
+ * whole). Refused under pp for a block off the last stage's last chunk. */
 loom_status loom_gpt_set_distill_hidden(loom_gpt *m, const float *const *teacher_h, float beta);
 
 /* Block l's output rows of the last forward (host memory on the CPU backend), NULL if l is

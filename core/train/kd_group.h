@@ -7,7 +7,9 @@
  * rank reads the step's accum x dp micro-batches (every rank reads every one anyway), the
  * group runs the teacher forward on each of its members' micro-batches in dp-rank, then
  * accumulation order, gathers the rows whole (loom_gpt_gather_logits) and each rank keeps
- * its own. The student loop then takes its micro-batches from here instead of the stream.
+ * its own (with teacher.layers also the mapped blocks' outputs and all heads'
+ * probabilities: loom_kd_group_keep_terms). The student loop then takes its micro-batches
+ * from here instead of the stream.
  * Invariant: nothing else is in flight on the group's communicator (it is the teacher's).
  * Host memory: the rows are host memory (the CPU backend), as gpt_distill.h needs.
  */

@@ -254,8 +254,8 @@ static void distill_group_terms(loom_session *s, int a)
 }
 
 /* teacher.layers (gpt_distill.h's hidden-state terms; teacher.attention on the same pairs):
- * one rank, dp, zero, pp or tp (no sequence parallelism; the teacher replicated or split
- * over the student's tp group, its block outputs whole on every rank), any precision; the
+ * one rank, dp, zero, pp or tp (also with sequence parallelism), the teacher replicated or
+ * split by tp or pp (its block outputs whole where they are read), any precision; the
  * map copied, the teacher's block outputs (and probabilities) bound (its activation
  * buffers, rewritten by each teacher forward) and the student's checks run now rather than
  * at step 1. */

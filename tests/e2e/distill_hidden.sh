@@ -8,8 +8,8 @@
 #  - canonical mode: dp=1 and dp=2 give the same bits; fast mode dp=2 within 1e-4;
 #  - tp = 2, the teacher replicated or split (teacher.tp = 2): canonical mode gives tp=1's
 #    bits; with both terms and teacher.tp = 2 also the attention term's, and fast mode is
-#    within 1e-6 of one rank; the same with sequence parallelism, and with the attention
-#    term against a replicated teacher (each rank its heads' slice);
+#    within 1e-6 of one rank; the same with sequence parallelism (h's rows gathered); the
+#    attention term against a replicated teacher (each rank its heads' slice): canonical;
 #  - teacher.attention (with the hidden term): other losses than without it, save at 3 +
 #    resume bitwise, canonical dp=1 = dp=2 bitwise, recompute full / selective bitwise;
 #  - under ZeRO (stages 1 and 3, accumulation 2), with the teacher split by tp across the
@@ -117,14 +117,11 @@ below "$dt" 1e-6 || { echo "both terms at tp=2 (teacher.tp=2) differ from one ra
   "$(kd ',layers={[0]=1},hidden=1,attention=2,tp=2')" > "$tmp/atsf.out"
 ds=$(max_loss_diff "$tmp/a.out" "$tmp/atsf.out")
 below "$ds" 1e-6 || { echo "both terms at tp=2 with sequence parallelism differ from one rank by $ds"; exit 1; }
-"$loom" launch -n 2 "$recipe" mesh.tp=2 comm_timeout=20 steps=6 "$att" > "$tmp/atrf.out"
-dr=$(max_loss_diff "$tmp/a.out" "$tmp/atrf.out")
-below "$dr" 1e-6 || { echo "both terms at tp=2 with the teacher replicated differ from one rank by $dr"; exit 1; }
 for rc in full selective; do # the backward reads the probabilities recomputed: the same bits
   "$loom" run "$recipe" steps=6 recompute=$rc "$att" | grep '^LOSS' > "$tmp/arc"
   cmp -s "$tmp/arc" <(grep '^LOSS' "$tmp/a.out") || { echo "teacher.attention: recompute=$rc differs"; exit 1; }
 done
-echo "ok teacher.attention: other losses; save at 3 + resume, steps 4-6 bitwise; canonical dp=1, dp=2 and tp=2 (teacher.tp=2, with and without sequence parallelism; the teacher replicated) bitwise; fast tp=2 within $dt of one rank, with sequence parallelism $ds, the teacher replicated $dr; recompute full and selective bitwise"
+echo "ok teacher.attention: other losses; save at 3 + resume, steps 4-6 bitwise; canonical dp=1, dp=2 and tp=2 (teacher.tp=2, with and without sequence parallelism; the teacher replicated) bitwise; fast tp=2 within $dt of one rank, with sequence parallelism $ds; recompute full and selective bitwise"
 
 # --- ZeRO and 16-bit precision: both terms, canonical dp=2 against dp=1 ----------------------
 zc=(steps=6 deterministic=canonical batch.micro=2 batch.global=8 "$att") # accum 2 at dp=2

@@ -29,12 +29,13 @@
 #  - pp=2 within 1e-5 of one rank, the same step-1 load; canonical pp=2 (recompute=full):
 #    one rank's bits;
 #  - pp=2 dp=2 ep=2 within 1e-5 of dp=4 (the same micro-batches), resumed with zero=1 bitwise;
-#    canonical pp=2 dp=2 ep=2: one rank's bits;
+#    canonical pp=2 dp=2 ep=2: one rank's bits, with zero=3 too;
 #  - zb1 (the MoE blocks' split backward): canonical pp=2 zb1 one rank's bits;
 #  - the llama family with SwiGLU experts: dp=2 ep=2, pp=2 zb1 within 1e-5 of one
 #    rank, saved at ep=2 and resumed at ep=1 within 1e-5, canonical dp=2 ep=2 zero=1 bitwise;
+#    pp=2 dp=2 ep=2 zero=3 (one micro-batch per rank) gives zero=0's bits;
 #  - what does not compose yet (tp with canonical mode, ep with an interleaved schedule in canonical mode, llm.c export
-#    (llama moe's HF export and its refusals: unit_mixtral_export_hf); ep with zero=3 and pp, ep not a power of two in canonical mode) and bad
+#    (llama moe's HF export and its refusals: unit_mixtral_export_hf); ep not a power of two in canonical mode) and bad
 #    moe keys are refused
 #    naming the key.
 set -euo pipefail
@@ -268,7 +269,12 @@ cmp -s <(head -6 "$tmp/c1") "$tmp/cppe" || { echo "canonical pp=2 dp=2 ep=2 diff
 norms() { grep -o '"grad_norm":[^,}]*' "$1" | head -6; }
 [[ $(norms "$tmp/cppe.jsonl" | wc -l) -eq 6 ]] && cmp -s <(norms "$tmp/c1.jsonl") <(norms "$tmp/cppe.jsonl") ||
   { echo "canonical pp=2 dp=2 ep=2: grad norms differ from one rank's"; exit 1; }
-echo "ok canonical pp=2 dp=2 ep=2: one rank's losses and grad norms bit for bit (6 steps)"
+# ZeRO-3 there: each stage gathers its own units (its dense pieces over dp, its experts over
+# edp) around every micro-batch's forward and backward; canonical mode, so one rank's bits
+"$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 strategy.zero=3 $canon steps=6 \
+  comm_timeout=20 | grep '^LOSS' > "$tmp/cppz3"
+cmp -s <(head -6 "$tmp/c1") "$tmp/cppz3" || { echo "canonical pp=2 dp=2 ep=2 zero=3 differs from one rank"; exit 1; }
+echo "ok canonical pp=2 dp=2 ep=2: one rank's losses and grad norms bit for bit (6 steps), with zero=3 too"
 
 run1 model.moe.capacity_factor=0 steps=5 > "$tmp/dl.out"
 [[ $(grep -c '^MOE .* dropped=0.000000 ' "$tmp/dl.out") -eq 5 ]] || { echo "dropless dropped"; exit 1; }
@@ -321,7 +327,16 @@ grep -q 'h.1.moe.expert.3.gate.weight' "$tmp/linfo" ||
 "$loom" launch -n 2 "$lrecipe" threads=1 mesh.dp=2 mesh.ep=2 strategy.zero=1 $canon steps=5 comm_timeout=20 |
   grep '^LOSS' > "$tmp/lc2"
 cmp -s "$tmp/lc1" "$tmp/lc2" || { echo "llama moe: canonical dp=2 ep=2 zero=1 differs from one rank"; exit 1; }
-echo "ok llama with SwiGLU experts vs one rank (5 steps): dp=2 ep=2 $dle, pp=2 zb1 $dlz; saved at ep=2, resumed at ep=1 within $dlr; canonical dp=2 ep=2 zero=1 bitwise"
+# zero=3 with ep and pp, fast mode: one micro-batch per rank and no tied wte (llama's untied
+# head: no exchange to order against the dp sum), so each stage's reduce-scatters add what
+# its all-reduces add: zero=0's bits
+for z in 0 3; do
+  "$loom" launch -n 4 "$lrecipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 microbatches=1 batch.global=8 \
+    steps=4 strategy.zero=$z comm_timeout=20 | grep '^LOSS' > "$tmp/lpz$z"
+done
+[[ $(wc -l < "$tmp/lpz3") -eq 4 ]] && finite_losses "$tmp/lpz3" && cmp -s "$tmp/lpz0" "$tmp/lpz3" ||
+  { echo "llama moe: pp=2 dp=2 ep=2 zero=3 differs from zero=0"; exit 1; }
+echo "ok llama with SwiGLU experts vs one rank (5 steps): dp=2 ep=2 $dle, pp=2 zb1 $dlz; saved at ep=2, resumed at ep=1 within $dlr; canonical dp=2 ep=2 zero=1 bitwise; pp=2 dp=2 ep=2 zero=3 gives zero=0's bits"
 
 refuse() { # refuse WORDS ARGS...: the run fails and says WORDS
   local want=$1; shift
@@ -332,11 +347,10 @@ refuse "and canonical mode does not compose yet" "$loom" launch -n 2 "$recipe" t
 refuse "with an interleaved schedule in canonical mode does not compose yet" "$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 schedule=interleaved model.layers=4 $canon
 refuse "must divide dp=1" run1 mesh.ep=2
 refuse "ep must be a power of two" "$loom" launch -n 3 "$recipe" threads=1 mesh.dp=3 mesh.ep=3 deterministic=canonical batch.micro=2 batch.global=6 model.moe.experts=3 model.moe.top_k=1
-refuse "with strategy.zero=3 and pp does not compose yet" "$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 strategy.zero=3
 refuse "must divide model.moe.experts=3" "$loom" launch -n 2 "$recipe" threads=1 mesh.dp=2 mesh.ep=2 model.moe.experts=3 model.moe.top_k=1
 refuse "top_k=5 is more than experts=4" run1 model.moe.top_k=5
 refuse "model.moe.every=0" run1 model.moe.every=0
 refuse "is not one of: topk, noisy_topk" run1 model.moe.router=top2
 refuse "unknown key 'model.moe.expert'" run1 model.moe.expert=8
 refuse "dense GPT-2 blocks only" "$loom" export --llmc "$tmp/ck/step_00000010" "$tmp/x.bin"
-echo "ok refused: tp with canonical mode, llm.c export, ep with zero=3 and pp or with an interleaved schedule in canonical mode, ep=3 in canonical mode, ep not dividing dp or experts; bad moe keys named"
+echo "ok refused: tp with canonical mode, llm.c export, ep with an interleaved schedule in canonical mode, ep=3 in canonical mode, ep not dividing dp or experts; bad moe keys named"

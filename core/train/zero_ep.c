@@ -30,7 +30,6 @@
 
 #include "base/plugin_loader.h"
 #include "base/status.h"
-#include "model/gpt_stage.h" /* loom_gpt_is_stage: zero=3 under ep refuses pp */
 
 static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 

@@ -29,12 +29,12 @@
 #  - pp=2 within 1e-5 of one rank, the same step-1 load; canonical pp=2 (recompute=full):
 #    one rank's bits;
 #  - pp=2 dp=2 ep=2 within 1e-5 of dp=4 (the same micro-batches), resumed with zero=1 bitwise;
-#    canonical pp=2 dp=2 ep=2: one rank's bits, with zero=3 too;
+#    canonical pp=2 dp=2 ep=2: one rank's bits, with zero=3 too, and interleaved;
 #  - zb1 (the MoE blocks' split backward): canonical pp=2 zb1 one rank's bits;
 #  - the llama family with SwiGLU experts: dp=2 ep=2, pp=2 zb1 within 1e-5 of one
 #    rank, saved at ep=2 and resumed at ep=1 within 1e-5, canonical dp=2 ep=2 zero=1 bitwise;
 #    pp=2 dp=2 ep=2 zero=3 (one micro-batch per rank) gives zero=0's bits;
-#  - what does not compose yet (tp with canonical mode, ep with an interleaved schedule in canonical mode, llm.c export
+#  - what does not compose yet (tp with canonical mode, llm.c export
 #    (llama moe's HF export and its refusals: unit_mixtral_export_hf); ep not a power of two in canonical mode) and bad
 #    moe keys are refused
 #    naming the key.
@@ -274,7 +274,15 @@ norms() { grep -o '"grad_norm":[^,}]*' "$1" | head -6; }
 "$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 strategy.zero=3 $canon steps=6 \
   comm_timeout=20 | grep '^LOSS' > "$tmp/cppz3"
 cmp -s <(head -6 "$tmp/c1") "$tmp/cppz3" || { echo "canonical pp=2 dp=2 ep=2 zero=3 differs from one rank"; exit 1; }
-echo "ok canonical pp=2 dp=2 ep=2: one rank's losses and grad norms bit for bit (6 steps), with zero=3 too"
+# interleaved (2 chunks a stage, 4 blocks): each chunk's experts into trees of their own
+# after that chunk's backward, the norm's slots chunk by chunk with every ep rank's experts
+"$loom" run "$recipe" threads=1 model.layers=4 $canon steps=4 log.jsonl="$tmp/ci1.jsonl" | grep '^LOSS' > "$tmp/ci1"
+"$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 schedule=interleaved model.layers=4 $canon \
+  steps=4 comm_timeout=20 log.jsonl="$tmp/cie.jsonl" | grep '^LOSS' > "$tmp/cie"
+[[ $(wc -l < "$tmp/cie") -eq 4 ]] && finite_losses "$tmp/cie" && cmp -s "$tmp/ci1" "$tmp/cie" &&
+  [[ $(norms "$tmp/cie.jsonl" | wc -l) -eq 4 ]] && cmp -s <(norms "$tmp/ci1.jsonl") <(norms "$tmp/cie.jsonl") ||
+  { echo "canonical interleaved pp=2 dp=2 ep=2: losses or grad norms differ from one rank's"; exit 1; }
+echo "ok canonical pp=2 dp=2 ep=2: one rank's losses and grad norms bit for bit (6 steps), with zero=3 too; interleaved (4 blocks, 4 steps) too"
 
 run1 model.moe.capacity_factor=0 steps=5 > "$tmp/dl.out"
 [[ $(grep -c '^MOE .* dropped=0.000000 ' "$tmp/dl.out") -eq 5 ]] || { echo "dropless dropped"; exit 1; }
@@ -344,7 +352,6 @@ refuse() { # refuse WORDS ARGS...: the run fails and says WORDS
   grep -q -- "$want" "$tmp/err" || { echo "'$*' did not say '$want':"; tail -2 "$tmp/err"; exit 1; }
 }
 refuse "and canonical mode does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.tp=2 deterministic=canonical
-refuse "with an interleaved schedule in canonical mode does not compose yet" "$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 schedule=interleaved model.layers=4 $canon
 refuse "must divide dp=1" run1 mesh.ep=2
 refuse "ep must be a power of two" "$loom" launch -n 3 "$recipe" threads=1 mesh.dp=3 mesh.ep=3 deterministic=canonical batch.micro=2 batch.global=6 model.moe.experts=3 model.moe.top_k=1
 refuse "must divide model.moe.experts=3" "$loom" launch -n 2 "$recipe" threads=1 mesh.dp=2 mesh.ep=2 model.moe.experts=3 model.moe.top_k=1
@@ -353,4 +360,4 @@ refuse "model.moe.every=0" run1 model.moe.every=0
 refuse "is not one of: topk, noisy_topk" run1 model.moe.router=top2
 refuse "unknown key 'model.moe.expert'" run1 model.moe.expert=8
 refuse "dense GPT-2 blocks only" "$loom" export --llmc "$tmp/ck/step_00000010" "$tmp/x.bin"
-echo "ok refused: tp with canonical mode, llm.c export, ep with an interleaved schedule in canonical mode, ep=3 in canonical mode, ep not dividing dp or experts; bad moe keys named"
+echo "ok refused: tp with canonical mode, llm.c export, ep=3 in canonical mode, ep not dividing dp or experts; bad moe keys named"

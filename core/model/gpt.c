@@ -733,10 +733,6 @@ loom_status loom_gpt_footprint(const loom_gpt_config *cfg, int max_B, const loom
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
     loom_status st = gpt_setup(m, cfg, max_B, par, tp, sequence_parallel);
     int w16 = param_dt != LOOM_DTYPE_F32, a16 = act_dt != LOOM_DTYPE_F32;
-    if (st == LOOM_OK && cfg->moe.experts && (w16 || a16)) /* loom_gpt_set_precision refuses it */
-        st = loom_fail(LOOM_ERR_UNSUPPORTED, "%s weights or activations with mixture-of-experts "
-                       "blocks are not built yet; use precision = \"fp32\" with moe",
-                       loom_dtype_name(w16 ? param_dt : act_dt));
     if (st == LOOM_OK) {
         m->a16 = a16 && !m->split; /* loom_gpt_set_precision's condition */
         size_activations(m);
@@ -811,10 +807,6 @@ loom_status loom_gpt_set_precision(loom_gpt *m, loom_dtype param, loom_dtype act
         (!k->convert_from_f32 || !k->convert_to_f32)) /* 16-bit storage (gpt_precision.c) */
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "this backend has no convert_from_f32/convert_to_f32: "
                   "it cannot keep 16-bit weights or activations (use precision = \"fp32\")");
-    if (m->moe && (param != LOOM_DTYPE_F32 || act != LOOM_DTYPE_F32))
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "%s weights or activations with mixture-of-experts blocks "
-                  "are not built yet (the expert layers do not round); use precision = \"fp32\" "
-                  "with moe", loom_dtype_name(param != LOOM_DTYPE_F32 ? param : act));
     m->act_dt = act;
     if (act != LOOM_DTYPE_F32 && !m->a16 && !m->split) { /* store what backward reads in 16
                                                          * bits: the buffers laid out again */
@@ -893,7 +885,11 @@ loom_status gpt_block_forward(loom_gpt *m, int l, const float *residual, int B, 
         LOOM_TRY(F_ENTER(LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R, C)); /* sp: all rows */
         LOOM_TRY(gpt_moe_forward(m, l, gpt_moe_router(m, l), a->ln2_full, m->partial, R));
         LOOM_TRY(F_LEAVE(LOOM_REGION_MLP, l, m->partial, m->summed, R, C)); /* sum over tp */
+        gpt_round(m, m->summed, Rl * C);
         k->residual_forward(a->res3, a->res2, m->summed, Rl * C);
+        gpt_round(m, a->res3, Rl * C);
+        if (m->rc[l] != RC_FULL)
+            gpt_acts_store(m, l, R); /* 16-bit activations: the attention's part, kept */
         return LOOM_OK;
     }
     LOOM_TRY(F_ENTER(LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R, C));

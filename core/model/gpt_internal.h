@@ -260,6 +260,8 @@ size_t gpt_w16_bytes(const loom_gpt *m);
 size_t gpt_w16_scratch_bytes(const loom_gpt *m);
 /* Before reading m->p.layer[l]: its weights widened into wide (nothing in fp32). */
 void gpt_widen_block(loom_gpt *m, int l);
+/* Block l's first flat offset: its entry at offset o is wide[o - this] once widened. */
+size_t gpt_w16_block_lo(const loom_gpt *m, int l);
 /* 16-bit activations (gpt_precision.c): what a kept block saves for backward, in this
  * order: ln1, qkv, atty, res2, ln2, fch, fch_gelu (element counts for R token rows; 0:
  * not saved, fch_gelu under selective recomputation). store: after block l's forward, its

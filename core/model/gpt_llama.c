@@ -183,14 +183,17 @@ loom_status gpt_llama_block_forward(loom_gpt *m, int l, const float *residual, i
     gpt_round(m, a->res2, Rl * C);
     k->rmsnorm_forward(a->ln2, a->ln2_rstd, a->res2, w->ln2w, Rl, C, eps);
     gpt_round(m, a->ln2, Rl * C);
-    if (m->moe && gpt_moe_block(&m->cfg, l)) { /* SwiGLU experts behind a router (moe.h; fp32
-                                                 * only: 16-bit with moe is refused, gpt.c) */
+    if (m->moe && gpt_moe_block(&m->cfg, l)) { /* SwiGLU experts behind a router (moe.h) */
         if (gpt_moe_rerunning(m))
             return LOOM_OK; /* recomputation: the experts' part is kept, res3 too */
         LOOM_TRY(F_ENTER(LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R, C));
         LOOM_TRY(gpt_moe_forward(m, l, gpt_moe_router(m, l), a->ln2_full, m->partial, R));
         LOOM_TRY(F_LEAVE(LOOM_REGION_MLP, l, m->partial, m->summed, R, C));
+        gpt_round(m, m->summed, Rl * C);
         k->residual_forward(a->res3, a->res2, m->summed, Rl * C);
+        gpt_round(m, a->res3, Rl * C);
+        if (m->rc[l] != RC_FULL)
+            gpt_acts_store(m, l, R); /* 16-bit activations: the attention's part, kept */
         return LOOM_OK;
     }
     LOOM_TRY(F_ENTER(LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R, C));

@@ -27,6 +27,7 @@
  * Not here: the rounding of activations (gpt_round), the master weights (gpt.c).
  */
 #include "gpt_internal.h"
+#include "moe.h" /* gpt_moe_block */
 
 #include <stdlib.h>
 #include <string.h>
@@ -222,6 +223,13 @@ void gpt_w16_unit(loom_gpt *m, int u)
     m->wide_unit = -1;
 }
 
+size_t gpt_w16_block_lo(const loom_gpt *m, int l)
+{
+    size_t lo, hi;
+    block_span(m, l, &lo, &hi);
+    return lo;
+}
+
 void gpt_widen_block(loom_gpt *m, int l)
 {
     if (!m->c16 || m->wide_unit == l)
@@ -318,6 +326,8 @@ void gpt_act16_sizes(const loom_gpt *m, int l, size_t R, size_t n[GPT_A16_N])
     n[4] = Rl * C;              /* ln2 */
     n[5] = R * FC;              /* fch */
     n[6] = m->rc[l] == RC_SELECTIVE ? 0 : R * (size_t)m->Fl; /* fch_gelu: recomputed */
+    if (m->cfg.moe.experts && gpt_moe_block(&m->cfg, l))
+        n[5] = n[6] = 0; /* an MoE block's experts keep their own (moe.c) */
     if (!m->own[l] || m->rc[l] == RC_FULL)
         memset(n, 0, GPT_A16_N * sizeof *n); /* another stage's, or only res3 kept */
 }

@@ -62,6 +62,7 @@ struct gpt_moe {
     size_t nexp;
     uint64_t seed, key, micro; /* micro: under pp, the forward's micro-batch, added to key */
     float dloss;                /* of the forward in progress */
+    size_t wlo;                 /* 16-bit weights: the widened block's first flat offset */
     int rerun;                  /* recomputation's forward: the routing and expert
                                  * activations are the block's own, kept (gpt_moe_rerun) */
     /* backward scratch shared by every block */
@@ -147,8 +148,25 @@ loom_status gpt_moe_add_entries(loom_gpt *m, int l, float std, float proj_std)
     return LOOM_OK;
 }
 
-/* Block l's parameter (or gradient, base = m->grads) at table index i. */
-static float *at(loom_gpt *m, float *base, int i) { return base + m->table.entries[i].offset; }
+/* Block l's parameter (or gradient, base = m->grads) at table index i. With 16-bit weights
+ * a parameter is read from the block's widened copy (gpt_widen_block, at the top of the
+ * MoE block's forward and backward: the values of the 16-bit copy, as the dense blocks'). */
+static float *at(loom_gpt *m, float *base, int i)
+{
+    size_t off = m->table.entries[i].offset;
+    if (base == m->params && m->c16)
+        return m->wide + (off - m->moe->wlo);
+    return base + off;
+}
+
+/* Before reading block l's parameters through at(): with 16-bit weights, widen them. */
+static void widen_block(loom_gpt *m, int l)
+{
+    if (!m->c16)
+        return;
+    gpt_widen_block(m, l);
+    m->moe->wlo = gpt_w16_block_lo(m, l);
+}
 
 /* The bytes gpt_moe_create allocates for m (device: what it counts in g->bytes; host: its
  * mallocs), from the set-up model alone: loom_gpt_footprint (loom plan) sizes the MoE
@@ -605,6 +623,9 @@ loom_status gpt_moe_forward(loom_gpt *m, int l, int e0, const float *x, float *o
     const loom_backend_ops *k = m->be->ops;
     void *bs = m->be->self;
     int E = g->cfg.experts, K = g->cfg.top_k, C = m->cfg.dim, F = m->Fl, El = g->El;
+    widen_block(m, l);
+    /* the router in fp32 (Switch's selective precision, Mixtral's fp32 softmax): its
+     * logits from fp32 products and never rounded; the routing on the host in fp32 */
     k->matmul_forward(b->logits, x, at(m, m->params, e0), NULL, 1, (int)R, C, E);
     k->copy_to_host(bs, b->logits_h, b->logits, R * E * sizeof(float));
     if (g->cfg.noisy && g->dloss != 0.0f) { /* training forwards only (Shazeer et al. 2017) */
@@ -641,22 +662,26 @@ loom_status gpt_moe_forward(loom_gpt *m, int l, int e0, const float *x, float *o
     for (int j = 0; j < El; j++) /* one GEMM per expert over the rows it received */
         for (int s = 0; s < g->segs; s++) {
             size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
-            if (n)
-                k->matmul_forward(b->h + o * H, xe + o * C, FCW(m->params), FCB(m->params), 1,
-                                  (int)n, C, H);
+            if (n) /* 16-bit: the dense MLP's product (gpt_matmul_forward) */
+                gpt_matmul_forward(m, b->h + o * H, xe + o * C, FCW(m->params), FCB(m->params),
+                                   1, (int)n, C, H);
         }
     size_t rows = g->ep > 1 ? Ar : A;
+    /* 16-bit activations: each stored one rounded where it is written, as the dense MLP's */
+    gpt_round(m, b->h, rows * (size_t)H);
     if (g->swiglu) /* silu(gate) * up, each row's gate|up halves */
         k->swiglu_forward(b->hg, b->h, rows, F);
     else
         k->gelu_forward(b->hg, b->h, rows * F); /* without ep: every expert's rows, all here */
+    gpt_round(m, b->hg, rows * (size_t)F);
     for (int j = 0; j < El; j++)
         for (int s = 0; s < g->segs; s++) {
             size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
             if (n)
-                k->matmul_forward(ye + o * C, b->hg + o * F, PJW(m->params),
-                                  m->tp_rank == 0 ? PJB(m->params) : NULL, 1, (int)n, F, C);
+                gpt_matmul_forward(m, ye + o * C, b->hg + o * F, PJW(m->params),
+                                   m->tp_rank == 0 ? PJB(m->params) : NULL, 1, (int)n, F, C);
         }
+    gpt_round(m, ye, rows * (size_t)C);
     if (g->ep > 1) { /* back to the ranks the rows came from, in their order */
         k->rows_gather(g->xr, ye, b->inv, NULL, Ar, C);
         LOOM_TRY(ep_exchange(m, b, g->xr, b->recv_rows, b->recv_off, b->y, b->send_rows,
@@ -688,14 +713,28 @@ enum { MOE_FUSED, MOE_INPUT, MOE_WEIGHT };
 /* One linear's backward over n rows (matmul_backward's contract, inputs Cin, outputs OC):
  * fused, or split as gpt_backward_split.c splits it: B the input gradient through the GEMM
  * matmul_backward makes, W the weight and bias gradients. */
-static void linear_back(const loom_backend_ops *k, int mode, float *dinp, float *dw, float *db,
+static void linear_back(loom_gpt *m, int mode, float *dinp, float *dw, float *db,
                         const float *dout, const float *inp, const float *w, size_t n, int Cin,
                         int OC)
 {
+    const loom_backend_ops *k = m->be->ops;
+    if (mode == MOE_INPUT) { /* the dense split's B (gpt_backward_split.c) */
+        if (!gpt_matmul_backward16(m, dinp, NULL, NULL, dout, NULL, w, 0, 1, (int)n, Cin, OC))
+            k->gemm(0, 0, (int)n, Cin, OC, 1.0f, dout, OC, w, Cin, 0.0f, dinp, Cin);
+    } else
+        gpt_matmul_backward(m, mode == MOE_WEIGHT ? NULL : dinp, dw, db, dout, inp, w, 1, (int)n,
+                            Cin, OC);
+}
+
+/* The router's backward in fp32 (its forward's products: never the 16-bit op). */
+static void router_back(loom_gpt *m, int mode, float *dinp, float *dw, const float *dout,
+                        const float *inp, const float *w, size_t n, int Cin, int OC)
+{
+    const loom_backend_ops *k = m->be->ops;
     if (mode == MOE_INPUT)
         k->gemm(0, 0, (int)n, Cin, OC, 1.0f, dout, OC, w, Cin, 0.0f, dinp, Cin);
     else
-        k->matmul_backward(mode == MOE_WEIGHT ? NULL : dinp, dw, db, dout, inp, w, 1, (int)n,
+        k->matmul_backward(mode == MOE_WEIGHT ? NULL : dinp, dw, NULL, dout, inp, w, 1, (int)n,
                            Cin, OC);
 }
 
@@ -712,6 +751,7 @@ static loom_status moe_backward(loom_gpt *m, int l, int e0, const float *dout, f
     if ((size_t)rt->R != R)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "moe backward over %zu rows after a forward over %d", R,
                   rt->R);
+    widen_block(m, l);
     int split = mode != MOE_FUSED;
     /* the gradients W reads: B's own per slot under a split backward, else scratch */
     float *dy = split ? b->kdy : g->dy, *dh = split ? b->kdh : g->dh;
@@ -736,7 +776,7 @@ static loom_status moe_backward(loom_gpt *m, int l, int e0, const float *dout, f
             for (int s = 0; s < g->segs; s++) {
                 size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
                 if (n)
-                    linear_back(k, mode, NULL, grad_of(m, b, xent(g, e0, j, X_PJW), s),
+                    linear_back(m, mode, NULL, grad_of(m, b, xent(g, e0, j, X_PJW), s),
                                 grad_of(m, b, xent(g, e0, j, X_PJB), s), dye + o * C,
                                 b->hg + o * F, PJW(m->params), n, F, C);
             }
@@ -744,12 +784,12 @@ static loom_status moe_backward(loom_gpt *m, int l, int e0, const float *dout, f
             for (int s = 0; s < g->segs; s++) {
                 size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
                 if (n)
-                    linear_back(k, mode, NULL, grad_of(m, b, xent(g, e0, j, X_FCW), s),
+                    linear_back(m, mode, NULL, grad_of(m, b, xent(g, e0, j, X_FCW), s),
                                 grad_of(m, b, xent(g, e0, j, X_FCB), s), dh + o * H,
                                 xe + o * C, FCW(m->params), n, C, H);
             }
-        k->matmul_backward(NULL, at(m, m->grads, e0), NULL, dlogits, m->acts[l].ln2_full,
-                           at(m, m->params, e0), 1, (int)R, C, E);
+        router_back(m, mode, NULL, at(m, m->grads, e0), dlogits, m->acts[l].ln2_full,
+                    at(m, m->params, e0), R, C, E);
         return LOOM_OK;
     }
     /* out = sum_a gate_a y_a at row tok_a: d(y_a) = gate_a dout[tok_a], d(gate_a) =
@@ -767,7 +807,7 @@ static loom_status moe_backward(loom_gpt *m, int l, int e0, const float *dout, f
         for (int s = 0; s < g->segs; s++) {
             size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
             if (n)
-                linear_back(k, mode, g->dhg + o * F, grad_of(m, b, xent(g, e0, j, X_PJW), s),
+                linear_back(m, mode, g->dhg + o * F, grad_of(m, b, xent(g, e0, j, X_PJW), s),
                             grad_of(m, b, xent(g, e0, j, X_PJB), s), dye + o * C,
                             b->hg + o * F, PJW(m->params), n, F, C);
         }
@@ -779,7 +819,7 @@ static loom_status moe_backward(loom_gpt *m, int l, int e0, const float *dout, f
         for (int s = 0; s < g->segs; s++) {
             size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
             if (n)
-                linear_back(k, mode, dxe + o * C, grad_of(m, b, xent(g, e0, j, X_FCW), s),
+                linear_back(m, mode, dxe + o * C, grad_of(m, b, xent(g, e0, j, X_FCW), s),
                             grad_of(m, b, xent(g, e0, j, X_FCB), s), dh + o * H, xe + o * C,
                             FCW(m->params), n, C, H);
         }
@@ -797,8 +837,7 @@ static loom_status moe_backward(loom_gpt *m, int l, int e0, const float *dout, f
     moe_route_backward(rt, g->dgate_h, w * g->cfg.aux_loss, w * g->cfg.z_loss, g->dlogits_h);
     k->copy_to_device(bs, dlogits, g->dlogits_h, R * E * sizeof(float));
     const float *x = m->acts[l].ln2_full;
-    linear_back(k, mode, g->dxr, at(m, m->grads, e0), NULL, dlogits, x, at(m, m->params, e0), R,
-                C, E);
+    router_back(m, mode, g->dxr, at(m, m->grads, e0), dlogits, x, at(m, m->params, e0), R, C, E);
     if (m->tp_rank == 0) /* the router is replicated: its input gradient joins once */
         k->accumulate(dx, g->dxr, R * C);
     /* each tp rank's experts gave their slice's part of the input gradient (column-

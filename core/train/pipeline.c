@@ -232,6 +232,11 @@ static int entry_chunk(const loom_pipeline *pl, const loom_param_entry *e)
     return -1;
 }
 
+int loom_pipeline_entry_chunk(const loom_pipeline *pl, const loom_param_entry *e)
+{
+    return entry_chunk(pl, e);
+}
+
 /* The grad_sync part of entry e: its chunk, but canonical mode with chunks > 1 gives the
  * tied wte a part of its own on stage 0 (chunks: filled after the list, tied_exchange) and
  * none on the last stage (its copy is replaced by stage 0's after the step). */
@@ -763,13 +768,22 @@ loom_status loom_pipeline_norm(loom_pipeline *pl, const loom_param_table *t, con
 }
 
 loom_status loom_pipeline_norm_order(loom_pipeline *pl, const double *order, size_t n,
-                                     double *norm_sq, int *nonfinite)
+                                     const size_t *chunk_slots, double *norm_sq, int *nonfinite)
 {
-    if (pl->chunks != 1)
-        LOOM_FAIL(LOOM_ERR_INTERNAL, "pipeline: a norm in one rank's order needs one chunk a "
-                  "stage (%d here)", pl->chunks);
-    double mine[3] = {(double)n, *nonfinite ? 1.0 : 0.0, (double)n};
-    return norm_gather(pl, order, n, mine, 3, norm_sq, nonfinite);
+    if (pl->chunks != 1 && !chunk_slots)
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "pipeline: a norm in one rank's order with %d chunks a "
+                  "stage needs each chunk's count", pl->chunks);
+    size_t head = 2 + (size_t)pl->chunks;
+    double *mine = calloc(head, sizeof(double));
+    if (!mine)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    mine[0] = (double)n;
+    mine[1] = *nonfinite ? 1.0 : 0.0;
+    for (int c = 0; c < pl->chunks; c++)
+        mine[2 + c] = (double)(chunk_slots ? chunk_slots[c] : n);
+    loom_status st = norm_gather(pl, order, n, mine, head, norm_sq, nonfinite);
+    free(mine);
+    return st;
 }
 
 loom_status loom_pipeline_eval(loom_pipeline *pl, loom_gpt *m, const int *tokens,

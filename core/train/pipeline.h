@@ -120,10 +120,14 @@ loom_status loom_pipeline_sum(loom_pipeline *pl, double *v, int n);
  * entries as loom_pipeline_chunk_ranges assigns them), one rank's order; *nonfinite ORed. */
 loom_status loom_pipeline_norm(loom_pipeline *pl, const loom_param_table *t, const double *slots,
                                size_t n, double *norm_sq, int *nonfinite);
-/* The same with this stage's slots already in one rank's order (n of them; one chunk a
- * stage): expert parallelism's, every ep rank's experts in place (session_ep.h). */
+/* The same with this stage's slots already in one rank's order (n of them, chunk by
+ * chunk, chunk_slots[c] in chunk c; NULL with one chunk a stage): expert parallelism's,
+ * every ep rank's experts in place (session_ep.h). */
 loom_status loom_pipeline_norm_order(loom_pipeline *pl, const double *order, size_t n,
-                                     double *norm_sq, int *nonfinite);
+                                     const size_t *chunk_slots, double *norm_sq, int *nonfinite);
+/* The chunk of this stage that holds entry e (the norm's: the embeddings with the first
+ * virtual stage, ln_f and a tied copy with the last), -1 if none. */
+int loom_pipeline_entry_chunk(const loom_pipeline *pl, const loom_param_entry *e);
 /* The loss sum of one batch through every stage's forward (no gradients); the same on
  * every rank of the pp group. targets NULL: the forward alone (sampling: the last stage
  * keeps the logits in slot 0), sum 0. */

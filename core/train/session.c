@@ -658,11 +658,9 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
         if (!cfg->model.moe.experts)
             st = loom_fail(LOOM_ERR_INVALID, "mesh ep=%d splits a mixture of experts, and this "
                            "model has none (loom.gpt{moe = {...}})", cfg->ep);
-        else if (cfg->offload_mode || (s->pipe && cfg->canonical && loom_pipeline_chunks(s->pipe) > 1))
-            st = loom_fail(LOOM_ERR_UNSUPPORTED, "mesh ep=%d with %s does not compose yet (ep "
-                           "runs with dp, zero=1 or 2 and pp; in canonical mode one chunk a "
-                           "stage: its expert sums are per micro-batch)", cfg->ep,
-                           cfg->offload_mode ? "offload" : "an interleaved schedule in canonical mode");
+        else if (cfg->offload_mode)
+            st = loom_fail(LOOM_ERR_UNSUPPORTED, "mesh ep=%d with offload does not compose yet "
+                           "(ep runs with dp, zero=1, 2 or 3 and pp)", cfg->ep);
         else
             st = loom_ep_create(cfg->ep, &s->backend, &par, &s->ep);
     }
@@ -809,6 +807,7 @@ typedef struct micro_ctx {
     int chunks;
     loom_ep *ep;         /* canonical ep: each backward's per-source expert sums */
     loom_gpt *model;
+    loom_pipeline *pipe;
 } micro_ctx;
 
 loom_status loom_session_trace(loom_session *s, const char *path, int rank, int64_t steps)
@@ -892,9 +891,11 @@ static loom_status overlap_final(void *ctx, int chunk, int on)
 static loom_status canonical_after(void *ctx, int mb, int chunk)
 {
     micro_ctx *c = ctx;
-    if (c->chunks > 1) /* the loss once per micro-batch, with its last chunk */
-        return loom_grad_sync_end_part(c->sync, mb, chunk < 0 ? c->chunks : chunk,
-                                       chunk == c->chunks - 1, c->loss[mb]);
+    if (c->chunks > 1) { /* the loss once per micro-batch, with its last chunk */
+        LOOM_TRY(loom_grad_sync_end_part(c->sync, mb, chunk < 0 ? c->chunks : chunk,
+                                         chunk == c->chunks - 1, c->loss[mb]));
+        return loom_ep_end_chunk(c->ep, c->model, c->pipe, chunk); /* this chunk's experts */
+    }
     LOOM_TRY(loom_grad_sync_end_micro(c->sync, mb, c->loss[mb]));
     return loom_ep_end_micro(c->ep, c->model); /* one chunk a stage under ep (make_session) */
 }
@@ -935,7 +936,7 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         if (!mb_loss)
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
         /* canonical: each micro-batch's gradients on their own, into the tree in order */
-        micro_ctx mc = {s->sync, mb_loss, loom_pipeline_chunks(s->pipe), s->ep, s->model};
+        micro_ctx mc = {s->sync, mb_loss, loom_pipeline_chunks(s->pipe), s->ep, s->model, s->pipe};
         loom_pipeline_hooks hooks = {canonical_before, canonical_after, &mc, NULL};
         zero_ctx zc = {s->zero, 0};
         loom_pipeline_hooks zhooks = {zero_before, zero_after, &zc, NULL};
@@ -1066,9 +1067,15 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         } else if (s->ep) { /* canonical: every ep rank's experts in place, one rank's order */
             const double *order;
             size_t n_order;
-            LOOM_TRY(loom_ep_norm_order(s->ep, s->model, slots, n_slots, &nonfinite, &comm_ms,
-                                        &order, &n_order));
-            LOOM_TRY(loom_pipeline_norm_order(s->pipe, order, n_order, &norm_sq, &nonfinite));
+            const size_t *per_chunk = NULL; /* interleaved: chunk by chunk */
+            if (loom_pipeline_chunks(s->pipe) > 1)
+                LOOM_TRY(loom_ep_norm_chunks(s->ep, s->model, s->pipe, slots, n_slots, &nonfinite,
+                                             &comm_ms, &order, &n_order, &per_chunk));
+            else
+                LOOM_TRY(loom_ep_norm_order(s->ep, s->model, slots, n_slots, &nonfinite, &comm_ms,
+                                            &order, &n_order));
+            LOOM_TRY(loom_pipeline_norm_order(s->pipe, order, n_order, per_chunk, &norm_sq,
+                                              &nonfinite));
         } else
             LOOM_TRY(loom_pipeline_norm(s->pipe, loom_gpt_params(s->model), slots, n_slots,
                                         &norm_sq, &nonfinite));

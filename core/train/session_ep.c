@@ -2,6 +2,7 @@
 #include "session_ep.h"
 
 #include "grad_sync.h"
+#include "pipeline.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +25,11 @@ struct loom_ep {
     loom_backend *be;
     int canonical;
     size_t nexp;
-    loom_grad_tree **src, *over;
+    loom_grad_tree **src, *over;  /* src[c * size + p]: chunk c's experts from source p */
+    int chunks;               /* an interleaved stage's chunks (1 without them) */
+    size_t *coff, *clen;      /* chunk c's run of the (ep, nexp) copies: [coff, +clen) */
+    double *by_chunk;         /* the norm's slots chunk by chunk, and each chunk's count */
+    size_t *chunk_slots;      /* (loom_ep_norm_chunks) */
     float *part, *edp_blocks;  /* (ep, nexp), (edp, nexp) */
 };
 
@@ -54,9 +59,8 @@ loom_status loom_ep_create(int ep, loom_backend *be, loom_gpt_parallel *par, loo
     x->edp_size = dp_size / ep;
     x->be = be;
     x->canonical = par->canonical;
-    x->src = calloc((size_t)ep, sizeof *x->src);
-    loom_status st = x->src ? ops->split(dp, r / ep, r, &x->ep)
-                            : loom_fail(LOOM_ERR_NOMEM, "out of memory");
+    x->chunks = 1; /* canonical mode's trees: make_trees */
+    loom_status st = ops->split(dp, r / ep, r, &x->ep);
     if (st == LOOM_OK)
         st = ops->split(dp, r % ep, r, &x->edp);
     if (st != LOOM_OK) {
@@ -79,8 +83,12 @@ void loom_ep_destroy(loom_ep *x)
         x->ops->destroy(x->ep);
     if (x->edp)
         x->ops->destroy(x->edp);
-    for (int p = 0; x->src && p < x->size; p++)
+    for (int p = 0; x->src && p < x->size * x->chunks; p++)
         loom_grad_tree_destroy(x->src[p]);
+    free(x->coff);
+    free(x->clen);
+    free(x->by_chunk);
+    free(x->chunk_slots);
     loom_grad_tree_destroy(x->over);
     free(x->src);
     free(x->part);
@@ -99,7 +107,44 @@ void loom_ep_edp_group(const loom_ep *x, const struct loom_comm_ops **ops, void 
     *size = x->edp_size;
 }
 
-loom_status loom_ep_end_micro(loom_ep *x, loom_gpt *m)
+/* The first step: the trees and their buffers. Chunk c of pl (NULL: one chunk) holds the
+ * experts of its blocks, a contiguous run of the copies (each block's run of local experts
+ * lies in table order there, and a chunk's blocks follow each other). */
+static loom_status make_trees(loom_ep *x, loom_gpt *m, const loom_pipeline *pl, size_t n)
+{
+    const loom_param_table *t = loom_gpt_params(m);
+    x->nexp = n;
+    x->chunks = pl ? loom_pipeline_chunks(pl) : 1;
+    x->src = calloc((size_t)x->size * (size_t)x->chunks, sizeof *x->src);
+    x->coff = calloc((size_t)x->chunks, sizeof *x->coff);
+    x->clen = calloc((size_t)x->chunks, sizeof *x->clen);
+    x->part = malloc((size_t)x->size * n * sizeof(float));
+    x->edp_blocks = malloc((size_t)x->edp_size * n * sizeof(float));
+    if (!x->src || !x->coff || !x->clen || !x->part || !x->edp_blocks)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for canonical mode's expert sums");
+    size_t at = 0;
+    for (int i = 0; i < t->count; i++) {
+        if (!loom_gpt_is_expert_entry(m, i))
+            continue;
+        int c = pl ? loom_pipeline_entry_chunk(pl, &t->entries[i]) : 0;
+        if (c < 0 || c >= x->chunks || (x->clen[c] && x->coff[c] + x->clen[c] != at))
+            LOOM_FAIL(LOOM_ERR_INTERNAL, "ep: %s is not in its chunk's run of experts",
+                      t->entries[i].name);
+        if (!x->clen[c])
+            x->coff[c] = at;
+        x->clen[c] += t->entries[i].numel;
+        at += t->entries[i].numel;
+    }
+    if (at != n)
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "ep: %zu expert floats in the table, %zu per source", at, n);
+    for (int c = 0; c < x->chunks; c++)
+        for (int p = 0; x->clen[c] && p < x->size; p++)
+            LOOM_TRY(loom_grad_tree_create(x->be, x->clen[c], &x->src[c * x->size + p]));
+    return loom_grad_tree_create(x->be, n, &x->over);
+}
+
+/* Chunk c's per-source expert gradients of the backward just run into its trees. */
+static loom_status push_chunk(loom_ep *x, loom_gpt *m, const loom_pipeline *pl, int c)
 {
     if (!x || !x->canonical)
         return LOOM_OK;
@@ -107,19 +152,20 @@ loom_status loom_ep_end_micro(loom_ep *x, loom_gpt *m)
     const float *g = loom_gpt_moe_source_grads(m, &n);
     if (!g)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "ep: canonical mode without per-source expert gradients");
-    if (!x->over) { /* the first step: the trees and their buffers */
-        x->nexp = n;
-        for (int p = 0; p < x->size; p++)
-            LOOM_TRY(loom_grad_tree_create(x->be, n, &x->src[p]));
-        LOOM_TRY(loom_grad_tree_create(x->be, n, &x->over));
-        x->part = malloc((size_t)x->size * n * sizeof(float));
-        x->edp_blocks = malloc((size_t)x->edp_size * n * sizeof(float));
-        if (!x->part || !x->edp_blocks)
-            LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for canonical mode's expert sums");
-    }
+    if (!x->over)
+        LOOM_TRY(make_trees(x, m, pl, n));
+    if (c < 0 || c >= x->chunks || !x->clen[c])
+        return LOOM_OK; /* the tied wte's part, or a chunk without MoE blocks */
     for (int p = 0; p < x->size; p++) /* source p's micro-batch a: its tree's element a */
-        LOOM_TRY(loom_grad_tree_push(x->src[p], g + (size_t)p * n));
+        LOOM_TRY(loom_grad_tree_push(x->src[c * x->size + p], g + (size_t)p * n + x->coff[c]));
     return LOOM_OK;
+}
+
+loom_status loom_ep_end_micro(loom_ep *x, loom_gpt *m) { return push_chunk(x, m, NULL, 0); }
+
+loom_status loom_ep_end_chunk(loom_ep *x, loom_gpt *m, const loom_pipeline *pl, int chunk)
+{
+    return push_chunk(x, m, pl, chunk);
 }
 
 /* Canonical mode: the experts' global gradient into the model's expert entries. The
@@ -133,7 +179,9 @@ static loom_status canonical_reduce(loom_ep *x, loom_gpt *m, double *comm_ms)
     if (!x->over)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "ep: canonical reduce before any micro-batch");
     for (int p = 0; p < x->size; p++)
-        loom_grad_tree_finish(x->src[p], x->part + (size_t)p * n);
+        for (int c = 0; c < x->chunks; c++)
+            if (x->clen[c])
+                loom_grad_tree_finish(x->src[c * x->size + p], x->part + (size_t)p * n + x->coff[c]);
     for (int p = 0; p < x->size; p++)
         LOOM_TRY(loom_grad_tree_push(x->over, x->part + (size_t)p * n));
     loom_grad_tree_finish(x->over, x->part); /* this ep group's block sum */
@@ -233,6 +281,50 @@ loom_status loom_ep_norm_order(loom_ep *x, loom_gpt *m, const double *slots, siz
         *nonfinite |= x->gathered[(size_t)p * x->n_mine + x->n_mine - 1] != 0.0;
     *order = x->order;
     *n_order = at;
+    return LOOM_OK;
+}
+
+loom_status loom_ep_norm_chunks(loom_ep *x, loom_gpt *m, const loom_pipeline *pl,
+                                const double *slots, size_t n, int *nonfinite, double *comm_ms,
+                                const double **order, size_t *n_order, const size_t **chunk_slots)
+{
+    const loom_param_table *t = loom_gpt_params(m);
+    const double *o;
+    size_t k, per = n / (size_t)t->count;
+    LOOM_TRY(loom_ep_norm_order(x, m, slots, n, nonfinite, comm_ms, &o, &k));
+    int C = loom_pipeline_chunks(pl);
+    if (!x->by_chunk) {
+        x->by_chunk = malloc((k ? k : 1) * sizeof(double));
+        x->chunk_slots = malloc((size_t)C * sizeof(size_t));
+        if (!x->by_chunk || !x->chunk_slots)
+            LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    }
+    /* o is in table order, each dense entry's per slots and each run of expert entries'
+     * slots x ep; the chunks' in turn, each keeping that order */
+    size_t at = 0, pos = 0;
+    for (int c = 0; c < C; c++) {
+        x->chunk_slots[c] = 0;
+        pos = 0;
+        for (int i = 0; i < t->count; i++) {
+            int j = i;
+            while (loom_gpt_is_expert_entry(m, i) && j + 1 < t->count && loom_gpt_is_expert_entry(m, j + 1))
+                j++;
+            size_t w = (size_t)(j - i + 1) * per * (loom_gpt_is_expert_entry(m, i) ? (size_t)x->size : 1);
+            if (loom_pipeline_entry_chunk(pl, &t->entries[i]) == c && at + w <= k) {
+                memcpy(x->by_chunk + at, o + pos, w * sizeof(double));
+                at += w;
+                x->chunk_slots[c] += w;
+            }
+            pos += w;
+            i = j;
+        }
+    }
+    if (pos != k || at != k)
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "ep: %zu of %zu norm slots placed in chunks (%zu walked)",
+                  at, k, pos);
+    *order = x->by_chunk;
+    *n_order = k;
+    *chunk_slots = x->chunk_slots;
     return LOOM_OK;
 }
 

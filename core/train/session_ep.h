@@ -19,6 +19,11 @@ void loom_ep_destroy(loom_ep *x);
 /* Canonical mode, after each micro-batch's backward: its per-source expert gradients
  * (loom_gpt_moe_source_grads) into the sources' trees. Nothing in fast mode. */
 loom_status loom_ep_end_micro(loom_ep *x, loom_gpt *m);
+/* The same with an interleaved pipeline stage's chunks (pl: chunks > 1), after the
+ * backward of `chunk` of a micro-batch: that chunk's experts (its blocks'), each chunk's
+ * in trees of their own (the chunks' backwards interleave, each in micro-batch order). */
+struct loom_pipeline;
+loom_status loom_ep_end_chunk(loom_ep *x, loom_gpt *m, const struct loom_pipeline *pl, int chunk);
 /* Sum the expert entries' gradients over the edp group (after the step's backwards). In
  * canonical mode in the fixed tree over the global micro-batch index (the tree ep=1 sums
  * every gradient in): per source rank over its micro-batches, over the ep group's
@@ -39,6 +44,11 @@ loom_status loom_ep_norm_order(loom_ep *x, loom_gpt *m, const double *slots, siz
                                int *nonfinite, double *comm_ms, const double **order,
                                size_t *n_order);
 
+/* loom_ep_norm_order's slots rearranged chunk by chunk for an interleaved stage (pl), each
+ * chunk's in that order; chunk_slots[c]: chunk c's count (loom_pipeline_norm_order). */
+loom_status loom_ep_norm_chunks(loom_ep *x, loom_gpt *m, const struct loom_pipeline *pl,
+                                const double *slots, size_t n, int *nonfinite, double *comm_ms,
+                                const double **order, size_t *n_order, const size_t **chunk_slots);
 /* A checkpoint under ep: the whole model as an ep=1 run holds it — ft the ep=1 table
  * (every expert, by logical name, in global order), *params and *full_state (slots x
  * ft->total, NULL without state) host copies of every rank's parameters and optimizer

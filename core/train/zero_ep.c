@@ -30,7 +30,6 @@
 
 #include "base/plugin_loader.h"
 #include "base/status.h"
-#include "model/gpt_stage.h" /* loom_gpt_is_stage: zero=3 under ep refuses pp */
 
 static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
@@ -214,10 +213,6 @@ loom_status zero_ep_create(const loom_zero_config *c, loom_gpt *m, loom_backend 
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "mesh ep with offload does not compose yet (ZeRO "
                   "partitions the experts over their edp group in this process; the offload's "
                   "chunks are not laid out for it); drop strategy.offload");
-    if (c->stage == 3 && loom_gpt_is_stage(m))
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "mesh ep with strategy.zero=3 and pp does not compose "
-                  "yet (ZeRO-3's expert partition is built and tested without pipeline "
-                  "stages); use strategy.zero=2 with pp");
     loom_zero *z = calloc(1, sizeof *z);
     struct zero_ep *x = calloc(1, sizeof *x);
     if (!z || !x) {

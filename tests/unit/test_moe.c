@@ -9,7 +9,9 @@
  *   logits, cross-entropy, aux and z losses, every gradient, each expert's token count;
  * - the noisy router: keyed by (seed, micro-batch key, row), the same for the same key;
  * - the llama family's SwiGLU experts: one expert (top-1, dropless) carrying the dense
- *   llama's MLP weights gives the dense model's loss and gradients.
+ *   llama's MLP weights gives the dense model's loss and gradients;
+ * - 16-bit weights (bf16, f16; both families): the router and the experts read the 16-bit
+ *   copy, so the loss and gradients are bitwise an fp32 model's on the rounded weights.
  * Tolerances (fp32 vs float64): logits and losses 2e-6, gradients 1e-6 absolute (measured
  * figures are printed); finite differences 1e-4 absolute on gradients up to ~0.3 (central, steps of 2e-3 on fp32
  * logits; the gates are fp32, so the differences carry ~1e-5 of roundoff: measured 1.5e-5).
@@ -427,6 +429,74 @@ START_TEST(test_llama_one_expert)
 }
 END_TEST
 
+/* 16-bit weights (loom_gpt_set_precision with fp32 activations): every MoE block reads the
+ * 16-bit copy, widened (router and experts alike), so the loss and every gradient are
+ * bitwise those of an fp32 model whose weights are that copy (the master rounded); a block
+ * reading the master instead differs. Both families, bf16 and f16. */
+static loom_gpt *small_moe(int llama_family)
+{
+    if (!be_open)
+        ck_assert_msg(loom_backend_open("cpu", 0, &be) == LOOM_OK, "%s", loom_last_error());
+    be_open = 1;
+    loom_gpt_config c = {.vocab = 61, .ctx = 8, .layers = 2, .heads = 4, .dim = 32,
+                         .moe = {.experts = 4, .top_k = 2, .every = 1, .capacity_factor = 1,
+                                 .aux_loss = 0.01, .z_loss = 0.001}};
+    if (llama_family) {
+        c.family = LOOM_FAMILY_LLAMA;
+        c.kv_heads = 2;
+        c.ffn_dim = 48;
+    }
+    loom_gpt *m = NULL;
+    ck_assert_msg(loom_gpt_create(&c, &be, 2, 9, NULL, &m) == LOOM_OK, "%s", loom_last_error());
+    return m;
+}
+
+START_TEST(test_w16_reads_the_copy)
+{
+    const loom_dtype dts[2] = {LOOM_DTYPE_BF16, LOOM_DTYPE_F16};
+    for (int fam = 0; fam < 2; fam++)
+        for (int d = 0; d < 2; d++) {
+            loom_gpt *m = small_moe(fam), *ref = small_moe(fam);
+            ck_assert_msg(loom_gpt_set_precision(m, dts[d], LOOM_DTYPE_F32) == LOOM_OK, "%s",
+                          loom_last_error());
+            size_t np = loom_gpt_params(m)->total;
+            be.ops->round_to(loom_gpt_param_data(ref), loom_gpt_param_data(m), np, dts[d]);
+            size_t rounded = 0; /* the master is not the copy: the check can tell them apart */
+            for (size_t i = 0; i < np; i++)
+                rounded += loom_gpt_param_data(ref)[i] != loom_gpt_param_data(m)[i];
+            ck_assert_msg(rounded > np / 2, "only %zu of %zu weights changed by rounding",
+                          rounded, np);
+            int B = 2, T = 8, tok[16], tgt[16];
+            for (int i = 0; i < B * T; i++) {
+                tok[i] = (i * 17 + 3) % 61;
+                tgt[i] = (i * 29 + 5) % 61;
+            }
+            double lm = 0.0, lr = 0.0;
+            loom_gpt *both[2] = {m, ref};
+            double *loss[2] = {&lm, &lr};
+            for (int q = 0; q < 2; q++) {
+                loom_gpt_zero_grad(both[q]);
+                ck_assert_int_eq(loom_gpt_forward(both[q], tok, tgt, B, T, 1.0f / (B * T), loss[q]),
+                                 LOOM_OK);
+                ck_assert_int_eq(loom_gpt_backward(both[q]), LOOM_OK);
+            }
+            const float *g = loom_gpt_grad_data(m), *gr = loom_gpt_grad_data(ref);
+            size_t off = 0, nonzero = 0;
+            for (size_t i = 0; i < np; i++) {
+                off += g[i] != gr[i];
+                nonzero += gr[i] != 0.0f;
+            }
+            ck_assert_msg(isfinite(lm) && lm == lr && off == 0,
+                          "%s %s weights: loss %.9g vs %.9g, %zu of %zu gradients differ from "
+                          "the fp32 model on the rounded weights", fam ? "llama" : "gpt",
+                          loom_dtype_name(dts[d]), lm, lr, off, np);
+            ck_assert_msg(nonzero > np / 2, "only %zu of %zu gradients nonzero", nonzero, np);
+            loom_gpt_destroy(m);
+            loom_gpt_destroy(ref);
+        }
+}
+END_TEST
+
 /* Recipe validation: each bad key is refused with its name. */
 START_TEST(test_config_errors)
 {
@@ -465,6 +535,7 @@ int main(void)
     tcase_add_test(tc, test_noisy_keyed);
     tcase_add_test(tc, test_config_errors);
     tcase_add_test(tc, test_llama_one_expert);
+    tcase_add_test(tc, test_w16_reads_the_copy);
     suite_add_tcase(s, tc);
     SRunner *r = srunner_create(s);
     srunner_set_fork_status(r, CK_NOFORK);

@@ -897,6 +897,7 @@ static const loom_comm_ops ops = {
     .barrier_start = nccl_barrier_start,
     .wait = nccl_wait,
     .test = nccl_test,
+    .flags = LOOM_COMM_DEVICE_MEMORY,
 };
 
 static const loom_plugin_desc desc = {

@@ -241,6 +241,12 @@ void loom_dist_device_close(void)
 
 const char *loom_dist_device_kind(void) { return dev.open ? dev.kind : NULL; }
 
+void *loom_dist_device_world(const loom_comm_ops **ops)
+{
+    *ops = dev.open ? dev.ops : NULL;
+    return dev.open ? dev.g[0] : NULL;
+}
+
 void loom_dist_shutdown(void)
 {
     loom_dist_device_close();

@@ -43,6 +43,9 @@ loom_status loom_dist_init(const char *comm_name, const char *host_comm, const l
 loom_status loom_dist_device_open(loom_backend *be);
 /* Before the backend closes (the device communicator's events live on its stream). */
 void loom_dist_device_close(void);
+/* The device groups' world communicator and its ops (NULL when none is open): for tests
+ * of a world of one, whose groups loom_host.device_group gives as NULL. */
+void *loom_dist_device_world(const loom_comm_ops **ops);
 /* What carries the device groups, for the banner ("nccl on the backend's stream, host
  * buffers over shm"), or NULL when none is open. */
 const char *loom_dist_device_kind(void);

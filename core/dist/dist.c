@@ -241,6 +241,8 @@ void loom_dist_device_close(void)
 
 const char *loom_dist_device_kind(void) { return dev.open ? dev.kind : NULL; }
 
+const char *loom_dist_device_comm(void) { return later.plugin ? later.plugin->desc->name : NULL; }
+
 void *loom_dist_device_world(const loom_comm_ops **ops)
 {
     *ops = dev.open ? dev.ops : NULL;

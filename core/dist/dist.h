@@ -46,6 +46,8 @@ void loom_dist_device_close(void);
 /* The device groups' world communicator and its ops (NULL when none is open): for tests
  * of a world of one, whose groups loom_host.device_group gives as NULL. */
 void *loom_dist_device_world(const loom_comm_ops **ops);
+/* The device comm's name (nccl) when init joined the host groups beside one, else NULL. */
+const char *loom_dist_device_comm(void);
 /* What carries the device groups, for the banner ("nccl on the backend's stream, host
  * buffers over shm"), or NULL when none is open. */
 const char *loom_dist_device_kind(void);

@@ -542,6 +542,11 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
     if (s->device) { /* the groups for its memory, before any strategy asks for them */
         st = loom_dist_device_open(&s->backend);
         s->device_groups = st == LOOM_OK && loom_dist_device_kind() != NULL;
+    } else if (st == LOOM_OK && loom_dist_device_comm() && loom_core_host()->world > 1) {
+        st = loom_fail(LOOM_ERR_INVALID, "comm = \"%s\" carries device memory only, and backend "
+                       "%s keeps its buffers in host memory: use comm = \"shm\" (or \"mpi\"), "
+                       "or backend = \"cuda\"", loom_dist_device_comm(),
+                       s->backend.ops->describe(s->backend.self));
     }
     loom_gpt_parallel par = {NULL, NULL, cfg->canonical, NULL, 0, 0, cfg->recompute,
                              cfg->recompute_layers};

@@ -28,6 +28,7 @@
 #include "base/backend.h"
 #include "base/status.h"
 #include "dist/dist.h"
+#include "mem_store.h"
 
 static int failures;
 
@@ -40,41 +41,6 @@ static int failures;
             failures++;                                                                   \
         }                                                                                 \
     } while (0)
-
-/* ---- a store in process memory ------------------------------------------------------- */
-
-enum { KEYS = 64, VAL = 256 };
-typedef struct mem_store {
-    char key[KEYS][64];
-    unsigned char val[KEYS][VAL];
-    size_t len[KEYS];
-    int n;
-} mem_store;
-
-static loom_status ms_set(void *self, const char *key, const void *value, size_t len)
-{
-    mem_store *s = self;
-    if (s->n >= KEYS || len > VAL || strlen(key) >= 64)
-        return loom_fail(LOOM_ERR_INVALID, "test store: full or too long (%s, %zu bytes)", key, len);
-    snprintf(s->key[s->n], 64, "%s", key);
-    memcpy(s->val[s->n], value, len);
-    s->len[s->n++] = len;
-    return LOOM_OK;
-}
-
-static loom_status ms_get(void *self, const char *key, void *value, size_t *len, int timeout_ms)
-{
-    mem_store *s = self;
-    for (int i = s->n - 1; i >= 0; i--)
-        if (strcmp(s->key[i], key) == 0) {
-            if (*len < s->len[i])
-                return LOOM_ERR_INVALID;
-            memcpy(value, s->val[i], s->len[i]);
-            *len = s->len[i];
-            return LOOM_OK;
-        }
-    return loom_fail(LOOM_ERR_TIMEOUT, "test store: no key %s (one process)", key);
-}
 
 static int skip(const char *why)
 {
@@ -174,7 +140,7 @@ int main(int argc, char **argv)
     const char *backend = argv[1], *comm = argv[2];
     int nccl = strcmp(comm, "nccl") == 0;
     static mem_store ms;
-    loom_store store = {.self = &ms, .set = ms_set, .get = ms_get};
+    loom_store store = mem_store_open(&ms);
     loom_mesh mesh;
     if (loom_mesh_make(0, 1, 1, 1, 1, &mesh) != LOOM_OK)
         return 1;

@@ -47,12 +47,7 @@ echo "backend=$backend comm=$comm: canonical dp=2 bitwise one rank over $steps s
 
 "$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 > "$tmp/dp" 2> "$tmp/dp.err" ||
   { cat "$tmp/dp.err"; exit 1; }
-grep -q "^LOSS $steps " "$tmp/dp" || { echo "dp=2: no loss for step $steps"; cat "$tmp/dp"; exit 1; }
-d=$(max_loss_diff "$tmp/one" "$tmp/dp")
-n=$(max_field_diff '^NORM ' 4 "$tmp/one" "$tmp/dp")
-echo "backend=$backend comm=$comm: dp=2 vs one rank, $steps steps: max |loss diff| $d, max |norm diff| $n (tolerance $tol)"
-below "$d" "$tol" && below "$n" "$tol" ||
-  { echo "dp=2 differs from one rank by more than $tol"; paste "$tmp/one" "$tmp/dp" | grep -E "LOSS|NORM"; exit 1; }
+runs_close "backend=$backend comm=$comm: dp=2 vs one rank" "$tmp/one" "$tmp/dp" "$steps" "$tol" || exit 1
 fell=$(loss_fell "$tmp/dp" 0.05) || { echo "dp=2: the loss did not fall: $fell"; exit 1; }
 want_banner=$([[ $comm == nccl ]] && echo "device buffers over nccl on the backend's stream" ||
               echo "device buffers over $comm, staged through host memory")

@@ -26,6 +26,8 @@ static loom_status host_fail(loom_status st, const char *fmt, ...)
 static void *host_alloc(size_t bytes);
 static void host_free(void *p);
 static loom_status host_group(loom_group g, const struct loom_comm_ops **ops, void **comm, int *size);
+static loom_status host_device_group(loom_group g, const struct loom_comm_ops **ops, void **comm,
+                                     int *size);
 
 static loom_host host = {
     .size = sizeof(loom_host),
@@ -37,6 +39,7 @@ static loom_host host = {
     .rank = 0,
     .world = 1,
     .group = host_group,
+    .device_group = host_device_group,
 };
 
 /* The mesh's groups, set by the core once its communicators exist. */
@@ -54,15 +57,41 @@ void loom_core_host_set_groups(const struct loom_comm_ops *ops, void *const comm
     }
 }
 
-static loom_status host_group(loom_group g, const struct loom_comm_ops **ops, void **comm, int *size)
+/* The groups for device memory (dist.h's loom_dist_device_open), while a device backend's
+ * session holds them; none: device_group() is group(). */
+static const struct loom_comm_ops *device_ops;
+static void *device_comm[4];
+
+void loom_core_host_set_device_groups(const struct loom_comm_ops *ops, void *const comms[4])
+{
+    device_ops = ops;
+    for (int g = 0; g < 4; g++)
+        device_comm[g] = ops ? comms[g] : NULL;
+}
+
+static loom_status pick_group(const struct loom_comm_ops *gops, void *const comms[4], loom_group g,
+                              const struct loom_comm_ops **ops, void **comm, int *size)
 {
     if ((unsigned)g > LOOM_GROUP_PP)
         return loom_fail(LOOM_ERR_INVALID, "no mesh group %d (world, dp, tp, pp are 0..3)", (int)g);
-    int single = group_size[g] <= 1 || !group_comm[g];
-    *ops = single ? NULL : group_ops;
-    *comm = single ? NULL : group_comm[g];
+    int single = group_size[g] <= 1 || !comms[g];
+    *ops = single ? NULL : gops;
+    *comm = single ? NULL : comms[g];
     *size = group_size[g];
     return LOOM_OK;
+}
+
+static loom_status host_group(loom_group g, const struct loom_comm_ops **ops, void **comm, int *size)
+{
+    return pick_group(group_ops, group_comm, g, ops, comm, size);
+}
+
+static loom_status host_device_group(loom_group g, const struct loom_comm_ops **ops, void **comm,
+                                     int *size)
+{
+    if (device_ops)
+        return pick_group(device_ops, device_comm, g, ops, comm, size);
+    return host_group(g, ops, comm, size);
 }
 
 /* Debug lines are noise in a normal run; LOOM_DEBUG=1 turns them on. */

@@ -45,5 +45,8 @@ void loom_core_host_set_rank(int rank, int world);
 /* Set the mesh groups plugins reach through loom_host.group (world, dp, tp, pp). */
 void loom_core_host_set_groups(const struct loom_comm_ops *ops, void *const comms[4],
                                const int sizes[4]);
+/* Set the groups loom_host.device_group gives for the backend's memory (the same sizes as
+ * the mesh's); ops NULL: none, device_group gives group's. */
+void loom_core_host_set_device_groups(const struct loom_comm_ops *ops, void *const comms[4]);
 
 #endif

@@ -3,14 +3,17 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/config.h"
 #include "base/plugin_loader.h"
 #include "base/status.h"
+#include "dist_staged.h"
 #include "flight.h"
 
 static const loom_comm_ops *comm_ops;
 static void *groups[4]; /* world, dp, tp, pp */
+static char host_comm_name[32]; /* the host groups' plugin */
 
 loom_status loom_mesh_make(int rank, int world, int dp, int tp, int pp, loom_mesh *out)
 {
@@ -45,37 +48,99 @@ static loom_status size_mailbox(loom_plugin_config *cfg, size_t p2p_bytes, int w
     return loom_config_set_number(cfg, "mailbox_bytes", (double)want);
 }
 
-loom_status loom_dist_init(const char *comm_name, const loom_store *store, int rank, int world,
-                           const loom_mesh *m, int timeout_ms, size_t p2p_bytes)
+/* The recipe's settings, resolved into a config for plugin p. */
+static loom_status plugin_view(const loom_plugin *p, size_t p2p_bytes, int world,
+                               loom_plugin_config *cfg)
 {
-    const loom_plugin *p;
-    LOOM_TRY(loom_plugin_load(LOOM_KIND_COMM, comm_name, &p));
+    LOOM_TRY(loom_config_init(cfg, p->desc));
+    LOOM_TRY(size_mailbox(cfg, p2p_bytes, world));
+    return loom_config_finish(cfg);
+}
+
+static loom_status load_comm(const char *name, const loom_plugin **out)
+{
+    LOOM_TRY(loom_plugin_load(LOOM_KIND_COMM, name, out));
+    const loom_plugin *p = *out;
     if (p->desc->probe) {
         char reason[256] = "";
         if (!p->desc->probe(reason, sizeof reason))
-            LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "comm '%s' is not usable here: %s", comm_name, reason);
+            LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "comm '%s' is not usable here: %s", name, reason);
     }
-    loom_plugin_config cfg;
-    LOOM_TRY(loom_config_init(&cfg, p->desc));
-    LOOM_TRY(size_mailbox(&cfg, p2p_bytes, world));
-    LOOM_TRY(loom_config_finish(&cfg));
-    loom_config view = loom_config_view(&cfg);
-    const loom_comm_ops *ops = p->desc->ops;
-    void *world_comm = NULL;
-    LOOM_TRY(ops->create(loom_core_host(), &view, store, rank, world, timeout_ms, NULL, &world_comm));
-    void *g[4] = {world_comm, NULL, NULL, NULL};
+    return LOOM_OK;
+}
+
+/* The world of plugin ops through store (device: a backend stream or NULL), split into the
+ * mesh's dp, tp and pp groups: g = {world, dp, tp, pp}. On failure nothing is left. */
+static loom_status join_and_split(const loom_comm_ops *ops, const loom_config *view,
+                                  const loom_store *store, int rank, int world,
+                                  const loom_mesh *m, int timeout_ms, void *device, void *g[4])
+{
+    for (int i = 0; i < 4; i++)
+        g[i] = NULL;
+    LOOM_TRY(ops->create(loom_core_host(), view, store, rank, world, timeout_ms, device, &g[0]));
     /* Same color = same group; keys order the ranks within it. */
-    loom_status st = ops->split(world_comm, m->pp_rank * m->tp + m->tp_rank, m->dp_rank, &g[1]);
+    loom_status st = ops->split(g[0], m->pp_rank * m->tp + m->tp_rank, m->dp_rank, &g[1]);
     if (st == LOOM_OK)
-        st = ops->split(world_comm, m->pp_rank * m->dp + m->dp_rank, m->tp_rank, &g[2]);
+        st = ops->split(g[0], m->pp_rank * m->dp + m->dp_rank, m->tp_rank, &g[2]);
     if (st == LOOM_OK)
-        st = ops->split(world_comm, m->dp_rank * m->tp + m->tp_rank, m->pp_rank, &g[3]);
-    if (st != LOOM_OK) {
+        st = ops->split(g[0], m->dp_rank * m->tp + m->tp_rank, m->pp_rank, &g[3]);
+    if (st != LOOM_OK)
         for (int i = 3; i >= 0; i--)
-            if (g[i])
+            if (g[i]) {
                 ops->destroy(g[i]);
-        return st;
+                g[i] = NULL;
+            }
+    return st;
+}
+
+/* A device communicator's (nccl) settings, kept from init for loom_dist_device_open. */
+static struct {
+    const loom_plugin *plugin; /* NULL: the comm is a host one */
+    loom_plugin_config cfg;
+    const loom_store *store;
+    int rank, world, timeout_ms;
+    loom_mesh mesh;
+} later;
+
+loom_status loom_dist_init(const char *comm_name, const char *host_comm, const loom_store *store,
+                           int rank, int world, const loom_mesh *m, int timeout_ms,
+                           size_t p2p_bytes)
+{
+    const loom_plugin *p;
+    LOOM_TRY(load_comm(comm_name, &p));
+    const loom_comm_ops *ops = p->desc->ops;
+    if (loom_comm_flags(ops) & LOOM_COMM_DEVICE_MEMORY) {
+        /* nccl takes device memory only: the host buffers get a communicator of their own */
+        const char *host_name = host_comm ? host_comm : "shm";
+        const loom_plugin *hp;
+        LOOM_TRY(load_comm(host_name, &hp));
+        if (loom_comm_flags(hp->desc->ops) & LOOM_COMM_DEVICE_MEMORY)
+            LOOM_FAIL(LOOM_ERR_INVALID, "host_comm = \"%s\" takes device memory only; the host "
+                      "communicator beside comm = \"%s\" must carry host memory (\"shm\" on "
+                      "one node, \"mpi\" across nodes)", host_name, comm_name);
+        LOOM_TRY(loom_config_init(&later.cfg, p->desc));
+        LOOM_TRY(loom_config_finish(&later.cfg));
+        later.plugin = p;
+        later.store = store;
+        later.rank = rank;
+        later.world = world;
+        later.timeout_ms = timeout_ms;
+        later.mesh = *m;
+        p = hp;
+        ops = hp->desc->ops;
+    } else if (host_comm && strcmp(host_comm, comm_name) != 0) {
+        LOOM_FAIL(LOOM_ERR_INVALID, "host_comm = \"%s\" goes beside a communicator that takes "
+                  "device memory only (comm = \"nccl\"); comm = \"%s\" carries host memory "
+                  "itself, so leave host_comm out", host_comm, comm_name);
     }
+    snprintf(host_comm_name, sizeof host_comm_name, "%s", p->desc->name);
+    loom_plugin_config cfg;
+    LOOM_TRY(plugin_view(p, p2p_bytes, world, &cfg));
+    loom_config view = loom_config_view(&cfg);
+    void *g[4];
+    loom_status st = join_and_split(ops, &view, store, rank, world, m, timeout_ms, NULL, g);
+    if (st != LOOM_OK)
+        return st;
     /* Every group goes out through the flight recorder, so whoever communicates (core or
      * plugin) is recorded, whatever the comm plugin. */
     int sizes[4] = {world, m->dp, m->tp, m->pp};
@@ -118,8 +183,76 @@ void *loom_dist_world(const loom_comm_ops **ops)
     return groups[0];
 }
 
+/* --- the groups for device memory (dist.h) ------------------------------------------ */
+
+static struct {
+    int open;
+    const loom_comm_ops *ops; /* the device communicator's, or dist_staged's */
+    void *g[4];
+    const char *kind;
+    char kind_buf[96];
+} dev;
+
+loom_status loom_dist_device_open(loom_backend *be)
+{
+    if (!comm_ops || !groups[0] || !loom_backend_device_memory(be))
+        return LOOM_OK; /* one rank, or host memory: group() serves both */
+    if (dev.open)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "a second session on a device backend while one holds "
+                  "the device communicator: one device session at a time with more than one "
+                  "rank (destroy the first)");
+    void *g[4] = {NULL, NULL, NULL, NULL};
+    const loom_comm_ops *ops;
+    if (later.plugin) {
+        /* After the backend picked the GPU (LOCAL_RANK % devices, device_select.c) and made
+         * its stream: NCCL's communication stream waits on it, so every collective is
+         * ordered after the kernels that wrote its buffers. */
+        ops = later.plugin->desc->ops;
+        loom_config view = loom_config_view(&later.cfg);
+        LOOM_TRY(join_and_split(ops, &view, later.store, later.rank, later.world, &later.mesh,
+                                later.timeout_ms, be->ops->stream(be->self), g));
+        snprintf(dev.kind_buf, sizeof dev.kind_buf, "%s on the backend's stream, host buffers "
+                 "over %s", later.plugin->desc->name, host_comm_name);
+    } else {
+        LOOM_TRY(loom_dist_staged_wrap(comm_ops, groups, be, g));
+        ops = loom_dist_staged_ops();
+        snprintf(dev.kind_buf, sizeof dev.kind_buf, "%s, staged through host memory",
+                 host_comm_name);
+    }
+    dev.ops = ops;
+    for (int i = 0; i < 4; i++)
+        dev.g[i] = g[i];
+    dev.kind = dev.kind_buf;
+    dev.open = 1;
+    loom_core_host_set_device_groups(ops, dev.g);
+    return LOOM_OK;
+}
+
+void loom_dist_device_close(void)
+{
+    if (!dev.open)
+        return;
+    loom_core_host_set_device_groups(NULL, dev.g);
+    for (int i = 3; i >= 0; i--)
+        if (dev.g[i])
+            dev.ops->destroy(dev.g[i]);
+    memset(&dev, 0, sizeof dev);
+}
+
+const char *loom_dist_device_kind(void) { return dev.open ? dev.kind : NULL; }
+
+const char *loom_dist_device_comm(void) { return later.plugin ? later.plugin->desc->name : NULL; }
+
+void *loom_dist_device_world(const loom_comm_ops **ops)
+{
+    *ops = dev.open ? dev.ops : NULL;
+    return dev.open ? dev.g[0] : NULL;
+}
+
 void loom_dist_shutdown(void)
 {
+    loom_dist_device_close();
+    later.plugin = NULL;
     void *none[4] = {NULL, NULL, NULL, NULL};
     int ones[4] = {1, 1, 1, 1};
     loom_core_host_set_groups(NULL, none, ones);

@@ -3,7 +3,8 @@
  *
  * What not: choosing a launcher's conventions beyond the three below; talking to Slurm/MPI.
  * Invariants: numbers are parsed whole (no trailing junk, no overflow); the first convention
- * whose rank variable is set decides, and its size variable must then be set too.
+ * whose rank variable is set decides, and its size variable must then be set too; after
+ * loom_ranks_join, LOCAL_RANK holds the deciding convention's local rank.
  */
 #include <errno.h>
 #include <limits.h>
@@ -97,6 +98,13 @@ loom_status loom_ranks_join(void)
     LOOM_TRY(loom_ranks_from_env(&r));
     loom_core_host_set_rank(r.rank, r.world);
     joined = r;
+    /* The device rule (LOCAL_RANK % devices: the CUDA backend and nccl, device_select.c)
+     * reads LOCAL_RANK; under mpirun or srun it is the launcher's own variable's value, so
+     * ranks of one node land on different GPUs there too. */
+    char local[16];
+    snprintf(local, sizeof local, "%d", r.local_rank);
+    if (strcmp(r.source, "none") != 0 && setenv("LOCAL_RANK", local, 1) != 0)
+        return loom_fail(LOOM_ERR_INTERNAL, "setenv LOCAL_RANK=%s failed", local);
     return LOOM_OK;
 }
 

@@ -35,7 +35,9 @@ typedef struct loom_ranks {
 /* Parse the environment (see above). LOOM_ERR_INVALID names the bad variable. */
 loom_status loom_ranks_from_env(loom_ranks *out);
 
-/* For `loom run`: parse the environment and tell the plugin host (loom_core_host_set_rank).
+/* For `loom run`: parse the environment and tell the plugin host (loom_core_host_set_rank);
+ * with a launcher's variables, set LOCAL_RANK to its local rank (OMPI_COMM_WORLD_LOCAL_RANK,
+ * SLURM_LOCALID, or the rank where none is given), the variable the GPU choice reads.
  * The rendezvous itself opens later, at loom_cli_rendezvous_open. */
 loom_status loom_ranks_join(void);
 /* The joined rendezvous, opened on the first call when world > 1 (waits for every rank,

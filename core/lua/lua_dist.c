@@ -1,4 +1,4 @@
-/* lua_dist.c — core.init_dist{comm=, dp=, tp=, pp=, timeout_ms=, flight_dir=, debug_desync=}:
+/* lua_dist.c — core.init_dist{comm=, host_comm=, dp=, tp=, pp=, timeout_ms=, flight_dir=, debug_desync=}:
  * build the mesh and its communicators for this rank (see dist.h; the flight recorder's
  * settings, flight.h). A run of one rank needs none of it. */
 #include <lauxlib.h>
@@ -30,6 +30,8 @@ static int l_init_dist(lua_State *L)
     if (world > 1) {
         lua_getfield(L, 1, "comm");
         const char *comm = luaL_optstring(L, -1, "shm");
+        lua_getfield(L, 1, "host_comm"); /* beside a device comm (nccl): dist.h */
+        const char *host_comm = luaL_optstring(L, -1, NULL);
         lua_getfield(L, 1, "timeout_ms");
         int given_ms = lua_isinteger(L, -1) ? (int)lua_tointeger(L, -1) : 0;
         lua_pop(L, 1);
@@ -46,12 +48,11 @@ static int l_init_dist(lua_State *L)
         int timeout_ms = opt_int(L, "timeout_ms", 60000);
         lua_Integer p2p = opt_int(L, "p2p_bytes", 0); /* dist.h: sizes shm's mailbox */
         if (loom_flight_setup(rank, world, flight_dir, debug_desync, timeout_ms) != LOOM_OK ||
-            loom_dist_init(comm, loom_rendezvous_store(rv), rank, world, &mesh, timeout_ms,
+            loom_dist_init(comm, host_comm, loom_rendezvous_store(rv), rank, world, &mesh, timeout_ms,
                            p2p > 0 ? (size_t)p2p : 0) !=
                 LOOM_OK)
             goto fail;
-        lua_pop(L, 1);
-        lua_pop(L, 1);
+        lua_pop(L, 3);
     }
     lua_createtable(L, 0, 6);
     lua_pushinteger(L, mesh.dp_rank);

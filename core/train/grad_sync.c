@@ -32,9 +32,11 @@ struct loom_grad_sync {
     loom_backend *be;
     int canonical, accum;
     size_t total;
-    /* data parallel */
-    const loom_comm_ops *comm;
-    void *dp;
+    /* data parallel: comm/dp for host buffers (the losses), dcomm/ddp for the backend's
+     * (canonical mode's gathered gradients): the same group unless the backend's memory is
+     * a device's (loom_host.device_group) */
+    const loom_comm_ops *comm, *dcomm;
+    void *dp, *ddp;
     int dp_size, dp_rank;
     const loom_strategy_ops *strategy;
     void *strategy_self;
@@ -109,6 +111,9 @@ loom_status loom_grad_sync_create(loom_gpt *m, loom_backend *be, int canonical, 
     loom_status st = host->group(LOOM_GROUP_DP, &ops, &dp, &gs->dp_size);
     gs->comm = ops;
     gs->dp = dp;
+    int dsize = 1;
+    if (st == LOOM_OK)
+        st = host->device_group(LOOM_GROUP_DP, &gs->dcomm, &gs->ddp, &dsize);
     gs->dp_rank = gs->comm ? gs->comm->rank(dp) : 0;
     if (st == LOOM_OK && canonical && gs->dp_size > 1 && !is_power_of_two(accum))
         st = loom_fail(LOOM_ERR_INVALID,
@@ -381,13 +386,16 @@ loom_status loom_grad_sync_all_ready(loom_grad_sync *gs)
     return lo < gs->total ? strategy_hook(gs, lo, gs->total - lo) : LOOM_OK;
 }
 
-/* An all-gather over the dp group, waited for (the tree that follows needs every block). */
+/* An all-gather over the dp group, waited for (the tree that follows needs every block):
+ * of host memory, or with device = 1 of the backend's. */
 static loom_status allgather(loom_grad_sync *gs, const void *send, void *recv, size_t count,
-                             loom_dtype dt)
+                             loom_dtype dt, int device)
 {
+    const loom_comm_ops *c = device ? gs->dcomm : gs->comm;
+    void *g = device ? gs->ddp : gs->dp;
     loom_comm_request *req = NULL;
-    LOOM_TRY(gs->comm->allgather_start(gs->dp, send, recv, count, dt, &req));
-    return gs->comm->wait(gs->dp, req);
+    LOOM_TRY(c->allgather_start(g, send, recv, count, dt, &req));
+    return c->wait(g, req);
 }
 
 /* Canonical compression (compress.h): every rank's leaf messages gathered, then every
@@ -401,7 +409,7 @@ static loom_status finish_leaves(loom_grad_sync *gs, double local, float *grads,
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for canonical compression's leaf");
     *loss_sum = local;
     if (gs->comm) {
-        LOOM_TRY(allgather(gs, &local, gs->loss_blocks, sizeof local, LOOM_DTYPE_U8));
+        LOOM_TRY(allgather(gs, &local, gs->loss_blocks, sizeof local, LOOM_DTYPE_U8, 0));
         for (int r = 0; r < gs->dp_size; r++)
             dtree_push(&gs->t, gs->loss_blocks[r]);
         *loss_sum = dtree_finish(&gs->t);
@@ -434,7 +442,7 @@ loom_status loom_grad_sync_finish(loom_grad_sync *gs, double *loss_sum)
         return LOOM_OK;
     }
     /* Losses: every rank's block sum, combined in the fixed tree (both modes). */
-    LOOM_TRY(allgather(gs, &local, gs->loss_blocks, sizeof local, LOOM_DTYPE_U8));
+    LOOM_TRY(allgather(gs, &local, gs->loss_blocks, sizeof local, LOOM_DTYPE_U8, 0));
     for (int r = 0; r < gs->dp_size; r++)
         dtree_push(&gs->t, gs->loss_blocks[r]);
     *loss_sum = dtree_finish(&gs->t);
@@ -444,7 +452,7 @@ loom_status loom_grad_sync_finish(loom_grad_sync *gs, double *loss_sum)
         return LOOM_OK; /* each backward's end completed its reductions */
     if (!gs->canonical)
         return gs->strategy->before_step(gs->strategy_self);
-    LOOM_TRY(allgather(gs, grads, gs->gathered, gs->total, LOOM_DTYPE_F32));
+    LOOM_TRY(allgather(gs, grads, gs->gathered, gs->total, LOOM_DTYPE_F32, 1));
     for (int r = 0; r < gs->dp_size; r++)
         LOOM_TRY(tree_push(gs, &gs->t, gs->gathered + (size_t)r * gs->total));
     tree_finish(gs, &gs->t, grads);

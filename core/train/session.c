@@ -5,13 +5,16 @@
  * gradients, optimizer state and activations in its own memory: the plugin's step_backend
  * runs the update there, the norm and the finite check are backend ops, and what the host
  * must read or write (checkpoints, exports, hashes) goes through host mirrors filled and
- * written back by the backend's copies (loom_session_to_host / _from_host). One rank only
- * for now: check_device refuses the rest with a message.
+ * written back by the backend's copies (loom_session_to_host / _from_host). More than one
+ * rank there is data parallelism alone: the gradient buckets go to the device groups
+ * (loom_dist_device_open: nccl on the backend's stream, or the host communicator staged),
+ * the losses and flags to the host groups; check_device refuses the rest with a message.
  */
 #include "session.h"
 
 #include <math.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,6 +35,7 @@
 #include "base/rng.h"
 #include "base/status.h"
 #include "base/clock.h"
+#include "dist/dist.h"
 #include "checkpoint.h"
 #include "io/checksum.h"
 #include "io/llmc_model.h"
@@ -89,6 +93,8 @@ struct loom_session {
                                     * spike, train.lua's detector); 0: no limit */
     loom_ep *ep;             /* mesh.ep > 1: the expert-parallel groups, else NULL */
     int device;              /* the backend's memory is not host memory (CUDA) */
+    int device_groups;       /* this session holds dist's device groups (dist.h) */
+    char description[512];   /* the backend's, with the device groups' */
     float *host_params;      /* device: host mirrors of the parameters and the optimizer */
     float *host_state;       /* state (loom_session_to_host), else NULL */
 };
@@ -547,16 +553,27 @@ static loom_status check_device(loom_session *s, const loom_session_config *cfg,
     void *world;
     int size = 1;
     LOOM_TRY(loom_core_host()->group(LOOM_GROUP_WORLD, &wops, &world, &size));
-    const char *what = size > 1 || pp > 1 || cfg->tensor || cfg->ep > 1
-                           ? "more than one rank (the gradient exchange, the pipeline's and "
-                             "tensor parallelism's slices and ZeRO's partitions read host memory)"
+    const loom_config_value *reduce = cfg->strategy ? loom_config_get(cfg->strategy, "reduce")
+                                                    : NULL;
+    /* what still reads or writes host memory where the buffers are the device's */
+    const char *what = pp > 1 ? "mesh.pp > 1 (the pipeline engine's stage messages and "
+                                "slices)"
+                       : cfg->tensor ? "mesh.tp > 1 (tensor parallelism's region exchanges "
+                                       "and the split gradient norm)"
+                       : cfg->ep > 1 ? "mesh.ep > 1 (the expert exchange)"
+                       : size > 1 && cfg->zero_stage > 0 ? "strategy.zero (ZeRO's partitions)"
+                       : size > 1 && reduce && reduce->string && !strcmp(reduce->string, "bf16")
+                           ? "reduce = \"bf16\" (the dp strategy rounds its buckets on the host)"
                        : cfg->offload_mode != LOOM_OFFLOAD_NONE ? "strategy offload"
                        : cfg->compress_method != LOOM_COMPRESS_NONE ? "strategy.compress"
                        : cfg->teacher || cfg->kd_cache ? "a distillation teacher" : NULL;
     if (what)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "backend %s: training in device memory with %s is not "
-                  "built yet; it trains one rank (world size 1, no offload, compression or "
-                  "teacher), or use backend = \"cpu\"", be, what);
+                  "built yet; it trains one rank or mesh.dp ranks (no tp, pp, ep, zero, "
+                  "offload, compression or teacher), or use backend = \"cpu\"", be, what);
+    if (size > 1 && !s->device_groups)
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "backend %s with %d ranks has no device groups "
+                  "(loom_dist_device_open)", be, size);
     const loom_optim_ops *o = s->optim;
     if (o->size <= offsetof(loom_optim_ops, step_backend) || !o->step_backend)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "optim '%s' has no step_backend (plugin/optim.h), so it "
@@ -591,6 +608,15 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
     s->cfg.backend = NULL; /* the caller's string; only needed while opening */
     loom_status st = loom_backend_open(cfg->backend ? cfg->backend : "cpu", cfg->threads, &s->backend);
     s->device = st == LOOM_OK && loom_backend_device_memory(&s->backend);
+    if (s->device) { /* the groups for its memory, before any strategy asks for them */
+        st = loom_dist_device_open(&s->backend);
+        s->device_groups = st == LOOM_OK && loom_dist_device_kind() != NULL;
+    } else if (st == LOOM_OK && loom_dist_device_comm() && loom_core_host()->world > 1) {
+        st = loom_fail(LOOM_ERR_INVALID, "comm = \"%s\" carries device memory only, and backend "
+                       "%s keeps its buffers in host memory: use comm = \"shm\" (or \"mpi\"), "
+                       "or backend = \"cuda\"", loom_dist_device_comm(),
+                       s->backend.ops->describe(s->backend.self));
+    }
     loom_gpt_parallel par = {NULL, NULL, cfg->canonical, NULL, 0, 0, cfg->recompute,
                              cfg->recompute_layers};
     int pp = 1;
@@ -771,6 +797,8 @@ void loom_session_destroy(loom_session *s)
         s->backend.ops->free(s->backend.self, s->optim_state);
     else
         free(s->optim_state);
+    if (s->device_groups) /* nccl's events live on the backend's stream */
+        loom_dist_device_close();
     loom_backend_close(&s->backend);
     free(s->host_params);
     free(s->host_state);
@@ -1394,7 +1422,12 @@ const int *loom_session_pipeline_split(const loom_session *s, int *n_virtual)
 
 const char *loom_session_backend_description(loom_session *s)
 {
-    return s->backend.ops->describe(s->backend.self);
+    const char *be = s->backend.ops->describe(s->backend.self);
+    if (!s->device_groups)
+        return be;
+    snprintf(s->description, sizeof s->description, "%s | device buffers over %s", be,
+             loom_dist_device_kind());
+    return s->description;
 }
 
 loom_offload *loom_session_offload_state(loom_session *s) { return s->offload; }

@@ -117,6 +117,12 @@ typedef struct loom_host {
     /* The communicator of a mesh group: its ops table and instance, and the group's size.
      * A group of one rank gives *ops = NULL and *comm = NULL (nothing to communicate). */
     loom_status (*group)(loom_group g, const struct loom_comm_ops **ops, void **comm, int *size);
+    /* The same group's communicator for buffers in the backend's memory (a gradient bucket):
+     * with a device backend, the device communicator (nccl, on the backend's stream) or the
+     * host one staged through the backend's copies (core/dist/dist.h); with a host-memory
+     * backend the very communicator group() gives. Absent where size ends before it. */
+    loom_status (*device_group)(loom_group g, const struct loom_comm_ops **ops, void **comm,
+                                int *size);
 } loom_host;
 
 /* The descriptor. Field order is ABI. */

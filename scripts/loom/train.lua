@@ -31,6 +31,7 @@ local spec = {
   backend = { type = "string" },
   mesh = { type = "table", help = "{ dp = 1, tp = 1, pp = 1 }" },
   comm = { type = "string", help = "communicator plugin for multi-rank runs (default \"shm\")" },
+  host_comm = { type = "string", help = "beside comm = \"nccl\" (device memory only): the communicator for host buffers, \"shm\" (default, one node) or \"mpi\"" },
   comm_timeout = { type = "positive", help = "seconds any communication may wait before the run fails (default 60)" },
   debug_desync = { type = "boolean", help = "check before every collective that all ranks of its group issue the same one (op, bytes, sequence number); stops at the first mismatch naming both ranks (slower: for debugging; also LOOM_DEBUG_DESYNC=1)" },
   strategy = { type = "table" },
@@ -320,12 +321,6 @@ local function check(t, where, origin, world)
     end
   end
   check_pp(t, where, origin)
-  if t.comm == "nccl" then
-    schema.fail(where, "comm=\"nccl\"%s needs sessions training on the CUDA backend with "
-      .. "more than one rank, which is not built yet (backend = \"cuda\" trains one rank; use "
-      .. "\"shm\" for ranks of one node or \"mpi\" across nodes)",
-      origin("comm") or "")
-  end
   check_zero(t, where, origin)
   if t.eval then schema.check(t.eval, eval_spec, "eval", where, origin) end
   if t.sample then schema.check(t.sample, sample_spec, "sample", where, origin) end
@@ -426,9 +421,11 @@ return function(loom)
     if type(t.lr) == "function" and opt.lr == nil then opt.lr = 1.0 end
     local ok, err = pcall(loom.core.check_plugin, "optim", opt)
     if not ok then schema.fail(where, "%s", err) end
-    if t.comm then -- on one rank too: a misspelt communicator must not wait for the first launch
-      local okc, errc = pcall(loom.core.check_plugin, "comm", { name = t.comm })
-      if not okc then schema.fail(where, "comm=%s%s: %s", t.comm, origin("comm") or "", errc) end
+    for _, key in ipairs({ "comm", "host_comm" }) do -- on one rank too: a misspelt
+      if t[key] then                                   -- communicator must not wait for the launch
+        local okc, errc = pcall(loom.core.check_plugin, "comm", { name = t[key] })
+        if not okc then schema.fail(where, "%s=%s%s: %s", key, t[key], origin(key) or "", errc) end
+      end
     end
     local base_lr = opt.lr
     local lr_of = lrmod.resolve(t.lr, base_lr)
@@ -454,7 +451,7 @@ return function(loom)
           .. "from rank 0's in: %s (rank 0's value -> this rank's)", rank, table.concat(changes, ", ")) or "")
       end
       local pp = (t.mesh or {}).pp or 1
-      ok, err = pcall(loom.core.init_dist, { comm = t.comm or "shm", dp = dp,
+      ok, err = pcall(loom.core.init_dist, { comm = t.comm or "shm", host_comm = t.host_comm, dp = dp,
         tp = (t.mesh or {}).tp, pp = pp,
         timeout_ms = math.floor((t.comm_timeout or 60) * 1000),
         -- a stage's activation (micro x seq x dim fp32), so that shm's mailbox holds two

@@ -23,6 +23,7 @@
 
 #include "loom/plugin/comm.h"
 #include "base/plugin_loader.h"
+#include "mem_store.h"
 #include "plugin_test_util.h"
 #include "base/status.h"
 
@@ -30,45 +31,10 @@ static const loom_plugin *plug;
 static const loom_comm_ops *ops;
 static tcfg cfg;
 
-/* ---- a store in process memory ------------------------------------------------------- */
-
-typedef struct mem_store {
-    char key[8][64];
-    unsigned char val[8][256];
-    size_t len[8];
-    int n;
-} mem_store;
-
-static loom_status ms_set(void *self, const char *key, const void *value, size_t len)
-{
-    mem_store *s = self;
-    if (s->n >= 8 || len > 256 || strlen(key) >= 64)
-        return LOOM_ERR_INVALID;
-    snprintf(s->key[s->n], 64, "%s", key);
-    memcpy(s->val[s->n], value, len);
-    s->len[s->n++] = len;
-    return LOOM_OK;
-}
-
-static loom_status ms_get(void *self, const char *key, void *value, size_t *len, int timeout_ms)
-{
-    mem_store *s = self;
-    for (int i = s->n - 1; i >= 0; i--)
-        if (strcmp(s->key[i], key) == 0) {
-            if (*len < s->len[i])
-                return LOOM_ERR_INVALID;
-            memcpy(value, s->val[i], s->len[i]);
-            *len = s->len[i];
-            return LOOM_OK;
-        }
-    return LOOM_ERR_TIMEOUT; /* one process: nobody else will set it */
-}
-
 static void *make(int timeout_ms, void *stream)
 {
     static mem_store ms;
-    memset(&ms, 0, sizeof ms);
-    loom_store st = {.self = &ms, .set = ms_set, .get = ms_get};
+    loom_store st = mem_store_open(&ms);
     void *c = NULL;
     loom_status s = ops->create(loom_core_host(), &cfg.cfg, &st, 0, 1, timeout_ms, stream, &c);
     ck_assert_msg(s == LOOM_OK, "create: %s", loom_last_error());
@@ -347,8 +313,8 @@ int main(void)
         }
         /* create must refuse cleanly too, naming the reason */
         if (tcfg_build(&cfg, plug->desc, NULL, 0)) {
-            mem_store ms = {0};
-            loom_store st = {.self = &ms, .set = ms_set, .get = ms_get};
+            static mem_store ms;
+            loom_store st = mem_store_open(&ms);
             void *c = (void *)1;
             loom_status s = ops->create(loom_core_host(), &cfg.cfg, &st, 0, 1, 1000, NULL, &c);
             if (s != LOOM_ERR_UNSUPPORTED || c != NULL ||

@@ -105,7 +105,7 @@ t.schedule = "1f1b"|schedule=1f1b sets up the pipeline, and this run has no pipe
 t.pp_layers = { 1, 1 }|pp_layers={...} sets up the pipeline, and this run has no pipeline
 t.strategy = { zero = 5 }|strategy.zero=5 must be 0, 1, 2 or 3 (the ZeRO stage)
 t.strategy = { fsdp = true }|strategy.fsdp is not available in this build
-t.comm = "nccl"|comm="nccl" needs sessions training on the CUDA backend with more than one rank
+t.host_comm = "tcp"|host_comm=tcp: no comm plugin 'tcp'
 t.comm = "tcp"|comm=tcp: no comm plugin 'tcp'
 t.comm_timeout = 0|comm_timeout must be positive, got number 0
 t.precision = "fp8"|no precision plugin 'fp8'

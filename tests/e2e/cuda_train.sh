@@ -53,12 +53,8 @@ for prec in fp32 bf16; do
     batch.seq=32 precision=$prec > "$tmp/fl" 2>&1
   grep -q "attention flash" "$tmp/fl" || { echo "flash run: the banner does not say attention flash"; head -3 "$tmp/fl"; exit 1; }
   "$loom" run "$recipe" backend=cpu steps="$steps" model.ctx=32 batch.seq=32 precision=$prec > "$tmp/flcpu"
-  grep -q "^LOSS $steps " "$tmp/fl" || { echo "flash run: no loss for step $steps"; cat "$tmp/fl"; exit 1; }
-  d=$(max_loss_diff "$tmp/flcpu" "$tmp/fl")
-  n=$(max_field_diff '^NORM ' 4 "$tmp/flcpu" "$tmp/fl")
-  echo "backend=$backend attention flash vs cpu, $prec, T=32: max |loss diff| $d, max |norm diff| $n (tolerance $tol)"
-  below "$d" "$tol" && below "$n" "$tol" ||
-    { echo "flash $prec differs by more than $tol"; paste "$tmp/flcpu" "$tmp/fl" | grep -E "LOSS|NORM"; exit 1; }
+  runs_close "backend=$backend attention flash vs cpu, $prec, T=32" "$tmp/flcpu" "$tmp/fl" \
+    "$steps" "$tol" || exit 1
   if [[ $prec == fp32 ]] && cmp -s <(grep '^LOSS' "$tmp/bt") <(grep '^LOSS' "$tmp/fl"); then
     echo "flash run: losses bitwise the batched path's: the fused kernels did not run"; exit 1
   fi

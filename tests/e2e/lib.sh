@@ -74,6 +74,17 @@ below() {
   BEGIN { if (!(num(d, "the difference") < num(t, "the tolerance"))) exit 1 }'
 }
 
+# runs_close LABEL WANT GOT STEPS TOL: GOT has a loss for step STEPS, and its losses and
+# gradient norms (NORM lines, decimal in field 4) are within TOL of WANT's; prints the
+# largest differences, and both runs' lines side by side when it fails.
+runs_close() {
+  grep -q "^LOSS $4 " "$3" || { echo "$1: no loss for step $4"; cat "$3"; return 1; }
+  _lib_d=$(max_loss_diff "$2" "$3") && _lib_n=$(max_field_diff '^NORM ' 4 "$2" "$3") || return 1
+  echo "$1, $4 steps: max |loss diff| $_lib_d, max |norm diff| $_lib_n (tolerance $5)"
+  below "$_lib_d" "$5" && below "$_lib_n" "$5" && return 0
+  echo "$1: differs by more than $5"; paste "$2" "$3" | grep -E "LOSS|NORM"; return 1
+}
+
 # loss_fell FILE MARGIN: succeeds when FILE's LOSS lines are all finite and the last loss is
 # below the first minus MARGIN; prints "FIRST -> LAST" either way (when both are numbers).
 loss_fell() {

@@ -78,4 +78,14 @@ d=$(max_field_diff '^step ' "3 4" "$tmp/p" "$tmp/q") && [ "$d" = 0.5 ] &&
 printf 'step 1 0.5 -nan\nstep 2 1 2\n' > "$tmp/q"
 max_field_diff '^step ' "3 4" "$tmp/p" "$tmp/q" > /dev/null 2>&1 && no "max_field_diff accepted -nan in field 4"
 
+# runs_close: losses and norms within a tolerance, a missing last step refused
+printf 'LOSS 1 0x1p+2 4.0\nNORM 1 0x1p+0 1.0\nLOSS 2 0x1p+2 3.0\nNORM 2 0x1p+0 2.0\n' > "$tmp/w"
+sed 's/^NORM 2 0x1p+0 2.0$/NORM 2 0x1p+0 2.001/' "$tmp/w" > "$tmp/g"
+runs_close close "$tmp/w" "$tmp/g" 2 1e-2 > /dev/null && ok "runs_close: a norm 1e-3 off within 1e-2" ||
+  no "runs_close refused a norm 1e-3 off at 1e-2"
+runs_close close "$tmp/w" "$tmp/g" 2 1e-4 > /dev/null && no "runs_close passed a norm 1e-3 off at 1e-4" ||
+  ok "runs_close: a norm 1e-3 off beyond 1e-4"
+runs_close close "$tmp/w" "$tmp/w" 3 1 > /dev/null && no "runs_close passed a run without step 3" ||
+  ok "runs_close: a missing step refused"
+
 [ $bad -eq 0 ] && echo "PASS: lib.sh refuses non-finite, missing and mismatched values" || exit 1

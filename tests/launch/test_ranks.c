@@ -102,6 +102,29 @@ START_TEST(test_slurm)
 }
 END_TEST
 
+/* The GPU choice (device_select.c) reads LOCAL_RANK: joining under mpirun or srun sets it
+ * from their variables, so two ranks of a node do not both land on GPU 0. */
+START_TEST(test_join_sets_local_rank)
+{
+    clear();
+    setenv("OMPI_COMM_WORLD_RANK", "3", 1);
+    setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+    setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1);
+    ck_assert_msg(loom_ranks_join() == LOOM_OK, "%s", loom_last_error());
+    ck_assert_str_eq(getenv("LOCAL_RANK"), "1");
+    clear();
+    setenv("SLURM_PROCID", "6", 1);
+    setenv("SLURM_NTASKS", "8", 1);
+    setenv("SLURM_LOCALID", "2", 1);
+    setenv("LOCAL_RANK", "7", 1); /* a stale value from elsewhere: Slurm's decides */
+    ck_assert_msg(loom_ranks_join() == LOOM_OK, "%s", loom_last_error());
+    ck_assert_str_eq(getenv("LOCAL_RANK"), "2");
+    clear();
+    ck_assert_msg(loom_ranks_join() == LOOM_OK, "%s", loom_last_error());
+    ck_assert_ptr_null(getenv("LOCAL_RANK")); /* no launcher: left alone */
+}
+END_TEST
+
 START_TEST(test_bad_values)
 {
     clear();
@@ -177,6 +200,7 @@ int main(void)
     tcase_add_test(tc, test_slurm);
     tcase_add_test(tc, test_bad_values);
     tcase_add_test(tc, test_join_single_rank);
+    tcase_add_test(tc, test_join_sets_local_rank);
     tcase_add_test(tc, test_join_refuses_bad_env);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

@@ -16,10 +16,14 @@
  * (allgather) and adds them itself in a fixed tree.
  * A communicator is created from the rendezvous store (bootstrap) or by split().
  * Plugins: shm (processes of one node), mpi (Open MPI), nccl (GPUs; built where the CUDA
- * toolkit is found, and not yet usable for training: sessions do not train on device memory yet).
+ * toolkit is found). A device communicator (flags LOOM_COMM_DEVICE_MEMORY: nccl) takes only
+ * the device memory of the backend whose stream create() was given; the core then runs a
+ * host communicator beside it for host buffers (core/dist/dist.h).
  */
 #ifndef LOOM_PLUGIN_COMM_H
 #define LOOM_PLUGIN_COMM_H
+
+#include <stddef.h>
 
 #include "loom/plugin.h"
 
@@ -83,7 +87,19 @@ typedef struct loom_comm_ops {
     loom_status (*wait)(void *self, loom_comm_request *req);
     /* 1 if done (then wait returns at once), 0 if not; never blocks. */
     int (*test)(void *self, loom_comm_request *req);
+    /* Optional (a table whose size ends before it has 0): what memory the buffers are. */
+    unsigned flags;
 } loom_comm_ops;
+
+/* loom_comm_ops.flags: every buffer must be the device memory of the backend whose stream
+ * create() was given (NCCL); host buffers go to a host communicator beside it. */
+#define LOOM_COMM_DEVICE_MEMORY 1u
+
+/* The flags of a table, 0 for one built before the member existed. */
+static inline unsigned loom_comm_flags(const loom_comm_ops *o)
+{
+    return o && o->size >= offsetof(loom_comm_ops, flags) + sizeof o->flags ? o->flags : 0u;
+}
 
 #ifdef __cplusplus
 }

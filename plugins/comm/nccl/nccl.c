@@ -8,7 +8,9 @@
  *
  * Device: create() picks the GPU before any other CUDA or NCCL call (the `device` key, or
  * LOCAL_RANK modulo the visible devices: kernels/cuda/device_select.c, the backend's rule,
- * so both land on the same GPU) and every later entry sets it again for its thread.
+ * so both land on the same GPU; given the backend's stream and no `device` key, the GPU the
+ * backend made current, whatever rule it used) and every later entry sets it again for its
+ * thread.
  *
  * Streams: each communicator owns a non-blocking communication stream. If create() is
  * given the backend's stream (device != NULL), every *_start first makes the communication
@@ -338,8 +340,14 @@ static loom_status nccl_create(const loom_host *host, const loom_config *cfg,
         return host->fail(LOOM_ERR_UNSUPPORTED, "nccl: no CUDA device visible on rank %d "
                           "(use the shm communicator for host memory)", rank);
     char why[200];
-    int dev = loom_cuda_pick_device((int)cfg->values[K_DEVICE].number, getenv("LOCAL_RANK"),
-                                    ndev, why, sizeof why);
+    int dev = -1, requested = (int)cfg->values[K_DEVICE].number;
+    /* Given the backend's stream and no `device` of its own: the GPU the backend chose (its
+     * `device` key may differ from the LOCAL_RANK rule), current on this thread since the
+     * backend's create set it; the stream lives there. */
+    if (device != NULL && requested < 0 && cudaGetDevice(&dev) != cudaSuccess)
+        dev = -1;
+    if (dev < 0)
+        dev = loom_cuda_pick_device(requested, getenv("LOCAL_RANK"), ndev, why, sizeof why);
     if (dev < 0)
         return host->fail(LOOM_ERR_INVALID, "nccl (rank %d): %s", rank, why);
     cudaError_t de = cudaSetDevice(dev); /* before any other CUDA or NCCL call */
@@ -897,6 +905,7 @@ static const loom_comm_ops ops = {
     .barrier_start = nccl_barrier_start,
     .wait = nccl_wait,
     .test = nccl_test,
+    .flags = LOOM_COMM_DEVICE_MEMORY,
 };
 
 static const loom_plugin_desc desc = {

@@ -20,6 +20,7 @@
  * Invariants: at most MAX_INFLIGHT buckets outstanding; buffers are the core's; the only
  * exported symbol is loom_plugin_entry.
  */
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -84,7 +85,11 @@ static loom_status dp_create(const loom_host *host, const loom_config *cfg, void
     const struct loom_comm_ops *ops;
     void *group;
     int size;
-    loom_status st = host->group(LOOM_GROUP_DP, &ops, &group, &size);
+    /* the gradient buffer is the backend's memory: a device backend's buckets go to the
+     * device communicator (nccl) or a staged host one, never straight to shm */
+    loom_status st = host->size > offsetof(loom_host, device_group) && host->device_group
+                         ? host->device_group(LOOM_GROUP_DP, &ops, &group, &size)
+                         : host->group(LOOM_GROUP_DP, &ops, &group, &size);
     if (st != LOOM_OK)
         return st;
     dp *d = host->alloc(sizeof *d);

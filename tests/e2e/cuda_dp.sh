@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# cuda_dp.sh LOOM BACKEND COMM STEPS TOL — data parallelism in a device backend's memory
+# (recipes/cuda_train.lua), two ranks through `loom launch`, against one rank on the same
+# backend with the same global batch (2 sequences a step: 2 micro-batches of 1 on one rank, 1 on each of two):
+#  - canonical mode: dp=2's losses and norms bitwise one rank's (the gathered gradients go
+#    through the device groups, the losses through the host groups: dist.h);
+#  - fast mode: dp=2 (the dp strategy's buckets all-reduced over the device groups) within
+#    TOL of one rank, and the loss falls;
+#  - the banner names what carries the device buffers (COMM=nccl: "nccl on the backend's
+#    stream"; a host COMM: "staged through host memory");
+#  - saved by both ranks at step STEPS-2 and resumed on two: the last two steps bitwise;
+#  - what does not train in device memory yet (mesh.pp = 2 here) is refused by name.
+# BACKEND cudaemu (the CUDA kernels emulated on the CPU; meson runs it under
+# LOOM_CUDAEMU_GUARD=1, so a device buffer handed to the host communicator, or any host read
+# of one, is a segfault) runs everywhere with COMM=shm. BACKEND cuda needs a GPU, and
+# COMM=nccl one GPU per rank (NCCL refuses two ranks on one device): exit 77 (meson's skip)
+# with a message otherwise.
+set -euo pipefail
+loom=$1 backend=$2 comm=$3 steps=$4 tol=$5
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/lib.sh"
+recipe=$here/recipes/cuda_train.lua
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+args=(backend="$backend" steps="$steps" batch.micro=1 batch.global=2)
+
+gpus() { nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true; }
+if [[ $comm == nccl && $(gpus) -lt 2 ]]; then
+  echo "SKIP: comm=nccl with 2 ranks needs 2 GPUs (NCCL takes one device per rank); $(gpus) visible"
+  exit 77
+fi
+
+if ! "$loom" run "$recipe" "${args[@]}" deterministic=canonical > "$tmp/one" 2> "$tmp/one.err"; then
+  if grep -q "not usable here\|no CUDA device" "$tmp/one.err"; then
+    echo "SKIP: no GPU here, backend=$backend did not train: $(head -1 "$tmp/one.err")"
+    exit 77
+  fi
+  cat "$tmp/one.err"; exit 1
+fi
+"$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 deterministic=canonical \
+  > "$tmp/dp_c" 2> "$tmp/dp_c.err" || { cat "$tmp/dp_c.err"; exit 1; }
+grep '^LOSS\|^NORM' "$tmp/one" > "$tmp/want"
+grep '^LOSS\|^NORM' "$tmp/dp_c" > "$tmp/got" || true
+[[ $(grep -c '^LOSS' "$tmp/want") -eq $steps ]] || { echo "one rank: not $steps losses"; cat "$tmp/one"; exit 1; }
+cmp -s "$tmp/want" "$tmp/got" ||
+  { echo "canonical dp=2 on $backend over $comm is not bitwise one rank:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+echo "backend=$backend comm=$comm: canonical dp=2 bitwise one rank over $steps steps (losses and norms)"
+
+"$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 > "$tmp/dp" 2> "$tmp/dp.err" ||
+  { cat "$tmp/dp.err"; exit 1; }
+runs_close "backend=$backend comm=$comm: dp=2 vs one rank" "$tmp/one" "$tmp/dp" "$steps" "$tol" || exit 1
+fell=$(loss_fell "$tmp/dp" 0.05) || { echo "dp=2: the loss did not fall: $fell"; exit 1; }
+want_banner=$([[ $comm == nccl ]] && echo "device buffers over nccl on the backend's stream" ||
+              echo "device buffers over $comm, staged through host memory")
+grep -q "$want_banner" "$tmp/dp" || { echo "banner does not say: $want_banner"; head -1 "$tmp/dp"; exit 1; }
+echo "backend=$backend comm=$comm: loss $fell; banner: $want_banner"
+
+# a checkpoint saved by both ranks at step k and resumed on two ranks: the two later steps
+# bitwise the straight run's (the second shows the optimizer state; save and load go through
+# the host mirrors and the host groups)
+k=$((steps - 2))
+"$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 steps=$k \
+  checkpoint.dir="$tmp/ck" checkpoint.every=$k > /dev/null 2> "$tmp/save.err" || { cat "$tmp/save.err"; exit 1; }
+"$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 checkpoint.dir="$tmp/ck" \
+  resume=auto > "$tmp/res" 2> "$tmp/res.err" || { cat "$tmp/res.err"; exit 1; }
+grep -q "resumed from .*step_0*$k at step $k" "$tmp/res" ||
+  { echo "dp=2 did not resume at step $k"; cat "$tmp/res"; exit 1; }
+awk -v k=$k '/^LOSS/ && $2 > k' "$tmp/dp" > "$tmp/want"
+grep '^LOSS' "$tmp/res" > "$tmp/got" || true
+[[ -s "$tmp/want" ]] && cmp -s "$tmp/want" "$tmp/got" ||
+  { echo "dp=2 resumed losses differ:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+echo "backend=$backend comm=$comm: dp=2 saved at step $k and resumed, steps $((k + 1))-$steps bitwise the straight run"
+
+if out=$("$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.pp=2 model.layers=2 2>&1); then
+  echo "backend=$backend with mesh.pp=2: accepted"; exit 1
+fi
+grep -q "training in device memory with mesh.pp > 1 .* is not built yet" <<< "$out" ||
+  { echo "backend=$backend with mesh.pp=2: unexpected message: $out"; exit 1; }
+echo "backend=$backend: mesh.pp=2 refused with a message"

@@ -15,7 +15,8 @@
 #    master partitioned at every stage, 4P/N bytes exactly, P the padded buffer) at dp=2
 #    and, zero=3, dp=4; the full-size buffers the model computes in (stage 2's gradients, stage 3's
 #    parameters) are resident for at most half their size on a deeper model;
-#  - bf16 (the fp32 master partitioned, zero_master.c): zero=1 dp=2 and zero=2 dp=3 train
+#  - bf16 (the fp32 master partitioned, zero_master.c): zero=1 dp=2 (started from an llm.c
+#    file) and zero=2 dp=3 train
 #    bitwise the losses and norms of the same layout with the master whole on every rank
 #    (LOOM_ZERO_MASTER=whole); canonical zero=2 at dp=2 gives one rank's bits;
 #  - what is not built is refused with a message: zero=3 with llm.c weights (zero with
@@ -129,11 +130,14 @@ echo "ok canonical: losses and grad norms bitwise identical over $(grep -c LOSS 
 # --- bf16: the fp32 master partitioned ------------------------------------------------
 # the post-step all-gather moves each rank's rounded 16-bit sub-blocks; rounding is
 # element-wise, so the same bits as gathering the fp32 master whole and rounding it all
+# (zero=1 starts from an llm.c file: loaded into the model's buffer, then the partition)
 bf="precision=bf16 $small"
-for nz in "2 1 4" "3 2 2"; do # ranks, stage, micro-batch (dp=3: the 16-bit tail bucket)
+"$loom" run "$recipe" threads=1 steps=1 checkpoint.dir="$tmp/llmc" > /dev/null
+"$loom" export --llmc "$tmp/llmc" "$tmp/init.bin" > /dev/null
+for nz in "2 1 4 model.init=$tmp/init.bin" "3 2 2"; do # ranks, stage, micro-batch (dp=3: the 16-bit tail bucket)
   set -- $nz
-  runN $1 batch.micro=$3 $bf strategy.zero=$2 > "$tmp/bfp"
-  LOOM_ZERO_MASTER=whole runN $1 batch.micro=$3 $bf strategy.zero=$2 > "$tmp/bfw"
+  runN $1 batch.micro=$3 $bf strategy.zero=$2 ${4:-} > "$tmp/bfp"
+  LOOM_ZERO_MASTER=whole runN $1 batch.micro=$3 $bf strategy.zero=$2 ${4:-} > "$tmp/bfw"
   finite_losses "$tmp/bfw" "$tmp/bfp"
   cmp -s "$tmp/bfw" "$tmp/bfp" || { echo "bf16 zero=$2 dp=$1: the partitioned master differs from the whole one"; paste "$tmp/bfw" "$tmp/bfp" | head; exit 1; }
 done
@@ -141,7 +145,7 @@ run1 $canon precision=bf16 > "$tmp/bc1"
 finite_losses "$tmp/bc1"
 runN 2 $canon $bf strategy.zero=2 > "$tmp/bc2"
 cmp -s "$tmp/bc1" "$tmp/bc2" || { echo "canonical bf16 dp=2 zero=2 differs from one rank"; paste "$tmp/bc1" "$tmp/bc2" | head; exit 1; }
-echo "ok bf16 with the fp32 master partitioned: zero=1 dp=2 and zero=2 dp=3 bitwise the whole master's losses and norms, canonical zero=2 dp=2 bitwise one rank"
+echo "ok bf16 with the fp32 master partitioned: zero=1 dp=2 (from an llm.c file) and zero=2 dp=3 bitwise the whole master's losses and norms, canonical zero=2 dp=2 bitwise one rank"
 
 # --- memory by category against the formulas ------------------------------------------
 # Ψ from the model's shape (common.lua: V=256, ctx=32, L=2, C=32), not from the code:

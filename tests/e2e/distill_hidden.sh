@@ -181,4 +181,6 @@ refuse tp-attention 'teacher.attention with mesh.tp > 1 needs the teacher split 
   "$loom" launch -n 2 "$recipe" steps=1 mesh.tp=2 comm_timeout=20 "$att"
 refuse teacher-tp-dp 'teacher.layers with teacher.tp = 2 across dp ranks is not built yet' \
   "$loom" launch -n 2 "$recipe" steps=1 mesh.dp=2 comm_timeout=20 "$hidt"
-echo "ok refused: student / teacher block out of range, attention without layers or with 4 heads against 2, hidden without layers, hidden < 0, a cache, a block off pp's last stage, the hidden term under sequence parallelism, the attention term under tp with a replicated teacher, teacher.layers with teacher.tp across dp ranks"
+refuse zero1-bf16 'teacher.layers (hidden-state terms) under strategy zero=1 with 16-bit weights is not built yet' \
+  "$loom" launch -n 2 "$recipe" steps=1 mesh.dp=2 strategy.zero=1 precision=bf16 comm_timeout=20 "$hid"
+echo "ok refused: student / teacher block out of range, attention without layers or with 4 heads against 2, hidden without layers, hidden < 0, a cache, a block off pp's last stage, the hidden term under sequence parallelism, the attention term under tp with a replicated teacher, teacher.layers with teacher.tp across dp ranks, teacher.layers under zero=1 with bf16 weights (the fp32 master partitioned)"

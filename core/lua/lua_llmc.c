@@ -74,9 +74,9 @@ static int l_llmc_save(lua_State *L)
     refuse_zero3(L, "saved");
     struct loom_zero *z = loom_session_zero(loom_lua_check_session(L, 1));
     if (z && loom_zero_params_parted(z)) /* the model's fp32 buffer holds nothing */
-        luaL_error(L, "llm.c weights are not saved under strategy zero=%d with %s weights yet "
-                   "(each rank keeps its partition of the fp32 master): save a checkpoint and "
-                   "use loom export --llmc on it", loom_zero_stage(z), "16-bit");
+        luaL_error(L, "llm.c weights are not saved under strategy zero=%d with 16-bit weights "
+                   "yet (each rank keeps its partition of the fp32 master): save a checkpoint "
+                   "and use loom export --llmc on it", loom_zero_stage(z));
     loom_gpt *m = check_model(L, 1);
     if (loom_llmc_save(m, luaL_checkstring(L, 2)) != LOOM_OK)
         return raise_status(L);

@@ -19,6 +19,7 @@
 
 #include "io/safetensors.h"
 #include "train/checkpoint.h"
+#include "train/zero.h"
 #include "lua_loom.h"
 #include "base/status.h"
 
@@ -202,6 +203,12 @@ static int l_export(lua_State *L)
     int opts = lua_istable(L, 4) ? 4 : 0;
     loom_gpt *m = loom_session_model(s);
     const loom_param_table *t = loom_gpt_params(m);
+    struct loom_zero *z = loom_session_zero(s);
+    if (z && loom_zero_params_parted(z)) /* the model's fp32 buffer holds nothing whole */
+        return luaL_error(L, "export_safetensors: under strategy zero=%d%s each rank keeps its "
+                          "partition of the fp32 parameters; save a checkpoint and use loom ckpt "
+                          "export on it", loom_zero_stage(z),
+                          loom_zero_stage(z) < 3 ? " with 16-bit weights" : "");
     loom_session_to_host(s); /* a device backend's parameters into the host mirror */
     const float *data = loom_session_host_params(s);
     for (int i = 0; i < t->count; i++)

@@ -11,6 +11,7 @@
 #include "io/llmc_model.h"
 #include "lua_loom.h"
 #include "train/session.h"
+#include "train/zero.h"
 #include "base/status.h"
 
 static loom_gpt *check_model(lua_State *L, int idx)
@@ -61,12 +62,21 @@ static int l_llmc_load(lua_State *L)
     loom_gpt *m = check_model(L, 1);
     if (loom_llmc_load(m, luaL_checkstring(L, 2)) != LOOM_OK)
         return raise_status(L);
+    /* zero=1/2 with 16-bit weights: the file's values into the master partition */
+    struct loom_zero *z = loom_session_zero(loom_lua_check_session(L, 1));
+    if (z && loom_zero_params_written(z) != LOOM_OK)
+        return raise_status(L);
     return 0;
 }
 
 static int l_llmc_save(lua_State *L)
 {
     refuse_zero3(L, "saved");
+    struct loom_zero *z = loom_session_zero(loom_lua_check_session(L, 1));
+    if (z && loom_zero_params_parted(z)) /* the model's fp32 buffer holds nothing */
+        luaL_error(L, "llm.c weights are not saved under strategy zero=%d with 16-bit weights "
+                   "yet (each rank keeps its partition of the fp32 master): save a checkpoint "
+                   "and use loom export --llmc on it", loom_zero_stage(z));
     loom_gpt *m = check_model(L, 1);
     if (loom_llmc_save(m, luaL_checkstring(L, 2)) != LOOM_OK)
         return raise_status(L);

@@ -251,6 +251,13 @@ loom_status loom_gpt_set_precision(loom_gpt *m, loom_dtype param, loom_dtype act
  * is in place (ZeRO-3 pinned, as decoding needs). */
 void loom_gpt_refresh_params(loom_gpt *m);
 void loom_gpt_refresh_all_params(loom_gpt *m);
+/* ZeRO-1/2 with 16-bit weights (zero_master.c): on = 1, the fp32 master is ZeRO's
+ * partition, not the model's buffer (whose pages ZeRO hands back to the OS); ZeRO writes
+ * the compute copy itself (each rank rounds its partition into it, then all-gathers the
+ * 16-bit values), and refresh only widens the small entries again from it. Needs 16-bit
+ * weights. param16_data: the compute copy (c16) and its dtype, NULL in fp32. */
+loom_status loom_gpt_set_master_elsewhere(loom_gpt *m, int on);
+void *loom_gpt_param16_data(loom_gpt *m, loom_dtype *dt);
 /* Bytes of the weights the passes read: the compute copy, or the parameters themselves. */
 size_t loom_gpt_compute_param_bytes(const loom_gpt *m);
 /* 16-bit weights: bytes of the fp32 scratch they are widened into before use (one block's

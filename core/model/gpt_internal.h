@@ -65,6 +65,8 @@ struct loom_gpt {
     size_t wide_cap, edge_n, *edge_of; /* floats of wide and edge; edge_of[entry]: where */
     size_t head_off, wte_off;          /* flat offsets of the head and wte ((size_t)-1: none) */
     int wide_unit;                     /* the block wide holds, -1: none */
+    int master_elsewhere;              /* ZeRO-1/2: the fp32 master is ZeRO's partition, c16
+                                        * is written by its gather (gpt.h) */
     int a16;                           /* kept blocks' activations stored in act_dt: the
                                         * per-block float pointers share one scratch set */
     int *host_tok;                     /* (R) host copy of the tokens the lookup reads */

@@ -198,7 +198,8 @@ void gpt_w16_free(loom_gpt *m)
 
 void gpt_w16_refresh(loom_gpt *m)
 {
-    m->be->ops->convert_from_f32(m->c16, m->params, m->table.total, m->param_dt);
+    if (!m->master_elsewhere) /* else ZeRO wrote c16 itself (loom_gpt_set_master_elsewhere) */
+        m->be->ops->convert_from_f32(m->c16, m->params, m->table.total, m->param_dt);
     m->wide_unit = -1;
     for (int i = 0; i < m->table.count; i++)
         if (is_edge(m, i))
@@ -372,6 +373,21 @@ size_t gpt_saved_activation_bytes(const loom_gpt *m)
             total += n[i];
     }
     return total * (m->a16 ? sizeof(uint16_t) : sizeof(float)) * (size_t)m->slots;
+}
+
+loom_status loom_gpt_set_master_elsewhere(loom_gpt *m, int on)
+{
+    if (on && !m->c16)
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "the fp32 master can live outside the model only beside a "
+                  "16-bit compute copy");
+    m->master_elsewhere = on;
+    return LOOM_OK;
+}
+
+void *loom_gpt_param16_data(loom_gpt *m, loom_dtype *dt)
+{
+    *dt = m->param_dt;
+    return m->c16;
 }
 
 size_t gpt_w16_bytes(const loom_gpt *m) { return m->c16 ? m->table.total * sizeof(uint16_t) : 0; }

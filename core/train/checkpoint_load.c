@@ -1344,8 +1344,9 @@ static loom_status validate(loaded *ld, loom_session *s, const loom_data *data)
     loom_zero *z = loom_session_zero(s);
     if (z) /* ZeRO: only this rank's partition of the state is read (zero_ckpt.h) */
         LOOM_TRY(loom_zero_pieces(z, loom_zero_rank(z), &ld->zero_pieces, &ld->n_zero_pieces));
-    /* ZeRO-3: only its partition of the parameters too, into the partition (copy_in) */
-    int stage3 = z && loom_zero_stage(z) == 3;
+    /* ZeRO-3 (and the fp32 master of zero=1/2 with 16-bit weights): only its partition of
+     * the parameters too, into the partition (copy_in) */
+    int stage3 = z && loom_zero_params_parted(z);
     LOOM_TRY(tensors_open(ld->dir, ld->mpath, root, loom_gpt_params(m), slots, &ew,
                           ld->zero_pieces, ld->n_zero_pieces, stage3, &ld->ts));
     LOOM_TRY(read_residuals(ld, root, s, &ew));
@@ -1379,7 +1380,7 @@ static void copy_in(const loaded *ld, loom_session *s)
     /* ZeRO: the state's pieces straight into the partition; stage 3's parameters too (into
      * the offload's copy when it holds them), the model's buffer left to the gathers;
      * below stage 3 the parameters as without ZeRO */
-    int stage3 = z && loom_zero_stage(z) == 3;
+    int stage3 = z && loom_zero_params_parted(z);
     if (stage3) {
         float *part = ld->zero_params ? ld->zero_params : loom_zero_load_params_dst(z);
         apply_plan_pieces(&ld->ts.model, ld->ts.files, t, 1, ld->zero_pieces, ld->n_zero_pieces,
@@ -1446,6 +1447,8 @@ loom_status loom_checkpoint_load_data(loom_session *s, const char *ckpt_path, lo
             st = loom_offload_write_state(loom_session_offload_state(s), ld.offloaded);
         if (st == LOOM_OK && ld.zero_params) /* offload params: the partition into it */
             st = loom_zero_store_part(loom_session_zero(s), ld.zero_params);
+        if (st == LOOM_OK && loom_session_zero(s)) /* zero=1/2, 16-bit: the compute copy */
+            st = loom_zero_params_loaded(loom_session_zero(s));
     }
     if (st == LOOM_OK) {
         if (out) {

@@ -201,7 +201,8 @@ static loom_status make_zero(loom_session *s)
     s->optim->decay_rule(s->optim_self, &wd, &decay_all);
     loom_zero_config zc = {cfg->zero_stage, cfg->zero_bucket_mb > 0 ? cfg->zero_bucket_mb : 25.0,
                            cfg->canonical, cfg->accum, s->state_slots, wd, decay_all,
-                           cfg->offload_mode != LOOM_OFFLOAD_NONE, s->ep, cfg->offload_params};
+                           cfg->offload_mode != LOOM_OFFLOAD_NONE, s->ep, cfg->offload_params,
+                           s->master_weights};
     LOOM_TRY(loom_zero_create(&zc, s->model, &s->backend, &s->zero));
     const loom_param_table *t = loom_gpt_params(s->model);
     int stage = s->pipe ? loom_pipeline_stage(s->pipe) : 0;
@@ -288,6 +289,11 @@ static loom_status distill_hidden_open(loom_session *s, const loom_session_confi
             s->kd_h[l] = s->kd_hstep[l];
         }
     }
+    if (s->zero && loom_zero_stage(s->zero) < 3 && loom_zero_params_parted(s->zero))
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.layers (hidden-state terms) under strategy "
+                  "zero=%d with 16-bit weights is not built yet: the projections are read from "
+                  "the fp32 master, which each rank keeps only its partition of (use zero = 0 "
+                  "or 3, or precision = \"fp32\")", loom_zero_stage(s->zero));
     s->kd_hidden_on = 1;
     int att = cfg->kd_attention > 0.0f; /* teacher.attention: the same pairs' probabilities */
     if (s->kd_group) { /* teacher.tp across dp ranks: the group keeps each member's rows */

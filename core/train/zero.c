@@ -121,6 +121,9 @@ loom_status loom_zero_create(const loom_zero_config *c, loom_gpt *m, loom_backen
         LOOM_FAIL(LOOM_ERR_INVALID, "strategy zero=%d: the stages are 1, 2 and 3", c->stage);
     if (!(c->bucket_mb > 0 && c->bucket_mb <= 4096))
         LOOM_FAIL(LOOM_ERR_INVALID, "zero bucket_mb=%g must be in (0, 4096]", c->bucket_mb);
+    if (c->ep && c->master16 && c->stage < 3) /* not reached: moe refuses 16-bit weights */
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy zero=%d under mesh ep with 16-bit weights "
+                  "(the fp32 master partitioned per kind) is not built yet", c->stage);
     if (c->ep) /* expert parallelism: two partitions (zero_ep.c) */
         return zero_ep_create(c, m, be, out);
     loom_zero *z = calloc(1, sizeof *z);
@@ -158,6 +161,8 @@ loom_status loom_zero_create(const loom_zero_config *c, loom_gpt *m, loom_backen
         st = zero_reduce_init(z);
     if (st == LOOM_OK && z->stage == 3)
         st = zero_params_init(z);
+    else if (st == LOOM_OK && c->master16 && !zero_master_whole())
+        st = zero_master_init(z); /* the fp32 master: this rank's partition only */
     if (st == LOOM_OK)
         st = make_segments(z, c);
     if (st != LOOM_OK) {
@@ -202,37 +207,32 @@ const size_t *loom_zero_state_offsets(const loom_zero *z) { return z->seg_state_
 int loom_zero_reduces(const loom_zero *z) { return z->reduces; }
 int loom_zero_stage(const loom_zero *z) { return z->stage; }
 
-/* A bucket's send/recv range in the buffer, or the tail staging when it runs past total. */
-static float *bucket_base(loom_zero *z, const zero_bucket *b, float *buf)
+/* A bucket's send/recv range in the buffer (es bytes an element), or the tail staging
+ * when it runs past total. */
+static char *bucket_base(loom_zero *z, const zero_bucket *b, char *buf, size_t es)
 {
-    return b->lo + b->len > z->total ? z->tail : buf + b->lo;
+    return b->lo + b->len > z->total ? (char *)z->tail : buf + b->lo * es;
 }
 
-loom_status loom_zero_gather_params(loom_zero *z, double *comm_ms)
+/* Every bucket all-gathered in place in buf (es-byte elements of dtype dt): rank r's
+ * sub-block already sits at r*sub of the bucket (comm.h's allgather allows send inside
+ * recv at the rank's own block). narrow: the master is the partition (master16), so this
+ * rank's sub-block is first rounded into the 16-bit buf from it; rounding is element-wise,
+ * so buf ends with the bits rounding the gathered fp32 buffer would give. */
+static loom_status gather_buckets(loom_zero *z, char *buf, size_t es, loom_dtype dt, int narrow)
 {
-    if (z->stage == 3) { /* gathered unit by unit when next used */
-        loom_zero_params_stale(z);
-        return LOOM_OK;
-    }
-    double t0 = loom_now_ms();
-    if (z->ep) { /* expert parallelism: each kind over its own group (zero_ep.c) */
-        loom_status st = zero_ep_gather(z);
-        *comm_ms += loom_now_ms() - t0;
-        return st;
-    }
-    float *params = loom_gpt_param_data(z->model);
-    /* In place: rank r's sub-block already sits at r*sub of the bucket (comm.h's
-     * allgather allows send inside recv at the rank's own block). */
     loom_comm_request *req[ZERO_MAX_INFLIGHT];
     int n_req = 0;
     loom_status st = LOOM_OK;
     for (int k = 0; k < z->n_buckets && st == LOOM_OK; k++) {
         const zero_bucket *b = &z->buckets[k];
-        float *base = bucket_base(z, b, params);
-        if (base == z->tail) {
-            memset(z->tail, 0, b->len * sizeof(float));
-            memcpy(z->tail, params + b->lo, (z->total - b->lo) * sizeof(float));
+        char *base = bucket_base(z, b, buf, es), *mine = base + (size_t)z->rank * b->sub * es;
+        if (base == (char *)z->tail && !narrow) {
+            memset(z->tail, 0, b->len * es);
+            memcpy(z->tail, buf + b->lo * es, (z->total - b->lo) * es);
         }
+        if (narrow)
+            z->be->ops->convert_from_f32(mine, z->part_params + b->part_off, b->sub, dt);
         if (n_req == ZERO_MAX_INFLIGHT) { /* complete those queued before queueing more */
             for (int i = 0; i < n_req && st == LOOM_OK; i++)
                 st = z->comm->wait(z->dp, req[i]);
@@ -240,8 +240,9 @@ loom_status loom_zero_gather_params(loom_zero *z, double *comm_ms)
             if (st != LOOM_OK)
                 break;
         }
-        st = z->comm->allgather_start(z->dp, base + (size_t)z->rank * b->sub, base, b->sub,
-                                      LOOM_DTYPE_F32, &req[n_req]);
+        st = z->comm->allgather_start(z->dp, mine, base, b->sub,
+                                      es == sizeof(float) ? LOOM_DTYPE_F32 : LOOM_DTYPE_U16,
+                                      &req[n_req]);
         if (st == LOOM_OK)
             n_req++;
     }
@@ -251,10 +252,43 @@ loom_status loom_zero_gather_params(loom_zero *z, double *comm_ms)
             st = w;
     }
     const zero_bucket *last = &z->buckets[z->n_buckets - 1];
-    if (st == LOOM_OK && bucket_base(z, last, params) == z->tail)
-        memcpy(params + last->lo, z->tail, (z->total - last->lo) * sizeof(float));
+    if (st == LOOM_OK && bucket_base(z, last, buf, es) == (char *)z->tail)
+        memcpy(buf + last->lo * es, z->tail, (z->total - last->lo) * es);
+    return st;
+}
+
+/* master16: the compute copy's dtype and its buffer (2 bytes an element). */
+static loom_status gather_narrowed(loom_zero *z)
+{
+    loom_dtype dt;
+    char *c16 = loom_gpt_param16_data(z->model, &dt);
+    return gather_buckets(z, c16, sizeof(uint16_t), dt, 1);
+}
+
+loom_status loom_zero_gather_params(loom_zero *z, double *comm_ms)
+{
+    if (z->stage == 3) { /* gathered unit by unit when next used */
+        loom_zero_params_stale(z);
+        return LOOM_OK;
+    }
+    double t0 = loom_now_ms();
+    loom_status st = z->ep ? zero_ep_gather(z) /* each kind over its own group (zero_ep.c) */
+                     : z->master16 ? gather_narrowed(z)
+                     : gather_buckets(z, (char *)loom_gpt_param_data(z->model), sizeof(float),
+                                      LOOM_DTYPE_F32, 0);
     *comm_ms += loom_now_ms() - t0;
     return st;
+}
+
+int loom_zero_params_parted(const loom_zero *z) { return z->stage == 3 || z->master16; }
+
+loom_status loom_zero_params_loaded(loom_zero *z)
+{
+    if (z->stage == 3) {
+        loom_zero_params_stale(z);
+        return LOOM_OK;
+    }
+    return z->master16 ? gather_narrowed(z) : LOOM_OK;
 }
 
 void loom_zero_memory(const loom_zero *z, loom_memory *out)

@@ -74,6 +74,8 @@ typedef struct loom_zero_config {
                            * (the dp ranks holding the same experts; zero_ep.c) */
     int params_offloaded; /* stage 3: the offload holds the parameter partition too
                            * (loom_zero_attach_params); none allocated here */
+    int master16;         /* the model computes on a 16-bit copy (gpt.h): stages 1 and 2
+                           * partition the fp32 master too (zero_master.c) */
 } loom_zero_config;
 
 /* P: `total` floats padded to a multiple of 16 x n (n dp ranks); every rank's partition is
@@ -116,8 +118,20 @@ int loom_zero_first_nonfinite(const loom_zero *z);
 /* The parameter-table entry of each of loom_zero_segments' segments. */
 const int *loom_zero_segment_entries(const loom_zero *z);
 /* After the optimizer step: every rank's updated partition into every rank's parameters
- * (stages 1 and 2). */
+ * (stages 1 and 2; with master16, rounded to 16 bits into the model's compute copy and
+ * all-gathered there: zero_master.c). */
 loom_status loom_zero_gather_params(loom_zero *z, double *comm_ms);
+/* 1 when this rank keeps only its partition of the fp32 parameters (stage 3, and stages 1
+ * and 2 with master16): checkpoints write and read them as slices (zero_ckpt.h). */
+int loom_zero_params_parted(const loom_zero *z);
+/* After a load wrote this rank's partition of the parameters: stage 1/2 with master16
+ * all-gathers the compute copy from it (a collective over dp); stage 3 marks the units
+ * stale. */
+loom_status loom_zero_params_loaded(loom_zero *z);
+/* After something wrote the model's whole fp32 buffer on every rank alike (an llm.c
+ * file): stage 1/2 with master16 takes this rank's partition out of it, rounds the
+ * compute copy from it and releases its pages again; a no-op otherwise. */
+loom_status loom_zero_params_written(loom_zero *z);
 /* Stage 3 (zero_params.c; no-ops below it): before the optimizer step, complete the
  * gathers in flight (they read the partition the step rewrites); after it, mark every
  * unit stale; pin = 1 gathers every unit and keeps it (sampling's decode reads them all

@@ -87,11 +87,23 @@ struct loom_zero {
     size_t n_param_pages, params_peak;
     double comm_ms;
     struct zero_ep *ep;  /* expert parallelism: stage 1's two packed partitions (zero_ep.c) */
+    int master16;        /* stages 1, 2 with 16-bit weights: part_params is the fp32 master
+                          * and the model's fp32 buffer is address space (zero_master.c) */
 };
 
 loom_status zero_reduce_init(loom_zero *z);
 void zero_reduce_free(loom_zero *z);
 loom_status zero_params_init(loom_zero *z);
+/* zero_master.c: this rank's partition of params (the model's flat buffer) into part: the
+ * sub-block of every bucket, zeros past the buffer's end. */
+void zero_copy_partition(const loom_zero *z, const float *params, float *part);
+/* zero_master.c: stages 1 and 2 with 16-bit weights: part_params from the model's initial
+ * values, the model told the master lives here, its fp32 buffer's pages released. */
+loom_status zero_master_init(loom_zero *z);
+/* LOOM_ZERO_MASTER=whole: every rank keeps the whole fp32 master as before this file (the
+ * A/B the tests and scripts/bench-zero-layouts compare against); unset or "part": the
+ * partition. */
+int zero_master_whole(void);
 void zero_params_free(loom_zero *z);
 /* zero_ep.c: stage 1 under expert parallelism — the dense entries partitioned over dp,
  * the experts' over their edp group, each packed (zero.h). */

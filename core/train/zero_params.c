@@ -205,13 +205,8 @@ loom_status zero_params_init(loom_zero *z)
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the ZeRO-3 parameter partition");
     float *params = loom_gpt_param_data(z->model);
     /* this rank's partition from the initial values every rank drew alike */
-    for (int k = 0; z->part_params && k < z->n_buckets; k++) {
-        const zero_bucket *b = &z->buckets[k];
-        size_t a = b->lo + (size_t)z->rank * b->sub, e = a + b->sub;
-        if (a < z->total)
-            memcpy(z->part_params + b->part_off, params + a,
-                   ((e < z->total ? e : z->total) - a) * sizeof(float));
-    }
+    if (z->part_params)
+        zero_copy_partition(z, params, z->part_params);
     for (int u = 0; u < z->n_units; u++) {
         int first, last;
         loom_gpt_unit_entries(z->model, u, &first, &last);

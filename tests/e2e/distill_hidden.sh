@@ -203,4 +203,6 @@ refuse pp 'under pp: student block 0 is not in the last stage'"'"'s last chunk' 
   "$loom" launch -n 2 "$recipe" steps=1 model.layers=2 mesh.pp=2 comm_timeout=20 "$hid"
 refuse teacher-pp 'teacher.layers: the teacher'"'"'s block 0 output is not held whole here (another stage'"'"'s: with teacher.pp' \
   "$loom" launch -n 2 "$recipe" steps=1 model.layers=2 mesh.pp=2 comm_timeout=20 "$(kd ',layers={[1]=0},pp=2')"
-echo "ok refused: student / teacher block out of range, attention without layers or with 4 heads against 2, hidden without layers, hidden < 0, a cache, a block off pp's last stage, a teacher block off teacher.pp's last stage"
+refuse zero1-bf16 'teacher.layers (hidden-state terms) under strategy zero=1 with 16-bit weights is not built yet' \
+  "$loom" launch -n 2 "$recipe" steps=1 mesh.dp=2 strategy.zero=1 precision=bf16 comm_timeout=20 "$hid"
+echo "ok refused: student / teacher block out of range, attention without layers or with 4 heads against 2, hidden without layers, hidden < 0, a cache, a block off pp's last stage, a teacher block off teacher.pp's last stage, teacher.layers under zero=1 with bf16 weights (the fp32 master partitioned)"

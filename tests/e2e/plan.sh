@@ -287,7 +287,7 @@ recipes=$here/../../scripts/recipes
 grep -q 'peak RSS predicted: 29.87 GiB' "$tmp/13b.txt" && grep -q 'MFU 37.9%' "$tmp/13b.txt" \
   || { echo "FAIL: 13B seeds' layout is not docs/PLAN.md's"; cat "$tmp/13b.txt"; fail=1; }
 "$loom" plan "$recipes/plan_gpt3_13b.lua" --machine a100-node --world 16 --devices-per-node 8 --mem 80GB > "$tmp/13s.txt"
-grep -qE '^ +1 .*dp=8 tp=1 pp=2 zero=2 micro=1 1f1b x64 micro-batches recompute selective' "$tmp/13s.txt" \
+grep -qE '^ +1 .*dp=8 tp=1 pp=2 zero=2 micro=1 interleaved \(2 chunks\) x64 micro-batches recompute selective' "$tmp/13s.txt" \
   || { echo "FAIL: 13B search's top row is not docs/PLAN.md's"; cat "$tmp/13s.txt"; fail=1; }
 "$loom" plan "$recipes/plan_gpt3_175b.lua" --machine h200-node > "$tmp/175.txt"
 grep -q 'MFU 42.5%' "$tmp/175.txt" || { echo "FAIL: 175B layout is not docs/PLAN.md's"; cat "$tmp/175.txt"; fail=1; }

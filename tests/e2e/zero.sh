@@ -11,9 +11,14 @@
 #    dp = 1, 2, 4, and dp=2 x tp=2;
 #  - per-rank bytes by category against the ZeRO paper's formulas (fp32 AdamW, K = 8:
 #    dp 16Ψ, zero=1 8Ψ + 8Ψ/N, zero=2 4Ψ + 12Ψ/N, zero=3 16Ψ/N) within 10% at dp=2 and
-#    dp=4, and bf16's (zero=1 10Ψ + 8Ψ/N, zero=2 6Ψ + 12Ψ/N, zero=3 2Ψ + 16Ψ/N: the fp32
-#    master is whole below stage 3) at dp=2 and, zero=3, dp=4; the full-size buffers the model computes in (stage 2's gradients, stage 3's
+#    dp=4, and bf16's (zero=1 6Ψ + 12Ψ/N, zero=2 2Ψ + 16Ψ/N, zero=3 2Ψ + 16Ψ/N: the fp32
+#    master partitioned at every stage, 4P/N bytes exactly, P the padded buffer) at dp=2
+#    and, zero=3, dp=4; the full-size buffers the model computes in (stage 2's gradients, stage 3's
 #    parameters) are resident for at most half their size on a deeper model;
+#  - bf16 (the fp32 master partitioned, zero_master.c): zero=1 dp=2 (started from an llm.c
+#    file) and zero=2 dp=3 train
+#    bitwise the losses and norms of the same layout with the master whole on every rank
+#    (LOOM_ZERO_MASTER=whole); canonical zero=2 at dp=2 gives one rank's bits;
 #  - what is not built is refused with a message: zero=3 with llm.c weights (zero with
 #    pp: zero_pp.sh; offload: offload.sh; checkpoints under zero: zero_ckpt.sh).
 set -euo pipefail
@@ -122,6 +127,26 @@ for z in 1 2 3; do
 done
 echo "ok canonical: losses and grad norms bitwise identical over $(grep -c LOSS "$tmp/c1") steps for $layouts"
 
+# --- bf16: the fp32 master partitioned ------------------------------------------------
+# the post-step all-gather moves each rank's rounded 16-bit sub-blocks; rounding is
+# element-wise, so the same bits as gathering the fp32 master whole and rounding it all
+# (zero=1 starts from an llm.c file: loaded into the model's buffer, then the partition)
+bf="precision=bf16 $small"
+"$loom" run "$recipe" threads=1 steps=1 checkpoint.dir="$tmp/llmc" > /dev/null
+"$loom" export --llmc "$tmp/llmc" "$tmp/init.bin" > /dev/null
+for nz in "2 1 4 model.init=$tmp/init.bin" "3 2 2"; do # ranks, stage, micro-batch (dp=3: the 16-bit tail bucket)
+  set -- $nz
+  runN $1 batch.micro=$3 $bf strategy.zero=$2 ${4:-} > "$tmp/bfp"
+  LOOM_ZERO_MASTER=whole runN $1 batch.micro=$3 $bf strategy.zero=$2 ${4:-} > "$tmp/bfw"
+  finite_losses "$tmp/bfw" "$tmp/bfp"
+  cmp -s "$tmp/bfw" "$tmp/bfp" || { echo "bf16 zero=$2 dp=$1: the partitioned master differs from the whole one"; paste "$tmp/bfw" "$tmp/bfp" | head; exit 1; }
+done
+run1 $canon precision=bf16 > "$tmp/bc1"
+finite_losses "$tmp/bc1"
+runN 2 $canon $bf strategy.zero=2 > "$tmp/bc2"
+cmp -s "$tmp/bc1" "$tmp/bc2" || { echo "canonical bf16 dp=2 zero=2 differs from one rank"; paste "$tmp/bc1" "$tmp/bc2" | head; exit 1; }
+echo "ok bf16 with the fp32 master partitioned: zero=1 dp=2 (from an llm.c file) and zero=2 dp=3 bitwise the whole master's losses and norms, canonical zero=2 dp=2 bitwise one rank"
+
 # --- memory by category against the formulas ------------------------------------------
 # Ψ from the model's shape (common.lua: V=256, ctx=32, L=2, C=32), not from the code:
 # wte + wpe + L blocks of 12C^2 + 13C + ln_f.
@@ -129,10 +154,12 @@ psi=$((256 * 32 + 32 * 32 + 2 * (12 * 32 * 32 + 13 * 32) + 2 * 32))
 mem() { "$loom" launch -n "$1" "$here/recipes/zero_memory.lua" mesh.dp="$1" strategy.zero="$2" "${@:3}" | sed 's/^\[rank [0-9]*\] //' | grep -a '^MEM '; }
 # held N Z W: each rank's MEM line against the formulas, W bytes a compute weight. fp32
 # (W = 4): the paper's. bf16 (W = 2, precision=bf16): a 2-byte compute copy (whole under
-# every stage), fp32 gradients (4), AdamW (8) and the fp32 master (4, whole under
-# zero=1/2, partitioned under zero=3): 18Ψ, 10Ψ + 8Ψ/N, 6Ψ + 12Ψ/N, 2Ψ + 16Ψ/N.
+# every stage), fp32 gradients (4), AdamW (8) and the fp32 master (4, partitioned at every
+# stage): 18Ψ, 6Ψ + 12Ψ/N, 2Ψ + 16Ψ/N, 2Ψ + 16Ψ/N. The master is held exactly: 4P/N
+# bytes, P = Ψ padded to a multiple of 16N (zero.h).
 held() {
-  awk -v psi=$psi -v n=$1 -v z=$2 -v w=$3 '
+  local pad=$(( (psi + 16 * $1 - 1) / (16 * $1) * 16 * $1 ))
+  awk -v psi=$psi -v pad=$pad -v n=$1 -v z=$2 -v w=$3 '
       function check(what, got, want) {
         r = got / want
         if (!(r > 0.9 && r < 1.1)) { printf "dp=%d zero=%d %d-byte weights %s: %d bytes, formula %.0f (ratio %.3f)\n", n, z, w, what, got, want, r; bad = 1 }
@@ -142,11 +169,12 @@ held() {
         check("grads", g, z >= 2 ? 4 * psi / n : 4 * psi)
         check("optimizer", o, z >= 1 ? 8 * psi / n : 8 * psi)
         if (w == 4 && m != 0) { print "master weights under fp32: " m; bad = 1 }
-        if (w != 4) check("master", m, z == 3 ? 4 * psi / n : 4 * psi)
+        if (w != 4) check("master", m, z >= 1 ? 4 * psi / n : 4 * psi)
+        if (w != 4 && z >= 1 && m != 4 * pad / n) { printf "dp=%d zero=%d bf16 master: %d bytes, 4P/N = %d\n", n, z, m, 4 * pad / n; bad = 1 }
         if (w == 4)
           want = z == 0 ? 16 * psi : z == 1 ? 8 * psi + 8 * psi / n : z == 2 ? 4 * psi + 12 * psi / n : 16 * psi / n
         else
-          want = z == 0 ? 18 * psi : z == 1 ? 10 * psi + 8 * psi / n : z == 2 ? 6 * psi + 12 * psi / n : 2 * psi + 16 * psi / n
+          want = z == 0 ? 18 * psi : z == 1 ? 6 * psi + 12 * psi / n : 2 * psi + 16 * psi / n
         check("model states", p + g + o + m, want)
         got = p + g + o + m; rows++ }
       END {

@@ -8,6 +8,8 @@
 #    dp=2, zero=2 dp=2 x tp=2 -> zero=0 one rank, zero=2 dp=2 -> zero=3 dp=4 and zero=3
 #    pp=2 x dp=2 -> zero=1 dp=2;
 #  - canonical mode: the same crossings give one rank's uninterrupted losses bitwise;
+#  - bf16 zero=1 dp=2 (the fp32 master partitioned, saved as model slices): the same
+#    layout bitwise, and resumed at one rank and at dp=4 bitwise one rank in canonical mode;
 #  - every dp rank writes its own partition (slice files, checkpoint.h), nothing gathered:
 #    the manifest records the stage, dp size and sliced kinds, `loom ckpt info` shows them,
 #    zero=2 dp=2 -> zero=3 dp=4 and zero=3 pp=2 x dp=2 -> zero=1 dp=2 load across layouts
@@ -60,6 +62,26 @@ for layout in "$D2 strategy.zero=1" "$D2 strategy.zero=2" "$D2 strategy.zero=3" 
   resume $layout > "$tmp/got"
   bitwise "${layout#* } save + resume" "$tmp/want" "$tmp/got"
 done
+
+# bf16: under zero=1/2 each rank keeps only its partition of the fp32 master, so a save
+# writes it as model slices (one file per dp rank, as zero=3 does) and a load reads its
+# partition's tiles and all-gathers the 16-bit compute copy from them. The same layout
+# bitwise; across dp (dp=2 -> one rank and dp=4) bitwise one rank's losses in canonical mode.
+bf="$D2 strategy.zero=1 precision=bf16"
+run $bf | keep > "$tmp/full"; tail3 "$tmp/full" > "$tmp/want"
+rm -rf "$tmp/ck"; save3 $bf
+ck=$tmp/ck/step_00000003
+grep -q '"zero": 1, "dp": 2, "slices": \["model", "optim"\]' "$ck/manifest.json" && [ -f "$ck/model.dp1.safetensors" ] ||
+  { echo "bf16 zero=1 dp=2: the master not saved as model slices:"; grep layout "$ck/manifest.json"; ls "$ck"; exit 1; }
+resume $bf > "$tmp/got"
+bitwise "bf16 zero=1 dp=2 (the master as model slices) save + resume" "$tmp/want" "$tmp/got"
+c16="deterministic=canonical precision=bf16"
+run 1 $b8 $c16 | keep > "$tmp/one"; tail3 "$tmp/one" > "$tmp/want"
+rm -rf "$tmp/ck"; save3 $bf $c16
+resume 1 $b8 $c16 > "$tmp/got"
+bitwise "canonical bf16 zero=1 dp=2 -> one rank" "$tmp/want" "$tmp/got"
+resume $D4 strategy.zero=1 $c16 > "$tmp/got"
+bitwise "canonical bf16 zero=1 dp=2 -> zero=1 dp=4" "$tmp/want" "$tmp/got"
 
 # Across layouts: from (save layout) to (resume layout), against one rank.
 cross() { # mode save-layout resume-layout (layouts as "ranks args", quoted)

@@ -24,16 +24,16 @@ typedef struct moe_block {
     float *gate;                /* device (A) */
     float *xin, *h, *hg, *y;    /* device (A,C) (Ar,F) (Ar,F) (A,C): expert inputs, fc out,
                                  * GELU out, proj out, expert-major */
-    /* Expert parallelism: what this rank sent to (and got from) each ep rank, in rows:
-     * send_rows[p] at send_off[p] of the local expert-major layout (experts p*El ..);
-     * recv_rows[p] at recv_off[p] of the received, source-major layout; rcnt[p*El + j]
+    /* Expert parallelism: what this rank got from each ep rank, in rows (what it sent to p
+     * is rt.offset's run of p's experts, p*El ..): recv_rows[p] at recv_off[p] of the
+     * received, source-major layout; rcnt[p*El + j]
      * rows of local expert j from rank p; perm[i]: the received row that is row i of the
      * expert-major layout xe (and inv its inverse); ecount[j], eoff[j]: expert j's rows in
      * xe. Without ep: xe is xin, the counts are the route's. */
     float *xe;                  /* device (Ar,C) */
     int *perm, *inv;            /* device (Ar) */
     int *rcnt, *ecount, *eoff, *hperm, *hinv;  /* host */
-    size_t *send_rows, *send_off, *recv_rows, *recv_off, *sc, *sd, *rc, *rd;
+    size_t *recv_rows, *recv_off, *sc, *sd, *rc, *rd; /* sc..rd: one exchange's counts */
     int Ar;                     /* rows received (this rank's experts' work) */
     size_t run_off, cbase;      /* canonical ep: the experts' first gradient offset, and
                                  * where their run starts in each source's copy */
@@ -192,7 +192,7 @@ size_t gpt_moe_size(const loom_gpt *m, size_t *host)
     }
     size_t route = 2 * R * E * sizeof(float) + R * sizeof(float) + 6 * A * sizeof(int) +
                    (2 * E + 1) * sizeof(int) + E * sizeof(double);
-    size_t ep_host = P > 1 ? (E + 2 * El + 1 + 2 * Am) * sizeof(int) + 8 * P * sizeof(size_t) : 0;
+    size_t ep_host = P > 1 ? (E + 2 * El + 1 + 2 * Am) * sizeof(int) + 6 * P * sizeof(size_t) : 0;
     *host = sets * (route + ep_host) + total * E * sizeof(double) + R * E * sizeof(float) +
             A * sizeof(float) + (P > 1 ? 2 * (size_t)MOE_SPANS * sizeof(double) : 0);
     return dev * sizeof(float);
@@ -279,7 +279,6 @@ loom_status gpt_moe_create(loom_gpt *m, uint64_t seed)
             ok &= x->xe && x->perm && x->inv;
             HOST(x->rcnt, (size_t)E); HOST(x->ecount, (size_t)g->El); HOST(x->eoff, (size_t)g->El + 1);
             HOST(x->hperm, Am); HOST(x->hinv, Am);
-            HOST(x->send_rows, (size_t)P); HOST(x->send_off, (size_t)P);
             HOST(x->recv_rows, (size_t)P); HOST(x->recv_off, (size_t)P);
             HOST(x->sc, (size_t)P); HOST(x->sd, (size_t)P); HOST(x->rc, (size_t)P); HOST(x->rd, (size_t)P);
         }
@@ -355,7 +354,7 @@ void gpt_moe_destroy(loom_gpt *m)
             if (dev[i])
                 k->free(bs, dev[i]);
         free(x->rcnt); free(x->ecount); free(x->eoff); free(x->hperm); free(x->hinv);
-        free(x->send_rows); free(x->send_off); free(x->recv_rows); free(x->recv_off);
+        free(x->recv_rows); free(x->recv_off);
         free(x->sc); free(x->sd); free(x->rc); free(x->rd);
     }
     float *dev[] = {g->dlogits, g->dgate, g->dy, g->dhg, g->dh, g->dxin, g->dxr, g->xr, g->ye,
@@ -688,8 +687,6 @@ static loom_status ep_plan(loom_gpt *m, moe_block *b)
     LOOM_TRY(st);
     size_t at_ = 0;
     for (int p = 0; p < P; p++) {
-        b->send_off[p] = (size_t)rt->offset[p * El];
-        b->send_rows[p] = (size_t)(rt->offset[(p + 1) * El] - rt->offset[p * El]);
         b->recv_off[p] = at_;
         b->recv_rows[p] = 0;
         for (int j = 0; j < El; j++)

@@ -7,9 +7,10 @@
  * from the buffer's, so not in place) and the unit's pieces are unpacked into the buffer;
  * when the pass is done with the unit its whole pages go back to the OS. An edp group of
  * one (ep = dp) holds its experts whole: they are unpacked straight from the partition.
- * As in zero_params.c the pass's next unit is gathered ahead (moe.zero_prefetch = false:
- * each unit only when needed; zero_ep_gather.c holds the gathers in flight). The values are the partition's, whoever gathers them, so the
- * forward and backward read exactly what stage 1's gathered buffer would hold.
+ * With moe.zero_prefetch the pass's next unit is gathered ahead, as in zero_params.c
+ * (without: each unit when needed); zero_ep_gather.c holds the gathers in flight. The
+ * values are the partition's, whoever gathers them and whenever, so the forward and
+ * backward read exactly what stage 1's gathered buffer would hold.
  */
 #include "zero_ep_internal.h"
 

@@ -20,8 +20,12 @@
 #    rank = the formula, the full buffer's resident peak below its size; pp=2 dp=2 ep=2
 #    zero=2 within 1e-5 of dp=4;
 #  - zero=3 under ep (parameters partitioned too, gathered unit by unit): dp=4 ep=2 gives
-#    ep's bits, resumed bitwise, canonical dp=4 ep=2 one rank's bits, params per rank = the
-#    formula, the full parameter buffer's resident peak below its size;
+#    ep's bits with and without the next unit gathered ahead (model.moe.zero_prefetch),
+#    resumed bitwise, canonical dp=4 ep=2 one rank's bits, params per rank = the formula,
+#    the full parameter buffer's resident peak below its size;
+#  - the exchanges overlapped (model.moe.overlap): dp=2 ep=2 the blocking run's bits,
+#    canonical dp=2 ep=2 and dp=4 ep=2 zero=3 one rank's, pp=2 dp=2 ep=2 zb1 1f1b's; the
+#    trace's ep lane;
 #  - tensor parallelism (experts split by tp): tp=2 within 1e-5 of one rank, with sequence
 #    parallelism too; tp=2 sp dp=2 ep=2 within 1e-5 of dp=2, saved there and resumed at
 #    tp=1 ep=1 within 1e-5;

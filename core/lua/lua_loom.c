@@ -228,6 +228,11 @@ static int l_session(lua_State *L)
         lua_getfield(L, e, "router");
         mo->noisy = lua_type(L, -1) == LUA_TSTRING && strcmp(lua_tostring(L, -1), "noisy_topk") == 0;
         lua_pop(L, 1);
+        lua_getfield(L, e, "overlap");
+        mo->overlap = lua_toboolean(L, -1);
+        lua_getfield(L, e, "zero_prefetch");
+        mo->zero_prefetch = lua_toboolean(L, -1);
+        lua_pop(L, 2);
     }
     lua_pop(L, 1);
     lua_getfield(L, m, "family"); /* loom.llama{...}: "llama"; loom.gpt{...}: none */

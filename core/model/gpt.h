@@ -24,6 +24,11 @@ typedef struct loom_moe_config {
     double z_loss;           /* beta of the router z-loss */
     int noisy;               /* router "noisy_topk": N(0, noise_std) on the router logits */
     double noise_std;        /* (training forwards only; 0: 1.0) */
+    /* How the run executes, not the model (checkpoints do not record them): */
+    int overlap;             /* ep: exchange each half of the local experts' rows while the
+                              * other half computes (moe_overlap in moe.c); 0: one blocking
+                              * exchange each way */
+    int zero_prefetch;       /* ZeRO-3 under ep: gather the pass's next unit ahead */
 } loom_moe_config;
 
 typedef struct loom_gpt_config {
@@ -217,6 +222,9 @@ typedef struct loom_moe_stats {
 /* What the training forwards since the last reset routed (this rank's tokens); aux and z
  * are means over those forwards. reset: start counting again. */
 void loom_gpt_moe_stats(loom_gpt *m, loom_moe_stats *out, int reset);
+/* Under ep: the (start, end) loom_now_ms pairs of every call into the MoE exchanges since
+ * the last call (at most 1024 kept), *t valid until the next forward; 0 without ep. */
+size_t loom_gpt_moe_take_spans(loom_gpt *m, const double **t);
 /* Expert parallelism: the ep group's size (1 without), and whether table entry i is an
  * expert's (held by this ep rank only; its gradient is not the dp group's to reduce). */
 int loom_gpt_expert_parallel(const loom_gpt *m);

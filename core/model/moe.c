@@ -14,6 +14,8 @@
 #include "base/status.h"
 #include "moe_route.h"
 
+enum { MOE_CHUNKS_MAX = 4, MOE_SPANS = 1024 };
+
 typedef struct moe_block {
     moe_route rt;
     float *logits_h;            /* host (R,E) */
@@ -22,16 +24,16 @@ typedef struct moe_block {
     float *gate;                /* device (A) */
     float *xin, *h, *hg, *y;    /* device (A,C) (Ar,F) (Ar,F) (A,C): expert inputs, fc out,
                                  * GELU out, proj out, expert-major */
-    /* Expert parallelism: what this rank sent to (and got from) each ep rank, in rows:
-     * send_rows[p] at send_off[p] of the local expert-major layout (experts p*El ..);
-     * recv_rows[p] at recv_off[p] of the received, source-major layout; rcnt[p*El + j]
+    /* Expert parallelism: what this rank got from each ep rank, in rows (what it sent to p
+     * is rt.offset's run of p's experts, p*El ..): recv_rows[p] at recv_off[p] of the
+     * received, source-major layout; rcnt[p*El + j]
      * rows of local expert j from rank p; perm[i]: the received row that is row i of the
      * expert-major layout xe (and inv its inverse); ecount[j], eoff[j]: expert j's rows in
      * xe. Without ep: xe is xin, the counts are the route's. */
     float *xe;                  /* device (Ar,C) */
     int *perm, *inv;            /* device (Ar) */
     int *rcnt, *ecount, *eoff, *hperm, *hinv;  /* host */
-    size_t *send_rows, *send_off, *recv_rows, *recv_off, *sc, *sd, *rc, *rd;
+    size_t *recv_rows, *recv_off, *sc, *sd, *rc, *rd; /* sc..rd: one exchange's counts */
     int Ar;                     /* rows received (this rank's experts' work) */
     size_t run_off, cbase;      /* canonical ep: the experts' first gradient offset, and
                                  * where their run starts in each source's copy */
@@ -58,6 +60,13 @@ struct gpt_moe {
     int Amax;                   /* rows an ep rank may receive: ep x A */
     int segs;                   /* GEMMs per expert: ep in canonical mode (one per source
                                  * rank's rows, ep=1's shapes), else 1 */
+    int chunks;                 /* ep: the local experts cut in this many runs, each with its
+                                 * own exchange, so one runs while another computes (1: off) */
+    loom_comm_request *pend[2 * MOE_CHUNKS_MAX]; /* exchanges started, not yet waited for, */
+    int n_pend;                 /* oldest first (one communicator: they complete in order) */
+    double *spans;              /* ep: [2 n_spans] (start, end) ms of each call into the
+                                 * exchanges since loom_gpt_moe_take_spans (MOE_SPANS kept) */
+    int n_spans;
     float *cgrad;               /* canonical ep: (ep, nexp) per-source expert gradients */
     size_t nexp;
     uint64_t seed, key, micro; /* micro: under pp, the forward's micro-batch, added to key */
@@ -201,9 +210,9 @@ size_t gpt_moe_size(const loom_gpt *m, size_t *host)
     }
     size_t route = 2 * R * E * sizeof(float) + R * sizeof(float) + 6 * A * sizeof(int) +
                    (2 * E + 1) * sizeof(int) + E * sizeof(double);
-    size_t ep_host = P > 1 ? (E + 2 * El + 1 + 2 * Am) * sizeof(int) + 8 * P * sizeof(size_t) : 0;
+    size_t ep_host = P > 1 ? (E + 2 * El + 1 + 2 * Am) * sizeof(int) + 6 * P * sizeof(size_t) : 0;
     *host = sets * (route + ep_host) + total * E * sizeof(double) + R * E * sizeof(float) +
-            A * sizeof(float);
+            A * sizeof(float) + (P > 1 ? 2 * (size_t)MOE_SPANS * sizeof(double) : 0);
     return dev * sizeof(float);
 }
 
@@ -288,7 +297,6 @@ loom_status gpt_moe_create(loom_gpt *m, uint64_t seed)
             ok &= x->xe && x->perm && x->inv;
             HOST(x->rcnt, (size_t)E); HOST(x->ecount, (size_t)g->El); HOST(x->eoff, (size_t)g->El + 1);
             HOST(x->hperm, Am); HOST(x->hinv, Am);
-            HOST(x->send_rows, (size_t)P); HOST(x->send_off, (size_t)P);
             HOST(x->recv_rows, (size_t)P); HOST(x->recv_off, (size_t)P);
             HOST(x->sc, (size_t)P); HOST(x->sd, (size_t)P); HOST(x->rc, (size_t)P); HOST(x->rd, (size_t)P);
         }
@@ -300,6 +308,9 @@ loom_status gpt_moe_create(loom_gpt *m, uint64_t seed)
                       "back in the parameter buffer (use a dim and ffn_dim whose product is a "
                       "multiple of 16)", m->table.entries[i].name, m->table.entries[i + 1].name);
     g->segs = P > 1 && m->canonical ? P : 1;
+    g->chunks = P > 1 && c->moe.overlap ? (g->El < 2 ? 1 : 2) : 1;
+    if (P > 1)
+        HOST(g->spans, 2 * (size_t)MOE_SPANS);
     if (g->segs > 1) { /* each block's run of local experts, in table order */
         int b = 0;
         for (int i = 0; i < m->table.count; i++)
@@ -361,7 +372,7 @@ void gpt_moe_destroy(loom_gpt *m)
             if (dev[i])
                 k->free(bs, dev[i]);
         free(x->rcnt); free(x->ecount); free(x->eoff); free(x->hperm); free(x->hinv);
-        free(x->send_rows); free(x->send_off); free(x->recv_rows); free(x->recv_off);
+        free(x->recv_rows); free(x->recv_off);
         free(x->sc); free(x->sd); free(x->rc); free(x->rd);
     }
     float *dev[] = {g->dlogits, g->dgate, g->dy, g->dhg, g->dh, g->dxin, g->dxr, g->xr, g->ye,
@@ -375,6 +386,7 @@ void gpt_moe_destroy(loom_gpt *m)
     free(g->load);
     free(g->dlogits_h);
     free(g->dgate_h);
+    free(g->spans);
     free(g);
     m->moe = NULL;
 }
@@ -542,31 +554,139 @@ int loom_gpt_is_expert_entry(const loom_gpt *m, int i)
     return m->moe && strstr(m->table.entries[i].name, ".moe.expert.") != NULL;
 }
 
+/* A call into the ep exchanges ran from t0 until now: comm time, and a span for the trace. */
+static void ep_time(loom_gpt *m, double t0)
+{
+    gpt_moe *g = m->moe;
+    double t1 = loom_now_ms();
+    m->comm_ms += t1 - t0;
+    if (g->spans && g->n_spans < MOE_SPANS) {
+        g->spans[2 * g->n_spans] = t0;
+        g->spans[2 * g->n_spans++ + 1] = t1;
+    }
+}
+
+size_t loom_gpt_moe_take_spans(loom_gpt *m, const double **t)
+{
+    gpt_moe *g = m->moe;
+    *t = g ? g->spans : NULL;
+    size_t n = g ? (size_t)g->n_spans : 0;
+    if (g)
+        g->n_spans = 0;
+    return n;
+}
+
 static loom_status ep_wait(loom_gpt *m, loom_comm_request *r)
 {
     return m->ep_ops->wait(m->ep_comm, r);
 }
 
-/* An all-to-all-v of rows of C floats over the ep group: send_rows[p] rows at send_off[p]
- * of src to rank p, recv_rows[p] rows from rank p to recv_off[p] of dst. */
-static loom_status ep_exchange(loom_gpt *m, moe_block *b, const float *src, const size_t *send_rows,
-                               const size_t *send_off, float *dst, const size_t *recv_rows,
-                               const size_t *recv_off)
+/* The ep exchanges, in chunks (g->chunks): chunk c of the local experts is [j0, j1), and
+ * its rows travel in an all-to-all-v of their own, so that while one chunk's experts
+ * compute another chunk's rows are on the way (DeepSpeed-MoE's and Tutel's pipelined
+ * all-to-all, cut by experts rather than tokens: each expert's GEMMs are the same ones
+ * over the same rows in either case, so the bits do not depend on the chunks). Every
+ * rank starts the same exchanges in the same order; each is waited for oldest first. */
+static void chunk_experts(const gpt_moe *g, int c, int *j0, int *j1)
 {
-    size_t C = (size_t)m->cfg.dim;
-    for (int p = 0; p < m->moe->ep; p++) {
-        b->sc[p] = send_rows[p] * C;
-        b->sd[p] = send_off[p] * C;
-        b->rc[p] = recv_rows[p] * C;
-        b->rd[p] = recv_off[p] * C;
+    *j0 = c * g->El / g->chunks;
+    *j1 = (c + 1) * g->El / g->chunks;
+}
+
+/* Chunk [j0, j1)'s rows, counted in floats: b->sc / sd what this rank's tokens send to (and
+ * get back from) ep rank p, at their place in the expert-major layout of every expert;
+ * b->rc / rd what the experts here get from (and return to) p, at their place in the
+ * received, source-major layout (ep_plan's recv_off: p's rows expert by expert). */
+static void chunk_counts(const gpt_moe *g, moe_block *b, int j0, int j1, size_t C)
+{
+    const int *off = b->rt.offset;
+    for (int p = 0; p < g->ep; p++) {
+        size_t skip = 0, n = 0;
+        for (int q = 0; q < j1; q++)
+            *(q < j0 ? &skip : &n) += (size_t)b->rcnt[p * g->El + q];
+        b->sd[p] = (size_t)off[p * g->El + j0] * C;
+        b->sc[p] = (size_t)(off[p * g->El + j1] - off[p * g->El + j0]) * C;
+        b->rd[p] = (b->recv_off[p] + skip) * C;
+        b->rc[p] = n * C;
     }
+}
+
+/* Start chunk [j0, j1)'s all-to-all-v: to the experts (tokens' src to the experts' dst),
+ * or back (experts' src to the tokens' dst). The plugins read the counts at start. */
+static loom_status ep_start(loom_gpt *m, moe_block *b, int j0, int j1, int back, const float *src,
+                            float *dst)
+{
+    gpt_moe *g = m->moe;
+    if (g->n_pend == (int)(sizeof g->pend / sizeof g->pend[0]))
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "moe: more than %d exchanges in flight", g->n_pend);
+    chunk_counts(g, b, j0, j1, (size_t)m->cfg.dim);
     double t0 = loom_now_ms();
-    loom_comm_request *r;
-    LOOM_TRY(m->ep_ops->alltoallv_start(m->ep_comm, src, b->sc, b->sd, dst, b->rc, b->rd,
-                                        LOOM_DTYPE_F32, &r));
-    LOOM_TRY(ep_wait(m, r));
-    m->comm_ms += loom_now_ms() - t0;
-    return LOOM_OK;
+    loom_status st = back ? m->ep_ops->alltoallv_start(m->ep_comm, src, b->rc, b->rd, dst, b->sc,
+                                                        b->sd, LOOM_DTYPE_F32, &g->pend[g->n_pend])
+                          : m->ep_ops->alltoallv_start(m->ep_comm, src, b->sc, b->sd, dst, b->rc,
+                                                        b->rd, LOOM_DTYPE_F32, &g->pend[g->n_pend]);
+    if (st == LOOM_OK)
+        g->n_pend++;
+    ep_time(m, t0);
+    return st;
+}
+
+/* Wait for the oldest exchange in flight. */
+static loom_status ep_wait_oldest(loom_gpt *m)
+{
+    gpt_moe *g = m->moe;
+    if (g->n_pend == 0)
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "moe: waiting for an exchange none started");
+    double t0 = loom_now_ms();
+    loom_status st = ep_wait(m, g->pend[0]);
+    memmove(g->pend, g->pend + 1, (size_t)--g->n_pend * sizeof g->pend[0]);
+    ep_time(m, t0);
+    return st;
+}
+
+static loom_status ep_wait_all(loom_gpt *m)
+{
+    loom_status st = LOOM_OK;
+    while (m->moe && m->moe->n_pend > 0) {
+        loom_status w = ep_wait_oldest(m);
+        if (st == LOOM_OK)
+            st = w;
+    }
+    return st;
+}
+
+/* Between two GEMMs: let the exchanges in flight move (shm and mpi move data only inside
+ * their calls). Never blocks. */
+static void ep_progress(loom_gpt *m)
+{
+    gpt_moe *g = m->moe;
+    if (g->n_pend == 0)
+        return;
+    double t0 = loom_now_ms();
+    for (int i = 0; i < g->n_pend && m->ep_ops->test(m->ep_comm, g->pend[i]); i++)
+        ;
+    ep_time(m, t0);
+}
+
+/* Chunk [j0, j1)'s rows between the two layouts: the experts' xe (expert-major, from) the
+ * received xr (source-major) by perm, or xr from xe by inv (each source's run on its own:
+ * the chunk's rows of p lie together in xr). Copies only. */
+static void chunk_to_experts(loom_gpt *m, moe_block *b, int j0, int j1, float *xe, const float *xr)
+{
+    size_t C = (size_t)m->cfg.dim, r0 = (size_t)b->eoff[j0];
+    m->be->ops->rows_gather(xe + r0 * C, xr, b->perm + r0, NULL, (size_t)(b->eoff[j1] - b->eoff[j0]),
+                            (int)C);
+}
+
+static void chunk_to_sources(loom_gpt *m, moe_block *b, int j0, int j1, float *xr, const float *xe)
+{
+    gpt_moe *g = m->moe;
+    size_t C = (size_t)m->cfg.dim;
+    chunk_counts(g, b, j0, j1, C);
+    for (int p = 0; p < g->ep; p++)
+        if (b->rc[p])
+            m->be->ops->rows_gather(xr + b->rd[p], xe, b->inv + b->rd[p] / C, NULL, b->rc[p] / C,
+                                    (int)C);
 }
 
 /* After routing: tell every ep rank how many rows of each of its experts come from here,
@@ -580,12 +700,11 @@ static loom_status ep_plan(loom_gpt *m, moe_block *b)
     loom_comm_request *r;
     LOOM_TRY(m->ep_ops->alltoall_start(m->ep_comm, rt->count, b->rcnt, (size_t)El, LOOM_DTYPE_I32,
                                        &r));
-    LOOM_TRY(ep_wait(m, r));
-    m->comm_ms += loom_now_ms() - t0;
+    loom_status st = ep_wait(m, r);
+    ep_time(m, t0);
+    LOOM_TRY(st);
     size_t at_ = 0;
     for (int p = 0; p < P; p++) {
-        b->send_off[p] = (size_t)rt->offset[p * El];
-        b->send_rows[p] = (size_t)(rt->offset[(p + 1) * El] - rt->offset[p * El]);
         b->recv_off[p] = at_;
         b->recv_rows[p] = 0;
         for (int j = 0; j < El; j++)
@@ -616,13 +735,50 @@ static loom_status ep_plan(loom_gpt *m, moe_block *b)
     return LOOM_OK;
 }
 
+/* Local experts [j0, j1) over the rows they received (xe, expert-major): one fc GEMM per
+ * expert (per source in canonical mode), the activation over their rows, one proj GEMM
+ * into ye; the exchanges in flight move between the GEMMs. */
+static void experts_forward(loom_gpt *m, moe_block *b, int e0, const float *xe, float *ye,
+                            const int *eoff, const int *ecount, int j0, int j1)
+{
+    gpt_moe *g = m->moe;
+    const loom_backend_ops *k = m->be->ops;
+    int C = m->cfg.dim, F = m->Fl, H = g->hw;
+    for (int j = j0; j < j1; j++) /* one GEMM per expert over the rows it received */
+        for (int s = 0; s < g->segs; s++) {
+            size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
+            if (n) /* 16-bit: the dense MLP's product (gpt_matmul_forward) */
+                gpt_matmul_forward(m, b->h + o * H, xe + o * C, FCW(m->params), FCB(m->params),
+                                   1, (int)n, C, H);
+            ep_progress(m);
+        }
+    size_t o0 = (size_t)(eoff[j0] - eoff[0]), rows = (size_t)(eoff[j1] - eoff[j0]);
+    /* 16-bit activations: each stored one rounded where it is written, as the dense MLP's
+     * (elementwise, so rounding chunk by chunk gives the whole block's bits) */
+    gpt_round(m, b->h + o0 * H, rows * (size_t)H);
+    if (g->swiglu) /* silu(gate) * up, each row's gate|up halves */
+        k->swiglu_forward(b->hg + o0 * F, b->h + o0 * H, rows, F);
+    else
+        k->gelu_forward(b->hg + o0 * F, b->h + o0 * F, rows * F);
+    gpt_round(m, b->hg + o0 * F, rows * (size_t)F);
+    for (int j = j0; j < j1; j++)
+        for (int s = 0; s < g->segs; s++) {
+            size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
+            if (n)
+                gpt_matmul_forward(m, ye + o * C, b->hg + o * F, PJW(m->params),
+                                   m->tp_rank == 0 ? PJB(m->params) : NULL, 1, (int)n, F, C);
+            ep_progress(m);
+        }
+    gpt_round(m, ye + o0 * C, rows * (size_t)C);
+}
+
 loom_status gpt_moe_forward(loom_gpt *m, int l, int e0, const float *x, float *out, size_t R)
 {
     gpt_moe *g = m->moe;
     moe_block *b = &g->blk[g->index[l]];
     const loom_backend_ops *k = m->be->ops;
     void *bs = m->be->self;
-    int E = g->cfg.experts, K = g->cfg.top_k, C = m->cfg.dim, F = m->Fl, El = g->El;
+    int E = g->cfg.experts, K = g->cfg.top_k, C = m->cfg.dim, El = g->El;
     widen_block(m, l);
     /* the router in fp32 (Switch's selective precision, Mixtral's fp32 softmax): its
      * logits from fp32 products and never rounded; the routing on the host in fp32 */
@@ -643,50 +799,37 @@ loom_status gpt_moe_forward(loom_gpt *m, int l, int e0, const float *x, float *o
     k->copy_to_device(bs, b->tok, rt->tok, A * sizeof(int));
     k->copy_to_device(bs, b->gate, rt->agate, A * sizeof(float));
     k->rows_gather(b->xin, x, b->tok, NULL, A, C);
-    /* The experts' inputs xe, expert-major: here, or gathered from every ep rank */
+    /* The experts' inputs xe, expert-major: here, or gathered from every ep rank chunk by
+     * chunk (each chunk's outputs start back while the next computes) */
     float *xe = b->xin, *ye = b->y;
     const int *eoff = rt->offset + g->ep_rank * El, *ecount = rt->count + g->ep_rank * El;
-    size_t Ar = A;
+    int nch = 1;
     if (g->ep > 1) {
         LOOM_TRY(ep_plan(m, b));
-        LOOM_TRY(ep_exchange(m, b, b->xin, b->send_rows, b->send_off, g->xr, b->recv_rows,
-                             b->recv_off));
-        Ar = (size_t)b->Ar;
-        k->rows_gather(b->xe, g->xr, b->perm, NULL, Ar, C);
         xe = b->xe;
         ye = g->ye;
         eoff = b->eoff;
         ecount = b->ecount;
-    }
-    int H = g->hw;
-    for (int j = 0; j < El; j++) /* one GEMM per expert over the rows it received */
-        for (int s = 0; s < g->segs; s++) {
-            size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
-            if (n) /* 16-bit: the dense MLP's product (gpt_matmul_forward) */
-                gpt_matmul_forward(m, b->h + o * H, xe + o * C, FCW(m->params), FCB(m->params),
-                                   1, (int)n, C, H);
+        nch = g->chunks;
+        for (int c = 0, j0, j1; c < nch; c++) {
+            chunk_experts(g, c, &j0, &j1);
+            LOOM_TRY(ep_start(m, b, j0, j1, 0, b->xin, g->xr));
         }
-    size_t rows = g->ep > 1 ? Ar : A;
-    /* 16-bit activations: each stored one rounded where it is written, as the dense MLP's */
-    gpt_round(m, b->h, rows * (size_t)H);
-    if (g->swiglu) /* silu(gate) * up, each row's gate|up halves */
-        k->swiglu_forward(b->hg, b->h, rows, F);
-    else
-        k->gelu_forward(b->hg, b->h, rows * F); /* without ep: every expert's rows, all here */
-    gpt_round(m, b->hg, rows * (size_t)F);
-    for (int j = 0; j < El; j++)
-        for (int s = 0; s < g->segs; s++) {
-            size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
-            if (n)
-                gpt_matmul_forward(m, ye + o * C, b->hg + o * F, PJW(m->params),
-                                   m->tp_rank == 0 ? PJB(m->params) : NULL, 1, (int)n, F, C);
-        }
-    gpt_round(m, ye, rows * (size_t)C);
-    if (g->ep > 1) { /* back to the ranks the rows came from, in their order */
-        k->rows_gather(g->xr, ye, b->inv, NULL, Ar, C);
-        LOOM_TRY(ep_exchange(m, b, g->xr, b->recv_rows, b->recv_off, b->y, b->send_rows,
-                             b->send_off));
     }
+    for (int c = 0; c < nch; c++) {
+        int j0 = 0, j1 = El;
+        if (g->ep > 1) {
+            chunk_experts(g, c, &j0, &j1);
+            LOOM_TRY(ep_wait_oldest(m));
+            chunk_to_experts(m, b, j0, j1, xe, g->xr);
+        }
+        experts_forward(m, b, e0, xe, ye, eoff, ecount, j0, j1);
+        if (g->ep > 1) { /* back to the ranks the rows came from, in their order */
+            chunk_to_sources(m, b, j0, j1, g->xr, ye);
+            LOOM_TRY(ep_start(m, b, j0, j1, 1, g->xr, b->y));
+        }
+    }
+    LOOM_TRY(ep_wait_all(m));
     k->zero(bs, out, R * C * sizeof(float));
     k->rows_scatter_add(out, b->y, b->tok, b->gate, A, C);
     /* under tp each rank's experts gave their slice's partial proj (the bias on tp rank 0):
@@ -738,6 +881,59 @@ static void router_back(loom_gpt *m, int mode, float *dinp, float *dw, const flo
                            Cin, OC);
 }
 
+/* Local experts [j0, j1)'s backward from dye (their outputs' gradients, expert-major):
+ * proj, the activation, fc, each linear fused or split (mode); dxe the inputs' gradients.
+ * The exchanges in flight move between the GEMMs. */
+static void experts_backward(loom_gpt *m, moe_block *b, int e0, int mode, const float *dye,
+                             float *dh, float *dxe, const float *xe, const int *eoff,
+                             const int *ecount, int j0, int j1)
+{
+    gpt_moe *g = m->moe;
+    const loom_backend_ops *k = m->be->ops;
+    int C = m->cfg.dim, F = m->Fl, H = g->hw;
+    for (int j = j0; j < j1; j++)
+        for (int s = 0; s < g->segs; s++) {
+            size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
+            if (n)
+                linear_back(m, mode, g->dhg + o * F, grad_of(m, b, xent(g, e0, j, X_PJW), s),
+                            grad_of(m, b, xent(g, e0, j, X_PJB), s), dye + o * C,
+                            b->hg + o * F, PJW(m->params), n, F, C);
+            ep_progress(m);
+        }
+    size_t o0 = (size_t)(eoff[j0] - eoff[0]), rows = (size_t)(eoff[j1] - eoff[j0]);
+    if (g->swiglu)
+        k->swiglu_backward(dh + o0 * H, b->h + o0 * H, g->dhg + o0 * F, rows, F);
+    else
+        k->gelu_backward(dh + o0 * F, b->h + o0 * F, g->dhg + o0 * F, rows * F);
+    for (int j = j0; j < j1; j++)
+        for (int s = 0; s < g->segs; s++) {
+            size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
+            if (n)
+                linear_back(m, mode, dxe + o * C, grad_of(m, b, xent(g, e0, j, X_FCW), s),
+                            grad_of(m, b, xent(g, e0, j, X_FCB), s), dh + o * H, xe + o * C,
+                            FCW(m->params), n, C, H);
+            ep_progress(m);
+        }
+}
+
+/* The router's backward: the gates' gradient, and the aux and z losses', each weighted by
+ * the forward's dloss * R (the micro-batch's share of the step's token mean), into
+ * dlogits, the router's gradient and g->dxr (its input gradient). */
+static void router_backward(loom_gpt *m, int l, int e0, size_t R, int mode, float *dlogits)
+{
+    gpt_moe *g = m->moe;
+    moe_block *b = &g->blk[g->index[l]];
+    const loom_backend_ops *k = m->be->ops;
+    void *bs = m->be->self;
+    int E = g->cfg.experts, C = m->cfg.dim;
+    k->copy_to_host(bs, g->dgate_h, g->dgate, (size_t)b->rt.kept * sizeof(float));
+    double w = (double)g->dloss * (double)R;
+    moe_route_backward(&b->rt, g->dgate_h, w * g->cfg.aux_loss, w * g->cfg.z_loss, g->dlogits_h);
+    k->copy_to_device(bs, dlogits, g->dlogits_h, R * E * sizeof(float));
+    const float *x = m->acts[l].ln2_full;
+    router_back(m, mode, g->dxr, at(m, m->grads, e0), dlogits, x, at(m, m->params, e0), R, C, E);
+}
+
 static loom_status moe_backward(loom_gpt *m, int l, int e0, const float *dout, float *dx,
                                 size_t R, int mode)
 {
@@ -753,14 +949,14 @@ static loom_status moe_backward(loom_gpt *m, int l, int e0, const float *dout, f
                   rt->R);
     widen_block(m, l);
     int split = mode != MOE_FUSED;
-    /* the gradients W reads: B's own per slot under a split backward, else scratch */
-    float *dy = split ? b->kdy : g->dy, *dh = split ? b->kdh : g->dh;
+    /* the gradients W reads: B's own per slot under a split backward, else scratch; under
+     * ep the tokens' side dy only travels (W reads the experts' side, kdy), and a chunk's
+     * send must not be overwritten by an earlier chunk's arrival: scratch */
+    float *dy = split && g->ep == 1 ? b->kdy : g->dy, *dh = split ? b->kdh : g->dh;
     float *dlogits = split ? b->kdlogits : g->dlogits;
     float *dye = dy, *dxe = g->dxin, *xe = b->xin;
     const int *eoff = rt->offset + g->ep_rank * El, *ecount = rt->count + g->ep_rank * El;
-    size_t rows = A;
     if (g->ep > 1) {
-        rows = (size_t)b->Ar;
         dye = split ? b->kdy : g->dye;
         dxe = g->dxe;
         xe = b->xe;
@@ -798,46 +994,37 @@ static loom_status moe_backward(loom_gpt *m, int l, int e0, const float *dout, f
     k->rows_dot(g->dgate, dout, b->tok, b->y, A, C);
     /* y is this tp rank's partial: the gates' gradient is the sum over the group */
     LOOM_TRY(gpt_tensor_allreduce(m, g->dgate, A, LOOM_REDUCE_SUM));
+    int nch = 1;
     if (g->ep > 1) { /* the outputs' gradients to the experts' ranks, as the inputs went */
-        LOOM_TRY(ep_exchange(m, b, dy, b->send_rows, b->send_off, g->xr, b->recv_rows,
-                             b->recv_off));
-        k->rows_gather(dye, g->xr, b->perm, NULL, rows, C);
-    }
-    for (int j = 0; j < El; j++)
-        for (int s = 0; s < g->segs; s++) {
-            size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
-            if (n)
-                linear_back(m, mode, g->dhg + o * F, grad_of(m, b, xent(g, e0, j, X_PJW), s),
-                            grad_of(m, b, xent(g, e0, j, X_PJB), s), dye + o * C,
-                            b->hg + o * F, PJW(m->params), n, F, C);
+        nch = g->chunks;
+        for (int c = 0, j0, j1; c < nch; c++) {
+            chunk_experts(g, c, &j0, &j1);
+            LOOM_TRY(ep_start(m, b, j0, j1, 0, dy, g->xr));
         }
-    if (g->swiglu)
-        k->swiglu_backward(dh, b->h, g->dhg, rows, F);
-    else
-        k->gelu_backward(dh, b->h, g->dhg, rows * F);
-    for (int j = 0; j < El; j++)
-        for (int s = 0; s < g->segs; s++) {
-            size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
-            if (n)
-                linear_back(m, mode, dxe + o * C, grad_of(m, b, xent(g, e0, j, X_FCW), s),
-                            grad_of(m, b, xent(g, e0, j, X_FCB), s), dh + o * H, xe + o * C,
-                            FCW(m->params), n, C, H);
-        }
-    if (g->ep > 1) { /* the inputs' gradients back to the tokens' ranks */
-        k->rows_gather(g->xr, g->dxe, b->inv, NULL, rows, C);
-        LOOM_TRY(ep_exchange(m, b, g->xr, b->recv_rows, b->recv_off, g->dxin, b->send_rows,
-                             b->send_off));
     }
+    for (int c = 0; c < nch; c++) {
+        int j0 = 0, j1 = El;
+        if (g->ep > 1) {
+            chunk_experts(g, c, &j0, &j1);
+            LOOM_TRY(ep_wait_oldest(m));
+            chunk_to_experts(m, b, j0, j1, dye, g->xr);
+        }
+        experts_backward(m, b, e0, mode, dye, dh, dxe, xe, eoff, ecount, j0, j1);
+        if (g->ep > 1) { /* the inputs' gradients back to the tokens' ranks */
+            chunk_to_sources(m, b, j0, j1, g->xr, dxe);
+            LOOM_TRY(ep_start(m, b, j0, j1, 1, g->xr, g->dxin));
+        }
+    }
+    /* the router's backward needs none of the exchanges: with them overlapped it runs
+     * while the last is in flight (it writes only dlogits, g->dxr and the router's
+     * gradient, so the bits are the same) */
+    if (g->chunks > 1)
+        router_backward(m, l, e0, R, mode, dlogits);
+    LOOM_TRY(ep_wait_all(m));
     k->zero(bs, dx, R * C * sizeof(float));
     k->rows_scatter_add(dx, g->dxin, b->tok, NULL, A, C);
-    /* the router: the gates' gradient, and the aux and z losses', each weighted by the
-     * forward's dloss * R (the micro-batch's share of the step's token mean) */
-    k->copy_to_host(bs, g->dgate_h, g->dgate, A * sizeof(float));
-    double w = (double)g->dloss * (double)R;
-    moe_route_backward(rt, g->dgate_h, w * g->cfg.aux_loss, w * g->cfg.z_loss, g->dlogits_h);
-    k->copy_to_device(bs, dlogits, g->dlogits_h, R * E * sizeof(float));
-    const float *x = m->acts[l].ln2_full;
-    router_back(m, mode, g->dxr, at(m, m->grads, e0), dlogits, x, at(m, m->params, e0), R, C, E);
+    if (g->chunks == 1)
+        router_backward(m, l, e0, R, mode, dlogits);
     if (m->tp_rank == 0) /* the router is replicated: its input gradient joins once */
         k->accumulate(dx, g->dxr, R * C);
     /* each tp rank's experts gave their slice's part of the input gradient (column-

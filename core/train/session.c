@@ -942,6 +942,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     loom_gpt_refresh_params(s->model); /* the compute copy from the master: after the last
                                         * step, a checkpoint or llm.c load, anything */
     loom_gpt_take_comm_ms(s->model); /* drop what eval or sampling spent */
+    const double *a2a;
+    (void)loom_gpt_moe_take_spans(s->model, &a2a);
     if (s->zero)
         loom_zero_take_comm_ms(s->zero);
     const loom_backend_ops *k = s->backend.ops;
@@ -1172,6 +1174,9 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     double t_done = loom_now_ms();
     loom_trace_span(s->trace, LOOM_TRACE_OPTIMIZER, t_opt, t_done, -1, -1);
     loom_trace_span(s->trace, LOOM_TRACE_STEP, t0, t_done, -1, -1);
+    /* the step's calls into the MoE exchanges under ep (lane "ep") */
+    for (size_t i = 0, n = loom_gpt_moe_take_spans(s->model, &a2a); i < n; i++)
+        loom_trace_span(s->trace, LOOM_TRACE_EP_A2A, a2a[2 * i], a2a[2 * i + 1], -1, -1);
     LOOM_TRY(loom_trace_flush(s->trace));
     out->step = s->steps;
     out->loss = loss_sum / tokens;

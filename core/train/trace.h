@@ -14,7 +14,10 @@
  *   2 "step":    one span per optimizer step;
  *   3 "dp":      allreduce: the data-parallel reduction in flight, from its first bucket
  *                started (during the backwards where they hand buckets over) to the last
- *                one completed (fast mode with the dp strategy).
+ *                one completed (fast mode with the dp strategy);
+ *   4 "ep":      a2a: inside the mixture of experts' all-to-all(-v) exchanges under ep
+ *                (starting, testing between expert GEMMs, waiting; moe.c), so the lane's
+ *                sum is the time a step spent in them rather than computing.
  * args hold the step and, for pipeline instructions, the micro-batch and chunk; a span
  * begun with loom_trace_cost_begin also holds what it cost the process: cpu_ms (CPU time,
  * every thread), faults (minor page faults: a first touch of fresh memory) and preempt
@@ -53,6 +56,7 @@ typedef enum loom_trace_kind {
     LOOM_TRACE_NORM,
     LOOM_TRACE_STEP,
     LOOM_TRACE_ALLREDUCE,
+    LOOM_TRACE_EP_A2A,
     LOOM_TRACE_KINDS
 } loom_trace_kind;
 

@@ -302,6 +302,7 @@ void zero_ep_free(loom_zero *z)
     free(z->ep->ulo);
     free(z->ep->uhi);
     free(z->ep->staging);
+    zero_ep_slots_free(z->ep);
     zero_ep_reduce_free(z->ep);
     free(z->ep);
     z->ep = NULL;

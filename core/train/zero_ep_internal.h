@@ -42,6 +42,22 @@ typedef struct ep_flight {
     float *slot;         /* staging to add into the partition, or NULL: received in place */
 } ep_flight;
 
+/* Stage 3 (zero_ep_gather.c): one unit's all-gathers in flight, in a staging slot. */
+typedef struct ep_slot_bucket {
+    int kind;
+    size_t lo, len;           /* packed [lo, lo + len) of the kind */
+    loom_comm_request *req;   /* NULL: a group of one (src is the partition) or done */
+    const float *src;         /* the bucket's floats once gathered: packed lo at src[0] */
+} ep_slot_bucket;
+
+typedef struct ep_slot {
+    int unit;                 /* -1: free */
+    float *staging;
+    size_t used, floats;      /* floats of staging in use (floats: init's probe) */
+    ep_slot_bucket *bk;
+    int n_req;
+} ep_slot;
+
 struct zero_ep {
     ep_part part[2];     /* dense over dp, experts over edp */
     float *staging;      /* one bucket */
@@ -54,6 +70,9 @@ struct zero_ep {
     int n_flight, next_slot;
     /* stage 3 (zero_ep_params.c): unit u's packed range of kind k, [ulo, uhi) at 2u + k */
     size_t *ulo, *uhi;
+    ep_slot slot[2];     /* the unit in use and the one gathered ahead (zero_ep_gather.c) */
+    size_t slot_floats;  /* each slot's staging */
+    int prefetch;        /* moe.zero_prefetch: the pass's next unit gathered ahead */
 };
 
 /* fn for each piece of packed [a, e) of part p: its entry, flat offset, length and
@@ -74,5 +93,18 @@ loom_status zero_ep_reduce_held(loom_zero *z);
  * pin as loom_zero_pin_params. */
 loom_status zero_ep_params_init(loom_zero *z);
 loom_status zero_ep_pin_params(loom_zero *z, int pin);
+/* Under stage 3, before the partition changes (the optimizer step): every unit's gather
+ * still in flight finished (its values are then stale, as every unit's); the next pass
+ * counted as going up. */
+loom_status zero_ep_params_drain(loom_zero *z);
+
+/* zero_ep_gather.c: two staging slots sized for the largest unit (after the units' ranges
+ * are known); start unit u's gathers into a free slot; finish them (wait, unpack into the
+ * model's buffer, free the slot); the slot holding unit u, or a free one for u = -1. */
+loom_status zero_ep_slots_init(loom_zero *z);
+void zero_ep_slots_free(struct zero_ep *x);
+loom_status zero_ep_start_unit(loom_zero *z, int u);
+loom_status zero_ep_finish_unit(loom_zero *z, int u);
+ep_slot *zero_ep_slot_of(loom_zero *z, int u);
 
 #endif

@@ -7,9 +7,10 @@
  * from the buffer's, so not in place) and the unit's pieces are unpacked into the buffer;
  * when the pass is done with the unit its whole pages go back to the OS. An edp group of
  * one (ep = dp) holds its experts whole: they are unpacked straight from the partition.
- * Unlike zero_params.c the gathers are not started ahead (no prefetch): each is waited for
- * when the unit is needed. The values are the partition's, whoever gathers them, so the
- * forward and backward read exactly what stage 1's gathered buffer would hold.
+ * With moe.zero_prefetch the pass's next unit is gathered ahead, as in zero_params.c
+ * (without: each unit when needed); zero_ep_gather.c holds the gathers in flight. The
+ * values are the partition's, whoever gathers them and whenever, so the forward and
+ * backward read exactly what stage 1's gathered buffer would hold.
  */
 #include "zero_ep_internal.h"
 
@@ -21,54 +22,45 @@
 #include "base/clock.h"
 #include "base/status.h"
 #include "model/gpt.h"
+#include "model/gpt_stage.h"
 #include "zero_ckpt.h"
 
 enum { STALE = 0, RESIDENT = 3 }; /* zero_params.c's states; the others are not used here */
 
-typedef struct unpack_ctx {
-    float *params;
-    const float *src;    /* packed float lo at src[0] */
-    size_t lo;
-} unpack_ctx;
-
-static void unpack_piece(void *ctx, const ep_run *r, size_t flat, size_t n, size_t packed)
-{
-    (void)r;
-    unpack_ctx *c = ctx;
-    memcpy(c->params + flat, c->src + (packed - c->lo), n * sizeof(float));
-}
-
-/* Unit u's pieces of kind k into the model's buffer, bucket by bucket. */
-static loom_status gather_kind(loom_zero *z, int u, int k)
-{
-    struct zero_ep *x = z->ep;
-    const ep_part *p = &x->part[k];
-    size_t ulo = x->ulo[2 * u + k], uhi = x->uhi[2 * u + k];
-    for (size_t lo = 0, len; lo < p->Kp && lo < uhi; lo += len) {
-        len = zero_ep_bucket_len(p, lo);
-        if (lo + len <= ulo)
-            continue;
-        size_t sub = len / (size_t)p->n;
-        const float *mine = z->part_params + p->pos0 + lo / (size_t)p->n, *src = mine;
-        if (p->n > 1) {
-            loom_comm_request *r;
-            LOOM_TRY(p->comm->allgather_start(p->group, mine, x->staging, sub, LOOM_DTYPE_F32, &r));
-            LOOM_TRY(p->comm->wait(p->group, r));
-            src = x->staging;
-        }
-        unpack_ctx c = {loom_gpt_param_data(z->model), src, lo};
-        zero_ep_each_piece(p, lo > ulo ? lo : ulo, lo + len < uhi ? lo + len : uhi, unpack_piece, &c);
-    }
-    return LOOM_OK;
-}
-
+/* Unit u into the model's buffer: its gathers (started ahead, or now) finished. */
 static loom_status gather_unit(loom_zero *z, int u)
 {
-    for (int k = 0; k < 2; k++)
-        LOOM_TRY(gather_kind(z, u, k));
+    if (!zero_ep_slot_of(z, u))
+        LOOM_TRY(zero_ep_start_unit(z, u));
+    LOOM_TRY(zero_ep_finish_unit(z, u));
     z->units[u].state = RESIDENT;
     zero_measure_params(z);
     return LOOM_OK;
+}
+
+/* Unit u is needed now: its gathers started (if not yet), then the pass's next unit's
+ * (zero_params.c's rule: up in forward, down in backward; going down the embeddings are
+ * next needed after the optimizer step, so not ahead), then u's waited for. The next
+ * unit's run over their groups while u computes, as far as the communicators move them
+ * (shm: inside test and wait, which the next unit's gathers and the tp / ep exchanges
+ * call). */
+static loom_status need(loom_zero *z, int u)
+{
+    int resident = z->units[u].state == RESIDENT;
+    if (!resident && !zero_ep_slot_of(z, u))
+        LOOM_TRY(zero_ep_start_unit(z, u));
+    int next = u > z->last_unit ? u + 1 : u - 1;
+    z->last_unit = u;
+    if (z->ep->prefetch && next >= 1 && next < z->n_units && !z->units[next].empty &&
+        z->units[next].state != RESIDENT && !zero_ep_slot_of(z, next)) {
+        for (int i = 0; i < 2; i++) { /* a unit gathered ahead that the pass turned from */
+            int v = z->ep->slot[i].unit;
+            if (v >= 0 && v != u)
+                LOOM_TRY(gather_unit(z, v));
+        }
+        LOOM_TRY(zero_ep_start_unit(z, next));
+    }
+    return resident ? LOOM_OK : gather_unit(z, u);
 }
 
 static void release_unit(loom_zero *z, int u)
@@ -88,9 +80,9 @@ static loom_status param_use(void *ctx, int u, int needed)
         return LOOM_OK;
     double t0 = loom_now_ms();
     loom_status st = LOOM_OK;
-    if (needed && un->state != RESIDENT)
-        st = gather_unit(z, u);
-    else if (!needed && !z->pinned && un->state == RESIDENT)
+    if (needed)
+        st = need(z, u);
+    else if (!z->pinned && un->state == RESIDENT)
         release_unit(z, u);
     z->comm_ms += loom_now_ms() - t0;
     return st;
@@ -143,14 +135,32 @@ loom_status zero_ep_params_init(loom_zero *z)
         zero_drop_pages(z, un->inner_lo, un->inner_hi); /* until first needed */
     }
     z->last_unit = -1;
+    LOOM_TRY(zero_ep_slots_init(z));
+    z->staging_floats += 2 * x->slot_floats;
+    x->prefetch = loom_gpt_get_config(z->model)->moe.zero_prefetch && !loom_gpt_is_stage(z->model);
     loom_gpt_set_param_hook(z->model, param_use, z);
     return LOOM_OK;
+}
+
+loom_status zero_ep_params_drain(loom_zero *z)
+{
+    loom_status st = LOOM_OK;
+    for (int i = 0; z->ep && i < 2; i++)
+        if (z->ep->slot[i].unit >= 0) {
+            int u = z->ep->slot[i].unit;
+            loom_status w = zero_ep_finish_unit(z, u);
+            z->units[u].state = RESIDENT; /* until the caller marks every unit stale */
+            if (st == LOOM_OK)
+                st = w;
+        }
+    z->last_unit = -1; /* the next pass (after the step: a forward) goes up */
+    return st;
 }
 
 loom_status zero_ep_pin_params(loom_zero *z, int pin)
 {
     z->pinned = pin;
-    loom_status st = LOOM_OK;
+    loom_status st = zero_ep_params_drain(z);
     for (int u = 0; u < z->n_units && st == LOOM_OK; u++) {
         if (z->units[u].empty)
             continue;

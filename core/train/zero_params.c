@@ -267,6 +267,8 @@ loom_status loom_zero_settle(loom_zero *z)
 
 void loom_zero_params_stale(loom_zero *z)
 {
+    if (z->ep) /* expert parallelism: a gather still in flight finished first */
+        (void)zero_ep_params_drain(z);
     for (int u = 0; z->units && u < z->n_units; u++) {
         if (z->units[u].state == READING) /* old values: a failure is of no consequence */
             (void)drop_read(z, u);

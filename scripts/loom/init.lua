@@ -68,6 +68,10 @@ local moe_spec = {
   z_loss = { type = "number", min = 0, help = "router z-loss weight (default 0.001)" },
   router = { type = "string", one_of = { "topk", "noisy_topk" } },
   noise_std = { type = "number", min = 0, help = "noisy_topk: std of the logits' noise (default 1)" },
+  overlap = { type = "boolean", help = "ep: each half of the local experts' exchange runs while the "
+    .. "other half computes (default false: slower on the 2-core shm measured, docs/MOE.md; the same bits either way)" },
+  zero_prefetch = { type = "boolean", help = "ZeRO-3 under ep: the next unit's gather starts "
+    .. "ahead (default false: no faster on the 2-core shm measured; the same bits either way)" },
 }
 
 -- The moe table of model t, checked and with its defaults filled in; origin(key) as
@@ -77,7 +81,8 @@ local function check_moe(t, where, origin)
   schema.check(e, moe_spec, origin and "model.moe" or "loom.gpt moe", where, origin)
   local m = { experts = e.experts, top_k = e.top_k or math.min(2, e.experts), every = e.every or 1,
     capacity_factor = e.capacity_factor or 1.25, aux_loss = e.aux_loss or 0.01,
-    z_loss = e.z_loss or 0.001, router = e.router or "topk", noise_std = e.noise_std or 1.0 }
+    z_loss = e.z_loss or 0.001, router = e.router or "topk", noise_std = e.noise_std or 1.0,
+    overlap = e.overlap == true, zero_prefetch = e.zero_prefetch == true }
   if m.top_k > m.experts then
     schema.fail(where, "loom.gpt moe top_k=%d is more than experts=%d (top_k may be 1 to %d)",
       m.top_k, m.experts, m.experts)

@@ -138,7 +138,7 @@ local function stage_memory(t, s, blocks, facts, r, opts)
   end
   local slots = state_slots[s.optimizer] or 2
   -- bf16 / fp16 (plugins/precision): the fp32 parameters (ZeRO's partition at every stage:
-  -- zero_master.c below stage 3) are
+  -- zero_master.c below stage 3; under ep whole below stage 3, zero_ep.c) are
   -- the master copy beside a 16-bit compute copy of the whole table and the fp32 scratch it
   -- is widened through (fp.compute_params, fp.widen: the model's own gpt_precision.c
   -- layout); gradients, their buffers and the optimizer state stay fp32; the saved
@@ -146,7 +146,7 @@ local function stage_memory(t, s, blocks, facts, r, opts)
   local half = s.precision == "bf16" or s.precision == "fp16"
   local pb = F32 -- bytes per parameter and gradient element in the fp32 buffers
   local mem = {
-    params = ((s.zero == 3 or (half and s.zero >= 1)) and part or psi) * pb,
+    params = ((s.zero == 3 or (half and s.zero >= 1 and not ep_split)) and part or psi) * pb,
     grads = ((s.zero >= 2 and not s.canonical) and part or psi) * pb,
     optimizer = slots * (s.zero >= 1 and part or psi) * F32,
     master = 0,

@@ -23,6 +23,7 @@ LANES = {
         "tied_sync", "norm"},
     2: {"step"},
     3: {"allreduce"},
+    4: {"a2a"},
 }
 OPS = {"FWD": "forward", "BWD": "backward", "BWD_INPUT": "backward_input",
        "BWD_WEIGHT": "backward_weight"}

@@ -22,8 +22,12 @@
 #    rank = the formula, the full buffer's resident peak below its size; pp=2 dp=2 ep=2
 #    zero=2 within 1e-5 of dp=4;
 #  - zero=3 under ep (parameters partitioned too, gathered unit by unit): dp=4 ep=2 gives
-#    ep's bits, resumed bitwise, canonical dp=4 ep=2 one rank's bits, params per rank = the
-#    formula, the full parameter buffer's resident peak below its size;
+#    ep's bits with and without the next unit gathered ahead (model.moe.zero_prefetch),
+#    resumed bitwise, canonical dp=4 ep=2 one rank's bits, params per rank = the formula,
+#    the full parameter buffer's resident peak below its size;
+#  - the exchanges overlapped (model.moe.overlap): dp=2 ep=2 the blocking run's bits,
+#    canonical dp=2 ep=2 and dp=4 ep=2 zero=3 one rank's, pp=2 dp=2 ep=2 zb1 1f1b's; the
+#    trace's ep lane;
 #  - tensor parallelism (experts split by tp): tp=2 within 1e-5 of one rank, with sequence
 #    parallelism too; tp=2 sp dp=2 ep=2 within 1e-5 of dp=2, saved there and resumed at
 #    tp=1 ep=1 within 1e-5;
@@ -79,7 +83,8 @@ run1 $canon log.jsonl="$tmp/c1.jsonl" | grep '^LOSS' > "$tmp/c1"
 run2 $canon | grep '^LOSS' > "$tmp/c2"
 finite_losses "$tmp/c1" && cmp -s "$tmp/c1" "$tmp/c2" || { echo "canonical dp=1/2 differ"; exit 1; }
 # with ep: each source rank's rows in GEMMs of their own, expert gradients in the same tree
-run2 $canon mesh.ep=2 | grep '^LOSS' > "$tmp/ce2"
+# (the exchanges overlapped: model.moe.overlap, below)
+run2 $canon mesh.ep=2 model.moe.overlap=true | grep '^LOSS' > "$tmp/ce2"
 cmp -s "$tmp/c1" "$tmp/ce2" || { echo "canonical dp=2 ep=2 differs from dp=1"; exit 1; }
 # dp=4 ep=2 with ZeRO-1 (core/train/zero_ep.c: the experts' state over their edp group)
 "$loom" launch -n 4 "$recipe" threads=1 mesh.dp=4 mesh.ep=2 strategy.zero=1 comm_timeout=20 $canon steps=10 |
@@ -123,6 +128,19 @@ below "$d" 1e-5 || { echo "dp=2 ep=2 differs from ep=1 by $d"; exit 1; }
 cmp -s <(grep '^MOE 1 ' "$tmp/dp2.out" | cut -d' ' -f1-4) <(grep '^MOE 1 ' "$tmp/ep2.out" | cut -d' ' -f1-4) ||
   { echo "ep=2 step 1 load differs from ep=1's"; exit 1; }
 echo "ok dp=2 ep=2: max |loss diff| $d from ep=1 over 20 steps, step 1 load equal"
+# The exchanges overlapped (model.moe.overlap = true; moe.c): each half of the local
+# experts' rows travels on its own while the other half computes, the router's backward
+# runs while the last exchange is in flight. The same GEMMs over the same rows, so the
+# same bits as one blocking exchange each way (canonical dp=2 ep=2 above and the pp=2 zb1
+# run below have it on too); the trace's "ep" lane holds the time inside them.
+runN 2 batch.global=8 mesh.ep=2 steps=6 model.moe.overlap=true log.trace="$tmp/tr_ep" | grep '^LOSS' > "$tmp/ep2b"
+cmp -s <(head -6 "$tmp/ep2") "$tmp/ep2b" || { echo "dp=2 ep=2 with the overlap differs from without it"; exit 1; }
+python3 "$here/check_trace.py" "$tmp/tr_ep" 2 6 > /dev/null || { echo "dp=2 ep=2: the trace fails check_trace.py"; exit 1; }
+for r in 0 1; do
+  n=$(grep -c '"name":"a2a"' "$tmp/tr_ep/rank$r.json") || true
+  [[ $n -ge 48 ]] || { echo "dp=2 ep=2: rank $r's trace has $n a2a spans, want one per exchange (>= 48)"; exit 1; }
+done
+echo "ok dp=2 ep=2 with the exchanges overlapped: the blocking run's bits (6 steps); the trace's ep lane has the exchanges"
 runN 4 batch.global=16 steps=10 | grep '^LOSS' > "$tmp/dp4"
 runN 4 batch.global=16 steps=10 mesh.ep=2 | grep '^LOSS' > "$tmp/ep4"
 d=$(max_loss_diff "$tmp/dp4" "$tmp/ep4")
@@ -184,7 +202,7 @@ echo "ok zero=2 under ep: dp=4 ep=2 gives ep's bits, resumed at step 3 bitwise; 
 # forward and backward, so ep's bits; saved at step 3 (every unit gathered for the save)
 # and resumed bitwise; canonical dp=4 ep=2 (edp = 2) one rank's bits; params per rank =
 # 4 (D/dp + X/edp), the full buffer's measured resident peak below its 4 (D + X) bytes.
-runR 4 batch.global=16 steps=6 mesh.ep=2 strategy.zero=3 checkpoint.dir="$tmp/ckz3" \
+runR 4 batch.global=16 steps=6 mesh.ep=2 strategy.zero=3 model.moe.zero_prefetch=true checkpoint.dir="$tmp/ckz3" \
   checkpoint.every=3 log.jsonl="$tmp/ez43.jsonl" > "$tmp/ez43.out"
 cmp -s <(head -6 "$tmp/ep4") <(grep '^LOSS' "$tmp/ez43.out") || { echo "dp=4 ep=2 zero=3 differs from dp=4 ep=2"; exit 1; }
 runN 4 batch.global=16 steps=6 mesh.ep=2 strategy.zero=3 resume="$tmp/ckz3/step_00000003" |
@@ -195,10 +213,16 @@ pp3=$(grep -m1 -o '"params_peak_resident": *[0-9]*' "$tmp/ez43.jsonl" | grep -o 
 full=$(awk 'BEGIN { C = 32; L = 2; E = 4; print 4 * (256 * C + 32 * C + L * (8 * C + 4 * C * C + E * C) + 2 * C + L * (E / 2) * (8 * C * C + 5 * C)) }')
 [[ -n "$pp3" && "$pp3" -gt 0 && "$pp3" -lt "$full" ]] ||
   { echo "dp=4 ep=2 zero=3: the full parameter buffer's resident peak '$pp3' is not below its $full bytes"; exit 1; }
-"$loom" launch -n 4 "$recipe" threads=1 mesh.dp=4 mesh.ep=2 strategy.zero=3 comm_timeout=20 $canon steps=6 |
+"$loom" launch -n 4 "$recipe" threads=1 mesh.dp=4 mesh.ep=2 strategy.zero=3 comm_timeout=20 $canon steps=6 \
+  model.moe.zero_prefetch=true model.moe.overlap=true |
   grep '^LOSS' > "$tmp/cz3"
 cmp -s <(head -6 "$tmp/c1") "$tmp/cz3" || { echo "canonical dp=4 ep=2 zero=3 differs from dp=1"; exit 1; }
-echo "ok zero=3 under ep: dp=4 ep=2 gives ep's bits, resumed at step 3 bitwise; canonical dp=4 ep=2 one rank's bits; memory = formula ($m43), full parameter buffer resident at most $pp3 of $full bytes"
+# the next unit's gathers started ahead (model.moe.zero_prefetch = true: the run saved
+# above, and the canonical one with the exchanges overlapped too; the resume has it off)
+# or each only when needed: the same values unpacked, the same bits
+runN 4 batch.global=16 steps=6 mesh.ep=2 strategy.zero=3 model.moe.zero_prefetch=false | grep '^LOSS' > "$tmp/ez43n"
+cmp -s <(head -6 "$tmp/ep4") "$tmp/ez43n" || { echo "dp=4 ep=2 zero=3 without the prefetch differs from dp=4 ep=2"; exit 1; }
+echo "ok zero=3 under ep: dp=4 ep=2 gives ep's bits with and without the prefetch, resumed at step 3 bitwise; canonical dp=4 ep=2 one rank's bits; memory = formula ($m43), full parameter buffer resident at most $pp3 of $full bytes"
 # checkpoints hold every expert by logical name whatever ep saved them: any ep resumes
 runN 2 batch.global=8 mesh.ep=2 steps=10 checkpoint.dir="$tmp/cke" > /dev/null
 runN 2 batch.global=8 mesh.ep=2 resume="$tmp/cke/step_00000010" | grep '^LOSS' > "$tmp/r22"
@@ -279,6 +303,11 @@ below "$dppe" 1e-5 || { echo "pp=2 dp=2 ep=2 differs from dp=4 by $dppe"; exit 1
 "$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 microbatches=2 batch.global=16 steps=6 \
   strategy.zero=1 resume="$tmp/ckpe/step_00000003" comm_timeout=20 | grep '^LOSS' > "$tmp/ppe_r"
 cmp -s <(awk '$2 > 3' "$tmp/ppe") "$tmp/ppe_r" || { echo "pp=2 dp=2 ep=2 resumed at step 3 with zero=1 differs"; exit 1; }
+# zb1 there with the exchanges overlapped gives 1f1b's bits (the tokens' side of B's
+# exchange is not the buffer the experts' side arrives in, which W reads)
+"$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 microbatches=2 batch.global=16 steps=6 \
+  schedule=zb1 model.moe.overlap=true comm_timeout=20 | grep '^LOSS' > "$tmp/ppe_zb1"
+cmp -s "$tmp/ppe" "$tmp/ppe_zb1" || { echo "pp=2 dp=2 ep=2 zb1 differs from 1f1b"; exit 1; }
 # ZeRO-2 there: each backward's buckets reduce-scattered after it (the engine's hooks), the
 # tied wte's held for the exchange; each micro-batch reduced on its own, so within 1e-5
 "$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 microbatches=2 batch.global=16 steps=6 \

@@ -3,7 +3,8 @@
  *
  * Every operation is asynchronous: *_start enqueues it and returns a request; wait()
  * completes it (and reports any failure, naming the peer rank). Buffers must stay valid
- * and untouched until wait returns. Collectives on one communicator complete in the order
+ * and untouched until wait returns; the count and displacement arrays of the v-collectives
+ * are read at start (shm, mpi and nccl copy them), so they may be reused at once. Collectives on one communicator complete in the order
  * they were started; a send or receive completes on its own, ordered only with the earlier
  * sends (receives) to (from) the same peer, as in MPI: a caller must not count on a receive's
  * wait to have completed an earlier send. Operations on different communicators (groups)

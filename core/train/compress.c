@@ -94,13 +94,6 @@ loom_status loom_compress_create(const loom_compress_config *cfg, loom_gpt *m,
                   "(0, 1) (got %g) and warmup >= 1: the uncompressed steps that set Adam's "
                   "variance before it is frozen (got %lld; Tang et al. warm up for 15-25%% of "
                   "the run)", cfg->momentum, (long long)cfg->warmup);
-    if (cfg->leaves > 0 && (cfg->method == LOOM_COMPRESS_POWERSGD || cfg->momentum != 0))
-        LOOM_FAIL(LOOM_ERR_INVALID, "strategy.compress = { \"%s\"%s } with deterministic = "
-                  "\"canonical\" is not built: canonical compression packs each micro-batch's "
-                  "gradient on its own, which onebit and topk do; %s", loom_compress_method_name(cfg->method),
-                  cfg->momentum != 0 ? ", momentum = true" : "",
-                  cfg->momentum != 0 ? "1-bit Adam's per-rank share of the momentum depends on dp"
-                                     : "powersgd's P = M Q would need canonical products");
     if (cfg->leaves <= 0 && (!comm || dp_size < 2))
         LOOM_FAIL(LOOM_ERR_INVALID, "compress needs a data-parallel group of 2 or more ranks "
                   "(mesh.dp >= 2); with dp=1 there is no gradient exchange to compress");
@@ -113,7 +106,9 @@ loom_status loom_compress_create(const loom_compress_config *cfg, loom_gpt *m,
     c->dp_size = dp_size;
     c->dp_rank = comm ? comm->rank(dp) : 0;
     c->total = loom_gpt_params(m)->total;
-    loom_status st = cfg->method == LOOM_COMPRESS_POWERSGD ? powersgd_plan(c, m) : make_buckets(c, m);
+    loom_status st = cfg->leaves > 0                         ? canon_plan(c, m)
+                     : cfg->method == LOOM_COMPRESS_POWERSGD ? powersgd_plan(c, m)
+                                                             : make_buckets(c, m);
     size_t slots = cfg->leaves > 0 ? (size_t)cfg->leaves : 1; /* residuals and messages */
     if (st == LOOM_OK) {
         c->residual = calloc(slots * c->total + 1, sizeof(float));
@@ -146,6 +141,8 @@ void loom_compress_destroy(loom_compress *c)
     free(c->q_mine);
     free(c->q_sum);
     free(c->bucket_m);
+    free(c->strided_g);
+    free(c->leaf_bad);
     free(c);
 }
 
@@ -284,12 +281,27 @@ static void pack(loom_compress *c, float *g, float *residual, unsigned char *msg
     for (int i = 0; i < c->nb; i++) {
         const bucket *b = &c->b[i];
         momentum_before(c, i, g + b->lo);
+        /* a strided bucket (canonical mode) packed from its elements gathered in box order;
+         * its residual gathered into the slot the contiguous code reads, and put back */
+        const float *gv = g + b->lo;
+        float *ev = residual, *e_at = residual + b->lo;
+        bucket flat = *b;
+        if (b->width) {
+            bucket_gather(b, g + b->lo, c->strided_g);
+            gv = c->strided_g;
+            ev = c->strided_g + c->max_n;
+            bucket_gather(b, e_at, ev);
+            flat.lo = 0;
+            flat.width = 0;
+        }
         if (c->cfg.method == LOOM_COMPRESS_ONEBIT)
-            onebit_pack(residual, b, g + b->lo, (float *)(void *)(msg + (size_t)i * sizeof(float)),
+            onebit_pack(ev, &flat, gv, (float *)(void *)(msg + (size_t)i * sizeof(float)),
                         msg + scales + b->at);
         else
-            topk_pack(c, residual, b, g + b->lo, (float *)(void *)(msg + b->at * sizeof(float)),
+            topk_pack(c, ev, &flat, gv, (float *)(void *)(msg + b->at * sizeof(float)),
                       (uint32_t *)(void *)(msg + vals + b->at * sizeof(uint32_t)));
+        if (b->width)
+            bucket_scatter(b, ev, e_at);
     }
 }
 
@@ -304,21 +316,21 @@ static void add_message(const loom_compress *c, const unsigned char *m, float *g
             float s;
             memcpy(&s, m + (size_t)i * sizeof(float), sizeof s);
             const unsigned char *bits = m + scales + b->at;
-            for (size_t j = 0; j < b->n; j++)
-                g[j] += (bits[j >> 3] >> (j & 7)) & 1 ? s : -s;
+            for (size_t j = 0; j < b->n; j++) /* strided (canonical): into its place */
+                g[bucket_at(b, j)] += (bits[j >> 3] >> (j & 7)) & 1 ? s : -s;
         } else {
             for (size_t j = 0; j < b->k; j++) {
                 float v;
                 uint32_t at;
                 memcpy(&v, m + (b->at + j) * sizeof(float), sizeof v);
                 memcpy(&at, m + vals + (b->at + j) * sizeof(uint32_t), sizeof at);
-                g[at < b->n ? at : 0] += v;
+                g[bucket_at(b, at < b->n ? at : 0)] += v;
             }
         }
     }
 }
 
-static loom_status gather(loom_compress *c, size_t bytes)
+loom_status compress_gather(loom_compress *c, size_t bytes)
 {
     if (!c->comm) { /* one rank: its messages are all there are */
         memcpy(c->gathered, c->msg, bytes);
@@ -336,7 +348,7 @@ loom_status loom_compress_exchange(loom_compress *c, float *grads)
     if (c->cfg.leaves > 0)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "compress: canonical mode exchanges leaf by leaf");
     pack(c, grads, c->residual, c->msg);
-    LOOM_TRY(gather(c, c->msg_bytes));
+    LOOM_TRY(compress_gather(c, c->msg_bytes));
     for (int i = 0; i < c->nb; i++)
         memset(grads + c->b[i].lo, 0, c->b[i].n * sizeof(float));
     for (int r = 0; r < c->dp_size; r++) /* rank order: every rank adds the same way */
@@ -352,6 +364,8 @@ loom_status loom_compress_leaf(loom_compress *c, int a, float *grads)
 {
     if (c->cfg.leaves <= 0 || a < 0 || a >= c->cfg.leaves)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "compress: leaf %d of %d", a, c->cfg.leaves);
+    if (c->cfg.method == LOOM_COMPRESS_POWERSGD)
+        return powersgd_leaf(c, a, grads);
     pack(c, grads, c->residual + (size_t)a * c->total,
          c->msg + (size_t)a * c->msg_bytes);
     return LOOM_OK;
@@ -359,11 +373,29 @@ loom_status loom_compress_leaf(loom_compress *c, int a, float *grads)
 
 loom_status loom_compress_gather_leaves(loom_compress *c)
 {
-    return gather(c, (size_t)c->cfg.leaves * c->msg_bytes);
+    return compress_gather(c, (size_t)c->cfg.leaves * c->msg_bytes);
 }
 
 void loom_compress_decode_leaf(const loom_compress *c, int j, float *out)
 {
     memset(out, 0, c->total * sizeof(float));
     add_message(c, c->gathered + (size_t)j * c->msg_bytes, out);
+}
+
+int loom_compress_sums_leaves(const loom_compress *c)
+{
+    return c->cfg.leaves > 0 && c->cfg.method == LOOM_COMPRESS_POWERSGD;
+}
+
+loom_status loom_compress_sum_leaves(loom_compress *c, struct loom_backend *be, float *grads)
+{
+    if (!loom_compress_sums_leaves(c))
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "compress: only canonical powersgd sums its own leaves");
+    return powersgd_finish_leaves(c, be, grads);
+}
+
+void loom_compress_after_sum(loom_compress *c, float *grads)
+{
+    for (int i = 0; c->bucket_m && i < c->nb; i++)
+        momentum_after(c, i, grads + c->b[i].lo);
 }

@@ -62,6 +62,8 @@ typedef struct loom_compress_config {
                           * with this beta1, not the gradient; 0: off */
     int leaves;          /* canonical mode: this rank's micro-batches a step (its leaves of
                           * the canonical tree, below); 0: fast mode */
+    int skip_tied;       /* canonical mode: leave the tied "wte" out (a pipeline's last stage,
+                          * whose copy is replaced by stage 0's after the exchange) */
 } loom_compress_config;
 
 typedef struct loom_compress loom_compress;
@@ -106,6 +108,15 @@ loom_status loom_compress_set_momentum(loom_compress *c, const struct loom_optim
 loom_status loom_compress_leaf(loom_compress *c, int a, float *grads);
 loom_status loom_compress_gather_leaves(loom_compress *c);
 void loom_compress_decode_leaf(const loom_compress *c, int j, float *out);
+/* Canonical powersgd: its factors are summed over the leaves in two rounds, so it gathers
+ * and sums the leaves itself (sums_leaves 1; sum_leaves: collective over dp, grads gets the
+ * decompressed sum; be: the trees' backend) instead of decode_leaf per leaf. */
+struct loom_backend;
+int loom_compress_sums_leaves(const loom_compress *c);
+loom_status loom_compress_sum_leaves(loom_compress *c, struct loom_backend *be, float *grads);
+/* Canonical 1-bit Adam: after the leaves' tree, the summed momentum into the gradient AdamW
+ * turns into it (nothing without momentum). */
+void loom_compress_after_sum(loom_compress *c, float *grads);
 /* Residual slots this rank holds: leaves in canonical mode, else 1; 1 in canonical mode. */
 int loom_compress_residual_slots(const loom_compress *c);
 int loom_compress_canonical(const loom_compress *c);

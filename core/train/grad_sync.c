@@ -406,13 +406,18 @@ static loom_status finish_leaves(loom_grad_sync *gs, double local, float *grads,
             dtree_push(&gs->t, gs->loss_blocks[r]);
         *loss_sum = dtree_finish(&gs->t);
     }
-    LOOM_TRY(loom_compress_gather_leaves(gs->compress));
-    tree_reset(&gs->t);
-    for (int j = 0; j < gs->accum * gs->dp_size; j++) {
-        loom_compress_decode_leaf(gs->compress, j, gs->leaf);
-        LOOM_TRY(tree_push(gs, &gs->t, gs->leaf));
+    if (loom_compress_sums_leaves(gs->compress)) { /* powersgd: two rounds, its own trees */
+        LOOM_TRY(loom_compress_sum_leaves(gs->compress, gs->be, grads));
+    } else {
+        LOOM_TRY(loom_compress_gather_leaves(gs->compress));
+        tree_reset(&gs->t);
+        for (int j = 0; j < gs->accum * gs->dp_size; j++) {
+            loom_compress_decode_leaf(gs->compress, j, gs->leaf);
+            LOOM_TRY(tree_push(gs, &gs->t, gs->leaf));
+        }
+        tree_finish(gs, &gs->t, grads);
     }
-    tree_finish(gs, &gs->t, grads);
+    loom_compress_after_sum(gs->compress, grads); /* 1-bit Adam: the momentum's gradient */
     return LOOM_OK;
 }
 

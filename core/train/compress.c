@@ -147,7 +147,12 @@ void loom_compress_destroy(loom_compress *c)
 }
 
 int loom_compress_active(const loom_compress *c, int64_t step) { return c && step > c->cfg.warmup; }
-void loom_compress_begin_step(loom_compress *c, int64_t step) { c->step = step; }
+void loom_compress_begin_step(loom_compress *c, int64_t step)
+{
+    c->step = step;
+    if (c->leaf_bad)
+        memset(c->leaf_bad, 0, (size_t)c->cfg.leaves);
+}
 size_t loom_compress_message_bytes(const loom_compress *c)
 {
     return c->msg_bytes * (size_t)loom_compress_residual_slots(c);
@@ -275,11 +280,14 @@ static void topk_pack(loom_compress *c, float *residual, const bucket *b, const 
 
 /* Every bucket of g (the gradient buffer's layout) into one message, the residual at
  * residual (the same layout) updated. */
-static void pack(loom_compress *c, float *g, float *residual, unsigned char *msg)
+static void pack(loom_compress *c, float *g, float *residual, unsigned char *msg, size_t lo,
+                 size_t hi)
 {
     size_t scales = (size_t)c->nb * sizeof(float), vals = c->sum_k * sizeof(float);
     for (int i = 0; i < c->nb; i++) {
         const bucket *b = &c->b[i];
+        if (b->lo < lo || b->lo >= hi)
+            continue; /* another part's (canonical mode under an interleaved pipeline) */
         momentum_before(c, i, g + b->lo);
         /* a strided bucket (canonical mode) packed from its elements gathered in box order;
          * its residual gathered into the slot the contiguous code reads, and put back */
@@ -347,7 +355,7 @@ loom_status loom_compress_exchange(loom_compress *c, float *grads)
         return powersgd_exchange(c, grads);
     if (c->cfg.leaves > 0)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "compress: canonical mode exchanges leaf by leaf");
-    pack(c, grads, c->residual, c->msg);
+    pack(c, grads, c->residual, c->msg, 0, c->total);
     LOOM_TRY(compress_gather(c, c->msg_bytes));
     for (int i = 0; i < c->nb; i++)
         memset(grads + c->b[i].lo, 0, c->b[i].n * sizeof(float));
@@ -362,12 +370,17 @@ loom_status loom_compress_exchange(loom_compress *c, float *grads)
 
 loom_status loom_compress_leaf(loom_compress *c, int a, float *grads)
 {
+    return loom_compress_leaf_range(c, a, grads, 0, c->total);
+}
+
+loom_status loom_compress_leaf_range(loom_compress *c, int a, float *grads, size_t off, size_t n)
+{
     if (c->cfg.leaves <= 0 || a < 0 || a >= c->cfg.leaves)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "compress: leaf %d of %d", a, c->cfg.leaves);
     if (c->cfg.method == LOOM_COMPRESS_POWERSGD)
-        return powersgd_leaf(c, a, grads);
-    pack(c, grads, c->residual + (size_t)a * c->total,
-         c->msg + (size_t)a * c->msg_bytes);
+        return powersgd_leaf(c, a, grads, off, off + n);
+    pack(c, grads, c->residual + (size_t)a * c->total, c->msg + (size_t)a * c->msg_bytes, off,
+         off + n);
     return LOOM_OK;
 }
 

@@ -106,6 +106,9 @@ loom_status loom_compress_set_momentum(loom_compress *c, const struct loom_optim
  * global micro-batch order) decompressed into out (the gradient buffer's layout, zero
  * outside the buckets). */
 loom_status loom_compress_leaf(loom_compress *c, int a, float *grads);
+/* The same for the buckets in [off, off + n) of the buffer only (a pipeline chunk's ranges:
+ * under an interleaved schedule each chunk's backward of micro-batch a comes on its own). */
+loom_status loom_compress_leaf_range(loom_compress *c, int a, float *grads, size_t off, size_t n);
 loom_status loom_compress_gather_leaves(loom_compress *c);
 void loom_compress_decode_leaf(const loom_compress *c, int j, float *out);
 /* Canonical powersgd: its factors are summed over the leaves in two rounds, so it gathers

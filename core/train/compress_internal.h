@@ -64,9 +64,10 @@ size_t bucket_extent(const bucket *b);
  * tp; onebit and topk cut each box into pieces of at most bucket_mb, powersgd takes each
  * box as a matrix (cols: the box's last dim). */
 loom_status canon_plan(loom_compress *c, loom_gpt *m);
-/* canonical powersgd (compress_powersgd_leaves.c): leaf a's P from its gradient, and after
+/* canonical powersgd (compress_powersgd_leaves.c): leaf a's P from its gradient (the buckets
+ * starting in [lo, hi)), and after
  * the step's leaves the two all-gathers and trees; grads gets the decompressed sum. */
-loom_status powersgd_leaf(loom_compress *c, int a, float *grads);
+loom_status powersgd_leaf(loom_compress *c, int a, float *grads, size_t lo, size_t hi);
 struct loom_backend;
 loom_status powersgd_finish_leaves(loom_compress *c, struct loom_backend *be, float *grads);
 /* The first `bytes` of c->msg all-gathered over dp into c->gathered (one rank: copied). */

@@ -40,24 +40,28 @@ static float *matrix_of(loom_compress *c, const bucket *b, float *e)
     return c->strided_g;
 }
 
-static int leaf_finite(const loom_compress *c, const float *grads)
+static int in_range(const bucket *b, size_t lo, size_t hi) { return b->lo >= lo && b->lo < hi; }
+
+static int leaf_finite(const loom_compress *c, const float *grads, size_t lo, size_t hi)
 {
     for (int i = 0; i < c->nb; i++)
-        for (size_t j = 0; j < c->b[i].n; j++)
+        for (size_t j = 0; in_range(&c->b[i], lo, hi) && j < c->b[i].n; j++)
             if (!isfinite(grads[c->b[i].lo + bucket_at(&c->b[i], j)]))
                 return 0;
     return 1;
 }
 
-loom_status powersgd_leaf(loom_compress *c, int a, float *grads)
+loom_status powersgd_leaf(loom_compress *c, int a, float *grads, size_t lo, size_t hi)
 {
     size_t r = (size_t)c->cfg.rank, n1 = c->sum_p + c->sum_raw;
     float *e = c->residual + (size_t)a * c->total;
     float *m1 = (float *)(void *)c->msg + (size_t)a * n1, *raw = m1 + c->sum_p;
-    int finite = leaf_finite(c, grads);
-    c->leaf_bad[a] = !finite;
+    int finite = leaf_finite(c, grads, lo, hi);
+    c->leaf_bad[a] |= !finite; /* reset by begin_step: a leaf may come in parts */
     for (int i = 0; i < c->nb; i++) {
         const bucket *b = &c->b[i];
+        if (!in_range(b, lo, hi))
+            continue;
         if (!b->k) {
             bucket_gather(b, grads + b->lo, raw + b->at);
             continue;
@@ -69,7 +73,7 @@ loom_status powersgd_leaf(loom_compress *c, int a, float *grads)
         draw_q(c, b, c->q_sum + b->q_at);
         powersgd_mul(matrix_of(c, b, e), c->q_sum + b->q_at, b->n / b->k, b->k, r, m1 + b->at);
     }
-    if (!finite) /* every rank's sums turn nan: the step's non-finite check finds it */
+    if (c->leaf_bad[a]) /* every rank's sums turn nan: the step's non-finite check finds it */
         for (size_t j = 0; j < n1; j++)
             m1[j] = NAN;
     return LOOM_OK;

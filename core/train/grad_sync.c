@@ -337,8 +337,14 @@ loom_status loom_grad_sync_end_part(loom_grad_sync *gs, int a, int part, int wit
             gs->t.ddepth = 0;
         dtree_push(&gs->t, loss_sum);
     }
-    for (int i = gs->part_first[part]; i < gs->part_first[part + 1]; i++)
-        LOOM_TRY(tree_push(gs, &gs->ranges[i], loom_gpt_grad_data(gs->model)));
+    for (int i = gs->part_first[part]; i < gs->part_first[part + 1]; i++) {
+        tree *t = &gs->ranges[i];
+        if (gs->compress_on) /* canonical compression: this part's buckets of leaf a */
+            LOOM_TRY(loom_compress_leaf_range(gs->compress, a, loom_gpt_grad_data(gs->model),
+                                              t->off, t->n));
+        else
+            LOOM_TRY(tree_push(gs, t, loom_gpt_grad_data(gs->model)));
+    }
     return LOOM_OK;
 }
 

@@ -435,7 +435,8 @@ static loom_status distill_pipeline(loom_session *s, int accum, int dp_rank)
 /* Gradient compression over the dp group (compress.h): fast mode, dp >= 2; canonical
  * mode per micro-batch (a leaf each), one rank or dp (any zero: canonical ZeRO sums the
  * whole gradient in the tree, then takes its partition), with tp (each rank its canonical
- * chunks) and pp (each stage its tensors, one chunk a stage); not ep. */
+ * chunks) and pp (each stage its tensors; interleaved: each chunk's buckets as its backward
+ * ends, grad_sync's parts); not ep. */
 static loom_status make_compress(loom_session *s)
 {
     const loom_session_config *cfg = &s->cfg;
@@ -446,11 +447,6 @@ static loom_status make_compress(loom_session *s)
                   "summed per source rank over the expert-data-parallel group, session_ep.h, and "
                   "their leaves would have to be packed on the expert's owner per global "
                   "micro-batch); use ep = 1, or fast mode", name);
-    if (cfg->canonical && s->pipe && loom_pipeline_chunks(s->pipe) > 1)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy.compress = \"%s\" with deterministic = "
-                  "\"canonical\" and an interleaved schedule is not built yet (its chunks' "
-                  "gradients are summed part by part); use one chunk a stage (1f1b, gpipe, zb1)",
-                  name);
     if (s->pipe && s->zero && loom_zero_reduces(s->zero))
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy.compress with zero=%d and pp=%d is not built yet "
                   "(the pipeline's per-micro-batch reduce-scatters would have to give way); use "

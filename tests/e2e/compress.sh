@@ -24,8 +24,9 @@
 #  - canonical mode: onebit at dp = 1 and dp = 2 (also zero = 3) bitwise, a dp = 2 checkpoint resumed at
 #    dp = 1 and dp = 4 bitwise, topk ratio = 1 bitwise uncompressed canonical mode;
 #  - canonical mode with tp and pp: onebit tp=2 = dp=1, its checkpoint resumed at pp=2
-#    bitwise; powersgd tp=2 = one rank; 1-bit Adam dp=2 = dp=1;
-#  - refusals: canonical mode with an interleaved schedule, a canonical checkpoint's residuals in
+#    bitwise; powersgd tp=2 = one rank; 1-bit Adam dp=2 = dp=1; topk 0.1 with an
+#    interleaved pp=2 = one rank;
+#  - refusals: a canonical checkpoint's residuals in
 #    fast mode, dp = 1 (fast mode), rank with topk, ratio with onebit, another dp at
 #    resume, a pp=2 checkpoint's residuals at pp=1; onebit at dp=2 x pp=2 tracks pp=1's.
 set -euo pipefail
@@ -195,7 +196,12 @@ ob1=(grad_clip=0 'optimizer={"adamw",lr=1e-2}' 'strategy.compress={"onebit",warm
 run2 "${can[@]}" steps=6 "${ob1[@]}" | lines > "$tmp/can_a2"
 finite_losses "$tmp/can_a1"
 cmp -s "$tmp/can_a1" "$tmp/can_a2" || { echo "canonical 1-bit Adam: dp=2 differs from dp=1"; paste "$tmp/can_a1" "$tmp/can_a2"; exit 1; }
-echo "ok canonical compression with tp and pp: onebit tp=2 = dp=1 bitwise, its step-3 checkpoint resumed at pp=2 gives steps 4-6 bitwise; powersgd tp=2 = one rank (not uncompressed); 1-bit Adam dp=2 = dp=1"
+tk=('strategy.compress={"topk",ratio=0.1}' model.layers=4) # interleaved: each chunk's buckets as its backward ends
+"$loom" run "$recipe" "${can[@]}" steps=6 "${tk[@]}" | lines > "$tmp/can_i1"
+run2 "${can[@]}" steps=6 mesh.dp=1 mesh.pp=2 schedule=interleaved "${tk[@]}" | lines > "$tmp/can_i2"
+finite_losses "$tmp/can_i1"
+cmp -s "$tmp/can_i1" "$tmp/can_i2" || { echo "canonical topk 0.1: interleaved pp=2 differs from one rank"; paste "$tmp/can_i1" "$tmp/can_i2"; exit 1; }
+echo "ok canonical compression with tp and pp: onebit tp=2 = dp=1 bitwise, its step-3 checkpoint resumed at pp=2 gives steps 4-6 bitwise; powersgd tp=2 = one rank (not uncompressed); 1-bit Adam dp=2 = dp=1; topk 0.1 interleaved pp=2 = one rank (4 layers)"
 
 # --- refusals ----------------------------------------------------------------------------
 refuse() { # what expected-text args...
@@ -203,8 +209,6 @@ refuse() { # what expected-text args...
   if "$@" > "$tmp/err" 2>&1; then echo "$what: accepted"; exit 1; fi
   grep -q -- "$want" "$tmp/err" || { echo "$what: unexpected message:"; cat "$tmp/err"; exit 1; }
 }
-refuse canonical-interleaved 'with deterministic = "canonical" and an interleaved schedule is not built yet' \
-  run2 "${can[@]}" steps=1 mesh.dp=1 mesh.pp=2 model.layers=4 schedule=interleaved "$onebit"
 refuse canonical-fast-resume 'in canonical mode (one per global micro-batch); this run is in fast mode' \
   run2 batch.global=16 steps=6 "$onebit" resume="$tmp/cck/step_00000003"
 refuse dp=1 'needs a data-parallel group of 2 or more ranks' "$loom" run "$recipe" steps=1 "$onebit"
@@ -218,4 +222,4 @@ refuse 1bit-adam-zero 'with strategy.zero (each rank holds only its partition' "
 refuse 1bit-adam-sgd 'needs optimizer adamw' "${one[@]}" grad_clip=0 'optimizer={"sgd",lr=1}' "$ob"
 refuse 1bit-adam-powersgd 'with onebit or topk, not powersgd' run2 steps=1 "${adam[@]}" \
   'strategy.compress={"powersgd",warmup=2,momentum=true}'
-echo "ok refused: canonical mode with an interleaved schedule, a canonical checkpoint's residuals in fast mode, dp=1 (fast mode), rank with topk, ratio with onebit, 1-bit Adam with grad_clip, zero, sgd or powersgd, another dp at resume"
+echo "ok refused: a canonical checkpoint's residuals in fast mode, dp=1 (fast mode), rank with topk, ratio with onebit, 1-bit Adam with grad_clip, zero, sgd or powersgd, another dp at resume"

@@ -25,16 +25,18 @@
  *           whole, fp32. Message bytes: sum of 4 r (rows + cols) + 4 n over the raw ones.
  * A bucket whose gradient holds an inf or nan is sent as nan (so the step's non-finite
  * check fires on every rank) and its residual is left as it was.
- * Canonical mode (cfg.leaves > 0; onebit and topk, one rank or dp, any zero,
- * tp = pp = ep = 1): what is compressed is each global micro-batch's own gradient, a leaf
- * of canonical mode's tree,
- * with its own residual (leaf i's, whichever rank runs it), so the messages do not depend
- * on which micro-batches share a rank. Each rank packs its leaves (loom_compress_leaf),
- * the messages are all-gathered, and every rank decompresses every leaf in the global
- * micro-batch order (loom_compress_decode_leaf) for the caller's tree: dp = 1, 2, 4 give
- * the same bits. The residual is then one per leaf (leaves x the gradient buffer).
- * What it does not: canonical powersgd (P = M Q would need canonical products) or 1-bit
- * Adam (its per-rank share of the momentum depends on dp); device memory (host loops).
+ * Canonical mode (cfg.leaves > 0; every method and 1-bit Adam, one rank or dp, any zero,
+ * tp, pp incl. interleaved; not ep): what is compressed is each global micro-batch's own
+ * gradient, a leaf of canonical mode's tree, with its own residual (leaf i's, whichever rank
+ * runs it), so the messages do not depend on which micro-batches share a rank; the buckets
+ * are the logical tensors' canonical chunks (compress_canon.c), the same elements in the
+ * same order at every tp and pp. Each rank packs its leaves (loom_compress_leaf, or by
+ * range for a pipeline chunk), the messages are all-gathered, and every rank decompresses
+ * every leaf in the global micro-batch order (loom_compress_decode_leaf) for the caller's
+ * tree, or, powersgd, sums its factors over the leaves in two rounds itself
+ * (loom_compress_sum_leaves): dp, tp and pp give the same bits. The residual is then one
+ * per leaf (leaves x the gradient buffer).
+ * What it does not: ep; device memory (host loops).
  */
 #ifndef LOOM_CORE_COMPRESS_H
 #define LOOM_CORE_COMPRESS_H

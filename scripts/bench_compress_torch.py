@@ -125,7 +125,11 @@ def rank_main(local, init, out_path, p):
                "params": sum(q.numel() for q in model.parameters())}
         with open(out_path, "w") as f:
             json.dump(res, f)
-    dist.destroy_process_group()
+    # every rank here before any leaves: over tcp:// rank 0 hosts the store, and a rank still
+    # tearing down after it has gone was seen to spin at exit; then leave without teardown
+    dist.barrier()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def main():

@@ -53,20 +53,30 @@ static loom_status make_buckets(loom_compress *c, loom_gpt *m)
             bucket *b = &c->b[c->nb++];
             b->lo = e->offset + lo;
             b->n = e->numel - lo < cap ? e->numel - lo : cap;
-            b->k = (size_t)ceil(c->cfg.ratio * (double)b->n);
-            b->k = b->k < 1 ? 1 : b->k > b->n ? b->n : b->k;
-            b->at = c->cfg.method == LOOM_COMPRESS_ONEBIT ? bits_at : k_at;
-            bits_at += (b->n + 7) / 8;
-            k_at += b->k;
-            c->elems += b->n;
-            if (b->n > c->max_n)
-                c->max_n = b->n;
+            code_bucket_place(c, b, &bits_at, &k_at);
         }
     }
+    code_message_size(c, bits_at, k_at);
+    return LOOM_OK;
+}
+
+void code_bucket_place(loom_compress *c, bucket *b, size_t *bits_at, size_t *k_at)
+{
+    b->k = (size_t)ceil(c->cfg.ratio * (double)b->n);
+    b->k = b->k < 1 ? 1 : b->k > b->n ? b->n : b->k;
+    b->at = c->cfg.method == LOOM_COMPRESS_ONEBIT ? *bits_at : *k_at;
+    *bits_at += (b->n + 7) / 8;
+    *k_at += b->k;
+    c->elems += b->n;
+    if (b->n > c->max_n)
+        c->max_n = b->n;
+}
+
+void code_message_size(loom_compress *c, size_t bits_at, size_t k_at)
+{
     c->sum_k = k_at;
     c->msg_bytes = c->cfg.method == LOOM_COMPRESS_ONEBIT ? (size_t)c->nb * sizeof(float) + bits_at
                                                          : k_at * (sizeof(float) + sizeof(uint32_t));
-    return LOOM_OK;
 }
 
 loom_status loom_compress_create(const loom_compress_config *cfg, loom_gpt *m,

@@ -142,19 +142,13 @@ loom_status canon_plan(loom_compress *c, loom_gpt *m)
                     c->sum_p += b->k ? rows * r : 0;
                     c->sum_q += b->k ? cols * r : 0;
                     c->sum_raw += b->k ? 0 : b->n;
+                    c->elems += b->n;
+                    c->max_n = b->n > c->max_n ? b->n : c->max_n;
                 } else {
-                    b->k = (size_t)ceil(c->cfg.ratio * (double)b->n);
-                    b->k = b->k < 1 ? 1 : b->k > b->n ? b->n : b->k;
-                    b->at = c->cfg.method == LOOM_COMPRESS_ONEBIT ? bits_at : k_at;
-                    bits_at += (b->n + 7) / 8;
-                    k_at += b->k;
+                    code_bucket_place(c, b, &bits_at, &k_at);
                 }
-                c->elems += b->n;
-                if (b->n > c->max_n)
-                    c->max_n = b->n;
             }
     }
-    c->sum_k = k_at;
     if (psgd) {
         c->msg_bytes = (c->sum_p + c->sum_raw + c->sum_q) * sizeof(float);
         c->p_sum = malloc((c->sum_p + c->sum_raw + 1) * sizeof(float));
@@ -163,8 +157,7 @@ loom_status canon_plan(loom_compress *c, loom_gpt *m)
         if (!c->p_sum || !c->q_mine || !c->q_sum)
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for PowerSGD's factors");
     } else {
-        c->msg_bytes = c->cfg.method == LOOM_COMPRESS_ONEBIT ? (size_t)c->nb * sizeof(float) + bits_at
-                                                             : k_at * (sizeof(float) + sizeof(uint32_t));
+        code_message_size(c, bits_at, k_at);
     }
     if (!(c->strided_g = malloc((2 * c->max_n + 1) * sizeof(float))) ||
         !(c->leaf_bad = calloc((size_t)c->cfg.leaves + 1, 1)))

@@ -70,6 +70,10 @@ loom_status canon_plan(loom_compress *c, loom_gpt *m);
 loom_status powersgd_leaf(loom_compress *c, int a, float *grads, size_t lo, size_t hi);
 struct loom_backend;
 loom_status powersgd_finish_leaves(loom_compress *c, struct loom_backend *be, float *grads);
+/* onebit and topk (compress.c): bucket b's k and message slot, the running bit and value
+ * counts advanced; after the last bucket, the message's size from them. */
+void code_bucket_place(loom_compress *c, bucket *b, size_t *bits_at, size_t *k_at);
+void code_message_size(loom_compress *c, size_t bits_at, size_t k_at);
 /* The first `bytes` of c->msg all-gathered over dp into c->gathered (one rank: copied). */
 loom_status compress_gather(loom_compress *c, size_t bytes);
 /* powersgd's products and Gram-Schmidt (compress_powersgd.c), in double, index order. */

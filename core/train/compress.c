@@ -185,7 +185,11 @@ size_t loom_compress_buffer_bytes(const loom_compress *c)
     size_t slots = (size_t)loom_compress_residual_slots(c);
     return slots * (c->total * sizeof(float) + c->msg_bytes * (size_t)(1 + c->dp_size)) +
            c->max_n * (sizeof(float) + sizeof(uint32_t)) +
-           (c->sum_p + 2 * c->sum_q) * sizeof(float);
+           (c->sum_p + 2 * c->sum_q) * sizeof(float) +
+           (c->cfg.leaves > 0 /* canonical: strided scratch, each leaf's Q, the raw sums */
+                ? 2 * c->max_n * sizeof(float) + (size_t)c->cfg.leaves +
+                      ((size_t)(c->cfg.leaves - 1) * c->sum_q + c->sum_raw) * sizeof(float)
+                : 0);
 }
 
 static int all_finite(const float *x, size_t n)

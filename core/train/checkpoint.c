@@ -462,11 +462,13 @@ static loom_status write_part(const loom_ckpt_source *src, const char *tmp, int 
     }
     loom_ckpt_file_name(files[2].name, sizeof files[2].name, "residual", part, tp, pp);
     LOOM_TRY(join(path, sizeof path, tmp, files[2].name));
-    /* no skip: the last stage's tied wte has its own residual (its own dp exchange), which
-     * only its residual file holds; a resume reads each stage's own file (checkpoint_load.c) */
+    /* fast mode, no skip: the last stage's tied wte has its own residual (its own dp
+     * exchange), which only its residual file holds; a resume reads each stage's own file
+     * (checkpoint_load.c). Canonical mode: the last stage sends no wte (compress.h), so
+     * the files are disjoint as the model's, and a resume reads them all at any pp. */
     return write_tensors(path, src->table, src->residual, src->residual_slots, 1,
-                         src->compress_method, NULL, &files[2].bytes, &files[2].sum,
-                         &files[2].head);
+                         src->compress_method, src->residual_leaves ? skip : NULL,
+                         &files[2].bytes, &files[2].sum, &files[2].head);
 }
 
 /* Put tmp in place as final; an existing final is swapped out and deleted. */

@@ -1294,7 +1294,8 @@ static loom_status read_residuals(loaded *ld, const loom_json *root, loom_sessio
     loom_ckpt_layout l;
     LOOM_TRY(read_layout(ld->mpath, root, &l));
     int tp = l.tp, pp = l.pp, parts = tp * pp, first = 0;
-    if (pp > 1) /* each stage reads only its own files: the tied wte is in two of them */
+    if (pp > 1 && !leaves) /* fast mode: each stage reads only its own files (the tied wte
+                            * is in two of them); canonical: disjoint, read as the model's */
         LOOM_TRY(loom_ckpt_residual_stage(ld->mpath, s, tp, pp, &first, &parts));
     const loom_param_table *t = loom_gpt_params(loom_session_model(s));
     tfile *files = calloc((size_t)parts, sizeof *files);

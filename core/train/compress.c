@@ -53,20 +53,30 @@ static loom_status make_buckets(loom_compress *c, loom_gpt *m)
             bucket *b = &c->b[c->nb++];
             b->lo = e->offset + lo;
             b->n = e->numel - lo < cap ? e->numel - lo : cap;
-            b->k = (size_t)ceil(c->cfg.ratio * (double)b->n);
-            b->k = b->k < 1 ? 1 : b->k > b->n ? b->n : b->k;
-            b->at = c->cfg.method == LOOM_COMPRESS_ONEBIT ? bits_at : k_at;
-            bits_at += (b->n + 7) / 8;
-            k_at += b->k;
-            c->elems += b->n;
-            if (b->n > c->max_n)
-                c->max_n = b->n;
+            code_bucket_place(c, b, &bits_at, &k_at);
         }
     }
+    code_message_size(c, bits_at, k_at);
+    return LOOM_OK;
+}
+
+void code_bucket_place(loom_compress *c, bucket *b, size_t *bits_at, size_t *k_at)
+{
+    b->k = (size_t)ceil(c->cfg.ratio * (double)b->n);
+    b->k = b->k < 1 ? 1 : b->k > b->n ? b->n : b->k;
+    b->at = c->cfg.method == LOOM_COMPRESS_ONEBIT ? *bits_at : *k_at;
+    *bits_at += (b->n + 7) / 8;
+    *k_at += b->k;
+    c->elems += b->n;
+    if (b->n > c->max_n)
+        c->max_n = b->n;
+}
+
+void code_message_size(loom_compress *c, size_t bits_at, size_t k_at)
+{
     c->sum_k = k_at;
     c->msg_bytes = c->cfg.method == LOOM_COMPRESS_ONEBIT ? (size_t)c->nb * sizeof(float) + bits_at
                                                          : k_at * (sizeof(float) + sizeof(uint32_t));
-    return LOOM_OK;
 }
 
 loom_status loom_compress_create(const loom_compress_config *cfg, loom_gpt *m,
@@ -94,13 +104,6 @@ loom_status loom_compress_create(const loom_compress_config *cfg, loom_gpt *m,
                   "(0, 1) (got %g) and warmup >= 1: the uncompressed steps that set Adam's "
                   "variance before it is frozen (got %lld; Tang et al. warm up for 15-25%% of "
                   "the run)", cfg->momentum, (long long)cfg->warmup);
-    if (cfg->leaves > 0 && (cfg->method == LOOM_COMPRESS_POWERSGD || cfg->momentum != 0))
-        LOOM_FAIL(LOOM_ERR_INVALID, "strategy.compress = { \"%s\"%s } with deterministic = "
-                  "\"canonical\" is not built: canonical compression packs each micro-batch's "
-                  "gradient on its own, which onebit and topk do; %s", loom_compress_method_name(cfg->method),
-                  cfg->momentum != 0 ? ", momentum = true" : "",
-                  cfg->momentum != 0 ? "1-bit Adam's per-rank share of the momentum depends on dp"
-                                     : "powersgd's P = M Q would need canonical products");
     if (cfg->leaves <= 0 && (!comm || dp_size < 2))
         LOOM_FAIL(LOOM_ERR_INVALID, "compress needs a data-parallel group of 2 or more ranks "
                   "(mesh.dp >= 2); with dp=1 there is no gradient exchange to compress");
@@ -113,7 +116,9 @@ loom_status loom_compress_create(const loom_compress_config *cfg, loom_gpt *m,
     c->dp_size = dp_size;
     c->dp_rank = comm ? comm->rank(dp) : 0;
     c->total = loom_gpt_params(m)->total;
-    loom_status st = cfg->method == LOOM_COMPRESS_POWERSGD ? powersgd_plan(c, m) : make_buckets(c, m);
+    loom_status st = cfg->leaves > 0                         ? canon_plan(c, m)
+                     : cfg->method == LOOM_COMPRESS_POWERSGD ? powersgd_plan(c, m)
+                                                             : make_buckets(c, m);
     size_t slots = cfg->leaves > 0 ? (size_t)cfg->leaves : 1; /* residuals and messages */
     if (st == LOOM_OK) {
         c->residual = calloc(slots * c->total + 1, sizeof(float));
@@ -146,11 +151,18 @@ void loom_compress_destroy(loom_compress *c)
     free(c->q_mine);
     free(c->q_sum);
     free(c->bucket_m);
+    free(c->strided_g);
+    free(c->leaf_bad);
     free(c);
 }
 
 int loom_compress_active(const loom_compress *c, int64_t step) { return c && step > c->cfg.warmup; }
-void loom_compress_begin_step(loom_compress *c, int64_t step) { c->step = step; }
+void loom_compress_begin_step(loom_compress *c, int64_t step)
+{
+    c->step = step;
+    if (c->leaf_bad)
+        memset(c->leaf_bad, 0, (size_t)c->cfg.leaves);
+}
 size_t loom_compress_message_bytes(const loom_compress *c)
 {
     return c->msg_bytes * (size_t)loom_compress_residual_slots(c);
@@ -173,7 +185,11 @@ size_t loom_compress_buffer_bytes(const loom_compress *c)
     size_t slots = (size_t)loom_compress_residual_slots(c);
     return slots * (c->total * sizeof(float) + c->msg_bytes * (size_t)(1 + c->dp_size)) +
            c->max_n * (sizeof(float) + sizeof(uint32_t)) +
-           (c->sum_p + 2 * c->sum_q) * sizeof(float);
+           (c->sum_p + 2 * c->sum_q) * sizeof(float) +
+           (c->cfg.leaves > 0 /* canonical: strided scratch, each leaf's Q, the raw sums */
+                ? 2 * c->max_n * sizeof(float) + (size_t)c->cfg.leaves +
+                      ((size_t)(c->cfg.leaves - 1) * c->sum_q + c->sum_raw) * sizeof(float)
+                : 0);
 }
 
 static int all_finite(const float *x, size_t n)
@@ -278,18 +294,36 @@ static void topk_pack(loom_compress *c, float *residual, const bucket *b, const 
 
 /* Every bucket of g (the gradient buffer's layout) into one message, the residual at
  * residual (the same layout) updated. */
-static void pack(loom_compress *c, float *g, float *residual, unsigned char *msg)
+static void pack(loom_compress *c, float *g, float *residual, unsigned char *msg, size_t lo,
+                 size_t hi)
 {
     size_t scales = (size_t)c->nb * sizeof(float), vals = c->sum_k * sizeof(float);
     for (int i = 0; i < c->nb; i++) {
         const bucket *b = &c->b[i];
+        if (b->lo < lo || b->lo >= hi)
+            continue; /* another part's (canonical mode under an interleaved pipeline) */
         momentum_before(c, i, g + b->lo);
+        /* a strided bucket (canonical mode) packed from its elements gathered in box order;
+         * its residual gathered into the slot the contiguous code reads, and put back */
+        const float *gv = g + b->lo;
+        float *ev = residual, *e_at = residual + b->lo;
+        bucket flat = *b;
+        if (b->width) {
+            bucket_gather(b, g + b->lo, c->strided_g);
+            gv = c->strided_g;
+            ev = c->strided_g + c->max_n;
+            bucket_gather(b, e_at, ev);
+            flat.lo = 0;
+            flat.width = 0;
+        }
         if (c->cfg.method == LOOM_COMPRESS_ONEBIT)
-            onebit_pack(residual, b, g + b->lo, (float *)(void *)(msg + (size_t)i * sizeof(float)),
+            onebit_pack(ev, &flat, gv, (float *)(void *)(msg + (size_t)i * sizeof(float)),
                         msg + scales + b->at);
         else
-            topk_pack(c, residual, b, g + b->lo, (float *)(void *)(msg + b->at * sizeof(float)),
+            topk_pack(c, ev, &flat, gv, (float *)(void *)(msg + b->at * sizeof(float)),
                       (uint32_t *)(void *)(msg + vals + b->at * sizeof(uint32_t)));
+        if (b->width)
+            bucket_scatter(b, ev, e_at);
     }
 }
 
@@ -304,21 +338,21 @@ static void add_message(const loom_compress *c, const unsigned char *m, float *g
             float s;
             memcpy(&s, m + (size_t)i * sizeof(float), sizeof s);
             const unsigned char *bits = m + scales + b->at;
-            for (size_t j = 0; j < b->n; j++)
-                g[j] += (bits[j >> 3] >> (j & 7)) & 1 ? s : -s;
+            for (size_t j = 0; j < b->n; j++) /* strided (canonical): into its place */
+                g[bucket_at(b, j)] += (bits[j >> 3] >> (j & 7)) & 1 ? s : -s;
         } else {
             for (size_t j = 0; j < b->k; j++) {
                 float v;
                 uint32_t at;
                 memcpy(&v, m + (b->at + j) * sizeof(float), sizeof v);
                 memcpy(&at, m + vals + (b->at + j) * sizeof(uint32_t), sizeof at);
-                g[at < b->n ? at : 0] += v;
+                g[bucket_at(b, at < b->n ? at : 0)] += v;
             }
         }
     }
 }
 
-static loom_status gather(loom_compress *c, size_t bytes)
+loom_status compress_gather(loom_compress *c, size_t bytes)
 {
     if (!c->comm) { /* one rank: its messages are all there are */
         memcpy(c->gathered, c->msg, bytes);
@@ -335,8 +369,8 @@ loom_status loom_compress_exchange(loom_compress *c, float *grads)
         return powersgd_exchange(c, grads);
     if (c->cfg.leaves > 0)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "compress: canonical mode exchanges leaf by leaf");
-    pack(c, grads, c->residual, c->msg);
-    LOOM_TRY(gather(c, c->msg_bytes));
+    pack(c, grads, c->residual, c->msg, 0, c->total);
+    LOOM_TRY(compress_gather(c, c->msg_bytes));
     for (int i = 0; i < c->nb; i++)
         memset(grads + c->b[i].lo, 0, c->b[i].n * sizeof(float));
     for (int r = 0; r < c->dp_size; r++) /* rank order: every rank adds the same way */
@@ -350,20 +384,45 @@ loom_status loom_compress_exchange(loom_compress *c, float *grads)
 
 loom_status loom_compress_leaf(loom_compress *c, int a, float *grads)
 {
+    return loom_compress_leaf_range(c, a, grads, 0, c->total);
+}
+
+loom_status loom_compress_leaf_range(loom_compress *c, int a, float *grads, size_t off, size_t n)
+{
     if (c->cfg.leaves <= 0 || a < 0 || a >= c->cfg.leaves)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "compress: leaf %d of %d", a, c->cfg.leaves);
-    pack(c, grads, c->residual + (size_t)a * c->total,
-         c->msg + (size_t)a * c->msg_bytes);
+    if (c->cfg.method == LOOM_COMPRESS_POWERSGD)
+        return powersgd_leaf(c, a, grads, off, off + n);
+    pack(c, grads, c->residual + (size_t)a * c->total, c->msg + (size_t)a * c->msg_bytes, off,
+         off + n);
     return LOOM_OK;
 }
 
 loom_status loom_compress_gather_leaves(loom_compress *c)
 {
-    return gather(c, (size_t)c->cfg.leaves * c->msg_bytes);
+    return compress_gather(c, (size_t)c->cfg.leaves * c->msg_bytes);
 }
 
 void loom_compress_decode_leaf(const loom_compress *c, int j, float *out)
 {
     memset(out, 0, c->total * sizeof(float));
     add_message(c, c->gathered + (size_t)j * c->msg_bytes, out);
+}
+
+int loom_compress_sums_leaves(const loom_compress *c)
+{
+    return c->cfg.leaves > 0 && c->cfg.method == LOOM_COMPRESS_POWERSGD;
+}
+
+loom_status loom_compress_sum_leaves(loom_compress *c, struct loom_backend *be, float *grads)
+{
+    if (!loom_compress_sums_leaves(c))
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "compress: only canonical powersgd sums its own leaves");
+    return powersgd_finish_leaves(c, be, grads);
+}
+
+void loom_compress_after_sum(loom_compress *c, float *grads)
+{
+    for (int i = 0; c->bucket_m && i < c->nb; i++)
+        momentum_after(c, i, grads + c->b[i].lo);
 }

@@ -25,16 +25,18 @@
  *           whole, fp32. Message bytes: sum of 4 r (rows + cols) + 4 n over the raw ones.
  * A bucket whose gradient holds an inf or nan is sent as nan (so the step's non-finite
  * check fires on every rank) and its residual is left as it was.
- * Canonical mode (cfg.leaves > 0; onebit and topk, one rank or dp, any zero,
- * tp = pp = ep = 1): what is compressed is each global micro-batch's own gradient, a leaf
- * of canonical mode's tree,
- * with its own residual (leaf i's, whichever rank runs it), so the messages do not depend
- * on which micro-batches share a rank. Each rank packs its leaves (loom_compress_leaf),
- * the messages are all-gathered, and every rank decompresses every leaf in the global
- * micro-batch order (loom_compress_decode_leaf) for the caller's tree: dp = 1, 2, 4 give
- * the same bits. The residual is then one per leaf (leaves x the gradient buffer).
- * What it does not: canonical powersgd (P = M Q would need canonical products) or 1-bit
- * Adam (its per-rank share of the momentum depends on dp); device memory (host loops).
+ * Canonical mode (cfg.leaves > 0; every method and 1-bit Adam, one rank or dp, any zero,
+ * tp, pp incl. interleaved; not ep): what is compressed is each global micro-batch's own
+ * gradient, a leaf of canonical mode's tree, with its own residual (leaf i's, whichever rank
+ * runs it), so the messages do not depend on which micro-batches share a rank; the buckets
+ * are the logical tensors' canonical chunks (compress_canon.c), the same elements in the
+ * same order at every tp and pp. Each rank packs its leaves (loom_compress_leaf, or by
+ * range for a pipeline chunk), the messages are all-gathered, and every rank decompresses
+ * every leaf in the global micro-batch order (loom_compress_decode_leaf) for the caller's
+ * tree, or, powersgd, sums its factors over the leaves in two rounds itself
+ * (loom_compress_sum_leaves): dp, tp and pp give the same bits. The residual is then one
+ * per leaf (leaves x the gradient buffer).
+ * What it does not: ep; device memory (host loops).
  */
 #ifndef LOOM_CORE_COMPRESS_H
 #define LOOM_CORE_COMPRESS_H
@@ -62,6 +64,8 @@ typedef struct loom_compress_config {
                           * with this beta1, not the gradient; 0: off */
     int leaves;          /* canonical mode: this rank's micro-batches a step (its leaves of
                           * the canonical tree, below); 0: fast mode */
+    int skip_tied;       /* canonical mode: leave the tied "wte" out (a pipeline's last stage,
+                          * whose copy is replaced by stage 0's after the exchange) */
 } loom_compress_config;
 
 typedef struct loom_compress loom_compress;
@@ -104,8 +108,20 @@ loom_status loom_compress_set_momentum(loom_compress *c, const struct loom_optim
  * global micro-batch order) decompressed into out (the gradient buffer's layout, zero
  * outside the buckets). */
 loom_status loom_compress_leaf(loom_compress *c, int a, float *grads);
+/* The same for the buckets in [off, off + n) of the buffer only (a pipeline chunk's ranges:
+ * under an interleaved schedule each chunk's backward of micro-batch a comes on its own). */
+loom_status loom_compress_leaf_range(loom_compress *c, int a, float *grads, size_t off, size_t n);
 loom_status loom_compress_gather_leaves(loom_compress *c);
 void loom_compress_decode_leaf(const loom_compress *c, int j, float *out);
+/* Canonical powersgd: its factors are summed over the leaves in two rounds, so it gathers
+ * and sums the leaves itself (sums_leaves 1; sum_leaves: collective over dp, grads gets the
+ * decompressed sum; be: the trees' backend) instead of decode_leaf per leaf. */
+struct loom_backend;
+int loom_compress_sums_leaves(const loom_compress *c);
+loom_status loom_compress_sum_leaves(loom_compress *c, struct loom_backend *be, float *grads);
+/* Canonical 1-bit Adam: after the leaves' tree, the summed momentum into the gradient AdamW
+ * turns into it (nothing without momentum). */
+void loom_compress_after_sum(loom_compress *c, float *grads);
 /* Residual slots this rank holds: leaves in canonical mode, else 1; 1 in canonical mode. */
 int loom_compress_residual_slots(const loom_compress *c);
 int loom_compress_canonical(const loom_compress *c);

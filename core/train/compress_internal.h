@@ -5,7 +5,13 @@
 #include "compress.h"
 
 typedef struct bucket {
-    size_t lo, n; /* [lo, lo + n) of the gradient buffer */
+    size_t lo, n; /* [lo, lo + n) of the gradient buffer; strided (width > 0): n elements
+                   * from lo, below */
+    /* Canonical mode (compress_canon.c): a bucket is elements [first, first + n) of a box of
+     * the logical tensor (a chunk along its split dim), row-major in the box, which lies in
+     * the buffer as rows of `width` floats `stride` apart from lo; width 0: contiguous. */
+    size_t width, stride, first;
+    uint64_t id;  /* canonical powersgd: the box's layout-independent id (seeds its Q) */
     size_t k;     /* topk: elements sent; powersgd: the matrix's columns, 0: sent raw */
     size_t at;    /* onebit: byte offset of its bits; topk: its first value / index slot;
                    * powersgd: its P's first float (raw: its first float after every P) */
@@ -31,7 +37,49 @@ struct loom_compress {
     float *p_sum, *q_mine, *q_sum; /* sum_p, sum_q, sum_q floats */
     /* 1-bit Adam (compress_momentum.c): each bucket's first moment in AdamW's state */
     const float **bucket_m;        /* nb pointers, NULL: off */
+    /* canonical mode */
+    float *strided_g;             /* 2 max_n floats: a strided bucket's gradient and residual,
+                                   * gathered */
+    unsigned char *leaf_bad;      /* leaves: leaf a's gradient held an inf or nan */
+    int held_leaves;              /* powersgd: leaves packed this step */
 };
+
+/* A strided bucket's element j: its offset from b->lo. */
+static inline size_t bucket_at(const bucket *b, size_t j)
+{
+    if (!b->width)
+        return j;
+    size_t x = b->first + j;
+    return (x / b->width) * b->stride + x % b->width;
+}
+/* The elements of bucket b one after another: from base = buf + b->lo into out, and back. */
+void bucket_gather(const bucket *b, const float *base, float *out);
+void bucket_scatter(const bucket *b, const float *in, float *base);
+/* One past the bucket's last element, from b->lo. */
+size_t bucket_extent(const bucket *b);
+
+/* Canonical mode's buckets (compress_canon.c): each held tensor's canonical chunks (the
+ * LOOM_CANONICAL_CHUNKS boxes along its split dim, as grad_norm.h; a tensor never split,
+ * or whose split dim does not divide, whole), the same elements in the same order at any
+ * tp; onebit and topk cut each box into pieces of at most bucket_mb, powersgd takes each
+ * box as a matrix (cols: the box's last dim). */
+loom_status canon_plan(loom_compress *c, loom_gpt *m);
+/* canonical powersgd (compress_powersgd_leaves.c): leaf a's P from its gradient (the buckets
+ * starting in [lo, hi)), and after
+ * the step's leaves the two all-gathers and trees; grads gets the decompressed sum. */
+loom_status powersgd_leaf(loom_compress *c, int a, float *grads, size_t lo, size_t hi);
+struct loom_backend;
+loom_status powersgd_finish_leaves(loom_compress *c, struct loom_backend *be, float *grads);
+/* onebit and topk (compress.c): bucket b's k and message slot, the running bit and value
+ * counts advanced; after the last bucket, the message's size from them. */
+void code_bucket_place(loom_compress *c, bucket *b, size_t *bits_at, size_t *k_at);
+void code_message_size(loom_compress *c, size_t bits_at, size_t k_at);
+/* The first `bytes` of c->msg all-gathered over dp into c->gathered (one rank: copied). */
+loom_status compress_gather(loom_compress *c, size_t bytes);
+/* powersgd's products and Gram-Schmidt (compress_powersgd.c), in double, index order. */
+void powersgd_mul(const float *M, const float *Q, size_t rows, size_t cols, size_t r, float *out);
+void powersgd_mul_t(const float *M, const float *P, size_t rows, size_t cols, size_t r, float *out);
+void powersgd_orthonormalize(float *P, size_t rows, size_t r);
 
 /* 1-bit Adam around the exchange: the local gradient of bucket i into this rank's share of
  * the momentum, before packing; the summed momentum back into the gradient AdamW's

@@ -39,7 +39,7 @@ loom_status loom_compress_set_momentum(loom_compress *c, const loom_optim_segmen
         const bucket *b = &c->b[i];
         for (int k = 0; k < n_seg && !c->bucket_m[i]; k++) {
             size_t lo = (size_t)(seg[k].grad - grad_base);
-            if (seg[k].state && b->lo >= lo && b->lo + b->n <= lo + seg[k].n)
+            if (seg[k].state && b->lo >= lo && b->lo + bucket_extent(b) <= lo + seg[k].n)
                 c->bucket_m[i] = seg[k].state + (b->lo - lo); /* slot 0: m */
         }
         if (!c->bucket_m[i])
@@ -54,9 +54,15 @@ void momentum_before(loom_compress *c, int i, float *g)
     if (!c->bucket_m)
         return;
     const float *m = c->bucket_m[i];
-    const float share = (float)(c->cfg.momentum / c->dp_size), w = (float)(1.0 - c->cfg.momentum);
-    for (size_t j = 0; j < c->b[i].n; j++)
-        g[j] = share * m[j] + w * g[j];
+    const bucket *b = &c->b[i];
+    /* the momentum's share of each message: one of dp in fast mode, one of the step's global
+     * micro-batches in canonical mode (each a leaf; their count does not depend on dp) */
+    int shares = c->dp_size * (c->cfg.leaves > 0 ? c->cfg.leaves : 1);
+    const float share = (float)(c->cfg.momentum / shares), w = (float)(1.0 - c->cfg.momentum);
+    for (size_t j = 0; j < b->n; j++) {
+        size_t x = bucket_at(b, j);
+        g[x] = share * m[x] + w * g[x];
+    }
 }
 
 void momentum_after(loom_compress *c, int i, float *g)
@@ -64,9 +70,12 @@ void momentum_after(loom_compress *c, int i, float *g)
     if (!c->bucket_m)
         return;
     const float *m = c->bucket_m[i];
+    const bucket *b = &c->b[i];
     const float b1 = (float)c->cfg.momentum, w = (float)(1.0 - c->cfg.momentum);
-    for (size_t j = 0; j < c->b[i].n; j++)
-        g[j] = (g[j] - b1 * m[j]) / w;
+    for (size_t j = 0; j < b->n; j++) {
+        size_t x = bucket_at(b, j);
+        g[x] = (g[x] - b1 * m[x]) / w;
+    }
 }
 
 loom_status loom_compress_momentum_prepare(loom_plugin_config *optim, const char *precision,

@@ -56,7 +56,7 @@ loom_status powersgd_plan(loom_compress *c, loom_gpt *m)
 }
 
 /* out (rows x r) = M (rows x cols) Q (cols x r). */
-static void mul(const float *M, const float *Q, size_t rows, size_t cols, size_t r, float *out)
+void powersgd_mul(const float *M, const float *Q, size_t rows, size_t cols, size_t r, float *out)
 {
     for (size_t i = 0; i < rows; i++)
         for (size_t j = 0; j < r; j++) {
@@ -68,7 +68,7 @@ static void mul(const float *M, const float *Q, size_t rows, size_t cols, size_t
 }
 
 /* out (cols x r) = M^T (cols x rows) P (rows x r). */
-static void mul_t(const float *M, const float *P, size_t rows, size_t cols, size_t r, float *out)
+void powersgd_mul_t(const float *M, const float *P, size_t rows, size_t cols, size_t r, float *out)
 {
     for (size_t k = 0; k < cols; k++)
         for (size_t j = 0; j < r; j++) {
@@ -80,7 +80,7 @@ static void mul_t(const float *M, const float *P, size_t rows, size_t cols, size
 }
 
 /* Modified Gram-Schmidt over P's r columns, in order; a column that vanishes stays 0. */
-static void orthonormalize(float *P, size_t rows, size_t r)
+void powersgd_orthonormalize(float *P, size_t rows, size_t r)
 {
     for (size_t j = 0; j < r; j++) {
         for (size_t k = 0; k < j; k++) {
@@ -138,7 +138,7 @@ loom_status powersgd_exchange(loom_compress *c, float *grads)
         float *Q = c->q_mine + b->q_at;
         for (size_t j = 0; j < cols * r; j++)
             Q[j] = (float)(loom_rng_uniform((uint64_t)c->step, stream, ((uint64_t)i << 40) | j) - 0.5);
-        mul(e, Q, rows, cols, r, m1 + b->at);
+        powersgd_mul(e, Q, rows, cols, r, m1 + b->at);
     }
     if (!finite) /* every rank's sum turns nan: the step's non-finite check finds it */
         for (size_t j = 0; j < c->sum_p + c->sum_raw; j++)
@@ -158,8 +158,8 @@ loom_status powersgd_exchange(loom_compress *c, float *grads)
         }
         size_t cols = b->k, rows = b->n / cols;
         float *P = c->p_sum + b->at;
-        orthonormalize(P, rows, r);
-        mul_t(c->residual + b->lo, P, rows, cols, r, c->q_mine + b->q_at);
+        powersgd_orthonormalize(P, rows, r);
+        powersgd_mul_t(c->residual + b->lo, P, rows, cols, r, c->q_mine + b->q_at);
     }
     free(sum1);
     LOOM_TRY(st);

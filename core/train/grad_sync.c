@@ -342,8 +342,14 @@ loom_status loom_grad_sync_end_part(loom_grad_sync *gs, int a, int part, int wit
             gs->t.ddepth = 0;
         dtree_push(&gs->t, loss_sum);
     }
-    for (int i = gs->part_first[part]; i < gs->part_first[part + 1]; i++)
-        LOOM_TRY(tree_push(gs, &gs->ranges[i], loom_gpt_grad_data(gs->model)));
+    for (int i = gs->part_first[part]; i < gs->part_first[part + 1]; i++) {
+        tree *t = &gs->ranges[i];
+        if (gs->compress_on) /* canonical compression: this part's buckets of leaf a */
+            LOOM_TRY(loom_compress_leaf_range(gs->compress, a, loom_gpt_grad_data(gs->model),
+                                              t->off, t->n));
+        else
+            LOOM_TRY(tree_push(gs, t, loom_gpt_grad_data(gs->model)));
+    }
     return LOOM_OK;
 }
 
@@ -414,13 +420,18 @@ static loom_status finish_leaves(loom_grad_sync *gs, double local, float *grads,
             dtree_push(&gs->t, gs->loss_blocks[r]);
         *loss_sum = dtree_finish(&gs->t);
     }
-    LOOM_TRY(loom_compress_gather_leaves(gs->compress));
-    tree_reset(&gs->t);
-    for (int j = 0; j < gs->accum * gs->dp_size; j++) {
-        loom_compress_decode_leaf(gs->compress, j, gs->leaf);
-        LOOM_TRY(tree_push(gs, &gs->t, gs->leaf));
+    if (loom_compress_sums_leaves(gs->compress)) { /* powersgd: two rounds, its own trees */
+        LOOM_TRY(loom_compress_sum_leaves(gs->compress, gs->be, grads));
+    } else {
+        LOOM_TRY(loom_compress_gather_leaves(gs->compress));
+        tree_reset(&gs->t);
+        for (int j = 0; j < gs->accum * gs->dp_size; j++) {
+            loom_compress_decode_leaf(gs->compress, j, gs->leaf);
+            LOOM_TRY(tree_push(gs, &gs->t, gs->leaf));
+        }
+        tree_finish(gs, &gs->t, grads);
     }
-    tree_finish(gs, &gs->t, grads);
+    loom_compress_after_sum(gs->compress, grads); /* 1-bit Adam: the momentum's gradient */
     return LOOM_OK;
 }
 

@@ -515,19 +515,19 @@ static loom_status distill_pipeline(loom_session *s, int accum, int dp_rank)
 
 /* Gradient compression over the dp group (compress.h): fast mode, dp >= 2; canonical
  * mode per micro-batch (a leaf each), one rank or dp (any zero: canonical ZeRO sums the
- * whole gradient in the tree, then takes its partition), tp = pp = ep = 1. */
+ * whole gradient in the tree, then takes its partition), with tp (each rank its canonical
+ * chunks) and pp (each stage its tensors; interleaved: each chunk's buckets as its backward
+ * ends, grad_sync's parts); not ep. */
 static loom_status make_compress(loom_session *s)
 {
     const loom_session_config *cfg = &s->cfg;
     const char *name = loom_compress_method_name(cfg->compress_method);
-    if (cfg->canonical && (s->tensor || s->pipe || cfg->ep > 1))
+    if (cfg->canonical && cfg->ep > 1)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy.compress = \"%s\" with deterministic = "
-                  "\"canonical\" and %s is not built yet (canonical compression packs each global "
-                  "micro-batch's whole gradient as one leaf; %s); use dp alone, or fast mode", name,
-                  s->tensor ? "mesh.tp > 1" : s->pipe ? "mesh.pp > 1" : "mesh.ep > 1",
-                  s->tensor ? "under tp its buckets would have to be slices of fixed global chunks"
-                  : s->pipe ? "a pipeline's parts are summed range by range"
-                            : "experts are reduced over their own group");
+                  "\"canonical\" and mesh.ep > 1 is not built yet (the experts' gradients are "
+                  "summed per source rank over the expert-data-parallel group, session_ep.h, and "
+                  "their leaves would have to be packed on the expert's owner per global "
+                  "micro-batch); use ep = 1, or fast mode", name);
     if (s->pipe && s->zero && loom_zero_reduces(s->zero))
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy.compress with zero=%d and pp=%d is not built yet "
                   "(the pipeline's per-micro-batch reduce-scatters would have to give way); use "
@@ -539,7 +539,12 @@ static loom_status make_compress(loom_session *s)
     LOOM_TRY(loom_core_host()->group(LOOM_GROUP_DP, &ops, &group, &dp));
     loom_compress_config cc = {cfg->compress_method, cfg->compress_ratio, cfg->compress_warmup,
                                cfg->compress_bucket_mb, cfg->compress_rank, 0.0,
-                               cfg->canonical ? cfg->accum : 0};
+                               cfg->canonical ? cfg->accum : 0, 0};
+    /* canonical pp: the last stage's copy of the tied wte is replaced by stage 0's (which
+     * summed both halves per micro-batch, pipeline.c) after the exchange: not sent */
+    int P = s->pipe ? loom_pipeline_stages(s->pipe) : 1;
+    cc.skip_tied = cfg->canonical && P > 1 && loom_pipeline_stage(s->pipe) == P - 1 &&
+                   loom_params_find(loom_gpt_params(s->model), "wte") != NULL;
     if (cfg->compress_momentum) /* 1-bit Adam: adamw's beta1 (loom_compress_momentum_prepare) */
         cc.momentum = loom_config_get(&s->optim_cfg, "betas")->numbers[0];
     LOOM_TRY(loom_compress_create(&cc, s->model, ops, group, dp, &s->compress));

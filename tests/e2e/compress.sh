@@ -23,7 +23,10 @@
 #    clipping, zero, sgd and powersgd (without a warm-up: measured once);
 #  - canonical mode: onebit at dp = 1 and dp = 2 (also zero = 3) bitwise, a dp = 2 checkpoint resumed at
 #    dp = 1 and dp = 4 bitwise, topk ratio = 1 bitwise uncompressed canonical mode;
-#  - refusals: canonical mode with tp or powersgd, a canonical checkpoint's residuals in
+#  - canonical mode with tp and pp: onebit tp=2 = dp=1, its checkpoint resumed at pp=2
+#    bitwise; powersgd tp=2 = one rank; 1-bit Adam dp=2 = dp=1; topk 0.1 with an
+#    interleaved pp=2 = one rank;
+#  - refusals: a canonical checkpoint's residuals in
 #    fast mode, dp = 1 (fast mode), rank with topk, ratio with onebit, another dp at
 #    resume, a pp=2 checkpoint's residuals at pp=1; onebit at dp=2 x pp=2 tracks pp=1's.
 set -euo pipefail
@@ -172,6 +175,33 @@ cmp -s "$tmp/canu" "$tmp/cank" || { echo "canonical topk ratio=1 differs from un
 run2 "${can[@]}" steps=6 "$onebit" strategy.zero=3 | lines > "$tmp/canz"
 cmp -s "$tmp/can1" "$tmp/canz" || { echo "canonical onebit: dp=2 zero=3 differs from dp=1"; exit 1; }
 echo "ok canonical compression: onebit dp=1 = dp=2 (also zero=3) bitwise over 6 steps (and not the uncompressed bits); a dp=2 checkpoint at 3 resumes at dp=1 and dp=4 bitwise; topk ratio=1 at dp=2 = uncompressed canonical dp=1"
+# with tp and pp (the buckets are the logical tensors' canonical chunks; the last stage
+# sends no tied wte): onebit at tp=2 = dp=1, its checkpoint at 3 resumed at pp=2 (1f1b)
+# gives dp=1's steps 4-6; canonical powersgd (a leaf's own factors, summed in the tree) at
+# tp=2 = one rank, and not the uncompressed bits; canonical 1-bit Adam (each leaf's share of
+# the momentum is one of the global micro-batches') at dp=2 = one rank
+run2 "${can[@]}" steps=6 mesh.dp=1 mesh.tp=2 "$onebit" checkpoint.dir="$tmp/tck" checkpoint.every=3 | lines > "$tmp/can_tp"
+cmp -s "$tmp/can1" "$tmp/can_tp" || { echo "canonical onebit: tp=2 differs from dp=1"; paste "$tmp/can1" "$tmp/can_tp"; exit 1; }
+run2 "${can[@]}" steps=6 mesh.dp=1 mesh.pp=2 schedule=1f1b "$onebit" resume="$tmp/tck/step_00000003" | lines > "$tmp/can_pp"
+[ "$(grep -c '^LOSS' "$tmp/can_pp")" -eq 3 ] && cmp -s "$tmp/can_want" "$tmp/can_pp" ||
+  { echo "canonical onebit: the tp=2 checkpoint resumed at pp=2 differs from dp=1"; paste "$tmp/can_want" "$tmp/can_pp"; exit 1; }
+ps2='strategy.compress={"powersgd",rank=2}'
+"$loom" run "$recipe" "${can[@]}" steps=6 "$ps2" | lines > "$tmp/can_ps1"
+run2 "${can[@]}" steps=6 mesh.dp=1 mesh.tp=2 "$ps2" | lines > "$tmp/can_ps2"
+finite_losses "$tmp/can_ps1"
+cmp -s "$tmp/can_ps1" "$tmp/can_ps2" || { echo "canonical powersgd: tp=2 differs from one rank"; paste "$tmp/can_ps1" "$tmp/can_ps2"; exit 1; }
+cmp -s "$tmp/can_ps1" "$tmp/canu" && { echo "canonical powersgd gave the uncompressed bits"; exit 1; }
+ob1=(grad_clip=0 'optimizer={"adamw",lr=1e-2}' 'strategy.compress={"onebit",warmup=2,momentum=true}')
+"$loom" run "$recipe" "${can[@]}" steps=6 "${ob1[@]}" | lines > "$tmp/can_a1"
+run2 "${can[@]}" steps=6 "${ob1[@]}" | lines > "$tmp/can_a2"
+finite_losses "$tmp/can_a1"
+cmp -s "$tmp/can_a1" "$tmp/can_a2" || { echo "canonical 1-bit Adam: dp=2 differs from dp=1"; paste "$tmp/can_a1" "$tmp/can_a2"; exit 1; }
+tk=('strategy.compress={"topk",ratio=0.1}' model.layers=4) # interleaved: each chunk's buckets as its backward ends
+"$loom" run "$recipe" "${can[@]}" steps=6 "${tk[@]}" | lines > "$tmp/can_i1"
+run2 "${can[@]}" steps=6 mesh.dp=1 mesh.pp=2 schedule=interleaved "${tk[@]}" | lines > "$tmp/can_i2"
+finite_losses "$tmp/can_i1"
+cmp -s "$tmp/can_i1" "$tmp/can_i2" || { echo "canonical topk 0.1: interleaved pp=2 differs from one rank"; paste "$tmp/can_i1" "$tmp/can_i2"; exit 1; }
+echo "ok canonical compression with tp and pp: onebit tp=2 = dp=1 bitwise, its step-3 checkpoint resumed at pp=2 gives steps 4-6 bitwise; powersgd tp=2 = one rank (not uncompressed); 1-bit Adam dp=2 = dp=1; topk 0.1 interleaved pp=2 = one rank (4 layers)"
 
 # --- refusals ----------------------------------------------------------------------------
 refuse() { # what expected-text args...
@@ -179,10 +209,6 @@ refuse() { # what expected-text args...
   if "$@" > "$tmp/err" 2>&1; then echo "$what: accepted"; exit 1; fi
   grep -q -- "$want" "$tmp/err" || { echo "$what: unexpected message:"; cat "$tmp/err"; exit 1; }
 }
-refuse canonical-tp 'with deterministic = "canonical" and mesh.tp > 1 is not built yet' \
-  "$loom" launch -n 2 "$recipe" threads=1 steps=1 mesh.tp=2 comm_timeout=20 deterministic=canonical "$onebit"
-refuse canonical-powersgd 'with deterministic = "canonical" is not built' run2 steps=1 \
-  deterministic=canonical 'strategy.compress={"powersgd"}'
 refuse canonical-fast-resume 'in canonical mode (one per global micro-batch); this run is in fast mode' \
   run2 batch.global=16 steps=6 "$onebit" resume="$tmp/cck/step_00000003"
 refuse dp=1 'needs a data-parallel group of 2 or more ranks' "$loom" run "$recipe" steps=1 "$onebit"
@@ -196,4 +222,4 @@ refuse 1bit-adam-zero 'with strategy.zero (each rank holds only its partition' "
 refuse 1bit-adam-sgd 'needs optimizer adamw' "${one[@]}" grad_clip=0 'optimizer={"sgd",lr=1}' "$ob"
 refuse 1bit-adam-powersgd 'with onebit or topk, not powersgd' run2 steps=1 "${adam[@]}" \
   'strategy.compress={"powersgd",warmup=2,momentum=true}'
-echo "ok refused: canonical mode with tp or powersgd, a canonical checkpoint's residuals in fast mode, dp=1 (fast mode), rank with topk, ratio with onebit, 1-bit Adam with grad_clip, zero, sgd or powersgd, another dp at resume"
+echo "ok refused: a canonical checkpoint's residuals in fast mode, dp=1 (fast mode), rank with topk, ratio with onebit, 1-bit Adam with grad_clip, zero, sgd or powersgd, another dp at resume"

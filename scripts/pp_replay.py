@@ -21,11 +21,23 @@ pp only: no tp or dp in the run) and, for every step after the first, prints thr
   process on it, or the host taking the vCPU). replay - replay_cpu is what that waiting
   cost; with it the step's wall - CPU of F/B/W (off_cpu_ms), the involuntary context
   switches inside them (preempt) and their page faults (faults, which an activation or
-  state buffer touched for the first time inside the step loop shows).
+  state buffer touched for the first time inside the step loop shows);
+- replay_stage: the replay with each F/B/W taking the mean CPU time of its kind (F, B or
+  W; fused or split) and chunk on its rank in that step: the stages' unequal costs
+  without the spread from one micro-batch to the next. replay_cpu - replay_stage is
+  what that spread cost (a slow first micro-batch shows here), replay_stage -
+  replay_equal what one stage costing more than another cost;
+- replay_equal: the replay with every F taking the mean of all F's of the step (every
+  rank, every chunk), every B and every W likewise: equal stages at the measured ratios
+  of F, B and W. For gpipe, 1f1b and interleaved it is the formula (the ratio does not
+  enter it); for zb1 it is ZB-H1's bubble at those costs, which the equal-cost formula
+  (F = B = W) is not: t_f, t_b and t_w (the means, CPU ms) give Qi et al.'s closed form
+  (p-1)(t_f+t_b-t_w) / (m(t_f+t_b+t_w) + (p-1)(t_f+t_b-t_w)), zb_formula() below.
 
 Prints one JSON line per step and a last line with the means:
-{"step":..,"measured":..,"common_clock":..,"replay":..,"replay_cpu":..,"compute_ms":[..],
- "phase_ms":[..],"off_cpu_ms":[..],"preempt":[..],"faults":[..]}  (lists: one per rank)
+{"step":..,"measured":..,"common_clock":..,"replay":..,"replay_cpu":..,"replay_stage":..,
+ "replay_equal":..,"t_f":..,"t_b":..,"t_w":..,"compute_ms":[..],"phase_ms":[..],
+ "off_cpu_ms":[..],"preempt":[..],"faults":[..]}  (lists: one per rank; t_w 0 without W)
 """
 import json
 import os
@@ -119,6 +131,38 @@ def replay(per_rank, stages):
     return float(m.group(1))
 
 
+def kind(name):
+    """F, B or W: a fused backward counts as a B (it has no W)."""
+    return {"forward": "F", "backward": "B", "backward_input": "B", "backward_weight": "W"}[name]
+
+
+def averaged(per_rank, key):
+    """The lists with each compute's time the mean of its group, key(rank, op) naming the
+    group."""
+    groups = {}
+    for r, ops in enumerate(per_rank):
+        for o in ops:
+            if o[0] == "compute":
+                groups.setdefault(key(r, o), []).append(o[4])
+    mean = {k: sum(v) / len(v) for k, v in groups.items()}
+    lists = [[o[:4] + (mean[key(r, o)],) if o[0] == "compute" else o for o in ops]
+             for r, ops in enumerate(per_rank)]
+    return lists
+
+
+def zb_formula(p, m, t_f, t_b, t_w):
+    """ZB-H1's bubble fraction at per-pass costs t_f, t_b, t_w (Qi et al. 2024: bubble
+    time (p-1)(t_f + t_b - t_w) against 1F1B's (p-1)(t_f + t_b + t_w)); with t_f = t_b =
+    t_w it is loom schedule's (p-1)/(3m+p-1). None outside where it holds, m >= p and
+    t_w <= min(t_f, t_b) (a W no longer than the F and B whose gap it fills; there the
+    simulator's zb1 list gives it exactly, and past it more: W = 1.2 F gives 0.072 at
+    p = 2, m = 4, F = B, against the form's 0.059)."""
+    if m < p or t_w > min(t_f, t_b):
+        return None
+    bub = (p - 1) * (t_f + t_b - t_w)
+    return bub / (m * (t_f + t_b + t_w) + bub)
+
+
 def analyse(trace_dir, P, out=None):
     """The per-step rows and their means (measured, common_clock, replay)."""
     ranks = load(trace_dir, P)
@@ -134,11 +178,18 @@ def analyse(trace_dir, P, out=None):
         per_cpu = [step_ops(ev, step, cpu=True) for ev in ranks]
         total_cpu = sum(o[4] for ops in per_cpu for o in ops if o[0] == "compute")
         c = [costs(ev, step) for ev in ranks]
+        per_stage = averaged(per_cpu, lambda r, o: (r, kind(o[1]), o[3]))
+        per_equal = averaged(per_cpu, lambda r, o: kind(o[1]))
+        t = {k: [o[4] for ops in per_cpu for o in ops if o[0] == "compute" and kind(o[1]) == k]
+             for k in "FBW"}
         row = {"step": step,
                "measured": 1 - total / (P * max(walls)),
                "common_clock": 1 - total / (P * common),
                "replay": 1 - total / (P * replay(per_rank, P)),
                "replay_cpu": 1 - total_cpu / (P * replay(per_cpu, P)),
+               "replay_stage": 1 - total_cpu / (P * replay(per_stage, P)),
+               "replay_equal": 1 - total_cpu / (P * replay(per_equal, P)),
+               **{"t_" + k.lower(): sum(v) / len(v) if v else 0.0 for k, v in t.items()},
                "compute_ms": [round(c, 2) for c in comp],
                "phase_ms": [round(w, 2) for w in walls],
                "off_cpu_ms": [round(x[0], 2) for x in c],
@@ -152,7 +203,8 @@ def analyse(trace_dir, P, out=None):
     if not rows:
         sys.exit(f"pp_replay: {trace_dir}: no step after the first in the traces")
     mean = {k: sum(r[k] for r in rows) / len(rows)
-            for k in ("measured", "common_clock", "replay", "replay_cpu")}
+            for k in ("measured", "common_clock", "replay", "replay_cpu", "replay_stage",
+                      "replay_equal", "t_f", "t_b", "t_w")}
     for k in ("off_cpu_ms", "preempt", "faults"):  # per rank and step
         mean[k] = sum(sum(r[k]) for r in rows) / (len(rows) * P)
     return rows, mean

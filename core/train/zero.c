@@ -151,8 +151,11 @@ loom_status loom_zero_create(const loom_zero_config *c, loom_gpt *m, loom_backen
     if (st == LOOM_OK) {
         z->part = z->padded / (size_t)z->n;
         z->state_floats = (size_t)c->state_slots * z->part;
-        if (z->state_floats && !c->offloaded && !(z->state = calloc(z->state_floats, sizeof(float))))
+        if (z->state_floats && !c->offloaded && !(z->state = malloc(z->state_floats * sizeof(float))))
             st = loom_fail(LOOM_ERR_NOMEM, "out of memory for the ZeRO optimizer state partition");
+        else if (z->state) /* zeroed by touching every page now, not calloc's lazy zero pages
+            * that step 1's optimizer would fault in (as session.c's whole state) */
+            memset(z->state, 0, z->state_floats * sizeof(float));
     }
     size_t unit = (size_t)ZERO_ALIGN * (size_t)z->n;
     if (st == LOOM_OK && !(z->tail = calloc(unit, sizeof(float))))

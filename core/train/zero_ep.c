@@ -267,8 +267,8 @@ loom_status zero_ep_create(const loom_zero_config *c, loom_gpt *m, loom_backend 
         z->seg_entry = calloc(n + 1, sizeof *z->seg_entry);
         z->seg_state_off = calloc(n + 1, sizeof *z->seg_state_off);
         x->staging = malloc(stage * sizeof(float));
-        if (z->state_floats)
-            z->state = calloc(z->state_floats, sizeof(float));
+        if (z->state_floats && (z->state = malloc(z->state_floats * sizeof(float))))
+            memset(z->state, 0, z->state_floats * sizeof(float)); /* touched now, as zero.c's */
         if (!z->segments || !z->seg_entry || !z->seg_state_off || !x->staging ||
             (z->state_floats && !z->state))
             st = loom_fail(LOOM_ERR_NOMEM, "out of memory for the ZeRO partitions under ep");

@@ -13,20 +13,28 @@ local core = require "loom.core"
 local warmup = 1
 local timed_ms, timed_tokens, bubble, cpu, n = 0, 0, 0, 0, 0
 local cfg = {
-  -- Stages of equal cost at whole blocks: the LM head and loss over 4096 rows cost about a
-  -- block (0.86 of one by FLOPs, gpt_cost.h; the softmax's per-element work adds to it),
-  -- so the 7 blocks split 4 + 3 at pp=2 and 2 + 2 + 2 + 1 over interleaved's 4 virtual
-  -- stages (the default split, weighed by FLOPs). With 256 rows and 4 blocks (this
-  -- recipe before) the head was 5% of a block and stage 1 ran ~6% longer than stage 0:
-  -- no split of 4 whole blocks evens that. A micro-batch is 4 x 64 tokens: at 1 x 64 its
+  -- Stages of equal cost at whole blocks: the LM head and loss cost one block, so the 7
+  -- blocks and the head are 8 equal parts: 4 + 3 blocks at pp=2 and 2 + 2 + 2 + 1 over
+  -- interleaved's 4 virtual stages (the default split, weighed by FLOPs), as Megatron-LM
+  -- wants its layers divisible by pp x v when it counts the loss as a layer
+  -- (account_for_loss_in_pipeline_split). An 8th block would leave the head over: 2 + 2 +
+  -- 2 + 2 and the head, the last virtual stage 1.5x the others. The head's vocabulary is
+  -- set by measured CPU time, not FLOPs: at 4096 (0.86 of a block by FLOPs, gpt_cost.h)
+  -- the head's F + B took 0.82-0.90 of a block's (its backward is cheaper than a block's
+  -- relative to its forward), stage 0 cost 3-5% more than stage 1 and that alone put
+  -- 1f1b m=16 1.4 pp over its formula (pp_replay's replay_stage, docs/BENCHMARKS.md); at
+  -- 4608 (0.97 by FLOPs) the stages' F + B are equal within the run-to-run spread. With
+  -- 256 rows and 4 blocks (this recipe before) the head was 5% of a block and stage 1 ran
+  -- ~6% longer than stage 0: no split of 4 whole blocks evens that. A micro-batch is 4 x 64 tokens: at 1 x 64 its
   -- GEMMs (64 rows) were bound by reading the weights, an F took 8-10 ms of CPU and a
   -- stage's cost moved with what else had been through the caches (20% apart between
   -- the two stages of one run); at 256 rows an F is ~23 ms, costs 0.7x as much per token,
-  -- and F, B and W are close to equal (zb1's formula takes them equal). Its activations
+  -- and F and B are close to equal; W is 0.8 of an F (only GEMMs: docs/PIPELINE.md), so
+  -- bench-pp compares zb1 with ZB-H1's bubble at the measured costs too. Its activations
   -- (micro x seq x dim floats = 384 KiB) pass in one piece: train.lua sizes shm's
   -- mailbox for two (core/dist/dist.h), so a send completes when it starts.
-  model     = loom.gpt { vocab = 4096, ctx = 64, layers = 7, heads = 6, dim = 384 },
-  data      = loom.data.random { vocab = 4096, seed = 1 },
+  model     = loom.gpt { vocab = 4608, ctx = 64, layers = 7, heads = 6, dim = 384 },
+  data      = loom.data.random { vocab = 4608, seed = 1 },
   optimizer = { "adamw", lr = 3e-4, betas = { 0.9, 0.95 }, weight_decay = 0.1 },
   batch     = { micro = 4, seq = 64 },
   mesh      = { pp = 2 },

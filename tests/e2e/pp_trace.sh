@@ -73,18 +73,22 @@ want=$(( 4 * (((2 * (8 * 32 * 128 * 4 + 64) + 4095) / 4096 * 4096) - 131072) ))
 echo "ok shm mailboxes sized for two 128 KiB activations: segment $small -> $big bytes"
 
 # scripts/pp_replay.py on the 1f1b trace: its measured bubble is the run's own summary, and
-# its replays (wall and CPU times, free transfers) are bubbles in [0, 1).
+# its replays (wall and CPU times, each stage's mean costs, equal stages) are bubbles in
+# [0, 1); with equal stages 1f1b's is its formula, 1/(m+p-1) = 0.2, whatever F and B cost.
 python3 "$here/../../scripts/pp_replay.py" "$tmp/1f1b/trace" 2 > "$tmp/replay" || exit 1
 python3 - "$tmp/replay" "$(sed -n 's/^pipeline bubble: measured \([^ ]*\) .*/\1/p' "$tmp/1f1b/out")" <<'PY' || exit 1
 import json, math, sys
 m = json.loads(open(sys.argv[1]).read().splitlines()[-1])["mean"]
-for k in ("measured", "replay", "replay_cpu"):
+for k in ("measured", "replay", "replay_cpu", "replay_stage", "replay_equal"):
     if not (isinstance(m.get(k), float) and math.isfinite(m[k]) and 0 <= m[k] < 1):
         print("FAIL: pp_replay %s is %r, not in [0, 1)" % (k, m.get(k))); sys.exit(1)
 if abs(m["measured"] - float(sys.argv[2])) > 1e-3:
     print("FAIL: pp_replay measured %.5f, the run's summary %s" % (m["measured"], sys.argv[2])); sys.exit(1)
+if abs(m["replay_equal"] - 0.2) > 1e-6 or not m["t_f"] > 0 or not m["t_b"] > 0 or m["t_w"] != 0:
+    print("FAIL: pp_replay 1f1b at equal stages %.6f, not its formula 0.2 (F %.3f, B %.3f, W %.3f ms)"
+          % (m["replay_equal"], m["t_f"], m["t_b"], m["t_w"])); sys.exit(1)
 print("ok pp_replay: measured %.4f = the run's, replay %.4f, at CPU times %.4f; %.1f faults a "
-      "rank and step" % (m["measured"], m["replay"], m["replay_cpu"], m["faults"]))
+      "rank and step; at equal stages %.4f = the formula" % (m["measured"], m["replay"], m["replay_cpu"], m["faults"], m["replay_equal"]))
 PY
 
 # zb1's split backward: backward_input (B) and backward_weight (W) spans in the schedule's
@@ -95,6 +99,23 @@ if "$loom" launch -n 2 "$recipe" $model steps=2 mesh.pp=2 schedule=zb1 microbatc
   LOOM_SCHED="zb1 2 4 1" "$loom" run "$here/sched_lists.lua" > "$tmp/zb1/lists"
   $check "$tmp/zb1/trace" 2 2 "$tmp/zb1/lists"
   grep -q '"name":"backward_weight"' "$tmp/zb1/trace/rank1.json" || { echo "zb1: no W span"; exit 1; }
+  # Replayed with equal stages at the measured F, B and W: ZB-H1's closed form at those
+  # costs (Qi et al. 2024; pp_replay.zb_formula), which the simulator must reproduce.
+  python3 - "$here/../../scripts" "$tmp/zb1/trace" <<'PY' || exit 1
+import sys
+sys.path.insert(0, sys.argv[1])
+import pp_replay
+m = pp_replay.analyse(sys.argv[2], 2)[1]
+want = pp_replay.zb_formula(2, 4, m["t_f"], m["t_b"], m["t_w"])
+if want is None:  # W measured longer than F or B (a loaded machine): the form does not hold
+    print("zb1: W %.3f ms > F %.3f or B %.3f ms, outside ZB-H1's closed form: not compared"
+          % (m["t_w"], m["t_f"], m["t_b"])); sys.exit(0)
+if not (m["t_w"] > 0 and abs(m["replay_equal"] - want) < 1e-6):
+    print("FAIL: zb1 replayed at equal stages %.6f, ZB-H1's formula at F %.3f B %.3f W %.3f ms %.6f"
+          % (m["replay_equal"], m["t_f"], m["t_b"], m["t_w"], want)); sys.exit(1)
+print("ok zb1 at equal stages: %.4f = ZB-H1's formula at the measured F %.1f, B %.1f, W %.1f ms "
+      "(%.4f at F = B = W)" % (m["replay_equal"], m["t_f"], m["t_b"], m["t_w"], 1 / 13))
+PY
 elif grep -q 'cannot train with' "$tmp/zb1/out"; then
   echo "zb1 is refused by this build (no split backward): its trace is checked where it trains"
 else

@@ -94,8 +94,12 @@ local function att_flops(r, bwd) return 4 * r[1] * r[2] * r[2] * (r[3]) * (bwd a
 function machine.bench_device(threads, min_s, cpu_clock)
   local b = core.bench_device { backend = "cpu", threads = threads, min_s = min_s or 0.03, cpu_clock = cpu_clock,
     gemm = gemm_shapes, attention = attention_shapes, bandwidth_floats = 8 << 20, elementwise = 1 << 18,
-    evict_floats = 4 << 20 } -- (16 MiB written between GEMM repeats: cold operands, as in a step)
+    evict_floats = 4 << 20, bf16 = true } -- (16 MiB written between GEMM repeats: cold operands, as in a step)
+  -- bf16's compute path (plan.lua's bf16 terms): its forward products (matmul_forward_dt)
+  -- and the conversions per element; absent where the backend has none
+  local bf16 = b.bf16 and { gemm_fwd = points(b.bf16.gemm, gemm_flops, "fwd_s"), per_element = b.bf16.per_element }
   return {
+    bf16 = bf16,
     gemm_fwd = points(b.gemm, gemm_flops, "fwd_s"), gemm_bwd = points(b.gemm, gemm_flops, "bwd_s"),
     attention_fwd = points(b.attention, att_flops, "fwd_s"),
     attention_bwd = points(b.attention, att_flops, "bwd_s"),

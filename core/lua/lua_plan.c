@@ -655,6 +655,7 @@ void loom_lua_open_plan(lua_State *L)
     luaL_setfuncs(L, funcs, 0);
     loom_lua_open_plan_pages(L);
     loom_lua_open_plan_disk(L);
+    loom_lua_open_plan_bring(L);
     static const luaL_Reg methods[] = {{"simulate", l_sched_run}, {NULL, NULL}};
     luaL_newmetatable(L, "loom.PlanSchedule");
     lua_newtable(L);

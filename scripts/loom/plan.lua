@@ -262,7 +262,10 @@ local function device_rates(machine, s, ranks_here)
   local r = d.rates and d.rates[key] or d
   local share = 1 -- (a cpu-clock profile counts each process's own CPU time: no sharing)
   if d.cores and machine.clock ~= "cpu" then share = math.max(1, ranks_here * math.min(threads, d.cores) / d.cores) end
-  return r, share
+  -- on a CPU clock, two or more ranks here: the rates measured with the node's cores all
+  -- running the bench at once (plan_machine.bench_device_shared), where the profile has them
+  local shared = machine.clock == "cpu" and ranks_here > 1 and d.rates_shared and d.rates_shared[key]
+  return shared or r, share, shared and true or false
 end
 
 -- Seconds for a GEMM (M,K)x(K,N), forward or backward (both input and weight gradients).
@@ -446,7 +449,7 @@ function plan.layout(t, machine, opts)
   local ranks = s.dp * s.tp * s.pp
   local blocks = s.pp > 1 and stage_blocks(m, s) or { (function()
     local l = {}; for i = 0, m.layers - 1 do l[#l + 1] = i end; return l end)() }
-  local r, share = device_rates(machine, s, math.min(ranks, per_node))
+  local r, share, shared = device_rates(machine, s, math.min(ranks, per_node))
   local assumptions = {}
   local function assume(x) assumptions[#assumptions + 1] = x end
   -- compute per micro-batch, per stage (the slowest stage paces the pipeline)
@@ -544,8 +547,19 @@ function plan.layout(t, machine, opts)
         -- disk read rate where it has one, else as host memory)
         local part_b = core.zero_padded(psi[k], s.dp) // s.dp * eb
         local part_pages = part_b // pf.page
-        local copy = (s.offload == "disk" and disk) and 2 * part_b / disk.read_Bps or 2 * 2 * part_b / r.bandwidth
-        x, n = x + 2 * part_pages * pf.write_s + copy, n + 2 * part_pages
+        -- where the profile measured that path itself (core.bench_bring: map, the reader
+        -- thread's memcpy or pread, the two hand-offs, the unmap), per unit and per byte:
+        -- the stage's units (its blocks, the embeddings on the first, the final norm on
+        -- the last) on both passes
+        local bring = s.offload == "disk" and disk and disk.bring or s.offload ~= "disk" and r.bring or nil
+        if bring then
+          local units = #blocks[k] + (k == 1 and 1 or 0) + (k == s.pp and 1 or 0)
+          x = x + 2 * (units * bring.unit_s + part_b * bring.byte_s)
+        else
+          local copy = (s.offload == "disk" and disk) and 2 * part_b / disk.read_Bps or 2 * 2 * part_b / r.bandwidth
+          x = x + 2 * part_pages * pf.write_s + copy
+        end
+        n = n + 2 * part_pages
       end
     end
     refault[k], faults[k] = s.accum * x * share, s.accum * n
@@ -553,7 +567,10 @@ function plan.layout(t, machine, opts)
   local refault_s = 0
   for k = 1, s.pp do refault_s = math.max(refault_s, refault[k]) end
   if s.offload_params then
-    assume(string.format("ZeRO-3 parameters in the %s offload: each gather copies its unit's partition out (%s) into fresh pages",
+    local bring = s.offload == "disk" and disk and disk.bring or s.offload ~= "disk" and r.bring or nil
+    assume(bring and string.format("ZeRO-3 parameters in the %s offload: each gather maps its unit's partition, has the reader thread %s it in and unmaps it, at the profile's measured %.3g us a unit + %.3g us a page (core.bench_bring)",
+        s.offload, s.offload == "disk" and "pread" or "copy", bring.unit_s * 1e6, bring.byte_s * 4096 * 1e6)
+      or string.format("ZeRO-3 parameters in the %s offload: each gather copies its unit's partition out (%s) into fresh pages",
       s.offload, s.offload ~= "disk" and "memory bandwidth" or disk and "the profile's disk read rate"
         or "as host memory: the profile has no disk figures (loom plan --calibrate measures them)"))
   end
@@ -661,7 +678,8 @@ function plan.layout(t, machine, opts)
   local flops_per_token = 6 * (opts.params or plan.params(m)) + 6 * m.layers * m.dim * s.seq
   local peak = machine.device.peak_flops and (machine.device.peak_flops[s.precision] or machine.device.peak_flops.fp32)
   local mfu = peak and flops_per_token > 0 and flops_per_token * tokens / step_s / (peak * ranks) or nil
-  assume(string.format("GEMM and attention rates: %s", r.source or machine.device.source or "the profile's table"))
+  assume(string.format("GEMM and attention rates: %s%s", r.source or machine.device.source or "the profile's table",
+    shared and string.format(" (each rank's, measured with %d processes at once)", machine.device.cores or 2) or ""))
   assume(string.format("element-wise passes at %.3g GB/s", r.bandwidth / 1e9))
   if share > 1 then assume(string.format("%d ranks x %s threads share %d cores: compute x %.2f", math.min(ranks, per_node),
     s.threads > 0 and tostring(s.threads) or "all", machine.device.cores, share)) end

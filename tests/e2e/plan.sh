@@ -41,6 +41,33 @@ export LOOM_MACHINE=$tmp/machine.json
 grep -q '^saved ' "$tmp/cal.txt" || { echo "FAIL: calibration"; cat "$tmp/cal.txt"; exit 1; }
 cores=$(nproc)
 fail=0
+# The calibrated profile holds the 16-bit path's figures, the parameter bring's and (on a
+# CPU clock with more than one core) the rates measured with every core running at once;
+# and the plan uses them (not timed: which terms are there and what they are fed with).
+cat > "$tmp/terms.lua" <<EOF
+local cli = require "loom.plan_cli"
+local m = cli.machine(os.getenv("LOOM_MACHINE"))
+local r = m.device.rates["1"]
+assert(r.bf16 and r.bf16.per_element.round > 0 and #r.bf16.gemm_fwd > 0, "no bf16 figures")
+assert(r.bring and r.bring.byte_s > 0 and m.disk.bring, "no parameter bring figures")
+assert($cores < 2 or m.device.rates_shared["1"].gemm_fwd, "no shared-node rates")
+local function plan(over, prec)
+  local t = cli.capture("$probe", over)
+  if prec then t.precision = prec end
+  return cli.api(t)
+end
+local function dp_allreduce(p) for _, c in ipairs(p.time.comm) do if c.kind == "allreduce" then return c.s end end end
+local dp = { { "mesh.dp", "2" }, { "strategy.zero", "1" } }
+local f32, b16, r16 = plan(dp), plan(dp, "bf16"), plan(dp, { "bf16", reduce = "bf16" })
+-- loom reduces bf16's gradients as fp32 unless reduce = "bf16" (half the bytes)
+assert(dp_allreduce(b16) == dp_allreduce(f32) and dp_allreduce(r16) < dp_allreduce(b16), "dp message bytes under bf16")
+assert(b16.time.w16_refresh_s > 0 and b16.time.per_micro.fwd ~= f32.time.per_micro.fwd, "bf16 compute not costed apart")
+-- (the same micro-batch on one rank: the one-process rates)
+assert($cores < 2 or f32.time.per_micro.fwd ~= plan({}).time.per_micro.fwd, "dp=2 did not take the shared rates")
+print("TERMS ok")
+EOF
+"$loom" run "$tmp/terms.lua" > "$tmp/terms.txt" 2>&1 || true
+grep -qx 'TERMS ok' "$tmp/terms.txt" || { echo "FAIL: the plan's calibrated terms"; cat "$tmp/terms.txt"; fail=1; }
 # Time is checked (fails the test) only while the load average is at most 2 x the cores
 # (at 3.3 x, single-rank layouts measured 21-27% off while quiet runs are within 16%):
 # beyond that even a process's CPU time per step moves by tens of percent between runs

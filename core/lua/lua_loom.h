@@ -45,6 +45,8 @@ void loom_lua_open_plan(lua_State *L);
 void loom_lua_open_plan_pages(lua_State *L);
 /* lua_plan_disk.c: core.bench_disk (loom plan --calibrate), into the table on top. */
 void loom_lua_open_plan_disk(lua_State *L);
+/* lua_plan_bring.c: core.bench_bring (loom plan --calibrate), into the table on top. */
+void loom_lua_open_plan_bring(lua_State *L);
 /* The lists at idx (lists[k]: stage k - 1's, as core.sched_simulate takes them; stages =
  * their count) read into a schedule owned by a userdata pushed on the stack (keep it there
  * while the schedule is used). Only the form is checked here (ops, keys, numbers): a Lua

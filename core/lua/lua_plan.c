@@ -8,12 +8,14 @@
  *     by FLOPs: gpt_cost.h, pipeline_split.h), so the planner plans the split that runs;
  *   core.bench_device{...}: the machine model's device half, measured through a backend's
  *     own kernels: matmul forward/backward time by shape, attention forward/backward time,
- *     and the memory bandwidth of `accumulate` (2 reads + 1 write per element).
+ *     and the memory bandwidth of `accumulate` (2 reads + 1 write per element); with
+ *     bf16 = true the 16-bit path's forward product and conversions too.
  * What not: the time model, the search and the printing are Lua (plan.lua).
  * Times are the median of repeats (a shared machine's outliers move a mean, not a median).
  */
 #include <lauxlib.h>
 #include <lua.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -399,9 +401,86 @@ static void read_shape(lua_State *L, int idx, int *s, int n, const char *what)
     }
 }
 
+/* bf16 (the precision plugin's compute path): the forward product as the model runs it,
+ * matmul_forward_dt over operands that hold bf16 values (gpt_precision.c's promise), and
+ * the conversions it makes around its kernels, per element (gpt_round's round_to on
+ * every stored activation, convert_from_f32 / convert_to_f32 of the saved activations and
+ * of the 16-bit weight copy) */
+static void mm_fwd_bf16(bench_box *b, const int *s)
+{
+    b->be.ops->matmul_forward_dt(b->buf[0], b->buf[1], b->buf[2], b->buf[3], 1, s[0], s[1], s[2],
+                                 LOOM_DTYPE_BF16);
+}
+static void round_bf16(bench_box *b, const int *s)
+{
+    b->be.ops->round_to(b->buf[0], b->buf[1], (size_t)s[0], LOOM_DTYPE_BF16);
+}
+static void narrow_bf16(bench_box *b, const int *s)
+{
+    b->be.ops->convert_from_f32(b->buf[0], b->buf[1], (size_t)s[0], LOOM_DTYPE_BF16);
+}
+static void widen_bf16(bench_box *b, const int *s)
+{
+    b->be.ops->convert_to_f32(b->buf[1], b->buf[0], (size_t)s[0], LOOM_DTYPE_BF16);
+}
+
+/* Whether the backend has the 16-bit ops (backend.h: each "may be absent: check size"). */
+static int has_bf16_path(const loom_backend_ops *k)
+{
+    return k->size > offsetof(loom_backend_ops, matmul_forward_dt) && k->matmul_forward_dt &&
+           k->round_to && k->convert_from_f32 && k->convert_to_f32;
+}
+
+/* The bf16 figures (bench_device's bf16 = true) into a table on the stack: gemm = {{M, K, N,
+ * fwd_s}}, per_element = {round, narrow, widen} seconds; nil where the backend has none. */
+static void bench_bf16(lua_State *L, bench_box *b, int gemm_idx, int e, double min_s)
+{
+    if (!has_bf16_path(b->be.ops)) {
+        lua_pushnil(L);
+        return;
+    }
+    lua_createtable(L, 0, 2);
+    lua_newtable(L);
+    for (lua_Integer i = 1; lua_istable(L, gemm_idx) && i <= luaL_len(L, gemm_idx); i++) {
+        int s[3];
+        lua_geti(L, gemm_idx, i);
+        read_shape(L, lua_gettop(L), s, 3, "gemm");
+        lua_pop(L, 1);
+        size_t in = (size_t)s[0] * s[1], w = (size_t)s[1] * s[2];
+        if (!alloc_bufs(b, in + w + (size_t)s[0] * s[2]))
+            luaL_error(L, "bench_device: out of memory for bf16 gemm shape %d", (int)i);
+        b->be.ops->round_to(b->buf[1], b->buf[1], in, LOOM_DTYPE_BF16);
+        b->be.ops->round_to(b->buf[2], b->buf[2], w, LOOM_DTYPE_BF16);
+        lua_createtable(L, 3, 1);
+        for (int j = 0; j < 3; j++) {
+            lua_pushinteger(L, s[j]);
+            lua_rawseti(L, -2, j + 1);
+        }
+        lua_pushnumber(L, time_it_as(b, mm_fwd_bf16, s, min_s, 1));
+        lua_setfield(L, -2, "fwd_s");
+        lua_rawseti(L, -2, i);
+    }
+    lua_setfield(L, -2, "gemm");
+    if (e > 0) {
+        if (!alloc_bufs(b, 2 * (size_t)e + 1024))
+            luaL_error(L, "bench_device: out of memory for %d floats", e);
+        static const char *const names[] = {"round", "narrow", "widen"};
+        bench_fn fns[] = {round_bf16, narrow_bf16, widen_bf16};
+        lua_createtable(L, 0, 3);
+        for (int i = 0; i < 3; i++) {
+            /* round_to follows the kernel that wrote its values (hot); the saved activations
+             * and the weight copy are narrowed and widened long after they were written */
+            lua_pushnumber(L, time_it_as(b, fns[i], &e, min_s, i > 0) / e);
+            lua_setfield(L, -2, names[i]);
+        }
+        lua_setfield(L, -2, "per_element");
+    }
+}
+
 /* core.bench_device{backend="cpu", threads=0, min_s=0.05, cpu_clock=false (true: CPU time), gemm={{M,K,N},...},
- *   attention={{B,T,C,NH},...}, bandwidth_floats=N}
+ *   attention={{B,T,C,NH},...}, bandwidth_floats=N, elementwise=N, bf16=false}
  * -> {gemm={{M,K,N, fwd_s=, bwd_s=}}, attention={{B,T,C,NH, fwd_s=, bwd_s=}}, bandwidth=B/s,
+ *     per_element={...}, bf16={gemm={{M,K,N, fwd_s=}}, per_element={round=, narrow=, widen=}},
  *     describe=} */
 static int l_bench_device(lua_State *L)
 {
@@ -490,6 +569,13 @@ static int l_bench_device(lua_State *L)
         }
         lua_setfield(L, -2, "per_element");
     }
+    if (bfield(L, 1, "bf16")) {
+        lua_getfield(L, 1, "gemm");
+        int gi = lua_gettop(L);
+        bench_bf16(L, b, gi, e, min_s);
+        lua_remove(L, gi);
+        lua_setfield(L, -2, "bf16");
+    }
     bench_release(b);
     return 1;
 }
@@ -569,6 +655,7 @@ void loom_lua_open_plan(lua_State *L)
     luaL_setfuncs(L, funcs, 0);
     loom_lua_open_plan_pages(L);
     loom_lua_open_plan_disk(L);
+    loom_lua_open_plan_bring(L);
     static const luaL_Reg methods[] = {{"simulate", l_sched_run}, {NULL, NULL}};
     luaL_newmetatable(L, "loom.PlanSchedule");
     lua_newtable(L);

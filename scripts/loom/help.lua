@@ -172,9 +172,11 @@ options:
   --top K              rows shown (default 10)
   --json               the plan as JSON
   --calibrate          measure this machine (GEMM, attention, element-wise, AdamW, memory
-                       bandwidth; collectives over -n RANKS of --comm (shm, or mpi
-                       through mpirun; nccl is not calibrated); the runtime's own bytes;
-                       an offload file's reads and writes)
+                       bandwidth, bf16's products and conversions; collectives over -n
+                       RANKS of --comm (shm, or mpi through mpirun; nccl is not
+                       calibrated); the runtime's own bytes; an offload file's reads and
+                       writes; ZeRO-3's parameter reads; with --cpu-clock the device rates
+                       again with every core running them at once)
   --disk-dir DIR       where --calibrate times the offload file (default $TMPDIR, else /tmp)
   --cpu-clock          calibrate with CPU time (a loaded machine: its waits left out)
   --out FILE           where --calibrate saves (default: the calibrated profile's path)

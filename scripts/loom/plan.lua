@@ -26,6 +26,8 @@ local function shape_of(t)
   local accum = (pp > 1 and t.microbatches)
     or (t.batch.global and t.batch.global // (t.batch.micro * dp) or 1)
   local prec = t.precision
+  -- { "bf16", reduce = "bf16" }: the dp gradient all-reduce sent as bf16 (plugins/precision)
+  local reduce16 = type(prec) == "table" and prec.reduce == "bf16"
   if type(prec) == "table" then prec = prec[1] or prec.name end
   local off = st.offload and (st.offload.optimizer or st.offload) or nil
   -- ZeRO-3's parameter partition in the same place as the state (docs/ZERO.md)
@@ -38,6 +40,7 @@ local function shape_of(t)
     recompute = t.recompute or "none", sp = t.tp_sequence_parallel and tp > 1 or false,
     schedule = sched, chunks = t.pp_chunks or (sched == "interleaved" and 2 or 1),
     pp_layers = t.pp_layers, offload = off, offload_params = off_params and off ~= nil, precision = prec or "fp32",
+    reduce16 = reduce16 and (prec == "bf16" or prec == "fp16"),
     optimizer = type(t.optimizer) == "table" and (t.optimizer[1] or t.optimizer.name) or t.optimizer,
     threads = t.threads or 0,
   }
@@ -260,13 +263,16 @@ local function device_rates(machine, s, ranks_here)
   local r = d.rates and d.rates[key] or d
   local share = 1 -- (a cpu-clock profile counts each process's own CPU time: no sharing)
   if d.cores and machine.clock ~= "cpu" then share = math.max(1, ranks_here * math.min(threads, d.cores) / d.cores) end
-  return r, share
+  -- on a CPU clock, two or more ranks here: the rates measured with the node's cores all
+  -- running the bench at once (plan_machine.bench_device_shared), where the profile has them
+  local shared = machine.clock == "cpu" and ranks_here > 1 and d.rates_shared and d.rates_shared[key]
+  return shared or r, share, shared and true or false
 end
 
 -- Seconds for a GEMM (M,K)x(K,N), forward or backward (both input and weight gradients).
-local function gemm_s(r, M, K, N, bwd)
+local function gemm_s(r, M, K, N, bwd, fwd_pts)
   local flops = 2 * M * K * N * (bwd and 2 or 1)
-  local pts = bwd and r.gemm_bwd or r.gemm_fwd
+  local pts = bwd and r.gemm_bwd or fwd_pts or r.gemm_fwd
   return flops / rate_at(pts, flops), flops
 end
 
@@ -320,9 +326,14 @@ local function stage_compute(t, s, r, list, head)
   local llama = m.family == "llama"
   local KVl = llama and (m.kv_heads or m.heads) * (C // m.heads) // s.tp or Cl
   local FFl = llama and (m.ffn_dim or 4 * C) // s.tp or Fl
+  -- bf16 on a profile with the 16-bit path's figures (plan_machine.bench_device): the
+  -- forward products at matmul_forward_dt's rates (vdpbf16ps, packing the widened weight
+  -- back to bf16), backward at sgemm's, and the conversions around them (h16, below)
+  local h16 = s.precision == "bf16" and r.bf16 or nil
+  local fwd_pts = h16 and h16.gemm_fwd or nil
   local f, b, w, flops = 0, 0, 0, 0
   local function gemm(Mx, K, N, times)
-    local tf, ff = gemm_s(r, Mx, K, N, false)
+    local tf, ff = gemm_s(r, Mx, K, N, false, fwd_pts)
     local tb, fb = gemm_s(r, Mx, K, N, true)
     local n = times or 1
     f, b, w, flops = f + n * tf, b + n * tb / 2, w + n * tb / 2, flops + n * (ff + fb)
@@ -374,6 +385,24 @@ local function stage_compute(t, s, r, list, head)
       ew = ew + F32 * R * (2 * 2 * C) + F32 * mlp_rows * 2 * Fl
     end
     f, b = f + ew / r.bandwidth, b + 2 * ew / r.bandwidth
+    if h16 then
+      -- gpt.c / gpt_llama.c under bf16: every stored activation rounded where written
+      -- (round_to: six of Rl x C, qkv (llama's twice: before and after the rotation), the
+      -- attention output, fc's and GELU's / SwiGLU's outputs); what backward reads narrowed
+      -- after the forward and widened before the backward (gpt_act16_sizes: none under full
+      -- recomputation, fch_gelu not under selective); the block's weights widened from the
+      -- 16-bit copy at the top of each pass (gpt_widen_block)
+      local Rl = s.sp and R // s.tp or R
+      local qkv_w, fc_w = llama and Cl + 2 * KVl or 3 * Cl, llama and 2 * FFl or Fl
+      local rounds = 6 * Rl * C + R * (qkv_w * (llama and 2 or 1) + Cl + fc_w + FFl)
+      local stored = s.recompute == "full" and 0
+        or 3 * Rl * C + R * (qkv_w + Cl + fc_w + (s.recompute == "selective" and 0 or FFl))
+      local wblk = C * qkv_w + Cl * C + C * fc_w + FFl * C
+      local pe16 = h16.per_element
+      f = f + rounds * pe16.round + stored * pe16.narrow + wblk * pe16.widen
+      b = b + stored * pe16.widen + wblk * pe16.widen
+        + (s.recompute == "selective" and R * FFl * pe16.round or 0)
+    end
     blk_f = blk_f + (f - f0) - moe_f
   end
   local nb = #list
@@ -381,6 +410,12 @@ local function stage_compute(t, s, r, list, head)
     gemm(R, C, vp // s.tp)
     local ce = F32 * R * (vp // s.tp) * 5 -- max, sum of exps, target, finish (read + write)
     f, b = f + ce / r.bandwidth, b + ce / r.bandwidth
+    if h16 then -- the final norm's output and the logits rounded; backward's input gradient
+      -- reads the head's weight widened band by band (gpt_precision.c)
+      local pe16 = h16.per_element
+      f = f + (R * C + R * (vp // s.tp)) * pe16.round
+      b = b + (vp // s.tp) * C * pe16.widen
+    end
   end
   -- recomputation reruns forward work in backward
   local extra = 0
@@ -415,7 +450,7 @@ function plan.layout(t, machine, opts)
   local ranks = s.dp * s.tp * s.pp
   local blocks = s.pp > 1 and stage_blocks(m, s) or { (function()
     local l = {}; for i = 0, m.layers - 1 do l[#l + 1] = i end; return l end)() }
-  local r, share = device_rates(machine, s, math.min(ranks, per_node))
+  local r, share, shared = device_rates(machine, s, math.min(ranks, per_node))
   local assumptions = {}
   local function assume(x) assumptions[#assumptions + 1] = x end
   -- compute per micro-batch, per stage (the slowest stage paces the pipeline)
@@ -425,12 +460,23 @@ function plan.layout(t, machine, opts)
     if k == 1 then -- the embedding lookup and its gradient: element-wise
       local e = F32 * s.micro * s.seq * m.dim * 3
       comp[k].fwd, comp[k].bwd_input = comp[k].fwd + e / r.bandwidth, comp[k].bwd_input + e / r.bandwidth
+      if s.precision == "bf16" and r.bf16 then -- the rows widened from the 16-bit copy, rounded
+        local pe16, rows = r.bf16.per_element, s.micro * s.seq * m.dim
+        comp[k].fwd = comp[k].fwd + rows * (pe16.widen + pe16.round)
+      end
     end
     for _, key in ipairs { "fwd", "bwd_input", "bwd_weight" } do comp[k][key] = comp[k][key] * share end
   end
   -- tensor-parallel exchanges per micro-batch: 2 forward + 2 backward per block of R x C
   local R, C = s.micro * s.seq, m.dim
-  local act = R * C * (s.precision == "fp32" and F32 or 2)
+  -- (loom sends every message as fp32 whatever the precision: tp.c's exchanges,
+  -- pipeline.c's sends, moe.c's rows, ZeRO's buckets; the dp gradients too unless
+  -- { "bf16", reduce = "bf16" }. A profile with messages16 (the bundled GPU nodes: an
+  -- assumption, as Megatron-LM sends them) sends them in 16 bits under bf16/fp16. Before
+  -- this the plan sent 2 bytes an element under bf16 everywhere: the probe's dp = 2
+  -- all-reduce costed at half its 3.3 MB)
+  local wb = (machine.messages16 and s.precision ~= "fp32") and 2 or F32
+  local act = R * C * wb
   local tp_link = link_of(s.tp, 1, per_node)
   local tp_kind = s.sp and "reduce_scatter" or "allreduce"
   local tp_one = coll_s(machine, tp_kind, act, s.tp, tp_link) + (s.sp and coll_s(machine, "allgather", act, s.tp, tp_link) or 0)
@@ -444,7 +490,7 @@ function plan.layout(t, machine, opts)
   if s.ep > 1 and m.moe then
     local kept = moe_rows(m.moe, R, s.ep)
     local ep_link = link_of(s.ep, s.tp, per_node)
-    ep_one = 4 * coll_s(machine, "alltoall", kept * C * (s.precision == "fp32" and F32 or 2), s.ep, ep_link)
+    ep_one = 4 * coll_s(machine, "alltoall", kept * C * wb, s.ep, ep_link)
       + 2 * coll_s(machine, "alltoall", 8 * s.ep, s.ep, ep_link)
   end
   local xm = {} -- each stage's exchanges per micro-batch inside its passes: tp's and ep's
@@ -488,7 +534,7 @@ function plan.layout(t, machine, opts)
   -- (core.bench_refault: a gradient added into zeroed pages faults twice, a gather once)
   local refault, faults, pf = {}, {}, r.page_fault
   local disk = machine.disk -- (an offload file's measured read and write rates, if any)
-  local eb = s.precision == "fp32" and F32 or 2
+  local eb = F32 -- (the gradients and ZeRO-3's gathered parameters are fp32 under bf16 too)
   for k = 1, s.pp do
     local x, n = 0, 0
     if pf and s.zero >= 2 then
@@ -502,8 +548,19 @@ function plan.layout(t, machine, opts)
         -- disk read rate where it has one, else as host memory)
         local part_b = core.zero_padded(psi[k], s.dp) // s.dp * eb
         local part_pages = part_b // pf.page
-        local copy = (s.offload == "disk" and disk) and 2 * part_b / disk.read_Bps or 2 * 2 * part_b / r.bandwidth
-        x, n = x + 2 * part_pages * pf.write_s + copy, n + 2 * part_pages
+        -- where the profile measured that path itself (core.bench_bring: map, the reader
+        -- thread's memcpy or pread, the two hand-offs, the unmap), per unit and per byte:
+        -- the stage's units (its blocks, the embeddings on the first, the final norm on
+        -- the last) on both passes
+        local bring = s.offload == "disk" and disk and disk.bring or s.offload ~= "disk" and r.bring or nil
+        if bring then
+          local units = #blocks[k] + (k == 1 and 1 or 0) + (k == s.pp and 1 or 0)
+          x = x + 2 * (units * bring.unit_s + part_b * bring.byte_s)
+        else
+          local copy = (s.offload == "disk" and disk) and 2 * part_b / disk.read_Bps or 2 * 2 * part_b / r.bandwidth
+          x = x + 2 * part_pages * pf.write_s + copy
+        end
+        n = n + 2 * part_pages
       end
     end
     refault[k], faults[k] = s.accum * x * share, s.accum * n
@@ -511,7 +568,10 @@ function plan.layout(t, machine, opts)
   local refault_s = 0
   for k = 1, s.pp do refault_s = math.max(refault_s, refault[k]) end
   if s.offload_params then
-    assume(string.format("ZeRO-3 parameters in the %s offload: each gather copies its unit's partition out (%s) into fresh pages",
+    local bring = s.offload == "disk" and disk and disk.bring or s.offload ~= "disk" and r.bring or nil
+    assume(bring and string.format("ZeRO-3 parameters in the %s offload: each gather maps its unit's partition, has the reader thread %s it in and unmaps it, at the profile's measured %.3g us a unit + %.3g us a page (core.bench_bring)",
+        s.offload, s.offload == "disk" and "pread" or "copy", bring.unit_s * 1e6, bring.byte_s * 4096 * 1e6)
+      or string.format("ZeRO-3 parameters in the %s offload: each gather copies its unit's partition out (%s) into fresh pages",
       s.offload, s.offload ~= "disk" and "memory bandwidth" or disk and "the profile's disk read rate"
         or "as host memory: the profile has no disk figures (loom plan --calibrate measures them)"))
   end
@@ -544,7 +604,10 @@ function plan.layout(t, machine, opts)
   end
   -- data-parallel exchanges per step, on the largest stage's table
   local P = psi[worst]
-  local eb2 = s.precision == "fp32" and F32 or 2
+  -- the gradients reduced as fp32 but with { "bf16", reduce = "bf16" } (zero <= 1: the dp
+  -- strategy's bucket all-reduce); ZeRO's gathers of the stepped parameters are fp32
+  local eb2 = wb
+  local gred = (s.reduce16 and s.zero <= 1) and 2 or wb
   local experts_here = 0 -- under ep: this rank's expert floats, reduced over edp, not dp
   if s.ep > 1 and m.moe then
     experts_here = ep_split[worst] and ep_split[worst].X -- (exact: the table's)
@@ -555,7 +618,7 @@ function plan.layout(t, machine, opts)
   local comm = {}
   local function add(kind, group, secs, count) if secs > 0 then comm[#comm + 1] = { kind = kind, group = group, s = secs, count = count } end end
   if s.dp > 1 then
-    if s.zero <= 1 or s.canonical then add("allreduce", "dp", coll_s(machine, "allreduce", gb, s.dp, dp_link), 1)
+    if s.zero <= 1 or s.canonical then add("allreduce", "dp", coll_s(machine, "allreduce", gb // eb2 * gred, s.dp, dp_link), 1)
     else add("reduce_scatter", "dp", s.accum * coll_s(machine, "reduce_scatter", gb, s.dp, dp_link), s.accum) end
     if s.zero >= 1 and s.zero <= 2 then add("allgather", "dp", coll_s(machine, "allgather", gb, s.dp, dp_link), 1) end
     if s.zero == 3 then add("allgather", "dp", 2 * s.accum * coll_s(machine, "allgather", gb, s.dp, dp_link), 2 * s.accum) end
@@ -600,18 +663,31 @@ function plan.layout(t, machine, opts)
     for k = 1, s.pp do io[k] = machine.clock == "cpu" and io[k] or io_s end
   end
   local compute_s = s.pp > 1 and (pipe_s - bubble_s) or pipe_s
-  local step_s = pipe_s + exposed_dp + opt_s + refault_s + io_s + (s.pp > 1 and 0 or x_total * s.accum)
+  -- bf16: the 16-bit copy narrowed from the fp32 parameters after each step (gpt_w16_refresh),
+  -- under ZeRO-3 unit by unit after each of its gathers, two a micro-batch (gpt_w16_unit)
+  local w16, w16_s = {}, 0
+  for k = 1, s.pp do
+    w16[k] = 0
+    if s.precision == "bf16" and r.bf16 then
+      w16[k] = (s.zero == 3 and 2 * s.accum or 1) * psi[k] * r.bf16.per_element.narrow * share
+    end
+    w16_s = math.max(w16_s, w16[k])
+  end
+  local step_s = pipe_s + exposed_dp + opt_s + refault_s + io_s + w16_s + (s.pp > 1 and 0 or x_total * s.accum)
   if s.pp > 1 then compute_s = compute_s - x_total * s.accum end
   local tokens = s.micro * s.seq * s.accum * s.dp
   local flops_per_token = 6 * (opts.params or plan.params(m)) + 6 * m.layers * m.dim * s.seq
   local peak = machine.device.peak_flops and (machine.device.peak_flops[s.precision] or machine.device.peak_flops.fp32)
   local mfu = peak and flops_per_token > 0 and flops_per_token * tokens / step_s / (peak * ranks) or nil
-  assume(string.format("GEMM and attention rates: %s", r.source or machine.device.source or "the profile's table"))
+  assume(string.format("GEMM and attention rates: %s%s", r.source or machine.device.source or "the profile's table",
+    shared and string.format(" (each rank's, measured with %d processes at once)", machine.device.cores or 2) or ""))
   assume(string.format("element-wise passes at %.3g GB/s", r.bandwidth / 1e9))
   if share > 1 then assume(string.format("%d ranks x %s threads share %d cores: compute x %.2f", math.min(ranks, per_node),
     s.threads > 0 and tostring(s.threads) or "all", machine.device.cores, share)) end
   if s.precision ~= "fp32" then
-    assume(s.precision .. ": memory from the model's own 16-bit layout (a 2-byte compute copy of the weights and its fp32 widening scratch, the fp32 parameters as master, fp32 gradients and state, 16-bit saved activations); time modelled from dtypes (2-byte activation messages), not calibrated on loom's " .. s.precision .. " path")
+    assume(s.precision .. ": memory from the model's own 16-bit layout (a 2-byte compute copy of the weights and its fp32 widening scratch, the fp32 parameters as master, fp32 gradients and state, 16-bit saved activations); time: " .. (machine.messages16 and "16-bit messages (the profile's messages16 assumption; loom's CPU path sends fp32)" or "fp32 messages (loom widens before it sends; the dp gradients bf16 with reduce = \"bf16\")") .. ", compute " .. ((machine.device.rates or {})[s.precision] and "at the profile's " .. s.precision .. " rates"
+      or r.bf16 and s.precision == "bf16" and "with the 16-bit path's measured forward products and conversions"
+      or "at the fp32 rates (the profile has no " .. s.precision .. " figures)"))
   end
   if m.family == "llama" then
     assume("llama blocks: memory from the model's own llama table and layout; time: the fused qkv product at kv_heads' width, SwiGLU's gate-and-up and down products at ffn_dim, SwiGLU's element-wise step at GELU's measured cost per element and RMSNorm at layernorm's (not calibrated apart), rotary positions as bytes")
@@ -633,7 +709,7 @@ function plan.layout(t, machine, opts)
   local stage_busy = {}
   for k = 1, s.pp do
     local c = comp[k]
-    stage_busy[k] = s.accum * (c.fwd + c.bwd_input + c.bwd_weight + xm[k]) + exposed_dp + opt_s + refault[k] + io[k]
+    stage_busy[k] = s.accum * (c.fwd + c.bwd_input + c.bwd_weight + xm[k]) + exposed_dp + opt_s + refault[k] + io[k] + w16[k]
       + (s.pp > 1 and 2 * s.accum * p2p or 0)
   end
   local runtime = machine.runtime_bytes or machine.device.runtime_bytes or 0
@@ -656,6 +732,7 @@ function plan.layout(t, machine, opts)
       stage_busy_s = stage_busy,
       optimizer_s = opt_s, comm = comm, exposed_dp_s = exposed_dp, refault_s = refault_s,
       disk_io_s = io_s, -- a disk offload's reads and writes of its file (exposed, per step)
+      w16_refresh_s = w16_s, -- bf16: the 16-bit weight copy narrowed from the fp32 parameters
       page_faults = faults, -- per stage and step: what refault_s counts (a host profile's)
       per_micro = slow,
     },

@@ -115,6 +115,7 @@ function cli.report(p, out)
   out(string.format("  %-24s %s", "optimizer step", ms(t.optimizer_s)))
   if t.refault_s > 0 then out(string.format("  %-24s %s", "page faults (ZeRO)", ms(t.refault_s))) end
   if (t.disk_io_s or 0) > 0 then out(string.format("  %-24s %s", "offload file I/O", ms(t.disk_io_s))) end
+  if (t.w16_refresh_s or 0) > 0 then out(string.format("  %-24s %s", "bf16 weight copy", ms(t.w16_refresh_s))) end
   if t.offload_s then out(string.format("  %-24s %s", "offload transfers", ms(t.offload_s))) end
   out(string.format("tokens/s: %.4g (%d tokens per step)%s", p.tokens_per_s, p.tokens_per_step,
     p.mfu and string.format(" | MFU %.1f%%", 100 * p.mfu) or " | MFU n/a (the profile has no peak FLOP/s)"))

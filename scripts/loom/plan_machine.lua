@@ -94,14 +94,35 @@ local function att_flops(r, bwd) return 4 * r[1] * r[2] * r[2] * (r[3]) * (bwd a
 function machine.bench_device(threads, min_s, cpu_clock)
   local b = core.bench_device { backend = "cpu", threads = threads, min_s = min_s or 0.03, cpu_clock = cpu_clock,
     gemm = gemm_shapes, attention = attention_shapes, bandwidth_floats = 8 << 20, elementwise = 1 << 18,
-    evict_floats = 4 << 20 } -- (16 MiB written between GEMM repeats: cold operands, as in a step)
+    evict_floats = 4 << 20, bf16 = true } -- (16 MiB written between GEMM repeats: cold operands, as in a step)
+  -- bf16's compute path (plan.lua's bf16 terms): its forward products (matmul_forward_dt)
+  -- and the conversions per element; absent where the backend has none
+  local bf16 = b.bf16 and { gemm_fwd = points(b.bf16.gemm, gemm_flops, "fwd_s"), per_element = b.bf16.per_element }
   return {
+    bf16 = bf16,
     gemm_fwd = points(b.gemm, gemm_flops, "fwd_s"), gemm_bwd = points(b.gemm, gemm_flops, "bwd_s"),
     attention_fwd = points(b.attention, att_flops, "fwd_s"),
     attention_bwd = points(b.attention, att_flops, "bwd_s"),
     bandwidth = b.bandwidth, per_element = b.per_element, source = "measured: core.bench_device, " .. b.describe,
     page_fault = core.bench_refault { bytes = 4 << 20, min_s = min_s or 0.03, cpu_clock = cpu_clock },
+    -- ZeRO-3's offloaded parameters brought in from the host pool, unit by unit (its own
+    -- noisy small-size figure: the longer minimum)
+    bring = core.bench_bring { min_s = math.max(0.1, min_s or 0), cpu_clock = cpu_clock },
   }
+end
+
+-- The same device rates measured in `n` processes at once, one thread each (plan_device.lua
+-- under loom launch): what each of a layout's ranks gets while the others run beside it.
+function machine.bench_device_shared(n, min_s, cpu_clock)
+  local out = os.tmpname()
+  local script = package.searchpath("loom.plan_device", package.path)
+  local cmd = string.format("%s %q out=%s clock=%s%s >/dev/null", require("loom.launcher").ranks("shm", n),
+    script, out, cpu_clock and "cpu" or "wall", min_s and (" min_s=" .. min_s) or "")
+  local ok = os.execute(cmd)
+  local v = ok and read(out)
+  os.remove(out)
+  if not v then error("plan --calibrate: the shared-device benchmark failed (" .. cmd .. ")", 0) end
+  return v
 end
 
 -- Collective latency and bus bandwidth over `n` local ranks of `comm` (loom bench comm's
@@ -127,6 +148,10 @@ function machine.calibrate(opts)
   if cores > 1 then counts[2] = cores end
   if opts.cpu_clock then counts = { 1 } end -- CPU time is per process: one thread's rates
   for _, n in ipairs(counts) do rates[tostring(n)] = machine.bench_device(n, opts.min_s, opts.cpu_clock) end
+  -- on a CPU clock, also each rank's rates while `cores` ranks run at once (plan.lua uses
+  -- them for layouts of two or more ranks on the node)
+  local shared = nil
+  if opts.cpu_clock and cores > 1 then shared = { ["1"] = machine.bench_device_shared(cores, opts.min_s, true) } end
   local comm = machine.bench_comm(opts.ranks or 2, opts.comm or "shm", opts.cpu_clock)
   comm.staging_bytes_per_rank = (opts.comm or "shm") == "shm" and 3 * 1048576 or 0 -- shm.h: SLOTS x chunk_bytes
   -- the process's own bytes: VmHWM of a small run less what the plan predicts for it
@@ -142,6 +167,8 @@ function machine.calibrate(opts)
   local disk_dir = opts.disk_dir or os.getenv("TMPDIR") or "/tmp"
   if disk_dir == "" then disk_dir = "/tmp" end
   local disk = core.bench_disk { dir = disk_dir, cpu_clock = opts.cpu_clock, min_s = opts.min_s }
+  -- (and ZeRO-3's parameters read from such a file, unit by unit, by a reader thread)
+  disk.bring = core.bench_bring { dir = disk_dir, cpu_clock = opts.cpu_clock, min_s = math.max(0.1, opts.min_s or 0) }
   disk.source = "measured: core.bench_disk, 16 MiB in 1 MiB pieces through the page cache"
   local lf = io.open("/proc/loadavg")
   local load = lf and lf:read("n") or -1
@@ -150,7 +177,7 @@ function machine.calibrate(opts)
     name = "calibrated", devices_per_node = cores, clock = opts.cpu_clock and "cpu" or "wall",
     measured = { date = os.date("!%Y-%m-%d %H:%M UTC"), load_average = load, cores = cores,
       comm = opts.comm or "shm", ranks = opts.ranks or 2 },
-    device = { name = "cpu (" .. cores .. " cores)", cores = cores, rates = rates },
+    device = { name = "cpu (" .. cores .. " cores)", cores = cores, rates = rates, rates_shared = shared },
     links = { intra = comm, inter = comm },
     runtime_bytes = opts.runtime_bytes or 0,
     disk = disk,

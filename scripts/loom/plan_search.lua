@@ -11,9 +11,9 @@
 -- unless the job is one node); rules = {tp_in_node = false, pp_across_nodes = false} lift them.
 -- Micro-batch sizes tried: the powers of two up to opts.max_micro (8) that divide the batch;
 -- offload only where the layout does not fit without it (it never makes a step faster).
--- A mixture of experts: every ep dividing dp and the experts (docs/MOE.md: ep with ZeRO 0
--- or 1 only, core/train/zero_ep.c, not with offload; with pp, every schedule: each
--- stage's ep group exchanges per micro-batch, fast mode).
+-- A mixture of experts: every ep dividing dp and the experts, with every ZeRO stage
+-- (docs/MOE.md: core/train/zero_ep*.c, also under pp), not with offload; with pp, every
+-- schedule: each stage's ep group exchanges per micro-batch, fast mode.
 -- ZeRO-3's parameters offloaded beside the state (docs/ZERO.md) only where the layout does
 -- not fit with the state alone offloaded.
 -- With tp > 1, sequence parallelism on and off (not with zb1: loom refuses that pair;
@@ -75,7 +75,7 @@ function search.run(t, machine, opts)
             if not (pp > 1 and (m.layers < pp * chunks or mbs < (sched == "interleaved" and pp or 1))) then
               for _, ep in ipairs(moe and divisors(dp) or { 1 }) do
               for _, z in ipairs(zeros) do
-                if not (z > 0 and dp == 1) and not (moe and (moe.experts % ep ~= 0 or (ep > 1 and z > 1))) then
+                if not (z > 0 and dp == 1) and not (moe and moe.experts % ep ~= 0) then
                   for _, rc in ipairs(recomputes) do for _, sp in ipairs(tp > 1 and sps or { false }) do
                     if not (sched == "zb1" and (rc == "full" or sp)) and not (sp and (micro * t.batch.seq) % tp ~= 0) then
                       local fit_without, fit_state_off = false, false

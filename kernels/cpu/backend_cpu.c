@@ -88,7 +88,7 @@ static void cpu_copy(void *self, void *dst, const void *src, size_t bytes)
 
 static void cpu_zero(void *self, void *p, size_t bytes)
 {
-    loom_cpu_zero(p, bytes);
+    memset(p, 0, bytes);
 }
 
 static void cpu_synchronize(void *self)

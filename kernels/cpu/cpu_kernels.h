@@ -137,7 +137,6 @@ void loom_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, si
 /* residual.c */
 void loom_cpu_residual_forward(float *out, const float *a, const float *b, size_t n);
 void loom_cpu_accumulate(float *acc, const float *x, size_t n);
-void loom_cpu_zero(void *p, size_t bytes); /* the backend's zero: threads over 1 MiB */
 /* bias.c: matmul_backward's dbias is loom_cpu_bias_backward */
 void loom_cpu_bias_add(float *out, const float *bias, size_t rows, int cols);
 void loom_cpu_bias_backward(float *dbias, const float *dout, size_t rows, int cols);

@@ -215,6 +215,7 @@ static const loom_backend_ops cpu_ops = {
     .convert_to_f32 = cpu_convert_to_f32,
     .round_to = cpu_round_to,
     .gemm_chunk_tree = loom_cpu_gemm_chunk_tree,
+    .rep_chunk_tree = loom_cpu_rep_chunk_tree,
     .attention_backward_datt = loom_cpu_attention_backward_datt,
     .matmul_backward_dt = cpu_matmul_backward_dt,
 };

@@ -64,6 +64,11 @@ const char *loom_cpu_sgemm_fallback_isa(void);
 void loom_cpu_gemm_chunk_tree(int transa, int transb, int M, int N, int chunks, int segs,
                               const int *start, const int *width, const float *A, int lda,
                               const float *B, int ldb, float *C, int ldc, float *const *levels);
+/* rep_tree.c: canonical mode's chunk tree of a layer norm's (kind 0) or a bias's (kind 1)
+ * gradient in one call (backend.h's rep_chunk_tree) */
+void loom_cpu_rep_chunk_tree(int kind, float *part, float *scratch, int chunks, float *dinp,
+                             const float *dout, const float *inp, const float *weight,
+                             const float *mean, const float *rstd, size_t rows, int C);
 /* Checks C = alpha op(A) op(B) + beta C0 against a double-precision reference. Returns the
  * worst |C - ref| / (|alpha| sum_k |a_ik b_kj| + |beta c0_ij|) over all elements (infinity
  * for a non-finite element); a correct float GEMM stays below LOOM_CPU_SGEMM_TOL. C0 and

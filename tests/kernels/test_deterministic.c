@@ -8,7 +8,8 @@
  * OpenMP threads. Attention: heads [h0,h1) computed alone (their q|k|v columns as a
  * k-head qkv of width 3C k/NH) give those heads' bits of the full call, forward (out, att)
  * and backward (dqkv). The one-call chunk tree gives the bits of the gemm and accumulate
- * calls it stands for.
+ * calls it stands for; so does the one-call tree of a layer norm's or a bias's gradient
+ * (rep_chunk_tree) those of its per-chunk kernel calls and merges.
  */
 #include "cpu_kernels.h"
 #include "kernel_test.h"
@@ -306,6 +307,71 @@ START_TEST(test_chunk_tree)
 }
 END_TEST
 
+/* part = the replicated gradient's tree as core/model/gpt_parallel.c makes it without
+ * the one call: per chunk, a zeroed tree level, the kernel over the chunk's rows into it,
+ * then the merges as the counter carries. */
+static void rep_by_calls(int kind, float *part, float *const *lv3, int chunks, float *dinp,
+                         const float *dout, const float *inp, const float *w, const float *mean,
+                         const float *rstd, size_t rows, int C)
+{
+    float *lv[4] = {part, lv3[0], lv3[1], lv3[2]};
+    const size_t n = kind == 0 ? 2 * (size_t)C : (size_t)C, rc = rows / (size_t)chunks;
+    for (int c = 0, depth = 0, pushed = 0; c < chunks; c++) {
+        float *slot = lv[depth];
+        const size_t r0 = (size_t)c * rc, off = r0 * (size_t)C;
+        memset(slot, 0, n * sizeof(float));
+        if (kind == 0)
+            loom_cpu_layernorm_backward(dinp + off, slot, slot + C, dout + off, inp + off, w,
+                                        mean + r0, rstd + r0, 1, (int)rc, C);
+        else
+            loom_cpu_bias_backward(slot, dout + off, rc, C);
+        depth++;
+        for (int p = ++pushed; !(p & 1); p >>= 1, depth--)
+            loom_cpu_accumulate(lv[depth - 2], lv[depth - 1], n);
+    }
+}
+
+/* loom_cpu_rep_chunk_tree (backend.h's rep_chunk_tree): the bits of rep_by_calls, part and
+ * dinp, for layer norms and biases, 8 chunks (the model's) and 2, rows of a tiny step (512:
+ * on the threads) and of a short one (one thread), on 1 and 2 threads. */
+START_TEST(test_rep_chunk_tree)
+{
+    const struct { int kind, chunks, rows, C; } cases[] = {
+        {0, 8, 512, 128}, {1, 8, 512, 384}, {0, 2, 48, 40}, {1, 8, 64, 24}, {0, 8, 1024, 96}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        for (int threads = 1; threads <= 2; threads++) {
+            const int kind = cases[k].kind, chunks = cases[k].chunks, C = cases[k].C;
+            const size_t rows = (size_t)cases[k].rows, n = kind == 0 ? 2 * (size_t)C : (size_t)C;
+            float *dout = kt_alloc(rows * C), *inp = kt_alloc(rows * C), *w = kt_alloc(C);
+            float *mean = kt_alloc(rows), *rstd = kt_alloc(rows);
+            float *d_want = kt_alloc(rows * C), *d_got = kt_alloc(rows * C);
+            float *want = kt_alloc(n), *got = kt_alloc(n), *scratch = kt_alloc((chunks - 1) * n);
+            float *lv[3] = {kt_alloc(n), kt_alloc(n), kt_alloc(n)};
+            kt_fill(dout, rows * C, 31, -1, 1);
+            kt_fill(inp, rows * C, 32, -2, 2);
+            kt_fill(w, C, 33, 0.5f, 1.5f);
+            kt_fill(mean, rows, 34, -0.1f, 0.1f);
+            kt_fill(rstd, rows, 35, 0.5f, 2);
+            kt_fill(got, n, 36, -1, 1); /* overwritten */
+            kt_fill(scratch, (chunks - 1) * n, 37, -1, 1); /* stale */
+            const int saved = omp_get_max_threads();
+            omp_set_num_threads(threads);
+            rep_by_calls(kind, want, lv, chunks, d_want, dout, inp, w, mean, rstd, rows, C);
+            loom_cpu_rep_chunk_tree(kind, got, scratch, chunks, d_got, dout, inp, w, mean, rstd,
+                                    rows, C);
+            omp_set_num_threads(saved);
+            char what[96];
+            snprintf(what, sizeof what, "rep tree kind %d chunks %d rows %zu C %d threads %d",
+                     kind, chunks, rows, C, threads);
+            assert_same(what, got, want, n);
+            if (kind == 0)
+                assert_same("its dinp", d_got, d_want, rows * C);
+            free(dout), free(inp), free(w), free(mean), free(rstd), free(d_want), free(d_got);
+            free(want), free(got), free(scratch), free(lv[0]), free(lv[1]), free(lv[2]);
+        }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("deterministic");
@@ -315,6 +381,7 @@ int main(void)
     tcase_add_test(tc, test_thread_independent);
     tcase_add_test(tc, test_attention_heads);
     tcase_add_test(tc, test_chunk_tree);
+    tcase_add_test(tc, test_rep_chunk_tree);
     suite_add_tcase(s, tc);
     return kt_run(s);
 }

@@ -273,6 +273,16 @@ typedef struct loom_backend_ops {
     int (*matmul_backward_dt)(float *dinp, float *dweight, float *dbias, const float *dout,
                               const float *inp, const void *weight, int weight_bits, int B,
                               int T, int C, int OC, loom_dtype dt);
+    /* Added for canonical mode's replicated gradients (may be absent: check size, or NULL;
+     * the core then makes the calls this stands for, which give the same bits). part (n
+     * floats: kind 0 [dweight | dbias], n = 2C; kind 1 [dbias], n = C) = the sum over
+     * `chunks` chunks of rc = rows/chunks rows (chunk c: rows [c rc, (c+1) rc)) added as a
+     * binary counter (older += newer), chunk c being layernorm_backward (kind 0, also
+     * writing dinp's rows; B = 1, T = rc) or bias_backward (kind 1) over its rows into zeroed
+     * floats. scratch: (chunks - 1) n floats. Bits: those of that sequence. */
+    void (*rep_chunk_tree)(int kind, float *part, float *scratch, int chunks, float *dinp,
+                           const float *dout, const float *inp, const float *weight,
+                           const float *mean, const float *rstd, size_t rows, int C);
 } loom_backend_ops;
 
 #ifdef __cplusplus

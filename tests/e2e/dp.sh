@@ -58,6 +58,9 @@ for _ in $(seq 50); do  # wait until training runs
   grep -q '^LOSS 3 ' "$tmp/kill.out" 2>/dev/null && break; sleep 0.2
 done
 victim=$(pgrep -f "run $recipe.*$marker" | sed -n 3p)
+# this job's segments only: other tests running beside this one have their own
+job=$(tr '\0' '\n' < "/proc/$victim/environ" | sed -n 's/^LOOM_JOB_ID=//p')
+[[ -n $job ]] || { echo "no LOOM_JOB_ID in rank $victim's environment"; exit 1; }
 kill -9 "$victim"
 wait "$launcher"; rc=$?
 set -e
@@ -65,7 +68,7 @@ took=$(( $(date +%s) - start ))
 [[ $rc -ne 0 ]] || { echo "launch exited 0 after a rank was killed"; exit 1; }
 grep -q "was killed by signal 9" "$tmp/kill.out" || { echo "dead rank not named:"; tail "$tmp/kill.out"; exit 1; }
 pgrep -f "$marker" > /dev/null && { echo "processes left behind"; pkill -9 -f "$marker"; exit 1; }
-ls /dev/shm | grep -q '^loom-' && { echo "shm segments left: $(ls /dev/shm | grep '^loom-')"; exit 1; }
+ls /dev/shm | grep -q "^loom-$job" && { echo "shm segments left: $(ls /dev/shm | grep "^loom-$job")"; exit 1; }
 echo "ok kill -9 of one rank: $(grep -o 'loom launch: .*' "$tmp/kill.out"), after ${took}s, nothing left behind"
 
 # Ranks started by another launcher (torchrun's variables): no loom launch to stop them, so

@@ -18,7 +18,10 @@
 #  - bf16 (the fp32 master partitioned, zero_master.c): zero=1 dp=2 (started from an llm.c
 #    file) and zero=2 dp=3 train
 #    bitwise the losses and norms of the same layout with the master whole on every rank
-#    (LOOM_ZERO_MASTER=whole); canonical zero=2 at dp=2 gives one rank's bits;
+#    (LOOM_ZERO_MASTER=whole), and so does dp=2 x tp=2 zero=2; canonical zero=2 at dp=2
+#    and at dp=2 x tp=2 gives one rank's bits; llm.c save and export_safetensors (the
+#    master gathered for the write) write each rank's files byte for byte the whole
+#    master's (zero=1 dp=2, zero=2 dp=3);
 #  - what is not built is refused with a message: zero=3 with llm.c weights (zero with
 #    pp: zero_pp.sh; offload: offload.sh; checkpoints under zero: zero_ckpt.sh).
 set -euo pipefail
@@ -146,6 +149,34 @@ finite_losses "$tmp/bc1"
 runN 2 $canon $bf strategy.zero=2 > "$tmp/bc2"
 cmp -s "$tmp/bc1" "$tmp/bc2" || { echo "canonical bf16 dp=2 zero=2 differs from one rank"; paste "$tmp/bc1" "$tmp/bc2" | head; exit 1; }
 echo "ok bf16 with the fp32 master partitioned: zero=1 dp=2 (from an llm.c file) and zero=2 dp=3 bitwise the whole master's losses and norms, canonical zero=2 dp=2 bitwise one rank"
+# dp=2 x tp=2 zero=2, 4 steps: each tp rank's dp group partitions its slices' master
+bt="$bf strategy.zero=2 steps=4"
+runT $bt > "$tmp/btp"
+LOOM_ZERO_MASTER=whole runT $bt > "$tmp/btw"
+[ "$(grep -c LOSS "$tmp/btp")" -eq 4 ] || { echo "bf16 dp=2 x tp=2 zero=2: expected 4 steps"; cat "$tmp/btp"; exit 1; }
+finite_losses "$tmp/btw" "$tmp/btp"
+cmp -s "$tmp/btw" "$tmp/btp" || { echo "bf16 dp=2 x tp=2 zero=2: the partitioned master differs from the whole one"; paste "$tmp/btw" "$tmp/btp"; exit 1; }
+run1 $canon precision=bf16 steps=4 > "$tmp/btc1"
+runT $canon $bt > "$tmp/btc"
+cmp -s "$tmp/btc1" "$tmp/btc" || { echo "canonical bf16 dp=2 x tp=2 zero=2 differs from one rank"; paste "$tmp/btc1" "$tmp/btc"; exit 1; }
+# the whole weights written from the partitions (llm.c save, export_safetensors: the fp32
+# master gathered for the write): each rank's files byte for byte the whole master's, at
+# zero=1 dp=2 and at zero=2 dp=3 (the tail bucket)
+xp=$here/recipes/zero_export.lua
+for nz in "2 1" "3 2"; do
+  set -- $nz
+  for m in part whole; do
+    EXPORT_OUT="$tmp/x$m" LOOM_ZERO_MASTER=$m "$loom" launch -n $1 "$xp" mesh.dp=$1 comm_timeout=10 $bf strategy.zero=$2 > /dev/null
+  done
+  for r in $(seq 0 $(($1 - 1))); do
+    for f in bin st; do
+      [ -s "$tmp/xwhole.rank$r.$f" ] || { echo "bf16 zero=$2 dp=$1: rank $r wrote no .$f with the master whole"; exit 1; }
+      cmp "$tmp/xwhole.rank$r.$f" "$tmp/xpart.rank$r.$f" || { echo "bf16 zero=$2 dp=$1: rank $r's .$f from the partitioned master differs from the whole master's"; exit 1; }
+    done
+  done
+  rm -f "$tmp"/x*
+done
+echo "ok bf16 with the fp32 master partitioned: dp=2 x tp=2 zero=2 bitwise the whole master's (canonical: one rank's); llm.c save and export_safetensors at zero=1 dp=2 and zero=2 dp=3 byte for byte the whole master's files"
 
 # --- memory by category against the formulas ------------------------------------------
 # Ψ from the model's shape (common.lua: V=256, ctx=32, L=2, C=32), not from the code:

@@ -204,11 +204,10 @@ static int l_export(lua_State *L)
     loom_gpt *m = loom_session_model(s);
     const loom_param_table *t = loom_gpt_params(m);
     struct loom_zero *z = loom_session_zero(s);
-    if (z && loom_zero_params_parted(z)) /* the model's fp32 buffer holds nothing whole */
-        return luaL_error(L, "export_safetensors: under strategy zero=%d%s each rank keeps its "
+    if (z && loom_zero_stage(z) == 3) /* the model's fp32 buffer holds only gathered units */
+        return luaL_error(L, "export_safetensors: under strategy zero=3 each rank keeps its "
                           "partition of the fp32 parameters; save a checkpoint and use loom ckpt "
-                          "export on it", loom_zero_stage(z),
-                          loom_zero_stage(z) < 3 ? " with 16-bit weights" : "");
+                          "export on it");
     loom_session_to_host(s); /* a device backend's parameters into the host mirror */
     const float *data = loom_session_host_params(s);
     for (int i = 0; i < t->count; i++)
@@ -264,7 +263,15 @@ static int l_export(lua_State *L)
         ts[i] = (loom_st_tensor){name, LOOM_DTYPE_F32, e->ndim, shape, data + e->offset};
     }
     uint64_t bytes, sum;
-    if (loom_safetensors_write(path, ts, t->count, meta, n_meta, &bytes, &sum) != LOOM_OK)
+    /* zero=1/2 with 16-bit weights: the file is the fp32 master, as without the partition
+     * (not the 16-bit compute copy, which would round it): gathered whole into the model's
+     * buffer for the write (a collective: every rank calls this), its pages released after */
+    if (z && loom_zero_master_gather(z) != LOOM_OK)
+        return raise_status(L);
+    loom_status st = loom_safetensors_write(path, ts, t->count, meta, n_meta, &bytes, &sum);
+    if (z)
+        loom_zero_master_release(z);
+    if (st != LOOM_OK)
         return raise_status(L);
     lua_pushinteger(L, (lua_Integer)bytes);
     return 1;

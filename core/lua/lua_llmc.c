@@ -69,16 +69,21 @@ static int l_llmc_load(lua_State *L)
     return 0;
 }
 
+/* zero=1/2 with 16-bit weights: the file holds the fp32 master, as without the partition
+ * (the same bytes as LOOM_ZERO_MASTER=whole): gathered whole into the model's buffer for
+ * the write (every rank calls this), its pages released again after. */
 static int l_llmc_save(lua_State *L)
 {
     refuse_zero3(L, "saved");
     struct loom_zero *z = loom_session_zero(loom_lua_check_session(L, 1));
-    if (z && loom_zero_params_parted(z)) /* the model's fp32 buffer holds nothing */
-        luaL_error(L, "llm.c weights are not saved under strategy zero=%d with 16-bit weights "
-                   "yet (each rank keeps its partition of the fp32 master): save a checkpoint "
-                   "and use loom export --llmc on it", loom_zero_stage(z));
     loom_gpt *m = check_model(L, 1);
-    if (loom_llmc_save(m, luaL_checkstring(L, 2)) != LOOM_OK)
+    const char *path = luaL_checkstring(L, 2);
+    if (z && loom_zero_master_gather(z) != LOOM_OK)
+        return raise_status(L);
+    loom_status st = loom_llmc_save(m, path);
+    if (z)
+        loom_zero_master_release(z);
+    if (st != LOOM_OK)
         return raise_status(L);
     return 0;
 }

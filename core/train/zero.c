@@ -260,6 +260,12 @@ static loom_status gather_buckets(loom_zero *z, char *buf, size_t es, loom_dtype
     return st;
 }
 
+/* zero_master.c's whole-master gather: the fp32 buckets in place in the model's buffer. */
+loom_status zero_gather_f32(loom_zero *z)
+{
+    return gather_buckets(z, (char *)loom_gpt_param_data(z->model), sizeof(float), LOOM_DTYPE_F32, 0);
+}
+
 /* master16: the compute copy's dtype and its buffer (2 bytes an element). */
 static loom_status gather_narrowed(loom_zero *z)
 {

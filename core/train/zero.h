@@ -124,6 +124,13 @@ loom_status loom_zero_gather_params(loom_zero *z, double *comm_ms);
 /* 1 when this rank keeps only its partition of the fp32 parameters (stage 3, and stages 1
  * and 2 with master16): checkpoints write and read them as slices (zero_ckpt.h). */
 int loom_zero_params_parted(const loom_zero *z);
+/* Stages 1 and 2 with master16 (zero_master.c; no-ops otherwise): gather writes every
+ * rank's fp32 master partition into the model's fp32 buffer, so it holds the whole master
+ * as with LOOM_ZERO_MASTER=whole (a collective over dp: every rank calls it, as every rank
+ * runs the recipe); release hands that buffer's pages back to the OS again. For a reader of
+ * the whole fp32 master (llm.c save, export_safetensors), between the two. */
+loom_status loom_zero_master_gather(loom_zero *z);
+void loom_zero_master_release(loom_zero *z);
 /* After a load wrote this rank's partition of the parameters: stage 1/2 with master16
  * all-gathers the compute copy from it (a collective over dp); stage 3 marks the units
  * stale. */

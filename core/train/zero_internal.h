@@ -104,6 +104,9 @@ loom_status zero_master_init(loom_zero *z);
  * A/B the tests and scripts/bench-zero-layouts compare against); unset or "part": the
  * partition. */
 int zero_master_whole(void);
+/* zero.c: every bucket all-gathered in fp32 in place in the model's buffer (each rank's
+ * sub-blocks already written there): what stages 1 and 2 do after a step in fp32. */
+loom_status zero_gather_f32(loom_zero *z);
 void zero_params_free(loom_zero *z);
 /* zero_ep.c: stage 1 under expert parallelism — the dense entries partitioned over dp,
  * the experts' over their edp group, each packed (zero.h). */

@@ -21,14 +21,27 @@
 
 #include "base/status.h"
 
-void zero_copy_partition(const loom_zero *z, const float *params, float *part)
+/* This rank's sub-block of every bucket between the model's flat buffer and the
+ * partition: into the partition (to_part = 1) or back where it belongs in the buffer; the
+ * padding past the buffer's end only in the partition. */
+static void copy_sub_blocks(const loom_zero *z, float *params, float *part, int to_part)
 {
     for (int k = 0; k < z->n_buckets; k++) {
         const zero_bucket *b = &z->buckets[k];
         size_t a = b->lo + (size_t)z->rank * b->sub, e = a + b->sub;
-        if (a < z->total)
-            memcpy(part + b->part_off, params + a, ((e < z->total ? e : z->total) - a) * sizeof(float));
+        if (a >= z->total)
+            continue;
+        size_t bytes = ((e < z->total ? e : z->total) - a) * sizeof(float);
+        if (to_part)
+            memcpy(part + b->part_off, params + a, bytes);
+        else
+            memcpy(params + a, part + b->part_off, bytes);
     }
+}
+
+void zero_copy_partition(const loom_zero *z, const float *params, float *part)
+{
+    copy_sub_blocks(z, (float *)params, part, 1);
 }
 
 int zero_master_whole(void)
@@ -61,4 +74,22 @@ loom_status loom_zero_params_written(loom_zero *z)
     LOOM_TRY(loom_gpt_set_master_elsewhere(z->model, 1));
     zero_drop_pages(z, 0, z->total);
     return LOOM_OK;
+}
+
+/* The fp32 master whole for a reader of it: this rank's sub-blocks back in the model's
+ * buffer, then the fp32 all-gather of a step without master16. The values are the
+ * partitions' own, so the buffer ends bitwise what every rank holds with
+ * LOOM_ZERO_MASTER=whole. */
+loom_status loom_zero_master_gather(loom_zero *z)
+{
+    if (!z->master16)
+        return LOOM_OK;
+    copy_sub_blocks(z, loom_gpt_param_data(z->model), z->part_params, 0);
+    return zero_gather_f32(z);
+}
+
+void loom_zero_master_release(loom_zero *z)
+{
+    if (z->master16)
+        zero_drop_pages(z, 0, z->total);
 }

@@ -8,6 +8,8 @@
 #  - checkpoints: saved from and loaded into the pool or file, steps 4-6 after a save at 3
 #    bitwise those without offload: disk -> disk, disk -> none, none -> host (one rank),
 #    canonical dp=2 zero=2 disk -> host one rank, pp=2 x dp=2 zero=3 disk -> the same;
+#  - bf16 with the fp32 master partitioned (zero=1 dp=2, disk, 4 steps): bitwise without
+#    offload and with LOOM_ZERO_MASTER=whole; canonical mode bitwise one rank;
 #  - the state file is removed at exit;
 #  - disk on a model with ~55 MiB of AdamW state: the accounting moves the state off the
 #    resident set (3 chunk buffers stay), and the measured VmRSS and VmHWM fall with it;
@@ -48,6 +50,19 @@ for z in 1 3; do # zero = 0 and 2 with disk: canonical mode below, and the check
 done
 runN 2 batch.micro=4 strategy.zero=1 $host > "$tmp/dp_z1_host"
 same "$tmp/dp_z1" "$tmp/dp_z1_host" "host, dp=2 zero=1"
+# bf16 with the fp32 master partitioned (zero_master.c: the master stays resident, the
+# state goes to disk), 4 steps: bitwise without offload, and bitwise the whole master's
+# (LOOM_ZERO_MASTER=whole) with disk; canonical mode: one rank's bits
+bo="precision=bf16 steps=4 strategy.zero=1"
+runN 2 batch.micro=4 $bo > "$tmp/bf"
+runN 2 batch.micro=4 $bo $disk > "$tmp/bf_disk"; same "$tmp/bf" "$tmp/bf_disk" "disk, bf16 dp=2 zero=1 (the master partitioned)"
+LOOM_ZERO_MASTER=whole runN 2 batch.micro=4 $bo $disk > "$tmp/bfw_disk"
+finite_losses "$tmp/bfw_disk" "$tmp/bf_disk"
+cmp -s "$tmp/bfw_disk" "$tmp/bf_disk" || { echo "FAIL disk, bf16 dp=2 zero=1: the partitioned master differs from the whole one (LOOM_ZERO_MASTER=whole)"; paste "$tmp/bfw_disk" "$tmp/bf_disk" | head -4; exit 1; }
+echo "ok disk, bf16 dp=2 zero=1: the partitioned master bitwise the whole one (LOOM_ZERO_MASTER=whole)"
+run1 deterministic=canonical batch.micro=2 batch.global=8 precision=bf16 steps=4 > "$tmp/bfc1"
+runN 2 deterministic=canonical batch.micro=2 batch.global=8 $bo $disk > "$tmp/bfc2"
+same "$tmp/bfc1" "$tmp/bfc2" "canonical disk, bf16 dp=2 zero=1 (the master partitioned) against one rank without offload"
 leftover=$(ls "$tmp/state")
 [ -z "$leftover" ] || { echo "FAIL: state files left after the runs: $leftover"; exit 1; }
 echo "ok the state files are removed at exit"

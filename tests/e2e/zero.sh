@@ -18,7 +18,10 @@
 #  - bf16 (the fp32 master partitioned, zero_master.c): zero=1 dp=2 (started from an llm.c
 #    file) and zero=2 dp=3 train
 #    bitwise the losses and norms of the same layout with the master whole on every rank
-#    (LOOM_ZERO_MASTER=whole); canonical zero=2 at dp=2 gives one rank's bits;
+#    (LOOM_ZERO_MASTER=whole), and so does dp=2 x tp=2 zero=2; canonical zero=2 at dp=2
+#    and at dp=2 x tp=2 gives one rank's bits; llm.c save and export_safetensors (the
+#    master gathered for the write) write each rank's files byte for byte the whole
+#    master's (zero=1 dp=2, zero=2 dp=3);
 #  - what is not built is refused with a message: zero=3 with llm.c weights (zero with
 #    pp: zero_pp.sh; offload: offload.sh; checkpoints under zero: zero_ckpt.sh).
 set -euo pipefail
@@ -130,22 +133,43 @@ echo "ok canonical: losses and grad norms bitwise identical over $(grep -c LOSS 
 # --- bf16: the fp32 master partitioned ------------------------------------------------
 # the post-step all-gather moves each rank's rounded 16-bit sub-blocks; rounding is
 # element-wise, so the same bits as gathering the fp32 master whole and rounding it all
-# (zero=1 starts from an llm.c file: loaded into the model's buffer, then the partition)
+# (zero=1 starts from an llm.c file: loaded into the model's buffer, then the partition).
+# The runs (zero_export.lua: losses.lua's, then the weights written whole) end with an
+# llm.c save and export_safetensors, the fp32 master gathered for the write: each rank's
+# files byte for byte the whole master's
 bf="precision=bf16 $small"
 "$loom" run "$recipe" threads=1 steps=1 checkpoint.dir="$tmp/llmc" > /dev/null
 "$loom" export --llmc "$tmp/llmc" "$tmp/init.bin" > /dev/null
 for nz in "2 1 4 model.init=$tmp/init.bin" "3 2 2"; do # ranks, stage, micro-batch (dp=3: the 16-bit tail bucket)
   set -- $nz
-  runN $1 batch.micro=$3 $bf strategy.zero=$2 ${4:-} > "$tmp/bfp"
-  LOOM_ZERO_MASTER=whole runN $1 batch.micro=$3 $bf strategy.zero=$2 ${4:-} > "$tmp/bfw"
+  EXPORT_OUT="$tmp/xpart" recipe=$here/recipes/zero_export.lua runN $1 batch.micro=$3 $bf strategy.zero=$2 ${4:-} > "$tmp/bfp"
+  EXPORT_OUT="$tmp/xwhole" LOOM_ZERO_MASTER=whole recipe=$here/recipes/zero_export.lua runN $1 batch.micro=$3 $bf strategy.zero=$2 ${4:-} > "$tmp/bfw"
   finite_losses "$tmp/bfw" "$tmp/bfp"
   cmp -s "$tmp/bfw" "$tmp/bfp" || { echo "bf16 zero=$2 dp=$1: the partitioned master differs from the whole one"; paste "$tmp/bfw" "$tmp/bfp" | head; exit 1; }
+  for r in $(seq 0 $(($1 - 1))); do
+    for f in bin st; do
+      [ -s "$tmp/xwhole.rank$r.$f" ] || { echo "bf16 zero=$2 dp=$1: rank $r wrote no .$f with the master whole"; exit 1; }
+      cmp "$tmp/xwhole.rank$r.$f" "$tmp/xpart.rank$r.$f" || { echo "bf16 zero=$2 dp=$1: rank $r's .$f from the partitioned master differs from the whole master's"; exit 1; }
+    done
+  done
+  rm -f "$tmp"/x*
 done
 run1 $canon precision=bf16 > "$tmp/bc1"
 finite_losses "$tmp/bc1"
 runN 2 $canon $bf strategy.zero=2 > "$tmp/bc2"
 cmp -s "$tmp/bc1" "$tmp/bc2" || { echo "canonical bf16 dp=2 zero=2 differs from one rank"; paste "$tmp/bc1" "$tmp/bc2" | head; exit 1; }
-echo "ok bf16 with the fp32 master partitioned: zero=1 dp=2 (from an llm.c file) and zero=2 dp=3 bitwise the whole master's losses and norms, canonical zero=2 dp=2 bitwise one rank"
+echo "ok bf16 with the fp32 master partitioned: zero=1 dp=2 (from an llm.c file) and zero=2 dp=3 bitwise the whole master's losses and norms, and their llm.c save and export_safetensors byte for byte its files; canonical zero=2 dp=2 bitwise one rank"
+# dp=2 x tp=2 zero=2, 4 steps: each tp rank's dp group partitions its slices' master
+bt="$bf strategy.zero=2 steps=4"
+runT $bt > "$tmp/btp"
+LOOM_ZERO_MASTER=whole runT $bt > "$tmp/btw"
+[ "$(grep -c LOSS "$tmp/btp")" -eq 4 ] || { echo "bf16 dp=2 x tp=2 zero=2: expected 4 steps"; cat "$tmp/btp"; exit 1; }
+finite_losses "$tmp/btw" "$tmp/btp"
+cmp -s "$tmp/btw" "$tmp/btp" || { echo "bf16 dp=2 x tp=2 zero=2: the partitioned master differs from the whole one"; paste "$tmp/btw" "$tmp/btp"; exit 1; }
+run1 $canon precision=bf16 steps=4 > "$tmp/btc1"
+runT $canon $bt > "$tmp/btc"
+cmp -s "$tmp/btc1" "$tmp/btc" || { echo "canonical bf16 dp=2 x tp=2 zero=2 differs from one rank"; paste "$tmp/btc1" "$tmp/btc"; exit 1; }
+echo "ok bf16 with the fp32 master partitioned: dp=2 x tp=2 zero=2 bitwise the whole master's (canonical: one rank's)"
 
 # --- memory by category against the formulas ------------------------------------------
 # Ψ from the model's shape (common.lua: V=256, ctx=32, L=2, C=32), not from the code:

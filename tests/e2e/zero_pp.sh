@@ -16,6 +16,9 @@
 #  - zero=3 (each stage gathering its own units around every micro-batch's forward and
 #    backward, released after, the next hinted by the engine): fast mode within 1e-4 of plain
 #    pp x dp with 1f1b and zb1; canonical mode bitwise one rank; per-rank bytes 16Ψ_stage/N.
+#  - bf16 with the fp32 master partitioned (zero_master.c), zero=1, 4 steps: bitwise the
+#    same layout with LOOM_ZERO_MASTER=whole, also saved at step 2 and resumed; canonical
+#    mode bitwise one rank.
 set -euo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -80,6 +83,27 @@ done
 ppdp $c strategy.zero=3 schedule=zb1 > "$tmp/cz"
 same "canonical pp=2 x dp=2 zb1 zero=3 and one rank" "$tmp/c1" "$tmp/cz"
 echo "ok canonical: one rank and pp=2 x dp=2 with zero 0, 1, 2, 3 (and zb1 zero=3) bitwise identical over 10 steps"
+
+# bf16 with the fp32 master partitioned (zero_master.c): each stage's dp group partitions
+# its own table's master; 4 steps bitwise the same layout with the master whole
+# (LOOM_ZERO_MASTER=whole), saved at step 2 and resumed (steps 3-4 and the validation loss
+# bitwise the whole master's), and in canonical mode bitwise one rank
+b16="precision=bf16 steps=4 strategy.zero=1"
+steps34() { grep -E '^(LOSS|NORM) [34] |^VAL ' "$1"; }
+ppdp $b16 > "$tmp/bp"
+LOOM_ZERO_MASTER=whole ppdp $b16 > "$tmp/bw"
+[ "$(grep -c '^LOSS' "$tmp/bp")" -eq 4 ] || { echo "bf16 pp=2 x dp=2 zero=1: expected 4 steps"; cat "$tmp/bp"; exit 1; }
+finite_losses "$tmp/bw" "$tmp/bp"
+cmp -s "$tmp/bw" "$tmp/bp" || { echo "bf16 pp=2 x dp=2 zero=1: the partitioned master differs from the whole one"; paste "$tmp/bw" "$tmp/bp"; exit 1; }
+ppdp $b16 steps=2 checkpoint.dir="$tmp/bck" > /dev/null
+ppdp $b16 resume="$tmp/bck/step_00000002" > "$tmp/br"
+[ "$(grep -c '^LOSS' "$tmp/br")" -eq 2 ] || { echo "bf16 pp=2 x dp=2 zero=1: the resumed run did not give steps 3-4"; cat "$tmp/br"; exit 1; }
+cmp -s <(steps34 "$tmp/bw") <(steps34 "$tmp/br") || { echo "bf16 pp=2 x dp=2 zero=1: resumed at step 2, steps 3-4 differ from the uninterrupted whole master's"; paste <(steps34 "$tmp/bw") <(steps34 "$tmp/br"); exit 1; }
+run1 $c batch.global=16 $b16 > "$tmp/bc1"
+ppdp $c $b16 > "$tmp/bcz"
+finite_losses "$tmp/bc1"
+cmp -s "$tmp/bc1" "$tmp/bcz" || { echo "canonical bf16 pp=2 x dp=2 zero=1 differs from one rank"; paste "$tmp/bc1" "$tmp/bcz"; exit 1; }
+echo "ok bf16 pp=2 x dp=2 zero=1 with the fp32 master partitioned: 4 steps and a save at step 2 resumed bitwise the whole master's, canonical bitwise one rank"
 
 # --- memory by category against the formulas, per stage -----------------------------------
 # Ψ_stage from the model's shape (common.lua: V=256, ctx=32, C=32; 2 blocks of 12C^2 + 13C

@@ -1,9 +1,25 @@
 -- common.lua — the small model and data the end-to-end tests share.
 local loom = require "loom"
 local here = arg[0]:match("^(.*)/[^/]*$")
+local function data() return loom.data.text { path = here .. "/../../../data/tinyshakespeare.txt", val_fraction = 0.1 } end
 return {
   model = function() return loom.gpt { vocab = 256, ctx = 32, layers = 2, heads = 2, dim = 32 } end,
-  data = function() return loom.data.text { path = here .. "/../../../data/tinyshakespeare.txt", val_fraction = 0.1 } end,
+  data = data,
+  -- losses.lua's run (zero_export.lua trains the same one): every step's loss as a hex
+  -- float (LOSS) and the gradient norm (NORM); batch shape and optimizer from key=value
+  losses_run = function(model)
+    return {
+      model = model, data = data(),
+      optimizer = { "adamw", lr = 1e-2, weight_decay = 0.1 },
+      lr = loom.lr.cosine { warmup = 3, total = 20, min = 0.1 },
+      batch = { micro = 4, seq = 32 }, steps = 20, seed = 5, threads = 2,
+      log = { every = 100 },
+      on_step = function(r)
+        print(string.format("LOSS %d %a %.9f", r.step, r.loss, r.loss))
+        print(string.format("NORM %d %a", r.step, r.grad_norm))
+      end,
+    }
+  end,
   -- the MoE recipes' on_step (moe.lua, moe_llama.lua): the loss as a hex float (LOSS), the
   -- expert load (MOE), after step 1 this rank's bytes (MEM rank params grads optimizer)
   moe_report = function(r)

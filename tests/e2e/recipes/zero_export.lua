@@ -8,17 +8,7 @@ local loom = require "loom"
 local core = require "loom.core"
 local common = require "common"
 local out = assert(os.getenv("EXPORT_OUT"), "set EXPORT_OUT=PREFIX")
-local session = loom.train {
-  model = common.model(), data = common.data(),
-  optimizer = { "adamw", lr = 1e-2, weight_decay = 0.1 },
-  lr = loom.lr.cosine { warmup = 3, total = 20, min = 0.1 },
-  batch = { micro = 4, seq = 32 }, steps = 20, seed = 5, threads = 2,
-  log = { every = 100 },
-  on_step = function(r)
-    print(string.format("LOSS %d %a %.9f", r.step, r.loss, r.loss))
-    print(string.format("NORM %d %a", r.step, r.grad_norm))
-  end,
-}
+local session = loom.train(common.losses_run(common.model()))
 local prefix = string.format("%s.rank%d", out, loom.rank or 0)
 core.llmc_save(session, prefix .. ".bin")
 print(string.format("EXPORT %d %d", loom.rank or 0,

@@ -224,7 +224,9 @@ if awk -v l="$load" -v c="$cores" 'BEGIN { exit !(l < c) }'; then
   LOOM_MACHINE=$tmp/wall.json "$loom" run "$probe" > "$tmp/wall.txt" 2>&1
   e=$(grep 'plan vs run' "$tmp/wall.txt" | sed -E 's/.*step predicted .* \(([-+0-9.]+)%\).*/\1/')
   echo "wall clock (load $load): step time error $e%"
-  below "$(awk -v e="$e" 'BEGIN { print (e < 0 ? -e : e) / 100 }')" 0.20 || { echo "FAIL: wall time off by more than 20%"; fail=1; }
+  # enforced only where time is (LOOM_PLAN_STRICT_TIME=1, scripts/plan-strict): in a test
+  # suite other tests share the cores whatever the load average said a minute ago
+  [ "$timed" = 0 ] || below "$(awk -v e="$e" 'BEGIN { print (e < 0 ? -e : e) / 100 }')" 0.20 || { echo "FAIL: wall time off by more than 20%"; fail=1; }
 else
   echo "SKIP wall-clock step time: load average $load on $cores cores (wall time measures the other processes too; the CPU-time figures above are the check, where the load lets it be enforced)"
 fi

@@ -5,7 +5,7 @@ local function data() return loom.data.text { path = here .. "/../../../data/tin
 return {
   model = function() return loom.gpt { vocab = 256, ctx = 32, layers = 2, heads = 2, dim = 32 } end,
   data = data,
-  -- losses.lua's run (zero_export.lua trains the same one): every step's loss as a hex
+  -- losses.lua's run (zero_export.lua trains the same one, llama_losses.lua on a llama): every step's loss as a hex
   -- float (LOSS) and the gradient norm (NORM); batch shape and optimizer from key=value
   losses_run = function(model)
     return {

@@ -218,17 +218,17 @@ echo "disk-bound layout ($d_base): CPU/step with the disk offload $d_meas ms, wi
 [ -s "$tmp/run1/plan.jsonl" ] && grep -q '"rss_error"' "$tmp/run1/plan.jsonl" \
   || { echo "FAIL: no plan.jsonl in the run directory"; fail=1; }
 
-# Wall-clock check: only on a machine quiet enough for wall time to mean the model's time.
-if awk -v l="$load" -v c="$cores" 'BEGIN { exit !(l < c) }'; then
+# Wall-clock check: only where time is enforced (LOOM_PLAN_STRICT_TIME=1, scripts/plan-strict:
+# in a test suite other tests share the cores whatever the load average said a minute ago)
+# and on a machine quiet enough for wall time to mean the model's time.
+if [ "$timed" = 1 ] && awk -v l="$load" -v c="$cores" 'BEGIN { exit !(l < c) }'; then
   "$loom" plan --calibrate --out "$tmp/wall.json" > /dev/null
   LOOM_MACHINE=$tmp/wall.json "$loom" run "$probe" > "$tmp/wall.txt" 2>&1
   e=$(grep 'plan vs run' "$tmp/wall.txt" | sed -E 's/.*step predicted .* \(([-+0-9.]+)%\).*/\1/')
   echo "wall clock (load $load): step time error $e%"
-  # enforced only where time is (LOOM_PLAN_STRICT_TIME=1, scripts/plan-strict): in a test
-  # suite other tests share the cores whatever the load average said a minute ago
-  [ "$timed" = 0 ] || below "$(awk -v e="$e" 'BEGIN { print (e < 0 ? -e : e) / 100 }')" 0.20 || { echo "FAIL: wall time off by more than 20%"; fail=1; }
+  below "$(awk -v e="$e" 'BEGIN { print (e < 0 ? -e : e) / 100 }')" 0.20 || { echo "FAIL: wall time off by more than 20%"; fail=1; }
 else
-  echo "SKIP wall-clock step time: load average $load on $cores cores (wall time measures the other processes too; the CPU-time figures above are the check, where the load lets it be enforced)"
+  echo "SKIP wall-clock step time: time not enforced, or load average $load on $cores cores (wall time measures the other processes too; the CPU-time figures above are the check, where the load lets it be enforced)"
 fi
 
 # --calibrate over Open MPI (mpirun), where it and the plugin exist: the profile names

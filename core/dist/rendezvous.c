@@ -357,6 +357,20 @@ loom_status loom_rendezvous_check_same(loom_rendezvous *r, const char *what, uin
     return LOOM_OK;
 }
 
+/* A TCP connect to a local port nobody listens on can succeed: when the kernel happens to
+ * choose the destination port as the socket's own source port (possible whenever MASTER_PORT
+ * lies in the ephemeral range), the SYNs meet themselves (a "simultaneous open") and the
+ * socket is connected to itself. Such a socket is not rank 0. */
+static int connected_to_itself(int fd)
+{
+    struct sockaddr_storage me, peer;
+    socklen_t ml = sizeof me, pl = sizeof peer;
+    if (getsockname(fd, (struct sockaddr *)&me, &ml) != 0 ||
+        getpeername(fd, (struct sockaddr *)&peer, &pl) != 0)
+        return 0;
+    return ml == pl && memcmp(&me, &peer, ml) == 0;
+}
+
 /* Connect to addr:port, retrying until the deadline (rank 0 may not be listening yet). */
 static loom_status connect_until(struct loom_rendezvous *r, const char *addr, int port,
                                  int64_t deadline, int timeout_ms)
@@ -384,6 +398,8 @@ static loom_status connect_until(struct loom_rendezvous *r, const char *addr, in
                 else
                     err = ETIMEDOUT;
             }
+            if (err == 0 && connected_to_itself(fd))
+                err = ECONNREFUSED; /* nobody listens: the kernel paired the socket with itself */
             if (err == 0) {
                 int one = 1;
                 setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);

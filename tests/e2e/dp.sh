@@ -73,7 +73,7 @@ echo "ok kill -9 of one rank: $(grep -o 'loom launch: .*' "$tmp/kill.out"), afte
 
 # Ranks started by another launcher (torchrun's variables): no loom launch to stop them, so
 # the survivors must fail on their own within comm_timeout, naming the dead peer.
-port=$((20000 + RANDOM % 20000)); marker="loom-dp-ext-$$"
+port=$(free_port); marker="loom-dp-ext-$$"
 for k in 0 1 2; do
   RANK=$k WORLD_SIZE=3 LOCAL_RANK=$k MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
     "$loom" run "$recipe" threads=1 mesh.dp=3 comm_timeout=3 steps=100000 name="$marker" \
@@ -95,7 +95,7 @@ pgrep -f "$marker" > /dev/null && { echo "processes left behind"; pkill -9 -f "$
 echo "ok external launcher, rank 2 killed: ranks 0 and 1 failed after ${took}s: $(tail -1 "$tmp/ext0.out")"
 
 # Ranks whose recipes differ (here: steps) are refused at start, naming the odd rank.
-port=$((20000 + RANDOM % 20000))
+port=$(free_port)
 RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
   "$loom" run "$recipe" threads=1 mesh.dp=2 > "$tmp/mm0" 2>&1 &
 set +e

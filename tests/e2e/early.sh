@@ -10,13 +10,14 @@
 set -uo pipefail
 loom=$1 crash_dir=$2
 here=$(cd "$(dirname "$0")" && pwd)
+source "$here/lib.sh"   # free_port
 recipe=$here/recipes/losses.lua
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 export OMP_WAIT_POLICY=passive
 
 # 1. different recipes, ranks started by hand (torchrun's variables)
-port=$((20000 + RANDOM % 20000))
+port=$(free_port)
 RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$loom" run "$recipe" threads=1 mesh.dp=2 > "$tmp/d0" 2>&1 &
 RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$loom" run "$recipe" threads=1 mesh.dp=2 \
   steps=7 optimizer.lr=0.5 > "$tmp/d1" 2>&1
@@ -28,7 +29,7 @@ grep -q '^LOSS' "$tmp/d0" "$tmp/d1" && fail "different recipes: trained"
 echo "ok different recipes: $(grep -o "rank 1's recipe differs.*" "$tmp/d1")"
 
 # 2. rank 1 never comes: rank 0 gives up after comm_timeout=1 (command line), naming it
-port=$((20000 + RANDOM % 20000))
+port=$(free_port)
 start=$(date +%s%N)
 RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$loom" run "$recipe" mesh.dp=2 comm_timeout=1 > "$tmp/alone" 2>&1 &&
   fail "rank 0 alone: exit 0"
@@ -38,7 +39,7 @@ grep -qF "rendezvous: rank 1 of 2 did not arrive at 127.0.0.1:$port within 1000 
 echo "ok missing rank: named after ${ms} ms (comm_timeout=1): $(tail -n1 "$tmp/alone")"
 # ... and the recipe's own comm_timeout = 1 bounds it too (the rendezvous opens at the
 # recipe's first collective, once the recipe is read)
-port=$((20000 + RANDOM % 20000))
+port=$(free_port)
 start=$(date +%s%N)
 RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$loom" run "$here/recipes/recipe_timeout.lua" mesh.dp=2 > "$tmp/alone2" 2>&1 &&
   fail "rank 0 alone (recipe timeout): exit 0"

@@ -99,3 +99,34 @@ loss_fell() {
     if (!(v[n] < v[1] - num(margin, "the margin"))) exit 1
   }'
 }
+
+# free_port: prints a TCP port for ranks a test starts by hand (MASTER_PORT). It lies below
+# the kernel's ephemeral range, where loom launch's rendezvous ports and every connection's
+# source port come from, so another test's job running beside this one cannot take it, and
+# nothing listens on it now (/proc/net/tcp and tcp6, state 0A). A port a test expects to be
+# dead must not answer: a listener there would turn "nothing is listening" into another error.
+free_port() {
+  awk -v seed="$(od -An -N4 -tu4 /dev/urandom)" '
+  BEGIN {
+    lo = 32768
+    if ((getline l < "/proc/sys/net/ipv4/ip_local_port_range") > 0) { split(l, r, " "); lo = r[1] + 0 }
+    if (lo > 40000) lo = 40000
+    if (lo < 12000) lo = 12000
+    for (f = 0; f < 2; f++) {
+      file = f ? "/proc/net/tcp6" : "/proc/net/tcp"
+      while ((getline l < file) > 0) {
+        split(l, x, " ")
+        if (x[4] == "0A") { n = split(x[2], a, ":"); used[hex(a[n])] = 1 }
+      }
+      close(file)
+    }
+    srand(seed % 2147483647)  # mawk clamps larger seeds to one value
+    do port = 10000 + int(rand() * (lo - 10000)); while (port in used)
+    print port
+  }
+  function hex(s,   v, i) {
+    v = 0
+    for (i = 1; i <= length(s); i++) v = v * 16 + index("0123456789ABCDEF", toupper(substr(s, i, 1))) - 1
+    return v
+  }'
+}

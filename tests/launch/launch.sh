@@ -13,6 +13,7 @@
 set -euo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)
+source "$here/../e2e/lib.sh"   # free_port
 recipe=$here/recipes/ranks.lua
 tmp=$(mktemp -d)
 nap=30.$$$RANDOM
@@ -90,7 +91,7 @@ grep -q '^\[ranks\? [0-9,-]*\] loom: .*ranks.lua:[0-9]*: rank 1 runs a different
 echo "ok: config mismatch named"
 
 # 6. ranks started by hand: rank 0 never comes / rank 2 never comes
-port=$((30000 + RANDOM % 20000))
+port=$(free_port)
 export MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=3 LOOM_RENDEZVOUS_TIMEOUT_MS=1500
 set +e
 # (ranks.lua has no collective, so the ranks meet once it has run: loom run opens the

@@ -4,7 +4,7 @@
 #  - every step's loss and gradient norm within TOL of the CPU run's (other summation
 #    orders in the kernels; the optimizer update itself is bitwise the host's, cuda_optim);
 #  - the loss falls;
-#  - in bf16 too (precision = "bf16"), against the CPU's bf16 run;
+#  - in bf16 too (precision = "bf16"), against the CPU's bf16 run (bf16_close, below);
 #  - with LOOM_CUDA_ATTENTION=flash (the fused attention kernels), fp32 and bf16, likewise;
 #  - a checkpoint saved on the device backend and resumed there gives the uninterrupted
 #    run's later losses bit for bit (the save and the load go through the host mirrors).
@@ -35,13 +35,26 @@ below "$n" "$tol" || { echo "norms differ by more than $tol"; paste "$tmp/cpu" "
 fell=$(loss_fell "$tmp/dev" 0.05) || { echo "backend=$backend: the loss did not fall: $fell"; exit 1; }
 echo "backend=$backend: loss $fell"
 
+# bf16_close LABEL CPU DEV: a bf16 run on the device backend against the CPU's. Steps 1 and 2
+# (losses and norms) within TOL, as fp32; from step 3 within max(TOL, 2e-3). The fp32 sums'
+# other order moves the updated weights in their last bits, and once one of them crosses a
+# bf16 rounding boundary the compute copies differ by a bf16 ulp (2^-8 relative): the CPU's
+# own bf16 runs part by 1.6e-4 at step 5 between OpenBLAS's Haswell and Cooperlake kernels
+# (measured), as do the emulated kernels from the Cooperlake run (losses 1.6e-4, and with
+# the flash kernels gradient norms 5.8e-4 at step 5); bf16 against fp32 is 3.2e-3 at step 2,
+# so a device run that left the bf16 path fails at step 2.
+bf16_close() {
+  local late; late=$(awk -v t="$tol" 'BEGIN { print (t + 0 > 2e-3) ? t : 2e-3 }')
+  grep -E '^(LOSS|NORM) [12] ' "$2" > "$tmp/b16_want"; grep -E '^(LOSS|NORM) [12] ' "$3" > "$tmp/b16_got"
+  runs_close "$1 (steps 1-2)" "$tmp/b16_want" "$tmp/b16_got" 2 "$tol" &&
+    runs_close "$1 (every step)" "$2" "$3" "$steps" "$late"
+}
+
 # bf16 (the precision plugin's rounded compute copy and activations, through the backend's
 # round_to): the device run against the CPU's bf16 run
 "$loom" run "$recipe" backend="$backend" steps="$steps" precision=bf16 > "$tmp/dev16"
 "$loom" run "$recipe" backend=cpu steps="$steps" precision=bf16 > "$tmp/cpu16"
-d=$(max_loss_diff "$tmp/cpu16" "$tmp/dev16")
-echo "backend=$backend vs cpu, bf16: max |loss diff| $d (tolerance $tol)"
-below "$d" "$tol" || { echo "bf16 losses differ by more than $tol"; paste "$tmp/cpu16" "$tmp/dev16" | grep LOSS; exit 1; }
+bf16_close "backend=$backend vs cpu, bf16" "$tmp/cpu16" "$tmp/dev16" || exit 1
 
 # LOOM_CUDA_ATTENTION=flash: the session's attention through the fused kernels (at T=32, over
 # the head size of 16, they take the calls), fp32 and bf16, against the CPU run of that shape;
@@ -53,8 +66,12 @@ for prec in fp32 bf16; do
     batch.seq=32 precision=$prec > "$tmp/fl" 2>&1
   grep -q "attention flash" "$tmp/fl" || { echo "flash run: the banner does not say attention flash"; head -3 "$tmp/fl"; exit 1; }
   "$loom" run "$recipe" backend=cpu steps="$steps" model.ctx=32 batch.seq=32 precision=$prec > "$tmp/flcpu"
-  runs_close "backend=$backend attention flash vs cpu, $prec, T=32" "$tmp/flcpu" "$tmp/fl" \
-    "$steps" "$tol" || exit 1
+  if [[ $prec == bf16 ]]; then
+    bf16_close "backend=$backend attention flash vs cpu, bf16, T=32" "$tmp/flcpu" "$tmp/fl" || exit 1
+  else
+    runs_close "backend=$backend attention flash vs cpu, fp32, T=32" "$tmp/flcpu" "$tmp/fl" \
+      "$steps" "$tol" || exit 1
+  fi
   if [[ $prec == fp32 ]] && cmp -s <(grep '^LOSS' "$tmp/bt") <(grep '^LOSS' "$tmp/fl"); then
     echo "flash run: losses bitwise the batched path's: the fused kernels did not run"; exit 1
   fi

@@ -3,7 +3,8 @@
 # tests/e2e/recipes/moe.lua: 2 blocks of 4 experts, top-2, capacity 1.25, 20 steps):
 #  - one rank twice: bitwise; the loss falls; every step reports its expert load;
 #  - dp=2 trains the losses of one rank with the same micro-batches (accumulated) within
-#    1e-4 (fp32, only the gradient sum's order differs); zero=1 and zero=3 at dp=2 give
+#    1e-5 until a routing choice flips (fp32, only the gradient sum's order differs;
+#    routed_close, below); zero=1 and zero=3 at dp=2 give
 #    dp=2's bits; canonical mode: dp=1, dp=2, dp=2 ep=2 and dp=4 ep=2 bitwise;
 #  - bf16 and fp16 track fp32 within 0.05 a step over 10 steps; fp16 at another initial
 #    loss scale gives the same bits; canonical bf16 dp=2 ep=2 zero=1 gives one rank's bf16 bits;
@@ -12,9 +13,9 @@
 #    within 1e-4 of one rank (its noise is keyed by the global micro-batch, not the rank),
 #    canonical pp=2 dp=2 bitwise;
 #  - the JSONL carries the load, loom plot draws it;
-#  - expert parallelism: dp=2 ep=2 within 1e-5 of ep=1 (measured 2.5e-7), dp=4 ep=2 within
-#    1e-6 of ep=1 over 10 steps (routing flips later: below); saved at ep=2, resumed at ep=2
-#    bitwise and at ep=1 within 1e-5; saved at ep=1, resumed at ep=2 within 1e-5;
+#  - expert parallelism: dp=2 ep=2 within 1e-5 of ep=1 until a routing choice flips
+#    (routed_close), dp=4 ep=2 within 1e-6 of ep=1 over 10 steps; saved at ep=2, resumed at
+#    ep=2 bitwise and at ep=1 within 1e-5 until a flip; saved at ep=1, resumed at ep=2 within 1e-5;
 #  - zero=1 under ep (experts' state over the edp group): ep's bits, resumed bitwise,
 #    canonical dp=4 ep=2 zero=1 gives dp=1's bits, memory per rank = the formula;
 #  - zero=2 under ep (gradients reduce-scattered, dense over dp, experts over edp): dp=4
@@ -52,6 +53,48 @@ source "$here/lib.sh"
 recipe=$here/recipes/moe.lua
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 export OMP_WAIT_POLICY=passive
+# routed_close WHAT A B TOL: A's and B's LOSS lines (the same steps, each with its MOE line)
+# within TOL up to the first step whose expert load (the MOE line's counts) differs between
+# them, and within 2e-3 from there on. Fast mode sums in other orders at other layouts and
+# on other BLAS kernels, and routing is discrete: a roundoff-level difference can flip a
+# near-tied choice, after which the runs take other routes (measured: dp=2 ep=2 against
+# dp=2 on OpenBLAS's SkylakeX kernels, within 1.7e-7 for steps 1-14, a flip at step 15,
+# 7.7e-5 after; dp=4 ep=2/4 flipped at step 12, 4.4e-4 at step 20). At least 4 steps must
+# be compared before the first flip, so a wrong exchange, which changes the losses at
+# once, still fails here.
+routed_close() {
+  awk -v what="$1" -v fa="$2" -v fb="$3" -v tol="$4" "$_lib_awk"'
+  function load(f, L, M, S,   n, l, x) {
+    n = 0
+    while ((getline l < f) > 0) {
+      split(l, x, " ")
+      if (x[1] == "LOSS") { S[++n] = x[2]; L[x[2]] = num(x[4], "the loss of step " x[2] " in " f) }
+      else if (x[1] == "MOE") M[x[2]] = x[3]
+    }
+    close(f)
+    return n
+  }
+  BEGIN {
+    na = load(fa, la, ma, sa); nb = load(fb, lb, mb, sb)
+    if (na == 0) die(what ": no LOSS lines in " fa)
+    if (na != nb) die(what ": " na " LOSS lines in " fa ", " nb " in " fb)
+    flip = 0; before = 0; after = 0
+    for (i = 1; i <= na; i++) {
+      s = sa[i]
+      if (sb[i] != s) die(what ": line " i " is step " s " in " fa ", step " sb[i] " in " fb)
+      if (!(s in ma) || !(s in mb)) die(what ": step " s " has no MOE line in " ((s in ma) ? fb : fa))
+      if (!flip && ma[s] != mb[s]) flip = i
+      d = la[s] - lb[s]; if (d < 0) d = -d
+      if (flip) { if (d > after) after = d } else if (d > before) before = d
+    }
+    if (flip) printf "%s: max |loss diff| %.3g over %d steps before the expert load first differs (step %s), %.3g from there", what, before, flip - 1, sa[flip], after
+    else printf "%s: max |loss diff| %.3g over %d steps, the expert load equal throughout", what, before, na
+    printf " (tolerances %s and 2e-3)\n", tol
+    if (flip && flip <= 4) die(what ": the expert load differs already at step " sa[flip] " (compared step " flip "; at least 4 must come before it)")
+    if (before > tol + 0) die(what ": differs by more than " tol " before the load does")
+    if (after > 2e-3) die(what ": differs by more than 2e-3 after the load does")
+  }'
+}
 run1() { "$loom" run "$recipe" threads=1 "$@"; }
 run2() { "$loom" launch -n 2 "$recipe" threads=1 mesh.dp=2 comm_timeout=10 "$@" | grep -v '^\[rank'; }
 
@@ -67,12 +110,11 @@ echo "ok one rank: bitwise twice, loss $fell, load per step"
 
 run2 batch.global=8 > "$tmp/dp2.out"
 grep '^LOSS' "$tmp/dp2.out" > "$tmp/dp2"
-d=$(max_loss_diff "$tmp/one" "$tmp/dp2")
-below "$d" 1e-4 || { echo "dp=2 differs from one rank by $d"; exit 1; }
+d=$(routed_close "dp=2 vs one rank" "$tmp/one.out" "$tmp/dp2.out" 1e-5) || { echo "$d"; exit 1; }
 # the load reported is the whole step's: the same counts as one rank's (routing is per micro-batch)
 cmp -s <(grep '^MOE 1 ' "$tmp/one.out" | cut -d' ' -f1-4) <(grep '^MOE 1 ' "$tmp/dp2.out" | cut -d' ' -f1-4) ||
   { echo "dp=2 step 1 load differs from one rank's"; exit 1; }
-echo "ok dp=2 vs one rank (same micro-batches): max |loss diff| $d over 20 steps, step 1 load equal"
+echo "ok $d; step 1 load equal"
 for z in 1 3; do
   run2 batch.global=8 strategy.zero=$z | grep '^LOSS' > "$tmp/z$z"
   cmp -s "$tmp/dp2" "$tmp/z$z" || { echo "zero=$z differs from dp=2"; exit 1; }
@@ -123,11 +165,10 @@ echo "ok bf16 and fp16 track fp32 (max |loss diff| $d_b16 and $d_f16 over 10 ste
 runN() { local n=$1; shift; "$loom" launch -n "$n" "$recipe" threads=1 mesh.dp="$n" comm_timeout=20 "$@" | grep -v '^\[rank'; }
 runN 2 batch.global=8 mesh.ep=2 > "$tmp/ep2.out"
 grep '^LOSS' "$tmp/ep2.out" > "$tmp/ep2"
-d=$(max_loss_diff "$tmp/dp2" "$tmp/ep2")
-below "$d" 1e-5 || { echo "dp=2 ep=2 differs from ep=1 by $d"; exit 1; }
+d=$(routed_close "dp=2 ep=2 vs ep=1" "$tmp/dp2.out" "$tmp/ep2.out" 1e-5) || { echo "$d"; exit 1; }
 cmp -s <(grep '^MOE 1 ' "$tmp/dp2.out" | cut -d' ' -f1-4) <(grep '^MOE 1 ' "$tmp/ep2.out" | cut -d' ' -f1-4) ||
   { echo "ep=2 step 1 load differs from ep=1's"; exit 1; }
-echo "ok dp=2 ep=2: max |loss diff| $d from ep=1 over 20 steps, step 1 load equal"
+echo "ok $d; step 1 load equal"
 # The exchanges overlapped (model.moe.overlap = true; moe.c): each half of the local
 # experts' rows travels on its own while the other half computes, the router's backward
 # runs while the last exchange is in flight. The same GEMMs over the same rows, so the
@@ -227,15 +268,16 @@ echo "ok zero=3 under ep: dp=4 ep=2 gives ep's bits with and without the prefetc
 runN 2 batch.global=8 mesh.ep=2 steps=10 checkpoint.dir="$tmp/cke" > /dev/null
 runN 2 batch.global=8 mesh.ep=2 resume="$tmp/cke/step_00000010" | grep '^LOSS' > "$tmp/r22"
 cmp -s <(awk '$2 > 10' "$tmp/ep2") "$tmp/r22" || { echo "ep=2 resume at ep=2 differs"; exit 1; }
-runN 2 batch.global=8 resume="$tmp/cke/step_00000010" | grep '^LOSS' > "$tmp/r21"
-d21=$(max_loss_diff <(awk '$2 > 10' "$tmp/dp2") "$tmp/r21")
+runN 2 batch.global=8 resume="$tmp/cke/step_00000010" | grep -E '^(LOSS|MOE) ' > "$tmp/r21"
+d21=$(routed_close "saved at ep=2, resumed at ep=1, vs ep=1" <(awk '$2 > 10' "$tmp/dp2.out") "$tmp/r21" 1e-5) ||
+  { echo "$d21"; exit 1; }
 runN 2 batch.global=8 steps=10 checkpoint.dir="$tmp/ck1" > /dev/null
 runN 2 batch.global=8 mesh.ep=2 resume="$tmp/ck1/step_00000010" | grep '^LOSS' > "$tmp/r12"
 d12=$(max_loss_diff <(awk '$2 > 10' "$tmp/dp2") "$tmp/r12")
-below "$d21" 1e-5 && below "$d12" 1e-5 || { echo "cross-ep resume: ep2->1 $d21, ep1->2 $d12"; exit 1; }
+below "$d12" 1e-5 || { echo "cross-ep resume: ep1->2 $d12"; exit 1; }
 "$loom" ckpt info "$tmp/cke/step_00000010" > "$tmp/info"
 grep -q 'h.1.moe.expert.3.proj.weight' "$tmp/info" || { echo "ep=2 checkpoint lacks expert 3"; exit 1; }
-echo "ok saved at ep=2: resumed at ep=2 bitwise, at ep=1 within $d21 of the ep=1 run; saved at ep=1, resumed at ep=2 within $d12"
+echo "ok saved at ep=2: resumed at ep=2 bitwise; $d21; saved at ep=1, resumed at ep=2 within $d12"
 
 run1 > "$tmp/full.out"
 run1 steps=10 checkpoint.dir="$tmp/ck" > /dev/null
@@ -259,10 +301,11 @@ below "$dsp" 1e-5 || { echo "tp=2 with sp differs from one rank by $dsp"; exit 1
 "$loom" launch -n 4 "$recipe" threads=1 mesh.tp=2 mesh.dp=2 mesh.ep=2 batch.global=8 steps=10 tp_sequence_parallel=true \
   checkpoint.dir="$tmp/ckt" comm_timeout=20 | grep -v '^\[rank' | grep '^LOSS' > "$tmp/t222"
 d222=$(max_loss_diff <(awk '$2 <= 10' "$tmp/dp2") "$tmp/t222")
-runN 2 batch.global=8 resume="$tmp/ckt/step_00000010" | grep '^LOSS' > "$tmp/rt"
-drt=$(max_loss_diff <(awk '$2 > 10' "$tmp/dp2") "$tmp/rt")
-below "$d222" 1e-5 && below "$drt" 1e-5 || { echo "tp=2 dp=2 ep=2: $d222, resumed at tp=1 ep=1: $drt"; exit 1; }
-echo "ok tp=2 vs one rank: $d, with sp: $dsp (10 steps); tp=2 sp dp=2 ep=2 vs dp=2: $d222 over 10 steps; saved there, resumed at tp=1 ep=1: $drt"
+runN 2 batch.global=8 resume="$tmp/ckt/step_00000010" | grep -E '^(LOSS|MOE) ' > "$tmp/rt"
+drt=$(routed_close "resumed at tp=1 ep=1, vs dp=2" <(awk '$2 > 10' "$tmp/dp2.out") "$tmp/rt" 1e-5) ||
+  { echo "$drt"; exit 1; }
+below "$d222" 1e-5 || { echo "tp=2 dp=2 ep=2: $d222"; exit 1; }
+echo "ok tp=2 vs one rank: $d, with sp: $dsp (10 steps); tp=2 sp dp=2 ep=2 vs dp=2: $d222 over 10 steps; saved there, $drt"
 
 # activation recomputation: the block's routing and expert activations are kept, the rest
 # rerun, so the same bits and the same load (counted once); under ep too

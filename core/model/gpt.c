@@ -506,7 +506,7 @@ static loom_status alloc_activations(loom_gpt *m)
                   (double)m->act_bytes / (1 << 20), m->slots, m->max_B, m->cfg.ctx);
     gpt_bind_slot(m, 0);
     m->host_losses = malloc(R * sizeof(float));
-    m->row_gather = malloc((size_t)m->cfg.vocab_padded * sizeof(float));
+    m->row_gather = m->be->ops->alloc(m->be->self, (size_t)m->cfg.vocab_padded * sizeof(float));
     return m->host_losses && m->row_gather ? LOOM_OK : loom_fail(LOOM_ERR_NOMEM, "out of memory");
 }
 
@@ -713,7 +713,7 @@ void loom_gpt_destroy(loom_gpt *m)
     ops->free(m->be->self, m->rope_cos);
     ops->free(m->be->self, m->rope_sin);
     free(m->host_losses);
-    free(m->row_gather);
+    ops->free(m->be->self, m->row_gather);
     gpt_distill_free(m);
     gpt_free_setup(m);
 }
@@ -813,7 +813,7 @@ loom_status loom_gpt_set_precision(loom_gpt *m, loom_dtype param, loom_dtype act
         m->a16 = 1;
         m->be->ops->free(m->be->self, m->act_mem);
         free(m->host_losses);
-        free(m->row_gather);
+        m->be->ops->free(m->be->self, m->row_gather);
         LOOM_TRY(alloc_activations(m));
     }
     if (param != LOOM_DTYPE_F32 && !m->c16) {

@@ -99,7 +99,7 @@ struct loom_gpt {
     float *emb_grad;                   /* canonical: (Vl,C) one micro-batch's lookup gradient */
     float *dx_out, *lnf_part;          /* split backward: (Rl,C) the chunk input's gradient B
                                         * sends and W reads; (2C) ln_f's canonical parts */
-    float *host_losses, *row_gather;   /* (R) host; (Vp) host */
+    float *host_losses, *row_gather;   /* (R) host; (Vp) the backend's: a gathered logits row */
     int last_B, last_T, have_dlogits;
     /* pipeline stage (gpt_stage.c): own[l] = block l is held here; the embedding lives with
      * block 0, ln_f and the LM head with the last block; staged = some block is not. */

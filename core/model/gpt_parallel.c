@@ -328,6 +328,10 @@ loom_status loom_gpt_logits_row(loom_gpt *m, size_t row, float *host_out)
         k->copy_to_host(m->be->self, host_out, src, (size_t)m->Vl * sizeof(float));
         return LOOM_OK;
     }
-    k->copy_to_host(m->be->self, m->row_gather, src, (size_t)m->Vl * sizeof(float));
-    return m->tp_ops->tensor_allgather(m->tp_self, m->row_gather, host_out, (size_t)m->Vl);
+    /* every rank's columns gathered in the backend's memory (the strategy's buffers are
+     * the backend's: a device one's group carries device memory), then the row to the host */
+    LOOM_TRY(m->tp_ops->tensor_allgather(m->tp_self, src, m->row_gather, (size_t)m->Vl));
+    k->copy_to_host(m->be->self, host_out, m->row_gather,
+                    (size_t)m->cfg.vocab_padded * sizeof(float));
+    return LOOM_OK;
 }

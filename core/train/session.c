@@ -557,6 +557,19 @@ static loom_status make_compress(loom_session *s)
 /* A device backend (its memory is not the host's): what trains there today is one rank
  * (no dp, tp, pp or ep) with the optimizer's step_backend; the paths that still read the
  * model's buffers as host memory are refused by name. */
+/* A device backend's session: the tp strategy's canonical tree and scratch go through the
+ * backend's ops (strategy.h's set_backend), its exchanges over the device groups. */
+static loom_status bind_tensor_backend(loom_session *s)
+{
+    const loom_strategy_ops *t = s->tensor;
+    if (t->size <= offsetof(loom_strategy_ops, set_backend) || !t->set_backend)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy '%s' has no set_backend (plugin/strategy.h), "
+                  "so its tensor-parallel regions cannot run in the device memory of backend %s; "
+                  "use the tp strategy, or backend = \"cpu\"", s->tensor_cfg.desc->name,
+                  s->backend.ops->describe(s->backend.self));
+    return t->set_backend(s->tensor_self, s->backend.ops, s->backend.self);
+}
+
 static loom_status check_device(loom_session *s, const loom_session_config *cfg, int pp)
 {
     const char *be = s->backend.ops->describe(s->backend.self);
@@ -569,8 +582,6 @@ static loom_status check_device(loom_session *s, const loom_session_config *cfg,
     /* what still reads or writes host memory where the buffers are the device's */
     const char *what = pp > 1 ? "mesh.pp > 1 (the pipeline engine's stage messages and "
                                 "slices)"
-                       : cfg->tensor ? "mesh.tp > 1 (tensor parallelism's region exchanges "
-                                       "and the split gradient norm)"
                        : cfg->ep > 1 ? "mesh.ep > 1 (the expert exchange)"
                        : size > 1 && cfg->zero_stage > 0 ? "strategy.zero (ZeRO's partitions)"
                        : size > 1 && reduce && reduce->string && !strcmp(reduce->string, "bf16")
@@ -580,7 +591,7 @@ static loom_status check_device(loom_session *s, const loom_session_config *cfg,
                        : cfg->teacher || cfg->kd_cache ? "a distillation teacher" : NULL;
     if (what)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "backend %s: training in device memory with %s is not "
-                  "built yet; it trains one rank or mesh.dp ranks (no tp, pp, ep, zero, "
+                  "built yet; it trains one rank, mesh.dp and mesh.tp ranks (no pp, ep, zero, "
                   "offload, compression or teacher), or use backend = \"cpu\"", be, what);
     if (size > 1 && !s->device_groups)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "backend %s with %d ranks has no device groups "
@@ -673,6 +684,8 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
         st = loom_config_set_boolean(&s->tensor_cfg, "canonical", cfg->canonical);
         if (st == LOOM_OK)
             st = make_plugin(&s->tensor_cfg, (const void **)&s->tensor, &s->tensor_self);
+        if (st == LOOM_OK && s->device) /* its buffers are the backend's (strategy.h) */
+            st = bind_tensor_backend(s);
         par.tp_ops = s->tensor;
         par.tp_self = s->tensor_self;
     }

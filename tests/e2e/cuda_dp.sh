@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# cuda_dp.sh LOOM BACKEND COMM STEPS TOL — data parallelism in a device backend's memory
-# (recipes/cuda_train.lua), two ranks through `loom launch`, against one rank on the same
-# backend with the same global batch (2 sequences a step: 2 micro-batches of 1 on one rank, 1 on each of two):
+# cuda_dp.sh LOOM BACKEND COMM STEPS TOL — data and tensor parallelism in a device backend's
+# memory (recipes/cuda_train.lua), two ranks through `loom launch`, against one rank on the
+# same backend with the same global batch (2 sequences a step: 2 micro-batches of 1 on one
+# rank, 1 on each of two dp ranks, 2 of 1 on each tp rank):
 #  - canonical mode: dp=2's losses and norms bitwise one rank's (the gathered gradients go
 #    through the device groups, the losses through the host groups: dist.h);
 #  - fast mode: dp=2 (the dp strategy's buckets all-reduced over the device groups) within
 #    TOL of one rank, and the loss falls;
 #  - the banner names what carries the device buffers (COMM=nccl: "nccl on the backend's
 #    stream"; a host COMM: "staged through host memory");
+#  - tensor parallelism (the tp strategy's region exchanges on the device groups, the
+#    vocabulary-parallel loss, the split gradient norm): canonical tp=2 with sequence
+#    parallelism and canonical tp=2 x dp=2 (four ranks) bitwise one rank; fast tp=2, with
+#    and without sequence parallelism, within TOL;
 #  - saved by both ranks at step STEPS-2 and resumed on two: the last two steps bitwise;
 #  - what does not train in device memory yet (mesh.pp = 2 here) is refused by name.
 # BACKEND cudaemu (the CUDA kernels emulated on the CPU; meson runs it under
@@ -53,6 +58,37 @@ want_banner=$([[ $comm == nccl ]] && echo "device buffers over nccl on the backe
               echo "device buffers over $comm, staged through host memory")
 grep -q "$want_banner" "$tmp/dp" || { echo "banner does not say: $want_banner"; head -1 "$tmp/dp"; exit 1; }
 echo "backend=$backend comm=$comm: loss $fell; banner: $want_banner"
+
+# tensor parallelism: canonical mode's tree over ranks runs on the backend's ops, so the
+# layouts give one rank's bits; fast mode's sums are the communicator's
+same_as_one() { # NAME FILE: FILE's losses and norms bitwise the one-rank run's
+  grep '^LOSS\|^NORM' "$2" > "$tmp/got" || true
+  cmp -s "$tmp/want1" "$tmp/got" ||
+    { echo "$1 on $backend over $comm is not bitwise one rank:"; diff "$tmp/want1" "$tmp/got"; exit 1; }
+  echo "backend=$backend comm=$comm: $1 bitwise one rank over $steps steps (losses and norms)"
+}
+grep '^LOSS\|^NORM' "$tmp/one" > "$tmp/want1"
+tp_run() { # OUT ARGS...: two ranks at tp=2
+  local out=$1; shift
+  "$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.tp=2 "$@" > "$out" 2> "$out.err" ||
+    { cat "$out.err"; exit 1; }
+}
+tp_run "$tmp/tp_sp_c" tp_sequence_parallel=true deterministic=canonical
+same_as_one "canonical tp=2 with sequence parallelism" "$tmp/tp_sp_c"
+if [[ $comm == nccl && $(gpus) -lt 4 ]]; then
+  echo "backend=$backend comm=nccl: tp=2 x dp=2 not run: it needs 4 GPUs (one a rank); $(gpus) visible"
+else
+  "$loom" launch -n 4 "$recipe" "${args[@]}" comm="$comm" mesh.tp=2 mesh.dp=2 \
+    deterministic=canonical > "$tmp/tpdp_c" 2> "$tmp/tpdp_c.err" || { cat "$tmp/tpdp_c.err"; exit 1; }
+  same_as_one "canonical tp=2 x dp=2" "$tmp/tpdp_c"
+fi
+tp_run "$tmp/tp"
+runs_close "backend=$backend comm=$comm: tp=2 vs one rank" "$tmp/one" "$tmp/tp" "$steps" "$tol" || exit 1
+tp_run "$tmp/tp_sp" tp_sequence_parallel=true
+runs_close "backend=$backend comm=$comm: tp=2 with sequence parallelism vs one rank" "$tmp/one" \
+  "$tmp/tp_sp" "$steps" "$tol" || exit 1
+grep -q "x2 tp+sp | .*$want_banner" "$tmp/tp_sp" ||
+  { echo "tp=2 banner does not say x2 tp+sp and: $want_banner"; head -1 "$tmp/tp_sp"; exit 1; }
 
 # a checkpoint saved by both ranks at step k and resumed on two ranks: the two later steps
 # bitwise the straight run's (the second shows the optimizer state; save and load go through

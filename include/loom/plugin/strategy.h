@@ -13,6 +13,7 @@
 #define LOOM_PLUGIN_STRATEGY_H
 
 #include "loom/plugin.h"
+#include "loom/plugin/backend.h"
 #include "loom/plugin/comm.h"
 
 #ifdef __cplusplus
@@ -110,6 +111,14 @@ typedef struct loom_strategy_ops {
      * that before_step has not completed yet; the core's trace marks when the first one
      * started (the data-parallel all-reduce span). */
     int (*pending)(void *self);
+    /* Optional (read only if size covers it): the backend whose memory the region and
+     * tensor buffers are, where that is not host memory (a device backend: CUDA). The core
+     * calls it once, after create and before any hook; the strategy then does what it does
+     * to those buffers besides communicating (canonical mode's tree over ranks, its
+     * scratch) through the backend's ops, and takes its groups from device_group (which
+     * it should do anyway: with a host-memory backend that is group). Not called: host
+     * memory, and a strategy without the member is refused on a device backend. */
+    loom_status (*set_backend)(void *self, const loom_backend_ops *ops, void *backend_self);
 } loom_strategy_ops;
 
 /* Canonical mode's fixed chunk count for sums a tensor split could reassociate: sized for

@@ -14,9 +14,15 @@
  * the chunk count gives the same bits.
  * Overlap: backward_enter in fast mode returns with its all-reduce / reduce-scatter in
  * flight; the core computes the weight gradients, then calls region_wait.
+ * Device memory: the region and tensor buffers are the backend's memory, so the group is
+ * host->device_group's (nccl, or the host communicator staged through the backend's
+ * copies; with a host-memory backend the very group() one). On a device backend the core
+ * calls set_backend, and canonical mode's scratch and tree over ranks go through its ops
+ * (alloc, accumulate, residual_forward) instead of the host's memory and loops.
  * What it does not: data parallelism (dp), sharded optimizer state (zero).
  * Invariants: one request in flight at most; every buffer is the core's except scratch.
  */
+#include <stddef.h>
 #include <string.h>
 
 #include "loom/plugin.h"
@@ -46,9 +52,11 @@ typedef struct tp {
     const loom_comm_ops *comm;
     void *group;
     int parts, index, sp, canonical;
-    float *scratch;
+    float *scratch;               /* canonical partials: the backend's memory where k is set */
     size_t scratch_n;
     loom_comm_request *pending;
+    const loom_backend_ops *k;    /* set_backend: a device backend's ops, else NULL (host) */
+    void *k_self;
 } tp;
 
 static loom_status tp_create(const loom_host *host, const loom_config *cfg, void **self)
@@ -56,7 +64,11 @@ static loom_status tp_create(const loom_host *host, const loom_config *cfg, void
     const struct loom_comm_ops *ops;
     void *group;
     int size;
-    loom_status st = host->group(LOOM_GROUP_TP, &ops, &group, &size);
+    /* the buffers are the backend's memory: a device backend's go to its groups (see the
+     * opening comment), never straight to a host communicator */
+    loom_status st = host->size > offsetof(loom_host, device_group) && host->device_group
+                         ? host->device_group(LOOM_GROUP_TP, &ops, &group, &size)
+                         : host->group(LOOM_GROUP_TP, &ops, &group, &size);
     if (st != LOOM_OK)
         return st;
     int canonical = cfg->values[K_CANONICAL].number != 0;
@@ -78,6 +90,16 @@ static loom_status tp_create(const loom_host *host, const loom_config *cfg, void
     return LOOM_OK;
 }
 
+static void release_scratch(tp *t)
+{
+    if (t->k)
+        t->k->free(t->k_self, t->scratch);
+    else
+        t->host->free(t->scratch);
+    t->scratch = NULL;
+    t->scratch_n = 0;
+}
+
 static void tp_destroy(void *self)
 {
     tp *t = self;
@@ -85,18 +107,41 @@ static void tp_destroy(void *self)
         return;
     if (t->pending)
         t->comm->wait(t->group, t->pending);
-    t->host->free(t->scratch);
+    release_scratch(t);
     t->host->free(t);
+}
+
+static loom_status tp_set_backend(void *self, const loom_backend_ops *k, void *k_self)
+{
+    tp *t = self;
+    release_scratch(t); /* from here on in the backend's memory */
+    t->k = k;
+    t->k_self = k_self;
+    return LOOM_OK;
 }
 
 static float *scratch(tp *t, size_t n)
 {
     if (n > t->scratch_n) {
-        t->host->free(t->scratch);
-        t->scratch = t->host->alloc(n * sizeof(float));
+        release_scratch(t);
+        t->scratch = t->k ? t->k->alloc(t->k_self, n * sizeof(float))
+                          : t->host->alloc(n * sizeof(float));
         t->scratch_n = t->scratch ? n : 0;
     }
     return t->scratch;
+}
+
+/* out = in where there is nothing to exchange (a group of one). The backend has no copy
+ * within its memory, and such a group is never made on one (tp = 1 has no strategy). */
+static loom_status copy_rows(tp *t, float *out, const float *in, size_t n)
+{
+    if (out == in)
+        return LOOM_OK;
+    if (t->k)
+        return t->host->fail(LOOM_ERR_UNSUPPORTED, "tp: a tensor-parallel group of one rank "
+                             "on a device backend (nothing to exchange): use mesh.tp = 1");
+    memmove(out, in, n * sizeof(float));
+    return LOOM_OK;
 }
 
 static loom_status tp_partition(void *self, const loom_param_info *p, loom_partition *out)
@@ -127,28 +172,34 @@ static loom_status finish(tp *t, loom_status st, loom_comm_request *const *req)
     return st == LOOM_OK ? t->comm->wait(t->group, *req) : st;
 }
 
-/* parts blocks of n floats at s, summed pairwise in the tree over ranks into out. */
+/* parts blocks of n floats at s, summed pairwise in the tree over ranks into out. On a
+ * device backend the same adds through its ops, the root's written straight into out
+ * (residual_forward: a + b, the bits of a += b and a copy, which the backend has no op
+ * for). parts > 1 (the group has a communicator). */
 static void tree_sum(const tp *t, float *s, size_t n, float *out)
 {
     for (int step = 1; step < t->parts; step *= 2)
         for (int i = 0; i + step < t->parts; i += 2 * step) {
             float *a = s + (size_t)i * n;
             const float *b = s + (size_t)(i + step) * n;
-            for (size_t j = 0; j < n; j++)
-                a[j] += b[j];
+            if (!t->k)
+                for (size_t j = 0; j < n; j++)
+                    a[j] += b[j];
+            else if (2 * step >= t->parts) /* the last level: i = 0, the root */
+                t->k->residual_forward(out, a, b, n);
+            else
+                t->k->accumulate(a, b, n);
         }
-    memmove(out, s, n * sizeof(float));
+    if (!t->k)
+        memmove(out, s, n * sizeof(float));
 }
 
 /* All ranks' rows: all-gather of row blocks under sequence parallelism, else a copy. */
 static loom_status gather_rows(tp *t, const loom_region_io *io)
 {
     size_t n = io->rows * io->width;
-    if (!t->comm || !t->sp) {
-        if (io->out != io->in)
-            memcpy(io->out, io->in, n * sizeof(float));
-        return LOOM_OK;
-    }
+    if (!t->comm || !t->sp)
+        return copy_rows(t, io->out, io->in, n);
     loom_comm_request *req;
     return finish(t, t->comm->allgather_start(t->group, io->in, io->out, n / (size_t)t->parts,
                                               LOOM_DTYPE_F32, &req), &req);
@@ -159,11 +210,8 @@ static loom_status gather_rows(tp *t, const loom_region_io *io)
 static loom_status sum_rows(tp *t, const loom_region_io *io, int async)
 {
     size_t n = io->rows * io->width, block = t->sp ? n / (size_t)t->parts : n;
-    if (!t->comm) {
-        if (io->out != io->in)
-            memcpy(io->out, io->in, n * sizeof(float));
-        return LOOM_OK;
-    }
+    if (!t->comm)
+        return copy_rows(t, io->out, io->in, n);
     loom_comm_request *req;
     loom_status st;
     if (t->canonical) {
@@ -238,10 +286,8 @@ static loom_status tp_tensor_allreduce(void *self, float *x, size_t n, loom_redu
 static loom_status tp_tensor_allgather(void *self, const float *in, float *out, size_t n)
 {
     tp *t = self;
-    if (!t->comm) {
-        memmove(out, in, n * sizeof(float));
-        return LOOM_OK;
-    }
+    if (!t->comm)
+        return copy_rows(t, out, in, n);
     loom_comm_request *req;
     return finish(t, t->comm->allgather_start(t->group, in, out, n, LOOM_DTYPE_F32, &req), &req);
 }
@@ -259,6 +305,7 @@ static const loom_strategy_ops ops = {
     .region_wait = tp_region_wait,
     .tensor_allreduce = tp_tensor_allreduce,
     .tensor_allgather = tp_tensor_allgather,
+    .set_backend = tp_set_backend,
 };
 
 static const loom_plugin_desc desc = {

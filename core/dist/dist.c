@@ -14,6 +14,9 @@
 static const loom_comm_ops *comm_ops;
 static void *groups[4]; /* world, dp, tp, pp */
 static char host_comm_name[32]; /* the host groups' plugin */
+static int device_wait = -1;    /* loom_dist_set_device_wait: -1 leaves the comm's default */
+
+void loom_dist_set_device_wait(int on) { device_wait = on < 0 ? -1 : on != 0; }
 
 loom_status loom_mesh_make(int rank, int world, int dp, int tp, int pp, loom_mesh *out)
 {
@@ -119,6 +122,8 @@ loom_status loom_dist_init(const char *comm_name, const char *host_comm, const l
                       "communicator beside comm = \"%s\" must carry host memory (\"shm\" on "
                       "one node, \"mpi\" across nodes)", host_name, comm_name);
         LOOM_TRY(loom_config_init(&later.cfg, p->desc));
+        if (device_wait >= 0)
+            LOOM_TRY(loom_config_set_boolean(&later.cfg, "device_wait", device_wait));
         LOOM_TRY(loom_config_finish(&later.cfg));
         later.plugin = p;
         later.store = store;
@@ -133,6 +138,11 @@ loom_status loom_dist_init(const char *comm_name, const char *host_comm, const l
                   "device memory only (comm = \"nccl\"); comm = \"%s\" carries host memory "
                   "itself, so leave host_comm out", host_comm, comm_name);
     }
+    if (device_wait == 1 && !later.plugin)
+        LOOM_FAIL(LOOM_ERR_INVALID, "device_wait = true goes beside a communicator that takes "
+                  "device memory (comm = \"nccl\": the backend's stream waits on each "
+                  "operation); comm = \"%s\" carries host memory, whose waits always block the "
+                  "host, so leave device_wait out", comm_name);
     snprintf(host_comm_name, sizeof host_comm_name, "%s", p->desc->name);
     loom_plugin_config cfg;
     LOOM_TRY(plugin_view(p, p2p_bytes, world, &cfg));
@@ -253,6 +263,7 @@ void loom_dist_shutdown(void)
 {
     loom_dist_device_close();
     later.plugin = NULL;
+    device_wait = -1;
     void *none[4] = {NULL, NULL, NULL, NULL};
     int ones[4] = {1, 1, 1, 1};
     loom_core_host_set_groups(NULL, none, ones);

@@ -149,6 +149,12 @@ int main(int argc, char **argv)
     CHECK(loom_dist_init("shm", "mpi", &store, 0, 1, &mesh, 2000, 0) == LOOM_ERR_INVALID &&
               strstr(loom_last_error(), "leave host_comm out"),
           "host_comm beside shm: %s", loom_last_error());
+    /* nor device_wait: a host comm's waits always block the host */
+    loom_dist_set_device_wait(1);
+    CHECK(loom_dist_init("shm", NULL, &store, 0, 1, &mesh, 2000, 0) == LOOM_ERR_INVALID &&
+              strstr(loom_last_error(), "leave device_wait out"),
+          "device_wait beside shm: %s", loom_last_error());
+    loom_dist_set_device_wait(-1);
 
     /* the backend first: CUDA after the comm's probe is fine either way; a missing GPU skips */
     loom_backend be;

@@ -28,6 +28,7 @@
 #include "base/backend.h"
 #include "base/status.h"
 #include "dist/dist.h"
+#include "dist/flight.h"
 #include "mem_store.h"
 
 static int failures;
@@ -187,10 +188,18 @@ int main(int argc, char **argv)
                   "second open: %s", loom_last_error());
         }
         const loom_comm_ops *hops, *dops;
-        loom_dist_world(&hops);
-        loom_dist_device_world(&dops);
-        CHECK(hops && dops && hops != dops, "the host and device worlds share one ops table");
+        void *hw = loom_dist_world(&hops), *dw = loom_dist_device_world(&dops);
+        /* nccl's groups go through the flight recorder as the host ones do; staged: its own */
+        CHECK(hops && dops && hw != dw && (nccl ? dops == loom_flight_ops() : hops != dops),
+              "the device world's ops: not the flight recorder's (nccl) or the host's (staged)");
         identity_checks(&be);
+        if (nccl) { /* the device world's last operation is in the ring, on its own group */
+            static flight_entry ring[LOOM_FLIGHT_ENTRIES];
+            int n = loom_flight_snapshot(ring);
+            CHECK(n > 0 && strcmp(ring[n - 1].group, "nccl-world") == 0,
+                  "the newest flight entry is on group %s, want nccl-world",
+                  n > 0 ? ring[n - 1].group : "(none)");
+        }
 #ifdef LOOM_TEST_CUDART
         if (nccl && round == 0)
             ordering_check(&be);

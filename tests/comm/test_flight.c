@@ -109,17 +109,25 @@ static int names_rank(const char *msg, int v)
     return 0;
 }
 
-static int rank_fn(th_rank *t)
+/* The plan's injection and debug mode, then the recorder's setup; 0 after th_fail. */
+static int arm(th_rank *t, const plan *pl)
 {
-    plan *pl = t->arg;
-    struct rlimit no_core = {0, 0};
-    setrlimit(RLIMIT_CORE, &no_core); /* a SIGSEGV case leaves no core file */
     if (pl->spec[0])
         setenv("LOOM_INJECT_DIE", pl->spec, 1);
     else
         unsetenv("LOOM_INJECT_DIE");
     if (loom_flight_setup(t->rank, WORLD, pl->dir, pl->desync_rank >= 0, TIMEOUT_MS) != LOOM_OK)
-        return th_fail(t, "setup: %s", loom_last_error());
+        return !th_fail(t, "setup: %s", loom_last_error());
+    return 1;
+}
+
+static int rank_fn(th_rank *t)
+{
+    plan *pl = t->arg;
+    struct rlimit no_core = {0, 0};
+    setrlimit(RLIMIT_CORE, &no_core); /* a SIGSEGV case leaves no core file */
+    if (!arm(t, pl))
+        return 1;
     int members[WORLD] = {0, 1, 2, 3};
     void *c = NULL;
     if (loom_flight_wrap(t->ops, t->comm, "world", members, WORLD, &c) != LOOM_OK)
@@ -321,12 +329,8 @@ static const loom_comm_ops standin_ops = {
 static int device_fn(th_rank *t)
 {
     plan *pl = t->arg;
-    if (pl->spec[0])
-        setenv("LOOM_INJECT_DIE", pl->spec, 1);
-    else
-        unsetenv("LOOM_INJECT_DIE");
-    if (loom_flight_setup(t->rank, WORLD, pl->dir, pl->desync_rank >= 0, TIMEOUT_MS) != LOOM_OK)
-        return th_fail(t, "setup: %s", loom_last_error());
+    if (!arm(t, pl))
+        return 1;
     int members[WORLD] = {0, 1, 2, 3};
     void *host = NULL, *dev = NULL, *token = &sd_host;
     sd_host_ops = t->ops;

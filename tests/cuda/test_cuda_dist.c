@@ -13,6 +13,9 @@
  *    host function, a started all-reduce must not complete (test() = 0 after 100 ms) until
  *    it is released: the collective is ordered after the kernels that write its input.
  *    A comm given no stream (device = NULL) would have completed.
+ *  - nccl only: its device groups go through the flight recorder (the device world's ops
+ *    are the recorder's, its newest entry on group nccl-world);
+ *  - device_wait and host_comm beside a host COMM are refused by name.
  * No GPU (BACKEND cuda or COMM nccl not usable): "SKIP: ..." and exit 77. No fork (CUDA).
  */
 #include <stdatomic.h>

@@ -14,6 +14,9 @@
 static const loom_comm_ops *comm_ops;
 static void *groups[4]; /* world, dp, tp, pp */
 static char host_comm_name[32]; /* the host groups' plugin */
+static int device_wait = -1;    /* loom_dist_set_device_wait: -1 leaves the comm's default */
+
+void loom_dist_set_device_wait(int on) { device_wait = on < 0 ? -1 : on != 0; }
 
 loom_status loom_mesh_make(int rank, int world, int dp, int tp, int pp, loom_mesh *out)
 {
@@ -93,6 +96,21 @@ static loom_status join_and_split(const loom_comm_ops *ops, const loom_config *v
     return st;
 }
 
+static const char *const group_names[4] = {"world", "dp", "tp", "pp"};
+
+/* The world ranks of this rank's group `which` (0 world, 1 dp, 2 tp, 3 pp), in group order:
+ * member k is the mesh coordinate of that group set to k. Returns the group's size. */
+static int group_members(const loom_mesh *m, int world, int which, int *members)
+{
+    int size = which == 0 ? world : which == 1 ? m->dp : which == 2 ? m->tp : m->pp;
+    for (int k = 0; k < size; k++) {
+        int pp = which == 3 ? k : m->pp_rank, dp = which == 1 ? k : m->dp_rank,
+            tp = which == 2 ? k : m->tp_rank;
+        members[k] = which == 0 ? k : (pp * m->dp + dp) * m->tp + tp;
+    }
+    return size;
+}
+
 /* A device communicator's (nccl) settings, kept from init for loom_dist_device_open. */
 static struct {
     const loom_plugin *plugin; /* NULL: the comm is a host one */
@@ -119,6 +137,8 @@ loom_status loom_dist_init(const char *comm_name, const char *host_comm, const l
                       "communicator beside comm = \"%s\" must carry host memory (\"shm\" on "
                       "one node, \"mpi\" across nodes)", host_name, comm_name);
         LOOM_TRY(loom_config_init(&later.cfg, p->desc));
+        if (device_wait >= 0)
+            LOOM_TRY(loom_config_set_boolean(&later.cfg, "device_wait", device_wait));
         LOOM_TRY(loom_config_finish(&later.cfg));
         later.plugin = p;
         later.store = store;
@@ -133,6 +153,11 @@ loom_status loom_dist_init(const char *comm_name, const char *host_comm, const l
                   "device memory only (comm = \"nccl\"); comm = \"%s\" carries host memory "
                   "itself, so leave host_comm out", host_comm, comm_name);
     }
+    if (device_wait == 1 && !later.plugin)
+        LOOM_FAIL(LOOM_ERR_INVALID, "device_wait = true goes beside a communicator that takes "
+                  "device memory (comm = \"nccl\": the backend's stream waits on each "
+                  "operation); comm = \"%s\" carries host memory, whose waits always block the "
+                  "host, so leave device_wait out", comm_name);
     snprintf(host_comm_name, sizeof host_comm_name, "%s", p->desc->name);
     loom_plugin_config cfg;
     LOOM_TRY(plugin_view(p, p2p_bytes, world, &cfg));
@@ -144,23 +169,17 @@ loom_status loom_dist_init(const char *comm_name, const char *host_comm, const l
     /* Every group goes out through the flight recorder, so whoever communicates (core or
      * plugin) is recorded, whatever the comm plugin. */
     int sizes[4] = {world, m->dp, m->tp, m->pp};
-    static const char *const names[4] = {"world", "dp", "tp", "pp"};
     int *members = malloc((size_t)world * sizeof *members);
     if (!members)
         st = loom_fail(LOOM_ERR_NOMEM, "out of memory");
     int wrapped = 0;
     for (; wrapped < 4 && st == LOOM_OK; wrapped++) {
-        /* Group member k's world rank: the mesh coordinate of this group set to k. */
-        for (int k = 0; k < sizes[wrapped]; k++) {
-            int pp = wrapped == 3 ? k : m->pp_rank, dp = wrapped == 1 ? k : m->dp_rank,
-                tp = wrapped == 2 ? k : m->tp_rank;
-            members[k] = wrapped == 0 ? k : (pp * m->dp + dp) * m->tp + tp;
-        }
+        int n = group_members(m, world, wrapped, members);
         void *inner = g[wrapped];
         if (!inner)
             continue;
         g[wrapped] = NULL; /* the wrapper owns it now, and destroys it if wrapping fails */
-        st = loom_flight_wrap(ops, inner, names[wrapped], members, sizes[wrapped], &g[wrapped]);
+        st = loom_flight_wrap(ops, inner, group_names[wrapped], members, n, &g[wrapped]);
     }
     free(members);
     const loom_comm_ops *fops = loom_flight_ops();
@@ -193,6 +212,30 @@ static struct {
     char kind_buf[96];
 } dev;
 
+/* The device comm's groups g through the flight recorder, as "<comm>-world", "<comm>-dp", ...
+ * beside the host groups of the same members (their plugin communicator carries debug
+ * mode's descriptors, which NCCL cannot). On failure g is destroyed. */
+static loom_status record_device_groups(const loom_comm_ops *ops, const char *comm, void *g[4])
+{
+    int *members = malloc((size_t)later.world * sizeof *members);
+    loom_status st = members ? LOOM_OK : loom_fail(LOOM_ERR_NOMEM, "out of memory");
+    int i = 0;
+    for (; i < 4 && st == LOOM_OK; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "%.4s-%s", comm, group_names[i]);
+        int n = group_members(&later.mesh, later.world, i, members);
+        void *inner = g[i];
+        g[i] = NULL; /* the wrapper owns it now, and destroys it if wrapping fails */
+        st = loom_flight_wrap_device(ops, inner, name, members, n, groups[i], &g[i]);
+    }
+    free(members);
+    if (st != LOOM_OK)
+        for (int k = 3; k >= 0; k--)
+            if (g[k])
+                (k < i ? loom_flight_ops() : ops)->destroy(g[k]);
+    return st;
+}
+
 loom_status loom_dist_device_open(loom_backend *be)
 {
     if (!comm_ops || !groups[0] || !loom_backend_device_memory(be))
@@ -211,6 +254,8 @@ loom_status loom_dist_device_open(loom_backend *be)
         loom_config view = loom_config_view(&later.cfg);
         LOOM_TRY(join_and_split(ops, &view, later.store, later.rank, later.world, &later.mesh,
                                 later.timeout_ms, be->ops->stream(be->self), g));
+        LOOM_TRY(record_device_groups(ops, later.plugin->desc->name, g));
+        ops = loom_flight_ops();
         snprintf(dev.kind_buf, sizeof dev.kind_buf, "%s on the backend's stream, host buffers "
                  "over %s", later.plugin->desc->name, host_comm_name);
     } else {
@@ -253,6 +298,7 @@ void loom_dist_shutdown(void)
 {
     loom_dist_device_close();
     later.plugin = NULL;
+    device_wait = -1;
     void *none[4] = {NULL, NULL, NULL, NULL};
     int ones[4] = {1, 1, 1, 1};
     loom_core_host_set_groups(NULL, none, ones);

@@ -35,6 +35,11 @@ loom_status loom_mesh_make(int rank, int world, int dp, int tp, int pp, loom_mes
 loom_status loom_dist_init(const char *comm_name, const char *host_comm, const loom_store *store,
                            int rank, int world, const loom_mesh *mesh, int timeout_ms,
                            size_t p2p_bytes);
+/* The recipe's device_wait, for the next loom_dist_init: -1 (not given: the device comm's
+ * default), 0 or 1, handed to the device comm's `device_wait` key (nccl: wait() makes the
+ * backend's stream wait on the operation instead of blocking the host). init refuses 1
+ * beside a comm that carries host memory, whose waits always block the host. */
+void loom_dist_set_device_wait(int device_wait);
 /* The groups for a device backend's memory (loom_host.device_group), while its session
  * lives: with a device comm (nccl), its world joined through the store on the backend's
  * stream (be->ops->stream) and split like the mesh — collective, every rank calls it; with

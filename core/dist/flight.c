@@ -20,6 +20,11 @@
 typedef struct fl_comm {
     const loom_comm_ops *inner;
     void *self;
+    /* Where debug mode's descriptors are all-gathered: the plugin's communicator, or for a
+     * device-memory one (nccl, which cannot carry host descriptors) the host group's plugin
+     * communicator of the same members; NULL: not checked (a device group's split child). */
+    const loom_comm_ops *check_ops;
+    void *check_self;
     int slot;                    /* index in groups[] */
     uint64_t *send_seq, *recv_seq; /* per peer, comm size entries */
     int size;
@@ -244,9 +249,10 @@ static loom_status report(fl_comm *c, const flight_entry *e, loom_status st)
 #define START(c, name, is_coll, peer, bytes, call)                                                \
     do {                                                                                       \
         maybe_die(name);                                                                       \
-        if ((is_coll) && settings.debug_desync)                                                   \
-            LOOM_TRY(loom_flight_check_desync(c->inner, c->self, &groups[c->slot], name,       \
-                                              groups[c->slot].coll_started + 1, bytes, peer)); \
+        if ((is_coll) && settings.debug_desync && c->check_ops)                                   \
+            LOOM_TRY(loom_flight_check_desync(c->check_ops, c->check_self, &groups[c->slot],   \
+                                              name, groups[c->slot].coll_started + 1, bytes,   \
+                                              peer));                                          \
         loom_comm_request *w = malloc(sizeof *w);                                              \
         if (!w)                                                                                \
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory starting %s", name);                      \
@@ -378,6 +384,9 @@ static void fl_destroy(void *self)
     if (!c)
         return;
     c->inner->destroy(c->self);
+    pthread_mutex_lock(&lock);
+    groups[c->slot].closed = 1; /* its slot may serve a later group (a reopened device group) */
+    pthread_mutex_unlock(&lock);
     free(c->send_seq);
     free(c->recv_seq);
     free(c);
@@ -388,7 +397,12 @@ static loom_status fl_split(void *self, int color, int key, void **out)
     fl_comm *c = self;
     void *child = NULL;
     LOOM_TRY(c->inner->split(c->self, color, key, &child));
-    return loom_flight_wrap(c->inner, child, "split", NULL, 0, out);
+    LOOM_TRY(loom_flight_wrap(c->inner, child, "split", NULL, 0, out));
+    if (c->check_ops != c->inner) { /* a device group's child has no host group beside it */
+        ((fl_comm *)*out)->check_ops = NULL;
+        ((fl_comm *)*out)->check_self = NULL;
+    }
+    return LOOM_OK;
 }
 
 static const loom_comm_ops flight_ops = {
@@ -425,7 +439,18 @@ loom_status loom_flight_wrap(const loom_comm_ops *inner, void *comm, const char 
     }
     int *mem = n > 0 ? malloc((size_t)n * sizeof *mem) : NULL;
     pthread_mutex_lock(&lock);
-    int slot = n_groups < MAX_GROUPS ? n_groups++ : -1;
+    /* A closed group's slot first (the one of the same name, so a reopened group keeps its
+     * place in the dumps), else a new one. */
+    int slot = -1;
+    for (int i = 0; i < n_groups; i++)
+        if (groups[i].closed && (slot < 0 || strcmp(groups[i].name, name) == 0))
+            slot = i;
+    if (slot < 0 && n_groups < MAX_GROUPS)
+        slot = n_groups++;
+    if (slot >= 0 && groups[slot].closed) {
+        free(groups[slot].members);
+        memset(&groups[slot], 0, sizeof groups[slot]);
+    }
     pthread_mutex_unlock(&lock);
     if (!c || !c->send_seq || !c->recv_seq || (n > 0 && !mem) || slot < 0) {
         if (c) {
@@ -441,6 +466,8 @@ loom_status loom_flight_wrap(const loom_comm_ops *inner, void *comm, const char 
     }
     c->inner = inner;
     c->self = comm;
+    c->check_ops = inner;
+    c->check_self = comm;
     c->size = size;
     c->slot = slot;
     flight_group *g = &groups[slot];
@@ -452,5 +479,25 @@ loom_status loom_flight_wrap(const loom_comm_ops *inner, void *comm, const char 
     for (int i = 0; i < n; i++)
         mem[i] = members[i];
     *out = c;
+    return LOOM_OK;
+}
+
+loom_status loom_flight_wrap_device(const loom_comm_ops *inner, void *comm, const char *name,
+                                    const int *members, int n, void *host_group, void **out)
+{
+    fl_comm *h = host_group;
+    int rank = inner->rank(comm), size = inner->world(comm);
+    int hr = h ? h->inner->rank(h->self) : -1, hs = h ? h->size : 0;
+    if (hr != rank || hs != size) {
+        inner->destroy(comm);
+        *out = NULL;
+        return loom_fail(LOOM_ERR_INVALID, "flight recorder: device group %s (rank %d of %d) "
+                         "needs a host group of the same members beside it (got rank %d of %d)",
+                         name, rank, size, hr, hs);
+    }
+    LOOM_TRY(loom_flight_wrap(inner, comm, name, members, n, out));
+    fl_comm *c = *out;
+    c->check_ops = h->inner;
+    c->check_self = h->self;
     return LOOM_OK;
 }

@@ -44,6 +44,15 @@ const loom_comm_ops *loom_flight_ops(void);
 loom_status loom_flight_wrap(const loom_comm_ops *inner, void *comm, const char *name,
                              const int *members, int n, void **out);
 
+/* The same for a communicator that carries device memory only (nccl), beside host_group, a
+ * group loom_flight_wrap made with the same members in the same order: the device group's
+ * operations are recorded (and reported on a failed wait) like any other, and debug mode's
+ * descriptors, host memory, are all-gathered over host_group's plugin communicator. A split
+ * of the result is recorded but not desync-checked (no host group beside it). Refused (comm
+ * destroyed) when host_group's size or rank differs. */
+loom_status loom_flight_wrap_device(const loom_comm_ops *inner, void *comm, const char *name,
+                                    const int *members, int n, void *host_group, void **out);
+
 /* Settings from init_dist: the world rank and size, where dumps go (NULL: LOOM_FLIGHT_DIR,
  * else the current directory), debug mode (also on with LOOM_DEBUG_DESYNC=1), the comm
  * timeout (bounds how long a rank waits for the others' dumps). Parses LOOM_INJECT_DIE:
@@ -71,6 +80,7 @@ typedef struct flight_group {
     char name[16];
     int n, *members;  /* world ranks, n = 0 when unknown */
     int me;           /* this rank's index in the group */
+    int closed;       /* destroyed: left out of dumps, its slot reused */
     uint64_t coll_started, coll_completed;
 } flight_group;
 

@@ -92,6 +92,8 @@ static int write_dump(const flight_group *g, const flight_entry *stuck, const ch
     const flight_group *gs;
     int ng = loom_flight_groups(&gs, 0);
     for (int i = 0; i < ng; i++) {
+        if (gs[i].closed)
+            continue;
         fprintf(f, "group %s started=%llu completed=%llu members=", gs[i].name,
                 (unsigned long long)gs[i].coll_started, (unsigned long long)gs[i].coll_completed);
         for (int m = 0; m < gs[i].n; m++)

@@ -1,4 +1,5 @@
-/* lua_dist.c — core.init_dist{comm=, host_comm=, dp=, tp=, pp=, timeout_ms=, flight_dir=, debug_desync=}:
+/* lua_dist.c — core.init_dist{comm=, host_comm=, device_wait=, dp=, tp=, pp=, timeout_ms=,
+ *                             flight_dir=, debug_desync=}:
  * build the mesh and its communicators for this rank (see dist.h; the flight recorder's
  * settings, flight.h). A run of one rank needs none of it. */
 #include <lauxlib.h>
@@ -44,7 +45,9 @@ static int l_init_dist(lua_State *L)
         const char *flight_dir = luaL_optstring(L, -1, NULL);
         lua_getfield(L, 1, "debug_desync");
         int debug_desync = lua_toboolean(L, -1);
-        lua_pop(L, 1);
+        lua_getfield(L, 1, "device_wait"); /* beside a device comm (nccl): dist.h */
+        loom_dist_set_device_wait(lua_isnil(L, -1) ? -1 : lua_toboolean(L, -1));
+        lua_pop(L, 2);
         int timeout_ms = opt_int(L, "timeout_ms", 60000);
         lua_Integer p2p = opt_int(L, "p2p_bytes", 0); /* dist.h: sizes shm's mailbox */
         if (loom_flight_setup(rank, world, flight_dir, debug_desync, timeout_ms) != LOOM_OK ||

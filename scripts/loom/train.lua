@@ -32,6 +32,7 @@ local spec = {
   mesh = { type = "table", help = "{ dp = 1, tp = 1, pp = 1 }" },
   comm = { type = "string", help = "communicator plugin for multi-rank runs (default \"shm\")" },
   host_comm = { type = "string", help = "beside comm = \"nccl\" (device memory only): the communicator for host buffers, \"shm\" (default, one node) or \"mpi\"" },
+  device_wait = { type = "boolean", help = "beside comm = \"nccl\": a wait makes the backend's stream wait on the collective instead of blocking the host (compute and communication overlap on the device; a stuck peer then shows at the backend's next synchronize, with no timeout). Default false" },
   comm_timeout = { type = "positive", help = "seconds any communication may wait before the run fails (default 60)" },
   debug_desync = { type = "boolean", help = "check before every collective that all ranks of its group issue the same one (op, bytes, sequence number); stops at the first mismatch naming both ranks (slower: for debugging; also LOOM_DEBUG_DESYNC=1)" },
   strategy = { type = "table" },
@@ -427,6 +428,15 @@ return function(loom)
         if not okc then schema.fail(where, "%s=%s%s: %s", key, t[key], origin(key) or "", errc) end
       end
     end
+    if t.device_wait then -- only a comm with the key (nccl: device memory) can wait on the device
+      local comm = t.comm or "shm"
+      if not pcall(loom.core.check_plugin, "comm", { name = comm, device_wait = true }) then
+        schema.fail(where, "device_wait=true%s goes beside a communicator that takes device memory "
+          .. "(comm = \"nccl\": the backend's stream waits on each collective); comm = \"%s\" carries "
+          .. "host memory, whose waits always block the host, so leave device_wait out",
+          origin("device_wait") or "", comm)
+      end
+    end
     local base_lr = opt.lr
     local lr_of = lrmod.resolve(t.lr, base_lr)
     if t.data.kind == "random" and t.data.vocab ~= t.model.vocab then
@@ -451,7 +461,7 @@ return function(loom)
           .. "from rank 0's in: %s (rank 0's value -> this rank's)", rank, table.concat(changes, ", ")) or "")
       end
       local pp = (t.mesh or {}).pp or 1
-      ok, err = pcall(loom.core.init_dist, { comm = t.comm or "shm", host_comm = t.host_comm, dp = dp,
+      ok, err = pcall(loom.core.init_dist, { comm = t.comm or "shm", host_comm = t.host_comm, device_wait = t.device_wait, dp = dp,
         tp = (t.mesh or {}).tp, pp = pp,
         timeout_ms = math.floor((t.comm_timeout or 60) * 1000),
         -- a stage's activation (micro x seq x dim fp32), so that shm's mailbox holds two

@@ -9,7 +9,14 @@
  *    other as never having reached its matching send, and where the other is instead;
  *  - debug_desync: one rank issuing a broadcast where the others issue an allreduce stops
  *    every rank at that collective, naming both ranks and both operations;
- *  - a malformed LOOM_INJECT_DIE is refused by name.
+ *  - a malformed LOOM_INJECT_DIE is refused by name;
+ *  - a device group (loom_flight_wrap_device) beside the host one, over a stand-in for
+ *    NCCL that carries only its rank's "device" arena (any other pointer refused, as NCCL
+ *    refuses host memory) through the host group's shm communicator: debug_desync's
+ *    descriptors go over the host group and name a mismatched device collective; a rank
+ *    dying in a device collective is named, with the device group; 40 opens and closes of
+ *    the device group (more than the recorder's 32 slots) reuse its slot.
+ *    What that stand-in is not: NCCL (no device, no stream, no NCCL timeout and abort).
  * `test_flight` runs a fixed sample of the die matrix (each kind once, modes and victims
  * rotating: 8 of the 96 cases); `test_flight --full` runs all 8 kinds x 3 modes x 4 ranks
  * (scripts/fault-matrix). Prints the figure: cases tried / handled.
@@ -102,17 +109,25 @@ static int names_rank(const char *msg, int v)
     return 0;
 }
 
-static int rank_fn(th_rank *t)
+/* The plan's injection and debug mode, then the recorder's setup; 0 after th_fail. */
+static int arm(th_rank *t, const plan *pl)
 {
-    plan *pl = t->arg;
-    struct rlimit no_core = {0, 0};
-    setrlimit(RLIMIT_CORE, &no_core); /* a SIGSEGV case leaves no core file */
     if (pl->spec[0])
         setenv("LOOM_INJECT_DIE", pl->spec, 1);
     else
         unsetenv("LOOM_INJECT_DIE");
     if (loom_flight_setup(t->rank, WORLD, pl->dir, pl->desync_rank >= 0, TIMEOUT_MS) != LOOM_OK)
-        return th_fail(t, "setup: %s", loom_last_error());
+        return !th_fail(t, "setup: %s", loom_last_error());
+    return 1;
+}
+
+static int rank_fn(th_rank *t)
+{
+    plan *pl = t->arg;
+    struct rlimit no_core = {0, 0};
+    setrlimit(RLIMIT_CORE, &no_core); /* a SIGSEGV case leaves no core file */
+    if (!arm(t, pl))
+        return 1;
     int members[WORLD] = {0, 1, 2, 3};
     void *c = NULL;
     if (loom_flight_wrap(t->ops, t->comm, "world", members, WORLD, &c) != LOOM_OK)
@@ -235,6 +250,164 @@ static int run_recv_first(const th_env *env, char *why, size_t cap)
     return ok;
 }
 
+/* ---- a device group beside the host one ---------------------------------------------- */
+
+static float arena[2 * WORLD * N]; /* this rank's "device memory" */
+static const loom_comm_ops *sd_host_ops;
+static void *sd_host;              /* the host group's shm communicator, which carries it */
+
+static int on_device(const void *p)
+{
+    const char *c = p, *a = (const char *)arena;
+    return p == NULL || (c >= a && c < a + sizeof arena);
+}
+
+#define DEVICE_ONLY(p)                                                                       \
+    do {                                                                                     \
+        if (!on_device(p))                                                                   \
+            return loom_fail(LOOM_ERR_INVALID, "stand-in device comm: buffer %p is not "     \
+                             "device memory", (const void *)(p));                            \
+    } while (0)
+
+static loom_status sd_allreduce(void *self, const void *s, void *r, size_t n, loom_dtype dt,
+                                loom_reduce_op op, loom_comm_request **req)
+{
+    (void)self;
+    DEVICE_ONLY(s);
+    DEVICE_ONLY(r);
+    return sd_host_ops->allreduce_start(sd_host, s, r, n, dt, op, req);
+}
+
+static loom_status sd_allgather(void *self, const void *s, void *r, size_t n, loom_dtype dt,
+                                loom_comm_request **req)
+{
+    (void)self;
+    DEVICE_ONLY(s);
+    DEVICE_ONLY(r);
+    return sd_host_ops->allgather_start(sd_host, s, r, n, dt, req);
+}
+
+static loom_status sd_broadcast(void *self, void *buf, size_t n, loom_dtype dt, int root,
+                                loom_comm_request **req)
+{
+    (void)self;
+    DEVICE_ONLY(buf);
+    return sd_host_ops->broadcast_start(sd_host, buf, n, dt, root, req);
+}
+
+static loom_status sd_wait(void *self, loom_comm_request *r)
+{
+    (void)self;
+    return sd_host_ops->wait(sd_host, r);
+}
+
+static int sd_test(void *self, loom_comm_request *r)
+{
+    (void)self;
+    return sd_host_ops->test(sd_host, r);
+}
+
+static int sd_rank(void *self) { (void)self; return sd_host_ops->rank(sd_host); }
+static int sd_world(void *self) { (void)self; return sd_host_ops->world(sd_host); }
+static void sd_destroy(void *self) { (void)self; } /* the host group owns sd_host */
+
+static const loom_comm_ops standin_ops = {
+    .size = sizeof(loom_comm_ops),
+    .destroy = sd_destroy,
+    .rank = sd_rank,
+    .world = sd_world,
+    .allreduce_start = sd_allreduce,
+    .allgather_start = sd_allgather,
+    .broadcast_start = sd_broadcast,
+    .wait = sd_wait,
+    .test = sd_test,
+    .flags = LOOM_COMM_DEVICE_MEMORY,
+};
+
+/* Three rounds of (an allreduce on the device group, then one on the host group); rank
+ * desync_rank broadcasts on the device group in round 1 instead. */
+static int device_fn(th_rank *t)
+{
+    plan *pl = t->arg;
+    if (!arm(t, pl))
+        return 1;
+    int members[WORLD] = {0, 1, 2, 3};
+    void *host = NULL, *dev = NULL, *token = &sd_host;
+    sd_host_ops = t->ops;
+    sd_host = t->comm;
+    if (loom_flight_wrap(t->ops, t->comm, "world", members, WORLD, &host) != LOOM_OK)
+        return th_fail(t, "wrap: %s", loom_last_error());
+    t->comm = NULL;
+    const loom_comm_ops *o = loom_flight_ops();
+    for (int i = 0; i < 40; i++) { /* a device session opened and closed again and again */
+        if (loom_flight_wrap_device(&standin_ops, token, "nccl-world", members, WORLD, host,
+                                    &dev) != LOOM_OK)
+            return th_fail(t, "wrap_device #%d: %s", i + 1, loom_last_error());
+        if (i < 39)
+            o->destroy(dev);
+    }
+    static float hx[N], hy[N];
+    float *dx = arena, *dy = arena + WORLD * N;
+    loom_status st = LOOM_OK;
+    for (int round = 0; round < 3 && st == LOOM_OK; round++) {
+        loom_comm_request *r = NULL;
+        if (round == 1 && t->rank == pl->desync_rank)
+            st = o->broadcast_start(dev, dx, N, LOOM_DTYPE_F32, 0, &r);
+        else
+            st = o->allreduce_start(dev, dx, dy, N, LOOM_DTYPE_F32, LOOM_REDUCE_SUM, &r);
+        if (st == LOOM_OK)
+            st = o->wait(dev, r);
+        if (st == LOOM_OK)
+            st = o->allreduce_start(host, hx, hy, N, LOOM_DTYPE_F32, LOOM_REDUCE_SUM, &r);
+        if (st == LOOM_OK)
+            st = o->wait(host, r);
+    }
+    snprintf(t->err, t->cap, "%s", st == LOOM_OK ? "" : loom_last_error());
+    o->destroy(dev);
+    o->destroy(host);
+    return st == LOOM_OK ? th_fail(t, "every operation succeeded; nothing was injected") : 0;
+}
+
+/* victim >= 0: that rank dies at its 3rd allreduce (round 1's on the device group);
+ * else rank 2 desyncs there. */
+static int run_device_case(const th_env *env, int victim, char *why, size_t cap)
+{
+    plan pl = {.desync_rank = victim >= 0 ? -1 : 2};
+    if (victim >= 0)
+        snprintf(pl.spec, sizeof pl.spec, "%d:allreduce:3:exit", victim);
+    char tmpl[] = "/tmp/loom-flight-XXXXXX";
+    if (!mkdtemp(tmpl)) {
+        snprintf(why, cap, "mkdtemp failed");
+        return 0;
+    }
+    snprintf(pl.dir, sizeof pl.dir, "%s", tmpl);
+    th_opts o = {.world = WORLD, .timeout_ms = TIMEOUT_MS, .limit_s = 30};
+    th_result res;
+    th_run(env, &o, device_fn, &pl, &res);
+    int ok = 1;
+    why[0] = '\0';
+    for (int r = 0; r < WORLD && ok; r++) {
+        if (r == victim)
+            continue;
+        const char *want = victim >= 0 ? "never completed allreduce #2 on nccl-world"
+                                       : "desync on group nccl-world: rank 0 issued allreduce #2 "
+                                         "(256 bytes) but rank 2 issued broadcast #2 (256 bytes, "
+                                         "root 0)";
+        if (!res.exited[r] || res.code[r] != 0)
+            ok = 0, snprintf(why, cap, "%s", th_summary(&res));
+        else if (!strstr(res.msg[r], want) || (victim >= 0 && !names_rank(res.msg[r], victim)))
+            ok = 0, snprintf(why, cap, "rank %d's error lacks '%s' (or rank %d): %s", r, want,
+                             victim, res.msg[r]);
+    }
+    if (ok)
+        snprintf(why, cap, "%.1500s", res.msg[victim == 0 ? 1 : 0]);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", pl.dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", pl.dir);
+    return ok;
+}
+
 int main(int argc, char **argv)
 {
     int full = argc > 1 && strcmp(argv[1], "--full") == 0;
@@ -279,6 +452,16 @@ int main(int argc, char **argv)
     handled += ok;
     printf("%s debug_desync (rank 2 broadcasts where the others allreduce): %s\n",
            ok ? "ok" : "FAIL", why);
+    /* A device group beside the host one: desync over the host group, a dead rank named. */
+    tried++;
+    ok = run_device_case(&env, -1, why, sizeof why);
+    handled += ok;
+    printf("%s device group, debug_desync (rank 2 broadcasts where the others allreduce): %s\n",
+           ok ? "ok" : "FAIL", why);
+    tried++;
+    ok = run_device_case(&env, 1, why, sizeof why);
+    handled += ok;
+    printf("%s device group, rank 1 dying in its allreduce: %s\n", ok ? "ok" : "FAIL", why);
     /* A malformed injection is refused by name. */
     setenv("LOOM_INJECT_DIE", "1:allreduce:0:kill", 1);
     tried++;

@@ -13,6 +13,9 @@
  *    host function, a started all-reduce must not complete (test() = 0 after 100 ms) until
  *    it is released: the collective is ordered after the kernels that write its input.
  *    A comm given no stream (device = NULL) would have completed.
+ *  - nccl only: its device groups go through the flight recorder (the device world's ops
+ *    are the recorder's, its newest entry on group nccl-world);
+ *  - device_wait and host_comm beside a host COMM are refused by name.
  * No GPU (BACKEND cuda or COMM nccl not usable): "SKIP: ..." and exit 77. No fork (CUDA).
  */
 #include <stdatomic.h>
@@ -28,6 +31,7 @@
 #include "base/backend.h"
 #include "base/status.h"
 #include "dist/dist.h"
+#include "dist/flight.h"
 #include "mem_store.h"
 
 static int failures;
@@ -149,6 +153,12 @@ int main(int argc, char **argv)
     CHECK(loom_dist_init("shm", "mpi", &store, 0, 1, &mesh, 2000, 0) == LOOM_ERR_INVALID &&
               strstr(loom_last_error(), "leave host_comm out"),
           "host_comm beside shm: %s", loom_last_error());
+    /* nor device_wait: a host comm's waits always block the host */
+    loom_dist_set_device_wait(1);
+    CHECK(loom_dist_init("shm", NULL, &store, 0, 1, &mesh, 2000, 0) == LOOM_ERR_INVALID &&
+              strstr(loom_last_error(), "leave device_wait out"),
+          "device_wait beside shm: %s", loom_last_error());
+    loom_dist_set_device_wait(-1);
 
     /* the backend first: CUDA after the comm's probe is fine either way; a missing GPU skips */
     loom_backend be;
@@ -181,10 +191,18 @@ int main(int argc, char **argv)
                   "second open: %s", loom_last_error());
         }
         const loom_comm_ops *hops, *dops;
-        loom_dist_world(&hops);
-        loom_dist_device_world(&dops);
-        CHECK(hops && dops && hops != dops, "the host and device worlds share one ops table");
+        void *hw = loom_dist_world(&hops), *dw = loom_dist_device_world(&dops);
+        /* nccl's groups go through the flight recorder as the host ones do; staged: its own */
+        CHECK(hops && dops && hw != dw && (nccl ? dops == loom_flight_ops() : hops != dops),
+              "the device world's ops: not the flight recorder's (nccl) or the host's (staged)");
         identity_checks(&be);
+        if (nccl) { /* the device world's last operation is in the ring, on its own group */
+            static flight_entry ring[LOOM_FLIGHT_ENTRIES];
+            int n = loom_flight_snapshot(ring);
+            CHECK(n > 0 && strcmp(ring[n - 1].group, "nccl-world") == 0,
+                  "the newest flight entry is on group %s, want nccl-world",
+                  n > 0 ? ring[n - 1].group : "(none)");
+        }
 #ifdef LOOM_TEST_CUDART
         if (nccl && round == 0)
             ordering_check(&be);

@@ -106,6 +106,7 @@ t.pp_layers = { 1, 1 }|pp_layers={...} sets up the pipeline, and this run has no
 t.strategy = { zero = 5 }|strategy.zero=5 must be 0, 1, 2 or 3 (the ZeRO stage)
 t.strategy = { fsdp = true }|strategy.fsdp is not available in this build
 t.host_comm = "tcp"|host_comm=tcp: no comm plugin 'tcp'
+t.device_wait = true|device_wait=true goes beside a communicator that takes device memory (comm = "nccl": the backend's stream waits on each collective); comm = "shm" carries host memory
 t.comm = "tcp"|comm=tcp: no comm plugin 'tcp'
 t.comm_timeout = 0|comm_timeout must be positive, got number 0
 t.precision = "fp8"|no precision plugin 'fp8'

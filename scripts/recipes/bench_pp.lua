@@ -23,7 +23,10 @@ local cfg = {
   -- the head's F + B took 0.82-0.90 of a block's (its backward is cheaper than a block's
   -- relative to its forward), stage 0 cost 3-5% more than stage 1 and that alone put
   -- 1f1b m=16 1.4 pp over its formula (pp_replay's replay_stage, docs/BENCHMARKS.md); at
-  -- 4608 (0.97 by FLOPs) the stages' F + B are equal within the run-to-run spread. With
+  -- 4608 (0.97 by FLOPs) the stages' F + B are equal within the run-to-run spread (on the
+  -- Zen 5; on an AVX-512 Xeon stage 0 was 1.5-1.8% dearer at 4608 and equal at 4864, so
+  -- scripts/bench-pp calibrates the vocabulary on the machine it runs on and passes
+  -- model.vocab / data.vocab; 4608 is what a run without it gets). With
   -- 256 rows and 4 blocks (this recipe before) the head was 5% of a block and stage 1 ran
   -- ~6% longer than stage 0: no split of 4 whole blocks evens that. A micro-batch is 4 x 64 tokens: at 1 x 64 its
   -- GEMMs (64 rows) were bound by reading the weights, an F took 8-10 ms of CPU and a

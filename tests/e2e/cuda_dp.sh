@@ -9,7 +9,13 @@
 #  - the banner names what carries the device buffers (COMM=nccl: "nccl on the backend's
 #    stream"; a host COMM: "staged through host memory");
 #  - saved by both ranks at step STEPS-2 and resumed on two: the last two steps bitwise;
-#  - what does not train in device memory yet (mesh.pp = 2 here) is refused by name.
+#  - ZeRO (strategy.zero = 1, 2) at dp=2: the state partition (and stage 2's gradient
+#    partition) in the backend's memory, the buckets reduce-scattered and the parameters
+#    all-gathered over the device groups: canonical zero=2 bitwise one rank; fast zero=1
+#    bitwise fast plain dp (the same all-reduce, an element-wise update); fast zero=2
+#    (small buckets: several reduce-scatters in flight during backward) within TOL of one
+#    rank; zero=2 saved at step STEPS-2 and resumed: the last two steps bitwise;
+#  - what does not train in device memory yet (mesh.pp = 2, zero = 3) is refused by name.
 # BACKEND cudaemu (the CUDA kernels emulated on the CPU; meson runs it under
 # LOOM_CUDAEMU_GUARD=1, so a device buffer handed to the host communicator, or any host read
 # of one, is a segfault) runs everywhere with COMM=shm. BACKEND cuda needs a GPU, and
@@ -54,6 +60,45 @@ want_banner=$([[ $comm == nccl ]] && echo "device buffers over nccl on the backe
 grep -q "$want_banner" "$tmp/dp" || { echo "banner does not say: $want_banner"; head -1 "$tmp/dp"; exit 1; }
 echo "backend=$backend comm=$comm: loss $fell; banner: $want_banner"
 
+# ZeRO in device memory (core/train/zero_device.c). At dim 48 the parameter count is an odd
+# multiple of 16, so the buffer ends inside a tail bucket (zero.h), which goes through the
+# tail staging; dim 32's does not. Canonical mode: zero=2 runs stage 1's path there (zero.h:
+# the fixed tree sums whole gradients), so one run checks both, against one rank at dim 48.
+zargs=("${args[@]}" model.dim=48)
+"$loom" run "$recipe" "${zargs[@]}" deterministic=canonical > "$tmp/zone" 2> "$tmp/zone.err" ||
+  { cat "$tmp/zone.err"; exit 1; }
+"$loom" launch -n 2 "$recipe" "${zargs[@]}" comm="$comm" mesh.dp=2 strategy.zero=2 \
+  deterministic=canonical > "$tmp/z_c" 2> "$tmp/z_c.err" || { cat "$tmp/z_c.err"; exit 1; }
+grep '^LOSS\|^NORM' "$tmp/zone" > "$tmp/want"
+grep '^LOSS\|^NORM' "$tmp/z_c" > "$tmp/got" || true
+cmp -s "$tmp/want" "$tmp/got" ||
+  { echo "canonical zero=2 dp=2 on $backend over $comm is not bitwise one rank:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+echo "backend=$backend comm=$comm: canonical zero=2 (stage 1's path) dp=2 dim 48 bitwise one rank over $steps steps"
+# two steps: the second's loss reads the first update, which read the state partition
+"$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 strategy.zero=1 steps=2 > "$tmp/z1" \
+  2> "$tmp/z1.err" || { cat "$tmp/z1.err"; exit 1; }
+awk '/^LOSS|^NORM/ && $2 <= 2' "$tmp/dp" > "$tmp/want"
+grep '^LOSS\|^NORM' "$tmp/z1" > "$tmp/got" || true
+cmp -s "$tmp/want" "$tmp/got" ||
+  { echo "fast zero=1 dp=2 on $backend is not bitwise fast plain dp=2:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+echo "backend=$backend comm=$comm: fast zero=1 dp=2 bitwise fast plain dp=2 over 2 steps"
+# fast zero=2 at dim 48 against that one-rank run, saving at step k on the way (a
+# save changes nothing the run computes), then resumed from that save on two ranks
+k=$((steps - 2))
+z2=(model.dim=48 strategy.zero=2 strategy.dp.bucket_mb=0.01) # ~15 buckets on the 152 KB model
+"$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 "${z2[@]}" \
+  checkpoint.dir="$tmp/zk" checkpoint.every=$k > "$tmp/z2" 2> "$tmp/z2.err" || { cat "$tmp/z2.err"; exit 1; }
+runs_close "backend=$backend comm=$comm: fast zero=2 dp=2 dim 48 vs one rank" "$tmp/zone" "$tmp/z2" "$steps" "$tol" || exit 1
+"$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 "${z2[@]}" \
+  resume="$tmp/zk/step_$(printf %08d $k)" > "$tmp/zres" 2> "$tmp/zres.err" || { cat "$tmp/zres.err"; exit 1; }
+grep -q "resumed from .*step_0*$k at step $k" "$tmp/zres" ||
+  { echo "zero=2 dp=2 did not resume at step $k"; cat "$tmp/zres"; exit 1; }
+awk -v k=$k '/^LOSS|^NORM/ && $2 > k' "$tmp/z2" > "$tmp/want"
+grep '^LOSS\|^NORM' "$tmp/zres" > "$tmp/got" || true
+[[ -s "$tmp/want" ]] && cmp -s "$tmp/want" "$tmp/got" ||
+  { echo "zero=2 dp=2 resumed losses differ:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+echo "backend=$backend comm=$comm: zero=2 dp=2 saved at step $k (per-rank partitions) and resumed, steps $((k + 1))-$steps bitwise"
+
 # a checkpoint saved by both ranks at step k and resumed on two ranks: the two later steps
 # bitwise the straight run's (the second shows the optimizer state; save and load go through
 # the host mirrors and the host groups)
@@ -76,3 +121,9 @@ fi
 grep -q "training in device memory with mesh.pp > 1 .* is not built yet" <<< "$out" ||
   { echo "backend=$backend with mesh.pp=2: unexpected message: $out"; exit 1; }
 echo "backend=$backend: mesh.pp=2 refused with a message"
+if out=$("$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 strategy.zero=3 2>&1); then
+  echo "backend=$backend with zero=3: accepted"; exit 1
+fi
+grep -q "training in device memory with strategy.zero = 3 .* is not built yet" <<< "$out" ||
+  { echo "backend=$backend with zero=3: unexpected message: $out"; exit 1; }
+echo "backend=$backend: zero=3 refused with a message"

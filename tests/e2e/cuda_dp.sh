@@ -14,7 +14,8 @@
 #    all-gathered over the device groups: canonical zero=2 bitwise one rank; fast zero=1
 #    bitwise fast plain dp (the same all-reduce, an element-wise update); fast zero=2
 #    (small buckets: several reduce-scatters in flight during backward) within TOL of one
-#    rank; zero=2 saved at step STEPS-2 and resumed: the last two steps bitwise;
+#    rank; the bytes by category (state, gradient partition); zero=2 saved at step STEPS-2
+#    and resumed: the last two steps bitwise;
 #  - what does not train in device memory yet (mesh.pp = 2, zero = 3) is refused by name.
 # BACKEND cudaemu (the CUDA kernels emulated on the CPU; meson runs it under
 # LOOM_CUDAEMU_GUARD=1, so a device buffer handed to the host communicator, or any host read
@@ -82,6 +83,22 @@ grep '^LOSS\|^NORM' "$tmp/z1" > "$tmp/got" || true
 cmp -s "$tmp/want" "$tmp/got" ||
   { echo "fast zero=1 dp=2 on $backend is not bitwise fast plain dp=2:"; diff "$tmp/want" "$tmp/got"; exit 1; }
 echo "backend=$backend comm=$comm: fast zero=1 dp=2 bitwise fast plain dp=2 over 2 steps"
+# memory by category on rank 0 (the session's accounting; adamw: 2 state floats a parameter;
+# P: the parameter count padded to 16 x 2): plain dp's state 2 x 4 bytes a parameter,
+# zero=1's 2 x 4 x P/2; zero=2 also the gradient partition, 4 x P/2, beside the model's
+# whole gradient buffer, which stays allocated in device memory (grads_peak_resident)
+mem_ok() { # LABEL FILE ZERO
+  awk -v z="$3" '/^MEM / { p = $3; g = $4; o = $5; pk = $7; n++ }
+    END { if (!n) { print "no MEM line"; exit 1 }
+          t = p / 4; P = int((t + 31) / 32) * 32
+          wg = z == 2 ? 4 * P / 2 : p; wo = z ? 2 * 4 * P / 2 : 2 * p; wp = z == 2 ? p : 0
+          printf "params %d grads %d (want %d) optimizer %d (want %d) grads_peak_resident %d (want %d)\n", p, g, wg, o, wo, pk, wp
+          exit !(g == wg && o == wo && pk == wp) }' "$2" > "$tmp/mem" ||
+    { echo "$1 memory: $(cat "$tmp/mem")"; return 1; }
+  echo "$1 memory: $(cat "$tmp/mem")"
+}
+mem_ok "backend=$backend dp=2" "$tmp/dp" 0 && mem_ok "backend=$backend zero=1 dp=2" "$tmp/z1" 1 || exit 1
+
 # fast zero=2 at dim 48 against that one-rank run, saving at step k on the way (a
 # save changes nothing the run computes), then resumed from that save on two ranks
 k=$((steps - 2))
@@ -89,6 +106,7 @@ z2=(model.dim=48 strategy.zero=2 strategy.dp.bucket_mb=0.01) # ~15 buckets on th
 "$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 "${z2[@]}" \
   checkpoint.dir="$tmp/zk" checkpoint.every=$k > "$tmp/z2" 2> "$tmp/z2.err" || { cat "$tmp/z2.err"; exit 1; }
 runs_close "backend=$backend comm=$comm: fast zero=2 dp=2 dim 48 vs one rank" "$tmp/zone" "$tmp/z2" "$steps" "$tol" || exit 1
+mem_ok "backend=$backend zero=2 dp=2" "$tmp/z2" 2 || exit 1
 "$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 "${z2[@]}" \
   resume="$tmp/zk/step_$(printf %08d $k)" > "$tmp/zres" 2> "$tmp/zres.err" || { cat "$tmp/zres.err"; exit 1; }
 grep -q "resumed from .*step_0*$k at step $k" "$tmp/zres" ||

@@ -158,7 +158,8 @@ loom_status loom_zero_create(const loom_zero_config *c, loom_gpt *m, loom_backen
         z->state_floats = (size_t)c->state_slots * z->part;
         if (z->device)
             st = zero_device_state(z);
-        else if (z->state_floats && !c->offloaded && !(z->state = malloc(z->state_floats * sizeof(float))))
+        else if (z->state_floats && !c->offloaded &&
+                 !(z->state = malloc(z->state_floats * sizeof(float))))
             st = loom_fail(LOOM_ERR_NOMEM, "out of memory for the ZeRO optimizer state partition");
         else if (z->state) /* zeroed by touching every page now, not calloc's lazy zero pages
             * that step 1's optimizer would fault in (as session.c's whole state) */

@@ -30,6 +30,16 @@ recipe=$here/recipes/cuda_train.lua
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 args=(backend="$backend" steps="$steps" batch.micro=1 batch.global=2)
 
+# resumed_ok LABEL STRAIGHT RESUMED PATTERN: RESUMED says it resumed at step k, and its
+# lines matching PATTERN (an extended regex; steps after k) are bitwise STRAIGHT's
+resumed_ok() {
+  grep -q "resumed from .*step_0*$k at step $k" "$3" || { echo "$1 did not resume at step $k"; cat "$3"; return 1; }
+  awk -v k="$k" -v p="$4" '$0 ~ p && $2 > k' "$2" > "$tmp/want"
+  grep -E "$4" "$3" > "$tmp/got" || true
+  [[ -s "$tmp/want" ]] && cmp -s "$tmp/want" "$tmp/got" ||
+    { echo "$1 resumed losses differ:"; diff "$tmp/want" "$tmp/got"; return 1; }
+}
+
 gpus() { nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true; }
 if [[ $comm == nccl && $(gpus) -lt 2 ]]; then
   echo "SKIP: comm=nccl with 2 ranks needs 2 GPUs (NCCL takes one device per rank); $(gpus) visible"
@@ -109,12 +119,7 @@ runs_close "backend=$backend comm=$comm: fast zero=2 dp=2 dim 48 vs one rank" "$
 mem_ok "backend=$backend zero=2 dp=2" "$tmp/z2" 2 || exit 1
 "$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 "${z2[@]}" \
   resume="$tmp/zk/step_$(printf %08d $k)" > "$tmp/zres" 2> "$tmp/zres.err" || { cat "$tmp/zres.err"; exit 1; }
-grep -q "resumed from .*step_0*$k at step $k" "$tmp/zres" ||
-  { echo "zero=2 dp=2 did not resume at step $k"; cat "$tmp/zres"; exit 1; }
-awk -v k=$k '/^LOSS|^NORM/ && $2 > k' "$tmp/z2" > "$tmp/want"
-grep '^LOSS\|^NORM' "$tmp/zres" > "$tmp/got" || true
-[[ -s "$tmp/want" ]] && cmp -s "$tmp/want" "$tmp/got" ||
-  { echo "zero=2 dp=2 resumed losses differ:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+resumed_ok "zero=2 dp=2" "$tmp/z2" "$tmp/zres" '^(LOSS|NORM) ' || exit 1
 echo "backend=$backend comm=$comm: zero=2 dp=2 saved at step $k (per-rank partitions) and resumed, steps $((k + 1))-$steps bitwise"
 
 # a checkpoint saved by both ranks at step k and resumed on two ranks: the two later steps
@@ -125,12 +130,7 @@ k=$((steps - 2))
   checkpoint.dir="$tmp/ck" checkpoint.every=$k > /dev/null 2> "$tmp/save.err" || { cat "$tmp/save.err"; exit 1; }
 "$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 checkpoint.dir="$tmp/ck" \
   resume=auto > "$tmp/res" 2> "$tmp/res.err" || { cat "$tmp/res.err"; exit 1; }
-grep -q "resumed from .*step_0*$k at step $k" "$tmp/res" ||
-  { echo "dp=2 did not resume at step $k"; cat "$tmp/res"; exit 1; }
-awk -v k=$k '/^LOSS/ && $2 > k' "$tmp/dp" > "$tmp/want"
-grep '^LOSS' "$tmp/res" > "$tmp/got" || true
-[[ -s "$tmp/want" ]] && cmp -s "$tmp/want" "$tmp/got" ||
-  { echo "dp=2 resumed losses differ:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+resumed_ok "dp=2" "$tmp/dp" "$tmp/res" '^LOSS ' || exit 1
 echo "backend=$backend comm=$comm: dp=2 saved at step $k and resumed, steps $((k + 1))-$steps bitwise the straight run"
 
 if out=$("$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.pp=2 model.layers=2 2>&1); then

@@ -6,7 +6,7 @@
  * runs the update there, the norm and the finite check are backend ops, and what the host
  * must read or write (checkpoints, exports, hashes) goes through host mirrors filled and
  * written back by the backend's copies (loom_session_to_host / _from_host). More than one
- * rank there is data parallelism, with or without ZeRO 1 and 2 (zero_device.c): the
+ * rank there is data parallelism, with or without ZeRO (zero_device.c): the
  * gradient buckets go to the device groups
  * (loom_dist_device_open: nccl on the backend's stream, or the host communicator staged),
  * the losses and flags to the host groups; check_device refuses the rest with a message.
@@ -573,8 +573,6 @@ static loom_status check_device(loom_session *s, const loom_session_config *cfg,
                        : cfg->tensor ? "mesh.tp > 1 (tensor parallelism's region exchanges "
                                        "and the split gradient norm)"
                        : cfg->ep > 1 ? "mesh.ep > 1 (the expert exchange)"
-                       : size > 1 && cfg->zero_stage == 3 ? "strategy.zero = 3 (ZeRO-3's "
-                                                            "per-unit parameter gathers)"
                        : size > 1 && reduce && reduce->string && !strcmp(reduce->string, "bf16")
                            ? "reduce = \"bf16\" (the dp strategy rounds its buckets on the host)"
                        : cfg->offload_mode != LOOM_OFFLOAD_NONE ? "strategy offload"
@@ -582,7 +580,7 @@ static loom_status check_device(loom_session *s, const loom_session_config *cfg,
                        : cfg->teacher || cfg->kd_cache ? "a distillation teacher" : NULL;
     if (what)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "backend %s: training in device memory with %s is not "
-                  "built yet; it trains one rank or mesh.dp ranks (no tp, pp, ep, zero = 3, "
+                  "built yet; it trains one rank or mesh.dp ranks (no tp, pp, ep, "
                   "offload, compression or teacher), or use backend = \"cpu\"", be, what);
     if (size > 1 && !s->device_groups)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "backend %s with %d ranks has no device groups "
@@ -1498,11 +1496,19 @@ void loom_session_state_hash(loom_session *s, uint64_t *params, uint64_t *optim)
         const loom_optim_segment *seg = loom_zero_segments(s->zero, &n);
         loom_xxh64_state h;
         loom_xxh64_init(&h);
-        loom_session_to_host(s); /* device: the pieces read from the host mirrors */
-        const float *dev = loom_gpt_param_data(s->model);
+        loom_session_to_host(s); /* device: the state's mirror (below) */
         for (size_t i = 0; i < n; i++)
-            loom_xxh64_update(&h, s->device ? s->host_params + (seg[i].param - dev) : seg[i].param,
-                              seg[i].n * sizeof(float));
+            if (s->device) { /* each piece copied out of the backend's memory */
+                float *piece = malloc(seg[i].n * sizeof(float) + 1);
+                if (!piece)
+                    continue; /* a hash without the piece: it will not match */
+                s->backend.ops->copy_to_host(s->backend.self, piece, seg[i].param,
+                                             seg[i].n * sizeof(float));
+                loom_xxh64_update(&h, piece, seg[i].n * sizeof(float));
+                free(piece);
+            } else {
+                loom_xxh64_update(&h, seg[i].param, seg[i].n * sizeof(float));
+            }
         *params = loom_xxh64_digest(&h);
         float *state = loom_zero_state(s->zero, &floats);
         if (state)

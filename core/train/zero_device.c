@@ -5,8 +5,12 @@
  * and the tail bucket's staging. The bucket collectives go over dist's device groups
  * (loom_host.device_group: NCCL on the backend's stream, or dist_staged.c's copies through
  * host memory over shm or mpi); the norm's two doubles per rank stay on the host groups.
- * The host sees the state only through a mirror (checkpoints, the state hash), copied by
- * loom_zero_to_host / loom_zero_from_host as the session's own mirrors are.
+ * The host sees the state (and stage 3's parameter partition) only through mirrors
+ * (checkpoints, the state hash), copied by loom_zero_to_host / loom_zero_from_host as the
+ * session's own mirrors are. Stage 3 gathers each unit into the model's device buffer
+ * before use as on the host; its "release" clears the unit's own range instead of handing
+ * pages back (a device allocation stays resident), so a read of a released unit reads
+ * zeros, not last step's values.
  */
 #include "zero_internal.h"
 
@@ -64,17 +68,12 @@ loom_status zero_buf_copy(loom_zero *z, float *dst, const float *src, size_t flo
 loom_status zero_device_init(loom_zero *z, const loom_zero_config *c)
 {
     z->device = 1;
-    if (c->stage == 3)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy.zero = 3 in device memory is not built yet: "
-                  "its per-unit parameter gathers and releases (zero_params.c) hand the "
-                  "parameter buffer's pages back to the OS and stage through host memory; use "
-                  "zero = 1 or 2 on this backend, or backend = \"cpu\"");
     if (c->master16)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy.zero = %d with 16-bit weights in device memory "
                   "is not built yet: the fp32 master's partition and its rounding into the "
                   "compute copy (zero_master.c) are host code; use precision = \"fp32\", or "
                   "backend = \"cpu\"", c->stage);
-    if (c->offloaded || c->ep)
+    if (c->offloaded || c->ep || c->params_offloaded)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "ZeRO in device memory: offload and ep are refused before "
                   "(session.c check_device)");
     /* the buckets' collectives over the groups for the backend's memory; the norm's
@@ -99,18 +98,48 @@ loom_status zero_device_state(loom_zero *z)
     return LOOM_OK;
 }
 
+loom_status zero_device_params(loom_zero *z)
+{
+    const loom_backend_ops *k = z->be->ops;
+    z->part_params = zero_buf_alloc(z, z->part);
+    z->host_part = calloc(z->part + 1, sizeof(float));
+    float *whole = malloc(z->total * sizeof(float) + 1);
+    loom_status st = LOOM_OK;
+    if (!z->part_params || !z->host_part || !whole)
+        st = loom_fail(LOOM_ERR_NOMEM, "out of memory for the ZeRO-3 parameter partition and "
+                       "its host mirror (%zu MiB)", z->part * sizeof(float) >> 20);
+    if (st == LOOM_OK) { /* once, at start: the whole initial buffer through the host */
+        k->copy_to_host(z->be->self, whole, loom_gpt_param_data(z->model),
+                        z->total * sizeof(float));
+        zero_copy_partition(z, whole, z->host_part);
+        k->copy_to_device(z->be->self, z->part_params, z->host_part, z->part * sizeof(float));
+    }
+    free(whole);
+    return st;
+}
+
 void loom_zero_to_host(loom_zero *z)
 {
-    if (z && z->device && z->host_state)
+    if (!z || !z->device)
+        return;
+    if (z->host_state)
         z->be->ops->copy_to_host(z->be->self, z->host_state, z->state,
                                  z->state_floats * sizeof(float));
+    if (z->host_part)
+        z->be->ops->copy_to_host(z->be->self, z->host_part, z->part_params,
+                                 z->part * sizeof(float));
 }
 
 void loom_zero_from_host(loom_zero *z)
 {
-    if (z && z->device && z->host_state)
+    if (!z || !z->device)
+        return;
+    if (z->host_state)
         z->be->ops->copy_to_device(z->be->self, z->state, z->host_state,
                                    z->state_floats * sizeof(float));
+    if (z->host_part)
+        z->be->ops->copy_to_device(z->be->self, z->part_params, z->host_part,
+                                   z->part * sizeof(float));
 }
 
 int loom_zero_device(const loom_zero *z) { return z->device; }

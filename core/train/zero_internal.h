@@ -96,6 +96,7 @@ struct loom_zero {
     const struct loom_comm_ops *hcomm;
     void *hdp;
     float *host_state;
+    float *host_part;    /* stage 3: the parameter partition's host mirror */
 };
 
 loom_status zero_reduce_init(loom_zero *z);
@@ -109,6 +110,9 @@ void zero_buf_clear(loom_zero *z, float *p, size_t floats);
 loom_status zero_buf_copy(loom_zero *z, float *dst, const float *src, size_t floats);
 loom_status zero_device_init(loom_zero *z, const loom_zero_config *c);
 loom_status zero_device_state(loom_zero *z);
+/* zero_device.c, stage 3: part_params and its host mirror in the backend's memory, this
+ * rank's partition of the model's initial values copied in (through the host). */
+loom_status zero_device_params(loom_zero *z);
 void zero_reduce_free(loom_zero *z);
 loom_status zero_params_init(loom_zero *z);
 /* zero_master.c: this rank's partition of params (the model's flat buffer) into part: the

@@ -103,7 +103,7 @@ echo "backend=$backend comm=$comm: fast zero=1 dp=2 bitwise fast plain dp=2 over
 mem_ok() { # LABEL FILE ZERO
   awk -v z="$3" '/^MEM / { p = $3; g = $4; o = $5; pk = $7; pp = $8; n++ }
     END { if (!n) { print "no MEM line"; exit 1 }
-          t = z == 3 ? pk / 4 : p / 4 # parameters (zero=3: the whole gradient buffer's count)
+          t = z == 3 ? pk / 4 : p / 4 # parameters (zero=3: the size of the gradient buffer)
           P = int((t + 31) / 32) * 32
           wp = z == 3 ? 4 * P / 2 : 4 * t; wg = z >= 2 ? 4 * P / 2 : 4 * t
           wo = z ? 2 * 4 * P / 2 : 2 * 4 * t; wk = z >= 2 ? 4 * t : 0; wq = z == 3 ? 4 * t : 0

@@ -1,8 +1,8 @@
-/* zero_device.c — ZeRO stages 1 and 2 in a device backend's memory (see zero.h).
+/* zero_device.c — ZeRO stages 1, 2 and 3 in a device backend's memory (see zero.h).
  *
  * Where the backend's buffers are not host memory (CUDA), ZeRO's own buffers are the
  * backend's too: the optimizer state partition, stage 2's gradient partition and staging,
- * and the tail bucket's staging. The bucket collectives go over dist's device groups
+ * stage 3's parameter partition, and the tail buckets' staging. The bucket collectives go over dist's device groups
  * (loom_host.device_group: NCCL on the backend's stream, or dist_staged.c's copies through
  * host memory over shm or mpi); the norm's two doubles per rank stay on the host groups.
  * The host sees the state (and stage 3's parameter partition) only through mirrors
@@ -10,7 +10,7 @@
  * session's own mirrors are. Stage 3 gathers each unit into the model's device buffer
  * before use as on the host; its "release" clears the unit's own range instead of handing
  * pages back (a device allocation stays resident), so a read of a released unit reads
- * zeros, not last step's values.
+ * zeros, not last step's values. Nothing here saves the model's own buffers' memory.
  */
 #include "zero_internal.h"
 

@@ -102,8 +102,8 @@ struct loom_zero {
 loom_status zero_reduce_init(loom_zero *z);
 /* zero_device.c: ZeRO's buffers in the backend's memory where it is a device's (zeroed
  * allocations, cleared, freed; copy: buffer to buffer, bits unchanged), host memory
- * otherwise; init takes the device dp group and refuses what is not built there (stage 3,
- * 16-bit weights); state allocates the state partition and its host mirror. */
+ * otherwise; init takes the device dp group and refuses what is not built there (16-bit
+ * weights); state allocates the state partition and its host mirror. */
 float *zero_buf_alloc(loom_zero *z, size_t floats);
 void zero_buf_free(loom_zero *z, float *p);
 void zero_buf_clear(loom_zero *z, float *p, size_t floats);

@@ -16,7 +16,8 @@
 #    plain dp (the same all-reduce, an element-wise update); fast zero=2 and 3 within TOL
 #    of one rank; the bytes by category; zero=3 saved at step STEPS-2 and resumed: the last
 #    two steps bitwise;
-#  - what does not train in device memory yet (mesh.pp = 2) is refused by name.
+#  - what does not train in device memory yet (mesh.pp = 2, zero with bf16 weights) is
+#    refused by name.
 # BACKEND cudaemu (the CUDA kernels emulated on the CPU; meson runs it under
 # LOOM_CUDAEMU_GUARD=1, so a device buffer handed to the host communicator, or any host read
 # of one, is a segfault) runs everywhere with COMM=shm. BACKEND cuda needs a GPU, and
@@ -149,3 +150,9 @@ fi
 grep -q "training in device memory with mesh.pp > 1 .* is not built yet" <<< "$out" ||
   { echo "backend=$backend with mesh.pp=2: unexpected message: $out"; exit 1; }
 echo "backend=$backend: mesh.pp=2 refused with a message"
+if out=$("$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 strategy.zero=1 precision=bf16 2>&1); then
+  echo "backend=$backend with zero=1 and bf16 weights: accepted"; exit 1
+fi
+grep -q "strategy.zero = 1 with 16-bit weights in device memory is not built yet" <<< "$out" ||
+  { echo "backend=$backend with zero=1 and bf16: unexpected message: $out"; exit 1; }
+echo "backend=$backend: zero with 16-bit weights refused with a message"

@@ -160,7 +160,7 @@ void loom_nonfinite_inject(const loom_nonfinite *nf, int64_t step, const loom_pa
 
 loom_status loom_nonfinite_inject_segments(const loom_nonfinite *nf, int64_t step,
                                            const loom_optim_segment *seg, size_t n,
-                                           const int *entry)
+                                           const int *entry, const loom_backend *be)
 {
     for (int i = 0; i < nf->n_inject; i++) {
         if (step != nf->inject[i].step)
@@ -172,7 +172,9 @@ loom_status loom_nonfinite_inject_segments(const loom_nonfinite *nf, int64_t ste
             LOOM_FAIL(LOOM_ERR_INVALID, "%s: rank %d's ZeRO partition holds no piece of '%s''s "
                       "gradient; name a parameter this rank's partition holds", INJECT_ENV,
                       nf->rank, nf->inject[i].name);
-        ((float *)seg[j].grad)[0] = nf->inject[i].value; /* the partition's own buffer */
+        /* the partition's own buffer, by a copy: it may be in device memory */
+        be->ops->copy_to_device(be->self, (float *)seg[j].grad, &nf->inject[i].value,
+                                sizeof(float));
     }
     return LOOM_OK;
 }

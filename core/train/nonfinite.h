@@ -53,12 +53,12 @@ void loom_nonfinite_destroy(loom_nonfinite *nf);
 void loom_nonfinite_inject(const loom_nonfinite *nf, int64_t step, const loom_param_table *t,
                            float *grads, const loom_backend *be);
 
-/* The same where the gradient lives in ZeRO partitions: n segments (optim.h), entry[i]
- * segment i's table entry; fails when this rank holds no piece of a parameter it is to
- * inject into. */
+/* The same where the gradient lives in ZeRO partitions: n segments (optim.h, in be's
+ * memory), entry[i] segment i's table entry; fails when this rank holds no piece of a
+ * parameter it is to inject into. */
 loom_status loom_nonfinite_inject_segments(const loom_nonfinite *nf, int64_t step,
                                            const loom_optim_segment *seg, size_t n,
-                                           const int *entry);
+                                           const int *entry, const loom_backend *be);
 
 /* Every rank calls it once per step. first_bad: this rank's first table entry with a
  * non-finite gradient, or -1; loss_bad: one of this rank's own losses was non-finite;

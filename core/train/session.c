@@ -6,7 +6,8 @@
  * runs the update there, the norm and the finite check are backend ops, and what the host
  * must read or write (checkpoints, exports, hashes) goes through host mirrors filled and
  * written back by the backend's copies (loom_session_to_host / _from_host). More than one
- * rank there is data parallelism alone: the gradient buckets go to the device groups
+ * rank there is data parallelism, with or without ZeRO (zero_device.c): the
+ * gradient buckets go to the device groups
  * (loom_dist_device_open: nccl on the backend's stream, or the host communicator staged),
  * the losses and flags to the host groups; check_device refuses the rest with a message.
  */
@@ -583,7 +584,6 @@ static loom_status check_device(loom_session *s, const loom_session_config *cfg,
     const char *what = pp > 1 ? "mesh.pp > 1 (the pipeline engine's stage messages and "
                                 "slices)"
                        : cfg->ep > 1 ? "mesh.ep > 1 (the expert exchange)"
-                       : size > 1 && cfg->zero_stage > 0 ? "strategy.zero (ZeRO's partitions)"
                        : size > 1 && reduce && reduce->string && !strcmp(reduce->string, "bf16")
                            ? "reduce = \"bf16\" (the dp strategy rounds its buckets on the host)"
                        : cfg->offload_mode != LOOM_OFFLOAD_NONE ? "strategy offload"
@@ -591,7 +591,7 @@ static loom_status check_device(loom_session *s, const loom_session_config *cfg,
                        : cfg->teacher || cfg->kd_cache ? "a distillation teacher" : NULL;
     if (what)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "backend %s: training in device memory with %s is not "
-                  "built yet; it trains one rank, mesh.dp and mesh.tp ranks (no pp, ep, zero, "
+                  "built yet; it trains one rank, mesh.dp and mesh.tp ranks and ZeRO (no pp, ep, "
                   "offload, compression or teacher), or use backend = \"cpu\"", be, what);
     if (size > 1 && !s->device_groups)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "backend %s with %d ranks has no device groups "
@@ -736,7 +736,8 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
             memset(s->optim_state, 0, (size_t)s->state_slots * total * sizeof(float));
         if (st == LOOM_OK && s->device) { /* zeroed: a fresh state mirrors as zeros */
             s->host_params = malloc(total * sizeof(float));
-            s->host_state = calloc((size_t)s->state_slots * total + 1, sizeof(float));
+            s->host_state = calloc((s->zero ? 0 : (size_t)s->state_slots * total) + 1,
+                                   sizeof(float)); /* ZeRO mirrors its partition's itself */
             if (!s->host_params || !s->host_state)
                 st = loom_fail(LOOM_ERR_NOMEM, "out of memory for the host copy of the "
                                "parameters and optimizer state (%zu MiB)",
@@ -1091,7 +1092,7 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         size_t n_seg;
         const loom_optim_segment *seg = loom_zero_segments(s->zero, &n_seg);
         LOOM_TRY(loom_nonfinite_inject_segments(s->nonfinite, s->step_no, seg, n_seg,
-                                                loom_zero_segment_entries(s->zero)));
+                                                loom_zero_segment_entries(s->zero), &s->backend));
         LOOM_TRY(loom_zero_norm(s->zero, &norm_sq, &nonfinite, &comm_ms));
         first_bad = loom_zero_first_nonfinite(s->zero);
     } else {
@@ -1508,8 +1509,19 @@ void loom_session_state_hash(loom_session *s, uint64_t *params, uint64_t *optim)
         const loom_optim_segment *seg = loom_zero_segments(s->zero, &n);
         loom_xxh64_state h;
         loom_xxh64_init(&h);
+        loom_session_to_host(s); /* device: the state's mirror (below) */
         for (size_t i = 0; i < n; i++)
-            loom_xxh64_update(&h, seg[i].param, seg[i].n * sizeof(float));
+            if (s->device) { /* each piece copied out of the backend's memory */
+                float *piece = malloc(seg[i].n * sizeof(float) + 1);
+                if (!piece)
+                    continue; /* a hash without the piece: it will not match */
+                s->backend.ops->copy_to_host(s->backend.self, piece, seg[i].param,
+                                             seg[i].n * sizeof(float));
+                loom_xxh64_update(&h, piece, seg[i].n * sizeof(float));
+                free(piece);
+            } else {
+                loom_xxh64_update(&h, seg[i].param, seg[i].n * sizeof(float));
+            }
         *params = loom_xxh64_digest(&h);
         float *state = loom_zero_state(s->zero, &floats);
         if (state)
@@ -1543,6 +1555,7 @@ void loom_session_to_host(loom_session *s)
     size_t total = loom_gpt_params(s->model)->total;
     k->copy_to_host(s->backend.self, s->host_params, loom_gpt_param_data(s->model),
                     total * sizeof(float));
+    loom_zero_to_host(s->zero); /* its partition of the state (zero.h) */
     if (s->optim_state)
         k->copy_to_host(s->backend.self, s->host_state, s->optim_state,
                         (size_t)s->state_slots * total * sizeof(float));
@@ -1556,6 +1569,7 @@ void loom_session_from_host(loom_session *s)
     size_t total = loom_gpt_params(s->model)->total;
     k->copy_to_device(s->backend.self, loom_gpt_param_data(s->model), s->host_params,
                       total * sizeof(float));
+    loom_zero_from_host(s->zero);
     if (s->optim_state)
         k->copy_to_device(s->backend.self, s->optim_state, s->host_state,
                           (size_t)s->state_slots * total * sizeof(float));

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/backend.h"
 #include "base/plugin_loader.h"
 #include "base/status.h"
 #include "base/clock.h"
@@ -141,6 +142,10 @@ loom_status loom_zero_create(const loom_zero_config *c, loom_gpt *m, loom_backen
     loom_status st = host->group(LOOM_GROUP_DP, &z->comm, &z->dp, &z->n);
     if (st == LOOM_OK && (!z->comm || z->n < 2))
         st = loom_fail(LOOM_ERR_INTERNAL, "ZeRO needs a data-parallel group of 2 or more ranks");
+    z->hcomm = z->comm;
+    z->hdp = z->dp;
+    if (st == LOOM_OK && loom_backend_device_memory(be)) /* the buckets over the device group */
+        st = zero_device_init(z, c);
     if (st == LOOM_OK)
         st = host->group(LOOM_GROUP_TP, &z->tp_comm, &z->tp, &z->tp_size);
     if (st == LOOM_OK) {
@@ -151,14 +156,17 @@ loom_status loom_zero_create(const loom_zero_config *c, loom_gpt *m, loom_backen
     if (st == LOOM_OK) {
         z->part = z->padded / (size_t)z->n;
         z->state_floats = (size_t)c->state_slots * z->part;
-        if (z->state_floats && !c->offloaded && !(z->state = malloc(z->state_floats * sizeof(float))))
+        if (z->device)
+            st = zero_device_state(z);
+        else if (z->state_floats && !c->offloaded &&
+                 !(z->state = malloc(z->state_floats * sizeof(float))))
             st = loom_fail(LOOM_ERR_NOMEM, "out of memory for the ZeRO optimizer state partition");
         else if (z->state) /* zeroed by touching every page now, not calloc's lazy zero pages
             * that step 1's optimizer would fault in (as session.c's whole state) */
             memset(z->state, 0, z->state_floats * sizeof(float));
     }
     size_t unit = (size_t)ZERO_ALIGN * (size_t)z->n;
-    if (st == LOOM_OK && !(z->tail = calloc(unit, sizeof(float))))
+    if (st == LOOM_OK && !(z->tail = zero_buf_alloc(z, unit)))
         st = loom_fail(LOOM_ERR_NOMEM, "out of memory");
     if (st == LOOM_OK && z->reduces)
         st = zero_reduce_init(z);
@@ -183,8 +191,9 @@ void loom_zero_destroy(loom_zero *z)
     zero_reduce_free(z);
     zero_params_free(z);
     zero_ep_free(z);
-    free(z->tail);
-    free(z->state);
+    zero_buf_free(z, z->tail);
+    zero_buf_free(z, z->state);
+    free(z->host_state);
     free(z->buckets);
     free(z->segments);
     free(z->seg_entry);
@@ -202,7 +211,7 @@ const loom_optim_segment *loom_zero_segments(const loom_zero *z, size_t *n)
 float *loom_zero_state(loom_zero *z, size_t *floats)
 {
     *floats = z->state_floats;
-    return z->state;
+    return z->device ? z->host_state : z->state; /* the host's view: zero.h */
 }
 
 const size_t *loom_zero_state_offsets(const loom_zero *z) { return z->seg_state_off; }
@@ -230,9 +239,12 @@ static loom_status gather_buckets(loom_zero *z, char *buf, size_t es, loom_dtype
     for (int k = 0; k < z->n_buckets && st == LOOM_OK; k++) {
         const zero_bucket *b = &z->buckets[k];
         char *base = bucket_base(z, b, buf, es), *mine = base + (size_t)z->rank * b->sub * es;
-        if (base == (char *)z->tail && !narrow) {
-            memset(z->tail, 0, b->len * es);
-            memcpy(z->tail, buf + b->lo * es, (z->total - b->lo) * es);
+        if (base == (char *)z->tail && !narrow) { /* past total: zeros, as allocated */
+            if (!z->device)
+                memset(z->tail, 0, b->len * es);
+            st = zero_buf_copy(z, z->tail, (float *)(buf + b->lo * es), z->total - b->lo);
+            if (st != LOOM_OK)
+                break;
         }
         if (narrow)
             z->be->ops->convert_from_f32(mine, z->part_params + b->part_off, b->sub, dt);
@@ -255,8 +267,12 @@ static loom_status gather_buckets(loom_zero *z, char *buf, size_t es, loom_dtype
             st = w;
     }
     const zero_bucket *last = &z->buckets[z->n_buckets - 1];
-    if (st == LOOM_OK && bucket_base(z, last, buf, es) == (char *)z->tail)
-        memcpy(buf + last->lo * es, z->tail, (z->total - last->lo) * es);
+    if (st == LOOM_OK && bucket_base(z, last, buf, es) == (char *)z->tail) {
+        if (narrow) /* host memory only (zero_device.c refuses 16-bit weights) */
+            memcpy(buf + last->lo * es, z->tail, (z->total - last->lo) * es);
+        else
+            st = zero_buf_copy(z, (float *)(buf + last->lo * es), z->tail, z->total - last->lo);
+    }
     return st;
 }
 

@@ -91,6 +91,14 @@ void loom_zero_destroy(loom_zero *z);
 /* The optimizer's segments over this rank's partition, and the state behind them. */
 const loom_optim_segment *loom_zero_segments(const loom_zero *z, size_t *n);
 float *loom_zero_state(loom_zero *z, size_t *floats);
+/* On a device backend (zero_device.c) the segments point into the backend's memory and
+ * loom_zero_state gives the state's host mirror (stage 3: loom_zero_read_part_params and
+ * loom_zero_load_params_dst the parameter partition's): to_host copies the partition's
+ * state (and parameters) into them, from_host back (no-ops on host memory); device: 1
+ * there. */
+void loom_zero_to_host(loom_zero *z);
+void loom_zero_from_host(loom_zero *z);
+int loom_zero_device(const loom_zero *z);
 /* Each segment's state offset in the partition's state (floats), for the offload; the
  * state itself is NULL when the config said offloaded. */
 const size_t *loom_zero_state_offsets(const loom_zero *z);

@@ -36,7 +36,8 @@ loom_status loom_zero_pieces(const loom_zero *z, int r, loom_zero_piece **out, s
     return LOOM_OK;
 }
 
-float *loom_zero_load_params_dst(loom_zero *z) { return z->part_params; }
+/* device: the host mirror, which loom_zero_from_host copies in (zero_device.c) */
+float *loom_zero_load_params_dst(loom_zero *z) { return z->device ? z->host_part : z->part_params; }
 
 loom_status loom_zero_store_part(loom_zero *z, const float *part)
 {

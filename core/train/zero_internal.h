@@ -89,9 +89,30 @@ struct loom_zero {
     struct zero_ep *ep;  /* expert parallelism: stage 1's two packed partitions (zero_ep.c) */
     int master16;        /* stages 1, 2 with 16-bit weights: part_params is the fp32 master
                           * and the model's fp32 buffer is address space (zero_master.c) */
+    /* a device backend (zero_device.c): state, part_grads, staging and tail are its
+     * memory; comm/dp are the device dp group, hcomm/hdp the host one (the norm's
+     * exchange); host_state the state's host mirror. Host memory: hcomm = comm. */
+    int device;
+    const struct loom_comm_ops *hcomm;
+    void *hdp;
+    float *host_state;
+    float *host_part;    /* stage 3: the parameter partition's host mirror */
 };
 
 loom_status zero_reduce_init(loom_zero *z);
+/* zero_device.c: ZeRO's buffers in the backend's memory where it is a device's (zeroed
+ * allocations, cleared, freed; copy: buffer to buffer, bits unchanged), host memory
+ * otherwise; init takes the device dp group and refuses what is not built there (16-bit
+ * weights); state allocates the state partition and its host mirror. */
+float *zero_buf_alloc(loom_zero *z, size_t floats);
+void zero_buf_free(loom_zero *z, float *p);
+void zero_buf_clear(loom_zero *z, float *p, size_t floats);
+loom_status zero_buf_copy(loom_zero *z, float *dst, const float *src, size_t floats);
+loom_status zero_device_init(loom_zero *z, const loom_zero_config *c);
+loom_status zero_device_state(loom_zero *z);
+/* zero_device.c, stage 3: part_params and its host mirror in the backend's memory, this
+ * rank's partition of the model's initial values copied in (through the host). */
+loom_status zero_device_params(loom_zero *z);
 void zero_reduce_free(loom_zero *z);
 loom_status zero_params_init(loom_zero *z);
 /* zero_master.c: this rank's partition of params (the model's flat buffer) into part: the

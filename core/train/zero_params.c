@@ -39,6 +39,11 @@ static size_t page_size(void)
 /* Return the whole pages inside [lo, hi) of the parameter buffer to the OS. */
 void zero_drop_pages(loom_zero *z, size_t lo, size_t hi)
 {
+    if (z->device) { /* device memory stays allocated: cleared, so a stale read is loud */
+        if (hi > lo)
+            zero_buf_clear(z, loom_gpt_param_data(z->model) + lo, hi - lo);
+        return;
+    }
     size_t page = page_size();
     uintptr_t a = (uintptr_t)(loom_gpt_param_data(z->model) + lo);
     uintptr_t b = (uintptr_t)(loom_gpt_param_data(z->model) + hi);
@@ -50,6 +55,8 @@ void zero_drop_pages(loom_zero *z, size_t lo, size_t hi)
 /* Resident bytes of the parameter buffer now, kept as a peak. */
 void zero_measure_params(loom_zero *z)
 {
+    if (z->device) /* resident all along (zero_params_init) */
+        return;
     size_t page = page_size();
     uintptr_t a = (uintptr_t)loom_gpt_param_data(z->model);
     uintptr_t lo = a / page * page, hi = a + z->total * sizeof(float);
@@ -101,7 +108,7 @@ static loom_status finish_unit(loom_zero *z, int u)
     zero_release_bring(z, u);
     const zero_bucket *b = &z->buckets[un->last_bucket];
     if (st == LOOM_OK && b->lo + b->len > z->total) /* the tail: staged, copy what exists */
-        memcpy(loom_gpt_param_data(z->model) + b->lo, z->tail3, (z->total - b->lo) * sizeof(float));
+        st = zero_buf_copy(z, loom_gpt_param_data(z->model) + b->lo, z->tail3, z->total - b->lo);
     un->state = RESIDENT;
     return st;
 }
@@ -197,15 +204,19 @@ loom_status zero_params_init(loom_zero *z)
     z->n_units = loom_gpt_get_config(z->model)->layers + 2;
     z->units = calloc((size_t)z->n_units, sizeof *z->units);
     /* params offloaded: the offload holds the partition (loom_zero_attach_params) */
-    z->part_params = z->params_offloaded ? NULL : calloc(z->part, sizeof(float));
-    z->tail3 = calloc((size_t)ZERO_ALIGN * (size_t)z->n, sizeof(float));
+    z->part_params = z->params_offloaded || z->device ? NULL : calloc(z->part, sizeof(float));
+    z->tail3 = zero_buf_alloc(z, (size_t)ZERO_ALIGN * (size_t)z->n);
+    if (z->device && z->tail3) { /* the partition and its mirror (zero_device.c) */
+        LOOM_TRY(zero_device_params(z));
+        z->params_peak = z->total * sizeof(float); /* the whole buffer stays allocated */
+    }
     z->n_param_pages = (z->total * sizeof(float) + 2 * page_size()) / page_size();
     z->param_pages = malloc(z->n_param_pages);
     if (!z->units || (!z->part_params && !z->params_offloaded) || !z->tail3 || !z->param_pages)
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the ZeRO-3 parameter partition");
     float *params = loom_gpt_param_data(z->model);
     /* this rank's partition from the initial values every rank drew alike */
-    if (z->part_params)
+    if (z->part_params && !z->device) /* device: zero_device_params did */
         zero_copy_partition(z, params, z->part_params);
     for (int u = 0; u < z->n_units; u++) {
         int first, last;
@@ -247,8 +258,9 @@ void zero_params_free(loom_zero *z)
     for (int u = 0; z->units && u < z->n_units; u++)
         zero_release_bring(z, u); /* a gather left in flight by a failure */
     free(z->units);
-    free(z->part_params);
-    free(z->tail3);
+    zero_buf_free(z, z->part_params);
+    free(z->host_part);
+    zero_buf_free(z, z->tail3);
     free(z->param_pages);
 }
 

@@ -120,7 +120,7 @@ void zero_release_bring(loom_zero *z, int u)
 loom_status loom_zero_read_part_params(loom_zero *z, const float **out, float **owned)
 {
     *owned = NULL;
-    *out = z->part_params;
+    *out = z->device ? z->host_part : z->part_params; /* device: the mirror (to_host) */
     if (!z->store)
         return LOOM_OK;
     if (!(*owned = malloc(z->part * sizeof(float) + 1)))

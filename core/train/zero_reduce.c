@@ -29,6 +29,8 @@
 /* Resident bytes of the model's gradient buffer now (mincore), kept as a peak. */
 void zero_measure_grads(loom_zero *z)
 {
+    if (z->device) /* nothing to measure: device memory stays allocated (zero_reduce_init) */
+        return;
     uintptr_t a = (uintptr_t)loom_gpt_grad_data(z->model);
     uintptr_t lo = a / z->page * z->page, hi = a + z->total * sizeof(float);
     size_t n = (hi - lo + z->page - 1) / z->page;
@@ -50,6 +52,10 @@ void zero_measure_grads(loom_zero *z)
 static void release(loom_zero *z, size_t lo, size_t hi)
 {
     float *g = loom_gpt_grad_data(z->model);
+    if (z->device) { /* no pages to hand back: zeroed for the next backward */
+        zero_buf_clear(z, g + lo, hi - lo);
+        return;
+    }
     uintptr_t a = (uintptr_t)(g + lo), b = (uintptr_t)(g + hi);
     uintptr_t pa = (a + z->page - 1) / z->page * z->page, pb = b / z->page * z->page;
     if (hi < z->total && b != pb) {
@@ -87,8 +93,12 @@ loom_status zero_reduce_init(loom_zero *z)
     size_t max_sub = z->max_len / (size_t)z->n;
     z->slots = z->n_buckets < ZERO_SLOTS ? z->n_buckets : ZERO_SLOTS;
     z->staging_floats = z->accum > 1 ? (size_t)z->slots * max_sub : 0;
-    z->part_grads = calloc(z->part, sizeof(float));
-    z->staging = z->staging_floats ? calloc(z->staging_floats, sizeof(float)) : NULL;
+    z->part_grads = zero_buf_alloc(z, z->part);
+    z->staging = z->staging_floats ? zero_buf_alloc(z, z->staging_floats) : NULL;
+    /* a device's gradient buffer is the backend's allocation, resident all along: stage 2
+     * saves none of it there (the partition is beside it, not instead of it) */
+    if (z->device)
+        z->resident_peak = z->total * sizeof(float);
     long pg = sysconf(_SC_PAGESIZE);
     z->page = pg > 0 ? (size_t)pg : 4096;
     z->n_pages = (z->total * sizeof(float) + 2 * z->page) / z->page;
@@ -101,8 +111,8 @@ loom_status zero_reduce_init(loom_zero *z)
 
 void zero_reduce_free(loom_zero *z)
 {
-    free(z->part_grads);
-    free(z->staging);
+    zero_buf_free(z, z->part_grads);
+    zero_buf_free(z, z->staging);
     free(z->pages);
 }
 
@@ -128,8 +138,9 @@ static loom_status start_bucket(loom_zero *z, int k)
     const zero_bucket *b = &z->buckets[k];
     float *g = loom_gpt_grad_data(z->model), *send = g + b->lo;
     if (b->lo + b->len > z->total) { /* the tail bucket: the buffer ends inside it */
-        memset(z->tail, 0, b->len * sizeof(float));
-        memcpy(z->tail, g + b->lo, (z->total - b->lo) * sizeof(float));
+        if (!z->device) /* a device's tail holds zeros past total from its allocation on */
+            memset(z->tail, 0, b->len * sizeof(float));
+        LOOM_TRY(zero_buf_copy(z, z->tail, g + b->lo, z->total - b->lo));
         send = z->tail;
     }
     float *slot = NULL, *recv = z->part_grads + b->part_off;
@@ -165,7 +176,7 @@ loom_status loom_zero_begin_micro(void *self, int a)
     z->next_bucket = z->n_buckets - 1;
     z->watermark = z->padded; /* nothing final yet */
     if (a == 0)
-        memset(z->part_grads, 0, z->part * sizeof(float));
+        zero_buf_clear(z, z->part_grads, z->part);
     return LOOM_OK;
 }
 
@@ -271,8 +282,8 @@ loom_status loom_zero_norm(loom_zero *z, double *norm_sq, int *nonfinite, double
     }
     double t0 = loom_now_ms();
     double gathered[2 * 64];
-    const struct loom_comm_ops *ops[2] = {z->comm, z->tp_comm};
-    void *groups[2] = {z->dp, z->tp};
+    const struct loom_comm_ops *ops[2] = {z->hcomm, z->tp_comm}; /* host doubles: host groups */
+    void *groups[2] = {z->hdp, z->tp};
     int sizes[2] = {z->n, z->tp_size};
     for (int g = 0; g < 2; g++) {
         if (!ops[g] || sizes[g] < 2)

@@ -14,7 +14,15 @@
 #    parallelism and canonical tp=2 x dp=2 (four ranks) bitwise one rank; fast tp=2, with
 #    and without sequence parallelism, within TOL;
 #  - saved by both ranks at step STEPS-2 and resumed on two: the last two steps bitwise;
-#  - what does not train in device memory yet (mesh.pp = 2 here) is refused by name.
+#  - ZeRO (strategy.zero = 1, 2, 3) at dp=2: the state partition (stage 2: the gradient
+#    partition, stage 3: the parameter partition too) in the backend's memory, the buckets
+#    reduce-scattered and the parameters all-gathered (stage 3: unit by unit, before use)
+#    over the device groups: canonical zero=3 bitwise one rank; fast zero=1 bitwise fast
+#    plain dp (the same all-reduce, an element-wise update); fast zero=2 and 3 within TOL
+#    of one rank; the bytes by category; zero=3 saved at step STEPS-2 and resumed: the last
+#    two steps bitwise;
+#  - what does not train in device memory yet (mesh.pp = 2, zero with bf16 weights) is
+#    refused by name.
 # BACKEND cudaemu (the CUDA kernels emulated on the CPU; meson runs it under
 # LOOM_CUDAEMU_GUARD=1, so a device buffer handed to the host communicator, or any host read
 # of one, is a segfault) runs everywhere with COMM=shm. BACKEND cuda needs a GPU, and
@@ -27,6 +35,16 @@ source "$here/lib.sh"
 recipe=$here/recipes/cuda_train.lua
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 args=(backend="$backend" steps="$steps" batch.micro=1 batch.global=2)
+
+# resumed_ok LABEL STRAIGHT RESUMED PATTERN: RESUMED says it resumed at step k, and its
+# lines matching PATTERN (an extended regex; steps after k) are bitwise STRAIGHT's
+resumed_ok() {
+  grep -q "resumed from .*step_0*$k at step $k" "$3" || { echo "$1 did not resume at step $k"; cat "$3"; return 1; }
+  awk -v k="$k" -v p="$4" '$0 ~ p && $2 > k' "$2" > "$tmp/want"
+  grep -E "$4" "$3" > "$tmp/got" || true
+  [[ -s "$tmp/want" ]] && cmp -s "$tmp/want" "$tmp/got" ||
+    { echo "$1 resumed losses differ:"; diff "$tmp/want" "$tmp/got"; return 1; }
+}
 
 gpus() { nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true; }
 if [[ $comm == nccl && $(gpus) -lt 2 ]]; then
@@ -89,6 +107,66 @@ runs_close "backend=$backend comm=$comm: tp=2 with sequence parallelism vs one r
   "$tmp/tp_sp" "$steps" "$tol" || exit 1
 grep -q "x2 tp+sp | .*$want_banner" "$tmp/tp_sp" ||
   { echo "tp=2 banner does not say x2 tp+sp and: $want_banner"; head -1 "$tmp/tp_sp"; exit 1; }
+# ZeRO in device memory (core/train/zero_device.c). At dim 48 the parameter count is an odd
+# multiple of 16, so the buffer ends inside a tail bucket (zero.h), which goes through the
+# tail staging; dim 32's does not. Canonical mode: zero=3, whose reduction is stage 1's
+# there (zero.h: the fixed tree sums whole gradients), with the per-unit gathers.
+zargs=("${args[@]}" model.dim=48)
+"$loom" run "$recipe" "${zargs[@]}" deterministic=canonical > "$tmp/zone" 2> "$tmp/zone.err" ||
+  { cat "$tmp/zone.err"; exit 1; }
+"$loom" launch -n 2 "$recipe" "${zargs[@]}" comm="$comm" mesh.dp=2 strategy.zero=3 \
+  deterministic=canonical > "$tmp/z_c" 2> "$tmp/z_c.err" || { cat "$tmp/z_c.err"; exit 1; }
+grep '^LOSS\|^NORM' "$tmp/zone" > "$tmp/want"
+grep '^LOSS\|^NORM' "$tmp/z_c" > "$tmp/got" || true
+cmp -s "$tmp/want" "$tmp/got" ||
+  { echo "canonical zero=3 dp=2 on $backend over $comm is not bitwise one rank:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+echo "backend=$backend comm=$comm: canonical zero=3 dp=2 dim 48 bitwise one rank over $steps steps"
+# two steps: the second's loss reads the first update, which read the state partition
+"$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 strategy.zero=1 steps=2 > "$tmp/z1" \
+  2> "$tmp/z1.err" || { cat "$tmp/z1.err"; exit 1; }
+awk '/^LOSS|^NORM/ && $2 <= 2' "$tmp/dp" > "$tmp/want"
+grep '^LOSS\|^NORM' "$tmp/z1" > "$tmp/got" || true
+cmp -s "$tmp/want" "$tmp/got" ||
+  { echo "fast zero=1 dp=2 on $backend is not bitwise fast plain dp=2:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+echo "backend=$backend comm=$comm: fast zero=1 dp=2 bitwise fast plain dp=2 over 2 steps"
+
+# memory by category on rank 0 (the session's accounting; adamw: 2 state floats a parameter;
+# P: the parameter count padded to 16 x 2): plain dp's state 2 x 4 bytes a parameter,
+# zero=1's 2 x 4 x P/2; zero=2 also the gradient partition, 4 x P/2, beside the model's
+# whole gradient buffer, which stays allocated in device memory (grads_peak_resident);
+# zero=3 also the parameter partition, 4 x P/2, beside the whole parameter buffer, which
+# stays allocated too (params_peak_resident)
+mem_ok() { # LABEL FILE ZERO
+  awk -v z="$3" '/^MEM / { p = $3; g = $4; o = $5; pk = $7; pp = $8; n++ }
+    END { if (!n) { print "no MEM line"; exit 1 }
+          t = z == 3 ? pk / 4 : p / 4 # parameters (zero=3: the size of the gradient buffer)
+          P = int((t + 31) / 32) * 32
+          wp = z == 3 ? 4 * P / 2 : 4 * t; wg = z >= 2 ? 4 * P / 2 : 4 * t
+          wo = z ? 2 * 4 * P / 2 : 2 * 4 * t; wk = z >= 2 ? 4 * t : 0; wq = z == 3 ? 4 * t : 0
+          printf "params %d (want %d) grads %d (want %d) optimizer %d (want %d) peaks %d %d (want %d %d)\n", p, wp, g, wg, o, wo, pk, pp, wk, wq
+          exit !(p == wp && g == wg && o == wo && pk == wk && pp == wq) }' "$2" > "$tmp/mem" ||
+    { echo "$1 memory: $(cat "$tmp/mem")"; return 1; }
+  echo "$1 memory: $(cat "$tmp/mem")"
+}
+mem_ok "backend=$backend dp=2" "$tmp/dp" 0 && mem_ok "backend=$backend zero=1 dp=2" "$tmp/z1" 1 || exit 1
+
+# fast zero=2 and zero=3 at dim 48 against that one-rank run (small buckets: several
+# reduce-scatters in flight during backward); zero=3 saves at step k on the way (a save
+# changes nothing the run computes), then resumes from that save on two ranks
+k=$((steps - 2))
+for z in 2 3; do # zero=2: two steps, as zero=1 above
+  more=(steps=2); n=2; [[ $z == 3 ]] && more=(checkpoint.dir="$tmp/zk" checkpoint.every=$k) n=$steps
+  "$loom" launch -n 2 "$recipe" "${zargs[@]}" comm="$comm" mesh.dp=2 strategy.zero=$z \
+    strategy.dp.bucket_mb=0.01 "${more[@]}" > "$tmp/z$z" 2> "$tmp/z$z.err" || { cat "$tmp/z$z.err"; exit 1; }
+  awk -v n=$n '/^LOSS|^NORM/ && $2 <= n' "$tmp/zone" > "$tmp/zone_n"
+  runs_close "backend=$backend comm=$comm: fast zero=$z dp=2 dim 48 vs one rank" "$tmp/zone_n" "$tmp/z$z" \
+    "$n" "$tol" || exit 1
+  mem_ok "backend=$backend zero=$z dp=2" "$tmp/z$z" $z || exit 1
+done
+"$loom" launch -n 2 "$recipe" "${zargs[@]}" comm="$comm" mesh.dp=2 strategy.zero=3 strategy.dp.bucket_mb=0.01 \
+  resume="$tmp/zk/step_$(printf %08d $k)" > "$tmp/zres" 2> "$tmp/zres.err" || { cat "$tmp/zres.err"; exit 1; }
+resumed_ok "zero=3 dp=2" "$tmp/z3" "$tmp/zres" '^(LOSS|NORM) ' || exit 1
+echo "backend=$backend comm=$comm: zero=3 dp=2 saved at step $k (per-rank partitions) and resumed, steps $((k + 1))-$steps bitwise"
 
 # a checkpoint saved by both ranks at step k and resumed on two ranks: the two later steps
 # bitwise the straight run's (the second shows the optimizer state; save and load go through
@@ -98,12 +176,7 @@ k=$((steps - 2))
   checkpoint.dir="$tmp/ck" checkpoint.every=$k > /dev/null 2> "$tmp/save.err" || { cat "$tmp/save.err"; exit 1; }
 "$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 checkpoint.dir="$tmp/ck" \
   resume=auto > "$tmp/res" 2> "$tmp/res.err" || { cat "$tmp/res.err"; exit 1; }
-grep -q "resumed from .*step_0*$k at step $k" "$tmp/res" ||
-  { echo "dp=2 did not resume at step $k"; cat "$tmp/res"; exit 1; }
-awk -v k=$k '/^LOSS/ && $2 > k' "$tmp/dp" > "$tmp/want"
-grep '^LOSS' "$tmp/res" > "$tmp/got" || true
-[[ -s "$tmp/want" ]] && cmp -s "$tmp/want" "$tmp/got" ||
-  { echo "dp=2 resumed losses differ:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+resumed_ok "dp=2" "$tmp/dp" "$tmp/res" '^LOSS ' || exit 1
 echo "backend=$backend comm=$comm: dp=2 saved at step $k and resumed, steps $((k + 1))-$steps bitwise the straight run"
 
 if out=$("$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.pp=2 model.layers=2 2>&1); then
@@ -112,3 +185,9 @@ fi
 grep -q "training in device memory with mesh.pp > 1 .* is not built yet" <<< "$out" ||
   { echo "backend=$backend with mesh.pp=2: unexpected message: $out"; exit 1; }
 echo "backend=$backend: mesh.pp=2 refused with a message"
+if out=$("$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 strategy.zero=1 precision=bf16 2>&1); then
+  echo "backend=$backend with zero=1 and bf16 weights: accepted"; exit 1
+fi
+grep -q "strategy.zero = 1 with 16-bit weights in device memory is not built yet" <<< "$out" ||
+  { echo "backend=$backend with zero=1 and bf16: unexpected message: $out"; exit 1; }
+echo "backend=$backend: zero with 16-bit weights refused with a message"

@@ -93,7 +93,15 @@ local function att_flops(r, bwd) return 4 * r[1] * r[2] * r[2] * (r[3]) * (bwd a
 -- Device rates for `threads` compute threads (the backend's own kernels).
 function machine.bench_device(threads, min_s, cpu_clock)
   local b = core.bench_device { backend = "cpu", threads = threads, min_s = min_s or 0.03, cpu_clock = cpu_clock,
-    gemm = gemm_shapes, attention = attention_shapes, bandwidth_floats = 8 << 20, elementwise = 1 << 18,
+    gemm = gemm_shapes, attention = attention_shapes, bandwidth_floats = 8 << 20,
+    -- the element-wise kernels, AdamW and the gradient passes over 8 MiB arrays: in a step
+    -- they stream arrays that the rest of the step has pushed out of the caches (the
+    -- model's gradients and optimizer state, the activations forward saved). Timed at
+    -- 1 MiB (cache-resident) they ran at half the cost they have in a step: perf on the
+    -- one-rank probe (Xeon, load 6) put AdamW at 1.43 ns an element (1 MiB bench 0.72, 8
+    -- MiB 1.35), the norm and non-finite passes at 1.35 (0.48, 1.35-1.5), GELU backward
+    -- at 1.7 (0.75, 1.3): the plan's 10-12% under on one-rank rows
+    elementwise = 2 << 20, elementwise16 = 1 << 18, -- (bf16's round_to follows its writer: hot)
     evict_floats = 4 << 20, bf16 = true } -- (16 MiB written between GEMM repeats: cold operands, as in a step)
   -- bf16's compute path (plan.lua's bf16 terms): its forward products (matmul_forward_dt)
   -- and the conversions per element; absent where the backend has none

@@ -151,6 +151,7 @@ example:
 usage: loom plan RECIPE [key=value ...] [--machine NAME|FILE] [--devices-per-node G] [--json]
        loom plan RECIPE --world N --devices-per-node G --mem 80GiB [--any-tp] [--any-pp] [--top K]
        loom plan --calibrate [--cpu-clock] [--out FILE] [-n RANKS] [--comm NAME] [--disk-dir DIR]
+                         [--repeats N]
 
 Before a run, without allocating the model: each rank's bytes by category (parameters,
 gradients, optimizer state, master weights, activations under the recipe's recompute and
@@ -178,6 +179,7 @@ options:
                        writes; ZeRO-3's parameter reads; with --cpu-clock the device rates
                        again with every core running them at once)
   --disk-dir DIR       where --calibrate times the offload file (default $TMPDIR, else /tmp)
+  --repeats N          calibrate N times and keep each figure's median (default 1)
   --cpu-clock          calibrate with CPU time (a loaded machine: its waits left out)
   --out FILE           where --calibrate saves (default: the calibrated profile's path)
   -h, --help           this text

@@ -2,7 +2,7 @@
 -- plan (docs/PLAN.md):
 --   loom plan RECIPE [key=value ...] [--machine NAME|FILE] [--devices-per-node G]
 --   loom plan RECIPE --world N --devices-per-node G --mem 80GiB [--any-tp] [--any-pp] [--top K]
---   loom plan --calibrate [--out FILE] [-n RANKS] [--comm shm|mpi] [--cpu-clock] [--disk-dir DIR]
+--   loom plan --calibrate [--out FILE] [-n RANKS] [--comm shm|mpi] [--cpu-clock] [--disk-dir DIR] [--repeats N]
 -- A recipe is read by running it with loom.train capturing its checked table (nothing is
 -- allocated, no rank starts). With no --machine the calibrated profile is used
 -- (plan_machine.default_path()), else the bundled "cpu-2core".
@@ -127,7 +127,7 @@ local function parse(args)
   local o = { overrides = {} }
   local flags = { ["--machine"] = "machine", ["--world"] = "world", ["--devices-per-node"] = "per_node",
     ["--mem"] = "mem", ["--out"] = "out", ["-n"] = "ranks", ["--top"] = "top",
-    ["--disk-dir"] = "disk_dir", ["--comm"] = "comm" }
+    ["--disk-dir"] = "disk_dir", ["--comm"] = "comm", ["--repeats"] = "repeats" }
   local i = 1
   while i <= #args do
     local a = args[i]
@@ -148,7 +148,7 @@ local function parse(args)
     else fail("'%s' is not a key=value override", a) end
     i = i + 1
   end
-  for _, k in ipairs { "world", "per_node", "ranks", "top" } do
+  for _, k in ipairs { "world", "per_node", "ranks", "top", "repeats" } do
     if o[k] then
       local v = math.tointeger(tonumber(o[k]))
       if not v or v < 1 then fail("%s=%s must be a whole number >= 1", k, o[k]) end
@@ -184,8 +184,13 @@ function cli.main(args)
       local ok, err = pcall(core.check_plugin, "comm", { name = o.comm })
       if not ok then fail("--comm %s: %s", o.comm, err) end
     end
-    local prof = machine.calibrate { ranks = o.ranks or 2, cpu_clock = o.cpu_clock, disk_dir = o.disk_dir,
-      comm = o.comm }
+    -- (--repeats N: N calibrations, each figure their median: plan_machine.median)
+    local profs = {}
+    for _ = 1, o.repeats or 1 do
+      profs[#profs + 1] = machine.calibrate { ranks = o.ranks or 2, cpu_clock = o.cpu_clock,
+        disk_dir = o.disk_dir, comm = o.comm }
+    end
+    local prof = #profs > 1 and machine.median(profs) or profs[1]
     local path = machine.save(prof, o.out)
     local r1 = prof.device.rates["1"]
     print(string.format("calibrated: %d cores, GEMM %.3g-%.3g GFLOP/s forward (1 thread), bandwidth %.3g GB/s, "

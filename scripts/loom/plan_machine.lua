@@ -93,7 +93,15 @@ local function att_flops(r, bwd) return 4 * r[1] * r[2] * r[2] * (r[3]) * (bwd a
 -- Device rates for `threads` compute threads (the backend's own kernels).
 function machine.bench_device(threads, min_s, cpu_clock)
   local b = core.bench_device { backend = "cpu", threads = threads, min_s = min_s or 0.03, cpu_clock = cpu_clock,
-    gemm = gemm_shapes, attention = attention_shapes, bandwidth_floats = 8 << 20, elementwise = 1 << 18,
+    gemm = gemm_shapes, attention = attention_shapes, bandwidth_floats = 8 << 20,
+    -- the element-wise kernels, AdamW and the gradient passes over 8 MiB arrays: in a step
+    -- they stream arrays that the rest of the step has pushed out of the caches (the
+    -- model's gradients and optimizer state, the activations forward saved). Timed at
+    -- 1 MiB (cache-resident) they ran at half the cost they have in a step: perf on the
+    -- one-rank probe (Xeon, load 6) put AdamW at 1.43 ns an element (1 MiB bench 0.72, 8
+    -- MiB 1.35), the norm and non-finite passes at 1.35 (0.48, 1.35-1.5), GELU backward
+    -- at 1.7 (0.75, 1.3): the plan's 10-12% under on one-rank rows
+    elementwise = 2 << 20, elementwise16 = 1 << 18, -- (bf16's round_to follows its writer: hot)
     evict_floats = 4 << 20, bf16 = true } -- (16 MiB written between GEMM repeats: cold operands, as in a step)
   -- bf16's compute path (plan.lua's bf16 terms): its forward products (matmul_forward_dt)
   -- and the conversions per element; absent where the backend has none
@@ -183,6 +191,41 @@ function machine.calibrate(opts)
     disk = disk,
     overlap_dp = false,
   }
+end
+
+-- The median of several profiles, figure by figure (every number at the same place in
+-- each: the same shapes, sizes and keys, as calibrate measures them; the rest from the
+-- first). `loom plan --calibrate --repeats N`: one calibration's figures move between
+-- calibrations (the shared-node rates most: co-running processes' phases), a median of N
+-- moves less; each figure is still a measurement.
+local function median_of(values)
+  table.sort(values)
+  local n = #values
+  return n % 2 == 1 and values[(n + 1) // 2] or (values[n // 2] + values[n // 2 + 1]) / 2
+end
+
+function machine.median(profiles)
+  local function merge(first, path)
+    if type(first) == "number" then
+      local vals = {}
+      for _, p in ipairs(profiles) do
+        local v = p
+        for _, k in ipairs(path) do v = type(v) == "table" and v[k] or nil end
+        if type(v) == "number" then vals[#vals + 1] = v end
+      end
+      return median_of(vals)
+    elseif type(first) ~= "table" then return first end
+    local out = {}
+    for k, v in pairs(first) do
+      path[#path + 1] = k
+      out[k] = merge(v, path)
+      path[#path] = nil
+    end
+    return out
+  end
+  local m = merge(profiles[1], {})
+  m.measured.calibrations = #profiles
+  return m
 end
 
 function machine.save(profile, path)

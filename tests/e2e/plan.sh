@@ -37,7 +37,8 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 export OMP_WAIT_POLICY=passive
 unset MALLOC_PERTURB_ # meson's: its free() writes pages a run never touches (docs/ZERO.md)
 export LOOM_MACHINE=$tmp/machine.json
-"$loom" plan --calibrate --cpu-clock --out "$LOOM_MACHINE" > "$tmp/cal.txt"
+# (PLAN_CAL_REPEATS: calibrate that many times, each figure's median; scripts/plan-strict asks for 3)
+"$loom" plan --calibrate --cpu-clock --repeats "${PLAN_CAL_REPEATS:-1}" --out "$LOOM_MACHINE" > "$tmp/cal.txt"
 grep -q '^saved ' "$tmp/cal.txt" || { echo "FAIL: calibration"; cat "$tmp/cal.txt"; exit 1; }
 cores=$(nproc)
 fail=0
@@ -64,6 +65,11 @@ assert(dp_allreduce(b16) == dp_allreduce(f32) and dp_allreduce(r16) < dp_allredu
 assert(b16.time.w16_refresh_s > 0 and b16.time.per_micro.fwd ~= f32.time.per_micro.fwd, "bf16 compute not costed apart")
 -- (the same micro-batch on one rank: the one-process rates)
 assert($cores < 2 or f32.time.per_micro.fwd ~= plan({}).time.per_micro.fwd, "dp=2 did not take the shared rates")
+-- --repeats N keeps each figure's median of N calibrations (plan_machine.median)
+local function prof(x) return { measured = { load_average = x }, device = { rates = { ["1"] = { gemm_fwd = { { 64, x } } } } } } end
+local med = require("loom.plan_machine").median { prof(3), prof(1), prof(2) }
+assert(med.device.rates["1"].gemm_fwd[1][2] == 2 and med.device.rates["1"].gemm_fwd[1][1] == 64
+  and med.measured.calibrations == 3, "median of calibrations")
 print("TERMS ok")
 EOF
 "$loom" run "$tmp/terms.lua" > "$tmp/terms.txt" 2>&1 || true

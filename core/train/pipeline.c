@@ -38,8 +38,12 @@ typedef struct slot {
 } slot;
 
 struct loom_pipeline {
-    const loom_comm_ops *ops;
+    const loom_comm_ops *ops;       /* the pp group for host values: the loss, the norm */
     void *pp;
+    const loom_comm_ops *dops;      /* the pp group for the model's buffers (activations, */
+    void *dpp;                      /* their gradients, the wte halves): loom_host.device_group */
+    const loom_backend *be;         /* the model's backend; device: its memory is not the host's */
+    int device;
     int stages, stage, microbatches, chunks, layers;
     int *first;                     /* [stages*chunks + 1]: virtual stage k holds [first[k], first[k+1]) */
     unsigned char *own;             /* [layers] */
@@ -62,6 +66,60 @@ struct loom_pipeline {
     size_t at;                      /* the instruction the step is in (n: after the list) */
     size_t *last_w;                 /* [chunks]: the position of the chunk's last BWD or W */
 };
+
+/* --- the engine's own buffers of the model's values (the wte halves) ------------------
+ * In the model's memory: the host's (memcpy and loops, as always), or a device backend's,
+ * where every write goes through the backend's ops, ordered on its stream with the kernels
+ * around it. */
+
+static float *buf_alloc(loom_pipeline *pl, size_t n)
+{
+    if (!pl->device)
+        return malloc(n * sizeof(float));
+    return pl->be->ops->alloc(pl->be->self, n * sizeof(float));
+}
+
+static void buf_free(loom_pipeline *pl, float *p)
+{
+    if (p && pl->device)
+        pl->be->ops->free(pl->be->self, p);
+    else
+        free(p);
+}
+
+static void buf_zero(loom_pipeline *pl, float *p, size_t n)
+{
+    if (pl->device)
+        pl->be->ops->zero(pl->be->self, p, n * sizeof(float));
+    else
+        memset(p, 0, n * sizeof(float));
+}
+
+/* acc[i] += x[i]: one IEEE add each, the host loop's bits */
+static void buf_add(loom_pipeline *pl, float *acc, const float *x, size_t n)
+{
+    if (pl->device) {
+        pl->be->ops->accumulate(acc, x, n);
+        return;
+    }
+    for (size_t j = 0; j < n; j++)
+        acc[j] += x[j];
+}
+
+/* dst = src, bit for bit. The backend has no device-to-device copy; -0 + x is x for every
+ * x (+0 included: -0 + +0 = +0, and -0 + -0 = -0), so dst is filled with -0 (zero, then
+ * times -1) and src accumulated onto it. */
+static void buf_copy(loom_pipeline *pl, float *dst, const float *src, size_t n)
+{
+    if (!pl->device) {
+        memcpy(dst, src, n * sizeof(float));
+        return;
+    }
+    const loom_backend_ops *k = pl->be->ops;
+    k->zero(pl->be->self, dst, n * sizeof(float));
+    k->scale(dst, -1.0f, n);
+    k->accumulate(dst, src, n);
+}
 
 static loom_status split_layers(loom_pipeline *pl, const loom_pipeline_config *cfg)
 {
@@ -125,6 +183,14 @@ loom_status loom_pipeline_create(const loom_pipeline_config *cfg, loom_pipeline 
     if (st == LOOM_OK && (!pl->ops || pl->stages < 2))
         st = loom_fail(LOOM_ERR_INVALID, "the pipeline engine needs a pp group of 2 or more ranks");
     pl->stage = st == LOOM_OK ? pl->ops->rank(pl->pp) : 0;
+    int dsize = 0;
+    if (st == LOOM_OK) /* the same group for the backend's memory (host memory: the same one) */
+        st = loom_core_host()->device_group(LOOM_GROUP_PP, &pl->dops, &pl->dpp, &dsize);
+    if (st == LOOM_OK && (!pl->dops || dsize != pl->stages))
+        st = loom_fail(LOOM_ERR_INTERNAL, "pipeline: the pp group for the backend's memory has "
+                       "%d ranks, the host one %d", dsize, pl->stages);
+    pl->be = cfg->backend;
+    pl->device = cfg->backend && loom_backend_device_memory(cfg->backend);
     pl->microbatches = cfg->microbatches;
     pl->chunks = cfg->chunks < 1 ? 1 : cfg->chunks;
     pl->layers = cfg->layers;
@@ -191,11 +257,11 @@ void loom_pipeline_destroy(loom_pipeline *pl)
     free(pl->slots);
     free(pl->slot_of);
     free(pl->done);
-    free(pl->tmp);
+    buf_free(pl, pl->tmp);
     for (int i = 0; pl->head && i < pl->n_slots; i++)
-        free(pl->head[i]);
+        buf_free(pl, pl->head[i]);
     free(pl->head);
-    free(pl->tied);
+    buf_free(pl, pl->tied);
     free(pl->last_w);
     free(pl);
 }
@@ -272,7 +338,7 @@ static loom_status wait_slot(loom_pipeline *pl, slot *s)
 {
     loom_status st = LOOM_OK;
     for (int i = 0; i < s->n_req; i++) {
-        loom_status w = pl->ops->wait(pl->pp, s->req[i]);
+        loom_status w = pl->dops->wait(pl->dpp, s->req[i]);
         if (st == LOOM_OK)
             st = w;
     }
@@ -289,7 +355,7 @@ static loom_status head_buffer(loom_pipeline *pl, loom_gpt *m, int slot, float *
         LOOM_FAIL(LOOM_ERR_INTERNAL, "pipeline: stage %d holds no wte", pl->stage);
     if (!pl->head && !(pl->head = calloc((size_t)pl->n_slots, sizeof *pl->head)))
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
-    if (!pl->head[slot] && !(pl->head[slot] = malloc(e->numel * sizeof(float))))
+    if (!pl->head[slot] && !(pl->head[slot] = buf_alloc(pl, e->numel)))
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for canonical mode's wte gradient halves");
     *buf = pl->head[slot];
     *g = loom_gpt_grad_data(m) + e->offset;
@@ -301,7 +367,7 @@ static loom_status head_buffer(loom_pipeline *pl, loom_gpt *m, int slot, float *
  * until the step's end (stage 0: the embedding's, the last stage: the LM head's). */
 static loom_status tied_half(loom_pipeline *pl, size_t hn, int mb, float **out)
 {
-    if (!pl->tied && !(pl->tied = malloc((size_t)pl->microbatches * hn * sizeof(float))))
+    if (!pl->tied && !(pl->tied = buf_alloc(pl, (size_t)pl->microbatches * hn)))
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for canonical mode's %d wte gradient halves",
                   pl->microbatches);
     *out = pl->tied + (size_t)mb * hn;
@@ -322,17 +388,16 @@ static loom_status tied_exchange(loom_pipeline *pl, loom_gpt *m, const loom_pipe
         loom_comm_request *r = NULL;
         LOOM_TRY(tied_half(pl, hn, mb, &half));
         if (pl->stage != 0) {
-            LOOM_TRY(pl->ops->send_start(pl->pp, half, hn, LOOM_DTYPE_F32, 0, &r));
-            LOOM_TRY(pl->ops->wait(pl->pp, r)); /* stage 0 is receiving them in this order */
+            LOOM_TRY(pl->dops->send_start(pl->dpp, half, hn, LOOM_DTYPE_F32, 0, &r));
+            LOOM_TRY(pl->dops->wait(pl->dpp, r)); /* stage 0 is receiving them in this order */
             continue;
         }
-        LOOM_TRY(pl->ops->recv_start(pl->pp, hb, hn, LOOM_DTYPE_F32, pl->stages - 1, &r));
-        LOOM_TRY(pl->ops->wait(pl->pp, r));
+        LOOM_TRY(pl->dops->recv_start(pl->dpp, hb, hn, LOOM_DTYPE_F32, pl->stages - 1, &r));
+        LOOM_TRY(pl->dops->wait(pl->dpp, r));
         if (hooks && hooks->before_bwd)
             LOOM_TRY(hooks->before_bwd(hooks->ctx, mb, -1));
-        memcpy(gw, half, hn * sizeof(float));
-        for (size_t j = 0; j < hn; j++)
-            gw[j] += hb[j];
+        buf_copy(pl, gw, half, hn);
+        buf_add(pl, gw, hb, hn);
         if (hooks && hooks->after_bwd)
             LOOM_TRY(hooks->after_bwd(hooks->ctx, mb, -1));
     }
@@ -376,11 +441,11 @@ static loom_status post(loom_pipeline *pl, slot *s, loom_comm_request *r)
  * each SEND starts and before each compute. */
 static void progress_sends(loom_pipeline *pl)
 {
-    if (!pl->ops->test)
+    if (!pl->dops->test)
         return;
     for (int i = 0; i < pl->n_slots; i++)
         for (int j = 0; j < pl->slots[i].n_req; j++)
-            pl->ops->test(pl->pp, pl->slots[i].req[j]);
+            pl->dops->test(pl->dpp, pl->slots[i].req[j]);
 }
 
 /* Mark what key has done; free its slot when it needs the activations no more. */
@@ -414,7 +479,8 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
 {
     float *hb = NULL, *gw = NULL, *half = NULL;
     size_t hn = 0;
-    const loom_comm_ops *ops = pl->ops;
+    const loom_comm_ops *ops = pl->dops; /* every message here is the model's buffers */
+    void *pp = pl->dpp;
     int P = pl->stages, V = P * pl->chunks, L = pl->layers;
     int next = (pl->stage + 1) % P, prev = (pl->stage + P - 1) % P;
     /* count: this rank's rows of the residual stream (a tp rank's shard under sequence
@@ -456,8 +522,8 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
         case LOOM_SCHED_RECV_ACT:
             LOOM_TRY(acquire(pl, key, &s));
             loom_gpt_stage_select(m, s);
-            LOOM_TRY(ops->recv_start(pl->pp, loom_gpt_stage_input(m), count, LOOM_DTYPE_F32, prev, &r));
-            LOOM_TRY(ops->wait(pl->pp, r));
+            LOOM_TRY(ops->recv_start(pp, loom_gpt_stage_input(m), count, LOOM_DTYPE_F32, prev, &r));
+            LOOM_TRY(ops->wait(pp, r));
             break;
         case LOOM_SCHED_FWD:
             if (pl->slot_of[key] < 0)
@@ -474,7 +540,7 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
         case LOOM_SCHED_SEND_ACT:
             LOOM_TRY(held(pl, in, &s));
             loom_gpt_stage_select(m, s);
-            LOOM_TRY(ops->send_start(pl->pp, loom_gpt_stage_output(m, hi), count, LOOM_DTYPE_F32,
+            LOOM_TRY(ops->send_start(pp, loom_gpt_stage_output(m, hi), count, LOOM_DTYPE_F32,
                                      next, &r));
             LOOM_TRY(post(pl, &pl->slots[s], r));
             break;
@@ -484,11 +550,11 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
             if (head_in && pl->chunks == 1) { /* stage 0: the LM head's half first (sent at the
                                                * last stage's BWD or B) */
                 LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
-                LOOM_TRY(ops->recv_start(pl->pp, hb, hn, LOOM_DTYPE_F32, P - 1, &r));
-                LOOM_TRY(ops->wait(pl->pp, r));
+                LOOM_TRY(ops->recv_start(pp, hb, hn, LOOM_DTYPE_F32, P - 1, &r));
+                LOOM_TRY(ops->wait(pp, r));
             }
-            LOOM_TRY(ops->recv_start(pl->pp, loom_gpt_stage_grad(m), count, LOOM_DTYPE_F32, next, &r));
-            LOOM_TRY(ops->wait(pl->pp, r));
+            LOOM_TRY(ops->recv_start(pp, loom_gpt_stage_grad(m), count, LOOM_DTYPE_F32, next, &r));
+            LOOM_TRY(ops->wait(pp, r));
             break;
         case LOOM_SCHED_BWD:
             LOOM_TRY(held(pl, in, &s));
@@ -498,19 +564,18 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
             if (keep) { /* this micro-batch's half on its own, kept for tied_exchange */
                 LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
                 LOOM_TRY(tied_half(pl, hn, in->microbatch, &half));
-                memset(gw, 0, hn * sizeof(float));
+                buf_zero(pl, gw, hn);
             }
             LOOM_TRY(loom_gpt_stage_backward(m, lo, hi));
             if (keep) {
-                memcpy(half, gw, hn * sizeof(float));
+                buf_copy(pl, half, gw, hn);
             } else if (head_in || head_out) {
                 LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
                 if (head_in) { /* emb + head: one rank's one add */
-                    for (size_t j = 0; j < hn; j++)
-                        gw[j] += hb[j];
+                    buf_add(pl, gw, hb, hn);
                 } else {
-                    memcpy(hb, gw, hn * sizeof(float));
-                    LOOM_TRY(ops->send_start(pl->pp, hb, hn, LOOM_DTYPE_F32, 0, &r));
+                    buf_copy(pl, hb, gw, hn);
+                    LOOM_TRY(ops->send_start(pp, hb, hn, LOOM_DTYPE_F32, 0, &r));
                     LOOM_TRY(post(pl, &pl->slots[s], r));
                 }
             }
@@ -528,7 +593,7 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
                 LOOM_TRY(tied_half(pl, hn, in->microbatch, &hb));
             LOOM_TRY(loom_gpt_stage_backward_input(m, lo, hi, head_out ? hb : NULL));
             if (head_out && !keep) { /* sent in B's order, as stage 0 receives them */
-                LOOM_TRY(ops->send_start(pl->pp, hb, hn, LOOM_DTYPE_F32, 0, &r));
+                LOOM_TRY(ops->send_start(pp, hb, hn, LOOM_DTYPE_F32, 0, &r));
                 LOOM_TRY(post(pl, &pl->slots[s], r));
             }
             mark(pl, key, DONE_SPLIT | (vs == 0 ? DONE_SENT : 0));
@@ -540,16 +605,15 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
                 LOOM_TRY(hooks->before_bwd(hooks->ctx, in->microbatch, in->chunk));
             if (head_in && keep) {
                 LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
-                memset(gw, 0, hn * sizeof(float));
+                buf_zero(pl, gw, hn);
             }
             LOOM_TRY(loom_gpt_stage_backward_weight(m, lo, hi, head_out));
             if (head_in && keep) {
                 LOOM_TRY(tied_half(pl, hn, in->microbatch, &half));
-                memcpy(half, gw, hn * sizeof(float));
+                buf_copy(pl, half, gw, hn);
             } else if (head_in) { /* emb + head: one rank's one add */
                 LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
-                for (size_t j = 0; j < hn; j++)
-                    gw[j] += hb[j];
+                buf_add(pl, gw, hb, hn);
             }
             if (hooks && hooks->after_bwd)
                 LOOM_TRY(hooks->after_bwd(hooks->ctx, in->microbatch, in->chunk));
@@ -559,7 +623,7 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
         case LOOM_SCHED_SEND_GRAD:
             LOOM_TRY(held(pl, in, &s));
             loom_gpt_stage_select(m, s);
-            LOOM_TRY(ops->send_start(pl->pp, pl->done[key] & DONE_SPLIT ? loom_gpt_stage_grad_out(m)
+            LOOM_TRY(ops->send_start(pp, pl->done[key] & DONE_SPLIT ? loom_gpt_stage_grad_out(m)
                                      : loom_gpt_stage_grad(m), count, LOOM_DTYPE_F32, prev, &r));
             LOOM_TRY(post(pl, &pl->slots[s], r));
             mark(pl, key, DONE_SENT);
@@ -629,8 +693,8 @@ loom_status loom_pipeline_tied_sync(loom_pipeline *pl, loom_gpt *m, double *comm
     if (!e)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "pipeline: stage %d holds no wte", pl->stage);
     if (pl->tmp_n < e->numel) {
-        free(pl->tmp);
-        pl->tmp = malloc(e->numel * sizeof(float));
+        buf_free(pl, pl->tmp);
+        pl->tmp = buf_alloc(pl, e->numel);
         pl->tmp_n = pl->tmp ? e->numel : 0;
         if (!pl->tmp)
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the tied wte gradient");
@@ -641,23 +705,22 @@ loom_status loom_pipeline_tied_sync(loom_pipeline *pl, loom_gpt *m, double *comm
     if (pl->canonical) { /* stage 0 summed both halves per micro-batch: its copy is the one */
         loom_comm_request *q = NULL;
         if (pl->stage == 0)
-            LOOM_TRY(pl->ops->send_start(pl->pp, g, e->numel, LOOM_DTYPE_F32, peer, &q));
+            LOOM_TRY(pl->dops->send_start(pl->dpp, g, e->numel, LOOM_DTYPE_F32, peer, &q));
         else
-            LOOM_TRY(pl->ops->recv_start(pl->pp, g, e->numel, LOOM_DTYPE_F32, peer, &q));
-        LOOM_TRY(pl->ops->wait(pl->pp, q));
+            LOOM_TRY(pl->dops->recv_start(pl->dpp, g, e->numel, LOOM_DTYPE_F32, peer, &q));
+        LOOM_TRY(pl->dops->wait(pl->dpp, q));
         *comm_ms += loom_now_ms() - t0;
         return LOOM_OK;
     }
     loom_comm_request *rr = NULL, *sr = NULL;
-    LOOM_TRY(pl->ops->recv_start(pl->pp, pl->tmp, e->numel, LOOM_DTYPE_F32, peer, &rr));
-    LOOM_TRY(pl->ops->send_start(pl->pp, g, e->numel, LOOM_DTYPE_F32, peer, &sr));
-    loom_status st = pl->ops->wait(pl->pp, rr), st2 = pl->ops->wait(pl->pp, sr);
+    LOOM_TRY(pl->dops->recv_start(pl->dpp, pl->tmp, e->numel, LOOM_DTYPE_F32, peer, &rr));
+    LOOM_TRY(pl->dops->send_start(pl->dpp, g, e->numel, LOOM_DTYPE_F32, peer, &sr));
+    loom_status st = pl->dops->wait(pl->dpp, rr), st2 = pl->dops->wait(pl->dpp, sr);
     LOOM_TRY(st);
     LOOM_TRY(st2);
     *comm_ms += loom_now_ms() - t0;
     /* a + b == b + a in IEEE arithmetic: both copies get the same bits */
-    for (size_t i = 0; i < e->numel; i++)
-        g[i] += pl->tmp[i];
+    buf_add(pl, g, pl->tmp, e->numel);
     return LOOM_OK;
 }
 
@@ -789,7 +852,7 @@ loom_status loom_pipeline_norm_order(loom_pipeline *pl, const double *order, siz
 loom_status loom_pipeline_eval(loom_pipeline *pl, loom_gpt *m, const int *tokens,
                                const int *targets, int B, int T, double *loss_sum)
 {
-    const loom_comm_ops *ops = pl->ops;
+    const loom_comm_ops *ops = pl->dops; /* the model's rows */
     int P = pl->stages, V = P * pl->chunks, L = pl->layers;
     int next = (pl->stage + 1) % P, prev = (pl->stage + P - 1) % P;
     size_t count = loom_gpt_stage_rows(m, B, T) * (size_t)loom_gpt_get_config(m)->dim;
@@ -800,15 +863,15 @@ loom_status loom_pipeline_eval(loom_pipeline *pl, loom_gpt *m, const int *tokens
         int vs = c * P + pl->stage, lo = pl->first[vs], hi = pl->first[vs + 1];
         loom_comm_request *r = NULL;
         if (vs > 0) {
-            LOOM_TRY(ops->recv_start(pl->pp, loom_gpt_stage_input(m), count, LOOM_DTYPE_F32, prev, &r));
-            LOOM_TRY(ops->wait(pl->pp, r));
+            LOOM_TRY(ops->recv_start(pl->dpp, loom_gpt_stage_input(m), count, LOOM_DTYPE_F32, prev, &r));
+            LOOM_TRY(ops->wait(pl->dpp, r));
         }
         LOOM_TRY(loom_gpt_stage_forward(m, lo, hi, tokens, hi == L ? targets : NULL, B, T, 0.0f,
                                         &sum));
         if (vs + 1 < V) {
-            LOOM_TRY(ops->send_start(pl->pp, loom_gpt_stage_output(m, hi), count, LOOM_DTYPE_F32,
+            LOOM_TRY(ops->send_start(pl->dpp, loom_gpt_stage_output(m, hi), count, LOOM_DTYPE_F32,
                                      next, &r));
-            LOOM_TRY(ops->wait(pl->pp, r)); /* the next stage is receiving it now */
+            LOOM_TRY(ops->wait(pl->dpp, r)); /* the next stage is receiving it now */
         }
     }
     *loss_sum = sum;
@@ -817,7 +880,7 @@ loom_status loom_pipeline_eval(loom_pipeline *pl, loom_gpt *m, const int *tokens
 
 loom_status loom_pipeline_decode(loom_pipeline *pl, loom_gpt *m, int token, int t)
 {
-    const loom_comm_ops *ops = pl->ops;
+    const loom_comm_ops *ops = pl->dops; /* the model's rows */
     int P = pl->stages, V = P * pl->chunks;
     int next = (pl->stage + 1) % P, prev = (pl->stage + P - 1) % P;
     size_t C = (size_t)loom_gpt_get_config(m)->dim, at = (size_t)t * C;
@@ -827,15 +890,15 @@ loom_status loom_pipeline_decode(loom_pipeline *pl, loom_gpt *m, int token, int 
         int vs = c * P + pl->stage, lo = pl->first[vs], hi = pl->first[vs + 1];
         loom_comm_request *r = NULL;
         if (vs > 0) { /* one row of the residual stream: C floats */
-            LOOM_TRY(ops->recv_start(pl->pp, loom_gpt_stage_input(m) + at, C, LOOM_DTYPE_F32,
+            LOOM_TRY(ops->recv_start(pl->dpp, loom_gpt_stage_input(m) + at, C, LOOM_DTYPE_F32,
                                      prev, &r));
-            LOOM_TRY(ops->wait(pl->pp, r));
+            LOOM_TRY(ops->wait(pl->dpp, r));
         }
         LOOM_TRY(loom_gpt_stage_decode(m, lo, hi, token, t));
         if (vs + 1 < V) {
-            LOOM_TRY(ops->send_start(pl->pp, loom_gpt_stage_output(m, hi) + at, C, LOOM_DTYPE_F32,
+            LOOM_TRY(ops->send_start(pl->dpp, loom_gpt_stage_output(m, hi) + at, C, LOOM_DTYPE_F32,
                                      next, &r));
-            LOOM_TRY(ops->wait(pl->pp, r)); /* the next stage is receiving it now */
+            LOOM_TRY(ops->wait(pl->dpp, r)); /* the next stage is receiving it now */
         }
     }
     return LOOM_OK;

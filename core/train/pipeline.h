@@ -31,6 +31,7 @@
 #define LOOM_CORE_TRAIN_PIPELINE_H
 
 #include "loom/plugin.h"
+#include "base/backend.h"
 #include "model/gpt.h"
 
 typedef struct loom_pipeline_config {
@@ -53,6 +54,13 @@ typedef struct loom_pipeline_config {
      * head and loss's on the last (gpt_cost.h gives FLOPs per token). Read during create. */
     const double *layer_cost;
     double first_cost, last_cost;
+    /* The model's backend (not owned; outlives the pipeline), NULL: host memory. With a
+     * device backend (loom_backend_device_memory) the engine's copies of the model's values
+     * (the wte halves) are its allocations, written by its ops, and every message of the
+     * model's buffers goes over the pp group loom_host.device_group gives (nccl, or the host
+     * communicator staged through host memory: dist.h); the loss and norm sums stay on the
+     * host group. */
+    const loom_backend *backend;
 } loom_pipeline_config;
 
 /* Called around each BWD or W (the weight gradients) of (micro-batch, chunk) (canonical

@@ -554,9 +554,10 @@ static loom_status make_compress(loom_session *s)
                                       loom_gpt_grad_data(s->model));
 }
 
-/* A device backend (its memory is not the host's): what trains there today is one rank
- * (no dp, tp, pp or ep) with the optimizer's step_backend; the paths that still read the
- * model's buffers as host memory are refused by name. */
+/* A device backend (its memory is not the host's): what trains there today is one rank,
+ * dp, or pp over a host comm (the engine's messages staged: pipeline.h), with the
+ * optimizer's step_backend; the paths that still read the model's buffers as host memory
+ * are refused by name. */
 static loom_status check_device(loom_session *s, const loom_session_config *cfg, int pp)
 {
     const char *be = s->backend.ops->describe(s->backend.self);
@@ -567,8 +568,11 @@ static loom_status check_device(loom_session *s, const loom_session_config *cfg,
     const loom_config_value *reduce = cfg->strategy ? loom_config_get(cfg->strategy, "reduce")
                                                     : NULL;
     /* what still reads or writes host memory where the buffers are the device's */
-    const char *what = pp > 1 ? "mesh.pp > 1 (the pipeline engine's stage messages and "
-                                "slices)"
+    const char *what = pp > 1 && loom_dist_device_comm()
+                           ? "mesh.pp > 1 over comm = \"nccl\" (an NCCL send waits for its "
+                             "receiver, and the pipeline engine starts its sends alone, not "
+                             "grouped with the receives they meet: use comm = \"shm\" or "
+                             "\"mpi\", staged)"
                        : cfg->tensor ? "mesh.tp > 1 (tensor parallelism's region exchanges "
                                        "and the split gradient norm)"
                        : cfg->ep > 1 ? "mesh.ep > 1 (the expert exchange)"
@@ -580,7 +584,7 @@ static loom_status check_device(loom_session *s, const loom_session_config *cfg,
                        : cfg->teacher || cfg->kd_cache ? "a distillation teacher" : NULL;
     if (what)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "backend %s: training in device memory with %s is not "
-                  "built yet; it trains one rank or mesh.dp ranks (no tp, pp, ep, zero, "
+                  "built yet; it trains one rank, mesh.dp or mesh.pp ranks (no tp, ep, zero, "
                   "offload, compression or teacher), or use backend = \"cpu\"", be, what);
     if (size > 1 && !s->device_groups)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "backend %s with %d ranks has no device groups "
@@ -645,6 +649,7 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
                                        cfg->pp_layers, cfg->n_pp_layers, cfg->canonical,
                                        cfg->schedule_lists, cfg->schedule_name};
             pc.untied = cfg->model.family == LOOM_FAMILY_LLAMA && !cfg->model.tie_embeddings;
+            pc.backend = &s->backend;
             /* the default split weighs the blocks, the embedding and the head by FLOPs */
             double *cost = malloc((size_t)(cfg->model.layers > 0 ? cfg->model.layers : 1) * sizeof *cost);
             if (!cost)

@@ -9,7 +9,10 @@
 #  - the banner names what carries the device buffers (COMM=nccl: "nccl on the backend's
 #    stream"; a host COMM: "staged through host memory");
 #  - saved by both ranks at step STEPS-2 and resumed on two: the last two steps bitwise;
-#  - what does not train in device memory yet (mesh.pp = 2 here) is refused by name.
+#  - pp=2 (one block a stage, 2 micro-batches of 1) against one rank of the same 2-block
+#    model: canonical 1f1b (STEPS steps) and zb1 (STEPS-1) bitwise (losses and norms), 1f1b
+#    saved at step STEPS-2 and resumed on two, bitwise; fast 1f1b over STEPS-1 steps within
+#    TOL of one rank's fast run, the loss falling. (comm=nccl: pp refused by name.)
 # BACKEND cudaemu (the CUDA kernels emulated on the CPU; meson runs it under
 # LOOM_CUDAEMU_GUARD=1, so a device buffer handed to the host communicator, or any host read
 # of one, is a segfault) runs everywhere with COMM=shm. BACKEND cuda needs a GPU, and
@@ -70,9 +73,57 @@ grep '^LOSS' "$tmp/res" > "$tmp/got" || true
   { echo "dp=2 resumed losses differ:"; diff "$tmp/want" "$tmp/got"; exit 1; }
 echo "backend=$backend comm=$comm: dp=2 saved at step $k and resumed, steps $((k + 1))-$steps bitwise the straight run"
 
-if out=$("$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.pp=2 model.layers=2 2>&1); then
-  echo "backend=$backend with mesh.pp=2: accepted"; exit 1
+# pipeline parallelism in device memory: pp=2, one block a stage, 2 micro-batches of 1 (the
+# same global batch). The stage messages and the tied wte's halves go over the device groups
+# (a host COMM: staged), the loss and the split norm over the host groups.
+pp=(model.layers=2 mesh.pp=2 microbatches=2)
+if [[ $comm == nccl ]]; then # not built: the engine's sends are not grouped with the receives
+  if out=$("$loom" launch -n 2 "$recipe" "${args[@]}" comm=nccl "${pp[@]}" 2>&1); then
+    echo "backend=$backend comm=nccl with mesh.pp=2: accepted"; exit 1
+  fi
+  grep -q 'training in device memory with mesh.pp > 1 over comm = "nccl" .* is not built yet' <<< "$out" ||
+    { echo "backend=$backend comm=nccl with mesh.pp=2: unexpected message: $out"; exit 1; }
+  echo "backend=$backend comm=nccl: mesh.pp=2 refused with a message"; exit 0
 fi
-grep -q "training in device memory with mesh.pp > 1 .* is not built yet" <<< "$out" ||
-  { echo "backend=$backend with mesh.pp=2: unexpected message: $out"; exit 1; }
-echo "backend=$backend: mesh.pp=2 refused with a message"
+"$loom" run "$recipe" "${args[@]}" model.layers=2 deterministic=canonical > "$tmp/pp_one" \
+  2> "$tmp/pp_one.err" || { cat "$tmp/pp_one.err"; exit 1; }
+grep '^LOSS\|^NORM' "$tmp/pp_one" > "$tmp/pp_want"
+[[ $(grep -c '^LOSS' "$tmp/pp_want") -eq $steps ]] || { echo "pp's one rank: not $steps losses"; exit 1; }
+pp_same() { # NAME FILE [STEPS]: FILE's losses and norms bitwise one rank's (its first STEPS),
+  # the banner saying pp
+  grep -q "x2 pp (.*, blocks 1+1).*$want_banner" "$2" ||
+    { echo "$1: the banner does not say pp=2 and: $want_banner"; head -1 "$2"; exit 1; }
+  awk -v n="${3:-$steps}" '$2 <= n' "$tmp/pp_want" > "$tmp/want"
+  grep '^LOSS\|^NORM' "$2" > "$tmp/got" || true
+  cmp -s "$tmp/want" "$tmp/got" ||
+    { echo "$1 on $backend over $comm is not bitwise one rank:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+}
+# canonical 1f1b, saved at step k; resumed there (the last steps, canonical: one rank's again)
+"$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" "${pp[@]}" schedule=1f1b \
+  deterministic=canonical checkpoint.dir="$tmp/ppck" checkpoint.every=$k > "$tmp/pp_1f1b" \
+  2> "$tmp/pp.err" || { cat "$tmp/pp.err"; exit 1; }
+pp_same "canonical pp=2 1f1b" "$tmp/pp_1f1b"
+ck=$(ls -d "$tmp"/ppck/step_*"$k" 2>/dev/null | head -1)
+[[ -n $ck ]] || { echo "pp=2: no checkpoint of step $k in $tmp/ppck: $(ls "$tmp/ppck" 2>&1)"; exit 1; }
+"$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" "${pp[@]}" schedule=1f1b \
+  deterministic=canonical resume="$ck" > "$tmp/pp_res" 2> "$tmp/pp_res.err" || { cat "$tmp/pp_res.err"; exit 1; }
+grep -q "resumed from .*step_0*$k at step $k" "$tmp/pp_res" ||
+  { echo "pp=2 did not resume at step $k"; cat "$tmp/pp_res"; exit 1; }
+awk -v k=$k '(/^LOSS/ || /^NORM/) && $2 > k' "$tmp/pp_want" > "$tmp/want"
+grep '^LOSS\|^NORM' "$tmp/pp_res" > "$tmp/got" || true
+[[ -s "$tmp/want" ]] && cmp -s "$tmp/want" "$tmp/got" ||
+  { echo "pp=2 resumed at step $k: losses and norms differ:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+"$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" "${pp[@]}" schedule=zb1 \
+  deterministic=canonical steps=$((k + 1)) > "$tmp/pp_zb1" 2> "$tmp/pp.err" || { cat "$tmp/pp.err"; exit 1; }
+pp_same "canonical pp=2 zb1" "$tmp/pp_zb1" $((k + 1))
+echo "backend=$backend comm=$comm: canonical pp=2 bitwise one rank (losses and norms): 1f1b over" \
+  "$steps steps, saved at step $k and resumed; zb1 over $((k + 1))"
+# fast mode, k+1 steps, against one rank's
+"$loom" run "$recipe" "${args[@]}" model.layers=2 steps=$((k + 1)) > "$tmp/pp_one_fast" \
+  2> "$tmp/pp_one.err" || { cat "$tmp/pp_one.err"; exit 1; }
+"$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" "${pp[@]}" schedule=1f1b steps=$((k + 1)) \
+  > "$tmp/pp" 2> "$tmp/pp.err" || { cat "$tmp/pp.err"; exit 1; }
+runs_close "backend=$backend comm=$comm: fast pp=2 vs one rank" "$tmp/pp_one_fast" "$tmp/pp" \
+  $((k + 1)) "$tol" || exit 1
+fell=$(loss_fell "$tmp/pp" 0.05) || { echo "fast pp=2: the loss did not fall: $fell"; exit 1; }
+echo "backend=$backend comm=$comm: fast pp=2 loss $fell"

@@ -61,16 +61,19 @@ echo "backend=$backend comm=$comm: loss $fell; banner: $want_banner"
 # bitwise the straight run's (the second shows the optimizer state; save and load go through
 # the host mirrors and the host groups)
 k=$((steps - 2))
+resumed_bitwise() { # NAME RESUMED STRAIGHT: RESUMED resumed at step k, and its later steps'
+  # losses and norms are bitwise STRAIGHT's
+  grep -q "resumed from .*step_0*$k at step $k" "$2" || { echo "$1 did not resume at step $k"; cat "$2"; exit 1; }
+  awk -v k=$k '(/^LOSS/ || /^NORM/) && $2 > k' "$3" > "$tmp/want"
+  grep '^LOSS\|^NORM' "$2" > "$tmp/got" || true
+  [[ -s "$tmp/want" ]] && cmp -s "$tmp/want" "$tmp/got" ||
+    { echo "$1, resumed at step $k: losses and norms differ:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+}
 "$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 steps=$k \
   checkpoint.dir="$tmp/ck" checkpoint.every=$k > /dev/null 2> "$tmp/save.err" || { cat "$tmp/save.err"; exit 1; }
 "$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 checkpoint.dir="$tmp/ck" \
   resume=auto > "$tmp/res" 2> "$tmp/res.err" || { cat "$tmp/res.err"; exit 1; }
-grep -q "resumed from .*step_0*$k at step $k" "$tmp/res" ||
-  { echo "dp=2 did not resume at step $k"; cat "$tmp/res"; exit 1; }
-awk -v k=$k '/^LOSS/ && $2 > k' "$tmp/dp" > "$tmp/want"
-grep '^LOSS' "$tmp/res" > "$tmp/got" || true
-[[ -s "$tmp/want" ]] && cmp -s "$tmp/want" "$tmp/got" ||
-  { echo "dp=2 resumed losses differ:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+resumed_bitwise "dp=2" "$tmp/res" "$tmp/dp"
 echo "backend=$backend comm=$comm: dp=2 saved at step $k and resumed, steps $((k + 1))-$steps bitwise the straight run"
 
 # pipeline parallelism in device memory: pp=2, one block a stage, 2 micro-batches of 1 (the
@@ -107,12 +110,7 @@ ck=$(ls -d "$tmp"/ppck/step_*"$k" 2>/dev/null | head -1)
 [[ -n $ck ]] || { echo "pp=2: no checkpoint of step $k in $tmp/ppck: $(ls "$tmp/ppck" 2>&1)"; exit 1; }
 "$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" "${pp[@]}" schedule=1f1b \
   deterministic=canonical resume="$ck" > "$tmp/pp_res" 2> "$tmp/pp_res.err" || { cat "$tmp/pp_res.err"; exit 1; }
-grep -q "resumed from .*step_0*$k at step $k" "$tmp/pp_res" ||
-  { echo "pp=2 did not resume at step $k"; cat "$tmp/pp_res"; exit 1; }
-awk -v k=$k '(/^LOSS/ || /^NORM/) && $2 > k' "$tmp/pp_want" > "$tmp/want"
-grep '^LOSS\|^NORM' "$tmp/pp_res" > "$tmp/got" || true
-[[ -s "$tmp/want" ]] && cmp -s "$tmp/want" "$tmp/got" ||
-  { echo "pp=2 resumed at step $k: losses and norms differ:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+resumed_bitwise "canonical pp=2 1f1b" "$tmp/pp_res" "$tmp/pp_want"
 "$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" "${pp[@]}" schedule=zb1 \
   deterministic=canonical steps=$((k + 1)) > "$tmp/pp_zb1" 2> "$tmp/pp.err" || { cat "$tmp/pp.err"; exit 1; }
 pp_same "canonical pp=2 zb1" "$tmp/pp_zb1" $((k + 1))

@@ -26,6 +26,8 @@
 #include "base/status.h"
 
 #define MAX_PENDING 4
+#define MAX_GROUP 8 /* transfers in one run of a list: interleaved's 2 sends + 2 receives, the
+                     * canonical wte halves beside them */
 
 /* What a (micro-batch, chunk) has done of its backward: its slot is freed once it has its
  * weight gradients (BWD or W) and has sent its input gradient (or has none to send). */
@@ -44,6 +46,13 @@ struct loom_pipeline {
     void *dpp;                      /* their gradients, the wte halves): loom_host.device_group */
     const loom_backend *be;         /* the model's backend; device: its memory is not the host's */
     int device;
+    /* The transport's sends wait for their receivers (LOOM_COMM_P2P_RENDEZVOUS: nccl), or
+     * LOOM_PP_GROUPED=1: each run of consecutive transfers is collected here and posted as
+     * one group (p2p_group_start) before the next compute or the end of the list, and
+     * waited whole there: the simulator's rendezvous mode, checked at create. */
+    int grouped;
+    loom_p2p batch[MAX_GROUP];
+    int n_batch;
     int stages, stage, microbatches, chunks, layers;
     int *first;                     /* [stages*chunks + 1]: virtual stage k holds [first[k], first[k+1]) */
     unsigned char *own;             /* [layers] */
@@ -173,6 +182,35 @@ static loom_status given_lists(const loom_pipeline *pl, const loom_pipeline_conf
     return LOOM_OK;
 }
 
+/* Grouped transfers (pipeline.c's struct): the lists must complete under the simulator's
+ * rendezvous model. Canonical mode's wte halves between the last stage and stage 0 ride in
+ * the groups of the gradients between the same two ranks only with 2 stages (one chunk);
+ * with more, stage 0's group would wait on the last stage's, which the simulator does not
+ * model: refused. */
+static loom_status check_grouped(const loom_pipeline *pl, const loom_pipeline_config *cfg,
+                                 const loom_schedule *use, const char *name)
+{
+    const char *why = (loom_comm_flags(pl->dops) & LOOM_COMM_P2P_RENDEZVOUS)
+                          ? "a transport whose sends wait for their receivers (nccl)"
+                          : "LOOM_PP_GROUPED=1";
+    if (cfg->canonical && !cfg->untied && pl->chunks == 1 && pl->stages > 2)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "pipeline: canonical mode at pp=%d over %s is not built "
+                  "(the tied wte's per-micro-batch halves from the last stage to stage 0 would "
+                  "need groups the schedule's simulation does not check); use pp=2, fast mode, "
+                  "or comm = \"shm\"", pl->stages, why);
+    loom_sched_costs rc = {.fwd = 1, .bwd_input = 1, .bwd_weight = 1, .rendezvous = 1};
+    loom_sched_sim *sim = NULL;
+    loom_status st = loom_schedule_simulate(use, &rc, &sim);
+    loom_sched_sim_free(sim);
+    if (st != LOOM_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", loom_last_error());
+        return loom_fail(st, "schedule %s with each run of transfers posted as one group (%s): "
+                         "%s", name, why, msg);
+    }
+    return LOOM_OK;
+}
+
 loom_status loom_pipeline_create(const loom_pipeline_config *cfg, loom_pipeline **out)
 {
     *out = NULL;
@@ -208,6 +246,11 @@ loom_status loom_pipeline_create(const loom_pipeline_config *cfg, loom_pipeline 
         st = loom_schedule_simulate(use, NULL, &sim); /* validates, then refuses a deadlock */
     if (st == LOOM_OK)
         st = loom_pipeline_check_fifo(use, cfg->canonical && pl->chunks == 1);
+    const char *force = getenv("LOOM_PP_GROUPED"); /* the grouped path on any transport (tests) */
+    pl->grouped = (loom_comm_flags(pl->dops) & LOOM_COMM_P2P_RENDEZVOUS) ||
+                  (force && !strcmp(force, "1"));
+    if (st == LOOM_OK && pl->grouped)
+        st = check_grouped(pl, cfg, use, name);
     for (size_t i = 0; st == LOOM_OK && i < use->n[pl->stage]; i++)
         pl->split |= use->list[pl->stage][i].op == LOOM_SCHED_BWD_INPUT;
     pl->canonical = cfg->canonical;
@@ -435,6 +478,59 @@ static loom_status post(loom_pipeline *pl, slot *s, loom_comm_request *r)
     return LOOM_OK;
 }
 
+/* A transfer of the list: started now (a receive waited at once, a send posted on slot sl
+ * and waited before its buffer is reused), or with grouped transfers collected for flush. */
+static loom_status xfer(loom_pipeline *pl, int send, void *buf, size_t count, int peer, slot *sl)
+{
+    if (pl->grouped) {
+        if (pl->n_batch == MAX_GROUP)
+            LOOM_FAIL(LOOM_ERR_INTERNAL, "pipeline: more than %d transfers in one run of stage "
+                      "%d's list", MAX_GROUP, pl->stage);
+        pl->batch[pl->n_batch++] = (loom_p2p){send, buf, count, LOOM_DTYPE_F32, peer};
+        return LOOM_OK;
+    }
+    loom_comm_request *r = NULL;
+    if (!send) {
+        LOOM_TRY(pl->dops->recv_start(pl->dpp, buf, count, LOOM_DTYPE_F32, peer, &r));
+        return pl->dops->wait(pl->dpp, r);
+    }
+    LOOM_TRY(pl->dops->send_start(pl->dpp, buf, count, LOOM_DTYPE_F32, peer, &r));
+    return post(pl, sl, r);
+}
+
+/* Post the collected transfers as one group and wait for all of them. A transport without
+ * p2p_group_start (LOOM_PP_GROUPED=1 on shm) gets them started one by one, then waited. */
+static loom_status flush(loom_pipeline *pl)
+{
+    int n = pl->n_batch;
+    pl->n_batch = 0;
+    if (!n)
+        return LOOM_OK;
+    loom_p2p_group_fn group = loom_comm_p2p_group(pl->dops);
+    loom_comm_request *r[MAX_GROUP];
+    int started = 0;
+    loom_status st = LOOM_OK;
+    if (group) {
+        st = group(pl->dpp, pl->batch, n, &r[0]);
+        started = st == LOOM_OK;
+    } else
+        for (; st == LOOM_OK && started < n; started++) {
+            const loom_p2p *it = &pl->batch[started];
+            st = it->send ? pl->dops->send_start(pl->dpp, it->buf, it->count, it->dt, it->peer,
+                                                 &r[started])
+                          : pl->dops->recv_start(pl->dpp, it->buf, it->count, it->dt, it->peer,
+                                                 &r[started]);
+            if (st != LOOM_OK)
+                break;
+        }
+    for (int i = 0; i < started; i++) { /* every started one waited, the first failure kept */
+        loom_status w = pl->dops->wait(pl->dpp, r[i]);
+        if (st == LOOM_OK)
+            st = w;
+    }
+    return st;
+}
+
 /* Move what the transport can of every pending send, without blocking: a transport that
  * progresses only inside its calls (shm) would otherwise leave a send started before a
  * compute untouched until the next wait, and the next stage idle behind it. Called after
@@ -479,8 +575,6 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
 {
     float *hb = NULL, *gw = NULL, *half = NULL;
     size_t hn = 0;
-    const loom_comm_ops *ops = pl->dops; /* every message here is the model's buffers */
-    void *pp = pl->dpp;
     int P = pl->stages, V = P * pl->chunks, L = pl->layers;
     int next = (pl->stage + 1) % P, prev = (pl->stage + P - 1) % P;
     /* count: this rank's rows of the residual stream (a tp rank's shard under sequence
@@ -500,8 +594,10 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
     for (size_t i = 0; i < pl->n; i++) {
         const loom_sched_instr *in = &pl->list[i];
         pl->at = i;
-        if (loom_trace_is_compute(in->op))
+        if (loom_trace_is_compute(in->op)) { /* grouped: the run of transfers before it */
+            LOOM_TRY(flush(pl));
             progress_sends(pl);
+        }
         loom_trace_cost_begin(pl->trace); /* its CPU, faults and preemptions, traced */
         double t0 = loom_now_ms(); /* the instruction's span: a RECV's includes its wait */
         double c0 = loom_trace_is_compute(in->op) ? loom_cpu_ms() : 0.0;
@@ -513,7 +609,6 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
         int head_out = pl->tied_head && pl->canonical && vs == V - 1;
         int keep = (head_in || head_out) && pl->chunks > 1; /* halves exchanged after the list */
         size_t off = (size_t)in->microbatch * R;
-        loom_comm_request *r = NULL;
         int last = hooks && hooks->final_bwd && pl->last_w[in->chunk] == i &&
                    (in->op == LOOM_SCHED_BWD || in->op == LOOM_SCHED_BWD_WEIGHT);
         if (last)
@@ -522,8 +617,7 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
         case LOOM_SCHED_RECV_ACT:
             LOOM_TRY(acquire(pl, key, &s));
             loom_gpt_stage_select(m, s);
-            LOOM_TRY(ops->recv_start(pp, loom_gpt_stage_input(m), count, LOOM_DTYPE_F32, prev, &r));
-            LOOM_TRY(ops->wait(pp, r));
+            LOOM_TRY(xfer(pl, 0, loom_gpt_stage_input(m), count, prev, NULL));
             break;
         case LOOM_SCHED_FWD:
             if (pl->slot_of[key] < 0)
@@ -540,9 +634,7 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
         case LOOM_SCHED_SEND_ACT:
             LOOM_TRY(held(pl, in, &s));
             loom_gpt_stage_select(m, s);
-            LOOM_TRY(ops->send_start(pp, loom_gpt_stage_output(m, hi), count, LOOM_DTYPE_F32,
-                                     next, &r));
-            LOOM_TRY(post(pl, &pl->slots[s], r));
+            LOOM_TRY(xfer(pl, 1, loom_gpt_stage_output(m, hi), count, next, &pl->slots[s]));
             break;
         case LOOM_SCHED_RECV_GRAD:
             LOOM_TRY(held(pl, in, &s));
@@ -550,11 +642,9 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
             if (head_in && pl->chunks == 1) { /* stage 0: the LM head's half first (sent at the
                                                * last stage's BWD or B) */
                 LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
-                LOOM_TRY(ops->recv_start(pp, hb, hn, LOOM_DTYPE_F32, P - 1, &r));
-                LOOM_TRY(ops->wait(pp, r));
+                LOOM_TRY(xfer(pl, 0, hb, hn, P - 1, NULL));
             }
-            LOOM_TRY(ops->recv_start(pp, loom_gpt_stage_grad(m), count, LOOM_DTYPE_F32, next, &r));
-            LOOM_TRY(ops->wait(pp, r));
+            LOOM_TRY(xfer(pl, 0, loom_gpt_stage_grad(m), count, next, NULL));
             break;
         case LOOM_SCHED_BWD:
             LOOM_TRY(held(pl, in, &s));
@@ -575,8 +665,7 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
                     buf_add(pl, gw, hb, hn);
                 } else {
                     buf_copy(pl, hb, gw, hn);
-                    LOOM_TRY(ops->send_start(pp, hb, hn, LOOM_DTYPE_F32, 0, &r));
-                    LOOM_TRY(post(pl, &pl->slots[s], r));
+                    LOOM_TRY(xfer(pl, 1, hb, hn, 0, &pl->slots[s]));
                 }
             }
             if (hooks && hooks->after_bwd)
@@ -593,8 +682,7 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
                 LOOM_TRY(tied_half(pl, hn, in->microbatch, &hb));
             LOOM_TRY(loom_gpt_stage_backward_input(m, lo, hi, head_out ? hb : NULL));
             if (head_out && !keep) { /* sent in B's order, as stage 0 receives them */
-                LOOM_TRY(ops->send_start(pp, hb, hn, LOOM_DTYPE_F32, 0, &r));
-                LOOM_TRY(post(pl, &pl->slots[s], r));
+                LOOM_TRY(xfer(pl, 1, hb, hn, 0, &pl->slots[s]));
             }
             mark(pl, key, DONE_SPLIT | (vs == 0 ? DONE_SENT : 0));
             break;
@@ -623,9 +711,8 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
         case LOOM_SCHED_SEND_GRAD:
             LOOM_TRY(held(pl, in, &s));
             loom_gpt_stage_select(m, s);
-            LOOM_TRY(ops->send_start(pp, pl->done[key] & DONE_SPLIT ? loom_gpt_stage_grad_out(m)
-                                     : loom_gpt_stage_grad(m), count, LOOM_DTYPE_F32, prev, &r));
-            LOOM_TRY(post(pl, &pl->slots[s], r));
+            LOOM_TRY(xfer(pl, 1, pl->done[key] & DONE_SPLIT ? loom_gpt_stage_grad_out(m)
+                          : loom_gpt_stage_grad(m), count, prev, &pl->slots[s]));
             mark(pl, key, DONE_SENT);
             break;
         default:
@@ -648,6 +735,7 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
     }
     double t_wait = loom_now_ms();
     pl->at = pl->n;
+    LOOM_TRY(flush(pl));
     for (int i = 0; i < pl->n_slots; i++)
         LOOM_TRY(wait_slot(pl, &pl->slots[i]));
     double t_tied = loom_now_ms();
@@ -710,6 +798,14 @@ loom_status loom_pipeline_tied_sync(loom_pipeline *pl, loom_gpt *m, double *comm
             LOOM_TRY(pl->dops->recv_start(pl->dpp, g, e->numel, LOOM_DTYPE_F32, peer, &q));
         LOOM_TRY(pl->dops->wait(pl->dpp, q));
         *comm_ms += loom_now_ms() - t0;
+        return LOOM_OK;
+    }
+    if (pl->grouped) { /* both ways at once: one group */
+        LOOM_TRY(xfer(pl, 0, pl->tmp, e->numel, peer, NULL));
+        LOOM_TRY(xfer(pl, 1, g, e->numel, peer, NULL));
+        LOOM_TRY(flush(pl));
+        *comm_ms += loom_now_ms() - t0;
+        buf_add(pl, g, pl->tmp, e->numel);
         return LOOM_OK;
     }
     loom_comm_request *rr = NULL, *sr = NULL;

@@ -555,7 +555,7 @@ static loom_status make_compress(loom_session *s)
 }
 
 /* A device backend (its memory is not the host's): what trains there today is one rank,
- * dp, or pp over a host comm (the engine's messages staged: pipeline.h), with the
+ * dp or pp (the engine's messages over the device groups: pipeline.h), with the
  * optimizer's step_backend; the paths that still read the model's buffers as host memory
  * are refused by name. */
 static loom_status check_device(loom_session *s, const loom_session_config *cfg, int pp)
@@ -568,12 +568,7 @@ static loom_status check_device(loom_session *s, const loom_session_config *cfg,
     const loom_config_value *reduce = cfg->strategy ? loom_config_get(cfg->strategy, "reduce")
                                                     : NULL;
     /* what still reads or writes host memory where the buffers are the device's */
-    const char *what = pp > 1 && loom_dist_device_comm()
-                           ? "mesh.pp > 1 over comm = \"nccl\" (an NCCL send waits for its "
-                             "receiver, and the pipeline engine starts its sends alone, not "
-                             "grouped with the receives they meet: use comm = \"shm\" or "
-                             "\"mpi\", staged)"
-                       : cfg->tensor ? "mesh.tp > 1 (tensor parallelism's region exchanges "
+    const char *what = cfg->tensor ? "mesh.tp > 1 (tensor parallelism's region exchanges "
                                        "and the split gradient norm)"
                        : cfg->ep > 1 ? "mesh.ep > 1 (the expert exchange)"
                        : size > 1 && cfg->zero_stage > 0 ? "strategy.zero (ZeRO's partitions)"

@@ -26,6 +26,10 @@
  * 4, with dp, give the same bits.
  * Under sequence parallelism the activations and gradients that cross stages are each tp
  * rank's shard of the rows (loom_gpt_stage_rows), between the same tp ranks of two stages.
+ * On a transport whose sends wait for their receivers (LOOM_COMM_P2P_RENDEZVOUS: nccl), or
+ * with LOOM_PP_GROUPED=1, each run of consecutive transfers is posted as one group
+ * (p2p_group_start) and waited before the next compute: the simulator's rendezvous mode,
+ * which the lists are checked under at create.
  */
 #ifndef LOOM_CORE_TRAIN_PIPELINE_H
 #define LOOM_CORE_TRAIN_PIPELINE_H

@@ -26,6 +26,8 @@
 #include "base/status.h"
 
 #define MAX_PENDING 4
+#define MAX_GROUP 8 /* transfers in one run of a list: interleaved's 2 sends + 2 receives, the
+                     * canonical wte halves beside them */
 
 /* What a (micro-batch, chunk) has done of its backward: its slot is freed once it has its
  * weight gradients (BWD or W) and has sent its input gradient (or has none to send). */
@@ -38,8 +40,19 @@ typedef struct slot {
 } slot;
 
 struct loom_pipeline {
-    const loom_comm_ops *ops;
+    const loom_comm_ops *ops;       /* the pp group for host values: the loss, the norm */
     void *pp;
+    const loom_comm_ops *dops;      /* the pp group for the model's buffers (activations, */
+    void *dpp;                      /* their gradients, the wte halves): loom_host.device_group */
+    const loom_backend *be;         /* the model's backend; device: its memory is not the host's */
+    int device;
+    /* The transport's sends wait for their receivers (LOOM_COMM_P2P_RENDEZVOUS: nccl), or
+     * LOOM_PP_GROUPED=1: each run of consecutive transfers is collected here and posted as
+     * one group (p2p_group_start) before the next compute or the end of the list, and
+     * waited whole there: the simulator's rendezvous mode, checked at create. */
+    int grouped;
+    loom_p2p batch[MAX_GROUP];
+    int n_batch;
     int stages, stage, microbatches, chunks, layers;
     int *first;                     /* [stages*chunks + 1]: virtual stage k holds [first[k], first[k+1]) */
     unsigned char *own;             /* [layers] */
@@ -62,6 +75,60 @@ struct loom_pipeline {
     size_t at;                      /* the instruction the step is in (n: after the list) */
     size_t *last_w;                 /* [chunks]: the position of the chunk's last BWD or W */
 };
+
+/* --- the engine's own buffers of the model's values (the wte halves) ------------------
+ * In the model's memory: the host's (memcpy and loops, as always), or a device backend's,
+ * where every write goes through the backend's ops, ordered on its stream with the kernels
+ * around it. */
+
+static float *buf_alloc(loom_pipeline *pl, size_t n)
+{
+    if (!pl->device)
+        return malloc(n * sizeof(float));
+    return pl->be->ops->alloc(pl->be->self, n * sizeof(float));
+}
+
+static void buf_free(loom_pipeline *pl, float *p)
+{
+    if (p && pl->device)
+        pl->be->ops->free(pl->be->self, p);
+    else
+        free(p);
+}
+
+static void buf_zero(loom_pipeline *pl, float *p, size_t n)
+{
+    if (pl->device)
+        pl->be->ops->zero(pl->be->self, p, n * sizeof(float));
+    else
+        memset(p, 0, n * sizeof(float));
+}
+
+/* acc[i] += x[i]: one IEEE add each, the host loop's bits */
+static void buf_add(loom_pipeline *pl, float *acc, const float *x, size_t n)
+{
+    if (pl->device) {
+        pl->be->ops->accumulate(acc, x, n);
+        return;
+    }
+    for (size_t j = 0; j < n; j++)
+        acc[j] += x[j];
+}
+
+/* dst = src, bit for bit. The backend has no device-to-device copy; -0 + x is x for every
+ * x (+0 included: -0 + +0 = +0, and -0 + -0 = -0), so dst is filled with -0 (zero, then
+ * times -1) and src accumulated onto it. */
+static void buf_copy(loom_pipeline *pl, float *dst, const float *src, size_t n)
+{
+    if (!pl->device) {
+        memcpy(dst, src, n * sizeof(float));
+        return;
+    }
+    const loom_backend_ops *k = pl->be->ops;
+    k->zero(pl->be->self, dst, n * sizeof(float));
+    k->scale(dst, -1.0f, n);
+    k->accumulate(dst, src, n);
+}
 
 static loom_status split_layers(loom_pipeline *pl, const loom_pipeline_config *cfg)
 {
@@ -115,6 +182,35 @@ static loom_status given_lists(const loom_pipeline *pl, const loom_pipeline_conf
     return LOOM_OK;
 }
 
+/* Grouped transfers (pipeline.c's struct): the lists must complete under the simulator's
+ * rendezvous model. Canonical mode's wte halves between the last stage and stage 0 ride in
+ * the groups of the gradients between the same two ranks only with 2 stages (one chunk);
+ * with more, stage 0's group would wait on the last stage's, which the simulator does not
+ * model: refused. */
+static loom_status check_grouped(const loom_pipeline *pl, const loom_pipeline_config *cfg,
+                                 const loom_schedule *use, const char *name)
+{
+    const char *why = (loom_comm_flags(pl->dops) & LOOM_COMM_P2P_RENDEZVOUS)
+                          ? "a transport whose sends wait for their receivers (nccl)"
+                          : "LOOM_PP_GROUPED=1";
+    if (cfg->canonical && !cfg->untied && pl->chunks == 1 && pl->stages > 2)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "pipeline: canonical mode at pp=%d over %s is not built "
+                  "(the tied wte's per-micro-batch halves from the last stage to stage 0 would "
+                  "need groups the schedule's simulation does not check); use pp=2, fast mode, "
+                  "or comm = \"shm\"", pl->stages, why);
+    loom_sched_costs rc = {.fwd = 1, .bwd_input = 1, .bwd_weight = 1, .rendezvous = 1};
+    loom_sched_sim *sim = NULL;
+    loom_status st = loom_schedule_simulate(use, &rc, &sim);
+    loom_sched_sim_free(sim);
+    if (st != LOOM_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", loom_last_error());
+        return loom_fail(st, "schedule %s with each run of transfers posted as one group (%s): "
+                         "%s", name, why, msg);
+    }
+    return LOOM_OK;
+}
+
 loom_status loom_pipeline_create(const loom_pipeline_config *cfg, loom_pipeline **out)
 {
     *out = NULL;
@@ -125,6 +221,14 @@ loom_status loom_pipeline_create(const loom_pipeline_config *cfg, loom_pipeline 
     if (st == LOOM_OK && (!pl->ops || pl->stages < 2))
         st = loom_fail(LOOM_ERR_INVALID, "the pipeline engine needs a pp group of 2 or more ranks");
     pl->stage = st == LOOM_OK ? pl->ops->rank(pl->pp) : 0;
+    int dsize = 0;
+    if (st == LOOM_OK) /* the same group for the backend's memory (host memory: the same one) */
+        st = loom_core_host()->device_group(LOOM_GROUP_PP, &pl->dops, &pl->dpp, &dsize);
+    if (st == LOOM_OK && (!pl->dops || dsize != pl->stages))
+        st = loom_fail(LOOM_ERR_INTERNAL, "pipeline: the pp group for the backend's memory has "
+                       "%d ranks, the host one %d", dsize, pl->stages);
+    pl->be = cfg->backend;
+    pl->device = cfg->backend && loom_backend_device_memory(cfg->backend);
     pl->microbatches = cfg->microbatches;
     pl->chunks = cfg->chunks < 1 ? 1 : cfg->chunks;
     pl->layers = cfg->layers;
@@ -142,6 +246,11 @@ loom_status loom_pipeline_create(const loom_pipeline_config *cfg, loom_pipeline 
         st = loom_schedule_simulate(use, NULL, &sim); /* validates, then refuses a deadlock */
     if (st == LOOM_OK)
         st = loom_pipeline_check_fifo(use, cfg->canonical && pl->chunks == 1);
+    const char *force = getenv("LOOM_PP_GROUPED"); /* the grouped path on any transport (tests) */
+    pl->grouped = (loom_comm_flags(pl->dops) & LOOM_COMM_P2P_RENDEZVOUS) ||
+                  (force && !strcmp(force, "1"));
+    if (st == LOOM_OK && pl->grouped)
+        st = check_grouped(pl, cfg, use, name);
     for (size_t i = 0; st == LOOM_OK && i < use->n[pl->stage]; i++)
         pl->split |= use->list[pl->stage][i].op == LOOM_SCHED_BWD_INPUT;
     pl->canonical = cfg->canonical;
@@ -191,11 +300,11 @@ void loom_pipeline_destroy(loom_pipeline *pl)
     free(pl->slots);
     free(pl->slot_of);
     free(pl->done);
-    free(pl->tmp);
+    buf_free(pl, pl->tmp);
     for (int i = 0; pl->head && i < pl->n_slots; i++)
-        free(pl->head[i]);
+        buf_free(pl, pl->head[i]);
     free(pl->head);
-    free(pl->tied);
+    buf_free(pl, pl->tied);
     free(pl->last_w);
     free(pl);
 }
@@ -272,7 +381,7 @@ static loom_status wait_slot(loom_pipeline *pl, slot *s)
 {
     loom_status st = LOOM_OK;
     for (int i = 0; i < s->n_req; i++) {
-        loom_status w = pl->ops->wait(pl->pp, s->req[i]);
+        loom_status w = pl->dops->wait(pl->dpp, s->req[i]);
         if (st == LOOM_OK)
             st = w;
     }
@@ -289,7 +398,7 @@ static loom_status head_buffer(loom_pipeline *pl, loom_gpt *m, int slot, float *
         LOOM_FAIL(LOOM_ERR_INTERNAL, "pipeline: stage %d holds no wte", pl->stage);
     if (!pl->head && !(pl->head = calloc((size_t)pl->n_slots, sizeof *pl->head)))
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
-    if (!pl->head[slot] && !(pl->head[slot] = malloc(e->numel * sizeof(float))))
+    if (!pl->head[slot] && !(pl->head[slot] = buf_alloc(pl, e->numel)))
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for canonical mode's wte gradient halves");
     *buf = pl->head[slot];
     *g = loom_gpt_grad_data(m) + e->offset;
@@ -301,7 +410,7 @@ static loom_status head_buffer(loom_pipeline *pl, loom_gpt *m, int slot, float *
  * until the step's end (stage 0: the embedding's, the last stage: the LM head's). */
 static loom_status tied_half(loom_pipeline *pl, size_t hn, int mb, float **out)
 {
-    if (!pl->tied && !(pl->tied = malloc((size_t)pl->microbatches * hn * sizeof(float))))
+    if (!pl->tied && !(pl->tied = buf_alloc(pl, (size_t)pl->microbatches * hn)))
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for canonical mode's %d wte gradient halves",
                   pl->microbatches);
     *out = pl->tied + (size_t)mb * hn;
@@ -322,17 +431,16 @@ static loom_status tied_exchange(loom_pipeline *pl, loom_gpt *m, const loom_pipe
         loom_comm_request *r = NULL;
         LOOM_TRY(tied_half(pl, hn, mb, &half));
         if (pl->stage != 0) {
-            LOOM_TRY(pl->ops->send_start(pl->pp, half, hn, LOOM_DTYPE_F32, 0, &r));
-            LOOM_TRY(pl->ops->wait(pl->pp, r)); /* stage 0 is receiving them in this order */
+            LOOM_TRY(pl->dops->send_start(pl->dpp, half, hn, LOOM_DTYPE_F32, 0, &r));
+            LOOM_TRY(pl->dops->wait(pl->dpp, r)); /* stage 0 is receiving them in this order */
             continue;
         }
-        LOOM_TRY(pl->ops->recv_start(pl->pp, hb, hn, LOOM_DTYPE_F32, pl->stages - 1, &r));
-        LOOM_TRY(pl->ops->wait(pl->pp, r));
+        LOOM_TRY(pl->dops->recv_start(pl->dpp, hb, hn, LOOM_DTYPE_F32, pl->stages - 1, &r));
+        LOOM_TRY(pl->dops->wait(pl->dpp, r));
         if (hooks && hooks->before_bwd)
             LOOM_TRY(hooks->before_bwd(hooks->ctx, mb, -1));
-        memcpy(gw, half, hn * sizeof(float));
-        for (size_t j = 0; j < hn; j++)
-            gw[j] += hb[j];
+        buf_copy(pl, gw, half, hn);
+        buf_add(pl, gw, hb, hn);
         if (hooks && hooks->after_bwd)
             LOOM_TRY(hooks->after_bwd(hooks->ctx, mb, -1));
     }
@@ -370,17 +478,70 @@ static loom_status post(loom_pipeline *pl, slot *s, loom_comm_request *r)
     return LOOM_OK;
 }
 
+/* A transfer of the list: started now (a receive waited at once, a send posted on slot sl
+ * and waited before its buffer is reused), or with grouped transfers collected for flush. */
+static loom_status xfer(loom_pipeline *pl, int send, void *buf, size_t count, int peer, slot *sl)
+{
+    if (pl->grouped) {
+        if (pl->n_batch == MAX_GROUP)
+            LOOM_FAIL(LOOM_ERR_INTERNAL, "pipeline: more than %d transfers in one run of stage "
+                      "%d's list", MAX_GROUP, pl->stage);
+        pl->batch[pl->n_batch++] = (loom_p2p){send, buf, count, LOOM_DTYPE_F32, peer};
+        return LOOM_OK;
+    }
+    loom_comm_request *r = NULL;
+    if (!send) {
+        LOOM_TRY(pl->dops->recv_start(pl->dpp, buf, count, LOOM_DTYPE_F32, peer, &r));
+        return pl->dops->wait(pl->dpp, r);
+    }
+    LOOM_TRY(pl->dops->send_start(pl->dpp, buf, count, LOOM_DTYPE_F32, peer, &r));
+    return post(pl, sl, r);
+}
+
+/* Post the collected transfers as one group and wait for all of them. A transport without
+ * p2p_group_start (LOOM_PP_GROUPED=1 on shm) gets them started one by one, then waited. */
+static loom_status flush(loom_pipeline *pl)
+{
+    int n = pl->n_batch;
+    pl->n_batch = 0;
+    if (!n)
+        return LOOM_OK;
+    loom_p2p_group_fn group = loom_comm_p2p_group(pl->dops);
+    loom_comm_request *r[MAX_GROUP];
+    int started = 0;
+    loom_status st = LOOM_OK;
+    if (group) {
+        st = group(pl->dpp, pl->batch, n, &r[0]);
+        started = st == LOOM_OK;
+    } else
+        for (; st == LOOM_OK && started < n; started++) {
+            const loom_p2p *it = &pl->batch[started];
+            st = it->send ? pl->dops->send_start(pl->dpp, it->buf, it->count, it->dt, it->peer,
+                                                 &r[started])
+                          : pl->dops->recv_start(pl->dpp, it->buf, it->count, it->dt, it->peer,
+                                                 &r[started]);
+            if (st != LOOM_OK)
+                break;
+        }
+    for (int i = 0; i < started; i++) { /* every started one waited, the first failure kept */
+        loom_status w = pl->dops->wait(pl->dpp, r[i]);
+        if (st == LOOM_OK)
+            st = w;
+    }
+    return st;
+}
+
 /* Move what the transport can of every pending send, without blocking: a transport that
  * progresses only inside its calls (shm) would otherwise leave a send started before a
  * compute untouched until the next wait, and the next stage idle behind it. Called after
  * each SEND starts and before each compute. */
 static void progress_sends(loom_pipeline *pl)
 {
-    if (!pl->ops->test)
+    if (!pl->dops->test)
         return;
     for (int i = 0; i < pl->n_slots; i++)
         for (int j = 0; j < pl->slots[i].n_req; j++)
-            pl->ops->test(pl->pp, pl->slots[i].req[j]);
+            pl->dops->test(pl->dpp, pl->slots[i].req[j]);
 }
 
 /* Mark what key has done; free its slot when it needs the activations no more. */
@@ -414,7 +575,6 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
 {
     float *hb = NULL, *gw = NULL, *half = NULL;
     size_t hn = 0;
-    const loom_comm_ops *ops = pl->ops;
     int P = pl->stages, V = P * pl->chunks, L = pl->layers;
     int next = (pl->stage + 1) % P, prev = (pl->stage + P - 1) % P;
     /* count: this rank's rows of the residual stream (a tp rank's shard under sequence
@@ -434,8 +594,10 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
     for (size_t i = 0; i < pl->n; i++) {
         const loom_sched_instr *in = &pl->list[i];
         pl->at = i;
-        if (loom_trace_is_compute(in->op))
+        if (loom_trace_is_compute(in->op)) { /* grouped: the run of transfers before it */
+            LOOM_TRY(flush(pl));
             progress_sends(pl);
+        }
         loom_trace_cost_begin(pl->trace); /* its CPU, faults and preemptions, traced */
         double t0 = loom_now_ms(); /* the instruction's span: a RECV's includes its wait */
         double c0 = loom_trace_is_compute(in->op) ? loom_cpu_ms() : 0.0;
@@ -447,7 +609,6 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
         int head_out = pl->tied_head && pl->canonical && vs == V - 1;
         int keep = (head_in || head_out) && pl->chunks > 1; /* halves exchanged after the list */
         size_t off = (size_t)in->microbatch * R;
-        loom_comm_request *r = NULL;
         int last = hooks && hooks->final_bwd && pl->last_w[in->chunk] == i &&
                    (in->op == LOOM_SCHED_BWD || in->op == LOOM_SCHED_BWD_WEIGHT);
         if (last)
@@ -456,8 +617,7 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
         case LOOM_SCHED_RECV_ACT:
             LOOM_TRY(acquire(pl, key, &s));
             loom_gpt_stage_select(m, s);
-            LOOM_TRY(ops->recv_start(pl->pp, loom_gpt_stage_input(m), count, LOOM_DTYPE_F32, prev, &r));
-            LOOM_TRY(ops->wait(pl->pp, r));
+            LOOM_TRY(xfer(pl, 0, loom_gpt_stage_input(m), count, prev, NULL));
             break;
         case LOOM_SCHED_FWD:
             if (pl->slot_of[key] < 0)
@@ -474,9 +634,7 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
         case LOOM_SCHED_SEND_ACT:
             LOOM_TRY(held(pl, in, &s));
             loom_gpt_stage_select(m, s);
-            LOOM_TRY(ops->send_start(pl->pp, loom_gpt_stage_output(m, hi), count, LOOM_DTYPE_F32,
-                                     next, &r));
-            LOOM_TRY(post(pl, &pl->slots[s], r));
+            LOOM_TRY(xfer(pl, 1, loom_gpt_stage_output(m, hi), count, next, &pl->slots[s]));
             break;
         case LOOM_SCHED_RECV_GRAD:
             LOOM_TRY(held(pl, in, &s));
@@ -484,11 +642,9 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
             if (head_in && pl->chunks == 1) { /* stage 0: the LM head's half first (sent at the
                                                * last stage's BWD or B) */
                 LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
-                LOOM_TRY(ops->recv_start(pl->pp, hb, hn, LOOM_DTYPE_F32, P - 1, &r));
-                LOOM_TRY(ops->wait(pl->pp, r));
+                LOOM_TRY(xfer(pl, 0, hb, hn, P - 1, NULL));
             }
-            LOOM_TRY(ops->recv_start(pl->pp, loom_gpt_stage_grad(m), count, LOOM_DTYPE_F32, next, &r));
-            LOOM_TRY(ops->wait(pl->pp, r));
+            LOOM_TRY(xfer(pl, 0, loom_gpt_stage_grad(m), count, next, NULL));
             break;
         case LOOM_SCHED_BWD:
             LOOM_TRY(held(pl, in, &s));
@@ -498,20 +654,18 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
             if (keep) { /* this micro-batch's half on its own, kept for tied_exchange */
                 LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
                 LOOM_TRY(tied_half(pl, hn, in->microbatch, &half));
-                memset(gw, 0, hn * sizeof(float));
+                buf_zero(pl, gw, hn);
             }
             LOOM_TRY(loom_gpt_stage_backward(m, lo, hi));
             if (keep) {
-                memcpy(half, gw, hn * sizeof(float));
+                buf_copy(pl, half, gw, hn);
             } else if (head_in || head_out) {
                 LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
                 if (head_in) { /* emb + head: one rank's one add */
-                    for (size_t j = 0; j < hn; j++)
-                        gw[j] += hb[j];
+                    buf_add(pl, gw, hb, hn);
                 } else {
-                    memcpy(hb, gw, hn * sizeof(float));
-                    LOOM_TRY(ops->send_start(pl->pp, hb, hn, LOOM_DTYPE_F32, 0, &r));
-                    LOOM_TRY(post(pl, &pl->slots[s], r));
+                    buf_copy(pl, hb, gw, hn);
+                    LOOM_TRY(xfer(pl, 1, hb, hn, 0, &pl->slots[s]));
                 }
             }
             if (hooks && hooks->after_bwd)
@@ -528,8 +682,7 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
                 LOOM_TRY(tied_half(pl, hn, in->microbatch, &hb));
             LOOM_TRY(loom_gpt_stage_backward_input(m, lo, hi, head_out ? hb : NULL));
             if (head_out && !keep) { /* sent in B's order, as stage 0 receives them */
-                LOOM_TRY(ops->send_start(pl->pp, hb, hn, LOOM_DTYPE_F32, 0, &r));
-                LOOM_TRY(post(pl, &pl->slots[s], r));
+                LOOM_TRY(xfer(pl, 1, hb, hn, 0, &pl->slots[s]));
             }
             mark(pl, key, DONE_SPLIT | (vs == 0 ? DONE_SENT : 0));
             break;
@@ -540,16 +693,15 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
                 LOOM_TRY(hooks->before_bwd(hooks->ctx, in->microbatch, in->chunk));
             if (head_in && keep) {
                 LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
-                memset(gw, 0, hn * sizeof(float));
+                buf_zero(pl, gw, hn);
             }
             LOOM_TRY(loom_gpt_stage_backward_weight(m, lo, hi, head_out));
             if (head_in && keep) {
                 LOOM_TRY(tied_half(pl, hn, in->microbatch, &half));
-                memcpy(half, gw, hn * sizeof(float));
+                buf_copy(pl, half, gw, hn);
             } else if (head_in) { /* emb + head: one rank's one add */
                 LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
-                for (size_t j = 0; j < hn; j++)
-                    gw[j] += hb[j];
+                buf_add(pl, gw, hb, hn);
             }
             if (hooks && hooks->after_bwd)
                 LOOM_TRY(hooks->after_bwd(hooks->ctx, in->microbatch, in->chunk));
@@ -559,9 +711,8 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
         case LOOM_SCHED_SEND_GRAD:
             LOOM_TRY(held(pl, in, &s));
             loom_gpt_stage_select(m, s);
-            LOOM_TRY(ops->send_start(pl->pp, pl->done[key] & DONE_SPLIT ? loom_gpt_stage_grad_out(m)
-                                     : loom_gpt_stage_grad(m), count, LOOM_DTYPE_F32, prev, &r));
-            LOOM_TRY(post(pl, &pl->slots[s], r));
+            LOOM_TRY(xfer(pl, 1, pl->done[key] & DONE_SPLIT ? loom_gpt_stage_grad_out(m)
+                          : loom_gpt_stage_grad(m), count, prev, &pl->slots[s]));
             mark(pl, key, DONE_SENT);
             break;
         default:
@@ -584,6 +735,7 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
     }
     double t_wait = loom_now_ms();
     pl->at = pl->n;
+    LOOM_TRY(flush(pl));
     for (int i = 0; i < pl->n_slots; i++)
         LOOM_TRY(wait_slot(pl, &pl->slots[i]));
     double t_tied = loom_now_ms();
@@ -629,8 +781,8 @@ loom_status loom_pipeline_tied_sync(loom_pipeline *pl, loom_gpt *m, double *comm
     if (!e)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "pipeline: stage %d holds no wte", pl->stage);
     if (pl->tmp_n < e->numel) {
-        free(pl->tmp);
-        pl->tmp = malloc(e->numel * sizeof(float));
+        buf_free(pl, pl->tmp);
+        pl->tmp = buf_alloc(pl, e->numel);
         pl->tmp_n = pl->tmp ? e->numel : 0;
         if (!pl->tmp)
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the tied wte gradient");
@@ -641,23 +793,30 @@ loom_status loom_pipeline_tied_sync(loom_pipeline *pl, loom_gpt *m, double *comm
     if (pl->canonical) { /* stage 0 summed both halves per micro-batch: its copy is the one */
         loom_comm_request *q = NULL;
         if (pl->stage == 0)
-            LOOM_TRY(pl->ops->send_start(pl->pp, g, e->numel, LOOM_DTYPE_F32, peer, &q));
+            LOOM_TRY(pl->dops->send_start(pl->dpp, g, e->numel, LOOM_DTYPE_F32, peer, &q));
         else
-            LOOM_TRY(pl->ops->recv_start(pl->pp, g, e->numel, LOOM_DTYPE_F32, peer, &q));
-        LOOM_TRY(pl->ops->wait(pl->pp, q));
+            LOOM_TRY(pl->dops->recv_start(pl->dpp, g, e->numel, LOOM_DTYPE_F32, peer, &q));
+        LOOM_TRY(pl->dops->wait(pl->dpp, q));
         *comm_ms += loom_now_ms() - t0;
         return LOOM_OK;
     }
+    if (pl->grouped) { /* both ways at once: one group */
+        LOOM_TRY(xfer(pl, 0, pl->tmp, e->numel, peer, NULL));
+        LOOM_TRY(xfer(pl, 1, g, e->numel, peer, NULL));
+        LOOM_TRY(flush(pl));
+        *comm_ms += loom_now_ms() - t0;
+        buf_add(pl, g, pl->tmp, e->numel);
+        return LOOM_OK;
+    }
     loom_comm_request *rr = NULL, *sr = NULL;
-    LOOM_TRY(pl->ops->recv_start(pl->pp, pl->tmp, e->numel, LOOM_DTYPE_F32, peer, &rr));
-    LOOM_TRY(pl->ops->send_start(pl->pp, g, e->numel, LOOM_DTYPE_F32, peer, &sr));
-    loom_status st = pl->ops->wait(pl->pp, rr), st2 = pl->ops->wait(pl->pp, sr);
+    LOOM_TRY(pl->dops->recv_start(pl->dpp, pl->tmp, e->numel, LOOM_DTYPE_F32, peer, &rr));
+    LOOM_TRY(pl->dops->send_start(pl->dpp, g, e->numel, LOOM_DTYPE_F32, peer, &sr));
+    loom_status st = pl->dops->wait(pl->dpp, rr), st2 = pl->dops->wait(pl->dpp, sr);
     LOOM_TRY(st);
     LOOM_TRY(st2);
     *comm_ms += loom_now_ms() - t0;
     /* a + b == b + a in IEEE arithmetic: both copies get the same bits */
-    for (size_t i = 0; i < e->numel; i++)
-        g[i] += pl->tmp[i];
+    buf_add(pl, g, pl->tmp, e->numel);
     return LOOM_OK;
 }
 
@@ -789,7 +948,7 @@ loom_status loom_pipeline_norm_order(loom_pipeline *pl, const double *order, siz
 loom_status loom_pipeline_eval(loom_pipeline *pl, loom_gpt *m, const int *tokens,
                                const int *targets, int B, int T, double *loss_sum)
 {
-    const loom_comm_ops *ops = pl->ops;
+    const loom_comm_ops *ops = pl->dops; /* the model's rows */
     int P = pl->stages, V = P * pl->chunks, L = pl->layers;
     int next = (pl->stage + 1) % P, prev = (pl->stage + P - 1) % P;
     size_t count = loom_gpt_stage_rows(m, B, T) * (size_t)loom_gpt_get_config(m)->dim;
@@ -800,15 +959,15 @@ loom_status loom_pipeline_eval(loom_pipeline *pl, loom_gpt *m, const int *tokens
         int vs = c * P + pl->stage, lo = pl->first[vs], hi = pl->first[vs + 1];
         loom_comm_request *r = NULL;
         if (vs > 0) {
-            LOOM_TRY(ops->recv_start(pl->pp, loom_gpt_stage_input(m), count, LOOM_DTYPE_F32, prev, &r));
-            LOOM_TRY(ops->wait(pl->pp, r));
+            LOOM_TRY(ops->recv_start(pl->dpp, loom_gpt_stage_input(m), count, LOOM_DTYPE_F32, prev, &r));
+            LOOM_TRY(ops->wait(pl->dpp, r));
         }
         LOOM_TRY(loom_gpt_stage_forward(m, lo, hi, tokens, hi == L ? targets : NULL, B, T, 0.0f,
                                         &sum));
         if (vs + 1 < V) {
-            LOOM_TRY(ops->send_start(pl->pp, loom_gpt_stage_output(m, hi), count, LOOM_DTYPE_F32,
+            LOOM_TRY(ops->send_start(pl->dpp, loom_gpt_stage_output(m, hi), count, LOOM_DTYPE_F32,
                                      next, &r));
-            LOOM_TRY(ops->wait(pl->pp, r)); /* the next stage is receiving it now */
+            LOOM_TRY(ops->wait(pl->dpp, r)); /* the next stage is receiving it now */
         }
     }
     *loss_sum = sum;
@@ -817,7 +976,7 @@ loom_status loom_pipeline_eval(loom_pipeline *pl, loom_gpt *m, const int *tokens
 
 loom_status loom_pipeline_decode(loom_pipeline *pl, loom_gpt *m, int token, int t)
 {
-    const loom_comm_ops *ops = pl->ops;
+    const loom_comm_ops *ops = pl->dops; /* the model's rows */
     int P = pl->stages, V = P * pl->chunks;
     int next = (pl->stage + 1) % P, prev = (pl->stage + P - 1) % P;
     size_t C = (size_t)loom_gpt_get_config(m)->dim, at = (size_t)t * C;
@@ -827,15 +986,15 @@ loom_status loom_pipeline_decode(loom_pipeline *pl, loom_gpt *m, int token, int 
         int vs = c * P + pl->stage, lo = pl->first[vs], hi = pl->first[vs + 1];
         loom_comm_request *r = NULL;
         if (vs > 0) { /* one row of the residual stream: C floats */
-            LOOM_TRY(ops->recv_start(pl->pp, loom_gpt_stage_input(m) + at, C, LOOM_DTYPE_F32,
+            LOOM_TRY(ops->recv_start(pl->dpp, loom_gpt_stage_input(m) + at, C, LOOM_DTYPE_F32,
                                      prev, &r));
-            LOOM_TRY(ops->wait(pl->pp, r));
+            LOOM_TRY(ops->wait(pl->dpp, r));
         }
         LOOM_TRY(loom_gpt_stage_decode(m, lo, hi, token, t));
         if (vs + 1 < V) {
-            LOOM_TRY(ops->send_start(pl->pp, loom_gpt_stage_output(m, hi) + at, C, LOOM_DTYPE_F32,
+            LOOM_TRY(ops->send_start(pl->dpp, loom_gpt_stage_output(m, hi) + at, C, LOOM_DTYPE_F32,
                                      next, &r));
-            LOOM_TRY(ops->wait(pl->pp, r)); /* the next stage is receiving it now */
+            LOOM_TRY(ops->wait(pl->dpp, r)); /* the next stage is receiving it now */
         }
     }
     return LOOM_OK;

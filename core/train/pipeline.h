@@ -26,11 +26,16 @@
  * 4, with dp, give the same bits.
  * Under sequence parallelism the activations and gradients that cross stages are each tp
  * rank's shard of the rows (loom_gpt_stage_rows), between the same tp ranks of two stages.
+ * On a transport whose sends wait for their receivers (LOOM_COMM_P2P_RENDEZVOUS: nccl), or
+ * with LOOM_PP_GROUPED=1, each run of consecutive transfers is posted as one group
+ * (p2p_group_start) and waited before the next compute: the simulator's rendezvous mode,
+ * which the lists are checked under at create.
  */
 #ifndef LOOM_CORE_TRAIN_PIPELINE_H
 #define LOOM_CORE_TRAIN_PIPELINE_H
 
 #include "loom/plugin.h"
+#include "base/backend.h"
 #include "model/gpt.h"
 
 typedef struct loom_pipeline_config {
@@ -53,6 +58,13 @@ typedef struct loom_pipeline_config {
      * head and loss's on the last (gpt_cost.h gives FLOPs per token). Read during create. */
     const double *layer_cost;
     double first_cost, last_cost;
+    /* The model's backend (not owned; outlives the pipeline), NULL: host memory. With a
+     * device backend (loom_backend_device_memory) the engine's copies of the model's values
+     * (the wte halves) are its allocations, written by its ops, and every message of the
+     * model's buffers goes over the pp group loom_host.device_group gives (nccl, or the host
+     * communicator staged through host memory: dist.h); the loss and norm sums stay on the
+     * host group. */
+    const loom_backend *backend;
 } loom_pipeline_config;
 
 /* Called around each BWD or W (the weight gradients) of (micro-batch, chunk) (canonical

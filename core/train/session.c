@@ -555,9 +555,6 @@ static loom_status make_compress(loom_session *s)
                                       loom_gpt_grad_data(s->model));
 }
 
-/* A device backend (its memory is not the host's): what trains there today is one rank
- * (no dp, tp, pp or ep) with the optimizer's step_backend; the paths that still read the
- * model's buffers as host memory are refused by name. */
 /* A device backend's session: the tp strategy's canonical tree and scratch go through the
  * backend's ops (strategy.h's set_backend), its exchanges over the device groups. */
 static loom_status bind_tensor_backend(loom_session *s)
@@ -571,6 +568,10 @@ static loom_status bind_tensor_backend(loom_session *s)
     return t->set_backend(s->tensor_self, s->backend.ops, s->backend.self);
 }
 
+/* A device backend (its memory is not the host's): what trains there today is one rank,
+ * dp (with or without ZeRO), tp and pp (their messages over the device groups), with the
+ * optimizer's step_backend; the paths that still read the model's buffers as host memory
+ * are refused by name. */
 static loom_status check_device(loom_session *s, const loom_session_config *cfg, int pp)
 {
     const char *be = s->backend.ops->describe(s->backend.self);
@@ -581,9 +582,7 @@ static loom_status check_device(loom_session *s, const loom_session_config *cfg,
     const loom_config_value *reduce = cfg->strategy ? loom_config_get(cfg->strategy, "reduce")
                                                     : NULL;
     /* what still reads or writes host memory where the buffers are the device's */
-    const char *what = pp > 1 ? "mesh.pp > 1 (the pipeline engine's stage messages and "
-                                "slices)"
-                       : cfg->ep > 1 ? "mesh.ep > 1 (the expert exchange)"
+    const char *what = cfg->ep > 1 ? "mesh.ep > 1 (the expert exchange)"
                        : size > 1 && reduce && reduce->string && !strcmp(reduce->string, "bf16")
                            ? "reduce = \"bf16\" (the dp strategy rounds its buckets on the host)"
                        : cfg->offload_mode != LOOM_OFFLOAD_NONE ? "strategy offload"
@@ -591,8 +590,8 @@ static loom_status check_device(loom_session *s, const loom_session_config *cfg,
                        : cfg->teacher || cfg->kd_cache ? "a distillation teacher" : NULL;
     if (what)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "backend %s: training in device memory with %s is not "
-                  "built yet; it trains one rank, mesh.dp and mesh.tp ranks and ZeRO (no pp, ep, "
-                  "offload, compression or teacher), or use backend = \"cpu\"", be, what);
+                  "built yet; it trains one rank, mesh.dp, mesh.tp and mesh.pp ranks and ZeRO "
+                  "(no ep, offload, compression or teacher), or use backend = \"cpu\"", be, what);
     if (size > 1 && !s->device_groups)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "backend %s with %d ranks has no device groups "
                   "(loom_dist_device_open)", be, size);
@@ -656,6 +655,7 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
                                        cfg->pp_layers, cfg->n_pp_layers, cfg->canonical,
                                        cfg->schedule_lists, cfg->schedule_name};
             pc.untied = cfg->model.family == LOOM_FAMILY_LLAMA && !cfg->model.tie_embeddings;
+            pc.backend = &s->backend;
             /* the default split weighs the blocks, the embedding and the head by FLOPs */
             double *cost = malloc((size_t)(cfg->model.layers > 0 ? cfg->model.layers : 1) * sizeof *cost);
             if (!cost)

@@ -21,8 +21,12 @@
 #    plain dp (the same all-reduce, an element-wise update); fast zero=2 and 3 within TOL
 #    of one rank; the bytes by category; zero=3 saved at step STEPS-2 and resumed: the last
 #    two steps bitwise;
-#  - what does not train in device memory yet (mesh.pp = 2, zero with bf16 weights) is
-#    refused by name.
+#  - pp=2 (one block a stage, 2 micro-batches of 1) against one rank of the same 2-block
+#    model: canonical 1f1b (STEPS steps) and zb1 (STEPS-1) bitwise (losses and norms), 1f1b
+#    saved at step STEPS-2 and resumed on two, bitwise; fast 1f1b over STEPS-1 steps within
+#    TOL of one rank's fast run, the loss falling. zb1 and the fast run post each run of
+#    transfers as one group (LOOM_PP_GROUPED=1; nccl's path, automatic there).
+#  - what does not train in device memory yet (zero with bf16 weights) is refused by name.
 # BACKEND cudaemu (the CUDA kernels emulated on the CPU; meson runs it under
 # LOOM_CUDAEMU_GUARD=1, so a device buffer handed to the host communicator, or any host read
 # of one, is a segfault) runs everywhere with COMM=shm. BACKEND cuda needs a GPU, and
@@ -36,14 +40,13 @@ recipe=$here/recipes/cuda_train.lua
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 args=(backend="$backend" steps="$steps" batch.micro=1 batch.global=2)
 
-# resumed_ok LABEL STRAIGHT RESUMED PATTERN: RESUMED says it resumed at step k, and its
-# lines matching PATTERN (an extended regex; steps after k) are bitwise STRAIGHT's
-resumed_ok() {
-  grep -q "resumed from .*step_0*$k at step $k" "$3" || { echo "$1 did not resume at step $k"; cat "$3"; return 1; }
-  awk -v k="$k" -v p="$4" '$0 ~ p && $2 > k' "$2" > "$tmp/want"
-  grep -E "$4" "$3" > "$tmp/got" || true
+resumed_bitwise() { # NAME RESUMED STRAIGHT: RESUMED resumed at step k, and its later steps'
+  # losses and norms are bitwise STRAIGHT's
+  grep -q "resumed from .*step_0*$k at step $k" "$2" || { echo "$1 did not resume at step $k"; cat "$2"; exit 1; }
+  awk -v k=$k '(/^LOSS/ || /^NORM/) && $2 > k' "$3" > "$tmp/want"
+  grep '^LOSS\|^NORM' "$2" > "$tmp/got" || true
   [[ -s "$tmp/want" ]] && cmp -s "$tmp/want" "$tmp/got" ||
-    { echo "$1 resumed losses differ:"; diff "$tmp/want" "$tmp/got"; return 1; }
+    { echo "$1, resumed at step $k: losses and norms differ:"; diff "$tmp/want" "$tmp/got"; exit 1; }
 }
 
 gpus() { nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true; }
@@ -165,7 +168,7 @@ for z in 2 3; do # zero=2: two steps, as zero=1 above
 done
 "$loom" launch -n 2 "$recipe" "${zargs[@]}" comm="$comm" mesh.dp=2 strategy.zero=3 strategy.dp.bucket_mb=0.01 \
   resume="$tmp/zk/step_$(printf %08d $k)" > "$tmp/zres" 2> "$tmp/zres.err" || { cat "$tmp/zres.err"; exit 1; }
-resumed_ok "zero=3 dp=2" "$tmp/z3" "$tmp/zres" '^(LOSS|NORM) ' || exit 1
+resumed_bitwise "zero=3 dp=2" "$tmp/zres" "$tmp/z3"
 echo "backend=$backend comm=$comm: zero=3 dp=2 saved at step $k (per-rank partitions) and resumed, steps $((k + 1))-$steps bitwise"
 
 # a checkpoint saved by both ranks at step k and resumed on two ranks: the two later steps
@@ -176,15 +179,52 @@ k=$((steps - 2))
   checkpoint.dir="$tmp/ck" checkpoint.every=$k > /dev/null 2> "$tmp/save.err" || { cat "$tmp/save.err"; exit 1; }
 "$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 checkpoint.dir="$tmp/ck" \
   resume=auto > "$tmp/res" 2> "$tmp/res.err" || { cat "$tmp/res.err"; exit 1; }
-resumed_ok "dp=2" "$tmp/dp" "$tmp/res" '^LOSS ' || exit 1
+resumed_bitwise "dp=2" "$tmp/res" "$tmp/dp"
 echo "backend=$backend comm=$comm: dp=2 saved at step $k and resumed, steps $((k + 1))-$steps bitwise the straight run"
 
-if out=$("$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.pp=2 model.layers=2 2>&1); then
-  echo "backend=$backend with mesh.pp=2: accepted"; exit 1
-fi
-grep -q "training in device memory with mesh.pp > 1 .* is not built yet" <<< "$out" ||
-  { echo "backend=$backend with mesh.pp=2: unexpected message: $out"; exit 1; }
-echo "backend=$backend: mesh.pp=2 refused with a message"
+# pipeline parallelism in device memory: pp=2, one block a stage, 2 micro-batches of 1 (the
+# same global batch). The stage messages and the tied wte's halves go over the device groups
+# (a host COMM: staged), the loss and the split norm over the host groups.
+pp=(model.layers=2 mesh.pp=2 microbatches=2)
+"$loom" run "$recipe" "${args[@]}" model.layers=2 deterministic=canonical > "$tmp/pp_one" \
+  2> "$tmp/pp_one.err" || { cat "$tmp/pp_one.err"; exit 1; }
+grep '^LOSS\|^NORM' "$tmp/pp_one" > "$tmp/pp_want"
+[[ $(grep -c '^LOSS' "$tmp/pp_want") -eq $steps ]] || { echo "pp's one rank: not $steps losses"; exit 1; }
+pp_same() { # NAME FILE [STEPS]: FILE's losses and norms bitwise one rank's (its first STEPS),
+  # the banner saying pp
+  grep -q "x2 pp (.*, blocks 1+1).*$want_banner" "$2" ||
+    { echo "$1: the banner does not say pp=2 and: $want_banner"; head -1 "$2"; exit 1; }
+  awk -v n="${3:-$steps}" '$2 <= n' "$tmp/pp_want" > "$tmp/want"
+  grep '^LOSS\|^NORM' "$2" > "$tmp/got" || true
+  cmp -s "$tmp/want" "$tmp/got" ||
+    { echo "$1 on $backend over $comm is not bitwise one rank:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+}
+# canonical 1f1b, saved at step k; resumed there (the last steps, canonical: one rank's again)
+"$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" "${pp[@]}" schedule=1f1b \
+  deterministic=canonical checkpoint.dir="$tmp/ppck" checkpoint.every=$k > "$tmp/pp_1f1b" \
+  2> "$tmp/pp.err" || { cat "$tmp/pp.err"; exit 1; }
+pp_same "canonical pp=2 1f1b" "$tmp/pp_1f1b"
+ck=$(ls -d "$tmp"/ppck/step_*"$k" 2>/dev/null | head -1)
+[[ -n $ck ]] || { echo "pp=2: no checkpoint of step $k in $tmp/ppck: $(ls "$tmp/ppck" 2>&1)"; exit 1; }
+"$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" "${pp[@]}" schedule=1f1b \
+  deterministic=canonical resume="$ck" > "$tmp/pp_res" 2> "$tmp/pp_res.err" || { cat "$tmp/pp_res.err"; exit 1; }
+resumed_bitwise "canonical pp=2 1f1b" "$tmp/pp_res" "$tmp/pp_want"
+# zb1 and the fast run with each run of transfers posted as one group (LOOM_PP_GROUPED=1:
+# what nccl, whose sends wait for their receivers, always gets; here on the host comm)
+LOOM_PP_GROUPED=1 "$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" "${pp[@]}" schedule=zb1 \
+  deterministic=canonical steps=$((k + 1)) > "$tmp/pp_zb1" 2> "$tmp/pp.err" || { cat "$tmp/pp.err"; exit 1; }
+pp_same "canonical pp=2 zb1" "$tmp/pp_zb1" $((k + 1))
+echo "backend=$backend comm=$comm: canonical pp=2 bitwise one rank (losses and norms): 1f1b over" \
+  "$steps steps, saved at step $k and resumed; zb1, transfers grouped, over $((k + 1))"
+# fast mode, k+1 steps, against one rank's
+"$loom" run "$recipe" "${args[@]}" model.layers=2 steps=$((k + 1)) > "$tmp/pp_one_fast" \
+  2> "$tmp/pp_one.err" || { cat "$tmp/pp_one.err"; exit 1; }
+LOOM_PP_GROUPED=1 "$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" "${pp[@]}" schedule=1f1b steps=$((k + 1)) \
+  > "$tmp/pp" 2> "$tmp/pp.err" || { cat "$tmp/pp.err"; exit 1; }
+runs_close "backend=$backend comm=$comm: fast pp=2 vs one rank" "$tmp/pp_one_fast" "$tmp/pp" \
+  $((k + 1)) "$tol" || exit 1
+fell=$(loss_fell "$tmp/pp" 0.05) || { echo "fast pp=2: the loss did not fall: $fell"; exit 1; }
+echo "backend=$backend comm=$comm: fast pp=2 (transfers grouped) loss $fell"
 if out=$("$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 strategy.zero=1 precision=bf16 2>&1); then
   echo "backend=$backend with zero=1 and bf16 weights: accepted"; exit 1
 fi

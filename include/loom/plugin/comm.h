@@ -49,6 +49,15 @@ typedef struct loom_store {
 
 typedef struct loom_comm_request loom_comm_request; /* opaque, owned by the plugin */
 
+/* One send or receive of a p2p_group_start. */
+typedef struct loom_p2p {
+    int send;        /* 1: buf to peer; 0: from peer into buf */
+    void *buf;
+    size_t count;
+    loom_dtype dt;
+    int peer;
+} loom_p2p;
+
 typedef struct loom_comm_ops {
     size_t size;
     /* Join the world: rank/world given, peers found through store. timeout_ms bounds every
@@ -90,16 +99,38 @@ typedef struct loom_comm_ops {
     int (*test)(void *self, loom_comm_request *req);
     /* Optional (a table whose size ends before it has 0): what memory the buffers are. */
     unsigned flags;
+    /* Optional (a table whose size ends before it, or NULL: none): start items[0..n) as one
+     * group (NCCL's ncclGroupStart/End), one request completing when all of them have:
+     * every send and receive in it progresses at once, so on a transport whose sends wait
+     * for their receivers (LOOM_COMM_P2P_RENDEZVOUS) their order inside the group cannot
+     * block them. */
+    loom_status (*p2p_group_start)(void *self, const loom_p2p *items, int n,
+                                   loom_comm_request **req);
 } loom_comm_ops;
+
 
 /* loom_comm_ops.flags: every buffer must be the device memory of the backend whose stream
  * create() was given (NCCL); host buffers go to a host communicator beside it. */
 #define LOOM_COMM_DEVICE_MEMORY 1u
+/* A send may not complete before its receiver has posted the receive, and the operations of
+ * one communicator run in start order (NCCL: one stream): a send started before a receive
+ * can hold that receive back. Transfers that must progress together go in one
+ * p2p_group_start (the pipeline engine groups each run of consecutive transfers). */
+#define LOOM_COMM_P2P_RENDEZVOUS 2u
 
 /* The flags of a table, 0 for one built before the member existed. */
 static inline unsigned loom_comm_flags(const loom_comm_ops *o)
 {
     return o && o->size >= offsetof(loom_comm_ops, flags) + sizeof o->flags ? o->flags : 0u;
+}
+
+/* The table's p2p_group_start, NULL for one built before the member existed. */
+typedef loom_status (*loom_p2p_group_fn)(void *self, const loom_p2p *items, int n,
+                                         loom_comm_request **req);
+static inline loom_p2p_group_fn loom_comm_p2p_group(const loom_comm_ops *o)
+{
+    return o && o->size >= offsetof(loom_comm_ops, p2p_group_start) + sizeof o->p2p_group_start
+               ? o->p2p_group_start : NULL;
 }
 
 #ifdef __cplusplus

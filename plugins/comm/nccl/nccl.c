@@ -34,6 +34,9 @@
  * loom dtype moves; reductions need an NCCL type: f32, bf16, f16, i32, u8 (not u16).
  * Reproducibility: NCCL picks the same algorithm and order for the same sizes, topology and
  * environment, so results repeat run to run on one machine; that is all NCCL promises.
+ * Point to point: send/recv enqueue one operation each; p2p_group_start puts several in one
+ * ncclGroupStart/End (LOOM_COMM_P2P_RENDEZVOUS: a send waits for its receiver, so transfers
+ * that must progress together are grouped by the caller: the pipeline engine's).
  * What not: no send/recv to oneself (NCCL needs the pair in one group; copy instead).
  * Invariants: only loom_plugin_entry is exported; every failure goes through host->fail;
  * nothing prints or exits; after an abort every call on that communicator fails.
@@ -753,6 +756,50 @@ static loom_status nccl_recv_start(void *self, void *buf, size_t count, loom_dty
     return p2p_start(self, "recv", 0, buf, count, dt, peer, req);
 }
 
+/* Sends and receives as one NCCL group: NCCL's send waits for its receiver (one stream per
+ * communicator runs them in order), so transfers that must progress together, such as a
+ * pipeline stage's send to the next stage and its receive from it, go in one group. */
+static loom_status nccl_p2p_group_start(void *self, const loom_p2p *items, int n,
+                                        loom_comm_request **req)
+{
+    nccl_comm *c = self;
+    loom_status st = begin(c, "p2p group", req);
+    if (st != LOOM_OK)
+        return st;
+    if (n < 0 || (n > 0 && items == NULL))
+        return bad(c, "p2p group", "items must hold n >= 0 sends and receives");
+    for (int i = 0; i < n; i++) {
+        const loom_p2p *it = &items[i];
+        const char *what = it->send ? "p2p group send" : "p2p group recv";
+        if (dt_size(it->dt) == 0)
+            return bad(c, what, "unknown dtype");
+        if (it->count > 0 && it->buf == NULL)
+            return bad(c, what, "buf must not be NULL");
+        if (it->peer < 0 || it->peer >= c->world)
+            return bad(c, what, "peer is not a rank of this communicator");
+        if (it->peer == c->rank)
+            return c->host->fail(LOOM_ERR_UNSUPPORTED, "nccl %s: peer is this rank (%d); copy "
+                                 "instead", what, it->peer);
+        if (it->count > 0)
+            ON_DEVICE(c, what, it->buf);
+    }
+    ncclResult_t r = ncclGroupStart();
+    for (int i = 0; i < n && r == ncclSuccess; i++) {
+        const loom_p2p *it = &items[i];
+        size_t bytes = it->count * dt_size(it->dt);
+        if (bytes == 0)
+            continue;
+        r = it->send ? ncclSend(it->buf, bytes, ncclUint8, it->peer, c->comm, c->stream)
+                     : ncclRecv(it->buf, bytes, ncclUint8, it->peer, c->comm, c->stream);
+        if (r == ncclInProgress)
+            r = ncclSuccess;
+    }
+    ncclResult_t e = ncclGroupEnd(); /* ends the group even after a failed item */
+    if (r == ncclSuccess)
+        r = e;
+    return finish(c, r, "p2p group", n == 1 ? items[0].peer : -1, req);
+}
+
 static loom_status nccl_barrier_start(void *self, loom_comm_request **req)
 {
     nccl_comm *c = self;
@@ -905,7 +952,8 @@ static const loom_comm_ops ops = {
     .barrier_start = nccl_barrier_start,
     .wait = nccl_wait,
     .test = nccl_test,
-    .flags = LOOM_COMM_DEVICE_MEMORY,
+    .flags = LOOM_COMM_DEVICE_MEMORY | LOOM_COMM_P2P_RENDEZVOUS,
+    .p2p_group_start = nccl_p2p_group_start,
 };
 
 static const loom_plugin_desc desc = {

@@ -21,6 +21,9 @@
  * and B*NH up to 65535 (the fused kernels' limits); elsewhere this path. att
  * then holds that state, not probabilities: only attention_backward reads it (the model).
  * The memory of att itself is still (B,NH,T,T): the model sizes it.
+ *
+ * Grouped-query attention (the _gqa entry points, KVH key/value heads) runs the same batched
+ * path, the q heads of a kv head as rep strided products (batched_forward's comment).
  */
 #include "kernels.cuh"
 
@@ -70,6 +73,91 @@ __global__ void copy_kernel(float *dst, const float *src, size_t n)
     GRID_STRIDE(i, n) dst[i] = src[i];
 }
 
+/* The batched path with KVH key/value heads (grouped-query attention, Ainslie et al. 2023;
+ * KVH = NH is multi-head attention): qkv rows W = C + 2 KC wide, KC = KVH hs, q head h reads
+ * kv head h / rep, rep = NH / KVH. The q heads sharing a kv head are h = g rep + r: one
+ * batched product per r over the KVH groups (q, att and out strided by rep heads, k and v by
+ * one), so with KVH = NH it is the one multi-head call per sequence. Backward adds the rep
+ * contributions to the shared dK, dV (beta 1 after r = 0), in r order: fixed bits. */
+static void batched_forward(float *out, float *att, const float *qkv, int B, int T, int C,
+                            int NH, int KVH)
+{
+    /* out (B,T,C), att (B,NH,T,T), qkv (B,T,W) */
+    const int hs = C / NH, rep = NH / KVH, W = C + 2 * KVH * hs;
+    const long long TT = (long long)T * T;
+    const float scale = 1.0f / sqrtf((float)hs);
+    for (int b = 0; b < B; b++) {
+        const float *q = qkv + (size_t)b * T * W, *k = q + C;
+        float *a = att + (size_t)b * NH * TT;
+        /* preatt[h] = scale Q_h K_{h/rep}^T */
+        for (int r = 0; r < rep; r++)
+            loom_cuda_gemm_batched(0, 1, T, T, hs, scale, q + r * hs, W, (long long)rep * hs, k,
+                                   W, hs, 0.0f, a + r * TT, T, rep * TT, KVH);
+    }
+    LOOM_CUDA_LAUNCH("attention_forward (softmax)", causal_softmax_kernel,
+                     (unsigned)((size_t)B * NH * T), SM_THREADS, 0, att, (size_t)T, T, -1, T);
+    for (int b = 0; b < B; b++) {
+        const float *v = qkv + (size_t)b * T * W + C + KVH * hs;
+        const float *a = att + (size_t)b * NH * TT;
+        /* out[b, :, h] = att[b,h] V_{h/rep} */
+        for (int r = 0; r < rep; r++)
+            loom_cuda_gemm_batched(0, 0, T, hs, T, 1.0f, a + r * TT, T, rep * TT, v, W, hs, 0.0f,
+                                   out + (size_t)b * T * C + r * hs, C, (long long)rep * hs, KVH);
+    }
+}
+
+static void batched_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                             const float *att, int B, int T, int C, int NH, int KVH)
+{
+    /* dqkv (B,T,W) =, scratch (2,B,NH,T,T), dout (B,T,C), qkv (B,T,W), att (B,NH,T,T) */
+    const int hs = C / NH, rep = NH / KVH, KC = KVH * hs, W = C + 2 * KC;
+    const long long TT = (long long)T * T, sh = (long long)rep * hs, st = rep * TT;
+    const float scale = 1.0f / sqrtf((float)hs);
+    float *datt = scratch, *dpre = scratch + (size_t)B * NH * TT;
+    for (int b = 0; b < B; b++) {
+        const float *v = qkv + (size_t)b * T * W + C + KC, *dO = dout + (size_t)b * T * C;
+        const float *a = att + (size_t)b * NH * TT;
+        float *dv = dqkv + (size_t)b * T * W + C + KC, *da = datt + (size_t)b * NH * TT;
+        for (int r = 0; r < rep; r++) {
+            loom_cuda_gemm_batched(1, 0, T, hs, T, 1.0f, a + r * TT, T, st, dO + r * hs, C, sh,
+                                   r ? 1.0f : 0.0f, dv, W, hs, KVH);
+            loom_cuda_gemm_batched(0, 1, T, T, hs, 1.0f, dO + r * hs, C, sh, v, W, hs, 0.0f,
+                                   da + r * TT, T, st, KVH);
+        }
+    }
+    LOOM_CUDA_LAUNCH("attention_backward (softmax)", softmax_backward_kernel,
+                     (unsigned)((size_t)B * NH * T), SM_THREADS, 0, dpre, att, datt, T);
+    for (int b = 0; b < B; b++) {
+        const float *q = qkv + (size_t)b * T * W, *k = q + C;
+        const float *p = dpre + (size_t)b * NH * TT;
+        float *dq = dqkv + (size_t)b * T * W, *dk = dq + C;
+        for (int r = 0; r < rep; r++) {
+            loom_cuda_gemm_batched(0, 0, T, hs, T, scale, p + r * TT, T, st, k, W, hs, 0.0f,
+                                   dq + r * hs, W, sh, KVH);
+            loom_cuda_gemm_batched(1, 0, T, hs, T, scale, p + r * TT, T, st, q + r * hs, W, sh,
+                                   r ? 1.0f : 0.0f, dk, W, hs, KVH);
+        }
+    }
+}
+
+static void batched_decode(float *out, float *att, size_t att_stride, const float *qkv, int t,
+                           int C, int NH, int KVH)
+{
+    /* out (C), att NH rows of t+1 at att_stride, qkv (t+1, W) */
+    const int hs = C / NH, rep = NH / KVH, W = C + 2 * KVH * hs;
+    const long long sa = (long long)att_stride, sh = (long long)rep * hs;
+    const float scale = 1.0f / sqrtf((float)hs);
+    const float *q = qkv + (size_t)t * W, *k = qkv + C, *v = k + KVH * hs;
+    for (int r = 0; r < rep; r++)
+        loom_cuda_gemm_batched(0, 1, 1, t + 1, hs, scale, q + r * hs, W, sh, k, W, hs, 0.0f,
+                               att + r * att_stride, (int)att_stride, rep * sa, KVH);
+    LOOM_CUDA_LAUNCH("attention_decode (softmax)", causal_softmax_kernel, (unsigned)NH, SM_THREADS,
+                     0, att, att_stride, 1, t, t + 1);
+    for (int r = 0; r < rep; r++)
+        loom_cuda_gemm_batched(0, 0, 1, hs, t + 1, 1.0f, att + r * att_stride, (int)att_stride,
+                               rep * sa, v, W, hs, 0.0f, out + r * hs, C, sh, KVH);
+}
+
 extern "C" void loom_cuda_attention_forward(float *out, float *att, const float *qkv, int B, int T,
                                             int C, int NH)
 {
@@ -81,24 +169,7 @@ extern "C" void loom_cuda_attention_forward(float *out, float *att, const float 
                          LOOM_CUDA_THREADS, 0, saved, out, n);
         return;
     }
-    /* out (B,T,C), att (B,NH,T,T), qkv (B,T,3C) */
-    const int hs = C / NH, C3 = 3 * C;
-    const long long TT = (long long)T * T;
-    const float scale = 1.0f / sqrtf((float)hs);
-    for (int b = 0; b < B; b++) {
-        const float *q = qkv + (size_t)b * T * C3, *k = q + C;
-        /* preatt[h] = scale Q_h K_h^T */
-        loom_cuda_gemm_batched(0, 1, T, T, hs, scale, q, C3, hs, k, C3, hs, 0.0f,
-                               att + (size_t)b * NH * TT, T, TT, NH);
-    }
-    LOOM_CUDA_LAUNCH("attention_forward (softmax)", causal_softmax_kernel,
-                     (unsigned)((size_t)B * NH * T), SM_THREADS, 0, att, (size_t)T, T, -1, T);
-    for (int b = 0; b < B; b++) {
-        const float *v = qkv + (size_t)b * T * C3 + 2 * C;
-        /* out[b, :, h] = att[b,h] V_h */
-        loom_cuda_gemm_batched(0, 0, T, hs, T, 1.0f, att + (size_t)b * NH * TT, T, TT, v, C3, hs,
-                               0.0f, out + (size_t)b * T * C, C, hs, NH);
-    }
+    batched_forward(out, att, qkv, B, T, C, NH, NH);
 }
 
 extern "C" void loom_cuda_attention_backward(float *dqkv, float *scratch, const float *dout,
@@ -111,40 +182,39 @@ extern "C" void loom_cuda_attention_backward(float *dqkv, float *scratch, const 
                                            B, T, C, NH, LOOM_DTYPE_F32);
         return;
     }
-    const int hs = C / NH, C3 = 3 * C;
-    const long long TT = (long long)T * T;
-    const float scale = 1.0f / sqrtf((float)hs);
-    float *datt = scratch, *dpre = scratch + (size_t)B * NH * TT;
-    for (int b = 0; b < B; b++) {
-        const float *v = qkv + (size_t)b * T * C3 + 2 * C, *dO = dout + (size_t)b * T * C;
-        const float *a = att + (size_t)b * NH * TT;
-        float *dv = dqkv + (size_t)b * T * C3 + 2 * C;
-        loom_cuda_gemm_batched(1, 0, T, hs, T, 1.0f, a, T, TT, dO, C, hs, 0.0f, dv, C3, hs, NH);
-        loom_cuda_gemm_batched(0, 1, T, T, hs, 1.0f, dO, C, hs, v, C3, hs, 0.0f,
-                               datt + (size_t)b * NH * TT, T, TT, NH);
-    }
-    LOOM_CUDA_LAUNCH("attention_backward (softmax)", softmax_backward_kernel,
-                     (unsigned)((size_t)B * NH * T), SM_THREADS, 0, dpre, att, datt, T);
-    for (int b = 0; b < B; b++) {
-        const float *q = qkv + (size_t)b * T * C3, *k = q + C;
-        const float *p = dpre + (size_t)b * NH * TT;
-        float *dq = dqkv + (size_t)b * T * C3, *dk = dq + C;
-        loom_cuda_gemm_batched(0, 0, T, hs, T, scale, p, T, TT, k, C3, hs, 0.0f, dq, C3, hs, NH);
-        loom_cuda_gemm_batched(1, 0, T, hs, T, scale, p, T, TT, q, C3, hs, 0.0f, dk, C3, hs, NH);
-    }
+    batched_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH, NH);
 }
 
 extern "C" void loom_cuda_attention_decode(float *out, float *att, size_t att_stride,
                                            const float *qkv, int t, int C, int NH)
 {
-    /* out (C), att NH rows of t+1 at att_stride, qkv (t+1, 3C) */
-    const int hs = C / NH, C3 = 3 * C;
-    const float scale = 1.0f / sqrtf((float)hs);
-    const float *q = qkv + (size_t)t * C3, *k = qkv + C, *v = qkv + 2 * C;
-    loom_cuda_gemm_batched(0, 1, 1, t + 1, hs, scale, q, C3, hs, k, C3, hs, 0.0f, att,
-                           (int)att_stride, (long long)att_stride, NH);
-    LOOM_CUDA_LAUNCH("attention_decode (softmax)", causal_softmax_kernel, (unsigned)NH, SM_THREADS,
-                     0, att, att_stride, 1, t, t + 1);
-    loom_cuda_gemm_batched(0, 0, 1, hs, t + 1, 1.0f, att, (int)att_stride, (long long)att_stride, v,
-                           C3, hs, 0.0f, out, C, hs, NH);
+    batched_decode(out, att, att_stride, qkv, t, C, NH, NH);
+}
+
+/* Grouped-query attention (backend.h attention_gqa_*): KVH = NH is exactly the multi-head
+ * ops above (the fused kernels included, where they take the call); fewer kv heads take the
+ * batched path (the fused kernels read one kv head per q head). */
+extern "C" void loom_cuda_attention_gqa_forward(float *out, float *att, const float *qkv, int B,
+                                                int T, int C, int NH, int KVH)
+{
+    if (KVH == NH)
+        loom_cuda_attention_forward(out, att, qkv, B, T, C, NH);
+    else
+        batched_forward(out, att, qkv, B, T, C, NH, KVH);
+}
+
+extern "C" void loom_cuda_attention_gqa_backward(float *dqkv, float *scratch, const float *dout,
+                                                 const float *qkv, const float *att, int B,
+                                                 int T, int C, int NH, int KVH)
+{
+    if (KVH == NH)
+        loom_cuda_attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH);
+    else
+        batched_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH, KVH);
+}
+
+extern "C" void loom_cuda_attention_gqa_decode(float *out, float *att, size_t att_stride,
+                                               const float *qkv, int t, int C, int NH, int KVH)
+{
+    batched_decode(out, att, att_stride, qkv, t, C, NH, KVH);
 }

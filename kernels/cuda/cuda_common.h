@@ -88,6 +88,25 @@ void loom_cuda_attention_backward(float *dqkv, float *scratch, const float *dout
                                   const float *qkv, const float *att, int B, int T, int C, int NH);
 void loom_cuda_attention_decode(float *out, float *att, size_t att_stride, const float *qkv,
                                 int t, int C, int NH);
+void loom_cuda_attention_gqa_forward(float *out, float *att, const float *qkv, int B, int T,
+                                     int C, int NH, int KVH);
+void loom_cuda_attention_gqa_backward(float *dqkv, float *scratch, const float *dout,
+                                      const float *qkv, const float *att, int B, int T, int C,
+                                      int NH, int KVH);
+void loom_cuda_attention_gqa_decode(float *out, float *att, size_t att_stride, const float *qkv,
+                                    int t, int C, int NH, int KVH);
+/* llama.cu: backend.h rmsnorm_*, swiglu_*, rope_* (kernels/cpu's math). */
+void loom_cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
+                               size_t rows, int C, float eps);
+void loom_cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                                const float *weight, const float *rstd, size_t rows, int C);
+void loom_cuda_swiglu_forward(float *out, const float *inp, size_t rows, int F);
+void loom_cuda_swiglu_backward(float *dinp, const float *inp, const float *dout, size_t rows,
+                               int F);
+void loom_cuda_rope_forward(float *x, const float *cos, const float *sin, size_t row0,
+                            size_t rows, int T, int stride, int heads, int hs);
+void loom_cuda_rope_backward(float *dx, const float *cos, const float *sin, size_t row0,
+                             size_t rows, int T, int stride, int heads, int hs);
 /* flash_attention.cu: backend.h attention_flash_forward / _backward. */
 void loom_cuda_flash_attention_forward(float *out, float *lse, const void *qkv, int B, int T,
                                        int C, int NH, loom_dtype dt);

@@ -1,4 +1,5 @@
-/* test_cuda_model.c — the whole GPT-2 model on the CUDA backend against the CPU backend:
+/* test_cuda_model.c — the whole GPT-2 model (and a llama one, loss and gradients) on the CUDA
+ * backend against the CPU backend:
  * the same config, seed and batches on both (loom_gpt_create through loom_backend_open, as
  * a session does).
  *   loss and gradients: one forward + backward; the losses within 1e-5 relative, every
@@ -27,12 +28,25 @@ enum { B_ = 4, T_ = 32, V_ = 131 };
 
 static loom_backend cpu, gpu;
 
-static loom_gpt *make(loom_backend *be)
+static const loom_gpt_config gpt2_cfg = {.vocab = V_, .ctx = T_, .layers = 3, .heads = 4,
+                                          .dim = 64};
+/* The llama family (RMSNorm, SwiGLU, RoPE, grouped-query attention: 4 q heads over 2 kv
+ * heads), 2 blocks. */
+static const loom_gpt_config llama_cfg = {.vocab = V_, .ctx = T_, .layers = 2, .heads = 4,
+                                          .dim = 64, .family = LOOM_FAMILY_LLAMA,
+                                          .kv_heads = 2, .ffn_dim = 96};
+
+static loom_gpt *make_cfg(loom_backend *be, const loom_gpt_config *cfg)
 {
-    loom_gpt_config c = {.vocab = V_, .ctx = T_, .layers = 3, .heads = 4, .dim = 64};
+    loom_gpt_config c = *cfg;
     loom_gpt *m = NULL;
     ck_assert_msg(loom_gpt_create(&c, be, B_, 7, NULL, &m) == LOOM_OK, "%s", loom_last_error());
     return m;
+}
+
+static loom_gpt *make(loom_backend *be)
+{
+    return make_cfg(be, &gpt2_cfg);
 }
 
 static void batch(int step, int *tok, int *tgt)
@@ -63,13 +77,13 @@ static float *to_host(loom_backend *be, const float *d, size_t n)
     return h;
 }
 
-START_TEST(test_loss_and_grads)
+static void loss_and_grads(const char *what, const loom_gpt_config *cfg)
 {
-    loom_gpt *mc = make(&cpu), *mg = make(&gpu);
+    loom_gpt *mc = make_cfg(&cpu, cfg), *mg = make_cfg(&gpu, cfg);
     int tok[B_ * T_], tgt[B_ * T_];
     batch(0, tok, tgt);
     double lc = fwd_bwd(mc, tok, tgt), lg = fwd_bwd(mg, tok, tgt);
-    printf("loss: cpu %.9g gpu %.9g\n", lc, lg);
+    printf("%s loss: cpu %.9g gpu %.9g\n", what, lc, lg);
     ck_assert_msg(fabs(lc - lg) <= 1e-5 * fabs(lc), "loss: cpu %.9g gpu %.9g", lc, lg);
     size_t n = loom_gpt_params(mc)->total;
     ck_assert_uint_eq(n, loom_gpt_params(mg)->total);
@@ -85,12 +99,23 @@ START_TEST(test_loss_and_grads)
             at = i;
         }
     }
-    printf("grad norm: cpu %.9g gpu %.9g; worst element %zu: cpu %.9g gpu %.9g\n", sqrt(nc),
-           sqrt(ng), at, gc[at], gg[at]);
-    ck_assert_msg(worst <= 1.0, "gradient %zu: cpu %.9g gpu %.9g", at, gc[at], gg[at]);
-    ck_assert_msg(fabs(sqrt(nc) - sqrt(ng)) <= 1e-4 * sqrt(nc), "gradient norm");
+    printf("%s grad norm: cpu %.9g gpu %.9g; worst element %zu: cpu %.9g gpu %.9g (%.3g of "
+           "the tolerance)\n", what, sqrt(nc), sqrt(ng), at, gc[at], gg[at], worst);
+    ck_assert_msg(worst <= 1.0, "%s: gradient %zu: cpu %.9g gpu %.9g", what, at, gc[at], gg[at]);
+    ck_assert_msg(fabs(sqrt(nc) - sqrt(ng)) <= 1e-4 * sqrt(nc), "%s: gradient norm", what);
     free(gc), free(gg);
     loom_gpt_destroy(mc), loom_gpt_destroy(mg);
+}
+
+START_TEST(test_loss_and_grads)
+{
+    loss_and_grads("gpt2", &gpt2_cfg);
+}
+END_TEST
+
+START_TEST(test_llama_loss_and_grads)
+{
+    loss_and_grads("llama", &llama_cfg);
 }
 END_TEST
 
@@ -167,6 +192,7 @@ int main(int argc, char **argv)
     tcase_set_timeout(tc, 300);
     tcase_set_timeout(steps, 900);
     tcase_add_test(tc, test_loss_and_grads);
+    tcase_add_test(tc, test_llama_loss_and_grads);
     tcase_add_test(steps, test_twenty_steps_track_cpu);
     suite_add_tcase(su, tc);
     suite_add_tcase(su, steps);

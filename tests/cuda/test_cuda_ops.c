@@ -7,7 +7,9 @@
  * alloc, the accumulate-vs-overwrite contract on the GPU (called twice), canonical mode's
  * ordered GEMM (a one-row product has the bits of that row of a larger one; a column split
  * has the unsplit bits), and attention_decode giving attention_forward's last row bitwise
- * in row-stable mode.
+ * in row-stable mode; the llama family's ops (grouped-query attention with 2 and 1 kv heads,
+ * its decode bitwise its forward's last row in row-stable mode, RMSNorm, SwiGLU, RoPE: fp32
+ * only, as the CPU's are).
  * Check in no-fork mode (CUDA after fork() is undefined). No GPU visible: exit 77 (skip).
  */
 #include <check.h>
@@ -421,6 +423,156 @@ START_TEST(test_attention_decode_bitwise)
 }
 END_TEST
 
+/* --- the llama family: grouped-query attention, RMSNorm, SwiGLU, RoPE ------------------ */
+/* KVH = 2 (two q heads per kv head) and 1 (all four on one): qkv rows C + 2 KVH hs wide.
+ * KVH = NH is attention_forward/_backward itself (test_attention). Tolerance RED; decode
+ * against the CPU's decode (RED) and, in row-stable mode, bitwise the forward's last row. */
+static void op_attention_gqa(const loom_backend_ops *k, void *s, void **d, void *ctx)
+{
+    const int kvh = *(const int *)ctx;
+    k->attention_gqa_forward(d[0], d[1], d[2], B, T, C, NH, kvh);
+    k->attention_gqa_backward(d[3], d[4], d[5], d[2], d[1], B, T, C, NH, kvh);
+    /* decode row T-1 of sequence 0 (its first T rows of qkv) */
+    k->attention_gqa_decode(d[6], d[7], T, d[2], T - 1, C, NH, kvh);
+}
+
+START_TEST(test_attention_gqa)
+{
+    const loom_backend_ops *k = ct_gpu.k;
+    ck_assert_msg(k->size > offsetof(loom_backend_ops, attention_gqa_decode) &&
+                      k->attention_gqa_forward && k->attention_gqa_backward &&
+                      k->attention_gqa_decode,
+                  "the CUDA backend has no attention_gqa_forward/_backward/_decode");
+    static const int kvhs[] = {2, 1};
+    for (int c = 0; c < 2; c++) {
+        int kvh = kvhs[c];
+        const size_t na = (size_t)B * NH * T * T, W = C + 2 * (size_t)kvh * (C / NH);
+        float *o = ct_floats(R * C, 1, 0, 0), *att = ct_floats(na, 2, 0, 0);
+        float *qkv = ct_floats(R * W, 3, -1.5f, 1.5f), *dqkv = ct_floats(R * W, 4, -9, 9);
+        float *scratch = ct_floats(2 * na, 5, 0, 0), *dout = ct_floats(R * C, 6, -1, 1);
+        float *orow = ct_floats(C, 7, 0, 0), *arow = ct_floats((size_t)NH * T, 8, 0, 0);
+        ct_buf b[] = {out("out", o, R * C * 4, RED), out("att", att, na * 4, RED),
+                      in("qkv", qkv, R * W * 4), out("dqkv", dqkv, R * W * 4, RED),
+                      in("scratch", scratch, 2 * na * 4), in("dout", dout, R * C * 4),
+                      out("decode out", orow, C * 4, RED),
+                      out("decode att", arow, (size_t)NH * T * 4, RED)};
+        ct_compare_op(kvh == 2 ? "attention_gqa fwd/bwd/decode (KVH 2)"
+                               : "attention_gqa fwd/bwd/decode (KVH 1)",
+                      b, 8, op_attention_gqa, &kvh);
+
+        /* row-stable mode: decode's row is the forward's last row, bit for bit */
+        void *s = ct_gpu.self;
+        float *full = malloc(R * C * 4), *row = malloc(C * 4);
+        float *dq = k->alloc(s, R * W * 4), *dfull = k->alloc(s, R * C * 4);
+        float *datt = k->alloc(s, na * 4), *drow = k->alloc(s, C * 4);
+        float *drow_att = k->alloc(s, (size_t)NH * T * 4);
+        k->copy_to_device(s, dq, qkv, R * W * 4);
+        k->set_deterministic(s, 2);
+        k->attention_gqa_forward(dfull, datt, dq, 1, T, C, NH, kvh);
+        k->attention_gqa_decode(drow, drow_att, T, dq, T - 1, C, NH, kvh);
+        k->copy_to_host(s, full, dfull, (size_t)T * C * 4);
+        k->copy_to_host(s, row, drow, C * 4);
+        k->set_deterministic(s, 0);
+        ck_assert_msg(memcmp(row, full + (size_t)(T - 1) * C, C * 4) == 0,
+                      "KVH %d: attention_gqa_decode's row differs from the forward's last row",
+                      kvh);
+        k->free(s, dq), k->free(s, dfull), k->free(s, datt), k->free(s, drow),
+            k->free(s, drow_att);
+        free(full), free(row);
+        free(o), free(att), free(qkv), free(dqkv), free(scratch), free(dout), free(orow),
+            free(arow);
+    }
+}
+END_TEST
+
+/* eps 1e-6 (Llama's; layernorm's is 1e-5), with the first 8 rows scaled to about 1e-3 so
+ * that their mean square (~1e-6) is eps's size: a wrong eps moves those rows by far more
+ * than RED. Backward twice (dweight accumulates), then once more in place (dinp = dout). */
+static void op_rmsnorm(const loom_backend_ops *k, void *s, void **d, void *ctx)
+{
+    k->rmsnorm_forward(d[0], d[1], d[2], d[3], R, C, 1e-6f);
+    k->rmsnorm_backward(d[4], d[5], d[6], d[2], d[3], d[1], R, C);
+    k->rmsnorm_backward(d[4], d[5], d[6], d[2], d[3], d[1], R, C);
+    k->rmsnorm_backward(d[7], d[5], d[7], d[2], d[3], d[1], R, C);
+}
+
+START_TEST(test_rmsnorm)
+{
+    const loom_backend_ops *k = ct_gpu.k;
+    ck_assert_msg(k->size > offsetof(loom_backend_ops, rope_backward) && k->rmsnorm_forward &&
+                      k->rmsnorm_backward,
+                  "the CUDA backend has no rmsnorm_forward/_backward");
+    float *x = ct_floats(R * C, 1, -2, 3), *w = ct_floats(C, 2, 0.5, 1.5);
+    for (size_t i = 0; i < 8 * (size_t)C; i++)
+        x[i] *= 1e-3f;
+    float *o = ct_floats(R * C, 4, 0, 0), *rstd = ct_floats(R, 5, 0, 0);
+    float *dx = ct_floats(R * C, 7, -9, 9), *dw = ct_floats(C, 8, -1, 1);
+    float *dout = ct_floats(R * C, 10, -1, 1), *dio = ct_floats(R * C, 11, -1, 1);
+    ct_buf b[] = {out("out", o, R * C * 4, RED),      out("rstd", rstd, R * 4, RED),
+                  in("inp", x, R * C * 4),             in("w", w, C * 4),
+                  out("dinp", dx, R * C * 4, RED),     out("dweight", dw, C * 4, RED),
+                  in("dout", dout, R * C * 4),         out("dinp in place", dio, R * C * 4, RED)};
+    ct_compare_op("rmsnorm fwd/bwd", b, 8, op_rmsnorm, NULL);
+    free(x), free(w), free(o), free(rstd), free(dx), free(dw), free(dout), free(dio);
+}
+END_TEST
+
+/* F = 80 (not a multiple of the block); gates in [-6, 6] plus -100 (sigmoid 0) and 100. */
+enum { FF = 80 };
+static void op_swiglu(const loom_backend_ops *k, void *s, void **d, void *ctx)
+{
+    k->swiglu_forward(d[0], d[1], R, FF);
+    k->swiglu_backward(d[2], d[1], d[3], R, FF);
+}
+
+START_TEST(test_swiglu)
+{
+    const loom_backend_ops *k = ct_gpu.k;
+    ck_assert_msg(k->size > offsetof(loom_backend_ops, rope_backward) && k->swiglu_forward &&
+                      k->swiglu_backward,
+                  "the CUDA backend has no swiglu_forward/_backward");
+    const size_t n = R * FF;
+    float *o = ct_floats(n, 1, 0, 0), *x = ct_floats(2 * n, 2, -6, 6);
+    float *dx = ct_floats(2 * n, 3, -9, 9), *dout = ct_floats(n, 4, -1, 1);
+    x[0] = -100.0f, x[1] = 100.0f, x[2 * FF + 5] = -100.0f;
+    ct_buf b[] = {out("out", o, n * 4, EW), in("inp", x, 2 * n * 4),
+                  out("dinp", dx, 2 * n * 4, EW), in("dout", dout, n * 4)};
+    ct_compare_op("swiglu fwd/bwd", b, 4, op_swiglu, NULL);
+    free(o), free(x), free(dx), free(dout);
+}
+END_TEST
+
+/* In place over the q and k heads (NH + KVH 2 = 6 heads of 24) of rows of a fused qkv
+ * (stride C + 2 * 48), a shard from row 5 (positions (5 + i) % T); theta 10000. The
+ * backward on a gradient buffer. Tolerance EW. */
+static void op_rope(const loom_backend_ops *k, void *s, void **d, void *ctx)
+{
+    enum { HS = C / NH, W = C + 2 * 2 * HS };
+    k->rope_forward(d[0], d[2], d[3], 5, R - 5, T, W, NH + 2, HS);
+    k->rope_backward(d[1], d[2], d[3], 5, R - 5, T, W, NH + 2, HS);
+}
+
+START_TEST(test_rope)
+{
+    const loom_backend_ops *k = ct_gpu.k;
+    ck_assert_msg(k->size > offsetof(loom_backend_ops, rope_backward) && k->rope_forward &&
+                      k->rope_backward,
+                  "the CUDA backend has no rope_forward/_backward");
+    enum { HS = C / NH, W = C + 2 * 2 * HS, HALF = HS / 2 };
+    float *x = ct_floats(R * W, 1, -2, 2), *dx = ct_floats(R * W, 2, -1, 1);
+    float *cs = malloc((size_t)T * HALF * 4), *sn = malloc((size_t)T * HALF * 4);
+    for (int p = 0; p < T; p++)
+        for (int i = 0; i < HALF; i++) {
+            const double a = p * pow(10000.0, -2.0 * i / HS);
+            cs[p * HALF + i] = (float)cos(a), sn[p * HALF + i] = (float)sin(a);
+        }
+    ct_buf b[] = {out("x", x, R * W * 4, EW), out("dx", dx, R * W * 4, EW),
+                  in("cos", cs, (size_t)T * HALF * 4), in("sin", sn, (size_t)T * HALF * 4)};
+    ct_compare_op("rope fwd/bwd", b, 4, op_rope, NULL);
+    free(x), free(dx), free(cs), free(sn);
+}
+END_TEST
+
 /* --- elementwise ---------------------------------------------------------------------- */
 static void op_elementwise(const loom_backend_ops *k, void *s, void **d, void *ctx)
 {
@@ -650,6 +802,10 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_attention);
     tcase_add_test(tc, test_attention_flash);
     tcase_add_test(tc, test_attention_decode_bitwise);
+    tcase_add_test(tc, test_attention_gqa);
+    tcase_add_test(tc, test_rmsnorm);
+    tcase_add_test(tc, test_swiglu);
+    tcase_add_test(tc, test_rope);
     tcase_add_test(tc, test_elementwise);
     tcase_add_test(tc, test_crossentropy);
     tcase_add_test(tc, test_reductions);

@@ -7,7 +7,8 @@
 #  - in bf16 too (precision = "bf16"), against the CPU's bf16 run (bf16_close, below);
 #  - with LOOM_CUDA_ATTENTION=flash (the fused attention kernels), fp32 and bf16, likewise;
 #  - a checkpoint saved on the device backend and resumed there gives the uninterrupted
-#    run's later losses bit for bit (the save and the load go through the host mirrors).
+#    run's later losses bit for bit (the save and the load go through the host mirrors);
+#  - a llama model (recipes/cuda_train_llama.lua) within TOL of the CPU run, and its loss falls.
 # BACKEND cudaemu (tests/cuda: the CUDA kernels emulated on the CPU, a non-NULL stream so
 # sessions take the device paths) runs everywhere; cuda needs a GPU: exit 77 (meson's
 # skip) with a message where none is visible.
@@ -93,6 +94,17 @@ awk -v k=$k '/^LOSS/ && $2 > k' "$tmp/dev" > "$tmp/want"
 grep '^LOSS' "$tmp/res" > "$tmp/got"
 cmp -s "$tmp/want" "$tmp/got" || { echo "resumed losses differ:"; diff "$tmp/want" "$tmp/got"; exit 1; }
 echo "backend=$backend: saved at step $k and resumed, steps $((k + 1))-$steps bitwise the straight run"
+
+# the llama family (RMSNorm, SwiGLU, RoPE, grouped-query attention: the backend's llama ops)
+# on the device backend against the CPU's run of that recipe, fp32, the same tolerance
+llama=$here/recipes/cuda_train_llama.lua
+"$loom" run "$llama" backend="$backend" steps="$steps" > "$tmp/ldev" 2>&1 ||
+  { echo "backend=$backend, llama:"; cat "$tmp/ldev"; exit 1; }
+"$loom" run "$llama" backend=cpu steps="$steps" > "$tmp/lcpu"
+runs_close "backend=$backend vs cpu, llama (kv_heads 2)" "$tmp/lcpu" "$tmp/ldev" "$steps" "$tol" ||
+  exit 1
+fell=$(loss_fell "$tmp/ldev" 0.05) || { echo "backend=$backend, llama: the loss did not fall: $fell"; exit 1; }
+echo "backend=$backend, llama: loss $fell"
 
 # what does not train in device memory yet is refused by name, before any step
 if out=$("$loom" run "$recipe" backend="$backend" strategy.offload.optimizer=host 2>&1); then

@@ -213,6 +213,15 @@ static loom_backend_ops make_ops()
     o.set_deterministic = emu_set_deterministic;
     o.attention_decode = G(loom_cuda_attention_decode);
     o.stream = emu_stream;
+    o.rmsnorm_forward = G(loom_cuda_rmsnorm_forward);
+    o.rmsnorm_backward = G(loom_cuda_rmsnorm_backward);
+    o.swiglu_forward = G(loom_cuda_swiglu_forward);
+    o.swiglu_backward = G(loom_cuda_swiglu_backward);
+    o.rope_forward = G(loom_cuda_rope_forward);
+    o.rope_backward = G(loom_cuda_rope_backward);
+    o.attention_gqa_forward = G(loom_cuda_attention_gqa_forward);
+    o.attention_gqa_backward = G(loom_cuda_attention_gqa_backward);
+    o.attention_gqa_decode = G(loom_cuda_attention_gqa_decode);
     o.convert_from_f32 = G(loom_cuda_convert_from_f32);
     o.convert_to_f32 = G(loom_cuda_convert_to_f32);
     o.round_to = G(loom_cuda_round_to);

@@ -8,5 +8,6 @@
 #include "encoder.cu"
 #include "gemm_ordered.cu"
 #include "layernorm.cu"
+#include "llama.cu"
 #include "optim.cu"
 #include "reduce.cu"

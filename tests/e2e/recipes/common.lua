@@ -20,6 +20,24 @@ return {
       end,
     }
   end,
+  -- cuda_train.lua's and cuda_train_llama.lua's run (tests/e2e/cuda_train.sh compares a device
+  -- backend's with the CPU's): every step's loss (hex and decimal), gradient norm and bytes
+  cuda_train_run = function(model)
+    return {
+      model = model, data = data(),
+      optimizer = { "adamw", lr = 1e-2, weight_decay = 0.1 },
+      lr = loom.lr.cosine { warmup = 2, total = 20, min = 0.1 },
+      batch = { micro = 2, seq = 16 }, steps = 5, seed = 5, threads = 1, grad_clip = 1.0,
+      log = { every = 100 },
+      on_step = function(r)
+        print(string.format("LOSS %d %a %.9f", r.step, r.loss, r.loss))
+        print(string.format("NORM %d %a %.9f", r.step, r.grad_norm, r.grad_norm))
+        local m = r.memory -- the session's accounting by category (cuda_dp.sh checks ZeRO's)
+        print(string.format("MEM %d %d %d %d %d %d %d", r.step, m.params, m.grads, m.optimizer,
+          m.comm, m.grads_peak_resident, m.params_peak_resident))
+      end,
+    }
+  end,
   -- the MoE recipes' on_step (moe.lua, moe_llama.lua): the loss as a hex float (LOSS), the
   -- expert load (MOE), after step 1 this rank's bytes (MEM rank params grads optimizer)
   moe_report = function(r)

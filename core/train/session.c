@@ -147,7 +147,12 @@ static loom_status make_offload(loom_session *s, const loom_session_config *cfg)
     int size = 1;
     LOOM_TRY(host->group(LOOM_GROUP_WORLD, &comm, &world, &size));
     loom_offload_config oc = {(loom_offload_mode)cfg->offload_mode, cfg->offload_path,
-                              cfg->offload_chunk_mb, comm ? comm->rank(world) : 0, NULL, 0};
+                              cfg->offload_chunk_mb, comm ? comm->rank(world) : 0, NULL, 0,
+                              NULL, NULL};
+    if (s->device) { /* the parameters and gradients stay in its memory (offload_device.c) */
+        oc.backend = s->backend.ops;
+        oc.backend_self = s->backend.self;
+    }
     if (s->zero) {
         size_t n, floats;
         const loom_optim_segment *segs = loom_zero_segments(s->zero, &n);
@@ -586,13 +591,12 @@ static loom_status check_device(loom_session *s, const loom_session_config *cfg,
                        : size > 1 && cfg->zero_stage > 0 ? "strategy.zero (ZeRO's partitions)"
                        : size > 1 && reduce && reduce->string && !strcmp(reduce->string, "bf16")
                            ? "reduce = \"bf16\" (the dp strategy rounds its buckets on the host)"
-                       : cfg->offload_mode != LOOM_OFFLOAD_NONE ? "strategy offload"
                        : cfg->compress_method != LOOM_COMPRESS_NONE ? "strategy.compress"
                        : cfg->teacher || cfg->kd_cache ? "a distillation teacher" : NULL;
     if (what)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "backend %s: training in device memory with %s is not "
                   "built yet; it trains one rank, mesh.dp and mesh.tp ranks (no pp, ep, zero, "
-                  "offload, compression or teacher), or use backend = \"cpu\"", be, what);
+                  "compression or teacher), or use backend = \"cpu\"", be, what);
     if (size > 1 && !s->device_groups)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "backend %s with %d ranks has no device groups "
                   "(loom_dist_device_open)", be, size);
@@ -734,9 +738,10 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
             * page now: calloc's lazy zero pages made step 1's optimizer fault them in (+20 ms
             * on one pp stage, whose neighbour then waited into step 2: docs/PIPELINE.md) */
             memset(s->optim_state, 0, (size_t)s->state_slots * total * sizeof(float));
-        if (st == LOOM_OK && s->device) { /* zeroed: a fresh state mirrors as zeros */
+        if (st == LOOM_OK && s->device) { /* zeroed: a fresh state mirrors as zeros; offloaded,
+                                           * the state is host memory already */
             s->host_params = malloc(total * sizeof(float));
-            s->host_state = calloc((size_t)s->state_slots * total + 1, sizeof(float));
+            s->host_state = calloc((size_t)s->state_slots * (here ? total : 0) + 1, sizeof(float));
             if (!s->host_params || !s->host_state)
                 st = loom_fail(LOOM_ERR_NOMEM, "out of memory for the host copy of the "
                                "parameters and optimizer state (%zu MiB)",

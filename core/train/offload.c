@@ -2,6 +2,7 @@
  * chunked step (see offload.h). The disk's file and I/O thread are offload_disk.c. */
 #include "offload_internal.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,6 +11,25 @@
 const char *loom_offload_mode_name(loom_offload_mode m)
 {
     return m == LOOM_OFFLOAD_HOST ? "host" : m == LOOM_OFFLOAD_DISK ? "disk" : "none";
+}
+
+static int pinned(const loom_offload *o)
+{
+    return o->dev && o->dev->size > offsetof(loom_backend_ops, host_free) && o->dev->host_alloc &&
+           o->dev->host_free;
+}
+
+void *offload_host_alloc(loom_offload *o, size_t bytes)
+{
+    return pinned(o) ? o->dev->host_alloc(o->dev_self, bytes) : calloc(1, bytes ? bytes : 1);
+}
+
+void offload_host_free(loom_offload *o, void *p)
+{
+    if (pinned(o))
+        o->dev->host_free(o->dev_self, p);
+    else
+        free(p);
 }
 
 /* Cut the segments into pieces and group them into chunks of at most cap buffer floats.
@@ -110,10 +130,10 @@ loom_status loom_offload_create(const loom_offload_config *c, const loom_optim_s
                     "is not built (ZeRO stage 3 does not train in device memory yet)")
         : make_chunks(o, segs, state_off, c->param_off, n, cap);
     if (st == LOOM_OK && c->mode == LOOM_OFFLOAD_HOST) {
-        /* A pool of its own: on a device backend this is what would be pinned host memory
-         * with the step on host threads; on the CPU backend, a separate allocation. The
-         * parameters (params = true) follow the state. */
-        if (!(o->pool = calloc(floats + o->param_floats, sizeof(float))))
+        /* A pool of its own: on a device backend its host_alloc's (CUDA: pinned), stepped
+         * on a host thread (offload_device.c); on the CPU backend, a separate allocation.
+         * The parameters (params = true) follow the state. */
+        if (!(o->pool = offload_host_alloc(o, (floats + o->param_floats) * sizeof(float))))
             st = loom_fail(LOOM_ERR_NOMEM, "out of memory for the host pool of %zu bytes of "
                            "optimizer state and parameters",
                            (floats + o->param_floats) * sizeof(float));
@@ -138,7 +158,8 @@ void loom_offload_destroy(loom_offload *o)
         offload_device_close(o);
     if (o->mode == LOOM_OFFLOAD_DISK)
         offload_disk_close(o);
-    free(o->pool);
+    if (o->pool)
+        offload_host_free(o, o->pool);
     free(o->pieces);
     free(o->chunks);
     free(o->scratch);

@@ -56,7 +56,7 @@ loom_status offload_device_open(loom_offload *o)
 {
     o->n_bufs = o->n_chunks < OFFLOAD_BUFS ? (int)o->n_chunks : OFFLOAD_BUFS;
     for (int i = 0; i < o->n_bufs; i++)
-        if (!(o->bufs[i] = malloc(o->buf_floats * sizeof(float) + 1)))
+        if (!(o->bufs[i] = offload_host_alloc(o, o->buf_floats * sizeof(float))))
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the offload's chunk buffers (%d of "
                       "%zu bytes)", o->n_bufs, o->buf_floats * sizeof(float));
     pthread_mutex_init(&o->mu, NULL);
@@ -83,7 +83,8 @@ void offload_device_close(loom_offload *o)
         o->worker_started = 0;
     }
     for (int i = 0; i < o->n_bufs; i++)
-        free(o->bufs[i]);
+        if (o->bufs[i])
+            offload_host_free(o, o->bufs[i]);
     o->n_bufs = 0; /* freed here, not again by offload_disk_close */
 }
 

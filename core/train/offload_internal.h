@@ -79,6 +79,10 @@ struct loom_offload {
     char job_msg[2048];      /* the worker's failure message (status messages are per thread) */
 };
 
+/* Host memory for the pool and a device's chunk buffers: the backend's host_alloc where it
+ * has one (CUDA: pinned), else calloc; zeroed. */
+void *offload_host_alloc(loom_offload *o, size_t bytes);
+void offload_host_free(loom_offload *o, void *p);
 loom_status offload_disk_open(loom_offload *o, const loom_offload_config *c);
 void offload_disk_close(loom_offload *o);
 /* n floats from float `at` of the file into buf (write = 0) or buf into the file (1), on

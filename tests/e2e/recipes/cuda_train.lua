@@ -1,6 +1,7 @@
 -- cuda_train.lua — a tiny model trained through a session on any backend (backend=...),
--- every step's loss (LOSS, hex and decimal) and gradient norm (NORM) printed, so that
--- tests/e2e/cuda_train.sh can compare a device backend's run with the CPU's.
+-- every step's loss (LOSS, hex and decimal) and gradient norm (NORM) printed, and at step 1
+-- the optimizer state's bytes by place (MEM), so that tests/e2e/cuda_train.sh can compare a
+-- device backend's run with the CPU's.
 package.path = arg[0]:match("^(.*)/[^/]*$") .. "/?.lua;" .. package.path
 local loom = require "loom"
 local common = require "common"
@@ -13,5 +14,9 @@ loom.train {
   on_step = function(r)
     print(string.format("LOSS %d %a %.9f", r.step, r.loss, r.loss))
     print(string.format("NORM %d %a %.9f", r.step, r.grad_norm, r.grad_norm))
+    if r.step == 1 then -- the optimizer's bytes: on the backend, and held off it (offload)
+      print(string.format("MEM optimizer %d offloaded %d", r.memory.optimizer,
+        r.memory.optimizer_offloaded or 0))
+    end
   end,
 }

@@ -13,7 +13,8 @@
 #    vocabulary-parallel loss, the split gradient norm): canonical tp=2 with sequence
 #    parallelism and canonical tp=2 x dp=2 (four ranks) bitwise one rank; fast tp=2, with
 #    and without sequence parallelism, within TOL;
-#  - saved by both ranks at step STEPS-2 and resumed on two: the last two steps bitwise;
+#  - saved by both ranks at step STEPS-2 under offload=host (its steps bitwise dp=2's without)
+#    and resumed on two without offload: the last two steps bitwise;
 #  - what does not train in device memory yet (mesh.pp = 2 here) is refused by name.
 # BACKEND cudaemu (the CUDA kernels emulated on the CPU; meson runs it under
 # LOOM_CUDAEMU_GUARD=1, so a device buffer handed to the host communicator, or any host read
@@ -92,12 +93,21 @@ grep -q "x2 tp+sp | .*$want_banner" "$tmp/tp_sp" ||
 
 # a checkpoint saved by both ranks at step k and resumed on two ranks: the two later steps
 # bitwise the straight run's (the second shows the optimizer state; save and load go through
-# the host mirrors and the host groups)
+# the host mirrors and the host groups). The saving run offloads the optimizer to the host
+# (core/train/offload_device.c, chunk_mb = 0.01: many chunks) and runs on to STEPS, bitwise
+# the straight run's every step, and the resume without offload reads the pool's state as saved.
 k=$((steps - 2))
-"$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 steps=$k \
-  checkpoint.dir="$tmp/ck" checkpoint.every=$k > /dev/null 2> "$tmp/save.err" || { cat "$tmp/save.err"; exit 1; }
+"$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 \
+  strategy.offload.optimizer=host strategy.offload.chunk_mb=0.01 \
+  checkpoint.dir="$tmp/ck" checkpoint.every=$k > "$tmp/save" 2> "$tmp/save.err" || { cat "$tmp/save.err"; exit 1; }
+grep -q "optimizer offloaded (host)" "$tmp/save" || { echo "dp=2 offload: not offloaded"; head -3 "$tmp/save"; exit 1; }
+grep '^LOSS\|^NORM' "$tmp/dp" > "$tmp/want"
+grep '^LOSS\|^NORM' "$tmp/save" > "$tmp/got" || true
+[[ -s "$tmp/want" ]] && cmp -s "$tmp/want" "$tmp/got" ||
+  { echo "dp=2 with offload=host differs from dp=2:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+echo "backend=$backend comm=$comm: dp=2 with offload=host, $steps steps bitwise dp=2 without"
 "$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 checkpoint.dir="$tmp/ck" \
-  resume=auto > "$tmp/res" 2> "$tmp/res.err" || { cat "$tmp/res.err"; exit 1; }
+  resume="$tmp/ck/$(printf step_%08d $k)" > "$tmp/res" 2> "$tmp/res.err" || { cat "$tmp/res.err"; exit 1; }
 grep -q "resumed from .*step_0*$k at step $k" "$tmp/res" ||
   { echo "dp=2 did not resume at step $k"; cat "$tmp/res"; exit 1; }
 awk -v k=$k '/^LOSS/ && $2 > k' "$tmp/dp" > "$tmp/want"

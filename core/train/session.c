@@ -5,7 +5,9 @@
  * gradients, optimizer state and activations in its own memory: the plugin's step_backend
  * runs the update there, the norm and the finite check are backend ops, and what the host
  * must read or write (checkpoints, exports, hashes) goes through host mirrors filled and
- * written back by the backend's copies (loom_session_to_host / _from_host). More than one
+ * written back by the backend's copies (loom_session_to_host / _from_host). With strategy
+ * offload the state is the offload's (host pool or file) and the step runs on the host,
+ * chunk by chunk through copies (offload_device.c). More than one
  * rank there is data parallelism alone: the gradient buckets go to the device groups
  * (loom_dist_device_open: nccl on the backend's stream, or the host communicator staged),
  * the losses and flags to the host groups; check_device refuses the rest with a message.

@@ -7,7 +7,10 @@
 #  - in bf16 too (precision = "bf16"), against the CPU's bf16 run (bf16_close, below);
 #  - with LOOM_CUDA_ATTENTION=flash (the fused attention kernels), fp32 and bf16, likewise;
 #  - a checkpoint saved on the device backend and resumed there gives the uninterrupted
-#    run's later losses bit for bit (the save and the load go through the host mirrors).
+#    run's later losses bit for bit (the save and the load go through the host mirrors);
+#  - strategy.offload = host (the state in the host pool, the step on the host): the device
+#    run's losses and norms bitwise, the state counted off the device, and its checkpoint
+#    resumed with offload = disk bitwise.
 # BACKEND cudaemu (tests/cuda: the CUDA kernels emulated on the CPU, a non-NULL stream so
 # sessions take the device paths) runs everywhere; cuda needs a GPU: exit 77 (meson's
 # skip) with a message where none is visible.

@@ -61,27 +61,18 @@ loom_status offload_device_open(loom_offload *o)
                       "%zu bytes)", o->n_bufs, o->buf_floats * sizeof(float));
     pthread_mutex_init(&o->mu, NULL);
     pthread_cond_init(&o->cv, NULL);
-    if (pthread_create(&o->worker, NULL, worker_main, o) != 0) {
+    if (pthread_create(&o->thread, NULL, worker_main, o) != 0) {
         pthread_mutex_destroy(&o->mu);
         pthread_cond_destroy(&o->cv);
         LOOM_FAIL(LOOM_ERR_INTERNAL, "offload: cannot start the optimizer's host thread");
     }
-    o->worker_started = 1;
+    o->thread_started = 1;
     return LOOM_OK;
 }
 
 void offload_device_close(loom_offload *o)
 {
-    if (o->worker_started) {
-        pthread_mutex_lock(&o->mu);
-        o->quit = 1;
-        pthread_cond_broadcast(&o->cv);
-        pthread_mutex_unlock(&o->mu);
-        pthread_join(o->worker, NULL);
-        pthread_mutex_destroy(&o->mu);
-        pthread_cond_destroy(&o->cv);
-        o->worker_started = 0;
-    }
+    offload_stop_thread(o);
     for (int i = 0; i < o->n_bufs; i++)
         if (o->bufs[i])
             offload_host_free(o, o->bufs[i]);

@@ -162,17 +162,23 @@ loom_status offload_disk_open(loom_offload *o, const loom_offload_config *c)
     return LOOM_OK;
 }
 
+void offload_stop_thread(loom_offload *o)
+{
+    if (!o->thread_started)
+        return;
+    pthread_mutex_lock(&o->mu);
+    o->quit = 1;
+    pthread_cond_broadcast(&o->cv);
+    pthread_mutex_unlock(&o->mu);
+    pthread_join(o->thread, NULL);
+    pthread_mutex_destroy(&o->mu);
+    pthread_cond_destroy(&o->cv);
+    o->thread_started = 0;
+}
+
 void offload_disk_close(loom_offload *o)
 {
-    if (o->thread_started) {
-        pthread_mutex_lock(&o->mu);
-        o->quit = 1;
-        pthread_cond_broadcast(&o->cv);
-        pthread_mutex_unlock(&o->mu);
-        pthread_join(o->thread, NULL);
-        pthread_mutex_destroy(&o->mu);
-        pthread_cond_destroy(&o->cv);
-    }
+    offload_stop_thread(o);
     if (o->fd >= 0) {
         close(o->fd);
         unlink(o->file);

@@ -56,7 +56,7 @@ struct loom_offload {
     float *bufs[OFFLOAD_BUFS];
     int n_bufs;
     size_t buf_floats;
-    pthread_t thread;
+    pthread_t thread;     /* disk: the I/O thread; on a device: the step's worker */
     int thread_started;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -69,8 +69,6 @@ struct loom_offload {
      * memory; the step's worker thread steps chunk k while the caller's thread copies */
     const loom_backend_ops *dev;
     void *dev_self;
-    pthread_t worker;
-    int worker_started;
     int job;                 /* 1: job_args waits for the worker (or is being stepped) */
     loom_optim_step_args job_args;
     const loom_optim_ops *job_ops;
@@ -83,6 +81,8 @@ struct loom_offload {
  * has one (CUDA: pinned), else calloc; zeroed. */
 void *offload_host_alloc(loom_offload *o, size_t bytes);
 void offload_host_free(loom_offload *o, void *p);
+/* Stop the thread (the disk's I/O thread or a device's worker): quit, join, mu/cv gone. */
+void offload_stop_thread(loom_offload *o);
 loom_status offload_disk_open(loom_offload *o, const loom_offload_config *c);
 void offload_disk_close(loom_offload *o);
 /* n floats from float `at` of the file into buf (write = 0) or buf into the file (1), on

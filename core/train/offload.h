@@ -12,6 +12,12 @@
  *   cut into pieces so that a chunk holds at most chunk_mb of state; a background I/O
  *   thread reads chunk k+1 and writes chunk k-1 back while chunk k is updated, through
  *   three chunk buffers: the resident state is those buffers, not the whole state.
+ * - on a device backend (offload_device.c, either place): the parameters and gradients
+ *   stay in device memory; segments are cut into pieces of at most chunk_mb of chunk
+ *   buffer (state on disk, parameter, gradient); each chunk's parameters and gradients are
+ *   copied into a host buffer, stepped there by the optimizer's host step (the arithmetic
+ *   of its step_backend, bit for bit), and the parameters copied back, the step of chunk k
+ *   on a worker thread while the caller's thread copies chunk k-1 back and k+1 in.
  */
 #ifndef LOOM_CORE_OFFLOAD_H
 #define LOOM_CORE_OFFLOAD_H
@@ -30,6 +36,11 @@ typedef struct loom_offload_config {
      * NULL: the parameters stay with the caller (the segments' param pointers). */
     const size_t *param_off;
     size_t param_floats;
+    /* A device backend (its memory not the host's), else NULL: the segments' param and
+     * grad pointers are its memory; each chunk's are copied to host buffers for the step
+     * and the parameters copied back (offload_device.c). params = true is not taken. */
+    const loom_backend_ops *backend;
+    void *backend_self;
 } loom_offload_config;
 
 typedef struct loom_offload loom_offload;

@@ -148,6 +148,8 @@ loom_status offload_disk_open(loom_offload *o, const loom_offload_config *c)
                   e == ENOSPC ? " (the disk is full: free space or choose another path)"
                   : e == EFBIG ? " (over the file size limit: ulimit -f)" : "");
     }
+    if (o->dev) /* the device loop's buffers and worker take the I/O thread's place */
+        return LOOM_OK;
     o->n_bufs = o->n_chunks < OFFLOAD_BUFS ? (int)o->n_chunks : OFFLOAD_BUFS;
     for (int i = 0; i < o->n_bufs; i++)
         if (!(o->bufs[i] = malloc(o->buf_floats * sizeof(float))))
@@ -160,17 +162,23 @@ loom_status offload_disk_open(loom_offload *o, const loom_offload_config *c)
     return LOOM_OK;
 }
 
+void offload_stop_thread(loom_offload *o)
+{
+    if (!o->thread_started)
+        return;
+    pthread_mutex_lock(&o->mu);
+    o->quit = 1;
+    pthread_cond_broadcast(&o->cv);
+    pthread_mutex_unlock(&o->mu);
+    pthread_join(o->thread, NULL);
+    pthread_mutex_destroy(&o->mu);
+    pthread_cond_destroy(&o->cv);
+    o->thread_started = 0;
+}
+
 void offload_disk_close(loom_offload *o)
 {
-    if (o->thread_started) {
-        pthread_mutex_lock(&o->mu);
-        o->quit = 1;
-        pthread_cond_broadcast(&o->cv);
-        pthread_mutex_unlock(&o->mu);
-        pthread_join(o->thread, NULL);
-        pthread_mutex_destroy(&o->mu);
-        pthread_cond_destroy(&o->cv);
-    }
+    offload_stop_thread(o);
     if (o->fd >= 0) {
         close(o->fd);
         unlink(o->file);
@@ -209,6 +217,13 @@ loom_status offload_disk_step(loom_offload *o, const loom_optim_ops *ops, void *
     }
     loom_status w = wait_done(o, last); /* the queue drained: no buffer still in use */
     return st != LOOM_OK ? st : w;
+}
+
+loom_status offload_disk_chunk(loom_offload *o, int write, size_t chunk, float *buf)
+{
+    offload_op op = {write, chunk, buf};
+    io_chunk(o, &op);
+    return o->io_status == LOOM_OK ? LOOM_OK : loom_fail(o->io_status, "%s", o->io_msg);
 }
 
 loom_status offload_disk_copy(loom_offload *o, int write, float *buf, size_t at, size_t n)

@@ -5,9 +5,11 @@
  * gradients, optimizer state and activations in its own memory: the plugin's step_backend
  * runs the update there, the norm and the finite check are backend ops, and what the host
  * must read or write (checkpoints, exports, hashes) goes through host mirrors filled and
- * written back by the backend's copies (loom_session_to_host / _from_host). More than one
- * rank there is data parallelism, with or without ZeRO (zero_device.c): the
- * gradient buckets go to the device groups
+ * written back by the backend's copies (loom_session_to_host / _from_host). With strategy
+ * offload the state is the offload's (host pool or file) and the step runs on the host,
+ * chunk by chunk through copies (offload_device.c). More than one rank there is data
+ * parallelism (with or without ZeRO: zero_device.c), tensor and pipeline parallelism: the
+ * gradient buckets and the model's messages go to the device groups
  * (loom_dist_device_open: nccl on the backend's stream, or the host communicator staged),
  * the losses and flags to the host groups; check_device refuses the rest with a message.
  */
@@ -148,7 +150,12 @@ static loom_status make_offload(loom_session *s, const loom_session_config *cfg)
     int size = 1;
     LOOM_TRY(host->group(LOOM_GROUP_WORLD, &comm, &world, &size));
     loom_offload_config oc = {(loom_offload_mode)cfg->offload_mode, cfg->offload_path,
-                              cfg->offload_chunk_mb, comm ? comm->rank(world) : 0, NULL, 0};
+                              cfg->offload_chunk_mb, comm ? comm->rank(world) : 0, NULL, 0,
+                              NULL, NULL};
+    if (s->device) { /* the parameters and gradients stay in its memory (offload_device.c) */
+        oc.backend = s->backend.ops;
+        oc.backend_self = s->backend.self;
+    }
     if (s->zero) {
         size_t n, floats;
         const loom_optim_segment *segs = loom_zero_segments(s->zero, &n);
@@ -585,13 +592,15 @@ static loom_status check_device(loom_session *s, const loom_session_config *cfg,
     const char *what = cfg->ep > 1 ? "mesh.ep > 1 (the expert exchange)"
                        : size > 1 && reduce && reduce->string && !strcmp(reduce->string, "bf16")
                            ? "reduce = \"bf16\" (the dp strategy rounds its buckets on the host)"
-                       : cfg->offload_mode != LOOM_OFFLOAD_NONE ? "strategy offload"
+                       : size > 1 && cfg->zero_stage > 0 && cfg->offload_mode != LOOM_OFFLOAD_NONE
+                           ? "strategy offload beside strategy.zero (offload_device.c steps the "
+                             "model's whole buffers, not ZeRO's partitions)"
                        : cfg->compress_method != LOOM_COMPRESS_NONE ? "strategy.compress"
                        : cfg->teacher || cfg->kd_cache ? "a distillation teacher" : NULL;
     if (what)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "backend %s: training in device memory with %s is not "
-                  "built yet; it trains one rank, mesh.dp, mesh.tp and mesh.pp ranks and ZeRO "
-                  "(no ep, offload, compression or teacher), or use backend = \"cpu\"", be, what);
+                  "built yet; it trains one rank, mesh.dp, mesh.tp and mesh.pp ranks, ZeRO or "
+                  "offload (no ep, compression or teacher), or use backend = \"cpu\"", be, what);
     if (size > 1 && !s->device_groups)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "backend %s with %d ranks has no device groups "
                   "(loom_dist_device_open)", be, size);
@@ -734,10 +743,10 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
             * page now: calloc's lazy zero pages made step 1's optimizer fault them in (+20 ms
             * on one pp stage, whose neighbour then waited into step 2: docs/PIPELINE.md) */
             memset(s->optim_state, 0, (size_t)s->state_slots * total * sizeof(float));
-        if (st == LOOM_OK && s->device) { /* zeroed: a fresh state mirrors as zeros */
+        if (st == LOOM_OK && s->device) { /* zeroed: a fresh state mirrors as zeros; offloaded,
+                                           * the state is host memory already */
             s->host_params = malloc(total * sizeof(float));
-            s->host_state = calloc((s->zero ? 0 : (size_t)s->state_slots * total) + 1,
-                                   sizeof(float)); /* ZeRO mirrors its partition's itself */
+            s->host_state = calloc((size_t)s->state_slots * (here ? total : 0) + 1, sizeof(float));
             if (!s->host_params || !s->host_state)
                 st = loom_fail(LOOM_ERR_NOMEM, "out of memory for the host copy of the "
                                "parameters and optimizer state (%zu MiB)",

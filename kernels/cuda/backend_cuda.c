@@ -138,6 +138,23 @@ static void cuda_copy_to_host(void *self, void *dst, const void *src, size_t byt
     cuda_synchronize(self);
 }
 
+/* Pinned (page-locked) host memory: the copies to and from it run at the link's speed
+ * without a staging copy through the driver's own pinned buffer. */
+static void *cuda_host_alloc(void *self, size_t bytes)
+{
+    void *p = NULL;
+    if (cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable) != cudaSuccess)
+        return NULL;
+    memset(p, 0, bytes);
+    return p;
+}
+
+static void cuda_host_free(void *self, void *p)
+{
+    if (p)
+        cudaFreeHost(p);
+}
+
 static void cuda_zero(void *self, void *p, size_t bytes)
 {
     if (bytes)
@@ -329,6 +346,8 @@ static const loom_backend_ops cuda_ops = {
     .matmul_forward_dt = loom_cuda_matmul_forward_dt,
     .attention_flash_forward = loom_cuda_flash_attention_forward,
     .attention_flash_backward = loom_cuda_flash_attention_backward,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
 };
 
 static const loom_config_key cuda_keys[N_KEYS] = {

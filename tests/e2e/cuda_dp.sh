@@ -13,7 +13,8 @@
 #    vocabulary-parallel loss, the split gradient norm): canonical tp=2 with sequence
 #    parallelism and canonical tp=2 x dp=2 (four ranks) bitwise one rank; fast tp=2, with
 #    and without sequence parallelism, within TOL;
-#  - saved by both ranks at step STEPS-2 and resumed on two: the last two steps bitwise;
+#  - saved by both ranks at step STEPS-2 under offload=host (its steps bitwise dp=2's without)
+#    and resumed on two without offload: the last two steps bitwise;
 #  - ZeRO (strategy.zero = 1, 2, 3) at dp=2: the state partition (stage 2: the gradient
 #    partition, stage 3: the parameter partition too) in the backend's memory, the buckets
 #    reduce-scattered and the parameters all-gathered (stage 3: unit by unit, before use)
@@ -26,7 +27,8 @@
 #    saved at step STEPS-2 and resumed on two, bitwise; fast 1f1b over STEPS-1 steps within
 #    TOL of one rank's fast run, the loss falling. zb1 and the fast run post each run of
 #    transfers as one group (LOOM_PP_GROUPED=1; nccl's path, automatic there).
-#  - what does not train in device memory yet (zero with bf16 weights) is refused by name.
+#  - what does not train in device memory yet (zero with bf16 weights, offload beside zero)
+#    is refused by name.
 # BACKEND cudaemu (the CUDA kernels emulated on the CPU; meson runs it under
 # LOOM_CUDAEMU_GUARD=1, so a device buffer handed to the host communicator, or any host read
 # of one, is a segfault) runs everywhere with COMM=shm. BACKEND cuda needs a GPU, and
@@ -173,12 +175,21 @@ echo "backend=$backend comm=$comm: zero=3 dp=2 saved at step $k (per-rank partit
 
 # a checkpoint saved by both ranks at step k and resumed on two ranks: the two later steps
 # bitwise the straight run's (the second shows the optimizer state; save and load go through
-# the host mirrors and the host groups)
+# the host mirrors and the host groups). The saving run offloads the optimizer to the host
+# (core/train/offload_device.c, chunk_mb = 0.01: many chunks) and runs on to STEPS, bitwise
+# the straight run's every step, and the resume without offload reads the pool's state as saved.
 k=$((steps - 2))
-"$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 steps=$k \
-  checkpoint.dir="$tmp/ck" checkpoint.every=$k > /dev/null 2> "$tmp/save.err" || { cat "$tmp/save.err"; exit 1; }
+"$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 \
+  strategy.offload.optimizer=host strategy.offload.chunk_mb=0.01 \
+  checkpoint.dir="$tmp/ck" checkpoint.every=$k > "$tmp/save" 2> "$tmp/save.err" || { cat "$tmp/save.err"; exit 1; }
+grep -q "optimizer offloaded (host)" "$tmp/save" || { echo "dp=2 offload: not offloaded"; head -3 "$tmp/save"; exit 1; }
+grep '^LOSS\|^NORM' "$tmp/dp" > "$tmp/want"
+grep '^LOSS\|^NORM' "$tmp/save" > "$tmp/got" || true
+[[ -s "$tmp/want" ]] && cmp -s "$tmp/want" "$tmp/got" ||
+  { echo "dp=2 with offload=host differs from dp=2:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+echo "backend=$backend comm=$comm: dp=2 with offload=host, $steps steps bitwise dp=2 without"
 "$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 checkpoint.dir="$tmp/ck" \
-  resume=auto > "$tmp/res" 2> "$tmp/res.err" || { cat "$tmp/res.err"; exit 1; }
+  resume="$tmp/ck/$(printf step_%08d $k)" > "$tmp/res" 2> "$tmp/res.err" || { cat "$tmp/res.err"; exit 1; }
 resumed_bitwise "dp=2" "$tmp/res" "$tmp/dp"
 echo "backend=$backend comm=$comm: dp=2 saved at step $k and resumed, steps $((k + 1))-$steps bitwise the straight run"
 
@@ -231,3 +242,10 @@ fi
 grep -q "strategy.zero = 1 with 16-bit weights in device memory is not built yet" <<< "$out" ||
   { echo "backend=$backend with zero=1 and bf16: unexpected message: $out"; exit 1; }
 echo "backend=$backend: zero with 16-bit weights refused with a message"
+if out=$("$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 strategy.zero=1 \
+    strategy.offload.optimizer=host 2>&1); then
+  echo "backend=$backend with zero=1 and offload: accepted"; exit 1
+fi
+grep -q "training in device memory with strategy offload beside strategy.zero .* is not built yet" <<< "$out" ||
+  { echo "backend=$backend with zero=1 and offload: unexpected message: $out"; exit 1; }
+echo "backend=$backend: offload beside zero refused with a message"

@@ -76,11 +76,14 @@ START_TEST(test_descriptor)
             off == offsetof(loom_backend_ops, sgd_update) ||
             off == offsetof(loom_backend_ops, matmul_forward_dt) ||
             off == offsetof(loom_backend_ops, attention_flash_forward) ||
-            off == offsetof(loom_backend_ops, attention_flash_backward))
+            off == offsetof(loom_backend_ops, attention_flash_backward) ||
+            off == offsetof(loom_backend_ops, host_alloc) ||
+            off == offsetof(loom_backend_ops, host_free))
             continue; /* NULL by contract on a host-memory backend (plugin/backend.h): no
                        * stream, and the optimizer plugin's host step updates its memory;
-                       * optional: 16-bit products (NULL: matmul_forward) and the fused
-                       * attention (the CUDA backend's) */
+                       * optional: 16-bit products (NULL: matmul_forward), the fused
+                       * attention (the CUDA backend's) and pinned host memory (NULL:
+                       * malloc, which is what host memory is here) */
         ck_assert_msg(fn != NULL, "ops member at offset %zu is NULL", off);
     }
     /* optional in backend.h, but the CPU reference fills it: distillation's attention

@@ -283,6 +283,11 @@ typedef struct loom_backend_ops {
     void (*rep_chunk_tree)(int kind, float *part, float *scratch, int chunks, float *dinp,
                            const float *dout, const float *inp, const float *weight,
                            const float *mean, const float *rstd, size_t rows, int C);
+    /* Added for the offloaded optimizer (may be absent: check size, or NULL: malloc and
+     * free). Zeroed host memory the backend copies to and from at full speed (CUDA: pinned,
+     * cudaHostAlloc), for buffers that move every step; NULL if it cannot be had. */
+    void *(*host_alloc)(void *self, size_t bytes);
+    void (*host_free)(void *self, void *p);
 } loom_backend_ops;
 
 #ifdef __cplusplus

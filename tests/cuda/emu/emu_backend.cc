@@ -148,6 +148,18 @@ static void emu_copy(void *self, void *dst, const void *src, size_t bytes)
     memcpy(dst, src, bytes);
 }
 
+/* Host memory for the offload's pool and buffers: plain calloc here (no pinning to do), so
+ * the path through host_alloc runs; outside the guard's blocks, as a host buffer is. */
+static void *emu_host_alloc(void *self, size_t bytes)
+{
+    return calloc(1, bytes ? bytes : 1);
+}
+
+static void emu_host_free(void *self, void *p)
+{
+    free(p);
+}
+
 static void emu_zero(void *self, void *p, size_t bytes)
 {
     guard_scope g;
@@ -185,6 +197,8 @@ static loom_backend_ops make_ops()
     o.copy_to_device = emu_copy;
     o.copy_to_host = emu_copy;
     o.zero = emu_zero;
+    o.host_alloc = emu_host_alloc;
+    o.host_free = emu_host_free;
     o.synchronize = emu_sync;
     o.embedding_forward = G(loom_cuda_embedding_forward);
     o.embedding_backward = G(loom_cuda_embedding_backward);

@@ -506,8 +506,10 @@ static loom_status alloc_activations(loom_gpt *m)
                   (double)m->act_bytes / (1 << 20), m->slots, m->max_B, m->cfg.ctx);
     gpt_bind_slot(m, 0);
     m->host_losses = malloc(R * sizeof(float));
+    free(m->ce_dloss);
+    m->ce_dloss = calloc((size_t)m->slots, sizeof(float));
     m->row_gather = m->be->ops->alloc(m->be->self, (size_t)m->cfg.vocab_padded * sizeof(float));
-    return m->host_losses && m->row_gather ? LOOM_OK : loom_fail(LOOM_ERR_NOMEM, "out of memory");
+    return m->host_losses && m->ce_dloss && m->row_gather ? LOOM_OK : loom_fail(LOOM_ERR_NOMEM, "out of memory");
 }
 
 /* Divisibility the split needs, named in the message with what would work. */
@@ -713,6 +715,7 @@ void loom_gpt_destroy(loom_gpt *m)
     ops->free(m->be->self, m->rope_cos);
     ops->free(m->be->self, m->rope_sin);
     free(m->host_losses);
+    free(m->ce_dloss);
     ops->free(m->be->self, m->row_gather);
     gpt_distill_free(m);
     gpt_free_setup(m);

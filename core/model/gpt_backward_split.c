@@ -144,6 +144,7 @@ loom_status loom_gpt_stage_backward_input(loom_gpt *m, int lo, int hi, float *he
     size_t R = (size_t)B * T;
     if (hi == m->cfg.layers) {
         /* LM head (GPT-2's: wte): d(ln_f out) into dsummed; then ln_f: dres = d(last block) */
+        gpt_stage_head_loss_grad(m, R);
         LOOM_TRY(gpt_stage_head_units(m, hi, 1));
         LOOM_TRY(gpt_column_parallel_backward_input(m, LOOM_REGION_HEAD, -1, m->logits,
                                                     m->p.head, B, T, m->Vl, 1));

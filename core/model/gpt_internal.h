@@ -101,6 +101,9 @@ struct loom_gpt {
                                         * sends and W reads; (2C) ln_f's canonical parts */
     float *host_losses, *row_gather;   /* (R) host; (Vp) the backend's: a gathered logits row */
     int last_B, last_T, have_dlogits;
+    float *ce_dloss;                   /* (slots) a pipeline stage's head: the dloss whose
+                                        * logits gradient the slot's backward still owes
+                                        * (gpt_stage.c), 0 when none */
     /* pipeline stage (gpt_stage.c): own[l] = block l is held here; the embedding lives with
      * block 0, ln_f and the LM head with the last block; staged = some block is not. */
     unsigned char *own;
@@ -313,6 +316,8 @@ loom_status gpt_check_chunk(const loom_gpt *m, int lo, int hi);
 /* A stage's backward (fused or B) around the head, head = 1 before and 0 after, and
  * around block l (done = 0 before, 1 after): ZeRO-3's units (gpt_stage.h). */
 loom_status gpt_stage_head_units(loom_gpt *m, int hi, int head);
+/* The logits' gradient the bound slot's forward deferred (none: nothing), R rows. */
+void gpt_stage_head_loss_grad(loom_gpt *m, size_t R);
 loom_status gpt_stage_block_unit(loom_gpt *m, int l, int lo, int done);
 /* A stage's finished gradients to the gradient-ready hook (gpt_stage.c, gpt_stage.h's
  * loom_gpt_stage_reports_ready): block `layer`'s, or (layer < 0) the entries outside
@@ -387,5 +392,7 @@ void gpt_replicated_grads(loom_gpt *m, rep_pack *pk, int kind, const rep_args *a
 loom_status gpt_rep_flush(loom_gpt *m, rep_pack *pk);
 /* Losses (and, with dloss != 0, the logits' gradient) of the last forward's R rows. */
 loom_status gpt_vocab_cross_entropy(loom_gpt *m, int R, float dloss);
+/* The gradient of a cross-entropy run with dloss = 0, from the statistics it kept. */
+void gpt_vocab_cross_entropy_grad(loom_gpt *m, int R, float dloss);
 
 #endif

@@ -270,18 +270,40 @@ static loom_status cross_entropy_rows(loom_gpt *m, size_t r0, int n, float dloss
  * statistics cross the group in one exchange. A multiple of 32 rows: the sum-of-exponentials
  * pass works in blocks of 8 rows over the threads, and 20 rows (8, 8, 4) left one of 2
  * threads idle for half of it. */
+static size_t ce_block_rows(const loom_gpt *m, int R)
+{
+    if (m->tp_ops)
+        return (size_t)R;
+    size_t block = ((size_t)4 << 20) / ((size_t)m->Vl * sizeof(float)) / 32 * 32;
+    return block < 32 ? 32 : block;
+}
+
 loom_status gpt_vocab_cross_entropy(loom_gpt *m, int R, float dloss)
 {
-    size_t block = (size_t)R;
-    if (!m->tp_ops) {
-        block = ((size_t)4 << 20) / ((size_t)m->Vl * sizeof(float)) / 32 * 32;
-        block = block < 32 ? 32 : block;
-    }
+    size_t block = ce_block_rows(m, R);
     for (size_t r0 = 0; r0 < (size_t)R; r0 += block) {
         size_t n = (size_t)R - r0 < block ? (size_t)R - r0 : block;
         LOOM_TRY(cross_entropy_rows(m, r0, (int)n, dloss));
     }
     return LOOM_OK;
+}
+
+/* The gradient half of a cross-entropy run earlier with dloss = 0 (the logits left intact,
+ * the row statistics kept in the slot's ce_max / ce_stats): ce_finish again over the same
+ * blocks, so each row reads the same maximum, sum and target logit at the same place and
+ * computes the same bits it would have in the fused run (its loss is written again, the
+ * same value). No exchange: the statistics were combined in the forward. */
+void gpt_vocab_cross_entropy_grad(loom_gpt *m, int R, float dloss)
+{
+    const loom_backend_ops *k = m->be->ops;
+    int V = m->cfg.vocab, Vl = m->Vl, v0 = m->v0;
+    size_t block = ce_block_rows(m, R);
+    for (size_t r0 = 0; r0 < (size_t)R; r0 += block) {
+        size_t n = (size_t)R - r0 < block ? (size_t)R - r0 : block;
+        float *sumexp = m->ce_stats + 2 * r0, *tlogit = sumexp + n; /* cross_entropy_rows' */
+        k->ce_finish(m->logits + r0 * (size_t)Vl, m->losses + r0, m->ce_max + r0, sumexp,
+                     tlogit, m->targets + r0, dloss, (int)n, Vl, v0, V);
+    }
 }
 
 /* Under sequence parallelism, all-gather a layernorm output again for the weight gradient

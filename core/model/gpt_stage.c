@@ -171,7 +171,13 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
         int distill = dloss != 0.0f && gpt_distill_select(m, targets, R); /* gpt_distill.h */
         if (distill)
             LOOM_TRY(gpt_distill_before(m, R, dloss));
-        LOOM_TRY(gpt_vocab_cross_entropy(m, (int)R, dloss));
+        /* The logits' gradient (softmax - one-hot, scaled) is the backward's work, as in
+         * Megatron: here only the losses, the logits and row statistics kept in the slot
+         * for head_loss_grad. Distillation blends the two gradients here, so it keeps the
+         * fused pass. */
+        int defer = dloss != 0.0f && !distill;
+        LOOM_TRY(gpt_vocab_cross_entropy(m, (int)R, defer ? 0.0f : dloss));
+        m->ce_dloss[m->cur_slot] = defer ? dloss : 0.0f;
         if (distill)
             gpt_distill_after(m, R);
         if (dloss != 0.0f) /* the intermediate terms (gpt_distill.h): nothing unless set */
@@ -185,6 +191,20 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
     }
     LOOM_TRY(use(m, m->cfg.layers + 1, 0));
     return use(m, 0, 0);
+}
+
+/* (gpt_internal.h) The logits' gradient the slot's forward left to the backward, in place
+ * over its logits, before the head's input gradient reads it: the same ce_finish on the
+ * same kept statistics, so the same bits as computing it in the forward. The forward
+ * keeps nothing it did not keep before (the logits, the gradient's buffer, and the row
+ * statistics were per slot already), so the activation accounting is unchanged. */
+void gpt_stage_head_loss_grad(loom_gpt *m, size_t R)
+{
+    float dloss = m->ce_dloss[m->cur_slot];
+    if (dloss == 0.0f)
+        return;
+    gpt_vocab_cross_entropy_grad(m, (int)R, dloss);
+    m->ce_dloss[m->cur_slot] = 0.0f;
 }
 
 /* Gather what the head's backward reads (ln_f, the tied wte) before it runs (head = 1),
@@ -222,6 +242,7 @@ loom_status loom_gpt_stage_backward(loom_gpt *m, int lo, int hi)
         /* LM head (tied to wte) and the final layernorm: dres = d(last block output). Under
          * sequence parallelism ln_f's rows are gathered again, as loom_gpt_backward does:
          * every layer's gather shares the slot's one gathered buffer. */
+        gpt_stage_head_loss_grad(m, R);
         LOOM_TRY(gpt_stage_head_units(m, hi, 1));
         LOOM_TRY(gpt_regather(m, LOOM_REGION_HEAD, -1, m->lnf, m->lnf_full, R));
         LOOM_TRY(gpt_column_parallel_backward(m, LOOM_REGION_HEAD, -1, m->g.head, NULL,

@@ -236,6 +236,8 @@ loom_status zero_ep_create(const loom_zero_config *c, loom_gpt *m, loom_backend 
         d->rank = d->comm->rank(d->group);
         z->comm = d->comm;
         z->dp = d->group;
+        z->hcomm = d->comm; /* the norm's host doubles (loom_zero_norm): ep trains on the host */
+        z->hdp = d->group;
         z->n = d->n;
         z->rank = d->rank;
         st = loom_core_host()->group(LOOM_GROUP_TP, &z->tp_comm, &z->tp, &z->tp_size);

@@ -286,8 +286,11 @@ loom_status loom_zero_norm(loom_zero *z, double *norm_sq, int *nonfinite, double
     void *groups[2] = {z->hdp, z->tp};
     int sizes[2] = {z->n, z->tp_size};
     for (int g = 0; g < 2; g++) {
-        if (!ops[g] || sizes[g] < 2)
+        if (sizes[g] < 2)
             continue;
+        if (!ops[g]) /* a group of several ranks must be summed over, never skipped */
+            LOOM_FAIL(LOOM_ERR_INTERNAL, "ZeRO's norm: the %s group of %d ranks has no host "
+                      "communicator", g ? "tp" : "dp", sizes[g]);
         if (sizes[g] > 64)
             LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "ZeRO-2's norm exchange supports groups of up to 64 "
                       "ranks, this one has %d", sizes[g]);

@@ -159,6 +159,9 @@ loom_status offload_disk_open(loom_offload *o, const loom_offload_config *c)
     if (pthread_create(&o->thread, NULL, io_thread, o) != 0)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "offload: cannot start the I/O thread");
     o->thread_started = 1;
+    /* named, so that its own CPU time can be read (/proc/PID/task/TID/comm and schedstat:
+     * tests/e2e/recipes/plan_probe.lua holds the plan's file I/O term to it) */
+    pthread_setname_np(o->thread, "loom-offload-io");
     return LOOM_OK;
 }
 

@@ -590,7 +590,13 @@ function plan.layout(t, machine, opts)
       local slots = state_slots[s.optimizer] or 2
       local pieces = s.zero > 0 and entries[k] // s.dp + 1 or entries[k]
       local calls = 2 * pieces * (slots + (s.offload_params and 1 or 0))
-      io[k] = b / disk.read_Bps + b / disk.write_Bps + calls * (disk.call_s or 0)
+      local rd, wr = disk.read_Bps, disk.write_Bps
+      if disk.sizes and #disk.sizes > 0 then -- at the bytes this stage moves (older profiles: 16 MiB's)
+        local rp, wp = {}, {}
+        for i, z in ipairs(disk.sizes) do rp[i], wp[i] = { z.bytes, z.read_Bps }, { z.bytes, z.write_Bps } end
+        rd, wr = rate_at(rp, b), rate_at(wp, b)
+      end
+      io[k] = b / rd + b / wr + calls * (disk.call_s or 0)
     end
   end
   if s.offload == "disk" then

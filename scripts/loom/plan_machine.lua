@@ -175,9 +175,19 @@ function machine.calibrate(opts)
   local disk_dir = opts.disk_dir or os.getenv("TMPDIR") or "/tmp"
   if disk_dir == "" then disk_dir = "/tmp" end
   local disk = core.bench_disk { dir = disk_dir, cpu_clock = opts.cpu_clock, min_s = opts.min_s }
+  -- and at the sizes a step moves (the state and parameters of a stage, read and written
+  -- once): the rate depends on them (this Xeon, load 5, interleaved: 6.7 MB at 9.4-14.3 /
+  -- 8.3-12.1 GB/s read / write, 16 MiB at 6.1-6.7 / 5.1-5.3 in the same minute), so
+  -- plan.lua interpolates over log bytes (disk.sizes, ascending; the ends held beyond)
+  disk.sizes = {}
+  for _, mib in ipairs { 2, 4, 8, 16, 64 } do
+    local d = mib == 16 and disk or core.bench_disk { dir = disk_dir, bytes = mib << 20,
+      cpu_clock = opts.cpu_clock, min_s = opts.min_s }
+    disk.sizes[#disk.sizes + 1] = { bytes = mib << 20, read_Bps = d.read_Bps, write_Bps = d.write_Bps }
+  end
   -- (and ZeRO-3's parameters read from such a file, unit by unit, by a reader thread)
   disk.bring = core.bench_bring { dir = disk_dir, cpu_clock = opts.cpu_clock, min_s = math.max(0.1, opts.min_s or 0) }
-  disk.source = "measured: core.bench_disk, 16 MiB in 1 MiB pieces through the page cache"
+  disk.source = "measured: core.bench_disk, 2-64 MiB in 1 MiB pieces through the page cache, at the state's size"
   local lf = io.open("/proc/loadavg")
   local load = lf and lf:read("n") or -1
   if lf then lf:close() end

@@ -21,6 +21,30 @@ local function minflt()
   for v in rest:gmatch("%S+") do i = i + 1; if i == 8 then return tonumber(v) end end
   return 0
 end
+-- the disk offload's I/O thread (offload_disk.c names it): its own CPU nanoseconds
+-- (/proc/PID/task/TID/schedstat's first field), nil where the run has no such thread
+local function io_thread_ns()
+  local f = io.open("/proc/self/stat")
+  local pid = f and f:read("a"):match("^(%d+)")
+  if f then f:close() end
+  local ls = pid and io.popen("ls /proc/" .. pid .. "/task")
+  if not ls then return nil end
+  local total
+  for tid in ls:lines() do
+    local c = io.open("/proc/" .. pid .. "/task/" .. tid .. "/comm")
+    local name = c and c:read("l")
+    if c then c:close() end
+    if name == "loom-offload-io" then
+      local s = io.open("/proc/" .. pid .. "/task/" .. tid .. "/schedstat")
+      local ns = s and tonumber(s:read("a"):match("^(%d+)"))
+      if s then s:close() end
+      if ns then total = (total or 0) + ns end
+    end
+  end
+  ls:close()
+  return total
+end
+local io_first -- the I/O thread's ns at the end of step 2
 loom.train {
   model = loom.gpt { vocab = 256, ctx = 64, layers = 4, heads = 4, dim = 128 },
   data = loom.data.random { vocab = 256, seed = 3 },
@@ -31,7 +55,12 @@ loom.train {
     local now, nf = loom.core.cpu_now(), minflt()
     if last and r.step > 1 then cpu[#cpu + 1] = now - last; flt[#flt + 1] = nf - last_flt end
     last, last_flt = now, nf
+    if r.step == 2 then io_first = io_thread_ns() end
     if r.step < steps then return end
+    local io_last = io_first and io_thread_ns()
+    if io_last then -- its mean CPU ms a step over steps 3..N (a total: no per-step median)
+      print(string.format("IOCPU %d %.3f", loom.core.rank or 0, 1e-6 * (io_last - io_first) / (steps - 2)))
+    end
     table.sort(cpu)
     table.sort(flt)
     print(string.format("CPU %d %.3f", loom.core.rank or 0, 1e3 * cpu[(#cpu + 1) // 2]))

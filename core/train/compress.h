@@ -36,7 +36,8 @@
  * tree, or, powersgd, sums its factors over the leaves in two rounds itself
  * (loom_compress_sum_leaves): dp, tp and pp give the same bits. The residual is then one
  * per leaf (leaves x the gradient buffer).
- * What it does not: ep; device memory (host loops).
+ * What it does not: ep; device memory (host loops: a device backend's session stages the
+ * gradient through host memory around loom_compress_exchange, grad_sync.c, fast mode only).
  */
 #ifndef LOOM_CORE_COMPRESS_H
 #define LOOM_CORE_COMPRESS_H

@@ -8,6 +8,7 @@
 #include "compress.h"
 #include "loom/plugin/comm.h"
 #include "loom/plugin/strategy.h"
+#include "base/backend.h"
 #include "base/clock.h"
 #include "base/plugin_loader.h"
 #include "base/status.h"
@@ -51,6 +52,8 @@ struct loom_grad_sync {
     loom_grad_reducer reducer; /* .ready NULL: none */
     loom_compress *compress;   /* the caller's; NULL: none */
     int compress_on;           /* this step's exchange is compressed */
+    float *staged;             /* a device backend's compression: the gradient in host memory
+                                * (the compressor's loops are the host's; total floats) */
     /* loom_grad_sync_final_hook: gradients handed to the strategy during the step's
      * backwards, and when its first reduction started (loom_now_ms; < 0: none yet) */
     size_t reported;
@@ -164,6 +167,7 @@ void loom_grad_sync_destroy(loom_grad_sync *gs)
     if (gs->gathered)
         gs->be->ops->free(gs->be->self, gs->gathered);
     free(gs->loss_blocks);
+    free(gs->staged);
     free(gs);
 }
 
@@ -435,6 +439,22 @@ static loom_status finish_leaves(loom_grad_sync *gs, double local, float *grads,
     return LOOM_OK;
 }
 
+/* Compression on a device backend is host-staged (docs/CUDA.md): the gradient copied to
+ * host memory, compressed, exchanged and decompressed there by the compressor's host loops
+ * (its residuals are host memory), and the sum copied back for the optimizer. */
+static loom_status exchange_staged(loom_grad_sync *gs, float *grads)
+{
+    size_t bytes = gs->total * sizeof(float);
+    if (!gs->staged && !(gs->staged = malloc(bytes ? bytes : 1)))
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for compression's host copy of the gradient "
+                  "(%zu bytes)", bytes);
+    const loom_backend_ops *k = gs->be->ops;
+    k->copy_to_host(gs->be->self, gs->staged, grads, bytes);
+    LOOM_TRY(loom_compress_exchange(gs->compress, gs->staged));
+    k->copy_to_device(gs->be->self, grads, gs->staged, bytes);
+    return LOOM_OK;
+}
+
 loom_status loom_grad_sync_finish(loom_grad_sync *gs, double *loss_sum)
 {
     float *grads = loom_gpt_grad_data(gs->model);
@@ -457,6 +477,8 @@ loom_status loom_grad_sync_finish(loom_grad_sync *gs, double *loss_sum)
     for (int r = 0; r < gs->dp_size; r++)
         dtree_push(&gs->t, gs->loss_blocks[r]);
     *loss_sum = dtree_finish(&gs->t);
+    if (gs->compress_on && loom_backend_device_memory(gs->be))
+        return exchange_staged(gs, grads);
     if (gs->compress_on) /* instead of the all-reduce (or ZeRO's reduce-scatters) */
         return loom_compress_exchange(gs->compress, grads);
     if (gs->reducer.ready)

@@ -541,6 +541,20 @@ static loom_status make_compress(loom_session *s)
                   "(the pipeline's per-micro-batch reduce-scatters would have to give way); use "
                   "zero=1 with pp, or compress with pp = 1", cfg->zero_stage,
                   loom_pipeline_stages(s->pipe));
+    /* a device backend: host-staged (grad_sync.c's exchange_staged), fast mode's one
+     * exchange of the whole gradient only; the rest reads the model's buffers on the host */
+    const char *dev_what = !s->device                       ? NULL
+                           : cfg->canonical                 ? "deterministic = \"canonical\""
+                           : cfg->compress_momentum         ? "momentum = true (1-bit Adam)"
+                           : s->zero                        ? "strategy.zero"
+                           : cfg->tensor                    ? "mesh.tp > 1"
+                           : s->pipe                        ? "mesh.pp > 1"
+                                                            : NULL;
+    if (dev_what)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy.compress = \"%s\" on backend %s with %s is "
+                  "not built yet (device memory compresses host-staged in fast mode at mesh.dp "
+                  ">= 2 only, docs/CUDA.md); use fast mode with dp alone, or backend = \"cpu\"",
+                  name, s->backend.ops->describe(s->backend.self), dev_what);
     const struct loom_comm_ops *ops;
     void *group;
     int dp = 1;
@@ -595,12 +609,11 @@ static loom_status check_device(loom_session *s, const loom_session_config *cfg,
                        : size > 1 && cfg->zero_stage > 0 && cfg->offload_mode != LOOM_OFFLOAD_NONE
                            ? "strategy offload beside strategy.zero (offload_device.c steps the "
                              "model's whole buffers, not ZeRO's partitions)"
-                       : cfg->compress_method != LOOM_COMPRESS_NONE ? "strategy.compress"
                        : cfg->teacher || cfg->kd_cache ? "a distillation teacher" : NULL;
     if (what)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "backend %s: training in device memory with %s is not "
                   "built yet; it trains one rank, mesh.dp, mesh.tp and mesh.pp ranks, ZeRO or "
-                  "offload (no ep, compression or teacher), or use backend = \"cpu\"", be, what);
+                  "offload (no ep or teacher), or use backend = \"cpu\"", be, what);
     if (size > 1 && !s->device_groups)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "backend %s with %d ranks has no device groups "
                   "(loom_dist_device_open)", be, size);

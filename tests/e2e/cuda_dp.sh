@@ -89,15 +89,16 @@ echo "backend=$backend comm=$comm: loss $fell; banner: $want_banner"
 # copied to host memory, compressed, exchanged and decompressed by the host compressor, the
 # sum copied back for the device optimizer; against the CPU backend's dp=2 with the same
 # compression (fast mode: the only mode compressed in device memory). topk (ratio 0.1)
-# within TOL; onebit within 1e-3: where the two backends' fp32 gradients part by an ulp an
+# within TOL; onebit within 1e-3 (or 10 TOL if larger): where the two backends' fp32 gradients part by an ulp an
 # element near zero can change sign, which moves it by its bucket's scale (|g| ~ 1e-2 here;
 # measured 2.1e-4 in the norms, 3.3e-6 in the losses over 3 steps)
 for c in 'topk",ratio=0.1' 'onebit"'; do
-  name=${c%%\"*}; ctol=$([[ $name == onebit ]] && echo 1e-3 || echo "$tol")
+  name=${c%%\"*}; ctol=$tol # onebit: 1e-3, or 10 TOL where that is larger (a GPU's run, never run)
+  [[ $name == onebit ]] && ctol=$(awk -v t="$tol" 'BEGIN { print (10 * t > 1e-3 ? 10 * t : 1e-3) }')
   "$loom" launch -n 2 "$recipe" "${args[@]}" backend=cpu comm=shm mesh.dp=2 \
     "strategy.compress={\"$c}" > "$tmp/cz_cpu" 2> "$tmp/cz.err" || { cat "$tmp/cz.err"; exit 1; }
   "$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 "strategy.compress={\"$c}" \
-    checkpoint.dir="$tmp/czck" checkpoint.every=$((steps - 2)) > "$tmp/cz" 2> "$tmp/cz.err" ||
+    checkpoint.dir="$tmp/czck_$name" checkpoint.every=$((steps - 2)) > "$tmp/cz" 2> "$tmp/cz.err" ||
     { cat "$tmp/cz.err"; exit 1; }
   runs_close "backend=$backend comm=$comm: dp=2 compress=$name vs backend=cpu's" "$tmp/cz_cpu" \
     "$tmp/cz" "$steps" "$ctol" || exit 1
@@ -106,7 +107,7 @@ done
 # residual.safetensors) resumed: the later steps bitwise
 k=$((steps - 2))
 "$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 'strategy.compress={"onebit"}' \
-  resume="$tmp/czck/$(printf step_%08d $k)" > "$tmp/czres" 2> "$tmp/czres.err" || { cat "$tmp/czres.err"; exit 1; }
+  resume="$tmp/czck_onebit/$(printf step_%08d $k)" > "$tmp/czres" 2> "$tmp/czres.err" || { cat "$tmp/czres.err"; exit 1; }
 resumed_bitwise "dp=2 compress=onebit" "$tmp/czres" "$tmp/cz"
 echo "backend=$backend comm=$comm: dp=2 compress=onebit saved at step $k and resumed, steps $((k + 1))-$steps bitwise"
 if out=$("$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 deterministic=canonical \

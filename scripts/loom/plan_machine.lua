@@ -119,32 +119,33 @@ function machine.bench_device(threads, min_s, cpu_clock)
   }
 end
 
--- The same device rates measured in `n` processes at once, one thread each (plan_device.lua
--- under loom launch): what each of a layout's ranks gets while the others run beside it.
-function machine.bench_device_shared(n, min_s, cpu_clock)
+-- Run the plan script `module` (loom.plan_device, loom.plan_comm) on `n` local ranks of
+-- `comm` under loom launch with `args` ("key=value ..."), and read the table it writes to a
+-- temporary file; `what` names it in the error when it fails.
+local function ranks_bench(what, module, n, comm, args)
   local out = os.tmpname()
-  local script = package.searchpath("loom.plan_device", package.path)
-  local cmd = string.format("%s %q out=%s clock=%s%s >/dev/null", require("loom.launcher").ranks("shm", n),
-    script, out, cpu_clock and "cpu" or "wall", min_s and (" min_s=" .. min_s) or "")
+  local script = package.searchpath(module, package.path)
+  local cmd = string.format("%s %q out=%s %s >/dev/null", require("loom.launcher").ranks(comm, n),
+    script, out, args)
   local ok = os.execute(cmd)
   local v = ok and read(out)
   os.remove(out)
-  if not v then error("plan --calibrate: the shared-device benchmark failed (" .. cmd .. ")", 0) end
+  if not v then error("plan --calibrate: the " .. what .. " failed (" .. cmd .. ")", 0) end
   return v
+end
+
+-- The same device rates measured in `n` processes at once, one thread each (plan_device.lua
+-- under loom launch): what each of a layout's ranks gets while the others run beside it.
+function machine.bench_device_shared(n, min_s, cpu_clock)
+  return ranks_bench("shared-device benchmark", "loom.plan_device", n, "shm", string.format(
+    "clock=%s%s", cpu_clock and "cpu" or "wall", min_s and (" min_s=" .. min_s) or ""))
 end
 
 -- Collective latency and bus bandwidth over `n` local ranks of `comm` (loom bench comm's
 -- engine, run by loom launch): latency = the smallest size's time, busbw the largest's.
 function machine.bench_comm(n, comm, cpu_clock)
-  local out = os.tmpname()
-  local script = package.searchpath("loom.plan_comm", package.path)
-  local cmd = string.format("%s %q out=%s comm=%s clock=%s >/dev/null", require("loom.launcher").ranks(comm, n),
-    script, out, comm, cpu_clock and "cpu" or "wall")
-  local ok = os.execute(cmd)
-  local v = ok and read(out)
-  os.remove(out)
-  if not v then error("plan --calibrate: the communicator benchmark failed (" .. cmd .. ")", 0) end
-  return v
+  return ranks_bench("communicator benchmark", "loom.plan_comm", n, comm, string.format(
+    "comm=%s clock=%s", comm, cpu_clock and "cpu" or "wall"))
 end
 
 -- Measure this machine; returns the profile (the caller saves it).

@@ -882,12 +882,12 @@ loom_status gpt_block_forward(loom_gpt *m, int l, const float *residual, int B, 
     k->layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, 1,
                          (int)Rl, C);
     gpt_round(m, a->ln2, Rl * C);
-    if (m->moe && gpt_moe_block(&m->cfg, l)) { /* experts behind a router (moe.h; tp = 1) */
+    if (m->moe && gpt_moe_block(&m->cfg, l)) { /* experts behind a router (moe.h) */
         if (gpt_moe_rerunning(m))
             return LOOM_OK; /* recomputation: the experts' part is kept, res3 too */
         LOOM_TRY(F_ENTER(LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R, C)); /* sp: all rows */
         LOOM_TRY(gpt_moe_forward(m, l, gpt_moe_router(m, l), a->ln2_full, m->partial, R));
-        LOOM_TRY(F_LEAVE(LOOM_REGION_MLP, l, m->partial, m->summed, R, C)); /* sum over tp */
+        LOOM_TRY(gpt_moe_leave(m, l, 0, m->partial, m->summed, R)); /* sum over tp */
         gpt_round(m, m->summed, Rl * C);
         k->residual_forward(a->res3, a->res2, m->summed, Rl * C);
         gpt_round(m, a->res3, Rl * C);
@@ -937,8 +937,7 @@ loom_status gpt_block_backward(loom_gpt *m, int l, const float *residual, rep_pa
         LOOM_TRY(B_LEAVE(LOOM_REGION_MLP, l, m->dres, m->dres_full, R, C)); /* sp: all rows */
         LOOM_TRY(gpt_regather(m, LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R));
         LOOM_TRY(gpt_moe_backward(m, l, gpt_moe_router(m, l), m->dres_full, m->dpartial, R));
-        LOOM_TRY(B_ENTER(LOOM_REGION_MLP, l, m->dpartial, m->dsummed, R, C)); /* sum over tp */
-        LOOM_TRY(gpt_region_wait(m));
+        LOOM_TRY(gpt_moe_leave(m, l, 1, m->dpartial, m->dsummed, R)); /* sum over tp */
         goto mlp_done;
     }
     /* MLP branch: res3 = res2 + g(proj(gelu(fc(f(ln2(res2)))))) + bias */

@@ -337,6 +337,11 @@ loom_status gpt_regather(loom_gpt *m, loom_region r, int layer, const float *loc
 /* out (R,C) = this rank's partial of a row-parallel layer (no bias). */
 void gpt_row_parallel_forward(loom_gpt *m, float *out, const float *inp, const float *w, int B,
                               int T, int K);
+/* dinp (R,C) = this rank's partial input gradient of a column-parallel layer, dout (R,OC)
+ * @ w (OC,C), its OC output features in `segs` equal segments (3: the fused qkv's q, k,
+ * v); in canonical mode over this rank's chunks in the fixed tree (moe.c's experts too). */
+void gpt_column_parallel_dinp(loom_gpt *m, float *dinp, const float *dout, const float *w, int R,
+                              int OC, int segs);
 /* Weight, bias and (summed over the group into m->dsummed) input gradients of a
  * column-parallel layer whose output features form `segs` equal segments. */
 loom_status gpt_column_parallel_backward(loom_gpt *m, loom_region r, int layer, float *dw,

@@ -188,7 +188,7 @@ loom_status gpt_llama_block_forward(loom_gpt *m, int l, const float *residual, i
             return LOOM_OK; /* recomputation: the experts' part is kept, res3 too */
         LOOM_TRY(F_ENTER(LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R, C));
         LOOM_TRY(gpt_moe_forward(m, l, gpt_moe_router(m, l), a->ln2_full, m->partial, R));
-        LOOM_TRY(F_LEAVE(LOOM_REGION_MLP, l, m->partial, m->summed, R, C));
+        LOOM_TRY(gpt_moe_leave(m, l, 0, m->partial, m->summed, R)); /* sum over tp */
         gpt_round(m, m->summed, Rl * C);
         k->residual_forward(a->res3, a->res2, m->summed, Rl * C);
         gpt_round(m, a->res3, Rl * C);
@@ -232,8 +232,7 @@ loom_status gpt_llama_block_backward(loom_gpt *m, int l, const float *residual, 
     if (m->moe && gpt_moe_block(&m->cfg, l)) { /* the router's and experts' (moe.h) */
         LOOM_TRY(gpt_regather(m, LOOM_REGION_MLP, l, a->ln2, a->ln2_full, R));
         LOOM_TRY(gpt_moe_backward(m, l, gpt_moe_router(m, l), m->dres_full, m->dpartial, R));
-        LOOM_TRY(B_ENTER(LOOM_REGION_MLP, l, m->dpartial, m->dsummed, R, C)); /* sum over tp */
-        LOOM_TRY(gpt_region_wait(m));
+        LOOM_TRY(gpt_moe_leave(m, l, 1, m->dpartial, m->dsummed, R)); /* sum over tp */
         goto mlp_done;
     }
     if (m->rc[l] == RC_SELECTIVE) {

@@ -114,8 +114,8 @@ void gpt_row_parallel_forward(loom_gpt *m, float *out, const float *inp, const f
 /* dinp (R,C) = this rank's partial input gradient of a column-parallel layer: dout (R,OC)
  * @ W (OC,C) over its OC output features, which form `segs` equal segments (q, k, v for
  * the fused QKV; one otherwise). Canonical chunk c holds part c of every segment. */
-static void column_parallel_dinp(loom_gpt *m, float *dinp, const float *dout, const float *w,
-                                 int R, int OC, int segs)
+void gpt_column_parallel_dinp(loom_gpt *m, float *dinp, const float *dout, const float *w, int R,
+                              int OC, int segs)
 {
     const loom_backend_ops *k = m->be->ops;
     int C = m->cfg.dim;
@@ -322,9 +322,8 @@ loom_status gpt_column_parallel_backward(loom_gpt *m, loom_region r, int layer, 
                                          float *db, const float *dout, const float *inp,
                                          const float *w, int B, int T, int OC, int segs)
 {
-    const loom_backend_ops *k = m->be->ops;
     int C = m->cfg.dim, R = B * T;
-    column_parallel_dinp(m, m->dpartial, dout, w, R, OC, segs);
+    gpt_column_parallel_dinp(m, m->dpartial, dout, w, R, OC, segs);
     LOOM_TRY(B_ENTER(r, layer, m->dpartial, m->dsummed, (size_t)R, (size_t)C));
     gpt_matmul_backward(m, NULL, dw, db, dout, inp, w, B, T, C, OC);
     return gpt_region_wait(m);
@@ -335,7 +334,7 @@ loom_status gpt_column_parallel_backward_input(loom_gpt *m, loom_region r, int l
                                                int OC, int segs)
 {
     int C = m->cfg.dim, R = B * T;
-    column_parallel_dinp(m, m->dpartial, dout, w, R, OC, segs);
+    gpt_column_parallel_dinp(m, m->dpartial, dout, w, R, OC, segs);
     LOOM_TRY(B_ENTER(r, layer, m->dpartial, m->dsummed, (size_t)R, (size_t)C));
     return gpt_region_wait(m);
 }

@@ -221,10 +221,6 @@ loom_status gpt_moe_create(loom_gpt *m, uint64_t seed)
     const loom_gpt_config *c = &m->cfg;
     if (!c->moe.experts)
         return LOOM_OK;
-    if (m->tp > 1 && m->canonical)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "moe with tensor parallelism (tp=%d) and canonical mode "
-                  "does not compose yet (the experts' partial sums are not in canonical mode's "
-                  "fixed chunk tree); use fast mode, or tp=1", m->tp);
     if (m->ep > 1 && (c->moe.experts % m->ep || !m->ep_ops || !m->ep_comm))
         LOOM_FAIL(LOOM_ERR_INVALID, "expert parallelism ep=%d must divide experts=%d (and needs "
                   "its group's communicator)", m->ep, c->moe.experts);
@@ -737,9 +733,16 @@ static loom_status ep_plan(loom_gpt *m, moe_block *b)
 
 /* Local experts [j0, j1) over the rows they received (xe, expert-major): one fc GEMM per
  * expert (per source in canonical mode), the activation over their rows, one proj GEMM
- * into ye; the exchanges in flight move between the GEMMs. */
-static void experts_forward(loom_gpt *m, moe_block *b, int e0, const float *xe, float *ye,
-                            const int *eoff, const int *ecount, int j0, int j1)
+ * into ye; the exchanges in flight move between the GEMMs.
+ * proj is row-parallel under tp (each rank its F/tp input features). Fast mode leaves ye
+ * this rank's partial (the bias on tp rank 0) and the caller sums the gated combination
+ * over the group. Canonical mode cannot: the gates and the top-k sum are not linear in the
+ * bits, so the tp sum must come first. So proj runs in canonical mode's fixed chunk tree
+ * (gpt_row_parallel_forward, this rank's chunks), the tree is finished over the tp group
+ * on ye itself (the tp strategy's tree over ranks), and the bias is added after: the
+ * dense row-parallel layer's order, the same bits for every tp (and tp = 1). */
+static loom_status experts_forward(loom_gpt *m, moe_block *b, int e0, const float *xe,
+                                   float *ye, const int *eoff, const int *ecount, int j0, int j1)
 {
     gpt_moe *g = m->moe;
     const loom_backend_ops *k = m->be->ops;
@@ -764,12 +767,22 @@ static void experts_forward(loom_gpt *m, moe_block *b, int e0, const float *xe, 
     for (int j = j0; j < j1; j++)
         for (int s = 0; s < g->segs; s++) {
             size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
-            if (n)
+            if (n && m->canonical)
+                gpt_row_parallel_forward(m, ye + o * C, b->hg + o * F, PJW(m->params), 1,
+                                         (int)n, F);
+            else if (n)
                 gpt_matmul_forward(m, ye + o * C, b->hg + o * F, PJW(m->params),
                                    m->tp_rank == 0 ? PJB(m->params) : NULL, 1, (int)n, F, C);
             ep_progress(m);
         }
+    if (m->canonical) { /* every tp rank holds the same rows (same tokens, same routes) */
+        LOOM_TRY(gpt_tensor_allreduce(m, ye + o0 * C, rows * (size_t)C, LOOM_REDUCE_SUM));
+        for (int j = j0; j < j1 && PJB(m->params); j++)
+            k->bias_add(ye + (size_t)(eoff[j] - eoff[0]) * C, PJB(m->params),
+                        (size_t)ecount[j], C);
+    }
     gpt_round(m, ye + o0 * C, rows * (size_t)C);
+    return LOOM_OK;
 }
 
 loom_status gpt_moe_forward(loom_gpt *m, int l, int e0, const float *x, float *out, size_t R)
@@ -823,7 +836,7 @@ loom_status gpt_moe_forward(loom_gpt *m, int l, int e0, const float *x, float *o
             LOOM_TRY(ep_wait_oldest(m));
             chunk_to_experts(m, b, j0, j1, xe, g->xr);
         }
-        experts_forward(m, b, e0, xe, ye, eoff, ecount, j0, j1);
+        LOOM_TRY(experts_forward(m, b, e0, xe, ye, eoff, ecount, j0, j1));
         if (g->ep > 1) { /* back to the ranks the rows came from, in their order */
             chunk_to_sources(m, b, j0, j1, g->xr, ye);
             LOOM_TRY(ep_start(m, b, j0, j1, 1, g->xr, b->y));
@@ -832,8 +845,9 @@ loom_status gpt_moe_forward(loom_gpt *m, int l, int e0, const float *x, float *o
     LOOM_TRY(ep_wait_all(m));
     k->zero(bs, out, R * C * sizeof(float));
     k->rows_scatter_add(out, b->y, b->tok, b->gate, A, C);
-    /* under tp each rank's experts gave their slice's partial proj (the bias on tp rank 0):
-     * the caller sums out over the group (Megatron's row-parallel g; gpt.c's MLP region) */
+    /* under tp in fast mode each rank's experts gave their slice's partial proj (the bias
+     * on tp rank 0): the caller sums out over the group (Megatron's row-parallel g; gpt.c's
+     * MLP region, gpt_moe_leave); in canonical mode out is whole on every rank */
     if (g->dloss != 0.0f) {
         if (g->load_stale)
             memset(g->load, 0, (size_t)g->total * E * sizeof(double));
@@ -883,10 +897,15 @@ static void router_back(loom_gpt *m, int mode, float *dinp, float *dw, const flo
 
 /* Local experts [j0, j1)'s backward from dye (their outputs' gradients, expert-major):
  * proj, the activation, fc, each linear fused or split (mode); dxe the inputs' gradients.
- * The exchanges in flight move between the GEMMs. */
-static void experts_backward(loom_gpt *m, moe_block *b, int e0, int mode, const float *dye,
-                             float *dh, float *dxe, const float *xe, const int *eoff,
-                             const int *ecount, int j0, int j1)
+ * The exchanges in flight move between the GEMMs.
+ * fc is column-parallel under tp, so dxe is a sum over its output features. Fast mode
+ * leaves dxe this rank's partial for the caller to sum after the scatter; canonical mode
+ * (as experts_forward) computes it in the fixed chunk tree over this rank's chunks
+ * (gpt_column_parallel_dinp: SwiGLU's gate|up as two segments, chunk c holding part c of
+ * each) and finishes the tree over the tp group on dxe, before the scatter's sum. */
+static loom_status experts_backward(loom_gpt *m, moe_block *b, int e0, int mode,
+                                    const float *dye, float *dh, float *dxe, const float *xe,
+                                    const int *eoff, const int *ecount, int j0, int j1)
 {
     gpt_moe *g = m->moe;
     const loom_backend_ops *k = m->be->ops;
@@ -908,12 +927,22 @@ static void experts_backward(loom_gpt *m, moe_block *b, int e0, int mode, const 
     for (int j = j0; j < j1; j++)
         for (int s = 0; s < g->segs; s++) {
             size_t o, n = segment(g, b, eoff, ecount, j, s, &o);
-            if (n)
+            if (n && m->canonical) { /* the input gradient in the tree; the weight's apart */
+                gpt_column_parallel_dinp(m, dxe + o * C, dh + o * H, FCW(m->params), (int)n, H,
+                                         g->swiglu ? 2 : 1);
+                if (mode == MOE_FUSED)
+                    gpt_matmul_backward(m, NULL, grad_of(m, b, xent(g, e0, j, X_FCW), s),
+                                        grad_of(m, b, xent(g, e0, j, X_FCB), s), dh + o * H,
+                                        xe + o * C, FCW(m->params), 1, (int)n, C, H);
+            } else if (n)
                 linear_back(m, mode, dxe + o * C, grad_of(m, b, xent(g, e0, j, X_FCW), s),
                             grad_of(m, b, xent(g, e0, j, X_FCB), s), dh + o * H, xe + o * C,
                             FCW(m->params), n, C, H);
             ep_progress(m);
         }
+    if (m->canonical)
+        LOOM_TRY(gpt_tensor_allreduce(m, dxe + o0 * C, rows * (size_t)C, LOOM_REDUCE_SUM));
+    return LOOM_OK;
 }
 
 /* The router's backward: the gates' gradient, and the aux and z losses', each weighted by
@@ -992,8 +1021,10 @@ static loom_status moe_backward(loom_gpt *m, int l, int e0, const float *dout, f
      * dout[tok_a] . y_a */
     k->rows_gather(dy, dout, b->tok, b->gate, A, C);
     k->rows_dot(g->dgate, dout, b->tok, b->y, A, C);
-    /* y is this tp rank's partial: the gates' gradient is the sum over the group */
-    LOOM_TRY(gpt_tensor_allreduce(m, g->dgate, A, LOOM_REDUCE_SUM));
+    /* fast mode: y is this tp rank's partial, so the gates' gradient is the sum over the
+     * group; canonical mode: y is whole (experts_forward), and so is the dot */
+    if (!m->canonical)
+        LOOM_TRY(gpt_tensor_allreduce(m, g->dgate, A, LOOM_REDUCE_SUM));
     int nch = 1;
     if (g->ep > 1) { /* the outputs' gradients to the experts' ranks, as the inputs went */
         nch = g->chunks;
@@ -1009,7 +1040,7 @@ static loom_status moe_backward(loom_gpt *m, int l, int e0, const float *dout, f
             LOOM_TRY(ep_wait_oldest(m));
             chunk_to_experts(m, b, j0, j1, dye, g->xr);
         }
-        experts_backward(m, b, e0, mode, dye, dh, dxe, xe, eoff, ecount, j0, j1);
+        LOOM_TRY(experts_backward(m, b, e0, mode, dye, dh, dxe, xe, eoff, ecount, j0, j1));
         if (g->ep > 1) { /* the inputs' gradients back to the tokens' ranks */
             chunk_to_sources(m, b, j0, j1, g->xr, dxe);
             LOOM_TRY(ep_start(m, b, j0, j1, 1, g->xr, g->dxin));
@@ -1025,10 +1056,11 @@ static loom_status moe_backward(loom_gpt *m, int l, int e0, const float *dout, f
     k->rows_scatter_add(dx, g->dxin, b->tok, NULL, A, C);
     if (g->chunks == 1)
         router_backward(m, l, e0, R, mode, dlogits);
-    if (m->tp_rank == 0) /* the router is replicated: its input gradient joins once */
+    /* The router is replicated. Fast mode: each tp rank's experts gave their slice's part
+     * of the input gradient (column-parallel) and the caller sums dx over the group, so the
+     * router's joins once; canonical mode: dx is whole on every rank (experts_backward) */
+    if (m->tp_rank == 0 || m->canonical)
         k->accumulate(dx, g->dxr, R * C);
-    /* each tp rank's experts gave their slice's part of the input gradient (column-
-     * parallel): the caller sums dx over the group */
     return LOOM_OK;
 }
 
@@ -1048,10 +1080,29 @@ loom_status gpt_moe_backward_weight(loom_gpt *m, int l, int e0, size_t R)
     return moe_backward(m, l, e0, NULL, NULL, R, MOE_WEIGHT);
 }
 
+loom_status gpt_moe_leave(loom_gpt *m, int l, int backward, float *in, float *out, size_t R)
+{
+    size_t C = (size_t)m->cfg.dim;
+    if (!m->canonical || !m->tp_ops) { /* sum over tp (nothing with one rank: out == in) */
+        if (backward) {
+            LOOM_TRY(B_ENTER(LOOM_REGION_MLP, l, in, out, R, C));
+            return gpt_region_wait(m);
+        }
+        return F_LEAVE(LOOM_REGION_MLP, l, in, out, R, C);
+    }
+    /* canonical: in is whole on every tp rank. Without sp out is in; with it this rank's
+     * rows of it (what the reduce-scatter would leave here), as 0 + x: x's bits (the
+     * backend has no copy within its memory; in holds no -0: a scatter into zeros) */
+    if (!m->sp || out == in)
+        return LOOM_OK;
+    size_t Rl = R / (size_t)m->tp;
+    m->be->ops->zero(m->be->self, out, Rl * C * sizeof(float));
+    m->be->ops->accumulate(out, in + (size_t)m->tp_rank * Rl * C, Rl * C);
+    return LOOM_OK;
+}
+
 loom_status gpt_moe_split_input(loom_gpt *m, int l, const float *dy, size_t R)
 {
-    int C = m->cfg.dim;
     LOOM_TRY(gpt_moe_backward_input(m, l, gpt_moe_router(m, l), dy, m->dpartial, R));
-    LOOM_TRY(B_ENTER(LOOM_REGION_MLP, l, m->dpartial, m->dsummed, R, C)); /* sum over tp */
-    return gpt_region_wait(m);
+    return gpt_moe_leave(m, l, 1, m->dpartial, m->dsummed, R); /* sum over tp */
 }

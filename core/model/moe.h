@@ -32,8 +32,7 @@ int gpt_moe_router(const loom_gpt *m, int l);
  * proj by input features; the router and proj.bias replicated). */
 loom_status gpt_moe_add_entries(loom_gpt *m, int l, float std, float proj_std);
 /* After the table and the parameters exist: the MoE state and buffers (m->moe); refuses
- * what does not compose yet (tensor parallelism with canonical mode; pipeline
- * parallelism with a split backward; a backend without rows_gather). */
+ * what does not compose yet (a backend without rows_gather; ep not dividing the experts). */
 loom_status gpt_moe_create(loom_gpt *m, uint64_t seed);
 void gpt_moe_destroy(loom_gpt *m);
 size_t gpt_moe_bytes(const loom_gpt *m);
@@ -58,12 +57,11 @@ int gpt_moe_rerunning(const loom_gpt *m);
 /* Called at the start of each forward: dloss (0: no backward follows, no noise, no stats). */
 void gpt_moe_begin(loom_gpt *m, float dloss);
 /* out (R,C) = MoE(x) over all R rows (x: ln_2's output, gathered under sequence
- * parallelism); under tp out is this rank's partial, which the caller sums over the group
- * (the MLP region's leave: an all-reduce, or a reduce-scatter under sp). Block l's entries
- * start at table index e0. */
+ * parallelism); under tp in fast mode out is this rank's partial (in canonical mode whole),
+ * which the caller passes to gpt_moe_leave. Block l's entries start at table index e0. */
 loom_status gpt_moe_forward(loom_gpt *m, int l, int e0, const float *x, float *out, size_t R);
-/* dx (R,C) overwritten from dout (R,C) = d(out), all rows; under tp dx is this rank's
- * partial, summed over the group by the caller; parameter gradients accumulate. The router
+/* dx (R,C) overwritten from dout (R,C) = d(out), all rows; under tp in fast mode dx is this
+ * rank's partial (canonical: whole), for gpt_moe_leave; parameter gradients accumulate. The router
  * reads ln_2's gathered output again (the caller regathers it under sp). */
 loom_status gpt_moe_backward(loom_gpt *m, int l, int e0, const float *dout, float *dx, size_t R);
 
@@ -76,6 +74,13 @@ loom_status gpt_moe_backward(loom_gpt *m, int l, int e0, const float *dout, floa
 loom_status gpt_moe_backward_input(loom_gpt *m, int l, int e0, const float *dout, float *dx,
                                    size_t R);
 loom_status gpt_moe_backward_weight(loom_gpt *m, int l, int e0, size_t R);
+/* The MLP region's leave after MoE block l's forward (backward = 0: in = gpt_moe_forward's
+ * out, out = m->summed) or backward (1: gpt_moe_backward's dx into m->dsummed): in fast
+ * mode in is this tp rank's partial, summed over the group (F_LEAVE / B_ENTER); in
+ * canonical mode it is whole on every rank (moe.c finishes the experts' sums over the
+ * group in the fixed tree before the gates and the scatter), so out is in, or under
+ * sequence parallelism this rank's rows of it, with no exchange. */
+loom_status gpt_moe_leave(loom_gpt *m, int l, int backward, float *in, float *out, size_t R);
 /* A split B's MLP branch of MoE block l (both families): the input gradient from dy into
  * m->dsummed, summed over tp. */
 loom_status gpt_moe_split_input(loom_gpt *m, int l, const float *dy, size_t R);

@@ -5,7 +5,8 @@
 #  - dp=2 trains the losses of one rank with the same micro-batches (accumulated) within
 #    1e-5 until a routing choice flips (fp32, only the gradient sum's order differs;
 #    routed_close, below); zero=1 and zero=3 at dp=2 give
-#    dp=2's bits; canonical mode: dp=1, dp=2, dp=2 ep=2 and dp=4 ep=2 bitwise;
+#    dp=2's bits; canonical mode: dp=1, dp=2, dp=2 ep=2 and dp=4 ep=2 bitwise; canonical
+#    tp=2, tp=2 with sp and tp=2 sp dp=2 ep=2: one rank's losses and grad norms bitwise;
 #  - bf16 and fp16 track fp32 within 0.05 a step over 10 steps; fp16 at another initial
 #    loss scale gives the same bits; canonical bf16 dp=2 ep=2 zero=1 gives one rank's bf16 bits;
 #  - save at step 10, resume: steps 11-20 bitwise; loom sample reads the checkpoint;
@@ -39,10 +40,11 @@
 #    canonical pp=2 dp=2 ep=2: one rank's bits, with zero=3 too, and interleaved;
 #  - zb1 (the MoE blocks' split backward): canonical pp=2 zb1 one rank's bits;
 #  - the llama family with SwiGLU experts: dp=2 ep=2, pp=2 zb1 within 1e-5 of one
-#    rank, saved at ep=2 and resumed at ep=1 within 1e-5, canonical dp=2 ep=2 zero=1 bitwise;
+#    rank, saved at ep=2 and resumed at ep=1 within 1e-5, canonical dp=2 ep=2 zero=1 bitwise,
+#    canonical tp=2 dp=2 ep=2 one rank's losses and grad norms;
 #    canonical fp16 dp=2 ep=2 bitwise; pp=2 dp=2 ep=2 zero=3 (one micro-batch per rank)
 #    gives zero=0's bits;
-#  - what does not compose yet (tp with canonical mode, llm.c export
+#  - what does not compose yet (llm.c export
 #    (llama moe's HF export and its refusals: unit_mixtral_export_hf); ep not a power of two in canonical mode) and bad
 #    moe keys are refused
 #    naming the key.
@@ -133,6 +135,24 @@ cmp -s "$tmp/c1" "$tmp/ce2" || { echo "canonical dp=2 ep=2 differs from dp=1"; e
   grep '^LOSS' > "$tmp/ce4"
 cmp -s <(head -10 "$tmp/c1") "$tmp/ce4" || { echo "canonical dp=4 ep=2 zero=1 differs from dp=1"; exit 1; }
 echo "ok canonical: dp=1, dp=2, dp=2 ep=2 (20 steps) and dp=4 ep=2 zero=1 (10 steps) bitwise identical"
+# canonical mode with tp (each expert split as the dense MLP): proj's output and fc's input
+# gradient summed in the fixed chunk tree and finished over the tp group before the gates
+# and the scatter (moe.c), so one rank's losses and grad norms bit for bit: tp=2, with sp,
+# and tp=2 sp dp=2 ep=2 (4 ranks, the exchanges overlapped); the llama family below
+norms() { grep -o '"grad_norm":[^,}]*' "$1" | head -6; }
+same_canon() { # same_canon WHAT REF N RANKS RECIPE ARGS...: REF's first N losses and grad norms
+  local what=$1 ref=$2 n=$3 np=$4 rec=$5; shift 5
+  "$loom" launch -n "$np" "$rec" threads=1 $canon steps="$n" comm_timeout=20 log.jsonl="$tmp/cs.jsonl" "$@" |
+    grep '^LOSS' > "$tmp/cs"
+  [[ $(wc -l < "$tmp/cs") -eq $n ]] && finite_losses "$tmp/cs" && cmp -s <(head -"$n" "$ref") "$tmp/cs" &&
+    [[ $(norms "$tmp/cs.jsonl" | wc -l) -eq $n ]] && cmp -s <(norms "$ref.jsonl" | head -"$n") <(norms "$tmp/cs.jsonl") ||
+    { echo "canonical $what: losses or grad norms differ from one rank's"; exit 1; }
+}
+same_canon "tp=2" "$tmp/c1" 6 2 "$recipe" mesh.tp=2
+same_canon "tp=2 sp" "$tmp/c1" 6 2 "$recipe" mesh.tp=2 tp_sequence_parallel=true
+same_canon "tp=2 sp dp=2 ep=2" "$tmp/c1" 6 4 "$recipe" mesh.tp=2 mesh.dp=2 mesh.ep=2 tp_sequence_parallel=true \
+  model.moe.overlap=true
+echo "ok canonical tp=2, tp=2 with sp, tp=2 sp dp=2 ep=2: one rank's losses and grad norms bit for bit (6 steps)"
 
 # 16-bit precision: the experts' products on the 16-bit weights (as the dense MLP's), their
 # activations rounded where written, the router's logits and softmax in fp32. bf16 and
@@ -364,7 +384,6 @@ echo "ok pp=2 dp=2 ep=2 (2 micro-batches in flight): within $dppe of dp=4 over 6
 "$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 mesh.ep=2 $canon steps=6 comm_timeout=20 \
   log.jsonl="$tmp/cppe.jsonl" | grep '^LOSS' > "$tmp/cppe"
 cmp -s <(head -6 "$tmp/c1") "$tmp/cppe" || { echo "canonical pp=2 dp=2 ep=2 differs from one rank"; exit 1; }
-norms() { grep -o '"grad_norm":[^,}]*' "$1" | head -6; }
 [[ $(norms "$tmp/cppe.jsonl" | wc -l) -eq 6 ]] && cmp -s <(norms "$tmp/c1.jsonl") <(norms "$tmp/cppe.jsonl") ||
   { echo "canonical pp=2 dp=2 ep=2: grad norms differ from one rank's"; exit 1; }
 # ZeRO-3 there: each stage gathers its own units (its dense pieces over dp, its experts over
@@ -429,10 +448,12 @@ below "$dle" 1e-5 && below "$dlz" 1e-5 && below "$dlr" 1e-5 ||
 "$loom" ckpt info "$tmp/ckl/step_00000003" > "$tmp/linfo"
 grep -q 'h.1.moe.expert.3.gate.weight' "$tmp/linfo" ||
   { echo "llama moe checkpoint lacks expert 3's gate by logical name"; exit 1; }
-"$loom" run "$lrecipe" threads=1 $canon steps=5 | grep '^LOSS' > "$tmp/lc1"
+"$loom" run "$lrecipe" threads=1 $canon steps=5 log.jsonl="$tmp/lc1.jsonl" | grep '^LOSS' > "$tmp/lc1"
 "$loom" launch -n 2 "$lrecipe" threads=1 mesh.dp=2 mesh.ep=2 strategy.zero=1 $canon steps=5 comm_timeout=20 |
   grep '^LOSS' > "$tmp/lc2"
 cmp -s "$tmp/lc1" "$tmp/lc2" || { echo "llama moe: canonical dp=2 ep=2 zero=1 differs from one rank"; exit 1; }
+# canonical tp=2 dp=2 ep=2 (SwiGLU's gate|up: two segments of the chunk tree)
+same_canon "llama tp=2 dp=2 ep=2" "$tmp/lc1" 5 4 "$lrecipe" mesh.tp=2 mesh.dp=2 mesh.ep=2
 # fp16 (loss scaling) with SwiGLU experts under ep, canonical: one rank's fp16 bits
 "$loom" run "$lrecipe" threads=1 $canon steps=5 precision=fp16 | grep '^LOSS' > "$tmp/lf1"
 "$loom" launch -n 2 "$lrecipe" threads=1 mesh.dp=2 mesh.ep=2 $canon steps=5 precision=fp16 comm_timeout=20 |
@@ -448,14 +469,13 @@ for z in 0 3; do
 done
 [[ $(wc -l < "$tmp/lpz3") -eq 4 ]] && finite_losses "$tmp/lpz3" && cmp -s "$tmp/lpz0" "$tmp/lpz3" ||
   { echo "llama moe: pp=2 dp=2 ep=2 zero=3 differs from zero=0"; exit 1; }
-echo "ok llama with SwiGLU experts vs one rank (5 steps): dp=2 ep=2 $dle, pp=2 zb1 $dlz; saved at ep=2, resumed at ep=1 within $dlr; canonical dp=2 ep=2 zero=1 bitwise, fp16 dp=2 ep=2 bitwise; pp=2 dp=2 ep=2 zero=3 gives zero=0's bits"
+echo "ok llama with SwiGLU experts vs one rank (5 steps): dp=2 ep=2 $dle, pp=2 zb1 $dlz; saved at ep=2, resumed at ep=1 within $dlr; canonical dp=2 ep=2 zero=1 bitwise, tp=2 dp=2 ep=2 (losses and grad norms) bitwise, fp16 dp=2 ep=2 bitwise; pp=2 dp=2 ep=2 zero=3 gives zero=0's bits"
 
 refuse() { # refuse WORDS ARGS...: the run fails and says WORDS
   local want=$1; shift
   if "$@" > "$tmp/err" 2>&1; then echo "accepted: $*"; exit 1; fi
   grep -q -- "$want" "$tmp/err" || { echo "'$*' did not say '$want':"; tail -2 "$tmp/err"; exit 1; }
 }
-refuse "and canonical mode does not compose yet" "$loom" launch -n 2 "$recipe" threads=1 mesh.tp=2 deterministic=canonical
 refuse "must divide dp=1" run1 mesh.ep=2
 refuse "ep must be a power of two" "$loom" launch -n 3 "$recipe" threads=1 mesh.dp=3 mesh.ep=3 deterministic=canonical batch.micro=2 batch.global=6 model.moe.experts=3 model.moe.top_k=1
 refuse "must divide model.moe.experts=3" "$loom" launch -n 2 "$recipe" threads=1 mesh.dp=2 mesh.ep=2 model.moe.experts=3 model.moe.top_k=1
@@ -464,4 +484,4 @@ refuse "model.moe.every=0" run1 model.moe.every=0
 refuse "is not one of: topk, noisy_topk" run1 model.moe.router=top2
 refuse "unknown key 'model.moe.expert'" run1 model.moe.expert=8
 refuse "dense GPT-2 blocks only" "$loom" export --llmc "$tmp/ck/step_00000010" "$tmp/x.bin"
-echo "ok refused: tp with canonical mode, llm.c export, ep=3 in canonical mode, ep not dividing dp or experts; bad moe keys named"
+echo "ok refused: llm.c export, ep=3 in canonical mode, ep not dividing dp or experts; bad moe keys named"

@@ -5,7 +5,7 @@
 #  - dp=2 trains the losses of one rank with the same micro-batches (accumulated) within
 #    1e-5 until a routing choice flips (fp32, only the gradient sum's order differs;
 #    routed_close, below); zero=1 and zero=3 at dp=2 give
-#    dp=2's bits; canonical mode: dp=1, dp=2, dp=2 ep=2 and dp=4 ep=2 bitwise; canonical
+#    dp=2's bits; canonical mode: dp=1, dp=2, dp=2 ep=2, dp=4 ep=2 and dp=4 ep=4 bitwise; canonical
 #    tp=2, tp=2 with sp and tp=2 sp dp=2 ep=2: one rank's losses and grad norms bitwise;
 #  - bf16 and fp16 track fp32 within 0.05 a step over 10 steps; fp16 at another initial
 #    loss scale gives the same bits; canonical bf16 dp=2 ep=2 zero=1 gives one rank's bf16 bits;
@@ -15,7 +15,7 @@
 #    canonical pp=2 dp=2 bitwise;
 #  - the JSONL carries the load, loom plot draws it;
 #  - expert parallelism: dp=2 ep=2 within 1e-5 of ep=1 until a routing choice flips
-#    (routed_close), dp=4 ep=2 within 1e-6 of ep=1 over 10 steps; saved at ep=2, resumed at
+#    (routed_close), dp=4 ep=2 and ep=4 within 1e-6 of ep=1 over 10 steps; saved at ep=2, resumed at
 #    ep=2 bitwise and at ep=1 within 1e-5 until a flip; saved at ep=1, resumed at ep=2 within 1e-5;
 #  - zero=1 under ep (experts' state over the edp group): ep's bits, resumed bitwise,
 #    canonical dp=4 ep=2 zero=1 gives dp=1's bits, memory per rank = the formula;
@@ -134,7 +134,10 @@ cmp -s "$tmp/c1" "$tmp/ce2" || { echo "canonical dp=2 ep=2 differs from dp=1"; e
 "$loom" launch -n 4 "$recipe" threads=1 mesh.dp=4 mesh.ep=2 strategy.zero=1 comm_timeout=20 $canon steps=10 |
   grep '^LOSS' > "$tmp/ce4"
 cmp -s <(head -10 "$tmp/c1") "$tmp/ce4" || { echo "canonical dp=4 ep=2 zero=1 differs from dp=1"; exit 1; }
-echo "ok canonical: dp=1, dp=2, dp=2 ep=2 (20 steps) and dp=4 ep=2 zero=1 (10 steps) bitwise identical"
+"$loom" launch -n 4 "$recipe" threads=1 mesh.dp=4 mesh.ep=4 comm_timeout=20 $canon steps=6 |
+  grep '^LOSS' > "$tmp/ce44"
+[[ -s "$tmp/ce44" ]] && cmp -s <(head -6 "$tmp/c1") "$tmp/ce44" || { echo "canonical dp=4 ep=4 differs from dp=1"; exit 1; }
+echo "ok canonical: dp=1, dp=2, dp=2 ep=2 (20 steps), dp=4 ep=2 zero=1 (10 steps) and dp=4 ep=4 (6 steps) bitwise identical"
 # canonical mode with tp (each expert split as the dense MLP): proj's output and fc's input
 # gradient summed in the fixed chunk tree and finished over the tp group before the gates
 # and the scatter (moe.c), so one rank's losses and grad norms bit for bit: tp=2, with sp,
@@ -207,6 +210,13 @@ runN 4 batch.global=16 steps=10 mesh.ep=2 | grep '^LOSS' > "$tmp/ep4"
 d=$(max_loss_diff "$tmp/dp4" "$tmp/ep4")
 below "$d" 1e-6 || { echo "dp=4 ep=2 differs from ep=1 by $d over 10 steps"; exit 1; }
 echo "ok dp=4 ep=2 (experts reduced over edp=2) vs ep=1: max |loss diff| $d over 10 steps"
+# ep=4: one of the 4 experts a rank, every dispatch crossing to 3 other ranks
+runN 4 batch.global=16 steps=10 mesh.ep=4 | grep '^LOSS' > "$tmp/ep44"
+finite_losses "$tmp/ep44"
+[[ $(wc -l < "$tmp/ep44") -eq 10 ]] || { echo "dp=4 ep=4: $(wc -l < "$tmp/ep44") loss lines, want 10"; exit 1; }
+d=$(max_loss_diff "$tmp/dp4" "$tmp/ep44")
+below "$d" 1e-6 || { echo "dp=4 ep=4 differs from ep=1 by $d over 10 steps"; exit 1; }
+echo "ok dp=4 ep=4 (one expert a rank) vs ep=1: max |loss diff| $d over 10 steps"
 # ZeRO-1 under ep (core/train/zero_ep.c): the dense entries' optimizer state partitioned
 # over dp, the experts' over their edp group; an element-wise optimizer on the same
 # gradients, so ep's bits; saved there and resumed there bitwise. Memory per rank from the

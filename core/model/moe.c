@@ -623,10 +623,12 @@ static loom_status ep_start(loom_gpt *m, moe_block *b, int j0, int j1, int back,
         LOOM_FAIL(LOOM_ERR_INTERNAL, "moe: more than %d exchanges in flight", g->n_pend);
     chunk_counts(g, b, j0, j1, (size_t)m->cfg.dim);
     double t0 = loom_now_ms();
-    loom_status st = back ? m->ep_dops->alltoallv_start(m->ep_dcomm, src, b->rc, b->rd, dst, b->sc,
-                                                         b->sd, LOOM_DTYPE_F32, &g->pend[g->n_pend])
-                          : m->ep_dops->alltoallv_start(m->ep_dcomm, src, b->sc, b->sd, dst, b->rc,
-                                                         b->rd, LOOM_DTYPE_F32, &g->pend[g->n_pend]);
+    const loom_comm_ops *o = m->ep_dops;
+    loom_comm_request **req = &g->pend[g->n_pend];
+    loom_status st = back ? o->alltoallv_start(m->ep_dcomm, src, b->rc, b->rd, dst, b->sc, b->sd,
+                                               LOOM_DTYPE_F32, req)
+                          : o->alltoallv_start(m->ep_dcomm, src, b->sc, b->sd, dst, b->rc, b->rd,
+                                               LOOM_DTYPE_F32, req);
     if (st == LOOM_OK)
         g->n_pend++;
     ep_time(m, t0);

@@ -10,6 +10,7 @@ typedef struct staged {
     const loom_comm_ops *inner;
     void *self;
     loom_backend *be;
+    int owns;    /* self is a split child of a mesh group, destroyed with this wrapper */
 } staged;
 
 struct loom_comm_request {
@@ -77,16 +78,34 @@ static loom_status st_create(const loom_host *host, const loom_config *cfg, cons
                      "(loom_dist_staged_wrap); it is not created from the store");
 }
 
-static void st_destroy(void *self) { free(self); } /* the host group is dist's */
+static void st_destroy(void *self)
+{
+    staged *s = self;
+    if (s->owns) /* a split's host child; a mesh group is dist's */
+        s->inner->destroy(s->self);
+    free(s);
+}
 
 static int st_rank(void *self) { return ((staged *)self)->inner->rank(((staged *)self)->self); }
 
 static int st_world(void *self) { return ((staged *)self)->inner->world(((staged *)self)->self); }
 
+/* The host group split alike (a collective over its members, as the host split is), its
+ * child staged through the same backend and owned by the new wrapper: expert
+ * parallelism's ep and edp groups of the dp group (session_ep.c). */
 static loom_status st_split(void *self, int color, int key, void **out)
 {
-    return loom_fail(LOOM_ERR_UNSUPPORTED, "split of a staged group: dist stages each mesh "
-                     "group of the host communicator instead");
+    staged *s = self;
+    void *child = NULL;
+    LOOM_TRY(s->inner->split(s->self, color, key, &child));
+    staged *c = calloc(1, sizeof *c);
+    if (!c) {
+        s->inner->destroy(child);
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    }
+    *c = (staged){s->inner, child, s->be, 1};
+    *out = c;
+    return LOOM_OK;
 }
 
 static loom_status st_allreduce(void *self, const void *send, void *recv, size_t count,

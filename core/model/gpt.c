@@ -589,6 +589,8 @@ static loom_status gpt_setup(loom_gpt *m, const loom_gpt_config *cfg, int max_B,
         m->split = par->split_backward;
         m->ep_ops = par->ep_ops;
         m->ep_comm = par->ep_comm;
+        m->ep_dops = par->ep_dops ? par->ep_dops : par->ep_ops;
+        m->ep_dcomm = par->ep_dops ? par->ep_dcomm : par->ep_comm;
         m->ep = par->ep > 1 ? par->ep : 1;
         m->ep_rank = par->ep > 1 ? par->ep_rank : 0;
     }

@@ -102,6 +102,11 @@ typedef struct loom_gpt_parallel {
     int ep, ep_rank;
     const struct loom_comm_ops *ep_ops;
     void *ep_comm;
+    /* The same ep group for the backend's memory (a device backend: loom_host.device_group's
+     * dp group split alike), which carries the token rows; ep_comm then carries only the
+     * host counts. NULL: ep_comm carries both (host memory). */
+    const struct loom_comm_ops *ep_dops;
+    void *ep_dcomm;
 } loom_gpt_parallel;
 
 enum { LOOM_RECOMPUTE_NONE, LOOM_RECOMPUTE_FULL, LOOM_RECOMPUTE_SELECTIVE, LOOM_RECOMPUTE_LAYERS };

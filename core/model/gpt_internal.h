@@ -170,6 +170,8 @@ struct loom_gpt {
     int ep, ep_rank;                   /* loom_gpt_parallel's expert parallelism (1, 0: none) */
     const struct loom_comm_ops *ep_ops;
     void *ep_comm;
+    const struct loom_comm_ops *ep_dops; /* the rows' group: ep_comm's for host memory */
+    void *ep_dcomm;
 };
 
 /* gpt_distill.c: around the training forward's cross-entropy when a teacher is set. */

@@ -608,7 +608,9 @@ static void chunk_counts(const gpt_moe *g, moe_block *b, int j0, int j1, size_t 
 }
 
 /* Start chunk [j0, j1)'s all-to-all-v: to the experts (tokens' src to the experts' dst),
- * or back (experts' src to the tokens' dst). The plugins read the counts at start. */
+ * or back (experts' src to the tokens' dst). The plugins read the counts at start. The
+ * rows are the backend's memory: they go over ep_dcomm (a device backend's group; for
+ * host memory ep_comm itself), the counts (ep_plan) over the host group ep_comm. */
 static loom_status ep_start(loom_gpt *m, moe_block *b, int j0, int j1, int back, const float *src,
                             float *dst)
 {
@@ -617,10 +619,12 @@ static loom_status ep_start(loom_gpt *m, moe_block *b, int j0, int j1, int back,
         LOOM_FAIL(LOOM_ERR_INTERNAL, "moe: more than %d exchanges in flight", g->n_pend);
     chunk_counts(g, b, j0, j1, (size_t)m->cfg.dim);
     double t0 = loom_now_ms();
-    loom_status st = back ? m->ep_ops->alltoallv_start(m->ep_comm, src, b->rc, b->rd, dst, b->sc,
-                                                        b->sd, LOOM_DTYPE_F32, &g->pend[g->n_pend])
-                          : m->ep_ops->alltoallv_start(m->ep_comm, src, b->sc, b->sd, dst, b->rc,
-                                                        b->rd, LOOM_DTYPE_F32, &g->pend[g->n_pend]);
+    const loom_comm_ops *o = m->ep_dops;
+    loom_comm_request **req = &g->pend[g->n_pend];
+    loom_status st = back ? o->alltoallv_start(m->ep_dcomm, src, b->rc, b->rd, dst, b->sc, b->sd,
+                                               LOOM_DTYPE_F32, req)
+                          : o->alltoallv_start(m->ep_dcomm, src, b->sc, b->sd, dst, b->rc, b->rd,
+                                               LOOM_DTYPE_F32, req);
     if (st == LOOM_OK)
         g->n_pend++;
     ep_time(m, t0);
@@ -634,7 +638,7 @@ static loom_status ep_wait_oldest(loom_gpt *m)
     if (g->n_pend == 0)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "moe: waiting for an exchange none started");
     double t0 = loom_now_ms();
-    loom_status st = ep_wait(m, g->pend[0]);
+    loom_status st = m->ep_dops->wait(m->ep_dcomm, g->pend[0]); /* rows: the device group */
     memmove(g->pend, g->pend + 1, (size_t)--g->n_pend * sizeof g->pend[0]);
     ep_time(m, t0);
     return st;
@@ -659,7 +663,7 @@ static void ep_progress(loom_gpt *m)
     if (g->n_pend == 0)
         return;
     double t0 = loom_now_ms();
-    for (int i = 0; i < g->n_pend && m->ep_ops->test(m->ep_comm, g->pend[i]); i++)
+    for (int i = 0; i < g->n_pend && m->ep_dops->test(m->ep_dcomm, g->pend[i]); i++)
         ;
     ep_time(m, t0);
 }

@@ -990,8 +990,8 @@ static loom_status save_zero(loom_session *s, loom_ckpt_source *srcp, const loom
         loom_status st = loom_session_zero(s) ? loom_zero_pin_params(loom_session_zero(s), 1)
                                               : LOOM_OK;
         if (st == LOOM_OK)
-            st = loom_ep_gather_full(ep, m, zstate ? zstate : src.state, src.slots, &full,
-                                     &params, &state);
+            st = loom_ep_gather_full(ep, m, src.params, zstate ? zstate : src.state, src.slots,
+                                     &full, &params, &state);
         if (loom_session_zero(s)) {
             loom_status u = loom_zero_pin_params(loom_session_zero(s), 0);
             st = st == LOOM_OK ? u : st;

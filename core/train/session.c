@@ -603,7 +603,10 @@ static loom_status check_device(loom_session *s, const loom_session_config *cfg,
     const loom_config_value *reduce = cfg->strategy ? loom_config_get(cfg->strategy, "reduce")
                                                     : NULL;
     /* what still reads or writes host memory where the buffers are the device's */
-    const char *what = cfg->ep > 1 ? "mesh.ep > 1 (the expert exchange)"
+    const char *what = cfg->ep > 1 && (cfg->zero_stage > 0 || pp > 1 || cfg->tensor)
+                           ? "mesh.ep > 1 beside strategy.zero, mesh.pp or mesh.tp (ep trains in "
+                             "device memory with mesh.dp alone: zero_ep.c and ep's pipeline "
+                             "paths read host memory)"
                        : size > 1 && reduce && reduce->string && !strcmp(reduce->string, "bf16")
                            ? "reduce = \"bf16\" (the dp strategy rounds its buckets on the host)"
                        : size > 1 && cfg->zero_stage > 0 && cfg->offload_mode != LOOM_OFFLOAD_NONE
@@ -613,7 +616,8 @@ static loom_status check_device(loom_session *s, const loom_session_config *cfg,
     if (what)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "backend %s: training in device memory with %s is not "
                   "built yet; it trains one rank, mesh.dp, mesh.tp and mesh.pp ranks, ZeRO or "
-                  "offload (no ep or teacher), or use backend = \"cpu\"", be, what);
+                  "offload, mesh.ep beside mesh.dp alone (no teacher), or use backend = "
+                  "\"cpu\"", be, what);
     if (size > 1 && !s->device_groups)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "backend %s with %d ranks has no device groups "
                   "(loom_dist_device_open)", be, size);

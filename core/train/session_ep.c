@@ -16,6 +16,13 @@
 struct loom_ep {
     const struct loom_comm_ops *ops;
     void *ep, *edp;    /* split from the dp group */
+    /* the same groups for the backend's memory: a device backend's (loom_host.device_group's
+     * dp group split alike: nccl's, or dist_staged.c's copies through the host); with host
+     * memory dops is NULL and ep, edp serve. The token rows, the experts' gradients and
+     * canonical mode's block sums go over these; counts and norm slots over the host's. */
+    const struct loom_comm_ops *dops;
+    void *dep, *dedp;
+    int device;        /* be keeps its buffers in device memory */
     int size, rank, edp_size;
     double *mine, *gathered;  /* the norm's expert slots: this rank's, the ep group's */
     double *order;            /* the norm's slots in ep=1's order (loom_ep_norm_order) */
@@ -60,9 +67,22 @@ loom_status loom_ep_create(int ep, loom_backend *be, loom_gpt_parallel *par, loo
     x->be = be;
     x->canonical = par->canonical;
     x->chunks = 1; /* canonical mode's trees: make_trees */
+    x->device = loom_backend_device_memory(be);
     loom_status st = ops->split(dp, r / ep, r, &x->ep);
     if (st == LOOM_OK)
         st = ops->split(dp, r % ep, r, &x->edp);
+    void *ddp = NULL;
+    int dsize = 0;
+    if (st == LOOM_OK && x->device) { /* the groups for the backend's memory, split alike */
+        st = loom_core_host()->device_group(LOOM_GROUP_DP, &x->dops, &ddp, &dsize);
+        if (st == LOOM_OK && (!x->dops || !ddp || dsize != dp_size))
+            st = loom_fail(LOOM_ERR_INTERNAL, "ep=%d on a device backend: no device dp group of "
+                           "%d ranks (loom_dist_device_open)", ep, dp_size);
+        if (st == LOOM_OK)
+            st = x->dops->split(ddp, r / ep, r, &x->dep);
+        if (st == LOOM_OK)
+            st = x->dops->split(ddp, r % ep, r, &x->dedp);
+    }
     if (st != LOOM_OK) {
         loom_ep_destroy(x);
         return st;
@@ -71,6 +91,8 @@ loom_status loom_ep_create(int ep, loom_backend *be, loom_gpt_parallel *par, loo
     par->ep_rank = x->rank;
     par->ep_ops = ops;
     par->ep_comm = x->ep;
+    par->ep_dops = x->device ? x->dops : NULL;
+    par->ep_dcomm = x->device ? x->dep : NULL;
     *out = x;
     return LOOM_OK;
 }
@@ -83,6 +105,10 @@ void loom_ep_destroy(loom_ep *x)
         x->ops->destroy(x->ep);
     if (x->edp)
         x->ops->destroy(x->edp);
+    if (x->dep)
+        x->dops->destroy(x->dep);
+    if (x->dedp)
+        x->dops->destroy(x->dedp);
     for (int p = 0; x->src && p < x->size * x->chunks; p++)
         loom_grad_tree_destroy(x->src[p]);
     free(x->coff);
@@ -91,8 +117,15 @@ void loom_ep_destroy(loom_ep *x)
     free(x->chunk_slots);
     loom_grad_tree_destroy(x->over);
     free(x->src);
-    free(x->part);
-    free(x->edp_blocks);
+    if (x->device) { /* the backend's allocations (make_trees) */
+        if (x->part)
+            x->be->ops->free(x->be->self, x->part);
+        if (x->edp_blocks)
+            x->be->ops->free(x->be->self, x->edp_blocks);
+    } else {
+        free(x->part);
+        free(x->edp_blocks);
+    }
     free(x->mine);
     free(x->gathered);
     free(x->order);
@@ -118,8 +151,10 @@ static loom_status make_trees(loom_ep *x, loom_gpt *m, const loom_pipeline *pl, 
     x->src = calloc((size_t)x->size * (size_t)x->chunks, sizeof *x->src);
     x->coff = calloc((size_t)x->chunks, sizeof *x->coff);
     x->clen = calloc((size_t)x->chunks, sizeof *x->clen);
-    x->part = malloc((size_t)x->size * n * sizeof(float));
-    x->edp_blocks = malloc((size_t)x->edp_size * n * sizeof(float));
+    /* the trees' sums are where the backend keeps the gradients */
+    size_t pb = (size_t)x->size * n * sizeof(float), eb = (size_t)x->edp_size * n * sizeof(float);
+    x->part = x->device ? x->be->ops->alloc(x->be->self, pb) : malloc(pb);
+    x->edp_blocks = x->device ? x->be->ops->alloc(x->be->self, eb) : malloc(eb);
     if (!x->src || !x->coff || !x->clen || !x->part || !x->edp_blocks)
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for canonical mode's expert sums");
     size_t at = 0;
@@ -168,6 +203,21 @@ loom_status loom_ep_end_chunk(loom_ep *x, loom_gpt *m, const loom_pipeline *pl, 
     return push_chunk(x, m, pl, chunk);
 }
 
+/* dst = src, bit for bit, in the backend's memory. A device backend has no device-to-
+ * device copy: dst filled with -0 (zero, then times -1) and src added, -0 + x being x for
+ * every x (pipeline.c's buf_copy does the same). */
+static void copy_floats(loom_ep *x, float *dst, const float *src, size_t n)
+{
+    if (!x->device) {
+        memcpy(dst, src, n * sizeof(float));
+        return;
+    }
+    const loom_backend_ops *k = x->be->ops;
+    k->zero(x->be->self, dst, n * sizeof(float));
+    k->scale(dst, -1.0f, n);
+    k->accumulate(dst, src, n);
+}
+
 /* Canonical mode: the experts' global gradient into the model's expert entries. The
  * step's micro-batches, by global index, are dp rank r's block of accum (r = g * ep + p
  * for ep group g): source p's tree holds one such complete block, the sources' in order
@@ -188,8 +238,10 @@ static loom_status canonical_reduce(loom_ep *x, loom_gpt *m, double *comm_ms)
     if (x->edp_size > 1) {
         double t0 = loom_now_ms();
         loom_comm_request *r;
-        LOOM_TRY(x->ops->allgather_start(x->edp, x->part, x->edp_blocks, n, LOOM_DTYPE_F32, &r));
-        LOOM_TRY(x->ops->wait(x->edp, r));
+        const struct loom_comm_ops *o = x->device ? x->dops : x->ops;
+        void *edp = x->device ? x->dedp : x->edp;
+        LOOM_TRY(o->allgather_start(edp, x->part, x->edp_blocks, n, LOOM_DTYPE_F32, &r));
+        LOOM_TRY(o->wait(edp, r));
         *comm_ms += loom_now_ms() - t0;
         for (int q = 0; q < x->edp_size; q++)
             LOOM_TRY(loom_grad_tree_push(x->over, x->edp_blocks + (size_t)q * n));
@@ -201,7 +253,7 @@ static loom_status canonical_reduce(loom_ep *x, loom_gpt *m, double *comm_ms)
     for (int i = 0; i < t->count; i++) { /* the runs of expert entries, in table order */
         if (!loom_gpt_is_expert_entry(m, i))
             continue;
-        memcpy(g + t->entries[i].offset, x->part + at, t->entries[i].numel * sizeof(float));
+        copy_floats(x, g + t->entries[i].offset, x->part + at, t->entries[i].numel);
         at += t->entries[i].numel;
     }
     return LOOM_OK;
@@ -223,10 +275,11 @@ loom_status loom_ep_reduce(loom_ep *x, loom_gpt *m, double *comm_ms)
         while (j + 1 < t->count && loom_gpt_is_expert_entry(m, j + 1))
             j++;
         size_t off = t->entries[i].offset, n = t->entries[j].offset + t->entries[j].numel - off;
-        loom_comm_request *r;
-        LOOM_TRY(x->ops->allreduce_start(x->edp, g + off, g + off, n, LOOM_DTYPE_F32,
-                                         LOOM_REDUCE_SUM, &r));
-        LOOM_TRY(x->ops->wait(x->edp, r));
+        loom_comm_request *r; /* the gradients: the backend's memory's group */
+        const struct loom_comm_ops *o = x->device ? x->dops : x->ops;
+        void *edp = x->device ? x->dedp : x->edp;
+        LOOM_TRY(o->allreduce_start(edp, g + off, g + off, n, LOOM_DTYPE_F32, LOOM_REDUCE_SUM, &r));
+        LOOM_TRY(o->wait(edp, r));
         i = j;
     }
     *comm_ms += loom_now_ms() - t0;
@@ -358,8 +411,9 @@ static loom_status copy_entry(loom_param_table *ft, const loom_param_entry *e, c
     return LOOM_OK;
 }
 
-loom_status loom_ep_gather_full(loom_ep *x, loom_gpt *m, const float *state, uint32_t slots,
-                                loom_param_table *ft, float **params, float **full_state)
+loom_status loom_ep_gather_full(loom_ep *x, loom_gpt *m, const float *host_params,
+                                const float *state, uint32_t slots, loom_param_table *ft,
+                                float **params, float **full_state)
 {
     const loom_param_table *t = loom_gpt_params(m);
     const loom_gpt_config *c = loom_gpt_get_config(m);
@@ -400,7 +454,7 @@ loom_status loom_ep_gather_full(loom_ep *x, loom_gpt *m, const float *state, uin
      * (entry i's at slots x offset): the same walk with every offset and size x slots */
     for (int pass = 0; st == LOOM_OK && pass < (slots ? 2 : 1); pass++) {
         size_t w = pass ? slots : 1;
-        const float *src = pass ? state : loom_gpt_param_data(m);
+        const float *src = pass ? state : host_params;
         float *dst = pass ? *full_state : *params;
         int f = 0; /* ft's entry matching t's entry i */
         for (int i = 0; st == LOOM_OK && i < t->count; i++) {

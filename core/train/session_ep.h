@@ -52,10 +52,12 @@ loom_status loom_ep_norm_chunks(loom_ep *x, loom_gpt *m, const struct loom_pipel
 /* A checkpoint under ep: the whole model as an ep=1 run holds it — ft the ep=1 table
  * (every expert, by logical name, in global order), *params and *full_state (slots x
  * ft->total, NULL without state) host copies of every rank's parameters and optimizer
- * state, gathered over the ep group (collective: every rank calls it). The caller frees
+ * state, gathered over the host ep group (collective: every rank calls it), from this
+ * rank's host copies host_params and state (a device backend's mirrors). The caller frees
  * them and ft (loom_params_free). */
-loom_status loom_ep_gather_full(loom_ep *x, loom_gpt *m, const float *state, uint32_t slots,
-                                loom_param_table *ft, float **params, float **full_state);
+loom_status loom_ep_gather_full(loom_ep *x, loom_gpt *m, const float *host_params,
+                                const float *state, uint32_t slots, loom_param_table *ft,
+                                float **params, float **full_state);
 /* The expert-data-parallel group (the dp ranks holding this rank's experts; size 1 when
  * ep = dp), for ZeRO's expert partitions (zero_ep.c). */
 void loom_ep_edp_group(const loom_ep *x, const struct loom_comm_ops **ops, void **group,

@@ -107,6 +107,14 @@ void loom_cuda_rope_forward(float *x, const float *cos, const float *sin, size_t
                             size_t rows, int T, int stride, int heads, int hs);
 void loom_cuda_rope_backward(float *dx, const float *cos, const float *sin, size_t row0,
                              size_t rows, int T, int stride, int heads, int hs);
+/* rows.cu: backend.h rows_gather, rows_scatter_add, rows_dot (the MoE layer's row moves;
+ * kernels/cpu/rows.c's bits). */
+void loom_cuda_rows_gather(float *out, const float *inp, const int *idx, const float *scale,
+                           size_t n, int C);
+void loom_cuda_rows_scatter_add(float *out, const float *inp, const int *idx,
+                                const float *scale, size_t n, int C);
+void loom_cuda_rows_dot(float *out, const float *a, const int *idx, const float *b, size_t n,
+                        int C);
 /* flash_attention.cu: backend.h attention_flash_forward / _backward. */
 void loom_cuda_flash_attention_forward(float *out, float *lse, const void *qkv, int B, int T,
                                        int C, int NH, loom_dtype dt);

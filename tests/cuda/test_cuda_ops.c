@@ -9,7 +9,8 @@
  * has the unsplit bits), and attention_decode giving attention_forward's last row bitwise
  * in row-stable mode; the llama family's ops (grouped-query attention with 2 and 1 kv heads,
  * its decode bitwise its forward's last row in row-stable mode, RMSNorm, SwiGLU, RoPE: fp32
- * only, as the CPU's are).
+ * only, as the CPU's are); the MoE layer's row moves (rows_gather, rows_scatter_add,
+ * rows_dot), bitwise the CPU's.
  * Check in no-fork mode (CUDA after fork() is undefined). No GPU visible: exit 77 (skip).
  */
 #include <check.h>
@@ -542,6 +543,44 @@ START_TEST(test_swiglu)
 }
 END_TEST
 
+/* The MoE layer's row moves (moe.c): A = 2R assignments of token rows (repeats, in no
+ * order, as a top-2 routing's expert-major list), gates in (0, 1). Gather with and without
+ * a scale, scatter-add onto a non-zero out twice (rows sharing a destination add in i
+ * order; the second call without a scale), the gates' dot products. The CUDA ops give the
+ * CPU's bits (rows.cu's first comment), so the tolerance is EXACT. */
+static void op_rows(const loom_backend_ops *k, void *s, void **d, void *ctx)
+{
+    const size_t A = 2 * R;
+    k->rows_gather(d[0], d[4], d[6], d[7], A, C);
+    k->rows_gather(d[1], d[4], d[6], NULL, A, C);
+    k->rows_scatter_add(d[2], d[5], d[6], d[7], A, C);
+    k->rows_scatter_add(d[2], d[5], d[6], NULL, A, C);
+    k->rows_dot(d[3], d[4], d[6], d[5], A, C);
+}
+
+START_TEST(test_rows)
+{
+    const loom_backend_ops *k = ct_gpu.k;
+    ck_assert_msg(k->size > offsetof(loom_backend_ops, rows_dot) && k->rows_gather &&
+                      k->rows_scatter_add && k->rows_dot,
+                  "the CUDA backend has no rows_gather/_scatter_add/rows_dot");
+    const size_t A = 2 * R;
+    float *g1 = ct_floats(A * C, 1, 0, 0), *g2 = ct_floats(A * C, 2, 0, 0);
+    float *acc = ct_floats(R * C, 3, -1, 1), *dot = ct_floats(A, 4, 0, 0);
+    float *x = ct_floats(R * C, 5, -2, 2), *y = ct_floats(A * C, 6, -2, 2);
+    float *gate = ct_floats(A, 7, 0.01f, 1);
+    int *idx = tokens(A, 0, (int)R, 8);
+    idx[1] = idx[0], idx[A - 1] = idx[0]; /* one row three times, far apart */
+    ct_buf b[] = {out("gather (scaled)", g1, A * C * 4, EXACT),
+                  out("gather", g2, A * C * 4, EXACT),
+                  out("scatter_add", acc, R * C * 4, EXACT), out("dot", dot, A * 4, EXACT),
+                  in("rows", x, R * C * 4), in("per assignment", y, A * C * 4),
+                  in("idx", idx, A * sizeof(int)), in("scale", gate, A * 4)};
+    ct_compare_op("rows gather/scatter_add/dot", b, 8, op_rows, NULL);
+    free(g1), free(g2), free(acc), free(dot), free(x), free(y), free(gate), free(idx);
+}
+END_TEST
+
 /* In place over the q and k heads (NH + KVH 2 = 6 heads of 24) of rows of a fused qkv
  * (stride C + 2 * 48), a shard from row 5 (positions (5 + i) % T); theta 10000. The
  * backward on a gradient buffer. Tolerance EW. */
@@ -806,6 +845,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_rmsnorm);
     tcase_add_test(tc, test_swiglu);
     tcase_add_test(tc, test_rope);
+    tcase_add_test(tc, test_rows);
     tcase_add_test(tc, test_elementwise);
     tcase_add_test(tc, test_crossentropy);
     tcase_add_test(tc, test_reductions);

@@ -30,6 +30,7 @@
 #    saved at step STEPS-2 and resumed on two, bitwise; fast 1f1b over STEPS-1 steps within
 #    TOL of one rank's fast run, the loss falling. zb1 and the fast run post each run of
 #    transfers as one group (LOOM_PP_GROUPED=1; nccl's path, automatic there).
+#  - expert parallelism (dp=2 ep=2, a MoE block): see its section at the end;
 #  - what does not train in device memory yet (zero with bf16 weights, offload beside zero)
 #    is refused by name.
 # BACKEND cudaemu (the CUDA kernels emulated on the CPU; meson runs it under
@@ -285,3 +286,45 @@ fi
 grep -q "training in device memory with strategy offload beside strategy.zero .* is not built yet" <<< "$out" ||
   { echo "backend=$backend with zero=1 and offload: unexpected message: $out"; exit 1; }
 echo "backend=$backend: offload beside zero refused with a message"
+
+# Expert parallelism in device memory (session_ep.c, moe.c): a 4-expert top-2 MoE block,
+# dp=2 ep=2 (each rank 2 of the experts), against one rank on the same backend. The token
+# rows go by all-to-all-v over the device dp group split for ep (dist_staged.c's split: a
+# staged child of the host split), the counts and the norm's slots over the host ep group.
+#  - canonical: losses and norms bitwise one rank's (each expert one GEMM per source rank,
+#    the per-source sums in the fixed tree: docs/MOE.md); saved at step k by both ranks (the
+#    whole model gathered over the host ep group from the host mirrors) and resumed: bitwise;
+#  - fast: within TOL of one rank's fast run;
+#  - each rank holds its experts alone (MEM's params below one rank's);
+#  - ep beside ZeRO refused by name (zero_ep.c reads host memory).
+moe=("${args[@]}" model.moe.experts=4 model.moe.top_k=2)
+k=$((steps - 2))
+"$loom" run "$recipe" "${moe[@]}" deterministic=canonical > "$tmp/ep_one" 2> "$tmp/ep.err" ||
+  { cat "$tmp/ep.err"; exit 1; }
+"$loom" launch -n 2 "$recipe" "${moe[@]}" comm="$comm" mesh.dp=2 mesh.ep=2 deterministic=canonical \
+  checkpoint.dir="$tmp/ck_ep" checkpoint.every=$k > "$tmp/ep_c" 2> "$tmp/ep.err" || { cat "$tmp/ep.err"; exit 1; }
+grep '^LOSS\|^NORM' "$tmp/ep_one" > "$tmp/want"
+grep '^LOSS\|^NORM' "$tmp/ep_c" > "$tmp/got" || true
+[[ $(grep -c '^LOSS' "$tmp/want") -eq $steps ]] && cmp -s "$tmp/want" "$tmp/got" ||
+  { echo "canonical dp=2 ep=2 on $backend over $comm is not bitwise one rank:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+read -r _ _ p_one _ <<< "$(grep '^MEM 1 ' "$tmp/ep_one")"
+read -r _ _ p_ep _ <<< "$(grep '^MEM 1 ' "$tmp/ep_c")"
+[[ $p_ep -gt 0 && $p_ep -lt $p_one ]] ||
+  { echo "dp=2 ep=2: $p_ep parameter bytes a rank, one rank $p_one: the experts are not split"; exit 1; }
+"$loom" launch -n 2 "$recipe" "${moe[@]}" comm="$comm" mesh.dp=2 mesh.ep=2 deterministic=canonical \
+  checkpoint.dir="$tmp/ck_ep" resume="$tmp/ck_ep/$(printf step_%08d $k)" > "$tmp/ep_res" 2> "$tmp/ep.err" ||
+  { cat "$tmp/ep.err"; exit 1; }
+resumed_bitwise "canonical dp=2 ep=2" "$tmp/ep_res" "$tmp/ep_one"
+echo "backend=$backend comm=$comm: canonical dp=2 ep=2 (moe, 4 experts) bitwise one rank over $steps" \
+  "steps, $p_ep parameter bytes a rank (one rank $p_one); saved at step $k and resumed, bitwise"
+"$loom" run "$recipe" "${moe[@]}" > "$tmp/ep_one_fast" 2> "$tmp/ep.err" || { cat "$tmp/ep.err"; exit 1; }
+"$loom" launch -n 2 "$recipe" "${moe[@]}" comm="$comm" mesh.dp=2 mesh.ep=2 > "$tmp/ep" 2> "$tmp/ep.err" ||
+  { cat "$tmp/ep.err"; exit 1; }
+runs_close "backend=$backend comm=$comm: fast dp=2 ep=2 vs one rank" "$tmp/ep_one_fast" "$tmp/ep" \
+  "$steps" "$tol" || exit 1
+if out=$("$loom" launch -n 2 "$recipe" "${moe[@]}" comm="$comm" mesh.dp=2 mesh.ep=2 strategy.zero=1 2>&1); then
+  echo "backend=$backend with ep=2 and zero=1: accepted"; exit 1
+fi
+grep -q "training in device memory with mesh.ep > 1 beside strategy.zero, mesh.pp or mesh.tp .* is not built yet" <<< "$out" ||
+  { echo "backend=$backend with ep=2 and zero=1: unexpected message: $out"; exit 1; }
+echo "backend=$backend: ep beside zero refused with a message"

@@ -12,6 +12,7 @@
 #  - strategy.offload = host (the state in the host pool, the step on the host): the device
 #    run's losses and norms bitwise, the state counted off the device, and its checkpoint
 #    resumed with offload = disk bitwise.
+#  - a GPT-2 and a llama MoE block (the rows ops, rows.cu) within TOL of the CPU, its routing.
 # BACKEND cudaemu (tests/cuda: the CUDA kernels emulated on the CPU, a non-NULL stream so
 # sessions take the device paths) runs everywhere; cuda needs a GPU: exit 77 (meson's
 # skip) with a message where none is visible.
@@ -145,3 +146,26 @@ grep -q "resumed from .*step_0*$k at step $k" "$tmp/offres" ||
 [[ -z $(ls -A "$tmp/disk") ]] || { echo "offload=disk: the state file was left behind: $(ls "$tmp/disk")"; exit 1; }
 echo "backend=$backend: saved at step $k under offload=host, resumed with offload=disk: steps" \
   "$((k + 1))-$steps bitwise the device run"
+
+# Mixture of experts in device memory (core/model/moe.c over the backend's rows_gather,
+# rows_scatter_add and rows_dot, kernels/cuda/rows.cu; the routing on the host from the
+# copied router logits): a GPT-2 and a llama MoE block (4 experts, top-2, capacity 1.25, so
+# choices are dropped) against the CPU's runs, within TOL; at TOL below 1e-4 the routing must
+# be the CPU's (the end-of-run expert load, drop rate, aux and z line is equal); the loss falls.
+moe=(model.moe.experts=4 model.moe.top_k=2)
+for r in "$recipe" "$llama"; do
+  name=$(basename "$r" .lua)
+  "$loom" run "$r" backend="$backend" steps="$steps" "${moe[@]}" > "$tmp/mdev" 2>&1 ||
+    { echo "backend=$backend, $name with moe:"; cat "$tmp/mdev"; exit 1; }
+  "$loom" run "$r" backend=cpu steps="$steps" "${moe[@]}" > "$tmp/mcpu" 2>&1
+  runs_close "backend=$backend vs cpu, $name with moe (4 experts, top-2)" "$tmp/mcpu" "$tmp/mdev" \
+    "$steps" "$tol" || exit 1
+  want=$(grep 'moe blk0' "$tmp/mcpu") || { echo "$name with moe: no expert load line (cpu)"; exit 1; }
+  # at the emulation's tolerance the routing must be the CPU's; on a GPU (TOL 2e-3, 20 steps)
+  # cuBLAS's other sums may flip a near-tied choice (docs/MOE.md), so only the losses hold it
+  if below "$tol" 1e-4 && [[ $want != "$(grep 'moe blk0' "$tmp/mdev")" ]]; then
+    echo "$name with moe: the routing differs from the cpu's:"; grep 'moe blk0' "$tmp/mcpu" "$tmp/mdev"; exit 1
+  fi
+  fell=$(loss_fell "$tmp/mdev" 0.05) || { echo "backend=$backend, $name with moe: the loss did not fall: $fell"; exit 1; }
+  echo "backend=$backend, $name with moe: loss $fell, routing the cpu's ($(sed 's/^ *//' <<< "$want"))"
+done

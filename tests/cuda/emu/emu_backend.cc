@@ -227,6 +227,9 @@ static loom_backend_ops make_ops()
     o.set_deterministic = emu_set_deterministic;
     o.attention_decode = G(loom_cuda_attention_decode);
     o.stream = emu_stream;
+    o.rows_gather = G(loom_cuda_rows_gather);
+    o.rows_scatter_add = G(loom_cuda_rows_scatter_add);
+    o.rows_dot = G(loom_cuda_rows_dot);
     o.rmsnorm_forward = G(loom_cuda_rmsnorm_forward);
     o.rmsnorm_backward = G(loom_cuda_rmsnorm_backward);
     o.swiglu_forward = G(loom_cuda_swiglu_forward);

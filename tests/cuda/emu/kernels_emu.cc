@@ -11,3 +11,4 @@
 #include "llama.cu"
 #include "optim.cu"
 #include "reduce.cu"
+#include "rows.cu"

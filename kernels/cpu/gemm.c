@@ -10,7 +10,9 @@
  *     each thread takes an MC-row block of C and, for each slice of the chunk in order,
  *     packs alpha*op(A)'s MC x KC block into MR-tall slivers and runs the MR x NR
  *     micro-kernel over (A sliver, B sliver) pairs, adding into C (storing, for the first
- *     slice of a beta-0 product: C is then never read).
+ *     slice of a beta-0 product: C is then never read). With alpha 1 the full MR-row
+ *     tiles read op(A) in place instead (gemm_pack.h's a_slice: the same values in the same
+ *     order) and only a block's last, partial sliver is packed.
  * So the threads meet at one barrier per chunk, not two per slice: on shared cores a
  * descheduled thread holds the others up less often. Products under SLAB_BELOW multiply-adds
  * skip the shared packs: each thread runs one slab of C alone (sgemm_slabs), no barriers.

@@ -10,7 +10,9 @@
  *     each thread takes an MC-row block of C and, for each slice of the chunk in order,
  *     packs alpha*op(A)'s MC x KC block into MR-tall slivers and runs the MR x NR
  *     micro-kernel over (A sliver, B sliver) pairs, adding into C (storing, for the first
- *     slice of a beta-0 product: C is then never read).
+ *     slice of a beta-0 product: C is then never read). With alpha 1 the full MR-row
+ *     tiles read op(A) in place instead (gemm_pack.h's a_slice: the same values in the same
+ *     order) and only a block's last, partial sliver is packed.
  * So the threads meet at one barrier per chunk, not two per slice: on shared cores a
  * descheduled thread holds the others up less often. Products under SLAB_BELOW multiply-adds
  * skip the shared packs: each thread runs one slab of C alone (sgemm_slabs), no barriers.
@@ -61,6 +63,8 @@
 
 typedef float v4 __attribute__((vector_size(16)));
 typedef float v4u __attribute__((vector_size(16), aligned(4))); /* unaligned access to C */
+#define UK_BODY micro_kernel_sse2_body
+#define UK_DIRECT micro_kernel_sse2_direct
 #define UK_NAME micro_kernel_sse2 /* 6x8: 12 xmm accumulators, 2 B, 1 broadcast (of 16) */
 #define UK_TARGET
 #define UK_V v4
@@ -75,6 +79,8 @@ typedef float v8 __attribute__((vector_size(32)));
 typedef float v8u __attribute__((vector_size(32), aligned(4)));
 typedef float v16 __attribute__((vector_size(64)));
 typedef float v16u __attribute__((vector_size(64), aligned(4)));
+#define UK_BODY micro_kernel_avx2_body
+#define UK_DIRECT micro_kernel_avx2_direct
 #define UK_NAME micro_kernel_avx2 /* 6x16: 12 ymm accumulators, 2 B, 1 broadcast (of 16) */
 #define UK_TARGET LOOM_CPU_TARGET_AVX2
 #define UK_V v8
@@ -83,6 +89,8 @@ typedef float v16u __attribute__((vector_size(64), aligned(4)));
 #define UK_MR 6
 #define UK_NV 2
 #include "gemm_kernel.h"
+#define UK_BODY micro_kernel_avx512_body
+#define UK_DIRECT micro_kernel_avx512_direct
 #define UK_NAME micro_kernel_avx512 /* 8x32: 16 zmm accumulators, 2 B, 1 broadcast (of 32) */
 #define UK_TARGET LOOM_CPU_TARGET_AVX512
 #define UK_V v16
@@ -98,13 +106,13 @@ static micro_kernel pick_micro_kernel(int isa)
 #if defined(__x86_64__)
     switch (isa) {
     case LOOM_CPU_ISA_AVX512:
-        return (micro_kernel){micro_kernel_avx512, 8, 32, "avx512 8x32"};
+        return (micro_kernel){micro_kernel_avx512, micro_kernel_avx512_direct, 8, 32, "avx512 8x32"};
     case LOOM_CPU_ISA_AVX2:
-        return (micro_kernel){micro_kernel_avx2, 6, 16, "avx2 6x16"};
+        return (micro_kernel){micro_kernel_avx2, micro_kernel_avx2_direct, 6, 16, "avx2 6x16"};
     }
-    return (micro_kernel){micro_kernel_sse2, 6, 8, "sse2 6x8"};
+    return (micro_kernel){micro_kernel_sse2, micro_kernel_sse2_direct, 6, 8, "sse2 6x8"};
 #else
-    return (micro_kernel){micro_kernel_sse2, 6, 8, "base 6x8"};
+    return (micro_kernel){micro_kernel_sse2, micro_kernel_sse2_direct, 6, 8, "base 6x8"};
 #endif
 }
 
@@ -154,10 +162,10 @@ static int sgemm_serial(micro_kernel uk, int ta, int tb, int M, int N, int K, fl
                               nc - js * NR < NR ? nc - js * NR : NR, NR);
             for (int ic = 0; ic < M; ic += MC_MAX) {
                 const int mcc = M - ic < MC_MAX ? M - ic : MC_MAX;
-                pack_a(ap, A, lda, ta, ic, mcc, pc, kc, alpha, MR);
+                const a_operand a = a_slice(ap, A, lda, ta, ic, mcc, pc, kc, alpha, MR);
                 for (int js = 0; js < n_js; js++)
                     for (int is = 0; is < mcc; is += MR)
-                        uk.run(kc, ap + (size_t)is * kc, bp + (size_t)js * KC * NR,
+                        a_tile(uk, &a, ap, is, kc, bp + (size_t)js * KC * NR,
                                C + (size_t)(ic + is) * ldc + jc + js * NR, ldc,
                                mcc - is < MR ? mcc - is : MR,
                                nc - js * NR < NR ? nc - js * NR : NR, beta == 0.0f && pc == 0);
@@ -308,13 +316,14 @@ void loom_cpu_sgemm_on(int isa, int ta, int tb, int M, int N, int K, float alpha
                     for (int pc = p0; pc < p1; pc += KC) { /* the K-slices in order */
                         const int kc = p1 - pc < KC ? p1 - pc : KC;
                         const float *bq = bp + (size_t)(pc - p0) / KC * n_js * KC * NR;
-                        pack_a(ap, A, lda, ta, ic, mcc, pc, kc, alpha, MR);
+                        const a_operand a =
+                            a_slice(ap, A, lda, ta, ic, mcc, pc, kc, alpha, MR);
                         for (int js = js0; js < js1; js++) {
                             const int nr = nc - js * NR < NR ? nc - js * NR : NR;
                             const float *bs = bq + (size_t)js * KC * NR;
                             for (int is = 0; is < mcc; is += MR) {
                                 const int mr = mcc - is < MR ? mcc - is : MR;
-                                uk.run(kc, ap + (size_t)is * kc, bs,
+                                a_tile(uk, &a, ap, is, kc, bs,
                                        C + (size_t)(ic + is) * ldc + jc + js * NR, ldc, mr, nr,
                                        beta == 0.0f && pc == 0);
                             }

@@ -132,13 +132,13 @@ static void tree_rows(const tree_plan *t, int g, const float *bp, float *ap, int
                               &ld);
         for (int qi = t->cs[c]; qi < t->cs[c + 1]; qi++) {
             const slice *q = &t->sl[qi];
-            pack_a(ap, t->A, t->lda, t->ta, i0, mb, q->k0, q->kc, 1.0f, MR);
+            const a_operand a = a_slice(ap, t->A, t->lda, t->ta, i0, mb, q->k0, q->kc, 1.0f, MR);
             for (int js = 0; js < t->n_js; js++) {
                 const int nr = N - js * NR < NR ? N - js * NR : NR;
                 const float *bs = bp + q->boff + (size_t)js * q->kc * NR;
                 for (int is = 0; is < mb; is += MR)
-                    t->uk.run(q->kc, ap + (size_t)is * q->kc, bs, dst + (size_t)is * ld + js * NR,
-                              ld, mb - is < MR ? mb - is : MR, nr, q->first);
+                    a_tile(t->uk, &a, ap, is, q->kc, bs, dst + (size_t)is * ld + js * NR, ld,
+                           mb - is < MR ? mb - is : MR, nr, q->first);
             }
         }
         tree_push_rows(t->C, t->ldc, t->levels, N, c, i0, mb);

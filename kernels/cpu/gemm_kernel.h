@@ -3,6 +3,7 @@
  *   UK_NAME   the function's name          UK_TARGET  its target attribute (or nothing)
  *   UK_V      a vector of UK_VL floats     UK_VU      the same, aligned(4), for C
  *   UK_MR     tile rows                    UK_NV      vectors per tile row (NR = UK_NV UK_VL)
+ *   UK_BODY   the shared loop's name       UK_DIRECT  the in-place-A kernel's name
  * and it #undefs them after. The tile is sized to the ISA's vector registers: UK_MR x UK_NV
  * accumulators + UK_NV B vectors + one broadcast must fit, or GCC keeps the accumulators
  * on the stack (AVX-512: 8x2 of 32 zmm; AVX2 and SSE2: 6x2 of 16 ymm/xmm).
@@ -14,8 +15,9 @@
  * order (one FMA where the ISA has it), then stored or added to C once: gemm.c's
  * "Order of operations", whatever the tile shape.
  */
-UK_TARGET static void UK_NAME(int kc, const float *restrict a, const float *restrict b,
-                              float *restrict c, int ldc, int m, int n, int store)
+UK_TARGET static inline __attribute__((always_inline)) void
+UK_BODY(int kc, const float *restrict a, int sap, int sar, const float *restrict b,
+        float *restrict c, int ldc, int m, int n, int store)
 {
     enum { NR_ = UK_NV * UK_VL };
     UK_V acc[UK_MR][UK_NV];
@@ -33,7 +35,7 @@ UK_TARGET static void UK_NAME(int kc, const float *restrict a, const float *rest
         for (int i = 0; i < UK_MR; i++) {
             /* a scalar times a vector broadcasts it (not (V){0} + x: adding 0 is an add to
              * keep, since -0 + 0 = +0) */
-            const float x = a[p * UK_MR + i];
+            const float x = a[(size_t)p * sap + (size_t)i * sar];
 #pragma GCC unroll 2
             for (int v = 0; v < UK_NV; v++)
                 acc[i][v] += x * bv[v];
@@ -66,7 +68,27 @@ UK_TARGET static void UK_NAME(int kc, const float *restrict a, const float *rest
     }
 }
 
+/* The packed sliver (a[p UK_MR + i]): the strides are constants, so this is the loop it
+ * always was. */
+UK_TARGET static void UK_NAME(int kc, const float *restrict a, const float *restrict b,
+                              float *restrict c, int ldc, int m, int n, int store)
+{
+    UK_BODY(kc, a, UK_MR, 1, b, c, ldc, m, n, store);
+}
+
+/* A read in place: x_ip = a[p sap + i sar] (op(A) row-major: sap 1, sar lda; transposed:
+ * sap lda, sar 1), all UK_MR rows valid (m = UK_MR). The same x values in the same order as
+ * the packed sliver alpha = 1 would hold (1 * x is x), so the same bits, without the copy. */
+UK_TARGET static void UK_DIRECT(int kc, const float *restrict a, int sap, int sar,
+                                const float *restrict b, float *restrict c, int ldc, int n,
+                                int store)
+{
+    UK_BODY(kc, a, sap, sar, b, c, ldc, UK_MR, n, store);
+}
+
 #undef UK_NAME
+#undef UK_BODY
+#undef UK_DIRECT
 #undef UK_TARGET
 #undef UK_V
 #undef UK_VU

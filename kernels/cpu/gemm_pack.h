@@ -20,10 +20,15 @@ enum {
 };
 
 typedef void (*micro_kernel_fn)(int, const float *, const float *, float *, int, int, int, int);
+/* A tile of mr full rows with op(A) read in place (gemm_kernel.h's UK_DIRECT): kc, a, its
+ * strides along p and along the tile's rows, b, c, ldc, n (valid columns), store. */
+typedef void (*micro_kernel_direct_fn)(int, const float *, int, int, const float *, float *, int,
+                                       int, int);
 
 /* One ISA's micro-kernel and the tile it computes (packing follows mr and nr). */
 typedef struct {
     micro_kernel_fn run;
+    micro_kernel_direct_fn direct;
     int mr, nr;
     const char *name;
 } micro_kernel;
@@ -119,6 +124,42 @@ static inline void pack_a(float *restrict dst, const float *A, int lda, int ta, 
         pack_sliver(dst, A, lda, ta, i0 + is, mr, p0, kc, MR, alpha);
         dst += (size_t)kc * MR;
     }
+}
+
+/* A product's A operand for one K-slice: when alpha is 1 the pack would copy op(A)'s values
+ * unchanged (1 * x is x), so full MR-row tiles read op(A) in place (micro_kernel.direct) and
+ * only the block's last, partial sliver (zero-padded) is packed, at its place in ap. The
+ * micro-kernel sees the same values in the same order: the bits of the packed path, less
+ * the copy (at canonical tiny's shapes the packs were a sixth of loom's GEMM time). */
+typedef struct {
+    const float *a; /* op(A)(i0, p0) */
+    int sap, sar;   /* its strides along p and along the rows */
+    int full;       /* rows [0, full) read in place, the rest from the pack */
+} a_operand;
+
+static inline a_operand a_slice(float *restrict ap, const float *A, int lda, int ta, int i0, int mc,
+                                int p0, int kc, float alpha, int MR)
+{
+    if (alpha != 1.0f) {
+        pack_a(ap, A, lda, ta, i0, mc, p0, kc, alpha, MR);
+        return (a_operand){NULL, 0, 0, 0};
+    }
+    const int full = mc / MR * MR;
+    if (full < mc)
+        pack_a(ap + (size_t)full * kc, A, lda, ta, i0 + full, mc - full, p0, kc, alpha, MR);
+    return ta ? (a_operand){A + (size_t)p0 * lda + i0, lda, 1, full}
+              : (a_operand){A + (size_t)i0 * lda + p0, 1, lda, full};
+}
+
+/* The tile of rows [is, is + MR) of the block a_slice prepared: C's tile (valid m x n) +=
+ * (or = with store) its A rows times the B sliver bs. */
+static inline void a_tile(micro_kernel uk, const a_operand *a, const float *ap, int is, int kc,
+                          const float *bs, float *c, int ldc, int m, int n, int store)
+{
+    if (is < a->full)
+        uk.direct(kc, a->a + (size_t)is * a->sar, a->sap, a->sar, bs, c, ldc, n, store);
+    else
+        uk.run(kc, ap + (size_t)is * kc, bs, c, ldc, m, n, store);
 }
 
 /* Pack op(B)[p0 .. p0+kc, j0 .. j0+nr] into one NR-column sliver: as a sliver of op(B)^T,

@@ -44,7 +44,7 @@ static const struct {
     [LOOM_TRACE_SEND_WAIT] = {"send_wait", 1},   [LOOM_TRACE_GRAD_SYNC] = {"grad_sync", 1},
     [LOOM_TRACE_TIED_SYNC] = {"tied_sync", 1},   [LOOM_TRACE_NORM] = {"norm", 1},
     [LOOM_TRACE_STEP] = {"step", 2},            [LOOM_TRACE_ALLREDUCE] = {"allreduce", 3},
-    [LOOM_TRACE_EP_A2A] = {"a2a", 4},
+    [LOOM_TRACE_EP_A2A] = {"a2a", 4},            [LOOM_TRACE_REDUCE_SCATTER] = {"reduce_scatter", 3},
 };
 static const char *lanes[] = {"compute", "comm", "step", "dp", "ep"};
 

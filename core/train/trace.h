@@ -14,7 +14,11 @@
  *   2 "step":    one span per optimizer step;
  *   3 "dp":      allreduce: the data-parallel reduction in flight, from its first bucket
  *                started (during the backwards where they hand buckets over) to the last
- *                one completed (fast mode with the dp strategy);
+ *                one completed (fast mode with the dp strategy); reduce_scatter: ZeRO
+ *                stage 2/3's (fast mode), one span from the first bucket a backward
+ *                started to the wait for its last (under pp that wait is at the next
+ *                backward, B or W, or before the step: zero.h), and one for the buckets
+ *                held for the tied wte's exchange;
  *   4 "ep":      a2a: inside the mixture of experts' all-to-all(-v) exchanges under ep
  *                (starting, testing between expert GEMMs, waiting; moe.c), so the lane's
  *                sum is the time a step spent in them rather than computing.
@@ -57,6 +61,7 @@ typedef enum loom_trace_kind {
     LOOM_TRACE_STEP,
     LOOM_TRACE_ALLREDUCE,
     LOOM_TRACE_EP_A2A,
+    LOOM_TRACE_REDUCE_SCATTER,
     LOOM_TRACE_KINDS
 } loom_trace_kind;
 

@@ -107,7 +107,8 @@ void loom_trace_step(loom_trace *tr, int64_t first)
     tr->on = tr->steps == 0 || tr->step <= tr->steps;
 }
 
-static void emit(loom_trace *tr, loom_trace_kind kind, double t0, double t1, int mb, int chunk)
+static void emit(loom_trace *tr, loom_trace_kind kind, double t0, double t1, int mb, int chunk,
+                 const char *args)
 {
     long long a = llround(t0 * 1e6), b = llround(t1 * 1e6); /* ms -> ns */
     long long d = b > a ? b - a : 0;
@@ -118,6 +119,8 @@ static void emit(loom_trace *tr, loom_trace_kind kind, double t0, double t1, int
             a % 1000, d / 1000, d % 1000, (long long)tr->step);
     if (mb >= 0)
         fprintf(tr->f, ",\"mb\":%d,\"chunk\":%d", mb, chunk);
+    if (args)
+        fprintf(tr->f, ",%s", args);
     if (tr->costed && kind != LOOM_TRACE_IDLE) {
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
@@ -135,10 +138,18 @@ void loom_trace_span(loom_trace *tr, loom_trace_kind kind, double t0_ms, double 
         return;
     if (tr->in_phase && kinds[kind].lane == 0) {
         if (t0_ms > tr->busy_until)
-            emit(tr, LOOM_TRACE_IDLE, tr->busy_until, t0_ms, -1, -1);
+            emit(tr, LOOM_TRACE_IDLE, tr->busy_until, t0_ms, -1, -1, NULL);
         tr->busy_until = t1_ms;
     }
-    emit(tr, kind, t0_ms, t1_ms, mb, chunk);
+    emit(tr, kind, t0_ms, t1_ms, mb, chunk, NULL);
+}
+
+void loom_trace_span_args(loom_trace *tr, loom_trace_kind kind, double t0_ms, double t1_ms,
+                          int mb, int chunk, const char *args)
+{
+    if (!tr || !tr->on || kind < 0 || kind >= LOOM_TRACE_KINDS || kinds[kind].lane == 0)
+        return; /* compute spans go through loom_trace_span (the idle gaps) */
+    emit(tr, kind, t0_ms, t1_ms, mb, chunk, args);
 }
 
 void loom_trace_cost_begin(loom_trace *tr)
@@ -166,7 +177,7 @@ void loom_trace_phase_end(loom_trace *tr, double t_ms)
     if (!tr)
         return;
     if (tr->on && t_ms > tr->busy_until)
-        emit(tr, LOOM_TRACE_IDLE, tr->busy_until, t_ms, -1, -1);
+        emit(tr, LOOM_TRACE_IDLE, tr->busy_until, t_ms, -1, -1, NULL);
     tr->in_phase = 0;
 }
 

@@ -25,6 +25,7 @@
 #include "zero_ep_internal.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -147,10 +148,14 @@ static loom_status drain(loom_zero *z)
 {
     while (z->n_flight > 0)
         LOOM_TRY(complete_oldest(z));
-    if (z->rs_first >= 0)
-        loom_trace_span(z->trace, LOOM_TRACE_REDUCE_SCATTER, z->rs_first, loom_now_ms(),
-                        z->rs_mb, z->rs_chunk);
+    if (z->rs_first >= 0) {
+        char args[64];
+        snprintf(args, sizeof args, "\"buckets\":%d,\"during\":%d", z->rs_buckets, z->rs_during);
+        loom_trace_span_args(z->trace, LOOM_TRACE_REDUCE_SCATTER, z->rs_first, loom_now_ms(),
+                             z->rs_mb, z->rs_chunk, args);
+    }
     z->rs_first = -1.0;
+    z->rs_buckets = z->rs_during = 0;
     return LOOM_OK;
 }
 
@@ -178,6 +183,7 @@ static loom_status start_bucket(loom_zero *z, int k)
         z->rs_mb = z->tr_mb;
         z->rs_chunk = z->tr_chunk;
     }
+    z->rs_buckets++;
     const zero_bucket *b = &z->buckets[k];
     float *g = loom_gpt_grad_data(z->model), *send = g + b->lo;
     if (b->lo + b->len > z->total) { /* the tail bucket: the buffer ends inside it */
@@ -237,7 +243,10 @@ loom_status loom_zero_grads_ready(void *self, size_t offset, size_t n)
         LOOM_TRY(complete_oldest(z));
     if (offset < z->watermark)
         z->watermark = offset;
-    return advance(z);
+    int before = z->rs_buckets;
+    LOOM_TRY(advance(z));
+    z->rs_during += z->rs_buckets - before; /* started while backward runs (the trace's) */
+    return LOOM_OK;
 }
 
 loom_status loom_zero_finish_micro(void *self)

@@ -162,14 +162,15 @@ done
 
 # ZeRO-2 under pp = 2 x dp = 2: the last backward's (or W's) buckets are reduce-scattered
 # while it runs and waited for after it (zero.h): on every rank and step the reduce_scatter
-# span of that backward (its mb and chunk) starts inside it and ends after it. With
+# span of that backward (its mb and chunk) starts inside it, at least one of its buckets
+# started by the backward's own reports (args during), and ends after it. With
 # LOOM_ZERO_PP_WAIT=each (every backward's end waits, as before) the same bits, and the
 # check must fail: what it would say of a reduce waited for inside the backward.
 zero_overlap_ok() { # DIR RANKS
   python3 - "$1" "$2" <<'PY'
 import json, sys
 d, ranks = sys.argv[1], int(sys.argv[2])
-lead = []
+lead, during = [], []
 for r in range(ranks):
     ev = [e for e in json.load(open("%s/rank%d.json" % (d, r)))["traceEvents"] if e.get("ph") == "X"]
     for step in sorted({e["args"]["step"] for e in ev}):
@@ -185,13 +186,21 @@ for r in range(ranks):
             print("FAIL: rank %d step %d: %d reduce_scatter spans start inside the last backward (mb %d chunk %d)"
                   % (r, step, len(mine), last["args"]["mb"], last["args"]["chunk"])); sys.exit(1)
         end = round((mine[0]["ts"] + mine[0]["dur"]) * 1000)
+        a = mine[0]["args"]
+        if not (isinstance(a.get("during"), int) and isinstance(a.get("buckets"), int) and
+                1 <= a["during"] <= a["buckets"]):
+            print("FAIL: rank %d step %d: of the last backward's %r buckets %r were started by its own "
+                  "reports, while it ran (want at least one)" % (r, step, a.get("buckets"), a.get("during")))
+            sys.exit(1)
         if end <= b1:
             print("FAIL: rank %d step %d: the last backward's reduce-scatters were waited for inside it "
                   "(%.3f ms before its end)" % (r, step, (b1 - end) / 1e6)); sys.exit(1)
         lead.append(((b1 - round(mine[0]["ts"] * 1000)) / 1e6, (end - b1) / 1e6))
+        during.append(a["during"] / a["buckets"])
 print("ok zero=2 pp x dp: on every rank and step the last backward's reduce-scatter starts %.3f to %.3f ms "
-      "before its end and is waited for %.3f to %.3f ms after it" % (min(a for a, _ in lead), max(a for a, _ in lead),
-                                                               min(b for _, b in lead), max(b for _, b in lead)))
+      "before its end (%.0f%% to %.0f%% of its buckets started by its own reports) and is waited for %.3f to "
+      "%.3f ms after it" % (min(a for a, _ in lead), max(a for a, _ in lead), 100 * min(during),
+                            100 * max(during), min(b for _, b in lead), max(b for _, b in lead)))
 PY
 }
 for name in 1f1b zb1; do

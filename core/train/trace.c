@@ -108,7 +108,7 @@ void loom_trace_step(loom_trace *tr, int64_t first)
 }
 
 static void emit(loom_trace *tr, loom_trace_kind kind, double t0, double t1, int mb, int chunk,
-                 const char *args)
+                 const char *args, int cost)
 {
     long long a = llround(t0 * 1e6), b = llround(t1 * 1e6); /* ms -> ns */
     long long d = b > a ? b - a : 0;
@@ -121,7 +121,7 @@ static void emit(loom_trace *tr, loom_trace_kind kind, double t0, double t1, int
         fprintf(tr->f, ",\"mb\":%d,\"chunk\":%d", mb, chunk);
     if (args)
         fprintf(tr->f, ",%s", args);
-    if (tr->costed && kind != LOOM_TRACE_IDLE) {
+    if (cost && tr->costed && kind != LOOM_TRACE_IDLE) {
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
         fprintf(tr->f, ",\"cpu_ms\":%.3f,\"faults\":%ld,\"preempt\":%ld", loom_cpu_ms() - tr->cpu0,
@@ -138,10 +138,10 @@ void loom_trace_span(loom_trace *tr, loom_trace_kind kind, double t0_ms, double 
         return;
     if (tr->in_phase && kinds[kind].lane == 0) {
         if (t0_ms > tr->busy_until)
-            emit(tr, LOOM_TRACE_IDLE, tr->busy_until, t0_ms, -1, -1, NULL);
+            emit(tr, LOOM_TRACE_IDLE, tr->busy_until, t0_ms, -1, -1, NULL, 1);
         tr->busy_until = t1_ms;
     }
-    emit(tr, kind, t0_ms, t1_ms, mb, chunk, NULL);
+    emit(tr, kind, t0_ms, t1_ms, mb, chunk, NULL, 1);
 }
 
 void loom_trace_span_args(loom_trace *tr, loom_trace_kind kind, double t0_ms, double t1_ms,
@@ -149,7 +149,8 @@ void loom_trace_span_args(loom_trace *tr, loom_trace_kind kind, double t0_ms, do
 {
     if (!tr || !tr->on || kind < 0 || kind >= LOOM_TRACE_KINDS || kinds[kind].lane == 0)
         return; /* compute spans go through loom_trace_span (the idle gaps) */
-    emit(tr, kind, t0_ms, t1_ms, mb, chunk, args);
+    emit(tr, kind, t0_ms, t1_ms, mb, chunk, args, 0); /* emitted inside an instruction (ZeRO's
+                                                         * waits): its cost stays the instruction's */
 }
 
 void loom_trace_cost_begin(loom_trace *tr)
@@ -177,7 +178,7 @@ void loom_trace_phase_end(loom_trace *tr, double t_ms)
     if (!tr)
         return;
     if (tr->on && t_ms > tr->busy_until)
-        emit(tr, LOOM_TRACE_IDLE, tr->busy_until, t_ms, -1, -1, NULL);
+        emit(tr, LOOM_TRACE_IDLE, tr->busy_until, t_ms, -1, -1, NULL, 1);
     tr->in_phase = 0;
 }
 

@@ -85,7 +85,8 @@ void loom_trace_step(loom_trace *tr, int64_t first);
 void loom_trace_span(loom_trace *tr, loom_trace_kind kind, double t0_ms, double t1_ms, int mb,
                      int chunk);
 /* The same with more args: `args` a JSON fragment of members ("\"k\":1,\"j\":2"), appended
- * as given; not for compute spans (lane 0). */
+ * as given; not for compute spans (lane 0). It may be emitted inside a costed span and
+ * takes none of its cost (loom_trace_cost_begin). */
 void loom_trace_span_args(loom_trace *tr, loom_trace_kind kind, double t0_ms, double t1_ms,
                           int mb, int chunk, const char *args);
 /* Samples the process's CPU time, page faults and preemptions: the next span emitted

@@ -228,6 +228,13 @@ if zero_overlap_ok "$tmp/z2_each/trace" 4 > "$tmp/z2_each/check"; then
   echo "FAIL: the overlap check passed a run that waits at every backward's end"; exit 1
 fi
 echo "ok zero=2 zb1: waited at each backward's end the same bits, and the overlap check refuses it ($(cat "$tmp/z2_each/check"))"
+if LOOM_ZERO_PP_WAIT=soon "$loom" launch -n 2 "$recipe" $model steps=1 mesh.dp=2 strategy.zero=2 \
+    > "$tmp/z2_bad" 2>&1; then
+  echo "FAIL: LOOM_ZERO_PP_WAIT=soon was accepted"; exit 1
+fi
+grep -qF 'LOOM_ZERO_PP_WAIT is "soon": "later"' "$tmp/z2_bad" ||
+  { echo "FAIL: LOOM_ZERO_PP_WAIT=soon refused without naming it:"; cat "$tmp/z2_bad"; exit 1; }
+echo "ok refused (LOOM_ZERO_PP_WAIT=soon)"
 
 # pp = 1, dp = 2: the spans that apply; no bubble.
 mkdir -p "$tmp/dp"

@@ -897,13 +897,14 @@ loom_status loom_session_trace(loom_session *s, const char *path, int rank, int6
 {
     loom_trace_close(s->trace);
     s->trace = NULL;
-    LOOM_TRY(loom_trace_open(path, rank, s->pipe ? loom_pipeline_stage(s->pipe) : -1, steps,
-                             &s->trace));
+    loom_status st = loom_trace_open(path, rank, s->pipe ? loom_pipeline_stage(s->pipe) : -1,
+                                     steps, &s->trace);
+    /* the new trace, or NULL when it could not be opened: none keeps the closed one */
     if (s->pipe)
         loom_pipeline_set_trace(s->pipe, s->trace);
     if (s->zero && loom_zero_reduces(s->zero))
         loom_zero_set_trace(s->zero, s->trace);
-    return LOOM_OK;
+    return st;
 }
 
 /* The loss sum (the last stage's) and the measured bubble of the pipeline phase, with one

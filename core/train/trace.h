@@ -17,7 +17,8 @@
  *                one completed (fast mode with the dp strategy); reduce_scatter: ZeRO
  *                stage 2/3's (fast mode), one span from the first bucket a backward
  *                started to the wait for its last (args buckets: how many; during: how
- *                many the backward's own reports started, before it ended; under pp
+ *                many the backward's own reports started, before it ended; wait_ms: the
+ *                final wait's time, what the overlap left exposed; under pp
  *                that wait is at the next
  *                backward, B or W, or before the step: zero.h), and one for the buckets
  *                held for the tied wte's exchange;

@@ -143,14 +143,17 @@ static loom_status complete_oldest(loom_zero *z)
 }
 
 /* Complete every reduce-scatter in flight; the trace gets one reduce_scatter span from the
- * first of them started to the last waited for (trace.h). */
+ * first of them started to the last waited for (trace.h), with the time this wait took
+ * (wait_ms: what the overlap leaves exposed). */
 static loom_status drain(loom_zero *z)
 {
+    double t0 = loom_now_ms();
     while (z->n_flight > 0)
         LOOM_TRY(complete_oldest(z));
     if (z->rs_first >= 0) {
-        char args[64];
-        snprintf(args, sizeof args, "\"buckets\":%d,\"during\":%d", z->rs_buckets, z->rs_during);
+        char args[96];
+        snprintf(args, sizeof args, "\"buckets\":%d,\"during\":%d,\"wait_ms\":%.3f",
+                 z->rs_buckets, z->rs_during, loom_now_ms() - t0);
         loom_trace_span_args(z->trace, LOOM_TRACE_REDUCE_SCATTER, z->rs_first, loom_now_ms(),
                              z->rs_mb, z->rs_chunk, args);
     }

@@ -680,6 +680,8 @@ static loom_status run_list(loom_pipeline *pl, loom_gpt *m, const int *tokens,
                 LOOM_TRY(head_buffer(pl, m, s, &hb, &gw, &hn));
             if (keep)
                 LOOM_TRY(tied_half(pl, hn, in->microbatch, &hb));
+            if (hooks && hooks->before_input)
+                LOOM_TRY(hooks->before_input(hooks->ctx, in->microbatch, in->chunk));
             LOOM_TRY(loom_gpt_stage_backward_input(m, lo, hi, head_out ? hb : NULL));
             if (head_out && !keep) { /* sent in B's order, as stage 0 receives them */
                 LOOM_TRY(xfer(pl, 1, hb, hn, 0, &pl->slots[s]));

@@ -78,6 +78,9 @@ typedef struct loom_pipeline_hooks {
     /* Fast mode's data-parallel overlap: on = 1 just before the chunk's last BWD or W of
      * the list (its parameters' gradients are final as it ends), on = 0 just after it. */
     loom_status (*final_bwd)(void *ctx, int chunk, int on);
+    /* Just before each BWD_INPUT (B), which in fast mode adds the layer norms' gradients
+     * into the buffer (ZeRO-2's reduce-scatters still in flight wait for it). */
+    loom_status (*before_input)(void *ctx, int mb, int chunk);
 } loom_pipeline_hooks;
 
 typedef struct loom_pipeline loom_pipeline;

@@ -218,6 +218,14 @@ static loom_status make_zero(loom_session *s)
                                                           * wte: first and last stage */
         if (!strcmp(t->entries[i].name, "wte"))
             loom_zero_tied(s->zero, i, stage == loom_pipeline_stages(s->pipe) - 1);
+    /* under pp a backward's last buckets stay in flight past its end (zero.h);
+     * LOOM_ZERO_PP_WAIT=each waits at every backward's end instead: the A/B */
+    const char *wait = getenv("LOOM_ZERO_PP_WAIT");
+    if (wait && *wait && strcmp(wait, "each") && strcmp(wait, "later"))
+        LOOM_FAIL(LOOM_ERR_INVALID, "LOOM_ZERO_PP_WAIT is \"%s\": \"later\" (the default: a "
+                  "backward's reduce-scatters waited for at the next backward or before the "
+                  "step) or \"each\" (at every backward's end)", wait);
+    loom_zero_pipelined(s->zero, s->pipe && !(wait && !strcmp(wait, "each")));
     return LOOM_OK;
 }
 
@@ -893,11 +901,14 @@ loom_status loom_session_trace(loom_session *s, const char *path, int rank, int6
 {
     loom_trace_close(s->trace);
     s->trace = NULL;
-    LOOM_TRY(loom_trace_open(path, rank, s->pipe ? loom_pipeline_stage(s->pipe) : -1, steps,
-                             &s->trace));
+    loom_status st = loom_trace_open(path, rank, s->pipe ? loom_pipeline_stage(s->pipe) : -1,
+                                     steps, &s->trace);
+    /* the new trace, or NULL when it could not be opened: none keeps the closed one */
     if (s->pipe)
         loom_pipeline_set_trace(s->pipe, s->trace);
-    return LOOM_OK;
+    if (s->zero && loom_zero_reduces(s->zero))
+        loom_zero_set_trace(s->zero, s->trace);
+    return st;
 }
 
 /* The loss sum (the last stage's) and the measured bubble of the pipeline phase, with one
@@ -946,9 +957,18 @@ typedef struct zero_ctx {
 
 static loom_status zero_before(void *ctx, int mb, int chunk)
 {
-    (void)mb, (void)chunk;
     zero_ctx *c = ctx;
-    return loom_zero_begin_micro(c->z, c->n++);
+    LOOM_TRY(loom_zero_begin_micro(c->z, c->n++));
+    loom_zero_trace_label(c->z, mb, chunk);
+    return LOOM_OK;
+}
+
+/* Before a B (zb1): in fast mode it adds the layer norms' gradients into the buffer the
+ * previous W's buckets may still be reading (zero.h). */
+static loom_status zero_before_input(void *ctx, int mb, int chunk)
+{
+    (void)mb, (void)chunk;
+    return loom_zero_wait_reduces(((zero_ctx *)ctx)->z);
 }
 
 static loom_status zero_after(void *ctx, int mb, int chunk)
@@ -1018,10 +1038,10 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
         /* canonical: each micro-batch's gradients on their own, into the tree in order */
         micro_ctx mc = {s->sync, mb_loss, loom_pipeline_chunks(s->pipe), s->ep, s->model, s->pipe};
-        loom_pipeline_hooks hooks = {canonical_before, canonical_after, &mc, NULL};
+        loom_pipeline_hooks hooks = {canonical_before, canonical_after, &mc, NULL, NULL};
         zero_ctx zc = {s->zero, 0};
-        loom_pipeline_hooks zhooks = {zero_before, zero_after, &zc, NULL};
-        loom_pipeline_hooks ohooks = {NULL, NULL, s->sync, overlap_final};
+        loom_pipeline_hooks zhooks = {zero_before, zero_after, &zc, NULL, zero_before_input};
+        loom_pipeline_hooks ohooks = {NULL, NULL, s->sync, overlap_final, NULL};
         int canon = s->cfg.canonical, zero2 = s->zero && loom_zero_reduces(s->zero);
         /* the noisy router's key: this rank's first micro-batch's global index, the
          * pipeline adds each micro-batch's (gpt.h) */

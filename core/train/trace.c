@@ -44,7 +44,7 @@ static const struct {
     [LOOM_TRACE_SEND_WAIT] = {"send_wait", 1},   [LOOM_TRACE_GRAD_SYNC] = {"grad_sync", 1},
     [LOOM_TRACE_TIED_SYNC] = {"tied_sync", 1},   [LOOM_TRACE_NORM] = {"norm", 1},
     [LOOM_TRACE_STEP] = {"step", 2},            [LOOM_TRACE_ALLREDUCE] = {"allreduce", 3},
-    [LOOM_TRACE_EP_A2A] = {"a2a", 4},
+    [LOOM_TRACE_EP_A2A] = {"a2a", 4},            [LOOM_TRACE_REDUCE_SCATTER] = {"reduce_scatter", 3},
 };
 static const char *lanes[] = {"compute", "comm", "step", "dp", "ep"};
 
@@ -107,7 +107,8 @@ void loom_trace_step(loom_trace *tr, int64_t first)
     tr->on = tr->steps == 0 || tr->step <= tr->steps;
 }
 
-static void emit(loom_trace *tr, loom_trace_kind kind, double t0, double t1, int mb, int chunk)
+static void emit(loom_trace *tr, loom_trace_kind kind, double t0, double t1, int mb, int chunk,
+                 const char *args, int cost)
 {
     long long a = llround(t0 * 1e6), b = llround(t1 * 1e6); /* ms -> ns */
     long long d = b > a ? b - a : 0;
@@ -118,7 +119,9 @@ static void emit(loom_trace *tr, loom_trace_kind kind, double t0, double t1, int
             a % 1000, d / 1000, d % 1000, (long long)tr->step);
     if (mb >= 0)
         fprintf(tr->f, ",\"mb\":%d,\"chunk\":%d", mb, chunk);
-    if (tr->costed && kind != LOOM_TRACE_IDLE) {
+    if (args)
+        fprintf(tr->f, ",%s", args);
+    if (cost && tr->costed && kind != LOOM_TRACE_IDLE) {
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
         fprintf(tr->f, ",\"cpu_ms\":%.3f,\"faults\":%ld,\"preempt\":%ld", loom_cpu_ms() - tr->cpu0,
@@ -135,10 +138,19 @@ void loom_trace_span(loom_trace *tr, loom_trace_kind kind, double t0_ms, double 
         return;
     if (tr->in_phase && kinds[kind].lane == 0) {
         if (t0_ms > tr->busy_until)
-            emit(tr, LOOM_TRACE_IDLE, tr->busy_until, t0_ms, -1, -1);
+            emit(tr, LOOM_TRACE_IDLE, tr->busy_until, t0_ms, -1, -1, NULL, 1);
         tr->busy_until = t1_ms;
     }
-    emit(tr, kind, t0_ms, t1_ms, mb, chunk);
+    emit(tr, kind, t0_ms, t1_ms, mb, chunk, NULL, 1);
+}
+
+void loom_trace_span_args(loom_trace *tr, loom_trace_kind kind, double t0_ms, double t1_ms,
+                          int mb, int chunk, const char *args)
+{
+    if (!tr || !tr->on || kind < 0 || kind >= LOOM_TRACE_KINDS || kinds[kind].lane == 0)
+        return; /* compute spans go through loom_trace_span (the idle gaps) */
+    emit(tr, kind, t0_ms, t1_ms, mb, chunk, args, 0); /* emitted inside an instruction (ZeRO's
+                                                         * waits): its cost stays the instruction's */
 }
 
 void loom_trace_cost_begin(loom_trace *tr)
@@ -166,7 +178,7 @@ void loom_trace_phase_end(loom_trace *tr, double t_ms)
     if (!tr)
         return;
     if (tr->on && t_ms > tr->busy_until)
-        emit(tr, LOOM_TRACE_IDLE, tr->busy_until, t_ms, -1, -1);
+        emit(tr, LOOM_TRACE_IDLE, tr->busy_until, t_ms, -1, -1, NULL, 1);
     tr->in_phase = 0;
 }
 

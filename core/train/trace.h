@@ -14,7 +14,14 @@
  *   2 "step":    one span per optimizer step;
  *   3 "dp":      allreduce: the data-parallel reduction in flight, from its first bucket
  *                started (during the backwards where they hand buckets over) to the last
- *                one completed (fast mode with the dp strategy);
+ *                one completed (fast mode with the dp strategy); reduce_scatter: ZeRO
+ *                stage 2/3's (fast mode), one span from the first bucket a backward
+ *                started to the wait for its last (args buckets: how many; during: how
+ *                many the backward's own reports started, before it ended; wait_ms: the
+ *                final wait's time, what the overlap left exposed; under pp
+ *                that wait is at the next
+ *                backward, B or W, or before the step: zero.h), and one for the buckets
+ *                held for the tied wte's exchange;
  *   4 "ep":      a2a: inside the mixture of experts' all-to-all(-v) exchanges under ep
  *                (starting, testing between expert GEMMs, waiting; moe.c), so the lane's
  *                sum is the time a step spent in them rather than computing.
@@ -57,6 +64,7 @@ typedef enum loom_trace_kind {
     LOOM_TRACE_STEP,
     LOOM_TRACE_ALLREDUCE,
     LOOM_TRACE_EP_A2A,
+    LOOM_TRACE_REDUCE_SCATTER,
     LOOM_TRACE_KINDS
 } loom_trace_kind;
 
@@ -77,6 +85,11 @@ void loom_trace_step(loom_trace *tr, int64_t first);
 /* A span from t0_ms to t1_ms (loom_now_ms); mb and chunk < 0: none. */
 void loom_trace_span(loom_trace *tr, loom_trace_kind kind, double t0_ms, double t1_ms, int mb,
                      int chunk);
+/* The same with more args: `args` a JSON fragment of members ("\"k\":1,\"j\":2"), appended
+ * as given; not for compute spans (lane 0). It may be emitted inside a costed span and
+ * takes none of its cost (loom_trace_cost_begin). */
+void loom_trace_span_args(loom_trace *tr, loom_trace_kind kind, double t0_ms, double t1_ms,
+                          int mb, int chunk, const char *args);
 /* Samples the process's CPU time, page faults and preemptions: the next span emitted
  * carries their growth since (args cpu_ms, faults, preempt). Off: nothing. */
 void loom_trace_cost_begin(loom_trace *tr);

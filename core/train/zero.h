@@ -117,7 +117,25 @@ loom_status loom_zero_take_reduced(loom_zero *z);
  * the full buffer until the wte halves are exchanged, then loom_zero_reduce_held reduces
  * them); skip = 1 (the last stage) leaves the wte out of loom_zero_norm. */
 void loom_zero_tied(loom_zero *z, int entry, int skip);
+/* Stage 2 (and 3) under pp: the reduce-scatters still in flight waited for (the last
+ * backward's, unless they are done), then the held buckets reduced; every pp step calls it
+ * before the norm, held buckets or not. */
 loom_status loom_zero_reduce_held(loom_zero *z);
+/* Under pp, fast mode (on = 1; host memory, no ep: otherwise each backward's end waits as
+ * before): a backward's end (loom_zero_finish_micro) starts the buckets still to go and
+ * leaves the last ones in flight over the instructions that write no gradient; they are
+ * waited for at the next loom_zero_begin_micro, loom_zero_wait_reduces (before a B: in
+ * fast mode it writes the layer norms' gradients) or loom_zero_reduce_held.
+ * LOOM_ZERO_PP_WAIT=each (session.c) keeps on = 0: the A/B of the overlap, same bits. */
+void loom_zero_pipelined(loom_zero *z, int on);
+loom_status loom_zero_wait_reduces(loom_zero *z);
+/* reduce_scatter spans on the trace's dp lane (trace.h; NULL: off), each from the first
+ * bucket a backward started to the wait for its last; labelled with the micro-batch and
+ * chunk given (begin_micro labels its own index, chunk 0; the pp engine's hook the
+ * schedule's). */
+struct loom_trace;
+void loom_zero_set_trace(loom_zero *z, struct loom_trace *tr);
+void loom_zero_trace_label(loom_zero *z, int mb, int chunk);
 /* Stage 2: the global squared gradient norm and non-finite flag over all partitions. */
 loom_status loom_zero_norm(loom_zero *z, double *norm_sq, int *nonfinite, double *comm_ms);
 /* The last loom_zero_norm's first parameter-table entry whose gradient piece on this rank

@@ -64,6 +64,12 @@ struct loom_zero {
     int n_flight, next_slot, slots; /* slots: reduce-scatters in flight at most */
     int micro, next_bucket; /* buckets next_bucket..0 are still to reduce this backward */
     size_t watermark;    /* gradients at [watermark, total) are final */
+    int deferred;        /* under pp: a backward's end leaves its buckets in flight
+                          * (loom_zero_pipelined; zero_reduce.c's head comment) */
+    struct loom_trace *trace; /* reduce_scatter spans (trace.h), or NULL */
+    double rs_first;     /* when the reduce-scatters in flight began (loom_now_ms), < 0: none */
+    int rs_mb, rs_chunk, tr_mb, tr_chunk; /* the span's labels, and those of the next one */
+    int rs_buckets, rs_during; /* the span's buckets, and those its backward's reports started */
     size_t hold_hi;      /* under pp: buckets starting below it (the tied wte's) are reduced
                           * once, after the wte exchange (loom_zero_reduce_held) */
     int skip_entry;      /* under pp, the last stage: its wte copy, left out of the norm */

@@ -13,11 +13,19 @@
  * Micro-batch a = 0 receives straight into the partition; later ones receive into a
  * staging slot and add it (DeepSpeed's stage 2 also reduces every micro-batch, which
  * is what keeps the full-size buffer from filling up during gradient accumulation).
+ * Under pp (loom_zero_pipelined) a backward's end starts what is left but waits for
+ * nothing: its last buckets stay in flight over the instructions that write no gradient
+ * (forwards, transfers, and after the list the loss sum and the wte exchange), and are
+ * waited for when the next backward, B or W begins (it writes into the ranges they read
+ * and release zeroes) or before the step (loom_zero_reduce_held). Each bucket still
+ * completes in start order and adds into the partition in micro-batch order: the bits do
+ * not change, only when the waits happen.
  */
 #define _DEFAULT_SOURCE /* madvise, mincore */
 #include "zero_ep_internal.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -25,6 +33,7 @@
 
 #include "base/status.h"
 #include "base/clock.h"
+#include "trace.h"
 
 /* Resident bytes of the model's gradient buffer now (mincore), kept as a peak. */
 void zero_measure_grads(loom_zero *z)
@@ -106,6 +115,8 @@ loom_status zero_reduce_init(loom_zero *z)
     if (!z->part_grads || (z->staging_floats && !z->staging) || !z->pages)
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the ZeRO-2 gradient partition");
     release(z, 0, z->total); /* from the start: only backward brings pages back */
+    z->rs_first = -1.0; /* no reduce-scatter under way */
+    z->tr_mb = z->tr_chunk = -1;
     return LOOM_OK;
 }
 
@@ -131,10 +142,51 @@ static loom_status complete_oldest(loom_zero *z)
     return LOOM_OK;
 }
 
+/* Complete every reduce-scatter in flight; the trace gets one reduce_scatter span from the
+ * first of them started to the last waited for (trace.h), with the time this wait took
+ * (wait_ms: what the overlap leaves exposed). */
+static loom_status drain(loom_zero *z)
+{
+    double t0 = loom_now_ms();
+    while (z->n_flight > 0)
+        LOOM_TRY(complete_oldest(z));
+    if (z->rs_first >= 0) {
+        char args[96];
+        snprintf(args, sizeof args, "\"buckets\":%d,\"during\":%d,\"wait_ms\":%.3f",
+                 z->rs_buckets, z->rs_during, loom_now_ms() - t0);
+        loom_trace_span_args(z->trace, LOOM_TRACE_REDUCE_SCATTER, z->rs_first, loom_now_ms(),
+                             z->rs_mb, z->rs_chunk, args);
+    }
+    z->rs_first = -1.0;
+    z->rs_buckets = z->rs_during = 0;
+    return LOOM_OK;
+}
+
+loom_status loom_zero_wait_reduces(loom_zero *z)
+{
+    return z->ep ? LOOM_OK : drain(z); /* ep: each backward's end waits (zero_ep_reduce.c) */
+}
+
+void loom_zero_pipelined(loom_zero *z, int on) { z->deferred = on && !z->ep && !z->device; }
+
+void loom_zero_set_trace(loom_zero *z, struct loom_trace *tr) { z->trace = tr; }
+
+void loom_zero_trace_label(loom_zero *z, int mb, int chunk)
+{
+    z->tr_mb = mb;
+    z->tr_chunk = chunk;
+}
+
 static loom_status start_bucket(loom_zero *z, int k)
 {
     if (z->n_flight == z->slots)
         LOOM_TRY(complete_oldest(z));
+    if (z->rs_first < 0) {
+        z->rs_first = loom_now_ms();
+        z->rs_mb = z->tr_mb;
+        z->rs_chunk = z->tr_chunk;
+    }
+    z->rs_buckets++;
     const zero_bucket *b = &z->buckets[k];
     float *g = loom_gpt_grad_data(z->model), *send = g + b->lo;
     if (b->lo + b->len > z->total) { /* the tail bucket: the buffer ends inside it */
@@ -172,7 +224,10 @@ loom_status loom_zero_begin_micro(void *self, int a)
     loom_zero *z = self;
     if (z->ep) /* two kinds over two groups (zero_ep_reduce.c) */
         return zero_ep_begin_micro(z, a);
+    LOOM_TRY(drain(z)); /* under pp the last backward's may still be in flight */
     z->micro = a;
+    z->tr_mb = a; /* the trace's label (under pp the engine's, loom_zero_trace_label) */
+    z->tr_chunk = 0;
     z->next_bucket = z->n_buckets - 1;
     z->watermark = z->padded; /* nothing final yet */
     if (a == 0)
@@ -191,7 +246,10 @@ loom_status loom_zero_grads_ready(void *self, size_t offset, size_t n)
         LOOM_TRY(complete_oldest(z));
     if (offset < z->watermark)
         z->watermark = offset;
-    return advance(z);
+    int before = z->rs_buckets;
+    LOOM_TRY(advance(z));
+    z->rs_during += z->rs_buckets - before; /* started while backward runs (the trace's) */
+    return LOOM_OK;
 }
 
 loom_status loom_zero_finish_micro(void *self)
@@ -202,9 +260,7 @@ loom_status loom_zero_finish_micro(void *self)
     zero_measure_grads(z);
     z->watermark = 0; /* whatever backward did not report is final too (untouched: zero) */
     LOOM_TRY(advance(z));
-    while (z->n_flight > 0)
-        LOOM_TRY(complete_oldest(z));
-    return LOOM_OK;
+    return z->deferred ? LOOM_OK : drain(z); /* pp: waited for later (the head comment) */
 }
 
 loom_status loom_zero_take_reduced(loom_zero *z)
@@ -232,27 +288,28 @@ void loom_zero_tied(loom_zero *z, int entry, int skip)
     z->skip_entry = skip ? entry : -1;
 }
 
-/* The held buckets, top down, received straight into the partition (nothing was
- * received there this step: begin_micro(0) zeroed it). */
+/* The last backward's buckets still in flight waited for, then the held buckets, top
+ * down, received straight into the partition (nothing was received there this step:
+ * begin_micro(0) zeroed it). */
 loom_status loom_zero_reduce_held(loom_zero *z)
 {
-    if (!z->reduces || !z->hold_hi)
+    if (!z->reduces)
         return LOOM_OK;
     if (z->ep)
-        return zero_ep_reduce_held(z);
+        return z->hold_hi ? zero_ep_reduce_held(z) : LOOM_OK;
+    LOOM_TRY(drain(z));
+    if (!z->hold_hi)
+        return LOOM_OK;
     int micro = z->micro;
     z->micro = 0;
+    z->tr_mb = z->tr_chunk = -1; /* the step's, no micro-batch's */
     loom_status st = LOOM_OK;
     for (int k = z->n_buckets - 1; k >= 0 && st == LOOM_OK; k--)
         if (z->buckets[k].lo < z->hold_hi)
             st = start_bucket(z, k);
-    while (z->n_flight > 0) {
-        loom_status w = complete_oldest(z);
-        if (st == LOOM_OK)
-            st = w;
-    }
+    loom_status w = drain(z);
     z->micro = micro;
-    return st;
+    return st == LOOM_OK ? w : st;
 }
 
 /* Squared norm over this rank's pieces (replicated parameters counted on tp rank 0, as

@@ -22,7 +22,7 @@ LANES = {
     1: {"recv_act", "recv_grad", "send_act", "send_grad", "send_wait", "grad_sync",
         "tied_sync", "norm"},
     2: {"step"},
-    3: {"allreduce"},
+    3: {"allreduce", "reduce_scatter"},
     4: {"a2a"},
 }
 OPS = {"FWD": "forward", "BWD": "backward", "BWD_INPUT": "backward_input",

@@ -12,6 +12,9 @@
 #  - pp=2 x dp=2 (1f1b and zb1, small dp buckets): the dp lane's allreduce span of every
 #    step starts before the step's last compute span ends on every rank (the buckets of
 #    each chunk's last backward are reduced while the rest of the list runs);
+#  - pp=2 x dp=2 with zero=2 (1f1b and zb1, small buckets): on every rank and step the
+#    reduce_scatter span of the last backward (or W) starts inside it and is waited for
+#    after it; LOOM_ZERO_PP_WAIT=each gives the same losses and norms and fails that check;
 #  - at pp = 1 (dp = 2) the traces hold forward, backward, grad_sync and the optimizer;
 #  - log.trace_steps = 2 traces steps 1 and 2 only; steps whose update is skipped (non-finite
 #    gradients) keep their own step numbers;
@@ -156,6 +159,82 @@ for name in 1f1b zb1; do
   $check "$tmp/ppdp_$name/trace" 4 2
   overlap_ok "$tmp/ppdp_$name/trace" 4 || exit 1
 done
+
+# ZeRO-2 under pp = 2 x dp = 2: the last backward's (or W's) buckets are reduce-scattered
+# while it runs and waited for after it (zero.h): on every rank and step the reduce_scatter
+# span of that backward (its mb and chunk) starts inside it, at least one of its buckets
+# started by the backward's own reports (args during), and ends after it. With
+# LOOM_ZERO_PP_WAIT=each (every backward's end waits, as before) the same bits, and the
+# check must fail: what it would say of a reduce waited for inside the backward.
+zero_overlap_ok() { # DIR RANKS
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+d, ranks = sys.argv[1], int(sys.argv[2])
+lead, during = [], []
+for r in range(ranks):
+    ev = [e for e in json.load(open("%s/rank%d.json" % (d, r)))["traceEvents"] if e.get("ph") == "X"]
+    for step in sorted({e["args"]["step"] for e in ev}):
+        es = [e for e in ev if e["args"]["step"] == step]
+        bw = [e for e in es if e["name"] in ("backward", "backward_weight")]
+        if not bw:
+            print("FAIL: rank %d step %d has no backward span" % (r, step)); sys.exit(1)
+        last = max(bw, key=lambda e: e["ts"])
+        b0, b1 = round(last["ts"] * 1000), round((last["ts"] + last["dur"]) * 1000)
+        mine = [e for e in es if e["name"] == "reduce_scatter" and e["args"].get("mb") == last["args"]["mb"]
+                and e["args"].get("chunk") == last["args"]["chunk"] and b0 <= round(e["ts"] * 1000) < b1]
+        if len(mine) != 1:
+            print("FAIL: rank %d step %d: %d reduce_scatter spans start inside the last backward (mb %d chunk %d)"
+                  % (r, step, len(mine), last["args"]["mb"], last["args"]["chunk"])); sys.exit(1)
+        end = round((mine[0]["ts"] + mine[0]["dur"]) * 1000)
+        a = mine[0]["args"]
+        if not (isinstance(a.get("during"), int) and isinstance(a.get("buckets"), int) and
+                1 <= a["during"] <= a["buckets"]):
+            print("FAIL: rank %d step %d: of the last backward's %r buckets %r were started by its own "
+                  "reports, while it ran (want at least one)" % (r, step, a.get("buckets"), a.get("during")))
+            sys.exit(1)
+        if end <= b1:
+            print("FAIL: rank %d step %d: the last backward's reduce-scatters were waited for inside it "
+                  "(%.3f ms before its end)" % (r, step, (b1 - end) / 1e6)); sys.exit(1)
+        lead.append(((b1 - round(mine[0]["ts"] * 1000)) / 1e6, (end - b1) / 1e6))
+        during.append(a["during"] / a["buckets"])
+print("ok zero=2 pp x dp: on every rank and step the last backward's reduce-scatter starts %.3f to %.3f ms "
+      "before its end (%.0f%% to %.0f%% of its buckets started by its own reports) and is waited for %.3f to "
+      "%.3f ms after it" % (min(a for a, _ in lead), max(a for a, _ in lead), 100 * min(during),
+                            100 * max(during), min(b for _, b in lead), max(b for _, b in lead)))
+PY
+}
+# zb1 with 4 micro-batches: a B runs between W's there, which in fast mode adds the layer
+# norms' gradients into the buffer (the W's buckets are waited for first: without that wait
+# the bits differ from the A/B's, tried)
+for name in "1f1b 2" "zb1 4"; do
+  m=${name#* }; name=${name% *}
+  mkdir -p "$tmp/z2_$name"
+  "$loom" launch -n 4 "$recipe" $model steps=2 mesh.pp=2 mesh.dp=2 schedule=$name microbatches=$m \
+    strategy.zero=2 strategy.dp.bucket_mb=0.01 log.trace="$tmp/z2_$name/trace" > "$tmp/z2_$name/out" 2>&1 ||
+    { cat "$tmp/z2_$name/out"; exit 1; }
+  $check "$tmp/z2_$name/trace" 4 2
+  zero_overlap_ok "$tmp/z2_$name/trace" 4 || exit 1
+done
+mkdir -p "$tmp/z2_each"
+LOOM_ZERO_PP_WAIT=each "$loom" launch -n 4 "$recipe" $model steps=2 mesh.pp=2 mesh.dp=2 schedule=zb1 \
+  microbatches=4 strategy.zero=2 strategy.dp.bucket_mb=0.01 log.trace="$tmp/z2_each/trace" \
+  > "$tmp/z2_each/out" 2>&1 || { cat "$tmp/z2_each/out"; exit 1; }
+bits() { grep -aE '^(LOSS|NORM|VAL) ' "$1"; }
+[ "$(bits "$tmp/z2_zb1/out" | grep -c '^LOSS')" -eq 2 ] && finite_losses "$tmp/z2_zb1/out" &&
+  cmp -s <(bits "$tmp/z2_zb1/out") <(bits "$tmp/z2_each/out") ||
+  { echo "FAIL: zero=2 zb1: the reduce-scatters waited for later give other bits than waited at each backward"
+    paste <(bits "$tmp/z2_zb1/out") <(bits "$tmp/z2_each/out"); exit 1; }
+if zero_overlap_ok "$tmp/z2_each/trace" 4 > "$tmp/z2_each/check"; then
+  echo "FAIL: the overlap check passed a run that waits at every backward's end"; exit 1
+fi
+echo "ok zero=2 zb1: waited at each backward's end the same bits, and the overlap check refuses it ($(cat "$tmp/z2_each/check"))"
+if LOOM_ZERO_PP_WAIT=soon "$loom" launch -n 2 "$recipe" $model steps=1 mesh.dp=2 strategy.zero=2 \
+    > "$tmp/z2_bad" 2>&1; then
+  echo "FAIL: LOOM_ZERO_PP_WAIT=soon was accepted"; exit 1
+fi
+grep -qF 'LOOM_ZERO_PP_WAIT is "soon": "later"' "$tmp/z2_bad" ||
+  { echo "FAIL: LOOM_ZERO_PP_WAIT=soon refused without naming it:"; cat "$tmp/z2_bad"; exit 1; }
+echo "ok refused (LOOM_ZERO_PP_WAIT=soon)"
 
 # pp = 1, dp = 2: the spans that apply; no bubble.
 mkdir -p "$tmp/dp"

@@ -5,8 +5,9 @@
 #  - fast mode, 10 steps: zero=1 gives bitwise the losses, norms and validation loss of
 #    plain pp=2 x dp=2, with 1f1b, zb1 and interleaved (the same all-reduce, the tied wte's
 #    gradient exchanged before the step, an element-wise optimizer on both copies);
-#  - fast mode, 10 steps: zero=2 (each micro-batch's backward reduce-scattered after it
-#    runs, the tied wte's buckets after the wte exchange, the norm over partitions summed
+#  - fast mode, 10 steps: zero=2 (each micro-batch's backward reduce-scattered as it
+#    reports its buckets, the last ones waited for at the next backward or before the
+#    step: pp_trace.sh checks that; the tied wte's buckets after the wte exchange, the norm over partitions summed
 #    over stages) within 1e-4 of plain pp x dp on the losses and 1e-5 relative on the
 #    norms, 1f1b, zb1 and interleaved (2 chunks), one bucket and 0.01 MiB buckets;
 #  - canonical mode: one rank and pp=2 x dp=2 with zero = 0, 1, 2 (1f1b; zero=1 also zb1)

@@ -53,7 +53,8 @@ function cli.machine(name)
   if name then return machine.load(name) end
   local m, path = machine.load(nil)
   if m then return m, path end
-  return machine.load("cpu-2core")
+  local b, bpath = machine.load("cpu-2core")
+  return b, bpath, true -- the bundled default: not a measurement of this machine
 end
 
 local function mib(b) return string.format("%.2f MiB", b / 1048576) end
@@ -231,9 +232,9 @@ function cli.after_run(t, rank, measured, run_dir)
   -- scripts compare it across runs; this line's measured figures differ every time)
   local function say(line) io.stderr:write(line, "\n") end
   local ok, p = pcall(function()
-    local prof, path = cli.machine(nil)
+    local prof, path, bundled = cli.machine(nil)
     local res = plan.layout(t, prof)
-    res.profile_path, res.cores = path, prof.device.cores
+    res.profile_path, res.cores, res.bundled = path, prof.device.cores, bundled
     return res
   end)
   if not ok then
@@ -250,6 +251,11 @@ function cli.after_run(t, rank, measured, run_dir)
     e_rss and string.format("%+.1f%%", 100 * e_rss) or "n/a", step,
     measured.step_ms and string.format("%.2f ms", measured.step_ms) or "n/a",
     e_step and string.format("%+.1f%%", 100 * e_step) or "n/a (one step)"))
+  if p.bundled and rank == 0 then -- a newcomer's first runs: say why the step time is off
+    say(string.format("plan vs run: machine %s is a bundled profile, not a measurement of this "
+      .. "machine; `loom plan --calibrate` measures this one (about a minute), and later runs "
+      .. "compare against it", p.machine))
+  end
   local lf = io.open("/proc/loadavg")
   local load = lf and lf:read("n")
   if lf then lf:close() end

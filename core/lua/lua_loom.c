@@ -514,6 +514,10 @@ static int l_session_step(lua_State *L)
     if (st.grad_bytes > 0) { /* compression: this rank's message and the fp32 equivalent */
         set_num(L, "compress_bytes", st.compress_bytes);
         set_num(L, "grad_bytes", st.grad_bytes);
+        if (st.grad_expert_bytes > 0) { /* under ep: the experts' part over the edp group */
+            set_num(L, "compress_expert_bytes", st.compress_expert_bytes);
+            set_num(L, "grad_expert_bytes", st.grad_expert_bytes);
+        }
     }
     if (st.nonfinite.found) {
         char what[160];

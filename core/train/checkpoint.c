@@ -36,6 +36,7 @@
 #include "io/safetensors.h"
 #include "base/status.h"
 #include "compress.h"
+#include "compress_ckpt.h"
 #include "zero_ckpt.h"
 #include "offload.h"
 #include "session_ep.h"
@@ -377,8 +378,11 @@ static loom_status write_manifest(const loom_ckpt_source *src, const char *path,
     if (src->residual) {
         loom_strbuf_puts(&b, "  \"compress\": {\"method\": ");
         loom_json_write_string(&b, src->compress_method);
-        loom_strbuf_printf(&b, ", \"dp\": %u%s},\n", src->residual_slots,
+        loom_strbuf_printf(&b, ", \"dp\": %u%s", src->residual_slots,
                            src->residual_leaves ? ", \"leaves\": true" : "");
+        if (src->residual_ep > 1)
+            loom_strbuf_printf(&b, ", \"ep\": %d", src->residual_ep);
+        loom_strbuf_puts(&b, "},\n");
     }
     if (x->data_kind[0]) {
         loom_strbuf_puts(&b, "  \"data\": {\"kind\": ");
@@ -998,10 +1002,18 @@ static loom_status save_zero(loom_session *s, loom_ckpt_source *srcp, const loom
         }
         free(zstate);
         LOOM_TRY(st);
+        float *residual = NULL; /* compression: every dp rank's, laid out for the full table */
+        if (src.residual)
+            st = loom_ckpt_residual_ep(m, src.table, src.residual, src.residual_slots,
+                                       loom_gpt_expert_parallel(m), &full, &residual);
         src.table = &full;
         src.params = params;
         src.state = state;
-        st = loom_ckpt_save_source(&src, &g, dir, x, out_path, len);
+        src.residual = residual;
+        src.residual_ep = loom_gpt_expert_parallel(m);
+        if (st == LOOM_OK)
+            st = loom_ckpt_save_source(&src, &g, dir, x, out_path, len);
+        free(residual);
         free(params);
         free(state);
         loom_params_free(&full);

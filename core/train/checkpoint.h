@@ -273,10 +273,13 @@ typedef struct loom_ckpt_source {
     /* gradient compression (compress.h; NULL: none): every dp rank's error-feedback
      * residual, slot k = dp rank k, laid out as the state above (slot-major per entry),
      * written as residual*.safetensors ("X.state<k>") and named in the manifest's
-     * "compress": {"method", "dp"}; residual_leaves: slot k = global micro-batch k */
+     * "compress": {"method", "dp"[, "ep"]}; residual_leaves: slot k = global micro-batch k */
     const float *residual;
     uint32_t residual_slots;
     int residual_leaves;   /* canonical compression: the slots are global micro-batches */
+    int residual_ep;       /* > 1: saved under expert parallelism ("ep" in the manifest's
+                            * "compress"): an expert's slot k is dp rank k's residual if that
+                            * rank holds the expert, else 0 (compress_ckpt.h) */
     const char *compress_method;
 } loom_ckpt_source;
 

@@ -1291,6 +1291,20 @@ static loom_status read_residuals(loaded *ld, const loom_json *root, loom_sessio
                          "dp=%d, and the residuals are per dp rank: resume at dp=%lld with "
                          "\"%.20s\"", ld->mpath, mj->text, (long long)dp, method, my_dp,
                          (long long)dp, mj->text);
+    /* under ep an expert's residual is of its edp group's messages, one per member: another
+     * ep has other groups (and another count of them), so nothing to re-shard it into */
+    int64_t saved_ep = 1;
+    const loom_json *ej = loom_json_get(cj, "ep");
+    if (ej && (!loom_json_int64(ej, &saved_ep) || saved_ep < 1 || saved_ep > 65536))
+        return bad(ld->mpath, "manifest compress ep must be an integer >= 1");
+    int my_ep = loom_gpt_expert_parallel(loom_session_model(s));
+    if (saved_ep != my_ep)
+        return loom_fail(LOOM_ERR_INVALID, "checkpoint '%s' holds the error-feedback residuals of "
+                         "compress = \"%.20s\" at ep=%lld; this run compresses at ep=%d, and under "
+                         "ep each expert's residual belongs to its expert-data-parallel group's "
+                         "ranks (dp/ep of them): resume at mesh.ep=%lld, or without compress "
+                         "(the residuals are then not read)", ld->mpath, mj->text,
+                         (long long)saved_ep, my_ep, (long long)saved_ep);
     loom_ckpt_layout l;
     LOOM_TRY(read_layout(ld->mpath, root, &l));
     int tp = l.tp, pp = l.pp, parts = tp * pp, first = 0;

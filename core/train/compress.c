@@ -33,6 +33,16 @@ const char *loom_compress_method_name(int method)
                                               : "none";
 }
 
+int compress_takes(const loom_compress *c, loom_gpt *m, int i)
+{
+    const loom_param_entry *e = &loom_gpt_params(m)->entries[i];
+    if (loom_gpt_held_elsewhere(m, e->name))
+        return 0;
+    if (c->cfg.experts)
+        return loom_gpt_is_expert_entry(m, i);
+    return !c->dense_only || !loom_gpt_is_expert_entry(m, i);
+}
+
 static loom_status make_buckets(loom_compress *c, loom_gpt *m)
 {
     const loom_param_table *t = loom_gpt_params(m);
@@ -47,7 +57,7 @@ static loom_status make_buckets(loom_compress *c, loom_gpt *m)
     size_t bits_at = 0, k_at = 0;
     for (int i = 0; i < t->count; i++) {
         const loom_param_entry *e = &t->entries[i];
-        if (loom_gpt_held_elsewhere(m, e->name))
+        if (!compress_takes(c, m, i))
             continue;
         for (size_t lo = 0; lo < e->numel; lo += cap) {
             bucket *b = &c->b[c->nb++];
@@ -116,6 +126,12 @@ loom_status loom_compress_create(const loom_compress_config *cfg, loom_gpt *m,
     c->dp_size = dp_size;
     c->dp_rank = comm ? comm->rank(dp) : 0;
     c->total = loom_gpt_params(m)->total;
+    /* under ep the experts' gradients are the edp group's (loom_compress_add_experts) */
+    c->dense_only = !cfg->experts && loom_gpt_expert_parallel(m) > 1;
+    if ((cfg->experts || c->dense_only) && cfg->leaves > 0) {
+        free(c);
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "compress: canonical mode under ep is not built (compress.h)");
+    }
     loom_status st = cfg->leaves > 0                         ? canon_plan(c, m)
                      : cfg->method == LOOM_COMPRESS_POWERSGD ? powersgd_plan(c, m)
                                                              : make_buckets(c, m);
@@ -141,8 +157,10 @@ void loom_compress_destroy(loom_compress *c)
 {
     if (!c)
         return;
+    loom_compress_destroy(c->experts);
     free(c->b);
-    free(c->residual);
+    if (!c->borrowed)
+        free(c->residual);
     free(c->msg);
     free(c->gathered);
     free(c->scratch);
@@ -156,20 +174,53 @@ void loom_compress_destroy(loom_compress *c)
     free(c);
 }
 
+loom_status loom_compress_add_experts(loom_compress *c, loom_gpt *m, const loom_comm_ops *comm,
+                                      void *edp, int edp_size)
+{
+    if (!c->dense_only || c->experts)
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "compress: experts added %s", c->experts ? "twice"
+                  : "to a compressor without ep");
+    if (edp_size < 2)
+        return LOOM_OK; /* ep = dp: each expert's gradient is whole on its owner already */
+    loom_compress_config cfg = c->cfg;
+    cfg.experts = 1;
+    loom_compress *x;
+    LOOM_TRY(loom_compress_create(&cfg, m, comm, edp, edp_size, &x));
+    free(x->residual); /* the dense compressor's: disjoint buckets of the same layout */
+    x->residual = c->residual;
+    x->borrowed = 1;
+    c->experts = x;
+    return LOOM_OK;
+}
+
 int loom_compress_active(const loom_compress *c, int64_t step) { return c && step > c->cfg.warmup; }
 void loom_compress_begin_step(loom_compress *c, int64_t step)
 {
+    if (c->experts)
+        loom_compress_begin_step(c->experts, step);
     c->step = step;
     if (c->leaf_bad)
         memset(c->leaf_bad, 0, (size_t)c->cfg.leaves);
 }
 size_t loom_compress_message_bytes(const loom_compress *c)
 {
-    return c->msg_bytes * (size_t)loom_compress_residual_slots(c);
+    return c->msg_bytes * (size_t)loom_compress_residual_slots(c) +
+           loom_compress_expert_message_bytes(c);
+}
+size_t loom_compress_expert_message_bytes(const loom_compress *c)
+{
+    return c->experts ? loom_compress_message_bytes(c->experts) : 0;
+}
+size_t loom_compress_expert_raw_bytes(const loom_compress *c)
+{
+    return c->experts ? loom_compress_raw_bytes(c->experts) : 0;
 }
 int loom_compress_residual_slots(const loom_compress *c) { return c->cfg.leaves > 0 ? c->cfg.leaves : 1; }
 int loom_compress_canonical(const loom_compress *c) { return c->cfg.leaves > 0; }
-size_t loom_compress_raw_bytes(const loom_compress *c) { return c->elems * sizeof(float); }
+size_t loom_compress_raw_bytes(const loom_compress *c)
+{
+    return c->elems * sizeof(float) + loom_compress_expert_raw_bytes(c);
+}
 int loom_compress_method_in_use(const loom_compress *c) { return c->cfg.method; }
 int loom_compress_dp_size(const loom_compress *c) { return c->dp_size; }
 int loom_compress_dp_rank(const loom_compress *c) { return c->dp_rank; }
@@ -183,7 +234,9 @@ float *loom_compress_residual(loom_compress *c, size_t *floats)
 size_t loom_compress_buffer_bytes(const loom_compress *c)
 {
     size_t slots = (size_t)loom_compress_residual_slots(c);
-    return slots * (c->total * sizeof(float) + c->msg_bytes * (size_t)(1 + c->dp_size)) +
+    size_t experts = c->experts ? loom_compress_buffer_bytes(c->experts) : 0;
+    return experts + slots * ((c->borrowed ? 0 : c->total * sizeof(float)) +
+                              c->msg_bytes * (size_t)(1 + c->dp_size)) +
            c->max_n * (sizeof(float) + sizeof(uint32_t)) +
            (c->sum_p + 2 * c->sum_q) * sizeof(float) +
            (c->cfg.leaves > 0 /* canonical: strided scratch, each leaf's Q, the raw sums */
@@ -363,7 +416,15 @@ loom_status compress_gather(loom_compress *c, size_t bytes)
     return c->comm->wait(c->dp, req);
 }
 
+static loom_status exchange_own(loom_compress *c, float *grads);
+
 loom_status loom_compress_exchange(loom_compress *c, float *grads)
+{
+    LOOM_TRY(exchange_own(c, grads)); /* under ep: the dense entries over dp */
+    return c->experts ? exchange_own(c->experts, grads) : LOOM_OK; /* the experts over edp */
+}
+
+static loom_status exchange_own(loom_compress *c, float *grads)
 {
     if (c->cfg.method == LOOM_COMPRESS_POWERSGD)
         return powersgd_exchange(c, grads);

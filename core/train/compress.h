@@ -36,7 +36,11 @@
  * tree, or, powersgd, sums its factors over the leaves in two rounds itself
  * (loom_compress_sum_leaves): dp, tp and pp give the same bits. The residual is then one
  * per leaf (leaves x the gradient buffer).
- * What it does not: ep; device memory (host loops: a device backend's session stages the
+ * Expert parallelism (fast mode; session_ep.h): the compressor over dp takes the dense entries
+ * only (an expert's gradient is never the dp group's to sum), and loom_compress_add_experts
+ * gives it a second one over the expert-data-parallel group for this rank's expert entries,
+ * sharing its residual (the buckets are disjoint): one exchange does both.
+ * What it does not: ep in canonical mode; device memory (host loops: a device backend's session stages the
  * gradient through host memory around loom_compress_exchange, grad_sync.c, fast mode only).
  */
 #ifndef LOOM_CORE_COMPRESS_H
@@ -67,6 +71,8 @@ typedef struct loom_compress_config {
                           * the canonical tree, below); 0: fast mode */
     int skip_tied;       /* canonical mode: leave the tied "wte" out (a pipeline's last stage,
                           * whose copy is replaced by stage 0's after the exchange) */
+    int experts;         /* under ep: 1 takes the expert entries only (loom_compress_add_experts
+                          * sets it); 0 takes the rest (all of them without ep) */
 } loom_compress_config;
 
 typedef struct loom_compress loom_compress;
@@ -80,6 +86,13 @@ loom_status loom_compress_create(const loom_compress_config *c, loom_gpt *m,
                                  const loom_comm_ops *comm, void *dp, int dp_size,
                                  loom_compress **out);
 void loom_compress_destroy(loom_compress *c);
+
+/* Under ep (fast mode): c (made over dp, so taking the dense entries) also compresses this
+ * rank's expert entries over the edp group of edp_size ranks (comm/edp), with its own
+ * buckets and messages and c's residual; c's exchange runs it after its own. edp_size < 2:
+ * nothing (the experts are then summed nowhere, exactly). */
+loom_status loom_compress_add_experts(loom_compress *c, loom_gpt *m, const loom_comm_ops *comm,
+                                      void *edp, int edp_size);
 
 /* 1 if the step numbered `step` (1-based) is past the warm-up. */
 int loom_compress_active(const loom_compress *c, int64_t step);
@@ -132,6 +145,9 @@ int loom_compress_canonical(const loom_compress *c);
  * elements uncompressed. */
 size_t loom_compress_message_bytes(const loom_compress *c);
 size_t loom_compress_raw_bytes(const loom_compress *c);
+/* Of those, the expert part's (loom_compress_add_experts; 0 without). */
+size_t loom_compress_expert_message_bytes(const loom_compress *c);
+size_t loom_compress_expert_raw_bytes(const loom_compress *c);
 /* The residual, laid out as the gradient buffer (total floats; zero outside buckets);
  * canonical mode: its leaves' one after another (leaves x the buffer's floats). */
 float *loom_compress_residual(loom_compress *c, size_t *floats);

@@ -42,7 +42,15 @@ struct loom_compress {
                                    * gathered */
     unsigned char *leaf_bad;      /* leaves: leaf a's gradient held an inf or nan */
     int held_leaves;              /* powersgd: leaves packed this step */
+    /* expert parallelism (loom_compress_add_experts) */
+    int dense_only;               /* under ep, this one takes the dense entries */
+    struct loom_compress *experts; /* the expert entries' over the edp group; NULL: none */
+    int borrowed;                 /* residual is the dense compressor's: not freed here */
 };
+
+/* Whether table entry i is one this compressor packs: held by this rank and, under ep, of
+ * its part (the dense entries over dp, or the expert entries over edp). */
+int compress_takes(const loom_compress *c, loom_gpt *m, int i);
 
 /* A strided bucket's element j: its offset from b->lo. */
 static inline size_t bucket_at(const bucket *b, size_t j)

@@ -26,7 +26,7 @@ loom_status powersgd_plan(loom_compress *c, loom_gpt *m)
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for compression buckets");
     for (int i = 0; i < t->count; i++) {
         const loom_param_entry *e = &t->entries[i];
-        if (loom_gpt_held_elsewhere(m, e->name) || !e->numel)
+        if (!compress_takes(c, m, i) || !e->numel)
             continue;
         bucket *b = &c->b[c->nb++];
         size_t cols = (size_t)e->slice_len[e->ndim - 1], rows = e->numel / cols;
@@ -123,7 +123,8 @@ loom_status powersgd_exchange(loom_compress *c, float *grads)
         for (size_t j = 0; j < c->b[i].n && finite; j++)
             finite = isfinite(grads[c->b[i].lo + j]);
     float *m1 = (float *)(void *)c->msg, *raw = m1 + c->sum_p;
-    uint64_t stream = loom_rng_stream("powersgd");
+    /* the expert part's buckets count from 0 too: their Q's from a stream of their own */
+    uint64_t stream = loom_rng_stream(c->cfg.experts ? "powersgd.experts" : "powersgd");
     for (int i = 0; i < c->nb; i++) {
         const bucket *b = &c->b[i];
         float *e = c->residual + b->lo;

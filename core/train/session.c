@@ -533,7 +533,8 @@ static loom_status distill_pipeline(loom_session *s, int accum, int dp_rank)
  * mode per micro-batch (a leaf each), one rank or dp (any zero: canonical ZeRO sums the
  * whole gradient in the tree, then takes its partition), with tp (each rank its canonical
  * chunks) and pp (each stage its tensors; interleaved: each chunk's buckets as its backward
- * ends, grad_sync's parts); not ep. */
+ * ends, grad_sync's parts); ep in fast mode (the dense entries over dp, the experts over
+ * their edp group: loom_compress_add_experts), not in canonical mode. */
 static loom_status make_compress(loom_session *s)
 {
     const loom_session_config *cfg = &s->cfg;
@@ -544,6 +545,15 @@ static loom_status make_compress(loom_session *s)
                   "summed per source rank over the expert-data-parallel group, session_ep.h, and "
                   "their leaves would have to be packed on the expert's owner per global "
                   "micro-batch); use ep = 1, or fast mode", name);
+    if (s->ep && cfg->compress_momentum)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy.compress momentum = true (1-bit Adam) with mesh.ep "
+                  "> 1 is not built yet (each expert's momentum share would be over the "
+                  "expert-data-parallel group, not dp); use ep = 1, or compress without momentum");
+    if (s->ep && s->zero && loom_zero_reduces(s->zero))
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy.compress = \"%s\" with zero=%d and mesh.ep > 1 is "
+                  "not built yet (ZeRO-%d's partitions under ep are reduce-scattered per group, "
+                  "zero_ep.c, and would have to be taken out of the compressed whole); use zero = 1 "
+                  "with ep and compression, or ep = 1", name, cfg->zero_stage, cfg->zero_stage);
     if (s->pipe && s->zero && loom_zero_reduces(s->zero))
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy.compress with zero=%d and pp=%d is not built yet "
                   "(the pipeline's per-micro-batch reduce-scatters would have to give way); use "
@@ -554,6 +564,7 @@ static loom_status make_compress(loom_session *s)
     const char *dev_what = !s->device                       ? NULL
                            : cfg->canonical                 ? "deterministic = \"canonical\""
                            : cfg->compress_momentum         ? "momentum = true (1-bit Adam)"
+                           : s->ep                          ? "mesh.ep > 1"
                            : s->zero                        ? "strategy.zero"
                            : cfg->tensor                    ? "mesh.tp > 1"
                            : s->pipe                        ? "mesh.pp > 1"
@@ -569,7 +580,7 @@ static loom_status make_compress(loom_session *s)
     LOOM_TRY(loom_core_host()->group(LOOM_GROUP_DP, &ops, &group, &dp));
     loom_compress_config cc = {cfg->compress_method, cfg->compress_ratio, cfg->compress_warmup,
                                cfg->compress_bucket_mb, cfg->compress_rank, 0.0,
-                               cfg->canonical ? cfg->accum : 0, 0};
+                               cfg->canonical ? cfg->accum : 0, 0, 0};
     /* canonical pp: the last stage's copy of the tied wte is replaced by stage 0's (which
      * summed both halves per micro-batch, pipeline.c) after the exchange: not sent */
     int P = s->pipe ? loom_pipeline_stages(s->pipe) : 1;
@@ -578,6 +589,13 @@ static loom_status make_compress(loom_session *s)
     if (cfg->compress_momentum) /* 1-bit Adam: adamw's beta1 (loom_compress_momentum_prepare) */
         cc.momentum = loom_config_get(&s->optim_cfg, "betas")->numbers[0];
     LOOM_TRY(loom_compress_create(&cc, s->model, ops, group, dp, &s->compress));
+    if (s->ep) { /* the dense entries over dp (above), the experts over their edp group */
+        const struct loom_comm_ops *eops;
+        void *edp;
+        int edp_size;
+        loom_ep_edp_group(s->ep, &eops, &edp, &edp_size);
+        LOOM_TRY(loom_compress_add_experts(s->compress, s->model, eops, edp, edp_size));
+    }
     if (!cfg->compress_momentum)
         return LOOM_OK;
     return loom_compress_set_momentum(s->compress, s->segments, s->n_segments,
@@ -1123,7 +1141,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
                         -1, -1);
     }
     double comm_ms = t_tied - t_sync + loom_gpt_take_comm_ms(s->model);
-    if (!(s->zero && loom_zero_reduces(s->zero))) /* ZeRO-2 reduce-scattered them already */
+    /* ZeRO-2 reduce-scattered them already; compression exchanged them (make_compress) */
+    if (!(s->zero && loom_zero_reduces(s->zero)) && !compressed)
         LOOM_TRY(loom_ep_reduce(s->ep, s->model, &comm_ms)); /* experts over their edp group */
     if (s->pipe) {
         LOOM_TRY(loom_pipeline_tied_sync(s->pipe, s->model, &comm_ms));
@@ -1259,6 +1278,9 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
     if (s->compress) {
         out->compress_bytes = compressed ? (double)loom_compress_message_bytes(s->compress) : 0.0;
         out->grad_bytes = (double)loom_compress_raw_bytes(s->compress);
+        out->compress_expert_bytes =
+            compressed ? (double)loom_compress_expert_message_bytes(s->compress) : 0.0;
+        out->grad_expert_bytes = (double)loom_compress_expert_raw_bytes(s->compress);
     }
     return LOOM_OK;
 }

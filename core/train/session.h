@@ -111,6 +111,9 @@ typedef struct loom_step_stats {
     double compress_bytes; /* compression: this rank's compressed message this step (what it
                             * sends into the all-gather; 0 in the warm-up) */
     double grad_bytes;     /* compression: the same elements' fp32 bytes (0 without) */
+    double compress_expert_bytes; /* under ep: of compress_bytes, the experts' message over
+                                   * the edp group (0 in the warm-up, or when edp = 1) */
+    double grad_expert_bytes;     /* under ep: of grad_bytes, the experts' (0 without) */
 } loom_step_stats;
 
 typedef struct loom_session loom_session;

@@ -285,6 +285,7 @@ function M:step(r)
     time_s = now, skipped = r.skipped and true or false, skipped_steps = self.skips or 0,
     loss_scale = r.loss_scale or NULL,
     compress_bytes = r.compress_bytes, grad_bytes = r.grad_bytes,
+    compress_expert_bytes = r.compress_expert_bytes, grad_expert_bytes = r.grad_expert_bytes,
     nonfinite = nf and { rank = nf.rank, stage = nf.stage, param = nf.param, loss = nf.loss or false } or nil,
     moe = r.moe }
 

@@ -316,10 +316,8 @@ local function check(t, where, origin, world)
       schema.fail(where, "mesh ep=%d%s must divide model.moe.experts=%d", ep, origin("mesh.ep") or "",
         moe.experts)
     end
-    if (t.strategy or {}).compress then -- the residual follows the dense table; ep's is split
-      schema.fail(where, "mesh ep=%d%s with strategy.compress is not built yet: use ep=1 with "
-        .. "compression, or ep without it", ep, origin("mesh.ep") or "")
-    end
+    -- strategy.compress under ep: fast mode (docs/COMPRESS.md); the session refuses canonical
+    -- mode, ZeRO-2/3 and 1-bit Adam with it, naming them
   end
   check_pp(t, where, origin)
   check_zero(t, where, origin)

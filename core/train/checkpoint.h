@@ -24,6 +24,9 @@
  *                      Canonical mode: one residual per global micro-batch of a step
  *                      (slot k = micro-batch k), "dp": the micro-batches a step and
  *                      "leaves": true; a resume needs the same count, at any dp
+ *                      Under ep (fast mode): every expert by logical name, slot k dp rank
+ *                      k's when it holds the expert, else 0, and "ep": N; a resume needs
+ *                      the same dp and ep (compress_ckpt.h)
  *   manifest.json      format "loom-checkpoint", version 1, loom version, step, steps_taken,
  *                      precision state, optimizer {name, slots}, model config, layout
  *                      {tp: N} (under pp also pp: P and pp_layers: the blocks of each

@@ -130,9 +130,11 @@ local function info(args)
   local kinds = { "model", "optim" }
   if type(m.compress) == "table" then -- docs/COMPRESS.md: every dp rank's residual
     kinds[3] = "residual"
-    print(string.format("gradient compression: %s over dp=%d (residual files: dp rank k's "
-      .. "residual of X as X.state<k>; a resume needs dp=%d)", m.compress.method, m.compress.dp,
-      m.compress.dp))
+    local ep = math.tointeger(m.compress.ep) or 1 -- under ep: an expert's slot k is 0 unless rank k holds it
+    print(string.format("gradient compression: %s over dp=%d%s (residual files: dp rank k's "
+      .. "residual of X as X.state<k>; a resume needs dp=%d%s)", m.compress.method, m.compress.dp,
+      ep > 1 and string.format(", experts over their edp groups at ep=%d", ep) or "",
+      m.compress.dp, ep > 1 and string.format(" and ep=%d", ep) or ""))
   end
   local files = {}
   for _, kind in ipairs(kinds) do

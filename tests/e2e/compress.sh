@@ -26,6 +26,12 @@
 #  - canonical mode with tp and pp: onebit tp=2 = dp=1, its checkpoint resumed at pp=2
 #    bitwise; powersgd tp=2 = one rank; 1-bit Adam dp=2 = dp=1; topk 0.1 with an
 #    interleaved pp=2 = one rank;
+#  - expert parallelism (fast mode, the MoE test model): topk ratio = 1 at dp=2 ep=2,
+#    dp=4 ep=2, pp=2 dp=2 ep=2 and tp=2 dp=2 ep=2 bitwise the uncompressed ep run; onebit, topk 0.1, powersgd with a 5-step
+#    warm-up: the warm-up's bits, then not, the last-5 mean loss within 0.15 / 0.05 / 0.05;
+#    the dense and expert bytes against the formulas; onebit resumed bitwise (the experts'
+#    residuals saved by logical name), zero=1 its bits; refused: a resume at another ep,
+#    canonical mode, zero=2, 1-bit Adam;
 #  - refusals: a canonical checkpoint's residuals in
 #    fast mode, dp = 1 (fast mode), rank with topk, ratio with onebit, another dp at
 #    resume, a pp=2 checkpoint's residuals at pp=1; onebit at dp=2 x pp=2 tracks pp=1's.
@@ -223,3 +229,80 @@ refuse 1bit-adam-sgd 'needs optimizer adamw' "${one[@]}" grad_clip=0 'optimizer=
 refuse 1bit-adam-powersgd 'with onebit or topk, not powersgd' run2 steps=1 "${adam[@]}" \
   'strategy.compress={"powersgd",warmup=2,momentum=true}'
 echo "ok refused: a canonical checkpoint's residuals in fast mode, dp=1 (fast mode), rank with topk, ratio with onebit, 1-bit Adam with grad_clip, zero, sgd or powersgd, another dp at resume"
+
+# --- expert parallelism (fast mode; docs/COMPRESS.md "ep"): the dense entries compressed
+# over dp, each rank's experts over its expert-data-parallel group (edp = dp / ep; at dp=2
+# ep=2 edp is 1 and the experts are exchanged nowhere), one residual. The MoE test model
+# (recipes/moe.lua: 2 blocks of 4 experts, AdamW, 20 steps), ep=2.
+moe=$here/recipes/moe.lua
+runE() { local n=$1; shift; "$loom" launch -n "$n" "$moe" threads=1 mesh.dp="$n" batch.global=$((4 * n)) \
+  mesh.ep=2 comm_timeout=20 "$@" | grep '^LOSS ' || true; }
+steps_are() { [ "$(grep -c '^LOSS' "$1")" -eq "$2" ] || { echo "$1: $(grep -c '^LOSS' "$1") steps, want $2"; exit 1; }; }
+# nothing dropped (topk ratio = 1): the exchange is exact, the uncompressed ep run's bits
+for n in 2 4; do
+  runE $n > "$tmp/e$n"
+  runE $n steps=6 'strategy.compress={"topk",ratio=1}' > "$tmp/e${n}k"
+  finite_losses "$tmp/e$n"; steps_are "$tmp/e$n" 20; steps_are "$tmp/e${n}k" 6
+  cmp -s <(head -6 "$tmp/e$n") "$tmp/e${n}k" || { echo "dp=$n ep=2: topk ratio=1 differs from uncompressed ep"; paste "$tmp/e$n" "$tmp/e${n}k"; exit 1; }
+done
+# with pp and tp beside ep (4 ranks, edp = 1): the same
+for lay in "mesh.pp=2 schedule=1f1b" "mesh.tp=2"; do
+  runE 4 mesh.dp=2 batch.global=8 steps=6 $lay > "$tmp/el"
+  runE 4 mesh.dp=2 batch.global=8 steps=6 $lay 'strategy.compress={"topk",ratio=1}' > "$tmp/elk"
+  finite_losses "$tmp/el"; steps_are "$tmp/el" 6
+  cmp -s "$tmp/el" "$tmp/elk" || { echo "$lay dp=2 ep=2: topk ratio=1 differs from uncompressed ep"; exit 1; }
+done
+echo "ok dp=2 ep=2, dp=4 ep=2, pp=2 dp=2 ep=2 and tp=2 dp=2 ep=2: topk ratio=1 bitwise the uncompressed ep run (6 steps)"
+# lossy: the warm-up's steps are the uncompressed bits, the next one is not (so compression
+# is on, experts and all), and the last 5 steps' mean loss tracks the uncompressed run's
+tail5() { tail -n 5 "$1" | awk '{ s += $4 } END { printf "%.4f", s / NR }'; }
+for n in 2 4; do
+  for c in '{"onebit",warmup=5}:0.15' '{"topk",ratio=0.1,warmup=5}:0.05' '{"powersgd",rank=2,warmup=5}:0.05'; do
+    runE $n "strategy.compress=${c%:*}" log.jsonl="$tmp/e.jsonl" > "$tmp/ec"
+    finite_losses "$tmp/ec"; steps_are "$tmp/ec" 20
+    cmp -s <(head -6 "$tmp/e$n") <(head -6 "$tmp/ec") || { echo "dp=$n ep=2 ${c%:*}: the warm-up's steps 1-6 are not the uncompressed bits"; exit 1; }
+    cmp -s <(sed -n 7p "$tmp/e$n") <(sed -n 7p "$tmp/ec") && { echo "dp=$n ep=2 ${c%:*}: step 7 is the uncompressed bits: nothing compressed"; exit 1; }
+    gap=$(awk -v a="$(tail5 "$tmp/ec")" -v b="$(tail5 "$tmp/e$n")" 'BEGIN { d = a - b; printf "%.4f", d < 0 ? -d : d }')
+    below "$gap" "${c#*:}" || { echo "dp=$n ep=2 ${c%:*}: last-5 mean loss $(tail5 "$tmp/ec") vs uncompressed $(tail5 "$tmp/e$n") (gap $gap)"; exit 1; }
+    echo "ok dp=$n ep=2 ${c%:*}: steps 1-6 the uncompressed bits, step 7 not; last-5 mean loss $(tail5 "$tmp/ec") vs $(tail5 "$tmp/e$n") (gap $gap < ${c#*:})"
+  done
+done
+# bytes (the last run: dp=4 ep=2 powersgd) and onebit's: the dense part's message over dp
+# and the experts' over edp, each the formula over its tensors; 0 in the warm-up
+dense="8192 1024"; for b in 1 2; do dense="$dense 32 32 3072 96 1024 32 32 32 128"; done; dense="$dense 32 32"
+experts=""; for b in 1 2 3 4; do experts="$experts 4096 128 4096 32"; done # 2 blocks x 2 local experts
+ob_bytes() { for x in $1; do echo "$x"; done | awk '{ s += 4 + int(($1 + 7) / 8) } END { print s }'; }
+ps_bytes() { for x in $1; do echo "$x"; done | awk -F: '{ if (NF == 1) { s += 4 * $1; next }
+  a = 2 * ($1 + $2); s += 4 * (a < $1 * $2 ? a : $1 * $2) } END { print s }'; }
+want_pe=$(ps_bytes "$(for b in 1 2 3 4; do echo 128:32 128 32:128 32; done)")
+[ "$(got "$tmp/e.jsonl" 5 compress_expert_bytes)" = 0 ] || { echo "powersgd: the warm-up's step 5 sent expert bytes"; exit 1; }
+[ "$(got "$tmp/e.jsonl" 6 compress_expert_bytes)" = "$want_pe" ] || { echo "powersgd dp=4 ep=2: compress_expert_bytes $(got "$tmp/e.jsonl" 6 compress_expert_bytes), formula $want_pe"; exit 1; }
+runE 4 steps=2 "$onebit" log.jsonl="$tmp/e.jsonl" > /dev/null
+want_oe=$(ob_bytes "$experts"); want_od=$(ob_bytes "$dense")
+[ "$(got "$tmp/e.jsonl" 2 compress_expert_bytes)" = "$want_oe" ] && [ "$(got "$tmp/e.jsonl" 2 compress_bytes)" = "$((want_od + want_oe))" ] ||
+  { echo "onebit dp=4 ep=2: compress_bytes $(got "$tmp/e.jsonl" 2 compress_bytes) (formula $want_od + $want_oe), expert $(got "$tmp/e.jsonl" 2 compress_expert_bytes)"; exit 1; }
+nx=$(for x in $experts; do echo "$x"; done | awk '{ s += $1 } END { print s }')
+[ "$(got "$tmp/e.jsonl" 2 grad_expert_bytes)" = "$((4 * nx))" ] || { echo "grad_expert_bytes $(got "$tmp/e.jsonl" 2 grad_expert_bytes), want $((4 * nx))"; exit 1; }
+echo "ok dp=4 ep=2 bytes a step: onebit $want_od dense + $want_oe expert, powersgd rank 2's expert part $want_pe (0 in the warm-up), against $((4 * nx)) expert bytes uncompressed"
+# the residuals (dense and each rank's experts, saved by logical expert name) restored:
+# onebit without a warm-up saved at step 3 resumes steps 4-6 bitwise; zero = 1 gives its bits
+rm -rf "$tmp/cke"
+runE 4 steps=6 "$onebit" checkpoint.dir="$tmp/cke" checkpoint.every=3 > "$tmp/eo"
+steps_are "$tmp/eo" 6
+cmp -s <(sed -n 2p "$tmp/e4") <(sed -n 2p "$tmp/eo") && { echo "onebit dp=4 ep=2 with no warm-up: step 2 is the uncompressed bits"; exit 1; }
+grep -q '"compress": {"method": "onebit", "dp": 4, "ep": 2}' "$tmp/cke/step_00000003/manifest.json" ||
+  { echo "the ep checkpoint's manifest does not record ep"; exit 1; }
+runE 4 steps=6 "$onebit" resume="$tmp/cke/step_00000003" > "$tmp/eor"
+steps_are "$tmp/eor" 3
+cmp -s <(awk '$2 > 3' "$tmp/eo") "$tmp/eor" || { echo "onebit dp=4 ep=2: resumed steps 4-6 differ"; paste <(awk '$2 > 3' "$tmp/eo") "$tmp/eor"; exit 1; }
+runE 4 steps=6 "$onebit" strategy.zero=1 > "$tmp/eoz"
+cmp -s "$tmp/eo" "$tmp/eoz" || { echo "onebit dp=4 ep=2: zero=1 differs from zero=0"; exit 1; }
+echo "ok onebit dp=4 ep=2: step 2 not the uncompressed bits; saved at 3, steps 4-6 resumed bitwise; zero=1 its bits"
+refuse ep-resume 'compress = "onebit" at ep=2; this run compresses at ep=4' \
+  "$loom" launch -n 4 "$moe" threads=1 mesh.dp=4 batch.global=16 mesh.ep=4 comm_timeout=20 steps=6 "$onebit" resume="$tmp/cke/step_00000003"
+eref=("$loom" launch -n 2 "$moe" threads=1 mesh.dp=2 batch.global=8 mesh.ep=2 comm_timeout=20 steps=1)
+refuse ep-canonical 'with deterministic = "canonical" and mesh.ep > 1 is not built yet' "${eref[@]}" deterministic=canonical "$onebit"
+refuse ep-zero2 'with zero=2 and mesh.ep > 1 is not built yet' "${eref[@]}" strategy.zero=2 "$onebit"
+refuse ep-1bit-adam 'momentum = true (1-bit Adam) with mesh.ep > 1 is not built yet' "${eref[@]}" grad_clip=0 \
+  'strategy.compress={"onebit",warmup=2,momentum=true}'
+echo "ok refused under ep: a resume at another ep, canonical mode, zero=2, 1-bit Adam"

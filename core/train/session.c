@@ -276,6 +276,24 @@ static void distill_group_terms(loom_session *s, int a)
     }
 }
 
+/* teacher.layers under ZeRO 1 or 2 with 16-bit weights: each rank holds only its partition
+ * of the fp32 master, and the hidden term reads the projections distill.proj.* whole in
+ * fp32 from the model's buffer, as one rank reads its master (gpt_distill_hidden.c). So
+ * ZeRO keeps the buckets covering them gathered there (a no-op without master16). */
+static loom_status keep_projections(loom_session *s)
+{
+    const loom_param_table *t = loom_gpt_params(s->model);
+    size_t lo = t->total, hi = 0;
+    for (int i = 0; i < t->count; i++) {
+        const loom_param_entry *e = &t->entries[i];
+        if (strncmp(e->name, "distill.proj.", 13))
+            continue;
+        lo = e->offset < lo ? e->offset : lo;
+        hi = e->offset + e->numel > hi ? e->offset + e->numel : hi;
+    }
+    return loom_zero_keep_master(s->zero, lo, hi);
+}
+
 /* teacher.layers (gpt_distill.h's hidden-state terms; teacher.attention on the same pairs):
  * one rank, dp, zero, pp or tp (also with sequence parallelism), the teacher replicated or
  * split by tp or pp (its block outputs whole where they are read), any precision; the
@@ -305,11 +323,8 @@ static loom_status distill_hidden_open(loom_session *s, const loom_session_confi
             s->kd_h[l] = s->kd_hstep[l];
         }
     }
-    if (s->zero && loom_zero_stage(s->zero) < 3 && loom_zero_params_parted(s->zero))
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.layers (hidden-state terms) under strategy "
-                  "zero=%d with 16-bit weights is not built yet: the projections are read from "
-                  "the fp32 master, which each rank keeps only its partition of (use zero = 0 "
-                  "or 3, or precision = \"fp32\")", loom_zero_stage(s->zero));
+    if (s->zero) /* zero 1/2 with 16-bit weights: the projections' fp32 master kept whole */
+        LOOM_TRY(keep_projections(s));
     s->kd_hidden_on = 1;
     int att = cfg->kd_attention > 0.0f; /* teacher.attention: the same pairs' probabilities */
     if (s->kd_group) { /* teacher.tp across dp ranks: the group keeps each member's rows */

@@ -9,7 +9,10 @@
  * accumulation order, gathers the rows whole (loom_gpt_gather_logits) and each rank keeps
  * its own (with teacher.layers also the mapped blocks' outputs and all heads'
  * probabilities: loom_kd_group_keep_terms). The student loop then takes its micro-batches
- * from here instead of the stream.
+ * from here instead of the stream. Under pp the teacher is on the last stage only, so the
+ * group is split from that stage's dp group, and the pipelined step takes this rank's
+ * micro-batches and rows from here (session.c, distill_pipeline); under ep the dp ranks
+ * are the same processes and the (dense) teacher runs before the experts' exchanges.
  * Invariant: nothing else is in flight on the group's communicator (it is the teacher's).
  * Host memory: the rows are host memory (the CPU backend), as gpt_distill.h needs.
  */

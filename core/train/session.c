@@ -330,7 +330,8 @@ static loom_status distill_hidden_open(loom_session *s, const loom_session_confi
     if (s->kd_group) { /* teacher.tp across dp ranks: the group keeps each member's rows */
         LOOM_TRY(loom_kd_group_keep_terms(s->kd_group, mc->layers, s->kd_map, (size_t)tc->dim,
                                           att ? tc->heads : 0));
-        distill_group_terms(s, 0);
+        if (!s->pipe) /* under pp the step's buffers (kd_hstep) stay bound */
+            distill_group_terms(s, 0);
     }
     LOOM_TRY(loom_gpt_set_distill_hidden(s->model, s->kd_h, cfg->kd_hidden));
     if (!att)
@@ -380,10 +381,10 @@ static loom_status teacher_layout(loom_session *s, const loom_session_config *cf
                   "mesh.tp) or replicated (teacher.tp = 1)", n, tp);
     size_t rows = (size_t)cfg->micro_batch * cfg->seq, vp = (size_t)cfg->teacher->vocab_padded;
     if (tp == 1) { /* across dp ranks */
-        if (s->pipe || cfg->ep > 1)
-            LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.tp = %d across dp ranks with %s is not built "
-                      "yet; split the teacher over mesh.tp, or replicate it (teacher.tp = 1)", n,
-                      s->pipe ? "mesh.pp > 1" : "mesh.ep > 1");
+        if (cfg->kd_teacher_pp > 1) /* the group runs a whole teacher, not a pipeline */
+            LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.tp = %d across dp ranks with teacher.pp = %d "
+                      "is not built yet; split the teacher by pp alone (teacher.tp = 1), or "
+                      "hold it whole on the last stage (teacher.pp = 1)", n, cfg->kd_teacher_pp);
         LOOM_TRY(loom_kd_group_open(n, cfg->micro_batch, cfg->seq, cfg->accum, vp, cfg->canonical,
                                     &s->kd_group));
         par->tp_ops = loom_kd_group_strategy(s->kd_group, &par->tp_self);
@@ -493,7 +494,8 @@ static loom_status make_teacher(loom_session *s, const loom_session_config *cfg)
 }
 
 /* pp, last stage: micro-batch a's teacher block outputs and probabilities (teacher.layers,
- * teacher.attention) into the step's buffers the student's forwards read. */
+ * teacher.attention) into the step's buffers the student's forwards read: the teacher's
+ * own, or (teacher.tp across dp ranks) those the group kept for this rank. */
 static void distill_pipeline_terms(loom_session *s, int a)
 {
     const loom_gpt_config *tc = loom_gpt_get_config(s->teacher);
@@ -502,16 +504,21 @@ static void distill_pipeline_terms(loom_session *s, int a)
     for (int l = 0; s->kd_hidden_on && l < loom_gpt_get_config(s->model)->layers; l++) {
         int t = s->kd_map[l];
         if (t >= 0 && s->kd_hstep[l])
-            memcpy(s->kd_hstep[l] + (size_t)a * bt * tc->dim, loom_gpt_block_output(s->teacher, t),
+            memcpy(s->kd_hstep[l] + (size_t)a * bt * tc->dim,
+                   s->kd_group ? loom_kd_group_block_output(s->kd_group, l, a)
+                               : loom_gpt_block_output(s->teacher, t),
                    bt * (size_t)tc->dim * sizeof(float));
         if (t >= 0 && s->kd_astep[l])
-            memcpy(s->kd_astep[l] + (size_t)a * A, loom_gpt_block_attention(s->teacher, t),
+            memcpy(s->kd_astep[l] + (size_t)a * A,
+                   s->kd_group ? loom_kd_group_block_attention(s->kd_group, l, a)
+                               : loom_gpt_block_attention(s->teacher, t),
                    A * sizeof(float));
     }
 }
 
 /* pp, last stage: the teacher's rows of this dp rank's accum micro-batches of the step (a
- * teacher forward each, or the cache's records), which its forwards then distil from. */
+ * teacher forward each, the rows a teacher split across dp ranks kept for it, or the
+ * cache's records), which its forwards then distil from. */
 static loom_status distill_pipeline(loom_session *s, int accum, int dp_rank)
 {
     int B = s->cfg.micro_batch, T = s->cfg.seq, V = loom_gpt_get_config(s->model)->vocab;
@@ -527,6 +534,9 @@ static loom_status distill_pipeline(loom_session *s, int accum, int dp_rank)
                 continue;
             LOOM_TRY(teacher_rows(s, bt, &rows));
             distill_pipeline_terms(s, a); /* teacher.layers: blocks on its last stage */
+        } else if (s->kd_group) { /* run before, on the group's micro-batches (kd_group.h) */
+            rows = loom_kd_group_rows(s->kd_group, a);
+            distill_pipeline_terms(s, a);
         } else if (s->teacher) {
             LOOM_TRY(loom_gpt_forward(s->teacher, s->tokens + (size_t)a * bt, NULL, B, T, 0.0f, NULL));
             LOOM_TRY(teacher_rows(s, bt, &rows));
@@ -1041,9 +1051,16 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         /* Every rank reads every micro-batch (positions stay in step); this dp rank's block
          * goes through the pipeline, then the losses join the tree in micro-batch order. */
         size_t bt = (size_t)B * T;
+        if (s->kd_group) /* the last stage: the group reads them and runs the split teacher */
+            LOOM_TRY(loom_kd_group_step(s->kd_group, s->teacher, next, ctx));
         for (int i = 0; i < accum * dp; i++) {
             size_t at = (size_t)(i / accum == dp_rank ? i % accum : accum) * bt; /* accum: scratch */
-            LOOM_TRY(next(ctx, s->tokens + at, s->targets + at, B, T));
+            if (!s->kd_group) {
+                LOOM_TRY(next(ctx, s->tokens + at, s->targets + at, B, T));
+            } else if (at < (size_t)accum * bt) { /* this rank's, as the group read them */
+                memcpy(s->tokens + at, loom_kd_group_tokens(s->kd_group, i), bt * sizeof(int));
+                memcpy(s->targets + at, loom_kd_group_targets(s->kd_group, i), bt * sizeof(int));
+            }
         }
         if (s->kd_step || s->teacher_pipe) /* the last stage distils: its teacher's rows of
                                              * the step first (teacher.pp: every stage runs) */

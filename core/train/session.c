@@ -381,12 +381,10 @@ static loom_status teacher_layout(loom_session *s, const loom_session_config *cf
                   "mesh.tp) or replicated (teacher.tp = 1)", n, tp);
     size_t rows = (size_t)cfg->micro_batch * cfg->seq, vp = (size_t)cfg->teacher->vocab_padded;
     if (tp == 1) { /* across dp ranks */
-        if (cfg->kd_teacher_pp > 1) /* the group runs a whole teacher, not a pipeline */
-            LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.tp = %d across dp ranks with teacher.pp = %d "
-                      "is not built yet; split the teacher by pp alone (teacher.tp = 1), or "
-                      "hold it whole on the last stage (teacher.pp = 1)", n, cfg->kd_teacher_pp);
-        LOOM_TRY(loom_kd_group_open(n, cfg->micro_batch, cfg->seq, cfg->accum, vp, cfg->canonical,
-                                    &s->kd_group));
+        /* teacher.pp: a group on every stage's dp ranks, the rows on the last stage's only */
+        int head = !s->pipe || loom_pipeline_stage(s->pipe) == loom_pipeline_stages(s->pipe) - 1;
+        LOOM_TRY(loom_kd_group_open(n, cfg->micro_batch, cfg->seq, cfg->accum, head ? vp : 0,
+                                    cfg->canonical, &s->kd_group));
         par->tp_ops = loom_kd_group_strategy(s->kd_group, &par->tp_self);
         return LOOM_OK;
     }
@@ -407,7 +405,7 @@ static loom_status teacher_layout(loom_session *s, const loom_session_config *cf
  * pipeline stages by a pipeline of its own on the same pp group (its blocks as even as its
  * depth allows, one micro-batch in flight). Before a step every stage runs its stage of
  * the teacher's forward over this dp rank's micro-batches (loom_pipeline_eval, as eval
- * does), the last stage keeping the logits (distill_pipeline) and, with teacher.layers,
+ * does; with teacher.tp across dp ranks over its group's, kd_group.h), the last stage keeping the logits (distill_pipeline) and, with teacher.layers,
  * the outputs and probabilities of the teacher blocks it holds (others are refused); the
  * other stages' teacher parts are their blocks and activations only. */
 static loom_status teacher_stages(loom_session *s, const loom_session_config *cfg,
@@ -516,6 +514,15 @@ static void distill_pipeline_terms(loom_session *s, int a)
     }
 }
 
+/* teacher.pp with teacher.tp across dp ranks: the group's forward of one micro-batch is
+ * this stage's part of the teacher's pipeline (kd_group.h). */
+static loom_status teacher_pipe_forward(void *ctx, const int *tokens, int B, int T)
+{
+    loom_session *s = ctx;
+    double none;
+    return loom_pipeline_eval(s->teacher_pipe, s->teacher, tokens, NULL, B, T, &none);
+}
+
 /* pp, last stage: the teacher's rows of this dp rank's accum micro-batches of the step (a
  * teacher forward each, the rows a teacher split across dp ranks kept for it, or the
  * cache's records), which its forwards then distil from. */
@@ -526,7 +533,12 @@ static loom_status distill_pipeline(loom_session *s, int accum, int dp_rank)
     size_t stride = s->teacher ? (size_t)loom_gpt_get_config(s->teacher)->vocab_padded : (size_t)V;
     for (int a = 0; a < accum; a++) {
         const float *rows;
-        if (s->teacher_pipe) { /* every stage its part of the teacher; the logits on the last */
+        if (s->kd_group) { /* run before, on the group's micro-batches (kd_group.h) */
+            if (!s->kd_step)
+                continue; /* teacher.pp: a stage before the last ran its part there */
+            rows = loom_kd_group_rows(s->kd_group, a);
+            distill_pipeline_terms(s, a);
+        } else if (s->teacher_pipe) { /* every stage its part of the teacher; the logits on the last */
             double none;
             LOOM_TRY(loom_pipeline_eval(s->teacher_pipe, s->teacher, s->tokens + (size_t)a * bt,
                                         NULL, B, T, &none));
@@ -534,9 +546,6 @@ static loom_status distill_pipeline(loom_session *s, int accum, int dp_rank)
                 continue;
             LOOM_TRY(teacher_rows(s, bt, &rows));
             distill_pipeline_terms(s, a); /* teacher.layers: blocks on its last stage */
-        } else if (s->kd_group) { /* run before, on the group's micro-batches (kd_group.h) */
-            rows = loom_kd_group_rows(s->kd_group, a);
-            distill_pipeline_terms(s, a);
         } else if (s->teacher) {
             LOOM_TRY(loom_gpt_forward(s->teacher, s->tokens + (size_t)a * bt, NULL, B, T, 0.0f, NULL));
             LOOM_TRY(teacher_rows(s, bt, &rows));
@@ -1051,8 +1060,10 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         /* Every rank reads every micro-batch (positions stay in step); this dp rank's block
          * goes through the pipeline, then the losses join the tree in micro-batch order. */
         size_t bt = (size_t)B * T;
-        if (s->kd_group) /* the last stage: the group reads them and runs the split teacher */
-            LOOM_TRY(loom_kd_group_step(s->kd_group, s->teacher, next, ctx));
+        if (s->kd_group) /* the group reads them and runs the split teacher (teacher.pp:
+                          * every stage its part; else the last stage) */
+            LOOM_TRY(loom_kd_group_step(s->kd_group, s->teacher,
+                                        s->teacher_pipe ? teacher_pipe_forward : NULL, s, next, ctx));
         for (int i = 0; i < accum * dp; i++) {
             size_t at = (size_t)(i / accum == dp_rank ? i % accum : accum) * bt; /* accum: scratch */
             if (!s->kd_group) {
@@ -1099,7 +1110,7 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         LOOM_TRY(st);
     }
     if (s->kd_group && !s->pipe) /* the step's micro-batches read, the split teacher run */
-        LOOM_TRY(loom_kd_group_step(s->kd_group, s->teacher, next, ctx));
+        LOOM_TRY(loom_kd_group_step(s->kd_group, s->teacher, NULL, NULL, next, ctx));
     for (int i = 0; !s->pipe && i < accum * dp; i++) {
         if (s->kd_group) {
             memcpy(s->tokens, loom_kd_group_tokens(s->kd_group, i), (size_t)B * T * sizeof(int));

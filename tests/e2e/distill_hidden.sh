@@ -21,7 +21,7 @@
 #    serves as a teacher (its checkpoint read without its projection);
 #  - pp = 2 (both terms on the last stage): canonical 1f1b, gpipe and zb1 give pp=1's
 #    bits, also with the teacher split by pp (teacher.pp = 2) and, at pp = 2 x dp = 2, by
-#    tp across the dp ranks (teacher.tp = 2); save + resume bitwise;
+#    tp across the dp ranks (teacher.tp = 2, with teacher.pp = 1 and 2); save + resume bitwise;
 #  - refusals: a student or teacher block out of range, attention without layers or with
 #    another head count, a cache, hidden without layers, a mapped block off pp's last
 #    stage, a teacher block off teacher.pp's last stage.
@@ -192,6 +192,9 @@ cmp -s "$tmp/pp1" "$tmp/pp2" || { echo "canonical pp=2 with both terms and teach
 "$loom" launch -n 4 "$recipe" mesh.pp=2 mesh.dp=2 comm_timeout=30 "${pc[@]}" \
   "$(kd ',layers={[1]=1},hidden=1,attention=2,tp=2')" | grep '^LOSS' > "$tmp/pp2"
 cmp -s "$tmp/pp1" "$tmp/pp2" || { echo "canonical pp=2 x dp=2 with both terms and teacher.tp=2 differs from pp=1"; paste "$tmp/pp1" "$tmp/pp2"; exit 1; }
+"$loom" launch -n 4 "$recipe" mesh.pp=2 mesh.dp=2 comm_timeout=30 "${pc[@]}" \
+  "$(kd ',layers={[1]=1},hidden=1,attention=2,tp=2,pp=2')" | grep '^LOSS' > "$tmp/pp2"
+cmp -s "$tmp/pp1" "$tmp/pp2" || { echo "canonical pp=2 x dp=2 with both terms and teacher.tp=2, teacher.pp=2 differs from pp=1"; paste "$tmp/pp1" "$tmp/pp2"; exit 1; }
 pph=$(kd ',layers={[1]=1},hidden=1,attention=2')
 "$loom" launch -n 2 "$recipe" mesh.pp=2 comm_timeout=20 steps=6 model.layers=2 \
   checkpoint.dir="$tmp/ps" checkpoint.every=3 "$pph" > "$tmp/ps.out"
@@ -199,7 +202,7 @@ pph=$(kd ',layers={[1]=1},hidden=1,attention=2')
   resume="$tmp/ps/step_00000003" "$pph" > "$tmp/pr.out"
 [ "$(grep -c '^LOSS' "$tmp/pr.out")" -eq 3 ] && cmp -s <(grep '^LOSS [456] ' "$tmp/ps.out") <(grep '^LOSS' "$tmp/pr.out") ||
   { echo "pp=2 with both terms: the resumed steps 4-6 differ"; exit 1; }
-echo "ok pp=2, both terms: canonical 1f1b, gpipe and zb1 (accum 4) give pp=1's bits, and so does the teacher split by pp (teacher.pp=2) and pp=2 x dp=2 with the teacher split by tp across the dp ranks; save at 3 + resume bitwise"
+echo "ok pp=2, both terms: canonical 1f1b, gpipe and zb1 (accum 4) give pp=1's bits, and so does the teacher split by pp (teacher.pp=2) and pp=2 x dp=2 with the teacher split by tp across the dp ranks (teacher.pp=1 and 2); save at 3 + resume bitwise"
 
 # --- export: model weights only -------------------------------------------------------------
 "$loom" ckpt export "$tmp/s/step_00000006" "$tmp/s.safetensors" > /dev/null

@@ -71,8 +71,8 @@ static loom_status group_open(loom_kd_group *g, int canonical)
     size_t micro = (size_t)g->accum * g->dp * g->bt, rows = (size_t)g->accum * g->bt * g->vp;
     g->tokens = malloc(micro * sizeof(int));
     g->targets = malloc(micro * sizeof(int));
-    g->rows = malloc(rows * sizeof(float));
-    g->blocks = malloc(2 * g->bt * g->vp * sizeof(float));
+    g->rows = malloc(rows * sizeof(float) + 1); /* + 1: vp = 0 allocates too */
+    g->blocks = malloc(2 * g->bt * g->vp * sizeof(float) + 1);
     if (!g->tokens || !g->targets || !g->rows || !g->blocks)
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the split teacher's rows (%zu MiB)",
                   (rows + 2 * g->bt * g->vp) * sizeof(float) >> 20);
@@ -177,7 +177,8 @@ static loom_status keep_terms(loom_kd_group *g, loom_gpt *teacher, int mine, int
     return LOOM_OK;
 }
 
-loom_status loom_kd_group_step(loom_kd_group *g, loom_gpt *teacher, loom_batch_fn next, void *ctx)
+loom_status loom_kd_group_step(loom_kd_group *g, loom_gpt *teacher, loom_kd_forward_fn forward,
+                               void *fctx, loom_batch_fn next, void *ctx)
 {
     for (int i = 0; i < g->accum * g->dp; i++)
         LOOM_TRY(next(ctx, g->tokens + (size_t)i * g->bt, g->targets + (size_t)i * g->bt, g->B, g->T));
@@ -185,7 +186,12 @@ loom_status loom_kd_group_step(loom_kd_group *g, loom_gpt *teacher, loom_batch_f
     for (int j = 0; j < g->n; j++)
         for (int a = 0; a < g->accum; a++) {
             const int *tok = g->tokens + (size_t)((first + j) * g->accum + a) * g->bt;
-            LOOM_TRY(loom_gpt_forward(teacher, tok, NULL, g->B, g->T, 0.0f, NULL));
+            if (forward)
+                LOOM_TRY(forward(fctx, tok, g->B, g->T));
+            else
+                LOOM_TRY(loom_gpt_forward(teacher, tok, NULL, g->B, g->T, 0.0f, NULL));
+            if (!g->vp)
+                continue; /* a stage without the teacher's head: its part run, nothing kept */
             /* every member takes part in each gather; another member's rows are dropped */
             float *whole = j == g->index ? g->rows + (size_t)a * g->bt * g->vp : g->spare;
             LOOM_TRY(loom_gpt_gather_logits(teacher, g->bt, g->blocks, whole));

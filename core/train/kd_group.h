@@ -9,7 +9,14 @@
  * accumulation order, gathers the rows whole (loom_gpt_gather_logits) and each rank keeps
  * its own (with teacher.layers also the mapped blocks' outputs and all heads'
  * probabilities: loom_kd_group_keep_terms). The student loop then takes its micro-batches
- * from here instead of the stream.
+ * from here instead of the stream. Under pp the teacher is on the last stage only, so the
+ * group is split from that stage's dp group, and the pipelined step takes this rank's
+ * micro-batches and rows from here (session.c, distill_pipeline); with teacher.pp every
+ * stage has a group over its dp ranks and each forward is that stage's part of the
+ * teacher's pipeline (the members of every stage's group run the same micro-batch in the
+ * same order, so each dp rank's pipeline carries one micro-batch at a time), the rows kept
+ * on the last stage only. Under ep the dp ranks are the same processes and the (dense)
+ * teacher runs before the experts' exchanges.
  * Invariant: nothing else is in flight on the group's communicator (it is the teacher's).
  * Host memory: the rows are host memory (the CPU backend), as gpt_distill.h needs.
  */
@@ -27,7 +34,8 @@ typedef struct loom_kd_group loom_kd_group;
 
 /* Collective over the dp group: n must divide its size (refused otherwise, naming both).
  * B*T rows a micro-batch, accum micro-batches a step per rank, vp the teacher's
- * vocab_padded (its row stride); canonical: the strategy's canonical sums. */
+ * vocab_padded (its row stride), or 0 on a pipeline stage without the teacher's head
+ * (teacher.pp: no rows kept there); canonical: the strategy's canonical sums. */
 loom_status loom_kd_group_open(int n, int B, int T, int accum, size_t vp, int canonical,
                                loom_kd_group **out);
 /* After the teacher built on its strategy is destroyed. */
@@ -44,8 +52,12 @@ const loom_strategy_ops *loom_kd_group_strategy(loom_kd_group *g, void **self);
 loom_status loom_kd_group_keep_terms(loom_kd_group *g, int L, const int *map, size_t ct,
                                      int heads);
 
-/* One step's reads and teacher forwards (above). */
-loom_status loom_kd_group_step(loom_kd_group *g, loom_gpt *teacher, loom_batch_fn next, void *ctx);
+/* One step's reads and teacher forwards (above): forward(fctx, tokens, B, T) runs the
+ * teacher on a micro-batch (NULL: loom_gpt_forward; teacher.pp: this stage's part of its
+ * pipeline); with vp = 0 its rows are neither gathered nor kept. */
+typedef loom_status (*loom_kd_forward_fn)(void *fctx, const int *tokens, int B, int T);
+loom_status loom_kd_group_step(loom_kd_group *g, loom_gpt *teacher, loom_kd_forward_fn forward,
+                               void *fctx, loom_batch_fn next, void *ctx);
 
 /* Micro-batch i of the step (0 .. accum x dp - 1, the stream's order): its tokens and
  * targets (B*T each); this rank's accumulation micro-batch a's teacher rows (B*T x vp). */

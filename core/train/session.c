@@ -276,6 +276,24 @@ static void distill_group_terms(loom_session *s, int a)
     }
 }
 
+/* teacher.layers under ZeRO 1 or 2 with 16-bit weights: each rank holds only its partition
+ * of the fp32 master, and the hidden term reads the projections distill.proj.* whole in
+ * fp32 from the model's buffer, as one rank reads its master (gpt_distill_hidden.c). So
+ * ZeRO keeps the buckets covering them gathered there (a no-op without master16). */
+static loom_status keep_projections(loom_session *s)
+{
+    const loom_param_table *t = loom_gpt_params(s->model);
+    size_t lo = t->total, hi = 0;
+    for (int i = 0; i < t->count; i++) {
+        const loom_param_entry *e = &t->entries[i];
+        if (strncmp(e->name, "distill.proj.", 13))
+            continue;
+        lo = e->offset < lo ? e->offset : lo;
+        hi = e->offset + e->numel > hi ? e->offset + e->numel : hi;
+    }
+    return loom_zero_keep_master(s->zero, lo, hi);
+}
+
 /* teacher.layers (gpt_distill.h's hidden-state terms; teacher.attention on the same pairs):
  * one rank, dp, zero, pp or tp (also with sequence parallelism), the teacher replicated or
  * split by tp or pp (its block outputs whole where they are read), any precision; the
@@ -305,17 +323,15 @@ static loom_status distill_hidden_open(loom_session *s, const loom_session_confi
             s->kd_h[l] = s->kd_hstep[l];
         }
     }
-    if (s->zero && loom_zero_stage(s->zero) < 3 && loom_zero_params_parted(s->zero))
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.layers (hidden-state terms) under strategy "
-                  "zero=%d with 16-bit weights is not built yet: the projections are read from "
-                  "the fp32 master, which each rank keeps only its partition of (use zero = 0 "
-                  "or 3, or precision = \"fp32\")", loom_zero_stage(s->zero));
+    if (s->zero) /* zero 1/2 with 16-bit weights: the projections' fp32 master kept whole */
+        LOOM_TRY(keep_projections(s));
     s->kd_hidden_on = 1;
     int att = cfg->kd_attention > 0.0f; /* teacher.attention: the same pairs' probabilities */
     if (s->kd_group) { /* teacher.tp across dp ranks: the group keeps each member's rows */
         LOOM_TRY(loom_kd_group_keep_terms(s->kd_group, mc->layers, s->kd_map, (size_t)tc->dim,
                                           att ? tc->heads : 0));
-        distill_group_terms(s, 0);
+        if (!s->pipe) /* under pp the step's buffers (kd_hstep) stay bound */
+            distill_group_terms(s, 0);
     }
     LOOM_TRY(loom_gpt_set_distill_hidden(s->model, s->kd_h, cfg->kd_hidden));
     if (!att)
@@ -365,12 +381,10 @@ static loom_status teacher_layout(loom_session *s, const loom_session_config *cf
                   "mesh.tp) or replicated (teacher.tp = 1)", n, tp);
     size_t rows = (size_t)cfg->micro_batch * cfg->seq, vp = (size_t)cfg->teacher->vocab_padded;
     if (tp == 1) { /* across dp ranks */
-        if (s->pipe || cfg->ep > 1)
-            LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.tp = %d across dp ranks with %s is not built "
-                      "yet; split the teacher over mesh.tp, or replicate it (teacher.tp = 1)", n,
-                      s->pipe ? "mesh.pp > 1" : "mesh.ep > 1");
-        LOOM_TRY(loom_kd_group_open(n, cfg->micro_batch, cfg->seq, cfg->accum, vp, cfg->canonical,
-                                    &s->kd_group));
+        /* teacher.pp: a group on every stage's dp ranks, the rows on the last stage's only */
+        int head = !s->pipe || loom_pipeline_stage(s->pipe) == loom_pipeline_stages(s->pipe) - 1;
+        LOOM_TRY(loom_kd_group_open(n, cfg->micro_batch, cfg->seq, cfg->accum, head ? vp : 0,
+                                    cfg->canonical, &s->kd_group));
         par->tp_ops = loom_kd_group_strategy(s->kd_group, &par->tp_self);
         return LOOM_OK;
     }
@@ -391,7 +405,7 @@ static loom_status teacher_layout(loom_session *s, const loom_session_config *cf
  * pipeline stages by a pipeline of its own on the same pp group (its blocks as even as its
  * depth allows, one micro-batch in flight). Before a step every stage runs its stage of
  * the teacher's forward over this dp rank's micro-batches (loom_pipeline_eval, as eval
- * does), the last stage keeping the logits (distill_pipeline) and, with teacher.layers,
+ * does; with teacher.tp across dp ranks over its group's, kd_group.h), the last stage keeping the logits (distill_pipeline) and, with teacher.layers,
  * the outputs and probabilities of the teacher blocks it holds (others are refused); the
  * other stages' teacher parts are their blocks and activations only. */
 static loom_status teacher_stages(loom_session *s, const loom_session_config *cfg,
@@ -478,7 +492,8 @@ static loom_status make_teacher(loom_session *s, const loom_session_config *cfg)
 }
 
 /* pp, last stage: micro-batch a's teacher block outputs and probabilities (teacher.layers,
- * teacher.attention) into the step's buffers the student's forwards read. */
+ * teacher.attention) into the step's buffers the student's forwards read: the teacher's
+ * own, or (teacher.tp across dp ranks) those the group kept for this rank. */
 static void distill_pipeline_terms(loom_session *s, int a)
 {
     const loom_gpt_config *tc = loom_gpt_get_config(s->teacher);
@@ -487,16 +502,30 @@ static void distill_pipeline_terms(loom_session *s, int a)
     for (int l = 0; s->kd_hidden_on && l < loom_gpt_get_config(s->model)->layers; l++) {
         int t = s->kd_map[l];
         if (t >= 0 && s->kd_hstep[l])
-            memcpy(s->kd_hstep[l] + (size_t)a * bt * tc->dim, loom_gpt_block_output(s->teacher, t),
+            memcpy(s->kd_hstep[l] + (size_t)a * bt * tc->dim,
+                   s->kd_group ? loom_kd_group_block_output(s->kd_group, l, a)
+                               : loom_gpt_block_output(s->teacher, t),
                    bt * (size_t)tc->dim * sizeof(float));
         if (t >= 0 && s->kd_astep[l])
-            memcpy(s->kd_astep[l] + (size_t)a * A, loom_gpt_block_attention(s->teacher, t),
+            memcpy(s->kd_astep[l] + (size_t)a * A,
+                   s->kd_group ? loom_kd_group_block_attention(s->kd_group, l, a)
+                               : loom_gpt_block_attention(s->teacher, t),
                    A * sizeof(float));
     }
 }
 
+/* teacher.pp with teacher.tp across dp ranks: the group's forward of one micro-batch is
+ * this stage's part of the teacher's pipeline (kd_group.h). */
+static loom_status teacher_pipe_forward(void *ctx, const int *tokens, int B, int T)
+{
+    loom_session *s = ctx;
+    double none;
+    return loom_pipeline_eval(s->teacher_pipe, s->teacher, tokens, NULL, B, T, &none);
+}
+
 /* pp, last stage: the teacher's rows of this dp rank's accum micro-batches of the step (a
- * teacher forward each, or the cache's records), which its forwards then distil from. */
+ * teacher forward each, the rows a teacher split across dp ranks kept for it, or the
+ * cache's records), which its forwards then distil from. */
 static loom_status distill_pipeline(loom_session *s, int accum, int dp_rank)
 {
     int B = s->cfg.micro_batch, T = s->cfg.seq, V = loom_gpt_get_config(s->model)->vocab;
@@ -504,7 +533,12 @@ static loom_status distill_pipeline(loom_session *s, int accum, int dp_rank)
     size_t stride = s->teacher ? (size_t)loom_gpt_get_config(s->teacher)->vocab_padded : (size_t)V;
     for (int a = 0; a < accum; a++) {
         const float *rows;
-        if (s->teacher_pipe) { /* every stage its part of the teacher; the logits on the last */
+        if (s->kd_group) { /* run before, on the group's micro-batches (kd_group.h) */
+            if (!s->kd_step)
+                continue; /* teacher.pp: a stage before the last ran its part there */
+            rows = loom_kd_group_rows(s->kd_group, a);
+            distill_pipeline_terms(s, a);
+        } else if (s->teacher_pipe) { /* every stage its part of the teacher; the logits on the last */
             double none;
             LOOM_TRY(loom_pipeline_eval(s->teacher_pipe, s->teacher, s->tokens + (size_t)a * bt,
                                         NULL, B, T, &none));
@@ -1044,9 +1078,18 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         /* Every rank reads every micro-batch (positions stay in step); this dp rank's block
          * goes through the pipeline, then the losses join the tree in micro-batch order. */
         size_t bt = (size_t)B * T;
+        if (s->kd_group) /* the group reads them and runs the split teacher (teacher.pp:
+                          * every stage its part; else the last stage) */
+            LOOM_TRY(loom_kd_group_step(s->kd_group, s->teacher,
+                                        s->teacher_pipe ? teacher_pipe_forward : NULL, s, next, ctx));
         for (int i = 0; i < accum * dp; i++) {
             size_t at = (size_t)(i / accum == dp_rank ? i % accum : accum) * bt; /* accum: scratch */
-            LOOM_TRY(next(ctx, s->tokens + at, s->targets + at, B, T));
+            if (!s->kd_group) {
+                LOOM_TRY(next(ctx, s->tokens + at, s->targets + at, B, T));
+            } else if (at < (size_t)accum * bt) { /* this rank's, as the group read them */
+                memcpy(s->tokens + at, loom_kd_group_tokens(s->kd_group, i), bt * sizeof(int));
+                memcpy(s->targets + at, loom_kd_group_targets(s->kd_group, i), bt * sizeof(int));
+            }
         }
         if (s->kd_step || s->teacher_pipe) /* the last stage distils: its teacher's rows of
                                              * the step first (teacher.pp: every stage runs) */
@@ -1085,7 +1128,7 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
         LOOM_TRY(st);
     }
     if (s->kd_group && !s->pipe) /* the step's micro-batches read, the split teacher run */
-        LOOM_TRY(loom_kd_group_step(s->kd_group, s->teacher, next, ctx));
+        LOOM_TRY(loom_kd_group_step(s->kd_group, s->teacher, NULL, NULL, next, ctx));
     for (int i = 0; !s->pipe && i < accum * dp; i++) {
         if (s->kd_group) {
             memcpy(s->tokens, loom_kd_group_tokens(s->kd_group, i), (size_t)B * T * sizeof(int));

@@ -231,12 +231,13 @@ static char *bucket_base(loom_zero *z, const zero_bucket *b, char *buf, size_t e
  * recv at the rank's own block). narrow: the master is the partition (master16), so this
  * rank's sub-block is first rounded into the 16-bit buf from it; rounding is element-wise,
  * so buf ends with the bits rounding the gathered fp32 buffer would give. */
-static loom_status gather_buckets(loom_zero *z, char *buf, size_t es, loom_dtype dt, int narrow)
+static loom_status gather_range(loom_zero *z, char *buf, size_t es, loom_dtype dt, int narrow,
+                                int k0, int k1)
 {
     loom_comm_request *req[ZERO_MAX_INFLIGHT];
     int n_req = 0;
     loom_status st = LOOM_OK;
-    for (int k = 0; k < z->n_buckets && st == LOOM_OK; k++) {
+    for (int k = k0; k <= k1 && st == LOOM_OK; k++) {
         const zero_bucket *b = &z->buckets[k];
         char *base = bucket_base(z, b, buf, es), *mine = base + (size_t)z->rank * b->sub * es;
         if (base == (char *)z->tail && !narrow) { /* past total: zeros, as allocated */
@@ -266,7 +267,7 @@ static loom_status gather_buckets(loom_zero *z, char *buf, size_t es, loom_dtype
         if (st == LOOM_OK)
             st = w;
     }
-    const zero_bucket *last = &z->buckets[z->n_buckets - 1];
+    const zero_bucket *last = &z->buckets[k1];
     if (st == LOOM_OK && bucket_base(z, last, buf, es) == (char *)z->tail) {
         if (narrow) /* host memory only (zero_device.c refuses 16-bit weights) */
             memcpy(buf + last->lo * es, z->tail, (z->total - last->lo) * es);
@@ -276,10 +277,17 @@ static loom_status gather_buckets(loom_zero *z, char *buf, size_t es, loom_dtype
     return st;
 }
 
-/* zero_master.c's whole-master gather: the fp32 buckets in place in the model's buffer. */
-loom_status zero_gather_f32(loom_zero *z)
+static loom_status gather_buckets(loom_zero *z, char *buf, size_t es, loom_dtype dt, int narrow)
 {
-    return gather_buckets(z, (char *)loom_gpt_param_data(z->model), sizeof(float), LOOM_DTYPE_F32, 0);
+    return gather_range(z, buf, es, dt, narrow, 0, z->n_buckets - 1);
+}
+
+/* zero_master.c's whole-master gather: the fp32 buckets k0 .. k1 in place in the model's
+ * buffer. */
+loom_status zero_gather_f32(loom_zero *z, int k0, int k1)
+{
+    return gather_range(z, (char *)loom_gpt_param_data(z->model), sizeof(float), LOOM_DTYPE_F32,
+                        0, k0, k1);
 }
 
 /* master16: the compute copy's dtype and its buffer (2 bytes an element). */
@@ -290,6 +298,14 @@ static loom_status gather_narrowed(loom_zero *z)
     return gather_buckets(z, c16, sizeof(uint16_t), dt, 1);
 }
 
+/* master16 after a step or a load: the compute copy, then the fp32 buckets a reader keeps
+ * whole (loom_zero_keep_master: the distillation projections). */
+static loom_status gather_master16(loom_zero *z)
+{
+    LOOM_TRY(gather_narrowed(z));
+    return zero_master_gather_kept(z);
+}
+
 loom_status loom_zero_gather_params(loom_zero *z, double *comm_ms)
 {
     if (z->stage == 3) { /* gathered unit by unit when next used */
@@ -298,7 +314,7 @@ loom_status loom_zero_gather_params(loom_zero *z, double *comm_ms)
     }
     double t0 = loom_now_ms();
     loom_status st = z->ep ? zero_ep_gather(z) /* each kind over its own group (zero_ep.c) */
-                     : z->master16 ? gather_narrowed(z)
+                     : z->master16 ? gather_master16(z)
                      : gather_buckets(z, (char *)loom_gpt_param_data(z->model), sizeof(float),
                                       LOOM_DTYPE_F32, 0);
     *comm_ms += loom_now_ms() - t0;
@@ -313,7 +329,7 @@ loom_status loom_zero_params_loaded(loom_zero *z)
         loom_zero_params_stale(z);
         return LOOM_OK;
     }
-    return z->master16 ? gather_narrowed(z) : LOOM_OK;
+    return z->master16 ? gather_master16(z) : LOOM_OK;
 }
 
 void loom_zero_memory(const loom_zero *z, loom_memory *out)
@@ -322,7 +338,7 @@ void loom_zero_memory(const loom_zero *z, loom_memory *out)
     out->optimizer = z->state ? z->state_floats * sizeof(float) : 0;
     out->grads = z->reduces ? z->part * sizeof(float) : 0;
     out->grads_peak_resident = z->resident_peak;
-    out->params = z->part_params ? z->part * sizeof(float) : 0;
+    out->params = z->part_params ? (z->part + zero_master_kept_floats(z)) * sizeof(float) : 0;
     out->params_offloaded = z->store ? z->part * sizeof(float) : 0;
     out->params_peak_resident = z->params_peak;
     out->comm = ((size_t)ZERO_ALIGN * (size_t)z->n * (z->tail3 ? 2 : 1) + z->staging_floats +

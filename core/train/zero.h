@@ -157,6 +157,13 @@ int loom_zero_params_parted(const loom_zero *z);
  * the whole fp32 master (llm.c save, export_safetensors), between the two. */
 loom_status loom_zero_master_gather(loom_zero *z);
 void loom_zero_master_release(loom_zero *z);
+/* Stages 1 and 2 with master16 (a no-op otherwise): the elements [lo, hi) of the model's
+ * fp32 buffer read whole by the passes on every rank (the distillation projections,
+ * gpt_distill_hidden.c). The buckets covering them are all-gathered in fp32 now and after
+ * every step and load (each rank's values from its partition: the bits of the master
+ * whole) and their pages are kept; loom_zero_memory counts them with the master. A
+ * collective over dp: every rank calls it with the same range. */
+loom_status loom_zero_keep_master(loom_zero *z, size_t lo, size_t hi);
 /* After a load wrote this rank's partition of the parameters: stage 1/2 with master16
  * all-gathers the compute copy from it (a collective over dp); stage 3 marks the units
  * stale. */

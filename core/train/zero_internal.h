@@ -95,6 +95,8 @@ struct loom_zero {
     struct zero_ep *ep;  /* expert parallelism: stage 1's two packed partitions (zero_ep.c) */
     int master16;        /* stages 1, 2 with 16-bit weights: part_params is the fp32 master
                           * and the model's fp32 buffer is address space (zero_master.c) */
+    int kept, kept_first, kept_last; /* master16: buckets kept_first .. kept_last of that
+                          * buffer are kept whole in fp32 for a reader (loom_zero_keep_master) */
     /* a device backend (zero_device.c): state, part_grads, staging and tail are its
      * memory; comm/dp are the device dp group, hcomm/hdp the host one (the norm's
      * exchange); host_state the state's host mirror. Host memory: hcomm = comm. */
@@ -131,9 +133,14 @@ loom_status zero_master_init(loom_zero *z);
  * A/B the tests and scripts/bench-zero-layouts compare against); unset or "part": the
  * partition. */
 int zero_master_whole(void);
-/* zero.c: every bucket all-gathered in fp32 in place in the model's buffer (each rank's
- * sub-blocks already written there): what stages 1 and 2 do after a step in fp32. */
-loom_status zero_gather_f32(loom_zero *z);
+/* zero.c: buckets k0 .. k1 all-gathered in fp32 in place in the model's buffer (each
+ * rank's sub-blocks already written there): what stages 1 and 2 do after a step in fp32. */
+loom_status zero_gather_f32(loom_zero *z, int k0, int k1);
+/* zero_master.c, master16: the kept buckets (loom_zero_keep_master) whole again from the
+ * partitions (a collective over dp; nothing when none is kept), after every step's and
+ * load's gather of the compute copy; the floats they span in the model's buffer. */
+loom_status zero_master_gather_kept(loom_zero *z);
+size_t zero_master_kept_floats(const loom_zero *z);
 void zero_params_free(loom_zero *z);
 /* zero_ep.c: stage 1 under expert parallelism — the dense entries partitioned over dp,
  * the experts' over their edp group, each packed (zero.h). */

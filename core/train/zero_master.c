@@ -21,12 +21,13 @@
 
 #include "base/status.h"
 
-/* This rank's sub-block of every bucket between the model's flat buffer and the
+/* This rank's sub-block of buckets k0 .. k1 between the model's flat buffer and the
  * partition: into the partition (to_part = 1) or back where it belongs in the buffer; the
  * padding past the buffer's end only in the partition. */
-static void copy_sub_blocks(const loom_zero *z, float *params, float *part, int to_part)
+static void copy_sub_blocks(const loom_zero *z, float *params, float *part, int to_part, int k0,
+                            int k1)
 {
-    for (int k = 0; k < z->n_buckets; k++) {
+    for (int k = k0; k <= k1; k++) {
         const zero_bucket *b = &z->buckets[k];
         size_t a = b->lo + (size_t)z->rank * b->sub, e = a + b->sub;
         if (a >= z->total)
@@ -39,9 +40,30 @@ static void copy_sub_blocks(const loom_zero *z, float *params, float *part, int 
     }
 }
 
+/* The elements [lo, hi) of the model's buffer the kept buckets span (lo = hi = total: none). */
+static void kept_span(const loom_zero *z, size_t *lo, size_t *hi)
+{
+    *lo = *hi = z->total;
+    if (!z->kept)
+        return;
+    const zero_bucket *f = &z->buckets[z->kept_first], *l = &z->buckets[z->kept_last];
+    *lo = f->lo;
+    *hi = l->lo + l->len < z->total ? l->lo + l->len : z->total;
+}
+
+/* The fp32 buffer's pages handed back to the OS, but for the kept buckets' (a page they
+ * share with a neighbour stays too: zero_drop_pages drops whole pages only). */
+static void drop_unkept(loom_zero *z)
+{
+    size_t lo, hi;
+    kept_span(z, &lo, &hi);
+    zero_drop_pages(z, 0, lo);
+    zero_drop_pages(z, hi, z->total);
+}
+
 void zero_copy_partition(const loom_zero *z, const float *params, float *part)
 {
-    copy_sub_blocks(z, (float *)params, part, 1);
+    copy_sub_blocks(z, (float *)params, part, 1, 0, z->n_buckets - 1);
 }
 
 int zero_master_whole(void)
@@ -60,7 +82,7 @@ loom_status zero_master_init(loom_zero *z)
     zero_copy_partition(z, loom_gpt_param_data(z->model), z->part_params);
     LOOM_TRY(loom_gpt_set_master_elsewhere(z->model, 1));
     z->master16 = 1;
-    zero_drop_pages(z, 0, z->total);
+    drop_unkept(z);
     return LOOM_OK;
 }
 
@@ -72,7 +94,7 @@ loom_status loom_zero_params_written(loom_zero *z)
     LOOM_TRY(loom_gpt_set_master_elsewhere(z->model, 0)); /* the compute copy from it */
     loom_gpt_refresh_all_params(z->model);
     LOOM_TRY(loom_gpt_set_master_elsewhere(z->model, 1));
-    zero_drop_pages(z, 0, z->total);
+    drop_unkept(z); /* the kept buckets hold the values written, as every rank's */
     return LOOM_OK;
 }
 
@@ -84,12 +106,51 @@ loom_status loom_zero_master_gather(loom_zero *z)
 {
     if (!z->master16)
         return LOOM_OK;
-    copy_sub_blocks(z, loom_gpt_param_data(z->model), z->part_params, 0);
-    return zero_gather_f32(z);
+    copy_sub_blocks(z, loom_gpt_param_data(z->model), z->part_params, 0, 0, z->n_buckets - 1);
+    return zero_gather_f32(z, 0, z->n_buckets - 1);
 }
 
 void loom_zero_master_release(loom_zero *z)
 {
     if (z->master16)
-        zero_drop_pages(z, 0, z->total);
+        drop_unkept(z);
+}
+
+/* The kept buckets whole: each rank's sub-blocks from its partition into the buffer, then
+ * those buckets all-gathered in fp32 (the values the partitions hold, so the range ends
+ * bitwise what LOOM_ZERO_MASTER=whole's buffer holds there). */
+loom_status zero_master_gather_kept(loom_zero *z)
+{
+    if (!z->kept)
+        return LOOM_OK;
+    copy_sub_blocks(z, loom_gpt_param_data(z->model), z->part_params, 0, z->kept_first,
+                    z->kept_last);
+    return zero_gather_f32(z, z->kept_first, z->kept_last);
+}
+
+loom_status loom_zero_keep_master(loom_zero *z, size_t lo, size_t hi)
+{
+    if (!z->master16 || hi <= lo)
+        return LOOM_OK;
+    if (hi > z->total)
+        LOOM_FAIL(LOOM_ERR_INVALID, "loom_zero_keep_master: [%zu, %zu) runs past the %zu "
+                  "parameters", lo, hi, z->total);
+    for (int k = 0; k < z->n_buckets; k++) {
+        const zero_bucket *b = &z->buckets[k];
+        if (b->lo >= hi || b->lo + b->len <= lo)
+            continue;
+        if (!z->kept || k < z->kept_first) /* several ranges: the buckets spanning them all */
+            z->kept_first = k;
+        if (!z->kept || k > z->kept_last)
+            z->kept_last = k;
+        z->kept = 1;
+    }
+    return zero_master_gather_kept(z); /* the pages were dropped at start-up */
+}
+
+size_t zero_master_kept_floats(const loom_zero *z)
+{
+    size_t lo, hi;
+    kept_span(z, &lo, &hi);
+    return hi - lo;
 }

@@ -22,9 +22,11 @@
 #  - the student at tp = 2 (the term on whole rows gathered over the group), the teacher
 #    replicated or split over the student's tp group (teacher.tp = 2): canonical mode gives
 #    tp = 1's bits, fast mode within 1e-4 of one rank; the student at dp = 2 with the
-#    teacher split across its dp ranks (teacher.tp = 2): canonical mode gives one rank's bits;
+#    teacher split across its dp ranks (teacher.tp = 2): canonical mode gives one rank's bits,
+#    also at pp = 2 x dp = 2 (the teacher whole on the last stage, or split by pp too) and
+#    (a MoE student) dp = 2 x ep = 2;
 #  - refusals: a teacher without weights, teacher.layers out of range (more: distill_hidden.sh),
-#    teacher.tp not dividing dp, teacher.tp across dp ranks with pp, teacher.tp with a cache,
+#    teacher.tp not dividing dp, teacher.tp with a cache,
 #    teacher.pp other than mesh.pp, teacher.pp with a cache.
 set -euo pipefail
 loom=$1
@@ -157,16 +159,13 @@ refuse layers 'teacher.layers: student block 1 is not an integer' "$loom" run "$
   "teacher={checkpoint=\"$tmp/teacher\",layers={[1]=2}}"
 refuse teacher-tp-dp 'teacher.tp = 2 with mesh.dp = 1 is not built' "$loom" run "$recipe" \
   steps=1 "teacher={checkpoint=\"$tmp/teacher\",tp=2}"
-refuse teacher-tp-pp 'teacher.tp = 2 across dp ranks with mesh.pp > 1 is not built yet' \
-  "$loom" launch -n 2 "$recipe" steps=1 model.layers=2 mesh.pp=2 comm_timeout=20 \
-  "teacher={checkpoint=\"$tmp/teacher\",tp=2}"
 refuse teacher-tp-cache 'a cache runs no teacher to split' "$loom" run "$recipe" steps=1 \
   "teacher={cache=\"$tmp/full.kdc\",tp=2}"
 refuse teacher-pp 'teacher.pp = 2 with mesh.pp = 1 is not built' "$loom" run "$recipe" \
   steps=1 "teacher={checkpoint=\"$tmp/teacher\",pp=2}"
 refuse teacher-pp-cache 'teacher.pp = 2 with teacher.cache: a cache runs no teacher' \
   "$loom" run "$recipe" steps=1 "teacher={cache=\"$tmp/full.kdc\",pp=2}"
-echo "ok refused: a teacher without weights, a student block out of range (teacher.layers), teacher.tp not dividing dp, teacher.tp across dp with pp, teacher.tp with a cache, teacher.pp other than mesh.pp, teacher.pp with a cache"
+echo "ok refused: a teacher without weights, a student block out of range (teacher.layers), teacher.tp not dividing dp, teacher.tp with a cache, teacher.pp other than mesh.pp, teacher.pp with a cache"
 
 # --- the student at tp = 2, the teacher replicated or split over its tp group (teacher.tp) ---
 # canonical mode: tp=1's bits both ways (the term runs on the gathered whole rows); fast mode
@@ -193,5 +192,25 @@ dpt=(steps=6 deterministic=canonical batch.micro=4 batch.global=16)
 finite_losses "$tmp/dpt1"
 [ "$(grep -c '^LOSS' "$tmp/dpt2")" -eq 6 ] && cmp -s "$tmp/dpt1" "$tmp/dpt2" ||
   { echo "canonical distillation: dp=2 with teacher.tp=2 differs from one rank"; paste "$tmp/dpt1" "$tmp/dpt2"; exit 1; }
-echo "ok student at dp=2, teacher split across the dp ranks (teacher.tp=2): canonical bitwise one rank over 6 steps (accum 2)"
+# the same under pp (pp = 2 x dp = 2: the last stage's two dp ranks split the teacher and
+# run it before the pipeline, distill_pipeline takes each rank's rows; with teacher.pp = 2
+# as well each stage's dp ranks split their part of its pipeline) and under ep (a 4-expert
+# top-2 MoE student, dp = 2 x ep = 2): canonical mode gives one rank's bits
+"$loom" run "$recipe" "${dpt[@]}" model.layers=2 "$k2" | grep '^LOSS' > "$tmp/dpp1"
+cp "$tmp/dpp1" "$tmp/dtp1"
+"$loom" launch -n 4 "$recipe" "${dpt[@]}" model.layers=2 mesh.pp=2 mesh.dp=2 comm_timeout=30 \
+  "$kt" | grep '^LOSS' > "$tmp/dpp2"
+"$loom" launch -n 4 "$recipe" "${dpt[@]}" model.layers=2 mesh.pp=2 mesh.dp=2 comm_timeout=30 \
+  "teacher={checkpoint=\"$tmp/teacher\",temperature=2,alpha=0.5,tp=2,pp=2}" |
+  grep '^LOSS' > "$tmp/dtp2"
+moe=(model.moe.experts=4 model.moe.top_k=2)
+"$loom" run "$recipe" "${dpt[@]}" "${moe[@]}" "$k2" | grep '^LOSS' > "$tmp/dpe1"
+"$loom" launch -n 2 "$recipe" "${dpt[@]}" "${moe[@]}" mesh.dp=2 mesh.ep=2 comm_timeout=20 "$kt" |
+  grep '^LOSS' > "$tmp/dpe2"
+for f in dpp dtp dpe; do
+  finite_losses "$tmp/${f}1"
+  [ "$(grep -c '^LOSS' "$tmp/${f}1")" -eq 6 ] && cmp -s "$tmp/${f}1" "$tmp/${f}2" ||
+    { echo "canonical distillation, teacher.tp=2 across dp ($f): differs from one rank"; paste "$tmp/${f}1" "$tmp/${f}2"; exit 1; }
+done
+echo "ok student at dp=2, teacher split across the dp ranks (teacher.tp=2): canonical bitwise one rank over 6 steps (accum 2), also at pp=2 x dp=2 (2 blocks; teacher.pp=1 and 2) and dp=2 x ep=2 (MoE)"
 echo "ok student at tp=2: canonical bitwise tp=1 over 6 steps, teacher replicated and split (teacher.tp=2); fast, teacher split: max |loss diff| vs one rank $d over 10 steps"

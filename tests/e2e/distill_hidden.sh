@@ -14,11 +14,14 @@
 #    resume bitwise, canonical dp=1 = dp=2 bitwise, recompute full / selective bitwise;
 #  - under ZeRO (stages 1 and 3, accumulation 2), with the teacher split by tp across the
 #    dp ranks (teacher.tp = 2) and in bf16 / fp16 (both terms): canonical dp=2 gives dp=1's
-#    bits; bf16 within 5e-3 of fp32 over 6 steps;
+#    bits; bf16 within 5e-3 of fp32 over 6 steps; bf16 zero=1 and zero=2 (the fp32 master
+#    partitioned, the projections' buckets kept whole): canonical dp=2 gives dp=1's bits,
+#    fast dp=2 zero=0's, and a zero=1 save at 3 + resume is bitwise;
 #  - loom ckpt export and loom export --llmc of the student write no projection, and it
 #    serves as a teacher (its checkpoint read without its projection);
 #  - pp = 2 (both terms on the last stage): canonical 1f1b, gpipe and zb1 give pp=1's
-#    bits, also with the teacher split by pp (teacher.pp = 2); save + resume bitwise;
+#    bits, also with the teacher split by pp (teacher.pp = 2) and, at pp = 2 x dp = 2, by
+#    tp across the dp ranks (teacher.tp = 2, with teacher.pp = 1 and 2); save + resume bitwise;
 #  - refusals: a student or teacher block out of range, attention without layers or with
 #    another head count, a cache, hidden without layers, a mapped block off pp's last
 #    stage, a teacher block off teacher.pp's last stage.
@@ -139,14 +142,36 @@ done
 cmp -s "$tmp/z1" "$tmp/z2" || { echo "canonical both terms, teacher.tp=2 across dp=2: differs from dp=1"; paste "$tmp/z1" "$tmp/z2"; exit 1; }
 for p in bf16 fp16; do
   "$loom" run "$recipe" precision=$p "${acanon[@]}" | grep '^LOSS' > "$tmp/p1"
-  "$loom" launch -n 2 "$recipe" precision=$p mesh.dp=2 comm_timeout=20 "${acanon[@]}" |
-    grep '^LOSS' > "$tmp/p2"
   finite_losses "$tmp/p1"
-  cmp -s "$tmp/p1" "$tmp/p2" || { echo "canonical $p with both terms: dp=2 differs from dp=1"; exit 1; }
+  # bf16 under zero 1 and 2 as well: each rank keeps only its partition of the fp32 master,
+  # and the projections' buckets are gathered whole in fp32 after every step (zero_master.c)
+  for z in 0 $([ $p = bf16 ] && echo 1 2); do
+    "$loom" launch -n 2 "$recipe" precision=$p mesh.dp=2 strategy.zero=$z comm_timeout=20 \
+      "${acanon[@]}" | grep '^LOSS' > "$tmp/p2"
+    cmp -s "$tmp/p1" "$tmp/p2" || { echo "canonical $p zero=$z with both terms: dp=2 differs from dp=1"; exit 1; }
+  done
   [ $p = bf16 ] && d16=$(max_loss_diff "$tmp/ac1" "$tmp/p1")
 done
 below "$d16" 5e-3 || { echo "bf16 with both terms differs from fp32 by $d16"; exit 1; }
-echo "ok both terms: canonical zero=1 and zero=3 (accum 2), teacher.tp=2 across the dp ranks, bf16 and fp16 dp=2 give dp=1's bits; bf16 within $d16 of fp32"
+echo "ok both terms: canonical zero=1 and zero=3 (accum 2), teacher.tp=2 across the dp ranks, bf16 and fp16 dp=2 (bf16 also zero=1, zero=2) give dp=1's bits; bf16 within $d16 of fp32"
+# fast bf16, the hidden term, accum 2: zero=1 and zero=2 (the fp32 master partitioned, the
+# projections' buckets kept whole) give zero=0's bits; zero=1 saved at 3 and resumed (the
+# load gathers them again from the partitions) gives steps 4-6 bitwise
+zf=(steps=6 batch.micro=2 batch.global=8 precision=bf16 mesh.dp=2 comm_timeout=20 "$hid")
+"$loom" launch -n 2 "$recipe" "${zf[@]}" | grep '^LOSS' > "$tmp/zf0"
+finite_losses "$tmp/zf0"
+[ "$(grep -c '^LOSS' "$tmp/zf0")" -eq 6 ] || { echo "bf16 zero=0 dp=2: not 6 steps"; exit 1; }
+"$loom" launch -n 2 "$recipe" "${zf[@]}" strategy.zero=1 checkpoint.dir="$tmp/zs" \
+  checkpoint.every=3 | grep '^LOSS' > "$tmp/zf1"
+"$loom" launch -n 2 "$recipe" "${zf[@]}" strategy.zero=2 | grep '^LOSS' > "$tmp/zf2"
+for z in 1 2; do
+  cmp -s "$tmp/zf0" "$tmp/zf$z" || { echo "bf16 zero=$z with teacher.layers differs from zero=0"; paste "$tmp/zf0" "$tmp/zf$z"; exit 1; }
+done
+"$loom" launch -n 2 "$recipe" "${zf[@]}" strategy.zero=1 resume="$tmp/zs/step_00000003" |
+  grep '^LOSS' > "$tmp/zr"
+[ "$(grep -c '^LOSS' "$tmp/zr")" -eq 3 ] && cmp -s <(grep '^LOSS [456] ' "$tmp/zf0") "$tmp/zr" ||
+  { echo "bf16 zero=1 with teacher.layers: the resumed steps 4-6 differ"; exit 1; }
+echo "ok bf16 with teacher.layers: zero=1 and zero=2 dp=2 give zero=0's bits (accum 2); zero=1 save at 3 + resume, steps 4-6 bitwise"
 
 # --- pp: the terms on the last stage (a 2-block student, its block 1 against teacher block 1) -
 pc=(steps=4 model.layers=2 deterministic=canonical batch.micro=2 batch.global=8 # accum 4
@@ -162,6 +187,14 @@ done
 "$loom" launch -n 2 "$recipe" mesh.pp=2 comm_timeout=20 "${pc[@]}" \
   "$(kd ',layers={[1]=1},hidden=1,attention=2,pp=2')" | grep '^LOSS' > "$tmp/pp2"
 cmp -s "$tmp/pp1" "$tmp/pp2" || { echo "canonical pp=2 with both terms and teacher.pp=2 differs from pp=1"; paste "$tmp/pp1" "$tmp/pp2"; exit 1; }
+# the teacher split by tp across the last stage's two dp ranks (pp = 2 x dp = 2, accum 2):
+# each rank's block outputs and probabilities the group kept, copied into the step's buffers
+"$loom" launch -n 4 "$recipe" mesh.pp=2 mesh.dp=2 comm_timeout=30 "${pc[@]}" \
+  "$(kd ',layers={[1]=1},hidden=1,attention=2,tp=2')" | grep '^LOSS' > "$tmp/pp2"
+cmp -s "$tmp/pp1" "$tmp/pp2" || { echo "canonical pp=2 x dp=2 with both terms and teacher.tp=2 differs from pp=1"; paste "$tmp/pp1" "$tmp/pp2"; exit 1; }
+"$loom" launch -n 4 "$recipe" mesh.pp=2 mesh.dp=2 comm_timeout=30 "${pc[@]}" \
+  "$(kd ',layers={[1]=1},hidden=1,attention=2,tp=2,pp=2')" | grep '^LOSS' > "$tmp/pp2"
+cmp -s "$tmp/pp1" "$tmp/pp2" || { echo "canonical pp=2 x dp=2 with both terms and teacher.tp=2, teacher.pp=2 differs from pp=1"; paste "$tmp/pp1" "$tmp/pp2"; exit 1; }
 pph=$(kd ',layers={[1]=1},hidden=1,attention=2')
 "$loom" launch -n 2 "$recipe" mesh.pp=2 comm_timeout=20 steps=6 model.layers=2 \
   checkpoint.dir="$tmp/ps" checkpoint.every=3 "$pph" > "$tmp/ps.out"
@@ -169,7 +202,7 @@ pph=$(kd ',layers={[1]=1},hidden=1,attention=2')
   resume="$tmp/ps/step_00000003" "$pph" > "$tmp/pr.out"
 [ "$(grep -c '^LOSS' "$tmp/pr.out")" -eq 3 ] && cmp -s <(grep '^LOSS [456] ' "$tmp/ps.out") <(grep '^LOSS' "$tmp/pr.out") ||
   { echo "pp=2 with both terms: the resumed steps 4-6 differ"; exit 1; }
-echo "ok pp=2, both terms: canonical 1f1b, gpipe and zb1 (accum 4) give pp=1's bits, and so does the teacher split by pp (teacher.pp=2); save at 3 + resume bitwise"
+echo "ok pp=2, both terms: canonical 1f1b, gpipe and zb1 (accum 4) give pp=1's bits, and so does the teacher split by pp (teacher.pp=2) and pp=2 x dp=2 with the teacher split by tp across the dp ranks (teacher.pp=1 and 2); save at 3 + resume bitwise"
 
 # --- export: model weights only -------------------------------------------------------------
 "$loom" ckpt export "$tmp/s/step_00000006" "$tmp/s.safetensors" > /dev/null
@@ -203,6 +236,4 @@ refuse pp 'under pp: student block 0 is not in the last stage'"'"'s last chunk' 
   "$loom" launch -n 2 "$recipe" steps=1 model.layers=2 mesh.pp=2 comm_timeout=20 "$hid"
 refuse teacher-pp 'teacher.layers: the teacher'"'"'s block 0 output is not held whole here (another stage'"'"'s: with teacher.pp' \
   "$loom" launch -n 2 "$recipe" steps=1 model.layers=2 mesh.pp=2 comm_timeout=20 "$(kd ',layers={[1]=0},pp=2')"
-refuse zero1-bf16 'teacher.layers (hidden-state terms) under strategy zero=1 with 16-bit weights is not built yet' \
-  "$loom" launch -n 2 "$recipe" steps=1 mesh.dp=2 strategy.zero=1 precision=bf16 comm_timeout=20 "$hid"
-echo "ok refused: student / teacher block out of range, attention without layers or with 4 heads against 2, hidden without layers, hidden < 0, a cache, a block off pp's last stage, a teacher block off teacher.pp's last stage, teacher.layers under zero=1 with bf16 weights (the fp32 master partitioned)"
+echo "ok refused: student / teacher block out of range, attention without layers or with 4 heads against 2, hidden without layers, hidden < 0, a cache, a block off pp's last stage, a teacher block off teacher.pp's last stage"

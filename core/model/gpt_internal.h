@@ -129,8 +129,10 @@ struct loom_gpt {
     const float *kd_step_rows;         /* rows), and the teacher's rows in the same order */
     size_t kd_rows;
     float kd_T, kd_alpha;
-    float *kd_grad;                    /* (R,Vl) host: alpha dloss d kd / d z_s */
+    float *kd_grad;                    /* (R,Vl) alpha dloss d kd / d z_s: host, or the
+                                        * backend's on a device backend (kd_rows op) */
     double *kd_loss;                   /* (R) host */
+    double *kd_dev_loss;               /* (R) the backend's: kd_rows' rows on a device, else NULL */
     /* hidden-state terms (gpt_distill.h): the teacher's block outputs per student block
      * (kd_h[l], NULL: unmapped; a pipeline stage: the step's rows, chosen by the targets
      * as gpt_distill_select does), beta, and what the forward left in its activation slot

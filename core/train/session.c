@@ -597,6 +597,31 @@ static loom_status bind_tensor_backend(loom_session *s)
     return t->set_backend(s->tensor_self, s->backend.ops, s->backend.self);
 }
 
+/* A teacher in device memory (docs/DISTILL.md): the logit term (the backend's kd_rows op),
+ * the teacher replicated, forward only, at one rank or mesh.dp (canonical too). What still
+ * reads the model's buffers as host memory, or is not tested there, is named; NULL: none. */
+static const char *device_teacher_refusal(const loom_session_config *cfg, int pp)
+{
+    if (!cfg->teacher && !cfg->kd_cache)
+        return NULL;
+    const loom_gpt_config *t = cfg->teacher;
+    return cfg->kd_cache ? "teacher.cache (its rows are read into host memory)"
+         : cfg->kd_teacher_tp > 1 ? "teacher.tp > 1 (the split teacher's rows are gathered on the host)"
+         : cfg->kd_teacher_pp > 1 ? "teacher.pp > 1"
+         : pp > 1 ? "a teacher beside mesh.pp (the step's teacher rows are kept in host memory)"
+         : cfg->tensor ? "a teacher beside mesh.tp (the vocabulary rows are gathered on the host)"
+         : cfg->ep > 1 ? "a teacher beside mesh.ep"
+         : cfg->kd_layers ? "teacher.layers or teacher.attention (the hidden-state and "
+                            "attention terms read host memory)"
+         : cfg->zero_stage > 0 || cfg->offload_mode != LOOM_OFFLOAD_NONE
+             ? "a teacher beside strategy.zero or offload (untested there)"
+         : cfg->model.moe.experts || t->moe.experts ? "a teacher with a mixture of experts "
+                                                      "(untested there)"
+         : cfg->model.family == LOOM_FAMILY_LLAMA || t->family == LOOM_FAMILY_LLAMA
+             ? "a teacher with the llama family (untested there)"
+         : NULL;
+}
+
 /* A device backend (its memory is not the host's): what trains there today is one rank,
  * dp (with or without ZeRO), tp and pp (their messages over the device groups), with the
  * optimizer's step_backend; the paths that still read the model's buffers as host memory
@@ -620,12 +645,12 @@ static loom_status check_device(loom_session *s, const loom_session_config *cfg,
                        : size > 1 && cfg->zero_stage > 0 && cfg->offload_mode != LOOM_OFFLOAD_NONE
                            ? "strategy offload beside strategy.zero (offload_device.c steps the "
                              "model's whole buffers, not ZeRO's partitions)"
-                       : cfg->teacher || cfg->kd_cache ? "a distillation teacher" : NULL;
+                       : device_teacher_refusal(cfg, pp);
     if (what)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "backend %s: training in device memory with %s is not "
                   "built yet; it trains one rank, mesh.dp, mesh.tp and mesh.pp ranks, ZeRO or "
-                  "offload, mesh.ep beside mesh.dp alone (no teacher), or use backend = "
-                  "\"cpu\"", be, what);
+                  "offload, mesh.ep beside mesh.dp alone, a teacher's logit term at one rank "
+                  "or mesh.dp (docs/DISTILL.md), or use backend = \"cpu\"", be, what);
     if (size > 1 && !s->device_groups)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "backend %s with %d ranks has no device groups "
                   "(loom_dist_device_open)", be, size);

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# cuda_distill.sh LOOM BACKEND STEPS TOL — knowledge distillation (teacher = {...},
+# docs/DISTILL.md) in a device backend's memory: the teacher on the same backend, forward
+# only, the logit term on the backend's kd_rows op (kernels/cuda/distill.cu). On
+# recipes/cuda_train.lua's 1-block student, from a 2-block dim-48 teacher trained 3 steps on
+# the CPU (its checkpoint):
+#  - T = 2, alpha = 0.7: every step's loss and gradient norm within TOL of the CPU backend's
+#    distilled run, and not the device's undistilled losses (a term that did nothing fails);
+#  - a teacher equal to the student (its own device checkpoint at step 2, resumed there),
+#    T = 1, alpha = 1: step 3's loss is the KL alone, exactly 0;
+#  - canonical mode: dp = 2 (two ranks, each its own teacher) gives one device rank's losses
+#    and norms bitwise (batch.micro = 1, batch.global = 2);
+#  - what does not run there is refused by name: teacher.layers, teacher.cache, a teacher
+#    beside mesh.tp.
+# BACKEND cudaemu (tests/cuda's emulation, run under LOOM_CUDAEMU_GUARD=1: a host read of a
+# device buffer segfaults) runs everywhere; cuda needs a GPU: exit 77 (skip) without one.
+set -euo pipefail
+loom=$1 backend=$2 steps=$3 tol=$4
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/lib.sh"
+recipe=$here/recipes/cuda_train.lua
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+export OMP_WAIT_POLICY=passive
+
+"$loom" run "$recipe" backend=cpu steps=3 model.layers=2 model.dim=48 checkpoint.dir="$tmp/teach" \
+  checkpoint.every=3 > /dev/null
+kd="teacher={checkpoint=\"$tmp/teach\",temperature=2,alpha=0.7}"
+if ! "$loom" run "$recipe" backend="$backend" steps="$steps" "$kd" > "$tmp/dev" 2> "$tmp/dev.err"; then
+  if grep -q "not usable here\|no CUDA device" "$tmp/dev.err"; then
+    echo "SKIP: no GPU here, backend=$backend did not train: $(head -1 "$tmp/dev.err")"
+    exit 77
+  fi
+  cat "$tmp/dev.err"; exit 1
+fi
+"$loom" run "$recipe" backend=cpu steps="$steps" "$kd" > "$tmp/cpu"
+runs_close "backend=$backend vs cpu, distilled (T = 2, alpha = 0.7)" "$tmp/cpu" "$tmp/dev" "$steps" \
+  "$tol" || exit 1
+"$loom" run "$recipe" backend="$backend" steps="$steps" > "$tmp/plain"
+d=$(max_loss_diff "$tmp/plain" "$tmp/dev")
+below 0.1 "$d" || { echo "backend=$backend: distilled losses within $d of the undistilled run's"; exit 1; }
+echo "backend=$backend: the distilled losses differ from the undistilled run's by up to $d"
+
+# teacher = student (its device checkpoint at step 2, resumed), T = 1, alpha = 1: KL 0 exactly
+"$loom" run "$recipe" backend="$backend" steps=2 checkpoint.dir="$tmp/self" checkpoint.every=2 > /dev/null
+"$loom" run "$recipe" backend="$backend" steps=3 resume="$tmp/self/step_00000002" \
+  "teacher={checkpoint=\"$tmp/self/step_00000002\",temperature=1,alpha=1}" > "$tmp/self.out"
+grep -q '^LOSS 3 0x0p+0 0.000000000$' "$tmp/self.out" ||
+  { echo "backend=$backend, teacher = student (T = 1, alpha = 1): step 3's loss is not 0"; grep LOSS "$tmp/self.out"; exit 1; }
+echo "backend=$backend: teacher = student (T = 1, alpha = 1): step 3's loss exactly 0"
+
+# canonical dp = 2 (each rank its own teacher, its own micro-batch) bitwise one device rank
+args=(backend="$backend" steps="$steps" batch.micro=1 batch.global=2 deterministic=canonical "$kd")
+"$loom" run "$recipe" "${args[@]}" > "$tmp/one"
+"$loom" launch -n 2 "$recipe" "${args[@]}" comm=shm mesh.dp=2 > "$tmp/dp" 2> "$tmp/dp.err" ||
+  { cat "$tmp/dp.err"; exit 1; }
+grep '^LOSS\|^NORM' "$tmp/one" > "$tmp/want"
+grep '^LOSS\|^NORM' "$tmp/dp" > "$tmp/got" || true
+[[ $(grep -c '^LOSS' "$tmp/want") -eq $steps ]] && finite_losses "$tmp/want" ||
+  { echo "one rank, canonical, distilled: not $steps finite losses"; cat "$tmp/one"; exit 1; }
+cmp -s "$tmp/want" "$tmp/got" ||
+  { echo "backend=$backend: canonical distilled dp=2 is not bitwise one rank:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+echo "backend=$backend: canonical distilled dp=2 bitwise one rank over $steps steps (losses and norms)"
+
+# refused by name on the device backend
+refused() { # NAME WANT ARGS...: the run fails and its message says WANT
+  local name=$1 want=$2; shift 2
+  if "$loom" run "$recipe" backend="$backend" steps=1 "$@" > "$tmp/r.out" 2>&1; then
+    echo "backend=$backend, $name: accepted"; exit 1
+  fi
+  grep -q "$want" "$tmp/r.out" || { echo "backend=$backend, $name: unexpected message:"; cat "$tmp/r.out"; exit 1; }
+  echo "backend=$backend: $name refused: $(grep -o "with $want[^;]*" "$tmp/r.out" | head -1)"
+}
+refused teacher.layers "teacher.layers or teacher.attention" \
+  "teacher={checkpoint=\"$tmp/teach\",temperature=2,alpha=0.7,layers={[0]=1}}"
+refused teacher.cache "teacher.cache" "teacher={cache=\"$tmp/none.kdc\",temperature=1,alpha=0.9}"
+if "$loom" launch -n 2 "$recipe" backend="$backend" steps=1 comm=shm mesh.tp=2 "$kd" > "$tmp/tp" 2>&1; then
+  echo "backend=$backend, a teacher beside mesh.tp: accepted"; exit 1
+fi
+grep -q "a teacher beside mesh.tp" "$tmp/tp" || { echo "backend=$backend, mesh.tp: unexpected message:"; cat "$tmp/tp"; exit 1; }
+echo "backend=$backend: a teacher beside mesh.tp refused by name"

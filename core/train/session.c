@@ -299,7 +299,8 @@ static loom_status distill_hidden_open(loom_session *s, const loom_session_confi
                       "held whole here (another stage's: with teacher.pp map teacher blocks of its "
                       "last stage; or split by sequence parallelism)", t);
         size_t rows = (size_t)cfg->accum * cfg->micro_batch * cfg->seq;
-        if (t >= 0 && s->pipe) { /* the step's rows, which distill_pipeline fills */
+        if (t >= 0 && (s->pipe || s->device)) { /* the step's rows, which distill_pipeline
+            * fills; a device backend: the micro-batch's, copied to the host (host_terms) */
             if (!(s->kd_hstep[l] = malloc(rows * (size_t)tc->dim * sizeof(float))))
                 LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the teacher's hidden rows of a step");
             s->kd_h[l] = s->kd_hstep[l];
@@ -332,7 +333,8 @@ static loom_status distill_hidden_open(loom_session *s, const loom_session_confi
         size_t A = (size_t)cfg->accum * cfg->micro_batch * held * cfg->seq * cfg->seq;
         if (s->kd_group) /* all heads, gathered over the group */
             s->kd_att[l] = loom_kd_group_block_attention(s->kd_group, l, 0);
-        if (s->kd_map[l] >= 0 && s->pipe) { /* each micro-batch's (B,NH,T,T) of the step */
+        if (s->kd_map[l] >= 0 && (s->pipe || s->device)) { /* each micro-batch's (B,NH,T,T)
+            * of the step; a device backend: the micro-batch's, copied to the host */
             if (!(s->kd_astep[l] = malloc(A * sizeof(float))))
                 LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the teacher's probabilities of a step");
             s->kd_att[l] = s->kd_astep[l];
@@ -478,7 +480,8 @@ static loom_status make_teacher(loom_session *s, const loom_session_config *cfg)
 }
 
 /* pp, last stage: micro-batch a's teacher block outputs and probabilities (teacher.layers,
- * teacher.attention) into the step's buffers the student's forwards read. */
+ * teacher.attention) into the step's buffers the student's forwards read. A device backend
+ * (a = 0): the micro-batch's copied to the host, where the terms run (gpt_distill.h). */
 static void distill_pipeline_terms(loom_session *s, int a)
 {
     const loom_gpt_config *tc = loom_gpt_get_config(s->teacher);
@@ -486,12 +489,13 @@ static void distill_pipeline_terms(loom_session *s, int a)
     size_t bt = (size_t)s->cfg.micro_batch * s->cfg.seq, A = bt * (size_t)held * s->cfg.seq;
     for (int l = 0; s->kd_hidden_on && l < loom_gpt_get_config(s->model)->layers; l++) {
         int t = s->kd_map[l];
+        const loom_backend_ops *k = s->backend.ops; /* a device's memory: copies; else memcpy */
         if (t >= 0 && s->kd_hstep[l])
-            memcpy(s->kd_hstep[l] + (size_t)a * bt * tc->dim, loom_gpt_block_output(s->teacher, t),
-                   bt * (size_t)tc->dim * sizeof(float));
+            k->copy_to_host(s->backend.self, s->kd_hstep[l] + (size_t)a * bt * tc->dim,
+                            loom_gpt_block_output(s->teacher, t), bt * (size_t)tc->dim * sizeof(float));
         if (t >= 0 && s->kd_astep[l])
-            memcpy(s->kd_astep[l] + (size_t)a * A, loom_gpt_block_attention(s->teacher, t),
-                   A * sizeof(float));
+            k->copy_to_host(s->backend.self, s->kd_astep[l] + (size_t)a * A,
+                            loom_gpt_block_attention(s->teacher, t), A * sizeof(float));
     }
 }
 
@@ -597,6 +601,14 @@ static loom_status bind_tensor_backend(loom_session *s)
     return t->set_backend(s->tensor_self, s->backend.ops, s->backend.self);
 }
 
+/* LOOM_CUDA_ATTENTION=flash (docs/CUDA.md): the fused attention, whose att is no
+ * probabilities. */
+static int flash_attention(void)
+{
+    const char *v = getenv("LOOM_CUDA_ATTENTION");
+    return v && !strcmp(v, "flash");
+}
+
 /* A teacher in device memory (docs/DISTILL.md): the logit term (the backend's kd_rows op),
  * the teacher replicated, forward only, at one rank or mesh.dp (canonical too). What still
  * reads the model's buffers as host memory, or is not tested there, is named; NULL: none. */
@@ -611,8 +623,9 @@ static const char *device_teacher_refusal(const loom_session_config *cfg, int pp
          : pp > 1 ? "a teacher beside mesh.pp (the step's teacher rows are kept in host memory)"
          : cfg->tensor ? "a teacher beside mesh.tp (the vocabulary rows are gathered on the host)"
          : cfg->ep > 1 ? "a teacher beside mesh.ep"
-         : cfg->kd_layers ? "teacher.layers or teacher.attention (the hidden-state and "
-                            "attention terms read host memory)"
+         : cfg->kd_layers && cfg->kd_attention > 0.0f && flash_attention()
+             ? "teacher.attention and LOOM_CUDA_ATTENTION=flash (the fused kernels keep no "
+               "probabilities)"
          : cfg->zero_stage > 0 || cfg->offload_mode != LOOM_OFFLOAD_NONE
              ? "a teacher beside strategy.zero or offload (untested there)"
          : cfg->model.moe.experts || t->moe.experts ? "a teacher with a mixture of experts "
@@ -1114,6 +1127,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
             const float *rows;
             LOOM_TRY(loom_gpt_forward(s->teacher, s->tokens, NULL, B, T, 0.0f, NULL));
             LOOM_TRY(teacher_rows(s, (size_t)B * T, &rows));
+            if (s->device)
+                distill_pipeline_terms(s, 0); /* teacher.layers: its rows to the host */
             LOOM_TRY(loom_gpt_set_distill(s->model, rows,
                                           (size_t)loom_gpt_get_config(s->teacher)->vocab_padded,
                                           s->cfg.kd_temperature, s->cfg.kd_alpha));

@@ -6,12 +6,16 @@
 # the CPU (its checkpoint):
 #  - T = 2, alpha = 0.7: every step's loss and gradient norm within TOL of the CPU backend's
 #    distilled run, and not the device's undistilled losses (a term that did nothing fails);
+#  - with the intermediate terms (teacher.layers = {[0] = 1}, hidden = 1, attention = 10: the
+#    teacher's block output and probabilities copied to the host, the terms there, their
+#    gradients back; the CUDA backend's attention_backward_datt): within TOL of the CPU's
+#    run, and not the logit term's losses alone;
 #  - a teacher equal to the student (its own device checkpoint at step 2, resumed there),
 #    T = 1, alpha = 1: step 3's loss is the KL alone, exactly 0;
-#  - canonical mode: dp = 2 (two ranks, each its own teacher) gives one device rank's losses
-#    and norms bitwise (batch.micro = 1, batch.global = 2);
-#  - what does not run there is refused by name: teacher.layers, teacher.cache, a teacher
-#    beside mesh.tp.
+#  - canonical mode, all three terms: dp = 2 (two ranks, each its own teacher) gives one
+#    device rank's losses and norms bitwise (batch.micro = 1, batch.global = 2);
+#  - what does not run there is refused by name: teacher.attention with
+#    LOOM_CUDA_ATTENTION=flash, teacher.cache, a teacher beside mesh.tp.
 # BACKEND cudaemu (tests/cuda's emulation, run under LOOM_CUDAEMU_GUARD=1: a host read of a
 # device buffer segfaults) runs everywhere; cuda needs a GPU: exit 77 (skip) without one.
 set -euo pipefail
@@ -40,6 +44,16 @@ d=$(max_loss_diff "$tmp/plain" "$tmp/dev")
 below 0.1 "$d" || { echo "backend=$backend: distilled losses within $d of the undistilled run's"; exit 1; }
 echo "backend=$backend: the distilled losses differ from the undistilled run's by up to $d"
 
+# the hidden-state and attention terms on block 0 against the teacher's block 1
+terms="teacher={checkpoint=\"$tmp/teach\",temperature=2,alpha=0.7,layers={[0]=1},hidden=1,attention=10}"
+"$loom" run "$recipe" backend="$backend" steps="$steps" "$terms" > "$tmp/tdev"
+"$loom" run "$recipe" backend=cpu steps="$steps" "$terms" > "$tmp/tcpu"
+runs_close "backend=$backend vs cpu, distilled with teacher.layers, hidden and attention" "$tmp/tcpu" \
+  "$tmp/tdev" "$steps" "$tol" || exit 1
+d=$(max_loss_diff "$tmp/dev" "$tmp/tdev")
+below 1e-5 "$d" || { echo "backend=$backend: the terms' losses within $d of the logit term's alone"; exit 1; }
+echo "backend=$backend: with the intermediate terms the losses differ from the logit term's alone by up to $d"
+
 # teacher = student (its device checkpoint at step 2, resumed), T = 1, alpha = 1: KL 0 exactly
 "$loom" run "$recipe" backend="$backend" steps=2 checkpoint.dir="$tmp/self" checkpoint.every=2 > /dev/null
 "$loom" run "$recipe" backend="$backend" steps=3 resume="$tmp/self/step_00000002" \
@@ -48,8 +62,9 @@ grep -q '^LOSS 3 0x0p+0 0.000000000$' "$tmp/self.out" ||
   { echo "backend=$backend, teacher = student (T = 1, alpha = 1): step 3's loss is not 0"; grep LOSS "$tmp/self.out"; exit 1; }
 echo "backend=$backend: teacher = student (T = 1, alpha = 1): step 3's loss exactly 0"
 
-# canonical dp = 2 (each rank its own teacher, its own micro-batch) bitwise one device rank
-args=(backend="$backend" steps="$steps" batch.micro=1 batch.global=2 deterministic=canonical "$kd")
+# canonical dp = 2 (each rank its own teacher, its own micro-batch), all three terms,
+# bitwise one device rank
+args=(backend="$backend" steps="$steps" batch.micro=1 batch.global=2 deterministic=canonical "$terms")
 "$loom" run "$recipe" "${args[@]}" > "$tmp/one"
 "$loom" launch -n 2 "$recipe" "${args[@]}" comm=shm mesh.dp=2 > "$tmp/dp" 2> "$tmp/dp.err" ||
   { cat "$tmp/dp.err"; exit 1; }
@@ -68,10 +83,11 @@ refused() { # NAME WANT ARGS...: the run fails and its message says WANT
     echo "backend=$backend, $name: accepted"; exit 1
   fi
   grep -q "$want" "$tmp/r.out" || { echo "backend=$backend, $name: unexpected message:"; cat "$tmp/r.out"; exit 1; }
-  echo "backend=$backend: $name refused: $(grep -o "with $want[^;]*" "$tmp/r.out" | head -1)"
+  echo "backend=$backend: $name refused: $(grep -o "with [^;]*$want[^;]*" "$tmp/r.out" | head -1)"
 }
-refused teacher.layers "teacher.layers or teacher.attention" \
-  "teacher={checkpoint=\"$tmp/teach\",temperature=2,alpha=0.7,layers={[0]=1}}"
+if [[ $backend == cudaemu || $backend == cuda ]]; then
+  LOOM_CUDA_ATTENTION=flash refused "teacher.attention with flash" "LOOM_CUDA_ATTENTION=flash" "$terms"
+fi
 refused teacher.cache "teacher.cache" "teacher={cache=\"$tmp/none.kdc\",temperature=1,alpha=0.9}"
 if "$loom" launch -n 2 "$recipe" backend="$backend" steps=1 comm=shm mesh.tp=2 "$kd" > "$tmp/tp" 2>&1; then
   echo "backend=$backend, a teacher beside mesh.tp: accepted"; exit 1

@@ -248,6 +248,7 @@ static loom_backend_ops make_ops()
     o.attention_flash_forward = G(loom_cuda_flash_attention_forward);
     o.attention_flash_backward = G(loom_cuda_flash_attention_backward);
     o.kd_rows = G(loom_cuda_kd_rows);
+    o.attention_backward_datt = G(loom_cuda_attention_backward_datt);
     return o;
 }
 

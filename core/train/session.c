@@ -80,6 +80,7 @@ struct loom_session {
     loom_plugin_config teacher_tp_cfg;   /* that strategy's config (the student's, or with
                                           * sequence parallelism off: teacher_layout) */
     float *kd_whole;                     /* (2 x B*T x teacher's Vp): scratch, then the rows */
+    float *kd_dev_rows;                  /* a device backend: a cache's rows (B*T x vocab) there */
     loom_kd_group *kd_group;             /* teacher.tp across dp ranks (kd_group.h), else NULL */
     loom_pipeline *teacher_pipe;         /* teacher.pp = mesh.pp: its stages' pipeline, else NULL */
     int kd_map[64];          /* hidden-state terms: student block -> teacher block (-1: none) */
@@ -457,6 +458,9 @@ static loom_status make_teacher(loom_session *s, const loom_session_config *cfg)
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the teacher's rows of a step (%zu MiB)",
                       rows * stride * sizeof(float) >> 20);
     }
+    if (cfg->kd_cache && s->device && !(s->kd_dev_rows = s->backend.ops->alloc(s->backend.self,
+            (size_t)cfg->micro_batch * cfg->seq * (size_t)mc->vocab * sizeof(float))))
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory on the device for a cache's teacher rows");
     if (cfg->kd_cache) /* teacher = { cache = FILE }: its logits written before (kd_cache.h) */
         return loom_kd_cache_open(cfg->kd_cache, mc->vocab, cfg->micro_batch, cfg->seq,
                                   &s->kd_cache);
@@ -617,8 +621,7 @@ static const char *device_teacher_refusal(const loom_session_config *cfg, int pp
     if (!cfg->teacher && !cfg->kd_cache)
         return NULL;
     const loom_gpt_config *t = cfg->teacher;
-    return cfg->kd_cache ? "teacher.cache (its rows are read into host memory)"
-         : cfg->kd_teacher_tp > 1 ? "teacher.tp > 1 (the split teacher's rows are gathered on the host)"
+    return cfg->kd_teacher_tp > 1 ? "teacher.tp > 1 (the split teacher's rows are gathered on the host)"
          : cfg->kd_teacher_pp > 1 ? "teacher.pp > 1"
          : pp > 1 ? "a teacher beside mesh.pp (the step's teacher rows are kept in host memory)"
          : cfg->tensor ? "a teacher beside mesh.tp (the vocabulary rows are gathered on the host)"
@@ -628,9 +631,9 @@ static const char *device_teacher_refusal(const loom_session_config *cfg, int pp
                "probabilities)"
          : cfg->zero_stage > 0 || cfg->offload_mode != LOOM_OFFLOAD_NONE
              ? "a teacher beside strategy.zero or offload (untested there)"
-         : cfg->model.moe.experts || t->moe.experts ? "a teacher with a mixture of experts "
+         : cfg->model.moe.experts || (t && t->moe.experts) ? "a teacher with a mixture of experts "
                                                       "(untested there)"
-         : cfg->model.family == LOOM_FAMILY_LLAMA || t->family == LOOM_FAMILY_LLAMA
+         : cfg->model.family == LOOM_FAMILY_LLAMA || (t && t->family == LOOM_FAMILY_LLAMA)
              ? "a teacher with the llama family (untested there)"
          : NULL;
 }
@@ -872,6 +875,8 @@ void loom_session_destroy(loom_session *s)
     loom_kd_group_close(s->kd_group);
     free(s->kd_whole);
     loom_kd_cache_close(s->kd_cache);
+    if (s->kd_dev_rows)
+        s->backend.ops->free(s->backend.self, s->kd_dev_rows);
     free(s->kd_step);
     for (int l = 0; l < 64; l++) {
         free(s->kd_hstep[l]);
@@ -1136,6 +1141,11 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
             const float *rows;
             LOOM_TRY(loom_kd_cache_rows(s->kd_cache, (s->step_no - 1) * accum * dp + i, s->tokens,
                                         &rows));
+            if (s->kd_dev_rows) { /* a device backend: the rows where its kd_rows reads them */
+                k->copy_to_device(s->backend.self, s->kd_dev_rows, rows, (size_t)B * T *
+                                  (size_t)loom_gpt_get_config(s->model)->vocab * sizeof(float));
+                rows = s->kd_dev_rows;
+            }
             LOOM_TRY(loom_gpt_set_distill(s->model, rows, (size_t)loom_gpt_get_config(s->model)->vocab,
                                           s->cfg.kd_temperature, s->cfg.kd_alpha));
         }

@@ -14,8 +14,11 @@
 #    T = 1, alpha = 1: step 3's loss is the KL alone, exactly 0;
 #  - canonical mode, all three terms: dp = 2 (two ranks, each its own teacher) gives one
 #    device rank's losses and norms bitwise (batch.micro = 1, batch.global = 2);
+#  - loom distill-cache on the device backend (the teacher's logits copied to the host per
+#    record), k = vocab: training from that cache there gives the in-process teacher's
+#    losses and norms bitwise (the cache's rows copied to the device for kd_rows);
 #  - what does not run there is refused by name: teacher.attention with
-#    LOOM_CUDA_ATTENTION=flash, teacher.cache, a teacher beside mesh.tp.
+#    LOOM_CUDA_ATTENTION=flash, a teacher beside mesh.tp.
 # BACKEND cudaemu (tests/cuda's emulation, run under LOOM_CUDAEMU_GUARD=1: a host read of a
 # device buffer segfaults) runs everywhere; cuda needs a GPU: exit 77 (skip) without one.
 set -euo pipefail
@@ -62,6 +65,17 @@ grep -q '^LOSS 3 0x0p+0 0.000000000$' "$tmp/self.out" ||
   { echo "backend=$backend, teacher = student (T = 1, alpha = 1): step 3's loss is not 0"; grep LOSS "$tmp/self.out"; exit 1; }
 echo "backend=$backend: teacher = student (T = 1, alpha = 1): step 3's loss exactly 0"
 
+# distill-cache written on the device, k = vocab: the cached run is the in-process run's bits
+"$loom" distill-cache "$recipe" --out "$tmp/t.kdc" --k 256 backend="$backend" steps="$steps" "$kd" \
+  > /dev/null 2> "$tmp/kdc.err" || { cat "$tmp/kdc.err"; exit 1; }
+"$loom" run "$recipe" backend="$backend" steps="$steps" \
+  "teacher={cache=\"$tmp/t.kdc\",temperature=2,alpha=0.7}" > "$tmp/cached"
+grep '^LOSS\|^NORM' "$tmp/dev" > "$tmp/want"
+grep '^LOSS\|^NORM' "$tmp/cached" > "$tmp/got" || true
+[[ $(grep -c '^LOSS' "$tmp/got") -eq $steps ]] && cmp -s "$tmp/want" "$tmp/got" ||
+  { echo "backend=$backend: the k = vocab cache's run is not the in-process teacher's bits:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+echo "backend=$backend: distill-cache (k = vocab) written and read there: bitwise the in-process teacher"
+
 # canonical dp = 2 (each rank its own teacher, its own micro-batch), all three terms,
 # bitwise one device rank
 args=(backend="$backend" steps="$steps" batch.micro=1 batch.global=2 deterministic=canonical "$terms")
@@ -88,7 +102,6 @@ refused() { # NAME WANT ARGS...: the run fails and its message says WANT
 if [[ $backend == cudaemu || $backend == cuda ]]; then
   LOOM_CUDA_ATTENTION=flash refused "teacher.attention with flash" "LOOM_CUDA_ATTENTION=flash" "$terms"
 fi
-refused teacher.cache "teacher.cache" "teacher={cache=\"$tmp/none.kdc\",temperature=1,alpha=0.9}"
 if "$loom" launch -n 2 "$recipe" backend="$backend" steps=1 comm=shm mesh.tp=2 "$kd" > "$tmp/tp" 2>&1; then
   echo "backend=$backend, a teacher beside mesh.tp: accepted"; exit 1
 fi

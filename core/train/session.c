@@ -613,9 +613,10 @@ static int flash_attention(void)
     return v && !strcmp(v, "flash");
 }
 
-/* A teacher in device memory (docs/DISTILL.md): the logit term (the backend's kd_rows op),
- * the teacher replicated, forward only, at one rank or mesh.dp (canonical too). What still
- * reads the model's buffers as host memory, or is not tested there, is named; NULL: none. */
+/* A teacher in device memory (docs/DISTILL.md): the teacher replicated, forward only, on
+ * the same backend; the logit term on the backend's kd_rows op, the intermediate terms on
+ * the host over copies; one rank or mesh.dp (ZeRO, offload; a cache too). What still reads
+ * the model's buffers as host memory, or is untested there, is named; NULL: none. */
 static const char *device_teacher_refusal(const loom_session_config *cfg, int pp)
 {
     if (!cfg->teacher && !cfg->kd_cache)
@@ -629,12 +630,8 @@ static const char *device_teacher_refusal(const loom_session_config *cfg, int pp
          : cfg->kd_layers && cfg->kd_attention > 0.0f && flash_attention()
              ? "teacher.attention and LOOM_CUDA_ATTENTION=flash (the fused kernels keep no "
                "probabilities)"
-         : cfg->zero_stage > 0 || cfg->offload_mode != LOOM_OFFLOAD_NONE
-             ? "a teacher beside strategy.zero or offload (untested there)"
-         : cfg->model.moe.experts || (t && t->moe.experts) ? "a teacher with a mixture of experts "
-                                                      "(untested there)"
-         : cfg->model.family == LOOM_FAMILY_LLAMA || (t && t->family == LOOM_FAMILY_LLAMA)
-             ? "a teacher with the llama family (untested there)"
+         : t && t->moe.experts ? "a teacher with mixture-of-experts blocks (untested there)"
+         : t && t->family == LOOM_FAMILY_LLAMA ? "a teacher of the llama family (untested there)"
          : NULL;
 }
 

@@ -68,11 +68,10 @@ static loom_status kd_device_check(const loom_gpt *m)
     if (k->size <= offsetof(loom_backend_ops, kd_rows) || !k->kd_rows)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "backend %s has no kd_rows op (plugin/backend.h), so "
                   "distillation cannot run in its device memory; use backend = \"cpu\"", be);
-    if (m->tp_ops || m->staged)
+    if (m->tp_ops)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "distillation in the device memory of backend %s under "
-                  "%s is not built yet (the rows are gathered in host memory); it runs with "
-                  "mesh.dp, or use backend = \"cpu\"", be,
-                  m->tp_ops ? "mesh.tp > 1" : "mesh.pp > 1");
+                  "mesh.tp > 1 is not built yet (the rows are gathered in host memory); it runs "
+                  "with mesh.dp and mesh.pp, or use backend = \"cpu\"", be);
     return LOOM_OK;
 }
 

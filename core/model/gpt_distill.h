@@ -18,7 +18,7 @@
  * backend (CUDA) the logit term runs on the backend's kd_rows op and teacher_logits are the
  * backend's memory (the teacher's logits, or a cache's rows copied there); the intermediate
  * terms run on the host over copies of the student's buffers, their teacher rows host
- * memory, their gradients copied back; tp and pp are refused there.
+ * memory, their gradients copied back; tp is refused there.
  */
 #ifndef LOOM_CORE_GPT_DISTILL_H
 #define LOOM_CORE_GPT_DISTILL_H

@@ -62,10 +62,10 @@ static void term_free(loom_gpt *m, void *p)
 
 loom_status gpt_kd_device_terms_check(const loom_gpt *m, const char *what)
 {
-    if (loom_backend_device_memory(m->be) && (m->tp_ops || m->staged))
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "%s in the device memory of backend %s under %s are not "
-                  "built yet; they run at one rank or mesh.dp there", what,
-                  m->be->ops->describe(m->be->self), m->tp_ops ? "mesh.tp > 1" : "mesh.pp > 1");
+    if (loom_backend_device_memory(m->be) && m->tp_ops)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "%s in the device memory of backend %s under mesh.tp > 1 "
+                  "are not built yet; they run at one rank, mesh.dp and mesh.pp there", what,
+                  m->be->ops->describe(m->be->self));
     return LOOM_OK;
 }
 

@@ -454,7 +454,9 @@ static loom_status make_teacher(loom_session *s, const loom_session_config *cfg)
     if (s->pipe && last) { /* the teacher's rows of all of a step's micro-batches (distill_pipeline) */
         size_t rows = (size_t)cfg->accum * cfg->micro_batch * cfg->seq;
         size_t stride = cfg->kd_cache ? (size_t)mc->vocab : (size_t)tc->vocab_padded;
-        if (!(s->kd_step = malloc(rows * stride * sizeof(float))))
+        s->kd_step = s->device ? s->backend.ops->alloc(s->backend.self, rows * stride * sizeof(float))
+                               : malloc(rows * stride * sizeof(float)); /* kd_rows reads it there */
+        if (!s->kd_step)
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the teacher's rows of a step (%zu MiB)",
                       rows * stride * sizeof(float) >> 20);
     }
@@ -529,7 +531,11 @@ static loom_status distill_pipeline(loom_session *s, int accum, int dp_rank)
                         (int64_t)dp_rank * accum + a;
             LOOM_TRY(loom_kd_cache_rows(s->kd_cache, g, s->tokens + (size_t)a * bt, &rows));
         }
-        memcpy(s->kd_step + (size_t)a * bt * stride, rows, bt * stride * sizeof(float));
+        float *at = s->kd_step + (size_t)a * bt * stride; /* a device's memory there */
+        if (s->device && !s->teacher) /* a cache's rows: host memory */
+            s->backend.ops->copy_to_device(s->backend.self, at, rows, bt * stride * sizeof(float));
+        else
+            loom_backend_copy_bits(&s->backend, at, rows, bt * stride);
     }
     if (!s->kd_step)
         return LOOM_OK; /* a stage before the last: the student's head is not here */
@@ -615,16 +621,16 @@ static int flash_attention(void)
 
 /* A teacher in device memory (docs/DISTILL.md): the teacher replicated, forward only, on
  * the same backend; the logit term on the backend's kd_rows op, the intermediate terms on
- * the host over copies; one rank or mesh.dp (ZeRO, offload; a cache too). What still reads
- * the model's buffers as host memory, or is untested there, is named; NULL: none. */
-static const char *device_teacher_refusal(const loom_session_config *cfg, int pp)
+ * the host over copies; one rank, mesh.dp or mesh.pp (ZeRO, offload; a cache too). What
+ * still reads the model's buffers as host memory, or is untested there, is named; NULL:
+ * none. */
+static const char *device_teacher_refusal(const loom_session_config *cfg)
 {
     if (!cfg->teacher && !cfg->kd_cache)
         return NULL;
     const loom_gpt_config *t = cfg->teacher;
     return cfg->kd_teacher_tp > 1 ? "teacher.tp > 1 (the split teacher's rows are gathered on the host)"
          : cfg->kd_teacher_pp > 1 ? "teacher.pp > 1"
-         : pp > 1 ? "a teacher beside mesh.pp (the step's teacher rows are kept in host memory)"
          : cfg->tensor ? "a teacher beside mesh.tp (the vocabulary rows are gathered on the host)"
          : cfg->ep > 1 ? "a teacher beside mesh.ep"
          : cfg->kd_layers && cfg->kd_attention > 0.0f && flash_attention()
@@ -658,12 +664,12 @@ static loom_status check_device(loom_session *s, const loom_session_config *cfg,
                        : size > 1 && cfg->zero_stage > 0 && cfg->offload_mode != LOOM_OFFLOAD_NONE
                            ? "strategy offload beside strategy.zero (offload_device.c steps the "
                              "model's whole buffers, not ZeRO's partitions)"
-                       : device_teacher_refusal(cfg, pp);
+                       : device_teacher_refusal(cfg);
     if (what)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "backend %s: training in device memory with %s is not "
                   "built yet; it trains one rank, mesh.dp, mesh.tp and mesh.pp ranks, ZeRO or "
-                  "offload, mesh.ep beside mesh.dp alone, a teacher's logit term at one rank "
-                  "or mesh.dp (docs/DISTILL.md), or use backend = \"cpu\"", be, what);
+                  "offload, mesh.ep beside mesh.dp alone, a teacher at one rank, mesh.dp or "
+                  "mesh.pp (docs/DISTILL.md), or use backend = \"cpu\"", be, what);
     if (size > 1 && !s->device_groups)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "backend %s with %d ranks has no device groups "
                   "(loom_dist_device_open)", be, size);
@@ -874,7 +880,10 @@ void loom_session_destroy(loom_session *s)
     loom_kd_cache_close(s->kd_cache);
     if (s->kd_dev_rows)
         s->backend.ops->free(s->backend.self, s->kd_dev_rows);
-    free(s->kd_step);
+    if (s->device && s->kd_step)
+        s->backend.ops->free(s->backend.self, s->kd_step);
+    else
+        free(s->kd_step);
     for (int l = 0; l < 64; l++) {
         free(s->kd_hstep[l]);
         free(s->kd_astep[l]);

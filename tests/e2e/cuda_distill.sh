@@ -14,6 +14,9 @@
 #    T = 1, alpha = 1: step 3's loss is the KL alone, exactly 0;
 #  - canonical mode, all three terms: dp = 2 (two ranks, each its own teacher) gives one
 #    device rank's losses and norms bitwise (batch.micro = 1, batch.global = 2);
+#  - canonical mode, pp = 2 (1f1b, a 2-block student, block 1 against the teacher's block
+#    1, all three terms; the teacher on the last stage, its rows of the step kept in the
+#    backend's memory): one device rank's losses and norms bitwise;
 #  - loom distill-cache on the device backend (the teacher's logits copied to the host per
 #    record), k = vocab: training from that cache there gives the in-process teacher's
 #    losses and norms bitwise (the cache's rows copied to the device for kd_rows);
@@ -89,6 +92,20 @@ grep '^LOSS\|^NORM' "$tmp/dp" > "$tmp/got" || true
 cmp -s "$tmp/want" "$tmp/got" ||
   { echo "backend=$backend: canonical distilled dp=2 is not bitwise one rank:"; diff "$tmp/want" "$tmp/got"; exit 1; }
 echo "backend=$backend: canonical distilled dp=2 bitwise one rank over $steps steps (losses and norms)"
+
+# canonical pp = 2 (the teacher on the last stage), all three terms, bitwise one device rank
+pterms="teacher={checkpoint=\"$tmp/teach\",temperature=2,alpha=0.7,layers={[1]=1},hidden=1,attention=10}"
+pargs=(backend="$backend" steps="$steps" model.layers=2 batch.micro=1 batch.global=2 deterministic=canonical "$pterms")
+"$loom" run "$recipe" "${pargs[@]}" > "$tmp/pone"
+"$loom" launch -n 2 "$recipe" "${pargs[@]}" comm=shm mesh.pp=2 microbatches=2 schedule=1f1b \
+  > "$tmp/pp" 2> "$tmp/pp.err" || { cat "$tmp/pp.err"; exit 1; }
+grep '^LOSS\|^NORM' "$tmp/pone" > "$tmp/want"
+grep '^LOSS\|^NORM' "$tmp/pp" > "$tmp/got" || true
+[[ $(grep -c '^LOSS' "$tmp/want") -eq $steps ]] && finite_losses "$tmp/want" ||
+  { echo "one rank, 2 blocks, canonical, distilled: not $steps finite losses"; cat "$tmp/pone"; exit 1; }
+cmp -s "$tmp/want" "$tmp/got" ||
+  { echo "backend=$backend: canonical distilled pp=2 is not bitwise one rank:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+echo "backend=$backend: canonical distilled pp=2 (1f1b, all three terms) bitwise one rank over $steps steps"
 
 # refused by name on the device backend
 refused() { # NAME WANT ARGS...: the run fails and its message says WANT

@@ -12,11 +12,10 @@
 #    run, and not the logit term's losses alone;
 #  - a teacher equal to the student (its own device checkpoint at step 2, resumed there),
 #    T = 1, alpha = 1: step 3's loss is the KL alone, exactly 0;
-#  - canonical mode, all three terms: dp = 2 (two ranks, each its own teacher) gives one
-#    device rank's losses and norms bitwise (batch.micro = 1, batch.global = 2);
-#  - canonical mode, pp = 2 (1f1b, a 2-block student, block 1 against the teacher's block
-#    1, all three terms; the teacher on the last stage, its rows of the step kept in the
-#    backend's memory): one device rank's losses and norms bitwise;
+#  - canonical mode, all three terms, a 2-block student (block 1 against the teacher's
+#    block 1), batch.micro = 1, batch.global = 2: dp = 2 (two ranks, each its own teacher)
+#    and pp = 2 (1f1b; the teacher on the last stage, its rows of the step kept in the
+#    backend's memory) give one device rank's losses and norms bitwise;
 #  - loom distill-cache on the device backend (the teacher's logits copied to the host per
 #    record), k = vocab: training from that cache there gives the in-process teacher's
 #    losses and norms bitwise (the cache's rows copied to the device for kd_rows);
@@ -79,33 +78,24 @@ grep '^LOSS\|^NORM' "$tmp/cached" > "$tmp/got" || true
   { echo "backend=$backend: the k = vocab cache's run is not the in-process teacher's bits:"; diff "$tmp/want" "$tmp/got"; exit 1; }
 echo "backend=$backend: distill-cache (k = vocab) written and read there: bitwise the in-process teacher"
 
-# canonical dp = 2 (each rank its own teacher, its own micro-batch), all three terms,
-# bitwise one device rank
-args=(backend="$backend" steps="$steps" batch.micro=1 batch.global=2 deterministic=canonical "$terms")
-"$loom" run "$recipe" "${args[@]}" > "$tmp/one"
-"$loom" launch -n 2 "$recipe" "${args[@]}" comm=shm mesh.dp=2 > "$tmp/dp" 2> "$tmp/dp.err" ||
-  { cat "$tmp/dp.err"; exit 1; }
-grep '^LOSS\|^NORM' "$tmp/one" > "$tmp/want"
-grep '^LOSS\|^NORM' "$tmp/dp" > "$tmp/got" || true
-[[ $(grep -c '^LOSS' "$tmp/want") -eq $steps ]] && finite_losses "$tmp/want" ||
-  { echo "one rank, canonical, distilled: not $steps finite losses"; cat "$tmp/one"; exit 1; }
-cmp -s "$tmp/want" "$tmp/got" ||
-  { echo "backend=$backend: canonical distilled dp=2 is not bitwise one rank:"; diff "$tmp/want" "$tmp/got"; exit 1; }
-echo "backend=$backend: canonical distilled dp=2 bitwise one rank over $steps steps (losses and norms)"
-
-# canonical pp = 2 (the teacher on the last stage), all three terms, bitwise one device rank
+# canonical mode, all three terms, on a 2-block student (block 1 against the teacher's
+# block 1): dp = 2 (each rank its own teacher, its own micro-batch) and pp = 2 (1f1b; the
+# teacher on the last stage) bitwise one device rank
 pterms="teacher={checkpoint=\"$tmp/teach\",temperature=2,alpha=0.7,layers={[1]=1},hidden=1,attention=10}"
 pargs=(backend="$backend" steps="$steps" model.layers=2 batch.micro=1 batch.global=2 deterministic=canonical "$pterms")
-"$loom" run "$recipe" "${pargs[@]}" > "$tmp/pone"
-"$loom" launch -n 2 "$recipe" "${pargs[@]}" comm=shm mesh.pp=2 microbatches=2 schedule=1f1b \
-  > "$tmp/pp" 2> "$tmp/pp.err" || { cat "$tmp/pp.err"; exit 1; }
-grep '^LOSS\|^NORM' "$tmp/pone" > "$tmp/want"
-grep '^LOSS\|^NORM' "$tmp/pp" > "$tmp/got" || true
+"$loom" run "$recipe" "${pargs[@]}" > "$tmp/one"
+grep '^LOSS\|^NORM' "$tmp/one" > "$tmp/want"
 [[ $(grep -c '^LOSS' "$tmp/want") -eq $steps ]] && finite_losses "$tmp/want" ||
-  { echo "one rank, 2 blocks, canonical, distilled: not $steps finite losses"; cat "$tmp/pone"; exit 1; }
-cmp -s "$tmp/want" "$tmp/got" ||
-  { echo "backend=$backend: canonical distilled pp=2 is not bitwise one rank:"; diff "$tmp/want" "$tmp/got"; exit 1; }
-echo "backend=$backend: canonical distilled pp=2 (1f1b, all three terms) bitwise one rank over $steps steps"
+  { echo "one rank, 2 blocks, canonical, distilled: not $steps finite losses"; cat "$tmp/one"; exit 1; }
+for layout in "mesh.dp=2" "mesh.pp=2 microbatches=2 schedule=1f1b"; do
+  read -ra lay <<< "$layout"
+  "$loom" launch -n 2 "$recipe" "${pargs[@]}" comm=shm "${lay[@]}" > "$tmp/two" 2> "$tmp/two.err" ||
+    { cat "$tmp/two.err"; exit 1; }
+  grep '^LOSS\|^NORM' "$tmp/two" > "$tmp/got" || true
+  cmp -s "$tmp/want" "$tmp/got" ||
+    { echo "backend=$backend: canonical distilled $layout is not bitwise one rank:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+  echo "backend=$backend: canonical distilled $layout (all three terms) bitwise one rank over $steps steps"
+done
 
 # refused by name on the device backend
 refused() { # NAME WANT ARGS...: the run fails and its message says WANT

@@ -40,3 +40,14 @@ int loom_backend_device_memory(const loom_backend *b)
     return b->ops && b->ops->size > offsetof(loom_backend_ops, stream) && b->ops->stream &&
            b->ops->stream(b->self) != NULL;
 }
+
+void loom_backend_copy_bits(const loom_backend *b, float *dst, const float *src, size_t n)
+{
+    if (!loom_backend_device_memory(b)) {
+        memcpy(dst, src, n * sizeof(float));
+        return;
+    }
+    b->ops->zero(b->self, dst, n * sizeof(float));
+    b->ops->scale(dst, -1.0f, n);
+    b->ops->accumulate(dst, src, n);
+}

@@ -5,11 +5,13 @@
 #include "gpt_distill.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "gpt_internal.h"
+#include "base/backend.h"
 #include "base/status.h"
 
 /* log softmax(z / T) of one row into out (double), V columns. */
@@ -57,6 +59,22 @@ void loom_kd_rows(const float *zs, size_t s_stride, const float *zt, size_t t_st
     free(ls);
 }
 
+/* A device backend (its memory is not the host's): the logit term runs on the backend's
+ * kd_rows op, one rank's whole rows; what would read its buffers as host memory is refused. */
+static loom_status kd_device_check(const loom_gpt *m)
+{
+    const loom_backend_ops *k = m->be->ops;
+    const char *be = k->describe(m->be->self);
+    if (k->size <= offsetof(loom_backend_ops, kd_rows) || !k->kd_rows)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "backend %s has no kd_rows op (plugin/backend.h), so "
+                  "distillation cannot run in its device memory; use backend = \"cpu\"", be);
+    if (m->tp_ops)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "distillation in the device memory of backend %s under "
+                  "mesh.tp > 1 is not built yet (the rows are gathered in host memory); it runs "
+                  "with mesh.dp and mesh.pp, or use backend = \"cpu\"", be);
+    return LOOM_OK;
+}
+
 /* The checks and buffers both forms share; sets the term's constants. Under tensor
  * parallelism kd_grad is one block: this rank's (R, Vl) gradient, then two (R, Vp) rows
  * buffers for the whole rows (gather_vocab_rows). */
@@ -67,10 +85,18 @@ static loom_status kd_prepare(loom_gpt *m, size_t t_stride, float T, float alpha
                   "the teacher's rows at least vocab=%d wide (%zu)", T, alpha, m->cfg.vocab, t_stride);
     size_t R = (size_t)m->max_B * (size_t)m->cfg.ctx;
     size_t per_row = (size_t)m->Vl + (m->tp_ops ? 2 * (size_t)m->cfg.vocab_padded : 0);
+    if (loom_backend_device_memory(m->be))
+        LOOM_TRY(kd_device_check(m));
     if (!m->kd_grad) {
-        m->kd_grad = malloc(R * per_row * sizeof(float));
+        const loom_backend_ops *k = m->be->ops;
+        if (loom_backend_device_memory(m->be)) { /* the rows and the gradient on the device */
+            m->kd_grad = k->alloc(m->be->self, R * per_row * sizeof(float));
+            m->kd_dev_loss = k->alloc(m->be->self, R * sizeof(double));
+        } else {
+            m->kd_grad = malloc(R * per_row * sizeof(float));
+        }
         m->kd_loss = malloc(R * sizeof(double));
-        if (!m->kd_grad || !m->kd_loss)
+        if (!m->kd_grad || !m->kd_loss || (loom_backend_device_memory(m->be) && !m->kd_dev_loss))
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the distillation buffers (%zu MiB)",
                       R * per_row * sizeof(float) >> 20);
     }
@@ -136,6 +162,11 @@ int gpt_distill_select(loom_gpt *m, const int *targets, size_t R)
 loom_status gpt_distill_before(loom_gpt *m, size_t R, float dloss)
 {
     float scale = m->kd_alpha * dloss;
+    if (m->kd_dev_loss) { /* a device backend: the teacher's rows are its memory too */
+        m->be->ops->kd_rows(m->logits, (size_t)m->Vl, m->kd_teacher, m->kd_stride, R,
+                            m->cfg.vocab, m->kd_T, scale, m->kd_dev_loss, m->kd_grad);
+        return LOOM_OK;
+    }
     if (!m->tp_ops) {
         loom_kd_rows(m->logits, (size_t)m->Vl, m->kd_teacher, m->kd_stride, R, m->cfg.vocab,
                      m->kd_T, scale, m->kd_loss, m->kd_grad);
@@ -156,6 +187,19 @@ void gpt_distill_after(loom_gpt *m, size_t R)
 {
     float a = m->kd_alpha, keep = 1.0f - a;
     size_t n = R * (size_t)m->Vl;
+    if (m->kd_dev_loss) { /* a device backend: the gradient blended there, in the loop's two
+                           * roundings (scale, then add); the R losses through the host */
+        const loom_backend_ops *k = m->be->ops;
+        void *bs = m->be->self;
+        k->scale(m->logits, keep, n);
+        k->accumulate(m->logits, m->kd_grad, n);
+        k->copy_to_host(bs, m->host_losses, m->losses, R * sizeof(float));
+        k->copy_to_host(bs, m->kd_loss, m->kd_dev_loss, R * sizeof(double));
+        for (size_t r = 0; r < R; r++)
+            m->host_losses[r] = (float)((double)keep * m->host_losses[r] + (double)a * m->kd_loss[r]);
+        k->copy_to_device(bs, m->losses, m->host_losses, R * sizeof(float));
+        return;
+    }
     for (size_t i = 0; i < n; i++)
         m->logits[i] = keep * m->logits[i] + m->kd_grad[i];
     for (size_t r = 0; r < R; r++)
@@ -164,7 +208,12 @@ void gpt_distill_after(loom_gpt *m, size_t R)
 
 void gpt_distill_free(loom_gpt *m)
 {
-    free(m->kd_grad);
+    if (m->kd_dev_loss) { /* the backend's (kd_prepare) */
+        m->be->ops->free(m->be->self, m->kd_grad);
+        m->be->ops->free(m->be->self, m->kd_dev_loss);
+    } else {
+        free(m->kd_grad);
+    }
     free(m->kd_loss);
     gpt_distill_hidden_free(m);
     gpt_distill_attn_free(m);

@@ -14,7 +14,11 @@
  * every tp rank (h whole, or its rows gathered under sequence parallelism; the projection
  * replicated), the attention term on each rank's heads (gpt_distill_attn.c). What it does
  * not: the intermediate terms under pp for blocks off the last stage's last chunk.
- * Host memory: the CPU backend's buffers are host memory (as session.c's optimizer assumes).
+ * Memory: on a host-memory backend (the CPU's) every buffer here is host memory. On a device
+ * backend (CUDA) the logit term runs on the backend's kd_rows op and teacher_logits are the
+ * backend's memory (the teacher's logits, or a cache's rows copied there); the intermediate
+ * terms run on the host over copies of the student's buffers, their teacher rows host
+ * memory, their gradients copied back; tp is refused there.
  */
 #ifndef LOOM_CORE_GPT_DISTILL_H
 #define LOOM_CORE_GPT_DISTILL_H
@@ -30,8 +34,8 @@ void loom_kd_rows(const float *zs, size_t s_stride, const float *zt, size_t t_st
                   int V, float T, float scale, double *loss, float *grad);
 
 /* The next training forwards (targets and dloss != 0) of m distil from teacher_logits: R
- * rows of stride t_stride (the teacher's vocab_padded), host memory, valid until that
- * forward returns; the loss becomes (1 - alpha) CE + alpha kd. teacher_logits NULL: off.
+ * rows of stride t_stride (the teacher's vocab_padded), host memory (a device backend's
+ * memory on a device backend), valid until that forward returns; the loss becomes (1 - alpha) CE + alpha kd. teacher_logits NULL: off.
  * Whole rows also under tensor parallelism. Refused on a pipeline stage (use _step). */
 loom_status loom_gpt_set_distill(loom_gpt *m, const float *teacher_logits, size_t t_stride,
                                  float T, float alpha);

@@ -44,6 +44,7 @@ void loom_kd_attention_rows(const float *ps, const float *pt, int B, int NH, int
 #include <string.h>
 
 #include "gpt_internal.h"
+#include "base/backend.h"
 #include "base/status.h"
 
 loom_status loom_gpt_set_distill_attention(loom_gpt *m, const float *const *teacher_att,
@@ -65,6 +66,8 @@ loom_status loom_gpt_set_distill_attention(loom_gpt *m, const float *const *teac
         LOOM_FAIL(LOOM_ERR_INVALID, "teacher.attention=%g must be true or a finite weight >= 0",
                   gamma);
     if (teacher_att)
+        LOOM_TRY(gpt_kd_device_terms_check(m, "distillation's attention terms"));
+    if (teacher_att)
         LOOM_TRY(gpt_distill_terms_check(m, teacher_att, "distillation's attention term"));
     m->kd_a_first = -1;
     for (int l = m->cfg.layers - 1; teacher_att && l >= 0; l--)
@@ -79,6 +82,14 @@ loom_status loom_gpt_set_distill_attention(loom_gpt *m, const float *const *teac
         m->kd_hsum = malloc((size_t)(m->tp + 1) * R * (size_t)m->NHl * sizeof(double));
         if (!m->kd_datt || !m->kd_aloss || !m->kd_hsum)
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the attention-probability term");
+    }
+    if (teacher_att && loom_backend_device_memory(m->be) && !m->kd_ps_host) {
+        /* on a device: the probabilities copied to the host, the gradient back */
+        size_t n = R * (size_t)m->NHl * (size_t)m->cfg.ctx;
+        m->kd_ps_host = malloc(n * sizeof(float));
+        m->kd_datt_dev = k->alloc(m->be->self, n * sizeof(float));
+        if (!m->kd_ps_host || !m->kd_datt_dev)
+            LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the attention-probability term's copies");
     }
     m->kd_att = teacher_att;
     m->kd_gamma = gamma;
@@ -154,7 +165,8 @@ loom_status gpt_distill_attn_forward(loom_gpt *m, int l, const int *targets, int
     /* each of this rank's heads' sum per row (loom_kd_attention_rows' order), gathered over
      * tp and added in head order: rank p holds heads p*NHl ..; the same bits at any tp */
     int NHl = m->NHl, P = m->tp_ops ? m->tp : 1;
-    const float *ps = m->acts[l].att;
+    const float *ps = gpt_kd_host_view(m, m->acts[l].att, R * (size_t)NHl * (size_t)T,
+                                       m->kd_ps_host);
     double *mine = m->kd_hsum, *all = m->tp_ops ? m->kd_hsum + R * (size_t)NHl : mine;
     for (size_t r = 0; r < R; r++)
         for (int h = 0; h < NHl; h++) {
@@ -195,23 +207,29 @@ void gpt_attention_backward(loom_gpt *m, int l, float *dqkv, const float *datty,
      * already added to the losses and cleared by the next forward */
     {   /* this rank's heads: 2 gamma/NH (P_s - P_t), NH the model's head count */
         const double g = 2.0 * ((double)m->kd_gamma / m->cfg.heads) * ks->a_scale;
-        size_t tt = (size_t)T * (size_t)T;
+        size_t tt = (size_t)T * (size_t)T, n = (size_t)B * m->NHl * tt;
+        const float *att = gpt_kd_host_view(m, a->att, n, m->kd_ps_host); /* a device's: copied */
         for (int b = 0; b < B; b++)
             for (int h = 0; h < m->NHl; h++) {
                 size_t at = ((size_t)b * m->NHl + (size_t)h) * tt;
-                const float *ps = a->att + at, *pt = teacher_probs(m, l, ks->r0, B, T, b, h);
+                const float *ps = att + at, *pt = teacher_probs(m, l, ks->r0, B, T, b, h);
                 for (size_t i = 0; i < tt; i++)
                     m->kd_datt[at + i] = (float)(g * ((double)ps[i] - pt[i]));
             }
+        if (m->kd_datt_dev)
+            k->copy_to_device(m->be->self, m->kd_datt_dev, m->kd_datt, n * sizeof(float));
     }
-    k->attention_backward_datt(dqkv, m->datt_scratch, datty, a->qkv, a->att, m->kd_datt, B, T,
-                               m->Cl, m->NHl);
+    k->attention_backward_datt(dqkv, m->datt_scratch, datty, a->qkv, a->att,
+                               m->kd_datt_dev ? m->kd_datt_dev : m->kd_datt, B, T, m->Cl, m->NHl);
     if (l == m->kd_a_first)
         ks->a_live = 0;
 }
 
 void gpt_distill_attn_free(loom_gpt *m)
 {
+    if (m->kd_datt_dev)
+        m->be->ops->free(m->be->self, m->kd_datt_dev);
+    free(m->kd_ps_host);
     free(m->kd_datt);
     free(m->kd_aloss);
     free(m->kd_hsum);

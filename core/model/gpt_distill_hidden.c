@@ -19,7 +19,55 @@
 
 #include "gpt_distill.h"
 #include "gpt_internal.h"
+#include "base/backend.h"
 #include "base/status.h"
+
+const float *gpt_kd_host_view(loom_gpt *m, const float *src, size_t n, float *scratch)
+{
+    if (!loom_backend_device_memory(m->be))
+        return src;
+    m->be->ops->copy_to_host(m->be->self, scratch, src, n * sizeof(float));
+    return scratch;
+}
+
+void gpt_kd_add_loss_rows(loom_gpt *m, const double *extra, const double *extra2, size_t R)
+{
+    int dev = loom_backend_device_memory(m->be);
+    float *losses = dev ? m->host_losses : m->losses;
+    if (dev)
+        m->be->ops->copy_to_host(m->be->self, losses, m->losses, R * sizeof(float));
+    for (size_t r = 0; r < R; r++) {
+        double e = extra[r];
+        if (extra2)
+            e += extra2[r];
+        losses[r] = (float)((double)losses[r] + e);
+    }
+    if (dev)
+        m->be->ops->copy_to_device(m->be->self, m->losses, losses, R * sizeof(float));
+}
+
+/* Memory for one of the terms' buffers the backward reads: the backend's on a device. */
+static void *term_alloc(loom_gpt *m, size_t bytes)
+{
+    return loom_backend_device_memory(m->be) ? m->be->ops->alloc(m->be->self, bytes) : malloc(bytes);
+}
+
+static void term_free(loom_gpt *m, void *p)
+{
+    if (p && loom_backend_device_memory(m->be))
+        m->be->ops->free(m->be->self, p);
+    else
+        free(p);
+}
+
+loom_status gpt_kd_device_terms_check(const loom_gpt *m, const char *what)
+{
+    if (loom_backend_device_memory(m->be) && m->tp_ops)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "%s in the device memory of backend %s under mesh.tp > 1 "
+                  "are not built yet; they run at one rank, mesh.dp and mesh.pp there", what,
+                  m->be->ops->describe(m->be->self));
+    return LOOM_OK;
+}
 
 static const loom_param_entry *proj_entry(const loom_gpt *m, int l)
 {
@@ -117,7 +165,17 @@ loom_status loom_gpt_set_distill_hidden(loom_gpt *m, const float *const *teacher
             LOOM_FAIL(LOOM_ERR_INVALID, "student block %d has a teacher block but no projection "
                       "(kd_proj_layers lacks bit %d)", l, l);
     if (teacher_h)
+        LOOM_TRY(gpt_kd_device_terms_check(m, "distillation's hidden-state terms"));
+    if (teacher_h)
         LOOM_TRY(gpt_distill_terms_check(m, teacher_h, "distillation's hidden-state terms"));
+    if (teacher_h && loom_backend_device_memory(m->be) && !m->kd_hs_host) {
+        m->kd_hs_host = malloc(R * C * sizeof(float));
+        m->kd_dh_host = malloc(R * C * sizeof(float));
+        m->kd_w_host = malloc(Ct * C * sizeof(float));
+        m->kd_dw_host = malloc(Ct * C * sizeof(float));
+        if (!m->kd_hs_host || !m->kd_dh_host || !m->kd_w_host || !m->kd_dw_host)
+            LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the hidden-state terms' host copies");
+    }
     if (teacher_h && !m->kd_dh) {
         m->kd_dh = calloc((size_t)L * S, sizeof *m->kd_dh);
         m->kd_dw = calloc((size_t)L * S, sizeof *m->kd_dw);
@@ -134,8 +192,8 @@ loom_status loom_gpt_set_distill_hidden(loom_gpt *m, const float *const *teacher
         m->kd_h_first = l;
         for (int sl = 0; sl < S; sl++) {
             size_t i = (size_t)sl * L + l;
-            if ((!m->kd_dh[i] && !(m->kd_dh[i] = malloc(R * C * sizeof(float)))) ||
-                (!m->kd_dw[i] && !(m->kd_dw[i] = malloc(Ct * C * sizeof(float)))))
+            if ((!m->kd_dh[i] && !(m->kd_dh[i] = term_alloc(m, R * C * sizeof(float)))) ||
+                (!m->kd_dw[i] && !(m->kd_dw[i] = term_alloc(m, Ct * C * sizeof(float)))))
                 LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the hidden-state terms");
         }
     }
@@ -170,24 +228,26 @@ loom_status gpt_distill_hidden(loom_gpt *m, const int *targets, size_t R, float 
         if (!m->kd_h[l])
             continue;
         const loom_param_entry *e = proj_entry(m, l);
-        float *dw = m->kd_dw[(size_t)m->cur_slot * L + l];
+        size_t i = (size_t)m->cur_slot * L + l;
+        int dev = loom_backend_device_memory(m->be); /* on the host over copies, then back */
+        float *dw = dev ? m->kd_dw_host : m->kd_dw[i], *dh = dev ? m->kd_dh_host : m->kd_dh[i];
         memset(dw, 0, (size_t)Ct * C * sizeof(float));
-        const float *hs = m->acts[l].res3;
+        const float *hs = gpt_kd_host_view(m, m->acts[l].res3, R * (size_t)C, m->kd_hs_host);
         if (m->sp) { /* each rank's R/tp rows, in rank order: all R (a gather copies) */
             LOOM_TRY(m->tp_ops->tensor_allgather(m->tp_self, hs, m->kd_hall,
                                                  R / (size_t)m->tp * (size_t)C));
             hs = m->kd_hall;
         }
-        loom_kd_hidden_rows(hs, m->kd_h[l] + r0 * (size_t)Ct, m->params + e->offset,
-                            R, C, Ct, m->kd_beta, dloss, m->kd_hloss, m->kd_y,
-                            m->kd_dh[(size_t)m->cur_slot * L + l], dw);
+        const float *w = gpt_kd_host_view(m, m->params + e->offset, (size_t)Ct * C, m->kd_w_host);
+        loom_kd_hidden_rows(hs, m->kd_h[l] + r0 * (size_t)Ct, w, R, C, Ct, m->kd_beta, dloss,
+                            m->kd_hloss, m->kd_y, dh, dw);
+        if (dev) {
+            m->be->ops->copy_to_device(m->be->self, m->kd_dh[i], dh, R * (size_t)C * sizeof(float));
+            m->be->ops->copy_to_device(m->be->self, m->kd_dw[i], dw, (size_t)Ct * C * sizeof(float));
+        }
     }
-    for (size_t r = 0; r < R; r++) { /* and the attention term's rows (gpt_distill_attn.c) */
-        double extra = h ? m->kd_hloss[r] : m->kd_aloss[r];
-        if (h && ks->a_live)
-            extra += m->kd_aloss[r];
-        m->losses[r] = (float)((double)m->losses[r] + extra);
-    }
+    /* and the attention term's rows (gpt_distill_attn.c) */
+    gpt_kd_add_loss_rows(m, h ? m->kd_hloss : m->kd_aloss, h && ks->a_live ? m->kd_aloss : NULL, R);
     ks->h_live = ks->w_live = h;
     return LOOM_OK;
 }
@@ -223,9 +283,13 @@ void gpt_distill_hidden_backward(loom_gpt *m, int l, size_t Rl)
 void gpt_distill_hidden_free(loom_gpt *m)
 {
     for (size_t i = 0; m->kd_dh && i < (size_t)m->cfg.layers * m->slots; i++) {
-        free(m->kd_dh[i]);
-        free(m->kd_dw[i]);
+        term_free(m, m->kd_dh[i]);
+        term_free(m, m->kd_dw[i]);
     }
+    free(m->kd_hs_host);
+    free(m->kd_dh_host);
+    free(m->kd_w_host);
+    free(m->kd_dw_host);
     free(m->kd_dh);
     free(m->kd_dw);
     free(m->kd_hloss);

@@ -129,8 +129,10 @@ struct loom_gpt {
     const float *kd_step_rows;         /* rows), and the teacher's rows in the same order */
     size_t kd_rows;
     float kd_T, kd_alpha;
-    float *kd_grad;                    /* (R,Vl) host: alpha dloss d kd / d z_s */
+    float *kd_grad;                    /* (R,Vl) alpha dloss d kd / d z_s: host, or the
+                                        * backend's on a device backend (kd_rows op) */
     double *kd_loss;                   /* (R) host */
+    double *kd_dev_loss;               /* (R) the backend's: kd_rows' rows on a device, else NULL */
     /* hidden-state terms (gpt_distill.h): the teacher's block outputs per student block
      * (kd_h[l], NULL: unmapped; a pipeline stage: the step's rows, chosen by the targets
      * as gpt_distill_select does), beta, and what the forward left in its activation slot
@@ -142,6 +144,11 @@ struct loom_gpt {
     double *kd_hloss;                  /* (R) */
     float *kd_y;                       /* (R, kd_proj_dim) the projection's output */
     float *kd_hall;                    /* sequence parallelism: (R,C) h's rows gathered */
+    /* a device backend: the terms run on the host over copies (gpt_distill_hidden.c's
+     * gpt_kd_host_view): h's rows (R,C), the projection (Ct,C), and the results (R,C),
+     * (Ct,C) before they are copied into kd_dh / kd_dw (the backend's there); the
+     * student's probabilities (R,NHl,T) and their gradient in the backend's memory */
+    float *kd_hs_host, *kd_w_host, *kd_dh_host, *kd_dw_host, *kd_ps_host, *kd_datt_dev;
     int kd_h_first;                    /* the lowest mapped block */
     /* the attention-probability term (gpt_distill_attn.c): the teacher's probabilities per
      * student block (kd_att[l], NULL: unmapped; a stage: the step's micro-batches, each
@@ -193,6 +200,14 @@ int gpt_distill_row0(const loom_gpt *m, const int *targets, size_t R, size_t *r0
  * (blocks l .. layers-1 held here); and the per-slot state. */
 loom_status gpt_distill_terms_check(loom_gpt *m, const float *const *map, const char *what);
 void gpt_distill_hidden_free(loom_gpt *m);
+/* A device backend runs the intermediate terms on the host: src (n floats, the backend's)
+ * copied into scratch, which is returned; on host memory src itself. */
+const float *gpt_kd_host_view(loom_gpt *m, const float *src, size_t n, float *scratch);
+/* losses[r] += extra[r] (+ extra2[r], may be NULL), in double: on a device through
+ * host_losses. */
+void gpt_kd_add_loss_rows(loom_gpt *m, const double *extra, const double *extra2, size_t R);
+/* The intermediate terms on a device backend: refused under tp and pp (what = the term). */
+loom_status gpt_kd_device_terms_check(const loom_gpt *m, const char *what);
 /* The attention term (gpt_distill_attn.c): after block l's training forward, its loss rows;
  * block l's attention backward (the term's d(probabilities) joined when it has one). */
 loom_status gpt_distill_attn_forward(loom_gpt *m, int l, const int *targets, int B, int T,

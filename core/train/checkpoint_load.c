@@ -42,6 +42,7 @@
 #include "io/json.h"
 #include "model/gpt_stage.h"
 #include "io/safetensors.h"
+#include "base/backend.h"
 #include "base/status.h"
 #include "compress.h"
 #include "compress_ckpt.h"
@@ -1046,8 +1047,22 @@ static int held_elsewhere(const void *m, const char *name);
 loom_status loom_ckpt_load_model_params(const char *ckpt_dir, loom_gpt *m)
 {
     elsewhere ew = {held_elsewhere, m};
-    return load_tensors(ckpt_dir, loom_gpt_params(m), 0, loom_gpt_param_data(m),
-                        NULL, &ew);
+    loom_backend *be = loom_gpt_backend(m);
+    if (!loom_backend_device_memory(be))
+        return load_tensors(ckpt_dir, loom_gpt_params(m), 0, loom_gpt_param_data(m), NULL, &ew);
+    /* a device backend (a distillation teacher there): read into a host copy of the
+     * parameters (filled first, so what is held elsewhere keeps its values), then copied in */
+    size_t bytes = loom_gpt_params(m)->total * sizeof(float);
+    float *host = malloc(bytes ? bytes : 1);
+    if (!host)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the host copy of the parameters (%zu MiB)",
+                  bytes >> 20);
+    be->ops->copy_to_host(be->self, host, loom_gpt_param_data(m), bytes);
+    loom_status st = load_tensors(ckpt_dir, loom_gpt_params(m), 0, host, NULL, &ew);
+    if (st == LOOM_OK)
+        be->ops->copy_to_device(be->self, loom_gpt_param_data(m), host, bytes);
+    free(host);
+    return st;
 }
 
 /* One tensor file, every byte: size, XXH64, header checksum, parse, tile checksums. */

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/backend.h"
 #include "base/status.h"
 #include "io/checksum.h"
 
@@ -99,35 +100,57 @@ static void top_k(const float *z, int V, int k, uint32_t *idx)
     qsort(idx, (size_t)k, sizeof *idx, by_column);
 }
 
-static loom_status write_records(FILE *f, const char *path, const loom_kd_cache_shape *sh,
-                                 loom_gpt *teacher, loom_batch_fn next, void *ctx,
-                                 int *tokens, int *targets, unsigned char *rec)
+/* Record g: the next micro-batch's teacher forward and its rows' top k. host: a device
+ * backend's logits copied there first (R x vocab_padded), else NULL. */
+static loom_status write_record(FILE *f, const char *path, const loom_kd_cache_shape *sh,
+                                loom_gpt *teacher, loom_batch_fn next, void *ctx, int *tokens,
+                                int *targets, unsigned char *rec, float *host, int64_t g)
 {
     const size_t R = (size_t)sh->micro * (size_t)sh->seq, k = (size_t)sh->k;
     const size_t stride = (size_t)loom_gpt_get_config(teacher)->vocab_padded;
     float *val = (float *)(rec + 8);
     uint32_t *col = (uint32_t *)(rec + 8 + 4 * R * k);
-    for (int64_t g = 0; g < sh->records; g++) {
-        LOOM_TRY(next(ctx, tokens, targets, sh->micro, sh->seq));
-        LOOM_TRY(loom_gpt_forward(teacher, tokens, NULL, sh->micro, sh->seq, 0.0f, NULL));
-        const float *z = loom_gpt_logits(teacher);
-        put64(rec, loom_xxh64(tokens, R * sizeof(int)));
-        for (size_t r = 0; r < R; r++) {
-            const float *row = z + r * stride;
-            for (int j = 0; j < sh->vocab; j++)
-                if (!isfinite(row[j]))
-                    LOOM_FAIL(LOOM_ERR_INVALID, "distill-cache: the teacher's logit %d of token %zu "
-                              "in micro-batch %lld is %g, not finite", j, r, (long long)g, row[j]);
-            top_k(row, sh->vocab, sh->k, col + r * k);
-            for (size_t e = 0; e < k; e++)
-                val[r * k + e] = row[col[r * k + e]];
-        }
-        size_t n = record_bytes(sh) - 8;
-        put64(rec + n, loom_xxh64(rec, n));
-        if (fwrite(rec, 1, n + 8, f) != n + 8)
-            LOOM_FAIL(LOOM_ERR_IO, "distill-cache: writing '%s': %s", path, strerror(errno));
+    LOOM_TRY(next(ctx, tokens, targets, sh->micro, sh->seq));
+    LOOM_TRY(loom_gpt_forward(teacher, tokens, NULL, sh->micro, sh->seq, 0.0f, NULL));
+    const float *z = loom_gpt_logits(teacher);
+    if (host) {
+        loom_backend *be = loom_gpt_backend(teacher);
+        be->ops->copy_to_host(be->self, host, z, R * stride * sizeof(float));
+        z = host;
     }
+    put64(rec, loom_xxh64(tokens, R * sizeof(int)));
+    for (size_t r = 0; r < R; r++) {
+        const float *row = z + r * stride;
+        for (int j = 0; j < sh->vocab; j++)
+            if (!isfinite(row[j]))
+                LOOM_FAIL(LOOM_ERR_INVALID, "distill-cache: the teacher's logit %d of token %zu "
+                          "in micro-batch %lld is %g, not finite", j, r, (long long)g, row[j]);
+        top_k(row, sh->vocab, sh->k, col + r * k);
+        for (size_t e = 0; e < k; e++)
+            val[r * k + e] = row[col[r * k + e]];
+    }
+    size_t n = record_bytes(sh) - 8;
+    put64(rec + n, loom_xxh64(rec, n));
+    if (fwrite(rec, 1, n + 8, f) != n + 8)
+        LOOM_FAIL(LOOM_ERR_IO, "distill-cache: writing '%s': %s", path, strerror(errno));
     return LOOM_OK;
+}
+
+static loom_status write_records(FILE *f, const char *path, const loom_kd_cache_shape *sh,
+                                 loom_gpt *teacher, loom_batch_fn next, void *ctx,
+                                 int *tokens, int *targets, unsigned char *rec)
+{
+    const size_t R = (size_t)sh->micro * (size_t)sh->seq;
+    const size_t stride = (size_t)loom_gpt_get_config(teacher)->vocab_padded;
+    float *host = NULL; /* a device backend's logits: copied to the host per record */
+    if (loom_backend_device_memory(loom_gpt_backend(teacher)) &&
+        !(host = malloc(R * stride * sizeof(float))))
+        LOOM_FAIL(LOOM_ERR_NOMEM, "distill-cache: out of memory for the teacher's logits");
+    loom_status st = LOOM_OK;
+    for (int64_t g = 0; st == LOOM_OK && g < sh->records; g++)
+        st = write_record(f, path, sh, teacher, next, ctx, tokens, targets, rec, host, g);
+    free(host);
+    return st;
 }
 
 loom_status loom_kd_cache_write(const char *path, const loom_kd_cache_shape *sh,

@@ -80,6 +80,7 @@ struct loom_session {
     loom_plugin_config teacher_tp_cfg;   /* that strategy's config (the student's, or with
                                           * sequence parallelism off: teacher_layout) */
     float *kd_whole;                     /* (2 x B*T x teacher's Vp): scratch, then the rows */
+    float *kd_dev_rows;                  /* a device backend: a cache's rows (B*T x vocab) there */
     loom_kd_group *kd_group;             /* teacher.tp across dp ranks (kd_group.h), else NULL */
     loom_pipeline *teacher_pipe;         /* teacher.pp = mesh.pp: its stages' pipeline, else NULL */
     int kd_map[64];          /* hidden-state terms: student block -> teacher block (-1: none) */
@@ -317,7 +318,8 @@ static loom_status distill_hidden_open(loom_session *s, const loom_session_confi
                       "held whole here (another stage's: with teacher.pp map teacher blocks of its "
                       "last stage; or split by sequence parallelism)", t);
         size_t rows = (size_t)cfg->accum * cfg->micro_batch * cfg->seq;
-        if (t >= 0 && s->pipe) { /* the step's rows, which distill_pipeline fills */
+        if (t >= 0 && (s->pipe || s->device)) { /* the step's rows, which distill_pipeline
+            * fills; a device backend: the micro-batch's, copied to the host (host_terms) */
             if (!(s->kd_hstep[l] = malloc(rows * (size_t)tc->dim * sizeof(float))))
                 LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the teacher's hidden rows of a step");
             s->kd_h[l] = s->kd_hstep[l];
@@ -348,7 +350,8 @@ static loom_status distill_hidden_open(loom_session *s, const loom_session_confi
         size_t A = (size_t)cfg->accum * cfg->micro_batch * held * cfg->seq * cfg->seq;
         if (s->kd_group) /* all heads, gathered over the group */
             s->kd_att[l] = loom_kd_group_block_attention(s->kd_group, l, 0);
-        if (s->kd_map[l] >= 0 && s->pipe) { /* each micro-batch's (B,NH,T,T) of the step */
+        if (s->kd_map[l] >= 0 && (s->pipe || s->device)) { /* each micro-batch's (B,NH,T,T)
+            * of the step; a device backend: the micro-batch's, copied to the host */
             if (!(s->kd_astep[l] = malloc(A * sizeof(float))))
                 LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the teacher's probabilities of a step");
             s->kd_att[l] = s->kd_astep[l];
@@ -465,10 +468,15 @@ static loom_status make_teacher(loom_session *s, const loom_session_config *cfg)
     if (s->pipe && last) { /* the teacher's rows of all of a step's micro-batches (distill_pipeline) */
         size_t rows = (size_t)cfg->accum * cfg->micro_batch * cfg->seq;
         size_t stride = cfg->kd_cache ? (size_t)mc->vocab : (size_t)tc->vocab_padded;
-        if (!(s->kd_step = malloc(rows * stride * sizeof(float))))
+        s->kd_step = s->device ? s->backend.ops->alloc(s->backend.self, rows * stride * sizeof(float))
+                               : malloc(rows * stride * sizeof(float)); /* kd_rows reads it there */
+        if (!s->kd_step)
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the teacher's rows of a step (%zu MiB)",
                       rows * stride * sizeof(float) >> 20);
     }
+    if (cfg->kd_cache && s->device && !(s->kd_dev_rows = s->backend.ops->alloc(s->backend.self,
+            (size_t)cfg->micro_batch * cfg->seq * (size_t)mc->vocab * sizeof(float))))
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory on the device for a cache's teacher rows");
     if (cfg->kd_cache) /* teacher = { cache = FILE }: its logits written before (kd_cache.h) */
         return loom_kd_cache_open(cfg->kd_cache, mc->vocab, cfg->micro_batch, cfg->seq,
                                   &s->kd_cache);
@@ -493,7 +501,9 @@ static loom_status make_teacher(loom_session *s, const loom_session_config *cfg)
 
 /* pp, last stage: micro-batch a's teacher block outputs and probabilities (teacher.layers,
  * teacher.attention) into the step's buffers the student's forwards read: the teacher's
- * own, or (teacher.tp across dp ranks) those the group kept for this rank. */
+ * own, or (teacher.tp across dp ranks) those the group kept for this rank. A device backend
+ * (a = 0): the micro-batch's copied to the host, where the terms run (gpt_distill.h); the
+ * group is host memory (teacher.tp is refused on a device). */
 static void distill_pipeline_terms(loom_session *s, int a)
 {
     const loom_gpt_config *tc = loom_gpt_get_config(s->teacher);
@@ -501,16 +511,24 @@ static void distill_pipeline_terms(loom_session *s, int a)
     size_t bt = (size_t)s->cfg.micro_batch * s->cfg.seq, A = bt * (size_t)held * s->cfg.seq;
     for (int l = 0; s->kd_hidden_on && l < loom_gpt_get_config(s->model)->layers; l++) {
         int t = s->kd_map[l];
+        const loom_backend_ops *k = s->backend.ops; /* a device's memory: copies; else memcpy */
         if (t >= 0 && s->kd_hstep[l])
-            memcpy(s->kd_hstep[l] + (size_t)a * bt * tc->dim,
-                   s->kd_group ? loom_kd_group_block_output(s->kd_group, l, a)
-                               : loom_gpt_block_output(s->teacher, t),
-                   bt * (size_t)tc->dim * sizeof(float));
-        if (t >= 0 && s->kd_astep[l])
-            memcpy(s->kd_astep[l] + (size_t)a * A,
-                   s->kd_group ? loom_kd_group_block_attention(s->kd_group, l, a)
-                               : loom_gpt_block_attention(s->teacher, t),
-                   A * sizeof(float));
+        {
+            if (s->kd_group)
+                memcpy(s->kd_hstep[l] + (size_t)a * bt * tc->dim,
+                       loom_kd_group_block_output(s->kd_group, l, a), bt * (size_t)tc->dim * sizeof(float));
+            else
+                k->copy_to_host(s->backend.self, s->kd_hstep[l] + (size_t)a * bt * tc->dim,
+                                loom_gpt_block_output(s->teacher, t), bt * (size_t)tc->dim * sizeof(float));
+        }
+        if (t >= 0 && s->kd_astep[l]) {
+            if (s->kd_group)
+                memcpy(s->kd_astep[l] + (size_t)a * A, loom_kd_group_block_attention(s->kd_group, l, a),
+                       A * sizeof(float));
+            else
+                k->copy_to_host(s->backend.self, s->kd_astep[l] + (size_t)a * A,
+                                loom_gpt_block_attention(s->teacher, t), A * sizeof(float));
+        }
     }
 }
 
@@ -555,7 +573,11 @@ static loom_status distill_pipeline(loom_session *s, int accum, int dp_rank)
                         (int64_t)dp_rank * accum + a;
             LOOM_TRY(loom_kd_cache_rows(s->kd_cache, g, s->tokens + (size_t)a * bt, &rows));
         }
-        memcpy(s->kd_step + (size_t)a * bt * stride, rows, bt * stride * sizeof(float));
+        float *at = s->kd_step + (size_t)a * bt * stride; /* a device's memory there */
+        if (s->device && !s->teacher) /* a cache's rows: host memory */
+            s->backend.ops->copy_to_device(s->backend.self, at, rows, bt * stride * sizeof(float));
+        else
+            loom_backend_copy_bits(&s->backend, at, rows, bt * stride);
     }
     if (!s->kd_step)
         return LOOM_OK; /* a stage before the last: the student's head is not here */
@@ -649,6 +671,36 @@ static loom_status bind_tensor_backend(loom_session *s)
     return t->set_backend(s->tensor_self, s->backend.ops, s->backend.self);
 }
 
+/* LOOM_CUDA_ATTENTION=flash (docs/CUDA.md): the fused attention, whose att is no
+ * probabilities. */
+static int flash_attention(void)
+{
+    const char *v = getenv("LOOM_CUDA_ATTENTION");
+    return v && !strcmp(v, "flash");
+}
+
+/* A teacher in device memory (docs/DISTILL.md): the teacher replicated, forward only, on
+ * the same backend; the logit term on the backend's kd_rows op, the intermediate terms on
+ * the host over copies; one rank, mesh.dp or mesh.pp (ZeRO, offload; a cache too). What
+ * still reads the model's buffers as host memory, or is untested there, is named; NULL:
+ * none. */
+static const char *device_teacher_refusal(const loom_session_config *cfg)
+{
+    if (!cfg->teacher && !cfg->kd_cache)
+        return NULL;
+    const loom_gpt_config *t = cfg->teacher;
+    return cfg->kd_teacher_tp > 1 ? "teacher.tp > 1 (the split teacher's rows are gathered on the host)"
+         : cfg->kd_teacher_pp > 1 ? "teacher.pp > 1"
+         : cfg->tensor ? "a teacher beside mesh.tp (the vocabulary rows are gathered on the host)"
+         : cfg->ep > 1 ? "a teacher beside mesh.ep"
+         : cfg->kd_layers && cfg->kd_attention > 0.0f && flash_attention()
+             ? "teacher.attention and LOOM_CUDA_ATTENTION=flash (the fused kernels keep no "
+               "probabilities)"
+         : t && t->moe.experts ? "a teacher with mixture-of-experts blocks (untested there)"
+         : t && t->family == LOOM_FAMILY_LLAMA ? "a teacher of the llama family (untested there)"
+         : NULL;
+}
+
 /* A device backend (its memory is not the host's): what trains there today is one rank,
  * dp (with or without ZeRO), tp and pp (their messages over the device groups), with the
  * optimizer's step_backend; the paths that still read the model's buffers as host memory
@@ -672,12 +724,12 @@ static loom_status check_device(loom_session *s, const loom_session_config *cfg,
                        : size > 1 && cfg->zero_stage > 0 && cfg->offload_mode != LOOM_OFFLOAD_NONE
                            ? "strategy offload beside strategy.zero (offload_device.c steps the "
                              "model's whole buffers, not ZeRO's partitions)"
-                       : cfg->teacher || cfg->kd_cache ? "a distillation teacher" : NULL;
+                       : device_teacher_refusal(cfg);
     if (what)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "backend %s: training in device memory with %s is not "
                   "built yet; it trains one rank, mesh.dp, mesh.tp and mesh.pp ranks, ZeRO or "
-                  "offload, mesh.ep beside mesh.dp alone (no teacher), or use backend = "
-                  "\"cpu\"", be, what);
+                  "offload, mesh.ep beside mesh.dp alone, a teacher at one rank, mesh.dp or "
+                  "mesh.pp (docs/DISTILL.md), or use backend = \"cpu\"", be, what);
     if (size > 1 && !s->device_groups)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "backend %s with %d ranks has no device groups "
                   "(loom_dist_device_open)", be, size);
@@ -886,7 +938,12 @@ void loom_session_destroy(loom_session *s)
     loom_kd_group_close(s->kd_group);
     free(s->kd_whole);
     loom_kd_cache_close(s->kd_cache);
-    free(s->kd_step);
+    if (s->kd_dev_rows)
+        s->backend.ops->free(s->backend.self, s->kd_dev_rows);
+    if (s->device && s->kd_step)
+        s->backend.ops->free(s->backend.self, s->kd_step);
+    else
+        free(s->kd_step);
     for (int l = 0; l < 64; l++) {
         free(s->kd_hstep[l]);
         free(s->kd_astep[l]);
@@ -1150,6 +1207,8 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
             const float *rows;
             LOOM_TRY(loom_gpt_forward(s->teacher, s->tokens, NULL, B, T, 0.0f, NULL));
             LOOM_TRY(teacher_rows(s, (size_t)B * T, &rows));
+            if (s->device)
+                distill_pipeline_terms(s, 0); /* teacher.layers: its rows to the host */
             LOOM_TRY(loom_gpt_set_distill(s->model, rows,
                                           (size_t)loom_gpt_get_config(s->teacher)->vocab_padded,
                                           s->cfg.kd_temperature, s->cfg.kd_alpha));
@@ -1157,6 +1216,11 @@ loom_status loom_session_step(loom_session *s, loom_batch_fn next, void *ctx, fl
             const float *rows;
             LOOM_TRY(loom_kd_cache_rows(s->kd_cache, (s->step_no - 1) * accum * dp + i, s->tokens,
                                         &rows));
+            if (s->kd_dev_rows) { /* a device backend: the rows where its kd_rows reads them */
+                k->copy_to_device(s->backend.self, s->kd_dev_rows, rows, (size_t)B * T *
+                                  (size_t)loom_gpt_get_config(s->model)->vocab * sizeof(float));
+                rows = s->kd_dev_rows;
+            }
             LOOM_TRY(loom_gpt_set_distill(s->model, rows, (size_t)loom_gpt_get_config(s->model)->vocab,
                                           s->cfg.kd_temperature, s->cfg.kd_alpha));
         }

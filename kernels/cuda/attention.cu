@@ -107,7 +107,8 @@ static void batched_forward(float *out, float *att, const float *qkv, int B, int
 }
 
 static void batched_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                             const float *att, int B, int T, int C, int NH, int KVH)
+                             const float *att, const float *datt_extra, int B, int T, int C,
+                             int NH, int KVH)
 {
     /* dqkv (B,T,W) =, scratch (2,B,NH,T,T), dout (B,T,C), qkv (B,T,W), att (B,NH,T,T) */
     const int hs = C / NH, rep = NH / KVH, KC = KVH * hs, W = C + 2 * KC;
@@ -125,6 +126,8 @@ static void batched_backward(float *dqkv, float *scratch, const float *dout, con
                                    da + r * TT, T, st, KVH);
         }
     }
+    if (datt_extra) /* a further gradient of the probabilities (distillation's term) */
+        loom_cuda_accumulate(datt, datt_extra, (size_t)B * NH * TT);
     LOOM_CUDA_LAUNCH("attention_backward (softmax)", softmax_backward_kernel,
                      (unsigned)((size_t)B * NH * T), SM_THREADS, 0, dpre, att, datt, T);
     for (int b = 0; b < B; b++) {
@@ -182,7 +185,20 @@ extern "C" void loom_cuda_attention_backward(float *dqkv, float *scratch, const 
                                            B, T, C, NH, LOOM_DTYPE_F32);
         return;
     }
-    batched_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH, NH);
+    batched_backward(dqkv, scratch, dout, qkv, att, NULL, B, T, C, NH, NH);
+}
+
+/* backend.h attention_backward_datt: the batched path with datt_extra (B,NH,T,T) added to
+ * dO V^T before the softmax backward (kernels/cpu/attention.c's order: the products, then
+ * the extra, then the row's softmax backward). Always the batched path: att must hold the
+ * probabilities, which the fused kernels do not save (session.c refuses teacher.attention
+ * with LOOM_CUDA_ATTENTION=flash). */
+extern "C" void loom_cuda_attention_backward_datt(float *dqkv, float *scratch, const float *dout,
+                                                  const float *qkv, const float *att,
+                                                  const float *datt_extra, int B, int T, int C,
+                                                  int NH)
+{
+    batched_backward(dqkv, scratch, dout, qkv, att, datt_extra, B, T, C, NH, NH);
 }
 
 extern "C" void loom_cuda_attention_decode(float *out, float *att, size_t att_stride,
@@ -210,7 +226,7 @@ extern "C" void loom_cuda_attention_gqa_backward(float *dqkv, float *scratch, co
     if (KVH == NH)
         loom_cuda_attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH);
     else
-        batched_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH, KVH);
+        batched_backward(dqkv, scratch, dout, qkv, att, NULL, B, T, C, NH, KVH);
 }
 
 extern "C" void loom_cuda_attention_gqa_decode(float *out, float *att, size_t att_stride,

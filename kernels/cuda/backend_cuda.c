@@ -351,6 +351,8 @@ static const loom_backend_ops cuda_ops = {
     .attention_flash_backward = loom_cuda_flash_attention_backward,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
+    .kd_rows = loom_cuda_kd_rows,
+    .attention_backward_datt = loom_cuda_attention_backward_datt,
 };
 
 static const loom_config_key cuda_keys[N_KEYS] = {

@@ -115,6 +115,13 @@ void loom_cuda_rows_scatter_add(float *out, const float *inp, const int *idx,
                                 const float *scale, size_t n, int C);
 void loom_cuda_rows_dot(float *out, const float *a, const int *idx, const float *b, size_t n,
                         int C);
+/* attention.cu: backend.h attention_backward_datt (the batched path, datt_extra added). */
+void loom_cuda_attention_backward_datt(float *dqkv, float *scratch, const float *dout,
+                                       const float *qkv, const float *att,
+                                       const float *datt_extra, int B, int T, int C, int NH);
+/* distill.cu: backend.h kd_rows (core/model/gpt_distill.c's loom_kd_rows, its order). */
+void loom_cuda_kd_rows(const float *zs, size_t s_stride, const float *zt, size_t t_stride,
+                       size_t R, int V, float T, float scale, double *loss, float *grad);
 /* flash_attention.cu: backend.h attention_flash_forward / _backward. */
 void loom_cuda_flash_attention_forward(float *out, float *lse, const void *qkv, int B, int T,
                                        int C, int NH, loom_dtype dt);

@@ -10,7 +10,7 @@
  * in row-stable mode; the llama family's ops (grouped-query attention with 2 and 1 kv heads,
  * its decode bitwise its forward's last row in row-stable mode, RMSNorm, SwiGLU, RoPE: fp32
  * only, as the CPU's are); the MoE layer's row moves (rows_gather, rows_scatter_add,
- * rows_dot), bitwise the CPU's.
+ * rows_dot), bitwise the CPU's; distillation's attention_backward_datt.
  * Check in no-fork mode (CUDA after fork() is undefined). No GPU visible: exit 77 (skip).
  */
 #include <check.h>
@@ -321,6 +321,31 @@ START_TEST(test_attention)
             for (int j = t + 1; j < T; j++)
                 ck_assert_msg(ga[(bh * T + t) * T + j] == 0.0f, "att above the diagonal");
     free(o), free(att), free(qkv), free(dqkv), free(scratch), free(dout);
+}
+END_TEST
+
+/* Distillation's attention term's backward: attention_backward with a further gradient of
+ * the probabilities (datt_extra, of the size of dO V^T's entries), RED; a backend that
+ * dropped it is off by far more. */
+static void op_attention_datt(const loom_backend_ops *k, void *s, void **d, void *ctx)
+{
+    k->attention_forward(d[0], d[1], d[2], B, T, C, NH);
+    k->attention_backward_datt(d[3], d[4], d[5], d[2], d[1], d[6], B, T, C, NH);
+}
+
+START_TEST(test_attention_datt)
+{
+    const size_t na = (size_t)B * NH * T * T;
+    float *o = ct_floats(R * C, 1, 0, 0), *att = ct_floats(na, 2, 0, 0);
+    float *qkv = ct_floats(R * 3 * C, 3, -1.5f, 1.5f), *dqkv = ct_floats(R * 3 * C, 4, -9, 9);
+    float *scratch = ct_floats(2 * na, 5, 0, 0), *dout = ct_floats(R * C, 6, -1, 1);
+    float *extra = ct_floats(na, 7, -2, 2);
+    ct_buf b[] = {out("out", o, R * C * 4, RED), out("att", att, na * 4, RED),
+                  in("qkv", qkv, R * 3 * C * 4), out("dqkv", dqkv, R * 3 * C * 4, RED),
+                  in("scratch", scratch, 2 * na * 4), in("dout", dout, R * C * 4),
+                  in("datt_extra", extra, na * 4)};
+    ct_compare_op("attention_backward_datt", b, 7, op_attention_datt, NULL);
+    free(o), free(att), free(qkv), free(dqkv), free(scratch), free(dout), free(extra);
 }
 END_TEST
 
@@ -839,6 +864,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_gemm);
     tcase_add_test(tc, test_ordered_gemm_layout_free);
     tcase_add_test(tc, test_attention);
+    tcase_add_test(tc, test_attention_datt);
     tcase_add_test(tc, test_attention_flash);
     tcase_add_test(tc, test_attention_decode_bitwise);
     tcase_add_test(tc, test_attention_gqa);

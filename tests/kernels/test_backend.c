@@ -78,18 +78,21 @@ START_TEST(test_descriptor)
             off == offsetof(loom_backend_ops, attention_flash_forward) ||
             off == offsetof(loom_backend_ops, attention_flash_backward) ||
             off == offsetof(loom_backend_ops, host_alloc) ||
-            off == offsetof(loom_backend_ops, host_free))
+            off == offsetof(loom_backend_ops, host_free) ||
+            off == offsetof(loom_backend_ops, kd_rows))
             continue; /* NULL by contract on a host-memory backend (plugin/backend.h): no
                        * stream, and the optimizer plugin's host step updates its memory;
                        * optional: 16-bit products (NULL: matmul_forward), the fused
                        * attention (the CUDA backend's) and pinned host memory (NULL:
-                       * malloc, which is what host memory is here) */
+                       * malloc, which is what host memory is here); kd_rows: the core
+                       * computes distillation's term itself in host memory */
         ck_assert_msg(fn != NULL, "ops member at offset %zu is NULL", off);
     }
     /* optional in backend.h, but the CPU reference fills it: distillation's attention
      * terms are refused on a backend without it */
     ck_assert_uint_gt(ops->size, offsetof(loom_backend_ops, attention_backward_datt));
     ck_assert_ptr_nonnull(ops->attention_backward_datt);
+    ck_assert_ptr_null(ops->kd_rows); /* NULL by contract on a host-memory backend */
     /* hidden: the kernels are not exported */
     ck_assert_ptr_null(dlsym(h, "loom_cpu_sgemm"));
     ck_assert_ptr_null(dlsym(h, "loom_cpu_matmul_forward"));

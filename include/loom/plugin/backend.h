@@ -288,6 +288,15 @@ typedef struct loom_backend_ops {
      * cudaHostAlloc), for buffers that move every step; NULL if it cannot be had. */
     void *(*host_alloc)(void *self, size_t bytes);
     void (*host_free)(void *self, void *p);
+    /* Added for distillation in device memory (may be absent: check size, or NULL: a teacher
+     * is refused on the backend; a host-memory backend leaves it NULL, the core computes the
+     * term itself). core/model/gpt_distill.h's loom_kd_rows over device arrays: R rows of zs
+     * (stride s_stride) and zt (t_stride), V columns; loss (R doubles) = T^2 KL(p_t || p_s)
+     * per row, p = softmax(z / T); grad (may be NULL; stride s_stride) = scale * T (p_s - p_t)
+     * in columns < V, 0 in [V, s_stride). Each row in the core's order of operations (double,
+     * column order, no contraction), so the bits are the core's where exp and log are. */
+    void (*kd_rows)(const float *zs, size_t s_stride, const float *zt, size_t t_stride,
+                    size_t R, int V, float T, float scale, double *loss, float *grad);
 } loom_backend_ops;
 
 #ifdef __cplusplus

@@ -3,6 +3,7 @@
 #include "attention.cu"
 #include "convert.cu"
 #include "crossentropy.cu"
+#include "distill.cu"
 #include "elementwise.cu"
 #include "flash_attention.cu"
 #include "encoder.cu"

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# cuda_distill.sh LOOM BACKEND STEPS TOL — knowledge distillation (teacher = {...},
+# docs/DISTILL.md) in a device backend's memory: the teacher on the same backend, forward
+# only, the logit term on the backend's kd_rows op (kernels/cuda/distill.cu). On
+# recipes/cuda_train.lua's 1-block student, from a 2-block dim-48 teacher trained 3 steps on
+# the CPU (its checkpoint):
+#  - T = 2, alpha = 0.7: every step's loss and gradient norm within TOL of the CPU backend's
+#    distilled run, and not the device's undistilled losses (a term that did nothing fails);
+#  - with the intermediate terms (teacher.layers = {[0] = 1}, hidden = 1, attention = 10: the
+#    teacher's block output and probabilities copied to the host, the terms there, their
+#    gradients back; the CUDA backend's attention_backward_datt): within TOL of the CPU's
+#    run, and not the logit term's losses alone;
+#  - a teacher equal to the student (its own device checkpoint at step 2, resumed there),
+#    T = 1, alpha = 1: step 3's loss is the KL alone, exactly 0;
+#  - canonical mode, all three terms, a 2-block student (block 1 against the teacher's
+#    block 1), batch.micro = 1, batch.global = 2: dp = 2 (two ranks, each its own teacher)
+#    and pp = 2 (1f1b; the teacher on the last stage, its rows of the step kept in the
+#    backend's memory) give one device rank's losses and norms bitwise;
+#  - loom distill-cache on the device backend (the teacher's logits copied to the host per
+#    record), k = vocab: training from that cache there gives the in-process teacher's
+#    losses and norms bitwise (the cache's rows copied to the device for kd_rows);
+#  - what does not run there is refused by name: teacher.attention with
+#    LOOM_CUDA_ATTENTION=flash, a teacher beside mesh.tp.
+# BACKEND cudaemu (tests/cuda's emulation, run under LOOM_CUDAEMU_GUARD=1: a host read of a
+# device buffer segfaults) runs everywhere; cuda needs a GPU: exit 77 (skip) without one.
+set -euo pipefail
+loom=$1 backend=$2 steps=$3 tol=$4
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/lib.sh"
+recipe=$here/recipes/cuda_train.lua
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+export OMP_WAIT_POLICY=passive
+
+"$loom" run "$recipe" backend=cpu steps=3 model.layers=2 model.dim=48 checkpoint.dir="$tmp/teach" \
+  checkpoint.every=3 > /dev/null
+kd="teacher={checkpoint=\"$tmp/teach\",temperature=2,alpha=0.7}"
+if ! "$loom" run "$recipe" backend="$backend" steps="$steps" "$kd" > "$tmp/dev" 2> "$tmp/dev.err"; then
+  if grep -q "not usable here\|no CUDA device" "$tmp/dev.err"; then
+    echo "SKIP: no GPU here, backend=$backend did not train: $(head -1 "$tmp/dev.err")"
+    exit 77
+  fi
+  cat "$tmp/dev.err"; exit 1
+fi
+"$loom" run "$recipe" backend=cpu steps="$steps" "$kd" > "$tmp/cpu"
+runs_close "backend=$backend vs cpu, distilled (T = 2, alpha = 0.7)" "$tmp/cpu" "$tmp/dev" "$steps" \
+  "$tol" || exit 1
+"$loom" run "$recipe" backend="$backend" steps="$steps" > "$tmp/plain"
+d=$(max_loss_diff "$tmp/plain" "$tmp/dev")
+below 0.1 "$d" || { echo "backend=$backend: distilled losses within $d of the undistilled run's"; exit 1; }
+echo "backend=$backend: the distilled losses differ from the undistilled run's by up to $d"
+
+# the hidden-state and attention terms on block 0 against the teacher's block 1
+terms="teacher={checkpoint=\"$tmp/teach\",temperature=2,alpha=0.7,layers={[0]=1},hidden=1,attention=10}"
+"$loom" run "$recipe" backend="$backend" steps="$steps" "$terms" > "$tmp/tdev"
+"$loom" run "$recipe" backend=cpu steps="$steps" "$terms" > "$tmp/tcpu"
+runs_close "backend=$backend vs cpu, distilled with teacher.layers, hidden and attention" "$tmp/tcpu" \
+  "$tmp/tdev" "$steps" "$tol" || exit 1
+d=$(max_loss_diff "$tmp/dev" "$tmp/tdev")
+below 1e-5 "$d" || { echo "backend=$backend: the terms' losses within $d of the logit term's alone"; exit 1; }
+echo "backend=$backend: with the intermediate terms the losses differ from the logit term's alone by up to $d"
+
+# teacher = student (its device checkpoint at step 2, resumed), T = 1, alpha = 1: KL 0 exactly
+"$loom" run "$recipe" backend="$backend" steps=2 checkpoint.dir="$tmp/self" checkpoint.every=2 > /dev/null
+"$loom" run "$recipe" backend="$backend" steps=3 resume="$tmp/self/step_00000002" \
+  "teacher={checkpoint=\"$tmp/self/step_00000002\",temperature=1,alpha=1}" > "$tmp/self.out"
+grep -q '^LOSS 3 0x0p+0 0.000000000$' "$tmp/self.out" ||
+  { echo "backend=$backend, teacher = student (T = 1, alpha = 1): step 3's loss is not 0"; grep LOSS "$tmp/self.out"; exit 1; }
+echo "backend=$backend: teacher = student (T = 1, alpha = 1): step 3's loss exactly 0"
+
+# distill-cache written on the device, k = vocab: the cached run is the in-process run's bits
+"$loom" distill-cache "$recipe" --out "$tmp/t.kdc" --k 256 backend="$backend" steps="$steps" "$kd" \
+  > /dev/null 2> "$tmp/kdc.err" || { cat "$tmp/kdc.err"; exit 1; }
+"$loom" run "$recipe" backend="$backend" steps="$steps" \
+  "teacher={cache=\"$tmp/t.kdc\",temperature=2,alpha=0.7}" > "$tmp/cached"
+grep '^LOSS\|^NORM' "$tmp/dev" > "$tmp/want"
+grep '^LOSS\|^NORM' "$tmp/cached" > "$tmp/got" || true
+[[ $(grep -c '^LOSS' "$tmp/got") -eq $steps ]] && cmp -s "$tmp/want" "$tmp/got" ||
+  { echo "backend=$backend: the k = vocab cache's run is not the in-process teacher's bits:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+echo "backend=$backend: distill-cache (k = vocab) written and read there: bitwise the in-process teacher"
+
+# canonical mode, all three terms, on a 2-block student (block 1 against the teacher's
+# block 1): dp = 2 (each rank its own teacher, its own micro-batch) and pp = 2 (1f1b; the
+# teacher on the last stage) bitwise one device rank
+pterms="teacher={checkpoint=\"$tmp/teach\",temperature=2,alpha=0.7,layers={[1]=1},hidden=1,attention=10}"
+pargs=(backend="$backend" steps="$steps" model.layers=2 batch.micro=1 batch.global=2 deterministic=canonical "$pterms")
+"$loom" run "$recipe" "${pargs[@]}" > "$tmp/one"
+grep '^LOSS\|^NORM' "$tmp/one" > "$tmp/want"
+[[ $(grep -c '^LOSS' "$tmp/want") -eq $steps ]] && finite_losses "$tmp/want" ||
+  { echo "one rank, 2 blocks, canonical, distilled: not $steps finite losses"; cat "$tmp/one"; exit 1; }
+for layout in "mesh.dp=2" "mesh.pp=2 microbatches=2 schedule=1f1b"; do
+  read -ra lay <<< "$layout"
+  "$loom" launch -n 2 "$recipe" "${pargs[@]}" comm=shm "${lay[@]}" > "$tmp/two" 2> "$tmp/two.err" ||
+    { cat "$tmp/two.err"; exit 1; }
+  grep '^LOSS\|^NORM' "$tmp/two" > "$tmp/got" || true
+  cmp -s "$tmp/want" "$tmp/got" ||
+    { echo "backend=$backend: canonical distilled $layout is not bitwise one rank:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+  echo "backend=$backend: canonical distilled $layout (all three terms) bitwise one rank over $steps steps"
+done
+
+# refused by name on the device backend
+refused() { # NAME WANT ARGS...: the run fails and its message says WANT
+  local name=$1 want=$2; shift 2
+  if "$loom" run "$recipe" backend="$backend" steps=1 "$@" > "$tmp/r.out" 2>&1; then
+    echo "backend=$backend, $name: accepted"; exit 1
+  fi
+  grep -q "$want" "$tmp/r.out" || { echo "backend=$backend, $name: unexpected message:"; cat "$tmp/r.out"; exit 1; }
+  echo "backend=$backend: $name refused: $(grep -o "with [^;]*$want[^;]*" "$tmp/r.out" | head -1)"
+}
+if [[ $backend == cudaemu || $backend == cuda ]]; then
+  LOOM_CUDA_ATTENTION=flash refused "teacher.attention with flash" "LOOM_CUDA_ATTENTION=flash" "$terms"
+fi
+if "$loom" launch -n 2 "$recipe" backend="$backend" steps=1 comm=shm mesh.tp=2 "$kd" > "$tmp/tp" 2>&1; then
+  echo "backend=$backend, a teacher beside mesh.tp: accepted"; exit 1
+fi
+grep -q "a teacher beside mesh.tp" "$tmp/tp" || { echo "backend=$backend, mesh.tp: unexpected message:"; cat "$tmp/tp"; exit 1; }
+echo "backend=$backend: a teacher beside mesh.tp refused by name"

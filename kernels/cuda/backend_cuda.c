@@ -18,6 +18,7 @@
 #include "cuda_common.h"
 #include "device_select.h"
 #include "pool.h"
+#include "vmm.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -351,6 +352,11 @@ static const loom_backend_ops cuda_ops = {
     .attention_flash_backward = loom_cuda_flash_attention_backward,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
+    .vm_granule = loom_cuda_vm_granule,
+    .vm_reserve = loom_cuda_vm_reserve,
+    .vm_commit = loom_cuda_vm_commit,
+    .vm_decommit = loom_cuda_vm_decommit,
+    .vm_release = loom_cuda_vm_release,
 };
 
 static const loom_config_key cuda_keys[N_KEYS] = {

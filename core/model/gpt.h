@@ -150,7 +150,7 @@ typedef loom_status (*loom_param_use_fn)(void *ctx, int unit, int needed);
  * wait); a pipeline stage (gpt_stage.h) gives it, since its passes interleave. */
 #define LOOM_PARAM_SOON 2
 void loom_gpt_set_param_hook(loom_gpt *m, loom_param_use_fn fn, void *ctx);
-/* ZeRO-2/3 on a sparse device buffer (zero_device.c): called before loom_gpt_backward first
+/* ZeRO-2/3 on a sparse device buffer (zero_sparse.c): called before loom_gpt_backward first
  * writes a unit's gradients (units as for the param hook): L+1 and 0 at its start (the
  * head writes ln_f's and the tied wte's), then each block before its backward, top down.
  * Pipeline stages' passes (gpt_stage.c) do not call it; no sparse buffer is made there. */

@@ -28,7 +28,7 @@ typedef struct zero_unit {       /* stage 3: one unit of the model (gpt.h) */
     float *bring;                /* params offloaded: this unit's partition, read out of the
                                   * offload for its all-gathers in flight, or NULL */
     size_t bring_floats;
-    int held;                    /* a sparse device buffer: its range committed (zero_device.c) */
+    int held;                    /* a sparse device buffer: its range committed (zero_sparse.c) */
 } zero_unit;
 
 typedef struct zero_reader zero_reader;
@@ -104,7 +104,7 @@ struct loom_zero {
     void *hdp;
     float *host_state;
     float *host_part;    /* stage 3: the parameter partition's host mirror */
-    /* with the backend's vm ops (zero_device.c): the model's gradient (reducing) and
+    /* with the backend's vm ops (zero_sparse.c): the model's gradient (reducing) and
      * parameter (stage 3) buffers as sparse ranges, and which buckets hold gradients */
     struct zero_sparse *gsparse, *psparse;
     unsigned char *bucket_held;
@@ -124,7 +124,7 @@ loom_status zero_device_state(loom_zero *z);
 /* zero_device.c, stage 3: part_params and its host mirror in the backend's memory, this
  * rank's partition of the model's initial values copied in (through the host). */
 loom_status zero_device_params(loom_zero *z);
-/* zero_device.c, sparse model buffers (the backend's vm ops; none: no-ops, today's whole
+/* zero_sparse.c, sparse model buffers (the backend's vm ops; none: no-ops, today's whole
  * allocations): sparse swaps the buffers in after the inits; bucket_hold commits bucket
  * k's gradient range (backward writes it: the model's grad-write hook, and before it is
  * sent), bucket_done zeroes and decommits it once reduced (0: not sparse, the caller

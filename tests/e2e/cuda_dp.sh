@@ -221,7 +221,7 @@ done
 resumed_bitwise "zero=3 dp=2" "$tmp/zres" "$tmp/z3"
 echo "backend=$backend comm=$comm: zero=3 dp=2 saved at step $k (per-rank partitions) and resumed, steps $((k + 1))-$steps bitwise"
 
-# Sparse model buffers (zero_device.c over the backend's vm ops; cudaemu: mmap, mprotect,
+# Sparse model buffers (zero_sparse.c over the backend's vm ops; cudaemu: mmap, mprotect,
 # madvise, committed memory reading NaN until written, decommitted memory PROT_NONE; bitwise
 # whole allocations above): at 6 blocks, where the embeddings no longer fill the buffer, the
 # committed peaks of one step on rank 0 are well under the whole buffer (4 x P bytes):

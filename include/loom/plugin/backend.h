@@ -297,7 +297,7 @@ typedef struct loom_backend_ops {
      * [off, off+len) back (a later access faults); vm_release frees the range and whatever
      * of it is committed. off and len are multiples of vm_granule (bytes; 0: not available
      * on this machine, the others not to be called); the caller
-     * commits a granule once and decommits it once (zero_device.c counts who holds it).
+     * commits a granule once and decommits it once (zero_sparse.c counts who holds it).
      * CUDA: the driver's virtual memory management (kernels/cuda/vmm.c); cudaemu: mmap,
      * mprotect and madvise(MADV_DONTNEED), so the emulated run's RSS drops. */
     size_t (*vm_granule)(void *self);

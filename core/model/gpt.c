@@ -30,6 +30,17 @@ void loom_gpt_set_param_hook(loom_gpt *m, loom_param_use_fn fn, void *ctx)
     m->param_use_ctx = ctx;
 }
 
+void loom_gpt_set_grad_write_hook(loom_gpt *m, loom_grad_write_fn fn, void *ctx)
+{
+    m->grad_write = fn;
+    m->grad_write_ctx = ctx;
+}
+
+static loom_status grad_write(loom_gpt *m, int unit)
+{
+    return m->grad_write ? m->grad_write(m->grad_write_ctx, unit) : LOOM_OK;
+}
+
 /* A pipeline stage's table (build_table: its leading wte/wpe, its blocks, its trailing
  * ln_f/lm_head) is read by entry: block entries carry their layer, the others -1. */
 static void stage_unit_entries(const loom_gpt *m, int unit, int *first, int *last)
@@ -708,8 +719,14 @@ void loom_gpt_destroy(loom_gpt *m)
     if (!m)
         return;
     const loom_backend_ops *ops = m->be->ops;
-    ops->free(m->be->self, m->params);
-    ops->free(m->be->self, m->grads);
+    if (m->params_sparse)
+        ops->vm_release(m->be->self, m->params);
+    else
+        ops->free(m->be->self, m->params);
+    if (m->grads_sparse)
+        ops->vm_release(m->be->self, m->grads);
+    else
+        ops->free(m->be->self, m->grads);
     gpt_w16_free(m);
     ops->free(m->be->self, m->act_mem);
     gpt_moe_destroy(m);
@@ -788,6 +805,18 @@ size_t loom_gpt_num_params(const loom_gpt *m)
     size_t heads_padded = m->llama && !m->cfg.tie_embeddings ? 2 : 1; /* wte, lm_head */
     return loom_params_count_logical(&m->table) + gpt_moe_params_elsewhere(m) -
            heads_padded * (size_t)(m->cfg.vocab_padded - m->cfg.vocab) * (size_t)m->cfg.dim;
+}
+
+void loom_gpt_use_sparse_buffer(loom_gpt *m, int which, float *sparse)
+{
+    float **buf = which ? &m->grads : &m->params;
+    m->be->ops->free(m->be->self, *buf);
+    *buf = sparse;
+    bind_params(m, sparse, which ? &m->g : &m->p);
+    if (which)
+        m->grads_sparse = 1;
+    else
+        m->params_sparse = 1;
 }
 
 void loom_gpt_zero_grad(loom_gpt *m)
@@ -1073,6 +1102,8 @@ loom_status loom_gpt_backward(loom_gpt *m)
     int L = m->cfg.layers;
     size_t R = (size_t)B * T, Rl = m->sp ? R / (size_t)m->tp : R;
     const float *last = m->acts[L - 1].res3;
+    LOOM_TRY(grad_write(m, L + 1)); /* the head writes ln_f's and wte's (tied) gradients */
+    LOOM_TRY(grad_write(m, 0));
 
     /* LM head (tied to wte, vocabulary-parallel) and the final layernorm; dres starts as
      * d(last block output). */
@@ -1091,6 +1122,7 @@ loom_status loom_gpt_backward(loom_gpt *m)
     for (int l = L - 1; l >= 0; l--) {
         const float *residual = l == 0 ? m->encoded : m->acts[l - 1].res3;
         LOOM_TRY(use(m, 1 + l, 1));
+        LOOM_TRY(grad_write(m, 1 + l));
         gpt_distill_hidden_backward(m, l, Rl); /* d(res3) += the hidden-state term's */
         LOOM_TRY(gpt_block_backward(m, l, residual, &pk, B, T, Rl));
         LOOM_TRY(gpt_rep_flush(m, &pk));

@@ -150,6 +150,17 @@ typedef loom_status (*loom_param_use_fn)(void *ctx, int unit, int needed);
  * wait); a pipeline stage (gpt_stage.h) gives it, since its passes interleave. */
 #define LOOM_PARAM_SOON 2
 void loom_gpt_set_param_hook(loom_gpt *m, loom_param_use_fn fn, void *ctx);
+/* ZeRO-2/3 on a sparse device buffer (zero_sparse.c): called before loom_gpt_backward first
+ * writes a unit's gradients (units as for the param hook): L+1 and 0 at its start (the
+ * head writes ln_f's and the tied wte's), then each block before its backward, top down.
+ * Pipeline stages' passes (gpt_stage.c) do not call it; no sparse buffer is made there. */
+typedef loom_status (*loom_grad_write_fn)(void *ctx, int unit);
+void loom_gpt_set_grad_write_hook(loom_gpt *m, loom_grad_write_fn fn, void *ctx);
+/* Replace the parameter (which = 0) or gradient (1) buffer by `sparse`, a range from the
+ * backend's vm_reserve of table->total floats or more: the model's views rebound to it,
+ * the old allocation freed (its values are the caller's to have copied first), and
+ * vm_release frees it with the model. */
+void loom_gpt_use_sparse_buffer(loom_gpt *m, int which, float *sparse);
 /* A unit's first and last parameter-table entries; first > last when this model holds
  * none of it (a pipeline stage: another stage's block, or no embedding/ln_f here). On a
  * stage, unit 0 is the leading wte/wpe it holds (the last stage: the tied head's wte) and

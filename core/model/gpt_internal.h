@@ -122,6 +122,10 @@ struct loom_gpt {
     void *grad_ready_ctx;
     loom_param_use_fn param_use;       /* ZeRO-3's gather and release, or NULL */
     void *param_use_ctx;
+    loom_grad_write_fn grad_write;     /* ZeRO-2/3 on a sparse device buffer: commits, or NULL */
+    void *grad_write_ctx;
+    int params_sparse, grads_sparse;   /* the buffer is a backend vm_reserve range (destroy:
+                                        * vm_release, not free) */
     /* distillation (gpt_distill.h): the teacher's logits for the next training forward */
     const float *kd_teacher;
     size_t kd_stride;

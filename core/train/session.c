@@ -1728,8 +1728,9 @@ void loom_session_to_host(loom_session *s)
         return;
     const loom_backend_ops *k = s->backend.ops;
     size_t total = loom_gpt_params(s->model)->total;
-    k->copy_to_host(s->backend.self, s->host_params, loom_gpt_param_data(s->model),
-                    total * sizeof(float));
+    if (!loom_zero_params_mirror(s->zero, s->host_params, 1)) /* sparse stage 3: its units */
+        k->copy_to_host(s->backend.self, s->host_params, loom_gpt_param_data(s->model),
+                        total * sizeof(float));
     loom_zero_to_host(s->zero); /* its partition of the state (zero.h) */
     if (s->optim_state)
         k->copy_to_host(s->backend.self, s->host_state, s->optim_state,
@@ -1742,8 +1743,9 @@ void loom_session_from_host(loom_session *s)
         return;
     const loom_backend_ops *k = s->backend.ops;
     size_t total = loom_gpt_params(s->model)->total;
-    k->copy_to_device(s->backend.self, loom_gpt_param_data(s->model), s->host_params,
-                      total * sizeof(float));
+    if (!loom_zero_params_mirror(s->zero, s->host_params, 0))
+        k->copy_to_device(s->backend.self, loom_gpt_param_data(s->model), s->host_params,
+                          total * sizeof(float));
     loom_zero_from_host(s->zero);
     if (s->optim_state)
         k->copy_to_device(s->backend.self, s->optim_state, s->host_state,

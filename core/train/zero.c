@@ -174,6 +174,8 @@ loom_status loom_zero_create(const loom_zero_config *c, loom_gpt *m, loom_backen
         st = zero_params_init(z);
     else if (st == LOOM_OK && c->master16 && !zero_master_whole())
         st = zero_master_init(z); /* the fp32 master: this rank's partition only */
+    if (st == LOOM_OK) /* a device's buffers as sparse ranges, where the backend can */
+        st = zero_device_sparse(z);
     if (st == LOOM_OK)
         st = make_segments(z, c);
     if (st != LOOM_OK) {
@@ -190,6 +192,7 @@ void loom_zero_destroy(loom_zero *z)
         return;
     zero_reduce_free(z);
     zero_params_free(z);
+    zero_device_sparse_free(z);
     zero_ep_free(z);
     zero_buf_free(z, z->tail);
     zero_buf_free(z, z->state);
@@ -337,10 +340,10 @@ void loom_zero_memory(const loom_zero *z, loom_memory *out)
     memset(out, 0, sizeof *out);
     out->optimizer = z->state ? z->state_floats * sizeof(float) : 0;
     out->grads = z->reduces ? z->part * sizeof(float) : 0;
-    out->grads_peak_resident = z->resident_peak;
+    out->grads_peak_resident = z->gsparse ? zero_device_grads_peak(z) : z->resident_peak;
     out->params = z->part_params ? (z->part + zero_master_kept_floats(z)) * sizeof(float) : 0;
     out->params_offloaded = z->store ? z->part * sizeof(float) : 0;
-    out->params_peak_resident = z->params_peak;
+    out->params_peak_resident = z->psparse ? zero_device_params_peak(z) : z->params_peak;
     out->comm = ((size_t)ZERO_ALIGN * (size_t)z->n * (z->tail3 ? 2 : 1) + z->staging_floats +
                  z->bring_peak) * sizeof(float); /* bring: offloaded params' staging, peak */
 }

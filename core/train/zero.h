@@ -98,6 +98,11 @@ float *loom_zero_state(loom_zero *z, size_t *floats);
  * there. */
 void loom_zero_to_host(loom_zero *z);
 void loom_zero_from_host(loom_zero *z);
+/* Stage 3 on a sparse device buffer (zero_sparse.c): the session's host mirror of the model's
+ * parameter buffer to (to_host = 1) or from it: the units whose range is committed copied,
+ * the rest zeros on the host and left alone on the device (decommitted memory is never
+ * touched; a unit is gathered whole before use). 0: not sparse, the caller copies it all. */
+int loom_zero_params_mirror(loom_zero *z, float *host, int to_host);
 int loom_zero_device(const loom_zero *z);
 /* Each segment's state offset in the partition's state (floats), for the offload; the
  * state itself is NULL when the config said offloaded. */

@@ -8,9 +8,10 @@
  * The host sees the state (and stage 3's parameter partition) only through mirrors
  * (checkpoints, the state hash), copied by loom_zero_to_host / loom_zero_from_host as the
  * session's own mirrors are. Stage 3 gathers each unit into the model's device buffer
- * before use as on the host; its "release" clears the unit's own range instead of handing
- * pages back (a device allocation stays resident), so a read of a released unit reads
- * zeros, not last step's values. Nothing here saves the model's own buffers' memory.
+ * before use as on the host. Where the backend has vm ops, zero_sparse.c makes the model's
+ * gradient and parameter buffers sparse (committed where live); without them a "release"
+ * clears the unit's own range instead (a device allocation stays resident), so a read of a
+ * released unit reads zeros, not last step's values.
  */
 #include "zero_internal.h"
 
@@ -143,3 +144,4 @@ void loom_zero_from_host(loom_zero *z)
 }
 
 int loom_zero_device(const loom_zero *z) { return z->device; }
+

@@ -28,6 +28,7 @@ typedef struct zero_unit {       /* stage 3: one unit of the model (gpt.h) */
     float *bring;                /* params offloaded: this unit's partition, read out of the
                                   * offload for its all-gathers in flight, or NULL */
     size_t bring_floats;
+    int held;                    /* a sparse device buffer: its range committed (zero_sparse.c) */
 } zero_unit;
 
 typedef struct zero_reader zero_reader;
@@ -105,6 +106,10 @@ struct loom_zero {
     void *hdp;
     float *host_state;
     float *host_part;    /* stage 3: the parameter partition's host mirror */
+    /* with the backend's vm ops (zero_sparse.c): the model's gradient (reducing) and
+     * parameter (stage 3) buffers as sparse ranges, and which buckets hold gradients */
+    struct zero_sparse *gsparse, *psparse;
+    unsigned char *bucket_held;
 };
 
 loom_status zero_reduce_init(loom_zero *z);
@@ -121,6 +126,21 @@ loom_status zero_device_state(loom_zero *z);
 /* zero_device.c, stage 3: part_params and its host mirror in the backend's memory, this
  * rank's partition of the model's initial values copied in (through the host). */
 loom_status zero_device_params(loom_zero *z);
+/* zero_sparse.c, sparse model buffers (the backend's vm ops; none: no-ops, today's whole
+ * allocations): sparse swaps the buffers in after the inits; bucket_hold commits bucket
+ * k's gradient range (backward writes it: the model's grad-write hook, and before it is
+ * sent), bucket_done zeroes and decommits it once reduced (0: not sparse, the caller
+ * clears); unit_hold commits unit u's parameter range before its gather, unit_drop
+ * decommits it at release (0: not sparse). The peaks are the committed bytes'. */
+typedef struct zero_sparse zero_sparse;
+loom_status zero_device_sparse(loom_zero *z);
+void zero_device_sparse_free(loom_zero *z);
+loom_status zero_device_bucket_hold(loom_zero *z, int k);
+int zero_device_bucket_done(loom_zero *z, int k);
+loom_status zero_device_unit_hold(loom_zero *z, int u);
+int zero_device_unit_drop(loom_zero *z, int u);
+size_t zero_device_grads_peak(const loom_zero *z);
+size_t zero_device_params_peak(const loom_zero *z);
 void zero_reduce_free(loom_zero *z);
 loom_status zero_params_init(loom_zero *z);
 /* zero_master.c: this rank's partition of params (the model's flat buffer) into part: the

@@ -80,6 +80,7 @@ static loom_status start_unit(loom_zero *z, int u)
     float *params = loom_gpt_param_data(z->model);
     /* params offloaded: the partition out of the offload (read ahead, or now) */
     LOOM_TRY(un->state == READING ? zero_bring_wait(z, u) : zero_bring_unit(z, u));
+    LOOM_TRY(zero_device_unit_hold(z, u)); /* a sparse device buffer: its range committed */
     un->n_req = 0;
     size_t at = 0; /* in the staging: the buckets' sub-blocks one after another */
     for (int k = un->first_bucket; k <= un->last_bucket; k++) {
@@ -177,7 +178,8 @@ static loom_status param_use(void *ctx, int u, int needed)
     } else if (needed) {
         st = need(z, u);
     } else if (!z->pinned && z->units[u].state == RESIDENT) {
-        zero_drop_pages(z, z->units[u].inner_lo, z->units[u].inner_hi);
+        if (!zero_device_unit_drop(z, u)) /* sparse: decommitted there */
+            zero_drop_pages(z, z->units[u].inner_lo, z->units[u].inner_hi);
         z->units[u].state = STALE;
     }
     z->comm_ms += loom_now_ms() - t0;
@@ -312,7 +314,8 @@ loom_status loom_zero_pin_params(loom_zero *z, int pin)
     z->pinned = 0;
     for (int u = 0; u < z->n_units; u++)
         if (z->units[u].state == RESIDENT) {
-            zero_drop_pages(z, z->units[u].inner_lo, z->units[u].inner_hi);
+            if (!zero_device_unit_drop(z, u))
+                zero_drop_pages(z, z->units[u].inner_lo, z->units[u].inner_hi);
             z->units[u].state = STALE;
         }
     return LOOM_OK;

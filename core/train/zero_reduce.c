@@ -138,7 +138,8 @@ static loom_status complete_oldest(loom_zero *z)
     if (f.slot)
         z->be->ops->accumulate(z->part_grads + b->part_off, f.slot, b->sub);
     size_t hi = b->lo + b->len < z->total ? b->lo + b->len : z->total;
-    release(z, b->lo, hi);
+    if (!zero_device_bucket_done(z, f.bucket)) /* sparse: zeroed and decommitted there */
+        release(z, b->lo, hi);
     return LOOM_OK;
 }
 
@@ -187,6 +188,7 @@ static loom_status start_bucket(loom_zero *z, int k)
         z->rs_chunk = z->tr_chunk;
     }
     z->rs_buckets++;
+    LOOM_TRY(zero_device_bucket_hold(z, k)); /* sparse: a bucket backward did not write */
     const zero_bucket *b = &z->buckets[k];
     float *g = loom_gpt_grad_data(z->model), *send = g + b->lo;
     if (b->lo + b->len > z->total) { /* the tail bucket: the buffer ends inside it */

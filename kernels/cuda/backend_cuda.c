@@ -18,6 +18,7 @@
 #include "cuda_common.h"
 #include "device_select.h"
 #include "pool.h"
+#include "vmm.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -353,6 +354,11 @@ static const loom_backend_ops cuda_ops = {
     .host_free = cuda_host_free,
     .kd_rows = loom_cuda_kd_rows,
     .attention_backward_datt = loom_cuda_attention_backward_datt,
+    .vm_granule = loom_cuda_vm_granule,
+    .vm_reserve = loom_cuda_vm_reserve,
+    .vm_commit = loom_cuda_vm_commit,
+    .vm_decommit = loom_cuda_vm_decommit,
+    .vm_release = loom_cuda_vm_release,
 };
 
 static const loom_config_key cuda_keys[N_KEYS] = {

@@ -24,7 +24,8 @@
 #    over the device groups: canonical zero=3 bitwise one rank; fast zero=1 bitwise fast
 #    plain dp (the same all-reduce, an element-wise update); fast zero=2 and 3 within TOL
 #    of one rank; the bytes by category; zero=3 saved at step STEPS-2 and resumed: the last
-#    two steps bitwise;
+#    two steps bitwise; zero=2 and 3 on sparse model buffers (the backend's vm ops) bitwise
+#    whole allocations (LOOM_ZERO_SPARSE=0); at 6 blocks their committed peaks well under;
 #  - pp=2 (one block a stage, 2 micro-batches of 1) against one rank of the same 2-block
 #    model: canonical 1f1b (STEPS steps) and zb1 (STEPS-1) bitwise (losses and norms), 1f1b
 #    saved at step STEPS-2 and resumed on two, bitwise; fast 1f1b over STEPS-1 steps within
@@ -175,9 +176,11 @@ echo "backend=$backend comm=$comm: fast zero=1 dp=2 bitwise fast plain dp=2 over
 # memory by category on rank 0 (the session's accounting; adamw: 2 state floats a parameter;
 # P: the parameter count padded to 16 x 2): plain dp's state 2 x 4 bytes a parameter,
 # zero=1's 2 x 4 x P/2; zero=2 also the gradient partition, 4 x P/2, beside the model's
-# whole gradient buffer, which stays allocated in device memory (grads_peak_resident);
-# zero=3 also the parameter partition, 4 x P/2, beside the whole parameter buffer, which
-# stays allocated too (params_peak_resident)
+# gradient buffer, whose committed peak (grads_peak_resident) is its whole size at this one
+# block (the embeddings' gradients, written first and reduced last, and the block's are
+# all live at once); zero=3 also the parameter partition, 4 x P/2, beside the parameter
+# buffer, whose peak (params_peak_resident) is whole too (every unit gathered in forward).
+# At 6 blocks the peaks fall well under (below)
 mem_ok() { # LABEL FILE ZERO
   awk -v z="$3" '/^MEM / { p = $3; g = $4; o = $5; pk = $7; pp = $8; n++ }
     END { if (!n) { print "no MEM line"; exit 1 }
@@ -204,11 +207,41 @@ for z in 2 3; do # zero=2: two steps, as zero=1 above
   runs_close "backend=$backend comm=$comm: fast zero=$z dp=2 dim 48 vs one rank" "$tmp/zone_n" "$tmp/z$z" \
     "$n" "$tol" || exit 1
   mem_ok "backend=$backend zero=$z dp=2" "$tmp/z$z" $z || exit 1
+  # the sparse model buffers (below) change no bit: the same run on whole allocations
+  LOOM_ZERO_SPARSE=0 "$loom" launch -n 2 "$recipe" "${zargs[@]}" comm="$comm" mesh.dp=2 strategy.zero=$z \
+    strategy.dp.bucket_mb=0.01 steps=$n > "$tmp/zw$z" 2> "$tmp/zw$z.err" || { cat "$tmp/zw$z.err"; exit 1; }
+  grep '^LOSS\|^NORM' "$tmp/zw$z" > "$tmp/want"
+  grep '^LOSS\|^NORM' "$tmp/z$z" > "$tmp/got" || true
+  [[ $(grep -c '^LOSS' "$tmp/want") -eq $n ]] && cmp -s "$tmp/want" "$tmp/got" ||
+    { echo "zero=$z on sparse buffers is not bitwise the whole allocations':"; diff "$tmp/want" "$tmp/got"; exit 1; }
+  echo "backend=$backend comm=$comm: zero=$z dp=2 on sparse buffers bitwise whole allocations (LOOM_ZERO_SPARSE=0) over $n steps"
 done
 "$loom" launch -n 2 "$recipe" "${zargs[@]}" comm="$comm" mesh.dp=2 strategy.zero=3 strategy.dp.bucket_mb=0.01 \
   resume="$tmp/zk/step_$(printf %08d $k)" > "$tmp/zres" 2> "$tmp/zres.err" || { cat "$tmp/zres.err"; exit 1; }
 resumed_bitwise "zero=3 dp=2" "$tmp/zres" "$tmp/z3"
 echo "backend=$backend comm=$comm: zero=3 dp=2 saved at step $k (per-rank partitions) and resumed, steps $((k + 1))-$steps bitwise"
+
+# Sparse model buffers (zero_sparse.c over the backend's vm ops; cudaemu: mmap, mprotect,
+# madvise, committed memory reading NaN until written, decommitted memory PROT_NONE; bitwise
+# whole allocations above): at 6 blocks, where the embeddings no longer fill the buffer, the
+# committed peaks of one step on rank 0 are well under the whole buffer (4 x P bytes):
+# gradients at most 1/3 of it under zero=2 (a bucket is reduced as backward passes it), at
+# most 3/5 under zero=3 (its buckets are the units: the embeddings', a block computing and
+# two in flight), parameters at most 1/2 (the embeddings and two blocks)
+peaks() { # LABEL FILE ZERO
+  awk -v z="$3" '/^MEM / { p = $3; pk = $7; pp = $8; n++ }
+    END { if (!n) { print "no MEM line"; exit 1 }
+          w = z == 3 ? 2 * p : p # the whole buffer (zero=3: twice the partition, padded)
+          printf "grads peak %d, params peak %d of %d bytes\n", pk, pp, w
+          exit !(pk > 0 && (z == 2 ? 3 * pk <= w && pp == 0 : 5 * pk <= 3 * w && pp > 0 && 2 * pp <= w)) }' \
+    "$2" > "$tmp/peak" || { echo "$1: $(cat "$tmp/peak")"; return 1; }
+  echo "$1: $(cat "$tmp/peak")"
+}
+for z in 2 3; do
+  "$loom" launch -n 2 "$recipe" "${zargs[@]}" model.layers=6 steps=1 comm="$comm" mesh.dp=2 \
+    strategy.zero=$z strategy.dp.bucket_mb=0.01 > "$tmp/s$z" 2> "$tmp/s$z.err" || { cat "$tmp/s$z.err"; exit 1; }
+  peaks "backend=$backend zero=$z dp=2 6 blocks, sparse buffers" "$tmp/s$z" $z || exit 1
+done
 
 # a checkpoint saved by both ranks at step k and resumed on two ranks: the two later steps
 # bitwise the straight run's (the second shows the optimizer state; save and load go through

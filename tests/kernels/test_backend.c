@@ -79,13 +79,16 @@ START_TEST(test_descriptor)
             off == offsetof(loom_backend_ops, attention_flash_backward) ||
             off == offsetof(loom_backend_ops, host_alloc) ||
             off == offsetof(loom_backend_ops, host_free) ||
-            off == offsetof(loom_backend_ops, kd_rows))
+            off == offsetof(loom_backend_ops, kd_rows) ||
+            (off >= offsetof(loom_backend_ops, vm_granule) &&
+             off <= offsetof(loom_backend_ops, vm_release)))
             continue; /* NULL by contract on a host-memory backend (plugin/backend.h): no
                        * stream, and the optimizer plugin's host step updates its memory;
                        * optional: 16-bit products (NULL: matmul_forward), the fused
-                       * attention (the CUDA backend's) and pinned host memory (NULL:
-                       * malloc, which is what host memory is here); kd_rows: the core
-                       * computes distillation's term itself in host memory */
+                       * attention (the CUDA backend's), pinned host memory (NULL:
+                       * malloc, which is what host memory is here) and sparse buffers
+                       * (host ZeRO hands pages back with madvise itself); kd_rows: the
+                       * core computes distillation's term itself in host memory */
         ck_assert_msg(fn != NULL, "ops member at offset %zu is NULL", off);
     }
     /* optional in backend.h, but the CPU reference fills it: distillation's attention

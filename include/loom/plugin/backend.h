@@ -297,6 +297,23 @@ typedef struct loom_backend_ops {
      * column order, no contraction), so the bits are the core's where exp and log are. */
     void (*kd_rows)(const float *zs, size_t s_stride, const float *zt, size_t t_stride,
                     size_t R, int V, float T, float scale, double *loss, float *grad);
+    /* Added for ZeRO stages 2 and 3 in device memory (may be absent: check size, or NULL:
+     * not supported, and the model's buffers stay whole allocations). A sparse buffer, as
+     * PyTorch's expandable segments: vm_reserve returns `bytes` (rounded up to the granule)
+     * of address space with no memory behind it, or NULL; vm_commit backs [off, off+len)
+     * with memory (its contents undefined: the caller writes before it reads), returning 0,
+     * or nonzero when it cannot (out of memory; the range left as it was); vm_decommit hands
+     * [off, off+len) back (a later access faults); vm_release frees the range and whatever
+     * of it is committed. off and len are multiples of vm_granule (bytes; 0: not available
+     * on this machine, the others not to be called); the caller
+     * commits a granule once and decommits it once (zero_sparse.c counts who holds it).
+     * CUDA: the driver's virtual memory management (kernels/cuda/vmm.c); cudaemu: mmap,
+     * mprotect and madvise(MADV_DONTNEED), so the emulated run's RSS drops. */
+    size_t (*vm_granule)(void *self);
+    void *(*vm_reserve)(void *self, size_t bytes);
+    int (*vm_commit)(void *self, void *base, size_t off, size_t len);
+    void (*vm_decommit)(void *self, void *base, size_t off, size_t len);
+    void (*vm_release)(void *self, void *base);
 } loom_backend_ops;
 
 #ifdef __cplusplus

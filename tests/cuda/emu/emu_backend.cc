@@ -14,6 +14,8 @@
 #include <sys/mman.h>
 
 #include <map>
+#include <vector>
+#include <unistd.h>
 
 #include "loom/plugin/backend.h"
 
@@ -28,10 +30,29 @@ loom_cuda_ctx loom_cuda;
 static int guard_on, guard_depth;
 static std::map<void *, size_t> blocks;
 
+/* Sparse ranges (vm_reserve): one mapping each, PROT_NONE where a granule is not committed
+ * (always, guard or not: a read of decommitted memory is a segfault), committed granules
+ * as the guard's blocks are (read-write without the guard). */
+struct sparse_range {
+    size_t len, granule;
+    std::vector<char> on; /* committed, per granule */
+};
+static std::map<void *, sparse_range> sparse;
+static size_t emu_granule_bytes;
+
+static void protect_sparse(void *base, const sparse_range &r, int prot)
+{
+    for (size_t g = 0; g < r.on.size(); g++)
+        if (r.on[g])
+            mprotect((char *)base + g * r.granule, r.granule, prot);
+}
+
 static void protect_all(int prot)
 {
     for (auto &b : blocks)
         mprotect(b.first, b.second, prot);
+    for (auto &r : sparse)
+        protect_sparse(r.first, r.second, prot);
 }
 
 struct guard_scope {
@@ -142,6 +163,81 @@ static void emu_free(void *self, void *p)
     blocks.erase(b);
 }
 
+/* The granule: the page size, or LOOM_CUDAEMU_GRANULE bytes (a multiple of it; a GPU's is
+ * typically 2 MiB), so that the tests' small models still span many granules. */
+static size_t emu_granule(void *self)
+{
+    if (!emu_granule_bytes) {
+        size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        const char *g = getenv("LOOM_CUDAEMU_GRANULE");
+        size_t want = g ? (size_t)strtoull(g, NULL, 10) : page;
+        emu_granule_bytes = want >= page && want % page == 0 ? want : page;
+    }
+    return emu_granule_bytes;
+}
+
+static void *emu_vm_reserve(void *self, size_t bytes)
+{
+    size_t gr = emu_granule(self), len = ((bytes ? bytes : 1) + gr - 1) / gr * gr;
+    void *p = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    sparse[p] = sparse_range{len, gr, std::vector<char>(len / gr, 0)};
+    return p;
+}
+
+static sparse_range *find_sparse(void *base, size_t off, size_t len, const char *what)
+{
+    auto r = sparse.find(base);
+    if (r == sparse.end() || off % r->second.granule || len % r->second.granule ||
+        off + len > r->second.len) {
+        loom_cuda_note_error(what, "not a granule-aligned piece of a vm_reserve range");
+        return NULL;
+    }
+    return &r->second;
+}
+
+/* Committed memory reads as NaN (0xff bytes) until written: a GPU's is undefined, so a
+ * caller that forgets to zero a gradient granule before accumulating into it shows. */
+static int emu_vm_commit(void *self, void *base, size_t off, size_t len)
+{
+    sparse_range *r = find_sparse(base, off, len, "vm_commit");
+    if (!r)
+        return -1;
+    char *p = (char *)base + off;
+    if (mprotect(p, len, PROT_READ | PROT_WRITE) != 0)
+        return -1;
+    memset(p, 0xff, len);
+    if (guard_on && !guard_depth)
+        mprotect(p, len, PROT_NONE);
+    for (size_t g = off / r->granule; g < (off + len) / r->granule; g++)
+        r->on[g] = 1;
+    return 0;
+}
+
+static void emu_vm_decommit(void *self, void *base, size_t off, size_t len)
+{
+    sparse_range *r = find_sparse(base, off, len, "vm_decommit");
+    if (!r)
+        return;
+    char *p = (char *)base + off;
+    madvise(p, len, MADV_DONTNEED); /* the pages back to the OS: the RSS drops */
+    mprotect(p, len, PROT_NONE);
+    for (size_t g = off / r->granule; g < (off + len) / r->granule; g++)
+        r->on[g] = 0;
+}
+
+static void emu_vm_release(void *self, void *base)
+{
+    auto r = sparse.find(base);
+    if (r == sparse.end()) {
+        loom_cuda_note_error("vm_release", "a pointer vm_reserve did not return");
+        return;
+    }
+    munmap(base, r->second.len);
+    sparse.erase(r);
+}
+
 static void emu_copy(void *self, void *dst, const void *src, size_t bytes)
 {
     guard_scope g;
@@ -199,6 +295,11 @@ static loom_backend_ops make_ops()
     o.zero = emu_zero;
     o.host_alloc = emu_host_alloc;
     o.host_free = emu_host_free;
+    o.vm_granule = emu_granule;
+    o.vm_reserve = emu_vm_reserve;
+    o.vm_commit = emu_vm_commit;
+    o.vm_decommit = emu_vm_decommit;
+    o.vm_release = emu_vm_release;
     o.synchronize = emu_sync;
     o.embedding_forward = G(loom_cuda_embedding_forward);
     o.embedding_backward = G(loom_cuda_embedding_backward);

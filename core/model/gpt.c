@@ -7,6 +7,7 @@
  * blocks top-down; every input gradient is produced fresh (kernels overwrite) and the
  * residual branches join it with `accumulate`.
  */
+#define _DEFAULT_SOURCE /* mmap's MAP_ANONYMOUS */
 #include "gpt_internal.h"
 
 #include <math.h>
@@ -14,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "base/status.h"
 #include "moe.h"
@@ -656,6 +658,39 @@ static loom_status gpt_setup(loom_gpt *m, const loom_gpt_config *cfg, int max_B,
     return st;
 }
 
+/* The model's flat buffers: from the backend (which zeroes them, so every page is resident
+ * from the start), or on host memory mapped untouched, whose zero pages become resident
+ * only where written: ZeRO-3's full-size buffers, of which a rank writes only the units in
+ * use. Not calloc: under MALLOC_PERTURB_ (meson's test runner sets it) glibc's calloc
+ * writes every byte. */
+static float *model_buffer(loom_gpt *m, size_t bytes, int untouched, int *mapped)
+{
+    *mapped = 0;
+    if (!untouched)
+        return m->be->ops->alloc(m->be->self, bytes);
+    void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                   -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    *mapped = 1;
+    return p;
+}
+
+/* The model's parameter or gradient buffer, however it was had: the backend's alloc, an
+ * untouched mmap (ZeRO-3's partitioned construction), or a vm_reserve range (ZeRO-2/3's
+ * sparse device buffers, loom_gpt_use_sparse_buffer). */
+static void free_model_buffer(loom_gpt *m, float *p, int mapped, int sparse)
+{
+    if (!p)
+        return;
+    if (sparse)
+        m->be->ops->vm_release(m->be->self, p);
+    else if (mapped)
+        munmap(p, m->table.total ? m->table.total * sizeof(float) : 1);
+    else
+        m->be->ops->free(m->be->self, p);
+}
+
 loom_status loom_gpt_create(const loom_gpt_config *cfg, loom_backend *be, int max_B, uint64_t seed,
                             const loom_gpt_parallel *par, loom_gpt **out)
 {
@@ -670,17 +705,19 @@ loom_status loom_gpt_create(const loom_gpt_config *cfg, loom_backend *be, int ma
     loom_status st = gpt_setup(m, cfg, max_B, par, 0, 0);
     if (st == LOOM_OK) {
         size_t bytes = m->table.total * sizeof(float);
-        m->params = be->ops->alloc(be->self, bytes);
-        m->grads = be->ops->alloc(be->self, bytes);
+        int device = loom_backend_device_memory(be);
+        int undrawn = par && par->undrawn && !device; /* ZeRO-3 draws the partitions */
+        m->params = model_buffer(m, bytes, undrawn, &m->params_mapped);
+        m->grads = model_buffer(m, bytes, par && par->lazy_grads && !device, &m->grads_mapped);
         /* host memory (the CPU backend): drawn in place, without a second full-size copy
          * (it set the start-up peak of the resident set, which ZeRO-3 runs are sized by) */
-        int device = loom_backend_device_memory(be);
         float *host = device ? malloc(bytes) : NULL;
         if (!m->params || !m->grads || (device && !host)) {
             st = loom_fail(LOOM_ERR_NOMEM, "cannot allocate %.1f MiB for parameters",
                            2.0 * (double)bytes / (1 << 20));
         } else {
-            loom_params_init_values(&m->table, seed, host ? host : m->params);
+            if (!undrawn)
+                loom_params_init_values(&m->table, seed, host ? host : m->params);
             if (host)
                 be->ops->copy_to_device(be->self, m->params, host, bytes);
             bind_params(m, m->params, &m->p);
@@ -719,14 +756,8 @@ void loom_gpt_destroy(loom_gpt *m)
     if (!m)
         return;
     const loom_backend_ops *ops = m->be->ops;
-    if (m->params_sparse)
-        ops->vm_release(m->be->self, m->params);
-    else
-        ops->free(m->be->self, m->params);
-    if (m->grads_sparse)
-        ops->vm_release(m->be->self, m->grads);
-    else
-        ops->free(m->be->self, m->grads);
+    free_model_buffer(m, m->params, m->params_mapped, m->params_sparse);
+    free_model_buffer(m, m->grads, m->grads_mapped, m->grads_sparse);
     gpt_w16_free(m);
     ops->free(m->be->self, m->act_mem);
     gpt_moe_destroy(m);
@@ -810,7 +841,9 @@ size_t loom_gpt_num_params(const loom_gpt *m)
 void loom_gpt_use_sparse_buffer(loom_gpt *m, int which, float *sparse)
 {
     float **buf = which ? &m->grads : &m->params;
-    m->be->ops->free(m->be->self, *buf);
+    int *mapped = which ? &m->grads_mapped : &m->params_mapped;
+    free_model_buffer(m, *buf, *mapped, 0);
+    *mapped = 0;
     *buf = sparse;
     bind_params(m, sparse, which ? &m->g : &m->p);
     if (which)

@@ -107,12 +107,21 @@ typedef struct loom_gpt_parallel {
      * host counts. NULL: ep_comm carries both (host memory). */
     const struct loom_comm_ops *ep_dops;
     void *ep_dcomm;
+    /* ZeRO-3 on a host-memory backend (ignored on a device): undrawn = 1, the parameters
+     * are not drawn (each rank draws its own partition: loom_params_init_range,
+     * partitioned construction) and their buffer is mapped untouched (anonymous zero
+     * pages, none resident until written); lazy_grads = 1, the gradient buffer mapped
+     * untouched too (stage 3 releases its pages as they are reduced, so backward faults
+     * them in each step anyway). */
+    int undrawn, lazy_grads;
 } loom_gpt_parallel;
+
 
 enum { LOOM_RECOMPUTE_NONE, LOOM_RECOMPUTE_FULL, LOOM_RECOMPUTE_SELECTIVE, LOOM_RECOMPUTE_LAYERS };
 
 /* Build the table (partitioned by par->tp_ops) and allocate params + grads on the backend,
- * initialised from seed (values keyed by logical index: the same model for any split).
+ * initialised from seed (values keyed by logical index: the same model for any split;
+ * not with par->undrawn).
  * Activations are sized for micro-batches up to max_B x cfg->ctx. */
 loom_status loom_gpt_create(const loom_gpt_config *cfg, loom_backend *be, int max_B, uint64_t seed,
                             const loom_gpt_parallel *par, loom_gpt **out);

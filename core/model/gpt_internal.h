@@ -56,6 +56,9 @@ struct loom_gpt {
     loom_backend *be;
     loom_param_table table;
     float *params, *grads;
+    /* 1: the buffer is an anonymous mapping of table.total floats (loom_gpt_parallel's
+     * undrawn on host memory), unmapped rather than handed back to the backend */
+    int params_mapped, grads_mapped;
     model_params p, g;
     /* mixed precision (gpt.h): c16 the 16-bit compute copy of the weights (NULL: p points
      * into params); p then points into wide (the blocks, one widened at a time: wide_unit)

@@ -118,28 +118,45 @@ static uint64_t logical_index(const loom_param_entry *e, size_t j, int64_t *row)
     return li;
 }
 
-void loom_params_init_values(const loom_param_table *t, uint64_t seed, float *host)
+static float init_value(const loom_param_entry *e, uint64_t seed, uint64_t stream, size_t j)
 {
-    memset(host, 0, t->total * sizeof *host);
+    int64_t row;
+    uint64_t li = logical_index(e, j, &row);
+    switch (e->init) {
+    case LOOM_INIT_ZEROS: return 0.0f;
+    case LOOM_INIT_ONES: return 1.0f;
+    case LOOM_INIT_NORMAL:
+        if (e->init_rows && row >= e->init_rows)
+            return 0.0f;
+        return (float)(e->init_std * loom_rng_normal(seed, stream, li));
+    }
+    return 0.0f;
+}
+
+/* The generator is counter-based (keyed by seed, the entry's name and the element's
+ * logical index), so any range gets the bits the whole draw gives it. */
+void loom_params_init_range(const loom_param_table *t, uint64_t seed, size_t lo, size_t hi,
+                            float *dst)
+{
+    if (hi <= lo)
+        return;
+    memset(dst, 0, (hi - lo) * sizeof *dst); /* alignment padding, and past the table's end */
     for (int i = 0; i < t->count; i++) {
         const loom_param_entry *e = &t->entries[i];
-        float *p = host + e->offset;
+        size_t a = e->offset > lo ? e->offset : lo, b = e->offset + e->numel;
+        if (b > hi)
+            b = hi;
+        if (a >= b)
+            continue;
         uint64_t stream = loom_rng_stream(e->name);
-        for (size_t j = 0; j < e->numel; j++) {
-            int64_t row;
-            uint64_t li = logical_index(e, j, &row);
-            switch (e->init) {
-            case LOOM_INIT_ZEROS: p[j] = 0.0f; break;
-            case LOOM_INIT_ONES: p[j] = 1.0f; break;
-            case LOOM_INIT_NORMAL:
-                if (e->init_rows && row >= e->init_rows)
-                    p[j] = 0.0f;
-                else
-                    p[j] = (float)(e->init_std * loom_rng_normal(seed, stream, li));
-                break;
-            }
-        }
+        for (size_t x = a; x < b; x++)
+            dst[x - lo] = init_value(e, seed, stream, x - e->offset);
     }
+}
+
+void loom_params_init_values(const loom_param_table *t, uint64_t seed, float *host)
+{
+    loom_params_init_range(t, seed, 0, t->total, host);
 }
 
 /* (checkpoint loads and llm.c model loads under tensor parallelism both fill held slices

@@ -60,6 +60,11 @@ void loom_params_free(loom_param_table *t);
 
 /* Fill a host buffer (t->total floats) with the initial values for seed. */
 void loom_params_init_values(const loom_param_table *t, uint64_t seed, float *host);
+/* The initial values of flat elements [lo, hi) (hi may pass t->total: zeros there) into
+ * dst[0 .. hi-lo): bitwise what loom_params_init_values puts at those places (ZeRO-3's
+ * partitioned construction draws only its partition with it). */
+void loom_params_init_range(const loom_param_table *t, uint64_t seed, size_t lo, size_t hi,
+                            float *dst);
 
 /* Copy the intersection of a source box (start ss, lengths sl: its data at src, F32 or,
  * with bf16 set, BF16 little-endian, row-major in its box) into a destination box (start

@@ -70,6 +70,7 @@ struct loom_session {
     int *tokens, *targets;   /* host staging for one micro-batch (all of a step's under pp) */
     loom_pipeline *pipe;     /* pp > 1, else NULL */
     loom_zero *zero;         /* strategy zero = 1, 2 or 3 with dp > 1, else NULL */
+    int undrawn;             /* ZeRO-3's partitioned construction (partitioned_construction) */
     loom_offload *offload;   /* strategy offload: the state on the host or disk, else NULL */
     loom_compress *compress; /* strategy compress over dp, else NULL */
     loom_gpt *teacher;       /* distillation: the frozen teacher, else NULL */
@@ -182,6 +183,32 @@ static loom_status make_offload(loom_session *s, const loom_session_config *cfg)
     return st;
 }
 
+/* ZeRO-3's partitioned construction (DeepSpeed's zero.Init): the model created undrawn,
+ * each rank drawing only its partition (zero_params.c), so that no rank ever holds the
+ * whole model; and the full-size gradient buffer left untouched until backward writes it
+ * (*lazy_grads). Where ZeRO-3 runs on host memory over dp > 1 without ep (zero_ep.c and
+ * the device path still take the partition from the whole model, drawn on every rank).
+ * LOOM_ZERO_INIT=whole draws the whole model on every rank as before (the A/B: the same
+ * bits; the gradient buffer stays untouched). */
+static loom_status partitioned_construction(const loom_session *s, int *out, int *lazy_grads)
+{
+    *out = *lazy_grads = 0;
+    const char *v = getenv("LOOM_ZERO_INIT");
+    if (v && *v && strcmp(v, "whole") && strcmp(v, "partition"))
+        LOOM_FAIL(LOOM_ERR_INVALID, "LOOM_ZERO_INIT is \"%s\": \"partition\" (the default: under "
+                  "zero = 3 each rank draws only its partition) or \"whole\" (every rank draws "
+                  "the whole model first)", v);
+    const struct loom_comm_ops *ops;
+    void *group;
+    int dp = 1;
+    if (s->cfg.zero_stage != 3 || s->device || s->cfg.ep > 1)
+        return LOOM_OK;
+    LOOM_TRY(loom_core_host()->group(LOOM_GROUP_DP, &ops, &group, &dp));
+    *lazy_grads = dp >= 2;
+    *out = dp >= 2 && !(v && !strcmp(v, "whole"));
+    return LOOM_OK;
+}
+
 /* ZeRO over the dp group (zero.h); with one dp rank there is nothing to partition. */
 static loom_status make_zero(loom_session *s)
 {
@@ -211,7 +238,7 @@ static loom_status make_zero(loom_session *s)
     loom_zero_config zc = {cfg->zero_stage, cfg->zero_bucket_mb > 0 ? cfg->zero_bucket_mb : 25.0,
                            cfg->canonical, cfg->accum, s->state_slots, wd, decay_all,
                            cfg->offload_mode != LOOM_OFFLOAD_NONE, s->ep, cfg->offload_params,
-                           s->master_weights};
+                           s->master_weights, s->undrawn, cfg->seed};
     LOOM_TRY(loom_zero_create(&zc, s->model, &s->backend, &s->zero));
     const loom_param_table *t = loom_gpt_params(s->model);
     int stage = s->pipe ? loom_pipeline_stage(s->pipe) : 0;
@@ -852,6 +879,9 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
         else
             st = loom_ep_create(cfg->ep, &s->backend, &par, &s->ep);
     }
+    if (st == LOOM_OK)
+        st = partitioned_construction(s, &s->undrawn, &par.lazy_grads);
+    par.undrawn = s->undrawn;
     if (st == LOOM_OK)
         st = loom_gpt_create(&cfg->model, &s->backend, cfg->micro_batch, cfg->seed, &par, &s->model);
     if (st == LOOM_OK) /* the compute copy of the weights and the activations' dtype */

@@ -76,6 +76,10 @@ typedef struct loom_zero_config {
                            * (loom_zero_attach_params); none allocated here */
     int master16;         /* the model computes on a 16-bit copy (gpt.h): stages 1 and 2
                            * partition the fp32 master too (zero_master.c) */
+    int undrawn;          /* stage 3: the model was created undrawn (gpt.h
+                           * loom_gpt_parallel.undrawn): each rank draws its partition of
+                           * the initial values for `seed` (partitioned construction) */
+    uint64_t seed;
 } loom_zero_config;
 
 /* P: `total` floats padded to a multiple of 16 x n (n dp ranks); every rank's partition is

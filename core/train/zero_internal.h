@@ -47,6 +47,9 @@ struct loom_zero {
     void *dp, *tp;
     int n, rank, tp_size, tp_rank;
     size_t total, padded, part, max_len;
+    int undrawn;         /* stage 3, partitioned construction: the initial values not in
+                          * the model's buffer; draw_seed draws this rank's partition */
+    uint64_t draw_seed;
     zero_bucket *buckets;
     int n_buckets;
     loom_optim_segment *segments;
@@ -143,6 +146,9 @@ size_t zero_device_grads_peak(const loom_zero *z);
 size_t zero_device_params_peak(const loom_zero *z);
 void zero_reduce_free(loom_zero *z);
 loom_status zero_params_init(loom_zero *z);
+/* Partitioned construction: this rank's sub-block of every bucket of the initial values,
+ * drawn into part (P/N floats; zeros past the buffer's end), bitwise the whole draw's. */
+void zero_draw_partition(const loom_zero *z, float *part);
 /* zero_master.c: this rank's partition of params (the model's flat buffer) into part: the
  * sub-block of every bucket, zeros past the buffer's end. */
 void zero_copy_partition(const loom_zero *z, const float *params, float *part);

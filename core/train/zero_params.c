@@ -217,8 +217,12 @@ loom_status zero_params_init(loom_zero *z)
     if (!z->units || (!z->part_params && !z->params_offloaded) || !z->tail3 || !z->param_pages)
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the ZeRO-3 parameter partition");
     float *params = loom_gpt_param_data(z->model);
-    /* this rank's partition from the initial values every rank drew alike */
-    if (z->part_params && !z->device) /* device: zero_device_params did */
+    /* this rank's partition of the initial values: drawn here alone (partitioned
+     * construction: the rest of the buffer is never written before its first gather), or
+     * taken from the whole model every rank drew alike */
+    if (z->part_params && z->undrawn)
+        zero_draw_partition(z, z->part_params);
+    else if (z->part_params && !z->device) /* device: zero_device_params did */
         zero_copy_partition(z, params, z->part_params);
     for (int u = 0; u < z->n_units; u++) {
         int first, last;
@@ -250,6 +254,16 @@ loom_status zero_params_init(loom_zero *z)
     z->staged = loom_gpt_is_stage(z->model);
     loom_gpt_set_param_hook(z->model, param_use, z);
     return LOOM_OK;
+}
+
+void zero_draw_partition(const loom_zero *z, float *part)
+{
+    const loom_param_table *t = loom_gpt_params(z->model);
+    for (int k = 0; k < z->n_buckets; k++) {
+        const zero_bucket *b = &z->buckets[k];
+        size_t a = b->lo + (size_t)z->rank * b->sub;
+        loom_params_init_range(t, z->draw_seed, a, a + b->sub, part + b->part_off);
+    }
 }
 
 void zero_params_free(loom_zero *z)

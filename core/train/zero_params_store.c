@@ -36,15 +36,25 @@ static size_t own_range(const loom_zero *z, int k, size_t *a)
     return (e < z->total ? e : z->total) - *a;
 }
 
-/* This rank's partition of the model's buffer (its initial values) into the offload. */
+/* This rank's partition of the initial values into the offload: from the model's buffer,
+ * or (partitioned construction) drawn a bucket's sub-block at a time. */
 static loom_status store_params(loom_zero *z)
 {
     const float *params = loom_gpt_param_data(z->model);
-    for (int k = 0; k < z->n_buckets; k++) {
+    float *drawn = NULL;
+    if (z->undrawn && !(drawn = malloc(z->max_len / (size_t)z->n * sizeof(float) + 1)))
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory drawing the ZeRO-3 parameter partition");
+    loom_status st = LOOM_OK;
+    for (int k = 0; k < z->n_buckets && st == LOOM_OK; k++) {
         size_t a, n = own_range(z, k, &a);
+        if (n && drawn)
+            loom_params_init_range(loom_gpt_params(z->model), z->draw_seed, a, a + n, drawn);
         if (n)
-            LOOM_TRY(loom_offload_write_params(z->store, z->buckets[k].part_off, n, params + a));
+            st = loom_offload_write_params(z->store, z->buckets[k].part_off, n,
+                                           drawn ? drawn : params + a);
     }
+    free(drawn);
+    LOOM_TRY(st);
     loom_zero_params_stale(z);
     return LOOM_OK;
 }

@@ -282,6 +282,7 @@ function M:step(r)
   self:write { kind = "train", step = r.step, loss = r.loss, lr = r.lr, grad_norm = r.grad_norm,
     ms = r.ms, comm_ms = r.comm_ms or NULL, tokens = r.tokens, tokens_per_s = tps,
     mfu = mfu or NULL, mem_bytes = rss, memory = r.memory or NULL, bubble = r.bubble or NULL,
+    startup_peak_rss = r.startup_peak_rss or NULL,
     time_s = now, skipped = r.skipped and true or false, skipped_steps = self.skips or 0,
     loss_scale = r.loss_scale or NULL,
     compress_bytes = r.compress_bytes, grad_bytes = r.grad_bytes,

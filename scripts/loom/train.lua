@@ -581,6 +581,9 @@ return function(loom)
     loom.core.catch_stop_signals(true)
     local armed <close> = setmetatable({}, { __close = function() loom.core.catch_stop_signals(false) end })
     local step_ms = {} -- each step's time, for the plan's check after the run
+    -- the start-up's peak resident set (VmHWM once the session is built and any resume
+    -- loaded, before the first step): what ZeRO-3's partitioned construction keeps down
+    local startup_peak_rss = session:info().peak_rss
     local step = start
     while step < t.steps do
       step = step + 1
@@ -600,6 +603,7 @@ return function(loom)
       r.tokens_per_s = r.tokens / (r.ms / 1000)
       local now = session:info()
       r.memory, r.peak_rss, r.rss = now.memory, now.peak_rss, now.rss -- VmHWM, VmRSS (bytes)
+      r.startup_peak_rss = startup_peak_rss
       summary.losses[#summary.losses + 1] = r.loss
       step_ms[#step_ms + 1] = r.ms
       if r.bubble then bubbles[#bubbles + 1] = r.bubble end

@@ -53,7 +53,7 @@ def strict(c): raise ValueError("non-JSON constant " + c)
 num = (int, float, type(None))  # a non-finite number is written as null
 train = {"step": int, "loss": num, "lr": num, "grad_norm": num, "ms": num, "comm_ms": num, "tokens": num,
          "tokens_per_s": num, "mfu": num, "mem_bytes": int, "memory": (dict, type(None)), "time_s": num,
-         "skipped": bool, "skipped_steps": int}
+         "skipped": bool, "skipped_steps": int, "startup_peak_rss": (int, type(None))}
 val = {"step": int, "val_loss": num, "time_s": num}
 for path in sys.argv[1:]:
     rows = []

@@ -22,6 +22,10 @@
 #    and at dp=2 x tp=2 gives one rank's bits; llm.c save and export_safetensors (the
 #    master gathered for the write) write each rank's files byte for byte the whole
 #    master's (zero=1 dp=2, zero=2 dp=3);
+#  - zero=3's partitioned construction: bitwise the losses of the whole model's
+#    (LOOM_ZERO_INIT=whole), and the start-up peak of the resident set of every rank below
+#    the whole model's by at least 90% of the (N-1)/N of the parameters it does not own
+#    (10.7 M parameters, dp=2 and 4);
 #  - what is not built is refused with a message: zero=3 with llm.c weights (zero with
 #    pp: zero_pp.sh; offload: offload.sh; checkpoints under zero: zero_ckpt.sh).
 set -euo pipefail
@@ -230,6 +234,41 @@ resident() { # resident WHAT FIELD: the MEM line on stdin, field FIELD a residen
 }
 mem8 strategy.zero=2 strategy.dp.bucket_mb=0.01 | resident "stage 2 full gradient buffer" 9
 mem8 strategy.zero=3 | resident "stage 3 full parameter buffer" 10
+
+# --- zero=3's partitioned construction (docs/ZERO.md) ---------------------------------
+# Each rank draws only its partition of the initial values and never writes the rest of
+# the full-size parameter buffer before its first gather. LOOM_ZERO_INIT=whole is the
+# construction before (every rank draws the whole model, then keeps its partition): the
+# same bits, and a start-up peak of the resident set higher by the whole buffer it wrote.
+for n in 2 3; do
+  LOOM_ZERO_INIT=whole runN $n batch.micro=$((n == 2 ? 4 : 2)) strategy.zero=3 > "$tmp/z3w_$n"
+  finite_losses "$tmp/z3w_$n" "$tmp/z3_$n"
+  cmp -s "$tmp/z3w_$n" "$tmp/z3_$n" || { echo "zero=3 dp=$n: partitioned construction differs from the whole model's"; paste "$tmp/z3w_$n" "$tmp/z3_$n" | head; exit 1; }
+done
+LOOM_ZERO_INIT=whole runT batch.micro=4 strategy.zero=3 $small > "$tmp/tp_z3w"
+cmp -s "$tmp/tp_z3w" "$tmp/tp_z3" || { echo "zero=3 dp=2 x tp=2: partitioned construction differs from the whole model's"; exit 1; }
+LOOM_ZERO_INIT=whole runN 2 $canon strategy.zero=3 $small > "$tmp/c_2_3w"
+cmp -s "$tmp/c_2_3w" "$tmp/c_2_3" || { echo "canonical zero=3 dp=2: partitioned construction differs from the whole model's"; exit 1; }
+echo "ok zero=3 partitioned construction: losses and norms bitwise the whole model's (LOOM_ZERO_INIT=whole) at dp=2, dp=3 (the tail), dp=2 x tp=2 and canonical dp=2"
+# the start-up peak (VmHWM before step 1, zero_init_rss.lua: 10.7 M parameters, one step;
+# MALLOC_PERTURB_ set, as meson sets it): below the whole model's by at least 90% of the
+# (N-1)/N of the parameter bytes a rank does not own (measured: by all of the 4 psi bytes,
+# since the whole construction also held the partition beside the full buffer)
+psiL=$((256 * 384 + 16 * 384 + 6 * (12 * 384 * 384 + 13 * 384) + 2 * 384))
+init() { MALLOC_PERTURB_=165 "$loom" launch -n "$1" "$here/recipes/zero_init_rss.lua" mesh.dp="$1" strategy.zero=3 comm_timeout=30 | sed 's/^\[rank [0-9]*\] //' | grep -a -e '^INIT ' -e '^LOSS ' | sort; }
+for n in 2 4; do
+  init $n > "$tmp/init_p"
+  LOOM_ZERO_INIT=whole init $n > "$tmp/init_w"
+  cmp -s <(grep LOSS "$tmp/init_p") <(grep LOSS "$tmp/init_w") || { echo "zero=3 dp=$n: the 42 MB model's loss differs between the constructions"; paste "$tmp/init_p" "$tmp/init_w"; exit 1; }
+  join <(grep INIT "$tmp/init_p" | cut -d' ' -f2-) <(grep INIT "$tmp/init_w" | cut -d' ' -f2-) |
+    awk -v n=$n -v psi=$psiL '
+      { r++; want = 0.9 * 4 * psi * (n - 1) / n; d = $3 - $2
+        if (!($2 > 0 && d >= want)) { printf "zero=3 dp=%d rank %d: start-up peak %d bytes partitioned, %d whole: %d below, want at least %.0f\n", n, $1, $2, $3, d, want; bad = 1 }
+        if ($1 == 0) { p = $2; w = $3 } }
+      END { if (r != n) { print "expected " n " INIT lines, got " r; bad = 1 }
+        if (bad) exit 1
+        printf "ok zero=3 dp=%d partitioned construction (4 psi = %d bytes of parameters): rank 0 start-up peak %d bytes, %d with the whole model drawn (%.1f MB below)\n", n, 4 * psi, p, w, (w - p) / 1e6 }'
+done
 
 # --- refusals -------------------------------------------------------------------------
 refused() { # refused WANT ARGS...: the run fails, naming WANT, before training

@@ -3,6 +3,7 @@
 #include <check.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "model/params.h"
 
@@ -55,12 +56,41 @@ START_TEST(test_init_keyed_by_logical_index)
 }
 END_TEST
 
+/* Any range of the flat buffer drawn alone gives the whole draw's bits (ZeRO-3's
+ * partitioned construction), padding and the buffer's end included. */
+START_TEST(test_init_range_matches_whole)
+{
+    loom_param_table t = {0};
+    int64_t s1[2] = {5, 7}, s2[1] = {9}, s3[2] = {6, 3};
+    loom_params_add(&t, "a", 2, s1, 0, LOOM_INIT_NORMAL, 0.02f);
+    loom_params_add(&t, "b", 1, s2, 0, LOOM_INIT_ONES, 0);
+    loom_params_add(&t, "c", 2, s3, 1, LOOM_INIT_NORMAL, 1.0f);
+    t.entries[2].init_rows = 4;
+    size_t n = t.total;
+    float *whole = malloc(n * sizeof(float)), *part = malloc((n + 8) * sizeof(float));
+    loom_params_init_values(&t, 7, whole);
+    size_t cuts[][2] = {{0, n}, {3, 40}, {35, 36}, {17, n + 8}, {60, 61}, {20, 20}};
+    for (size_t c = 0; c < sizeof cuts / sizeof cuts[0]; c++) {
+        memset(part, 0x7f, (n + 8) * sizeof(float));
+        loom_params_init_range(&t, 7, cuts[c][0], cuts[c][1], part);
+        for (size_t i = cuts[c][0]; i < cuts[c][1]; i++)
+            ck_assert_msg(memcmp(&part[i - cuts[c][0]], i < n ? &whole[i] : &(float){0.0f},
+                                 sizeof(float)) == 0, "cut %zu element %zu", c, i);
+        ck_assert(cuts[c][1] > cuts[c][0] || memcmp(part, &(int){0x7f7f7f7f}, 4) == 0);
+    }
+    free(whole);
+    free(part);
+    loom_params_free(&t);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("params");
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_layout);
     tcase_add_test(tc, test_init_keyed_by_logical_index);
+    tcase_add_test(tc, test_init_range_matches_whole);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

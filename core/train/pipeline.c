@@ -21,6 +21,7 @@
 #include "model/gpt_stage.h"
 #include "schedule.h"
 #include "trace.h"
+#include "base/backend.h"
 #include "base/clock.h"
 #include "base/plugin_loader.h"
 #include "base/status.h"
@@ -115,19 +116,14 @@ static void buf_add(loom_pipeline *pl, float *acc, const float *x, size_t n)
         acc[j] += x[j];
 }
 
-/* dst = src, bit for bit. The backend has no device-to-device copy; -0 + x is x for every
- * x (+0 included: -0 + +0 = +0, and -0 + -0 = -0), so dst is filled with -0 (zero, then
- * times -1) and src accumulated onto it. */
+/* dst = src, bit for bit (loom_backend_copy_bits: a device has no device-to-device copy,
+ * so -0 + x). A pipeline without a backend is host memory. */
 static void buf_copy(loom_pipeline *pl, float *dst, const float *src, size_t n)
 {
-    if (!pl->device) {
+    if (pl->be) /* memcpy on host memory */
+        loom_backend_copy_bits(pl->be, dst, src, n);
+    else
         memcpy(dst, src, n * sizeof(float));
-        return;
-    }
-    const loom_backend_ops *k = pl->be->ops;
-    k->zero(pl->be->self, dst, n * sizeof(float));
-    k->scale(dst, -1.0f, n);
-    k->accumulate(dst, src, n);
 }
 
 static loom_status split_layers(loom_pipeline *pl, const loom_pipeline_config *cfg)

@@ -3,6 +3,7 @@
 
 #include "grad_sync.h"
 #include "pipeline.h"
+#include "base/backend.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -203,19 +204,10 @@ loom_status loom_ep_end_chunk(loom_ep *x, loom_gpt *m, const loom_pipeline *pl, 
     return push_chunk(x, m, pl, chunk);
 }
 
-/* dst = src, bit for bit, in the backend's memory. A device backend has no device-to-
- * device copy: dst filled with -0 (zero, then times -1) and src added, -0 + x being x for
- * every x (pipeline.c's buf_copy does the same). */
+/* dst = src, bit for bit, in the backend's memory (loom_backend_copy_bits). */
 static void copy_floats(loom_ep *x, float *dst, const float *src, size_t n)
 {
-    if (!x->device) {
-        memcpy(dst, src, n * sizeof(float));
-        return;
-    }
-    const loom_backend_ops *k = x->be->ops;
-    k->zero(x->be->self, dst, n * sizeof(float));
-    k->scale(dst, -1.0f, n);
-    k->accumulate(dst, src, n);
+    loom_backend_copy_bits(x->be, dst, src, n);
 }
 
 /* Canonical mode: the experts' global gradient into the model's expert entries. The

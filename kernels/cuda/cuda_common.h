@@ -107,6 +107,11 @@ void loom_cuda_rope_forward(float *x, const float *cos, const float *sin, size_t
                             size_t rows, int T, int stride, int heads, int hs);
 void loom_cuda_rope_backward(float *dx, const float *cos, const float *sin, size_t row0,
                              size_t rows, int T, int stride, int heads, int hs);
+/* scatter_sorted.cu: dst[idx[i] - offset] += (scale ? scale[i] : 1) * src[i] for the rows
+ * with idx[i] - offset in [0, limit), rows sharing a destination in increasing i (the CPU's
+ * bits), row-parallel through a stable sort by destination (workspace scratch). */
+void loom_cuda_scatter_add_rows(float *dst, const float *src, const int *idx, int offset,
+                                int limit, const float *scale, size_t n, int C);
 /* rows.cu: backend.h rows_gather, rows_scatter_add, rows_dot (the MoE layer's row moves;
  * kernels/cpu/rows.c's bits). */
 void loom_cuda_rows_gather(float *out, const float *inp, const int *idx, const float *scale,

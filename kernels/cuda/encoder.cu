@@ -1,10 +1,10 @@
 /* encoder.cu — token and position embedding (kernels/cpu/encoder.c's contract): the lookup
  * over a vocabulary slice (zeros for tokens outside it), positions added to a row shard.
- * Backward: dwte and dwpe ACCUMULATE. No atomics: the token gradient gives each thread one
- * column and walks the rows in order (rows with the same token add into one dwte row, and
- * the order is the CPU's); the position gradient gives each thread one (t, c) and adds the
- * B rows in order. The token backward is therefore C-way parallel only: correct and
- * deterministic, not fast (a sort by token would make it row-parallel).
+ * Backward: dwte and dwpe ACCUMULATE. No atomics: the token gradient is scatter_sorted.cu's
+ * scatter-add (the rows sorted stably by token on the device, then one thread per (token,
+ * column) adding its rows in increasing row index: the CPU's order and bits); the position
+ * gradient gives each thread one (t, c) and adds the B rows in order (T*C-way parallel
+ * already, so it keeps its shape).
  */
 #include "kernels.cuh"
 
@@ -17,19 +17,6 @@ __global__ void embedding_forward_kernel(float *out, const int *inp, const float
         const size_t r = i / C;
         const int c = (int)(i % C), v = inp[r] - v0;
         out[i] = v >= 0 && v < Vl ? wte[(size_t)v * C + c] : 0.0f;
-    }
-}
-
-__global__ void embedding_backward_kernel(float *dwte, const float *dout, const int *inp, int v0,
-                                          int Vl, size_t rows, int C)
-{
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C)
-        return;
-    for (size_t r = 0; r < rows; r++) {
-        const int v = inp[r] - v0;
-        if (v >= 0 && v < Vl)
-            dwte[(size_t)v * C + c] += dout[r * C + c];
     }
 }
 
@@ -67,9 +54,8 @@ extern "C" void loom_cuda_embedding_forward(float *out, const int *inp, const fl
 extern "C" void loom_cuda_embedding_backward(float *dwte, const float *dout, const int *inp,
                                              int v0, int Vl, size_t rows, int C)
 {
-    LOOM_CUDA_LAUNCH("embedding_backward", embedding_backward_kernel,
-                     (C + LOOM_CUDA_THREADS - 1) / LOOM_CUDA_THREADS, LOOM_CUDA_THREADS, 0, dwte,
-                     dout, inp, v0, Vl, rows, C);
+    /* dwte (Vl,C) +=, dout (rows,C): tokens outside [v0, v0 + Vl) add nowhere */
+    loom_cuda_scatter_add_rows(dwte, dout, inp, v0, Vl, NULL, rows, C);
 }
 
 extern "C" void loom_cuda_position_forward(float *out, const float *wpe, size_t row0, size_t rows,

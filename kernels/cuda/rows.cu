@@ -4,16 +4,19 @@
  *
  * Every op gives the CPU backend's bits:
  * - gather: one thread per value, out = s * x (one rounding, or none with no scale);
- * - scatter-add: one thread per column, walking the rows in i order, each step
+ * - scatter-add: scatter_sorted.cu's — the rows sorted stably by destination on the device,
+ *   then one thread per (destination, column) adding its rows in increasing i, each step
  *   dst = dst + s * src rounded twice (__fmul_rn, __fadd_rn: nvcc may not contract them
  *   into an FMA, which the CPU's loop does not do), so a row receiving several rows sums
- *   them in the CPU's order. It is C-way parallel (rows sharing a destination must add in
- *   order, and idx is not sorted by destination): correct, slow for long n;
+ *   them in the CPU's order. The op is not told out's row count, so the sort takes all 31
+ *   bits of idx (four passes);
  * - dot: one thread per row, the C products summed in double in column order. A float
  *   product is exact in double, so an FMA contraction of sum + x * y rounds once, as the
  *   CPU's separate multiply and add do: the same bits either way.
  */
 #include "kernels.cuh"
+
+#include <limits.h>
 
 __global__ void rows_gather_kernel(float *out, const float *inp, const int *idx,
                                    const float *scale, size_t n, int C)
@@ -23,19 +26,6 @@ __global__ void rows_gather_kernel(float *out, const float *inp, const int *idx,
         const size_t i = v / C, c = v % C;
         const float x = inp[(size_t)idx[i] * C + c];
         out[v] = scale ? __fmul_rn(scale[i], x) : x;
-    }
-}
-
-__global__ void rows_scatter_add_kernel(float *out, const float *inp, const int *idx,
-                                        const float *scale, size_t n, int C)
-{
-    GRID_STRIDE(c, (size_t)C)
-    {
-        for (size_t i = 0; i < n; i++) {
-            float *dst = out + (size_t)idx[i] * C + c;
-            const float x = inp[i * C + c];
-            *dst = __fadd_rn(*dst, scale ? __fmul_rn(scale[i], x) : x);
-        }
     }
 }
 
@@ -66,8 +56,7 @@ extern "C" void loom_cuda_rows_scatter_add(float *out, const float *inp, const i
 {
     if (n == 0 || C <= 0)
         return;
-    LOOM_CUDA_LAUNCH("rows_scatter_add", rows_scatter_add_kernel, loom_cuda_blocks((size_t)C),
-                     LOOM_CUDA_THREADS, 0, out, inp, idx, scale, n, C);
+    loom_cuda_scatter_add_rows(out, inp, idx, 0, INT_MAX, scale, n, C);
 }
 
 extern "C" void loom_cuda_rows_dot(float *out, const float *a, const int *idx, const float *b,

@@ -67,7 +67,7 @@ START_TEST(test_embedding)
     int *tok = tokens(R, 0, V, 5);
     tok[0] = tok[7] = tok[9] = 150; /* repeated tokens add into one row */
     ct_buf b[] = {out("out", o, R * C * 4, EXACT), in("tokens", tok, R * 4),
-                  in("wte", wte, 500 * C * 4), out("dwte", dwte, 500 * C * 4, RED),
+                  in("wte", wte, 500 * C * 4), out("dwte", dwte, 500 * C * 4, EXACT),
                   in("dout", dout, R * C * 4)};
     ct_compare_op("embedding fwd/bwd", b, 5, op_embedding, NULL);
     free(o), free(wte), free(dwte), free(dout), free(tok);
@@ -606,6 +606,102 @@ START_TEST(test_rows)
 }
 END_TEST
 
+/* --- the sorted scatter-add (kernels/cuda/scatter_sorted.cu) -------------------------- */
+/* embedding_backward and rows_scatter_add on row lists where the order of a destination's
+ * adds changes fp32 bits: few destinations, each with dozens of rows whose values span
+ * 2^-12 .. 2^12 (so a reordering is visible: the host checks that reversing one
+ * destination's rows changes a sum), destination numbers that share low bytes across radix
+ * passes (and, for the MoE op, a third byte), rows outside the vocabulary slice, and
+ * untouched destinations that must keep their value. Each case runs with LOOM_CUDA_SCATTER
+ * = sort, = walk and unset (by size): all bitwise the CPU backend's (EXACT), and the sort's
+ * result bitwise the walk's (memcmp). */
+typedef struct scatter_case {
+    const char *name;
+    int embedding;     /* 1: embedding_backward, 0: rows_scatter_add (with scale) */
+    size_t n;          /* rows */
+    int C, v0, Vl;     /* Vl: dwte's / out's rows */
+    const int *dests;  /* destination numbers the rows draw from (tokens or idx) */
+    int ndest;
+} scatter_case;
+
+static void op_scatter(const loom_backend_ops *k, void *s, void **d, void *ctx)
+{
+    const scatter_case *sc = ctx;
+    if (sc->embedding)
+        k->embedding_backward(d[0], d[1], d[2], sc->v0, sc->Vl, sc->n, sc->C);
+    else
+        k->rows_scatter_add(d[0], d[1], d[2], d[3], sc->n, sc->C);
+}
+
+/* Values x * 2^e, e in [-12, 12]: sums of these round differently in another order. */
+static float *spread_floats(size_t n, unsigned seed)
+{
+    float *x = ct_floats(n, seed, -1, 1);
+    unsigned r = seed * 7919u + 1u;
+    for (size_t i = 0; i < n; i++) {
+        r = r * 1664525u + 1013904223u;
+        x[i] = ldexpf(x[i], (int)((r >> 9) % 25u) - 12);
+    }
+    return x;
+}
+
+static void scatter_check(const scatter_case *sc)
+{
+    const size_t n = sc->n, C = (size_t)sc->C, out_n = (size_t)sc->Vl * C;
+    float *acc = ct_floats(out_n, 11, -1, 1), *src = spread_floats(n * C, 12);
+    float *scale = spread_floats(n, 13);
+    int *idx = tokens(n, 0, sc->ndest, 14);
+    for (size_t i = 0; i < n; i++)
+        idx[i] = sc->dests[idx[i]];
+    /* the order matters: the first row's destination (dests[0] is in range), its first
+     * column summed forwards and backwards */
+    const int d0 = sc->dests[0];
+    float fw = acc[(size_t)(d0 - sc->v0) * C], bw = fw;
+    int hits = 0;
+    for (size_t i = 0; i < n; i++)
+        if (idx[i] == d0)
+            hits++, fw += sc->embedding ? src[i * C] : scale[i] * src[i * C];
+    for (size_t i = n; i-- > 0;)
+        if (idx[i] == d0)
+            bw += sc->embedding ? src[i * C] : scale[i] * src[i * C];
+    ck_assert_msg(fw != bw, "%s: %d rows of destination %d sum to the same bits in either "
+                  "order: the case cannot see a reordering", sc->name, hits, d0);
+    ct_buf b[] = {out("out", acc, out_n * 4, EXACT), in("src", src, n * C * 4),
+                  in("idx", idx, n * sizeof(int)), in("scale", scale, n * 4)};
+    float *sorted = malloc(out_n * 4);
+    setenv("LOOM_CUDA_SCATTER", "sort", 1);
+    ct_compare_op(sc->name, b, 4, op_scatter, (void *)sc);
+    memcpy(sorted, ct_gpu_result(0), out_n * 4);
+    setenv("LOOM_CUDA_SCATTER", "walk", 1);
+    ct_compare_op(sc->name, b, 4, op_scatter, (void *)sc);
+    ck_assert_msg(memcmp(sorted, ct_gpu_result(0), out_n * 4) == 0,
+                  "%s: the sorted and the walked scatter-add differ", sc->name);
+    unsetenv("LOOM_CUDA_SCATTER"); /* by size: the walk below 64 rows, else the sort */
+    ct_compare_op(sc->name, b, 4, op_scatter, (void *)sc);
+    free(sorted), free(acc), free(src), free(scale), free(idx);
+}
+
+START_TEST(test_scatter_sorted)
+{
+    /* tokens of a 50000-row slice from 300: low bytes shared (0x12c, 0x22c, 0xc12c), one
+     * token outside the slice on each side; 700 rows = 3 tiles, the last partial */
+    static const int tok[] = {300 + 0x12c, 300 + 0x22c, 300 + 0xc12c, 300 + 0xc12d, 299,
+                              300 + 50000, 300 + 49999};
+    static const int one[] = {300 + 777};
+    /* MoE destinations among 70000 rows: the third byte too (5, 5 + 65536) */
+    static const int rows[] = {5, 5 + 256, 5 + 65536, 69999, 260, 4};
+    static const int few[] = {3, 3 + 256};
+    const scatter_case cases[] = {
+        {"scatter: tokens, V 50000 vs 700 rows", 1, 700, 40, 300, 50000, tok, 7},
+        {"scatter: all rows one token", 1, 300, 33, 300, 1000, one, 1},
+        {"scatter: moe rows, 70000 destinations", 0, 600, 8, 0, 70000, rows, 6},
+        {"scatter: moe, 40 rows (auto: the walk)", 0, 40, 16, 0, 300, few, 2},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        scatter_check(&cases[i]);
+}
+END_TEST
+
 /* In place over the q and k heads (NH + KVH 2 = 6 heads of 24) of rows of a fused qkv
  * (stride C + 2 * 48), a shard from row 5 (positions (5 + i) % T); theta 10000. The
  * backward on a gradient buffer. Tolerance EW. */
@@ -872,6 +968,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_swiglu);
     tcase_add_test(tc, test_rope);
     tcase_add_test(tc, test_rows);
+    tcase_add_test(tc, test_scatter_sorted);
     tcase_add_test(tc, test_elementwise);
     tcase_add_test(tc, test_crossentropy);
     tcase_add_test(tc, test_reductions);

@@ -4,7 +4,8 @@
  * (LOOM_CUDA_SCATTER=walk, the first kernels' way) and the sorted row-parallel path
  * (=sort), timed after a warm-up, as JSON lines. Tokens: spread over the vocabulary, and
  * "skewed" (every 8th row one token: one destination with R/8 rows, the sort's slow case).
- * The two paths' results are compared bitwise (memcmp, one call each from the same start):
+ * The two paths' results are compared bitwise (memcmp, one call each from the same non-zero
+ * start):
  * exit 1 if they differ. Not a test: scripts/gpu-check runs it.
  *   bench_cuda_scatter [B [T [reps [backend]]]]   defaults 8 1024 10 cuda
  * (backend cudaemu: gpu-check --dry-run's check of the program on the emulated kernels,
@@ -50,15 +51,16 @@ static double time_path(const loom_backend_ops *k, void *s, const job *j, const 
     return (loom_now_ms() - t0) / reps;
 }
 
-/* One call of each path from a zeroed dst: the same bits? */
-static int same_bits(const loom_backend_ops *k, void *s, const job *j, float *a, float *b)
+/* One call of each path from the same non-zero dst (start): the same bits? */
+static int same_bits(const loom_backend_ops *k, void *s, const job *j, const float *start,
+                     float *a, float *b)
 {
     const size_t bytes = j->dst_rows * C * sizeof(float);
     float *out[2] = {a, b};
     const char *path[2] = {"walk", "sort"};
     for (int p = 0; p < 2; p++) {
         setenv("LOOM_CUDA_SCATTER", path[p], 1);
-        k->scale(j->dst, 0.0f, j->dst_rows * C);
+        k->copy_to_device(s, j->dst, start, bytes);
         run_once(k, j);
         k->copy_to_host(s, out[p], j->dst, bytes);
     }
@@ -87,12 +89,17 @@ int main(int argc, char **argv)
     }
     const size_t R = (size_t)B * T, A = 2 * R, big = (V > A ? V : A) * (size_t)C;
     float *h = malloc(A * C * sizeof(float)), *ha = malloc(big * 4), *hb = malloc(big * 4);
+    float *start = malloc(big * 4);
     int *etok = malloc(R * sizeof(int)), *skewed = malloc(R * sizeof(int));
     int *moe = malloc(A * sizeof(int));
     unsigned x = 12345;
     for (size_t i = 0; i < A * C; i++) {
         x = x * 1664525u + 1013904223u;
         h[i] = 2.0f * ((float)(x >> 8) / 16777216.0f - 0.5f);
+    }
+    for (size_t i = 0; i < big; i++) {
+        x = x * 1664525u + 1013904223u;
+        start[i] = (float)(x >> 8) / 16777216.0f - 0.5f;
     }
     for (size_t i = 0; i < R; i++) {
         etok[i] = (int)((i * 2654435761u) % 50257u); /* bench_cuda_gpt's tokens */
@@ -121,7 +128,7 @@ int main(int argc, char **argv)
     for (size_t q = 0; q < sizeof jobs / sizeof *jobs; q++) {
         const job *j = &jobs[q];
         const double walk = time_path(k, s, j, "walk", reps), sort = time_path(k, s, j, "sort", reps);
-        const int same = same_bits(k, s, j, ha, hb);
+        const int same = same_bits(k, s, j, start, ha, hb);
         printf("{\"impl\": \"loom scatter-add\", \"op\": \"%s\", \"tokens\": \"%s\", \"rows\": %zu, "
                "\"dst_rows\": %zu, \"C\": %d, \"walk_ms\": %.3f, \"sort_ms\": %.3f, "
                "\"walk_over_sort\": %.2f, \"bitwise\": %s, \"backend\": \"%s\"}\n",
@@ -137,6 +144,6 @@ int main(int argc, char **argv)
     k->free(s, src), k->free(s, wte), k->free(s, acc), k->free(s, gate);
     k->free(s, tok), k->free(s, tok2), k->free(s, idx);
     loom_backend_close(&be);
-    free(h), free(ha), free(hb), free(etok), free(skewed), free(moe);
+    free(h), free(ha), free(hb), free(start), free(etok), free(skewed), free(moe);
     return bad;
 }

@@ -221,6 +221,9 @@ static loom_status cuda_create(const loom_host *host, const loom_config *cfg, vo
     if (flash < 0)
         return host->fail(LOOM_ERR_INVALID, "backend cuda: LOOM_CUDA_ATTENTION=%s; use \"batched\" "
                           "(the default) or \"flash\"", getenv("LOOM_CUDA_ATTENTION"));
+    if (loom_cuda_scatter_env() < 0)
+        return host->fail(LOOM_ERR_INVALID, "backend cuda: LOOM_CUDA_SCATTER=%s; use \"walk\" "
+                          "or \"sort\" (or leave it unset: by size)", getenv("LOOM_CUDA_SCATTER"));
     if (ws_mb < 0 || ws_mb > 4096)
         return host->fail(LOOM_ERR_INVALID, "backend cuda: lt_workspace_mb = %d; use 0 to 4096",
                           ws_mb);

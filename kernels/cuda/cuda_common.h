@@ -43,6 +43,14 @@ static inline int loom_cuda_attention_env(void)
     return !v || !*v || !strcmp(v, "batched") ? 0 : !strcmp(v, "flash") ? 1 : -1;
 }
 
+/* LOOM_CUDA_SCATTER (scatter_sorted.cu's path): unset 0 (by size), "walk" 1, "sort" 2,
+ * anything else -1 (create refuses). Read at each scatter-add, so a test can switch it. */
+static inline int loom_cuda_scatter_env(void)
+{
+    const char *v = getenv("LOOM_CUDA_SCATTER");
+    return !v || !*v ? 0 : !strcmp(v, "walk") ? 1 : !strcmp(v, "sort") ? 2 : -1;
+}
+
 /* Backend-owned device scratch of at least `bytes`, reused across ops (stream order makes
  * that safe); grown from the pool when a call needs more, so after the first step it is a
  * pointer read. NULL when device memory runs out (recorded as a sticky error). */

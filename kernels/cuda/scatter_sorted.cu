@@ -23,9 +23,6 @@
  */
 #include "kernels.cuh"
 
-#include <stdlib.h>
-#include <string.h>
-
 enum { SORT_TILE = 256, SORT_RADIX = 256, SCAN_THREADS = 1024, SORTED_MIN_ROWS = 64 };
 
 /* key[i] = the destination, or `skip` (a row that adds nowhere: a token outside the
@@ -144,17 +141,14 @@ __global__ void walk_sum_kernel(float *dst, const float *src, const float *scale
     }
 }
 
-/* 1: sort, 0: walk, for n rows (LOOM_CUDA_SCATTER overrides; another value is an error). */
+/* 1: sort, 0: walk, for n rows (LOOM_CUDA_SCATTER overrides; create refused another value,
+ * so one set later is an error here). */
 static int use_sort(size_t n)
 {
-    const char *e = getenv("LOOM_CUDA_SCATTER");
-    if (e && strcmp(e, "sort") == 0)
-        return 1;
-    if (e && strcmp(e, "walk") == 0)
-        return 0;
-    if (e && *e)
+    const int e = loom_cuda_scatter_env();
+    if (e < 0)
         loom_cuda_note_error("LOOM_CUDA_SCATTER", "must be 'walk' or 'sort' (or unset: by size)");
-    return n >= SORTED_MIN_ROWS;
+    return e == 2 || (e <= 0 && n >= SORTED_MIN_ROWS);
 }
 
 extern "C" void loom_cuda_scatter_add_rows(float *dst, const float *src, const int *idx,

@@ -87,6 +87,12 @@ fi
 grep -q 'LOOM_CUDA_ATTENTION=fused; use "batched" (the default) or "flash"' <<< "$out" ||
   { echo "LOOM_CUDA_ATTENTION=fused: unexpected message: $out"; exit 1; }
 echo "backend=$backend: LOOM_CUDA_ATTENTION=fused refused with a message"
+if out=$(LOOM_CUDA_SCATTER=atomic "$loom" run "$recipe" backend="$backend" steps=1 2>&1); then
+  echo "LOOM_CUDA_SCATTER=atomic: accepted"; exit 1
+fi
+grep -q 'LOOM_CUDA_SCATTER=atomic; use "walk" or "sort" (or leave it unset: by size)' <<< "$out" ||
+  { echo "LOOM_CUDA_SCATTER=atomic: unexpected message: $out"; exit 1; }
+echo "backend=$backend: LOOM_CUDA_SCATTER=atomic refused with a message"
 
 # save at k on the device backend, resume there: the later steps bitwise the straight run
 k=$((steps - 2))

@@ -111,6 +111,10 @@ static loom_status emu_create(const loom_host *host, const loom_config *cfg, voi
     if (loom_cuda.attention_flash < 0)
         return host->fail(LOOM_ERR_INVALID, "backend cudaemu: LOOM_CUDA_ATTENTION=%s; use "
                           "\"batched\" (the default) or \"flash\"", getenv("LOOM_CUDA_ATTENTION"));
+    if (loom_cuda_scatter_env() < 0)
+        return host->fail(LOOM_ERR_INVALID, "backend cudaemu: LOOM_CUDA_SCATTER=%s; use "
+                          "\"walk\" or \"sort\" (or leave it unset: by size)",
+                          getenv("LOOM_CUDA_SCATTER"));
     const char *guard = getenv("LOOM_CUDAEMU_GUARD");
     guard_on = guard && atoi(guard) != 0;
     loom_cuda.h_parts = parts;

@@ -18,8 +18,9 @@
  *
  * Scratch: the backend's workspace (pool), 5 n + 256 ceil(n / 256) ints. Short row lists
  * keep the column walk (both give the same bits; tests/cuda/test_cuda_ops.c checks it):
- * below SORTED_MIN_ROWS the sort's launches cost more than the walk. LOOM_CUDA_SCATTER=walk
- * or =sort forces one path (the tests and the bench compare them).
+ * below SORTED_MIN_ROWS the sort's 8-14 launches should cost more than the walk's n steps
+ * (a guess: never timed on a GPU). LOOM_CUDA_SCATTER=walk or =sort forces one path (the
+ * tests and bench_cuda_scatter compare them).
  */
 #include "kernels.cuh"
 

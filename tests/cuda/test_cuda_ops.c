@@ -612,7 +612,8 @@ END_TEST
  * 2^-12 .. 2^12 (so a reordering is visible: the host checks that reversing one
  * destination's rows changes a sum), destination numbers that share low bytes across radix
  * passes (and, for the MoE op, a third byte), rows outside the vocabulary slice, and
- * untouched destinations that must keep their value. Each case runs with LOOM_CUDA_SCATTER
+ * untouched destinations that must keep their value, and more than 1024 (digit, tile)
+ * counts (the scan's threads then sum chunks of them). Each case runs with LOOM_CUDA_SCATTER
  * = sort, = walk and unset (by size): all bitwise the CPU backend's (EXACT), and the sort's
  * result bitwise the walk's (memcmp). */
 typedef struct scatter_case {
@@ -694,6 +695,8 @@ START_TEST(test_scatter_sorted)
     const scatter_case cases[] = {
         {"scatter: tokens, V 50000 vs 700 rows", 1, 700, 40, 300, 50000, tok, 7},
         {"scatter: all rows one token", 1, 300, 33, 300, 1000, one, 1},
+        /* 6 tiles: 1536 (digit, tile) counts, so the scan's threads take chunks of 2 */
+        {"scatter: tokens, 1300 rows", 1, 1300, 8, 300, 50000, tok, 7},
         {"scatter: moe rows, 70000 destinations", 0, 600, 8, 0, 70000, rows, 6},
         {"scatter: moe, 40 rows (auto: the walk)", 0, 40, 16, 0, 300, few, 2},
     };

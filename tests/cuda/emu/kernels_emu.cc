@@ -13,3 +13,4 @@
 #include "optim.cu"
 #include "reduce.cu"
 #include "rows.cu"
+#include "split16.cu"

@@ -6,6 +6,10 @@
  * (gemm_ordered.cu: each element's bits depend on K and the data alone) and the bias is a
  * separate add, as on the CPU.
  * Gradients: dinp OVERWRITTEN, dweight and dbias ACCUMULATE (beta 1, bias_backward adds).
+ * The 16-bit products (bf16 / fp16 operands, fp32 accumulation, fast mode only): the blocks'
+ * forward (matmul_forward_dt), the LM head's forward on its 16-bit copy (gemm_w16), and in
+ * bf16 the backward products with the fp32 gradient split into hi + lo (matmul_backward_dt;
+ * LOOM_CUDA_BF16_BWD=0 leaves them to the SGEMMs). None of it has run on a GPU.
  */
 #include "cuda_common.h"
 

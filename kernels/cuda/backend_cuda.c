@@ -224,6 +224,11 @@ static loom_status cuda_create(const loom_host *host, const loom_config *cfg, vo
     if (loom_cuda_scatter_env() < 0)
         return host->fail(LOOM_ERR_INVALID, "backend cuda: LOOM_CUDA_SCATTER=%s; use \"walk\" "
                           "or \"sort\" (or leave it unset: by size)", getenv("LOOM_CUDA_SCATTER"));
+    const int bf16_bwd = loom_cuda_bf16_bwd_env();
+    if (bf16_bwd < 0)
+        return host->fail(LOOM_ERR_INVALID, "backend cuda: LOOM_CUDA_BF16_BWD=%s; use 1 (the "
+                          "default: bf16 backward products) or 0 (fp32 SGEMMs)",
+                          getenv("LOOM_CUDA_BF16_BWD"));
     if (ws_mb < 0 || ws_mb > 4096)
         return host->fail(LOOM_ERR_INVALID, "backend cuda: lt_workspace_mb = %d; use 0 to 4096",
                           ws_mb);
@@ -243,6 +248,7 @@ static loom_status cuda_create(const loom_host *host, const loom_config *cfg, vo
     the = b;
     memset(&loom_cuda, 0, sizeof loom_cuda);
     loom_cuda.attention_flash = flash;
+    loom_cuda.bf16_bwd = bf16_bwd;
     if ((e = cudaSetDevice(dev)) != cudaSuccess) /* before any other CUDA call */
         return cuda_fail(b, host, "cudaSetDevice", e);
     if ((e = cudaStreamCreateWithFlags(&loom_cuda.stream, cudaStreamNonBlocking)) != cudaSuccess)
@@ -351,6 +357,8 @@ static const loom_backend_ops cuda_ops = {
     .adamw_update = loom_cuda_adamw_update,
     .sgd_update = loom_cuda_sgd_update,
     .matmul_forward_dt = loom_cuda_matmul_forward_dt,
+    .gemm_w16 = loom_cuda_gemm_w16,
+    .matmul_backward_dt = loom_cuda_matmul_backward_dt,
     .attention_flash_forward = loom_cuda_flash_attention_forward,
     .attention_flash_backward = loom_cuda_flash_attention_backward,
     .host_alloc = cuda_host_alloc,

@@ -30,6 +30,8 @@ typedef struct loom_cuda_ctx {
     int deterministic;    /* set_deterministic's mode: 0 cuBLAS, 1/2 the ordered GEMM */
     int attention_flash;  /* LOOM_CUDA_ATTENTION=flash: attention_forward/_backward run the
                            * fused kernels where they can (attention.cu) */
+    int bf16_bwd;         /* LOOM_CUDA_BF16_BWD (default 1): matmul_backward_dt runs the bf16
+                           * split products (gemm.c); 0 leaves them to the fp32 SGEMMs */
     int sticky_error;     /* a launch or cuBLAS call failed: reported at synchronize */
     char error[256];
 } loom_cuda_ctx;
@@ -49,6 +51,13 @@ static inline int loom_cuda_scatter_env(void)
 {
     const char *v = getenv("LOOM_CUDA_SCATTER");
     return !v || !*v ? 0 : !strcmp(v, "walk") ? 1 : !strcmp(v, "sort") ? 2 : -1;
+}
+
+/* LOOM_CUDA_BF16_BWD: unset, empty or "1" 1, "0" 0, anything else -1 (create refuses). */
+static inline int loom_cuda_bf16_bwd_env(void)
+{
+    const char *v = getenv("LOOM_CUDA_BF16_BWD");
+    return !v || !*v || !strcmp(v, "1") ? 1 : !strcmp(v, "0") ? 0 : -1;
 }
 
 /* Backend-owned device scratch of at least `bytes`, reused across ops (stream order makes
@@ -177,6 +186,17 @@ void loom_cuda_gemm_ordered16(int transa, int transb, int M, int N, int K, float
 void loom_cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                const float *inp, const float *weight, int B, int T, int C,
                                int OC);
+/* backend.h matmul_backward_dt: bf16 in fast mode with LOOM_CUDA_BF16_BWD on, dout split
+ * into hi + lo bf16 (split16.cu), 16-bit products with fp32 accumulation; else -1. */
+int loom_cuda_matmul_backward_dt(float *dinp, float *dweight, float *dbias, const float *dout,
+                                 const float *inp, const void *weight, int weight_bits, int B,
+                                 int T, int C, int OC, loom_dtype dt);
+/* backend.h gemm_w16: C = A W^T, W the bf16 / fp16 bits, A fp32 holding dt values; fast mode
+ * only (else -1). */
+int loom_cuda_gemm_w16(int M, int N, int K, const float *A, int lda, const void *W, int ldw,
+                       float *C, int ldc, loom_dtype dt);
+/* split16.cu: hi (n bf16) = bf16(x), lo (n bf16) = bf16(x - hi); lo 0 where hi is not finite. */
+void loom_cuda_split_bf16(void *hi, void *lo, const float *x, size_t n);
 
 #ifdef __cplusplus
 }

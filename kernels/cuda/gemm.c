@@ -6,6 +6,10 @@
  * (gemm_ordered.cu: each element's bits depend on K and the data alone) and the bias is a
  * separate add, as on the CPU.
  * Gradients: dinp OVERWRITTEN, dweight and dbias ACCUMULATE (beta 1, bias_backward adds).
+ * The 16-bit products (bf16 / fp16 operands, fp32 accumulation, fast mode only): the blocks'
+ * forward (matmul_forward_dt), the LM head's forward on its 16-bit copy (gemm_w16), and in
+ * bf16 the backward products with the fp32 gradient split into hi + lo (matmul_backward_dt;
+ * LOOM_CUDA_BF16_BWD=0 leaves them to the SGEMMs). None of it has run on a GPU.
  */
 #include "cuda_common.h"
 
@@ -77,10 +81,11 @@ static uint32_t alignment(const void *p)
     return a;
 }
 
-/* out (R,OC) = inp (R,C) @ W(OC,C)^T (+ bias) as cuBLASLt's column-major
- * D (OC,R) = op_T(W: C x OC, ld C) * inp (C x R, ld C), epilogue BIAS over D's rows. */
-static int lt_forward(float *out, const void *inp, const void *weight, const float *bias,
-                      int R, int C, int OC, loom_dtype dt)
+/* out (R,OC; leading dimension ldo) = inp (R,C; ldi) @ W(OC,C; ldw)^T (+ bias) as cuBLASLt's
+ * column-major D (OC,R) = op_T(W: C x OC, ld ldw) * inp (C x R, ld ldi), epilogue BIAS over
+ * D's rows. */
+static int lt_forward(float *out, int ldo, const void *inp, int ldi, const void *weight,
+                      int ldw, const float *bias, int R, int C, int OC, loom_dtype dt)
 {
     /* A, B: fp32, or bf16 / fp16 (the 16-bit products); compute, C and D: fp32 */
     const cudaDataType_t ab = dt == LOOM_DTYPE_BF16  ? CUDA_R_16BF
@@ -105,9 +110,10 @@ static int lt_forward(float *out, const void *inp, const void *weight, const flo
         ok = ok && blas_ok(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                           &bias, sizeof bias),
                            "matmul_forward (bias)");
-    ok = ok && blas_ok(cublasLtMatrixLayoutCreate(&la, ab, C, OC, C), "matmul_forward (A)");
-    ok = ok && blas_ok(cublasLtMatrixLayoutCreate(&lb, ab, C, R, C), "matmul_forward (B)");
-    ok = ok && blas_ok(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, OC, R, OC), "matmul_forward (D)");
+    ok = ok && blas_ok(cublasLtMatrixLayoutCreate(&la, ab, C, OC, ldw), "matmul_forward (A)");
+    ok = ok && blas_ok(cublasLtMatrixLayoutCreate(&lb, ab, C, R, ldi), "matmul_forward (B)");
+    ok = ok && blas_ok(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, OC, R, ldo),
+                       "matmul_forward (D)");
     ok = ok && blas_ok(cublasLtMatmulPreferenceCreate(&pref), "matmul_forward (preference)");
     size_t ws = loom_cuda.lt_workspace_bytes;
     ok = ok && blas_ok(cublasLtMatmulPreferenceSetAttribute(
@@ -147,8 +153,8 @@ static int lt_forward(float *out, const void *inp, const void *weight, const flo
 }
 
 #else
-static int lt_forward(float *out, const void *inp, const void *weight, const float *bias,
-                      int R, int C, int OC, loom_dtype dt)
+static int lt_forward(float *out, int ldo, const void *inp, int ldi, const void *weight,
+                      int ldw, const float *bias, int R, int C, int OC, loom_dtype dt)
 {
     return 0; /* no cuBLASLt: the plain path */
 }
@@ -160,7 +166,8 @@ void loom_cuda_matmul_forward(float *out, const float *inp, const float *weight,
     const int R = B * T;
     if (R <= 0 || OC <= 0)
         return;
-    if (!loom_cuda.deterministic && lt_forward(out, inp, weight, bias, R, C, OC, LOOM_DTYPE_F32))
+    if (!loom_cuda.deterministic &&
+        lt_forward(out, OC, inp, C, weight, C, bias, R, C, OC, LOOM_DTYPE_F32))
         return;
     /* canonical mode, or no cuBLASLt algorithm for this shape: the plain path */
     loom_cuda_sgemm(0, 1, R, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC);
@@ -193,7 +200,7 @@ void loom_cuda_matmul_forward_dt(float *out, const float *inp, const float *weig
     void *w16 = ws, *x16 = ws + w_bytes;
     loom_cuda_convert_from_f32(w16, weight, nw, dt);
     loom_cuda_convert_from_f32(x16, inp, nx, dt);
-    if (!loom_cuda.deterministic && lt_forward(out, x16, w16, bias, R, C, OC, dt))
+    if (!loom_cuda.deterministic && lt_forward(out, OC, x16, C, w16, C, bias, R, C, OC, dt))
         return;
 #ifndef LOOM_CUDA_EMU
     if (!loom_cuda.deterministic) { /* no cuBLASLt algorithm for this shape: cuBLAS's */
@@ -225,4 +232,107 @@ void loom_cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const 
     loom_cuda_sgemm(1, 0, OC, C, R, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
     if (dbias)
         loom_cuda_bias_backward(dbias, dout, (size_t)R, OC);
+}
+
+/* Row-major C (M,N) = op(A) op(B) + beta C on 16-bit A and B (dt), fp32 C, accumulation in
+ * fp32: cublasGemmEx with A, B in 16BF / 16F and compute and C in 32F (cuBLAS runs it on the
+ * tensor cores and picks the algorithm for the operands' actual alignment); in the
+ * emulation (no cuBLAS) the ordered GEMM's 16-bit variant, which stands for it there. */
+static void gemm16(int transa, int transb, int M, int N, int K, const void *A, int lda,
+                   const void *B, int ldb, float beta, float *C, int ldc, loom_dtype dt,
+                   const char *what)
+{
+    if (M <= 0 || N <= 0)
+        return;
+#ifndef LOOM_CUDA_EMU
+    const cudaDataType_t ab = dt == LOOM_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    const cublasOperation_t oa = transa ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t ob = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const float one = 1.0f;
+    blas_ok(cublasGemmEx((cublasHandle_t)loom_cuda.blas, ob, oa, N, M, K, &one, B, ab, ldb, A,
+                         ab, lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                         CUBLAS_GEMM_DEFAULT),
+            what);
+#else
+    (void)what;
+    loom_cuda_gemm_ordered16(transa, transb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc, dt);
+#endif
+}
+
+static size_t align256(size_t bytes)
+{
+    return (bytes + 255) & ~(size_t)255;
+}
+
+/* backend.h's gemm_w16: C (M,N) = A (M,K) @ W (N,K)^T with W the 16-bit bits as stored (the
+ * LM head's 16-bit copy, gpt_precision.c) and A fp32 holding dt values, narrowed into the
+ * workspace (exact). Products of two bf16 or two fp16 values are exact in fp32; the sum is
+ * fp32 (cuBLASLt as matmul_forward_dt, cublasGemmEx where it has no algorithm). Canonical
+ * and row-stable modes: -1, the model's banded fp32 products keep their bits. */
+int loom_cuda_gemm_w16(int M, int N, int K, const float *A, int lda, const void *W, int ldw,
+                       float *C, int ldc, loom_dtype dt)
+{
+    if ((dt != LOOM_DTYPE_BF16 && dt != LOOM_DTYPE_F16) || loom_cuda.deterministic)
+        return -1;
+    if (M <= 0 || N <= 0)
+        return 0;
+    void *a16 = loom_cuda_workspace((size_t)M * K * 2);
+    if (!a16)
+        return -1; /* recorded as a sticky error, reported at synchronize */
+    if (lda == K)
+        loom_cuda_convert_from_f32(a16, A, (size_t)M * K, dt);
+    else
+        for (int i = 0; i < M; i++)
+            loom_cuda_convert_from_f32((uint16_t *)a16 + (size_t)i * K, A + (size_t)i * lda,
+                                       (size_t)K, dt);
+    if (!lt_forward(C, ldc, a16, K, W, ldw, NULL, M, K, N, dt))
+        gemm16(0, 1, M, N, K, a16, K, W, ldw, 0.0f, C, ldc, dt, "gemm_w16 (cublasGemmEx)");
+    return 0;
+}
+
+/* backend.h's matmul_backward_dt for bf16 in fast mode (LOOM_CUDA_BF16_BWD, default on): the
+ * CPU's contract (kernels/cpu/gemm_bf16.c's header). dout, an fp32 gradient, is split into
+ * hi = bf16(x) and lo = bf16(x - hi) (split16.cu); inp and the weight hold bf16 values, so
+ * narrowing them is exact (or the weight is given as its bits). Then
+ *   dinp  = hi W + lo W           (two products, the second with beta 1),
+ *   dW   += hi^T inp + lo^T inp   (beta 1 both),
+ * each product of two bf16 values exact in fp32 and summed in fp32: fp32-accurate (within
+ * 2^-18 sum |x b| plus the sums' rounding), at twice the products of one bf16 GEMM, on the
+ * tensor cores instead of SGEMM. The workspace holds hi and lo (4 bytes an element of dout:
+ * the LM head's d(logits) whole), inp and the weight in bf16 where needed.
+ * -1, nothing written: fp16 (its range, 2^-24 to 65504, cannot hold an fp32 gradient's hi and
+ * lo without a scale), canonical and row-stable modes (their bits are the ordered fp32
+ * chain's over x b, which a sum over hi b and lo b cannot give), LOOM_CUDA_BF16_BWD=0. */
+int loom_cuda_matmul_backward_dt(float *dinp, float *dweight, float *dbias, const float *dout,
+                                 const float *inp, const void *weight, int weight_bits, int B,
+                                 int T, int C, int OC, loom_dtype dt)
+{
+    if (dt != LOOM_DTYPE_BF16 || loom_cuda.deterministic || !loom_cuda.bf16_bwd)
+        return -1;
+    const int R = B * T;
+    if (R <= 0)
+        return 0;
+    const size_t nd = (size_t)R * OC, nx = dweight ? (size_t)R * C : 0;
+    const size_t nw = dinp && !weight_bits ? (size_t)OC * C : 0, half = align256(nd * 2);
+    unsigned char *ws = loom_cuda_workspace(2 * half + align256(nx * 2) + nw * 2);
+    if (!ws)
+        return -1; /* recorded as a sticky error, reported at synchronize */
+    void *hi = ws, *lo = ws + half, *x16 = ws + 2 * half, *w16 = ws + 2 * half + align256(nx * 2);
+    loom_cuda_split_bf16(hi, lo, dout, nd);
+    if (dinp) { /* dinp (R,C) = dout (R,OC) @ W (OC,C) */
+        if (weight_bits)
+            w16 = (void *)weight;
+        else
+            loom_cuda_convert_from_f32(w16, weight, nw, dt);
+        gemm16(0, 0, R, C, OC, hi, OC, w16, C, 0.0f, dinp, C, dt, "matmul_backward_dt (dinp)");
+        gemm16(0, 0, R, C, OC, lo, OC, w16, C, 1.0f, dinp, C, dt, "matmul_backward_dt (dinp)");
+    }
+    if (dweight) { /* dW (OC,C) += dout^T @ inp */
+        loom_cuda_convert_from_f32(x16, inp, nx, dt);
+        gemm16(1, 0, OC, C, R, hi, OC, x16, C, 1.0f, dweight, C, dt, "matmul_backward_dt (dW)");
+        gemm16(1, 0, OC, C, R, lo, OC, x16, C, 1.0f, dweight, C, dt, "matmul_backward_dt (dW)");
+    }
+    if (dbias)
+        loom_cuda_bias_backward(dbias, dout, (size_t)R, OC);
+    return 0;
 }

@@ -10,7 +10,8 @@
  * in row-stable mode; the llama family's ops (grouped-query attention with 2 and 1 kv heads,
  * its decode bitwise its forward's last row in row-stable mode, RMSNorm, SwiGLU, RoPE: fp32
  * only, as the CPU's are); the MoE layer's row moves (rows_gather, rows_scatter_add,
- * rows_dot), bitwise the CPU's; distillation's attention_backward_datt.
+ * rows_dot), bitwise the CPU's; distillation's attention_backward_datt; the 16-bit backward
+ * products and gemm_w16 (test_cuda_ops_bf16.c, its own tolerance against sum |a b|).
  * Check in no-fork mode (CUDA after fork() is undefined). No GPU visible: exit 77 (skip).
  */
 #include <check.h>
@@ -22,6 +23,7 @@
 #include <string.h>
 
 #include "cuda_test.h"
+#include "test_cuda_ops_bf16.h" /* matmul_backward_dt, gemm_w16 */
 
 #define EW 1e-6, 1e-5  /* elementwise */
 #define RED 1e-5, 1e-4 /* reductions, products */
@@ -976,6 +978,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_crossentropy);
     tcase_add_test(tc, test_reductions);
     tcase_add_test(tc, test_convert_bitwise);
+    ops_bf16_tests(tc);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_set_fork_status(sr, CK_NOFORK); /* CUDA after fork() is undefined */

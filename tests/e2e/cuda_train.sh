@@ -4,7 +4,8 @@
 #  - every step's loss and gradient norm within TOL of the CPU run's (other summation
 #    orders in the kernels; the optimizer update itself is bitwise the host's, cuda_optim);
 #  - the loss falls;
-#  - in bf16 too (precision = "bf16"), against the CPU's bf16 run (bf16_close, below);
+#  - in bf16 too (precision = "bf16"), against the CPU's bf16 run (bf16_close, below), with
+#    the bf16 backward products (the default) and with LOOM_CUDA_BF16_BWD=0 (fp32 SGEMMs);
 #  - with LOOM_CUDA_ATTENTION=flash (the fused attention kernels), fp32 and bf16, likewise;
 #  - a checkpoint saved on the device backend and resumed there gives the uninterrupted
 #    run's later losses bit for bit (the save and the load go through the host mirrors);
@@ -60,6 +61,20 @@ bf16_close() {
 "$loom" run "$recipe" backend="$backend" steps="$steps" precision=bf16 > "$tmp/dev16"
 "$loom" run "$recipe" backend=cpu steps="$steps" precision=bf16 > "$tmp/cpu16"
 bf16_close "backend=$backend vs cpu, bf16" "$tmp/cpu16" "$tmp/dev16" || exit 1
+# LOOM_CUDA_BF16_BWD=0: the backward products (and the head's input gradient) back on the
+# fp32 SGEMMs, also close to the CPU's bf16 run; the default run above took the bf16 split
+# products (gemm.c's matmul_backward_dt), so the two runs' losses must not be bitwise equal
+# (a switch that changed nothing fails here); any other value is refused at create
+LOOM_CUDA_BF16_BWD=0 "$loom" run "$recipe" backend="$backend" steps="$steps" precision=bf16 > "$tmp/dev16off"
+bf16_close "backend=$backend vs cpu, bf16, LOOM_CUDA_BF16_BWD=0" "$tmp/cpu16" "$tmp/dev16off" || exit 1
+if cmp -s <(grep '^LOSS' "$tmp/dev16") <(grep '^LOSS' "$tmp/dev16off"); then
+  echo "backend=$backend bf16: LOOM_CUDA_BF16_BWD=0 gives the default run's losses bitwise (one of them did not change paths)"
+  exit 1
+fi
+if LOOM_CUDA_BF16_BWD=2 "$loom" run "$recipe" backend="$backend" steps=1 > "$tmp/bad" 2>&1 ||
+   ! grep -q "LOOM_CUDA_BF16_BWD=2; use 1" "$tmp/bad"; then
+  echo "LOOM_CUDA_BF16_BWD=2 was not refused with its message:"; head -3 "$tmp/bad"; exit 1
+fi
 
 # LOOM_CUDA_ATTENTION=flash: the session's attention through the fused kernels (at T=32, over
 # the head size of 16, they take the calls), fp32 and bf16, against the CPU run of that shape;

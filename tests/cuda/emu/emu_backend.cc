@@ -115,6 +115,11 @@ static loom_status emu_create(const loom_host *host, const loom_config *cfg, voi
         return host->fail(LOOM_ERR_INVALID, "backend cudaemu: LOOM_CUDA_SCATTER=%s; use "
                           "\"walk\" or \"sort\" (or leave it unset: by size)",
                           getenv("LOOM_CUDA_SCATTER"));
+    loom_cuda.bf16_bwd = loom_cuda_bf16_bwd_env();
+    if (loom_cuda.bf16_bwd < 0)
+        return host->fail(LOOM_ERR_INVALID, "backend cudaemu: LOOM_CUDA_BF16_BWD=%s; use 1 (the "
+                          "default: bf16 backward products) or 0 (fp32 SGEMMs)",
+                          getenv("LOOM_CUDA_BF16_BWD"));
     const char *guard = getenv("LOOM_CUDAEMU_GUARD");
     guard_on = guard && atoi(guard) != 0;
     loom_cuda.h_parts = parts;
@@ -350,6 +355,8 @@ static loom_backend_ops make_ops()
     o.adamw_update = G(loom_cuda_adamw_update);
     o.sgd_update = G(loom_cuda_sgd_update);
     o.matmul_forward_dt = G(loom_cuda_matmul_forward_dt);
+    o.gemm_w16 = G(loom_cuda_gemm_w16);
+    o.matmul_backward_dt = G(loom_cuda_matmul_backward_dt);
     o.attention_flash_forward = G(loom_cuda_flash_attention_forward);
     o.attention_flash_backward = G(loom_cuda_flash_attention_backward);
     o.kd_rows = G(loom_cuda_kd_rows);

@@ -14,3 +14,4 @@
 #include "reduce.cu"
 #include "rows.cu"
 #include "scatter_sorted.cu"
+#include "split16.cu"

@@ -742,7 +742,7 @@ static loom_status check_device(loom_session *s, const loom_session_config *cfg,
     const loom_config_value *reduce = cfg->strategy ? loom_config_get(cfg->strategy, "reduce")
                                                     : NULL;
     /* what still reads or writes host memory where the buffers are the device's */
-    const char *what = cfg->ep > 1 && (cfg->zero_stage > 0 || pp > 1 || cfg->tensor)
+    const char *what = cfg->ep > 1 && (pp > 1 || cfg->tensor)
                            ? "mesh.ep > 1 beside strategy.zero, mesh.pp or mesh.tp (ep trains in "
                              "device memory with mesh.dp alone: zero_ep.c and ep's pipeline "
                              "paths read host memory)"

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/backend.h"
 #include "base/plugin_loader.h"
 #include "base/status.h"
 
@@ -64,6 +65,16 @@ loom_status zero_buf_copy(loom_zero *z, float *dst, const float *src, size_t flo
     z->be->ops->copy_to_device(z->be->self, dst, bounce, floats * sizeof(float));
     free(bounce);
     return LOOM_OK;
+}
+
+void zero_buf_move(loom_zero *z, float *dst, const float *src, size_t floats)
+{
+    if (!floats)
+        return;
+    if (z->device)
+        loom_backend_copy_bits(z->be, dst, src, floats);
+    else
+        memcpy(dst, src, floats * sizeof(float));
 }
 
 loom_status zero_device_init(loom_zero *z, const loom_zero_config *c)

@@ -743,9 +743,9 @@ static loom_status check_device(loom_session *s, const loom_session_config *cfg,
                                                     : NULL;
     /* what still reads or writes host memory where the buffers are the device's */
     const char *what = cfg->ep > 1 && (pp > 1 || cfg->tensor)
-                           ? "mesh.ep > 1 beside strategy.zero, mesh.pp or mesh.tp (ep trains in "
-                             "device memory with mesh.dp alone: zero_ep.c and ep's pipeline "
-                             "paths read host memory)"
+                           ? "mesh.ep > 1 beside mesh.pp or mesh.tp (ep trains in device memory "
+                             "with mesh.dp and strategy.zero = 1, 2 or 3; ep's pipeline paths "
+                             "and its tp layout are not built there)"
                        : size > 1 && reduce && reduce->string && !strcmp(reduce->string, "bf16")
                            ? "reduce = \"bf16\" (the dp strategy rounds its buckets on the host)"
                        : size > 1 && cfg->zero_stage > 0 && cfg->offload_mode != LOOM_OFFLOAD_NONE
@@ -755,7 +755,7 @@ static loom_status check_device(loom_session *s, const loom_session_config *cfg,
     if (what)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "backend %s: training in device memory with %s is not "
                   "built yet; it trains one rank, mesh.dp, mesh.tp and mesh.pp ranks, ZeRO or "
-                  "offload, mesh.ep beside mesh.dp alone, a teacher at one rank, mesh.dp or "
+                  "offload, mesh.ep beside mesh.dp and ZeRO, a teacher at one rank, mesh.dp or "
                   "mesh.pp (docs/DISTILL.md), or use backend = \"cpu\"", be, what);
     if (size > 1 && !s->device_groups)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "backend %s with %d ranks has no device groups "

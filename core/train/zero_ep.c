@@ -280,7 +280,8 @@ loom_status zero_ep_create(const loom_zero_config *c, loom_gpt *m, loom_backend 
             for (size_t lo = 0, len; lo < x->part[k].Kp; lo += len)
                 if ((len = zero_ep_bucket_len(&x->part[k], lo)) > stage)
                     stage = len;
-        if (c->stage == 3 && !(z->part_params = calloc(z->part, sizeof(float))))
+        if (c->stage == 3 && (!(z->part_params = zero_buf_alloc(z, z->part)) ||
+                              (z->device && !(z->host_part = calloc(z->part + 1, sizeof(float))))))
             st = loom_fail(LOOM_ERR_NOMEM, "out of memory for ZeRO-3's parameter partition");
         if (z->reduces) /* the gradient partition and the page accounting (zero_reduce.c) */
             st = zero_reduce_init(z);
@@ -328,7 +329,7 @@ void zero_ep_free(loom_zero *z)
     free(z->ep->ulo);
     free(z->ep->uhi);
     zero_buf_free(z, z->ep->staging);
-    zero_ep_slots_free(z->ep);
+    zero_ep_slots_free(z);
     zero_ep_reduce_free(z);
     free(z->ep);
     z->ep = NULL;

@@ -104,7 +104,7 @@ loom_status zero_ep_params_drain(loom_zero *z);
  * are known); start unit u's gathers into a free slot; finish them (wait, unpack into the
  * model's buffer, free the slot); the slot holding unit u, or a free one for u = -1. */
 loom_status zero_ep_slots_init(loom_zero *z);
-void zero_ep_slots_free(struct zero_ep *x);
+void zero_ep_slots_free(loom_zero *z);
 loom_status zero_ep_start_unit(loom_zero *z, int u);
 loom_status zero_ep_finish_unit(loom_zero *z, int u);
 ep_slot *zero_ep_slot_of(loom_zero *z, int u);

@@ -329,7 +329,7 @@ echo "backend=$backend: offload beside zero refused with a message"
 #    whole model gathered over the host ep group from the host mirrors) and resumed: bitwise;
 #  - fast: within TOL of one rank's fast run;
 #  - each rank holds its experts alone (MEM's params below one rank's);
-#  - ep beside ZeRO refused by name (zero_ep.c reads host memory).
+#  - ZeRO beside ep: see the next section.
 moe=("${args[@]}" model.moe.experts=4 model.moe.top_k=2)
 k=$((steps - 2))
 "$loom" run "$recipe" "${moe[@]}" deterministic=canonical > "$tmp/ep_one" 2> "$tmp/ep.err" ||
@@ -355,9 +355,61 @@ echo "backend=$backend comm=$comm: canonical dp=2 ep=2 (moe, 4 experts) bitwise 
   { cat "$tmp/ep.err"; exit 1; }
 runs_close "backend=$backend comm=$comm: fast dp=2 ep=2 vs one rank" "$tmp/ep_one_fast" "$tmp/ep" \
   "$steps" "$tol" || exit 1
-if out=$("$loom" launch -n 2 "$recipe" "${moe[@]}" comm="$comm" mesh.dp=2 mesh.ep=2 strategy.zero=1 2>&1); then
-  echo "backend=$backend with ep=2 and zero=1: accepted"; exit 1
+
+# ZeRO beside expert parallelism in device memory (zero_ep.c, zero_ep_reduce.c,
+# zero_ep_params.c, zero_ep_gather.c): the two packed partitions (the dense entries over dp,
+# this rank's experts over its edp group, which is one rank at dp=2 ep=2), the state, the
+# staging, stage 2's gradient and stage 3's parameter partitions the backend's memory, the
+# buckets packed and unpacked by the backend's ops and exchanged over the device groups,
+# the whole state for a checkpoint summed over the host groups from the host mirrors.
+#  - canonical zero=1 and zero=3 (stage 1's fixed tree) bitwise one rank's losses and norms;
+#    each saved at step k and resumed on two ranks: bitwise;
+#  - fast zero=1 bitwise fast ep (losses and norms: the same reductions, an element-wise
+#    update); fast zero=2 and zero=3 losses bitwise fast ep's (as the CPU's moe.sh holds),
+#    and within TOL of one rank on this backend and of one rank on the CPU backend;
+#  - the bytes: zero=3 holds 4 (D/dp + X/edp) of parameters and gradients and twice that of
+#    optimizer state, D and X (this rank's expert floats) from ep's and one rank's MEM.
+"$loom" run "$recipe" "${moe[@]}" backend=cpu > "$tmp/ep_one_cpu" 2> "$tmp/ez.err" || { cat "$tmp/ez.err"; exit 1; }
+Xb=$((p_one - p_ep)) Db=$((p_ep - (p_one - p_ep)))
+part=$((Db / 2 + Xb))
+for z in 1 3; do
+  "$loom" launch -n 2 "$recipe" "${moe[@]}" comm="$comm" mesh.dp=2 mesh.ep=2 strategy.zero=$z \
+    deterministic=canonical checkpoint.dir="$tmp/ck_ez$z" checkpoint.every=$k > "$tmp/ez${z}_c" 2> "$tmp/ez.err" ||
+    { cat "$tmp/ez.err"; exit 1; }
+  grep '^LOSS\|^NORM' "$tmp/ep_one" > "$tmp/want"
+  grep '^LOSS\|^NORM' "$tmp/ez${z}_c" > "$tmp/got" || true
+  cmp -s "$tmp/want" "$tmp/got" ||
+    { echo "canonical dp=2 ep=2 zero=$z on $backend over $comm is not bitwise one rank:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+  "$loom" launch -n 2 "$recipe" "${moe[@]}" comm="$comm" mesh.dp=2 mesh.ep=2 strategy.zero=$z \
+    deterministic=canonical checkpoint.dir="$tmp/ck_ez$z" resume="$tmp/ck_ez$z/$(printf step_%08d $k)" \
+    > "$tmp/ez${z}_res" 2> "$tmp/ez.err" || { cat "$tmp/ez.err"; exit 1; }
+  resumed_bitwise "canonical dp=2 ep=2 zero=$z" "$tmp/ez${z}_res" "$tmp/ep_one"
+done
+echo "backend=$backend comm=$comm: canonical dp=2 ep=2 zero=1 and zero=3 bitwise one rank over $steps" \
+  "steps; each saved at step $k and resumed, bitwise"
+for z in 1 2 3; do
+  "$loom" launch -n 2 "$recipe" "${moe[@]}" comm="$comm" mesh.dp=2 mesh.ep=2 strategy.zero=$z \
+    > "$tmp/ez$z" 2> "$tmp/ez.err" || { cat "$tmp/ez.err"; exit 1; }
+done
+cmp -s <(grep '^LOSS\|^NORM' "$tmp/ep") <(grep '^LOSS\|^NORM' "$tmp/ez1") ||
+  { echo "fast dp=2 ep=2 zero=1 on $backend is not bitwise dp=2 ep=2:"; diff "$tmp/ep" "$tmp/ez1"; exit 1; }
+for z in 2 3; do
+  cmp -s <(grep '^LOSS' "$tmp/ep") <(grep '^LOSS' "$tmp/ez$z") ||
+    { echo "fast dp=2 ep=2 zero=$z on $backend: losses not bitwise dp=2 ep=2's:"; diff "$tmp/ep" "$tmp/ez$z"; exit 1; }
+  runs_close "backend=$backend comm=$comm: fast dp=2 ep=2 zero=$z vs one rank" "$tmp/ep_one_fast" "$tmp/ez$z" \
+    "$steps" "$tol" || exit 1
+  runs_close "backend=$backend comm=$comm: fast dp=2 ep=2 zero=$z vs the CPU's one rank" "$tmp/ep_one_cpu" \
+    "$tmp/ez$z" "$steps" "$tol" || exit 1
+done
+read -r _ _ zp zg zo _ <<< "$(grep '^MEM 1 ' "$tmp/ez3")"
+[[ $zp -eq $part && $zg -eq $part && $zo -eq $((2 * part)) ]] ||
+  { echo "dp=2 ep=2 zero=3: params $zp grads $zg optimizer $zo bytes, want $part, $part, $((2 * part))" \
+         "(D = $((Db / 4)), X = $((Xb / 4)) floats)"; exit 1; }
+echo "backend=$backend comm=$comm: fast dp=2 ep=2 zero=1 bitwise dp=2 ep=2; zero=2 and 3 its losses" \
+  "bitwise, norms within $tol; zero=3 params and grads $part bytes a rank, optimizer $((2 * part))"
+if out=$("$loom" launch -n 4 "$recipe" "${moe[@]}" batch.global=4 comm="$comm" mesh.tp=2 mesh.dp=2 mesh.ep=2 2>&1); then
+  echo "backend=$backend with ep=2 and tp=2: accepted"; exit 1
 fi
-grep -q "training in device memory with mesh.ep > 1 beside strategy.zero, mesh.pp or mesh.tp .* is not built yet" <<< "$out" ||
-  { echo "backend=$backend with ep=2 and zero=1: unexpected message: $out"; exit 1; }
-echo "backend=$backend: ep beside zero refused with a message"
+grep -q "training in device memory with mesh.ep > 1 beside mesh.pp or mesh.tp .* is not built yet" <<< "$out" ||
+  { echo "backend=$backend with ep=2 and tp=2: unexpected message: $out"; exit 1; }
+echo "backend=$backend: ep beside tp refused with a message"

@@ -31,7 +31,8 @@
 #    saved at step STEPS-2 and resumed on two, bitwise; fast 1f1b over STEPS-1 steps within
 #    TOL of one rank's fast run, the loss falling. zb1 and the fast run post each run of
 #    transfers as one group (LOOM_PP_GROUPED=1; nccl's path, automatic there).
-#  - expert parallelism (dp=2 ep=2, a MoE block): see its section at the end;
+#  - expert parallelism (dp=2 ep=2, a MoE block; beside ZeRO, pp=2 and tp=2): see its
+#    sections at the end;
 #  - what does not train in device memory yet (zero with bf16 weights, offload beside zero)
 #    is refused by name.
 # BACKEND cudaemu (the CUDA kernels emulated on the CPU; meson runs it under
@@ -408,9 +409,40 @@ read -r _ _ zp zg zo _ <<< "$(grep '^MEM 1 ' "$tmp/ez3")"
          "(D = $((Db / 4)), X = $((Xb / 4)) floats)"; exit 1; }
 echo "backend=$backend comm=$comm: fast dp=2 ep=2 zero=1 bitwise dp=2 ep=2; zero=2 and 3 its losses" \
   "bitwise, norms within $tol; zero=3 params and grads $part bytes a rank, optimizer $((2 * part))"
-if out=$("$loom" launch -n 4 "$recipe" "${moe[@]}" batch.global=4 comm="$comm" mesh.tp=2 mesh.dp=2 mesh.ep=2 2>&1); then
-  echo "backend=$backend with ep=2 and tp=2: accepted"; exit 1
-fi
-grep -q "training in device memory with mesh.ep > 1 beside mesh.pp or mesh.tp .* is not built yet" <<< "$out" ||
-  { echo "backend=$backend with ep=2 and tp=2: unexpected message: $out"; exit 1; }
-echo "backend=$backend: ep beside tp refused with a message"
+
+# Expert parallelism beside pipeline and tensor parallelism in device memory (four ranks,
+# dp=2 ep=2 each, a global batch of 4, micro 1), against one rank with the same batch:
+#  - pp=2 (one block a stage, 2 micro-batches a rank): canonical 1f1b bitwise one rank
+#    (losses and norms: each stage's expert trees, loom_ep_end_chunk, on the backend's
+#    allocations), saved at step k and resumed, bitwise; fast 1f1b within TOL;
+#  - tp=2 with sequence parallelism: canonical bitwise one rank; fast within TOL.
+moe4=("${moe[@]}" batch.global=4 comm="$comm" mesh.dp=2 mesh.ep=2)
+"$loom" run "$recipe" "${moe[@]}" batch.global=4 deterministic=canonical > "$tmp/e4_one" 2> "$tmp/ez.err" ||
+  { cat "$tmp/ez.err"; exit 1; }
+"$loom" run "$recipe" "${moe[@]}" batch.global=4 > "$tmp/e4_one_f" 2> "$tmp/ez.err" || { cat "$tmp/ez.err"; exit 1; }
+"$loom" run "$recipe" "${moe[@]}" batch.global=4 model.layers=2 deterministic=canonical > "$tmp/e4pp_one" \
+  2> "$tmp/ez.err" || { cat "$tmp/ez.err"; exit 1; }
+"$loom" run "$recipe" "${moe[@]}" batch.global=4 model.layers=2 > "$tmp/e4pp_one_f" 2> "$tmp/ez.err" ||
+  { cat "$tmp/ez.err"; exit 1; }
+ep_pp=("${moe4[@]}" model.layers=2 mesh.pp=2 microbatches=2 schedule=1f1b)
+"$loom" launch -n 4 "$recipe" "${ep_pp[@]}" deterministic=canonical checkpoint.dir="$tmp/ck_epp" \
+  checkpoint.every=$k > "$tmp/epp_c" 2> "$tmp/ez.err" || { cat "$tmp/ez.err"; exit 1; }
+cmp -s <(grep '^LOSS\|^NORM' "$tmp/e4pp_one") <(grep '^LOSS\|^NORM' "$tmp/epp_c") ||
+  { echo "canonical pp=2 dp=2 ep=2 on $backend is not bitwise one rank:"; diff "$tmp/e4pp_one" "$tmp/epp_c"; exit 1; }
+"$loom" launch -n 4 "$recipe" "${ep_pp[@]}" deterministic=canonical checkpoint.dir="$tmp/ck_epp" \
+  resume="$tmp/ck_epp/$(printf step_%08d $k)" > "$tmp/epp_res" 2> "$tmp/ez.err" || { cat "$tmp/ez.err"; exit 1; }
+resumed_bitwise "canonical pp=2 dp=2 ep=2" "$tmp/epp_res" "$tmp/e4pp_one"
+"$loom" launch -n 4 "$recipe" "${ep_pp[@]}" > "$tmp/epp" 2> "$tmp/ez.err" || { cat "$tmp/ez.err"; exit 1; }
+runs_close "backend=$backend comm=$comm: fast pp=2 dp=2 ep=2 vs one rank" "$tmp/e4pp_one_f" "$tmp/epp" \
+  "$steps" "$tol" || exit 1
+echo "backend=$backend comm=$comm: canonical pp=2 dp=2 ep=2 bitwise one rank over $steps steps;" \
+  "saved at step $k and resumed, bitwise"
+ep_tp=("${moe4[@]}" mesh.tp=2 tp_sequence_parallel=true)
+"$loom" launch -n 4 "$recipe" "${ep_tp[@]}" deterministic=canonical > "$tmp/etp_c" 2> "$tmp/ez.err" ||
+  { cat "$tmp/ez.err"; exit 1; }
+cmp -s <(grep '^LOSS\|^NORM' "$tmp/e4_one") <(grep '^LOSS\|^NORM' "$tmp/etp_c") ||
+  { echo "canonical tp=2 sp dp=2 ep=2 on $backend is not bitwise one rank:"; diff "$tmp/e4_one" "$tmp/etp_c"; exit 1; }
+"$loom" launch -n 4 "$recipe" "${ep_tp[@]}" > "$tmp/etp" 2> "$tmp/ez.err" || { cat "$tmp/ez.err"; exit 1; }
+runs_close "backend=$backend comm=$comm: fast tp=2 sp dp=2 ep=2 vs one rank" "$tmp/e4_one_f" "$tmp/etp" \
+  "$steps" "$tol" || exit 1
+echo "backend=$backend comm=$comm: canonical tp=2 sp dp=2 ep=2 bitwise one rank over $steps steps"

@@ -20,6 +20,10 @@
  * After the step each bucket is packed from this rank's sub-block, all-gathered over its
  * group into a staging buffer and unpacked into the parameters: each kind writes only its
  * own entries, so neither gather disturbs the other's.
+ * On a device backend (zero_device.c) the state, the staging and stage 2's and 3's
+ * partitions and slots are the backend's memory; pieces move by zero_buf_move (its ops),
+ * the buckets go over the device dp and edp groups, and what is host memory (the norm's
+ * doubles, a checkpoint's whole state from the mirrors) over the host ones (ep_part).
  */
 #include "zero_ep_internal.h"
 #include "zero_ckpt.h"

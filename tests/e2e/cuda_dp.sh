@@ -419,6 +419,11 @@ echo "backend=$backend comm=$comm: fast dp=2 ep=2 zero=1 bitwise dp=2 ep=2; zero
 #    (losses and norms: each stage's expert trees, loom_ep_end_chunk, on the backend's
 #    allocations), saved at step k and resumed, bitwise; fast 1f1b within TOL;
 #  - tp=2 with sequence parallelism: canonical bitwise one rank; fast within TOL.
+if [[ $comm == nccl && $(gpus) -lt 4 ]]; then # the last lines of the script
+  echo "backend=$backend comm=nccl: ep beside pp=2 and tp=2 not run: they need 4 GPUs (one a rank);" \
+    "$(gpus) visible"
+  exit 0
+fi
 moe4=("${moe[@]}" batch.global=4 comm="$comm" mesh.dp=2 mesh.ep=2)
 "$loom" run "$recipe" "${moe[@]}" batch.global=4 deterministic=canonical > "$tmp/e4_one" 2> "$tmp/ez.err" ||
   { cat "$tmp/ez.err"; exit 1; }

@@ -993,6 +993,8 @@ static loom_status save_zero(loom_session *s, loom_ckpt_source *srcp, const loom
         /* ZeRO-3: every unit gathered for the copy, released after (no-op below stage 3) */
         loom_status st = loom_session_zero(s) ? loom_zero_pin_params(loom_session_zero(s), 1)
                                               : LOOM_OK;
+        if (st == LOOM_OK && loom_session_zero_stage(s) == 3)
+            loom_session_to_host(s); /* a device's mirror again, now every unit is gathered */
         if (st == LOOM_OK)
             st = loom_ep_gather_full(ep, m, src.params, zstate ? zstate : src.state, src.slots,
                                      &full, &params, &state);

@@ -729,7 +729,8 @@ static const char *device_teacher_refusal(const loom_session_config *cfg)
 }
 
 /* A device backend (its memory is not the host's): what trains there today is one rank,
- * dp (with or without ZeRO), tp and pp (their messages over the device groups), with the
+ * dp (with or without ZeRO), tp and pp (their messages over the device groups), ep beside
+ * any of them (session_ep.c's device groups; zero_ep*.c's partitions there), with the
  * optimizer's step_backend; the paths that still read the model's buffers as host memory
  * are refused by name. */
 static loom_status check_device(loom_session *s, const loom_session_config *cfg, int pp)
@@ -742,11 +743,7 @@ static loom_status check_device(loom_session *s, const loom_session_config *cfg,
     const loom_config_value *reduce = cfg->strategy ? loom_config_get(cfg->strategy, "reduce")
                                                     : NULL;
     /* what still reads or writes host memory where the buffers are the device's */
-    const char *what = cfg->ep > 1 && (cfg->zero_stage > 0 || pp > 1 || cfg->tensor)
-                           ? "mesh.ep > 1 beside strategy.zero, mesh.pp or mesh.tp (ep trains in "
-                             "device memory with mesh.dp alone: zero_ep.c and ep's pipeline "
-                             "paths read host memory)"
-                       : size > 1 && reduce && reduce->string && !strcmp(reduce->string, "bf16")
+    const char *what = size > 1 && reduce && reduce->string && !strcmp(reduce->string, "bf16")
                            ? "reduce = \"bf16\" (the dp strategy rounds its buckets on the host)"
                        : size > 1 && cfg->zero_stage > 0 && cfg->offload_mode != LOOM_OFFLOAD_NONE
                            ? "strategy offload beside strategy.zero (offload_device.c steps the "
@@ -755,7 +752,7 @@ static loom_status check_device(loom_session *s, const loom_session_config *cfg,
     if (what)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "backend %s: training in device memory with %s is not "
                   "built yet; it trains one rank, mesh.dp, mesh.tp and mesh.pp ranks, ZeRO or "
-                  "offload, mesh.ep beside mesh.dp alone, a teacher at one rank, mesh.dp or "
+                  "offload, mesh.ep beside them, a teacher at one rank, mesh.dp or "
                   "mesh.pp (docs/DISTILL.md), or use backend = \"cpu\"", be, what);
     if (size > 1 && !s->device_groups)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "backend %s with %d ranks has no device groups "

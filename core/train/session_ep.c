@@ -141,6 +141,14 @@ void loom_ep_edp_group(const loom_ep *x, const struct loom_comm_ops **ops, void 
     *size = x->edp_size;
 }
 
+void loom_ep_edp_device_group(const loom_ep *x, const struct loom_comm_ops **ops, void **group,
+                              int *size)
+{
+    *ops = x->device ? x->dops : x->ops;
+    *group = x->device ? x->dedp : x->edp;
+    *size = x->edp_size;
+}
+
 /* The first step: the trees and their buffers. Chunk c of pl (NULL: one chunk) holds the
  * experts of its blocks, a contiguous run of the copies (each block's run of local experts
  * lies in table order there, and a chunk's blocks follow each other). */

@@ -62,6 +62,11 @@ loom_status loom_ep_gather_full(loom_ep *x, loom_gpt *m, const float *host_param
  * ep = dp), for ZeRO's expert partitions (zero_ep.c). */
 void loom_ep_edp_group(const loom_ep *x, const struct loom_comm_ops **ops, void **group,
                        int *size);
+/* The same group for the backend's memory (a device backend's: split from
+ * loom_host.device_group's dp group; host memory: loom_ep_edp_group's), for ZeRO's expert
+ * buckets in device memory (zero_ep.c). */
+void loom_ep_edp_device_group(const loom_ep *x, const struct loom_comm_ops **ops, void **group,
+                              int *size);
 /* The session's ep groups (NULL without expert parallelism). */
 struct loom_session;
 loom_ep *loom_session_ep(struct loom_session *s);

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/backend.h"
 #include "base/plugin_loader.h"
 #include "base/status.h"
 
@@ -66,6 +67,16 @@ loom_status zero_buf_copy(loom_zero *z, float *dst, const float *src, size_t flo
     return LOOM_OK;
 }
 
+void zero_buf_move(loom_zero *z, float *dst, const float *src, size_t floats)
+{
+    if (!floats)
+        return;
+    if (z->device)
+        loom_backend_copy_bits(z->be, dst, src, floats);
+    else
+        memcpy(dst, src, floats * sizeof(float));
+}
+
 loom_status zero_device_init(loom_zero *z, const loom_zero_config *c)
 {
     z->device = 1;
@@ -75,8 +86,8 @@ loom_status zero_device_init(loom_zero *z, const loom_zero_config *c)
                   "compute copy (zero_master.c) are host code; use precision = \"fp32\", or "
                   "backend = \"cpu\"", c->stage);
     if (c->offloaded || c->ep || c->params_offloaded)
-        LOOM_FAIL(LOOM_ERR_INTERNAL, "ZeRO in device memory: offload and ep are refused before "
-                  "(session.c check_device)");
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "ZeRO in device memory: offload is refused before "
+                  "(session.c check_device), and ep takes zero_ep.c's own path");
     /* the buckets' collectives over the groups for the backend's memory; the norm's
      * exchange of host doubles over the host group (hcomm, set by the caller) */
     int n = 0;

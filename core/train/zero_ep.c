@@ -20,6 +20,10 @@
  * After the step each bucket is packed from this rank's sub-block, all-gathered over its
  * group into a staging buffer and unpacked into the parameters: each kind writes only its
  * own entries, so neither gather disturbs the other's.
+ * On a device backend (zero_device.c) the state, the staging and stage 2's and 3's
+ * partitions and slots are the backend's memory; pieces move by zero_buf_move (its ops),
+ * the buckets go over the device dp and edp groups, and what is host memory (the norm's
+ * doubles, a checkpoint's whole state from the mirrors) over the host ones (ep_part).
  */
 #include "zero_ep_internal.h"
 #include "zero_ckpt.h"
@@ -28,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/backend.h"
 #include "base/plugin_loader.h"
 #include "base/status.h"
 
@@ -229,21 +234,41 @@ loom_status zero_ep_create(const loom_zero_config *c, loom_gpt *m, loom_backend 
     z->accum = c->accum;
     z->skip_entry = -1;
     z->first_bad = -1;
+    /* a device backend (zero_device.c): the state, the staging and stage 2's partition are
+     * its memory, the buckets go over the device groups, the host groups carry what is
+     * host memory (the norm's doubles, a checkpoint's whole state) */
+    z->device = loom_backend_device_memory(be);
     const loom_param_table *t = loom_gpt_params(m);
     ep_part *d = &x->part[0], *e = &x->part[1];
-    loom_status st = loom_core_host()->group(LOOM_GROUP_DP, &d->comm, &d->group, &d->n);
+    loom_status st = loom_core_host()->group(LOOM_GROUP_DP, &d->hcomm, &d->hgroup, &d->n);
+    if (st == LOOM_OK && z->device && c->master16)
+        st = loom_fail(LOOM_ERR_UNSUPPORTED, "strategy.zero = %d with 16-bit weights in device "
+                       "memory is not built yet: the fp32 master's partition and its rounding "
+                       "into the compute copy (zero_master.c) are host code; use precision = "
+                       "\"fp32\", or backend = \"cpu\"", c->stage);
+    int dn = d->n;
+    if (st == LOOM_OK && z->device)
+        st = loom_core_host()->device_group(LOOM_GROUP_DP, &d->comm, &d->group, &dn);
+    else if (st == LOOM_OK) {
+        d->comm = d->hcomm;
+        d->group = d->hgroup;
+    }
+    if (st == LOOM_OK && (!d->comm || dn != d->n))
+        st = loom_fail(LOOM_ERR_INTERNAL, "ZeRO under ep in device memory: the device dp group "
+                       "has %d ranks, the host one %d (loom_dist_device_open)", dn, d->n);
     if (st == LOOM_OK) {
-        d->rank = d->comm->rank(d->group);
+        d->rank = d->hcomm->rank(d->hgroup);
         z->comm = d->comm;
         z->dp = d->group;
-        z->hcomm = d->comm; /* the norm's host doubles (loom_zero_norm): ep trains on the host */
-        z->hdp = d->group;
+        z->hcomm = d->hcomm; /* the norm's host doubles (loom_zero_norm) */
+        z->hdp = d->hgroup;
         z->n = d->n;
         z->rank = d->rank;
         st = loom_core_host()->group(LOOM_GROUP_TP, &z->tp_comm, &z->tp, &z->tp_size);
         z->tp_rank = z->tp_comm ? z->tp_comm->rank(z->tp) : 0;
-        loom_ep_edp_group(c->ep, &e->comm, &e->group, &e->n);
-        e->rank = e->n > 1 ? e->comm->rank(e->group) : 0;
+        loom_ep_edp_group(c->ep, &e->hcomm, &e->hgroup, &e->n);
+        loom_ep_edp_device_group(c->ep, &e->comm, &e->group, &e->n);
+        e->rank = e->n > 1 ? e->hcomm->rank(e->hgroup) : 0;
     }
     if (st == LOOM_OK)
         st = make_part(d, t, m, 0, c->bucket_mb, c->stage);
@@ -259,7 +284,8 @@ loom_status zero_ep_create(const loom_zero_config *c, loom_gpt *m, loom_backend 
             for (size_t lo = 0, len; lo < x->part[k].Kp; lo += len)
                 if ((len = zero_ep_bucket_len(&x->part[k], lo)) > stage)
                     stage = len;
-        if (c->stage == 3 && !(z->part_params = calloc(z->part, sizeof(float))))
+        if (c->stage == 3 && (!(z->part_params = zero_buf_alloc(z, z->part)) ||
+                              (z->device && !(z->host_part = calloc(z->part + 1, sizeof(float))))))
             st = loom_fail(LOOM_ERR_NOMEM, "out of memory for ZeRO-3's parameter partition");
         if (z->reduces) /* the gradient partition and the page accounting (zero_reduce.c) */
             st = zero_reduce_init(z);
@@ -268,11 +294,14 @@ loom_status zero_ep_create(const loom_zero_config *c, loom_gpt *m, loom_backend 
         z->segments = calloc(n + 1, sizeof *z->segments);
         z->seg_entry = calloc(n + 1, sizeof *z->seg_entry);
         z->seg_state_off = calloc(n + 1, sizeof *z->seg_state_off);
-        x->staging = malloc(stage * sizeof(float));
-        if (z->state_floats && (z->state = malloc(z->state_floats * sizeof(float))))
+        x->staging = zero_buf_alloc(z, stage);
+        if (z->device) {
+            if (st == LOOM_OK)
+                st = zero_device_state(z); /* zeroed, with its host mirror */
+        } else if (z->state_floats && (z->state = malloc(z->state_floats * sizeof(float))))
             memset(z->state, 0, z->state_floats * sizeof(float)); /* touched now, as zero.c's */
-        if (!z->segments || !z->seg_entry || !z->seg_state_off || !x->staging ||
-            (z->state_floats && !z->state))
+        if (st == LOOM_OK && (!z->segments || !z->seg_entry || !z->seg_state_off ||
+                              !x->staging || (z->state_floats && !z->state)))
             st = loom_fail(LOOM_ERR_NOMEM, "out of memory for the ZeRO partitions under ep");
     }
     if (st == LOOM_OK && z->reduces)
@@ -303,9 +332,9 @@ void zero_ep_free(loom_zero *z)
     }
     free(z->ep->ulo);
     free(z->ep->uhi);
-    free(z->ep->staging);
-    zero_ep_slots_free(z->ep);
-    zero_ep_reduce_free(z->ep);
+    zero_buf_free(z, z->ep->staging);
+    zero_ep_slots_free(z);
+    zero_ep_reduce_free(z);
     free(z->ep);
     z->ep = NULL;
 }
@@ -325,6 +354,7 @@ loom_status zero_ep_pieces(const loom_zero *z, loom_zero_piece **out, size_t *n)
 }
 
 typedef struct copy_ctx {
+    loom_zero *z;
     float *params, *buf;
     size_t a;            /* the packed float at buf[0] */
     int to_buf;
@@ -336,9 +366,9 @@ static void copy_piece(void *ctx, const ep_run *r, size_t flat, size_t n, size_t
     copy_ctx *c = ctx;
     float *b = c->buf + (packed - c->a);
     if (c->to_buf)
-        memcpy(b, c->params + flat, n * sizeof(float));
+        zero_buf_move(c->z, b, c->params + flat, n);
     else
-        memcpy(c->params + flat, b, n * sizeof(float));
+        zero_buf_move(c->z, c->params + flat, b, n);
 }
 
 loom_status zero_ep_gather(loom_zero *z)
@@ -353,13 +383,13 @@ loom_status zero_ep_gather(loom_zero *z)
             len = zero_ep_bucket_len(p, lo);
             sub_block(p, lo, len, p->rank, &a, &e, &off);
             size_t sub = e - a;
-            memset(buf + (a - lo), 0, sub * sizeof(float)); /* the padding past K */
-            copy_ctx out = {params, buf + (a - lo), a, 1};
+            zero_buf_clear(z, buf + (a - lo), sub); /* the padding past K */
+            copy_ctx out = {z, params, buf + (a - lo), a, 1};
             zero_ep_each_piece(p, a, e, copy_piece, &out);
             loom_comm_request *r;
             LOOM_TRY(p->comm->allgather_start(p->group, buf + (a - lo), buf, sub, LOOM_DTYPE_F32, &r));
             LOOM_TRY(p->comm->wait(p->group, r));
-            copy_ctx in = {params, buf, lo, 0};
+            copy_ctx in = {z, params, buf, lo, 0};
             zero_ep_each_piece(p, lo, lo + len, copy_piece, &in);
         }
     }
@@ -379,13 +409,14 @@ static void pieces_to_full(const loom_param_table *t, const loom_zero_piece *p, 
     }
 }
 
+/* buf is host memory (the whole state): over the kind's host group. */
 static loom_status sum_over(const ep_part *g, float *buf, size_t n)
 {
     if (g->n < 2 || !n)
         return LOOM_OK;
     loom_comm_request *r;
-    LOOM_TRY(g->comm->allreduce_start(g->group, buf, buf, n, LOOM_DTYPE_F32, LOOM_REDUCE_SUM, &r));
-    return g->comm->wait(g->group, r);
+    LOOM_TRY(g->hcomm->allreduce_start(g->hgroup, buf, buf, n, LOOM_DTYPE_F32, LOOM_REDUCE_SUM, &r));
+    return g->hcomm->wait(g->hgroup, r);
 }
 
 loom_status loom_zero_full_state(loom_zero *z, uint32_t slots, float **out)
@@ -393,7 +424,9 @@ loom_status loom_zero_full_state(loom_zero *z, uint32_t slots, float **out)
     *out = NULL;
     if (!z->ep)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "loom_zero_full_state: only under expert parallelism");
-    if (!slots || !z->state)
+    /* a device's state through its host mirror (loom_zero_to_host, before the save) */
+    const float *state = z->device ? z->host_state : z->state;
+    if (!slots || !state)
         return LOOM_OK;
     const loom_param_table *t = loom_gpt_params(z->model);
     loom_zero_piece *p;
@@ -411,9 +444,9 @@ loom_status loom_zero_full_state(loom_zero *z, uint32_t slots, float **out)
     /* every float has one owner and zeros elsewhere, so the sums are exact: the dense
      * entries over dp (the expert entries are zero on every rank there), then each run of
      * expert entries over the edp group */
-    pieces_to_full(t, p, nd, slots, z->state, full);
+    pieces_to_full(t, p, nd, slots, state, full);
     loom_status st = sum_over(&z->ep->part[0], full, (size_t)slots * t->total);
-    pieces_to_full(t, p + nd, n - nd, slots, z->state, full);
+    pieces_to_full(t, p + nd, n - nd, slots, state, full);
     for (int i = 0; st == LOOM_OK && i < t->count; i++) {
         if (!loom_gpt_is_expert_entry(z->model, i))
             continue;

@@ -20,6 +20,7 @@
 #include "model/gpt.h"
 
 typedef struct unpack_ctx {
+    loom_zero *z;
     float *params;
     const float *src;    /* packed float lo at src[0] */
     size_t lo;
@@ -29,7 +30,7 @@ static void unpack_piece(void *ctx, const ep_run *r, size_t flat, size_t n, size
 {
     (void)r;
     unpack_ctx *c = ctx;
-    memcpy(c->params + flat, c->src + (packed - c->lo), n * sizeof(float));
+    zero_buf_move(c->z, c->params + flat, c->src + (packed - c->lo), n);
 }
 
 /* fn(ctx, kind, bucket lo, len) for each bucket of kind k that unit u's range touches. */
@@ -93,7 +94,7 @@ loom_status zero_ep_slots_init(loom_zero *z)
     for (int i = 0; i < 2; i++) {
         ep_slot *s = &x->slot[i];
         s->unit = -1;
-        s->staging = floats ? malloc(floats * sizeof(float)) : NULL;
+        s->staging = floats ? zero_buf_alloc(z, floats) : NULL; /* a device's memory there */
         s->bk = calloc((size_t)reqs + 1, sizeof *s->bk);
         if ((floats && !s->staging) || !s->bk)
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for ZeRO-3's gather staging under ep "
@@ -103,10 +104,11 @@ loom_status zero_ep_slots_init(loom_zero *z)
     return LOOM_OK;
 }
 
-void zero_ep_slots_free(struct zero_ep *x)
+void zero_ep_slots_free(loom_zero *z)
 {
+    struct zero_ep *x = z->ep;
     for (int i = 0; i < 2; i++) {
-        free(x->slot[i].staging);
+        zero_buf_free(z, x->slot[i].staging);
         free(x->slot[i].bk);
         x->slot[i].staging = NULL;
         x->slot[i].bk = NULL;
@@ -151,7 +153,7 @@ loom_status zero_ep_finish_unit(loom_zero *z, int u)
         if (st != LOOM_OK)
             continue; /* the rest are still waited for: the groups stay in step */
         size_t ulo = z->ep->ulo[2 * u + b->kind], uhi = z->ep->uhi[2 * u + b->kind];
-        unpack_ctx c = {loom_gpt_param_data(z->model), b->src, b->lo};
+        unpack_ctx c = {z, loom_gpt_param_data(z->model), b->src, b->lo};
         zero_ep_each_piece(p, b->lo > ulo ? b->lo : ulo, b->lo + b->len < uhi ? b->lo + b->len : uhi,
                            unpack_piece, &c);
     }

@@ -12,8 +12,10 @@ typedef struct ep_run {  /* one entry of the kind: flat [flat, +n) at packed [pa
 } ep_run;
 
 typedef struct ep_part { /* one kind's partition over one group */
-    const struct loom_comm_ops *comm;
-    void *group;
+    const struct loom_comm_ops *comm; /* the group for the buffers' memory: a device */
+    void *group;                      /* backend's device group (zero_device.c), else host */
+    const struct loom_comm_ops *hcomm; /* the same ranks' host group: host memory's */
+    void *hgroup;                      /* collectives (a checkpoint's whole state) */
     int n, rank;
     ep_run *runs;
     int n_runs;
@@ -82,7 +84,7 @@ void zero_ep_each_piece(const ep_part *p, size_t a, size_t e, ep_piece_fn *fn, v
 
 /* zero_ep_reduce.c: stage 2's buckets and buffers (after the partitions are made). */
 loom_status zero_ep_reduce_init(loom_zero *z);
-void zero_ep_reduce_free(struct zero_ep *x);
+void zero_ep_reduce_free(loom_zero *z);
 loom_status zero_ep_begin_micro(loom_zero *z, int a);
 loom_status zero_ep_grads_ready(loom_zero *z, size_t offset);
 loom_status zero_ep_finish_micro(loom_zero *z);
@@ -102,7 +104,7 @@ loom_status zero_ep_params_drain(loom_zero *z);
  * are known); start unit u's gathers into a free slot; finish them (wait, unpack into the
  * model's buffer, free the slot); the slot holding unit u, or a free one for u = -1. */
 loom_status zero_ep_slots_init(loom_zero *z);
-void zero_ep_slots_free(struct zero_ep *x);
+void zero_ep_slots_free(loom_zero *z);
 loom_status zero_ep_start_unit(loom_zero *z, int u);
 loom_status zero_ep_finish_unit(loom_zero *z, int u);
 ep_slot *zero_ep_slot_of(loom_zero *z, int u);

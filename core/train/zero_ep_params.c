@@ -102,14 +102,27 @@ loom_status zero_ep_params_init(loom_zero *z)
     z->param_pages = malloc(z->n_param_pages);
     if (!z->units || !x->ulo || !x->uhi || !z->param_pages)
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for ZeRO-3's units under ep");
-    float *params = loom_gpt_param_data(z->model);
     /* this rank's partition from the initial values (every rank of a group drew its
-     * kind's entries alike) */
+     * kind's entries alike); a device's through the host once, at start (zero_device.c's
+     * zero_device_params) */
+    float *params = loom_gpt_param_data(z->model), *whole = NULL, *part = z->part_params;
+    if (z->device) {
+        if (!(whole = malloc(z->total * sizeof(float) + 1)))
+            LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for ZeRO-3's initial parameters under ep");
+        z->be->ops->copy_to_host(z->be->self, whole, params, z->total * sizeof(float));
+        params = whole;
+        part = z->host_part;
+    }
     loom_zero_piece *pc;
     size_t n_pc;
-    LOOM_TRY(zero_ep_pieces(z, &pc, &n_pc));
-    for (size_t i = 0; i < n_pc; i++)
-        memcpy(z->part_params + pc[i].pos, params + pc[i].lo, pc[i].n * sizeof(float));
+    loom_status st = zero_ep_pieces(z, &pc, &n_pc);
+    for (size_t i = 0; st == LOOM_OK && i < n_pc; i++)
+        memcpy(part + pc[i].pos, params + pc[i].lo, pc[i].n * sizeof(float));
+    if (st == LOOM_OK && z->device)
+        z->be->ops->copy_to_device(z->be->self, z->part_params, part, z->part * sizeof(float));
+    free(whole);
+    if (st != LOOM_OK)
+        return st;
     free(pc);
     for (int u = 0; u < z->n_units; u++) {
         int first, last;
@@ -134,6 +147,8 @@ loom_status zero_ep_params_init(loom_zero *z)
                         t->entries[last].offset + t->entries[last].numel);
         zero_drop_pages(z, un->inner_lo, un->inner_hi); /* until first needed */
     }
+    if (z->device) /* device memory stays allocated (zero_params.c's zero_drop_pages) */
+        z->params_peak = z->total * sizeof(float); /* the whole buffer */
     z->last_unit = -1;
     LOOM_TRY(zero_ep_slots_init(z));
     z->staging_floats += 2 * x->slot_floats;

@@ -73,19 +73,19 @@ loom_status zero_ep_reduce_init(loom_zero *z)
     qsort(x->bk, (size_t)x->n_bk, sizeof *x->bk, by_final_order);
     x->send_len = most;
     x->recv_len = z->accum > 1 ? most : 0; /* a sub-block is at most a whole bucket (n = 1) */
-    x->send = malloc(((ZERO_SLOTS + 1) * most + 1) * sizeof(float));
-    x->recv = x->recv_len ? malloc(ZERO_SLOTS * most * sizeof(float)) : NULL;
+    x->send = zero_buf_alloc(z, (ZERO_SLOTS + 1) * most + 1); /* a device's memory there */
+    x->recv = x->recv_len ? zero_buf_alloc(z, ZERO_SLOTS * most) : NULL;
     if (!x->send || (x->recv_len && !x->recv))
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for ZeRO-2's staging under ep");
     z->staging_floats += (ZERO_SLOTS + 1) * x->send_len + ZERO_SLOTS * x->recv_len;
     return LOOM_OK;
 }
 
-void zero_ep_reduce_free(struct zero_ep *x)
+void zero_ep_reduce_free(loom_zero *z)
 {
-    free(x->bk);
-    free(x->send);
-    free(x->recv);
+    free(z->ep->bk);
+    zero_buf_free(z, z->ep->send);
+    zero_buf_free(z, z->ep->recv);
 }
 
 typedef struct pack_ctx {
@@ -99,7 +99,7 @@ static void pack_piece(void *ctx, const ep_run *r, size_t flat, size_t n, size_t
 {
     (void)r;
     pack_ctx *c = ctx;
-    memcpy(c->buf + (packed - c->lo), c->grads + flat, n * sizeof(float));
+    zero_buf_move(c->z, c->buf + (packed - c->lo), c->grads + flat, n);
 }
 
 /* Release the bucket's pieces, adjacent ones as one range (fewer partial pages). */
@@ -160,14 +160,14 @@ static loom_status start_bucket(loom_zero *z, int k)
     if (p->n >= 2)
         x->next_slot = (x->next_slot + 1) % ZERO_SLOTS;
     float *send = x->send + (size_t)slot * x->send_len;
-    memset(send, 0, b->len * sizeof(float)); /* the padding past K, and nothing stale */
+    zero_buf_clear(z, send, b->len); /* the padding past K, and nothing stale */
     pack_ctx c = {loom_gpt_grad_data(z->model), send, b->lo, z, 0, 0};
     zero_ep_each_piece(p, b->lo, b->lo + b->len, pack_piece, &c);
     size_t sub = b->len / (size_t)p->n;
     if (p->n < 2) { /* an edp group of one (ep = dp): the whole bucket is this rank's */
         float *dst = part_dst(z, b);
         if (z->micro == 0)
-            memcpy(dst, send, sub * sizeof(float));
+            zero_buf_move(z, dst, send, sub);
         finish_bucket(z, b, z->micro == 0 ? NULL : send);
         return LOOM_OK;
     }
@@ -198,7 +198,7 @@ loom_status zero_ep_begin_micro(loom_zero *z, int a)
     z->ep->next = 0;
     z->watermark = z->total; /* nothing final yet */
     if (a == 0)
-        memset(z->part_grads, 0, z->part * sizeof(float));
+        zero_buf_clear(z, z->part_grads, z->part);
     return LOOM_OK;
 }
 

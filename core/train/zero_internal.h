@@ -124,6 +124,9 @@ float *zero_buf_alloc(loom_zero *z, size_t floats);
 void zero_buf_free(loom_zero *z, float *p);
 void zero_buf_clear(loom_zero *z, float *p, size_t floats);
 loom_status zero_buf_copy(loom_zero *z, float *dst, const float *src, size_t floats);
+/* The same, many small runs (ep's packing and unpacking, zero_ep*.c): a device's by the
+ * backend's ops (loom_backend_copy_bits: no host bounce), host memory by memcpy. */
+void zero_buf_move(loom_zero *z, float *dst, const float *src, size_t floats);
 loom_status zero_device_init(loom_zero *z, const loom_zero_config *c);
 loom_status zero_device_state(loom_zero *z);
 /* zero_device.c, stage 3: part_params and its host mirror in the backend's memory, this

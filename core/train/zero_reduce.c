@@ -85,6 +85,10 @@ static void release(loom_zero *z, size_t lo, size_t hi)
 void zero_clear_grads(loom_zero *z, size_t lo, size_t hi)
 {
     float *g = loom_gpt_grad_data(z->model);
+    if (z->device) { /* no pages to hand back (whole allocations): zeroed */
+        zero_buf_clear(z, g + lo, hi - lo);
+        return;
+    }
     uintptr_t a = (uintptr_t)(g + lo), b = (uintptr_t)(g + hi);
     uintptr_t pa = (a + z->page - 1) / z->page * z->page, pb = b / z->page * z->page;
     if (pb > pa && madvise((void *)pa, pb - pa, MADV_DONTNEED) == 0) {

@@ -31,7 +31,8 @@
 #    saved at step STEPS-2 and resumed on two, bitwise; fast 1f1b over STEPS-1 steps within
 #    TOL of one rank's fast run, the loss falling. zb1 and the fast run post each run of
 #    transfers as one group (LOOM_PP_GROUPED=1; nccl's path, automatic there).
-#  - expert parallelism (dp=2 ep=2, a MoE block): see its section at the end;
+#  - expert parallelism (dp=2 ep=2, a MoE block; beside ZeRO, pp=2 and tp=2): see its
+#    sections at the end;
 #  - what does not train in device memory yet (zero with bf16 weights, offload beside zero)
 #    is refused by name.
 # BACKEND cudaemu (the CUDA kernels emulated on the CPU; meson runs it under
@@ -329,7 +330,7 @@ echo "backend=$backend: offload beside zero refused with a message"
 #    whole model gathered over the host ep group from the host mirrors) and resumed: bitwise;
 #  - fast: within TOL of one rank's fast run;
 #  - each rank holds its experts alone (MEM's params below one rank's);
-#  - ep beside ZeRO refused by name (zero_ep.c reads host memory).
+#  - ZeRO beside ep: see the next section.
 moe=("${args[@]}" model.moe.experts=4 model.moe.top_k=2)
 k=$((steps - 2))
 "$loom" run "$recipe" "${moe[@]}" deterministic=canonical > "$tmp/ep_one" 2> "$tmp/ep.err" ||
@@ -355,9 +356,101 @@ echo "backend=$backend comm=$comm: canonical dp=2 ep=2 (moe, 4 experts) bitwise 
   { cat "$tmp/ep.err"; exit 1; }
 runs_close "backend=$backend comm=$comm: fast dp=2 ep=2 vs one rank" "$tmp/ep_one_fast" "$tmp/ep" \
   "$steps" "$tol" || exit 1
-if out=$("$loom" launch -n 2 "$recipe" "${moe[@]}" comm="$comm" mesh.dp=2 mesh.ep=2 strategy.zero=1 2>&1); then
-  echo "backend=$backend with ep=2 and zero=1: accepted"; exit 1
+
+# ZeRO beside expert parallelism in device memory (zero_ep.c, zero_ep_reduce.c,
+# zero_ep_params.c, zero_ep_gather.c): the two packed partitions (the dense entries over dp,
+# this rank's experts over its edp group, which is one rank at dp=2 ep=2), the state, the
+# staging, stage 2's gradient and stage 3's parameter partitions the backend's memory, the
+# buckets packed and unpacked by the backend's ops and exchanged over the device groups,
+# the whole state for a checkpoint summed over the host groups from the host mirrors.
+#  - canonical zero=3 (stage 1's fixed tree, the per-unit gathers) bitwise one rank's losses
+#    and norms; saved at step k (the whole state from the host mirror, the units pinned and
+#    mirrored again) and resumed on two ranks: bitwise;
+#  - fast zero=1 bitwise fast ep (losses and norms: the same reductions, an element-wise
+#    update); fast zero=2 losses bitwise fast ep's (as the CPU's moe.sh holds), and within
+#    TOL of one rank on this backend and of one rank on the CPU backend (fast zero=3, by
+#    hand: ep's losses too; its gradients are zero=2's, its gathers canonical zero=3's);
+#  - the bytes: zero=3 holds 4 (D/dp + X/edp) of parameters, zero=2 as many of gradients,
+#    both twice that of optimizer state, D and X (this rank's expert floats) from ep's and
+#    one rank's MEM.
+"$loom" run "$recipe" "${moe[@]}" backend=cpu > "$tmp/ep_one_cpu" 2> "$tmp/ez.err" || { cat "$tmp/ez.err"; exit 1; }
+Xb=$((p_one - p_ep)) Db=$((p_ep - (p_one - p_ep)))
+part=$((Db / 2 + Xb))
+for z in 3; do
+  "$loom" launch -n 2 "$recipe" "${moe[@]}" comm="$comm" mesh.dp=2 mesh.ep=2 strategy.zero=$z \
+    deterministic=canonical checkpoint.dir="$tmp/ck_ez$z" checkpoint.every=$k > "$tmp/ez${z}_c" 2> "$tmp/ez.err" ||
+    { cat "$tmp/ez.err"; exit 1; }
+  grep '^LOSS\|^NORM' "$tmp/ep_one" > "$tmp/want"
+  grep '^LOSS\|^NORM' "$tmp/ez${z}_c" > "$tmp/got" || true
+  cmp -s "$tmp/want" "$tmp/got" ||
+    { echo "canonical dp=2 ep=2 zero=$z on $backend over $comm is not bitwise one rank:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+  "$loom" launch -n 2 "$recipe" "${moe[@]}" comm="$comm" mesh.dp=2 mesh.ep=2 strategy.zero=$z \
+    deterministic=canonical checkpoint.dir="$tmp/ck_ez$z" resume="$tmp/ck_ez$z/$(printf step_%08d $k)" \
+    > "$tmp/ez${z}_res" 2> "$tmp/ez.err" || { cat "$tmp/ez.err"; exit 1; }
+  resumed_bitwise "canonical dp=2 ep=2 zero=$z" "$tmp/ez${z}_res" "$tmp/ep_one"
+done
+echo "backend=$backend comm=$comm: canonical dp=2 ep=2 zero=3 bitwise one rank over $steps" \
+  "steps; saved at step $k and resumed, bitwise"
+for z in 1 2; do
+  "$loom" launch -n 2 "$recipe" "${moe[@]}" comm="$comm" mesh.dp=2 mesh.ep=2 strategy.zero=$z \
+    > "$tmp/ez$z" 2> "$tmp/ez.err" || { cat "$tmp/ez.err"; exit 1; }
+done
+cmp -s <(grep '^LOSS\|^NORM' "$tmp/ep") <(grep '^LOSS\|^NORM' "$tmp/ez1") ||
+  { echo "fast dp=2 ep=2 zero=1 on $backend is not bitwise dp=2 ep=2:"; diff "$tmp/ep" "$tmp/ez1"; exit 1; }
+for z in 2; do
+  cmp -s <(grep '^LOSS' "$tmp/ep") <(grep '^LOSS' "$tmp/ez$z") ||
+    { echo "fast dp=2 ep=2 zero=$z on $backend: losses not bitwise dp=2 ep=2's:"; diff "$tmp/ep" "$tmp/ez$z"; exit 1; }
+  runs_close "backend=$backend comm=$comm: fast dp=2 ep=2 zero=$z vs one rank" "$tmp/ep_one_fast" "$tmp/ez$z" \
+    "$steps" "$tol" || exit 1
+  runs_close "backend=$backend comm=$comm: fast dp=2 ep=2 zero=$z vs the CPU's one rank" "$tmp/ep_one_cpu" \
+    "$tmp/ez$z" "$steps" "$tol" || exit 1
+done
+read -r _ _ zp _ zo _ <<< "$(grep '^MEM 1 ' "$tmp/ez3_c")"
+read -r _ _ _ zg _ <<< "$(grep '^MEM 1 ' "$tmp/ez2")"
+[[ $zp -eq $part && $zg -eq $part && $zo -eq $((2 * part)) ]] ||
+  { echo "dp=2 ep=2: zero=3's params $zp, zero=2's grads $zg, optimizer $zo bytes; want $part, $part," \
+         "$((2 * part)) (D = $((Db / 4)), X = $((Xb / 4)) floats)"; exit 1; }
+echo "backend=$backend comm=$comm: fast dp=2 ep=2 zero=1 bitwise dp=2 ep=2; zero=2 its losses bitwise," \
+  "within $tol of one rank; zero=3's params and zero=2's grads $part bytes a rank, optimizer $((2 * part))"
+
+# Expert parallelism beside pipeline and tensor parallelism in device memory (four ranks,
+# dp=2 ep=2 each, a global batch of 4, micro 1), against one rank with the same batch:
+#  - pp=2 (one block a stage, 2 micro-batches a rank): canonical 1f1b bitwise one rank
+#    (losses and norms: each stage's expert trees, loom_ep_end_chunk, on the backend's
+#    allocations), saved at step k and resumed, bitwise; fast 1f1b within TOL;
+#  - tp=2 with sequence parallelism: canonical bitwise one rank; fast within TOL.
+if [[ $comm == nccl && $(gpus) -lt 4 ]]; then # the last lines of the script
+  echo "backend=$backend comm=nccl: ep beside pp=2 and tp=2 not run: they need 4 GPUs (one a rank);" \
+    "$(gpus) visible"
+  exit 0
 fi
-grep -q "training in device memory with mesh.ep > 1 beside strategy.zero, mesh.pp or mesh.tp .* is not built yet" <<< "$out" ||
-  { echo "backend=$backend with ep=2 and zero=1: unexpected message: $out"; exit 1; }
-echo "backend=$backend: ep beside zero refused with a message"
+moe4=("${moe[@]}" batch.global=4 comm="$comm" mesh.dp=2 mesh.ep=2)
+"$loom" run "$recipe" "${moe[@]}" batch.global=4 deterministic=canonical > "$tmp/e4_one" 2> "$tmp/ez.err" ||
+  { cat "$tmp/ez.err"; exit 1; }
+"$loom" run "$recipe" "${moe[@]}" batch.global=4 > "$tmp/e4_one_f" 2> "$tmp/ez.err" || { cat "$tmp/ez.err"; exit 1; }
+"$loom" run "$recipe" "${moe[@]}" batch.global=4 model.layers=2 deterministic=canonical > "$tmp/e4pp_one" \
+  2> "$tmp/ez.err" || { cat "$tmp/ez.err"; exit 1; }
+"$loom" run "$recipe" "${moe[@]}" batch.global=4 model.layers=2 > "$tmp/e4pp_one_f" 2> "$tmp/ez.err" ||
+  { cat "$tmp/ez.err"; exit 1; }
+ep_pp=("${moe4[@]}" model.layers=2 mesh.pp=2 microbatches=2 schedule=1f1b)
+"$loom" launch -n 4 "$recipe" "${ep_pp[@]}" deterministic=canonical checkpoint.dir="$tmp/ck_epp" \
+  checkpoint.every=$k > "$tmp/epp_c" 2> "$tmp/ez.err" || { cat "$tmp/ez.err"; exit 1; }
+cmp -s <(grep '^LOSS\|^NORM' "$tmp/e4pp_one") <(grep '^LOSS\|^NORM' "$tmp/epp_c") ||
+  { echo "canonical pp=2 dp=2 ep=2 on $backend is not bitwise one rank:"; diff "$tmp/e4pp_one" "$tmp/epp_c"; exit 1; }
+"$loom" launch -n 4 "$recipe" "${ep_pp[@]}" deterministic=canonical checkpoint.dir="$tmp/ck_epp" \
+  resume="$tmp/ck_epp/$(printf step_%08d $k)" > "$tmp/epp_res" 2> "$tmp/ez.err" || { cat "$tmp/ez.err"; exit 1; }
+resumed_bitwise "canonical pp=2 dp=2 ep=2" "$tmp/epp_res" "$tmp/e4pp_one"
+"$loom" launch -n 4 "$recipe" "${ep_pp[@]}" > "$tmp/epp" 2> "$tmp/ez.err" || { cat "$tmp/ez.err"; exit 1; }
+runs_close "backend=$backend comm=$comm: fast pp=2 dp=2 ep=2 vs one rank" "$tmp/e4pp_one_f" "$tmp/epp" \
+  "$steps" "$tol" || exit 1
+echo "backend=$backend comm=$comm: canonical pp=2 dp=2 ep=2 bitwise one rank over $steps steps;" \
+  "saved at step $k and resumed, bitwise"
+ep_tp=("${moe4[@]}" mesh.tp=2 tp_sequence_parallel=true)
+"$loom" launch -n 4 "$recipe" "${ep_tp[@]}" deterministic=canonical > "$tmp/etp_c" 2> "$tmp/ez.err" ||
+  { cat "$tmp/ez.err"; exit 1; }
+cmp -s <(grep '^LOSS\|^NORM' "$tmp/e4_one") <(grep '^LOSS\|^NORM' "$tmp/etp_c") ||
+  { echo "canonical tp=2 sp dp=2 ep=2 on $backend is not bitwise one rank:"; diff "$tmp/e4_one" "$tmp/etp_c"; exit 1; }
+"$loom" launch -n 4 "$recipe" "${ep_tp[@]}" > "$tmp/etp" 2> "$tmp/ez.err" || { cat "$tmp/ez.err"; exit 1; }
+runs_close "backend=$backend comm=$comm: fast tp=2 sp dp=2 ep=2 vs one rank" "$tmp/e4_one_f" "$tmp/etp" \
+  "$steps" "$tol" || exit 1
+echo "backend=$backend comm=$comm: canonical tp=2 sp dp=2 ep=2 bitwise one rank over $steps steps"

@@ -6,6 +6,7 @@
 #include "distill.cu"
 #include "elementwise.cu"
 #include "flash_attention.cu"
+#include "flash_attention_tc.cu"
 #include "encoder.cu"
 #include "gemm_ordered.cu"
 #include "layernorm.cu"

@@ -68,6 +68,11 @@ static int flash_takes(int B, int T, int C, int NH)
            (long long)B * NH <= 65535 && (size_t)NH * T >= (size_t)NH + C;
 }
 
+int loom_cuda_attention_flash_takes(int B, int T, int C, int NH)
+{
+    return flash_takes(B, T, C, NH);
+}
+
 __global__ void copy_kernel(float *dst, const float *src, size_t n)
 {
     GRID_STRIDE(i, n) dst[i] = src[i];

@@ -16,4 +16,8 @@ void loom_cuda_flash_tc_backward(float *dqkv, const float *dout, const void *qkv
                                  const float *lse, const float *dsum, int B, int T, int C, int NH,
                                  loom_dtype dt);
 
+/* attention.cu: 1 where attention_forward/_backward run the fused kernels (its opening
+ * comment: flash mode, fast mode, att's room). */
+int loom_cuda_attention_flash_takes(int B, int T, int C, int NH);
+
 #endif

@@ -1,6 +1,7 @@
 // kernels_emu.cc — the backend's .cu files compiled as C++ for the CPU emulation (one
 // translation unit; cuda_runtime.h here stands in for CUDA's).
 #include "attention.cu"
+#include "attention_dt.cu"
 #include "convert.cu"
 #include "crossentropy.cu"
 #include "distill.cu"

@@ -10,11 +10,6 @@
 #include "flash_attention_tc.h"
 #include "kernels.cuh"
 
-__global__ void adt_copy_kernel(float *dst, const float *src, size_t n)
-{
-    GRID_STRIDE(i, n) dst[i] = src[i];
-}
-
 static int adt_takes(int B, int T, int C, int NH, loom_dtype dt)
 {
     return loom_cuda_attention_flash_takes(B, T, C, NH) && loom_cuda_flash_tc_takes(C, NH, dt);
@@ -39,10 +34,7 @@ extern "C" void loom_cuda_attention_forward_dt(float *out, float *att, const flo
     const void *q16 = adt_narrow(qkv, (size_t)B * T * 3 * C, dt);
     if (!q16)
         return;
-    const size_t n = (size_t)B * T * C;
-    loom_cuda_flash_attention_forward(out, att, q16, B, T, C, NH, dt); /* att: lse, then out */
-    LOOM_CUDA_LAUNCH("attention_forward_dt (out saved)", adt_copy_kernel, loom_cuda_blocks(n),
-                     LOOM_CUDA_THREADS, 0, att + (size_t)B * NH * T, out, n);
+    loom_cuda_attention_flash_fwd(out, att, q16, B, T, C, NH, dt);
 }
 
 extern "C" void loom_cuda_attention_backward_dt(float *dqkv, float *scratch, const float *dout,
@@ -56,6 +48,5 @@ extern "C" void loom_cuda_attention_backward_dt(float *dqkv, float *scratch, con
     const void *q16 = adt_narrow(qkv, (size_t)B * T * 3 * C, dt);
     if (!q16)
         return;
-    loom_cuda_flash_attention_backward(dqkv, scratch, dout, q16, att + (size_t)B * NH * T, att, B,
-                                       T, C, NH, dt);
+    loom_cuda_attention_flash_bwd(dqkv, scratch, dout, q16, att, B, T, C, NH, dt);
 }

@@ -19,5 +19,11 @@ void loom_cuda_flash_tc_backward(float *dqkv, const float *dout, const void *qkv
 /* attention.cu: 1 where attention_forward/_backward run the fused kernels (its opening
  * comment: flash mode, fast mode, att's room). */
 int loom_cuda_attention_flash_takes(int B, int T, int C, int NH);
+/* attention.cu: that fused path over qkv of dt, att holding its state (lse, out's copy). */
+void loom_cuda_attention_flash_fwd(float *out, float *att, const void *qkv, int B, int T, int C,
+                                   int NH, loom_dtype dt);
+void loom_cuda_attention_flash_bwd(float *dqkv, float *scratch, const float *dout,
+                                   const void *qkv, const float *att, int B, int T, int C, int NH,
+                                   loom_dtype dt);
 
 #endif

@@ -7,7 +7,8 @@
  * the measure is each tensor's max |tc - ref| over its max |ref| (out, and dq, dk, dv apart),
  * within TOL_BF16 / TOL_F16. Also: two runs give the same bits (no atomics), the scalar
  * kernels (LOOM_CUDA_FLASH_TC=0) give other bits (the TC path ran) and the same lse within
- * the same tolerance. Shapes: T 80 (two query blocks, the second partial; key tiles of 32,
+ * the same tolerance; a dout 2^-26 as large gives gradients exactly 2^-26 as large (dO's
+ * per-head power-of-two scaling, without which fp16 flushes such values). Shapes: T 80 (two query blocks, the second partial; key tiles of 32,
  * the last partial), 40 and 24, NH 2, heads of 64, 32 and 16.
  */
 #include <check.h>
@@ -98,6 +99,21 @@ START_TEST(test_attention_flash_tc)
             tc_run a, a2, sc;
             run_flash(k, s, &a, d_q16, d_dout, d_out, d_lse, d_dq, d_scr, b, t, c, nh, dt);
             run_flash(k, s, &a2, d_q16, d_dout, d_out, d_lse, d_dq, d_scr, b, t, c, nh, dt);
+            /* dout 2^-26 as large (1.5e-8 at most: fp16 subnormals end at 6e-8): the kernels'
+             * per-head power-of-two scaling of dO makes the gradients exactly 2^-26 times */
+            float *tiny = malloc(rc * 4);
+            for (size_t i = 0; i < rc; i++)
+                tiny[i] = ldexpf(dout[i], -26);
+            k->copy_to_device(s, d_dout, tiny, rc * 4);
+            tc_run sm;
+            run_flash(k, s, &sm, d_q16, d_dout, d_out, d_lse, d_dq, d_scr, b, t, c, nh, dt);
+            k->copy_to_device(s, d_dout, dout, rc * 4);
+            size_t off_scale = 0;
+            for (size_t i = 0; i < nq; i++)
+                off_scale += ldexpf(sm.dqkv[i], 26) != a.dqkv[i];
+            ck_assert_msg(!off_scale, "flash tc %s T%d: %zu gradients of a 2^-26 dout are not "
+                          "2^-26 times those of dout", dn, t, off_scale);
+            free_run(&sm), free(tiny);
             setenv("LOOM_CUDA_FLASH_TC", "0", 1);
             run_flash(k, s, &sc, d_q16, d_dout, d_out, d_lse, d_dq, d_scr, b, t, c, nh, dt);
             unsetenv("LOOM_CUDA_FLASH_TC");

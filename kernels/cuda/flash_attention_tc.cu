@@ -25,7 +25,8 @@
  * The dq pass: 64 queries a block, Q and dO fragments held, key tiles up to the block's last
  * query, dQ += dS K. dO is rounded to the dtype once staged (FlashAttention-2's policy: every
  * product's operands 16-bit), as are P and dS: so the gradients carry 16-bit rounding of
- * those, which the scalar kernels (fp32 dO, P, dS) do not.
+ * those, which the scalar kernels (fp32 dO, P, dS) do not. dO is first scaled by a power of
+ * two per sequence-head (tc_dout_scale), so that fp16 keeps small gradients' bits.
  *
  * Shared memory stays under the 48 KiB of a static allocation (at most 41 KiB, forward):
  * the score tiles double as the staging area of what is loaded into fragments once.
@@ -111,17 +112,35 @@ __device__ inline void tc_stage(uint16_t *dst, const E *qkv, const tc_shape &s, 
     }
 }
 
-/* As tc_stage for dout (B,T,C) fp32, rounded to E. */
+/* As tc_stage for dout (B,T,C) fp32 times sc (a power of two), rounded to E. */
 template <typename E>
-__device__ inline void tc_stage_dout(uint16_t *dst, const float *dout, const tc_shape &s, int b,
-                                     int h, int r0, int rows)
+__device__ inline void tc_stage_dout(uint16_t *dst, const float *dout, float sc, const tc_shape &s,
+                                     int b, int h, int r0, int rows)
 {
     for (int i = threadIdx.x; i < rows * s.hs; i += blockDim.x) {
         const int r = i / s.hs, c = i % s.hs, j = r0 + r;
         dst[r * TC_LD16 + c] =
-            j < s.T ? tc_round(dout[((size_t)b * s.T + j) * s.C + (size_t)h * s.hs + c], (const E *)0)
+            j < s.T ? tc_round(sc * dout[((size_t)b * s.T + j) * s.C + (size_t)h * s.hs + c],
+                               (const E *)0)
                     : (uint16_t)0;
     }
+}
+
+/* The power of two that brings the head's largest |dO| into [0.5, 1) (1 where it is 0 or not
+ * finite), the same in every block of both passes (a max: no order). Every gradient is
+ * linear in dO (dS through dP and dsum = dO . O too), so scaling dO before its rounding and
+ * the results back after (exact, powers of two) changes nothing but where dO's 16 bits
+ * land: fp16 would flush a small gradient's values (below 6e-5, subnormal; below 6e-8,
+ * zero) without it. */
+__device__ inline float tc_dout_scale(const float *dout, const tc_shape &s, int b, int h)
+{
+    float m = 0.0f;
+    for (int i = threadIdx.x; i < s.T * s.hs; i += blockDim.x)
+        m = fmaxf(m, fabsf(dout[((size_t)b * s.T + i / s.hs) * s.C + (size_t)h * s.hs + i % s.hs]));
+    m = loom_block_max(m);
+    int e = 0;
+    frexpf(m, &e);
+    return m > 0.0f && m <= 3.4e38f ? ldexpf(1.0f, -e) : 1.0f;
 }
 
 /* dst[r][n*16..] (r: the warp's 16 rows, n over the tile's two 16-column halves) =
@@ -223,16 +242,16 @@ __global__ void fa_tc_forward_kernel(float *out, float *lse, const E *qkv, tc_sh
             lse[(size_t)bh * s.T + t0 + r] = rm[r] + logf(rl[r]);
 }
 
-/* out rows r0.. of the part (0 dq, 1 dk, 2 dv) of head h = scale * the (64, hs) fp32 tile
- * at st (pitch LDO), rows past T skipped. */
-__device__ inline void tc_write_grad(float *dqkv, const float *st, float scale, const tc_shape &s,
-                                     int b, int h, int part, int r0)
+/* out rows r0.. of the part (0 dq, 1 dk, 2 dv) of head h = scale * (unscale * the (64, hs)
+ * fp32 tile at st, pitch LDO), rows past T skipped; unscale undoes tc_dout_scale (exact). */
+__device__ inline void tc_write_grad(float *dqkv, const float *st, float scale, float unscale,
+                                     const tc_shape &s, int b, int h, int part, int r0)
 {
     for (int i = threadIdx.x; i < TC_ROWS * s.hs; i += blockDim.x) {
         const int r = i / s.hs, c = i % s.hs, j = r0 + r;
         if (j < s.T)
             dqkv[((size_t)b * s.T + j) * 3 * s.C + (size_t)part * s.C + (size_t)h * s.hs + c] =
-                scale * st[r * TC_LDO + c];
+                scale * (unscale * st[r * TC_LDO + c]);
     }
 }
 
@@ -250,12 +269,13 @@ __global__ void fa_tc_dq_kernel(float *dqkv, const float *dout, const E *qkv, co
     const int last = t0 + TC_ROWS - 1 < s.T - 1 ? t0 + TC_ROWS - 1 : s.T - 1;
     float *sc = work, *dp = work + TC_ROWS * TC_LDS;
     uint16_t *qst = (uint16_t *)work, *gst = qst + TC_ROWS * TC_LD16;
+    const float dsc = tc_dout_scale(dout, s, b, h);
     tc_stage(qst, qkv, s, b, h, 0, t0, TC_ROWS);
-    tc_stage_dout<E>(gst, dout, s, b, h, t0, TC_ROWS);
+    tc_stage_dout<E>(gst, dout, dsc, s, b, h, t0, TC_ROWS);
     for (int r = threadIdx.x; r < TC_ROWS; r += blockDim.x) {
         const int t = t0 + r;
         ls[r] = t < s.T ? lse[(size_t)bh * s.T + t] : 0.0f;
-        dsm[r] = t < s.T ? dsum[(size_t)bh * s.T + t] : 0.0f;
+        dsm[r] = t < s.T ? dsc * dsum[(size_t)bh * s.T + t] : 0.0f;
     }
     __syncthreads();
     tc_a<E> qf[TC_HS / 16], gf[TC_HS / 16];
@@ -291,7 +311,7 @@ __global__ void fa_tc_dq_kernel(float *dqkv, const float *dout, const E *qkv, co
         wmma::store_matrix_sync(work + w * 16 * TC_LDO + c * 16, dqf[c], TC_LDO,
                                 wmma::mem_row_major);
     __syncthreads();
-    tc_write_grad(dqkv, work, s.scale, s, b, h, 0, t0);
+    tc_write_grad(dqkv, work, s.scale, 1.0f / dsc, s, b, h, 0, t0);
 }
 
 /* dk/dv pass: block = 64 keys; over query tiles i0 >= the block's first key, in order,
@@ -308,6 +328,7 @@ __global__ void fa_tc_dkv_kernel(float *dqkv, const float *dout, const E *qkv, c
     const int w = threadIdx.x / 32, nk = s.hs / 16;
     float *st = work, *dpt = work + TC_ROWS * TC_LDS;
     uint16_t *kst = (uint16_t *)work, *vst = kst + TC_ROWS * TC_LD16;
+    const float dsc = tc_dout_scale(dout, s, b, h);
     tc_stage(kst, qkv, s, b, h, 1, j0, TC_ROWS);
     tc_stage(vst, qkv, s, b, h, 2, j0, TC_ROWS);
     __syncthreads();
@@ -322,11 +343,11 @@ __global__ void fa_tc_dkv_kernel(float *dqkv, const float *dout, const E *qkv, c
     for (int i0 = j0; i0 < s.T; i0 += TC_TILE) { /* queries before j0 see none of these keys */
         __syncthreads();
         tc_stage(qs, qkv, s, b, h, 0, i0, TC_TILE);
-        tc_stage_dout<E>(gs, dout, s, b, h, i0, TC_TILE);
+        tc_stage_dout<E>(gs, dout, dsc, s, b, h, i0, TC_TILE);
         for (int q = threadIdx.x; q < TC_TILE; q += blockDim.x) {
             const int i = i0 + q;
             ls[q] = i < s.T ? lse[(size_t)bh * s.T + i] : 0.0f;
-            dsm[q] = i < s.T ? dsum[(size_t)bh * s.T + i] : 0.0f;
+            dsm[q] = i < s.T ? dsc * dsum[(size_t)bh * s.T + i] : 0.0f;
         }
         __syncthreads();
         tc_rows_by_tile<E>(st + w * 16 * TC_LDS, kf, qs, nk);  /* S^T = K Q^T */
@@ -354,7 +375,7 @@ __global__ void fa_tc_dkv_kernel(float *dqkv, const float *dout, const E *qkv, c
             wmma::store_matrix_sync(work + w * 16 * TC_LDO + c * 16, part == 1 ? dkf[c] : dvf[c],
                                     TC_LDO, wmma::mem_row_major);
         __syncthreads();
-        tc_write_grad(dqkv, work, part == 1 ? s.scale : 1.0f, s, b, h, part, j0);
+        tc_write_grad(dqkv, work, part == 1 ? s.scale : 1.0f, 1.0f / dsc, s, b, h, part, j0);
     }
 }
 

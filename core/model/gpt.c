@@ -935,7 +935,7 @@ loom_status gpt_block_forward(loom_gpt *m, int l, const float *residual, int B, 
     LOOM_TRY(F_ENTER(LOOM_REGION_ATTENTION, l, a->ln1, a->ln1_full, R, C));
     gpt_matmul_forward(m, a->qkv, a->ln1_full, w->qkvw, w->qkvb, B, T, C, 3 * Cl);
     gpt_round(m, a->qkv, R * 3 * Cl);
-    k->attention_forward(a->atty, a->att, a->qkv, B, T, Cl, m->NHl);
+    gpt_attention_fwd(m, a->atty, a->att, a->qkv, B, T);
     gpt_round(m, a->atty, R * Cl);
     gpt_row_parallel_forward(m, m->partial, a->atty, w->attprojw, B, T, Cl);
     LOOM_TRY(F_LEAVE(LOOM_REGION_ATTENTION, l, m->partial, m->summed, R, C));
@@ -1031,7 +1031,7 @@ mlp_done:;
                         T, Cl, C);
     if (m->rc[l] == RC_SELECTIVE) /* the probabilities again; the output (kept) to dbuf_4b,
                                    * free until the MLP's next use */
-        k->attention_forward(m->dbuf_4b, a->att, a->qkv, B, T, Cl, m->NHl);
+        gpt_attention_fwd(m, m->dbuf_4b, a->att, a->qkv, B, T);
     gpt_attention_backward(m, l, m->dbuf_4a, datty, B, T); /* + a distillation term's */
     LOOM_TRY(gpt_regather(m, LOOM_REGION_ATTENTION, l, a->ln1, a->ln1_full, R));
     LOOM_TRY(gpt_column_parallel_backward(m, LOOM_REGION_ATTENTION, l, g->qkvw, g->qkvb,

@@ -200,7 +200,7 @@ void gpt_attention_backward(loom_gpt *m, int l, float *dqkv, const float *datty,
     const layer_acts *a = &m->acts[l];
     struct gpt_kd_slot *ks = m->kd_att && m->kd_slot ? &m->kd_slot[m->cur_slot] : NULL;
     if (!ks || !ks->a_live || !m->kd_att[l]) {
-        k->attention_backward(dqkv, m->datt_scratch, datty, a->qkv, a->att, B, T, m->Cl, m->NHl);
+        gpt_attention_bwd(m, dqkv, m->datt_scratch, datty, a->qkv, a->att, B, T);
         return;
     }
     /* d(probabilities) from the saved ones; the loss rows it also adds land in kd_aloss,

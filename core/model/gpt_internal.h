@@ -252,6 +252,33 @@ static inline void gpt_matmul_forward(loom_gpt *m, float *out, const float *inp,
         k->matmul_forward(out, inp, w, bias, B, T, C, OC);
 }
 
+/* attention_forward / _backward of qkv the model rounded to act_dt: through the backend's
+ * 16-bit attention (backend.h attention_forward_dt) where the activations are 16-bit and
+ * the backend has it, else the fp32 op. Forward, its recomputation and backward all come
+ * here, so att always holds what the backward that reads it expects. */
+static inline void gpt_attention_fwd(loom_gpt *m, float *out, float *att, const float *qkv,
+                                     int B, int T)
+{
+    const loom_backend_ops *k = m->be->ops;
+    if (m->act_dt != LOOM_DTYPE_F32 &&
+        k->size > offsetof(loom_backend_ops, attention_forward_dt) && k->attention_forward_dt)
+        k->attention_forward_dt(out, att, qkv, B, T, m->Cl, m->NHl, m->act_dt);
+    else
+        k->attention_forward(out, att, qkv, B, T, m->Cl, m->NHl);
+}
+
+static inline void gpt_attention_bwd(loom_gpt *m, float *dqkv, float *scratch,
+                                     const float *dout, const float *qkv, const float *att,
+                                     int B, int T)
+{
+    const loom_backend_ops *k = m->be->ops;
+    if (m->act_dt != LOOM_DTYPE_F32 &&
+        k->size > offsetof(loom_backend_ops, attention_backward_dt) && k->attention_backward_dt)
+        k->attention_backward_dt(dqkv, scratch, dout, qkv, att, B, T, m->Cl, m->NHl, m->act_dt);
+    else
+        k->attention_backward(dqkv, scratch, dout, qkv, att, B, T, m->Cl, m->NHl);
+}
+
 /* The backward of a product gpt_matmul_forward sends to the 16-bit op (same condition):
  * the backend's matmul_backward_dt (dinp or dw may be NULL; w fp32 holding act_dt values,
  * or with bits the 16-bit copy itself). 1 when it ran; 0, nothing written: the caller makes

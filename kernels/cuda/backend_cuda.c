@@ -370,6 +370,8 @@ static const loom_backend_ops cuda_ops = {
     .vm_commit = loom_cuda_vm_commit,
     .vm_decommit = loom_cuda_vm_decommit,
     .vm_release = loom_cuda_vm_release,
+    .attention_forward_dt = loom_cuda_attention_forward_dt,
+    .attention_backward_dt = loom_cuda_attention_backward_dt,
 };
 
 static const loom_config_key cuda_keys[N_KEYS] = {

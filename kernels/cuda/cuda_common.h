@@ -150,6 +150,12 @@ void loom_cuda_flash_attention_forward(float *out, float *lse, const void *qkv, 
 void loom_cuda_flash_attention_backward(float *dqkv, float *scratch, const float *dout,
                                         const void *qkv, const float *out, const float *lse,
                                         int B, int T, int C, int NH, loom_dtype dt);
+/* attention_dt.cu: backend.h attention_forward_dt / _backward_dt. */
+void loom_cuda_attention_forward_dt(float *out, float *att, const float *qkv, int B, int T,
+                                    int C, int NH, loom_dtype dt);
+void loom_cuda_attention_backward_dt(float *dqkv, float *scratch, const float *dout,
+                                     const float *qkv, const float *att, int B, int T, int C,
+                                     int NH, loom_dtype dt);
 /* convert.cu: kernels/cpu/convert.c's rounding, bit for bit. */
 void loom_cuda_convert_from_f32(void *dst, const float *src, size_t n, loom_dtype dt);
 void loom_cuda_convert_to_f32(float *dst, const void *src, size_t n, loom_dtype dt);

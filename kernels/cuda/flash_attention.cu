@@ -14,11 +14,14 @@
  * accumulators in registers (spilled to local memory for large heads), and the block's
  * threads loading tiles of the other side's rows into shared memory together. No atomics:
  * every output element is one thread's sum in key (or query) order, so the bits are the
- * same on every run. It is not the tensor-core kernel (wgmma on Hopper): that one, and
- * its speed against the batched path, are still to be written and measured on a GPU.
+ * same on every run. Not a tensor-core kernel: 16-bit q, k, v with heads of 16 to 64 (a
+ * multiple of 16) go to flash_attention_tc.cu's WMMA kernels instead
+ * (loom_cuda_flash_tc_takes; LOOM_CUDA_FLASH_TC=0 keeps them here). Neither's speed
+ * against the batched path has been measured on a GPU.
  */
 #include <stdio.h>
 
+#include "flash_attention_tc.h"
 #include "kernels.cuh"
 #include "widen16.cuh"
 
@@ -251,6 +254,10 @@ extern "C" void loom_cuda_flash_attention_forward(float *out, float *lse, const 
     fa_shape s;
     if (!fa_shape_of(&s, B, T, C, NH, "attention_flash_forward"))
         return;
+    if (loom_cuda_flash_tc_takes(C, NH, dt)) {
+        loom_cuda_flash_tc_forward(out, lse, qkv, B, T, C, NH, dt);
+        return;
+    }
     dim3 grid((unsigned)((T + FA_ROWS - 1) / FA_ROWS), (unsigned)(B * NH));
     if (dt == LOOM_DTYPE_BF16)
         LOOM_CUDA_LAUNCH("attention_flash_forward", fa_forward_kernel<loom_bf16>, grid, FA_ROWS, 0,
@@ -285,7 +292,9 @@ extern "C" void loom_cuda_flash_attention_backward(float *dqkv, float *scratch, 
     const size_t rows = (size_t)B * NH * T;
     LOOM_CUDA_LAUNCH("attention_flash_backward (dsum)", fa_dsum_kernel, loom_cuda_blocks(rows),
                      LOOM_CUDA_THREADS, 0, scratch, dout, out, s);
-    if (dt == LOOM_DTYPE_BF16)
+    if (loom_cuda_flash_tc_takes(C, NH, dt))
+        loom_cuda_flash_tc_backward(dqkv, dout, qkv, lse, scratch, B, T, C, NH, dt);
+    else if (dt == LOOM_DTYPE_BF16)
         fa_backward(dqkv, dout, (const loom_bf16 *)qkv, lse, scratch, s);
     else if (dt == LOOM_DTYPE_F16)
         fa_backward(dqkv, dout, (const loom_f16 *)qkv, lse, scratch, s);

@@ -25,6 +25,8 @@
 #include "cuda_test.h"
 #include "test_cuda_ops_bf16.h" /* matmul_backward_dt, gemm_w16 */
 
+void ct_add_flash_tc(TCase *tc); /* test_cuda_flash_tc.c: the tensor-core attention */
+
 #define EW 1e-6, 1e-5  /* elementwise */
 #define RED 1e-5, 1e-4 /* reductions, products */
 #define EXACT 0.0, 0.0
@@ -967,6 +969,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_attention);
     tcase_add_test(tc, test_attention_datt);
     tcase_add_test(tc, test_attention_flash);
+    ct_add_flash_tc(tc); /* test_cuda_flash_tc.c */
     tcase_add_test(tc, test_attention_decode_bitwise);
     tcase_add_test(tc, test_attention_gqa);
     tcase_add_test(tc, test_rmsnorm);

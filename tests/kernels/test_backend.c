@@ -80,11 +80,14 @@ START_TEST(test_descriptor)
             off == offsetof(loom_backend_ops, host_alloc) ||
             off == offsetof(loom_backend_ops, host_free) ||
             off == offsetof(loom_backend_ops, kd_rows) ||
+            off == offsetof(loom_backend_ops, attention_forward_dt) ||
+            off == offsetof(loom_backend_ops, attention_backward_dt) ||
             (off >= offsetof(loom_backend_ops, vm_granule) &&
              off <= offsetof(loom_backend_ops, vm_release)))
             continue; /* NULL by contract on a host-memory backend (plugin/backend.h): no
                        * stream, and the optimizer plugin's host step updates its memory;
-                       * optional: 16-bit products (NULL: matmul_forward), the fused
+                       * optional: 16-bit products (NULL: matmul_forward) and attention
+                       * (NULL: attention_forward), the fused
                        * attention (the CUDA backend's), pinned host memory (NULL:
                        * malloc, which is what host memory is here) and sparse buffers
                        * (host ZeRO hands pages back with madvise itself); kd_rows: the

@@ -314,6 +314,17 @@ typedef struct loom_backend_ops {
     int (*vm_commit)(void *self, void *base, size_t off, size_t len);
     void (*vm_decommit)(void *self, void *base, size_t off, size_t len);
     void (*vm_release)(void *self, void *base);
+    /* Added for 16-bit attention (may be absent: check size, or NULL: attention_forward /
+     * _backward). Their contracts (att as attention_forward sizes it, read only by this
+     * backward), with the caller's promise that qkv holds only values of dt (LOOM_DTYPE_BF16
+     * or F16; the model rounded it): the backend may multiply dt operands with fp32
+     * accumulation, and round P, dO and dS to dt (the CUDA backend's tensor-core fused
+     * attention does, with LOOM_CUDA_ATTENTION=flash in fast mode). */
+    void (*attention_forward_dt)(float *out, float *att, const float *qkv, int B, int T, int C,
+                                 int NH, loom_dtype dt);
+    void (*attention_backward_dt)(float *dqkv, float *scratch, const float *dout,
+                                  const float *qkv, const float *att, int B, int T, int C,
+                                  int NH, loom_dtype dt);
 } loom_backend_ops;
 
 #ifdef __cplusplus

@@ -359,6 +359,8 @@ static loom_backend_ops make_ops()
     o.matmul_backward_dt = G(loom_cuda_matmul_backward_dt);
     o.attention_flash_forward = G(loom_cuda_flash_attention_forward);
     o.attention_flash_backward = G(loom_cuda_flash_attention_backward);
+    o.attention_forward_dt = G(loom_cuda_attention_forward_dt);
+    o.attention_backward_dt = G(loom_cuda_attention_backward_dt);
     o.kd_rows = G(loom_cuda_kd_rows);
     o.attention_backward_datt = G(loom_cuda_attention_backward_datt);
     return o;

@@ -715,7 +715,6 @@ static const char *device_teacher_refusal(const loom_session_config *cfg)
 {
     if (!cfg->teacher && !cfg->kd_cache)
         return NULL;
-    const loom_gpt_config *t = cfg->teacher;
     return cfg->kd_teacher_tp > 1 ? "teacher.tp > 1 (the split teacher's rows are gathered on the host)"
          : cfg->kd_teacher_pp > 1 ? "teacher.pp > 1"
          : cfg->tensor ? "a teacher beside mesh.tp (the vocabulary rows are gathered on the host)"
@@ -723,8 +722,6 @@ static const char *device_teacher_refusal(const loom_session_config *cfg)
          : cfg->kd_layers && cfg->kd_attention > 0.0f && flash_attention()
              ? "teacher.attention and LOOM_CUDA_ATTENTION=flash (the fused kernels keep no "
                "probabilities)"
-         : t && t->moe.experts ? "a teacher with mixture-of-experts blocks (untested there)"
-         : t && t->family == LOOM_FAMILY_LLAMA ? "a teacher of the llama family (untested there)"
          : NULL;
 }
 

@@ -6,6 +6,9 @@
 # the CPU (its checkpoint):
 #  - T = 2, alpha = 0.7: every step's loss and gradient norm within TOL of the CPU backend's
 #    distilled run, and not the device's undistilled losses (a term that did nothing fails);
+#  - a llama teacher (2 blocks, GQA) and a MoE teacher (4 experts, top-2), each trained 3
+#    steps on the CPU, to the same GPT-2 student (only the teacher runs their ops): within
+#    TOL of the CPU's distilled run and not the undistilled losses;
 #  - with the intermediate terms (teacher.layers = {[0] = 1}, hidden = 1, attention = 10: the
 #    teacher's block output and probabilities copied to the host, the terms there, their
 #    gradients back; the CUDA backend's attention_backward_datt): within TOL of the CPU's
@@ -48,6 +51,25 @@ runs_close "backend=$backend vs cpu, distilled (T = 2, alpha = 0.7)" "$tmp/cpu" 
 d=$(max_loss_diff "$tmp/plain" "$tmp/dev")
 below 0.1 "$d" || { echo "backend=$backend: distilled losses within $d of the undistilled run's"; exit 1; }
 echo "backend=$backend: the distilled losses differ from the undistilled run's by up to $d"
+
+# a llama teacher (2 blocks, dim 48, GQA) and a MoE teacher (4 experts, top-2) to the GPT-2
+# student, so that only the teacher's forward runs their ops (RoPE, RMSNorm, SwiGLU; the
+# router's rows ops): against the CPU's distilled run, and not the undistilled losses
+"$loom" run "$here/recipes/cuda_train_llama.lua" backend=cpu steps=3 model.layers=2 model.dim=48 \
+  model.ffn_dim=96 checkpoint.dir="$tmp/llama" checkpoint.every=3 > /dev/null
+"$loom" run "$recipe" backend=cpu steps=3 model.layers=2 model.dim=48 model.moe.experts=4 \
+  model.moe.top_k=2 checkpoint.dir="$tmp/MoE" checkpoint.every=3 > /dev/null
+for name in llama MoE; do
+  fam="teacher={checkpoint=\"$tmp/$name\",temperature=2,alpha=0.7}"
+  "$loom" run "$recipe" backend="$backend" steps="$steps" "$fam" > "$tmp/fdev" 2>&1 ||
+    { echo "backend=$backend, a $name teacher:"; cat "$tmp/fdev"; exit 1; }
+  "$loom" run "$recipe" backend=cpu steps="$steps" "$fam" > "$tmp/fcpu"
+  runs_close "backend=$backend vs cpu, distilled from a $name teacher" "$tmp/fcpu" "$tmp/fdev" \
+    "$steps" "$tol" || exit 1
+  d=$(max_loss_diff "$tmp/plain" "$tmp/fdev")
+  below 0.1 "$d" || { echo "backend=$backend: a $name teacher's losses within $d of the undistilled run's"; exit 1; }
+  echo "backend=$backend: a $name teacher: the losses differ from the undistilled run's by up to $d"
+done
 
 # the hidden-state and attention terms on block 0 against the teacher's block 1
 terms="teacher={checkpoint=\"$tmp/teach\",temperature=2,alpha=0.7,layers={[0]=1},hidden=1,attention=10}"

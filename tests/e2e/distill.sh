@@ -3,6 +3,8 @@
 # text, through the real program:
 #  - a teacher equal to the student (the student's own checkpoint at step 3, resumed from
 #    there) with temperature 1 and alpha 1: step 4's loss is the KL alone, exactly 0;
+#  - the same for a llama student and a MoE student (4 experts, top-2): a teacher of either
+#    kind (its family and experts from the manifest) equal to the student gives 0 exactly;
 #  - a trained teacher (2 blocks, dim 64, 200 steps, from its checkpoint) makes the
 #    1-block dim-32 student's validation loss after 100 steps lower than the same student
 #    trained on CE alone by more than 0.05 (the figures are printed); at dp=2 too, within
@@ -44,6 +46,19 @@ val() { grep '^VAL ' "$1" | awk '{ print $3 }'; }
 grep -q '^LOSS 4 0x0p+0 0.000000000$' "$tmp/self.out" ||
   { echo "teacher = student, T = 1, alpha = 1: step 4's loss is not 0"; grep LOSS "$tmp/self.out"; exit 1; }
 echo "ok teacher = student (T = 1, alpha = 1): step 4's loss exactly 0"
+
+# --- a llama and a MoE teacher (the family and the experts read from the checkpoint's
+# manifest): each its student's own checkpoint, T = 1, alpha = 1: zero KL again
+for fam in "llama:cuda_train_llama.lua" "MoE:cuda_train.lua model.moe.experts=4 model.moe.top_k=2"; do
+  name=${fam%%:*}; read -ra fargs <<< "${fam#*:}"; fargs[0]=$here/recipes/${fargs[0]}
+  "$loom" run "${fargs[@]}" steps=2 checkpoint.dir="$tmp/fself" checkpoint.every=2 > /dev/null
+  "$loom" run "${fargs[@]}" steps=3 resume="$tmp/fself/step_00000002" \
+    "teacher={checkpoint=\"$tmp/fself/step_00000002\",temperature=1,alpha=1}" > "$tmp/fself.out"
+  grep -q '^LOSS 3 0x0p+0 0.000000000$' "$tmp/fself.out" ||
+    { echo "a $name teacher = student, T = 1, alpha = 1: step 3's loss is not 0"; cat "$tmp/fself.out"; exit 1; }
+  echo "ok a $name teacher = student (T = 1, alpha = 1): step 3's loss exactly 0"
+  rm -rf "$tmp/fself"
+done
 
 # --- a trained teacher beats CE alone on validation loss -------------------------------
 "$loom" run "$recipe" model.layers=2 model.dim=64 model.heads=4 steps=200 \

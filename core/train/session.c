@@ -717,7 +717,6 @@ static const char *device_teacher_refusal(const loom_session_config *cfg)
         return NULL;
     return cfg->kd_teacher_tp > 1 ? "teacher.tp > 1 (the split teacher's rows are gathered on the host)"
          : cfg->kd_teacher_pp > 1 ? "teacher.pp > 1"
-         : cfg->tensor ? "a teacher beside mesh.tp (the vocabulary rows are gathered on the host)"
          : cfg->ep > 1 ? "a teacher beside mesh.ep"
          : cfg->kd_layers && cfg->kd_attention > 0.0f && flash_attention()
              ? "teacher.attention and LOOM_CUDA_ATTENTION=flash (the fused kernels keep no "

@@ -22,8 +22,10 @@
 #  - loom distill-cache on the device backend (the teacher's logits copied to the host per
 #    record), k = vocab: training from that cache there gives the in-process teacher's
 #    losses and norms bitwise (the cache's rows copied to the device for kd_rows);
+#  - the logit term beside mesh.tp (the vocabulary columns gathered over the device tp group,
+#    laid out as whole rows by rows_gather), canonical, tp = 2: one device rank's bits;
 #  - what does not run there is refused by name: teacher.attention with
-#    LOOM_CUDA_ATTENTION=flash, a teacher beside mesh.tp.
+#    LOOM_CUDA_ATTENTION=flash, teacher.layers beside mesh.tp.
 # BACKEND cudaemu (tests/cuda's emulation, run under LOOM_CUDAEMU_GUARD=1: a host read of a
 # device buffer segfaults) runs everywhere; cuda needs a GPU: exit 77 (skip) without one.
 set -euo pipefail
@@ -131,8 +133,21 @@ refused() { # NAME WANT ARGS...: the run fails and its message says WANT
 if [[ $backend == cudaemu || $backend == cuda ]]; then
   LOOM_CUDA_ATTENTION=flash refused "teacher.attention with flash" "LOOM_CUDA_ATTENTION=flash" "$terms"
 fi
-if "$loom" launch -n 2 "$recipe" backend="$backend" steps=1 comm=shm mesh.tp=2 "$kd" > "$tmp/tp" 2>&1; then
-  echo "backend=$backend, a teacher beside mesh.tp: accepted"; exit 1
+# the logit term beside mesh.tp (the vocabulary columns gathered over the device tp group and
+# laid out as whole rows by rows_gather, gpt_distill_tp_device.c): canonical tp = 2 bitwise
+# one device rank; the intermediate terms there are refused by name
+targs=(backend="$backend" steps="$steps" batch.micro=1 batch.global=2 deterministic=canonical "$kd")
+"$loom" run "$recipe" "${targs[@]}" > "$tmp/one"
+grep '^LOSS\|^NORM' "$tmp/one" > "$tmp/want"
+"$loom" launch -n 2 "$recipe" "${targs[@]}" comm=shm mesh.tp=2 > "$tmp/two" 2> "$tmp/two.err" ||
+  { cat "$tmp/two.err"; exit 1; }
+grep '^LOSS\|^NORM' "$tmp/two" > "$tmp/got" || true
+[[ $(grep -c '^LOSS' "$tmp/want") -eq $steps ]] && cmp -s "$tmp/want" "$tmp/got" ||
+  { echo "backend=$backend: canonical distilled mesh.tp=2 is not bitwise one rank:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+echo "backend=$backend: canonical distilled mesh.tp=2 (the logit term) bitwise one rank over $steps steps"
+if "$loom" launch -n 2 "$recipe" backend="$backend" steps=1 comm=shm mesh.tp=2 "$terms" > "$tmp/tp" 2>&1; then
+  echo "backend=$backend, teacher.layers beside mesh.tp: accepted"; exit 1
 fi
-grep -q "a teacher beside mesh.tp" "$tmp/tp" || { echo "backend=$backend, mesh.tp: unexpected message:"; cat "$tmp/tp"; exit 1; }
-echo "backend=$backend: a teacher beside mesh.tp refused by name"
+grep -q "hidden-state terms .* under mesh.tp > 1" "$tmp/tp" ||
+  { echo "backend=$backend, teacher.layers beside mesh.tp: unexpected message:"; cat "$tmp/tp"; exit 1; }
+echo "backend=$backend: teacher.layers beside mesh.tp refused by name"

@@ -706,18 +706,17 @@ static int flash_attention(void)
     return v && !strcmp(v, "flash");
 }
 
-/* A teacher in device memory (docs/DISTILL.md): the teacher replicated, forward only, on
- * the same backend; the logit term on the backend's kd_rows op, the intermediate terms on
- * the host over copies; one rank, mesh.dp or mesh.pp (ZeRO, offload; a cache too). What
- * still reads the model's buffers as host memory, or is untested there, is named; NULL:
- * none. */
+/* A teacher in device memory (docs/DISTILL.md): the teacher (either family, MoE blocks
+ * too) replicated, forward only, on the same backend; the logit term on the backend's
+ * kd_rows op, the intermediate terms on the host over copies; one rank, mesh.dp, mesh.tp
+ * (the logit term: gpt_distill_tp_device.c), mesh.ep or mesh.pp (ZeRO, offload; a cache
+ * too). What still reads the model's buffers as host memory is named; NULL: none. */
 static const char *device_teacher_refusal(const loom_session_config *cfg)
 {
     if (!cfg->teacher && !cfg->kd_cache)
         return NULL;
     return cfg->kd_teacher_tp > 1 ? "teacher.tp > 1 (the split teacher's rows are gathered on the host)"
          : cfg->kd_teacher_pp > 1 ? "teacher.pp > 1"
-         : cfg->ep > 1 ? "a teacher beside mesh.ep"
          : cfg->kd_layers && cfg->kd_attention > 0.0f && flash_attention()
              ? "teacher.attention and LOOM_CUDA_ATTENTION=flash (the fused kernels keep no "
                "probabilities)"
@@ -751,8 +750,8 @@ static loom_status check_device(loom_session *s, const loom_session_config *cfg,
     if (what)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "backend %s: training in device memory with %s is not "
                   "built yet; it trains one rank, mesh.dp, mesh.tp and mesh.pp ranks, ZeRO or "
-                  "offload, mesh.ep beside mesh.dp alone, a teacher at one rank, mesh.dp or "
-                  "mesh.pp (docs/DISTILL.md), or use backend = \"cpu\"", be, what);
+                  "offload, mesh.ep beside mesh.dp alone, a teacher (not split by teacher.tp or "
+                  "teacher.pp) with any of these (docs/DISTILL.md), or use backend = \"cpu\"", be, what);
     if (size > 1 && !s->device_groups)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "backend %s with %d ranks has no device groups "
                   "(loom_dist_device_open)", be, size);

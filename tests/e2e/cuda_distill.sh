@@ -23,7 +23,8 @@
 #    record), k = vocab: training from that cache there gives the in-process teacher's
 #    losses and norms bitwise (the cache's rows copied to the device for kd_rows);
 #  - the logit term beside mesh.tp (the vocabulary columns gathered over the device tp group,
-#    laid out as whole rows by rows_gather), canonical, tp = 2: one device rank's bits;
+#    laid out as whole rows by rows_gather), canonical, tp = 2: one device rank's bits; and
+#    beside mesh.ep, a MoE student at canonical dp = 2 x ep = 2: one device rank's bits;
 #  - what does not run there is refused by name: teacher.attention with
 #    LOOM_CUDA_ATTENTION=flash, teacher.layers beside mesh.tp.
 # BACKEND cudaemu (tests/cuda's emulation, run under LOOM_CUDAEMU_GUARD=1: a host read of a
@@ -145,6 +146,19 @@ grep '^LOSS\|^NORM' "$tmp/two" > "$tmp/got" || true
 [[ $(grep -c '^LOSS' "$tmp/want") -eq $steps ]] && cmp -s "$tmp/want" "$tmp/got" ||
   { echo "backend=$backend: canonical distilled mesh.tp=2 is not bitwise one rank:"; diff "$tmp/want" "$tmp/got"; exit 1; }
 echo "backend=$backend: canonical distilled mesh.tp=2 (the logit term) bitwise one rank over $steps steps"
+# beside mesh.ep: a MoE student (4 experts, top-2), canonical dp = 2 x ep = 2 (each rank its
+# own teacher on its own micro-batch; the token rows exchanged over the device ep group):
+# one device rank's bits
+eargs=(backend="$backend" steps="$steps" model.moe.experts=4 model.moe.top_k=2 batch.micro=1
+       batch.global=2 deterministic=canonical "$kd")
+"$loom" run "$recipe" "${eargs[@]}" > "$tmp/one"
+grep '^LOSS\|^NORM' "$tmp/one" > "$tmp/want"
+"$loom" launch -n 2 "$recipe" "${eargs[@]}" comm=shm mesh.dp=2 mesh.ep=2 comm_timeout=20 > "$tmp/two" \
+  2> "$tmp/two.err" || { cat "$tmp/two.err"; exit 1; }
+grep '^LOSS\|^NORM' "$tmp/two" > "$tmp/got" || true
+[[ $(grep -c '^LOSS' "$tmp/want") -eq $steps ]] && cmp -s "$tmp/want" "$tmp/got" ||
+  { echo "backend=$backend: canonical distilled MoE dp=2 ep=2 is not bitwise one rank:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+echo "backend=$backend: canonical distilled MoE mesh.dp=2 mesh.ep=2 (the logit term) bitwise one rank over $steps steps"
 if "$loom" launch -n 2 "$recipe" backend="$backend" steps=1 comm=shm mesh.tp=2 "$terms" > "$tmp/tp" 2>&1; then
   echo "backend=$backend, teacher.layers beside mesh.tp: accepted"; exit 1
 fi

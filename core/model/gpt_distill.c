@@ -134,6 +134,8 @@ loom_status loom_gpt_gather_logits(loom_gpt *m, size_t R, float *blocks, float *
         memcpy(full, m->logits, R * Vp * sizeof(float));
         return LOOM_OK;
     }
+    if (loom_backend_device_memory(m->be)) /* blocks and full the backend's too */
+        return gpt_gather_logits_device(m, R, blocks, full);
     LOOM_TRY(m->tp_ops->tensor_allgather(m->tp_self, m->logits, blocks, R * Vl));
     for (size_t p = 0; p < (size_t)m->tp; p++) /* rank p's block: its columns of every row */
         for (size_t r = 0; r < R; r++)

@@ -4,7 +4,9 @@
  * columns of the gradient; here the same steps stay in the backend's memory: the gather
  * over the tp strategy's group (its buffers are the backend's), the two relayouts as
  * rows_gather over rows of Vl floats (no scale: each value copied, its bits kept), the term
- * on kd_rows. So every rank computes the rows one rank would, as on the host. */
+ * on kd_rows. So every rank computes the rows one rank would, as on the host. The same
+ * gather serves loom_gpt_gather_logits on a device (a teacher split by teacher.tp =
+ * mesh.tp: its whole rows for the student's term). */
 #include <stddef.h>
 #include <stdlib.h>
 
@@ -48,15 +50,22 @@ static loom_status tp_indices(loom_gpt *m, size_t R)
     return LOOM_OK;
 }
 
+loom_status gpt_gather_logits_device(loom_gpt *m, size_t R, float *blocks, float *full)
+{
+    LOOM_TRY(gpt_kd_tp_device_check(m));
+    LOOM_TRY(tp_indices(m, R));
+    LOOM_TRY(m->tp_ops->tensor_allgather(m->tp_self, m->logits, blocks, R * (size_t)m->Vl));
+    m->be->ops->rows_gather(full, blocks, m->kd_tp_idx, NULL, R * (size_t)m->tp, m->Vl);
+    return LOOM_OK;
+}
+
 loom_status gpt_kd_tp_device_rows(loom_gpt *m, size_t R, float scale)
 {
     const loom_backend_ops *k = m->be->ops;
     size_t Vl = (size_t)m->Vl, Vp = (size_t)m->cfg.vocab_padded, tp = (size_t)m->tp;
     size_t cap = (size_t)m->max_B * (size_t)m->cfg.ctx;
     float *blocks = m->kd_grad + cap * Vl, *full = blocks + cap * Vp; /* kd_prepare's layout */
-    LOOM_TRY(tp_indices(m, R));
-    LOOM_TRY(m->tp_ops->tensor_allgather(m->tp_self, m->logits, blocks, R * Vl));
-    k->rows_gather(full, blocks, m->kd_tp_idx, NULL, R * tp, (int)Vl);
+    LOOM_TRY(gpt_gather_logits_device(m, R, blocks, full));
     k->kd_rows(full, Vp, m->kd_teacher, m->kd_stride, R, m->cfg.vocab, m->kd_T, scale,
                m->kd_dev_loss, blocks); /* blocks now: the whole rows' gradient */
     k->rows_gather(m->kd_grad, blocks, m->kd_tp_idx + R * tp, NULL, R, (int)Vl);

@@ -200,6 +200,8 @@ void gpt_distill_free(loom_gpt *m);
  * check that its ops are there; the term's rows and this rank's gradient columns; free. */
 loom_status gpt_kd_tp_device_check(const loom_gpt *m);
 loom_status gpt_kd_tp_device_rows(loom_gpt *m, size_t R, float scale);
+/* loom_gpt_gather_logits in the backend's memory (blocks, full: the backend's). */
+loom_status gpt_gather_logits_device(loom_gpt *m, size_t R, float *blocks, float *full);
 void gpt_kd_tp_device_free(loom_gpt *m);
 /* A training forward's hidden-state terms (after the CE and kd; targets choose a stage's
  * teacher rows), the projections' gradients added at the head's backward (head) and the

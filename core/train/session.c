@@ -473,6 +473,7 @@ static loom_status teacher_stages(loom_session *s, const loom_session_config *cf
     loom_pipeline_config pc = {gp->desc, 1, 1, cfg->teacher->layers, NULL, 0, cfg->canonical,
                                NULL, "teacher"};
     pc.untied = cfg->teacher->family == LOOM_FAMILY_LLAMA && !cfg->teacher->tie_embeddings;
+    pc.backend = &s->backend; /* the model's memory, as the student's pipeline is told */
     LOOM_TRY(loom_pipeline_create(&pc, &s->teacher_pipe));
     par->stage_layers = loom_pipeline_stage_layers(s->teacher_pipe);
     par->slots = loom_pipeline_slots(s->teacher_pipe);
@@ -722,7 +723,6 @@ static const char *device_teacher_refusal(const loom_session_config *cfg)
     return cfg->kd_teacher_tp > 1 && !cfg->tensor
                ? "teacher.tp > 1 across dp ranks (kd_group.c keeps the split teacher's rows in "
                  "host memory; teacher.tp = mesh.tp, over the student's tp group, trains there)"
-         : cfg->kd_teacher_pp > 1 ? "teacher.pp > 1"
          : cfg->kd_layers && cfg->kd_attention > 0.0f && flash_attention()
              ? "teacher.attention and LOOM_CUDA_ATTENTION=flash (the fused kernels keep no "
                "probabilities)"

@@ -18,7 +18,8 @@
 #  - canonical mode, all three terms, a 2-block student (block 1 against the teacher's
 #    block 1), batch.micro = 1, batch.global = 2: dp = 2 (two ranks, each its own teacher)
 #    and pp = 2 (1f1b; the teacher on the last stage, its rows of the step kept in the
-#    backend's memory) give one device rank's losses and norms bitwise;
+#    backend's memory; or split over the stages by teacher.pp = 2, its activations over the
+#    device pp group) give one device rank's losses and norms bitwise;
 #  - loom distill-cache on the device backend (the teacher's logits copied to the host per
 #    record), k = vocab: training from that cache there gives the in-process teacher's
 #    losses and norms bitwise (the cache's rows copied to the device for kd_rows);
@@ -113,7 +114,8 @@ pargs=(backend="$backend" steps="$steps" model.layers=2 batch.micro=1 batch.glob
 grep '^LOSS\|^NORM' "$tmp/one" > "$tmp/want"
 [[ $(grep -c '^LOSS' "$tmp/want") -eq $steps ]] && finite_losses "$tmp/want" ||
   { echo "one rank, 2 blocks, canonical, distilled: not $steps finite losses"; cat "$tmp/one"; exit 1; }
-for layout in "mesh.dp=2" "mesh.pp=2 microbatches=2 schedule=1f1b"; do
+for layout in "mesh.dp=2" "mesh.pp=2 microbatches=2 schedule=1f1b" \
+              "mesh.pp=2 microbatches=2 schedule=1f1b teacher.pp=2"; do
   read -ra lay <<< "$layout"
   "$loom" launch -n 2 "$recipe" "${pargs[@]}" comm=shm "${lay[@]}" > "$tmp/two" 2> "$tmp/two.err" ||
     { cat "$tmp/two.err"; exit 1; }

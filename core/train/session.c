@@ -725,7 +725,8 @@ static const char *device_teacher_refusal(const loom_session_config *cfg)
                  "host memory; teacher.tp = mesh.tp, over the student's tp group, trains there)"
          : cfg->kd_layers && cfg->kd_attention > 0.0f && flash_attention()
              ? "teacher.attention and LOOM_CUDA_ATTENTION=flash (the fused kernels keep no "
-               "probabilities)"
+               "probabilities, the student's nor the teacher's, and the term's gradient goes "
+               "through the batched backward; without the variable it trains)"
          : NULL;
 }
 

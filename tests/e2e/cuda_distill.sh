@@ -28,7 +28,7 @@
 #    (teacher.tp = 2), canonical, tp = 2: one device rank's bits; and
 #    beside mesh.ep, a MoE student at canonical dp = 2 x ep = 2: one device rank's bits;
 #  - what does not run there is refused by name: teacher.attention with
-#    LOOM_CUDA_ATTENTION=flash, teacher.layers beside mesh.tp.
+#    LOOM_CUDA_ATTENTION=flash, teacher.layers beside mesh.tp, teacher.tp across dp ranks.
 # BACKEND cudaemu (tests/cuda's emulation, run under LOOM_CUDAEMU_GUARD=1: a host read of a
 # device buffer segfaults) runs everywhere; cuda needs a GPU: exit 77 (skip) without one.
 set -euo pipefail
@@ -166,6 +166,13 @@ grep '^LOSS\|^NORM' "$tmp/two" > "$tmp/got" || true
 [[ $(grep -c '^LOSS' "$tmp/want") -eq $steps ]] && cmp -s "$tmp/want" "$tmp/got" ||
   { echo "backend=$backend: canonical distilled MoE dp=2 ep=2 is not bitwise one rank:"; diff "$tmp/want" "$tmp/got"; exit 1; }
 echo "backend=$backend: canonical distilled MoE mesh.dp=2 mesh.ep=2 (the logit term) bitwise one rank over $steps steps"
+if "$loom" launch -n 2 "$recipe" backend="$backend" steps=1 comm=shm mesh.dp=2 batch.micro=1 \
+    batch.global=2 "teacher={checkpoint=\"$tmp/teach\",tp=2}" > "$tmp/tp" 2>&1; then
+  echo "backend=$backend, teacher.tp across dp ranks: accepted"; exit 1
+fi
+grep -q "teacher.tp > 1 across dp ranks" "$tmp/tp" ||
+  { echo "backend=$backend, teacher.tp across dp ranks: unexpected message:"; cat "$tmp/tp"; exit 1; }
+echo "backend=$backend: teacher.tp across dp ranks refused by name"
 if "$loom" launch -n 2 "$recipe" backend="$backend" steps=1 comm=shm mesh.tp=2 "$terms" > "$tmp/tp" 2>&1; then
   echo "backend=$backend, teacher.layers beside mesh.tp: accepted"; exit 1
 fi

@@ -130,8 +130,8 @@ loom_status loom_gpt_set_distill_step(loom_gpt *m, const int *targets, size_t ro
 loom_status loom_gpt_gather_logits(loom_gpt *m, size_t R, float *blocks, float *full)
 {
     size_t Vl = (size_t)m->Vl, Vp = (size_t)m->cfg.vocab_padded;
-    if (!m->tp_ops) {
-        memcpy(full, m->logits, R * Vp * sizeof(float));
+    if (!m->tp_ops) { /* bit for bit: a memcpy, or the backend's copy on a device */
+        loom_backend_copy_bits(m->be, full, m->logits, R * Vp);
         return LOOM_OK;
     }
     if (loom_backend_device_memory(m->be)) /* blocks and full the backend's too */

@@ -45,6 +45,18 @@ static loom_status teacher_group(loom_group which, const struct loom_comm_ops **
     return LOOM_OK;
 }
 
+/* The same for the groups of the backend's memory, which the tp strategy asks for (tp.c:
+ * its buffers are the backend's). On the CPU backend that is the host group; without this
+ * the strategy got the core's own tp group (one rank with mesh.tp = 1) and the teacher was
+ * silently whole on every rank, with the bits of the split one in canonical mode. */
+static loom_status teacher_device_group(loom_group which, const struct loom_comm_ops **ops,
+                                        void **comm, int *size)
+{
+    if (which != LOOM_GROUP_TP || !creating)
+        return loom_core_host()->device_group(which, ops, comm, size);
+    return teacher_group(which, ops, comm, size);
+}
+
 /* The tp strategy plugin on this group (sequence parallelism off: the teacher's rows stay
  * whole outside its parallel regions). */
 static loom_status make_strategy(loom_kd_group *g, int canonical)
@@ -57,6 +69,7 @@ static loom_status make_strategy(loom_kd_group *g, int canonical)
     loom_config view = loom_config_view(&g->tp_cfg);
     g->host = *loom_core_host();
     g->host.group = teacher_group;
+    g->host.device_group = teacher_device_group;
     const loom_strategy_ops *ops = p->desc->ops;
     creating = g;
     loom_status st = ops->create(&g->host, &view, &g->tp_self);

@@ -427,7 +427,7 @@ static loom_status teacher_layout(loom_session *s, const loom_session_config *cf
         /* teacher.pp: a group on every stage's dp ranks, the rows on the last stage's only */
         int head = !s->pipe || loom_pipeline_stage(s->pipe) == loom_pipeline_stages(s->pipe) - 1;
         LOOM_TRY(loom_kd_group_open(n, cfg->micro_batch, cfg->seq, cfg->accum, head ? vp : 0,
-                                    cfg->canonical, &s->kd_group));
+                                    cfg->canonical, &s->backend, &s->kd_group));
         par->tp_ops = loom_kd_group_strategy(s->kd_group, &par->tp_self);
         return LOOM_OK;
     }
@@ -720,9 +720,10 @@ static const char *device_teacher_refusal(const loom_session_config *cfg)
 {
     if (!cfg->teacher && !cfg->kd_cache)
         return NULL;
-    return cfg->kd_teacher_tp > 1 && !cfg->tensor
-               ? "teacher.tp > 1 across dp ranks (kd_group.c keeps the split teacher's rows in "
-                 "host memory; teacher.tp = mesh.tp, over the student's tp group, trains there)"
+    return cfg->kd_teacher_tp > 1 && !cfg->tensor && cfg->kd_layers
+               ? "teacher.layers with teacher.tp across dp ranks (kd_group.c keeps the split "
+                 "teacher's block outputs and probabilities in host memory; the logit term "
+                 "alone trains there)"
          : cfg->kd_layers && cfg->kd_attention > 0.0f && flash_attention()
              ? "teacher.attention and LOOM_CUDA_ATTENTION=flash (the fused kernels keep no "
                "probabilities, the student's nor the teacher's, and the term's gradient goes "

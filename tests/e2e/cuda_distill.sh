@@ -25,10 +25,10 @@
 #    losses and norms bitwise (the cache's rows copied to the device for kd_rows);
 #  - the logit term beside mesh.tp (the vocabulary columns gathered over the device tp group,
 #    laid out as whole rows by rows_gather), the teacher split over that group (teacher.tp =
-#    2), canonical, tp = 2: one device rank's bits; and
+#    2), canonical, tp = 2: one device rank's bits; teacher.tp = 2 across dp = 2 too; and
 #    beside mesh.ep, a MoE student at canonical dp = 2 x ep = 2: one device rank's bits;
 #  - what does not run there is refused by name: teacher.attention with
-#    LOOM_CUDA_ATTENTION=flash, teacher.layers beside mesh.tp, teacher.tp across dp ranks.
+#    LOOM_CUDA_ATTENTION=flash, teacher.layers beside mesh.tp or with teacher.tp across dp.
 # BACKEND cudaemu (tests/cuda's emulation, run under LOOM_CUDAEMU_GUARD=1: a host read of a
 # device buffer segfaults) runs everywhere; cuda needs a GPU: exit 77 (skip) without one.
 set -euo pipefail
@@ -140,18 +140,21 @@ fi
 # the logit term beside mesh.tp (the vocabulary columns gathered over the device tp group and
 # laid out as whole rows by rows_gather, gpt_distill_tp_device.c), the teacher split over the
 # same group (teacher.tp = 2: its columns gathered the same way; a replicated teacher is
-# that run's student side alone, checked by hand): canonical tp = 2 bitwise one device rank;
-# the intermediate terms there are refused by name
+# that run's student side alone, checked by hand) or across the dp ranks (kd_group.c, its
+# group split from the device dp group): canonical tp = 2 and dp = 2 bitwise one device
+# rank; the intermediate terms there are refused by name
 targs=(backend="$backend" steps="$steps" batch.micro=1 batch.global=2 deterministic=canonical)
 "$loom" run "$recipe" "${targs[@]}" "$kd" > "$tmp/one"
 grep '^LOSS\|^NORM' "$tmp/one" > "$tmp/want"
 tkd="teacher={checkpoint=\"$tmp/teach\",temperature=2,alpha=0.7,tp=2}"
-"$loom" launch -n 2 "$recipe" "${targs[@]}" "$tkd" comm=shm mesh.tp=2 > "$tmp/two" 2> "$tmp/two.err" ||
-  { cat "$tmp/two.err"; exit 1; }
-grep '^LOSS\|^NORM' "$tmp/two" > "$tmp/got" || true
-[[ $(grep -c '^LOSS' "$tmp/want") -eq $steps ]] && cmp -s "$tmp/want" "$tmp/got" ||
-  { echo "backend=$backend: canonical distilled mesh.tp=2, teacher.tp=2 is not bitwise one rank:"; diff "$tmp/want" "$tmp/got"; exit 1; }
-echo "backend=$backend: canonical distilled mesh.tp=2, teacher.tp=2 (the logit term) bitwise one rank over $steps steps"
+for mesh in mesh.tp=2 mesh.dp=2; do # teacher.tp = 2 over the student's tp group, or across dp
+  "$loom" launch -n 2 "$recipe" "${targs[@]}" "$tkd" comm=shm "$mesh" > "$tmp/two" 2> "$tmp/two.err" ||
+    { cat "$tmp/two.err"; exit 1; }
+  grep '^LOSS\|^NORM' "$tmp/two" > "$tmp/got" || true
+  [[ $(grep -c '^LOSS' "$tmp/want") -eq $steps ]] && cmp -s "$tmp/want" "$tmp/got" ||
+    { echo "backend=$backend: canonical distilled $mesh, teacher.tp=2 is not bitwise one rank:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+  echo "backend=$backend: canonical distilled $mesh, teacher.tp=2 (the logit term) bitwise one rank over $steps steps"
+done
 # beside mesh.ep: a MoE student (4 experts, top-2), canonical dp = 2 x ep = 2 (each rank its
 # own teacher on its own micro-batch; the token rows exchanged over the device ep group):
 # one device rank's bits
@@ -166,12 +169,12 @@ grep '^LOSS\|^NORM' "$tmp/two" > "$tmp/got" || true
   { echo "backend=$backend: canonical distilled MoE dp=2 ep=2 is not bitwise one rank:"; diff "$tmp/want" "$tmp/got"; exit 1; }
 echo "backend=$backend: canonical distilled MoE mesh.dp=2 mesh.ep=2 (the logit term) bitwise one rank over $steps steps"
 if "$loom" launch -n 2 "$recipe" backend="$backend" steps=1 comm=shm mesh.dp=2 batch.micro=1 \
-    batch.global=2 "teacher={checkpoint=\"$tmp/teach\",tp=2}" > "$tmp/tp" 2>&1; then
-  echo "backend=$backend, teacher.tp across dp ranks: accepted"; exit 1
+    batch.global=2 "teacher={checkpoint=\"$tmp/teach\",tp=2,layers={[0]=1}}" > "$tmp/tp" 2>&1; then
+  echo "backend=$backend, teacher.layers with teacher.tp across dp ranks: accepted"; exit 1
 fi
-grep -q "teacher.tp > 1 across dp ranks" "$tmp/tp" ||
-  { echo "backend=$backend, teacher.tp across dp ranks: unexpected message:"; cat "$tmp/tp"; exit 1; }
-echo "backend=$backend: teacher.tp across dp ranks refused by name"
+grep -q "teacher.layers with teacher.tp across dp ranks" "$tmp/tp" ||
+  { echo "backend=$backend, teacher.layers with teacher.tp across dp ranks: unexpected message:"; cat "$tmp/tp"; exit 1; }
+echo "backend=$backend: teacher.layers with teacher.tp across dp ranks refused by name"
 if "$loom" launch -n 2 "$recipe" backend="$backend" steps=1 comm=shm mesh.tp=2 "$terms" > "$tmp/tp" 2>&1; then
   echo "backend=$backend, teacher.layers beside mesh.tp: accepted"; exit 1
 fi

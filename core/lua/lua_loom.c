@@ -194,30 +194,21 @@ static double num_field(lua_State *L, int idx, const char *key, double dflt)
     return v;
 }
 
-/* core.session{model={...}, micro=, seq=, accum=, seed=, grad_clip=, backend=, threads=,
- *              optimizer={name=...,...}, precision={name=...,...}} */
-static int l_session(lua_State *L)
+/* A model table (loom.gpt{...} / loom.llama{...}, or a checkpoint manifest's model object:
+ * the student's and the teacher's) -> its config; the table at m. 0, or raises a Lua error. */
+static int gpt_config_from_table(lua_State *L, int m, loom_gpt_config *c)
 {
-    luaL_checktype(L, 1, LUA_TTABLE);
-    session_box *box = lua_newuserdatauv(L, sizeof *box, 0);
-    box->s = NULL;
-    luaL_setmetatable(L, SESSION_MT);
-
-    loom_session_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    lua_getfield(L, 1, "model");
-    luaL_checktype(L, -1, LUA_TTABLE);
-    int m = lua_gettop(L);
-    cfg.model.vocab = int_field(L, m, "vocab", 0);
-    cfg.model.vocab_padded = int_field(L, m, "vocab_padded", 0);
-    cfg.model.ctx = int_field(L, m, "ctx", 0);
-    cfg.model.layers = int_field(L, m, "layers", 0);
-    cfg.model.heads = int_field(L, m, "heads", 0);
-    cfg.model.dim = int_field(L, m, "dim", 0);
+    memset(c, 0, sizeof *c);
+    c->vocab = int_field(L, m, "vocab", 0);
+    c->vocab_padded = int_field(L, m, "vocab_padded", 0);
+    c->ctx = int_field(L, m, "ctx", 0);
+    c->layers = int_field(L, m, "layers", 0);
+    c->heads = int_field(L, m, "heads", 0);
+    c->dim = int_field(L, m, "dim", 0);
     lua_getfield(L, m, "moe"); /* loom.gpt{moe = {...}}, checked and defaulted in init.lua */
     if (lua_istable(L, -1)) {
         int e = lua_gettop(L);
-        loom_moe_config *mo = &cfg.model.moe;
+        loom_moe_config *mo = &c->moe;
         mo->experts = int_field(L, e, "experts", 0);
         mo->top_k = int_field(L, e, "top_k", 0);
         mo->every = int_field(L, e, "every", 0);
@@ -237,17 +228,36 @@ static int l_session(lua_State *L)
     lua_pop(L, 1);
     lua_getfield(L, m, "family"); /* loom.llama{...}: "llama"; loom.gpt{...}: none */
     if (lua_type(L, -1) == LUA_TSTRING && strcmp(lua_tostring(L, -1), "llama") == 0)
-        cfg.model.family = LOOM_FAMILY_LLAMA;
+        c->family = LOOM_FAMILY_LLAMA;
     else if (!lua_isnil(L, -1))
         return luaL_error(L, "model family '%s' is not gpt2 or llama", luaL_tolstring(L, -1, NULL));
     lua_pop(L, 1);
-    cfg.model.kv_heads = int_field(L, m, "kv_heads", 0);
-    cfg.model.ffn_dim = int_field(L, m, "ffn_dim", 0);
-    cfg.model.rope_theta = (float)num_field(L, m, "rope_theta", 0.0);
-    cfg.model.norm_eps = (float)num_field(L, m, "norm_eps", 0.0);
+    c->kv_heads = int_field(L, m, "kv_heads", 0);
+    c->ffn_dim = int_field(L, m, "ffn_dim", 0);
+    c->rope_theta = (float)num_field(L, m, "rope_theta", 0.0);
+    c->norm_eps = (float)num_field(L, m, "norm_eps", 0.0);
     lua_getfield(L, m, "tie_embeddings");
-    cfg.model.tie_embeddings = lua_toboolean(L, -1);
-    lua_pop(L, 2);
+    c->tie_embeddings = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    return 0;
+}
+
+/* core.session{model={...}, micro=, seq=, accum=, seed=, grad_clip=, backend=, threads=,
+ *              optimizer={name=...,...}, precision={name=...,...}} */
+static int l_session(lua_State *L)
+{
+    luaL_checktype(L, 1, LUA_TTABLE);
+    session_box *box = lua_newuserdatauv(L, sizeof *box, 0);
+    box->s = NULL;
+    luaL_setmetatable(L, SESSION_MT);
+
+    loom_session_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    lua_getfield(L, 1, "model");
+    luaL_checktype(L, -1, LUA_TTABLE);
+    int m = lua_gettop(L);
+    gpt_config_from_table(L, m, &cfg.model);
+    lua_pop(L, 1);
     cfg.micro_batch = int_field(L, 1, "micro", 0);
     cfg.seq = int_field(L, 1, "seq", 0);
     cfg.accum = int_field(L, 1, "accum", 1);
@@ -343,20 +353,14 @@ static int l_session(lua_State *L)
     lua_getfield(L, 1, "compress_momentum");
     cfg.compress_momentum = lua_toboolean(L, -1);
     lua_pop(L, 1);
-    /* teacher = { vocab=, ctx=, layers=, heads=, dim=, vocab_padded= }, teacher_init = path |
+    /* teacher = { the model's keys, as model's }, teacher_init = path |
      * teacher_checkpoint = dir, kd_temperature =, kd_alpha = (checked in Lua) */
     static _Thread_local loom_gpt_config teacher;
     lua_getfield(L, 1, "teacher");
     if (!lua_isnil(L, -1)) {
         luaL_checktype(L, -1, LUA_TTABLE);
         int t = lua_gettop(L);
-        memset(&teacher, 0, sizeof teacher);
-        teacher.vocab = int_field(L, t, "vocab", 0);
-        teacher.vocab_padded = int_field(L, t, "vocab_padded", 0);
-        teacher.ctx = int_field(L, t, "ctx", 0);
-        teacher.layers = int_field(L, t, "layers", 0);
-        teacher.heads = int_field(L, t, "heads", 0);
-        teacher.dim = int_field(L, t, "dim", 0);
+        gpt_config_from_table(L, t, &teacher); /* a llama or MoE teacher's keys too */
         cfg.teacher = &teacher;
     }
     lua_pop(L, 1);

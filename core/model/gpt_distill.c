@@ -60,7 +60,7 @@ void loom_kd_rows(const float *zs, size_t s_stride, const float *zt, size_t t_st
 }
 
 /* A device backend (its memory is not the host's): the logit term runs on the backend's
- * kd_rows op, one rank's whole rows; what would read its buffers as host memory is refused. */
+ * kd_rows op, over one rank's rows or (tp) the whole rows gathered there. */
 static loom_status kd_device_check(const loom_gpt *m)
 {
     const loom_backend_ops *k = m->be->ops;
@@ -68,11 +68,7 @@ static loom_status kd_device_check(const loom_gpt *m)
     if (k->size <= offsetof(loom_backend_ops, kd_rows) || !k->kd_rows)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "backend %s has no kd_rows op (plugin/backend.h), so "
                   "distillation cannot run in its device memory; use backend = \"cpu\"", be);
-    if (m->tp_ops)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "distillation in the device memory of backend %s under "
-                  "mesh.tp > 1 is not built yet (the rows are gathered in host memory); it runs "
-                  "with mesh.dp and mesh.pp, or use backend = \"cpu\"", be);
-    return LOOM_OK;
+    return m->tp_ops ? gpt_kd_tp_device_check(m) : LOOM_OK; /* tp: whole rows there too */
 }
 
 /* The checks and buffers both forms share; sets the term's constants. Under tensor
@@ -134,10 +130,12 @@ loom_status loom_gpt_set_distill_step(loom_gpt *m, const int *targets, size_t ro
 loom_status loom_gpt_gather_logits(loom_gpt *m, size_t R, float *blocks, float *full)
 {
     size_t Vl = (size_t)m->Vl, Vp = (size_t)m->cfg.vocab_padded;
-    if (!m->tp_ops) {
-        memcpy(full, m->logits, R * Vp * sizeof(float));
+    if (!m->tp_ops) { /* bit for bit: a memcpy, or the backend's copy on a device */
+        loom_backend_copy_bits(m->be, full, m->logits, R * Vp);
         return LOOM_OK;
     }
+    if (loom_backend_device_memory(m->be)) /* blocks and full the backend's too */
+        return gpt_gather_logits_device(m, R, blocks, full);
     LOOM_TRY(m->tp_ops->tensor_allgather(m->tp_self, m->logits, blocks, R * Vl));
     for (size_t p = 0; p < (size_t)m->tp; p++) /* rank p's block: its columns of every row */
         for (size_t r = 0; r < R; r++)
@@ -162,6 +160,8 @@ int gpt_distill_select(loom_gpt *m, const int *targets, size_t R)
 loom_status gpt_distill_before(loom_gpt *m, size_t R, float dloss)
 {
     float scale = m->kd_alpha * dloss;
+    if (m->kd_dev_loss && m->tp_ops) /* a device backend under tp: whole rows there */
+        return gpt_kd_tp_device_rows(m, R, scale);
     if (m->kd_dev_loss) { /* a device backend: the teacher's rows are its memory too */
         m->be->ops->kd_rows(m->logits, (size_t)m->Vl, m->kd_teacher, m->kd_stride, R,
                             m->cfg.vocab, m->kd_T, scale, m->kd_dev_loss, m->kd_grad);
@@ -208,6 +208,7 @@ void gpt_distill_after(loom_gpt *m, size_t R)
 
 void gpt_distill_free(loom_gpt *m)
 {
+    gpt_kd_tp_device_free(m);
     if (m->kd_dev_loss) { /* the backend's (kd_prepare) */
         m->be->ops->free(m->be->self, m->kd_grad);
         m->be->ops->free(m->be->self, m->kd_dev_loss);

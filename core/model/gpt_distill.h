@@ -18,7 +18,8 @@
  * backend (CUDA) the logit term runs on the backend's kd_rows op and teacher_logits are the
  * backend's memory (the teacher's logits, or a cache's rows copied there); the intermediate
  * terms run on the host over copies of the student's buffers, their teacher rows host
- * memory, their gradients copied back; tp is refused there.
+ * memory, their gradients copied back; under tp the logit term's whole rows are gathered
+ * and laid out there (gpt_distill_tp_device.c), the intermediate terms refused.
  */
 #ifndef LOOM_CORE_GPT_DISTILL_H
 #define LOOM_CORE_GPT_DISTILL_H
@@ -48,10 +49,11 @@ loom_status loom_gpt_set_distill_step(loom_gpt *m, const int *targets, size_t ro
                                       const float *teacher_rows, size_t t_stride, float T,
                                       float alpha);
 
-/* The last forward's first R logit rows whole, into full (R, vocab_padded), host memory:
- * under tensor parallelism all-gathered over the group (blocks: (R, vocab_padded) scratch)
- * and laid out in column order, a copy otherwise. A teacher split by tp gives its whole
- * rows this way. */
+/* The last forward's first R logit rows whole, into full (R, vocab_padded), the model's
+ * memory (host, or a device backend's: blocks and full its allocations too): under tensor
+ * parallelism all-gathered over the group (blocks: (R, vocab_padded) scratch) and laid out
+ * in column order (on a device by rows_gather, gpt_distill_tp_device.c), a copy bit for bit
+ * otherwise. A teacher split by tp gives its whole rows this way. */
 loom_status loom_gpt_gather_logits(loom_gpt *m, size_t R, float *blocks, float *full);
 
 /* The attention-probability term (gpt_distill_attn.c): for mapped blocks with equal head

@@ -140,6 +140,10 @@ struct loom_gpt {
                                         * backend's on a device backend (kd_rows op) */
     double *kd_loss;                   /* (R) host */
     double *kd_dev_loss;               /* (R) the backend's: kd_rows' rows on a device, else NULL */
+    int *kd_tp_idx;                    /* a device under tp: rows_gather's indices, the backend's:
+                                        * (R * tp) blocks -> whole rows, then (R) whole rows ->
+                                        * this rank's columns (gpt_distill_tp_device.c) */
+    size_t kd_tp_idx_R;                /* the R the first part was written for; 0: none */
     /* hidden-state terms (gpt_distill.h): the teacher's block outputs per student block
      * (kd_h[l], NULL: unmapped; a pipeline stage: the step's rows, chosen by the targets
      * as gpt_distill_select does), beta, and what the forward left in its activation slot
@@ -192,6 +196,13 @@ struct loom_gpt {
 loom_status gpt_distill_before(loom_gpt *m, size_t R, float dloss);
 void gpt_distill_after(loom_gpt *m, size_t R);
 void gpt_distill_free(loom_gpt *m);
+/* The logit term under tp in a device backend's memory (gpt_distill_tp_device.c): the
+ * check that its ops are there; the term's rows and this rank's gradient columns; free. */
+loom_status gpt_kd_tp_device_check(const loom_gpt *m);
+loom_status gpt_kd_tp_device_rows(loom_gpt *m, size_t R, float scale);
+/* loom_gpt_gather_logits in the backend's memory (blocks, full: the backend's). */
+loom_status gpt_gather_logits_device(loom_gpt *m, size_t R, float *blocks, float *full);
+void gpt_kd_tp_device_free(loom_gpt *m);
 /* A training forward's hidden-state terms (after the CE and kd; targets choose a stage's
  * teacher rows), the projections' gradients added at the head's backward (head) and the
  * d(res3) before block l's backward; all nothing when none are set. */

@@ -1,9 +1,11 @@
 /* kd_group.c — a teacher split by tp across groups of dp ranks (kd_group.h). */
 #include "kd_group.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/backend.h"
 #include "base/config.h"
 #include "base/plugin_loader.h"
 #include "base/status.h"
@@ -19,6 +21,7 @@ struct loom_kd_group {
     void *comm;                        /* this rank's teacher group, split from dp */
     int n, index, dp, dp_rank, B, T, accum;
     size_t bt, vp;
+    const loom_backend *be;            /* a device backend (rows, blocks its memory), or NULL */
     int *tokens, *targets;             /* (accum x dp, B*T) the step's micro-batches */
     float *rows;                       /* (accum, B*T x vp) this rank's rows */
     float *blocks, *spare;             /* (B*T x vp) each: gather scratch, others' rows */
@@ -45,6 +48,18 @@ static loom_status teacher_group(loom_group which, const struct loom_comm_ops **
     return LOOM_OK;
 }
 
+/* The same for the groups of the backend's memory, which the tp strategy asks for (tp.c:
+ * its buffers are the backend's). On the CPU backend that is the host group; without this
+ * the strategy got the core's own tp group (one rank with mesh.tp = 1) and the teacher was
+ * silently whole on every rank, with the bits of the split one in canonical mode. */
+static loom_status teacher_device_group(loom_group which, const struct loom_comm_ops **ops,
+                                        void **comm, int *size)
+{
+    if (which != LOOM_GROUP_TP || !creating)
+        return loom_core_host()->device_group(which, ops, comm, size);
+    return teacher_group(which, ops, comm, size);
+}
+
 /* The tp strategy plugin on this group (sequence parallelism off: the teacher's rows stay
  * whole outside its parallel regions). */
 static loom_status make_strategy(loom_kd_group *g, int canonical)
@@ -57,6 +72,7 @@ static loom_status make_strategy(loom_kd_group *g, int canonical)
     loom_config view = loom_config_view(&g->tp_cfg);
     g->host = *loom_core_host();
     g->host.group = teacher_group;
+    g->host.device_group = teacher_device_group;
     const loom_strategy_ops *ops = p->desc->ops;
     creating = g;
     loom_status st = ops->create(&g->host, &view, &g->tp_self);
@@ -66,30 +82,52 @@ static loom_status make_strategy(loom_kd_group *g, int canonical)
     return LOOM_OK;
 }
 
+/* The rows' memory: the backend's on a device (kd_rows reads them there), else the host's. */
+static void *rows_alloc(const loom_kd_group *g, size_t bytes)
+{
+    return g->be ? g->be->ops->alloc(g->be->self, bytes) : malloc(bytes);
+}
+
+static void rows_free(const loom_kd_group *g, void *p)
+{
+    if (p && g->be)
+        g->be->ops->free(g->be->self, p);
+    else
+        free(p);
+}
+
 static loom_status group_open(loom_kd_group *g, int canonical)
 {
     size_t micro = (size_t)g->accum * g->dp * g->bt, rows = (size_t)g->accum * g->bt * g->vp;
     g->tokens = malloc(micro * sizeof(int));
     g->targets = malloc(micro * sizeof(int));
-    g->rows = malloc(rows * sizeof(float) + 1); /* + 1: vp = 0 allocates too */
-    g->blocks = malloc(2 * g->bt * g->vp * sizeof(float) + 1);
+    g->rows = rows_alloc(g, rows * sizeof(float) + 1); /* + 1: vp = 0 allocates too */
+    g->blocks = rows_alloc(g, 2 * g->bt * g->vp * sizeof(float) + 1);
     if (!g->tokens || !g->targets || !g->rows || !g->blocks)
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the split teacher's rows (%zu MiB)",
                   (rows + 2 * g->bt * g->vp) * sizeof(float) >> 20);
     g->spare = g->blocks + g->bt * g->vp;
     /* collective over dp: color = the group, key = the place in it */
     LOOM_TRY(g->ops->split(g->comm, g->dp_rank / g->n, g->index, &g->comm));
-    return make_strategy(g, canonical);
+    LOOM_TRY(make_strategy(g, canonical));
+    if (!g->be) /* a device: the strategy's scratch and tree through the backend's ops */
+        return LOOM_OK;
+    if (g->tp->size <= offsetof(loom_strategy_ops, set_backend) || !g->tp->set_backend)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "the tp strategy has no set_backend: teacher.tp across "
+                  "dp ranks cannot run in device memory");
+    return g->tp->set_backend(g->tp_self, g->be->ops, g->be->self);
 }
 
 loom_status loom_kd_group_open(int n, int B, int T, int accum, size_t vp, int canonical,
-                               loom_kd_group **out)
+                               const loom_backend *be, loom_kd_group **out)
 {
     const struct loom_comm_ops *dops;
     void *dcomm;
     int dp = 1;
     *out = NULL;
-    LOOM_TRY(loom_core_host()->group(LOOM_GROUP_DP, &dops, &dcomm, &dp));
+    /* the group carries the teacher's rows: the dp group of the backend's memory (on the
+     * CPU backend the host one) */
+    LOOM_TRY(loom_core_host()->device_group(LOOM_GROUP_DP, &dops, &dcomm, &dp));
     if (n < 2 || !dops || dp % n != 0)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "teacher.tp = %d with mesh.dp = %d is not built: a teacher "
                   "split across dp ranks takes groups of teacher.tp of them, so teacher.tp must "
@@ -98,6 +136,7 @@ loom_status loom_kd_group_open(int n, int B, int T, int accum, size_t vp, int ca
     if (!g)
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
     g->n = n, g->dp = dp, g->ops = dops, g->comm = dcomm;
+    g->be = be && loom_backend_device_memory(be) ? be : NULL;
     g->dp_rank = dops->rank(dcomm), g->index = g->dp_rank % n;
     g->B = B, g->T = T, g->accum = accum, g->bt = (size_t)B * T, g->vp = vp;
     loom_status st = group_open(g, canonical);
@@ -121,8 +160,8 @@ void loom_kd_group_close(loom_kd_group *g)
         g->ops->destroy(g->comm);
     free(g->tokens);
     free(g->targets);
-    free(g->rows);
-    free(g->blocks);
+    rows_free(g, g->rows);
+    rows_free(g, g->blocks);
     for (int l = 0; l < g->L; l++) {
         free(g->h[l]);
         free(g->p[l]);

@@ -18,7 +18,10 @@
  * on the last stage only. Under ep the dp ranks are the same processes and the (dense)
  * teacher runs before the experts' exchanges.
  * Invariant: nothing else is in flight on the group's communicator (it is the teacher's).
- * Host memory: the rows are host memory (the CPU backend), as gpt_distill.h needs.
+ * Memory: the rows are the model's memory, as gpt_distill.h needs: the host's on the CPU
+ * backend, a device backend's (be) there, the group then split from the device dp group and
+ * its tp strategy bound to the backend; the kept block outputs and probabilities
+ * (teacher.layers) are host memory, and refused on a device (session.c).
  */
 #ifndef LOOM_CORE_KD_GROUP_H
 #define LOOM_CORE_KD_GROUP_H
@@ -37,7 +40,7 @@ typedef struct loom_kd_group loom_kd_group;
  * vocab_padded (its row stride), or 0 on a pipeline stage without the teacher's head
  * (teacher.pp: no rows kept there); canonical: the strategy's canonical sums. */
 loom_status loom_kd_group_open(int n, int B, int T, int accum, size_t vp, int canonical,
-                               loom_kd_group **out);
+                               const struct loom_backend *be, loom_kd_group **out);
 /* After the teacher built on its strategy is destroyed. */
 void loom_kd_group_close(loom_kd_group *g);
 

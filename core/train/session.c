@@ -389,6 +389,19 @@ static loom_status distill_hidden_open(loom_session *s, const loom_session_confi
     return loom_gpt_set_distill_attention_whole(s->model, s->tensor && !s->teacher_tp);
 }
 
+/* A device backend's session: a tp strategy's (the student's, or teacher.tp's) canonical tree and scratch go through the
+ * backend's ops (strategy.h's set_backend), its exchanges over the device groups. */
+static loom_status bind_tensor_backend(loom_session *s, const loom_strategy_ops *t, void *self,
+                                       const loom_plugin_config *cfg)
+{
+    if (t->size <= offsetof(loom_strategy_ops, set_backend) || !t->set_backend)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy '%s' has no set_backend (plugin/strategy.h), "
+                  "so its tensor-parallel regions cannot run in the device memory of backend %s; "
+                  "use the tp strategy, or backend = \"cpu\"", cfg->desc->name,
+                  s->backend.ops->describe(s->backend.self));
+    return t->set_backend(self, s->backend.ops, s->backend.self);
+}
+
 /* teacher.tp (docs/DISTILL.md): the teacher split by tensor parallelism. Over the
  * student's tp group (teacher.tp = mesh.tp) by a second instance of its tp strategy: the
  * group's ranks run the same micro-batches, so the teacher's exchanges line up. With
@@ -414,7 +427,7 @@ static loom_status teacher_layout(loom_session *s, const loom_session_config *cf
         /* teacher.pp: a group on every stage's dp ranks, the rows on the last stage's only */
         int head = !s->pipe || loom_pipeline_stage(s->pipe) == loom_pipeline_stages(s->pipe) - 1;
         LOOM_TRY(loom_kd_group_open(n, cfg->micro_batch, cfg->seq, cfg->accum, head ? vp : 0,
-                                    cfg->canonical, &s->kd_group));
+                                    cfg->canonical, &s->backend, &s->kd_group));
         par->tp_ops = loom_kd_group_strategy(s->kd_group, &par->tp_self);
         return LOOM_OK;
     }
@@ -425,7 +438,11 @@ static loom_status teacher_layout(loom_session *s, const loom_session_config *cf
     LOOM_TRY(make_plugin(&s->teacher_tp_cfg, (const void **)&s->teacher_tp, &s->teacher_tp_self));
     par->tp_ops = s->teacher_tp;
     par->tp_self = s->teacher_tp_self;
-    if (!(s->kd_whole = malloc(2 * rows * vp * sizeof(float))))
+    if (s->device) /* its exchanges over the device tp group, its rows gathered there */
+        LOOM_TRY(bind_tensor_backend(s, s->teacher_tp, s->teacher_tp_self, &s->teacher_tp_cfg));
+    s->kd_whole = s->device ? s->backend.ops->alloc(s->backend.self, 2 * rows * vp * sizeof(float))
+                            : malloc(2 * rows * vp * sizeof(float));
+    if (!s->kd_whole)
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the split teacher's whole rows (%zu MiB)",
                   2 * rows * vp * sizeof(float) >> 20);
     return LOOM_OK;
@@ -456,6 +473,7 @@ static loom_status teacher_stages(loom_session *s, const loom_session_config *cf
     loom_pipeline_config pc = {gp->desc, 1, 1, cfg->teacher->layers, NULL, 0, cfg->canonical,
                                NULL, "teacher"};
     pc.untied = cfg->teacher->family == LOOM_FAMILY_LLAMA && !cfg->teacher->tie_embeddings;
+    pc.backend = &s->backend; /* the model's memory, as the student's pipeline is told */
     LOOM_TRY(loom_pipeline_create(&pc, &s->teacher_pipe));
     par->stage_layers = loom_pipeline_stage_layers(s->teacher_pipe);
     par->slots = loom_pipeline_slots(s->teacher_pipe);
@@ -685,19 +703,6 @@ static loom_status make_compress(loom_session *s)
                                       loom_gpt_grad_data(s->model));
 }
 
-/* A device backend's session: the tp strategy's canonical tree and scratch go through the
- * backend's ops (strategy.h's set_backend), its exchanges over the device groups. */
-static loom_status bind_tensor_backend(loom_session *s)
-{
-    const loom_strategy_ops *t = s->tensor;
-    if (t->size <= offsetof(loom_strategy_ops, set_backend) || !t->set_backend)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy '%s' has no set_backend (plugin/strategy.h), "
-                  "so its tensor-parallel regions cannot run in the device memory of backend %s; "
-                  "use the tp strategy, or backend = \"cpu\"", s->tensor_cfg.desc->name,
-                  s->backend.ops->describe(s->backend.self));
-    return t->set_backend(s->tensor_self, s->backend.ops, s->backend.self);
-}
-
 /* LOOM_CUDA_ATTENTION=flash (docs/CUDA.md): the fused attention, whose att is no
  * probabilities. */
 static int flash_attention(void)
@@ -706,25 +711,23 @@ static int flash_attention(void)
     return v && !strcmp(v, "flash");
 }
 
-/* A teacher in device memory (docs/DISTILL.md): the teacher replicated, forward only, on
- * the same backend; the logit term on the backend's kd_rows op, the intermediate terms on
- * the host over copies; one rank, mesh.dp or mesh.pp (ZeRO, offload; a cache too). What
- * still reads the model's buffers as host memory, or is untested there, is named; NULL:
- * none. */
+/* A teacher in device memory (docs/DISTILL.md): the teacher (either family, MoE blocks
+ * too) replicated, forward only, on the same backend; the logit term on the backend's
+ * kd_rows op, the intermediate terms on the host over copies; one rank, mesh.dp, mesh.tp
+ * (the logit term: gpt_distill_tp_device.c), mesh.ep or mesh.pp (ZeRO, offload; a cache
+ * too). What still reads the model's buffers as host memory is named; NULL: none. */
 static const char *device_teacher_refusal(const loom_session_config *cfg)
 {
     if (!cfg->teacher && !cfg->kd_cache)
         return NULL;
-    const loom_gpt_config *t = cfg->teacher;
-    return cfg->kd_teacher_tp > 1 ? "teacher.tp > 1 (the split teacher's rows are gathered on the host)"
-         : cfg->kd_teacher_pp > 1 ? "teacher.pp > 1"
-         : cfg->tensor ? "a teacher beside mesh.tp (the vocabulary rows are gathered on the host)"
-         : cfg->ep > 1 ? "a teacher beside mesh.ep"
+    return cfg->kd_teacher_tp > 1 && !cfg->tensor && cfg->kd_layers
+               ? "teacher.layers with teacher.tp across dp ranks (kd_group.c keeps the split "
+                 "teacher's block outputs and probabilities in host memory; the logit term "
+                 "alone trains there)"
          : cfg->kd_layers && cfg->kd_attention > 0.0f && flash_attention()
              ? "teacher.attention and LOOM_CUDA_ATTENTION=flash (the fused kernels keep no "
-               "probabilities)"
-         : t && t->moe.experts ? "a teacher with mixture-of-experts blocks (untested there)"
-         : t && t->family == LOOM_FAMILY_LLAMA ? "a teacher of the llama family (untested there)"
+               "probabilities, the student's nor the teacher's, and the term's gradient goes "
+               "through the batched backward; without the variable it trains)"
          : NULL;
 }
 
@@ -752,8 +755,8 @@ static loom_status check_device(loom_session *s, const loom_session_config *cfg,
     if (what)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "backend %s: training in device memory with %s is not "
                   "built yet; it trains one rank, mesh.dp, mesh.tp and mesh.pp ranks, ZeRO or "
-                  "offload, mesh.ep beside them, a teacher at one rank, mesh.dp or "
-                  "mesh.pp (docs/DISTILL.md), or use backend = \"cpu\"", be, what);
+                  "offload, mesh.ep beside them, a teacher (not split by teacher.tp or "
+                  "teacher.pp) with any of these (docs/DISTILL.md), or use backend = \"cpu\"", be, what);
     if (size > 1 && !s->device_groups)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "backend %s with %d ranks has no device groups "
                   "(loom_dist_device_open)", be, size);
@@ -847,7 +850,7 @@ loom_status loom_session_create(const loom_session_config *cfg, loom_session **o
         if (st == LOOM_OK)
             st = make_plugin(&s->tensor_cfg, (const void **)&s->tensor, &s->tensor_self);
         if (st == LOOM_OK && s->device) /* its buffers are the backend's (strategy.h) */
-            st = bind_tensor_backend(s);
+            st = bind_tensor_backend(s, s->tensor, s->tensor_self, &s->tensor_cfg);
         par.tp_ops = s->tensor;
         par.tp_self = s->tensor_self;
     }
@@ -963,7 +966,10 @@ void loom_session_destroy(loom_session *s)
     if (s->teacher_tp)
         s->teacher_tp->destroy(s->teacher_tp_self);
     loom_kd_group_close(s->kd_group);
-    free(s->kd_whole);
+    if (s->device && s->kd_whole)
+        s->backend.ops->free(s->backend.self, s->kd_whole);
+    else
+        free(s->kd_whole);
     loom_kd_cache_close(s->kd_cache);
     if (s->kd_dev_rows)
         s->backend.ops->free(s->backend.self, s->kd_dev_rows);

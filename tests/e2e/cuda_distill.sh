@@ -6,6 +6,9 @@
 # the CPU (its checkpoint):
 #  - T = 2, alpha = 0.7: every step's loss and gradient norm within TOL of the CPU backend's
 #    distilled run, and not the device's undistilled losses (a term that did nothing fails);
+#  - a llama teacher (2 blocks, GQA) and a MoE teacher (4 experts, top-2), each trained 3
+#    steps on the CPU, to the same GPT-2 student (only the teacher runs their ops): within
+#    TOL of the CPU's distilled run and not the undistilled losses;
 #  - with the intermediate terms (teacher.layers = {[0] = 1}, hidden = 1, attention = 10: the
 #    teacher's block output and probabilities copied to the host, the terms there, their
 #    gradients back; the CUDA backend's attention_backward_datt): within TOL of the CPU's
@@ -15,12 +18,17 @@
 #  - canonical mode, all three terms, a 2-block student (block 1 against the teacher's
 #    block 1), batch.micro = 1, batch.global = 2: dp = 2 (two ranks, each its own teacher)
 #    and pp = 2 (1f1b; the teacher on the last stage, its rows of the step kept in the
-#    backend's memory) give one device rank's losses and norms bitwise;
+#    backend's memory; or split over the stages by teacher.pp = 2, its activations over the
+#    device pp group) give one device rank's losses and norms bitwise;
 #  - loom distill-cache on the device backend (the teacher's logits copied to the host per
 #    record), k = vocab: training from that cache there gives the in-process teacher's
 #    losses and norms bitwise (the cache's rows copied to the device for kd_rows);
+#  - the logit term beside mesh.tp (the vocabulary columns gathered over the device tp group,
+#    laid out as whole rows by rows_gather), the teacher split over that group (teacher.tp =
+#    2), canonical, tp = 2: one device rank's bits; teacher.tp = 2 across dp = 2 too; and
+#    beside mesh.ep, a MoE student at canonical dp = 2 x ep = 2: one device rank's bits;
 #  - what does not run there is refused by name: teacher.attention with
-#    LOOM_CUDA_ATTENTION=flash, a teacher beside mesh.tp.
+#    LOOM_CUDA_ATTENTION=flash, teacher.layers beside mesh.tp or with teacher.tp across dp.
 # BACKEND cudaemu (tests/cuda's emulation, run under LOOM_CUDAEMU_GUARD=1: a host read of a
 # device buffer segfaults) runs everywhere; cuda needs a GPU: exit 77 (skip) without one.
 set -euo pipefail
@@ -48,6 +56,25 @@ runs_close "backend=$backend vs cpu, distilled (T = 2, alpha = 0.7)" "$tmp/cpu" 
 d=$(max_loss_diff "$tmp/plain" "$tmp/dev")
 below 0.1 "$d" || { echo "backend=$backend: distilled losses within $d of the undistilled run's"; exit 1; }
 echo "backend=$backend: the distilled losses differ from the undistilled run's by up to $d"
+
+# a llama teacher (2 blocks, dim 48, GQA) and a MoE teacher (4 experts, top-2) to the GPT-2
+# student, so that only the teacher's forward runs their ops (RoPE, RMSNorm, SwiGLU; the
+# router's rows ops): against the CPU's distilled run, and not the undistilled losses
+"$loom" run "$here/recipes/cuda_train_llama.lua" backend=cpu steps=3 model.layers=2 model.dim=48 \
+  model.ffn_dim=96 checkpoint.dir="$tmp/llama" checkpoint.every=3 > /dev/null
+"$loom" run "$recipe" backend=cpu steps=3 model.layers=2 model.dim=48 model.moe.experts=4 \
+  model.moe.top_k=2 checkpoint.dir="$tmp/MoE" checkpoint.every=3 > /dev/null
+for name in llama MoE; do
+  fam="teacher={checkpoint=\"$tmp/$name\",temperature=2,alpha=0.7}"
+  "$loom" run "$recipe" backend="$backend" steps="$steps" "$fam" > "$tmp/fdev" 2>&1 ||
+    { echo "backend=$backend, a $name teacher:"; cat "$tmp/fdev"; exit 1; }
+  "$loom" run "$recipe" backend=cpu steps="$steps" "$fam" > "$tmp/fcpu"
+  runs_close "backend=$backend vs cpu, distilled from a $name teacher" "$tmp/fcpu" "$tmp/fdev" \
+    "$steps" "$tol" || exit 1
+  d=$(max_loss_diff "$tmp/plain" "$tmp/fdev")
+  below 0.1 "$d" || { echo "backend=$backend: a $name teacher's losses within $d of the undistilled run's"; exit 1; }
+  echo "backend=$backend: a $name teacher: the losses differ from the undistilled run's by up to $d"
+done
 
 # the hidden-state and attention terms on block 0 against the teacher's block 1
 terms="teacher={checkpoint=\"$tmp/teach\",temperature=2,alpha=0.7,layers={[0]=1},hidden=1,attention=10}"
@@ -87,7 +114,8 @@ pargs=(backend="$backend" steps="$steps" model.layers=2 batch.micro=1 batch.glob
 grep '^LOSS\|^NORM' "$tmp/one" > "$tmp/want"
 [[ $(grep -c '^LOSS' "$tmp/want") -eq $steps ]] && finite_losses "$tmp/want" ||
   { echo "one rank, 2 blocks, canonical, distilled: not $steps finite losses"; cat "$tmp/one"; exit 1; }
-for layout in "mesh.dp=2" "mesh.pp=2 microbatches=2 schedule=1f1b"; do
+for layout in "mesh.dp=2" "mesh.pp=2 microbatches=2 schedule=1f1b" \
+              "mesh.pp=2 microbatches=2 schedule=1f1b teacher.pp=2"; do
   read -ra lay <<< "$layout"
   "$loom" launch -n 2 "$recipe" "${pargs[@]}" comm=shm "${lay[@]}" > "$tmp/two" 2> "$tmp/two.err" ||
     { cat "$tmp/two.err"; exit 1; }
@@ -109,8 +137,47 @@ refused() { # NAME WANT ARGS...: the run fails and its message says WANT
 if [[ $backend == cudaemu || $backend == cuda ]]; then
   LOOM_CUDA_ATTENTION=flash refused "teacher.attention with flash" "LOOM_CUDA_ATTENTION=flash" "$terms"
 fi
-if "$loom" launch -n 2 "$recipe" backend="$backend" steps=1 comm=shm mesh.tp=2 "$kd" > "$tmp/tp" 2>&1; then
-  echo "backend=$backend, a teacher beside mesh.tp: accepted"; exit 1
+# the logit term beside mesh.tp (the vocabulary columns gathered over the device tp group and
+# laid out as whole rows by rows_gather, gpt_distill_tp_device.c), the teacher split over the
+# same group (teacher.tp = 2: its columns gathered the same way; a replicated teacher is
+# that run's student side alone, checked by hand) or across the dp ranks (kd_group.c, its
+# group split from the device dp group): canonical tp = 2 and dp = 2 bitwise one device
+# rank; the intermediate terms there are refused by name
+targs=(backend="$backend" steps="$steps" batch.micro=1 batch.global=2 deterministic=canonical)
+"$loom" run "$recipe" "${targs[@]}" "$kd" > "$tmp/one"
+grep '^LOSS\|^NORM' "$tmp/one" > "$tmp/want"
+tkd="teacher={checkpoint=\"$tmp/teach\",temperature=2,alpha=0.7,tp=2}"
+for mesh in mesh.tp=2 mesh.dp=2; do # teacher.tp = 2 over the student's tp group, or across dp
+  "$loom" launch -n 2 "$recipe" "${targs[@]}" "$tkd" comm=shm "$mesh" > "$tmp/two" 2> "$tmp/two.err" ||
+    { cat "$tmp/two.err"; exit 1; }
+  grep '^LOSS\|^NORM' "$tmp/two" > "$tmp/got" || true
+  [[ $(grep -c '^LOSS' "$tmp/want") -eq $steps ]] && cmp -s "$tmp/want" "$tmp/got" ||
+    { echo "backend=$backend: canonical distilled $mesh, teacher.tp=2 is not bitwise one rank:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+  echo "backend=$backend: canonical distilled $mesh, teacher.tp=2 (the logit term) bitwise one rank over $steps steps"
+done
+# beside mesh.ep: a MoE student (4 experts, top-2), canonical dp = 2 x ep = 2 (each rank its
+# own teacher on its own micro-batch; the token rows exchanged over the device ep group):
+# one device rank's bits
+eargs=(backend="$backend" steps="$steps" model.moe.experts=4 model.moe.top_k=2 batch.micro=1
+       batch.global=2 deterministic=canonical "$kd")
+"$loom" run "$recipe" "${eargs[@]}" > "$tmp/one"
+grep '^LOSS\|^NORM' "$tmp/one" > "$tmp/want"
+"$loom" launch -n 2 "$recipe" "${eargs[@]}" comm=shm mesh.dp=2 mesh.ep=2 comm_timeout=20 > "$tmp/two" \
+  2> "$tmp/two.err" || { cat "$tmp/two.err"; exit 1; }
+grep '^LOSS\|^NORM' "$tmp/two" > "$tmp/got" || true
+[[ $(grep -c '^LOSS' "$tmp/want") -eq $steps ]] && cmp -s "$tmp/want" "$tmp/got" ||
+  { echo "backend=$backend: canonical distilled MoE dp=2 ep=2 is not bitwise one rank:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+echo "backend=$backend: canonical distilled MoE mesh.dp=2 mesh.ep=2 (the logit term) bitwise one rank over $steps steps"
+if "$loom" launch -n 2 "$recipe" backend="$backend" steps=1 comm=shm mesh.dp=2 batch.micro=1 \
+    batch.global=2 "teacher={checkpoint=\"$tmp/teach\",tp=2,layers={[0]=1}}" > "$tmp/tp" 2>&1; then
+  echo "backend=$backend, teacher.layers with teacher.tp across dp ranks: accepted"; exit 1
 fi
-grep -q "a teacher beside mesh.tp" "$tmp/tp" || { echo "backend=$backend, mesh.tp: unexpected message:"; cat "$tmp/tp"; exit 1; }
-echo "backend=$backend: a teacher beside mesh.tp refused by name"
+grep -q "teacher.layers with teacher.tp across dp ranks" "$tmp/tp" ||
+  { echo "backend=$backend, teacher.layers with teacher.tp across dp ranks: unexpected message:"; cat "$tmp/tp"; exit 1; }
+echo "backend=$backend: teacher.layers with teacher.tp across dp ranks refused by name"
+if "$loom" launch -n 2 "$recipe" backend="$backend" steps=1 comm=shm mesh.tp=2 "$terms" > "$tmp/tp" 2>&1; then
+  echo "backend=$backend, teacher.layers beside mesh.tp: accepted"; exit 1
+fi
+grep -q "hidden-state terms .* under mesh.tp > 1" "$tmp/tp" ||
+  { echo "backend=$backend, teacher.layers beside mesh.tp: unexpected message:"; cat "$tmp/tp"; exit 1; }
+echo "backend=$backend: teacher.layers beside mesh.tp refused by name"

@@ -274,8 +274,8 @@ static loom_status gather_range(loom_zero *z, char *buf, size_t es, loom_dtype d
     }
     const zero_bucket *last = &z->buckets[k1];
     if (st == LOOM_OK && bucket_base(z, last, buf, es) == (char *)z->tail) {
-        if (narrow) /* host memory only (zero_device.c refuses 16-bit weights) */
-            memcpy(buf + last->lo * es, z->tail, (z->total - last->lo) * es);
+        if (narrow) /* the 16-bit elements that exist (a device's: through the host) */
+            st = zero_buf_copy_bytes(z, buf + last->lo * es, z->tail, (z->total - last->lo) * es);
         else
             st = zero_buf_copy(z, (float *)(buf + last->lo * es), z->tail, z->total - last->lo);
     }

@@ -46,34 +46,35 @@ void zero_buf_clear(loom_zero *z, float *p, size_t floats)
         memset(p, 0, floats * sizeof(float));
 }
 
-/* Buffer to buffer (both host, or both the device's). The backend has no device-to-device
- * copy; this moves at most the tail bucket (U*N floats), so through a host bounce: bits
- * unchanged (an add of zeros would turn -0 into +0). */
-loom_status zero_buf_copy(loom_zero *z, float *dst, const float *src, size_t floats)
+/* Buffer to buffer (both host, or both the device's), in bytes. The backend has no
+ * device-to-device copy; this moves at most a bucket's sub-block or the tail bucket (the
+ * 16-bit compute copy's tail: 2-byte elements), so through a host bounce: bits unchanged
+ * (an add of zeros would turn -0 into +0). */
+loom_status zero_buf_copy_bytes(loom_zero *z, void *dst, const void *src, size_t bytes)
 {
-    if (!floats)
+    if (!bytes)
         return LOOM_OK;
     if (!z->device) {
-        memcpy(dst, src, floats * sizeof(float));
+        memcpy(dst, src, bytes);
         return LOOM_OK;
     }
-    float *bounce = malloc(floats * sizeof(float));
+    void *bounce = malloc(bytes);
     if (!bounce)
-        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for ZeRO's tail staging");
-    z->be->ops->copy_to_host(z->be->self, bounce, src, floats * sizeof(float));
-    z->be->ops->copy_to_device(z->be->self, dst, bounce, floats * sizeof(float));
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for ZeRO's staging through the host");
+    z->be->ops->copy_to_host(z->be->self, bounce, src, bytes);
+    z->be->ops->copy_to_device(z->be->self, dst, bounce, bytes);
     free(bounce);
     return LOOM_OK;
+}
+
+loom_status zero_buf_copy(loom_zero *z, float *dst, const float *src, size_t floats)
+{
+    return zero_buf_copy_bytes(z, dst, src, floats * sizeof(float));
 }
 
 loom_status zero_device_init(loom_zero *z, const loom_zero_config *c)
 {
     z->device = 1;
-    if (c->master16)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy.zero = %d with 16-bit weights in device memory "
-                  "is not built yet: the fp32 master's partition and its rounding into the "
-                  "compute copy (zero_master.c) are host code; use precision = \"fp32\", or "
-                  "backend = \"cpu\"", c->stage);
     if (c->offloaded || c->ep || c->params_offloaded)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "ZeRO in device memory: offload and ep are refused before "
                   "(session.c check_device)");

@@ -748,9 +748,6 @@ static loom_status check_device(loom_session *s, const loom_session_config *cfg,
                              "paths read host memory)"
                        : size > 1 && reduce && reduce->string && !strcmp(reduce->string, "bf16")
                            ? "reduce = \"bf16\" (the dp strategy rounds its buckets on the host)"
-                       : size > 1 && cfg->zero_stage > 0 && cfg->offload_mode != LOOM_OFFLOAD_NONE
-                           ? "strategy offload beside strategy.zero (offload_device.c steps the "
-                             "model's whole buffers, not ZeRO's partitions)"
                        : device_teacher_refusal(cfg);
     if (what)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "backend %s: training in device memory with %s is not "

@@ -159,7 +159,7 @@ loom_status loom_zero_create(const loom_zero_config *c, loom_gpt *m, loom_backen
         z->part = z->padded / (size_t)z->n;
         z->state_floats = (size_t)c->state_slots * z->part;
         if (z->device)
-            st = zero_device_state(z);
+            st = zero_device_state(z, c->offloaded);
         else if (z->state_floats && !c->offloaded &&
                  !(z->state = malloc(z->state_floats * sizeof(float))))
             st = loom_fail(LOOM_ERR_NOMEM, "out of memory for the ZeRO optimizer state partition");

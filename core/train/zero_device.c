@@ -75,9 +75,9 @@ loom_status zero_buf_copy(loom_zero *z, float *dst, const float *src, size_t flo
 loom_status zero_device_init(loom_zero *z, const loom_zero_config *c)
 {
     z->device = 1;
-    if (c->offloaded || c->ep || c->params_offloaded)
-        LOOM_FAIL(LOOM_ERR_INTERNAL, "ZeRO in device memory: offload and ep are refused before "
-                  "(session.c check_device)");
+    if (c->ep || c->params_offloaded)
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "ZeRO in device memory: ep and offload.params are refused "
+                  "before (session.c check_device, offload.c)");
     /* the buckets' collectives over the groups for the backend's memory; the norm's
      * exchange of host doubles over the host group (hcomm, set by the caller) */
     int n = 0;
@@ -88,9 +88,10 @@ loom_status zero_device_init(loom_zero *z, const loom_zero_config *c)
     return LOOM_OK;
 }
 
-loom_status zero_device_state(loom_zero *z)
+loom_status zero_device_state(loom_zero *z, int offloaded)
 {
-    if (!z->state_floats)
+    if (!z->state_floats || offloaded) /* offloaded: the offload's host pool or file holds it,
+                                        * stepped over these segments (offload_device.c) */
         return LOOM_OK;
     z->state = zero_buf_alloc(z, z->state_floats);
     z->host_state = calloc(z->state_floats, sizeof(float));

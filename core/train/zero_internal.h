@@ -126,7 +126,7 @@ void zero_buf_clear(loom_zero *z, float *p, size_t floats);
 loom_status zero_buf_copy(loom_zero *z, float *dst, const float *src, size_t floats);
 loom_status zero_buf_copy_bytes(loom_zero *z, void *dst, const void *src, size_t bytes);
 loom_status zero_device_init(loom_zero *z, const loom_zero_config *c);
-loom_status zero_device_state(loom_zero *z);
+loom_status zero_device_state(loom_zero *z, int offloaded);
 /* zero_device.c, stage 3 and master16: part_params and its host mirror in the backend's
  * memory, this rank's partition of the model's initial values copied in (through the host). */
 loom_status zero_device_params(loom_zero *z);

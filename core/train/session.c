@@ -739,15 +739,11 @@ static loom_status check_device(loom_session *s, const loom_session_config *cfg,
     void *world;
     int size = 1;
     LOOM_TRY(loom_core_host()->group(LOOM_GROUP_WORLD, &wops, &world, &size));
-    const loom_config_value *reduce = cfg->strategy ? loom_config_get(cfg->strategy, "reduce")
-                                                    : NULL;
     /* what still reads or writes host memory where the buffers are the device's */
     const char *what = cfg->ep > 1 && (cfg->zero_stage > 0 || pp > 1 || cfg->tensor)
                            ? "mesh.ep > 1 beside strategy.zero, mesh.pp or mesh.tp (ep trains in "
                              "device memory with mesh.dp alone: zero_ep.c and ep's pipeline "
                              "paths read host memory)"
-                       : size > 1 && reduce && reduce->string && !strcmp(reduce->string, "bf16")
-                           ? "reduce = \"bf16\" (the dp strategy rounds its buckets on the host)"
                        : device_teacher_refusal(cfg);
     if (what)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "backend %s: training in device memory with %s is not "

@@ -361,6 +361,23 @@ read -r _ _ _ _ o_dev _ _ _ o_off <<< "$(grep "^MEM $steps " "$tmp/zores")"
   { echo "zero=3 under offload: optimizer $o_dev bytes on the device and $o_off offloaded, the partition $st"; exit 1; }
 echo "backend=$backend comm=$comm: offload beside zero: bf16 zero=2 bitwise without offload; zero=3" \
   "resumed under offload from a save without it, bitwise; the state's $o_off bytes off the device"
+# reduce = "bf16" in device memory (dp.c: the buckets rounded into a staging buffer of the
+# backend's with its convert_from_f32, all-reduced as bf16 over the device dp group, widened
+# back with convert_to_f32): against the CPU backend's dp=2 with the same reduce. The
+# rounding of the gradients shows at step 1 (reduce = "f32" is 7e-4 off in the norm there,
+# the CPU's reduce = "bf16" 4e-8): step 1 within TOL, every step within max(TOL, 2e-3) (from
+# step 2 a gradient element near a bf16 rounding boundary rounds the other way once the fp32
+# sums differ, one bf16 ulp: 5.8e-5 in step 2's norm, 3.5e-4 at step 3; cuda_train.sh's
+# bf16_close allows the same).
+rb=("${zargs[@]}" 'precision={"bf16", reduce="bf16"}' mesh.dp=2)
+"$loom" launch -n 2 "$recipe" "${rb[@]}" comm="$comm" > "$tmp/rb" 2> "$tmp/rb.err" || { cat "$tmp/rb.err"; exit 1; }
+"$loom" launch -n 2 "$recipe" "${rb[@]}" backend=cpu comm=shm threads=1 > "$tmp/rb_cpu" 2> "$tmp/rb.err" ||
+  { cat "$tmp/rb.err"; exit 1; }
+late=$(awk -v t="$tol" 'BEGIN { print (t + 0 > 2e-3) ? t : 2e-3 }')
+grep -E '^(LOSS|NORM) 1 ' "$tmp/rb_cpu" > "$tmp/want"; grep -E '^(LOSS|NORM) 1 ' "$tmp/rb" > "$tmp/got"
+runs_close "backend=$backend comm=$comm: bf16 reduce=bf16 dp=2 vs the CPU's (step 1)" "$tmp/want" "$tmp/got" 1 "$tol" &&
+  runs_close "backend=$backend comm=$comm: bf16 reduce=bf16 dp=2 vs the CPU's (every step)" "$tmp/rb_cpu" "$tmp/rb" \
+    "$steps" "$late" || exit 1
 
 # Expert parallelism in device memory (session_ep.c, moe.c): a 4-expert top-2 MoE block,
 # dp=2 ep=2 (each rank 2 of the experts), against one rank on the same backend. The token

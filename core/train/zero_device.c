@@ -75,9 +75,15 @@ loom_status zero_buf_copy(loom_zero *z, float *dst, const float *src, size_t flo
 loom_status zero_device_init(loom_zero *z, const loom_zero_config *c)
 {
     z->device = 1;
-    if (c->ep || c->params_offloaded)
-        LOOM_FAIL(LOOM_ERR_INTERNAL, "ZeRO in device memory: ep and offload.params are refused "
-                  "before (session.c check_device, offload.c)");
+    if (c->params_offloaded)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy.offload.params = true on a device backend is not built yet: stage 3's "
+                  "units would be gathered from the partition read out of the host pool "
+                  "(zero_params_store.c's staging is host memory, which the device dp group's "
+                  "all-gathers cannot send); use offload.params = false (the optimizer state "
+                  "still offloads beside zero = 3), or backend = \"cpu\"");
+    if (c->ep)
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "ZeRO in device memory: ep is refused before (session.c "
+                  "check_device)");
     /* the buckets' collectives over the groups for the backend's memory; the norm's
      * exchange of host doubles over the host group (hcomm, set by the caller) */
     int n = 0;

@@ -378,6 +378,13 @@ grep -E '^(LOSS|NORM) 1 ' "$tmp/rb_cpu" > "$tmp/want"; grep -E '^(LOSS|NORM) 1 '
 runs_close "backend=$backend comm=$comm: bf16 reduce=bf16 dp=2 vs the CPU's (step 1)" "$tmp/want" "$tmp/got" 1 "$tol" &&
   runs_close "backend=$backend comm=$comm: bf16 reduce=bf16 dp=2 vs the CPU's (every step)" "$tmp/rb_cpu" "$tmp/rb" \
     "$steps" "$late" || exit 1
+if out=$("$loom" launch -n 2 "$recipe" "${zargs[@]}" comm="$comm" mesh.dp=2 strategy.zero=3 "${off[@]}" \
+    strategy.offload.params=true 2>&1); then
+  echo "backend=$backend with zero=3 and offload.params: accepted"; exit 1
+fi
+grep -q "strategy.offload.params = true on a device backend is not built yet" <<< "$out" ||
+  { echo "backend=$backend with zero=3 and offload.params: unexpected message: $out"; exit 1; }
+echo "backend=$backend: offload.params beside zero=3 refused with a message"
 
 # Expert parallelism in device memory (session_ep.c, moe.c): a 4-expert top-2 MoE block,
 # dp=2 ep=2 (each rank 2 of the experts), against one rank on the same backend. The token

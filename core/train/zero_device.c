@@ -11,7 +11,9 @@
  * before use as on the host. Where the backend has vm ops, zero_sparse.c makes the model's
  * gradient and parameter buffers sparse (committed where live); without them a "release"
  * clears the unit's own range instead (a device allocation stays resident), so a read of a
- * released unit reads zeros, not last step's values.
+ * released unit reads zeros, not last step's values. With 16-bit weights below stage 3 the
+ * fp32 master's partition is part_params here too (zero_master.c; zero_device_params takes
+ * it); with the optimizer offloaded the state partition is the offload's (none here).
  */
 #include "zero_internal.h"
 

@@ -32,7 +32,8 @@
 #    TOL of one rank's fast run, the loss falling. zb1 and the fast run post each run of
 #    transfers as one group (LOOM_PP_GROUPED=1; nccl's path, automatic there).
 #  - expert parallelism (dp=2 ep=2, a MoE block): see its section at the end;
-#  - ZeRO with bf16 weights, and offload beside ZeRO: see their blocks after pp's.
+#  - ZeRO with bf16 weights, offload beside ZeRO, reduce = "bf16" and the offload.params
+#    refusal: see their blocks after pp's.
 # BACKEND cudaemu (the CUDA kernels emulated on the CPU; meson runs it under
 # LOOM_CUDAEMU_GUARD=1, so a device buffer handed to the host communicator, or any host read
 # of one, is a segfault) runs everywhere with COMM=shm. BACKEND cuda needs a GPU, and

@@ -28,6 +28,7 @@ static void host_free(void *p);
 static loom_status host_group(loom_group g, const struct loom_comm_ops **ops, void **comm, int *size);
 static loom_status host_device_group(loom_group g, const struct loom_comm_ops **ops, void **comm,
                                      int *size);
+static const struct loom_backend_ops *host_device_backend(void **self);
 
 static loom_host host = {
     .size = sizeof(loom_host),
@@ -40,6 +41,7 @@ static loom_host host = {
     .world = 1,
     .group = host_group,
     .device_group = host_device_group,
+    .device_backend = host_device_backend,
 };
 
 /* The mesh's groups, set by the core once its communicators exist. */
@@ -62,11 +64,23 @@ void loom_core_host_set_groups(const struct loom_comm_ops *ops, void *const comm
 static const struct loom_comm_ops *device_ops;
 static void *device_comm[4];
 
-void loom_core_host_set_device_groups(const struct loom_comm_ops *ops, void *const comms[4])
+static const struct loom_backend_ops *device_be; /* whose memory they carry */
+static void *device_be_self;
+
+void loom_core_host_set_device_groups(const struct loom_comm_ops *ops, void *const comms[4],
+                                      const struct loom_backend_ops *be, void *be_self)
 {
     device_ops = ops;
     for (int g = 0; g < 4; g++)
         device_comm[g] = ops ? comms[g] : NULL;
+    device_be = ops ? be : NULL;
+    device_be_self = ops ? be_self : NULL;
+}
+
+static const struct loom_backend_ops *host_device_backend(void **self)
+{
+    *self = device_be_self;
+    return device_be;
 }
 
 static loom_status pick_group(const struct loom_comm_ops *gops, void *const comms[4], loom_group g,

@@ -46,7 +46,10 @@ void loom_core_host_set_rank(int rank, int world);
 void loom_core_host_set_groups(const struct loom_comm_ops *ops, void *const comms[4],
                                const int sizes[4]);
 /* Set the groups loom_host.device_group gives for the backend's memory (the same sizes as
- * the mesh's); ops NULL: none, device_group gives group's. */
-void loom_core_host_set_device_groups(const struct loom_comm_ops *ops, void *const comms[4]);
+ * the mesh's) and that backend (loom_host.device_backend); ops NULL: none, device_group
+ * gives group's and device_backend NULL. */
+struct loom_backend_ops;
+void loom_core_host_set_device_groups(const struct loom_comm_ops *ops, void *const comms[4],
+                                      const struct loom_backend_ops *be, void *be_self);
 
 #endif

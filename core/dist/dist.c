@@ -269,7 +269,7 @@ loom_status loom_dist_device_open(loom_backend *be)
         dev.g[i] = g[i];
     dev.kind = dev.kind_buf;
     dev.open = 1;
-    loom_core_host_set_device_groups(ops, dev.g);
+    loom_core_host_set_device_groups(ops, dev.g, be->ops, be->self);
     return LOOM_OK;
 }
 
@@ -277,7 +277,7 @@ void loom_dist_device_close(void)
 {
     if (!dev.open)
         return;
-    loom_core_host_set_device_groups(NULL, dev.g);
+    loom_core_host_set_device_groups(NULL, dev.g, NULL, NULL);
     for (int i = 3; i >= 0; i--)
         if (dev.g[i])
             dev.ops->destroy(dev.g[i]);

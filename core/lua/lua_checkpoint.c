@@ -208,8 +208,7 @@ static int l_export(lua_State *L)
         return luaL_error(L, "export_safetensors: under strategy zero=3 each rank keeps its "
                           "partition of the fp32 parameters; save a checkpoint and use loom ckpt "
                           "export on it");
-    loom_session_to_host(s); /* a device backend's parameters into the host mirror */
-    const float *data = loom_session_host_params(s);
+    const float *data = loom_session_host_params(s); /* filled before the write, below */
     for (int i = 0; i < t->count; i++)
         for (int d = 0; d < t->entries[i].ndim; d++)
             if (t->entries[i].slice_len[d] != t->entries[i].shape[d])
@@ -265,9 +264,11 @@ static int l_export(lua_State *L)
     uint64_t bytes, sum;
     /* zero=1/2 with 16-bit weights: the file is the fp32 master, as without the partition
      * (not the 16-bit compute copy, which would round it): gathered whole into the model's
-     * buffer for the write (a collective: every rank calls this), its pages released after */
+     * buffer for the write (a collective: every rank calls this), its pages released after;
+     * then a device backend's parameters copied into the host mirror the tensors point at */
     if (z && loom_zero_master_gather(z) != LOOM_OK)
         return raise_status(L);
+    loom_session_to_host(s);
     loom_status st = loom_safetensors_write(path, ts, t->count, meta, n_meta, &bytes, &sum);
     if (z)
         loom_zero_master_release(z);

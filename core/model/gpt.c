@@ -846,6 +846,9 @@ void loom_gpt_use_sparse_buffer(loom_gpt *m, int which, float *sparse)
     *mapped = 0;
     *buf = sparse;
     bind_params(m, sparse, which ? &m->g : &m->p);
+    if (!which && m->c16) /* 16-bit weights: the passes read the compute copy's views, not
+                           * the fp32 buffer bind_params points at */
+        gpt_w16_bind(m);
     if (which)
         m->grads_sparse = 1;
     else

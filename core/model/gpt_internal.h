@@ -318,6 +318,8 @@ static inline void gpt_matmul_backward(loom_gpt *m, float *dinp, float *dw, floa
  * edge_of[entry] where given (gpt_w16_setup; loom_gpt_footprint sizes with NULL). */
 void gpt_w16_layout(loom_gpt *m, size_t *edge_of);
 loom_status gpt_w16_setup(loom_gpt *m);
+/* The parameter pointers (bound to m->params) moved onto the 16-bit copy's views. */
+void gpt_w16_bind(loom_gpt *m);
 void gpt_w16_free(loom_gpt *m);
 void gpt_w16_refresh(loom_gpt *m);
 /* ZeRO-3: unit u (gpt.h's units) was just gathered into params: its span narrowed into

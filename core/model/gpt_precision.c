@@ -152,11 +152,31 @@ void gpt_w16_layout(loom_gpt *m, size_t *edge_of)
     m->edge_n = n_edge;
 }
 
+/* The model's parameter pointers (bound to the fp32 master, m->params) moved to where
+ * the passes read the 16-bit weights: the widened block scratch, the edge copies, or NULL
+ * for the embeddings and the head (read through the compute copy). Again after the fp32
+ * buffer is swapped for a sparse one (loom_gpt_use_sparse_buffer rebinds to it). */
+void gpt_w16_bind(loom_gpt *m)
+{
+    model_params *p = &m->p;
+    p->wte = relocate(m, p->wte);
+    p->wpe = relocate(m, p->wpe);
+    p->lnfw = relocate(m, p->lnfw);
+    p->lnfb = relocate(m, p->lnfb);
+    p->head = NULL;
+    for (int l = 0; l < m->cfg.layers; l++) {
+        if (!m->own[l])
+            continue;
+        float **f = (float **)&p->layer[l]; /* layer_params: float pointers only */
+        for (size_t j = 0; j < sizeof(layer_params) / sizeof(float *); j++)
+            f[j] = relocate(m, f[j]);
+    }
+}
+
 loom_status gpt_w16_setup(loom_gpt *m)
 {
     const loom_backend_ops *k = m->be->ops;
     const loom_param_table *t = &m->table;
-    model_params *p = &m->p; /* bound to the master (m->params) until the end of this */
     m->edge_of = calloc((size_t)t->count + 1, sizeof *m->edge_of);
     if (!m->edge_of)
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
@@ -170,18 +190,7 @@ loom_status gpt_w16_setup(loom_gpt *m)
         LOOM_FAIL(LOOM_ERR_NOMEM, "cannot allocate %.1f MiB for the %s compute copy of the "
                   "weights and %.1f MiB to widen it", (double)t->total * 2 / (1 << 20),
                   loom_dtype_name(m->param_dt), (double)(m->wide_cap + n_edge) * 4 / (1 << 20));
-    p->wte = relocate(m, p->wte);
-    p->wpe = relocate(m, p->wpe);
-    p->lnfw = relocate(m, p->lnfw);
-    p->lnfb = relocate(m, p->lnfb);
-    p->head = NULL;
-    for (int l = 0; l < m->cfg.layers; l++) {
-        if (!m->own[l])
-            continue;
-        float **f = (float **)&p->layer[l]; /* layer_params: float pointers only */
-        for (size_t j = 0; j < sizeof(layer_params) / sizeof(float *); j++)
-            f[j] = relocate(m, f[j]);
-    }
+    gpt_w16_bind(m);
     m->wide_unit = -1;
     return LOOM_OK;
 }

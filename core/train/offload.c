@@ -127,7 +127,8 @@ loom_status loom_offload_create(const loom_offload_config *c, const loom_optim_s
     cap = cap < o->per_elem ? o->per_elem : cap;
     loom_status st = o->dev && c->param_off
         ? loom_fail(LOOM_ERR_UNSUPPORTED, "strategy.offload.params = true on a device backend "
-                    "is not built (ZeRO stage 3 does not train in device memory yet)")
+                    "is not built yet (the partition's staging for stage 3's gathers is host "
+                    "memory: zero_device.c refuses it first); use offload.params = false")
         : make_chunks(o, segs, state_off, c->param_off, n, cap);
     if (st == LOOM_OK && c->mode == LOOM_OFFLOAD_HOST) {
         /* A pool of its own: on a device backend its host_alloc's (CUDA: pinned), stepped

@@ -743,15 +743,8 @@ static loom_status check_device(loom_session *s, const loom_session_config *cfg,
     void *world;
     int size = 1;
     LOOM_TRY(loom_core_host()->group(LOOM_GROUP_WORLD, &wops, &world, &size));
-    const loom_config_value *reduce = cfg->strategy ? loom_config_get(cfg->strategy, "reduce")
-                                                    : NULL;
     /* what still reads or writes host memory where the buffers are the device's */
-    const char *what = size > 1 && reduce && reduce->string && !strcmp(reduce->string, "bf16")
-                           ? "reduce = \"bf16\" (the dp strategy rounds its buckets on the host)"
-                       : size > 1 && cfg->zero_stage > 0 && cfg->offload_mode != LOOM_OFFLOAD_NONE
-                           ? "strategy offload beside strategy.zero (offload_device.c steps the "
-                             "model's whole buffers, not ZeRO's partitions)"
-                       : device_teacher_refusal(cfg);
+    const char *what = device_teacher_refusal(cfg);
     if (what)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "backend %s: training in device memory with %s is not "
                   "built yet; it trains one rank, mesh.dp, mesh.tp and mesh.pp ranks, ZeRO or "

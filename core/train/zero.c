@@ -159,7 +159,7 @@ loom_status loom_zero_create(const loom_zero_config *c, loom_gpt *m, loom_backen
         z->part = z->padded / (size_t)z->n;
         z->state_floats = (size_t)c->state_slots * z->part;
         if (z->device)
-            st = zero_device_state(z);
+            st = zero_device_state(z, c->offloaded);
         else if (z->state_floats && !c->offloaded &&
                  !(z->state = malloc(z->state_floats * sizeof(float))))
             st = loom_fail(LOOM_ERR_NOMEM, "out of memory for the ZeRO optimizer state partition");
@@ -274,8 +274,8 @@ static loom_status gather_range(loom_zero *z, char *buf, size_t es, loom_dtype d
     }
     const zero_bucket *last = &z->buckets[k1];
     if (st == LOOM_OK && bucket_base(z, last, buf, es) == (char *)z->tail) {
-        if (narrow) /* host memory only (zero_device.c refuses 16-bit weights) */
-            memcpy(buf + last->lo * es, z->tail, (z->total - last->lo) * es);
+        if (narrow) /* the 16-bit elements that exist (a device's: through the host) */
+            st = zero_buf_copy_bytes(z, buf + last->lo * es, z->tail, (z->total - last->lo) * es);
         else
             st = zero_buf_copy(z, (float *)(buf + last->lo * es), z->tail, z->total - last->lo);
     }
@@ -343,7 +343,10 @@ void loom_zero_memory(const loom_zero *z, loom_memory *out)
     out->optimizer = z->state ? z->state_floats * sizeof(float) : 0;
     out->grads = z->reduces ? z->part * sizeof(float) : 0;
     out->grads_peak_resident = z->gsparse ? zero_device_grads_peak(z) : z->resident_peak;
-    out->params = z->part_params ? (z->part + zero_master_kept_floats(z)) * sizeof(float) : 0;
+    /* master16 on a device: the model's fp32 buffer stays allocated beside the partition
+     * (cleared, not handed back: zero_drop_pages), so it is counted whole */
+    size_t whole = z->master16 && z->device ? z->total : zero_master_kept_floats(z);
+    out->params = z->part_params ? (z->part + whole) * sizeof(float) : 0;
     out->params_offloaded = z->store ? z->part * sizeof(float) : 0;
     out->params_peak_resident = z->psparse ? zero_device_params_peak(z) : z->params_peak;
     out->comm = ((size_t)ZERO_ALIGN * (size_t)z->n * (z->tail3 ? 2 : 1) + z->staging_floats +

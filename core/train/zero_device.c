@@ -11,7 +11,9 @@
  * before use as on the host. Where the backend has vm ops, zero_sparse.c makes the model's
  * gradient and parameter buffers sparse (committed where live); without them a "release"
  * clears the unit's own range instead (a device allocation stays resident), so a read of a
- * released unit reads zeros, not last step's values.
+ * released unit reads zeros, not last step's values. With 16-bit weights below stage 3 the
+ * fp32 master's partition is part_params here too (zero_master.c; zero_device_params takes
+ * it); with the optimizer offloaded the state partition is the offload's (none here).
  */
 #include "zero_internal.h"
 
@@ -47,24 +49,30 @@ void zero_buf_clear(loom_zero *z, float *p, size_t floats)
         memset(p, 0, floats * sizeof(float));
 }
 
-/* Buffer to buffer (both host, or both the device's). The backend has no device-to-device
- * copy; this moves at most the tail bucket (U*N floats), so through a host bounce: bits
- * unchanged (an add of zeros would turn -0 into +0). */
-loom_status zero_buf_copy(loom_zero *z, float *dst, const float *src, size_t floats)
+/* Buffer to buffer (both host, or both the device's), in bytes. The backend has no
+ * device-to-device copy; this moves at most a bucket's sub-block or the tail bucket (the
+ * 16-bit compute copy's tail: 2-byte elements), so through a host bounce: bits unchanged
+ * (an add of zeros would turn -0 into +0). */
+loom_status zero_buf_copy_bytes(loom_zero *z, void *dst, const void *src, size_t bytes)
 {
-    if (!floats)
+    if (!bytes)
         return LOOM_OK;
     if (!z->device) {
-        memcpy(dst, src, floats * sizeof(float));
+        memcpy(dst, src, bytes);
         return LOOM_OK;
     }
-    float *bounce = malloc(floats * sizeof(float));
+    void *bounce = malloc(bytes);
     if (!bounce)
-        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for ZeRO's tail staging");
-    z->be->ops->copy_to_host(z->be->self, bounce, src, floats * sizeof(float));
-    z->be->ops->copy_to_device(z->be->self, dst, bounce, floats * sizeof(float));
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for ZeRO's staging through the host");
+    z->be->ops->copy_to_host(z->be->self, bounce, src, bytes);
+    z->be->ops->copy_to_device(z->be->self, dst, bounce, bytes);
     free(bounce);
     return LOOM_OK;
+}
+
+loom_status zero_buf_copy(loom_zero *z, float *dst, const float *src, size_t floats)
+{
+    return zero_buf_copy_bytes(z, dst, src, floats * sizeof(float));
 }
 
 void zero_buf_move(loom_zero *z, float *dst, const float *src, size_t floats)
@@ -80,14 +88,14 @@ void zero_buf_move(loom_zero *z, float *dst, const float *src, size_t floats)
 loom_status zero_device_init(loom_zero *z, const loom_zero_config *c)
 {
     z->device = 1;
-    if (c->master16)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy.zero = %d with 16-bit weights in device memory "
-                  "is not built yet: the fp32 master's partition and its rounding into the "
-                  "compute copy (zero_master.c) are host code; use precision = \"fp32\", or "
-                  "backend = \"cpu\"", c->stage);
-    if (c->offloaded || c->ep || c->params_offloaded)
-        LOOM_FAIL(LOOM_ERR_INTERNAL, "ZeRO in device memory: offload is refused before "
-                  "(session.c check_device), and ep takes zero_ep.c's own path");
+    if (c->params_offloaded)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy.offload.params = true on a device backend is not built yet: stage 3's "
+                  "units would be gathered from the partition read out of the host pool "
+                  "(zero_params_store.c's staging is host memory, which the device dp group's "
+                  "all-gathers cannot send); use offload.params = false (the optimizer state "
+                  "still offloads beside zero = 3), or backend = \"cpu\"");
+    if (c->ep)
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "ZeRO in device memory: ep takes zero_ep.c's own path");
     /* the buckets' collectives over the groups for the backend's memory; the norm's
      * exchange of host doubles over the host group (hcomm, set by the caller) */
     int n = 0;
@@ -98,9 +106,10 @@ loom_status zero_device_init(loom_zero *z, const loom_zero_config *c)
     return LOOM_OK;
 }
 
-loom_status zero_device_state(loom_zero *z)
+loom_status zero_device_state(loom_zero *z, int offloaded)
 {
-    if (!z->state_floats)
+    if (!z->state_floats || offloaded) /* offloaded: the offload's host pool or file holds it,
+                                        * stepped over these segments (offload_device.c) */
         return LOOM_OK;
     z->state = zero_buf_alloc(z, z->state_floats);
     z->host_state = calloc(z->state_floats, sizeof(float));

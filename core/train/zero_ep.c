@@ -297,7 +297,7 @@ loom_status zero_ep_create(const loom_zero_config *c, loom_gpt *m, loom_backend 
         x->staging = zero_buf_alloc(z, stage);
         if (z->device) {
             if (st == LOOM_OK)
-                st = zero_device_state(z); /* zeroed, with its host mirror */
+                st = zero_device_state(z, 0); /* zeroed, with its host mirror (offload is refused above) */
         } else if (z->state_floats && (z->state = malloc(z->state_floats * sizeof(float))))
             memset(z->state, 0, z->state_floats * sizeof(float)); /* touched now, as zero.c's */
         if (st == LOOM_OK && (!z->segments || !z->seg_entry || !z->seg_state_off ||

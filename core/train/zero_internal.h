@@ -118,19 +118,20 @@ struct loom_zero {
 loom_status zero_reduce_init(loom_zero *z);
 /* zero_device.c: ZeRO's buffers in the backend's memory where it is a device's (zeroed
  * allocations, cleared, freed; copy: buffer to buffer, bits unchanged), host memory
- * otherwise; init takes the device dp group and refuses what is not built there (16-bit
- * weights); state allocates the state partition and its host mirror. */
+ * otherwise; init takes the device dp group (offload and ep were refused before); state
+ * allocates the state partition and its host mirror. */
 float *zero_buf_alloc(loom_zero *z, size_t floats);
 void zero_buf_free(loom_zero *z, float *p);
 void zero_buf_clear(loom_zero *z, float *p, size_t floats);
 loom_status zero_buf_copy(loom_zero *z, float *dst, const float *src, size_t floats);
+loom_status zero_buf_copy_bytes(loom_zero *z, void *dst, const void *src, size_t bytes);
 /* The same, many small runs (ep's packing and unpacking, zero_ep*.c): a device's by the
  * backend's ops (loom_backend_copy_bits: no host bounce), host memory by memcpy. */
 void zero_buf_move(loom_zero *z, float *dst, const float *src, size_t floats);
 loom_status zero_device_init(loom_zero *z, const loom_zero_config *c);
-loom_status zero_device_state(loom_zero *z);
-/* zero_device.c, stage 3: part_params and its host mirror in the backend's memory, this
- * rank's partition of the model's initial values copied in (through the host). */
+loom_status zero_device_state(loom_zero *z, int offloaded);
+/* zero_device.c, stage 3 and master16: part_params and its host mirror in the backend's
+ * memory, this rank's partition of the model's initial values copied in (through the host). */
 loom_status zero_device_params(loom_zero *z);
 /* zero_sparse.c, sparse model buffers (the backend's vm ops; none: no-ops, today's whole
  * allocations): sparse swaps the buffers in after the inits; bucket_hold commits bucket

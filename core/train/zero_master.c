@@ -13,6 +13,10 @@
  * for bit. The model's fp32 buffer is then address space: its pages are handed back to the
  * OS here and never read again (the model is told the master lives elsewhere, gpt.h).
  * Checkpoints write and read the master as stage 3's parameter slices (zero_ckpt.h).
+ * On a device backend (zero_device.c) the partition is the backend's memory with a host
+ * mirror, the rounding the backend's convert_from_f32, the copies between the partition
+ * and the model's buffer go through the host a sub-block at a time, and the "released"
+ * fp32 buffer is cleared, not handed back (a device allocation stays resident).
  */
 #include "zero_internal.h"
 
@@ -23,9 +27,10 @@
 
 /* This rank's sub-block of buckets k0 .. k1 between the model's flat buffer and the
  * partition: into the partition (to_part = 1) or back where it belongs in the buffer; the
- * padding past the buffer's end only in the partition. */
-static void copy_sub_blocks(const loom_zero *z, float *params, float *part, int to_part, int k0,
-                            int k1)
+ * padding past the buffer's end only in the partition. dev: both are a device backend's
+ * memory (zero_buf_copy_bytes: through the host, a sub-block at a time), else host memory. */
+static loom_status copy_sub_blocks(loom_zero *z, float *params, float *part, int to_part,
+                                   int k0, int k1, int dev)
 {
     for (int k = k0; k <= k1; k++) {
         const zero_bucket *b = &z->buckets[k];
@@ -33,11 +38,14 @@ static void copy_sub_blocks(const loom_zero *z, float *params, float *part, int 
         if (a >= z->total)
             continue;
         size_t bytes = ((e < z->total ? e : z->total) - a) * sizeof(float);
-        if (to_part)
-            memcpy(part + b->part_off, params + a, bytes);
+        void *dst = to_part ? (void *)(part + b->part_off) : (void *)(params + a);
+        const void *src = to_part ? (const void *)(params + a) : (const void *)(part + b->part_off);
+        if (dev)
+            LOOM_TRY(zero_buf_copy_bytes(z, dst, src, bytes));
         else
-            memcpy(params + a, part + b->part_off, bytes);
+            memcpy(dst, src, bytes);
     }
+    return LOOM_OK;
 }
 
 /* The elements [lo, hi) of the model's buffer the kept buckets span (lo = hi = total: none). */
@@ -63,7 +71,7 @@ static void drop_unkept(loom_zero *z)
 
 void zero_copy_partition(const loom_zero *z, const float *params, float *part)
 {
-    copy_sub_blocks(z, (float *)params, part, 1, 0, z->n_buckets - 1);
+    (void)copy_sub_blocks((loom_zero *)z, (float *)params, part, 1, 0, z->n_buckets - 1, 0);
 }
 
 int zero_master_whole(void)
@@ -74,12 +82,16 @@ int zero_master_whole(void)
 
 loom_status zero_master_init(loom_zero *z)
 {
-    if (!(z->part_params = calloc(z->part + 1, sizeof(float))))
+    /* from the initial values every rank drew alike (the compute copy was rounded from
+     * them when the precision was set); a device: the partition in its memory beside a host
+     * mirror for checkpoints (zero_device.c, as stage 3's parameter partition) */
+    if (z->device)
+        LOOM_TRY(zero_device_params(z));
+    else if (!(z->part_params = calloc(z->part + 1, sizeof(float))))
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the fp32 master partition (%zu MiB)",
                   z->part * sizeof(float) >> 20);
-    /* from the initial values every rank drew alike (the compute copy was rounded from
-     * them when the precision was set) */
-    zero_copy_partition(z, loom_gpt_param_data(z->model), z->part_params);
+    else
+        zero_copy_partition(z, loom_gpt_param_data(z->model), z->part_params);
     LOOM_TRY(loom_gpt_set_master_elsewhere(z->model, 1));
     z->master16 = 1;
     drop_unkept(z);
@@ -90,7 +102,8 @@ loom_status loom_zero_params_written(loom_zero *z)
 {
     if (!z->master16)
         return LOOM_OK;
-    zero_copy_partition(z, loom_gpt_param_data(z->model), z->part_params);
+    LOOM_TRY(copy_sub_blocks(z, loom_gpt_param_data(z->model), z->part_params, 1, 0,
+                             z->n_buckets - 1, z->device));
     LOOM_TRY(loom_gpt_set_master_elsewhere(z->model, 0)); /* the compute copy from it */
     loom_gpt_refresh_all_params(z->model);
     LOOM_TRY(loom_gpt_set_master_elsewhere(z->model, 1));
@@ -106,7 +119,8 @@ loom_status loom_zero_master_gather(loom_zero *z)
 {
     if (!z->master16)
         return LOOM_OK;
-    copy_sub_blocks(z, loom_gpt_param_data(z->model), z->part_params, 0, 0, z->n_buckets - 1);
+    LOOM_TRY(copy_sub_blocks(z, loom_gpt_param_data(z->model), z->part_params, 0, 0,
+                             z->n_buckets - 1, z->device));
     return zero_gather_f32(z, 0, z->n_buckets - 1);
 }
 
@@ -123,8 +137,8 @@ loom_status zero_master_gather_kept(loom_zero *z)
 {
     if (!z->kept)
         return LOOM_OK;
-    copy_sub_blocks(z, loom_gpt_param_data(z->model), z->part_params, 0, z->kept_first,
-                    z->kept_last);
+    LOOM_TRY(copy_sub_blocks(z, loom_gpt_param_data(z->model), z->part_params, 0, z->kept_first,
+                             z->kept_last, z->device));
     return zero_gather_f32(z, z->kept_first, z->kept_last);
 }
 

@@ -96,6 +96,7 @@ typedef enum loom_group {
 } loom_group;
 
 struct loom_comm_ops; /* include/loom/plugin/comm.h */
+struct loom_backend_ops; /* include/loom/plugin/backend.h */
 
 /* Services the core offers plugins; the only way a plugin reaches the core, so a plugin
  * needs nothing but these headers. Append-only, like SQLite's extension API table. */
@@ -123,6 +124,11 @@ typedef struct loom_host {
      * backend the very communicator group() gives. Absent where size ends before it. */
     loom_status (*device_group)(loom_group g, const struct loom_comm_ops **ops, void **comm,
                                 int *size);
+    /* The device backend whose memory device_group()'s buffers are in, and its instance in
+     * *self, for a plugin that must transform such a buffer before sending it (the dp
+     * strategy's bf16 rounding: plugin/backend.h's convert ops); NULL where device_group()
+     * is group() (a host-memory backend, or one rank). Absent where size ends before it. */
+    const struct loom_backend_ops *(*device_backend)(void **self);
 } loom_host;
 
 /* The descriptor. Field order is ABI. */

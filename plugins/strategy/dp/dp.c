@@ -14,7 +14,10 @@
  * reduce = "bf16" (set by the core for precision = { "bf16", reduce = "bf16" }): each
  * bucket is rounded to bf16 (to nearest even) into a staging buffer and all-reduced as
  * bf16 — half the bytes on the wire; the communicator sums in fp32 and rounds once — and
- * widened back into the fp32 gradient when before_step has waited for it.
+ * widened back into the fp32 gradient when before_step has waited for it. Where the
+ * gradients are a device backend's memory (loom_host.device_backend) the staging is that
+ * backend's too, rounded and widened by its convert ops (plugin/backend.h: the same
+ * rounding, to nearest even, NaN quiet), so the host never reads the buffer.
  * What it does not: canonical mode's fixed-order reduction (the core's grad_sync does
  * that), sharding (zero), or anything outside the dp group.
  * Invariants: at most MAX_INFLIGHT buckets outstanding; buffers are the core's; the only
@@ -25,6 +28,7 @@
 #include <string.h>
 
 #include "loom/plugin.h"
+#include "loom/plugin/backend.h"
 #include "loom/plugin/comm.h"
 #include "loom/plugin/strategy.h"
 
@@ -54,6 +58,8 @@ typedef struct dp {
     int bf16;        /* reduce = "bf16" */
     uint16_t *stage; /* bf16: the buckets on the wire, indexed as the gradient buffer */
     size_t stage_n;
+    const loom_backend_ops *be; /* bf16 over a device's memory: its convert ops and alloc */
+    void *be_self;
 } dp;
 
 static uint16_t to_bf16(float f) /* to nearest even; NaN stays a (quiet) NaN */
@@ -99,6 +105,16 @@ static loom_status dp_create(const loom_host *host, const loom_config *cfg, void
     d->comm = ops;
     d->group = group;
     d->bf16 = strcmp(reduce, "bf16") == 0;
+    if (d->bf16 && host->size > offsetof(loom_host, device_backend) && host->device_backend)
+        d->be = host->device_backend(&d->be_self);
+    if (d->be && (d->be->size < offsetof(loom_backend_ops, convert_to_f32) +
+                                    sizeof d->be->convert_to_f32 ||
+                  !d->be->convert_from_f32 || !d->be->convert_to_f32)) {
+        host->free(d);
+        return host->fail(LOOM_ERR_UNSUPPORTED, "dp: reduce=\"bf16\" over a device backend's "
+                          "memory needs its convert_from_f32 and convert_to_f32 ops "
+                          "(plugin/backend.h); use reduce = \"f32\"");
+    }
     d->bucket_elems = (size_t)(mb * 1024 * 1024 / sizeof(float));
     if (d->bucket_elems == 0)
         d->bucket_elems = 1;
@@ -110,7 +126,10 @@ static void dp_destroy(void *self)
 {
     dp *d = self;
     if (d) {
-        d->host->free(d->stage);
+        if (d->be)
+            d->be->free(d->be_self, d->stage);
+        else
+            d->host->free(d->stage);
         d->host->free(d);
     }
 }
@@ -126,14 +145,22 @@ static loom_status flush(dp *d)
     void *wire = p;
     if (d->bf16) {
         if (d->hi > d->stage_n) { /* the first bucket ends at the buffer's end: one growth */
-            d->host->free(d->stage);
-            d->stage = d->host->alloc(d->hi * sizeof *d->stage);
+            size_t bytes = d->hi * sizeof *d->stage;
+            if (d->be)
+                d->be->free(d->be_self, d->stage);
+            else
+                d->host->free(d->stage);
+            d->stage = d->be ? d->be->alloc(d->be_self, bytes) : d->host->alloc(bytes);
             d->stage_n = d->stage ? d->hi : 0;
             if (!d->stage)
                 return d->host->fail(LOOM_ERR_NOMEM, "dp: out of memory for the bf16 buckets");
         }
-        for (size_t i = d->lo; i < d->hi; i++)
-            d->stage[i] = to_bf16(d->grads[i]);
+        if (d->be)
+            d->be->convert_from_f32(d->stage + d->lo, d->grads + d->lo, d->hi - d->lo,
+                                    LOOM_DTYPE_BF16);
+        else
+            for (size_t i = d->lo; i < d->hi; i++)
+                d->stage[i] = to_bf16(d->grads[i]);
         wire = d->stage + d->lo;
     }
     loom_status st = d->comm->allreduce_start(d->group, wire, wire, d->hi - d->lo,
@@ -186,7 +213,10 @@ static loom_status dp_before_step(void *self)
         loom_status w = d->comm->wait(d->group, d->inflight[i]);
         if (st == LOOM_OK)
             st = w;
-        for (size_t j = d->span[i][0]; d->bf16 && w == LOOM_OK && j < d->span[i][1]; j++)
+        size_t lo = d->span[i][0], hi = d->span[i][1];
+        if (d->bf16 && w == LOOM_OK && d->be)
+            d->be->convert_to_f32(d->grads + lo, d->stage + lo, hi - lo, LOOM_DTYPE_BF16);
+        for (size_t j = lo; d->bf16 && w == LOOM_OK && !d->be && j < hi; j++)
             d->grads[j] = from_bf16(d->stage[j]);
     }
     d->n_inflight = 0;

@@ -242,10 +242,11 @@ loom_status zero_ep_create(const loom_zero_config *c, loom_gpt *m, loom_backend 
     ep_part *d = &x->part[0], *e = &x->part[1];
     loom_status st = loom_core_host()->group(LOOM_GROUP_DP, &d->hcomm, &d->hgroup, &d->n);
     if (st == LOOM_OK && z->device && c->master16)
-        st = loom_fail(LOOM_ERR_UNSUPPORTED, "strategy.zero = %d with 16-bit weights in device "
-                       "memory is not built yet: the fp32 master's partition and its rounding "
-                       "into the compute copy (zero_master.c) are host code; use precision = "
-                       "\"fp32\", or backend = \"cpu\"", c->stage);
+        st = loom_fail(LOOM_ERR_UNSUPPORTED, "strategy.zero = %d with 16-bit weights beside "
+                       "mesh.ep in device memory is not built yet: ep's partitions (zero_ep.c) "
+                       "hold no fp32 master, which zero_master.c keeps on a device only for "
+                       "ZeRO without ep; use precision = \"fp32\", mesh.ep = 1, or backend = "
+                       "\"cpu\"", c->stage);
     int dn = d->n;
     if (st == LOOM_OK && z->device)
         st = loom_core_host()->device_group(LOOM_GROUP_DP, &d->comm, &d->group, &dn);

@@ -399,6 +399,14 @@ echo "backend=$backend: offload.params beside zero=3 refused with a message"
 #  - each rank holds its experts alone (MEM's params below one rank's);
 #  - ZeRO beside ep: see the next section.
 moe=("${args[@]}" model.moe.experts=4 model.moe.top_k=2)
+# ZeRO with 16-bit weights beside ep: zero_ep.c's partitions hold no fp32 master (refused)
+if out=$("$loom" launch -n 2 "$recipe" "${moe[@]}" comm="$comm" mesh.dp=2 mesh.ep=2 strategy.zero=1 \
+    precision=bf16 2>&1); then
+  echo "backend=$backend with zero=1, bf16 and ep=2: accepted"; exit 1
+fi
+grep -q "16-bit weights beside mesh.ep in device memory is not built yet" <<< "$out" ||
+  { echo "backend=$backend with zero=1, bf16 and ep=2: unexpected message: $out"; exit 1; }
+echo "backend=$backend: zero=1 with bf16 weights beside ep=2 refused with a message"
 k=$((steps - 2))
 "$loom" run "$recipe" "${moe[@]}" deterministic=canonical > "$tmp/ep_one" 2> "$tmp/ep.err" ||
   { cat "$tmp/ep.err"; exit 1; }

@@ -28,6 +28,12 @@
  * those, which the scalar kernels (fp32 dO, P, dS) do not. dO is first scaled by a power of
  * two per sequence-head (tc_dout_scale), so that fp16 keeps small gradients' bits.
  *
+ * Grouped-query attention (attention_flash_gqa_*: KVH kv heads, qkv rows C + 2 KVH hs wide):
+ * the forward and dq blocks of q head h read kv head h / rep; a dk/dv block belongs to one kv
+ * head and runs its rep query heads one after another (in order) through the same
+ * accumulators, dO scaled by one power of two over those heads. With KVH = NH every index is
+ * the multi-head one.
+ *
  * Shared memory stays under the 48 KiB of a static allocation (at most 41 KiB, forward):
  * the score tiles double as the staging area of what is loaded into fragments once.
  * Row pitches are padded (16-bit rows by 8 values, fp32 rows by 4) against bank conflicts,

@@ -8,7 +8,8 @@
  * within TOL_BF16 / TOL_F16. Also: two runs give the same bits (no atomics), the scalar
  * kernels (LOOM_CUDA_FLASH_TC=0) give other bits (the TC path ran) and the same lse within
  * the same tolerance; a dout 2^-26 as large gives gradients exactly 2^-26 as large (dO's
- * per-head power-of-two scaling, without which fp16 flushes such values). Shapes: T 80 (two query blocks, the second partial; key tiles of 32,
+ * per-head power-of-two scaling, without which fp16 flushes such values). The grouped-query
+ * form (attention_flash_gqa_*) has its own test below. Shapes: T 80 (two query blocks, the second partial; key tiles of 32,
  * the last partial), 40 and 24, NH 2, heads of 64, 32 and 16.
  */
 #include <check.h>

@@ -290,6 +290,51 @@ static inline void gpt_attention_bwd(loom_gpt *m, float *dqkv, float *scratch,
         k->attention_backward(dqkv, scratch, dout, qkv, att, B, T, m->Cl, m->NHl);
 }
 
+/* The llama family's grouped-query attention (backend.h attention_gqa_*, KVH = m->KVHl kv
+ * heads) of qkv the model rounded to act_dt, where the activations are 16-bit: with
+ * KVH = NH (multi-head attention, with its bits: backend.h) through the backend's
+ * attention_forward_dt / _backward_dt as GPT-2's (gpt_attention_fwd / _bwd), with fewer kv
+ * heads through attention_gqa_forward_dt / _backward_dt (the CUDA backend's tensor-core
+ * kernels, on the multi-head ones' condition); where the backend has them (both members).
+ * Every other call is the fp32 _gqa op. Forward, its recomputation and backward take the
+ * same branch, so att holds what the backward expects. */
+static inline int gpt_gqa_dt(const loom_gpt *m)
+{
+    const loom_backend_ops *k = m->be->ops;
+    if (m->act_dt == LOOM_DTYPE_F32)
+        return 0;
+    if (m->KVHl == m->NHl)
+        return k->size > offsetof(loom_backend_ops, attention_backward_dt) &&
+               k->attention_forward_dt && k->attention_backward_dt;
+    return k->size > offsetof(loom_backend_ops, attention_gqa_backward_dt) &&
+           k->attention_gqa_forward_dt && k->attention_gqa_backward_dt;
+}
+
+static inline void gpt_gqa_fwd(loom_gpt *m, float *out, float *att, const float *qkv, int B,
+                               int T)
+{
+    const loom_backend_ops *k = m->be->ops;
+    if (gpt_gqa_dt(m) && m->KVHl == m->NHl)
+        gpt_attention_fwd(m, out, att, qkv, B, T);
+    else if (gpt_gqa_dt(m))
+        k->attention_gqa_forward_dt(out, att, qkv, B, T, m->Cl, m->NHl, m->KVHl, m->act_dt);
+    else
+        k->attention_gqa_forward(out, att, qkv, B, T, m->Cl, m->NHl, m->KVHl);
+}
+
+static inline void gpt_gqa_bwd(loom_gpt *m, float *dqkv, float *scratch, const float *dout,
+                               const float *qkv, const float *att, int B, int T)
+{
+    const loom_backend_ops *k = m->be->ops;
+    if (gpt_gqa_dt(m) && m->KVHl == m->NHl)
+        gpt_attention_bwd(m, dqkv, scratch, dout, qkv, att, B, T);
+    else if (gpt_gqa_dt(m))
+        k->attention_gqa_backward_dt(dqkv, scratch, dout, qkv, att, B, T, m->Cl, m->NHl,
+                                     m->KVHl, m->act_dt);
+    else
+        k->attention_gqa_backward(dqkv, scratch, dout, qkv, att, B, T, m->Cl, m->NHl, m->KVHl);
+}
+
 /* The backward of a product gpt_matmul_forward sends to the 16-bit op (same condition):
  * the backend's matmul_backward_dt (dinp or dw may be NULL; w fp32 holding act_dt values,
  * or with bits the 16-bit copy itself). 1 when it ran; 0, nothing written: the caller makes

@@ -25,7 +25,9 @@
  * (loom_cuda_attention_flash_fwd/_bwd) on the tensor-core kernels.
  *
  * Grouped-query attention (the _gqa entry points, KVH key/value heads) runs the same batched
- * path, the q heads of a kv head as rep strided products (batched_forward's comment).
+ * path, the q heads of a kv head as rep strided products (batched_forward's comment); its
+ * 16-bit entry points (attention_dt.cu) take the tensor-core kernels' grouped-query form
+ * where the fused path would run.
  */
 #include "flash_attention_tc.h"
 #include "kernels.cuh"
@@ -169,31 +171,32 @@ static void batched_decode(float *out, float *att, size_t att_stride, const floa
                                rep * sa, v, W, hs, 0.0f, out + r * hs, C, sh, KVH);
 }
 
-/* The fused path of attention_forward / _backward over qkv of dt (attention_dt.cu's too):
- * att holds lse (B,NH,T), then out's copy (B,T,C). */
+/* The fused path of attention_forward / _backward over qkv of dt with KVH kv heads
+ * (attention_dt.cu's too; KVH < NH: the grouped-query kernels): att holds lse (B,NH,T), then
+ * out's copy (B,T,C). */
 void loom_cuda_attention_flash_fwd(float *out, float *att, const void *qkv, int B, int T, int C,
-                                   int NH, loom_dtype dt)
+                                   int NH, int KVH, loom_dtype dt)
 {
     const size_t n = (size_t)B * T * C;
     float *saved = att + (size_t)B * NH * T;
-    loom_cuda_flash_attention_forward(out, att, qkv, B, T, C, NH, dt);
+    loom_cuda_flash_attention_gqa_forward(out, att, qkv, B, T, C, NH, KVH, dt);
     LOOM_CUDA_LAUNCH("attention_forward (flash: out saved)", copy_kernel, loom_cuda_blocks(n),
                      LOOM_CUDA_THREADS, 0, saved, out, n);
 }
 
 void loom_cuda_attention_flash_bwd(float *dqkv, float *scratch, const float *dout,
                                    const void *qkv, const float *att, int B, int T, int C, int NH,
-                                   loom_dtype dt)
+                                   int KVH, loom_dtype dt)
 {
-    loom_cuda_flash_attention_backward(dqkv, scratch, dout, qkv, att + (size_t)B * NH * T, att, B,
-                                       T, C, NH, dt);
+    loom_cuda_flash_attention_gqa_backward(dqkv, scratch, dout, qkv, att + (size_t)B * NH * T, att,
+                                           B, T, C, NH, KVH, dt);
 }
 
 extern "C" void loom_cuda_attention_forward(float *out, float *att, const float *qkv, int B, int T,
                                             int C, int NH)
 {
     if (flash_takes(B, T, C, NH)) {
-        loom_cuda_attention_flash_fwd(out, att, qkv, B, T, C, NH, LOOM_DTYPE_F32);
+        loom_cuda_attention_flash_fwd(out, att, qkv, B, T, C, NH, NH, LOOM_DTYPE_F32);
         return;
     }
     batched_forward(out, att, qkv, B, T, C, NH, NH);
@@ -205,7 +208,7 @@ extern "C" void loom_cuda_attention_backward(float *dqkv, float *scratch, const 
 {
     /* dqkv (B,T,3C) =, scratch (2,B,NH,T,T), dout (B,T,C), qkv (B,T,3C), att (B,NH,T,T) */
     if (flash_takes(B, T, C, NH)) {
-        loom_cuda_attention_flash_bwd(dqkv, scratch, dout, qkv, att, B, T, C, NH, LOOM_DTYPE_F32);
+        loom_cuda_attention_flash_bwd(dqkv, scratch, dout, qkv, att, B, T, C, NH, NH, LOOM_DTYPE_F32);
         return;
     }
     batched_backward(dqkv, scratch, dout, qkv, att, NULL, B, T, C, NH, NH);

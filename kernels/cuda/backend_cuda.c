@@ -372,6 +372,10 @@ static const loom_backend_ops cuda_ops = {
     .vm_release = loom_cuda_vm_release,
     .attention_forward_dt = loom_cuda_attention_forward_dt,
     .attention_backward_dt = loom_cuda_attention_backward_dt,
+    .attention_flash_gqa_forward = loom_cuda_flash_attention_gqa_forward,
+    .attention_flash_gqa_backward = loom_cuda_flash_attention_gqa_backward,
+    .attention_gqa_forward_dt = loom_cuda_attention_gqa_forward_dt,
+    .attention_gqa_backward_dt = loom_cuda_attention_gqa_backward_dt,
 };
 
 static const loom_config_key cuda_keys[N_KEYS] = {

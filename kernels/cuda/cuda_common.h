@@ -150,7 +150,18 @@ void loom_cuda_flash_attention_forward(float *out, float *lse, const void *qkv, 
 void loom_cuda_flash_attention_backward(float *dqkv, float *scratch, const float *dout,
                                         const void *qkv, const float *out, const float *lse,
                                         int B, int T, int C, int NH, loom_dtype dt);
-/* attention_dt.cu: backend.h attention_forward_dt / _backward_dt. */
+/* flash_attention.cu: backend.h attention_flash_gqa_forward / _backward. */
+void loom_cuda_flash_attention_gqa_forward(float *out, float *lse, const void *qkv, int B, int T,
+                                           int C, int NH, int KVH, loom_dtype dt);
+void loom_cuda_flash_attention_gqa_backward(float *dqkv, float *scratch, const float *dout,
+                                            const void *qkv, const float *out, const float *lse,
+                                            int B, int T, int C, int NH, int KVH, loom_dtype dt);
+/* attention_dt.cu: backend.h attention_forward_dt / _backward_dt and the _gqa ones. */
+void loom_cuda_attention_gqa_forward_dt(float *out, float *att, const float *qkv, int B, int T,
+                                        int C, int NH, int KVH, loom_dtype dt);
+void loom_cuda_attention_gqa_backward_dt(float *dqkv, float *scratch, const float *dout,
+                                         const float *qkv, const float *att, int B, int T, int C,
+                                         int NH, int KVH, loom_dtype dt);
 void loom_cuda_attention_forward_dt(float *out, float *att, const float *qkv, int B, int T,
                                     int C, int NH, loom_dtype dt);
 void loom_cuda_attention_backward_dt(float *dqkv, float *scratch, const float *dout,

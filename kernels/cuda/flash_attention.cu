@@ -255,7 +255,7 @@ extern "C" void loom_cuda_flash_attention_forward(float *out, float *lse, const 
     if (!fa_shape_of(&s, B, T, C, NH, "attention_flash_forward"))
         return;
     if (loom_cuda_flash_tc_takes(C, NH, dt)) {
-        loom_cuda_flash_tc_forward(out, lse, qkv, B, T, C, NH, dt);
+        loom_cuda_flash_tc_forward(out, lse, qkv, B, T, C, NH, NH, dt);
         return;
     }
     dim3 grid((unsigned)((T + FA_ROWS - 1) / FA_ROWS), (unsigned)(B * NH));
@@ -293,11 +293,63 @@ extern "C" void loom_cuda_flash_attention_backward(float *dqkv, float *scratch, 
     LOOM_CUDA_LAUNCH("attention_flash_backward (dsum)", fa_dsum_kernel, loom_cuda_blocks(rows),
                      LOOM_CUDA_THREADS, 0, scratch, dout, out, s);
     if (loom_cuda_flash_tc_takes(C, NH, dt))
-        loom_cuda_flash_tc_backward(dqkv, dout, qkv, lse, scratch, B, T, C, NH, dt);
+        loom_cuda_flash_tc_backward(dqkv, dout, qkv, lse, scratch, B, T, C, NH, NH, dt);
     else if (dt == LOOM_DTYPE_BF16)
         fa_backward(dqkv, dout, (const loom_bf16 *)qkv, lse, scratch, s);
     else if (dt == LOOM_DTYPE_F16)
         fa_backward(dqkv, dout, (const loom_f16 *)qkv, lse, scratch, s);
     else
         fa_backward(dqkv, dout, (const float *)qkv, lse, scratch, s);
+}
+
+/* backend.h attention_flash_gqa_forward / _backward: KVH = NH is the multi-head ops above;
+ * fewer kv heads only on the tensor-core kernels (the scalar ones read one kv head per q
+ * head), any other call an error recorded with what would take it. */
+static int fa_gqa_takes(int C, int NH, int KVH, loom_dtype dt, const char *what)
+{
+    if (KVH > 0 && NH % KVH == 0 && loom_cuda_flash_tc_takes(C, NH, dt))
+        return 1;
+    char d[320];
+    snprintf(d, sizeof d, "NH %d, KVH %d, head size %d, dtype %d: grouped-query flash attention "
+             "runs on the tensor-core kernels only (bf16 or fp16, heads of 16 to 64 values, a "
+             "multiple of 16, KVH dividing NH, LOOM_CUDA_FLASH_TC not 0)", NH, KVH,
+             NH ? C / NH : 0, (int)dt);
+    loom_cuda_note_error(what, d);
+    return 0;
+}
+
+extern "C" void loom_cuda_flash_attention_gqa_forward(float *out, float *lse, const void *qkv,
+                                                      int B, int T, int C, int NH, int KVH,
+                                                      loom_dtype dt)
+{
+    if (KVH == NH) {
+        loom_cuda_flash_attention_forward(out, lse, qkv, B, T, C, NH, dt);
+        return;
+    }
+    fa_shape s;
+    if (!fa_shape_of(&s, B, T, C, NH, "attention_flash_gqa_forward") ||
+        !fa_gqa_takes(C, NH, KVH, dt, "attention_flash_gqa_forward"))
+        return;
+    loom_cuda_flash_tc_forward(out, lse, qkv, B, T, C, NH, KVH, dt);
+}
+
+extern "C" void loom_cuda_flash_attention_gqa_backward(float *dqkv, float *scratch,
+                                                       const float *dout, const void *qkv,
+                                                       const float *out, const float *lse, int B,
+                                                       int T, int C, int NH, int KVH,
+                                                       loom_dtype dt)
+{
+    if (KVH == NH) {
+        loom_cuda_flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, dt);
+        return;
+    }
+    fa_shape s;
+    if (!fa_shape_of(&s, B, T, C, NH, "attention_flash_gqa_backward") ||
+        !fa_gqa_takes(C, NH, KVH, dt, "attention_flash_gqa_backward"))
+        return;
+    /* dsum per query head: dout and out are (B,T,C) whatever the kv heads */
+    LOOM_CUDA_LAUNCH("attention_flash_gqa_backward (dsum)", fa_dsum_kernel,
+                     loom_cuda_blocks((size_t)B * NH * T), LOOM_CUDA_THREADS, 0, scratch, dout,
+                     out, s);
+    loom_cuda_flash_tc_backward(dqkv, dout, qkv, lse, scratch, B, T, C, NH, KVH, dt);
 }

@@ -28,6 +28,12 @@
  * those, which the scalar kernels (fp32 dO, P, dS) do not. dO is first scaled by a power of
  * two per sequence-head (tc_dout_scale), so that fp16 keeps small gradients' bits.
  *
+ * Grouped-query attention (attention_flash_gqa_*: KVH kv heads, qkv rows C + 2 KVH hs wide):
+ * the forward and dq blocks of q head h read kv head h / rep; a dk/dv block belongs to one kv
+ * head and runs its rep query heads one after another (in order) through the same
+ * accumulators, dO scaled by one power of two over those heads. With KVH = NH every index is
+ * the multi-head one.
+ *
  * Shared memory stays under the 48 KiB of a static allocation (at most 41 KiB, forward):
  * the score tiles double as the staging area of what is loaded into fragments once.
  * Row pitches are padded (16-bit rows by 8 values, fp32 rows by 4) against bank conflicts,
@@ -78,10 +84,17 @@ enum {
  * so that fragment arrays are indexed by constants (registers, not local memory). */
 #define TC_FOR_HEAD(i, n) _Pragma("unroll") for (int i = 0; i < TC_HS / 16; i++) if (i < (n))
 
+/* KVH key/value heads (grouped-query attention; KVH = NH: multi-head), rep = NH / KVH query
+ * heads to each, qkv rows W = C + 2 KVH hs wide: q (C), k, v (KVH hs each). */
 struct tc_shape {
-    int B, T, C, NH, hs;
+    int B, T, C, NH, KVH, rep, W, hs;
     float scale;
 };
+
+/* Where a head starts in a qkv row: q head h, k and v of kv head g. */
+__device__ inline int tc_qcol(const tc_shape &s, int h) { return h * s.hs; }
+__device__ inline int tc_kcol(const tc_shape &s, int g) { return s.C + g * s.hs; }
+__device__ inline int tc_vcol(const tc_shape &s, int g) { return s.C + (s.KVH + g) * s.hs; }
 
 template <typename E> using tc_a = wmma::fragment<wmma::matrix_a, 16, 16, 16, typename tc_mma<E>::type, wmma::row_major>;
 template <typename E, typename L> using tc_b = wmma::fragment<wmma::matrix_b, 16, 16, 16, typename tc_mma<E>::type, L>;
@@ -98,17 +111,16 @@ template <typename E> __device__ inline const typename tc_mma<E>::type *tc_m(con
     return (const typename tc_mma<E>::type *)p;
 }
 
-/* The block's threads: dst[r * TC_LD16 + c] = the part's (0 q, 1 k, 2 v) row r0 + r of head
- * h, c < hs, as stored (zeros past T). */
+/* The block's threads: dst[r * TC_LD16 + c] = the head at column col (tc_qcol, _kcol, _vcol)
+ * of qkv row r0 + r, c < hs, as stored (zeros past T). */
 template <typename E>
-__device__ inline void tc_stage(uint16_t *dst, const E *qkv, const tc_shape &s, int b, int h,
-                                int part, int r0, int rows)
+__device__ inline void tc_stage(uint16_t *dst, const E *qkv, const tc_shape &s, int b, int col,
+                                int r0, int rows)
 {
     for (int i = threadIdx.x; i < rows * s.hs; i += blockDim.x) {
         const int r = i / s.hs, c = i % s.hs, j = r0 + r;
         dst[r * TC_LD16 + c] =
-            j < s.T ? qkv[((size_t)b * s.T + j) * 3 * s.C + (size_t)part * s.C + (size_t)h * s.hs + c].bits
-                    : (uint16_t)0;
+            j < s.T ? qkv[((size_t)b * s.T + j) * s.W + (size_t)col + c].bits : (uint16_t)0;
     }
 }
 
@@ -126,17 +138,20 @@ __device__ inline void tc_stage_dout(uint16_t *dst, const float *dout, float sc,
     }
 }
 
-/* The power of two that brings the head's largest |dO| into [0.5, 1) (1 where it is 0 or not
- * finite), the same in every block of both passes (a max: no order). Every gradient is
+/* The power of two that brings the largest |dO| of heads h0 .. h0+n-1 into [0.5, 1) (1 where
+ * it is 0 or not finite), the same in every block of a pass (a max: no order). The dq pass
+ * takes one head; the dk/dv pass the rep query heads of its kv head, whose sums share one
+ * scale (with rep = 1 the same as dq's). Every gradient is
  * linear in dO (dS through dP and dsum = dO . O too), so scaling dO before its rounding and
  * the results back after (exact, powers of two) changes nothing but where dO's 16 bits
  * land: fp16 would flush a small gradient's values (below 6e-5, subnormal; below 6e-8,
  * zero) without it. */
-__device__ inline float tc_dout_scale(const float *dout, const tc_shape &s, int b, int h)
+__device__ inline float tc_dout_scale(const float *dout, const tc_shape &s, int b, int h0, int n)
 {
     float m = 0.0f;
-    for (int i = threadIdx.x; i < s.T * s.hs; i += blockDim.x)
-        m = fmaxf(m, fabsf(dout[((size_t)b * s.T + i / s.hs) * s.C + (size_t)h * s.hs + i % s.hs]));
+    const int w = n * s.hs;
+    for (int i = threadIdx.x; i < s.T * w; i += blockDim.x)
+        m = fmaxf(m, fabsf(dout[((size_t)b * s.T + i / w) * s.C + (size_t)h0 * s.hs + i % w]));
     m = loom_block_max(m);
     int e = 0;
     frexpf(m, &e);
@@ -182,11 +197,11 @@ __global__ void fa_tc_forward_kernel(float *out, float *lse, const E *qkv, tc_sh
     __shared__ __align__(32) uint16_t ps[TC_ROWS * TC_LDP];
     __shared__ __align__(32) float os[TC_ROWS * TC_LDO];
     __shared__ float rm[TC_ROWS], rl[TC_ROWS];
-    const int bh = blockIdx.y, b = bh / s.NH, h = bh % s.NH, t0 = blockIdx.x * TC_ROWS;
-    const int w = threadIdx.x / 32, nk = s.hs / 16;
+    const int bh = blockIdx.y, b = bh / s.NH, h = bh % s.NH, g = h / s.rep;
+    const int t0 = blockIdx.x * TC_ROWS, w = threadIdx.x / 32, nk = s.hs / 16;
     const int last = t0 + TC_ROWS - 1 < s.T - 1 ? t0 + TC_ROWS - 1 : s.T - 1;
     uint16_t *qs = (uint16_t *)sc;
-    tc_stage(qs, qkv, s, b, h, 0, t0, TC_ROWS);
+    tc_stage(qs, qkv, s, b, tc_qcol(s, h), t0, TC_ROWS);
     for (int i = threadIdx.x; i < TC_ROWS * TC_LDO; i += blockDim.x)
         os[i] = 0.0f;
     for (int r = threadIdx.x; r < TC_ROWS; r += blockDim.x)
@@ -197,8 +212,8 @@ __global__ void fa_tc_forward_kernel(float *out, float *lse, const E *qkv, tc_sh
         wmma::load_matrix_sync(qf[kk], tc_m<E>(qs + w * 16 * TC_LD16 + kk * 16), TC_LD16);
     for (int k0 = 0; k0 <= last; k0 += TC_TILE) {
         __syncthreads(); /* the previous tile's readers (and Q's staging) are done */
-        tc_stage(ks, qkv, s, b, h, 1, k0, TC_TILE);
-        tc_stage(vs, qkv, s, b, h, 2, k0, TC_TILE);
+        tc_stage(ks, qkv, s, b, tc_kcol(s, g), k0, TC_TILE);
+        tc_stage(vs, qkv, s, b, tc_vcol(s, g), k0, TC_TILE);
         __syncthreads();
         tc_rows_by_tile<E>(sc + w * 16 * TC_LDS, qf, ks, nk);
         __syncthreads();
@@ -242,16 +257,16 @@ __global__ void fa_tc_forward_kernel(float *out, float *lse, const E *qkv, tc_sh
             lse[(size_t)bh * s.T + t0 + r] = rm[r] + logf(rl[r]);
 }
 
-/* out rows r0.. of the part (0 dq, 1 dk, 2 dv) of head h = scale * (unscale * the (64, hs)
- * fp32 tile at st, pitch LDO), rows past T skipped; unscale undoes tc_dout_scale (exact). */
+/* dqkv rows r0.. at column col (tc_qcol: dq, _kcol: dk, _vcol: dv) = scale * (unscale * the
+ * (64, hs) fp32 tile at st, pitch LDO), rows past T skipped; unscale undoes tc_dout_scale
+ * (exact). */
 __device__ inline void tc_write_grad(float *dqkv, const float *st, float scale, float unscale,
-                                     const tc_shape &s, int b, int h, int part, int r0)
+                                     const tc_shape &s, int b, int col, int r0)
 {
     for (int i = threadIdx.x; i < TC_ROWS * s.hs; i += blockDim.x) {
         const int r = i / s.hs, c = i % s.hs, j = r0 + r;
         if (j < s.T)
-            dqkv[((size_t)b * s.T + j) * 3 * s.C + (size_t)part * s.C + (size_t)h * s.hs + c] =
-                scale * (unscale * st[r * TC_LDO + c]);
+            dqkv[((size_t)b * s.T + j) * s.W + (size_t)col + c] = scale * (unscale * st[r * TC_LDO + c]);
     }
 }
 
@@ -264,13 +279,13 @@ __global__ void fa_tc_dq_kernel(float *dqkv, const float *dout, const E *qkv, co
     __shared__ __align__(32) uint16_t ks[TC_TILE * TC_LD16], vs[TC_TILE * TC_LD16];
     __shared__ __align__(32) uint16_t dss[TC_ROWS * TC_LDP];
     __shared__ float ls[TC_ROWS], dsm[TC_ROWS];
-    const int bh = blockIdx.y, b = bh / s.NH, h = bh % s.NH, t0 = blockIdx.x * TC_ROWS;
-    const int w = threadIdx.x / 32, nk = s.hs / 16;
+    const int bh = blockIdx.y, b = bh / s.NH, h = bh % s.NH, g = h / s.rep;
+    const int t0 = blockIdx.x * TC_ROWS, w = threadIdx.x / 32, nk = s.hs / 16;
     const int last = t0 + TC_ROWS - 1 < s.T - 1 ? t0 + TC_ROWS - 1 : s.T - 1;
     float *sc = work, *dp = work + TC_ROWS * TC_LDS;
     uint16_t *qst = (uint16_t *)work, *gst = qst + TC_ROWS * TC_LD16;
-    const float dsc = tc_dout_scale(dout, s, b, h);
-    tc_stage(qst, qkv, s, b, h, 0, t0, TC_ROWS);
+    const float dsc = tc_dout_scale(dout, s, b, h, 1);
+    tc_stage(qst, qkv, s, b, tc_qcol(s, h), t0, TC_ROWS);
     tc_stage_dout<E>(gst, dout, dsc, s, b, h, t0, TC_ROWS);
     for (int r = threadIdx.x; r < TC_ROWS; r += blockDim.x) {
         const int t = t0 + r;
@@ -287,8 +302,8 @@ __global__ void fa_tc_dq_kernel(float *dqkv, const float *dout, const E *qkv, co
     }
     for (int k0 = 0; k0 <= last; k0 += TC_TILE) {
         __syncthreads();
-        tc_stage(ks, qkv, s, b, h, 1, k0, TC_TILE);
-        tc_stage(vs, qkv, s, b, h, 2, k0, TC_TILE);
+        tc_stage(ks, qkv, s, b, tc_kcol(s, g), k0, TC_TILE);
+        tc_stage(vs, qkv, s, b, tc_vcol(s, g), k0, TC_TILE);
         __syncthreads();
         tc_rows_by_tile<E>(sc + w * 16 * TC_LDS, qf, ks, nk); /* S = Q K^T */
         tc_rows_by_tile<E>(dp + w * 16 * TC_LDS, gf, vs, nk); /* dP = dO V^T */
@@ -311,11 +326,13 @@ __global__ void fa_tc_dq_kernel(float *dqkv, const float *dout, const E *qkv, co
         wmma::store_matrix_sync(work + w * 16 * TC_LDO + c * 16, dqf[c], TC_LDO,
                                 wmma::mem_row_major);
     __syncthreads();
-    tc_write_grad(dqkv, work, s.scale, 1.0f / dsc, s, b, h, 0, t0);
+    tc_write_grad(dqkv, work, s.scale, 1.0f / dsc, s, b, tc_qcol(s, h), t0);
 }
 
-/* dk/dv pass: block = 64 keys; over query tiles i0 >= the block's first key, in order,
- * dv_j += P_ij dO_i, dk_j += dS_ij q_i; dk scaled at the end. */
+/* dk/dv pass: block = 64 keys of kv head g; for each of its query heads h = g rep + r, r in
+ * order, over query tiles i0 >= the block's first key, in order, dv_j += P_ij dO_i,
+ * dk_j += dS_ij q_i (the rep heads' sums in one fragment chain: fixed bits, no atomics);
+ * dk scaled at the end. */
 template <typename E>
 __global__ void fa_tc_dkv_kernel(float *dqkv, const float *dout, const E *qkv, const float *lse,
                                  const float *dsum, tc_shape s)
@@ -324,13 +341,13 @@ __global__ void fa_tc_dkv_kernel(float *dqkv, const float *dout, const E *qkv, c
     __shared__ __align__(32) uint16_t qs[TC_TILE * TC_LD16], gs[TC_TILE * TC_LD16];
     __shared__ __align__(32) uint16_t pt[TC_ROWS * TC_LDP], dst[TC_ROWS * TC_LDP];
     __shared__ float ls[TC_TILE], dsm[TC_TILE];
-    const int bh = blockIdx.y, b = bh / s.NH, h = bh % s.NH, j0 = blockIdx.x * TC_ROWS;
+    const int bg = blockIdx.y, b = bg / s.KVH, g = bg % s.KVH, j0 = blockIdx.x * TC_ROWS;
     const int w = threadIdx.x / 32, nk = s.hs / 16;
     float *st = work, *dpt = work + TC_ROWS * TC_LDS;
     uint16_t *kst = (uint16_t *)work, *vst = kst + TC_ROWS * TC_LD16;
-    const float dsc = tc_dout_scale(dout, s, b, h);
-    tc_stage(kst, qkv, s, b, h, 1, j0, TC_ROWS);
-    tc_stage(vst, qkv, s, b, h, 2, j0, TC_ROWS);
+    const float dsc = tc_dout_scale(dout, s, b, g * s.rep, s.rep);
+    tc_stage(kst, qkv, s, b, tc_kcol(s, g), j0, TC_ROWS);
+    tc_stage(vst, qkv, s, b, tc_vcol(s, g), j0, TC_ROWS);
     __syncthreads();
     tc_a<E> kf[TC_HS / 16], vf[TC_HS / 16];
     tc_acc dkf[TC_HS / 16], dvf[TC_HS / 16];
@@ -340,33 +357,36 @@ __global__ void fa_tc_dkv_kernel(float *dqkv, const float *dout, const E *qkv, c
         wmma::fill_fragment(dkf[kk], 0.0f);
         wmma::fill_fragment(dvf[kk], 0.0f);
     }
-    for (int i0 = j0; i0 < s.T; i0 += TC_TILE) { /* queries before j0 see none of these keys */
-        __syncthreads();
-        tc_stage(qs, qkv, s, b, h, 0, i0, TC_TILE);
-        tc_stage_dout<E>(gs, dout, dsc, s, b, h, i0, TC_TILE);
-        for (int q = threadIdx.x; q < TC_TILE; q += blockDim.x) {
-            const int i = i0 + q;
-            ls[q] = i < s.T ? lse[(size_t)bh * s.T + i] : 0.0f;
-            dsm[q] = i < s.T ? dsc * dsum[(size_t)bh * s.T + i] : 0.0f;
-        }
-        __syncthreads();
-        tc_rows_by_tile<E>(st + w * 16 * TC_LDS, kf, qs, nk);  /* S^T = K Q^T */
-        tc_rows_by_tile<E>(dpt + w * 16 * TC_LDS, vf, gs, nk); /* dP^T = V dO^T */
-        __syncthreads();
-        for (int i = threadIdx.x; i < TC_ROWS * TC_TILE; i += blockDim.x) {
-            const int r = i / TC_TILE, q = i % TC_TILE, j = j0 + r, t = i0 + q;
-            float p = 0.0f, ds = 0.0f;
-            if (t < s.T && t >= j) {
-                p = expf(s.scale * st[r * TC_LDS + q] - ls[q]);
-                ds = p * (dpt[r * TC_LDS + q] - dsm[q]);
+    for (int h = g * s.rep; h < (g + 1) * s.rep; h++) {
+        const size_t bh = (size_t)b * s.NH + h;
+        for (int i0 = j0; i0 < s.T; i0 += TC_TILE) { /* queries before j0 see none of these keys */
+            __syncthreads();
+            tc_stage(qs, qkv, s, b, tc_qcol(s, h), i0, TC_TILE);
+            tc_stage_dout<E>(gs, dout, dsc, s, b, h, i0, TC_TILE);
+            for (int q = threadIdx.x; q < TC_TILE; q += blockDim.x) {
+                const int i = i0 + q;
+                ls[q] = i < s.T ? lse[bh * s.T + i] : 0.0f;
+                dsm[q] = i < s.T ? dsc * dsum[bh * s.T + i] : 0.0f;
             }
-            pt[r * TC_LDP + q] = tc_round(p, (const E *)0);
-            dst[r * TC_LDP + q] = tc_round(ds, (const E *)0);
-        }
-        __syncthreads();
-        TC_FOR_HEAD(c, nk) {
-            tc_acc_tile<E>(dvf[c], pt + w * 16 * TC_LDP, gs, c);
-            tc_acc_tile<E>(dkf[c], dst + w * 16 * TC_LDP, qs, c);
+            __syncthreads();
+            tc_rows_by_tile<E>(st + w * 16 * TC_LDS, kf, qs, nk);  /* S^T = K Q^T */
+            tc_rows_by_tile<E>(dpt + w * 16 * TC_LDS, vf, gs, nk); /* dP^T = V dO^T */
+            __syncthreads();
+            for (int i = threadIdx.x; i < TC_ROWS * TC_TILE; i += blockDim.x) {
+                const int r = i / TC_TILE, q = i % TC_TILE, j = j0 + r, t = i0 + q;
+                float p = 0.0f, ds = 0.0f;
+                if (t < s.T && t >= j) {
+                    p = expf(s.scale * st[r * TC_LDS + q] - ls[q]);
+                    ds = p * (dpt[r * TC_LDS + q] - dsm[q]);
+                }
+                pt[r * TC_LDP + q] = tc_round(p, (const E *)0);
+                dst[r * TC_LDP + q] = tc_round(ds, (const E *)0);
+            }
+            __syncthreads();
+            TC_FOR_HEAD(c, nk) {
+                tc_acc_tile<E>(dvf[c], pt + w * 16 * TC_LDP, gs, c);
+                tc_acc_tile<E>(dkf[c], dst + w * 16 * TC_LDP, qs, c);
+            }
         }
     }
     for (int part = 1; part <= 2; part++) {
@@ -375,7 +395,8 @@ __global__ void fa_tc_dkv_kernel(float *dqkv, const float *dout, const E *qkv, c
             wmma::store_matrix_sync(work + w * 16 * TC_LDO + c * 16, part == 1 ? dkf[c] : dvf[c],
                                     TC_LDO, wmma::mem_row_major);
         __syncthreads();
-        tc_write_grad(dqkv, work, part == 1 ? s.scale : 1.0f, 1.0f / dsc, s, b, h, part, j0);
+        tc_write_grad(dqkv, work, part == 1 ? s.scale : 1.0f, 1.0f / dsc, s, b,
+                      part == 1 ? tc_kcol(s, g) : tc_vcol(s, g), j0);
     }
 }
 
@@ -387,15 +408,16 @@ int loom_cuda_flash_tc_takes(int C, int NH, loom_dtype dt)
            hs <= TC_HS;
 }
 
-static tc_shape tc_shape_of(int B, int T, int C, int NH)
+static tc_shape tc_shape_of(int B, int T, int C, int NH, int KVH)
 {
-    return tc_shape{B, T, C, NH, C / NH, 1.0f / sqrtf((float)(C / NH))};
+    const int hs = C / NH;
+    return tc_shape{B, T, C, NH, KVH, NH / KVH, C + 2 * KVH * hs, hs, 1.0f / sqrtf((float)hs)};
 }
 
 void loom_cuda_flash_tc_forward(float *out, float *lse, const void *qkv, int B, int T, int C,
-                                int NH, loom_dtype dt)
+                                int NH, int KVH, loom_dtype dt)
 {
-    const tc_shape s = tc_shape_of(B, T, C, NH);
+    const tc_shape s = tc_shape_of(B, T, C, NH, KVH);
     dim3 grid((unsigned)((T + TC_ROWS - 1) / TC_ROWS), (unsigned)(B * NH));
     if (dt == LOOM_DTYPE_BF16)
         LOOM_CUDA_LAUNCH("attention_flash_forward (tensor cores)", fa_tc_forward_kernel<loom_bf16>,
@@ -409,18 +431,20 @@ template <typename E>
 static void tc_backward(float *dqkv, const float *dout, const E *qkv, const float *lse,
                         const float *dsum, const tc_shape &s)
 {
-    dim3 grid((unsigned)((s.T + TC_ROWS - 1) / TC_ROWS), (unsigned)(s.B * s.NH));
-    LOOM_CUDA_LAUNCH("attention_flash_backward (tensor cores: dq)", fa_tc_dq_kernel<E>, grid,
-                     TC_THREADS, 0, dqkv, dout, qkv, lse, dsum, s);
-    LOOM_CUDA_LAUNCH("attention_flash_backward (tensor cores: dk, dv)", fa_tc_dkv_kernel<E>, grid,
-                     TC_THREADS, 0, dqkv, dout, qkv, lse, dsum, s);
+    const unsigned tiles = (unsigned)((s.T + TC_ROWS - 1) / TC_ROWS);
+    LOOM_CUDA_LAUNCH("attention_flash_backward (tensor cores: dq)", fa_tc_dq_kernel<E>,
+                     dim3(tiles, (unsigned)(s.B * s.NH)), TC_THREADS, 0, dqkv, dout, qkv, lse,
+                     dsum, s);
+    LOOM_CUDA_LAUNCH("attention_flash_backward (tensor cores: dk, dv)", fa_tc_dkv_kernel<E>,
+                     dim3(tiles, (unsigned)(s.B * s.KVH)), TC_THREADS, 0, dqkv, dout, qkv, lse,
+                     dsum, s);
 }
 
 void loom_cuda_flash_tc_backward(float *dqkv, const float *dout, const void *qkv,
                                  const float *lse, const float *dsum, int B, int T, int C, int NH,
-                                 loom_dtype dt)
+                                 int KVH, loom_dtype dt)
 {
-    const tc_shape s = tc_shape_of(B, T, C, NH);
+    const tc_shape s = tc_shape_of(B, T, C, NH, KVH);
     if (dt == LOOM_DTYPE_BF16)
         tc_backward(dqkv, dout, (const loom_bf16 *)qkv, lse, dsum, s);
     else

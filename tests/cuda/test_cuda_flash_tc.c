@@ -8,7 +8,8 @@
  * within TOL_BF16 / TOL_F16. Also: two runs give the same bits (no atomics), the scalar
  * kernels (LOOM_CUDA_FLASH_TC=0) give other bits (the TC path ran) and the same lse within
  * the same tolerance; a dout 2^-26 as large gives gradients exactly 2^-26 as large (dO's
- * per-head power-of-two scaling, without which fp16 flushes such values). Shapes: T 80 (two query blocks, the second partial; key tiles of 32,
+ * per-head power-of-two scaling, without which fp16 flushes such values). The grouped-query
+ * form (attention_flash_gqa_*) has its own test below. Shapes: T 80 (two query blocks, the second partial; key tiles of 32,
  * the last partial), 40 and 24, NH 2, heads of 64, 32 and 16.
  */
 #include <check.h>
@@ -144,8 +145,106 @@ START_TEST(test_attention_flash_tc)
 }
 END_TEST
 
+/* Grouped-query attention on the tensor-core kernels (backend.h attention_flash_gqa_forward
+ * / _backward: qkv rows C + 2 KVH hs wide, q head h reading kv head h / rep) against the
+ * batched fp32 _gqa path on the same rounded values, within the tolerances above; two runs
+ * the same bits (each kv head's dK, dV sums its rep query heads in a fixed order); out and
+ * dq bitwise the multi-head kernels' on qkv with the kv heads repeated (the same per-head
+ * work: a wrong kv head or stride shows there). NH 4 over KVH 2 and 1, heads of 16. */
+START_TEST(test_attention_flash_tc_gqa)
+{
+    const loom_backend_ops *k = ct_gpu.k;
+    void *s = ct_gpu.self;
+    ck_assert(k->size > offsetof(loom_backend_ops, attention_flash_gqa_backward) &&
+              k->attention_flash_gqa_forward && k->attention_flash_gqa_backward);
+    const clock_t c0 = clock();
+    static const int shapes[2][5] = {{1, 80, 64, 4, 2}, {2, 40, 64, 4, 1}};
+    static const loom_dtype dts[2] = {LOOM_DTYPE_BF16, LOOM_DTYPE_F16};
+    for (int si = 0; si < 2; si++) {
+        const int b = shapes[si][0], t = shapes[si][1], c = shapes[si][2], nh = shapes[si][3];
+        const int kvh = shapes[si][4], hs = c / nh, rep = nh / kvh, w = c + 2 * kvh * hs;
+        const loom_dtype dt = dts[si];
+        const char *dn = dt == LOOM_DTYPE_BF16 ? "bf16" : "fp16";
+        const double tol = dt == LOOM_DTYPE_BF16 ? TOL_BF16 : TOL_F16;
+        const size_t r = (size_t)b * t, rc = r * c, nq = r * w, n3 = 3 * rc;
+        const size_t na = (size_t)b * nh * t * t, nl = (size_t)b * nh * t;
+        float *qkv = ct_floats(nq, 31 + si, -1.5f, 1.5f), *dout = ct_floats(rc, 33, -1, 1);
+        ct_cpu.k->round_to(qkv, qkv, nq, dt);
+        /* the multi-head layout: kv head h / rep repeated for each q head h */
+        float *mha = malloc(n3 * 4);
+        for (size_t i = 0; i < r; i++)
+            for (int h = 0; h < nh; h++)
+                for (int x = 0; x < hs; x++) {
+                    const float *src = qkv + i * w;
+                    float *dst = mha + i * 3 * c;
+                    dst[h * hs + x] = src[h * hs + x];
+                    dst[c + h * hs + x] = src[c + (h / rep) * hs + x];
+                    dst[2 * c + h * hs + x] = src[c + (kvh + h / rep) * hs + x];
+                }
+        float *d_qkv = k->alloc(s, nq * 4), *d_dout = k->alloc(s, rc * 4);
+        void *d_q16 = k->alloc(s, nq * 2), *d_m16 = k->alloc(s, n3 * 2);
+        float *d_mha = k->alloc(s, n3 * 4), *d_att = k->alloc(s, na * 4);
+        float *d_scr = k->alloc(s, 2 * na * 4), *d_ref = k->alloc(s, rc * 4);
+        float *d_dref = k->alloc(s, nq * 4), *d_out = k->alloc(s, rc * 4);
+        float *d_dq = k->alloc(s, n3 * 4), *d_lse = k->alloc(s, nl * 4);
+        k->copy_to_device(s, d_qkv, qkv, nq * 4);
+        k->copy_to_device(s, d_mha, mha, n3 * 4);
+        k->copy_to_device(s, d_dout, dout, rc * 4);
+        k->attention_gqa_forward(d_ref, d_att, d_qkv, b, t, c, nh, kvh);
+        k->attention_gqa_backward(d_dref, d_scr, d_dout, d_qkv, d_att, b, t, c, nh, kvh);
+        k->convert_from_f32(d_q16, d_qkv, nq, dt);
+        k->convert_from_f32(d_m16, d_mha, n3, dt);
+        float *ref = malloc(rc * 4), *dref = malloc(nq * 4);
+        float *out[2], *lse[2], *dqkv[2];
+        for (int run = 0; run < 2; run++) {
+            out[run] = malloc(rc * 4), lse[run] = malloc(nl * 4), dqkv[run] = malloc(nq * 4);
+            k->attention_flash_gqa_forward(d_out, d_lse, d_q16, b, t, c, nh, kvh, dt);
+            k->attention_flash_gqa_backward(d_dq, d_scr, d_dout, d_q16, d_out, d_lse, b, t, c, nh,
+                                            kvh, dt);
+            k->synchronize(s);
+            k->copy_to_host(s, out[run], d_out, rc * 4);
+            k->copy_to_host(s, lse[run], d_lse, nl * 4);
+            k->copy_to_host(s, dqkv[run], d_dq, nq * 4);
+        }
+        k->synchronize(s);
+        k->copy_to_host(s, ref, d_ref, rc * 4);
+        k->copy_to_host(s, dref, d_dref, nq * 4);
+        tc_run m;
+        run_flash(k, s, &m, d_m16, d_dout, d_out, d_lse, d_dq, d_scr, b, t, c, nh, dt);
+
+        const double eo = norm_err(out[0], ref, r, c, c);
+        const double eq = norm_err(dqkv[0], dref, r, c, w);
+        const double ek = norm_err(dqkv[0] + c, dref + c, r, kvh * hs, w);
+        const double ev = norm_err(dqkv[0] + c + kvh * hs, dref + c + kvh * hs, r, kvh * hs, w);
+        printf("attention_flash_tc gqa %s B%d T%d C%d NH%d KVH%d: |err|/max|batched| out %.3g, "
+               "dq %.3g, dk %.3g, dv %.3g (tolerance %g)\n", dn, b, t, c, nh, kvh, eo, eq, ek, ev,
+               tol);
+        ck_assert_msg(eo <= tol && eq <= tol && ek <= tol && ev <= tol,
+                      "flash tc gqa %s KVH%d: off the batched _gqa path", dn, kvh);
+        ck_assert_msg(!memcmp(out[0], out[1], rc * 4) && !memcmp(lse[0], lse[1], nl * 4) &&
+                          !memcmp(dqkv[0], dqkv[1], nq * 4),
+                      "flash tc gqa %s KVH%d: two runs differ in their bits", dn, kvh);
+        size_t off = 0;
+        for (size_t i = 0; i < r; i++)
+            off += memcmp(dqkv[0] + i * w, m.dqkv + i * 3 * c, (size_t)c * 4) != 0;
+        ck_assert_msg(!memcmp(out[0], m.out, rc * 4) && !memcmp(lse[0], m.lse, nl * 4) && !off,
+                      "flash tc gqa %s KVH%d: out, lse or dq (%zu rows) not the multi-head "
+                      "kernels' bits on the repeated kv heads", dn, kvh, off);
+        free_run(&m);
+        for (int run = 0; run < 2; run++)
+            free(out[run]), free(lse[run]), free(dqkv[run]);
+        k->free(s, d_qkv), k->free(s, d_dout), k->free(s, d_q16), k->free(s, d_m16);
+        k->free(s, d_mha), k->free(s, d_att), k->free(s, d_scr), k->free(s, d_ref);
+        k->free(s, d_dref), k->free(s, d_out), k->free(s, d_dq), k->free(s, d_lse);
+        free(qkv), free(dout), free(mha), free(ref), free(dref);
+    }
+    printf("attention_flash_tc gqa: %.2f s of CPU\n", (double)(clock() - c0) / CLOCKS_PER_SEC);
+}
+END_TEST
+
 void ct_add_flash_tc(TCase *tc);
 void ct_add_flash_tc(TCase *tc)
 {
     tcase_add_test(tc, test_attention_flash_tc);
+    tcase_add_test(tc, test_attention_flash_tc_gqa);
 }

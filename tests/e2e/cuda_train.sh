@@ -10,7 +10,9 @@
 #    (bf16 on the tensor-core kernels with looser tolerances, and on the scalar ones);
 #  - a checkpoint saved on the device backend and resumed there gives the uninterrupted
 #    run's later losses bit for bit (the save and the load go through the host mirrors);
-#  - a llama model (recipes/cuda_train_llama.lua) within TOL of the CPU run, and its loss falls.
+#  - a llama model (recipes/cuda_train_llama.lua) within TOL of the CPU run, and its loss falls;
+#    in bf16 with the flash kernels (tensor cores), kv_heads = heads and grouped-query, close
+#    to the CPU's bf16 run.
 #  - strategy.offload = host (the state in the host pool, the step on the host): the device
 #    run's losses and norms bitwise, the state counted off the device, and its checkpoint
 #    resumed with offload = disk bitwise.
@@ -151,6 +153,33 @@ runs_close "backend=$backend vs cpu, llama (kv_heads 2)" "$tmp/lcpu" "$tmp/ldev"
   exit 1
 fell=$(loss_fell "$tmp/ldev" 0.05) || { echo "backend=$backend, llama: the loss did not fall: $fell"; exit 1; }
 echo "backend=$backend, llama: loss $fell"
+# llama with bf16 activations and LOOM_CUDA_ATTENTION=flash at head size 16 (dim 64, T 32):
+# the tensor-core kernels, kv_heads 4 (= heads: attention_forward_dt, as GPT-2's) and 2
+# (grouped-query: attention_gqa_forward_dt), against the CPU's bf16 run of that shape. Two
+# steps (the emulation: 0.28 s a step). Emulated: step 1 losses 1.2e-5 / 6e-5 and norms
+# 1.2e-4 / 4e-5 off the CPU's (kv 4 / 2), step 2 1.6e-4 and 1.1e-3; hence 2e-4 at step 1
+# (as GPT-2's tensor-core line) and 3e-3 at step 2. LOOM_CUDA_FLASH_TC=0 (the scalar kernels,
+# or for kv 2 the batched path) must give other step-1 bits: a run that missed the
+# tensor-core kernels fails there.
+ls=$(( steps < 2 ? steps : 2 ))
+lt1=$(awk -v t="$tol" 'BEGIN { print (t + 0 > 2e-4) ? t : 2e-4 }')
+lt2=$(awk -v t="$tol" 'BEGIN { print (t + 0 > 3e-3) ? t : 3e-3 }')
+lshape=(model.dim=64 model.ctx=32 batch.seq=32 precision=bf16)
+for kv in 4 2; do
+  LOOM_CUDA_ATTENTION=flash "$loom" run "$llama" backend="$backend" steps="$ls" model.kv_heads=$kv \
+    "${lshape[@]}" > "$tmp/ltc" 2>&1 || { echo "llama kv_heads $kv, flash bf16:"; cat "$tmp/ltc"; exit 1; }
+  "$loom" run "$llama" backend=cpu steps="$ls" model.kv_heads=$kv "${lshape[@]}" > "$tmp/ltccpu"
+  grep -E '^(LOSS|NORM) 1 ' "$tmp/ltccpu" > "$tmp/ltc_want"; grep -E '^(LOSS|NORM) 1 ' "$tmp/ltc" > "$tmp/ltc_got"
+  runs_close "backend=$backend llama kv_heads $kv, attention flash (tensor cores) vs cpu, bf16 (step 1)" \
+    "$tmp/ltc_want" "$tmp/ltc_got" 1 "$lt1" || exit 1
+  runs_close "backend=$backend llama kv_heads $kv, attention flash (tensor cores) vs cpu, bf16 (every step)" \
+    "$tmp/ltccpu" "$tmp/ltc" "$ls" "$lt2" || exit 1
+  LOOM_CUDA_FLASH_TC=0 LOOM_CUDA_ATTENTION=flash "$loom" run "$llama" backend="$backend" steps=1 \
+    model.kv_heads=$kv "${lshape[@]}" > "$tmp/ltc0" 2>&1
+  if cmp -s <(grep -E '^(LOSS|NORM) 1 ' "$tmp/ltc0") "$tmp/ltc_got"; then
+    echo "llama kv_heads $kv flash bf16: step 1 bitwise LOOM_CUDA_FLASH_TC=0's: the tensor-core kernels did not run"; exit 1
+  fi
+done
 
 # strategy.offload on the device backend (core/train/offload_device.c): the state in the host
 # pool (or a file), each chunk's parameters and gradients copied to the host, stepped there by

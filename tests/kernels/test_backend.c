@@ -82,6 +82,8 @@ START_TEST(test_descriptor)
             off == offsetof(loom_backend_ops, kd_rows) ||
             off == offsetof(loom_backend_ops, attention_forward_dt) ||
             off == offsetof(loom_backend_ops, attention_backward_dt) ||
+            (off >= offsetof(loom_backend_ops, attention_flash_gqa_forward) &&
+             off <= offsetof(loom_backend_ops, attention_gqa_backward_dt)) ||
             (off >= offsetof(loom_backend_ops, vm_granule) &&
              off <= offsetof(loom_backend_ops, vm_release)))
             continue; /* NULL by contract on a host-memory backend (plugin/backend.h): no

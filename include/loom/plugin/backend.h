@@ -325,6 +325,24 @@ typedef struct loom_backend_ops {
     void (*attention_backward_dt)(float *dqkv, float *scratch, const float *dout,
                                   const float *qkv, const float *att, int B, int T, int C,
                                   int NH, loom_dtype dt);
+    /* Added for 16-bit grouped-query attention (may be absent: check size, or NULL: the
+     * _gqa ops). attention_flash_gqa_forward / _backward: attention_flash_forward /
+     * _backward with KVH key/value heads in attention_gqa_forward's qkv layout (rows
+     * C + 2 KVH C/NH wide; dqkv so too), for bf16 and fp16 q, k, v (the CUDA backend: heads
+     * of 16 to 64 values, a multiple of 16, on its tensor-core kernels; other shapes are an
+     * error it records, KVH = NH excepted: the multi-head op); each kv head's dK, dV sums its
+     * query heads' terms in a fixed order (the same bits every run). attention_gqa_forward_dt /
+     * _backward_dt: attention_forward_dt / _backward_dt's contract for the _gqa ops. */
+    void (*attention_flash_gqa_forward)(float *out, float *lse, const void *qkv, int B, int T,
+                                        int C, int NH, int KVH, loom_dtype dt);
+    void (*attention_flash_gqa_backward)(float *dqkv, float *scratch, const float *dout,
+                                         const void *qkv, const float *out, const float *lse,
+                                         int B, int T, int C, int NH, int KVH, loom_dtype dt);
+    void (*attention_gqa_forward_dt)(float *out, float *att, const float *qkv, int B, int T,
+                                     int C, int NH, int KVH, loom_dtype dt);
+    void (*attention_gqa_backward_dt)(float *dqkv, float *scratch, const float *dout,
+                                      const float *qkv, const float *att, int B, int T, int C,
+                                      int NH, int KVH, loom_dtype dt);
 } loom_backend_ops;
 
 #ifdef __cplusplus

@@ -361,6 +361,10 @@ static loom_backend_ops make_ops()
     o.attention_flash_backward = G(loom_cuda_flash_attention_backward);
     o.attention_forward_dt = G(loom_cuda_attention_forward_dt);
     o.attention_backward_dt = G(loom_cuda_attention_backward_dt);
+    o.attention_flash_gqa_forward = G(loom_cuda_flash_attention_gqa_forward);
+    o.attention_flash_gqa_backward = G(loom_cuda_flash_attention_gqa_backward);
+    o.attention_gqa_forward_dt = G(loom_cuda_attention_gqa_forward_dt);
+    o.attention_gqa_backward_dt = G(loom_cuda_attention_gqa_backward_dt);
     o.kd_rows = G(loom_cuda_kd_rows);
     o.attention_backward_datt = G(loom_cuda_attention_backward_datt);
     return o;

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "base/backend.h"
+#include "bench_cuda_args.h"
 #include "base/clock.h"
 #include "base/status.h"
 
@@ -49,18 +50,11 @@ static double worst_rel_max(const float *a, const float *ref, size_t n)
 
 int main(int argc, char **argv)
 {
-    int B = argc > 1 ? atoi(argv[1]) : 8, T = argc > 2 ? atoi(argv[2]) : 1024;
-    int reps = argc > 3 ? atoi(argv[3]) : 5;
-    if (B < 1 || T < 1 || reps < 1) {
-        fprintf(stderr, "usage: %s [B >= 1 [T >= 1 [reps >= 1]]]\n", argv[0]);
-        return 2;
-    }
+    int B, T, reps;
     loom_backend be;
-    const char *backend = argc > 4 ? argv[4] : "cuda";
-    if (loom_backend_open(backend, 0, &be) != LOOM_OK) {
-        printf("SKIP: %s\n", loom_last_error());
-        return 77;
-    }
+    const int rc = bench_cuda_args(argc, argv, 5, 1 << 20, &B, &T, &reps, &be);
+    if (rc)
+        return rc;
     const loom_backend_ops *k = be.ops;
     void *s = be.self;
     if (k->size <= offsetof(loom_backend_ops, attention_flash_backward) ||

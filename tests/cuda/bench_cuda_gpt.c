@@ -5,7 +5,7 @@
  * and 67 TFLOP/s fp32. No optimizer step: the optimizer plugins update host memory
  * (optim.h) and no device path exists yet, so this is the model's compute alone, and says
  * so in the output ("what"). Not a test: scripts/gpu-check runs it.
- *   bench_cuda_gpt [B [T [steps]]]      defaults 8 1024 10
+ *   bench_cuda_gpt [B [T [steps [backend]]]]      defaults 8 1024 10 cuda
  * Exit 77 where no GPU is visible.
  */
 #include <stdio.h>
@@ -13,23 +13,18 @@
 #include <string.h>
 
 #include "base/backend.h"
+#include "bench_cuda_args.h"
 #include "base/clock.h"
 #include "base/status.h"
 #include "model/gpt.h"
 
 int main(int argc, char **argv)
 {
-    int B = argc > 1 ? atoi(argv[1]) : 8, T = argc > 2 ? atoi(argv[2]) : 1024;
-    int steps = argc > 3 ? atoi(argv[3]) : 10;
-    if (B < 1 || T < 1 || T > 1024 || steps < 1) {
-        fprintf(stderr, "usage: %s [B >= 1 [T 1..1024 [steps >= 1]]]\n", argv[0]);
-        return 2;
-    }
+    int B, T, steps;
     loom_backend be;
-    if (loom_backend_open("cuda", 0, &be) != LOOM_OK) {
-        printf("SKIP: %s\n", loom_last_error());
-        return 77;
-    }
+    const int rc = bench_cuda_args(argc, argv, 10, 1024, &B, &T, &steps, &be);
+    if (rc)
+        return rc;
     loom_gpt_config c = {.vocab = 50257, .vocab_padded = 50304, .ctx = 1024, .layers = 12,
                          .heads = 12, .dim = 768};
     loom_gpt *m = NULL;

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "base/backend.h"
+#include "bench_cuda_args.h"
 #include "base/clock.h"
 #include "base/status.h"
 
@@ -69,18 +70,11 @@ static int same_bits(const loom_backend_ops *k, void *s, const job *j, const flo
 
 int main(int argc, char **argv)
 {
-    int B = argc > 1 ? atoi(argv[1]) : 8, T = argc > 2 ? atoi(argv[2]) : 1024;
-    int reps = argc > 3 ? atoi(argv[3]) : 10;
-    if (B < 1 || T < 1 || reps < 1) {
-        fprintf(stderr, "usage: %s [B >= 1 [T >= 1 [reps >= 1 [backend]]]]\n", argv[0]);
-        return 2;
-    }
+    int B, T, reps;
     loom_backend be;
-    const char *backend = argc > 4 ? argv[4] : "cuda";
-    if (loom_backend_open(backend, 0, &be) != LOOM_OK) {
-        printf("SKIP: %s\n", loom_last_error());
-        return 77;
-    }
+    const int rc = bench_cuda_args(argc, argv, 10, 1 << 20, &B, &T, &reps, &be);
+    if (rc)
+        return rc;
     const loom_backend_ops *k = be.ops;
     void *s = be.self;
     if (k->size <= offsetof(loom_backend_ops, rows_scatter_add) || !k->rows_scatter_add) {

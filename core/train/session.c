@@ -643,19 +643,19 @@ static loom_status make_compress(loom_session *s)
                   "zero=1 with pp, or compress with pp = 1", cfg->zero_stage,
                   loom_pipeline_stages(s->pipe));
     /* a device backend: host-staged (grad_sync.c's exchange_staged), fast mode's one
-     * exchange of the whole gradient only; the rest reads the model's buffers on the host */
+     * exchange of each rank's whole gradient over dp (beside tp: its shards; beside pp: its
+     * stage's tensors) only; the rest reads the model's buffers on the host */
     const char *dev_what = !s->device                       ? NULL
                            : cfg->canonical                 ? "deterministic = \"canonical\""
                            : cfg->compress_momentum         ? "momentum = true (1-bit Adam)"
                            : s->ep                          ? "mesh.ep > 1"
                            : s->zero                        ? "strategy.zero"
-                           : cfg->tensor                    ? "mesh.tp > 1"
-                           : s->pipe                        ? "mesh.pp > 1"
                                                             : NULL;
     if (dev_what)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy.compress = \"%s\" on backend %s with %s is "
-                  "not built yet (device memory compresses host-staged in fast mode at mesh.dp "
-                  ">= 2 only, docs/CUDA.md); use fast mode with dp alone, or backend = \"cpu\"",
+                  "not built yet (device memory compresses host-staged in fast mode over mesh.dp "
+                  ">= 2, beside mesh.tp and mesh.pp, only, docs/CUDA.md); use fast mode without "
+                  "it, or backend = \"cpu\"",
                   name, s->backend.ops->describe(s->backend.self), dev_what);
     const struct loom_comm_ops *ops;
     void *group;

@@ -120,6 +120,24 @@ fi
 grep -q 'strategy.compress = "onebit" on backend .* with deterministic = "canonical" is not built yet' <<< "$out" ||
   { echo "backend=$backend with canonical compression: unexpected message: $out"; exit 1; }
 echo "backend=$backend: canonical compression refused with a message"
+# compression beside tp and pp (fast mode, the exchange over the dp group of each rank's
+# own gradient: tp's shards, a stage's tensors; host-staged as above), four ranks each,
+# against the CPU backend's same layout with the same compression: topk (ratio 0.1) within
+# TOL. (The guard is the detector: a host read of a device buffer on these paths segfaults.)
+if [[ $comm == nccl && $(gpus) -lt 4 ]]; then
+  echo "backend=$backend comm=nccl: compression beside tp=2 and pp=2 not run: it needs 4 GPUs; $(gpus) visible"
+else
+  for lay in tp pp; do
+    more=(mesh.tp=2); [[ $lay == pp ]] && more=(model.layers=2 mesh.pp=2 microbatches=2 schedule=1f1b batch.global=4)
+    for be in cpu "$backend"; do
+      c=$([[ $be == cpu ]] && echo shm || echo "$comm")
+      "$loom" launch -n 4 "$recipe" "${args[@]}" backend=$be comm=$c mesh.dp=2 "${more[@]}" \
+        'strategy.compress={"topk",ratio=0.1}' > "$tmp/cz_$lay$be" 2> "$tmp/cz.err" || { cat "$tmp/cz.err"; exit 1; }
+    done
+    runs_close "backend=$backend comm=$comm: $lay=2 x dp=2 compress=topk vs backend=cpu's" \
+      "$tmp/cz_${lay}cpu" "$tmp/cz_$lay$backend" "$steps" "$tol" || exit 1
+  done
+fi
 
 # tensor parallelism: canonical mode's tree over ranks runs on the backend's ops, so the
 # layouts give one rank's bits; fast mode's sums are the communicator's

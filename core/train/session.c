@@ -642,20 +642,22 @@ static loom_status make_compress(loom_session *s)
                   "(the pipeline's per-micro-batch reduce-scatters would have to give way); use "
                   "zero=1 with pp, or compress with pp = 1", cfg->zero_stage,
                   loom_pipeline_stages(s->pipe));
-    /* a device backend: host-staged (grad_sync.c's exchange_staged), fast mode's one
-     * exchange of each rank's whole gradient over dp (beside tp: its shards; beside pp: its
-     * stage's tensors) only; the rest reads the model's buffers on the host */
+    /* a device backend: host-staged (grad_sync.c: exchange_staged, compress_input), fast
+     * mode's one exchange of each rank's gradient over dp (beside tp: its shards; beside pp:
+     * its stage's tensors), canonical mode's leaves (packed from a host copy, decoded on the
+     * host, summed in the backend's tree); the rest reads the model's buffers on the host */
     const char *dev_what = !s->device                       ? NULL
-                           : cfg->canonical                 ? "deterministic = \"canonical\""
                            : cfg->compress_momentum         ? "momentum = true (1-bit Adam)"
+                           : cfg->canonical && cfg->compress_method == LOOM_COMPRESS_POWERSGD
+                               ? "deterministic = \"canonical\" and powersgd (its leaves' own trees)"
                            : s->ep                          ? "mesh.ep > 1"
                            : s->zero                        ? "strategy.zero"
                                                             : NULL;
     if (dev_what)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy.compress = \"%s\" on backend %s with %s is "
-                  "not built yet (device memory compresses host-staged in fast mode over mesh.dp "
-                  ">= 2, beside mesh.tp and mesh.pp, only, docs/CUDA.md); use fast mode without "
-                  "it, or backend = \"cpu\"",
+                  "not built yet (device memory compresses host-staged over mesh.dp, beside mesh.tp "
+                  "and mesh.pp, without momentum, ep or zero; canonical mode: onebit and topk; "
+                  "docs/CUDA.md); use a layout without it, or backend = \"cpu\"",
                   name, s->backend.ops->describe(s->backend.self), dev_what);
     const struct loom_comm_ops *ops;
     void *group;

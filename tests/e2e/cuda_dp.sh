@@ -8,8 +8,10 @@
 #  - fast mode: dp=2 (the dp strategy's buckets all-reduced over the device groups) within
 #    TOL of one rank, and the loss falls;
 #  - fast dp=2 with strategy.compress (topk, onebit; host-staged) within a tolerance of the
-#    CPU backend's dp=2 with the same compression, onebit saved and resumed bitwise;
-#    canonical compression refused by name;
+#    CPU backend's dp=2 with the same compression, onebit saved and resumed bitwise; topk
+#    beside tp=2 and pp=2 (x dp=2) within TOL of the CPU's same layout; canonical onebit at
+#    dp=2, tp=2 and pp=2 bitwise one rank's, topk ratio 1 bitwise uncompressed; canonical
+#    powersgd refused by name;
 #  - the banner names what carries the device buffers (COMM=nccl: "nccl on the backend's
 #    stream"; a host COMM: "staged through host memory");
 #  - tensor parallelism (the tp strategy's region exchanges on the device groups, the
@@ -113,13 +115,44 @@ k=$((steps - 2))
   resume="$tmp/czck_onebit/$(printf step_%08d $k)" > "$tmp/czres" 2> "$tmp/czres.err" || { cat "$tmp/czres.err"; exit 1; }
 resumed_bitwise "dp=2 compress=onebit" "$tmp/czres" "$tmp/cz"
 echo "backend=$backend comm=$comm: dp=2 compress=onebit saved at step $k and resumed, steps $((k + 1))-$steps bitwise"
+# canonical compression in device memory (grad_sync.c's compress_input: each leaf packed
+# from a host copy; each gathered leaf decoded on the host and copied to the backend for
+# its tree): onebit at dp=2, tp=2 and pp=2 interleaved (each chunk's buckets as its
+# backward ends: the ranges) bitwise one rank's onebit on this backend (losses and norms);
+# topk ratio 1 at dp=2 bitwise the uncompressed one rank (every element sent: the same
+# leaves in the same tree); canonical powersgd refused by name
+cz1() { # FILE ARGS...: one rank, canonical
+  local out=$1; shift
+  "$loom" run "$recipe" "${args[@]}" deterministic=canonical "$@" > "$out" 2> "$out.err" || { cat "$out.err"; exit 1; }
+}
+czn() { # FILE ARGS...: two ranks, canonical
+  local out=$1; shift
+  "$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" deterministic=canonical "$@" > "$out" 2> "$out.err" ||
+    { cat "$out.err"; exit 1; }
+}
+bits_same() { # NAME WANT GOT
+  [[ $(grep -c '^LOSS' "$2") -eq $steps ]] && cmp -s <(grep '^LOSS\|^NORM' "$2") <(grep '^LOSS\|^NORM' "$3") ||
+    { echo "$1 on $backend over $comm is not bitwise:"; diff <(grep '^LOSS\|^NORM' "$2") <(grep '^LOSS\|^NORM' "$3"); exit 1; }
+  echo "backend=$backend comm=$comm: $1 bitwise over $steps steps (losses and norms)"
+}
+ob='strategy.compress={"onebit"}'
+cz1 "$tmp/cc1" "$ob"
+czn "$tmp/ccdp" mesh.dp=2 "$ob"
+bits_same "canonical dp=2 compress=onebit vs one rank's" "$tmp/cc1" "$tmp/ccdp"
+czn "$tmp/cctp" mesh.tp=2 "$ob"
+bits_same "canonical tp=2 compress=onebit vs one rank's" "$tmp/cc1" "$tmp/cctp"
+cz1 "$tmp/cc14" model.layers=4 "$ob"
+czn "$tmp/ccpp" model.layers=4 mesh.pp=2 microbatches=2 schedule=interleaved "$ob"
+bits_same "canonical pp=2 interleaved (4 blocks) compress=onebit vs one rank's" "$tmp/cc14" "$tmp/ccpp"
+czn "$tmp/cctk" mesh.dp=2 'strategy.compress={"topk",ratio=1}'
+bits_same "canonical dp=2 compress=topk ratio 1 vs one rank uncompressed" "$tmp/one" "$tmp/cctk"
 if out=$("$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 deterministic=canonical \
-    'strategy.compress={"onebit"}' 2>&1); then
-  echo "backend=$backend with canonical compression: accepted"; exit 1
+    'strategy.compress={"powersgd"}' 2>&1); then
+  echo "backend=$backend with canonical powersgd: accepted"; exit 1
 fi
-grep -q 'strategy.compress = "onebit" on backend .* with deterministic = "canonical" is not built yet' <<< "$out" ||
-  { echo "backend=$backend with canonical compression: unexpected message: $out"; exit 1; }
-echo "backend=$backend: canonical compression refused with a message"
+grep -q 'strategy.compress = "powersgd" on backend .* with deterministic = "canonical" and powersgd .* is not built yet' <<< "$out" ||
+  { echo "backend=$backend with canonical powersgd: unexpected message: $out"; exit 1; }
+echo "backend=$backend: canonical powersgd refused with a message"
 # compression beside tp and pp (fast mode, the exchange over the dp group of each rank's
 # own gradient: tp's shards, a stage's tensors; host-staged as above), four ranks each,
 # against the CPU backend's same layout with the same compression: topk (ratio 0.1) within

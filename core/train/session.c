@@ -238,7 +238,8 @@ static loom_status make_zero(loom_session *s)
     loom_zero_config zc = {cfg->zero_stage, cfg->zero_bucket_mb > 0 ? cfg->zero_bucket_mb : 25.0,
                            cfg->canonical, cfg->accum, s->state_slots, wd, decay_all,
                            cfg->offload_mode != LOOM_OFFLOAD_NONE, s->ep, cfg->offload_params,
-                           s->master_weights, s->undrawn, cfg->seed};
+                           s->master_weights, s->undrawn, cfg->seed,
+                           cfg->compress_method != LOOM_COMPRESS_NONE};
     LOOM_TRY(loom_zero_create(&zc, s->model, &s->backend, &s->zero));
     const loom_param_table *t = loom_gpt_params(s->model);
     int stage = s->pipe ? loom_pipeline_stage(s->pipe) : 0;
@@ -651,12 +652,12 @@ static loom_status make_compress(loom_session *s)
                            : cfg->canonical && cfg->compress_method == LOOM_COMPRESS_POWERSGD
                                ? "deterministic = \"canonical\" and powersgd (its leaves' own trees)"
                            : s->ep                          ? "mesh.ep > 1"
-                           : s->zero                        ? "strategy.zero"
                                                             : NULL;
     if (dev_what)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy.compress = \"%s\" on backend %s with %s is "
                   "not built yet (device memory compresses host-staged over mesh.dp, beside mesh.tp "
-                  "and mesh.pp, without momentum, ep or zero; canonical mode: onebit and topk; "
+                  "and mesh.pp, beside strategy.zero, without momentum or ep; canonical mode: onebit "
+                  "and topk; "
                   "docs/CUDA.md); use a layout without it, or backend = \"cpu\"",
                   name, s->backend.ops->describe(s->backend.self), dev_what);
     const struct loom_comm_ops *ops;

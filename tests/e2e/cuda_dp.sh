@@ -10,8 +10,9 @@
 #  - fast dp=2 with strategy.compress (topk, onebit; host-staged) within a tolerance of the
 #    CPU backend's dp=2 with the same compression, onebit saved and resumed bitwise; topk
 #    beside tp=2 and pp=2 (x dp=2) within TOL of the CPU's same layout; canonical onebit at
-#    dp=2, tp=2 and pp=2 bitwise one rank's, topk ratio 1 bitwise uncompressed; canonical
-#    powersgd refused by name;
+#    dp=2, tp=2, pp=2 and zero=3 bitwise one rank's, topk ratio 1 bitwise uncompressed;
+#    fast topk beside zero=1 (bitwise plain dp's), 2 and 3 (within TOL of the CPU's);
+#    canonical powersgd and momentum (1-bit Adam) refused by name;
 #  - the banner names what carries the device buffers (COMM=nccl: "nccl on the backend's
 #    stream"; a host COMM: "staged through host memory");
 #  - tensor parallelism (the tp strategy's region exchanges on the device groups, the
@@ -107,6 +108,25 @@ for c in 'topk",ratio=0.1' 'onebit"'; do
     { cat "$tmp/cz.err"; exit 1; }
   runs_close "backend=$backend comm=$comm: dp=2 compress=$name vs backend=cpu's" "$tmp/cz_cpu" \
     "$tmp/cz" "$steps" "$ctol" || exit 1
+  [[ $name == topk ]] && cp "$tmp/cz_cpu" "$tmp/cz_topk_cpu" && cp "$tmp/cz" "$tmp/cz_topk"
+done
+# compression beside ZeRO (the exchanged whole; stages 2 and 3: each rank's partition taken
+# out of it, loom_zero_take_reduced, the gradient buffer whole: zero.h's whole_grads), topk
+# as above: zero=1 bitwise plain compressed dp=2 (losses and norms: the same exchange, an
+# element-wise update), zero=2 its losses bitwise, zero=2 and 3 within TOL of the CPU's
+# plain compressed dp=2
+for z in 1 2 3; do
+  "$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 strategy.zero=$z \
+    'strategy.compress={"topk",ratio=0.1}' > "$tmp/czz$z" 2> "$tmp/cz.err" || { cat "$tmp/cz.err"; exit 1; }
+done
+cmp -s <(grep '^LOSS\|^NORM' "$tmp/cz_topk") <(grep '^LOSS\|^NORM' "$tmp/czz1") ||
+  { echo "fast zero=1 dp=2 compress=topk on $backend is not bitwise plain dp=2's:"; diff "$tmp/cz_topk" "$tmp/czz1"; exit 1; }
+cmp -s <(grep '^LOSS' "$tmp/cz_topk") <(grep '^LOSS' "$tmp/czz2") ||
+  { echo "fast zero=2 dp=2 compress=topk on $backend: losses not bitwise plain dp=2's:"; diff "$tmp/cz_topk" "$tmp/czz2"; exit 1; }
+echo "backend=$backend comm=$comm: zero=1 dp=2 compress=topk bitwise plain dp=2's; zero=2 its losses bitwise"
+for z in 2 3; do
+  runs_close "backend=$backend comm=$comm: zero=$z dp=2 compress=topk vs backend=cpu's plain dp=2" \
+    "$tmp/cz_topk_cpu" "$tmp/czz$z" "$steps" "$tol" || exit 1
 done
 # onebit's save at step k (each rank's error-feedback residual, host memory, in
 # residual.safetensors) resumed: the later steps bitwise
@@ -144,6 +164,8 @@ bits_same "canonical tp=2 compress=onebit vs one rank's" "$tmp/cc1" "$tmp/cctp"
 cz1 "$tmp/cc14" model.layers=4 "$ob"
 czn "$tmp/ccpp" model.layers=4 mesh.pp=2 microbatches=2 schedule=interleaved "$ob"
 bits_same "canonical pp=2 interleaved (4 blocks) compress=onebit vs one rank's" "$tmp/cc14" "$tmp/ccpp"
+czn "$tmp/ccz3" mesh.dp=2 strategy.zero=3 "$ob"
+bits_same "canonical zero=3 dp=2 compress=onebit vs one rank's" "$tmp/cc1" "$tmp/ccz3"
 czn "$tmp/cctk" mesh.dp=2 'strategy.compress={"topk",ratio=1}'
 bits_same "canonical dp=2 compress=topk ratio 1 vs one rank uncompressed" "$tmp/one" "$tmp/cctk"
 if out=$("$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 deterministic=canonical \
@@ -153,6 +175,13 @@ fi
 grep -q 'strategy.compress = "powersgd" on backend .* with deterministic = "canonical" and powersgd .* is not built yet' <<< "$out" ||
   { echo "backend=$backend with canonical powersgd: unexpected message: $out"; exit 1; }
 echo "backend=$backend: canonical powersgd refused with a message"
+if out=$("$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 \
+    grad_clip=0 'strategy.compress={"onebit",momentum=true}' 2>&1); then
+  echo "backend=$backend with 1-bit Adam: accepted"; exit 1
+fi
+grep -q 'strategy.compress = "onebit" on backend .* with momentum = true (1-bit Adam) is not built yet' <<< "$out" ||
+  { echo "backend=$backend with 1-bit Adam: unexpected message: $out"; exit 1; }
+echo "backend=$backend: momentum = true (1-bit Adam) refused with a message"
 # compression beside tp and pp (fast mode, the exchange over the dp group of each rank's
 # own gradient: tp's shards, a stage's tensors; host-staged as above), four ranks each,
 # against the CPU backend's same layout with the same compression: topk (ratio 0.1) within

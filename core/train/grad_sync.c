@@ -461,7 +461,14 @@ static loom_status finish_leaves(loom_grad_sync *gs, double local, float *grads,
         }
         tree_finish(gs, &gs->t, grads);
     }
-    loom_compress_after_sum(gs->compress, grads); /* 1-bit Adam: the momentum's gradient */
+    /* 1-bit Adam: the momentum's gradient (host loops: on a device, through gs->staged) */
+    if (!loom_backend_device_memory(gs->be)) {
+        loom_compress_after_sum(gs->compress, grads);
+    } else if (loom_compress_momentum_on(gs->compress)) {
+        k->copy_to_host(gs->be->self, gs->staged, grads, gs->total * sizeof(float));
+        loom_compress_after_sum(gs->compress, gs->staged);
+        k->copy_to_device(gs->be->self, grads, gs->staged, gs->total * sizeof(float));
+    }
     return LOOM_OK;
 }
 

@@ -648,17 +648,16 @@ static loom_status make_compress(loom_session *s)
      * its stage's tensors), canonical mode's leaves (packed from a host copy, decoded on the
      * host, summed in the backend's tree); the rest reads the model's buffers on the host */
     const char *dev_what = !s->device                       ? NULL
-                           : cfg->compress_momentum         ? "momentum = true (1-bit Adam)"
                            : cfg->canonical && cfg->compress_method == LOOM_COMPRESS_POWERSGD
                                ? "deterministic = \"canonical\" and powersgd (its leaves' own trees)"
                            : s->ep                          ? "mesh.ep > 1"
                                                             : NULL;
     if (dev_what)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy.compress = \"%s\" on backend %s with %s is "
-                  "not built yet (device memory compresses host-staged over mesh.dp, beside mesh.tp "
-                  "and mesh.pp, beside strategy.zero, without momentum or ep; canonical mode: onebit "
-                  "and topk; "
-                  "docs/CUDA.md); use a layout without it, or backend = \"cpu\"",
+                  "not built yet (device memory compresses host-staged over mesh.dp, beside mesh.tp, "
+                  "mesh.pp and strategy.zero, momentum or not, not beside mesh.ep; canonical "
+                  "mode: onebit and topk; docs/CUDA.md); use a layout without it, or backend = "
+                  "\"cpu\"",
                   name, s->backend.ops->describe(s->backend.self), dev_what);
     const struct loom_comm_ops *ops;
     void *group;
@@ -685,7 +684,7 @@ static loom_status make_compress(loom_session *s)
     if (!cfg->compress_momentum)
         return LOOM_OK;
     return loom_compress_set_momentum(s->compress, s->segments, s->n_segments,
-                                      loom_gpt_grad_data(s->model));
+                                      loom_gpt_grad_data(s->model), &s->backend);
 }
 
 /* A device backend's session: the tp strategy's canonical tree and scratch go through the

@@ -650,14 +650,12 @@ static loom_status make_compress(loom_session *s)
     const char *dev_what = !s->device                       ? NULL
                            : cfg->canonical && cfg->compress_method == LOOM_COMPRESS_POWERSGD
                                ? "deterministic = \"canonical\" and powersgd (its leaves' own trees)"
-                           : s->ep                          ? "mesh.ep > 1"
                                                             : NULL;
     if (dev_what)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy.compress = \"%s\" on backend %s with %s is "
-                  "not built yet (device memory compresses host-staged over mesh.dp, beside mesh.tp, "
-                  "mesh.pp and strategy.zero, momentum or not, not beside mesh.ep; canonical "
-                  "mode: onebit and topk; docs/CUDA.md); use a layout without it, or backend = "
-                  "\"cpu\"",
+                  "not built yet (device memory compresses host-staged, beside mesh.tp, mesh.pp, "
+                  "mesh.ep and strategy.zero, momentum or not; canonical mode: onebit and topk; "
+                  "docs/CUDA.md); use onebit or topk, fast mode, or backend = \"cpu\"",
                   name, s->backend.ops->describe(s->backend.self), dev_what);
     const struct loom_comm_ops *ops;
     void *group;

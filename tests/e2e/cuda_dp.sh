@@ -9,7 +9,7 @@
 #    TOL of one rank, and the loss falls;
 #  - fast dp=2 with strategy.compress (topk, onebit; host-staged) within a tolerance of the
 #    CPU backend's dp=2 with the same compression, onebit saved and resumed bitwise; topk
-#    beside tp=2 and pp=2 (x dp=2) within TOL of the CPU's same layout; canonical onebit at
+#    beside tp=2 and pp=2 (x dp=2) and dp=4 ep=2 within TOL of the CPU's same layout; canonical onebit at
 #    dp=2, tp=2, pp=2 and zero=3 bitwise one rank's, topk ratio 1 bitwise uncompressed;
 #    fast topk beside zero=1 (bitwise plain dp's), 2 and 3 (within TOL of the CPU's);
 #    1-bit Adam (topk) fast dp=2 and canonical one rank within TOL of the CPU's, canonical
@@ -214,6 +214,16 @@ else
     runs_close "backend=$backend comm=$comm: $lay=2 x dp=2 compress=topk vs backend=cpu's" \
       "$tmp/cz_${lay}cpu" "$tmp/cz_$lay$backend" "$steps" "$tol" || exit 1
   done
+  # beside ep: dp=4 ep=2 (the dense entries over dp, each expert over its edp group of 2,
+  # loom_compress_add_experts), a MoE block, a global batch of 4
+  for be in cpu "$backend"; do
+    c=$([[ $be == cpu ]] && echo shm || echo "$comm")
+    "$loom" launch -n 4 "$recipe" "${args[@]}" backend=$be comm=$c mesh.dp=4 mesh.ep=2 batch.global=4 \
+      model.moe.experts=4 model.moe.top_k=2 'strategy.compress={"topk",ratio=0.1}' > "$tmp/cz_ep$be" 2> "$tmp/cz.err" ||
+      { cat "$tmp/cz.err"; exit 1; }
+  done
+  runs_close "backend=$backend comm=$comm: dp=4 ep=2 compress=topk vs backend=cpu's" \
+    "$tmp/cz_epcpu" "$tmp/cz_ep$backend" "$steps" "$tol" || exit 1
 fi
 
 # tensor parallelism: canonical mode's tree over ranks runs on the backend's ops, so the

@@ -169,6 +169,8 @@ void loom_compress_destroy(loom_compress *c)
     free(c->q_mine);
     free(c->q_sum);
     free(c->bucket_m);
+    free(c->m_host);
+    free(c->m_segs);
     free(c->strided_g);
     free(c->leaf_bad);
     free(c);
@@ -199,6 +201,7 @@ void loom_compress_begin_step(loom_compress *c, int64_t step)
     if (c->experts)
         loom_compress_begin_step(c->experts, step);
     c->step = step;
+    loom_compress_momentum_pull(c); /* 1-bit Adam on a device: this step's m to the host */
     if (c->leaf_bad)
         memset(c->leaf_bad, 0, (size_t)c->cfg.leaves);
 }

@@ -113,8 +113,13 @@ struct loom_plugin_config;
 loom_status loom_compress_momentum_prepare(struct loom_plugin_config *optim,
                                            const char *precision, int zero, int offload, int pp,
                                            float grad_clip, int64_t warmup);
+/* be: the state's backend; a device's: m is read through a host copy, refreshed by
+ * loom_compress_momentum_pull (each compressed step, before packing: begin_step). */
+struct loom_backend;
 loom_status loom_compress_set_momentum(loom_compress *c, const struct loom_optim_segment *seg,
-                                       int n_seg, const float *grad_base);
+                                       int n_seg, const float *grad_base, struct loom_backend *be);
+void loom_compress_momentum_pull(loom_compress *c);
+int loom_compress_momentum_on(const loom_compress *c);
 
 /* Canonical mode: pack this rank's micro-batch a (0 .. leaves - 1) from grads (its gradient
  * alone), updating its leaf's residual; after the last, gather every rank's (collective

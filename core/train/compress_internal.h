@@ -37,6 +37,12 @@ struct loom_compress {
     float *p_sum, *q_mine, *q_sum; /* sum_p, sum_q, sum_q floats */
     /* 1-bit Adam (compress_momentum.c): each bucket's first moment in AdamW's state */
     const float **bucket_m;        /* nb pointers, NULL: off */
+    /* a device backend's AdamW state: m_host holds each segment's m at its gradient offset
+     * (the gradient buffer's layout), copied in by loom_compress_momentum_pull */
+    struct loom_backend *m_be;     /* NULL: bucket_m points into the (host) state itself */
+    float *m_host;
+    struct m_seg { const float *state; size_t lo, n; } *m_segs;
+    int n_m_segs;
     /* canonical mode */
     float *strided_g;             /* 2 max_n floats: a strided bucket's gradient and residual,
                                    * gathered */

@@ -22,12 +22,13 @@
 
 #include <string.h>
 
+#include "base/backend.h"
 #include "base/config.h"
 #include "base/status.h"
 #include "loom/plugin/optim.h"
 
 loom_status loom_compress_set_momentum(loom_compress *c, const loom_optim_segment *seg,
-                                       int n_seg, const float *grad_base)
+                                       int n_seg, const float *grad_base, loom_backend *be)
 {
     if (!(c->cfg.momentum > 0) || c->cfg.method == LOOM_COMPRESS_POWERSGD)
         LOOM_FAIL(LOOM_ERR_INVALID, "compress: momentum exchange needs momentum > 0 and onebit "
@@ -35,12 +36,27 @@ loom_status loom_compress_set_momentum(loom_compress *c, const loom_optim_segmen
     free(c->bucket_m);
     if (!(c->bucket_m = calloc(c->nb ? (size_t)c->nb : 1, sizeof *c->bucket_m)))
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    c->m_be = be && loom_backend_device_memory(be) ? be : NULL;
+    if (c->m_be) { /* the state is the device's: its m read through a host copy */
+        free(c->m_host);
+        free(c->m_segs);
+        c->m_host = calloc(c->total ? c->total : 1, sizeof(float));
+        c->m_segs = calloc(n_seg ? (size_t)n_seg : 1, sizeof *c->m_segs);
+        if (!c->m_host || !c->m_segs)
+            LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for 1-bit Adam's host copy of the momentum");
+        c->n_m_segs = 0;
+        for (int k = 0; k < n_seg; k++)
+            if (seg[k].state)
+                c->m_segs[c->n_m_segs++] = (struct m_seg){seg[k].state,
+                                                          (size_t)(seg[k].grad - grad_base), seg[k].n};
+    }
     for (int i = 0; i < c->nb; i++) {
         const bucket *b = &c->b[i];
         for (int k = 0; k < n_seg && !c->bucket_m[i]; k++) {
             size_t lo = (size_t)(seg[k].grad - grad_base);
             if (seg[k].state && b->lo >= lo && b->lo + bucket_extent(b) <= lo + seg[k].n)
-                c->bucket_m[i] = seg[k].state + (b->lo - lo); /* slot 0: m */
+                c->bucket_m[i] = c->m_be ? c->m_host + b->lo /* slot 0: m */
+                                         : seg[k].state + (b->lo - lo);
         }
         if (!c->bucket_m[i])
             LOOM_FAIL(LOOM_ERR_INTERNAL, "compress: bucket %d [%zu, +%zu) lies in no optimizer "
@@ -48,6 +64,15 @@ loom_status loom_compress_set_momentum(loom_compress *c, const loom_optim_segmen
     }
     return LOOM_OK;
 }
+
+void loom_compress_momentum_pull(loom_compress *c)
+{
+    for (int k = 0; c->m_be && k < c->n_m_segs; k++)
+        c->m_be->ops->copy_to_host(c->m_be->self, c->m_host + c->m_segs[k].lo, c->m_segs[k].state,
+                                   c->m_segs[k].n * sizeof(float));
+}
+
+int loom_compress_momentum_on(const loom_compress *c) { return c && c->bucket_m; }
 
 void momentum_before(loom_compress *c, int i, float *g)
 {

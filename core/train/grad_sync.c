@@ -258,6 +258,23 @@ void loom_grad_sync_set_compress(loom_grad_sync *gs, loom_compress *c, int on)
     gs->compress_on = c && on;
 }
 
+/* The gradient's floats [off, off + n) where the compressor's host loops read them: the
+ * model's buffer itself, or on a device backend gs->staged (a host copy of the whole
+ * buffer's layout, that range copied in); NULL when out of memory (the error set). */
+static float *compress_input(loom_grad_sync *gs, size_t off, size_t n)
+{
+    float *grads = loom_gpt_grad_data(gs->model);
+    if (!loom_backend_device_memory(gs->be))
+        return grads;
+    if (!gs->staged && !(gs->staged = malloc(gs->total ? gs->total * sizeof(float) : 1))) {
+        loom_fail(LOOM_ERR_NOMEM, "out of memory for compression's host copy of the gradient "
+                  "(%zu bytes)", gs->total * sizeof(float));
+        return NULL;
+    }
+    gs->be->ops->copy_to_host(gs->be->self, gs->staged + off, grads + off, n * sizeof(float));
+    return gs->staged;
+}
+
 loom_status loom_grad_sync_begin_micro(loom_grad_sync *gs, int a)
 {
     if (a == 0) {
@@ -292,8 +309,10 @@ loom_status loom_grad_sync_begin_micro(loom_grad_sync *gs, int a)
 loom_status loom_grad_sync_end_micro(loom_grad_sync *gs, int a, double loss_sum)
 {
     dtree_push(&gs->t, loss_sum);
-    if (gs->compress_on && gs->canonical) /* a leaf of the tree: its own message (compress.h) */
-        return loom_compress_leaf(gs->compress, a, loom_gpt_grad_data(gs->model));
+    if (gs->compress_on && gs->canonical) { /* a leaf of the tree: its own message (compress.h) */
+        float *g = compress_input(gs, 0, gs->total);
+        return g ? loom_compress_leaf(gs->compress, a, g) : LOOM_ERR_NOMEM;
+    }
     if (gs->compress_on)
         return LOOM_OK;
     if (gs->reducer.ready)
@@ -348,10 +367,12 @@ loom_status loom_grad_sync_end_part(loom_grad_sync *gs, int a, int part, int wit
     }
     for (int i = gs->part_first[part]; i < gs->part_first[part + 1]; i++) {
         tree *t = &gs->ranges[i];
-        if (gs->compress_on) /* canonical compression: this part's buckets of leaf a */
-            LOOM_TRY(loom_compress_leaf_range(gs->compress, a, loom_gpt_grad_data(gs->model),
-                                              t->off, t->n));
-        else
+        if (gs->compress_on) { /* canonical compression: this part's buckets of leaf a */
+            float *g = compress_input(gs, t->off, t->n);
+            if (!g)
+                return LOOM_ERR_NOMEM;
+            LOOM_TRY(loom_compress_leaf_range(gs->compress, a, g, t->off, t->n));
+        } else
             LOOM_TRY(tree_push(gs, t, loom_gpt_grad_data(gs->model)));
     }
     return LOOM_OK;
@@ -429,13 +450,25 @@ static loom_status finish_leaves(loom_grad_sync *gs, double local, float *grads,
     } else {
         LOOM_TRY(loom_compress_gather_leaves(gs->compress));
         tree_reset(&gs->t);
+        /* a device backend: each leaf decoded on the host (gs->staged, packed already),
+         * copied to the backend's leaf for its tree */
+        int dev = loom_backend_device_memory(gs->be);
         for (int j = 0; j < gs->accum * gs->dp_size; j++) {
-            loom_compress_decode_leaf(gs->compress, j, gs->leaf);
+            loom_compress_decode_leaf(gs->compress, j, dev ? gs->staged : gs->leaf);
+            if (dev)
+                k->copy_to_device(gs->be->self, gs->leaf, gs->staged, gs->total * sizeof(float));
             LOOM_TRY(tree_push(gs, &gs->t, gs->leaf));
         }
         tree_finish(gs, &gs->t, grads);
     }
-    loom_compress_after_sum(gs->compress, grads); /* 1-bit Adam: the momentum's gradient */
+    /* 1-bit Adam: the momentum's gradient (host loops: on a device, through gs->staged) */
+    if (!loom_backend_device_memory(gs->be)) {
+        loom_compress_after_sum(gs->compress, grads);
+    } else if (loom_compress_momentum_on(gs->compress)) {
+        k->copy_to_host(gs->be->self, gs->staged, grads, gs->total * sizeof(float));
+        loom_compress_after_sum(gs->compress, gs->staged);
+        k->copy_to_device(gs->be->self, grads, gs->staged, gs->total * sizeof(float));
+    }
     return LOOM_OK;
 }
 

@@ -238,7 +238,8 @@ static loom_status make_zero(loom_session *s)
     loom_zero_config zc = {cfg->zero_stage, cfg->zero_bucket_mb > 0 ? cfg->zero_bucket_mb : 25.0,
                            cfg->canonical, cfg->accum, s->state_slots, wd, decay_all,
                            cfg->offload_mode != LOOM_OFFLOAD_NONE, s->ep, cfg->offload_params,
-                           s->master_weights, s->undrawn, cfg->seed};
+                           s->master_weights, s->undrawn, cfg->seed,
+                           cfg->compress_method != LOOM_COMPRESS_NONE};
     LOOM_TRY(loom_zero_create(&zc, s->model, &s->backend, &s->zero));
     const loom_param_table *t = loom_gpt_params(s->model);
     int stage = s->pipe ? loom_pipeline_stage(s->pipe) : 0;
@@ -660,20 +661,19 @@ static loom_status make_compress(loom_session *s)
                   "(the pipeline's per-micro-batch reduce-scatters would have to give way); use "
                   "zero=1 with pp, or compress with pp = 1", cfg->zero_stage,
                   loom_pipeline_stages(s->pipe));
-    /* a device backend: host-staged (grad_sync.c's exchange_staged), fast mode's one
-     * exchange of the whole gradient only; the rest reads the model's buffers on the host */
+    /* a device backend: host-staged (grad_sync.c: exchange_staged, compress_input), fast
+     * mode's one exchange of each rank's gradient over dp (beside tp: its shards; beside pp:
+     * its stage's tensors), canonical mode's leaves (packed from a host copy, decoded on the
+     * host, summed in the backend's tree); the rest reads the model's buffers on the host */
     const char *dev_what = !s->device                       ? NULL
-                           : cfg->canonical                 ? "deterministic = \"canonical\""
-                           : cfg->compress_momentum         ? "momentum = true (1-bit Adam)"
-                           : s->ep                          ? "mesh.ep > 1"
-                           : s->zero                        ? "strategy.zero"
-                           : cfg->tensor                    ? "mesh.tp > 1"
-                           : s->pipe                        ? "mesh.pp > 1"
+                           : cfg->canonical && cfg->compress_method == LOOM_COMPRESS_POWERSGD
+                               ? "deterministic = \"canonical\" and powersgd (its leaves' own trees)"
                                                             : NULL;
     if (dev_what)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy.compress = \"%s\" on backend %s with %s is "
-                  "not built yet (device memory compresses host-staged in fast mode at mesh.dp "
-                  ">= 2 only, docs/CUDA.md); use fast mode with dp alone, or backend = \"cpu\"",
+                  "not built yet (device memory compresses host-staged, beside mesh.tp, mesh.pp, "
+                  "mesh.ep and strategy.zero, momentum or not; canonical mode: onebit and topk; "
+                  "docs/CUDA.md); use onebit or topk, fast mode, or backend = \"cpu\"",
                   name, s->backend.ops->describe(s->backend.self), dev_what);
     const struct loom_comm_ops *ops;
     void *group;
@@ -700,7 +700,7 @@ static loom_status make_compress(loom_session *s)
     if (!cfg->compress_momentum)
         return LOOM_OK;
     return loom_compress_set_momentum(s->compress, s->segments, s->n_segments,
-                                      loom_gpt_grad_data(s->model));
+                                      loom_gpt_grad_data(s->model), &s->backend);
 }
 
 /* LOOM_CUDA_ATTENTION=flash (docs/CUDA.md): the fused attention, whose att is no

@@ -139,6 +139,7 @@ loom_status loom_zero_create(const loom_zero_config *c, loom_gpt *m, loom_backen
     z->skip_entry = -1;
     z->params_offloaded = c->params_offloaded && c->stage == 3;
     z->undrawn = c->undrawn && c->stage == 3;
+    z->whole_grads = c->whole_grads;
     z->draw_seed = c->seed;
     const loom_host *host = loom_core_host();
     loom_status st = host->group(LOOM_GROUP_DP, &z->comm, &z->dp, &z->n);

@@ -80,6 +80,9 @@ typedef struct loom_zero_config {
                            * loom_gpt_parallel.undrawn): each rank draws its partition of
                            * the initial values for `seed` (partitioned construction) */
     uint64_t seed;
+    int whole_grads;      /* stages 2, 3 on a device: the model's gradient buffer allocated
+                           * whole, not sparse (zero_sparse.c): gradient compression
+                           * accumulates and exchanges all of it (loom_zero_take_reduced) */
 } loom_zero_config;
 
 /* P: `total` floats padded to a multiple of 16 x n (n dp ranks); every rank's partition is

@@ -47,6 +47,7 @@ struct loom_zero {
     void *dp, *tp;
     int n, rank, tp_size, tp_rank;
     size_t total, padded, part, max_len;
+    int whole_grads;     /* loom_zero_config.whole_grads: no sparse gradient buffer */
     int undrawn;         /* stage 3, partitioned construction: the initial values not in
                           * the model's buffer; draw_seed draws this rank's partition */
     uint64_t draw_seed;

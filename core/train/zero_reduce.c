@@ -280,9 +280,9 @@ loom_status loom_zero_take_reduced(loom_zero *z)
         const zero_bucket *b = &z->buckets[k];
         size_t a = b->lo + (size_t)z->rank * b->sub;
         size_t n = a >= z->total ? 0 : a + b->sub > z->total ? z->total - a : b->sub;
-        float *dst = z->part_grads + b->part_off;
-        memcpy(dst, g + a, n * sizeof(float));
-        memset(dst + n, 0, (b->sub - n) * sizeof(float)); /* the padding past total */
+        float *dst = z->part_grads + b->part_off; /* a device's memory: its ops (zero_device.c) */
+        zero_buf_move(z, dst, g + a, n);
+        zero_buf_clear(z, dst + n, b->sub - n); /* the padding past total */
     }
     return LOOM_OK;
 }

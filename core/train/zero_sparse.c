@@ -211,7 +211,7 @@ loom_status zero_device_sparse(loom_zero *z)
         return LOOM_OK; /* whole allocations: no vm ops, none here (granule 0: CUDA without
                          * the driver's calls), the A/B, or a pipeline stage (pp is refused
                          * on a device anyway) */
-    if (z->reduces) {
+    if (z->reduces && !z->whole_grads) {
         z->bucket_held = calloc((size_t)z->n_buckets, 1);
         if (!z->bucket_held)
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");

@@ -8,8 +8,12 @@
 #  - fast mode: dp=2 (the dp strategy's buckets all-reduced over the device groups) within
 #    TOL of one rank, and the loss falls;
 #  - fast dp=2 with strategy.compress (topk, onebit; host-staged) within a tolerance of the
-#    CPU backend's dp=2 with the same compression, onebit saved and resumed bitwise;
-#    canonical compression refused by name;
+#    CPU backend's dp=2 with the same compression, onebit saved and resumed bitwise; topk
+#    beside tp=2 and pp=2 (x dp=2) and dp=4 ep=2 within TOL of the CPU's same layout; canonical onebit at
+#    dp=2, tp=2, pp=2 and zero=3 bitwise one rank's, topk ratio 1 bitwise uncompressed;
+#    fast topk beside zero=1 (bitwise plain dp's), 2 and 3 (within TOL of the CPU's);
+#    1-bit Adam (topk) fast dp=2 and canonical one rank within TOL of the CPU's, canonical
+#    dp=2 bitwise one rank's; canonical powersgd refused by name;
 #  - the banner names what carries the device buffers (COMM=nccl: "nccl on the backend's
 #    stream"; a host COMM: "staged through host memory");
 #  - tensor parallelism (the tp strategy's region exchanges on the device groups, the
@@ -105,6 +109,25 @@ for c in 'topk",ratio=0.1' 'onebit"'; do
     { cat "$tmp/cz.err"; exit 1; }
   runs_close "backend=$backend comm=$comm: dp=2 compress=$name vs backend=cpu's" "$tmp/cz_cpu" \
     "$tmp/cz" "$steps" "$ctol" || exit 1
+  [[ $name == topk ]] && cp "$tmp/cz_cpu" "$tmp/cz_topk_cpu" && cp "$tmp/cz" "$tmp/cz_topk"
+done
+# compression beside ZeRO (the exchanged whole; stages 2 and 3: each rank's partition taken
+# out of it, loom_zero_take_reduced, the gradient buffer whole: zero.h's whole_grads), topk
+# as above: zero=1 bitwise plain compressed dp=2 (losses and norms: the same exchange, an
+# element-wise update), zero=2 its losses bitwise, zero=2 and 3 within TOL of the CPU's
+# plain compressed dp=2
+for z in 1 2 3; do
+  "$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 strategy.zero=$z \
+    'strategy.compress={"topk",ratio=0.1}' > "$tmp/czz$z" 2> "$tmp/cz.err" || { cat "$tmp/cz.err"; exit 1; }
+done
+cmp -s <(grep '^LOSS\|^NORM' "$tmp/cz_topk") <(grep '^LOSS\|^NORM' "$tmp/czz1") ||
+  { echo "fast zero=1 dp=2 compress=topk on $backend is not bitwise plain dp=2's:"; diff "$tmp/cz_topk" "$tmp/czz1"; exit 1; }
+cmp -s <(grep '^LOSS' "$tmp/cz_topk") <(grep '^LOSS' "$tmp/czz2") ||
+  { echo "fast zero=2 dp=2 compress=topk on $backend: losses not bitwise plain dp=2's:"; diff "$tmp/cz_topk" "$tmp/czz2"; exit 1; }
+echo "backend=$backend comm=$comm: zero=1 dp=2 compress=topk bitwise plain dp=2's; zero=2 its losses bitwise"
+for z in 2 3; do
+  runs_close "backend=$backend comm=$comm: zero=$z dp=2 compress=topk vs backend=cpu's plain dp=2" \
+    "$tmp/cz_topk_cpu" "$tmp/czz$z" "$steps" "$tol" || exit 1
 done
 # onebit's save at step k (each rank's error-feedback residual, host memory, in
 # residual.safetensors) resumed: the later steps bitwise
@@ -113,13 +136,95 @@ k=$((steps - 2))
   resume="$tmp/czck_onebit/$(printf step_%08d $k)" > "$tmp/czres" 2> "$tmp/czres.err" || { cat "$tmp/czres.err"; exit 1; }
 resumed_bitwise "dp=2 compress=onebit" "$tmp/czres" "$tmp/cz"
 echo "backend=$backend comm=$comm: dp=2 compress=onebit saved at step $k and resumed, steps $((k + 1))-$steps bitwise"
+# canonical compression in device memory (grad_sync.c's compress_input: each leaf packed
+# from a host copy; each gathered leaf decoded on the host and copied to the backend for
+# its tree): onebit at dp=2, tp=2 and pp=2 interleaved (each chunk's buckets as its
+# backward ends: the ranges) bitwise one rank's onebit on this backend (losses and norms);
+# topk ratio 1 at dp=2 bitwise the uncompressed one rank (every element sent: the same
+# leaves in the same tree); canonical powersgd refused by name
+cz1() { # FILE ARGS...: one rank, canonical
+  local out=$1; shift
+  "$loom" run "$recipe" "${args[@]}" deterministic=canonical "$@" > "$out" 2> "$out.err" || { cat "$out.err"; exit 1; }
+}
+czn() { # FILE ARGS...: two ranks, canonical
+  local out=$1; shift
+  "$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" deterministic=canonical "$@" > "$out" 2> "$out.err" ||
+    { cat "$out.err"; exit 1; }
+}
+bits_same() { # NAME WANT GOT
+  [[ $(grep -c '^LOSS' "$2") -eq $steps ]] && cmp -s <(grep '^LOSS\|^NORM' "$2") <(grep '^LOSS\|^NORM' "$3") ||
+    { echo "$1 on $backend over $comm is not bitwise:"; diff <(grep '^LOSS\|^NORM' "$2") <(grep '^LOSS\|^NORM' "$3"); exit 1; }
+  echo "backend=$backend comm=$comm: $1 bitwise over $steps steps (losses and norms)"
+}
+ob='strategy.compress={"onebit"}'
+cz1 "$tmp/cc1" "$ob"
+czn "$tmp/ccdp" mesh.dp=2 "$ob"
+bits_same "canonical dp=2 compress=onebit vs one rank's" "$tmp/cc1" "$tmp/ccdp"
+czn "$tmp/cctp" mesh.tp=2 "$ob"
+bits_same "canonical tp=2 compress=onebit vs one rank's" "$tmp/cc1" "$tmp/cctp"
+cz1 "$tmp/cc14" model.layers=4 "$ob"
+czn "$tmp/ccpp" model.layers=4 mesh.pp=2 microbatches=2 schedule=interleaved "$ob"
+bits_same "canonical pp=2 interleaved (4 blocks) compress=onebit vs one rank's" "$tmp/cc14" "$tmp/ccpp"
+czn "$tmp/ccz3" mesh.dp=2 strategy.zero=3 "$ob"
+bits_same "canonical zero=3 dp=2 compress=onebit vs one rank's" "$tmp/cc1" "$tmp/ccz3"
+czn "$tmp/cctk" mesh.dp=2 'strategy.compress={"topk",ratio=1}'
+bits_same "canonical dp=2 compress=topk ratio 1 vs one rank uncompressed" "$tmp/one" "$tmp/cctk"
 if out=$("$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 deterministic=canonical \
-    'strategy.compress={"onebit"}' 2>&1); then
-  echo "backend=$backend with canonical compression: accepted"; exit 1
+    'strategy.compress={"powersgd"}' 2>&1); then
+  echo "backend=$backend with canonical powersgd: accepted"; exit 1
 fi
-grep -q 'strategy.compress = "onebit" on backend .* with deterministic = "canonical" is not built yet' <<< "$out" ||
-  { echo "backend=$backend with canonical compression: unexpected message: $out"; exit 1; }
-echo "backend=$backend: canonical compression refused with a message"
+grep -q 'strategy.compress = "powersgd" on backend .* with deterministic = "canonical" and powersgd .* is not built yet' <<< "$out" ||
+  { echo "backend=$backend with canonical powersgd: unexpected message: $out"; exit 1; }
+echo "backend=$backend: canonical powersgd refused with a message"
+# 1-bit Adam in device memory (compress_momentum.c: adamw's m, the device's state, copied to
+# the host each compressed step, loom_compress_momentum_pull; canonical: the summed leaves'
+# momentum turned into the gradient through the host copy). topk 0.1, warm-up 2 steps of 4
+# (a variance frozen after one step diverges here, on the CPU as well), lr 1e-3: fast dp=2
+# within TOL of the CPU's fast dp=2; canonical dp=2 bitwise one rank's on this backend, and
+# that one rank within TOL of the CPU's
+mom=(steps=4 grad_clip=0 'optimizer={"adamw",lr=1e-3}' 'strategy.compress={"topk",ratio=0.1,warmup=2,momentum=true}')
+for be in cpu "$backend"; do
+  c=$([[ $be == cpu ]] && echo shm || echo "$comm")
+  "$loom" launch -n 2 "$recipe" "${args[@]}" "${mom[@]}" backend=$be comm=$c mesh.dp=2 > "$tmp/cm_$be" \
+    2> "$tmp/cz.err" || { cat "$tmp/cz.err"; exit 1; }
+  "$loom" run "$recipe" "${args[@]}" "${mom[@]}" backend=$be deterministic=canonical > "$tmp/cm1_$be" \
+    2> "$tmp/cz.err" || { cat "$tmp/cz.err"; exit 1; }
+done
+runs_close "backend=$backend comm=$comm: dp=2 1-bit Adam (topk) vs backend=cpu's" "$tmp/cm_cpu" "$tmp/cm_$backend" 4 "$tol" || exit 1
+runs_close "backend=$backend: canonical 1-bit Adam (topk) one rank vs backend=cpu's" "$tmp/cm1_cpu" "$tmp/cm1_$backend" 4 "$tol" || exit 1
+"$loom" launch -n 2 "$recipe" "${args[@]}" "${mom[@]}" comm="$comm" mesh.dp=2 deterministic=canonical > "$tmp/cm2" \
+  2> "$tmp/cz.err" || { cat "$tmp/cz.err"; exit 1; }
+cmp -s <(grep '^LOSS\|^NORM' "$tmp/cm1_$backend") <(grep '^LOSS\|^NORM' "$tmp/cm2") ||
+  { echo "canonical dp=2 1-bit Adam on $backend is not bitwise one rank's:"; diff "$tmp/cm1_$backend" "$tmp/cm2"; exit 1; }
+echo "backend=$backend comm=$comm: canonical dp=2 1-bit Adam (topk) bitwise one rank's over 4 steps"
+# compression beside tp and pp (fast mode, the exchange over the dp group of each rank's
+# own gradient: tp's shards, a stage's tensors; host-staged as above), four ranks each,
+# against the CPU backend's same layout with the same compression: topk (ratio 0.1) within
+# TOL. (The guard is the detector: a host read of a device buffer on these paths segfaults.)
+if [[ $comm == nccl && $(gpus) -lt 4 ]]; then
+  echo "backend=$backend comm=nccl: compression beside tp=2 and pp=2 not run: it needs 4 GPUs; $(gpus) visible"
+else
+  for lay in tp pp; do
+    more=(mesh.tp=2); [[ $lay == pp ]] && more=(model.layers=2 mesh.pp=2 microbatches=2 schedule=1f1b batch.global=4)
+    for be in cpu "$backend"; do
+      c=$([[ $be == cpu ]] && echo shm || echo "$comm")
+      "$loom" launch -n 4 "$recipe" "${args[@]}" backend=$be comm=$c mesh.dp=2 "${more[@]}" \
+        'strategy.compress={"topk",ratio=0.1}' > "$tmp/cz_$lay$be" 2> "$tmp/cz.err" || { cat "$tmp/cz.err"; exit 1; }
+    done
+    runs_close "backend=$backend comm=$comm: $lay=2 x dp=2 compress=topk vs backend=cpu's" \
+      "$tmp/cz_${lay}cpu" "$tmp/cz_$lay$backend" "$steps" "$tol" || exit 1
+  done
+  # beside ep: dp=4 ep=2 (the dense entries over dp, each expert over its edp group of 2,
+  # loom_compress_add_experts), a MoE block, a global batch of 4
+  for be in cpu "$backend"; do
+    c=$([[ $be == cpu ]] && echo shm || echo "$comm")
+    "$loom" launch -n 4 "$recipe" "${args[@]}" backend=$be comm=$c mesh.dp=4 mesh.ep=2 batch.global=4 \
+      model.moe.experts=4 model.moe.top_k=2 'strategy.compress={"topk",ratio=0.1}' > "$tmp/cz_ep$be" 2> "$tmp/cz.err" ||
+      { cat "$tmp/cz.err"; exit 1; }
+  done
+  runs_close "backend=$backend comm=$comm: dp=4 ep=2 compress=topk vs backend=cpu's" \
+    "$tmp/cz_epcpu" "$tmp/cz_ep$backend" "$steps" "$tol" || exit 1
+fi
 
 # tensor parallelism: canonical mode's tree over ranks runs on the backend's ops, so the
 # layouts give one rank's bits; fast mode's sums are the communicator's

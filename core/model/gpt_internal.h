@@ -314,9 +314,10 @@ static inline void gpt_gqa_fwd(loom_gpt *m, float *out, float *att, const float 
                                int T)
 {
     const loom_backend_ops *k = m->be->ops;
-    if (gpt_gqa_dt(m) && m->KVHl == m->NHl)
+    const int dt = gpt_gqa_dt(m);
+    if (dt && m->KVHl == m->NHl)
         gpt_attention_fwd(m, out, att, qkv, B, T);
-    else if (gpt_gqa_dt(m))
+    else if (dt)
         k->attention_gqa_forward_dt(out, att, qkv, B, T, m->Cl, m->NHl, m->KVHl, m->act_dt);
     else
         k->attention_gqa_forward(out, att, qkv, B, T, m->Cl, m->NHl, m->KVHl);
@@ -326,9 +327,10 @@ static inline void gpt_gqa_bwd(loom_gpt *m, float *dqkv, float *scratch, const f
                                const float *qkv, const float *att, int B, int T)
 {
     const loom_backend_ops *k = m->be->ops;
-    if (gpt_gqa_dt(m) && m->KVHl == m->NHl)
+    const int dt = gpt_gqa_dt(m);
+    if (dt && m->KVHl == m->NHl)
         gpt_attention_bwd(m, dqkv, scratch, dout, qkv, att, B, T);
-    else if (gpt_gqa_dt(m))
+    else if (dt)
         k->attention_gqa_backward_dt(dqkv, scratch, dout, qkv, att, B, T, m->Cl, m->NHl,
                                      m->KVHl, m->act_dt);
     else

@@ -49,10 +49,9 @@ void zero_buf_clear(loom_zero *z, float *p, size_t floats)
         memset(p, 0, floats * sizeof(float));
 }
 
-/* Buffer to buffer (both host, or both the device's), in bytes. The backend has no
- * device-to-device copy; this moves at most a bucket's sub-block or the tail bucket (the
- * 16-bit compute copy's tail: 2-byte elements), so through a host bounce: bits unchanged
- * (an add of zeros would turn -0 into +0). */
+/* Buffer to buffer (both host, or both the device's), in bytes: for 2-byte elements (a
+ * bucket's sub-block or the tail of the 16-bit compute copy), which loom_backend_copy_bits
+ * (floats only) cannot move, so on a device through a host bounce: bits unchanged. */
 loom_status zero_buf_copy_bytes(loom_zero *z, void *dst, const void *src, size_t bytes)
 {
     if (!bytes)
@@ -70,11 +69,6 @@ loom_status zero_buf_copy_bytes(loom_zero *z, void *dst, const void *src, size_t
     return LOOM_OK;
 }
 
-loom_status zero_buf_copy(loom_zero *z, float *dst, const float *src, size_t floats)
-{
-    return zero_buf_copy_bytes(z, dst, src, floats * sizeof(float));
-}
-
 void zero_buf_move(loom_zero *z, float *dst, const float *src, size_t floats)
 {
     if (!floats)
@@ -83,6 +77,13 @@ void zero_buf_move(loom_zero *z, float *dst, const float *src, size_t floats)
         loom_backend_copy_bits(z->be, dst, src, floats);
     else
         memcpy(dst, src, floats * sizeof(float));
+}
+
+/* Floats: on a device by the backend's ops (loom_backend_copy_bits), no host bounce. */
+loom_status zero_buf_copy(loom_zero *z, float *dst, const float *src, size_t floats)
+{
+    zero_buf_move(z, dst, src, floats);
+    return LOOM_OK;
 }
 
 loom_status zero_device_init(loom_zero *z, const loom_zero_config *c)

@@ -61,6 +61,15 @@ resumed_bitwise() { # NAME RESUMED STRAIGHT: RESUMED resumed at step k, and its 
     { echo "$1, resumed at step $k: losses and norms differ:"; diff "$tmp/want" "$tmp/got"; exit 1; }
 }
 
+refused_2() { # NAME WANT ARGS...: a 2-rank launch with ARGS fails, its message matching WANT
+  local name=$1 want=$2 out; shift 2
+  if out=$("$loom" launch -n 2 "$recipe" comm="$comm" "$@" 2>&1); then
+    echo "backend=$backend with $name: accepted"; exit 1
+  fi
+  grep -q "$want" <<< "$out" || { echo "backend=$backend with $name: unexpected message: $out"; exit 1; }
+  echo "backend=$backend: $name refused with a message"
+}
+
 gpus() { nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true; }
 if [[ $comm == nccl && $(gpus) -lt 2 ]]; then
   echo "SKIP: comm=nccl with 2 ranks needs 2 GPUs (NCCL takes one device per rank); $(gpus) visible"
@@ -169,13 +178,9 @@ czn "$tmp/ccz3" mesh.dp=2 strategy.zero=3 "$ob"
 bits_same "canonical zero=3 dp=2 compress=onebit vs one rank's" "$tmp/cc1" "$tmp/ccz3"
 czn "$tmp/cctk" mesh.dp=2 'strategy.compress={"topk",ratio=1}'
 bits_same "canonical dp=2 compress=topk ratio 1 vs one rank uncompressed" "$tmp/one" "$tmp/cctk"
-if out=$("$loom" launch -n 2 "$recipe" "${args[@]}" comm="$comm" mesh.dp=2 deterministic=canonical \
-    'strategy.compress={"powersgd"}' 2>&1); then
-  echo "backend=$backend with canonical powersgd: accepted"; exit 1
-fi
-grep -q 'strategy.compress = "powersgd" on backend .* with deterministic = "canonical" and powersgd .* is not built yet' <<< "$out" ||
-  { echo "backend=$backend with canonical powersgd: unexpected message: $out"; exit 1; }
-echo "backend=$backend: canonical powersgd refused with a message"
+refused_2 "canonical powersgd" \
+  'strategy.compress = "powersgd" on backend .* with deterministic = "canonical" and powersgd .* is not built yet' \
+  "${args[@]}" mesh.dp=2 deterministic=canonical 'strategy.compress={"powersgd"}'
 # 1-bit Adam in device memory (compress_momentum.c: adamw's m, the device's state, copied to
 # the host each compressed step, loom_compress_momentum_pull; canonical: the summed leaves'
 # momentum turned into the gradient through the host copy). topk 0.1, warm-up 2 steps of 4
@@ -485,13 +490,8 @@ grep -E '^(LOSS|NORM) 1 ' "$tmp/rb_cpu" > "$tmp/want"; grep -E '^(LOSS|NORM) 1 '
 runs_close "backend=$backend comm=$comm: bf16 reduce=bf16 dp=2 vs the CPU's (step 1)" "$tmp/want" "$tmp/got" 1 "$tol" &&
   runs_close "backend=$backend comm=$comm: bf16 reduce=bf16 dp=2 vs the CPU's (every step)" "$tmp/rb_cpu" "$tmp/rb" \
     "$steps" "$late" || exit 1
-if out=$("$loom" launch -n 2 "$recipe" "${zargs[@]}" comm="$comm" mesh.dp=2 strategy.zero=3 "${off[@]}" \
-    strategy.offload.params=true 2>&1); then
-  echo "backend=$backend with zero=3 and offload.params: accepted"; exit 1
-fi
-grep -q "strategy.offload.params = true on a device backend is not built yet" <<< "$out" ||
-  { echo "backend=$backend with zero=3 and offload.params: unexpected message: $out"; exit 1; }
-echo "backend=$backend: offload.params beside zero=3 refused with a message"
+refused_2 "offload.params beside zero=3" "strategy.offload.params = true on a device backend is not built yet" \
+  "${zargs[@]}" mesh.dp=2 strategy.zero=3 "${off[@]}" strategy.offload.params=true
 
 # Expert parallelism in device memory (session_ep.c, moe.c): a 4-expert top-2 MoE block,
 # dp=2 ep=2 (each rank 2 of the experts), against one rank on the same backend. The token
@@ -505,13 +505,8 @@ echo "backend=$backend: offload.params beside zero=3 refused with a message"
 #  - ZeRO beside ep: see the next section.
 moe=("${args[@]}" model.moe.experts=4 model.moe.top_k=2)
 # ZeRO with 16-bit weights beside ep: zero_ep.c's partitions hold no fp32 master (refused)
-if out=$("$loom" launch -n 2 "$recipe" "${moe[@]}" comm="$comm" mesh.dp=2 mesh.ep=2 strategy.zero=1 \
-    precision=bf16 2>&1); then
-  echo "backend=$backend with zero=1, bf16 and ep=2: accepted"; exit 1
-fi
-grep -q "16-bit weights beside mesh.ep in device memory is not built yet" <<< "$out" ||
-  { echo "backend=$backend with zero=1, bf16 and ep=2: unexpected message: $out"; exit 1; }
-echo "backend=$backend: zero=1 with bf16 weights beside ep=2 refused with a message"
+refused_2 "zero=1 with bf16 weights beside ep=2" "16-bit weights beside mesh.ep in device memory is not built yet" \
+  "${moe[@]}" mesh.dp=2 mesh.ep=2 strategy.zero=1 precision=bf16
 k=$((steps - 2))
 "$loom" run "$recipe" "${moe[@]}" deterministic=canonical > "$tmp/ep_one" 2> "$tmp/ep.err" ||
   { cat "$tmp/ep.err"; exit 1; }

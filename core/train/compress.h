@@ -133,8 +133,9 @@ loom_status loom_compress_leaf_range(loom_compress *c, int a, float *grads, size
 loom_status loom_compress_gather_leaves(loom_compress *c);
 void loom_compress_decode_leaf(const loom_compress *c, int j, float *out);
 /* Canonical powersgd: its factors are summed over the leaves in two rounds, so it gathers
- * and sums the leaves itself (sums_leaves 1; sum_leaves: collective over dp, grads gets the
- * decompressed sum; be: the trees' backend) instead of decode_leaf per leaf. */
+ * and sums the leaves itself (sums_leaves 1; sum_leaves: collective over dp, grads, host
+ * memory, gets the decompressed sum; be: the trees' backend, device memory or not) instead
+ * of decode_leaf per leaf. */
 struct loom_backend;
 int loom_compress_sums_leaves(const loom_compress *c);
 loom_status loom_compress_sum_leaves(loom_compress *c, struct loom_backend *be, float *grads);

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/backend.h"
 #include "base/rng.h"
 #include "base/status.h"
 #include "grad_sync.h"
@@ -80,19 +81,36 @@ loom_status powersgd_leaf(loom_compress *c, int a, float *grads, size_t lo, size
 }
 
 /* All-gather this rank's leaves' messages (n floats each, at c->msg) and sum every rank's
- * leaves, in the global micro-batch order, in canonical mode's tree into out. */
+ * leaves, in the global micro-batch order, in canonical mode's tree into out (host memory).
+ * On a device backend the tree is the backend's (its buffers device memory): each gathered
+ * leaf is copied to a device buffer to be pushed, and the sum copied back; an add is an
+ * add, so the sums are the bits the same tree gives on the host. */
 static loom_status gather_tree(loom_compress *c, loom_backend *be, size_t n, float *out)
 {
     int leaves = c->cfg.leaves, all = leaves * c->dp_size;
     LOOM_TRY(compress_gather(c, (size_t)leaves * n * sizeof(float)));
+    size_t bytes = n * sizeof(float);
+    float *dev = NULL;
+    if (loom_backend_device_memory(be) && !(dev = be->ops->alloc(be->self, bytes ? bytes : 1)))
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of device memory for PowerSGD's leaf sums (%zu bytes)", bytes);
     loom_grad_tree *t = NULL;
-    LOOM_TRY(loom_grad_tree_create(be, n, &t));
-    loom_status st = LOOM_OK;
-    for (int j = 0; j < all && st == LOOM_OK; j++)
-        st = loom_grad_tree_push(t, (const float *)(const void *)c->gathered + (size_t)j * n);
-    if (st == LOOM_OK)
-        loom_grad_tree_finish(t, out);
+    loom_status st = loom_grad_tree_create(be, n, &t);
+    for (int j = 0; j < all && st == LOOM_OK; j++) {
+        const float *v = (const float *)(const void *)c->gathered + (size_t)j * n;
+        if (dev) {
+            be->ops->copy_to_device(be->self, dev, v, bytes);
+            v = dev;
+        }
+        st = loom_grad_tree_push(t, v);
+    }
+    if (st == LOOM_OK) {
+        loom_grad_tree_finish(t, dev ? dev : out);
+        if (dev)
+            be->ops->copy_to_host(be->self, out, dev, bytes);
+    }
     loom_grad_tree_destroy(t);
+    if (dev)
+        be->ops->free(be->self, dev);
     return st;
 }
 

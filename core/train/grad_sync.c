@@ -446,7 +446,14 @@ static loom_status finish_leaves(loom_grad_sync *gs, double local, float *grads,
         *loss_sum = dtree_finish(&gs->t);
     }
     if (loom_compress_sums_leaves(gs->compress)) { /* powersgd: two rounds, its own trees */
-        LOOM_TRY(loom_compress_sum_leaves(gs->compress, gs->be, grads));
+        /* its loops are the host's: on a device, the sum lands in gs->staged (allocated by
+         * compress_input for the leaves) and is copied to the gradient buffer */
+        int dev = loom_backend_device_memory(gs->be);
+        if (dev && !gs->staged)
+            LOOM_FAIL(LOOM_ERR_INTERNAL, "canonical powersgd on a device: no leaf was staged");
+        LOOM_TRY(loom_compress_sum_leaves(gs->compress, gs->be, dev ? gs->staged : grads));
+        if (dev)
+            k->copy_to_device(gs->be->self, grads, gs->staged, gs->total * sizeof(float));
     } else {
         LOOM_TRY(loom_compress_gather_leaves(gs->compress));
         tree_reset(&gs->t);

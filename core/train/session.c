@@ -664,17 +664,8 @@ static loom_status make_compress(loom_session *s)
     /* a device backend: host-staged (grad_sync.c: exchange_staged, compress_input), fast
      * mode's one exchange of each rank's gradient over dp (beside tp: its shards; beside pp:
      * its stage's tensors), canonical mode's leaves (packed from a host copy, decoded on the
-     * host, summed in the backend's tree); the rest reads the model's buffers on the host */
-    const char *dev_what = !s->device                       ? NULL
-                           : cfg->canonical && cfg->compress_method == LOOM_COMPRESS_POWERSGD
-                               ? "deterministic = \"canonical\" and powersgd (its leaves' own trees)"
-                                                            : NULL;
-    if (dev_what)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy.compress = \"%s\" on backend %s with %s is "
-                  "not built yet (device memory compresses host-staged, beside mesh.tp, mesh.pp, "
-                  "mesh.ep and strategy.zero, momentum or not; canonical mode: onebit and topk; "
-                  "docs/CUDA.md); use onebit or topk, fast mode, or backend = \"cpu\"",
-                  name, s->backend.ops->describe(s->backend.self), dev_what);
+     * host, summed in the backend's tree; powersgd's factors summed in the backend's trees
+     * through device copies, compress_powersgd_leaves.c), every method */
     const struct loom_comm_ops *ops;
     void *group;
     int dp = 1;

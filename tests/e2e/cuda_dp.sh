@@ -13,7 +13,7 @@
 #    dp=2, tp=2, pp=2 and zero=3 bitwise one rank's, topk ratio 1 bitwise uncompressed;
 #    fast topk beside zero=1 (bitwise plain dp's), 2 and 3 (within TOL of the CPU's);
 #    1-bit Adam (topk) fast dp=2 and canonical one rank within TOL of the CPU's, canonical
-#    dp=2 bitwise one rank's; canonical powersgd refused by name;
+#    dp=2 bitwise one rank's; canonical powersgd dp=2 bitwise one rank's;
 #  - the banner names what carries the device buffers (COMM=nccl: "nccl on the backend's
 #    stream"; a host COMM: "staged through host memory");
 #  - tensor parallelism (the tp strategy's region exchanges on the device groups, the
@@ -150,7 +150,9 @@ echo "backend=$backend comm=$comm: dp=2 compress=onebit saved at step $k and res
 # its tree): onebit at dp=2, tp=2 and pp=2 interleaved (each chunk's buckets as its
 # backward ends: the ranges) bitwise one rank's onebit on this backend (losses and norms);
 # topk ratio 1 at dp=2 bitwise the uncompressed one rank (every element sent: the same
-# leaves in the same tree); canonical powersgd refused by name
+# leaves in the same tree); powersgd (rank 2; its factors summed in the backend's trees
+# through device copies, compress_powersgd_leaves.c's gather_tree) at dp=2 bitwise one rank's,
+# one rank within TOL of the CPU backend's
 cz1() { # FILE ARGS...: one rank, canonical
   local out=$1; shift
   "$loom" run "$recipe" "${args[@]}" deterministic=canonical "$@" > "$out" 2> "$out.err" || { cat "$out.err"; exit 1; }
@@ -178,9 +180,12 @@ czn "$tmp/ccz3" mesh.dp=2 strategy.zero=3 "$ob"
 bits_same "canonical zero=3 dp=2 compress=onebit vs one rank's" "$tmp/cc1" "$tmp/ccz3"
 czn "$tmp/cctk" mesh.dp=2 'strategy.compress={"topk",ratio=1}'
 bits_same "canonical dp=2 compress=topk ratio 1 vs one rank uncompressed" "$tmp/one" "$tmp/cctk"
-refused_2 "canonical powersgd" \
-  'strategy.compress = "powersgd" on backend .* with deterministic = "canonical" and powersgd .* is not built yet' \
-  "${args[@]}" mesh.dp=2 deterministic=canonical 'strategy.compress={"powersgd"}'
+ps='strategy.compress={"powersgd",rank=2}'
+cz1 "$tmp/cp1" "$ps"
+czn "$tmp/cpdp" mesh.dp=2 "$ps"
+bits_same "canonical dp=2 compress=powersgd vs one rank's" "$tmp/cp1" "$tmp/cpdp"
+cz1 "$tmp/cp1_cpu" "$ps" backend=cpu # the sum landing in the gradient: against the CPU's
+runs_close "backend=$backend: canonical powersgd one rank vs backend=cpu's" "$tmp/cp1_cpu" "$tmp/cp1" "$steps" "$tol" || exit 1
 # 1-bit Adam in device memory (compress_momentum.c: adamw's m, the device's state, copied to
 # the host each compressed step, loom_compress_momentum_pull; canonical: the summed leaves'
 # momentum turned into the gradient through the host copy). topk 0.1, warm-up 2 steps of 4

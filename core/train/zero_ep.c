@@ -236,17 +236,13 @@ loom_status zero_ep_create(const loom_zero_config *c, loom_gpt *m, loom_backend 
     z->first_bad = -1;
     /* a device backend (zero_device.c): the state, the staging and stage 2's partition are
      * its memory, the buckets go over the device groups, the host groups carry what is
-     * host memory (the norm's doubles, a checkpoint's whole state) */
+     * host memory (the norm's doubles, a checkpoint's whole state); with 16-bit weights
+     * every rank keeps the whole fp32 master in the model's buffer, as on the CPU (zero.c),
+     * and the backend rounds the compute copy from it after each step (session.c) */
     z->device = loom_backend_device_memory(be);
     const loom_param_table *t = loom_gpt_params(m);
     ep_part *d = &x->part[0], *e = &x->part[1];
     loom_status st = loom_core_host()->group(LOOM_GROUP_DP, &d->hcomm, &d->hgroup, &d->n);
-    if (st == LOOM_OK && z->device && c->master16)
-        st = loom_fail(LOOM_ERR_UNSUPPORTED, "strategy.zero = %d with 16-bit weights beside "
-                       "mesh.ep in device memory is not built yet: ep's partitions (zero_ep.c) "
-                       "hold no fp32 master, which zero_master.c keeps on a device only for "
-                       "ZeRO without ep; use precision = \"fp32\", mesh.ep = 1, or backend = "
-                       "\"cpu\"", c->stage);
     int dn = d->n;
     if (st == LOOM_OK && z->device)
         st = loom_core_host()->device_group(LOOM_GROUP_DP, &d->comm, &d->group, &dn);

@@ -35,7 +35,7 @@
 #    saved at step STEPS-2 and resumed on two, bitwise; fast 1f1b over STEPS-1 steps within
 #    TOL of one rank's fast run, the loss falling. zb1 and the fast run post each run of
 #    transfers as one group (LOOM_PP_GROUPED=1; nccl's path, automatic there).
-#  - expert parallelism (dp=2 ep=2, a MoE block; beside ZeRO, pp=2 and tp=2): see its
+#  - expert parallelism (dp=2 ep=2, a MoE block; beside ZeRO, in fp32 and bf16, pp=2 and tp=2): see its
 #    sections at the end;
 #  - ZeRO with bf16 weights, offload beside ZeRO, reduce = "bf16" and the offload.params
 #    refusal: see their blocks after pp's.
@@ -509,9 +509,6 @@ refused_2 "offload.params beside zero=3" "strategy.offload.params = true on a de
 #  - each rank holds its experts alone (MEM's params below one rank's);
 #  - ZeRO beside ep: see the next section.
 moe=("${args[@]}" model.moe.experts=4 model.moe.top_k=2)
-# ZeRO with 16-bit weights beside ep: zero_ep.c's partitions hold no fp32 master (refused)
-refused_2 "zero=1 with bf16 weights beside ep=2" "16-bit weights beside mesh.ep in device memory is not built yet" \
-  "${moe[@]}" mesh.dp=2 mesh.ep=2 strategy.zero=1 precision=bf16
 k=$((steps - 2))
 "$loom" run "$recipe" "${moe[@]}" deterministic=canonical > "$tmp/ep_one" 2> "$tmp/ep.err" ||
   { cat "$tmp/ep.err"; exit 1; }
@@ -592,6 +589,24 @@ read -r _ _ _ zg _ <<< "$(grep '^MEM 1 ' "$tmp/ez2")"
          "$((2 * part)) (D = $((Db / 4)), X = $((Xb / 4)) floats)"; exit 1; }
 echo "backend=$backend comm=$comm: fast dp=2 ep=2 zero=1 bitwise dp=2 ep=2; zero=2 its losses bitwise," \
   "within $tol of one rank; zero=3's params and zero=2's grads $part bytes a rank, optimizer $((2 * part))"
+
+# ZeRO with 16-bit weights beside ep (zero_ep.c, as on the CPU: every rank keeps the whole
+# fp32 master in the model's buffer, gathered after each step, and the backend rounds the
+# compute copy from it): canonical bf16 dp=2 ep=2 zero=1, and zero=3 (saved at step k and
+# resumed), bitwise one rank's canonical bf16 (losses and norms)
+"$loom" run "$recipe" "${moe[@]}" precision=bf16 deterministic=canonical > "$tmp/eb_one" 2> "$tmp/eb.err" ||
+  { cat "$tmp/eb.err"; exit 1; }
+for z in 1 3; do
+  ck=(); [[ $z == 3 ]] && ck=(checkpoint.dir="$tmp/ck_eb" checkpoint.every=$k)
+  "$loom" launch -n 2 "$recipe" "${moe[@]}" comm="$comm" mesh.dp=2 mesh.ep=2 strategy.zero=$z \
+    precision=bf16 deterministic=canonical "${ck[@]}" > "$tmp/eb$z" 2> "$tmp/eb.err" || { cat "$tmp/eb.err"; exit 1; }
+  bits_same "canonical bf16 dp=2 ep=2 zero=$z vs one rank's" "$tmp/eb_one" "$tmp/eb$z"
+done
+"$loom" launch -n 2 "$recipe" "${moe[@]}" comm="$comm" mesh.dp=2 mesh.ep=2 strategy.zero=3 precision=bf16 \
+  deterministic=canonical resume="$tmp/ck_eb/$(printf step_%08d $k)" > "$tmp/eb_res" 2> "$tmp/eb.err" ||
+  { cat "$tmp/eb.err"; exit 1; }
+resumed_bitwise "canonical bf16 dp=2 ep=2 zero=3" "$tmp/eb_res" "$tmp/eb_one"
+echo "backend=$backend comm=$comm: canonical bf16 dp=2 ep=2 zero=3 saved at step $k and resumed, bitwise"
 
 # Expert parallelism beside pipeline and tensor parallelism in device memory (four ranks,
 # dp=2 ep=2 each, a global batch of 4, micro 1), against one rank with the same batch:

@@ -80,13 +80,15 @@ static loom_status start_unit(loom_zero *z, int u)
     float *params = loom_gpt_param_data(z->model);
     /* params offloaded: the partition out of the offload (read ahead, or now) */
     LOOM_TRY(un->state == READING ? zero_bring_wait(z, u) : zero_bring_unit(z, u));
+    LOOM_TRY(zero_bring_device(z, u)); /* a device's dp group sends device memory */
     LOOM_TRY(zero_device_unit_hold(z, u)); /* a sparse device buffer: its range committed */
     un->n_req = 0;
     size_t at = 0; /* in the staging: the buckets' sub-blocks one after another */
     for (int k = un->first_bucket; k <= un->last_bucket; k++) {
         const zero_bucket *b = &z->buckets[k];
         float *recv = b->lo + b->len > z->total ? z->tail3 : params + b->lo;
-        const float *send = un->bring ? un->bring + at : z->part_params + b->part_off;
+        const float *send = un->dbring ? un->dbring + at
+                            : un->bring ? un->bring + at : z->part_params + b->part_off;
         at += b->sub;
         LOOM_TRY(z->comm->allgather_start(z->dp, send, recv, b->sub, LOOM_DTYPE_F32,
                                           &un->req[un->n_req]));
@@ -208,7 +210,8 @@ loom_status zero_params_init(loom_zero *z)
     /* params offloaded: the offload holds the partition (loom_zero_attach_params) */
     z->part_params = z->params_offloaded || z->device ? NULL : calloc(z->part, sizeof(float));
     z->tail3 = zero_buf_alloc(z, (size_t)ZERO_ALIGN * (size_t)z->n);
-    if (z->device && z->tail3) { /* the partition and its mirror (zero_device.c) */
+    if (z->device && z->tail3) { /* the partition and its mirror (zero_device.c); params
+                                  * offloaded: the mirror alone, for attach to store */
         LOOM_TRY(zero_device_params(z));
         z->params_peak = z->total * sizeof(float); /* the whole buffer stays allocated */
     }
@@ -247,7 +250,8 @@ loom_status zero_params_init(loom_zero *z)
             LOOM_FAIL(LOOM_ERR_INTERNAL, "ZeRO-3: unit %d spans %d buckets (1 to %d expected)", u,
                       n, ZERO_UNIT_BUCKETS);
         zero_unit_pages(z, un, lo, hi);
-        if (!z->params_offloaded) /* offloaded: once attach has read the initial values */
+        /* offloaded: once attach has read the initial values (a device's: copied above) */
+        if (!z->params_offloaded || z->device)
             zero_drop_pages(z, un->inner_lo, un->inner_hi); /* until first needed */
     }
     z->last_unit = -1;
@@ -277,6 +281,7 @@ void zero_params_free(loom_zero *z)
     zero_buf_free(z, z->part_params);
     free(z->host_part);
     zero_buf_free(z, z->tail3);
+    zero_stage_free(z);
     free(z->param_pages);
 }
 

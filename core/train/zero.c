@@ -351,6 +351,5 @@ void loom_zero_memory(const loom_zero *z, loom_memory *out)
     out->params_offloaded = z->store ? z->part * sizeof(float) : 0;
     out->params_peak_resident = z->psparse ? zero_device_params_peak(z) : z->params_peak;
     out->comm = ((size_t)ZERO_ALIGN * (size_t)z->n * (z->tail3 ? 2 : 1) + z->staging_floats +
-                 z->bring_peak + (size_t)z->dstage_made * z->dstage_floats) * sizeof(float);
-    /* bring: offloaded params' host staging, peak; dstage: a device's copies of it, kept */
+                 z->bring_peak) * sizeof(float); /* bring: offloaded params' staging, peak */
 }

@@ -15,7 +15,8 @@
  * fp32 master's partition is part_params here too (zero_master.c; zero_device_params takes
  * it); with the optimizer offloaded the state partition is the offload's (none here), and
  * with offload.params = true stage 3's parameter partition too (zero_params_store.c: each
- * unit's part staged host -> device before its all-gathers, zero_params_device.c).
+ * unit's part copied host -> device into its own block of the receive buffer and
+ * gathered in place: zero_params.c start_unit).
  */
 #include "zero_internal.h"
 

@@ -28,8 +28,6 @@ typedef struct zero_unit {       /* stage 3: one unit of the model (gpt.h) */
     float *bring;                /* params offloaded: this unit's partition, read out of the
                                   * offload for its all-gathers in flight, or NULL */
     size_t bring_floats;
-    float *dbring;               /* on a device: the same, staged into the backend's memory
-                                  * (zero_params_device.c), or NULL */
     int held;                    /* a sparse device buffer: its range committed (zero_sparse.c) */
 } zero_unit;
 
@@ -95,9 +93,6 @@ struct loom_zero {
     struct zero_reader *reader; /* its reads' thread (zero_params_read.c), or NULL */
     size_t *seg_pos;     /* each segment's place in the partition, in floats */
     size_t bring_now, bring_peak; /* staging floats held now, and their peak */
-    float **dstage;      /* on a device: its staging buffers not in use (zero_params_device.c) */
-    int n_dstage, dstage_made; /* free ones now, and made in all (the units in flight, peak) */
-    size_t dstage_floats; /* each one's size: the largest unit's partition */
     float *tail3;        /* U*N floats: the tail bucket's gather staging */
     unsigned char *param_pages;
     size_t n_param_pages, params_peak;
@@ -205,13 +200,6 @@ loom_status zero_bring_submit(loom_zero *z, int u);
 loom_status zero_bring_wait(loom_zero *z, int u);
 loom_status zero_bring_unit(loom_zero *z, int u);
 void zero_release_bring(loom_zero *z, int u);
-/* zero_params_device.c, params offloaded on a device: unit u's staging (un->bring, host)
- * copied into a device buffer of the backend's (un->dbring) for its all-gathers, the host
- * staging unmapped; a no-op elsewhere. zero_release_bring gives the device buffer back
- * (zero_stage_put: kept for the next unit); zero_stage_free frees them all at the end. */
-loom_status zero_bring_device(loom_zero *z, int u);
-void zero_stage_put(loom_zero *z, int u);
-void zero_stage_free(loom_zero *z);
 /* zero_params_read.c: the reader thread (started at the first submit, stopped at free,
  * after what is queued is read). */
 loom_status zero_read_submit(loom_zero *z, int u);

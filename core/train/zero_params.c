@@ -80,20 +80,29 @@ static loom_status start_unit(loom_zero *z, int u)
     float *params = loom_gpt_param_data(z->model);
     /* params offloaded: the partition out of the offload (read ahead, or now) */
     LOOM_TRY(un->state == READING ? zero_bring_wait(z, u) : zero_bring_unit(z, u));
-    LOOM_TRY(zero_bring_device(z, u)); /* a device's dp group sends device memory */
     LOOM_TRY(zero_device_unit_hold(z, u)); /* a sparse device buffer: its range committed */
     un->n_req = 0;
     size_t at = 0; /* in the staging: the buckets' sub-blocks one after another */
     for (int k = un->first_bucket; k <= un->last_bucket; k++) {
         const zero_bucket *b = &z->buckets[k];
         float *recv = b->lo + b->len > z->total ? z->tail3 : params + b->lo;
-        const float *send = un->dbring ? un->dbring + at
-                            : un->bring ? un->bring + at : z->part_params + b->part_off;
+        const float *send = un->bring ? un->bring + at : z->part_params + b->part_off;
+        if (z->device && un->bring) { /* params offloaded on a device: the device dp group
+                                       * sends device memory, so the part goes host ->
+                                       * device into this rank's own block of recv and is
+                                       * gathered in place (as zero.c's gather_range) */
+            float *mine = recv + (size_t)z->rank * b->sub;
+            z->be->ops->copy_to_device(z->be->self, mine, send, b->sub * sizeof(float));
+            send = mine;
+        }
         at += b->sub;
         LOOM_TRY(z->comm->allgather_start(z->dp, send, recv, b->sub, LOOM_DTYPE_F32,
                                           &un->req[un->n_req]));
         un->n_req++;
     }
+    if (z->device) /* copied in above (the copies return once done): the host staging's
+                    * pages go back now, not when the gathers complete */
+        zero_release_bring(z, u);
     un->state = GATHERING;
     return LOOM_OK;
 }
@@ -281,7 +290,6 @@ void zero_params_free(loom_zero *z)
     zero_buf_free(z, z->part_params);
     free(z->host_part);
     zero_buf_free(z, z->tail3);
-    zero_stage_free(z);
     free(z->param_pages);
 }
 

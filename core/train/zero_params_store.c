@@ -133,7 +133,6 @@ loom_status zero_bring_unit(loom_zero *z, int u)
 void zero_release_bring(loom_zero *z, int u)
 {
     zero_unit *un = &z->units[u];
-    zero_stage_put(z, u); /* a device's staging, kept for the next unit */
     if (!un->bring)
         return;
     munmap(un->bring, un->bring_floats * sizeof(float));

@@ -11,6 +11,9 @@
  * unit while sampling pins them, plus the unit read ahead). The reads run on a thread
  * of their own (zero_params_read.c): while a unit computes, the next one's all-gather is
  * in flight and the one after it is read (zero_params.c need), so reading overlaps compute.
+ * On a device backend the staging stays host memory: start_unit copies each bucket's part
+ * into this rank's block of the device receive buffer, gathers in place, and frees the
+ * staging at once; the offloaded step copies only the gradients over (offload_device.c).
  */
 #include "zero_internal.h"
 

@@ -120,16 +120,14 @@ loom_status loom_offload_create(const loom_offload_config *c, const loom_optim_s
     o->dev_self = c->backend_self;
     o->buf_state = c->mode == LOOM_OFFLOAD_DISK ? slots : 0;
     o->split = c->mode == LOOM_OFFLOAD_DISK || o->dev;
-    /* on a device the buffers also stage each element's parameter and gradient */
-    o->per_elem = (o->dev ? o->buf_state + 2u : slots) + (c->param_off ? 1u : 0u);
+    /* on a device the buffers also stage each element's parameter and gradient (with
+     * params = true the parameter's place is where the disk's chunk reads it, after the
+     * state; the host pool's are stepped in the pool, their place left unused) */
+    o->per_elem = o->dev ? o->buf_state + 2u : slots + (c->param_off ? 1u : 0u);
     o->fd = -1;
     size_t cap = (size_t)(mb * 1024 * 1024 / sizeof(float));
     cap = cap < o->per_elem ? o->per_elem : cap;
-    loom_status st = o->dev && c->param_off
-        ? loom_fail(LOOM_ERR_UNSUPPORTED, "strategy.offload.params = true on a device backend "
-                    "is not built yet (the partition's staging for stage 3's gathers is host "
-                    "memory: zero_device.c refuses it first); use offload.params = false")
-        : make_chunks(o, segs, state_off, c->param_off, n, cap);
+    loom_status st = make_chunks(o, segs, state_off, c->param_off, n, cap);
     if (st == LOOM_OK && c->mode == LOOM_OFFLOAD_HOST) {
         /* A pool of its own: on a device backend its host_alloc's (CUDA: pinned), stepped
          * on a host thread (offload_device.c); on the CPU backend, a separate allocation.

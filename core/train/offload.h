@@ -38,7 +38,8 @@ typedef struct loom_offload_config {
     size_t param_floats;
     /* A device backend (its memory not the host's), else NULL: the segments' param and
      * grad pointers are its memory; each chunk's are copied to host buffers for the step
-     * and the parameters copied back (offload_device.c). params = true is not taken. */
+     * and the parameters copied back (offload_device.c); with params = true only the
+     * gradients are (the parameters are the pool's or the file's, stepped there). */
     const loom_backend_ops *backend;
     void *backend_self;
 } loom_offload_config;

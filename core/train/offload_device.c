@@ -14,7 +14,11 @@
  *     copy_out(K - 1)
  *
  * so the host step of chunk k runs while the caller's thread moves k - 1 and k + 1, and
- * the three chunks in flight are in three buffers. Every backend call is on the caller's
+ * the three chunks in flight are in three buffers. With params = true (ZeRO-3's partition
+ * offloaded beside the state: zero_params_store.c) the parameters are not the device's:
+ * only the gradients come over; the host pool's parameters are stepped in the pool, the
+ * disk's are read and written with the chunk's state (offload_disk_chunk), so the updated
+ * partition is back in the pool or file when the step returns. Every backend call is on the caller's
  * thread (a CUDA device is current per thread). The backend's copies return once done
  * (backend.h), so on a GPU the overlap is the host step against the transfers, not two
  * transfers against each other; on cudaemu a copy is a memcpy.
@@ -97,7 +101,8 @@ static loom_status copy_in(loom_offload *o, size_t k)
         const offload_piece *p = &o->pieces[c->first + j];
         float *params = piece_params(o, buf, p);
         size_t bytes = p->seg.n * sizeof(float);
-        o->dev->copy_to_host(o->dev_self, params, p->seg.param, bytes);
+        if (!o->param_floats) /* params = true: the pool's, or the file's (read above) */
+            o->dev->copy_to_host(o->dev_self, params, p->seg.param, bytes);
         o->dev->copy_to_host(o->dev_self, params + p->seg.n, p->seg.grad, bytes);
     }
     return LOOM_OK;
@@ -107,7 +112,7 @@ static loom_status copy_out(loom_offload *o, size_t k)
 {
     float *buf = buf_of(o, k);
     const offload_chunk *c = &o->chunks[k];
-    for (size_t j = 0; j < c->count; j++) {
+    for (size_t j = 0; !o->param_floats && j < c->count; j++) { /* params: none on the device */
         const offload_piece *p = &o->pieces[c->first + j];
         o->dev->copy_to_device(o->dev_self, p->seg.param, piece_params(o, buf, p),
                                p->seg.n * sizeof(float));
@@ -125,7 +130,9 @@ static void hand_over(loom_offload *o, const loom_optim_ops *ops, void *self,
         const offload_piece *p = &o->pieces[c->first + j];
         float *params = piece_params(o, buf, p);
         o->scratch[j] = p->seg;
-        o->scratch[j].param = params;
+        /* params = true in the host pool: stepped in place there, after the state */
+        o->scratch[j].param = o->param_floats && o->pool ? o->pool + o->floats + p->param_pos
+                                                         : params;
         o->scratch[j].grad = params + p->seg.n;
         o->scratch[j].state = o->mode == LOOM_OFFLOAD_DISK ? buf + p->buf_off
                                                            : o->pool + p->pool_off;

@@ -13,7 +13,10 @@
  * clears the unit's own range instead (a device allocation stays resident), so a read of a
  * released unit reads zeros, not last step's values. With 16-bit weights below stage 3 the
  * fp32 master's partition is part_params here too (zero_master.c; zero_device_params takes
- * it); with the optimizer offloaded the state partition is the offload's (none here).
+ * it); with the optimizer offloaded the state partition is the offload's (none here), and
+ * with offload.params = true stage 3's parameter partition too (zero_params_store.c: each
+ * unit's part copied host -> device into its own block of the receive buffer and
+ * gathered in place: zero_params.c start_unit).
  */
 #include "zero_internal.h"
 
@@ -89,12 +92,6 @@ loom_status zero_buf_copy(loom_zero *z, float *dst, const float *src, size_t flo
 loom_status zero_device_init(loom_zero *z, const loom_zero_config *c)
 {
     z->device = 1;
-    if (c->params_offloaded)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "strategy.offload.params = true on a device backend is not built yet: stage 3's "
-                  "units would be gathered from the partition read out of the host pool "
-                  "(zero_params_store.c's staging is host memory, which the device dp group's "
-                  "all-gathers cannot send); use offload.params = false (the optimizer state "
-                  "still offloads beside zero = 3), or backend = \"cpu\"");
     if (c->ep)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "ZeRO in device memory: ep takes zero_ep.c's own path");
     /* the buckets' collectives over the groups for the backend's memory; the norm's
@@ -123,18 +120,20 @@ loom_status zero_device_state(loom_zero *z, int offloaded)
 loom_status zero_device_params(loom_zero *z)
 {
     const loom_backend_ops *k = z->be->ops;
-    z->part_params = zero_buf_alloc(z, z->part);
+    /* params offloaded: only the host copy, until attach writes it into the offload */
+    z->part_params = z->params_offloaded ? NULL : zero_buf_alloc(z, z->part);
     z->host_part = calloc(z->part + 1, sizeof(float));
     float *whole = malloc(z->total * sizeof(float) + 1);
     loom_status st = LOOM_OK;
-    if (!z->part_params || !z->host_part || !whole)
+    if ((!z->part_params && !z->params_offloaded) || !z->host_part || !whole)
         st = loom_fail(LOOM_ERR_NOMEM, "out of memory for the ZeRO-3 parameter partition and "
                        "its host mirror (%zu MiB)", z->part * sizeof(float) >> 20);
     if (st == LOOM_OK) { /* once, at start: the whole initial buffer through the host */
         k->copy_to_host(z->be->self, whole, loom_gpt_param_data(z->model),
                         z->total * sizeof(float));
         zero_copy_partition(z, whole, z->host_part);
-        k->copy_to_device(z->be->self, z->part_params, z->host_part, z->part * sizeof(float));
+        if (z->part_params)
+            k->copy_to_device(z->be->self, z->part_params, z->host_part, z->part * sizeof(float));
     }
     free(whole);
     return st;

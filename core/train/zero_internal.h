@@ -119,7 +119,7 @@ struct loom_zero {
 loom_status zero_reduce_init(loom_zero *z);
 /* zero_device.c: ZeRO's buffers in the backend's memory where it is a device's (zeroed
  * allocations, cleared, freed; copy: buffer to buffer, bits unchanged), host memory
- * otherwise; init takes the device dp group (offload and ep were refused before); state
+ * otherwise; init takes the device dp group (ep takes zero_ep.c's path); state
  * allocates the state partition and its host mirror. */
 float *zero_buf_alloc(loom_zero *z, size_t floats);
 void zero_buf_free(loom_zero *z, float *p);
@@ -132,7 +132,8 @@ void zero_buf_move(loom_zero *z, float *dst, const float *src, size_t floats);
 loom_status zero_device_init(loom_zero *z, const loom_zero_config *c);
 loom_status zero_device_state(loom_zero *z, int offloaded);
 /* zero_device.c, stage 3 and master16: part_params and its host mirror in the backend's
- * memory, this rank's partition of the model's initial values copied in (through the host). */
+ * memory, this rank's partition of the model's initial values copied in (through the host);
+ * params offloaded: the host mirror alone, which loom_zero_attach_params stores and frees. */
 loom_status zero_device_params(loom_zero *z);
 /* zero_sparse.c, sparse model buffers (the backend's vm ops; none: no-ops, today's whole
  * allocations): sparse swaps the buffers in after the inits; bucket_hold commits bucket

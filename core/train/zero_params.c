@@ -87,11 +87,22 @@ static loom_status start_unit(loom_zero *z, int u)
         const zero_bucket *b = &z->buckets[k];
         float *recv = b->lo + b->len > z->total ? z->tail3 : params + b->lo;
         const float *send = un->bring ? un->bring + at : z->part_params + b->part_off;
+        if (z->device && un->bring) { /* params offloaded on a device: the device dp group
+                                       * sends device memory, so the part goes host ->
+                                       * device into this rank's own block of recv and is
+                                       * gathered in place (as zero.c's gather_range) */
+            float *mine = recv + (size_t)z->rank * b->sub;
+            z->be->ops->copy_to_device(z->be->self, mine, send, b->sub * sizeof(float));
+            send = mine;
+        }
         at += b->sub;
         LOOM_TRY(z->comm->allgather_start(z->dp, send, recv, b->sub, LOOM_DTYPE_F32,
                                           &un->req[un->n_req]));
         un->n_req++;
     }
+    if (z->device) /* copied in above (the copies return once done): the host staging's
+                    * pages go back now, not when the gathers complete */
+        zero_release_bring(z, u);
     un->state = GATHERING;
     return LOOM_OK;
 }
@@ -208,7 +219,8 @@ loom_status zero_params_init(loom_zero *z)
     /* params offloaded: the offload holds the partition (loom_zero_attach_params) */
     z->part_params = z->params_offloaded || z->device ? NULL : calloc(z->part, sizeof(float));
     z->tail3 = zero_buf_alloc(z, (size_t)ZERO_ALIGN * (size_t)z->n);
-    if (z->device && z->tail3) { /* the partition and its mirror (zero_device.c) */
+    if (z->device && z->tail3) { /* the partition and its mirror (zero_device.c); params
+                                  * offloaded: the mirror alone, for attach to store */
         LOOM_TRY(zero_device_params(z));
         z->params_peak = z->total * sizeof(float); /* the whole buffer stays allocated */
     }
@@ -247,7 +259,8 @@ loom_status zero_params_init(loom_zero *z)
             LOOM_FAIL(LOOM_ERR_INTERNAL, "ZeRO-3: unit %d spans %d buckets (1 to %d expected)", u,
                       n, ZERO_UNIT_BUCKETS);
         zero_unit_pages(z, un, lo, hi);
-        if (!z->params_offloaded) /* offloaded: once attach has read the initial values */
+        /* offloaded: once attach has read the initial values (a device's: copied above) */
+        if (!z->params_offloaded || z->device)
             zero_drop_pages(z, un->inner_lo, un->inner_hi); /* until first needed */
     }
     z->last_unit = -1;

@@ -11,6 +11,9 @@
  * unit while sampling pins them, plus the unit read ahead). The reads run on a thread
  * of their own (zero_params_read.c): while a unit computes, the next one's all-gather is
  * in flight and the one after it is read (zero_params.c need), so reading overlaps compute.
+ * On a device backend the staging stays host memory: start_unit copies each bucket's part
+ * into this rank's block of the device receive buffer, gathers in place, and frees the
+ * staging at once; the offloaded step copies only the gradients over (offload_device.c).
  */
 #include "zero_internal.h"
 
@@ -37,9 +40,22 @@ static size_t own_range(const loom_zero *z, int k, size_t *a)
 }
 
 /* This rank's partition of the initial values into the offload: from the model's buffer,
- * or (partitioned construction) drawn a bucket's sub-block at a time. */
+ * or (partitioned construction) drawn a bucket's sub-block at a time; on a device from the
+ * host copy zero_device_params took before the buffer could go sparse, then freed (the
+ * offload holds the partition, no mirror is kept). */
 static loom_status store_params(loom_zero *z)
 {
+    if (z->device) {
+        if (!z->host_part)
+            LOOM_FAIL(LOOM_ERR_INTERNAL, "ZeRO-3 on a device: the initial partition was not "
+                      "copied to the host before the offload took it");
+        loom_status st = loom_offload_write_params(z->store, 0, z->part, z->host_part);
+        free(z->host_part);
+        z->host_part = NULL;
+        LOOM_TRY(st);
+        loom_zero_params_stale(z);
+        return LOOM_OK;
+    }
     const float *params = loom_gpt_param_data(z->model);
     float *drawn = NULL;
     if (z->undrawn && !(drawn = malloc(z->max_len / (size_t)z->n * sizeof(float) + 1)))
@@ -66,7 +82,8 @@ loom_status loom_zero_attach_params(loom_zero *z, struct loom_offload *o)
                   "zero = 3 and params offloaded");
     z->store = o;
     LOOM_TRY(store_params(z)); /* the initial values every rank drew alike */
-    for (int u = 0; u < z->n_units; u++) /* until first needed, as zero_params_init does */
+    for (int u = 0; !z->device && u < z->n_units; u++) /* until first needed, as zero_params_init
+                                                        * does (a device's: done there) */
         if (!z->units[u].empty)
             zero_drop_pages(z, z->units[u].inner_lo, z->units[u].inner_hi);
     return LOOM_OK;

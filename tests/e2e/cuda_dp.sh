@@ -37,8 +37,8 @@
 #    transfers as one group (LOOM_PP_GROUPED=1; nccl's path, automatic there).
 #  - expert parallelism (dp=2 ep=2, a MoE block; beside ZeRO, in fp32 and bf16, pp=2 and tp=2): see its
 #    sections at the end;
-#  - ZeRO with bf16 weights, offload beside ZeRO, reduce = "bf16" and the offload.params
-#    refusal: see their blocks after pp's.
+#  - ZeRO with bf16 weights, offload beside ZeRO, reduce = "bf16" and offload.params = true
+#    (zero=3's partition in the offload): see their blocks after pp's.
 # BACKEND cudaemu (the CUDA kernels emulated on the CPU; meson runs it under
 # LOOM_CUDAEMU_GUARD=1, so a device buffer handed to the host communicator, or any host read
 # of one, is a segfault) runs everywhere with COMM=shm. BACKEND cuda needs a GPU, and
@@ -495,8 +495,37 @@ grep -E '^(LOSS|NORM) 1 ' "$tmp/rb_cpu" > "$tmp/want"; grep -E '^(LOSS|NORM) 1 '
 runs_close "backend=$backend comm=$comm: bf16 reduce=bf16 dp=2 vs the CPU's (step 1)" "$tmp/want" "$tmp/got" 1 "$tol" &&
   runs_close "backend=$backend comm=$comm: bf16 reduce=bf16 dp=2 vs the CPU's (every step)" "$tmp/rb_cpu" "$tmp/rb" \
     "$steps" "$late" || exit 1
-refused_2 "offload.params beside zero=3" "strategy.offload.params = true on a device backend is not built yet" \
-  "${zargs[@]}" mesh.dp=2 strategy.zero=3 "${off[@]}" strategy.offload.params=true
+# offload.params = true in device memory (zero_params_store.c: the partition in the offload,
+# each unit's part read into host staging, copied host -> device into this rank's own block
+# of the receive buffer and all-gathered there over the device dp group; offload_device.c
+# copies only the gradients over and steps the pool's or the file's parameters):
+#  - zero=3 dp=2, the partition in the host pool, bitwise z3 (the same run without offload;
+#    the optimizer's offload alone is bitwise it, above), no parameter partition on the
+#    device (params 0) and the start-up line naming the offloaded params;
+#  - saved at step k from the pool, resumed with the partition in a file (disk): bitwise;
+#  - the CPU backend's same run (the partition in its host pool) within TOL.
+zpo=("${zargs[@]}" mesh.dp=2 strategy.zero=3 strategy.dp.bucket_mb=0.01 strategy.offload.chunk_mb=0.01
+     strategy.offload.params=true)
+"$loom" launch -n 2 "$recipe" "${zpo[@]}" comm="$comm" strategy.offload.optimizer=host \
+  checkpoint.dir="$tmp/zpk" checkpoint.every=$k > "$tmp/zp" 2> "$tmp/zp.err" || { cat "$tmp/zp.err"; exit 1; }
+grep '^LOSS\|^NORM' "$tmp/z3" > "$tmp/want"
+grep '^LOSS\|^NORM' "$tmp/zp" > "$tmp/got" || true
+[[ $(grep -c '^LOSS' "$tmp/want") -eq $steps ]] && cmp -s "$tmp/want" "$tmp/got" ||
+  { echo "zero=3 dp=2 offload.params on $backend is not bitwise the run without offload:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+read -r _ _ p_dev _ <<< "$(grep "^MEM $steps " "$tmp/zp")"
+[[ $p_dev -eq 0 ]] && grep -q '| params offloaded ' "$tmp/zp" ||
+  { echo "zero=3 offload.params on $backend: params $p_dev bytes on the device"; head -2 "$tmp/zp"; exit 1; }
+mkdir "$tmp/zpd"
+"$loom" launch -n 2 "$recipe" "${zpo[@]}" comm="$comm" strategy.offload.optimizer=disk strategy.offload.path="$tmp/zpd" \
+  resume="$tmp/zpk/step_$(printf %08d $k)" > "$tmp/zpres" 2> "$tmp/zpres.err" || { cat "$tmp/zpres.err"; exit 1; }
+resumed_bitwise "zero=3 dp=2 offload.params (saved from the pool, resumed on disk)" "$tmp/zpres" "$tmp/z3"
+[[ -z $(ls -A "$tmp/zpd") ]] || { echo "offload.params on disk: the files are left: $(ls "$tmp/zpd")"; exit 1; }
+"$loom" launch -n 2 "$recipe" "${zpo[@]}" strategy.offload.optimizer=host backend=cpu comm=shm threads=1 \
+  > "$tmp/zp_cpu" 2> "$tmp/zp.err" || { cat "$tmp/zp.err"; exit 1; }
+runs_close "backend=$backend comm=$comm: zero=3 dp=2 offload.params vs backend=cpu's" "$tmp/zp_cpu" "$tmp/zp" \
+  "$steps" "$tol" || exit 1
+echo "backend=$backend comm=$comm: zero=3 dp=2 offload.params bitwise without offload, params 0 bytes on the" \
+  "device; saved at step $k (host) and resumed (disk), bitwise; within $tol of the CPU's"
 
 # Expert parallelism in device memory (session_ep.c, moe.c): a 4-expert top-2 MoE block,
 # dp=2 ep=2 (each rank 2 of the experts), against one rank on the same backend. The token

@@ -60,10 +60,13 @@ static int l_llmc_load(lua_State *L)
 {
     refuse_zero3(L, "loaded");
     loom_gpt *m = check_model(L, 1);
-    if (loom_llmc_load(m, luaL_checkstring(L, 2)) != LOOM_OK)
-        return raise_status(L);
-    /* zero=1/2 with 16-bit weights: the file's values into the master partition */
+    /* zero=1/2 with 16-bit weights: the buffer the file is read into committed whole (a
+     * sparse device buffer), then the file's values into the master partition */
     struct loom_zero *z = loom_session_zero(loom_lua_check_session(L, 1));
+    if (z && loom_zero_params_will_write(z) != LOOM_OK)
+        return raise_status(L);
+    if (loom_llmc_load(m, luaL_checkstring(L, 2)) != LOOM_OK)
+        return raise_status(L); /* the hold stays until the next write or reader: harmless */
     if (z && loom_zero_params_written(z) != LOOM_OK)
         return raise_status(L);
     return 0;

@@ -344,9 +344,10 @@ void loom_zero_memory(const loom_zero *z, loom_memory *out)
     out->optimizer = z->state ? z->state_floats * sizeof(float) : 0;
     out->grads = z->reduces ? z->part * sizeof(float) : 0;
     out->grads_peak_resident = z->gsparse ? zero_device_grads_peak(z) : z->resident_peak;
-    /* master16 on a device: the model's fp32 buffer stays allocated beside the partition
-     * (cleared, not handed back: zero_drop_pages), so it is counted whole */
-    size_t whole = z->master16 && z->device ? z->total : zero_master_kept_floats(z);
+    /* master16 on a device without the vm ops: the model's fp32 buffer stays allocated
+     * beside the partition (cleared, not handed back: zero_drop_pages), so it is counted
+     * whole; with them (zero_sparse.c) only the kept span is committed between readers */
+    size_t whole = z->master16 && z->device && !z->psparse ? z->total : zero_master_kept_floats(z);
     out->params = z->part_params ? (z->part + whole) * sizeof(float) : 0;
     out->params_offloaded = z->store ? z->part * sizeof(float) : 0;
     out->params_peak_resident = z->psparse ? zero_device_params_peak(z) : z->params_peak;

@@ -182,7 +182,9 @@ loom_status loom_zero_keep_master(loom_zero *z, size_t lo, size_t hi);
 loom_status loom_zero_params_loaded(loom_zero *z);
 /* After something wrote the model's whole fp32 buffer on every rank alike (an llm.c
  * file): stage 1/2 with master16 takes this rank's partition out of it, rounds the
- * compute copy from it and releases its pages again; a no-op otherwise. */
+ * compute copy from it and releases its pages again; a no-op otherwise. will_write, before
+ * that write: on a sparse device buffer (zero_sparse.c) commits the whole of it. */
+loom_status loom_zero_params_will_write(loom_zero *z);
 loom_status loom_zero_params_written(loom_zero *z);
 /* Stage 3 (zero_params.c; no-ops below it): before the optimizer step, complete the
  * gathers in flight (they read the partition the step rewrites); after it, mark every

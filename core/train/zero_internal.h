@@ -114,6 +114,11 @@ struct loom_zero {
      * parameter (stage 3) buffers as sparse ranges, and which buckets hold gradients */
     struct zero_sparse *gsparse, *psparse;
     unsigned char *bucket_held;
+    /* master16 on a sparse parameter buffer: what of it is committed (zero_master.c): the
+     * kept buckets' span [held_lo, held_hi), and the whole buffer while a reader or writer
+     * of the whole master has it (held_whole) */
+    size_t held_lo, held_hi;
+    int held_whole;
 };
 
 loom_status zero_reduce_init(loom_zero *z);
@@ -148,6 +153,10 @@ loom_status zero_device_bucket_hold(loom_zero *z, int k);
 int zero_device_bucket_done(loom_zero *z, int k);
 loom_status zero_device_unit_hold(loom_zero *z, int u);
 int zero_device_unit_drop(loom_zero *z, int u);
+/* master16 on a sparse parameter buffer (zero_master.c): [lo, hi) committed, or let go
+ * (0: not sparse, the buffer is whole). */
+loom_status zero_device_range_hold(loom_zero *z, size_t lo, size_t hi);
+int zero_device_range_drop(loom_zero *z, size_t lo, size_t hi);
 size_t zero_device_grads_peak(const loom_zero *z);
 size_t zero_device_params_peak(const loom_zero *z);
 void zero_reduce_free(loom_zero *z);

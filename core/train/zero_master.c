@@ -15,8 +15,10 @@
  * Checkpoints write and read the master as stage 3's parameter slices (zero_ckpt.h).
  * On a device backend (zero_device.c) the partition is the backend's memory with a host
  * mirror, the rounding the backend's convert_from_f32, the copies between the partition
- * and the model's buffer go through the host a sub-block at a time, and the "released"
- * fp32 buffer is cleared, not handed back (a device allocation stays resident).
+ * and the model's buffer go through the host a sub-block at a time; with the backend's vm
+ * ops the fp32 buffer is a sparse range (zero_sparse.c) committed only where kept, or
+ * whole while a reader or writer of the whole master has it; without them the "released"
+ * buffer is cleared, not handed back (a device allocation stays resident).
  */
 #include "zero_internal.h"
 
@@ -60,13 +62,46 @@ static void kept_span(const loom_zero *z, size_t *lo, size_t *hi)
 }
 
 /* The fp32 buffer's pages handed back to the OS, but for the kept buckets' (a page they
- * share with a neighbour stays too: zero_drop_pages drops whole pages only). */
+ * share with a neighbour stays too: zero_drop_pages drops whole pages only). A sparse
+ * device buffer: the whole buffer's hold let go, the kept span's own hold stays. */
 static void drop_unkept(loom_zero *z)
 {
+    if (z->psparse) {
+        if (z->held_whole)
+            zero_device_range_drop(z, 0, z->total);
+        z->held_whole = 0;
+        return;
+    }
     size_t lo, hi;
     kept_span(z, &lo, &hi);
     zero_drop_pages(z, 0, lo);
     zero_drop_pages(z, hi, z->total);
+}
+
+/* A sparse device buffer (zero_sparse.c): the whole of it committed, for a reader or a
+ * writer of the whole master (drop_unkept lets go); a no-op otherwise. */
+static loom_status hold_whole(loom_zero *z)
+{
+    if (!z->psparse || z->held_whole)
+        return LOOM_OK;
+    LOOM_TRY(zero_device_range_hold(z, 0, z->total));
+    z->held_whole = 1;
+    return LOOM_OK;
+}
+
+/* A sparse device buffer: the kept buckets' span committed (the new span held before the
+ * old is let go, so what both cover keeps its values); a no-op otherwise. */
+static loom_status hold_kept(loom_zero *z)
+{
+    size_t lo, hi;
+    kept_span(z, &lo, &hi);
+    if (!z->psparse || (lo == z->held_lo && hi == z->held_hi))
+        return LOOM_OK;
+    LOOM_TRY(zero_device_range_hold(z, lo, hi));
+    zero_device_range_drop(z, z->held_lo, z->held_hi);
+    z->held_lo = lo;
+    z->held_hi = hi;
+    return LOOM_OK;
 }
 
 void zero_copy_partition(const loom_zero *z, const float *params, float *part)
@@ -98,10 +133,18 @@ loom_status zero_master_init(loom_zero *z)
     return LOOM_OK;
 }
 
+loom_status loom_zero_params_will_write(loom_zero *z)
+{
+    return z->master16 ? hold_whole(z) : LOOM_OK;
+}
+
 loom_status loom_zero_params_written(loom_zero *z)
 {
     if (!z->master16)
         return LOOM_OK;
+    if (z->psparse && !z->held_whole)
+        LOOM_FAIL(LOOM_ERR_INTERNAL, "ZeRO with 16-bit weights: the fp32 buffer was written "
+                  "without loom_zero_params_will_write (it is committed only where kept)");
     LOOM_TRY(copy_sub_blocks(z, loom_gpt_param_data(z->model), z->part_params, 1, 0,
                              z->n_buckets - 1, z->device));
     LOOM_TRY(loom_gpt_set_master_elsewhere(z->model, 0)); /* the compute copy from it */
@@ -119,6 +162,7 @@ loom_status loom_zero_master_gather(loom_zero *z)
 {
     if (!z->master16)
         return LOOM_OK;
+    LOOM_TRY(hold_whole(z));
     LOOM_TRY(copy_sub_blocks(z, loom_gpt_param_data(z->model), z->part_params, 0, 0,
                              z->n_buckets - 1, z->device));
     return zero_gather_f32(z, 0, z->n_buckets - 1);
@@ -159,6 +203,7 @@ loom_status loom_zero_keep_master(loom_zero *z, size_t lo, size_t hi)
             z->kept_last = k;
         z->kept = 1;
     }
+    LOOM_TRY(hold_kept(z)); /* a sparse device buffer: committed where kept */
     return zero_master_gather_kept(z); /* the pages were dropped at start-up */
 }
 

@@ -198,6 +198,19 @@ int zero_device_unit_drop(loom_zero *z, int u)
     return 1;
 }
 
+loom_status zero_device_range_hold(loom_zero *z, size_t lo, size_t hi)
+{
+    return z->psparse ? sparse_hold(z, z->psparse, lo, hi) : LOOM_OK;
+}
+
+int zero_device_range_drop(loom_zero *z, size_t lo, size_t hi)
+{
+    if (!z->psparse)
+        return 0;
+    sparse_drop(z, z->psparse, lo, hi);
+    return 1;
+}
+
 loom_status zero_device_sparse(loom_zero *z)
 {
     /* LOOM_ZERO_SPARSE=0: the whole allocations, as before the vm ops (the tests' A/B) */
@@ -218,7 +231,10 @@ loom_status zero_device_sparse(loom_zero *z)
         LOOM_TRY(sparse_make(z, 1, &z->gsparse)); /* zeros in the old one: nothing to copy */
         loom_gpt_set_grad_write_hook(z->model, grad_write, z);
     }
-    if (z->stage == 3) /* the partition holds the initial values (zero_device_params) */
+    /* the partition holds the initial values (zero_device_params): stage 3's parameters,
+     * or master16's fp32 master (its buffer then held only where a reader keeps it,
+     * zero_master.c) */
+    if (z->stage == 3 || z->master16)
         LOOM_TRY(sparse_make(z, 0, &z->psparse));
     return LOOM_OK;
 }
@@ -237,24 +253,40 @@ void zero_device_sparse_free(loom_zero *z)
 size_t zero_device_grads_peak(const loom_zero *z) { return z->gsparse ? z->gsparse->peak : 0; }
 size_t zero_device_params_peak(const loom_zero *z) { return z->psparse ? z->psparse->peak : 0; }
 
+/* [lo, hi) of the sparse parameter buffer to the host mirror or from it. */
+static void mirror_range(loom_zero *z, float *host, int to_host, size_t lo, size_t hi)
+{
+    const loom_backend_ops *k = z->be->ops;
+    if (hi <= lo)
+        return;
+    if (to_host)
+        k->copy_to_host(z->be->self, host + lo, z->psparse->base + lo, (hi - lo) * sizeof(float));
+    else
+        k->copy_to_device(z->be->self, z->psparse->base + lo, host + lo, (hi - lo) * sizeof(float));
+}
+
 /* The session's host mirror of the parameter buffer under a sparse stage 3: the units held
- * copied, the rest zeros (what a released unit reads on the host, and read no further). */
+ * copied, the rest zeros (what a released unit reads on the host, and read no further);
+ * master16: what is held of the buffer (zero_master.c), the rest zeros likewise. */
 int loom_zero_params_mirror(loom_zero *z, float *host, int to_host)
 {
     if (!z || !z->psparse)
         return 0;
-    const loom_backend_ops *k = z->be->ops;
     if (to_host)
         memset(host, 0, z->total * sizeof(float));
+    if (z->master16) {
+        if (z->held_whole)
+            mirror_range(z, host, to_host, 0, z->total);
+        else
+            mirror_range(z, host, to_host, z->held_lo, z->held_hi);
+        return 1;
+    }
     for (int u = 0; u < z->n_units; u++) {
         if (!z->units[u].held)
             continue;
         size_t lo, hi;
         unit_range(z, u, &lo, &hi);
-        if (to_host)
-            k->copy_to_host(z->be->self, host + lo, z->psparse->base + lo, (hi - lo) * sizeof(float));
-        else
-            k->copy_to_device(z->be->self, z->psparse->base + lo, host + lo, (hi - lo) * sizeof(float));
+        mirror_range(z, host, to_host, lo, hi);
     }
     return 1;
 }

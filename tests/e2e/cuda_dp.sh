@@ -448,6 +448,32 @@ done
 resumed_bitwise "canonical bf16 zero=1 dp=2" "$tmp/b16_res" "$tmp/b16_one"
 echo "backend=$backend comm=$comm: canonical bf16 zero=1 and zero=3 dp=2 dim 48 bitwise one rank over" \
   "$steps steps; zero=1 saved at step $k (the master's partitions) and resumed, bitwise"
+# zero=1's fp32 buffer beside the master's partition (zero_master.c on zero_sparse.c): with
+# the backend's vm ops a sparse range, nothing committed when no reader keeps a span
+# (MEM's master: the partition alone, half the state's bytes; params_peak_resident 0); the
+# whole of it held for an llm.c load (the run starts from a file) and for llm.c save and
+# export_safetensors (zero_export.lua): losses, norms and every rank's files byte for byte
+# the same run on whole allocations (LOOM_ZERO_SPARSE=0)
+read -r _ _ _ _ zo _ _ zpk _ zm _ <<< "$(grep '^MEM 1 ' "$tmp/b16_z1")"
+[[ $zm -gt 0 && $zm -eq $((zo / 2)) && $zpk -eq 0 ]] ||
+  { echo "bf16 zero=1 dp=2: master $zm bytes (want the partition, $((zo / 2))), committed peak $zpk (want 0)"; exit 1; }
+"$loom" run "$here/recipes/losses.lua" threads=1 steps=1 checkpoint.dir="$tmp/m16ck" > /dev/null &&
+  "$loom" export --llmc "$tmp/m16ck" "$tmp/m16.bin" > /dev/null || { echo "no llm.c file to start from"; exit 1; }
+for sp in 1 0; do
+  EXPORT_OUT="$tmp/m16x$sp" LOOM_ZERO_SPARSE=$sp "$loom" launch -n 2 "$here/recipes/zero_export.lua" threads=1 \
+    backend="$backend" comm="$comm" mesh.dp=2 precision=bf16 strategy.zero=1 steps=3 model.init="$tmp/m16.bin" \
+    > "$tmp/m16_$sp" 2> "$tmp/m16.err" || { cat "$tmp/m16.err"; exit 1; }
+done
+[[ $(grep -c '^LOSS' "$tmp/m16_1") -eq 3 ]] && cmp -s <(grep '^LOSS\|^NORM' "$tmp/m16_1") <(grep '^LOSS\|^NORM' "$tmp/m16_0") ||
+  { echo "bf16 zero=1 on the sparse fp32 buffer: losses differ from whole allocations'"; diff "$tmp/m16_1" "$tmp/m16_0"; exit 1; }
+for r in 0 1; do
+  for f in bin st; do
+    [[ -s "$tmp/m16x0.rank$r.$f" ]] && cmp -s "$tmp/m16x0.rank$r.$f" "$tmp/m16x1.rank$r.$f" ||
+      { echo "bf16 zero=1: rank $r's .$f from the sparse fp32 buffer differs from whole allocations'"; exit 1; }
+  done
+done
+echo "backend=$backend comm=$comm: bf16 zero=1's fp32 buffer sparse: master $zm bytes a rank (the" \
+  "partition), nothing committed; from an llm.c file, its llm.c save and export byte for byte whole allocations'"
 # fast against fast (canonical's one-rank run parts from it by 1e-5 at step 3: a bf16 weight
 # crosses a rounding boundary once the fp32 sums differ)
 "$loom" run "$recipe" "${b16[@]}" > "$tmp/b16_fast" 2> "$tmp/b16.err" || { cat "$tmp/b16.err"; exit 1; }

@@ -199,8 +199,8 @@ bits() { grep -E "^(LOSS|NORM) " "$1" | awk -v k="${2:-0}" '$2 > k'; }
 cmp -s <(bits "$tmp/dev") <(bits "$tmp/off") ||
   { echo "offload=host: losses or norms differ from the device run's:"; diff <(bits "$tmp/dev") <(bits "$tmp/off"); exit 1; }
 # MEM step params grads optimizer comm grads_peak params_peak offloaded (common.cuda_train_run)
-read -r _ _ _ _ want _ _ _ want_off <<< "$(grep '^MEM 1 ' "$tmp/dev")"
-read -r _ _ _ _ got _ _ _ got_off <<< "$(grep '^MEM 1 ' "$tmp/off")"
+read -r _ _ _ _ want _ _ _ want_off _ <<< "$(grep '^MEM 1 ' "$tmp/dev")"
+read -r _ _ _ _ got _ _ _ got_off _ <<< "$(grep '^MEM 1 ' "$tmp/off")"
 [[ $want -gt 0 && $want_off == 0 && $got == 0 && $got_off == "$want" ]] ||
   { echo "offload=host accounting: optimizer on the device $got (want 0), offloaded $got_off" \
       "(want the device run's $want, which offloads $want_off)"; exit 1; }

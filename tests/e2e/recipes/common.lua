@@ -33,8 +33,9 @@ return {
         print(string.format("LOSS %d %a %.9f", r.step, r.loss, r.loss))
         print(string.format("NORM %d %a %.9f", r.step, r.grad_norm, r.grad_norm))
         local m = r.memory -- the session's accounting by category (cuda_dp.sh checks ZeRO's)
-        print(string.format("MEM %d %d %d %d %d %d %d %d", r.step, m.params, m.grads, m.optimizer,
-          m.comm, m.grads_peak_resident, m.params_peak_resident, m.optimizer_offloaded or 0))
+        print(string.format("MEM %d %d %d %d %d %d %d %d %d", r.step, m.params, m.grads, m.optimizer,
+          m.comm, m.grads_peak_resident, m.params_peak_resident, m.optimizer_offloaded or 0,
+          m.master or 0))
       end,
     }
   end,

@@ -1,7 +1,7 @@
 -- cuda_train.lua — a tiny model trained through a session on any backend (backend=...),
 -- every step's loss (LOSS, hex and decimal), gradient norm (NORM) and bytes by category
 -- (MEM step params grads optimizer comm grads_peak_resident params_peak_resident
--- optimizer_offloaded) printed, so that
+-- optimizer_offloaded master) printed, so that
 -- tests/e2e/cuda_train.sh can compare a device backend's run with the CPU's.
 package.path = arg[0]:match("^(.*)/[^/]*$") .. "/?.lua;" .. package.path
 local loom = require "loom"

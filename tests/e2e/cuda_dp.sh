@@ -499,7 +499,7 @@ grep '^LOSS\|^NORM' "$tmp/b16_z2o" > "$tmp/got" || true
   "${off[@]}" resume="$tmp/zk/step_$(printf %08d $k)" > "$tmp/zores" 2> "$tmp/zores.err" || { cat "$tmp/zores.err"; exit 1; }
 resumed_bitwise "zero=3 dp=2 under offload" "$tmp/zores" "$tmp/z3"
 read -r _ _ _ _ st _ <<< "$(grep '^MEM 1 ' "$tmp/z3")"
-read -r _ _ _ _ o_dev _ _ _ o_off <<< "$(grep "^MEM $steps " "$tmp/zores")"
+read -r _ _ _ _ o_dev _ _ _ o_off _ <<< "$(grep "^MEM $steps " "$tmp/zores")"
 [[ $st -gt 0 && $o_dev -eq 0 && $o_off -eq $st ]] ||
   { echo "zero=3 under offload: optimizer $o_dev bytes on the device and $o_off offloaded, the partition $st"; exit 1; }
 echo "backend=$backend comm=$comm: offload beside zero: bf16 zero=2 bitwise without offload; zero=3" \

@@ -816,7 +816,10 @@ float *loom_gpt_param_data(loom_gpt *m) { return m->params; }
 float *loom_gpt_grad_data(loom_gpt *m) { return m->grads; }
 loom_backend *loom_gpt_backend(loom_gpt *m) { return m->be; }
 const float *loom_gpt_logits(const loom_gpt *m) { return m->logits; }
-size_t loom_gpt_activation_bytes(const loom_gpt *m) { return m->act_bytes + gpt_moe_bytes(m); }
+size_t loom_gpt_activation_bytes(const loom_gpt *m) /* the spill too: gpt_att.c */
+{
+    return m->act_bytes + gpt_moe_bytes(m) + m->att_spill_n * sizeof(float);
+}
 size_t loom_gpt_saved_activation_bytes(const loom_gpt *m) { return gpt_saved_activation_bytes(m); }
 
 int loom_gpt_tied_head(const loom_gpt *m) { return !m->llama || m->cfg.tie_embeddings; }

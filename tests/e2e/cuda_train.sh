@@ -121,25 +121,29 @@ for prec in fp32 bf16; do
   # att sized by what the fused kernels keep (core/model/gpt_att.c): per block lse (B,NH,T)
   # and out's copy (B,T,C) instead of (B,NH,T,T), the backward's scratch the most of the
   # fused path's (B,NH,T) and the batched path's 2 (B,NH,T'^2) at the T' <= hs it takes;
-  # the recipe's 1 block, B 2, NH 2, C 32, hs 16, T 32. fp32: exactly that many bytes fewer
-  # than the batched run; bf16: fewer.
-  read -r _ act_b <<< "$(grep '^ACT ' "$tmp/bt")"; read -r _ act_f <<< "$(grep '^ACT ' "$tmp/fl")"
+  # the recipe's 1 block, B 2, NH 2, C 32, hs 16, T 32: exactly that many bytes fewer than
+  # the batched run of the same precision (bf16's: one step, for its ACT line)
+  [[ $prec == fp32 ]] && cp "$tmp/bt" "$tmp/bt_$prec" ||
+    "$loom" run "$recipe" backend="$backend" steps=1 model.ctx=32 batch.seq=32 precision=$prec > "$tmp/bt_$prec"
+  read -r _ act_b <<< "$(grep '^ACT ' "$tmp/bt_$prec")"; read -r _ act_f <<< "$(grep '^ACT ' "$tmp/fl")"
   want=$(( 4 * ( (2*2*32*32 - (2*2*32 + 2*32*32)) + (2*2*2*32*32 - 2*2*2*16*16) ) ))
-  if [[ $prec == fp32 ]] && (( act_b - act_f != want )); then
-    echo "flash fp32: activations $act_f bytes, batched $act_b: $((act_b - act_f)) fewer, not $want"; exit 1
-  elif (( act_f >= act_b )); then
-    echo "flash $prec: activations $act_f bytes, not fewer than the batched fp32 run's $act_b"; exit 1
+  if (( act_b - act_f != want )); then
+    echo "flash $prec: activations $act_f bytes, batched $act_b: $((act_b - act_f)) fewer, not $want"; exit 1
   fi
-  echo "backend=$backend flash $prec: activations $act_f bytes (batched fp32 $act_b)"
+  echo "backend=$backend flash $prec: activations $act_f bytes, batched $act_b ($want fewer)"
 done
 # Generation under flash: its row-stable mode takes the batched path, whose att outgrows
-# the blocks' (B 1, T up to 32: 2 x 32^2 floats against 1 x (2 x 32 + 32 x 32)): every
-# block writes one spill buffer instead (gpt_att.c); kv_sample.lua's cached and recomputed
-# samples must agree token for token and in the logits' bits
-LOOM_CUDA_ATTENTION=flash "$loom" run "$here/recipes/kv_sample.lua" backend="$backend" steps=1 \
-  batch.micro=1 > "$tmp/kv" 2>&1 || { echo "flash sampling:"; tail -5 "$tmp/kv"; exit 1; }
+# the blocks' from 24 rows on (B 1: 2 x 24^2 floats against 1 x (2 x 32 + 32 x 32)): the
+# forwards and decodes write one spill buffer instead (gpt_att.c); cuda_sample.lua's cached
+# and recomputed samples (20 to 28 rows) must agree token for token and in the logits' bits
+LOOM_CUDA_ATTENTION=flash "$loom" run "$here/recipes/cuda_sample.lua" backend="$backend" \
+  > "$tmp/kv" 2>&1 || { echo "flash sampling:"; tail -5 "$tmp/kv"; exit 1; }
 grep -q '^KV same ' "$tmp/kv" || { echo "flash sampling: no KV line"; tail -5 "$tmp/kv"; exit 1; }
-echo "backend=$backend flash: sampling with and without the cache agree ($(grep '^KV same' "$tmp/kv"))"
+# the spill, in the activation bytes: the largest window's probabilities, NH 2 x 27^2 floats
+read -r _ act_before act_after <<< "$(grep '^ACT ' "$tmp/kv")"
+(( act_after - act_before == 4 * 2 * 27 * 27 )) ||
+  { echo "flash sampling: activations $act_before -> $act_after bytes, not the spill's $((4 * 2 * 27 * 27)) more"; exit 1; }
+echo "backend=$backend flash: sampling with and without the cache agree ($(grep '^KV same' "$tmp/kv")), the spill $((act_after - act_before)) bytes"
 if out=$(LOOM_CUDA_ATTENTION=fused "$loom" run "$recipe" backend="$backend" steps=1 2>&1); then
   echo "LOOM_CUDA_ATTENTION=fused: accepted"; exit 1
 fi

@@ -74,6 +74,18 @@ if cmp -s <(grep '^LOSS' "$tmp/dev16") <(grep '^LOSS' "$tmp/dev16off"); then
   echo "backend=$backend bf16: LOOM_CUDA_BF16_BWD=0 gives the default run's losses bitwise (one of them did not change paths)"
   exit 1
 fi
+# dout of every bf16 backward product (the head's d(logits): 32 rows x 256) split in pieces
+# of 100 elements (gemm.c: dinp by rows, dW by columns, every output element one product
+# over its whole sum): the losses and norms of the default run's first 2 steps bitwise;
+# another value than a positive integer is refused at create
+LOOM_CUDA_SPLIT_CHUNK=100 "$loom" run "$recipe" backend="$backend" steps=2 precision=bf16 > "$tmp/dev16c"
+cmp -s <(grep -E '^(LOSS|NORM) [12] ' "$tmp/dev16") <(grep -E '^(LOSS|NORM) [12] ' "$tmp/dev16c") ||
+  { echo "backend=$backend bf16, LOOM_CUDA_SPLIT_CHUNK=100: not the one split's bits"; paste "$tmp/dev16" "$tmp/dev16c" | head -4; exit 1; }
+if LOOM_CUDA_SPLIT_CHUNK=x "$loom" run "$recipe" backend="$backend" steps=1 > "$tmp/bad" 2>&1 ||
+   ! grep -q "LOOM_CUDA_SPLIT_CHUNK=x; use a positive integer" "$tmp/bad"; then
+  echo "LOOM_CUDA_SPLIT_CHUNK=x was not refused with its message:"; head -3 "$tmp/bad"; exit 1
+fi
+echo "backend=$backend bf16: dout split in pieces of 100 elements bitwise the one split (2 steps); LOOM_CUDA_SPLIT_CHUNK=x refused"
 if LOOM_CUDA_BF16_BWD=2 "$loom" run "$recipe" backend="$backend" steps=1 > "$tmp/bad" 2>&1 ||
    ! grep -q "LOOM_CUDA_BF16_BWD=2; use 1" "$tmp/bad"; then
   echo "LOOM_CUDA_BF16_BWD=2 was not refused with its message:"; head -3 "$tmp/bad"; exit 1

@@ -388,7 +388,7 @@ static size_t lay_out_shared(loom_gpt *m, float *base, layer_acts *s)
 {
     size_t B = (size_t)m->max_B, T = (size_t)m->cfg.ctx, C = (size_t)m->cfg.dim;
     size_t Fl = (size_t)m->Fl, Cl = (size_t)m->Cl, R = B * T, Rl = m->sp ? R / (size_t)m->tp : R;
-    size_t att = B * (size_t)m->NHl * T * T, off = 0, QKV = (size_t)m->qkv_w, FC = (size_t)m->fc_w;
+    size_t att = m->att_n, off = 0, QKV = (size_t)m->qkv_w, FC = (size_t)m->fc_w;
     int full = 0, selective = 0, a16 = 0; /* a16: a kept block's floats are these too */
     for (int l = 0; l < m->cfg.layers; l++) {
         full |= m->own[l] && m->rc[l] == RC_FULL;
@@ -417,10 +417,10 @@ static size_t lay_out_shared(loom_gpt *m, float *base, layer_acts *s)
 static size_t lay_out_activations(loom_gpt *m, float *base, const layer_acts *s)
 {
     size_t B = (size_t)m->max_B, T = (size_t)m->cfg.ctx, C = (size_t)m->cfg.dim;
-    size_t NHl = (size_t)m->NHl, Cl = (size_t)m->Cl, Fl = (size_t)m->Fl, Vl = (size_t)m->Vl;
+    size_t Cl = (size_t)m->Cl, Fl = (size_t)m->Fl, Vl = (size_t)m->Vl;
     size_t L = (size_t)m->cfg.layers, R = B * T, Rl = m->sp ? R / (size_t)m->tp : R;
     size_t QKV = (size_t)m->qkv_w, FC = (size_t)m->fc_w;
-    size_t wide = QKV > FC ? QKV : FC, att = B * NHl * T * T, off = 0;
+    size_t wide = QKV > FC ? QKV : FC, att = m->att_n, off = 0;
 #define TAKE(n) (off += (n), base ? base + off - (n) : NULL)
 #define TAKE_FULL(local) (m->sp ? TAKE(R * C) : (local)) /* all rows: its own buffer under sp */
     m->gathered = m->sp ? TAKE(R * C) : NULL;
@@ -471,7 +471,7 @@ static size_t lay_out_activations(loom_gpt *m, float *base, const layer_acts *s)
     m->dres = TAKE(Rl * C); m->dres_full = TAKE_FULL(m->dres); m->dtmp = TAKE(Rl * C);
     m->dpartial = TAKE(R * C); m->dsummed = m->sp ? TAKE(Rl * C) : m->dpartial;
     m->dbuf_4a = TAKE(R * wide); m->dbuf_4b = TAKE(R * wide);
-    m->datt_scratch = TAKE(2 * att); m->rep_grad = TAKE(6 * C);
+    m->datt_scratch = TAKE(m->att_scratch_n); m->rep_grad = TAKE(6 * C);
     for (int i = 0; i < 3; i++)
         m->tree[i] = m->canonical ? TAKE(R * C) : NULL;
     m->emb_grad = m->canonical && m->has_embed ? TAKE((size_t)Vl * C) : NULL;
@@ -502,6 +502,7 @@ void gpt_bind_slot(loom_gpt *m, int slot)
 static void size_activations(loom_gpt *m)
 {
     layer_acts s;
+    gpt_att_size(m, &m->att_n, &m->att_scratch_n, &m->att_fused); /* gpt_att.c */
     size_t shared = lay_out_shared(m, NULL, &s);
     size_t R = (size_t)m->max_B * (size_t)m->cfg.ctx, total = lay_out_activations(m, NULL, &s);
     m->shared_bytes = (shared * sizeof(float) + 63) / 64 * 64;
@@ -760,6 +761,7 @@ void loom_gpt_destroy(loom_gpt *m)
     free_model_buffer(m, m->grads, m->grads_mapped, m->grads_sparse);
     gpt_w16_free(m);
     ops->free(m->be->self, m->act_mem);
+    gpt_att_free(m);
     gpt_moe_destroy(m);
     free(m->ent0);
     ops->free(m->be->self, m->rope_cos);
@@ -814,7 +816,10 @@ float *loom_gpt_param_data(loom_gpt *m) { return m->params; }
 float *loom_gpt_grad_data(loom_gpt *m) { return m->grads; }
 loom_backend *loom_gpt_backend(loom_gpt *m) { return m->be; }
 const float *loom_gpt_logits(const loom_gpt *m) { return m->logits; }
-size_t loom_gpt_activation_bytes(const loom_gpt *m) { return m->act_bytes + gpt_moe_bytes(m); }
+size_t loom_gpt_activation_bytes(const loom_gpt *m) /* the spill too: gpt_att.c */
+{
+    return m->act_bytes + gpt_moe_bytes(m) + m->att_spill_n * sizeof(float);
+}
 size_t loom_gpt_saved_activation_bytes(const loom_gpt *m) { return gpt_saved_activation_bytes(m); }
 
 int loom_gpt_tied_head(const loom_gpt *m) { return !m->llama || m->cfg.tie_embeddings; }
@@ -878,9 +883,13 @@ loom_status loom_gpt_set_precision(loom_gpt *m, loom_dtype param, loom_dtype act
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "this backend has no convert_from_f32/convert_to_f32: "
                   "it cannot keep 16-bit weights or activations (use precision = \"fp32\")");
     m->act_dt = act;
-    if (act != LOOM_DTYPE_F32 && !m->a16 && !m->split) { /* store what backward reads in 16
-                                                         * bits: the buffers laid out again */
-        m->a16 = 1;
+    size_t att, scratch; /* the attention calls' dt can change their path (gpt_att.c) */
+    int fused;
+    gpt_att_size(m, &att, &scratch, &fused);
+    int relay = att != m->att_n || scratch != m->att_scratch_n || fused != m->att_fused;
+    if ((act != LOOM_DTYPE_F32 && !m->a16 && !m->split) || relay) { /* store what backward
+                                              * reads in 16 bits: the buffers laid out again */
+        m->a16 = m->a16 || (act != LOOM_DTYPE_F32 && !m->split);
         m->be->ops->free(m->be->self, m->act_mem);
         free(m->host_losses);
         m->be->ops->free(m->be->self, m->row_gather);
@@ -1072,6 +1081,7 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
         if (tokens[i] < 0 || tokens[i] >= V)
             LOOM_FAIL(LOOM_ERR_INVALID, "token %d at position %zu is outside the vocabulary "
                       "[0, %d)", tokens[i], i, V);
+    LOOM_TRY(gpt_att_prepare(m, B, T)); /* gpt_att.c: the spill, where att is too small */
     k->copy_to_device(bs, m->tokens, tokens, R * sizeof(int));
     if (targets)
         k->copy_to_device(bs, m->targets, targets, R * sizeof(int));
@@ -1133,6 +1143,7 @@ loom_status loom_gpt_backward(loom_gpt *m)
 {
     if (!m->have_dlogits || m->staged)
         LOOM_FAIL(LOOM_ERR_INVALID, "backward needs a forward with targets and dloss != 0 first");
+    LOOM_TRY(gpt_att_check_backward(m));
     const loom_backend_ops *k = m->be->ops;
     int B = m->last_B, T = m->last_T, C = m->cfg.dim;
     int L = m->cfg.layers;

@@ -43,6 +43,7 @@ float *loom_gpt_stage_grad_out(loom_gpt *m) { return m->split ? m->dx_out : m->d
 static loom_status check_split(const loom_gpt *m, int lo, int hi)
 {
     LOOM_TRY(gpt_check_chunk(m, lo, hi));
+    LOOM_TRY(gpt_att_check_backward(m));
     if (!m->split)
         LOOM_FAIL(LOOM_ERR_INVALID, "a split backward (B, then W) needs the model created with "
                   "loom_gpt_parallel.split_backward = 1 (the buffers W reads)");

@@ -79,7 +79,8 @@ static loom_status decode_rows(loom_gpt *m, int lo, int hi, int token, int t)
                                 3 * (size_t)Cl, m->act_dt);
         /* where attention_forward over t+1 tokens keeps row t of head h: h(t+1)^2 + t(t+1) */
         size_t n = r + 1;
-        k->attention_decode(ROW(a->atty, Cl), a->att + r * n, n * n, a->qkv, t, Cl, m->NHl);
+        k->attention_decode(ROW(a->atty, Cl), gpt_att_at(m, a->att) + r * n, n * n, a->qkv, t,
+                            Cl, m->NHl);
         gpt_round(m, ROW(a->atty, Cl), (size_t)Cl);
         gpt_row_parallel_forward(m, m->partial + rC, ROW(a->atty, Cl), w->attprojw, 1, 1, Cl);
         LOOM_TRY(F_LEAVE(LOOM_REGION_ATTENTION, l, m->partial + rC, m->summed + rC, 1, C));
@@ -148,6 +149,7 @@ loom_status loom_gpt_decode(loom_gpt *m, int token, int t)
     if (m->staged)
         LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "this model is one pipeline stage: decode through the "
                   "pipeline engine (loom_gpt_stage_decode), not loom_gpt_decode");
+    LOOM_TRY(gpt_att_prepare_decode(m, t + 1)); /* gpt_att.c: the spill, where att is too small */
     return decoded(m, decode_rows(m, 0, m->cfg.layers, token, t), t);
 }
 
@@ -155,6 +157,7 @@ loom_status loom_gpt_stage_decode(loom_gpt *m, int lo, int hi, int token, int t)
 {
     LOOM_TRY(gpt_check_chunk(m, lo, hi));
     LOOM_TRY(check_decode(m, lo == 0 ? token : 0, t));
+    LOOM_TRY(gpt_att_prepare_decode(m, t + 1));
     int top = hi; /* the rank's last chunk ends its decode of row t */
     while (top < m->cfg.layers && !m->own[top])
         top++;

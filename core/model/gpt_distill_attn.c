@@ -67,6 +67,8 @@ loom_status loom_gpt_set_distill_attention(loom_gpt *m, const float *const *teac
                   gamma);
     if (teacher_att)
         LOOM_TRY(gpt_kd_device_terms_check(m, "distillation's attention terms"));
+    if (teacher_att) /* gpt_att.c: att holding the fused kernels' state */
+        LOOM_TRY(gpt_att_check_probabilities(m, "distillation's attention term"));
     if (teacher_att)
         LOOM_TRY(gpt_distill_terms_check(m, teacher_att, "distillation's attention term"));
     m->kd_a_first = -1;
@@ -111,8 +113,8 @@ loom_status loom_gpt_set_distill_attention_whole(loom_gpt *m, int whole)
 
 const float *loom_gpt_block_attention(const loom_gpt *m, int l)
 {
-    if (l < 0 || l >= m->cfg.layers || !m->own[l] || m->rc[l] != RC_KEEP)
-        return NULL; /* not held, or not kept past its block */
+    if (l < 0 || l >= m->cfg.layers || !m->own[l] || m->rc[l] != RC_KEEP || m->att_fused)
+        return NULL; /* not held, not kept past its block, or not probabilities (gpt_att.c) */
     return m->acts[l].att; /* under tp: this rank's NHl heads */
 }
 

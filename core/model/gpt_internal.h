@@ -104,6 +104,13 @@ struct loom_gpt {
                                         * sends and W reads; (2C) ln_f's canonical parts */
     float *host_losses, *row_gather;   /* (R) host; (Vp) the backend's: a gathered logits row */
     int last_B, last_T, have_dlogits;
+    /* att's and datt_scratch's floats (gpt_att.c: what the backend's attention keeps on its
+     * path); att_fused: att holds the fused kernels' state, not probabilities; att_spill
+     * (att_spill_n floats): where a forward whose att outgrows them writes every block's
+     * (generation's row-stable mode), att_spilled: the last forward or decode did */
+    size_t att_n, att_scratch_n, att_spill_n;
+    int att_fused, att_spilled;
+    float *att_spill;
     float *ce_dloss;                   /* (slots) a pipeline stage's head: the dloss whose
                                         * logits gradient the slot's backward still owes
                                         * (gpt_stage.c), 0 when none */
@@ -263,6 +270,24 @@ static inline void gpt_matmul_forward(loom_gpt *m, float *out, const float *inp,
         k->matmul_forward(out, inp, w, bias, B, T, C, OC);
 }
 
+/* gpt_att.c: att's and datt_scratch's sizes (gpt_att_size; the batched path's without the
+ * backend's attention_sizes), the dt the model's attention calls pass, the spill buffer a
+ * forward or decode whose att outgrows them writes into (gpt_att_prepare / _decode, before
+ * the blocks; gpt_att_at: the buffer a block's attention writes), the refusals of a backward
+ * after such a forward and of the terms that read probabilities where att holds the fused
+ * kernels' state. */
+loom_dtype gpt_attention_dt(const loom_gpt *m);
+void gpt_att_size(const loom_gpt *m, size_t *att, size_t *scratch, int *fused);
+loom_status gpt_att_prepare(loom_gpt *m, int B, int T);
+loom_status gpt_att_prepare_decode(loom_gpt *m, int n);
+loom_status gpt_att_check_backward(const loom_gpt *m);
+loom_status gpt_att_check_probabilities(const loom_gpt *m, const char *what);
+void gpt_att_free(loom_gpt *m);
+static inline float *gpt_att_at(const loom_gpt *m, float *att)
+{
+    return m->att_spilled ? m->att_spill : att;
+}
+
 /* attention_forward / _backward of qkv the model rounded to act_dt: through the backend's
  * 16-bit attention (backend.h attention_forward_dt) where the activations are 16-bit and
  * the backend has it, else the fp32 op. Forward, its recomputation and backward all come
@@ -271,6 +296,7 @@ static inline void gpt_attention_fwd(loom_gpt *m, float *out, float *att, const 
                                      int B, int T)
 {
     const loom_backend_ops *k = m->be->ops;
+    att = gpt_att_at(m, att);
     if (m->act_dt != LOOM_DTYPE_F32 &&
         k->size > offsetof(loom_backend_ops, attention_forward_dt) && k->attention_forward_dt)
         k->attention_forward_dt(out, att, qkv, B, T, m->Cl, m->NHl, m->act_dt);
@@ -315,6 +341,7 @@ static inline void gpt_gqa_fwd(loom_gpt *m, float *out, float *att, const float 
 {
     const loom_backend_ops *k = m->be->ops;
     const int dt = gpt_gqa_dt(m);
+    att = gpt_att_at(m, att);
     if (dt && m->KVHl == m->NHl)
         gpt_attention_fwd(m, out, att, qkv, B, T);
     else if (dt)

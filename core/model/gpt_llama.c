@@ -291,8 +291,8 @@ loom_status gpt_llama_block_decode(loom_gpt *m, int l, const float *residual, si
     if (m->a16) /* and row r's, kept for the next positions */
         k->convert_from_f32((uint16_t *)a->s16[1] + r * QKV, ROW(a->qkv, QKV), QKV, m->act_dt);
     size_t n = r + 1; /* where the forward over r+1 tokens keeps row r of head h */
-    k->attention_gqa_decode(ROW(a->atty, Cl), a->att + r * n, n * n, a->qkv, (int)r, Cl, m->NHl,
-                            m->KVHl);
+    k->attention_gqa_decode(ROW(a->atty, Cl), gpt_att_at(m, a->att) + r * n, n * n, a->qkv,
+                            (int)r, Cl, m->NHl, m->KVHl);
     gpt_round(m, ROW(a->atty, Cl), (size_t)Cl);
     gpt_row_parallel_forward(m, m->partial + rC, ROW(a->atty, Cl), w->attprojw, 1, 1, Cl);
     LOOM_TRY(F_LEAVE(LOOM_REGION_ATTENTION, l, m->partial + rC, m->summed + rC, 1, C));

@@ -127,6 +127,7 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
     /* under sequence parallelism this rank keeps rows [row0, row0 + Rl) of the residual
      * stream, and that shard is what crosses to the next stage */
     size_t Rl = loom_gpt_stage_rows(m, B, T), row0 = m->sp ? (size_t)m->tp_rank * Rl : 0;
+    LOOM_TRY(gpt_att_prepare(m, B, T)); /* gpt_att.c: the spill, where att is too small */
     if (lo == 0) {
         for (size_t i = 0; i < R; i++)
             if (tokens[i] < 0 || tokens[i] >= V)
@@ -234,6 +235,7 @@ loom_status gpt_stage_block_unit(loom_gpt *m, int l, int lo, int done)
 loom_status loom_gpt_stage_backward(loom_gpt *m, int lo, int hi)
 {
     LOOM_TRY(gpt_check_chunk(m, lo, hi));
+    LOOM_TRY(gpt_att_check_backward(m));
     const loom_backend_ops *k = m->be->ops;
     int B = m->last_B, T = m->last_T, C = m->cfg.dim;
     size_t R = (size_t)B * T, Rl = loom_gpt_stage_rows(m, B, T);

@@ -229,6 +229,10 @@ static loom_status cuda_create(const loom_host *host, const loom_config *cfg, vo
         return host->fail(LOOM_ERR_INVALID, "backend cuda: LOOM_CUDA_BF16_BWD=%s; use 1 (the "
                           "default: bf16 backward products) or 0 (fp32 SGEMMs)",
                           getenv("LOOM_CUDA_BF16_BWD"));
+    if (!loom_cuda_split_chunk_env())
+        return host->fail(LOOM_ERR_INVALID, "backend cuda: LOOM_CUDA_SPLIT_CHUNK=%s; use a "
+                          "positive integer (the most gradient elements split at once) or "
+                          "leave it unset (2^26)", getenv("LOOM_CUDA_SPLIT_CHUNK"));
     if (ws_mb < 0 || ws_mb > 4096)
         return host->fail(LOOM_ERR_INVALID, "backend cuda: lt_workspace_mb = %d; use 0 to 4096",
                           ws_mb);
@@ -376,6 +380,7 @@ static const loom_backend_ops cuda_ops = {
     .attention_flash_gqa_backward = loom_cuda_flash_attention_gqa_backward,
     .attention_gqa_forward_dt = loom_cuda_attention_gqa_forward_dt,
     .attention_gqa_backward_dt = loom_cuda_attention_gqa_backward_dt,
+    .attention_sizes = loom_cuda_attention_sizes,
 };
 
 static const loom_config_key cuda_keys[N_KEYS] = {

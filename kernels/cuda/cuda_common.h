@@ -53,6 +53,20 @@ static inline int loom_cuda_scatter_env(void)
     return !v || !*v ? 0 : !strcmp(v, "walk") ? 1 : !strcmp(v, "sort") ? 2 : -1;
 }
 
+/* LOOM_CUDA_SPLIT_CHUNK (gemm.c's matmul_backward_dt): the most elements of dout split into
+ * bf16 hi and lo at once (4 bytes each in the workspace); unset or empty 2^26 (256 MiB: the
+ * LM head's d(logits) in chunks of 1334 rows at GPT-2's 50304 columns), a positive integer
+ * that many, anything else 0 (create refuses). Read at each call, so a test can switch it. */
+static inline size_t loom_cuda_split_chunk_env(void)
+{
+    const char *v = getenv("LOOM_CUDA_SPLIT_CHUNK");
+    if (!v || !*v)
+        return (size_t)1 << 26;
+    char *end;
+    unsigned long long n = strtoull(v, &end, 10);
+    return *end || *v == '-' ? 0 : (size_t)n;
+}
+
 /* LOOM_CUDA_BF16_BWD: unset, empty or "1" 1, "0" 0, anything else -1 (create refuses). */
 static inline int loom_cuda_bf16_bwd_env(void)
 {
@@ -167,6 +181,10 @@ void loom_cuda_attention_forward_dt(float *out, float *att, const float *qkv, in
 void loom_cuda_attention_backward_dt(float *dqkv, float *scratch, const float *dout,
                                      const float *qkv, const float *att, int B, int T, int C,
                                      int NH, loom_dtype dt);
+/* attention_dt.cu: backend.h attention_sizes (what att and the backward's scratch hold on
+ * the path the calls above take now). */
+void loom_cuda_attention_sizes(void *self, int B, int T, int C, int NH, int KVH, loom_dtype dt,
+                               size_t *att, size_t *scratch);
 /* convert.cu: kernels/cpu/convert.c's rounding, bit for bit. */
 void loom_cuda_convert_from_f32(void *dst, const float *src, size_t n, loom_dtype dt);
 void loom_cuda_convert_to_f32(float *dst, const void *src, size_t n, loom_dtype dt);
@@ -214,6 +232,9 @@ int loom_cuda_gemm_w16(int M, int N, int K, const float *A, int lda, const void 
                        float *C, int ldc, loom_dtype dt);
 /* split16.cu: hi (n bf16) = bf16(x), lo (n bf16) = bf16(x - hi); lo 0 where hi is not finite. */
 void loom_cuda_split_bf16(void *hi, void *lo, const float *x, size_t n);
+/* The same of cols columns of x's rows (ldx floats apart), packed (rows, cols). */
+void loom_cuda_split_bf16_cols(void *hi, void *lo, const float *x, size_t rows, size_t cols,
+                               size_t ldx);
 
 #ifdef __cplusplus
 }

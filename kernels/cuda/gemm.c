@@ -298,8 +298,14 @@ int loom_cuda_gemm_w16(int M, int N, int K, const float *A, int lda, const void 
  *   dW   += hi^T inp + lo^T inp   (beta 1 both),
  * each product of two bf16 values exact in fp32 and summed in fp32: fp32-accurate (within
  * 2^-18 sum |x b| plus the sums' rounding), at twice the products of one bf16 GEMM, on the
- * tensor cores instead of SGEMM. The workspace holds hi and lo (4 bytes an element of dout:
- * the LM head's d(logits) whole), inp and the weight in bf16 where needed.
+ * tensor cores instead of SGEMM. The workspace holds hi and lo (4 bytes an element of dout),
+ * inp and the weight in bf16 where needed.
+ * Past LOOM_CUDA_SPLIT_CHUNK elements of dout (cuda_common.h; the LM head's d(logits) is
+ * R x 50304 at GPT-2) the split goes in pieces that keep every output element one product
+ * over its whole sum: dinp by blocks of dout's rows (each dinp row sums over all OC), dW by
+ * blocks of dout's columns (each dW row sums over all R rows). The operands of each element's
+ * product are the unchunked ones, so the emulation gives the unchunked bits (cuda_ops_emu);
+ * on a GPU cuBLAS may pick another kernel for the smaller shapes: fp32 accuracy either way.
  * -1, nothing written: fp16 (its range, 2^-24 to 65504, cannot hold an fp32 gradient's hi and
  * lo without a scale), canonical and row-stable modes (their bits are the ordered fp32
  * chain's over x b, which a sum over hi b and lo b cannot give), LOOM_CUDA_BF16_BWD=0. */
@@ -312,25 +318,48 @@ int loom_cuda_matmul_backward_dt(float *dinp, float *dweight, float *dbias, cons
     const int R = B * T;
     if (R <= 0)
         return 0;
-    const size_t nd = (size_t)R * OC, nx = dweight ? (size_t)R * C : 0;
-    const size_t nw = dinp && !weight_bits ? (size_t)OC * C : 0, half = align256(nd * 2);
+    size_t chunk = loom_cuda_split_chunk_env();
+    if (!chunk) { /* create refused it; a test's setenv between calls: say so, use the default */
+        loom_cuda_note_error("LOOM_CUDA_SPLIT_CHUNK", "must be a positive integer (elements)");
+        chunk = (size_t)1 << 26;
+    }
+    const size_t nd = (size_t)R * OC;
+    /* rows of dout for dinp, columns for dW, per piece: all of them where dout fits */
+    const size_t rows = nd <= chunk ? (size_t)R : chunk / OC ? chunk / OC : 1;
+    const size_t cols = nd <= chunk ? (size_t)OC : chunk / R ? chunk / R : 1;
+    const size_t piece = rows * OC > cols * R ? rows * OC : cols * R;
+    const size_t nx = dweight ? (size_t)R * C : 0, half = align256(piece * 2);
+    const size_t nw = dinp && !weight_bits ? (size_t)OC * C : 0;
     unsigned char *ws = loom_cuda_workspace(2 * half + align256(nx * 2) + nw * 2);
     if (!ws)
         return -1; /* recorded as a sticky error, reported at synchronize */
     void *hi = ws, *lo = ws + half, *x16 = ws + 2 * half, *w16 = ws + 2 * half + align256(nx * 2);
-    loom_cuda_split_bf16(hi, lo, dout, nd);
-    if (dinp) { /* dinp (R,C) = dout (R,OC) @ W (OC,C) */
+    if (nd <= chunk) /* one split serves both: hi and lo are dout's rows and its columns */
+        loom_cuda_split_bf16(hi, lo, dout, nd);
+    if (dinp) { /* dinp (R,C) = dout (R,OC) @ W (OC,C), by blocks of rows */
         if (weight_bits)
             w16 = (void *)weight;
         else
             loom_cuda_convert_from_f32(w16, weight, nw, dt);
-        gemm16(0, 0, R, C, OC, hi, OC, w16, C, 0.0f, dinp, C, dt, "matmul_backward_dt (dinp)");
-        gemm16(0, 0, R, C, OC, lo, OC, w16, C, 1.0f, dinp, C, dt, "matmul_backward_dt (dinp)");
+        for (size_t r0 = 0; r0 < (size_t)R; r0 += rows) {
+            const int m = (int)((size_t)R - r0 < rows ? (size_t)R - r0 : rows);
+            float *dx = dinp + r0 * C;
+            if (nd > chunk)
+                loom_cuda_split_bf16(hi, lo, dout + r0 * OC, (size_t)m * OC);
+            gemm16(0, 0, m, C, OC, hi, OC, w16, C, 0.0f, dx, C, dt, "matmul_backward_dt (dinp)");
+            gemm16(0, 0, m, C, OC, lo, OC, w16, C, 1.0f, dx, C, dt, "matmul_backward_dt (dinp)");
+        }
     }
-    if (dweight) { /* dW (OC,C) += dout^T @ inp */
+    if (dweight) { /* dW (OC,C) += dout^T @ inp, by blocks of dout's columns (dW's rows) */
         loom_cuda_convert_from_f32(x16, inp, nx, dt);
-        gemm16(1, 0, OC, C, R, hi, OC, x16, C, 1.0f, dweight, C, dt, "matmul_backward_dt (dW)");
-        gemm16(1, 0, OC, C, R, lo, OC, x16, C, 1.0f, dweight, C, dt, "matmul_backward_dt (dW)");
+        for (size_t o0 = 0; o0 < (size_t)OC; o0 += cols) {
+            const int n = (int)((size_t)OC - o0 < cols ? (size_t)OC - o0 : cols);
+            float *dw = dweight + o0 * C;
+            if (nd > chunk)
+                loom_cuda_split_bf16_cols(hi, lo, dout + o0, (size_t)R, (size_t)n, (size_t)OC);
+            gemm16(1, 0, n, C, R, hi, n, x16, C, 1.0f, dw, C, dt, "matmul_backward_dt (dW)");
+            gemm16(1, 0, n, C, R, lo, n, x16, C, 1.0f, dw, C, dt, "matmul_backward_dt (dW)");
+        }
     }
     if (dbias)
         loom_cuda_bias_backward(dbias, dout, (size_t)R, OC);

@@ -17,11 +17,13 @@ __device__ inline int split_nonfinite(uint32_t u)
     return (u & 0x7f800000u) == 0x7f800000u;
 }
 
-__global__ void split_bf16_kernel(uint16_t *hi, uint16_t *lo, const float *x, size_t n)
+/* hi, lo (rows, cols) packed from x's rows of ldx floats (cols of them read each) */
+__global__ void split_bf16_kernel(uint16_t *hi, uint16_t *lo, const float *x, size_t n,
+                                  size_t cols, size_t ldx)
 {
     GRID_STRIDE(i, n)
     {
-        const float v = x[i];
+        const float v = cols == ldx ? x[i] : x[i / cols * ldx + i % cols];
         const uint32_t u = __float_as_uint(v);
         uint16_t h = bf16_from_f32(v);
         if (split_nonfinite((uint32_t)h << 16) && !split_nonfinite(u))
@@ -36,5 +38,16 @@ extern "C" void loom_cuda_split_bf16(void *hi, void *lo, const float *x, size_t 
 {
     if (n)
         LOOM_CUDA_LAUNCH("split_bf16", split_bf16_kernel, loom_cuda_blocks(n), LOOM_CUDA_THREADS,
-                         0, (uint16_t *)hi, (uint16_t *)lo, x, n);
+                         0, (uint16_t *)hi, (uint16_t *)lo, x, n, n, n);
+}
+
+/* A column block: x's rows of ldx floats, cols of each from x on, into packed (rows, cols)
+ * hi and lo (gemm.c: the weight gradient's chunks of dout's columns). */
+extern "C" void loom_cuda_split_bf16_cols(void *hi, void *lo, const float *x, size_t rows,
+                                          size_t cols, size_t ldx)
+{
+    const size_t n = rows * cols;
+    if (n)
+        LOOM_CUDA_LAUNCH("split_bf16 (columns)", split_bf16_kernel, loom_cuda_blocks(n),
+                         LOOM_CUDA_THREADS, 0, (uint16_t *)hi, (uint16_t *)lo, x, n, cols, ldx);
 }

@@ -206,6 +206,61 @@ START_TEST(test_matmul_backward_dt)
 }
 END_TEST
 
+/* dinp and dW of matmul_backward_dt (bits: the weight as its bf16 bits) with dout split
+ * at most `chunk` elements at a time (LOOM_CUDA_SPLIT_CHUNK; NULL: unset, one split). */
+static void backward_with_chunk(const char *chunk, const dev_bufs *d, int bits, float *gx,
+                                float *gw, const float *dw0)
+{
+    const loom_backend_ops *k = ct_gpu.k;
+    if (chunk)
+        setenv("LOOM_CUDA_SPLIT_CHUNK", chunk, 1);
+    else
+        unsetenv("LOOM_CUDA_SPLIT_CHUNK");
+    k->copy_to_device(ct_gpu.self, d->dw, dw0, (size_t)OC * C * 4);
+    ck_assert(k->matmul_backward_dt(d->dx, d->dw, NULL, d->dout, d->x,
+                                    bits ? (const void *)d->wbits : (const void *)d->w, bits, 1,
+                                    R, C, OC, LOOM_DTYPE_BF16) == 0);
+    unsetenv("LOOM_CUDA_SPLIT_CHUNK");
+    down(gx, d->dx, (size_t)R * C * 4), down(gw, d->dw, (size_t)OC * C * 4);
+}
+
+/* The split in pieces (gemm.c: dinp by blocks of dout's rows, dW by blocks of its columns)
+ * gives the one split's bits: every output element is still one product over its whole
+ * sum. Pieces of 6 rows / 10 columns (1000 elements), of one row / one column (7), and one
+ * piece exactly the size of dout. */
+START_TEST(test_matmul_backward_dt_chunked)
+{
+    const loom_backend_ops *k = ct_gpu.k;
+    void *s = ct_gpu.self;
+    float *g = gradient(41), *x = rounded((size_t)R * C, 42, -1, 1);
+    float *w = rounded((size_t)OC * C, 43, -0.3f, 0.3f), *dw0 = ct_floats((size_t)OC * C, 44, -1, 1);
+    uint16_t *wb = malloc((size_t)OC * C * 2);
+    ct_cpu.k->convert_from_f32(wb, w, (size_t)OC * C, LOOM_DTYPE_BF16);
+    dev_bufs d = {up(dw0, (size_t)R * C * 4), up(dw0, (size_t)OC * C * 4), NULL,
+                  up(g, (size_t)R * OC * 4), up(x, (size_t)R * C * 4), up(w, (size_t)OC * C * 4),
+                  up(wb, (size_t)OC * C * 2)};
+    float *ox = malloc((size_t)R * C * 4), *ow = malloc((size_t)OC * C * 4);
+    float *cx = malloc((size_t)R * C * 4), *cw = malloc((size_t)OC * C * 4);
+    char whole[32];
+    snprintf(whole, sizeof whole, "%d", R * OC);
+    const char *chunks[3] = {"1000", "7", whole};
+    const int bits = 1; /* the LM head's call (the weight as fp32 values only changes w16) */
+    backward_with_chunk(NULL, &d, bits, ox, ow, dw0);
+    for (int i = 0; i < 3; i++) {
+        backward_with_chunk(chunks[i], &d, bits, cx, cw, dw0);
+        ck_assert_msg(memcmp(cx, ox, (size_t)R * C * 4) == 0, "LOOM_CUDA_SPLIT_CHUNK=%s: dinp "
+                      "is not the one split's bits", chunks[i]);
+        ck_assert_msg(memcmp(cw, ow, (size_t)OC * C * 4) == 0, "LOOM_CUDA_SPLIT_CHUNK=%s: dW "
+                      "is not the one split's bits", chunks[i]);
+    }
+    printf("matmul_backward_dt, dout split in pieces of 1000, 7 and %d elements: dinp and dW "
+           "bitwise the one split's\n", R * OC);
+    k->free(s, d.dx), k->free(s, d.dw), k->free(s, d.dout), k->free(s, d.x), k->free(s, d.w),
+        k->free(s, d.wbits);
+    free(g), free(x), free(w), free(dw0), free(wb), free(ox), free(ow), free(cx), free(cw);
+}
+END_TEST
+
 /* Where it has no product -1 and nothing written: fp16, canonical mode. */
 START_TEST(test_matmul_backward_dt_refusals)
 {
@@ -292,6 +347,7 @@ void ops_bf16_tests(TCase *tc)
         return;
     }
     tcase_add_test(tc, test_matmul_backward_dt);
+    tcase_add_test(tc, test_matmul_backward_dt_chunked);
     tcase_add_test(tc, test_matmul_backward_dt_refusals);
     tcase_add_test(tc, test_gemm_w16);
 }

@@ -74,6 +74,18 @@ if cmp -s <(grep '^LOSS' "$tmp/dev16") <(grep '^LOSS' "$tmp/dev16off"); then
   echo "backend=$backend bf16: LOOM_CUDA_BF16_BWD=0 gives the default run's losses bitwise (one of them did not change paths)"
   exit 1
 fi
+# dout of every bf16 backward product (the head's d(logits): 32 rows x 256) split in pieces
+# of 100 elements (gemm.c: dinp by rows, dW by columns, every output element one product
+# over its whole sum): the losses and norms of the default run's first 2 steps bitwise;
+# another value than a positive integer is refused at create
+LOOM_CUDA_SPLIT_CHUNK=100 "$loom" run "$recipe" backend="$backend" steps=2 precision=bf16 > "$tmp/dev16c"
+cmp -s <(grep -E '^(LOSS|NORM) [12] ' "$tmp/dev16") <(grep -E '^(LOSS|NORM) [12] ' "$tmp/dev16c") ||
+  { echo "backend=$backend bf16, LOOM_CUDA_SPLIT_CHUNK=100: not the one split's bits"; paste "$tmp/dev16" "$tmp/dev16c" | head -4; exit 1; }
+if LOOM_CUDA_SPLIT_CHUNK=x "$loom" run "$recipe" backend="$backend" steps=1 > "$tmp/bad" 2>&1 ||
+   ! grep -q "LOOM_CUDA_SPLIT_CHUNK=x; use a positive integer" "$tmp/bad"; then
+  echo "LOOM_CUDA_SPLIT_CHUNK=x was not refused with its message:"; head -3 "$tmp/bad"; exit 1
+fi
+echo "backend=$backend bf16: dout split in pieces of 100 elements bitwise the one split (2 steps); LOOM_CUDA_SPLIT_CHUNK=x refused"
 if LOOM_CUDA_BF16_BWD=2 "$loom" run "$recipe" backend="$backend" steps=1 > "$tmp/bad" 2>&1 ||
    ! grep -q "LOOM_CUDA_BF16_BWD=2; use 1" "$tmp/bad"; then
   echo "LOOM_CUDA_BF16_BWD=2 was not refused with its message:"; head -3 "$tmp/bad"; exit 1
@@ -118,7 +130,32 @@ for prec in fp32 bf16; do
   if [[ $prec == fp32 ]] && cmp -s <(grep '^LOSS' "$tmp/bt") <(grep '^LOSS' "$tmp/fl"); then
     echo "flash run: losses bitwise the batched path's: the fused kernels did not run"; exit 1
   fi
+  # att sized by what the fused kernels keep (core/model/gpt_att.c): per block lse (B,NH,T)
+  # and out's copy (B,T,C) instead of (B,NH,T,T), the backward's scratch the most of the
+  # fused path's (B,NH,T) and the batched path's 2 (B,NH,T'^2) at the T' <= hs it takes;
+  # the recipe's 1 block, B 2, NH 2, C 32, hs 16, T 32: exactly that many bytes fewer than
+  # the batched run of the same precision (bf16's: one step, for its ACT line)
+  [[ $prec == fp32 ]] && cp "$tmp/bt" "$tmp/bt_$prec" ||
+    "$loom" run "$recipe" backend="$backend" steps=1 model.ctx=32 batch.seq=32 precision=$prec > "$tmp/bt_$prec"
+  read -r _ act_b <<< "$(grep '^ACT ' "$tmp/bt_$prec")"; read -r _ act_f <<< "$(grep '^ACT ' "$tmp/fl")"
+  want=$(( 4 * ( (2*2*32*32 - (2*2*32 + 2*32*32)) + (2*2*2*32*32 - 2*2*2*16*16) ) ))
+  if (( act_b - act_f != want )); then
+    echo "flash $prec: activations $act_f bytes, batched $act_b: $((act_b - act_f)) fewer, not $want"; exit 1
+  fi
+  echo "backend=$backend flash $prec: activations $act_f bytes, batched $act_b ($want fewer)"
 done
+# Generation under flash: its row-stable mode takes the batched path, whose att outgrows
+# the blocks' from 24 rows on (B 1: 2 x 24^2 floats against 1 x (2 x 32 + 32 x 32)): the
+# forwards and decodes write one spill buffer instead (gpt_att.c); cuda_sample.lua's cached
+# and recomputed samples (20 to 28 rows) must agree token for token and in the logits' bits
+LOOM_CUDA_ATTENTION=flash "$loom" run "$here/recipes/cuda_sample.lua" backend="$backend" \
+  > "$tmp/kv" 2>&1 || { echo "flash sampling:"; tail -5 "$tmp/kv"; exit 1; }
+grep -q '^KV same ' "$tmp/kv" || { echo "flash sampling: no KV line"; tail -5 "$tmp/kv"; exit 1; }
+# the spill, in the activation bytes: the largest window's probabilities, NH 2 x 27^2 floats
+read -r _ act_before act_after <<< "$(grep '^ACT ' "$tmp/kv")"
+(( act_after - act_before == 4 * 2 * 27 * 27 )) ||
+  { echo "flash sampling: activations $act_before -> $act_after bytes, not the spill's $((4 * 2 * 27 * 27)) more"; exit 1; }
+echo "backend=$backend flash: sampling with and without the cache agree ($(grep '^KV same' "$tmp/kv")), the spill $((act_after - act_before)) bytes"
 if out=$(LOOM_CUDA_ATTENTION=fused "$loom" run "$recipe" backend="$backend" steps=1 2>&1); then
   echo "LOOM_CUDA_ATTENTION=fused: accepted"; exit 1
 fi

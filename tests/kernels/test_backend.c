@@ -85,14 +85,16 @@ START_TEST(test_descriptor)
             (off >= offsetof(loom_backend_ops, attention_flash_gqa_forward) &&
              off <= offsetof(loom_backend_ops, attention_gqa_backward_dt)) ||
             (off >= offsetof(loom_backend_ops, vm_granule) &&
-             off <= offsetof(loom_backend_ops, vm_release)))
+             off <= offsetof(loom_backend_ops, vm_release)) ||
+            off == offsetof(loom_backend_ops, attention_sizes))
             continue; /* NULL by contract on a host-memory backend (plugin/backend.h): no
                        * stream, and the optimizer plugin's host step updates its memory;
                        * optional: 16-bit products (NULL: matmul_forward) and attention
                        * (NULL: attention_forward), the fused
                        * attention (the CUDA backend's), pinned host memory (NULL:
                        * malloc, which is what host memory is here) and sparse buffers
-                       * (host ZeRO hands pages back with madvise itself); kd_rows: the
+                       * (host ZeRO hands pages back with madvise itself), attention_sizes
+                       * (NULL: the batched path's, what the CPU keeps); kd_rows: the
                        * core computes distillation's term itself in host memory */
         ck_assert_msg(fn != NULL, "ops member at offset %zu is NULL", off);
     }

@@ -343,6 +343,15 @@ typedef struct loom_backend_ops {
     void (*attention_gqa_backward_dt)(float *dqkv, float *scratch, const float *dout,
                                       const float *qkv, const float *att, int B, int T, int C,
                                       int NH, int KVH, loom_dtype dt);
+    /* Added for sizing att by the path the attention takes (may be absent: check size, or
+     * NULL: the batched path's, att (B,NH,T,T) and the backward's scratch (2,B,NH,T,T)).
+     * The floats att and the backward's scratch need for attention_forward(_dt) /
+     * attention_gqa_forward(_dt) (KVH = NH: the multi-head ops; dt F32: the fp32 ones) of
+     * this shape in the backend's current mode (set_deterministic): the CUDA backend's fused
+     * kernels (LOOM_CUDA_ATTENTION=flash) keep lse (B,NH,T) and out's copy (B,T,C) and their
+     * backward (B,NH,T) floats of scratch. Neither op's att is then probabilities. */
+    void (*attention_sizes)(void *self, int B, int T, int C, int NH, int KVH, loom_dtype dt,
+                            size_t *att, size_t *scratch);
 } loom_backend_ops;
 
 #ifdef __cplusplus

@@ -120,6 +120,10 @@ static loom_status emu_create(const loom_host *host, const loom_config *cfg, voi
         return host->fail(LOOM_ERR_INVALID, "backend cudaemu: LOOM_CUDA_BF16_BWD=%s; use 1 (the "
                           "default: bf16 backward products) or 0 (fp32 SGEMMs)",
                           getenv("LOOM_CUDA_BF16_BWD"));
+    if (!loom_cuda_split_chunk_env())
+        return host->fail(LOOM_ERR_INVALID, "backend cudaemu: LOOM_CUDA_SPLIT_CHUNK=%s; use a "
+                          "positive integer (the most gradient elements split at once) or "
+                          "leave it unset (2^26)", getenv("LOOM_CUDA_SPLIT_CHUNK"));
     const char *guard = getenv("LOOM_CUDAEMU_GUARD");
     guard_on = guard && atoi(guard) != 0;
     loom_cuda.h_parts = parts;
@@ -144,8 +148,19 @@ static const char *emu_describe(void *self)
 }
 
 
+/* LOOM_CUDAEMU_MAX_ALLOC: the most bytes one allocation may have (unset: no limit), so an
+ * emulated device can run out of memory as a GPU does (scripts/gpu-check --dry-run's check
+ * of its B probe): a larger alloc returns NULL, as the CUDA backend's pool does. */
+static size_t emu_max_alloc(void)
+{
+    const char *v = getenv("LOOM_CUDAEMU_MAX_ALLOC");
+    return v && *v ? (size_t)strtoull(v, NULL, 10) : (size_t)-1;
+}
+
 static void *emu_alloc(void *self, size_t bytes)
 {
+    if (bytes > emu_max_alloc())
+        return NULL;
     if (!guard_on)
         return calloc(1, bytes ? bytes : 1);
     size_t len = ((bytes ? bytes : 1) + 4095) & ~(size_t)4095;
@@ -367,6 +382,7 @@ static loom_backend_ops make_ops()
     o.attention_gqa_backward_dt = G(loom_cuda_attention_gqa_backward_dt);
     o.kd_rows = G(loom_cuda_kd_rows);
     o.attention_backward_datt = G(loom_cuda_attention_backward_datt);
+    o.attention_sizes = loom_cuda_attention_sizes;
     return o;
 }
 

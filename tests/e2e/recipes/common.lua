@@ -36,6 +36,8 @@ return {
         print(string.format("MEM %d %d %d %d %d %d %d %d %d", r.step, m.params, m.grads, m.optimizer,
           m.comm, m.grads_peak_resident, m.params_peak_resident, m.optimizer_offloaded or 0,
           m.master or 0))
+        -- the activation bytes (cuda_train.sh: att sized by the attention's path)
+        if r.step == 1 then print(string.format("ACT %d", m.activations)) end
       end,
     }
   end,

@@ -1,0 +1,117 @@
+/* gpt_att.c — how big each block's att and the backward's attention scratch are: what the
+ * backend's attention keeps on the path it takes (backend.h attention_sizes; without it the
+ * batched path's probabilities (B,NH,T,T) and two gradients of that size). The CUDA
+ * backend's fused kernels (LOOM_CUDA_ATTENTION=flash, fast mode) keep lse and out's copy,
+ * about T/(1 + C/NH) times less: at GPT-2 124M, T 1024, 0.8 M floats a sequence and block
+ * rather than 12.6 M.
+ *
+ * The sizes hold every forward with B <= max_B, T <= ctx in the mode the model was built
+ * in (training's: set_deterministic(canonical), gpt.c's gpt_setup). Generation switches the
+ * backend to row-stable mode, where attention takes the batched path whatever the variable
+ * says: a forward or decode whose att needs more than the blocks' buffers then writes every
+ * block's att into one spill buffer (allocated at the first such call, kept for the next),
+ * which is right because nothing reads a generation forward's att afterwards; a backward
+ * after such a forward is refused (its blocks' att were not kept). */
+#include "gpt_internal.h"
+
+#include "base/status.h"
+
+loom_dtype gpt_attention_dt(const loom_gpt *m)
+{
+    const loom_backend_ops *k = m->be->ops;
+    if (m->llama)
+        return gpt_gqa_dt(m) ? m->act_dt : LOOM_DTYPE_F32;
+    return m->act_dt != LOOM_DTYPE_F32 &&
+                   k->size > offsetof(loom_backend_ops, attention_forward_dt) &&
+                   k->attention_forward_dt
+               ? m->act_dt
+               : LOOM_DTYPE_F32;
+}
+
+/* What one block's attention call over (B, T) needs now. */
+static void att_need(const loom_gpt *m, int B, int T, size_t *att, size_t *scratch)
+{
+    const loom_backend_ops *k = m->be ? m->be->ops : NULL;
+    if (k && k->size > offsetof(loom_backend_ops, attention_sizes) && k->attention_sizes) {
+        k->attention_sizes(m->be->self, B, T, m->Cl, m->NHl, m->KVHl, gpt_attention_dt(m), att,
+                           scratch);
+        return;
+    }
+    *att = (size_t)B * (size_t)m->NHl * (size_t)T * (size_t)T;
+    *scratch = 2 * *att;
+}
+
+void gpt_att_size(const loom_gpt *m, size_t *att, size_t *scratch, int *fused)
+{
+    *att = *scratch = 0;
+    /* the largest over every T: the path can change with T (the fused kernels need T > hs) */
+    for (int T = 1; T <= m->cfg.ctx; T++) {
+        size_t a, s;
+        att_need(m, m->max_B, T, &a, &s);
+        *att = a > *att ? a : *att;
+        *scratch = s > *scratch ? s : *scratch;
+    }
+    /* not the batched path's probabilities at the full shape: the fused kernels' state */
+    size_t a, s, T = (size_t)m->cfg.ctx;
+    att_need(m, m->max_B, m->cfg.ctx, &a, &s);
+    *fused = a != (size_t)m->max_B * (size_t)m->NHl * T * T;
+}
+
+static loom_status att_spill(loom_gpt *m, size_t need, const char *what)
+{
+    m->att_spilled = need > m->att_n;
+    if (!m->att_spilled || need <= m->att_spill_n)
+        return LOOM_OK;
+    m->be->ops->free(m->be->self, m->att_spill);
+    m->att_spill_n = 0;
+    m->att_spill = m->be->ops->alloc(m->be->self, need * sizeof(float));
+    if (!m->att_spill)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "%s: attention on the batched path needs %.1f MiB of "
+                  "probabilities, more than the blocks' att (%.1f MiB, sized for the fused "
+                  "kernels), and that much more memory is not there", what,
+                  (double)need * sizeof(float) / (1 << 20),
+                  (double)m->att_n * sizeof(float) / (1 << 20));
+    m->att_spill_n = need;
+    return LOOM_OK;
+}
+
+loom_status gpt_att_prepare(loom_gpt *m, int B, int T)
+{
+    size_t att, scratch;
+    att_need(m, B, T, &att, &scratch);
+    return att_spill(m, att, "forward");
+}
+
+loom_status gpt_att_prepare_decode(loom_gpt *m, int n)
+{
+    /* attention_decode writes row n-1 where a (1, n) forward keeps it: NH n^2 floats */
+    return att_spill(m, (size_t)m->NHl * (size_t)n * (size_t)n, "decode");
+}
+
+loom_status gpt_att_check_backward(const loom_gpt *m)
+{
+    if (m->att_spilled)
+        LOOM_FAIL(LOOM_ERR_INVALID, "backward after a forward whose attention ran on the batched "
+                  "path into one shared buffer (a generation's row-stable mode, with att sized "
+                  "for the fused kernels): its blocks' probabilities were not kept; run the "
+                  "training forward again in training's mode first");
+    return LOOM_OK;
+}
+
+loom_status gpt_att_check_probabilities(const loom_gpt *m, const char *what)
+{
+    if (m->att_fused)
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "%s reads each block's attention probabilities, which "
+                  "the backend's fused attention does not keep (att holds its log-sum-exp "
+                  "and output: LOOM_CUDA_ATTENTION=flash); leave the variable unset (the "
+                  "batched path) for this term", what);
+    return LOOM_OK;
+}
+
+void gpt_att_free(loom_gpt *m)
+{
+    if (m->att_spill)
+        m->be->ops->free(m->be->self, m->att_spill);
+    m->att_spill = NULL;
+    m->att_spill_n = 0;
+}

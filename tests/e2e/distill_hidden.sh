@@ -16,7 +16,8 @@
 #    dp ranks (teacher.tp = 2) and in bf16 / fp16 (both terms): canonical dp=2 gives dp=1's
 #    bits; bf16 within 5e-3 of fp32 over 6 steps; bf16 zero=1 and zero=2 (the fp32 master
 #    partitioned, the projections' buckets kept whole): canonical dp=2 gives dp=1's bits,
-#    fast dp=2 zero=0's, and a zero=1 save at 3 + resume is bitwise;
+#    fast dp=2 zero=1 zero=0's bits (zero=2 within 1e-4: it reduces every micro-batch),
+#    and a zero=1 save at 3 + resume is bitwise;
 #  - loom ckpt export and loom export --llmc of the student write no projection, and it
 #    serves as a teacher (its checkpoint read without its projection);
 #  - pp = 2 (both terms on the last stage): canonical 1f1b, gpipe and zb1 give pp=1's
@@ -154,8 +155,8 @@ for p in bf16 fp16; do
 done
 below "$d16" 5e-3 || { echo "bf16 with both terms differs from fp32 by $d16"; exit 1; }
 echo "ok both terms: canonical zero=1 and zero=3 (accum 2), teacher.tp=2 across the dp ranks, bf16 and fp16 dp=2 (bf16 also zero=1, zero=2) give dp=1's bits; bf16 within $d16 of fp32"
-# fast bf16, the hidden term, accum 2: zero=1 and zero=2 (the fp32 master partitioned, the
-# projections' buckets kept whole) give zero=0's bits; zero=1 saved at 3 and resumed (the
+# fast bf16, the hidden term, accum 2: zero=1 (the fp32 master partitioned, the
+# projections' buckets kept whole) gives zero=0's bits, zero=2 is within 1e-4; zero=1 saved at 3 and resumed (the
 # load gathers them again from the partitions) gives steps 4-6 bitwise
 zf=(steps=6 batch.micro=2 batch.global=8 precision=bf16 mesh.dp=2 comm_timeout=20 "$hid")
 "$loom" launch -n 2 "$recipe" "${zf[@]}" | grep '^LOSS' > "$tmp/zf0"
@@ -164,14 +165,17 @@ finite_losses "$tmp/zf0"
 "$loom" launch -n 2 "$recipe" "${zf[@]}" strategy.zero=1 checkpoint.dir="$tmp/zs" \
   checkpoint.every=3 | grep '^LOSS' > "$tmp/zf1"
 "$loom" launch -n 2 "$recipe" "${zf[@]}" strategy.zero=2 | grep '^LOSS' > "$tmp/zf2"
-for z in 1 2; do
-  cmp -s "$tmp/zf0" "$tmp/zf$z" || { echo "bf16 zero=$z with teacher.layers differs from zero=0"; paste "$tmp/zf0" "$tmp/zf$z"; exit 1; }
-done
+cmp -s "$tmp/zf0" "$tmp/zf1" || { echo "bf16 zero=1 with teacher.layers differs from zero=0"; paste "$tmp/zf0" "$tmp/zf1"; exit 1; }
+# zero=2 reduce-scatters every micro-batch, zero=0 sums a rank's two first: in fast mode
+# another fp32 order, so a tolerance (as tests/e2e/zero.sh); the bf16 weights round most of
+# it away (observed 0 to 5e-7 depending on the CPU); canonical zero=2 is bitwise above
+d2=$(max_loss_diff "$tmp/zf0" "$tmp/zf2")
+below "$d2" 1e-4 || { echo "bf16 zero=2 with teacher.layers differs from zero=0 by $d2"; exit 1; }
 "$loom" launch -n 2 "$recipe" "${zf[@]}" strategy.zero=1 resume="$tmp/zs/step_00000003" |
   grep '^LOSS' > "$tmp/zr"
 [ "$(grep -c '^LOSS' "$tmp/zr")" -eq 3 ] && cmp -s <(grep '^LOSS [456] ' "$tmp/zf0") "$tmp/zr" ||
   { echo "bf16 zero=1 with teacher.layers: the resumed steps 4-6 differ"; exit 1; }
-echo "ok bf16 with teacher.layers: zero=1 and zero=2 dp=2 give zero=0's bits (accum 2); zero=1 save at 3 + resume, steps 4-6 bitwise"
+echo "ok bf16 with teacher.layers: zero=1 dp=2 gives zero=0's bits (accum 2), zero=2 within $d2; zero=1 save at 3 + resume, steps 4-6 bitwise"
 
 # --- pp: the terms on the last stage (a 2-block student, its block 1 against teacher block 1) -
 pc=(steps=4 model.layers=2 deterministic=canonical batch.micro=2 batch.global=8 # accum 4

@@ -80,8 +80,11 @@ static void set_int(lua_State *L, const char *k, size_t v)
 /* core.footprint{vocab=, vocab_padded=, ctx=, layers=, heads=, dim=, micro=, tp=1,
  *   sequence_parallel=false, canonical=false, recompute="none"|"full"|"selective",
  *   recompute_layers={blocks}, stage_layers={blocks held} (nil: all), slots=1,
- *   split_backward=false, precision="fp32"|"bf16"|"fp16"} -> {param_floats, activations, slot,
- *   shared, host, num_params, entries, compute_params, widen} */
+ *   split_backward=false, precision="fp32"|"bf16"|"fp16", cuda_attention=nil|"batched"|"flash",
+ *   flash_tc=true} -> {param_floats, activations, slot, shared, host, num_params, entries,
+ *   compute_params, widen, att_fused}. cuda_attention: the run is on the CUDA backend with
+ *   LOOM_CUDA_ATTENTION at that value (flash_tc false: LOOM_CUDA_FLASH_TC=0), att sized by
+ *   its rule (loom/plugin/cuda_attention.h); nil: a backend without attention_sizes. */
 /* family, kv_heads, ffn_dim and moe = {experts, top_k, every, capacity_factor} of the
  * table at idx into cfg (what loom.gpt's checked model table holds). */
 static void read_family_moe(lua_State *L, int idx, loom_gpt_config *cfg)
@@ -146,13 +149,24 @@ static int l_footprint(lua_State *L)
     lua_pop(L, 1);
     if (dt == (loom_dtype)-1)
         return luaL_error(L, "footprint: precision=\"%s\" is not fp32, bf16 or fp16", pr);
+    lua_getfield(L, 1, "cuda_attention");
+    const char *ca = luaL_optstring(L, -1, NULL);
+    loom_cuda_attention_mode mode = {ca && !strcmp(ca, "flash"), 0, 1};
+    lua_pop(L, 1);
+    if (ca && strcmp(ca, "flash") && strcmp(ca, "batched"))
+        return luaL_error(L, "footprint: cuda_attention=\"%s\" is not batched or flash "
+                          "(LOOM_CUDA_ATTENTION's values)", ca);
+    lua_getfield(L, 1, "flash_tc");
+    mode.tc = lua_isnil(L, -1) || lua_toboolean(L, -1);
+    lua_pop(L, 1);
     loom_gpt_footprint_bytes fp;
     if (loom_gpt_footprint(&cfg, ifield(L, 1, "micro", 0), &par, ifield(L, 1, "tp", 1),
-                           bfield(L, 1, "sequence_parallel"), dt, dt, &fp) != LOOM_OK) {
+                           bfield(L, 1, "sequence_parallel"), dt, dt, ca ? &mode : NULL,
+                           &fp) != LOOM_OK) {
         lua_pushstring(L, loom_last_error());
         return lua_error(L);
     }
-    lua_createtable(L, 0, 7);
+    lua_createtable(L, 0, 11);
     set_int(L, "param_floats", fp.param_floats);
     set_int(L, "activations", fp.activations);
     set_int(L, "slot", fp.slot);
@@ -162,6 +176,9 @@ static int l_footprint(lua_State *L)
     set_int(L, "entries", fp.entries);
     set_int(L, "compute_params", fp.compute_params);
     set_int(L, "widen", fp.widen);
+    set_int(L, "att_floats", fp.att_floats);
+    lua_pushboolean(L, fp.att_fused);
+    lua_setfield(L, -2, "att_fused");
     return 1;
 }
 

@@ -775,7 +775,8 @@ void loom_gpt_destroy(loom_gpt *m)
 
 loom_status loom_gpt_footprint(const loom_gpt_config *cfg, int max_B, const loom_gpt_parallel *par,
                                int tp, int sequence_parallel, loom_dtype param_dt,
-                               loom_dtype act_dt, loom_gpt_footprint_bytes *out)
+                               loom_dtype act_dt, const loom_cuda_attention_mode *cuda_att,
+                               loom_gpt_footprint_bytes *out)
 {
     memset(out, 0, sizeof *out);
     LOOM_TRY(loom_gpt_config_check(cfg));
@@ -790,6 +791,12 @@ loom_status loom_gpt_footprint(const loom_gpt_config *cfg, int max_B, const loom
     int w16 = param_dt != LOOM_DTYPE_F32, a16 = act_dt != LOOM_DTYPE_F32;
     if (st == LOOM_OK) {
         m->a16 = a16 && !m->split; /* loom_gpt_set_precision's condition */
+        m->act_dt = act_dt;        /* (its attention calls' dtype: gpt_att.c) */
+        if (cuda_att) {            /* the CUDA backend's attention in training's mode */
+            m->plan_cuda = 1;
+            m->plan_att = *cuda_att;
+            m->plan_att.deterministic = m->canonical;
+        }
         size_activations(m);
         if (w16) { /* gpt_precision.c: the 16-bit compute copy, the fp32 widening scratch */
             gpt_w16_layout(m, NULL);
@@ -805,6 +812,8 @@ loom_status loom_gpt_footprint(const loom_gpt_config *cfg, int max_B, const loom
         out->shared = m->shared_bytes;
         out->num_params = loom_gpt_num_params(m);
         out->entries = (size_t)m->table.count;
+        out->att_floats = m->att_n;
+        out->att_fused = m->att_fused;
     }
     gpt_free_setup(m);
     return st;

@@ -11,6 +11,7 @@
 #define LOOM_CORE_GPT_H
 
 #include "base/backend.h"
+#include "loom/plugin/cuda_attention.h"
 #include "loom/plugin/strategy.h"
 #include "params.h"
 
@@ -213,12 +214,20 @@ typedef struct loom_gpt_footprint_bytes {
     size_t entries;      /* tensors in this rank's table (an optimizer's segments) */
     size_t compute_params; /* 16-bit weights: = loom_gpt_compute_param_bytes (else 0) */
     size_t widen;          /* 16-bit weights: = loom_gpt_widen_bytes (else 0) */
+    size_t att_floats;     /* one block's att (gpt_att.c: by the attention's path) */
+    int att_fused;         /* att holds the fused kernels' state, not probabilities */
 } loom_gpt_footprint_bytes;
 /* param_dt, act_dt: as loom_gpt_set_precision's (f32, bf16 or f16); the activations are
- * then laid out as that call lays them out (16-bit saved copies). */
+ * then laid out as that call lays them out (16-bit saved copies). cuda_att: the model on
+ * the CUDA backend with this attention mode (flash: LOOM_CUDA_ATTENTION=flash, tc: the
+ * tensor-core kernels allowed; deterministic is taken from par->canonical, the mode
+ * training sets), att and the backward's scratch sized by that backend's rule
+ * (loom/plugin/cuda_attention.h, which its attention_sizes op computes) and its 16-bit
+ * attention ops; NULL: a backend without attention_sizes (the batched path's (B,NH,T,T)). */
 loom_status loom_gpt_footprint(const loom_gpt_config *cfg, int max_B, const loom_gpt_parallel *par,
                                int tp, int sequence_parallel, loom_dtype param_dt,
-                               loom_dtype act_dt, loom_gpt_footprint_bytes *out);
+                               loom_dtype act_dt, const loom_cuda_attention_mode *cuda_att,
+                               loom_gpt_footprint_bytes *out);
 /* Milliseconds spent inside tensor-parallel exchanges since the last call. */
 double loom_gpt_take_comm_ms(loom_gpt *m);
 /* B*T of a forward must be a multiple of this (tp under sequence parallelism, else 1). */

@@ -11,7 +11,10 @@
  * says: a forward or decode whose att needs more than the blocks' buffers then writes every
  * block's att into one spill buffer (allocated at the first such call, kept for the next),
  * which is right because nothing reads a generation forward's att afterwards; a backward
- * after such a forward is refused (its blocks' att were not kept). */
+ * after such a forward is refused (its blocks' att were not kept).
+ *
+ * loom plan's footprint (no backend) sizes a run on the CUDA backend by that backend's own
+ * rule (loom/plugin/cuda_attention.h), in training's mode; without it the batched path's. */
 #include "gpt_internal.h"
 
 #include "base/status.h"
@@ -28,13 +31,21 @@ loom_dtype gpt_attention_dt(const loom_gpt *m)
                : LOOM_DTYPE_F32;
 }
 
-/* What one block's attention call over (B, T) needs now. */
+/* What one block's attention call over (B, T) needs now. loom_gpt_footprint (no backend)
+ * of a run on the CUDA backend: that backend's rule itself (loom/plugin/cuda_attention.h,
+ * what its attention_sizes computes), at the dtype its calls pass there (it has every 16-bit
+ * attention op: gpt_attention_dt and gpt_gqa_dt give act_dt). */
 static void att_need(const loom_gpt *m, int B, int T, size_t *att, size_t *scratch)
 {
     const loom_backend_ops *k = m->be ? m->be->ops : NULL;
     if (k && k->size > offsetof(loom_backend_ops, attention_sizes) && k->attention_sizes) {
         k->attention_sizes(m->be->self, B, T, m->Cl, m->NHl, m->KVHl, gpt_attention_dt(m), att,
                            scratch);
+        return;
+    }
+    if (!k && m->plan_cuda) {
+        loom_cuda_attention_sizes_of(&m->plan_att, B, T, m->Cl, m->NHl, m->KVHl, m->act_dt, att,
+                                     scratch);
         return;
     }
     *att = (size_t)B * (size_t)m->NHl * (size_t)T * (size_t)T;

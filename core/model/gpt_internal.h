@@ -110,6 +110,10 @@ struct loom_gpt {
      * (generation's row-stable mode), att_spilled: the last forward or decode did */
     size_t att_n, att_scratch_n, att_spill_n;
     int att_fused, att_spilled;
+    /* loom_gpt_footprint of a run on the CUDA backend (no backend to ask): att sized by its
+     * rule (loom/plugin/cuda_attention.h) in this mode; plan_cuda 0: the batched path's */
+    int plan_cuda;
+    loom_cuda_attention_mode plan_att;
     float *att_spill;
     float *ce_dloss;                   /* (slots) a pipeline stage's head: the dloss whose
                                         * logits gradient the slot's backward still owes

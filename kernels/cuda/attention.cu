@@ -66,11 +66,12 @@ __global__ void softmax_backward_kernel(float *dpre, const float *att, const flo
         dpre[o + j] = j <= t ? loom_flush(att[o + j] * (datt[o + j] - dot)) : 0.0f;
 }
 
-/* The fused kernels take this call (see the opening comment). */
+/* The fused kernels take this call (see the opening comment): loom/plugin/cuda_attention.h's
+ * rule, which loom plan's footprint sizes a flash run by (core/model/gpt_att.c). */
 static int flash_takes(int B, int T, int C, int NH)
 {
-    return loom_cuda.attention_flash && !loom_cuda.deterministic && C / NH <= 128 &&
-           (long long)B * NH <= 65535 && (size_t)NH * T >= (size_t)NH + C;
+    const loom_cuda_attention_mode mo = loom_cuda_attention_mode_now();
+    return loom_cuda_attention_fused(&mo, B, T, C, NH);
 }
 
 int loom_cuda_attention_flash_takes(int B, int T, int C, int NH)

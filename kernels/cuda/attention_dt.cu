@@ -91,18 +91,16 @@ extern "C" void loom_cuda_attention_gqa_backward_dt(float *dqkv, float *scratch,
     loom_cuda_attention_flash_bwd(dqkv, scratch, dout, q16, att, B, T, C, NH, KVH, dt);
 }
 
-/* backend.h attention_sizes: the fused path (the one each op above and attention.cu's take
- * on adt_takes' or flash_takes' condition) keeps lse (B,NH,T) then out's copy (B,T,C) in att,
- * and its backward B*NH*T floats of scratch (dO . O per query row); the batched path the
- * probabilities (B,NH,T,T) and two (B,NH,T,T) gradients. fp32 with fewer kv heads is always
- * the batched path (the scalar fused kernels read one kv head per q head). */
+/* backend.h attention_sizes: loom/plugin/cuda_attention.h's rule in the backend's mode now
+ * (the one each op above and attention.cu's take on adt_takes' or flash_takes' condition):
+ * the fused path keeps lse (B,NH,T) then out's copy (B,T,C) in att and its backward B*NH*T
+ * floats of scratch (dO . O per query row); the batched path the probabilities (B,NH,T,T)
+ * and two (B,NH,T,T) gradients; fp32 with fewer kv heads always the batched path. loom
+ * plan's footprint sizes a flash run by the same rule (core/model/gpt_att.c). */
 extern "C" void loom_cuda_attention_sizes(void *self, int B, int T, int C, int NH, int KVH,
                                           loom_dtype dt, size_t *att, size_t *scratch)
 {
     (void)self;
-    const size_t rows = (size_t)B * NH * T;
-    const int fused = KVH == NH ? loom_cuda_attention_flash_takes(B, T, C, NH)
-                                : dt != LOOM_DTYPE_F32 && adt_takes(B, T, C, NH, dt);
-    *att = fused ? rows + (size_t)B * T * C : rows * (size_t)T;
-    *scratch = fused ? rows : 2 * rows * (size_t)T;
+    const loom_cuda_attention_mode mo = loom_cuda_attention_mode_now();
+    loom_cuda_attention_sizes_of(&mo, B, T, C, NH, KVH, dt, att, scratch);
 }

@@ -13,6 +13,7 @@
 #include <cuda_runtime_api.h>
 
 #include "loom/plugin/backend.h" /* loom_adamw_consts, loom_sgd_consts */
+#include "loom/plugin/cuda_attention.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -43,6 +44,17 @@ static inline int loom_cuda_attention_env(void)
 {
     const char *v = getenv("LOOM_CUDA_ATTENTION");
     return !v || !*v || !strcmp(v, "batched") ? 0 : !strcmp(v, "flash") ? 1 : -1;
+}
+
+/* The backend's attention mode now (loom/plugin/cuda_attention.h: the rule the fused path's
+ * callers and attention_sizes decide by): LOOM_CUDA_FLASH_TC read at each call, so that a
+ * test can switch it. */
+static inline loom_cuda_attention_mode loom_cuda_attention_mode_now(void)
+{
+    const char *v = getenv("LOOM_CUDA_FLASH_TC"); /* "0": the scalar kernels (comparisons) */
+    loom_cuda_attention_mode mo = {loom_cuda.attention_flash, loom_cuda.deterministic,
+                                   !(v && !strcmp(v, "0"))};
+    return mo;
 }
 
 /* LOOM_CUDA_SCATTER (scatter_sorted.cu's path): unset 0 (by size), "walk" 1, "sort" 2,

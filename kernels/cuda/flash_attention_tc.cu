@@ -400,12 +400,12 @@ __global__ void fa_tc_dkv_kernel(float *dqkv, const float *dout, const E *qkv, c
     }
 }
 
+static_assert((int)TC_HS == (int)LOOM_CUDA_FLASH_TC_MAX_HS, "loom/plugin/cuda_attention.h's widest head");
+
 int loom_cuda_flash_tc_takes(int C, int NH, loom_dtype dt)
 {
-    const int hs = C / NH;
-    const char *v = getenv("LOOM_CUDA_FLASH_TC"); /* "0": the scalar kernels (comparisons) */
-    return !(v && !strcmp(v, "0")) && (dt == LOOM_DTYPE_BF16 || dt == LOOM_DTYPE_F16) && hs % 16 == 0 && hs >= 16 &&
-           hs <= TC_HS;
+    const loom_cuda_attention_mode mo = loom_cuda_attention_mode_now();
+    return loom_cuda_attention_tc(&mo, C, NH, dt);
 }
 
 static tc_shape tc_shape_of(int B, int T, int C, int NH, int KVH)

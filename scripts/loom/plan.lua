@@ -18,6 +18,22 @@ local plan = {}
 
 local F32 = 4
 
+-- The attention path of a run on the CUDA backend (backend "cuda", or "cudaemu": its
+-- kernels emulated, the same attention_sizes): LOOM_CUDA_ATTENTION and LOOM_CUDA_FLASH_TC
+-- as the backend reads them when the run starts (kernels/cuda/cuda_common.h), from this
+-- process's environment, so that a plan of `LOOM_CUDA_ATTENTION=flash loom run` is
+-- `LOOM_CUDA_ATTENTION=flash loom plan` (and the after-run line, in the run's own process,
+-- sees what the run saw). nil: another backend (the batched path's sizes: no attention_sizes).
+local function cuda_attention(t)
+  if t.backend ~= "cuda" and t.backend ~= "cudaemu" then return nil end
+  local v = os.getenv("LOOM_CUDA_ATTENTION")
+  if v == nil or v == "" or v == "batched" then return "batched", true end
+  if v ~= "flash" then
+    error(string.format("backend %s: LOOM_CUDA_ATTENTION=%s; use \"batched\" (the default) or \"flash\" (the run refuses it too)", t.backend, v), 0)
+  end
+  return "flash", os.getenv("LOOM_CUDA_FLASH_TC") ~= "0"
+end
+
 -- The recipe's layout in plain numbers, defaults as loom.train gives them.
 local function shape_of(t)
   local mesh, st = t.mesh or {}, t.strategy or {}
@@ -33,6 +49,7 @@ local function shape_of(t)
   -- ZeRO-3's parameter partition in the same place as the state (docs/ZERO.md)
   local off_params = type(st.offload) == "table" and st.offload.params == true
   local sched = pp > 1 and (t.schedule or "1f1b") or nil
+  local cuda_att, flash_tc = cuda_attention(t)
   return {
     dp = dp, tp = tp, pp = pp, ep = ep, micro = t.batch.micro, seq = t.batch.seq, accum = accum,
     zero = (dp > 1 and st.zero) or 0, zero_asked = st.zero or 0,
@@ -43,6 +60,7 @@ local function shape_of(t)
     reduce16 = reduce16 and (prec == "bf16" or prec == "fp16"),
     optimizer = type(t.optimizer) == "table" and (t.optimizer[1] or t.optimizer.name) or t.optimizer,
     threads = t.threads or 0,
+    cuda_attention = cuda_att, flash_tc = flash_tc,
   }
 end
 plan.shape_of = shape_of
@@ -117,6 +135,7 @@ local function stage_memory(t, s, blocks, facts, r, opts)
     stage_layers = s.pp > 1 and blocks[r] or nil, slots = st.slots, split_backward = st.split,
     family = m.family, kv_heads = m.kv_heads, ffn_dim = m.ffn_dim, tie_embeddings = m.tie_embeddings,
     moe = m.moe, ep = s.ep, precision = s.precision,
+    cuda_attention = s.cuda_attention, flash_tc = s.flash_tc,
   }
   local psi = fp.param_floats
   local part = s.zero > 0 and core.zero_padded(psi, s.dp) // s.dp or psi
@@ -520,13 +539,25 @@ function plan.layout(t, machine, opts)
   else
     pipe_s = s.accum * (slow.fwd + slow.bwd_input + slow.bwd_weight)
   end
-  local worst, ep_split, entries = nil, {}, {}
+  local worst, ep_split, entries, att_fp = nil, {}, {}, nil
   for k = 1, s.pp do
     local fpk
     mem[k], psi[k], fpk, ep_split[k] = stage_memory(t, s, blocks, facts, k,
       { staging_bytes = (machine.links.intra or {}).staging_bytes_per_rank })
     entries[k] = fpk.entries or 0
+    if k == 1 then att_fp = fpk end
     if not worst or mem[k].total > mem[worst].total then worst = k end
+  end
+  if s.cuda_attention then -- (the CUDA backend's rule: loom/plugin/cuda_attention.h)
+    local T, hs = m.ctx, m.dim // m.heads
+    assume(string.format("attention: %s (backend %s, LOOM_CUDA_ATTENTION=%s): each block's att %s, %d floats at micro %d x ctx %d%s",
+      att_fp.att_fused and "the fused kernels" or "the batched path", t.backend, s.cuda_attention,
+      att_fp.att_fused and "holds lse (B,NH,T) and out's copy (B,T,C)" or "holds the probabilities (B,NH,T,T)",
+      att_fp.att_floats, s.micro, T,
+      s.cuda_attention == "flash" and not att_fp.att_fused and string.format(
+        " (flash keeps the batched path here: canonical mode, head size %d, or T not longer than a head%s)",
+        hs, m.family == "llama" and (m.kv_heads or 0) > 0 and m.kv_heads < m.heads
+          and ", or grouped-query attention off the tensor-core kernels: fp32, the head size, LOOM_CUDA_FLASH_TC=0" or "") or ""))
   end
   -- ZeRO 2/3 on host memory hand pages back to the OS and fault them in again every
   -- micro-batch (zero_reduce.c: a reduced gradient bucket; zero_params.c: a unit after

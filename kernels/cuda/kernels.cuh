@@ -35,38 +35,56 @@ static inline unsigned loom_cuda_blocks(size_t n)
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n);                     \
          i += (size_t)gridDim.x * blockDim.x)
 
+/* A warp's xor-butterfly sum and max: every lane gets the result, in a fixed tree. The
+ * emulation (tests/cuda/emu) runs the same tree in one exchange. */
+template <typename F> __device__ inline F loom_warp_sum(F v)
+{
+#ifdef LOOM_CUDA_EMU
+    return loom_emu_warp_reduce(v, [](F a, F b) { return a + b; });
+#else
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+#endif
+}
+
+__device__ inline float loom_warp_max(float v)
+{
+#ifdef LOOM_CUDA_EMU
+    return loom_emu_warp_reduce(v, [](float a, float b) { return fmaxf(a, b); });
+#else
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+#endif
+}
+
 /* Sum over a block (blockDim.x a multiple of 32, at most 1024) in a fixed tree: the same
  * bits for the same inputs and block size. Every thread gets the total. */
 template <typename F> __device__ inline F loom_block_sum(F v)
 {
     __shared__ F part[32];
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
+    v = loom_warp_sum(v);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     __syncthreads(); /* part[] may still be read by a previous call */
     if (lane == 0)
         part[warp] = v;
     __syncthreads();
     v = lane < nw ? part[lane] : (F)0;
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
+    return loom_warp_sum(v);
 }
 
 __device__ inline float loom_block_max(float v)
 {
     __shared__ float part[32];
-    for (int o = 16; o > 0; o >>= 1)
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    v = loom_warp_max(v);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     __syncthreads();
     if (lane == 0)
         part[warp] = v;
     __syncthreads();
     v = lane < nw ? part[lane] : -INFINITY;
-    for (int o = 16; o > 0; o >>= 1)
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
+    return loom_warp_max(v);
 }
 
 /* x, or 0 where |x| is below FLT_MIN, as the CPU kernels flush (cpu_common.h). */

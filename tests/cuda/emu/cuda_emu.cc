@@ -9,6 +9,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <vector>
 
@@ -36,23 +37,45 @@ std::vector<coro> threads;
 void *scheduler_sp;
 int current;
 std::function<void()> *body;
-double slot[MAX_THREADS];
 int or_acc;
+
+unsigned block_threads, live; // the running block's threads, and those not yet returned
+
+// From the running thread (at a barrier, or returned): straight on to the next thread of
+// this pass that has not returned, or back to the scheduler after the last (one switch
+// per thread and barrier, not two through the scheduler).
+void pass_on(void **save)
+{
+    unsigned j = (unsigned)current + 1;
+    while (j < block_threads && threads[j].done)
+        j++;
+    if (j == block_threads) {
+        emu_switch(save, scheduler_sp);
+        return;
+    }
+    current = (int)j;
+    loom_emu_thread = threads[j].idx;
+    emu_switch(save, threads[j].sp);
+}
 
 [[noreturn]] void trampoline()
 {
     (*body)();
     threads[current].done = 1;
+    live--;
     void *dead;
-    emu_switch(&dead, scheduler_sp); // never resumed
+    pass_on(&dead); // never resumed
     abort();
 }
 
 // A fresh stack that emu_switch "returns" into trampoline from: six zeroed registers, the
-// entry address, and one slot so that the entry sees the stack as after a call.
-void *fresh_stack(char *stack)
+// entry address, and one slot so that the entry sees the stack as after a call. Thread i's
+// top is moved down by (i mod 64) cache lines: the stacks are separate page-aligned
+// allocations, so equal tops would all fall in the same cache sets and every switch
+// would miss (measured: most of the emulation's time went to the switches).
+void *fresh_stack(char *stack, unsigned i)
 {
-    uintptr_t top = ((uintptr_t)(stack + STACK)) & ~(uintptr_t)15;
+    uintptr_t top = ((uintptr_t)(stack + STACK - (i % 64) * 64)) & ~(uintptr_t)15;
     void **sp = (void **)(top - 64);
     for (int i = 0; i < 6; i++)
         sp[i] = nullptr;
@@ -61,9 +84,19 @@ void *fresh_stack(char *stack)
     return sp;
 }
 
+int direct;             // this launch's blocks run by plain calls (loom_emu_launch)
+unsigned long barriers; // barriers reached in the block running as coroutines
+
 void yield_to_scheduler()
 {
-    emu_switch(&threads[current].sp, scheduler_sp);
+    if (direct) {
+        fprintf(stderr, "cuda emu: thread %d of block (%u,%u,%u) reached a barrier in a launch "
+                "whose first block reached none: not emulated (tests/cuda/emu/cuda_emu.cc)\n",
+                current, loom_emu_block.x, loom_emu_block.y, loom_emu_block.z);
+        abort();
+    }
+    barriers++;
+    pass_on(&threads[current].sp);
 }
 } // namespace
 
@@ -85,15 +118,47 @@ int __syncthreads_or(int pred)
     return r;
 }
 
+// The shuffles exchange through slot[parity]: one barrier each, not two. A thread's k-th
+// exchange writes buffer k % 2 after the barrier of its (k-1)-th, which every thread
+// passes only after reading exchange k-2 from that buffer, so no value is overwritten
+// while it may still be read. Every thread of a block makes the same exchanges (the
+// barrier is the block's, as it always was here).
+// A warp's reduction result is computed once, by the first of its lanes to resume, into
+// result[parity] (read under the same argument as slot); stamp says for which exchange
+// (a thread's count of exchanges in this block, from 1).
+namespace {
+double slot[2][MAX_THREADS], result[2][MAX_THREADS];
+unsigned exchanges[MAX_THREADS], stamp[2][MAX_THREADS / 32];
+double *exchange(double v)
+{
+    double *s = slot[exchanges[current]++ & 1];
+    s[current] = v;
+    __syncthreads();
+    return s;
+}
+} // namespace
+
 double loom_emu_shfl_xor(double v, int o)
 {
-    slot[current] = v;
-    __syncthreads();
-    double r = slot[current ^ o];
-    __syncthreads();
-    return r;
+    return exchange(v)[current ^ o];
 }
 
+const double *loom_emu_warp_values(double v, int *lane, double **out, int *first)
+{
+    const double *w = exchange(v) + (current & ~31);
+    const unsigned k = exchanges[current], p = k & 1, warp = (unsigned)current / 32;
+    *lane = current & 31;
+    *out = result[p] + (current & ~31);
+    *first = stamp[p][warp] != k;
+    stamp[p][warp] = k;
+    return w;
+}
+
+// Blocks whose threads reach no barrier need no coroutines: when the launch's first block
+// ran to its end without one, the others run each thread to completion by a plain call,
+// in the same order (so the same bits). A barrier reached in such a block after all (a
+// kernel whose first block skips what later ones synchronise) is not emulated: it stops
+// the program, named, rather than run wrong.
 void loom_emu_launch(dim3 grid, dim3 block, std::function<void()> fn)
 {
     const unsigned n = block.x * block.y * block.z;
@@ -110,27 +175,39 @@ void loom_emu_launch(dim3 grid, dim3 block, std::function<void()> fn)
     loom_emu_grid_dim = grid;
     loom_emu_block_dim = block;
     body = &fn;
+    for (unsigned i = 0; i < n; i++)
+        threads[i].idx = {i % block.x, i / block.x % block.y, i / (block.x * block.y)};
+    direct = 0;
     for (unsigned bz = 0; bz < grid.z; bz++)
         for (unsigned by = 0; by < grid.y; by++)
             for (unsigned bx = 0; bx < grid.x; bx++) {
                 loom_emu_block = {bx, by, bz};
-                or_acc = 0;
-                for (unsigned i = 0; i < n; i++) {
-                    coro &c = threads[i];
-                    c.done = 0;
-                    c.idx = {i % block.x, i / block.x % block.y, i / (block.x * block.y)};
-                    c.sp = fresh_stack(c.stack);
-                }
-                for (unsigned live = n; live > 0;) { // one pass: every thread to its next barrier
-                    live = 0;
+                if (direct) {
                     for (unsigned i = 0; i < n; i++) {
-                        if (threads[i].done)
-                            continue;
                         current = (int)i;
                         loom_emu_thread = threads[i].idx;
-                        emu_switch(&scheduler_sp, threads[i].sp);
-                        live += !threads[i].done;
+                        fn();
                     }
+                    continue;
                 }
+                or_acc = 0;
+                barriers = 0;
+                memset(exchanges, 0, n * sizeof *exchanges);
+                memset(stamp, 0, sizeof stamp);
+                for (unsigned i = 0; i < n; i++) {
+                    threads[i].done = 0;
+                    threads[i].sp = fresh_stack(threads[i].stack, i);
+                }
+                block_threads = n;
+                for (live = n; live > 0;) { // one pass: every thread to its next barrier, in order
+                    unsigned i = 0;
+                    while (threads[i].done)
+                        i++;
+                    current = (int)i;
+                    loom_emu_thread = threads[i].idx;
+                    emu_switch(&scheduler_sp, threads[i].sp); /* back after the pass's last */
+                }
+                direct = barriers == 0;
             }
+    direct = 0;
 }

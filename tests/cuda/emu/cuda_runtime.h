@@ -43,6 +43,31 @@ template <typename F> static inline F __shfl_xor_sync(unsigned m, F v, int o)
     (void)m;
     return (F)loom_emu_shfl_xor((double)v, o);
 }
+/* A warp's butterfly reduction (kernels.cuh loom_warp_sum / loom_warp_max) in one exchange
+ * instead of five shuffles: every lane publishes v; the first lane of the warp to resume
+ * runs the whole xor tree over the warp's 32 values, lane l's value at each level
+ * op(x[l], x[l ^ o]) as the shuffle loop computes it, into out[] (so each lane gets the
+ * loop's bits), and every lane reads its own. */
+const double *loom_emu_warp_values(double v, int *lane, double **out, int *first);
+template <typename F, typename Op> static inline F loom_emu_warp_reduce(F v, Op op)
+{
+    int lane, first;
+    double *out;
+    const double *w = loom_emu_warp_values((double)v, &lane, &out, &first);
+    if (first) {
+        F x[32], y[32];
+        for (int l = 0; l < 32; l++)
+            x[l] = (F)w[l];
+        for (int o = 16; o > 0; o >>= 1) {
+            for (int l = 0; l < 32; l++)
+                y[l] = op(x[l], x[l ^ o]);
+            memcpy(x, y, sizeof x);
+        }
+        for (int l = 0; l < 32; l++)
+            out[l] = (double)x[l];
+    }
+    return (F)out[lane];
+}
 static inline unsigned __float_as_uint(float f)
 {
     unsigned u;

@@ -388,12 +388,14 @@ static size_t lay_out_shared(loom_gpt *m, float *base, layer_acts *s)
 {
     size_t B = (size_t)m->max_B, T = (size_t)m->cfg.ctx, C = (size_t)m->cfg.dim;
     size_t Fl = (size_t)m->Fl, Cl = (size_t)m->Cl, R = B * T, Rl = m->sp ? R / (size_t)m->tp : R;
-    size_t att = m->att_n, off = 0, QKV = (size_t)m->qkv_w, FC = (size_t)m->fc_w;
+    size_t att = 0, off = 0, QKV = (size_t)m->qkv_w, FC = (size_t)m->fc_w;
     int full = 0, selective = 0, a16 = 0; /* a16: a kept block's floats are these too */
     for (int l = 0; l < m->cfg.layers; l++) {
         full |= m->own[l] && m->rc[l] == RC_FULL;
         selective |= m->own[l] && m->rc[l] == RC_SELECTIVE;
         a16 |= m->a16 && m->own[l] && m->rc[l] != RC_FULL;
+        size_t n = gpt_att_block_n(m, l); /* the recomputed blocks' largest (gpt_att.c) */
+        att = m->own[l] && m->rc[l] != RC_KEEP && n > att ? n : att;
     }
     memset(s, 0, sizeof *s);
 #define TAKE(n) (off += (n), base ? base + off - (n) : NULL)
@@ -420,7 +422,10 @@ static size_t lay_out_activations(loom_gpt *m, float *base, const layer_acts *s)
     size_t Cl = (size_t)m->Cl, Fl = (size_t)m->Fl, Vl = (size_t)m->Vl;
     size_t L = (size_t)m->cfg.layers, R = B * T, Rl = m->sp ? R / (size_t)m->tp : R;
     size_t QKV = (size_t)m->qkv_w, FC = (size_t)m->fc_w;
-    size_t wide = QKV > FC ? QKV : FC, att = m->att_n, off = 0;
+    size_t wide = QKV > FC ? QKV : FC, off = 0, scratch = m->att_scratch_n;
+    for (size_t l = 0; l < L; l++) /* a block keeping its probabilities: the batched backward */
+        if (m->own[l] && gpt_att_forced(m, (int)l) && m->att_keep_scratch_n > scratch)
+            scratch = m->att_keep_scratch_n;
 #define TAKE(n) (off += (n), base ? base + off - (n) : NULL)
 #define TAKE_FULL(local) (m->sp ? TAKE(R * C) : (local)) /* all rows: its own buffer under sp */
     m->gathered = m->sp ? TAKE(R * C) : NULL;
@@ -437,6 +442,7 @@ static size_t lay_out_activations(loom_gpt *m, float *base, const layer_acts *s)
             continue;
         }
         int sel = m->rc[l] == RC_SELECTIVE;
+        size_t att = gpt_att_block_n(m, (int)l); /* att_n, or a kept block's (gpt_att.c) */
         if (m->a16) { /* 16-bit copies here, the floats in the scratch set (gpt_internal.h) */
             size_t n[GPT_A16_N];
             gpt_act16_sizes(m, (int)l, R, n);
@@ -471,7 +477,7 @@ static size_t lay_out_activations(loom_gpt *m, float *base, const layer_acts *s)
     m->dres = TAKE(Rl * C); m->dres_full = TAKE_FULL(m->dres); m->dtmp = TAKE(Rl * C);
     m->dpartial = TAKE(R * C); m->dsummed = m->sp ? TAKE(Rl * C) : m->dpartial;
     m->dbuf_4a = TAKE(R * wide); m->dbuf_4b = TAKE(R * wide);
-    m->datt_scratch = TAKE(m->att_scratch_n); m->rep_grad = TAKE(6 * C);
+    m->datt_scratch = TAKE(scratch); m->rep_grad = TAKE(6 * C);
     for (int i = 0; i < 3; i++)
         m->tree[i] = m->canonical ? TAKE(R * C) : NULL;
     m->emb_grad = m->canonical && m->has_embed ? TAKE((size_t)Vl * C) : NULL;
@@ -503,6 +509,7 @@ static void size_activations(loom_gpt *m)
 {
     layer_acts s;
     gpt_att_size(m, &m->att_n, &m->att_scratch_n, &m->att_fused); /* gpt_att.c */
+    gpt_att_size_kept(m, &m->att_keep_n, &m->att_keep_scratch_n); /* att_keep's blocks */
     size_t shared = lay_out_shared(m, NULL, &s);
     size_t R = (size_t)m->max_B * (size_t)m->cfg.ctx, total = lay_out_activations(m, NULL, &s);
     m->shared_bytes = (shared * sizeof(float) + 63) / 64 * 64;
@@ -748,6 +755,7 @@ static void gpt_free_setup(loom_gpt *m)
     free(m->acts);
     free(m->own);
     free(m->rc);
+    free(m->att_keep);
     loom_params_free(&m->table);
     free(m);
 }
@@ -874,6 +882,36 @@ void loom_gpt_zero_grad(loom_gpt *m)
     m->be->ops->zero(m->be->self, m->grads, m->table.total * sizeof(float));
 }
 
+/* The activation buffers laid out again (what sizes them changed); the pointers into them
+ * handed out before (loom_gpt_block_output, _block_attention, _logits) are stale. */
+static loom_status relay_activations(loom_gpt *m)
+{
+    m->be->ops->free(m->be->self, m->act_mem);
+    m->act_mem = NULL;
+    free(m->host_losses);
+    m->host_losses = NULL;
+    m->be->ops->free(m->be->self, m->row_gather);
+    m->row_gather = NULL;
+    return alloc_activations(m);
+}
+
+loom_status loom_gpt_keep_block_attention(loom_gpt *m, int l)
+{
+    if (l < 0 || l >= m->cfg.layers)
+        LOOM_FAIL(LOOM_ERR_INVALID, "keep block %d's attention probabilities: the model has "
+                  "blocks 0 .. %d", l, m->cfg.layers - 1);
+    if (!m->att_keep && !(m->att_keep = calloc((size_t)m->cfg.layers, 1)))
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    if (m->att_keep[l])
+        return LOOM_OK;
+    m->att_keep[l] = 1;
+    /* att is probabilities already, or the backend cannot turn its fused kernels off (the
+     * term is refused: gpt_att_check_probabilities): the layout stays */
+    if (!gpt_att_forced(m, l) || !m->own[l])
+        return LOOM_OK;
+    return relay_activations(m);
+}
+
 loom_status loom_gpt_set_precision(loom_gpt *m, loom_dtype param, loom_dtype act)
 {
     const loom_backend_ops *k = m->be->ops;
@@ -899,10 +937,7 @@ loom_status loom_gpt_set_precision(loom_gpt *m, loom_dtype param, loom_dtype act
     if ((act != LOOM_DTYPE_F32 && !m->a16 && !m->split) || relay) { /* store what backward
                                               * reads in 16 bits: the buffers laid out again */
         m->a16 = m->a16 || (act != LOOM_DTYPE_F32 && !m->split);
-        m->be->ops->free(m->be->self, m->act_mem);
-        free(m->host_losses);
-        m->be->ops->free(m->be->self, m->row_gather);
-        LOOM_TRY(alloc_activations(m));
+        LOOM_TRY(relay_activations(m));
     }
     if (param != LOOM_DTYPE_F32 && !m->c16) {
         m->param_dt = param;
@@ -956,7 +991,7 @@ loom_status gpt_block_forward(loom_gpt *m, int l, const float *residual, int B, 
     LOOM_TRY(F_ENTER(LOOM_REGION_ATTENTION, l, a->ln1, a->ln1_full, R, C));
     gpt_matmul_forward(m, a->qkv, a->ln1_full, w->qkvw, w->qkvb, B, T, C, 3 * Cl);
     gpt_round(m, a->qkv, R * 3 * Cl);
-    gpt_attention_fwd(m, a->atty, a->att, a->qkv, B, T);
+    gpt_attention_fwd(m, l, a->atty, a->att, a->qkv, B, T);
     gpt_round(m, a->atty, R * Cl);
     gpt_row_parallel_forward(m, m->partial, a->atty, w->attprojw, B, T, Cl);
     LOOM_TRY(F_LEAVE(LOOM_REGION_ATTENTION, l, m->partial, m->summed, R, C));
@@ -1052,7 +1087,7 @@ mlp_done:;
                         T, Cl, C);
     if (m->rc[l] == RC_SELECTIVE) /* the probabilities again; the output (kept) to dbuf_4b,
                                    * free until the MLP's next use */
-        gpt_attention_fwd(m, m->dbuf_4b, a->att, a->qkv, B, T);
+        gpt_attention_fwd(m, l, m->dbuf_4b, a->att, a->qkv, B, T);
     gpt_attention_backward(m, l, m->dbuf_4a, datty, B, T); /* + a distillation term's */
     LOOM_TRY(gpt_regather(m, LOOM_REGION_ATTENTION, l, a->ln1, a->ln1_full, R));
     LOOM_TRY(gpt_column_parallel_backward(m, LOOM_REGION_ATTENTION, l, g->qkvw, g->qkvb,

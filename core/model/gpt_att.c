@@ -5,6 +5,13 @@
  * about T/(1 + C/NH) times less: at GPT-2 124M, T 1024, 0.8 M floats a sequence and block
  * rather than 12.6 M.
  *
+ * A block whose probabilities a distillation term reads (att_keep: loom_gpt_keep_block_
+ * attention, a teacher's mapped blocks and a student's) keeps the batched path's att
+ * (B,NH,T,T) of its own, and its calls turn the fused kernels off around them (backend.h
+ * attention_allow_fused; gpt_internal.h gpt_attention_fwd), recomputation's too; the shared
+ * scratch the recomputed blocks use is the largest of theirs, datt_scratch the batched
+ * backward's where a block keeps. Every other block stays fused, with the small att.
+ *
  * The sizes hold every forward with B <= max_B, T <= ctx in the mode the model was built
  * in (training's: set_deterministic(canonical), gpt.c's gpt_setup). Generation switches the
  * backend to row-stable mode, where attention takes the batched path whatever the variable
@@ -68,6 +75,41 @@ void gpt_att_size(const loom_gpt *m, size_t *att, size_t *scratch, int *fused)
     *fused = a != (size_t)m->max_B * (size_t)m->NHl * T * T;
 }
 
+/* The backend's switch for its fused kernels (backend.h attention_allow_fused), or NULL. */
+static void (*allow_op(const loom_gpt *m))(void *, int)
+{
+    const loom_backend_ops *k = m->be ? m->be->ops : NULL;
+    return k && k->size > offsetof(loom_backend_ops, attention_allow_fused)
+               ? k->attention_allow_fused
+               : NULL;
+}
+
+void gpt_att_size_kept(const loom_gpt *m, size_t *att, size_t *scratch)
+{
+    void (*allow)(void *, int) = allow_op(m);
+    int fused;
+    if (allow)
+        allow(m->be->self, 0);
+    gpt_att_size(m, att, scratch, &fused);
+    if (allow)
+        allow(m->be->self, 1);
+}
+
+int gpt_att_forced(const loom_gpt *m, int l)
+{
+    return l >= 0 && m->att_keep && m->att_keep[l] && m->att_fused && allow_op(m);
+}
+
+int gpt_att_probabilities(const loom_gpt *m, int l)
+{
+    return !m->att_fused || gpt_att_forced(m, l);
+}
+
+size_t gpt_att_block_n(const loom_gpt *m, int l)
+{
+    return gpt_att_forced(m, l) ? m->att_keep_n : m->att_n;
+}
+
 static loom_status att_spill(loom_gpt *m, size_t need, const char *what)
 {
     m->att_spilled = need > m->att_n;
@@ -109,13 +151,14 @@ loom_status gpt_att_check_backward(const loom_gpt *m)
     return LOOM_OK;
 }
 
-loom_status gpt_att_check_probabilities(const loom_gpt *m, const char *what)
+loom_status gpt_att_check_probabilities(const loom_gpt *m, int l, const char *what)
 {
-    if (m->att_fused)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "%s reads each block's attention probabilities, which "
+    if (!gpt_att_probabilities(m, l))
+        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "%s reads block %d's attention probabilities, which "
                   "the backend's fused attention does not keep (att holds its log-sum-exp "
-                  "and output: LOOM_CUDA_ATTENTION=flash); leave the variable unset (the "
-                  "batched path) for this term", what);
+                  "and output: LOOM_CUDA_ATTENTION=flash), and the backend has no "
+                  "attention_allow_fused (plugin/backend.h) to keep that block on the batched "
+                  "path; leave the variable unset (the batched path) for this term", what, l);
     return LOOM_OK;
 }
 

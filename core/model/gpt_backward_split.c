@@ -93,7 +93,7 @@ static loom_status block_input(loom_gpt *m, int l, const float *residual, float 
     /* GELU's input, read above: d(qkv) goes there, unless W recomputes GELU from it */
     float *dqkv = a->dqkv ? a->dqkv : a->fch;
     if (m->rc[l] == RC_SELECTIVE) /* the probabilities again (gpt.c); dbuf_4b: unused in B */
-        gpt_attention_fwd(m, m->dbuf_4b, a->att, a->qkv, B, T);
+        gpt_attention_fwd(m, l, m->dbuf_4b, a->att, a->qkv, B, T);
     gpt_attention_backward(m, l, dqkv, datty, B, T); /* + a distillation term's */
     LOOM_TRY(gpt_column_parallel_backward_input(m, LOOM_REGION_ATTENTION, l, dqkv, w->qkvw, B,
                                                 T, 3 * Cl, 3));

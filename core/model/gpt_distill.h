@@ -85,6 +85,14 @@ loom_status loom_gpt_set_distill_attention_whole(loom_gpt *m, int whole);
  * rank's heads only, (B,NHl,T,T). */
 const float *loom_gpt_block_attention(const loom_gpt *m, int l);
 
+/* Block l keeps its attention probabilities in att after each forward where the backend's
+ * fused attention would keep its own state there (LOOM_CUDA_ATTENTION=flash): its att
+ * (B,NH,T,T) and its calls on the batched path (backend.h attention_allow_fused), every
+ * other block still fused. A teacher's mapped blocks (session.c), a student's
+ * (loom_gpt_set_distill_attention). Elsewhere a flag only; where it changes the layout the
+ * activations are laid out again, so call it before taking pointers into them. */
+loom_status loom_gpt_keep_block_attention(loom_gpt *m, int l);
+
 /* Block l's probabilities of the last forward (B, T as it ran) with all heads, into whole
  * (B,NH,T,T), host memory: under tensor parallelism every rank's heads all-gathered
  * (blocks: (B,NH,T,T) scratch) and laid out in head order, a copy otherwise. A teacher

@@ -67,8 +67,12 @@ loom_status loom_gpt_set_distill_attention(loom_gpt *m, const float *const *teac
                   gamma);
     if (teacher_att)
         LOOM_TRY(gpt_kd_device_terms_check(m, "distillation's attention terms"));
-    if (teacher_att) /* gpt_att.c: att holding the fused kernels' state */
-        LOOM_TRY(gpt_att_check_probabilities(m, "distillation's attention term"));
+    for (int l = 0; teacher_att && l < m->cfg.layers; l++) /* where att is the fused kernels'
+        * state (gpt_att.c), the mapped blocks keep probabilities on the batched path */
+        if (teacher_att[l]) {
+            LOOM_TRY(loom_gpt_keep_block_attention(m, l));
+            LOOM_TRY(gpt_att_check_probabilities(m, l, "distillation's attention term"));
+        }
     if (teacher_att)
         LOOM_TRY(gpt_distill_terms_check(m, teacher_att, "distillation's attention term"));
     m->kd_a_first = -1;
@@ -113,8 +117,10 @@ loom_status loom_gpt_set_distill_attention_whole(loom_gpt *m, int whole)
 
 const float *loom_gpt_block_attention(const loom_gpt *m, int l)
 {
-    if (l < 0 || l >= m->cfg.layers || !m->own[l] || m->rc[l] != RC_KEEP || m->att_fused)
-        return NULL; /* not held, not kept past its block, or not probabilities (gpt_att.c) */
+    if (l < 0 || l >= m->cfg.layers || !m->own[l] || m->rc[l] != RC_KEEP ||
+        !gpt_att_probabilities(m, l))
+        return NULL; /* not held, not kept past its block, or not probabilities (gpt_att.c:
+                      * the fused kernels' state; loom_gpt_keep_block_attention first) */
     return m->acts[l].att; /* under tp: this rank's NHl heads */
 }
 
@@ -202,7 +208,7 @@ void gpt_attention_backward(loom_gpt *m, int l, float *dqkv, const float *datty,
     const layer_acts *a = &m->acts[l];
     struct gpt_kd_slot *ks = m->kd_att && m->kd_slot ? &m->kd_slot[m->cur_slot] : NULL;
     if (!ks || !ks->a_live || !m->kd_att[l]) {
-        gpt_attention_bwd(m, dqkv, m->datt_scratch, datty, a->qkv, a->att, B, T);
+        gpt_attention_bwd(m, l, dqkv, m->datt_scratch, datty, a->qkv, a->att, B, T);
         return;
     }
     /* d(probabilities) from the saved ones; the loss rows it also adds land in kd_aloss,

@@ -115,6 +115,12 @@ struct loom_gpt {
     int plan_cuda;
     loom_cuda_attention_mode plan_att;
     float *att_spill;
+    /* att_keep[l] (NULL: none): block l keeps its probabilities where the others' att is the
+     * fused kernels' state (a distillation term reads them: loom_gpt_keep_block_attention):
+     * its att att_keep_n floats, its calls on the batched path (backend.h
+     * attention_allow_fused, turned off around them); att_keep_scratch_n: that backward's */
+    unsigned char *att_keep;
+    size_t att_keep_n, att_keep_scratch_n;
     float *ce_dloss;                   /* (slots) a pipeline stage's head: the dloss whose
                                         * logits gradient the slot's backward still owes
                                         * (gpt_stage.c), 0 when none */
@@ -282,42 +288,65 @@ static inline void gpt_matmul_forward(loom_gpt *m, float *out, const float *inp,
  * kernels' state. */
 loom_dtype gpt_attention_dt(const loom_gpt *m);
 void gpt_att_size(const loom_gpt *m, size_t *att, size_t *scratch, int *fused);
+/* A block keeping its probabilities (att_keep): the batched path's att and scratch, with
+ * the backend's fused kernels turned off (its attention_allow_fused; without it, gpt_att_size's). */
+void gpt_att_size_kept(const loom_gpt *m, size_t *att, size_t *scratch);
+/* 1 if block l's att holds probabilities after its forward: not the fused kernels' state,
+ * or kept (att_keep) on a backend that can turn them off. */
+int gpt_att_probabilities(const loom_gpt *m, int l);
+/* block l's att floats in the layout (att_keep_n or att_n), and whether its calls turn the
+ * fused kernels off (l < 0: a call of no block, never) */
+size_t gpt_att_block_n(const loom_gpt *m, int l);
+int gpt_att_forced(const loom_gpt *m, int l);
 loom_status gpt_att_prepare(loom_gpt *m, int B, int T);
 loom_status gpt_att_prepare_decode(loom_gpt *m, int n);
 loom_status gpt_att_check_backward(const loom_gpt *m);
-loom_status gpt_att_check_probabilities(const loom_gpt *m, const char *what);
+loom_status gpt_att_check_probabilities(const loom_gpt *m, int l, const char *what);
 void gpt_att_free(loom_gpt *m);
 static inline float *gpt_att_at(const loom_gpt *m, float *att)
 {
     return m->att_spilled ? m->att_spill : att;
 }
 
-/* attention_forward / _backward of qkv the model rounded to act_dt: through the backend's
- * 16-bit attention (backend.h attention_forward_dt) where the activations are 16-bit and
- * the backend has it, else the fp32 op. Forward, its recomputation and backward all come
- * here, so att always holds what the backward that reads it expects. */
-static inline void gpt_attention_fwd(loom_gpt *m, float *out, float *att, const float *qkv,
-                                     int B, int T)
+/* Block l's attention calls with the backend's fused kernels off (on = 0) and on again
+ * (on = 1) where it keeps its probabilities (gpt_att_forced); else nothing. */
+static inline void gpt_att_fuse(loom_gpt *m, int l, int on)
+{
+    if (gpt_att_forced(m, l))
+        m->be->ops->attention_allow_fused(m->be->self, on);
+}
+
+/* attention_forward / _backward of block l (-1: none's) over qkv the model rounded to
+ * act_dt: through the backend's 16-bit attention (backend.h attention_forward_dt) where the
+ * activations are 16-bit and the backend has it, else the fp32 op; a block keeping its
+ * probabilities (att_keep) with the fused kernels off. Forward, its recomputation and
+ * backward all come here, so att always holds what the backward that reads it expects. */
+static inline void gpt_attention_fwd(loom_gpt *m, int l, float *out, float *att,
+                                     const float *qkv, int B, int T)
 {
     const loom_backend_ops *k = m->be->ops;
     att = gpt_att_at(m, att);
+    gpt_att_fuse(m, l, 0);
     if (m->act_dt != LOOM_DTYPE_F32 &&
         k->size > offsetof(loom_backend_ops, attention_forward_dt) && k->attention_forward_dt)
         k->attention_forward_dt(out, att, qkv, B, T, m->Cl, m->NHl, m->act_dt);
     else
         k->attention_forward(out, att, qkv, B, T, m->Cl, m->NHl);
+    gpt_att_fuse(m, l, 1);
 }
 
-static inline void gpt_attention_bwd(loom_gpt *m, float *dqkv, float *scratch,
+static inline void gpt_attention_bwd(loom_gpt *m, int l, float *dqkv, float *scratch,
                                      const float *dout, const float *qkv, const float *att,
                                      int B, int T)
 {
     const loom_backend_ops *k = m->be->ops;
+    gpt_att_fuse(m, l, 0);
     if (m->act_dt != LOOM_DTYPE_F32 &&
         k->size > offsetof(loom_backend_ops, attention_backward_dt) && k->attention_backward_dt)
         k->attention_backward_dt(dqkv, scratch, dout, qkv, att, B, T, m->Cl, m->NHl, m->act_dt);
     else
         k->attention_backward(dqkv, scratch, dout, qkv, att, B, T, m->Cl, m->NHl);
+    gpt_att_fuse(m, l, 1);
 }
 
 /* The llama family's grouped-query attention (backend.h attention_gqa_*, KVH = m->KVHl kv
@@ -340,32 +369,41 @@ static inline int gpt_gqa_dt(const loom_gpt *m)
            k->attention_gqa_forward_dt && k->attention_gqa_backward_dt;
 }
 
-static inline void gpt_gqa_fwd(loom_gpt *m, float *out, float *att, const float *qkv, int B,
-                               int T)
+static inline void gpt_gqa_fwd(loom_gpt *m, int l, float *out, float *att, const float *qkv,
+                               int B, int T)
 {
     const loom_backend_ops *k = m->be->ops;
     const int dt = gpt_gqa_dt(m);
     att = gpt_att_at(m, att);
-    if (dt && m->KVHl == m->NHl)
-        gpt_attention_fwd(m, out, att, qkv, B, T);
-    else if (dt)
+    if (dt && m->KVHl == m->NHl) {
+        gpt_attention_fwd(m, l, out, att, qkv, B, T);
+        return;
+    }
+    gpt_att_fuse(m, l, 0);
+    if (dt)
         k->attention_gqa_forward_dt(out, att, qkv, B, T, m->Cl, m->NHl, m->KVHl, m->act_dt);
     else
         k->attention_gqa_forward(out, att, qkv, B, T, m->Cl, m->NHl, m->KVHl);
+    gpt_att_fuse(m, l, 1);
 }
 
-static inline void gpt_gqa_bwd(loom_gpt *m, float *dqkv, float *scratch, const float *dout,
-                               const float *qkv, const float *att, int B, int T)
+static inline void gpt_gqa_bwd(loom_gpt *m, int l, float *dqkv, float *scratch,
+                               const float *dout, const float *qkv, const float *att, int B,
+                               int T)
 {
     const loom_backend_ops *k = m->be->ops;
     const int dt = gpt_gqa_dt(m);
-    if (dt && m->KVHl == m->NHl)
-        gpt_attention_bwd(m, dqkv, scratch, dout, qkv, att, B, T);
-    else if (dt)
+    if (dt && m->KVHl == m->NHl) {
+        gpt_attention_bwd(m, l, dqkv, scratch, dout, qkv, att, B, T);
+        return;
+    }
+    gpt_att_fuse(m, l, 0);
+    if (dt)
         k->attention_gqa_backward_dt(dqkv, scratch, dout, qkv, att, B, T, m->Cl, m->NHl,
                                      m->KVHl, m->act_dt);
     else
         k->attention_gqa_backward(dqkv, scratch, dout, qkv, att, B, T, m->Cl, m->NHl, m->KVHl);
+    gpt_att_fuse(m, l, 1);
 }
 
 /* The backward of a product gpt_matmul_forward sends to the 16-bit op (same condition):

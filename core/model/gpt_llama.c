@@ -174,7 +174,7 @@ loom_status gpt_llama_block_forward(loom_gpt *m, int l, const float *residual, i
     gpt_round(m, a->qkv, R * (size_t)m->qkv_w);
     rope(m, a->qkv, 0, R, T, 0);
     gpt_round(m, a->qkv, R * (size_t)m->qkv_w);
-    gpt_gqa_fwd(m, a->atty, a->att, a->qkv, B, T);
+    gpt_gqa_fwd(m, l, a->atty, a->att, a->qkv, B, T);
     gpt_round(m, a->atty, R * Cl);
     gpt_row_parallel_forward(m, m->partial, a->atty, w->attprojw, B, T, Cl);
     LOOM_TRY(F_LEAVE(LOOM_REGION_ATTENTION, l, m->partial, m->summed, R, C));
@@ -255,8 +255,8 @@ mlp_done:;
     gpt_matmul_backward(m, datty, g->attprojw, NULL, m->dres_full, a->atty, w->attprojw, B,
                         T, Cl, C);
     if (m->rc[l] == RC_SELECTIVE) /* the probabilities again; the output to dbuf_4b (free) */
-        gpt_gqa_fwd(m, m->dbuf_4b, a->att, a->qkv, B, T);
-    gpt_gqa_bwd(m, m->dbuf_4a, m->datt_scratch, datty, a->qkv, a->att, B, T);
+        gpt_gqa_fwd(m, l, m->dbuf_4b, a->att, a->qkv, B, T);
+    gpt_gqa_bwd(m, l, m->dbuf_4a, m->datt_scratch, datty, a->qkv, a->att, B, T);
     rope(m, m->dbuf_4a, 0, R, T, 1);
     LOOM_TRY(gpt_regather(m, LOOM_REGION_ATTENTION, l, a->ln1, a->ln1_full, R));
     LOOM_TRY(gpt_column_parallel_backward(m, LOOM_REGION_ATTENTION, l, g->qkvw, NULL,

@@ -61,8 +61,8 @@ loom_status gpt_llama_block_input(loom_gpt *m, int l, const float *residual, flo
         k->gemm(0, 0, (int)R, Cl, C, 1.0f, dy2, C, w->attprojw, Cl, 0.0f, datty, Cl);
     float *dqkv = dqkv_buffer(a);
     if (m->rc[l] == RC_SELECTIVE) /* the probabilities again; dbuf_4b: unused in B */
-        gpt_gqa_fwd(m, m->dbuf_4b, a->att, a->qkv, B, T);
-    gpt_gqa_bwd(m, dqkv, m->datt_scratch, datty, a->qkv, a->att, B, T);
+        gpt_gqa_fwd(m, l, m->dbuf_4b, a->att, a->qkv, B, T);
+    gpt_gqa_bwd(m, l, dqkv, m->datt_scratch, datty, a->qkv, a->att, B, T);
     k->rope_backward(dqkv, m->rope_cos, m->rope_sin, 0, R, T, m->qkv_w, m->NHl + m->KVHl,
                      C / m->cfg.heads);
     LOOM_TRY(gpt_column_parallel_backward_input(m, LOOM_REGION_ATTENTION, l, dqkv, w->qkvw, B,

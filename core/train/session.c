@@ -335,6 +335,12 @@ static loom_status distill_hidden_open(loom_session *s, const loom_session_confi
     if (mc->layers > 64 || mc->kd_proj_dim != tc->dim)
         LOOM_FAIL(LOOM_ERR_INVALID, "teacher.layers: the student's projections are %d wide, the "
                   "teacher is dim=%d (at most 64 student blocks)", mc->kd_proj_dim, tc->dim);
+    for (int l = 0; cfg->kd_attention > 0.0f && l < mc->layers; l++) /* teacher.attention:
+        * the mapped teacher blocks keep their probabilities where the others' att is the
+        * fused kernels' state (LOOM_CUDA_ATTENTION=flash); before any pointer into its
+        * activations is taken (the layout may change) */
+        if (cfg->kd_layers[l] >= 0 && cfg->kd_layers[l] < tc->layers)
+            LOOM_TRY(loom_gpt_keep_block_attention(s->teacher, cfg->kd_layers[l]));
     for (int l = 0; l < mc->layers; l++) {
         int t = s->kd_map[l] = cfg->kd_layers[l];
         if (t >= tc->layers)
@@ -694,14 +700,6 @@ static loom_status make_compress(loom_session *s)
                                       loom_gpt_grad_data(s->model), &s->backend);
 }
 
-/* LOOM_CUDA_ATTENTION=flash (docs/CUDA.md): the fused attention, whose att is no
- * probabilities. */
-static int flash_attention(void)
-{
-    const char *v = getenv("LOOM_CUDA_ATTENTION");
-    return v && !strcmp(v, "flash");
-}
-
 /* A teacher in device memory (docs/DISTILL.md): the teacher (either family, MoE blocks
  * too) replicated, forward only, on the same backend; the logit term on the backend's
  * kd_rows op, the intermediate terms on the host over copies; one rank, mesh.dp, mesh.tp
@@ -715,10 +713,6 @@ static const char *device_teacher_refusal(const loom_session_config *cfg)
                ? "teacher.layers with teacher.tp across dp ranks (kd_group.c keeps the split "
                  "teacher's block outputs and probabilities in host memory; the logit term "
                  "alone trains there)"
-         : cfg->kd_layers && cfg->kd_attention > 0.0f && flash_attention()
-             ? "teacher.attention and LOOM_CUDA_ATTENTION=flash (the fused kernels keep no "
-               "probabilities, the student's nor the teacher's, and the term's gradient goes "
-               "through the batched backward; without the variable it trains)"
          : NULL;
 }
 
@@ -1688,6 +1682,7 @@ void loom_session_memory(loom_session *s, loom_memory *out)
     }
     out->activations = loom_gpt_activation_bytes(s->model);
     out->saved = loom_gpt_saved_activation_bytes(s->model);
+    out->teacher_activations = s->teacher ? loom_gpt_activation_bytes(s->teacher) : 0;
     out->comm += loom_grad_sync_buffer_bytes(s->sync);
     if (s->compress) /* the residual and the messages */
         out->comm += loom_compress_buffer_bytes(s->compress);

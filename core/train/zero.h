@@ -58,6 +58,8 @@ typedef struct loom_memory {
                            * head's) weights are widened into before use (gpt.h) */
     size_t saved;         /* of activations: what the kept blocks save for backward, in
                            * its storage (2 bytes a value with 16-bit activations; gpt.h) */
+    size_t teacher_activations; /* an in-process teacher's activations (distillation; 0: none
+                                 * here), not counted in activations */
 } loom_memory;
 
 typedef struct loom_zero_config {

@@ -67,7 +67,8 @@ __global__ void softmax_backward_kernel(float *dpre, const float *att, const flo
 }
 
 /* The fused kernels take this call (see the opening comment): loom/plugin/cuda_attention.h's
- * rule, which loom plan's footprint sizes a flash run by (core/model/gpt_att.c). */
+ * rule, which loom plan's footprint sizes a flash run by (core/model/gpt_att.c); never while
+ * the model has them turned off (attention_allow_fused(0): loom_cuda_attention_mode_now). */
 static int flash_takes(int B, int T, int C, int NH)
 {
     const loom_cuda_attention_mode mo = loom_cuda_attention_mode_now();
@@ -218,14 +219,21 @@ extern "C" void loom_cuda_attention_backward(float *dqkv, float *scratch, const 
 /* backend.h attention_backward_datt: the batched path with datt_extra (B,NH,T,T) added to
  * dO V^T before the softmax backward (kernels/cpu/attention.c's order: the products, then
  * the extra, then the row's softmax backward). Always the batched path: att must hold the
- * probabilities, which the fused kernels do not save (session.c refuses teacher.attention
- * with LOOM_CUDA_ATTENTION=flash). */
+ * probabilities, which the fused kernels do not save: with LOOM_CUDA_ATTENTION=flash the
+ * model turns them off around the mapped blocks' calls (attention_allow_fused). */
 extern "C" void loom_cuda_attention_backward_datt(float *dqkv, float *scratch, const float *dout,
                                                   const float *qkv, const float *att,
                                                   const float *datt_extra, int B, int T, int C,
                                                   int NH)
 {
     batched_backward(dqkv, scratch, dout, qkv, att, datt_extra, B, T, C, NH, NH);
+}
+
+/* backend.h attention_allow_fused: flash_takes' fused_off. */
+extern "C" void loom_cuda_attention_allow_fused(void *self, int allow)
+{
+    (void)self;
+    loom_cuda.fused_off = !allow;
 }
 
 extern "C" void loom_cuda_attention_decode(float *out, float *att, size_t att_stride,

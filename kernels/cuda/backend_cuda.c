@@ -381,6 +381,7 @@ static const loom_backend_ops cuda_ops = {
     .attention_gqa_forward_dt = loom_cuda_attention_gqa_forward_dt,
     .attention_gqa_backward_dt = loom_cuda_attention_gqa_backward_dt,
     .attention_sizes = loom_cuda_attention_sizes,
+    .attention_allow_fused = loom_cuda_attention_allow_fused,
 };
 
 static const loom_config_key cuda_keys[N_KEYS] = {

@@ -31,6 +31,8 @@ typedef struct loom_cuda_ctx {
     int deterministic;    /* set_deterministic's mode: 0 cuBLAS, 1/2 the ordered GEMM */
     int attention_flash;  /* LOOM_CUDA_ATTENTION=flash: attention_forward/_backward run the
                            * fused kernels where they can (attention.cu) */
+    int fused_off;        /* attention_allow_fused(0): the batched path whatever
+                           * attention_flash says, until allow 1 (attention.cu) */
     int bf16_bwd;         /* LOOM_CUDA_BF16_BWD (default 1): matmul_backward_dt runs the bf16
                            * split products (gemm.c); 0 leaves them to the fp32 SGEMMs */
     int sticky_error;     /* a launch or cuBLAS call failed: reported at synchronize */
@@ -52,7 +54,8 @@ static inline int loom_cuda_attention_env(void)
 static inline loom_cuda_attention_mode loom_cuda_attention_mode_now(void)
 {
     const char *v = getenv("LOOM_CUDA_FLASH_TC"); /* "0": the scalar kernels (comparisons) */
-    loom_cuda_attention_mode mo = {loom_cuda.attention_flash, loom_cuda.deterministic,
+    loom_cuda_attention_mode mo = {loom_cuda.attention_flash && !loom_cuda.fused_off,
+                                   loom_cuda.deterministic,
                                    !(v && !strcmp(v, "0"))};
     return mo;
 }
@@ -167,6 +170,8 @@ void loom_cuda_rows_dot(float *out, const float *a, const int *idx, const float 
 void loom_cuda_attention_backward_datt(float *dqkv, float *scratch, const float *dout,
                                        const float *qkv, const float *att,
                                        const float *datt_extra, int B, int T, int C, int NH);
+/* attention.cu: backend.h attention_allow_fused (fused_off above). */
+void loom_cuda_attention_allow_fused(void *self, int allow);
 /* distill.cu: backend.h kd_rows (core/model/gpt_distill.c's loom_kd_rows, its order). */
 void loom_cuda_kd_rows(const float *zs, size_t s_stride, const float *zt, size_t t_stride,
                        size_t R, int V, float T, float scale, double *loss, float *grad);

@@ -27,8 +27,13 @@
 #    laid out as whole rows by rows_gather), the teacher split over that group (teacher.tp =
 #    2), canonical, tp = 2: one device rank's bits; teacher.tp = 2 across dp = 2 too; and
 #    beside mesh.ep, a MoE student at canonical dp = 2 x ep = 2: one device rank's bits;
-#  - what does not run there is refused by name: teacher.attention with
-#    LOOM_CUDA_ATTENTION=flash, teacher.layers beside mesh.tp or with teacher.tp across dp.
+#  - teacher.attention with LOOM_CUDA_ATTENTION=flash (a ctx-32 teacher, a 2-block student
+#    at seq 32, block 1 against the teacher's block 1): the mapped blocks on the batched
+#    path, the others fused: within TOL of the batched run and of the CPU's, not the
+#    batched run's bits, the banner says flash, fewer student (ACT) and teacher (TACT)
+#    activation bytes than the batched run; recompute = selective and full its bits;
+#  - what does not run there is refused by name: teacher.layers beside mesh.tp or with
+#    teacher.tp across dp.
 # BACKEND cudaemu (tests/cuda's emulation, run under LOOM_CUDAEMU_GUARD=1: a host read of a
 # device buffer segfaults) runs everywhere; cuda needs a GPU: exit 77 (skip) without one.
 set -euo pipefail
@@ -125,17 +130,44 @@ for layout in "mesh.dp=2" "mesh.pp=2 microbatches=2 schedule=1f1b" \
   echo "backend=$backend: canonical distilled $layout (all three terms) bitwise one rank over $steps steps"
 done
 
-# refused by name on the device backend
-refused() { # NAME WANT ARGS...: the run fails and its message says WANT
-  local name=$1 want=$2; shift 2
-  if "$loom" run "$recipe" backend="$backend" steps=1 "$@" > "$tmp/r.out" 2>&1; then
-    echo "backend=$backend, $name: accepted"; exit 1
-  fi
-  grep -q "$want" "$tmp/r.out" || { echo "backend=$backend, $name: unexpected message:"; cat "$tmp/r.out"; exit 1; }
-  echo "backend=$backend: $name refused: $(grep -o "with [^;]*$want[^;]*" "$tmp/r.out" | head -1)"
-}
+# teacher.attention beside the fused attention (LOOM_CUDA_ATTENTION=flash, fast mode; a
+# teacher of ctx 32 trained on the CPU, a 2-block student at seq 32, where the fused kernels
+# take the call: NH T >= NH + C): the mapped blocks (student block 1, teacher block 1) keep
+# their probabilities on the batched path (backend.h attention_allow_fused), block 0 of
+# each stays fused. Within TOL of the batched run and of the CPU's; not the batched run's
+# bits (block 0 ran fused); the banner still says flash; fewer activation bytes than the
+# batched run, the student's (ACT) and the teacher's (TACT); recompute = selective and full
+# the same bits as none (the mapped block's probabilities recomputed on the batched path).
 if [[ $backend == cudaemu || $backend == cuda ]]; then
-  LOOM_CUDA_ATTENTION=flash refused "teacher.attention with flash" "LOOM_CUDA_ATTENTION=flash" "$terms"
+  "$loom" run "$recipe" backend=cpu steps=3 model.layers=2 model.dim=48 model.ctx=32 \
+    checkpoint.dir="$tmp/teach32" checkpoint.every=3 > /dev/null
+  fterms="teacher={checkpoint=\"$tmp/teach32\",temperature=2,alpha=0.7,layers={[1]=1},hidden=1,attention=10}"
+  fargs=(steps="$steps" model.layers=2 model.ctx=32 batch.seq=32 "$fterms")
+  LOOM_CUDA_ATTENTION=flash "$loom" run "$recipe" backend="$backend" "${fargs[@]}" > "$tmp/fl" 2>&1 ||
+    { echo "backend=$backend, teacher.attention with LOOM_CUDA_ATTENTION=flash:"; cat "$tmp/fl"; exit 1; }
+  "$loom" run "$recipe" backend="$backend" "${fargs[@]}" > "$tmp/flb"
+  "$loom" run "$recipe" backend=cpu "${fargs[@]}" > "$tmp/flc"
+  grep -q "attention flash" "$tmp/fl" ||
+    { echo "backend=$backend, LOOM_CUDA_ATTENTION=flash: the banner does not say attention flash"; head -3 "$tmp/fl"; exit 1; }
+  runs_close "backend=$backend flash vs batched, teacher.attention" "$tmp/flb" "$tmp/fl" "$steps" "$tol" || exit 1
+  runs_close "backend=$backend flash vs cpu, teacher.attention" "$tmp/flc" "$tmp/fl" "$steps" "$tol" || exit 1
+  grep '^LOSS\|^NORM' "$tmp/fl" > "$tmp/want"
+  grep '^LOSS\|^NORM' "$tmp/flb" > "$tmp/got"
+  ! cmp -s "$tmp/want" "$tmp/got" ||
+    { echo "backend=$backend, LOOM_CUDA_ATTENTION=flash: the batched run's bits (no block ran fused)"; exit 1; }
+  for tag in ACT TACT; do
+    read -r _ bf <<< "$(grep "^$tag " "$tmp/fl")"; read -r _ bb <<< "$(grep "^$tag " "$tmp/flb")"
+    [[ -n $bf && -n $bb ]] && (( bf < bb )) ||
+      { echo "backend=$backend, teacher.attention: $tag flash ${bf:-none} not below batched ${bb:-none}"; exit 1; }
+    echo "backend=$backend: teacher.attention with flash: $tag $bf bytes, batched $bb"
+  done
+  for rc in selective full; do
+    LOOM_CUDA_ATTENTION=flash "$loom" run "$recipe" backend="$backend" "${fargs[@]}" recompute=$rc > "$tmp/flr"
+    grep '^LOSS\|^NORM' "$tmp/flr" > "$tmp/got" || true
+    cmp -s "$tmp/want" "$tmp/got" ||
+      { echo "backend=$backend, teacher.attention with flash, recompute=$rc: not recompute=none's bits"; diff "$tmp/want" "$tmp/got"; exit 1; }
+  done
+  echo "backend=$backend: teacher.attention with flash, recompute=selective and full: recompute=none's bits"
 fi
 # the logit term beside mesh.tp (the vocabulary columns gathered over the device tp group and
 # laid out as whole rows by rows_gather, gpt_distill_tp_device.c), the teacher split over the

@@ -352,6 +352,15 @@ typedef struct loom_backend_ops {
      * backward (B,NH,T) floats of scratch. Neither op's att is then probabilities. */
     void (*attention_sizes)(void *self, int B, int T, int C, int NH, int KVH, loom_dtype dt,
                             size_t *att, size_t *scratch);
+    /* Added for distillation's attention term beside the fused kernels (may be absent: check
+     * size, or NULL: the backend's attention never leaves the batched path, or a term that
+     * reads probabilities is refused where att holds fused state). allow 0: until allow 1,
+     * every attention op above (attention_forward / _backward and their _dt and _gqa forms)
+     * and attention_sizes take the batched path, att the (B,NH,T,T) probabilities, as
+     * without LOOM_CUDA_ATTENTION=flash; allow 1 (the state create leaves): the backend
+     * picks the path. The model turns it off around the calls of the blocks whose
+     * probabilities a term reads (gpt_internal.h gpt_attention_fwd), the rest stay fused. */
+    void (*attention_allow_fused)(void *self, int allow);
 } loom_backend_ops;
 
 #ifdef __cplusplus

@@ -435,6 +435,7 @@ static loom_backend_ops make_ops()
     o.kd_rows = G(loom_cuda_kd_rows);
     o.attention_backward_datt = G(loom_cuda_attention_backward_datt);
     o.attention_sizes = loom_cuda_attention_sizes;
+    o.attention_allow_fused = loom_cuda_attention_allow_fused;
     return o;
 }
 

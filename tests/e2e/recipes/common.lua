@@ -38,6 +38,10 @@ return {
           m.master or 0))
         -- the activation bytes (cuda_train.sh: att sized by the attention's path)
         if r.step == 1 then print(string.format("ACT %d", m.activations)) end
+        -- an in-process teacher's (cuda_distill.sh: the mapped blocks' probabilities kept)
+        if r.step == 1 and m.teacher_activations > 0 then
+          print(string.format("TACT %d", m.teacher_activations))
+        end
       end,
     }
   end,

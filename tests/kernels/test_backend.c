@@ -86,7 +86,8 @@ START_TEST(test_descriptor)
              off <= offsetof(loom_backend_ops, attention_gqa_backward_dt)) ||
             (off >= offsetof(loom_backend_ops, vm_granule) &&
              off <= offsetof(loom_backend_ops, vm_release)) ||
-            off == offsetof(loom_backend_ops, attention_sizes))
+            off == offsetof(loom_backend_ops, attention_sizes) ||
+            off == offsetof(loom_backend_ops, attention_allow_fused))
             continue; /* NULL by contract on a host-memory backend (plugin/backend.h): no
                        * stream, and the optimizer plugin's host step updates its memory;
                        * optional: 16-bit products (NULL: matmul_forward) and attention
@@ -94,7 +95,8 @@ START_TEST(test_descriptor)
                        * attention (the CUDA backend's), pinned host memory (NULL:
                        * malloc, which is what host memory is here) and sparse buffers
                        * (host ZeRO hands pages back with madvise itself), attention_sizes
-                       * (NULL: the batched path's, what the CPU keeps); kd_rows: the
+                       * (NULL: the batched path's, what the CPU keeps), and
+                       * attention_allow_fused (no fused path to turn off); kd_rows: the
                        * core computes distillation's term itself in host memory */
         ck_assert_msg(fn != NULL, "ops member at offset %zu is NULL", off);
     }

@@ -123,7 +123,7 @@ done
 # it names (one block: 229,760 parameters with the tied head), its JSON line with a CPU time
 out=$("$loom" run "$here/../../scripts/recipes/bench_llama.lua" model.layers=1 batch.micro=2 \
   steps=4 threads=1 2>/dev/null | tail -1)
-echo "$out" | grep -q '^{"impl":"loom",.*"params":229760,.*"cpu_ms_per_step":[0-9]' ||
+grep -q '^{"impl":"loom",.*"params":229760,.*"cpu_ms_per_step":[0-9]' <<< "$out" ||
   { echo "bench_llama.lua: not the JSON line of a 229760-parameter llama: $out"; exit 1; }
 echo "ok bench_llama.lua: the llama benchmark model and its JSON line"
 
@@ -141,9 +141,9 @@ for name, n in (("train_000000.bin", 4096), ("val_000000.bin", 2048)):
 PY
 out=$("$loom" run "$here/../../scripts/recipes/llama_shakespeare.lua" steps=2 batch.micro=2 \
   eval.batches=1 data.train="$tmp/train_*.bin" data.val="$tmp/val_*.bin" 2>&1) || { echo "$out"; exit 1; }
-echo "$out" | grep -qF "llama 10.06M params (L=4 H=4 C=96 V=50257 ctx=64)" || { echo "not the 10M llama:"; echo "$out"; exit 1; }
+grep -qF "llama 10.06M params (L=4 H=4 C=96 V=50257 ctx=64)" <<< "$out" || { echo "not the 10M llama:"; echo "$out"; exit 1; }
 loss=$(echo "$out" | grep -o 'trained: loss [0-9.]*' | awk '{print $3}')
 awk -v l="$loss" 'BEGIN { exit !(l == l + 0 && l > 10 && l < 11.7) }' ||
   { echo "first loss '$loss' is not near ln(50257) = 10.8"; echo "$out"; exit 1; }
-echo "$out" | grep -q -- "---- sample ----" || { echo "no sample"; echo "$out"; exit 1; }
+grep -q -- "---- sample ----" <<< "$out" || { echo "no sample"; echo "$out"; exit 1; }
 echo "ok llama_shakespeare.lua: 10.06M parameters, first loss $loss, sampled"

@@ -35,16 +35,16 @@ wellformed "$tmp/ab.svg"
 n=$(panel "$tmp/ab.svg" loss | grep -c 'data-what="train loss"' || true)
 [[ $n == 2 ]] || fail "overlay: $n train-loss series in the loss panel, expected 2"
 for f in a.jsonl b.jsonl; do
-  panel "$tmp/ab.svg" loss | grep -q "data-run=\"$f\" data-what=\"train loss\"" || fail "overlay: no loss series for $f"
+  grep -q "data-run=\"$f\" data-what=\"train loss\"" < <(panel "$tmp/ab.svg" loss) || fail "overlay: no loss series for $f"
   grep -q "<g class=\"legend\" data-run=\"$f\">" "$tmp/ab.svg" || fail "overlay: $f not in the legend"
-  grep -A3 "<g class=\"legend\" data-run=\"$f\">" "$tmp/ab.svg" | grep -q ">$f</text>" || fail "overlay: legend lacks the name $f"
+  grep -q ">$f</text>" < <(grep -A3 "<g class=\"legend\" data-run=\"$f\">" "$tmp/ab.svg") || fail "overlay: legend lacks the name $f"
 done
 colors=$(panel "$tmp/ab.svg" loss | grep 'data-what="train loss"' | grep -o 'stroke="#[0-9a-f]*"' | sort -u | wc -l)
 [[ $colors == 2 ]] || fail "overlay: the two runs share a colour"
 grep -q '>loom: 2 runs</text>' "$tmp/ab.svg" || fail "overlay: title"
 # The step axis ends at the last step (37, the longer run): its label, and a line reaching the frame's right edge.
-panel "$tmp/ab.svg" lr | grep -q '>37</text>' || fail "the step axis does not end at 37"
-grep -o 'points="[^"]*"' "$tmp/ab.svg" | grep -q ' 936.0,[0-9.]*"$' || fail "no line reaches the right edge (x 936)"
+grep -q '>37</text>' < <(panel "$tmp/ab.svg" lr) || fail "the step axis does not end at 37"
+grep -q ' 936.0,[0-9.]*"$' < <(grep -o 'points="[^"]*"' "$tmp/ab.svg") || fail "no line reaches the right edge (x 936)"
 # Same base name: the paths tell them apart.
 cp "$tmp/a.jsonl" "$tmp/a/m.jsonl"; cp "$tmp/b.jsonl" "$tmp/b/m.jsonl"
 "$loom" plot "$tmp/a/m.jsonl" "$tmp/b/m.jsonl" -o "$tmp/same.svg" > /dev/null
@@ -55,7 +55,7 @@ grep -qF "data-run=\"$tmp/a/m.jsonl\"" "$tmp/same.svg" && grep -qF "data-run=\"$
 "$loom" plot "$tmp/a.jsonl" > "$tmp/out"
 grep -qF "wrote $tmp/a.svg (37 steps, 3 validation points)" "$tmp/out" || fail "default output: $(cat "$tmp/out")"
 for id in loss norm tokens lr; do grep -q "<g id=\"panel-$id\">" "$tmp/a.svg" || fail "no $id panel"; done
-panel "$tmp/a.svg" norm | grep -q '<polyline [^>]*data-what="grad norm"' || fail "grad-norm panel has no line"
+grep -q '<polyline [^>]*data-what="grad norm"' < <(panel "$tmp/a.svg" norm) || fail "grad-norm panel has no line"
 grep -q 'class="resume"' "$tmp/a.svg" && fail "resume marker in a run that did not resume"
 
 # A half-written last line: skipped with a warning, exit 0.
@@ -91,9 +91,9 @@ grep -q '>loss (log)</text>' "$tmp/log.svg" || fail "--log: the loss axis does n
 cmp -s "$tmp/a.svg" "$tmp/smooth.svg" && fail "--smooth 5 changed nothing"
 loss_line() { panel "$1" loss | grep 'data-what="train loss"' | grep -o 'points="[^"]*"'; }
 [[ $(loss_line "$tmp/smooth.svg") != $(loss_line "$tmp/a.svg") ]] || fail "--smooth 5: the loss line is not smoothed"
-panel "$tmp/smooth.svg" loss | grep 'data-what="train loss raw"' | grep -qF "$(loss_line "$tmp/a.svg")" ||
+grep -qF "$(loss_line "$tmp/a.svg")" < <(panel "$tmp/smooth.svg" loss | grep 'data-what="train loss raw"') ||
   fail "--smooth: the faint line is not the raw loss"
-panel "$tmp/smooth.svg" loss | grep -q 'data-what="train loss raw" opacity="0.25"' || fail "--smooth: no faint raw line"
+grep -q 'data-what="train loss raw" opacity="0.25"' < <(panel "$tmp/smooth.svg" loss) || fail "--smooth: no faint raw line"
 grep -q '>train (mean of 5)</text>' "$tmp/smooth.svg" || fail "--smooth: the key does not say it"
 cmp -s "$tmp/a.svg" "$tmp/smooth1.svg" || fail "--smooth 1 must be no smoothing"
 

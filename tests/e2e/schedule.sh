@@ -62,5 +62,5 @@ refused "available: 1f1b, gpipe, interleaved, zb1" nosuch --pp 2 --micro 2
 refused "--pp and --micro are required" 1f1b --pp 2
 refused "--micro needs a whole number >= 1 (got '0')" 1f1b --pp 2 --micro 0
 
-"$loom" run "$here/schedule_check.lua" | grep -q "schedule_check: ok" || fail "schedule_check.lua"
+grep -q "schedule_check: ok" < <("$loom" run "$here/schedule_check.lua") || fail "schedule_check.lua"
 echo "schedule: ok"

@@ -75,15 +75,17 @@ static int tens_of_mib(th_rank *t)
 }
 
 /* The worlds of the default sample (index _i); --full runs _i as the world itself. */
-static const int sample_worlds[] = {1, 2, 3, 4, 8};
-static const int sample_groups[] = {3, 4, 8};
+/* World 4 was in all three and is left out: it is of 2's and 8's class (powers of two), and
+ * test_comm.c runs it (every world 1..8) at smaller sizes; 11 s of the test's 46 s wall. */
+static const int sample_worlds[] = {1, 2, 3, 8};
+static const int sample_groups[] = {3, 8};
 static int full;
 
 START_TEST(sweep_world) { run_ok(full ? _i : sample_worlds[_i], world_sweep, NULL); }
 END_TEST
 START_TEST(sweep_groups) { run_ok(full ? _i : sample_groups[_i], group_sweep, NULL); }
 END_TEST
-START_TEST(large_messages) { run_ok((int[]){2, 4, 8}[_i], tens_of_mib, NULL); }
+START_TEST(large_messages) { run_ok((int[]){2, 8}[_i], tens_of_mib, NULL); }
 END_TEST
 
 int main(int argc, char **argv)
@@ -110,7 +112,7 @@ int main(int argc, char **argv)
         tcase_add_loop_test(tc, sweep_world, 0, (int)(sizeof sample_worlds / sizeof(int)));
         tcase_add_loop_test(tc, sweep_groups, 0, (int)(sizeof sample_groups / sizeof(int)));
     }
-    tcase_add_loop_test(tc, large_messages, 0, 3);
+    tcase_add_loop_test(tc, large_messages, 0, 2);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -28,9 +28,11 @@ loom_cuda_ctx loom_cuda;
  * reads or writes it directly, where a GPU would need a copy, would pass unnoticed. With
  * the guard every allocation is whole pages of one arena mapping, kept PROT_NONE except
  * while one of this table's ops runs: a direct host access is a segfault (the test fails)
- * instead. One arena, so that opening and closing it is one mprotect each (an mprotect
- * per allocation per op was about 40% of a guarded MoE run's time). Freed blocks go back to the
- * arena's free list with their pages handed back (they read as zeros when reused). */
+ * instead. One arena, so that opening and closing it is one mprotect per run of blocks in
+ * use (an mprotect per allocation per op was about 40% of a guarded MoE run's time). Freed
+ * blocks go back to the arena's free list with their pages handed back (they read as zeros
+ * when reused) and stay PROT_NONE, open or not: a read after free is a segfault too, as it
+ * was when each block was its own mapping and free unmapped it. */
 static int guard_on, guard_depth;
 static std::map<void *, size_t> blocks;
 static char *arena;
@@ -53,6 +55,8 @@ static void *arena_take(size_t len)
             arena_free.erase(f);
             if (rest)
                 arena_free[off + len] = rest;
+            if (guard_depth) /* opened: a free block is not */
+                mprotect(arena + off, len, PROT_READ | PROT_WRITE);
             return arena + off;
         }
     if (arena_top + len > ARENA_RESERVE)
@@ -67,6 +71,7 @@ static void *arena_take(size_t len)
 static void arena_give(char *p, size_t len)
 {
     madvise(p, len, MADV_DONTNEED); /* zeros when taken again */
+    mprotect(p, len, PROT_NONE);    /* whether the guard is open or not (protect_all) */
     size_t off = (size_t)(p - arena);
     auto next = arena_free.lower_bound(off);
     if (next != arena_free.end() && next->first == off + len) {
@@ -102,8 +107,14 @@ static void protect_sparse(void *base, const sparse_range &r, int prot)
 
 static void protect_all(int prot)
 {
-    if (arena_top)
-        mprotect(arena, arena_top, prot);
+    size_t from = 0; /* the runs of blocks in use, between the free ones */
+    for (auto &f : arena_free) {
+        if (f.first > from)
+            mprotect(arena + from, f.first - from, prot);
+        from = f.first + f.second;
+    }
+    if (arena_top > from)
+        mprotect(arena + from, arena_top - from, prot);
     for (auto &r : sparse)
         protect_sparse(r.first, r.second, prot);
 }

@@ -177,8 +177,10 @@ static void cuda_destroy(void *self)
     cuda_backend *b = self;
     if (!b)
         return;
-    if (loom_cuda.stream)
+    if (loom_cuda.stream) {
         cudaStreamSynchronize(loom_cuda.stream);
+        loom_cuda_profile_report(); /* its events are on the stream */
+    }
     if (loom_cuda.blaslt)
         cublasLtDestroy((cublasLtHandle_t)loom_cuda.blaslt);
     if (loom_cuda.blas)
@@ -257,6 +259,11 @@ static loom_status cuda_create(const loom_host *host, const loom_config *cfg, vo
         return cuda_fail(b, host, "cudaSetDevice", e);
     if ((e = cudaStreamCreateWithFlags(&loom_cuda.stream, cudaStreamNonBlocking)) != cudaSuccess)
         return cuda_fail(b, host, "cudaStreamCreate", e);
+    char perr[300];
+    if (loom_cuda_profile_setup(host, perr, sizeof perr) != 0) {
+        cuda_destroy(b);
+        return host->fail(LOOM_ERR_INVALID, "backend cuda: %s", perr);
+    }
     cublasHandle_t h;
     cublasLtHandle_t lt;
     if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {

@@ -15,6 +15,8 @@
 #include "loom/plugin/backend.h" /* loom_adamw_consts, loom_sgd_consts */
 #include "loom/plugin/cuda_attention.h"
 
+#include "profile.h" /* LOOM_CUDA_PROFILE: the launches and products timed by events */
+
 #ifdef __cplusplus
 extern "C" {
 #endif

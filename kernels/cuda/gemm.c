@@ -39,6 +39,7 @@ void loom_cuda_gemm_batched(int transa, int transb, int M, int N, int K, float a
 {
     if (M <= 0 || N <= 0 || batch <= 0)
         return;
+    loom_cuda_profile_begin("gemm", M, N, K, batch);
 #ifndef LOOM_CUDA_EMU
     if (loom_cuda.deterministic) {
 #else /* tests/cuda/emu has no cuBLAS: every product is the ordered one */
@@ -46,6 +47,7 @@ void loom_cuda_gemm_batched(int transa, int transb, int M, int N, int K, float a
 #endif
         loom_cuda_sgemm_ordered(transa, transb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C,
                                 ldc, sC, batch);
+        loom_cuda_profile_end();
         return;
     }
 #ifndef LOOM_CUDA_EMU
@@ -59,6 +61,7 @@ void loom_cuda_gemm_batched(int transa, int transb, int M, int N, int K, float a
         blas_ok(cublasSgemmStridedBatched(h, ob, oa, N, M, K, &alpha, B, ldb, sB, A, lda, sA,
                                           &beta, C, ldc, sC, batch),
                 "gemm (cublasSgemmStridedBatched)");
+    loom_cuda_profile_end();
 #endif
 }
 
@@ -166,13 +169,15 @@ void loom_cuda_matmul_forward(float *out, const float *inp, const float *weight,
     const int R = B * T;
     if (R <= 0 || OC <= 0)
         return;
-    if (!loom_cuda.deterministic &&
-        lt_forward(out, OC, inp, C, weight, C, bias, R, C, OC, LOOM_DTYPE_F32))
-        return;
-    /* canonical mode, or no cuBLASLt algorithm for this shape: the plain path */
-    loom_cuda_sgemm(0, 1, R, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC);
-    if (bias)
-        loom_cuda_bias_add(out, bias, (size_t)R, OC);
+    loom_cuda_profile_begin("matmul_forward", R, OC, C, 1);
+    if (loom_cuda.deterministic ||
+        !lt_forward(out, OC, inp, C, weight, C, bias, R, C, OC, LOOM_DTYPE_F32)) {
+        /* canonical mode, or no cuBLASLt algorithm for this shape: the plain path */
+        loom_cuda_sgemm(0, 1, R, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC);
+        if (bias)
+            loom_cuda_bias_add(out, bias, (size_t)R, OC);
+    }
+    loom_cuda_profile_end();
 }
 
 /* matmul_forward on 16-bit operands (backend.h's matmul_forward_dt): inp and weight hold
@@ -182,16 +187,9 @@ void loom_cuda_matmul_forward(float *out, const float *inp, const float *weight,
  * dt and compute, C and D in 32F (bias epilogue) outside canonical mode (cublasGemmEx with the
  * same types where cuBLASLt has no algorithm), the ordered GEMM's 16-bit variant (the fp32
  * kernel's bits on these values) in it. */
-void loom_cuda_matmul_forward_dt(float *out, const float *inp, const float *weight,
-                                 const float *bias, int B, int T, int C, int OC, loom_dtype dt)
+static void forward_dt(float *out, const float *inp, const float *weight, const float *bias,
+                       int R, int C, int OC, loom_dtype dt)
 {
-    const int R = B * T;
-    if (dt != LOOM_DTYPE_BF16 && dt != LOOM_DTYPE_F16) {
-        loom_cuda_matmul_forward(out, inp, weight, bias, B, T, C, OC);
-        return;
-    }
-    if (R <= 0 || OC <= 0)
-        return;
     /* the workspace: weight (OC,C) then inp (R,C), 16 bits each, the second 256-aligned */
     const size_t nw = (size_t)OC * C, nx = (size_t)R * C, w_bytes = (nw * 2 + 255) & ~(size_t)255;
     unsigned char *ws = loom_cuda_workspace(w_bytes + nx * 2);
@@ -220,18 +218,36 @@ void loom_cuda_matmul_forward_dt(float *out, const float *inp, const float *weig
         loom_cuda_bias_add(out, bias, (size_t)R, OC);
 }
 
+void loom_cuda_matmul_forward_dt(float *out, const float *inp, const float *weight,
+                                 const float *bias, int B, int T, int C, int OC, loom_dtype dt)
+{
+    const int R = B * T;
+    if (dt != LOOM_DTYPE_BF16 && dt != LOOM_DTYPE_F16) {
+        loom_cuda_matmul_forward(out, inp, weight, bias, B, T, C, OC);
+        return;
+    }
+    if (R <= 0 || OC <= 0)
+        return;
+    loom_cuda_profile_begin("matmul_forward_dt", R, OC, C, 1);
+    forward_dt(out, inp, weight, bias, R, C, OC, dt);
+    loom_cuda_profile_end();
+}
+
 void loom_cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                const float *inp, const float *weight, int B, int T, int C, int OC)
 {
     const int R = B * T;
     if (R <= 0)
         return;
+    /* the shape of the forward product, batch 2 for its two products (1: no dinp) */
+    loom_cuda_profile_begin("matmul_backward", R, OC, C, dinp ? 2 : 1);
     if (dinp) /* dinp (R,C) = dout (R,OC) @ W (OC,C) */
         loom_cuda_sgemm(0, 0, R, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
     /* dW (OC,C) += dout^T @ inp */
     loom_cuda_sgemm(1, 0, OC, C, R, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
     if (dbias)
         loom_cuda_bias_backward(dbias, dout, (size_t)R, OC);
+    loom_cuda_profile_end();
 }
 
 /* Row-major C (M,N) = op(A) op(B) + beta C on 16-bit A and B (dt), fp32 C, accumulation in
@@ -279,6 +295,7 @@ int loom_cuda_gemm_w16(int M, int N, int K, const float *A, int lda, const void 
     void *a16 = loom_cuda_workspace((size_t)M * K * 2);
     if (!a16)
         return -1; /* recorded as a sticky error, reported at synchronize */
+    loom_cuda_profile_begin("gemm_w16", M, N, K, 1);
     if (lda == K)
         loom_cuda_convert_from_f32(a16, A, (size_t)M * K, dt);
     else
@@ -287,6 +304,7 @@ int loom_cuda_gemm_w16(int M, int N, int K, const float *A, int lda, const void 
                                        (size_t)K, dt);
     if (!lt_forward(C, ldc, a16, K, W, ldw, NULL, M, K, N, dt))
         gemm16(0, 1, M, N, K, a16, K, W, ldw, 0.0f, C, ldc, dt, "gemm_w16 (cublasGemmEx)");
+    loom_cuda_profile_end();
     return 0;
 }
 
@@ -333,6 +351,9 @@ int loom_cuda_matmul_backward_dt(float *dinp, float *dweight, float *dbias, cons
     unsigned char *ws = loom_cuda_workspace(2 * half + align256(nx * 2) + nw * 2);
     if (!ws)
         return -1; /* recorded as a sticky error, reported at synchronize */
+    /* the forward product's shape, batch 2 for dinp and dW (1: one of them); its four
+     * tensor-core products count as the two the model asks for */
+    loom_cuda_profile_begin("matmul_backward_dt", R, OC, C, dinp && dweight ? 2 : 1);
     void *hi = ws, *lo = ws + half, *x16 = ws + 2 * half, *w16 = ws + 2 * half + align256(nx * 2);
     if (nd <= chunk) /* one split serves both: hi and lo are dout's rows and its columns */
         loom_cuda_split_bf16(hi, lo, dout, nd);
@@ -363,5 +384,6 @@ int loom_cuda_matmul_backward_dt(float *dinp, float *dweight, float *dbias, cons
     }
     if (dbias)
         loom_cuda_bias_backward(dbias, dout, (size_t)R, OC);
+    loom_cuda_profile_end();
     return 0;
 }

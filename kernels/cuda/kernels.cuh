@@ -19,13 +19,17 @@ static inline unsigned loom_cuda_blocks(size_t n)
 #ifndef LOOM_CUDA_EMU
 #define LOOM_CUDA_LAUNCH(what, kernel, grid, block, shmem, ...)                                \
     do {                                                                                       \
+        loom_cuda_profile_begin(what, 0, 0, 0, 0);                                             \
         kernel<<<(grid), (block), (shmem), loom_cuda.stream>>>(__VA_ARGS__);                   \
+        loom_cuda_profile_end();                                                               \
         loom_cuda_check_launch(what);                                                          \
     } while (0)
 #else /* tests/cuda/emu: the same kernels run on the CPU by a block scheduler */
 #define LOOM_CUDA_LAUNCH(what, kernel, grid, block, shmem, ...)                                \
     do {                                                                                       \
+        loom_cuda_profile_begin(what, 0, 0, 0, 0);                                             \
         loom_emu_launch(dim3(grid), dim3(block), [&]() { kernel(__VA_ARGS__); });             \
+        loom_cuda_profile_end();                                                               \
         loom_cuda_check_launch(what);                                                          \
     } while (0)
 #endif

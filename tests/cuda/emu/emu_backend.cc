@@ -188,6 +188,9 @@ static loom_status emu_create(const loom_host *host, const loom_config *cfg, voi
         return host->fail(LOOM_ERR_INVALID, "backend cudaemu: LOOM_CUDA_SPLIT_CHUNK=%s; use a "
                           "positive integer (the most gradient elements split at once) or "
                           "leave it unset (2^26)", getenv("LOOM_CUDA_SPLIT_CHUNK"));
+    char perr[300];
+    if (loom_cuda_profile_setup(host, perr, sizeof perr) != 0)
+        return host->fail(LOOM_ERR_INVALID, "backend cudaemu: %s", perr);
     const char *guard = getenv("LOOM_CUDAEMU_GUARD");
     guard_on = guard && atoi(guard) != 0;
     loom_cuda.h_parts = parts;
@@ -199,6 +202,7 @@ static loom_status emu_create(const loom_host *host, const loom_config *cfg, voi
 
 static void emu_destroy(void *self)
 {
+    loom_cuda_profile_report();
     free(workspace);
     workspace = NULL;
     workspace_bytes = 0;

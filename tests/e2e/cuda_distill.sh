@@ -178,6 +178,7 @@ fi
 targs=(backend="$backend" steps="$steps" batch.micro=1 batch.global=2 deterministic=canonical)
 "$loom" run "$recipe" "${targs[@]}" "$kd" > "$tmp/one"
 grep '^LOSS\|^NORM' "$tmp/one" > "$tmp/want"
+cp "$tmp/want" "$tmp/logit1" # canonical, one rank, the logit term alone (also below)
 tkd="teacher={checkpoint=\"$tmp/teach\",temperature=2,alpha=0.7,tp=2}"
 for mesh in mesh.tp=2 mesh.dp=2; do # teacher.tp = 2 over the student's tp group, or across dp
   "$loom" launch -n 2 "$recipe" "${targs[@]}" "$tkd" comm=shm "$mesh" > "$tmp/two" 2> "$tmp/two.err" ||
@@ -207,9 +208,40 @@ fi
 grep -q "teacher.layers with teacher.tp across dp ranks" "$tmp/tp" ||
   { echo "backend=$backend, teacher.layers with teacher.tp across dp ranks: unexpected message:"; cat "$tmp/tp"; exit 1; }
 echo "backend=$backend: teacher.layers with teacher.tp across dp ranks refused by name"
-if "$loom" launch -n 2 "$recipe" backend="$backend" steps=1 comm=shm mesh.tp=2 "$terms" > "$tmp/tp" 2>&1; then
-  echo "backend=$backend, teacher.layers beside mesh.tp: accepted"; exit 1
+# the intermediate terms beside mesh.tp (gpt_distill_hidden.c / _attn.c on the host over
+# copies, as at tp = 1; under sequence parallelism h's rows gathered over the device tp
+# group, then copied; the attention term's per-head row sums gathered there, copied both
+# ways). Fast, both terms, the teacher replicated: within TOL of the CPU's tp = 2 run and of
+# the device's tp = 1 run (tdev). Canonical, the hidden term alone and the attention term
+# alone (the teacher replicated: each rank its heads' slice) and both (teacher.tp = 2, with
+# sequence parallelism): tp = 2 gives the device's tp = 1 bits, as the CPU's does
+# (distill_hidden.sh). With LOOM_CUDA_ATTENTION=flash (block 0 fused): within TOL of the
+# device's tp = 1 flash run (fl) and of the CPU's tp = 2 run.
+"$loom" launch -n 2 "$recipe" backend="$backend" steps="$steps" comm=shm mesh.tp=2 "$terms" > "$tmp/tp" 2>&1 ||
+  { echo "backend=$backend, teacher.layers beside mesh.tp:"; cat "$tmp/tp"; exit 1; }
+"$loom" launch -n 2 "$recipe" backend=cpu steps="$steps" comm=shm mesh.tp=2 "$terms" > "$tmp/tpc"
+runs_close "backend=$backend vs cpu, tp=2, both terms" "$tmp/tpc" "$tmp/tp" "$steps" "$tol" || exit 1
+runs_close "backend=$backend tp=2 vs tp=1, both terms" "$tmp/tdev" "$tmp/tp" "$steps" "$tol" || exit 1
+tk() { echo "teacher={checkpoint=\"$tmp/teach\",temperature=2,alpha=0.7,layers={[0]=1}$1}"; }
+for c in "hidden=1|" "hidden=0,attention=10|" "hidden=1,attention=10,tp=2|tp_sequence_parallel=true"; do
+  IFS='|' read -r t extra <<< "$c"
+  "$loom" run "$recipe" "${targs[@]}" "$(tk ",${t%,tp=2}")" > "$tmp/one"
+  grep '^LOSS\|^NORM' "$tmp/one" > "$tmp/want"
+  cmp -s "$tmp/want" "$tmp/logit1" &&
+    { echo "backend=$backend, canonical $t: the logit term's bits (no term ran)"; exit 1; }
+  "$loom" launch -n 2 "$recipe" "${targs[@]}" "$(tk ",$t")" comm=shm mesh.tp=2 $extra > "$tmp/two" \
+    2> "$tmp/two.err" || { cat "$tmp/two.err"; exit 1; }
+  grep '^LOSS\|^NORM' "$tmp/two" > "$tmp/got" || true
+  [[ $(grep -c '^LOSS' "$tmp/want") -eq $steps ]] && cmp -s "$tmp/want" "$tmp/got" ||
+    { echo "backend=$backend: canonical tp=2${extra:+ $extra}, $t is not bitwise one rank:"; diff "$tmp/want" "$tmp/got"; exit 1; }
+  echo "backend=$backend: canonical mesh.tp=2${extra:+ $extra}, teacher.layers $t: bitwise one rank over $steps steps"
+done
+if [[ $backend == cudaemu || $backend == cuda ]]; then
+  LOOM_CUDA_ATTENTION=flash "$loom" launch -n 2 "$recipe" backend="$backend" "${fargs[@]}" comm=shm \
+    mesh.tp=2 > "$tmp/flt" 2>&1 || { echo "backend=$backend, flash, mesh.tp=2:"; cat "$tmp/flt"; exit 1; }
+  grep -q "attention flash" "$tmp/flt" ||
+    { echo "backend=$backend, LOOM_CUDA_ATTENTION=flash, mesh.tp=2: the banner does not say attention flash"; exit 1; }
+  "$loom" launch -n 2 "$recipe" backend=cpu "${fargs[@]}" comm=shm mesh.tp=2 > "$tmp/fltc"
+  runs_close "backend=$backend flash tp=2 vs tp=1, both terms" "$tmp/fl" "$tmp/flt" "$steps" "$tol" || exit 1
+  runs_close "backend=$backend flash tp=2 vs cpu tp=2, both terms" "$tmp/fltc" "$tmp/flt" "$steps" "$tol" || exit 1
 fi
-grep -q "hidden-state terms .* under mesh.tp > 1" "$tmp/tp" ||
-  { echo "backend=$backend, teacher.layers beside mesh.tp: unexpected message:"; cat "$tmp/tp"; exit 1; }
-echo "backend=$backend: teacher.layers beside mesh.tp refused by name"

@@ -171,7 +171,8 @@ struct loom_gpt {
     float **kd_dh, **kd_dw;
     double *kd_hloss;                  /* (R) */
     float *kd_y;                       /* (R, kd_proj_dim) the projection's output */
-    float *kd_hall;                    /* sequence parallelism: (R,C) h's rows gathered */
+    float *kd_hall;                    /* sequence parallelism: (R,C) h's rows gathered (the
+                                        * backend's memory on a device: the tp group's) */
     /* a device backend: the terms run on the host over copies (gpt_distill_hidden.c's
      * gpt_kd_host_view): h's rows (R,C), the projection (Ct,C), and the results (R,C),
      * (Ct,C) before they are copied into kd_dh / kd_dw (the backend's there); the

@@ -65,8 +65,6 @@ loom_status loom_gpt_set_distill_attention(loom_gpt *m, const float *const *teac
     if (teacher_att && !(gamma >= 0.0f && isfinite(gamma)))
         LOOM_FAIL(LOOM_ERR_INVALID, "teacher.attention=%g must be true or a finite weight >= 0",
                   gamma);
-    if (teacher_att)
-        LOOM_TRY(gpt_kd_device_terms_check(m, "distillation's attention terms"));
     for (int l = 0; teacher_att && l < m->cfg.layers; l++) /* where att is the fused kernels'
         * state (gpt_att.c), the mapped blocks keep probabilities on the batched path */
         if (teacher_att[l]) {
@@ -97,6 +95,10 @@ loom_status loom_gpt_set_distill_attention(loom_gpt *m, const float *const *teac
         if (!m->kd_ps_host || !m->kd_datt_dev)
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the attention-probability term's copies");
     }
+    if (teacher_att && loom_backend_device_memory(m->be) && m->tp_ops && !m->kd_hsum_dev &&
+        !(m->kd_hsum_dev = k->alloc(m->be->self, (size_t)(m->tp + 1) * R * (size_t)m->NHl *
+                                                     sizeof(double))))
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of device memory for the attention term's tp gather");
     m->kd_att = teacher_att;
     m->kd_gamma = gamma;
     m->kd_att_h0 = 0; /* the teacher split as the student: its heads are this rank's */
@@ -188,9 +190,19 @@ loom_status gpt_distill_attn_forward(loom_gpt *m, int l, const int *targets, int
             }
             mine[r * (size_t)NHl + (size_t)h] = sh;
         }
-    if (m->tp_ops) /* doubles moved as pairs of floats: a gather copies, it does not add */
-        LOOM_TRY(m->tp_ops->tensor_allgather(m->tp_self, (const float *)mine, (float *)all,
-                                             2 * R * (size_t)NHl));
+    if (m->tp_ops) { /* doubles moved as pairs of floats: a gather copies, it does not add.
+        * On a device the tp group gathers in the backend's memory: the sums (R NHl doubles,
+        * a (T NHl)-th of the probabilities this rank already copied) go there and all
+        * ranks' come back; the term stays on the host, in the host path's order and bits */
+        size_t n = 2 * R * (size_t)NHl;
+        if (m->kd_hsum_dev) {
+            double *dmine = m->kd_hsum_dev, *dall = m->kd_hsum_dev + R * (size_t)NHl;
+            m->be->ops->copy_to_device(m->be->self, dmine, mine, n * sizeof(float));
+            LOOM_TRY(m->tp_ops->tensor_allgather(m->tp_self, (const float *)dmine, (float *)dall, n));
+            m->be->ops->copy_to_host(m->be->self, all, dall, (size_t)P * n * sizeof(float));
+        } else
+            LOOM_TRY(m->tp_ops->tensor_allgather(m->tp_self, (const float *)mine, (float *)all, n));
+    }
     const double w = (double)m->kd_gamma / m->cfg.heads;
     for (size_t r = 0; r < R; r++) {
         double sq = 0.0;
@@ -237,6 +249,8 @@ void gpt_distill_attn_free(loom_gpt *m)
 {
     if (m->kd_datt_dev)
         m->be->ops->free(m->be->self, m->kd_datt_dev);
+    if (m->kd_hsum_dev)
+        m->be->ops->free(m->be->self, m->kd_hsum_dev);
     free(m->kd_ps_host);
     free(m->kd_datt);
     free(m->kd_aloss);

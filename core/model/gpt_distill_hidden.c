@@ -9,7 +9,9 @@
  * d term / d h_s to d(res3 of l) just before block l's backward.
  * Sums in double, in fixed row and column order: the same bits whatever the thread count
  * and, under tp (h whole on every rank, or its rows gathered under sequence parallelism;
- * the projection replicated), the same bits on every tp rank.
+ * the projection replicated), the same bits on every tp rank. On a device backend the
+ * term runs on the host over copies (gpt_kd_host_view), its results copied back; under tp
+ * the same, the gather of sequence parallelism's rows done in the backend's memory first.
  */
 #include <math.h>
 #include <stdint.h>
@@ -58,15 +60,6 @@ static void term_free(loom_gpt *m, void *p)
         m->be->ops->free(m->be->self, p);
     else
         free(p);
-}
-
-loom_status gpt_kd_device_terms_check(const loom_gpt *m, const char *what)
-{
-    if (loom_backend_device_memory(m->be) && m->tp_ops)
-        LOOM_FAIL(LOOM_ERR_UNSUPPORTED, "%s in the device memory of backend %s under mesh.tp > 1 "
-                  "are not built yet; they run at one rank, mesh.dp and mesh.pp there", what,
-                  m->be->ops->describe(m->be->self));
-    return LOOM_OK;
 }
 
 static const loom_param_entry *proj_entry(const loom_gpt *m, int l)
@@ -165,8 +158,6 @@ loom_status loom_gpt_set_distill_hidden(loom_gpt *m, const float *const *teacher
             LOOM_FAIL(LOOM_ERR_INVALID, "student block %d has a teacher block but no projection "
                       "(kd_proj_layers lacks bit %d)", l, l);
     if (teacher_h)
-        LOOM_TRY(gpt_kd_device_terms_check(m, "distillation's hidden-state terms"));
-    if (teacher_h)
         LOOM_TRY(gpt_distill_terms_check(m, teacher_h, "distillation's hidden-state terms"));
     if (teacher_h && loom_backend_device_memory(m->be) && !m->kd_hs_host) {
         m->kd_hs_host = malloc(R * C * sizeof(float));
@@ -181,7 +172,8 @@ loom_status loom_gpt_set_distill_hidden(loom_gpt *m, const float *const *teacher
         m->kd_dw = calloc((size_t)L * S, sizeof *m->kd_dw);
         m->kd_hloss = malloc(R * sizeof(double));
         m->kd_y = malloc(R * Ct * sizeof(float));
-        m->kd_hall = m->sp ? malloc(R * C * sizeof(float)) : NULL;
+        /* the gather's destination: the tp group's buffers are the backend's on a device */
+        m->kd_hall = m->sp ? term_alloc(m, R * C * sizeof(float)) : NULL;
         if (!m->kd_dh || !m->kd_dw || !m->kd_hloss || !m->kd_y || (m->sp && !m->kd_hall))
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the hidden-state terms");
     }
@@ -232,12 +224,15 @@ loom_status gpt_distill_hidden(loom_gpt *m, const int *targets, size_t R, float 
         int dev = loom_backend_device_memory(m->be); /* on the host over copies, then back */
         float *dw = dev ? m->kd_dw_host : m->kd_dw[i], *dh = dev ? m->kd_dh_host : m->kd_dh[i];
         memset(dw, 0, (size_t)Ct * C * sizeof(float));
-        const float *hs = gpt_kd_host_view(m, m->acts[l].res3, R * (size_t)C, m->kd_hs_host);
-        if (m->sp) { /* each rank's R/tp rows, in rank order: all R (a gather copies) */
-            LOOM_TRY(m->tp_ops->tensor_allgather(m->tp_self, hs, m->kd_hall,
+        const float *hsrc = m->acts[l].res3;
+        if (m->sp) { /* each rank's R/tp rows, in rank order: all R (a gather copies). On a
+            * device the gather runs in the backend's memory over the device tp group, then
+            * one copy of the R rows: the host has no tp group of its own to gather over */
+            LOOM_TRY(m->tp_ops->tensor_allgather(m->tp_self, hsrc, m->kd_hall,
                                                  R / (size_t)m->tp * (size_t)C));
-            hs = m->kd_hall;
+            hsrc = m->kd_hall;
         }
+        const float *hs = gpt_kd_host_view(m, hsrc, R * (size_t)C, m->kd_hs_host);
         const float *w = gpt_kd_host_view(m, m->params + e->offset, (size_t)Ct * C, m->kd_w_host);
         loom_kd_hidden_rows(hs, m->kd_h[l] + r0 * (size_t)Ct, w, R, C, Ct, m->kd_beta, dloss,
                             m->kd_hloss, m->kd_y, dh, dw);
@@ -294,6 +289,6 @@ void gpt_distill_hidden_free(loom_gpt *m)
     free(m->kd_dw);
     free(m->kd_hloss);
     free(m->kd_y);
-    free(m->kd_hall);
+    term_free(m, m->kd_hall);
     free(m->kd_slot);
 }

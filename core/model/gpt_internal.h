@@ -171,7 +171,8 @@ struct loom_gpt {
     float **kd_dh, **kd_dw;
     double *kd_hloss;                  /* (R) */
     float *kd_y;                       /* (R, kd_proj_dim) the projection's output */
-    float *kd_hall;                    /* sequence parallelism: (R,C) h's rows gathered */
+    float *kd_hall;                    /* sequence parallelism: (R,C) h's rows gathered (the
+                                        * backend's memory on a device: the tp group's) */
     /* a device backend: the terms run on the host over copies (gpt_distill_hidden.c's
      * gpt_kd_host_view): h's rows (R,C), the projection (Ct,C), and the results (R,C),
      * (Ct,C) before they are copied into kd_dh / kd_dw (the backend's there); the
@@ -187,6 +188,8 @@ struct loom_gpt {
     float *kd_datt;
     double *kd_aloss;
     double *kd_hsum; /* (tp + 1, R, NHl): this rank's per-head row sums, then all ranks' */
+    double *kd_hsum_dev; /* a device under tp: kd_hsum's layout in the backend's memory, where
+                          * the tp group gathers (the sums go there and back) */
     int kd_att_h0, kd_att_nh; /* the teacher's heads: this rank's first, and how many a
                                * (B,NH,T,T) of its buffer holds (NH replicated, NHl split) */
     int kd_a_first;
@@ -241,8 +244,6 @@ const float *gpt_kd_host_view(loom_gpt *m, const float *src, size_t n, float *sc
 /* losses[r] += extra[r] (+ extra2[r], may be NULL), in double: on a device through
  * host_losses. */
 void gpt_kd_add_loss_rows(loom_gpt *m, const double *extra, const double *extra2, size_t R);
-/* The intermediate terms on a device backend: refused under tp and pp (what = the term). */
-loom_status gpt_kd_device_terms_check(const loom_gpt *m, const char *what);
 /* The attention term (gpt_distill_attn.c): after block l's training forward, its loss rows;
  * block l's attention backward (the term's d(probabilities) joined when it has one). */
 loom_status gpt_distill_attn_forward(loom_gpt *m, int l, const int *targets, int B, int T,

@@ -703,8 +703,8 @@ static loom_status make_compress(loom_session *s)
 /* A teacher in device memory (docs/DISTILL.md): the teacher (either family, MoE blocks
  * too) replicated, forward only, on the same backend; the logit term on the backend's
  * kd_rows op, the intermediate terms on the host over copies; one rank, mesh.dp, mesh.tp
- * (the logit term: gpt_distill_tp_device.c), mesh.ep or mesh.pp (ZeRO, offload; a cache
- * too). What still reads the model's buffers as host memory is named; NULL: none. */
+ * (the logit term: gpt_distill_tp_device.c; the intermediate terms' gathers over the device
+ * tp group), mesh.ep or mesh.pp (ZeRO, offload; a cache too). What still reads the model's buffers as host memory is named; NULL: none. */
 static const char *device_teacher_refusal(const loom_session_config *cfg)
 {
     if (!cfg->teacher && !cfg->kd_cache)

@@ -32,8 +32,11 @@
 #    path, the others fused: within TOL of the batched run and of the CPU's, not the
 #    batched run's bits, the banner says flash, fewer student (ACT) and teacher (TACT)
 #    activation bytes than the batched run; recompute = selective and full its bits;
-#  - what does not run there is refused by name: teacher.layers beside mesh.tp or with
-#    teacher.tp across dp.
+#  - the intermediate terms beside mesh.tp = 2: fast, both terms, within TOL of the CPU's
+#    tp = 2 run and of the device's tp = 1 run; canonical, the hidden term, the attention
+#    term and both (teacher.tp = 2, sequence parallelism): one device rank's bits; with
+#    LOOM_CUDA_ATTENTION=flash within TOL of the device's tp = 1 and the CPU's tp = 2 runs;
+#  - what does not run there is refused by name: teacher.layers with teacher.tp across dp.
 # BACKEND cudaemu (tests/cuda's emulation, run under LOOM_CUDAEMU_GUARD=1: a host read of a
 # device buffer segfaults) runs everywhere; cuda needs a GPU: exit 77 (skip) without one.
 set -euo pipefail
@@ -117,6 +120,7 @@ pterms="teacher={checkpoint=\"$tmp/teach\",temperature=2,alpha=0.7,layers={[1]=1
 pargs=(backend="$backend" steps="$steps" model.layers=2 batch.micro=1 batch.global=2 deterministic=canonical "$pterms")
 "$loom" run "$recipe" "${pargs[@]}" > "$tmp/one"
 grep '^LOSS\|^NORM' "$tmp/one" > "$tmp/want"
+cp "$tmp/want" "$tmp/pwant" # also beside mesh.tp, below
 [[ $(grep -c '^LOSS' "$tmp/want") -eq $steps ]] && finite_losses "$tmp/want" ||
   { echo "one rank, 2 blocks, canonical, distilled: not $steps finite losses"; cat "$tmp/one"; exit 1; }
 for layout in "mesh.dp=2" "mesh.pp=2 microbatches=2 schedule=1f1b" \
@@ -174,10 +178,11 @@ fi
 # same group (teacher.tp = 2: its columns gathered the same way; a replicated teacher is
 # that run's student side alone, checked by hand) or across the dp ranks (kd_group.c, its
 # group split from the device dp group): canonical tp = 2 and dp = 2 bitwise one device
-# rank; the intermediate terms there are refused by name
+# rank (the intermediate terms there: below)
 targs=(backend="$backend" steps="$steps" batch.micro=1 batch.global=2 deterministic=canonical)
 "$loom" run "$recipe" "${targs[@]}" "$kd" > "$tmp/one"
 grep '^LOSS\|^NORM' "$tmp/one" > "$tmp/want"
+cp "$tmp/want" "$tmp/logit1" # canonical, one rank, the logit term alone (also below)
 tkd="teacher={checkpoint=\"$tmp/teach\",temperature=2,alpha=0.7,tp=2}"
 for mesh in mesh.tp=2 mesh.dp=2; do # teacher.tp = 2 over the student's tp group, or across dp
   "$loom" launch -n 2 "$recipe" "${targs[@]}" "$tkd" comm=shm "$mesh" > "$tmp/two" 2> "$tmp/two.err" ||
@@ -207,9 +212,47 @@ fi
 grep -q "teacher.layers with teacher.tp across dp ranks" "$tmp/tp" ||
   { echo "backend=$backend, teacher.layers with teacher.tp across dp ranks: unexpected message:"; cat "$tmp/tp"; exit 1; }
 echo "backend=$backend: teacher.layers with teacher.tp across dp ranks refused by name"
-if "$loom" launch -n 2 "$recipe" backend="$backend" steps=1 comm=shm mesh.tp=2 "$terms" > "$tmp/tp" 2>&1; then
-  echo "backend=$backend, teacher.layers beside mesh.tp: accepted"; exit 1
+# the intermediate terms beside mesh.tp (gpt_distill_hidden.c / _attn.c on the host over
+# copies, as at tp = 1; under sequence parallelism h's rows gathered over the device tp
+# group, then copied; the attention term's per-head row sums gathered there, copied both
+# ways). Fast, both terms, the teacher replicated: within TOL of the CPU's tp = 2 run and of
+# the device's tp = 1 run (tdev). Canonical, the hidden term alone and the attention term
+# alone (the teacher replicated: each rank its heads' slice; the 1-block student) and all
+# three terms (the 2-block student of pargs, teacher.tp = 2, sequence parallelism): tp = 2
+# gives the device's tp = 1 bits, as the CPU's does (distill_hidden.sh). With LOOM_CUDA_ATTENTION=flash (block 0 fused): within TOL of the
+# device's tp = 1 flash run (fl) and of the CPU's tp = 2 run.
+"$loom" launch -n 2 "$recipe" backend="$backend" steps="$steps" comm=shm mesh.tp=2 "$terms" > "$tmp/tp" 2>&1 ||
+  { echo "backend=$backend, teacher.layers beside mesh.tp:"; cat "$tmp/tp"; exit 1; }
+"$loom" launch -n 2 "$recipe" backend=cpu steps="$steps" comm=shm mesh.tp=2 "$terms" > "$tmp/tpc"
+runs_close "backend=$backend vs cpu, tp=2, both terms" "$tmp/tpc" "$tmp/tp" "$steps" "$tol" || exit 1
+runs_close "backend=$backend tp=2 vs tp=1, both terms" "$tmp/tdev" "$tmp/tp" "$steps" "$tol" || exit 1
+# tp_canon WANT LABEL ARGS...: canonical mesh.tp = 2 with ARGS gives WANT's bits
+tp_canon() {
+  "$loom" launch -n 2 "$recipe" "${@:3}" comm=shm mesh.tp=2 > "$tmp/two" 2> "$tmp/two.err" ||
+    { cat "$tmp/two.err"; exit 1; }
+  grep '^LOSS\|^NORM' "$tmp/two" > "$tmp/got" || true
+  [[ $(grep -c '^LOSS' "$1") -eq $steps ]] && cmp -s "$1" "$tmp/got" ||
+    { echo "backend=$backend: canonical mesh.tp=2, $2, is not bitwise one rank:"; diff "$1" "$tmp/got"; exit 1; }
+  echo "backend=$backend: canonical mesh.tp=2, $2: bitwise one rank over $steps steps"
+}
+for t in "hidden=1" "hidden=0,attention=10"; do # the 1-block student, block 0 against 1
+  tk="teacher={checkpoint=\"$tmp/teach\",temperature=2,alpha=0.7,layers={[0]=1},$t}"
+  "$loom" run "$recipe" "${targs[@]}" "$tk" > "$tmp/one"
+  grep '^LOSS\|^NORM' "$tmp/one" > "$tmp/want"
+  cmp -s "$tmp/want" "$tmp/logit1" &&
+    { echo "backend=$backend, canonical teacher.layers $t: the logit term's bits (no term ran)"; exit 1; }
+  tp_canon "$tmp/want" "teacher.layers $t, the teacher replicated" "${targs[@]}" "$tk"
+done
+# all three terms on the 2-block student (pargs, its one-rank run above), teacher.tp = 2,
+# sequence parallelism (res3's rows gathered on the device)
+tp_canon "$tmp/pwant" "all three terms, teacher.tp=2, tp_sequence_parallel" "${pargs[@]}" \
+  teacher.tp=2 tp_sequence_parallel=true
+if [[ $backend == cudaemu || $backend == cuda ]]; then
+  LOOM_CUDA_ATTENTION=flash "$loom" launch -n 2 "$recipe" backend="$backend" "${fargs[@]}" comm=shm \
+    mesh.tp=2 > "$tmp/flt" 2>&1 || { echo "backend=$backend, flash, mesh.tp=2:"; cat "$tmp/flt"; exit 1; }
+  grep -q "attention flash" "$tmp/flt" ||
+    { echo "backend=$backend, LOOM_CUDA_ATTENTION=flash, mesh.tp=2: the banner does not say attention flash"; exit 1; }
+  "$loom" launch -n 2 "$recipe" backend=cpu "${fargs[@]}" comm=shm mesh.tp=2 > "$tmp/fltc"
+  runs_close "backend=$backend flash tp=2 vs tp=1, both terms" "$tmp/fl" "$tmp/flt" "$steps" "$tol" || exit 1
+  runs_close "backend=$backend flash tp=2 vs cpu tp=2, both terms" "$tmp/fltc" "$tmp/flt" "$steps" "$tol" || exit 1
 fi
-grep -q "hidden-state terms .* under mesh.tp > 1" "$tmp/tp" ||
-  { echo "backend=$backend, teacher.layers beside mesh.tp: unexpected message:"; cat "$tmp/tp"; exit 1; }
-echo "backend=$backend: teacher.layers beside mesh.tp refused by name"

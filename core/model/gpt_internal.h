@@ -290,7 +290,7 @@ loom_dtype gpt_attention_dt(const loom_gpt *m);
 void gpt_att_size(const loom_gpt *m, size_t *att, size_t *scratch, int *fused);
 /* A block keeping its probabilities (att_keep): the batched path's att and scratch, with
  * the backend's fused kernels turned off (its attention_allow_fused; without it, gpt_att_size's). */
-void gpt_att_size_kept(const loom_gpt *m, size_t *att, size_t *scratch);
+void gpt_att_size_kept(loom_gpt *m, size_t *att, size_t *scratch);
 /* 1 if block l's att holds probabilities after its forward: not the fused kernels' state,
  * or kept (att_keep) on a backend that can turn them off. */
 int gpt_att_probabilities(const loom_gpt *m, int l);

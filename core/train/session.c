@@ -1683,6 +1683,10 @@ void loom_session_memory(loom_session *s, loom_memory *out)
     out->activations = loom_gpt_activation_bytes(s->model);
     out->saved = loom_gpt_saved_activation_bytes(s->model);
     out->teacher_activations = s->teacher ? loom_gpt_activation_bytes(s->teacher) : 0;
+    /* the teacher is built by loom_gpt_create as any model: fp32 parameters and a gradient
+     * buffer of their size (backend memory, zeroed: resident), never made 16-bit */
+    out->teacher_params = s->teacher ? loom_gpt_params(s->teacher)->total * sizeof(float) : 0;
+    out->teacher_grads = out->teacher_params;
     out->comm += loom_grad_sync_buffer_bytes(s->sync);
     if (s->compress) /* the residual and the messages */
         out->comm += loom_compress_buffer_bytes(s->compress);

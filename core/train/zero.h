@@ -60,6 +60,10 @@ typedef struct loom_memory {
                            * its storage (2 bytes a value with 16-bit activations; gpt.h) */
     size_t teacher_activations; /* an in-process teacher's activations (distillation; 0: none
                                  * here), not counted in activations */
+    size_t teacher_params; /* its fp32 parameters on this rank (its tp slice, its teacher.pp
+                            * stage's blocks; 0: no teacher here), not counted in params */
+    size_t teacher_grads;  /* the gradient buffer loom_gpt_create allocates beside them (as
+                            * large; a frozen teacher never writes it), not in grads */
 } loom_memory;
 
 typedef struct loom_zero_config {

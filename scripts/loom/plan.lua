@@ -35,6 +35,7 @@ local function cuda_attention(t)
 end
 
 -- The recipe's layout in plain numbers, defaults as loom.train gives them.
+local resolved = setmetatable({}, { __mode = "k" })
 local function shape_of(t)
   local mesh, st = t.mesh or {}, t.strategy or {}
   local dp, tp, pp, ep = mesh.dp or 1, mesh.tp or 1, mesh.pp or 1, mesh.ep or 1
@@ -50,6 +51,13 @@ local function shape_of(t)
   local off_params = type(st.offload) == "table" and st.offload.params == true
   local sched = pp > 1 and (t.schedule or "1f1b") or nil
   local cuda_att, flash_tc = cuda_attention(t)
+  -- a distillation teacher: the keys the session is given (init.lua's resolve_teacher: the
+  -- model's shape from its llm.c file or its checkpoint's manifest)
+  local kd = t.teacher and resolved[t.teacher]
+  if t.teacher and not kd then -- (once per teacher table: the search plans many layouts)
+    kd = require("loom").resolve_teacher(t.teacher, "teacher: ", t.model)
+    resolved[t.teacher] = kd
+  end
   return {
     dp = dp, tp = tp, pp = pp, ep = ep, micro = t.batch.micro, seq = t.batch.seq, accum = accum,
     zero = (dp > 1 and st.zero) or 0, zero_asked = st.zero or 0,
@@ -61,9 +69,20 @@ local function shape_of(t)
     optimizer = type(t.optimizer) == "table" and (t.optimizer[1] or t.optimizer.name) or t.optimizer,
     threads = t.threads or 0,
     cuda_attention = cuda_att, flash_tc = flash_tc,
+    kd = kd,
   }
 end
 plan.shape_of = shape_of
+
+-- teacher.layers' map as lists: the student blocks (their projections; with
+-- teacher.attention the blocks that keep their probabilities) and the teacher blocks
+local function kd_blocks(kd)
+  if not (kd and kd.kd_layers) then return nil, nil end
+  local st, te = {}, {}
+  for sb, tb in pairs(kd.kd_layers) do st[#st + 1], te[#te + 1] = sb, tb end
+  table.sort(st); table.sort(te)
+  return st, te
+end
 
 -- Optimizer state floats per parameter (the plugins' state_per_param).
 local state_slots = { adamw = 2, sgd = 1 }
@@ -122,12 +141,55 @@ local function schedule_facts(s, costs)
   return facts
 end
 
+-- A distillation teacher on one rank of stage r (1-based), as session.c's make_teacher
+-- builds it: a second model by loom_gpt_create (its fp32 parameters, a gradient buffer of
+-- their size, its activations at batch.micro x its ctx; never 16-bit), on the last stage
+-- only unless teacher.pp = mesh.pp (its blocks split evenly over the stages, the first
+-- L mod pp one larger: pipeline_split.h with equal costs; its own gpipe pipeline of one
+-- micro-batch sets its activation sets), split by teacher.tp over the student's tp group
+-- (sequence parallelism as the student's, off with teacher.layers) or across dp ranks (no
+-- sequence parallelism: kd_group.c); with teacher.attention its mapped blocks keep their
+-- probabilities where the terms run (the last stage). A cache runs no teacher.
+local function teacher_memory(s, r)
+  local kd = s.kd
+  local none = { params = 0, grads = 0, activations = 0 }
+  if not kd or kd.kd_cache or not kd.teacher then return none end
+  local tpp = kd.kd_teacher_pp or 1
+  if s.pp > 1 and tpp <= 1 and r < s.pp then return none end
+  local tm = kd.teacher
+  local stage, slots
+  if tpp > 1 then
+    local L, at, per, extra = tm.layers, 0, tm.layers // tpp, tm.layers % tpp
+    for k = 1, r - 1 do at = at + per + (k <= extra and 1 or 0) end
+    stage = {}
+    for l = at, at + per + (r <= extra and 1 or 0) - 1 do stage[#stage + 1] = l end
+    assert(L >= tpp)
+    slots = schedule_facts({ schedule = "gpipe", pp = tpp, accum = 1, chunks = 1 },
+      { fwd = 1, bwd_input = 1, bwd_weight = 0, latency = 0 }).stages[r].slots
+  end
+  local ttp = kd.kd_teacher_tp or 1
+  local _, kept = kd_blocks(kd)
+  local fp = core.footprint {
+    vocab = tm.vocab, vocab_padded = tm.vocab_padded, ctx = tm.ctx, layers = tm.layers,
+    heads = tm.heads, dim = tm.dim, micro = s.micro, tp = ttp,
+    sequence_parallel = ttp > 1 and s.tp > 1 and s.sp and not kd.kd_layers or false,
+    canonical = s.canonical, stage_layers = stage, slots = slots,
+    family = tm.family, kv_heads = tm.kv_heads, ffn_dim = tm.ffn_dim, tie_embeddings = tm.tie_embeddings,
+    moe = tm.moe, precision = "fp32",
+    cuda_attention = s.cuda_attention, flash_tc = s.flash_tc,
+    keep_attention = kd.kd_attention and r == s.pp and kept or nil,
+  }
+  return { params = fp.param_floats * F32, grads = fp.param_floats * F32, activations = fp.activations,
+    att_fused = fp.att_fused, att_floats = fp.att_floats }
+end
+
 -- Bytes by category for one rank of pipeline stage `r` (1-based).
 local function stage_memory(t, s, blocks, facts, r, opts)
   local m = t.model
   local st = facts and facts.stages[r] or { slots = 1, split = false }
   local rc, rc_layers = s.recompute, nil
   if type(rc) == "table" then rc, rc_layers = "none", rc end
+  local kd_st = kd_blocks(s.kd) -- (teacher.layers: the student's projections, kept blocks)
   local fp = core.footprint {
     vocab = m.vocab, vocab_padded = m.vocab_padded, ctx = m.ctx, layers = m.layers,
     heads = m.heads, dim = m.dim, micro = s.micro, tp = s.tp, sequence_parallel = s.sp,
@@ -136,6 +198,8 @@ local function stage_memory(t, s, blocks, facts, r, opts)
     family = m.family, kv_heads = m.kv_heads, ffn_dim = m.ffn_dim, tie_embeddings = m.tie_embeddings,
     moe = m.moe, ep = s.ep, precision = s.precision,
     cuda_attention = s.cuda_attention, flash_tc = s.flash_tc,
+    kd_proj_dim = kd_st and s.kd.teacher.dim or nil, kd_proj_layers = kd_st,
+    keep_attention = s.kd and s.kd.kd_attention and kd_st or nil,
   }
   local psi = fp.param_floats
   local part = s.zero > 0 and core.zero_padded(psi, s.dp) // s.dp or psi
@@ -248,8 +312,12 @@ local function stage_memory(t, s, blocks, facts, r, opts)
   if half then -- session.c's loom_session_memory: master = the fp32 parameters held here
     mem.master, mem.params = mem.params, fp.compute_params
   end
+  -- a distillation teacher (session.c: teacher_params, teacher_grads, teacher_activations)
+  local tmem = teacher_memory(s, r)
+  mem.teacher_params, mem.teacher_grads, mem.teacher_activations = tmem.params, tmem.grads, tmem.activations
+  mem.teacher = tmem.params + tmem.grads + tmem.activations
   mem.model_states = mem.params + mem.grads + mem.optimizer + mem.master
-  mem.total = mem.model_states + mem.activations + mem.comm + mem.workspace + mem.transient
+  mem.total = mem.model_states + mem.activations + mem.comm + mem.workspace + mem.transient + mem.teacher
   return mem, psi, fp, ep_split
 end
 
@@ -739,6 +807,16 @@ function plan.layout(t, machine, opts)
     if s.ep > 1 and s.canonical then
       assume("canonical ep's per-source expert gradient sums (session_ep.c) not counted in memory")
     end
+  end
+  if s.kd then
+    local tm = s.kd.teacher
+    assume(s.kd.kd_cache and "teacher: a cache (loom distill-cache): no teacher model here; its rows of a step are not counted"
+      or string.format("teacher: %s (L=%d C=%d ctx=%d), fp32 parameters and their unused gradient buffer, activations at micro %d x its ctx%s%s%s; the distillation buffers (the logit term's gradient rows, the step's teacher rows under pp, the hidden and attention terms' scratch, teacher.tp's gathered rows) not counted (docs/PLAN.md)",
+        s.kd.teacher_checkpoint or s.kd.teacher_init or "?", tm.layers, tm.dim, tm.ctx, s.micro,
+        (s.kd.kd_teacher_tp or 1) > 1 and string.format(", split by teacher.tp = %d", s.kd.kd_teacher_tp) or "",
+        (s.kd.kd_teacher_pp or 1) > 1 and string.format(", its blocks over the %d stages", s.kd.kd_teacher_pp)
+          or s.pp > 1 and ", on the last stage only" or "",
+        s.kd.kd_attention and s.cuda_attention == "flash" and ", the mapped blocks on the batched path (teacher.attention)" or ""))
   end
   if s.zero_asked > 0 and s.zero == 0 then assume(string.format("zero=%d has nothing to partition with dp=1", s.zero_asked)) end
   -- each stage's own work per step (what its rank's CPU clock counts: its passes, its

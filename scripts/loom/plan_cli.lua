@@ -92,7 +92,9 @@ function cli.report(p, out)
     { "master weights", "master" }, { "activations", "activations" },
     { "communication buffers", "comm" }, { "workspace", "workspace" },
     { "zero transient", "transient" }, { "(optimizer offloaded)", "optimizer_offloaded" },
-    { "(params offloaded)", "params_offloaded" }, { "total", "total" },
+    { "(params offloaded)", "params_offloaded" }, { "teacher parameters", "teacher_params" },
+    { "teacher gradient buffer", "teacher_grads" }, { "teacher activations", "teacher_activations" },
+    { "total", "total" },
   }
   for _, row in ipairs(rows) do
     local any = false

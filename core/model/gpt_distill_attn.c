@@ -86,6 +86,8 @@ loom_status loom_gpt_set_distill_attention(loom_gpt *m, const float *const *teac
         m->kd_datt = malloc(R * (size_t)m->NHl * (size_t)m->cfg.ctx * sizeof(float));
         m->kd_aloss = malloc(R * sizeof(double));
         m->kd_hsum = malloc((size_t)(m->tp + 1) * R * (size_t)m->NHl * sizeof(double));
+        m->kd_bytes += R * (size_t)m->NHl * (size_t)m->cfg.ctx * sizeof(float) + R * sizeof(double) +
+                       (size_t)(m->tp + 1) * R * (size_t)m->NHl * sizeof(double);
         if (!m->kd_datt || !m->kd_aloss || !m->kd_hsum)
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the attention-probability term");
     }
@@ -94,6 +96,7 @@ loom_status loom_gpt_set_distill_attention(loom_gpt *m, const float *const *teac
         size_t n = R * (size_t)m->NHl * (size_t)m->cfg.ctx;
         m->kd_ps_host = malloc(n * sizeof(float));
         m->kd_datt_dev = k->alloc(m->be->self, n * sizeof(float));
+        m->kd_bytes += 2 * n * sizeof(float);
         if (!m->kd_ps_host || !m->kd_datt_dev)
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the attention-probability term's copies");
     }

@@ -153,6 +153,9 @@ struct loom_gpt {
     const float *kd_step_rows;         /* rows), and the teacher's rows in the same order */
     size_t kd_rows;
     float kd_T, kd_alpha;
+    size_t kd_bytes;                   /* what the distillation terms allocated below (the
+                                        * buffers sized by R, C, the vocabulary or the heads;
+                                        * not the pointer arrays): loom_gpt_distill_bytes */
     float *kd_grad;                    /* (R,Vl) alpha dloss d kd / d z_s: host, or the
                                         * backend's on a device backend (kd_rows op) */
     double *kd_loss;                   /* (R) host */

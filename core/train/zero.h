@@ -64,6 +64,10 @@ typedef struct loom_memory {
                             * stage's blocks; 0: no teacher here), not counted in params */
     size_t teacher_grads;  /* the gradient buffer loom_gpt_create allocates beside them (as
                             * large; a frozen teacher never writes it), not in grads */
+    size_t distill;        /* distillation's own buffers here: the session's (the step's
+                            * teacher rows under pp, teacher.tp's gathered rows, the terms'
+                            * step rows), the student's terms' (loom_gpt_distill_bytes), a
+                            * teacher.tp group's (loom_kd_group_bytes), a cache's rows */
 } loom_memory;
 
 typedef struct loom_zero_config {

@@ -183,6 +183,73 @@ local function teacher_memory(s, r)
     att_fused = fp.att_fused, att_floats = fp.att_floats }
 end
 
+-- Distillation's own buffers on one rank of stage r (loom_session_memory's distill), each
+-- as its allocation sizes it: the student's terms where its head is (gpt_distill.c's
+-- kd_prepare: the logit term's gradient rows R x (Vl + 2 Vp under tp) and its losses, a
+-- device's second losses and, under tp, its row indices; gpt_distill_hidden.c: per mapped
+-- block and activation set d h and d W, the projection's output and losses, sequence
+-- parallelism's gathered rows, a device's host copies; gpt_distill_attn.c: the
+-- probabilities' gradient row block, the losses and per-head sums, a device's copies),
+-- R = batch.micro x the student's ctx; the session's (session.c: the step's teacher rows
+-- under pp, teacher.tp's gathered rows, the terms' rows of the step under pp or on a
+-- device, a cache's device rows); a teacher.tp group's across dp ranks (kd_group.c) and
+-- a cache's dense rows (kd_cache.c; its record buffer, 8 B T k + 16 bytes, k from the
+-- file, is not counted here).
+local function distill_memory(t, s, r, slots)
+  local kd = s.kd
+  if not kd then return 0 end
+  local m, tm = t.model, kd.teacher
+  local device = t.backend == "cuda" or t.backend == "cudaemu"
+  local last = r == s.pp
+  local B, T, ctx, V = s.micro, s.seq, m.ctx, m.vocab
+  local R, bt = B * ctx, B * s.seq
+  local vps = m.vocab_padded or (V + 127) // 128 * 128
+  local vpt = tm and (tm.vocab_padded or (tm.vocab + 127) // 128 * 128)
+  local ttp, tpp = kd.kd_teacher_tp or 1, kd.kd_teacher_pp or 1
+  local builds = kd.kd_cache or last or tpp > 1 -- (make_teacher: this stage has a teacher part)
+  local st, te = kd_blocks(kd)
+  local mapped = st and #st or 0
+  local b = 0
+  if last then -- the student's terms
+    b = b + R * (vps // s.tp + (s.tp > 1 and 2 * vps or 0)) * F32 + (device and 2 or 1) * R * 8
+    if device and s.tp > 1 then b = b + R * (s.tp + 1) * 4 end
+    if kd.kd_layers then
+      local C, Ct = m.dim, tm.dim
+      if device then b = b + 2 * (R * C + Ct * C) * F32 end
+      b = b + R * 8 + (R * Ct + (s.sp and R * C or 0)) * F32 + mapped * slots * (R * C + Ct * C) * F32
+    end
+    if kd.kd_attention then
+      local NHl = m.heads // s.tp
+      b = b + R * NHl * ctx * F32 + R * 8 + (s.tp + 1) * R * NHl * 8
+      if device then b = b + 2 * R * NHl * ctx * F32 end
+    end
+  end
+  if kd.kd_cache then
+    if last and s.pp > 1 then b = b + s.accum * bt * V * F32 end
+    if device then b = b + bt * V * F32 end
+    return b + bt * V * F32
+  end
+  if not builds then return b end
+  if last and s.pp > 1 then b = b + s.accum * bt * vpt * F32 end
+  if ttp > 1 and s.tp > 1 then b = b + 2 * bt * vpt * F32 end
+  if last and kd.kd_layers and (s.pp > 1 or device) then
+    b = b + mapped * s.accum * bt * tm.dim * F32
+    if kd.kd_attention then
+      local held = (ttp > 1 and s.tp > 1) and tm.heads // ttp or tm.heads
+      b = b + mapped * s.accum * B * held * T * T * F32
+    end
+  end
+  if ttp > 1 and s.tp == 1 then -- kd_group.c: teacher.tp across dp ranks
+    local vp = last and vpt or 0
+    b = b + 2 * s.accum * s.dp * bt * 4 + s.accum * bt * vp * F32 + 1 + 2 * bt * vp * F32 + 1
+    if last and kd.kd_layers then
+      local att = kd.kd_attention and bt * tm.heads * T or 0
+      b = b + mapped * (s.accum * bt * tm.dim * F32 + s.accum * att * F32) + 2 * att * F32
+    end
+  end
+  return b
+end
+
 -- Bytes by category for one rank of pipeline stage `r` (1-based).
 local function stage_memory(t, s, blocks, facts, r, opts)
   local m = t.model
@@ -315,7 +382,8 @@ local function stage_memory(t, s, blocks, facts, r, opts)
   -- a distillation teacher (session.c: teacher_params, teacher_grads, teacher_activations)
   local tmem = teacher_memory(s, r)
   mem.teacher_params, mem.teacher_grads, mem.teacher_activations = tmem.params, tmem.grads, tmem.activations
-  mem.teacher = tmem.params + tmem.grads + tmem.activations
+  mem.distill = distill_memory(t, s, r, st.slots)
+  mem.teacher = tmem.params + tmem.grads + tmem.activations + mem.distill
   mem.model_states = mem.params + mem.grads + mem.optimizer + mem.master
   mem.total = mem.model_states + mem.activations + mem.comm + mem.workspace + mem.transient + mem.teacher
   return mem, psi, fp, ep_split
@@ -810,8 +878,8 @@ function plan.layout(t, machine, opts)
   end
   if s.kd then
     local tm = s.kd.teacher
-    assume(s.kd.kd_cache and "teacher: a cache (loom distill-cache): no teacher model here; its rows of a step are not counted"
-      or string.format("teacher: %s (L=%d C=%d ctx=%d), fp32 parameters and their unused gradient buffer, activations at micro %d x its ctx%s%s%s; the distillation buffers (the logit term's gradient rows, the step's teacher rows under pp, the hidden and attention terms' scratch, teacher.tp's gathered rows) not counted (docs/PLAN.md)",
+    assume(s.kd.kd_cache and "teacher: a cache (loom distill-cache): no teacher model here; its dense rows counted, its record buffer (8 B T k + 16 bytes) not"
+      or string.format("teacher: %s (L=%d C=%d ctx=%d), fp32 parameters and their unused gradient buffer, activations at micro %d x its ctx%s%s%s; the distillation buffers as allocated (docs/PLAN.md)",
         s.kd.teacher_checkpoint or s.kd.teacher_init or "?", tm.layers, tm.dim, tm.ctx, s.micro,
         (s.kd.kd_teacher_tp or 1) > 1 and string.format(", split by teacher.tp = %d", s.kd.kd_teacher_tp) or "",
         (s.kd.kd_teacher_pp or 1) > 1 and string.format(", its blocks over the %d stages", s.kd.kd_teacher_pp)

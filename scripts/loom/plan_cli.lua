@@ -94,6 +94,7 @@ function cli.report(p, out)
     { "zero transient", "transient" }, { "(optimizer offloaded)", "optimizer_offloaded" },
     { "(params offloaded)", "params_offloaded" }, { "teacher parameters", "teacher_params" },
     { "teacher gradient buffer", "teacher_grads" }, { "teacher activations", "teacher_activations" },
+    { "distillation buffers", "distill" },
     { "total", "total" },
   }
   for _, row in ipairs(rows) do

@@ -46,6 +46,7 @@ return {
         if r.step == 1 and m.teacher_params > 0 then
           print(string.format("TMEM %d %d", m.teacher_params, m.teacher_grads))
         end
+        if r.step == 1 and m.distill > 0 then print(string.format("KDBUF %d", m.distill)) end
       end,
     }
   end,

@@ -91,7 +91,9 @@ if [ "$backend" = cpu ]; then
   case_ "teacher 1 block dim 16 ctx 32, logits" 1 1 - model.layers=2 \
     'teacher={checkpoint="'$tmp/t1'",alpha=0.5}'
   case_ "teacher 2 blocks dim 16, layers + hidden + attention" 1 1 - "${s3[@]}"
-  kdp='teacher={checkpoint="'$tmp/t2'",alpha=0.5,pp=2,layers={[1]=1},attention=1}'
+  "$loom" run "$recipe" backend=cpu steps=1 model.layers=3 model.dim=16 model.ctx=32 \
+    checkpoint.dir="$tmp/t3" checkpoint.every=1 > /dev/null 2>&1
+  kdp='teacher={checkpoint="'$tmp/t3'",alpha=0.5,pp=2,layers={[1]=2},attention=1}'
   case_ "pp = 2, teacher.pp = 2, layers + attention" 2 2 - model.layers=2 mesh.pp=2 batch.global=4 "$kdp"
   case_ "tp = 2, teacher.tp = 2" 2 1 - model.layers=2 mesh.tp=2 'teacher={checkpoint="'$tmp/t2'",alpha=0.5,tp=2}'
 else

@@ -157,17 +157,27 @@ local function teacher_memory(s, r)
   local tpp = kd.kd_teacher_pp or 1
   if s.pp > 1 and tpp <= 1 and r < s.pp then return none end
   local tm = kd.teacher
+  local ttp = kd.kd_teacher_tp or 1
+  -- what the session refuses (session.c teacher_stages, teacher_layout; kd_group.c), so that
+  -- the search counts such a layout refused
+  if tpp > 1 and tpp ~= s.pp then
+    error(string.format("teacher.pp = %d with mesh.pp = %d is not built: teacher.pp = mesh.pp or 1", tpp, s.pp), 0)
+  end
+  if tpp > tm.layers then
+    error(string.format("teacher.pp = %d: the teacher has %d blocks, fewer than the stages", tpp, tm.layers), 0)
+  end
+  if ttp > 1 and ((s.tp > 1 and ttp ~= s.tp) or (s.tp == 1 and s.dp % ttp ~= 0)) then
+    error(string.format("teacher.tp = %d with mesh.tp = %d, mesh.dp = %d is not built: teacher.tp = mesh.tp, or with mesh.tp = 1 a divisor of mesh.dp", ttp, s.tp, s.dp), 0)
+  end
   local stage, slots
   if tpp > 1 then
-    local L, at, per, extra = tm.layers, 0, tm.layers // tpp, tm.layers % tpp
+    local at, per, extra = 0, tm.layers // tpp, tm.layers % tpp
     for k = 1, r - 1 do at = at + per + (k <= extra and 1 or 0) end
     stage = {}
     for l = at, at + per + (r <= extra and 1 or 0) - 1 do stage[#stage + 1] = l end
-    assert(L >= tpp)
     slots = schedule_facts({ schedule = "gpipe", pp = tpp, accum = 1, chunks = 1 },
       { fwd = 1, bwd_input = 1, bwd_weight = 0, latency = 0 }).stages[r].slots
   end
-  local ttp = kd.kd_teacher_tp or 1
   local _, kept = kd_blocks(kd)
   local fp = core.footprint {
     vocab = tm.vocab, vocab_padded = tm.vocab_padded, ctx = tm.ctx, layers = tm.layers,

@@ -189,8 +189,7 @@ local function teacher_memory(s, r)
     cuda_attention = s.cuda_attention, flash_tc = s.flash_tc,
     keep_attention = kd.kd_attention and r == s.pp and kept or nil,
   }
-  return { params = fp.param_floats * F32, grads = fp.param_floats * F32, activations = fp.activations,
-    att_fused = fp.att_fused, att_floats = fp.att_floats }
+  return { params = fp.param_floats * F32, grads = fp.param_floats * F32, activations = fp.activations }
 end
 
 -- Distillation's own buffers on one rank of stage r (loom_session_memory's distill), each
@@ -217,7 +216,7 @@ local function distill_memory(t, s, r, slots)
   local vpt = tm and (tm.vocab_padded or (tm.vocab + 127) // 128 * 128)
   local ttp, tpp = kd.kd_teacher_tp or 1, kd.kd_teacher_pp or 1
   local builds = kd.kd_cache or last or tpp > 1 -- (make_teacher: this stage has a teacher part)
-  local st, te = kd_blocks(kd)
+  local st = kd_blocks(kd)
   local mapped = st and #st or 0
   local b = 0
   if last then -- the student's terms
@@ -234,8 +233,9 @@ local function distill_memory(t, s, r, slots)
       if device then b = b + 2 * R * NHl * ctx * F32 end
     end
   end
-  if kd.kd_cache then
-    if last and s.pp > 1 then b = b + s.accum * bt * V * F32 end
+  if kd.kd_cache then -- (on the last stage only: make_teacher)
+    if not last then return b end
+    if s.pp > 1 then b = b + s.accum * bt * V * F32 end
     if device then b = b + bt * V * F32 end
     return b + bt * V * F32
   end

@@ -767,10 +767,11 @@ static int l_session_info(lua_State *L)
     lua_pushinteger(L, (lua_Integer)rss_bytes("VmRSS:"));
     lua_setfield(L, -2, "rss");
     /* memory = { params=, params_peak_resident=, grads=, grads_peak_resident=, optimizer=, master=, activations=,
-     * comm=, widen=, saved=, teacher_activations= }: this rank's bytes by category (zero.h) */
+     * comm=, widen=, saved=, teacher_activations=, teacher_params=, teacher_grads=,
+     * distill= }: this rank's bytes by category (zero.h) */
     loom_memory mem;
     loom_session_memory(b->s, &mem);
-    lua_createtable(L, 0, 13);
+    lua_createtable(L, 0, 16);
     const struct { const char *k; size_t v; } cats[] = {
         {"params", mem.params}, {"params_peak_resident", mem.params_peak_resident},
         {"grads", mem.grads}, {"grads_peak_resident", mem.grads_peak_resident},
@@ -778,7 +779,9 @@ static int l_session_info(lua_State *L)
         {"params_offloaded", mem.params_offloaded},
         {"master", mem.master}, {"activations", mem.activations},
         {"comm", mem.comm}, {"widen", mem.widen}, {"saved", mem.saved},
-        {"teacher_activations", mem.teacher_activations}};
+        {"teacher_activations", mem.teacher_activations},
+        {"teacher_params", mem.teacher_params}, {"teacher_grads", mem.teacher_grads},
+        {"distill", mem.distill}};
     for (size_t i = 0; i < sizeof cats / sizeof cats[0]; i++) {
         lua_pushinteger(L, (lua_Integer)cats[i].v);
         lua_setfield(L, -2, cats[i].k);

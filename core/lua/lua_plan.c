@@ -84,7 +84,11 @@ static void set_int(lua_State *L, const char *k, size_t v)
  *   flash_tc=true} -> {param_floats, activations, slot, shared, host, num_params, entries,
  *   compute_params, widen, att_fused}. cuda_attention: the run is on the CUDA backend with
  *   LOOM_CUDA_ATTENTION at that value (flash_tc false: LOOM_CUDA_FLASH_TC=0), att sized by
- *   its rule (loom/plugin/cuda_attention.h); nil: a backend without attention_sizes. */
+ *   its rule (loom/plugin/cuda_attention.h); nil: a backend without attention_sizes.
+ *   Distillation: kd_proj_dim= (the teacher's width) and kd_proj_layers={student blocks}: a
+ *   student's teacher.layers projections; keep_attention={blocks}: the blocks whose
+ *   probabilities a term reads (loom_gpt_keep_block_attention: teacher.attention's pairs,
+ *   in the student and in the teacher). */
 /* family, kv_heads, ffn_dim and moe = {experts, top_k, every, capacity_factor} of the
  * table at idx into cfg (what loom.gpt's checked model table holds). */
 static void read_family_moe(lua_State *L, int idx, loom_gpt_config *cfg)
@@ -117,12 +121,18 @@ static int l_footprint(lua_State *L)
                            ifield(L, 1, "heads", 0), ifield(L, 1, "dim", 0)};
     if (cfg.layers < 1 || cfg.layers > 4096)
         return luaL_error(L, "footprint: layers=%d must be in 1..4096", cfg.layers);
-    unsigned char *stage = lua_newuserdatauv(L, 2 * (size_t)cfg.layers, 0); /* freed by GC */
-    unsigned char *rc = stage + cfg.layers;
+    unsigned char *stage = lua_newuserdatauv(L, 4 * (size_t)cfg.layers, 0); /* freed by GC */
+    unsigned char *rc = stage + cfg.layers, *keep = rc + cfg.layers, *proj = keep + cfg.layers;
     loom_gpt_parallel par;
     memset(&par, 0, sizeof par);
     par.canonical = bfield(L, 1, "canonical");
     read_family_moe(L, 1, &cfg);
+    /* teacher.layers' projections (lua_loom.c: kd_proj_dim = the teacher's width, one per
+     * mapped student block), table entries after ln_f */
+    cfg.kd_proj_dim = ifield(L, 1, "kd_proj_dim", 0);
+    if (index_list(L, 1, "kd_proj_layers", proj, cfg.layers))
+        for (int l = 0; l < cfg.layers && l < 64; l++)
+            cfg.kd_proj_layers |= (unsigned long long)proj[l] << l;
     par.ep = ifield(L, 1, "ep", 1); /* ep rank 0's table: every ep rank holds E/ep experts */
     par.stage_layers = index_list(L, 1, "stage_layers", stage, cfg.layers) ? stage : NULL;
     par.slots = ifield(L, 1, "slots", 1);
@@ -162,6 +172,7 @@ static int l_footprint(lua_State *L)
     loom_gpt_footprint_bytes fp;
     if (loom_gpt_footprint(&cfg, ifield(L, 1, "micro", 0), &par, ifield(L, 1, "tp", 1),
                            bfield(L, 1, "sequence_parallel"), dt, dt, ca ? &mode : NULL,
+                           index_list(L, 1, "keep_attention", keep, cfg.layers) ? keep : NULL,
                            &fp) != LOOM_OK) {
         lua_pushstring(L, loom_last_error());
         return lua_error(L);

@@ -784,7 +784,7 @@ void loom_gpt_destroy(loom_gpt *m)
 loom_status loom_gpt_footprint(const loom_gpt_config *cfg, int max_B, const loom_gpt_parallel *par,
                                int tp, int sequence_parallel, loom_dtype param_dt,
                                loom_dtype act_dt, const loom_cuda_attention_mode *cuda_att,
-                               loom_gpt_footprint_bytes *out)
+                               const unsigned char *keep_att, loom_gpt_footprint_bytes *out)
 {
     memset(out, 0, sizeof *out);
     LOOM_TRY(loom_gpt_config_check(cfg));
@@ -805,6 +805,12 @@ loom_status loom_gpt_footprint(const loom_gpt_config *cfg, int max_B, const loom
             m->plan_att = *cuda_att;
             m->plan_att.deterministic = m->canonical;
         }
+        if (keep_att && !(m->att_keep = malloc((size_t)cfg->layers))) /* (gpt_free_setup frees it) */
+            st = loom_fail(LOOM_ERR_NOMEM, "out of memory");
+        else if (keep_att)
+            memcpy(m->att_keep, keep_att, (size_t)cfg->layers);
+    }
+    if (st == LOOM_OK) {
         size_activations(m);
         if (w16) { /* gpt_precision.c: the 16-bit compute copy, the fp32 widening scratch */
             gpt_w16_layout(m, NULL);

@@ -223,11 +223,15 @@ typedef struct loom_gpt_footprint_bytes {
  * tensor-core kernels allowed; deterministic is taken from par->canonical, the mode
  * training sets), att and the backward's scratch sized by that backend's rule
  * (loom/plugin/cuda_attention.h, which its attention_sizes op computes) and its 16-bit
- * attention ops; NULL: a backend without attention_sizes (the batched path's (B,NH,T,T)). */
+ * attention ops; NULL: a backend without attention_sizes (the batched path's (B,NH,T,T)).
+ * keep_att[layers] (NULL: none): the blocks loom_gpt_keep_block_attention was called for (a
+ * distillation term reads their probabilities: the student's and the teacher's mapped
+ * blocks), sized as the run sizes them (on the CUDA backend's fused path, the batched
+ * path's att and scratch for those blocks). */
 loom_status loom_gpt_footprint(const loom_gpt_config *cfg, int max_B, const loom_gpt_parallel *par,
                                int tp, int sequence_parallel, loom_dtype param_dt,
                                loom_dtype act_dt, const loom_cuda_attention_mode *cuda_att,
-                               loom_gpt_footprint_bytes *out);
+                               const unsigned char *keep_att, loom_gpt_footprint_bytes *out);
 /* Milliseconds spent inside tensor-parallel exchanges since the last call. */
 double loom_gpt_take_comm_ms(loom_gpt *m);
 /* B*T of a forward must be a multiple of this (tp under sequence parallelism, else 1). */

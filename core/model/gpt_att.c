@@ -84,20 +84,27 @@ static void (*allow_op(const loom_gpt *m))(void *, int)
                : NULL;
 }
 
-void gpt_att_size_kept(const loom_gpt *m, size_t *att, size_t *scratch)
+/* loom_gpt_footprint of a run on the CUDA backend (no backend): that backend has the switch
+ * (attention_allow_fused), so a kept block is sized as its batched path, as the run sizes it. */
+static int can_force(const loom_gpt *m) { return allow_op(m) || (!m->be && m->plan_cuda); }
+
+void gpt_att_size_kept(loom_gpt *m, size_t *att, size_t *scratch)
 {
     void (*allow)(void *, int) = allow_op(m);
-    int fused;
+    int fused, flash = m->plan_att.flash;
     if (allow)
         allow(m->be->self, 0);
+    if (!m->be) /* the footprint: the rule with the fused kernels off (fused_off's effect) */
+        m->plan_att.flash = 0;
     gpt_att_size(m, att, scratch, &fused);
     if (allow)
         allow(m->be->self, 1);
+    m->plan_att.flash = flash;
 }
 
 int gpt_att_forced(const loom_gpt *m, int l)
 {
-    return l >= 0 && m->att_keep && m->att_keep[l] && m->att_fused && allow_op(m);
+    return l >= 0 && m->att_keep && m->att_keep[l] && m->att_fused && can_force(m);
 }
 
 int gpt_att_probabilities(const loom_gpt *m, int l)

@@ -92,6 +92,8 @@ static loom_status kd_prepare(loom_gpt *m, size_t t_stride, float T, float alpha
             m->kd_grad = malloc(R * per_row * sizeof(float));
         }
         m->kd_loss = malloc(R * sizeof(double));
+        m->kd_bytes += R * per_row * sizeof(float) +
+                       (loom_backend_device_memory(m->be) ? 2 : 1) * R * sizeof(double);
         if (!m->kd_grad || !m->kd_loss || (loom_backend_device_memory(m->be) && !m->kd_dev_loss))
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the distillation buffers (%zu MiB)",
                       R * per_row * sizeof(float) >> 20);
@@ -218,4 +220,7 @@ void gpt_distill_free(loom_gpt *m)
     free(m->kd_loss);
     gpt_distill_hidden_free(m);
     gpt_distill_attn_free(m);
+    m->kd_bytes = 0;
 }
+
+size_t loom_gpt_distill_bytes(const loom_gpt *m) { return m->kd_bytes; }

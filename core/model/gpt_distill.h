@@ -92,6 +92,10 @@ const float *loom_gpt_block_attention(const loom_gpt *m, int l);
  * (loom_gpt_set_distill_attention). Elsewhere a flag only; where it changes the layout the
  * activations are laid out again, so call it before taking pointers into them. */
 loom_status loom_gpt_keep_block_attention(loom_gpt *m, int l);
+/* Bytes the distillation terms allocated in this model (the logit term's gradient rows and
+ * loss, the hidden and attention terms' rows, scratch and copies; not their pointer arrays):
+ * loom_session_memory's distill. */
+size_t loom_gpt_distill_bytes(const loom_gpt *m);
 
 /* Block l's probabilities of the last forward (B, T as it ran) with all heads, into whole
  * (B,NH,T,T), host memory: under tensor parallelism every rank's heads all-gathered

@@ -84,6 +84,8 @@ loom_status loom_gpt_set_distill_attention(loom_gpt *m, const float *const *teac
         m->kd_datt = malloc(R * (size_t)m->NHl * (size_t)m->cfg.ctx * sizeof(float));
         m->kd_aloss = malloc(R * sizeof(double));
         m->kd_hsum = malloc((size_t)(m->tp + 1) * R * (size_t)m->NHl * sizeof(double));
+        m->kd_bytes += R * (size_t)m->NHl * (size_t)m->cfg.ctx * sizeof(float) + R * sizeof(double) +
+                       (size_t)(m->tp + 1) * R * (size_t)m->NHl * sizeof(double);
         if (!m->kd_datt || !m->kd_aloss || !m->kd_hsum)
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the attention-probability term");
     }
@@ -92,13 +94,17 @@ loom_status loom_gpt_set_distill_attention(loom_gpt *m, const float *const *teac
         size_t n = R * (size_t)m->NHl * (size_t)m->cfg.ctx;
         m->kd_ps_host = malloc(n * sizeof(float));
         m->kd_datt_dev = k->alloc(m->be->self, n * sizeof(float));
+        m->kd_bytes += 2 * n * sizeof(float);
         if (!m->kd_ps_host || !m->kd_datt_dev)
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the attention-probability term's copies");
     }
-    if (teacher_att && loom_backend_device_memory(m->be) && m->tp_ops && !m->kd_hsum_dev &&
-        !(m->kd_hsum_dev = k->alloc(m->be->self, (size_t)(m->tp + 1) * R * (size_t)m->NHl *
-                                                     sizeof(double))))
-        LOOM_FAIL(LOOM_ERR_NOMEM, "out of device memory for the attention term's tp gather");
+    if (teacher_att && loom_backend_device_memory(m->be) && m->tp_ops && !m->kd_hsum_dev) {
+        /* the per-head row sums gathered over the tp group on the device */
+        size_t bytes = (size_t)(m->tp + 1) * R * (size_t)m->NHl * sizeof(double);
+        if (!(m->kd_hsum_dev = k->alloc(m->be->self, bytes)))
+            LOOM_FAIL(LOOM_ERR_NOMEM, "out of device memory for the attention term's tp gather");
+        m->kd_bytes += bytes;
+    }
     m->kd_att = teacher_att;
     m->kd_gamma = gamma;
     m->kd_att_h0 = 0; /* the teacher split as the student: its heads are this rank's */

@@ -164,6 +164,7 @@ loom_status loom_gpt_set_distill_hidden(loom_gpt *m, const float *const *teacher
         m->kd_dh_host = malloc(R * C * sizeof(float));
         m->kd_w_host = malloc(Ct * C * sizeof(float));
         m->kd_dw_host = malloc(Ct * C * sizeof(float));
+        m->kd_bytes += 2 * (R * C + Ct * C) * sizeof(float);
         if (!m->kd_hs_host || !m->kd_dh_host || !m->kd_w_host || !m->kd_dw_host)
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the hidden-state terms' host copies");
     }
@@ -174,6 +175,7 @@ loom_status loom_gpt_set_distill_hidden(loom_gpt *m, const float *const *teacher
         m->kd_y = malloc(R * Ct * sizeof(float));
         /* the gather's destination: the tp group's buffers are the backend's on a device */
         m->kd_hall = m->sp ? term_alloc(m, R * C * sizeof(float)) : NULL;
+        m->kd_bytes += R * sizeof(double) + (R * Ct + (m->sp ? R * C : 0)) * sizeof(float);
         if (!m->kd_dh || !m->kd_dw || !m->kd_hloss || !m->kd_y || (m->sp && !m->kd_hall))
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the hidden-state terms");
     }
@@ -184,6 +186,10 @@ loom_status loom_gpt_set_distill_hidden(loom_gpt *m, const float *const *teacher
         m->kd_h_first = l;
         for (int sl = 0; sl < S; sl++) {
             size_t i = (size_t)sl * L + l;
+            if (!m->kd_dh[i])
+                m->kd_bytes += R * C * sizeof(float);
+            if (!m->kd_dw[i])
+                m->kd_bytes += Ct * C * sizeof(float);
             if ((!m->kd_dh[i] && !(m->kd_dh[i] = term_alloc(m, R * C * sizeof(float)))) ||
                 (!m->kd_dw[i] && !(m->kd_dw[i] = term_alloc(m, Ct * C * sizeof(float)))))
                 LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the hidden-state terms");

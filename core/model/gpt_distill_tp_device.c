@@ -34,8 +34,11 @@ static loom_status tp_indices(loom_gpt *m, size_t R)
         return LOOM_OK;
     const loom_backend_ops *k = m->be->ops;
     size_t tp = (size_t)m->tp, cap = (size_t)m->max_B * (size_t)m->cfg.ctx;
-    if (!m->kd_tp_idx && !(m->kd_tp_idx = k->alloc(m->be->self, cap * (tp + 1) * sizeof(int))))
-        LOOM_FAIL(LOOM_ERR_NOMEM, "out of device memory for distillation's tp row indices");
+    if (!m->kd_tp_idx) {
+        if (!(m->kd_tp_idx = k->alloc(m->be->self, cap * (tp + 1) * sizeof(int))))
+            LOOM_FAIL(LOOM_ERR_NOMEM, "out of device memory for distillation's tp row indices");
+        m->kd_bytes += cap * (tp + 1) * sizeof(int);
+    }
     int *idx = malloc(R * (tp + 1) * sizeof(int));
     if (!idx)
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for distillation's tp row indices");

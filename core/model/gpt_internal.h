@@ -153,6 +153,9 @@ struct loom_gpt {
     const float *kd_step_rows;         /* rows), and the teacher's rows in the same order */
     size_t kd_rows;
     float kd_T, kd_alpha;
+    size_t kd_bytes;                   /* what the distillation terms allocated below (the
+                                        * buffers sized by R, C, the vocabulary or the heads;
+                                        * not the pointer arrays): loom_gpt_distill_bytes */
     float *kd_grad;                    /* (R,Vl) alpha dloss d kd / d z_s: host, or the
                                         * backend's on a device backend (kd_rows op) */
     double *kd_loss;                   /* (R) host */
@@ -291,7 +294,7 @@ loom_dtype gpt_attention_dt(const loom_gpt *m);
 void gpt_att_size(const loom_gpt *m, size_t *att, size_t *scratch, int *fused);
 /* A block keeping its probabilities (att_keep): the batched path's att and scratch, with
  * the backend's fused kernels turned off (its attention_allow_fused; without it, gpt_att_size's). */
-void gpt_att_size_kept(const loom_gpt *m, size_t *att, size_t *scratch);
+void gpt_att_size_kept(loom_gpt *m, size_t *att, size_t *scratch);
 /* 1 if block l's att holds probabilities after its forward: not the fused kernels' state,
  * or kept (att_keep) on a backend that can turn them off. */
 int gpt_att_probabilities(const loom_gpt *m, int l);

@@ -208,6 +208,12 @@ struct loom_kd_cache {
     float *rows;        /* micro*seq dense rows of vocab */
 };
 
+size_t loom_kd_cache_bytes(const loom_kd_cache *c)
+{
+    return record_bytes(&c->shape) + (size_t)c->shape.micro * (size_t)c->shape.seq *
+                                         (size_t)c->shape.vocab * sizeof(float);
+}
+
 void loom_kd_cache_close(loom_kd_cache *c)
 {
     if (!c)

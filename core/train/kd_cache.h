@@ -69,5 +69,7 @@ loom_status loom_kd_cache_rows(loom_kd_cache *c, int64_t g, const int *tokens,
                                const float **rows);
 const loom_kd_cache_shape *loom_kd_cache_info(const loom_kd_cache *c);
 void loom_kd_cache_close(loom_kd_cache *c);
+/* Bytes it holds: one record as read and the micro-batch's dense rows (loom_session_memory). */
+size_t loom_kd_cache_bytes(const loom_kd_cache *c);
 
 #endif

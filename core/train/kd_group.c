@@ -150,6 +150,18 @@ loom_status loom_kd_group_open(int n, int B, int T, int accum, size_t vp, int ca
     return LOOM_OK;
 }
 
+size_t loom_kd_group_bytes(const loom_kd_group *g)
+{
+    size_t micro = (size_t)g->accum * g->dp * g->bt; /* tokens, targets, rows, blocks (group_open) */
+    size_t b = 2 * micro * sizeof(int) + (size_t)g->accum * g->bt * g->vp * sizeof(float) + 1 +
+               2 * g->bt * g->vp * sizeof(float) + 1;
+    for (int l = 0; l < g->L; l++)
+        if (g->map[l] >= 0) /* keep_terms: each mapped block's outputs (and probabilities) */
+            b += (size_t)g->accum * g->bt * g->ct * sizeof(float) +
+                 (g->attention ? (size_t)g->accum * g->att * sizeof(float) : 0);
+    return b + (g->attention ? 2 * g->att * sizeof(float) : 0);
+}
+
 void loom_kd_group_close(loom_kd_group *g)
 {
     if (!g)

@@ -43,6 +43,9 @@ loom_status loom_kd_group_open(int n, int B, int T, int accum, size_t vp, int ca
                                const struct loom_backend *be, loom_kd_group **out);
 /* After the teacher built on its strategy is destroyed. */
 void loom_kd_group_close(loom_kd_group *g);
+/* Bytes it allocated: the step's tokens and targets, this rank's rows and the gather's
+ * scratch (each + 1), and keep_terms' outputs and probabilities (loom_session_memory). */
+size_t loom_kd_group_bytes(const loom_kd_group *g);
 
 /* The teacher's tp strategy (for loom_gpt_parallel's tp_ops, tp_self). */
 const loom_strategy_ops *loom_kd_group_strategy(loom_kd_group *g, void **self);

@@ -81,6 +81,8 @@ struct loom_session {
     loom_plugin_config teacher_tp_cfg;   /* that strategy's config (the student's, or with
                                           * sequence parallelism off: teacher_layout) */
     float *kd_whole;                     /* (2 x B*T x teacher's Vp): scratch, then the rows */
+    size_t kd_bytes;                     /* what the session allocated for distillation here:
+                                          * kd_step, kd_whole, kd_dev_rows, kd_hstep, kd_astep */
     float *kd_dev_rows;                  /* a device backend: a cache's rows (B*T x vocab) there */
     loom_kd_group *kd_group;             /* teacher.tp across dp ranks (kd_group.h), else NULL */
     loom_pipeline *teacher_pipe;         /* teacher.pp = mesh.pp: its stages' pipeline, else NULL */
@@ -356,6 +358,7 @@ static loom_status distill_hidden_open(loom_session *s, const loom_session_confi
             * fills; a device backend: the micro-batch's, copied to the host (host_terms) */
             if (!(s->kd_hstep[l] = malloc(rows * (size_t)tc->dim * sizeof(float))))
                 LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the teacher's hidden rows of a step");
+            s->kd_bytes += rows * (size_t)tc->dim * sizeof(float);
             s->kd_h[l] = s->kd_hstep[l];
         }
     }
@@ -388,6 +391,7 @@ static loom_status distill_hidden_open(loom_session *s, const loom_session_confi
             * of the step; a device backend: the micro-batch's, copied to the host */
             if (!(s->kd_astep[l] = malloc(A * sizeof(float))))
                 LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the teacher's probabilities of a step");
+            s->kd_bytes += A * sizeof(float);
             s->kd_att[l] = s->kd_astep[l];
         }
     }
@@ -452,6 +456,7 @@ static loom_status teacher_layout(loom_session *s, const loom_session_config *cf
     if (!s->kd_whole)
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the split teacher's whole rows (%zu MiB)",
                   2 * rows * vp * sizeof(float) >> 20);
+    s->kd_bytes += 2 * rows * vp * sizeof(float);
     return LOOM_OK;
 }
 
@@ -525,10 +530,13 @@ static loom_status make_teacher(loom_session *s, const loom_session_config *cfg)
         if (!s->kd_step)
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the teacher's rows of a step (%zu MiB)",
                       rows * stride * sizeof(float) >> 20);
+        s->kd_bytes += rows * stride * sizeof(float);
     }
     if (cfg->kd_cache && s->device && !(s->kd_dev_rows = s->backend.ops->alloc(s->backend.self,
             (size_t)cfg->micro_batch * cfg->seq * (size_t)mc->vocab * sizeof(float))))
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory on the device for a cache's teacher rows");
+    if (s->kd_dev_rows)
+        s->kd_bytes += (size_t)cfg->micro_batch * cfg->seq * (size_t)mc->vocab * sizeof(float);
     if (cfg->kd_cache) /* teacher = { cache = FILE }: its logits written before (kd_cache.h) */
         return loom_kd_cache_open(cfg->kd_cache, mc->vocab, cfg->micro_batch, cfg->seq,
                                   &s->kd_cache);
@@ -1683,6 +1691,13 @@ void loom_session_memory(loom_session *s, loom_memory *out)
     out->activations = loom_gpt_activation_bytes(s->model);
     out->saved = loom_gpt_saved_activation_bytes(s->model);
     out->teacher_activations = s->teacher ? loom_gpt_activation_bytes(s->teacher) : 0;
+    /* the teacher is built by loom_gpt_create as any model: fp32 parameters and a gradient
+     * buffer of their size (backend memory, zeroed: resident), never made 16-bit */
+    out->teacher_params = s->teacher ? loom_gpt_params(s->teacher)->total * sizeof(float) : 0;
+    out->teacher_grads = out->teacher_params;
+    out->distill = s->kd_bytes + loom_gpt_distill_bytes(s->model) +
+                   (s->kd_group ? loom_kd_group_bytes(s->kd_group) : 0) +
+                   (s->kd_cache ? loom_kd_cache_bytes(s->kd_cache) : 0);
     out->comm += loom_grad_sync_buffer_bytes(s->sync);
     if (s->compress) /* the residual and the messages */
         out->comm += loom_compress_buffer_bytes(s->compress);

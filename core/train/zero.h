@@ -60,6 +60,14 @@ typedef struct loom_memory {
                            * its storage (2 bytes a value with 16-bit activations; gpt.h) */
     size_t teacher_activations; /* an in-process teacher's activations (distillation; 0: none
                                  * here), not counted in activations */
+    size_t teacher_params; /* its fp32 parameters on this rank (its tp slice, its teacher.pp
+                            * stage's blocks; 0: no teacher here), not counted in params */
+    size_t teacher_grads;  /* the gradient buffer loom_gpt_create allocates beside them (as
+                            * large; a frozen teacher never writes it), not in grads */
+    size_t distill;        /* distillation's own buffers here: the session's (the step's
+                            * teacher rows under pp, teacher.tp's gathered rows, the terms'
+                            * step rows), the student's terms' (loom_gpt_distill_bytes), a
+                            * teacher.tp group's (loom_kd_group_bytes), a cache's rows */
 } loom_memory;
 
 typedef struct loom_zero_config {

@@ -377,6 +377,9 @@ local function resolve_teacher(t, where, student)
   return out
 end
 
+-- (loom plan sizes the teacher from the same keys the session is given: plan.lua)
+loom.resolve_teacher = resolve_teacher
+
 -- teacher.checkpoint -> its manifest's model and the step directory.
 function checkpoint_model(dir, where)
   local f = io.open(dir .. "/manifest.json", "rb")

@@ -35,6 +35,7 @@ local function cuda_attention(t)
 end
 
 -- The recipe's layout in plain numbers, defaults as loom.train gives them.
+local resolved = setmetatable({}, { __mode = "k" })
 local function shape_of(t)
   local mesh, st = t.mesh or {}, t.strategy or {}
   local dp, tp, pp, ep = mesh.dp or 1, mesh.tp or 1, mesh.pp or 1, mesh.ep or 1
@@ -50,6 +51,13 @@ local function shape_of(t)
   local off_params = type(st.offload) == "table" and st.offload.params == true
   local sched = pp > 1 and (t.schedule or "1f1b") or nil
   local cuda_att, flash_tc = cuda_attention(t)
+  -- a distillation teacher: the keys the session is given (init.lua's resolve_teacher: the
+  -- model's shape from its llm.c file or its checkpoint's manifest)
+  local kd = t.teacher and resolved[t.teacher]
+  if t.teacher and not kd then -- (once per teacher table: the search plans many layouts)
+    kd = require("loom").resolve_teacher(t.teacher, "teacher: ", t.model)
+    resolved[t.teacher] = kd
+  end
   return {
     dp = dp, tp = tp, pp = pp, ep = ep, micro = t.batch.micro, seq = t.batch.seq, accum = accum,
     zero = (dp > 1 and st.zero) or 0, zero_asked = st.zero or 0,
@@ -61,9 +69,20 @@ local function shape_of(t)
     optimizer = type(t.optimizer) == "table" and (t.optimizer[1] or t.optimizer.name) or t.optimizer,
     threads = t.threads or 0,
     cuda_attention = cuda_att, flash_tc = flash_tc,
+    kd = kd,
   }
 end
 plan.shape_of = shape_of
+
+-- teacher.layers' map as lists: the student blocks (their projections; with
+-- teacher.attention the blocks that keep their probabilities) and the teacher blocks
+local function kd_blocks(kd)
+  if not (kd and kd.kd_layers) then return nil, nil end
+  local st, te = {}, {}
+  for sb, tb in pairs(kd.kd_layers) do st[#st + 1], te[#te + 1] = sb, tb end
+  table.sort(st); table.sort(te)
+  return st, te
+end
 
 -- Optimizer state floats per parameter (the plugins' state_per_param).
 local state_slots = { adamw = 2, sgd = 1 }
@@ -122,12 +141,133 @@ local function schedule_facts(s, costs)
   return facts
 end
 
+-- A distillation teacher on one rank of stage r (1-based), as session.c's make_teacher
+-- builds it: a second model by loom_gpt_create (its fp32 parameters, a gradient buffer of
+-- their size, its activations at batch.micro x its ctx; never 16-bit), on the last stage
+-- only unless teacher.pp = mesh.pp (its blocks split evenly over the stages, the first
+-- L mod pp one larger: pipeline_split.h with equal costs; its own gpipe pipeline of one
+-- micro-batch sets its activation sets), split by teacher.tp over the student's tp group
+-- (sequence parallelism as the student's, off with teacher.layers) or across dp ranks (no
+-- sequence parallelism: kd_group.c); with teacher.attention its mapped blocks keep their
+-- probabilities where the terms run (the last stage). A cache runs no teacher.
+local function teacher_memory(s, r)
+  local kd = s.kd
+  local none = { params = 0, grads = 0, activations = 0 }
+  if not kd or kd.kd_cache or not kd.teacher then return none end
+  local tpp = kd.kd_teacher_pp or 1
+  if s.pp > 1 and tpp <= 1 and r < s.pp then return none end
+  local tm = kd.teacher
+  local ttp = kd.kd_teacher_tp or 1
+  -- what the session refuses (session.c teacher_stages, teacher_layout; kd_group.c), so that
+  -- the search counts such a layout refused
+  if tpp > 1 and tpp ~= s.pp then
+    error(string.format("teacher.pp = %d with mesh.pp = %d is not built: teacher.pp = mesh.pp or 1", tpp, s.pp), 0)
+  end
+  if tpp > tm.layers then
+    error(string.format("teacher.pp = %d: the teacher has %d blocks, fewer than the stages", tpp, tm.layers), 0)
+  end
+  if ttp > 1 and ((s.tp > 1 and ttp ~= s.tp) or (s.tp == 1 and s.dp % ttp ~= 0)) then
+    error(string.format("teacher.tp = %d with mesh.tp = %d, mesh.dp = %d is not built: teacher.tp = mesh.tp, or with mesh.tp = 1 a divisor of mesh.dp", ttp, s.tp, s.dp), 0)
+  end
+  local stage, slots
+  if tpp > 1 then
+    local at, per, extra = 0, tm.layers // tpp, tm.layers % tpp
+    for k = 1, r - 1 do at = at + per + (k <= extra and 1 or 0) end
+    stage = {}
+    for l = at, at + per + (r <= extra and 1 or 0) - 1 do stage[#stage + 1] = l end
+    slots = schedule_facts({ schedule = "gpipe", pp = tpp, accum = 1, chunks = 1 },
+      { fwd = 1, bwd_input = 1, bwd_weight = 0, latency = 0 }).stages[r].slots
+  end
+  local _, kept = kd_blocks(kd)
+  local fp = core.footprint {
+    vocab = tm.vocab, vocab_padded = tm.vocab_padded, ctx = tm.ctx, layers = tm.layers,
+    heads = tm.heads, dim = tm.dim, micro = s.micro, tp = ttp,
+    sequence_parallel = ttp > 1 and s.tp > 1 and s.sp and not kd.kd_layers or false,
+    canonical = s.canonical, stage_layers = stage, slots = slots,
+    family = tm.family, kv_heads = tm.kv_heads, ffn_dim = tm.ffn_dim, tie_embeddings = tm.tie_embeddings,
+    moe = tm.moe, precision = "fp32",
+    cuda_attention = s.cuda_attention, flash_tc = s.flash_tc,
+    keep_attention = kd.kd_attention and r == s.pp and kept or nil,
+  }
+  return { params = fp.param_floats * F32, grads = fp.param_floats * F32, activations = fp.activations }
+end
+
+-- Distillation's own buffers on one rank of stage r (loom_session_memory's distill), each
+-- as its allocation sizes it: the student's terms where its head is (gpt_distill.c's
+-- kd_prepare: the logit term's gradient rows R x (Vl + 2 Vp under tp) and its losses, a
+-- device's second losses and, under tp, its row indices; gpt_distill_hidden.c: per mapped
+-- block and activation set d h and d W, the projection's output and losses, sequence
+-- parallelism's gathered rows, a device's host copies; gpt_distill_attn.c: the
+-- probabilities' gradient row block, the losses and per-head sums, a device's copies),
+-- R = batch.micro x the student's ctx; the session's (session.c: the step's teacher rows
+-- under pp, teacher.tp's gathered rows, the terms' rows of the step under pp or on a
+-- device, a cache's device rows); a teacher.tp group's across dp ranks (kd_group.c) and
+-- a cache's dense rows (kd_cache.c; its record buffer, 8 B T k + 16 bytes, k from the
+-- file, is not counted here).
+local function distill_memory(t, s, r, slots)
+  local kd = s.kd
+  if not kd then return 0 end
+  local m, tm = t.model, kd.teacher
+  local device = t.backend == "cuda" or t.backend == "cudaemu"
+  local last = r == s.pp
+  local B, T, ctx, V = s.micro, s.seq, m.ctx, m.vocab
+  local R, bt = B * ctx, B * s.seq
+  local vps = m.vocab_padded or (V + 127) // 128 * 128
+  local vpt = tm and (tm.vocab_padded or (tm.vocab + 127) // 128 * 128)
+  local ttp, tpp = kd.kd_teacher_tp or 1, kd.kd_teacher_pp or 1
+  local builds = kd.kd_cache or last or tpp > 1 -- (make_teacher: this stage has a teacher part)
+  local st = kd_blocks(kd)
+  local mapped = st and #st or 0
+  local b = 0
+  if last then -- the student's terms
+    b = b + R * (vps // s.tp + (s.tp > 1 and 2 * vps or 0)) * F32 + (device and 2 or 1) * R * 8
+    if device and s.tp > 1 then b = b + R * (s.tp + 1) * 4 end
+    if kd.kd_layers then
+      local C, Ct = m.dim, tm.dim
+      if device then b = b + 2 * (R * C + Ct * C) * F32 end
+      b = b + R * 8 + (R * Ct + (s.sp and R * C or 0)) * F32 + mapped * slots * (R * C + Ct * C) * F32
+    end
+    if kd.kd_attention then
+      local NHl = m.heads // s.tp
+      b = b + R * NHl * ctx * F32 + R * 8 + (s.tp + 1) * R * NHl * 8
+      if device then b = b + 2 * R * NHl * ctx * F32 end
+      if device and s.tp > 1 then b = b + (s.tp + 1) * R * NHl * 8 end -- (the tp gather's sums)
+    end
+  end
+  if kd.kd_cache then -- (on the last stage only: make_teacher)
+    if not last then return b end
+    if s.pp > 1 then b = b + s.accum * bt * V * F32 end
+    if device then b = b + bt * V * F32 end
+    return b + bt * V * F32
+  end
+  if not builds then return b end
+  if last and s.pp > 1 then b = b + s.accum * bt * vpt * F32 end
+  if ttp > 1 and s.tp > 1 then b = b + 2 * bt * vpt * F32 end
+  if last and kd.kd_layers and (s.pp > 1 or device) then
+    b = b + mapped * s.accum * bt * tm.dim * F32
+    if kd.kd_attention then
+      local held = (ttp > 1 and s.tp > 1) and tm.heads // ttp or tm.heads
+      b = b + mapped * s.accum * B * held * T * T * F32
+    end
+  end
+  if ttp > 1 and s.tp == 1 then -- kd_group.c: teacher.tp across dp ranks
+    local vp = last and vpt or 0
+    b = b + 2 * s.accum * s.dp * bt * 4 + s.accum * bt * vp * F32 + 1 + 2 * bt * vp * F32 + 1
+    if last and kd.kd_layers then
+      local att = kd.kd_attention and bt * tm.heads * T or 0
+      b = b + mapped * (s.accum * bt * tm.dim * F32 + s.accum * att * F32) + 2 * att * F32
+    end
+  end
+  return b
+end
+
 -- Bytes by category for one rank of pipeline stage `r` (1-based).
 local function stage_memory(t, s, blocks, facts, r, opts)
   local m = t.model
   local st = facts and facts.stages[r] or { slots = 1, split = false }
   local rc, rc_layers = s.recompute, nil
   if type(rc) == "table" then rc, rc_layers = "none", rc end
+  local kd_st = kd_blocks(s.kd) -- (teacher.layers: the student's projections, kept blocks)
   local fp = core.footprint {
     vocab = m.vocab, vocab_padded = m.vocab_padded, ctx = m.ctx, layers = m.layers,
     heads = m.heads, dim = m.dim, micro = s.micro, tp = s.tp, sequence_parallel = s.sp,
@@ -136,6 +276,8 @@ local function stage_memory(t, s, blocks, facts, r, opts)
     family = m.family, kv_heads = m.kv_heads, ffn_dim = m.ffn_dim, tie_embeddings = m.tie_embeddings,
     moe = m.moe, ep = s.ep, precision = s.precision,
     cuda_attention = s.cuda_attention, flash_tc = s.flash_tc,
+    kd_proj_dim = kd_st and s.kd.teacher.dim or nil, kd_proj_layers = kd_st,
+    keep_attention = s.kd and s.kd.kd_attention and kd_st or nil,
   }
   local psi = fp.param_floats
   local part = s.zero > 0 and core.zero_padded(psi, s.dp) // s.dp or psi
@@ -248,8 +390,13 @@ local function stage_memory(t, s, blocks, facts, r, opts)
   if half then -- session.c's loom_session_memory: master = the fp32 parameters held here
     mem.master, mem.params = mem.params, fp.compute_params
   end
+  -- a distillation teacher (session.c: teacher_params, teacher_grads, teacher_activations)
+  local tmem = teacher_memory(s, r)
+  mem.teacher_params, mem.teacher_grads, mem.teacher_activations = tmem.params, tmem.grads, tmem.activations
+  mem.distill = distill_memory(t, s, r, st.slots)
+  mem.teacher = tmem.params + tmem.grads + tmem.activations + mem.distill
   mem.model_states = mem.params + mem.grads + mem.optimizer + mem.master
-  mem.total = mem.model_states + mem.activations + mem.comm + mem.workspace + mem.transient
+  mem.total = mem.model_states + mem.activations + mem.comm + mem.workspace + mem.transient + mem.teacher
   return mem, psi, fp, ep_split
 end
 
@@ -739,6 +886,16 @@ function plan.layout(t, machine, opts)
     if s.ep > 1 and s.canonical then
       assume("canonical ep's per-source expert gradient sums (session_ep.c) not counted in memory")
     end
+  end
+  if s.kd then
+    local tm = s.kd.teacher
+    assume(s.kd.kd_cache and "teacher: a cache (loom distill-cache): no teacher model here; its dense rows counted, its record buffer (8 B T k + 16 bytes) not; reading it and the logit term not in the step time"
+      or string.format("teacher: %s (L=%d C=%d ctx=%d), fp32 parameters and their unused gradient buffer, activations at micro %d x its ctx%s%s%s; the distillation buffers as allocated; its forward and the terms not in the step time (docs/PLAN.md)",
+        s.kd.teacher_checkpoint or s.kd.teacher_init or "?", tm.layers, tm.dim, tm.ctx, s.micro,
+        (s.kd.kd_teacher_tp or 1) > 1 and string.format(", split by teacher.tp = %d", s.kd.kd_teacher_tp) or "",
+        (s.kd.kd_teacher_pp or 1) > 1 and string.format(", its blocks over the %d stages", s.kd.kd_teacher_pp)
+          or s.pp > 1 and ", on the last stage only" or "",
+        s.kd.kd_attention and s.cuda_attention == "flash" and ", the mapped blocks on the batched path (teacher.attention)" or ""))
   end
   if s.zero_asked > 0 and s.zero == 0 then assume(string.format("zero=%d has nothing to partition with dp=1", s.zero_asked)) end
   -- each stage's own work per step (what its rank's CPU clock counts: its passes, its

@@ -92,7 +92,10 @@ function cli.report(p, out)
     { "master weights", "master" }, { "activations", "activations" },
     { "communication buffers", "comm" }, { "workspace", "workspace" },
     { "zero transient", "transient" }, { "(optimizer offloaded)", "optimizer_offloaded" },
-    { "(params offloaded)", "params_offloaded" }, { "total", "total" },
+    { "(params offloaded)", "params_offloaded" }, { "teacher parameters", "teacher_params" },
+    { "teacher gradient buffer", "teacher_grads" }, { "teacher activations", "teacher_activations" },
+    { "distillation buffers", "distill" },
+    { "total", "total" },
   }
   for _, row in ipairs(rows) do
     local any = false
@@ -162,7 +165,8 @@ end
 local function search_report(res, out)
   out(string.format("search: %d ranks, %d per node, %s per device, %d sequences per step: %d layouts tried, %d fit%s",
     res.world, res.devices_per_node, human_bytes(res.mem), res.global_batch, res.tried, res.fit,
-    res.refused > 0 and string.format(" (%d refused by their schedule's shape rules)", res.refused) or ""))
+    res.refused > 0 and string.format(" (%d refused by their schedule's shape rules%s)", res.refused,
+      res.teacher and " or the teacher's layout rules" or "") or ""))
   out(string.format("rules: tp inside a node %s; pipeline stages across nodes %s",
     res.rules.tp_in_node and "(on; --any-tp lifts it)" or "(lifted)",
     res.rules.pp_across_nodes and "(on; --any-pp lifts it)" or "(lifted)"))

@@ -98,7 +98,8 @@ function search.run(t, machine, opts)
                         r.strategy = { zero = z, offload = off and { optimizer = off, params = offp or nil } or nil }
                         r.precision = precision
                         tried = tried + 1
-                        -- a layout the schedule plugin refuses (its shape rules) is skipped
+                        -- a layout the schedule plugin refuses (its shape rules), or a
+                        -- teacher layout the session refuses (plan.lua), is skipped
                         local ok, p = pcall(plan.layout, r, machine, { devices_per_node = G })
                         if not ok then refused = refused + 1; p = nil end
                         local need = p and p.rss -- the largest rank, the runtime's own bytes included
@@ -146,7 +147,7 @@ function search.run(t, machine, opts)
   end)
   local top = {}
   for i = 1, math.min(opts.top or 10, #rows) do top[i] = rows[i] end
-  return { ranked = top, tried = tried, fit = fits, refused = refused, global_batch = global, world = N,
+  return { ranked = top, tried = tried, fit = fits, refused = refused, teacher = t.teacher ~= nil, global_batch = global, world = N,
     devices_per_node = G, mem = opts.mem, rules = { tp_in_node = tp_in_node, pp_across_nodes = pp_across } }
 end
 

@@ -262,6 +262,13 @@ local function memory_line(info, zero, dp)
   if (mem.widen or 0) > 0 then -- 16-bit weights: the fp32 scratch they are widened into
     note = string.format(" | widen scratch %s", mib(mem.widen)) .. note
   end
+  if (mem.teacher_params or 0) > 0 then -- distillation: the teacher's, beside the student's
+    note = string.format(" | teacher params %s, grads buffer %s, activations %s", mib(mem.teacher_params),
+      mib(mem.teacher_grads), mib(mem.teacher_activations)) .. note
+  end
+  if (mem.distill or 0) > 0 then -- the distillation terms' own buffers (session.c)
+    note = string.format(" | distillation buffers %s", mib(mem.distill)) .. note
+  end
   if info.offload ~= "none" then
     note = string.format(" | optimizer offloaded (%s) %s", info.offload, mib(mem.optimizer_offloaded))
       .. ((mem.params_offloaded or 0) > 0 and string.format(" | params offloaded %s", mib(mem.params_offloaded)) or "")

@@ -42,6 +42,11 @@ return {
         if r.step == 1 and m.teacher_activations > 0 then
           print(string.format("TACT %d", m.teacher_activations))
         end
+        -- and its parameters and their gradient buffer (plan_teacher.sh: the plan's figures)
+        if r.step == 1 and m.teacher_params > 0 then
+          print(string.format("TMEM %d %d", m.teacher_params, m.teacher_grads))
+        end
+        if r.step == 1 and m.distill > 0 then print(string.format("KDBUF %d", m.distill)) end
       end,
     }
   end,

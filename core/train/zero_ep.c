@@ -232,6 +232,7 @@ loom_status zero_ep_create(const loom_zero_config *c, loom_gpt *m, loom_backend 
     z->be = be;
     z->total = loom_gpt_params(m)->total;
     z->accum = c->accum;
+    z->whole_grads = c->whole_grads;
     z->skip_entry = -1;
     z->first_bad = -1;
     /* a device backend (zero_device.c): the state, the staging and stage 2's partition are
@@ -310,7 +311,12 @@ loom_status zero_ep_create(const loom_zero_config *c, loom_gpt *m, loom_backend 
             walk(&x->part[k], x->part[k].rank, &w);
     }
     if (st == LOOM_OK && c->stage == 3)
-        st = zero_ep_params_init(z);
+        st = zero_ep_params_init(z); /* the partition from the initial values, first */
+    /* a device's gradient (stages 2, 3 reducing) and parameter (stage 3) buffers as sparse
+     * ranges, where the backend can (zero_sparse.c); the segments above point into the
+     * partitions, not into these buffers */
+    if (st == LOOM_OK)
+        st = zero_device_sparse(z);
     if (st != LOOM_OK) {
         loom_zero_destroy(z);
         return st;

@@ -65,7 +65,8 @@ static loom_status need(loom_zero *z, int u)
 
 static void release_unit(loom_zero *z, int u)
 {
-    zero_drop_pages(z, z->units[u].inner_lo, z->units[u].inner_hi);
+    if (!zero_device_unit_drop(z, u)) /* sparse (zero_sparse.c): decommitted there */
+        zero_drop_pages(z, z->units[u].inner_lo, z->units[u].inner_hi);
     z->units[u].state = STALE;
 }
 

@@ -23,7 +23,8 @@
  * On a device backend (zero_device.c) the state, the staging and stage 2's and 3's
  * partitions and slots are the backend's memory; pieces move by zero_buf_move (its ops),
  * the buckets go over the device dp and edp groups, and what is host memory (the norm's
- * doubles, a checkpoint's whole state from the mirrors) over the host ones (ep_part).
+ * doubles, a checkpoint's whole state from the mirrors) over the host ones (ep_part); the
+ * model's gradient and parameter buffers are sparse where the backend can (zero_sparse.c).
  */
 #include "zero_ep_internal.h"
 #include "zero_ckpt.h"

@@ -15,7 +15,9 @@
  * is the same on every dp rank, the experts' on every edp rank: the layouts match). At most
  * ZERO_SLOTS are in flight, polled at every report; a completed bucket's pieces are zeroed
  * for the next backward, their whole pages handed back to the OS (zero_clear_grads), so
- * the full-size buffer is resident only where backward has written and not yet reduced.
+ * the full-size buffer is resident only where backward has written and not yet reduced (a
+ * device with vm ops: each piece's granules committed before backward writes it and
+ * decommitted here, zero_sparse.c).
  * Micro-batch a = 0 receives into the partition; later ones into a slot that is added.
  * Under pp the buckets reading below hold_hi (the tied wte) wait for the wte exchange
  * (zero_ep_reduce_held), as without ep.

@@ -6,8 +6,9 @@
  * kind is all-gathered over the kind's group into a staging buffer (packed order differs
  * from the buffer's, so not in place) and the unit's pieces are unpacked into the buffer;
  * when the pass is done with the unit its whole pages go back to the OS (a device with vm
- * ops: the unit's span committed before its gathers and decommitted here, zero_sparse.c). An edp group of
- * one (ep = dp) holds its experts whole: they are unpacked straight from the partition.
+ * ops: the unit's span committed before its gathers and decommitted here, zero_sparse.c).
+ * An edp group of one (ep = dp) holds its experts whole: they are unpacked straight from
+ * the partition.
  * With moe.zero_prefetch the pass's next unit is gathered ahead, as in zero_params.c
  * (without: each unit when needed); zero_ep_gather.c holds the gathers in flight. The
  * values are the partition's, whoever gathers them and whenever, so the forward and

@@ -23,7 +23,8 @@
  * On a device backend (zero_device.c) the state, the staging and stage 2's and 3's
  * partitions and slots are the backend's memory; pieces move by zero_buf_move (its ops),
  * the buckets go over the device dp and edp groups, and what is host memory (the norm's
- * doubles, a checkpoint's whole state from the mirrors) over the host ones (ep_part).
+ * doubles, a checkpoint's whole state from the mirrors) over the host ones (ep_part); the
+ * model's gradient and parameter buffers are sparse where the backend can (zero_sparse.c).
  */
 #include "zero_ep_internal.h"
 #include "zero_ckpt.h"
@@ -232,6 +233,7 @@ loom_status zero_ep_create(const loom_zero_config *c, loom_gpt *m, loom_backend 
     z->be = be;
     z->total = loom_gpt_params(m)->total;
     z->accum = c->accum;
+    z->whole_grads = c->whole_grads;
     z->skip_entry = -1;
     z->first_bad = -1;
     /* a device backend (zero_device.c): the state, the staging and stage 2's partition are
@@ -310,7 +312,12 @@ loom_status zero_ep_create(const loom_zero_config *c, loom_gpt *m, loom_backend 
             walk(&x->part[k], x->part[k].rank, &w);
     }
     if (st == LOOM_OK && c->stage == 3)
-        st = zero_ep_params_init(z);
+        st = zero_ep_params_init(z); /* the partition from the initial values, first */
+    /* a device's gradient (stages 2, 3 reducing) and parameter (stage 3) buffers as sparse
+     * ranges, where the backend can (zero_sparse.c); the segments above point into the
+     * partitions, not into these buffers */
+    if (st == LOOM_OK)
+        st = zero_device_sparse(z);
     if (st != LOOM_OK) {
         loom_zero_destroy(z);
         return st;

@@ -129,6 +129,9 @@ loom_status zero_ep_start_unit(loom_zero *z, int u)
     if (!s)
         LOOM_FAIL(LOOM_ERR_INTERNAL, "ZeRO-3 under ep: unit %d to gather with both slots in "
                   "flight (units %d and %d)", u, z->ep->slot[0].unit, z->ep->slot[1].unit);
+    /* a sparse device buffer (zero_sparse.c): the unit's span committed before anything of
+     * it is gathered */
+    LOOM_TRY(zero_device_unit_hold(z, u));
     s->unit = u;
     s->n_req = 0;
     s->used = 0;

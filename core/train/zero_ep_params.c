@@ -5,8 +5,10 @@
  * space, as without ep (zero_params.c): before a unit is used, each of its buckets of each
  * kind is all-gathered over the kind's group into a staging buffer (packed order differs
  * from the buffer's, so not in place) and the unit's pieces are unpacked into the buffer;
- * when the pass is done with the unit its whole pages go back to the OS. An edp group of
- * one (ep = dp) holds its experts whole: they are unpacked straight from the partition.
+ * when the pass is done with the unit its whole pages go back to the OS (a device with vm
+ * ops: the unit's span committed before its gathers and decommitted here, zero_sparse.c).
+ * An edp group of one (ep = dp) holds its experts whole: they are unpacked straight from
+ * the partition.
  * With moe.zero_prefetch the pass's next unit is gathered ahead, as in zero_params.c
  * (without: each unit when needed); zero_ep_gather.c holds the gathers in flight. The
  * values are the partition's, whoever gathers them and whenever, so the forward and
@@ -65,7 +67,8 @@ static loom_status need(loom_zero *z, int u)
 
 static void release_unit(loom_zero *z, int u)
 {
-    zero_drop_pages(z, z->units[u].inner_lo, z->units[u].inner_hi);
+    if (!zero_device_unit_drop(z, u)) /* sparse (zero_sparse.c): decommitted there */
+        zero_drop_pages(z, z->units[u].inner_lo, z->units[u].inner_hi);
     z->units[u].state = STALE;
 }
 

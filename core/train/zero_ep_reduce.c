@@ -15,7 +15,9 @@
  * is the same on every dp rank, the experts' on every edp rank: the layouts match). At most
  * ZERO_SLOTS are in flight, polled at every report; a completed bucket's pieces are zeroed
  * for the next backward, their whole pages handed back to the OS (zero_clear_grads), so
- * the full-size buffer is resident only where backward has written and not yet reduced.
+ * the full-size buffer is resident only where backward has written and not yet reduced (a
+ * device with vm ops: each piece's granules committed before backward writes it and
+ * decommitted here, zero_sparse.c).
  * Micro-batch a = 0 receives into the partition; later ones into a slot that is added.
  * Under pp the buckets reading below hold_hi (the tied wte) wait for the wte exchange
  * (zero_ep_reduce_held), as without ep.
@@ -123,11 +125,14 @@ static float *part_dst(loom_zero *z, const ep_bucket *b)
     return z->part_grads + p->pos0 + b->lo / (size_t)p->n;
 }
 
-static void finish_bucket(loom_zero *z, const ep_bucket *b, const float *slot)
+static void finish_bucket(loom_zero *z, int k, const float *slot)
 {
+    const ep_bucket *b = &z->ep->bk[k];
     const ep_part *p = &z->ep->part[b->kind];
     if (slot)
         z->be->ops->accumulate(part_dst(z, b), slot, b->len / (size_t)p->n);
+    if (zero_device_bucket_done(z, k)) /* sparse (zero_sparse.c): zeroed and decommitted */
+        return;
     pack_ctx c = {NULL, NULL, 0, z, 0, 0};
     zero_ep_each_piece(p, b->lo, b->lo + b->len, release_piece, &c);
     if (c.run_hi > c.run_lo)
@@ -143,7 +148,7 @@ static loom_status complete_oldest(loom_zero *z)
     const ep_bucket *b = &x->bk[f.bucket];
     const ep_part *p = &x->part[b->kind];
     LOOM_TRY(p->comm->wait(p->group, f.req));
-    finish_bucket(z, b, f.slot);
+    finish_bucket(z, f.bucket, f.slot);
     return LOOM_OK;
 }
 
@@ -154,6 +159,7 @@ static loom_status start_bucket(loom_zero *z, int k)
         LOOM_TRY(complete_oldest(z));
     const ep_bucket *b = &x->bk[k];
     const ep_part *p = &x->part[b->kind];
+    LOOM_TRY(zero_device_bucket_hold(z, k)); /* sparse: a bucket backward did not write */
     /* in flight: the slots in turn (completed oldest first, so the next is free); a
      * group of one reduces at once, in the spare slot past them */
     int slot = p->n < 2 ? ZERO_SLOTS : x->next_slot;
@@ -168,7 +174,7 @@ static loom_status start_bucket(loom_zero *z, int k)
         float *dst = part_dst(z, b);
         if (z->micro == 0)
             zero_buf_move(z, dst, send, sub);
-        finish_bucket(z, b, z->micro == 0 ? NULL : send);
+        finish_bucket(z, k, z->micro == 0 ? NULL : send);
         return LOOM_OK;
     }
     float *recv = z->micro > 0 ? x->recv + (size_t)slot * x->recv_len : part_dst(z, b);

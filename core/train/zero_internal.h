@@ -145,7 +145,9 @@ loom_status zero_device_params(loom_zero *z);
  * k's gradient range (backward writes it: the model's grad-write hook, and before it is
  * sent), bucket_done zeroes and decommits it once reduced (0: not sparse, the caller
  * clears); unit_hold commits unit u's parameter range before its gather, unit_drop
- * decommits it at release (0: not sparse). The peaks are the committed bytes'. */
+ * decommits it at release (0: not sparse). The peaks are the committed bytes'. Under ep
+ * (zero_ep*.c) k is a packed bucket (zero_ep_reduce.c's bk[k], its pieces one range each)
+ * and a unit's range its entries' span. */
 typedef struct zero_sparse zero_sparse;
 loom_status zero_device_sparse(loom_zero *z);
 void zero_device_sparse_free(loom_zero *z);

@@ -1,10 +1,15 @@
 /* zero_sparse.c — ZeRO stages 2 and 3 on a device: the model's gradient and parameter
  * buffers as sparse ranges (the backend's vm ops, backend.h), backed by memory only where a
  * bucket or unit is live (zero_internal.h lists the entries; docs/ZERO.md "In device
- * memory"). Without the ops, every entry here is a no-op and the buffers stay whole. */
-#include "zero_internal.h"
+ * memory"). Without the ops, every entry here is a no-op and the buffers stay whole.
+ * Under expert parallelism (zero_ep*.c) the same entries serve: a bucket is then one of
+ * zero_ep_reduce.c's packed buckets, whose pieces lie apart in the flat buffer, each piece
+ * held and let go as a range of its own; a unit's range is its entries' span (its gathers
+ * unpack only its own pieces, zero_ep_gather.c). */
+#include "zero_ep_internal.h"
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -124,13 +129,55 @@ static void bucket_range(const loom_zero *z, int k, size_t *lo, size_t *hi)
     *hi = b->lo + b->len < z->total ? b->lo + b->len : z->total;
 }
 
+/* Under ep, what is done to each piece of bucket k (zero_ep_reduce.c's bk[k]) in the flat
+ * buffer: held (the first `limit` pieces only: a failed hold gives back what it took),
+ * dropped, or tested for meeting [lo, hi). */
+typedef struct piece_ctx {
+    loom_zero *z;
+    int op;              /* 0 hold, 1 drop, 2 meets [lo, hi) */
+    size_t lo, hi, seen, limit;
+    int meets;
+    loom_status st;
+} piece_ctx;
+
+static void each_piece(void *ctx, const ep_run *r, size_t flat, size_t n, size_t packed)
+{
+    (void)r, (void)packed;
+    piece_ctx *c = ctx;
+    if (c->st != LOOM_OK || c->seen >= c->limit)
+        return;
+    if (c->op == 0 && (c->st = sparse_hold(c->z, c->z->gsparse, flat, flat + n)) != LOOM_OK)
+        return; /* this piece's hold gave back its own; the caller the earlier ones */
+    if (c->op == 1)
+        sparse_drop(c->z, c->z->gsparse, flat, flat + n);
+    if (c->op == 2 && flat < c->hi && flat + n > c->lo)
+        c->meets = 1;
+    c->seen++;
+}
+
+static piece_ctx ep_pieces(loom_zero *z, int k, int op, size_t lo, size_t hi, size_t limit)
+{
+    const ep_bucket *b = &z->ep->bk[k];
+    piece_ctx c = {z, op, lo, hi, 0, limit, 0, LOOM_OK};
+    zero_ep_each_piece(&z->ep->part[b->kind], b->lo, b->lo + b->len, each_piece, &c);
+    return c;
+}
+
 loom_status zero_device_bucket_hold(loom_zero *z, int k)
 {
     if (!z->gsparse || z->bucket_held[k])
         return LOOM_OK;
-    size_t lo, hi;
-    bucket_range(z, k, &lo, &hi);
-    LOOM_TRY(sparse_hold(z, z->gsparse, lo, hi));
+    if (z->ep) {
+        piece_ctx c = ep_pieces(z, k, 0, 0, 0, SIZE_MAX);
+        if (c.st != LOOM_OK) {
+            (void)ep_pieces(z, k, 1, 0, 0, c.seen); /* the pieces held before the failure */
+            return c.st;
+        }
+    } else {
+        size_t lo, hi;
+        bucket_range(z, k, &lo, &hi);
+        LOOM_TRY(sparse_hold(z, z->gsparse, lo, hi));
+    }
     z->bucket_held[k] = 1;
     return LOOM_OK;
 }
@@ -140,15 +187,20 @@ int zero_device_bucket_done(loom_zero *z, int k)
     if (!z->gsparse)
         return 0;
     if (z->bucket_held[k]) {
-        size_t lo, hi;
-        bucket_range(z, k, &lo, &hi);
-        sparse_drop(z, z->gsparse, lo, hi);
+        if (z->ep) {
+            (void)ep_pieces(z, k, 1, 0, 0, SIZE_MAX);
+        } else {
+            size_t lo, hi;
+            bucket_range(z, k, &lo, &hi);
+            sparse_drop(z, z->gsparse, lo, hi);
+        }
         z->bucket_held[k] = 0;
     }
     return 1;
 }
 
-/* The model's hook: before backward writes unit u's gradients, every bucket they fall in. */
+/* The model's hook: before backward writes unit u's gradients, every bucket they fall in
+ * (under ep: every packed bucket with a piece in the unit's span). */
 static loom_status grad_write(void *ctx, int u)
 {
     loom_zero *z = ctx;
@@ -158,15 +210,30 @@ static loom_status grad_write(void *ctx, int u)
         return LOOM_OK;
     const loom_param_table *t = loom_gpt_params(z->model);
     size_t lo = t->entries[first].offset, hi = t->entries[last].offset + t->entries[last].numel;
+    if (z->ep) {
+        for (int k = 0; k < z->ep->n_bk; k++)
+            if (!z->bucket_held[k] && ep_pieces(z, k, 2, lo, hi, SIZE_MAX).meets)
+                LOOM_TRY(zero_device_bucket_hold(z, k));
+        return LOOM_OK;
+    }
     for (int k = 0; k < z->n_buckets; k++)
         if (z->buckets[k].lo < hi && z->buckets[k].lo + z->buckets[k].len > lo)
             LOOM_TRY(zero_device_bucket_hold(z, k));
     return LOOM_OK;
 }
 
-/* Stage 3: unit u's buckets' range, what its gathers write. */
+/* Stage 3: unit u's buckets' range, what its gathers write (under ep: its entries' span,
+ * the only floats its gathers unpack). */
 static void unit_range(const loom_zero *z, int u, size_t *lo, size_t *hi)
 {
+    if (z->ep) {
+        int first, last;
+        loom_gpt_unit_entries(z->model, u, &first, &last);
+        const loom_param_table *t = loom_gpt_params(z->model);
+        *lo = first <= last ? t->entries[first].offset : 0;
+        *hi = first <= last ? t->entries[last].offset + t->entries[last].numel : 0;
+        return;
+    }
     const zero_unit *un = &z->units[u];
     size_t l0, h0, l1, h1;
     bucket_range(z, un->first_bucket, &l0, &h0);
@@ -224,8 +291,8 @@ loom_status zero_device_sparse(loom_zero *z)
         return LOOM_OK; /* whole allocations: no vm ops, none here (granule 0: CUDA without
                          * the driver's calls), the A/B, or a pipeline stage (pp is refused
                          * on a device anyway) */
-    if (z->reduces && !z->whole_grads) {
-        z->bucket_held = calloc((size_t)z->n_buckets, 1);
+    if (z->reduces && !z->whole_grads) { /* a flag for each bucket (under ep: the packed) */
+        z->bucket_held = calloc((size_t)(z->ep ? z->ep->n_bk : z->n_buckets) + 1, 1);
         if (!z->bucket_held)
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
         LOOM_TRY(sparse_make(z, 1, &z->gsparse)); /* zeros in the old one: nothing to copy */

@@ -646,11 +646,12 @@ static loom_status gpt_setup(loom_gpt *m, const loom_gpt_config *cfg, int max_B,
             st = loom_fail(LOOM_ERR_INVALID, "a frozen model runs no backward: it takes no "
                            "split_backward");
         memset(m->rc, RC_FULL, (size_t)cfg->layers);
-        if (st == LOOM_OK && par->keep_outputs &&
-            !(m->keep_out = malloc((size_t)cfg->layers)))
-            st = loom_fail(LOOM_ERR_NOMEM, "out of memory");
-        else if (par->keep_outputs)
-            memcpy(m->keep_out, par->keep_outputs, (size_t)cfg->layers);
+        if (st == LOOM_OK && par->keep_outputs) {
+            if ((m->keep_out = malloc((size_t)cfg->layers)))
+                memcpy(m->keep_out, par->keep_outputs, (size_t)cfg->layers);
+            else
+                st = loom_fail(LOOM_ERR_NOMEM, "out of memory");
+        }
     }
     m->has_embed = m->own && m->own[0];
     m->has_head = m->own && m->own[cfg->layers - 1];

@@ -18,7 +18,8 @@
  *             in keep_outputs and the probabilities of those kept by
  *             loom_gpt_keep_block_attention (blocks on both sides of them unkept, so the
  *             shared buffers take turns), with no gradient buffer, backward refused, other
- *             blocks' outputs NULL, fewer activation bytes, and loom_gpt_footprint's.
+ *             blocks' outputs NULL, fewer activation bytes, and loom_gpt_footprint's;
+ *             a frozen model with a split backward refused.
  */
 #include <check.h>
 #include <math.h>
@@ -400,8 +401,12 @@ START_TEST(test_frozen)
     ck_assert_int_eq(loom_gpt_footprint(&c, B_, &par, 1, 0, LOOM_DTYPE_F32, LOOM_DTYPE_F32, NULL,
                                         (const unsigned char[L]){0, 1, 0, 0}, &fp), LOOM_OK);
     ck_assert_uint_eq(fp.activations, loom_gpt_activation_bytes(f));
+    loom_gpt_zero_grad(f); /* no buffer: nothing to zero */
     loom_gpt_destroy(f);
     loom_gpt_destroy(m);
+    par.split_backward = 1; /* a backward's layout: refused */
+    ck_assert_int_eq(loom_gpt_create(&c, &be, B_, 7, &par, &f), LOOM_ERR_INVALID);
+    ck_assert_ptr_nonnull(strstr(loom_last_error(), "frozen"));
 }
 END_TEST
 

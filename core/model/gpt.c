@@ -431,7 +431,7 @@ static size_t lay_out_activations(loom_gpt *m, float *base, const layer_acts *s)
     m->gathered = m->sp ? TAKE(R * C) : NULL;
 #define GATHERED(local) (m->sp ? m->gathered : (local))
     float *pass[2] = {NULL, NULL}; /* a frozen model's block outputs not kept (gpt.h) */
-    int turn = 0;
+    int turn = 0, taken[2] = {0, 0}; /* (pass stays NULL while measuring: base NULL) */
     for (size_t l = 0; l < L; l++) {
         layer_acts *a = &m->acts[l];
         if (!m->own[l])
@@ -443,8 +443,10 @@ static size_t lay_out_activations(loom_gpt *m, float *base, const layer_acts *s)
             if (!m->frozen || (m->keep_out && m->keep_out[l])) {
                 a->res3 = TAKE(Rl * C);
             } else { /* the other buffer than the one the block below wrote, which it reads */
-                if (!pass[turn])
+                if (!taken[turn]) {
                     pass[turn] = TAKE(Rl * C);
+                    taken[turn] = 1;
+                }
                 a->res3 = pass[turn];
                 turn ^= 1;
             }

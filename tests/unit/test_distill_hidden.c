@@ -401,6 +401,14 @@ START_TEST(test_frozen)
     ck_assert_int_eq(loom_gpt_footprint(&c, B_, &par, 1, 0, LOOM_DTYPE_F32, LOOM_DTYPE_F32, NULL,
                                         (const unsigned char[L]){0, 1, 0, 0}, &fp), LOOM_OK);
     ck_assert_uint_eq(fp.activations, loom_gpt_activation_bytes(f));
+    /* the unkept blocks' outputs take two buffers, however many blocks: keeping block 1
+     * adds one block output (max_B x ctx x C floats) to them */
+    loom_gpt_footprint_bytes none;
+    par.keep_outputs = NULL;
+    ck_assert_int_eq(loom_gpt_footprint(&c, B_, &par, 1, 0, LOOM_DTYPE_F32, LOOM_DTYPE_F32, NULL,
+                                        (const unsigned char[L]){0, 1, 0, 0}, &none), LOOM_OK);
+    ck_assert_uint_eq(fp.activations - none.activations, (size_t)B_ * c.ctx * C * sizeof(float));
+    par.keep_outputs = keep;
     loom_gpt_zero_grad(f); /* no buffer: nothing to zero */
     loom_gpt_destroy(f);
     loom_gpt_destroy(m);

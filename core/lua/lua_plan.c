@@ -88,7 +88,9 @@ static void set_int(lua_State *L, const char *k, size_t v)
  *   Distillation: kd_proj_dim= (the teacher's width) and kd_proj_layers={student blocks}: a
  *   student's teacher.layers projections; keep_attention={blocks}: the blocks whose
  *   probabilities a term reads (loom_gpt_keep_block_attention: teacher.attention's pairs,
- *   in the student and in the teacher). */
+ *   in the student and in the teacher). frozen=true: a forward-only model (gpt.h's
+ *   loom_gpt_parallel.frozen: no gradient buffer, the forward's activations only), with
+ *   keep_outputs={blocks} the block outputs kept past its forward (teacher.layers' pairs). */
 /* family, kv_heads, ffn_dim and moe = {experts, top_k, every, capacity_factor} of the
  * table at idx into cfg (what loom.gpt's checked model table holds). */
 static void read_family_moe(lua_State *L, int idx, loom_gpt_config *cfg)
@@ -121,11 +123,14 @@ static int l_footprint(lua_State *L)
                            ifield(L, 1, "heads", 0), ifield(L, 1, "dim", 0)};
     if (cfg.layers < 1 || cfg.layers > 4096)
         return luaL_error(L, "footprint: layers=%d must be in 1..4096", cfg.layers);
-    unsigned char *stage = lua_newuserdatauv(L, 4 * (size_t)cfg.layers, 0); /* freed by GC */
+    unsigned char *stage = lua_newuserdatauv(L, 5 * (size_t)cfg.layers, 0); /* freed by GC */
     unsigned char *rc = stage + cfg.layers, *keep = rc + cfg.layers, *proj = keep + cfg.layers;
+    unsigned char *outs = proj + cfg.layers;
     loom_gpt_parallel par;
     memset(&par, 0, sizeof par);
     par.canonical = bfield(L, 1, "canonical");
+    par.frozen = bfield(L, 1, "frozen"); /* a distillation teacher (gpt.h) */
+    par.keep_outputs = index_list(L, 1, "keep_outputs", outs, cfg.layers) ? outs : NULL;
     read_family_moe(L, 1, &cfg);
     /* teacher.layers' projections (lua_loom.c: kd_proj_dim = the teacher's width, one per
      * mapped student block), table entries after ln_f */

@@ -395,7 +395,7 @@ static size_t lay_out_shared(loom_gpt *m, float *base, layer_acts *s)
         selective |= m->own[l] && m->rc[l] == RC_SELECTIVE;
         a16 |= m->a16 && m->own[l] && m->rc[l] != RC_FULL;
         size_t n = gpt_att_block_n(m, l); /* the recomputed blocks' largest (gpt_att.c) */
-        att = m->own[l] && m->rc[l] != RC_KEEP && n > att ? n : att;
+        att = m->own[l] && m->rc[l] != RC_KEEP && !gpt_frozen_att(m, l) && n > att ? n : att;
     }
     memset(s, 0, sizeof *s);
 #define TAKE(n) (off += (n), base ? base + off - (n) : NULL)
@@ -430,6 +430,8 @@ static size_t lay_out_activations(loom_gpt *m, float *base, const layer_acts *s)
 #define TAKE_FULL(local) (m->sp ? TAKE(R * C) : (local)) /* all rows: its own buffer under sp */
     m->gathered = m->sp ? TAKE(R * C) : NULL;
 #define GATHERED(local) (m->sp ? m->gathered : (local))
+    float *pass[2] = {NULL, NULL}; /* a frozen model's block outputs not kept (gpt.h) */
+    int turn = 0, taken[2] = {0, 0}; /* (pass stays NULL while measuring: base NULL) */
     for (size_t l = 0; l < L; l++) {
         layer_acts *a = &m->acts[l];
         if (!m->own[l])
@@ -438,7 +440,18 @@ static size_t lay_out_activations(loom_gpt *m, float *base, const layer_acts *s)
             *a = *s;
             a->ln1_full = GATHERED(a->ln1);
             a->ln2_full = GATHERED(a->ln2);
-            a->res3 = TAKE(Rl * C);
+            if (!m->frozen || (m->keep_out && m->keep_out[l])) {
+                a->res3 = TAKE(Rl * C);
+            } else { /* the other buffer than the one the block below wrote, which it reads */
+                if (!taken[turn]) {
+                    pass[turn] = TAKE(Rl * C);
+                    taken[turn] = 1;
+                }
+                a->res3 = pass[turn];
+                turn ^= 1;
+            }
+            if (gpt_frozen_att(m, (int)l)) /* read after the forward: not the scratch set's */
+                a->att = TAKE(gpt_att_block_n(m, (int)l));
             continue;
         }
         int sel = m->rc[l] == RC_SELECTIVE;
@@ -474,6 +487,14 @@ static size_t lay_out_activations(loom_gpt *m, float *base, const layer_acts *s)
     m->logits = TAKE(head * Vl); m->losses = TAKE(head); m->ce_max = TAKE(head);
     m->ce_stats = TAKE(2 * head);
     m->partial = TAKE(R * C); m->summed = m->sp ? TAKE(Rl * C) : m->partial;
+    for (int i = 0; i < 3; i++) /* canonical mode's row-parallel sums: forward too */
+        m->tree[i] = m->canonical && m->frozen ? TAKE(R * C) : NULL;
+    if (m->frozen) { /* no backward: none of its scratch */
+        m->dres = m->dres_full = m->dtmp = m->dpartial = m->dsummed = NULL;
+        m->dbuf_4a = m->dbuf_4b = m->datt_scratch = m->rep_grad = NULL;
+        m->emb_grad = m->dx_out = m->lnf_part = NULL;
+        goto done;
+    }
     m->dres = TAKE(Rl * C); m->dres_full = TAKE_FULL(m->dres); m->dtmp = TAKE(Rl * C);
     m->dpartial = TAKE(R * C); m->dsummed = m->sp ? TAKE(Rl * C) : m->dpartial;
     m->dbuf_4a = TAKE(R * wide); m->dbuf_4b = TAKE(R * wide);
@@ -483,6 +504,7 @@ static size_t lay_out_activations(loom_gpt *m, float *base, const layer_acts *s)
     m->emb_grad = m->canonical && m->has_embed ? TAKE((size_t)Vl * C) : NULL;
     m->dx_out = m->split ? TAKE(Rl * C) : NULL;
     m->lnf_part = m->split ? TAKE(2 * C) : NULL;
+done:
 #undef GATHERED
 #undef TAKE_FULL
 #undef TAKE
@@ -608,6 +630,7 @@ static loom_status gpt_setup(loom_gpt *m, const loom_gpt_config *cfg, int max_B,
         if (par->slots > 1)
             m->slots = par->slots;
         m->split = par->split_backward;
+        m->frozen = par->frozen;
         m->ep_ops = par->ep_ops;
         m->ep_comm = par->ep_comm;
         m->ep_dops = par->ep_dops ? par->ep_dops : par->ep_ops;
@@ -620,6 +643,18 @@ static loom_status gpt_setup(loom_gpt *m, const loom_gpt_config *cfg, int max_B,
     m->rc = calloc((size_t)cfg->layers, 1);
     if (st == LOOM_OK)
         st = m->rc ? recompute_modes(m, par) : loom_fail(LOOM_ERR_NOMEM, "out of memory");
+    if (st == LOOM_OK && m->frozen) { /* forward only (gpt.h): every block in the scratch set */
+        if (m->split)
+            st = loom_fail(LOOM_ERR_INVALID, "a frozen model runs no backward: it takes no "
+                           "split_backward");
+        memset(m->rc, RC_FULL, (size_t)cfg->layers);
+        if (st == LOOM_OK && par->keep_outputs) {
+            if ((m->keep_out = malloc((size_t)cfg->layers)))
+                memcpy(m->keep_out, par->keep_outputs, (size_t)cfg->layers);
+            else
+                st = loom_fail(LOOM_ERR_NOMEM, "out of memory");
+        }
+    }
     m->has_embed = m->own && m->own[0];
     m->has_head = m->own && m->own[cfg->layers - 1];
     m->staged = 0;
@@ -716,20 +751,22 @@ loom_status loom_gpt_create(const loom_gpt_config *cfg, loom_backend *be, int ma
         int device = loom_backend_device_memory(be);
         int undrawn = par && par->undrawn && !device; /* ZeRO-3 draws the partitions */
         m->params = model_buffer(m, bytes, undrawn, &m->params_mapped);
-        m->grads = model_buffer(m, bytes, par && par->lazy_grads && !device, &m->grads_mapped);
+        if (!m->frozen) /* a frozen model has no gradients (gpt.h) */
+            m->grads = model_buffer(m, bytes, par && par->lazy_grads && !device, &m->grads_mapped);
         /* host memory (the CPU backend): drawn in place, without a second full-size copy
          * (it set the start-up peak of the resident set, which ZeRO-3 runs are sized by) */
         float *host = device ? malloc(bytes) : NULL;
-        if (!m->params || !m->grads || (device && !host)) {
+        if (!m->params || (!m->grads && !m->frozen) || (device && !host)) {
             st = loom_fail(LOOM_ERR_NOMEM, "cannot allocate %.1f MiB for parameters",
-                           2.0 * (double)bytes / (1 << 20));
+                           (m->frozen ? 1.0 : 2.0) * (double)bytes / (1 << 20));
         } else {
             if (!undrawn)
                 loom_params_init_values(&m->table, seed, host ? host : m->params);
             if (host)
                 be->ops->copy_to_device(be->self, m->params, host, bytes);
             bind_params(m, m->params, &m->p);
-            bind_params(m, m->grads, &m->g);
+            if (m->grads) /* (frozen: m->g stays NULL pointers) */
+                bind_params(m, m->grads, &m->g);
             st = gpt_moe_create(m, seed);
             if (st == LOOM_OK)
                 st = alloc_activations(m);
@@ -756,6 +793,7 @@ static void gpt_free_setup(loom_gpt *m)
     free(m->own);
     free(m->rc);
     free(m->att_keep);
+    free(m->keep_out);
     loom_params_free(&m->table);
     free(m);
 }
@@ -885,6 +923,8 @@ void loom_gpt_use_sparse_buffer(loom_gpt *m, int which, float *sparse)
 
 void loom_gpt_zero_grad(loom_gpt *m)
 {
+    if (!m->grads)
+        return; /* frozen: none */
     m->be->ops->zero(m->be->self, m->grads, m->table.total * sizeof(float));
 }
 
@@ -912,8 +952,9 @@ loom_status loom_gpt_keep_block_attention(loom_gpt *m, int l)
         return LOOM_OK;
     m->att_keep[l] = 1;
     /* att is probabilities already, or the backend cannot turn its fused kernels off (the
-     * term is refused: gpt_att_check_probabilities): the layout stays */
-    if (!gpt_att_forced(m, l) || !m->own[l])
+     * term is refused: gpt_att_check_probabilities): the layout stays; but a frozen model's
+     * block gets an att of its own (its att was the scratch set's, rewritten by the next) */
+    if ((!gpt_att_forced(m, l) && !m->frozen) || !m->own[l])
         return LOOM_OK;
     return relay_activations(m);
 }
@@ -1191,6 +1232,9 @@ loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets,
 
 loom_status loom_gpt_backward(loom_gpt *m)
 {
+    if (m->frozen)
+        LOOM_FAIL(LOOM_ERR_INVALID, "a frozen model (a distillation teacher) runs forward only: "
+                  "it has no gradients to compute");
     if (!m->have_dlogits || m->staged)
         LOOM_FAIL(LOOM_ERR_INVALID, "backward needs a forward with targets and dloss != 0 first");
     LOOM_TRY(gpt_att_check_backward(m));

@@ -115,6 +115,17 @@ typedef struct loom_gpt_parallel {
      * untouched too (stage 3 releases its pages as they are reduced, so backward faults
      * them in each step anyway). */
     int undrawn, lazy_grads;
+    /* A frozen model (distillation's teacher: docs/DISTILL.md), forward only: no gradient
+     * buffer (loom_gpt_grad_data is NULL; the backward passes are refused), and only what a
+     * forward reads: every block's activations in the one scratch set full recomputation
+     * uses (recompute is ignored), the blocks' outputs alternating between two buffers
+     * (each block reads the one the block below wrote), no backward scratch. Kept past the
+     * forward: the logits, the outputs of the blocks with keep_outputs[l] = 1 (NULL: none;
+     * loom_gpt_block_output of another block is NULL) and the probabilities of the blocks
+     * loom_gpt_keep_block_attention was called for, each in a buffer of its own. The same
+     * kernel calls on the same operands as a trainable model's forward: the same bits. */
+    int frozen;
+    const unsigned char *keep_outputs;
 } loom_gpt_parallel;
 
 
@@ -134,6 +145,7 @@ const loom_param_table *loom_gpt_params(const loom_gpt *m);
 float *loom_gpt_param_data(loom_gpt *m);
 /* The backend the model's buffers live on (their memory may be a device's). */
 loom_backend *loom_gpt_backend(loom_gpt *m);
+/* The gradient buffer: NULL for a frozen model (loom_gpt_parallel.frozen). */
 float *loom_gpt_grad_data(loom_gpt *m);
 
 /* Forward over tokens (B,T) on the host. With targets, *loss_sum gets the sum of the

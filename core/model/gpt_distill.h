@@ -81,7 +81,8 @@ loom_status loom_gpt_set_distill_attention(loom_gpt *m, const float *const *teac
 loom_status loom_gpt_set_distill_attention_whole(loom_gpt *m, int whole);
 
 /* Block l's attention probabilities of the last forward (B,NH,T,T; host memory on the CPU
- * backend), NULL if l is not held or is recomputed (not kept): a teacher's. Under tp this
+ * backend), NULL if l is not held or is recomputed (not kept; a frozen model's, unless
+ * loom_gpt_keep_block_attention was called for it): a teacher's. Under tp this
  * rank's heads only, (B,NHl,T,T). */
 const float *loom_gpt_block_attention(const loom_gpt *m, int l);
 
@@ -89,7 +90,8 @@ const float *loom_gpt_block_attention(const loom_gpt *m, int l);
  * fused attention would keep its own state there (LOOM_CUDA_ATTENTION=flash): its att
  * (B,NH,T,T) and its calls on the batched path (backend.h attention_allow_fused), every
  * other block still fused. A teacher's mapped blocks (session.c), a student's
- * (loom_gpt_set_distill_attention). Elsewhere a flag only; where it changes the layout the
+ * (loom_gpt_set_distill_attention). A frozen model's block (gpt.h) also gets an att of its
+ * own, kept past the forward, on every backend. Elsewhere a flag only; where it changes the layout the
  * activations are laid out again, so call it before taking pointers into them. */
 loom_status loom_gpt_keep_block_attention(loom_gpt *m, int l);
 /* Bytes the distillation terms allocated in this model (the logit term's gradient rows and
@@ -123,7 +125,8 @@ void loom_kd_hidden_rows(const float *hs, const float *ht, const float *w, size_
 loom_status loom_gpt_set_distill_hidden(loom_gpt *m, const float *const *teacher_h, float beta);
 
 /* Block l's output rows of the last forward (host memory on the CPU backend), NULL if l is
- * not held or holds some rows only (sequence parallelism): a teacher's hidden states. */
+ * not held or holds some rows only (sequence parallelism) or, in a frozen model, is not
+ * among loom_gpt_parallel.keep_outputs: a teacher's hidden states. */
 const float *loom_gpt_block_output(const loom_gpt *m, int l);
 
 #endif

@@ -125,7 +125,7 @@ loom_status loom_gpt_set_distill_attention_whole(loom_gpt *m, int whole)
 
 const float *loom_gpt_block_attention(const loom_gpt *m, int l)
 {
-    if (l < 0 || l >= m->cfg.layers || !m->own[l] || m->rc[l] != RC_KEEP ||
+    if (l < 0 || l >= m->cfg.layers || !m->own[l] || (m->rc[l] != RC_KEEP && !gpt_frozen_att(m, l)) ||
         !gpt_att_probabilities(m, l))
         return NULL; /* not held, not kept past its block, or not probabilities (gpt_att.c:
                       * the fused kernels' state; loom_gpt_keep_block_attention first) */

@@ -206,6 +206,8 @@ const float *loom_gpt_block_output(const loom_gpt *m, int l)
 {
     /* not under sequence parallelism: res3 is then this rank's rows only (a teacher's
      * layout keeps it off where its block outputs are read: session.c) */
+    if (m->frozen && !(m->keep_out && l >= 0 && l < m->cfg.layers && m->keep_out[l]))
+        return NULL; /* a frozen model's other block outputs share two buffers (gpt.h) */
     return l >= 0 && l < m->cfg.layers && m->own[l] && !m->sp ? m->acts[l].res3 : NULL;
 }
 

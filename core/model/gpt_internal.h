@@ -135,6 +135,10 @@ struct loom_gpt {
      * that every block and slot shares: act_bytes = shared_bytes + slots x slot_bytes. */
     unsigned char *rc;
     size_t shared_bytes;
+    /* loom_gpt_parallel.frozen: forward only (every rc[l] RC_FULL, no grads, no backward
+     * scratch); keep_out[l] (NULL: none): block l's output in a buffer of its own */
+    int frozen;
+    unsigned char *keep_out;
     int cache_len;                     /* rows of a one-sequence forward kept as a key/value
                                         * cache (gpt_decode.c); 0: none */
     double comm_ms;                    /* time inside tensor-parallel exchanges */
@@ -258,6 +262,13 @@ void gpt_distill_attn_free(loom_gpt *m);
 int gpt_distill_select(loom_gpt *m, const int *targets, size_t R);
 
 enum { RC_KEEP, RC_FULL, RC_SELECTIVE };
+
+/* A frozen model's block l whose probabilities outlive the forward (att_keep: its att in a
+ * buffer of its own, not the scratch set's). */
+static inline int gpt_frozen_att(const loom_gpt *m, int l)
+{
+    return m->frozen && m->att_keep && m->att_keep[l];
+}
 
 typedef struct gpt_moe gpt_moe; /* moe.c's state: the mixture-of-experts blocks */
 

@@ -234,6 +234,9 @@ loom_status gpt_stage_block_unit(loom_gpt *m, int l, int lo, int done)
 
 loom_status loom_gpt_stage_backward(loom_gpt *m, int lo, int hi)
 {
+    if (m->frozen)
+        LOOM_FAIL(LOOM_ERR_INVALID, "a frozen model (a distillation teacher's stage) runs "
+                  "forward only: it has no gradients to compute");
     LOOM_TRY(gpt_check_chunk(m, lo, hi));
     LOOM_TRY(gpt_att_check_backward(m));
     const loom_backend_ops *k = m->be->ops;

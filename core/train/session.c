@@ -549,9 +549,24 @@ static loom_status make_teacher(loom_session *s, const loom_session_config *cfg)
         LOOM_FAIL(LOOM_ERR_INVALID, "teacher needs its weights from one place: model = "
                   "loom.gpt{ init = \"teacher.bin\" } or checkpoint = \"DIR\"");
     loom_gpt_parallel par = {NULL, NULL, cfg->canonical, NULL, 0, 0, 0, NULL};
-    LOOM_TRY(teacher_layout(s, cfg, &par));
-    LOOM_TRY(teacher_stages(s, cfg, &par));
-    LOOM_TRY(loom_gpt_create(tc, &s->backend, cfg->micro_batch, cfg->seed, &par, &s->teacher));
+    /* frozen (gpt.h): no gradient buffer, forward-only activations; what outlives its
+     * forward is the logits and, where the terms run, the mapped blocks' outputs (and with
+     * teacher.attention their probabilities: distill_hidden_open) */
+    unsigned char *keep = calloc((size_t)tc->layers, 1);
+    if (!keep)
+        LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
+    par.frozen = 1;
+    for (int l = 0; cfg->kd_layers && last && l < mc->layers; l++)
+        if (cfg->kd_layers[l] >= 0 && cfg->kd_layers[l] < tc->layers)
+            keep[cfg->kd_layers[l]] = 1;
+    par.keep_outputs = keep;
+    loom_status st = teacher_layout(s, cfg, &par);
+    if (st == LOOM_OK)
+        st = teacher_stages(s, cfg, &par);
+    if (st == LOOM_OK)
+        st = loom_gpt_create(tc, &s->backend, cfg->micro_batch, cfg->seed, &par, &s->teacher);
+    free(keep);
+    LOOM_TRY(st);
     if (cfg->kd_layers && last) /* the terms run where the student's head is */
         LOOM_TRY(distill_hidden_open(s, cfg));
     if (cfg->teacher_init)
@@ -1694,7 +1709,7 @@ void loom_session_memory(loom_session *s, loom_memory *out)
     /* the teacher is built by loom_gpt_create as any model: fp32 parameters and a gradient
      * buffer of their size (backend memory, zeroed: resident), never made 16-bit */
     out->teacher_params = s->teacher ? loom_gpt_params(s->teacher)->total * sizeof(float) : 0;
-    out->teacher_grads = out->teacher_params;
+    out->teacher_grads = s->teacher && loom_gpt_grad_data(s->teacher) ? out->teacher_params : 0;
     out->distill = s->kd_bytes + loom_gpt_distill_bytes(s->model) +
                    (s->kd_group ? loom_kd_group_bytes(s->kd_group) : 0) +
                    (s->kd_cache ? loom_kd_cache_bytes(s->kd_cache) : 0);

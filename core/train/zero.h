@@ -62,8 +62,8 @@ typedef struct loom_memory {
                                  * here), not counted in activations */
     size_t teacher_params; /* its fp32 parameters on this rank (its tp slice, its teacher.pp
                             * stage's blocks; 0: no teacher here), not counted in params */
-    size_t teacher_grads;  /* the gradient buffer loom_gpt_create allocates beside them (as
-                            * large; a frozen teacher never writes it), not in grads */
+    size_t teacher_grads;  /* its gradient buffer: 0, the teacher is frozen (gpt.h: no
+                            * gradients); kept so a layout that had one would show it */
     size_t distill;        /* distillation's own buffers here: the session's (the step's
                             * teacher rows under pp, teacher.tp's gathered rows, the terms'
                             * step rows), the student's terms' (loom_gpt_distill_bytes), a

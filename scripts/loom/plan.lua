@@ -142,8 +142,10 @@ local function schedule_facts(s, costs)
 end
 
 -- A distillation teacher on one rank of stage r (1-based), as session.c's make_teacher
--- builds it: a second model by loom_gpt_create (its fp32 parameters, a gradient buffer of
--- their size, its activations at batch.micro x its ctx; never 16-bit), on the last stage
+-- builds it: a second, frozen model by loom_gpt_create (its fp32 parameters, no gradient
+-- buffer, forward-only activations at batch.micro x its ctx: one block's set that every block
+-- shares, two block outputs in turn, the mapped blocks' outputs of their own where the terms
+-- run; never 16-bit), on the last stage
 -- only unless teacher.pp = mesh.pp (its blocks split evenly over the stages, the first
 -- L mod pp one larger: pipeline_split.h with equal costs; its own gpipe pipeline of one
 -- micro-batch sets its activation sets), split by teacher.tp over the student's tp group
@@ -188,8 +190,11 @@ local function teacher_memory(s, r)
     moe = tm.moe, precision = "fp32",
     cuda_attention = s.cuda_attention, flash_tc = s.flash_tc,
     keep_attention = kd.kd_attention and r == s.pp and kept or nil,
+    -- session.c make_teacher: frozen, the mapped blocks' outputs kept where the terms run
+    frozen = true, keep_outputs = r == s.pp and kept or nil,
   }
-  return { params = fp.param_floats * F32, grads = fp.param_floats * F32, activations = fp.activations }
+  -- frozen: no gradient buffer
+  return { params = fp.param_floats * F32, grads = 0, activations = fp.activations }
 end
 
 -- Distillation's own buffers on one rank of stage r (loom_session_memory's distill), each
@@ -890,7 +895,7 @@ function plan.layout(t, machine, opts)
   if s.kd then
     local tm = s.kd.teacher
     assume(s.kd.kd_cache and "teacher: a cache (loom distill-cache): no teacher model here; its dense rows counted, its record buffer (8 B T k + 16 bytes) not; reading it and the logit term not in the step time"
-      or string.format("teacher: %s (L=%d C=%d ctx=%d), fp32 parameters and their unused gradient buffer, activations at micro %d x its ctx%s%s%s; the distillation buffers as allocated; its forward and the terms not in the step time (docs/PLAN.md)",
+      or string.format("teacher: %s (L=%d C=%d ctx=%d), fp32 parameters (frozen: no gradient buffer), forward-only activations at micro %d x its ctx%s%s%s; the distillation buffers as allocated; its forward and the terms not in the step time (docs/PLAN.md)",
         s.kd.teacher_checkpoint or s.kd.teacher_init or "?", tm.layers, tm.dim, tm.ctx, s.micro,
         (s.kd.kd_teacher_tp or 1) > 1 and string.format(", split by teacher.tp = %d", s.kd.kd_teacher_tp) or "",
         (s.kd.kd_teacher_pp or 1) > 1 and string.format(", its blocks over the %d stages", s.kd.kd_teacher_pp)

@@ -263,8 +263,10 @@ local function memory_line(info, zero, dp)
     note = string.format(" | widen scratch %s", mib(mem.widen)) .. note
   end
   if (mem.teacher_params or 0) > 0 then -- distillation: the teacher's, beside the student's
-    note = string.format(" | teacher params %s, grads buffer %s, activations %s", mib(mem.teacher_params),
-      mib(mem.teacher_grads), mib(mem.teacher_activations)) .. note
+    -- (a frozen teacher has no gradient buffer: named only where one is held)
+    local grads = (mem.teacher_grads or 0) > 0 and string.format(", grads buffer %s", mib(mem.teacher_grads)) or ""
+    note = string.format(" | teacher params %s%s, activations %s", mib(mem.teacher_params), grads,
+      mib(mem.teacher_activations)) .. note
   end
   if (mem.distill or 0) > 0 then -- the distillation terms' own buffers (session.c)
     note = string.format(" | distillation buffers %s", mib(mem.distill)) .. note

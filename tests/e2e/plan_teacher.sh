@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # plan_teacher.sh LOOM BACKEND — loom plan's figures for a distillation teacher
 # (teacher = {...}, docs/DISTILL.md) against what a one-step run of recipes/cuda_train.lua
-# reports after step 1 (r.memory: TMEM the teacher's parameters and its gradient buffer,
+# reports after step 1 (r.memory: TMEM the teacher's parameters and its gradient buffer, 0
+# on every rank: the teacher is frozen,
 # TACT its activations, KDBUF the distillation buffers; ACT and MEM's params the student's,
 # whose teacher.layers projections and kept blocks the plan counts too), exactly, every rank:
 #  BACKEND cpu:
@@ -10,6 +11,8 @@
 #    the logit term alone;
 #  - a 3-block student at seq 32, a 2-block dim-16 teacher, teacher.layers = {[2] = 1},
 #    hidden and attention terms (the projection, the terms' buffers);
+#  - a 3-block teacher whose middle block is mapped (the frozen teacher's two shared block
+#    outputs and the mapped block's own);
 #  - 2 ranks: pp = 2 with teacher.pp = 2 (a 3-block teacher split 2 + 1, its own pipeline's
 #    activation sets, the step's teacher rows and the terms' rows on the last stage), and
 #    tp = 2 with teacher.tp = 2 (both split; the gathered whole rows);
@@ -85,6 +88,10 @@ case_() {
   after=$(grep '"rank":0[,}]' "$tmp/rd/plan.jsonl" | grep -o '"teacher_params":[0-9]*' | cut -d: -f2 || true)
   want_p=$(awk '$1 == 1 && $2 == "TMEM" { print $3 }' "$tmp/plan")
   [ "$after" = "$want_p" ] || { echo "FAIL: $name: plan.jsonl teacher_params '$after', not $want_p"; fail=1; }
+  # the teacher is frozen (gpt.h): no gradient buffer on any rank
+  if grep -a "TMEM " "$tmp/run" | awk '$NF != 0 { bad = 1 } END { exit !bad }'; then
+    echo "FAIL: $name: the teacher holds a gradient buffer: $(grep -a 'TMEM ' "$tmp/run" | head -1)"; fail=1
+  fi
 }
 kd3='teacher={checkpoint="'$tmp/t2'",alpha=0.5,layers={[2]=1},hidden=1,attention=10}'
 s3=(model.layers=3 model.ctx=32 batch.seq=32 "$kd3")
@@ -96,6 +103,9 @@ if [ "$backend" = cpu ]; then
     checkpoint.dir="$tmp/t3" checkpoint.every=1 > /dev/null 2>&1
   kdp='teacher={checkpoint="'$tmp/t3'",alpha=0.5,pp=2,layers={[1]=2},attention=1}'
   case_ "pp = 2, teacher.pp = 2, layers + attention" 2 2 - model.layers=2 mesh.pp=2 batch.global=4 "$kdp"
+  # the mapped block between unmapped ones: its output of its own, theirs in the two shared
+  case_ "teacher 3 blocks, its middle one mapped" 1 1 - model.layers=3 model.ctx=32 batch.seq=32 \
+    'teacher={checkpoint="'$tmp/t3'",alpha=0.5,layers={[2]=1},hidden=1}'
   case_ "tp = 2, teacher.tp = 2" 2 1 - model.layers=2 mesh.tp=2 'teacher={checkpoint="'$tmp/t2'",alpha=0.5,tp=2}'
 else
   case_ "$backend batched, layers + hidden + attention" 1 1 - "${s3[@]}"

@@ -12,7 +12,14 @@
  *   identity: a teacher equal to the student with identity projections: the term is 0,
  *             the loss is CE's bits and the projections' gradients are exactly 0;
  *   errors:   a mapping without a projection, a projection past the last block, a
- *             llama model with projections, a negative weight are refused.
+ *             llama model with projections, a negative weight are refused;
+ *   frozen:   a frozen model (loom_gpt_parallel.frozen, a distillation teacher's) gives a
+ *             trainable one's bits after a forward: the logits, the outputs of the blocks
+ *             in keep_outputs and the probabilities of those kept by
+ *             loom_gpt_keep_block_attention (blocks on both sides of them unkept, so the
+ *             shared buffers take turns), with no gradient buffer, backward refused, other
+ *             blocks' outputs NULL, fewer activation bytes, and loom_gpt_footprint's;
+ *             a frozen model with a split backward refused.
  */
 #include <check.h>
 #include <math.h>
@@ -362,6 +369,55 @@ START_TEST(test_errors)
 }
 END_TEST
 
+START_TEST(test_frozen)
+{
+    enum { L = 4, C = 16 };
+    size_t R = B_ * T_;
+    loom_gpt *m = make(L, C, 0, 0), *f;
+    loom_gpt_config c = *loom_gpt_get_config(m);
+    unsigned char keep[L] = {0, 1, 0, 0}; /* block 1; 0, 2 and 3 share the two outputs */
+    loom_gpt_parallel par = {0};
+    par.frozen = 1;
+    par.keep_outputs = keep;
+    ck_assert_msg(loom_gpt_create(&c, &be, B_, 7, &par, &f) == LOOM_OK, "%s", loom_last_error());
+    ck_assert_int_eq(loom_gpt_keep_block_attention(f, 1), LOOM_OK);
+    ck_assert_int_eq(loom_gpt_keep_block_attention(m, 1), LOOM_OK);
+    ck_assert_ptr_null(loom_gpt_grad_data(f));
+    ck_assert_ptr_null(loom_gpt_block_output(f, 0));
+    ck_assert_ptr_null(loom_gpt_block_output(f, 2));
+    ck_assert_ptr_null(loom_gpt_block_attention(f, 2));
+    double lm = fwd(m, 0.0f), lf = fwd(f, 0.0f);
+    ck_assert_msg(lm == lf, "frozen loss %.17g, trainable %.17g", lf, lm);
+    size_t V = (size_t)c.vocab_padded; /* (the created model's config: padded already) */
+    ck_assert(memcmp(loom_gpt_logits(m), loom_gpt_logits(f), R * V * sizeof(float)) == 0);
+    ck_assert(memcmp(loom_gpt_block_output(m, 1), loom_gpt_block_output(f, 1),
+                     R * C * sizeof(float)) == 0);
+    ck_assert(memcmp(loom_gpt_block_attention(m, 1), loom_gpt_block_attention(f, 1),
+                     (size_t)B_ * 2 * T_ * T_ * sizeof(float)) == 0);
+    ck_assert_int_eq(loom_gpt_backward(f), LOOM_ERR_INVALID);
+    ck_assert_ptr_nonnull(strstr(loom_last_error(), "frozen"));
+    ck_assert_uint_lt(loom_gpt_activation_bytes(f), loom_gpt_activation_bytes(m));
+    loom_gpt_footprint_bytes fp;
+    ck_assert_int_eq(loom_gpt_footprint(&c, B_, &par, 1, 0, LOOM_DTYPE_F32, LOOM_DTYPE_F32, NULL,
+                                        (const unsigned char[L]){0, 1, 0, 0}, &fp), LOOM_OK);
+    ck_assert_uint_eq(fp.activations, loom_gpt_activation_bytes(f));
+    /* the unkept blocks' outputs take two buffers, however many blocks: keeping block 1
+     * adds one block output (max_B x ctx x C floats) to them */
+    loom_gpt_footprint_bytes none;
+    par.keep_outputs = NULL;
+    ck_assert_int_eq(loom_gpt_footprint(&c, B_, &par, 1, 0, LOOM_DTYPE_F32, LOOM_DTYPE_F32, NULL,
+                                        (const unsigned char[L]){0, 1, 0, 0}, &none), LOOM_OK);
+    ck_assert_uint_eq(fp.activations - none.activations, (size_t)B_ * c.ctx * C * sizeof(float));
+    par.keep_outputs = keep;
+    loom_gpt_zero_grad(f); /* no buffer: nothing to zero */
+    loom_gpt_destroy(f);
+    loom_gpt_destroy(m);
+    par.split_backward = 1; /* a backward's layout: refused */
+    ck_assert_int_eq(loom_gpt_create(&c, &be, B_, 7, &par, &f), LOOM_ERR_INVALID);
+    ck_assert_ptr_nonnull(strstr(loom_last_error(), "frozen"));
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("distill_hidden");
@@ -372,6 +428,7 @@ int main(void)
     tcase_add_test(tc, test_attention_model);
     tcase_add_test(tc, test_attention_identity);
     tcase_add_test(tc, test_errors);
+    tcase_add_test(tc, test_frozen);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -131,6 +131,7 @@ static int l_footprint(lua_State *L)
     par.canonical = bfield(L, 1, "canonical");
     par.frozen = bfield(L, 1, "frozen"); /* a distillation teacher (gpt.h) */
     par.keep_outputs = index_list(L, 1, "keep_outputs", outs, cfg.layers) ? outs : NULL;
+    par.max_T = ifield(L, 1, "max_T", 0); /* activations for sequences up to this (gpt.h; 0: ctx) */
     read_family_moe(L, 1, &cfg);
     /* teacher.layers' projections (lua_loom.c: kd_proj_dim = the teacher's width, one per
      * mapped student block), table entries after ln_f */

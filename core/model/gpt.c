@@ -2,7 +2,7 @@
  * the activation buffers, and the two passes (tensor parallelism's pieces are in
  * gpt_parallel.c, the shared state in gpt_internal.h).
  *
- * Activation buffers are sized once for (max_B, ctx) and reused; a forward with smaller
+ * Activation buffers are sized once for (max_B, max_T: ctx unless gpt.h's max_T) and reused; a forward with smaller
  * B or T uses a prefix of each. Backward keeps one residual-gradient buffer and walks the
  * blocks top-down; every input gradient is produced fresh (kernels overwrite) and the
  * residual branches join it with `accumulate`.
@@ -386,7 +386,7 @@ static void bind_params(loom_gpt *m, float *base, model_params *p)
  * GELU output when some is selective, else nothing. Laid out from base like the slot. */
 static size_t lay_out_shared(loom_gpt *m, float *base, layer_acts *s)
 {
-    size_t B = (size_t)m->max_B, T = (size_t)m->cfg.ctx, C = (size_t)m->cfg.dim;
+    size_t B = (size_t)m->max_B, T = (size_t)m->max_T, C = (size_t)m->cfg.dim;
     size_t Fl = (size_t)m->Fl, Cl = (size_t)m->Cl, R = B * T, Rl = m->sp ? R / (size_t)m->tp : R;
     size_t att = 0, off = 0, QKV = (size_t)m->qkv_w, FC = (size_t)m->fc_w;
     int full = 0, selective = 0, a16 = 0; /* a16: a kept block's floats are these too */
@@ -418,7 +418,7 @@ static size_t lay_out_shared(loom_gpt *m, float *base, layer_acts *s)
  * (pointers are left NULL), then to assign, so the size and the layout cannot disagree. */
 static size_t lay_out_activations(loom_gpt *m, float *base, const layer_acts *s)
 {
-    size_t B = (size_t)m->max_B, T = (size_t)m->cfg.ctx, C = (size_t)m->cfg.dim;
+    size_t B = (size_t)m->max_B, T = (size_t)m->max_T, C = (size_t)m->cfg.dim;
     size_t Cl = (size_t)m->Cl, Fl = (size_t)m->Fl, Vl = (size_t)m->Vl;
     size_t L = (size_t)m->cfg.layers, R = B * T, Rl = m->sp ? R / (size_t)m->tp : R;
     size_t QKV = (size_t)m->qkv_w, FC = (size_t)m->fc_w;
@@ -517,7 +517,7 @@ void gpt_bind_slot(loom_gpt *m, int slot)
 {
     layer_acts s;
     lay_out_shared(m, (float *)m->act_mem, &s);
-    size_t R = (size_t)m->max_B * (size_t)m->cfg.ctx, total = lay_out_activations(m, NULL, &s);
+    size_t R = (size_t)m->max_B * (size_t)m->max_T, total = lay_out_activations(m, NULL, &s);
     float *f = (float *)((char *)m->act_mem + m->shared_bytes + (size_t)slot * m->slot_bytes);
     lay_out_activations(m, f, &s);
     m->tokens = (int *)(f + total);
@@ -533,7 +533,7 @@ static void size_activations(loom_gpt *m)
     gpt_att_size(m, &m->att_n, &m->att_scratch_n, &m->att_fused); /* gpt_att.c */
     gpt_att_size_kept(m, &m->att_keep_n, &m->att_keep_scratch_n); /* att_keep's blocks */
     size_t shared = lay_out_shared(m, NULL, &s);
-    size_t R = (size_t)m->max_B * (size_t)m->cfg.ctx, total = lay_out_activations(m, NULL, &s);
+    size_t R = (size_t)m->max_B * (size_t)m->max_T, total = lay_out_activations(m, NULL, &s);
     m->shared_bytes = (shared * sizeof(float) + 63) / 64 * 64;
     m->slot_bytes = (total * sizeof(float) + 2 * R * sizeof(int) + 64 + 63) / 64 * 64;
     m->act_bytes = m->shared_bytes + m->slot_bytes * (size_t)m->slots;
@@ -541,12 +541,12 @@ static void size_activations(loom_gpt *m)
 
 static loom_status alloc_activations(loom_gpt *m)
 {
-    size_t R = (size_t)m->max_B * (size_t)m->cfg.ctx;
+    size_t R = (size_t)m->max_B * (size_t)m->max_T;
     size_activations(m);
     m->act_mem = m->be->ops->alloc(m->be->self, m->act_bytes);
     if (!m->act_mem)
         LOOM_FAIL(LOOM_ERR_NOMEM, "cannot allocate %.1f MiB of activations for %d x batch %d x %d",
-                  (double)m->act_bytes / (1 << 20), m->slots, m->max_B, m->cfg.ctx);
+                  (double)m->act_bytes / (1 << 20), m->slots, m->max_B, m->max_T);
     gpt_bind_slot(m, 0);
     m->host_losses = malloc(R * sizeof(float));
     free(m->ce_dloss);
@@ -615,6 +615,7 @@ static loom_status gpt_setup(loom_gpt *m, const loom_gpt_config *cfg, int max_B,
     if (!m->cfg.vocab_padded)
         m->cfg.vocab_padded = (cfg->vocab + 127) / 128 * 128;
     m->max_B = max_B;
+    m->max_T = par && par->max_T > 0 ? par->max_T : cfg->ctx;
     m->tp = 1;
     loom_status st = LOOM_OK;
     m->slots = 1;
@@ -691,6 +692,9 @@ static loom_status gpt_setup(loom_gpt *m, const loom_gpt_config *cfg, int max_B,
     m->acts = calloc((size_t)cfg->layers, sizeof(layer_acts));
     if (st == LOOM_OK && cfg->moe.experts && !(m->ent0 = calloc((size_t)cfg->layers + 1, sizeof(int))))
         st = loom_fail(LOOM_ERR_NOMEM, "out of memory");
+    if (st == LOOM_OK && (m->max_T < 1 || m->max_T > cfg->ctx))
+        st = loom_fail(LOOM_ERR_INVALID, "activations sized for sequences of %d tokens, outside "
+                       "the model's ctx=%d: give max_T in [1, ctx], or 0 for ctx", m->max_T, cfg->ctx);
     if (st == LOOM_OK)
         st = check_split(m);
     if (st == LOOM_OK)
@@ -858,7 +862,7 @@ loom_status loom_gpt_footprint(const loom_gpt_config *cfg, int max_B, const loom
         size_t moe_host, moe = gpt_moe_size(m, &moe_host); /* the MoE blocks' buffers */
         out->param_floats = m->table.total;
         out->activations = m->act_bytes + moe;
-        out->host = ((size_t)max_B * (size_t)cfg->ctx * (w16 ? 2 : 1) + (size_t)m->cfg.vocab_padded) *
+        out->host = ((size_t)max_B * (size_t)m->max_T * (w16 ? 2 : 1) + (size_t)m->cfg.vocab_padded) *
                         sizeof(float) + moe_host; /* (w16: gpt_w16_setup's host tokens) */
         out->slot = m->slot_bytes;
         out->shared = m->shared_bytes;
@@ -1145,15 +1149,27 @@ mlp_done:;
     return LOOM_OK;
 }
 
+loom_status gpt_check_batch(const loom_gpt *m, int B, int T)
+{
+    if (B < 1 || B > m->max_B || T < 1 || T > m->cfg.ctx)
+        LOOM_FAIL(LOOM_ERR_INVALID, "batch %dx%d outside the model's %dx%d", B, T, m->max_B,
+                  m->cfg.ctx);
+    if (T > m->max_T) /* gpt.h max_T: a distillation teacher is built at batch.seq */
+        LOOM_FAIL(LOOM_ERR_INVALID, "a forward over %d tokens, but this model's activations were "
+                  "built for sequences of at most %d (of its ctx=%d): build it with max_T >= %d",
+                  T, m->max_T, m->cfg.ctx, T);
+    return LOOM_OK;
+}
+
+int loom_gpt_max_seq(const loom_gpt *m) { return m->max_T; }
+
 loom_status loom_gpt_forward(loom_gpt *m, const int *tokens, const int *targets, int B, int T,
                              float dloss, double *loss_sum)
 {
     const loom_backend_ops *k = m->be->ops;
     void *bs = m->be->self;
     int C = m->cfg.dim, V = m->cfg.vocab;
-    if (B < 1 || B > m->max_B || T < 1 || T > m->cfg.ctx)
-        LOOM_FAIL(LOOM_ERR_INVALID, "batch %dx%d outside the model's %dx%d", B, T, m->max_B,
-                  m->cfg.ctx);
+    LOOM_TRY(gpt_check_batch(m, B, T));
     if (dloss != 0.0f && !targets)
         LOOM_FAIL(LOOM_ERR_INVALID, "a training forward needs targets");
     if (m->staged)

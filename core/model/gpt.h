@@ -126,6 +126,12 @@ typedef struct loom_gpt_parallel {
      * kernel calls on the same operands as a trainable model's forward: the same bits. */
     int frozen;
     const unsigned char *keep_outputs;
+    /* The longest sequence a forward will be given (0: cfg->ctx): activations are sized for
+     * max_B x max_T token rows, and a longer forward is refused. A distillation teacher only
+     * ever sees the run's batch.seq (session.c make_teacher), so it is built at that; the
+     * position table (wpe, rope) stays ctx long, so the weights and every result are the
+     * same. A model that samples (windows up to ctx) keeps 0. */
+    int max_T;
 } loom_gpt_parallel;
 
 
@@ -134,12 +140,14 @@ enum { LOOM_RECOMPUTE_NONE, LOOM_RECOMPUTE_FULL, LOOM_RECOMPUTE_SELECTIVE, LOOM_
 /* Build the table (partitioned by par->tp_ops) and allocate params + grads on the backend,
  * initialised from seed (values keyed by logical index: the same model for any split;
  * not with par->undrawn).
- * Activations are sized for micro-batches up to max_B x cfg->ctx. */
+ * Activations are sized for micro-batches up to max_B x cfg->ctx (par->max_T: shorter). */
 loom_status loom_gpt_create(const loom_gpt_config *cfg, loom_backend *be, int max_B, uint64_t seed,
                             const loom_gpt_parallel *par, loom_gpt **out);
 void loom_gpt_destroy(loom_gpt *m);
 
 const loom_gpt_config *loom_gpt_get_config(const loom_gpt *m);
+/* The longest sequence a forward may be given: loom_gpt_parallel.max_T, else ctx. */
+int loom_gpt_max_seq(const loom_gpt *m);
 const loom_param_table *loom_gpt_params(const loom_gpt *m);
 /* Flat device buffers (table->total floats each). */
 float *loom_gpt_param_data(loom_gpt *m);

@@ -12,7 +12,7 @@
  * scratch the recomputed blocks use is the largest of theirs, datt_scratch the batched
  * backward's where a block keeps. Every other block stays fused, with the small att.
  *
- * The sizes hold every forward with B <= max_B, T <= ctx in the mode the model was built
+ * The sizes hold every forward with B <= max_B, T <= max_T (ctx unless gpt.h's max_T) in the mode the model was built
  * in (training's: set_deterministic(canonical), gpt.c's gpt_setup). Generation switches the
  * backend to row-stable mode, where attention takes the batched path whatever the variable
  * says: a forward or decode whose att needs more than the blocks' buffers then writes every
@@ -63,15 +63,15 @@ void gpt_att_size(const loom_gpt *m, size_t *att, size_t *scratch, int *fused)
 {
     *att = *scratch = 0;
     /* the largest over every T: the path can change with T (the fused kernels need T > hs) */
-    for (int T = 1; T <= m->cfg.ctx; T++) {
+    for (int T = 1; T <= m->max_T; T++) {
         size_t a, s;
         att_need(m, m->max_B, T, &a, &s);
         *att = a > *att ? a : *att;
         *scratch = s > *scratch ? s : *scratch;
     }
     /* not the batched path's probabilities at the full shape: the fused kernels' state */
-    size_t a, s, T = (size_t)m->cfg.ctx;
-    att_need(m, m->max_B, m->cfg.ctx, &a, &s);
+    size_t a, s, T = (size_t)m->max_T;
+    att_need(m, m->max_B, m->max_T, &a, &s);
     *fused = a != (size_t)m->max_B * (size_t)m->NHl * T * T;
 }
 

@@ -123,8 +123,9 @@ static loom_status check_decode(const loom_gpt *m, int token, int t)
     if (t != m->cache_len || t < 1)
         LOOM_FAIL(LOOM_ERR_INVALID, "decode at position %d, but the cache holds %d rows (run a "
                   "forward with B = 1 over the first tokens)", t, m->cache_len);
-    if (t >= m->cfg.ctx)
-        LOOM_FAIL(LOOM_ERR_INVALID, "decode at position %d: the model's ctx is %d", t, m->cfg.ctx);
+    if (t >= m->max_T) /* its rows are the activations' (max_T: ctx unless built shorter) */
+        LOOM_FAIL(LOOM_ERR_INVALID, "decode at position %d: the model's ctx is %d (activations "
+                  "built for %d)", t, m->cfg.ctx, m->max_T);
     if (token < 0 || token >= m->cfg.vocab)
         LOOM_FAIL(LOOM_ERR_INVALID, "token %d is outside the vocabulary [0, %d)", token,
                   m->cfg.vocab);

@@ -79,7 +79,7 @@ static loom_status kd_prepare(loom_gpt *m, size_t t_stride, float T, float alpha
     if (!(T > 0.0f) || !(alpha >= 0.0f && alpha <= 1.0f) || t_stride < (size_t)m->cfg.vocab)
         LOOM_FAIL(LOOM_ERR_INVALID, "distillation temperature=%g must be > 0, alpha=%g in [0, 1], "
                   "the teacher's rows at least vocab=%d wide (%zu)", T, alpha, m->cfg.vocab, t_stride);
-    size_t R = (size_t)m->max_B * (size_t)m->cfg.ctx;
+    size_t R = (size_t)m->max_B * (size_t)m->max_T;
     size_t per_row = (size_t)m->Vl + (m->tp_ops ? 2 * (size_t)m->cfg.vocab_padded : 0);
     if (loom_backend_device_memory(m->be))
         LOOM_TRY(kd_device_check(m));
@@ -175,7 +175,7 @@ loom_status gpt_distill_before(loom_gpt *m, size_t R, float dloss)
         return LOOM_OK;
     }
     size_t Vl = (size_t)m->Vl, Vp = (size_t)m->cfg.vocab_padded;
-    size_t cap = (size_t)m->max_B * (size_t)m->cfg.ctx;
+    size_t cap = (size_t)m->max_B * (size_t)m->max_T;
     float *blocks = m->kd_grad + cap * Vl, *full = blocks + cap * Vp;
     LOOM_TRY(loom_gpt_gather_logits(m, R, blocks, full));
     loom_kd_rows(full, Vp, m->kd_teacher, m->kd_stride, R, m->cfg.vocab, m->kd_T, scale,

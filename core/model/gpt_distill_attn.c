@@ -79,19 +79,19 @@ loom_status loom_gpt_set_distill_attention(loom_gpt *m, const float *const *teac
             m->kd_a_first = l;
     if (teacher_att && m->kd_a_first < 0)
         LOOM_FAIL(LOOM_ERR_INVALID, "distillation's attention term: no student block is mapped");
-    size_t R = (size_t)m->max_B * (size_t)m->cfg.ctx;
+    size_t R = (size_t)m->max_B * (size_t)m->max_T;
     if (teacher_att && !m->kd_datt) {
-        m->kd_datt = malloc(R * (size_t)m->NHl * (size_t)m->cfg.ctx * sizeof(float));
+        m->kd_datt = malloc(R * (size_t)m->NHl * (size_t)m->max_T * sizeof(float));
         m->kd_aloss = malloc(R * sizeof(double));
         m->kd_hsum = malloc((size_t)(m->tp + 1) * R * (size_t)m->NHl * sizeof(double));
-        m->kd_bytes += R * (size_t)m->NHl * (size_t)m->cfg.ctx * sizeof(float) + R * sizeof(double) +
+        m->kd_bytes += R * (size_t)m->NHl * (size_t)m->max_T * sizeof(float) + R * sizeof(double) +
                        (size_t)(m->tp + 1) * R * (size_t)m->NHl * sizeof(double);
         if (!m->kd_datt || !m->kd_aloss || !m->kd_hsum)
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory for the attention-probability term");
     }
     if (teacher_att && loom_backend_device_memory(m->be) && !m->kd_ps_host) {
         /* on a device: the probabilities copied to the host, the gradient back */
-        size_t n = R * (size_t)m->NHl * (size_t)m->cfg.ctx;
+        size_t n = R * (size_t)m->NHl * (size_t)m->max_T;
         m->kd_ps_host = malloc(n * sizeof(float));
         m->kd_datt_dev = k->alloc(m->be->self, n * sizeof(float));
         m->kd_bytes += 2 * n * sizeof(float);

@@ -151,7 +151,7 @@ loom_status loom_gpt_set_distill_hidden(loom_gpt *m, const float *const *teacher
     if (teacher_h && !(beta >= 0.0f && isfinite(beta)))
         LOOM_FAIL(LOOM_ERR_INVALID, "teacher.hidden=%g must be a finite weight >= 0", beta);
     int L = m->cfg.layers, S = m->slots;
-    size_t R = (size_t)m->max_B * (size_t)m->cfg.ctx, C = (size_t)m->cfg.dim;
+    size_t R = (size_t)m->max_B * (size_t)m->max_T, C = (size_t)m->cfg.dim;
     size_t Ct = (size_t)(m->cfg.kd_proj_dim > 0 ? m->cfg.kd_proj_dim : 1);
     for (int l = 0; teacher_h && l < L; l++)
         if (teacher_h[l] && !proj_entry(m, l))

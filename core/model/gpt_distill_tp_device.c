@@ -33,7 +33,7 @@ static loom_status tp_indices(loom_gpt *m, size_t R)
     if (m->kd_tp_idx && m->kd_tp_idx_R == R)
         return LOOM_OK;
     const loom_backend_ops *k = m->be->ops;
-    size_t tp = (size_t)m->tp, cap = (size_t)m->max_B * (size_t)m->cfg.ctx;
+    size_t tp = (size_t)m->tp, cap = (size_t)m->max_B * (size_t)m->max_T;
     if (!m->kd_tp_idx) {
         if (!(m->kd_tp_idx = k->alloc(m->be->self, cap * (tp + 1) * sizeof(int))))
             LOOM_FAIL(LOOM_ERR_NOMEM, "out of device memory for distillation's tp row indices");
@@ -66,7 +66,7 @@ loom_status gpt_kd_tp_device_rows(loom_gpt *m, size_t R, float scale)
 {
     const loom_backend_ops *k = m->be->ops;
     size_t Vl = (size_t)m->Vl, Vp = (size_t)m->cfg.vocab_padded, tp = (size_t)m->tp;
-    size_t cap = (size_t)m->max_B * (size_t)m->cfg.ctx;
+    size_t cap = (size_t)m->max_B * (size_t)m->max_T;
     float *blocks = m->kd_grad + cap * Vl, *full = blocks + cap * Vp; /* kd_prepare's layout */
     LOOM_TRY(gpt_gather_logits_device(m, R, blocks, full));
     k->kd_rows(full, Vp, m->kd_teacher, m->kd_stride, R, m->cfg.vocab, m->kd_T, scale,

@@ -75,6 +75,7 @@ struct loom_gpt {
     int *host_tok;                     /* (R) host copy of the tokens the lookup reads */
     loom_dtype param_dt, act_dt;
     int max_B;
+    int max_T;                         /* the longest forward (gpt.h max_T; ctx by default) */
     /* tensor parallelism (gpt.h): tp_ops NULL for one rank */
     const loom_strategy_ops *tp_ops;
     void *tp_self;
@@ -508,6 +509,8 @@ loom_status gpt_place_last(loom_gpt *m, int split_dim);
 
 /* A pipeline chunk [lo, hi) this model can run (gpt_stage.c). */
 loom_status gpt_check_chunk(const loom_gpt *m, int lo, int hi);
+/* A forward's B x T within what the activations were sized for (max_B x max_T). */
+loom_status gpt_check_batch(const loom_gpt *m, int B, int T);
 /* A stage's backward (fused or B) around the head, head = 1 before and 0 after, and
  * around block l (done = 0 before, 1 after): ZeRO-3's units (gpt_stage.h). */
 loom_status gpt_stage_head_units(loom_gpt *m, int hi, int head);

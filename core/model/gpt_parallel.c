@@ -207,7 +207,7 @@ void gpt_replicated_grads(loom_gpt *m, rep_pack *pk, int kind, const rep_args *a
     size_t rc = Rl / (size_t)chunks;
     /* the backend's one call (its chunks on its threads at once), scratch in a tree level */
     if (kind != 2 && k->size > offsetof(loom_backend_ops, rep_chunk_tree) && k->rep_chunk_tree &&
-        (size_t)(chunks - 1) * n <= (size_t)m->max_B * (size_t)m->cfg.ctx * C) {
+        (size_t)(chunks - 1) * n <= (size_t)m->max_B * (size_t)m->max_T * C) {
         k->rep_chunk_tree(kind, part, m->tree[0], chunks, a->dinp, a->dout, a->inp, a->w,
                           a->mean, a->rstd, Rl, (int)C);
         return;

@@ -185,7 +185,7 @@ loom_status gpt_w16_setup(loom_gpt *m)
     m->c16 = k->alloc(m->be->self, t->total * sizeof(uint16_t));
     m->wide = m->wide_cap ? k->alloc(m->be->self, m->wide_cap * sizeof(float)) : NULL;
     m->edge = n_edge ? k->alloc(m->be->self, n_edge * sizeof(float)) : NULL;
-    m->host_tok = malloc((size_t)m->max_B * (size_t)m->cfg.ctx * sizeof(int));
+    m->host_tok = malloc((size_t)m->max_B * (size_t)m->max_T * sizeof(int));
     if (!m->c16 || (m->wide_cap && !m->wide) || (n_edge && !m->edge) || !m->host_tok)
         LOOM_FAIL(LOOM_ERR_NOMEM, "cannot allocate %.1f MiB for the %s compute copy of the "
                   "weights and %.1f MiB to widen it", (double)t->total * 2 / (1 << 20),
@@ -375,7 +375,7 @@ void gpt_acts_load(loom_gpt *m, int l, size_t R)
 
 size_t gpt_saved_activation_bytes(const loom_gpt *m)
 {
-    size_t R = (size_t)m->max_B * (size_t)m->cfg.ctx, total = 0, n[GPT_A16_N];
+    size_t R = (size_t)m->max_B * (size_t)m->max_T, total = 0, n[GPT_A16_N];
     for (int l = 0; l < m->cfg.layers; l++) {
         gpt_act16_sizes(m, l, R, n);
         for (int i = 0; i < GPT_A16_N; i++)

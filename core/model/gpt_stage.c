@@ -115,9 +115,7 @@ loom_status loom_gpt_stage_forward(loom_gpt *m, int lo, int hi, const int *token
     void *bs = m->be->self;
     int C = m->cfg.dim, V = m->cfg.vocab;
     int head = hi == m->cfg.layers;
-    if (B < 1 || B > m->max_B || T < 1 || T > m->cfg.ctx)
-        LOOM_FAIL(LOOM_ERR_INVALID, "batch %dx%d outside the model's %dx%d", B, T, m->max_B,
-                  m->cfg.ctx);
+    LOOM_TRY(gpt_check_batch(m, B, T));
     if (head && dloss != 0.0f && !targets)
         LOOM_FAIL(LOOM_ERR_INVALID, "a training forward needs targets");
     size_t R = (size_t)B * T;

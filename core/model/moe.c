@@ -189,7 +189,7 @@ size_t gpt_moe_size(const loom_gpt *m, size_t *host)
     size_t E = (size_t)c->moe.experts, P = m->ep > 1 ? (size_t)m->ep : 1, El = E / P;
     /* F as create's: the widest of fc's output and its activation's per row (fc_w: 4C/tp,
      * or a llama's gate|up 2F/tp) */
-    size_t C = (size_t)c->dim, F = (size_t)m->fc_w, R = (size_t)m->max_B * (size_t)c->ctx;
+    size_t C = (size_t)c->dim, F = (size_t)m->fc_w, R = (size_t)m->max_B * (size_t)m->max_T;
     size_t A = R * (size_t)c->moe.top_k, Am = A * P;
     size_t n = 0, total = 0;
     for (int l = 0; l < c->layers; l++)
@@ -245,7 +245,7 @@ loom_status gpt_moe_create(loom_gpt *m, uint64_t seed)
     g->per = m->llama ? 3 : 4;
     g->hw = m->fc_w;
     /* F: the widest of fc's output and its activation's, per row */
-    size_t C = (size_t)c->dim, F = (size_t)g->hw, R = (size_t)m->max_B * (size_t)c->ctx, A = R * K;
+    size_t C = (size_t)c->dim, F = (size_t)g->hw, R = (size_t)m->max_B * (size_t)m->max_T, A = R * K;
     size_t Am = A * (size_t)P; /* every ep rank may send all its choices here */
     g->max_R = (int)R;
     g->A = (int)A;

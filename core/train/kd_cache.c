@@ -158,10 +158,11 @@ loom_status loom_kd_cache_write(const char *path, const loom_kd_cache_shape *sh,
 {
     const loom_gpt_config *tc = loom_gpt_get_config(teacher);
     if (sh->vocab != tc->vocab || sh->k < 1 || sh->k > sh->vocab || sh->micro < 1 ||
-        sh->seq < 1 || sh->seq > tc->ctx || sh->records < 1)
+        sh->seq < 1 || sh->seq > loom_gpt_max_seq(teacher) || sh->records < 1)
         LOOM_FAIL(LOOM_ERR_INVALID, "distill-cache: k=%d must be in [1, vocab=%d] (the teacher's "
-                  "vocab %d), batch %dx%d within the teacher's ctx %d, records %lld >= 1", sh->k,
-                  sh->vocab, tc->vocab, sh->micro, sh->seq, tc->ctx, (long long)sh->records);
+                  "vocab %d), batch %dx%d within the %d tokens the teacher was built for (its ctx %d), "
+                  "records %lld >= 1", sh->k, sh->vocab, tc->vocab, sh->micro, sh->seq,
+                  loom_gpt_max_seq(teacher), tc->ctx, (long long)sh->records);
     size_t R = (size_t)sh->micro * (size_t)sh->seq;
     char tmp[4096];
     if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp)

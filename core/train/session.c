@@ -556,6 +556,9 @@ static loom_status make_teacher(loom_session *s, const loom_session_config *cfg)
     if (!keep)
         LOOM_FAIL(LOOM_ERR_NOMEM, "out of memory");
     par.frozen = 1;
+    /* every caller runs it over the run's sequences (the step's, distill_pipeline's,
+     * kd_group's, distill-cache's: batch.seq), never a longer one (gpt.h max_T) */
+    par.max_T = cfg->seq;
     for (int l = 0; cfg->kd_layers && last && l < mc->layers; l++)
         if (cfg->kd_layers[l] >= 0 && cfg->kd_layers[l] < tc->layers)
             keep[cfg->kd_layers[l]] = 1;

@@ -143,7 +143,7 @@ end
 
 -- A distillation teacher on one rank of stage r (1-based), as session.c's make_teacher
 -- builds it: a second, frozen model by loom_gpt_create (its fp32 parameters, no gradient
--- buffer, forward-only activations at batch.micro x its ctx: one block's set that every block
+-- buffer, forward-only activations at batch.micro x batch.seq, not its ctx: one block's set that every block
 -- shares, two block outputs in turn, the mapped blocks' outputs of their own where the terms
 -- run; never 16-bit), on the last stage
 -- only unless teacher.pp = mesh.pp (its blocks split evenly over the stages, the first
@@ -190,8 +190,9 @@ local function teacher_memory(s, r)
     moe = tm.moe, precision = "fp32",
     cuda_attention = s.cuda_attention, flash_tc = s.flash_tc,
     keep_attention = kd.kd_attention and r == s.pp and kept or nil,
-    -- session.c make_teacher: frozen, the mapped blocks' outputs kept where the terms run
-    frozen = true, keep_outputs = r == s.pp and kept or nil,
+    -- session.c make_teacher: frozen, the mapped blocks' outputs kept where the terms run,
+    -- activations for the run's sequences (batch.seq), not the teacher's ctx
+    frozen = true, keep_outputs = r == s.pp and kept or nil, max_T = s.seq,
   }
   -- frozen: no gradient buffer
   return { params = fp.param_floats * F32, grads = 0, activations = fp.activations }

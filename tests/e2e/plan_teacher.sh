@@ -7,10 +7,12 @@
 # whose teacher.layers projections and kept blocks the plan counts too), exactly, every rank:
 #  BACKEND cpu:
 #  - a 2-block dim-32 student, a 1-block dim-16 teacher of ctx 32 (fewer layers, narrower,
-#    a longer context than the student's 16: its activations are sized at its own ctx),
+#    a longer context than the student's 16: its activations are sized at batch.seq 16),
 #    the logit term alone;
 #  - a 3-block student at seq 32, a 2-block dim-16 teacher, teacher.layers = {[2] = 1},
 #    hidden and attention terms (the projection, the terms' buffers);
+#  - the same at batch.seq 8, under the teacher's ctx 32: its activations (sized by the
+#    run's sequences, gpt.h max_T) below the seq-32 case's, planned = measured;
 #  - a 3-block teacher whose middle block is mapped (the frozen teacher's two shared block
 #    outputs and the mapped block's own);
 #  - 2 ranks: pp = 2 with teacher.pp = 2 (a 3-block teacher split 2 + 1, its own pipeline's
@@ -20,7 +22,8 @@
 #  BACKEND cudaemu (or cuda; without a GPU exit 77): the 3-block case with
 #  LOOM_CUDA_ATTENTION unset and =flash: under flash the mapped blocks (student 2, teacher
 #  1) keep the batched path's probabilities (loom_gpt_keep_block_attention), the others
-#  fused, so both activations come out below the batched run's and equal the plan's; and
+#  fused, so both activations come out below the batched run's and equal the plan's; the
+#  batched case at batch.seq 8 (below the seq-32 case's, as on the CPU); and
 #  the 3-block case at tp = 2 (the device's gathers over the tp group).
 # About 2 s on the CPU, 2 s emulated (two cores, shared).
 set -euo pipefail
@@ -95,10 +98,22 @@ case_() {
 }
 kd3='teacher={checkpoint="'$tmp/t2'",alpha=0.5,layers={[2]=1},hidden=1,attention=10}'
 s3=(model.layers=3 model.ctx=32 batch.seq=32 "$kd3")
+# the s3 case again at batch.seq 8 (the teacher's ctx is 32): TACT of the plan (= the run's,
+# checked by case_) against the seq-32 case's, $1 (a teacher sized at its ctx: the same)
+short_seq() {
+  case_ "$backend, the 3-block case at batch.seq 8 (teacher ctx 32)" 1 1 - "${s3[@]}" batch.seq=8
+  local t8; t8=$(awk '$1 == 1 && $2 == "TACT" { print $3 }' "$tmp/plan")
+  if (( t8 < $1 )); then
+    echo "batch.seq 8: teacher activations $t8 bytes (batch.seq 32: $1)"
+  else
+    echo "FAIL: batch.seq 8: teacher activations $t8, not below batch.seq 32's $1"; fail=1
+  fi
+}
 if [ "$backend" = cpu ]; then
   case_ "teacher 1 block dim 16 ctx 32, logits" 1 1 - model.layers=2 \
     'teacher={checkpoint="'$tmp/t1'",alpha=0.5}'
   case_ "teacher 2 blocks dim 16, layers + hidden + attention" 1 1 - "${s3[@]}"
+  short_seq "$(awk '$1 == 1 && $2 == "TACT" { print $3 }' "$tmp/plan")"
   "$loom" run "$recipe" backend=cpu steps=1 model.layers=3 model.dim=16 model.ctx=32 \
     checkpoint.dir="$tmp/t3" checkpoint.every=1 > /dev/null 2>&1
   kdp='teacher={checkpoint="'$tmp/t3'",alpha=0.5,pp=2,layers={[1]=2},attention=1}'
@@ -110,6 +125,7 @@ if [ "$backend" = cpu ]; then
 else
   case_ "$backend batched, layers + hidden + attention" 1 1 - "${s3[@]}"
   tb=$(awk '$1 == 1 && $2 == "TACT" { print $3 }' "$tmp/plan"); sb=$(awk '$1 == 1 && $2 == "ACT" { print $3 }' "$tmp/plan")
+  short_seq "$tb"
   case_ "$backend flash, layers + hidden + attention" 1 1 LOOM_CUDA_ATTENTION=flash "${s3[@]}"
   tf=$(awk '$1 == 1 && $2 == "TACT" { print $3 }' "$tmp/plan"); sf=$(awk '$1 == 1 && $2 == "ACT" { print $3 }' "$tmp/plan")
   # tp = 2 (the terms' rows and per-head sums gathered over the device's tp group)

@@ -20,6 +20,11 @@
  *             shared buffers take turns), with no gradient buffer, backward refused, other
  *             blocks' outputs NULL, fewer activation bytes, and loom_gpt_footprint's;
  *             a frozen model with a split backward refused.
+ *   frozen_short: the same frozen model built for the run's T_ = 8 of its ctx 16
+ *             (loom_gpt_parallel.max_T, as session.c builds a teacher at batch.seq) gives
+ *             the ctx-sized one's bits (logits, kept output and probabilities) in fewer
+ *             activation bytes, loom_gpt_footprint's; a forward over T_ + 1 tokens and a
+ *             max_T above ctx are refused.
  */
 #include <check.h>
 #include <math.h>
@@ -418,6 +423,50 @@ START_TEST(test_frozen)
 }
 END_TEST
 
+START_TEST(test_frozen_short)
+{
+    enum { L = 4, C = 16 };
+    size_t R = B_ * T_;
+    loom_gpt *m = make(L, C, 0, 0), *f, *s;
+    loom_gpt_config c = *loom_gpt_get_config(m);
+    loom_gpt_destroy(m);
+    unsigned char keep[L] = {0, 1, 0, 0};
+    loom_gpt_parallel par = {0};
+    par.frozen = 1;
+    par.keep_outputs = keep;
+    ck_assert_msg(loom_gpt_create(&c, &be, B_, 7, &par, &f) == LOOM_OK, "%s", loom_last_error());
+    par.max_T = T_;
+    ck_assert_msg(loom_gpt_create(&c, &be, B_, 7, &par, &s) == LOOM_OK, "%s", loom_last_error());
+    ck_assert_int_eq(loom_gpt_max_seq(s), T_);
+    ck_assert_int_eq(loom_gpt_max_seq(f), c.ctx);
+    ck_assert_int_eq(loom_gpt_keep_block_attention(f, 1), LOOM_OK);
+    ck_assert_int_eq(loom_gpt_keep_block_attention(s, 1), LOOM_OK);
+    double lf = fwd(f, 0.0f), ls = fwd(s, 0.0f);
+    ck_assert_msg(lf == ls, "max_T=%d loss %.17g, ctx-sized %.17g", T_, ls, lf);
+    size_t V = (size_t)c.vocab_padded;
+    ck_assert(memcmp(loom_gpt_logits(f), loom_gpt_logits(s), R * V * sizeof(float)) == 0);
+    ck_assert(memcmp(loom_gpt_block_output(f, 1), loom_gpt_block_output(s, 1),
+                     R * C * sizeof(float)) == 0);
+    ck_assert(memcmp(loom_gpt_block_attention(f, 1), loom_gpt_block_attention(s, 1),
+                     (size_t)B_ * 2 * T_ * T_ * sizeof(float)) == 0);
+    ck_assert_uint_lt(loom_gpt_activation_bytes(s), loom_gpt_activation_bytes(f));
+    loom_gpt_footprint_bytes fp;
+    ck_assert_int_eq(loom_gpt_footprint(&c, B_, &par, 1, 0, LOOM_DTYPE_F32, LOOM_DTYPE_F32, NULL,
+                                        keep, &fp), LOOM_OK);
+    ck_assert_uint_eq(fp.activations, loom_gpt_activation_bytes(s));
+    int tok[B_ * (T_ + 1)];
+    memset(tok, 0, sizeof tok);
+    ck_assert_int_eq(loom_gpt_forward(s, tok, NULL, B_, T_ + 1, 0.0f, NULL), LOOM_ERR_INVALID);
+    ck_assert_ptr_nonnull(strstr(loom_last_error(), "built for sequences of at most 8"));
+    ck_assert_int_eq(loom_gpt_forward(f, tok, NULL, B_, T_ + 1, 0.0f, NULL), LOOM_OK);
+    loom_gpt_destroy(s);
+    loom_gpt_destroy(f);
+    par.max_T = c.ctx + 1;
+    ck_assert_int_eq(loom_gpt_create(&c, &be, B_, 7, &par, &s), LOOM_ERR_INVALID);
+    ck_assert_ptr_nonnull(strstr(loom_last_error(), "outside the model's ctx=16"));
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("distill_hidden");
@@ -429,6 +478,7 @@ int main(void)
     tcase_add_test(tc, test_attention_identity);
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_frozen);
+    tcase_add_test(tc, test_frozen_short);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -896,8 +896,8 @@ function plan.layout(t, machine, opts)
   if s.kd then
     local tm = s.kd.teacher
     assume(s.kd.kd_cache and "teacher: a cache (loom distill-cache): no teacher model here; its dense rows counted, its record buffer (8 B T k + 16 bytes) not; reading it and the logit term not in the step time"
-      or string.format("teacher: %s (L=%d C=%d ctx=%d), fp32 parameters (frozen: no gradient buffer), forward-only activations at micro %d x its ctx%s%s%s; the distillation buffers as allocated; its forward and the terms not in the step time (docs/PLAN.md)",
-        s.kd.teacher_checkpoint or s.kd.teacher_init or "?", tm.layers, tm.dim, tm.ctx, s.micro,
+      or string.format("teacher: %s (L=%d C=%d ctx=%d), fp32 parameters (frozen: no gradient buffer), forward-only activations at micro %d x batch.seq %d (the sequences it is given, not its ctx)%s%s%s; the distillation buffers as allocated; its forward and the terms not in the step time (docs/PLAN.md)",
+        s.kd.teacher_checkpoint or s.kd.teacher_init or "?", tm.layers, tm.dim, tm.ctx, s.micro, s.seq,
         (s.kd.kd_teacher_tp or 1) > 1 and string.format(", split by teacher.tp = %d", s.kd.kd_teacher_tp) or "",
         (s.kd.kd_teacher_pp or 1) > 1 and string.format(", its blocks over the %d stages", s.kd.kd_teacher_pp)
           or s.pp > 1 and ", on the last stage only" or "",

@@ -2,10 +2,10 @@
  * the activation buffers, and the two passes (tensor parallelism's pieces are in
  * gpt_parallel.c, the shared state in gpt_internal.h).
  *
- * Activation buffers are sized once for (max_B, max_T: ctx unless gpt.h's max_T) and reused; a forward with smaller
- * B or T uses a prefix of each. Backward keeps one residual-gradient buffer and walks the
- * blocks top-down; every input gradient is produced fresh (kernels overwrite) and the
- * residual branches join it with `accumulate`.
+ * Activation buffers are sized once for (max_B, max_T: ctx unless gpt.h's max_T) and
+ * reused; a forward with smaller B or T uses a prefix of each. Backward keeps one
+ * residual-gradient buffer and walks the blocks top-down; every input gradient is produced
+ * fresh (kernels overwrite) and the residual branches join it with `accumulate`.
  */
 #define _DEFAULT_SOURCE /* mmap's MAP_ANONYMOUS */
 #include "gpt_internal.h"

@@ -218,7 +218,8 @@ int loom_gpt_can_decode(const loom_gpt *m);
 /* Rows the next loom_gpt_decode continues from (0: no cache). */
 int loom_gpt_cached_rows(const loom_gpt *m);
 loom_status loom_gpt_decode(loom_gpt *m, int token, int t);
-/* Bytes of the activation and backward scratch buffers (sized for max_B x max_T: ctx unless loom_gpt_parallel.max_T). */
+/* Bytes of the activation and backward scratch buffers (sized for max_B x max_T: ctx
+ * unless loom_gpt_parallel.max_T). */
 size_t loom_gpt_activation_bytes(const loom_gpt *m);
 /* What loom_gpt_create would allocate for (cfg, max_B, par) on one rank of a tp group of
  * `tp` (par->tp_ops must be NULL: the slices are the tp plugin's), computed by the same

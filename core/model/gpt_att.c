@@ -12,8 +12,8 @@
  * scratch the recomputed blocks use is the largest of theirs, datt_scratch the batched
  * backward's where a block keeps. Every other block stays fused, with the small att.
  *
- * The sizes hold every forward with B <= max_B, T <= max_T (ctx unless gpt.h's max_T) in the mode the model was built
- * in (training's: set_deterministic(canonical), gpt.c's gpt_setup). Generation switches the
+ * The sizes hold every forward with B <= max_B, T <= max_T (ctx unless gpt.h's max_T) in
+ * the mode the model was built in (training's: set_deterministic(canonical), gpt.c's gpt_setup). Generation switches the
  * backend to row-stable mode, where attention takes the batched path whatever the variable
  * says: a forward or decode whose att needs more than the blocks' buffers then writes every
  * block's att into one spill buffer (allocated at the first such call, kept for the next),

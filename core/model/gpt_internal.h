@@ -21,7 +21,8 @@ typedef struct model_params {
     layer_params *layer; /* [L] */
 } model_params;
 
-/* Saved per layer for backward. R = max_B*max_T token rows (max_T: ctx unless gpt.h max_T); Rl = this rank's rows of the
+/* Saved per layer for backward. R = max_B*max_T token rows (max_T: ctx unless gpt.h's
+ * max_T); Rl = this rank's rows of the
  * residual stream (R, or R/tp with sequence parallelism); Cl, Fl = this rank's attention
  * and MLP widths. The *_full buffers are the layernorm outputs over all R rows: aliases of
  * the local ones without sequence parallelism; with it, one shared buffer (m->gathered)

@@ -626,20 +626,22 @@ static int l_bench_device(lua_State *L)
         }
         lua_pushnumber(L, time_it_as(b, grad_pass, &e, min_s, 1) / e);
         lua_setfield(L, -2, "grad_pass");
-        /* distillation's terms (per element; plan.lua's teacher costs): the attention
-         * term at T = 64 at most (64 x T x T elements, inside the buffers) */
-        int ea = e < 1 << 18 ? e : 1 << 18;
+        /* distillation's terms (per element; plan.lua's teacher costs), each at a size
+         * of a few ms a call (the logit term is some 40 ns an element: a calibration
+         * times it for every thread count, so a quarter of min_s each, 3 calls at least):
+         * the attention term at T = 64 at most (64 x T x T elements, inside the buffers) */
+        int el = e < 1 << 16 ? e : 1 << 16, ea = e < 1 << 18 ? e : 1 << 18;
         ea = ea / 4096 * 4096;
-        lua_pushnumber(L, time_it_as(b, kd_logit, &e, min_s, 1) / e);
+        lua_pushnumber(L, time_it_as(b, kd_logit, &el, min_s / 4, 1) / el);
         lua_setfield(L, -2, "kd_logits");
         if (e >= 4096) {
-            int eh = e / 4096 * 4096;
-            lua_pushnumber(L, time_it_as(b, kd_hidden, &eh, min_s, 1) / eh);
+            int eh = (e < 1 << 19 ? e : 1 << 19) / 4096 * 4096;
+            lua_pushnumber(L, time_it_as(b, kd_hidden, &eh, min_s / 4, 1) / eh);
             lua_setfield(L, -2, "kd_hidden");
         }
         if (ea >= 4096) {
             int T = ea / 4096, n = 64 * T * T;
-            lua_pushnumber(L, time_it_as(b, kd_attention, &ea, min_s, 1) / n);
+            lua_pushnumber(L, time_it_as(b, kd_attention, &ea, min_s / 4, 1) / n);
             lua_setfield(L, -2, "kd_attention");
         }
         double adam = time_adamw(b, e, min_s);

@@ -613,7 +613,7 @@ end
 -- and the gradient blended into the logits as bytes), each mapped block's hidden term (R x
 -- C x C_t at kd_hidden) and attention term (B x NH/tp x T x T at kd_attention).
 -- Returns per stage { teacher = s, terms = s } and what the assumption line says.
-local function teacher_time(t, s, r, share, machine, per_node)
+local function teacher_time(t, s, r, share, machine, per_node, ranks_here)
   local kd = s.kd
   local out = { stages = {}, notes = {} }
   for k = 1, s.pp do out.stages[k] = { teacher = 0, terms = 0 } end
@@ -639,9 +639,12 @@ local function teacher_time(t, s, r, share, machine, per_node)
     local ttp, tpp = kd.kd_teacher_tp or 1, kd.kd_teacher_pp or 1
     local group = ttp > 1 and s.tp == 1 -- kd_group.c: teacher.tp across dp ranks
     local forwards = group and ttp or 1
-    local ts = { micro = B, seq = T, tp = ttp, sp = false, precision = "fp32", ep = 1, recompute = "none" }
+    local ts = { micro = B, seq = T, tp = ttp, sp = false, precision = "fp32", ep = 1, recompute = "none",
+      threads = s.threads }
     local tt = { model = tm }
-    local link = link_of(ttp, group and s.tp or 1, per_node)
+    -- (never 16-bit: a profile with rates per precision gives the teacher its fp32 ones)
+    local rt = device_rates(machine, ts, ranks_here)
+    local link = link_of(ttp, 1, per_node) -- (its group's ranks adjacent: tp's, or dp's at mesh.tp = 1)
     local vpt = tm.vocab_padded or (tm.vocab + 127) // 128 * 128
     for k = 1, s.pp do
       local list
@@ -655,8 +658,8 @@ local function teacher_time(t, s, r, share, machine, per_node)
         for l = 0, tm.layers - 1 do list[#list + 1] = l end
       end
       if list then
-        local f = stage_compute(tt, ts, r, list, k == s.pp, true).fwd
-        if k == 1 or tpp == 1 then f = f + F32 * bt * tm.dim * 3 / r.bandwidth end -- the embedding lookup
+        local f = stage_compute(tt, ts, rt, list, k == s.pp, true).fwd
+        if k == 1 or tpp == 1 then f = f + F32 * bt * tm.dim * 3 / rt.bandwidth end -- the embedding lookup
         local x = 0
         if ttp > 1 then
           x = 2 * #list * coll_s(machine, "allreduce", bt * tm.dim * F32, ttp, link)
@@ -730,7 +733,7 @@ function plan.layout(t, machine, opts)
   end
   -- distillation (teacher_time): the terms in the last stage's head forward; the teacher's
   -- forward per micro-batch on each stage that runs a part of it (kd_stage), placed below
-  local kdt = teacher_time(t, s, r, share, machine, per_node)
+  local kdt = teacher_time(t, s, r, share, machine, per_node, math.min(ranks, per_node))
   comp[s.pp].fwd = comp[s.pp].fwd + kdt.stages[s.pp].terms
   -- tensor-parallel exchanges per micro-batch: 2 forward + 2 backward per block of R x C
   local R, C = s.micro * s.seq, m.dim

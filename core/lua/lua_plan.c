@@ -29,6 +29,7 @@
 #include "lua_loom.h"
 #include "model/gpt.h"
 #include "model/gpt_cost.h"
+#include "model/gpt_distill.h"
 #include "train/pipeline_split.h"
 #include "train/schedule.h"
 #include "train/zero.h"
@@ -378,6 +379,29 @@ static void grad_pass(bench_box *b, const int *s)
     b->be.ops->zero(b->be.self, b->buf[1], (size_t)s[0] * sizeof(float));
 }
 
+/* shape = {n}: distillation's terms as the session runs them on the host (gpt_distill*.c):
+ * the logit term over n/256 rows of 256 columns (two log-softmaxes, the KL, the gradient),
+ * the hidden term over n/4096 rows of a 64 x 64 projection (its forward, d/dh and d/dW)
+ * and the attention term over 64 heads of T = n/4096 query rows and keys; per element of
+ * what plan.lua prices each by: R x V, R x C x Ct, B x NH x T x T. buf3 holds the rows'
+ * double losses. */
+static void kd_logit(bench_box *b, const int *s)
+{
+    loom_kd_rows(b->buf[0], 256, b->buf[1], 256, (size_t)s[0] / 256, 256, 1.0f, 0.5f,
+                 (double *)b->buf[3], b->buf[2]);
+}
+static void kd_hidden(bench_box *b, const int *s)
+{
+    size_t R = (size_t)s[0] / 4096;
+    loom_kd_hidden_rows(b->buf[0], b->buf[1], b->buf[4], R, 64, 64, 1.0f, 0.5f,
+                        (double *)b->buf[3], b->buf[2], b->buf[5], b->buf[4] + 4096);
+}
+static void kd_attention(bench_box *b, const int *s)
+{
+    loom_kd_attention_rows(b->buf[0], b->buf[1], 1, 64, s[0] / 4096, 1.0f, 0.5f,
+                           (double *)b->buf[3], b->buf[2]);
+}
+
 /* Seconds per element of one AdamW step (the optim plugin's own step over n values). */
 static double time_adamw(bench_box *b, int n, double min_s)
 {
@@ -603,6 +627,24 @@ static int l_bench_device(lua_State *L)
         }
         lua_pushnumber(L, time_it_as(b, grad_pass, &e, min_s, 1) / e);
         lua_setfield(L, -2, "grad_pass");
+        /* distillation's terms (per element; plan.lua's teacher costs), each at a size
+         * of a few ms a call (the logit term is some 40 ns an element: a calibration
+         * times it for every thread count, so a quarter of min_s each, 3 calls at least):
+         * the attention term at T = 64 at most (64 x T x T elements, inside the buffers) */
+        int el = e < 1 << 16 ? e : 1 << 16, ea = e < 1 << 18 ? e : 1 << 18;
+        ea = ea / 4096 * 4096;
+        lua_pushnumber(L, time_it_as(b, kd_logit, &el, min_s / 4, 1) / el);
+        lua_setfield(L, -2, "kd_logits");
+        if (e >= 4096) {
+            int eh = (e < 1 << 19 ? e : 1 << 19) / 4096 * 4096;
+            lua_pushnumber(L, time_it_as(b, kd_hidden, &eh, min_s / 4, 1) / eh);
+            lua_setfield(L, -2, "kd_hidden");
+        }
+        if (ea >= 4096) {
+            int T = ea / 4096, n = 64 * T * T;
+            lua_pushnumber(L, time_it_as(b, kd_attention, &ea, min_s / 4, 1) / n);
+            lua_setfield(L, -2, "kd_attention");
+        }
         double adam = time_adamw(b, e, min_s);
         if (adam > 0) {
             lua_pushnumber(L, adam);

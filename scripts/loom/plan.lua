@@ -487,7 +487,7 @@ local function is_moe_block(m, l) return m.moe and m.moe.experts > 0 and (l + 1)
 -- An MoE block's MLP is its router's GEMM, one fc and proj GEMM per expert over the rows
 -- it received, and the rows gathered and scattered back (bytes); under ep its four
 -- all-to-alls (dispatch and return, forward and backward) are counted apart: ep_micro.
-local function stage_compute(t, s, r, list, head)
+local function stage_compute(t, s, r, list, head, frozen)
   local m = t.model
   local C, R, T, B = m.dim, s.micro * s.seq, s.seq, s.micro
   local Cl, Fl = C // s.tp, 4 * C // s.tp
@@ -580,7 +580,9 @@ local function stage_compute(t, s, r, list, head)
   local nb = #list
   if head then
     gemm(R, C, vp // s.tp)
-    local ce = F32 * R * (vp // s.tp) * 5 -- max, sum of exps, target, finish (read + write)
+    -- max, sum of exps, target, finish (read + write); a frozen teacher's forward has no
+    -- targets: its logits only (gpt.c)
+    local ce = frozen and 0 or F32 * R * (vp // s.tp) * 5
     f, b = f + ce / r.bandwidth, b + ce / r.bandwidth
     if h16 then -- the final norm's output and the logits rounded; backward's input gradient
       -- reads the head's weight widened band by band (gpt_precision.c)
@@ -598,6 +600,97 @@ local function stage_compute(t, s, r, list, head)
     for _ = 1, nb do extra = extra + attention_s(r, B, T, Cl, false) + g end
   end
   return { fwd = f, bwd_input = b + extra, bwd_weight = w, flops = flops, moe_blocks = moe_blocks }
+end
+
+-- A distillation teacher's time per micro-batch on each stage (1-based), as the session
+-- runs it (session.c, kd_group.c; docs/DISTILL.md): its forward by stage_compute at its
+-- own shape (frozen: no backward, no loss pass, fp32), its blocks where teacher_memory puts
+-- them; teacher.tp = mesh.tp: 1/tp of it and 2 all-reduces of B T x C_t per block, its
+-- rows gathered whole; teacher.tp across dp ranks: teacher.tp forwards (each member's
+-- micro-batch) of 1/teacher.tp each, and each one's gather. A cache runs no teacher: its
+-- record (16 + 8 B T k bytes, k from the file's header) read and hashed, the dense rows
+-- (B T x V) written, as bytes. Then on the last stage the terms: the logit term (loom_kd_rows
+-- over B T x V, on the whole rows under tp: the profile's measured kd_logits per element,
+-- and the gradient blended into the logits as bytes), each mapped block's hidden term (R x
+-- C x C_t at kd_hidden) and attention term (B x NH/tp x T x T at kd_attention).
+-- Returns per stage { teacher = s, terms = s } and what the assumption line says.
+local function teacher_time(t, s, r, share, machine, per_node, ranks_here)
+  local kd = s.kd
+  local out = { stages = {}, notes = {} }
+  for k = 1, s.pp do out.stages[k] = { teacher = 0, terms = 0 } end
+  if not kd then return out end
+  local m = t.model
+  local B, T, V = s.micro, s.seq, m.vocab
+  local bt = B * T
+  local pe = r.per_element or {}
+  local vps = m.vocab_padded or (V + 127) // 128 * 128
+  local last = out.stages[s.pp]
+  if kd.kd_cache then
+    local k, f = V, io.open(kd.kd_cache, "rb")
+    if f then
+      local head = f:read(24)
+      f:close()
+      if head and #head == 24 and head:sub(1, 8) == "LOOMKDC1" then k = string.unpack("<i4", head, 21) end
+    end
+    last.teacher = (2 * (16 + 8 * bt * k) + F32 * bt * V) / r.bandwidth * share
+    out.notes[#out.notes + 1] = string.format("reading its record (k = %d%s) and writing its dense rows as bytes", k,
+      f and "" or ", the file not there: k = vocab")
+  else
+    local tm = kd.teacher
+    local ttp, tpp = kd.kd_teacher_tp or 1, kd.kd_teacher_pp or 1
+    local group = ttp > 1 and s.tp == 1 -- kd_group.c: teacher.tp across dp ranks
+    local forwards = group and ttp or 1
+    local ts = { micro = B, seq = T, tp = ttp, sp = false, precision = "fp32", ep = 1, recompute = "none",
+      threads = s.threads }
+    local tt = { model = tm }
+    -- (never 16-bit: a profile with rates per precision gives the teacher its fp32 ones)
+    local rt = device_rates(machine, ts, ranks_here)
+    local link = link_of(ttp, 1, per_node) -- (its group's ranks adjacent: tp's, or dp's at mesh.tp = 1)
+    local vpt = tm.vocab_padded or (tm.vocab + 127) // 128 * 128
+    for k = 1, s.pp do
+      local list
+      if tpp > 1 then -- teacher_memory's split
+        local at, per, extra = 0, tm.layers // tpp, tm.layers % tpp
+        for j = 1, k - 1 do at = at + per + (j <= extra and 1 or 0) end
+        list = {}
+        for l = at, at + per + (k <= extra and 1 or 0) - 1 do list[#list + 1] = l end
+      elseif k == s.pp then
+        list = {}
+        for l = 0, tm.layers - 1 do list[#list + 1] = l end
+      end
+      if list then
+        local f = stage_compute(tt, ts, rt, list, k == s.pp, true).fwd
+        if k == 1 or tpp == 1 then f = f + F32 * bt * tm.dim * 3 / rt.bandwidth end -- the embedding lookup
+        local x = 0
+        if ttp > 1 then
+          x = 2 * #list * coll_s(machine, "allreduce", bt * tm.dim * F32, ttp, link)
+            + (k == s.pp and coll_s(machine, "allgather", bt * vpt * F32, ttp, link) or 0)
+        end
+        out.stages[k].teacher = forwards * (f * share + x)
+      end
+    end
+    out.notes[#out.notes + 1] = string.format("its forward (%s%s) as the student's is costed, forward only",
+      tpp > 1 and string.format("its own pipeline over the %d stages before the step", tpp)
+        or s.pp > 1 and "on the last stage before the step" or "each micro-batch",
+      group and string.format(", %d forwards of 1/%d a micro-batch across dp ranks", ttp, ttp) or "")
+  end
+  -- the terms on the last stage, per micro-batch
+  local x = (pe.kd_logits and bt * V * pe.kd_logits or 8 * F32 * bt * V / r.bandwidth)
+    + 3 * F32 * bt * (vps // s.tp) / r.bandwidth -- the blend: logits = (1 - a) logits + grad
+  if s.tp > 1 then x = x + coll_s(machine, "allgather", bt * vps * F32, s.tp, link_of(s.tp, 1, per_node)) / share end
+  local st = kd_blocks(kd)
+  if st and kd.teacher then
+    local C, Ct = m.dim, kd.teacher.dim
+    x = x + #st * (pe.kd_hidden and bt * C * Ct * pe.kd_hidden or 6 * bt * C * Ct / rate_at(r.gemm_fwd, 2 * bt * C * Ct))
+    if kd.kd_attention then
+      local n = B * (m.heads // s.tp) * T * T
+      x = x + #st * (pe.kd_attention and n * pe.kd_attention or 3 * F32 * n / r.bandwidth)
+    end
+  end
+  last.terms = x * share
+  out.notes[#out.notes + 1] = pe.kd_logits and "the terms at the profile's measured cost per element"
+    or "the terms as bytes (the profile has no kd figures: loom plan --calibrate measures them)"
+  return out
 end
 
 -- The model's parameters without the vocabulary padding: what MFU counts as N, and what
@@ -639,6 +732,10 @@ function plan.layout(t, machine, opts)
     end
     for _, key in ipairs { "fwd", "bwd_input", "bwd_weight" } do comp[k][key] = comp[k][key] * share end
   end
+  -- distillation (teacher_time): the terms in the last stage's head forward; the teacher's
+  -- forward per micro-batch on each stage that runs a part of it (kd_stage), placed below
+  local kdt = teacher_time(t, s, r, share, machine, per_node, math.min(ranks, per_node))
+  comp[s.pp].fwd = comp[s.pp].fwd + kdt.stages[s.pp].terms
   -- tensor-parallel exchanges per micro-batch: 2 forward + 2 backward per block of R x C
   local R, C = s.micro * s.seq, m.dim
   -- (loom sends every message as fp32 whatever the precision: tp.c's exchanges,
@@ -691,6 +788,27 @@ function plan.layout(t, machine, opts)
       slow.fwd * 1e3, slow.bwd_input * 1e3, slow.bwd_weight * 1e3, p2p * 1e3))
   else
     pipe_s = s.accum * (slow.fwd + slow.bwd_input + slow.bwd_weight)
+  end
+  -- the teacher's forward: one rank, inside each micro-batch; under pp before the
+  -- student's pipeline runs the step (session.c distill_pipeline): on the last stage over
+  -- the accum micro-batches while the others wait, or with teacher.pp its own pipeline of
+  -- one micro-batch at a time per stage (fill and drain: accum + pp - 1 slots of its
+  -- slowest stage), its activations crossing each boundary; the waits count as bubble
+  local kd_busy, teacher_s = {}, 0
+  for k = 1, s.pp do kd_busy[k] = s.accum * kdt.stages[k].teacher end
+  if s.kd and (s.kd.kd_teacher_pp or 1) > 1 and s.pp > 1 then
+    local slowest = 0
+    for k = 1, s.pp do slowest = math.max(slowest, kdt.stages[k].teacher) end
+    local tp2p = coll_s(machine, "p2p", s.micro * s.seq * s.kd.teacher.dim * F32, 2, link_of(2, s.dp * s.tp, per_node))
+    teacher_s = (s.accum + s.pp - 1) * (slowest + tp2p)
+    for k = 1, s.pp do kd_busy[k] = kd_busy[k] + s.accum * tp2p end
+  else
+    teacher_s = kd_busy[s.pp]
+  end
+  if teacher_s > 0 then
+    local most = 0
+    for k = 1, s.pp do most = math.max(most, kd_busy[k]) end
+    pipe_s, bubble_s = pipe_s + teacher_s, bubble_s + (teacher_s - most)
   end
   local worst, ep_split, entries, att_fp = nil, {}, {}, nil
   for k = 1, s.pp do
@@ -895,13 +1013,14 @@ function plan.layout(t, machine, opts)
   end
   if s.kd then
     local tm = s.kd.teacher
-    assume(s.kd.kd_cache and "teacher: a cache (loom distill-cache): no teacher model here; its dense rows counted, its record buffer (8 B T k + 16 bytes) not; reading it and the logit term not in the step time"
-      or string.format("teacher: %s (L=%d C=%d ctx=%d), fp32 parameters (frozen: no gradient buffer), forward-only activations at micro %d x batch.seq %d (the sequences it is given, not its ctx)%s%s%s; the distillation buffers as allocated; its forward and the terms not in the step time (docs/PLAN.md)",
+    local timed = "; step time: " .. table.concat(kdt.notes, "; ") .. " (docs/PLAN.md)"
+    assume(s.kd.kd_cache and "teacher: a cache (loom distill-cache): no teacher model here; its dense rows counted, its record buffer (8 B T k + 16 bytes) not" .. timed
+      or string.format("teacher: %s (L=%d C=%d ctx=%d), fp32 parameters (frozen: no gradient buffer), forward-only activations at micro %d x batch.seq %d (the sequences it is given, not its ctx)%s%s%s; the distillation buffers as allocated",
         s.kd.teacher_checkpoint or s.kd.teacher_init or "?", tm.layers, tm.dim, tm.ctx, s.micro, s.seq,
         (s.kd.kd_teacher_tp or 1) > 1 and string.format(", split by teacher.tp = %d", s.kd.kd_teacher_tp) or "",
         (s.kd.kd_teacher_pp or 1) > 1 and string.format(", its blocks over the %d stages", s.kd.kd_teacher_pp)
           or s.pp > 1 and ", on the last stage only" or "",
-        s.kd.kd_attention and s.cuda_attention == "flash" and ", the mapped blocks on the batched path (teacher.attention)" or ""))
+        s.kd.kd_attention and s.cuda_attention == "flash" and ", the mapped blocks on the batched path (teacher.attention)" or "") .. timed)
   end
   if s.zero_asked > 0 and s.zero == 0 then assume(string.format("zero=%d has nothing to partition with dp=1", s.zero_asked)) end
   -- each stage's own work per step (what its rank's CPU clock counts: its passes, its
@@ -910,7 +1029,7 @@ function plan.layout(t, machine, opts)
   for k = 1, s.pp do
     local c = comp[k]
     stage_busy[k] = s.accum * (c.fwd + c.bwd_input + c.bwd_weight + xm[k]) + exposed_dp + opt_s + refault[k] + io[k] + w16[k]
-      + (s.pp > 1 and 2 * s.accum * p2p or 0)
+      + (s.pp > 1 and 2 * s.accum * p2p or 0) + kd_busy[k]
   end
   local runtime = machine.runtime_bytes or machine.device.runtime_bytes or 0
   local rss_stage = {}
@@ -933,6 +1052,9 @@ function plan.layout(t, machine, opts)
       optimizer_s = opt_s, comm = comm, exposed_dp_s = exposed_dp, refault_s = refault_s,
       disk_io_s = io_s, -- a disk offload's reads and writes of its file (exposed, per step)
       w16_refresh_s = w16_s, -- bf16: the 16-bit weight copy narrowed from the fp32 parameters
+      -- distillation: the teacher's forward on the step's path (a cache: reading its rows),
+      -- and the terms (all the step's micro-batches, in the last stage's head forwards)
+      teacher_s = teacher_s, kd_terms_s = s.accum * kdt.stages[s.pp].terms,
       page_faults = faults, -- per stage and step: what refault_s counts (a host profile's)
       per_micro = slow,
     },

@@ -112,6 +112,9 @@ function cli.report(p, out)
   out(string.format("step time: %s", ms(t.step_s)))
   out(string.format("  %-24s %s", "compute", ms(t.compute_s)))
   if p.layout.pp > 1 then out(string.format("  %-24s %s (%.1f%% of the pipeline)", "pipeline bubble", ms(t.bubble_s), 100 * t.bubble)) end
+  -- (inside compute: a distillation teacher's forward and its terms, docs/DISTILL.md)
+  if (t.teacher_s or 0) > 0 then out(string.format("    %-22s %s", "of which teacher forward", ms(t.teacher_s))) end
+  if (t.kd_terms_s or 0) > 0 then out(string.format("    %-22s %s", "of which distill terms", ms(t.kd_terms_s))) end
   for _, c in ipairs(t.comm) do
     out(string.format("  %-24s %s (%d per step)%s", c.kind .. " over " .. c.group, ms(c.s), c.count,
       c.group == "dp" and t.exposed_dp_s < c.s and " (overlapped with backward)" or ""))

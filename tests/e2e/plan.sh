@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # plan.sh LOOM — loom plan's predictions against runs of tests/e2e/recipes/plan_probe.lua
-# (4 blocks, dim 128, 4 x 64 tokens, 4 steps, threads = 1), on 19 layouts: one rank (no
+# (4 blocks, dim 128, 4 x 64 tokens, 4 steps, threads = 1), on 23 layouts: one rank (no
 # recomputation, full, selective, blocks {0, 2}), dp = 2 (zero 0, 1, 2, 3), tp = 2, pp = 2
 # (1f1b, zb1), tp = 2 with sequence parallelism, pp = 2 x dp = 2 with ZeRO-3 (4 ranks),
 # a mixture of experts (4 experts, top-2, every block) on one rank, at dp = 2 ep = 2 and
 # with ZeRO-1 there (zero_ep.c), dp = 2 ZeRO-3 with its parameters offloaded (host pool,
 # disk file), a llama model (grouped-query attention, SwiGLU at ffn_dim 256) and pp = 2 x
-# dp = 2 x ep = 2 with ZeRO-1 (4 ranks), bf16 on one rank and at dp = 2 ZeRO-1; then a
-# one-rank layout the disk offload's file I/O dominates:
+# dp = 2 x ep = 2 with ZeRO-1 (4 ranks), bf16 on one rank and at dp = 2 ZeRO-1, one rank
+# distilling from a teacher of its own shape (teacher = {...}: its forward and the logit
+# term in the step time); then a one-rank layout the disk offload's file I/O dominates:
 #  - model states (params, grads, optimizer, bf16's fp32 master) and activations of every
 #    rank: exactly the session's own accounting (its MEM line);
 #  - peak RSS of every rank (VmHWM) within 10% of the plan's;
@@ -24,6 +25,9 @@
 #    within 5% of it;
 #  - the search prices dp = 2 ep = 2 ZeRO-1 and pp = 2 dp = 2 ep = 2 ZeRO-1 as their runs
 #    measured (states exactly);
+#  - distillation (not timed: the plan's own sums): the step with the teacher is the step
+#    without plus the teacher's planned forward (the student's forward less its loss pass,
+#    at the same shape) and the logit term (the profile's measured kd_logits);
 #  - MFU's N: the plan's parameter count is each one-rank run's own (its log.jsonl);
 #  - the after-run line and the run directory's plan.jsonl; docs/PLAN.md's 13B examples and
 #    the 175B layout (the 175B search takes minutes: not here); bad input refused.
@@ -42,6 +46,11 @@ export LOOM_MACHINE=$tmp/machine.json
 grep -q '^saved ' "$tmp/cal.txt" || { echo "FAIL: calibration"; cat "$tmp/cal.txt"; exit 1; }
 cores=$(nproc)
 fail=0
+# a distillation teacher of the probe's own shape (its checkpoint after 2 steps), so that
+# its forward is a clear share of the distilled step below (about a third)
+PLAN_PROBE_STEPS=2 "$loom" run "$probe" checkpoint.dir="$tmp/teacher" checkpoint.every=2 > "$tmp/teacher.txt" 2>&1 \
+  || { echo "FAIL: the teacher's checkpoint"; tail -3 "$tmp/teacher.txt"; exit 1; }
+kdv='{checkpoint="'$tmp/teacher'",alpha=0.5}' kd="teacher=$kdv"
 # The calibrated profile holds the 16-bit path's figures, the parameter bring's and (on a
 # CPU clock with more than one core) the rates measured with every core running at once;
 # and the plan uses them (not timed: which terms are there and what they are fed with).
@@ -70,6 +79,20 @@ local function prof(x) return { measured = { load_average = x }, device = { rate
 local med = require("loom.plan_machine").median { prof(3), prof(1), prof(2) }
 assert(med.device.rates["1"].gemm_fwd[1][2] == 2 and med.device.rates["1"].gemm_fwd[1][1] == 64
   and med.measured.calibrations == 3, "median of calibrations")
+-- distillation: the step with the teacher is the step without plus the teacher's planned
+-- forward and the logit term (one rank: nothing overlaps them); the teacher, the student's
+-- shape, runs the student's forward without the loss pass (5 passes over B T x Vp); the
+-- term is the profile's measured kd_logits over B T x V plus the blend (3 passes of B T x Vp)
+local base, dist = plan({}), plan({ { "teacher", [[$kdv]] } })
+local R, vp, bw = 4 * 64, 256, m.device.rates["1"].bandwidth
+local function near(a, b) return math.abs(a - b) <= 1e-9 * math.max(math.abs(a), math.abs(b)) end
+assert(dist.time.teacher_s > 0 and near(dist.time.teacher_s, base.time.per_micro.fwd - 20 * R * vp / bw),
+  string.format("teacher forward %.6g s, the student's forward less its loss pass %.6g", dist.time.teacher_s, base.time.per_micro.fwd - 20 * R * vp / bw))
+assert(near(dist.time.kd_terms_s, R * 256 * r.per_element.kd_logits + 12 * R * vp / bw), "the logit term's cost")
+assert(near(dist.time.step_s - base.time.step_s, dist.time.teacher_s + dist.time.kd_terms_s),
+  string.format("step with the teacher %.6g s, without %.6g: not the teacher's %.6g + the terms' %.6g",
+    dist.time.step_s, base.time.step_s, dist.time.teacher_s, dist.time.kd_terms_s))
+assert(near(dist.time.stage_busy_s[1] - base.time.stage_busy_s[1], dist.time.teacher_s + dist.time.kd_terms_s), "busy time")
 print("TERMS ok")
 EOF
 "$loom" run "$tmp/terms.lua" > "$tmp/terms.txt" 2>&1 || true
@@ -112,6 +135,7 @@ layouts=(
   "4|mesh.pp=2 mesh.dp=2 mesh.ep=2 model.moe.experts=4 microbatches=4 strategy.zero=1"
   "1|precision=bf16"
   "2|mesh.dp=2 strategy.zero=1 precision=bf16"
+  "1|$kd"
 )
 mkdir -p "$tmp/off"
 ep_zero1_mem="" # the ep = 2 zero = 1 run's MEM line of rank 0, for the search's row below

@@ -487,8 +487,9 @@ static size_t lay_out_activations(loom_gpt *m, float *base, const layer_acts *s)
     m->logits = TAKE(head * Vl); m->losses = TAKE(head); m->ce_max = TAKE(head);
     m->ce_stats = TAKE(2 * head);
     m->partial = TAKE(R * C); m->summed = m->sp ? TAKE(Rl * C) : m->partial;
-    for (int i = 0; i < 3; i++) /* canonical mode's row-parallel sums: forward too */
-        m->tree[i] = m->canonical && m->frozen ? TAKE(R * C) : NULL;
+    for (int i = 0; i < 3; i++) /* canonical mode's row-parallel sums (a frozen model's too:
+                                 * its forward sums through them) */
+        m->tree[i] = m->canonical ? TAKE(R * C) : NULL;
     if (m->frozen) { /* no backward: none of its scratch */
         m->dres = m->dres_full = m->dtmp = m->dpartial = m->dsummed = NULL;
         m->dbuf_4a = m->dbuf_4b = m->datt_scratch = m->rep_grad = NULL;
@@ -499,8 +500,6 @@ static size_t lay_out_activations(loom_gpt *m, float *base, const layer_acts *s)
     m->dpartial = TAKE(R * C); m->dsummed = m->sp ? TAKE(Rl * C) : m->dpartial;
     m->dbuf_4a = TAKE(R * wide); m->dbuf_4b = TAKE(R * wide);
     m->datt_scratch = TAKE(scratch); m->rep_grad = TAKE(6 * C);
-    for (int i = 0; i < 3; i++)
-        m->tree[i] = m->canonical ? TAKE(R * C) : NULL;
     m->emb_grad = m->canonical && m->has_embed ? TAKE((size_t)Vl * C) : NULL;
     m->dx_out = m->split ? TAKE(Rl * C) : NULL;
     m->lnf_part = m->split ? TAKE(2 * C) : NULL;

@@ -199,17 +199,27 @@ int zero_device_bucket_done(loom_zero *z, int k)
     return 1;
 }
 
+/* The flat range [lo, hi) of unit u's parameter entries; 0 for a unit with none. */
+static int unit_entries_span(const loom_zero *z, int u, size_t *lo, size_t *hi)
+{
+    int first, last;
+    loom_gpt_unit_entries(z->model, u, &first, &last);
+    if (first > last)
+        return 0;
+    const loom_param_table *t = loom_gpt_params(z->model);
+    *lo = t->entries[first].offset;
+    *hi = t->entries[last].offset + t->entries[last].numel;
+    return 1;
+}
+
 /* The model's hook: before backward writes unit u's gradients, every bucket they fall in
  * (under ep: every packed bucket with a piece in the unit's span). */
 static loom_status grad_write(void *ctx, int u)
 {
     loom_zero *z = ctx;
-    int first, last;
-    loom_gpt_unit_entries(z->model, u, &first, &last);
-    if (first > last)
+    size_t lo, hi;
+    if (!unit_entries_span(z, u, &lo, &hi))
         return LOOM_OK;
-    const loom_param_table *t = loom_gpt_params(z->model);
-    size_t lo = t->entries[first].offset, hi = t->entries[last].offset + t->entries[last].numel;
     if (z->ep) {
         for (int k = 0; k < z->ep->n_bk; k++)
             if (!z->bucket_held[k] && ep_pieces(z, k, 2, lo, hi, SIZE_MAX).meets)
@@ -227,11 +237,8 @@ static loom_status grad_write(void *ctx, int u)
 static void unit_range(const loom_zero *z, int u, size_t *lo, size_t *hi)
 {
     if (z->ep) {
-        int first, last;
-        loom_gpt_unit_entries(z->model, u, &first, &last);
-        const loom_param_table *t = loom_gpt_params(z->model);
-        *lo = first <= last ? t->entries[first].offset : 0;
-        *hi = first <= last ? t->entries[last].offset + t->entries[last].numel : 0;
+        if (!unit_entries_span(z, u, lo, hi))
+            *lo = *hi = 0;
         return;
     }
     const zero_unit *un = &z->units[u];

@@ -152,6 +152,16 @@ end
 -- (sequence parallelism as the student's, off with teacher.layers) or across dp ranks (no
 -- sequence parallelism: kd_group.c); with teacher.attention its mapped blocks keep their
 -- probabilities where the terms run (the last stage). A cache runs no teacher.
+-- The teacher blocks stage r (1-based) of teacher.pp = tpp holds: L // tpp each, the first
+-- L mod tpp one larger (pipeline_split.h with equal costs), 0-based block indices.
+local function teacher_stage_blocks(layers, tpp, r)
+  local at, per, extra = 0, layers // tpp, layers % tpp
+  for k = 1, r - 1 do at = at + per + (k <= extra and 1 or 0) end
+  local list = {}
+  for l = at, at + per + (r <= extra and 1 or 0) - 1 do list[#list + 1] = l end
+  return list
+end
+
 local function teacher_memory(s, r)
   local kd = s.kd
   local none = { params = 0, grads = 0, activations = 0 }
@@ -173,10 +183,7 @@ local function teacher_memory(s, r)
   end
   local stage, slots
   if tpp > 1 then
-    local at, per, extra = 0, tm.layers // tpp, tm.layers % tpp
-    for k = 1, r - 1 do at = at + per + (k <= extra and 1 or 0) end
-    stage = {}
-    for l = at, at + per + (r <= extra and 1 or 0) - 1 do stage[#stage + 1] = l end
+    stage = teacher_stage_blocks(tm.layers, tpp, r)
     slots = schedule_facts({ schedule = "gpipe", pp = tpp, accum = 1, chunks = 1 },
       { fwd = 1, bwd_input = 1, bwd_weight = 0, latency = 0 }).stages[r].slots
   end
@@ -649,11 +656,8 @@ local function teacher_time(t, s, r, share, machine, per_node, ranks_here)
     local vpt = tm.vocab_padded or (tm.vocab + 127) // 128 * 128
     for k = 1, s.pp do
       local list
-      if tpp > 1 then -- teacher_memory's split
-        local at, per, extra = 0, tm.layers // tpp, tm.layers % tpp
-        for j = 1, k - 1 do at = at + per + (j <= extra and 1 or 0) end
-        list = {}
-        for l = at, at + per + (k <= extra and 1 or 0) - 1 do list[#list + 1] = l end
+      if tpp > 1 then
+        list = teacher_stage_blocks(tm.layers, tpp, k)
       elseif k == s.pp then
         list = {}
         for l = 0, tm.layers - 1 do list[#list + 1] = l end

@@ -52,10 +52,13 @@ echo "backend=$backend: loss $fell"
 # (measured), as do the emulated kernels from the Cooperlake run (losses 1.6e-4, and with
 # the flash kernels gradient norms 5.8e-4 at step 5); bf16 against fp32 is 3.2e-3 at step 2,
 # so a device run that left the bf16 path fails at step 2.
+# bf16_close NAME WANT GOT [EARLY]: steps 1-2 within EARLY (default the test's tolerance),
+# every step within 2e-3
 bf16_close() {
   local late; late=$(awk -v t="$tol" 'BEGIN { print (t + 0 > 2e-3) ? t : 2e-3 }')
+  local early=${4:-$tol}
   grep -E '^(LOSS|NORM) [12] ' "$2" > "$tmp/b16_want"; grep -E '^(LOSS|NORM) [12] ' "$3" > "$tmp/b16_got"
-  runs_close "$1 (steps 1-2)" "$tmp/b16_want" "$tmp/b16_got" 2 "$tol" &&
+  runs_close "$1 (steps 1-2)" "$tmp/b16_want" "$tmp/b16_got" 2 "$early" &&
     runs_close "$1 (every step)" "$2" "$3" "$steps" "$late"
 }
 
@@ -118,8 +121,13 @@ for prec in fp32 bf16; do
     fell=$(loss_fell "$tmp/fl" 0.05) || { echo "flash bf16 (tensor cores): the loss did not fall: $fell"; exit 1; }
     LOOM_CUDA_FLASH_TC=0 LOOM_CUDA_ATTENTION=flash "$loom" run "$recipe" backend="$backend" \
       steps="$steps" model.ctx=32 batch.seq=32 precision=bf16 > "$tmp/flsc" 2>&1
+    # Steps 1-2 within 1e-4, not the test's tolerance: at T=32 the CPU's own bf16 run moves
+    # with its ISA path (a bf16 rounding that flips on the exp loops' last bit): step 1's loss
+    # 5.537229 under avx2, 5.537214 under sse2 (AMD EPYC Zen 3), the emulated scalar kernels
+    # 5.537214, 1.5e-5 off the avx2 run; the CPU's fp32 run is 3.8e-4 off in step 1's norm.
+    sc1=$(awk -v t="$tol" 'BEGIN { print (t + 0 > 1e-4) ? t : 1e-4 }')
     bf16_close "backend=$backend attention flash (scalar kernels) vs cpu, bf16, T=32" "$tmp/flcpu" \
-      "$tmp/flsc" || exit 1
+      "$tmp/flsc" "$sc1" || exit 1
     if cmp -s <(grep '^LOSS' "$tmp/flsc") <(grep '^LOSS' "$tmp/fl"); then
       echo "flash bf16 run: losses bitwise the scalar kernels': the tensor-core kernels did not run"; exit 1
     fi

@@ -116,9 +116,8 @@ run2 "${adam[@]}" steps=12 'strategy.compress={"topk",ratio=1,warmup=5,momentum=
 d=$(max_loss_diff "$tmp/fz" "$tmp/fz_tk")
 below "$d" 1e-5 || { echo "1-bit Adam with nothing dropped differs from frozen-variance AdamW by $d"; exit 1; }
 ob='strategy.compress={"onebit",warmup=2,momentum=true}'
-run2 "${adam[@]}" "$ob" steps=6 | lines | awk '$2 > 3' > "$tmp/want"
-rm -rf "$tmp/ck"
-run2 "${adam[@]}" "$ob" steps=3 checkpoint.dir="$tmp/ck" > /dev/null
+rm -rf "$tmp/ck"   # the uninterrupted run saves at step 3 itself
+run2 "${adam[@]}" "$ob" steps=6 checkpoint.dir="$tmp/ck" checkpoint.every=3 | lines | awk '$2 > 3' > "$tmp/want"
 run2 "${adam[@]}" "$ob" steps=6 resume="$tmp/ck/step_00000003" | lines > "$tmp/got"
 [ "$(grep -c '^LOSS' "$tmp/got")" -eq 3 ] && cmp -s "$tmp/want" "$tmp/got" ||
   { echo "1-bit Adam: resumed steps 4-6 differ"; paste "$tmp/want" "$tmp/got"; exit 1; }
@@ -127,10 +126,12 @@ echo "ok 1-bit Adam: nothing dropped = frozen-variance AdamW within $d over 12 s
 # --- resume restores the residuals: bitwise ------------------------------------------------
 run4() { "$loom" launch -n 4 "$recipe" threads=1 mesh.dp=2 mesh.tp=2 comm_timeout=20 "$@"; }
 runQ() { "$loom" launch -n 4 "$recipe" threads=1 mesh.dp=2 mesh.pp=2 schedule=1f1b comm_timeout=20 "$@"; }
-for layout in "runQ strategy.compress={\"onebit\"}" "run4 strategy.compress={\"topk\",ratio=0.05}" "run2 strategy.zero=2 strategy.compress={\"powersgd\",rank=2}"; do
-  $layout steps=6 | lines | awk '$2 > 3' > "$tmp/want"
+# (each uninterrupted run saves at step 3 itself; pp's runs all 20 steps, for the pp=1
+# comparison below, and its checkpoint is kept as $tmp/ckp)
+for layout in "runQ strategy.compress={\"onebit\"}" "run4 strategy.compress={\"topk\",ratio=0.05} steps=6" "run2 strategy.zero=2 strategy.compress={\"powersgd\",rank=2} steps=6"; do
   rm -rf "$tmp/ck"
-  $layout steps=3 checkpoint.dir="$tmp/ck" > /dev/null
+  $layout checkpoint.dir="$tmp/ck" checkpoint.every=3 | lines > "$tmp/full"; awk '$2 > 3 && $2 <= 6' "$tmp/full" > "$tmp/want"
+  case $layout in runQ*) cp "$tmp/full" "$tmp/ob_pp"; rm -rf "$tmp/ckp"; cp -r "$tmp/ck" "$tmp/ckp";; esac
   grep -q '"compress": {"method": "'"$(echo "$layout" | grep -o 'onebit\|topk\|powersgd' | head -1)"'", "dp": 2}' \
     "$tmp/ck/step_00000003/manifest.json" || { echo "the manifest does not record the compression"; exit 1; }
   $layout steps=6 resume="$tmp/ck/step_00000003" | lines > "$tmp/got"
@@ -140,13 +141,12 @@ for layout in "runQ strategy.compress={\"onebit\"}" "run4 strategy.compress={\"t
 done
 # pp: each stage's residuals are its own (the tied wte's differ between the first and the
 # last stage), so a pp=2 checkpoint resumes with compression only at pp=2
-rm -rf "$tmp/ckp"; runQ "$onebit" steps=2 checkpoint.dir="$tmp/ckp" > /dev/null
-if run2 "$onebit" steps=3 resume="$tmp/ckp/step_00000002" > "$tmp/err" 2>&1; then
+if run2 "$onebit" steps=6 resume="$tmp/ckp/step_00000003" > "$tmp/err" 2>&1; then
   echo "pp=1 resumed pp=2's residuals"; exit 1; fi
 grep -q 'residuals of 2 pipeline stages; this run has 1' "$tmp/err" || { echo "unexpected message:"; cat "$tmp/err"; exit 1; }
 echo "ok refused: a pp=2 checkpoint's residuals at pp=1"
-# onebit at dp=2 x pp=2 tracks onebit at pp=1 (the two stages' wte copies are compressed apart)
-runQ "$onebit" | lines > "$tmp/ob_pp"
+# onebit at dp=2 x pp=2 (its 20 steps from the resume check above) tracks onebit at pp=1
+# (the two stages' wte copies are compressed apart)
 finite_losses "$tmp/ob_pp"
 d=$(max_loss_diff "$tmp/ob" "$tmp/ob_pp")
 below "$d" 0.05 || { echo "onebit dp=2 x pp=2 differs from onebit pp=1 by $d"; exit 1; }

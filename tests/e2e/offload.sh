@@ -40,9 +40,11 @@ same() { # same BASE OTHER WHAT
 }
 
 # --- bitwise: fast mode -----------------------------------------------------------------
-run1 > "$tmp/base"
+# (the one-rank runs without offload and with disk also save at step 3, $tmp/ck0 and
+# $tmp/ck: the checkpoint checks below resume them; a save changes no bits)
+run1 checkpoint.dir="$tmp/ck0" checkpoint.every=3 > "$tmp/base"
 run1 $host > "$tmp/host"; same "$tmp/base" "$tmp/host" "host, one rank"
-run1 $disk > "$tmp/disk"; same "$tmp/base" "$tmp/disk" "disk, one rank"
+run1 $disk checkpoint.dir="$tmp/ck" checkpoint.every=3 > "$tmp/disk"; same "$tmp/base" "$tmp/disk" "disk, one rank"
 for z in 1 3; do # zero = 0 and 2 with disk: canonical mode below, and the checkpoints
   runN 2 batch.micro=4 strategy.zero=$z > "$tmp/dp_z$z"
   runN 2 batch.micro=4 strategy.zero=$z $disk > "$tmp/dp_z${z}_disk"
@@ -71,8 +73,9 @@ echo "ok the state files are removed at exit"
 canon="deterministic=canonical batch.micro=2 batch.global=8"
 run1 $canon > "$tmp/c1"
 run1 $canon $disk > "$tmp/c1_disk"; same "$tmp/c1" "$tmp/c1_disk" "canonical disk, dp=1"
-for z in 0 1 2 3; do
-  runN 2 $canon strategy.zero=$z $disk > "$tmp/c2_$z"
+rm -rf "$tmp/ckc"
+for z in 0 1 2 3; do # zero=2's run also saves at step 3 (slice files), resumed below
+  runN 2 $canon strategy.zero=$z $disk $([ $z = 2 ] && echo checkpoint.dir="$tmp/ckc" checkpoint.every=3) > "$tmp/c2_$z"
   same "$tmp/c1" "$tmp/c2_$z" "canonical disk dp=2 zero=$z against dp=1 without offload"
 done
 "$loom" launch -n 4 "$recipe" threads=1 mesh.dp=2 mesh.tp=2 comm_timeout=10 $canon strategy.zero=1 $host | lines > "$tmp/c_tp"
@@ -81,7 +84,7 @@ same "$tmp/c1" "$tmp/c_tp" "canonical host dp=2 x tp=2 zero=1 against dp=1 witho
 # --- with pp: each stage's state (its zero partition) offloaded ------------------------
 pp4() { "$loom" launch -n 4 "$recipe" threads=1 mesh.pp=2 mesh.dp=2 microbatches=2 comm_timeout=10 "$@" | lines; }
 pp4 strategy.zero=3 > "$tmp/pp"
-pp4 strategy.zero=3 $disk > "$tmp/pp_disk"; same "$tmp/pp" "$tmp/pp_disk" "disk, pp=2 x dp=2 zero=3"
+pp4 strategy.zero=3 $disk checkpoint.dir="$tmp/ckp" checkpoint.every=3 > "$tmp/pp_disk"; same "$tmp/pp" "$tmp/pp_disk" "disk, pp=2 x dp=2 zero=3"
 
 # --- checkpoints: the offloaded state saved (read out of the pool or file) and loaded
 # (written back into it); steps 4-6 after a save at 3, against the run without offload ---
@@ -92,17 +95,14 @@ resumed() { # resumed WANT GOT WHAT: steps 4-6 bitwise
   cmp -s <(awk '$2 > 3 && $2 <= 6' "$1") "$2" || { echo "FAIL $3: resumed run differs"; paste <(awk '$2 > 3 && $2 <= 6' "$1") "$2" | head -4; exit 1; }
   echo "ok $3: steps 4-6 bitwise those without offload"
 }
-run1 steps=6 > "$tmp/six" # (steps 4-6 of 20-step runs serve as well: the lr schedule is fixed)
-"$loom" run "$recipe" threads=1 steps=3 $disk checkpoint.dir="$tmp/ck" > /dev/null
-run1 steps=6 $disk resume="$ck" > "$tmp/r"; resumed "$tmp/six" "$tmp/r" "disk save -> disk resume, one rank"
-run1 steps=6 resume="$ck" > "$tmp/r"; resumed "$tmp/six" "$tmp/r" "disk save -> resume without offload, one rank"
-rm -rf "$tmp/ck"; "$loom" run "$recipe" threads=1 steps=3 checkpoint.dir="$tmp/ck" > /dev/null
-run1 steps=6 $host resume="$ck" > "$tmp/r"; resumed "$tmp/six" "$tmp/r" "save without offload -> host resume, one rank"
-rm -rf "$tmp/ck"; runN 2 $canon steps=3 strategy.zero=2 $disk checkpoint.dir="$tmp/ck" > /dev/null
-run1 $canon steps=6 $host resume="$ck" > "$tmp/r"
+# (steps 4-6 of the 20-step runs serve: the lr schedule is fixed; the saves at step 3 were
+# made by the runs above)
+run1 steps=6 $disk resume="$ck" > "$tmp/r"; resumed "$tmp/base" "$tmp/r" "disk save -> disk resume, one rank"
+run1 steps=6 resume="$ck" > "$tmp/r"; resumed "$tmp/base" "$tmp/r" "disk save -> resume without offload, one rank"
+run1 steps=6 $host resume="$tmp/ck0/step_00000003" > "$tmp/r"; resumed "$tmp/base" "$tmp/r" "save without offload -> host resume, one rank"
+run1 $canon steps=6 $host resume="$tmp/ckc/step_00000003" > "$tmp/r"
 resumed "$tmp/c1" "$tmp/r" "canonical disk dp=2 zero=2 save (slice files) -> host one rank resume, against dp=1"
-rm -rf "$tmp/ck"; pp4 steps=3 strategy.zero=3 $disk checkpoint.dir="$tmp/ck" > /dev/null
-pp4 steps=6 strategy.zero=3 $disk resume="$ck" > "$tmp/r"
+pp4 steps=6 strategy.zero=3 $disk resume="$tmp/ckp/step_00000003" > "$tmp/r"
 resumed "$tmp/pp" "$tmp/r" "disk pp=2 x dp=2 zero=3 save -> the same resume"
 [ -z "$(ls "$tmp/state")" ] || { echo "FAIL: state files left after the checkpoint runs"; exit 1; }
 
@@ -111,12 +111,11 @@ resumed "$tmp/pp" "$tmp/r" "disk pp=2 x dp=2 zero=3 save -> the same resume"
 par="strategy.offload.params=true"
 runN 2 batch.micro=4 strategy.zero=3 $host $par > "$tmp/p_host"
 same "$tmp/dp_z3" "$tmp/p_host" "host params + state, dp=2 zero=3"
-runN 2 batch.micro=4 strategy.zero=3 $disk $par > "$tmp/p_disk"
+rm -rf "$tmp/ck"; runN 2 batch.micro=4 strategy.zero=3 $disk $par checkpoint.dir="$tmp/ck" checkpoint.every=3 > "$tmp/p_disk"  # saved at 3 too
 same "$tmp/dp_z3" "$tmp/p_disk" "disk params + state, dp=2 zero=3"
 runN 2 $canon strategy.zero=3 $disk $par > "$tmp/p_c2"
 same "$tmp/c1" "$tmp/p_c2" "canonical disk params dp=2 zero=3 against dp=1 without offload"
 pp4 strategy.zero=3 $disk $par > "$tmp/p_pp"; same "$tmp/pp" "$tmp/p_pp" "disk params, pp=2 x dp=2 zero=3"
-rm -rf "$tmp/ck"; runN 2 steps=3 batch.micro=4 strategy.zero=3 $disk $par checkpoint.dir="$tmp/ck" > /dev/null
 runN 2 steps=6 batch.micro=4 strategy.zero=3 $disk $par resume="$ck" > "$tmp/r"
 resumed "$tmp/dp_z3" "$tmp/r" "disk params dp=2 zero=3 save -> the same resume"
 runN 2 steps=6 batch.micro=4 strategy.zero=3 resume="$ck" > "$tmp/r"

@@ -25,7 +25,7 @@
 #  - zero=3's partitioned construction: bitwise the losses of the whole model's
 #    (LOOM_ZERO_INIT=whole), and the start-up peak of the resident set of every rank below
 #    the whole model's by at least 90% of the (N-1)/N of the parameters it does not own
-#    (10.7 M parameters, dp=2 and 4);
+#    (2.7 M parameters, dp=2 and 4);
 #  - what is not built is refused with a message: zero=3 with llm.c weights (zero with
 #    pp: zero_pp.sh; offload: offload.sh; checkpoints under zero: zero_ckpt.sh).
 set -euo pipefail
@@ -170,7 +170,7 @@ LOOM_ZERO_MASTER=whole runT $bt > "$tmp/btw"
 [ "$(grep -c LOSS "$tmp/btp")" -eq 4 ] || { echo "bf16 dp=2 x tp=2 zero=2: expected 4 steps"; cat "$tmp/btp"; exit 1; }
 finite_losses "$tmp/btw" "$tmp/btp"
 cmp -s "$tmp/btw" "$tmp/btp" || { echo "bf16 dp=2 x tp=2 zero=2: the partitioned master differs from the whole one"; paste "$tmp/btw" "$tmp/btp"; exit 1; }
-run1 $canon precision=bf16 steps=4 > "$tmp/btc1"
+grep -E '^(LOSS|NORM) [1-4] ' "$tmp/bc1" > "$tmp/btc1"   # one rank's first 4 steps (the lr schedule is fixed)
 runT $canon $bt > "$tmp/btc"
 cmp -s "$tmp/btc1" "$tmp/btc" || { echo "canonical bf16 dp=2 x tp=2 zero=2 differs from one rank"; paste "$tmp/btc1" "$tmp/btc"; exit 1; }
 echo "ok bf16 with the fp32 master partitioned: dp=2 x tp=2 zero=2 bitwise the whole master's (canonical: one rank's)"
@@ -250,16 +250,16 @@ cmp -s "$tmp/tp_z3w" "$tmp/tp_z3" || { echo "zero=3 dp=2 x tp=2: partitioned con
 LOOM_ZERO_INIT=whole runN 2 $canon strategy.zero=3 $small > "$tmp/c_2_3w"
 cmp -s "$tmp/c_2_3w" "$tmp/c_2_3" || { echo "canonical zero=3 dp=2: partitioned construction differs from the whole model's"; exit 1; }
 echo "ok zero=3 partitioned construction: losses and norms bitwise the whole model's (LOOM_ZERO_INIT=whole) at dp=2, dp=3 (the tail), dp=2 x tp=2 and canonical dp=2"
-# the start-up peak (VmHWM before step 1, zero_init_rss.lua: 10.7 M parameters, one step;
+# the start-up peak (VmHWM before step 1, zero_init_rss.lua: 2.7 M parameters, one step;
 # MALLOC_PERTURB_ set, as meson sets it): below the whole model's by at least 90% of the
 # (N-1)/N of the parameter bytes a rank does not own (measured: by all of the 4 psi bytes,
 # since the whole construction also held the partition beside the full buffer)
-psiL=$((256 * 384 + 16 * 384 + 6 * (12 * 384 * 384 + 13 * 384) + 2 * 384))
+psiL=$((256 * 192 + 16 * 192 + 6 * (12 * 192 * 192 + 13 * 192) + 2 * 192))
 init() { MALLOC_PERTURB_=165 "$loom" launch -n "$1" "$here/recipes/zero_init_rss.lua" mesh.dp="$1" strategy.zero=3 comm_timeout=30 | sed 's/^\[rank [0-9]*\] //' | grep -a -e '^INIT ' -e '^LOSS ' | sort; }
 for n in 2 4; do
   init $n > "$tmp/init_p"
   LOOM_ZERO_INIT=whole init $n > "$tmp/init_w"
-  cmp -s <(grep LOSS "$tmp/init_p") <(grep LOSS "$tmp/init_w") || { echo "zero=3 dp=$n: the 42 MB model's loss differs between the constructions"; paste "$tmp/init_p" "$tmp/init_w"; exit 1; }
+  cmp -s <(grep LOSS "$tmp/init_p") <(grep LOSS "$tmp/init_w") || { echo "zero=3 dp=$n: the 11 MB model's loss differs between the constructions"; paste "$tmp/init_p" "$tmp/init_w"; exit 1; }
   join <(grep INIT "$tmp/init_p" | cut -d' ' -f2-) <(grep INIT "$tmp/init_w" | cut -d' ' -f2-) |
     awk -v n=$n -v psi=$psiL '
       { r++; want = 0.9 * 4 * psi * (n - 1) / n; d = $3 - $2

@@ -56,9 +56,10 @@ D2="2 mesh.dp=2 $b8"; D3="3 mesh.dp=3 batch.micro=2 batch.global=6"
 D4="4 mesh.dp=4 $b8"; T2="4 mesh.dp=2 mesh.tp=2 $b8"
 
 # The same layout, bitwise.
+# (the uninterrupted run saves the checkpoint at step 3 itself: a save changes no bits,
+# and the resumed steps equal to its own show that too)
 for layout in "$D2 strategy.zero=1" "$D2 strategy.zero=2" "$D2 strategy.zero=3" "$D3 strategy.zero=1"; do
-  run $layout | keep > "$tmp/full"; tail3 "$tmp/full" > "$tmp/want"
-  rm -rf "$tmp/ck"; save3 $layout
+  rm -rf "$tmp/ck"; run $layout checkpoint.dir="$tmp/ck" checkpoint.every=3 | keep > "$tmp/full"; tail3 "$tmp/full" > "$tmp/want"
   resume $layout > "$tmp/got"
   bitwise "${layout#* } save + resume" "$tmp/want" "$tmp/got"
 done
@@ -68,8 +69,7 @@ done
 # partition's tiles and all-gathers the 16-bit compute copy from them. The same layout
 # bitwise; across dp (dp=2 -> one rank and dp=4) bitwise one rank's losses in canonical mode.
 bf="$D2 strategy.zero=1 precision=bf16"
-run $bf | keep > "$tmp/full"; tail3 "$tmp/full" > "$tmp/want"
-rm -rf "$tmp/ck"; save3 $bf
+rm -rf "$tmp/ck"; run $bf checkpoint.dir="$tmp/ck" checkpoint.every=3 | keep > "$tmp/full"; tail3 "$tmp/full" > "$tmp/want"
 ck=$tmp/ck/step_00000003
 grep -q '"zero": 1, "dp": 2, "slices": \["model", "optim"\]' "$ck/manifest.json" && [ -f "$ck/model.dp1.safetensors" ] ||
   { echo "bf16 zero=1 dp=2: the master not saved as model slices:"; grep layout "$ck/manifest.json"; ls "$ck"; exit 1; }
@@ -84,10 +84,15 @@ resume $D4 strategy.zero=1 $c16 > "$tmp/got"
 bitwise "canonical bf16 zero=1 dp=2 -> zero=1 dp=4" "$tmp/want" "$tmp/got"
 
 # Across layouts: from (save layout) to (resume layout), against one rank.
+# One rank's uninterrupted run per mode, made once: $tmp/want_fast, $tmp/want_canonical
+# (the canonical one also saves at step 3, for the ckpt export check below).
+run 1 $b8 | keep > "$tmp/one"; tail3 "$tmp/one" > "$tmp/want_fast"
+rm -rf "$tmp/ck1"; run 1 deterministic=canonical $b8 checkpoint.dir="$tmp/ck1" checkpoint.every=3 | keep > "$tmp/one"
+tail3 "$tmp/one" > "$tmp/want_canonical"
 cross() { # mode save-layout resume-layout (layouts as "ranks args", quoted)
   local mode=$1 from=$2 to=$3 extra="$b8"
   [ "$mode" = canonical ] && extra="deterministic=canonical $b8"
-  run 1 $extra | keep > "$tmp/one"; tail3 "$tmp/one" > "$tmp/want"
+  cp "$tmp/want_$mode" "$tmp/want"
   rm -rf "$tmp/ck"; save3 $from $extra
   resume $to $extra > "$tmp/got"
   if [ "$mode" = canonical ]; then bitwise "canonical ${from#* } -> ${to#* }" "$tmp/want" "$tmp/got"
@@ -117,7 +122,7 @@ cross canonical "$P2 strategy.zero=3" "$D2 strategy.zero=1"
 # Slice files under zero=3 (model and optim per dp rank): ckpt export gives the bytes of one
 # rank's export (canonical mode: the same weights), and a damaged slice is refused by name.
 c="deterministic=canonical $b8"
-rm -rf "$tmp/ck"; save3 1 $c; "$loom" ckpt export "$tmp/ck/step_00000003" "$tmp/one.safetensors" > /dev/null
+"$loom" ckpt export "$tmp/ck1/step_00000003" "$tmp/one.safetensors" > /dev/null # one rank's, saved above
 rm -rf "$tmp/ck"; save3 $D2 strategy.zero=3 $c
 [ -f "$ck/model.dp1.safetensors" ] || { echo "zero=3: no model.dp1.safetensors"; ls "$ck"; exit 1; }
 "$loom" ckpt export "$ck" "$tmp/z3.safetensors" > /dev/null

@@ -45,7 +45,7 @@ same() { # same NAME A B: 10 steps in both, bitwise identical
 
 # --- fast mode: zero=1 against plain pp x dp --------------------------------------------
 for sched in 1f1b zb1 interleaved; do
-  ppdp schedule=$sched > "$tmp/plain"
+  ppdp schedule=$sched > "$tmp/plain"; cp "$tmp/plain" "$tmp/plain_$sched"   # kept for zero=3 below
   ppdp schedule=$sched strategy.zero=1 > "$tmp/z1"
   same "fast pp=2 x dp=2 $sched: zero=1 and plain" "$tmp/plain" "$tmp/z1"
   echo "ok fast pp=2 x dp=2 $sched zero=1: losses, norms and validation loss bitwise those of plain pp x dp over 10 steps"
@@ -59,10 +59,9 @@ for sched in 1f1b zb1 interleaved; do
   done
 done
 
-# --- fast mode: zero=3 against plain pp x dp (1f1b: $tmp/plain from interleaved above is
-# another schedule's, so 1f1b and zb1 are run again) -----------------------------------------
+# --- fast mode: zero=3 against plain pp x dp (the plain 1f1b and zb1 runs above) ----------
 for sched in 1f1b zb1; do
-  ppdp schedule=$sched > "$tmp/plain"
+  cp "$tmp/plain_$sched" "$tmp/plain"
   ppdp schedule=$sched strategy.zero=3 > "$tmp/z3"
   [ "$(grep -c '^LOSS' "$tmp/z3")" -eq 10 ] || { echo "zero=3 $sched: expected 10 steps"; cat "$tmp/z3"; exit 1; }
   d=$(max_loss_diff "$tmp/plain" "$tmp/z3"); nd=$(rel_norm_diff "$tmp/plain" "$tmp/z3")
@@ -91,12 +90,11 @@ echo "ok canonical: one rank and pp=2 x dp=2 with zero 0, 1, 2, 3 (and zb1 zero=
 # bitwise the whole master's), and in canonical mode bitwise one rank
 b16="precision=bf16 steps=4 strategy.zero=1"
 steps34() { grep -E '^(LOSS|NORM) [34] |^VAL ' "$1"; }
-ppdp $b16 > "$tmp/bp"
+ppdp $b16 checkpoint.dir="$tmp/bck" checkpoint.every=2 > "$tmp/bp"   # saved at step 2 too
 LOOM_ZERO_MASTER=whole ppdp $b16 > "$tmp/bw"
 [ "$(grep -c '^LOSS' "$tmp/bp")" -eq 4 ] || { echo "bf16 pp=2 x dp=2 zero=1: expected 4 steps"; cat "$tmp/bp"; exit 1; }
 finite_losses "$tmp/bw" "$tmp/bp"
 cmp -s "$tmp/bw" "$tmp/bp" || { echo "bf16 pp=2 x dp=2 zero=1: the partitioned master differs from the whole one"; paste "$tmp/bw" "$tmp/bp"; exit 1; }
-ppdp $b16 steps=2 checkpoint.dir="$tmp/bck" > /dev/null
 ppdp $b16 resume="$tmp/bck/step_00000002" > "$tmp/br"
 [ "$(grep -c '^LOSS' "$tmp/br")" -eq 2 ] || { echo "bf16 pp=2 x dp=2 zero=1: the resumed run did not give steps 3-4"; cat "$tmp/br"; exit 1; }
 cmp -s <(steps34 "$tmp/bw") <(steps34 "$tmp/br") || { echo "bf16 pp=2 x dp=2 zero=1: resumed at step 2, steps 3-4 differ from the uninterrupted whole master's"; paste <(steps34 "$tmp/bw") <(steps34 "$tmp/br"); exit 1; }

@@ -56,6 +56,10 @@ void pass_on(void **save)
     }
     current = (int)j;
     loom_emu_thread = threads[j].idx;
+    if (j + 2 < block_threads) { /* the next ones: their saved registers on their way (PF) */
+        __builtin_prefetch(threads[j + 2].sp);
+        __builtin_prefetch((char *)threads[j + 2].sp + 56);
+    }
     emu_switch(save, threads[j].sp);
 }
 
@@ -206,6 +210,8 @@ void loom_emu_launch(dim3 grid, dim3 block, std::function<void()> fn)
                 memset(exchanges, 0, n * sizeof *exchanges);
                 memset(stamp, 0, sizeof stamp);
                 for (unsigned i = 0; i < n; i++) {
+                    if (i + 4 < n) /* PF */
+                        __builtin_prefetch(threads[i + 4].stack + STACK - 64 - ((i + 4) % 64) * 64, 1);
                     threads[i].done = 0;
                     threads[i].sp = fresh_stack(threads[i].stack, i);
                 }

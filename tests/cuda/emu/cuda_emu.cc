@@ -174,18 +174,19 @@ void loom_emu_launch(dim3 grid, dim3 block, std::function<void()> fn)
     if (threads.size() < n) {
         size_t had = threads.size();
         threads.resize(n);
-        for (size_t i = had; i < n; i++) { /* mapped, not malloc'd: only the pages a thread
-                                              * uses are touched (MALLOC_PERTURB_, which meson
-                                              * test sets, fills a malloc'd stack whole: 128 MiB
-                                              * at 1024 threads, most of cuda_dp_emu's system time) */
-            void *st = mmap(NULL, STACK, PROT_READ | PROT_WRITE,
-                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-            if (st == MAP_FAILED) {
-                fprintf(stderr, "cuda emu: no memory for thread %zu's stack\n", i);
-                abort();
-            }
-            threads[i].stack = (char *)st;
+        /* mapped, not malloc'd: only the pages a thread uses are touched (MALLOC_PERTURB_,
+         * which meson test sets, fills a malloc'd stack whole: 128 MiB at 1024 threads, most
+         * of cuda_dp_emu's system time); the new threads' stacks one mapping, not one each */
+        char *st = (char *)mmap(NULL, (n - had) * STACK, PROT_READ | PROT_WRITE,
+                                MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (st == (char *)MAP_FAILED) {
+            fprintf(stderr, "cuda emu: no memory for threads %zu-%u's stacks\n", had, n - 1);
+            abort();
         }
+        madvise(st, (n - had) * STACK, MADV_NOHUGEPAGE); /* 4 KiB pages, as 128 KiB maps had:
+                                                          * a huge page would be zeroed whole */
+        for (size_t i = had; i < n; i++)
+            threads[i].stack = st + (i - had) * STACK;
     }
     loom_emu_grid_dim = grid;
     loom_emu_block_dim = block;

@@ -934,8 +934,12 @@ START_TEST(test_alloc_zeroed_and_reused)
         float *d = k->alloc(s, (size_t)5 << 20);
         ck_assert(d != NULL);
         k->copy_to_host(s, h, d, (size_t)5 << 20);
-        for (size_t i = 0; i < ((size_t)5 << 20) / 4; i++)
-            ck_assert_msg(h[i] == 0.0f, "round %d: alloc not zeroed at %zu", round, i);
+        /* the first nonzero float, then one assertion: Check records every assertion's
+         * place (a write to its log in no-fork mode), 1.3M of them a round here */
+        size_t i = 0, nf = ((size_t)5 << 20) / 4;
+        while (i < nf && h[i] == 0.0f)
+            i++;
+        ck_assert_msg(i == nf, "round %d: alloc not zeroed at %zu", round, i);
         k->scale(d, 2.0f, 16); /* dirty it before it goes back to the pool */
         float one = 1.0f;
         k->copy_to_device(s, d, &one, 4);

@@ -56,6 +56,10 @@ void pass_on(void **save)
     }
     current = (int)j;
     loom_emu_thread = threads[j].idx;
+    if (j + 2 < block_threads) { /* the next ones: their saved registers on their way (PF) */
+        __builtin_prefetch(threads[j + 2].sp);
+        __builtin_prefetch((char *)threads[j + 2].sp + 56);
+    }
     emu_switch(save, threads[j].sp);
 }
 
@@ -170,18 +174,19 @@ void loom_emu_launch(dim3 grid, dim3 block, std::function<void()> fn)
     if (threads.size() < n) {
         size_t had = threads.size();
         threads.resize(n);
-        for (size_t i = had; i < n; i++) { /* mapped, not malloc'd: only the pages a thread
-                                              * uses are touched (MALLOC_PERTURB_, which meson
-                                              * test sets, fills a malloc'd stack whole: 128 MiB
-                                              * at 1024 threads, most of cuda_dp_emu's system time) */
-            void *st = mmap(NULL, STACK, PROT_READ | PROT_WRITE,
-                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-            if (st == MAP_FAILED) {
-                fprintf(stderr, "cuda emu: no memory for thread %zu's stack\n", i);
-                abort();
-            }
-            threads[i].stack = (char *)st;
+        /* mapped, not malloc'd: only the pages a thread uses are touched (MALLOC_PERTURB_,
+         * which meson test sets, fills a malloc'd stack whole: 128 MiB at 1024 threads, most
+         * of cuda_dp_emu's system time); the new threads' stacks one mapping, not one each */
+        char *st = (char *)mmap(NULL, (n - had) * STACK, PROT_READ | PROT_WRITE,
+                                MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (st == (char *)MAP_FAILED) {
+            fprintf(stderr, "cuda emu: no memory for threads %zu-%u's stacks\n", had, n - 1);
+            abort();
         }
+        madvise(st, (n - had) * STACK, MADV_NOHUGEPAGE); /* 4 KiB pages, as 128 KiB maps had:
+                                                          * a huge page would be zeroed whole */
+        for (size_t i = had; i < n; i++)
+            threads[i].stack = st + (i - had) * STACK;
     }
     loom_emu_grid_dim = grid;
     loom_emu_block_dim = block;
@@ -206,6 +211,8 @@ void loom_emu_launch(dim3 grid, dim3 block, std::function<void()> fn)
                 memset(exchanges, 0, n * sizeof *exchanges);
                 memset(stamp, 0, sizeof stamp);
                 for (unsigned i = 0; i < n; i++) {
+                    if (i + 4 < n) /* PF */
+                        __builtin_prefetch(threads[i + 4].stack + STACK - 64 - ((i + 4) % 64) * 64, 1);
                     threads[i].done = 0;
                     threads[i].sp = fresh_stack(threads[i].stack, i);
                 }

@@ -26,19 +26,40 @@ loom_cuda_ctx loom_cuda;
 
 /* The guard (LOOM_CUDAEMU_GUARD=1): "device" memory is host memory here, so code that
  * reads or writes it directly, where a GPU would need a copy, would pass unnoticed. With
- * the guard every allocation is whole pages of one arena mapping, kept PROT_NONE except
+ * the guard every allocation is whole pages of one arena mapping, inaccessible except
  * while one of this table's ops runs: a direct host access is a segfault (the test fails)
- * instead. One arena, so that opening and closing it is one mprotect per run of blocks in
- * use (an mprotect per allocation per op was about 40% of a guarded MoE run's time). Freed
- * blocks go back to the arena's free list with their pages handed back (they read as zeros
- * when reused) and stay PROT_NONE, open or not: a read after free is a segfault too, as it
- * was when each block was its own mapping and free unmapped it. */
-static int guard_on, guard_depth;
+ * instead. Freed blocks go back to the arena's free list with their pages handed back (they
+ * read as zeros when reused) and stay PROT_NONE, open or not: a read after free is a
+ * segfault too, as it was when each block was its own mapping and free unmapped it.
+ * Opening and closing, two ways:
+ *  - a protection key (x86-64 PKU, where the CPU and kernel have it: pkey_alloc succeeds):
+ *    the blocks in use (and committed sparse granules) are PROT_READ|PROT_WRITE tagged
+ *    with the key, and opening is the calling thread's PKRU allowing the key (pkey_set: one
+ *    user-space instruction, no system call). The key is per thread: only a thread inside
+ *    one of the ops may touch the memory (a host access from any other thread faults too,
+ *    with SIGSEGV, si_code SEGV_PKUERR). Toggling the page tables of every block in use for
+ *    every op was about a third of cuda_dp_emu's CPU time;
+ *  - otherwise (or LOOM_CUDAEMU_GUARD=mprotect), mprotect: the arena kept PROT_NONE outside
+ *    the ops, opened by one mprotect per run of blocks in use (one arena, so that is not an
+ *    mprotect per allocation per op, which was about 40% of a guarded MoE run's time). */
+static int guard_on, guard_depth; /* guard_depth: the mprotect way's, process-wide */
+static int guard_key = -1;          /* the protection key, or -1: the mprotect way */
+static thread_local int key_depth;  /* the key's: per thread, as the PKRU register is */
 static std::map<void *, size_t> blocks;
 static char *arena;
 static size_t arena_top;                            /* bytes of the arena handed out so far */
 static std::map<size_t, size_t> arena_free;         /* offset -> length, coalesced */
 static const size_t ARENA_RESERVE = (size_t)1 << 38; /* address space only (MAP_NORESERVE) */
+
+/* Pages just taken from the arena: tagged with the key and readable (the key guards
+ * them), or, the mprotect way, readable if the guard is open now. */
+static void open_taken(char *p, size_t len)
+{
+    if (guard_key >= 0)
+        pkey_mprotect(p, len, PROT_READ | PROT_WRITE, guard_key);
+    else if (guard_depth)
+        mprotect(p, len, PROT_READ | PROT_WRITE);
+}
 
 static void *arena_take(size_t len)
 {
@@ -55,16 +76,14 @@ static void *arena_take(size_t len)
             arena_free.erase(f);
             if (rest)
                 arena_free[off + len] = rest;
-            if (guard_depth) /* opened: a free block is not */
-                mprotect(arena + off, len, PROT_READ | PROT_WRITE);
+            open_taken(arena + off, len); /* a free block is PROT_NONE */
             return arena + off;
         }
     if (arena_top + len > ARENA_RESERVE)
         return NULL;
     char *p = arena + arena_top;
     arena_top += len;
-    if (guard_depth) /* opened: the pages past the old top are not yet */
-        mprotect(p, len, PROT_READ | PROT_WRITE);
+    open_taken(p, len); /* the pages past the old top are PROT_NONE */
     return p;
 }
 
@@ -122,12 +141,22 @@ static void protect_all(int prot)
 struct guard_scope {
     guard_scope()
     {
-        if (guard_on && guard_depth++ == 0)
+        if (!guard_on)
+            return;
+        if (guard_key >= 0) {
+            if (key_depth++ == 0)
+                pkey_set(guard_key, 0);
+        } else if (guard_depth++ == 0)
             protect_all(PROT_READ | PROT_WRITE);
     }
     ~guard_scope()
     {
-        if (guard_on && --guard_depth == 0)
+        if (!guard_on)
+            return;
+        if (guard_key >= 0) {
+            if (--key_depth == 0)
+                pkey_set(guard_key, PKEY_DISABLE_ACCESS);
+        } else if (--guard_depth == 0)
             protect_all(PROT_NONE);
     }
 };
@@ -192,7 +221,15 @@ static loom_status emu_create(const loom_host *host, const loom_config *cfg, voi
     if (loom_cuda_profile_setup(host, perr, sizeof perr) != 0)
         return host->fail(LOOM_ERR_INVALID, "backend cudaemu: %s", perr);
     const char *guard = getenv("LOOM_CUDAEMU_GUARD");
-    guard_on = guard && atoi(guard) != 0;
+    const int by_mprotect = guard && strcmp(guard, "mprotect") == 0;
+    guard_on = guard && (atoi(guard) != 0 || by_mprotect);
+    /* the key once a process, before the arena's first block (the blocks' tags are fixed
+     * when taken); none: the mprotect way */
+    static int key_tried;
+    if (guard_on && !by_mprotect && !key_tried && !arena) {
+        key_tried = 1;
+        guard_key = pkey_alloc(0, PKEY_DISABLE_ACCESS);
+    }
     loom_cuda.h_parts = parts;
     loom_cuda.d_flag = &flag;
     loom_cuda.h_flag = &flag;
@@ -296,11 +333,18 @@ static int emu_vm_commit(void *self, void *base, size_t off, size_t len)
     if (!r)
         return -1;
     char *p = (char *)base + off;
-    if (mprotect(p, len, PROT_READ | PROT_WRITE) != 0)
-        return -1;
-    memset(p, 0xff, len);
-    if (guard_on && !guard_depth)
-        mprotect(p, len, PROT_NONE);
+    if (guard_on && guard_key >= 0) { /* tagged: the key guards it */
+        if (pkey_mprotect(p, len, PROT_READ | PROT_WRITE, guard_key) != 0)
+            return -1;
+        guard_scope g;
+        memset(p, 0xff, len);
+    } else {
+        if (mprotect(p, len, PROT_READ | PROT_WRITE) != 0)
+            return -1;
+        memset(p, 0xff, len);
+        if (guard_on && !guard_depth)
+            mprotect(p, len, PROT_NONE);
+    }
     for (size_t g = off / r->granule; g < (off + len) / r->granule; g++)
         r->on[g] = 1;
     return 0;

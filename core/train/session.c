@@ -1456,17 +1456,42 @@ static int draw_token(float *logits, int V, float temperature, int top_k, double
         max = logits[i] > max ? logits[i] : max;
     float kth = -INFINITY;
     if (top_k > 0 && top_k < V) {
-        /* The k-th largest by repeated selection of the maximum below the previous one:
-         * O(k V), fine for sampling. Ties admit a few more than k. */
-        float prev = INFINITY;
-        for (int j = 0; j < top_k; j++) {
-            float best = -INFINITY;
-            for (int i = 0; i < V; i++)
-                if (logits[i] < prev && logits[i] > best)
-                    best = logits[i];
-            prev = best;
+        /* The k-th largest distinct finite value (ties admit a few more than k; fewer than k
+         * distinct finite values: no limit), as repeated selection of the maximum below the
+         * previous one finds it, in one pass: the k largest distinct values so far, kept
+         * sorted (descending) in top[0..n), a value entering only above the smallest. */
+        float stack_top[64];
+        float *top = top_k <= 64 ? stack_top : malloc(sizeof(float) * (size_t)top_k);
+        if (top) {
+            int n = 0;
+            for (int i = 0; i < V; i++) {
+                const float x = logits[i];
+                if (!isfinite(x) || (n == top_k && !(x > top[n - 1])))
+                    continue;
+                int j = n; /* x's place: after every value above it */
+                while (j > 0 && top[j - 1] < x)
+                    j--;
+                if (j > 0 && top[j - 1] == x)
+                    continue; /* already held */
+                if (n < top_k)
+                    n++;
+                memmove(top + j + 1, top + j, sizeof(float) * (size_t)(n - 1 - j));
+                top[j] = x;
+            }
+            kth = n == top_k ? top[n - 1] : -INFINITY;
+            if (top != stack_top)
+                free(top);
+        } else {
+            float prev = INFINITY; /* no memory: k passes of O(V) */
+            for (int j = 0; j < top_k; j++) {
+                float best = -INFINITY;
+                for (int i = 0; i < V; i++)
+                    if (logits[i] < prev && logits[i] > best)
+                        best = logits[i];
+                prev = best;
+            }
+            kth = prev;
         }
-        kth = prev;
     }
     double total = 0.0;
     for (int i = 0; i < V; i++) {

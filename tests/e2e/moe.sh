@@ -110,7 +110,7 @@ fell=$(loss_fell "$tmp/one" 1.0) || { echo "moe loss did not fall by 1: $fell"; 
 grep -q '^  moe blk0 \[' "$tmp/one.out" || { echo "no readable moe line"; cat "$tmp/one.out"; exit 1; }
 echo "ok one rank: bitwise twice, loss $fell, load per step"
 
-run2 batch.global=8 > "$tmp/dp2.out"
+run2 batch.global=8 checkpoint.dir="$tmp/ck1" checkpoint.every=10 > "$tmp/dp2.out"
 grep '^LOSS' "$tmp/dp2.out" > "$tmp/dp2"
 d=$(routed_close "dp=2 vs one rank" "$tmp/one.out" "$tmp/dp2.out" 1e-5) || { echo "$d"; exit 1; }
 # the load reported is the whole step's: the same counts as one rank's (routing is per micro-batch)
@@ -186,7 +186,7 @@ echo "ok bf16 and fp16 track fp32 (max |loss diff| $d_b16 and $d_f16 over 10 ste
 # ~1e-4 (measured: dp=4 ep=2/4 within 2e-8 of ep=1 for steps 1-11, a flip at step 12,
 # 4.4e-4 at step 20; one rank against dp=4 flips too, 2.7e-5 at step 17).
 runN() { local n=$1; shift; "$loom" launch -n "$n" "$recipe" threads=1 mesh.dp="$n" comm_timeout=20 "$@" | grep -v '^\[rank'; }
-runN 2 batch.global=8 mesh.ep=2 > "$tmp/ep2.out"
+runN 2 batch.global=8 mesh.ep=2 checkpoint.dir="$tmp/cke" checkpoint.every=10 > "$tmp/ep2.out"
 grep '^LOSS' "$tmp/ep2.out" > "$tmp/ep2"
 d=$(routed_close "dp=2 ep=2 vs ep=1" "$tmp/dp2.out" "$tmp/ep2.out" 1e-5) || { echo "$d"; exit 1; }
 cmp -s <(grep '^MOE 1 ' "$tmp/dp2.out" | cut -d' ' -f1-4) <(grep '^MOE 1 ' "$tmp/ep2.out" | cut -d' ' -f1-4) ||
@@ -295,13 +295,12 @@ runN 4 batch.global=16 steps=6 mesh.ep=2 strategy.zero=3 model.moe.zero_prefetch
 cmp -s <(head -6 "$tmp/ep4") "$tmp/ez43n" || { echo "dp=4 ep=2 zero=3 without the prefetch differs from dp=4 ep=2"; exit 1; }
 echo "ok zero=3 under ep: dp=4 ep=2 gives ep's bits with and without the prefetch, resumed at step 3 bitwise; canonical dp=4 ep=2 one rank's bits; memory = formula ($m43), full parameter buffer resident at most $pp3 of $full bytes"
 # checkpoints hold every expert by logical name whatever ep saved them: any ep resumes
-runN 2 batch.global=8 mesh.ep=2 steps=10 checkpoint.dir="$tmp/cke" > /dev/null
+# (saved at step 10 by the 20-step dp=2 ep=2 and dp=2 runs above)
 runN 2 batch.global=8 mesh.ep=2 resume="$tmp/cke/step_00000010" | grep '^LOSS' > "$tmp/r22"
 cmp -s <(awk '$2 > 10' "$tmp/ep2") "$tmp/r22" || { echo "ep=2 resume at ep=2 differs"; exit 1; }
 runN 2 batch.global=8 resume="$tmp/cke/step_00000010" | grep -E '^(LOSS|MOE) ' > "$tmp/r21"
 d21=$(routed_close "saved at ep=2, resumed at ep=1, vs ep=1" <(awk '$2 > 10' "$tmp/dp2.out") "$tmp/r21" 1e-5) ||
   { echo "$d21"; exit 1; }
-runN 2 batch.global=8 steps=10 checkpoint.dir="$tmp/ck1" > /dev/null
 runN 2 batch.global=8 mesh.ep=2 resume="$tmp/ck1/step_00000010" | grep '^LOSS' > "$tmp/r12"
 d12=$(max_loss_diff <(awk '$2 > 10' "$tmp/dp2") "$tmp/r12")
 below "$d12" 1e-5 || { echo "cross-ep resume: ep1->2 $d12"; exit 1; }
@@ -309,8 +308,8 @@ below "$d12" 1e-5 || { echo "cross-ep resume: ep1->2 $d12"; exit 1; }
 grep -q 'h.1.moe.expert.3.proj.weight' "$tmp/info" || { echo "ep=2 checkpoint lacks expert 3"; exit 1; }
 echo "ok saved at ep=2: resumed at ep=2 bitwise; $d21; saved at ep=1, resumed at ep=2 within $d12"
 
-run1 > "$tmp/full.out"
-run1 steps=10 checkpoint.dir="$tmp/ck" > /dev/null
+# the full run saves at step 10 (and 20) as it goes: the resume from 10 must give its steps 11-20
+run1 checkpoint.dir="$tmp/ck" checkpoint.every=10 > "$tmp/full.out"
 run1 resume="$tmp/ck/step_00000010" | grep '^LOSS' > "$tmp/res"
 cmp -s <(grep '^LOSS' "$tmp/full.out" | awk '$2 > 10') "$tmp/res" || { echo "resume differs"; exit 1; }
 "$loom" ckpt info "$tmp/ck/step_00000010" > "$tmp/info"

@@ -60,6 +60,9 @@ for layout in "2 mesh.pp=2 schedule=gpipe" "2 mesh.pp=2 schedule=1f1b" \
               "2 mesh.pp=2 schedule=zb1" "4 mesh.pp=4 schedule=zb1"; do
   runN ${layout%% *} microbatches=4 ${layout#* } > "$tmp/pp"
   check_close "${layout#* } (4 micro-batches)" "$tmp/pp" "$tmp/one"
+  # kept for the checks below: pp=2 and pp=4 1f1b (twice, parameter bytes), pp=4 zb1
+  case "${layout#* }" in "mesh.pp=2 schedule=1f1b") cp "$tmp/pp" "$tmp/pp2_1f1b" ;;
+    "mesh.pp=4 schedule=1f1b") cp "$tmp/pp" "$tmp/pp4_1f1b" ;; "mesh.pp=4 schedule=zb1") cp "$tmp/pp" "$tmp/pp4_zb1" ;; esac
 done
 runN 4 mesh.pp=2 mesh.dp=2 microbatches=2 > "$tmp/ppdp"
 check_close "mesh.pp=2 x mesh.dp=2 (2 micro-batches each)" "$tmp/ppdp" "$tmp/one"
@@ -92,19 +95,21 @@ d=$(max_loss_diff "$tmp/oneb" "$tmp/ppb")
 below "$d" 2e-5 || { echo "interleaved, mailbox-sized activations: losses differ from one rank by $d"; exit 1; }
 echo "ok mesh.pp=2 schedule=interleaved with 131072-byte activations (shm's mailbox): trains, max |loss diff| $d vs one rank"
 
-runN 4 mesh.pp=4 schedule=1f1b microbatches=4 | grep -E '^(LOSS|NORM)' > "$tmp/a"
+# the loop's pp=4 1f1b and zb1 runs above against one more 1f1b run
+grep -E '^(LOSS|NORM)' "$tmp/pp4_1f1b" > "$tmp/a"
 runN 4 mesh.pp=4 schedule=1f1b microbatches=4 | grep -E '^(LOSS|NORM)' > "$tmp/b"
 cmp -s "$tmp/a" "$tmp/b" || { echo "pp=4 1f1b twice differs"; paste "$tmp/a" "$tmp/b" | head; exit 1; }
 echo "ok pp=4 1f1b run twice: losses and gradient norms bitwise identical"
-runN 4 mesh.pp=4 schedule=zb1 microbatches=4 | grep -E '^(LOSS|NORM)' > "$tmp/z"
+grep -E '^(LOSS|NORM)' "$tmp/pp4_zb1" > "$tmp/z"
 cmp -s "$tmp/a" "$tmp/z" || { echo "pp=4 zb1 differs from 1f1b"; paste "$tmp/a" "$tmp/z" | head; exit 1; }
 echo "ok pp=4 zb1 (B, then W) and 1f1b: losses and gradient norms bitwise identical"
 
-# Parameter bytes: wte (256 x 32 floats) sits on the first and the last stage.
+# Parameter bytes: wte (256 x 32 floats) sits on the first and the last stage (every
+# rank's PARAMBYTES line of the loop's pp=2 and pp=4 1f1b runs).
 one=$(awk '/^PARAMBYTES/ { print $3 }' "$tmp/one")
 wte=$((256 * 32 * 4))
 for n in 2 4; do
-  runN $n mesh.pp=$n microbatches=4 steps=1 > "$tmp/bytes"
+  cp "$tmp/pp${n}_1f1b" "$tmp/bytes"
   sum=0; count=0
   for b in $(grep -oE 'PARAMBYTES [0-9]+ [0-9]+' "$tmp/bytes" | awk '{ print $3 }'); do
     [ "$b" -lt "$one" ] || { echo "pp=$n: a stage holds $b parameter bytes, one rank $one"; exit 1; }

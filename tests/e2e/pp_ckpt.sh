@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # pp_ckpt.sh LOOM — checkpoints, sampling and loom.gpt{init=} under pipeline parallelism
 # (loom launch, shm), on pp.sh's small model (4 blocks, 4 heads), 6 steps with a save at 3:
-#  - the same layout resumes bitwise (losses and gradient norms of steps 4-6 equal the
-#    uninterrupted run's; resume=auto finds the checkpoint): pp=2 with 1f1b and with
-#    interleaved, pp=2 x dp=2; canonical mode also into another pp_layers split;
+#  - the same layout resumes bitwise (losses and gradient norms of steps 4-6 equal those
+#    of the 6-step run that saved at step 3 as it went; resume=auto finds the checkpoint):
+#    pp=2 with 1f1b and with interleaved, pp=2 x dp=2; canonical mode also into another
+#    pp_layers split;
 #  - a pp=2 checkpoint resumes at pp=1 and pp=4, and a tp=2 x pp=2 one at tp=1 x pp=4,
 #    within 2e-5 of one rank's losses (fast mode) and bitwise in canonical mode;
 #  - the checkpoint: one file pair per stage, the tied wte only in stage 0's, the
@@ -63,8 +64,11 @@ close() { # name want got
 # The same layout, bitwise.
 for layout in "2 mesh.pp=2 schedule=1f1b microbatches=4" "2 mesh.pp=2 schedule=interleaved microbatches=4" \
               "4 mesh.pp=2 mesh.dp=2 microbatches=2"; do
-  run $layout | keep > "$tmp/full"; tail3 "$tmp/full" > "$tmp/want"
-  save3 "$tmp/same" $layout > /dev/null
+  # the 6-step run saves at step 3 as it goes (its step 6 save dropped, so that resume=auto
+  # finds step 3); the resume must give its steps 4-6
+  run $layout checkpoint.dir="$tmp/same" checkpoint.every=3 | keep > "$tmp/full"; tail3 "$tmp/full" > "$tmp/want"
+  [ -f "$tmp/same/step_00000003/manifest.json" ] || { echo "${layout#* }: no checkpoint at step 3"; exit 1; }
+  rm -rf "$tmp/same/step_00000006"
   resume "$tmp/same" $layout > "$tmp/got"   # resume=auto: finding a pp checkpoint
   bitwise "${layout#* } save + resume" "$tmp/want" "$tmp/got"
   rm -rf "$tmp/same"
@@ -92,7 +96,7 @@ resume "$ck22" 4 mesh.pp=4 microbatches=4 > "$tmp/got"; close "tp=2 x pp=2 check
 
 # Canonical mode: bitwise across the layouts.
 canon="deterministic=canonical"
-run 1 $canon batch.global=16 | keep > "$tmp/c1"; tail3 "$tmp/c1" > "$tmp/c13"
+run 1 $canon batch.global=16 checkpoint.dir="$tmp/cpp1" checkpoint.every=3 | keep > "$tmp/c1"; tail3 "$tmp/c1" > "$tmp/c13"
 cc2=$(save3 "$tmp/cpp2" 2 $canon mesh.pp=2 microbatches=4)
 resume "$cc2" 1 $canon batch.global=16 > "$tmp/got"; bitwise "canonical pp=2 checkpoint resumed at pp=1" "$tmp/c13" "$tmp/got"
 resume "$cc2" 2 $canon mesh.pp=2 'pp_layers={1,3}' microbatches=4 > "$tmp/got"
@@ -102,7 +106,7 @@ bitwise "canonical pp=2 checkpoint resumed at pp=4 (gpipe)" "$tmp/c13" "$tmp/got
 cc22=$(save3 "$tmp/ctp2pp2" 4 $canon mesh.tp=2 mesh.pp=2 microbatches=4)
 resume "$cc22" 4 $canon mesh.pp=4 microbatches=4 > "$tmp/got"
 bitwise "canonical tp=2 x pp=2 checkpoint resumed at tp=1 x pp=4" "$tmp/c13" "$tmp/got"
-cc1=$(save3 "$tmp/cpp1" 1 $canon batch.global=16)
+cc1=$tmp/cpp1/step_00000003   # saved by the canonical one-rank run above
 resume "$cc1" 2 $canon mesh.pp=2 microbatches=4 > "$tmp/got"; bitwise "canonical pp=1 checkpoint resumed at pp=2" "$tmp/c13" "$tmp/got"
 
 # A damaged stage file is refused by name before any training.

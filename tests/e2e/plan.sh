@@ -30,7 +30,9 @@
 #    at the same shape) and the logit term (the profile's measured kd_logits);
 #  - MFU's N: the plan's parameter count is each one-rank run's own (its log.jsonl);
 #  - the after-run line and the run directory's plan.jsonl; docs/PLAN.md's 13B examples and
-#    the 175B layout (the 175B search takes minutes: not here); bad input refused.
+#    the 175B layout (the 175B search, some 8 s of CPU, not here); bad input refused;
+#  - --calibrate --comm mpi --from the profile above: an mpi profile, its links measured,
+#    the rest kept.
 set -euo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)

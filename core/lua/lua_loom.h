@@ -54,6 +54,11 @@ void loom_lua_open_plan_bring(lua_State *L);
 struct loom_schedule;
 const struct loom_schedule *loom_lua_check_schedule(lua_State *L, int idx, int microbatches,
                                                     int chunks);
+/* The sched plugin `name`'s lists for that shape (core.sched_build's, without the Lua
+ * tables), in a schedule owned by a userdata pushed on the stack; a Lua error with the
+ * plugin's reason where it refuses the shape. */
+const struct loom_schedule *loom_lua_plugin_schedule(lua_State *L, const char *name, int stages,
+                                                     int microbatches, int chunks);
 
 /* lua_bench.c: core.comm_bench{op, min, max, iters} for `loom bench comm`. */
 void loom_lua_open_bench(lua_State *L);

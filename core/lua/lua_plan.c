@@ -669,12 +669,29 @@ typedef struct sched_ref { const loom_schedule *s; } sched_ref;
 
 /* core.sched_prepare(lists, microbatches, chunks) -> a prepared schedule whose
  * :simulate{fwd=, bwd_input=, bwd_weight=, latency=} gives {makespan, bubble, busy = {},
- * peak = {}} without the per-instruction spans (the search simulates thousands). */
+ * peak = {}} without the per-instruction spans (the search simulates thousands).
+ * core.sched_prepare(name, microbatches, chunks, stages): a sched plugin's lists for that
+ * shape, built here (core.sched_build's, without the Lua tables between). The lists are
+ * validated here, once (the validator's message raised), not at each simulate. */
 static int l_sched_prepare(lua_State *L)
 {
     int m = (int)luaL_checkinteger(L, 2), v = (int)luaL_optinteger(L, 3, 1);
-    const loom_schedule *sch = loom_lua_check_schedule(L, 1, m, v); /* pushes the owner */
+    const loom_schedule *sch; /* (the owner pushed) */
+    if (lua_type(L, 1) == LUA_TSTRING) {
+        lua_Integer n[3] = {luaL_checkinteger(L, 4), m, v}; /* (core.sched_build's checks) */
+        static const char *const what[3] = {"stages", "microbatches", "chunks"};
+        for (int i = 0; i < 3; i++)
+            if (n[i] < 1 || n[i] > 1 << 20)
+                return luaL_error(L, "%s must be a whole number >= 1, got %d", what[i], (int)n[i]);
+        sch = loom_lua_plugin_schedule(L, lua_tostring(L, 1), (int)n[0], m, v);
+    } else {
+        sch = loom_lua_check_schedule(L, 1, m, v);
+    }
     int owner = lua_gettop(L);
+    if (loom_schedule_validate(sch) != LOOM_OK) {
+        lua_pushstring(L, loom_last_error());
+        return lua_error(L);
+    }
     sched_ref *r = lua_newuserdatauv(L, sizeof *r, 1);
     r->s = sch;
     luaL_setmetatable(L, "loom.PlanSchedule");
@@ -698,7 +715,7 @@ static int l_sched_run(lua_State *L)
     loom_sched_costs c = {cost(L, 2, "fwd"), cost(L, 2, "bwd_input"), cost(L, 2, "bwd_weight"),
                           cost(L, 2, "latency"), 0, NULL};
     loom_sched_sim *sim;
-    if (loom_schedule_simulate(r->s, &c, &sim) != LOOM_OK) {
+    if (loom_schedule_simulate_valid(r->s, &c, &sim) != LOOM_OK) { /* (validated at prepare) */
         lua_pushstring(L, loom_last_error());
         return lua_error(L);
     }

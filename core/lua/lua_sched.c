@@ -70,23 +70,31 @@ static int shape_field(lua_State *L, int idx, const char *key, int dflt)
     return (int)v;
 }
 
+const loom_schedule *loom_lua_plugin_schedule(lua_State *L, const char *name, int p, int m, int v)
+{
+    const loom_plugin *pl;
+    if (loom_plugin_load(LOOM_KIND_SCHED, name, &pl) != LOOM_OK) {
+        raise_plain(L, loom_last_error());
+        return NULL; /* (not reached) */
+    }
+    box *b = new_box(L);
+    if (loom_schedule_from_plugin(pl->desc, p, m, v, &b->s) != LOOM_OK)
+        raise_plain(L, loom_last_error());
+    return b->s;
+}
+
 /* core.sched_build(name, stages, microbatches, chunks) -> lists */
 static int l_sched_build(lua_State *L)
 {
     const char *name = luaL_checkstring(L, 1);
     int p = check_count(L, 2, "stages"), m = check_count(L, 3, "microbatches"),
         v = check_count(L, 4, "chunks");
-    const loom_plugin *pl;
-    if (loom_plugin_load(LOOM_KIND_SCHED, name, &pl) != LOOM_OK)
-        return raise_plain(L, loom_last_error());
-    box *b = new_box(L);
-    if (loom_schedule_from_plugin(pl->desc, p, m, v, &b->s) != LOOM_OK)
-        return raise_plain(L, loom_last_error());
+    const loom_schedule *s = loom_lua_plugin_schedule(L, name, p, m, v); /* (its box on the stack) */
     lua_createtable(L, p, 0);
     for (int r = 0; r < p; r++) {
-        lua_createtable(L, (int)b->s->n[r], 0);
-        for (size_t i = 0; i < b->s->n[r]; i++) {
-            loom_sched_instr in = b->s->list[r][i];
+        lua_createtable(L, (int)s->n[r], 0);
+        for (size_t i = 0; i < s->n[r]; i++) {
+            loom_sched_instr in = s->list[r][i];
             lua_createtable(L, 0, 3);
             lua_pushstring(L, loom_sched_op_name(in.op));
             lua_setfield(L, -2, "op");

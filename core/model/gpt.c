@@ -797,6 +797,7 @@ static void gpt_free_setup(loom_gpt *m)
     free(m->rc);
     free(m->att_keep);
     free(m->keep_out);
+    free(m->span_lo); /* (span_hi: the same allocation) */
     loom_params_free(&m->table);
     free(m);
 }
@@ -853,8 +854,11 @@ loom_status loom_gpt_footprint(const loom_gpt_config *cfg, int max_B, const loom
     }
     if (st == LOOM_OK) {
         size_activations(m);
-        if (w16) { /* gpt_precision.c: the 16-bit compute copy, the fp32 widening scratch */
-            gpt_w16_layout(m, NULL);
+        if (w16) /* gpt_precision.c: the 16-bit compute copy, the fp32 widening scratch */
+            st = gpt_w16_layout(m, NULL);
+    }
+    if (st == LOOM_OK) {
+        if (w16) {
             out->compute_params = m->table.total * sizeof(uint16_t);
             out->widen = (m->wide_cap + m->edge_n) * sizeof(float);
         }

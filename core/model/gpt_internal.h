@@ -67,6 +67,8 @@ struct loom_gpt {
     void *c16;
     float *wide, *edge;
     size_t wide_cap, edge_n, *edge_of; /* floats of wide and edge; edge_of[entry]: where */
+    size_t *span_lo, *span_hi;         /* gpt_w16_layout: each block's flat span [lo, hi)
+                                        * (one pass over the table, not one per lookup) */
     size_t head_off, wte_off;          /* flat offsets of the head and wte ((size_t)-1: none) */
     int wide_unit;                     /* the block wide holds, -1: none */
     int master_elsewhere;              /* ZeRO-1/2: the fp32 master is ZeRO's partition, c16
@@ -449,7 +451,7 @@ static inline void gpt_matmul_backward(loom_gpt *m, float *dinp, float *dw, floa
  * (bound to params) onto them; refresh: c16 from params and edge from c16. */
 /* The 16-bit copy's layout, without allocating: head_off, wte_off, wide_cap, edge_n, and
  * edge_of[entry] where given (gpt_w16_setup; loom_gpt_footprint sizes with NULL). */
-void gpt_w16_layout(loom_gpt *m, size_t *edge_of);
+loom_status gpt_w16_layout(loom_gpt *m, size_t *edge_of);
 loom_status gpt_w16_setup(loom_gpt *m);
 /* The parameter pointers (bound to m->params) moved onto the 16-bit copy's views. */
 void gpt_w16_bind(loom_gpt *m);

@@ -81,6 +81,10 @@ typedef struct loom_sched_sim {
 /* Validate, then simulate with costs (NULL: LOOM_SCHED_COSTS_UNIT). */
 loom_status loom_schedule_simulate(const loom_schedule *s, const loom_sched_costs *costs,
                                    loom_sched_sim **out);
+/* The same for a schedule loom_schedule_validate passed and nothing changed since (a plan
+ * search simulates one prepared schedule many times): the costs checked, the lists not. */
+loom_status loom_schedule_simulate_valid(const loom_schedule *s, const loom_sched_costs *costs,
+                                         loom_sched_sim **out);
 void loom_sched_sim_free(loom_sched_sim *sim);
 
 /* "FWD", "BWD_INPUT", ...; NULL for an unknown value. And back (0 for an unknown name). */

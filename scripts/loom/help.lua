@@ -151,7 +151,7 @@ example:
 usage: loom plan RECIPE [key=value ...] [--machine NAME|FILE] [--devices-per-node G] [--json]
        loom plan RECIPE --world N --devices-per-node G --mem 80GiB [--any-tp] [--any-pp] [--top K]
        loom plan --calibrate [--cpu-clock] [--out FILE] [-n RANKS] [--comm NAME] [--disk-dir DIR]
-                         [--repeats N]
+                         [--repeats N] [--from PROFILE]
 
 Before a run, without allocating the model: each rank's bytes by category (parameters,
 gradients, optimizer state, master weights, activations under the recipe's recompute and
@@ -180,6 +180,8 @@ options:
                        again with every core running them at once)
   --disk-dir DIR       where --calibrate times the offload file (default $TMPDIR, else /tmp)
   --repeats N          calibrate N times and keep each figure's median (default 1)
+  --from PROFILE       measure the collectives only (-n, --comm), the rest of the profile
+                       PROFILE's (a calibrated one of this machine, e.g. for another --comm)
   --cpu-clock          calibrate with CPU time (a loaded machine: its waits left out)
   --out FILE           where --calibrate saves (default: the calibrated profile's path)
   -h, --help           this text

@@ -87,10 +87,90 @@ end
 -- Optimizer state floats per parameter (the plugins' state_per_param).
 local state_slots = { adamw = 2, sgd = 1 }
 
+-- A search's cache (plan.layout's opts.cache: plan_search.lua gives one table to all the
+-- layouts of one search): what depends on a part of the layout only is computed once per
+-- search, not once per layout, and is the same value: core.footprint by its arguments (a
+-- ZeRO stage or an offload does not change a stage's footprint), a stage's compute by what
+-- it reads, the stages' block lists, the prepared schedules and their simulations by the
+-- costs, the GEMM and attention rates by shape. Without a cache, all computed each time.
+-- (key_of: a table of arguments as a string, every value exactly: integers as such, floats
+-- in %a, strings quoted, tables by their contents; a list the cache made, which nothing
+-- changes, by the string it was given then: `listed`. The keys of an argument table are
+-- plan.lua's names or list indices)
+local listed = setmetatable({}, { __mode = "k" })
+local mtype, fmt, concat = math.type, string.format, table.concat
+local function key_of(v)
+  local done = listed[v]
+  if done then return done end
+  local parts, n = {}, 0
+  for k, x in pairs(v) do
+    local tx = type(x)
+    if tx == "number" then
+      if mtype(x) ~= "integer" then x = fmt("%a", x) end
+    elseif tx == "string" then x = fmt("%q", x)
+    elseif tx == "table" then x = key_of(x)
+    else x = tostring(x) end
+    if type(k) ~= "string" then k = "#" .. (mtype(k) == "integer" and k or tostring(k)) end
+    parts[n + 1], parts[n + 2] = k, x
+    n = n + 2
+  end
+  return "{" .. concat(parts, "=") .. "}"
+end
+
+-- f(args) by key (key_of(args) where none is given)
+local function cached(cache, what, f, args, key)
+  if not cache then return f(args) end
+  local c = cache[what]
+  if not c then c = {}; cache[what] = c end
+  key = key or key_of(args)
+  local v = c[key]
+  if v == nil then v = f(args); c[key] = v end
+  return v
+end
+
+-- key_of(part(t, s)) once per layout (per shape table s and its model): the part of the
+-- arguments every stage of the layout shares, `what` naming the part
+local layout_keys = setmetatable({}, { __mode = "k" })
+local function layout_key(what, t, s, part)
+  local per = layout_keys[s]
+  if not per or per.model ~= t.model then
+    per = { model = t.model }
+    layout_keys[s] = per
+  end
+  local k = per[what]
+  if not k then
+    k = key_of(part(t, s))
+    per[what] = k
+  end
+  return k
+end
+
+local function footprint(cache, args, key) return cached(cache, "footprint", core.footprint, args, key) end
+
+-- t[a][b][c], made where missing
+local function nested(t, a, b, c)
+  local x = t[a]; if not x then x = {}; t[a] = x end
+  local y = x[b]; if not y then y = {}; x[b] = y end
+  local z = y[c]; if not z then z = {}; y[c] = z end
+  return z
+end
+
 -- The blocks each pipeline stage holds: pp_layers, else the session's default split
 -- (core.pp_split: balanced by FLOPs, the embedding on the first virtual stage and the LM
 -- head on the last); virtual stage k = chunk x pp + rank.
-local function stage_blocks(m, s)
+local function stage_blocks(m, s, cache)
+  if cache then -- (the same lists for every layout of the split: `listed`)
+    local key = key_of { m.layers, s.pp, s.chunks, s.pp_layers, m.vocab, m.vocab_padded, m.dim, m.heads, m.ctx,
+      s.seq, m.family, m.kv_heads, m.ffn_dim, m.moe, s.recompute }
+    cache.blocks = cache.blocks or {}
+    local out = cache.blocks[key]
+    if not out then
+      out = stage_blocks(m, s)
+      for _, list in ipairs(out) do listed[list] = "[" .. concat(list, ",") .. "]" end
+      cache.blocks[key] = out
+    end
+    return out
+  end
   local L, V = m.layers, s.pp * s.chunks
   local counts = s.pp_layers
   if not counts then
@@ -120,20 +200,47 @@ local function stage_blocks(m, s)
   return out
 end
 
+-- Blocks 0 .. L-1 (one stage's list; with a search's cache the same list each time)
+local function all_blocks(L, cache)
+  local out = cache and cache.all_blocks and cache.all_blocks[L]
+  if out then return out end
+  out = {}
+  for i = 0, L - 1 do out[#out + 1] = i end
+  if cache then
+    cache.all_blocks = cache.all_blocks or {}
+    cache.all_blocks[L] = out
+    listed[out] = "[" .. concat(out, ",") .. "]"
+  end
+  return out
+end
+
 -- Per stage: activation sets (peak in flight + 1) and whether its list splits backward.
 -- (the lists of one shape are built once and kept: a search simulates each many times)
+-- (with a search's cache, each shape's once per search, a shape the schedule refuses
+-- too; and each simulation once per costs)
 local prepared = setmetatable({}, { __mode = "v" })
-local function schedule_facts(s, costs)
+local function schedule_facts(s, costs, cache)
   local key = string.format("%s/%d/%d/%d", tostring(s.schedule), s.pp, s.accum, s.chunks)
-  local prep = prepared[key]
+  local store = prepared
+  if cache then
+    store = cache.prepared or {}
+    cache.prepared = store
+  end
+  local prep = store[key]
   if not prep then
     local sched = require "loom.schedule"
     local shape = { stages = s.pp, microbatches = s.accum, chunks = s.chunks }
-    prep = core.sched_prepare(sched.lists(s.schedule, shape), s.accum, s.chunks)
-    prepared[key] = prep
+    local ok, p = pcall(function()
+      if sched.is_lua(s.schedule) then return core.sched_prepare(sched.lists(s.schedule, shape), s.accum, s.chunks) end
+      return core.sched_prepare(s.schedule, s.accum, s.chunks, s.pp) -- (a plugin's, built in C)
+    end)
+    prep = ok and p or { refused = p }
+    store[key] = prep
   end
-  local sim = prep:simulate(costs) -- (split: stage 0's list has BWD_INPUT; the bundled
-  -- schedules split on every stage or on none)
+  if type(prep) == "table" then error(prep.refused, 0) end
+  local sim = cached(cache, "simulate", function() return prep:simulate(costs) end,
+    { key, costs.fwd, costs.bwd_input, costs.bwd_weight, costs.latency })
+  -- (split: stage 0's list has BWD_INPUT; the bundled schedules split on every stage or on none)
   local facts = { sim = sim, stages = {} }
   for r = 1, s.pp do
     facts.stages[r] = { slots = sim.peak[r] + 1, peak = sim.peak[r], split = sim.split }
@@ -162,7 +269,7 @@ local function teacher_stage_blocks(layers, tpp, r)
   return list
 end
 
-local function teacher_memory(s, r)
+local function teacher_memory(s, r, cache)
   local kd = s.kd
   local none = { params = 0, grads = 0, activations = 0 }
   if not kd or kd.kd_cache or not kd.teacher then return none end
@@ -185,10 +292,10 @@ local function teacher_memory(s, r)
   if tpp > 1 then
     stage = teacher_stage_blocks(tm.layers, tpp, r)
     slots = schedule_facts({ schedule = "gpipe", pp = tpp, accum = 1, chunks = 1 },
-      { fwd = 1, bwd_input = 1, bwd_weight = 0, latency = 0 }).stages[r].slots
+      { fwd = 1, bwd_input = 1, bwd_weight = 0, latency = 0 }, cache).stages[r].slots
   end
   local _, kept = kd_blocks(kd)
-  local fp = core.footprint {
+  local fp = footprint(cache, {
     vocab = tm.vocab, vocab_padded = tm.vocab_padded, ctx = tm.ctx, layers = tm.layers,
     heads = tm.heads, dim = tm.dim, micro = s.micro, tp = ttp,
     sequence_parallel = ttp > 1 and s.tp > 1 and s.sp and not kd.kd_layers or false,
@@ -200,7 +307,7 @@ local function teacher_memory(s, r)
     -- session.c make_teacher: frozen, the mapped blocks' outputs kept where the terms run,
     -- activations for the run's sequences (batch.seq), not the teacher's ctx
     frozen = true, keep_outputs = r == s.pp and kept or nil, max_T = s.seq,
-  }
+  })
   -- frozen: no gradient buffer
   return { params = fp.param_floats * F32, grads = 0, activations = fp.activations }
 end
@@ -274,24 +381,35 @@ local function distill_memory(t, s, r, slots)
   return b
 end
 
--- Bytes by category for one rank of pipeline stage `r` (1-based).
-local function stage_memory(t, s, blocks, facts, r, opts)
+-- The student's core.footprint arguments for a stage holding the blocks stage_layers (nil:
+-- all) with `slots` activation sets (nil: 1), split_backward as its schedule; with all
+-- three nil, what every stage of the layout shares.
+local function footprint_args(t, s, stage_layers, slots, split_backward)
   local m = t.model
-  local st = facts and facts.stages[r] or { slots = 1, split = false }
   local rc, rc_layers = s.recompute, nil
   if type(rc) == "table" then rc, rc_layers = "none", rc end
   local kd_st = kd_blocks(s.kd) -- (teacher.layers: the student's projections, kept blocks)
-  local fp = core.footprint {
+  return {
     vocab = m.vocab, vocab_padded = m.vocab_padded, ctx = m.ctx, layers = m.layers,
     heads = m.heads, dim = m.dim, micro = s.micro, tp = s.tp, sequence_parallel = s.sp,
     canonical = s.canonical, recompute = rc, recompute_layers = rc_layers,
-    stage_layers = s.pp > 1 and blocks[r] or nil, slots = st.slots, split_backward = st.split,
+    stage_layers = stage_layers, slots = slots, split_backward = split_backward,
     family = m.family, kv_heads = m.kv_heads, ffn_dim = m.ffn_dim, tie_embeddings = m.tie_embeddings,
     moe = m.moe, ep = s.ep, precision = s.precision,
     cuda_attention = s.cuda_attention, flash_tc = s.flash_tc,
     kd_proj_dim = kd_st and s.kd.teacher.dim or nil, kd_proj_layers = kd_st,
     keep_attention = s.kd and s.kd.kd_attention and kd_st or nil,
   }
+end
+
+-- Bytes by category for one rank of pipeline stage `r` (1-based).
+local function stage_memory(t, s, blocks, facts, r, opts)
+  local m = t.model
+  local st = facts and facts.stages[r] or { slots = 1, split = false }
+  local stage_layers = s.pp > 1 and blocks[r] or nil
+  local key = opts.cache and layout_key("footprint", t, s, footprint_args)
+    .. key_of { stage_layers, st.slots, st.split }
+  local fp = footprint(opts.cache, footprint_args(t, s, stage_layers, st.slots, st.split), key)
   local psi = fp.param_floats
   local part = s.zero > 0 and core.zero_padded(psi, s.dp) // s.dp or psi
   -- ZeRO-1 under expert parallelism (core/train/zero_ep.c): the dense entries (D floats)
@@ -300,12 +418,12 @@ local function stage_memory(t, s, blocks, facts, r, opts)
   -- every expert here (ep = 1) holds (E - E/ep) more experts' floats.
   local ep_split
   if s.zero == 1 and s.ep > 1 and m.moe and m.moe.experts > 0 then
-    local fp1 = core.footprint {
+    local fp1 = footprint(opts.cache, {
       vocab = m.vocab, vocab_padded = m.vocab_padded, ctx = m.ctx, layers = m.layers,
       heads = m.heads, dim = m.dim, micro = s.micro, tp = s.tp, sequence_parallel = s.sp,
       stage_layers = s.pp > 1 and blocks[r] or nil, family = m.family, kv_heads = m.kv_heads,
       ffn_dim = m.ffn_dim, tie_embeddings = m.tie_embeddings, moe = m.moe, ep = 1,
-    }
+    })
     local E, El = m.moe.experts, m.moe.experts // s.ep
     local X = El * (fp1.param_floats - psi) // (E - El)
     local D, edp = psi - X, s.dp // s.ep
@@ -404,7 +522,7 @@ local function stage_memory(t, s, blocks, facts, r, opts)
     mem.master, mem.params = mem.params, fp.compute_params
   end
   -- a distillation teacher (session.c: teacher_params, teacher_grads, teacher_activations)
-  local tmem = teacher_memory(s, r)
+  local tmem = teacher_memory(s, r, opts.cache)
   mem.teacher_params, mem.teacher_grads, mem.teacher_activations = tmem.params, tmem.grads, tmem.activations
   mem.distill = distill_memory(t, s, r, st.slots)
   mem.teacher = tmem.params + tmem.grads + tmem.activations + mem.distill
@@ -494,7 +612,7 @@ local function is_moe_block(m, l) return m.moe and m.moe.experts > 0 and (l + 1)
 -- An MoE block's MLP is its router's GEMM, one fc and proj GEMM per expert over the rows
 -- it received, and the rows gathered and scattered back (bytes); under ep its four
 -- all-to-alls (dispatch and return, forward and backward) are counted apart: ep_micro.
-local function stage_compute(t, s, r, list, head, frozen)
+local function stage_compute_of(t, s, r, list, head, frozen, cache)
   local m = t.model
   local C, R, T, B = m.dim, s.micro * s.seq, s.seq, s.micro
   local Cl, Fl = C // s.tp, 4 * C // s.tp
@@ -511,12 +629,30 @@ local function stage_compute(t, s, r, list, head, frozen)
   local h16 = s.precision == "bf16" and r.bf16 or nil
   local fwd_pts = h16 and h16.gemm_fwd or nil
   local f, b, w, flops = 0, 0, 0, 0
+  -- (every block of a stage has the same shapes: each shape's times are looked up in the
+  -- profile's tables once a call, with a search's cache once a search; the sums stay the
+  -- same, in the same order)
+  local memo = cache and nested(cache, "gemm", r, fwd_pts or false) or {}
   local function gemm(Mx, K, N, times)
-    local tf, ff = gemm_s(r, Mx, K, N, false, fwd_pts)
-    local tb, fb = gemm_s(r, Mx, K, N, true)
+    local g = nested(memo, Mx, K, N)
+    if not g[3] then
+      local tf, ff = gemm_s(r, Mx, K, N, false, fwd_pts)
+      local tb, fb = gemm_s(r, Mx, K, N, true)
+      g[1], g[2], g[3] = tf, tb, ff + fb
+    end
     local n = times or 1
-    f, b, w, flops = f + n * tf, b + n * tb / 2, w + n * tb / 2, flops + n * (ff + fb)
+    f, b, w, flops = f + n * g[1], b + n * g[2] / 2, w + n * g[2] / 2, flops + n * g[3]
   end
+  -- attention at this stage's shape, the same for every block
+  local at = nested(memo, "attention", B, T)
+  local a = at[Cl]
+  if not a then
+    local af, aff = attention_s(r, B, T, Cl, false)
+    local ab, afb = attention_s(r, B, T, Cl, true)
+    a = { af, aff, ab, afb }
+    at[Cl] = a
+  end
+  local af, aff, ab, afb = a[1], a[2], a[3], a[4]
   local blk_f, moe_blocks = 0, 0
   for _, l in ipairs(list) do
     local f0 = f
@@ -538,9 +674,7 @@ local function stage_compute(t, s, r, list, head, frozen)
     else
       gemm(R, C, Fl); gemm(R, Fl, C)
     end
-    local af, ff = attention_s(r, B, T, Cl, false)
-    local ab, fb = attention_s(r, B, T, Cl, true)
-    f, b, flops = f + af, b + ab, flops + ff + fb
+    f, b, flops = f + af, b + ab, flops + aff + afb
     -- element-wise passes: GELU and the 2 layernorms at their measured cost per element
     -- where the profile has one (their cost is arithmetic: tanh, rsqrt), else as bytes;
     -- the residuals and bias adds as bytes read + written at the memory bandwidth
@@ -604,9 +738,30 @@ local function stage_compute(t, s, r, list, head, frozen)
   elseif type(s.recompute) == "table" then extra = blk_f * #s.recompute / math.max(1, t.model.layers)
   elseif s.recompute == "selective" then
     local g = r.per_element and R * FFl * r.per_element.gelu_fwd or F32 * R * 2 * FFl / r.bandwidth
-    for _ = 1, nb do extra = extra + attention_s(r, B, T, Cl, false) + g end
+    for _ = 1, nb do extra = extra + af + g end
   end
   return { fwd = f, bwd_input = b + extra, bwd_weight = w, flops = flops, moe_blocks = moe_blocks }
+end
+
+-- (with a search's cache, once per stage shape and rates: what stage_compute_of reads of
+-- the model, the layout and the stage; a fresh table each time, the caller adds to it)
+local function stage_compute(t, s, r, list, head, frozen, cache)
+  if not cache then return stage_compute_of(t, s, r, list, head, frozen) end
+  local key = layout_key("compute", t, s, function()
+    local m = t.model
+    return { m.dim, m.vocab, m.vocab_padded, m.family, m.kv_heads, m.heads, m.ffn_dim, m.layers,
+      m.moe, s.micro, s.seq, s.tp, s.ep, s.precision, s.sp, s.recompute }
+  end) .. key_of { list, head or false, frozen or false }
+  local by_r = cache.compute or {}
+  cache.compute = by_r
+  local memo = by_r[r] or {}
+  by_r[r] = memo
+  local c = memo[key]
+  if not c then
+    c = stage_compute_of(t, s, r, list, head, frozen, cache)
+    memo[key] = c
+  end
+  return { fwd = c.fwd, bwd_input = c.bwd_input, bwd_weight = c.bwd_weight, flops = c.flops, moe_blocks = c.moe_blocks }
 end
 
 -- A distillation teacher's time per micro-batch on each stage (1-based), as the session
@@ -621,7 +776,7 @@ end
 -- and the gradient blended into the logits as bytes), each mapped block's hidden term (R x
 -- C x C_t at kd_hidden) and attention term (B x NH/tp x T x T at kd_attention).
 -- Returns per stage { teacher = s, terms = s } and what the assumption line says.
-local function teacher_time(t, s, r, share, machine, per_node, ranks_here)
+local function teacher_time(t, s, r, share, machine, per_node, ranks_here, cache)
   local kd = s.kd
   local out = { stages = {}, notes = {} }
   for k = 1, s.pp do out.stages[k] = { teacher = 0, terms = 0 } end
@@ -663,7 +818,7 @@ local function teacher_time(t, s, r, share, machine, per_node, ranks_here)
         for l = 0, tm.layers - 1 do list[#list + 1] = l end
       end
       if list then
-        local f = stage_compute(tt, ts, rt, list, k == s.pp, true).fwd
+        local f = stage_compute(tt, ts, rt, list, k == s.pp, true, cache).fwd
         if k == 1 or tpp == 1 then f = f + F32 * bt * tm.dim * 3 / rt.bandwidth end -- the embedding lookup
         local x = 0
         if ttp > 1 then
@@ -702,12 +857,12 @@ end
 -- (core.footprint of the whole model on one rank: llama's GQA, SwiGLU, untied head and
 -- experts included). (Before this a GPT-2 formula was used for every family: the llama
 -- probe at kv_heads 2, ffn_dim 256 was counted 834 304 for its 656 512.)
-function plan.params(m)
-  return core.footprint {
+function plan.params(m, cache)
+  return footprint(cache, {
     vocab = m.vocab, vocab_padded = m.vocab_padded, ctx = m.ctx, layers = m.layers,
     heads = m.heads, dim = m.dim, micro = 1, tp = 1, family = m.family, kv_heads = m.kv_heads,
     ffn_dim = m.ffn_dim, tie_embeddings = m.tie_embeddings, moe = m.moe, ep = 1,
-  }.num_params
+  }).num_params
 end
 
 -- The plan of one layout: plan.layout(recipe table, machine profile [, opts]).
@@ -717,15 +872,15 @@ function plan.layout(t, machine, opts)
   local m = t.model
   local per_node = opts.devices_per_node or machine.devices_per_node or 1
   local ranks = s.dp * s.tp * s.pp
-  local blocks = s.pp > 1 and stage_blocks(m, s) or { (function()
-    local l = {}; for i = 0, m.layers - 1 do l[#l + 1] = i end; return l end)() }
+  local cache = opts.cache -- (a search's: see `cached`)
+  local blocks = s.pp > 1 and stage_blocks(m, s, cache) or { all_blocks(m.layers, cache) }
   local r, share, shared = device_rates(machine, s, math.min(ranks, per_node))
   local assumptions = {}
   local function assume(x) assumptions[#assumptions + 1] = x end
   -- compute per micro-batch, per stage (the slowest stage paces the pipeline)
   local comp = {}
   for k = 1, s.pp do
-    comp[k] = stage_compute(t, s, r, blocks[k], k == s.pp)
+    comp[k] = stage_compute(t, s, r, blocks[k], k == s.pp, false, cache)
     if k == 1 then -- the embedding lookup and its gradient: element-wise
       local e = F32 * s.micro * s.seq * m.dim * 3
       comp[k].fwd, comp[k].bwd_input = comp[k].fwd + e / r.bandwidth, comp[k].bwd_input + e / r.bandwidth
@@ -738,7 +893,7 @@ function plan.layout(t, machine, opts)
   end
   -- distillation (teacher_time): the terms in the last stage's head forward; the teacher's
   -- forward per micro-batch on each stage that runs a part of it (kd_stage), placed below
-  local kdt = teacher_time(t, s, r, share, machine, per_node, math.min(ranks, per_node))
+  local kdt = teacher_time(t, s, r, share, machine, per_node, math.min(ranks, per_node), cache)
   comp[s.pp].fwd = comp[s.pp].fwd + kdt.stages[s.pp].terms
   -- tensor-parallel exchanges per micro-batch: 2 forward + 2 backward per block of R x C
   local R, C = s.micro * s.seq, m.dim
@@ -782,7 +937,7 @@ function plan.layout(t, machine, opts)
   local pipe_s, bubble_s, bubble = 0, 0, 0
   if s.pp > 1 then
     facts = schedule_facts(s, { fwd = slow.fwd / s.chunks, bwd_input = slow.bwd_input / s.chunks,
-      bwd_weight = slow.bwd_weight / s.chunks, latency = p2p })
+      bwd_weight = slow.bwd_weight / s.chunks, latency = p2p }, cache)
     pipe_s = facts.sim.makespan
     local busy = 0
     for k = 1, s.pp do busy = math.max(busy, facts.sim.busy[k]) end
@@ -818,7 +973,7 @@ function plan.layout(t, machine, opts)
   for k = 1, s.pp do
     local fpk
     mem[k], psi[k], fpk, ep_split[k] = stage_memory(t, s, blocks, facts, k,
-      { staging_bytes = (machine.links.intra or {}).staging_bytes_per_rank })
+      { staging_bytes = (machine.links.intra or {}).staging_bytes_per_rank, cache = cache })
     entries[k] = fpk.entries or 0
     if k == 1 then att_fp = fpk end
     if not worst or mem[k].total > mem[worst].total then worst = k end
@@ -988,7 +1143,7 @@ function plan.layout(t, machine, opts)
   local step_s = pipe_s + exposed_dp + opt_s + refault_s + io_s + w16_s + (s.pp > 1 and 0 or x_total * s.accum)
   if s.pp > 1 then compute_s = compute_s - x_total * s.accum end
   local tokens = s.micro * s.seq * s.accum * s.dp
-  local flops_per_token = 6 * (opts.params or plan.params(m)) + 6 * m.layers * m.dim * s.seq
+  local flops_per_token = 6 * (opts.params or plan.params(m, cache)) + 6 * m.layers * m.dim * s.seq
   local peak = machine.device.peak_flops and (machine.device.peak_flops[s.precision] or machine.device.peak_flops.fp32)
   local mfu = peak and flops_per_token > 0 and flops_per_token * tokens / step_s / (peak * ranks) or nil
   assume(string.format("GEMM and attention rates: %s%s", r.source or machine.device.source or "the profile's table",

@@ -3,6 +3,7 @@
 --   loom plan RECIPE [key=value ...] [--machine NAME|FILE] [--devices-per-node G]
 --   loom plan RECIPE --world N --devices-per-node G --mem 80GiB [--any-tp] [--any-pp] [--top K]
 --   loom plan --calibrate [--out FILE] [-n RANKS] [--comm shm|mpi] [--cpu-clock] [--disk-dir DIR] [--repeats N]
+--                         [--from PROFILE]
 -- A recipe is read by running it with loom.train capturing its checked table (nothing is
 -- allocated, no rank starts). With no --machine the calibrated profile is used
 -- (plan_machine.default_path()), else the bundled "cpu-2core".
@@ -134,7 +135,7 @@ local function parse(args)
   local o = { overrides = {} }
   local flags = { ["--machine"] = "machine", ["--world"] = "world", ["--devices-per-node"] = "per_node",
     ["--mem"] = "mem", ["--out"] = "out", ["-n"] = "ranks", ["--top"] = "top",
-    ["--disk-dir"] = "disk_dir", ["--comm"] = "comm", ["--repeats"] = "repeats" }
+    ["--disk-dir"] = "disk_dir", ["--comm"] = "comm", ["--repeats"] = "repeats", ["--from"] = "from" }
   local i = 1
   while i <= #args do
     local a = args[i]
@@ -196,7 +197,7 @@ function cli.main(args)
     local profs = {}
     for _ = 1, o.repeats or 1 do
       profs[#profs + 1] = machine.calibrate { ranks = o.ranks or 2, cpu_clock = o.cpu_clock,
-        disk_dir = o.disk_dir, comm = o.comm }
+        disk_dir = o.disk_dir, comm = o.comm, from = o.from and machine.load(o.from) }
     end
     local prof = #profs > 1 and machine.median(profs) or profs[1]
     local path = machine.save(prof, o.out)

@@ -148,9 +148,26 @@ function machine.bench_comm(n, comm, cpu_clock)
     "comm=%s clock=%s", comm, cpu_clock and "cpu" or "wall"))
 end
 
--- Measure this machine; returns the profile (the caller saves it).
+-- Measure this machine; returns the profile (the caller saves it). opts.from: a profile of
+-- this machine whose figures are kept but the collectives' (links), measured again over
+-- opts.comm (`loom plan --calibrate --comm mpi --from machine.json`: seconds, not a minute).
 function machine.calibrate(opts)
   opts = opts or {}
+  if opts.from then
+    local base = opts.from
+    if not (base.device and base.device.rates and base.links and base.disk and base.measured) then
+      error("plan --calibrate --from: not a calibrated profile (loom plan --calibrate makes one)", 0)
+    end
+    -- (on the profile's own clock)
+    local comm = machine.bench_comm(opts.ranks or 2, opts.comm or "shm", base.clock == "cpu")
+    comm.staging_bytes_per_rank = (opts.comm or "shm") == "shm" and 3 * 1048576 or 0 -- shm.h: SLOTS x chunk_bytes
+    local p = machine.median { base } -- (a copy)
+    p.measured.calibrations = nil
+    p.links = { intra = comm, inter = comm }
+    p.measured.comm, p.measured.ranks = opts.comm or "shm", opts.ranks or 2
+    p.measured.links_date = os.date("!%Y-%m-%d %H:%M UTC")
+    return p
+  end
   local cores = tonumber(io.popen("nproc"):read("l")) or 1
   local rates = {}
   local counts = { 1 }

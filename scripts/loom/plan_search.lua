@@ -61,6 +61,8 @@ function search.run(t, machine, opts)
   local sps = opts.sp or { false, true }
   local moe = m.moe and m.moe.experts > 0 and m.moe or nil
   local rows, tried, fits, refused = {}, 0, 0, 0
+  -- (one cache for all the layouts: what depends on a part of a layout only, computed once)
+  local cache = {}
   for _, tp in ipairs(divisors(N)) do
     local tp_ok = m.heads % tp == 0 and vp % tp == 0 and (not tp_in_node or (tp <= G and G % tp == 0))
     for _, pp in ipairs(tp_ok and divisors(N // tp) or {}) do
@@ -100,7 +102,7 @@ function search.run(t, machine, opts)
                         tried = tried + 1
                         -- a layout the schedule plugin refuses (its shape rules), or a
                         -- teacher layout the session refuses (plan.lua), is skipped
-                        local ok, p = pcall(plan.layout, r, machine, { devices_per_node = G })
+                        local ok, p = pcall(plan.layout, r, machine, { devices_per_node = G, cache = cache })
                         if not ok then refused = refused + 1; p = nil end
                         local need = p and p.rss -- the largest rank, the runtime's own bytes included
                         -- (a device with its own memory beside the host's, a profile with a

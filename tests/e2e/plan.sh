@@ -30,7 +30,9 @@
 #    at the same shape) and the logit term (the profile's measured kd_logits);
 #  - MFU's N: the plan's parameter count is each one-rank run's own (its log.jsonl);
 #  - the after-run line and the run directory's plan.jsonl; docs/PLAN.md's 13B examples and
-#    the 175B layout (the 175B search takes minutes: not here); bad input refused.
+#    the 175B layout (the 175B search, some 8 s of CPU, not here); bad input refused;
+#  - --calibrate --comm mpi --from the profile above: an mpi profile, its links measured,
+#    the rest kept.
 set -euo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -276,11 +278,22 @@ else
 fi
 
 # --calibrate over Open MPI (mpirun), where it and the plugin exist: the profile names
-# the communicator and holds its measured allreduce.
+# the communicator and holds its measured allreduce. (--from: only the collectives
+# measured, over mpi, the rest the profile calibrated above: bench_comm is the one part
+# --comm changes; the device, disk and runtime figures kept, the links measured anew.)
 if command -v mpirun >/dev/null && "$loom" plugins | grep -q '^comm  *mpi '; then
-  "$loom" plan --calibrate --comm mpi --cpu-clock --out "$tmp/mpi.json" > /dev/null
+  "$loom" plan --calibrate --comm mpi --from "$LOOM_MACHINE" --out "$tmp/mpi.json" > /dev/null
   grep -q '"comm":"mpi"' "$tmp/mpi.json" && grep -q '"allreduce":{[^}]*"latency_s":[0-9.e-]*[1-9]' "$tmp/mpi.json" \
     || { echo "FAIL: --calibrate --comm mpi: no mpi profile"; head -c 600 "$tmp/mpi.json"; fail=1; }
+  cat > "$tmp/from.lua" <<EOF
+local m = require("loom.plan_machine")
+local a, b = m.load("$LOOM_MACHINE"), m.load("$tmp/mpi.json")
+assert(a.device.rates["1"].gemm_fwd[1][2] == b.device.rates["1"].gemm_fwd[1][2] and a.disk.read_Bps == b.disk.read_Bps
+  and a.runtime_bytes == b.runtime_bytes, "--from: the device, disk and runtime figures not the profile's")
+assert(b.links.intra.staging_bytes_per_rank == 0 and a.links.intra.staging_bytes_per_rank > 0, "--from: the links not measured again")
+print("FROM ok")
+EOF
+  "$loom" run "$tmp/from.lua" 2>&1 | grep -qx 'FROM ok' || { echo "FAIL: --calibrate --from"; "$loom" run "$tmp/from.lua"; fail=1; }
 fi
 
 # The search over a small grid: which 2-rank layout of 8 sequences per step is fastest,

@@ -151,7 +151,7 @@ void sched_describe(char *buf, size_t len, loom_sched_instr in)
 
 /* Instruction `in` described into d, for a message: only when one is made (every check
  * runs over every instruction, and a search simulates a schedule thousands of times) */
-#define D (sched_describe(d, sizeof d, in), d)
+#define IN_DESC (sched_describe(d, sizeof d, in), d)
 
 loom_status sched_index_build(const loom_schedule *s, sched_index *ix)
 {
@@ -169,19 +169,19 @@ loom_status sched_index_build(const loom_schedule *s, sched_index *ix)
             if (loom_sched_op_name(in.op) == NULL)
                 return loom_fail(LOOM_ERR_INVALID, "stage %d, instruction %zu (%s): unknown "
                                  "instruction (FWD, BWD, BWD_INPUT, BWD_WEIGHT, SEND_ACT, "
-                                 "RECV_ACT, SEND_GRAD or RECV_GRAD)", r, i, D);
+                                 "RECV_ACT, SEND_GRAD or RECV_GRAD)", r, i, IN_DESC);
             if (in.microbatch < 0 || in.microbatch >= s->microbatches)
                 return loom_fail(LOOM_ERR_INVALID, "stage %d, instruction %zu (%s): "
-                                 "micro-batch %d is not one of 0..%d", r, i, D, in.microbatch,
+                                 "micro-batch %d is not one of 0..%d", r, i, IN_DESC, in.microbatch,
                                  s->microbatches - 1);
             if (in.chunk < 0 || in.chunk >= s->chunks)
                 return loom_fail(LOOM_ERR_INVALID, "stage %d, instruction %zu (%s): chunk "
-                                 "%d is not one of 0..%d", r, i, D, in.chunk, s->chunks - 1);
+                                 "%d is not one of 0..%d", r, i, IN_DESC, in.chunk, s->chunks - 1);
             long *slot = sched_pos(ix, r, in.microbatch, in.chunk, in.op);
             if (*slot >= 0)
                 return loom_fail(LOOM_ERR_INVALID, "stage %d, instruction %zu (%s): a second "
                                  "%s of micro-batch %d chunk %d (the first is instruction %ld)",
-                                 r, i, D, loom_sched_op_name(in.op), in.microbatch, in.chunk,
+                                 r, i, IN_DESC, loom_sched_op_name(in.op), in.microbatch, in.chunk,
                                  *slot);
             *slot = (long)i;
         }
@@ -247,7 +247,7 @@ static loom_status check_pairs(const sched_index *ix)
             if (!sched_partner(ix, r, in, &pr, &pp)) {
                 int first = act != send; /* RECV_ACT and SEND_GRAD look backward */
                 REFUSE("stage %d, instruction %zu (%s): stage %d chunk %d is the %s virtual "
-                       "stage; there is no %s stage to %s %s %s", r, i, D, r, in.chunk,
+                       "stage; there is no %s stage to %s %s %s", r, i, IN_DESC, r, in.chunk,
                        first ? "first" : "last", first ? "previous" : "next",
                        send ? "send" : "receive", act ? "activations" : "gradients",
                        send ? "to" : "from");
@@ -262,7 +262,7 @@ static loom_status check_pairs(const sched_index *ix)
                     send ? (act ? LOOM_SCHED_RECV_ACT : LOOM_SCHED_RECV_GRAD)
                          : (act ? LOOM_SCHED_SEND_ACT : LOOM_SCHED_SEND_GRAD));
                 REFUSE("stage %d, instruction %zu (%s): stage %d never %s it (it has no %s mb "
-                       "%d chunk %d)", r, i, D, pr, send ? "receives" : "sends", want,
+                       "%d chunk %d)", r, i, IN_DESC, pr, send ? "receives" : "sends", want,
                        in.microbatch, nc);
             }
         }
@@ -292,69 +292,69 @@ static loom_status check_order(const sched_index *ix)
             case LOOM_SCHED_FWD:
                 if (!first && ra < 0)
                     REFUSE("stage %d, instruction %zu (%s): its activations were never "
-                           "received (no RECV_ACT mb %d chunk %d on stage %d)", r, i, D, mb, c, r);
+                           "received (no RECV_ACT mb %d chunk %d on stage %d)", r, i, IN_DESC, mb, c, r);
                 if (!first && ra > at)
                     REFUSE("stage %d, instruction %zu (%s): its activations are received only "
-                           "later, at instruction %ld (RECV_ACT must come before FWD)", r, i, D, ra);
+                           "later, at instruction %ld (RECV_ACT must come before FWD)", r, i, IN_DESC, ra);
                 if (!last && sa < 0)
                     REFUSE("stage %d, instruction %zu (%s): its activations are never sent on "
-                           "(no SEND_ACT mb %d chunk %d after it)", r, i, D, mb, c);
+                           "(no SEND_ACT mb %d chunk %d after it)", r, i, IN_DESC, mb, c);
                 if (b < 0)
                     REFUSE("stage %d, instruction %zu (%s): micro-batch %d chunk %d is "
-                           "forwarded but never backwarded (no BWD or BWD_INPUT)", r, i, D, mb, c);
+                           "forwarded but never backwarded (no BWD or BWD_INPUT)", r, i, IN_DESC, mb, c);
                 break;
             case LOOM_SCHED_BWD:
             case LOOM_SCHED_BWD_INPUT:
                 if (bf >= 0 && bi >= 0)
                     REFUSE("stage %d, instruction %zu (%s): micro-batch %d chunk %d has both a "
                            "fused BWD (instruction %ld) and a BWD_INPUT (instruction %ld); use "
-                           "one or the other", r, i, D, mb, c, bf, bi);
+                           "one or the other", r, i, IN_DESC, mb, c, bf, bi);
                 if (f < 0 || f > at)
-                    REFUSE("stage %d, instruction %zu (%s): backward %s its forward%s", r, i, D,
+                    REFUSE("stage %d, instruction %zu (%s): backward %s its forward%s", r, i, IN_DESC,
                            f < 0 ? "without" : "before", f < 0 ? " (no FWD)" : "");
                 if (!last && rg < 0)
                     REFUSE("stage %d, instruction %zu (%s): its output gradient was never "
-                           "received (no RECV_GRAD mb %d chunk %d on stage %d)", r, i, D, mb, c, r);
+                           "received (no RECV_GRAD mb %d chunk %d on stage %d)", r, i, IN_DESC, mb, c, r);
                 if (!last && rg > at)
                     REFUSE("stage %d, instruction %zu (%s): its output gradient is received "
                            "only later, at instruction %ld (RECV_GRAD must come before the "
-                           "backward)", r, i, D, rg);
+                           "backward)", r, i, IN_DESC, rg);
                 if (!first && sg < 0)
                     REFUSE("stage %d, instruction %zu (%s): its input gradient is never sent "
-                           "back (no SEND_GRAD mb %d chunk %d after it)", r, i, D, mb, c);
+                           "back (no SEND_GRAD mb %d chunk %d after it)", r, i, IN_DESC, mb, c);
                 if (in.op == LOOM_SCHED_BWD_INPUT && bw < 0)
                     REFUSE("stage %d, instruction %zu (%s): its weight gradient is never "
-                           "computed (no BWD_WEIGHT mb %d chunk %d)", r, i, D, mb, c);
+                           "computed (no BWD_WEIGHT mb %d chunk %d)", r, i, IN_DESC, mb, c);
                 break;
             case LOOM_SCHED_BWD_WEIGHT:
                 if (bf >= 0)
                     REFUSE("stage %d, instruction %zu (%s): the fused BWD at instruction %ld "
-                           "already computed it", r, i, D, bf);
+                           "already computed it", r, i, IN_DESC, bf);
                 if (bi < 0 || bi > at)
                     REFUSE("stage %d, instruction %zu (%s): comes %s (BWD_WEIGHT needs its "
-                           "BWD_INPUT first)", r, i, D,
+                           "BWD_INPUT first)", r, i, IN_DESC,
                            bi < 0 ? "without a BWD_INPUT" : "before its BWD_INPUT");
                 break;
             case LOOM_SCHED_SEND_ACT:
                 if (f < 0 || f > at)
-                    REFUSE("stage %d, instruction %zu (%s): sends activations %s", r, i, D,
+                    REFUSE("stage %d, instruction %zu (%s): sends activations %s", r, i, IN_DESC,
                            f < 0 ? "that no FWD computes" : "before the FWD that computes them");
                 break;
             case LOOM_SCHED_SEND_GRAD:
                 if (b < 0 || b > at)
-                    REFUSE("stage %d, instruction %zu (%s): sends an input gradient %s", r, i, D,
+                    REFUSE("stage %d, instruction %zu (%s): sends an input gradient %s", r, i, IN_DESC,
                            b < 0 ? "that no backward computes"
                                  : "before the backward that computes it");
                 break;
             case LOOM_SCHED_RECV_ACT:
                 if (f < 0)
                     REFUSE("stage %d, instruction %zu (%s): receives activations that no FWD "
-                           "uses", r, i, D);
+                           "uses", r, i, IN_DESC);
                 break;
             case LOOM_SCHED_RECV_GRAD:
                 if (b < 0)
                     REFUSE("stage %d, instruction %zu (%s): receives a gradient that no "
-                           "backward uses", r, i, D);
+                           "backward uses", r, i, IN_DESC);
                 break;
             }
         }
@@ -368,7 +368,7 @@ static loom_status check_order(const sched_index *ix)
     return LOOM_OK;
 }
 
-#undef D
+#undef IN_DESC
 
 loom_status loom_schedule_validate(const loom_schedule *s)
 {

@@ -392,7 +392,7 @@ typedef long long chk_v4l __attribute__((vector_size(32)));
         memcpy(&f_, (x), sizeof f_);                                                         \
         (dst) = __builtin_convertvector(f_, chk_v4d);                                        \
     } while (0)
-__attribute__((target("avx2,fma"))) static void check_tile_avx2(const float *A, int lda, int ta,
+__attribute__((target("avx2"))) static void check_tile_avx2(const float *A, int lda, int ta,
                                                                 int i, const float *Bk, int N,
                                                                 int K, int j0, double *s,
                                                                 double *mag)
@@ -420,7 +420,7 @@ __attribute__((target("avx2,fma"))) static void check_tile_avx2(const float *A, 
 #endif
 
 /* The reference sums each element's products in order p = 0 .. K-1. It copies op(B) into a
- * contiguous K x N block and runs along a row of C, 16 (AVX2, where the CPU has it) or 8
+ * contiguous K x N block and runs along a row of C, 16 (AVX2, where loom_cpu_isa() runs it) or 8
  * elements' sums at once in registers (each still in that order: the same worst error, bit
  * for bit), so it is vectorized: the 256^3 case of the start-up check (blas.c's verify runs
  * two) took 37 ms on one Zen 3 core as one dot product per element, 14 ms with SSE2 and 7
@@ -456,7 +456,9 @@ double loom_cpu_sgemm_check(int ta, int tb, int M, int N, int K, float alpha, co
         for (int j = 0; j < N; j++)
             Bk[(size_t)p * N + j] = op_at(B, ldb, tb, p, j);
 #ifdef CHK_HAVE_AVX2
-    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    /* the ISA loom's kernels run (isa.c: cpuid, or LOOM_CPU_ISA), so a forced sse2 run checks
+     * with the SSE2 tiles too */
+    const int avx2 = loom_cpu_isa() >= LOOM_CPU_ISA_AVX2;
 #endif
 #pragma omp parallel for schedule(static) num_threads(nt) reduction(max : worst)
     for (int i = 0; i < M; i++) {

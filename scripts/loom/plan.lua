@@ -744,7 +744,9 @@ local function stage_compute_of(t, s, r, list, head, frozen, cache)
 end
 
 -- (with a search's cache, once per stage shape and rates: what stage_compute_of reads of
--- the model, the layout and the stage; a fresh table each time, the caller adds to it)
+-- the model, the layout and the stage; a fresh table each time, the caller adds to it.
+-- The key lists every field of t.model and s that stage_compute_of reads: a field it comes
+-- to read must join the key, or layouts that differ in it would share one stage's times)
 local function stage_compute(t, s, r, list, head, frozen, cache)
   if not cache then return stage_compute_of(t, s, r, list, head, frozen) end
   local key = layout_key("compute", t, s, function()

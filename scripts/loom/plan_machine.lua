@@ -148,6 +148,14 @@ function machine.bench_comm(n, comm, cpu_clock)
     "comm=%s clock=%s", comm, cpu_clock and "cpu" or "wall"))
 end
 
+-- The links' figures calibrate keeps: bench_comm over opts.ranks (2) ranks of opts.comm
+-- (shm), and the bytes a rank's communicator stages (shm.h: SLOTS x chunk_bytes).
+local function measure_links(opts, cpu_clock)
+  local comm = machine.bench_comm(opts.ranks or 2, opts.comm or "shm", cpu_clock)
+  comm.staging_bytes_per_rank = (opts.comm or "shm") == "shm" and 3 * 1048576 or 0
+  return comm
+end
+
 -- Measure this machine; returns the profile (the caller saves it). opts.from: a profile of
 -- this machine whose figures are kept but the collectives' (links), measured again over
 -- opts.comm (`loom plan --calibrate --comm mpi --from machine.json`: seconds, not a minute).
@@ -159,8 +167,7 @@ function machine.calibrate(opts)
       error("plan --calibrate --from: not a calibrated profile (loom plan --calibrate makes one)", 0)
     end
     -- (on the profile's own clock)
-    local comm = machine.bench_comm(opts.ranks or 2, opts.comm or "shm", base.clock == "cpu")
-    comm.staging_bytes_per_rank = (opts.comm or "shm") == "shm" and 3 * 1048576 or 0 -- shm.h: SLOTS x chunk_bytes
+    local comm = measure_links(opts, base.clock == "cpu")
     local p = machine.median { base } -- (a copy)
     p.measured.calibrations = nil
     p.links = { intra = comm, inter = comm }
@@ -178,8 +185,7 @@ function machine.calibrate(opts)
   -- them for layouts of two or more ranks on the node)
   local shared = nil
   if opts.cpu_clock and cores > 1 then shared = { ["1"] = machine.bench_device_shared(cores, opts.min_s, true) } end
-  local comm = machine.bench_comm(opts.ranks or 2, opts.comm or "shm", opts.cpu_clock)
-  comm.staging_bytes_per_rank = (opts.comm or "shm") == "shm" and 3 * 1048576 or 0 -- shm.h: SLOTS x chunk_bytes
+  local comm = measure_links(opts, opts.cpu_clock)
   -- the process's own bytes: VmHWM of a small run less what the plan predicts for it
   local probe = package.searchpath("loom.plan_runtime", package.path)
   local p = io.popen(string.format("LOOM_MACHINE=/nonexistent %q run %q 2>&1", LOOM_EXE, probe))

@@ -423,8 +423,9 @@ __attribute__((target("avx2"))) static void check_tile_avx2(const float *A, int 
  * contiguous K x N block and runs along a row of C, 16 (AVX2, where loom_cpu_isa() runs it) or 8
  * elements' sums at once in registers (each still in that order: the same worst error, bit
  * for bit), so it is vectorized: the 256^3 case of the start-up check (blas.c's verify runs
- * two) took 37 ms on one Zen 3 core as one dot product per element, 14 ms with SSE2 and 7
- * ms with AVX2 so. Without memory for the copy, the old loop. */
+ * two) took 30-36 ms on one Zen 3 core as one dot product per element, 9-12 ms with SSE2
+ * and 6-7 ms with AVX2 so (tests/kernels/bench_sgemm_check). Without memory for the copy,
+ * the old loop. */
 double loom_cpu_sgemm_check(int ta, int tb, int M, int N, int K, float alpha, const float *A,
                             int lda, const float *B, int ldb, float beta, const float *C0,
                             const float *C, int ldc)
